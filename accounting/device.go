@@ -1,0 +1,37 @@
+package accounting
+
+import "fmt"
+
+// Tier says what kind of memory a device has.
+type Tier uint8
+
+const (
+	// Host is CPU memory.
+	Host Tier = iota
+	// Device is accelerator memory (a GPU's).
+	Device
+)
+
+func (t Tier) String() string {
+	switch t {
+	case Host:
+		return "host"
+	case Device:
+		return "device"
+	}
+	return fmt.Sprintf("Tier(%d)", uint8(t))
+}
+
+// DeviceKey names one memory: a tier and an index within it (GPU ordinal; 0 for the host).
+type DeviceKey struct {
+	Tier  Tier
+	Index int
+}
+
+// HostKey is the key of host memory.
+var HostKey = DeviceKey{Tier: Host}
+
+// GPU returns the key of GPU ordinal i.
+func GPU(i int) DeviceKey { return DeviceKey{Tier: Device, Index: i} }
+
+func (k DeviceKey) String() string { return fmt.Sprintf("%v:%d", k.Tier, k.Index) }

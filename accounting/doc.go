@@ -1,0 +1,30 @@
+// Package accounting counts physical memory honestly and decides who may have more.
+//
+// A [Governor] holds one byte budget per device ([DeviceKey]). Named ledgers,
+// [Authority] values, take bytes against that budget: [Authority.TryAcquire] answers at
+// once, [Authority.Acquire] waits in FIFO order until the bytes are free or its context
+// ends. A request larger than the device's whole limit can never succeed and fails at
+// once with a [*BudgetError] that matches [ErrExceedsLimit].
+//
+// Every ledger has two axes:
+//
+//   - owned bytes: physical memory the ledger holds. Owned bytes consume budget.
+//   - mapped bytes: attribution only. One physical granule mapped into 64 address
+//     ranges is owned once and mapped 64 times; mapped bytes never consume budget.
+//
+// Releasing a whole allocation reports a [ReleaseOutcome] that never lies: Complete,
+// Failed (only when nothing changed) or Quarantined (something changed; it carries the
+// bytes actually unmapped and the residual still owned).
+//
+// # Memory management
+//
+// The package owns no memory. Whoever acquires bytes on an Authority MUST release
+// exactly those bytes with [Authority.Release]; releasing more than is owned panics
+// with a named message, since the ledger would otherwise lie.
+//
+// # Concurrency
+//
+// A Governor and its Authorities are safe for concurrent use by many goroutines.
+// Waiters are served strictly in arrival order per device: a small request does not
+// overtake a large one queued before it.
+package accounting

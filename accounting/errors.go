@@ -1,0 +1,68 @@
+package accounting
+
+import (
+	"errors"
+	"fmt"
+)
+
+var (
+	// ErrBudgetExceeded is matched by a *BudgetError: the device's budget cannot
+	// cover the request now.
+	ErrBudgetExceeded = errors.New("accounting: budget exceeded")
+	// ErrExceedsLimit is matched by a *BudgetError whose request is larger than the
+	// device's whole limit: waiting will never help.
+	ErrExceedsLimit = errors.New("accounting: request exceeds the device limit")
+	// ErrInvalidRequest is matched by an *InvalidRequestError.
+	ErrInvalidRequest = errors.New("accounting: invalid request")
+	// ErrAllocationFailed is matched by an *AllocationError.
+	ErrAllocationFailed = errors.New("accounting: allocation failed")
+)
+
+// BudgetError reports a request the device's budget cannot cover.
+type BudgetError struct {
+	Device    DeviceKey
+	Requested int64 // bytes asked for
+	Available int64 // bytes free under the limit when the request was refused
+	Limit     int64 // the device's limit then
+}
+
+func (e *BudgetError) Error() string {
+	if e.Requested > e.Limit {
+		return fmt.Sprintf("accounting: %v: request of %d bytes exceeds the limit of %d bytes", e.Device, e.Requested, e.Limit)
+	}
+	return fmt.Sprintf("accounting: %v: budget exceeded: requested %d bytes, %d of %d available", e.Device, e.Requested, e.Available, e.Limit)
+}
+
+// Is reports whether target is ErrBudgetExceeded, or ErrExceedsLimit when the request
+// can never fit.
+func (e *BudgetError) Is(target error) bool {
+	return target == ErrBudgetExceeded || (target == ErrExceedsLimit && e.Requested > e.Limit)
+}
+
+// InvalidRequestError reports a request that is wrong in itself (a negative size, say).
+type InvalidRequestError struct {
+	Reason string
+}
+
+func (e *InvalidRequestError) Error() string { return "accounting: invalid request: " + e.Reason }
+
+// Is reports whether target is ErrInvalidRequest.
+func (e *InvalidRequestError) Is(target error) bool { return target == ErrInvalidRequest }
+
+// AllocationError reports that the memory itself could not be had although the
+// budget allowed it: the OS or driver said no. It unwraps to the cause.
+type AllocationError struct {
+	Device DeviceKey
+	Bytes  int64
+	Cause  error
+}
+
+func (e *AllocationError) Error() string {
+	return fmt.Sprintf("accounting: %v: allocation of %d bytes failed: %v", e.Device, e.Bytes, e.Cause)
+}
+
+// Is reports whether target is ErrAllocationFailed.
+func (e *AllocationError) Is(target error) bool { return target == ErrAllocationFailed }
+
+// Unwrap returns the cause.
+func (e *AllocationError) Unwrap() error { return e.Cause }

@@ -1,0 +1,368 @@
+package accounting
+
+import (
+	"container/list"
+	"context"
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+)
+
+// Unlimited is the limit of a device whose budget was never set.
+const Unlimited int64 = math.MaxInt64
+
+// Governor holds a byte budget per device and the ledgers that take bytes against it.
+// The zero value is not usable; call NewGovernor.
+type Governor struct {
+	mu      sync.Mutex
+	devices map[DeviceKey]*device
+}
+
+type device struct {
+	key     DeviceKey
+	limit   int64
+	used    int64 // owned bytes of all authorities on this device
+	peak    int64
+	waiters list.List // of *waiter, FIFO
+	notify  chan struct{}
+	auths   []*Authority
+}
+
+type waiter struct {
+	n         int64
+	ready     chan struct{} // closed when the waiter was granted or dismissed
+	dismissed bool          // set (under g.mu) when the limit shrank below n
+}
+
+// NewGovernor returns a governor with no budgets set: every device is Unlimited until
+// SetLimit says otherwise.
+func NewGovernor() *Governor {
+	return &Governor{devices: make(map[DeviceKey]*device)}
+}
+
+// dev returns the device record for k, creating it. g.mu must be held.
+func (g *Governor) dev(k DeviceKey) *device {
+	d := g.devices[k]
+	if d == nil {
+		d = &device{key: k, limit: Unlimited}
+		g.devices[k] = d
+	}
+	return d
+}
+
+// SetLimit sets the byte budget of device k. A limit below what is already used takes
+// nothing away: later requests wait until enough is released. Raising the limit admits
+// waiters in order. It returns an *InvalidRequestError for a negative limit.
+func (g *Governor) SetLimit(k DeviceKey, limit int64) error {
+	if limit < 0 {
+		return &InvalidRequestError{Reason: fmt.Sprintf("negative limit %d for %v", limit, k)}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	d := g.dev(k)
+	d.limit = limit
+	// Requests that can now never fit fail at once rather than wait forever.
+	for e := d.waiters.Front(); e != nil; {
+		next := e.Next()
+		if w := e.Value.(*waiter); w.n > limit {
+			w.dismissed = true
+			close(w.ready)
+			d.waiters.Remove(e)
+		}
+		e = next
+	}
+	d.admit()
+	return nil
+}
+
+// Limit returns the byte budget of device k (Unlimited if never set).
+func (g *Governor) Limit(k DeviceKey) int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.dev(k).limit
+}
+
+// Authority returns a new ledger named name that takes bytes on device k.
+// Names need not be unique; they label Stats.
+func (g *Governor) Authority(name string, k DeviceKey) *Authority {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	d := g.dev(k)
+	a := &Authority{g: g, d: d, name: name}
+	d.auths = append(d.auths, a)
+	return a
+}
+
+// Released returns a channel that is closed the next time bytes are released on
+// device k or its limit changes. Callers that retry a refused operation wait on it.
+func (g *Governor) Released(k DeviceKey) <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	d := g.dev(k)
+	if d.notify == nil {
+		d.notify = make(chan struct{})
+	}
+	return d.notify
+}
+
+// admit grants queued requests in FIFO order while they fit, and wakes Released
+// watchers. g.mu must be held.
+func (d *device) admit() {
+	for e := d.waiters.Front(); e != nil; e = d.waiters.Front() {
+		w := e.Value.(*waiter)
+		if d.limit-d.used < w.n {
+			break
+		}
+		d.take(w.n)
+		close(w.ready)
+		d.waiters.Remove(e)
+	}
+	if d.notify != nil {
+		close(d.notify)
+		d.notify = nil
+	}
+}
+
+func (d *device) take(n int64) {
+	d.used += n
+	if d.used > d.peak {
+		d.peak = d.used
+	}
+}
+
+func (d *device) budgetError(n int64) *BudgetError {
+	avail := d.limit - d.used
+	if avail < 0 {
+		avail = 0
+	}
+	return &BudgetError{Device: d.key, Requested: n, Available: avail, Limit: d.limit}
+}
+
+// Authority is a named ledger of owned and mapped bytes on one device.
+type Authority struct {
+	g    *Governor
+	d    *device
+	name string
+
+	// guarded by g.mu
+	owned, ownedPeak int64
+	mapped           int64
+}
+
+// Name returns the ledger's name.
+func (a *Authority) Name() string { return a.name }
+
+// Device returns the device the ledger takes bytes on.
+func (a *Authority) Device() DeviceKey { return a.d.key }
+
+// Governor returns the governor the ledger belongs to.
+func (a *Authority) Governor() *Governor { return a.g }
+
+func checkSize(n int64) error {
+	if n < 0 {
+		return &InvalidRequestError{Reason: fmt.Sprintf("negative size %d", n)}
+	}
+	return nil
+}
+
+// TryAcquire takes n owned bytes if the budget covers them now and nobody is queued
+// ahead; otherwise it returns a *BudgetError and takes nothing.
+func (a *Authority) TryAcquire(n int64) error {
+	if err := checkSize(n); err != nil {
+		return err
+	}
+	a.g.mu.Lock()
+	defer a.g.mu.Unlock()
+	d := a.d
+	if n > d.limit || d.waiters.Len() > 0 || d.limit-d.used < n {
+		return d.budgetError(n)
+	}
+	d.take(n)
+	a.own(n)
+	return nil
+}
+
+// Acquire takes n owned bytes, waiting in FIFO order until the budget covers them or
+// ctx ends. A request larger than the device's limit fails at once with a *BudgetError
+// matching ErrExceedsLimit. When ctx ends first it returns ctx.Err() and takes nothing.
+func (a *Authority) Acquire(ctx context.Context, n int64) error {
+	if err := checkSize(n); err != nil {
+		return err
+	}
+	a.g.mu.Lock()
+	d := a.d
+	if n > d.limit {
+		err := d.budgetError(n)
+		a.g.mu.Unlock()
+		return err
+	}
+	if d.waiters.Len() == 0 && d.limit-d.used >= n {
+		d.take(n)
+		a.own(n)
+		a.g.mu.Unlock()
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		a.g.mu.Unlock()
+		return err
+	}
+	ready := make(chan struct{})
+	w := &waiter{n: n, ready: ready}
+	elem := d.waiters.PushBack(w)
+	a.g.mu.Unlock()
+
+	select {
+	case <-ready:
+		a.g.mu.Lock()
+		defer a.g.mu.Unlock()
+		if w.dismissed {
+			return d.budgetError(n)
+		}
+		a.own(n)
+		return nil
+	case <-ctx.Done():
+		a.g.mu.Lock()
+		defer a.g.mu.Unlock()
+		select {
+		case <-ready:
+			if w.dismissed {
+				return ctx.Err()
+			}
+			// Granted just as ctx ended: give it back so no byte leaks.
+			d.used -= n
+			d.admit()
+		default:
+			isFront := d.waiters.Front() == elem
+			d.waiters.Remove(elem)
+			// A queue head that leaves may unblock the requests behind it.
+			if isFront {
+				d.admit()
+			}
+		}
+		return ctx.Err()
+	}
+}
+
+func (a *Authority) own(n int64) {
+	a.owned += n
+	if a.owned > a.ownedPeak {
+		a.ownedPeak = a.owned
+	}
+}
+
+// Release gives back n owned bytes and admits waiters that now fit.
+// Releasing more than the ledger owns panics: the ledger would lie.
+func (a *Authority) Release(n int64) {
+	if n < 0 {
+		panic(fmt.Sprintf("accounting: Release of negative size %d", n))
+	}
+	a.g.mu.Lock()
+	defer a.g.mu.Unlock()
+	if n > a.owned {
+		panic(fmt.Sprintf("accounting: %q releases %d bytes but owns %d", a.name, n, a.owned))
+	}
+	a.owned -= n
+	a.d.used -= n
+	a.d.admit()
+}
+
+// Map adds n bytes of attribution: memory this ledger's owner has mapped, owned here or
+// elsewhere. Mapped bytes never consume budget.
+func (a *Authority) Map(n int64) {
+	if n < 0 {
+		panic(fmt.Sprintf("accounting: Map of negative size %d", n))
+	}
+	a.g.mu.Lock()
+	a.mapped += n
+	a.g.mu.Unlock()
+}
+
+// Unmap removes n bytes of attribution. Unmapping more than is mapped panics.
+func (a *Authority) Unmap(n int64) {
+	if n < 0 {
+		panic(fmt.Sprintf("accounting: Unmap of negative size %d", n))
+	}
+	a.g.mu.Lock()
+	defer a.g.mu.Unlock()
+	if n > a.mapped {
+		panic(fmt.Sprintf("accounting: %q unmaps %d bytes but maps %d", a.name, n, a.mapped))
+	}
+	a.mapped -= n
+}
+
+// AuthorityStats is a snapshot of one ledger.
+type AuthorityStats struct {
+	Name      string
+	Device    DeviceKey
+	Owned     int64 // physical bytes held (consume budget)
+	OwnedPeak int64
+	Mapped    int64 // bytes mapped (attribution only)
+}
+
+// Stats returns a snapshot of the ledger.
+func (a *Authority) Stats() AuthorityStats {
+	a.g.mu.Lock()
+	defer a.g.mu.Unlock()
+	return a.stats()
+}
+
+func (a *Authority) stats() AuthorityStats {
+	return AuthorityStats{Name: a.name, Device: a.d.key, Owned: a.owned, OwnedPeak: a.ownedPeak, Mapped: a.mapped}
+}
+
+// DeviceStats is a snapshot of one device's budget.
+type DeviceStats struct {
+	Device      DeviceKey
+	Limit       int64 // Unlimited if never set
+	Used        int64 // owned bytes of all ledgers
+	Peak        int64 // highest Used seen
+	Mapped      int64 // mapped bytes of all ledgers (attribution)
+	Waiters     int   // Acquire calls queued
+	Authorities []AuthorityStats
+}
+
+// Available returns the bytes free under the limit (0 when over it).
+func (s DeviceStats) Available() int64 { return max(s.Limit-s.Used, 0) }
+
+// Stats returns a snapshot of device k.
+func (g *Governor) Stats(k DeviceKey) DeviceStats {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.dev(k).stats()
+}
+
+func (d *device) stats() DeviceStats {
+	s := DeviceStats{Device: d.key, Limit: d.limit, Used: d.used, Peak: d.peak, Waiters: d.waiters.Len()}
+	for _, a := range d.auths {
+		as := a.stats()
+		s.Mapped += as.Mapped
+		s.Authorities = append(s.Authorities, as)
+	}
+	return s
+}
+
+// AllStats returns a snapshot of every device the governor has seen, ordered by key.
+func (g *Governor) AllStats() []DeviceStats {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]DeviceStats, 0, len(g.devices))
+	for _, d := range g.devices {
+		out = append(out, d.stats())
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Device.Tier != out[j].Device.Tier {
+			return out[i].Device.Tier < out[j].Device.Tier
+		}
+		return out[i].Device.Index < out[j].Device.Index
+	})
+	return out
+}
+
+// ResetPeak sets device k's peak to its current use.
+func (g *Governor) ResetPeak(k DeviceKey) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	d := g.dev(k)
+	d.peak = d.used
+}
