@@ -1,0 +1,26 @@
+// Package arena turns a backing's reserved address range into memory a program uses:
+// a [Buffer] that grows and shrinks in granule steps on a base address that never
+// moves, typed views ([Tensor]) over it, and a bump [Arena] for tensors that live one
+// step.
+//
+// # Memory management
+//
+// A Buffer owns one reservation of its backing. It MUST be released with
+// [Buffer.Close], which gives back every committed granule and the address range and
+// returns an honest [accounting.ReleaseOutcome]. Shrinking with [Buffer.Resize]
+// decommits the granules wholly past the new length: their contents are forfeit and
+// any slice or view over them becomes invalid (a host access faults).
+//
+// When the backing's accounting is [backing.ByBuffer], the Buffer charges each granule
+// it commits to its authority before committing it and releases the charge after
+// decommitting it, so the governor's ledger matches committed memory exactly. When it
+// is [backing.ByBacking], the backing's pool owns the bytes and the Buffer charges
+// nothing.
+//
+// # Concurrency
+//
+// A Buffer is used by one goroutine at a time: Resize, ShareFrom and Close must not
+// run concurrently with each other or with readings. Several goroutines may read and
+// write the committed bytes at once, as with any memory, provided none of them
+// resizes the buffer meanwhile.
+package arena
