@@ -1,0 +1,29 @@
+// Package backingtest checks that a backing keeps the [backing.Backing] contract, and
+// provides two backings for tests of the code above the backings.
+//
+// [Run] is the conformance suite, shaped like testing/fstest.TestFS: it takes a
+// factory, makes a fresh backing for each property and runs each property as its own
+// subtest. Optional capabilities are probed by type assertion and checked when present.
+// A new backing is done when it passes Run.
+//
+// [Fake] is a backing on Go-heap memory with a synthetic address space: fast, exact
+// about what is alive (LiveGranules, LiveReservations), and able to share granules under
+// ByBacking accounting, so that arenas and caches can be tested without the OS.
+//
+// [Faulty] wraps any backing and makes chosen calls fail (the n-th call of any
+// operation, or of one), for fault-injection tests of rollback paths: the typical test
+// counts the calls of a clean run with Calls, then injects a failure at every one of
+// them in turn and checks that nothing leaked.
+//
+// # Memory management
+//
+// A Fake's memory is Go-heap slices, freed by the GC once the last mapping of a granule
+// goes; its reservations must still be given back with Unreserve so that the leak
+// counters mean something. Run unreserves every reservation it makes, also when a
+// property fails, through t.Cleanup.
+//
+// # Concurrency
+//
+// Fake and Faulty are safe for concurrent use. Run calls the backing from several
+// goroutines in its "Concurrent" property only, on distinct ranges.
+package backingtest
