@@ -203,13 +203,15 @@ func (buf *Buffer[R, B]) commit(ctx context.Context, off, size int) error {
 // ShareFrom maps the physical granules behind the first size bytes of src into this
 // empty buffer, with access prot, and sets Len to size. size must be a multiple of the
 // granule and at most src.Committed(). Both buffers must be on the same backing, which
-// must be a backing.Sharer. The physical granules stay alive while either buffer maps
+// must be a backing.Sharer that owns its memory (ByBacking). The physical granules stay alive while either buffer maps
 // them. Writing through a ReadOnly share faults.
 func (buf *Buffer[R, B]) ShareFrom(src *Buffer[R, B], size int, prot backing.Protection) error {
 	buf.live()
 	src.live()
 	s, ok := any(buf.b).(backing.Sharer[R])
-	if !ok {
+	if !ok || !buf.b.Accounting().OwnedByBacking() {
+		// NB: under ByBuffer a shared granule would be charged to whichever buffer
+		// committed it and freed from the ledger while another still maps it.
 		return ErrNoSharing
 	}
 	switch {
