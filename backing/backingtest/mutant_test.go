@@ -1,0 +1,126 @@
+package backingtest_test
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/backing/backingtest"
+)
+
+// Mutants are Fakes with one contract violation each. The suite must catch every one,
+// in the property named, or it proves nothing.
+
+type doubleCommitOK struct{ *backingtest.Fake }
+
+func (m doubleCommitOK) Commit(r fakeR, off, size int) error {
+	if err := m.Fake.Commit(r, off, size); !errors.Is(err, backing.ErrCommitted) {
+		return err
+	}
+	return nil
+}
+
+type lyingUnreserve struct{ *backingtest.Fake }
+
+func (m lyingUnreserve) Unreserve(r fakeR) accounting.ReleaseOutcome {
+	m.Fake.Unreserve(r)
+	return accounting.Released(0)
+}
+
+type noPanicBase struct{ *backingtest.Fake }
+
+func (m noPanicBase) Base(r fakeR) (b uintptr) {
+	defer func() { _ = recover() }()
+	return m.Fake.Base(r)
+}
+
+type keepsContents struct{ *backingtest.Fake }
+
+func (m keepsContents) Decommit(r fakeR, off, size int) error {
+	if err := m.Fake.Decommit(r, off, size); err != nil {
+		return err
+	}
+	// Commit again behind the caller's back and claim success: the granule stays
+	// committed, so the suite's recommit must be refused.
+	return m.Fake.Commit(r, off, size)
+}
+
+type roundsDown struct{ *backingtest.Fake }
+
+func (m roundsDown) Commit(r fakeR, off, size int) error {
+	g := m.Granularity()
+	if off >= 0 && size >= 0 {
+		off, size = off&^(g-1), (size+g-1)&^(g-1)
+	}
+	return m.Fake.Commit(r, off, size)
+}
+
+type ownsTwice struct{ *backingtest.Fake }
+
+func (m ownsTwice) Share(dst fakeR, dstOff int, src fakeR, srcOff, size int, prot backing.Protection) error {
+	if err := m.Fake.Share(dst, dstOff, src, srcOff, size, prot); err != nil {
+		return err
+	}
+	return m.Accounting().Authority().TryAcquire(int64(size)) // charges a shared granule again
+}
+
+var mutants = map[string]struct {
+	make func(*backingtest.Fake) backing.Backing[fakeR]
+	want []string // properties that must fail
+}{
+	"doubleCommitOK": {func(f *backingtest.Fake) backing.Backing[fakeR] { return doubleCommitOK{f} }, []string{"DoubleCommit", "FailedCallChangesNothing"}},
+	"lyingUnreserve": {func(f *backingtest.Fake) backing.Backing[fakeR] { return lyingUnreserve{f} }, []string{"UnreserveCommitted", "CommitWriteRead"}},
+	"noPanicBase":    {func(f *backingtest.Fake) backing.Backing[fakeR] { return noPanicBase{f} }, []string{"UseAfterUnreserve"}},
+	"keepsContents":  {func(f *backingtest.Fake) backing.Backing[fakeR] { return keepsContents{f} }, []string{"DecommitForfeits", "DecommitUncommitted"}},
+	"roundsDown":     {func(f *backingtest.Fake) backing.Backing[fakeR] { return roundsDown{f} }, []string{"Alignment"}},
+	"ownsTwice":      {func(f *backingtest.Fake) backing.Backing[fakeR] { return ownsTwice{f} }, []string{"ShareLastMapping"}},
+}
+
+const mutantEnv = "BACKINGTEST_MUTANT"
+
+// TestMutantChild runs the suite on the mutant named by $BACKINGTEST_MUTANT; it does
+// nothing in a normal run. TestSuiteCatchesMutants starts it in a child process,
+// since a failing subtest can not be contained inside the parent's test.
+func TestMutantChild(t *testing.T) {
+	name := os.Getenv(mutantEnv)
+	if name == "" {
+		return
+	}
+	m := mutants[name]
+	backingtest.Run(t, func(t *testing.T) backing.Backing[fakeR] {
+		auth := accounting.NewGovernor().Authority("mutant", accounting.HostKey)
+		return m.make(backingtest.NewFake(backingtest.FakeOptions{Authority: auth}))
+	})
+}
+
+func TestSuiteCatchesMutants(t *testing.T) {
+	if os.Getenv(mutantEnv) != "" {
+		return
+	}
+	for name, m := range mutants {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cmd := exec.Command(os.Args[0], "-test.run=^TestMutantChild$", "-test.v", "-test.count=1")
+			cmd.Env = append(os.Environ(), mutantEnv+"="+name)
+			out, err := cmd.CombinedOutput()
+			assert.Error(t, err, "the suite passed a mutant")
+			for _, prop := range m.want {
+				assert.Contains(t, string(out), "--- FAIL: TestMutantChild/"+prop+" ", "property %s did not catch it", prop)
+			}
+			if t.Failed() {
+				t.Logf("child output:\n%s", lastLines(string(out), 40))
+			}
+		})
+	}
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
+}
