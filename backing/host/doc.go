@@ -1,0 +1,54 @@
+// Package host implements the host-memory backings of [backing.Backing]: private
+// anonymous memory, and physical granules shared between reservations.
+//
+// [Private] reserves address space with mmap(PROT_NONE, MAP_NORESERVE) (VirtualAlloc
+// MEM_RESERVE on Windows), commits a granule by making it readable and writable
+// (mprotect; MEM_COMMIT), and decommits it with MADV_DONTNEED then PROT_NONE (a fresh
+// inaccessible mapping on Darwin; MEM_DECOMMIT on Windows), so that the pages go back to
+// the OS and a touch faults. Its pages belong to one mapping, so it can not share; it
+// is accounted ByBuffer: the caller charges what it commits. Committing costs a
+// syscall; the pages cost their first-touch faults, which PrivateOptions.Populate
+// moves into Commit (MADV_POPULATE_WRITE where the kernel has it). On Linux its
+// mappings can be named, so that /proc/self/maps says whose they are. Systems other
+// than Linux, Darwin and Windows get errors.ErrUnsupported from NewPrivate.
+//
+// [Shared] (Linux) keeps physical granules in a memfd pool that it owns and charges
+// (ByBacking): Commit maps pool granules into a reservation with
+// mmap(MAP_SHARED|MAP_FIXED), Share maps the granules behind one range into another
+// reservation (the shared-prefix mechanism), and a granule returns to the pool with its
+// last mapping. Its pool can be prefilled off the hot path and trimmed.
+//
+// # States
+//
+// Both follow the states of package backing: Unreserved, Reserved (mapped, no access,
+// no memory), Committed (read-write, or read-only for a read-only share). A touch of a
+// Reserved address faults (SIGSEGV), which debug.SetPanicOnFault turns into a panic.
+//
+// # Errors
+//
+// Argument and state errors are the backing package's sentinels inside a
+// [*backing.OpError]. An OS failure is an *OpError whose Kind classifies it and whose
+// Err is the errno, so that errors.Is(err, backing.ErrOutOfMemory) and
+// errors.Is(err, unix.ENOMEM) both hold; an ENOMEM that comes from the process's
+// mapping limit (vm.max_map_count) is classified [backing.ErrMapLimit] and says so.
+// Package-level names are prefixed Private or Shared by backing; [ErrPrivateOptions]
+// and the Shared errors are each backing's own.
+//
+// # Memory management
+//
+// Every reservation MUST be given back with Unreserve, which unmaps it whole, committed
+// granules included; nothing else frees it, not even the GC. A Private backing holds
+// nothing but its reservations. A Shared backing also holds its pool, which Close
+// gives back.
+//
+// Memory reached through Base(r)+off is outside the Go heap: it may hold only
+// pointer-free data, and it must not be touched after the granule is decommitted or
+// the reservation unreserved (it then faults, or worse, aliases a later mapping).
+//
+// # Concurrency
+//
+// The backings are safe for concurrent use: distinct reservations, and distinct
+// ranges of one reservation, may be committed and decommitted from several goroutines
+// at once. Calls on overlapping ranges of one reservation, and copies from a range
+// being decommitted, must be serialized by the caller.
+package host
