@@ -1,0 +1,151 @@
+package kv
+
+import (
+	"fmt"
+
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/backing"
+)
+
+// readAt copies len(p) bytes at off of buf into p: directly on the host, through the
+// backing's Copier elsewhere.
+func readAt[R any, B backing.Backing[R]](buf *arena.Buffer[R, B], off int, p []byte) error {
+	if buf.HostAccessible() {
+		copy(p, buf.Bytes()[off:])
+		return nil
+	}
+	cp, ok := any(buf.Backing()).(backing.Copier[R])
+	if !ok {
+		return fmt.Errorf("%w: the backing can neither be read by the CPU nor copy", backing.ErrUnsupported)
+	}
+	return cp.CopyOut(p, buf.Reservation(), off)
+}
+
+// writeAt copies p into buf at off.
+func writeAt[R any, B backing.Backing[R]](buf *arena.Buffer[R, B], off int, p []byte) error {
+	if buf.HostAccessible() {
+		copy(buf.Bytes()[off:], p)
+		return nil
+	}
+	cp, ok := any(buf.Backing()).(backing.Copier[R])
+	if !ok {
+		return fmt.Errorf("%w: the backing can neither be written by the CPU nor copy", backing.ErrUnsupported)
+	}
+	return cp.CopyIn(buf.Reservation(), off, p)
+}
+
+// locate returns the range and byte offset of token t of layer's K or V tensor.
+func (s *Sequence[R, B]) locate(layer int, kind Kind, t int) (*arena.Buffer[R, B], int, error) {
+	g := s.c.cfg.Geometry
+	if layer < 0 || layer >= g.Layers || kind > V || t < 0 || t >= s.n {
+		return nil, 0, fmt.Errorf("%w: layer %d %v token %d of %d layers × %d tokens", ErrRange, layer, kind, t, g.Layers, s.n)
+	}
+	if s.c.cfg.Layout == PerSequence {
+		return s.bufs[0], t*s.c.row + (2*layer+int(kind))*g.TokenBytes(), nil
+	}
+	return s.bufs[2*layer+int(kind)], t * s.c.row, nil
+}
+
+// WriteToken copies src (TokenBytes long) into token t of layer's K or V tensor, on
+// any backing and layout. Writing a token that lies in memory shared with a prefix or
+// a fork is refused (ErrRange): shared granules are read-only.
+func (s *Sequence[R, B]) WriteToken(layer int, kind Kind, t int, src []byte) error {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	if len(src) != s.c.cfg.Geometry.TokenBytes() {
+		return fmt.Errorf("%w: token of %d bytes, want %d", ErrRange, len(src), s.c.cfg.Geometry.TokenBytes())
+	}
+	buf, off, err := s.locate(layer, kind, t)
+	if err != nil {
+		return err
+	}
+	if off < s.frozen {
+		return fmt.Errorf("%w: token %d lies in shared memory (the first %d bytes are read-only)", ErrRange, t, s.frozen)
+	}
+	return writeAt(buf, off, src)
+}
+
+// ReadToken copies token t of layer's K or V tensor into dst (TokenBytes long).
+func (s *Sequence[R, B]) ReadToken(layer int, kind Kind, t int, dst []byte) error {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	if len(dst) != s.c.cfg.Geometry.TokenBytes() {
+		return fmt.Errorf("%w: token of %d bytes, want %d", ErrRange, len(dst), s.c.cfg.Geometry.TokenBytes())
+	}
+	buf, off, err := s.locate(layer, kind, t)
+	if err != nil {
+		return err
+	}
+	return readAt(buf, off, dst)
+}
+
+// Writable returns the first token that may be written: tokens below it lie in
+// granules shared with a prefix or a fork and are read-only.
+func (s *Sequence[R, B]) Writable() int {
+	return (s.frozen + s.c.row - 1) / s.c.row
+}
+
+// Bytes returns the Len × TokenBytes bytes of layer's K or V tensor in the PerLayer
+// layout on a host backing. The slice is valid until the sequence shrinks or closes;
+// bytes below Writable() × TokenBytes are read-only (a write faults).
+func (s *Sequence[R, B]) Bytes(layer int, kind Kind) ([]byte, error) {
+	if err := s.usable(); err != nil {
+		return nil, err
+	}
+	if s.c.cfg.Layout != PerLayer {
+		return nil, fmt.Errorf("%w: %v tensors are strided; use a view", ErrLayout, s.c.cfg.Layout)
+	}
+	if layer < 0 || layer >= s.c.cfg.Geometry.Layers || kind > V {
+		return nil, fmt.Errorf("%w: layer %d %v", ErrRange, layer, kind)
+	}
+	buf := s.bufs[2*layer+int(kind)]
+	if !buf.HostAccessible() {
+		return nil, fmt.Errorf("%w: device memory can not be touched by the CPU", ErrLayout)
+	}
+	return buf.Bytes(), nil
+}
+
+// Base returns the first address of layer's K or V tensor. It never changes from the
+// sequence's creation to its Close. On a device it must not be dereferenced by the CPU.
+func (s *Sequence[R, B]) Base(layer int, kind Kind) uintptr {
+	s.live()
+	g := s.c.cfg.Geometry
+	if layer < 0 || layer >= g.Layers || kind > V {
+		panic(fmt.Sprintf("kv: Base of layer %d %v out of range", layer, kind))
+	}
+	if s.c.cfg.Layout == PerSequence {
+		return s.bufs[0].Base() + uintptr((2*layer+int(kind))*g.TokenBytes())
+	}
+	return s.bufs[2*layer+int(kind)].Base()
+}
+
+// TokenStride returns the bytes from one token to the next within a layer's K or V
+// tensor: TokenBytes in the PerLayer layout, BytesPerToken in PerSequence.
+func (s *Sequence[R, B]) TokenStride() int { return s.c.row }
+
+// View returns layer's K or V tensor of s as a [Len, KVHeads, HeadDim] tensor of T:
+// contiguous in the PerLayer layout, strided by TokenStride in PerSequence. T must be
+// the geometry's element type (ErrElemType otherwise). On a host backing the tensor's
+// elements may be read and written (tokens below Writable are read-only); on a device
+// it carries only the address. The view is valid until s shrinks below it or closes.
+func View[T arena.Elem, R any, B backing.Backing[R]](s *Sequence[R, B], layer int, kind Kind) (arena.Tensor[T], error) {
+	if err := s.usable(); err != nil {
+		return arena.Tensor[T]{}, err
+	}
+	g := s.c.cfg.Geometry
+	if dt := arena.DTypeOf[T](); dt != g.DType {
+		return arena.Tensor[T]{}, fmt.Errorf("%w: %v view of a %v cache", ErrElemType, dt, g.DType)
+	}
+	if layer < 0 || layer >= g.Layers || kind > V {
+		return arena.Tensor[T]{}, fmt.Errorf("%w: layer %d %v", ErrRange, layer, kind)
+	}
+	shape := []int{s.n, g.KVHeads, g.HeadDim}
+	if s.c.cfg.Layout == PerLayer {
+		return arena.NewTensor[T](s.bufs[2*layer+int(kind)], 0, shape...)
+	}
+	size := g.DType.Size()
+	strides := []int{s.c.row / size, g.HeadDim, 1}
+	return arena.NewTensorStrided[T](s.bufs[0], (2*layer+int(kind))*g.TokenBytes(), shape, strides)
+}

@@ -1,0 +1,330 @@
+package kv
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/backing"
+)
+
+// Config says what a Cache holds and how.
+type Config struct {
+	Geometry Geometry
+	// MaxTokens is the most tokens one sequence may hold. It is reserved as address
+	// space only: a sequence commits memory for the tokens it has.
+	MaxTokens int
+	Layout    Layout
+	// Authority is charged for committed granules when the backing's accounting is
+	// ByBuffer (host.Private); it must be nil for backings that own their memory
+	// (ByBacking: host.Shared, cuda).
+	Authority *accounting.Authority
+}
+
+// Cache holds the K and V tensors of many sequences on one backing. Its zero value is
+// not usable; call New.
+type Cache[R any, B backing.Backing[R]] struct {
+	b      B
+	cfg    Config
+	nbuf   int // address ranges per sequence
+	row    int // bytes per token in each range
+	gran   int
+	capac  int // bytes reserved per range
+	sharer bool
+	gov    *accounting.Governor
+	dev    accounting.DeviceKey
+
+	mu       sync.Mutex
+	seqs     map[*Sequence[R, B]]struct{}
+	prefixes map[*Prefix[R, B]]struct{}
+	nextID   uint64
+	closed   bool
+	waiters  list.List     // of *appendWaiter, FIFO
+	changed  chan struct{} // closed when memory comes back to this cache
+	waits    int64         // AppendCtx calls that had to wait
+	orphans  []*arena.Buffer[R, B] // buffers whose Close failed; retried by Close
+}
+
+type appendWaiter struct{ wake chan struct{} }
+
+// New returns a cache of sequences on b. It reserves nothing until sequences are made.
+func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache[R, B], error) {
+	if err := cfg.Geometry.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Layout != PerLayer && cfg.Layout != PerSequence {
+		return nil, fmt.Errorf("%w: layout %v", ErrConfig, cfg.Layout)
+	}
+	g := b.Granularity()
+	if _, err := Size(cfg.Geometry, cfg.Layout, g, 0, max(cfg.MaxTokens, 0)); err != nil || cfg.MaxTokens <= 0 {
+		return nil, fmt.Errorf("%w: MaxTokens %d", ErrConfig, cfg.MaxTokens)
+	}
+	acct := b.Accounting()
+	var gov *accounting.Governor
+	switch {
+	case acct.OwnedByBacking() && cfg.Authority != nil:
+		return nil, fmt.Errorf("%w: the backing owns its memory (%v); leave Authority nil", ErrConfig, acct)
+	case !acct.OwnedByBacking() && cfg.Authority == nil:
+		return nil, fmt.Errorf("%w: the backing's memory is charged by buffer; set Authority", ErrConfig)
+	case acct.OwnedByBacking():
+		gov = acct.Authority().Governor()
+	default:
+		gov = cfg.Authority.Governor()
+	}
+	n, row := cfg.Layout.buffers(cfg.Geometry)
+	capac, _ := backing.AlignUp(cfg.MaxTokens*row, g)
+	_, sharer := any(b).(backing.Sharer[R])
+	return &Cache[R, B]{
+		b: b, cfg: cfg, nbuf: n, row: row, gran: g, capac: capac,
+		sharer: sharer && acct.OwnedByBacking(), gov: gov, dev: b.Device(),
+		seqs:     make(map[*Sequence[R, B]]struct{}),
+		prefixes: make(map[*Prefix[R, B]]struct{}),
+	}, nil
+}
+
+// Config returns the cache's configuration.
+func (c *Cache[R, B]) Config() Config { return c.cfg }
+
+// Granularity returns the backing's granule size.
+func (c *Cache[R, B]) Granularity() int { return c.gran }
+
+// NewSequence returns an empty sequence. It reserves address space for MaxTokens and
+// commits nothing. The sequence MUST be closed.
+func (c *Cache[R, B]) NewSequence() (*Sequence[R, B], error) {
+	s, err := c.newSequence()
+	if err != nil {
+		return nil, err
+	}
+	c.register(s)
+	return s, nil
+}
+
+func (c *Cache[R, B]) newSequence() (*Sequence[R, B], error) {
+	c.mu.Lock()
+	closed := c.closed
+	c.nextID++
+	id := c.nextID
+	c.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	bufs, err := c.newBuffers(c.capac)
+	if err != nil {
+		return nil, err
+	}
+	return &Sequence[R, B]{c: c, id: id, bufs: bufs}, nil
+}
+
+// newBuffers reserves c.nbuf ranges of capacity bytes, all or none.
+func (c *Cache[R, B]) newBuffers(capacity int) ([]*arena.Buffer[R, B], error) {
+	bufs := make([]*arena.Buffer[R, B], 0, c.nbuf)
+	for range c.nbuf {
+		buf, err := arena.NewBuffer(c.b, capacity, c.cfg.Authority)
+		if err != nil {
+			return nil, errors.Join(err, c.release(bufs).Err)
+		}
+		bufs = append(bufs, buf)
+	}
+	return bufs, nil
+}
+
+// release closes every buffer and sums the outcomes into one honest outcome. A close
+// that fails with nothing changed is retried once (the failure may be transient);
+// buffers that still fail are kept by the cache and retried by Cache.Close, and their
+// bytes are reported as residual.
+func (c *Cache[R, B]) release(bufs []*arena.Buffer[R, B]) accounting.ReleaseOutcome {
+	var unmapped, residual int64
+	var errs []error
+	changed := false
+	for _, b := range bufs {
+		if b == nil {
+			continue
+		}
+		o := b.Close()
+		if o.Status == accounting.Failed {
+			o = b.Close()
+		}
+		switch o.Status {
+		case accounting.Failed:
+			residual += int64(b.Committed())
+			c.mu.Lock()
+			c.orphans = append(c.orphans, b)
+			c.mu.Unlock()
+		default:
+			changed = true
+			unmapped += o.Unmapped
+			residual += o.Residual
+		}
+		if o.Err != nil {
+			errs = append(errs, o.Err)
+		}
+	}
+	return accounting.Outcome(unmapped, residual, changed, errors.Join(errs...))
+}
+
+func (c *Cache[R, B]) register(s *Sequence[R, B]) {
+	c.mu.Lock()
+	c.seqs[s] = struct{}{}
+	c.mu.Unlock()
+}
+
+// notify wakes AppendCtx waiters: memory came back to this cache.
+func (c *Cache[R, B]) notify() {
+	c.mu.Lock()
+	c.notifyLocked()
+	c.mu.Unlock()
+}
+
+func (c *Cache[R, B]) notifyLocked() {
+	if c.changed != nil {
+		close(c.changed)
+		c.changed = nil
+	}
+}
+
+// waitChans returns the channels that announce freed memory. c.mu must be held.
+func (c *Cache[R, B]) waitChansLocked() <-chan struct{} {
+	if c.changed == nil {
+		c.changed = make(chan struct{})
+	}
+	return c.changed
+}
+
+// Stats is a snapshot of a cache.
+type Stats struct {
+	Sequences int   // live sequences
+	Prefixes  int   // live prefixes
+	Tokens    int64 // tokens held by live sequences
+	Used      int64 // bytes of those tokens
+	// Committed is the bytes of granules committed in live sequences' ranges, shared
+	// mappings included: what the sequences address.
+	Committed int64
+	// Shared is the part of Committed that maps granules the sequence did not commit
+	// itself (a prefix's, a forked parent's): memory each sequence would otherwise
+	// hold on its own.
+	Shared int64
+	Waste  int64 // Committed - Used: the partly filled granules
+	// Owned and Mapped are the ledger's readings: the physical bytes it owns (under
+	// ByBacking the backing's whole pool, idle granules included; every shared
+	// granule once) and the bytes of every mapping.
+	Owned  int64
+	Mapped int64
+	Waits  int64 // AppendCtx calls that had to wait for memory
+}
+
+// SavedBySharing returns the bytes that sharing saves: Shared.
+func (s Stats) SavedBySharing() int64 { return s.Shared }
+
+// ledger returns the authority that owns the cache's physical memory.
+func (c *Cache[R, B]) ledger() *accounting.Authority {
+	if c.cfg.Authority != nil {
+		return c.cfg.Authority
+	}
+	return c.b.Accounting().Authority()
+}
+
+// Stats returns a snapshot of the cache.
+func (c *Cache[R, B]) Stats() Stats {
+	var st Stats
+	c.mu.Lock()
+	st.Sequences = len(c.seqs)
+	st.Prefixes = len(c.prefixes)
+	for s := range c.seqs {
+		st.Tokens += s.tokens.Load()
+		st.Committed += s.committed.Load()
+		st.Shared += s.sharedIn.Load()
+	}
+	st.Waits = c.waits
+	c.mu.Unlock()
+	st.Used = st.Tokens * int64(c.cfg.Geometry.BytesPerToken())
+	st.Waste = st.Committed - st.Used
+	l := c.ledger().Stats()
+	st.Owned, st.Mapped = l.Owned, l.Mapped
+	return st
+}
+
+// SequenceStats is a snapshot of one sequence.
+type SequenceStats struct {
+	ID        uint64
+	Tokens    int
+	Committed int64 // bytes of granules in its ranges
+	Shared    int64 // of which mapped from a prefix or a parent
+}
+
+// SequenceStats returns a snapshot of every live sequence, ordered by ID.
+func (c *Cache[R, B]) SequenceStats() []SequenceStats {
+	c.mu.Lock()
+	out := make([]SequenceStats, 0, len(c.seqs))
+	for s := range c.seqs {
+		out = append(out, SequenceStats{ID: s.id, Tokens: int(s.tokens.Load()), Committed: s.committed.Load(), Shared: s.sharedIn.Load()})
+	}
+	c.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Close closes the cache. Every sequence and prefix MUST have been closed and
+// released first; Close reports those still live and closes nothing then. It retries
+// giving back any range whose release failed earlier and reports what still fails.
+func (c *Cache[R, B]) Close() error {
+	c.mu.Lock()
+	if len(c.seqs) > 0 || len(c.prefixes) > 0 {
+		defer c.mu.Unlock()
+		return fmt.Errorf("%w: %d sequences and %d prefixes still live", ErrConfig, len(c.seqs), len(c.prefixes))
+	}
+	c.closed = true
+	orphans := c.orphans
+	c.orphans = nil
+	c.mu.Unlock()
+	if len(orphans) > 0 {
+		if out := c.release(orphans); !out.OK() {
+			return fmt.Errorf("kv: %d bytes could not be given back: %w", out.Residual, out.Err)
+		}
+	}
+	return nil
+}
+
+// appendWait waits for memory for s in FIFO order among AppendCtx callers of this
+// cache, retrying Append(n) whenever memory comes back (a sequence of this cache
+// shrinks or closes, or the governor releases bytes on the device).
+func (c *Cache[R, B]) appendWait(ctx context.Context, s *Sequence[R, B], n int) error {
+	w := &appendWaiter{}
+	c.mu.Lock()
+	c.waits++
+	elem := c.waiters.PushBack(w)
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		head := c.waiters.Front() == elem
+		c.waiters.Remove(elem)
+		if head {
+			// The next waiter is now at the head and must try.
+			c.notifyLocked()
+		}
+		c.mu.Unlock()
+	}()
+	for {
+		c.mu.Lock()
+		changed := c.waitChansLocked()
+		head := c.waiters.Front() == elem
+		c.mu.Unlock()
+		released := c.gov.Released(c.dev)
+		if head {
+			err := s.Append(n)
+			if err == nil || !errors.Is(err, accounting.ErrBudgetExceeded) || errors.Is(err, accounting.ErrExceedsLimit) {
+				return err
+			}
+		}
+		select {
+		case <-changed:
+		case <-released:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}

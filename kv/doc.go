@@ -1,0 +1,49 @@
+// Package kv is a KV cache for LLM servers: each sequence's K and V tensors grow token
+// by token in granule steps on base addresses that never move, and a shared prompt
+// prefix is physical memory owned once and mapped into every sequence that uses it.
+//
+// A [Cache] is built from a model [Geometry], a backing, and a per-sequence maximum
+// length that is reserved as address space only. [Cache.NewSequence] starts an empty
+// [Sequence]; [Sequence.Append] grows it, committing a granule only when a tensor
+// crosses a granule boundary; [Sequence.Truncate] rolls it back (speculative decoding).
+//
+// # Sharing
+//
+// [Sequence.Freeze] turns a sequence's first P tokens into an immutable [Prefix]: the
+// full granules that hold them are mapped, not copied; the tokens past the last full
+// granule are copied into a granule of the prefix's own. [Cache.NewSequenceFrom] starts
+// a sequence on a prefix the same way, and [Sequence.Fork] forks a sequence (parallel
+// sampling, beam search). Shared granules are read-only to every holder: writes go only
+// to a sequence's own tail, and truncating into a shared granule replaces it with a
+// private copy of the kept tokens rather than writing into it. Sharing needs a backing
+// that implements backing.Sharer and owns its memory (host.Shared, cuda).
+//
+// # Layout
+//
+// [PerLayer] (the default) gives each (layer, K|V) tensor its own range: contiguous
+// per layer, up to 2 × Layers partly filled granules per sequence. [PerSequence] puts
+// all layers of a token together in one range: one growth frontier, at most one partly
+// filled granule per sequence, and one map call per growth step on a device; each
+// layer's tensor is then strided by [Sequence.TokenStride]. [Size] computes the cost
+// of either without allocating; BENCHMARKS.md lists it for Llama-3-8B.
+//
+// # Memory management
+//
+// Every Sequence MUST be closed with [Sequence.Close], which gives back every granule
+// (to the backing's pool, or the OS) and reports an honest outcome. The creator of a
+// Prefix MUST call [Prefix.Release]; a prefix's memory is freed when the creator has
+// released it and the last sequence started on it has closed. Slices from
+// [Sequence.Bytes] are valid until the sequence shrinks below them or closes.
+//
+// Budget: growth the governor can not cover fails at once with an error matching
+// accounting.ErrBudgetExceeded and changes nothing; [Sequence.AppendCtx] instead waits
+// for memory in FIFO order with the cache's other waiting appends, until its context
+// ends. A plain Append does not queue and may succeed ahead of waiters.
+//
+// # Concurrency
+//
+// A Cache is safe for concurrent use by many goroutines: sequences may be created,
+// grown, forked and closed at once. A Sequence is used by one goroutine at a time;
+// Fork and Freeze read it, so they too belong to the goroutine that owns it. A Prefix
+// may be used by many goroutines.
+package kv

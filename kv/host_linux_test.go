@@ -1,0 +1,243 @@
+package kv_test
+
+import (
+	"bufio"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/kv"
+)
+
+type hostSeq = kv.Sequence[*host.SharedReservation, *host.Shared]
+
+func newHostCache(t *testing.T, name string, layout kv.Layout, maxTokens int) (*kv.Cache[*host.SharedReservation, *host.Shared], *accounting.Authority) {
+	t.Helper()
+	gov := accounting.NewGovernor()
+	pool := gov.Authority("pool", accounting.HostKey)
+	b, err := host.NewShared(host.SharedOptions{Granularity: 64 << 10, Authority: pool, Name: name})
+	require.NoError(t, err)
+	c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: maxTokens, Layout: layout})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		assert.NoError(t, c.Close())
+		assert.NoError(t, b.Close())
+		assert.Zero(t, pool.Stats().Owned, "ledger does not balance")
+		assert.Zero(t, pool.Stats().Mapped)
+	})
+	return c, pool
+}
+
+// pssOf sums the proportional set size of every mapping of the memfd named name.
+func pssOf(t *testing.T, name string) int64 {
+	t.Helper()
+	f, err := os.Open("/proc/self/smaps")
+	require.NoError(t, err)
+	defer f.Close()
+	var total int64
+	in := false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		fields := strings.Fields(line)
+		if len(fields) > 0 && strings.Contains(fields[0], "-") && !strings.HasSuffix(fields[0], ":") {
+			in = strings.Contains(line, "/memfd:"+name)
+			continue
+		}
+		if in && len(fields) == 3 && fields[0] == "Pss:" {
+			kb, err := strconv.ParseInt(fields[1], 10, 64)
+			require.NoError(t, err)
+			total += kb << 10
+		}
+	}
+	require.NoError(t, sc.Err())
+	return total
+}
+
+// TestPrefixOwnedOnceByPss shows on real memory what the ledger says: 64 sequences on
+// a 1,024-token prefix hold it once.
+func TestPrefixOwnedOnceByPss(t *testing.T) {
+	const name = "kv-pss-test"
+	c, pool := newHostCache(t, name, kv.PerLayer, 2048)
+	src, err := c.NewSequence()
+	require.NoError(t, err)
+	require.NoError(t, src.Append(1024))
+	for layer := range tiny8.Layers {
+		for _, kind := range []kv.Kind{kv.K, kv.V} {
+			b, err := src.Bytes(layer, kind)
+			require.NoError(t, err)
+			for i := range b {
+				b[i] = pattern(1, layer, kind, i/tiny8.TokenBytes(), i%tiny8.TokenBytes())
+			}
+		}
+	}
+	p, err := src.Freeze(1024)
+	require.NoError(t, err)
+	assert.True(t, src.Close().OK())
+
+	prefixBytes := int64(1024 * tiny8.BytesPerToken()) // 3 MiB
+	var seqs []*hostSeq
+	var sum byte
+	for range 64 {
+		s, err := c.NewSequenceFrom(p)
+		require.NoError(t, err)
+		seqs = append(seqs, s)
+		// Touch every page through every mapping, so each mapping counts in Pss.
+		for layer := range tiny8.Layers {
+			for _, kind := range []kv.Kind{kv.K, kv.V} {
+				b, err := s.Bytes(layer, kind)
+				require.NoError(t, err)
+				for i := 0; i < len(b); i += 4096 {
+					sum += b[i]
+				}
+			}
+		}
+	}
+	p.Release()
+	_ = sum
+	checkTokens(t, seqs[63], 1, 0, 1024)
+
+	st := c.Stats()
+	assert.Equal(t, prefixBytes, pool.Stats().Owned, "the governor: owned once")
+	assert.Equal(t, 64*prefixBytes, st.Shared, "64 sequences map it")
+	assert.Equal(t, 65*prefixBytes, pool.Stats().Mapped, "64 sequences and the prefix's own ranges map it")
+	pss := pssOf(t, name)
+	t.Logf("Pss of 64 sequences on a %d KiB prefix: %d KiB (mapped %d KiB)", prefixBytes>>10, pss>>10, (64*prefixBytes)>>10)
+	assert.InDelta(t, float64(prefixBytes), float64(pss), float64(prefixBytes)/10, "the kernel: resident once, not 64 times")
+
+	for _, s := range seqs {
+		assert.True(t, s.Close().OK())
+	}
+}
+
+// TestHostIntegrity runs the sharing, fork and truncate checks on real shared memory.
+func TestHostIntegrity(t *testing.T) {
+	for _, layout := range layouts {
+		t.Run(layout.String(), func(t *testing.T) {
+			c, _ := newHostCache(t, "kv-host-test", layout, 512)
+			root, err := c.NewSequence()
+			require.NoError(t, err)
+			b0 := bases(root)
+			require.NoError(t, root.Append(300))
+			writeTokens(t, root, 1, 0, 300)
+			p, err := root.Freeze(250)
+			require.NoError(t, err)
+			s, err := c.NewSequenceFrom(p)
+			require.NoError(t, err)
+			p.Release()
+			require.NoError(t, s.Append(40))
+			writeTokens(t, s, 2, 250, 290)
+			f, err := s.Fork()
+			require.NoError(t, err)
+			require.NoError(t, f.Truncate(199))
+			require.NoError(t, f.Append(50))
+			writeTokens(t, f, 3, 199, 249)
+			checkTokens(t, root, 1, 0, 300)
+			checkTokens(t, s, 1, 0, 250)
+			checkTokens(t, s, 2, 250, 290)
+			checkTokens(t, f, 1, 0, 199)
+			checkTokens(t, f, 3, 199, 249)
+			assert.Equal(t, b0, bases(root))
+			if layout == kv.PerLayer {
+				// Shared granules are read-only: the sequence's own tail is writable.
+				k, err := f.Bytes(0, kv.K)
+				require.NoError(t, err)
+				k[len(k)-1] ^= 0xff
+				k[len(k)-1] ^= 0xff
+			}
+			for _, q := range []*hostSeq{f, s, root} {
+				assert.True(t, q.Close().OK())
+			}
+		})
+	}
+}
+
+// fill writes a distinct F16 bit pattern to every (writer, layer, K/V, token, head,
+// dim) of tokens [from, to) through the typed views.
+func fillViews(t *testing.T, s *hostSeq, w uint16, from, to int) {
+	t.Helper()
+	for layer := range tiny8.Layers {
+		for _, kind := range []kv.Kind{kv.K, kv.V} {
+			v, err := kv.View[arena.F16](s, layer, kind)
+			require.NoError(t, err)
+			for tok := from; tok < to; tok++ {
+				for h := range tiny8.KVHeads {
+					for d := range tiny8.HeadDim {
+						v.Set(viewValue(w, layer, kind, tok, h, d), tok, h, d)
+					}
+				}
+			}
+		}
+	}
+}
+
+func viewValue(w uint16, layer int, kind kv.Kind, tok, h, d int) arena.F16 {
+	return arena.F16(w*7919 + uint16(layer)*613 + uint16(kind)*307 + uint16(tok)*257 + uint16(h)*64 + uint16(d))
+}
+
+func checkViews(t *testing.T, s *hostSeq, w uint16, from, to int) {
+	t.Helper()
+	for layer := range tiny8.Layers {
+		for _, kind := range []kv.Kind{kv.K, kv.V} {
+			v, err := kv.View[arena.F16](s, layer, kind)
+			require.NoError(t, err)
+			require.Equal(t, []int{s.Len(), tiny8.KVHeads, tiny8.HeadDim}, v.Shape())
+			for tok := from; tok < to; tok++ {
+				for h := range tiny8.KVHeads {
+					for d := range tiny8.HeadDim {
+						if got, want := v.At(tok, h, d), viewValue(w, layer, kind, tok, h, d); got != want {
+							t.Fatalf("seq %d layer %d %v [%d,%d,%d]: got %#x, want %#x", s.ID(), layer, kind, tok, h, d, got, want)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestTypedViewsIntegrity writes and reads every element through typed F16 views after
+// growth, prefix sharing, fork and truncation, in both layouts.
+func TestTypedViewsIntegrity(t *testing.T) {
+	for _, layout := range layouts {
+		t.Run(layout.String(), func(t *testing.T) {
+			c, _ := newHostCache(t, "kv-view-test", layout, 512)
+			root, err := c.NewSequence()
+			require.NoError(t, err)
+			require.NoError(t, root.Append(150))
+			fillViews(t, root, 1, 0, 150)
+			p, err := root.Freeze(140)
+			require.NoError(t, err)
+			s, err := c.NewSequenceFrom(p)
+			require.NoError(t, err)
+			p.Release()
+			require.NoError(t, s.Append(100))
+			fillViews(t, s, 2, 140, 240)
+			f, err := s.Fork()
+			require.NoError(t, err)
+			require.NoError(t, f.Truncate(133))
+			require.NoError(t, f.Append(20))
+			fillViews(t, f, 3, 133, 153)
+
+			checkViews(t, root, 1, 0, 150)
+			checkViews(t, s, 1, 0, 140)
+			checkViews(t, s, 2, 140, 240)
+			checkViews(t, f, 1, 0, 133)
+			checkViews(t, f, 3, 133, 153)
+
+			_, err = kv.View[float32](s, 0, kv.K)
+			assert.ErrorIs(t, err, kv.ErrElemType)
+			_, err = kv.View[arena.F16](s, tiny8.Layers, kv.K)
+			assert.ErrorIs(t, err, kv.ErrRange)
+			for _, q := range []*hostSeq{f, s, root} {
+				assert.True(t, q.Close().OK())
+			}
+		})
+	}
+}

@@ -1,0 +1,97 @@
+package kv
+
+import (
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/backing"
+)
+
+// Prefix is the immutable K and V of a sequence's first tokens (a system prompt, a
+// few-shot header), shared by mapping its physical granules into every sequence that
+// starts on it. It is reference-counted: its creator holds one reference, each
+// sequence started on it another; it is freed with the last.
+type Prefix[R any, B backing.Backing[R]] struct {
+	_ noCopy
+
+	c      *Cache[R, B]
+	bufs   []*arena.Buffer[R, B]
+	tokens int
+
+	// guarded by c.mu
+	refs    int
+	creator bool // the creator's reference is still held
+}
+
+// Len returns the prefix's tokens.
+func (p *Prefix[R, B]) Len() int { return p.tokens }
+
+// Release drops the creator's reference. The prefix's memory is freed now if no
+// sequence started on it is still live, else with the last of them. Releasing twice
+// panics with PanicPrefixReleased.
+func (p *Prefix[R, B]) Release() {
+	p.c.mu.Lock()
+	if !p.creator {
+		p.c.mu.Unlock()
+		panic(PanicPrefixReleased)
+	}
+	p.creator = false
+	p.c.mu.Unlock()
+	p.unref()
+}
+
+// ref takes a reference for a new sequence; it fails once the creator released it
+// and so no new sequence may start on it.
+func (p *Prefix[R, B]) ref() bool {
+	p.c.mu.Lock()
+	defer p.c.mu.Unlock()
+	if !p.creator {
+		return false
+	}
+	p.refs++
+	return true
+}
+
+func (p *Prefix[R, B]) unref() {
+	p.c.mu.Lock()
+	p.refs--
+	last := p.refs == 0
+	if last {
+		delete(p.c.prefixes, p)
+	}
+	p.c.mu.Unlock()
+	if last {
+		// NB: what can not be given back now is kept by the cache and retried by
+		// Cache.Close.
+		p.c.release(p.bufs)
+		p.c.notify()
+	}
+}
+
+// NewSequenceFrom returns a sequence that starts on prefix p: p's full granules are
+// mapped read-only into it (owned once, whatever maps them), and the tokens past p's
+// last full granule are copied into the sequence's own granule. The sequence holds a
+// reference to p until it is closed. It MUST be closed.
+func (c *Cache[R, B]) NewSequenceFrom(p *Prefix[R, B]) (*Sequence[R, B], error) {
+	if p.c != c {
+		return nil, ErrConfig
+	}
+	if !p.ref() {
+		panic(PanicPrefixReleased)
+	}
+	s, err := c.newSequence()
+	if err != nil {
+		p.unref()
+		return nil, err
+	}
+	full, err := shareInto(s.bufs, p.bufs, p.tokens*c.row, c.gran)
+	if err != nil {
+		c.release(s.bufs)
+		p.unref()
+		return nil, err
+	}
+	s.n = p.tokens
+	s.frozen = full
+	s.prefix = p
+	s.publish()
+	c.register(s)
+	return s, nil
+}

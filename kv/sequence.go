@@ -1,0 +1,336 @@
+package kv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/backing"
+)
+
+// ErrDamaged: a backing call failed midway through an operation that could not be
+// undone; the sequence must be closed (Close still gives back everything it holds).
+var ErrDamaged = errors.New("kv: sequence damaged by a failed backing call")
+
+// Kind selects a layer's K or V tensor.
+type Kind uint8
+
+const (
+	K Kind = iota // the key tensor
+	V             // the value tensor
+)
+
+func (k Kind) String() string {
+	if k == V {
+		return "V"
+	}
+	return "K"
+}
+
+type noCopy struct{}
+
+func (*noCopy) Lock()   {}
+func (*noCopy) Unlock() {}
+
+// Sequence is one request's K and V tensors, growing token by token on base addresses
+// that never change from creation to Close.
+type Sequence[R any, B backing.Backing[R]] struct {
+	_ noCopy
+
+	c      *Cache[R, B]
+	id     uint64
+	bufs   []*arena.Buffer[R, B] // PerLayer: index 2*layer+kind; PerSequence: one
+	n      int                   // tokens
+	frozen int                   // bytes at the start of each range that other holders may map: never written
+	prefix *Prefix[R, B]
+	err    error // set when damaged
+	closed bool
+
+	// Readings for Cache.Stats, which runs on other goroutines.
+	tokens    atomic.Int64
+	committed atomic.Int64
+	sharedIn  atomic.Int64
+}
+
+func (s *Sequence[R, B]) live() {
+	if s.closed {
+		panic(PanicSequenceClosed)
+	}
+}
+
+func (s *Sequence[R, B]) usable() error {
+	s.live()
+	if s.err != nil {
+		return fmt.Errorf("%w: %w", ErrDamaged, s.err)
+	}
+	return nil
+}
+
+// ID returns the sequence's number, unique within its cache.
+func (s *Sequence[R, B]) ID() uint64 { return s.id }
+
+// Len returns the tokens the sequence holds.
+func (s *Sequence[R, B]) Len() int { return s.n }
+
+// Cache returns the sequence's cache.
+func (s *Sequence[R, B]) Cache() *Cache[R, B] { return s.c }
+
+// publish updates the readings other goroutines see.
+func (s *Sequence[R, B]) publish() {
+	var committed, shared int64
+	for _, b := range s.bufs {
+		committed += int64(b.Committed())
+		shared += int64(b.Shared())
+	}
+	s.tokens.Store(int64(s.n))
+	s.committed.Store(committed)
+	s.sharedIn.Store(shared)
+}
+
+// Append grows every K and V tensor of the sequence by n tokens, committing whole
+// granules only where a tensor crosses a granule boundary. When the memory can not be
+// had now it fails at once with an error matching accounting.ErrBudgetExceeded and
+// changes nothing; past MaxTokens it fails with ErrTooLong.
+func (s *Sequence[R, B]) Append(n int) error {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	if n < 0 {
+		return fmt.Errorf("%w: append of %d tokens", ErrRange, n)
+	}
+	if n > s.c.cfg.MaxTokens-s.n {
+		return fmt.Errorf("%w: %d + %d tokens, MaxTokens %d", ErrTooLong, s.n, n, s.c.cfg.MaxTokens)
+	}
+	return s.grow(s.n + n)
+}
+
+// grow resizes every range to tokens, all or nothing.
+func (s *Sequence[R, B]) grow(tokens int) error {
+	target := tokens * s.c.row
+	for i, b := range s.bufs {
+		if err := b.Resize(target); err != nil {
+			if rerr := s.resizeFirst(i, s.n*s.c.row); rerr != nil {
+				s.err = rerr
+				err = errors.Join(err, fmt.Errorf("%w: rolling back: %w", ErrDamaged, rerr))
+			}
+			s.publish()
+			return err
+		}
+	}
+	s.n = tokens
+	s.publish()
+	return nil
+}
+
+// resizeFirst resizes the first k ranges to size bytes.
+func (s *Sequence[R, B]) resizeFirst(k, size int) error {
+	var errs []error
+	for _, b := range s.bufs[:k] {
+		if err := b.Resize(size); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// AppendCtx is Append that, when memory can not be had now, waits for it in FIFO order
+// with the cache's other waiting appends, until ctx ends. A cancelled wait changes
+// nothing.
+func (s *Sequence[R, B]) AppendCtx(ctx context.Context, n int) error {
+	err := s.Append(n)
+	if err == nil || !errors.Is(err, accounting.ErrBudgetExceeded) || errors.Is(err, accounting.ErrExceedsLimit) {
+		return err
+	}
+	return s.c.appendWait(ctx, s, n)
+}
+
+// Truncate shrinks the sequence to n tokens (rollback after speculative decoding),
+// giving back the granules wholly past n. Truncating into memory shared with a prefix
+// or a fork never writes into it: the partly kept shared granule is replaced by one of
+// the sequence's own holding a copy of the kept tokens. That replacement needs a new
+// granule per range; if it can not be had, the sequence is left truncated to the
+// granule boundary below n and the error says so.
+func (s *Sequence[R, B]) Truncate(n int) error {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	if n < 0 || n > s.n {
+		return fmt.Errorf("%w: truncate to %d of %d tokens", ErrRange, n, s.n)
+	}
+	defer s.c.notify()
+	defer s.publish()
+	target := n * s.c.row
+	gs := backing.AlignDown(target, s.c.gran)
+	if target == gs || target > s.frozen {
+		if err := s.resizeAll(target); err != nil {
+			return err
+		}
+		s.n = n
+		s.frozen = min(s.frozen, target)
+		return nil
+	}
+	// The new frontier lies inside a shared granule: copy its kept part out, unmap it,
+	// commit an own granule and copy back.
+	keep := make([][]byte, len(s.bufs))
+	for i, b := range s.bufs {
+		keep[i] = make([]byte, target-gs)
+		if err := readAt(b, gs, keep[i]); err != nil {
+			return err
+		}
+	}
+	if err := s.resizeAll(gs); err != nil {
+		return err
+	}
+	s.frozen = gs
+	s.n = gs / s.c.row
+	for i, b := range s.bufs {
+		if err := b.Resize(target); err != nil {
+			if rerr := s.resizeFirst(i, gs); rerr != nil {
+				s.err = rerr
+			}
+			return fmt.Errorf("kv: truncate to %d tokens left %d: %w", n, s.n, err)
+		}
+		if err := writeAt(b, gs, keep[i]); err != nil {
+			s.err = err
+			return err
+		}
+	}
+	s.n = n
+	return nil
+}
+
+// resizeAll resizes every range to size bytes; a failure damages the sequence unless
+// it failed on the first range (nothing changed then).
+func (s *Sequence[R, B]) resizeAll(size int) error {
+	for i, b := range s.bufs {
+		if err := b.Resize(size); err != nil {
+			if i > 0 {
+				s.err = err
+				return fmt.Errorf("%w: %w", ErrDamaged, err)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// Fork returns a new sequence holding the same tokens (parallel sampling, beam
+// search): the full granules are mapped, not copied, and stay read-only to both; the
+// tokens past the last full granule are copied into the new sequence's own granule.
+// The new sequence MUST be closed.
+func (s *Sequence[R, B]) Fork() (*Sequence[R, B], error) {
+	if err := s.usable(); err != nil {
+		return nil, err
+	}
+	if !s.c.sharer {
+		return nil, ErrNoSharing
+	}
+	child, err := s.c.newSequence()
+	if err != nil {
+		return nil, err
+	}
+	full, err := shareInto(child.bufs, s.bufs, s.n*s.c.row, s.c.gran)
+	if err != nil {
+		s.c.release(child.bufs)
+		return nil, err
+	}
+	child.n = s.n
+	child.frozen = full
+	s.frozen = max(s.frozen, full)
+	child.publish()
+	s.c.register(child)
+	return child, nil
+}
+
+// shareInto makes each dst range hold the first size bytes of its src range: the full
+// granules mapped read-only, the rest copied. dst ranges must be empty. It returns the
+// shared bytes per range; on error the dst ranges are left for the caller to close.
+func shareInto[R any, B backing.Backing[R]](dst, src []*arena.Buffer[R, B], size, g int) (int, error) {
+	full := backing.AlignDown(size, g)
+	for i := range dst {
+		if err := dst[i].ShareFrom(src[i], full, backing.ReadOnly); err != nil {
+			return 0, err
+		}
+		if err := dst[i].Resize(size); err != nil {
+			return 0, err
+		}
+		if size > full {
+			tail := make([]byte, size-full)
+			if err := readAt(src[i], full, tail); err != nil {
+				return 0, err
+			}
+			if err := writeAt(dst[i], full, tail); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return full, nil
+}
+
+// Freeze makes the first p tokens of the sequence an immutable, reference-counted
+// Prefix that new sequences can start on (NewSequenceFrom). The full granules are
+// shared, not copied; the prefix copies the tokens past the last full granule into a
+// granule of its own. The caller holds one reference and MUST Release it; the prefix's
+// memory is freed with its last user.
+func (s *Sequence[R, B]) Freeze(p int) (*Prefix[R, B], error) {
+	if err := s.usable(); err != nil {
+		return nil, err
+	}
+	if !s.c.sharer {
+		return nil, ErrNoSharing
+	}
+	if p < 0 || p > s.n {
+		return nil, fmt.Errorf("%w: freeze %d of %d tokens", ErrRange, p, s.n)
+	}
+	size := p * s.c.row
+	capacity, _ := backing.AlignUp(size, s.c.gran)
+	bufs, err := s.c.newBuffers(max(capacity, s.c.gran))
+	if err != nil {
+		return nil, err
+	}
+	full, err := shareInto(bufs, s.bufs, size, s.c.gran)
+	if err != nil {
+		s.c.release(bufs)
+		return nil, err
+	}
+	s.frozen = max(s.frozen, full)
+	pr := &Prefix[R, B]{c: s.c, bufs: bufs, tokens: p, refs: 1, creator: true}
+	s.c.mu.Lock()
+	s.c.prefixes[pr] = struct{}{}
+	s.c.mu.Unlock()
+	return pr, nil
+}
+
+// Close gives back every granule the sequence holds (to the pool, or the OS) and its
+// address space, and drops its reference to the prefix it started on. The outcome is
+// honest: see accounting.ReleaseOutcome. A sequence is unusable after Close whatever
+// the outcome; ranges whose release failed are kept by the cache, reported as
+// residual, and retried by Cache.Close.
+func (s *Sequence[R, B]) Close() accounting.ReleaseOutcome {
+	s.live()
+	out := s.c.release(s.bufs)
+	s.closed = true
+	s.n = 0
+	s.tokens.Store(0)
+	s.committed.Store(0)
+	s.sharedIn.Store(0)
+	c := s.c
+	c.mu.Lock()
+	delete(c.seqs, s)
+	c.mu.Unlock()
+	if s.prefix != nil {
+		s.prefix.unref()
+	}
+	c.notify()
+	return out
+}
+
+// Prefix returns the prefix the sequence started on, or nil.
+func (s *Sequence[R, B]) Prefix() *Prefix[R, B] { return s.prefix }
+
+// Damaged reports whether a failed backing call left the sequence unusable; it must
+// then be closed.
+func (s *Sequence[R, B]) Damaged() bool { return s.err != nil }
