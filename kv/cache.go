@@ -44,9 +44,9 @@ type Cache[R any, B backing.Backing[R]] struct {
 	prefixes map[*Prefix[R, B]]struct{}
 	nextID   uint64
 	closed   bool
-	waiters  list.List     // of *appendWaiter, FIFO
-	changed  chan struct{} // closed when memory comes back to this cache
-	waits    int64         // AppendCtx calls that had to wait
+	waiters  list.List             // of *appendWaiter, FIFO
+	changed  chan struct{}         // closed when memory comes back to this cache
+	waits    int64                 // AppendCtx calls that had to wait
 	orphans  []*arena.Buffer[R, B] // buffers whose Close failed; retried by Close
 }
 
