@@ -97,13 +97,13 @@ func layout[T Elem](shape, strides []int) (Tensor[T], error) {
 		}
 		var ok bool
 		if t.numel, ok = mulOK(t.numel, d); !ok {
-			return Tensor[T]{}, fmt.Errorf("%w: element count of %v overflows int", ErrInvalidShape, shape)
+			return Tensor[T]{}, fmt.Errorf("%w: element count of %v overflows int", ErrInvalidShape, dims(shape))
 		}
 		t.shape[i] = d
 	}
 	size := sizeOf[T]()
 	if _, ok := mulOK(t.numel, size); !ok {
-		return Tensor[T]{}, fmt.Errorf("%w: byte size of %v overflows int", ErrInvalidShape, shape)
+		return Tensor[T]{}, fmt.Errorf("%w: byte size of %v overflows int", ErrInvalidShape, dims(shape))
 	}
 	if strides == nil {
 		// Row-major strides, checked on their own: behind a zero dimension the element
@@ -113,7 +113,7 @@ func layout[T Elem](shape, strides []int) (Tensor[T], error) {
 			t.strides[i] = s
 			var ok bool
 			if s, ok = mulOK(s, shape[i]); !ok && i > 0 {
-				return Tensor[T]{}, fmt.Errorf("%w: strides of %v overflow int", ErrInvalidShape, shape)
+				return Tensor[T]{}, fmt.Errorf("%w: strides of %v overflow int", ErrInvalidShape, dims(shape))
 			}
 		}
 	} else {
@@ -138,12 +138,17 @@ func layout[T Elem](shape, strides []int) (Tensor[T], error) {
 			t.span, ok = mulOK(last+1, size)
 		}
 		if !ok {
-			return Tensor[T]{}, fmt.Errorf("%w: extent of shape %v, strides %v overflows int", ErrInvalidShape, shape, t.strides[:t.rank])
+			return Tensor[T]{}, fmt.Errorf("%w: extent of shape %v, strides %v overflows int", ErrInvalidShape, dims(shape), dims(t.strides[:t.rank]))
 		}
 	}
 	t.contiguous = isRowMajor(t.shape[:t.rank], t.strides[:t.rank], t.numel)
 	return t, nil
 }
+
+// dims returns a copy of d for an error message. NB: handing d itself to fmt would
+// move it to the heap on every call, error or not: a caller's variadic shape or a
+// Tensor on the stack, which must cost no allocation.
+func dims(d []int) []int { return append([]int(nil), d...) }
 
 // isRowMajor reports whether the view's elements are dense in row-major order.
 func isRowMajor(shape, strides []int, numel int) bool {
@@ -247,14 +252,14 @@ func (t Tensor[T]) Sub(i, j int) Tensor[T] {
 // checked as NewTensor checks it (ErrInvalidShape).
 func (t Tensor[T]) Reshape(shape ...int) (Tensor[T], error) {
 	if !t.IsContiguous() {
-		return Tensor[T]{}, fmt.Errorf("%w: reshape of shape %v, strides %v", ErrNotContiguous, t.shape[:t.rank], t.strides[:t.rank])
+		return Tensor[T]{}, fmt.Errorf("%w: reshape of shape %v, strides %v", ErrNotContiguous, dims(t.shape[:t.rank]), dims(t.strides[:t.rank]))
 	}
 	r, err := layout[T](shape, nil)
 	if err != nil {
 		return Tensor[T]{}, err
 	}
 	if r.numel != t.numel {
-		return Tensor[T]{}, fmt.Errorf("%w: %v holds %d elements, not %d", ErrInvalidShape, shape, r.numel, t.numel)
+		return Tensor[T]{}, fmt.Errorf("%w: %v holds %d elements, not %d", ErrInvalidShape, dims(shape), r.numel, t.numel)
 	}
 	// Same elements, dense in the same order: the same bytes, already checked.
 	r.mem, r.off = t.mem, t.off
@@ -314,7 +319,7 @@ func (t Tensor[T]) Slice() ([]T, error) {
 	case !t.mem.HostAccessible():
 		return nil, fmt.Errorf("%w: tensor at %#x", ErrNotHostAccessible, t.DevicePtr())
 	case !t.contiguous:
-		return nil, fmt.Errorf("%w: shape %v, strides %v", ErrNotContiguous, t.shape[:t.rank], t.strides[:t.rank])
+		return nil, fmt.Errorf("%w: shape %v, strides %v", ErrNotContiguous, dims(t.shape[:t.rank]), dims(t.strides[:t.rank]))
 	case t.off+t.span > t.mem.Len():
 		return nil, fmt.Errorf("%w: %d bytes at offset %d of %d (the memory shrank)", ErrOutOfBounds, t.span, t.off, t.mem.Len())
 	}
