@@ -1,0 +1,714 @@
+package cuda
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing"
+)
+
+// Options configure a Backing.
+type Options struct {
+	// Device is the ordinal of the GPU to commit on.
+	Device int
+	// Authority is the ledger the pool charges every physical handle it holds to,
+	// mapped or idle (ByBacking accounting). Required; it must take bytes on
+	// accounting.GPU(Device).
+	Authority *accounting.Authority
+	// Low is the pool's low water mark in handles (granules): New creates that many
+	// idle handles ahead of need, and with Background the pool is refilled to Low
+	// whenever commits take it below. 0: nothing is created ahead.
+	Low int
+	// High is the pool's high water mark: idle handles beyond High are released when
+	// a decommit or unreserve returns them. 0 means no mark: every idle handle is kept
+	// until Trim or Close. When set, Low must not exceed it.
+	High int
+	// Background refills the pool to Low from a goroutine, off the commit path.
+	Background bool
+	// Driver is the driver to call; nil means LoadDriver().
+	Driver *Driver
+}
+
+// Backing commits GPU memory through the CUDA driver's virtual memory management API:
+// a reservation is a range of device virtual addresses (cuMemAddressReserve), and each
+// committed granule is one physical allocation handle (cuMemCreate) mapped into it
+// (cuMemMap) and made accessible (cuMemSetAccess). Handles come from a pool the
+// Backing owns (ByBacking accounting), so a commit usually maps an existing handle and
+// a decommit returns it.
+//
+// Backing implements backing.Backing[*Reservation], backing.Sharer, backing.Pool,
+// backing.Waiter, backing.Copier and backing.Zeroer. Its memory is not host
+// accessible: Base addresses are device addresses and must never be dereferenced on
+// the CPU.
+type Backing struct {
+	_ noCopy
+
+	drv     *Driver
+	ordinal int
+	dev     int32   // CUdevice
+	ctx     uintptr // the retained primary context
+	gran    int
+	version int32
+	prop    MemAllocationProp
+	rw, ro  MemAccessDesc
+	auth    *accounting.Authority
+	low     int
+	high    int
+	closed  atomic.Bool
+
+	mu       sync.Mutex
+	idle     []*handle     // pooled, mapped nowhere; the most recently used last
+	stuck    []*handle     // idle handles cuMemRelease refused: still owned
+	owned    int           // handles held: idle, mapped, stuck, being handed out
+	creating int           // handles the refill is creating now
+	mapped   int64         // bytes of mappings (a handle mapped twice counts twice)
+	nres     int           // reservations not yet unreserved
+	idleNote chan struct{} // closed when handles return idle; nil when nobody waits
+
+	refill chan struct{} // nudges the background refill; nil without Background
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+// handle is one physical allocation of one granule.
+type handle struct {
+	h    uint64 // CUmemGenericAllocationHandle
+	refs int    // mappings; guarded by Backing.mu
+}
+
+// Reservation is one reserved range of device virtual addresses and what is mapped in
+// it. Its zero value is not a reservation; only Reserve makes one.
+type Reservation struct {
+	b    *Backing
+	base uint64
+	size int
+	dead atomic.Bool // Unreserve gave the range back (or quarantined it)
+
+	mu    sync.Mutex
+	slots []slot // one per granule; h nil: Reserved
+}
+
+type slot struct {
+	h  *handle
+	ro bool // mapped read-only by Share: the Go side refuses writes
+}
+
+// noCopy makes go vet report copies of a Backing.
+type noCopy struct{}
+
+func (*noCopy) Lock()   {}
+func (*noCopy) Unlock() {}
+
+var (
+	_ backing.Backing[*Reservation] = (*Backing)(nil)
+	_ backing.Sharer[*Reservation]  = (*Backing)(nil)
+	_ backing.Waiter[*Reservation]  = (*Backing)(nil)
+	_ backing.Copier[*Reservation]  = (*Backing)(nil)
+	_ backing.Pool                  = (*Backing)(nil)
+	_ backing.Zeroer                = (*Backing)(nil)
+)
+
+// New initialises the driver, opens device opts.Device, retains its primary context
+// and returns a Backing with an empty pool (filled to opts.Low before it returns, or
+// from the background goroutine with opts.Background). The Backing MUST be closed.
+//
+// Errors are distinct: ErrNoDriver (no library), ErrMissingSymbol (too old a driver),
+// ErrStubLibrary, ErrNoDevice, ErrBadDevice (no such ordinal), ErrNoVMM (the device
+// can not reserve and map), ErrBadOptions; a failing driver call is a *Result.
+func New(opts Options) (*Backing, error) {
+	switch {
+	case opts.Authority == nil:
+		return nil, fmt.Errorf("%w: an Authority is required", ErrBadOptions)
+	case opts.Device < 0:
+		return nil, fmt.Errorf("%w: ordinal %d", ErrBadDevice, opts.Device)
+	case opts.Low < 0 || opts.High < 0:
+		return nil, fmt.Errorf("%w: negative water mark (Low %d, High %d)", ErrBadOptions, opts.Low, opts.High)
+	case opts.High > 0 && opts.Low > opts.High:
+		return nil, fmt.Errorf("%w: Low %d above High %d", ErrBadOptions, opts.Low, opts.High)
+	case opts.Authority.Device() != accounting.GPU(opts.Device):
+		return nil, fmt.Errorf("%w: authority %q takes bytes on %v, not %v", ErrBadOptions,
+			opts.Authority.Name(), opts.Authority.Device(), accounting.GPU(opts.Device))
+	}
+	drv := opts.Driver
+	if drv == nil {
+		var err error
+		if drv, err = LoadDriver(); err != nil {
+			return nil, err
+		}
+	} else if err := drv.checkComplete(); err != nil {
+		return nil, err
+	}
+
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	b := &Backing{drv: drv, ordinal: opts.Device, auth: opts.Authority, low: opts.Low, high: opts.High}
+	if err := b.open(); err != nil {
+		return nil, err
+	}
+	if opts.Background {
+		b.refill = make(chan struct{}, 1)
+		b.stop = make(chan struct{})
+		b.done = make(chan struct{})
+		go b.refiller()
+		b.nudge()
+	} else if b.low > 0 {
+		// Best effort: a budget that can not cover Low is not an error here.
+		if err := b.fill(b.low); err != nil && !errors.Is(err, accounting.ErrBudgetExceeded) {
+			_, rerr := b.releaseIdle(0)
+			b.drv.DevicePrimaryCtxRelease(b.dev)
+			return nil, errors.Join(fmt.Errorf("cuda: filling the pool: %w", err), rerr)
+		}
+	}
+	return b, nil
+}
+
+// open initialises the driver and the device and retains the primary context. The
+// calling goroutine must be locked to its thread.
+func (b *Backing) open() error {
+	d := b.drv
+	switch c := d.Init(0); c {
+	case Success:
+	case CodeStubLibrary:
+		return fmt.Errorf("%w (%w)", ErrStubLibrary, d.call("cuInit", c))
+	case CodeNoDevice:
+		return fmt.Errorf("%w (%w)", ErrNoDevice, d.call("cuInit", c))
+	default:
+		return d.call("cuInit", c)
+	}
+	var count int32
+	if err := d.call("cuDeviceGetCount", d.DeviceGetCount(&count)); err != nil {
+		return err
+	}
+	if count == 0 {
+		return ErrNoDevice
+	}
+	if b.ordinal >= int(count) {
+		return fmt.Errorf("%w: ordinal %d, %d devices", ErrBadDevice, b.ordinal, count)
+	}
+	switch c := d.DeviceGet(&b.dev, int32(b.ordinal)); c {
+	case Success:
+	case CodeInvalidDevice:
+		return fmt.Errorf("%w: ordinal %d (%w)", ErrBadDevice, b.ordinal, d.call("cuDeviceGet", c))
+	default:
+		return d.call("cuDeviceGet", c)
+	}
+	var vmm int32
+	if err := d.call("cuDeviceGetAttribute", d.DeviceGetAttribute(&vmm, AttrVMMSupported, b.dev)); err != nil {
+		return err
+	}
+	if vmm == 0 {
+		return fmt.Errorf("%w: device %d", ErrNoVMM, b.ordinal)
+	}
+	if d.DriverGetVersion(&b.version) != Success {
+		b.version = 0 // only reported, never relied on
+	}
+	b.prop = deviceProp(b.dev)
+	b.rw = MemAccessDesc{Location: b.prop.Location, Flags: AccessReadWrite}
+	b.ro = MemAccessDesc{Location: b.prop.Location, Flags: AccessRead}
+	g, err := b.granularity()
+	if err != nil {
+		return err
+	}
+	b.gran = g
+	if err := d.call("cuDevicePrimaryCtxRetain", d.DevicePrimaryCtxRetain(&b.ctx, b.dev)); err != nil {
+		return err
+	}
+	if err := b.setCurrent(); err != nil {
+		d.DevicePrimaryCtxRelease(b.dev)
+		return err
+	}
+	return nil
+}
+
+// granularity queries the minimum and recommended granularity and returns the
+// recommended one when it is a multiple of the minimum (it is on every GPU seen so
+// far), else the minimum.
+func (b *Backing) granularity() (int, error) {
+	var lo, rec uintptr
+	d := b.drv
+	if err := d.call("cuMemGetAllocationGranularity", d.MemGetAllocationGranularity(&lo, &b.prop, GranularityMinimum)); err != nil {
+		return 0, err
+	}
+	if err := d.call("cuMemGetAllocationGranularity", d.MemGetAllocationGranularity(&rec, &b.prop, GranularityRecommended)); err != nil {
+		return 0, err
+	}
+	g := lo
+	if rec > 0 && lo > 0 && rec%lo == 0 {
+		g = rec
+	}
+	if g == 0 || g&(g-1) != 0 || g > 1<<40 {
+		return 0, fmt.Errorf("%w: minimum %d, recommended %d", ErrBadGranularity, lo, rec)
+	}
+	return int(g), nil
+}
+
+// setCurrent makes the primary context current on the calling thread, which must be
+// locked (runtime.LockOSThread) for as long as the driver calls that follow.
+func (b *Backing) setCurrent() error {
+	return b.drv.call("cuCtxSetCurrent", b.drv.CtxSetCurrent(b.ctx))
+}
+
+// live panics if b was closed.
+func (b *Backing) live() {
+	if b.closed.Load() {
+		panic(PanicClosed)
+	}
+}
+
+// Granularity returns the granule size: the driver's recommended allocation
+// granularity (2 MiB on current GPUs).
+func (b *Backing) Granularity() int { return b.gran }
+
+// Device returns accounting.GPU(ordinal).
+func (b *Backing) Device() accounting.DeviceKey { return accounting.GPU(b.ordinal) }
+
+// Accounting returns ByBacking with the pool's authority.
+func (b *Backing) Accounting() backing.PhysicalAccounting { return backing.ByBacking(b.auth) }
+
+// CommitZeroes returns false: a pooled handle keeps what its last user wrote.
+func (b *Backing) CommitZeroes() bool { return false }
+
+// DriverVersion returns what cuDriverGetVersion reported (12060 for CUDA 12.6), or 0.
+func (b *Backing) DriverVersion() int { return int(b.version) }
+
+// use checks that r is a live reservation of b.
+func (b *Backing) use(op string, r *Reservation) error {
+	b.live()
+	if r == nil || r.b != b {
+		return &backing.OpError{Op: op, Kind: backing.ErrForeignReservation}
+	}
+	if r.dead.Load() {
+		panic(backing.PanicUseAfterUnreserve)
+	}
+	return nil
+}
+
+// Reserve moves size bytes of device address space from Unreserved to Reserved,
+// aligned to the granularity (cuMemAddressReserve). The reservation MUST be given back
+// with Unreserve.
+func (b *Backing) Reserve(size int) (*Reservation, error) {
+	b.live()
+	if err := backing.CheckReserve(size, b.gran); err != nil {
+		return nil, err
+	}
+	r := &Reservation{b: b, size: size}
+	if size > 0 {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := b.setCurrent(); err != nil {
+			return nil, opError("reserve", 0, size, err)
+		}
+		d := b.drv
+		if err := d.call("cuMemAddressReserve", d.MemAddressReserve(&r.base, uintptr(size), uintptr(b.gran), 0, 0)); err != nil {
+			return nil, opError("reserve", 0, size, err)
+		}
+		if r.base%uint64(b.gran) != 0 {
+			ferr := d.call("cuMemAddressFree", d.MemAddressFree(r.base, uintptr(size)))
+			return nil, opError("reserve", 0, size, errors.Join(
+				fmt.Errorf("cuda: driver returned %#x, not aligned to %d", r.base, b.gran), ferr))
+		}
+		r.slots = make([]slot, size/b.gran)
+	}
+	b.mu.Lock()
+	b.nres++
+	b.mu.Unlock()
+	return r, nil
+}
+
+// Base returns the reservation's first device address. It never changes and must
+// never be dereferenced on the CPU. An empty reservation's base is 0.
+func (b *Backing) Base(r *Reservation) uintptr {
+	if r == nil {
+		panic(PanicNilReservation)
+	}
+	if r.dead.Load() {
+		panic(backing.PanicUseAfterUnreserve)
+	}
+	return uintptr(r.base)
+}
+
+// Size returns the reserved size in bytes.
+func (b *Backing) Size(r *Reservation) int {
+	if r == nil {
+		panic(PanicNilReservation)
+	}
+	if r.dead.Load() {
+		panic(backing.PanicUseAfterUnreserve)
+	}
+	return r.size
+}
+
+// check validates [off, off+size) of r for op: r live and b's, the range granule
+// aligned and inside.
+func (b *Backing) check(op string, r *Reservation, off, size int) error {
+	if err := b.use(op, r); err != nil {
+		return err
+	}
+	return backing.CheckRange(op, off, size, r.size, b.gran)
+}
+
+// state returns an error unless every granule of [off, off+size) is committed (want
+// true) or reserved (want false). r.mu must be held.
+func (r *Reservation) state(op string, off, size int, want bool) error {
+	g := r.b.gran
+	for i := off / g; i < (off+size)/g; i++ {
+		if (r.slots[i].h != nil) != want {
+			kind := backing.ErrCommitted
+			if want {
+				kind = backing.ErrNotCommitted
+			}
+			return &backing.OpError{Op: op, Offset: off, Size: size, Kind: kind, Err: fmt.Errorf("granule at %#x", i*g)}
+		}
+	}
+	return nil
+}
+
+// Commit moves [off, off+size) from Reserved to Committed: it maps one pooled handle
+// per granule (creating handles only when the pool is empty, each charged to the
+// authority with TryAcquire first) and grants read-write access with one
+// cuMemSetAccess over the whole range. A budget refusal returns an error matching
+// accounting.ErrBudgetExceeded and changes nothing; a driver failure is rolled back
+// (what was mapped is unmapped, the handles return to the pool). The contents are
+// whatever the handle's last user left (CommitZeroes is false).
+func (b *Backing) Commit(r *Reservation, off, size int) error {
+	return b.commit(nil, r, off, size)
+}
+
+// CommitCtx is Commit that, when the budget can not cover the handles it must create,
+// waits in FIFO order on the authority (or for handles to come back to the pool) until
+// ctx ends. A cancelled wait returns ctx's error and changes nothing.
+func (b *Backing) CommitCtx(ctx context.Context, r *Reservation, off, size int) error {
+	if ctx == nil {
+		panic("cuda: CommitCtx with a nil context")
+	}
+	return b.commit(ctx, r, off, size)
+}
+
+func (b *Backing) commit(ctx context.Context, r *Reservation, off, size int) error {
+	const op = "commit"
+	if err := b.check(op, r, off, size); err != nil {
+		return err
+	}
+	if size == 0 {
+		return nil
+	}
+	r.mu.Lock()
+	err := r.state(op, off, size, false)
+	r.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if ctx != nil {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := b.setCurrent(); err != nil {
+		return opError(op, off, size, err)
+	}
+	// Gather the handles before locking r: waiting for budget with r locked would
+	// block the very decommits that could free it.
+	hs, err := b.getHandles(ctx, size/b.gran)
+	if err != nil {
+		if ctx != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return err
+		}
+		return opError(op, off, size, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.dead.Load() {
+		b.putIdle(hs)
+		panic(backing.PanicUseAfterUnreserve)
+	}
+	if err := r.state(op, off, size, false); err != nil {
+		b.putIdle(hs) // a racing overlapping commit won
+		return err
+	}
+	if err := b.mapRun(r, off, hs, false); err != nil {
+		b.putIdle(b.unmapped(hs))
+		return opError(op, off, size, err)
+	}
+	b.nudgeIfLow()
+	return nil
+}
+
+// mapRun maps hs at consecutive granules of r from off, then grants access with one
+// cuMemSetAccess over the run (read-only when ro), and records the mappings. On
+// failure it unmaps what it mapped; a granule the rollback can not unmap stays
+// recorded as committed (read-only, so nothing writes to a mapping without access)
+// so that Decommit or Unreserve can give it back later. r.mu must be held and the
+// thread bound.
+func (b *Backing) mapRun(r *Reservation, off int, hs []*handle, ro bool) error {
+	d := b.drv
+	g := uint64(b.gran)
+	va := r.base + uint64(off)
+	for i, h := range hs {
+		if err := d.call("cuMemMap", d.MemMap(va+uint64(i)*g, uintptr(g), 0, h.h, 0)); err != nil {
+			return errors.Join(err, b.rollback(r, off, hs[:i]))
+		}
+	}
+	desc := &b.rw
+	if ro {
+		desc = &b.ro
+	}
+	if err := d.call("cuMemSetAccess", d.MemSetAccess(va, uintptr(len(hs))*uintptr(g), desc, 1)); err != nil {
+		return errors.Join(err, b.rollback(r, off, hs))
+	}
+	b.record(r, off, hs, ro)
+	return nil
+}
+
+// rollback unmaps hs, just mapped at off of r: one call for the run, then granule by
+// granule if that fails. It records what stays mapped and returns why.
+func (b *Backing) rollback(r *Reservation, off int, hs []*handle) error {
+	if len(hs) == 0 {
+		return nil
+	}
+	d := b.drv
+	g := b.gran
+	va := r.base + uint64(off)
+	if d.MemUnmap(va, uintptr(len(hs)*g)) == Success {
+		return nil
+	}
+	var errs []error
+	for i, h := range hs {
+		if err := d.call("cuMemUnmap", d.MemUnmap(va+uint64(i*g), uintptr(g))); err != nil {
+			b.record(r, off+i*g, []*handle{h}, true)
+			errs = append(errs, fmt.Errorf("cuda: rollback left granule at %#x mapped: %w", off+i*g, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// record notes hs as mapped at off of r. r.mu must be held.
+func (b *Backing) record(r *Reservation, off int, hs []*handle, ro bool) {
+	first := off / b.gran
+	for i, h := range hs {
+		r.slots[first+i] = slot{h: h, ro: ro}
+	}
+	n := int64(len(hs)) * int64(b.gran)
+	b.mu.Lock()
+	for _, h := range hs {
+		h.refs++
+	}
+	b.mapped += n
+	b.mu.Unlock()
+	b.auth.Map(n)
+}
+
+// unmapped returns the handles of hs that are mapped nowhere.
+func (b *Backing) unmapped(hs []*handle) []*handle {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := hs[:0:0]
+	for _, h := range hs {
+		if h.refs == 0 {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// Decommit moves [off, off+size) from Committed to Reserved with one cuMemUnmap over
+// the range (whole mappings only); the contents are forfeit. Each handle whose last
+// mapping this was returns to the pool, or is released when the pool is above High.
+// On error nothing changed.
+func (b *Backing) Decommit(r *Reservation, off, size int) error {
+	const op = "decommit"
+	if err := b.check(op, r, off, size); err != nil {
+		return err
+	}
+	if size == 0 {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.state(op, off, size, true); err != nil {
+		return err
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := b.setCurrent(); err != nil {
+		return opError(op, off, size, err)
+	}
+	if err := b.drv.call("cuMemUnmap", b.drv.MemUnmap(r.base+uint64(off), uintptr(size))); err != nil {
+		return opError(op, off, size, err)
+	}
+	b.drop(r, off/b.gran, size/b.gran)
+	return nil
+}
+
+// drop forgets the n mappings of r from granule first, which are unmapped, and
+// returns the handles whose last mapping they were to the pool. r.mu must be held and
+// the thread bound.
+func (b *Backing) drop(r *Reservation, first, n int) {
+	var free []*handle
+	b.mu.Lock()
+	for i := first; i < first+n; i++ {
+		h := r.slots[i].h
+		r.slots[i] = slot{}
+		if h.refs <= 0 {
+			b.mu.Unlock()
+			panic(PanicHandleRefs)
+		}
+		h.refs--
+		if h.refs == 0 {
+			free = append(free, h)
+		}
+	}
+	bytes := int64(n) * int64(b.gran)
+	b.mapped -= bytes
+	b.mu.Unlock()
+	b.auth.Unmap(bytes)
+	b.putIdle(free)
+}
+
+// Unreserve unmaps everything still committed in r (one cuMemUnmap per contiguous
+// run of mappings) and frees the address range (cuMemAddressFree). The outcome is
+// honest: Complete; Failed when nothing changed (r is still valid); Quarantined when a
+// step failed midway: Unmapped says the bytes of mappings given back, Residual the
+// bytes still mapped (their handles stay owned by the pool for good), and r is
+// unusable.
+func (b *Backing) Unreserve(r *Reservation) accounting.ReleaseOutcome {
+	const op = "unreserve"
+	if err := b.use(op, r); err != nil {
+		return accounting.FailedRelease(0, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.dead.Load() {
+		panic(backing.PanicUseAfterUnreserve)
+	}
+	g := b.gran
+	var held int64
+	for _, s := range r.slots {
+		if s.h != nil {
+			held += int64(g)
+		}
+	}
+	if r.size > 0 {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := b.setCurrent(); err != nil {
+			return accounting.FailedRelease(held, opError(op, 0, r.size, err))
+		}
+	}
+	d := b.drv
+	var unmapped int64
+	var errs []error
+	for i := 0; i < len(r.slots); {
+		if r.slots[i].h == nil {
+			i++
+			continue
+		}
+		j := i
+		for j < len(r.slots) && r.slots[j].h != nil {
+			j++
+		}
+		if d.MemUnmap(r.base+uint64(i*g), uintptr((j-i)*g)) == Success {
+			b.drop(r, i, j-i)
+			unmapped += int64((j - i) * g)
+		} else {
+			// One bad mapping must not strand the rest of the run.
+			for k := i; k < j; k++ {
+				if err := d.call("cuMemUnmap", d.MemUnmap(r.base+uint64(k*g), uintptr(g))); err != nil {
+					errs = append(errs, fmt.Errorf("granule at %#x: %w", k*g, err))
+					continue
+				}
+				b.drop(r, k, 1)
+				unmapped += int64(g)
+			}
+		}
+		i = j
+	}
+	residual := held - unmapped
+	if residual == 0 && r.size > 0 {
+		if err := d.call("cuMemAddressFree", d.MemAddressFree(r.base, uintptr(r.size))); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	var err error
+	if len(errs) > 0 {
+		err = opError(op, 0, r.size, errors.Join(errs...))
+	}
+	out := accounting.Outcome(unmapped, residual, unmapped > 0, err)
+	if out.Status != accounting.Failed {
+		r.dead.Store(true)
+		b.mu.Lock()
+		b.nres--
+		b.mu.Unlock()
+	}
+	return out
+}
+
+// Share moves [dstOff, dstOff+size) of dst from Reserved to Committed by mapping the
+// handles committed at [srcOff, srcOff+size) of src, with one cuMemSetAccess over the
+// run (PROT_READ for backing.ReadOnly). Each handle's reference count grows by one;
+// it returns to the pool with its last mapping. On error nothing changed.
+//
+// NB: the driver only guarantees that a write through one mapping is visible through
+// another once the writing operation completed (Synchronize).
+func (b *Backing) Share(dst *Reservation, dstOff int, src *Reservation, srcOff, size int, prot backing.Protection) error {
+	const op = "share"
+	if err := b.check(op, src, srcOff, size); err != nil {
+		return err
+	}
+	if err := b.check(op, dst, dstOff, size); err != nil {
+		return err
+	}
+	if prot != backing.ReadWrite && prot != backing.ReadOnly {
+		return &backing.OpError{Op: op, Offset: dstOff, Size: size, Err: fmt.Errorf("cuda: unknown protection %d", prot)}
+	}
+	if size == 0 {
+		return nil
+	}
+	unlock := lockPair(dst, src)
+	defer unlock()
+	if src.dead.Load() || dst.dead.Load() {
+		panic(backing.PanicUseAfterUnreserve)
+	}
+	if err := src.state(op, srcOff, size, true); err != nil {
+		return err
+	}
+	if err := dst.state(op, dstOff, size, false); err != nil {
+		return err
+	}
+	first := srcOff / b.gran
+	hs := make([]*handle, size/b.gran)
+	for i := range hs {
+		hs[i] = src.slots[first+i].h
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := b.setCurrent(); err != nil {
+		return opError(op, dstOff, size, err)
+	}
+	if err := b.mapRun(dst, dstOff, hs, prot == backing.ReadOnly); err != nil {
+		return opError(op, dstOff, size, err)
+	}
+	return nil
+}
+
+// lockPair locks the mutexes of a and b (once if they are the same reservation) in a
+// fixed order, and returns the unlock.
+func lockPair(a, b *Reservation) func() {
+	if a == b {
+		a.mu.Lock()
+		return a.mu.Unlock
+	}
+	if a.base > b.base || (a.base == b.base && a.size > b.size) {
+		a, b = b, a
+	}
+	a.mu.Lock()
+	b.mu.Lock()
+	return func() { b.mu.Unlock(); a.mu.Unlock() }
+}

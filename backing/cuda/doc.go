@@ -1,0 +1,45 @@
+// Package cuda is a backing of GPU memory on the CUDA driver's virtual memory
+// management API, called at run time through purego: no cgo, and a binary built with
+// CGO_ENABLED=0 runs on any Linux machine with glibc, GPU or not.
+//
+// A [Reservation] is a range of device virtual addresses (cuMemAddressReserve) whose
+// base never moves. Committing a granule maps one physical allocation handle into it
+// (cuMemMap) and grants access (cuMemSetAccess, once per contiguous run); decommitting
+// unmaps it (cuMemUnmap) and returns the handle to a pool, so that the next commit
+// maps an existing handle instead of paying for cuMemCreate. [Backing.Share] maps the
+// same handles into another reservation: the shared-prefix mechanism of the KV cache.
+//
+// [Driver] is the seam: the driver's entry points as Go functions. [LoadDriver] binds
+// them to libcuda.so.1 (looking up every symbol first, so an old or missing driver is
+// an error, never a panic); [NewFakeDriver] is an in-memory driver that enforces the
+// VMM rules, for tests and examples on machines without a GPU.
+//
+// # States
+//
+// A granule of a reservation is Reserved (no mapping) or Committed (one mapping of
+// one handle, with read-write or, after a read-only Share, read access). A handle is
+// idle (in the pool, mapped nowhere), mapped (once or, when shared, several times), or
+// released (given back to the driver). A handle returns to the pool only when its last
+// mapping goes, and is released exactly once: by Trim, by Close, or by a decommit that
+// finds the pool above its High mark.
+//
+// # Memory management
+//
+// The Backing owns every handle it creates and charges it to its [accounting.Authority]
+// (ByBacking accounting) before creating it, whether the handle is mapped or idle;
+// mapped bytes are attribution only (Authority.Map) and a shared handle is owned once.
+// Every Reservation MUST be given back with Unreserve, and the Backing MUST be closed
+// with Close, which releases the pool and the primary context. Base addresses are
+// device addresses: they must never be dereferenced on the CPU. Reach the contents
+// with CopyIn/CopyOut, Memset and CopyDtoD.
+//
+// # Concurrency
+//
+// A Backing is safe for concurrent use. Operations on one reservation are serialized
+// by its lock (distinct ranges may be used from several goroutines); the pool's lock
+// is never held across a driver call, and CommitCtx waits for budget without holding
+// the reservation. The CUDA context is per OS thread: every operation locks its
+// goroutine to the thread (runtime.LockOSThread), makes the device's primary context
+// current, calls the driver and unlocks in a defer. Nothing is locked in init. With
+// Options.Background one goroutine refills the pool; Close stops it.
+package cuda

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package cuda
+
+// gettid returns 0: the fake driver can not tell threads apart here and skips its
+// current-context check.
+func gettid() int { return 0 }

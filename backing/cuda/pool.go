@@ -1,0 +1,357 @@
+package cuda
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing"
+)
+
+// getHandles returns n handles mapped nowhere: idle ones from the pool first, then new
+// ones, charged to the authority before they are created. With a nil ctx a budget
+// refusal fails at once; otherwise it waits (FIFO on the authority) until the budget
+// covers the rest, handles return to the pool, or ctx ends. On error it holds nothing
+// new: taken handles are back in the pool. The thread must be bound.
+func (b *Backing) getHandles(ctx context.Context, n int) ([]*handle, error) {
+	g := int64(b.gran)
+	hs := make([]*handle, 0, n)
+	b.mu.Lock()
+	hs = b.takeIdle(hs, n)
+	b.mu.Unlock()
+	var charged int
+	for len(hs)+charged < n {
+		need := n - len(hs)
+		err := b.auth.TryAcquire(int64(need) * g)
+		if err == nil {
+			charged = need
+			break
+		}
+		if ctx == nil || !errors.Is(err, accounting.ErrBudgetExceeded) || errors.Is(err, accounting.ErrExceedsLimit) {
+			b.putIdle(hs)
+			return nil, err
+		}
+		// Wait for the budget, or for handles that come back idle (a decommit
+		// returns them to the pool, not to the governor, so the authority alone
+		// would never wake us for them).
+		b.mu.Lock()
+		hs = b.takeIdle(hs, n)
+		if len(hs) == n {
+			b.mu.Unlock()
+			break
+		}
+		need = n - len(hs)
+		if b.idleNote == nil {
+			b.idleNote = make(chan struct{})
+		}
+		note := b.idleNote
+		b.mu.Unlock()
+		wctx, cancel := context.WithCancel(ctx)
+		go func() {
+			select {
+			case <-note:
+				cancel()
+			case <-wctx.Done():
+			}
+		}()
+		err = b.auth.Acquire(wctx, int64(need)*g)
+		cancel()
+		switch {
+		case err == nil:
+			charged = need
+		case ctx.Err() != nil:
+			b.putIdle(hs)
+			return nil, ctx.Err()
+		case errors.Is(err, context.Canceled):
+			// Handles came back: take them and try again.
+			b.mu.Lock()
+			hs = b.takeIdle(hs, n)
+			b.mu.Unlock()
+		default:
+			b.putIdle(hs)
+			return nil, err
+		}
+	}
+	if charged > 0 {
+		created, err := b.create(charged)
+		hs = append(hs, created...)
+		if err != nil {
+			b.putIdle(hs)
+			return nil, err
+		}
+	}
+	return hs, nil
+}
+
+// takeIdle appends up to n-len(hs) idle handles to hs, the most recently used first.
+// b.mu must be held.
+func (b *Backing) takeIdle(hs []*handle, n int) []*handle {
+	k := min(n-len(hs), len(b.idle))
+	if k <= 0 {
+		return hs
+	}
+	top := len(b.idle) - k
+	for i := len(b.idle) - 1; i >= top; i-- {
+		hs = append(hs, b.idle[i])
+		b.idle[i] = nil
+	}
+	b.idle = b.idle[:top]
+	return hs
+}
+
+// create makes n new handles whose bytes are already charged to the authority. On
+// error it returns the handles it made and gives back the charge of the rest. The
+// thread must be bound.
+func (b *Backing) create(n int) ([]*handle, error) {
+	hs := make([]*handle, 0, n)
+	for i := range n {
+		var h uint64
+		if err := b.drv.call("cuMemCreate", b.drv.MemCreate(&h, uintptr(b.gran), &b.prop, 0)); err != nil {
+			b.auth.Release(int64(n-i) * int64(b.gran))
+			return hs, &accounting.AllocationError{Device: b.Device(), Bytes: int64(b.gran), Cause: err}
+		}
+		hs = append(hs, &handle{h: h})
+	}
+	b.mu.Lock()
+	b.owned += len(hs)
+	b.mu.Unlock()
+	return hs, nil
+}
+
+// putIdle returns handles mapped nowhere to the pool, wakes commits waiting for them,
+// and releases the oldest idle handles beyond the High mark. The thread must be bound
+// when a High mark is set.
+func (b *Backing) putIdle(hs []*handle) { b.addIdle(hs, true) }
+
+// addIdle is putIdle; trim false keeps every handle (Prefill asked for them).
+func (b *Backing) addIdle(hs []*handle, trim bool) {
+	if len(hs) == 0 {
+		return
+	}
+	b.mu.Lock()
+	b.idle = append(b.idle, hs...)
+	var extra []*handle
+	if trim && b.high > 0 && len(b.idle) > b.high {
+		k := len(b.idle) - b.high
+		extra = append(extra, b.idle[:k]...)
+		b.idle = append(b.idle[:0], b.idle[k:]...)
+	}
+	if b.idleNote != nil {
+		close(b.idleNote)
+		b.idleNote = nil
+	}
+	b.mu.Unlock()
+	if len(extra) > 0 {
+		// A handle the driver refuses to release stays owned (stuck) and is
+		// retried by Trim and Close; the caller's own operation succeeded.
+		_, _ = b.release(extra)
+	}
+}
+
+// release gives handles mapped nowhere back to the driver and their bytes to the
+// authority. Handles the driver refuses stay owned, in b.stuck. The thread must be
+// bound.
+func (b *Backing) release(hs []*handle) (int64, error) {
+	var errs []error
+	var freed int64
+	var stuck []*handle
+	for _, h := range hs {
+		if err := b.drv.call("cuMemRelease", b.drv.MemRelease(h.h)); err != nil {
+			errs = append(errs, err)
+			stuck = append(stuck, h)
+			continue
+		}
+		freed += int64(b.gran)
+	}
+	b.mu.Lock()
+	b.owned -= int(freed / int64(b.gran))
+	b.stuck = append(b.stuck, stuck...)
+	b.mu.Unlock()
+	if freed > 0 {
+		b.auth.Release(freed)
+	}
+	return freed, errors.Join(errs...)
+}
+
+// releaseIdle releases idle handles until keep remain, and retries the stuck ones. The
+// thread must be bound.
+func (b *Backing) releaseIdle(keep int) (int64, error) {
+	b.mu.Lock()
+	var hs []*handle
+	if k := len(b.idle) - keep; k > 0 {
+		hs = append(hs, b.idle[:k]...)
+		b.idle = append(b.idle[:0], b.idle[k:]...)
+	}
+	hs = append(hs, b.stuck...)
+	b.stuck = nil
+	b.mu.Unlock()
+	return b.release(hs)
+}
+
+// fill creates handles until at least target are idle (or being created). It stops
+// with the authority's error when the budget runs out. The thread must be bound.
+func (b *Backing) fill(target int) error {
+	for {
+		b.mu.Lock()
+		if len(b.idle)+b.creating >= target {
+			b.mu.Unlock()
+			return nil
+		}
+		b.creating++
+		b.mu.Unlock()
+		err := b.auth.TryAcquire(int64(b.gran))
+		var hs []*handle
+		if err == nil {
+			hs, err = b.create(1)
+		}
+		b.mu.Lock()
+		b.creating--
+		b.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		b.addIdle(hs, false)
+	}
+}
+
+// refiller is the background goroutine: it refills the pool to Low when nudged.
+func (b *Backing) refiller() {
+	defer close(b.done)
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-b.refill:
+		}
+		func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			if b.setCurrent() == nil {
+				// Errors are not reported from here: a budget refusal means the
+				// pool stays below Low for now, and a driver failure shows again in
+				// the commit that needs the handle.
+				_ = b.fill(b.low)
+			}
+		}()
+	}
+}
+
+// nudge wakes the background refill without blocking.
+func (b *Backing) nudge() {
+	select {
+	case b.refill <- struct{}{}:
+	default:
+	}
+}
+
+// nudgeIfLow wakes the background refill when the pool is below Low.
+func (b *Backing) nudgeIfLow() {
+	if b.refill == nil {
+		return
+	}
+	b.mu.Lock()
+	low := len(b.idle)+b.creating < b.low
+	b.mu.Unlock()
+	if low {
+		b.nudge()
+	}
+}
+
+// Prefill creates handles until at least n are idle in the pool, charging each to the
+// authority first, so that later commits only map. It fails with the authority's
+// budget error when the budget can not cover them (the handles made so far stay).
+func (b *Backing) Prefill(n int) error {
+	b.live()
+	if n < 0 {
+		return &backing.OpError{Op: "prefill", Size: n, Kind: backing.ErrInvalidRange, Err: fmt.Errorf("negative count")}
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := b.setCurrent(); err != nil {
+		return opError("prefill", 0, n*b.gran, err)
+	}
+	if err := b.fill(n); err != nil {
+		return opError("prefill", 0, n*b.gran, err)
+	}
+	return nil
+}
+
+// Trim releases idle handles (cuMemRelease) until at most keep remain, and returns the
+// bytes given back to the authority. Mapped handles are never touched.
+func (b *Backing) Trim(keep int) (int64, error) {
+	b.live()
+	if keep < 0 {
+		return 0, &backing.OpError{Op: "trim", Size: keep, Kind: backing.ErrInvalidRange, Err: fmt.Errorf("negative count")}
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := b.setCurrent(); err != nil {
+		return 0, opError("trim", 0, 0, err)
+	}
+	n, err := b.releaseIdle(keep)
+	if err != nil {
+		return n, opError("trim", 0, 0, err)
+	}
+	return n, nil
+}
+
+// PoolStats returns a snapshot of the pool. Handles are physical device memory, so
+// idle bytes are always resident.
+func (b *Backing) PoolStats() backing.PoolStats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	g := int64(b.gran)
+	idle := int64(len(b.idle)) * g
+	return backing.PoolStats{
+		Granule:  b.gran,
+		Owned:    int64(b.owned) * g,
+		Idle:     idle,
+		Mapped:   b.mapped,
+		Resident: idle,
+		Low:      b.low,
+		High:     b.high,
+	}
+}
+
+// Close stops the background refill, releases every pooled handle and the primary
+// context. It fails with ErrBusy, changing nothing, while reservations are live:
+// Unreserve them first. Handles still mapped by quarantined reservations can not be
+// released; they stay charged to the authority and Close reports them. Any use of b
+// after Close panics with PanicClosed.
+func (b *Backing) Close() error {
+	b.live()
+	b.mu.Lock()
+	if b.nres > 0 {
+		n := b.nres
+		b.mu.Unlock()
+		return fmt.Errorf("%w: %d", ErrBusy, n)
+	}
+	b.mu.Unlock()
+	if !b.closed.CompareAndSwap(false, true) {
+		panic(PanicClosed)
+	}
+	if b.stop != nil {
+		close(b.stop)
+		<-b.done
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var errs []error
+	if err := b.setCurrent(); err != nil {
+		return err
+	}
+	if _, err := b.releaseIdle(0); err != nil {
+		errs = append(errs, err)
+	}
+	b.mu.Lock()
+	if left := b.owned; left > 0 {
+		errs = append(errs, fmt.Errorf("cuda: %d handles still mapped by quarantined reservations stay owned", left))
+	}
+	b.mu.Unlock()
+	if err := b.drv.call("cuDevicePrimaryCtxRelease_v2", b.drv.DevicePrimaryCtxRelease(b.dev)); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,43 @@
+package cuda
+
+import "unsafe"
+
+// All pointer conversions of the package live here.
+
+// goString copies the NUL-terminated C string at p (static in the driver; never freed).
+func goString(p *byte) string {
+	n := 0
+	// Safety: p points at a NUL-terminated string the driver keeps for the process's
+	// life (cuGetErrorName's table), so every byte up to the NUL is readable.
+	for *(*byte)(unsafe.Add(unsafe.Pointer(p), n)) != 0 {
+		n++
+	}
+	// Safety: the n bytes before the NUL were just read one by one.
+	return string(unsafe.Slice(p, n))
+}
+
+// bytesPtr returns the address of p's first byte for a synchronous host copy, or nil
+// for an empty slice. The driver reads or writes exactly len(p) bytes before it returns
+// and keeps no reference, so no pinning is needed.
+func bytesPtr(p []byte) unsafe.Pointer {
+	// Safety: unsafe.SliceData of a non-empty slice is its first element's address;
+	// the caller passes len(p) as the byte count.
+	return unsafe.Pointer(unsafe.SliceData(p))
+}
+
+// hostSlice returns the n bytes at p, where the driver's caller handed a host buffer
+// (the fake driver reads and writes host buffers through this).
+func hostSlice(p unsafe.Pointer, n uintptr) []byte {
+	if n == 0 {
+		return nil
+	}
+	// Safety: p and n come from a MemcpyHtoD/DtoH call whose contract is that p
+	// addresses at least n bytes of host memory for the duration of the call.
+	return unsafe.Slice((*byte)(p), n)
+}
+
+// descSlice returns the count access descriptors at desc (cuMemSetAccess's array).
+func descSlice(desc *MemAccessDesc, count uintptr) []MemAccessDesc {
+	// Safety: by cuMemSetAccess's contract desc points at count descriptors.
+	return unsafe.Slice(desc, count)
+}
