@@ -1,0 +1,268 @@
+package host
+
+import (
+	"fmt"
+	"math/bits"
+	"sync"
+	"unsafe"
+)
+
+// SharedFaults counts the system calls of one Shared backing (mapCount excluded: it
+// only explains an error) and makes chosen ones fail.
+type SharedFaults struct {
+	mu     sync.Mutex
+	calls  int
+	failAt int  // 0: none armed
+	from   bool // every call from failAt on fails
+	err    error
+	log    []string
+}
+
+// FailAt makes the n-th call from now fail with err (n >= 1).
+func (f *SharedFaults) FailAt(n int, err error) { f.arm(n, false, err) }
+
+// FailFrom makes the n-th call from now, and every one after it, fail with err.
+func (f *SharedFaults) FailFrom(n int, err error) { f.arm(n, true, err) }
+
+func (f *SharedFaults) arm(n int, from bool, err error) {
+	if n < 1 {
+		panic("SharedFaults: n must be positive")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.failAt, f.from, f.err, f.log = f.calls+n, from, err, nil
+}
+
+// Reset disarms the fault.
+func (f *SharedFaults) Reset() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.failAt, f.from, f.err, f.log = 0, false, nil, nil
+}
+
+// Log returns the calls made since the fault was armed, failed ones marked with a
+// '!'.
+func (f *SharedFaults) Log() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.log...)
+}
+
+// Fired reports whether the armed call was reached.
+func (f *SharedFaults) Fired() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.failAt != 0 && f.calls >= f.failAt
+}
+
+func (f *SharedFaults) call(name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if f.failAt != 0 && (f.calls == f.failAt || (f.from && f.calls > f.failAt)) {
+		f.log = append(f.log, "!"+name)
+		return f.err
+	}
+	f.log = append(f.log, name)
+	return nil
+}
+
+func (f *SharedFaults) wrap(sys sharedSys) sharedSys {
+	in := sys
+	return sharedSys{
+		memfd: func(name string) (int, error) {
+			if err := f.call("memfd"); err != nil {
+				return -1, err
+			}
+			return in.memfd(name)
+		},
+		truncate: func(fd int, size int64) error {
+			if err := f.call("truncate"); err != nil {
+				return err
+			}
+			return in.truncate(fd, size)
+		},
+		allocate: func(fd int, off, n int64) error {
+			if err := f.call("allocate"); err != nil {
+				return err
+			}
+			return in.allocate(fd, off, n)
+		},
+		punch: func(fd int, off, n int64) error {
+			if err := f.call("punch"); err != nil {
+				return err
+			}
+			return in.punch(fd, off, n)
+		},
+		closeFd: func(fd int) error {
+			if err := f.call("close"); err != nil {
+				return err
+			}
+			return in.closeFd(fd)
+		},
+		reserve: func(n int) (unsafe.Pointer, error) {
+			if err := f.call("reserve"); err != nil {
+				return nil, err
+			}
+			return in.reserve(n)
+		},
+		mapFile: func(at unsafe.Pointer, n, fd int, off int64, ro bool) error {
+			if err := f.call("mapFile"); err != nil {
+				return err
+			}
+			return in.mapFile(at, n, fd, off, ro)
+		},
+		unmapTo: func(at unsafe.Pointer, n int) error {
+			if err := f.call("unmapTo"); err != nil {
+				return err
+			}
+			return in.unmapTo(at, n)
+		},
+		release: func(at unsafe.Pointer, n int) error {
+			if err := f.call("release"); err != nil {
+				return err
+			}
+			return in.release(at, n)
+		},
+		populate: func(at unsafe.Pointer, n int, write bool) error {
+			if err := f.call("populate"); err != nil {
+				return err
+			}
+			return in.populate(at, n, write)
+		},
+		mapCount: in.mapCount,
+	}
+}
+
+// NewSharedFaulty is NewShared with every system call going through the returned
+// SharedFaults.
+func NewSharedFaulty(opts SharedOptions) (*Shared, *SharedFaults, error) {
+	f := &SharedFaults{}
+	s, err := newShared(opts, f.wrap(sharedDefaultSys()))
+	return s, f, err
+}
+
+// SetSharedMapCount replaces how s counts the process's mappings and reads
+// vm.max_map_count. It must be called before s is used concurrently.
+func SetSharedMapCount(s *Shared, fn func() (count, limit int, err error)) { s.sys.mapCount = fn }
+
+// SharedMapCount is the real count of mappings and vm.max_map_count.
+func SharedMapCount() (count, limit int, err error) { return sharedDefaultSys().mapCount() }
+
+// SharedSlots returns, per granule of r, the memfd slot backing it (-1: reserved) and
+// whether it is mapped read-only.
+func SharedSlots(r *SharedReservation) (slots []int, ro []bool) {
+	r.s.mu.Lock()
+	defer r.s.mu.Unlock()
+	for _, m := range r.maps {
+		slots = append(slots, m.slot())
+		ro = append(ro, m.ro)
+	}
+	return slots, ro
+}
+
+// SharedQuarantined reports whether a failed Unreserve quarantined r.
+func SharedQuarantined(r *SharedReservation) bool {
+	r.s.mu.Lock()
+	defer r.s.mu.Unlock()
+	return r.state == sharedQuarantined
+}
+
+// SharedFd returns the memfd (-1 after Close).
+func SharedFd(s *Shared) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fd
+}
+
+// SharedRefs returns the reference count of slot i.
+func SharedRefs(s *Shared, i int) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return int(s.slots[i].refs)
+}
+
+// SharedWaitRefill waits for the background refill to finish.
+func SharedWaitRefill(s *Shared) { s.refill.Wait() }
+
+// CheckShared verifies the bookkeeping of s against itself and its reservations, and
+// the authority against the bookkeeping (the authority must be s's alone). It
+// must be called while no operation is in flight.
+func CheckShared(s *Shared) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := len(s.slots)
+	refs := make([]int32, n)
+	var mapped int64
+	live := 0
+	for r := range s.resv {
+		if r.state == sharedLive {
+			live++
+		}
+		c := 0
+		for i, m := range r.maps {
+			if m.at == 0 {
+				continue
+			}
+			c++
+			if m.slot() >= n {
+				return fmt.Errorf("reservation %p granule %d maps slot %d of %d", r, i, m.slot(), n)
+			}
+			refs[m.slot()]++
+		}
+		if c != r.count {
+			return fmt.Errorf("reservation %p counts %d committed granules, has %d", r, r.count, c)
+		}
+		mapped += int64(c) << s.shift
+	}
+	if live != s.live {
+		return fmt.Errorf("%d live reservations counted, %d found", s.live, live)
+	}
+	idle, resident, owned := 0, 0, 0
+	for i := range s.slots {
+		sl := s.slots[i]
+		isIdle, isFree := s.idle.has(i), s.free.has(i)
+		switch {
+		case sl.busy:
+			return fmt.Errorf("slot %d is busy with no operation in flight", i)
+		case sl.refs != refs[i]:
+			return fmt.Errorf("slot %d has %d references, %d mappings", i, sl.refs, refs[i])
+		case isIdle && isFree:
+			return fmt.Errorf("slot %d is both idle and free", i)
+		case sl.refs > 0 && (isIdle || isFree):
+			return fmt.Errorf("slot %d is mapped %d times but idle=%v free=%v", i, sl.refs, isIdle, isFree)
+		case sl.refs == 0 && !isIdle && !isFree:
+			return fmt.Errorf("slot %d is unmapped, neither idle nor free", i)
+		case isFree && sl.resident:
+			return fmt.Errorf("slot %d is free and resident", i)
+		}
+		if isIdle {
+			idle++
+			if sl.resident {
+				resident++
+			}
+		}
+		if !isFree {
+			owned++
+		}
+	}
+	count := 0
+	for _, w := range s.idle {
+		count += bits.OnesCount64(w)
+	}
+	switch {
+	case count != idle || idle != s.nIdle:
+		return fmt.Errorf("idle: %d bits, %d slots, %d counted", count, idle, s.nIdle)
+	case resident != s.nResident:
+		return fmt.Errorf("resident: %d slots, %d counted", resident, s.nResident)
+	case int64(owned)<<s.shift != s.owned:
+		return fmt.Errorf("owned: %d slots, %d bytes counted", owned, s.owned)
+	case mapped != s.mapped:
+		return fmt.Errorf("mapped: %d bytes found, %d counted", mapped, s.mapped)
+	}
+	if st := s.auth.Stats(); st.Owned != s.owned || st.Mapped != s.mapped {
+		return fmt.Errorf("authority owns %d and maps %d bytes; the pool owns %d and maps %d",
+			st.Owned, st.Mapped, s.owned, s.mapped)
+	}
+	return nil
+}

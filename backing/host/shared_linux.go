@@ -1,0 +1,98 @@
+package host
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+const sharedSupported = true
+
+// sharedDefaultSys returns the real system calls.
+func sharedDefaultSys() sharedSys {
+	return sharedSys{
+		memfd:    memfdCreate,
+		truncate: memfdTruncate,
+		allocate: memfdAllocate,
+		punch:    memfdPunch,
+		closeFd:  unix.Close,
+		reserve:  sharedReserve,
+		mapFile:  sharedMapFile,
+		unmapTo:  sharedUnmapTo,
+		release:  sharedRelease,
+		populate: sharedPopulate,
+		mapCount: sharedMapCount,
+	}
+}
+
+// sharedNoMemory reports whether err says the system had no memory (or no room in
+// the memfd's filesystem) to give.
+func sharedNoMemory(err error) bool {
+	return errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.ENOSPC)
+}
+
+func sharedReserve(n int) (unsafe.Pointer, error) {
+	return unix.MmapPtr(-1, 0, nil, uintptr(n), unix.PROT_NONE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+}
+
+func sharedMapFile(at unsafe.Pointer, n, fd int, off int64, ro bool) error {
+	prot := unix.PROT_READ | unix.PROT_WRITE
+	if ro {
+		prot = unix.PROT_READ
+	}
+	_, err := unix.MmapPtr(fd, off, at, uintptr(n), prot, unix.MAP_SHARED|unix.MAP_FIXED)
+	return err
+}
+
+// sharedUnmapTo replaces [at, at+n) with fresh reserved memory. NB: not munmap: the
+// range must stay ours, or another mmap could land in the middle of a reservation.
+func sharedUnmapTo(at unsafe.Pointer, n int) error {
+	_, err := unix.MmapPtr(-1, 0, at, uintptr(n), unix.PROT_NONE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE|unix.MAP_FIXED)
+	return err
+}
+
+func sharedRelease(at unsafe.Pointer, n int) error { return unix.MunmapPtr(at, uintptr(n)) }
+
+// sharedNoPopulate is set once the kernel turned MADV_POPULATE_* down (before 5.14).
+var sharedNoPopulate atomic.Bool
+
+func sharedPopulate(at unsafe.Pointer, n int, write bool) error {
+	if !sharedNoPopulate.Load() {
+		advice := unix.MADV_POPULATE_READ
+		if write {
+			advice = unix.MADV_POPULATE_WRITE
+		}
+		err := unix.Madvise(sharedBytes(at, n), advice)
+		if !errors.Is(err, unix.EINVAL) {
+			return err
+		}
+		sharedNoPopulate.Store(true)
+	}
+	sharedTouch(at, n, os.Getpagesize(), write)
+	return nil
+}
+
+// sharedMapCount returns the number of mappings of the process (lines of
+// /proc/self/maps) and vm.max_map_count.
+func sharedMapCount() (count, limit int, err error) {
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		return 0, 0, err
+	}
+	raw, err := os.ReadFile("/proc/sys/vm/max_map_count")
+	if err != nil {
+		return 0, 0, err
+	}
+	limit, err = strconv.Atoi(string(bytes.TrimSpace(raw)))
+	if err != nil {
+		return 0, 0, err
+	}
+	return bytes.Count(maps, []byte{'\n'}), limit, nil
+}
