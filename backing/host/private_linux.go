@@ -24,7 +24,8 @@ var (
 	// before 5.14): from then on pages are touched instead.
 	privateNoPopulateWrite atomic.Bool
 	// privateNaming is 0 until a mapping was named, then 1 if the kernel names
-	// anonymous mappings and 2 if it answered EINVAL (no CONFIG_ANON_VMA_NAME).
+	// anonymous mappings, 2 if it answered EINVAL (no CONFIG_ANON_VMA_NAME) and 3 on
+	// any other error.
 	privateNaming atomic.Int32
 )
 
@@ -63,10 +64,13 @@ func privateNameOS(addr uintptr, n int, name []byte) {
 	// unsafe.Pointer's rule 4 requires.
 	_, _, errno := unix.Syscall6(unix.SYS_PRCTL, unix.PR_SET_VMA, unix.PR_SET_VMA_ANON_NAME,
 		addr, uintptr(n), uintptr(unsafe.Pointer(&name[0])), 0)
-	if errno == 0 {
+	switch errno {
+	case 0:
 		privateNaming.Store(1)
-	} else {
+	case unix.EINVAL:
 		privateNaming.Store(2)
+	default:
+		privateNaming.Store(3)
 	}
 }
 

@@ -1,0 +1,12 @@
+package host
+
+// PrivateNaming reports whether the kernel named a mapping (1), answered EINVAL (2),
+// failed otherwise (3), or was not asked yet (0).
+func PrivateNaming() int32 { return privateNaming.Load() }
+
+// PrivateForceTouch makes populate fall back to touching pages, as on kernels before
+// 5.14, until the returned function restores it.
+func PrivateForceTouch() (restore func()) {
+	old := privateNoPopulateWrite.Swap(true)
+	return func() { privateNoPopulateWrite.Store(old) }
+}

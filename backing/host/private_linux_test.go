@@ -1,0 +1,255 @@
+package host_test
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/backing/host"
+)
+
+// touch reads or writes the byte at addr and returns the fault it took, if any.
+func touch(addr uintptr, write bool) (fault error) {
+	old := debug.SetPanicOnFault(true)
+	defer debug.SetPanicOnFault(old)
+	defer func() {
+		if v := recover(); v != nil {
+			err, ok := v.(runtime.Error)
+			if !ok {
+				panic(v)
+			}
+			fault = err
+		}
+	}()
+	b := host.PrivateBytes(addr, 1)
+	if write {
+		b[0] = 1
+	} else {
+		sink = b[0]
+	}
+	return nil
+}
+
+// sink keeps a read from being optimized away.
+var sink byte
+
+// faultAddr returns the address a fault reports.
+func faultAddr(err error) uintptr {
+	var a interface{ Addr() uintptr }
+	if errors.As(err, &a) {
+		return a.Addr()
+	}
+	return 0
+}
+
+func TestPrivateTouchFaults(t *testing.T) {
+	p := newPrivate(t, host.PrivateOptions{})
+	g := p.Granularity()
+	r, err := p.Reserve(3 * g)
+	require.NoError(t, err)
+	defer p.Unreserve(r)
+	base := p.Base(r)
+
+	for _, write := range []bool{false, true} {
+		err := touch(base+uintptr(g)+7, write)
+		if assert.Error(t, err, "touching a reserved granule (write=%v) must fault", write) {
+			assert.Equal(t, base+uintptr(g)+7, faultAddr(err), "fault address")
+		}
+	}
+	require.NoError(t, p.Commit(r, g, g))
+	assert.NoError(t, touch(base+uintptr(g)+7, true), "a committed granule is writable")
+	assert.NoError(t, touch(base+uintptr(2*g)-1, false), "to its last byte")
+	assert.Error(t, touch(base+uintptr(2*g), false), "the granule after it is still reserved")
+	assert.Error(t, touch(base+uintptr(g)-1, false), "the granule before it is still reserved")
+
+	require.NoError(t, p.Decommit(r, g, g))
+	for _, write := range []bool{false, true} {
+		assert.Error(t, touch(base+uintptr(g)+7, write), "touching a decommitted granule (write=%v) must fault", write)
+	}
+	// Recommitted, the old byte is gone.
+	require.NoError(t, p.Commit(r, g, g))
+	assert.Equal(t, byte(0), host.PrivateBytes(base+uintptr(g)+7, 1)[0])
+}
+
+// mapsLine returns the /proc/self/maps line of the mapping that contains addr.
+func mapsLine(t *testing.T, addr uintptr) string {
+	t.Helper()
+	f, err := os.Open("/proc/self/maps")
+	require.NoError(t, err)
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		line := s.Text()
+		var lo, hi uint64
+		if _, err := fmt.Sscanf(line, "%x-%x", &lo, &hi); err == nil && uint64(addr) >= lo && uint64(addr) < hi {
+			return line
+		}
+	}
+	require.NoError(t, s.Err())
+	t.Fatalf("no mapping contains %#x", addr)
+	return ""
+}
+
+func TestPrivateNamesMappings(t *testing.T) {
+	name := fmt.Sprintf("vmarena-test-%d", os.Getpid())
+	p := newPrivate(t, host.PrivateOptions{Name: name})
+	g := p.Granularity()
+	r, err := p.Reserve(4 * g)
+	require.NoError(t, err)
+	defer p.Unreserve(r)
+	if host.PrivateNaming() == 2 {
+		t.Skip("the kernel answered EINVAL to PR_SET_VMA_ANON_NAME: built without CONFIG_ANON_VMA_NAME")
+	}
+	require.Equal(t, int32(1), host.PrivateNaming(), "Reserve named the mapping")
+	// Committing the middle splits the mapping; every piece keeps the name.
+	require.NoError(t, p.Commit(r, g, g))
+	base := p.Base(r)
+	for i := range 4 {
+		line := mapsLine(t, base+uintptr(i*g))
+		assert.True(t, strings.HasSuffix(line, "[anon:"+name+"]"), "granule %d: %s", i, line)
+	}
+	assert.Contains(t, mapsLine(t, base+uintptr(g)), " rw-p ", "the committed granule is read-write")
+	assert.Contains(t, mapsLine(t, base), " ---p ", "a reserved granule has no access")
+}
+
+// resident returns how many pages of [addr, addr+n) are resident.
+func resident(t *testing.T, addr uintptr, n int) int {
+	t.Helper()
+	page := os.Getpagesize()
+	vec := make([]byte, (n+page-1)/page)
+	// Safety: vec is a live Go slice; the conversion is in the syscall's arguments.
+	_, _, errno := unix.Syscall(unix.SYS_MINCORE, addr, uintptr(n), uintptr(unsafe.Pointer(&vec[0])))
+	require.Zero(t, errno, "mincore: %v", errno)
+	c := 0
+	for _, v := range vec {
+		c += int(v & 1)
+	}
+	return c
+}
+
+func TestPrivatePopulate(t *testing.T) {
+	page := os.Getpagesize()
+	const g = 256 << 10
+	pages := g / page
+	for _, tt := range []struct {
+		name  string
+		touch bool // force the fallback for kernels without MADV_POPULATE_WRITE
+	}{
+		{"populate_write", false},
+		{"touch", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.touch {
+				defer host.PrivateForceTouch()()
+			}
+			lazy := newPrivate(t, host.PrivateOptions{Granularity: g})
+			eager := newPrivate(t, host.PrivateOptions{Granularity: g, Populate: true})
+
+			r, err := lazy.Reserve(2 * g)
+			require.NoError(t, err)
+			defer lazy.Unreserve(r)
+			require.NoError(t, lazy.Commit(r, 0, 2*g))
+			assert.Zero(t, resident(t, lazy.Base(r), 2*g), "a plain commit makes nothing resident")
+			// Populate keeps what is there.
+			require.NoError(t, lazy.CopyIn(r, g+page+3, []byte("kept")))
+			require.NoError(t, lazy.Populate(r, g, g))
+			assert.Equal(t, pages, resident(t, lazy.Base(r)+g, g), "Populate makes every page resident")
+			assert.Zero(t, resident(t, lazy.Base(r), g), "and no other")
+			got := make([]byte, 4)
+			require.NoError(t, lazy.CopyOut(got, r, g+page+3))
+			assert.Equal(t, "kept", string(got))
+
+			e, err := eager.Reserve(2 * g)
+			require.NoError(t, err)
+			defer eager.Unreserve(e)
+			require.NoError(t, eager.Commit(e, g, g))
+			assert.Equal(t, pages, resident(t, eager.Base(e)+g, g), "a populating commit makes every page resident")
+			require.NoError(t, eager.Decommit(e, g, g))
+			require.NoError(t, eager.Commit(e, 0, g))
+			assert.Equal(t, pages, resident(t, eager.Base(e), g))
+			assert.Zero(t, host.PrivateBytes(eager.Base(e), g)[g-1], "populated pages read as zero")
+		})
+	}
+}
+
+func TestPrivateOutOfMemory(t *testing.T) {
+	p := newPrivate(t, host.PrivateOptions{})
+	// More than a 47-bit (or 56-bit) user address space holds.
+	r, err := p.Reserve(1 << 62)
+	if !assert.Error(t, err) {
+		p.Unreserve(r)
+		return
+	}
+	assert.ErrorIs(t, err, backing.ErrOutOfMemory)
+	assert.ErrorIs(t, err, unix.ENOMEM)
+	var op *backing.OpError
+	require.True(t, errors.As(err, &op))
+	assert.Equal(t, "reserve", op.Op)
+}
+
+const mapLimitEnv = "VMARENA_PRIVATE_MAP_LIMIT_CHILD"
+
+// TestPrivateMapLimit commits every other page until the process runs out of
+// mappings, in a child process: at the limit the runtime itself could fail to map.
+func TestPrivateMapLimit(t *testing.T) {
+	if os.Getenv(mapLimitEnv) != "" {
+		return
+	}
+	b, err := os.ReadFile("/proc/sys/vm/max_map_count")
+	require.NoError(t, err)
+	limit, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	require.NoError(t, err)
+	if limit > 1<<20 {
+		t.Skipf("vm.max_map_count is %d: reaching it would take %d syscalls", limit, limit)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestPrivateMapLimitChild$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d", mapLimitEnv, limit))
+	out, err := cmd.CombinedOutput()
+	assert.NoError(t, err, "child:\n%s", out)
+	assert.Contains(t, string(out), "--- PASS: TestPrivateMapLimitChild", "child:\n%s", out)
+}
+
+func TestPrivateMapLimitChild(t *testing.T) {
+	limit, _ := strconv.Atoi(os.Getenv(mapLimitEnv))
+	if limit == 0 {
+		return
+	}
+	page := os.Getpagesize()
+	p := newPrivate(t, host.PrivateOptions{Granularity: page})
+	n := 2*limit + 16
+	r, err := p.Reserve(n * page)
+	require.NoError(t, err)
+	committed := 0
+	var cerr error
+	for i := 1; i < n; i += 2 {
+		if cerr = p.Commit(r, i*page, page); cerr != nil {
+			assert.ErrorIs(t, p.Decommit(r, i*page, page), backing.ErrNotCommitted, "the failed commit changed nothing")
+			break
+		}
+		committed++
+	}
+	o := p.Unreserve(r)
+	require.Error(t, cerr, "%d scattered commits never hit vm.max_map_count=%d", committed, limit)
+	assert.ErrorIs(t, cerr, backing.ErrMapLimit)
+	assert.ErrorIs(t, cerr, unix.ENOMEM)
+	assert.NotErrorIs(t, cerr, backing.ErrOutOfMemory)
+	assert.Contains(t, cerr.Error(), "vm.max_map_count")
+	// Each commit in the middle of the reservation splits a mapping in three.
+	assert.Greater(t, committed, limit/4, "the limit came early")
+	assert.True(t, o.OK(), "%v", o)
+	assert.Equal(t, int64(committed*page), o.Unmapped)
+	t.Logf("%d commits, then: %v", committed, cerr)
+}
