@@ -1,0 +1,16 @@
+package cuda
+
+// LoadDriverFrom is the loader with the library name as a parameter, so tests can
+// point it at a library that is not a CUDA driver.
+var LoadDriverFrom = loadDriver
+
+// SymbolNames returns the exported symbol each Driver field is bound to, in table
+// order, and whether each field pointer is distinct (every field listed once).
+func SymbolNames() (names []string, fields []any) {
+	var d Driver
+	for _, s := range symbols {
+		names = append(names, s.name)
+		fields = append(fields, s.field(&d))
+	}
+	return names, fields
+}
