@@ -237,7 +237,13 @@ func (t Tensor[T]) Sub(i, j int) Tensor[T] {
 		s.numel = t.numel / rows * (j - i)
 	}
 	size := sizeOf[T]()
-	s.off = t.off + i*t.strides[0]*size
+	// NB: only an empty sub-view at the end can reach past the span, and only there
+	// can a stride the shape never used (on a dimension of 1) overflow.
+	step, ok := mulOK(i, t.strides[0])
+	if step, ok = mulOK(step, size); !ok || step > math.MaxInt-t.off {
+		panic(PanicIndex)
+	}
+	s.off = t.off + step
 	if s.numel == 0 {
 		s.span = 0
 	} else {

@@ -266,6 +266,12 @@ func TestTensorSub(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []float32{8, 9}, one)
 
+	// An empty sub-view past a stride no element uses would overflow its offset.
+	odd, err := arena.NewTensorStrided[float32](m, 0, []int{1, 2}, []int{math.MaxInt / 2, 1})
+	require.NoError(t, err)
+	assert.Equal(t, 2, odd.Sub(0, 1).NumElems())
+	assert.PanicsWithValue(t, arena.PanicIndex, func() { odd.Sub(1, 1) })
+
 	// No first dimension to cut.
 	sc, err := arena.NewTensor[float32](m, 0)
 	require.NoError(t, err)
