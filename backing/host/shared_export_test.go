@@ -10,34 +10,38 @@ import (
 // SharedFaults counts the system calls of one Shared backing (mapCount excluded: it
 // only explains an error) and makes chosen ones fail.
 type SharedFaults struct {
-	mu     sync.Mutex
-	calls  int
-	failAt int  // 0: none armed
-	from   bool // every call from failAt on fails
-	err    error
-	log    []string
+	mu    sync.Mutex
+	calls int // since armed
+	fail  func(i int, name string) bool
+	err   error
+	fired bool
+	log   []string
 }
 
 // FailAt makes the n-th call from now fail with err (n >= 1).
-func (f *SharedFaults) FailAt(n int, err error) { f.arm(n, false, err) }
+func (f *SharedFaults) FailAt(n int, err error) {
+	f.Fail(func(i int, _ string) bool { return i == n }, err)
+}
 
 // FailFrom makes the n-th call from now, and every one after it, fail with err.
-func (f *SharedFaults) FailFrom(n int, err error) { f.arm(n, true, err) }
+func (f *SharedFaults) FailFrom(n int, err error) {
+	f.Fail(func(i int, _ string) bool { return i >= n }, err)
+}
 
-func (f *SharedFaults) arm(n int, from bool, err error) {
-	if n < 1 {
-		panic("SharedFaults: n must be positive")
-	}
+// Fail makes every call for which fail(i, name) is true fail with err, where i counts
+// the calls from now (from 1) and name is the seam's name for it ("mapFile",
+// "unmapTo", "release", "punch", ...).
+func (f *SharedFaults) Fail(fail func(i int, name string) bool, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.failAt, f.from, f.err, f.log = f.calls+n, from, err, nil
+	f.calls, f.fail, f.err, f.fired, f.log = 0, fail, err, false, nil
 }
 
 // Reset disarms the fault.
 func (f *SharedFaults) Reset() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.failAt, f.from, f.err, f.log = 0, false, nil, nil
+	f.calls, f.fail, f.err, f.fired, f.log = 0, nil, nil, false, nil
 }
 
 // Log returns the calls made since the fault was armed, failed ones marked with a
@@ -48,18 +52,19 @@ func (f *SharedFaults) Log() []string {
 	return append([]string(nil), f.log...)
 }
 
-// Fired reports whether the armed call was reached.
+// Fired reports whether a call failed since the fault was armed.
 func (f *SharedFaults) Fired() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.failAt != 0 && f.calls >= f.failAt
+	return f.fired
 }
 
 func (f *SharedFaults) call(name string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
-	if f.failAt != 0 && (f.calls == f.failAt || (f.from && f.calls > f.failAt)) {
+	if f.fail != nil && f.fail(f.calls, name) {
+		f.fired = true
 		f.log = append(f.log, "!"+name)
 		return f.err
 	}

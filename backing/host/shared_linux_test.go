@@ -1,9 +1,23 @@
 package host_test
 
 import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
@@ -11,27 +25,828 @@ import (
 	"github.com/vmarena/vmarena/backing/host"
 )
 
-func TestSharedConformance(t *testing.T) {
-	for _, g := range []int{0, 64 << 10} {
-		name := "granule=2MiB"
-		if g != 0 {
-			name = "granule=64KiB"
+const kib64 = 64 << 10
+
+var memfdSeq atomic.Int64
+
+// memfdName returns a memfd name no other backing of this process uses, so that
+// /proc/self/maps tells this test's mappings apart.
+func memfdName() string { return fmt.Sprintf("vmt-%d-%d", os.Getpid(), memfdSeq.Add(1)) }
+
+// sharedEnv is one Shared backing under test with its own governor and authority.
+type sharedEnv struct {
+	t    *testing.T
+	gov  *accounting.Governor
+	auth *accounting.Authority
+	s    *host.Shared
+	f    *host.SharedFaults // nil unless faulty
+	name string
+	g    int
+	live map[*host.SharedReservation]bool
+}
+
+// newEnv returns a backing with opts (Authority and Name filled in). At cleanup it
+// unreserves what the test left, checks the bookkeeping, closes the backing and
+// checks that the authority owns and maps nothing.
+func newEnv(t *testing.T, opts host.SharedOptions, faulty bool) *sharedEnv {
+	t.Helper()
+	gov := accounting.NewGovernor()
+	auth := gov.Authority("shared", accounting.HostKey)
+	opts.Authority = auth
+	if opts.Name == "" {
+		opts.Name = memfdName()
+	}
+	e := &sharedEnv{t: t, gov: gov, auth: auth, name: opts.Name, live: map[*host.SharedReservation]bool{}}
+	var err error
+	if faulty {
+		e.s, e.f, err = host.NewSharedFaulty(opts)
+	} else {
+		e.s, err = host.NewShared(opts)
+	}
+	require.NoError(t, err)
+	e.g = e.s.Granularity()
+	t.Cleanup(e.close)
+	return e
+}
+
+func (e *sharedEnv) close() {
+	t := e.t
+	if e.f != nil {
+		e.f.Reset()
+	}
+	for r := range e.live {
+		e.unreserve(r)
+	}
+	assert.NoError(t, host.CheckShared(e.s), "bookkeeping at cleanup")
+	if !assert.NoError(t, e.s.Close()) {
+		return
+	}
+	st := e.auth.Stats()
+	assert.Zero(t, st.Owned, "owned bytes after Close")
+	assert.Zero(t, st.Mapped, "mapped bytes after Close")
+}
+
+func (e *sharedEnv) reserve(granules int) *host.SharedReservation {
+	e.t.Helper()
+	r, err := e.s.Reserve(granules * e.g)
+	require.NoError(e.t, err)
+	e.live[r] = true
+	return r
+}
+
+// unreserve unreserves r, which must be Complete.
+func (e *sharedEnv) unreserve(r *host.SharedReservation) accounting.ReleaseOutcome {
+	e.t.Helper()
+	o := e.s.Unreserve(r)
+	if o.Status != accounting.Failed {
+		delete(e.live, r)
+	}
+	assert.Equal(e.t, accounting.Complete, o.Status, "Unreserve: %v", o)
+	return o
+}
+
+func (e *sharedEnv) commit(r *host.SharedReservation, gi, n int) {
+	e.t.Helper()
+	require.NoError(e.t, e.s.Commit(r, gi*e.g, n*e.g))
+}
+
+func (e *sharedEnv) decommit(r *host.SharedReservation, gi, n int) {
+	e.t.Helper()
+	require.NoError(e.t, e.s.Decommit(r, gi*e.g, n*e.g))
+}
+
+func (e *sharedEnv) share(dst *host.SharedReservation, di int, src *host.SharedReservation, si, n int, prot backing.Protection) {
+	e.t.Helper()
+	require.NoError(e.t, e.s.Share(dst, di*e.g, src, si*e.g, n*e.g, prot))
+}
+
+// tag writes v at the head and tail of granule gi of r.
+func (e *sharedEnv) tag(r *host.SharedReservation, gi int, v uint64) {
+	e.t.Helper()
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], v)
+	require.NoError(e.t, e.s.CopyIn(r, gi*e.g, b[:]))
+	require.NoError(e.t, e.s.CopyIn(r, (gi+1)*e.g-8, b[:]))
+}
+
+// tagOf reads the tag of granule gi of r (head and tail must agree).
+func (e *sharedEnv) tagOf(r *host.SharedReservation, gi int) uint64 {
+	e.t.Helper()
+	var h, l [8]byte
+	require.NoError(e.t, e.s.CopyOut(h[:], r, gi*e.g))
+	require.NoError(e.t, e.s.CopyOut(l[:], r, (gi+1)*e.g-8))
+	require.Equal(e.t, h, l, "granule %d: head and tail tags differ", gi)
+	return binary.LittleEndian.Uint64(h[:])
+}
+
+func (e *sharedEnv) pool() backing.PoolStats { return e.s.PoolStats() }
+
+// vma is one line of /proc/self/maps.
+type vma struct {
+	start, end uintptr
+	perms      string
+	off        uint64
+	inode      uint64
+	path       string
+}
+
+func readMaps(t *testing.T) []vma {
+	t.Helper()
+	raw, err := os.ReadFile("/proc/self/maps")
+	require.NoError(t, err)
+	var out []vma
+	for line := range strings.Lines(string(raw)) {
+		f := strings.Fields(line)
+		require.GreaterOrEqual(t, len(f), 5, "maps line %q", line)
+		lo, hi, _ := strings.Cut(f[0], "-")
+		start, err1 := strconv.ParseUint(lo, 16, 64)
+		end, err2 := strconv.ParseUint(hi, 16, 64)
+		off, err3 := strconv.ParseUint(f[2], 16, 64)
+		inode, err4 := strconv.ParseUint(f[4], 10, 64)
+		require.NoError(t, errors.Join(err1, err2, err3, err4), "maps line %q", line)
+		v := vma{start: uintptr(start), end: uintptr(end), perms: f[1], off: off, inode: inode}
+		if len(f) > 5 {
+			v.path = strings.Join(f[5:], " ")
 		}
-		t.Run(name, func(t *testing.T) {
+		out = append(out, v)
+	}
+	return out
+}
+
+// overlapping returns the mappings that overlap [a, a+n).
+func overlapping(maps []vma, a uintptr, n int) []vma {
+	var out []vma
+	for _, v := range maps {
+		if v.start < a+uintptr(n) && v.end > a {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// checkMaps checks that the kernel's mappings of [base, base+size) are what the
+// backing's bookkeeping of r says: each committed granule a MAP_SHARED mapping of
+// its slot of this backing's memfd (read-only where shared so), each reserved one
+// PROT_NONE private anonymous memory.
+func (e *sharedEnv) checkMaps(r *host.SharedReservation, base uintptr, size int) {
+	e.t.Helper()
+	maps := readMaps(e.t)
+	slots, ro := host.SharedSlots(r)
+	require.Len(e.t, slots, size/e.g)
+	memfd := "/memfd:" + e.name + " "
+	for i, slot := range slots {
+		a := base + uintptr(i*e.g)
+		vs := overlapping(maps, a, e.g)
+		if !assert.NotEmpty(e.t, vs, "granule %d at %#x is not mapped at all", i, a) {
+			continue
+		}
+		assert.LessOrEqual(e.t, vs[0].start, a, "granule %d: a hole at its start", i)
+		assert.GreaterOrEqual(e.t, vs[len(vs)-1].end, a+uintptr(e.g), "granule %d: a hole at its end", i)
+		for k, v := range vs {
+			if k > 0 {
+				assert.Equal(e.t, vs[k-1].end, v.start, "granule %d: a hole inside", i)
+			}
+			if slot < 0 {
+				assert.Equal(e.t, "---p", v.perms, "reserved granule %d", i)
+				assert.Zero(e.t, v.inode, "reserved granule %d is anonymous", i)
+				assert.Empty(e.t, v.path, "reserved granule %d is anonymous", i)
+				continue
+			}
+			want := "rw-s"
+			if ro[i] {
+				want = "r--s"
+			}
+			assert.Equal(e.t, want, v.perms, "committed granule %d", i)
+			assert.True(e.t, strings.HasPrefix(v.path+" ", memfd), "granule %d maps %q, not %s", i, v.path, memfd)
+			from := max(a, v.start)
+			assert.Equal(e.t, uint64(slot*e.g)+uint64(from-a), v.off+uint64(from-v.start),
+				"granule %d maps the wrong file offset", i)
+		}
+	}
+}
+
+// checkGone checks that nothing of [base, base+size) maps this backing's memfd.
+func (e *sharedEnv) checkGone(base uintptr, size int) {
+	e.t.Helper()
+	for _, v := range overlapping(readMaps(e.t), base, size) {
+		assert.NotContains(e.t, v.path, "/memfd:"+e.name+" ", "unreserved range still maps the memfd at %#x", v.start)
+	}
+}
+
+// vmas returns how many kernel mappings cover [base, base+size).
+func vmas(t *testing.T, base uintptr, size int) int { return len(overlapping(readMaps(t), base, size)) }
+
+func TestSharedConformance(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		g    int
+	}{{"granule=2MiB", 0}, {"granule=64KiB", kib64}} {
+		t.Run(tt.name, func(t *testing.T) {
 			backingtest.Run(t, func(t *testing.T) backing.Backing[*host.SharedReservation] {
-				gov := accounting.NewGovernor()
-				auth := gov.Authority("shared", accounting.HostKey)
-				s, err := host.NewShared(host.SharedOptions{Granularity: g, Authority: auth})
-				require.NoError(t, err)
-				t.Cleanup(func() {
-					require.NoError(t, host.CheckShared(s))
-					require.NoError(t, s.Close())
-					st := auth.Stats()
-					require.Zero(t, st.Owned)
-					require.Zero(t, st.Mapped)
-				})
-				return s
+				return newEnv(t, host.SharedOptions{Granularity: tt.g}, false).s
 			})
 		})
 	}
+}
+
+// TestShared64Reservations maps one 2 MiB granule into 64 reservations: the pool
+// owns it once, attributes 64 mappings, and the kernel charges the process one
+// granule of proportional set size for all of them, not 64.
+func TestShared64Reservations(t *testing.T) {
+	const n = 64
+	e := newEnv(t, host.SharedOptions{}, false)
+	g := e.g
+	require.Equal(t, 2<<20, g, "the default granule")
+	rs := make([]*host.SharedReservation, n)
+	for i := range rs {
+		rs[i] = e.reserve(1)
+	}
+	e.commit(rs[0], 0, 1)
+	fill := bytes.Repeat([]byte{0xA5}, g)
+	require.NoError(t, e.s.CopyIn(rs[0], 0, fill))
+	for i := 1; i < n; i++ {
+		prot := backing.ReadOnly
+		if i%2 == 0 {
+			prot = backing.ReadWrite
+		}
+		e.share(rs[i], 0, rs[i-1], 0, 1, prot) // a chain: each shares its predecessor's mapping
+	}
+	st := e.auth.Stats()
+	assert.Equal(t, int64(g), st.Owned, "owned once")
+	assert.Equal(t, int64(n*g), st.Mapped, "mapped 64 times")
+	assert.Equal(t, int64(g), e.pool().Owned)
+	assert.Equal(t, int64(n*g), e.pool().Mapped)
+
+	// Touch every page through every mapping.
+	buf := make([]byte, g)
+	for i, r := range rs {
+		require.NoError(t, e.s.CopyOut(buf, r, 0))
+		require.True(t, bytes.Equal(fill, buf), "reservation %d reads the shared granule", i)
+	}
+	slots, _ := host.SharedSlots(rs[0])
+	require.Equal(t, n, host.SharedRefs(e.s, slots[0]), "one reference per mapping")
+
+	rss, pss := smaps(t, rs, e.s)
+	t.Logf("64 mappings of one 2 MiB granule: Rss %d KiB, Pss %d KiB", rss>>10, pss>>10)
+	assert.Equal(t, int64(n*g), rss, "every page is resident in every mapping")
+	assert.GreaterOrEqual(t, pss, int64(g)*95/100, "Pss: the granule is resident once")
+	assert.LessOrEqual(t, pss, int64(g)*110/100, "Pss: about one granule, not 64")
+
+	for i, r := range rs {
+		e.checkMaps(r, e.s.Base(r), g)
+		if i > 0 {
+			e.unreserve(r)
+		}
+	}
+	st = e.auth.Stats()
+	assert.Equal(t, int64(g), st.Owned, "the owner's mapping is left")
+	assert.Equal(t, int64(g), st.Mapped)
+	e.unreserve(rs[0])
+	assert.Zero(t, e.auth.Stats().Mapped)
+	assert.Equal(t, int64(g), e.pool().Idle, "the granule went idle with its last mapping")
+}
+
+// smaps sums Rss and Pss (bytes) of the mappings that cover the reservations.
+func smaps(t *testing.T, rs []*host.SharedReservation, s *host.Shared) (rss, pss int64) {
+	t.Helper()
+	type span struct{ lo, hi uintptr }
+	var spans []span
+	for _, r := range rs {
+		b := s.Base(r)
+		spans = append(spans, span{b, b + uintptr(s.Size(r))})
+	}
+	f, err := os.Open("/proc/self/smaps")
+	require.NoError(t, err)
+	defer f.Close()
+	in := false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		if lo, hi, ok := strings.Cut(fields[0], "-"); ok && !strings.HasSuffix(fields[0], ":") {
+			a, err1 := strconv.ParseUint(lo, 16, 64)
+			b, err2 := strconv.ParseUint(hi, 16, 64)
+			if err1 == nil && err2 == nil {
+				in = false
+				for _, sp := range spans {
+					if uintptr(a) < sp.hi && uintptr(b) > sp.lo {
+						require.True(t, uintptr(a) >= sp.lo && uintptr(b) <= sp.hi,
+							"mapping %s reaches outside the reservation", fields[0])
+						in = true
+					}
+				}
+				continue
+			}
+		}
+		if !in || len(fields) < 3 || fields[2] != "kB" {
+			continue
+		}
+		v, err := strconv.ParseInt(fields[1], 10, 64)
+		require.NoError(t, err)
+		switch fields[0] {
+		case "Rss:":
+			rss += v << 10
+		case "Pss:":
+			pss += v << 10
+		}
+	}
+	require.NoError(t, sc.Err())
+	return rss, pss
+}
+
+func TestSharedPoolReuse(t *testing.T) {
+	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+	x := e.reserve(2)
+	e.commit(x, 0, 2)
+	e.tag(x, 0, 0x1111)
+	e.tag(x, 1, 0x2222)
+	slots, _ := host.SharedSlots(x)
+	e.decommit(x, 0, 2)
+	p := e.pool()
+	assert.Equal(t, int64(2*e.g), p.Idle)
+	assert.Equal(t, int64(2*e.g), p.Owned)
+	assert.Zero(t, p.Mapped)
+
+	y := e.reserve(2)
+	e.commit(y, 0, 2)
+	again, _ := host.SharedSlots(y)
+	assert.Equal(t, slots, again, "the pooled granules are reused, in order")
+	assert.False(t, e.s.CommitZeroes())
+	assert.Equal(t, uint64(0x1111), e.tagOf(y, 0), "a pooled granule keeps its contents (CommitZeroes is false)")
+	assert.Equal(t, uint64(0x2222), e.tagOf(y, 1))
+	p = e.pool()
+	assert.Zero(t, p.Idle)
+	assert.Equal(t, int64(2*e.g), p.Owned, "no new granule")
+	assert.Equal(t, int64(2*e.g), e.auth.Stats().OwnedPeak, "never more than two granules owned")
+	e.checkMaps(y, e.s.Base(y), 2*e.g)
+}
+
+func TestSharedWaterMarks(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		high     int
+		wantIdle int
+		wantHigh int
+	}{
+		{"high=2", 2, 2, 2},
+		{"default high", 0, 5, 64},
+		{"no pool", host.SharedNoPool, 0, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, host.SharedOptions{Granularity: kib64, High: tt.high}, false)
+			x := e.reserve(5)
+			e.commit(x, 0, 5)
+			e.decommit(x, 0, 5)
+			p := e.pool()
+			assert.Equal(t, int64(tt.wantIdle*e.g), p.Idle)
+			assert.Equal(t, int64(tt.wantIdle*e.g), p.Owned, "granules above High go back to the OS")
+			assert.Equal(t, int64(tt.wantIdle*e.g), e.auth.Stats().Owned)
+			assert.Equal(t, tt.wantHigh, p.High)
+		})
+	}
+}
+
+// TestSharedConsecutiveOffsets checks that the kernel merges what the backing places
+// at consecutive file offsets: a commit of many granules, and growth one granule at
+// a time, each end up as one mapping.
+func TestSharedConsecutiveOffsets(t *testing.T) {
+	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+	const n = 8
+	x := e.reserve(n)
+	e.commit(x, 0, n)
+	assert.Equal(t, 1, vmas(t, e.s.Base(x), n*e.g), "one commit of %d granules is one mapping", n)
+
+	y := e.reserve(n)
+	for i := range n {
+		e.commit(y, i, 1) // fresh granules, one at a time
+	}
+	assert.Equal(t, 1, vmas(t, e.s.Base(y), n*e.g), "growth one fresh granule at a time merges")
+
+	e.decommit(x, 0, n) // n idle granules, consecutive
+	z := e.reserve(n)
+	for i := range n {
+		e.commit(z, i, 1) // pooled granules, one at a time
+	}
+	assert.Equal(t, 1, vmas(t, e.s.Base(z), n*e.g), "growth one pooled granule at a time merges")
+	e.checkMaps(z, e.s.Base(z), n*e.g)
+
+	// Scattered idle granules: one mmap per run, and the pool is still used first.
+	e.decommit(y, 1, 1)
+	e.decommit(y, 3, 2)
+	e.decommit(y, 6, 1)
+	w := e.reserve(n)
+	owned := e.auth.Stats().Owned
+	e.commit(w, 0, 4)
+	assert.Equal(t, owned, e.auth.Stats().Owned, "idle granules first")
+	slots, _ := host.SharedSlots(w)
+	ys, _ := host.SharedSlots(y)
+	assert.Equal(t, []int{n + 1, n + 3, n + 4, n + 6}, slots[:4], "y's freed granules %v", ys)
+	assert.Equal(t, 3, vmas(t, e.s.Base(w), 4*e.g), "three runs of slots, three mappings")
+	e.checkMaps(w, e.s.Base(w), n*e.g)
+	e.checkMaps(y, e.s.Base(y), n*e.g)
+}
+
+func TestSharedReadOnly(t *testing.T) {
+	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+	a := e.reserve(2)
+	b := e.reserve(2)
+	e.commit(a, 0, 2)
+	e.tag(a, 0, 7)
+	e.share(b, 0, a, 0, 2, backing.ReadOnly)
+	err := e.s.CopyIn(b, 10, []byte{1})
+	assert.ErrorIs(t, err, host.ErrSharedReadOnly)
+	var op *backing.OpError
+	assert.ErrorAs(t, err, &op)
+	assert.Equal(t, uint64(7), e.tagOf(b, 0), "the refused write changed nothing")
+	require.NoError(t, e.s.Populate(b, 0, 2*e.g), "Populate of a read-only mapping reads")
+	assert.Equal(t, uint64(7), e.tagOf(b, 0))
+	// A read-only mapping may be shared on read-write: the granule is the same.
+	c := e.reserve(1)
+	e.share(c, 0, b, 0, 1, backing.ReadWrite)
+	e.tag(c, 0, 9)
+	assert.Equal(t, uint64(9), e.tagOf(a, 0))
+	assert.Equal(t, uint64(9), e.tagOf(b, 0))
+	e.checkMaps(b, e.s.Base(b), 2*e.g)
+	e.checkMaps(c, e.s.Base(c), e.g)
+}
+
+func TestSharedPrefillPopulate(t *testing.T) {
+	e := newEnv(t, host.SharedOptions{Granularity: kib64, High: 8}, false)
+	require.NoError(t, e.s.Prefill(0))
+	assert.Zero(t, e.pool().Owned, "Prefill(0) creates nothing")
+	require.NoError(t, e.s.Prefill(3))
+	p := e.pool()
+	assert.Equal(t, int64(3*e.g), p.Idle)
+	assert.Equal(t, int64(3*e.g), p.Resident)
+	assert.Equal(t, int64(3*e.g), e.auth.Stats().Owned)
+	require.NoError(t, e.s.Prefill(2), "already there")
+	assert.Equal(t, int64(3*e.g), e.pool().Owned)
+
+	// A granule committed without Populate is not known resident when it goes idle;
+	// Prefill populates it rather than create another.
+	x := e.reserve(4)
+	e.commit(x, 0, 4) // three pooled, one new
+	assert.Equal(t, int64(4*e.g), e.auth.Stats().Owned)
+	e.decommit(x, 0, 4)
+	p = e.pool()
+	assert.Equal(t, int64(4*e.g), p.Idle)
+	assert.Equal(t, int64(3*e.g), p.Resident)
+	require.NoError(t, e.s.Prefill(4))
+	p = e.pool()
+	assert.Equal(t, int64(4*e.g), p.Resident)
+	assert.Equal(t, int64(4*e.g), p.Owned, "Prefill populated the idle granule, made none")
+
+	// Trim gives back what is not resident first; here all is, so from the top.
+	n, err := e.s.Trim(1)
+	require.NoError(t, err)
+	assert.Equal(t, int64(3*e.g), n)
+	assert.Equal(t, int64(e.g), e.pool().Resident)
+
+	// Populate of a committed range marks its granules resident once idle.
+	e.commit(x, 0, 3)
+	e.tag(x, 1, 5)
+	require.NoError(t, e.s.Populate(x, 0, 3*e.g))
+	assert.Equal(t, uint64(5), e.tagOf(x, 1), "Populate keeps the contents")
+	e.decommit(x, 0, 3)
+	assert.Equal(t, int64(3*e.g), e.pool().Resident)
+
+	// Commit with SharedOptions.Populate populates what it creates.
+	f := newEnv(t, host.SharedOptions{Granularity: kib64, Populate: true}, false)
+	y := f.reserve(2)
+	f.commit(y, 0, 2)
+	f.decommit(y, 0, 2)
+	assert.Equal(t, int64(2*f.g), f.pool().Resident)
+}
+
+func TestSharedLowRefill(t *testing.T) {
+	e := newEnv(t, host.SharedOptions{Granularity: kib64, Low: 2, High: 4}, false)
+	host.SharedWaitRefill(e.s)
+	p := e.pool()
+	assert.Equal(t, int64(2*e.g), p.Resident, "filled to Low at start")
+	assert.Equal(t, 2, p.Low)
+	x := e.reserve(3)
+	e.commit(x, 0, 1)
+	host.SharedWaitRefill(e.s)
+	p = e.pool()
+	assert.Equal(t, int64(2*e.g), p.Resident, "refilled to Low after a commit took one")
+	assert.Equal(t, int64(3*e.g), p.Owned)
+	require.NoError(t, host.CheckShared(e.s))
+
+	// A budget that refuses stops the refill quietly; commits still work from it.
+	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(4*e.g)))
+	e.commit(x, 1, 2) // takes both idle granules
+	host.SharedWaitRefill(e.s)
+	p = e.pool()
+	assert.Equal(t, int64(e.g), p.Resident, "refilled as far as the budget allows")
+	assert.Equal(t, int64(4*e.g), p.Owned)
+}
+
+// TestSharedBudget: a refused commit changes nothing, whether or not it could have
+// taken idle granules first.
+func TestSharedBudget(t *testing.T) {
+	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(3*e.g)))
+	x := e.reserve(4)
+	e.commit(x, 0, 2)
+	e.decommit(x, 1, 1) // one idle
+	before := e.pool()
+	err := e.s.Commit(x, e.g, 3*e.g) // one idle + two new > budget of one more
+	require.Error(t, err)
+	assert.ErrorIs(t, err, accounting.ErrBudgetExceeded)
+	var be *accounting.BudgetError
+	assert.ErrorAs(t, err, &be)
+	var op *backing.OpError
+	assert.ErrorAs(t, err, &op)
+	assert.Equal(t, before, e.pool(), "a refused commit changes nothing")
+	assert.Equal(t, int64(2*e.g), e.auth.Stats().Owned)
+	e.checkMaps(x, e.s.Base(x), 4*e.g)
+	e.commit(x, 1, 2) // one idle + one new fits
+	assert.Equal(t, int64(3*e.g), e.auth.Stats().Owned)
+	// A request beyond the whole limit fails at once, also for CommitCtx.
+	y := e.reserve(4)
+	err = e.s.CommitCtx(context.Background(), y, 0, 4*e.g)
+	assert.ErrorIs(t, err, accounting.ErrExceedsLimit)
+}
+
+// waitFor polls cond until it holds (the governor has no notification for queueing).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestSharedCommitCtxFIFO: commits that wait for the budget are served in arrival
+// order, as granules other commits give up go back to the OS at once.
+func TestSharedCommitCtxFIFO(t *testing.T) {
+	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(2*e.g)))
+	x := e.reserve(2)
+	e.commit(x, 0, 2)
+	waiters := func() int { return e.gov.Stats(accounting.HostKey).Waiters }
+
+	served := make(chan string, 2)
+	errs := make(chan error, 2)
+	ys := []*host.SharedReservation{e.reserve(1), e.reserve(1)}
+	for i, name := range []string{"first", "second"} {
+		go func() {
+			err := e.s.CommitCtx(context.Background(), ys[i], 0, e.g)
+			errs <- err
+			served <- name
+		}()
+		waitFor(t, name+" to queue", func() bool { return waiters() == i+1 })
+	}
+	// Someone else's TryAcquire does not jump the queue.
+	other := e.gov.Authority("other", accounting.HostKey)
+	assert.ErrorIs(t, other.TryAcquire(1), accounting.ErrBudgetExceeded)
+
+	e.decommit(x, 0, 1)
+	require.NoError(t, <-errs)
+	assert.Equal(t, "first", <-served)
+	assert.Equal(t, 1, waiters(), "the second still waits")
+	assert.Zero(t, e.pool().Idle, "with waiters queued, a freed granule goes back to the OS at once")
+
+	e.decommit(x, 1, 1)
+	require.NoError(t, <-errs)
+	assert.Equal(t, "second", <-served)
+	assert.Zero(t, waiters())
+	assert.Equal(t, int64(2*e.g), e.auth.Stats().Owned, "owned stays within the limit")
+	assert.Equal(t, int64(2*e.g), e.auth.Stats().OwnedPeak, "never charged twice")
+	for _, y := range ys {
+		e.tag(y, 0, 3)
+		e.checkMaps(y, e.s.Base(y), e.g)
+	}
+	// Without waiters the pool keeps what goes idle again.
+	e.decommit(ys[0], 0, 1)
+	assert.Equal(t, int64(e.g), e.pool().Idle)
+}
+
+// TestSharedCommitCtxCancel: a cancelled wait leaks nothing, also the idle granules
+// it had taken while it waited for the rest.
+func TestSharedCommitCtxCancel(t *testing.T) {
+	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(2*e.g)))
+	x := e.reserve(2)
+	e.commit(x, 0, 2)
+	e.decommit(x, 1, 1) // one idle; budget full
+	before := e.pool()
+	beforeAuth := e.auth.Stats()
+	y := e.reserve(2)
+	ctx, cancel := context.WithCancel(context.Background())
+	errs := make(chan error, 1)
+	go func() { errs <- e.s.CommitCtx(ctx, y, 0, 2*e.g) }()
+	waitFor(t, "the commit to queue", func() bool { return e.gov.Stats(accounting.HostKey).Waiters == 1 })
+	assert.Zero(t, e.pool().Idle, "the waiting commit holds the idle granule")
+	cancel()
+	err := <-errs
+	assert.ErrorIs(t, err, context.Canceled)
+	var op *backing.OpError
+	assert.ErrorAs(t, err, &op)
+	assert.Zero(t, e.gov.Stats(accounting.HostKey).Waiters)
+	assert.Equal(t, before, e.pool(), "a cancelled wait leaks nothing")
+	after := e.auth.Stats()
+	assert.Equal(t, beforeAuth.Owned, after.Owned)
+	assert.Equal(t, beforeAuth.Mapped, after.Mapped)
+	assert.ErrorIs(t, e.s.Decommit(y, 0, e.g), backing.ErrNotCommitted)
+	e.checkMaps(y, e.s.Base(y), 2*e.g)
+	require.NoError(t, host.CheckShared(e.s))
+}
+
+func TestSharedMapLimit(t *testing.T) {
+	for _, tt := range []struct {
+		name         string
+		count, limit int
+		mapLimit     bool
+	}{
+		{"at the limit", 65500, 65530, true},
+		{"far below", 100, 65530, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, host.SharedOptions{Granularity: kib64}, true)
+			host.SetSharedMapCount(e.s, func() (int, int, error) { return tt.count, tt.limit, nil })
+			x := e.reserve(2)
+			e.f.Fail(func(_ int, name string) bool { return name == "mapFile" }, unix.ENOMEM)
+			err := e.s.Commit(x, 0, e.g)
+			e.f.Reset()
+			require.Error(t, err)
+			assert.ErrorIs(t, err, unix.ENOMEM)
+			var op *backing.OpError
+			assert.ErrorAs(t, err, &op)
+			if !tt.mapLimit {
+				assert.ErrorIs(t, err, backing.ErrOutOfMemory)
+				assert.NotErrorIs(t, err, backing.ErrMapLimit)
+				return
+			}
+			assert.ErrorIs(t, err, backing.ErrMapLimit)
+			msg := err.Error()
+			for _, want := range []string{"vm.max_map_count", strconv.Itoa(tt.count), strconv.Itoa(tt.limit),
+				"sysctl -w vm.max_map_count=N"} {
+				assert.Contains(t, msg, want)
+			}
+			t.Log(msg)
+			// Reserve says the same.
+			e.f.Fail(func(_ int, name string) bool { return name == "reserve" }, unix.ENOMEM)
+			_, err = e.s.Reserve(e.g)
+			e.f.Reset()
+			assert.ErrorIs(t, err, backing.ErrMapLimit)
+			assert.Equal(t, int64(0), e.auth.Stats().Owned, "nothing charged")
+			e.checkMaps(x, e.s.Base(x), 2*e.g)
+		})
+	}
+	count, limit, err := host.SharedMapCount()
+	require.NoError(t, err)
+	assert.Positive(t, count)
+	raw, err := os.ReadFile("/proc/sys/vm/max_map_count")
+	require.NoError(t, err)
+	assert.Equal(t, strings.TrimSpace(string(raw)), strconv.Itoa(limit))
+}
+
+func TestSharedClose(t *testing.T) {
+	gov := accounting.NewGovernor()
+	auth := gov.Authority("shared", accounting.HostKey)
+	name := memfdName()
+	s, err := host.NewShared(host.SharedOptions{Granularity: kib64, Authority: auth, Name: name})
+	require.NoError(t, err)
+	fd := host.SharedFd(s)
+	link, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
+	require.NoError(t, err)
+	assert.Equal(t, "/memfd:"+name+" (deleted)", link)
+
+	x, err := s.Reserve(4 * kib64)
+	require.NoError(t, err)
+	require.NoError(t, s.Commit(x, 0, 4*kib64))
+	require.NoError(t, s.Decommit(x, 0, 2*kib64))
+	err = s.Close()
+	assert.ErrorIs(t, err, host.ErrSharedInUse, "Close with a live reservation")
+	require.NoError(t, s.Commit(x, 0, kib64), "a refused Close changed nothing")
+	assert.True(t, s.Unreserve(x).OK())
+	assert.Equal(t, int64(4*kib64), auth.Stats().Owned, "idle granules until Close")
+	require.NoError(t, s.Close())
+	assert.Zero(t, auth.Stats().Owned)
+	assert.Zero(t, s.PoolStats().Owned, "PoolStats works after Close")
+	assert.Equal(t, -1, host.SharedFd(s))
+	if l, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd)); err == nil {
+		assert.NotEqual(t, link, l, "the memfd is closed")
+	}
+	for _, c := range []struct {
+		name string
+		fn   func()
+	}{
+		{"Close", func() { _ = s.Close() }},
+		{"Reserve", func() { _, _ = s.Reserve(kib64) }},
+		{"Prefill", func() { _ = s.Prefill(1) }},
+		{"Trim", func() { _, _ = s.Trim(0) }},
+	} {
+		t.Run(c.name, func(t *testing.T) { assert.PanicsWithValue(t, host.PanicSharedClosed, c.fn) })
+	}
+}
+
+func TestSharedBadOptions(t *testing.T) {
+	gov := accounting.NewGovernor()
+	auth := gov.Authority("shared", accounting.HostKey)
+	gpu := gov.Authority("gpu", accounting.GPU(0))
+	page := os.Getpagesize()
+	for _, tt := range []struct {
+		name string
+		opts host.SharedOptions
+	}{
+		{"not a power of two", host.SharedOptions{Granularity: 3 * page}},
+		{"below the page", host.SharedOptions{Granularity: page / 2}},
+		{"negative granularity", host.SharedOptions{Granularity: -page}},
+		{"above 1 GiB", host.SharedOptions{Granularity: 2 << 30}},
+		{"no authority", host.SharedOptions{Authority: nil}},
+		{"device authority", host.SharedOptions{Authority: gpu}},
+		{"negative low", host.SharedOptions{Low: -1}},
+		{"low above high", host.SharedOptions{Low: 5, High: 4}},
+		{"low without a pool", host.SharedOptions{Low: 1, High: host.SharedNoPool}},
+		{"long name", host.SharedOptions{Name: strings.Repeat("n", 250)}},
+		{"NUL in the name", host.SharedOptions{Name: "a\x00b"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.name != "no authority" && tt.opts.Authority == nil {
+				tt.opts.Authority = auth
+			}
+			s, err := host.NewShared(tt.opts)
+			assert.ErrorIs(t, err, host.ErrSharedOptions)
+			assert.Nil(t, s)
+		})
+	}
+	assert.Zero(t, auth.Stats().Owned)
+}
+
+func TestSharedBadArguments(t *testing.T) {
+	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+	x := e.reserve(2)
+	y := e.reserve(2)
+	e.commit(x, 0, 1)
+	err := e.s.Share(y, 0, x, 0, e.g, backing.Protection(7))
+	assert.ErrorIs(t, err, host.ErrSharedArgument, "unknown protection")
+	var op *backing.OpError
+	assert.ErrorAs(t, err, &op)
+	for _, tt := range []struct {
+		name string
+		err  error
+	}{
+		{"Commit nil", e.s.Commit(nil, 0, e.g)},
+		{"CommitCtx nil", e.s.CommitCtx(context.Background(), nil, 0, e.g)},
+		{"Decommit nil", e.s.Decommit(nil, 0, e.g)},
+		{"Populate nil", e.s.Populate(nil, 0, e.g)},
+		{"Share into nil", e.s.Share(nil, 0, x, 0, e.g, backing.ReadOnly)},
+		{"Share from nil", e.s.Share(y, 0, nil, 0, e.g, backing.ReadOnly)},
+		{"CopyIn nil", e.s.CopyIn(nil, 0, []byte{1})},
+		{"CopyOut nil", e.s.CopyOut([]byte{1}, nil, 0)},
+		{"Unreserve nil", e.s.Unreserve(nil).Err},
+	} {
+		assert.ErrorIs(t, tt.err, backing.ErrForeignReservation, tt.name)
+	}
+	assert.Equal(t, accounting.Failed, e.s.Unreserve(nil).Status)
+	assert.Panics(t, func() { e.s.Base(nil) })
+	_, err = e.s.Reserve(math.MaxInt &^ (e.g - 1))
+	assert.ErrorIs(t, err, backing.ErrOutOfMemory, "more granules than a reservation can count")
+	_, err = e.s.Trim(-1)
+	assert.ErrorIs(t, err, backing.ErrInvalidRange)
+	assert.ErrorIs(t, e.s.Prefill(-1), backing.ErrInvalidRange)
+	assert.ErrorIs(t, e.s.CopyIn(x, -1, []byte{1}), backing.ErrInvalidRange)
+	assert.ErrorIs(t, e.s.CopyOut(make([]byte, 2), x, e.g-1), backing.ErrNotCommitted)
+	assert.ErrorIs(t, e.s.CopyOut(make([]byte, 1), x, 2*e.g), backing.ErrOutOfRange)
+	e.checkMaps(x, e.s.Base(x), 2*e.g)
+	e.checkMaps(y, e.s.Base(y), 2*e.g)
+}
+
+// TestSharedFaulty runs the backing under backingtest.Faulty: an injected failure
+// reaches no system call, so nothing changes, and the next call works.
+func TestSharedFaulty(t *testing.T) {
+	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+	f := backingtest.NewFaulty[*host.SharedReservation](e.s)
+	boom := errors.New("injected")
+	x, err := f.Reserve(2 * e.g)
+	require.NoError(t, err)
+	require.NoError(t, f.Commit(x, 0, e.g))
+	e.tag(x, 0, 42)
+	before, beforeAuth := e.pool(), e.auth.Stats()
+
+	f.FailOp(backingtest.OpUnreserve, 1, boom)
+	o := f.Unreserve(x)
+	assert.Equal(t, accounting.Failed, o.Status)
+	assert.ErrorIs(t, o.Err, boom)
+	f.FailOp(backingtest.OpCommit, 1, boom)
+	assert.ErrorIs(t, f.Commit(x, e.g, e.g), boom)
+	f.FailOp(backingtest.OpShare, 1, boom)
+	assert.ErrorIs(t, f.Share(x, e.g, x, 0, e.g, backing.ReadOnly), boom)
+	assert.Equal(t, before, e.pool())
+	assert.Equal(t, beforeAuth.Owned, e.auth.Stats().Owned)
+	assert.Equal(t, uint64(42), e.tagOf(x, 0), "a Failed unreserve leaves the reservation as it was")
+	e.checkMaps(x, e.s.Base(x), 2*e.g)
+
+	o = f.Unreserve(x)
+	assert.Equal(t, accounting.Complete, o.Status)
+	assert.Equal(t, int64(e.g), o.Unmapped)
+	assert.Zero(t, e.auth.Stats().Mapped)
 }
