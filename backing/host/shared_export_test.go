@@ -173,6 +173,13 @@ func SharedQuarantined(r *SharedReservation) bool {
 	return r.state == sharedQuarantined
 }
 
+// SharedGone reports whether r was unreserved (Complete).
+func SharedGone(r *SharedReservation) bool {
+	r.s.mu.Lock()
+	defer r.s.mu.Unlock()
+	return r.state == sharedGone
+}
+
 // SharedFd returns the memfd (-1 after Close).
 func SharedFd(s *Shared) int {
 	s.mu.Lock()

@@ -43,6 +43,8 @@ type sharedEnv struct {
 	name string
 	g    int
 	live map[*host.SharedReservation]bool
+
+	closed bool // the test closed the backing itself
 }
 
 // newEnv returns a backing with opts (Authority and Name filled in). At cleanup it
@@ -71,6 +73,9 @@ func newEnv(t *testing.T, opts host.SharedOptions, faulty bool) *sharedEnv {
 
 func (e *sharedEnv) close() {
 	t := e.t
+	if e.closed {
+		return
+	}
 	if e.f != nil {
 		e.f.Reset()
 	}

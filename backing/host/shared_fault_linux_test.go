@@ -1,0 +1,351 @@
+package host_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/backing/host"
+)
+
+var errInjected = errors.New("injected fault")
+
+// faultFx is the reservations a fault scenario works on, with their ranges, which
+// stay known after a quarantine.
+type faultFx struct {
+	rs    []*host.SharedReservation
+	bases []uintptr
+	sizes []int
+}
+
+func (e *sharedEnv) fx(rs ...*host.SharedReservation) *faultFx {
+	x := &faultFx{}
+	for _, r := range rs {
+		x.add(e, r)
+	}
+	return x
+}
+
+func (x *faultFx) add(e *sharedEnv, r *host.SharedReservation) {
+	x.rs = append(x.rs, r)
+	x.bases = append(x.bases, e.s.Base(r))
+	x.sizes = append(x.sizes, e.s.Size(r))
+}
+
+// faultSnap is everything a failed call must leave as it was.
+type faultSnap struct {
+	owned, mapped int64
+	pool          backing.PoolStats
+	slots         [][]int
+	ro            [][]bool
+	tags          [][]uint64
+}
+
+func (e *sharedEnv) snap(x *faultFx) faultSnap {
+	e.t.Helper()
+	st := e.auth.Stats()
+	s := faultSnap{owned: st.Owned, mapped: st.Mapped, pool: e.pool()}
+	for _, r := range x.rs {
+		slots, ro := host.SharedSlots(r)
+		tags := make([]uint64, len(slots))
+		for i, sl := range slots {
+			if sl >= 0 {
+				tags[i] = e.tagOf(r, i)
+			}
+		}
+		s.slots, s.ro, s.tags = append(s.slots, slots), append(s.ro, ro), append(s.tags, tags)
+	}
+	return s
+}
+
+// check verifies the bookkeeping, the ledger and the kernel's mappings of every
+// reservation of x (quarantined ones included) against each other.
+func (e *sharedEnv) check(x *faultFx, what string) {
+	e.t.Helper()
+	require.NoError(e.t, host.CheckShared(e.s), what)
+	for k, r := range x.rs {
+		if host.SharedGone(r) {
+			e.checkGone(x.bases[k], x.sizes[k])
+		} else {
+			e.checkMaps(r, x.bases[k], x.sizes[k])
+		}
+	}
+}
+
+// tagAll tags every committed granule of r with its slot, so that a snapshot sees
+// contents.
+func (e *sharedEnv) tagAll(r *host.SharedReservation) {
+	e.t.Helper()
+	slots, ro := host.SharedSlots(r)
+	for i, sl := range slots {
+		if sl >= 0 && !ro[i] {
+			e.tag(r, i, uint64(1000+sl))
+		}
+	}
+}
+
+type faultCase struct {
+	name   string
+	opts   host.SharedOptions
+	setup  func(e *sharedEnv) *faultFx
+	op     func(e *sharedEnv, x *faultFx) error
+	atomic bool // a failed op changes nothing (unless it says it could not undo)
+}
+
+func faultCases() []faultCase {
+	return []faultCase{
+		{
+			// Two scattered idle granules and two new ones: a file growth, three
+			// mmaps and one populate.
+			name: "commit",
+			opts: host.SharedOptions{High: 8, Populate: true},
+			setup: func(e *sharedEnv) *faultFx {
+				x := e.reserve(5)
+				e.commit(x, 0, 5)
+				e.tagAll(x)
+				e.decommit(x, 1, 1)
+				e.decommit(x, 3, 1)
+				return e.fx(x, e.reserve(4))
+			},
+			op:     func(e *sharedEnv, x *faultFx) error { return e.s.Commit(x.rs[1], 0, 4*e.g) },
+			atomic: true,
+		},
+		{
+			// A source whose slots form two runs: two mmaps.
+			name: "share",
+			setup: func(e *sharedEnv) *faultFx {
+				x := e.reserve(4)
+				e.commit(x, 0, 2)
+				z := e.reserve(1)
+				e.commit(z, 0, 1)
+				e.commit(x, 2, 2)
+				e.tagAll(x)
+				return e.fx(x, e.reserve(4), z)
+			},
+			op: func(e *sharedEnv, x *faultFx) error {
+				return e.s.Share(x.rs[1], 0, x.rs[0], 0, 4*e.g, backing.ReadOnly)
+			},
+			atomic: true,
+		},
+		{
+			// Two granules go idle (one kept, one over High punched), two stay
+			// shared.
+			name: "decommit",
+			opts: host.SharedOptions{High: 1},
+			setup: func(e *sharedEnv) *faultFx {
+				x := e.reserve(4)
+				e.commit(x, 0, 4)
+				e.tagAll(x)
+				y := e.reserve(2)
+				e.share(y, 0, x, 2, 2, backing.ReadWrite)
+				return e.fx(x, y)
+			},
+			op:     func(e *sharedEnv, x *faultFx) error { return e.s.Decommit(x.rs[0], 0, 4*e.g) },
+			atomic: true,
+		},
+		{
+			// A read-only and a read-write span: two populates.
+			name: "populate",
+			setup: func(e *sharedEnv) *faultFx {
+				x := e.reserve(3)
+				e.commit(x, 0, 3)
+				e.tagAll(x)
+				y := e.reserve(3)
+				e.share(y, 0, x, 0, 1, backing.ReadOnly)
+				e.commit(y, 1, 2)
+				e.tagAll(y)
+				return e.fx(x, y)
+			},
+			op:     func(e *sharedEnv, x *faultFx) error { return e.s.Populate(x.rs[1], 0, 3*e.g) },
+			atomic: true,
+		},
+		{
+			name: "reserve",
+			setup: func(e *sharedEnv) *faultFx {
+				x := e.reserve(1)
+				e.commit(x, 0, 1)
+				return e.fx(x)
+			},
+			op: func(e *sharedEnv, x *faultFx) error {
+				r, err := e.s.Reserve(2 * e.g)
+				if err == nil {
+					e.live[r] = true
+				}
+				return err
+			},
+			atomic: true,
+		},
+		{
+			// One idle granule to populate and two to create: file growth and
+			// fallocate.
+			name: "prefill",
+			opts: host.SharedOptions{High: 8},
+			setup: func(e *sharedEnv) *faultFx {
+				x := e.reserve(1)
+				e.commit(x, 0, 1)
+				e.decommit(x, 0, 1)
+				return e.fx(x)
+			},
+			op: func(e *sharedEnv, x *faultFx) error { return e.s.Prefill(3) },
+		},
+		{
+			// Idle granules in two runs: two punches.
+			name: "trim",
+			opts: host.SharedOptions{High: 8},
+			setup: func(e *sharedEnv) *faultFx {
+				x := e.reserve(5)
+				e.commit(x, 0, 5)
+				e.decommit(x, 0, 1)
+				e.decommit(x, 2, 2)
+				e.tagAll(x)
+				return e.fx(x)
+			},
+			op: func(e *sharedEnv, x *faultFx) error {
+				_, err := e.s.Trim(0)
+				return err
+			},
+		},
+	}
+}
+
+// TestSharedFaults injects a failure at every system call of each operation in turn,
+// once (FailAt) and from there on (FailFrom, so that undoing fails too), and checks
+// after each that the bookkeeping, the authority and the kernel's mappings agree, that
+// an operation that failed changed nothing (or says what it could not undo), and that
+// the reservations still work.
+func TestSharedFaults(t *testing.T) {
+	for _, tc := range faultCases() {
+		for _, persistent := range []bool{false, true} {
+			mode := "once"
+			if persistent {
+				mode = "from"
+			}
+			t.Run(tc.name+"/"+mode, func(t *testing.T) {
+				calls := -1
+				for n := 1; calls < 0; n++ {
+					require.Less(t, n, 64, "the operation never got through")
+					t.Run(fmt.Sprintf("call=%d", n), func(t *testing.T) {
+						opts := tc.opts
+						opts.Granularity = kib64
+						e := newEnv(t, opts, true)
+						x := tc.setup(e)
+						before := e.snap(x)
+						if persistent {
+							e.f.FailFrom(n, errInjected)
+						} else {
+							e.f.FailAt(n, errInjected)
+						}
+						err := tc.op(e, x)
+						fired, log := e.f.Fired(), e.f.Log()
+						e.f.Reset()
+						e.check(x, fmt.Sprintf("after %v", log))
+						if !fired {
+							require.NoError(t, err)
+							calls = n - 1
+							t.Logf("%s: %v", tc.name, log)
+							return
+						}
+						if err == nil {
+							return // a failed give-back is no error of the call; check() covered it
+						}
+						require.ErrorIs(t, err, errInjected, "%v", log)
+						if strings.Contains(err.Error(), " is left ") {
+							require.True(t, persistent, "only a failed undo leaves anything: %v", err)
+							return
+						}
+						if tc.atomic {
+							assert.Equal(t, before, e.snap(x), "a failed %s changed something: %v", tc.name, log)
+						}
+						require.NoError(t, tc.op(e, x), "the %s works after the fault", tc.name)
+						e.check(x, "after the retry")
+					})
+				}
+				require.Positive(t, calls, "no system call to fail")
+			})
+		}
+	}
+}
+
+// TestSharedUnreserveOutcomes proves each outcome of Unreserve through the syscall
+// seam. The reservation has two committed runs (granules 0-1 and 3) and a granule
+// shared elsewhere.
+func TestSharedUnreserveOutcomes(t *testing.T) {
+	for _, tt := range []struct {
+		name               string
+		fail               func(i int, name string) bool
+		status             accounting.ReleaseStatus
+		unmapped, residual int // granules
+	}{
+		{"complete", func(int, string) bool { return false }, accounting.Complete, 3, 0},
+		// munmap fails once: decommitting run by run and munmap again succeed.
+		{"recovered", func(i int, _ string) bool { return i == 1 }, accounting.Complete, 3, 0},
+		// A punch fails after the unmap: the granule stays idle; still Complete.
+		{"punch fails", func(_ int, name string) bool { return name == "punch" }, accounting.Complete, 3, 0},
+		// munmap and the first decommit fail: nothing changed.
+		{"failed", func(int, string) bool { return true }, accounting.Failed, 0, 3},
+		// The first run decommits, the second does not.
+		{"quarantined, residual", func(i int, _ string) bool { return i != 2 }, accounting.Quarantined, 2, 1},
+		// Everything decommits but the range can not be unmapped.
+		{"quarantined, no residual", func(_ int, name string) bool { return name == "release" }, accounting.Quarantined, 3, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, host.SharedOptions{Granularity: kib64, High: 1}, true)
+			g := int64(e.g)
+			x := e.reserve(4)
+			e.commit(x, 0, 2)
+			e.commit(x, 3, 1)
+			e.tagAll(x)
+			y := e.reserve(1)
+			e.share(y, 0, x, 1, 1, backing.ReadOnly)
+			fx := e.fx(x, y)
+			before := e.snap(fx)
+
+			e.f.Fail(tt.fail, errInjected)
+			o := e.s.Unreserve(x)
+			log := e.f.Log()
+			e.f.Reset()
+			t.Logf("%v: %v", o, log)
+			e.check(fx, "after Unreserve")
+			assert.Equal(t, tt.status, o.Status, "%v", log)
+			assert.Equal(t, int64(tt.unmapped)*g, o.Unmapped, "unmapped")
+			assert.Equal(t, int64(tt.residual)*g, o.Residual, "residual")
+			assert.Equal(t, tag(1), e.tagOf(y, 0), "the shared granule lives on in y")
+			switch tt.status {
+			case accounting.Complete:
+				assert.NoError(t, o.Err)
+				delete(e.live, x)
+				e.checkGone(fx.bases[0], fx.sizes[0])
+				assert.PanicsWithValue(t, backing.PanicUseAfterUnreserve, func() { _ = e.s.Commit(x, 0, e.g) })
+			case accounting.Failed:
+				assert.ErrorIs(t, o.Err, errInjected)
+				assert.Equal(t, before, e.snap(fx), "a Failed unreserve changed nothing")
+				e.commit(x, 2, 1) // still usable
+				o = e.unreserve(x)
+				assert.Equal(t, 4*g, o.Unmapped)
+			case accounting.Quarantined:
+				assert.ErrorIs(t, o.Err, errInjected)
+				delete(e.live, x)
+				assert.True(t, host.SharedQuarantined(x))
+				assert.PanicsWithValue(t, backing.PanicUseAfterUnreserve, func() { _ = e.s.Commit(x, 0, e.g) })
+				// The residual stays owned and mapped: it is still there.
+				st := e.auth.Stats()
+				assert.Equal(t, o.Residual+g, st.Mapped, "residual and y's mapping")
+				e.unreserve(y)
+				require.NoError(t, host.CheckShared(e.s))
+				require.NoError(t, e.s.Close(), "Close works with a quarantined reservation")
+				st = e.auth.Stats()
+				assert.Equal(t, o.Residual, st.Owned, "only the residual is still owned after Close")
+				assert.Equal(t, o.Residual, st.Mapped)
+				e.closed = true
+			}
+		})
+	}
+}
+
+func tag(slot int) uint64 { return uint64(1000 + slot) }
