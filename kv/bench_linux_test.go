@@ -1,0 +1,213 @@
+package kv_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/baseline"
+)
+
+// The serving scenario of the KV benchmarks: Llama-3-8B in fp16, 16 sequences on a
+// shared 256-token prefix, each decoding to 1,024 tokens one token per step, with
+// room for 2,048 tokens per sequence. Every token's K and V is written.
+const (
+	benchSeqs      = 16
+	benchPrefix    = 256
+	benchFinal     = 1024
+	benchMaxTokens = 2048
+)
+
+// benchNeed is the exact memory the scenario needs at its peak, the prefix counted
+// once.
+var benchNeed = int64(benchPrefix+benchSeqs*(benchFinal-benchPrefix)) * int64(kv.Llama3_8B.BytesPerToken())
+
+// benchAppended is the tokens one run appends: the prefix's prefill and every decode.
+const benchAppended = benchPrefix + benchSeqs*(benchFinal-benchPrefix)
+
+func reportScenario(b *testing.B, peak int64) {
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/benchAppended, "ns/token")
+	b.ReportMetric(float64(peak), "peak-B")
+	b.ReportMetric(float64(peak)/float64(benchSeqs*benchFinal), "B/live-token")
+	b.ReportMetric(100*float64(peak-benchNeed)/float64(peak), "waste%")
+	b.ReportMetric(float64(peak)/float64(benchNeed), "peak/need")
+}
+
+// tokenData is one token of one tensor's K or V.
+var tokenData = func() []byte {
+	b := make([]byte, kv.Llama3_8B.TokenBytes())
+	for i := range b {
+		b[i] = byte(i * 7)
+	}
+	return b
+}()
+
+type hostCache = kv.Cache[*host.SharedReservation, *host.Shared]
+
+// writeLast writes the K and V of s's last token in every layer.
+func writeLast(b *testing.B, s *kv.Sequence[*host.SharedReservation, *host.Shared]) {
+	t := s.Len() - 1
+	for layer := range kv.Llama3_8B.Layers {
+		for _, kind := range []kv.Kind{kv.K, kv.V} {
+			if err := s.WriteToken(layer, kind, t, tokenData); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
+
+// runCache runs the scenario once on c.
+func runCache(b *testing.B, c *hostCache) {
+	sys, err := c.NewSequence()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for range benchPrefix {
+		if err := sys.Append(1); err != nil {
+			b.Fatal(err)
+		}
+		writeLast(b, sys)
+	}
+	p, err := sys.Freeze(benchPrefix)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sys.Close()
+	seqs := make([]*kv.Sequence[*host.SharedReservation, *host.Shared], benchSeqs)
+	for i := range seqs {
+		if seqs[i], err = c.NewSequenceFrom(p); err != nil {
+			b.Fatal(err)
+		}
+	}
+	p.Release()
+	for range benchFinal - benchPrefix {
+		for _, s := range seqs {
+			if err := s.Append(1); err != nil {
+				b.Fatal(err)
+			}
+			writeLast(b, s)
+		}
+	}
+	for _, s := range seqs {
+		if out := s.Close(); !out.OK() {
+			b.Fatal(out)
+		}
+	}
+}
+
+// runStrategy runs the scenario once on a baseline strategy.
+func runStrategy(b *testing.B, st baseline.Strategy) {
+	write := func(s baseline.Sequence) {
+		t := s.Len() - 1
+		for layer := range kv.Llama3_8B.Layers {
+			for _, kind := range []baseline.Kind{baseline.K, baseline.V} {
+				if err := s.WriteToken(layer, kind, t, tokenData); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
+	sys, err := st.NewSequence()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for range benchPrefix {
+		if err := sys.Append(1); err != nil {
+			b.Fatal(err)
+		}
+		write(sys)
+	}
+	p, err := sys.Freeze(benchPrefix)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := sys.Close(); err != nil {
+		b.Fatal(err)
+	}
+	seqs := make([]baseline.Sequence, benchSeqs)
+	for i := range seqs {
+		if seqs[i], err = st.NewSequenceFrom(p); err != nil {
+			b.Fatal(err)
+		}
+	}
+	p.Release()
+	for range benchFinal - benchPrefix {
+		for _, s := range seqs {
+			if err := s.Append(1); err != nil {
+				b.Fatal(err)
+			}
+			write(s)
+		}
+	}
+	for _, s := range seqs {
+		if err := s.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkServe runs the serving scenario on this cache (in both layouts, at 64 KiB
+// and 2 MiB granules) and on what a server would do instead: eager preallocation of
+// MaxTokens per sequence, a paged block table of 16-token blocks, Go append. Memory
+// kept for reuse counts: each strategy is warm, as a server is after its first
+// requests, so the timed runs measure the token path.
+func BenchmarkServe(b *testing.B) {
+	shape := baseline.Shape{Layers: kv.Llama3_8B.Layers, TokenBytes: kv.Llama3_8B.TokenBytes(), MaxTokens: benchMaxTokens}
+	for _, cfg := range []struct {
+		layout  kv.Layout
+		granule int
+	}{
+		{kv.PerLayer, 64 << 10},
+		{kv.PerLayer, 2 << 20},
+		{kv.PerSequence, 64 << 10},
+		{kv.PerSequence, 2 << 20},
+	} {
+		b.Run(fmt.Sprintf("impl=vmarena/layout=%v/granule=%dKiB", cfg.layout, cfg.granule>>10), func(b *testing.B) {
+			gov := accounting.NewGovernor()
+			pool := gov.Authority("kv", accounting.HostKey)
+			// A pool that keeps the whole working set, as a warm server does.
+			shared, err := host.NewShared(host.SharedOptions{Granularity: cfg.granule, Authority: pool, High: int(2*benchNeed) / cfg.granule})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer shared.Close()
+			c, err := kv.New(shared, kv.Config{Geometry: kv.Llama3_8B, MaxTokens: benchMaxTokens, Layout: cfg.layout})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			runCache(b, c) // warm the pool
+			gov.ResetPeak(accounting.HostKey)
+			for b.Loop() {
+				runCache(b, c)
+			}
+			reportScenario(b, gov.Stats(accounting.HostKey).Peak)
+		})
+	}
+	strategies := []struct {
+		name string
+		make func() (baseline.Strategy, error)
+	}{
+		{"eager", func() (baseline.Strategy, error) {
+			return baseline.NewEager(shape, baseline.EagerOptions{Slots: benchSeqs + 1})
+		}},
+		{"paged", func() (baseline.Strategy, error) { return baseline.NewPaged(shape, baseline.PagedOptions{}) }},
+		{"append", func() (baseline.Strategy, error) { return baseline.NewAppend(shape, baseline.AppendOptions{}) }},
+	}
+	for _, s := range strategies {
+		b.Run("impl="+s.name, func(b *testing.B) {
+			st, err := s.make()
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer st.Close()
+			runStrategy(b, st) // warm: slots cleared, pools grown
+			for b.Loop() {
+				runStrategy(b, st)
+			}
+			reportScenario(b, st.Stats().PeakPhysical)
+		})
+	}
+}
