@@ -9,8 +9,8 @@ import (
 const MaxRank = 8
 
 // Tensor is a typed view of elements of type T laid out in a Memory with a shape and
-// strides (in elements). It is a small value, copied freely like a slice header, and
-// it allocates nothing: shape and strides live inside it.
+// strides (in elements). It is a value, copied like a slice header (shape and strides
+// live inside it, up to MaxRank), so making, copying and slicing one allocates nothing.
 //
 // A Tensor is checked when it is made: its elements lie wholly within [0, Len) of its
 // memory and its first element is aligned to T's size. It does not own its memory.
