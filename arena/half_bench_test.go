@@ -30,6 +30,8 @@ func reportElems(b *testing.B, n int) {
 	b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "elems/s")
 }
 
+// BenchmarkConvert measures the slice converters (impl=slice) against a loop over the
+// scalar conversions (impl=scalar), which is what a caller would write without them.
 func BenchmarkConvert(b *testing.B) {
 	src := convInput(convN)
 	f16 := make([]arena.F16, convN)
@@ -38,32 +40,53 @@ func BenchmarkConvert(b *testing.B) {
 	arena.F16sFromFloat32s(f16, src)
 	arena.BF16sFromFloat32s(bf16, src)
 
-	b.Run("dir=float32-to-F16", func(b *testing.B) {
-		b.SetBytes(convN * 4)
-		for b.Loop() {
-			arena.F16sFromFloat32s(f16, src)
+	cases := []struct {
+		dir    string
+		in     int // bytes read per element
+		slice  func()
+		scalar func()
+	}{
+		{"float32-to-F16", 4,
+			func() { arena.F16sFromFloat32s(f16, src) },
+			func() {
+				for i, f := range src {
+					f16[i] = arena.F16FromFloat32(f)
+				}
+			}},
+		{"F16-to-float32", 2,
+			func() { arena.Float32sFromF16s(dst, f16) },
+			func() {
+				for i, h := range f16 {
+					dst[i] = h.Float32()
+				}
+			}},
+		{"float32-to-BF16", 4,
+			func() { arena.BF16sFromFloat32s(bf16, src) },
+			func() {
+				for i, f := range src {
+					bf16[i] = arena.BF16FromFloat32(f)
+				}
+			}},
+		{"BF16-to-float32", 2,
+			func() { arena.Float32sFromBF16s(dst, bf16) },
+			func() {
+				for i, h := range bf16 {
+					dst[i] = h.Float32()
+				}
+			}},
+	}
+	for _, c := range cases {
+		for _, impl := range []struct {
+			name string
+			do   func()
+		}{{"slice", c.slice}, {"scalar", c.scalar}} {
+			b.Run("dir="+c.dir+"/impl="+impl.name, func(b *testing.B) {
+				b.SetBytes(int64(convN * c.in))
+				for b.Loop() {
+					impl.do()
+				}
+				reportElems(b, convN)
+			})
 		}
-		reportElems(b, convN)
-	})
-	b.Run("dir=F16-to-float32", func(b *testing.B) {
-		b.SetBytes(convN * 2)
-		for b.Loop() {
-			arena.Float32sFromF16s(dst, f16)
-		}
-		reportElems(b, convN)
-	})
-	b.Run("dir=float32-to-BF16", func(b *testing.B) {
-		b.SetBytes(convN * 4)
-		for b.Loop() {
-			arena.BF16sFromFloat32s(bf16, src)
-		}
-		reportElems(b, convN)
-	})
-	b.Run("dir=BF16-to-float32", func(b *testing.B) {
-		b.SetBytes(convN * 2)
-		for b.Loop() {
-			arena.Float32sFromBF16s(dst, bf16)
-		}
-		reportElems(b, convN)
-	})
+	}
 }
