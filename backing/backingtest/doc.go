@@ -6,6 +6,10 @@
 // subtest. Optional capabilities are probed by type assertion and checked when present.
 // A new backing is done when it passes Run.
 //
+// [RunOps] is the body of a fuzz test for any backing: it decodes a byte string into
+// a sequence of operations and checks each result against a model of the physical
+// granules; [SeedOps] is its short seed corpus.
+//
 // [Fake] is a backing on Go-heap memory with a synthetic address space: fast, exact
 // about what is alive (LiveGranules, LiveReservations), and able to share granules under
 // ByBacking accounting, so that arenas and caches can be tested without the OS.

@@ -297,6 +297,10 @@ func (f *Fake) Share(dst *FakeReservation, dstOff int, src *FakeReservation, src
 	if err := f.use("share", src); err != nil {
 		return err
 	}
+	if prot != backing.ReadWrite && prot != backing.ReadOnly {
+		return &backing.OpError{Op: "share", Offset: dstOff, Size: size,
+			Err: fmt.Errorf("backingtest: unknown protection %d", prot)}
+	}
 	if !f.acct.OwnedByBacking() {
 		return &backing.OpError{Op: "share", Offset: dstOff, Size: size, Kind: backing.ErrUnsupported,
 			Err: fmt.Errorf("backingtest: sharing needs ByBacking accounting")}

@@ -118,3 +118,15 @@ func FuzzFakeByBuffer(f *testing.F) {
 		assert.Zero(t, fake.LiveReservations(), "reservations left")
 	})
 }
+
+func TestFakeShareUnknownProtection(t *testing.T) {
+	auth := accounting.NewGovernor().Authority("fake", accounting.HostKey)
+	f := backingtest.NewFake(backingtest.FakeOptions{Authority: auth})
+	a, _ := f.Reserve(f.Granularity())
+	b, _ := f.Reserve(f.Granularity())
+	require.NoError(t, f.Commit(a, 0, f.Granularity()))
+	assert.Error(t, f.Share(b, 0, a, 0, f.Granularity(), backing.Protection(9)))
+	assert.ErrorIs(t, f.Decommit(b, 0, f.Granularity()), backing.ErrNotCommitted, "nothing was mapped")
+	assert.True(t, f.Unreserve(a).OK())
+	assert.True(t, f.Unreserve(b).OK())
+}

@@ -2,6 +2,7 @@ package host
 
 import (
 	"errors"
+	"math"
 
 	"golang.org/x/sys/windows"
 
@@ -20,7 +21,7 @@ func privateInitOS() error { return nil }
 // thread keeps taking the spot.
 func privateReserveOS(size, align int) (uintptr, error) {
 	const allocGranularity = 64 << 10
-	if align > allocGranularity {
+	if align > allocGranularity && size <= math.MaxInt-align {
 		for range privateAlignTries {
 			probe, err := windows.VirtualAlloc(0, uintptr(size+align), windows.MEM_RESERVE, windows.PAGE_NOACCESS)
 			if err != nil {
