@@ -62,8 +62,8 @@ func (m *arenaModel) free(seq int) {
 
 func alignUp(x, a int) int { return (x + a - 1) &^ (a - 1) }
 
-// FuzzArena drives random Alloc / Make / Mark / Rewind / Release / Reset sequences
-// against the model. After every step: the bump pointer, high-water mark and
+// FuzzArena drives random Alloc / MakeTensor / Mark / Rewind / Release / Reset / Trim
+// sequences against the model. After every step: the bump pointer, high-water mark and
 // committed bytes are what the model says; every live allocation is aligned, inside
 // the buffer's length, and still holds the bytes written into it, so no two overlap;
 // and after a Reset the next allocations reuse the same memory without committing more.
@@ -99,7 +99,7 @@ func FuzzArena(f *testing.F) {
 			return int(b)
 		}
 		for len(data) > 0 {
-			switch op := byteAt() % 7; op {
+			switch op := byteAt() % 8; op {
 			case 0, 1, 2: // Alloc, Allocate or MakeTensor
 				size := byteAt()<<8 | byteAt()
 				align := 1 << (byteAt() % 14)
@@ -195,6 +195,11 @@ func FuzzArena(f *testing.F) {
 				m.free(0)
 				m.marks = m.marks[:0]
 				m.top, m.high = 0, 0
+			case 7: // Trim
+				committed := a.Committed()
+				keep := byteAt() * page / 4
+				require.NoError(t, a.Trim(keep))
+				require.Equal(t, min(committed, alignUp(max(keep, m.top), m.gran)), a.Committed(), "Trim gives back what is past max(keep, Used)")
 			}
 
 			require.Equal(t, m.top, a.Used())
