@@ -173,6 +173,14 @@ func SharedQuarantined(r *SharedReservation) bool {
 	return r.state == sharedQuarantined
 }
 
+// SharedWords returns the committed bytes [off, off+n) of r as 64-bit words, for
+// benchmarks that read memory in place. off and n must be multiples of 8.
+func SharedWords(r *SharedReservation, off, n int) []uint64 {
+	// Safety: the caller keeps [off, off+n) committed while it uses the slice; the
+	// reservation is page-aligned, so off aligns the words.
+	return unsafe.Slice((*uint64)(sharedAt(r.base, off)), n/8)
+}
+
 // SharedGone reports whether r was unreserved (Complete).
 func SharedGone(r *SharedReservation) bool {
 	r.s.mu.Lock()

@@ -7,6 +7,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/backing/host"
 )
 
@@ -192,4 +193,17 @@ func live(m *fuzzModel) map[int]bool {
 		}
 	}
 	return out
+}
+
+// FuzzSharedOps runs the shared random-op driver every backing shares
+// (backingtest.RunOps) on a 64 KiB-granule Shared backing with a small pool.
+func FuzzSharedOps(f *testing.F) {
+	for _, s := range backingtest.SeedOps() {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		e := newEnv(t, host.SharedOptions{Granularity: kib64, High: 2}, false)
+		backingtest.RunOps(t, e.s, ops)
+		require.NoError(t, host.CheckShared(e.s))
+	})
 }
