@@ -541,9 +541,23 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 			}
 		}
 		s.record(r, gi, picks[:kept], false)
-		s.unpick(picks[kept:])
+		if !s.populate {
+			s.unpick(picks[kept:]) // new slots never touched: still holes
+			s.mu.Unlock()
+			return err
+		}
+		// New slots were allocated in the file: punch them out again.
+		var give []int
+		for _, p := range picks[kept:] {
+			if p.fresh {
+				give = append(give, p.slot)
+			} else {
+				s.toIdle(p.slot)
+			}
+		}
 		s.mu.Unlock()
-		return err
+		_, gerr := s.giveBack(give)
+		return s.stayIdle(err, gerr)
 	}
 	s.record(r, gi, picks, false)
 	populate := false

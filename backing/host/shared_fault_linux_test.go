@@ -69,6 +69,7 @@ func (e *sharedEnv) snap(x *faultFx) faultSnap {
 func (e *sharedEnv) check(x *faultFx, what string) {
 	e.t.Helper()
 	require.NoError(e.t, host.CheckShared(e.s), what)
+	require.NoError(e.t, host.SharedFileCheck(e.s), what)
 	for k, r := range x.rs {
 		if host.SharedGone(r) {
 			e.checkGone(x.bases[k], x.sizes[k])

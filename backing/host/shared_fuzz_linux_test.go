@@ -175,6 +175,7 @@ func FuzzShared(f *testing.F) {
 				e.checkMaps(m.rs[k], e.s.Base(m.rs[k]), fuzzGranules*g)
 			}
 			require.NoError(t, host.CheckShared(e.s))
+			require.NoError(t, host.SharedFileCheck(e.s))
 			p := e.pool()
 			require.LessOrEqual(t, p.Owned, fuzzBudget*int64(g), "within the budget")
 			require.Equal(t, p.Owned-p.Idle, int64(len(live(m)))*int64(g), "owned = live physical granules + idle")

@@ -83,6 +83,7 @@ func (e *sharedEnv) close() {
 		e.unreserve(r)
 	}
 	assert.NoError(t, host.CheckShared(e.s), "bookkeeping at cleanup")
+	assert.NoError(t, host.SharedFileCheck(e.s), "memfd at cleanup")
 	if !assert.NoError(t, e.s.Close()) {
 		return
 	}
