@@ -453,40 +453,20 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 	}
 	hint := -1
 	if gi > 0 && r.maps[gi-1].at != 0 {
-		hint = r.maps[gi-1].slot() + 1
+		hint = r.maps[gi-1].slot() + 1 // continue the file run of the granule before
 	}
 	picks := s.pickIdle(min(n, s.nIdle), hint)
 	if fresh := n - len(picks); fresh > 0 {
-		bytes := int64(fresh) << s.shift
-		if err := s.auth.TryAcquire(bytes); err != nil {
-			if !wait || errors.Is(err, accounting.ErrExceedsLimit) || !errors.Is(err, accounting.ErrBudgetExceeded) {
-				s.unpick(picks)
-				s.mu.Unlock()
-				return &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
-			}
-			// Wait outside the lock; the idle slots taken stay ours meanwhile.
-			s.mu.Unlock()
-			err = s.auth.Acquire(ctx, bytes)
-			s.mu.Lock()
-			if err != nil {
-				s.unpick(picks)
-				s.mu.Unlock()
-				return &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
-			}
-			if r.state != sharedLive {
-				s.auth.Release(bytes)
-				s.unpick(picks)
-				s.mu.Unlock()
-				panic(backing.PanicUseAfterUnreserve)
-			}
+		if err := s.charge(ctx, op, r, off, size, fresh, picks, wait); err != nil {
+			return err
 		}
-		s.owned += bytes
 		if len(picks) > 0 {
 			hint = picks[len(picks)-1].slot + 1
 		}
 		more, err := s.pickFresh(fresh, hint)
 		if err != nil {
 			s.unpick(picks)
+			bytes := int64(fresh) << s.shift
 			s.owned -= bytes
 			s.auth.Release(bytes)
 			s.mu.Unlock()
@@ -495,31 +475,8 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 		picks = append(picks, more...)
 		slices.SortFunc(picks, func(a, b sharedPick) int { return a.slot - b.slot })
 		if s.populate {
-			// Allocating the new pages in the file first and then populating the
-			// mapping costs 15% less than populating an empty mapping (shmem faults
-			// one page at a time). The slots are busy meanwhile.
-			s.mu.Unlock()
-			err := s.sys.allocate(s.fd, int64(more[0].slot)<<s.shift, int64(fresh)<<s.shift)
-			s.mu.Lock()
-			if err != nil || r.state != sharedLive {
-				for _, p := range picks {
-					if !p.fresh {
-						s.toIdle(p.slot)
-					}
-				}
-				s.mu.Unlock()
-				give := make([]int, len(more))
-				for k, p := range more {
-					give[k] = p.slot
-				}
-				_, gerr := s.giveBack(give) // the allocation may have been partial
-				if err == nil {
-					panic(backing.PanicUseAfterUnreserve)
-				}
-				return s.stayIdle(s.opErr(op, off, size, err, false), gerr)
-			}
-			for _, p := range more {
-				s.slots[p.slot].resident = true
+			if err := s.allocateNew(op, r, off, size, picks, more); err != nil {
+				return err
 			}
 		}
 	}
@@ -527,37 +484,8 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 	for k, p := range picks {
 		slots[k] = p.slot
 	}
-	done, err := s.mapSlots(r, gi, slots, false)
-	if err != nil {
-		err = s.opErr(op, off, size, err, true)
-		kept := 0
-		if done > 0 {
-			if uerr := s.sys.unmapTo(r.at(gi), done<<s.shift); uerr != nil {
-				// NB: the mapped prefix can not be taken back: record it as
-				// committed, which it is, so that Decommit or Unreserve frees it.
-				kept = done
-				err = fmt.Errorf("%w; undoing it failed, [%#x, +%#x) is left committed: %w",
-					err, off, done<<s.shift, s.opErr(op, off, done<<s.shift, uerr, true))
-			}
-		}
-		s.record(r, gi, picks[:kept], false)
-		if !s.populate {
-			s.unpick(picks[kept:]) // new slots never touched: still holes
-			s.mu.Unlock()
-			return err
-		}
-		// New slots were allocated in the file: punch them out again.
-		var give []int
-		for _, p := range picks[kept:] {
-			if p.fresh {
-				give = append(give, p.slot)
-			} else {
-				s.toIdle(p.slot)
-			}
-		}
-		s.mu.Unlock()
-		_, gerr := s.giveBack(give)
-		return s.stayIdle(err, gerr)
+	if done, err := s.mapSlots(r, gi, slots, false); err != nil {
+		return s.undoMap(op, r, off, size, picks, done, err)
 	}
 	s.record(r, gi, picks, false)
 	populate := false
@@ -577,6 +505,102 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 		return nil
 	}
 	return s.populateNew(op, r, gi, picks)
+}
+
+// charge takes the bytes of fresh new granules for a commit that holds the idle
+// picks: at once, or, when wait is true and the budget refuses, in FIFO order with
+// the device's other waiters until ctx ends. s.mu must be held; on error it is
+// released and the picks are back in the pool.
+func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, off, size, fresh int, picks []sharedPick, wait bool) error {
+	bytes := int64(fresh) << s.shift
+	err := s.auth.TryAcquire(bytes)
+	if err != nil && wait && errors.Is(err, accounting.ErrBudgetExceeded) && !errors.Is(err, accounting.ErrExceedsLimit) {
+		// Wait outside the lock; the idle slots taken stay ours meanwhile.
+		s.mu.Unlock()
+		err = s.auth.Acquire(ctx, bytes)
+		s.mu.Lock()
+		if err == nil && r.state != sharedLive {
+			s.auth.Release(bytes)
+			s.unpick(picks)
+			s.mu.Unlock()
+			panic(backing.PanicUseAfterUnreserve)
+		}
+	}
+	if err != nil {
+		s.unpick(picks)
+		s.mu.Unlock()
+		return &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
+	}
+	s.owned += bytes
+	return nil
+}
+
+// allocateNew allocates the pages of the new slots more (one run) in the file before
+// they are mapped: that and then populating the mapping costs 15% less than
+// populating an empty shmem mapping, which faults one page at a time. s.mu must be
+// held; it is released meanwhile (the slots are busy), and on error for good, with
+// the commit undone.
+func (s *Shared) allocateNew(op string, r *SharedReservation, off, size int, picks, more []sharedPick) error {
+	s.mu.Unlock()
+	err := s.sys.allocate(s.fd, int64(more[0].slot)<<s.shift, int64(len(more))<<s.shift)
+	s.mu.Lock()
+	if err == nil && r.state == sharedLive {
+		for _, p := range more {
+			s.slots[p.slot].resident = true
+		}
+		return nil
+	}
+	for _, p := range picks {
+		if !p.fresh {
+			s.toIdle(p.slot)
+		}
+	}
+	s.mu.Unlock()
+	give := make([]int, len(more))
+	for k, p := range more {
+		give[k] = p.slot
+	}
+	_, gerr := s.giveBack(give) // the allocation may have been partial
+	if err == nil {
+		panic(backing.PanicUseAfterUnreserve) // r was unreserved meanwhile
+	}
+	return s.stayIdle(s.opErr(op, off, size, err, false), gerr)
+}
+
+// undoMap undoes a commit of picks at off of r whose mmap failed after done
+// granules: it maps reserved memory over those and returns the picks, idle ones to
+// the pool, new ones to the OS. s.mu must be held; it is released.
+func (s *Shared) undoMap(op string, r *SharedReservation, off, size int, picks []sharedPick, done int, err error) error {
+	gi := off >> s.shift
+	err = s.opErr(op, off, size, err, true)
+	kept := 0
+	if done > 0 {
+		if uerr := s.sys.unmapTo(r.at(gi), done<<s.shift); uerr != nil {
+			// NB: the mapped prefix can not be taken back: record it as committed,
+			// which it is, so that Decommit or Unreserve frees it.
+			kept = done
+			err = fmt.Errorf("%w; undoing it failed, [%#x, +%#x) is left committed: %w",
+				err, off, done<<s.shift, s.opErr(op, off, done<<s.shift, uerr, true))
+		}
+	}
+	s.record(r, gi, picks[:kept], false)
+	if !s.populate {
+		s.unpick(picks[kept:]) // new slots never touched: still holes
+		s.mu.Unlock()
+		return err
+	}
+	// New slots were allocated in the file: punch them out again.
+	var give []int
+	for _, p := range picks[kept:] {
+		if p.fresh {
+			give = append(give, p.slot)
+		} else {
+			s.toIdle(p.slot)
+		}
+	}
+	s.mu.Unlock()
+	_, gerr := s.giveBack(give)
+	return s.stayIdle(err, gerr)
 }
 
 // populateNew populates, outside the lock, the granules a commit of len(picks)
@@ -677,206 +701,6 @@ func (s *Shared) record(r *SharedReservation, gi int, picks []sharedPick, ro boo
 		s.mapped += n
 		s.auth.Map(n)
 	}
-}
-
-// pickIdle takes k idle slots (k <= nIdle) for a commit: the run at hint when it is
-// all idle, else the first run of k idle slots, else the lowest k. s.mu must be held.
-func (s *Shared) pickIdle(k, hint int) []sharedPick {
-	if k == 0 {
-		return nil
-	}
-	n := len(s.slots)
-	start := -1
-	if hint >= 0 && s.idle.all(hint, k, n) {
-		start = hint
-	} else {
-		start = s.idle.run(k, n, false)
-	}
-	picks := make([]sharedPick, 0, k)
-	i := max(start, 0)
-	for len(picks) < k {
-		i = s.idle.next(i, n)
-		picks = append(picks, sharedPick{slot: i})
-		s.takeIdle(i)
-		i++
-	}
-	return picks
-}
-
-func (s *Shared) takeIdle(i int) {
-	s.idle.clear(i)
-	s.nIdle--
-	if s.slots[i].resident {
-		s.nResident--
-	}
-	s.slots[i].busy = true
-}
-
-// pickFresh takes k free slots, as one run: at hint when the slots there are free,
-// else the first free run long enough, else at the end of the file, which it grows.
-// Its bytes must already be charged. s.mu must be held.
-func (s *Shared) pickFresh(k, hint int) ([]sharedPick, error) {
-	n := len(s.slots)
-	start := -1
-	switch {
-	case hint >= 0 && hint <= n && s.free.nextClear(hint, min(hint+k, n)) == min(hint+k, n):
-		start = hint // free up to the end of the file, or beyond it
-	default:
-		start = s.free.run(k, n, true)
-	}
-	if err := s.growTo(start + k); err != nil {
-		return nil, err
-	}
-	picks := make([]sharedPick, k)
-	for j := range picks {
-		i := start + j
-		s.free.clear(i)
-		s.slots[i] = sharedSlot{busy: true}
-		picks[j] = sharedPick{slot: i, fresh: true}
-	}
-	return picks, nil
-}
-
-// growTo makes the file hold at least n slots, growing it by doubling (at most
-// sharedGrowStep at once): a sparse file costs nothing until its pages are touched.
-// s.mu must be held.
-func (s *Shared) growTo(n int) error {
-	have := len(s.slots)
-	if n <= have {
-		return nil
-	}
-	if n > sharedMaxSlots {
-		return fmt.Errorf("host: the memfd would need more than %d granules", sharedMaxSlots)
-	}
-	want := min(max(n, 2*have, 1), have+max(sharedGrowStep>>s.shift, 1), sharedMaxSlots)
-	want = max(want, n)
-	if err := s.sys.truncate(s.fd, int64(want)<<s.shift); err != nil {
-		return err
-	}
-	s.slots = append(s.slots, make([]sharedSlot, want-have)...)
-	s.idle.resize(want)
-	s.free.resize(want)
-	for i := have; i < want; i++ {
-		s.free.set(i)
-	}
-	return nil
-}
-
-// unpick returns slots taken for a commit that did not happen: idle ones to the
-// pool, fresh ones (never mapped, so still holes) to Free with their bytes released.
-// s.mu must be held.
-func (s *Shared) unpick(picks []sharedPick) {
-	var fresh int64
-	for _, p := range picks {
-		if p.fresh {
-			s.slots[p.slot] = sharedSlot{}
-			s.free.set(p.slot)
-			fresh += int64(s.g)
-		} else {
-			s.toIdle(p.slot)
-		}
-	}
-	if fresh > 0 {
-		s.owned -= fresh
-		s.auth.Release(fresh)
-	}
-}
-
-// toIdle puts an owned, unmapped slot in the pool. s.mu must be held.
-func (s *Shared) toIdle(i int) {
-	sl := &s.slots[i]
-	sl.busy = false
-	s.idle.set(i)
-	s.nIdle++
-	if sl.resident {
-		s.nResident++
-	}
-}
-
-// drop unmaps granules [gi, gi+n) of r from the bookkeeping (the caller unmapped
-// them): one reference less per slot, and the slots whose last mapping went to the
-// pool, or, past the High water mark or while the governor has waiters, out of it
-// (marked busy and returned, for giveBack). s.mu must be held.
-func (s *Shared) drop(r *SharedReservation, gi, n int) []int {
-	var give []int
-	waiters := -1 // unknown
-	dropped := 0
-	for i := gi; i < gi+n; i++ {
-		m := r.maps[i]
-		if m.at == 0 {
-			continue
-		}
-		r.maps[i] = sharedMap{}
-		dropped++
-		sl := &s.slots[m.slot()]
-		sl.refs--
-		if sl.refs > 0 {
-			continue
-		}
-		if waiters < 0 {
-			waiters = 0
-			if s.auth.Governor().Stats(s.auth.Device()).Waiters > 0 {
-				waiters = 1
-			}
-		}
-		if waiters == 0 && s.nIdle < s.high {
-			s.toIdle(m.slot())
-		} else {
-			sl.busy = true
-			give = append(give, m.slot())
-		}
-	}
-	r.count -= dropped
-	if b := int64(dropped) << s.shift; b > 0 {
-		s.mapped -= b
-		s.auth.Unmap(b)
-	}
-	return give
-}
-
-// giveBack punches the given busy, owned, unmapped slots out of the file, one
-// fallocate per run, and releases their bytes. A slot whose punch fails goes back to
-// the pool, owned. It returns the bytes given back and the first error. s.mu must
-// not be held.
-func (s *Shared) giveBack(slots []int) (int64, error) {
-	if len(slots) == 0 {
-		return 0, nil
-	}
-	slices.Sort(slots)
-	var firstErr error
-	ok := make([]bool, len(slots))
-	for k := 0; k < len(slots); {
-		j := k + 1
-		for j < len(slots) && slots[j] == slots[j-1]+1 {
-			j++
-		}
-		err := s.sys.punch(s.fd, int64(slots[k])<<s.shift, int64(j-k)<<s.shift)
-		if err != nil && firstErr == nil {
-			firstErr = s.opErr("trim", slots[k]<<s.shift, (j-k)<<s.shift, err, false)
-		}
-		for ; k < j; k++ {
-			ok[k] = err == nil
-		}
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var n int64
-	for k, i := range slots {
-		if ok[k] {
-			s.slots[i] = sharedSlot{}
-			s.free.set(i)
-			n += int64(s.g)
-		} else {
-			// The punch may have dropped some pages: no longer known resident.
-			s.slots[i].resident = false
-			s.toIdle(i)
-		}
-	}
-	if n > 0 {
-		s.owned -= n
-		s.auth.Release(n)
-	}
-	return n, firstErr
 }
 
 // Decommit moves [off, off+size) of r from Committed to Reserved by mapping fresh
@@ -1151,161 +975,6 @@ func (s *Shared) CopyOut(dst []byte, r *SharedReservation, off int) error {
 	}
 	copy(dst, sharedBytes(sharedAt(r.base, off), len(dst)))
 	return nil
-}
-
-// Prefill makes at least n idle granules resident in the pool: it populates idle
-// granules that are not (fallocate), then creates new ones, one at a time within the
-// budget. When the budget refuses it returns the *accounting.BudgetError inside an
-// *OpError; the granules made resident so far stay. n may exceed High: the surplus
-// stays until a decommit or Trim gives it back.
-func (s *Shared) Prefill(n int) error {
-	if n < 0 {
-		return &backing.OpError{Op: "prefill", Size: n, Kind: backing.ErrInvalidRange,
-			Err: fmt.Errorf("host: negative granule count %d", n)}
-	}
-	for {
-		more, err := s.prefillOne(n, false)
-		if err != nil || !more {
-			return err
-		}
-	}
-}
-
-// prefillOne makes one more idle granule resident, if fewer than n are. It reports
-// whether it did (and more may be needed). background calls stop quietly once the
-// backing is closed and clear s.refilling when done.
-func (s *Shared) prefillOne(n int, background bool) (bool, error) {
-	s.mu.Lock()
-	if background && s.closed {
-		s.refilling = false
-		s.mu.Unlock()
-		return false, nil
-	}
-	s.open()
-	if s.nResident >= n {
-		if background {
-			s.refilling = false
-		}
-		s.mu.Unlock()
-		return false, nil
-	}
-	slot, fresh := -1, false
-	for i := s.idle.next(0, len(s.slots)); i < len(s.slots); i = s.idle.next(i+1, len(s.slots)) {
-		if !s.slots[i].resident {
-			slot = i
-			break
-		}
-	}
-	if slot >= 0 {
-		s.takeIdle(slot)
-	} else {
-		fail := func(err error) (bool, error) {
-			if background {
-				s.refilling = false
-			}
-			s.mu.Unlock()
-			return false, &backing.OpError{Op: "prefill", Size: s.g, Err: err}
-		}
-		if err := s.auth.TryAcquire(int64(s.g)); err != nil {
-			return fail(err)
-		}
-		s.owned += int64(s.g)
-		picks, err := s.pickFresh(1, -1)
-		if err != nil {
-			s.owned -= int64(s.g)
-			s.auth.Release(int64(s.g))
-			return fail(err)
-		}
-		slot, fresh = picks[0].slot, true
-	}
-	s.mu.Unlock()
-	if err := s.sys.allocate(s.fd, int64(slot)<<s.shift, int64(s.g)); err != nil {
-		err = s.opErr("prefill", slot<<s.shift, s.g, err, false)
-		if fresh {
-			s.giveBack([]int{slot}) // it may hold part of its pages
-		} else {
-			s.mu.Lock()
-			s.toIdle(slot)
-			s.mu.Unlock()
-		}
-		if background {
-			s.mu.Lock()
-			s.refilling = false
-			s.mu.Unlock()
-		}
-		return false, err
-	}
-	s.mu.Lock()
-	s.slots[slot].resident = true
-	s.toIdle(slot)
-	s.mu.Unlock()
-	return true, nil
-}
-
-// kick starts the background refill when the pool has fewer than Low idle resident
-// granules. s.mu must be held.
-func (s *Shared) kick() {
-	if s.low == 0 || s.refilling || s.closed || s.nResident >= s.low {
-		return
-	}
-	s.refilling = true
-	s.refill.Add(1)
-	go func() {
-		defer s.refill.Done()
-		for {
-			// NB: errors (a refused budget, say) end this refill quietly; the next
-			// commit below Low tries again, and Prefill reports them.
-			if more, _ := s.prefillOne(s.low, true); !more {
-				return
-			}
-		}
-	}()
-}
-
-// Trim gives idle granules back to the OS (fallocate PUNCH_HOLE) until at most keep
-// remain, those not known resident first, then from the end of the file. It returns
-// the bytes given back; a granule whose punch fails stays in the pool and the first
-// error is returned.
-func (s *Shared) Trim(keep int) (int64, error) {
-	if keep < 0 {
-		return 0, &backing.OpError{Op: "trim", Size: keep, Kind: backing.ErrInvalidRange,
-			Err: fmt.Errorf("host: negative granule count %d", keep)}
-	}
-	s.mu.Lock()
-	s.open()
-	victims := s.victims(s.nIdle - keep)
-	s.mu.Unlock()
-	return s.giveBack(victims)
-}
-
-// victims takes k idle slots out of the pool for giveBack, non-resident first, then
-// from the highest offset down. s.mu must be held.
-func (s *Shared) victims(k int) []int {
-	var out []int
-	for pass := 0; pass < 2 && len(out) < k; pass++ {
-		for i := s.idle.prev(len(s.slots)); i >= 0 && len(out) < k; i = s.idle.prev(i) {
-			if pass == 1 || !s.slots[i].resident {
-				s.takeIdle(i)
-				out = append(out, i)
-			}
-		}
-	}
-	return out
-}
-
-// PoolStats returns a snapshot of the pool. It may be called after Close.
-func (s *Shared) PoolStats() backing.PoolStats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return backing.PoolStats{
-		Granule:  s.g,
-		Owned:    s.owned,
-		Idle:     int64(s.nIdle) << s.shift,
-		Mapped:   s.mapped,
-		Resident: int64(s.nResident) << s.shift,
-		Low:      s.low,
-		High:     s.high,
-	}
 }
 
 // Close gives the memfd and every idle granule back to the OS and releases their
