@@ -57,3 +57,7 @@ func SharedFileCheck(s *Shared) error {
 	}
 	return nil
 }
+
+// SetSharedNoPopulate makes Populate touch every page instead of calling
+// MADV_POPULATE_*, as on kernels before 5.14, and returns the previous setting.
+func SetSharedNoPopulate(v bool) bool { return sharedNoPopulate.Swap(v) }

@@ -856,3 +856,24 @@ func TestSharedFaulty(t *testing.T) {
 	assert.Equal(t, int64(e.g), o.Unmapped)
 	assert.Zero(t, e.auth.Stats().Mapped)
 }
+
+// TestSharedPopulateByTouch runs population the way kernels without
+// MADV_POPULATE_WRITE get it: a touch per page, which must keep contents (also
+// through a read-only mapping, which it only reads) and make the granules resident.
+func TestSharedPopulateByTouch(t *testing.T) {
+	old := host.SetSharedNoPopulate(true)
+	t.Cleanup(func() { host.SetSharedNoPopulate(old) })
+	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+	x := e.reserve(2)
+	e.commit(x, 0, 2) // no pages yet: only the touches below make them
+	e.tag(x, 1, 77)
+	y := e.reserve(2)
+	e.share(y, 0, x, 1, 1, backing.ReadOnly)
+	require.NoError(t, e.s.Populate(y, 0, e.g), "a read-only mapping is populated by reading")
+	require.NoError(t, e.s.Populate(x, 0, 2*e.g))
+	assert.Equal(t, uint64(77), e.tagOf(y, 0), "touching keeps the contents")
+	e.unreserve(y)
+	e.decommit(x, 0, 2)
+	assert.Equal(t, int64(2*e.g), e.pool().Resident)
+	require.NoError(t, host.SharedFileCheck(e.s), "every page of the resident granules exists")
+}
