@@ -117,7 +117,10 @@ func (buf *Buffer[R, B]) Bytes() []byte {
 	if !buf.host {
 		panic(PanicDeviceBytes)
 	}
-	return bytesAt(buf.base, buf.length)
+	if buf.length == 0 {
+		return nil
+	}
+	return sliceAt[byte](buf.base, buf.length)
 }
 
 // Resize sets Len to n. Growing commits the whole granules needed to cover n (under

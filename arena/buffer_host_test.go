@@ -33,7 +33,9 @@ func touch(addr uintptr) (faulted bool) {
 			faulted = true
 		}
 	}()
-	*(*byte)(unsafe.Add(nil, addr)) = 1
+	// NB: the bits of addr are read as a pointer: a pointer made with unsafe.Add(nil,
+	// addr) faults as a nil dereference, which SetPanicOnFault does not recover.
+	*(*byte)(*(*unsafe.Pointer)(unsafe.Pointer(&addr))) = 1
 	return false
 }
 
