@@ -11,6 +11,11 @@
 // decommits the granules wholly past the new length: their contents are forfeit and
 // any slice or view over them becomes invalid (a host access faults).
 //
+// An [Arena] owns its Buffer: [Arena.Close] closes it. A [Tensor] is a view and owns
+// nothing: it is valid only while the bytes under it stay committed, so a Resize
+// below it or an Arena Reset or Rewind past it INVALIDATES it (a host access then
+// panics with PanicStaleView or faults).
+//
 // When the backing's accounting is [backing.ByBuffer], the Buffer charges each granule
 // it commits to its authority before committing it and releases the charge after
 // decommitting it, so the governor's ledger matches committed memory exactly. When it
