@@ -422,10 +422,13 @@ func (s *Shared) Commit(r *SharedReservation, off, size int) error {
 	return s.commit(context.Background(), r, off, size, false)
 }
 
-// CommitCtx is Commit that, when the budget refuses the new granules, waits for them
-// in FIFO order with the device's other waiters (Authority.Acquire) until ctx ends,
-// then commits with the bytes it waited for. When ctx ends first it returns ctx.Err()
-// (wrapped) and changes nothing.
+// CommitCtx is Commit that, when the budget refuses the new granules, waits in FIFO
+// order with the device's other waiters (Authority.Acquire) until ctx ends, then
+// commits with the bytes it waited for. It holds nothing while it waits: the idle
+// granules it would have taken go back to the OS (as with any waiter queued) and it
+// waits for the bytes of the whole range, so that waiting commits can not hold
+// pieces each of them needs. When ctx ends first it returns ctx.Err() (wrapped)
+// and the range is as it was.
 func (s *Shared) CommitCtx(ctx context.Context, r *SharedReservation, off, size int) error {
 	return s.commit(ctx, r, off, size, true)
 }
@@ -456,8 +459,10 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 		hint = r.maps[gi-1].slot() + 1 // continue the file run of the granule before
 	}
 	picks := s.pickIdle(min(n, s.nIdle), hint)
-	if fresh := n - len(picks); fresh > 0 {
-		if err := s.charge(ctx, op, r, off, size, fresh, picks, wait); err != nil {
+	if len(picks) < n {
+		var fresh int
+		var err error
+		if picks, fresh, err = s.charge(ctx, op, r, off, size, n, picks, wait); err != nil {
 			return err
 		}
 		if len(picks) > 0 {
@@ -507,32 +512,46 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 	return s.populateNew(op, r, gi, picks)
 }
 
-// charge takes the bytes of fresh new granules for a commit that holds the idle
-// picks: at once, or, when wait is true and the budget refuses, in FIFO order with
-// the device's other waiters until ctx ends. s.mu must be held; on error it is
-// released and the picks are back in the pool.
-func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, off, size, fresh int, picks []sharedPick, wait bool) error {
-	bytes := int64(fresh) << s.shift
-	err := s.auth.TryAcquire(bytes)
-	if err != nil && wait && errors.Is(err, accounting.ErrBudgetExceeded) && !errors.Is(err, accounting.ErrExceedsLimit) {
-		// Wait outside the lock; the idle slots taken stay ours meanwhile.
-		s.mu.Unlock()
-		err = s.auth.Acquire(ctx, bytes)
-		s.mu.Lock()
-		if err == nil && r.state != sharedLive {
-			s.auth.Release(bytes)
-			s.unpick(picks)
-			s.mu.Unlock()
-			panic(backing.PanicUseAfterUnreserve)
-		}
+// charge takes the bytes of fresh new granules for a commit of n granules that
+// holds the idle picks: at once, or, when wait is true and the budget refuses, in
+// FIFO order with the device's other waiters until ctx ends. It returns the idle
+// picks the commit keeps and how many granules it must create. s.mu must be held; on
+// error it is released and nothing is held.
+//
+// NB: a commit holds nothing while it waits. Holding its idle picks while waiting for
+// the rest would let commits that each hold some wait for each other forever; so it
+// gives them back (a pool with waiters keeps nothing idle anyway) and waits for all n
+// granules at once.
+func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, off, size, n int, picks []sharedPick, wait bool) ([]sharedPick, int, error) {
+	fresh := n - len(picks)
+	err := s.auth.TryAcquire(int64(fresh) << s.shift)
+	if err == nil {
+		s.owned += int64(fresh) << s.shift
+		return picks, fresh, nil
 	}
-	if err != nil {
+	if !wait || !errors.Is(err, accounting.ErrBudgetExceeded) || errors.Is(err, accounting.ErrExceedsLimit) {
 		s.unpick(picks)
 		s.mu.Unlock()
-		return &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
+		return nil, 0, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
+	}
+	idle := make([]int, len(picks))
+	for k, p := range picks {
+		idle[k] = p.slot
+	}
+	s.mu.Unlock()
+	s.giveBack(idle) // a slot whose punch fails just stays idle
+	bytes := int64(n) << s.shift
+	if err := s.auth.Acquire(ctx, bytes); err != nil {
+		return nil, 0, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
+	}
+	s.mu.Lock()
+	if r.state != sharedLive {
+		s.auth.Release(bytes)
+		s.mu.Unlock()
+		panic(backing.PanicUseAfterUnreserve)
 	}
 	s.owned += bytes
-	return nil
+	return nil, n, nil
 }
 
 // allocateNew allocates the pages of the new slots more (one run) in the file before

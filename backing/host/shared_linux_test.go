@@ -634,35 +634,50 @@ func TestSharedCommitCtxFIFO(t *testing.T) {
 	assert.Equal(t, int64(e.g), e.pool().Idle)
 }
 
-// TestSharedCommitCtxCancel: a cancelled wait leaks nothing, also the idle granules
-// it had taken while it waited for the rest.
+// TestSharedCommitCtxCancel: a commit that must wait holds nothing meanwhile (it gives
+// the idle granules it could have used back, and waits for all it needs), so a
+// cancelled wait leaks nothing, and a served one commits all it asked for.
 func TestSharedCommitCtxCancel(t *testing.T) {
 	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
 	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(2*e.g)))
 	x := e.reserve(2)
 	e.commit(x, 0, 2)
 	e.decommit(x, 1, 1) // one idle; budget full
-	before := e.pool()
-	beforeAuth := e.auth.Stats()
 	y := e.reserve(2)
+	waiters := func() int { return e.gov.Stats(accounting.HostKey).Waiters }
+
 	ctx, cancel := context.WithCancel(context.Background())
 	errs := make(chan error, 1)
 	go func() { errs <- e.s.CommitCtx(ctx, y, 0, 2*e.g) }()
-	waitFor(t, "the commit to queue", func() bool { return e.gov.Stats(accounting.HostKey).Waiters == 1 })
-	assert.Zero(t, e.pool().Idle, "the waiting commit holds the idle granule")
+	waitFor(t, "the commit to queue", func() bool { return waiters() == 1 })
+	p := e.pool()
+	assert.Zero(t, p.Idle, "the waiting commit gave the idle granule back")
+	assert.Equal(t, int64(e.g), p.Owned, "and holds nothing while it waits")
 	cancel()
 	err := <-errs
 	assert.ErrorIs(t, err, context.Canceled)
 	var op *backing.OpError
 	assert.ErrorAs(t, err, &op)
-	assert.Zero(t, e.gov.Stats(accounting.HostKey).Waiters)
-	assert.Equal(t, before, e.pool(), "a cancelled wait leaks nothing")
-	after := e.auth.Stats()
-	assert.Equal(t, beforeAuth.Owned, after.Owned)
-	assert.Equal(t, beforeAuth.Mapped, after.Mapped)
+	assert.Zero(t, waiters())
+	st := e.auth.Stats()
+	assert.Equal(t, int64(e.g), st.Owned, "a cancelled wait leaks nothing")
+	assert.Equal(t, int64(e.g), st.Mapped)
+	assert.Equal(t, st.Owned, e.pool().Owned)
 	assert.ErrorIs(t, e.s.Decommit(y, 0, e.g), backing.ErrNotCommitted)
 	e.checkMaps(y, e.s.Base(y), 2*e.g)
 	require.NoError(t, host.CheckShared(e.s))
+
+	// Served: x's last granule goes (back to the OS, as a waiter is queued) and the
+	// commit gets both granules.
+	e.commit(x, 1, 1) // full again
+	go func() { errs <- e.s.CommitCtx(context.Background(), y, 0, 2*e.g) }()
+	waitFor(t, "the commit to queue", func() bool { return waiters() == 1 })
+	e.decommit(x, 0, 1)
+	e.decommit(x, 1, 1)
+	require.NoError(t, <-errs)
+	e.tag(y, 1, 5)
+	assert.Equal(t, int64(2*e.g), e.auth.Stats().Owned)
+	e.checkMaps(y, e.s.Base(y), 2*e.g)
 }
 
 func TestSharedMapLimit(t *testing.T) {
@@ -876,4 +891,85 @@ func TestSharedPopulateByTouch(t *testing.T) {
 	e.decommit(x, 0, 2)
 	assert.Equal(t, int64(2*e.g), e.pool().Resident)
 	require.NoError(t, host.SharedFileCheck(e.s), "every page of the resident granules exists")
+}
+
+// TestSharedConcurrentPool runs commits, shares, decommits, waiting commits, Trim and
+// Prefill from several goroutines at once on one pool under a tight budget, then
+// checks that the bookkeeping, the ledger and the memfd agree.
+func TestSharedConcurrentPool(t *testing.T) {
+	const workers, rounds, granules = 4, 40, 4
+	e := newEnv(t, host.SharedOptions{Granularity: kib64, High: 3}, false)
+	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(12*e.g)))
+	prefix := e.reserve(1)
+	e.commit(prefix, 0, 1)
+	e.tag(prefix, 0, 99)
+	rs := make([]*host.SharedReservation, workers)
+	for w := range rs {
+		rs[w] = e.reserve(granules)
+	}
+	g := e.g
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	errs := make(chan error, workers+1)
+	stop := make(chan struct{})
+	for w, r := range rs {
+		go func() {
+			for i := range rounds {
+				err := e.s.Share(r, 0, prefix, 0, g, backing.ReadOnly)
+				if err == nil {
+					err = e.s.CommitCtx(ctx, r, g, (granules-1)*g)
+				}
+				if err == nil {
+					var b [8]byte
+					b[0] = byte(w*rounds + i)
+					err = e.s.CopyIn(r, 2*g, b[:])
+					if err == nil {
+						var c [8]byte
+						err = e.s.CopyOut(c[:], r, 2*g)
+						if err == nil && c != b {
+							err = fmt.Errorf("worker %d round %d read %v, wrote %v", w, i, c, b)
+						}
+					}
+				}
+				if err == nil {
+					err = e.s.Decommit(r, 0, granules*g)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				errs <- nil
+				return
+			default:
+			}
+			var err error
+			if i%2 == 0 {
+				_, err = e.s.Trim(i % 3)
+			} else if err = e.s.Prefill(i % 4); errors.Is(err, accounting.ErrBudgetExceeded) {
+				err = nil
+			}
+			if err != nil {
+				errs <- err
+				return
+			}
+		}
+	}()
+	for range workers {
+		require.NoError(t, <-errs)
+	}
+	close(stop)
+	require.NoError(t, <-errs)
+	require.NoError(t, host.CheckShared(e.s))
+	require.NoError(t, host.SharedFileCheck(e.s))
+	assert.Equal(t, uint64(99), e.tagOf(prefix, 0))
+	assert.LessOrEqual(t, e.auth.Stats().OwnedPeak, int64(12*g), "never over the budget")
+	assert.Equal(t, int64(g), e.pool().Mapped, "only the prefix is mapped")
 }
