@@ -95,6 +95,19 @@ const (
 // or shared range reads whatever was last written there. Granules new to the file
 // read as zero.
 //
+// Bookkeeping costs 8 bytes per reserved granule and a few bytes per slot of the
+// file, which only grows (sparse: holes cost nothing).
+//
+// # Limits
+//
+// Each run of consecutive slots mapped at consecutive addresses is one kernel
+// mapping, and a process has at most vm.max_map_count of them (65530 by default).
+// When mmap fails with ENOMEM and the process is near that limit, the error wraps
+// [backing.ErrMapLimit] and unix.ENOMEM and names the count, the limit and the
+// sysctl that raises it. Placing consecutive granules at consecutive offsets keeps
+// the count low; granules shared piecemeal or recycled from a fragmented pool do not
+// merge.
+//
 // # Concurrency
 //
 // A Shared is safe for concurrent use, with the usual rule of [backing.Backing]:
@@ -108,12 +121,10 @@ type Shared struct {
 
 	g        int // granule size
 	shift    int // log2(g)
-	page     int
 	auth     *accounting.Authority
 	low      int
 	high     int // 0 when SharedNoPool
 	populate bool
-	name     string
 	sys      sharedSys
 
 	mu        sync.Mutex
@@ -255,12 +266,10 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 	s := &Shared{
 		g:        opts.Granularity,
 		shift:    backing.Log2(opts.Granularity),
-		page:     page,
 		auth:     opts.Authority,
 		low:      opts.Low,
 		high:     high,
 		populate: opts.Populate,
-		name:     opts.Name,
 		sys:      sys,
 		fd:       fd,
 		resv:     make(map[*SharedReservation]struct{}),
