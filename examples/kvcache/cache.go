@@ -1,0 +1,236 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/baseline"
+)
+
+// cacheStrategy drives a kv.Cache through baseline.Strategy, so that the replay
+// treats vmarena's cache and the baselines alike. Physical is the governor's reading:
+// the bytes the cache's ledger owns (under ByBacking the backing's whole pool, idle
+// granules included, every shared granule once).
+type cacheStrategy[R any, B backing.Backing[R]] struct {
+	name  string
+	c     *kv.Cache[R, B]
+	b     B
+	auth  *accounting.Authority // owns the cache's physical bytes
+	close func() error          // closes the backing, after the cache
+
+	mu      sync.Mutex
+	drained *backing.PoolStats               // the pool after the cache closed, before the backing did
+	copies  map[*copiedPrefix[R, B]]struct{} // live copied prefixes (backings that can not share)
+	closed  bool
+}
+
+func newCacheStrategy[R any, B backing.Backing[R]](name string, b B, cfg kv.Config, auth *accounting.Authority, closeBacking func() error) (*cacheStrategy[R, B], error) {
+	c, err := kv.New(b, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &cacheStrategy[R, B]{name: name, c: c, b: b, auth: auth, close: closeBacking,
+		copies: make(map[*copiedPrefix[R, B]]struct{})}, nil
+}
+
+func (s *cacheStrategy[R, B]) Name() string { return s.name }
+
+func (s *cacheStrategy[R, B]) NewSequence() (baseline.Sequence, error) {
+	q, err := s.c.NewSequence()
+	if err != nil {
+		return nil, err
+	}
+	return &cacheSeq[R, B]{s: s, q: q}, nil
+}
+
+func (s *cacheStrategy[R, B]) NewSequenceFrom(p baseline.Prefix) (baseline.Sequence, error) {
+	switch p := p.(type) {
+	case *cachePrefix[R, B]:
+		if p.s != s {
+			break
+		}
+		q, err := s.c.NewSequenceFrom(p.p)
+		if err != nil {
+			return nil, err
+		}
+		return &cacheSeq[R, B]{s: s, q: q}, nil
+	case *copiedPrefix[R, B]:
+		if p.s != s {
+			break
+		}
+		if p.released {
+			panic(baseline.PanicPrefixReleased)
+		}
+		q, err := s.c.NewSequence()
+		if err != nil {
+			return nil, err
+		}
+		if err := copyTokens(s.c.Config().Geometry, q, p.q, p.q.Len()); err != nil {
+			q.Close()
+			return nil, err
+		}
+		return &cacheSeq[R, B]{s: s, q: q}, nil
+	}
+	return nil, fmt.Errorf("%w: %T", baseline.ErrForeign, p)
+}
+
+// copyTokens grows dst by n tokens and copies src's first n tokens into them.
+func copyTokens[R any, B backing.Backing[R]](g kv.Geometry, dst, src *kv.Sequence[R, B], n int) error {
+	from := dst.Len()
+	if err := dst.Append(n); err != nil {
+		return err
+	}
+	buf := make([]byte, g.TokenBytes())
+	for t := range n {
+		for l := range g.Layers {
+			for _, k := range []kv.Kind{kv.K, kv.V} {
+				if err := src.ReadToken(l, k, t, buf); err != nil {
+					return err
+				}
+				if err := dst.WriteToken(l, k, from+t, buf); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func (s *cacheStrategy[R, B]) Stats() baseline.Stats {
+	s.mu.Lock()
+	st := s.c.Stats()
+	// A copied prefix is held in a sequence of its own: count it as a prefix.
+	copies, copied := len(s.copies), int64(0)
+	for p := range s.copies {
+		copied += int64(p.q.Len())
+	}
+	s.mu.Unlock()
+	return baseline.Stats{
+		Sequences:    st.Sequences - copies,
+		Prefixes:     st.Prefixes + copies,
+		Tokens:       st.Tokens - copied,
+		Physical:     st.Owned,
+		PeakPhysical: s.auth.Stats().OwnedPeak,
+		Saved:        st.SavedBySharing(),
+	}
+}
+
+// kvStats returns the cache's own statistics.
+func (s *cacheStrategy[R, B]) kvStats() kv.Stats { return s.c.Stats() }
+
+// poolAfterClose returns the backing's pool as the cache's Close left it (every
+// granule idle, none mapped, when nothing leaked), or nil for a backing without a
+// pool or before Close.
+func (s *cacheStrategy[R, B]) poolAfterClose() *backing.PoolStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.drained
+}
+
+// Close closes the cache, then the backing.
+func (s *cacheStrategy[R, B]) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	if len(s.copies) > 0 {
+		return fmt.Errorf("%w: %d prefixes", baseline.ErrBusy, len(s.copies))
+	}
+	if err := s.c.Close(); err != nil {
+		return err
+	}
+	s.closed = true
+	if p, ok := any(s.b).(backing.Pool); ok {
+		ps := p.PoolStats()
+		s.drained = &ps
+	}
+	if s.close != nil {
+		return s.close()
+	}
+	return nil
+}
+
+type cacheSeq[R any, B backing.Backing[R]] struct {
+	s *cacheStrategy[R, B]
+	q *kv.Sequence[R, B]
+}
+
+func (q *cacheSeq[R, B]) Append(n int) error { return q.q.Append(n) }
+func (q *cacheSeq[R, B]) Len() int           { return q.q.Len() }
+
+func (q *cacheSeq[R, B]) WriteToken(layer int, v baseline.Kind, token int, src []byte) error {
+	return q.q.WriteToken(layer, kv.Kind(v), token, src)
+}
+
+func (q *cacheSeq[R, B]) ReadToken(layer int, v baseline.Kind, token int, dst []byte) error {
+	return q.q.ReadToken(layer, kv.Kind(v), token, dst)
+}
+
+// Freeze shares the first n tokens where the backing can (host.Shared, cuda); where
+// it can not (host.Private) it copies them into a sequence of their own, which every
+// new sequence copies again: what a server without sharing does.
+func (q *cacheSeq[R, B]) Freeze(n int) (baseline.Prefix, error) {
+	p, err := q.q.Freeze(n)
+	if err == nil {
+		return &cachePrefix[R, B]{s: q.s, p: p}, nil
+	}
+	if !errors.Is(err, kv.ErrNoSharing) {
+		return nil, err
+	}
+	if n < 0 || n > q.q.Len() {
+		return nil, fmt.Errorf("%w: freeze %d of %d tokens", kv.ErrRange, n, q.q.Len())
+	}
+	held, err := q.s.c.NewSequence()
+	if err != nil {
+		return nil, err
+	}
+	if err := copyTokens(q.s.c.Config().Geometry, held, q.q, n); err != nil {
+		held.Close()
+		return nil, err
+	}
+	cp := &copiedPrefix[R, B]{s: q.s, q: held}
+	q.s.mu.Lock()
+	q.s.copies[cp] = struct{}{}
+	q.s.mu.Unlock()
+	return cp, nil
+}
+
+func (q *cacheSeq[R, B]) Close() error {
+	if out := q.q.Close(); !out.OK() {
+		return fmt.Errorf("kv: sequence close: %v", out)
+	}
+	return nil
+}
+
+type cachePrefix[R any, B backing.Backing[R]] struct {
+	s *cacheStrategy[R, B]
+	p *kv.Prefix[R, B]
+}
+
+func (p *cachePrefix[R, B]) Len() int { return p.p.Len() }
+func (p *cachePrefix[R, B]) Release() { p.p.Release() }
+
+// copiedPrefix is a prefix on a backing that can not share: a sequence of its own.
+type copiedPrefix[R any, B backing.Backing[R]] struct {
+	s        *cacheStrategy[R, B]
+	q        *kv.Sequence[R, B]
+	released bool
+}
+
+func (p *copiedPrefix[R, B]) Len() int { return p.q.Len() }
+
+func (p *copiedPrefix[R, B]) Release() {
+	if p.released {
+		panic(baseline.PanicPrefixReleased)
+	}
+	p.released = true
+	p.q.Close()
+	p.s.mu.Lock()
+	delete(p.s.copies, p)
+	p.s.mu.Unlock()
+}

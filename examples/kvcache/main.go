@@ -1,0 +1,364 @@
+// Command kvcache replays a real LLM serving trace against vmarena's KV cache and the
+// strategies a Go server would otherwise use, and shows what each one costs in
+// memory and time. Run it with no flags:
+//
+//	go run ./examples/kvcache
+//
+// It prints live progress, a comparison table and the path of a plot of physical
+// memory over time. Run it with -help for the flags and what the defaults mean.
+package main
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/baseline"
+)
+
+//go:embed testdata/azure-llm-2023-conv.csv
+var bundledTrace []byte
+
+const bundledTraceName = "Azure LLM inference trace 2023, conversation (bundled)"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// config is everything the flags say.
+type config struct {
+	trace       string
+	requests    int
+	skip        int
+	speed       float64
+	step        time.Duration
+	model       string
+	system      int
+	maxTokens   int
+	budget      sizeFlag
+	concurrency int
+	backing     string
+	layout      string
+	granule     sizeFlag
+	populate    bool
+	strategies  string
+	out         string
+	format      string
+	progress    string
+}
+
+const usageText = `Usage: go run ./examples/kvcache [flags]
+
+Replays an LLM serving trace (arrival time, prompt tokens, output tokens per request)
+against vmarena's KV cache and three strategies a Go server would otherwise use:
+
+  vmarena  this project's cache: per-sequence K/V on a stable base, growing in
+           granule steps; the system prompt is one shared Prefix, mapped, owned once
+  eager    every sequence preallocates -max-tokens and clears it (ollama's num_ctx
+           per slot); slots are kept for reuse
+  paged    vLLM's design: 16-token blocks from a pool grown in 64 MiB chunks, a block
+           table per sequence, the prefix's whole blocks shared by reference count
+  append   one Go slice per layer's K and V, grown with append
+
+Each strategy serves the same requests, one strategy after another so that only one
+holds memory at a time. A request starts on the shared -system-prompt, prefills its
+prompt, then decodes one token per batch iteration in a continuous batch of at most
+-concurrency requests; every token's K and V are really written. Time is simulated:
+each batch iteration stands for -step of model time, so waits are in model seconds and
+do not depend on this machine; the time spent in the memory layer is real (wall
+clock). Each strategy's memory is bounded by the same -budget through a governor:
+when it is full, requests wait to be admitted (and a running request whose next token
+does not fit waits a step) rather than fail.
+
+The defaults replay the first 200 requests of the bundled trace for Llama-3-8B
+(128 KiB of K/V per token) with a 1,024-token system prompt, at 1x speed, under a
+4 GiB budget: enough that eager preallocation runs out of room while vmarena does not,
+small enough that the whole run touches at most a few GiB and takes well under a
+minute on two cores.
+
+Output: live progress, then a table per strategy:
+  peak      highest physical memory held (bytes allocated and touched; for vmarena
+            the governor's owned bytes, idle pooled granules included)
+  /need     peak over the highest exact need (live tokens, the prefix counted once)
+  waste     share of physical memory not holding live tokens, averaged over time
+  saved     most bytes the shared prefix spared at once (mapped, not copied)
+  step p50, p99  wall time per decode step of one request in the memory layer
+            (append one token, write its K and V in every layer)
+  waited    requests that had to wait for memory; wait p50 and max in model time
+  makespan  model time to serve every request
+and the path of a plot of physical memory over (model) time, one line per strategy.
+
+Flags:
+`
+
+func parseFlags(args []string, stderr io.Writer) (*config, error) {
+	c := &config{budget: sizeFlag(4 << 30)}
+	fs := flag.NewFlagSet("kvcache", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usageText)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&c.trace, "trace", "", "CSV trace with columns TIMESTAMP, ContextTokens, GeneratedTokens (default: the bundled Azure LLM 2023 conversation trace)")
+	fs.IntVar(&c.requests, "requests", 200, "how many requests of the trace to replay (0: all)")
+	fs.IntVar(&c.skip, "skip", 0, "skip this many requests at the start of the trace")
+	fs.Float64Var(&c.speed, "speed", 1, "divide the trace's arrival times by this (0: every request arrives at once)")
+	fs.DurationVar(&c.step, "step", 25*time.Millisecond, "simulated model time of one batch iteration (one decode step)")
+	fs.StringVar(&c.model, "model", kv.Llama3_8B.Name, "model geometry: "+modelNames())
+	fs.IntVar(&c.system, "system-prompt", 1024, "tokens of the system prompt every request shares")
+	fs.IntVar(&c.maxTokens, "max-tokens", 8192, "most tokens per sequence (the context window); longer requests are clipped")
+	fs.Var(&c.budget, "budget", "memory budget per strategy, like 4GiB or 512MiB (0: unlimited)")
+	fs.IntVar(&c.concurrency, "concurrency", 32, "most requests in the batch at once")
+	fs.StringVar(&c.backing, "backing", "shared", "vmarena's backing: "+strings.Join(backings, ", "))
+	fs.StringVar(&c.layout, "layout", "per-sequence", "vmarena's layout: per-sequence or per-layer")
+	fs.Var(&c.granule, "granule", "vmarena's granule, like 2MiB (default: the backing's)")
+	fs.BoolVar(&c.populate, "populate", true, "vmarena: make committed granules resident at commit (fewer page faults)")
+	fs.StringVar(&c.strategies, "strategies", strings.Join(allStrategies, ","), "comma-separated strategies to run, in order")
+	fs.StringVar(&c.out, "out", os.TempDir(), "directory for the plot")
+	fs.StringVar(&c.format, "format", "png", "plot format: png or svg")
+	fs.StringVar(&c.progress, "progress", "auto", "progress display: auto (a bar on a terminal, lines otherwise), bar, lines or none")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q (flags only; see -help)", fs.Arg(0))
+	}
+	return c, nil
+}
+
+func modelNames() string {
+	var names []string
+	for _, g := range kv.Presets() {
+		names = append(names, g.Name)
+	}
+	return strings.Join(names, ", ")
+}
+
+// validate checks the flags and turns them into a setup and workload shape.
+func (c *config) validate() (setup, []string, error) {
+	var s setup
+	g, err := kv.Preset(c.model)
+	if err != nil {
+		return s, nil, err
+	}
+	s.model = g
+	switch {
+	case c.requests < 0:
+		return s, nil, fmt.Errorf("-requests %d is negative", c.requests)
+	case c.skip < 0:
+		return s, nil, fmt.Errorf("-skip %d is negative", c.skip)
+	case c.speed < 0:
+		return s, nil, fmt.Errorf("-speed %v is negative", c.speed)
+	case c.step <= 0:
+		return s, nil, fmt.Errorf("-step %v must be positive", c.step)
+	case c.system < 0:
+		return s, nil, fmt.Errorf("-system-prompt %d is negative", c.system)
+	case c.maxTokens <= c.system:
+		return s, nil, fmt.Errorf("-max-tokens %d must exceed -system-prompt %d", c.maxTokens, c.system)
+	case c.concurrency <= 0:
+		return s, nil, fmt.Errorf("-concurrency %d must be positive", c.concurrency)
+	case c.format != "png" && c.format != "svg":
+		return s, nil, fmt.Errorf("-format %q: want png or svg", c.format)
+	}
+	switch c.progress {
+	case "auto", "bar", "lines", "none":
+	default:
+		return s, nil, fmt.Errorf("-progress %q: want auto, bar, lines or none", c.progress)
+	}
+	switch c.layout {
+	case "per-sequence":
+		s.layout = kv.PerSequence
+	case "per-layer":
+		s.layout = kv.PerLayer
+	default:
+		return s, nil, fmt.Errorf("-layout %q: want per-sequence or per-layer", c.layout)
+	}
+	known := false
+	for _, b := range backings {
+		known = known || b == c.backing
+	}
+	if !known {
+		return s, nil, fmt.Errorf("-backing %q: want one of %s", c.backing, strings.Join(backings, ", "))
+	}
+	if c.granule != 0 && (c.granule&(c.granule-1) != 0 || c.granule < 4096) {
+		return s, nil, fmt.Errorf("-granule %v: want a power of two of at least 4KiB", c.granule)
+	}
+	var names []string
+	seen := map[string]bool{}
+	for _, n := range strings.Split(c.strategies, ",") {
+		n = strings.TrimSpace(n)
+		ok := false
+		for _, k := range allStrategies {
+			ok = ok || k == n
+		}
+		if !ok {
+			return s, nil, fmt.Errorf("-strategies: unknown strategy %q (known: %s)", n, strings.Join(allStrategies, ", "))
+		}
+		if !seen[n] {
+			names = append(names, n)
+			seen[n] = true
+		}
+	}
+	s.backing, s.granule, s.populate = c.backing, int(c.granule), c.populate
+	s.maxTokens, s.budget = c.maxTokens, int64(c.budget)
+	if err := s.shape().Validate(); err != nil {
+		return s, nil, fmt.Errorf("-max-tokens %d with %s: %w", c.maxTokens, g.Name, err)
+	}
+	return s, names, nil
+}
+
+// loadTrace reads the trace the flags name and slices it.
+func (c *config) loadTrace() ([]Request, string, error) {
+	name, data := bundledTraceName, bundledTrace
+	if c.trace != "" {
+		b, err := os.ReadFile(c.trace)
+		if err != nil {
+			return nil, "", err
+		}
+		name, data = c.trace, b
+	}
+	reqs, err := ReadTrace(bytes.NewReader(data))
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w", name, err)
+	}
+	if c.skip >= len(reqs) {
+		return nil, "", fmt.Errorf("-skip %d: the trace has only %d requests", c.skip, len(reqs))
+	}
+	reqs = reqs[c.skip:]
+	if c.requests > 0 && c.requests < len(reqs) {
+		reqs = reqs[:c.requests]
+	}
+	// Renumber from 0 so that request IDs index this replay.
+	out := make([]Request, len(reqs))
+	for i, r := range reqs {
+		r.ID = i
+		out[i] = r
+	}
+	return out, name, nil
+}
+
+// run is the program: it returns the exit status (0 ok, 1 failure, 2 bad usage).
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kvcache: %v\n", err)
+		return 2
+	}
+	s, names, err := c.validate()
+	if err != nil {
+		fmt.Fprintf(stderr, "kvcache: %v\n", err)
+		return 2
+	}
+	reqs, traceName, err := c.loadTrace()
+	if err != nil {
+		fmt.Fprintf(stderr, "kvcache: %v\n", err)
+		return 1
+	}
+	w := Workload{
+		Requests:     reqs,
+		Speed:        c.speed,
+		Step:         c.step,
+		Concurrency:  c.concurrency,
+		SystemPrompt: c.system,
+		Layers:       s.model.Layers,
+		TokenBytes:   s.model.TokenBytes(),
+		MaxTokens:    c.maxTokens,
+	}
+	if err := w.validate(); err != nil {
+		fmt.Fprintf(stderr, "kvcache: %v\n", err)
+		return 2
+	}
+	printHeader(stdout, c, s, w, traceName)
+
+	ui := newProgress(c.progress, stdout)
+	var results []Result
+	failed := false
+	for _, name := range names {
+		res, err := replayOne(ctx, name, s, w, ui, nil)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvcache: %s: %v\n", name, err)
+			failed = true
+			if ctx.Err() != nil {
+				return 1
+			}
+			continue
+		}
+		results = append(results, res)
+	}
+	if len(results) == 0 {
+		return 1
+	}
+	fmt.Fprintln(stdout)
+	printTable(stdout, results, s)
+	path, err := writePlot(c.out, c.format, results, s, w)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvcache: plot: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "\nPlot of physical memory over time: %s\n", path)
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+// replayOne builds one strategy, replays the workload on it, closes it and checks
+// that everything came back. watch, when set, sees the strategy at every progress
+// report.
+func replayOne(ctx context.Context, name string, s setup, w Workload, ui progressUI, watch func(baseline.Strategy, Sample)) (Result, error) {
+	b, err := build(name, s)
+	if err != nil {
+		return Result{}, err
+	}
+	if s.budget > 0 {
+		// The baselines hold Go heap memory, which the garbage collector would let
+		// grow to twice what is live (append's outgrown slices) before collecting: cap
+		// the heap at half again the budget, as a server would with GOMEMLIMIT.
+		defer debug.SetMemoryLimit(debug.SetMemoryLimit(s.budget + s.budget/2))
+	}
+	ui.start(name, len(w.Requests))
+	update := ui.update
+	if watch != nil {
+		update = func(done int, smp Sample) {
+			ui.update(done, smp)
+			watch(b.st, smp)
+		}
+	}
+	res, err := Replay(ctx, b.st, w, update)
+	ui.finish(res, err)
+	if cerr := b.st.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("close: %w", cerr)
+	}
+	res.GovernorAfter = b.gov.Stats(b.dev).Used
+	if b.pool != nil {
+		res.PoolAfter = b.pool()
+	}
+	if err == nil && res.GovernorAfter != 0 {
+		err = fmt.Errorf("%d bytes still charged to the governor after Close", res.GovernorAfter)
+	}
+	if p := res.PoolAfter; err == nil && p != nil && (p.Mapped != 0 || p.Idle != p.Owned) {
+		err = fmt.Errorf("pool not drained after Close: %d bytes mapped, %d of %d owned idle", p.Mapped, p.Idle, p.Owned)
+	}
+	// Give the memory back to the OS before the next strategy runs, so that each
+	// starts from the same state and peaks do not add up.
+	runtime.GC()
+	debug.FreeOSMemory()
+	return res, err
+}

@@ -1,0 +1,160 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"image/png"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// runArgs runs the program with args and returns its exit status and output.
+func runArgs(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// small is a quick run of the bundled trace on the tiny model.
+func small(t *testing.T, extra ...string) []string {
+	return append([]string{"-model", "tiny", "-requests", "12", "-system-prompt", "64", "-max-tokens", "20000",
+		"-budget", "0", "-out", t.TempDir()}, extra...)
+}
+
+func TestRunBadFlags(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		msg  string
+	}{
+		{"unknown flag", []string{"-frobnicate"}, "flag provided but not defined: -frobnicate"},
+		{"not a number", []string{"-requests", "many"}, `invalid value "many" for flag -requests`},
+		{"negative requests", []string{"-requests", "-1"}, "-requests -1 is negative"},
+		{"negative skip", []string{"-skip", "-1"}, "-skip -1 is negative"},
+		{"negative speed", []string{"-speed", "-2"}, "-speed -2 is negative"},
+		{"zero step", []string{"-step", "0s"}, "-step 0s must be positive"},
+		{"unknown model", []string{"-model", "gpt-5"}, `unknown model preset "gpt-5"`},
+		{"bad budget", []string{"-budget", "lots"}, `"lots" is not a size`},
+		{"negative system prompt", []string{"-system-prompt", "-5"}, "-system-prompt -5 is negative"},
+		{"max tokens within the prompt", []string{"-max-tokens", "100"}, "-max-tokens 100 must exceed -system-prompt 1024"},
+		{"zero concurrency", []string{"-concurrency", "0"}, "-concurrency 0 must be positive"},
+		{"unknown backing", []string{"-backing", "tape"}, `-backing "tape"`},
+		{"unknown layout", []string{"-layout", "diagonal"}, `-layout "diagonal"`},
+		{"granule not a power of two", []string{"-granule", "3000"}, "-granule 3000: want a power of two"},
+		{"unknown strategy", []string{"-strategies", "vmarena,magic"}, `unknown strategy "magic"`},
+		{"unknown format", []string{"-format", "gif"}, `-format "gif"`},
+		{"unknown progress", []string{"-progress", "fancy"}, `-progress "fancy"`},
+		{"stray argument", []string{"trace.csv"}, `unexpected argument "trace.csv"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, out, errOut := runArgs(t, tt.args...)
+			assert.Equal(t, 2, code)
+			assert.Contains(t, errOut, tt.msg)
+			assert.Empty(t, out, "nothing replayed")
+		})
+	}
+}
+
+func TestRunHelp(t *testing.T) {
+	code, out, errOut := runArgs(t, "-help")
+	assert.Equal(t, 0, code)
+	assert.Empty(t, out)
+	assert.Contains(t, errOut, "Usage: go run ./examples/kvcache")
+	assert.Contains(t, errOut, "-budget")
+	assert.Contains(t, errOut, "The defaults replay")
+}
+
+func TestRunTraceErrors(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o644))
+		return p
+	}
+	tests := []struct {
+		name, path, msg string
+	}{
+		{"missing", filepath.Join(dir, "nope.csv"), "no such file"},
+		{"empty", write("empty.csv", ""), "empty file"},
+		{"not a trace", write("words.csv", "hello,world\n1,2\n"), "has no TIMESTAMP column"},
+		{"bad line", write("bad.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,1,2\n2023-11-16 18:15:47,x,2\n"), `line 3: ContextTokens "x"`},
+		{"skip past the end", write("short.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,1,2\n"), "-skip 5: the trace has only 1 requests"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := small(t, "-trace", tt.path)
+			if strings.HasPrefix(tt.name, "skip") {
+				args = append(args, "-skip", "5")
+			}
+			code, out, errOut := runArgs(t, args...)
+			assert.Equal(t, 1, code)
+			assert.Contains(t, errOut, tt.msg)
+			assert.Empty(t, out)
+		})
+	}
+}
+
+func TestRunSmall(t *testing.T) {
+	for _, format := range []string{"png", "svg"} {
+		t.Run(format, func(t *testing.T) {
+			code, out, errOut := runArgs(t, small(t, "-format", format, "-progress", "lines")...)
+			require.Equal(t, 0, code, errOut)
+			assert.Empty(t, errOut)
+			assert.Contains(t, out, "Trace:   Azure LLM inference trace 2023")
+			for _, name := range allStrategies {
+				assert.Regexp(t, regexp.MustCompile(`(?m)^ *`+name+` .* 12/12 *$`), out, "a table row for "+name)
+				assert.Regexp(t, regexp.MustCompile(`(?m)^`+name+` +done: 12/12 requests`), out, "a progress line for "+name)
+			}
+			m := regexp.MustCompile(`Plot of physical memory over time: (.*)\n`).FindStringSubmatch(out)
+			require.Len(t, m, 2, out)
+			data, err := os.ReadFile(m[1])
+			require.NoError(t, err)
+			if format == "png" {
+				_, err := png.Decode(bytes.NewReader(data))
+				assert.NoError(t, err)
+			} else {
+				assert.Contains(t, string(data), "<svg")
+			}
+		})
+	}
+}
+
+func TestRunStrategiesAndTrace(t *testing.T) {
+	// A trace file of our own, one strategy, no progress.
+	p := filepath.Join(t.TempDir(), "t.csv")
+	require.NoError(t, os.WriteFile(p, []byte("TIMESTAMP,ContextTokens,GeneratedTokens\n"+
+		"2023-11-16 18:15:46,100,5\n2023-11-16 18:15:46.5,200,7\n"), 0o644))
+	code, out, errOut := runArgs(t, small(t, "-trace", p, "-strategies", "paged", "-progress", "none")...)
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "2 requests over 1s of trace time")
+	assert.Contains(t, out, "2/2")
+	assert.NotContains(t, out, "vmarena ")
+	assert.NotContains(t, out, "done:", "no progress lines")
+}
+
+func TestRunBackings(t *testing.T) {
+	t.Run("private", func(t *testing.T) {
+		code, out, errOut := runArgs(t, small(t, "-backing", "private", "-strategies", "vmarena", "-progress", "none")...)
+		require.Equal(t, 0, code, errOut)
+		assert.Regexp(t, `(?m)^ *vmarena .* 0 B .* 12/12 *$`, out, "no sharing on private memory")
+	})
+	t.Run("cuda", func(t *testing.T) {
+		code, out, errOut := runArgs(t, small(t, "-backing", "cuda", "-strategies", "vmarena", "-progress", "none")...)
+		if code == 0 {
+			// A machine with a GPU: the replay ran on it.
+			assert.Contains(t, out, "12/12")
+			return
+		}
+		assert.Equal(t, 1, code)
+		assert.Contains(t, errOut, "kvcache: vmarena: backing cuda: ")
+		assert.Contains(t, errOut, "driver")
+	})
+}

@@ -1,0 +1,461 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/kv/baseline"
+)
+
+// Workload is what a replay serves, the same for every strategy.
+type Workload struct {
+	Requests []Request
+	// Speed divides the trace's arrival times: 2 replays an hour of trace in half an
+	// hour of simulated time. 0 makes every request arrive at once (the batch is
+	// always full: the most pressure on memory).
+	Speed float64
+	// Step is the simulated model time of one batch iteration: one decode step of
+	// every running request (and the prefill of those admitted in it).
+	Step time.Duration
+	// Concurrency is the most requests in the batch at once.
+	Concurrency int
+	// SystemPrompt is the tokens of the shared prefix every request starts on.
+	SystemPrompt int
+	// Layers and TokenBytes are the model's KV shape; MaxTokens caps one sequence:
+	// longer requests have their prompt clipped from the front, as servers do.
+	Layers, TokenBytes, MaxTokens int
+}
+
+func (w Workload) validate() error {
+	switch {
+	case len(w.Requests) == 0:
+		return errors.New("no requests to replay")
+	case w.Speed < 0:
+		return fmt.Errorf("speed %v is negative", w.Speed)
+	case w.Step <= 0:
+		return fmt.Errorf("step %v must be positive", w.Step)
+	case w.Concurrency <= 0:
+		return fmt.Errorf("concurrency %d must be positive", w.Concurrency)
+	case w.SystemPrompt < 0:
+		return fmt.Errorf("system prompt of %d tokens is negative", w.SystemPrompt)
+	case w.Layers <= 0 || w.TokenBytes <= 0:
+		return fmt.Errorf("model shape %d layers × %d bytes is empty", w.Layers, w.TokenBytes)
+	case w.MaxTokens <= w.SystemPrompt:
+		return fmt.Errorf("max tokens %d leaves no room past the %d-token system prompt", w.MaxTokens, w.SystemPrompt)
+	}
+	return nil
+}
+
+// bytesPerToken is one token of every layer, K and V.
+func (w Workload) bytesPerToken() int64 { return 2 * int64(w.Layers) * int64(w.TokenBytes) }
+
+// Sample is one reading of memory, taken after a batch iteration.
+type Sample struct {
+	At       time.Duration // simulated time
+	Physical int64         // what the strategy holds
+	Needed   int64         // the live tokens' bytes, the shared prefix counted once
+	Saved    int64         // bytes sharing spared (Stats.Saved)
+	Running  int           // requests in the batch
+	Waiting  int           // requests arrived and not yet admitted
+	Live     int           // live sequences (Stats.Sequences)
+}
+
+// Result is what one strategy did with the workload.
+type Result struct {
+	Strategy  string
+	Requests  int // replayed
+	Completed int // finished every generated token
+	Rejected  int // could never fit in the budget, even alone
+	Clipped   int // longer than MaxTokens: prompt clipped
+	Preempted int // evicted mid-decode when no running request could grow, and redone
+
+	PeakPhysical int64 // the strategy's own peak (Stats.PeakPhysical)
+	PeakNeeded   int64 // the highest exact need seen
+	MaxSaved     int64 // the most bytes sharing spared at once
+	Waste        float64
+	Samples      []Sample
+
+	// Time per decode step of one request spent in the memory layer (Append of one
+	// token and the write of its K and V in every layer), on the wall clock.
+	StepP50, StepP99, StepMax time.Duration
+	Steps                     int
+	MemoryTime                time.Duration // all memory-layer calls, prefill included
+
+	// Requests that had to wait for memory (admission refused, or a decode step
+	// refused) and how long, in simulated time.
+	Waited           int
+	WaitP50, WaitMax time.Duration
+	Makespan         time.Duration // simulated time from the first arrival to the last completion
+	Wall             time.Duration
+
+	// End is the strategy's final stats after every sequence closed and the prefix
+	// was released, before the strategy closed.
+	End baseline.Stats
+	// After the strategy closed: vmarena's pool as the cache left it (nil for the
+	// baselines), and the bytes still charged to the governor.
+	PoolAfter     *backing.PoolStats
+	GovernorAfter int64
+}
+
+// request is a request's state during the replay.
+type request struct {
+	Request
+	ctx, gen     int // after clipping
+	seq          baseline.Sequence
+	done         int           // generated tokens so far
+	blockedSince time.Duration // when memory first refused it; -1 while not blocked
+	waited       time.Duration
+	fill         []byte
+}
+
+// replayer runs one workload against one strategy.
+type replayer struct {
+	w      Workload
+	st     baseline.Strategy
+	prefix baseline.Prefix
+	bpt    int64
+	now    time.Duration
+	res    Result
+	steps  []time.Duration
+	waits  []time.Duration
+	// progress is called after every completion or rejection with the count so far.
+	progress func(done int, s Sample)
+}
+
+// Replay serves w with st and returns what happened. It stops early with ctx's error.
+// st must be empty; Replay leaves it empty (every sequence closed, the prefix
+// released) but open.
+func Replay(ctx context.Context, st baseline.Strategy, w Workload, progress func(done int, s Sample)) (Result, error) {
+	if err := w.validate(); err != nil {
+		return Result{}, err
+	}
+	if progress == nil {
+		progress = func(int, Sample) {}
+	}
+	r := &replayer{w: w, st: st, bpt: w.bytesPerToken(), progress: progress}
+	r.res.Strategy = st.Name()
+	r.res.Requests = len(w.Requests)
+	start := time.Now()
+	err := r.run(ctx)
+	r.res.Wall = time.Since(start)
+	r.finish()
+	return r.res, err
+}
+
+// fill returns a token's worth of b: the bytes a request writes for every token, so
+// that memory is really written.
+func (r *replayer) fillBytes(b byte) []byte {
+	f := make([]byte, r.w.TokenBytes)
+	for i := range f {
+		f[i] = b
+	}
+	return f
+}
+
+// writeTokens writes tokens [from, to) of every layer's K and V.
+func (r *replayer) writeTokens(q baseline.Sequence, from, to int, src []byte) error {
+	for t := from; t < to; t++ {
+		for l := range r.w.Layers {
+			if err := q.WriteToken(l, baseline.K, t, src); err != nil {
+				return err
+			}
+			if err := q.WriteToken(l, baseline.V, t, src); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// makePrefix prefills the system prompt once and freezes it.
+func (r *replayer) makePrefix() error {
+	if r.w.SystemPrompt == 0 {
+		return nil
+	}
+	t0 := time.Now()
+	defer func() { r.res.MemoryTime += time.Since(t0) }()
+	root, err := r.st.NewSequence()
+	if err != nil {
+		return fmt.Errorf("system prompt: %w", err)
+	}
+	if err := root.Append(r.w.SystemPrompt); err != nil {
+		_ = root.Close()
+		return fmt.Errorf("system prompt of %d tokens: %w", r.w.SystemPrompt, err)
+	}
+	if err := r.writeTokens(root, 0, r.w.SystemPrompt, r.fillBytes(0xA5)); err != nil {
+		_ = root.Close()
+		return fmt.Errorf("system prompt: %w", err)
+	}
+	p, err := root.Freeze(r.w.SystemPrompt)
+	if cerr := root.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		if p != nil {
+			p.Release()
+		}
+		return fmt.Errorf("system prompt: %w", err)
+	}
+	r.prefix = p
+	return nil
+}
+
+func isBudget(err error) bool { return errors.Is(err, accounting.ErrBudgetExceeded) }
+
+// admit starts q's sequence on the prefix and prefills its prompt. A budget refusal
+// leaves nothing behind and returns the error.
+func (r *replayer) admit(q *request) error {
+	t0 := time.Now()
+	defer func() { r.res.MemoryTime += time.Since(t0) }()
+	var seq baseline.Sequence
+	var err error
+	if r.prefix != nil {
+		seq, err = r.st.NewSequenceFrom(r.prefix)
+	} else {
+		seq, err = r.st.NewSequence()
+	}
+	if err != nil {
+		return err
+	}
+	if err := seq.Append(q.ctx); err != nil {
+		_ = seq.Close()
+		return err
+	}
+	if err := r.writeTokens(seq, r.w.SystemPrompt, r.w.SystemPrompt+q.ctx, q.fill); err != nil {
+		_ = seq.Close()
+		return err
+	}
+	q.seq = seq
+	return nil
+}
+
+// block marks q as waiting for memory from now on.
+func (r *replayer) block(q *request) {
+	if q.blockedSince < 0 {
+		q.blockedSince = r.now
+	}
+}
+
+// unblock ends q's wait for memory, if any.
+func (r *replayer) unblock(q *request) {
+	if q.blockedSince >= 0 {
+		q.waited += r.now - q.blockedSince
+		q.blockedSince = -1
+	}
+}
+
+func (r *replayer) run(ctx context.Context) error {
+	w := r.w
+	if err := r.makePrefix(); err != nil {
+		return err
+	}
+	defer func() {
+		if r.prefix != nil {
+			r.prefix.Release()
+		}
+	}()
+	arrival := func(i int) time.Duration {
+		if w.Speed == 0 {
+			return 0
+		}
+		return time.Duration(float64(w.Requests[i].Arrival-w.Requests[0].Arrival) / w.Speed)
+	}
+	reqs := make([]*request, len(w.Requests))
+	for i, rq := range w.Requests {
+		q := &request{Request: rq, ctx: rq.Context, gen: rq.Generated, blockedSince: -1}
+		if room := w.MaxTokens - w.SystemPrompt; q.ctx+q.gen > room {
+			r.res.Clipped++
+			q.gen = min(q.gen, room)
+			q.ctx = room - q.gen
+		}
+		q.fill = r.fillBytes(byte(rq.ID))
+		reqs[i] = q
+	}
+	var (
+		next     int // next request to arrive
+		waiting  []*request
+		running  []*request
+		finished int
+		// Admission policy (vLLM's, simplified): running requests come first. A
+		// refused head is retried only once a sequence has closed (memory came back);
+		// nothing is admitted while a running request could not grow in the last
+		// step; and after a preemption, nothing until a request completes, so that
+		// the evicted request does not take back at once the memory the others need.
+		retry    = true
+		stalled  bool
+		evicting bool
+	)
+	// Close all live sequences on the way out, whatever happened.
+	defer func() {
+		for _, q := range running {
+			_ = q.seq.Close()
+		}
+	}()
+	done := func(q *request) {
+		finished++
+		if q.waited > 0 {
+			r.waits = append(r.waits, q.waited)
+		}
+		r.progress(finished, r.sample(len(running), len(waiting)))
+	}
+	for finished < len(reqs) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		for next < len(reqs) && arrival(next) <= r.now {
+			waiting = append(waiting, reqs[next])
+			next++
+		}
+		if len(running) == 0 && len(waiting) == 0 {
+			r.now = arrival(next)
+			continue
+		}
+
+		// Admit in arrival order while the batch has room and memory allows.
+		for len(waiting) > 0 && len(running) < w.Concurrency && retry && !stalled && !evicting {
+			q := waiting[0]
+			err := r.admit(q)
+			if err != nil && !isBudget(err) {
+				return fmt.Errorf("request %d: %w", q.ID, err)
+			}
+			if err != nil {
+				if len(running) == 0 || errors.Is(err, accounting.ErrExceedsLimit) {
+					// Nothing will free memory for it: it can never fit.
+					r.res.Rejected++
+					waiting = waiting[1:]
+					done(q)
+					continue
+				}
+				r.block(q)
+				retry = false
+				break
+			}
+			r.unblock(q)
+			waiting = waiting[1:]
+			if q.gen == 0 {
+				r.closeSeq(q)
+				r.res.Completed++
+				done(q)
+				continue
+			}
+			running = append(running, q)
+		}
+
+		// One decode step of every running request.
+		progressed := false
+		stalled = false
+		for i := 0; i < len(running); i++ {
+			q := running[i]
+			t0 := time.Now()
+			err := q.seq.Append(1)
+			if err == nil {
+				t := q.seq.Len() - 1
+				err = r.writeTokens(q.seq, t, t+1, q.fill)
+			}
+			dt := time.Since(t0)
+			r.res.MemoryTime += dt
+			if isBudget(err) {
+				r.block(q)
+				stalled = true
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("request %d: decode: %w", q.ID, err)
+			}
+			r.steps = append(r.steps, dt)
+			r.unblock(q)
+			progressed = true
+			q.done++
+			if q.done == q.gen {
+				r.closeSeq(q)
+				running = slices.Delete(running, i, i+1)
+				i--
+				r.res.Completed++
+				retry, evicting = true, false
+				done(q)
+			}
+		}
+		if !progressed && len(running) > 0 {
+			// Every running request is stuck waiting for memory that only they hold:
+			// evict the youngest and redo it later, as vLLM does (recompute).
+			q := running[len(running)-1]
+			running = running[:len(running)-1]
+			r.closeSeq(q)
+			q.done = 0
+			r.block(q)
+			r.res.Preempted++
+			waiting = slices.Insert(waiting, 0, q)
+			retry, evicting = true, true
+		}
+		r.now += w.Step
+		r.res.Samples = append(r.res.Samples, r.sample(len(running), len(waiting)))
+	}
+	r.res.Makespan = r.now
+	return nil
+}
+
+func (r *replayer) closeSeq(q *request) {
+	t0 := time.Now()
+	_ = q.seq.Close()
+	r.res.MemoryTime += time.Since(t0)
+	q.seq = nil
+}
+
+// sample reads the strategy's memory now.
+func (r *replayer) sample(running, waiting int) Sample {
+	st := r.st.Stats()
+	needed := st.Tokens
+	if r.prefix != nil {
+		// The prefix's tokens count once, however many sequences start on it.
+		needed += int64(r.w.SystemPrompt) * (1 - int64(st.Sequences))
+	}
+	s := Sample{
+		At:       r.now,
+		Physical: st.Physical,
+		Needed:   needed * r.bpt,
+		Saved:    st.Saved,
+		Running:  running,
+		Waiting:  waiting,
+		Live:     st.Sequences,
+	}
+	r.res.PeakNeeded = max(r.res.PeakNeeded, s.Needed)
+	r.res.MaxSaved = max(r.res.MaxSaved, s.Saved)
+	return s
+}
+
+// finish computes the summary figures.
+func (r *replayer) finish() {
+	res := &r.res
+	st := r.st.Stats()
+	res.End = st
+	res.PeakPhysical = st.PeakPhysical
+	var phys, need float64
+	for _, s := range res.Samples {
+		if s.Running > 0 {
+			phys += float64(s.Physical)
+			need += float64(s.Needed)
+		}
+	}
+	if phys > 0 {
+		res.Waste = 100 * (1 - need/phys)
+	}
+	res.Steps = len(r.steps)
+	res.StepP50, res.StepP99, res.StepMax = quantile(r.steps, 0.5), quantile(r.steps, 0.99), quantile(r.steps, 1)
+	res.Waited = len(r.waits)
+	res.WaitP50, res.WaitMax = quantile(r.waits, 0.5), quantile(r.waits, 1)
+}
+
+// quantile returns the q-quantile of d (nearest rank), sorting d.
+func quantile(d []time.Duration, q float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	i := int(q*float64(len(d))+0.5) - 1
+	return d[min(max(i, 0), len(d)-1)]
+}

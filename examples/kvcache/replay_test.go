@@ -1,0 +1,235 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/baseline"
+)
+
+// testModel is small enough for -race: 2 KiB of K/V per token, so a 64 KiB granule
+// holds 32 tokens in the per-sequence layout.
+// It is the tiny preset's element type with a few more layers and dimensions.
+var testModel = func() kv.Geometry {
+	g := kv.Tiny
+	g.Name, g.Layers, g.KVHeads, g.HeadDim = "test", 4, 2, 64
+	return g
+}()
+
+const (
+	testGranule = 64 << 10
+	testSystem  = 100 // 3 whole granules shared, 4 tokens copied
+)
+
+func testSetup(budget int64) setup {
+	return setup{model: testModel, backing: "shared", layout: kv.PerSequence, granule: testGranule,
+		populate: true, maxTokens: 4096, budget: budget}
+}
+
+// testWorkload is a slice of the bundled trace: its first n requests, compressed in
+// time so that they overlap.
+func testWorkload(t *testing.T, n int) Workload {
+	reqs, err := ReadTrace(bytes.NewReader(bundledTrace))
+	require.NoError(t, err)
+	return Workload{
+		Requests:     reqs[:n],
+		Speed:        4,
+		Step:         25 * time.Millisecond,
+		Concurrency:  16,
+		SystemPrompt: testSystem,
+		Layers:       testModel.Layers,
+		TokenBytes:   testModel.TokenBytes(),
+		MaxTokens:    4096,
+	}
+}
+
+type sharedCache = cacheStrategy[*host.SharedReservation, *host.Shared]
+
+// checkOwnedOnce checks, at a moment of the replay, that the shared prefix is owned
+// once: every live sequence maps its whole granules, and the pool's live granules are
+// exactly the sequences' own plus the prefix's.
+func checkOwnedOnce(t *testing.T, st baseline.Strategy) {
+	cs, ok := st.(*sharedCache)
+	require.True(t, ok, "%T", st)
+	ks := cs.kvStats()
+	ps := cs.b.PoolStats()
+	row := testModel.BytesPerToken()
+	sharedPerSeq := int64(testSystem * row / testGranule * testGranule)
+	prefixOwn := int64(backing.Granules(testSystem*row, testGranule) * testGranule)
+	require.Positive(t, sharedPerSeq, "the test prefix spans whole granules")
+	assert.Equal(t, int64(ks.Sequences)*sharedPerSeq, ks.Shared, "each sequence maps the prefix's whole granules")
+	assert.Equal(t, ks.Committed-ks.Shared+prefixOwn, ps.Owned-ps.Idle, "live granules: the sequences' own and the prefix's, once")
+	assert.Equal(t, ks.Committed+prefixOwn, ps.Mapped, "mapped: every sequence's range and the prefix's")
+}
+
+// checkEnd checks that a strategy gave everything back.
+func checkEnd(t *testing.T, r Result) {
+	assert.Equal(t, r.Requests, r.Completed, "%s: every request completed", r.Strategy)
+	assert.Zero(t, r.Rejected, r.Strategy)
+	assert.Zero(t, r.End.Sequences, "%s: no sequence left", r.Strategy)
+	assert.Zero(t, r.End.Prefixes, "%s: prefix released", r.Strategy)
+	assert.Zero(t, r.End.Tokens, r.Strategy)
+	assert.Zero(t, r.End.Saved, r.Strategy)
+	assert.Zero(t, r.GovernorAfter, "%s: governor at zero after Close", r.Strategy)
+	if r.Strategy == nameCache {
+		require.NotNil(t, r.PoolAfter)
+		assert.Zero(t, r.PoolAfter.Mapped, "every granule unmapped")
+		assert.Equal(t, r.PoolAfter.Owned, r.PoolAfter.Idle, "every owned granule back in the pool")
+	}
+}
+
+// TestReplayInvariants replays a slice of the bundled trace against every strategy
+// with no budget and checks what must hold whatever the timing.
+func TestReplayInvariants(t *testing.T) {
+	w := testWorkload(t, 40)
+	s := testSetup(0)
+	results := map[string]Result{}
+	for _, name := range allStrategies {
+		var watch func(baseline.Strategy, Sample)
+		if name == nameCache {
+			watch = func(st baseline.Strategy, _ Sample) { checkOwnedOnce(t, st) }
+		}
+		r, err := replayOne(context.Background(), name, s, w, nopProgress{}, watch)
+		require.NoError(t, err, name)
+		checkEnd(t, r)
+		assert.Positive(t, r.Steps, name)
+		assert.NotEmpty(t, r.Samples, name)
+		results[name] = r
+	}
+	cache, eager := results[nameCache], results[nameEager]
+	assert.LessOrEqual(t, cache.PeakPhysical, eager.PeakPhysical, "the cache's peak is at most eager preallocation's")
+	// Sharing: the cache maps the prefix's whole granules; eager and append copy it.
+	assert.Positive(t, cache.MaxSaved)
+	assert.Positive(t, results[namePaged].MaxSaved)
+	assert.Zero(t, eager.MaxSaved)
+	assert.Zero(t, results[nameAppend].MaxSaved)
+	// With no budget nobody waits, and every strategy serves the same schedule.
+	for name, r := range results {
+		assert.Zero(t, r.Waited, name)
+		assert.Zero(t, r.Preempted, name)
+		assert.Equal(t, cache.Makespan, r.Makespan, name)
+		assert.Equal(t, cache.PeakNeeded, r.PeakNeeded, name)
+	}
+	// The cache holds little beyond the need: whole granules, one partly filled per
+	// sequence and the pool's idle ones.
+	for _, smp := range cache.Samples {
+		require.GreaterOrEqual(t, smp.Physical, smp.Needed)
+	}
+}
+
+// TestReplayBudget replays under a budget smaller than the unbounded peak: requests
+// wait instead of failing, memory stays under the budget, and everything completes.
+func TestReplayBudget(t *testing.T) {
+	w := testWorkload(t, 40)
+	free, err := replayOne(context.Background(), nameCache, testSetup(0), w, nopProgress{}, nil)
+	require.NoError(t, err)
+	budget := free.PeakPhysical * 6 / 10
+	s := testSetup(budget)
+	for _, name := range allStrategies {
+		r, err := replayOne(context.Background(), name, s, w, nopProgress{}, nil)
+		require.NoError(t, err, name)
+		checkEnd(t, r)
+		assert.LessOrEqual(t, r.PeakPhysical, budget, name)
+		for _, smp := range r.Samples {
+			require.LessOrEqual(t, smp.Physical, budget, name)
+		}
+		assert.Positive(t, r.Waited, "%s: some requests waited for memory", name)
+		assert.Positive(t, r.WaitMax, name)
+		if name == nameCache {
+			assert.Greater(t, r.Makespan, free.Makespan, "waiting takes longer")
+		}
+	}
+}
+
+func TestReplayRejectsWhatCanNeverFit(t *testing.T) {
+	w := testWorkload(t, 1)
+	w.Requests = []Request{
+		{ID: 0, Context: 50, Generated: 10},
+		{ID: 1, Context: 3000, Generated: 10}, // 6 MiB: more than the whole budget
+		{ID: 2, Context: 50, Generated: 10},
+	}
+	const budget = 1 << 20
+	for _, name := range []string{nameCache, namePaged, nameAppend} {
+		r, err := replayOne(context.Background(), name, testSetup(budget), w, nopProgress{}, nil)
+		require.NoError(t, err, name)
+		assert.Equal(t, 1, r.Rejected, name)
+		assert.Equal(t, 2, r.Completed, name)
+		assert.Zero(t, r.GovernorAfter, name)
+	}
+}
+
+func TestReplayPrefixOverBudget(t *testing.T) {
+	// Eager needs a whole MaxTokens slot for the sequence that prefills the system
+	// prompt: under a budget below one slot the replay fails at once, clearly,
+	// rather than waiting forever.
+	slot := int64(4096 * testModel.BytesPerToken())
+	_, err := replayOne(context.Background(), nameEager, testSetup(slot-1), testWorkload(t, 3), nopProgress{}, nil)
+	require.ErrorIs(t, err, accounting.ErrBudgetExceeded)
+	assert.Contains(t, err.Error(), "system prompt")
+}
+
+func TestReplayBadWorkload(t *testing.T) {
+	good := testWorkload(t, 2)
+	tests := []struct {
+		name string
+		edit func(w *Workload)
+	}{
+		{"no requests", func(w *Workload) { w.Requests = nil }},
+		{"negative speed", func(w *Workload) { w.Speed = -1 }},
+		{"zero step", func(w *Workload) { w.Step = 0 }},
+		{"zero concurrency", func(w *Workload) { w.Concurrency = 0 }},
+		{"negative system prompt", func(w *Workload) { w.SystemPrompt = -1 }},
+		{"no layers", func(w *Workload) { w.Layers = 0 }},
+		{"max tokens within the system prompt", func(w *Workload) { w.MaxTokens = w.SystemPrompt }},
+	}
+	st, err := baseline.NewPaged(baseline.Shape{Layers: 1, TokenBytes: 1, MaxTokens: 1}, baseline.PagedOptions{BlockTokens: 1})
+	require.NoError(t, err)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := good
+			tt.edit(&w)
+			_, err := Replay(context.Background(), st, w, nil)
+			assert.Error(t, err)
+		})
+	}
+}
+
+func TestReplayCancelled(t *testing.T) {
+	w := testWorkload(t, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	b, err := build(namePaged, testSetup(0))
+	require.NoError(t, err)
+	_, err = Replay(ctx, b.st, w, nil)
+	assert.ErrorIs(t, err, context.Canceled)
+	require.NoError(t, b.st.Close(), "a cancelled replay leaves nothing behind")
+}
+
+func TestReplayClipsLongRequests(t *testing.T) {
+	w := testWorkload(t, 3)
+	w.Requests = append([]Request(nil), w.Requests...)
+	w.Requests[1].Context = 10000
+	r, err := replayOne(context.Background(), namePaged, testSetup(0), w, nopProgress{}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 1, r.Clipped)
+	assert.Equal(t, 3, r.Completed)
+	assert.LessOrEqual(t, r.PeakNeeded, int64(3*4096*testModel.BytesPerToken()))
+}
+
+func TestQuantile(t *testing.T) {
+	d := []time.Duration{5, 1, 4, 2, 3}
+	assert.Equal(t, time.Duration(3), quantile(d, 0.5))
+	assert.Equal(t, time.Duration(5), quantile(d, 0.99))
+	assert.Equal(t, time.Duration(5), quantile(d, 1))
+	assert.Equal(t, time.Duration(1), quantile(d, 0))
+	assert.Zero(t, quantile(nil, 0.5))
+}

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// printHeader says what is about to be replayed.
+func printHeader(w io.Writer, c *config, s setup, wl Workload, traceName string) {
+	last := wl.Requests[len(wl.Requests)-1].Arrival - wl.Requests[0].Arrival
+	speed := fmt.Sprintf("%gx speed", wl.Speed)
+	if wl.Speed == 0 {
+		speed = "all at once"
+	}
+	budget := "unlimited"
+	if s.budget > 0 {
+		budget = formatBytes(s.budget)
+	}
+	fmt.Fprintf(w, "Trace:   %s: %d requests over %v of trace time (%s)\n", traceName, len(wl.Requests), last.Round(time.Second), speed)
+	fmt.Fprintf(w, "Model:   %s, %s of K/V per token; system prompt %d tokens (%s), max %d tokens per sequence\n",
+		s.model.Name, formatBytes(wl.bytesPerToken()), wl.SystemPrompt, formatBytes(int64(wl.SystemPrompt)*wl.bytesPerToken()), wl.MaxTokens)
+	fmt.Fprintf(w, "Server:  batch of at most %d, %v of model time per step, budget %s per strategy\n", wl.Concurrency, wl.Step, budget)
+	granule := "default granule"
+	if s.granule > 0 {
+		granule = formatBytes(int64(s.granule)) + " granule"
+	}
+	fmt.Fprintf(w, "vmarena: %s backing, %s layout, %s\n\n", s.backing, c.layout, granule)
+}
+
+// printTable writes the comparison table.
+func printTable(w io.Writer, rs []Result, s setup) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	head := []string{"strategy", "peak", "/need", "waste", "saved", "step p50", "step p99", "waited", "wait p50", "wait max", "makespan", "done"}
+	fmt.Fprintln(tw, strings.Join(head, "\t")+"\t")
+	for _, r := range rs {
+		ratio := "-"
+		if r.PeakNeeded > 0 {
+			ratio = fmt.Sprintf("%.2fx", float64(r.PeakPhysical)/float64(r.PeakNeeded))
+		}
+		done := fmt.Sprintf("%d/%d", r.Completed, r.Requests)
+		if r.Rejected > 0 {
+			done += fmt.Sprintf(" (%d rejected)", r.Rejected)
+		}
+		row := []string{
+			r.Strategy,
+			formatBytes(r.PeakPhysical),
+			ratio,
+			fmt.Sprintf("%.1f%%", r.Waste),
+			formatBytes(r.MaxSaved),
+			fmtDur(r.StepP50),
+			fmtDur(r.StepP99),
+			fmt.Sprintf("%d", r.Waited),
+			fmtDur(r.WaitP50),
+			fmtDur(r.WaitMax),
+			fmtDur(r.Makespan),
+			done,
+		}
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+	}
+	_ = tw.Flush()
+	var notes []string
+	for _, r := range rs {
+		if r.Clipped > 0 {
+			notes = append(notes, fmt.Sprintf("%d requests longer than %d tokens had their prompt clipped", r.Clipped, s.maxTokens))
+			break
+		}
+	}
+	for _, r := range rs {
+		if r.Preempted > 0 {
+			notes = append(notes, fmt.Sprintf("%s preempted %d running requests (no room for any to grow) and redid them", r.Strategy, r.Preempted))
+		}
+	}
+	for _, n := range notes {
+		fmt.Fprintln(w, "Note: "+n)
+	}
+}
+
+// fmtDur writes d with three significant digits in a unit that suits it.
+func fmtDur(d time.Duration) string {
+	switch {
+	case d == 0:
+		return "0"
+	case d < time.Microsecond:
+		return fmt.Sprintf("%dns", d.Nanoseconds())
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.3gµs", float64(d)/float64(time.Microsecond))
+	case d < time.Second:
+		return fmt.Sprintf("%.3gms", float64(d)/float64(time.Millisecond))
+	case d < time.Hour:
+		return fmt.Sprintf("%.3gs", d.Seconds())
+	}
+	return d.Round(time.Minute).String()
+}

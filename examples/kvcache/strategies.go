@@ -1,0 +1,141 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/backing/cuda"
+	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/baseline"
+)
+
+// Strategy names, in the order they run.
+const (
+	nameCache  = "vmarena"
+	nameEager  = "eager"
+	namePaged  = "paged"
+	nameAppend = "append"
+)
+
+var allStrategies = []string{nameCache, nameEager, namePaged, nameAppend}
+
+// Backing names for -backing.
+var backings = []string{"shared", "private", "cuda"}
+
+// setup is what every strategy is built from.
+type setup struct {
+	model     kv.Geometry
+	backing   string
+	layout    kv.Layout
+	granule   int // 0: the backing's default
+	populate  bool
+	maxTokens int
+	budget    int64 // bytes; 0: unlimited
+}
+
+func (s setup) shape() baseline.Shape {
+	return baseline.Shape{Layers: s.model.Layers, TokenBytes: s.model.TokenBytes(), MaxTokens: s.maxTokens}
+}
+
+// built is a strategy ready to replay, with the governor that bounds it.
+type built struct {
+	st  baseline.Strategy
+	gov *accounting.Governor
+	dev accounting.DeviceKey
+	// pool reports the cache's pool after Close (nil for the baselines and for
+	// backings without a pool).
+	pool func() *backing.PoolStats
+}
+
+// newGovernor returns a governor with s.budget on dev and an authority there.
+func (s setup) newGovernor(name string, dev accounting.DeviceKey) (*accounting.Governor, *accounting.Authority, error) {
+	g := accounting.NewGovernor()
+	if s.budget > 0 {
+		if err := g.SetLimit(dev, s.budget); err != nil {
+			return nil, nil, err
+		}
+	}
+	return g, g.Authority(name, dev), nil
+}
+
+// build makes the strategy called name.
+func build(name string, s setup) (*built, error) {
+	dev := accounting.HostKey
+	if name == nameCache && s.backing == "cuda" {
+		dev = accounting.GPU(0)
+	}
+	gov, auth, err := s.newGovernor(name, dev)
+	if err != nil {
+		return nil, err
+	}
+	b := &built{gov: gov, dev: dev}
+	switch name {
+	case nameEager:
+		b.st, err = baseline.NewEager(s.shape(), baseline.EagerOptions{Authority: auth})
+	case namePaged:
+		o := baseline.PagedOptions{Authority: auth}
+		if s.budget > 0 {
+			// Chunks of at most a sixteenth of the budget, so that the last chunk does
+			// not strand much of it.
+			block := int64(baseline.DefaultBlockTokens * s.shape().BytesPerToken())
+			o.ChunkBlocks = int(max(1, min(baseline.DefaultChunkBytes, s.budget/16)/block))
+		}
+		b.st, err = baseline.NewPaged(s.shape(), o)
+	case nameAppend:
+		b.st, err = baseline.NewAppend(s.shape(), baseline.AppendOptions{Authority: auth})
+	case nameCache:
+		err = s.buildCache(b, auth)
+	default:
+		err = fmt.Errorf("unknown strategy %q (known: %s)", name, strings.Join(allStrategies, ", "))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// buildCache puts a kv.Cache on the chosen backing.
+func (s setup) buildCache(b *built, auth *accounting.Authority) error {
+	cfg := kv.Config{Geometry: s.model, MaxTokens: s.maxTokens, Layout: s.layout}
+	switch s.backing {
+	case "shared":
+		bk, err := host.NewShared(host.SharedOptions{Granularity: s.granule, Authority: auth, Populate: s.populate, Name: "kvcache"})
+		if err != nil {
+			return fmt.Errorf("backing shared: %w", err)
+		}
+		cs, err := newCacheStrategy(nameCache, bk, cfg, auth, bk.Close)
+		if err != nil {
+			_ = bk.Close()
+			return err
+		}
+		b.st, b.pool = cs, cs.poolAfterClose
+	case "private":
+		bk, err := host.NewPrivate(host.PrivateOptions{Granularity: s.granule, Populate: s.populate, Name: "kvcache"})
+		if err != nil {
+			return fmt.Errorf("backing private: %w", err)
+		}
+		cfg.Authority = auth
+		cs, err := newCacheStrategy(nameCache, bk, cfg, auth, nil)
+		if err != nil {
+			return err
+		}
+		b.st, b.pool = cs, cs.poolAfterClose
+	case "cuda":
+		bk, err := cuda.New(cuda.Options{Authority: auth})
+		if err != nil {
+			return fmt.Errorf("backing cuda: %w", err)
+		}
+		cs, err := newCacheStrategy(nameCache, bk, cfg, auth, bk.Close)
+		if err != nil {
+			_ = bk.Close()
+			return err
+		}
+		b.st, b.pool = cs, cs.poolAfterClose
+	default:
+		return fmt.Errorf("unknown backing %q (known: %s)", s.backing, strings.Join(backings, ", "))
+	}
+	return nil
+}
