@@ -75,7 +75,8 @@ against vmarena's KV cache and three strategies a Go server would otherwise use:
   append   one Go slice per layer's K and V, grown with append
 
 Each strategy serves the same requests, one strategy after another so that only one
-holds memory at a time. A request starts on the shared -system-prompt, prefills its
+holds memory at a time. The baselines hold host memory; vmarena holds what -backing
+says (host shared memory by default, a GPU's memory with -backing cuda). A request starts on the shared -system-prompt, prefills its
 prompt, then decodes one token per batch iteration in a continuous batch of at most
 -concurrency requests; every token's K and V are really written. Time is simulated:
 each batch iteration stands for -step of model time, so waits are in model seconds and
@@ -84,11 +85,16 @@ clock). Each strategy's memory is bounded by the same -budget through a governor
 when it is full, requests wait to be admitted (and a running request whose next token
 does not fit waits a step) rather than fail.
 
-The defaults replay the first 200 requests of the bundled trace for Llama-3-8B
-(128 KiB of K/V per token) with a 1,024-token system prompt, at 1x speed, under a
-4 GiB budget: enough that eager preallocation runs out of room while vmarena does not,
-small enough that the whole run touches at most a few GiB and takes well under a
-minute on two cores.
+The defaults replay the first 100 requests of the bundled trace (43 s of a
+production conversation service) for Llama-3-8B, 128 KiB of K/V per token, with a
+1,024-token system prompt and an 8,192-token context window, at 1x speed, under a
+3 GiB budget. That is enough load that preallocating the context window (1 GiB per
+sequence) leaves room for two requests at a time while the others wait, and small
+enough that each strategy holds at most about 3 GiB (the Go heap is capped at 4.5 GiB
+for the baselines) and the whole run takes well under a minute on two cores: most of
+it is writing 12 GiB of K/V per strategy (and as much again for eager and append,
+which copy the system prompt into every sequence). Raise -requests, -speed or
+-budget for a longer, larger run.
 
 Output: live progress, then a table per strategy:
   peak      highest physical memory held (bytes allocated and touched; for vmarena
@@ -106,7 +112,7 @@ Flags:
 `
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
-	c := &config{budget: sizeFlag(4 << 30)}
+	c := &config{budget: sizeFlag(3 << 30)}
 	fs := flag.NewFlagSet("kvcache", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -114,7 +120,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&c.trace, "trace", "", "CSV trace with columns TIMESTAMP, ContextTokens, GeneratedTokens (default: the bundled Azure LLM 2023 conversation trace)")
-	fs.IntVar(&c.requests, "requests", 200, "how many requests of the trace to replay (0: all)")
+	fs.IntVar(&c.requests, "requests", 100, "how many requests of the trace to replay (0: all)")
 	fs.IntVar(&c.skip, "skip", 0, "skip this many requests at the start of the trace")
 	fs.Float64Var(&c.speed, "speed", 1, "divide the trace's arrival times by this (0: every request arrives at once)")
 	fs.DurationVar(&c.step, "step", 25*time.Millisecond, "simulated model time of one batch iteration (one decode step)")
@@ -285,6 +291,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvcache: %v\n", err)
 		return 2
 	}
+	if err := probe(names, s); err != nil {
+		fmt.Fprintf(stderr, "kvcache: %v\n", err)
+		return 1
+	}
 	printHeader(stdout, c, s, w, traceName)
 
 	ui := newProgress(c.progress, stdout)
@@ -317,6 +327,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// probe builds and closes every strategy once, so that one that can not be had (a
+// CUDA backing without a driver) fails before anything runs.
+func probe(names []string, s setup) error {
+	for _, name := range names {
+		b, err := build(name, s)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		if err := b.st.Close(); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	return nil
 }
 
 // replayOne builds one strategy, replays the workload on it, closes it and checks

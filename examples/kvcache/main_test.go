@@ -156,5 +156,6 @@ func TestRunBackings(t *testing.T) {
 		assert.Equal(t, 1, code)
 		assert.Contains(t, errOut, "kvcache: vmarena: backing cuda: ")
 		assert.Contains(t, errOut, "driver")
+		assert.Empty(t, out, "nothing replayed")
 	})
 }

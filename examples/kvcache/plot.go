@@ -52,6 +52,24 @@ func writePlot(dir, format string, rs []Result, s setup, w Workload) (string, er
 		p.Add(l)
 		p.Legend.Add(fmt.Sprintf("%s (peak %s)", r.Strategy, formatBytes(r.PeakPhysical)), l)
 	}
+	if len(rs) > 0 && len(rs[0].Samples) > 0 {
+		// What the first strategy's live tokens needed (the prefix once): the floor
+		// under its line. Each strategy's schedule differs, so its need does too.
+		need := make([]Sample, len(rs[0].Samples))
+		for i, smp := range rs[0].Samples {
+			need[i] = smp
+			need[i].Physical = smp.Needed
+		}
+		l, err := plotter.NewLine(downsample(need))
+		if err != nil {
+			return "", err
+		}
+		l.Color = color.Black
+		l.Width = vg.Points(0.75)
+		l.Dashes = []vg.Length{vg.Points(1), vg.Points(2)}
+		p.Add(l)
+		p.Legend.Add(fmt.Sprintf("live tokens (%s run)", rs[0].Strategy), l)
+	}
 	if s.budget > 0 && xmax > 0 {
 		gib := float64(s.budget) / (1 << 30)
 		b, err := plotter.NewLine(plotter.XYs{{X: 0, Y: gib}, {X: xmax, Y: gib}})

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -110,4 +111,20 @@ func TestParseSize(t *testing.T) {
 	assert.Equal(t, "3 GiB", formatBytes(3<<30))
 	assert.Equal(t, "1.5 MiB", formatBytes(3<<19))
 	assert.Equal(t, "100 B", formatBytes(100))
+}
+
+func ExampleReadTrace() {
+	reqs, err := ReadTrace(strings.NewReader(`TIMESTAMP,ContextTokens,GeneratedTokens
+2023-11-16 18:15:46.6805900,374,44
+2023-11-16 18:15:50.9951690,396,109
+`))
+	if err != nil {
+		panic(err)
+	}
+	for _, r := range reqs {
+		fmt.Printf("request %d at %v: %d prompt tokens, %d generated\n", r.ID, r.Arrival, r.Context, r.Generated)
+	}
+	// Output:
+	// request 0 at 0s: 374 prompt tokens, 44 generated
+	// request 1 at 4.314579s: 396 prompt tokens, 109 generated
 }
