@@ -127,6 +127,16 @@ func TestRunSmall(t *testing.T) {
 	}
 }
 
+func TestRunProgressBar(t *testing.T) {
+	// The bar draws with carriage returns on any writer; it must not disturb the
+	// table that follows.
+	code, out, errOut := runArgs(t, small(t, "-progress", "bar", "-strategies", "vmarena,paged")...)
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "\r")
+	assert.Regexp(t, `(?m)^paged +done: 12/12 requests`, out)
+	assert.Regexp(t, `(?m)^ *vmarena .* 12/12 *$`, out)
+}
+
 func TestRunStrategiesAndTrace(t *testing.T) {
 	// A trace file of our own, one strategy, no progress.
 	p := filepath.Join(t.TempDir(), "t.csv")

@@ -46,27 +46,24 @@ type barProgress struct {
 	w    io.Writer
 	name string
 	bar  *progressbar.ProgressBar
-	peak int64
 }
 
 func (p *barProgress) start(name string, total int) {
-	p.name, p.peak = name, 0
+	p.name = name
 	p.bar = progressbar.NewOptions(total,
 		progressbar.OptionSetWriter(p.w),
 		progressbar.OptionSetDescription(fmt.Sprintf("%-8s", name)),
-		progressbar.OptionSetWidth(30),
+		progressbar.OptionSetWidth(20),
 		progressbar.OptionShowCount(),
-		progressbar.OptionSetItsString("req"),
-		progressbar.OptionShowIts(),
+		progressbar.OptionSetPredictTime(false),
 		progressbar.OptionThrottle(100*time.Millisecond),
 		progressbar.OptionSetTheme(progressbar.Theme{Saucer: "=", SaucerHead: ">", SaucerPadding: " ", BarStart: "[", BarEnd: "]"}),
 	)
 }
 
 func (p *barProgress) update(done int, s Sample) {
-	p.peak = max(p.peak, s.Physical)
-	p.bar.Describe(fmt.Sprintf("%-8s %9s now, %9s peak, %3d running, %4d waiting", p.name,
-		formatBytes(s.Physical), formatBytes(p.peak), s.Running, s.Waiting))
+	// Short enough for an 80-column terminal with the bar and the count.
+	p.bar.Describe(fmt.Sprintf("%-8s %9s held, %3d running, %3d waiting", p.name, formatBytes(s.Physical), s.Running, s.Waiting))
 	_ = p.bar.Set(done)
 }
 
