@@ -101,3 +101,17 @@ func TestConformanceFaultyWrapper(t *testing.T) {
 		return backingtest.NewFaulty[*cuda.Reservation](fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{}).b)
 	})
 }
+
+// FuzzBacking drives random operation sequences against the backing on the fake
+// driver and the suite's model of what it must hold; the seed corpus runs in plain
+// `go test`.
+func FuzzBacking(f *testing.F) {
+	for _, s := range backingtest.SeedOps() {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		x := fakeBacking(t, cuda.FakeDriverOptions{Granularity: 64 << 10}, cuda.Options{High: 4})
+		backingtest.RunOps(t, x.b, ops)
+		x.checkBooks(t, "after the sequence")
+	})
+}

@@ -106,18 +106,20 @@ func (b *Backing) takeIdle(hs []*handle, n int) []*handle {
 // thread must be bound.
 func (b *Backing) create(n int) ([]*handle, error) {
 	hs := make([]*handle, 0, n)
+	var err error
 	for i := range n {
 		var h uint64
-		if err := b.drv.call("cuMemCreate", b.drv.MemCreate(&h, uintptr(b.gran), &b.prop, 0)); err != nil {
+		if cerr := b.drv.call("cuMemCreate", b.drv.MemCreate(&h, uintptr(b.gran), &b.prop, 0)); cerr != nil {
 			b.auth.Release(int64(n-i) * int64(b.gran))
-			return hs, &accounting.AllocationError{Device: b.Device(), Bytes: int64(b.gran), Cause: err}
+			err = &accounting.AllocationError{Device: b.Device(), Bytes: int64(b.gran), Cause: cerr}
+			break
 		}
 		hs = append(hs, &handle{h: h})
 	}
 	b.mu.Lock()
 	b.owned += len(hs)
 	b.mu.Unlock()
-	return hs, nil
+	return hs, err
 }
 
 // putIdle returns handles mapped nowhere to the pool, wakes commits waiting for them,
@@ -194,6 +196,11 @@ func (b *Backing) releaseIdle(keep int) (int64, error) {
 // with the authority's error when the budget runs out. The thread must be bound.
 func (b *Backing) fill(target int) error {
 	for {
+		select {
+		case <-b.stop: // nil without Background: never ready
+			return nil
+		default:
+		}
 		b.mu.Lock()
 		if len(b.idle)+b.creating >= target {
 			b.mu.Unlock()
