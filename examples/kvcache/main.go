@@ -76,7 +76,8 @@ against vmarena's KV cache and three strategies a Go server would otherwise use:
 
 Each strategy serves the same requests, one strategy after another so that only one
 holds memory at a time. The baselines hold host memory; vmarena holds what -backing
-says (host shared memory by default, a GPU's memory with -backing cuda). A request starts on the shared -system-prompt, prefills its
+says (host shared memory by default on Linux, private host memory elsewhere, a GPU's
+memory with -backing cuda). A request starts on the shared -system-prompt, prefills its
 prompt, then decodes one token per batch iteration in a continuous batch of at most
 -concurrency requests; every token's K and V are really written. Time is simulated:
 each batch iteration stands for -step of model time, so waits are in model seconds and
@@ -129,7 +130,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.maxTokens, "max-tokens", 8192, "most tokens per sequence (the context window); longer requests are clipped")
 	fs.Var(&c.budget, "budget", "memory budget per strategy, like 4GiB or 512MiB (0: unlimited)")
 	fs.IntVar(&c.concurrency, "concurrency", 32, "most requests in the batch at once")
-	fs.StringVar(&c.backing, "backing", "shared", "vmarena's backing: "+strings.Join(backings, ", "))
+	fs.StringVar(&c.backing, "backing", defaultBacking, "vmarena's backing: "+strings.Join(backings, ", ")+" (shared needs Linux)")
 	fs.StringVar(&c.layout, "layout", "per-sequence", "vmarena's layout: per-sequence or per-layer")
 	fs.Var(&c.granule, "granule", "vmarena's granule, like 2MiB (default: the backing's)")
 	fs.BoolVar(&c.populate, "populate", true, "vmarena: make committed granules resident at commit (fewer page faults)")

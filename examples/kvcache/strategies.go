@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 
 	"github.com/vmarena/vmarena/accounting"
@@ -24,6 +25,15 @@ var allStrategies = []string{nameCache, nameEager, namePaged, nameAppend}
 
 // Backing names for -backing.
 var backings = []string{"shared", "private", "cuda"}
+
+// defaultBacking is the shared host backing where it exists (Linux: it needs
+// memfd_create) and private host memory elsewhere.
+var defaultBacking = func() string {
+	if runtime.GOOS == "linux" {
+		return "shared"
+	}
+	return "private"
+}()
 
 // setup is what every strategy is built from.
 type setup struct {
