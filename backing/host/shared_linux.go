@@ -53,7 +53,7 @@ func sharedMapFile(at unsafe.Pointer, n, fd int, off int64, ro bool) error {
 // sharedUnmapTo replaces [at, at+n) with fresh reserved memory. NB: not munmap: the
 // range must stay ours, or another mmap could land in the middle of a reservation.
 // NB: the backing treats a failed MAP_FIXED mmap (here and in sharedMapFile) as
-// having changed nothing, which holds on current kernels; kernels before 6.12 could
+// having changed nothing, which holds on recent kernels; older ones could
 // unmap the old range before failing, leaving a hole in the reservation.
 func sharedUnmapTo(at unsafe.Pointer, n int) error {
 	_, err := unix.MmapPtr(-1, 0, at, uintptr(n), unix.PROT_NONE,
