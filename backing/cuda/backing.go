@@ -69,6 +69,7 @@ type Backing struct {
 	mapped   int64         // bytes of mappings (a handle mapped twice counts twice)
 	nres     int           // reservations not yet unreserved
 	idleNote chan struct{} // closed when handles return idle; nil when nobody waits
+	gate     chan struct{} // one waiting commit at a time (capacity 1)
 
 	refill chan struct{} // nudges the background refill; nil without Background
 	stop   chan struct{}
@@ -146,7 +147,8 @@ func New(opts Options) (*Backing, error) {
 
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	b := &Backing{drv: drv, ordinal: opts.Device, auth: opts.Authority, low: opts.Low, high: opts.High}
+	b := &Backing{drv: drv, ordinal: opts.Device, auth: opts.Authority, low: opts.Low, high: opts.High,
+		gate: make(chan struct{}, 1)}
 	if err := b.open(); err != nil {
 		return nil, err
 	}

@@ -302,3 +302,48 @@ func TestDriverFailureInCopy(t *testing.T) {
 	assert.Error(t, x.b.Synchronize())
 	require.True(t, x.b.Unreserve(r).OK())
 }
+
+// Two commits that each need more than half of the budget wait in turn: neither holds
+// part of what the other needs while it waits (no hold-and-wait deadlock), even when
+// the handles come back one at a time.
+func TestCommitCtxWaitersDoNotDeadlock(t *testing.T) {
+	for range 10 {
+		gov := accounting.NewGovernor()
+		auth := gov.Authority("pool", accounting.GPU(0))
+		x := fakeBacking(t, cuda.FakeDriverOptions{Granularity: 64 << 10}, cuda.Options{Authority: auth})
+		g := x.g
+		require.NoError(t, gov.SetLimit(accounting.GPU(0), int64(4*g)))
+		a := x.reserve(t, 4)
+		require.NoError(t, x.b.Commit(a, 0, 4*g)) // the whole budget is mapped
+		rs := []*cuda.Reservation{x.reserve(t, 3), x.reserve(t, 3)}
+		done := make(chan int, 2)
+		for i, r := range rs {
+			go func() {
+				assert.NoError(t, x.b.CommitCtx(context.Background(), r, 0, 3*g))
+				done <- i
+			}()
+		}
+		require.Eventually(t, func() bool { return gov.Stats(accounting.GPU(0)).Waiters >= 1 }, 5*time.Second, time.Millisecond)
+		for i := range 4 {
+			require.NoError(t, x.b.Decommit(a, i*g, g)) // one handle at a time
+			time.Sleep(time.Millisecond)
+		}
+		var first int
+		select {
+		case first = <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatal("deadlock: both waiters hold part of the handles")
+		}
+		require.NoError(t, x.b.Decommit(rs[first], 0, 3*g))
+		select {
+		case second := <-done:
+			assert.NotEqual(t, first, second)
+		case <-time.After(5 * time.Second):
+			t.Fatal("the second waiter never got the handles back")
+		}
+		x.checkBooks(t, "both served")
+		for _, r := range append(rs, a) {
+			require.True(t, x.b.Unreserve(r).OK())
+		}
+	}
+}

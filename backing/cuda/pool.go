@@ -12,35 +12,82 @@ import (
 
 // getHandles returns n handles mapped nowhere: idle ones from the pool first, then new
 // ones, charged to the authority before they are created. With a nil ctx a budget
-// refusal fails at once; otherwise it waits (FIFO on the authority) until the budget
-// covers the rest, handles return to the pool, or ctx ends. On error it holds nothing
-// new: taken handles are back in the pool. The thread must be bound.
+// refusal fails at once. Otherwise the caller waits, behind the other waiting commits
+// of this backing, until the budget covers the rest, handles return to the pool, or
+// ctx ends. On error it holds nothing new: taken handles are back in the pool. The
+// thread must be bound.
 func (b *Backing) getHandles(ctx context.Context, n int) ([]*handle, error) {
-	g := int64(b.gran)
-	hs := make([]*handle, 0, n)
-	b.mu.Lock()
-	hs = b.takeIdle(hs, n)
-	b.mu.Unlock()
-	var charged int
-	for len(hs)+charged < n {
-		need := n - len(hs)
-		err := b.auth.TryAcquire(int64(need) * g)
-		if err == nil {
-			charged = need
-			break
-		}
-		if ctx == nil || !errors.Is(err, accounting.ErrBudgetExceeded) || errors.Is(err, accounting.ErrExceedsLimit) {
+	hs, charged, err := b.tryHandles(nil, n)
+	if err != nil && ctx != nil && errors.Is(err, accounting.ErrBudgetExceeded) && !errors.Is(err, accounting.ErrExceedsLimit) {
+		b.putIdle(hs)
+		hs, charged, err = b.waitHandles(ctx, n)
+	}
+	if err != nil {
+		b.putIdle(hs)
+		return nil, err
+	}
+	if charged > 0 {
+		created, err := b.create(charged)
+		hs = append(hs, created...)
+		if err != nil {
 			b.putIdle(hs)
 			return nil, err
 		}
-		// Wait for the budget, or for handles that come back idle (a decommit
+	}
+	return hs, nil
+}
+
+// tryHandles adds idle handles to hs up to n and charges the authority for the rest
+// without waiting. It returns the handles and how many more to create.
+func (b *Backing) tryHandles(hs []*handle, n int) ([]*handle, int, error) {
+	b.mu.Lock()
+	hs = b.takeIdle(hs, n)
+	b.mu.Unlock()
+	need := n - len(hs)
+	if need == 0 {
+		return hs, 0, nil
+	}
+	if err := b.auth.TryAcquire(int64(need) * int64(b.gran)); err != nil {
+		return hs, 0, err
+	}
+	return hs, need, nil
+}
+
+// waitHandles is tryHandles that waits. Waiting commits go one at a time through
+// b.gate, in arrival order: only the one at the gate holds handles while it waits, so
+// two commits can never each hold part of what the other needs.
+func (b *Backing) waitHandles(ctx context.Context, n int) ([]*handle, int, error) {
+	g := int64(b.gran)
+	// Handles the pool holds count against the budget like any others, so a commit
+	// larger than the whole limit can never be served: say so now.
+	if limit := b.auth.Governor().Limit(b.auth.Device()); int64(n)*g > limit {
+		return nil, 0, &accounting.BudgetError{Device: b.auth.Device(), Requested: int64(n) * g, Limit: limit}
+	}
+	select {
+	case b.gate <- struct{}{}:
+	case <-ctx.Done():
+		return nil, 0, ctx.Err()
+	}
+	defer func() { <-b.gate }()
+	var hs []*handle
+	for {
+		var need int
+		var err error
+		hs, need, err = b.tryHandles(hs, n)
+		if err == nil {
+			return hs, need, nil
+		}
+		if !errors.Is(err, accounting.ErrBudgetExceeded) || errors.Is(err, accounting.ErrExceedsLimit) {
+			return hs, 0, err
+		}
+		// Wait for the budget, or for handles that come back idle: a decommit
 		// returns them to the pool, not to the governor, so the authority alone
-		// would never wake us for them).
+		// would never wake us for them.
 		b.mu.Lock()
 		hs = b.takeIdle(hs, n)
 		if len(hs) == n {
 			b.mu.Unlock()
-			break
+			return hs, 0, nil
 		}
 		need = n - len(hs)
 		if b.idleNote == nil {
@@ -60,29 +107,14 @@ func (b *Backing) getHandles(ctx context.Context, n int) ([]*handle, error) {
 		cancel()
 		switch {
 		case err == nil:
-			charged = need
+			return hs, need, nil
 		case ctx.Err() != nil:
-			b.putIdle(hs)
-			return nil, ctx.Err()
-		case errors.Is(err, context.Canceled):
-			// Handles came back: take them and try again.
-			b.mu.Lock()
-			hs = b.takeIdle(hs, n)
-			b.mu.Unlock()
-		default:
-			b.putIdle(hs)
-			return nil, err
+			return hs, 0, ctx.Err()
+		case !errors.Is(err, context.Canceled):
+			return hs, 0, err
 		}
+		// Handles came back: take them and try again.
 	}
-	if charged > 0 {
-		created, err := b.create(charged)
-		hs = append(hs, created...)
-		if err != nil {
-			b.putIdle(hs)
-			return nil, err
-		}
-	}
-	return hs, nil
 }
 
 // takeIdle appends up to n-len(hs) idle handles to hs, the most recently used first.
