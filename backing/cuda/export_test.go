@@ -14,3 +14,6 @@ func SymbolNames() (names []string, fields []any) {
 	}
 	return names, fields
 }
+
+// BytesAddr is bytesPtr for tests that call the seam directly.
+var BytesAddr = bytesPtr
