@@ -38,11 +38,11 @@ func (b *Backing) span(op string, r *Reservation, off, n int, write bool) error 
 	return nil
 }
 
-// access locks r, validates [off, off+n) and binds the thread. It returns the unlock
-// to defer, or an error (with nothing left locked).
-func (b *Backing) access(op string, r *Reservation, off, n int, write bool) (func(), error) {
+// access locks r, validates [off, off+n) and binds the thread; the caller must defer
+// b.leave(r). On error nothing is left locked.
+func (b *Backing) access(op string, r *Reservation, off, n int, write bool) error {
 	if err := b.use(op, r); err != nil {
-		return nil, err
+		return err
 	}
 	r.mu.Lock()
 	if r.dead.Load() {
@@ -51,29 +51,34 @@ func (b *Backing) access(op string, r *Reservation, off, n int, write bool) (fun
 	}
 	if err := b.span(op, r, off, n, write); err != nil {
 		r.mu.Unlock()
-		return nil, err
+		return err
 	}
 	runtime.LockOSThread()
 	if err := b.setCurrent(); err != nil {
 		runtime.UnlockOSThread()
 		r.mu.Unlock()
-		return nil, opError(op, off, n, err)
+		return opError(op, off, n, err)
 	}
-	return func() { runtime.UnlockOSThread(); r.mu.Unlock() }, nil
+	return nil
+}
+
+// leave undoes a successful access.
+func (b *Backing) leave(r *Reservation) {
+	runtime.UnlockOSThread()
+	r.mu.Unlock()
 }
 
 // CopyIn copies src to [off, off+len(src)) of r (cuMemcpyHtoD_v2). It returns when
 // the copy is done.
 func (b *Backing) CopyIn(r *Reservation, off int, src []byte) error {
 	const op = "copy in"
-	done, err := b.access(op, r, off, len(src), true)
-	if err != nil || len(src) == 0 {
-		if done != nil {
-			done()
-		}
+	if err := b.access(op, r, off, len(src), true); err != nil {
 		return err
 	}
-	defer done()
+	defer b.leave(r)
+	if len(src) == 0 {
+		return nil
+	}
 	if err := b.drv.call("cuMemcpyHtoD_v2", b.drv.MemcpyHtoD(r.base+uint64(off), bytesPtr(src), uintptr(len(src)))); err != nil {
 		return opError(op, off, len(src), err)
 	}
@@ -84,14 +89,13 @@ func (b *Backing) CopyIn(r *Reservation, off int, src []byte) error {
 // the copy is done, after the work queued before it on the device.
 func (b *Backing) CopyOut(dst []byte, r *Reservation, off int) error {
 	const op = "copy out"
-	done, err := b.access(op, r, off, len(dst), false)
-	if err != nil || len(dst) == 0 {
-		if done != nil {
-			done()
-		}
+	if err := b.access(op, r, off, len(dst), false); err != nil {
 		return err
 	}
-	defer done()
+	defer b.leave(r)
+	if len(dst) == 0 {
+		return nil
+	}
 	if err := b.drv.call("cuMemcpyDtoH_v2", b.drv.MemcpyDtoH(bytesPtr(dst), r.base+uint64(off), uintptr(len(dst)))); err != nil {
 		return opError(op, off, len(dst), err)
 	}
@@ -108,14 +112,13 @@ func (b *Backing) CopyDtoH(dst []byte, r *Reservation, off int) error { return b
 // running on the device when Memset returns; Synchronize waits for it.
 func (b *Backing) Memset(r *Reservation, off, n int, v byte) error {
 	const op = "memset"
-	done, err := b.access(op, r, off, n, true)
-	if err != nil || n == 0 {
-		if done != nil {
-			done()
-		}
+	if err := b.access(op, r, off, n, true); err != nil {
 		return err
 	}
-	defer done()
+	defer b.leave(r)
+	if n == 0 {
+		return nil
+	}
 	if err := b.drv.call("cuMemsetD8_v2", b.drv.MemsetD8(r.base+uint64(off), v, uintptr(n))); err != nil {
 		return opError(op, off, n, err)
 	}
