@@ -97,15 +97,21 @@ it is writing 12 GiB of K/V per strategy (and as much again for eager and append
 which copy the system prompt into every sequence). Raise -requests, -speed or
 -budget for a longer, larger run.
 
-Output: live progress, then a table per strategy:
+Output: live progress, then two tables, a row per strategy.
+Memory:
   peak      highest physical memory held (bytes allocated and touched; for vmarena
             the governor's owned bytes, idle pooled granules included)
   /need     peak over the highest exact need (live tokens, the prefix counted once)
   waste     share of physical memory not holding live tokens, averaged over time
   saved     most bytes the shared prefix spared at once (mapped, not copied)
+Time:
   step p50, p99  wall time per decode step of one request in the memory layer
             (append one token, write its K and V in every layer)
-  waited    requests that had to wait for memory; wait p50 and max in model time
+  memory    wall time of every memory-layer call (prefill, decode, close)
+  waited    requests that finished later than on an idle server (waiting for a
+            place in the batch or for memory, stalled steps, preemption)
+  refused   of those, requests that memory refused at least once
+  wait p50, p99  how much later, in model time
   makespan  model time to serve every request
 and the path of a plot of physical memory over (model) time, one line per strategy.
 

@@ -86,12 +86,16 @@ type Result struct {
 	Steps                     int
 	MemoryTime                time.Duration // all memory-layer calls, prefill included
 
-	// Requests that had to wait for memory (admission refused, or a decode step
-	// refused) and how long, in simulated time.
-	Waited           int
-	WaitP50, WaitMax time.Duration
-	Makespan         time.Duration // simulated time from the first arrival to the last completion
-	Wall             time.Duration
+	// Requests that finished later than they would have on an idle server (admitted
+	// on arrival, one token per step), and by how much, in simulated time: the wait
+	// for a place in the batch or for memory, decode steps that found no memory, and
+	// work lost to preemption. MemoryRefused counts the requests that memory refused
+	// at least once (at admission or mid-decode).
+	Waited                    int
+	MemoryRefused             int
+	WaitP50, WaitP99, WaitMax time.Duration
+	Makespan                  time.Duration // simulated time from the first arrival to the last completion
+	Wall                      time.Duration
 
 	// End is the strategy's final stats after every sequence closed and the prefix
 	// was released, before the strategy closed.
@@ -105,12 +109,12 @@ type Result struct {
 // request is a request's state during the replay.
 type request struct {
 	Request
-	ctx, gen     int // after clipping
-	seq          baseline.Sequence
-	done         int           // generated tokens so far
-	blockedSince time.Duration // when memory first refused it; -1 while not blocked
-	waited       time.Duration
-	fill         []byte
+	ctx, gen int // after clipping
+	seq      baseline.Sequence
+	done     int           // generated tokens so far
+	arrived  time.Duration // the first iteration at or after its arrival
+	refused  bool          // memory refused it at least once
+	fill     []byte
 }
 
 // replayer runs one workload against one strategy.
@@ -234,21 +238,6 @@ func (r *replayer) admit(q *request) error {
 	return nil
 }
 
-// block marks q as waiting for memory from now on.
-func (r *replayer) block(q *request) {
-	if q.blockedSince < 0 {
-		q.blockedSince = r.now
-	}
-}
-
-// unblock ends q's wait for memory, if any.
-func (r *replayer) unblock(q *request) {
-	if q.blockedSince >= 0 {
-		q.waited += r.now - q.blockedSince
-		q.blockedSince = -1
-	}
-}
-
 func (r *replayer) run(ctx context.Context) error {
 	w := r.w
 	if err := r.makePrefix(); err != nil {
@@ -267,7 +256,7 @@ func (r *replayer) run(ctx context.Context) error {
 	}
 	reqs := make([]*request, len(w.Requests))
 	for i, rq := range w.Requests {
-		q := &request{Request: rq, ctx: rq.Context, gen: rq.Generated, blockedSince: -1}
+		q := &request{Request: rq, ctx: rq.Context, gen: rq.Generated}
 		if room := w.MaxTokens - w.SystemPrompt; q.ctx+q.gen > room {
 			r.res.Clipped++
 			q.gen = min(q.gen, room)
@@ -296,10 +285,16 @@ func (r *replayer) run(ctx context.Context) error {
 			_ = q.seq.Close()
 		}
 	}()
-	done := func(q *request) {
+	done := func(q *request, completed bool) {
 		finished++
-		if q.waited > 0 {
-			r.waits = append(r.waits, q.waited)
+		if q.refused {
+			r.res.MemoryRefused++
+		}
+		if completed {
+			// Completed: how much later than admitted on arrival and never held up.
+			if late := r.now - q.arrived - time.Duration(max(q.gen-1, 0))*w.Step; late > 0 {
+				r.waits = append(r.waits, late)
+			}
 		}
 		r.progress(finished, r.sample(len(running), len(waiting)))
 	}
@@ -308,6 +303,7 @@ func (r *replayer) run(ctx context.Context) error {
 			return err
 		}
 		for next < len(reqs) && arrival(next) <= r.now {
+			reqs[next].arrived = r.now
 			waiting = append(waiting, reqs[next])
 			next++
 		}
@@ -328,19 +324,18 @@ func (r *replayer) run(ctx context.Context) error {
 					// Nothing will free memory for it: it can never fit.
 					r.res.Rejected++
 					waiting = waiting[1:]
-					done(q)
+					done(q, false)
 					continue
 				}
-				r.block(q)
+				q.refused = true
 				retry = false
 				break
 			}
-			r.unblock(q)
 			waiting = waiting[1:]
 			if q.gen == 0 {
 				r.closeSeq(q)
 				r.res.Completed++
-				done(q)
+				done(q, true)
 				continue
 			}
 			running = append(running, q)
@@ -360,7 +355,7 @@ func (r *replayer) run(ctx context.Context) error {
 			dt := time.Since(t0)
 			r.res.MemoryTime += dt
 			if isBudget(err) {
-				r.block(q)
+				q.refused = true
 				stalled = true
 				continue
 			}
@@ -368,7 +363,6 @@ func (r *replayer) run(ctx context.Context) error {
 				return fmt.Errorf("request %d: decode: %w", q.ID, err)
 			}
 			r.steps = append(r.steps, dt)
-			r.unblock(q)
 			progressed = true
 			q.done++
 			if q.done == q.gen {
@@ -377,7 +371,7 @@ func (r *replayer) run(ctx context.Context) error {
 				i--
 				r.res.Completed++
 				retry, evicting = true, false
-				done(q)
+				done(q, true)
 			}
 		}
 		if !progressed && len(running) > 0 {
@@ -387,7 +381,7 @@ func (r *replayer) run(ctx context.Context) error {
 			running = running[:len(running)-1]
 			r.closeSeq(q)
 			q.done = 0
-			r.block(q)
+			q.refused = true
 			r.res.Preempted++
 			waiting = slices.Insert(waiting, 0, q)
 			retry, evicting = true, true
@@ -447,7 +441,7 @@ func (r *replayer) finish() {
 	res.Steps = len(r.steps)
 	res.StepP50, res.StepP99, res.StepMax = quantile(r.steps, 0.5), quantile(r.steps, 0.99), quantile(r.steps, 1)
 	res.Waited = len(r.waits)
-	res.WaitP50, res.WaitMax = quantile(r.waits, 0.5), quantile(r.waits, 1)
+	res.WaitP50, res.WaitP99, res.WaitMax = quantile(r.waits, 0.5), quantile(r.waits, 0.99), quantile(r.waits, 1)
 }
 
 // quantile returns the q-quantile of d (nearest rank), sorting d.

@@ -56,10 +56,13 @@ func TestReplayInvariants(t *testing.T) {
 	assert.Positive(t, results[namePaged].MaxSaved)
 	assert.Zero(t, eager.MaxSaved)
 	assert.Zero(t, results[nameAppend].MaxSaved)
-	// With no budget nobody waits, and every strategy serves the same schedule.
+	// With no budget memory refuses nobody, and every strategy serves the same
+	// schedule (requests wait only for a place in the batch).
 	for name, r := range results {
-		assert.Zero(t, r.Waited, name)
+		assert.Zero(t, r.MemoryRefused, name)
 		assert.Zero(t, r.Preempted, name)
+		assert.Equal(t, cache.Waited, r.Waited, name)
+		assert.Equal(t, cache.WaitMax, r.WaitMax, name)
 		assert.Equal(t, cache.Makespan, r.Makespan, name)
 		assert.Equal(t, cache.PeakNeeded, r.PeakNeeded, name)
 	}

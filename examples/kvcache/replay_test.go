@@ -82,8 +82,11 @@ func TestReplayBudget(t *testing.T) {
 		for _, smp := range r.Samples {
 			require.LessOrEqual(t, smp.Physical, budget, name)
 		}
-		assert.Positive(t, r.Waited, "%s: some requests waited for memory", name)
+		assert.Positive(t, r.MemoryRefused, "%s: memory held some requests up", name)
+		assert.GreaterOrEqual(t, r.Waited, r.MemoryRefused, name)
 		assert.Positive(t, r.WaitMax, name)
+		assert.LessOrEqual(t, r.WaitP50, r.WaitP99, name)
+		assert.LessOrEqual(t, r.WaitP99, r.WaitMax, name)
 		if name == nameCache {
 			assert.Greater(t, r.Makespan, free.Makespan, "waiting takes longer")
 		}

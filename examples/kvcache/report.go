@@ -30,37 +30,34 @@ func printHeader(w io.Writer, c *config, s setup, wl Workload, traceName string)
 	fmt.Fprintf(w, "vmarena: %s backing, %s layout, %s\n\n", s.backing, c.layout, granule)
 }
 
-// printTable writes the comparison table.
+// printTable writes the comparison: a table of memory, then one of time.
 func printTable(w io.Writer, rs []Result, s setup) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	head := []string{"strategy", "peak", "/need", "waste", "saved", "step p50", "step p99", "waited", "wait p50", "wait max", "makespan", "done"}
-	fmt.Fprintln(tw, strings.Join(head, "\t")+"\t")
-	for _, r := range rs {
+	table(w, "Memory", []string{"strategy", "peak", "/need", "waste", "saved"}, rs, func(r Result) []string {
 		ratio := "-"
 		if r.PeakNeeded > 0 {
 			ratio = fmt.Sprintf("%.2fx", float64(r.PeakPhysical)/float64(r.PeakNeeded))
 		}
+		return []string{r.Strategy, formatBytes(r.PeakPhysical), ratio, fmt.Sprintf("%.1f%%", r.Waste), formatBytes(r.MaxSaved)}
+	})
+	fmt.Fprintln(w)
+	table(w, "Time", []string{"strategy", "step p50", "step p99", "memory", "waited", "refused", "wait p50", "wait p99", "makespan", "done"}, rs, func(r Result) []string {
 		done := fmt.Sprintf("%d/%d", r.Completed, r.Requests)
 		if r.Rejected > 0 {
 			done += fmt.Sprintf(" (%d rejected)", r.Rejected)
 		}
-		row := []string{
+		return []string{
 			r.Strategy,
-			formatBytes(r.PeakPhysical),
-			ratio,
-			fmt.Sprintf("%.1f%%", r.Waste),
-			formatBytes(r.MaxSaved),
 			fmtDur(r.StepP50),
 			fmtDur(r.StepP99),
+			fmtDur(r.MemoryTime),
 			fmt.Sprintf("%d", r.Waited),
+			fmt.Sprintf("%d", r.MemoryRefused),
 			fmtDur(r.WaitP50),
-			fmtDur(r.WaitMax),
+			fmtDur(r.WaitP99),
 			fmtDur(r.Makespan),
 			done,
 		}
-		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
-	}
-	_ = tw.Flush()
+	})
 	var notes []string
 	for _, r := range rs {
 		if r.Clipped > 0 {
@@ -78,6 +75,17 @@ func printTable(w io.Writer, rs []Result, s setup) {
 	}
 }
 
+// table writes one right-aligned table with a title.
+func table(w io.Writer, title string, head []string, rs []Result, row func(Result) []string) {
+	fmt.Fprintln(w, title)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, strings.Join(head, "\t")+"\t")
+	for _, r := range rs {
+		fmt.Fprintln(tw, strings.Join(row(r), "\t")+"\t")
+	}
+	_ = tw.Flush()
+}
+
 // fmtDur writes d with three significant digits in a unit that suits it.
 func fmtDur(d time.Duration) string {
 	switch {
@@ -89,8 +97,8 @@ func fmtDur(d time.Duration) string {
 		return fmt.Sprintf("%.3gµs", float64(d)/float64(time.Microsecond))
 	case d < time.Second:
 		return fmt.Sprintf("%.3gms", float64(d)/float64(time.Millisecond))
-	case d < time.Hour:
+	case d < 100*time.Second:
 		return fmt.Sprintf("%.3gs", d.Seconds())
 	}
-	return d.Round(time.Minute).String()
+	return d.Round(time.Second).String()
 }
