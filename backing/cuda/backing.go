@@ -658,7 +658,9 @@ func (b *Backing) Unreserve(r *Reservation) accounting.ReleaseOutcome {
 // it returns to the pool with its last mapping. On error nothing changed.
 //
 // NB: the driver only guarantees that a write through one mapping is visible through
-// another once the writing operation completed (Synchronize).
+// another once the writing operation completed (Synchronize). And protection is per
+// mapping: a granule mapped read-only may itself be shared onward read-write, so code
+// that hands out read-only views must not share them on with ReadWrite.
 func (b *Backing) Share(dst *Reservation, dstOff int, src *Reservation, srcOff, size int, prot backing.Protection) error {
 	const op = "share"
 	if err := b.check(op, src, srcOff, size); err != nil {
