@@ -60,6 +60,9 @@ type Backing struct {
 	low     int
 	high    int
 	closed  atomic.Bool
+	// noReadOnly: the driver refused PROT_READ on a device mapping (NOT_SUPPORTED);
+	// read-only shares are then mapped read-write and guarded on the Go side only.
+	noReadOnly atomic.Bool
 
 	mu       sync.Mutex
 	idle     []*handle     // pooled, mapped nowhere; the most recently used last
@@ -459,10 +462,17 @@ func (b *Backing) mapRun(r *Reservation, off int, hs []*handle, ro bool) error {
 		}
 	}
 	desc := &b.rw
-	if ro {
+	if ro && !b.noReadOnly.Load() {
 		desc = &b.ro
 	}
-	if err := d.call("cuMemSetAccess", d.MemSetAccess(va, uintptr(len(hs))*uintptr(g), desc, 1)); err != nil {
+	c := d.MemSetAccess(va, uintptr(len(hs))*uintptr(g), desc, 1)
+	if c == CodeNotSupported && desc == &b.ro {
+		// A driver without read-only device mappings: map read-write and let the
+		// Go side alone refuse writes (the slots are marked read-only either way).
+		b.noReadOnly.Store(true)
+		c = d.MemSetAccess(va, uintptr(len(hs))*uintptr(g), &b.rw, 1)
+	}
+	if err := d.call("cuMemSetAccess", c); err != nil {
 		return errors.Join(err, b.rollback(r, off, hs))
 	}
 	b.record(r, off, hs, ro)
@@ -655,7 +665,10 @@ func (b *Backing) Unreserve(r *Reservation) accounting.ReleaseOutcome {
 // Share moves [dstOff, dstOff+size) of dst from Reserved to Committed by mapping the
 // handles committed at [srcOff, srcOff+size) of src, with one cuMemSetAccess over the
 // run (PROT_READ for backing.ReadOnly). Each handle's reference count grows by one;
-// it returns to the pool with its last mapping. On error nothing changed.
+// it returns to the pool with its last mapping. On error nothing changed. Writes
+// through this package's helpers to a read-only share fail with ErrReadOnly; where
+// the driver does not support read-only device mappings (CUDA_ERROR_NOT_SUPPORTED),
+// the mapping is read-write and that Go-side check is the only guard.
 //
 // NB: the driver only guarantees that a write through one mapping is visible through
 // another once the writing operation completed (Synchronize). And protection is per

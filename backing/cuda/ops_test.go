@@ -347,3 +347,26 @@ func TestCommitCtxWaitersDoNotDeadlock(t *testing.T) {
 		}
 	}
 }
+
+func TestShareReadOnlyNotSupported(t *testing.T) {
+	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{})
+	g := x.g
+	a, b, c := x.reserve(t, 1), x.reserve(t, 1), x.reserve(t, 1)
+	require.NoError(t, x.b.Commit(a, 0, g))
+	require.NoError(t, x.b.CopyIn(a, 0, []byte("ro")))
+	x.f.Fail("cuMemSetAccess", 1, cuda.CodeNotSupported)
+	assert.Equal(t, 2, x.calls("cuMemSetAccess", func() {
+		require.NoError(t, x.b.Share(b, 0, a, 0, g, backing.ReadOnly), "falls back to read-write")
+	}))
+	assert.ErrorIs(t, x.b.CopyIn(b, 0, []byte{1}), cuda.ErrReadOnly, "still read-only on the Go side")
+	got := make([]byte, 2)
+	require.NoError(t, x.b.CopyOut(got, b, 0))
+	assert.Equal(t, []byte("ro"), got)
+	assert.Equal(t, 1, x.calls("cuMemSetAccess", func() {
+		require.NoError(t, x.b.Share(c, 0, a, 0, g, backing.ReadOnly))
+	}), "the driver is not asked again")
+	assert.ErrorIs(t, x.b.Memset(c, 0, 1, 0), cuda.ErrReadOnly)
+	for _, r := range []*cuda.Reservation{a, b, c} {
+		require.True(t, x.b.Unreserve(r).OK())
+	}
+}
