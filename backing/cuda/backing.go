@@ -69,6 +69,8 @@ type Backing struct {
 	stuck    []*handle     // idle handles cuMemRelease refused: still owned
 	owned    int           // handles held: idle, mapped, stuck, being handed out
 	creating int           // handles the refill is creating now
+	settled  sync.Cond     // on mu: signalled when creating drops
+	held     bool          // Trim paused the background refill until the next commit
 	mapped   int64         // bytes of mappings (a handle mapped twice counts twice)
 	nres     int           // reservations not yet unreserved
 	idleNote chan struct{} // closed when handles return idle; nil when nobody waits
@@ -152,6 +154,7 @@ func New(opts Options) (*Backing, error) {
 	defer runtime.UnlockOSThread()
 	b := &Backing{drv: drv, ordinal: opts.Device, auth: opts.Authority, low: opts.Low, high: opts.High,
 		gate: make(chan struct{}, 1)}
+	b.settled.L = &b.mu
 	if err := b.open(); err != nil {
 		return nil, err
 	}
@@ -163,7 +166,7 @@ func New(opts Options) (*Backing, error) {
 		b.nudge()
 	} else if b.low > 0 {
 		// Best effort: a budget that can not cover Low is not an error here.
-		if err := b.fill(b.low); err != nil && !errors.Is(err, accounting.ErrBudgetExceeded) {
+		if err := b.fill(b.low, false); err != nil && !errors.Is(err, accounting.ErrBudgetExceeded) {
 			_, rerr := b.releaseIdle(0)
 			b.drv.DevicePrimaryCtxRelease(b.dev)
 			return nil, errors.Join(fmt.Errorf("cuda: filling the pool: %w", err), rerr)

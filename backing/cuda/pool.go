@@ -225,8 +225,9 @@ func (b *Backing) releaseIdle(keep int) (int64, error) {
 }
 
 // fill creates handles until at least target are idle (or being created). It stops
-// with the authority's error when the budget runs out. The thread must be bound.
-func (b *Backing) fill(target int) error {
+// with the authority's error when the budget runs out; bg (the background refill)
+// also stops when Close or Trim asks it to. The thread must be bound.
+func (b *Backing) fill(target int, bg bool) error {
 	for {
 		select {
 		case <-b.stop: // nil without Background: never ready
@@ -234,7 +235,7 @@ func (b *Backing) fill(target int) error {
 		default:
 		}
 		b.mu.Lock()
-		if len(b.idle)+b.creating >= target {
+		if len(b.idle)+b.creating >= target || (bg && b.held) {
 			b.mu.Unlock()
 			return nil
 		}
@@ -245,13 +246,14 @@ func (b *Backing) fill(target int) error {
 		if err == nil {
 			hs, err = b.create(1)
 		}
+		b.addIdle(hs, false)
 		b.mu.Lock()
 		b.creating--
+		b.settled.Broadcast()
 		b.mu.Unlock()
 		if err != nil {
 			return err
 		}
-		b.addIdle(hs, false)
 	}
 }
 
@@ -271,7 +273,7 @@ func (b *Backing) refiller() {
 				// Errors are not reported from here: a budget refusal means the
 				// pool stays below Low for now, and a driver failure shows again in
 				// the commit that needs the handle.
-				_ = b.fill(b.low)
+				_ = b.fill(b.low, true)
 			}
 		}()
 	}
@@ -291,6 +293,7 @@ func (b *Backing) nudgeIfLow() {
 		return
 	}
 	b.mu.Lock()
+	b.held = false // a commit drew on the pool: refill it again
 	low := len(b.idle)+b.creating < b.low
 	b.mu.Unlock()
 	if low {
@@ -311,14 +314,15 @@ func (b *Backing) Prefill(n int) error {
 	if err := b.setCurrent(); err != nil {
 		return opError("prefill", 0, n*b.gran, err)
 	}
-	if err := b.fill(n); err != nil {
+	if err := b.fill(n, false); err != nil {
 		return opError("prefill", 0, n*b.gran, err)
 	}
 	return nil
 }
 
 // Trim releases idle handles (cuMemRelease) until at most keep remain, and returns the
-// bytes given back to the authority. Mapped handles are never touched.
+// bytes given back to the authority. Mapped handles are never touched. The background
+// refill pauses until the next commit, so that it does not undo the trim.
 func (b *Backing) Trim(keep int) (int64, error) {
 	b.live()
 	if keep < 0 {
@@ -329,6 +333,14 @@ func (b *Backing) Trim(keep int) (int64, error) {
 	if err := b.setCurrent(); err != nil {
 		return 0, opError("trim", 0, 0, err)
 	}
+	// The background refill must not undo the trim: hold it until the next commit,
+	// and let a handle it is creating now land first, so the trim covers it.
+	b.mu.Lock()
+	b.held = true
+	for b.creating > 0 {
+		b.settled.Wait()
+	}
+	b.mu.Unlock()
 	n, err := b.releaseIdle(keep)
 	if err != nil {
 		return n, opError("trim", 0, 0, err)

@@ -100,3 +100,22 @@ func TestPoolBackgroundStopsOnClose(t *testing.T) {
 		x.checkClosed(t)
 	}
 }
+
+func TestPoolTrimPausesBackgroundRefill(t *testing.T) {
+	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{Low: 3, Background: true})
+	g := int64(x.g)
+	idle := func(want int64) func() bool {
+		return func() bool { return x.b.PoolStats().Idle == want }
+	}
+	require.Eventually(t, idle(3*g), 5*time.Second, time.Millisecond)
+	n, err := x.b.Trim(0)
+	require.NoError(t, err)
+	assert.Equal(t, 3*g, n)
+	time.Sleep(20 * time.Millisecond)
+	assert.Zero(t, x.b.PoolStats().Owned, "the refill does not undo a trim")
+	r := x.reserve(t, 1)
+	require.NoError(t, x.b.Commit(r, 0, x.g))
+	require.Eventually(t, idle(3*g), 5*time.Second, time.Millisecond, "a commit resumes the refill")
+	x.checkBooks(t, "resumed")
+	require.True(t, x.b.Unreserve(r).OK())
+}
