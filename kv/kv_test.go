@@ -590,3 +590,38 @@ func TestPresetsAndSizing(t *testing.T) {
 	_, err = kv.Size(kv.Geometry{}, kv.PerLayer, 4096, 1, 2)
 	assert.ErrorIs(t, err, kv.ErrGeometry)
 }
+
+// shareForkTruncate checks data integrity on c across a prefix, a fork and a truncation
+// into shared memory, and that bases never move; it closes everything it made.
+func shareForkTruncate[R any, B backing.Backing[R]](t *testing.T, c *kv.Cache[R, B]) {
+	t.Helper()
+	root, err := c.NewSequence()
+	require.NoError(t, err)
+	b0 := bases(root)
+	require.NoError(t, root.Append(300))
+	writeTokens(t, root, 1, 0, 300)
+	p, err := root.Freeze(250)
+	require.NoError(t, err)
+	s, err := c.NewSequenceFrom(p)
+	require.NoError(t, err)
+	p.Release()
+	require.NoError(t, s.Append(40))
+	writeTokens(t, s, 2, 250, 290)
+	f, err := s.Fork()
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(199))
+	require.NoError(t, f.Append(50))
+	writeTokens(t, f, 3, 199, 249)
+	checkTokens(t, root, 1, 0, 300)
+	checkTokens(t, s, 1, 0, 250)
+	checkTokens(t, s, 2, 250, 290)
+	checkTokens(t, f, 1, 0, 199)
+	checkTokens(t, f, 3, 199, 249)
+	assert.Equal(t, b0, bases(root))
+	st := c.Stats()
+	assert.Greater(t, st.Shared, int64(0))
+	assert.Less(t, st.Owned, st.Committed, "shared granules are owned once")
+	for _, q := range []*kv.Sequence[R, B]{f, s, root} {
+		assert.True(t, q.Close().OK())
+	}
+}
