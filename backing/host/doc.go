@@ -16,7 +16,9 @@
 // (ByBacking): Commit maps pool granules into a reservation with
 // mmap(MAP_SHARED|MAP_FIXED), Share maps the granules behind one range into another
 // reservation (the shared-prefix mechanism), and a granule returns to the pool with its
-// last mapping. Its pool can be prefilled off the hot path and trimmed.
+// last mapping. Its pool can be prefilled off the hot path and trimmed. Idle
+// granules wait mapped in a park of its own, from which a commit moves them with
+// their page tables (mremap), so that their first touch takes no page fault.
 //
 // # States
 //

@@ -33,7 +33,8 @@ type SharedOptions struct {
 	High int
 	// Populate makes Commit populate the granules it creates (MADV_POPULATE_WRITE, or
 	// a touch per page where the kernel lacks it), so that the first touch takes no
-	// fault. Pooled granules are not populated again.
+	// fault. Pooled granules are not populated again: they come out of the park with
+	// the page tables they went in with (see Shared).
 	Populate bool
 	// Name is the memfd's name, shown in /proc/self/maps as /memfd:Name. "" means
 	// "vmarena".
@@ -55,26 +56,46 @@ const (
 
 // Shared is a host backing whose physical memory is a pool of granules in one memfd
 // (Linux): a physical granule is a granule-sized, granule-aligned offset of the file,
-// a slot. Commit maps slots into a reservation with mmap(MAP_SHARED|MAP_FIXED);
-// Share maps the slots behind one reservation's range into another's, so that one
-// physical granule may back any number of ranges. Each slot counts its mappings and
+// a slot. Commit maps slots into a reservation: it moves them there from the park
+// (mremap, see below), or maps them (mmap MAP_SHARED|MAP_FIXED). Share maps the
+// slots behind one reservation's range into another's, so that one physical granule
+// may back any number of ranges. Each slot counts its mappings and
 // goes back to the pool with its last one.
 //
 // A slot is in one of three states:
 //
 //  1. Free: not ours. The file has a hole there (or ends before it); it holds no
 //     memory and is charged nothing.
-//  2. Idle: owned and charged, mapped nowhere, kept in the pool for the next
-//     commit. It is Resident when its pages are known to exist (Prefill, Populate,
-//     SharedOptions.Populate): a commit then maps it without a page fault on the
-//     kernel side, only minor faults on first touch.
-//  3. Live: owned and charged, mapped at least once.
+//  2. Idle: owned and charged, mapped in no reservation, kept in the pool for the
+//     next commit. It is Resident when its pages are known to exist (Prefill,
+//     Populate, SharedOptions.Populate).
+//  3. Live: owned and charged, mapped in a reservation at least once.
 //
 // A commit takes idle slots first and creates new ones (Free to Live) only for the
 // rest, charging the authority for all of them at once before anything is touched. It
 // places the granules of one commit, and a granule after its predecessor in the
 // reservation, at consecutive file offsets where it can, and maps each consecutive run
-// with one mmap, so that the kernel merges them into one mapping.
+// with one call, so that the kernel merges them into one mapping.
+//
+// # The park
+//
+// A fresh mapping of existing pages still takes a minor fault per page on first
+// touch, 0.5-0.6 ms per 2 MiB of 4 KiB pages, where rewriting mapped memory costs
+// under 10 µs; but a mapping that moves (mremap) takes its page table entries along.
+// So the backing keeps the whole memfd mapped in the park, address space of its own,
+// one read-write mapping per chunk, where slot i has a fixed place. A commit moves
+// each run of slots from the park into the reservation (mremap with MREMAP_FIXED and
+// MREMAP_DONTUNMAP: the park keeps its mapping, without the entries), and a
+// decommit or Unreserve that removes a granule's last mapping, a read-write one,
+// moves it back to the slot's place while the pool keeps the granule. An idle
+// granule thus waits with the page tables its last mapping built, all of them after
+// Prefill, or after a sequence wrote every page: the commit that takes it costs a
+// few µs and its first touch takes no fault. Granules whose last mapping was
+// read-only, or that a move could not take (the kernel refuses MREMAP_DONTUNMAP of
+// shared mappings before 5.13), go idle without page tables and are mapped afresh.
+//
+// Nothing is ever unmapped in a reservation or the park but as a whole, so no other
+// mmap of the process can land in either.
 //
 // # Memory management
 //
@@ -96,12 +117,19 @@ const (
 // read as zero.
 //
 // Bookkeeping costs 8 bytes per reserved granule and a few bytes per slot of the
-// file, which only grows (sparse: holes cost nothing).
+// file, which only grows (sparse: holes cost nothing). The park costs address space,
+// not memory: its chunks double from 1 GiB, so it spans at most twice the file.
+// Reservations and park chunks of granules of 2 MiB or more are aligned to 2 MiB, so
+// that the kernel moves whole page-table pages; a reservation may use up to 2 MiB of
+// address space more than its size for that.
 //
 // # Limits
 //
 // Each run of consecutive slots mapped at consecutive addresses is one kernel
 // mapping, and a process has at most vm.max_map_count of them (65530 by default).
+// Idle granules cost none: the park stays one mapping per chunk (up to three with
+// alignment padding), whatever moves in and out, since what comes back maps the same
+// file offsets and merges.
 // When mmap fails with ENOMEM and the process is near that limit, the error wraps
 // [backing.ErrMapLimit] and unix.ENOMEM and names the count, the limit and the
 // sysctl that raises it. Placing consecutive granules at consecutive offsets keeps
@@ -113,8 +141,8 @@ const (
 // A Shared is safe for concurrent use, with the usual rule of [backing.Backing]:
 // calls on overlapping ranges (of one reservation, or the source and destination of a
 // Share) must be serialized by the caller. Bookkeeping is under one mutex, held
-// across mmap (which the kernel serializes per process anyway) but not across page
-// population or fallocate, which run outside it on slots marked busy. Close must not
+// across mmap and mremap (which the kernel serializes per process anyway) but not
+// across page population or fallocate, which run outside it on slots marked busy. Close must not
 // run concurrently with any other call.
 type Shared struct {
 	_ sharedNoCopy
@@ -139,6 +167,9 @@ type Shared struct {
 	mapped    int64 // bytes of mappings; in step with the authority
 	live      int   // reservations not yet unreserved (Quarantined ones excluded)
 	resv      map[*SharedReservation]struct{}
+	park      []sharedChunk // see shared_park.go
+	park0     int           // slots in the park's first chunk
+	stray     []sharedSpan  // address space a failed step could not give back
 	refilling bool
 	refill    sync.WaitGroup
 }
@@ -156,6 +187,8 @@ type SharedReservation struct {
 	s    *Shared
 	base unsafe.Pointer
 	size int
+	raw  unsafe.Pointer // as reserved, before alignment: what Unreserve unmaps
+	rawN int
 
 	// guarded by s.mu
 	state sharedState
@@ -196,6 +229,7 @@ type sharedSys struct {
 	reserve  func(n int) (unsafe.Pointer, error)                          // mmap PROT_NONE private anonymous, no reserve
 	mapFile  func(at unsafe.Pointer, n, fd int, off int64, ro bool) error // mmap MAP_SHARED|MAP_FIXED of the file
 	unmapTo  func(at unsafe.Pointer, n int) error                         // mmap PROT_NONE anonymous MAP_FIXED over a range
+	move     func(from, to unsafe.Pointer, n int) error                   // mremap MREMAP_FIXED|MREMAP_DONTUNMAP of a file mapping
 	release  func(at unsafe.Pointer, n int) error                         // munmap
 	populate func(at unsafe.Pointer, n int, write bool) error             // MADV_POPULATE_WRITE/READ, else a touch per page
 	mapCount func() (count, limit int, err error)                         // mappings of the process, vm.max_map_count
@@ -273,6 +307,7 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 		sys:      sys,
 		fd:       fd,
 		resv:     make(map[*SharedReservation]struct{}),
+		park0:    max(sharedParkFirst>>backing.Log2(opts.Granularity), 1),
 	}
 	s.mu.Lock()
 	s.kick()
@@ -296,8 +331,9 @@ func (s *Shared) HostAccessible() bool { return true }
 func (s *Shared) CommitZeroes() bool { return false }
 
 // Reserve moves size bytes of address space from Unreserved to Reserved (mmap
-// PROT_NONE, MAP_NORESERVE) and commits nothing. The reservation MUST be given back
-// with Unreserve.
+// PROT_NONE, MAP_NORESERVE) and commits nothing. With granules of 2 MiB or more the
+// base is 2 MiB-aligned (see Shared). The reservation MUST be given back with
+// Unreserve.
 func (s *Shared) Reserve(size int) (*SharedReservation, error) {
 	if err := backing.CheckReserve(size, s.g); err != nil {
 		return nil, err
@@ -311,11 +347,13 @@ func (s *Shared) Reserve(size int) (*SharedReservation, error) {
 			return nil, &backing.OpError{Op: "reserve", Size: size, Kind: backing.ErrOutOfMemory,
 				Err: fmt.Errorf("host: more than %d granules in one reservation", sharedMaxSlots)}
 		}
-		base, err := s.sys.reserve(size)
+		align, pad := sharedAlignment(s.g)
+		raw, err := s.sys.reserve(size + pad)
 		if err != nil {
 			return nil, s.opErr("reserve", 0, size, err, true)
 		}
-		r.base = base
+		r.raw, r.rawN = raw, size+pad
+		r.base = sharedAlign(raw, align)
 		r.maps = make([]sharedMap, size>>s.shift)
 	}
 	s.resv[r] = struct{}{}
@@ -484,7 +522,7 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 			s.owned -= bytes
 			s.auth.Release(bytes)
 			s.mu.Unlock()
-			return s.opErr(op, off, size, err, false)
+			return s.opErr(op, off, size, err, true) // growing the park maps memory
 		}
 		picks = append(picks, more...)
 		slices.SortFunc(picks, func(a, b sharedPick) int { return a.slot - b.slot })
@@ -498,7 +536,7 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 	for k, p := range picks {
 		slots[k] = p.slot
 	}
-	if done, err := s.mapSlots(r, gi, slots, false); err != nil {
+	if done, err := s.place(r, gi, slots); err != nil {
 		return s.undoMap(op, r, off, size, picks, done, err)
 	}
 	s.record(r, gi, picks, false)
@@ -734,8 +772,10 @@ func (s *Shared) record(r *SharedReservation, gi int, picks []sharedPick, ro boo
 // Decommit moves [off, off+size) of r from Committed to Reserved by mapping fresh
 // PROT_NONE anonymous memory over it (the range stays reserved), and drops one
 // reference per physical granule: a granule whose last mapping went returns to the
-// pool, or to the OS (see Shared). The contents seen through r are forfeit; other
-// mappings of the granules keep them. On error nothing changed.
+// pool, or to the OS (see Shared). A read-write last mapping that the pool keeps is
+// first moved into the park with its page tables (see Shared). The contents seen
+// through r are forfeit; other mappings of the granules keep them. On error nothing
+// changed (but where page tables wait).
 func (s *Shared) Decommit(r *SharedReservation, off, size int) error {
 	s.mu.Lock()
 	if err := s.prepare("decommit", r, off, size, true); err != nil {
@@ -746,6 +786,7 @@ func (s *Shared) Decommit(r *SharedReservation, off, size int) error {
 		s.mu.Unlock()
 		return nil
 	}
+	s.parkLast(r, off>>s.shift, size>>s.shift)
 	if err := s.sys.unmapTo(sharedAt(r.base, off), size); err != nil {
 		s.mu.Unlock()
 		return s.opErr("decommit", off, size, err, true)
@@ -759,7 +800,8 @@ func (s *Shared) Decommit(r *SharedReservation, off, size int) error {
 // Unreserve unmaps the whole range of r (munmap), dropping one reference per
 // committed granule, and moves it to Unreserved. The outcome is honest:
 //
-//   - Complete, with the committed bytes as Unmapped.
+//   - Complete, with the committed bytes as Unmapped. Last mappings the pool keeps
+//     go to the park first, as in Decommit.
 //   - Failed when nothing changed: r is still valid and Unreserve may be called again.
 //   - Quarantined when a step failed midway: if munmap fails, Unreserve decommits the
 //     committed runs one by one and tries munmap again; the bytes decommitted are
@@ -780,7 +822,8 @@ func (s *Shared) Unreserve(r *SharedReservation) accounting.ReleaseOutcome {
 		s.mu.Unlock()
 		return accounting.Released(0)
 	}
-	err := s.sys.release(r.base, r.size)
+	s.parkLast(r, 0, n)
+	err := s.sys.release(r.raw, r.rawN)
 	if err == nil {
 		give := s.drop(r, 0, n)
 		s.forget(r, sharedGone)
@@ -811,7 +854,7 @@ func (s *Shared) Unreserve(r *SharedReservation) accounting.ReleaseOutcome {
 		unmapped += int64(j-i) << s.shift
 		i = j
 	}
-	if rerr := s.sys.release(r.base, r.size); rerr != nil {
+	if rerr := s.sys.release(r.raw, r.rawN); rerr != nil {
 		return s.quarantine(r, give, unmapped, held, errors.Join(err, s.opErr("unreserve", 0, r.size, rerr, true)))
 	}
 	s.forget(r, sharedGone)
@@ -1024,20 +1067,22 @@ func (s *Shared) Close() error {
 	s.refill.Wait()
 
 	s.mu.Lock()
-	stranded := false
+	gone, err := s.releasePark()
+	stranded := !gone
 	for i := range s.slots {
 		if s.slots[i].refs > 0 {
 			stranded = true
 			break
 		}
 	}
-	var err error
 	if stranded {
-		// The quarantined mappings keep the file alive, and with it every page in
-		// it: punch the idle ones out explicitly.
+		// The quarantined mappings (or the park, if it could not be unmapped) keep
+		// the file alive, and with it every page in it: punch the idle ones out
+		// explicitly.
 		victims := s.victims(s.nIdle)
 		s.mu.Unlock()
-		_, err = s.giveBack(victims)
+		_, gerr := s.giveBack(victims)
+		err = errors.Join(err, gerr)
 		s.mu.Lock()
 	}
 	if !stranded {

@@ -30,7 +30,7 @@ func (f *SharedFaults) FailFrom(n int, err error) {
 
 // Fail makes every call for which fail(i, name) is true fail with err, where i counts
 // the calls from now (from 1) and name is the seam's name for it ("mapFile",
-// "unmapTo", "release", "punch", ...).
+// "move", "unmapTo", "release", "punch", ...).
 func (f *SharedFaults) Fail(fail func(i int, name string) bool, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -123,6 +123,12 @@ func (f *SharedFaults) wrap(sys sharedSys) sharedSys {
 			}
 			return in.unmapTo(at, n)
 		},
+		move: func(from, to unsafe.Pointer, n int) error {
+			if err := f.call("move"); err != nil {
+				return err
+			}
+			return in.move(from, to, n)
+		},
 		release: func(at unsafe.Pointer, n int) error {
 			if err := f.call("release"); err != nil {
 				return err
@@ -202,6 +208,43 @@ func SharedRefs(s *Shared, i int) int {
 	return int(s.slots[i].refs)
 }
 
+// SetSharedParkChunk makes the first chunk of s's park n slots (each next one
+// doubles), so that tests reach chunk boundaries with a few granules. It must be
+// called before s maps anything.
+func SetSharedParkChunk(s *Shared, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.park) > 0 {
+		panic("SetSharedParkChunk after the park was mapped")
+	}
+	s.park0 = n
+}
+
+// SharedParkChunk is one chunk of the park: the address it maps slot First at, and
+// its number of slots.
+type SharedParkChunk struct {
+	Base         uintptr
+	First, Slots int
+}
+
+// SharedPark returns the chunks of s's park.
+func SharedPark(s *Shared) []SharedParkChunk {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]SharedParkChunk, len(s.park))
+	for k, c := range s.park {
+		out[k] = SharedParkChunk{Base: uintptr(c.base), First: s.chunkFirst(k), Slots: s.park0 << k}
+	}
+	return out
+}
+
+// SharedParkAt returns the address of slot i in s's park.
+func SharedParkAt(s *Shared, i int) uintptr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return uintptr(s.parkAt(i))
+}
+
 // SharedWaitRefill waits for the background refill to finish.
 func SharedWaitRefill(s *Shared) { s.refill.Wait() }
 
@@ -279,6 +322,9 @@ func CheckShared(s *Shared) error {
 		return fmt.Errorf("owned: %d slots, %d bytes counted", owned, s.owned)
 	case mapped != s.mapped:
 		return fmt.Errorf("mapped: %d bytes found, %d counted", mapped, s.mapped)
+	}
+	if n > 0 && (len(s.park) == 0 || s.chunkFirst(len(s.park)) < n) {
+		return fmt.Errorf("the park's %d chunks do not cover the file's %d slots", len(s.park), n)
 	}
 	if st := s.auth.Stats(); st.Owned != s.owned || st.Mapped != s.mapped {
 		return fmt.Errorf("authority owns %d and maps %d bytes; the pool owns %d and maps %d",

@@ -3,6 +3,7 @@ package host_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -70,6 +71,7 @@ func (e *sharedEnv) check(x *faultFx, what string) {
 	e.t.Helper()
 	require.NoError(e.t, host.CheckShared(e.s), what)
 	require.NoError(e.t, host.SharedFileCheck(e.s), what)
+	e.checkPark()
 	for k, r := range x.rs {
 		if host.SharedGone(r) {
 			e.checkGone(x.bases[k], x.sizes[k])
@@ -115,6 +117,68 @@ func faultCases() []faultCase {
 				return e.fx(x, e.reserve(4))
 			},
 			op:     func(e *sharedEnv, x *faultFx) error { return e.s.Commit(x.rs[1], 0, 4*e.g) },
+			atomic: true,
+		},
+		{
+			// The first commit maps the park, grows the file and moves its
+			// granule out of the park.
+			name: "first commit",
+			setup: func(e *sharedEnv) *faultFx {
+				return e.fx(e.reserve(2))
+			},
+			op:     func(e *sharedEnv, x *faultFx) error { return e.s.Commit(x.rs[0], 0, 2*e.g) },
+			atomic: true,
+		},
+		{
+			// Chunks of 2, 4, 8 slots: a run of slots 1-6 spans three, so the
+			// commit maps a second chunk and moves three runs; the granules
+			// parked by the setup come out with their page tables.
+			name: "commit across park chunks",
+			opts: host.SharedOptions{High: 8},
+			setup: func(e *sharedEnv) *faultFx {
+				host.SetSharedParkChunk(e.s, 2)
+				x := e.reserve(4)
+				e.commit(x, 0, 2)
+				e.tagAll(x)
+				e.decommit(x, 1, 1) // slot 1 idle, parked
+				return e.fx(x, e.reserve(6))
+			},
+			op:     func(e *sharedEnv, x *faultFx) error { return e.s.Commit(x.rs[1], 0, 6*e.g) },
+			atomic: true,
+		},
+		{
+			// Slots 0-6 go idle: three parking moves (chunks of 2, 4 and 8
+			// slots), one unmap; slot 7 stays shared.
+			name: "decommit across park chunks",
+			opts: host.SharedOptions{High: 8},
+			setup: func(e *sharedEnv) *faultFx {
+				host.SetSharedParkChunk(e.s, 2)
+				x := e.reserve(8)
+				e.commit(x, 0, 8)
+				e.tagAll(x)
+				y := e.reserve(1)
+				e.share(y, 0, x, 7, 1, backing.ReadWrite)
+				return e.fx(x, y)
+			},
+			op:     func(e *sharedEnv, x *faultFx) error { return e.s.Decommit(x.rs[0], 0, 8*e.g) },
+			atomic: true,
+		},
+		{
+			// Two last mappings go: a read-only one, which goes idle without
+			// its page tables, and a read-write one, which is parked.
+			name: "decommit read-only",
+			opts: host.SharedOptions{High: 8},
+			setup: func(e *sharedEnv) *faultFx {
+				x := e.reserve(2)
+				e.commit(x, 0, 2)
+				e.tagAll(x)
+				y := e.reserve(2)
+				e.share(y, 0, x, 0, 1, backing.ReadOnly)
+				e.share(y, 1, x, 1, 1, backing.ReadWrite)
+				e.decommit(x, 0, 2)
+				return e.fx(x, y)
+			},
+			op:     func(e *sharedEnv, x *faultFx) error { return e.s.Decommit(x.rs[1], 0, 2*e.g) },
 			atomic: true,
 		},
 		{
@@ -279,21 +343,24 @@ func TestSharedFaults(t *testing.T) {
 func TestSharedUnreserveOutcomes(t *testing.T) {
 	for _, tt := range []struct {
 		name               string
-		fail               func(i int, name string) bool
+		fail               func() func(i int, name string) bool
 		status             accounting.ReleaseStatus
 		unmapped, residual int // granules
 	}{
-		{"complete", func(int, string) bool { return false }, accounting.Complete, 3, 0},
+		{"complete", nth(""), accounting.Complete, 3, 0},
+		// Parking the granule that goes idle fails: it goes idle without its page
+		// tables.
+		{"park fails", nth("move", 1), accounting.Complete, 3, 0},
 		// munmap fails once: decommitting run by run and munmap again succeed.
-		{"recovered", func(i int, _ string) bool { return i == 1 }, accounting.Complete, 3, 0},
+		{"recovered", nth("release", 1), accounting.Complete, 3, 0},
 		// A punch fails after the unmap: the granule stays idle; still Complete.
-		{"punch fails", func(_ int, name string) bool { return name == "punch" }, accounting.Complete, 3, 0},
+		{"punch fails", nth("punch", 1), accounting.Complete, 3, 0},
 		// munmap and the first decommit fail: nothing changed.
-		{"failed", func(int, string) bool { return true }, accounting.Failed, 0, 3},
+		{"failed", func() func(int, string) bool { return func(int, string) bool { return true } }, accounting.Failed, 0, 3},
 		// The first run decommits, the second does not.
-		{"quarantined, residual", func(i int, _ string) bool { return i != 2 }, accounting.Quarantined, 2, 1},
+		{"quarantined, residual", nth("release|unmapTo", 1, 3, 4, 5), accounting.Quarantined, 2, 1},
 		// Everything decommits but the range can not be unmapped.
-		{"quarantined, no residual", func(_ int, name string) bool { return name == "release" }, accounting.Quarantined, 3, 0},
+		{"quarantined, no residual", nth("release", 1, 2), accounting.Quarantined, 3, 0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newEnv(t, host.SharedOptions{Granularity: kib64, High: 1}, true)
@@ -307,7 +374,7 @@ func TestSharedUnreserveOutcomes(t *testing.T) {
 			fx := e.fx(x, y)
 			before := e.snap(fx)
 
-			e.f.Fail(tt.fail, errInjected)
+			e.f.Fail(tt.fail(), errInjected)
 			o := e.s.Unreserve(x)
 			log := e.f.Log()
 			e.f.Reset()
@@ -350,3 +417,18 @@ func TestSharedUnreserveOutcomes(t *testing.T) {
 }
 
 func tag(slot int) uint64 { return uint64(1000 + slot) }
+
+// nth returns a fault predicate maker that fails the given calls (counted from 1)
+// among those named in names ("a|b"); with no calls, none.
+func nth(names string, calls ...int) func() func(i int, name string) bool {
+	return func() func(int, string) bool {
+		seen := 0
+		return func(_ int, name string) bool {
+			if !slices.Contains(strings.Split(names, "|"), name) {
+				return false
+			}
+			seen++
+			return slices.Contains(calls, seen)
+		}
+	}
+}

@@ -54,7 +54,7 @@ func (m *fuzzModel) state(k, gi, n int, committed bool) error {
 // trim, prefill and populate against a model, under a tight budget and a small pool,
 // and checks after every step that every mapping reads the tag of its physical
 // granule, that the bookkeeping and the authority agree, and that the kernel's
-// mappings are what the bookkeeping says.
+// mappings are what the bookkeeping says, the park's included.
 func FuzzShared(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 2, 2, 1, 0, 0, 3, 0, 1, 0, 1, 0, 0, 1})
 	f.Add([]byte{0, 0, 0, 3, 2, 1, 1, 0, 2, 2, 0, 1, 4, 0, 0, 0, 3, 1, 1, 9, 5, 0, 0, 0})
@@ -65,6 +65,7 @@ func FuzzShared(f *testing.F) {
 			ops = ops[:4*64]
 		}
 		e := newEnv(t, host.SharedOptions{Granularity: kib64, High: 2}, false)
+		host.SetSharedParkChunk(e.s, 2) // runs of slots cross park chunks
 		require.NoError(t, e.gov.SetLimit(accounting.HostKey, fuzzBudget*int64(e.g)))
 		m := &fuzzModel{tags: map[int]uint64{}}
 		for k := range m.rs {
@@ -174,6 +175,7 @@ func FuzzShared(f *testing.F) {
 				}
 				e.checkMaps(m.rs[k], e.s.Base(m.rs[k]), fuzzGranules*g)
 			}
+			e.checkPark()
 			require.NoError(t, host.CheckShared(e.s))
 			require.NoError(t, host.SharedFileCheck(e.s))
 			p := e.pool()

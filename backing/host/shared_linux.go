@@ -3,6 +3,7 @@ package host
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"sync/atomic"
@@ -24,6 +25,7 @@ func sharedDefaultSys() sharedSys {
 		reserve:  sharedReserve,
 		mapFile:  sharedMapFile,
 		unmapTo:  sharedUnmapTo,
+		move:     sharedMove,
 		release:  sharedRelease,
 		populate: sharedPopulate,
 		mapCount: sharedMapCount,
@@ -62,6 +64,33 @@ func sharedUnmapTo(at unsafe.Pointer, n int) error {
 }
 
 func sharedRelease(at unsafe.Pointer, n int) error { return unix.MunmapPtr(at, uintptr(n)) }
+
+// sharedNoMove is set once the kernel turned MREMAP_DONTUNMAP of a shared mapping
+// down (before 5.13): granules are then mapped afresh and take their page faults.
+var sharedNoMove atomic.Bool
+
+// errSharedNoMove says that the kernel can not move a shared mapping and keep its
+// source.
+var errSharedNoMove = fmt.Errorf("host: mremap(MREMAP_DONTUNMAP) of a shared mapping: %w", errors.ErrUnsupported)
+
+// sharedMove moves the page tables of the n bytes mapped at from to to, which it
+// maps in the same place of the same file in their stead (mremap MREMAP_FIXED, so
+// that what was at to goes in the same step). NB: MREMAP_DONTUNMAP keeps the source
+// mapped, with no page table entries: the range never has a hole another mmap could
+// take, and a failure after the move leaves nothing to undo. The kernel refuses it
+// with EINVAL before 5.13 (our arguments are always page-aligned, the same size, and
+// one mapping).
+func sharedMove(from, to unsafe.Pointer, n int) error {
+	if sharedNoMove.Load() {
+		return errSharedNoMove
+	}
+	_, err := unix.MremapPtr(from, uintptr(n), to, uintptr(n), unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED|unix.MREMAP_DONTUNMAP)
+	if errors.Is(err, unix.EINVAL) {
+		sharedNoMove.Store(true)
+		return errSharedNoMove
+	}
+	return err
+}
 
 // sharedNoPopulate is set once the kernel turned MADV_POPULATE_* down (before 5.14).
 var sharedNoPopulate atomic.Bool

@@ -231,6 +231,28 @@ func (e *sharedEnv) checkMaps(r *host.SharedReservation, base uintptr, size int)
 	}
 }
 
+// checkPark checks that each chunk of the park is one read-write shared mapping of
+// its slots of the memfd: moving granules in and out of it never splits it, so it
+// costs one of the process's vm.max_map_count mappings per chunk.
+func (e *sharedEnv) checkPark() {
+	e.t.Helper()
+	maps := readMaps(e.t)
+	memfd := "/memfd:" + e.name + " "
+	for k, c := range host.SharedPark(e.s) {
+		size := c.Slots * e.g
+		vs := overlapping(maps, c.Base, size)
+		if !assert.Len(e.t, vs, 1, "park chunk %d at %#x is one mapping", k, c.Base) {
+			continue
+		}
+		v := vs[0]
+		assert.LessOrEqual(e.t, v.start, c.Base, "park chunk %d", k)
+		assert.GreaterOrEqual(e.t, v.end, c.Base+uintptr(size), "park chunk %d", k)
+		assert.Equal(e.t, "rw-s", v.perms, "park chunk %d", k)
+		assert.True(e.t, strings.HasPrefix(v.path+" ", memfd), "park chunk %d maps %q", k, v.path)
+		assert.Equal(e.t, uint64(c.First*e.g), v.off+uint64(c.Base-v.start), "park chunk %d maps the wrong offset", k)
+	}
+}
+
 // checkGone checks that nothing of [base, base+size) maps this backing's memfd.
 func (e *sharedEnv) checkGone(base uintptr, size int) {
 	e.t.Helper()
@@ -693,8 +715,17 @@ func TestSharedMapLimit(t *testing.T) {
 			e := newEnv(t, host.SharedOptions{Granularity: kib64}, true)
 			host.SetSharedMapCount(e.s, func() (int, int, error) { return tt.count, tt.limit, nil })
 			x := e.reserve(2)
+			// The first commit maps the park; the second moves a granule out of it
+			// and, when that fails, maps it afresh.
 			e.f.Fail(func(_ int, name string) bool { return name == "mapFile" }, unix.ENOMEM)
 			err := e.s.Commit(x, 0, e.g)
+			e.f.Reset()
+			require.Error(t, err)
+			assert.ErrorIs(t, err, unix.ENOMEM)
+			assert.Equal(t, tt.mapLimit, errors.Is(err, backing.ErrMapLimit), "growing the park: %v", err)
+			require.NoError(t, e.s.Prefill(1))
+			e.f.Fail(func(_ int, name string) bool { return name == "mapFile" || name == "move" }, unix.ENOMEM)
+			err = e.s.Commit(x, 0, e.g)
 			e.f.Reset()
 			require.Error(t, err)
 			assert.ErrorIs(t, err, unix.ENOMEM)
@@ -717,7 +748,8 @@ func TestSharedMapLimit(t *testing.T) {
 			_, err = e.s.Reserve(e.g)
 			e.f.Reset()
 			assert.ErrorIs(t, err, backing.ErrMapLimit)
-			assert.Equal(t, int64(0), e.auth.Stats().Owned, "nothing charged")
+			assert.Equal(t, int64(e.g), e.auth.Stats().Owned, "nothing charged but the prefilled granule")
+			assert.Equal(t, int64(e.g), e.pool().Idle, "which is still idle")
 			e.checkMaps(x, e.s.Base(x), 2*e.g)
 		})
 	}
@@ -972,4 +1004,86 @@ func TestSharedConcurrentPool(t *testing.T) {
 	assert.Equal(t, uint64(99), e.tagOf(prefix, 0))
 	assert.LessOrEqual(t, e.auth.Stats().OwnedPeak, int64(12*g), "never over the budget")
 	assert.Equal(t, int64(g), e.pool().Mapped, "only the prefix is mapped")
+}
+
+// present counts the pages of [a, a+n) that have a page table entry (bit 63 of
+// /proc/self/pagemap): pages a touch reaches without a fault.
+func present(t *testing.T, a uintptr, n int) int {
+	t.Helper()
+	f, err := os.Open("/proc/self/pagemap")
+	require.NoError(t, err)
+	defer f.Close()
+	page := os.Getpagesize()
+	buf := make([]byte, 8*(n/page))
+	_, err = f.ReadAt(buf, int64(a/uintptr(page))*8)
+	require.NoError(t, err)
+	c := 0
+	for i := 0; i < len(buf); i += 8 {
+		if binary.LittleEndian.Uint64(buf[i:])>>63 != 0 {
+			c++
+		}
+	}
+	return c
+}
+
+// TestSharedParkKeepsPageTables follows the page table entries of pooled granules
+// through /proc/self/pagemap: Prefill builds them in the park, a commit moves them
+// into the reservation (so the first touch takes no fault), and a decommit moves
+// them back. A granule written through a fresh mapping keeps what its writes built.
+// Without moves (kernels before 5.13) a pooled commit maps afresh and has none.
+func TestSharedParkKeepsPageTables(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		g    int
+	}{{"granule=2MiB", 2 << 20}, {"granule=64KiB", kib64}} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, host.SharedOptions{Granularity: tt.g, High: 4}, false)
+			g := e.g
+			pages := g / os.Getpagesize()
+			park := func(slot int) int { return present(t, host.SharedParkAt(e.s, slot), g) }
+			require.NoError(t, e.s.Prefill(2))
+			assert.Equal(t, pages, park(0), "Prefill builds the page tables in the park")
+			assert.Equal(t, pages, park(1))
+
+			x := e.reserve(3)
+			base := e.s.Base(x)
+			if g >= 2<<20 {
+				assert.Zero(t, base%(2<<20), "a reservation of 2 MiB granules is aligned for whole page-table moves")
+				assert.Zero(t, host.SharedPark(e.s)[0].Base%(2<<20), "so is the park")
+			}
+			e.commit(x, 0, 2)
+			assert.Equal(t, 2*pages, present(t, base, 2*g), "the commit moved the page tables in")
+			assert.Zero(t, park(0), "and out of the park")
+			assert.Zero(t, park(1))
+
+			// A new granule, written through its reservation, parks what the
+			// writes built.
+			e.commit(x, 2, 1)
+			slots, _ := host.SharedSlots(x)
+			require.Equal(t, []int{0, 1, 2}, slots)
+			assert.Zero(t, present(t, base+uintptr(2*g), g), "a new granule has no pages yet")
+			require.NoError(t, e.s.CopyIn(x, 2*g, bytes.Repeat([]byte{1}, g)))
+			e.tag(x, 0, 5)
+			e.decommit(x, 0, 3)
+			for i := range 3 {
+				assert.Equal(t, pages, park(i), "the decommit moved slot %d's page tables to the park", i)
+			}
+			assert.Zero(t, present(t, base, 3*g))
+			e.commit(x, 0, 3)
+			assert.Equal(t, 3*pages, present(t, base, 3*g))
+			assert.Equal(t, uint64(5), e.tagOf(x, 0), "contents move along")
+			e.checkMaps(x, base, 3*g)
+			e.checkPark()
+			e.decommit(x, 0, 3)
+
+			old := host.SetSharedNoMove(true)
+			defer host.SetSharedNoMove(old)
+			e.commit(x, 0, 3)
+			assert.Zero(t, present(t, base, 3*g), "a fresh mapping has no page tables")
+			assert.Equal(t, uint64(5), e.tagOf(x, 0))
+			e.checkMaps(x, base, 3*g)
+			e.decommit(x, 0, 3)
+			e.checkPark()
+		})
+	}
 }

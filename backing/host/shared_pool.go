@@ -69,7 +69,8 @@ func (s *Shared) pickFresh(k, hint int) ([]sharedPick, error) {
 
 // growTo makes the file hold at least n slots, growing it by doubling (at most
 // sharedGrowStep at once): a sparse file costs nothing until its pages are touched.
-// s.mu must be held.
+// The park grows first, so that every slot of the file has its place there. s.mu
+// must be held.
 func (s *Shared) growTo(n int) error {
 	have := len(s.slots)
 	if n <= have {
@@ -80,6 +81,9 @@ func (s *Shared) growTo(n int) error {
 	}
 	want := min(max(n, 2*have, 1), have+max(sharedGrowStep>>s.shift, 1), sharedMaxSlots)
 	want = max(want, n)
+	if err := s.growPark(want); err != nil {
+		return err
+	}
 	if err := s.sys.truncate(s.fd, int64(want)<<s.shift); err != nil {
 		return err
 	}
@@ -145,7 +149,7 @@ func (s *Shared) drop(r *SharedReservation, gi, n int) []int {
 		}
 		if waiters < 0 {
 			waiters = 0
-			if s.auth.Governor().Stats(s.auth.Device()).Waiters > 0 {
+			if s.waiters() {
 				waiters = 1
 			}
 		}
@@ -210,8 +214,10 @@ func (s *Shared) giveBack(slots []int) (int64, error) {
 }
 
 // Prefill makes at least n idle granules resident in the pool: it populates idle
-// granules that are not (fallocate), then creates new ones, one at a time within the
-// budget. When the budget refuses it returns the *accounting.BudgetError inside an
+// granules that are not, then creates new ones, one at a time within the budget. It
+// allocates a granule's pages in the file (fallocate) and populates its place in the
+// park (MADV_POPULATE_WRITE), so that its page tables are built too and the commit
+// that takes it moves them along: its first touch takes no fault at all. When the budget refuses it returns the *accounting.BudgetError inside an
 // *OpError; the granules made resident so far stay. n may exceed High: the surplus
 // stays until a decommit or Trim gives it back.
 func (s *Shared) Prefill(n int) error {
@@ -270,12 +276,22 @@ func (s *Shared) prefillOne(n int, background bool) (bool, error) {
 		if err != nil {
 			s.owned -= int64(s.g)
 			s.auth.Release(int64(s.g))
-			return fail(err)
+			err = s.opErr("prefill", 0, s.g, err, true) // growing the park maps memory
+			if background {
+				s.refilling = false
+			}
+			s.mu.Unlock()
+			return false, err
 		}
 		slot, fresh = picks[0].slot, true
 	}
+	at := s.parkAt(slot)
 	s.mu.Unlock()
-	if err := s.sys.allocate(s.fd, int64(slot)<<s.shift, int64(s.g)); err != nil {
+	err := s.sys.allocate(s.fd, int64(slot)<<s.shift, int64(s.g))
+	if err == nil {
+		err = s.sys.populate(at, s.g, true)
+	}
+	if err != nil {
 		err = s.opErr("prefill", slot<<s.shift, s.g, err, false)
 		if fresh {
 			s.giveBack([]int{slot}) // it may hold part of its pages
@@ -349,7 +365,9 @@ func (s *Shared) victims(k int) []int {
 	return out
 }
 
-// PoolStats returns a snapshot of the pool. It may be called after Close.
+// PoolStats returns a snapshot of the pool. It may be called after Close. Every idle
+// granule waits in the park; Resident counts those whose pages are known to exist,
+// which hold the page tables their last mapping built (all of them after Prefill).
 func (s *Shared) PoolStats() backing.PoolStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
