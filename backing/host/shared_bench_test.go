@@ -50,9 +50,14 @@ func sharedTouchPages(words []uint64) {
 // BenchmarkSharedCommit measures one commit and one decommit of a 2 MiB granule:
 //   - new: a granule created for the commit and populated (SharedOptions.Populate,
 //     MADV_POPULATE_WRITE), given back to the OS on decommit (no pool);
-//   - pooled: a resident granule from the pool, back to the pool (two mmaps);
-//   - pooled+touch: the same, plus a write to every page, which takes the minor
-//     faults a fresh mapping of resident pages costs;
+//   - pooled: a resident granule from the pool, moved out of the park with its page
+//     tables and back (two mremaps and an mmap);
+//   - pooled+touch: the same, plus a write to every page, which finds every page
+//     table entry in place;
+//   - pooled+touch+nopark: the same with granules mapped afresh instead of moved, as
+//     on kernels before 5.13: the writes take a minor fault per page;
+//   - rewrite: the write to every page alone, of a granule that stays committed: the
+//     floor of pooled+touch;
 //   - floor: anonymous memory, mprotect RW + MADV_POPULATE_WRITE, then
 //     MADV_DONTNEED + mprotect NONE: what a private backing pays per granule.
 func BenchmarkSharedCommit(b *testing.B) {
@@ -71,12 +76,13 @@ func BenchmarkSharedCommit(b *testing.B) {
 		}
 		reportGranule(b)
 	})
-	for _, touched := range []bool{false, true} {
-		name := "granule=2MiB/kind=pooled"
-		if touched {
-			name += "+touch"
-		}
-		b.Run(name, func(b *testing.B) {
+	for _, kind := range []string{"pooled", "pooled+touch", "pooled+touch+nopark"} {
+		b.Run("granule=2MiB/kind="+kind, func(b *testing.B) {
+			touched := kind != "pooled"
+			if kind == "pooled+touch+nopark" {
+				old := host.SetSharedNoMove(true)
+				defer host.SetSharedNoMove(old)
+			}
 			s := newBenchShared(b, host.SharedOptions{})
 			require.NoError(b, s.Prefill(1))
 			r := benchReserve(b, s, 1)
@@ -95,6 +101,20 @@ func BenchmarkSharedCommit(b *testing.B) {
 			reportGranule(b)
 		})
 	}
+	b.Run("granule=2MiB/kind=rewrite", func(b *testing.B) {
+		s := newBenchShared(b, host.SharedOptions{})
+		r := benchReserve(b, s, 1)
+		require.NoError(b, s.Commit(r, 0, g))
+		require.NoError(b, s.Populate(r, 0, g))
+		words := host.SharedWords(r, 0, g)
+		b.SetBytes(int64(g))
+		for b.Loop() {
+			sharedTouchPages(words)
+		}
+		reportGranule(b)
+		b.StopTimer()
+		require.NoError(b, s.Decommit(r, 0, g))
+	})
 	b.Run("granule=2MiB/kind=floor", func(b *testing.B) {
 		mem, err := unix.Mmap(-1, 0, g, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 		require.NoError(b, err)
