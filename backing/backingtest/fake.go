@@ -1,6 +1,8 @@
 package backingtest
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -22,16 +24,23 @@ type FakeOptions struct {
 	Device accounting.DeviceKey
 	// Authority, when set, makes the fake ByBacking: it charges each physical granule
 	// to Authority with TryAcquire when it creates it and releases it when the last
-	// mapping goes. When nil the fake is ByBuffer and charges nothing.
+	// mapping goes, and attributes every mapping (commit or share) with Map until it is
+	// decommitted or unreserved. When nil the fake is ByBuffer and charges nothing.
 	Authority *accounting.Authority
+	// Wait makes a ByBacking fake a working [backing.Waiter]: CommitCtx waits for the
+	// budget in the governor's FIFO queue. Without it (or under ByBuffer) CommitCtx
+	// answers an error wrapping [backing.ErrUnsupported], so that code above the
+	// backings keeps its own wait path unless a test asks for this one.
+	Wait bool
 }
 
 // Fake is a backing on Go-heap memory, for tests of code above the backings. Its
 // addresses are synthetic (a fake address space from 1<<40, granule aligned) and must
 // never be dereferenced, so it is not HostAccessible; the contents are reached through
 // [backing.Copier]. It implements [backing.Backing][*FakeReservation], Copier,
-// [backing.Sharer] (under ByBacking only), [backing.Zeroer] (CommitZeroes is true) and
-// [backing.Populator] (which only validates).
+// [backing.Sharer] (under ByBacking only), [backing.Zeroer] (CommitZeroes is true),
+// [backing.Populator] (which only validates) and [backing.Waiter] (under ByBacking with
+// FakeOptions.Wait only).
 //
 // Each committed physical granule is a []byte with a reference count: sharing maps it
 // into another reservation, and it is freed with its last mapping.
@@ -41,6 +50,7 @@ type Fake struct {
 	gran int
 	dev  accounting.DeviceKey
 	acct backing.PhysicalAccounting
+	wait bool
 
 	mu       sync.Mutex
 	next     uintptr // next free synthetic address
@@ -74,6 +84,7 @@ var (
 	_ backing.Copier[*FakeReservation]    = (*Fake)(nil)
 	_ backing.Sharer[*FakeReservation]    = (*Fake)(nil)
 	_ backing.Populator[*FakeReservation] = (*Fake)(nil)
+	_ backing.Waiter[*FakeReservation]    = (*Fake)(nil)
 	_ backing.Zeroer                      = (*Fake)(nil)
 )
 
@@ -87,7 +98,7 @@ func NewFake(opts FakeOptions) *Fake {
 	if !backing.IsPowerOfTwo(g) {
 		panic(fmt.Sprintf("backingtest: Fake granularity %d is not a power of two", opts.Granularity))
 	}
-	f := &Fake{gran: g, dev: opts.Device, next: fakeBase}
+	f := &Fake{gran: g, dev: opts.Device, next: fakeBase, wait: opts.Wait}
 	if opts.Authority != nil {
 		f.acct = backing.ByBacking(opts.Authority)
 	}
@@ -190,28 +201,29 @@ func (r *FakeReservation) checkState(op string, off, size int, want bool) error 
 	return nil
 }
 
-// newGranules creates n physical granules, charging them under ByBacking. On error it
-// creates nothing. f.mu must be held.
-func (f *Fake) newGranules(op string, off, n int) ([]*fakeGranule, error) {
+// mapNew maps fresh zeroed granules at [off, off+size) of r, which must be Reserved,
+// and attributes them under ByBacking; the caller charged them already. f.mu must be
+// held.
+func (r *FakeReservation) mapNew(off, size int) {
+	f := r.f
+	for i := off / f.gran; i < (off+size)/f.gran; i++ {
+		r.mappings[i] = fakeMapping{g: &fakeGranule{data: make([]byte, f.gran), refs: 1}, prot: backing.ReadWrite}
+		f.granules++
+	}
 	if a := f.acct.Authority(); a != nil {
-		if err := a.TryAcquire(int64(n) * int64(f.gran)); err != nil {
-			return nil, &backing.OpError{Op: op, Offset: off, Size: n * f.gran, Err: err}
-		}
+		a.Map(int64(size))
 	}
-	gs := make([]*fakeGranule, n)
-	for i := range gs {
-		gs[i] = &fakeGranule{data: make([]byte, f.gran)}
-	}
-	f.granules += n
-	return gs, nil
 }
 
-// unmap drops granule i's mapping and frees the physical granule with its last
-// mapping. f.mu must be held.
+// unmap drops granule i's mapping and its attribution, and frees the physical granule
+// with its last mapping. f.mu must be held.
 func (r *FakeReservation) unmap(i int) {
 	f := r.f
 	m := r.mappings[i]
 	delete(r.mappings, i)
+	if a := f.acct.Authority(); a != nil {
+		a.Unmap(int64(f.gran))
+	}
 	m.g.refs--
 	if m.g.refs == 0 {
 		m.g.data = nil
@@ -233,17 +245,68 @@ func (f *Fake) Commit(r *FakeReservation, off, size int) error {
 	if err := backing.CheckRange("commit", off, size, r.size, f.gran); err != nil {
 		return err
 	}
-	if err := r.checkState("commit", off, size, false); err != nil {
+	if err := r.checkState("commit", off, size, false); err != nil || size == 0 {
 		return err
 	}
-	gs, err := f.newGranules("commit", off, size/f.gran)
+	if a := f.acct.Authority(); a != nil {
+		if err := a.TryAcquire(int64(size)); err != nil {
+			return &backing.OpError{Op: "commit", Offset: off, Size: size, Err: err}
+		}
+	}
+	r.mapNew(off, size)
+	return nil
+}
+
+// CommitCtx is Commit that, under ByBacking with FakeOptions.Wait, waits in the
+// governor's FIFO queue until the budget covers [off, off+size) or ctx ends; then it
+// returns an error wrapping ctx's and changes nothing. Otherwise it answers an error
+// wrapping [backing.ErrUnsupported] and changes nothing.
+func (f *Fake) CommitCtx(ctx context.Context, r *FakeReservation, off, size int) error {
+	const op = "commit ctx"
+	if ctx == nil {
+		panic("backingtest: CommitCtx with a nil context")
+	}
+	a := f.acct.Authority()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.use(op, r); err != nil {
+		return err
+	}
+	if !f.wait || a == nil {
+		return &backing.OpError{Op: op, Offset: off, Size: size, Kind: backing.ErrUnsupported,
+			Err: fmt.Errorf("backingtest: waiting needs ByBacking accounting and FakeOptions.Wait")}
+	}
+	if err := backing.CheckRange(op, off, size, r.size, f.gran); err != nil {
+		return err
+	}
+	// NB: an empty commit must not queue: the governor refuses even 0 bytes while
+	// others wait.
+	if err := r.checkState(op, off, size, false); err != nil || size == 0 {
+		return err
+	}
+	err := a.TryAcquire(int64(size))
+	if errors.Is(err, accounting.ErrBudgetExceeded) && !errors.Is(err, accounting.ErrExceedsLimit) {
+		// Wait without f.mu: the decommits that free the budget need it.
+		f.mu.Unlock()
+		err = a.Acquire(ctx, int64(size))
+		f.mu.Lock()
+		if err == nil {
+			if r.gone {
+				a.Release(int64(size))
+				panic(backing.PanicUseAfterUnreserve)
+			}
+			// NB: only misuse (an unserialized call on an overlapping range) can
+			// commit a granule of the range meanwhile.
+			if err := r.checkState(op, off, size, false); err != nil {
+				a.Release(int64(size))
+				return err
+			}
+		}
+	}
 	if err != nil {
-		return err
+		return &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
 	}
-	for k, g := range gs {
-		g.refs = 1
-		r.mappings[off/f.gran+k] = fakeMapping{g: g, prot: backing.ReadWrite}
-	}
+	r.mapNew(off, size)
 	return nil
 }
 
@@ -322,6 +385,7 @@ func (f *Fake) Share(dst *FakeReservation, dstOff int, src *FakeReservation, src
 		m.g.refs++
 		dst.mappings[dstOff/f.gran+k] = fakeMapping{g: m.g, prot: prot}
 	}
+	f.acct.Authority().Map(int64(size))
 	return nil
 }
 

@@ -1,9 +1,11 @@
 package backingtest_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -129,4 +131,110 @@ func TestFakeShareUnknownProtection(t *testing.T) {
 	assert.ErrorIs(t, f.Decommit(b, 0, f.Granularity()), backing.ErrNotCommitted, "nothing was mapped")
 	assert.True(t, f.Unreserve(a).OK())
 	assert.True(t, f.Unreserve(b).OK())
+}
+
+func TestFakeAttributesMappings(t *testing.T) {
+	auth := accounting.NewGovernor().Authority("fake", accounting.HostKey)
+	f := backingtest.NewFake(backingtest.FakeOptions{Granularity: 4096, Authority: auth})
+	a, _ := f.Reserve(3 * 4096)
+	b, _ := f.Reserve(2 * 4096)
+	require.NoError(t, f.Commit(a, 0, 3*4096))
+	assert.Equal(t, int64(3*4096), auth.Stats().Mapped, "Commit maps")
+	require.NoError(t, f.Share(b, 0, a, 4096, 2*4096, backing.ReadWrite))
+	assert.Equal(t, int64(5*4096), auth.Stats().Mapped, "Share maps")
+	assert.Equal(t, int64(3*4096), auth.Stats().Owned, "Share owns nothing more")
+	assert.ErrorIs(t, f.Commit(a, 0, 4096), backing.ErrCommitted)
+	assert.Equal(t, int64(5*4096), auth.Stats().Mapped, "a refused Commit maps nothing")
+	require.NoError(t, f.Decommit(a, 4096, 4096))
+	assert.Equal(t, int64(4*4096), auth.Stats().Mapped, "Decommit unmaps")
+	assert.Equal(t, int64(3*4096), auth.Stats().Owned, "b still maps the granule")
+	require.True(t, f.Unreserve(a).OK())
+	assert.Equal(t, int64(2*4096), auth.Stats().Mapped, "Unreserve unmaps")
+	assert.Equal(t, int64(2*4096), auth.Stats().Owned)
+	require.True(t, f.Unreserve(b).OK())
+	assert.Equal(t, accounting.AuthorityStats{Name: "fake", Device: accounting.HostKey, OwnedPeak: 3 * 4096}, auth.Stats())
+
+	byBuffer := backingtest.NewFake(backingtest.FakeOptions{Granularity: 4096})
+	r, _ := byBuffer.Reserve(4096)
+	require.NoError(t, byBuffer.Commit(r, 0, 4096), "ByBuffer has no ledger to map in")
+	assert.True(t, byBuffer.Unreserve(r).OK())
+}
+
+func TestFakeCommitCtx(t *testing.T) {
+	const g = 4096
+	gov := accounting.NewGovernor()
+	auth := gov.Authority("fake", accounting.HostKey)
+	f := backingtest.NewFake(backingtest.FakeOptions{Granularity: g, Authority: auth, Wait: true})
+	r, _ := f.Reserve(4 * g)
+	ctx := context.Background()
+	for _, tt := range []struct {
+		name      string
+		off, size int
+		kind      error
+	}{
+		{"misaligned", 1, g, backing.ErrInvalidRange},
+		{"negative size", 0, -g, backing.ErrInvalidRange},
+		{"past the end", 4 * g, g, backing.ErrOutOfRange},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.ErrorIs(t, f.CommitCtx(ctx, r, tt.off, tt.size), tt.kind)
+		})
+	}
+	assert.ErrorIs(t, f.CommitCtx(ctx, &backingtest.FakeReservation{}, 0, g), backing.ErrForeignReservation)
+	assert.PanicsWithValue(t, "backingtest: CommitCtx with a nil context", func() { _ = f.CommitCtx(nil, r, 0, g) }) //nolint:staticcheck // the nil context is the point
+	require.NoError(t, f.CommitCtx(ctx, r, 0, g))
+	assert.ErrorIs(t, f.CommitCtx(ctx, r, 0, 2*g), backing.ErrCommitted)
+
+	// Under a full budget it waits until a decommit frees enough.
+	require.NoError(t, gov.SetLimit(accounting.HostKey, 2*g))
+	require.NoError(t, f.Commit(r, g, g))
+	done := make(chan error, 1)
+	go func() { done <- f.CommitCtx(ctx, r, 2*g, g) }()
+	for gov.Stats(accounting.HostKey).Waiters == 0 {
+		time.Sleep(100 * time.Microsecond)
+	}
+	require.NoError(t, f.Decommit(r, 0, g))
+	require.NoError(t, <-done)
+	assert.Equal(t, 2, f.LiveGranules())
+	assert.Equal(t, int64(2*g), auth.Stats().Mapped)
+	// A request larger than the whole limit fails at once rather than wait forever.
+	err := f.CommitCtx(ctx, r, 0, 3*g)
+	assert.ErrorIs(t, err, backing.ErrCommitted, "state is checked before the budget")
+	require.NoError(t, f.Decommit(r, g, 2*g))
+	assert.ErrorIs(t, f.CommitCtx(ctx, r, 0, 3*g), accounting.ErrExceedsLimit)
+	assert.True(t, f.Unreserve(r).OK())
+	assert.Zero(t, auth.Stats().Owned)
+
+	for _, opts := range []backingtest.FakeOptions{
+		{Granularity: g, Authority: auth},
+		{Granularity: g, Wait: true},
+	} {
+		f := backingtest.NewFake(opts)
+		r, _ := f.Reserve(g)
+		assert.ErrorIs(t, f.CommitCtx(ctx, r, 0, g), backing.ErrUnsupported, "Wait %v, ByBacking %v", opts.Wait, opts.Authority != nil)
+		assert.ErrorIs(t, f.Decommit(r, 0, g), backing.ErrNotCommitted, "a refused CommitCtx commits nothing")
+		assert.True(t, f.Unreserve(r).OK())
+	}
+}
+
+// An empty commit is a no-op even while others wait for the budget.
+func TestFakeEmptyCommitWhileWaiting(t *testing.T) {
+	const g = 4096
+	gov := accounting.NewGovernor()
+	require.NoError(t, gov.SetLimit(accounting.HostKey, g))
+	auth := gov.Authority("fake", accounting.HostKey)
+	f := backingtest.NewFake(backingtest.FakeOptions{Granularity: g, Authority: auth, Wait: true})
+	r, _ := f.Reserve(2 * g)
+	require.NoError(t, f.Commit(r, 0, g))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- auth.Acquire(ctx, g) }()
+	for gov.Stats(accounting.HostKey).Waiters == 0 {
+		time.Sleep(100 * time.Microsecond)
+	}
+	assert.NoError(t, f.Commit(r, g, 0), "empty Commit")
+	assert.NoError(t, f.CommitCtx(context.Background(), r, g, 0), "empty CommitCtx")
+	cancel()
+	assert.ErrorIs(t, <-done, context.Canceled)
+	assert.True(t, f.Unreserve(r).OK())
 }
