@@ -24,6 +24,8 @@ func newFake(opts backingtest.FakeOptions, byBacking bool) func(t *testing.T) *b
 			assert.Zero(t, f.LiveGranules(), "granules left behind")
 			if o.Authority != nil {
 				assert.Zero(t, o.Authority.Stats().Owned, "owned bytes left behind")
+				assert.Zero(t, o.Authority.Stats().Mapped, "mapped bytes left behind")
+				assert.Equal(t, accounting.Unlimited, o.Authority.Governor().Limit(o.Device), "the suite restores the limit")
 			}
 		})
 		return f
@@ -38,6 +40,8 @@ func TestRunFake(t *testing.T) {
 	}{
 		{"ByBuffer", backingtest.FakeOptions{}, false},
 		{"ByBacking", backingtest.FakeOptions{}, true},
+		{"ByBacking/wait", backingtest.FakeOptions{Wait: true}, true},
+		{"ByBuffer/wait", backingtest.FakeOptions{Wait: true}, false},
 		{"ByBacking/granule=2MiB/device", backingtest.FakeOptions{Granularity: 2 << 20, Device: accounting.GPU(0)}, true},
 		{"ByBuffer/granule=4KiB", backingtest.FakeOptions{Granularity: 4 << 10}, false},
 	} {
@@ -55,7 +59,7 @@ func TestRunFaultyNoFaults(t *testing.T) {
 			name = "ByBacking"
 		}
 		t.Run(name, func(t *testing.T) {
-			mk := newFake(backingtest.FakeOptions{}, byBacking)
+			mk := newFake(backingtest.FakeOptions{Wait: true}, byBacking)
 			backingtest.Run(t, func(t *testing.T) backing.Backing[*backingtest.FakeReservation] {
 				return backingtest.NewFaulty[*backingtest.FakeReservation](mk(t))
 			})

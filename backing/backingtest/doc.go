@@ -11,8 +11,9 @@
 // granules; [SeedOps] is its short seed corpus.
 //
 // [Fake] is a backing on Go-heap memory with a synthetic address space: fast, exact
-// about what is alive (LiveGranules, LiveReservations), and able to share granules under
-// ByBacking accounting, so that arenas and caches can be tested without the OS.
+// about what is alive (LiveGranules, LiveReservations), and able to share granules (and,
+// when asked, to wait for the budget) under ByBacking accounting, so that arenas and
+// caches can be tested without the OS.
 //
 // [Faulty] wraps any backing and makes chosen calls fail (the n-th call of any
 // operation, or of one), for fault-injection tests of rollback paths: the typical test
@@ -29,5 +30,8 @@
 // # Concurrency
 //
 // Fake and Faulty are safe for concurrent use. Run calls the backing from several
-// goroutines in its "Concurrent" property only, on distinct ranges.
+// goroutines in its "Concurrent" property, on distinct ranges, and in its "BudgetWait"
+// properties, where CommitCtx waits in other goroutines while the test goroutine
+// decommits; those goroutines end before the property does. Those properties set the
+// device's limit on the backing's governor while they run.
 package backingtest

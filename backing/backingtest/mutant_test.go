@@ -1,11 +1,13 @@
 package backingtest_test
 
 import (
+	"context"
 	"errors"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 
@@ -70,6 +72,80 @@ func (m ownsTwice) Share(dst fakeR, dstOff int, src fakeR, srcOff, size int, pro
 	return m.Accounting().Authority().TryAcquire(int64(size)) // charges a shared granule again
 }
 
+type sharesWritable struct{ *backingtest.Fake }
+
+func (m sharesWritable) Share(dst fakeR, dstOff int, src fakeR, srcOff, size int, _ backing.Protection) error {
+	return m.Fake.Share(dst, dstOff, src, srcOff, size, backing.ReadWrite)
+}
+
+type anyProtection struct{ *backingtest.Fake }
+
+func (m anyProtection) Share(dst fakeR, dstOff int, src fakeR, srcOff, size int, prot backing.Protection) error {
+	return m.Fake.Share(dst, dstOff, src, srcOff, size, min(prot, backing.ReadOnly))
+}
+
+type mapsSharesTwice struct{ *backingtest.Fake }
+
+func (m mapsSharesTwice) Share(dst fakeR, dstOff int, src fakeR, srcOff, size int, prot backing.Protection) error {
+	if err := m.Fake.Share(dst, dstOff, src, srcOff, size, prot); err != nil {
+		return err
+	}
+	m.Accounting().Authority().Map(int64(size))
+	return nil
+}
+
+type noShareWithin struct{ *backingtest.Fake }
+
+func (m noShareWithin) Share(dst fakeR, dstOff int, src fakeR, srcOff, size int, prot backing.Protection) error {
+	if dst == src {
+		return &backing.OpError{Op: "share", Offset: dstOff, Size: size, Kind: backing.ErrCommitted}
+	}
+	return m.Fake.Share(dst, dstOff, src, srcOff, size, prot)
+}
+
+type decommitsNeighbour struct{ *backingtest.Fake }
+
+func (m decommitsNeighbour) Decommit(r fakeR, off, size int) error {
+	if err := m.Fake.Decommit(r, off, size); err != nil {
+		return err
+	}
+	_ = m.Fake.Decommit(r, off+size, m.Granularity())
+	return nil
+}
+
+// partialOnRefusal commits the first granule of a range the budget refuses.
+type partialOnRefusal struct{ *backingtest.Fake }
+
+func (m partialOnRefusal) Commit(r fakeR, off, size int) error {
+	err := m.Fake.Commit(r, off, size)
+	if errors.Is(err, accounting.ErrBudgetExceeded) && size > m.Granularity() {
+		_ = m.Fake.Commit(r, off, m.Granularity())
+	}
+	return err
+}
+
+type impatient struct{ *backingtest.Fake }
+
+func (m impatient) CommitCtx(_ context.Context, r fakeR, off, size int) error {
+	return m.Fake.Commit(r, off, size)
+}
+
+// ghostWaiter leaves a request on the governor when its wait is cancelled, which takes
+// the next bytes freed.
+type ghostWaiter struct{ *backingtest.Fake }
+
+func (m ghostWaiter) CommitCtx(ctx context.Context, r fakeR, off, size int) error {
+	err := m.Fake.CommitCtx(ctx, r, off, size)
+	if errors.Is(err, context.Canceled) {
+		go func() { _ = m.Accounting().Authority().Acquire(context.Background(), int64(size)) }()
+		// Let the ghost queue before the caller looks.
+		for m.Accounting().Authority().Governor().Stats(m.Device()).Waiters == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	return err
+}
+
 var mutants = map[string]struct {
 	make func(*backingtest.Fake) backing.Backing[fakeR]
 	want []string // properties that must fail
@@ -80,6 +156,16 @@ var mutants = map[string]struct {
 	"keepsContents":  {func(f *backingtest.Fake) backing.Backing[fakeR] { return keepsContents{f} }, []string{"DecommitForfeits", "DecommitUncommitted"}},
 	"roundsDown":     {func(f *backingtest.Fake) backing.Backing[fakeR] { return roundsDown{f} }, []string{"Alignment"}},
 	"ownsTwice":      {func(f *backingtest.Fake) backing.Backing[fakeR] { return ownsTwice{f} }, []string{"ShareLastMapping"}},
+	"sharesWritable": {func(f *backingtest.Fake) backing.Backing[fakeR] { return sharesWritable{f} }, []string{"ShareReadOnlyCopyIn"}},
+	"anyProtection":  {func(f *backingtest.Fake) backing.Backing[fakeR] { return anyProtection{f} }, []string{"ShareUnknownProtection"}},
+	"mapsSharesTwice": {func(f *backingtest.Fake) backing.Backing[fakeR] { return mapsSharesTwice{f} },
+		[]string{"AccountingAxes", "ShareWithin"}},
+	"noShareWithin":      {func(f *backingtest.Fake) backing.Backing[fakeR] { return noShareWithin{f} }, []string{"ShareWithin"}},
+	"decommitsNeighbour": {func(f *backingtest.Fake) backing.Backing[fakeR] { return decommitsNeighbour{f} }, []string{"ShareDecommitPart"}},
+	"partialOnRefusal":   {func(f *backingtest.Fake) backing.Backing[fakeR] { return partialOnRefusal{f} }, []string{"BudgetRefusal"}},
+	"impatient": {func(f *backingtest.Fake) backing.Backing[fakeR] { return impatient{f} },
+		[]string{"BudgetWaitFIFO", "BudgetWaitCancel"}},
+	"ghostWaiter": {func(f *backingtest.Fake) backing.Backing[fakeR] { return ghostWaiter{f} }, []string{"BudgetWaitCancel"}},
 }
 
 const mutantEnv = "BACKINGTEST_MUTANT"
@@ -95,7 +181,7 @@ func TestMutantChild(t *testing.T) {
 	m := mutants[name]
 	backingtest.Run(t, func(t *testing.T) backing.Backing[fakeR] {
 		auth := accounting.NewGovernor().Authority("mutant", accounting.HostKey)
-		return m.make(backingtest.NewFake(backingtest.FakeOptions{Authority: auth}))
+		return m.make(backingtest.NewFake(backingtest.FakeOptions{Authority: auth, Wait: true}))
 	})
 }
 

@@ -28,10 +28,24 @@ const largeReservation = 64 << 30
 // commits of distinct ranges, unreserve of committed granules, and the panic on use
 // after Unreserve. Capabilities are probed by type assertion and checked when present:
 // [backing.Copier] and [backing.HostAccessible] (at least one is required, to reach the
-// contents), [backing.Zeroer], [backing.Sharer], [backing.Pool], [backing.Populator],
+// contents), [backing.Zeroer], [backing.Sharer] (read-only mappings refuse CopyIn, an
+// unknown [backing.Protection] is refused, sharing within one reservation, partial
+// decommits of a shared range), [backing.Pool], [backing.Populator],
 // [backing.Waiter]. A capability method that answers with an error wrapping
 // [backing.ErrUnsupported] (a [Faulty] over a backing without it, a Fake sharing under
 // ByBuffer) counts as absent, after the suite checks that the refusal changed nothing.
+//
+// Under ByBacking the suite checks the authority's axes: Commit and Share raise Mapped,
+// Decommit and Unreserve lower it; Owned is the bytes of live granules, mapped or idle
+// in a pool. It also checks the budget: a Commit the budget refuses changes nothing,
+// and a Waiter's CommitCtx waits on the governor, is served in arrival order and leaks
+// nothing when cancelled. For that the suite sets the limit of the backing's device on
+// the backing's governor (Accounting().Authority().Governor()) and restores the
+// previous limit when the property ends.
+//
+// NB: so under ByBacking the factory must give each backing an authority and a device
+// budget of its own (a fresh governor does): the suite compares the authority's Owned
+// and Mapped with PoolStats, and other users of the device would change its figures.
 //
 // Each property reserves a few granules, except "Large", which reserves 64 GiB of
 // address space and commits only its last granule; a backing may refuse that
@@ -64,12 +78,20 @@ func Run[R any](t *testing.T, newBacking func(t *testing.T) backing.Backing[R]) 
 		{"ShareDecommitSource", testShareDecommitSource[R]},
 		{"ShareLastMapping", testShareLastMapping[R]},
 		{"ShareReadOnly", testShareReadOnly[R]},
+		{"ShareReadOnlyCopyIn", testShareReadOnlyCopyIn[R]},
+		{"ShareUnknownProtection", testShareUnknownProtection[R]},
+		{"ShareWithin", testShareWithin[R]},
+		{"ShareDecommitPart", testShareDecommitPart[R]},
 		{"ShareErrors", testShareErrors[R]},
 		{"PoolReuse", testPoolReuse[R]},
 		{"PoolPrefill", testPoolPrefill[R]},
 		{"PoolTrim", testPoolTrim[R]},
 		{"Populate", testPopulate[R]},
 		{"CommitCtx", testCommitCtx[R]},
+		{"AccountingAxes", testAccountingAxes[R]},
+		{"BudgetRefusal", testBudgetRefusal[R]},
+		{"BudgetWaitFIFO", testBudgetWaitFIFO[R]},
+		{"BudgetWaitCancel", testBudgetWaitCancel[R]},
 	}
 	for _, p := range props {
 		t.Run(p.name, func(t *testing.T) {
@@ -993,6 +1015,127 @@ func testShareReadOnly[R any](e *env[R]) {
 	e.checkRead(b.r, g, p, "read-only share after the owner wrote")
 	e.unreserve(b, 2*g)
 	e.unreserve(a, 2*g)
+}
+
+func testShareReadOnlyCopyIn[R any](e *env[R]) {
+	s, ok := e.sharer()
+	if !ok {
+		return
+	}
+	t := e.t
+	c, ok := e.b.(backing.Copier[R])
+	if !ok || !e.accessorsHave("copier") {
+		t.Log("not a Copier: a read-only mapping is only written directly, which faults")
+		return
+	}
+	g := e.g()
+	a := e.reserve(2)
+	b := e.reserve(2)
+	m := e.reserve(2)
+	require.NoError(t, e.b.Commit(a.r, 0, 2*g))
+	e.mark(a.r, 0, 2*g, 40)
+	require.NoError(t, s.Share(b.r, 0, a.r, 0, 2*g, backing.ReadOnly))
+	// m maps granule 0 read-write and granule 1 read-only: a copy across both must not
+	// write the writable part either.
+	require.NoError(t, s.Share(m.r, 0, a.r, 0, g, backing.ReadWrite))
+	require.NoError(t, s.Share(m.r, g, a.r, g, g, backing.ReadOnly))
+	for _, tt := range []struct {
+		name string
+		r    R
+		off  int
+		n    int
+	}{
+		{"first byte", b.r, 0, 1},
+		{"granule head", b.r, 0, 16},
+		{"across granules", b.r, g - 8, 16},
+		{"second granule", b.r, g + g/2, 16},
+		{"whole range", b.r, 0, 2 * g},
+		{"from a writable granule into a read-only one", m.r, g - 8, 16},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Error(t, c.CopyIn(tt.r, tt.off, bytes.Repeat([]byte{0xEE}, tt.n)), "CopyIn through a read-only mapping")
+		})
+	}
+	e.checkMark(a.r, 0, 2*g, 40, "source after refused writes")
+	e.checkMark(b.r, 0, 2*g, 40, "read-only mapping after refused writes")
+	e.checkMark(m.r, 0, 2*g, 40, "mixed mapping after refused writes")
+	e.unreserve(m, 2*g)
+	e.unreserve(b, 2*g)
+	e.unreserve(a, 2*g)
+}
+
+func testShareUnknownProtection[R any](e *env[R]) {
+	s, ok := e.sharer()
+	if !ok {
+		return
+	}
+	t := e.t
+	g := e.g()
+	a := e.reserve(1)
+	b := e.reserve(1)
+	require.NoError(t, e.b.Commit(a.r, 0, g))
+	e.mark(a.r, 0, g, 41)
+	before := e.books()
+	for _, prot := range []backing.Protection{backing.ReadOnly + 1, 7, 255} {
+		assert.Error(t, s.Share(b.r, 0, a.r, 0, g, prot), "Share with protection %d", prot)
+	}
+	e.checkState(a.r, []bool{true}, 41, "source after refused shares")
+	e.checkState(b.r, []bool{false}, 0, "destination after refused shares")
+	e.expectBooks(before, 0, 0, "refused shares")
+	e.unreserve(b, 0)
+	e.unreserve(a, g)
+}
+
+func testShareWithin[R any](e *env[R]) {
+	s, ok := e.sharer()
+	if !ok {
+		return
+	}
+	t := e.t
+	g := e.g()
+	x := e.reserve(5)
+	require.NoError(t, e.b.Commit(x.r, 0, 2*g))
+	e.mark(x.r, 0, 2*g, 42)
+	before := e.books()
+	require.NoError(t, s.Share(x.r, 3*g, x.r, 0, 2*g, backing.ReadWrite), "share [0,2) of a reservation at [3,5) of itself")
+	e.expectBooks(before, int64(2*g), 0, "Share within one reservation")
+	e.checkMark(x.r, 3*g, g, 42-3, "the shared range")
+	e.checkMark(x.r, 4*g, g, 42-3, "the shared range")
+	for i, how := range e.accessors() {
+		p := pattern(43+i, 64)
+		e.writeVia(how, x.r, g+g/2, p)
+		e.checkRead(x.r, 4*g+g/2, p, "written in the source via "+how+", read in the destination")
+		q := pattern(53+i, 64)
+		e.writeVia(how, x.r, 3*g, q)
+		e.checkRead(x.r, 0, q, "written in the destination via "+how+", read in the source")
+	}
+	isOp(t, e.b.Decommit(x.r, 2*g, g), backing.ErrNotCommitted, "the granule between stays reserved")
+	e.unreserve(x, 4*g)
+}
+
+func testShareDecommitPart[R any](e *env[R]) {
+	s, ok := e.sharer()
+	if !ok {
+		return
+	}
+	t := e.t
+	g := e.g()
+	a := e.reserve(3)
+	b := e.reserve(3)
+	require.NoError(t, e.b.Commit(a.r, 0, 3*g))
+	e.mark(a.r, 0, 3*g, 44)
+	require.NoError(t, s.Share(b.r, 0, a.r, 0, 3*g, backing.ReadWrite))
+	before := e.books()
+	require.NoError(t, e.b.Decommit(b.r, g, g), "decommit the middle of the shared range")
+	e.expectBooks(before, -int64(g), 0, "decommit of one mapping of a granule mapped twice")
+	e.checkState(b.r, []bool{true, false, true}, 44, "destination after its middle went")
+	e.checkState(a.r, []bool{true, true, true}, 44, "source after the destination's middle went")
+	// What is left of the destination is still the source's memory.
+	p := pattern(45, 32)
+	e.write(b.r, 2*g+g/2, p)
+	e.checkRead(a.r, 2*g+g/2, p, "written in the destination's tail, read in the source")
+	e.unreserve(b, 2*g)
+	e.unreserve(a, 3*g)
 }
 
 func testShareErrors[R any](e *env[R]) {
