@@ -83,6 +83,14 @@ func (g *Governor) Limit(k DeviceKey) int64 {
 	return g.dev(k).limit
 }
 
+// Available returns the bytes free under device k's limit now (0 when over it).
+func (g *Governor) Available(k DeviceKey) int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	d := g.dev(k)
+	return max(d.limit-d.used, 0)
+}
+
 // Authority returns a new ledger named name that takes bytes on device k.
 // Names need not be unique; they label Stats.
 func (g *Governor) Authority(name string, k DeviceKey) *Authority {

@@ -324,3 +324,15 @@ func TestReleaseOutcome(t *testing.T) {
 	assert.Equal(t, accounting.ReleaseOutcome{Status: accounting.Complete, Unmapped: 7}, accounting.Released(7))
 	assert.Equal(t, accounting.ReleaseOutcome{Status: accounting.Failed, Residual: 7, Err: e}, accounting.FailedRelease(7, e))
 }
+
+func TestAvailable(t *testing.T) {
+	g := accounting.NewGovernor()
+	assert.Equal(t, accounting.Unlimited, g.Available(accounting.HostKey))
+	require.NoError(t, g.SetLimit(accounting.HostKey, 10))
+	a := g.Authority("a", accounting.HostKey)
+	require.NoError(t, a.TryAcquire(4))
+	assert.Equal(t, int64(6), g.Available(accounting.HostKey))
+	require.NoError(t, g.SetLimit(accounting.HostKey, 2))
+	assert.Equal(t, int64(0), g.Available(accounting.HostKey), "over the limit: nothing available")
+	a.Release(4)
+}

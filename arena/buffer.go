@@ -191,16 +191,38 @@ func (buf *Buffer[R, B]) commit(ctx context.Context, off, size int) error {
 	if w, ok := any(buf.b).(backing.Waiter[R]); ok && ctx != nil {
 		err = w.CommitCtx(ctx, buf.r, off, size)
 		if errors.Is(err, backing.ErrUnsupported) {
-			err = buf.b.Commit(buf.r, off, size)
+			err = buf.commitRetry(ctx, off, size)
 		}
 	} else {
-		err = buf.b.Commit(buf.r, off, size)
+		err = buf.commitRetry(ctx, off, size)
 	}
 	if err != nil {
 		return err
 	}
 	buf.committed = off + size
 	return nil
+}
+
+// commitRetry commits [off, off+size) on a backing that owns its memory but can not
+// wait itself: with a context, a budget refusal is retried each time the governor
+// releases bytes on the device, until ctx ends.
+func (buf *Buffer[R, B]) commitRetry(ctx context.Context, off, size int) error {
+	if ctx == nil {
+		return buf.b.Commit(buf.r, off, size)
+	}
+	gov := buf.b.Accounting().Authority().Governor()
+	for {
+		released := gov.Released(buf.b.Device()) // before the try: no wake-up is missed
+		err := buf.b.Commit(buf.r, off, size)
+		if err == nil || !errors.Is(err, accounting.ErrBudgetExceeded) || errors.Is(err, accounting.ErrExceedsLimit) {
+			return err
+		}
+		select {
+		case <-released:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // ShareFrom maps the physical granules behind the first size bytes of src into this

@@ -187,3 +187,36 @@ func TestBufferShareFrom(t *testing.T) {
 	assert.Equal(t, int64(0), pool.Stats().Owned)
 	assert.Zero(t, f.LiveGranules())
 }
+
+// A backing that owns its memory but can not wait itself: ResizeCtx retries when the
+// governor releases bytes.
+func TestBufferResizeCtxWaitsByBacking(t *testing.T) {
+	gov := accounting.NewGovernor()
+	require.NoError(t, gov.SetLimit(accounting.HostKey, g))
+	pool := gov.Authority("pool", accounting.HostKey)
+	f := backingtest.NewFake(backingtest.FakeOptions{Granularity: g, Authority: pool})
+	a, err := arena.NewBuffer(f, 2*g, nil)
+	require.NoError(t, err)
+	b, err := arena.NewBuffer(f, 2*g, nil)
+	require.NoError(t, err)
+	require.NoError(t, a.Resize(g))
+	shrunk := make(chan struct{})
+	go func() {
+		defer close(shrunk)
+		time.Sleep(20 * time.Millisecond)
+		assert.NoError(t, a.Resize(0))
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, b.ResizeCtx(ctx, g))
+	assert.Equal(t, g, b.Committed())
+	<-shrunk
+
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel2()
+	assert.ErrorIs(t, a.ResizeCtx(ctx2, g), context.DeadlineExceeded)
+	assert.ErrorIs(t, a.ResizeCtx(context.Background(), 2*g), accounting.ErrExceedsLimit, "never fits: no wait")
+	assert.True(t, a.Close().OK())
+	assert.True(t, b.Close().OK())
+	assert.Zero(t, pool.Stats().Owned)
+}

@@ -88,8 +88,11 @@ func (s *Sequence[R, B]) Writable() int {
 }
 
 // Bytes returns the Len × TokenBytes bytes of layer's K or V tensor in the PerLayer
-// layout on a host backing. The slice is valid until the sequence shrinks or closes;
-// bytes below Writable() × TokenBytes are read-only (a write faults).
+// layout on a host backing. The slice is valid until the sequence shrinks or closes.
+// Bytes below Writable() × TokenBytes are shared with a prefix or a fork and MUST NOT
+// be written: in a sequence started on a prefix or forked they are mapped read-only
+// (a write faults); in the sequence a prefix or fork was made from they are not, and a
+// write would reach every sharer.
 func (s *Sequence[R, B]) Bytes(layer int, kind Kind) ([]byte, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
@@ -113,7 +116,7 @@ func (s *Sequence[R, B]) Base(layer int, kind Kind) uintptr {
 	s.live()
 	g := s.c.cfg.Geometry
 	if layer < 0 || layer >= g.Layers || kind > V {
-		panic(fmt.Sprintf("kv: Base of layer %d %v out of range", layer, kind))
+		panic(PanicLayerRange)
 	}
 	if s.c.cfg.Layout == PerSequence {
 		return s.bufs[0].Base() + uintptr((2*layer+int(kind))*g.TokenBytes())

@@ -44,13 +44,14 @@ type Cache[R any, B backing.Backing[R]] struct {
 	prefixes map[*Prefix[R, B]]struct{}
 	nextID   uint64
 	closed   bool
+	inflight int                   // sequences being made: Close must wait for them
 	waiters  list.List             // of *appendWaiter, FIFO
 	changed  chan struct{}         // closed when memory comes back to this cache
 	waits    int64                 // AppendCtx calls that had to wait
 	orphans  []*arena.Buffer[R, B] // buffers whose Close failed; retried by Close
 }
 
-type appendWaiter struct{ wake chan struct{} }
+type appendWaiter struct{}
 
 // New returns a cache of sequences on b. It reserves nothing until sequences are made.
 func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache[R, B], error) {
@@ -73,6 +74,8 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache[R, B], error) {
 		return nil, fmt.Errorf("%w: the backing's memory is charged by buffer; set Authority", ErrConfig)
 	case acct.OwnedByBacking():
 		gov = acct.Authority().Governor()
+	case cfg.Authority.Device() != b.Device():
+		return nil, fmt.Errorf("%w: Authority is on %v, the backing on %v", ErrConfig, cfg.Authority.Device(), b.Device())
 	default:
 		gov = cfg.Authority.Governor()
 	}
@@ -104,20 +107,36 @@ func (c *Cache[R, B]) NewSequence() (*Sequence[R, B], error) {
 	return s, nil
 }
 
+// newSequence reserves a new sequence's ranges. Until register or abandon, the cache
+// counts it in flight and will not close.
 func (c *Cache[R, B]) newSequence() (*Sequence[R, B], error) {
 	c.mu.Lock()
-	closed := c.closed
-	c.nextID++
-	id := c.nextID
-	c.mu.Unlock()
-	if closed {
+	if c.closed {
+		c.mu.Unlock()
 		return nil, ErrClosed
 	}
+	c.nextID++
+	id := c.nextID
+	c.inflight++
+	c.mu.Unlock()
 	bufs, err := c.newBuffers(c.capac)
 	if err != nil {
+		c.abandon(nil)
 		return nil, err
 	}
 	return &Sequence[R, B]{c: c, id: id, bufs: bufs}, nil
+}
+
+// abandon gives back the ranges of a sequence that was never registered and wakes
+// waiters, since its memory came back.
+func (c *Cache[R, B]) abandon(s *Sequence[R, B]) {
+	if s != nil {
+		c.release(s.bufs)
+	}
+	c.mu.Lock()
+	c.inflight--
+	c.notifyLocked()
+	c.mu.Unlock()
 }
 
 // newBuffers reserves c.nbuf ranges of capacity bytes, all or none.
@@ -133,14 +152,14 @@ func (c *Cache[R, B]) newBuffers(capacity int) ([]*arena.Buffer[R, B], error) {
 	return bufs, nil
 }
 
-// release closes every buffer and sums the outcomes into one honest outcome. A close
-// that fails with nothing changed is retried once (the failure may be transient);
-// buffers that still fail are kept by the cache and retried by Cache.Close, and their
-// bytes are reported as residual.
+// release closes every buffer and sums the outcomes into one outcome. A close that
+// fails with nothing changed is retried once (the failure may be transient); buffers
+// that still fail are kept by the cache, retried by Cache.Close, and their bytes are
+// reported as residual. Since the buffers leave their owner either way, the outcome is
+// Complete or Quarantined, never Failed.
 func (c *Cache[R, B]) release(bufs []*arena.Buffer[R, B]) accounting.ReleaseOutcome {
 	var unmapped, residual int64
 	var errs []error
-	changed := false
 	for _, b := range bufs {
 		if b == nil {
 			continue
@@ -149,14 +168,12 @@ func (c *Cache[R, B]) release(bufs []*arena.Buffer[R, B]) accounting.ReleaseOutc
 		if o.Status == accounting.Failed {
 			o = b.Close()
 		}
-		switch o.Status {
-		case accounting.Failed:
+		if o.Status == accounting.Failed {
 			residual += int64(b.Committed())
 			c.mu.Lock()
 			c.orphans = append(c.orphans, b)
 			c.mu.Unlock()
-		default:
-			changed = true
+		} else {
 			unmapped += o.Unmapped
 			residual += o.Residual
 		}
@@ -164,12 +181,13 @@ func (c *Cache[R, B]) release(bufs []*arena.Buffer[R, B]) accounting.ReleaseOutc
 			errs = append(errs, o.Err)
 		}
 	}
-	return accounting.Outcome(unmapped, residual, changed, errors.Join(errs...))
+	return accounting.Outcome(unmapped, residual, true, errors.Join(errs...))
 }
 
 func (c *Cache[R, B]) register(s *Sequence[R, B]) {
 	c.mu.Lock()
 	c.seqs[s] = struct{}{}
+	c.inflight--
 	c.mu.Unlock()
 }
 
@@ -273,9 +291,9 @@ func (c *Cache[R, B]) SequenceStats() []SequenceStats {
 // giving back any range whose release failed earlier and reports what still fails.
 func (c *Cache[R, B]) Close() error {
 	c.mu.Lock()
-	if len(c.seqs) > 0 || len(c.prefixes) > 0 {
+	if len(c.seqs) > 0 || len(c.prefixes) > 0 || c.inflight > 0 {
 		defer c.mu.Unlock()
-		return fmt.Errorf("%w: %d sequences and %d prefixes still live", ErrConfig, len(c.seqs), len(c.prefixes))
+		return fmt.Errorf("%w: %d sequences and %d prefixes still live", ErrConfig, len(c.seqs)+c.inflight, len(c.prefixes))
 	}
 	c.closed = true
 	orphans := c.orphans
@@ -289,9 +307,32 @@ func (c *Cache[R, B]) Close() error {
 	return nil
 }
 
-// appendWait waits for memory for s in FIFO order among AppendCtx callers of this
-// cache, retrying Append(n) whenever memory comes back (a sequence of this cache
-// shrinks or closes, or the governor releases bytes on the device).
+// fits returns a *accounting.BudgetError when need fresh bytes can not be had now:
+// more than the device's limit allows at all (it matches ErrExceedsLimit then), or
+// more than is free under the limit plus what the backing's pool holds idle.
+func (c *Cache[R, B]) fits(need int64) error {
+	limit := c.gov.Limit(c.dev)
+	avail := c.gov.Available(c.dev)
+	if p := c.pool(); p != nil {
+		avail += p.PoolStats().Idle
+	}
+	if need > limit || need > avail {
+		return &accounting.BudgetError{Device: c.dev, Requested: need, Available: avail, Limit: limit}
+	}
+	return nil
+}
+
+// pool returns the backing's pool, or nil.
+func (c *Cache[R, B]) pool() backing.Pool {
+	p, _ := any(c.b).(backing.Pool)
+	return p
+}
+
+// appendWait waits for memory for s and appends n tokens. AppendCtx callers of this
+// cache are served in FIFO order: only the head of the queue tries; it waits for the
+// bytes its append needs in the governor's FIFO queue of the device (so a pool that
+// sees waiters gives idle granules back, and any release on the device wakes it), then
+// retries. The others wait until the head leaves.
 func (c *Cache[R, B]) appendWait(ctx context.Context, s *Sequence[R, B], n int) error {
 	w := &appendWaiter{}
 	c.mu.Lock()
@@ -308,23 +349,34 @@ func (c *Cache[R, B]) appendWait(ctx context.Context, s *Sequence[R, B], n int) 
 		}
 		c.mu.Unlock()
 	}()
+	ledger := c.ledger()
 	for {
 		c.mu.Lock()
 		changed := c.waitChansLocked()
 		head := c.waiters.Front() == elem
 		c.mu.Unlock()
-		released := c.gov.Released(c.dev)
-		if head {
-			err := s.Append(n)
-			if err == nil || !errors.Is(err, accounting.ErrBudgetExceeded) || errors.Is(err, accounting.ErrExceedsLimit) {
-				return err
+		if !head {
+			select {
+			case <-changed:
+				continue
+			case <-ctx.Done():
+				return ctx.Err()
 			}
 		}
-		select {
-		case <-changed:
-		case <-released:
-		case <-ctx.Done():
-			return ctx.Err()
+		err := s.Append(n)
+		if err == nil || !errors.Is(err, accounting.ErrBudgetExceeded) || errors.Is(err, accounting.ErrExceedsLimit) {
+			return err
 		}
+		// NB: idle pool granules hold budget a fresh commit can not use; give them
+		// back so that the wait below is for bytes that can come.
+		if p := c.pool(); p != nil {
+			_, _ = p.Trim(0)
+		}
+		need := s.need(s.n + n)
+		if err := ledger.Acquire(ctx, need); err != nil {
+			return err
+		}
+		// The bytes were free: give them back and let the append take them.
+		ledger.Release(need)
 	}
 }

@@ -31,4 +31,11 @@ const (
 	// PanicPrefixReleased is the panic value for using or releasing a Prefix whose
 	// creator's reference was already released.
 	PanicPrefixReleased = "kv: Prefix used after Release"
+	// PanicNilContext is the panic value for AppendCtx with a nil context.
+	PanicNilContext = "kv: AppendCtx with a nil context"
+	// PanicNilPrefix is the panic value for NewSequenceFrom(nil).
+	PanicNilPrefix = "kv: NewSequenceFrom with a nil prefix"
+	// PanicLayerRange is the panic value for Base of a layer or kind that does not
+	// exist.
+	PanicLayerRange = "kv: layer or kind out of range"
 )

@@ -127,6 +127,9 @@ func Size(g Geometry, layout Layout, granule, tokens, maxTokens int) (Sizing, er
 	}
 	committed, _ := backing.AlignUp(tokens*row, granule)
 	reserved, _ := backing.AlignUp(maxTokens*row, granule)
+	if reserved > 0 && int64(n) > math.MaxInt64/int64(reserved) {
+		return Sizing{}, fmt.Errorf("%w: %d ranges of %d bytes overflow", ErrConfig, n, reserved)
+	}
 	s := Sizing{
 		TokenBytes:    g.TokenBytes(),
 		BytesPerToken: g.BytesPerToken(),

@@ -1,6 +1,8 @@
 package kv
 
 import (
+	"fmt"
+
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing"
 )
@@ -54,15 +56,16 @@ func (p *Prefix[R, B]) unref() {
 	p.c.mu.Lock()
 	p.refs--
 	last := p.refs == 0
-	if last {
-		delete(p.c.prefixes, p)
-	}
 	p.c.mu.Unlock()
 	if last {
 		// NB: what can not be given back now is kept by the cache and retried by
-		// Cache.Close.
+		// Cache.Close. The prefix leaves the cache only after, so Close can not slip
+		// in between.
 		p.c.release(p.bufs)
-		p.c.notify()
+		p.c.mu.Lock()
+		delete(p.c.prefixes, p)
+		p.c.notifyLocked()
+		p.c.mu.Unlock()
 	}
 }
 
@@ -71,8 +74,11 @@ func (p *Prefix[R, B]) unref() {
 // last full granule are copied into the sequence's own granule. The sequence holds a
 // reference to p until it is closed. It MUST be closed.
 func (c *Cache[R, B]) NewSequenceFrom(p *Prefix[R, B]) (*Sequence[R, B], error) {
+	if p == nil {
+		panic(PanicNilPrefix)
+	}
 	if p.c != c {
-		return nil, ErrConfig
+		return nil, fmt.Errorf("%w: the prefix belongs to another cache", ErrConfig)
 	}
 	if !p.ref() {
 		panic(PanicPrefixReleased)
@@ -84,7 +90,7 @@ func (c *Cache[R, B]) NewSequenceFrom(p *Prefix[R, B]) (*Sequence[R, B], error) 
 	}
 	full, err := shareInto(s.bufs, p.bufs, p.tokens*c.row, c.gran)
 	if err != nil {
-		c.release(s.bufs)
+		c.abandon(s)
 		p.unref()
 		return nil, err
 	}

@@ -104,17 +104,34 @@ func (s *Sequence[R, B]) Append(n int) error {
 	if n > s.c.cfg.MaxTokens-s.n {
 		return fmt.Errorf("%w: %d + %d tokens, MaxTokens %d", ErrTooLong, s.n, n, s.c.cfg.MaxTokens)
 	}
+	if need := s.need(s.n + n); need > 0 {
+		// Refuse what can not fit before committing any of it: a commit rolled back
+		// would leave fresh granules idle in a pool, holding budget.
+		if err := s.c.fits(need); err != nil {
+			return err
+		}
+	}
 	return s.grow(s.n + n)
 }
 
 // grow resizes every range to tokens, all or nothing.
 func (s *Sequence[R, B]) grow(tokens int) error {
 	target := tokens * s.c.row
+	var idle int64
+	p := s.c.pool()
+	if p != nil {
+		idle = p.PoolStats().Idle
+	}
 	for i, b := range s.bufs {
 		if err := b.Resize(target); err != nil {
 			if rerr := s.resizeFirst(i, s.n*s.c.row); rerr != nil {
 				s.err = rerr
 				err = errors.Join(err, fmt.Errorf("%w: rolling back: %w", ErrDamaged, rerr))
+			}
+			if p != nil {
+				// The granules the rolled-back part took went idle: give back what
+				// the pool did not hold before, so the refusal holds no budget.
+				_, _ = p.Trim(int(idle / int64(s.c.gran)))
 			}
 			s.publish()
 			return err
@@ -140,6 +157,9 @@ func (s *Sequence[R, B]) resizeFirst(k, size int) error {
 // with the cache's other waiting appends, until ctx ends. A cancelled wait changes
 // nothing.
 func (s *Sequence[R, B]) AppendCtx(ctx context.Context, n int) error {
+	if ctx == nil {
+		panic(PanicNilContext)
+	}
 	err := s.Append(n)
 	if err == nil || !errors.Is(err, accounting.ErrBudgetExceeded) || errors.Is(err, accounting.ErrExceedsLimit) {
 		return err
@@ -147,12 +167,23 @@ func (s *Sequence[R, B]) AppendCtx(ctx context.Context, n int) error {
 	return s.c.appendWait(ctx, s, n)
 }
 
+// need returns the bytes of the granules s must commit to hold tokens.
+func (s *Sequence[R, B]) need(tokens int) int64 {
+	size, _ := backing.AlignUp(tokens*s.c.row, s.c.gran)
+	var n int64
+	for _, b := range s.bufs {
+		n += int64(max(size-b.Committed(), 0))
+	}
+	return n
+}
+
 // Truncate shrinks the sequence to n tokens (rollback after speculative decoding),
 // giving back the granules wholly past n. Truncating into memory shared with a prefix
 // or a fork never writes into it: the partly kept shared granule is replaced by one of
 // the sequence's own holding a copy of the kept tokens. That replacement needs a new
-// granule per range; if it can not be had, the sequence is left truncated to the
-// granule boundary below n and the error says so.
+// granule per range; if it can not be had, the sequence is left holding the whole
+// tokens below that granule and the error says how many (or, where a token straddles
+// the granule boundary, the sequence is damaged and must be closed).
 func (s *Sequence[R, B]) Truncate(n int) error {
 	if err := s.usable(); err != nil {
 		return err
@@ -190,6 +221,12 @@ func (s *Sequence[R, B]) Truncate(n int) error {
 		if err := b.Resize(target); err != nil {
 			if rerr := s.resizeFirst(i, gs); rerr != nil {
 				s.err = rerr
+			} else if gs%s.c.row != 0 {
+				// Token s.n would straddle the granule boundary: part of it lies in
+				// the shared granule given up, so no token count fits exactly.
+				s.err = err
+			} else {
+				s.resizeAll(s.n * s.c.row)
 			}
 			return fmt.Errorf("kv: truncate to %d tokens left %d: %w", n, s.n, err)
 		}
@@ -218,9 +255,12 @@ func (s *Sequence[R, B]) resizeAll(size int) error {
 }
 
 // Fork returns a new sequence holding the same tokens (parallel sampling, beam
-// search): the full granules are mapped, not copied, and stay read-only to both; the
-// tokens past the last full granule are copied into the new sequence's own granule.
-// The new sequence MUST be closed.
+// search): the full granules are mapped, not copied, read-only in the new sequence;
+// the tokens past the last full granule are copied into the new sequence's own
+// granule. From then on the tokens below Writable are shared in both: WriteToken
+// refuses them, and they MUST NOT be written through Bytes or a View of either (the
+// fork's mapping faults; the original's does not, and a write there would reach the
+// fork). The new sequence MUST be closed.
 func (s *Sequence[R, B]) Fork() (*Sequence[R, B], error) {
 	if err := s.usable(); err != nil {
 		return nil, err
@@ -234,7 +274,7 @@ func (s *Sequence[R, B]) Fork() (*Sequence[R, B], error) {
 	}
 	full, err := shareInto(child.bufs, s.bufs, s.n*s.c.row, s.c.gran)
 	if err != nil {
-		s.c.release(child.bufs)
+		s.c.abandon(child)
 		return nil, err
 	}
 	child.n = s.n
@@ -273,7 +313,8 @@ func shareInto[R any, B backing.Backing[R]](dst, src []*arena.Buffer[R, B], size
 // Freeze makes the first p tokens of the sequence an immutable, reference-counted
 // Prefix that new sequences can start on (NewSequenceFrom). The full granules are
 // shared, not copied; the prefix copies the tokens past the last full granule into a
-// granule of its own. The caller holds one reference and MUST Release it; the prefix's
+// granule of its own. The sequence's tokens below Writable are shared from then on:
+// they MUST NOT be written through Bytes or a View (WriteToken refuses them). The caller holds one reference and MUST Release it; the prefix's
 // memory is freed with its last user.
 func (s *Sequence[R, B]) Freeze(p int) (*Prefix[R, B], error) {
 	if err := s.usable(); err != nil {
@@ -294,6 +335,7 @@ func (s *Sequence[R, B]) Freeze(p int) (*Prefix[R, B], error) {
 	full, err := shareInto(bufs, s.bufs, size, s.c.gran)
 	if err != nil {
 		s.c.release(bufs)
+		s.c.notify()
 		return nil, err
 	}
 	s.frozen = max(s.frozen, full)

@@ -1,0 +1,185 @@
+package kv_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing/backingtest"
+	"github.com/vmarena/vmarena/kv"
+)
+
+// A Close whose releases fail twice reports Quarantined (the sequence left its cache,
+// its prefix reference went), never Failed; Cache.Close retries what was kept.
+func TestCloseFailureIsQuarantined(t *testing.T) {
+	fx := newFixture(t, 1<<30)
+	faulty := backingtest.NewFaulty[*backingtest.FakeReservation](fx.fake)
+	c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 64, Layout: kv.PerSequence})
+	require.NoError(t, err)
+	root, err := c.NewSequence()
+	require.NoError(t, err)
+	require.NoError(t, root.Append(16))
+	p, err := root.Freeze(16)
+	require.NoError(t, err)
+	s, err := c.NewSequenceFrom(p)
+	require.NoError(t, err)
+	require.True(t, root.Close().OK())
+	p.Release()
+
+	boom := errors.New("boom")
+	faulty.FailOp(backingtest.OpUnreserve, 1, boom)
+	faulty.FailOp(backingtest.OpUnreserve, 2, boom)
+	out := s.Close()
+	assert.Equal(t, accounting.Quarantined, out.Status)
+	assert.ErrorIs(t, out.Err, boom)
+	assert.Positive(t, out.Residual)
+	assert.PanicsWithValue(t, kv.PanicSequenceClosed, func() { s.Close() })
+	faulty.Reset()
+	require.NoError(t, c.Close(), "Close gives back what the failed release kept")
+}
+
+// An append that can never fit the limit fails at once, waiting or not.
+func TestAppendNeverFits(t *testing.T) {
+	fx := newFixture(t, 4*fakeGranule) // one token in each of tiny8's 6 tensors needs 6
+	c := fx.cache(t, kv.PerLayer, 64)
+	s, err := c.NewSequence()
+	require.NoError(t, err)
+	defer s.Close()
+	assert.ErrorIs(t, s.Append(1), accounting.ErrExceedsLimit)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	assert.ErrorIs(t, s.AppendCtx(ctx, 1), accounting.ErrExceedsLimit)
+	assert.NoError(t, ctx.Err(), "it did not wait")
+	assert.PanicsWithValue(t, kv.PanicNilContext, func() { _ = s.AppendCtx(nil, 1) }) //nolint:staticcheck // the nil context is the point
+}
+
+func TestSizeOverflow(t *testing.T) {
+	g := kv.Geometry{Name: "wide", Layers: 1024, KVHeads: 1, HeadDim: 1, DType: kv.Tiny.DType}
+	_, err := kv.Size(g, kv.PerLayer, 4096, 0, math.MaxInt/2-4096-1)
+	assert.ErrorIs(t, err, kv.ErrConfig)
+}
+
+// A truncation into a shared granule whose replacement can not be had, where a token
+// straddles the granule boundary, leaves the sequence damaged rather than holding a
+// token it can not write.
+func TestTruncateFailureStraddle(t *testing.T) {
+	fx := newFixture(t, 1<<30)
+	faulty := backingtest.NewFaulty[*backingtest.FakeReservation](fx.fake)
+	c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 64, Layout: kv.PerSequence})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, c.Close()) }()
+	parent, err := c.NewSequence() // rows of 3,072 bytes, granules of 4,096
+	require.NoError(t, err)
+	defer parent.Close()
+	require.NoError(t, parent.Append(4))
+	child, err := parent.Fork()
+	require.NoError(t, err)
+	defer child.Close()
+	faulty.FailOp(backingtest.OpCommit, 1, errors.New("boom"))
+	require.Error(t, child.Truncate(3)) // inside the shared granule [8192, 12288)
+	assert.True(t, child.Damaged())
+	assert.ErrorIs(t, child.Append(1), kv.ErrDamaged)
+}
+
+type slowReserve struct {
+	*backingtest.Fake
+	entered, proceed chan struct{}
+	once             sync.Once
+}
+
+func (s *slowReserve) Reserve(size int) (*backingtest.FakeReservation, error) {
+	s.once.Do(func() { close(s.entered); <-s.proceed })
+	return s.Fake.Reserve(size)
+}
+
+// Close refuses while a sequence is being made.
+func TestCloseWhileNewSequence(t *testing.T) {
+	fx := newFixture(t, 1<<30)
+	sr := &slowReserve{Fake: fx.fake, entered: make(chan struct{}), proceed: make(chan struct{})}
+	c, err := kv.New(sr, kv.Config{Geometry: tiny8, MaxTokens: 64})
+	require.NoError(t, err)
+	got := make(chan *kv.Sequence[*backingtest.FakeReservation, *slowReserve])
+	go func() {
+		s, err := c.NewSequence()
+		assert.NoError(t, err)
+		got <- s
+	}()
+	<-sr.entered
+	assert.ErrorIs(t, c.Close(), kv.ErrConfig)
+	close(sr.proceed)
+	s := <-got
+	assert.True(t, s.Close().OK())
+	require.NoError(t, c.Close())
+}
+
+type slowUnreserve struct {
+	*backingtest.Fake
+	armed            atomic.Bool
+	fail             atomic.Int32
+	entered, proceed chan struct{}
+}
+
+func (s *slowUnreserve) Unreserve(r *backingtest.FakeReservation) accounting.ReleaseOutcome {
+	if s.armed.CompareAndSwap(true, false) {
+		close(s.entered)
+		<-s.proceed
+	}
+	if s.fail.Add(-1) >= 0 {
+		return accounting.FailedRelease(0, errors.New("boom"))
+	}
+	return s.Fake.Unreserve(r)
+}
+
+// Close refuses while a prefix is being given back, and retries what failed.
+func TestCloseWhilePrefixRelease(t *testing.T) {
+	fx := newFixture(t, 1<<30)
+	sb := &slowUnreserve{Fake: fx.fake, entered: make(chan struct{}), proceed: make(chan struct{})}
+	c, err := kv.New(sb, kv.Config{Geometry: tiny8, MaxTokens: 64, Layout: kv.PerSequence})
+	require.NoError(t, err)
+	s, err := c.NewSequence()
+	require.NoError(t, err)
+	require.NoError(t, s.Append(16))
+	p, err := s.Freeze(16)
+	require.NoError(t, err)
+	require.True(t, s.Close().OK())
+
+	sb.armed.Store(true)
+	sb.fail.Store(2)
+	done := make(chan struct{})
+	go func() { p.Release(); close(done) }()
+	<-sb.entered
+	assert.ErrorIs(t, c.Close(), kv.ErrConfig)
+	close(sb.proceed)
+	<-done
+	require.NoError(t, c.Close())
+	assert.Zero(t, fx.fake.LiveReservations())
+}
+
+func TestForeignAndNilPrefix(t *testing.T) {
+	fx := newFixture(t, 1<<30)
+	a := fx.cache(t, kv.PerLayer, 64)
+	b := fx.cache(t, kv.PerLayer, 64)
+	s, err := a.NewSequence()
+	require.NoError(t, err)
+	p, err := s.Freeze(0)
+	require.NoError(t, err)
+	_, err = b.NewSequenceFrom(p)
+	assert.ErrorIs(t, err, kv.ErrConfig)
+	assert.PanicsWithValue(t, kv.PanicNilPrefix, func() { _, _ = b.NewSequenceFrom(nil) })
+	assert.PanicsWithValue(t, kv.PanicLayerRange, func() { s.Base(-1, kv.K) })
+	p.Release()
+	assert.True(t, s.Close().OK())
+
+	other := accounting.NewGovernor().Authority("gpu", accounting.GPU(0))
+	private := backingtest.NewFake(backingtest.FakeOptions{Granularity: fakeGranule})
+	_, err = kv.New(private, kv.Config{Geometry: tiny8, MaxTokens: 8, Authority: other})
+	assert.ErrorIs(t, err, kv.ErrConfig, "authority on another device")
+}
