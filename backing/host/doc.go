@@ -41,7 +41,10 @@
 // Every reservation MUST be given back with Unreserve, which unmaps it whole, committed
 // granules included; nothing else frees it, not even the GC. A Private backing holds
 // nothing but its reservations. A Shared backing also holds its pool, which Close
-// gives back.
+// gives back, and the park where idle granules wait: address space that maps the
+// whole memfd, up to twice its size, in one kernel mapping per chunk (chunks double
+// from 1 GiB), so that parked granules cost no vm.max_map_count entries of their
+// own.
 //
 // Memory reached through Base(r)+off is outside the Go heap: it may hold only
 // pointer-free data, and it must not be touched after the granule is decommitted or

@@ -432,3 +432,26 @@ func nth(names string, calls ...int) func() func(i int, name string) bool {
 		}
 	}
 }
+
+// TestSharedCloseParkFails: when the park can not be unmapped at Close, it would keep
+// the file's pages alive, so Close punches the idle granules out itself: the
+// authority still ends with nothing owned, and Close says what failed.
+func TestSharedCloseParkFails(t *testing.T) {
+	e := newEnv(t, host.SharedOptions{Granularity: kib64, High: 4}, true)
+	x := e.reserve(3)
+	e.commit(x, 0, 3)
+	e.tagAll(x)
+	e.unreserve(x)
+	require.Equal(t, int64(3*e.g), e.pool().Idle)
+	e.f.Fail(func(_ int, name string) bool { return name == "release" }, errInjected)
+	err := e.s.Close()
+	log := e.f.Log()
+	e.f.Reset()
+	e.closed = true
+	require.ErrorIs(t, err, errInjected, "%v", log)
+	assert.Contains(t, log, "punch", "the idle granules were punched out")
+	st := e.auth.Stats()
+	assert.Zero(t, st.Owned, "nothing stays owned")
+	assert.Zero(t, st.Mapped)
+	assert.Zero(t, e.pool().Idle)
+}
