@@ -59,8 +59,8 @@ const (
 // a slot. Commit maps slots into a reservation: it moves them there from the park
 // (mremap, see below), or maps them (mmap MAP_SHARED|MAP_FIXED). Share maps the
 // slots behind one reservation's range into another's, so that one physical granule
-// may back any number of ranges. Each slot counts its mappings and
-// goes back to the pool with its last one.
+// may back any number of ranges. Each slot counts its mappings and goes back to the
+// pool with its last one.
 //
 // A slot is in one of three states:
 //
@@ -142,8 +142,8 @@ const (
 // calls on overlapping ranges (of one reservation, or the source and destination of a
 // Share) must be serialized by the caller. Bookkeeping is under one mutex, held
 // across mmap and mremap (which the kernel serializes per process anyway) but not
-// across page population or fallocate, which run outside it on slots marked busy. Close must not
-// run concurrently with any other call.
+// across page population or fallocate, which run outside it on slots marked busy.
+// Close must not run concurrently with any other call.
 type Shared struct {
 	_ sharedNoCopy
 
