@@ -34,6 +34,20 @@ func writeAt[R any, B backing.Backing[R]](buf *arena.Buffer[R, B], off int, p []
 	return cp.CopyIn(buf.Reservation(), off, p)
 }
 
+// copyRange copies n bytes at off from src to dst: directly on the host, through a
+// bounce buffer and the backing's Copier elsewhere.
+func copyRange[R any, B backing.Backing[R]](dst, src *arena.Buffer[R, B], off, n int) error {
+	if dst.HostAccessible() && src.HostAccessible() {
+		copy(dst.Bytes()[off:off+n], src.Bytes()[off:off+n])
+		return nil
+	}
+	tmp := make([]byte, n)
+	if err := readAt(src, off, tmp); err != nil {
+		return err
+	}
+	return writeAt(dst, off, tmp)
+}
+
 // locate returns the range and byte offset of token t of layer's K or V tensor.
 func (s *Sequence[R, B]) locate(layer int, kind Kind, t int) (*arena.Buffer[R, B], int, error) {
 	g := s.c.cfg.Geometry

@@ -19,7 +19,7 @@ type Config struct {
 	// MaxTokens is the most tokens one sequence may hold. It is reserved as address
 	// space only: a sequence commits memory for the tokens it has.
 	MaxTokens int
-	Layout    Layout
+	Layout    Layout // PerSequence (the zero value) or PerLayer
 	// Authority is charged for committed granules when the backing's accounting is
 	// ByBuffer (host.Private); it must be nil for backings that own their memory
 	// (ByBacking: host.Shared, cuda).

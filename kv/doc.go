@@ -20,12 +20,12 @@
 //
 // # Layout
 //
-// [PerLayer] (the default) gives each (layer, K|V) tensor its own range: contiguous
-// per layer, up to 2 × Layers partly filled granules per sequence. [PerSequence] puts
-// all layers of a token together in one range: one growth frontier, at most one partly
-// filled granule per sequence, and one map call per growth step on a device; each
-// layer's tensor is then strided by [Sequence.TokenStride]. [Size] computes the cost
-// of either without allocating; BENCHMARKS.md lists it for Llama-3-8B.
+// [PerSequence] (the default) puts all layers of a token together in one range: one
+// growth frontier, at most one partly filled granule per sequence, and one commit per
+// growth step; each layer's tensor is then strided by [Sequence.TokenStride].
+// [PerLayer] gives each (layer, K|V) tensor its own contiguous range ([Sequence.Bytes])
+// at the cost of up to 2 × Layers partly filled granules per sequence. [Size] computes
+// the cost of either without allocating; BENCHMARKS.md lists both for Llama-3-8B.
 //
 // # Memory management
 //

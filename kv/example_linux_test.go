@@ -54,7 +54,7 @@ func Example() {
 		fmt.Println(s.Close())
 	}
 	// Output:
-	// 2 sequences, 240 tokens, 24576 KiB shared
-	// complete (unmapped 16777216, residual 0)
-	// complete (unmapped 16777216, residual 0)
+	// 2 sequences, 240 tokens, 25600 KiB shared
+	// complete (unmapped 15728640, residual 0)
+	// complete (unmapped 15728640, residual 0)
 }

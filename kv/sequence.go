@@ -298,11 +298,7 @@ func shareInto[R any, B backing.Backing[R]](dst, src []*arena.Buffer[R, B], size
 			return 0, err
 		}
 		if size > full {
-			tail := make([]byte, size-full)
-			if err := readAt(src[i], full, tail); err != nil {
-				return 0, err
-			}
-			if err := writeAt(dst[i], full, tail); err != nil {
+			if err := copyRange(dst[i], src[i], full, size-full); err != nil {
 				return 0, err
 			}
 		}
