@@ -55,6 +55,7 @@ type config struct {
 	layout      string
 	granule     sizeFlag
 	populate    bool
+	poolLow     int
 	strategies  string
 	out         string
 	format      string
@@ -140,6 +141,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.layout, "layout", "per-sequence", "vmarena's layout: per-sequence or per-layer")
 	fs.Var(&c.granule, "granule", "vmarena's granule, like 2MiB (default: the backing's)")
 	fs.BoolVar(&c.populate, "populate", true, "vmarena: make committed granules resident at commit (fewer page faults)")
+	fs.IntVar(&c.poolLow, "pool-low", 128, "vmarena, shared and cuda backings: idle granules the pool keeps ready, refilled off the token path (0: none)")
 	fs.StringVar(&c.strategies, "strategies", strings.Join(allStrategies, ","), "comma-separated strategies to run, in order")
 	fs.StringVar(&c.out, "out", os.TempDir(), "directory for the plot")
 	fs.StringVar(&c.format, "format", "png", "plot format: png or svg")
@@ -227,6 +229,10 @@ func (c *config) validate() (setup, []string, error) {
 		}
 	}
 	s.backing, s.granule, s.populate = c.backing, int(c.granule), c.populate
+	if c.poolLow < 0 {
+		return s, nil, fmt.Errorf("-pool-low %d: must not be negative", c.poolLow)
+	}
+	s.poolLow = c.poolLow
 	s.maxTokens, s.budget = c.maxTokens, int64(c.budget)
 	if err := s.shape().Validate(); err != nil {
 		return s, nil, fmt.Errorf("-max-tokens %d with %s: %w", c.maxTokens, g.Name, err)
@@ -385,8 +391,11 @@ func replayOne(ctx context.Context, name string, s setup, w Workload, ui progres
 	if err == nil && res.GovernorAfter != 0 {
 		err = fmt.Errorf("%d bytes still charged to the governor after Close", res.GovernorAfter)
 	}
-	if p := res.PoolAfter; err == nil && p != nil && (p.Mapped != 0 || p.Idle != p.Owned) {
-		err = fmt.Errorf("pool not drained after Close: %d bytes mapped, %d of %d owned idle", p.Mapped, p.Idle, p.Owned)
+	// NB: Idle may trail Owned in this snapshot while the pool's background refill
+	// has a granule in creation; the governor at zero after the backing's Close
+	// (above) is what proves every byte came back.
+	if p := res.PoolAfter; err == nil && p != nil && p.Mapped != 0 {
+		err = fmt.Errorf("pool not drained after Close: %d bytes still mapped (%d of %d owned idle)", p.Mapped, p.Idle, p.Owned)
 	}
 	// Give the memory back to the OS before the next strategy runs, so that each
 	// starts from the same state and peaks do not add up.

@@ -49,6 +49,7 @@ func TestRunBadFlags(t *testing.T) {
 		{"unknown layout", []string{"-layout", "diagonal"}, `-layout "diagonal"`},
 		{"granule not a power of two", []string{"-granule", "3000"}, "-granule 3000: want a power of two"},
 		{"unknown strategy", []string{"-strategies", "vmarena,magic"}, `unknown strategy "magic"`},
+		{"negative pool", []string{"-pool-low", "-1"}, "-pool-low -1: must not be negative"},
 		{"unknown format", []string{"-format", "gif"}, `-format "gif"`},
 		{"unknown progress", []string{"-progress", "fancy"}, `-progress "fancy"`},
 		{"stray argument", []string{"trace.csv"}, `unexpected argument "trace.csv"`},

@@ -42,6 +42,7 @@ type setup struct {
 	layout    kv.Layout
 	granule   int // 0: the backing's default
 	populate  bool
+	poolLow   int // idle granules the pool refills to in the background
 	maxTokens int
 	budget    int64 // bytes; 0: unlimited
 }
@@ -112,7 +113,8 @@ func (s setup) buildCache(b *built, auth *accounting.Authority) error {
 	cfg := kv.Config{Geometry: s.model, MaxTokens: s.maxTokens, Layout: s.layout}
 	switch s.backing {
 	case "shared":
-		bk, err := host.NewShared(host.SharedOptions{Granularity: s.granule, Authority: auth, Populate: s.populate, Name: "kvcache"})
+		bk, err := host.NewShared(host.SharedOptions{Granularity: s.granule, Authority: auth, Populate: s.populate, Name: "kvcache",
+			Low: s.poolLow, High: max(s.poolLow, 64)})
 		if err != nil {
 			return fmt.Errorf("backing shared: %w", err)
 		}
@@ -134,7 +136,7 @@ func (s setup) buildCache(b *built, auth *accounting.Authority) error {
 		}
 		b.st, b.pool = cs, cs.poolAfterClose
 	case "cuda":
-		bk, err := cuda.New(cuda.Options{Authority: auth})
+		bk, err := cuda.New(cuda.Options{Authority: auth, Low: s.poolLow, High: max(s.poolLow, 64), Background: s.poolLow > 0})
 		if err != nil {
 			return fmt.Errorf("backing cuda: %w", err)
 		}
