@@ -527,31 +527,20 @@ func badRanges(g int) []struct {
 	return out
 }
 
-func testAlignment[R any](e *env[R]) {
-	g := e.g()
-	x := e.reserve(4)
-	require.NoError(e.t, e.b.Commit(x.r, 0, g))
-	e.mark(x.r, 0, g, 5)
-	for _, tt := range badRanges(g) {
-		if tt.kind != backing.ErrInvalidRange {
-			continue
-		}
-		e.t.Run(tt.name, func(t *testing.T) {
-			isOp(t, e.b.Commit(x.r, tt.off, tt.size), tt.kind, "Commit(%#x, %#x)", tt.off, tt.size)
-			isOp(t, e.b.Decommit(x.r, tt.off, tt.size), tt.kind, "Decommit(%#x, %#x)", tt.off, tt.size)
-		})
-	}
-	e.checkState(x.r, []bool{true, false, false, false}, 5, "after refused calls")
-	e.unreserve(x, g)
-}
+func testAlignment[R any](e *env[R]) { testRefusedRanges(e, backing.ErrInvalidRange, 0, 5) }
 
-func testOutOfRange[R any](e *env[R]) {
+func testOutOfRange[R any](e *env[R]) { testRefusedRanges(e, backing.ErrOutOfRange, 3, 6) }
+
+// testRefusedRanges commits granule at of a 4-granule reservation, then checks that
+// every bad range of the given kind is refused by Commit and Decommit and changes
+// nothing.
+func testRefusedRanges[R any](e *env[R], kind error, at, mark int) {
 	g := e.g()
 	x := e.reserve(4)
-	require.NoError(e.t, e.b.Commit(x.r, 3*g, g))
-	e.mark(x.r, 3*g, g, 6)
+	require.NoError(e.t, e.b.Commit(x.r, at*g, g))
+	e.mark(x.r, at*g, g, mark)
 	for _, tt := range badRanges(g) {
-		if tt.kind != backing.ErrOutOfRange {
+		if tt.kind != kind {
 			continue
 		}
 		e.t.Run(tt.name, func(t *testing.T) {
@@ -559,7 +548,9 @@ func testOutOfRange[R any](e *env[R]) {
 			isOp(t, e.b.Decommit(x.r, tt.off, tt.size), tt.kind, "Decommit(%#x, %#x)", tt.off, tt.size)
 		})
 	}
-	e.checkState(x.r, []bool{false, false, false, true}, 6, "after refused calls")
+	state := make([]bool, 4)
+	state[at] = true
+	e.checkState(x.r, state, mark, "after refused calls")
 	e.unreserve(x, g)
 }
 
