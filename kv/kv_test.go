@@ -591,32 +591,40 @@ func TestPresetsAndSizing(t *testing.T) {
 	assert.ErrorIs(t, err, kv.ErrGeometry)
 }
 
+// tokenIO writes or checks tokens [from, to) of a sequence as writer w.
+type tokenIO[R any, B backing.Backing[R]] func(t *testing.T, s *kv.Sequence[R, B], w uint64, from, to int)
+
 // shareForkTruncate checks data integrity on c across a prefix, a fork and a truncation
-// into shared memory, and that bases never move; it closes everything it made.
-func shareForkTruncate[R any, B backing.Backing[R]](t *testing.T, c *kv.Cache[R, B]) {
+// into shared memory, and that bases never move; it closes everything it made. It
+// writes and checks through WriteToken and ReadToken unless rw names other accessors.
+func shareForkTruncate[R any, B backing.Backing[R]](t *testing.T, c *kv.Cache[R, B], rw ...tokenIO[R, B]) {
 	t.Helper()
+	write, check := tokenIO[R, B](writeTokens[R, B]), tokenIO[R, B](checkTokens[R, B])
+	if len(rw) == 2 {
+		write, check = rw[0], rw[1]
+	}
 	root, err := c.NewSequence()
 	require.NoError(t, err)
 	b0 := bases(root)
 	require.NoError(t, root.Append(300))
-	writeTokens(t, root, 1, 0, 300)
+	write(t, root, 1, 0, 300)
 	p, err := root.Freeze(250)
 	require.NoError(t, err)
 	s, err := c.NewSequenceFrom(p)
 	require.NoError(t, err)
 	p.Release()
 	require.NoError(t, s.Append(40))
-	writeTokens(t, s, 2, 250, 290)
+	write(t, s, 2, 250, 290)
 	f, err := s.Fork()
 	require.NoError(t, err)
 	require.NoError(t, f.Truncate(199))
 	require.NoError(t, f.Append(50))
-	writeTokens(t, f, 3, 199, 249)
-	checkTokens(t, root, 1, 0, 300)
-	checkTokens(t, s, 1, 0, 250)
-	checkTokens(t, s, 2, 250, 290)
-	checkTokens(t, f, 1, 0, 199)
-	checkTokens(t, f, 3, 199, 249)
+	write(t, f, 3, 199, 249)
+	check(t, root, 1, 0, 300)
+	check(t, s, 1, 0, 250)
+	check(t, s, 2, 250, 290)
+	check(t, f, 1, 0, 199)
+	check(t, f, 3, 199, 249)
 	assert.Equal(t, b0, bases(root))
 	st := c.Stats()
 	assert.Greater(t, st.Shared, int64(0))
