@@ -23,3 +23,43 @@ const (
 	// must not touch.
 	PanicDeviceBytes = "arena: Bytes of a device buffer"
 )
+
+// Errors of the typed views (Tensor) and the Arena. The Buffer's are in errors.go.
+var (
+	// ErrInvalidShape: a negative dimension or stride, a rank above MaxRank, strides
+	// that do not match the shape, or an element count or extent that overflows int.
+	ErrInvalidShape = errors.New("arena: invalid tensor shape")
+	// ErrOutOfBounds: a view that is not wholly inside [0, Len) of its memory.
+	ErrOutOfBounds = errors.New("arena: view outside the memory's length")
+	// ErrMisaligned: a view whose first element is not aligned to the element size.
+	ErrMisaligned = errors.New("arena: view not aligned to its element size")
+	// ErrNotHostAccessible: a host slice asked of memory the CPU must not touch.
+	ErrNotHostAccessible = errors.New("arena: memory is not host-accessible")
+	// ErrNotContiguous: a flat slice or reshape asked of a view with gaps or overlaps.
+	ErrNotContiguous = errors.New("arena: tensor is not contiguous")
+	// ErrInvalidAlignment: an alignment that is not a positive power of two.
+	ErrInvalidAlignment = errors.New("arena: alignment must be a positive power of two")
+	// ErrArenaFull: an Arena allocation past the buffer's capacity. It is always
+	// reported together with ErrCapacity.
+	ErrArenaFull = errors.New("arena: arena capacity exhausted")
+)
+
+// Misuse of views and arenas panics with these messages.
+const (
+	// PanicIndex is the panic value for an index or sub-view range outside a tensor.
+	PanicIndex = "arena: tensor index out of range"
+	// PanicDeviceAccess is the panic value for a host read or write of a tensor in
+	// memory the CPU must not touch.
+	PanicDeviceAccess = "arena: host access to device memory"
+	// PanicStaleView is the panic value for a host read or write through a view whose
+	// bytes are no longer within its memory's length (the buffer shrank).
+	PanicStaleView = "arena: view past its memory's length"
+	// PanicBadMark is the panic value for Rewind to a mark that a later Rewind, Reset or
+	// Release invalidated, or that another arena made.
+	PanicBadMark = "arena: Rewind to an invalid mark"
+	// PanicForeignAllocation is the panic value for releasing an Allocation to an
+	// allocator that did not make it.
+	PanicForeignAllocation = "arena: Release of another allocator's allocation"
+	// PanicArenaClosed is the panic value for any use of an Arena after Close.
+	PanicArenaClosed = "arena: Arena used after Close"
+)
