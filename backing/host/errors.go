@@ -9,7 +9,7 @@ import (
 
 // Errors of the private backing. Range and state errors are the backing package's
 // sentinels ([backing.ErrInvalidRange], [backing.ErrCommitted], ...) inside a
-// [*backing.OpError]; the shared backing's own errors are in shared_errors.go.
+// [*backing.OpError]; the shared backing's own errors follow.
 var (
 	// ErrPrivateOptions: NewPrivate was given options it can not honour (a granule
 	// that is not a power of two or not a multiple of the page, a name the kernel
@@ -42,3 +42,39 @@ func (e *privateMapLimitError) Error() string {
 
 // Unwrap returns the errno (ENOMEM), so errors.Is(err, unix.ENOMEM) holds.
 func (e *privateMapLimitError) Unwrap() error { return e.errno }
+
+// Errors of the shared backing. Range and state errors are the backing package's
+// sentinels ([backing.ErrInvalidRange], [backing.ErrCommitted], ...) inside a
+// [*backing.OpError]; these are the ones only a shared backing can return.
+var (
+	// ErrSharedOptions: NewShared was given options it can not honour.
+	ErrSharedOptions = errors.New("host: invalid shared backing options")
+	// ErrSharedArgument: a count or protection passed to a shared backing method is
+	// out of its domain (a negative Prefill, an unknown Protection).
+	ErrSharedArgument = errors.New("host: invalid argument")
+	// ErrSharedReadOnly: the call would write through a read-only shared mapping.
+	ErrSharedReadOnly = errors.New("host: write to a read-only shared mapping")
+	// ErrSharedInUse: Close was called while reservations are still live.
+	ErrSharedInUse = errors.New("host: shared backing still has live reservations")
+)
+
+// PanicSharedClosed is the panic value for using a Shared backing after Close
+// (Close again included).
+const PanicSharedClosed = "host: shared backing used after Close"
+
+// sharedMapLimitError explains an ENOMEM from mmap that came from the process's
+// limit on memory mappings rather than from a shortage of memory.
+type sharedMapLimitError struct {
+	count, limit int
+	errno        error
+}
+
+func (e *sharedMapLimitError) Error() string {
+	return fmt.Sprintf("host: %v: the process has %d memory mappings and vm.max_map_count is %d; "+
+		"memfd granules at scattered offsets need one mapping each: raise the limit with "+
+		"`sysctl -w vm.max_map_count=N` (say N=%d) or use a larger granule",
+		e.errno, e.count, e.limit, 2*e.limit)
+}
+
+// Unwrap returns the errno (ENOMEM), so errors.Is(err, unix.ENOMEM) holds.
+func (e *sharedMapLimitError) Unwrap() error { return e.errno }
