@@ -104,23 +104,27 @@ func (s *Sequence[R, B]) Append(n int) error {
 	if n > s.c.cfg.MaxTokens-s.n {
 		return fmt.Errorf("%w: %d + %d tokens, MaxTokens %d", ErrTooLong, s.n, n, s.c.cfg.MaxTokens)
 	}
-	if need := s.need(s.n + n); need > 0 {
+	need := s.need(s.n + n)
+	if need > 0 {
 		// Refuse what can not fit before committing any of it: a commit rolled back
 		// would leave fresh granules idle in a pool, holding budget.
 		if err := s.c.fits(need); err != nil {
 			return err
 		}
 	}
-	return s.grow(s.n + n)
+	return s.grow(s.n+n, need > 0)
 }
 
-// grow resizes every range to tokens, all or nothing.
-func (s *Sequence[R, B]) grow(tokens int) error {
+// grow resizes every range to tokens, all or nothing; commits says whether that takes
+// new granules (else no backing call is made).
+func (s *Sequence[R, B]) grow(tokens int, commits bool) error {
 	target := tokens * s.c.row
 	var idle int64
-	p := s.c.pool()
-	if p != nil {
-		idle = p.PoolStats().Idle
+	var p backing.Pool
+	if commits {
+		if p = s.c.pool(); p != nil {
+			idle = p.PoolStats().Idle
+		}
 	}
 	for i, b := range s.bufs {
 		if err := b.Resize(target); err != nil {
