@@ -156,6 +156,19 @@ type Authority struct {
 	// guarded by g.mu
 	owned, ownedPeak int64
 	mapped           int64
+	reclaim          func(need int64)
+}
+
+// SetReclaimer registers fn to be called, on a goroutine of its own, each time a
+// request on the ledger's device starts to wait (Acquire queues it): an owner that
+// holds memory it can spare (a pool's idle granules) gives it back so the waiter can
+// be served. fn receives the bytes the queued request asked for and must not block for
+// long. A nil fn removes the reclaimer; fn may still be running when SetReclaimer
+// returns, so an owner that closes must wait for its own reclaimer to finish.
+func (a *Authority) SetReclaimer(fn func(need int64)) {
+	a.g.mu.Lock()
+	a.reclaim = fn
+	a.g.mu.Unlock()
 }
 
 // Name returns the ledger's name.
@@ -218,7 +231,16 @@ func (a *Authority) Acquire(ctx context.Context, n int64) error {
 	ready := make(chan struct{})
 	w := &waiter{n: n, ready: ready}
 	elem := d.waiters.PushBack(w)
+	var reclaimers []func(int64)
+	for _, o := range d.auths {
+		if o.reclaim != nil {
+			reclaimers = append(reclaimers, o.reclaim)
+		}
+	}
 	a.g.mu.Unlock()
+	for _, fn := range reclaimers {
+		go fn(n)
+	}
 
 	select {
 	case <-ready:

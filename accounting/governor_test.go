@@ -336,3 +336,29 @@ func TestAvailable(t *testing.T) {
 	assert.Equal(t, int64(0), g.Available(accounting.HostKey), "over the limit: nothing available")
 	a.Release(4)
 }
+
+func TestReclaimerFreesForWaiter(t *testing.T) {
+	g := accounting.NewGovernor()
+	require.NoError(t, g.SetLimit(accounting.HostKey, 10))
+	pool := g.Authority("pool", accounting.HostKey)
+	user := g.Authority("user", accounting.HostKey)
+	require.NoError(t, pool.TryAcquire(8)) // idle memory a pool could spare
+	asked := make(chan int64, 1)
+	pool.SetReclaimer(func(need int64) {
+		asked <- need
+		pool.Release(8)
+	})
+	require.NoError(t, user.Acquire(context.Background(), 5))
+	assert.Equal(t, int64(5), <-asked)
+	assert.Equal(t, int64(5), g.Stats(accounting.HostKey).Used)
+	user.Release(5)
+
+	// Without a reclaimer nobody is asked.
+	pool.SetReclaimer(nil)
+	require.NoError(t, pool.TryAcquire(8))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	assert.ErrorIs(t, user.Acquire(ctx, 5), context.DeadlineExceeded)
+	assert.Empty(t, asked)
+	pool.Release(8)
+}

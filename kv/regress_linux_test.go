@@ -71,3 +71,40 @@ func TestWaitWakesAcrossCachesOnOnePool(t *testing.T) {
 	require.NoError(t, ca.Close())
 	require.NoError(t, cb.Close())
 }
+
+// Two pools under one governor: the idle granules of one are given back to serve a
+// waiter of the other.
+func TestWaitReclaimsAnotherPool(t *testing.T) {
+	gov := accounting.NewGovernor()
+	const g = 64 << 10
+	require.NoError(t, gov.SetLimit(accounting.HostKey, 6*g))
+	pa := gov.Authority("a", accounting.HostKey)
+	pb := gov.Authority("b", accounting.HostKey)
+	ba, err := host.NewShared(host.SharedOptions{Granularity: g, Authority: pa, Name: "kv-reclaim-a"})
+	require.NoError(t, err)
+	defer ba.Close()
+	bb, err := host.NewShared(host.SharedOptions{Granularity: g, Authority: pb, Name: "kv-reclaim-b"})
+	require.NoError(t, err)
+	defer bb.Close()
+	cfg := kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: kv.PerLayer}
+	ca, err := kv.New(ba, cfg)
+	require.NoError(t, err)
+	cb, err := kv.New(bb, cfg)
+	require.NoError(t, err)
+	sb, err := cb.NewSequence()
+	require.NoError(t, err)
+	require.NoError(t, sb.Append(1))
+	require.True(t, sb.Close().OK())
+	require.Equal(t, int64(6*g), bb.PoolStats().Idle, "b's granules wait idle in its pool")
+
+	sa, err := ca.NewSequence()
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, sa.AppendCtx(ctx, 1))
+	assert.Zero(t, bb.PoolStats().Idle, "b gave its idle granules back")
+	assert.Equal(t, int64(6*g), pa.Stats().Owned)
+	assert.True(t, sa.Close().OK())
+	require.NoError(t, ca.Close())
+	require.NoError(t, cb.Close())
+}

@@ -108,7 +108,10 @@ const (
 // The pool gives idle granules back to the OS (fallocate PUNCH_HOLE) above the High
 // water mark, on Trim, and, while the governor has requests waiting for host memory
 // (Authority.Acquire, CommitCtx), at once as they go idle, so that memory kept for
-// this pool's future commits is not held against a caller that needs it now. A
+// this pool's future commits is not held against a caller that needs it now; and
+// each time a request on the host starts to wait, the pool's reclaimer (see
+// accounting.Authority.SetReclaimer) gives back every granule already idle, so that
+// another pool's user is not starved by this one's spare granules. A
 // granule that can not be given back (the punch fails) stays idle and owned; the
 // next Trim tries again.
 //
@@ -312,7 +315,25 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 	s.mu.Lock()
 	s.kick()
 	s.mu.Unlock()
+	opts.Authority.SetReclaimer(s.reclaim)
 	return s, nil
+}
+
+// reclaim gives every idle granule back when a request on the device waits for
+// memory (the governor calls it): idle granules hold budget that the waiter, perhaps
+// another pool's user, can not otherwise have.
+func (s *Shared) reclaim(int64) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	// Close waits for this like for a refill, so the memfd outlives the give-back.
+	s.refill.Add(1)
+	victims := s.victims(s.nIdle)
+	s.mu.Unlock()
+	defer s.refill.Done()
+	_, _ = s.giveBack(victims)
 }
 
 // Granularity returns the granule size in bytes.
@@ -1064,6 +1085,7 @@ func (s *Shared) Close() error {
 	}
 	s.closed = true
 	s.mu.Unlock()
+	s.auth.SetReclaimer(nil)
 	s.refill.Wait()
 
 	s.mu.Lock()
