@@ -79,6 +79,8 @@ type Backing struct {
 	refill chan struct{} // nudges the background refill; nil without Background
 	stop   chan struct{}
 	done   chan struct{}
+
+	reclaims sync.WaitGroup // reclaimers running; Close waits for them
 }
 
 // handle is one physical allocation of one granule.
@@ -172,6 +174,7 @@ func New(opts Options) (*Backing, error) {
 			return nil, errors.Join(fmt.Errorf("cuda: filling the pool: %w", err), rerr)
 		}
 	}
+	b.auth.SetReclaimer(b.reclaim)
 	return b, nil
 }
 

@@ -348,6 +348,26 @@ func (b *Backing) Trim(keep int) (int64, error) {
 	return n, nil
 }
 
+// reclaim releases every idle handle when a request on the device waits for memory
+// (the governor calls it): idle handles hold budget that the waiter, perhaps another
+// pool's user, can not otherwise have.
+func (b *Backing) reclaim(int64) {
+	b.mu.Lock()
+	if b.closed.Load() {
+		b.mu.Unlock()
+		return
+	}
+	b.reclaims.Add(1) // under mu: Close, having set closed, waits for it
+	b.mu.Unlock()
+	defer b.reclaims.Done()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := b.setCurrent(); err != nil {
+		return
+	}
+	_, _ = b.releaseIdle(0)
+}
+
 // PoolStats returns a snapshot of the pool. Handles are physical device memory, so
 // idle bytes are always resident.
 func (b *Backing) PoolStats() backing.PoolStats {
@@ -383,6 +403,10 @@ func (b *Backing) Close() error {
 	if !b.closed.CompareAndSwap(false, true) {
 		panic(PanicClosed)
 	}
+	b.auth.SetReclaimer(nil)
+	b.mu.Lock() // a reclaimer that saw closed false has counted itself by now
+	b.mu.Unlock()
+	b.reclaims.Wait()
 	if b.stop != nil {
 		close(b.stop)
 		<-b.done
