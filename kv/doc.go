@@ -13,10 +13,13 @@
 // full granules that hold them are mapped, not copied; the tokens past the last full
 // granule are copied into a granule of the prefix's own. [Cache.NewSequenceFrom] starts
 // a sequence on a prefix the same way, and [Sequence.Fork] forks a sequence (parallel
-// sampling, beam search). Shared granules are read-only to every holder: writes go only
-// to a sequence's own tail, and truncating into a shared granule replaces it with a
-// private copy of the kept tokens rather than writing into it. Sharing needs a backing
-// that implements backing.Sharer and owns its memory (host.Shared, cuda).
+// sampling, beam search). Shared tokens are never written: writes go only to a
+// sequence's own tail ([Sequence.Writable] says where it starts, and WriteToken refuses
+// anything below), and truncating into a shared granule replaces it with a private copy
+// of the kept tokens rather than writing into it. The sharers' mappings are read-only,
+// so a stray write through their Bytes or View faults; the origin's own mapping stays
+// writable, so its code MUST NOT write below Writable. Sharing needs a backing that
+// implements backing.Sharer and owns its memory (host.Shared, cuda).
 //
 // # Layout
 //
