@@ -130,7 +130,10 @@ func (buf *Buffer[R, B]) Bytes() []byte {
 func (buf *Buffer[R, B]) Resize(n int) error { return buf.resize(nil, n) }
 
 // ResizeCtx is Resize that, when growth needs budget the governor can not give now,
-// waits for it in FIFO order until ctx ends. A cancelled wait changes nothing.
+// waits for it until ctx ends: in the governor's FIFO queue under ByBuffer and on a
+// backing that is a backing.Waiter; otherwise by retrying each time the governor
+// releases bytes on the device. A request larger than the device's whole limit fails
+// at once. A cancelled wait changes nothing.
 func (buf *Buffer[R, B]) ResizeCtx(ctx context.Context, n int) error {
 	if ctx == nil {
 		panic("arena: ResizeCtx with a nil context")
