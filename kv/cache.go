@@ -45,13 +45,11 @@ type Cache[R any, B backing.Backing[R]] struct {
 	nextID   uint64
 	closed   bool
 	inflight int                   // sequences being made: Close must wait for them
-	waiters  list.List             // of *appendWaiter, FIFO
+	waiters  list.List             // of *Sequence waiting in AppendCtx, FIFO
 	changed  chan struct{}         // closed when memory comes back to this cache
 	waits    int64                 // AppendCtx calls that had to wait
 	orphans  []*arena.Buffer[R, B] // buffers whose Close failed; retried by Close
 }
-
-type appendWaiter struct{}
 
 // New returns a cache of sequences on b. It reserves nothing until sequences are made.
 func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache[R, B], error) {
@@ -334,10 +332,9 @@ func (c *Cache[R, B]) pool() backing.Pool {
 // sees waiters gives idle granules back, and any release on the device wakes it), then
 // retries. The others wait until the head leaves.
 func (c *Cache[R, B]) appendWait(ctx context.Context, s *Sequence[R, B], n int) error {
-	w := &appendWaiter{}
 	c.mu.Lock()
 	c.waits++
-	elem := c.waiters.PushBack(w)
+	elem := c.waiters.PushBack(s)
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
