@@ -22,17 +22,26 @@ func newHostCache(t *testing.T, name string, layout kv.Layout, maxTokens int) (*
 	t.Helper()
 	gov := accounting.NewGovernor()
 	pool := gov.Authority("pool", accounting.HostKey)
-	b, err := host.NewShared(host.SharedOptions{Granularity: 64 << 10, Authority: pool, Name: name})
-	require.NoError(t, err)
+	b := sharedPool(t, pool, name)
 	c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: maxTokens, Layout: layout})
 	require.NoError(t, err)
-	t.Cleanup(func() {
-		assert.NoError(t, c.Close())
-		assert.NoError(t, b.Close())
-		assert.Zero(t, pool.Stats().Owned, "ledger does not balance")
-		assert.Zero(t, pool.Stats().Mapped)
-	})
+	t.Cleanup(func() { assert.NoError(t, c.Close()) })
 	return c, pool
+}
+
+// sharedPool returns a memfd pool of 64 KiB granules charged to a; the test's cleanup
+// closes it and checks that a's ledger balances. Cleanups run last first, so register
+// a cache's Close after this.
+func sharedPool(t *testing.T, a *accounting.Authority, name string) *host.Shared {
+	t.Helper()
+	b, err := host.NewShared(host.SharedOptions{Granularity: 64 << 10, Authority: a, Name: name})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		assert.NoError(t, b.Close())
+		assert.Zero(t, a.Stats().Owned, "ledger does not balance")
+		assert.Zero(t, a.Stats().Mapped)
+	})
+	return b
 }
 
 // pssOf sums the proportional set size of every mapping of the memfd named name.

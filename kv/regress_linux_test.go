@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
-	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -21,9 +20,7 @@ func TestRefusedAppendHoldsNoBudget(t *testing.T) {
 	pool := gov.Authority("pool", accounting.HostKey)
 	other := gov.Authority("other", accounting.HostKey)
 	require.NoError(t, other.TryAcquire(4*g))
-	b, err := host.NewShared(host.SharedOptions{Granularity: g, Authority: pool, Name: "kv-refused"})
-	require.NoError(t, err)
-	defer b.Close()
+	b := sharedPool(t, pool, "kv-refused")
 	c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: kv.PerLayer})
 	require.NoError(t, err)
 	s, err := c.NewSequence()
@@ -44,9 +41,7 @@ func TestWaitWakesAcrossCachesOnOnePool(t *testing.T) {
 	const g = 64 << 10
 	require.NoError(t, gov.SetLimit(accounting.HostKey, 6*g))
 	pool := gov.Authority("pool", accounting.HostKey)
-	b, err := host.NewShared(host.SharedOptions{Granularity: g, Authority: pool, Name: "kv-wake"})
-	require.NoError(t, err)
-	defer b.Close()
+	b := sharedPool(t, pool, "kv-wake")
 	cfg := kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: kv.PerLayer}
 	ca, err := kv.New(b, cfg)
 	require.NoError(t, err)
@@ -80,12 +75,8 @@ func TestWaitReclaimsAnotherPool(t *testing.T) {
 	require.NoError(t, gov.SetLimit(accounting.HostKey, 6*g))
 	pa := gov.Authority("a", accounting.HostKey)
 	pb := gov.Authority("b", accounting.HostKey)
-	ba, err := host.NewShared(host.SharedOptions{Granularity: g, Authority: pa, Name: "kv-reclaim-a"})
-	require.NoError(t, err)
-	defer ba.Close()
-	bb, err := host.NewShared(host.SharedOptions{Granularity: g, Authority: pb, Name: "kv-reclaim-b"})
-	require.NoError(t, err)
-	defer bb.Close()
+	ba := sharedPool(t, pa, "kv-reclaim-a")
+	bb := sharedPool(t, pb, "kv-reclaim-b")
 	cfg := kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: kv.PerLayer}
 	ca, err := kv.New(ba, cfg)
 	require.NoError(t, err)
