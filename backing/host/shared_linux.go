@@ -12,7 +12,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-const sharedSupported = true
+const (
+	sharedSupported = true
+	// sharedPark says whether idle granules wait mapped in the park (see
+	// shared_park.go).
+	sharedPark = true
+	// sharedMinGranularity is the least granule beyond the page size.
+	sharedMinGranularity = 1
+	// sharedCreateCall names what creates the pool's file, for errors.
+	sharedCreateCall = "memfd_create"
+)
 
 // sharedDefaultSys returns the real system calls.
 func sharedDefaultSys() sharedSys {

@@ -1,4 +1,4 @@
-//go:build !linux
+//go:build !linux && !windows
 
 package host
 
@@ -9,7 +9,12 @@ import (
 
 // The shared backing needs memfd_create; elsewhere NewShared returns an error
 // wrapping errors.ErrUnsupported and these are never called.
-const sharedSupported = false
+const (
+	sharedSupported      = false
+	sharedPark           = false
+	sharedMinGranularity = 1
+	sharedCreateCall     = "memfd_create"
+)
 
 func sharedDefaultSys() sharedSys {
 	return sharedSys{
