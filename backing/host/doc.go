@@ -12,8 +12,8 @@
 // mappings can be named, so that /proc/self/maps says whose they are. Systems other
 // than Linux, Darwin and Windows get errors.ErrUnsupported from NewPrivate.
 //
-// [Shared] keeps physical granules in a pool that it owns and charges, on Linux a memfd
-// (ByBacking): Commit maps pool granules into a reservation with
+// [Shared] keeps physical granules in a pool that it owns and charges (ByBacking), on
+// Linux a memfd: Commit maps pool granules into a reservation with
 // mmap(MAP_SHARED|MAP_FIXED), Share maps the granules behind one range into another
 // reservation (the shared-prefix mechanism), and a granule returns to the pool with its
 // last mapping. Its pool can be prefilled off the hot path and trimmed. Idle
