@@ -100,7 +100,8 @@ func (p *placeholders) mapUnits(i, k int, mapOne func(j int, at uintptr) error) 
 			err = mapOne(j, p.at(j))
 		}
 		if err != nil {
-			if uerr := p.unmapUnits(i, j-i); uerr != nil {
+			// NB: j+1, not j: the placeholder cut out for unit j merges back too.
+			if uerr := p.unmapUnits(i, j-i+1); uerr != nil {
 				return fmt.Errorf("%w; undoing the views mapped before it failed: %w", err, uerr)
 			}
 			return err
@@ -117,7 +118,7 @@ func (p *placeholders) mapUnits(i, k int, mapOne func(j int, at uintptr) error) 
 func (p *placeholders) unmapUnits(i, k int) error {
 	for j := p.view.next(i, i+k); j < i+k; j = p.view.next(j+1, i+k) {
 		if err := p.os.unmap(p.at(j)); err != nil {
-			p.merge(i, j)
+			p.merge(i, i+k)
 			return err
 		}
 		p.view.clear(j)
@@ -126,22 +127,17 @@ func (p *placeholders) unmapUnits(i, k int) error {
 	return nil
 }
 
-// merge coalesces the free placeholders of [i, j) with those around them, up to the
-// nearest views, when they are more than one.
+// merge coalesces each run of free placeholders that meets [i, j), up to the views
+// around it, into one where it is more than one.
 func (p *placeholders) merge(i, j int) {
-	if i >= j {
-		return
-	}
-	a := p.view.prev(i) + 1
-	b := p.view.next(j, p.n)
-	if p.view.next(i, j) < j || p.start.next(a+1, b) == b {
-		return // a view inside, or already one placeholder
-	}
-	if p.os.coalesce(p.at(a), (b-a)*p.unit) != nil {
-		return
-	}
-	for s := p.start.next(a+1, b); s < b; s = p.start.next(s+1, b) {
-		p.start.clear(s)
+	for a := p.view.prev(i) + 1; a < j; {
+		b := p.view.next(a, p.n) // the run is [a, b)
+		if b > a && p.start.next(a+1, b) < b && p.os.coalesce(p.at(a), (b-a)*p.unit) == nil {
+			for s := p.start.next(a+1, b); s < b; s = p.start.next(s+1, b) {
+				p.start.clear(s)
+			}
+		}
+		a = b + 1
 	}
 }
 
