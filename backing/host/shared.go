@@ -678,7 +678,7 @@ func (s *Shared) undoMap(op string, r *SharedReservation, off, size int, picks [
 		}
 	}
 	s.record(r, gi, picks[:kept], false)
-	if !s.populate {
+	if !s.populate && !sharedMapAllocates {
 		s.unpick(picks[kept:]) // new slots never touched: still holes
 		s.mu.Unlock()
 		return err

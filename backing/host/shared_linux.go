@@ -21,6 +21,9 @@ const (
 	sharedMinGranularity = 1
 	// sharedCreateCall names what creates the pool's file, for errors.
 	sharedCreateCall = "memfd_create"
+	// sharedMapAllocates says whether mapping a new slot gives it memory (a
+	// memfd's hole stays one until touched).
+	sharedMapAllocates = false
 )
 
 // sharedDefaultSys returns the real system calls.

@@ -14,6 +14,7 @@ const (
 	sharedPark           = false
 	sharedMinGranularity = 1
 	sharedCreateCall     = "memfd_create"
+	sharedMapAllocates   = false
 )
 
 func sharedDefaultSys() sharedSys {

@@ -29,6 +29,9 @@ const (
 	sharedMinGranularity = placeholderGranularity
 	// sharedCreateCall names what creates the pool, for errors.
 	sharedCreateCall = "create the section pool"
+	// sharedMapAllocates says whether mapping a new slot gives it memory: its
+	// section, charged to the commit limit.
+	sharedMapAllocates = true
 )
 
 // sharedWin is the state of one pool's system calls: its sections and the
@@ -94,13 +97,28 @@ func sharedProbe() error {
 	return errSharedPlaceholder
 }
 
-// create starts the pool; the returned descriptor means nothing on Windows. It fails
-// with an error wrapping errors.ErrUnsupported where placeholders are not supported.
+// sharedPools names the pools of the process by descriptor, as the file table names
+// memfds: the descriptor of a pool is its key here until it is closed.
+var sharedPools struct {
+	mu   sync.Mutex
+	next int
+	m    map[int]*sharedWin
+}
+
+// create starts the pool and returns its descriptor. It fails with an error wrapping
+// errors.ErrUnsupported where placeholders are not supported.
 func (w *sharedWin) create(string) (int, error) {
 	if err := w.ph.probe(); err != nil {
 		return -1, err
 	}
-	return 0, nil
+	sharedPools.mu.Lock()
+	defer sharedPools.mu.Unlock()
+	if sharedPools.m == nil {
+		sharedPools.m = make(map[int]*sharedWin)
+	}
+	sharedPools.next++
+	sharedPools.m[sharedPools.next] = w
+	return sharedPools.next, nil
 }
 
 func (w *sharedWin) setGranule(_, g int) { w.g = g }
@@ -168,8 +186,11 @@ func (w *sharedWin) punch(_ int, off, n int64) error {
 	return nil
 }
 
-// close closes every section handle.
-func (w *sharedWin) close(int) error {
+// close closes every section handle and forgets the descriptor.
+func (w *sharedWin) close(fd int) error {
+	sharedPools.mu.Lock()
+	delete(sharedPools.m, fd)
+	sharedPools.mu.Unlock()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var errs []error

@@ -34,6 +34,7 @@ func newWinShared(t *testing.T, opts host.SharedOptions) (*host.Shared, *account
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		assert.NoError(t, host.CheckShared(s), "bookkeeping at cleanup")
+		assert.NoError(t, host.SharedFileCheck(s), "sections at cleanup")
 		if assert.NoError(t, s.Close()) {
 			st := auth.Stats()
 			assert.Zero(t, st.Owned, "owned bytes after Close")
