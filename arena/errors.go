@@ -1,6 +1,9 @@
 package arena
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 var (
 	// ErrCapacity: a length beyond the buffer's reserved capacity.
@@ -13,6 +16,10 @@ var (
 	ErrNotEmpty = errors.New("arena: buffer is not empty")
 	// ErrNoSharing: the backing can not share physical memory.
 	ErrNoSharing = errors.New("arena: backing does not share memory")
+	// ErrNoProtection: the backing can not change the access of committed memory
+	// (it is not a backing.Protector, or answers that it can not). It matches
+	// errors.ErrUnsupported.
+	ErrNoProtection = fmt.Errorf("arena: backing can not change the access of its memory: %w", errors.ErrUnsupported)
 )
 
 // Misuse panics with these messages.
