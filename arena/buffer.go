@@ -50,14 +50,8 @@ func NewBuffer[R any, B backing.Backing[R]](b B, capacity int, auth *accounting.
 	if !ok {
 		return nil, fmt.Errorf("%w: capacity %d", ErrInvalidSize, capacity)
 	}
-	byBacking := b.Accounting().OwnedByBacking()
-	switch {
-	case !byBacking && auth == nil:
-		return nil, fmt.Errorf("%w: a ByBuffer backing needs an authority to charge", ErrAuthority)
-	case byBacking && auth != nil:
-		return nil, fmt.Errorf("%w: the backing owns its memory (%v); pass a nil authority", ErrAuthority, b.Accounting())
-	case auth != nil && auth.Device() != b.Device():
-		return nil, fmt.Errorf("%w: authority is on %v, backing on %v", ErrAuthority, auth.Device(), b.Device())
+	if err := checkAuthority(b, auth); err != nil {
+		return nil, err
 	}
 	r, err := b.Reserve(size)
 	if err != nil {
@@ -72,6 +66,21 @@ func NewBuffer[R any, B backing.Backing[R]](b B, capacity int, auth *accounting.
 		capacity: size,
 		host:     backing.IsHostAccessible(b),
 	}, nil
+}
+
+// checkAuthority returns an ErrAuthority error unless auth fits b's accounting: an
+// authority on b's device under ByBuffer, none under ByBacking.
+func checkAuthority[R any, B backing.Backing[R]](b B, auth *accounting.Authority) error {
+	byBacking := b.Accounting().OwnedByBacking()
+	switch {
+	case !byBacking && auth == nil:
+		return fmt.Errorf("%w: a ByBuffer backing needs an authority to charge", ErrAuthority)
+	case byBacking && auth != nil:
+		return fmt.Errorf("%w: the backing owns its memory (%v); pass a nil authority", ErrAuthority, b.Accounting())
+	case auth != nil && auth.Device() != b.Device():
+		return fmt.Errorf("%w: authority is on %v, backing on %v", ErrAuthority, auth.Device(), b.Device())
+	}
+	return nil
 }
 
 func (buf *Buffer[R, B]) live() {

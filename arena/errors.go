@@ -69,4 +69,7 @@ const (
 	PanicForeignAllocation = "arena: Release of another allocator's allocation"
 	// PanicArenaClosed is the panic value for any use of an Arena after Close.
 	PanicArenaClosed = "arena: Arena used after Close"
+	// PanicReleased is the panic value for releasing, or asking the bytes of, an Eager
+	// allocation that was already given back.
+	PanicReleased = "arena: Allocation used after Release"
 )
