@@ -59,6 +59,7 @@ func sharedDefaultSys() sharedSys {
 		unmapTo:  w.unmapTo,
 		move:     func(unsafe.Pointer, unsafe.Pointer, int) error { return errSharedNoMove },
 		release:  w.release,
+		protect:  w.protect,
 		populate: sharedPopulate,
 		mapCount: func() (int, int, error) { return 0, 0, errSharedNoMapCount },
 	}
@@ -315,6 +316,23 @@ func (w *sharedWin) release(at unsafe.Pointer, _ int) error {
 		return err
 	}
 	w.resv = slices.Delete(w.resv, k, k+1)
+	return nil
+}
+
+// protect sets the access of the views in [at, at+n) (VirtualProtect, one view at a
+// time: a call can not span views), read-only or read-write. On error the views
+// before the failing one have the new access.
+func (w *sharedWin) protect(at unsafe.Pointer, n int, ro bool) error {
+	prot := uint32(windows.PAGE_READWRITE)
+	if ro {
+		prot = windows.PAGE_READONLY
+	}
+	for off := 0; off < n; off += w.g {
+		var old uint32
+		if err := windows.VirtualProtect(uintptr(sharedAt(at, off)), uintptr(w.g), prot, &old); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
