@@ -2,6 +2,7 @@ package host
 
 import (
 	"fmt"
+	"sync"
 	"testing"
 	"unsafe"
 
@@ -22,7 +23,36 @@ import (
 //
 // NB: releasing and reserving again leaves the address space free for an instant,
 // where another allocation of the process could land; that is why the backing
-// itself uses placeholders. The emulation is for tests under Wine only.
+// itself uses placeholders. Under Wine an allocation that names no address takes
+// the lowest free range that fits (a thread stack, when a blocking call makes the Go
+// runtime start a thread, or the runtime's own metadata), so the emulation reserves
+// far above everything else (from emulFar up), where a hole is never the lowest;
+// and the emulated calls hold emulMu across that instant, as do the pool's own views
+// anywhere (Prefill's), which could land there too. The emulation is for tests
+// under Wine only.
+
+const emulFar = 0x3000_0000_0000 // 48 TiB: above the Go heap's hints and Wine's own ranges
+
+var (
+	emulMu   sync.Mutex
+	emulNext uintptr = emulFar // guarded by emulMu
+)
+
+// emulReserveFar reserves n bytes at the next free address from emulNext up.
+func emulReserveFar(n int) (uintptr, error) {
+	emulMu.Lock()
+	defer emulMu.Unlock()
+	var err error
+	for range 64 {
+		var p uintptr
+		if p, err = emulReserve(emulNext, n); err == nil {
+			emulNext = p + uintptr(n+placeholderGranularity-1)&^(placeholderGranularity-1)
+			return p, nil
+		}
+		emulNext += 1 << 30
+	}
+	return 0, fmt.Errorf("emulated placeholders: no free range for %#x bytes above %#x: %w", n, emulFar, err)
+}
 
 var procMapViewOfFileEx = windows.NewLazySystemDLL("kernel32.dll").NewProc("MapViewOfFileEx")
 
@@ -38,8 +68,13 @@ func EmulatePlaceholders(t testing.TB) {
 			unmap:    emulUnmap,
 		},
 		probe:   func() error { return nil },
-		reserve: func(n int) (uintptr, error) { return emulReserve(0, n) },
+		reserve: emulReserveFar,
 		mapView: emulMap,
+		view: func(h windows.Handle, n int) (unsafe.Pointer, error) {
+			emulMu.Lock()
+			defer emulMu.Unlock()
+			return sectionView(h, n)
+		},
 	}
 	t.Cleanup(func() { sharedPlaceholders = old })
 }
@@ -72,6 +107,8 @@ func emulPlaceholder(at uintptr) (uintptr, int, error) {
 }
 
 func emulSplit(at uintptr, n int) error {
+	emulMu.Lock()
+	defer emulMu.Unlock()
 	a, size, err := emulPlaceholder(at)
 	if err != nil {
 		return err
@@ -95,6 +132,8 @@ func emulSplit(at uintptr, n int) error {
 }
 
 func emulCoalesce(at uintptr, n int) error {
+	emulMu.Lock()
+	defer emulMu.Unlock()
 	var starts []uintptr
 	for cur := at; cur < at+uintptr(n); {
 		a, size, err := emulPlaceholder(cur)
@@ -127,6 +166,8 @@ func emulFree(at uintptr) error {
 }
 
 func emulUnmap(at uintptr) error {
+	emulMu.Lock()
+	defer emulMu.Unlock()
 	q, err := emulQuery(at)
 	if err != nil {
 		return err
@@ -142,6 +183,8 @@ func emulUnmap(at uintptr) error {
 }
 
 func emulMap(h windows.Handle, at uintptr, n int, ro bool) error {
+	emulMu.Lock()
+	defer emulMu.Unlock()
 	a, size, err := emulPlaceholder(at)
 	if err != nil {
 		return err

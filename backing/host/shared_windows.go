@@ -159,7 +159,7 @@ func (w *sharedWin) allocate(_ int, off, n int64) error {
 		if err != nil {
 			return err
 		}
-		v, err := sectionView(h, w.g)
+		v, err := w.ph.view(h, w.g)
 		if err != nil {
 			return err
 		}
@@ -210,6 +210,7 @@ type sharedPlaceholderCalls struct {
 	probe   func() error                                             // whether the system honours placeholders
 	reserve func(n int) (uintptr, error)                             // reserve one placeholder
 	mapView func(h windows.Handle, at uintptr, n int, ro bool) error // map all of section h in place of a placeholder
+	view    func(h windows.Handle, n int) (unsafe.Pointer, error)    // map all of section h anywhere, read-write
 }
 
 // sharedPlaceholders are the calls new pools use: the system's. NB: tests under Wine,
@@ -224,6 +225,7 @@ var sharedPlaceholders = &sharedPlaceholderCalls{
 	probe:   sharedProbe,
 	reserve: placeholderReserve,
 	mapView: func(h windows.Handle, at uintptr, n int, ro bool) error { return placeholderMap(h, at, 0, n, ro) },
+	view:    sectionView,
 }
 
 // reserve reserves n bytes as one placeholder and starts its record.

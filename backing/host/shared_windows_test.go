@@ -3,7 +3,7 @@ package host_test
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -33,6 +33,7 @@ func newWinShared(t *testing.T, opts host.SharedOptions) (*host.Shared, *account
 	}
 	require.NoError(t, err)
 	t.Cleanup(func() {
+		host.SharedWaitRefill(s)
 		assert.NoError(t, host.CheckShared(s), "bookkeeping at cleanup")
 		assert.NoError(t, host.SharedFileCheck(s), "sections at cleanup")
 		if assert.NoError(t, s.Close()) {
@@ -47,14 +48,43 @@ func newWinShared(t *testing.T, opts host.SharedOptions) (*host.Shared, *account
 // TestSharedConformanceWindows runs the conformance suite on the Windows shared
 // backing.
 func TestSharedConformanceWindows(t *testing.T) {
-	for _, g := range []int{0, kib64} {
-		t.Run(fmt.Sprintf("granule=%d", g), func(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		opts host.SharedOptions
+	}{
+		{"granule=2MiB", host.SharedOptions{}},
+		{"granule=64KiB", host.SharedOptions{Granularity: kib64}},
+		{"populate", host.SharedOptions{Granularity: kib64, Populate: true}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
 			backingtest.Run(t, func(t *testing.T) backing.Backing[*host.SharedReservation] {
-				s, _ := newWinShared(t, host.SharedOptions{Granularity: g})
+				s, _ := newWinShared(t, tt.opts)
 				return s
 			})
 		})
 	}
+}
+
+// FuzzSharedOpsWindows runs the random-op driver every backing shares
+// (backingtest.RunOps) on a 64 KiB-granule Shared backing with a small pool: the
+// seed corpus, and 64 pseudo-random sequences (fixed seeds), since fuzzing itself
+// is not run under Wine.
+func FuzzSharedOpsWindows(f *testing.F) {
+	for _, s := range backingtest.SeedOps() {
+		f.Add(s)
+	}
+	rng := rand.New(rand.NewPCG(15, 64))
+	for range 64 {
+		ops := make([]byte, 16+rng.IntN(112))
+		for i := range ops {
+			ops[i] = byte(rng.Uint32())
+		}
+		f.Add(ops)
+	}
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		s, _ := newWinShared(t, host.SharedOptions{Granularity: kib64, High: 2})
+		backingtest.RunOps(t, s, ops)
+	})
 }
 
 // region is one region of the address space as VirtualQuery reports it.
