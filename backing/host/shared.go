@@ -19,7 +19,8 @@ type SharedOptions struct {
 	// page size. 0 means 2 MiB. Every memfd granule mapped at a scattered file offset
 	// costs one kernel mapping (vm.max_map_count), so small granules bound the
 	// process's shared memory early: 64k mappings are 128 GiB at 2 MiB, 4 GiB at
-	// 64 KiB.
+	// 64 KiB. On Windows it must be at least 64 KiB, the allocation granularity
+	// (each granule is a section view of its own).
 	Granularity int
 	// Authority is the ledger the pool charges: it owns every physical byte the pool
 	// holds, mapped or idle (backing.ByBacking). It must take bytes on the host.
@@ -37,7 +38,7 @@ type SharedOptions struct {
 	// the page tables they went in with (see Shared).
 	Populate bool
 	// Name is the memfd's name, shown in /proc/self/maps as /memfd:Name. "" means
-	// "vmarena".
+	// "vmarena". Windows sections have no name.
 	Name string
 }
 
