@@ -238,3 +238,32 @@ func TestSharedFaultsWindows(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedOutOfMemoryWindows: a commit the system refuses for want of commit
+// charge (or handles) is backing.ErrOutOfMemory, unwrapping to the Windows error,
+// and changes nothing; other failures are not classified.
+func TestSharedOutOfMemoryWindows(t *testing.T) {
+	for _, tt := range []struct {
+		errno windows.Errno
+		oom   bool
+	}{
+		{windows.ERROR_COMMITMENT_LIMIT, true},
+		{windows.ERROR_NOT_ENOUGH_MEMORY, true},
+		{windows.ERROR_NO_SYSTEM_RESOURCES, true},
+		{windows.ERROR_INVALID_ADDRESS, false},
+	} {
+		t.Run(fmt.Sprintf("errno=%d", uint32(tt.errno)), func(t *testing.T) {
+			e := newWinEnv(t, host.SharedOptions{})
+			x := e.reserve(2)
+			before := e.snap()
+			e.f.Fail(func(_ int, name string) bool { return name == "mapFile" }, tt.errno)
+			err := e.s.Commit(x, 0, 2*e.g)
+			e.f.Reset()
+			require.ErrorIs(t, err, tt.errno)
+			assert.Equal(t, tt.oom, errors.Is(err, backing.ErrOutOfMemory))
+			assert.NotErrorIs(t, err, backing.ErrMapLimit, "Windows has no mapping limit")
+			assert.Equal(t, before, e.snap())
+			e.check("after the refused commit", true)
+		})
+	}
+}

@@ -19,6 +19,10 @@ import (
 // that views replace granule by granule (MapViewOfFile3); shared_placeholder.go
 // keeps the record of how it is split. There is no park: Windows has no mremap, so
 // idle granules wait unmapped and a commit maps them afresh.
+//
+// Each owned granule costs a section handle and each mapping a view; Windows sets
+// no count like vm.max_map_count, so mapCount reports none and an out-of-memory
+// error is never blamed on a mapping limit.
 
 const (
 	sharedSupported = true
@@ -343,7 +347,9 @@ func (w *sharedWin) protect(at unsafe.Pointer, n int, ro bool) error {
 func sharedNoMemory(err error) bool {
 	return errors.Is(err, windows.ERROR_NOT_ENOUGH_MEMORY) ||
 		errors.Is(err, windows.ERROR_OUTOFMEMORY) ||
-		errors.Is(err, windows.ERROR_COMMITMENT_LIMIT)
+		errors.Is(err, windows.ERROR_COMMITMENT_LIMIT) ||
+		errors.Is(err, windows.ERROR_NO_SYSTEM_RESOURCES) // no handle or view to be had
+
 }
 
 // sharedPopulate touches every page of [at, at+n): a write (keeping the contents)
