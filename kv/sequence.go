@@ -90,9 +90,17 @@ func (s *Sequence) Cache() *Cache {
 // publish updates the readings other goroutines see.
 func (s *Sequence) publish() {
 	var committed, shared int64
-	for _, b := range s.bufs {
-		committed += int64(b.Committed())
-		shared += int64(b.Shared())
+	if s.err == nil {
+		// NB: the ranges of a sequence that is not damaged are alike (every
+		// operation resizes and shares them all the same, or damages it), so one
+		// stands for all: a batch step then touches each range once.
+		committed = int64(len(s.bufs)) * int64(s.bufs[0].Committed())
+		shared = int64(len(s.bufs)) * int64(s.bufs[0].Shared())
+	} else {
+		for _, b := range s.bufs {
+			committed += int64(b.Committed())
+			shared += int64(b.Shared())
+		}
 	}
 	s.tokens.Store(int64(s.n))
 	s.committed.Store(committed)
@@ -117,13 +125,10 @@ func (s *Sequence) AppendCtx(ctx context.Context, n int) error {
 }
 
 // need returns the bytes of the granules s must commit to hold tokens.
+// The sequence must not be damaged: its ranges are then alike (see publish).
 func (s *Sequence) need(tokens int) int64 {
 	size, _ := backing.AlignUp(tokens*s.c.row, s.c.gran)
-	var n int64
-	for _, b := range s.bufs {
-		n += int64(max(size-b.Committed(), 0))
-	}
-	return n
+	return int64(len(s.bufs)) * int64(max(size-s.bufs[0].Committed(), 0))
 }
 
 // Truncate shrinks the sequence to n tokens (rollback after speculative decoding),
