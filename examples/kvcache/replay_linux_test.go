@@ -11,7 +11,6 @@ import (
 	"github.com/vmarena/vmarena/kv/baseline"
 )
 
-
 // checkOwnedOnce checks, at a moment of the replay, that the shared prefix is owned
 // once: every live sequence maps its whole granules, and the pool's live granules are
 // exactly the sequences' own plus the prefix's.
