@@ -80,7 +80,7 @@ func (s *Sequence) Bytes(layer int, kind Kind) ([]byte, error) {
 	if !buf.HostAccessible() {
 		return nil, fmt.Errorf("%w: device memory can not be touched by the CPU", ErrLayout)
 	}
-	return buf.Bytes(), nil
+	return buf.Bytes()[:s.n*s.c.row], nil
 }
 
 // Base returns the first address of layer's K or V tensor. It never changes from the

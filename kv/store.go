@@ -53,6 +53,17 @@ func (st storeOf[R, B]) newBuffer(capacity int, auth *accounting.Authority) (buf
 // storing it in an interface allocates nothing.
 type bufferOf[R any, B backing.Backing[R]] struct{ *arena.Buffer[R, B] }
 
+// Resize makes the range hold n bytes, committing or decommitting whole granules. NB:
+// the buffer's length is always what it commits (n rounded up to the granule): kv
+// counts its tokens itself, so growth inside a granule needs no call here at all.
+func (b bufferOf[R, B]) Resize(n int) error {
+	size, ok := backing.AlignUp(n, b.Granularity())
+	if !ok {
+		return fmt.Errorf("%w: %d bytes", ErrTooLong, n)
+	}
+	return b.Buffer.Resize(size)
+}
+
 func (b bufferOf[R, B]) shareFrom(src buffer, size int, prot backing.Protection) error {
 	s, ok := src.(bufferOf[R, B])
 	if !ok {
