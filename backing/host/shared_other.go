@@ -7,8 +7,9 @@ import (
 	"unsafe"
 )
 
-// The shared backing needs memfd_create; elsewhere NewShared returns an error
-// wrapping errors.ErrUnsupported and these are never called.
+// The shared backing needs memfd_create (Linux) or placeholders (Windows); elsewhere
+// NewShared returns an error wrapping errors.ErrUnsupported and these are never
+// called.
 const (
 	sharedSupported      = false
 	sharedPark           = false
