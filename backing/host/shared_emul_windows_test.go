@@ -207,3 +207,53 @@ func emulMap(h windows.Handle, at uintptr, n int, ro bool) error {
 	}
 	return nil
 }
+
+// FailPlaceholders makes the Shared backings that NewShared creates until t ends
+// ask fail before each placeholder call ("split", "coalesce", "free", "unmap",
+// "map": real or emulated, whichever NewShared would use) and fail the call with the
+// error it returns, if any, without making it.
+func FailPlaceholders(t testing.TB, fail func(call string) error) {
+	old := sharedPlaceholders
+	in := *old
+	c := in
+	c.split = func(at uintptr, n int) error {
+		if err := fail("split"); err != nil {
+			return err
+		}
+		return in.split(at, n)
+	}
+	c.coalesce = func(at uintptr, n int) error {
+		if err := fail("coalesce"); err != nil {
+			return err
+		}
+		return in.coalesce(at, n)
+	}
+	c.free = func(at uintptr) error {
+		if err := fail("free"); err != nil {
+			return err
+		}
+		return in.free(at)
+	}
+	c.unmap = func(at uintptr) error {
+		if err := fail("unmap"); err != nil {
+			return err
+		}
+		return in.unmap(at)
+	}
+	c.mapView = func(h windows.Handle, at uintptr, n int, ro bool) error {
+		if err := fail("map"); err != nil {
+			return err
+		}
+		return in.mapView(h, at, n, ro)
+	}
+	sharedPlaceholders = &c
+	t.Cleanup(func() { sharedPlaceholders = old })
+}
+
+// EmulatePlaceholdersUnderWine is EmulatePlaceholders where the process runs under a
+// Wine that refuses placeholders; elsewhere it does nothing.
+func EmulatePlaceholdersUnderWine(t testing.TB) {
+	if WineVersion() != "" && sharedProbe() != nil {
+		EmulatePlaceholders(t)
+	}
+}

@@ -267,3 +267,65 @@ func TestSharedOutOfMemoryWindows(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedPlaceholderFaults fails each placeholder call a commit, a decommit and
+// an unreserve make, one at a time: a commit that fails midway unmaps the views it
+// mapped and closes the sections it made, a failed merge is no error (the
+// placeholders stay split, as the record says), an unreserve gets over it, and in
+// every case the bookkeeping, the sections and the address space agree and the
+// reservation still works.
+func TestSharedPlaceholderFaults(t *testing.T) {
+	steps := []struct {
+		name string
+		op   func(e *winEnv, x *host.SharedReservation) error
+	}{
+		{"commit", func(e *winEnv, x *host.SharedReservation) error { return e.s.Commit(x, e.g, 3*e.g) }},
+		{"decommit", func(e *winEnv, x *host.SharedReservation) error { return e.s.Decommit(x, 2*e.g, e.g) }},
+		{"unreserve", func(e *winEnv, x *host.SharedReservation) error { return e.s.Unreserve(x).Err }},
+	}
+	for k, step := range steps {
+		for n := 1; ; n++ {
+			var calls []string
+			fired := false
+			ok := t.Run(fmt.Sprintf("%s/call=%d", step.name, n), func(t *testing.T) {
+				armed := false
+				host.EmulatePlaceholdersUnderWine(t)
+				host.FailPlaceholders(t, func(call string) error {
+					if !armed {
+						return nil
+					}
+					calls = append(calls, call)
+					if len(calls) == n {
+						fired = true
+						return errInjected
+					}
+					return nil
+				})
+				e := newWinEnv(t, host.SharedOptions{})
+				x := e.reserve(5)
+				for _, prev := range steps[:k] {
+					require.NoError(t, prev.op(e, x))
+				}
+				armed = true
+				err := step.op(e, x)
+				armed = false
+				// NB: Unreserve gets over one failed call: it decommits run by run
+				// and releases again.
+				if fired && calls[n-1] != "coalesce" && step.name != "unreserve" {
+					require.ErrorIs(t, err, errInjected, "%v", calls)
+				} else {
+					require.NoError(t, err, "%v", calls)
+				}
+				e.check(fmt.Sprintf("after %v", calls), true)
+				if fired && err != nil {
+					require.NoError(t, step.op(e, x), "the %s works after the fault", step.name)
+					e.check("after the retry", true)
+				}
+			})
+			if !ok || !fired {
+				require.Greater(t, n, 1, "%s made no placeholder call", step.name)
+				break
+			}
+		}
+	}
+}
