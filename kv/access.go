@@ -6,16 +6,29 @@ import (
 	"github.com/vmarena/vmarena/arena"
 )
 
+// tensor returns where layer's K or V tensor lies under l: the index of the range
+// that holds it among a sequence's ranges, the byte offset of its token 0 in that
+// range, and the bytes from one token to the next. ok is false when layer or kind is
+// out of range for g.
+func (l Layout) tensor(g Geometry, layer int, kind Kind) (buf, off, stride int, ok bool) {
+	if layer < 0 || layer >= g.Layers || kind > V {
+		return 0, 0, 0, false
+	}
+	i := 2*layer + int(kind)
+	if l == PerSequence {
+		return 0, i * g.TokenBytes(), g.BytesPerToken(), true
+	}
+	return i, 0, g.TokenBytes(), true
+}
+
 // locate returns the range and byte offset of token t of layer's K or V tensor.
 func (s *Sequence) locate(layer int, kind Kind, t int) (buffer, int, error) {
 	g := s.c.cfg.Geometry
-	if layer < 0 || layer >= g.Layers || kind > V || t < 0 || t >= s.n {
+	i, off, stride, ok := s.c.cfg.Layout.tensor(g, layer, kind)
+	if !ok || t < 0 || t >= s.n {
 		return nil, 0, fmt.Errorf("%w: layer %d %v token %d of %d layers × %d tokens", ErrRange, layer, kind, t, g.Layers, s.n)
 	}
-	if s.c.cfg.Layout == PerSequence {
-		return s.bufs[0], t*s.c.row + (2*layer+int(kind))*g.TokenBytes(), nil
-	}
-	return s.bufs[2*layer+int(kind)], t * s.c.row, nil
+	return s.bufs[i], off + t*stride, nil
 }
 
 // WriteToken copies src (TokenBytes long) into token t of layer's K or V tensor, on
@@ -74,10 +87,11 @@ func (s *Sequence) Bytes(layer int, kind Kind) ([]byte, error) {
 	if s.c.cfg.Layout != PerLayer {
 		return nil, fmt.Errorf("%w: %v tensors are strided; use a view", ErrLayout, s.c.cfg.Layout)
 	}
-	if layer < 0 || layer >= s.c.cfg.Geometry.Layers || kind > V {
+	i, _, _, ok := s.c.cfg.Layout.tensor(s.c.cfg.Geometry, layer, kind)
+	if !ok {
 		return nil, fmt.Errorf("%w: layer %d %v", ErrRange, layer, kind)
 	}
-	buf := s.bufs[2*layer+int(kind)]
+	buf := s.bufs[i]
 	if !buf.HostAccessible() {
 		return nil, fmt.Errorf("%w: device memory can not be touched by the CPU", ErrLayout)
 	}
@@ -88,14 +102,11 @@ func (s *Sequence) Bytes(layer int, kind Kind) ([]byte, error) {
 // sequence's creation to its Close. On a device it must not be dereferenced by the CPU.
 func (s *Sequence) Base(layer int, kind Kind) uintptr {
 	s.live()
-	g := s.c.cfg.Geometry
-	if layer < 0 || layer >= g.Layers || kind > V {
+	i, off, _, ok := s.c.cfg.Layout.tensor(s.c.cfg.Geometry, layer, kind)
+	if !ok {
 		panic(PanicLayerRange)
 	}
-	if s.c.cfg.Layout == PerSequence {
-		return s.bufs[0].Base() + uintptr((2*layer+int(kind))*g.TokenBytes())
-	}
-	return s.bufs[2*layer+int(kind)].Base()
+	return s.bufs[i].Base() + uintptr(off)
 }
 
 // TokenStride returns the bytes from one token to the next within a layer's K or V
@@ -118,17 +129,18 @@ func View[T arena.Elem](s *Sequence, layer int, kind Kind) (arena.Tensor[T], err
 	if dt := arena.DTypeOf[T](); dt != g.DType {
 		return arena.Tensor[T]{}, fmt.Errorf("%w: %v view of a %v cache", ErrElemType, dt, g.DType)
 	}
-	if layer < 0 || layer >= g.Layers || kind > V {
+	i, off, stride, ok := s.c.cfg.Layout.tensor(g, layer, kind)
+	if !ok {
 		return arena.Tensor[T]{}, fmt.Errorf("%w: layer %d %v", ErrRange, layer, kind)
 	}
 	shape := []int{s.n, g.KVHeads, g.HeadDim}
 	if s.c.cfg.Layout == PerLayer {
-		return arena.NewTensor[T](s.bufs[2*layer+int(kind)], 0, shape...)
+		return arena.NewTensor[T](s.bufs[i], 0, shape...)
 	}
 	size := g.DType.Size()
-	strides := []int{s.c.row / size, g.HeadDim, 1}
+	strides := []int{stride / size, g.HeadDim, 1}
 	// NB: the tensor's memory starts at its own base, so that an empty sequence (whose
 	// range has no bytes in use) still has a view there.
-	mem := layerMemory{buf: s.bufs[0], off: (2*layer + int(kind)) * g.TokenBytes()}
+	mem := layerMemory{buf: s.bufs[i], off: off}
 	return arena.NewTensorStrided[T](mem, 0, shape, strides)
 }
