@@ -7,6 +7,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/nocopy"
 )
 
 // Memory is what a typed view needs of a buffer.
@@ -16,16 +17,10 @@ type Memory interface {
 	HostAccessible() bool // whether the CPU may dereference [Base, Base+Len)
 }
 
-// noCopy lets go vet report copies of owners.
-type noCopy struct{}
-
-func (*noCopy) Lock()   {}
-func (*noCopy) Unlock() {}
-
 // Buffer is a growable region of one backing's memory on a base address that never
 // changes. Its zero value is not usable; call NewBuffer.
 type Buffer[R any, B backing.Backing[R]] struct {
-	_ noCopy
+	_ nocopy.NoCopy
 
 	b         B
 	r         R

@@ -6,6 +6,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/nocopy"
 )
 
 // DefaultAlign is the alignment of Make and MakeTensor allocations unless
@@ -47,7 +48,7 @@ type ArenaOptions struct {
 // An Arena is used by one goroutine at a time. The memory it hands out may be read and
 // written from any goroutine, as any memory.
 type Arena[R any, B backing.Backing[R]] struct {
-	_ noCopy
+	_ nocopy.NoCopy
 
 	buf             *Buffer[R, B]
 	gran            int
