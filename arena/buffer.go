@@ -131,7 +131,7 @@ func (buf *Buffer[R, B]) Bytes() []byte {
 // ByBuffer, charged to the authority first); shrinking decommits the granules wholly
 // past n, whose contents are forfeit. A refused or failed resize returns the error and
 // changes nothing: a budget refusal matches accounting.ErrBudgetExceeded.
-func (buf *Buffer[R, B]) Resize(n int) error { return buf.resize(nil, n) }
+func (buf *Buffer[R, B]) Resize(n int) error { return buf.resize(context.Background(), false, n) }
 
 // ResizeCtx is Resize that, when growth needs budget the governor can not give now,
 // waits for it in the governor's FIFO queue of the device until ctx ends: itself under
@@ -142,10 +142,12 @@ func (buf *Buffer[R, B]) ResizeCtx(ctx context.Context, n int) error {
 	if ctx == nil {
 		panic("arena: ResizeCtx with a nil context")
 	}
-	return buf.resize(ctx, n)
+	return buf.resize(ctx, true, n)
 }
 
-func (buf *Buffer[R, B]) resize(ctx context.Context, n int) error {
+// resize is Resize, and ResizeCtx when wait is set: only then does growth wait for
+// the budget until ctx ends.
+func (buf *Buffer[R, B]) resize(ctx context.Context, wait bool, n int) error {
 	buf.live()
 	if n < 0 {
 		return fmt.Errorf("%w: length %d", ErrInvalidSize, n)
@@ -156,7 +158,7 @@ func (buf *Buffer[R, B]) resize(ctx context.Context, n int) error {
 	need, _ := backing.AlignUp(n, buf.gran) // cannot overflow: n <= capacity
 	switch {
 	case need > buf.committed:
-		if err := buf.commit(ctx, buf.committed, need-buf.committed); err != nil {
+		if err := buf.commit(ctx, wait, buf.committed, need-buf.committed); err != nil {
 			return err
 		}
 	case need < buf.committed:
@@ -174,11 +176,12 @@ func (buf *Buffer[R, B]) resize(ctx context.Context, n int) error {
 	return nil
 }
 
-// commit backs [off, off+size) with memory, charging first under ByBuffer.
-func (buf *Buffer[R, B]) commit(ctx context.Context, off, size int) error {
+// commit backs [off, off+size) with memory, charging first under ByBuffer; with wait
+// set, a budget refusal waits until ctx ends.
+func (buf *Buffer[R, B]) commit(ctx context.Context, wait bool, off, size int) error {
 	if buf.auth != nil {
 		var err error
-		if ctx != nil {
+		if wait {
 			err = buf.auth.Acquire(ctx, int64(size))
 		} else {
 			err = buf.auth.TryAcquire(int64(size))
@@ -195,13 +198,13 @@ func (buf *Buffer[R, B]) commit(ctx context.Context, off, size int) error {
 		return nil
 	}
 	var err error
-	if w, ok := any(buf.b).(backing.Waiter[R]); ok && ctx != nil {
+	if w, ok := any(buf.b).(backing.Waiter[R]); ok && wait {
 		err = w.CommitCtx(ctx, buf.r, off, size)
 		if errors.Is(err, backing.ErrUnsupported) {
-			err = buf.commitRetry(ctx, off, size)
+			err = buf.commitRetry(ctx, wait, off, size)
 		}
 	} else {
-		err = buf.commitRetry(ctx, off, size)
+		err = buf.commitRetry(ctx, wait, off, size)
 	}
 	if err != nil {
 		return err
@@ -211,12 +214,12 @@ func (buf *Buffer[R, B]) commit(ctx context.Context, off, size int) error {
 }
 
 // commitRetry commits [off, off+size) on a backing that owns its memory but can not
-// wait itself: with a context, a budget refusal waits in the governor's FIFO queue of
+// wait itself: with wait set, a budget refusal waits in the governor's FIFO queue of
 // the device for the bytes the backing asked for, then commits with them
 // (Authority.AcquireFor), until ctx ends.
-func (buf *Buffer[R, B]) commitRetry(ctx context.Context, off, size int) error {
+func (buf *Buffer[R, B]) commitRetry(ctx context.Context, wait bool, off, size int) error {
 	err := buf.b.Commit(buf.r, off, size)
-	if ctx == nil {
+	if !wait {
 		return err
 	}
 	auth := buf.b.Accounting().Authority()

@@ -18,8 +18,6 @@ import (
 
 const g = 64 << 10
 
-type fakeBuffer = arena.Buffer[*backingtest.FakeReservation, *backingtest.Fake]
-
 func newFake(t *testing.T, limit int64) (*backingtest.Fake, *accounting.Authority) {
 	t.Helper()
 	gov := accounting.NewGovernor()
@@ -82,7 +80,8 @@ func TestBufferBadInputs(t *testing.T) {
 	assert.ErrorIs(t, buf.Resize(-1), arena.ErrInvalidSize)
 	assert.ErrorIs(t, buf.Resize(2*g+1), arena.ErrCapacity)
 	assert.Equal(t, 0, buf.Committed(), "bad resizes change nothing")
-	assert.Panics(t, func() { _ = buf.ResizeCtx(nil, 1) }) //nolint:staticcheck // the nil context is the point
+	//lint:ignore SA1012 the nil context is the point: the call must panic on it
+	assert.Panics(t, func() { _ = buf.ResizeCtx(nil, 1) })
 	assert.PanicsWithValue(t, arena.PanicDeviceBytes, func() { buf.Bytes() })
 	assert.ErrorIs(t, buf.ShareFrom(buf, 0, backing.ReadOnly), arena.ErrNoSharing, "a ByBuffer fake does not share")
 }

@@ -127,7 +127,7 @@ func (a *Arena[R, B]) Capacity() int { return a.buf.Capacity() }
 // matching ErrCapacity) past the capacity, or the buffer's error (a budget refusal
 // matches accounting.ErrBudgetExceeded); a failed Alloc changes nothing.
 func (a *Arena[R, B]) Alloc(size, align int) (int, error) {
-	return a.alloc(nil, size, align)
+	return a.alloc(context.Background(), false, size, align)
 }
 
 // AllocCtx is Alloc that, when growing the buffer needs budget the governor can not
@@ -139,11 +139,12 @@ func (a *Arena[R, B]) AllocCtx(ctx context.Context, size, align int) (int, error
 	if ctx == nil {
 		panic("arena: AllocCtx with a nil context")
 	}
-	return a.alloc(ctx, size, align)
+	return a.alloc(ctx, true, size, align)
 }
 
-// alloc is Alloc, waiting for the budget when ctx is not nil.
-func (a *Arena[R, B]) alloc(ctx context.Context, size, align int) (int, error) {
+// alloc is Alloc, and AllocCtx when wait is set: only then does growth wait for the
+// budget until ctx ends.
+func (a *Arena[R, B]) alloc(ctx context.Context, wait bool, size, align int) (int, error) {
 	a.live()
 	if size < 0 {
 		return 0, fmt.Errorf("%w: allocation of %d bytes", ErrInvalidSize, size)
@@ -163,7 +164,7 @@ func (a *Arena[R, B]) alloc(ctx context.Context, size, align int) (int, error) {
 	if end > a.buf.Len() {
 		n, _ := backing.AlignUp(end, a.gran) // cannot overflow: end <= capacity, a granule multiple
 		var err error
-		if ctx != nil {
+		if wait {
 			err = a.buf.ResizeCtx(ctx, n)
 		} else {
 			err = a.buf.Resize(n)

@@ -181,7 +181,8 @@ func TestFakeCommitCtx(t *testing.T) {
 		})
 	}
 	assert.ErrorIs(t, f.CommitCtx(ctx, &backingtest.FakeReservation{}, 0, g), backing.ErrForeignReservation)
-	assert.PanicsWithValue(t, "backingtest: CommitCtx with a nil context", func() { _ = f.CommitCtx(nil, r, 0, g) }) //nolint:staticcheck // the nil context is the point
+	//lint:ignore SA1012 the nil context is the point: the call must panic on it
+	assert.PanicsWithValue(t, "backingtest: CommitCtx with a nil context", func() { _ = f.CommitCtx(nil, r, 0, g) })
 	require.NoError(t, f.CommitCtx(ctx, r, 0, g))
 	assert.ErrorIs(t, f.CommitCtx(ctx, r, 0, 2*g), backing.ErrCommitted)
 
