@@ -216,7 +216,7 @@ func (t *Tree[V]) Shorten(leaf *Node[V], depth int) {
 	if !leaf.Leaf() || depth <= leaf.parent.depth || depth >= leaf.depth {
 		panic("radix: Shorten out of range")
 	}
-	leaf.key = leaf.key[:depth-leaf.parent.depth : depth-leaf.parent.depth]
+	leaf.key = leaf.key[: depth-leaf.parent.depth : depth-leaf.parent.depth]
 	leaf.depth = depth
 }
 
