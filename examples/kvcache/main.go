@@ -9,7 +9,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	_ "embed"
 	"errors"
@@ -127,7 +126,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		fmt.Fprint(fs.Output(), usageText)
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&c.trace, "trace", "", "CSV trace with columns TIMESTAMP, ContextTokens, GeneratedTokens (default: the bundled Azure LLM 2023 conversation trace)")
+	fs.StringVar(&c.trace, "trace", "", "trace file: CSV with columns TIMESTAMP, ContextTokens, GeneratedTokens, or Mooncake JSON lines with hash_ids, told apart by content (default: the bundled Azure LLM 2023 conversation trace)")
 	fs.IntVar(&c.requests, "requests", 100, "how many requests of the trace to replay (0: all)")
 	fs.IntVar(&c.skip, "skip", 0, "skip this many requests at the start of the trace")
 	fs.Float64Var(&c.speed, "speed", 1, "divide the trace's arrival times by this (0: every request arrives at once)")
@@ -250,7 +249,7 @@ func (c *config) loadTrace() ([]Request, string, error) {
 		}
 		name, data = c.trace, b
 	}
-	reqs, err := ReadTrace(bytes.NewReader(data))
+	reqs, err := ReadAnyTrace(data)
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: %w", name, err)
 	}
