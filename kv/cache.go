@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
@@ -50,6 +51,9 @@ type Cache struct {
 	changed  chan struct{} // closed when memory comes back to this cache
 	waits    int64         // AppendCtx calls that had to wait
 	orphans  []buffer      // buffers whose Close failed; retried by Close
+	entries  int           // sequences a PrefixCache owns: Close waits for them
+
+	pc atomic.Pointer[PrefixCache] // nil without one
 }
 
 // New returns a cache of sequences on b. It reserves nothing until sequences are made.
@@ -290,6 +294,10 @@ func (c *Cache) SequenceStats() []SequenceStats {
 // giving back any range whose release failed earlier and reports what still fails.
 func (c *Cache) Close() error {
 	c.mu.Lock()
+	if c.entries > 0 {
+		defer c.mu.Unlock()
+		return fmt.Errorf("%w: its PrefixCache holds %d entries; close it first", ErrConfig, c.entries)
+	}
 	if len(c.seqs) > 0 || len(c.prefixes) > 0 || c.inflight > 0 {
 		defer c.mu.Unlock()
 		return fmt.Errorf("%w: %d sequences and %d prefixes still live", ErrConfig, len(c.seqs)+c.inflight, len(c.prefixes))
@@ -310,6 +318,22 @@ func (c *Cache) Close() error {
 // more than the device's limit allows at all (it matches ErrExceedsLimit then), or
 // more than is free under the limit plus what the backing's pool holds idle.
 func (c *Cache) fits(need int64) error {
+	err := c.fitsNow(need)
+	if err == nil {
+		return nil
+	}
+	// Cached prefixes no live sequence maps are memory to take back before refusing.
+	var be *accounting.BudgetError
+	if pc := c.pc.Load(); pc != nil && errors.As(err, &be) && need <= be.Limit {
+		if pc.evictFor(need-be.Available) > 0 {
+			return c.fitsNow(need)
+		}
+	}
+	return err
+}
+
+// fitsNow is fits without eviction.
+func (c *Cache) fitsNow(need int64) error {
 	limit := c.gov.Limit(c.dev)
 	avail := c.gov.Available(c.dev)
 	if p := c.pool; p != nil {

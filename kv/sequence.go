@@ -47,6 +47,7 @@ type Sequence struct {
 	prefix *Prefix
 	err    error // set when damaged
 	closed bool
+	pcl    *pcLive // what it maps of a PrefixCache's granules, or nil
 
 	// Readings for Cache.Stats, which runs on other goroutines.
 	tokens    atomic.Int64
@@ -364,6 +365,10 @@ func (s *Sequence) Close() accounting.ReleaseOutcome {
 	c.mu.Unlock()
 	if s.prefix != nil {
 		s.prefix.unref()
+	}
+	if s.pcl != nil {
+		s.pcl.drop()
+		s.pcl = nil
 	}
 	c.notify()
 	return out

@@ -283,6 +283,20 @@ func (t *Tree[V]) Unpin(n *Node[V]) {
 	}
 }
 
+// Tokens returns the tokens the tree holds: the sum of its edges' lengths.
+func (t *Tree[V]) Tokens() int64 {
+	var n int64
+	var walk func(*Node[V])
+	walk = func(x *Node[V]) {
+		n += int64(len(x.key))
+		for _, c := range x.children {
+			walk(c)
+		}
+	}
+	walk(&t.root)
+	return n
+}
+
 // Tokens returns the tokens from the root to the end of n's edge (a copy).
 func (n *Node[V]) Tokens() []int32 {
 	out := make([]int32, n.depth)
