@@ -21,6 +21,27 @@
 // writable, so its code MUST NOT write below Writable. Sharing needs a backing that
 // implements backing.Sharer and owns its memory (host.Shared, cuda).
 //
+// # Prefix caching
+//
+// A [PrefixCache] reuses K and V across requests by token IDs: [PrefixCache.Lookup]
+// starts a sequence on the longest cached prefix of a prompt (whole granules mapped,
+// the tail copied), [PrefixCache.Insert] caches a sequence's tokens after prefill.
+// Its index is a radix tree of token IDs, not vLLM's chain of block hashes: a match
+// is exact to the token (the partial tail is copied anyway, so there is nothing to
+// gain from rounding to blocks), equal keys are equal tokens by construction (no hash
+// whose collisions would map another prompt's K/V), and a lookup compares tokens once
+// where the hash chain hashes them and then compares them too — BENCHMARKS.md has the
+// figures. Cached prefixes are memory the governor can take back. Each granule is
+// counted by the entries that hold it and the live sequences that map it; eviction
+// takes the last granule of the least recently used leaf, and only one that gives
+// memory back (held by that entry alone, mapped by no live sequence): page-aware,
+// since a granule any other holder maps frees nothing. It runs before an append is
+// refused, whenever a request on the device waits for memory (the prefix cache's
+// reclaimer, see accounting.Authority.SetReclaimer), and to keep under
+// PrefixCacheOptions.MaxBytes; a [PrefixPin] holds a prefix against all three. The
+// index lives in package kv, not beside it, because eviction shrinks the cache's own
+// sequences without the copy Truncate makes and runs inside the cache's budget check.
+//
 // # Layout
 //
 // [PerSequence] (the default) puts all layers of a token together in one range: one

@@ -13,6 +13,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/backingtest"
+	"github.com/vmarena/vmarena/backing/cuda"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -448,6 +449,42 @@ func TestPrefixCacheFaultInjection(t *testing.T) {
 				assert.Zero(t, fx.pool.Stats().Mapped, "call %d", n)
 			}
 			assert.Greater(t, failed, calls/2, "most injected faults surface as errors")
+		})
+	}
+}
+
+// TestPrefixCacheCUDAFake serves prompts that share prefixes on the CUDA backing over
+// the fake driver: K/V reach the device through the driver's copies, cached prefixes
+// are driver handles mapped into many reservations, and eviction unmaps them.
+func TestPrefixCacheCUDAFake(t *testing.T) {
+	for _, layout := range layouts {
+		t.Run(layout.String(), func(t *testing.T) {
+			fake := cuda.NewFakeDriver(cuda.FakeDriverOptions{Granularity: 64 << 10, Memory: 256 << 20})
+			t.Cleanup(func() { assert.NoError(t, fake.CheckLeaks()) })
+			c, err := newCUDACache(t, fake.Driver(), layout, tiny8, 512)
+			require.NoError(t, err)
+			pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{MaxBytes: 4 << 20})
+			require.NoError(t, err)
+			defer func() { assert.NoError(t, pc.Close()) }()
+			r := rand.New(rand.NewPCG(5, uint64(layout)))
+			var made [][]int32
+			hits := 0
+			for range 30 {
+				ids := stream(r, made, 400)
+				for len(ids) < 200 {
+					ids = append(ids, int32(r.IntN(1000)))
+				}
+				s, m, err := serve(pc, ids)
+				require.NoError(t, err)
+				hits += m
+				require.True(t, s.Close().OK())
+				made = append(made, ids)
+			}
+			st := pc.Stats()
+			assert.Equal(t, int64(hits), st.Hits)
+			assert.Positive(t, st.Hits)
+			assert.Positive(t, st.EvictedTokens, "the cap made it evict")
+			assert.LessOrEqual(t, st.CachedBytes, int64(4<<20))
 		})
 	}
 }
