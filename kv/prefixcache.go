@@ -240,35 +240,35 @@ func (pc *PrefixCache) capLocked() []*pcEntry {
 	return nil
 }
 
-// startOn starts a sequence on src's first n tokens, evicting cached prefixes and
-// trying again once when the budget refuses the copied tail.
+// startOn starts a sequence on src's first n tokens (an entry's, with startOn; an
+// inserted sequence's, with ForkAt), evicting cached prefixes and trying again once
+// when the budget refuses the copied tail.
 func (pc *PrefixCache) startOn(src *Sequence, n int, entry bool) (*Sequence, error) {
-	s, err := pc.c.startOn(src, n, entry)
+	start := src.ForkAt
+	if entry {
+		start = func(n int) (*Sequence, error) { return pc.c.startOn(src, n) }
+	}
+	s, err := start(n)
 	if err != nil && errors.Is(err, accounting.ErrBudgetExceeded) && pc.evictFor(pc.gbytes) > 0 {
-		s, err = pc.c.startOn(src, n, entry)
+		s, err = start(n)
 	}
 	return s, err
 }
 
-// startOn returns a new sequence holding src's first n tokens: the whole granules
-// mapped read-only, the rest copied, as Fork does. src's mapped granules are shared
-// from then on: unless src is an entry (never written, and read by many lookups at
-// once), its frozen bytes grow to cover them.
-func (c *Cache) startOn(src *Sequence, n int, entry bool) (*Sequence, error) {
+// startOn returns a new sequence holding the entry src's first n tokens: the whole
+// granules mapped read-only, the rest copied, as ForkAt does. Unlike ForkAt it leaves
+// src as it is (an entry is never written, and many lookups read it at once).
+func (c *Cache) startOn(src *Sequence, n int) (*Sequence, error) {
 	s, err := c.newSequence()
 	if err != nil {
 		return nil, err
 	}
 	full, err := shareInto(s.bufs, src.bufs, n*c.row, c.gran)
 	if err != nil {
-		c.abandon(s)
-		return nil, err
+		return nil, errors.Join(err, c.abandon(s))
 	}
 	s.n = n
 	s.frozen = full
-	if !entry {
-		src.frozen = max(src.frozen, full)
-	}
 	s.publish()
 	c.register(s)
 	return s, nil

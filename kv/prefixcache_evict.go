@@ -1,6 +1,9 @@
 package kv
 
 import (
+	"errors"
+
+	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/kv/internal/radix"
 )
 
@@ -15,6 +18,20 @@ const (
 	// that also give memory back first.
 	evictCap
 )
+
+// budgetOrEvict is budget that, before it refuses, evicts cached prefixes no live
+// sequence maps to make up the shortfall.
+func (c *Cache) budgetOrEvict(need, credit int64) error {
+	err := c.budget(need, credit)
+	var be *accounting.BudgetError
+	if err == nil || !errors.As(err, &be) || errors.Is(err, accounting.ErrExceedsLimit) {
+		return err
+	}
+	if pc := c.pc.Load(); pc != nil && pc.evictFor(be.Requested-be.Available-credit) > 0 {
+		return c.budget(need, credit)
+	}
+	return err
+}
 
 // evictFor evicts cached granules that give back physical memory, leaf-first and
 // least recently used first, until need bytes came back or none is left to take; it
@@ -33,6 +50,9 @@ func (pc *PrefixCache) evictFor(need int64) int64 {
 	pc.mu.Lock()
 	got := pc.evictedBytes - before
 	pc.mu.Unlock()
+	if got > 0 {
+		pc.c.notify() // memory came back to the cache's pool
+	}
 	return got
 }
 
