@@ -77,6 +77,7 @@ type pcEntry struct {
 type pcLive struct {
 	pc    *PrefixCache
 	grefs []*granuleRef
+	entry *pcEntry // the last entry Insert made from the sequence, or nil
 }
 
 // PrefixCacheStats is a snapshot of a PrefixCache. Counters are in tokens where their
@@ -325,6 +326,12 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 		return nil
 	}
 	e.leaf = leaf
+	l0 := s.pcl
+	if l0 == nil {
+		l0 = &pcLive{pc: pc}
+		s.pcl = l0
+	}
+	l0.entry = e
 	pc.entries++
 	pc.inserted += int64(n - m)
 	pc.c.adopt(es)
@@ -407,6 +414,46 @@ func (pc *PrefixCache) unhold(e *pcEntry) *pcEntry {
 		return nil
 	}
 	return e
+}
+
+// adopt, as s closes, makes the entry Insert last made from s hold s's own ranges
+// rather than its mappings of them, and returns the entry's former ranges for Close
+// to release in place of s's. It reports false, changing nothing, when the entry is
+// gone, is being mapped from, or holds tokens s no longer has unchanged.
+//
+// NB: the entry's mappings were made by Share and never touched, so they hold no page
+// tables, while s's are populated by its writes. Unmapping s's would zap every page
+// table entry and leave the cache with mappings whose first use faults page by page;
+// keeping s's costs nothing and, when eviction later returns a granule to the pool,
+// it goes with its page tables, so the next commit of it does not fault either.
+func (l *pcLive) adopt(s *Sequence) ([]buffer, bool) {
+	pc := l.pc
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	e := l.entry
+	if pc.closed || e == nil || e.closed || e.busy > 0 || s.err != nil || e.seq.err != nil {
+		return nil, false
+	}
+	n, c := e.seq.n, pc.c
+	full := backing.AlignDown(n*c.row, c.gran)
+	if n > s.n || s.frozen < full {
+		return nil, false // s was truncated into what the entry maps
+	}
+	if err := s.resizeAll(n * c.row); err != nil {
+		return nil, false
+	}
+	old := e.seq.bufs
+	e.seq.bufs, s.bufs = s.bufs, nil
+	e.seq.frozen = full
+	e.seq.publish()
+	if k := full / c.gran; k < len(e.grefs) {
+		// The entry's copy of the partly filled last granule gives way to s's.
+		pc.release(e.grefs[k])
+		e.grefs[k] = &granuleRef{}
+		pc.hold(e.grefs[k])
+	}
+	l.entry = nil
+	return old, true
 }
 
 // dropLive forgets what a closing sequence mapped.

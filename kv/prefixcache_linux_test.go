@@ -54,7 +54,7 @@ func TestPrefixCacheOwnedOnceByPss(t *testing.T) {
 	st := pc.Stats()
 	pss := pssOf(t, name)
 	// Each sequence and each entry holds one granule per range of its own, the one
-	// past the prefix where its last token lies; one page of it is resident.
+	// past the prefix where its last token lies; one page of it at most is resident.
 	tails := int64(64+st.Entries) * int64(2*tiny8.Layers)
 	own := tails * (64 << 10)
 	t.Logf("Pss of 64 sequences on a %d KiB cached prefix: %d KiB (mapped %d KiB)", prefixBytes>>10, pss>>10, pool.Stats().Mapped>>10)
@@ -62,7 +62,10 @@ func TestPrefixCacheOwnedOnceByPss(t *testing.T) {
 	assert.Equal(t, prefixBytes+own, pool.Stats().Owned, "the governor: the prefix owned once")
 	assert.Equal(t, prefixBytes+int64(st.Entries)*int64(2*tiny8.Layers)*(64<<10), st.CachedBytes, "the cache counts the prefix once too")
 	assert.Equal(t, prefixBytes, st.PinnedBytes, "the live sequences map the prefix")
-	assert.InDelta(t, float64(prefixBytes+tails*4096), float64(pss), float64(prefixBytes)/10, "the kernel: resident once, not 64 times")
+	// The kernel: the prefix resident once, not 64 times (192 MiB), and at most one
+	// page of each tail (a sequence's, or an entry's copy).
+	assert.GreaterOrEqual(t, pss, prefixBytes*9/10, "the prefix is resident")
+	assert.LessOrEqual(t, pss, prefixBytes+tails*4096+prefixBytes/10, "resident once, not 64 times")
 	for _, s := range seqs {
 		assert.True(t, s.Close().OK())
 	}

@@ -367,7 +367,14 @@ func (s *Sequence) Close() accounting.ReleaseOutcome {
 	if s.closed {
 		return accounting.FailedRelease(0, fmt.Errorf("%w: sequence %d closed twice", ErrClosed, s.id))
 	}
-	out := s.c.release(s.bufs)
+	bufs := s.bufs
+	if s.pcl != nil {
+		// A prefix cache entry made from s takes over s's ranges (see adopt).
+		if old, ok := s.pcl.adopt(s); ok {
+			bufs = old
+		}
+	}
+	out := s.c.release(bufs)
 	s.closed = true
 	s.n = 0
 	s.tokens.Store(0)
