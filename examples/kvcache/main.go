@@ -59,6 +59,10 @@ type config struct {
 	out         string
 	format      string
 	progress    string
+	prefillRate float64
+	// prefix is set for a trace with token IDs (Mooncake): the prefix-cache replay.
+	prefix bool
+	set    map[string]bool // flags given on the command line
 }
 
 const usageText = `Usage: go run ./examples/kvcache [flags]
@@ -145,9 +149,12 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.out, "out", os.TempDir(), "directory for the plot")
 	fs.StringVar(&c.format, "format", "png", "plot format: png or svg")
 	fs.StringVar(&c.progress, "progress", "auto", "progress display: auto (a bar on a terminal, lines otherwise), bar, lines or none")
+	fs.Float64Var(&c.prefillRate, "prefill-rate", DefaultPrefillRate, "prefix-cache replay: prompt tokens prefilled per second of model time (time to first token grows with the uncached tokens)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
+	c.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { c.set[f.Name] = true })
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q (flags only; see -help)", fs.Arg(0))
 	}
@@ -213,14 +220,18 @@ func (c *config) validate() (setup, []string, error) {
 	}
 	var names []string
 	seen := map[string]bool{}
+	strategies := allStrategies
+	if c.prefix {
+		strategies = prefixStrategies
+	}
 	for _, n := range strings.Split(c.strategies, ",") {
 		n = strings.TrimSpace(n)
 		ok := false
-		for _, k := range allStrategies {
+		for _, k := range strategies {
 			ok = ok || k == n
 		}
 		if !ok {
-			return s, nil, fmt.Errorf("-strategies: unknown strategy %q (known: %s)", n, strings.Join(allStrategies, ", "))
+			return s, nil, fmt.Errorf("-strategies: unknown strategy %q (known: %s)", n, strings.Join(strategies, ", "))
 		}
 		if !seen[n] {
 			names = append(names, n)
@@ -279,6 +290,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvcache: %v\n", err)
 		return 2
 	}
+	if err := c.prefixDefaults(); err != nil {
+		fmt.Fprintf(stderr, "kvcache: %v\n", err)
+		return 1
+	}
 	s, names, err := c.validate()
 	if err != nil {
 		fmt.Fprintf(stderr, "kvcache: %v\n", err)
@@ -288,6 +303,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "kvcache: %v\n", err)
 		return 1
+	}
+	if c.prefix {
+		return runPrefix(ctx, c, s, names, reqs, traceName, stdout, stderr)
 	}
 	w := Workload{
 		Requests:     reqs,

@@ -10,7 +10,16 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-const mooncakePath = "../../../shared/traces/mooncake-fast25-conversation.jsonl"
+// mooncakePath is the shared copy of the Mooncake trace, beside the checkout (main or
+// a worktree one level deeper), or "" when there is none.
+var mooncakePath = func() string {
+	for _, p := range []string{"../../../shared/traces/mooncake-fast25-conversation.jsonl", "../../../../shared/traces/mooncake-fast25-conversation.jsonl"} {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return ""
+}()
 
 func TestReadMooncake(t *testing.T) {
 	in := `{"timestamp": 1000, "input_length": 513, "output_length": 5, "hash_ids": [7, 8]}
@@ -67,10 +76,10 @@ func TestReadMooncakeMalformed(t *testing.T) {
 // TestReadMooncakeFile reads the real trace when the shared copy is there: the counts
 // its README states.
 func TestReadMooncakeFile(t *testing.T) {
-	data, err := os.ReadFile(mooncakePath)
-	if os.IsNotExist(err) {
+	if mooncakePath == "" {
 		t.Skip("the shared Mooncake trace is not on this machine")
 	}
+	data, err := os.ReadFile(mooncakePath)
 	require.NoError(t, err)
 	reqs, err := ReadAnyTrace(data)
 	require.NoError(t, err)
