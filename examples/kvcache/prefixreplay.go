@@ -556,12 +556,15 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 }
 
 // Defaults of the prefix-cache replay, for flags not given: a small model, since
-// Mooncake's prompts average 12,000 tokens, a context window that holds all but the
-// longest, and requests enough to show reuse within about a minute here.
+// Mooncake's prompts average 12,000 tokens (144 MiB of K/V each for Qwen2.5-0.5B); a
+// context window that holds all but the longest; as many requests as replay in about
+// a minute here for the three strategies; and a budget of about ten such prompts,
+// which keeps each strategy (the paged one holds Go heap) within 2 GiB.
 const (
 	prefixModel     = "qwen2.5-0.5b"
 	prefixMaxTokens = 32768
 	prefixRequests  = 100
+	prefixBudget    = 1536 << 20
 )
 
 // prefixDefaults sniffs the -trace file: one with token IDs (Mooncake JSON lines)
@@ -586,6 +589,7 @@ func (c *config) prefixDefaults() error {
 		"max-tokens":    func() { c.maxTokens = prefixMaxTokens },
 		"requests":      func() { c.requests = prefixRequests },
 		"system-prompt": func() { c.system = 0 },
+		"budget":        func() { c.budget = prefixBudget },
 		"strategies":    func() { c.strategies = strings.Join(prefixStrategies, ",") },
 	} {
 		if !c.set[flagName] {
