@@ -86,7 +86,17 @@ func (pc *PrefixCache) evictLocked(need int64, mode evictMode) []*pcEntry {
 			break
 		}
 		cached := pc.cachedGranules
-		freed, gone := pc.evictGranule(leaf)
+		// Take as many granules from the leaf's tail as the need asks for in one
+		// resize, as long as each gives memory back and the leaf keeps a token.
+		e, p := leaf.Value(), leaf.Parent()
+		k := 1
+		for ; k < len(e.grefs) && got+int64(k)*pc.gbytes < need; k++ {
+			g := e.grefs[len(e.grefs)-1-k]
+			if g.entries != 1 || g.live > 0 || pc.tokensBelow(len(e.grefs)-1-k) <= p.Depth() {
+				break
+			}
+		}
+		freed, gone := pc.evictGranules(leaf, k)
 		if gone != nil {
 			drop = append(drop, gone)
 		}
@@ -127,16 +137,15 @@ func (pc *PrefixCache) victim(frees bool) *radix.Node[*pcEntry] {
 	return best
 }
 
-// evictGranule takes the last granule index of leaf's entry: the leaf is shortened to
-// the tokens below it, or, when none of its own would be left, leaves the index (its
-// entry closes, or moves up to a pinned parent). It returns the physical bytes that
-// came back and the entry to close, if any. pc.mu is held.
-func (pc *PrefixCache) evictGranule(leaf *radix.Node[*pcEntry]) (int64, *pcEntry) {
+// evictGranules takes the last k granule indexes of leaf's entry: the leaf is
+// shortened to the tokens below them, or, when none of its own would be left, leaves
+// the index (its entry closes, or moves up to a pinned parent). It returns the
+// physical bytes that came back and the entry to close, if any. pc.mu is held.
+func (pc *PrefixCache) evictGranules(leaf *radix.Node[*pcEntry], k int) (int64, *pcEntry) {
 	e := leaf.Value()
 	depth := leaf.Depth()
 	p := leaf.Parent()
-	nd := pc.tokensBelow(len(e.grefs) - 1)
-	pc.evictions++
+	nd := pc.tokensBelow(len(e.grefs) - k)
 	switch {
 	case nd > p.Depth():
 		pc.tree.Shorten(leaf, nd)
@@ -144,6 +153,7 @@ func (pc *PrefixCache) evictGranule(leaf *radix.Node[*pcEntry]) (int64, *pcEntry
 	case p.Parent() == nil || p.Children() > 1:
 		pc.tree.Remove(leaf)
 		pc.evictedTokens += int64(depth - p.Depth())
+		pc.evictions += int64(len(e.grefs))
 		before := pc.evictedBytes
 		d := pc.unhold(e)
 		return pc.evictedBytes - before, d
@@ -173,6 +183,7 @@ func (pc *PrefixCache) shrink(e *pcEntry, depth, n int) (int64, *pcEntry) {
 	e.seq.n = n
 	e.seq.frozen = min(e.seq.frozen, n*pc.c.row)
 	e.seq.publish()
+	pc.evictions += int64(len(e.grefs) - k)
 	var freed int64
 	for _, g := range e.grefs[k:] {
 		freed += pc.release(g)
