@@ -616,7 +616,7 @@ func printPrefixTable(w io.Writer, rs []PrefixResult) {
 			if r.Queries == 0 {
 				return "-"
 			}
-			return fmt.Sprintf("%.1f%%", 100*float64(h)/float64(r.Queries))
+			return fmt.Sprintf("%.2f%%", 100*float64(h)/float64(r.Queries))
 		}
 		done := fmt.Sprintf("%d/%d", r.Completed, r.Requests)
 		if r.Rejected > 0 {
@@ -686,6 +686,13 @@ func runPrefix(ctx context.Context, c *config, s setup, names []string, reqs []R
 	}
 	fmt.Fprintln(stdout)
 	printPrefixTable(stdout, results)
+	paths, err := writePrefixPlots(c.out, c.format, results, s.budget)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvcache: plot: %v\n", err)
+		return 1
+	}
+	slices.Sort(paths)
+	fmt.Fprintf(stdout, "\nPlots of memory and of the hit rate over time: %s\n", strings.Join(paths, ", "))
 	if failed {
 		return 1
 	}

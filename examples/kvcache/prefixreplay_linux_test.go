@@ -93,8 +93,14 @@ func TestRunPrefixFlags(t *testing.T) {
 	path := t.TempDir() + "/mooncake.jsonl"
 	require.NoError(t, writeFile(path, prefixTrace))
 	var out, errOut bytes.Buffer
-	code := run(context.Background(), []string{"-trace", path, "-model", "tiny", "-budget", "0", "-progress", "none", "-out", t.TempDir()}, &out, &errOut)
+	dir := t.TempDir()
+	code := run(context.Background(), []string{"-trace", path, "-model", "tiny", "-budget", "0", "-progress", "none", "-out", dir}, &out, &errOut)
 	require.Equal(t, 0, code, errOut.String())
+	for _, f := range []string{"kvcache-prefix-memory.png", "kvcache-prefix-hits.png"} {
+		fi, err := os.Stat(dir + "/" + f)
+		require.NoError(t, err)
+		assert.Positive(t, fi.Size())
+	}
 	for _, name := range prefixStrategies {
 		assert.Contains(t, out.String(), name)
 	}
