@@ -241,13 +241,22 @@ func (pc *PrefixCache) capLocked() []*pcEntry {
 	return nil
 }
 
-// startOn starts a sequence on src's first n tokens (an entry's, with startOn; an
-// inserted sequence's, with ForkAt), evicting cached prefixes and trying again once
-// when the budget refuses the copied tail.
+// startOn starts a sequence on src's first n tokens (an entry's, or an inserted
+// sequence's), evicting cached prefixes and trying again once when the budget refuses
+// the copied tail. An inserted sequence's shared bytes become frozen (WriteToken
+// refuses them) but, unlike ForkAt, its own mapping of them stays writable.
+//
+// NB: protecting them (mprotect on host.Shared) would leave their page table entries
+// write-protected; the entry takes those ranges over when the sequence closes, and
+// once eviction hands the granules to the next sequence, its first write to each page
+// faults: measured 8× slower per request at a 0% hit rate (BenchmarkPrefixCacheMiss).
 func (pc *PrefixCache) startOn(src *Sequence, n int, entry bool) (*Sequence, error) {
-	start := src.ForkAt
-	if entry {
-		start = func(n int) (*Sequence, error) { return pc.c.startOn(src, n) }
+	start := func(n int) (*Sequence, error) {
+		q, err := pc.c.startOn(src, n)
+		if err == nil && !entry {
+			src.frozen = max(src.frozen, q.frozen)
+		}
+		return q, err
 	}
 	s, err := start(n)
 	if err != nil && errors.Is(err, accounting.ErrBudgetExceeded) && pc.evictFor(pc.gbytes) > 0 {
@@ -256,9 +265,9 @@ func (pc *PrefixCache) startOn(src *Sequence, n int, entry bool) (*Sequence, err
 	return s, err
 }
 
-// startOn returns a new sequence holding the entry src's first n tokens: the whole
-// granules mapped read-only, the rest copied, as ForkAt does. Unlike ForkAt it leaves
-// src as it is (an entry is never written, and many lookups read it at once).
+// startOn returns a new sequence holding src's first n tokens: the whole granules
+// mapped read-only, the rest copied, as ForkAt does. Unlike ForkAt it leaves src as it
+// is (an entry is never written, and many lookups read it at once).
 func (c *Cache) startOn(src *Sequence, n int) (*Sequence, error) {
 	s, err := c.newSequence()
 	if err != nil {
@@ -278,7 +287,9 @@ func (c *Cache) startOn(src *Sequence, n int) (*Sequence, error) {
 // Insert adds the first len(tokens) tokens of s (at most s.Len()), whose IDs are
 // tokens, to the cache, so that later lookups can start on them; tokens the cache
 // holds already are left as they are. The new entry maps s's whole granules (they
-// become shared: below s.Writable from then on) and copies the rest. s must belong to
+// become shared: below s.Writable from then on, refused by WriteToken, and they MUST
+// NOT be written through Bytes or a View: s's own mapping of them stays writable, see
+// startOn) and copies the rest; when s closes, the entry takes over s's ranges. s must belong to
 // the prefix cache's cache and stays the caller's, usable and to be closed as before.
 // When the copied tail can not be had within the budget, cached prefixes are evicted
 // first; if still refused, the error matches accounting.ErrBudgetExceeded and nothing
