@@ -454,6 +454,15 @@ func (l *pcLive) adopt(s *Sequence) ([]buffer, bool) {
 		return nil, false
 	}
 	old := e.seq.bufs
+	if tail := n*c.row - full; tail > 0 {
+		// s may have rewritten its tokens past its shared granules since the insert
+		// (truncated and grown again): the entry's copy of them is what was inserted.
+		for i := range s.bufs {
+			if err := copyRange(s.bufs[i], old[i], full, tail); err != nil {
+				return nil, false
+			}
+		}
+	}
 	e.seq.bufs, s.bufs = s.bufs, nil
 	e.seq.frozen = full
 	e.seq.publish()

@@ -498,3 +498,35 @@ func TestPrefixCacheCUDAFake(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefixCacheInsertFreezes: once inserted, a sequence's whole granules are shared
+// with the cache, so WriteToken refuses them; the tail stays writable.
+func TestPrefixCacheInsertFreezes(t *testing.T) {
+	_, _, pc := newPrefixCache(t, 1<<30, kv.PerLayer, 128, kv.PrefixCacheOptions{})
+	ids := make([]int32, 20) // two whole granules per range, four tokens past them
+	for i := range ids {
+		ids[i] = int32(i)
+	}
+	s, _, err := serve(pc, ids)
+	require.NoError(t, err)
+	assert.Equal(t, 16, s.Writable())
+	assert.ErrorIs(t, tryWrite(s, 9, 0, 1), kv.ErrReadOnly)
+	assert.NoError(t, tryWrite(s, 9, 16, 20), "the tail is the sequence's own")
+	q, m, err := pc.Lookup(append(ids[:20:20], 99))
+	require.NoError(t, err)
+	defer q.Close()
+	require.Equal(t, 20, m)
+	require.NoError(t, checkIDs(q, ids, 0, 16), "the cached granules are as written before the insert")
+
+	// A rollback past the shared granules and new tokens there: the entry, which takes
+	// s's ranges over when s closes, still holds what was inserted.
+	require.NoError(t, s.Truncate(17))
+	require.NoError(t, s.Append(5))
+	require.NoError(t, tryWrite(s, 7, 17, 22))
+	require.True(t, s.Close().OK())
+	r, m, err := pc.Lookup(append(ids[:20:20], 98))
+	require.NoError(t, err)
+	defer r.Close()
+	require.Equal(t, 20, m)
+	require.NoError(t, checkIDs(r, ids, 0, 20))
+}
