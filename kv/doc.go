@@ -52,9 +52,15 @@
 // since a granule any other holder maps frees nothing. It runs before an append is
 // refused, whenever a request on the device waits for memory (the prefix cache's
 // reclaimer, see accounting.Authority.SetReclaimer), and to keep under
-// PrefixCacheOptions.MaxBytes; a [PrefixPin] holds a prefix against all three. The
-// index lives in package kv, not beside it, because eviction shrinks the cache's own
-// sequences without the copy Truncate makes and runs inside the cache's budget check.
+// PrefixCacheOptions.MaxBytes; a [PrefixPin] holds a prefix against all three. When an
+// inserted sequence closes, its entry takes over its ranges rather than keep mappings
+// of its own, so that the granules keep their page tables. Unlike ForkAt, Insert does
+// not make the sequence's own mapping of what it shares read-only (WriteToken still
+// refuses it): a write-protected page table entry would cost a fault per page each
+// time eviction hands the granule to the next sequence. The index lives in package
+// kv, not beside it, because eviction shrinks the cache's own sequences without the
+// copy Truncate makes and runs inside the cache's budget check, and because a closing
+// sequence hands its ranges to its entry.
 //
 // # Layout
 //
