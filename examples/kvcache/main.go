@@ -5,7 +5,9 @@
 //	go run ./examples/kvcache
 //
 // It prints live progress, a comparison table and the path of a plot of physical
-// memory over time. Run it with -help for the flags and what the defaults mean.
+// memory over time. Run it with -help for the flags and what the defaults mean. Given
+// a trace with token IDs (-trace mooncake.jsonl), it compares automatic prefix caching
+// instead (see runPrefix).
 package main
 
 import (
@@ -100,6 +102,15 @@ for the baselines) and the whole run takes well under a minute on two cores: mos
 it is writing 12 GiB of K/V per strategy (and as much again for eager and append,
 which copy the system prompt into every sequence). Raise -requests, -speed or
 -budget for a longer, larger run.
+
+A trace with token IDs (Mooncake's JSON lines, whose hash_ids name each prompt's
+512-token blocks; -trace tells the formats apart by content) runs the prefix-cache
+replay instead: vmarena with kv.PrefixCache on and off, and paged with a vLLM-style
+prefix cache, at one budget. For flags not given it uses qwen2.5-0.5b, -max-tokens
+32768, -requests 100, -budget 1.5GiB and no system prompt; prefill costs model time in
+proportion to the uncached prompt tokens (-prefill-rate). It prints the hit rate next
+to an unbounded cache's, time to first token, makespan, memory, and the memory held
+once the load stops, and plots memory and the hit rate over time.
 
 Output: live progress, then two tables, a row per strategy.
 Memory:
