@@ -530,3 +530,48 @@ func TestPrefixCacheInsertFreezes(t *testing.T) {
 	require.Equal(t, 20, m)
 	require.NoError(t, checkIDs(r, ids, 0, 20))
 }
+
+// TestPrefixCachePinSurvivesBudget: a pinned prefix stays cached when an append needs
+// every other byte of the budget; the rest of the cache goes.
+func TestPrefixCachePinSurvivesBudget(t *testing.T) {
+	const limit = 96 * fakeGranule
+	fx, c, pc := newPrefixCache(t, limit, kv.PerSequence, 256, kv.PrefixCacheOptions{})
+	system := make([]int32, 24)
+	for i := range system {
+		system[i] = int32(5000 + i)
+	}
+	s, _, err := serve(pc, append(system, 1))
+	require.NoError(t, err)
+	require.True(t, s.Close().OK())
+	pin, err := pc.Pin(system)
+	require.NoError(t, err)
+	defer pin.Release()
+	for i := range 3 {
+		ids := make([]int32, 30)
+		for j := range ids {
+			ids[j] = int32(100*i + j)
+		}
+		s, _, err := serve(pc, ids)
+		require.NoError(t, err)
+		require.True(t, s.Close().OK())
+	}
+	pinned := pc.Stats().PinnedBytes
+	require.Positive(t, pinned)
+	big, err := c.NewSequence()
+	require.NoError(t, err)
+	row := int64(tiny8.BytesPerToken())
+	n := int((limit - pinned) / row)
+	for n > 0 && big.Append(n) != nil {
+		n--
+	}
+	require.Positive(t, n)
+	st := pc.Stats()
+	assert.Equal(t, pinned, st.CachedBytes, "everything but the pinned prefix was evicted")
+	assert.LessOrEqual(t, fx.pool.Stats().Owned, int64(limit))
+	require.True(t, big.Close().OK())
+	q, m, err := pc.Lookup(append(system, 2))
+	require.NoError(t, err)
+	defer q.Close()
+	assert.Equal(t, 24, m, "the pinned prompt is still found")
+	require.NoError(t, checkIDs(q, system, 0, 24))
+}
