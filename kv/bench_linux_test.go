@@ -6,8 +6,8 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/internal/baseline"
 	"github.com/vmarena/vmarena/kv"
-	"github.com/vmarena/vmarena/kv/baseline"
 )
 
 // The serving scenario of the KV benchmarks: Llama-3-8B in fp16, 16 sequences on a

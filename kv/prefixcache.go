@@ -7,7 +7,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
-	"github.com/vmarena/vmarena/kv/internal/radix"
+	"github.com/vmarena/vmarena/internal/radix"
 )
 
 // PrefixCacheOptions configures a PrefixCache.

@@ -4,7 +4,7 @@ import (
 	"errors"
 
 	"github.com/vmarena/vmarena/accounting"
-	"github.com/vmarena/vmarena/kv/internal/radix"
+	"github.com/vmarena/vmarena/internal/radix"
 )
 
 // evictMode says which granules an eviction is after.

@@ -7,8 +7,8 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/baseline"
 	"github.com/vmarena/vmarena/kv"
-	"github.com/vmarena/vmarena/kv/baseline"
 )
 
 // cacheStrategy drives a kv.Cache through baseline.Strategy, so that the replay

@@ -24,8 +24,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vmarena/vmarena/internal/baseline"
 	"github.com/vmarena/vmarena/kv"
-	"github.com/vmarena/vmarena/kv/baseline"
 )
 
 //go:embed testdata/azure-llm-2023-conv.csv

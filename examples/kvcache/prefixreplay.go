@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/internal/baseline"
 	"github.com/vmarena/vmarena/kv"
-	"github.com/vmarena/vmarena/kv/baseline"
 )
 
 // The strategies of the prefix-cache replay (a trace with token IDs: Mooncake).

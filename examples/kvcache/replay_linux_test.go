@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/backing"
-	"github.com/vmarena/vmarena/kv/baseline"
+	"github.com/vmarena/vmarena/internal/baseline"
 )
 
 // checkOwnedOnce checks, at a moment of the replay, that the shared prefix is owned

@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/internal/baseline"
 	"github.com/vmarena/vmarena/kv"
-	"github.com/vmarena/vmarena/kv/baseline"
 )
 
 // testModel is small enough for -race: 2 KiB of K/V per token, so a 64 KiB granule

@@ -3,7 +3,7 @@ package baseline_test
 import (
 	"fmt"
 
-	"github.com/vmarena/vmarena/kv/baseline"
+	"github.com/vmarena/vmarena/internal/baseline"
 )
 
 // Three sequences start on a 32-token shared prefix and grow to 100 tokens under each

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
-	"github.com/vmarena/vmarena/kv/baseline"
+	"github.com/vmarena/vmarena/internal/baseline"
 )
 
 // testShape is small enough for -race and has an odd token size so that offsets that

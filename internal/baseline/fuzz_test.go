@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/vmarena/vmarena/accounting"
-	"github.com/vmarena/vmarena/kv/baseline"
+	"github.com/vmarena/vmarena/internal/baseline"
 )
 
 // modelSeq is the reference model of a sequence: the byte each token of each tensor

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
-	"github.com/vmarena/vmarena/kv/baseline"
+	"github.com/vmarena/vmarena/internal/baseline"
 )
 
 func prefixPaged(t *testing.T, limit int64) *baseline.Paged {

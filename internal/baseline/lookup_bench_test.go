@@ -5,11 +5,11 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/vmarena/vmarena/kv/internal/radix"
+	"github.com/vmarena/vmarena/internal/radix"
 )
 
 // BenchmarkPrefixLookup compares the two ways to index cached prefixes by token IDs:
-// kv's radix tree (kv/internal/radix) and this package's vLLM-style chain of block
+// kv's radix tree (internal/radix) and this package's vLLM-style chain of block
 // hashes (16-token blocks). The index holds 64 cached prompts of 8,192 tokens; the
 // query is an 8,192-token prompt that shares the first 90% with one of them.
 func BenchmarkPrefixLookup(b *testing.B) {
