@@ -3,6 +3,8 @@ package kv
 import (
 	"errors"
 	"fmt"
+
+	"github.com/vmarena/vmarena/internal/nocopy"
 )
 
 // Prefix is the immutable K and V of a sequence's first tokens (a system prompt, a
@@ -10,7 +12,7 @@ import (
 // starts on it. It is reference-counted: its creator holds one reference, each
 // sequence started on it another; it is freed with the last.
 type Prefix struct {
-	_ noCopy
+	_ nocopy.NoCopy
 
 	c      *Cache
 	bufs   []buffer

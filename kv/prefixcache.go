@@ -7,6 +7,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/nocopy"
 	"github.com/vmarena/vmarena/internal/radix"
 )
 
@@ -31,7 +32,7 @@ type PrefixCacheOptions struct {
 //
 // Its zero value is not usable; call NewPrefixCache.
 type PrefixCache struct {
-	_ noCopy
+	_ nocopy.NoCopy
 
 	c      *Cache
 	opts   PrefixCacheOptions

@@ -8,6 +8,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/nocopy"
 )
 
 // ErrDamaged: a backing call failed midway through an operation that could not be
@@ -29,15 +30,10 @@ func (k Kind) String() string {
 	return "K"
 }
 
-type noCopy struct{}
-
-func (*noCopy) Lock()   {}
-func (*noCopy) Unlock() {}
-
 // Sequence is one request's K and V tensors, growing token by token on base addresses
 // that never change from creation to Close.
 type Sequence struct {
-	_ noCopy
+	_ nocopy.NoCopy
 
 	c      *Cache
 	id     uint64
