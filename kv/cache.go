@@ -257,7 +257,7 @@ type Stats struct {
 	Committed int64
 	// Shared is the part of Committed that maps granules the sequence did not commit
 	// itself (a prefix's, a forked parent's): memory each sequence would otherwise
-	// hold on its own.
+	// hold on its own, so the bytes that sharing saves.
 	Shared int64
 	Waste  int64 // Committed - Used: the partly filled granules
 	// Owned and Mapped are the ledger's readings: the physical bytes it owns (under
@@ -271,9 +271,6 @@ type Stats struct {
 	// them.
 	Unreleased int64
 }
-
-// SavedBySharing returns the bytes that sharing saves: Shared.
-func (s Stats) SavedBySharing() int64 { return s.Shared }
 
 // ledger returns the authority that owns the cache's physical memory.
 func (c *Cache) ledger() *accounting.Authority { return c.auth }

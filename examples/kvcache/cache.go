@@ -111,7 +111,7 @@ func (s *cacheStrategy) Stats() baseline.Stats {
 		Tokens:       st.Tokens - copied,
 		Physical:     st.Owned,
 		PeakPhysical: s.auth.Stats().OwnedPeak,
-		Saved:        st.SavedBySharing(),
+		Saved:        st.Shared,
 	}
 }
 
