@@ -208,7 +208,8 @@ func TestBatchBadInputs(t *testing.T) {
 	assert.Equal(t, perTensorGranule, n)
 	assert.NoError(t, c.AppendBatch(nil), "an empty step does nothing")
 	assert.PanicsWithValue(t, kv.PanicNilContext, func() {
-		_ = c.AppendBatchCtx(nil, []kv.Growth{{seqs[0], 1}}) //nolint:staticcheck // the nil context is the point
+		//lint:ignore SA1012 the nil context is the point: the call must panic on it
+		_ = c.AppendBatchCtx(nil, []kv.Growth{{seqs[0], 1}})
 	})
 	closed, err := c.NewSequence()
 	require.NoError(t, err)

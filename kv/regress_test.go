@@ -60,7 +60,8 @@ func TestAppendNeverFits(t *testing.T) {
 	defer cancel()
 	assert.ErrorIs(t, s.AppendCtx(ctx, 1), accounting.ErrExceedsLimit)
 	assert.NoError(t, ctx.Err(), "it did not wait")
-	assert.PanicsWithValue(t, kv.PanicNilContext, func() { _ = s.AppendCtx(nil, 1) }) //nolint:staticcheck // the nil context is the point
+	//lint:ignore SA1012 the nil context is the point: the call must panic on it
+	assert.PanicsWithValue(t, kv.PanicNilContext, func() { _ = s.AppendCtx(nil, 1) })
 }
 
 func TestSizeOverflow(t *testing.T) {
