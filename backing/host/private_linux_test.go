@@ -253,3 +253,78 @@ func TestPrivateMapLimitChild(t *testing.T) {
 	assert.Equal(t, int64(committed*page), o.Unmapped)
 	t.Logf("%d commits, then: %v", committed, cerr)
 }
+
+// TestPrivateHugePages checks that 2 MiB granules ask for transparent huge pages where
+// the system allows them and that HugePages reports what the kernel gave: some
+// huge pages for touched granules (the kernel may fall back to small pages for a few
+// on a fragmented machine, never for all), none after decommit, none with the
+// option off.
+func TestPrivateHugePages(t *testing.T) {
+	const g = 2 << 20
+	mode, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled")
+	thp := err == nil && !strings.Contains(string(mode), "[never]")
+	for _, tt := range []struct {
+		name string
+		opts host.PrivateOptions
+		huge bool
+	}{
+		{"default", host.PrivateOptions{Granularity: g}, thp},
+		{"populate", host.PrivateOptions{Granularity: g, Populate: true}, thp},
+		{"off", host.PrivateOptions{Granularity: g, NoHugePages: true}, false},
+		{"small granule", host.PrivateOptions{Granularity: 64 << 10}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPrivate(t, tt.opts)
+			st := p.Stats()
+			assert.Equal(t, tt.opts.Granularity, st.Granule)
+			require.Equal(t, tt.huge, st.HugePages, "why not: %s", st.NoHugePages)
+			assert.Equal(t, tt.huge, st.NoHugePages == "", "a fallback says why: %q", st.NoHugePages)
+			assert.Zero(t, st.HugeRefused)
+			const n = 4
+			size := n * p.Granularity()
+			r, err := p.Reserve(size + p.Granularity())
+			require.NoError(t, err)
+			defer p.Unreserve(r)
+			require.NoError(t, p.Commit(r, 0, size))
+			if !tt.opts.Populate {
+				mem := host.PrivateBytes(p.Base(r), size)
+				for i := 0; i < size; i += 4096 {
+					mem[i] = 1
+				}
+			}
+			hb, err := p.HugePages(r)
+			require.NoError(t, err)
+			assert.Zero(t, hb.Shmem)
+			assert.LessOrEqual(t, hb.Anon, int64(size))
+			assert.Zero(t, hb.Anon%g, "whole huge pages only")
+			if tt.huge {
+				assert.Positive(t, hb.Anon, "no granule got a huge page")
+				t.Logf("%d of %d committed bytes in huge pages", hb.Anon, size)
+			} else {
+				assert.Zero(t, hb.Anon)
+			}
+			require.NoError(t, p.Decommit(r, 0, size))
+			hb, err = p.HugePages(r)
+			require.NoError(t, err)
+			assert.Zero(t, hb.Anon, "decommitted memory holds no huge page")
+		})
+	}
+}
+
+func TestPrivateHugePagesBadInput(t *testing.T) {
+	p := newPrivate(t, host.PrivateOptions{})
+	q := newPrivate(t, host.PrivateOptions{})
+	r, err := q.Reserve(q.Granularity())
+	require.NoError(t, err)
+	_, err = p.HugePages(r)
+	assert.ErrorIs(t, err, backing.ErrForeignReservation)
+	_, err = p.HugePages(nil)
+	assert.ErrorIs(t, err, backing.ErrForeignReservation)
+	require.True(t, q.Unreserve(r).OK())
+	assert.PanicsWithValue(t, backing.PanicUseAfterUnreserve, func() { _, _ = q.HugePages(r) })
+	empty, err := p.Reserve(0)
+	require.NoError(t, err)
+	hb, err := p.HugePages(empty)
+	require.NoError(t, err)
+	assert.Zero(t, hb)
+}
