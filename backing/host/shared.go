@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/vmarena/vmarena/accounting"
@@ -39,6 +40,12 @@ type SharedOptions struct {
 	// Name is the memfd's name, shown in /proc/self/maps as /memfd:Name. "" means
 	// "vmarena".
 	Name string
+	// NoHugePages turns huge pages off: every granule is a memfd granule of small
+	// pages. Otherwise, with granules a multiple of the huge page (2 MiB on x86-64),
+	// the backing takes the fastest new memory the system allows (see Shared):
+	// memfd huge pages where shmem_enabled allows them, else anonymous huge pages for
+	// the granules a reservation commits for itself. SharedStats says which, and why.
+	NoHugePages bool
 }
 
 // SharedNoPool as SharedOptions.High keeps no idle granule: every granule goes back
@@ -71,8 +78,32 @@ const (
 //     Populate, SharedOptions.Populate).
 //  3. Live: owned and charged, mapped in a reservation at least once.
 //
-// A commit takes idle slots first and creates new ones (Free to Live) only for the
-// rest, charging the authority for all of them at once before anything is touched. It
+// # New granules and huge pages
+//
+// A new granule costs its page population: about 0.3 ms per 2 MiB of 4 KiB shmem
+// pages (fallocate and populate), 0.06 ms as one anonymous transparent huge page.
+// So, unless SharedOptions.NoHugePages is set and when the granule is a multiple of
+// the huge page:
+//
+//   - where shmem huge pages are allowed (/sys/kernel/mm/transparent_hugepage/
+//     shmem_enabled is always, within_size, advise or force), the park and every
+//     mapping of the memfd ask for them (MADV_HUGEPAGE), and granules are memfd
+//     granules as above;
+//   - else, where anonymous huge pages are allowed (.../enabled is always or
+//     madvise), a commit that must create granules makes them private: anonymous
+//     memory of that reservation alone (mprotect read-write, MADV_HUGEPAGE), owned
+//     and charged like any granule, mapped once, never pooled (a decommit gives it
+//     back to the OS at once, which costs a few µs for a huge page). Only a granule
+//     that becomes shared moves into the memfd: Share from a private granule first
+//     copies it into a memfd granule (an idle one when the pool has one) and moves
+//     that over the same address (mremap), so that the source keeps its base and
+//     its contents and the granule is owned once, whatever maps it;
+//   - else granules are memfd granules of small pages.
+//
+// SharedStats says which of these the backing does and, where it falls back, why.
+//
+// A commit takes idle slots first and creates new ones (Free to Live, or private)
+// only for the rest, charging the authority for all of them at once before anything is touched. It
 // places the granules of one commit, and a granule after its predecessor in the
 // reservation, at consecutive file offsets where it can, and maps each consecutive run
 // with one call, so that the kernel merges them into one mapping.
@@ -156,6 +187,8 @@ type Shared struct {
 	low      int
 	high     int // 0 when SharedNoPool
 	populate bool
+	huge     sharedHuge
+	hugeWhy  string // why huge is not what the user would want, or ""
 	sys      sharedSys
 
 	mu        sync.Mutex
@@ -170,9 +203,20 @@ type Shared struct {
 	mapped    int64 // bytes of mappings; in step with the authority
 	live      int   // reservations not yet unreserved (Quarantined ones excluded)
 	resv      map[*SharedReservation]struct{}
-	park      []sharedChunk // see shared_park.go
-	park0     int           // slots in the park's first chunk
-	stray     []sharedSpan  // address space a failed step could not give back
+	park      []sharedChunk  // see shared_park.go
+	park0     int            // slots in the park's first chunk
+	nPriv     int            // private granules (see Shared)
+	apark     unsafe.Pointer // the private park (shared_priv.go): High granules
+	aparkRaw  unsafe.Pointer
+	aparkN    int
+	aused     sharedBits // positions of the private park that hold a granule
+	aidle     sharedBits // ... that hold an idle one (not taken by a commit)
+	asince    []int64    // per position, when its granule went idle (clock, ns)
+	nPrivIdle int
+	clock     func() time.Time
+	adopted   int64        // private granules moved into the memfd by Share
+	refused   int64        // MADV_HUGEPAGE calls the kernel refused
+	stray     []sharedSpan // address space a failed step could not give back
 	refilling bool
 	refill    sync.WaitGroup
 }
@@ -209,11 +253,42 @@ const (
 
 // sharedMap is what backs one granule of a reservation.
 type sharedMap struct {
-	at uint32 // slot+1; 0 means Reserved
-	ro bool   // mapped read-only
+	at   uint32 // slot+1; 0 means Reserved or private
+	ro   bool   // mapped read-only
+	priv bool   // a private granule: anonymous memory of this reservation alone
 }
 
 func (m sharedMap) slot() int { return int(m.at) - 1 }
+
+// committed reports whether the granule is Committed (a slot or private).
+func (m sharedMap) committed() bool { return m.at != 0 || m.priv }
+
+// sharedHuge is how a Shared backing gets huge pages.
+type sharedHuge uint8
+
+const (
+	sharedSmall     sharedHuge = iota // memfd granules of small pages
+	sharedShmemHuge                   // memfd granules that ask for huge pages
+	sharedPrivHuge                    // new granules private, in anonymous huge pages
+)
+
+// SharedStats describes how a Shared backing gets its memory.
+type SharedStats struct {
+	// HugePages is "shmem" when memfd granules ask for huge pages, "private" when
+	// new granules are private anonymous huge pages (only shared ones are memfd
+	// granules), or "" when every granule is a memfd granule of small pages; then
+	// NoHugePages says why (the option, the granule, the system's modes).
+	HugePages   string
+	NoHugePages string
+	// Private is the bytes of private granules: committed, owned and mapped once,
+	// never pooled. They are part of the pool's Owned and Mapped.
+	Private int64
+	// Adopted counts the private granules that Share moved into the memfd.
+	Adopted int64
+	// HugeRefused counts the MADV_HUGEPAGE calls the kernel refused (the memory
+	// then has small pages).
+	HugeRefused int64
+}
 
 // sharedNoCopy makes go vet report copies of a Shared.
 type sharedNoCopy struct{}
@@ -235,6 +310,8 @@ type sharedSys struct {
 	move     func(from, to unsafe.Pointer, n int) error                   // mremap MREMAP_FIXED|MREMAP_DONTUNMAP of a file mapping
 	release  func(at unsafe.Pointer, n int) error                         // munmap
 	populate func(at unsafe.Pointer, n int, write bool) error             // MADV_POPULATE_WRITE/READ, else a touch per page
+	protect  func(at unsafe.Pointer, n int) error                         // mprotect read-write (a private granule)
+	advise   func(at unsafe.Pointer, n int) error                         // MADV_HUGEPAGE
 	mapCount func() (count, limit int, err error)                         // mappings of the process, vm.max_map_count
 }
 
@@ -296,6 +373,7 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 			return nil, bad("memfd name %q contains a NUL byte", opts.Name)
 		}
 	}
+	huge, why := sharedHugeMode(opts)
 	fd, err := sys.memfd(opts.Name)
 	if err != nil {
 		return nil, fmt.Errorf("host: memfd_create %q: %w", opts.Name, err)
@@ -307,6 +385,9 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 		low:      opts.Low,
 		high:     high,
 		populate: opts.Populate,
+		huge:     huge,
+		hugeWhy:  why,
+		clock:    time.Now,
 		sys:      sys,
 		fd:       fd,
 		resv:     make(map[*SharedReservation]struct{}),
@@ -317,6 +398,73 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 	s.mu.Unlock()
 	opts.Authority.SetReclaimer(s.reclaim)
 	return s, nil
+}
+
+// sharedHugeMode picks how a backing with opts gets huge pages, and says why not.
+func sharedHugeMode(opts SharedOptions) (sharedHuge, string) {
+	if opts.NoHugePages {
+		return sharedSmall, "turned off by SharedOptions.NoHugePages"
+	}
+	shmem, anon := hugeShmem(), hugeAnon()
+	switch {
+	case shmem.why == "" && opts.Granularity%shmem.pmd == 0:
+		return sharedShmemHuge, ""
+	case anon.why == "" && opts.Granularity%anon.pmd == 0:
+		return sharedPrivHuge, ""
+	case shmem.why == "" || anon.why == "":
+		return sharedSmall, fmt.Sprintf("the %d-byte granule is not a multiple of the %d-byte huge page", opts.Granularity, anon.pmd)
+	}
+	return sharedSmall, shmem.why + " and " + anon.why
+}
+
+// Stats describes how the backing gets its memory; see SharedStats. It may be
+// called after Close.
+func (s *Shared) Stats() SharedStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := SharedStats{NoHugePages: s.hugeWhy, Private: int64(s.nPriv) << s.shift, Adopted: s.adopted, HugeRefused: s.refused}
+	switch s.huge {
+	case sharedShmemHuge:
+		st.HugePages = "shmem"
+	case sharedPrivHuge:
+		st.HugePages = "private"
+	}
+	return st
+}
+
+// HugePages returns how many bytes of r's committed memory the kernel really backs
+// with huge pages, from /proc/self/smaps: private granules in AnonHugePages, memfd
+// granules in ShmemPmdMapped. It costs about a millisecond per thousand mappings of
+// the process: it is for metrics and tests, not the token path.
+func (s *Shared) HugePages(r *SharedReservation) (HugePageBytes, error) {
+	s.mu.Lock()
+	if err := s.use("huge pages", r); err != nil {
+		s.mu.Unlock()
+		return HugePageBytes{}, err
+	}
+	base, size := uintptr(r.base), r.size
+	s.mu.Unlock()
+	if size == 0 {
+		return HugePageBytes{}, nil
+	}
+	return hugeBytes(base, base+uintptr(size))
+}
+
+// advise asks for huge pages on [at, at+n); a refusal is counted, not an error: the
+// memory works with small pages. s.mu must be held.
+func (s *Shared) advise(at unsafe.Pointer, n int) {
+	if err := s.sys.advise(at, n); err != nil {
+		s.refused++
+	}
+}
+
+// adviseFile asks for huge pages on a new mapping of the memfd at [at, at+n) when
+// the backing gets shmem huge pages. (A mapping moved from the park keeps the
+// park's advice.) s.mu must be held.
+func (s *Shared) adviseFile(at unsafe.Pointer, n int) {
+	if s.huge == sharedShmemHuge {
+		s.advise(at, n)
+	}
 }
 
 // reclaim gives every idle granule back when a request on the device waits for
@@ -330,6 +478,7 @@ func (s *Shared) reclaim(int64) {
 	}
 	// Close waits for this like for a refill, so the memfd outlives the give-back.
 	s.refill.Add(1)
+	_, _ = s.givePriv(s.takePrivIdle(s.nPrivIdle))
 	victims := s.victims(s.nIdle)
 	s.mu.Unlock()
 	defer s.refill.Done()
@@ -368,13 +517,17 @@ func (s *Shared) Reserve(size int) (*SharedReservation, error) {
 			return nil, &backing.OpError{Op: "reserve", Size: size, Kind: backing.ErrOutOfMemory,
 				Err: fmt.Errorf("host: more than %d granules in one reservation", sharedMaxSlots)}
 		}
+		// NB: a guard page on either side, so that a private granule at an end never
+		// merges with a neighbouring mapping (smaps and the mapping count would
+		// blur them).
 		align, pad := sharedAlignment(s.g)
-		raw, err := s.sys.reserve(size + pad)
+		page := os.Getpagesize()
+		raw, err := s.sys.reserve(size + pad + 2*page)
 		if err != nil {
 			return nil, s.opErr("reserve", 0, size, err, true)
 		}
-		r.raw, r.rawN = raw, size+pad
-		r.base = sharedAlign(raw, align)
+		r.raw, r.rawN = raw, size+pad+2*page
+		r.base = sharedAlign(sharedAt(raw, page), align)
 		r.maps = make([]sharedMap, size>>s.shift)
 	}
 	s.resv[r] = struct{}{}
@@ -433,7 +586,7 @@ func (s *Shared) open() {
 func (r *SharedReservation) want(op string, off, size int, committed bool) error {
 	sh := r.s.shift
 	for i := off >> sh; i < (off+size)>>sh; i++ {
-		if (r.maps[i].at != 0) != committed {
+		if r.maps[i].committed() != committed {
 			kind := backing.ErrCommitted
 			if committed {
 				kind = backing.ErrNotCommitted
@@ -523,22 +676,40 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 		return nil
 	}
 	hint := -1
+	priv := 0 // private granules to create, after the pooled ones
 	if gi > 0 && r.maps[gi-1].at != 0 {
 		hint = r.maps[gi-1].slot() + 1 // continue the file run of the granule before
 	}
-	picks := s.pickIdle(min(n, s.nIdle), hint)
-	if len(picks) < n {
+	// Idle private granules first (only a backing that makes them has any), then
+	// idle memfd granules, then new ones. NB: a commit that waits for the budget
+	// keeps the private granules it took: they are the pool's, handed to it.
+	var pos []int
+	if s.nPrivIdle > 0 {
+		pos = s.takePrivIdle(min(n, s.nPrivIdle))
+	}
+	picks := s.pickIdle(min(n-len(pos), s.nIdle), hint)
+	if len(pos)+len(picks) < n {
 		var fresh int
 		var err error
-		if picks, fresh, err = s.charge(ctx, op, r, off, size, n, picks, wait); err != nil {
+		if picks, fresh, err = s.charge(ctx, op, r, off, size, n-len(pos), picks, wait); err != nil {
+			s.mu.Lock()
+			s.untakePrivIdle(pos)
+			s.mu.Unlock()
 			return err
 		}
-		if len(picks) > 0 {
+		if s.huge == sharedPrivHuge {
+			priv = fresh
+			fresh = 0
+		} else if len(picks) > 0 {
 			hint = picks[len(picks)-1].slot + 1
 		}
-		more, err := s.pickFresh(fresh, hint)
+		var more []sharedPick
+		if fresh > 0 {
+			more, err = s.pickFresh(fresh, hint)
+		}
 		if err != nil {
 			s.unpick(picks)
+			s.untakePrivIdle(pos)
 			bytes := int64(fresh) << s.shift
 			s.owned -= bytes
 			s.auth.Release(bytes)
@@ -547,20 +718,38 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 		}
 		picks = append(picks, more...)
 		slices.SortFunc(picks, func(a, b sharedPick) int { return a.slot - b.slot })
-		if s.populate {
+		if s.populate && len(more) > 0 {
 			if err := s.allocateNew(op, r, off, size, picks, more); err != nil {
 				return err
 			}
 		}
 	}
-	slots := make([]int, n)
+	if len(pos) > 0 {
+		return s.commitPriv(op, r, gi, n, picks, pos, priv)
+	}
+	slots := make([]int, len(picks))
 	for k, p := range picks {
 		slots[k] = p.slot
 	}
 	if done, err := s.place(r, gi, slots); err != nil {
+		s.releasePriv(priv)
 		return s.undoMap(op, r, off, size, picks, done, err)
 	}
+	if priv > 0 {
+		at := r.at(gi + len(picks))
+		if err := s.sys.protect(at, priv<<s.shift); err != nil {
+			s.releasePriv(priv)
+			return s.undoMap(op, r, off, size, picks, len(picks), err)
+		}
+		s.advise(at, priv<<s.shift)
+	}
 	s.record(r, gi, picks, false)
+	s.recordPriv(r, gi+len(picks), priv)
+	if s.populate && priv > 0 {
+		s.kick()
+		s.mu.Unlock()
+		return s.populatePriv(op, r, gi, n, priv)
+	}
 	populate := false
 	if s.populate {
 		for _, p := range picks {
@@ -578,6 +767,54 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 		return nil
 	}
 	return s.populateNew(op, r, gi, picks)
+}
+
+// releasePriv gives back the bytes charged for n private granules that a commit did
+// not make. s.mu must be held.
+func (s *Shared) releasePriv(n int) {
+	if b := int64(n) << s.shift; b > 0 {
+		s.owned -= b
+		s.auth.Release(b)
+	}
+}
+
+// recordPriv marks granules [gi, gi+n) of r as private (their bytes are charged) and
+// attributes their mapping. s.mu must be held.
+func (s *Shared) recordPriv(r *SharedReservation, gi, n int) {
+	for i := gi; i < gi+n; i++ {
+		r.maps[i] = sharedMap{priv: true}
+	}
+	r.count += n
+	s.nPriv += n
+	if b := int64(n) << s.shift; b > 0 {
+		s.mapped += b
+		s.auth.Map(b)
+	}
+}
+
+// populatePriv populates, outside the lock, the last priv granules of a commit of n
+// granules at gi of r; on failure it undoes the whole commit. s.mu must not be held.
+func (s *Shared) populatePriv(op string, r *SharedReservation, gi, n, priv int) error {
+	err := s.sys.populate(r.at(gi+n-priv), priv<<s.shift, true)
+	if err == nil {
+		return nil
+	}
+	off, size := gi<<s.shift, n<<s.shift
+	s.mu.Lock()
+	err = s.opErr(op, off, size, err, false)
+	if r.state != sharedLive {
+		s.mu.Unlock()
+		return err
+	}
+	if uerr := s.sys.unmapTo(r.at(gi), size); uerr != nil {
+		s.mu.Unlock()
+		return fmt.Errorf("%w; undoing the commit failed, [%#x, +%#x) is left committed: %w",
+			err, off, size, s.opErr(op, off, size, uerr, true))
+	}
+	give := s.drop(r, gi, n)
+	s.mu.Unlock()
+	_, gerr := s.giveBack(give)
+	return s.stayIdle(err, gerr)
 }
 
 // charge takes the bytes of fresh new granules for a commit of n granules that
@@ -769,6 +1006,7 @@ func (s *Shared) mapSlots(r *SharedReservation, gi int, slots []int, ro bool) (i
 		if err := s.sys.mapFile(r.at(gi+k), (j-k)<<s.shift, s.fd, int64(slots[k])<<s.shift, ro); err != nil {
 			return k, err
 		}
+		s.adviseFile(r.at(gi+k), (j-k)<<s.shift)
 		k = j
 	}
 	return len(slots), nil
@@ -808,6 +1046,7 @@ func (s *Shared) Decommit(r *SharedReservation, off, size int) error {
 		return nil
 	}
 	s.parkLast(r, off>>s.shift, size>>s.shift)
+	s.parkPriv(r, off>>s.shift, size>>s.shift)
 	if err := s.sys.unmapTo(sharedAt(r.base, off), size); err != nil {
 		s.mu.Unlock()
 		return s.opErr("decommit", off, size, err, true)
@@ -844,6 +1083,7 @@ func (s *Shared) Unreserve(r *SharedReservation) accounting.ReleaseOutcome {
 		return accounting.Released(0)
 	}
 	s.parkLast(r, 0, n)
+	s.parkPriv(r, 0, n)
 	err := s.sys.release(r.raw, r.rawN)
 	if err == nil {
 		give := s.drop(r, 0, n)
@@ -859,12 +1099,12 @@ func (s *Shared) Unreserve(r *SharedReservation) accounting.ReleaseOutcome {
 	var give []int
 	var unmapped int64
 	for i := 0; i < n; {
-		if r.maps[i].at == 0 {
+		if !r.maps[i].committed() {
 			i++
 			continue
 		}
 		j := i + 1
-		for j < n && r.maps[j].at != 0 {
+		for j < n && r.maps[j].committed() {
 			j++
 		}
 		if uerr := s.sys.unmapTo(r.at(i), (j-i)<<s.shift); uerr != nil {
@@ -913,32 +1153,37 @@ func (s *Shared) forget(r *SharedReservation, state sharedState) {
 // read-write: the physical granule is the same). On error nothing changed.
 func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservation, srcOff, size int, prot backing.Protection) error {
 	const op = "share"
-	s.mu.Lock()
-	if err := s.use(op, dst); err != nil {
-		s.mu.Unlock()
-		return err
-	}
-	if err := s.use(op, src); err != nil {
-		s.mu.Unlock()
-		return err
+	for {
+		s.mu.Lock()
+		if err := s.use(op, dst); err != nil {
+			s.mu.Unlock()
+			return err
+		}
+		if err := s.use(op, src); err != nil {
+			s.mu.Unlock()
+			return err
+		}
+		if err := s.checkShare(op, dst, dstOff, src, srcOff, size, prot); err != nil {
+			s.mu.Unlock()
+			return err
+		}
+		// Private granules move into the memfd first, one run at a time.
+		i, j := srcOff>>s.shift, (srcOff+size)>>s.shift
+		for i < j && !src.maps[i].priv {
+			i++
+		}
+		if i == j {
+			break
+		}
+		k := i + 1
+		for k < j && src.maps[k].priv {
+			k++
+		}
+		if err := s.adopt(op, src, i, k); err != nil {
+			return err
+		}
 	}
 	defer s.mu.Unlock()
-	if prot != backing.ReadOnly && prot != backing.ReadWrite {
-		return &backing.OpError{Op: op, Offset: dstOff, Size: size, Kind: ErrSharedArgument,
-			Err: fmt.Errorf("host: unknown protection %d", prot)}
-	}
-	if err := backing.CheckRange(op, srcOff, size, src.size, s.g); err != nil {
-		return err
-	}
-	if err := backing.CheckRange(op, dstOff, size, dst.size, s.g); err != nil {
-		return err
-	}
-	if err := src.want(op, srcOff, size, true); err != nil {
-		return err
-	}
-	if err := dst.want(op, dstOff, size, false); err != nil {
-		return err
-	}
 	n := size >> s.shift
 	if n == 0 {
 		return nil
@@ -966,6 +1211,116 @@ func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservatio
 		}
 	}
 	return err
+}
+
+// checkShare validates the arguments of a Share. s.mu must be held.
+func (s *Shared) checkShare(op string, dst *SharedReservation, dstOff int, src *SharedReservation, srcOff, size int, prot backing.Protection) error {
+	if prot != backing.ReadOnly && prot != backing.ReadWrite {
+		return &backing.OpError{Op: op, Offset: dstOff, Size: size, Kind: ErrSharedArgument,
+			Err: fmt.Errorf("host: unknown protection %d", prot)}
+	}
+	if err := backing.CheckRange(op, srcOff, size, src.size, s.g); err != nil {
+		return err
+	}
+	if err := backing.CheckRange(op, dstOff, size, dst.size, s.g); err != nil {
+		return err
+	}
+	if err := src.want(op, srcOff, size, true); err != nil {
+		return err
+	}
+	return dst.want(op, dstOff, size, false)
+}
+
+// adopt moves the private granules [i, j) of r into the memfd: it copies each into
+// a memfd granule (an idle one where the pool has one, else a new one, allocated and
+// populated in the park), then moves those over the same addresses of r (mremap,
+// see the park), so that r keeps its base and its contents and the private pages go
+// back to the OS. While both exist the new granules are charged too, so a busy
+// budget may refuse the Share; the private granules' bytes are released once
+// they are gone. On error r is as it was, but that some granules may have moved
+// (which changes nothing r can see). s.mu must be held; it is released.
+func (s *Shared) adopt(op string, r *SharedReservation, i, j int) error {
+	k := j - i
+	off, size := i<<s.shift, k<<s.shift
+	picks := s.pickIdle(min(k, s.nIdle), -1)
+	if fresh := k - len(picks); fresh > 0 {
+		b := int64(fresh) << s.shift
+		if err := s.auth.TryAcquire(b); err != nil {
+			s.unpick(picks)
+			s.mu.Unlock()
+			return &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
+		}
+		s.owned += b
+		more, err := s.pickFresh(fresh, -1)
+		if err != nil {
+			s.unpick(picks)
+			s.owned -= b
+			s.auth.Release(b)
+			s.mu.Unlock()
+			return s.opErr(op, off, size, err, true)
+		}
+		picks = append(picks, more...)
+	}
+	slices.SortFunc(picks, func(a, b sharedPick) int { return a.slot - b.slot })
+	at := make([]unsafe.Pointer, k)
+	ready := make([]bool, k)
+	for n, p := range picks {
+		at[n] = s.parkAt(p.slot)
+		ready[n] = s.slots[p.slot].resident
+	}
+	s.mu.Unlock()
+	var err error
+	for n, p := range picks {
+		if !ready[n] {
+			if err = s.sys.allocate(s.fd, int64(p.slot)<<s.shift, int64(s.g)); err == nil {
+				err = s.sys.populate(at[n], s.g, true)
+			}
+			if err != nil {
+				err = s.opErr(op, off, size, err, false)
+				break
+			}
+		}
+		copy(sharedBytes(at[n], s.g), sharedBytes(r.at(i+n), s.g))
+	}
+	s.mu.Lock()
+	done := 0
+	if err == nil && r.state == sharedLive {
+		slots := make([]int, k)
+		for n, p := range picks {
+			slots[n] = p.slot
+		}
+		done, err = s.place(r, i, slots)
+		if err != nil {
+			err = s.opErr(op, off, size, err, true)
+		}
+	}
+	for n, p := range picks[:done] {
+		sl := &s.slots[p.slot]
+		sl.busy, sl.refs, sl.resident = false, 1, true
+		r.maps[i+n] = sharedMap{at: uint32(p.slot + 1)}
+	}
+	s.nPriv -= done
+	s.adopted += int64(done)
+	s.releasePriv(done)
+	var give []int
+	for _, p := range picks[done:] {
+		if p.fresh {
+			give = append(give, p.slot)
+		} else {
+			s.slots[p.slot].resident = false // its pages may be half written
+			s.toIdle(p.slot)
+		}
+	}
+	live := r.state == sharedLive
+	s.mu.Unlock()
+	_, gerr := s.giveBack(give)
+	if !live {
+		panic(backing.PanicUseAfterUnreserve) // r was unreserved meanwhile
+	}
+	if err != nil {
+		return s.stayIdle(err, gerr)
+	}
+	return nil
 }
 
 // Populate makes [off, off+size) of r resident (MADV_POPULATE_WRITE, or
@@ -1089,7 +1444,13 @@ func (s *Shared) Close() error {
 	s.refill.Wait()
 
 	s.mu.Lock()
-	gone, err := s.releasePark()
+	_, err := s.givePriv(s.takePrivIdle(s.nPrivIdle))
+	if s.apark != nil {
+		s.stray = append(s.stray, sharedSpan{s.aparkRaw, s.aparkN})
+		s.apark = nil
+	}
+	gone, perr := s.releasePark()
+	err = errors.Join(err, perr)
 	stranded := !gone
 	for i := range s.slots {
 		if s.slots[i].refs > 0 {

@@ -28,6 +28,8 @@ func sharedDefaultSys() sharedSys {
 		move:     sharedMove,
 		release:  sharedRelease,
 		populate: sharedPopulate,
+		protect:  sharedProtect,
+		advise:   sharedAdvise,
 		mapCount: sharedMapCount,
 	}
 }
@@ -61,6 +63,17 @@ func sharedUnmapTo(at unsafe.Pointer, n int) error {
 	_, err := unix.MmapPtr(-1, 0, at, uintptr(n), unix.PROT_NONE,
 		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE|unix.MAP_FIXED)
 	return err
+}
+
+// sharedProtect makes [at, at+n), part of a reservation's private anonymous
+// mapping, readable and writable: a private granule.
+func sharedProtect(at unsafe.Pointer, n int) error {
+	return unix.Mprotect(sharedBytes(at, n), unix.PROT_READ|unix.PROT_WRITE)
+}
+
+// sharedAdvise asks for transparent huge pages on [at, at+n) (MADV_HUGEPAGE).
+func sharedAdvise(at unsafe.Pointer, n int) error {
+	return unix.Madvise(sharedBytes(at, n), unix.MADV_HUGEPAGE)
 }
 
 func sharedRelease(at unsafe.Pointer, n int) error { return unix.MunmapPtr(at, uintptr(n)) }

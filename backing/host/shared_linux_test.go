@@ -198,6 +198,7 @@ func (e *sharedEnv) checkMaps(r *host.SharedReservation, base uintptr, size int)
 	e.t.Helper()
 	maps := readMaps(e.t)
 	slots, ro := host.SharedSlots(r)
+	priv := host.SharedPrivate(r)
 	require.Len(e.t, slots, size/e.g)
 	memfd := "/memfd:" + e.name + " "
 	for i, slot := range slots {
@@ -211,6 +212,12 @@ func (e *sharedEnv) checkMaps(r *host.SharedReservation, base uintptr, size int)
 		for k, v := range vs {
 			if k > 0 {
 				assert.Equal(e.t, vs[k-1].end, v.start, "granule %d: a hole inside", i)
+			}
+			if slot < 0 && priv[i] {
+				assert.Equal(e.t, "rw-p", v.perms, "private granule %d", i)
+				assert.Zero(e.t, v.inode, "private granule %d is anonymous", i)
+				assert.Empty(e.t, v.path, "private granule %d is anonymous", i)
+				continue
 			}
 			if slot < 0 {
 				assert.Equal(e.t, "---p", v.perms, "reserved granule %d", i)
@@ -266,12 +273,13 @@ func vmas(t *testing.T, base uintptr, size int) int { return len(overlapping(rea
 
 func TestSharedConformance(t *testing.T) {
 	for _, tt := range []struct {
-		name string
-		g    int
-	}{{"granule=2MiB", 0}, {"granule=64KiB", kib64}} {
+		name  string
+		g     int
+		small bool
+	}{{"granule=2MiB", 0, false}, {"granule=2MiB/nohuge", 0, true}, {"granule=64KiB", kib64, false}} {
 		t.Run(tt.name, func(t *testing.T) {
 			backingtest.Run(t, func(t *testing.T) backing.Backing[*host.SharedReservation] {
-				return newEnv(t, host.SharedOptions{Granularity: tt.g}, false).s
+				return newEnv(t, host.SharedOptions{Granularity: tt.g, NoHugePages: tt.small}, false).s
 			})
 		})
 	}
@@ -1037,7 +1045,9 @@ func TestSharedParkKeepsPageTables(t *testing.T) {
 		g    int
 	}{{"granule=2MiB", 2 << 20}, {"granule=64KiB", kib64}} {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t, host.SharedOptions{Granularity: tt.g, High: 4}, false)
+			// NB: memfd granules throughout (new ones included): private granules
+			// have their own park, tested in TestSharedPrivatePark.
+			e := newEnv(t, host.SharedOptions{Granularity: tt.g, High: 4, NoHugePages: true}, false)
 			g := e.g
 			pages := g / os.Getpagesize()
 			park := func(slot int) int { return present(t, host.SharedParkAt(e.s, slot), g) }

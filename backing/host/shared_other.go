@@ -24,6 +24,8 @@ func sharedDefaultSys() sharedSys {
 		move:     func(unsafe.Pointer, unsafe.Pointer, int) error { return errors.ErrUnsupported },
 		release:  func(unsafe.Pointer, int) error { return errors.ErrUnsupported },
 		populate: func(unsafe.Pointer, int, bool) error { return errors.ErrUnsupported },
+		protect:  func(unsafe.Pointer, int) error { return errors.ErrUnsupported },
+		advise:   func(unsafe.Pointer, int) error { return errors.ErrUnsupported },
 		mapCount: func() (int, int, error) { return 0, 0, errors.ErrUnsupported },
 	}
 }

@@ -95,6 +95,7 @@ func (s *Shared) growPark(n int) error {
 			}
 			return err
 		}
+		s.adviseFile(base, size)
 		s.park = append(s.park, sharedChunk{raw: raw, rawN: size + pad, base: base})
 	}
 	return nil
@@ -143,6 +144,7 @@ func (s *Shared) place(r *SharedReservation, gi int, slots []int) (int, error) {
 			if err := s.sys.mapFile(at, n, s.fd, int64(slots[k])<<s.shift, false); err != nil {
 				return k, err
 			}
+			s.adviseFile(at, n)
 		}
 		k = j
 	}
@@ -162,7 +164,7 @@ func (s *Shared) parkable(m sharedMap) bool {
 // unmaps the range as usual. A move that fails changes nothing but that the run's
 // page tables go with the unmap; the granules still go idle. s.mu must be held.
 func (s *Shared) parkLast(r *SharedReservation, gi, n int) {
-	room := s.high - s.nIdle
+	room := s.high - s.nIdle - s.nPrivIdle
 	if room <= 0 || s.waiters() {
 		return // drop gives them all back
 	}

@@ -134,14 +134,18 @@ func (s *Shared) toIdle(i int) {
 func (s *Shared) drop(r *SharedReservation, gi, n int) []int {
 	var give []int
 	waiters := -1 // unknown
-	dropped := 0
+	dropped, priv := 0, 0
 	for i := gi; i < gi+n; i++ {
 		m := r.maps[i]
-		if m.at == 0 {
+		if !m.committed() {
 			continue
 		}
 		r.maps[i] = sharedMap{}
 		dropped++
+		if m.priv {
+			priv++ // its pages went with its mapping
+			continue
+		}
 		sl := &s.slots[m.slot()]
 		sl.refs--
 		if sl.refs > 0 {
@@ -153,7 +157,7 @@ func (s *Shared) drop(r *SharedReservation, gi, n int) []int {
 				waiters = 1
 			}
 		}
-		if waiters == 0 && s.nIdle < s.high {
+		if waiters == 0 && s.nIdle+s.nPrivIdle < s.high {
 			s.toIdle(m.slot())
 		} else {
 			sl.busy = true
@@ -165,6 +169,8 @@ func (s *Shared) drop(r *SharedReservation, gi, n int) []int {
 		s.mapped -= b
 		s.auth.Unmap(b)
 	}
+	s.nPriv -= priv
+	s.releasePriv(priv)
 	return give
 }
 
@@ -334,8 +340,10 @@ func (s *Shared) kick() {
 	}()
 }
 
-// Trim gives idle granules back to the OS (fallocate PUNCH_HOLE) until at most keep
-// remain, those not known resident first, then from the end of the file. It returns
+// Trim gives idle granules back to the OS until at most keep remain: idle private
+// granules first (mapping reserved memory over their place in the park), then memfd
+// granules (fallocate PUNCH_HOLE), those not known resident first, then from the end
+// of the file. It returns
 // the bytes given back; a granule whose punch fails stays in the pool and the first
 // error is returned.
 func (s *Shared) Trim(keep int) (int64, error) {
@@ -345,9 +353,16 @@ func (s *Shared) Trim(keep int) (int64, error) {
 	}
 	s.mu.Lock()
 	s.open()
-	victims := s.victims(s.nIdle - keep)
+	k := max(s.nIdle+s.nPrivIdle-keep, 0)
+	pos := s.takePrivIdle(min(k, s.nPrivIdle)) // the cheapest to make again
+	n, err := s.givePriv(pos)
+	victims := s.victims(k - len(pos))
 	s.mu.Unlock()
-	return s.giveBack(victims)
+	m, gerr := s.giveBack(victims)
+	if err == nil {
+		err = gerr
+	}
+	return n + m, err
 }
 
 // victims takes k idle slots out of the pool for giveBack, non-resident first, then
@@ -374,9 +389,9 @@ func (s *Shared) PoolStats() backing.PoolStats {
 	return backing.PoolStats{
 		Granule:  s.g,
 		Owned:    s.owned,
-		Idle:     int64(s.nIdle) << s.shift,
+		Idle:     int64(s.nIdle+s.nPrivIdle) << s.shift,
 		Mapped:   s.mapped,
-		Resident: int64(s.nResident) << s.shift,
+		Resident: int64(s.nResident+s.nPrivIdle) << s.shift,
 		Low:      s.low,
 		High:     s.high,
 	}

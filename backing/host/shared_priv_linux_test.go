@@ -1,0 +1,139 @@
+package host_test
+
+import (
+	"bytes"
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/backing/host"
+)
+
+// privateEnv returns a backing of 2 MiB granules that makes new granules private,
+// or skips where the system gives it no reason to (shmem huge pages allowed, or no
+// anonymous ones).
+func privateEnv(t *testing.T, opts host.SharedOptions) *sharedEnv {
+	t.Helper()
+	e := newEnv(t, opts, false)
+	if st := e.s.Stats(); st.HugePages != "private" {
+		t.Skipf("this system gives the backing %q huge pages (%s)", st.HugePages, st.NoHugePages)
+	}
+	return e
+}
+
+func TestSharedStats(t *testing.T) {
+	e := newEnv(t, host.SharedOptions{NoHugePages: true}, false)
+	st := e.s.Stats()
+	assert.Empty(t, st.HugePages)
+	assert.Contains(t, st.NoHugePages, "NoHugePages")
+	e = newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+	st = e.s.Stats()
+	assert.Empty(t, st.HugePages, "a 64 KiB granule can not be a huge page")
+	assert.NotEmpty(t, st.NoHugePages, "the fallback says why")
+	t.Logf("64 KiB granules: %s", st.NoHugePages)
+	e = newEnv(t, host.SharedOptions{}, false)
+	st = e.s.Stats()
+	t.Logf("2 MiB granules: %q (%s)", st.HugePages, st.NoHugePages)
+	assert.Equal(t, st.HugePages == "", st.NoHugePages != "")
+}
+
+// TestSharedPrivatePark follows private granules through their life: new ones in
+// huge pages, parked on decommit with their pages (so a commit elsewhere takes them
+// with their contents and page tables, and no new bytes), moved into the memfd on
+// Share with the source's base and contents kept, and owned once after.
+func TestSharedPrivatePark(t *testing.T) {
+	e := privateEnv(t, host.SharedOptions{High: 4})
+	g := e.g
+	pages := g / os.Getpagesize()
+	x := e.reserve(2)
+	base := e.s.Base(x)
+	e.commit(x, 0, 2)
+	assert.Equal(t, int64(2*g), e.s.Stats().Private)
+	slots, _ := host.SharedSlots(x)
+	assert.Equal(t, []int{-1, -1}, slots, "new granules are private")
+	require.NoError(t, e.s.CopyIn(x, 0, bytes.Repeat([]byte{7}, 2*g)))
+	hb, err := e.s.HugePages(x)
+	require.NoError(t, err)
+	assert.Positive(t, hb.Anon, "no private granule got a huge page")
+	assert.LessOrEqual(t, hb.Anon, int64(2*g))
+	t.Logf("%d of %d bytes in huge pages", hb.Anon, 2*g)
+	e.tag(x, 1, 42)
+
+	e.decommit(x, 0, 2)
+	p := e.pool()
+	assert.Equal(t, int64(2*g), p.Idle, "decommitted private granules wait in the pool")
+	assert.Equal(t, int64(2*g), p.Owned)
+	assert.Zero(t, p.Mapped)
+	assert.Zero(t, e.s.Stats().Private)
+	assert.Zero(t, present(t, base, 2*g), "nothing is left in the reservation")
+
+	y := e.reserve(2)
+	ybase := e.s.Base(y)
+	e.commit(y, 0, 2)
+	assert.Equal(t, int64(2*g), e.pool().Owned, "the commit took the parked granules: no new bytes")
+	assert.Equal(t, 2*pages, present(t, ybase, 2*g), "with their page tables")
+	tags := []uint64{e.tagOf(y, 0), e.tagOf(y, 1)}
+	assert.Contains(t, tags, uint64(42), "and their contents")
+	e.checkMaps(y, ybase, 2*g)
+
+	// Share moves the source's granule into the memfd, in place.
+	e.tag(y, 0, 99)
+	z := e.reserve(1)
+	e.share(z, 0, y, 0, 1, backing.ReadOnly)
+	assert.Equal(t, ybase, e.s.Base(y), "the source keeps its base")
+	assert.Equal(t, uint64(99), e.tagOf(y, 0), "and its contents")
+	assert.Equal(t, uint64(99), e.tagOf(z, 0), "which the sharer reads")
+	ys, _ := host.SharedSlots(y)
+	zs, _ := host.SharedSlots(z)
+	assert.GreaterOrEqual(t, ys[0], 0, "the shared granule is a memfd granule now")
+	assert.Equal(t, ys[0], zs[0])
+	assert.Equal(t, -1, ys[1], "the other stays private")
+	st := e.s.Stats()
+	assert.Equal(t, int64(1), st.Adopted)
+	assert.Equal(t, int64(g), st.Private)
+	assert.Equal(t, int64(2*g), e.pool().Owned, "owned once")
+	assert.Equal(t, int64(3*g), e.pool().Mapped)
+	e.tag(y, 0, 100)
+	assert.Equal(t, uint64(100), e.tagOf(z, 0), "one physical granule")
+	e.checkMaps(y, ybase, 2*g)
+	e.checkMaps(z, e.s.Base(z), g)
+	require.NoError(t, host.CheckShared(e.s))
+
+	n, err := e.s.Trim(0)
+	require.NoError(t, err)
+	assert.Zero(t, n, "nothing idle")
+	e.unreserve(z)
+	e.unreserve(y)
+	assert.Equal(t, int64(2*g), e.pool().Idle, "both went idle: one parked private, one memfd")
+	n, err = e.s.Trim(0)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2*g), n)
+	assert.Zero(t, e.pool().Owned)
+	e.unreserve(x)
+}
+
+// TestSharedPrivateShareBudget: while a private granule is copied into the memfd,
+// both hold memory, so a full budget refuses the Share and nothing changes.
+func TestSharedPrivateShareBudget(t *testing.T) {
+	e := privateEnv(t, host.SharedOptions{High: host.SharedNoPool})
+	g := e.g
+	require.NoError(t, e.gov.SetLimit(e.auth.Device(), int64(g)))
+	x := e.reserve(1)
+	y := e.reserve(1)
+	e.commit(x, 0, 1)
+	e.tag(x, 0, 3)
+	err := e.s.Share(y, 0, x, 0, g, backing.ReadOnly)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, accounting.ErrBudgetExceeded)
+	assert.Equal(t, uint64(3), e.tagOf(x, 0))
+	assert.Equal(t, int64(g), e.s.Stats().Private)
+	require.NoError(t, host.CheckShared(e.s))
+	require.NoError(t, e.gov.SetLimit(e.auth.Device(), int64(2*g)))
+	e.share(y, 0, x, 0, 1, backing.ReadWrite)
+	assert.Equal(t, uint64(3), e.tagOf(y, 0))
+	assert.Equal(t, int64(g), e.pool().Owned, "the private granule's bytes went with it")
+}
