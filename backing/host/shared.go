@@ -40,6 +40,11 @@ type SharedOptions struct {
 	// Name is the memfd's name, shown in /proc/self/maps as /memfd:Name. "" means
 	// "vmarena".
 	Name string
+	// Decay is how long an idle granule may stay unused before the pool gives it
+	// back to the OS: idle granules above Low leave gradually, the longest idle
+	// first, all of them by Decay after the load stops (see Shared). 0 means 5 s;
+	// SharedNoDecay (any negative value) keeps idle granules up to High for good.
+	Decay time.Duration
 	// NoHugePages turns huge pages off: every granule is a memfd granule of small
 	// pages. Otherwise, with granules a multiple of the huge page (2 MiB on x86-64),
 	// the backing takes the fastest new memory the system allows (see Shared):
@@ -51,6 +56,10 @@ type SharedOptions struct {
 // SharedNoPool as SharedOptions.High keeps no idle granule: every granule goes back
 // to the OS when its last mapping goes.
 const SharedNoPool = -1
+
+// SharedNoDecay as SharedOptions.Decay turns decay off: idle granules stay until the
+// High water mark, Trim or a waiter takes them.
+const SharedNoDecay = -1
 
 const (
 	sharedDefaultGranularity = 2 << 20
@@ -214,6 +223,10 @@ type Shared struct {
 	asince    []int64    // per position, when its granule went idle (clock, ns)
 	nPrivIdle int
 	clock     func() time.Time
+	decay     time.Duration // 0: off
+	decaying  bool          // the scavenger runs
+	stop      chan struct{} // closed by Close
+	scav      sync.WaitGroup
 	adopted   int64        // private granules moved into the memfd by Share
 	refused   int64        // MADV_HUGEPAGE calls the kernel refused
 	stray     []sharedSpan // address space a failed step could not give back
@@ -226,6 +239,7 @@ type sharedSlot struct {
 	refs     int32 // mappings; >0 means Live
 	busy     bool  // owned and in flight: being created, populated or given back
 	resident bool  // its pages are known to exist
+	since    int64 // when it went idle (clock, ns)
 }
 
 // SharedReservation is a reserved address range of a Shared backing. It is a handle:
@@ -345,6 +359,9 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 	if opts.High == 0 {
 		opts.High = sharedDefaultHigh
 	}
+	if opts.Decay == 0 {
+		opts.Decay = sharedDefaultDecay
+	}
 	high := max(opts.High, 0)
 	if opts.Name == "" {
 		opts.Name = sharedDefaultName
@@ -388,6 +405,8 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 		huge:     huge,
 		hugeWhy:  why,
 		clock:    time.Now,
+		decay:    max(opts.Decay, 0),
+		stop:     make(chan struct{}),
 		sys:      sys,
 		fd:       fd,
 		resv:     make(map[*SharedReservation]struct{}),
@@ -1439,9 +1458,11 @@ func (s *Shared) Close() error {
 		return fmt.Errorf("%w: %d to unreserve first", ErrSharedInUse, n)
 	}
 	s.closed = true
+	close(s.stop)
 	s.mu.Unlock()
 	s.auth.SetReclaimer(nil)
 	s.refill.Wait()
+	s.scav.Wait()
 
 	s.mu.Lock()
 	_, err := s.givePriv(s.takePrivIdle(s.nPrivIdle))

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/bits"
 	"sync"
+	"time"
 	"unsafe"
 )
 
@@ -381,3 +382,15 @@ func CheckShared(s *Shared) error {
 	}
 	return nil
 }
+
+// SetSharedClock makes s read the time from now (for the decay of idle granules). It
+// must be called before s is used concurrently.
+func SetSharedClock(s *Shared, now func() time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.clock = now
+}
+
+// SharedDecay runs one pass of the scavenger at s's clock and reports whether idle
+// granules above the floor remain.
+func SharedDecay(s *Shared) bool { return s.decayPass(s.clock()) }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -45,6 +46,23 @@ type sharedEnv struct {
 	live map[*host.SharedReservation]bool
 
 	closed bool // the test closed the backing itself
+
+	mu    sync.Mutex
+	clock time.Time // the backing's clock
+}
+
+// now is the backing's clock.
+func (e *sharedEnv) now() time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.clock
+}
+
+// advance moves the backing's clock on by d.
+func (e *sharedEnv) advance(d time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.clock = e.clock.Add(d)
 }
 
 // newEnv returns a backing with opts (Authority and Name filled in). At cleanup it
@@ -67,6 +85,11 @@ func newEnv(t *testing.T, opts host.SharedOptions, faulty bool) *sharedEnv {
 	}
 	require.NoError(t, err)
 	e.g = e.s.Granularity()
+	// NB: a clock that stands still, so that no idle granule decays while a slow
+	// test (under -race, on a loaded machine) looks at the pool; the scavenger
+	// still runs. TestSharedDecay moves its own clock.
+	e.clock = time.Unix(1e9, 0)
+	host.SetSharedClock(e.s, e.now)
 	t.Cleanup(e.close)
 	return e
 }

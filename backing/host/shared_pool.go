@@ -125,6 +125,8 @@ func (s *Shared) toIdle(i int) {
 	if sl.resident {
 		s.nResident++
 	}
+	sl.since = s.clock().UnixNano()
+	s.startDecay()
 }
 
 // drop unmaps granules [gi, gi+n) of r from the bookkeeping (the caller unmapped

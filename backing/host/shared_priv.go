@@ -67,6 +67,7 @@ func (s *Shared) untakePrivIdle(pos []int) {
 		s.nPrivIdle++
 		s.asince[p] = s.clock().UnixNano()
 	}
+	s.startDecay()
 }
 
 // parkPriv moves into the private park the private granules of [gi, gi+n) of r that
@@ -96,6 +97,7 @@ func (s *Shared) parkPriv(r *SharedReservation, gi, n int) {
 		s.aidle.set(p)
 		s.nPrivIdle++
 		s.asince[p] = s.clock().UnixNano()
+		s.startDecay()
 		r.maps[i] = sharedMap{}
 		r.count--
 		s.nPriv--
