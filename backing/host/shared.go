@@ -223,9 +223,10 @@ type Shared struct {
 	asince    []int64    // per position, when its granule went idle (clock, ns)
 	nPrivIdle int
 	clock     func() time.Time
-	decay     time.Duration // 0: off
-	decaying  bool          // the scavenger runs
-	stop      chan struct{} // closed by Close
+	decay     time.Duration   // 0: off
+	decaying  bool            // the scavenger runs
+	stop      chan struct{}   // closed by Close
+	waitq     []*sharedWaiter // this pool's commits waiting for the budget, first first
 	scav      sync.WaitGroup
 	adopted   int64        // private granules moved into the memfd by Share
 	refused   int64        // MADV_HUGEPAGE calls the kernel refused
@@ -491,8 +492,8 @@ func (s *Shared) adviseFile(at unsafe.Pointer, n int) {
 // another pool's user, can not otherwise have.
 func (s *Shared) reclaim(int64) {
 	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	if s.closed || !s.othersWait() {
+		s.mu.Unlock() // only this pool's commits wait: they take the idle granules
 		return
 	}
 	// Close waits for this like for a refill, so the memfd outlives the give-back.
@@ -665,10 +666,12 @@ func (s *Shared) Commit(r *SharedReservation, off, size int) error {
 // CommitCtx is Commit that, when the budget refuses the new granules, waits in FIFO
 // order with the device's other waiters (Authority.Acquire) until ctx ends, then
 // commits with the bytes it waited for. It holds nothing while it waits: the idle
-// granules it would have taken go back to the OS (as with any waiter queued) and it
-// waits for the bytes of the whole range, so that waiting commits can not hold
-// pieces each of them needs. When ctx ends first it returns ctx.Err() (wrapped)
-// and the range is as it was.
+// granules it would have taken stay in the pool, and it waits for the bytes of the
+// whole range, so that waiting commits can not hold pieces each of them needs. A
+// granule that goes idle meanwhile is handed to the waiting commits of this pool
+// (they try again with it) rather than given to the OS and made again; only when
+// another owner's request waits too do idle granules go back to the OS at once. When
+// ctx ends first it returns ctx.Err() (wrapped) and the range is as it was.
 func (s *Shared) CommitCtx(ctx context.Context, r *SharedReservation, off, size int) error {
 	return s.commit(ctx, r, off, size, true)
 }
@@ -700,8 +703,7 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 		hint = r.maps[gi-1].slot() + 1 // continue the file run of the granule before
 	}
 	// Idle private granules first (only a backing that makes them has any), then
-	// idle memfd granules, then new ones. NB: a commit that waits for the budget
-	// keeps the private granules it took: they are the pool's, handed to it.
+	// idle memfd granules, then new ones.
 	var pos []int
 	if s.nPrivIdle > 0 {
 		pos = s.takePrivIdle(min(n, s.nPrivIdle))
@@ -710,10 +712,7 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 	if len(pos)+len(picks) < n {
 		var fresh int
 		var err error
-		if picks, fresh, err = s.charge(ctx, op, r, off, size, n-len(pos), picks, wait); err != nil {
-			s.mu.Lock()
-			s.untakePrivIdle(pos)
-			s.mu.Unlock()
+		if picks, fresh, err = s.charge(ctx, op, r, off, size, n, picks, &pos, wait); err != nil {
 			return err
 		}
 		if s.huge == sharedPrivHuge {
@@ -837,17 +836,20 @@ func (s *Shared) populatePriv(op string, r *SharedReservation, gi, n, priv int) 
 }
 
 // charge takes the bytes of fresh new granules for a commit of n granules that
-// holds the idle picks: at once, or, when wait is true and the budget refuses, in
-// FIFO order with the device's other waiters until ctx ends. It returns the idle
-// picks the commit keeps and how many granules it must create. s.mu must be held; on
-// error it is released and nothing is held.
+// holds the idle picks and the idle private granules at *pos: at once, or, when
+// wait is true and the budget refuses, in FIFO order with the device's other
+// waiters until ctx ends. It returns the idle picks the commit keeps and how many
+// granules it must create (and may change *pos). s.mu must be held; on error it is
+// released and nothing is held.
 //
-// NB: a commit holds nothing while it waits. Holding its idle picks while waiting for
-// the rest would let commits that each hold some wait for each other forever; so it
-// gives them back (a pool with waiters keeps nothing idle anyway) and waits for all n
-// granules at once.
-func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, off, size, n int, picks []sharedPick, wait bool) ([]sharedPick, int, error) {
-	fresh := n - len(picks)
+// NB: a commit holds nothing while it waits. Holding its idle granules while waiting
+// for the rest would let commits that each hold some wait for each other forever; so
+// it puts them back in the pool and waits for all n granules at once. While only
+// this pool's commits wait, granules that go idle stay in the pool (see drop) and
+// wake the waiters, which try again with them: idle granules are handed to the
+// waiting commits, not first given to the OS to be made again.
+func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, off, size, n int, picks []sharedPick, pos *[]int, wait bool) ([]sharedPick, int, error) {
+	fresh := n - len(picks) - len(*pos)
 	err := s.auth.TryAcquire(int64(fresh) << s.shift)
 	if err == nil {
 		s.owned += int64(fresh) << s.shift
@@ -855,27 +857,110 @@ func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, of
 	}
 	if !wait || !errors.Is(err, accounting.ErrBudgetExceeded) || errors.Is(err, accounting.ErrExceedsLimit) {
 		s.unpick(picks)
+		s.untakePrivIdle(*pos)
+		*pos = nil
 		s.mu.Unlock()
 		return nil, 0, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
 	}
-	idle := make([]int, len(picks))
-	for k, p := range picks {
-		idle[k] = p.slot
-	}
-	s.mu.Unlock()
-	s.giveBack(idle) // a slot whose punch fails just stays idle
 	bytes := int64(n) << s.shift
-	if err := s.auth.Acquire(ctx, bytes); err != nil {
-		return nil, 0, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
-	}
-	s.mu.Lock()
-	if r.state != sharedLive {
-		s.auth.Release(bytes)
+	w := &sharedWaiter{wake: make(chan struct{})}
+	s.waitq = append(s.waitq, w)
+	for {
+		s.unpick(picks)
+		s.untakePrivIdle(*pos)
+		*pos = nil
+		w.reset() // what it put back woke nobody but itself
+		wake := w.wake
 		s.mu.Unlock()
-		panic(backing.PanicUseAfterUnreserve)
+		wctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			select {
+			case <-wake:
+				cancel()
+			case <-done:
+			}
+		}()
+		err := s.auth.Acquire(wctx, bytes)
+		close(done)
+		cancel()
+		s.mu.Lock()
+		if r.state != sharedLive {
+			s.unwait(w)
+			if err == nil {
+				s.auth.Release(bytes)
+			}
+			s.mu.Unlock()
+			panic(backing.PanicUseAfterUnreserve)
+		}
+		if err == nil {
+			s.unwait(w)
+			s.owned += bytes
+			return nil, n, nil
+		}
+		if !w.signaled || ctx.Err() != nil {
+			s.unwait(w)
+			s.mu.Unlock()
+			if ctx.Err() != nil {
+				err = fmt.Errorf("%w", ctx.Err()) // NB: not wctx's: the caller's ctx ended
+			}
+			return nil, 0, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
+		}
+		// Granules went idle: take them, and what the budget gives for the rest.
+		if s.nPrivIdle > 0 {
+			*pos = s.takePrivIdle(min(n, s.nPrivIdle))
+		}
+		picks = s.pickIdle(min(n-len(*pos), s.nIdle), -1)
+		fresh = n - len(picks) - len(*pos)
+		// NB: not TryAcquire(0), which the governor refuses while anyone waits.
+		if fresh == 0 || s.auth.TryAcquire(int64(fresh)<<s.shift) == nil {
+			s.unwait(w)
+			s.owned += int64(fresh) << s.shift
+			return picks, fresh, nil
+		}
+		// Not enough yet: wait again, first in line still.
 	}
-	s.owned += bytes
-	return nil, n, nil
+}
+
+// sharedWaiter is a commit of this pool that waits for the budget.
+type sharedWaiter struct {
+	wake     chan struct{} // closed by signal
+	signaled bool
+}
+
+// reset makes w wait for the next signal.
+func (w *sharedWaiter) reset() {
+	if w.signaled {
+		w.wake, w.signaled = make(chan struct{}), false
+	}
+}
+
+// signal wakes the first of this pool's commits that wait for the budget, in the
+// order they came: a granule went idle that it can take. (Waking them all would let
+// a later one take what the first needs.) s.mu must be held.
+func (s *Shared) signal() {
+	if len(s.waitq) > 0 && !s.waitq[0].signaled {
+		s.waitq[0].signaled = true
+		close(s.waitq[0].wake)
+	}
+}
+
+// unwait takes w out of the line of waiting commits; if idle granules remain, the
+// next in line is woken for them. s.mu must be held.
+func (s *Shared) unwait(w *sharedWaiter) {
+	if i := slices.Index(s.waitq, w); i >= 0 {
+		s.waitq = slices.Delete(s.waitq, i, i+1)
+	}
+	if s.nIdle+s.nPrivIdle > 0 {
+		s.signal()
+	}
+}
+
+// othersWait reports whether requests other than this pool's own waiting commits
+// wait for host memory: only then do idle granules go back to the OS at once, since
+// only through the OS can another owner have their bytes. s.mu must be held.
+func (s *Shared) othersWait() bool {
+	return s.auth.Governor().Stats(s.auth.Device()).Waiters > len(s.waitq)
 }
 
 // allocateNew allocates the pages of the new slots more (one run) in the file before

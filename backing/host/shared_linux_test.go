@@ -687,11 +687,13 @@ func TestSharedCommitCtxFIFO(t *testing.T) {
 	assert.Equal(t, int64(e.g), e.pool().Idle)
 }
 
-// TestSharedCommitCtxCancel: a commit that must wait holds nothing meanwhile (it gives
-// the idle granules it could have used back, and waits for all it needs), so a
-// cancelled wait leaks nothing, and a served one commits all it asked for.
+// TestSharedCommitCtxCancel: a commit that must wait holds nothing meanwhile (it puts
+// the idle granules it could have used back in the pool, and waits for all it
+// needs), so a cancelled wait leaks nothing; a served one commits all it asked
+// for, and the granules that go idle while it waits are handed to it: none is
+// first given back to the OS (no punch) to be made again.
 func TestSharedCommitCtxCancel(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+	e := newEnv(t, host.SharedOptions{Granularity: kib64}, true)
 	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(2*e.g)))
 	x := e.reserve(2)
 	e.commit(x, 0, 2)
@@ -704,8 +706,8 @@ func TestSharedCommitCtxCancel(t *testing.T) {
 	go func() { errs <- e.s.CommitCtx(ctx, y, 0, 2*e.g) }()
 	waitFor(t, "the commit to queue", func() bool { return waiters() == 1 })
 	p := e.pool()
-	assert.Zero(t, p.Idle, "the waiting commit gave the idle granule back")
-	assert.Equal(t, int64(e.g), p.Owned, "and holds nothing while it waits")
+	assert.Equal(t, int64(e.g), p.Idle, "the waiting commit put the idle granule back in the pool")
+	assert.Equal(t, int64(2*e.g), p.Owned, "and holds nothing itself while it waits")
 	cancel()
 	err := <-errs
 	assert.ErrorIs(t, err, context.Canceled)
@@ -713,24 +715,41 @@ func TestSharedCommitCtxCancel(t *testing.T) {
 	assert.ErrorAs(t, err, &op)
 	assert.Zero(t, waiters())
 	st := e.auth.Stats()
-	assert.Equal(t, int64(e.g), st.Owned, "a cancelled wait leaks nothing")
+	assert.Equal(t, int64(2*e.g), st.Owned, "a cancelled wait leaks nothing: x's granule and the idle one")
 	assert.Equal(t, int64(e.g), st.Mapped)
 	assert.Equal(t, st.Owned, e.pool().Owned)
 	assert.ErrorIs(t, e.s.Decommit(y, 0, e.g), backing.ErrNotCommitted)
 	e.checkMaps(y, e.s.Base(y), 2*e.g)
 	require.NoError(t, host.CheckShared(e.s))
 
-	// Served: x's last granule goes (back to the OS, as a waiter is queued) and the
-	// commit gets both granules.
-	e.commit(x, 1, 1) // full again
+	// Served: x's last granule goes idle, and the commit takes both idle granules.
+	e.f.Fail(func(int, string) bool { return false }, nil) // log the calls from here
 	go func() { errs <- e.s.CommitCtx(context.Background(), y, 0, 2*e.g) }()
 	waitFor(t, "the commit to queue", func() bool { return waiters() == 1 })
+	e.tag(x, 0, 5)
 	e.decommit(x, 0, 1)
-	e.decommit(x, 1, 1)
 	require.NoError(t, <-errs)
-	e.tag(y, 1, 5)
+	assert.NotContains(t, e.f.Log(), "punch", "an idle granule went to the OS while its pool's commit waited")
 	assert.Equal(t, int64(2*e.g), e.auth.Stats().Owned)
+	assert.Equal(t, int64(2*e.g), e.auth.Stats().OwnedPeak, "never charged twice")
+	assert.Contains(t, []uint64{e.tagOf(y, 0), e.tagOf(y, 1)}, uint64(5), "the waiter got x's granule itself")
 	e.checkMaps(y, e.s.Base(y), 2*e.g)
+}
+
+// TestSharedReclaimForOthers: when another owner's request waits for host memory,
+// the pool gives its idle granules back to the OS so that the budget can serve it.
+func TestSharedReclaimForOthers(t *testing.T) {
+	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(2*e.g)))
+	x := e.reserve(2)
+	e.commit(x, 0, 2)
+	e.decommit(x, 0, 2)
+	require.Equal(t, int64(2*e.g), e.pool().Idle)
+	other := e.gov.Authority("other", accounting.HostKey)
+	require.NoError(t, other.Acquire(context.Background(), int64(e.g)))
+	assert.Zero(t, e.pool().Owned, "the idle granules went back for the other owner")
+	other.Release(int64(e.g))
+	e.unreserve(x)
 }
 
 func TestSharedMapLimit(t *testing.T) {

@@ -165,7 +165,7 @@ func (s *Shared) parkable(m sharedMap) bool {
 // page tables go with the unmap; the granules still go idle. s.mu must be held.
 func (s *Shared) parkLast(r *SharedReservation, gi, n int) {
 	room := s.high - s.nIdle - s.nPrivIdle
-	if room <= 0 || s.waiters() {
+	if room <= 0 || s.othersWait() {
 		return // drop gives them all back
 	}
 	for i := gi; i < gi+n && room > 0; {
@@ -187,9 +187,4 @@ func (s *Shared) parkLast(r *SharedReservation, gi, n int) {
 		room -= j - i
 		i = j
 	}
-}
-
-// waiters reports whether the governor has requests waiting for host memory.
-func (s *Shared) waiters() bool {
-	return s.auth.Governor().Stats(s.auth.Device()).Waiters > 0
 }

@@ -127,6 +127,7 @@ func (s *Shared) toIdle(i int) {
 	}
 	sl.since = s.clock().UnixNano()
 	s.startDecay()
+	s.signal()
 }
 
 // drop unmaps granules [gi, gi+n) of r from the bookkeeping (the caller unmapped
@@ -155,7 +156,7 @@ func (s *Shared) drop(r *SharedReservation, gi, n int) []int {
 		}
 		if waiters < 0 {
 			waiters = 0
-			if s.waiters() {
+			if s.othersWait() {
 				waiters = 1
 			}
 		}

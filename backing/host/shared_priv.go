@@ -68,6 +68,7 @@ func (s *Shared) untakePrivIdle(pos []int) {
 		s.asince[p] = s.clock().UnixNano()
 	}
 	s.startDecay()
+	s.signal()
 }
 
 // parkPriv moves into the private park the private granules of [gi, gi+n) of r that
@@ -76,7 +77,7 @@ func (s *Shared) untakePrivIdle(pos []int) {
 // caller unmaps the range as usual). A move that fails changes nothing but that the
 // granule goes back to the OS with the unmap. s.mu must be held.
 func (s *Shared) parkPriv(r *SharedReservation, gi, n int) {
-	if s.nPriv == 0 || s.nIdle+s.nPrivIdle >= s.high || s.waiters() {
+	if s.nPriv == 0 || s.nIdle+s.nPrivIdle >= s.high || s.othersWait() {
 		return
 	}
 	if s.privPark() != nil {
@@ -98,6 +99,7 @@ func (s *Shared) parkPriv(r *SharedReservation, gi, n int) {
 		s.nPrivIdle++
 		s.asince[p] = s.clock().UnixNano()
 		s.startDecay()
+		s.signal()
 		r.maps[i] = sharedMap{}
 		r.count--
 		s.nPriv--
