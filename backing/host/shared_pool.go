@@ -253,12 +253,18 @@ func (s *Shared) prefillOne(n int, background bool) (bool, error) {
 		return false, nil
 	}
 	s.open()
-	if s.nResident >= n {
+	if s.nResident+s.nPrivIdle >= n {
 		if background {
 			s.refilling = false
 		}
 		s.mu.Unlock()
 		return false, nil
+	}
+	if s.huge == sharedPrivHuge {
+		if ok, err := s.prefillPriv(background); ok || err != nil {
+			return ok, err
+		}
+		// The private park is full: memfd granules for the rest.
 	}
 	slot, fresh := -1, false
 	for i := s.idle.next(0, len(s.slots)); i < len(s.slots); i = s.idle.next(i+1, len(s.slots)) {
@@ -326,7 +332,7 @@ func (s *Shared) prefillOne(n int, background bool) (bool, error) {
 // kick starts the background refill when the pool has fewer than Low idle resident
 // granules. s.mu must be held.
 func (s *Shared) kick() {
-	if s.low == 0 || s.refilling || s.closed || s.nResident >= s.low {
+	if s.low == 0 || s.refilling || s.closed || s.nResident+s.nPrivIdle >= s.low {
 		return
 	}
 	s.refilling = true

@@ -3,6 +3,8 @@ package host
 import (
 	"fmt"
 	"unsafe"
+
+	"github.com/vmarena/vmarena/backing"
 )
 
 // Private granules (see Shared) and the private park, where idle ones wait.
@@ -198,4 +200,53 @@ func (s *Shared) commitPriv(op string, r *SharedReservation, gi, n int, picks []
 		return s.populatePriv(op, r, gi, n, priv)
 	}
 	return nil
+}
+
+// prefillPriv makes one idle private granule in the private park, populated (one
+// huge page), if the park has room; it reports whether it did. s.mu must be held; it
+// is released unless the park is full (false, nil).
+func (s *Shared) prefillPriv(background bool) (bool, error) {
+	fail := func(err error) (bool, error) {
+		if background {
+			s.refilling = false
+		}
+		s.mu.Unlock()
+		return false, err
+	}
+	if err := s.privPark(); err != nil {
+		return fail(s.opErr("prefill", 0, s.g, err, true))
+	}
+	p := s.aused.nextClear(0, s.high)
+	if p == s.high {
+		return false, nil
+	}
+	if err := s.auth.TryAcquire(int64(s.g)); err != nil {
+		return fail(&backing.OpError{Op: "prefill", Size: s.g, Err: err})
+	}
+	s.owned += int64(s.g)
+	s.aused.set(p) // taken: no other prefill or park move uses it meanwhile
+	at := s.privAt(p)
+	err := s.sys.protect(at, s.g)
+	if err == nil {
+		s.advise(at, s.g)
+	}
+	s.mu.Unlock()
+	if err == nil {
+		err = s.sys.populate(at, s.g, true)
+	}
+	s.mu.Lock()
+	if err != nil {
+		err = s.opErr("prefill", 0, s.g, err, true)
+		if uerr := s.sys.unmapTo(at, s.g); uerr != nil {
+			// NB: its pages may stay: keep it, owned and idle, for the next Trim.
+			s.untakePrivIdle([]int{p})
+		} else {
+			s.aused.clear(p)
+			s.releasePriv(1)
+		}
+		return fail(err)
+	}
+	s.untakePrivIdle([]int{p})
+	s.mu.Unlock()
+	return true, nil
 }

@@ -137,3 +137,30 @@ func TestSharedPrivateShareBudget(t *testing.T) {
 	assert.Equal(t, uint64(3), e.tagOf(y, 0))
 	assert.Equal(t, int64(g), e.pool().Owned, "the private granule's bytes went with it")
 }
+
+// TestSharedPrivatePrefill: Prefill and the Low refill make private granules,
+// populated in the private park, which a commit takes with their pages.
+func TestSharedPrivatePrefill(t *testing.T) {
+	e := privateEnv(t, host.SharedOptions{High: 4})
+	g := e.g
+	require.NoError(t, e.s.Prefill(3))
+	p := e.pool()
+	assert.Equal(t, int64(3*g), p.Idle)
+	assert.Equal(t, int64(3*g), p.Resident)
+	assert.Equal(t, int64(3*g), p.Owned)
+	require.NoError(t, host.CheckShared(e.s))
+	require.NoError(t, e.s.Prefill(6), "beyond the private park: memfd granules")
+	assert.Equal(t, int64(6*g), e.pool().Idle)
+	x := e.reserve(3)
+	e.commit(x, 0, 3)
+	assert.Equal(t, int64(6*g), e.pool().Owned, "no new bytes")
+	assert.Equal(t, 3*g/os.Getpagesize(), present(t, e.s.Base(x), 3*g), "the pages came along")
+	assert.Equal(t, []bool{true, true, true}, host.SharedPrivate(x), "private granules first")
+	hb, err := e.s.HugePages(x)
+	require.NoError(t, err)
+	assert.Positive(t, hb.Anon)
+	e.unreserve(x)
+	_, err = e.s.Trim(0)
+	require.NoError(t, err)
+	assert.Zero(t, e.pool().Owned)
+}
