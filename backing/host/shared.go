@@ -145,15 +145,19 @@ const (
 // must not charge committed bytes again. Every reservation MUST be given back with
 // Unreserve, and the backing with Close.
 //
-// The pool gives idle granules back to the OS (fallocate PUNCH_HOLE) above the High
-// water mark, on Trim, and, while the governor has requests waiting for host memory
-// (Authority.Acquire, CommitCtx), at once as they go idle, so that memory kept for
-// this pool's future commits is not held against a caller that needs it now; and
-// each time a request on the host starts to wait, the pool's reclaimer (see
-// accounting.Authority.SetReclaimer) gives back every granule already idle, so that
-// another pool's user is not starved by this one's spare granules. A
-// granule that can not be given back (the punch fails) stays idle and owned; the
-// next Trim tries again.
+// The pool gives idle granules back to the OS (fallocate PUNCH_HOLE; a private one
+// by mapping reserved memory over its place in the private park) by decay: those
+// above Low leave gradually once unused, all of them within SharedOptions.Decay
+// (5 s by default) after the load stops, while a busy pool keeps its working set
+// (see shared_decay.go). It also gives them back above the High water mark, on Trim,
+// and, while another owner's request waits for host memory, at once as they go idle,
+// so that memory kept for this pool's future commits is not held against a caller
+// that needs it now; each time such a request starts to wait, the pool's reclaimer
+// (see accounting.Authority.SetReclaimer) gives back every granule already idle.
+// While only this pool's own commits wait (CommitCtx), granules that go idle are
+// handed to them instead, in the order they came, rather than given to the OS to be
+// made again. A granule that can not be given back (the punch fails) stays idle and
+// owned; the next Trim tries again.
 //
 // Pooled granules keep their old contents: CommitZeroes is false, and a recommitted
 // or shared range reads whatever was last written there. Granules new to the file
@@ -327,6 +331,7 @@ type sharedSys struct {
 	populate func(at unsafe.Pointer, n int, write bool) error             // MADV_POPULATE_WRITE/READ, else a touch per page
 	protect  func(at unsafe.Pointer, n int) error                         // mprotect read-write (a private granule)
 	advise   func(at unsafe.Pointer, n int) error                         // MADV_HUGEPAGE
+	discard  func(at unsafe.Pointer, n int) error                         // MADV_DONTNEED + mprotect PROT_NONE (private granules)
 	mapCount func() (count, limit int, err error)                         // mappings of the process, vm.max_map_count
 }
 
@@ -1151,7 +1156,14 @@ func (s *Shared) Decommit(r *SharedReservation, off, size int) error {
 	}
 	s.parkLast(r, off>>s.shift, size>>s.shift)
 	s.parkPriv(r, off>>s.shift, size>>s.shift)
-	if err := s.sys.unmapTo(sharedAt(r.base, off), size); err != nil {
+	// A range of private granules only (or their empty places, parked) keeps its
+	// mapping: freeing the pages in place costs a third less than a new mapping,
+	// whose first fault must set up its anonymous memory again.
+	unmap := s.sys.unmapTo
+	if !slices.ContainsFunc(r.maps[off>>s.shift:(off+size)>>s.shift], func(m sharedMap) bool { return m.at != 0 }) {
+		unmap = s.sys.discard
+	}
+	if err := unmap(sharedAt(r.base, off), size); err != nil {
 		s.mu.Unlock()
 		return s.opErr("decommit", off, size, err, true)
 	}

@@ -154,6 +154,12 @@ func (f *SharedFaults) wrap(sys sharedSys) sharedSys {
 			}
 			return in.advise(at, n)
 		},
+		discard: func(at unsafe.Pointer, n int) error {
+			if err := f.call("discard"); err != nil {
+				return err
+			}
+			return in.discard(at, n)
+		},
 		mapCount: in.mapCount,
 	}
 }

@@ -30,6 +30,7 @@ func sharedDefaultSys() sharedSys {
 		populate: sharedPopulate,
 		protect:  sharedProtect,
 		advise:   sharedAdvise,
+		discard:  sharedDiscard,
 		mapCount: sharedMapCount,
 	}
 }
@@ -74,6 +75,17 @@ func sharedProtect(at unsafe.Pointer, n int) error {
 // sharedAdvise asks for transparent huge pages on [at, at+n) (MADV_HUGEPAGE).
 func sharedAdvise(at unsafe.Pointer, n int) error {
 	return unix.Madvise(sharedBytes(at, n), unix.MADV_HUGEPAGE)
+}
+
+// sharedDiscard frees the pages of [at, at+n), private anonymous memory of a
+// reservation, and takes the access away: the range is reserved again, in place.
+// NB: if the second step fails the pages are gone but the range stays accessible.
+func sharedDiscard(at unsafe.Pointer, n int) error {
+	b := sharedBytes(at, n)
+	if err := unix.Madvise(b, unix.MADV_DONTNEED); err != nil {
+		return err
+	}
+	return unix.Mprotect(b, unix.PROT_NONE)
 }
 
 func sharedRelease(at unsafe.Pointer, n int) error { return unix.MunmapPtr(at, uintptr(n)) }

@@ -26,6 +26,7 @@ func sharedDefaultSys() sharedSys {
 		populate: func(unsafe.Pointer, int, bool) error { return errors.ErrUnsupported },
 		protect:  func(unsafe.Pointer, int) error { return errors.ErrUnsupported },
 		advise:   func(unsafe.Pointer, int) error { return errors.ErrUnsupported },
+		discard:  func(unsafe.Pointer, int) error { return errors.ErrUnsupported },
 		mapCount: func() (int, int, error) { return 0, 0, errors.ErrUnsupported },
 	}
 }
