@@ -42,6 +42,7 @@ type setup struct {
 	layout    kv.Layout
 	granule   int // 0: the backing's default
 	populate  bool
+	huge      bool
 	poolLow   int // idle granules the pool refills to in the background
 	maxTokens int
 	budget    int64 // bytes; 0: unlimited
@@ -114,7 +115,7 @@ func (s setup) buildCache(b *built, auth *accounting.Authority) error {
 	switch s.backing {
 	case "shared":
 		bk, err := host.NewShared(host.SharedOptions{Granularity: s.granule, Authority: auth, Populate: s.populate, Name: "kvcache",
-			Low: s.poolLow, High: max(s.poolLow, 64)})
+			Low: s.poolLow, High: max(s.poolLow, 64), NoHugePages: !s.huge})
 		if err != nil {
 			return fmt.Errorf("backing shared: %w", err)
 		}
@@ -125,7 +126,7 @@ func (s setup) buildCache(b *built, auth *accounting.Authority) error {
 		}
 		b.st, b.pool = cs, cs.poolAfterClose
 	case "private":
-		bk, err := host.NewPrivate(host.PrivateOptions{Granularity: s.granule, Populate: s.populate, Name: "kvcache"})
+		bk, err := host.NewPrivate(host.PrivateOptions{Granularity: s.granule, Populate: s.populate, Name: "kvcache", NoHugePages: !s.huge})
 		if err != nil {
 			return fmt.Errorf("backing private: %w", err)
 		}
