@@ -50,14 +50,8 @@ func NewBuffer[R any, B backing.Backing[R]](b B, capacity int, auth *accounting.
 	if !ok {
 		return nil, fmt.Errorf("%w: capacity %d", ErrInvalidSize, capacity)
 	}
-	byBacking := b.Accounting().OwnedByBacking()
-	switch {
-	case !byBacking && auth == nil:
-		return nil, fmt.Errorf("%w: a ByBuffer backing needs an authority to charge", ErrAuthority)
-	case byBacking && auth != nil:
-		return nil, fmt.Errorf("%w: the backing owns its memory (%v); pass a nil authority", ErrAuthority, b.Accounting())
-	case auth != nil && auth.Device() != b.Device():
-		return nil, fmt.Errorf("%w: authority is on %v, backing on %v", ErrAuthority, auth.Device(), b.Device())
+	if err := checkAuthority(b, auth); err != nil {
+		return nil, err
 	}
 	r, err := b.Reserve(size)
 	if err != nil {
@@ -72,6 +66,21 @@ func NewBuffer[R any, B backing.Backing[R]](b B, capacity int, auth *accounting.
 		capacity: size,
 		host:     backing.IsHostAccessible(b),
 	}, nil
+}
+
+// checkAuthority returns an ErrAuthority error unless auth fits b's accounting: an
+// authority on b's device under ByBuffer, none under ByBacking.
+func checkAuthority[R any, B backing.Backing[R]](b B, auth *accounting.Authority) error {
+	byBacking := b.Accounting().OwnedByBacking()
+	switch {
+	case !byBacking && auth == nil:
+		return fmt.Errorf("%w: a ByBuffer backing needs an authority to charge", ErrAuthority)
+	case byBacking && auth != nil:
+		return fmt.Errorf("%w: the backing owns its memory (%v); pass a nil authority", ErrAuthority, b.Accounting())
+	case auth != nil && auth.Device() != b.Device():
+		return fmt.Errorf("%w: authority is on %v, backing on %v", ErrAuthority, auth.Device(), b.Device())
+	}
+	return nil
 }
 
 func (buf *Buffer[R, B]) live() {
@@ -130,9 +139,9 @@ func (buf *Buffer[R, B]) Bytes() []byte {
 func (buf *Buffer[R, B]) Resize(n int) error { return buf.resize(nil, n) }
 
 // ResizeCtx is Resize that, when growth needs budget the governor can not give now,
-// waits for it until ctx ends: in the governor's FIFO queue under ByBuffer and on a
-// backing that is a backing.Waiter; otherwise by retrying each time the governor
-// releases bytes on the device. A request larger than the device's whole limit fails
+// waits for it in the governor's FIFO queue of the device until ctx ends: itself under
+// ByBuffer and on a backing that owns its memory but can not wait, through the
+// backing on a backing.Waiter. A request larger than the device's whole limit fails
 // at once. A cancelled wait changes nothing.
 func (buf *Buffer[R, B]) ResizeCtx(ctx context.Context, n int) error {
 	if ctx == nil {
@@ -207,25 +216,28 @@ func (buf *Buffer[R, B]) commit(ctx context.Context, off, size int) error {
 }
 
 // commitRetry commits [off, off+size) on a backing that owns its memory but can not
-// wait itself: with a context, a budget refusal is retried each time the governor
-// releases bytes on the device, until ctx ends.
+// wait itself: with a context, a budget refusal waits in the governor's FIFO queue of
+// the device for the bytes the backing asked for, then commits with them
+// (Authority.AcquireFor), until ctx ends.
 func (buf *Buffer[R, B]) commitRetry(ctx context.Context, off, size int) error {
+	err := buf.b.Commit(buf.r, off, size)
 	if ctx == nil {
-		return buf.b.Commit(buf.r, off, size)
+		return err
 	}
-	gov := buf.b.Accounting().Authority().Governor()
-	for {
-		released := gov.Released(buf.b.Device()) // before the try: no wake-up is missed
-		err := buf.b.Commit(buf.r, off, size)
-		if err == nil || !errors.Is(err, accounting.ErrBudgetExceeded) || errors.Is(err, accounting.ErrExceedsLimit) {
+	auth := buf.b.Accounting().Authority()
+	for accounting.CanWait(err) {
+		var refused *accounting.BudgetError
+		if !errors.As(err, &refused) {
 			return err
 		}
-		select {
-		case <-released:
-		case <-ctx.Done():
-			return ctx.Err()
+		if werr := auth.AcquireFor(ctx, refused.Requested, func() error {
+			err = buf.b.Commit(buf.r, off, size)
+			return nil
+		}); werr != nil {
+			return werr
 		}
 	}
+	return err
 }
 
 // ShareFrom maps the physical granules behind the first size bytes of src into this
@@ -259,6 +271,41 @@ func (buf *Buffer[R, B]) ShareFrom(src *Buffer[R, B], size int, prot backing.Pro
 		return err
 	}
 	buf.committed, buf.shared, buf.length = size, size, size
+	return nil
+}
+
+// Protect sets the access of the buffer's committed bytes [off, off+size) to prot in
+// place: ReadOnly makes them read-only through this buffer, ReadWrite writable again.
+// off and size must be multiples of the granule and the range must lie within
+// Committed(). The contents stay, and other buffers mapping the same granules (see
+// ShareFrom) keep their own access. A granule this buffer maps by a ReadOnly ShareFrom
+// can not be made ReadWrite: that fails with an error matching backing.ErrReadOnly.
+// Protection lasts until the bytes are decommitted (Resize below them); memory
+// committed again is read-write.
+//
+// A write to read-only bytes through the backing's copies fails; a store through
+// Bytes or a host view faults (SIGSEGV, fatal unless the goroutine runs under
+// runtime/debug.SetPanicOnFault). On a backing that is not a backing.Protector it
+// returns an error matching ErrNoProtection (and errors.ErrUnsupported). On error
+// nothing changed.
+func (buf *Buffer[R, B]) Protect(off, size int, prot backing.Protection) error {
+	buf.live()
+	p, ok := any(buf.b).(backing.Protector[R])
+	if !ok {
+		return fmt.Errorf("%w: %T", ErrNoProtection, buf.b)
+	}
+	switch {
+	case off < 0 || size < 0 || off%buf.gran != 0 || size%buf.gran != 0:
+		return fmt.Errorf("%w: protect [%d, +%d) is not granule-aligned (%d-byte granule)", ErrInvalidSize, off, size, buf.gran)
+	case off > buf.committed-size:
+		return fmt.Errorf("%w: protect [%d, +%d) past the %d committed bytes", ErrInvalidSize, off, size, buf.committed)
+	}
+	if err := p.Protect(buf.r, off, size, prot); err != nil {
+		if errors.Is(err, backing.ErrUnsupported) {
+			return fmt.Errorf("%w: %w", ErrNoProtection, err)
+		}
+		return err
+	}
 	return nil
 }
 

@@ -4,52 +4,10 @@ import (
 	"fmt"
 
 	"github.com/vmarena/vmarena/arena"
-	"github.com/vmarena/vmarena/backing"
 )
 
-// readAt copies len(p) bytes at off of buf into p: directly on the host, through the
-// backing's Copier elsewhere.
-func readAt[R any, B backing.Backing[R]](buf *arena.Buffer[R, B], off int, p []byte) error {
-	if buf.HostAccessible() {
-		copy(p, buf.Bytes()[off:])
-		return nil
-	}
-	cp, ok := any(buf.Backing()).(backing.Copier[R])
-	if !ok {
-		return fmt.Errorf("%w: the backing can neither be read by the CPU nor copy", backing.ErrUnsupported)
-	}
-	return cp.CopyOut(p, buf.Reservation(), off)
-}
-
-// writeAt copies p into buf at off.
-func writeAt[R any, B backing.Backing[R]](buf *arena.Buffer[R, B], off int, p []byte) error {
-	if buf.HostAccessible() {
-		copy(buf.Bytes()[off:], p)
-		return nil
-	}
-	cp, ok := any(buf.Backing()).(backing.Copier[R])
-	if !ok {
-		return fmt.Errorf("%w: the backing can neither be written by the CPU nor copy", backing.ErrUnsupported)
-	}
-	return cp.CopyIn(buf.Reservation(), off, p)
-}
-
-// copyRange copies n bytes at off from src to dst: directly on the host, through a
-// bounce buffer and the backing's Copier elsewhere.
-func copyRange[R any, B backing.Backing[R]](dst, src *arena.Buffer[R, B], off, n int) error {
-	if dst.HostAccessible() && src.HostAccessible() {
-		copy(dst.Bytes()[off:off+n], src.Bytes()[off:off+n])
-		return nil
-	}
-	tmp := make([]byte, n)
-	if err := readAt(src, off, tmp); err != nil {
-		return err
-	}
-	return writeAt(dst, off, tmp)
-}
-
 // locate returns the range and byte offset of token t of layer's K or V tensor.
-func (s *Sequence[R, B]) locate(layer int, kind Kind, t int) (*arena.Buffer[R, B], int, error) {
+func (s *Sequence) locate(layer int, kind Kind, t int) (buffer, int, error) {
 	g := s.c.cfg.Geometry
 	if layer < 0 || layer >= g.Layers || kind > V || t < 0 || t >= s.n {
 		return nil, 0, fmt.Errorf("%w: layer %d %v token %d of %d layers × %d tokens", ErrRange, layer, kind, t, g.Layers, s.n)
@@ -61,9 +19,9 @@ func (s *Sequence[R, B]) locate(layer int, kind Kind, t int) (*arena.Buffer[R, B
 }
 
 // WriteToken copies src (TokenBytes long) into token t of layer's K or V tensor, on
-// any backing and layout. Writing a token that lies in memory shared with a prefix or
-// a fork is refused (ErrRange): shared granules are read-only.
-func (s *Sequence[R, B]) WriteToken(layer int, kind Kind, t int, src []byte) error {
+// any backing and layout. Writing a token below Writable, which lies (wholly or in
+// part) in memory shared with a prefix or a fork, is refused with ErrReadOnly.
+func (s *Sequence) WriteToken(layer int, kind Kind, t int, src []byte) error {
 	if err := s.usable(); err != nil {
 		return err
 	}
@@ -74,14 +32,14 @@ func (s *Sequence[R, B]) WriteToken(layer int, kind Kind, t int, src []byte) err
 	if err != nil {
 		return err
 	}
-	if off < s.frozen {
-		return fmt.Errorf("%w: token %d lies in shared memory (the first %d bytes are read-only)", ErrRange, t, s.frozen)
+	if w := s.Writable(); t < w {
+		return fmt.Errorf("%w: token %d of sequence %d (tokens below %d are shared)", ErrReadOnly, t, s.id, w)
 	}
-	return writeAt(buf, off, src)
+	return buf.writeAt(off, src)
 }
 
 // ReadToken copies token t of layer's K or V tensor into dst (TokenBytes long).
-func (s *Sequence[R, B]) ReadToken(layer int, kind Kind, t int, dst []byte) error {
+func (s *Sequence) ReadToken(layer int, kind Kind, t int, dst []byte) error {
 	if err := s.usable(); err != nil {
 		return err
 	}
@@ -92,22 +50,24 @@ func (s *Sequence[R, B]) ReadToken(layer int, kind Kind, t int, dst []byte) erro
 	if err != nil {
 		return err
 	}
-	return readAt(buf, off, dst)
+	return buf.readAt(off, dst)
 }
 
 // Writable returns the first token that may be written: tokens below it lie in
 // granules shared with a prefix or a fork and are read-only.
-func (s *Sequence[R, B]) Writable() int {
+func (s *Sequence) Writable() int {
+	s.live()
 	return (s.frozen + s.c.row - 1) / s.c.row
 }
 
 // Bytes returns the Len × TokenBytes bytes of layer's K or V tensor in the PerLayer
 // layout on a host backing. The slice is valid until the sequence shrinks or closes.
 // Bytes below Writable() × TokenBytes are shared with a prefix or a fork and MUST NOT
-// be written: in a sequence started on a prefix or forked they are mapped read-only
-// (a write faults); in the sequence a prefix or fork was made from they are not, and a
-// write would reach every sharer.
-func (s *Sequence[R, B]) Bytes(layer int, kind Kind) ([]byte, error) {
+// be written: in a sequence started on a prefix or forked they are mapped read-only,
+// and so are they in the sequence a prefix or fork was made from on a backing that
+// can protect memory in place (a write faults: see the package doc); elsewhere the
+// origin's are not, and a write there would reach every sharer.
+func (s *Sequence) Bytes(layer int, kind Kind) ([]byte, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
 	}
@@ -121,12 +81,12 @@ func (s *Sequence[R, B]) Bytes(layer int, kind Kind) ([]byte, error) {
 	if !buf.HostAccessible() {
 		return nil, fmt.Errorf("%w: device memory can not be touched by the CPU", ErrLayout)
 	}
-	return buf.Bytes(), nil
+	return buf.Bytes()[:s.n*s.c.row], nil
 }
 
 // Base returns the first address of layer's K or V tensor. It never changes from the
 // sequence's creation to its Close. On a device it must not be dereferenced by the CPU.
-func (s *Sequence[R, B]) Base(layer int, kind Kind) uintptr {
+func (s *Sequence) Base(layer int, kind Kind) uintptr {
 	s.live()
 	g := s.c.cfg.Geometry
 	if layer < 0 || layer >= g.Layers || kind > V {
@@ -140,14 +100,17 @@ func (s *Sequence[R, B]) Base(layer int, kind Kind) uintptr {
 
 // TokenStride returns the bytes from one token to the next within a layer's K or V
 // tensor: TokenBytes in the PerLayer layout, BytesPerToken in PerSequence.
-func (s *Sequence[R, B]) TokenStride() int { return s.c.row }
+func (s *Sequence) TokenStride() int {
+	s.live()
+	return s.c.row
+}
 
 // View returns layer's K or V tensor of s as a [Len, KVHeads, HeadDim] tensor of T:
 // contiguous in the PerLayer layout, strided by TokenStride in PerSequence. T must be
 // the geometry's element type (ErrElemType otherwise). On a host backing the tensor's
 // elements may be read and written (tokens below Writable are read-only); on a device
 // it carries only the address. The view is valid until s shrinks below it or closes.
-func View[T arena.Elem, R any, B backing.Backing[R]](s *Sequence[R, B], layer int, kind Kind) (arena.Tensor[T], error) {
+func View[T arena.Elem](s *Sequence, layer int, kind Kind) (arena.Tensor[T], error) {
 	if err := s.usable(); err != nil {
 		return arena.Tensor[T]{}, err
 	}
@@ -164,5 +127,8 @@ func View[T arena.Elem, R any, B backing.Backing[R]](s *Sequence[R, B], layer in
 	}
 	size := g.DType.Size()
 	strides := []int{s.c.row / size, g.HeadDim, 1}
-	return arena.NewTensorStrided[T](s.bufs[0], (2*layer+int(kind))*g.TokenBytes(), shape, strides)
+	// NB: the tensor's memory starts at its own base, so that an empty sequence (whose
+	// range has no bytes in use) still has a view there.
+	mem := layerMemory{buf: s.bufs[0], off: (2*layer + int(kind)) * g.TokenBytes()}
+	return arena.NewTensorStrided[T](mem, 0, shape, strides)
 }

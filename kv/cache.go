@@ -1,15 +1,13 @@
 package kv
 
 import (
-	"container/list"
-	"context"
 	"errors"
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/vmarena/vmarena/accounting"
-	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing"
 )
 
@@ -28,31 +26,42 @@ type Config struct {
 
 // Cache holds the K and V tensors of many sequences on one backing. Its zero value is
 // not usable; call New.
-type Cache[R any, B backing.Backing[R]] struct {
-	b      B
+type Cache struct {
+	st     store
+	pool   backing.Pool          // the backing's pool, or nil
+	auth   *accounting.Authority // the ledger that owns the cache's physical memory
 	cfg    Config
 	nbuf   int // address ranges per sequence
 	row    int // bytes per token in each range
 	gran   int
 	capac  int // bytes reserved per range
 	sharer bool
-	gov    *accounting.Governor
-	dev    accounting.DeviceKey
+	// protector: the backing can protect committed memory in place, so an origin's
+	// shared granules become read-only in its own mapping too.
+	protector bool
+	gov       *accounting.Governor
+	dev       accounting.DeviceKey
 
 	mu       sync.Mutex
-	seqs     map[*Sequence[R, B]]struct{}
-	prefixes map[*Prefix[R, B]]struct{}
+	seqs     map[*Sequence]struct{}
+	prefixes map[*Prefix]struct{}
 	nextID   uint64
 	closed   bool
-	inflight int                   // sequences being made: Close must wait for them
-	waiters  list.List             // of *Sequence waiting in AppendCtx, FIFO
-	changed  chan struct{}         // closed when memory comes back to this cache
-	waits    int64                 // AppendCtx calls that had to wait
-	orphans  []*arena.Buffer[R, B] // buffers whose Close failed; retried by Close
+	inflight int           // sequences being made: Close must wait for them
+	changed  chan struct{} // closed when memory comes back to this cache
+	waits    int64         // waiting appends that had to wait
+	orphans  []buffer      // buffers whose Close failed; retried by Close
+	lost     int64         // bytes that quarantined releases left held for good
+
+	// batch numbers the batches of the cache, so that a sequence can tell it was
+	// already seen in the one being checked.
+	batch atomic.Uint64
 }
 
 // New returns a cache of sequences on b. It reserves nothing until sequences are made.
-func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache[R, B], error) {
+// The backing's type is inferred from b and hidden behind the Cache, which names no
+// backing type: a server holds a *Cache whatever memory it runs on.
+func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	if err := cfg.Geometry.Validate(); err != nil {
 		return nil, err
 	}
@@ -65,13 +74,15 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache[R, B], error) {
 	}
 	acct := b.Accounting()
 	var gov *accounting.Governor
+	auth := cfg.Authority
 	switch {
 	case acct.OwnedByBacking() && cfg.Authority != nil:
 		return nil, fmt.Errorf("%w: the backing owns its memory (%v); leave Authority nil", ErrConfig, acct)
 	case !acct.OwnedByBacking() && cfg.Authority == nil:
 		return nil, fmt.Errorf("%w: the backing's memory is charged by buffer; set Authority", ErrConfig)
 	case acct.OwnedByBacking():
-		gov = acct.Authority().Governor()
+		auth = acct.Authority()
+		gov = auth.Governor()
 	case cfg.Authority.Device() != b.Device():
 		return nil, fmt.Errorf("%w: Authority is on %v, the backing on %v", ErrConfig, cfg.Authority.Device(), b.Device())
 	default:
@@ -80,23 +91,25 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache[R, B], error) {
 	n, row := cfg.Layout.buffers(cfg.Geometry)
 	capac, _ := backing.AlignUp(cfg.MaxTokens*row, g)
 	_, sharer := any(b).(backing.Sharer[R])
-	return &Cache[R, B]{
-		b: b, cfg: cfg, nbuf: n, row: row, gran: g, capac: capac,
-		sharer: sharer && acct.OwnedByBacking(), gov: gov, dev: b.Device(),
-		seqs:     make(map[*Sequence[R, B]]struct{}),
-		prefixes: make(map[*Prefix[R, B]]struct{}),
+	pool, _ := any(b).(backing.Pool)
+	_, protects := any(b).(backing.Protector[R])
+	return &Cache{
+		st: storeOf[R, B]{b}, pool: pool, auth: auth, cfg: cfg, nbuf: n, row: row, gran: g, capac: capac,
+		sharer: sharer && acct.OwnedByBacking(), protector: protects, gov: gov, dev: b.Device(),
+		seqs:     make(map[*Sequence]struct{}),
+		prefixes: make(map[*Prefix]struct{}),
 	}, nil
 }
 
 // Config returns the cache's configuration.
-func (c *Cache[R, B]) Config() Config { return c.cfg }
+func (c *Cache) Config() Config { return c.cfg }
 
 // Granularity returns the backing's granule size.
-func (c *Cache[R, B]) Granularity() int { return c.gran }
+func (c *Cache) Granularity() int { return c.gran }
 
 // NewSequence returns an empty sequence. It reserves address space for MaxTokens and
 // commits nothing. The sequence MUST be closed.
-func (c *Cache[R, B]) NewSequence() (*Sequence[R, B], error) {
+func (c *Cache) NewSequence() (*Sequence, error) {
 	s, err := c.newSequence()
 	if err != nil {
 		return nil, err
@@ -107,7 +120,7 @@ func (c *Cache[R, B]) NewSequence() (*Sequence[R, B], error) {
 
 // newSequence reserves a new sequence's ranges. Until register or abandon, the cache
 // counts it in flight and will not close.
-func (c *Cache[R, B]) newSequence() (*Sequence[R, B], error) {
+func (c *Cache) newSequence() (*Sequence, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -122,26 +135,38 @@ func (c *Cache[R, B]) newSequence() (*Sequence[R, B], error) {
 		c.abandon(nil)
 		return nil, err
 	}
-	return &Sequence[R, B]{c: c, id: id, bufs: bufs}, nil
+	return &Sequence{c: c, id: id, bufs: bufs}, nil
 }
 
-// abandon gives back the ranges of a sequence that was never registered and wakes
-// waiters, since its memory came back.
-func (c *Cache[R, B]) abandon(s *Sequence[R, B]) {
+// abandon gives back the ranges of a sequence that was never registered, wakes
+// waiters, since its memory came back, and returns what the release could not give
+// back as an error (nil when it gave back everything).
+func (c *Cache) abandon(s *Sequence) error {
+	var err error
 	if s != nil {
-		c.release(s.bufs)
+		err = releaseError(c.release(s.bufs))
 	}
 	c.mu.Lock()
 	c.inflight--
 	c.notifyLocked()
 	c.mu.Unlock()
+	return err
+}
+
+// releaseError returns nil for a complete release, else an error that says how many
+// bytes stay held and why.
+func releaseError(out accounting.ReleaseOutcome) error {
+	if out.OK() {
+		return nil
+	}
+	return fmt.Errorf("kv: %d bytes could not be given back (%v): %w", out.Residual, out.Status, out.Err)
 }
 
 // newBuffers reserves c.nbuf ranges of capacity bytes, all or none.
-func (c *Cache[R, B]) newBuffers(capacity int) ([]*arena.Buffer[R, B], error) {
-	bufs := make([]*arena.Buffer[R, B], 0, c.nbuf)
+func (c *Cache) newBuffers(capacity int) ([]buffer, error) {
+	bufs := make([]buffer, 0, c.nbuf)
 	for range c.nbuf {
-		buf, err := arena.NewBuffer(c.b, capacity, c.cfg.Authority)
+		buf, err := c.st.newBuffer(capacity, c.cfg.Authority)
 		if err != nil {
 			return nil, errors.Join(err, c.release(bufs).Err)
 		}
@@ -155,7 +180,7 @@ func (c *Cache[R, B]) newBuffers(capacity int) ([]*arena.Buffer[R, B], error) {
 // that still fail are kept by the cache, retried by Cache.Close, and their bytes are
 // reported as residual. Since the buffers leave their owner either way, the outcome is
 // Complete or Quarantined, never Failed.
-func (c *Cache[R, B]) release(bufs []*arena.Buffer[R, B]) accounting.ReleaseOutcome {
+func (c *Cache) release(bufs []buffer) accounting.ReleaseOutcome {
 	var unmapped, residual int64
 	var errs []error
 	for _, b := range bufs {
@@ -174,6 +199,11 @@ func (c *Cache[R, B]) release(bufs []*arena.Buffer[R, B]) accounting.ReleaseOutc
 		} else {
 			unmapped += o.Unmapped
 			residual += o.Residual
+			if o.Residual > 0 {
+				c.mu.Lock()
+				c.lost += o.Residual
+				c.mu.Unlock()
+			}
 		}
 		if o.Err != nil {
 			errs = append(errs, o.Err)
@@ -182,29 +212,31 @@ func (c *Cache[R, B]) release(bufs []*arena.Buffer[R, B]) accounting.ReleaseOutc
 	return accounting.Outcome(unmapped, residual, true, errors.Join(errs...))
 }
 
-func (c *Cache[R, B]) register(s *Sequence[R, B]) {
+func (c *Cache) register(s *Sequence) {
 	c.mu.Lock()
 	c.seqs[s] = struct{}{}
 	c.inflight--
 	c.mu.Unlock()
 }
 
-// notify wakes AppendCtx waiters: memory came back to this cache.
-func (c *Cache[R, B]) notify() {
+// notify wakes waiting appends: memory came back to this cache.
+func (c *Cache) notify() {
 	c.mu.Lock()
 	c.notifyLocked()
 	c.mu.Unlock()
 }
 
-func (c *Cache[R, B]) notifyLocked() {
+func (c *Cache) notifyLocked() {
 	if c.changed != nil {
 		close(c.changed)
 		c.changed = nil
 	}
 }
 
-// waitChans returns the channels that announce freed memory. c.mu must be held.
-func (c *Cache[R, B]) waitChansLocked() <-chan struct{} {
+// changedChan returns a channel closed the next time memory comes back to this cache.
+func (c *Cache) changedChan() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.changed == nil {
 		c.changed = make(chan struct{})
 	}
@@ -230,22 +262,21 @@ type Stats struct {
 	// granule once) and the bytes of every mapping.
 	Owned  int64
 	Mapped int64
-	Waits  int64 // AppendCtx calls that had to wait for memory
+	Waits  int64 // waiting appends (AppendCtx, AppendBatchCtx) that had to wait
+	// Unreleased is the bytes that failed releases left held: ranges the cache keeps
+	// and retries on Close, and what a backing quarantined for good. Owned includes
+	// them.
+	Unreleased int64
 }
 
 // SavedBySharing returns the bytes that sharing saves: Shared.
 func (s Stats) SavedBySharing() int64 { return s.Shared }
 
 // ledger returns the authority that owns the cache's physical memory.
-func (c *Cache[R, B]) ledger() *accounting.Authority {
-	if c.cfg.Authority != nil {
-		return c.cfg.Authority
-	}
-	return c.b.Accounting().Authority()
-}
+func (c *Cache) ledger() *accounting.Authority { return c.auth }
 
 // Stats returns a snapshot of the cache.
-func (c *Cache[R, B]) Stats() Stats {
+func (c *Cache) Stats() Stats {
 	var st Stats
 	c.mu.Lock()
 	st.Sequences = len(c.seqs)
@@ -256,6 +287,10 @@ func (c *Cache[R, B]) Stats() Stats {
 		st.Shared += s.sharedIn.Load()
 	}
 	st.Waits = c.waits
+	st.Unreleased = c.lost
+	for _, b := range c.orphans {
+		st.Unreleased += int64(b.Committed())
+	}
 	c.mu.Unlock()
 	st.Used = st.Tokens * int64(c.cfg.Geometry.BytesPerToken())
 	st.Waste = st.Committed - st.Used
@@ -273,7 +308,7 @@ type SequenceStats struct {
 }
 
 // SequenceStats returns a snapshot of every live sequence, ordered by ID.
-func (c *Cache[R, B]) SequenceStats() []SequenceStats {
+func (c *Cache) SequenceStats() []SequenceStats {
 	c.mu.Lock()
 	out := make([]SequenceStats, 0, len(c.seqs))
 	for s := range c.seqs {
@@ -285,13 +320,19 @@ func (c *Cache[R, B]) SequenceStats() []SequenceStats {
 }
 
 // Close closes the cache. Every sequence and prefix MUST have been closed and
-// released first; Close reports those still live and closes nothing then. It retries
-// giving back any range whose release failed earlier and reports what still fails.
-func (c *Cache[R, B]) Close() error {
+// released first: while any is live Close fails with an error matching ErrBusy and
+// closes nothing. It retries giving back any range whose release failed earlier and
+// reports what still fails. A second Close changes nothing and returns an error
+// matching ErrClosed.
+func (c *Cache) Close() error {
 	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return fmt.Errorf("%w: Close called twice", ErrClosed)
+	}
 	if len(c.seqs) > 0 || len(c.prefixes) > 0 || c.inflight > 0 {
 		defer c.mu.Unlock()
-		return fmt.Errorf("%w: %d sequences and %d prefixes still live", ErrConfig, len(c.seqs)+c.inflight, len(c.prefixes))
+		return fmt.Errorf("%w: %d sequences and %d prefixes still live", ErrBusy, len(c.seqs)+c.inflight, len(c.prefixes))
 	}
 	c.closed = true
 	orphans := c.orphans
@@ -299,81 +340,8 @@ func (c *Cache[R, B]) Close() error {
 	c.mu.Unlock()
 	if len(orphans) > 0 {
 		if out := c.release(orphans); !out.OK() {
-			return fmt.Errorf("kv: %d bytes could not be given back: %w", out.Residual, out.Err)
+			return releaseError(out)
 		}
 	}
 	return nil
-}
-
-// fits returns a *accounting.BudgetError when need fresh bytes can not be had now:
-// more than the device's limit allows at all (it matches ErrExceedsLimit then), or
-// more than is free under the limit plus what the backing's pool holds idle.
-func (c *Cache[R, B]) fits(need int64) error {
-	limit := c.gov.Limit(c.dev)
-	avail := c.gov.Available(c.dev)
-	if p := c.pool(); p != nil {
-		avail += p.PoolStats().Idle
-	}
-	if need > limit || need > avail {
-		return &accounting.BudgetError{Device: c.dev, Requested: need, Available: avail, Limit: limit}
-	}
-	return nil
-}
-
-// pool returns the backing's pool, or nil.
-func (c *Cache[R, B]) pool() backing.Pool {
-	p, _ := any(c.b).(backing.Pool)
-	return p
-}
-
-// appendWait waits for memory for s and appends n tokens. AppendCtx callers of this
-// cache are served in FIFO order: only the head of the queue tries; it waits for the
-// bytes its append needs in the governor's FIFO queue of the device (so a pool that
-// sees waiters gives idle granules back, and any release on the device wakes it), then
-// retries. The others wait until the head leaves.
-func (c *Cache[R, B]) appendWait(ctx context.Context, s *Sequence[R, B], n int) error {
-	c.mu.Lock()
-	c.waits++
-	elem := c.waiters.PushBack(s)
-	c.mu.Unlock()
-	defer func() {
-		c.mu.Lock()
-		head := c.waiters.Front() == elem
-		c.waiters.Remove(elem)
-		if head {
-			// The next waiter is now at the head and must try.
-			c.notifyLocked()
-		}
-		c.mu.Unlock()
-	}()
-	ledger := c.ledger()
-	for {
-		c.mu.Lock()
-		changed := c.waitChansLocked()
-		head := c.waiters.Front() == elem
-		c.mu.Unlock()
-		if !head {
-			select {
-			case <-changed:
-				continue
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		err := s.Append(n)
-		if err == nil || !errors.Is(err, accounting.ErrBudgetExceeded) || errors.Is(err, accounting.ErrExceedsLimit) {
-			return err
-		}
-		// NB: idle pool granules hold budget a fresh commit can not use; give them
-		// back so that the wait below is for bytes that can come.
-		if p := c.pool(); p != nil {
-			_, _ = p.Trim(0)
-		}
-		need := s.need(s.n + n)
-		if err := ledger.Acquire(ctx, need); err != nil {
-			return err
-		}
-		// The bytes were free: give them back and let the append take them.
-		ledger.Release(need)
-	}
 }

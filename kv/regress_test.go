@@ -41,7 +41,9 @@ func TestCloseFailureIsQuarantined(t *testing.T) {
 	assert.Equal(t, accounting.Quarantined, out.Status)
 	assert.ErrorIs(t, out.Err, boom)
 	assert.Positive(t, out.Residual)
-	assert.PanicsWithValue(t, kv.PanicSequenceClosed, func() { s.Close() })
+	again := s.Close()
+	assert.Equal(t, accounting.Failed, again.Status, "a second Close changes nothing")
+	assert.ErrorIs(t, again.Err, kv.ErrClosed)
 	faulty.Reset()
 	require.NoError(t, c.Close(), "Close gives back what the failed release kept")
 }
@@ -106,14 +108,14 @@ func TestCloseWhileNewSequence(t *testing.T) {
 	sr := &slowReserve{Fake: fx.fake, entered: make(chan struct{}), proceed: make(chan struct{})}
 	c, err := kv.New(sr, kv.Config{Geometry: tiny8, MaxTokens: 64})
 	require.NoError(t, err)
-	got := make(chan *kv.Sequence[*backingtest.FakeReservation, *slowReserve])
+	got := make(chan *kv.Sequence)
 	go func() {
 		s, err := c.NewSequence()
 		assert.NoError(t, err)
 		got <- s
 	}()
 	<-sr.entered
-	assert.ErrorIs(t, c.Close(), kv.ErrConfig)
+	assert.ErrorIs(t, c.Close(), kv.ErrBusy)
 	close(sr.proceed)
 	s := <-got
 	assert.True(t, s.Close().OK())
@@ -156,7 +158,7 @@ func TestCloseWhilePrefixRelease(t *testing.T) {
 	done := make(chan struct{})
 	go func() { p.Release(); close(done) }()
 	<-sb.entered
-	assert.ErrorIs(t, c.Close(), kv.ErrConfig)
+	assert.ErrorIs(t, c.Close(), kv.ErrBusy)
 	close(sb.proceed)
 	<-done
 	require.NoError(t, c.Close())

@@ -26,9 +26,9 @@ func sharedDefaultSys() sharedSys {
 		mapFile:  sharedMapFile,
 		unmapTo:  sharedUnmapTo,
 		move:     sharedMove,
+		protect:  sharedProtect,
 		release:  sharedRelease,
 		populate: sharedPopulate,
-		protect:  sharedProtect,
 		advise:   sharedAdvise,
 		discard:  sharedDiscard,
 		mapCount: sharedMapCount,
@@ -66,12 +66,6 @@ func sharedUnmapTo(at unsafe.Pointer, n int) error {
 	return err
 }
 
-// sharedProtect makes [at, at+n), part of a reservation's private anonymous
-// mapping, readable and writable: a private granule.
-func sharedProtect(at unsafe.Pointer, n int) error {
-	return unix.Mprotect(sharedBytes(at, n), unix.PROT_READ|unix.PROT_WRITE)
-}
-
 // sharedAdvise asks for transparent huge pages on [at, at+n) (MADV_HUGEPAGE).
 func sharedAdvise(at unsafe.Pointer, n int) error {
 	return unix.Madvise(sharedBytes(at, n), unix.MADV_HUGEPAGE)
@@ -89,6 +83,14 @@ func sharedDiscard(at unsafe.Pointer, n int) error {
 }
 
 func sharedRelease(at unsafe.Pointer, n int) error { return unix.MunmapPtr(at, uintptr(n)) }
+
+func sharedProtect(at unsafe.Pointer, n int, ro bool) error {
+	prot := unix.PROT_READ | unix.PROT_WRITE
+	if ro {
+		prot = unix.PROT_READ
+	}
+	return unix.Mprotect(sharedBytes(at, n), prot)
+}
 
 // sharedNoMove is set once the kernel turned MREMAP_DONTUNMAP of a shared mapping
 // down (before 5.13): granules are then mapped afresh and take their page faults.

@@ -149,6 +149,11 @@ func (e *sharedEnv) share(dst *host.SharedReservation, di int, src *host.SharedR
 	require.NoError(e.t, e.s.Share(dst, di*e.g, src, si*e.g, n*e.g, prot))
 }
 
+func (e *sharedEnv) protect(r *host.SharedReservation, gi, n int, prot backing.Protection) {
+	e.t.Helper()
+	require.NoError(e.t, e.s.Protect(r, gi*e.g, n*e.g, prot))
+}
+
 // tag writes v at the head and tail of granule gi of r.
 func (e *sharedEnv) tag(r *host.SharedReservation, gi int, v uint64) {
 	e.t.Helper()
@@ -237,7 +242,11 @@ func (e *sharedEnv) checkMaps(r *host.SharedReservation, base uintptr, size int)
 				assert.Equal(e.t, vs[k-1].end, v.start, "granule %d: a hole inside", i)
 			}
 			if slot < 0 && priv[i] {
-				assert.Equal(e.t, "rw-p", v.perms, "private granule %d", i)
+				want := "rw-p"
+				if ro[i] {
+					want = "r--p"
+				}
+				assert.Equal(e.t, want, v.perms, "private granule %d", i)
 				assert.Zero(e.t, v.inode, "private granule %d is anonymous", i)
 				assert.Empty(e.t, v.path, "private granule %d is anonymous", i)
 				continue

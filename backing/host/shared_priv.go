@@ -86,8 +86,8 @@ func (s *Shared) parkPriv(r *SharedReservation, gi, n int) {
 		return
 	}
 	for i := gi; i < gi+n && s.nIdle+s.nPrivIdle < s.high; i++ {
-		if !r.maps[i].priv {
-			continue
+		if m := r.maps[i]; !m.priv || m.ro {
+			continue // a protected one goes back to the OS: the park holds writable ones
 		}
 		p := s.aused.nextClear(0, s.high)
 		if p == s.high {
@@ -177,7 +177,7 @@ func (s *Shared) commitPriv(op string, r *SharedReservation, gi, n int, picks []
 				return fail(k, err)
 			}
 			s.aused.clear(p) // its pages are gone; its bytes stay charged for the new one
-			if err = s.sys.protect(r.at(i), s.g); err != nil {
+			if err = s.sys.protect(r.at(i), s.g, false); err != nil {
 				s.releasePriv(1)
 				return fail(k+1, err)
 			}
@@ -188,7 +188,7 @@ func (s *Shared) commitPriv(op string, r *SharedReservation, gi, n int, picks []
 	}
 	if priv > 0 {
 		at := r.at(gi + n - priv)
-		if err := s.sys.protect(at, priv<<s.shift); err != nil {
+		if err := s.sys.protect(at, priv<<s.shift, false); err != nil {
 			return fail(len(pos), err)
 		}
 		s.advise(at, priv<<s.shift)
@@ -226,7 +226,7 @@ func (s *Shared) prefillPriv(background bool) (bool, error) {
 	s.owned += int64(s.g)
 	s.aused.set(p) // taken: no other prefill or park move uses it meanwhile
 	at := s.privAt(p)
-	err := s.sys.protect(at, s.g)
+	err := s.sys.protect(at, s.g, false)
 	if err == nil {
 		s.advise(at, s.g)
 	}

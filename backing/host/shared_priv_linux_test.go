@@ -164,3 +164,26 @@ func TestSharedPrivatePrefill(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, e.pool().Owned)
 }
+
+// TestSharedPrivateProtected: a protected private granule stays protected when Share
+// moves it into the memfd, and is not parked when decommitted (the park holds
+// writable granules).
+func TestSharedPrivateProtected(t *testing.T) {
+	e := privateEnv(t, host.SharedOptions{High: 4})
+	g := e.g
+	x := e.reserve(2)
+	e.commit(x, 0, 2)
+	e.tag(x, 0, 8)
+	require.NoError(t, e.s.Protect(x, 0, 2*g, backing.ReadOnly))
+	y := e.reserve(1)
+	e.share(y, 0, x, 0, 1, backing.ReadOnly)
+	xs, ro := host.SharedSlots(x)
+	assert.GreaterOrEqual(t, xs[0], 0, "moved into the memfd")
+	assert.Equal(t, []bool{true, true}, ro, "and still read-only")
+	assert.ErrorIs(t, e.s.CopyIn(x, 0, []byte{1}), backing.ErrReadOnly)
+	assert.Equal(t, uint64(8), e.tagOf(y, 0))
+	e.checkMaps(x, e.s.Base(x), 2*g)
+	e.decommit(x, 1, 1)
+	assert.Zero(t, e.pool().Idle, "a protected private granule is not parked")
+	require.NoError(t, host.CheckShared(e.s))
+}
