@@ -166,7 +166,8 @@ const (
 //
 // Bookkeeping costs 8 bytes per reserved granule and a few bytes per slot of the
 // file, which only grows (sparse: holes cost nothing). The park costs address space,
-// not memory: its chunks double from 1 GiB, so it spans at most twice the file.
+// not memory: its chunks double from 1 GiB, so it spans at most twice the file; the
+// private park, High granules of address space.
 // Reservations and park chunks of granules of 2 MiB or more are aligned to 2 MiB, so
 // that the kernel moves whole page-table pages; a reservation may use up to 2 MiB of
 // address space more than its size for that.

@@ -1,6 +1,7 @@
 package host
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"time"
@@ -90,7 +91,7 @@ func (s *Shared) decayPass(now time.Time) bool {
 	}
 	keep := max(s.low, int(math.Ceil(w-1e-9)))
 	if k := len(all) - keep; k > 0 {
-		slices.SortFunc(all, func(a, b idler) int { return int(a.since - b.since) })
+		slices.SortFunc(all, func(a, b idler) int { return cmp.Compare(a.since, b.since) })
 		var slots, pos []int
 		for _, v := range all[:k] {
 			if v.at >= 0 {
