@@ -187,3 +187,21 @@ func TestSharedPrivateProtected(t *testing.T) {
 	assert.Zero(t, e.pool().Idle, "a protected private granule is not parked")
 	require.NoError(t, host.CheckShared(e.s))
 }
+
+func TestSharedHugePagesBadInput(t *testing.T) {
+	e := newEnv(t, host.SharedOptions{}, false)
+	other := newEnv(t, host.SharedOptions{}, false)
+	r := other.reserve(1)
+	_, err := e.s.HugePages(r)
+	assert.ErrorIs(t, err, backing.ErrForeignReservation)
+	_, err = e.s.HugePages(nil)
+	assert.ErrorIs(t, err, backing.ErrForeignReservation)
+	other.unreserve(r)
+	assert.PanicsWithValue(t, backing.PanicUseAfterUnreserve, func() { _, _ = other.s.HugePages(r) })
+	empty, err := e.s.Reserve(0)
+	require.NoError(t, err)
+	hb, err := e.s.HugePages(empty)
+	require.NoError(t, err)
+	assert.Zero(t, hb)
+	require.True(t, e.s.Unreserve(empty).OK())
+}
