@@ -47,7 +47,7 @@ func BenchmarkReadLayer(b *testing.B) {
 			pages = "huge"
 		}
 		newMem := func(b *testing.B) *host.Private {
-			p, err := host.NewPrivate(host.PrivateOptions{Granularity: granule, Populate: true, NoHugePages: !huge})
+			p, err := host.NewPrivate(host.PrivateOptions{Granularity: granule, Populate: true, NoHugePages: !huge, AlwaysHugePages: huge})
 			require.NoError(b, err)
 			return p
 		}

@@ -31,7 +31,10 @@
 // really gave (HugePages, from smaps). Where memfd memory can have no huge pages
 // (shmem_enabled never, the common default) Shared makes new granules private:
 // anonymous huge pages of the one reservation, moved into the memfd only when they
-// become shared.
+// become shared. On a virtual machine that reports its free memory to the host in
+// huge-page blocks (virtio_balloon free page reporting) a fresh huge page takes
+// host faults and costs more than small pages: there both backings use small pages
+// unless their options say AlwaysHugePages, and their stats say why.
 //
 // On Windows (10 1803 and later) [Shared] keeps one pagefile-backed section per
 // granule (CreateFileMapping): a reservation is a placeholder (VirtualAlloc2), a

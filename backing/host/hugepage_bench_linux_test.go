@@ -94,7 +94,7 @@ func BenchmarkNewGranule(b *testing.B) {
 			name += "/nohuge"
 		}
 		b.Run(name, func(b *testing.B) {
-			p, err := host.NewPrivate(host.PrivateOptions{Granularity: g, NoHugePages: nohuge})
+			p, err := host.NewPrivate(host.PrivateOptions{Granularity: g, NoHugePages: nohuge, AlwaysHugePages: !nohuge})
 			require.NoError(b, err)
 			r, err := p.Reserve(g)
 			require.NoError(b, err)
@@ -115,10 +115,10 @@ func BenchmarkNewGranule(b *testing.B) {
 	}
 	for _, kind := range []string{"shared", "shared/nohuge", "shared/pooled"} {
 		b.Run("granule=2MiB/via="+kind, func(b *testing.B) {
-			opts := host.SharedOptions{High: host.SharedNoPool}
+			opts := host.SharedOptions{High: host.SharedNoPool, AlwaysHugePages: true}
 			switch kind {
 			case "shared/nohuge":
-				opts.NoHugePages, opts.Populate = true, true
+				opts.NoHugePages, opts.AlwaysHugePages, opts.Populate = true, false, true
 			case "shared/pooled":
 				opts.High = 0
 			}
@@ -152,7 +152,7 @@ func BenchmarkSharedShareNew(b *testing.B) {
 			name = "granule=2MiB/kind=nohuge"
 		}
 		b.Run(name, func(b *testing.B) {
-			s := newBenchShared(b, host.SharedOptions{High: host.SharedNoPool, NoHugePages: nohuge, Populate: nohuge})
+			s := newBenchShared(b, host.SharedOptions{High: host.SharedNoPool, NoHugePages: nohuge, AlwaysHugePages: !nohuge, Populate: nohuge})
 			x := benchReserve(b, s, 1)
 			y := benchReserve(b, s, 1)
 			b.SetBytes(g)

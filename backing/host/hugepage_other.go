@@ -9,6 +9,8 @@ import "errors"
 func hugeAnon() hugeMode  { return hugeMode{why: "transparent huge pages are a Linux feature"} }
 func hugeShmem() hugeMode { return hugeMode{why: "transparent huge pages are a Linux feature"} }
 
+func hugeReporting() string { return "" }
+
 func hugeAdvise(addr uintptr, n int) error { return errors.ErrUnsupported }
 
 func hugeBytes(lo, hi uintptr) (HugePageBytes, error) { return HugePageBytes{}, errors.ErrUnsupported }

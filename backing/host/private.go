@@ -38,6 +38,11 @@ type PrivateOptions struct {
 	// to populate and free instead of 512 small ones. PrivateStats says whether it
 	// asks and, if not, why; HugePages says what the kernel really gave.
 	NoHugePages bool
+	// AlwaysHugePages asks for huge pages also on a virtual machine that reports its
+	// free memory to the host in huge-page blocks, where a fresh huge page costs more
+	// than small pages (PrivateStats.NoHugePages says so when it applies); a caller
+	// that keeps its granules committed may still want them there.
+	AlwaysHugePages bool
 	// Name labels the mappings on Linux (PR_SET_VMA_ANON_NAME), so that
 	// /proc/<pid>/maps shows them as [anon:Name]. Kernels built without
 	// CONFIG_ANON_VMA_NAME ignore it, as do other systems. At most 79 printable ASCII
@@ -126,6 +131,8 @@ func NewPrivate(opts PrivateOptions) (*Private, error) {
 		p.hugeWhy = m.why
 	case g%m.pmd != 0:
 		p.hugeWhy = fmt.Sprintf("the %d-byte granule is not a multiple of the %d-byte huge page", g, m.pmd)
+	case !opts.AlwaysHugePages && hugeReporting() != "":
+		p.hugeWhy = hugeReporting()
 	default:
 		p.huge = true
 	}

@@ -272,8 +272,8 @@ func TestPrivateHugePages(t *testing.T) {
 		opts host.PrivateOptions
 		huge bool
 	}{
-		{"default", host.PrivateOptions{Granularity: g}, thp},
-		{"populate", host.PrivateOptions{Granularity: g, Populate: true}, thp},
+		{"always", host.PrivateOptions{Granularity: g, AlwaysHugePages: true}, thp},
+		{"populate", host.PrivateOptions{Granularity: g, Populate: true, AlwaysHugePages: true}, thp},
 		{"off", host.PrivateOptions{Granularity: g, NoHugePages: true}, false},
 		{"small granule", host.PrivateOptions{Granularity: 64 << 10}, false},
 	} {
@@ -312,6 +312,20 @@ func TestPrivateHugePages(t *testing.T) {
 			require.NoError(t, err)
 			assert.Zero(t, hb.Anon, "decommitted memory holds no huge page")
 		})
+	}
+}
+
+// TestPrivateHugePagesAuto: by default a 2 MiB granule asks for huge pages unless the
+// system says no, and then the stats say why (the mode, or a guest that reports its
+// free memory to the host).
+func TestPrivateHugePagesAuto(t *testing.T) {
+	p := newPrivate(t, host.PrivateOptions{Granularity: 2 << 20})
+	st := p.Stats()
+	t.Logf("huge pages %v (%s)", st.HugePages, st.NoHugePages)
+	assert.Equal(t, st.HugePages, st.NoHugePages == "")
+	if always := newPrivate(t, host.PrivateOptions{Granularity: 2 << 20, AlwaysHugePages: true}); always.Stats().HugePages {
+		assert.True(t, st.HugePages || strings.Contains(st.NoHugePages, "reports free"),
+			"only a reporting guest turns them off by default: %s", st.NoHugePages)
 	}
 }
 

@@ -52,6 +52,11 @@ type SharedOptions struct {
 	// memfd huge pages where shmem_enabled allows them, else anonymous huge pages for
 	// the granules a reservation commits for itself. SharedStats says which, and why.
 	NoHugePages bool
+	// AlwaysHugePages asks for huge pages also on a virtual machine that reports its
+	// free memory to the host in huge-page blocks, where a fresh huge page costs more
+	// than small pages (SharedStats.NoHugePages says so when it applies); a pool that
+	// keeps its granules (a large High, a long Decay) may still want them there.
+	AlwaysHugePages bool
 }
 
 // SharedNoPool as SharedOptions.High keeps no idle granule: every granule goes back
@@ -111,7 +116,10 @@ const (
 //     its contents and the granule is owned once, whatever maps it;
 //   - else granules are memfd granules of small pages.
 //
-// SharedStats says which of these the backing does and, where it falls back, why.
+// A virtual machine that reports its free memory to the host in huge-page blocks
+// gets small pages unless SharedOptions.AlwaysHugePages is set: there a fresh huge
+// page takes host faults (see BENCHMARKS.md). SharedStats says which of these the
+// backing does and, where it falls back, why.
 //
 // A commit takes idle slots first and creates new ones (Free to Live, or private)
 // only for the rest, charging the authority for all of them at once before anything is touched. It
@@ -444,6 +452,9 @@ func sharedHugeMode(opts SharedOptions) (sharedHuge, string) {
 	}
 	shmem, anon := hugeShmem(), hugeAnon()
 	switch {
+	case (shmem.why == "" || anon.why == "") && opts.Granularity%anon.pmd == 0 &&
+		!opts.AlwaysHugePages && hugeReporting() != "":
+		return sharedSmall, hugeReporting()
 	case shmem.why == "" && opts.Granularity%shmem.pmd == 0:
 		return sharedShmemHuge, ""
 	case anon.why == "" && opts.Granularity%anon.pmd == 0:

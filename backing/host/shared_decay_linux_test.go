@@ -20,7 +20,7 @@ func TestSharedDecay(t *testing.T) {
 		opts host.SharedOptions
 	}{
 		{"default", host.SharedOptions{Granularity: kib64, High: 64, Low: 2}},
-		{"private", host.SharedOptions{High: 64, Low: 2}},
+		{"private", host.SharedOptions{High: 64, Low: 2, AlwaysHugePages: true}},
 		{"decay=2s", host.SharedOptions{Granularity: kib64, High: 64, Decay: 2 * time.Second}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -18,6 +18,7 @@ import (
 // anonymous ones).
 func privateEnv(t *testing.T, opts host.SharedOptions) *sharedEnv {
 	t.Helper()
+	opts.AlwaysHugePages = true
 	e := newEnv(t, opts, false)
 	if st := e.s.Stats(); st.HugePages != "private" {
 		t.Skipf("this system gives the backing %q huge pages (%s)", st.HugePages, st.NoHugePages)
@@ -39,6 +40,11 @@ func TestSharedStats(t *testing.T) {
 	st = e.s.Stats()
 	t.Logf("2 MiB granules: %q (%s)", st.HugePages, st.NoHugePages)
 	assert.Equal(t, st.HugePages == "", st.NoHugePages != "")
+	always := newEnv(t, host.SharedOptions{AlwaysHugePages: true}, false).s.Stats()
+	t.Logf("2 MiB granules, AlwaysHugePages: %q (%s)", always.HugePages, always.NoHugePages)
+	if always.HugePages != "" && st.HugePages == "" {
+		assert.Contains(t, st.NoHugePages, "reports free", "only a reporting guest turns them off by default")
+	}
 }
 
 // TestSharedPrivatePark follows private granules through their life: new ones in
@@ -204,4 +210,33 @@ func TestSharedHugePagesBadInput(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, hb)
 	require.True(t, e.s.Unreserve(empty).OK())
+}
+
+// TestSharedPrivateOwnedOnceByPss: a private granule shared into 16 reservations is
+// resident once: the kernel's proportional set size of all 17 mappings is one
+// granule.
+func TestSharedPrivateOwnedOnceByPss(t *testing.T) {
+	const n = 16
+	e := privateEnv(t, host.SharedOptions{})
+	g := e.g
+	rs := []*host.SharedReservation{e.reserve(1)}
+	e.commit(rs[0], 0, 1)
+	fill := bytes.Repeat([]byte{0x5A}, g)
+	require.NoError(t, e.s.CopyIn(rs[0], 0, fill))
+	for range n {
+		r := e.reserve(1)
+		e.share(r, 0, rs[0], 0, 1, backing.ReadOnly)
+		rs = append(rs, r)
+	}
+	buf := make([]byte, g)
+	for i, r := range rs {
+		require.NoError(t, e.s.CopyOut(buf, r, 0))
+		require.True(t, bytes.Equal(fill, buf), "reservation %d reads the granule", i)
+	}
+	assert.Equal(t, int64(g), e.auth.Stats().Owned, "owned once")
+	assert.Equal(t, int64((n+1)*g), e.auth.Stats().Mapped)
+	rss, pss := smaps(t, rs, e.s)
+	t.Logf("%d mappings of one adopted granule: Rss %d KiB, Pss %d KiB", n+1, rss>>10, pss>>10)
+	assert.GreaterOrEqual(t, pss, int64(g)*95/100, "Pss: the granule is resident once")
+	assert.LessOrEqual(t, pss, int64(g)*110/100, "Pss: about one granule, not %d", n+1)
 }
