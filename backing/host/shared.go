@@ -855,7 +855,9 @@ func (s *Shared) populatePriv(op string, r *SharedReservation, gi, n, priv int) 
 		s.mu.Unlock()
 		return err
 	}
+	parked := s.parkPriv(r, gi, n-priv) // the granules that came out of the park
 	if uerr := s.sys.unmapTo(r.at(gi), size); uerr != nil {
+		_ = s.unpark(r, parked)
 		s.mu.Unlock()
 		return fmt.Errorf("%w; undoing the commit failed, [%#x, +%#x) is left committed: %w",
 			err, off, size, s.opErr(op, off, size, uerr, true))
@@ -1181,7 +1183,7 @@ func (s *Shared) Decommit(r *SharedReservation, off, size int) error {
 		return nil
 	}
 	s.parkLast(r, off>>s.shift, size>>s.shift)
-	s.parkPriv(r, off>>s.shift, size>>s.shift)
+	parked := s.parkPriv(r, off>>s.shift, size>>s.shift)
 	// A range of private granules only (or their empty places, parked) keeps its
 	// mapping: freeing the pages in place costs a third less than a new mapping,
 	// whose first fault must set up its anonymous memory again.
@@ -1190,8 +1192,12 @@ func (s *Shared) Decommit(r *SharedReservation, off, size int) error {
 		unmap = s.sys.discard
 	}
 	if err := unmap(sharedAt(r.base, off), size); err != nil {
+		err = s.opErr("decommit", off, size, err, true)
+		if uerr := s.unpark(r, parked); uerr != nil {
+			err = fmt.Errorf("%w; and undoing the park failed: %w", err, uerr)
+		}
 		s.mu.Unlock()
-		return s.opErr("decommit", off, size, err, true)
+		return err
 	}
 	give := s.drop(r, off>>s.shift, size>>s.shift)
 	s.mu.Unlock()

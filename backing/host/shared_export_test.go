@@ -296,8 +296,8 @@ func CheckShared(s *Shared) error {
 		c := 0
 		for i, m := range r.maps {
 			if m.priv {
-				if m.at != 0 || m.ro {
-					return fmt.Errorf("reservation %p granule %d is private but maps slot %d (ro=%v)", r, i, m.slot(), m.ro)
+				if m.at != 0 || m.shared {
+					return fmt.Errorf("reservation %p granule %d is private but maps slot %d (shared=%v)", r, i, m.slot(), m.shared)
 				}
 				c++
 				priv++

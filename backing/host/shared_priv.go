@@ -77,13 +77,19 @@ func (s *Shared) untakePrivIdle(pos []int) {
 // the pool keeps (below High, no waiters), so that their pages and page tables wait
 // for the next commit; their mapping in r is dropped from the bookkeeping here (the
 // caller unmaps the range as usual). A move that fails changes nothing but that the
-// granule goes back to the OS with the unmap. s.mu must be held.
-func (s *Shared) parkPriv(r *SharedReservation, gi, n int) {
+// granule goes back to the OS with the unmap. It returns the granules it parked, as
+// pairs of the granule's index in r and its place in the park, for unpark. s.mu must
+// be held.
+//
+// NB: a move leaves the granule's place in r mapped read-write and empty (what
+// MREMAP_DONTUNMAP leaves of private memory): the caller's unmap must follow, or
+// unpark undo the moves.
+func (s *Shared) parkPriv(r *SharedReservation, gi, n int) (parked [][2]int) {
 	if s.nPriv == 0 || s.nIdle+s.nPrivIdle >= s.high || s.othersWait() {
-		return
+		return nil
 	}
 	if s.privPark() != nil {
-		return
+		return nil
 	}
 	for i := gi; i < gi+n && s.nIdle+s.nPrivIdle < s.high; i++ {
 		if m := r.maps[i]; !m.priv || m.ro {
@@ -107,7 +113,35 @@ func (s *Shared) parkPriv(r *SharedReservation, gi, n int) {
 		s.nPriv--
 		s.mapped -= int64(s.g)
 		s.auth.Unmap(int64(s.g))
+		parked = append(parked, [2]int{i, p})
 	}
+	return parked
+}
+
+// unpark undoes parkPriv after the unmap that was to follow failed: it moves each
+// parked granule back into its place in r, contents and all. A granule that can not
+// move back stays idle in the park, and its place in r is made reserved (a fresh
+// inaccessible mapping), as recorded; the first error of that is returned. s.mu must
+// be held.
+func (s *Shared) unpark(r *SharedReservation, parked [][2]int) error {
+	var err error
+	for _, ip := range parked {
+		i, p := ip[0], ip[1]
+		if !s.aidle.has(p) {
+			continue // taken meanwhile (not while s.mu is held, but be safe)
+		}
+		if merr := s.sys.move(s.privAt(p), r.at(i), s.g); merr != nil {
+			if uerr := s.sys.unmapTo(r.at(i), s.g); uerr != nil && err == nil {
+				err = fmt.Errorf("host: granule at %#x is parked, its contents safe, but its place is left mapped: %w", i<<s.shift, uerr)
+			}
+			continue
+		}
+		s.aidle.clear(p)
+		s.aused.clear(p)
+		s.nPrivIdle--
+		s.recordPriv(r, i, 1)
+	}
+	return err
 }
 
 // givePriv gives the private granules at pos (taken out of the pool) back to the OS:
@@ -152,11 +186,14 @@ func (s *Shared) commitPriv(op string, r *SharedReservation, gi, n int, picks []
 	}
 	s.record(r, gi, picks, false)
 	fail := func(k int, err error) error {
-		// Undo what is recorded; the positions not reached go back to the pool.
+		// Undo what is recorded: the positions not reached go back to the pool,
+		// and so do the granules that came out of it (parked again).
 		s.untakePrivIdle(pos[k:])
 		s.releasePriv(priv)
 		err = s.opErr(op, off, size, err, true)
+		parked := s.parkPriv(r, gi, n)
 		if uerr := s.sys.unmapTo(r.at(gi), size); uerr != nil {
+			_ = s.unpark(r, parked)
 			s.mu.Unlock()
 			return fmt.Errorf("%w; undoing the commit failed, [%#x, +%#x) is left committed: %w",
 				err, off, size, s.opErr(op, off, size, uerr, true))

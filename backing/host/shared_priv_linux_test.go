@@ -2,6 +2,7 @@ package host_test
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"testing"
 
@@ -239,4 +240,45 @@ func TestSharedPrivateOwnedOnceByPss(t *testing.T) {
 	t.Logf("%d mappings of one adopted granule: Rss %d KiB, Pss %d KiB", n+1, rss>>10, pss>>10)
 	assert.GreaterOrEqual(t, pss, int64(g)*95/100, "Pss: the granule is resident once")
 	assert.LessOrEqual(t, pss, int64(g)*110/100, "Pss: about one granule, not %d", n+1)
+}
+
+// TestSharedPrivateFaults: a decommit whose unmap fails after the private granules
+// were parked moves them back, contents and all; a commit that fails after taking
+// parked granules parks them again: either way the pool and the reservation are as
+// they were.
+func TestSharedPrivateFaults(t *testing.T) {
+	e := newEnv(t, host.SharedOptions{High: 8, AlwaysHugePages: true}, true)
+	if e.s.Stats().HugePages != "private" {
+		t.Skipf("no private granules here: %s", e.s.Stats().NoHugePages)
+	}
+	g := e.g
+	x := e.reserve(2)
+	e.commit(x, 0, 2)
+	e.tag(x, 0, 11)
+	e.tag(x, 1, 12)
+	injected := errors.New("injected")
+	e.f.Fail(func(_ int, name string) bool { return name == "discard" }, injected)
+	require.ErrorIs(t, e.s.Decommit(x, 0, 2*g), injected)
+	e.f.Reset()
+	assert.Equal(t, []bool{true, true}, host.SharedPrivate(x), "moved back")
+	assert.Equal(t, uint64(11), e.tagOf(x, 0), "with their contents")
+	assert.Equal(t, uint64(12), e.tagOf(x, 1))
+	assert.Zero(t, e.pool().Idle)
+	require.NoError(t, host.CheckShared(e.s))
+	e.checkMaps(x, e.s.Base(x), 2*g)
+
+	e.decommit(x, 0, 2) // both parked
+	require.Equal(t, int64(2*g), e.pool().Idle)
+	y := e.reserve(3) // two parked granules and a new one: the new one's protect fails
+	e.f.Fail(func(_ int, name string) bool { return name == "protect" }, injected)
+	require.ErrorIs(t, e.s.Commit(y, 0, 3*g), injected)
+	e.f.Reset()
+	p := e.pool()
+	assert.Equal(t, int64(2*g), p.Idle, "the parked granules are parked again")
+	assert.Equal(t, int64(2*g), p.Owned)
+	assert.Zero(t, p.Mapped)
+	require.NoError(t, host.CheckShared(e.s))
+	e.checkMaps(y, e.s.Base(y), 3*g)
+	e.commit(y, 0, 3)
+	assert.Equal(t, int64(3*g), e.pool().Owned)
 }
