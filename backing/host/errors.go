@@ -25,23 +25,28 @@ func privateError(op string, off, size int, err error) error {
 	return &backing.OpError{Op: op, Offset: off, Size: size, Kind: kind, Err: cause}
 }
 
-// privateMapLimitError explains an ENOMEM that came from the process's limit on
-// memory mappings (vm.max_map_count) rather than from a shortage of memory: every
-// boundary between a committed and a reserved granule splits a mapping in two.
-type privateMapLimitError struct {
+// mapLimitError explains an ENOMEM that came from the process's limit on memory
+// mappings (vm.max_map_count) rather than from a shortage of memory. Both backings
+// return it; cost says what takes the backing's mappings, and fix, when not empty,
+// what the caller can do about that first.
+type mapLimitError struct {
 	count, limit int
+	cost, fix    string
 	errno        error
 }
 
-func (e *privateMapLimitError) Error() string {
+func (e *mapLimitError) Error() string {
+	fix := ""
+	if e.fix != "" {
+		fix = e.fix + ", "
+	}
 	return fmt.Sprintf("host: %v: the process has %d memory mappings and vm.max_map_count is %d; "+
-		"each run of committed granules between reserved ones is a mapping: commit contiguous "+
-		"ranges, use a larger granule, or raise the limit (sysctl vm.max_map_count)",
-		e.errno, e.count, e.limit)
+		"%s: %suse a larger granule, or raise the limit with `sysctl -w vm.max_map_count=N` (say N=%d)",
+		e.errno, e.count, e.limit, e.cost, fix, 2*e.limit)
 }
 
 // Unwrap returns the errno (ENOMEM), so errors.Is(err, unix.ENOMEM) holds.
-func (e *privateMapLimitError) Unwrap() error { return e.errno }
+func (e *mapLimitError) Unwrap() error { return e.errno }
 
 // Errors of the shared backing. Range and state errors are the backing package's
 // sentinels ([backing.ErrInvalidRange], [backing.ErrCommitted], ...) inside a
@@ -63,20 +68,3 @@ var (
 // PanicSharedClosed is the panic value for using a Shared backing after Close
 // (Close again included).
 const PanicSharedClosed = "host: shared backing used after Close"
-
-// sharedMapLimitError explains an ENOMEM from mmap that came from the process's
-// limit on memory mappings rather than from a shortage of memory.
-type sharedMapLimitError struct {
-	count, limit int
-	errno        error
-}
-
-func (e *sharedMapLimitError) Error() string {
-	return fmt.Sprintf("host: %v: the process has %d memory mappings and vm.max_map_count is %d; "+
-		"memfd granules at scattered offsets need one mapping each: raise the limit with "+
-		"`sysctl -w vm.max_map_count=N` (say N=%d) or use a larger granule",
-		e.errno, e.count, e.limit, 2*e.limit)
-}
-
-// Unwrap returns the errno (ENOMEM), so errors.Is(err, unix.ENOMEM) holds.
-func (e *sharedMapLimitError) Unwrap() error { return e.errno }

@@ -2,7 +2,6 @@ package host
 
 import (
 	"fmt"
-	"math/bits"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -93,8 +92,8 @@ type Reservation struct {
 	size int
 
 	mu        sync.Mutex
-	gone      bool        // Unreserve completed (or quarantined)
-	committed privateBits // one bit per granule
+	gone      bool   // Unreserve completed (or quarantined)
+	committed bitset // one bit per granule
 }
 
 var (
@@ -204,7 +203,7 @@ func (p *Private) Reserve(size int) (*Reservation, error) {
 		}
 	}
 	r.base = base
-	r.committed = newPrivateBits(size / p.gran)
+	r.committed = newBitset(size / p.gran)
 	return r, nil
 }
 
@@ -428,7 +427,7 @@ func (r *Reservation) check(op string, off, size int, want bool) error {
 	if want {
 		bad = r.committed.nextClear(i, i+n)
 	} else {
-		bad = r.committed.nextSet(i, i+n)
+		bad = r.committed.next(i, i+n)
 	}
 	if bad == i+n {
 		return nil
@@ -438,45 +437,4 @@ func (r *Reservation) check(op string, off, size int, want bool) error {
 		kind = backing.ErrNotCommitted
 	}
 	return &backing.OpError{Op: op, Offset: off, Size: size, Kind: kind, Err: fmt.Errorf("granule at %#x", bad*g)}
-}
-
-// privateBits is a bit set with one bit per granule of a reservation.
-type privateBits []uint64
-
-func newPrivateBits(n int) privateBits { return make(privateBits, (n+63)/64) }
-
-func (b privateBits) setRange(i, n int) {
-	for ; n > 0; i, n = i+1, n-1 {
-		b[i/64] |= 1 << (uint(i) % 64)
-	}
-}
-
-func (b privateBits) clearRange(i, n int) {
-	for ; n > 0; i, n = i+1, n-1 {
-		b[i/64] &^= 1 << (uint(i) % 64)
-	}
-}
-
-// nextSet returns the first set bit in [i, end), or end.
-func (b privateBits) nextSet(i, end int) int { return b.next(i, end, 0) }
-
-// nextClear returns the first clear bit in [i, end), or end.
-func (b privateBits) nextClear(i, end int) int { return b.next(i, end, ^uint64(0)) }
-
-func (b privateBits) next(i, end int, flip uint64) int {
-	for i < end {
-		if w := (b[i/64] ^ flip) >> (uint(i) % 64); w != 0 {
-			return min(i+bits.TrailingZeros64(w), end)
-		}
-		i = (i/64 + 1) * 64
-	}
-	return end
-}
-
-func (b privateBits) count() int {
-	n := 0
-	for _, w := range b {
-		n += bits.OnesCount64(w)
-	}
-	return n
 }

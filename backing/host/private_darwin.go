@@ -24,7 +24,7 @@ func privateDecommitOS(addr uintptr, n int) error {
 // privatePopulateOS touches every page of the committed range [addr, addr+n):
 // Darwin has no MADV_POPULATE_WRITE.
 func privatePopulateOS(addr uintptr, n, page int) error {
-	privateTouch(addr, n, page)
+	touch(privatePtr(addr), n, page, true)
 	return nil
 }
 

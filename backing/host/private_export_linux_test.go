@@ -7,6 +7,6 @@ func PrivateNaming() int32 { return privateNaming.Load() }
 // PrivateForceTouch makes populate fall back to touching pages, as on kernels before
 // 5.14, until the returned function restores it.
 func PrivateForceTouch() (restore func()) {
-	old := privateNoPopulateWrite.Swap(true)
-	return func() { privateNoPopulateWrite.Store(old) }
+	old := noPopulate.Swap(true)
+	return func() { noPopulate.Store(old) }
 }

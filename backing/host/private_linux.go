@@ -1,11 +1,7 @@
 package host
 
 import (
-	"bytes"
 	"errors"
-	"io"
-	"os"
-	"strconv"
 	"sync/atomic"
 	"unsafe"
 
@@ -20,9 +16,6 @@ import (
 const privateMapSlack = 4
 
 var (
-	// privateNoPopulateWrite is set once MADV_POPULATE_WRITE answered EINVAL (kernels
-	// before 5.14): from then on pages are touched instead.
-	privateNoPopulateWrite atomic.Bool
 	// privateNaming is 0 until a mapping was named, then 1 if the kernel names
 	// anonymous mappings, 2 if it answered EINVAL (no CONFIG_ANON_VMA_NAME) and 3 on
 	// any other error.
@@ -44,15 +37,7 @@ func privateDecommitOS(addr uintptr, n int) error {
 // privatePopulateOS makes the pages of the committed range [addr, addr+n) resident
 // and writable without faults, keeping their contents.
 func privatePopulateOS(addr uintptr, n, page int) error {
-	if !privateNoPopulateWrite.Load() {
-		err := unix.Madvise(privateBytes(addr, 0, n), unix.MADV_POPULATE_WRITE)
-		if !errors.Is(err, unix.EINVAL) {
-			return err
-		}
-		privateNoPopulateWrite.Store(true)
-	}
-	privateTouch(addr, n, page)
-	return nil
+	return populate(privatePtr(addr), n, page, true)
 }
 
 // privateNameOS names the mapping [addr, addr+n) so that /proc/self/maps shows
@@ -81,38 +66,9 @@ func privateClassifyOS(err error) (kind, cause error) {
 	if !errors.Is(err, unix.ENOMEM) {
 		return nil, err
 	}
-	if count, limit, ok := privateMapCount(); ok && count >= limit-privateMapSlack {
-		return backing.ErrMapLimit, &privateMapLimitError{count: count, limit: limit, errno: err}
+	if count, limit, cerr := mapCount(); cerr == nil && count >= limit-privateMapSlack {
+		return backing.ErrMapLimit, &mapLimitError{count: count, limit: limit, errno: err,
+			cost: "each run of committed granules between reserved ones is a mapping", fix: "commit contiguous ranges"}
 	}
 	return backing.ErrOutOfMemory, err
-}
-
-// privateMapCount returns the process's number of mappings and vm.max_map_count. It
-// runs only on the error path, and reads with one small buffer since the process may
-// be at its mapping limit.
-func privateMapCount() (count, limit int, ok bool) {
-	b, err := os.ReadFile("/proc/sys/vm/max_map_count")
-	if err != nil {
-		return 0, 0, false
-	}
-	limit, err = strconv.Atoi(string(bytes.TrimSpace(b)))
-	if err != nil {
-		return 0, 0, false
-	}
-	f, err := os.Open("/proc/self/maps")
-	if err != nil {
-		return 0, 0, false
-	}
-	defer f.Close()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := f.Read(buf)
-		count += bytes.Count(buf[:n], []byte{'\n'})
-		if err == io.EOF {
-			return count, limit, true
-		}
-		if err != nil {
-			return 0, 0, false
-		}
-	}
 }

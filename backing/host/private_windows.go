@@ -57,10 +57,10 @@ func privateDecommitOS(addr uintptr, n int) error {
 	return windows.VirtualFree(addr, uintptr(n), windows.MEM_DECOMMIT)
 }
 
-// privatePopulateOS touches every page of the committed range [addr, addr+n).
+// privatePopulateOS makes the pages of the committed range [addr, addr+n) resident
+// and writable without faults, keeping their contents.
 func privatePopulateOS(addr uintptr, n, page int) error {
-	privateTouch(addr, n, page)
-	return nil
+	return populate(privatePtr(addr), n, page, true)
 }
 
 // privateNameOS does nothing: Windows can not name anonymous mappings.

@@ -219,8 +219,8 @@ type Shared struct {
 	fd        int
 	closed    bool
 	slots     []sharedSlot
-	idle      sharedBits // Idle slots (not busy)
-	free      sharedBits // Free slots
+	idle      bitset // Idle slots (not busy)
+	free      bitset // Free slots
 	nIdle     int
 	nResident int   // Idle slots that are resident
 	owned     int64 // bytes of Idle, Live and busy owned slots; in step with the authority
@@ -233,9 +233,9 @@ type Shared struct {
 	apark     unsafe.Pointer // the private park (shared_priv.go): High granules
 	aparkRaw  unsafe.Pointer
 	aparkN    int
-	aused     sharedBits // positions of the private park that hold a granule
-	aidle     sharedBits // ... that hold an idle one (not taken by a commit)
-	asince    []int64    // per position, when its granule went idle (clock, ns)
+	aused     bitset  // positions of the private park that hold a granule
+	aidle     bitset  // ... that hold an idle one (not taken by a commit)
+	asince    []int64 // per position, when its granule went idle (clock, ns)
 	nPrivIdle int
 	clock     func() time.Time
 	decay     time.Duration   // 0: off
@@ -673,7 +673,8 @@ func (s *Shared) opErr(op string, off, size int, err error, mmap bool) error {
 		if mmap {
 			if n, limit, cerr := s.sys.mapCount(); cerr == nil && limit > 0 && n+sharedMapSlack >= limit {
 				kind = backing.ErrMapLimit
-				err = &sharedMapLimitError{count: n, limit: limit, errno: err}
+				err = &mapLimitError{count: n, limit: limit, errno: err,
+					cost: "memfd granules at scattered offsets need one mapping each"}
 			}
 		}
 	}

@@ -60,7 +60,7 @@ func SharedFileCheck(s *Shared) error {
 
 // SetSharedNoPopulate makes Populate touch every page instead of calling
 // MADV_POPULATE_*, as on kernels before 5.14, and returns the previous setting.
-func SetSharedNoPopulate(v bool) bool { return sharedNoPopulate.Swap(v) }
+func SetSharedNoPopulate(v bool) bool { return noPopulate.Swap(v) }
 
 // SetSharedNoMove makes the backing map granules afresh instead of moving them out
 // of the park, as on kernels before 5.13, and returns the previous setting.

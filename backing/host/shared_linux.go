@@ -1,11 +1,9 @@
 package host
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"sync/atomic"
 	"unsafe"
 
@@ -43,7 +41,7 @@ func sharedDefaultSys() sharedSys {
 		populate: sharedPopulate,
 		advise:   sharedAdvise,
 		discard:  sharedDiscard,
-		mapCount: sharedMapCount,
+		mapCount: mapCount,
 	}
 }
 
@@ -131,39 +129,7 @@ func sharedMove(from, to unsafe.Pointer, n int) error {
 	return err
 }
 
-// sharedNoPopulate is set once the kernel turned MADV_POPULATE_* down (before 5.14).
-var sharedNoPopulate atomic.Bool
-
+// sharedPopulate populates the pages of [at, at+n), for writing when write is true.
 func sharedPopulate(at unsafe.Pointer, n int, write bool) error {
-	if !sharedNoPopulate.Load() {
-		advice := unix.MADV_POPULATE_READ
-		if write {
-			advice = unix.MADV_POPULATE_WRITE
-		}
-		err := unix.Madvise(sharedBytes(at, n), advice)
-		if !errors.Is(err, unix.EINVAL) {
-			return err
-		}
-		sharedNoPopulate.Store(true)
-	}
-	sharedTouch(at, n, os.Getpagesize(), write)
-	return nil
-}
-
-// sharedMapCount returns the number of mappings of the process (lines of
-// /proc/self/maps) and vm.max_map_count.
-func sharedMapCount() (count, limit int, err error) {
-	maps, err := os.ReadFile("/proc/self/maps")
-	if err != nil {
-		return 0, 0, err
-	}
-	raw, err := os.ReadFile("/proc/sys/vm/max_map_count")
-	if err != nil {
-		return 0, 0, err
-	}
-	limit, err = strconv.Atoi(string(bytes.TrimSpace(raw)))
-	if err != nil {
-		return 0, 0, err
-	}
-	return bytes.Count(maps, []byte{'\n'}), limit, nil
+	return populate(at, n, os.Getpagesize(), write)
 }

@@ -31,8 +31,8 @@ type placeholders struct {
 	base  uintptr
 	unit  int
 	n     int
-	view  sharedBits // unit i holds a view
-	start sharedBits // unit i begins a region (a view or a placeholder); unit 0 always
+	view  bitset // unit i holds a view
+	start bitset // unit i begins a region (a view or a placeholder); unit 0 always
 	os    placeholderOS
 }
 

@@ -169,7 +169,7 @@ func (w *sharedWin) allocate(_ int, off, n int64) error {
 		if err != nil {
 			return err
 		}
-		sharedTouch(v, w.g, page, true)
+		touch(v, w.g, page, true)
 		if err := windows.UnmapViewOfFile(uintptr(v)); err != nil {
 			return err
 		}
@@ -354,10 +354,7 @@ func sharedNoMemory(err error) bool {
 
 }
 
-// sharedPopulate touches every page of [at, at+n): a write (keeping the contents)
-// or a read. NB: PrefetchVirtualMemory only pages in what was paged out; it does not
-// create the demand-zero pages of a new section.
+// sharedPopulate populates the pages of [at, at+n), for writing when write is true.
 func sharedPopulate(at unsafe.Pointer, n int, write bool) error {
-	sharedTouch(at, n, os.Getpagesize(), write)
-	return nil
+	return populate(at, n, os.Getpagesize(), write)
 }

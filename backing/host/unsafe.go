@@ -23,18 +23,6 @@ func privateBytes(base uintptr, off, n int) []byte {
 	return unsafe.Slice((*byte)(unsafe.Add(privatePtr(base), off)), n)
 }
 
-// privateTouch faults in every page of [addr, addr+n) for writing, keeping the
-// contents: an atomic add of zero is a write the kernel must back with a page, and
-// can not lose a store another goroutine makes to the same word meanwhile.
-func privateTouch(addr uintptr, n, page int) {
-	p := privatePtr(addr)
-	for off := 0; off < n; off += page {
-		// Safety: off < n, [addr, addr+n) is committed read-write, and addr is
-		// page-aligned, so each word is aligned for the atomic operation.
-		atomic.AddUint32((*uint32)(unsafe.Add(p, off)), 0)
-	}
-}
-
 // sharedAt returns base+off.
 func sharedAt(base unsafe.Pointer, off int) unsafe.Pointer {
 	// Safety: base is the start of a range mmap returned (a reservation, or a chunk of
@@ -61,10 +49,12 @@ func sharedBytes(p unsafe.Pointer, n int) []byte {
 	return unsafe.Slice((*byte)(p), n)
 }
 
-// sharedTouch faults in every page of [p, p+n): with an atomic add of zero when write
-// is true (an atomic read-modify-write can not lose a concurrent writer's store
-// through another mapping of the same granule), with a load otherwise.
-func sharedTouch(p unsafe.Pointer, n, page int, write bool) {
+// touch faults in every page of [p, p+n), keeping the contents: with an atomic add
+// of zero when write is true (a write the kernel must back with a page, and an atomic
+// read-modify-write can not lose a store another goroutine makes to the same word
+// meanwhile, through this mapping or another of the same granule), with a load
+// otherwise. Both backings use it where the OS can not populate pages itself.
+func touch(p unsafe.Pointer, n, page int, write bool) {
 	for off := 0; off < n; off += page {
 		// Safety: off < n and [p, p+n) is committed; p is page-aligned, so each
 		// word is aligned for the atomic operation.
