@@ -15,7 +15,7 @@ import (
 	"github.com/vmarena/vmarena/backing/host"
 )
 
-func newHostBuffer(t *testing.T, capacity int) (*arena.Buffer[*host.Reservation, *host.Private], *accounting.Authority) {
+func newHostBuffer(t *testing.T, capacity int) (*arena.Buffer[*host.PrivateReservation, *host.Private], *accounting.Authority) {
 	t.Helper()
 	p, err := host.NewPrivate(host.PrivateOptions{})
 	require.NoError(t, err)

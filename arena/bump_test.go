@@ -17,7 +17,7 @@ import (
 	"github.com/vmarena/vmarena/backing/host"
 )
 
-type hostArena = arena.Arena[*host.Reservation, *host.Private]
+type hostArena = arena.Arena[*host.PrivateReservation, *host.Private]
 
 var (
 	_ arena.Allocator      = (*hostArena)(nil)

@@ -54,10 +54,10 @@ type PrivateOptions struct {
 // writable, Decommit gives their pages back to the OS and takes the access away again.
 // Pages are faulted in on first touch, or at Commit with PrivateOptions.Populate.
 //
-// Private implements [backing.Backing][*Reservation] with ByBuffer accounting on the
-// host, and [backing.HostAccessible] (true), [backing.Copier], [backing.Populator] and
-// [backing.Zeroer] (true: a recommitted granule reads as zero). It can not share
-// granules: private pages belong to one mapping.
+// Private implements [backing.Backing][*PrivateReservation] with ByBuffer accounting
+// on the host, and [backing.HostAccessible] (true), [backing.Copier],
+// [backing.Populator] and [backing.Zeroer] (true: a recommitted granule reads as
+// zero). It can not share granules: private pages belong to one mapping.
 //
 // A Private is safe for concurrent use, and holds no OS resources of its own: only
 // its reservations do.
@@ -84,9 +84,9 @@ type PrivateStats struct {
 	HugeRefused int64
 }
 
-// Reservation is a range of address space reserved by a Private backing: the
+// PrivateReservation is a range of address space reserved by a Private backing: the
 // private backing's R. It must be given back with Private.Unreserve.
-type Reservation struct {
+type PrivateReservation struct {
 	p    *Private
 	base uintptr
 	size int
@@ -97,11 +97,11 @@ type Reservation struct {
 }
 
 var (
-	_ backing.Backing[*Reservation]   = (*Private)(nil)
-	_ backing.Copier[*Reservation]    = (*Private)(nil)
-	_ backing.Populator[*Reservation] = (*Private)(nil)
-	_ backing.Zeroer                  = (*Private)(nil)
-	_ backing.HostAccessible          = (*Private)(nil)
+	_ backing.Backing[*PrivateReservation]   = (*Private)(nil)
+	_ backing.Copier[*PrivateReservation]    = (*Private)(nil)
+	_ backing.Populator[*PrivateReservation] = (*Private)(nil)
+	_ backing.Zeroer                         = (*Private)(nil)
+	_ backing.HostAccessible                 = (*Private)(nil)
 )
 
 // NewPrivate returns a Private backing. It returns an error matching
@@ -180,11 +180,11 @@ func (p *Private) CommitZeroes() bool { return true }
 // is mapped with no access and commits no memory (nor swap). The base is aligned to
 // the granule (on Windows, where the OS allows it, else to 64 KiB). A zero size gives
 // an empty reservation with base 0 that maps nothing.
-func (p *Private) Reserve(size int) (*Reservation, error) {
+func (p *Private) Reserve(size int) (*PrivateReservation, error) {
 	if err := backing.CheckReserve(size, p.gran); err != nil {
 		return nil, err
 	}
-	r := &Reservation{p: p, size: size}
+	r := &PrivateReservation{p: p, size: size}
 	if size == 0 {
 		return r, nil
 	}
@@ -217,7 +217,7 @@ func (p *Private) Stats() PrivateStats {
 // /proc/self/smaps, which costs about a millisecond per thousand mappings of the
 // process: it is for metrics and tests, not the token path. Where the system has no
 // transparent huge pages it returns zero and an error matching errors.ErrUnsupported.
-func (p *Private) HugePages(r *Reservation) (HugePageBytes, error) {
+func (p *Private) HugePages(r *PrivateReservation) (HugePageBytes, error) {
 	if err := p.lock("huge pages", r); err != nil {
 		return HugePageBytes{}, err
 	}
@@ -231,7 +231,7 @@ func (p *Private) HugePages(r *Reservation) (HugePageBytes, error) {
 
 // lock locks r and checks that it is a live reservation of p. On a nil error the
 // caller holds r.mu. Use after Unreserve panics.
-func (p *Private) lock(op string, r *Reservation) error {
+func (p *Private) lock(op string, r *PrivateReservation) error {
 	if r == nil || r.p != p {
 		return &backing.OpError{Op: op, Kind: backing.ErrForeignReservation}
 	}
@@ -244,7 +244,7 @@ func (p *Private) lock(op string, r *Reservation) error {
 }
 
 // Base returns the first address of r. It never changes.
-func (p *Private) Base(r *Reservation) uintptr {
+func (p *Private) Base(r *PrivateReservation) uintptr {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.gone {
@@ -254,7 +254,7 @@ func (p *Private) Base(r *Reservation) uintptr {
 }
 
 // Size returns the reserved size of r in bytes.
-func (p *Private) Size(r *Reservation) int {
+func (p *Private) Size(r *PrivateReservation) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.gone {
@@ -266,7 +266,7 @@ func (p *Private) Size(r *Reservation) int {
 // Commit moves [off, off+size) from Reserved to Committed: the pages become readable
 // and writable and read as zero; with PrivateOptions.Populate they are also made
 // resident. On any error nothing was committed.
-func (p *Private) Commit(r *Reservation, off, size int) error {
+func (p *Private) Commit(r *PrivateReservation, off, size int) error {
 	if err := p.lock("commit", r); err != nil {
 		return err
 	}
@@ -305,7 +305,7 @@ func (p *Private) Commit(r *Reservation, off, size int) error {
 //
 // NB: when the kernel frees the pages but then refuses to take the access away (it
 // never does in practice), the granules stay Committed and read as zero.
-func (p *Private) Decommit(r *Reservation, off, size int) error {
+func (p *Private) Decommit(r *PrivateReservation, off, size int) error {
 	if err := p.lock("decommit", r); err != nil {
 		return err
 	}
@@ -329,7 +329,7 @@ func (p *Private) Decommit(r *Reservation, off, size int) error {
 // Unreserve unmaps the whole of r, committed granules included, and moves it to
 // Unreserved. It is Complete with the committed bytes as Unmapped, or Failed (nothing
 // changed) when the OS refuses or r is foreign.
-func (p *Private) Unreserve(r *Reservation) accounting.ReleaseOutcome {
+func (p *Private) Unreserve(r *PrivateReservation) accounting.ReleaseOutcome {
 	if err := p.lock("unreserve", r); err != nil {
 		return accounting.FailedRelease(0, err)
 	}
@@ -347,7 +347,7 @@ func (p *Private) Unreserve(r *Reservation) accounting.ReleaseOutcome {
 
 // Populate makes the pages of [off, off+size) resident, so that later accesses take
 // no faults; the contents are kept. Every granule must be Committed.
-func (p *Private) Populate(r *Reservation, off, size int) error {
+func (p *Private) Populate(r *PrivateReservation, off, size int) error {
 	if err := p.lock("populate", r); err != nil {
 		return err
 	}
@@ -366,7 +366,7 @@ func (p *Private) Populate(r *Reservation, off, size int) error {
 }
 
 // CopyIn copies src into committed memory at off; the range need not be aligned.
-func (p *Private) CopyIn(r *Reservation, off int, src []byte) error {
+func (p *Private) CopyIn(r *PrivateReservation, off int, src []byte) error {
 	if err := p.span("copy in", r, off, len(src)); err != nil {
 		return err
 	}
@@ -375,7 +375,7 @@ func (p *Private) CopyIn(r *Reservation, off int, src []byte) error {
 }
 
 // CopyOut copies committed memory at off into dst; the range need not be aligned.
-func (p *Private) CopyOut(dst []byte, r *Reservation, off int) error {
+func (p *Private) CopyOut(dst []byte, r *PrivateReservation, off int) error {
 	if err := p.span("copy out", r, off, len(dst)); err != nil {
 		return err
 	}
@@ -384,7 +384,7 @@ func (p *Private) CopyOut(dst []byte, r *Reservation, off int) error {
 }
 
 // span checks that [off, off+n) lies in r and every granule it touches is Committed.
-func (p *Private) span(op string, r *Reservation, off, n int) error {
+func (p *Private) span(op string, r *PrivateReservation, off, n int) error {
 	if err := p.lock(op, r); err != nil {
 		return err
 	}
@@ -410,7 +410,7 @@ func (p *Private) span(op string, r *Reservation, off, n int) error {
 
 // claim marks [off, off+size) committed if every granule of it is Reserved.
 // r.mu must be held.
-func (r *Reservation) claim(op string, off, size int) error {
+func (r *PrivateReservation) claim(op string, off, size int) error {
 	if err := r.check(op, off, size, false); err != nil {
 		return err
 	}
@@ -420,7 +420,7 @@ func (r *Reservation) claim(op string, off, size int) error {
 
 // check returns an error unless every granule of the aligned range [off, off+size)
 // is Committed (want true) or Reserved (want false). r.mu must be held.
-func (r *Reservation) check(op string, off, size int, want bool) error {
+func (r *PrivateReservation) check(op string, off, size int, want bool) error {
 	g := r.p.gran
 	i, n := off/g, size/g
 	var bad int

@@ -33,7 +33,7 @@ func TestPrivateConformance(t *testing.T) {
 		{"populate", host.PrivateOptions{Populate: true, Name: "vmarena-test"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			backingtest.Run(t, func(t *testing.T) backing.Backing[*host.Reservation] {
+			backingtest.Run(t, func(t *testing.T) backing.Backing[*host.PrivateReservation] {
 				return newPrivate(t, tt.opts)
 			})
 		})
@@ -82,7 +82,7 @@ func TestPrivateBaseAligned(t *testing.T) {
 	for _, g := range []int{64 << 10, 2 << 20} {
 		t.Run(fmt.Sprintf("granule=%dKiB", g>>10), func(t *testing.T) {
 			p := newPrivate(t, host.PrivateOptions{Granularity: g})
-			var rs []*host.Reservation
+			var rs []*host.PrivateReservation
 			for range 4 {
 				r, err := p.Reserve(3 * g)
 				require.NoError(t, err)
