@@ -12,6 +12,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/nocopy"
 )
 
 // SharedOptions configures a [Shared] backing. Only Authority is required.
@@ -203,7 +204,7 @@ const (
 // across page population or fallocate, which run outside it on slots marked busy.
 // Close must not run concurrently with any other call.
 type Shared struct {
-	_ sharedNoCopy
+	_ nocopy.NoCopy
 
 	g        int // granule size
 	shift    int // log2(g)
@@ -320,12 +321,6 @@ type SharedStats struct {
 	// then has small pages).
 	HugeRefused int64
 }
-
-// sharedNoCopy makes go vet report copies of a Shared.
-type sharedNoCopy struct{}
-
-func (*sharedNoCopy) Lock()   {}
-func (*sharedNoCopy) Unlock() {}
 
 // sharedSys is the syscall seam: every system call of the shared backing goes
 // through one of these, so that tests can make the n-th one fail.
