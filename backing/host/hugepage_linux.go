@@ -39,15 +39,16 @@ func hugeReadMode(file string, ok ...string) hugeMode {
 		m.why = fmt.Sprintf("the kernel has no transparent huge pages (%v)", err)
 		return m
 	}
+	mode := "" // the selected mode ("always", "madvise", "never", ...); "" when unknown
 	if i, j := bytes.IndexByte(b, '['), bytes.IndexByte(b, ']'); i >= 0 && j > i {
-		m.mode = string(b[i+1 : j])
+		mode = string(b[i+1 : j])
 	}
 	for _, s := range ok {
-		if m.mode == s {
+		if mode == s {
 			return m
 		}
 	}
-	m.why = fmt.Sprintf("%s%s is %q", hugeSysDir, file, m.mode)
+	m.why = fmt.Sprintf("%s%s is %q", hugeSysDir, file, mode)
 	return m
 }
 

@@ -49,20 +49,6 @@ func newPlaceholders(base uintptr, unit, n int, os placeholderOS) *placeholders 
 // at returns the address of unit i.
 func (p *placeholders) at(i int) uintptr { return p.base + uintptr(i)*uintptr(p.unit) }
 
-// contains reports whether addr lies in the reservation.
-func (p *placeholders) contains(addr uintptr) bool {
-	return addr >= p.base && addr-p.base < uintptr(p.n)*uintptr(p.unit)
-}
-
-// unitOf returns the unit at addr, which must be the start of a unit inside p.
-func (p *placeholders) unitOf(addr uintptr) int {
-	off := addr - p.base
-	if !p.contains(addr) || off%uintptr(p.unit) != 0 {
-		panic(fmt.Sprintf("host: %#x is not a unit of the placeholder reservation at %#x", addr, p.base))
-	}
-	return int(off / uintptr(p.unit))
-}
-
 // region returns the region [a, b) that holds unit i.
 func (p *placeholders) region(i int) (a, b int) {
 	a = i
