@@ -85,4 +85,125 @@
 // ranges of one reservation, may be committed and decommitted from several goroutines
 // at once. Calls on overlapping ranges of one reservation, and copies from a range
 // being decommitted, must be serialized by the caller.
+//
+// # Shared: slots
+//
+// A slot of a [Shared] pool is a granule-sized, granule-aligned offset of its memfd
+// (a physical granule). It is in one of three states:
+//
+//  1. Free: not ours. The file has a hole there (or ends before it); it holds no
+//     memory and is charged nothing.
+//  2. Idle: owned and charged, mapped in no reservation, kept in the pool for the
+//     next commit. It is Resident when its pages are known to exist (Prefill,
+//     Populate, SharedOptions.Populate).
+//  3. Live: owned and charged, mapped in a reservation at least once.
+//
+// # Shared: new granules and huge pages
+//
+// A new granule costs its page population: about 0.3 ms per 2 MiB of 4 KiB shmem
+// pages (fallocate and populate), 0.06 ms as one anonymous transparent huge page.
+// So, unless SharedOptions.NoHugePages is set and when the granule is a multiple of
+// the huge page:
+//
+//   - where shmem huge pages are allowed (/sys/kernel/mm/transparent_hugepage/
+//     shmem_enabled is always, within_size, advise or force), the park and every
+//     mapping of the memfd ask for them (MADV_HUGEPAGE), and granules are memfd
+//     granules as above;
+//   - else, where anonymous huge pages are allowed (.../enabled is always or
+//     madvise), a commit that must create granules makes them private: anonymous
+//     memory of that reservation alone (mprotect read-write, MADV_HUGEPAGE), owned
+//     and charged like any granule, mapped once, never pooled (a decommit gives it
+//     back to the OS at once, which costs a few µs for a huge page). Only a granule
+//     that becomes shared moves into the memfd: Share from a private granule first
+//     copies it into a memfd granule (an idle one when the pool has one) and moves
+//     that over the same address (mremap), so that the source keeps its base and
+//     its contents and the granule is owned once, whatever maps it;
+//   - else granules are memfd granules of small pages.
+//
+// A virtual machine that reports its free memory to the host in huge-page blocks
+// gets small pages unless SharedOptions.AlwaysHugePages is set: there a fresh huge
+// page takes host faults (see BENCHMARKS.md). SharedStats says which of these the
+// backing does and, where it falls back, why.
+//
+// A commit takes idle slots first and creates new ones (Free to Live, or private)
+// only for the rest, charging the authority for all of them at once before anything is touched. It
+// places the granules of one commit, and a granule after its predecessor in the
+// reservation, at consecutive file offsets where it can, and maps each consecutive run
+// with one call, so that the kernel merges them into one mapping.
+//
+// # Shared: the park
+//
+// A fresh mapping of existing pages still takes a minor fault per page on first
+// touch, 0.5-0.6 ms per 2 MiB of 4 KiB pages, where rewriting mapped memory costs
+// under 10 µs; but a mapping that moves (mremap) takes its page table entries along.
+// So the backing keeps the whole memfd mapped in the park, address space of its own,
+// one read-write mapping per chunk, where slot i has a fixed place. A commit moves
+// each run of slots from the park into the reservation (mremap with MREMAP_FIXED and
+// MREMAP_DONTUNMAP: the park keeps its mapping, without the entries), and a
+// decommit or Unreserve that removes a granule's last mapping, a read-write one,
+// moves it back to the slot's place while the pool keeps the granule. An idle
+// granule thus waits with the page tables its last mapping built, all of them after
+// Prefill, or after a sequence wrote every page: the commit that takes it costs a
+// few µs and its first touch takes no fault. Granules whose last mapping was
+// read-only, or that a move could not take (the kernel refuses MREMAP_DONTUNMAP of
+// shared mappings before 5.13), go idle without page tables and are mapped afresh.
+//
+// Nothing is ever unmapped in a reservation or the park but as a whole, so no other
+// mmap of the process can land in either.
+//
+// # Shared: memory management
+//
+// Accounting is [backing.ByBacking] with SharedOptions.Authority: the authority's
+// owned bytes are the bytes of every Idle and Live slot, and its mapped bytes those of
+// every mapping (a slot mapped 64 times is owned once and mapped 64 times). Callers
+// must not charge committed bytes again. Every reservation MUST be given back with
+// Unreserve, and the backing with Close.
+//
+// The pool gives idle granules back to the OS (fallocate PUNCH_HOLE; a private one
+// by mapping reserved memory over its place in the private park) by decay: those
+// above Low leave gradually once unused, all of them within SharedOptions.Decay
+// (5 s by default) after the load stops, while a busy pool keeps its working set
+// (see shared_decay.go). It also gives them back above the High water mark, on Trim,
+// and, while another owner's request waits for host memory, at once as they go idle,
+// so that memory kept for this pool's future commits is not held against a caller
+// that needs it now; each time such a request starts to wait, the pool's reclaimer
+// (see accounting.Authority.SetReclaimer) gives back every granule already idle.
+// While only this pool's own commits wait (CommitCtx), granules that go idle are
+// handed to them instead, in the order they came, rather than given to the OS to be
+// made again. A granule that can not be given back (the punch fails) stays idle and
+// owned; the next Trim tries again.
+//
+// Pooled granules keep their old contents: CommitZeroes is false, and a recommitted
+// or shared range reads whatever was last written there. Granules new to the file
+// read as zero.
+//
+// Bookkeeping costs 8 bytes per reserved granule and a few bytes per slot of the
+// file, which only grows (sparse: holes cost nothing). The park costs address space,
+// not memory: its chunks double from 1 GiB, so it spans at most twice the file; the
+// private park, High granules of address space.
+// Reservations and park chunks of granules of 2 MiB or more are aligned to 2 MiB, so
+// that the kernel moves whole page-table pages; a reservation may use up to 2 MiB of
+// address space more than its size for that.
+//
+// # Shared: limits
+//
+// Each run of consecutive slots mapped at consecutive addresses is one kernel
+// mapping, and a process has at most vm.max_map_count of them (65530 by default).
+// Idle granules cost none: the park stays one mapping per chunk (up to three with
+// alignment padding), whatever moves in and out, since what comes back maps the same
+// file offsets and merges.
+// When mmap fails with ENOMEM and the process is near that limit, the error wraps
+// [backing.ErrMapLimit] and unix.ENOMEM and names the count, the limit and the
+// sysctl that raises it. Placing consecutive granules at consecutive offsets keeps
+// the count low; granules shared piecemeal or recycled from a fragmented pool do not
+// merge.
+//
+// # Shared: concurrency
+//
+// A Shared is safe for concurrent use, with the usual rule of [backing.Backing]:
+// calls on overlapping ranges (of one reservation, or the source and destination of a
+// Share) must be serialized by the caller. Bookkeeping is under one mutex, held
+// across mmap and mremap (which the kernel serializes per process anyway) but not
+// across page population or fallocate, which run outside it on slots marked busy.
+// Close must not run concurrently with any other call.
 package host

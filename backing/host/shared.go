@@ -1,7 +1,6 @@
 package host
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -37,19 +36,19 @@ type SharedOptions struct {
 	// Populate makes Commit populate the granules it creates (MADV_POPULATE_WRITE, or
 	// a touch per page where the kernel lacks it), so that the first touch takes no
 	// fault. Pooled granules are not populated again: they come out of the park with
-	// the page tables they went in with (see Shared).
+	// the page tables they went in with (see the package documentation).
 	Populate bool
 	// Name is the memfd's name, shown in /proc/self/maps as /memfd:Name. "" means
 	// "vmarena". Windows sections have no name.
 	Name string
 	// Decay is how long an idle granule may stay unused before the pool gives it
 	// back to the OS: idle granules above Low leave gradually, the longest idle
-	// first, all of them by Decay after the load stops (see Shared). 0 means 5 s;
+	// first, all of them by Decay after the load stops (see the package documentation). 0 means 5 s;
 	// SharedNoDecay (any negative value) keeps idle granules up to High for good.
 	Decay time.Duration
 	// NoHugePages turns huge pages off: every granule is a memfd granule of small
 	// pages. Otherwise, with granules a multiple of the huge page (2 MiB on x86-64),
-	// the backing takes the fastest new memory the system allows (see Shared):
+	// the backing takes the fastest new memory the system allows (see the package documentation):
 	// memfd huge pages where shmem_enabled allows them, else anonymous huge pages for
 	// the granules a reservation commits for itself. SharedStats says which, and why.
 	NoHugePages bool
@@ -80,129 +79,17 @@ const (
 // Shared is a host backing whose physical memory is a pool of granules in one memfd
 // (Linux): a physical granule is a granule-sized, granule-aligned offset of the file,
 // a slot. Commit maps slots into a reservation: it moves them there from the park
-// (mremap, see below), or maps them (mmap MAP_SHARED|MAP_FIXED). Share maps the
-// slots behind one reservation's range into another's, so that one physical granule
-// may back any number of ranges. Each slot counts its mappings and goes back to the
-// pool with its last one. Protect makes a reservation's committed granules read-only,
-// or writable again, in place (mprotect).
+// (mremap), or maps them (mmap MAP_SHARED|MAP_FIXED). Share maps the slots behind
+// one reservation's range into another's, so that one physical granule may back any
+// number of ranges. Each slot counts its mappings and goes back to the pool with its
+// last one. Protect makes a reservation's committed granules read-only, or writable
+// again, in place (mprotect).
 //
-// A slot is in one of three states:
-//
-//  1. Free: not ours. The file has a hole there (or ends before it); it holds no
-//     memory and is charged nothing.
-//  2. Idle: owned and charged, mapped in no reservation, kept in the pool for the
-//     next commit. It is Resident when its pages are known to exist (Prefill,
-//     Populate, SharedOptions.Populate).
-//  3. Live: owned and charged, mapped in a reservation at least once.
-//
-// # New granules and huge pages
-//
-// A new granule costs its page population: about 0.3 ms per 2 MiB of 4 KiB shmem
-// pages (fallocate and populate), 0.06 ms as one anonymous transparent huge page.
-// So, unless SharedOptions.NoHugePages is set and when the granule is a multiple of
-// the huge page:
-//
-//   - where shmem huge pages are allowed (/sys/kernel/mm/transparent_hugepage/
-//     shmem_enabled is always, within_size, advise or force), the park and every
-//     mapping of the memfd ask for them (MADV_HUGEPAGE), and granules are memfd
-//     granules as above;
-//   - else, where anonymous huge pages are allowed (.../enabled is always or
-//     madvise), a commit that must create granules makes them private: anonymous
-//     memory of that reservation alone (mprotect read-write, MADV_HUGEPAGE), owned
-//     and charged like any granule, mapped once, never pooled (a decommit gives it
-//     back to the OS at once, which costs a few µs for a huge page). Only a granule
-//     that becomes shared moves into the memfd: Share from a private granule first
-//     copies it into a memfd granule (an idle one when the pool has one) and moves
-//     that over the same address (mremap), so that the source keeps its base and
-//     its contents and the granule is owned once, whatever maps it;
-//   - else granules are memfd granules of small pages.
-//
-// A virtual machine that reports its free memory to the host in huge-page blocks
-// gets small pages unless SharedOptions.AlwaysHugePages is set: there a fresh huge
-// page takes host faults (see BENCHMARKS.md). SharedStats says which of these the
-// backing does and, where it falls back, why.
-//
-// A commit takes idle slots first and creates new ones (Free to Live, or private)
-// only for the rest, charging the authority for all of them at once before anything is touched. It
-// places the granules of one commit, and a granule after its predecessor in the
-// reservation, at consecutive file offsets where it can, and maps each consecutive run
-// with one call, so that the kernel merges them into one mapping.
-//
-// # The park
-//
-// A fresh mapping of existing pages still takes a minor fault per page on first
-// touch, 0.5-0.6 ms per 2 MiB of 4 KiB pages, where rewriting mapped memory costs
-// under 10 µs; but a mapping that moves (mremap) takes its page table entries along.
-// So the backing keeps the whole memfd mapped in the park, address space of its own,
-// one read-write mapping per chunk, where slot i has a fixed place. A commit moves
-// each run of slots from the park into the reservation (mremap with MREMAP_FIXED and
-// MREMAP_DONTUNMAP: the park keeps its mapping, without the entries), and a
-// decommit or Unreserve that removes a granule's last mapping, a read-write one,
-// moves it back to the slot's place while the pool keeps the granule. An idle
-// granule thus waits with the page tables its last mapping built, all of them after
-// Prefill, or after a sequence wrote every page: the commit that takes it costs a
-// few µs and its first touch takes no fault. Granules whose last mapping was
-// read-only, or that a move could not take (the kernel refuses MREMAP_DONTUNMAP of
-// shared mappings before 5.13), go idle without page tables and are mapped afresh.
-//
-// Nothing is ever unmapped in a reservation or the park but as a whole, so no other
-// mmap of the process can land in either.
-//
-// # Memory management
-//
-// Accounting is [backing.ByBacking] with SharedOptions.Authority: the authority's
-// owned bytes are the bytes of every Idle and Live slot, and its mapped bytes those of
-// every mapping (a slot mapped 64 times is owned once and mapped 64 times). Callers
-// must not charge committed bytes again. Every reservation MUST be given back with
-// Unreserve, and the backing with Close.
-//
-// The pool gives idle granules back to the OS (fallocate PUNCH_HOLE; a private one
-// by mapping reserved memory over its place in the private park) by decay: those
-// above Low leave gradually once unused, all of them within SharedOptions.Decay
-// (5 s by default) after the load stops, while a busy pool keeps its working set
-// (see shared_decay.go). It also gives them back above the High water mark, on Trim,
-// and, while another owner's request waits for host memory, at once as they go idle,
-// so that memory kept for this pool's future commits is not held against a caller
-// that needs it now; each time such a request starts to wait, the pool's reclaimer
-// (see accounting.Authority.SetReclaimer) gives back every granule already idle.
-// While only this pool's own commits wait (CommitCtx), granules that go idle are
-// handed to them instead, in the order they came, rather than given to the OS to be
-// made again. A granule that can not be given back (the punch fails) stays idle and
-// owned; the next Trim tries again.
-//
-// Pooled granules keep their old contents: CommitZeroes is false, and a recommitted
-// or shared range reads whatever was last written there. Granules new to the file
-// read as zero.
-//
-// Bookkeeping costs 8 bytes per reserved granule and a few bytes per slot of the
-// file, which only grows (sparse: holes cost nothing). The park costs address space,
-// not memory: its chunks double from 1 GiB, so it spans at most twice the file; the
-// private park, High granules of address space.
-// Reservations and park chunks of granules of 2 MiB or more are aligned to 2 MiB, so
-// that the kernel moves whole page-table pages; a reservation may use up to 2 MiB of
-// address space more than its size for that.
-//
-// # Limits
-//
-// Each run of consecutive slots mapped at consecutive addresses is one kernel
-// mapping, and a process has at most vm.max_map_count of them (65530 by default).
-// Idle granules cost none: the park stays one mapping per chunk (up to three with
-// alignment padding), whatever moves in and out, since what comes back maps the same
-// file offsets and merges.
-// When mmap fails with ENOMEM and the process is near that limit, the error wraps
-// [backing.ErrMapLimit] and unix.ENOMEM and names the count, the limit and the
-// sysctl that raises it. Placing consecutive granules at consecutive offsets keeps
-// the count low; granules shared piecemeal or recycled from a fragmented pool do not
-// merge.
-//
-// # Concurrency
-//
-// A Shared is safe for concurrent use, with the usual rule of [backing.Backing]:
-// calls on overlapping ranges (of one reservation, or the source and destination of a
-// Share) must be serialized by the caller. Bookkeeping is under one mutex, held
-// across mmap and mremap (which the kernel serializes per process anyway) but not
-// across page population or fallocate, which run outside it on slots marked busy.
-// Close must not run concurrently with any other call.
+// A slot is Free, Idle or Live; idle granules wait in the park, and new ones may be
+// private huge pages: the package documentation describes the slots, new granules
+// and huge pages, the park, memory management, limits and concurrency of a Shared
+// (the sections headed "Shared:"). A Shared is safe for concurrent use; Close must
+// not run concurrently with any other call.
 type Shared struct {
 	_ nocopy.NoCopy
 
@@ -230,7 +117,7 @@ type Shared struct {
 	resv      map[*SharedReservation]struct{}
 	park      []sharedChunk  // see shared_park.go
 	park0     int            // slots in the park's first chunk
-	nPriv     int            // private granules (see Shared)
+	nPriv     int            // private granules (see the package documentation)
 	apark     unsafe.Pointer // the private park (shared_priv.go): High granules
 	aparkRaw  unsafe.Pointer
 	aparkN    int
@@ -545,7 +432,7 @@ func (s *Shared) CommitZeroes() bool { return false }
 
 // Reserve moves size bytes of address space from Unreserved to Reserved (mmap
 // PROT_NONE, MAP_NORESERVE) and commits nothing. With granules of 2 MiB or more the
-// base is 2 MiB-aligned (see Shared). The reservation MUST be given back with
+// base is 2 MiB-aligned (see the package documentation). The reservation MUST be given back with
 // Unreserve.
 func (s *Shared) Reserve(size int) (*SharedReservation, error) {
 	if err := backing.CheckReserve(size, s.g); err != nil {
@@ -681,491 +568,11 @@ func (s *Shared) opErr(op string, off, size int, err error, mmap bool) error {
 // other threads map concurrently.
 const sharedMapSlack = 64
 
-// Commit moves [off, off+size) of r from Reserved to Committed: idle pooled granules
-// first, new ones for the rest. New granules are charged to the authority all at once
-// before anything is touched; when the budget refuses, Commit returns the
-// *accounting.BudgetError (errors.Is(err, accounting.ErrBudgetExceeded)) inside an
-// *OpError and changes nothing. A pooled granule keeps its old contents.
-func (s *Shared) Commit(r *SharedReservation, off, size int) error {
-	return s.commit(context.Background(), r, off, size, false)
-}
-
-// CommitCtx is Commit that, when the budget refuses the new granules, waits in FIFO
-// order with the device's other waiters (Authority.Acquire) until ctx ends, then
-// commits with the bytes it waited for. It holds nothing while it waits: the idle
-// granules it would have taken stay in the pool, and it waits for the bytes of the
-// whole range, so that waiting commits can not hold pieces each of them needs. A
-// granule that goes idle meanwhile is handed to the waiting commits of this pool
-// (they try again with it) rather than given to the OS and made again; only when
-// another owner's request waits too do idle granules go back to the OS at once. When
-// ctx ends first it returns ctx.Err() (wrapped) and the range is as it was.
-func (s *Shared) CommitCtx(ctx context.Context, r *SharedReservation, off, size int) error {
-	return s.commit(ctx, r, off, size, true)
-}
-
-// sharedPick is a slot chosen for a commit.
-type sharedPick struct {
-	slot  int
-	fresh bool // Free before: created by this commit
-}
-
-func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int, wait bool) error {
-	op := "commit"
-	if wait {
-		op = "commit ctx"
-	}
-	s.mu.Lock()
-	if err := s.prepare(op, r, off, size, false); err != nil {
-		s.mu.Unlock()
-		return err
-	}
-	gi, n := off>>s.shift, size>>s.shift
-	if n == 0 {
-		s.mu.Unlock()
-		return nil
-	}
-	hint := -1
-	priv := 0 // private granules to create, after the pooled ones
-	if gi > 0 && r.maps[gi-1].at != 0 {
-		hint = r.maps[gi-1].slot() + 1 // continue the file run of the granule before
-	}
-	// Idle private granules first (only a backing that makes them has any), then
-	// idle memfd granules, then new ones.
-	var pos []int
-	if s.nPrivIdle > 0 {
-		pos = s.takePrivIdle(min(n, s.nPrivIdle))
-	}
-	picks := s.pickIdle(min(n-len(pos), s.nIdle), hint)
-	if len(pos)+len(picks) < n {
-		var fresh int
-		var err error
-		if picks, fresh, err = s.charge(ctx, op, r, off, size, n, picks, &pos, wait); err != nil {
-			return err
-		}
-		if s.huge == sharedPrivHuge {
-			priv = fresh
-			fresh = 0
-		} else if len(picks) > 0 {
-			hint = picks[len(picks)-1].slot + 1
-		}
-		var more []sharedPick
-		if fresh > 0 {
-			more, err = s.pickFresh(fresh, hint)
-		}
-		if err != nil {
-			s.unpick(picks)
-			s.untakePrivIdle(pos)
-			bytes := int64(fresh) << s.shift
-			s.owned -= bytes
-			s.auth.Release(bytes)
-			s.mu.Unlock()
-			return s.opErr(op, off, size, err, true) // growing the park maps memory
-		}
-		picks = append(picks, more...)
-		slices.SortFunc(picks, func(a, b sharedPick) int { return a.slot - b.slot })
-		if s.populate && len(more) > 0 {
-			if err := s.allocateNew(op, r, off, size, picks, more); err != nil {
-				return err
-			}
-		}
-	}
-	if len(pos) > 0 {
-		return s.commitPriv(op, r, gi, n, picks, pos, priv)
-	}
-	slots := make([]int, len(picks))
-	for k, p := range picks {
-		slots[k] = p.slot
-	}
-	if done, err := s.place(r, gi, slots); err != nil {
-		s.releasePriv(priv)
-		return s.undoMap(op, r, off, size, picks, done, err)
-	}
-	if priv > 0 {
-		at := r.at(gi + len(picks))
-		if err := s.sys.protect(at, priv<<s.shift, false); err != nil {
-			s.releasePriv(priv)
-			return s.undoMap(op, r, off, size, picks, len(picks), err)
-		}
-		s.advise(at, priv<<s.shift)
-	}
-	s.record(r, gi, picks, false)
-	s.recordPriv(r, gi+len(picks), priv)
-	if s.populate && priv > 0 {
-		s.kick()
-		s.mu.Unlock()
-		return s.populatePriv(op, r, gi, n, priv)
-	}
-	populate := false
-	if s.populate {
-		for _, p := range picks {
-			if p.fresh {
-				populate = true
-				s.slots[p.slot].busy = true // keeps Trim and Prefill off it
-			}
-		}
-	}
-	if !populate {
-		s.kick()
-	}
-	s.mu.Unlock()
-	if !populate {
-		return nil
-	}
-	return s.populateNew(op, r, gi, picks)
-}
-
-// releasePriv gives back the bytes charged for n private granules that a commit did
-// not make. s.mu must be held.
-func (s *Shared) releasePriv(n int) {
-	if b := int64(n) << s.shift; b > 0 {
-		s.owned -= b
-		s.auth.Release(b)
-	}
-}
-
-// recordPriv marks granules [gi, gi+n) of r as private (their bytes are charged) and
-// attributes their mapping. s.mu must be held.
-func (s *Shared) recordPriv(r *SharedReservation, gi, n int) {
-	for i := gi; i < gi+n; i++ {
-		r.maps[i] = sharedMap{priv: true}
-	}
-	r.count += n
-	s.nPriv += n
-	if b := int64(n) << s.shift; b > 0 {
-		s.mapped += b
-		s.auth.Map(b)
-	}
-}
-
-// populatePriv populates, outside the lock, the last priv granules of a commit of n
-// granules at gi of r; on failure it undoes the whole commit. s.mu must not be held.
-func (s *Shared) populatePriv(op string, r *SharedReservation, gi, n, priv int) error {
-	err := s.sys.populate(r.at(gi+n-priv), priv<<s.shift, true)
-	if err == nil {
-		return nil
-	}
-	off, size := gi<<s.shift, n<<s.shift
-	s.mu.Lock()
-	err = s.opErr(op, off, size, err, false)
-	if r.state != sharedLive {
-		s.mu.Unlock()
-		return err
-	}
-	parked := s.parkPriv(r, gi, n-priv) // the granules that came out of the park
-	if uerr := s.sys.unmapTo(r.at(gi), size); uerr != nil {
-		_ = s.unpark(r, parked)
-		s.mu.Unlock()
-		return fmt.Errorf("%w; undoing the commit failed, [%#x, +%#x) is left committed: %w",
-			err, off, size, s.opErr(op, off, size, uerr, true))
-	}
-	give := s.drop(r, gi, n)
-	s.mu.Unlock()
-	_, gerr := s.giveBack(give)
-	return s.stayIdle(err, gerr)
-}
-
-// charge takes the bytes of fresh new granules for a commit of n granules that
-// holds the idle picks and the idle private granules at *pos: at once, or, when
-// wait is true and the budget refuses, in FIFO order with the device's other
-// waiters until ctx ends. It returns the idle picks the commit keeps and how many
-// granules it must create (and may change *pos). s.mu must be held; on error it is
-// released and nothing is held.
-//
-// NB: a commit holds nothing while it waits. Holding its idle granules while waiting
-// for the rest would let commits that each hold some wait for each other forever; so
-// it puts them back in the pool and waits for all n granules at once. While only
-// this pool's commits wait, granules that go idle stay in the pool (see drop) and
-// wake the waiters, which try again with them: idle granules are handed to the
-// waiting commits, not first given to the OS to be made again.
-func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, off, size, n int, picks []sharedPick, pos *[]int, wait bool) ([]sharedPick, int, error) {
-	fresh := n - len(picks) - len(*pos)
-	err := s.auth.TryAcquire(int64(fresh) << s.shift)
-	if err == nil {
-		s.owned += int64(fresh) << s.shift
-		return picks, fresh, nil
-	}
-	if !wait || !accounting.CanWait(err) {
-		s.unpick(picks)
-		s.untakePrivIdle(*pos)
-		*pos = nil
-		s.mu.Unlock()
-		return nil, 0, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
-	}
-	bytes := int64(n) << s.shift
-	w := &sharedWaiter{wake: make(chan struct{})}
-	s.waitq = append(s.waitq, w)
-	for {
-		s.unpick(picks)
-		s.untakePrivIdle(*pos)
-		*pos = nil
-		w.reset() // what it put back woke nobody but itself
-		wake := w.wake
-		s.mu.Unlock()
-		wctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() {
-			select {
-			case <-wake:
-				cancel()
-			case <-done:
-			}
-		}()
-		err := s.auth.Acquire(wctx, bytes)
-		close(done)
-		cancel()
-		s.mu.Lock()
-		if r.state != sharedLive {
-			s.unwait(w)
-			if err == nil {
-				s.auth.Release(bytes)
-			}
-			s.mu.Unlock()
-			panic(backing.PanicUseAfterUnreserve)
-		}
-		if err == nil {
-			s.unwait(w)
-			s.owned += bytes
-			return nil, n, nil
-		}
-		if !w.signaled || ctx.Err() != nil {
-			s.unwait(w)
-			s.mu.Unlock()
-			if ctx.Err() != nil {
-				err = fmt.Errorf("%w", ctx.Err()) // NB: not wctx's: the caller's ctx ended
-			}
-			return nil, 0, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
-		}
-		// Granules went idle: take them, and what the budget gives for the rest.
-		if s.nPrivIdle > 0 {
-			*pos = s.takePrivIdle(min(n, s.nPrivIdle))
-		}
-		picks = s.pickIdle(min(n-len(*pos), s.nIdle), -1)
-		fresh = n - len(picks) - len(*pos)
-		// NB: not TryAcquire(0), which the governor refuses while anyone waits.
-		if fresh == 0 || s.auth.TryAcquire(int64(fresh)<<s.shift) == nil {
-			s.unwait(w)
-			s.owned += int64(fresh) << s.shift
-			return picks, fresh, nil
-		}
-		// Not enough yet: wait again, first in line still.
-	}
-}
-
-// sharedWaiter is a commit of this pool that waits for the budget.
-type sharedWaiter struct {
-	wake     chan struct{} // closed by signal
-	signaled bool
-}
-
-// reset makes w wait for the next signal.
-func (w *sharedWaiter) reset() {
-	if w.signaled {
-		w.wake, w.signaled = make(chan struct{}), false
-	}
-}
-
-// signal wakes the first of this pool's commits that wait for the budget, in the
-// order they came: a granule went idle that it can take. (Waking them all would let
-// a later one take what the first needs.) s.mu must be held.
-func (s *Shared) signal() {
-	if len(s.waitq) > 0 && !s.waitq[0].signaled {
-		s.waitq[0].signaled = true
-		close(s.waitq[0].wake)
-	}
-}
-
-// unwait takes w out of the line of waiting commits; if idle granules remain, the
-// next in line is woken for them. s.mu must be held.
-func (s *Shared) unwait(w *sharedWaiter) {
-	if i := slices.Index(s.waitq, w); i >= 0 {
-		s.waitq = slices.Delete(s.waitq, i, i+1)
-	}
-	if s.nIdle+s.nPrivIdle > 0 {
-		s.signal()
-	}
-}
-
-// othersWait reports whether requests other than this pool's own waiting commits
-// wait for host memory: only then do idle granules go back to the OS at once, since
-// only through the OS can another owner have their bytes. s.mu must be held.
-func (s *Shared) othersWait() bool {
-	return s.auth.Governor().Stats(s.auth.Device()).Waiters > len(s.waitq)
-}
-
-// allocateNew allocates the pages of the new slots more (one run) in the file before
-// they are mapped: that and then populating the mapping costs 15% less than
-// populating an empty shmem mapping, which faults one page at a time. s.mu must be
-// held; it is released meanwhile (the slots are busy), and on error for good, with
-// the commit undone.
-func (s *Shared) allocateNew(op string, r *SharedReservation, off, size int, picks, more []sharedPick) error {
-	s.mu.Unlock()
-	err := s.sys.allocate(s.fd, int64(more[0].slot)<<s.shift, int64(len(more))<<s.shift)
-	s.mu.Lock()
-	if err == nil && r.state == sharedLive {
-		for _, p := range more {
-			s.slots[p.slot].resident = true
-		}
-		return nil
-	}
-	for _, p := range picks {
-		if !p.fresh {
-			s.toIdle(p.slot)
-		}
-	}
-	s.mu.Unlock()
-	give := make([]int, len(more))
-	for k, p := range more {
-		give[k] = p.slot
-	}
-	_, gerr := s.giveBack(give) // the allocation may have been partial
-	if err == nil {
-		panic(backing.PanicUseAfterUnreserve) // r was unreserved meanwhile
-	}
-	return s.stayIdle(s.opErr(op, off, size, err, false), gerr)
-}
-
-// undoMap undoes a commit of picks at off of r whose mmap failed after done
-// granules: it maps reserved memory over those and returns the picks, idle ones to
-// the pool, new ones to the OS. s.mu must be held; it is released.
-func (s *Shared) undoMap(op string, r *SharedReservation, off, size int, picks []sharedPick, done int, err error) error {
-	gi := off >> s.shift
-	err = s.opErr(op, off, size, err, true)
-	kept := 0
-	if done > 0 {
-		if uerr := s.sys.unmapTo(r.at(gi), done<<s.shift); uerr != nil {
-			// NB: the mapped prefix can not be taken back: record it as committed,
-			// which it is, so that Decommit or Unreserve frees it.
-			kept = done
-			err = fmt.Errorf("%w; undoing it failed, [%#x, +%#x) is left committed: %w",
-				err, off, done<<s.shift, s.opErr(op, off, done<<s.shift, uerr, true))
-		}
-	}
-	s.record(r, gi, picks[:kept], false)
-	if !s.populate && !sharedMapAllocates {
-		s.unpick(picks[kept:]) // new slots never touched: still holes
-		s.mu.Unlock()
-		return err
-	}
-	// New slots were allocated in the file: punch them out again.
-	var give []int
-	for _, p := range picks[kept:] {
-		if p.fresh {
-			give = append(give, p.slot)
-		} else {
-			s.toIdle(p.slot)
-		}
-	}
-	s.mu.Unlock()
-	_, gerr := s.giveBack(give)
-	return s.stayIdle(err, gerr)
-}
-
-// populateNew populates, outside the lock, the granules a commit of len(picks)
-// granules at gi of r created. On failure it undoes the whole commit: the created
-// granules go back to the OS, the pooled ones to the pool.
-func (s *Shared) populateNew(op string, r *SharedReservation, gi int, picks []sharedPick) error {
-	var err error
-	for k := 0; k < len(picks) && err == nil; {
-		if !picks[k].fresh {
-			k++
-			continue
-		}
-		j := k + 1
-		for j < len(picks) && picks[j].fresh {
-			j++
-		}
-		err = s.sys.populate(r.at(gi+k), (j-k)<<s.shift, true)
-		k = j
-	}
-	s.mu.Lock()
-	for _, p := range picks {
-		if p.fresh {
-			sl := &s.slots[p.slot]
-			sl.busy = false
-			sl.resident = err == nil
-		}
-	}
-	if err == nil {
-		s.kick()
-		s.mu.Unlock()
-		return nil
-	}
-	n := len(picks)
-	off, size := gi<<s.shift, n<<s.shift
-	err = s.opErr(op, off, size, err, false)
-	if uerr := s.sys.unmapTo(r.at(gi), size); uerr != nil {
-		s.mu.Unlock()
-		return fmt.Errorf("%w; undoing the commit failed, [%#x, +%#x) is left committed: %w",
-			err, off, size, s.opErr(op, off, size, uerr, true))
-	}
-	var give []int
-	for k, p := range picks {
-		r.maps[gi+k] = sharedMap{}
-		s.slots[p.slot].refs--
-		if p.fresh {
-			s.slots[p.slot].busy = true
-			give = append(give, p.slot)
-		} else {
-			s.toIdle(p.slot)
-		}
-	}
-	r.count -= n
-	s.mapped -= int64(size)
-	s.auth.Unmap(int64(size))
-	s.mu.Unlock()
-	_, gerr := s.giveBack(give)
-	return s.stayIdle(err, gerr)
-}
-
-// stayIdle adds to err, the error of a commit that was undone, that giving its new
-// granules back failed (gerr): they stay in the pool, idle and owned, which is a
-// change a caller may need to know of.
-func (s *Shared) stayIdle(err, gerr error) error {
-	if gerr == nil {
-		return err
-	}
-	return fmt.Errorf("%w; giving the new granules back failed, some stay idle in the pool: %w", err, gerr)
-}
-
-// mapSlots maps slots[k] at granule gi+k of r, one mmap per run of consecutive slots.
-// It returns how many granules (a prefix) it mapped and the first error. s.mu must be
-// held.
-func (s *Shared) mapSlots(r *SharedReservation, gi int, slots []int, ro bool) (int, error) {
-	for k := 0; k < len(slots); {
-		j := k + 1
-		for j < len(slots) && slots[j] == slots[j-1]+1 {
-			j++
-		}
-		if err := s.sys.mapFile(r.at(gi+k), (j-k)<<s.shift, s.fd, int64(slots[k])<<s.shift, ro); err != nil {
-			return k, err
-		}
-		s.adviseFile(r.at(gi+k), (j-k)<<s.shift)
-		k = j
-	}
-	return len(slots), nil
-}
-
-// record marks granules gi.. of r as backed by picks (one reference each) and
-// attributes the mappings. s.mu must be held.
-func (s *Shared) record(r *SharedReservation, gi int, picks []sharedPick, ro bool) {
-	for k, p := range picks {
-		sl := &s.slots[p.slot]
-		sl.busy = false
-		sl.refs++
-		r.maps[gi+k] = sharedMap{at: uint32(p.slot + 1), ro: ro, shared: ro}
-	}
-	r.count += len(picks)
-	if n := int64(len(picks)) << s.shift; n > 0 {
-		s.mapped += n
-		s.auth.Map(n)
-	}
-}
-
 // Decommit moves [off, off+size) of r from Committed to Reserved by mapping fresh
 // PROT_NONE anonymous memory over it (the range stays reserved), and drops one
 // reference per physical granule: a granule whose last mapping went returns to the
-// pool, or to the OS (see Shared). A read-write last mapping that the pool keeps is
-// first moved into the park with its page tables (see Shared). The contents seen
+// pool, or to the OS (see the package documentation). A read-write last mapping that the pool keeps is
+// first moved into the park with its page tables (see the package documentation). The contents seen
 // through r are forfeit; other mappings of the granules keep them. On error nothing
 // changed (but where page tables wait).
 func (s *Shared) Decommit(r *SharedReservation, off, size int) error {
@@ -1488,7 +895,7 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) error {
 // range raises SIGSEGV: the process dies unless the goroutine runs under
 // runtime/debug.SetPanicOnFault(true), where it becomes a recoverable panic; CopyIn
 // refuses instead. The access lasts until the granule is decommitted; a read-only
-// last mapping goes idle without its page tables (see Shared). On error nothing
+// last mapping goes idle without its page tables (see the package documentation). On error nothing
 // changed, but where mprotect failed midway and restoring a run's old access failed
 // too: that run is then recorded read-only, which CopyIn honours, and the error says
 // so.
