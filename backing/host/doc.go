@@ -125,11 +125,11 @@
 // page takes host faults (see BENCHMARKS.md). SharedStats says which of these the
 // backing does and, where it falls back, why.
 //
-// A commit takes idle slots first and creates new ones (Free to Live, or private)
-// only for the rest, charging the authority for all of them at once before anything is touched. It
-// places the granules of one commit, and a granule after its predecessor in the
-// reservation, at consecutive file offsets where it can, and maps each consecutive run
-// with one call, so that the kernel merges them into one mapping.
+// A commit takes idle slots first and creates new ones (Free to Live, or private) only
+// for the rest, charging the authority for all of them at once before anything is
+// touched. It places the granules of one commit, and a granule after its predecessor in
+// the reservation, at consecutive file offsets where it can, and maps each consecutive
+// run with one call, so that the kernel merges them into one mapping.
 //
 // # Shared: the park
 //

@@ -65,6 +65,12 @@ var (
 	ErrSharedInUse = errors.New("host: shared backing still has live reservations")
 )
 
+// errSharedGone says that a reservation was unreserved while a call on it had
+// released s.mu (to wait for the budget, or to allocate): the call panics with
+// backing.PanicUseAfterUnreserve once it released s.mu itself. It never reaches a
+// caller.
+var errSharedGone = errors.New("host: reservation unreserved during the call")
+
 // PanicSharedClosed is the panic value for using a Shared backing after Close
 // (Close again included).
 const PanicSharedClosed = "host: shared backing used after Close"

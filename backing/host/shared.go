@@ -367,9 +367,7 @@ func (s *Shared) Stats() SharedStats {
 // granules in ShmemPmdMapped. It costs about a millisecond per thousand mappings of
 // the process: it is for metrics and tests, not the token path.
 func (s *Shared) HugePages(r *SharedReservation) (HugePageBytes, error) {
-	s.mu.Lock()
-	if err := s.use("huge pages", r); err != nil {
-		s.mu.Unlock()
+	if err := s.lockUse("huge pages", r); err != nil {
 		return HugePageBytes{}, err
 	}
 	base, size := uintptr(r.base), r.size
@@ -399,7 +397,7 @@ func (s *Shared) adviseFile(at unsafe.Pointer, n int) {
 
 // reclaim gives every idle granule back when a request on the device waits for
 // memory (the governor calls it): idle granules hold budget that the waiter, perhaps
-// another pool's user, can not otherwise have.
+// another pool's user, can not otherwise have. s.mu must not be held.
 func (s *Shared) reclaim(int64) {
 	s.mu.Lock()
 	if s.closed || !s.othersWait() {
@@ -432,14 +430,13 @@ func (s *Shared) CommitZeroes() bool { return false }
 
 // Reserve moves size bytes of address space from Unreserved to Reserved (mmap
 // PROT_NONE, MAP_NORESERVE) and commits nothing. With granules of 2 MiB or more the
-// base is 2 MiB-aligned (see the package documentation). The reservation MUST be given back with
-// Unreserve.
+// base is 2 MiB-aligned (see the package documentation). The reservation MUST be given
+// back with Unreserve.
 func (s *Shared) Reserve(size int) (*SharedReservation, error) {
 	if err := backing.CheckReserve(size, s.g); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	s.open()
+	s.lock()
 	defer s.mu.Unlock()
 	r := &SharedReservation{s: s, size: size}
 	if size > 0 {
@@ -491,27 +488,52 @@ func (r *SharedReservation) check() {
 	}
 }
 
-// use returns an error unless r is a reservation of s. s.mu must be held; when r was
-// unreserved, use releases it and panics (so callers must not defer the unlock).
-func (s *Shared) use(op string, r *SharedReservation) error {
-	if r == nil || r.s != s {
-		return &backing.OpError{Op: op, Kind: backing.ErrForeignReservation,
-			Err: errors.New("host: not a reservation of this shared backing")}
-	}
-	if r.state != sharedLive {
-		s.mu.Unlock()
-		panic(backing.PanicUseAfterUnreserve)
-	}
-	return nil
-}
-
-// open panics when s was closed. s.mu must be held; open releases it before it
-// panics (so callers must not defer the unlock).
-func (s *Shared) open() {
+// lock takes s.mu for a call on s, which must not be closed: when it is, lock
+// releases s.mu again and panics with PanicSharedClosed. On return the caller holds
+// s.mu.
+func (s *Shared) lock() {
+	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		panic(PanicSharedClosed)
 	}
+}
+
+// lockUse takes s.mu for a call of op on rs, which must be reservations of s: a
+// foreign one is an error, an unreserved one panics with
+// backing.PanicUseAfterUnreserve, each checked in turn. Either way lockUse releases
+// s.mu again first. On a nil error the caller holds s.mu.
+func (s *Shared) lockUse(op string, rs ...*SharedReservation) error {
+	s.mu.Lock()
+	for _, r := range rs {
+		if r == nil || r.s != s {
+			s.mu.Unlock()
+			return &backing.OpError{Op: op, Kind: backing.ErrForeignReservation,
+				Err: errors.New("host: not a reservation of this shared backing")}
+		}
+		if r.state != sharedLive {
+			s.mu.Unlock()
+			panic(backing.PanicUseAfterUnreserve)
+		}
+	}
+	return nil
+}
+
+// lockRange takes s.mu for a range call of op on r (lockUse) and checks that the
+// range lies in r and its granules are all committed or all reserved. On a nil error
+// the caller holds s.mu; on an error lockRange released it.
+func (s *Shared) lockRange(op string, r *SharedReservation, off, size int, committed bool) error {
+	if err := s.lockUse(op, r); err != nil {
+		return err
+	}
+	err := backing.CheckRange(op, off, size, r.size, s.g)
+	if err == nil {
+		err = r.want(op, off, size, committed)
+	}
+	if err != nil {
+		s.mu.Unlock()
+	}
+	return err
 }
 
 // want returns an error unless every granule of [off, off+size) of r is committed
@@ -533,18 +555,6 @@ func (r *SharedReservation) want(op string, off, size int, committed bool) error
 
 // at returns the address of granule i of r.
 func (r *SharedReservation) at(i int) unsafe.Pointer { return sharedAt(r.base, i<<r.s.shift) }
-
-// prepare validates a range call on r under s.mu: r is s's and live, the range lies
-// in it, and its granules are all committed or all reserved.
-func (s *Shared) prepare(op string, r *SharedReservation, off, size int, committed bool) error {
-	if err := s.use(op, r); err != nil {
-		return err
-	}
-	if err := backing.CheckRange(op, off, size, r.size, s.g); err != nil {
-		return err
-	}
-	return r.want(op, off, size, committed)
-}
 
 // opErr wraps a failed system call of op. An ENOMEM from mmap is checked against the
 // process's mapping limit, so that reaching vm.max_map_count says so.
@@ -571,14 +581,12 @@ const sharedMapSlack = 64
 // Decommit moves [off, off+size) of r from Committed to Reserved by mapping fresh
 // PROT_NONE anonymous memory over it (the range stays reserved), and drops one
 // reference per physical granule: a granule whose last mapping went returns to the
-// pool, or to the OS (see the package documentation). A read-write last mapping that the pool keeps is
-// first moved into the park with its page tables (see the package documentation). The contents seen
-// through r are forfeit; other mappings of the granules keep them. On error nothing
-// changed (but where page tables wait).
+// pool, or to the OS (see the package documentation). A read-write last mapping that
+// the pool keeps is first moved into the park with its page tables (see the package
+// documentation). The contents seen through r are forfeit; other mappings of the
+// granules keep them. On error nothing changed (but where page tables wait).
 func (s *Shared) Decommit(r *SharedReservation, off, size int) error {
-	s.mu.Lock()
-	if err := s.prepare("decommit", r, off, size, true); err != nil {
-		s.mu.Unlock()
+	if err := s.lockRange("decommit", r, off, size, true); err != nil {
 		return err
 	}
 	if size == 0 {
@@ -621,9 +629,7 @@ func (s *Shared) Decommit(r *SharedReservation, off, size int) error {
 //
 // A foreign reservation is Failed with ErrForeignReservation.
 func (s *Shared) Unreserve(r *SharedReservation) accounting.ReleaseOutcome {
-	s.mu.Lock()
-	if err := s.use("unreserve", r); err != nil {
-		s.mu.Unlock()
+	if err := s.lockUse("unreserve", r); err != nil {
 		return accounting.FailedRelease(0, err)
 	}
 	held := int64(r.count) << s.shift
@@ -660,14 +666,20 @@ func (s *Shared) Unreserve(r *SharedReservation) accounting.ReleaseOutcome {
 		}
 		if uerr := s.sys.unmapTo(r.at(i), (j-i)<<s.shift); uerr != nil {
 			err = errors.Join(err, s.opErr("unreserve", i<<s.shift, (j-i)<<s.shift, uerr, true))
-			return s.quarantine(r, give, unmapped, held, err)
+			out := s.quarantine(r, unmapped, held, err)
+			s.mu.Unlock()
+			s.giveBack(give)
+			return out
 		}
 		give = append(give, s.drop(r, i, j-i)...)
 		unmapped += int64(j-i) << s.shift
 		i = j
 	}
 	if rerr := s.sys.release(r.raw, r.rawN); rerr != nil {
-		return s.quarantine(r, give, unmapped, held, errors.Join(err, s.opErr("unreserve", 0, r.size, rerr, true)))
+		out := s.quarantine(r, unmapped, held, errors.Join(err, s.opErr("unreserve", 0, r.size, rerr, true)))
+		s.mu.Unlock()
+		s.giveBack(give)
+		return out
 	}
 	s.forget(r, sharedGone)
 	s.mu.Unlock()
@@ -675,17 +687,15 @@ func (s *Shared) Unreserve(r *SharedReservation) accounting.ReleaseOutcome {
 	return accounting.Released(held)
 }
 
-// quarantine ends a failed Unreserve: Failed if nothing changed, else r is
-// Quarantined with what it still maps. s.mu must be held; it is released.
-func (s *Shared) quarantine(r *SharedReservation, give []int, unmapped, held int64, err error) accounting.ReleaseOutcome {
+// quarantine returns the outcome of a failed Unreserve of r that unmapped unmapped
+// of its held bytes: Failed if nothing changed, else Quarantined, and r is then
+// quarantined with what it still maps. s.mu must be held.
+func (s *Shared) quarantine(r *SharedReservation, unmapped, held int64, err error) accounting.ReleaseOutcome {
 	if unmapped == 0 {
-		s.mu.Unlock()
 		return accounting.FailedRelease(held, err)
 	}
 	s.live--
 	r.state = sharedQuarantined
-	s.mu.Unlock()
-	s.giveBack(give)
 	return accounting.Outcome(unmapped, held-unmapped, true, err)
 }
 
@@ -705,13 +715,7 @@ func (s *Shared) forget(r *SharedReservation, state sharedState) {
 func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservation, srcOff, size int, prot backing.Protection) error {
 	const op = "share"
 	for {
-		s.mu.Lock()
-		if err := s.use(op, dst); err != nil {
-			s.mu.Unlock()
-			return err
-		}
-		if err := s.use(op, src); err != nil {
-			s.mu.Unlock()
+		if err := s.lockUse(op, dst, src); err != nil {
 			return err
 		}
 		if err := s.checkShare(op, dst, dstOff, src, srcOff, size, prot); err != nil {
@@ -730,8 +734,10 @@ func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservatio
 		for k < j && src.maps[k].priv {
 			k++
 		}
-		if err := s.adopt(op, src, i, k); err != nil {
-			return err
+		give, err := s.adopt(op, src, i, k)
+		s.mu.Unlock()
+		if err != nil {
+			return s.undone(err, give)
 		}
 	}
 	defer s.mu.Unlock()
@@ -789,8 +795,11 @@ func (s *Shared) checkShare(op string, dst *SharedReservation, dstOff int, src *
 // back to the OS. While both exist the new granules are charged too, so a busy
 // budget may refuse the Share; the private granules' bytes are released once
 // they are gone. On error r is as it was, but that some granules may have moved
-// (which changes nothing r can see). s.mu must be held; it is released.
-func (s *Shared) adopt(op string, r *SharedReservation, i, j int) error {
+// (which changes nothing r can see), and it returns the new slots that the caller
+// gives back to the OS once it released s.mu (undone); errSharedGone when r was
+// unreserved meanwhile. s.mu must be held; adopt releases it while it copies (the
+// slots are busy) and holds it again when it returns.
+func (s *Shared) adopt(op string, r *SharedReservation, i, j int) ([]int, error) {
 	k := j - i
 	off, size := i<<s.shift, k<<s.shift
 	picks := s.pickIdle(min(k, s.nIdle), -1)
@@ -798,8 +807,7 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) error {
 		b := int64(fresh) << s.shift
 		if err := s.auth.TryAcquire(b); err != nil {
 			s.unpick(picks)
-			s.mu.Unlock()
-			return &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
+			return nil, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
 		}
 		s.owned += b
 		more, err := s.pickFresh(fresh, -1)
@@ -807,8 +815,7 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) error {
 			s.unpick(picks)
 			s.owned -= b
 			s.auth.Release(b)
-			s.mu.Unlock()
-			return s.opErr(op, off, size, err, true)
+			return nil, s.opErr(op, off, size, err, true)
 		}
 		picks = append(picks, more...)
 	}
@@ -875,16 +882,10 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) error {
 			s.toIdle(p.slot)
 		}
 	}
-	live := r.state == sharedLive
-	s.mu.Unlock()
-	_, gerr := s.giveBack(give)
-	if !live {
-		panic(backing.PanicUseAfterUnreserve) // r was unreserved meanwhile
+	if r.state != sharedLive {
+		return give, errSharedGone
 	}
-	if err != nil {
-		return s.stayIdle(err, gerr)
-	}
-	return nil
+	return give, err
 }
 
 // Protect sets the access of the committed range [off, off+size) of r to prot with one
@@ -894,16 +895,14 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) error {
 // holding a granule shared into r read-only. A store through Base(r) into a read-only
 // range raises SIGSEGV: the process dies unless the goroutine runs under
 // runtime/debug.SetPanicOnFault(true), where it becomes a recoverable panic; CopyIn
-// refuses instead. The access lasts until the granule is decommitted; a read-only
-// last mapping goes idle without its page tables (see the package documentation). On error nothing
-// changed, but where mprotect failed midway and restoring a run's old access failed
-// too: that run is then recorded read-only, which CopyIn honours, and the error says
-// so.
+// refuses instead. The access lasts until the granule is decommitted; a read-only last
+// mapping goes idle without its page tables (see the package documentation). On error
+// nothing changed, but where mprotect failed midway and restoring a run's old access
+// failed too: that run is then recorded read-only, which CopyIn honours, and the error
+// says so.
 func (s *Shared) Protect(r *SharedReservation, off, size int, prot backing.Protection) error {
 	const op = "protect"
-	s.mu.Lock()
-	if err := s.use(op, r); err != nil {
-		s.mu.Unlock()
+	if err := s.lockUse(op, r); err != nil {
 		return err
 	}
 	defer s.mu.Unlock()
@@ -963,9 +962,7 @@ func (s *Shared) Protect(r *SharedReservation, off, size int, prot backing.Prote
 // physical granules are known resident from then on, also after they go idle.
 func (s *Shared) Populate(r *SharedReservation, off, size int) error {
 	type span struct{ i, j int }
-	s.mu.Lock()
-	if err := s.prepare("populate", r, off, size, true); err != nil {
-		s.mu.Unlock()
+	if err := s.lockRange("populate", r, off, size, true); err != nil {
 		return err
 	}
 	var spans []span
@@ -1003,9 +1000,6 @@ func (s *Shared) Populate(r *SharedReservation, off, size int) error {
 // span checks a byte range of r for CopyIn/CopyOut: inside r and wholly committed,
 // and, for a write, mapped read-write. s.mu must be held.
 func (s *Shared) span(op string, r *SharedReservation, off, n int, write bool) error {
-	if err := s.use(op, r); err != nil {
-		return err
-	}
 	if off < 0 || n < 0 || off > r.size-n {
 		kind := backing.ErrOutOfRange
 		if off < 0 || n < 0 {
@@ -1037,7 +1031,9 @@ func (s *Shared) span(op string, r *SharedReservation, off, n int, write bool) e
 // read-only mapping (shared read-only, or protected) fails with ErrSharedReadOnly,
 // which matches backing.ErrReadOnly, rather than fault.
 func (s *Shared) CopyIn(r *SharedReservation, off int, src []byte) error {
-	s.mu.Lock()
+	if err := s.lockUse("copy in", r); err != nil {
+		return err
+	}
 	err := s.span("copy in", r, off, len(src), true)
 	s.mu.Unlock()
 	if err != nil || len(src) == 0 {
@@ -1049,7 +1045,9 @@ func (s *Shared) CopyIn(r *SharedReservation, off int, src []byte) error {
 
 // CopyOut copies the committed memory of r at off into dst.
 func (s *Shared) CopyOut(dst []byte, r *SharedReservation, off int) error {
-	s.mu.Lock()
+	if err := s.lockUse("copy out", r); err != nil {
+		return err
+	}
 	err := s.span("copy out", r, off, len(dst), false)
 	s.mu.Unlock()
 	if err != nil || len(dst) == 0 {
@@ -1066,8 +1064,7 @@ func (s *Shared) CopyOut(dst []byte, r *SharedReservation, off int) error {
 // they are still held. Any use of s after Close panics with PanicSharedClosed, except
 // PoolStats and the constant accessors.
 func (s *Shared) Close() error {
-	s.mu.Lock()
-	s.open()
+	s.lock()
 	if s.live > 0 {
 		n := s.live
 		s.mu.Unlock()

@@ -46,9 +46,7 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 	if wait {
 		op = "commit ctx"
 	}
-	s.mu.Lock()
-	if err := s.prepare(op, r, off, size, false); err != nil {
-		s.mu.Unlock()
+	if err := s.lockRange(op, r, off, size, false); err != nil {
 		return err
 	}
 	gi, n := off>>s.shift, size>>s.shift
@@ -72,7 +70,8 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 		var fresh int
 		var err error
 		if picks, fresh, err = s.charge(ctx, op, r, off, size, n, picks, &pos, wait); err != nil {
-			return err
+			s.mu.Unlock()
+			return s.undone(err, nil)
 		}
 		if s.huge == sharedPrivHuge {
 			priv = fresh
@@ -96,13 +95,22 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 		picks = append(picks, more...)
 		slices.SortFunc(picks, func(a, b sharedPick) int { return a.slot - b.slot })
 		if s.populate && len(more) > 0 {
-			if err := s.allocateNew(op, r, off, size, picks, more); err != nil {
-				return err
+			if give, err := s.allocateNew(op, r, off, size, picks, more); err != nil {
+				s.mu.Unlock()
+				return s.undone(err, give)
 			}
 		}
 	}
 	if len(pos) > 0 {
-		return s.commitPriv(op, r, gi, n, picks, pos, priv)
+		give, err := s.commitPriv(op, r, gi, n, picks, pos, priv)
+		s.mu.Unlock()
+		if err != nil {
+			return s.undone(err, give)
+		}
+		if s.populate && priv > 0 {
+			return s.populatePriv(op, r, gi, n, priv)
+		}
+		return nil
 	}
 	slots := make([]int, len(picks))
 	for k, p := range picks {
@@ -110,13 +118,17 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 	}
 	if done, err := s.place(r, gi, slots); err != nil {
 		s.releasePriv(priv)
-		return s.undoMap(op, r, off, size, picks, done, err)
+		give, err := s.undoMap(op, r, off, size, picks, done, err)
+		s.mu.Unlock()
+		return s.undone(err, give)
 	}
 	if priv > 0 {
 		at := r.at(gi + len(picks))
 		if err := s.sys.protect(at, priv<<s.shift, false); err != nil {
 			s.releasePriv(priv)
-			return s.undoMap(op, r, off, size, picks, len(picks), err)
+			give, err := s.undoMap(op, r, off, size, picks, len(picks), err)
+			s.mu.Unlock()
+			return s.undone(err, give)
 		}
 		s.advise(at, priv<<s.shift)
 	}
@@ -200,8 +212,10 @@ func (s *Shared) populatePriv(op string, r *SharedReservation, gi, n, priv int) 
 // holds the idle picks and the idle private granules at *pos: at once, or, when
 // wait is true and the budget refuses, in FIFO order with the device's other
 // waiters until ctx ends. It returns the idle picks the commit keeps and how many
-// granules it must create (and may change *pos). s.mu must be held; on error it is
-// released and nothing is held.
+// granules it must create (and may change *pos). On error the commit holds nothing;
+// when r was unreserved while the commit waited the error is errSharedGone. s.mu must
+// be held; charge releases it while the commit waits and holds it again when it
+// returns.
 //
 // NB: a commit holds nothing while it waits. Holding its idle granules while waiting
 // for the rest would let commits that each hold some wait for each other forever; so
@@ -220,7 +234,6 @@ func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, of
 		s.unpick(picks)
 		s.untakePrivIdle(*pos)
 		*pos = nil
-		s.mu.Unlock()
 		return nil, 0, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
 	}
 	bytes := int64(n) << s.shift
@@ -251,8 +264,7 @@ func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, of
 			if err == nil {
 				s.auth.Release(bytes)
 			}
-			s.mu.Unlock()
-			panic(backing.PanicUseAfterUnreserve)
+			return nil, 0, errSharedGone
 		}
 		if err == nil {
 			s.unwait(w)
@@ -261,7 +273,6 @@ func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, of
 		}
 		if !w.signaled || ctx.Err() != nil {
 			s.unwait(w)
-			s.mu.Unlock()
 			if ctx.Err() != nil {
 				err = fmt.Errorf("%w", ctx.Err()) // NB: not wctx's: the caller's ctx ended
 			}
@@ -326,10 +337,13 @@ func (s *Shared) othersWait() bool {
 
 // allocateNew allocates the pages of the new slots more (one run) in the file before
 // they are mapped: that and then populating the mapping costs 15% less than
-// populating an empty shmem mapping, which faults one page at a time. s.mu must be
-// held; it is released meanwhile (the slots are busy), and on error for good, with
-// the commit undone.
-func (s *Shared) allocateNew(op string, r *SharedReservation, off, size int, picks, more []sharedPick) error {
+// populating an empty shmem mapping, which faults one page at a time. On error
+// (errSharedGone when r was unreserved meanwhile) the idle picks are back in the pool
+// and it returns the new slots, which the caller gives back to the OS once it
+// released s.mu (undone): the allocation may have been partial. s.mu must be held;
+// allocateNew releases it while it allocates (the slots are busy) and holds it again
+// when it returns.
+func (s *Shared) allocateNew(op string, r *SharedReservation, off, size int, picks, more []sharedPick) ([]int, error) {
 	s.mu.Unlock()
 	err := s.sys.allocate(s.fd, int64(more[0].slot)<<s.shift, int64(len(more))<<s.shift)
 	s.mu.Lock()
@@ -337,29 +351,28 @@ func (s *Shared) allocateNew(op string, r *SharedReservation, off, size int, pic
 		for _, p := range more {
 			s.slots[p.slot].resident = true
 		}
-		return nil
+		return nil, nil
 	}
 	for _, p := range picks {
 		if !p.fresh {
 			s.toIdle(p.slot)
 		}
 	}
-	s.mu.Unlock()
 	give := make([]int, len(more))
 	for k, p := range more {
 		give[k] = p.slot
 	}
-	_, gerr := s.giveBack(give) // the allocation may have been partial
 	if err == nil {
-		panic(backing.PanicUseAfterUnreserve) // r was unreserved meanwhile
+		return give, errSharedGone
 	}
-	return s.stayIdle(s.opErr(op, off, size, err, false), gerr)
+	return give, s.opErr(op, off, size, err, false)
 }
 
 // undoMap undoes a commit of picks at off of r whose mmap failed after done
-// granules: it maps reserved memory over those and returns the picks, idle ones to
-// the pool, new ones to the OS. s.mu must be held; it is released.
-func (s *Shared) undoMap(op string, r *SharedReservation, off, size int, picks []sharedPick, done int, err error) error {
+// granules with err: it maps reserved memory over those and returns the idle picks
+// to the pool. It returns the error to report and the new slots that the caller
+// gives back to the OS once it released s.mu (undone). s.mu must be held.
+func (s *Shared) undoMap(op string, r *SharedReservation, off, size int, picks []sharedPick, done int, err error) ([]int, error) {
 	gi := off >> s.shift
 	err = s.opErr(op, off, size, err, true)
 	kept := 0
@@ -375,8 +388,7 @@ func (s *Shared) undoMap(op string, r *SharedReservation, off, size int, picks [
 	s.record(r, gi, picks[:kept], false)
 	if !s.populate && !sharedMapAllocates {
 		s.unpick(picks[kept:]) // new slots never touched: still holes
-		s.mu.Unlock()
-		return err
+		return nil, err
 	}
 	// New slots were allocated in the file: punch them out again.
 	var give []int
@@ -387,14 +399,12 @@ func (s *Shared) undoMap(op string, r *SharedReservation, off, size int, picks [
 			s.toIdle(p.slot)
 		}
 	}
-	s.mu.Unlock()
-	_, gerr := s.giveBack(give)
-	return s.stayIdle(err, gerr)
+	return give, err
 }
 
 // populateNew populates, outside the lock, the granules a commit of len(picks)
 // granules at gi of r created. On failure it undoes the whole commit: the created
-// granules go back to the OS, the pooled ones to the pool.
+// granules go back to the OS, the pooled ones to the pool. s.mu must not be held.
 func (s *Shared) populateNew(op string, r *SharedReservation, gi int, picks []sharedPick) error {
 	var err error
 	for k := 0; k < len(picks) && err == nil; {
@@ -446,6 +456,18 @@ func (s *Shared) populateNew(op string, r *SharedReservation, gi int, picks []sh
 	s.auth.Unmap(int64(size))
 	s.mu.Unlock()
 	_, gerr := s.giveBack(give)
+	return s.stayIdle(err, gerr)
+}
+
+// undone ends a commit that failed with err and was undone: it gives the new slots
+// give back to the OS and returns err, noting where that failed (stayIdle). A commit
+// whose reservation was unreserved meanwhile (errSharedGone) panics then with
+// backing.PanicUseAfterUnreserve. s.mu must not be held.
+func (s *Shared) undone(err error, give []int) error {
+	_, gerr := s.giveBack(give)
+	if err == errSharedGone {
+		panic(backing.PanicUseAfterUnreserve)
+	}
 	return s.stayIdle(err, gerr)
 }
 

@@ -64,7 +64,7 @@ func (s *Shared) startDecay() {
 
 // decayPass gives back the idle granules that have decayed at now, and reports
 // whether idle granules above the floor remain (when not, the scavenger stops; the
-// next granule to go idle starts it again).
+// next granule to go idle starts it again). s.mu must not be held.
 func (s *Shared) decayPass(now time.Time) bool {
 	type idler struct {
 		since int64

@@ -244,7 +244,7 @@ func (s *Shared) Prefill(n int) error {
 
 // prefillOne makes one more idle granule resident, if fewer than n are. It reports
 // whether it did (and more may be needed). background calls stop quietly once the
-// backing is closed and clear s.refilling when done.
+// backing is closed and clear s.refilling when done. s.mu must not be held.
 func (s *Shared) prefillOne(n int, background bool) (bool, error) {
 	s.mu.Lock()
 	if background && s.closed {
@@ -252,7 +252,10 @@ func (s *Shared) prefillOne(n int, background bool) (bool, error) {
 		s.mu.Unlock()
 		return false, nil
 	}
-	s.open()
+	if s.closed {
+		s.mu.Unlock()
+		panic(PanicSharedClosed)
+	}
 	if s.nResident+s.nPrivIdle >= n {
 		if background {
 			s.refilling = false
@@ -262,6 +265,7 @@ func (s *Shared) prefillOne(n int, background bool) (bool, error) {
 	}
 	if s.huge == sharedPrivHuge {
 		if ok, err := s.prefillPriv(background); ok || err != nil {
+			s.mu.Unlock()
 			return ok, err
 		}
 		// The private park is full: memfd granules for the rest.
@@ -360,8 +364,7 @@ func (s *Shared) Trim(keep int) (int64, error) {
 		return 0, &backing.OpError{Op: "trim", Size: keep, Kind: backing.ErrInvalidRange,
 			Err: fmt.Errorf("host: negative granule count %d", keep)}
 	}
-	s.mu.Lock()
-	s.open()
+	s.lock()
 	k := max(s.nIdle+s.nPrivIdle-keep, 0)
 	pos := s.takePrivIdle(min(k, s.nPrivIdle)) // the cheapest to make again
 	n, err := s.givePriv(pos)

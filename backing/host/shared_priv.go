@@ -172,8 +172,10 @@ func (s *Shared) givePriv(pos []int) (int64, error) {
 // commitPriv ends a commit of n granules at gi of r in a backing of private
 // granules: the idle memfd granules picks go first, then the idle private granules
 // at pos, moved out of the park, then priv new private granules (already charged).
-// s.mu must be held; it is released.
-func (s *Shared) commitPriv(op string, r *SharedReservation, gi, n int, picks []sharedPick, pos []int, priv int) error {
+// On error the commit is undone and it returns the new slots that the caller gives
+// back to the OS once it released s.mu (undone); on success the caller populates the
+// new private granules (populatePriv) once it released s.mu. s.mu must be held.
+func (s *Shared) commitPriv(op string, r *SharedReservation, gi, n int, picks []sharedPick, pos []int, priv int) ([]int, error) {
 	off, size := gi<<s.shift, n<<s.shift
 	slots := make([]int, len(picks))
 	for k, p := range picks {
@@ -185,7 +187,7 @@ func (s *Shared) commitPriv(op string, r *SharedReservation, gi, n int, picks []
 		return s.undoMap(op, r, off, size, picks, done, err)
 	}
 	s.record(r, gi, picks, false)
-	fail := func(k int, err error) error {
+	fail := func(k int, err error) ([]int, error) {
 		// Undo what is recorded: the positions not reached go back to the pool,
 		// and so do the granules that came out of it (parked again).
 		s.untakePrivIdle(pos[k:])
@@ -194,14 +196,10 @@ func (s *Shared) commitPriv(op string, r *SharedReservation, gi, n int, picks []
 		parked := s.parkPriv(r, gi, n)
 		if uerr := s.sys.unmapTo(r.at(gi), size); uerr != nil {
 			_ = s.unpark(r, parked)
-			s.mu.Unlock()
-			return fmt.Errorf("%w; undoing the commit failed, [%#x, +%#x) is left committed: %w",
+			return nil, fmt.Errorf("%w; undoing the commit failed, [%#x, +%#x) is left committed: %w",
 				err, off, size, s.opErr(op, off, size, uerr, true))
 		}
-		give := s.drop(r, gi, n)
-		s.mu.Unlock()
-		_, gerr := s.giveBack(give)
-		return s.stayIdle(err, gerr)
+		return s.drop(r, gi, n), err
 	}
 	at := gi + len(picks)
 	for k, p := range pos {
@@ -232,22 +230,17 @@ func (s *Shared) commitPriv(op string, r *SharedReservation, gi, n int, picks []
 		s.recordPriv(r, gi+n-priv, priv)
 	}
 	s.kick()
-	s.mu.Unlock()
-	if s.populate && priv > 0 {
-		return s.populatePriv(op, r, gi, n, priv)
-	}
-	return nil
+	return nil, nil
 }
 
 // prefillPriv makes one idle private granule in the private park, populated (one
-// huge page), if the park has room; it reports whether it did. s.mu must be held; it
-// is released unless the park is full (false, nil).
+// huge page), if the park has room; it reports whether it did. s.mu must be held;
+// prefillPriv releases it while it populates and holds it again when it returns.
 func (s *Shared) prefillPriv(background bool) (bool, error) {
 	fail := func(err error) (bool, error) {
 		if background {
 			s.refilling = false
 		}
-		s.mu.Unlock()
 		return false, err
 	}
 	if err := s.privPark(); err != nil {
@@ -284,6 +277,5 @@ func (s *Shared) prefillPriv(background bool) (bool, error) {
 		return fail(err)
 	}
 	s.untakePrivIdle([]int{p})
-	s.mu.Unlock()
 	return true, nil
 }
