@@ -40,20 +40,7 @@ func BenchmarkNewGranule(b *testing.B) {
 			mem := host.PrivateBytes(base, g)
 			require.NoError(b, unix.Madvise(mem, advice))
 			b.SetBytes(g)
-			for b.Loop() {
-				if err := unix.Mprotect(mem, unix.PROT_READ|unix.PROT_WRITE); err != nil {
-					b.Fatal(err)
-				}
-				if err := unix.Madvise(mem, unix.MADV_POPULATE_WRITE); err != nil {
-					b.Fatal(err)
-				}
-				if err := unix.Madvise(mem, unix.MADV_DONTNEED); err != nil {
-					b.Fatal(err)
-				}
-				if err := unix.Mprotect(mem, unix.PROT_NONE); err != nil {
-					b.Fatal(err)
-				}
-			}
+			floorCycles(b, mem)
 			reportGranule(b)
 		}
 	}
