@@ -115,9 +115,6 @@ func (s *cacheStrategy) Stats() baseline.Stats {
 	}
 }
 
-// kvStats returns the cache's own statistics.
-func (s *cacheStrategy) kvStats() kv.Stats { return s.c.Stats() }
-
 // poolAfterClose returns the backing's pool as the cache's Close left it (every
 // granule idle, none mapped, when nothing leaked), or nil for a backing without a
 // pool or before Close.

@@ -17,7 +17,7 @@ import (
 func checkOwnedOnce(t *testing.T, st baseline.Strategy) {
 	cs, ok := st.(*cacheStrategy)
 	require.True(t, ok, "%T", st)
-	ks := cs.kvStats()
+	ks := cs.c.Stats() // the cache's own statistics
 	ps := cs.pool.PoolStats()
 	row := testModel.BytesPerToken()
 	sharedPerSeq := int64(testSystem * row / testGranule * testGranule)
