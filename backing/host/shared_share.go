@@ -1,0 +1,194 @@
+package host
+
+import (
+	"fmt"
+	"slices"
+	"unsafe"
+
+	"github.com/vmarena/vmarena/backing"
+)
+
+// Sharing on a Shared backing: Share maps the slots behind one reservation's range
+// into another's; a private granule is first adopted into the memfd.
+
+// Share moves [dstOff, dstOff+size) of dst from Reserved to Committed by mapping the
+// physical granules committed at [srcOff, srcOff+size) of src (the same memfd
+// offsets, MAP_SHARED|MAP_FIXED), read-only or read-write. Each granule gains one
+// reference and the mapped bytes are attributed to the authority; nothing new is
+// owned. prot applies to the new mapping only (a read-only mapping may be shared on
+// read-write: the physical granule is the same). On error nothing changed.
+func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservation, srcOff, size int, prot backing.Protection) error {
+	const op = "share"
+	for {
+		if err := s.lockUse(op, dst, src); err != nil {
+			return err
+		}
+		if err := s.checkShare(op, dst, dstOff, src, srcOff, size, prot); err != nil {
+			s.mu.Unlock()
+			return err
+		}
+		// Private granules move into the memfd first, one run at a time.
+		i, j := srcOff>>s.shift, (srcOff+size)>>s.shift
+		for i < j && !src.maps[i].priv {
+			i++
+		}
+		if i == j {
+			break
+		}
+		k := i + 1
+		for k < j && src.maps[k].priv {
+			k++
+		}
+		give, err := s.adopt(op, src, i, k)
+		s.mu.Unlock()
+		if err != nil {
+			return s.undone(err, give)
+		}
+	}
+	defer s.mu.Unlock()
+	n := size >> s.shift
+	if n == 0 {
+		return nil
+	}
+	si, di := srcOff>>s.shift, dstOff>>s.shift
+	slots := make([]int, n)
+	picks := make([]sharedPick, n)
+	for k := range slots {
+		slots[k] = src.maps[si+k].slot()
+		picks[k] = sharedPick{slot: slots[k]}
+	}
+	ro := prot == backing.ReadOnly
+	done, err := s.mapSlots(dst, di, slots, ro)
+	if err == nil {
+		s.record(dst, di, picks, ro)
+		return nil
+	}
+	err = s.opErr(op, dstOff, size, err, true)
+	if done > 0 {
+		if uerr := s.sys.unmapTo(dst.at(di), done<<s.shift); uerr != nil {
+			// NB: as in commit, what can not be undone is recorded as what it is.
+			s.record(dst, di, picks[:done], ro)
+			return fmt.Errorf("%w; undoing it failed, [%#x, +%#x) is left shared: %w",
+				err, dstOff, done<<s.shift, s.opErr(op, dstOff, done<<s.shift, uerr, true))
+		}
+	}
+	return err
+}
+
+// checkShare validates the arguments of a Share. s.mu must be held.
+func (s *Shared) checkShare(op string, dst *SharedReservation, dstOff int, src *SharedReservation, srcOff, size int, prot backing.Protection) error {
+	if prot != backing.ReadOnly && prot != backing.ReadWrite {
+		return &backing.OpError{Op: op, Offset: dstOff, Size: size, Kind: ErrSharedArgument,
+			Err: fmt.Errorf("host: unknown protection %d", prot)}
+	}
+	if err := backing.CheckRange(op, srcOff, size, src.size, s.g); err != nil {
+		return err
+	}
+	if err := backing.CheckRange(op, dstOff, size, dst.size, s.g); err != nil {
+		return err
+	}
+	if err := src.want(op, srcOff, size, true); err != nil {
+		return err
+	}
+	return dst.want(op, dstOff, size, false)
+}
+
+// adopt moves the private granules [i, j) of r into the memfd: it copies each into
+// a memfd granule (an idle one where the pool has one, else a new one, allocated and
+// populated in the park), then moves those over the same addresses of r (mremap,
+// see the park), so that r keeps its base and its contents and the private pages go
+// back to the OS. While both exist the new granules are charged too, so a busy
+// budget may refuse the Share; the private granules' bytes are released once
+// they are gone. On error r is as it was, but that some granules may have moved
+// (which changes nothing r can see), and it returns the new slots that the caller
+// gives back to the OS once it released s.mu (undone); errSharedGone when r was
+// unreserved meanwhile. s.mu must be held; adopt releases it while it copies (the
+// slots are busy) and holds it again when it returns.
+func (s *Shared) adopt(op string, r *SharedReservation, i, j int) ([]int, error) {
+	k := j - i
+	off, size := i<<s.shift, k<<s.shift
+	picks := s.pickIdle(min(k, s.nIdle), -1)
+	if fresh := k - len(picks); fresh > 0 {
+		b := int64(fresh) << s.shift
+		if err := s.auth.TryAcquire(b); err != nil {
+			s.unpick(picks)
+			return nil, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
+		}
+		s.owned += b
+		more, err := s.pickFresh(fresh, -1)
+		if err != nil {
+			s.unpick(picks)
+			s.owned -= b
+			s.auth.Release(b)
+			return nil, s.opErr(op, off, size, err, true)
+		}
+		picks = append(picks, more...)
+	}
+	slices.SortFunc(picks, func(a, b sharedPick) int { return a.slot - b.slot })
+	ro := make([]bool, k) // protected (Protect): the memfd granule must be too
+	for n := range ro {
+		ro[n] = r.maps[i+n].ro
+	}
+	at := make([]unsafe.Pointer, k)
+	ready := make([]bool, k)
+	for n, p := range picks {
+		at[n] = s.parkAt(p.slot)
+		ready[n] = s.slots[p.slot].resident
+	}
+	s.mu.Unlock()
+	var err error
+	for n, p := range picks {
+		if !ready[n] {
+			if err = s.sys.allocate(s.fd, int64(p.slot)<<s.shift, int64(s.g)); err == nil {
+				err = s.sys.populate(at[n], s.g, true)
+			}
+			if err != nil {
+				err = s.opErr(op, off, size, err, false)
+				break
+			}
+		}
+		copy(sharedBytes(at[n], s.g), sharedBytes(r.at(i+n), s.g))
+	}
+	s.mu.Lock()
+	done := 0
+	if err == nil && r.state == sharedLive {
+		slots := make([]int, k)
+		for n, p := range picks {
+			slots[n] = p.slot
+		}
+		done, err = s.place(r, i, slots)
+		if err != nil {
+			err = s.opErr(op, off, size, err, true)
+		}
+	}
+	for n, p := range picks[:done] {
+		sl := &s.slots[p.slot]
+		sl.busy, sl.refs, sl.resident = false, 1, true
+		r.maps[i+n] = sharedMap{at: uint32(p.slot + 1)}
+		if ro[n] {
+			// The move brought the park's access (read-write): protect it again.
+			if perr := s.sys.protect(r.at(i+n), s.g, true); perr != nil && err == nil {
+				err = fmt.Errorf("host: granule at %#x moved into the memfd writable, not protected: %w",
+					(i+n)<<s.shift, s.opErr(op, (i+n)<<s.shift, s.g, perr, true))
+			} else if perr == nil {
+				r.maps[i+n].ro = true
+			}
+		}
+	}
+	s.nPriv -= done
+	s.adopted += int64(done)
+	s.releasePriv(done)
+	var give []int
+	for _, p := range picks[done:] {
+		if p.fresh {
+			give = append(give, p.slot)
+		} else {
+			s.slots[p.slot].resident = false // its pages may be half written
+			s.toIdle(p.slot)
+		}
+	}
+	if r.state != sharedLive {
+		return give, errSharedGone
+	}
+	return give, err
+}
