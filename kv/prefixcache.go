@@ -377,9 +377,11 @@ func (c *Cache) startOn(src *Sequence, n int) (*Sequence, error) {
 // MUST NOT be written through Bytes or a View (on a backing.Protector the first
 // lookup that maps them makes them read-only in s too); nor may s's tokens past them
 // and below len(tokens) be written through Bytes or a View (WriteToken may: the entry
-// first copies them). When s closes, the entry takes over s's ranges. s must belong to
-// the prefix cache's cache and stays the caller's, usable and to be closed as before.
-// A cache over MaxBytes afterwards evicts down to it.
+// first copies them). When s closes, the entry takes over s's ranges; where s was
+// inserted more than once under tokens that do not extend each other, only the longest
+// of its entries does, and the others leave the index then. s must belong to the
+// prefix cache's cache and stays the caller's, usable and to be closed as before. A
+// cache over MaxBytes afterwards evicts down to it.
 func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	if s == nil {
 		panic(PanicNilSequence)
