@@ -208,3 +208,43 @@ func TestPrefixCacheLazyConcurrent(t *testing.T) {
 	assert.Zero(t, st.PinnedBytes)
 	assert.Equal(t, st.CachedBytes, held(b), "with no live sequence, the pool holds just the cache")
 }
+
+// TestPrefixCacheInsertTwiceDiverging: a sequence inserted under two token strings
+// that part after a few tokens is found under both while it lives; when it closes
+// the longer entry takes its ranges over and the other leaves the index, with the
+// ledger exact.
+func TestPrefixCacheInsertTwiceDiverging(t *testing.T) {
+	_, pc, b := newHostPrefixCache(t, "kv-pc-twice", kv.PerLayer)
+	a := make([]int32, 100)
+	for i := range a {
+		a[i] = int32(i)
+	}
+	s, _, err := serve(pc, a)
+	require.NoError(t, err)
+	other := append([]int32(nil), a[:80]...)
+	for i := 10; i < len(other); i++ {
+		other[i] = int32(5000 + i) // only the IDs differ: s holds the same K/V
+	}
+	require.NoError(t, pc.Insert(s, other))
+	assert.Equal(t, 2, pc.Stats().Entries)
+	for _, ids := range [][]int32{a, other} {
+		q, m, err := pc.Lookup(append(ids[:len(ids):len(ids)], -1))
+		require.NoError(t, err)
+		assert.Equal(t, len(ids), m)
+		require.NoError(t, checkIDs(q, a, 0, m), "both entries map s's K/V")
+		require.True(t, q.Close().OK())
+	}
+	require.True(t, s.Close().OK())
+	st := pc.Stats()
+	assert.Equal(t, 1, st.Entries, "the longer entry took s's ranges over")
+	assert.Equal(t, st.CachedBytes, held(b), "with no live sequence, the pool holds just the cache")
+	q, m, err := pc.Lookup(append(a[:100:100], -2))
+	require.NoError(t, err)
+	defer q.Close()
+	assert.Equal(t, 100, m)
+	require.NoError(t, checkIDs(q, a, 0, 100))
+	r, m, err := pc.Lookup(append(other[:80:80], -3))
+	require.NoError(t, err)
+	defer r.Close()
+	assert.Equal(t, 10, m, "only the shared first tokens of the other are left")
+}
