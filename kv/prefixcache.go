@@ -587,9 +587,10 @@ func (pc *PrefixCache) unhold(e *pcEntry) *pcEntry {
 
 // adopt, as s closes, makes an entry made from s hold s's own ranges rather than
 // refer to them (lazy) or map them, and returns the ranges Close must release in place
-// of s's. It reports false, changing nothing, when no entry takes them over: s's
-// ranges are then released as usual. The lazy entries that do not take them over
-// (only one can) leave the index, as do all of them when s is damaged.
+// of s's (none when a lazy entry took them over). It reports false when no entry
+// takes them over: s's ranges are then released as usual. The lazy entries that do
+// not take them over (only one can) leave the index, as do all of them when s is
+// damaged.
 //
 // NB: an entry that mapped s's granules made those mappings by Share and never
 // touched them, so they hold no page tables, while s's are populated by its writes.
