@@ -68,6 +68,7 @@ type Backing struct {
 	idle     []*handle     // pooled, mapped nowhere; the most recently used last
 	stuck    []*handle     // idle handles cuMemRelease refused: still owned
 	owned    int           // handles held: idle, mapped, stuck, being handed out
+	created  int64         // handles ever made (PoolStats.Created)
 	creating int           // handles the refill is creating now
 	settled  sync.Cond     // on mu: signalled when creating drops
 	held     bool          // Trim paused the background refill until the next commit

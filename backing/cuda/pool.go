@@ -150,6 +150,7 @@ func (b *Backing) create(n int) ([]*handle, error) {
 	}
 	b.mu.Lock()
 	b.owned += len(hs)
+	b.created += int64(len(hs))
 	b.mu.Unlock()
 	return hs, err
 }
@@ -383,6 +384,9 @@ func (b *Backing) PoolStats() backing.PoolStats {
 		Resident: idle,
 		Low:      b.low,
 		High:     b.high,
+
+		Created:   b.created,
+		GivenBack: b.created - int64(b.owned),
 	}
 }
 

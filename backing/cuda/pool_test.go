@@ -16,7 +16,7 @@ func TestPoolLowMark(t *testing.T) {
 	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{Low: 3})
 	g := int64(x.g)
 	s := x.b.PoolStats()
-	assert.Equal(t, backing.PoolStats{Granule: x.g, Owned: 3 * g, Idle: 3 * g, Resident: 3 * g, Low: 3}, s,
+	assert.Equal(t, backing.PoolStats{Granule: x.g, Owned: 3 * g, Idle: 3 * g, Resident: 3 * g, Low: 3, Created: 3}, s,
 		"New fills the pool to Low")
 	r := x.reserve(t, 3)
 	assert.Zero(t, x.calls("cuMemCreate", func() { require.NoError(t, x.b.Commit(r, 0, 3*x.g)) }),
@@ -48,6 +48,7 @@ func TestPoolHighMark(t *testing.T) {
 	assert.Equal(t, 2*g, s.Idle)
 	assert.Equal(t, 3*g, s.Owned)
 	assert.Equal(t, 3*g, x.auth.Stats().Owned, "and their bytes given back")
+	assert.Equal(t, [2]int64{5, 2}, [2]int64{s.Created, s.GivenBack}, "5 handles made, 2 given back")
 	x.checkBooks(t, "above High")
 	// Prefill is explicit and may go above High.
 	require.NoError(t, x.b.Prefill(4))

@@ -168,6 +168,7 @@ type Shared struct {
 	nResident int   // Idle slots that are resident
 	owned     int64 // bytes of Idle, Live and busy owned slots; in step with the authority
 	mapped    int64 // bytes of mappings; in step with the authority
+	created   int64 // granules ever charged (PoolStats.Created)
 	live      int   // reservations not yet unreserved (Quarantined ones excluded)
 	resv      map[*SharedReservation]struct{}
 	park      []sharedChunk // see shared_park.go
@@ -595,6 +596,7 @@ func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, of
 	err := s.auth.TryAcquire(int64(fresh) << s.shift)
 	if err == nil {
 		s.owned += int64(fresh) << s.shift
+		s.created += int64(fresh)
 		return picks, fresh, nil
 	}
 	if !wait || !errors.Is(err, accounting.ErrBudgetExceeded) || errors.Is(err, accounting.ErrExceedsLimit) {
@@ -619,6 +621,7 @@ func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, of
 		panic(backing.PanicUseAfterUnreserve)
 	}
 	s.owned += bytes
+	s.created += int64(n)
 	return nil, n, nil
 }
 

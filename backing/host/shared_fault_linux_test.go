@@ -52,6 +52,9 @@ func (e *sharedEnv) snap(x *faultFx) faultSnap {
 	e.t.Helper()
 	st := e.auth.Stats()
 	s := faultSnap{owned: st.Owned, mapped: st.Mapped, pool: e.pool()}
+	// The cumulative counters move on a rolled-back step (a charge and its give-back);
+	// their difference is in Owned.
+	s.pool.Created, s.pool.GivenBack = 0, 0
 	for _, r := range x.rs {
 		slots, ro := host.SharedSlots(r)
 		tags := make([]uint64, len(slots))

@@ -272,6 +272,7 @@ func (s *Shared) prefillOne(n int, background bool) (bool, error) {
 			return fail(err)
 		}
 		s.owned += int64(s.g)
+		s.created++
 		picks, err := s.pickFresh(1, -1)
 		if err != nil {
 			s.owned -= int64(s.g)
@@ -379,5 +380,8 @@ func (s *Shared) PoolStats() backing.PoolStats {
 		Resident: int64(s.nResident) << s.shift,
 		Low:      s.low,
 		High:     s.high,
+
+		Created:   s.created,
+		GivenBack: s.created - s.owned>>s.shift,
 	}
 }
