@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -32,6 +33,11 @@ type Options struct {
 	Background bool
 	// Driver is the driver to call; nil means LoadDriver().
 	Driver *Driver
+	// Logger receives the pool's events: trims and reclaims that release handles,
+	// and a fallback the driver forces (read-only mappings refused, so shares are
+	// mapped read-write and guarded on the Go side). nil logs nothing. Quarantines
+	// are logged by the governor (see accounting.GovernorOptions).
+	Logger *slog.Logger
 }
 
 // Backing commits GPU memory through the CUDA driver's virtual memory management API:
@@ -63,6 +69,7 @@ type Backing struct {
 	// noReadOnly: the driver refused PROT_READ on a device mapping (NOT_SUPPORTED);
 	// read-only shares are then mapped read-write and guarded on the Go side only.
 	noReadOnly atomic.Bool
+	log        *slog.Logger // nil logs nothing
 
 	mu       sync.Mutex
 	idle     []*handle     // pooled, mapped nowhere; the most recently used last
@@ -156,7 +163,7 @@ func New(opts Options) (*Backing, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	b := &Backing{drv: drv, ordinal: opts.Device, auth: opts.Authority, low: opts.Low, high: opts.High,
-		gate: make(chan struct{}, 1)}
+		gate: make(chan struct{}, 1), log: opts.Logger}
 	b.settled.L = &b.mu
 	if err := b.open(); err != nil {
 		return nil, err
@@ -476,7 +483,10 @@ func (b *Backing) mapRun(r *Reservation, off int, hs []*handle, ro bool) error {
 	if c == CodeNotSupported && desc == &b.ro {
 		// A driver without read-only device mappings: map read-write and let the
 		// Go side alone refuse writes (the slots are marked read-only either way).
-		b.noReadOnly.Store(true)
+		if !b.noReadOnly.Swap(true) && b.log != nil {
+			b.log.Info("cuda: the driver refuses read-only mappings; shares are mapped read-write and guarded on the Go side",
+				"device", b.ordinal)
+		}
 		c = d.MemSetAccess(va, uintptr(len(hs))*uintptr(g), &b.rw, 1)
 	}
 	if err := d.call("cuMemSetAccess", c); err != nil {
@@ -660,6 +670,9 @@ func (b *Backing) Unreserve(r *Reservation) accounting.ReleaseOutcome {
 		err = opError(op, 0, r.size, errors.Join(errs...))
 	}
 	out := accounting.Outcome(unmapped, residual, unmapped > 0, err)
+	if out.Status == accounting.Quarantined {
+		b.auth.Quarantine(out.Residual, out.Err)
+	}
 	if out.Status != accounting.Failed {
 		r.dead.Store(true)
 		b.mu.Lock()

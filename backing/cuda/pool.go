@@ -343,6 +343,9 @@ func (b *Backing) Trim(keep int) (int64, error) {
 	}
 	b.mu.Unlock()
 	n, err := b.releaseIdle(keep)
+	if b.log != nil && (n > 0 || err != nil) {
+		b.log.Info("cuda: pool trim", "device", b.ordinal, "gave_back_bytes", n, "keep", keep, "err", err)
+	}
 	if err != nil {
 		return n, opError("trim", 0, 0, err)
 	}
@@ -352,7 +355,7 @@ func (b *Backing) Trim(keep int) (int64, error) {
 // reclaim releases every idle handle when a request on the device waits for memory
 // (the governor calls it): idle handles hold budget that the waiter, perhaps another
 // pool's user, can not otherwise have.
-func (b *Backing) reclaim(int64) {
+func (b *Backing) reclaim(need int64) {
 	b.mu.Lock()
 	if b.closed.Load() {
 		b.mu.Unlock()
@@ -366,7 +369,10 @@ func (b *Backing) reclaim(int64) {
 	if err := b.setCurrent(); err != nil {
 		return
 	}
-	_, _ = b.releaseIdle(0)
+	n, err := b.releaseIdle(0)
+	if b.log != nil && (n > 0 || err != nil) {
+		b.log.Info("cuda: pool reclaim", "device", b.ordinal, "gave_back_bytes", n, "waiter_bytes", need, "err", err)
+	}
 }
 
 // PoolStats returns a snapshot of the pool. Handles are physical device memory, so

@@ -2,6 +2,7 @@ package host
 
 import (
 	"fmt"
+	"log/slog"
 	"math/bits"
 	"os"
 	"sync"
@@ -35,6 +36,9 @@ type PrivateOptions struct {
 	// CONFIG_ANON_VMA_NAME ignore it, as do other systems. At most 79 printable ASCII
 	// bytes, none of them \ ` $ [ or ].
 	Name string
+	// Logger receives, at construction, a fallback the system forces on Populate
+	// (no MADV_POPULATE_WRITE: pages are touched instead). nil logs nothing.
+	Logger *slog.Logger
 }
 
 // Private is the host backing on private anonymous memory: Reserve maps address
@@ -101,6 +105,7 @@ func NewPrivate(opts PrivateOptions) (*Private, error) {
 		}
 		p.name = append([]byte(opts.Name), 0)
 	}
+	noteFallbacks(opts.Logger, "private", opts.Populate)
 	return p, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"sync"
@@ -39,6 +40,11 @@ type SharedOptions struct {
 	// Name is the memfd's name, shown in /proc/self/maps as /memfd:Name. "" means
 	// "vmarena".
 	Name string
+	// Logger receives the pool's events: trims and reclaims that give granules back,
+	// and, at construction, a fallback the kernel forces (no MADV_POPULATE_WRITE).
+	// nil logs nothing. Quarantines are logged by the governor (see
+	// accounting.GovernorOptions).
+	Logger *slog.Logger
 }
 
 // SharedNoPool as SharedOptions.High keeps no idle granule: every granule goes back
@@ -157,6 +163,7 @@ type Shared struct {
 	high     int // 0 when SharedNoPool
 	populate bool
 	sys      sharedSys
+	log      *slog.Logger // nil logs nothing
 
 	mu        sync.Mutex
 	fd        int
@@ -309,6 +316,7 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 		high:     high,
 		populate: opts.Populate,
 		sys:      sys,
+		log:      opts.Logger,
 		fd:       fd,
 		resv:     make(map[*SharedReservation]struct{}),
 		park0:    max(sharedParkFirst>>backing.Log2(opts.Granularity), 1),
@@ -317,13 +325,14 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 	s.kick()
 	s.mu.Unlock()
 	opts.Authority.SetReclaimer(s.reclaim)
+	noteFallbacks(s.log, "shared", s.populate)
 	return s, nil
 }
 
 // reclaim gives every idle granule back when a request on the device waits for
 // memory (the governor calls it): idle granules hold budget that the waiter, perhaps
 // another pool's user, can not otherwise have.
-func (s *Shared) reclaim(int64) {
+func (s *Shared) reclaim(need int64) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -334,7 +343,10 @@ func (s *Shared) reclaim(int64) {
 	victims := s.victims(s.nIdle)
 	s.mu.Unlock()
 	defer s.refill.Done()
-	_, _ = s.giveBack(victims)
+	n, err := s.giveBack(victims)
+	if s.log != nil && (n > 0 || err != nil) {
+		s.log.Info("host: pool reclaim", "gave_back_bytes", n, "waiter_bytes", need, "err", err)
+	}
 }
 
 // Granularity returns the granule size in bytes.
@@ -897,6 +909,7 @@ func (s *Shared) quarantine(r *SharedReservation, give []int, unmapped, held int
 	s.live--
 	r.state = sharedQuarantined
 	s.mu.Unlock()
+	s.auth.Quarantine(held-unmapped, err)
 	s.giveBack(give)
 	return accounting.Outcome(unmapped, held-unmapped, true, err)
 }

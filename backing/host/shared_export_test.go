@@ -332,3 +332,6 @@ func CheckShared(s *Shared) error {
 	}
 	return nil
 }
+
+// PopulateByTouch reports whether this kernel lacks MADV_POPULATE_WRITE.
+var PopulateByTouch = populateByTouch

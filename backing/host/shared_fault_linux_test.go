@@ -387,6 +387,11 @@ func TestSharedUnreserveOutcomes(t *testing.T) {
 			assert.Equal(t, int64(tt.unmapped)*g, o.Unmapped, "unmapped")
 			assert.Equal(t, int64(tt.residual)*g, o.Residual, "residual")
 			assert.Equal(t, tag(1), e.tagOf(y, 0), "the shared granule lives on in y")
+			if c := e.gov.Stats(accounting.HostKey).Counters; tt.status == accounting.Quarantined {
+				assert.Equal(t, [2]int64{1, o.Residual}, [2]int64{c.Quarantines, c.QuarantinedBytes}, "the quarantine reported to the governor")
+			} else {
+				assert.Zero(t, c.Quarantines, "no quarantine reported")
+			}
 			switch tt.status {
 			case accounting.Complete:
 				assert.NoError(t, o.Err)

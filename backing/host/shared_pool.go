@@ -348,7 +348,11 @@ func (s *Shared) Trim(keep int) (int64, error) {
 	s.open()
 	victims := s.victims(s.nIdle - keep)
 	s.mu.Unlock()
-	return s.giveBack(victims)
+	n, err := s.giveBack(victims)
+	if s.log != nil && (n > 0 || err != nil) {
+		s.log.Info("host: pool trim", "gave_back_bytes", n, "keep", keep, "err", err)
+	}
+	return n, err
 }
 
 // victims takes k idle slots out of the pool for giveBack, non-resident first, then
