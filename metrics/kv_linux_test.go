@@ -63,7 +63,7 @@ func TestCollectRealCache(t *testing.T) {
 	origin, err := cache.NewSequence()
 	require.NoError(t, err)
 	require.NoError(t, origin.Append(600)) // 3 granules
-	p, err := origin.Freeze(512)            // 2 full granules shared
+	p, err := origin.Freeze(512)           // 2 full granules shared
 	require.NoError(t, err)
 	a, err := cache.NewSequenceFrom(p)
 	require.NoError(t, err)
