@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"sync"
 
@@ -23,6 +24,10 @@ type Config struct {
 	// ByBuffer (host.Private); it must be nil for backings that own their memory
 	// (ByBacking: host.Shared, cuda).
 	Authority *accounting.Authority
+	// Logger receives the cache's events: a range whose release failed twice and
+	// that the cache keeps for Close to retry. nil logs nothing; nothing is logged on
+	// Append or Truncate.
+	Logger *slog.Logger
 }
 
 // Cache holds the K and V tensors of many sequences on one backing. Its zero value is
@@ -177,6 +182,10 @@ func (c *Cache) release(bufs []buffer) accounting.ReleaseOutcome {
 			c.mu.Lock()
 			c.orphans = append(c.orphans, b)
 			c.mu.Unlock()
+			if l := c.cfg.Logger; l != nil {
+				l.Warn("kv: a range could not be given back; the cache keeps it for Close to retry",
+					"bytes", b.Committed(), "err", o.Err)
+			}
 		} else {
 			unmapped += o.Unmapped
 			residual += o.Residual
