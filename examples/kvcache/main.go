@@ -60,6 +60,7 @@ type config struct {
 	out         string
 	format      string
 	progress    string
+	metrics     string
 }
 
 const usageText = `Usage: go run ./examples/kvcache [flags]
@@ -146,6 +147,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.out, "out", os.TempDir(), "directory for the plot")
 	fs.StringVar(&c.format, "format", "png", "plot format: png or svg")
 	fs.StringVar(&c.progress, "progress", "auto", "progress display: auto (a bar on a terminal, lines otherwise), bar, lines or none")
+	fs.StringVar(&c.metrics, "metrics", "", "serve Prometheus metrics of the strategy replaying at http://ADDR/metrics, like 127.0.0.1:9090 (default: none)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -308,6 +310,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvcache: %v\n", err)
 		return 1
 	}
+	if c.metrics != "" {
+		ms, err := startMetrics(c.metrics)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvcache: %v\n", err)
+			return 1
+		}
+		defer ms.Close()
+		s.metrics = ms
+		fmt.Fprintf(stdout, "Serving metrics at http://%s/metrics\n", ms.Addr())
+	}
 	printHeader(stdout, c, s, w, traceName)
 
 	ui := newProgress(c.progress, stdout)
@@ -364,6 +376,11 @@ func replayOne(ctx context.Context, name string, s setup, w Workload, ui progres
 	b, err := build(name, s)
 	if err != nil {
 		return Result{}, err
+	}
+	if s.metrics != nil {
+		if err := s.metrics.watch(name, b); err != nil {
+			return Result{}, errors.Join(err, b.st.Close())
+		}
 	}
 	if s.budget > 0 {
 		// The baselines hold Go heap memory, which the garbage collector would let
