@@ -1,8 +1,10 @@
 package kv_test
 
 import (
+	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -74,4 +76,41 @@ func TestGPUCache(t *testing.T) {
 			shareForkTruncate(t, c)
 		})
 	}
+}
+
+// On the CUDA pool a closed sequence's handles go back to the pool, not to the
+// governor: a batch waiting for memory is woken by them all the same, and the step
+// takes them.
+func TestCUDAWaitWokenByIdleHandles(t *testing.T) {
+	const g = 64 << 10 // 128 tiny8 tokens per tensor
+	fake := cuda.NewFakeDriver(cuda.FakeDriverOptions{Granularity: g, Memory: 256 << 20})
+	t.Cleanup(func() { assert.NoError(t, fake.CheckLeaks()) })
+	gov := accounting.NewGovernor()
+	require.NoError(t, gov.SetLimit(accounting.GPU(0), 12*g))
+	pool := gov.Authority("kv", accounting.GPU(0))
+	b, err := cuda.New(cuda.Options{Authority: pool, Driver: fake.Driver()})
+	require.NoError(t, err)
+	c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: 512, Layout: kv.PerLayer})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		assert.NoError(t, c.Close())
+		assert.NoError(t, b.Close())
+		assert.Zero(t, pool.Stats().Owned, "ledger does not balance")
+	})
+	a, err := c.NewSequence()
+	require.NoError(t, err)
+	require.NoError(t, a.Append(129)) // 12 granules: the whole budget
+	seqs := newSeqs(t, c, 2)
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		done <- c.AppendBatchCtx(ctx, []kv.Growth{{seqs[0], 100}, {seqs[1], 100}})
+	}()
+	require.Eventually(t, func() bool { return gov.Stats(accounting.GPU(0)).Waiters == 1 }, 5*time.Second, time.Millisecond)
+	require.True(t, a.Close().OK())
+	require.NoError(t, <-done)
+	assert.Equal(t, []int{100, 100}, lens(seqs))
+	assert.Equal(t, int64(12*g), pool.Stats().Owned, "the step took the idle handles")
+	closeAll(t, seqs...)
 }

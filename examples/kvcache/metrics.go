@@ -90,7 +90,6 @@ type metricsSource interface {
 }
 
 // metricsSources returns the cache and, when the backing pools its memory, the pool.
-func (s *cacheStrategy[R, B]) metricsSources() (metrics.CacheSource, backing.Pool) {
-	p, _ := any(s.b).(backing.Pool)
-	return s.c, p
+func (s *cacheStrategy) metricsSources() (metrics.CacheSource, backing.Pool) {
+	return s.c, s.pool
 }
