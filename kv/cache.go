@@ -62,6 +62,8 @@ type Cache struct {
 	// batch numbers the batches of the cache, so that a sequence can tell it was
 	// already seen in the one being checked.
 	batch atomic.Uint64
+	// refusals counts growths refused for memory (Stats.Refusals).
+	refusals atomic.Int64
 }
 
 // New returns a cache of sequences on b. It reserves nothing until sequences are made.
@@ -280,6 +282,9 @@ type Stats struct {
 	// and retries on Close, and what a backing quarantined for good. Owned includes
 	// them.
 	Unreleased int64
+	// Refusals is the growths (Append, AppendBatch, and each try of a waiting one)
+	// refused because the memory could not be had: a scheduler's cue to preempt.
+	Refusals int64
 }
 
 // SavedBySharing returns the bytes that sharing saves: Shared.
@@ -300,6 +305,7 @@ func (c *Cache) Stats() Stats {
 		st.Shared += s.sharedIn.Load()
 	}
 	st.Waits = c.waits
+	st.Refusals = c.refusals.Load()
 	st.Unreleased = c.lost
 	for _, b := range c.orphans {
 		st.Unreleased += int64(b.Committed())

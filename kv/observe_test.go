@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/internal/logrec"
 	"github.com/vmarena/vmarena/kv"
@@ -43,4 +44,21 @@ func TestLogsKeptRange(t *testing.T) {
 	faulty.Reset()
 	require.NoError(t, c.Close())
 	assert.Len(t, rec.Records(), 1)
+}
+
+// TestStatsRefusals: Stats counts each growth refused for memory, and nothing else.
+func TestStatsRefusals(t *testing.T) {
+	fx := newFixture(t, 2*perTensorGranule)
+	c := fx.cache(t, kv.PerLayer, 64)
+	seqs := newSeqs(t, c, 2)
+	require.NoError(t, seqs[0].Append(8)) // 1 granule per tensor
+	require.NoError(t, c.AppendBatch([]kv.Growth{{seqs[1], 8}}))
+	assert.Zero(t, c.Stats().Refusals)
+
+	require.ErrorIs(t, seqs[0].Append(1), accounting.ErrBudgetExceeded)
+	require.ErrorIs(t, c.AppendBatch([]kv.Growth{{seqs[0], 1}, {seqs[1], 1}}), accounting.ErrBudgetExceeded)
+	require.ErrorIs(t, seqs[0].Append(100), kv.ErrTooLong, "not a refusal for memory")
+	require.NoError(t, seqs[0].Append(0))
+	assert.Equal(t, int64(2), c.Stats().Refusals)
+	closeAll(t, seqs...)
 }

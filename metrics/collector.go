@@ -152,6 +152,7 @@ type descs struct {
 	poolOwned, poolIdle, poolResident, poolMapped, poolCreated, poolGivenBack *prometheus.Desc
 
 	kvUsage, kvSequences, kvPrefixes, kvTokens, kvUsed, kvCommitted, kvSaved, kvWaits *prometheus.Desc
+	kvRefusals, kvUnreleased                                                          *prometheus.Desc
 
 	pcQueries, pcHits, pcEvictions, pcCached, pcPinned *prometheus.Desc
 }
@@ -183,14 +184,16 @@ func newDescs(ns string) descs {
 		poolCreated:   d("pool_granules_created_total", "Granules the pool has taken on (charged to its ledger).", pool),
 		poolGivenBack: d("pool_granules_given_back_total", "Granules the pool has given back.", pool),
 
-		kvUsage:     d("kv_cache_usage_perc", "Fraction of the KV budget held by live sequences and prefixes, 0 to 1 (1 means 100 percent).", cache),
-		kvSequences: d("kv_sequences", "Live sequences.", cache),
-		kvPrefixes:  d("kv_prefixes", "Live prefixes.", cache),
-		kvTokens:    d("kv_tokens", "Tokens held by live sequences.", cache),
-		kvUsed:      d("kv_used_bytes", "Bytes of the tokens live sequences hold.", cache),
-		kvCommitted: d("kv_committed_bytes", "Bytes of granules committed in live sequences' ranges, shared mappings included.", cache),
-		kvSaved:     d("kv_saved_by_sharing_bytes", "Bytes live sequences map from a prefix or a parent instead of holding their own.", cache),
-		kvWaits:     d("kv_waits_total", "Appends that had to wait for memory.", cache),
+		kvUsage:      d("kv_cache_usage_perc", "Fraction of the KV budget held by live sequences and prefixes, 0 to 1 (1 means 100 percent).", cache),
+		kvSequences:  d("kv_sequences", "Live sequences.", cache),
+		kvPrefixes:   d("kv_prefixes", "Live prefixes.", cache),
+		kvTokens:     d("kv_tokens", "Tokens held by live sequences.", cache),
+		kvUsed:       d("kv_used_bytes", "Bytes of the tokens live sequences hold.", cache),
+		kvCommitted:  d("kv_committed_bytes", "Bytes of granules committed in live sequences' ranges, shared mappings included.", cache),
+		kvSaved:      d("kv_saved_by_sharing_bytes", "Bytes live sequences map from a prefix or a parent instead of holding their own.", cache),
+		kvWaits:      d("kv_waits_total", "Appends that had to wait for memory.", cache),
+		kvRefusals:   d("kv_refusals_total", "Growths refused because the memory could not be had (a scheduler's cue to preempt).", cache),
+		kvUnreleased: d("kv_unreleased_bytes", "Bytes failed releases left held: kept for the cache's Close to retry, or quarantined.", cache),
 
 		pcQueries:   d("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", cache),
 		pcHits:      d("prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", cache),
@@ -206,6 +209,7 @@ func (d *descs) all() []*prometheus.Desc {
 		d.govWait, d.govRefusals, d.govQuarantines, d.govQuarantinedBytes,
 		d.poolOwned, d.poolIdle, d.poolResident, d.poolMapped, d.poolCreated, d.poolGivenBack,
 		d.kvUsage, d.kvSequences, d.kvPrefixes, d.kvTokens, d.kvUsed, d.kvCommitted, d.kvSaved, d.kvWaits,
+		d.kvRefusals, d.kvUnreleased,
 		d.pcQueries, d.pcHits, d.pcEvictions, d.pcCached, d.pcPinned,
 	}
 }
@@ -316,6 +320,8 @@ func (c *Collector) collectCache(ch chan<- prometheus.Metric, k Cache, limits ma
 	gauge(ch, c.d.kvCommitted, float64(s.Committed), k.Name)
 	gauge(ch, c.d.kvSaved, float64(s.SavedBySharing()), k.Name)
 	counter(ch, c.d.kvWaits, s.Waits, k.Name)
+	counter(ch, c.d.kvRefusals, s.Refusals, k.Name)
+	gauge(ch, c.d.kvUnreleased, float64(s.Unreleased), k.Name)
 }
 
 // usage returns kv_cache_usage_perc for inUse bytes held under a budget of limit

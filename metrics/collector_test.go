@@ -44,7 +44,7 @@ func TestCollectPoolsCachesPrefixCaches(t *testing.T) {
 	}}
 	cache := &statCache{s: kv.Stats{
 		Sequences: 3, Prefixes: 1, Tokens: 1500, Used: 1500 << 10, Committed: 24 << 20,
-		Shared: 8 << 20, Owned: 20 << 20, Mapped: 24 << 20, Waits: 7,
+		Shared: 8 << 20, Owned: 20 << 20, Mapped: 24 << 20, Waits: 7, Refusals: 5, Unreleased: 2 << 20,
 	}}
 	pc := metrics.PrefixCacheFunc(func() metrics.PrefixCacheStats {
 		return metrics.PrefixCacheStats{QueriedTokens: 9000, HitTokens: 6000, Evictions: 4, CachedBytes: 10 << 20, PinnedBytes: 2 << 20}
@@ -83,6 +83,12 @@ vmarena_kv_used_bytes{cache="llama"} 1.536e+06
 # HELP vmarena_kv_waits_total Appends that had to wait for memory.
 # TYPE vmarena_kv_waits_total counter
 vmarena_kv_waits_total{cache="llama"} 7
+# HELP vmarena_kv_refusals_total Growths refused because the memory could not be had (a scheduler's cue to preempt).
+# TYPE vmarena_kv_refusals_total counter
+vmarena_kv_refusals_total{cache="llama"} 5
+# HELP vmarena_kv_unreleased_bytes Bytes failed releases left held: kept for the cache's Close to retry, or quarantined.
+# TYPE vmarena_kv_unreleased_bytes gauge
+vmarena_kv_unreleased_bytes{cache="llama"} 2.097152e+06
 # HELP vmarena_pool_granules_created_total Granules the pool has taken on (charged to its ledger).
 # TYPE vmarena_pool_granules_created_total counter
 vmarena_pool_granules_created_total{device="device:0",pool="kv"} 15
@@ -120,7 +126,7 @@ vmarena_prefix_cache_queries_total{cache="llama"} 9000
 	names := []string{
 		"vmarena_kv_cache_usage_perc", "vmarena_kv_committed_bytes", "vmarena_kv_prefixes",
 		"vmarena_kv_saved_by_sharing_bytes", "vmarena_kv_sequences", "vmarena_kv_tokens",
-		"vmarena_kv_used_bytes", "vmarena_kv_waits_total",
+		"vmarena_kv_used_bytes", "vmarena_kv_waits_total", "vmarena_kv_refusals_total", "vmarena_kv_unreleased_bytes",
 		"vmarena_pool_granules_created_total", "vmarena_pool_granules_given_back_total",
 		"vmarena_pool_idle_bytes", "vmarena_pool_mapped_bytes", "vmarena_pool_owned_bytes",
 		"vmarena_pool_resident_bytes",

@@ -96,10 +96,16 @@ func TestMetricsDuringReplay(t *testing.T) {
 		assert.Equal(t, float64(r.GovernorAfter), got["vmarena_governor_used_bytes{"+dev+"}"], name)
 		t.Logf("%s: %d requests refused by memory, %v governor refusals, %v waits", name, r.MemoryRefused,
 			got["vmarena_governor_refusals_total{"+dev+"}"], got["vmarena_governor_wait_seconds_count{"+dev+"}"])
-		if name == namePaged && r.MemoryRefused > 0 {
-			// The paged baseline asks the governor for every chunk; vmarena's cache
-			// refuses what can not fit before it asks (kv's own check).
+		require.Positive(t, r.MemoryRefused, "%s: the budget refused some requests", name)
+		if name == namePaged {
+			// The paged baseline asks the governor for every chunk.
 			assert.Positive(t, got["vmarena_governor_refusals_total{"+dev+"}"], "the paged run's refusals were the governor's")
+		} else {
+			// vmarena's cache refuses what can not fit before it asks the governor.
+			cache := "cache=" + name + ",strategy=" + name
+			assert.GreaterOrEqual(t, got["vmarena_kv_refusals_total{"+cache+"}"], float64(r.MemoryRefused), "a refused request was refused once at least")
+			assert.Zero(t, got["vmarena_kv_sequences{"+cache+"}"])
+			assert.Zero(t, got["vmarena_kv_unreleased_bytes{"+cache+"}"])
 		}
 		if name == nameCache && r.PoolAfter != nil {
 			pool := "device=host:0,pool=" + name + ",strategy=" + name
