@@ -485,10 +485,7 @@ func (b *Backing) mapRun(r *Reservation, off int, hs []*handle, ro bool) error {
 	if c == CodeNotSupported && desc == &b.ro {
 		// A driver without read-only device mappings: map read-write and let the
 		// Go side alone refuse writes (the slots are marked read-only either way).
-		if !b.noReadOnly.Swap(true) && b.log != nil {
-			b.log.Info("cuda: the driver refuses read-only mappings; shares are mapped read-write and guarded on the Go side",
-				"device", b.ordinal)
-		}
+		b.readOnlyRefused()
 		c = d.MemSetAccess(va, uintptr(len(hs))*uintptr(g), &b.rw, 1)
 	}
 	if err := d.call("cuMemSetAccess", c); err != nil {
@@ -844,7 +841,7 @@ func (b *Backing) setAccess(va uint64, n int, ro bool) error {
 	}
 	c := b.drv.MemSetAccess(va, uintptr(n), desc, 1)
 	if c == CodeNotSupported && ro {
-		b.noReadOnly.Store(true)
+		b.readOnlyRefused()
 		return nil
 	}
 	return b.drv.call("cuMemSetAccess", c)
