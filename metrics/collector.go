@@ -30,7 +30,8 @@ type CacheSource interface {
 type PrefixCacheStats struct {
 	QueriedTokens int64 // prompt tokens looked up, in all
 	HitTokens     int64 // of which found cached, in all
-	Evictions     int64 // cached entries evicted, in all
+	Evictions     int64 // evictions, in all (in the cache's own unit: entries, granules)
+	EvictedBytes  int64 // physical bytes evictions gave back, in all
 	CachedBytes   int64 // bytes cached now, pinned or not
 	PinnedBytes   int64 // of which pinned now (never evicted)
 }
@@ -154,7 +155,7 @@ type descs struct {
 	kvUsage, kvSequences, kvPrefixes, kvTokens, kvUsed, kvCommitted, kvSaved, kvWaits *prometheus.Desc
 	kvRefusals, kvUnreleased                                                          *prometheus.Desc
 
-	pcQueries, pcHits, pcEvictions, pcCached, pcPinned *prometheus.Desc
+	pcQueries, pcHits, pcEvictions, pcEvictedBytes, pcCached, pcPinned *prometheus.Desc
 }
 
 func newDescs(ns string) descs {
@@ -195,11 +196,12 @@ func newDescs(ns string) descs {
 		kvRefusals:   d("kv_refusals_total", "Growths refused because the memory could not be had (a scheduler's cue to preempt).", cache),
 		kvUnreleased: d("kv_unreleased_bytes", "Bytes failed releases left held: kept for the cache's Close to retry, or quarantined.", cache),
 
-		pcQueries:   d("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", cache),
-		pcHits:      d("prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", cache),
-		pcEvictions: d("prefix_cache_evictions_total", "Entries evicted from the prefix cache.", cache),
-		pcCached:    d("prefix_cache_cached_bytes", "Bytes the prefix cache holds, pinned or not.", cache),
-		pcPinned:    d("prefix_cache_pinned_bytes", "Bytes the prefix cache holds pinned (never evicted).", cache),
+		pcQueries:      d("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", cache),
+		pcHits:         d("prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", cache),
+		pcEvictions:    d("prefix_cache_evictions_total", "Evictions from the prefix cache.", cache),
+		pcEvictedBytes: d("prefix_cache_evicted_bytes_total", "Physical bytes evictions from the prefix cache gave back.", cache),
+		pcCached:       d("prefix_cache_cached_bytes", "Bytes the prefix cache holds, pinned or not.", cache),
+		pcPinned:       d("prefix_cache_pinned_bytes", "Bytes the prefix cache holds pinned (never evicted).", cache),
 	}
 }
 
@@ -210,7 +212,7 @@ func (d *descs) all() []*prometheus.Desc {
 		d.poolOwned, d.poolIdle, d.poolResident, d.poolMapped, d.poolCreated, d.poolGivenBack,
 		d.kvUsage, d.kvSequences, d.kvPrefixes, d.kvTokens, d.kvUsed, d.kvCommitted, d.kvSaved, d.kvWaits,
 		d.kvRefusals, d.kvUnreleased,
-		d.pcQueries, d.pcHits, d.pcEvictions, d.pcCached, d.pcPinned,
+		d.pcQueries, d.pcHits, d.pcEvictions, d.pcEvictedBytes, d.pcCached, d.pcPinned,
 	}
 }
 
@@ -238,6 +240,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(ch, c.d.pcQueries, s.QueriedTokens, p.Name)
 		counter(ch, c.d.pcHits, s.HitTokens, p.Name)
 		counter(ch, c.d.pcEvictions, s.Evictions, p.Name)
+		counter(ch, c.d.pcEvictedBytes, s.EvictedBytes, p.Name)
 		gauge(ch, c.d.pcCached, float64(s.CachedBytes), p.Name)
 		gauge(ch, c.d.pcPinned, float64(s.PinnedBytes), p.Name)
 	}

@@ -47,7 +47,7 @@ func TestCollectPoolsCachesPrefixCaches(t *testing.T) {
 		Shared: 8 << 20, Owned: 20 << 20, Mapped: 24 << 20, Waits: 7, Refusals: 5, Unreleased: 2 << 20,
 	}}
 	pc := metrics.PrefixCacheFunc(func() metrics.PrefixCacheStats {
-		return metrics.PrefixCacheStats{QueriedTokens: 9000, HitTokens: 6000, Evictions: 4, CachedBytes: 10 << 20, PinnedBytes: 2 << 20}
+		return metrics.PrefixCacheStats{QueriedTokens: 9000, HitTokens: 6000, Evictions: 4, EvictedBytes: 6 << 20, CachedBytes: 10 << 20, PinnedBytes: 2 << 20}
 	})
 	c, err := metrics.New(metrics.Options{
 		Governor:     gov,
@@ -110,7 +110,10 @@ vmarena_pool_resident_bytes{device="device:0",pool="kv"} 2.097152e+06
 # HELP vmarena_prefix_cache_cached_bytes Bytes the prefix cache holds, pinned or not.
 # TYPE vmarena_prefix_cache_cached_bytes gauge
 vmarena_prefix_cache_cached_bytes{cache="llama"} 1.048576e+07
-# HELP vmarena_prefix_cache_evictions_total Entries evicted from the prefix cache.
+# HELP vmarena_prefix_cache_evicted_bytes_total Physical bytes evictions from the prefix cache gave back.
+# TYPE vmarena_prefix_cache_evicted_bytes_total counter
+vmarena_prefix_cache_evicted_bytes_total{cache="llama"} 6.291456e+06
+# HELP vmarena_prefix_cache_evictions_total Evictions from the prefix cache.
 # TYPE vmarena_prefix_cache_evictions_total counter
 vmarena_prefix_cache_evictions_total{cache="llama"} 4
 # HELP vmarena_prefix_cache_hits_total Prompt tokens found in the prefix cache.
@@ -130,7 +133,7 @@ vmarena_prefix_cache_queries_total{cache="llama"} 9000
 		"vmarena_pool_granules_created_total", "vmarena_pool_granules_given_back_total",
 		"vmarena_pool_idle_bytes", "vmarena_pool_mapped_bytes", "vmarena_pool_owned_bytes",
 		"vmarena_pool_resident_bytes",
-		"vmarena_prefix_cache_cached_bytes", "vmarena_prefix_cache_evictions_total",
+		"vmarena_prefix_cache_cached_bytes", "vmarena_prefix_cache_evictions_total", "vmarena_prefix_cache_evicted_bytes_total",
 		"vmarena_prefix_cache_hits_total", "vmarena_prefix_cache_pinned_bytes",
 		"vmarena_prefix_cache_queries_total",
 	}

@@ -51,7 +51,8 @@
 //
 //	vmarena_prefix_cache_queries_total            prompt tokens looked up
 //	vmarena_prefix_cache_hits_total               of which found cached
-//	vmarena_prefix_cache_evictions_total          cached entries evicted
+//	vmarena_prefix_cache_evictions_total          evictions
+//	vmarena_prefix_cache_evicted_bytes_total      physical bytes evictions gave back
 //	vmarena_prefix_cache_cached_bytes             bytes cached
 //	vmarena_prefix_cache_pinned_bytes             of which pinned
 //
