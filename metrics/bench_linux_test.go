@@ -31,6 +31,7 @@ type benchServer struct {
 	cache *kv.Cache
 	seqs  []*kv.Sequence
 	reg   *prometheus.Registry
+	noKV  *prometheus.Registry // the governor and the pool only
 	next  int
 }
 
@@ -54,8 +55,13 @@ func newBenchServer(b *testing.B) *benchServer {
 	if err != nil {
 		b.Fatal(err)
 	}
-	s := &benchServer{gov: gov, pool: pool, cache: cache, reg: prometheus.NewRegistry()}
+	s := &benchServer{gov: gov, pool: pool, cache: cache, reg: prometheus.NewRegistry(), noKV: prometheus.NewRegistry()}
 	s.reg.MustRegister(c)
+	nc, err := metrics.New(metrics.Options{Governor: gov, Pools: []metrics.Pool{{Name: "kv", Pool: pool}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	s.noKV.MustRegister(nc)
 	for i := range benchLive {
 		// Stagger the lengths so that replacements spread over the run.
 		s.seqs = append(s.seqs, s.start(b, benchPrompt+i*(benchMax-benchPrompt)/benchLive))
@@ -120,26 +126,32 @@ func BenchmarkScrape(b *testing.B) {
 // sequences: with no scrape; with a scraper gathering this server's metrics every
 // millisecond (15,000 times Prometheus' default rate) or back to back on another
 // goroutine; and, as the control, back to back from a second, idle server of the
-// same size, which shares no lock or data with the token path. What the control
-// moves is the scraper's CPU and garbage, not blocking. It reports the steps' p50
-// and p99 and the scrapes done.
+// same size, which shares no lock or data with the token path; and back to back
+// without the cache (the governor and the pool only), which leaves the sequences'
+// counters alone. What the control moves is the scraper's CPU and garbage, not
+// blocking. It reports the steps' p50 and p99 and the scrapes done.
 func BenchmarkTokenPath(b *testing.B) {
 	for _, tt := range []struct {
 		name     string
 		scrape   bool
 		interval time.Duration
 		other    bool
+		noKV     bool
 	}{
-		{"scrape=off", false, 0, false},
-		{"scrape=1ms", true, time.Millisecond, false},
-		{"scrape=busy", true, 0, false},
-		{"scrape=busy-other", true, 0, true},
+		{"scrape=off", false, 0, false, false},
+		{"scrape=1ms", true, time.Millisecond, false, false},
+		{"scrape=busy", true, 0, false, false},
+		{"scrape=busy-other", true, 0, true, false},
+		{"scrape=busy-nokv", true, 0, false, true},
 	} {
 		b.Run(tt.name, func(b *testing.B) {
 			s := newBenchServer(b)
 			reg := s.reg
 			if tt.other {
 				reg = newBenchServer(b).reg
+			}
+			if tt.noKV {
+				reg = s.noKV
 			}
 			var stop atomic.Bool
 			var scrapes atomic.Int64
