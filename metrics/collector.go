@@ -103,47 +103,38 @@ func New(opts Options) (*Collector, error) {
 	if !nameRe.MatchString(opts.Namespace) {
 		return nil, fmt.Errorf("%w: namespace %q is not a metric name prefix", ErrOptions, opts.Namespace)
 	}
-	check := func(kind string, names []string, nils []bool) error {
-		seen := make(map[string]bool, len(names))
-		for i, n := range names {
-			switch {
-			case nils[i]:
-				return fmt.Errorf("%w: %s %q has no source", ErrOptions, kind, n)
-			case n == "":
-				return fmt.Errorf("%w: %s %d has no name", ErrOptions, kind, i)
-			case seen[n]:
-				return fmt.Errorf("%w: two %ss named %q", ErrOptions, kind, n)
-			}
-			seen[n] = true
-		}
-		return nil
-	}
-	var names []string
-	var nils []bool
-	for _, p := range opts.Pools {
-		names, nils = append(names, p.Name), append(nils, p.Pool == nil)
-	}
-	if err := check("pool", names, nils); err != nil {
+	if err := checkSources("pool", opts.Pools, func(p Pool) (string, bool) { return p.Name, p.Pool != nil }); err != nil {
 		return nil, err
 	}
-	names, nils = names[:0], nils[:0]
-	for _, c := range opts.Caches {
-		names, nils = append(names, c.Name), append(nils, c.Cache == nil)
-	}
-	if err := check("cache", names, nils); err != nil {
+	if err := checkSources("cache", opts.Caches, func(c Cache) (string, bool) { return c.Name, c.Cache != nil }); err != nil {
 		return nil, err
 	}
-	names, nils = names[:0], nils[:0]
-	for _, c := range opts.PrefixCaches {
-		names, nils = append(names, c.Name), append(nils, c.Source == nil)
-	}
-	if err := check("prefix cache", names, nils); err != nil {
+	if err := checkSources("prefix cache", opts.PrefixCaches, func(c PrefixCache) (string, bool) { return c.Name, c.Source != nil }); err != nil {
 		return nil, err
 	}
 	opts.Pools = append([]Pool(nil), opts.Pools...)
 	opts.Caches = append([]Cache(nil), opts.Caches...)
 	opts.PrefixCaches = append([]PrefixCache(nil), opts.PrefixCaches...)
 	return &Collector{opts: opts, d: newDescs(opts.Namespace)}, nil
+}
+
+// checkSources returns an error matching ErrOptions unless every source of a kind
+// has a source and a name of its own; of says what each has.
+func checkSources[T any](kind string, sources []T, of func(T) (name string, ok bool)) error {
+	seen := make(map[string]bool, len(sources))
+	for i, src := range sources {
+		n, ok := of(src)
+		switch {
+		case !ok:
+			return fmt.Errorf("%w: %s %q has no source", ErrOptions, kind, n)
+		case n == "":
+			return fmt.Errorf("%w: %s %d has no name", ErrOptions, kind, i)
+		case seen[n]:
+			return fmt.Errorf("%w: two %ss named %q", ErrOptions, kind, n)
+		}
+		seen[n] = true
+	}
+	return nil
 }
 
 type descs struct {
