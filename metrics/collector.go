@@ -64,6 +64,10 @@ type Cache struct {
 	// Pool is the cache's backing when it pools its memory (ByBacking): its idle
 	// granules are owned but not in use. nil under ByBuffer.
 	Pool backing.Pool
+	// PrefixCache is the cache's prefix cache, or nil: what it could evict now
+	// (cached bytes less pinned ones) is not in use either, as in vLLM, where cached
+	// blocks no request holds count as free.
+	PrefixCache PrefixCacheSource
 }
 
 // PrefixCache names a prefix cache to collect.
@@ -300,12 +304,16 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p Pool) {
 
 func (c *Collector) collectCache(ch chan<- prometheus.Metric, k Cache, limits map[accounting.DeviceKey]int64) {
 	s := k.Cache.Stats()
-	var idle int64
+	var spare int64 // owned but not in use
 	if k.Pool != nil {
-		idle = k.Pool.PoolStats().Idle
+		spare += k.Pool.PoolStats().Idle
+	}
+	if k.PrefixCache != nil {
+		p := k.PrefixCache.PrefixCacheStats()
+		spare += max(p.CachedBytes-p.PinnedBytes, 0)
 	}
 	if limit, ok := limits[k.Device]; ok && limit != accounting.Unlimited {
-		gauge(ch, c.d.kvUsage, usage(s.Owned-idle, limit), k.Name)
+		gauge(ch, c.d.kvUsage, usage(s.Owned-spare, limit), k.Name)
 	}
 	gauge(ch, c.d.kvSequences, float64(s.Sequences), k.Name)
 	gauge(ch, c.d.kvPrefixes, float64(s.Prefixes), k.Name)

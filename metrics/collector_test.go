@@ -274,6 +274,21 @@ srv_kv_sequences{cache="c"} 2
 srv_kv_cache_usage_perc{cache="c"} 1
 `), "srv_kv_cache_usage_perc"))
 
+	// What a prefix cache could evict now is not in use: 1 MiB owned, 256 KiB
+	// cached of which 64 KiB pinned, under a 2 MiB limit: (1024-192)/2048 KiB.
+	require.NoError(t, gov.SetLimit(accounting.HostKey, 2<<20))
+	pc := metrics.PrefixCacheFunc(func() metrics.PrefixCacheStats {
+		return metrics.PrefixCacheStats{CachedBytes: 256 << 10, PinnedBytes: 64 << 10}
+	})
+	c, err = metrics.New(metrics.Options{Namespace: "srv", Governor: gov,
+		Caches: []metrics.Cache{{Name: "c", Cache: cache, Device: accounting.HostKey, PrefixCache: pc}}})
+	require.NoError(t, err)
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP srv_kv_cache_usage_perc Fraction of the KV budget held by live sequences and prefixes, 0 to 1 (1 means 100 percent).
+# TYPE srv_kv_cache_usage_perc gauge
+srv_kv_cache_usage_perc{cache="c"} 0.40625
+`), "srv_kv_cache_usage_perc"))
+
 	// Without a governor there is no budget to divide by.
 	c, err = metrics.New(metrics.Options{Caches: []metrics.Cache{{Name: "c", Cache: cache}}})
 	require.NoError(t, err)

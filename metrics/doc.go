@@ -6,7 +6,8 @@
 // Names carry their units (_bytes, _seconds) and cumulative figures are counters
 // (_total): rates and ratios are for PromQL. The one ratio, kv_cache_usage_perc, has
 // vLLM's name and meaning, since operators already chart it: the fraction, 0 to 1, of
-// the KV budget that live sequences and prefixes hold.
+// the KV budget that live sequences and prefixes hold (a pool's idle granules and
+// what a prefix cache could evict now are not in use).
 //
 // # Metrics
 //
