@@ -329,7 +329,7 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 	s.kick()
 	s.mu.Unlock()
 	opts.Authority.SetReclaimer(s.reclaim)
-	noteFallbacks(s.log, "shared", s.populate)
+	noteFallbacks(s.log, "shared", s.populate || s.low > 0) // the refill populates too
 	return s, nil
 }
 
