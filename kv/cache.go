@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 
 	"github.com/vmarena/vmarena/accounting"
-	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing"
 )
 
@@ -100,13 +99,10 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	capac, _ := backing.AlignUp(cfg.MaxTokens*row, g)
 	_, sharer := any(b).(backing.Sharer[R])
 	pool, _ := any(b).(backing.Pool)
-	_, protects := any(b).(interface {
-		Protect(r R, off, size int, prot backing.Protection) error
-	})
-	_, bufProtects := any((*arena.Buffer[R, B])(nil)).(protector)
+	_, protects := any(b).(backing.Protector[R])
 	return &Cache{
 		st: storeOf[R, B]{b}, pool: pool, auth: auth, cfg: cfg, nbuf: n, row: row, gran: g, capac: capac,
-		sharer: sharer && acct.OwnedByBacking(), protector: protects && bufProtects, gov: gov, dev: b.Device(),
+		sharer: sharer && acct.OwnedByBacking(), protector: protects, gov: gov, dev: b.Device(),
 		seqs:     make(map[*Sequence]struct{}),
 		prefixes: make(map[*Prefix]struct{}),
 	}, nil
