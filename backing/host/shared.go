@@ -20,7 +20,8 @@ type SharedOptions struct {
 	// page size. 0 means 2 MiB. Every memfd granule mapped at a scattered file offset
 	// costs one kernel mapping (vm.max_map_count), so small granules bound the
 	// process's shared memory early: 64k mappings are 128 GiB at 2 MiB, 4 GiB at
-	// 64 KiB.
+	// 64 KiB. On Windows it must be at least 64 KiB, the allocation granularity
+	// (each granule is a section view of its own).
 	Granularity int
 	// Authority is the ledger the pool charges: it owns every physical byte the pool
 	// holds, mapped or idle (backing.ByBacking). It must take bytes on the host.
@@ -38,7 +39,7 @@ type SharedOptions struct {
 	// the page tables they went in with (see Shared).
 	Populate bool
 	// Name is the memfd's name, shown in /proc/self/maps as /memfd:Name. "" means
-	// "vmarena".
+	// "vmarena". Windows sections have no name.
 	Name string
 	// Logger receives the pool's events: trims and reclaims that give granules back,
 	// and, at construction, a fallback the kernel forces (no MADV_POPULATE_WRITE).
@@ -235,6 +236,7 @@ func (*sharedNoCopy) Unlock() {}
 // through one of these, so that tests can make the n-th one fail.
 type sharedSys struct {
 	memfd    func(name string) (int, error)                               // memfd_create, close-on-exec
+	granule  func(fd, g int)                                              // tells the file its granule size (Windows); nil where it needs none
 	truncate func(fd int, size int64) error                               // ftruncate
 	allocate func(fd int, off, n int64) error                             // fallocate(0): allocate the pages
 	punch    func(fd int, off, n int64) error                             // fallocate(PUNCH_HOLE|KEEP_SIZE)
@@ -263,8 +265,9 @@ var (
 
 // NewShared returns a Shared backing with an empty pool and an empty memfd. The
 // backing MUST be closed with Close once every reservation is unreserved. Where the
-// system has no memfd it returns an error wrapping errors.ErrUnsupported; bad options
-// yield an error wrapping ErrSharedOptions.
+// system has no memfd (Linux) or no placeholders (Windows 10 1803 and later) it
+// returns an error wrapping errors.ErrUnsupported; bad options yield an error
+// wrapping ErrSharedOptions.
 func NewShared(opts SharedOptions) (*Shared, error) {
 	if !sharedSupported {
 		return nil, fmt.Errorf("host: shared backing (memfd) is not supported on this system: %w", errors.ErrUnsupported)
@@ -290,6 +293,8 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 	switch g := opts.Granularity; {
 	case !backing.IsPowerOfTwo(g) || g%page != 0:
 		return nil, bad("granularity %d is not a power of two and a multiple of the %d-byte page", g, page)
+	case g < sharedMinGranularity:
+		return nil, bad("granularity %d is below the system's %d-byte allocation granularity", g, sharedMinGranularity)
 	case g > 1<<30:
 		return nil, bad("granularity %d is above 1 GiB", g)
 	case opts.Authority == nil:
@@ -310,7 +315,10 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 	}
 	fd, err := sys.memfd(opts.Name)
 	if err != nil {
-		return nil, fmt.Errorf("host: memfd_create %q: %w", opts.Name, err)
+		return nil, fmt.Errorf("host: %s %q: %w", sharedCreateCall, opts.Name, err)
+	}
+	if sys.granule != nil {
+		sys.granule(fd, opts.Granularity)
 	}
 	s := &Shared{
 		g:        opts.Granularity,
@@ -690,7 +698,7 @@ func (s *Shared) undoMap(op string, r *SharedReservation, off, size int, picks [
 		}
 	}
 	s.record(r, gi, picks[:kept], false)
-	if !s.populate {
+	if !s.populate && !sharedMapAllocates {
 		s.unpick(picks[kept:]) // new slots never touched: still holes
 		s.mu.Unlock()
 		return err

@@ -147,6 +147,7 @@ func (f *SharedFaults) wrap(sys sharedSys) sharedSys {
 			}
 			return in.populate(at, n, write)
 		},
+		granule:  in.granule,
 		mapCount: in.mapCount,
 	}
 }
@@ -329,7 +330,7 @@ func CheckShared(s *Shared) error {
 	case mapped != s.mapped:
 		return fmt.Errorf("mapped: %d bytes found, %d counted", mapped, s.mapped)
 	}
-	if n > 0 && (len(s.park) == 0 || s.chunkFirst(len(s.park)) < n) {
+	if sharedPark && n > 0 && (len(s.park) == 0 || s.chunkFirst(len(s.park)) < n) {
 		return fmt.Errorf("the park's %d chunks do not cover the file's %d slots", len(s.park), n)
 	}
 	if st := s.auth.Stats(); st.Owned != s.owned || st.Mapped != s.mapped {

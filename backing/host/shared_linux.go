@@ -12,7 +12,19 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-const sharedSupported = true
+const (
+	sharedSupported = true
+	// sharedPark says whether idle granules wait mapped in the park (see
+	// shared_park.go).
+	sharedPark = true
+	// sharedMinGranularity is the least granule beyond the page size.
+	sharedMinGranularity = 1
+	// sharedCreateCall names what creates the pool's file, for errors.
+	sharedCreateCall = "memfd_create"
+	// sharedMapAllocates says whether mapping a new slot gives it memory (a
+	// memfd's hole stays one until touched).
+	sharedMapAllocates = false
+)
 
 // sharedDefaultSys returns the real system calls.
 func sharedDefaultSys() sharedSys {

@@ -1,4 +1,4 @@
-//go:build !linux
+//go:build !linux && !windows
 
 package host
 
@@ -7,9 +7,16 @@ import (
 	"unsafe"
 )
 
-// The shared backing needs memfd_create; elsewhere NewShared returns an error
-// wrapping errors.ErrUnsupported and these are never called.
-const sharedSupported = false
+// The shared backing needs memfd_create (Linux) or placeholders (Windows); elsewhere
+// NewShared returns an error wrapping errors.ErrUnsupported and these are never
+// called.
+const (
+	sharedSupported      = false
+	sharedPark           = false
+	sharedMinGranularity = 1
+	sharedCreateCall     = "memfd_create"
+	sharedMapAllocates   = false
+)
 
 func sharedDefaultSys() sharedSys {
 	return sharedSys{

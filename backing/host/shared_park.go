@@ -59,6 +59,9 @@ func (s *Shared) chunkFirst(k int) int { return s.park0 * (1<<k - 1) }
 // parkAt returns the address of slot i in the park. Its chunk must exist; s.mu must
 // be held.
 func (s *Shared) parkAt(i int) unsafe.Pointer {
+	if !sharedPark {
+		return nil // no park: a move fails and the caller maps afresh
+	}
 	k := s.chunkOf(i)
 	return sharedAt(s.park[k].base, (i-s.chunkFirst(k))<<s.shift)
 }
@@ -66,7 +69,7 @@ func (s *Shared) parkAt(i int) unsafe.Pointer {
 // sharedAlignment returns the alignment of reservations and park chunks of granule
 // g, and the bytes to reserve beyond a range to reach it.
 func sharedAlignment(g int) (align, pad int) {
-	if g < sharedMoveAlign {
+	if g < sharedMoveAlign || !sharedPark {
 		return 1, 0
 	}
 	return sharedMoveAlign, sharedMoveAlign - os.Getpagesize()
@@ -76,6 +79,9 @@ func sharedAlignment(g int) (align, pad int) {
 // not be mapped is not added, and its address space is given back (or, if that
 // fails too, at Close). s.mu must be held.
 func (s *Shared) growPark(n int) error {
+	if !sharedPark {
+		return nil
+	}
 	for len(s.park) == 0 || s.chunkFirst(len(s.park)) < n {
 		k := len(s.park)
 		slots := s.park0 << k

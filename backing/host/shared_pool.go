@@ -289,7 +289,7 @@ func (s *Shared) prefillOne(n int, background bool) (bool, error) {
 	at := s.parkAt(slot)
 	s.mu.Unlock()
 	err := s.sys.allocate(s.fd, int64(slot)<<s.shift, int64(s.g))
-	if err == nil {
+	if err == nil && sharedPark { // without a park, allocate made the pages
 		err = s.sys.populate(at, s.g, true)
 	}
 	if err != nil {
