@@ -123,7 +123,7 @@ func (c *Cache) appendBatch(batch []Growth, credit int64) error {
 	if need > 0 {
 		// Refuse what can not fit before committing any of it: a commit rolled back
 		// would leave fresh granules idle in a pool, holding budget.
-		if err := c.budget(need, credit); err != nil {
+		if err := c.budgetOrEvict(need, credit); err != nil {
 			c.refusals.Add(1)
 			return err
 		}

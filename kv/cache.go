@@ -57,12 +57,15 @@ type Cache struct {
 	waits    int64         // waiting appends that had to wait
 	orphans  []buffer      // buffers whose Close failed; retried by Close
 	lost     int64         // bytes that quarantined releases left held for good
+	entries  int           // sequences a PrefixCache owns: Close waits for them
 
 	// batch numbers the batches of the cache, so that a sequence can tell it was
 	// already seen in the one being checked.
 	batch atomic.Uint64
 	// refusals counts growths refused for memory (Stats.Refusals).
 	refusals atomic.Int64
+
+	pc atomic.Pointer[PrefixCache] // nil without one
 }
 
 // New returns a cache of sequences on b. It reserves nothing until sequences are made.
@@ -344,6 +347,10 @@ func (c *Cache) Close() error {
 	if c.closed {
 		c.mu.Unlock()
 		return fmt.Errorf("%w: Close called twice", ErrClosed)
+	}
+	if c.entries > 0 {
+		defer c.mu.Unlock()
+		return fmt.Errorf("%w: its PrefixCache holds %d entries; close it first", ErrBusy, c.entries)
 	}
 	if len(c.seqs) > 0 || len(c.prefixes) > 0 || c.inflight > 0 {
 		defer c.mu.Unlock()

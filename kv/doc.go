@@ -35,6 +35,33 @@
 // turn into an error. On a GPU a kernel's write into read-only memory is a fault of
 // the CUDA context, where the driver grants read-only access at all.
 //
+// # Prefix caching
+//
+// A [PrefixCache] reuses K and V across requests by token IDs: [PrefixCache.Lookup]
+// starts a sequence on the longest cached prefix of a prompt (whole granules mapped,
+// the tail copied), [PrefixCache.Insert] caches a sequence's tokens after prefill.
+// Its index is a radix tree of token IDs, not vLLM's chain of block hashes: a match
+// is exact to the token (the partial tail is copied anyway, so there is nothing to
+// gain from rounding to blocks), equal keys are equal tokens by construction (no hash
+// whose collisions would map another prompt's K/V), and a lookup compares tokens once
+// where the hash chain hashes them and then compares them too — BENCHMARKS.md has the
+// figures. Cached prefixes are memory the governor can take back. Each granule is
+// counted by the entries that hold it and the live sequences that map it; eviction
+// takes the last granule of the least recently used leaf, and only one that gives
+// memory back (held by that entry alone, mapped by no live sequence): page-aware,
+// since a granule any other holder maps frees nothing. It runs before an append is
+// refused, whenever a request on the device waits for memory (the prefix cache's
+// reclaimer, see accounting.Authority.SetReclaimer), and to keep under
+// PrefixCacheOptions.MaxBytes; a [PrefixPin] holds a prefix against all three. When an
+// inserted sequence closes, its entry takes over its ranges rather than keep mappings
+// of its own, so that the granules keep their page tables. Unlike ForkAt, Insert does
+// not make the sequence's own mapping of what it shares read-only (WriteToken still
+// refuses it): a write-protected page table entry would cost a fault per page each
+// time eviction hands the granule to the next sequence. The index lives in package
+// kv, not beside it, because eviction shrinks the cache's own sequences without the
+// copy Truncate makes and runs inside the cache's budget check, and because a closing
+// sequence hands its ranges to its entry.
+//
 // # Layout
 //
 // [PerSequence] (the default) puts all layers of a token together in one range: one

@@ -5,11 +5,12 @@
 //	go run ./examples/kvcache
 //
 // It prints live progress, a comparison table and the path of a plot of physical
-// memory over time. Run it with -help for the flags and what the defaults mean.
+// memory over time. Run it with -help for the flags and what the defaults mean. Given
+// a trace with token IDs (-trace mooncake.jsonl), it compares automatic prefix caching
+// instead (see runPrefix).
 package main
 
 import (
-	"bytes"
 	"context"
 	_ "embed"
 	"errors"
@@ -61,6 +62,10 @@ type config struct {
 	format      string
 	progress    string
 	metrics     string
+	prefillRate float64
+	// prefix is set for a trace with token IDs (Mooncake): the prefix-cache replay.
+	prefix bool
+	set    map[string]bool // flags given on the command line
 }
 
 const usageText = `Usage: go run ./examples/kvcache [flags]
@@ -99,6 +104,15 @@ it is writing 12 GiB of K/V per strategy (and as much again for eager and append
 which copy the system prompt into every sequence). Raise -requests, -speed or
 -budget for a longer, larger run.
 
+A trace with token IDs (Mooncake's JSON lines, whose hash_ids name each prompt's
+512-token blocks; -trace tells the formats apart by content) runs the prefix-cache
+replay instead: vmarena with kv.PrefixCache on and off, and paged with a vLLM-style
+prefix cache, at one budget. For flags not given it uses qwen2.5-0.5b, -max-tokens
+32768, -requests 100, -budget 1.5GiB and no system prompt; prefill costs model time in
+proportion to the uncached prompt tokens (-prefill-rate). It prints the hit rate next
+to an unbounded cache's, time to first token, makespan, memory, and the memory held
+once the load stops, and plots memory and the hit rate over time.
+
 Output: live progress, then two tables, a row per strategy.
 Memory:
   peak      highest physical memory held (bytes allocated and touched; for vmarena
@@ -128,7 +142,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		fmt.Fprint(fs.Output(), usageText)
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&c.trace, "trace", "", "CSV trace with columns TIMESTAMP, ContextTokens, GeneratedTokens (default: the bundled Azure LLM 2023 conversation trace)")
+	fs.StringVar(&c.trace, "trace", "", "trace file: CSV with columns TIMESTAMP, ContextTokens, GeneratedTokens, or Mooncake JSON lines with hash_ids, told apart by content (default: the bundled Azure LLM 2023 conversation trace)")
 	fs.IntVar(&c.requests, "requests", 100, "how many requests of the trace to replay (0: all)")
 	fs.IntVar(&c.skip, "skip", 0, "skip this many requests at the start of the trace")
 	fs.Float64Var(&c.speed, "speed", 1, "divide the trace's arrival times by this (0: every request arrives at once)")
@@ -148,9 +162,12 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.format, "format", "png", "plot format: png or svg")
 	fs.StringVar(&c.progress, "progress", "auto", "progress display: auto (a bar on a terminal, lines otherwise), bar, lines or none")
 	fs.StringVar(&c.metrics, "metrics", "", "serve Prometheus metrics of the strategy replaying at http://ADDR/metrics, like 127.0.0.1:9090 (default: none)")
+	fs.Float64Var(&c.prefillRate, "prefill-rate", DefaultPrefillRate, "prefix-cache replay: prompt tokens prefilled per second of model time (time to first token grows with the uncached tokens)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
+	c.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { c.set[f.Name] = true })
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q (flags only; see -help)", fs.Arg(0))
 	}
@@ -216,14 +233,18 @@ func (c *config) validate() (setup, []string, error) {
 	}
 	var names []string
 	seen := map[string]bool{}
+	strategies := allStrategies
+	if c.prefix {
+		strategies = prefixStrategies
+	}
 	for _, n := range strings.Split(c.strategies, ",") {
 		n = strings.TrimSpace(n)
 		ok := false
-		for _, k := range allStrategies {
+		for _, k := range strategies {
 			ok = ok || k == n
 		}
 		if !ok {
-			return s, nil, fmt.Errorf("-strategies: unknown strategy %q (known: %s)", n, strings.Join(allStrategies, ", "))
+			return s, nil, fmt.Errorf("-strategies: unknown strategy %q (known: %s)", n, strings.Join(strategies, ", "))
 		}
 		if !seen[n] {
 			names = append(names, n)
@@ -252,7 +273,7 @@ func (c *config) loadTrace() ([]Request, string, error) {
 		}
 		name, data = c.trace, b
 	}
-	reqs, err := ReadTrace(bytes.NewReader(data))
+	reqs, err := ReadAnyTrace(data)
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: %w", name, err)
 	}
@@ -282,6 +303,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvcache: %v\n", err)
 		return 2
 	}
+	if err := c.prefixDefaults(); err != nil {
+		fmt.Fprintf(stderr, "kvcache: %v\n", err)
+		return 1
+	}
 	s, names, err := c.validate()
 	if err != nil {
 		fmt.Fprintf(stderr, "kvcache: %v\n", err)
@@ -291,6 +316,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "kvcache: %v\n", err)
 		return 1
+	}
+	if c.prefix {
+		return runPrefix(ctx, c, s, names, reqs, traceName, stdout, stderr)
 	}
 	w := Workload{
 		Requests:     reqs,
