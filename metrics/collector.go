@@ -342,3 +342,18 @@ func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ..
 func counter(ch chan<- prometheus.Metric, d *prometheus.Desc, v int64, labels ...string) {
 	ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 }
+
+// KVPrefixStats is what a kv prefix cache provides: any *kv.PrefixCache does.
+type KVPrefixStats interface {
+	Stats() kv.PrefixCacheStats
+}
+
+// PrefixCacheOf returns pc as a PrefixCacheSource: its Queries and Hits (tokens, as
+// vLLM counts them), Evictions, EvictedBytes, CachedBytes and PinnedBytes.
+func PrefixCacheOf(pc KVPrefixStats) PrefixCacheSource {
+	return PrefixCacheFunc(func() PrefixCacheStats {
+		s := pc.Stats()
+		return PrefixCacheStats{QueriedTokens: s.Queries, HitTokens: s.Hits, Evictions: s.Evictions,
+			EvictedBytes: s.EvictedBytes, CachedBytes: s.CachedBytes, PinnedBytes: s.PinnedBytes}
+	})
+}

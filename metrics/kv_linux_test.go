@@ -113,3 +113,72 @@ func TestCollectRealCache(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, problems)
 }
+
+// TestCollectRealPrefixCache reads a kv prefix cache: vLLM's token counters, and a
+// usage that counts what the prefix cache could evict as free.
+func TestCollectRealPrefixCache(t *testing.T) {
+	const limit = 64 << 20
+	gov := accounting.NewGovernor()
+	require.NoError(t, gov.SetLimit(accounting.HostKey, limit))
+	auth := gov.Authority("kv", accounting.HostKey)
+	pool, err := host.NewShared(host.SharedOptions{Granularity: 64 << 10, Authority: auth, Name: "vmarena-metrics-test"})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pool.Close()) })
+	cache, err := kv.New(pool, kv.Config{Geometry: kv.Tiny, MaxTokens: 4096})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, cache.Close()) })
+	pc, err := kv.NewPrefixCache(cache, kv.PrefixCacheOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pc.Close()) })
+
+	src := metrics.PrefixCacheOf(pc)
+	c, err := metrics.New(metrics.Options{
+		Governor:     gov,
+		Caches:       []metrics.Cache{{Name: "tiny", Cache: cache, Device: accounting.HostKey, Pool: pool, PrefixCache: src}},
+		PrefixCaches: []metrics.PrefixCache{{Name: "tiny", Source: src}},
+	})
+	require.NoError(t, err)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+
+	system := make([]int32, 1000)
+	for i := range system {
+		system[i] = int32(1000 + i)
+	}
+	var live []*kv.Sequence
+	for _, question := range [][]int32{{7, 8, 9}, {4, 5}} {
+		prompt := append(append([]int32{}, system...), question...)
+		s, cached, err := pc.Lookup(prompt)
+		require.NoError(t, err)
+		require.NoError(t, s.Append(len(prompt)-cached))
+		require.NoError(t, pc.Insert(s, prompt))
+		live = append(live, s)
+	}
+	check := func(what string) map[string]float64 {
+		got := scrape(t, reg)
+		st := pc.Stats()
+		assert.Equal(t, float64(st.Queries), got["vmarena_prefix_cache_queries_total{cache=tiny}"], what)
+		assert.Equal(t, float64(st.Hits), got["vmarena_prefix_cache_hits_total{cache=tiny}"], what)
+		assert.Equal(t, float64(st.CachedBytes), got["vmarena_prefix_cache_cached_bytes{cache=tiny}"], what)
+		assert.Equal(t, float64(st.PinnedBytes), got["vmarena_prefix_cache_pinned_bytes{cache=tiny}"], what)
+		assert.Equal(t, float64(st.Evictions), got["vmarena_prefix_cache_evictions_total{cache=tiny}"], what)
+		ks, ps := cache.Stats(), pool.PoolStats()
+		want := float64(ks.Owned-ps.Idle-(st.CachedBytes-st.PinnedBytes)) / limit
+		assert.InDelta(t, want, got["vmarena_kv_cache_usage_perc{cache=tiny}"], 1e-12, what)
+		return got
+	}
+	got := check("two live sequences")
+	assert.Equal(t, float64(2005), got["vmarena_prefix_cache_queries_total{cache=tiny}"])
+	assert.Equal(t, float64(1000), got["vmarena_prefix_cache_hits_total{cache=tiny}"])
+	assert.Positive(t, got["vmarena_kv_cache_usage_perc{cache=tiny}"])
+	for _, s := range live {
+		require.True(t, s.Close().OK())
+	}
+	got = check("no live sequence")
+	assert.Positive(t, got["vmarena_prefix_cache_cached_bytes{cache=tiny}"])
+	assert.Zero(t, got["vmarena_kv_cache_usage_perc{cache=tiny}"], "all the cache holds could be evicted: none of it is in use")
+
+	problems, err := testutil.CollectAndLint(c)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+}
