@@ -317,6 +317,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvcache: %v\n", err)
 		return 1
 	}
+	if c.metrics != "" {
+		ms, err := startMetrics(c.metrics)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvcache: %v\n", err)
+			return 1
+		}
+		defer ms.Close()
+		s.metrics = ms
+		fmt.Fprintf(stdout, "Serving metrics at http://%s/metrics\n", ms.Addr())
+	}
 	if c.prefix {
 		return runPrefix(ctx, c, s, names, reqs, traceName, stdout, stderr)
 	}
@@ -337,16 +347,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err := probe(names, s); err != nil {
 		fmt.Fprintf(stderr, "kvcache: %v\n", err)
 		return 1
-	}
-	if c.metrics != "" {
-		ms, err := startMetrics(c.metrics)
-		if err != nil {
-			fmt.Fprintf(stderr, "kvcache: %v\n", err)
-			return 1
-		}
-		defer ms.Close()
-		s.metrics = ms
-		fmt.Fprintf(stdout, "Serving metrics at http://%s/metrics\n", ms.Addr())
 	}
 	printHeader(stdout, c, s, w, traceName)
 
@@ -406,7 +406,7 @@ func replayOne(ctx context.Context, name string, s setup, w Workload, ui progres
 		return Result{}, err
 	}
 	if s.metrics != nil {
-		if err := s.metrics.watch(name, b); err != nil {
+		if err := s.metrics.watch(name, b.gov, b.dev, b.st); err != nil {
 			return Result{}, errors.Join(err, b.st.Close())
 		}
 	}

@@ -12,13 +12,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/metrics"
 )
 
 // metricsServer serves /metrics (-metrics ADDR) while the strategies replay: the
-// governor of the strategy replaying now, and for vmarena its cache and pool, each
-// series labelled with the strategy. A strategy's series stay until the next one
+// governor of the strategy replaying now, and for vmarena its cache, pool and prefix
+// cache, each series labelled with the strategy. A strategy's series stay until the next one
 // starts, so that a scrape after a run reads how it ended.
 type metricsServer struct {
 	reg *prometheus.Registry
@@ -49,14 +50,21 @@ func startMetrics(addr string) (*metricsServer, error) {
 // Addr returns the address the server listens on.
 func (m *metricsServer) Addr() string { return m.ln.Addr().String() }
 
-// watch makes /metrics report strategy name, built as b, in place of the last one.
-func (m *metricsServer) watch(name string, b *built) error {
-	opts := metrics.Options{Governor: b.gov}
-	if src, ok := b.st.(metricsSource); ok {
-		cache, pool := src.metricsSources()
-		opts.Caches = []metrics.Cache{{Name: name, Cache: cache, Device: b.dev, Pool: pool}}
+// watch makes /metrics report strategy name, st bounded by gov on device dev (or on
+// its pool's device), in place of the last one.
+func (m *metricsServer) watch(name string, gov *accounting.Governor, dev accounting.DeviceKey, st any) error {
+	opts := metrics.Options{Governor: gov}
+	if src, ok := st.(metricsSource); ok {
+		cache, pool, pc := src.metricsSources()
+		if d, ok := pool.(interface{ Device() accounting.DeviceKey }); ok {
+			dev = d.Device()
+		}
+		opts.Caches = []metrics.Cache{{Name: name, Cache: cache, Device: dev, Pool: pool, PrefixCache: pc}}
 		if pool != nil {
 			opts.Pools = []metrics.Pool{{Name: name, Pool: pool}}
+		}
+		if pc != nil {
+			opts.PrefixCaches = []metrics.PrefixCache{{Name: name, Source: pc}}
 		}
 	}
 	c, err := metrics.New(opts)
@@ -86,10 +94,18 @@ func (m *metricsServer) Close() error {
 
 // metricsSource is a strategy with a kv cache to report.
 type metricsSource interface {
-	metricsSources() (metrics.CacheSource, backing.Pool)
+	// metricsSources returns the cache, its pool when the backing pools its memory,
+	// and its prefix cache, or nil.
+	metricsSources() (metrics.CacheSource, backing.Pool, metrics.PrefixCacheSource)
 }
 
-// metricsSources returns the cache and, when the backing pools its memory, the pool.
-func (s *cacheStrategy) metricsSources() (metrics.CacheSource, backing.Pool) {
-	return s.c, s.pool
+func (s *cacheStrategy) metricsSources() (metrics.CacheSource, backing.Pool, metrics.PrefixCacheSource) {
+	return s.c, s.pool, nil
+}
+
+func (k *kvPrefix) metricsSources() (metrics.CacheSource, backing.Pool, metrics.PrefixCacheSource) {
+	if k.pc == nil {
+		return k.cs.metricsSources()
+	}
+	return k.cs.c, k.cs.pool, metrics.PrefixCacheOf(k.pc)
 }
