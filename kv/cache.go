@@ -24,7 +24,9 @@ type Config struct {
 	// (ByBacking: host.Shared, cuda).
 	Authority *accounting.Authority
 	// Logger receives the cache's events: a range whose release failed twice and
-	// that the cache keeps for Close to retry. nil logs nothing; nothing is logged on
+	// that the cache keeps for Close to retry (Warn), and a summary of each eviction
+	// pass of its PrefixCache (Info when a waiter on the device asked for it, Debug
+	// when the cache's own growth did). nil logs nothing; nothing else is logged on
 	// Append or Truncate.
 	Logger *slog.Logger
 }

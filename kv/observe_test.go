@@ -1,8 +1,10 @@
 package kv_test
 
 import (
+	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -61,4 +63,70 @@ func TestStatsRefusals(t *testing.T) {
 	require.NoError(t, seqs[0].Append(0))
 	assert.Equal(t, int64(2), c.Stats().Refusals)
 	closeAll(t, seqs...)
+}
+
+// TestLogsEvictions: each eviction pass of the prefix cache that takes something is
+// summarised, at Debug for the cache's own growth and at Info for a waiter on the
+// device; lookups and inserts that evict nothing log nothing.
+func TestLogsEvictions(t *testing.T) {
+	var rec logrec.Recorder
+	const limit = 256 * fakeGranule
+	fx := newFixture(t, limit)
+	c, err := kv.New(fx.fake, kv.Config{Geometry: tiny8, MaxTokens: 256, Layout: kv.PerSequence, Logger: rec.Logger()})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, c.Close()) })
+	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pc.Close()) })
+
+	// Cache four prompts, no sequence left live.
+	for i := range 4 {
+		ids := make([]int32, 40)
+		for j := range ids {
+			ids[j] = int32(100*i + j)
+		}
+		s, m, err := pc.Lookup(ids)
+		require.NoError(t, err)
+		require.NoError(t, s.Append(len(ids)-m))
+		require.NoError(t, pc.Insert(s, ids))
+		require.True(t, s.Close().OK())
+	}
+	require.Positive(t, pc.Stats().CachedBytes)
+	assert.Empty(t, rec.Records(), "no eviction yet, nothing logged")
+
+	// Growth that needs the cached bytes evicts them: a Debug summary.
+	big, err := c.NewSequence()
+	require.NoError(t, err)
+	free := limit - fx.pool.Stats().Owned
+	n := int((free + pc.Stats().CachedBytes/2) / int64(tiny8.BytesPerToken()))
+	require.NoError(t, big.Append(min(n, 256)))
+	ev := rec.Find("kv: prefix cache eviction")
+	require.NotEmpty(t, ev)
+	assert.Equal(t, "DEBUG", ev[0]["level"])
+	assert.Equal(t, "growth", ev[0]["for"])
+	assert.Positive(t, ev[0]["granules"])
+	assert.Positive(t, ev[0]["freed_bytes"])
+	require.True(t, big.Close().OK())
+
+	// Another ledger waits on the device for more than is free: the prefix cache's
+	// reclaimer evicts, at Info.
+	require.Positive(t, pc.Stats().CachedBytes, "the growth left some cached")
+	other := fx.gov.Authority("other", accounting.HostKey)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	want := fx.gov.Available(accounting.HostKey) + fakeGranule
+	require.NoError(t, other.Acquire(ctx, want))
+	other.Release(want)
+	waiter := func() []map[string]any {
+		var out []map[string]any
+		for _, r := range rec.Find("kv: prefix cache eviction") {
+			if r["for"] == "waiter" {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+	require.Eventually(t, func() bool { return len(waiter()) > 0 }, 5*time.Second, time.Millisecond)
+	assert.Equal(t, "INFO", waiter()[0]["level"])
+	assert.Equal(t, float64(want), waiter()[0]["need_bytes"])
 }
