@@ -16,9 +16,25 @@
 // Linux a memfd: Commit maps pool granules into a reservation with
 // mmap(MAP_SHARED|MAP_FIXED), Share maps the granules behind one range into another
 // reservation (the shared-prefix mechanism), and a granule returns to the pool with its
-// last mapping. Its pool can be prefilled off the hot path and trimmed. Idle
-// granules wait mapped in a park of its own, from which a commit moves them with
-// their page tables (mremap), so that their first touch takes no page fault.
+// last mapping. Its pool can be prefilled off the hot path and trimmed, and gives
+// idle granules back to the OS by decay once they stay unused. Idle granules wait
+// mapped in a park of its own, from which a commit moves them with their page
+// tables (mremap), so that their first touch takes no page fault.
+//
+// # Huge pages
+//
+// A 2 MiB granule in one transparent huge page costs about a quarter of 512 small
+// pages to populate and a tenth to free. Both backings ask for huge pages where the
+// granule is a multiple of the huge page and the system allows them
+// (/sys/kernel/mm/transparent_hugepage/), unless their options turn them off, and
+// report which they use and why not (PrivateStats, SharedStats) and what the kernel
+// really gave (HugePages, from smaps). Where memfd memory can have no huge pages
+// (shmem_enabled never, the common default) Shared makes new granules private:
+// anonymous huge pages of the one reservation, moved into the memfd only when they
+// become shared. On a virtual machine that reports its free memory to the host in
+// huge-page blocks (virtio_balloon free page reporting) a fresh huge page takes
+// host faults and costs more than small pages: there both backings use small pages
+// unless their options say AlwaysHugePages, and their stats say why.
 //
 // On Windows (10 1803 and later) [Shared] keeps one pagefile-backed section per
 // granule (CreateFileMapping): a reservation is a placeholder (VirtualAlloc2), a

@@ -101,6 +101,7 @@ func (s *Shared) growPark(n int) error {
 			}
 			return err
 		}
+		s.adviseFile(base, size)
 		s.park = append(s.park, sharedChunk{raw: raw, rawN: size + pad, base: base})
 	}
 	return nil
@@ -149,6 +150,7 @@ func (s *Shared) place(r *SharedReservation, gi int, slots []int) (int, error) {
 			if err := s.sys.mapFile(at, n, s.fd, int64(slots[k])<<s.shift, false); err != nil {
 				return k, err
 			}
+			s.adviseFile(at, n)
 		}
 		k = j
 	}
@@ -168,8 +170,8 @@ func (s *Shared) parkable(m sharedMap) bool {
 // unmaps the range as usual. A move that fails changes nothing but that the run's
 // page tables go with the unmap; the granules still go idle. s.mu must be held.
 func (s *Shared) parkLast(r *SharedReservation, gi, n int) {
-	room := s.high - s.nIdle
-	if room <= 0 || s.waiters() {
+	room := s.high - s.nIdle - s.nPrivIdle
+	if room <= 0 || s.othersWait() {
 		return // drop gives them all back
 	}
 	for i := gi; i < gi+n && room > 0; {
@@ -191,9 +193,4 @@ func (s *Shared) parkLast(r *SharedReservation, gi, n int) {
 		room -= j - i
 		i = j
 	}
-}
-
-// waiters reports whether the governor has requests waiting for host memory.
-func (s *Shared) waiters() bool {
-	return s.auth.Governor().Stats(s.auth.Device()).Waiters > 0
 }

@@ -64,6 +64,8 @@ func sharedDefaultSys() sharedSys {
 		move:     func(unsafe.Pointer, unsafe.Pointer, int) error { return errSharedNoMove },
 		release:  w.release,
 		protect:  w.protect,
+		advise:   func(unsafe.Pointer, int) error { return errors.ErrUnsupported },
+		discard:  func(unsafe.Pointer, int) error { return errors.ErrUnsupported },
 		populate: sharedPopulate,
 		mapCount: func() (int, int, error) { return 0, 0, errSharedNoMapCount },
 	}

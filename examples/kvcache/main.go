@@ -56,6 +56,7 @@ type config struct {
 	layout      string
 	granule     sizeFlag
 	populate    bool
+	huge        bool
 	poolLow     int
 	strategies  string
 	out         string
@@ -156,6 +157,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.layout, "layout", "per-sequence", "vmarena's layout: per-sequence or per-layer")
 	fs.Var(&c.granule, "granule", "vmarena's granule, like 2MiB (default: the backing's)")
 	fs.BoolVar(&c.populate, "populate", true, "vmarena: make committed granules resident at commit (fewer page faults)")
+	fs.BoolVar(&c.huge, "huge", true, "vmarena, host backings: transparent huge pages where the system allows them and they pay (false: never)")
 	fs.IntVar(&c.poolLow, "pool-low", 128, "vmarena, shared and cuda backings: idle granules the pool keeps ready, refilled off the token path (0: none)")
 	fs.StringVar(&c.strategies, "strategies", strings.Join(allStrategies, ","), "comma-separated strategies to run, in order")
 	fs.StringVar(&c.out, "out", os.TempDir(), "directory for the plot")
@@ -251,7 +253,7 @@ func (c *config) validate() (setup, []string, error) {
 			seen[n] = true
 		}
 	}
-	s.backing, s.granule, s.populate = c.backing, int(c.granule), c.populate
+	s.backing, s.granule, s.populate, s.huge = c.backing, int(c.granule), c.populate, c.huge
 	if c.poolLow < 0 {
 		return s, nil, fmt.Errorf("-pool-low %d: must not be negative", c.poolLow)
 	}

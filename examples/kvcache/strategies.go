@@ -42,6 +42,7 @@ type setup struct {
 	layout    kv.Layout
 	granule   int // 0: the backing's default
 	populate  bool
+	huge      bool
 	poolLow   int // idle granules the pool refills to in the background
 	maxTokens int
 	budget    int64 // bytes; 0: unlimited
@@ -124,13 +125,13 @@ func (s setup) buildCache(b *built, auth *accounting.Authority) error {
 	case "shared":
 		var bk *host.Shared
 		if bk, err = host.NewShared(host.SharedOptions{Granularity: s.granule, Authority: auth, Populate: s.populate, Name: "kvcache",
-			Low: s.poolLow, High: max(s.poolLow, 64)}); err == nil {
+			Low: s.poolLow, High: max(s.poolLow, 64), NoHugePages: !s.huge}); err == nil {
 			pool, close = bk, bk.Close
 			c, err = kv.New(bk, cfg)
 		}
 	case "private":
 		var bk *host.Private
-		if bk, err = host.NewPrivate(host.PrivateOptions{Granularity: s.granule, Populate: s.populate, Name: "kvcache"}); err == nil {
+		if bk, err = host.NewPrivate(host.PrivateOptions{Granularity: s.granule, Populate: s.populate, Name: "kvcache", NoHugePages: !s.huge}); err == nil {
 			cfg.Authority = auth
 			c, err = kv.New(bk, cfg)
 		}
