@@ -69,3 +69,37 @@ func TestPopulateFallbackNotice(t *testing.T) {
 	newEnv(t, host.SharedOptions{Populate: true, Logger: rec.Logger()}, false)
 	assert.Len(t, rec.Find(msg), 2*want)
 }
+
+// TestHugePageFallbackNotice: a backing whose granule would take huge pages says,
+// once at construction, when the system gives it small pages instead, and why; one
+// whose options turn huge pages off, or whose granule is too small, says nothing.
+func TestHugePageFallbackNotice(t *testing.T) {
+	const msg = "host: no huge pages; granules take small pages"
+	var rec logrec.Recorder
+	p, err := host.NewPrivate(host.PrivateOptions{Granularity: 2 << 20, Logger: rec.Logger()})
+	require.NoError(t, err)
+	why := p.Stats().NoHugePages
+	want := 0
+	if why != "" {
+		want = 1
+	}
+	got := rec.Find(msg)
+	require.Len(t, got, want, "the system's answer: %q", why)
+	if want == 1 {
+		assert.Equal(t, why, got[0]["why"])
+		assert.Equal(t, "private", got[0]["backing"])
+	}
+	_, err = host.NewPrivate(host.PrivateOptions{Granularity: 2 << 20, NoHugePages: true, Logger: rec.Logger()})
+	require.NoError(t, err)
+	_, err = host.NewPrivate(host.PrivateOptions{Granularity: 64 << 10, Logger: rec.Logger()})
+	require.NoError(t, err)
+	assert.Len(t, rec.Find(msg), want, "no notice for a choice of the caller's")
+
+	e := newEnv(t, host.SharedOptions{Granularity: 2 << 20, Logger: rec.Logger()}, false)
+	swhy := e.s.Stats().NoHugePages
+	if swhy != "" {
+		want++
+	}
+	t.Logf("private: %q; shared: %q", why, swhy)
+	assert.Len(t, rec.Find(msg), want, "Shared: %q", swhy)
+}

@@ -146,7 +146,11 @@ func NewPrivate(opts PrivateOptions) (*Private, error) {
 		}
 		p.name = append([]byte(opts.Name), 0)
 	}
-	noteFallbacks(opts.Logger, "private", opts.Populate)
+	noHuge := p.hugeWhy
+	if opts.NoHugePages {
+		noHuge = "" // the caller's choice, not a fallback
+	}
+	noteFallbacks(opts.Logger, "private", opts.Populate, g, noHuge)
 	return p, nil
 }
 

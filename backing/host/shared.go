@@ -451,7 +451,11 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 	s.kick()
 	s.mu.Unlock()
 	opts.Authority.SetReclaimer(s.reclaim)
-	noteFallbacks(s.log, "shared", s.populate || s.low > 0) // the refill populates too
+	noHuge := s.hugeWhy
+	if opts.NoHugePages {
+		noHuge = "" // the caller's choice, not a fallback
+	}
+	noteFallbacks(s.log, "shared", s.populate || s.low > 0, s.g, noHuge) // the refill populates too
 	return s, nil
 }
 
