@@ -49,8 +49,9 @@ type PrivateOptions struct {
 	// CONFIG_ANON_VMA_NAME ignore it, as do other systems. At most 79 printable ASCII
 	// bytes, none of them \ ` $ [ or ].
 	Name string
-	// Logger receives, at construction, a fallback the system forces on Populate
-	// (no MADV_POPULATE_WRITE: pages are touched instead). nil logs nothing.
+	// Logger receives, at construction, a fallback the system forces: no
+	// MADV_POPULATE_WRITE (Populate touches pages instead), or small pages where the
+	// granule would take huge pages. nil logs nothing.
 	Logger *slog.Logger
 }
 
