@@ -103,3 +103,21 @@ func TestHugePageFallbackNotice(t *testing.T) {
 	t.Logf("private: %q; shared: %q", why, swhy)
 	assert.Len(t, rec.Find(msg), want, "Shared: %q", swhy)
 }
+
+// TestSharedLogsDecay: a decay pass that gives idle granules back says so at Debug.
+func TestSharedLogsDecay(t *testing.T) {
+	var rec logrec.Recorder
+	e := newEnv(t, host.SharedOptions{Granularity: 64 << 10, Decay: time.Second, NoHugePages: true, Logger: rec.Logger()}, false)
+	r := e.reserve(4)
+	e.commit(r, 0, 4)
+	e.decommit(r, 0, 4)
+	host.SharedDecay(e.s) // nothing has waited long: nothing goes
+	assert.Empty(t, rec.Find("host: pool decay"))
+	e.advance(2 * time.Second)
+	host.SharedDecay(e.s)
+	d := rec.Find("host: pool decay")
+	require.Len(t, d, 1)
+	assert.Equal(t, "DEBUG", d[0]["level"])
+	assert.Equal(t, float64(4*e.g), d[0]["gave_back_bytes"])
+	assert.Zero(t, e.pool().Idle)
+}
