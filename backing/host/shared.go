@@ -59,10 +59,9 @@ type SharedOptions struct {
 	// keeps its granules (a large High, a long Decay) may still want them there.
 	AlwaysHugePages bool
 	// Logger receives the pool's events: trims and reclaims that give granules back
-	// (Info), and decay passes that do (Debug),
-	// and, at construction, a fallback the system forces (no MADV_POPULATE_WRITE, or
-	// small pages where the granule would take huge pages).
-	// nil logs nothing. Quarantines are logged by the governor (see
+	// (Info), decay passes that do (Debug), and, at construction, a fallback the
+	// system forces (no MADV_POPULATE_WRITE, or small pages where the granule would
+	// take huge pages). nil logs nothing. Quarantines are logged by the governor (see
 	// accounting.GovernorOptions).
 	Logger *slog.Logger
 }
