@@ -4,52 +4,10 @@ import (
 	"fmt"
 
 	"github.com/vmarena/vmarena/arena"
-	"github.com/vmarena/vmarena/backing"
 )
 
-// readAt copies len(p) bytes at off of buf into p: directly on the host, through the
-// backing's Copier elsewhere.
-func readAt[R any, B backing.Backing[R]](buf *arena.Buffer[R, B], off int, p []byte) error {
-	if buf.HostAccessible() {
-		copy(p, buf.Bytes()[off:])
-		return nil
-	}
-	cp, ok := any(buf.Backing()).(backing.Copier[R])
-	if !ok {
-		return fmt.Errorf("%w: the backing can neither be read by the CPU nor copy", backing.ErrUnsupported)
-	}
-	return cp.CopyOut(p, buf.Reservation(), off)
-}
-
-// writeAt copies p into buf at off.
-func writeAt[R any, B backing.Backing[R]](buf *arena.Buffer[R, B], off int, p []byte) error {
-	if buf.HostAccessible() {
-		copy(buf.Bytes()[off:], p)
-		return nil
-	}
-	cp, ok := any(buf.Backing()).(backing.Copier[R])
-	if !ok {
-		return fmt.Errorf("%w: the backing can neither be written by the CPU nor copy", backing.ErrUnsupported)
-	}
-	return cp.CopyIn(buf.Reservation(), off, p)
-}
-
-// copyRange copies n bytes at off from src to dst: directly on the host, through a
-// bounce buffer and the backing's Copier elsewhere.
-func copyRange[R any, B backing.Backing[R]](dst, src *arena.Buffer[R, B], off, n int) error {
-	if dst.HostAccessible() && src.HostAccessible() {
-		copy(dst.Bytes()[off:off+n], src.Bytes()[off:off+n])
-		return nil
-	}
-	tmp := make([]byte, n)
-	if err := readAt(src, off, tmp); err != nil {
-		return err
-	}
-	return writeAt(dst, off, tmp)
-}
-
 // locate returns the range and byte offset of token t of layer's K or V tensor.
-func (s *Sequence[R, B]) locate(layer int, kind Kind, t int) (*arena.Buffer[R, B], int, error) {
+func (s *Sequence) locate(layer int, kind Kind, t int) (buffer, int, error) {
 	g := s.c.cfg.Geometry
 	if layer < 0 || layer >= g.Layers || kind > V || t < 0 || t >= s.n {
 		return nil, 0, fmt.Errorf("%w: layer %d %v token %d of %d layers × %d tokens", ErrRange, layer, kind, t, g.Layers, s.n)
@@ -63,7 +21,7 @@ func (s *Sequence[R, B]) locate(layer int, kind Kind, t int) (*arena.Buffer[R, B
 // WriteToken copies src (TokenBytes long) into token t of layer's K or V tensor, on
 // any backing and layout. Writing a token that lies in memory shared with a prefix or
 // a fork is refused (ErrRange): shared granules are read-only.
-func (s *Sequence[R, B]) WriteToken(layer int, kind Kind, t int, src []byte) error {
+func (s *Sequence) WriteToken(layer int, kind Kind, t int, src []byte) error {
 	if err := s.usable(); err != nil {
 		return err
 	}
@@ -77,11 +35,11 @@ func (s *Sequence[R, B]) WriteToken(layer int, kind Kind, t int, src []byte) err
 	if off < s.frozen {
 		return fmt.Errorf("%w: token %d lies in shared memory (the first %d bytes are read-only)", ErrRange, t, s.frozen)
 	}
-	return writeAt(buf, off, src)
+	return buf.writeAt(off, src)
 }
 
 // ReadToken copies token t of layer's K or V tensor into dst (TokenBytes long).
-func (s *Sequence[R, B]) ReadToken(layer int, kind Kind, t int, dst []byte) error {
+func (s *Sequence) ReadToken(layer int, kind Kind, t int, dst []byte) error {
 	if err := s.usable(); err != nil {
 		return err
 	}
@@ -92,12 +50,12 @@ func (s *Sequence[R, B]) ReadToken(layer int, kind Kind, t int, dst []byte) erro
 	if err != nil {
 		return err
 	}
-	return readAt(buf, off, dst)
+	return buf.readAt(off, dst)
 }
 
 // Writable returns the first token that may be written: tokens below it lie in
 // granules shared with a prefix or a fork and are read-only.
-func (s *Sequence[R, B]) Writable() int {
+func (s *Sequence) Writable() int {
 	return (s.frozen + s.c.row - 1) / s.c.row
 }
 
@@ -107,7 +65,7 @@ func (s *Sequence[R, B]) Writable() int {
 // be written: in a sequence started on a prefix or forked they are mapped read-only
 // (a write faults); in the sequence a prefix or fork was made from they are not, and a
 // write would reach every sharer.
-func (s *Sequence[R, B]) Bytes(layer int, kind Kind) ([]byte, error) {
+func (s *Sequence) Bytes(layer int, kind Kind) ([]byte, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
 	}
@@ -126,7 +84,7 @@ func (s *Sequence[R, B]) Bytes(layer int, kind Kind) ([]byte, error) {
 
 // Base returns the first address of layer's K or V tensor. It never changes from the
 // sequence's creation to its Close. On a device it must not be dereferenced by the CPU.
-func (s *Sequence[R, B]) Base(layer int, kind Kind) uintptr {
+func (s *Sequence) Base(layer int, kind Kind) uintptr {
 	s.live()
 	g := s.c.cfg.Geometry
 	if layer < 0 || layer >= g.Layers || kind > V {
@@ -140,14 +98,14 @@ func (s *Sequence[R, B]) Base(layer int, kind Kind) uintptr {
 
 // TokenStride returns the bytes from one token to the next within a layer's K or V
 // tensor: TokenBytes in the PerLayer layout, BytesPerToken in PerSequence.
-func (s *Sequence[R, B]) TokenStride() int { return s.c.row }
+func (s *Sequence) TokenStride() int { return s.c.row }
 
 // View returns layer's K or V tensor of s as a [Len, KVHeads, HeadDim] tensor of T:
 // contiguous in the PerLayer layout, strided by TokenStride in PerSequence. T must be
 // the geometry's element type (ErrElemType otherwise). On a host backing the tensor's
 // elements may be read and written (tokens below Writable are read-only); on a device
 // it carries only the address. The view is valid until s shrinks below it or closes.
-func View[T arena.Elem, R any, B backing.Backing[R]](s *Sequence[R, B], layer int, kind Kind) (arena.Tensor[T], error) {
+func View[T arena.Elem](s *Sequence, layer int, kind Kind) (arena.Tensor[T], error) {
 	if err := s.usable(); err != nil {
 		return arena.Tensor[T]{}, err
 	}
@@ -164,5 +122,8 @@ func View[T arena.Elem, R any, B backing.Backing[R]](s *Sequence[R, B], layer in
 	}
 	size := g.DType.Size()
 	strides := []int{s.c.row / size, g.HeadDim, 1}
-	return arena.NewTensorStrided[T](s.bufs[0], (2*layer+int(kind))*g.TokenBytes(), shape, strides)
+	// NB: the tensor's memory starts at its own base, so that an empty sequence (whose
+	// range has no bytes in use) still has a view there.
+	mem := layerMemory{buf: s.bufs[0], off: (2*layer + int(kind)) * g.TokenBytes()}
+	return arena.NewTensorStrided[T](mem, 0, shape, strides)
 }

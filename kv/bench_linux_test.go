@@ -44,10 +44,10 @@ var tokenData = func() []byte {
 	return b
 }()
 
-type hostCache = kv.Cache[*host.SharedReservation, *host.Shared]
+type hostCache = kv.Cache
 
 // writeLast writes the K and V of s's last token in every layer.
-func writeLast(b *testing.B, s *kv.Sequence[*host.SharedReservation, *host.Shared]) {
+func writeLast(b *testing.B, s *kv.Sequence) {
 	t := s.Len() - 1
 	for layer := range kv.Llama3_8B.Layers {
 		for _, kind := range []kv.Kind{kv.K, kv.V} {
@@ -75,7 +75,7 @@ func runCache(b *testing.B, c *hostCache) {
 		b.Fatal(err)
 	}
 	sys.Close()
-	seqs := make([]*kv.Sequence[*host.SharedReservation, *host.Shared], benchSeqs)
+	seqs := make([]*kv.Sequence, benchSeqs)
 	for i := range seqs {
 		if seqs[i], err = c.NewSequenceFrom(p); err != nil {
 			b.Fatal(err)

@@ -9,7 +9,6 @@ import (
 	"sync"
 
 	"github.com/vmarena/vmarena/accounting"
-	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing"
 )
 
@@ -28,8 +27,10 @@ type Config struct {
 
 // Cache holds the K and V tensors of many sequences on one backing. Its zero value is
 // not usable; call New.
-type Cache[R any, B backing.Backing[R]] struct {
-	b      B
+type Cache struct {
+	st     store
+	pool   backing.Pool          // the backing's pool, or nil
+	auth   *accounting.Authority // the ledger that owns the cache's physical memory
 	cfg    Config
 	nbuf   int // address ranges per sequence
 	row    int // bytes per token in each range
@@ -40,19 +41,21 @@ type Cache[R any, B backing.Backing[R]] struct {
 	dev    accounting.DeviceKey
 
 	mu       sync.Mutex
-	seqs     map[*Sequence[R, B]]struct{}
-	prefixes map[*Prefix[R, B]]struct{}
+	seqs     map[*Sequence]struct{}
+	prefixes map[*Prefix]struct{}
 	nextID   uint64
 	closed   bool
-	inflight int                   // sequences being made: Close must wait for them
-	waiters  list.List             // of *Sequence waiting in AppendCtx, FIFO
-	changed  chan struct{}         // closed when memory comes back to this cache
-	waits    int64                 // AppendCtx calls that had to wait
-	orphans  []*arena.Buffer[R, B] // buffers whose Close failed; retried by Close
+	inflight int           // sequences being made: Close must wait for them
+	waiters  list.List     // of *Sequence waiting in AppendCtx, FIFO
+	changed  chan struct{} // closed when memory comes back to this cache
+	waits    int64         // AppendCtx calls that had to wait
+	orphans  []buffer      // buffers whose Close failed; retried by Close
 }
 
 // New returns a cache of sequences on b. It reserves nothing until sequences are made.
-func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache[R, B], error) {
+// The backing's type is inferred from b and hidden behind the Cache, which names no
+// backing type: a server holds a *Cache whatever memory it runs on.
+func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	if err := cfg.Geometry.Validate(); err != nil {
 		return nil, err
 	}
@@ -65,13 +68,15 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache[R, B], error) {
 	}
 	acct := b.Accounting()
 	var gov *accounting.Governor
+	auth := cfg.Authority
 	switch {
 	case acct.OwnedByBacking() && cfg.Authority != nil:
 		return nil, fmt.Errorf("%w: the backing owns its memory (%v); leave Authority nil", ErrConfig, acct)
 	case !acct.OwnedByBacking() && cfg.Authority == nil:
 		return nil, fmt.Errorf("%w: the backing's memory is charged by buffer; set Authority", ErrConfig)
 	case acct.OwnedByBacking():
-		gov = acct.Authority().Governor()
+		auth = acct.Authority()
+		gov = auth.Governor()
 	case cfg.Authority.Device() != b.Device():
 		return nil, fmt.Errorf("%w: Authority is on %v, the backing on %v", ErrConfig, cfg.Authority.Device(), b.Device())
 	default:
@@ -80,23 +85,24 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache[R, B], error) {
 	n, row := cfg.Layout.buffers(cfg.Geometry)
 	capac, _ := backing.AlignUp(cfg.MaxTokens*row, g)
 	_, sharer := any(b).(backing.Sharer[R])
-	return &Cache[R, B]{
-		b: b, cfg: cfg, nbuf: n, row: row, gran: g, capac: capac,
+	pool, _ := any(b).(backing.Pool)
+	return &Cache{
+		st: storeOf[R, B]{b}, pool: pool, auth: auth, cfg: cfg, nbuf: n, row: row, gran: g, capac: capac,
 		sharer: sharer && acct.OwnedByBacking(), gov: gov, dev: b.Device(),
-		seqs:     make(map[*Sequence[R, B]]struct{}),
-		prefixes: make(map[*Prefix[R, B]]struct{}),
+		seqs:     make(map[*Sequence]struct{}),
+		prefixes: make(map[*Prefix]struct{}),
 	}, nil
 }
 
 // Config returns the cache's configuration.
-func (c *Cache[R, B]) Config() Config { return c.cfg }
+func (c *Cache) Config() Config { return c.cfg }
 
 // Granularity returns the backing's granule size.
-func (c *Cache[R, B]) Granularity() int { return c.gran }
+func (c *Cache) Granularity() int { return c.gran }
 
 // NewSequence returns an empty sequence. It reserves address space for MaxTokens and
 // commits nothing. The sequence MUST be closed.
-func (c *Cache[R, B]) NewSequence() (*Sequence[R, B], error) {
+func (c *Cache) NewSequence() (*Sequence, error) {
 	s, err := c.newSequence()
 	if err != nil {
 		return nil, err
@@ -107,7 +113,7 @@ func (c *Cache[R, B]) NewSequence() (*Sequence[R, B], error) {
 
 // newSequence reserves a new sequence's ranges. Until register or abandon, the cache
 // counts it in flight and will not close.
-func (c *Cache[R, B]) newSequence() (*Sequence[R, B], error) {
+func (c *Cache) newSequence() (*Sequence, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -122,12 +128,12 @@ func (c *Cache[R, B]) newSequence() (*Sequence[R, B], error) {
 		c.abandon(nil)
 		return nil, err
 	}
-	return &Sequence[R, B]{c: c, id: id, bufs: bufs}, nil
+	return &Sequence{c: c, id: id, bufs: bufs}, nil
 }
 
 // abandon gives back the ranges of a sequence that was never registered and wakes
 // waiters, since its memory came back.
-func (c *Cache[R, B]) abandon(s *Sequence[R, B]) {
+func (c *Cache) abandon(s *Sequence) {
 	if s != nil {
 		c.release(s.bufs)
 	}
@@ -138,10 +144,10 @@ func (c *Cache[R, B]) abandon(s *Sequence[R, B]) {
 }
 
 // newBuffers reserves c.nbuf ranges of capacity bytes, all or none.
-func (c *Cache[R, B]) newBuffers(capacity int) ([]*arena.Buffer[R, B], error) {
-	bufs := make([]*arena.Buffer[R, B], 0, c.nbuf)
+func (c *Cache) newBuffers(capacity int) ([]buffer, error) {
+	bufs := make([]buffer, 0, c.nbuf)
 	for range c.nbuf {
-		buf, err := arena.NewBuffer(c.b, capacity, c.cfg.Authority)
+		buf, err := c.st.newBuffer(capacity, c.cfg.Authority)
 		if err != nil {
 			return nil, errors.Join(err, c.release(bufs).Err)
 		}
@@ -155,7 +161,7 @@ func (c *Cache[R, B]) newBuffers(capacity int) ([]*arena.Buffer[R, B], error) {
 // that still fail are kept by the cache, retried by Cache.Close, and their bytes are
 // reported as residual. Since the buffers leave their owner either way, the outcome is
 // Complete or Quarantined, never Failed.
-func (c *Cache[R, B]) release(bufs []*arena.Buffer[R, B]) accounting.ReleaseOutcome {
+func (c *Cache) release(bufs []buffer) accounting.ReleaseOutcome {
 	var unmapped, residual int64
 	var errs []error
 	for _, b := range bufs {
@@ -182,7 +188,7 @@ func (c *Cache[R, B]) release(bufs []*arena.Buffer[R, B]) accounting.ReleaseOutc
 	return accounting.Outcome(unmapped, residual, true, errors.Join(errs...))
 }
 
-func (c *Cache[R, B]) register(s *Sequence[R, B]) {
+func (c *Cache) register(s *Sequence) {
 	c.mu.Lock()
 	c.seqs[s] = struct{}{}
 	c.inflight--
@@ -190,13 +196,13 @@ func (c *Cache[R, B]) register(s *Sequence[R, B]) {
 }
 
 // notify wakes AppendCtx waiters: memory came back to this cache.
-func (c *Cache[R, B]) notify() {
+func (c *Cache) notify() {
 	c.mu.Lock()
 	c.notifyLocked()
 	c.mu.Unlock()
 }
 
-func (c *Cache[R, B]) notifyLocked() {
+func (c *Cache) notifyLocked() {
 	if c.changed != nil {
 		close(c.changed)
 		c.changed = nil
@@ -204,7 +210,7 @@ func (c *Cache[R, B]) notifyLocked() {
 }
 
 // waitChans returns the channels that announce freed memory. c.mu must be held.
-func (c *Cache[R, B]) waitChansLocked() <-chan struct{} {
+func (c *Cache) waitChansLocked() <-chan struct{} {
 	if c.changed == nil {
 		c.changed = make(chan struct{})
 	}
@@ -237,15 +243,10 @@ type Stats struct {
 func (s Stats) SavedBySharing() int64 { return s.Shared }
 
 // ledger returns the authority that owns the cache's physical memory.
-func (c *Cache[R, B]) ledger() *accounting.Authority {
-	if c.cfg.Authority != nil {
-		return c.cfg.Authority
-	}
-	return c.b.Accounting().Authority()
-}
+func (c *Cache) ledger() *accounting.Authority { return c.auth }
 
 // Stats returns a snapshot of the cache.
-func (c *Cache[R, B]) Stats() Stats {
+func (c *Cache) Stats() Stats {
 	var st Stats
 	c.mu.Lock()
 	st.Sequences = len(c.seqs)
@@ -273,7 +274,7 @@ type SequenceStats struct {
 }
 
 // SequenceStats returns a snapshot of every live sequence, ordered by ID.
-func (c *Cache[R, B]) SequenceStats() []SequenceStats {
+func (c *Cache) SequenceStats() []SequenceStats {
 	c.mu.Lock()
 	out := make([]SequenceStats, 0, len(c.seqs))
 	for s := range c.seqs {
@@ -287,7 +288,7 @@ func (c *Cache[R, B]) SequenceStats() []SequenceStats {
 // Close closes the cache. Every sequence and prefix MUST have been closed and
 // released first; Close reports those still live and closes nothing then. It retries
 // giving back any range whose release failed earlier and reports what still fails.
-func (c *Cache[R, B]) Close() error {
+func (c *Cache) Close() error {
 	c.mu.Lock()
 	if len(c.seqs) > 0 || len(c.prefixes) > 0 || c.inflight > 0 {
 		defer c.mu.Unlock()
@@ -308,10 +309,10 @@ func (c *Cache[R, B]) Close() error {
 // fits returns a *accounting.BudgetError when need fresh bytes can not be had now:
 // more than the device's limit allows at all (it matches ErrExceedsLimit then), or
 // more than is free under the limit plus what the backing's pool holds idle.
-func (c *Cache[R, B]) fits(need int64) error {
+func (c *Cache) fits(need int64) error {
 	limit := c.gov.Limit(c.dev)
 	avail := c.gov.Available(c.dev)
-	if p := c.pool(); p != nil {
+	if p := c.pool; p != nil {
 		avail += p.PoolStats().Idle
 	}
 	if need > limit || need > avail {
@@ -320,18 +321,12 @@ func (c *Cache[R, B]) fits(need int64) error {
 	return nil
 }
 
-// pool returns the backing's pool, or nil.
-func (c *Cache[R, B]) pool() backing.Pool {
-	p, _ := any(c.b).(backing.Pool)
-	return p
-}
-
 // appendWait waits for memory for s and appends n tokens. AppendCtx callers of this
 // cache are served in FIFO order: only the head of the queue tries; it waits for the
 // bytes its append needs in the governor's FIFO queue of the device (so a pool that
 // sees waiters gives idle granules back, and any release on the device wakes it), then
 // retries. The others wait until the head leaves.
-func (c *Cache[R, B]) appendWait(ctx context.Context, s *Sequence[R, B], n int) error {
+func (c *Cache) appendWait(ctx context.Context, s *Sequence, n int) error {
 	c.mu.Lock()
 	c.waits++
 	elem := c.waiters.PushBack(s)
@@ -366,7 +361,7 @@ func (c *Cache[R, B]) appendWait(ctx context.Context, s *Sequence[R, B], n int) 
 		}
 		// NB: idle pool granules hold budget a fresh commit can not use; give them
 		// back so that the wait below is for bytes that can come.
-		if p := c.pool(); p != nil {
+		if p := c.pool; p != nil {
 			_, _ = p.Trim(0)
 		}
 		need := s.need(s.n + n)

@@ -15,7 +15,7 @@ import (
 
 // newCUDACache returns a cache on GPU 0 of drv; the granule is the driver's.
 // It returns cuda.New's error, so a test can skip where there is no usable GPU.
-func newCUDACache(t *testing.T, drv *cuda.Driver, layout kv.Layout, g kv.Geometry, maxTokens int) (*kv.Cache[*cuda.Reservation, *cuda.Backing], error) {
+func newCUDACache(t *testing.T, drv *cuda.Driver, layout kv.Layout, g kv.Geometry, maxTokens int) (*kv.Cache, error) {
 	t.Helper()
 	gov := accounting.NewGovernor()
 	pool := gov.Authority("kv", accounting.GPU(0))

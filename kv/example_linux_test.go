@@ -34,7 +34,7 @@ func Example() {
 	prefix, _ := sys.Freeze(100)
 	sys.Close()
 
-	var reqs []*kv.Sequence[*host.SharedReservation, *host.Shared]
+	var reqs []*kv.Sequence
 	for range 2 {
 		s, _ := cache.NewSequenceFrom(prefix)
 		for range 20 { // decode 20 tokens

@@ -16,9 +16,9 @@ import (
 	"github.com/vmarena/vmarena/kv"
 )
 
-type hostSeq = kv.Sequence[*host.SharedReservation, *host.Shared]
+type hostSeq = kv.Sequence
 
-func newHostCache(t *testing.T, name string, layout kv.Layout, maxTokens int) (*kv.Cache[*host.SharedReservation, *host.Shared], *accounting.Authority) {
+func newHostCache(t *testing.T, name string, layout kv.Layout, maxTokens int) (*kv.Cache, *accounting.Authority) {
 	t.Helper()
 	gov := accounting.NewGovernor()
 	pool := gov.Authority("pool", accounting.HostKey)

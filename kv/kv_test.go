@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
-	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/kv"
 )
@@ -25,8 +24,8 @@ var tiny8 = kv.Geometry{Name: "tiny8", Layers: 3, KVHeads: 4, HeadDim: 64, DType
 const fakeGranule = 4 << 10
 
 type (
-	fakeCache = kv.Cache[*backingtest.FakeReservation, *backingtest.Fake]
-	fakeSeq   = kv.Sequence[*backingtest.FakeReservation, *backingtest.Fake]
+	fakeCache = kv.Cache
+	fakeSeq   = kv.Sequence
 )
 
 type fixture struct {
@@ -64,13 +63,13 @@ func pattern(w uint64, layer int, kind kv.Kind, t, i int) byte {
 }
 
 // writeTokens writes tokens [from, to) of every tensor of s as writer w.
-func writeTokens[R any, B backing.Backing[R]](t *testing.T, s *kv.Sequence[R, B], w uint64, from, to int) {
+func writeTokens(t *testing.T, s *kv.Sequence, w uint64, from, to int) {
 	t.Helper()
 	require.NoError(t, tryWrite(s, w, from, to))
 }
 
 // tryWrite is writeTokens that returns the first error.
-func tryWrite[R any, B backing.Backing[R]](s *kv.Sequence[R, B], w uint64, from, to int) error {
+func tryWrite(s *kv.Sequence, w uint64, from, to int) error {
 	g := s.Cache().Config().Geometry
 	buf := make([]byte, g.TokenBytes())
 	for layer := range g.Layers {
@@ -89,7 +88,7 @@ func tryWrite[R any, B backing.Backing[R]](s *kv.Sequence[R, B], w uint64, from,
 }
 
 // checkTokens checks that tokens [from, to) of s hold writer w's pattern.
-func checkTokens[R any, B backing.Backing[R]](t *testing.T, s *kv.Sequence[R, B], w uint64, from, to int) {
+func checkTokens(t *testing.T, s *kv.Sequence, w uint64, from, to int) {
 	t.Helper()
 	require.NoError(t, tryCheck(s, w, from, to))
 }
@@ -97,7 +96,7 @@ func checkTokens[R any, B backing.Backing[R]](t *testing.T, s *kv.Sequence[R, B]
 var errCorrupt = errors.New("data corrupted")
 
 // tryCheck is checkTokens that returns the first error; corruption matches errCorrupt.
-func tryCheck[R any, B backing.Backing[R]](s *kv.Sequence[R, B], w uint64, from, to int) error {
+func tryCheck(s *kv.Sequence, w uint64, from, to int) error {
 	g := s.Cache().Config().Geometry
 	buf := make([]byte, g.TokenBytes())
 	for layer := range g.Layers {
@@ -117,7 +116,7 @@ func tryCheck[R any, B backing.Backing[R]](s *kv.Sequence[R, B], w uint64, from,
 	return nil
 }
 
-func bases[R any, B backing.Backing[R]](s *kv.Sequence[R, B]) []uintptr {
+func bases(s *kv.Sequence) []uintptr {
 	var out []uintptr
 	for layer := range s.Cache().Config().Geometry.Layers {
 		out = append(out, s.Base(layer, kv.K), s.Base(layer, kv.V))
@@ -371,12 +370,12 @@ func TestBadInputs(t *testing.T) {
 	assert.ErrorIs(t, err, kv.ErrClosed)
 }
 
-type faultySeq = kv.Sequence[*backingtest.FakeReservation, *backingtest.Faulty[*backingtest.FakeReservation]]
+type faultySeq = kv.Sequence
 
 // scenario runs create, append, share, fork, truncate and close on c, checking the
 // data it wrote as it goes; it returns the first error. Sequences that survive a
 // failure are checked before they are closed: a failure elsewhere must not touch them.
-func scenario(c *kv.Cache[*backingtest.FakeReservation, *backingtest.Faulty[*backingtest.FakeReservation]]) (err error) {
+func scenario(c *kv.Cache) (err error) {
 	type written struct {
 		s        *faultySeq
 		w        uint64
@@ -592,14 +591,14 @@ func TestPresetsAndSizing(t *testing.T) {
 }
 
 // tokenIO writes or checks tokens [from, to) of a sequence as writer w.
-type tokenIO[R any, B backing.Backing[R]] func(t *testing.T, s *kv.Sequence[R, B], w uint64, from, to int)
+type tokenIO func(t *testing.T, s *kv.Sequence, w uint64, from, to int)
 
 // shareForkTruncate checks data integrity on c across a prefix, a fork and a truncation
 // into shared memory, and that bases never move; it closes everything it made. It
 // writes and checks through WriteToken and ReadToken unless rw names other accessors.
-func shareForkTruncate[R any, B backing.Backing[R]](t *testing.T, c *kv.Cache[R, B], rw ...tokenIO[R, B]) {
+func shareForkTruncate(t *testing.T, c *kv.Cache, rw ...tokenIO) {
 	t.Helper()
-	write, check := tokenIO[R, B](writeTokens[R, B]), tokenIO[R, B](checkTokens[R, B])
+	write, check := tokenIO(writeTokens), tokenIO(checkTokens)
 	if len(rw) == 2 {
 		write, check = rw[0], rw[1]
 	}
@@ -629,7 +628,7 @@ func shareForkTruncate[R any, B backing.Backing[R]](t *testing.T, c *kv.Cache[R,
 	st := c.Stats()
 	assert.Greater(t, st.Shared, int64(0))
 	assert.Less(t, st.Owned, st.Committed, "shared granules are owned once")
-	for _, q := range []*kv.Sequence[R, B]{f, s, root} {
+	for _, q := range []*kv.Sequence{f, s, root} {
 		assert.True(t, q.Close().OK())
 	}
 }

@@ -2,20 +2,17 @@ package kv
 
 import (
 	"fmt"
-
-	"github.com/vmarena/vmarena/arena"
-	"github.com/vmarena/vmarena/backing"
 )
 
 // Prefix is the immutable K and V of a sequence's first tokens (a system prompt, a
 // few-shot header), shared by mapping its physical granules into every sequence that
 // starts on it. It is reference-counted: its creator holds one reference, each
 // sequence started on it another; it is freed with the last.
-type Prefix[R any, B backing.Backing[R]] struct {
+type Prefix struct {
 	_ noCopy
 
-	c      *Cache[R, B]
-	bufs   []*arena.Buffer[R, B]
+	c      *Cache
+	bufs   []buffer
 	tokens int
 
 	// guarded by c.mu
@@ -24,12 +21,12 @@ type Prefix[R any, B backing.Backing[R]] struct {
 }
 
 // Len returns the prefix's tokens.
-func (p *Prefix[R, B]) Len() int { return p.tokens }
+func (p *Prefix) Len() int { return p.tokens }
 
 // Release drops the creator's reference. The prefix's memory is freed now if no
 // sequence started on it is still live, else with the last of them. Releasing twice
 // panics with PanicPrefixReleased.
-func (p *Prefix[R, B]) Release() {
+func (p *Prefix) Release() {
 	p.c.mu.Lock()
 	if !p.creator {
 		p.c.mu.Unlock()
@@ -42,7 +39,7 @@ func (p *Prefix[R, B]) Release() {
 
 // ref takes a reference for a new sequence; it fails once the creator released it
 // and so no new sequence may start on it.
-func (p *Prefix[R, B]) ref() bool {
+func (p *Prefix) ref() bool {
 	p.c.mu.Lock()
 	defer p.c.mu.Unlock()
 	if !p.creator {
@@ -52,7 +49,7 @@ func (p *Prefix[R, B]) ref() bool {
 	return true
 }
 
-func (p *Prefix[R, B]) unref() {
+func (p *Prefix) unref() {
 	p.c.mu.Lock()
 	p.refs--
 	last := p.refs == 0
@@ -73,7 +70,7 @@ func (p *Prefix[R, B]) unref() {
 // mapped read-only into it (owned once, whatever maps them), and the tokens past p's
 // last full granule are copied into the sequence's own granule. The sequence holds a
 // reference to p until it is closed. It MUST be closed.
-func (c *Cache[R, B]) NewSequenceFrom(p *Prefix[R, B]) (*Sequence[R, B], error) {
+func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 	if p == nil {
 		panic(PanicNilPrefix)
 	}

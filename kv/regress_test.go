@@ -106,7 +106,7 @@ func TestCloseWhileNewSequence(t *testing.T) {
 	sr := &slowReserve{Fake: fx.fake, entered: make(chan struct{}), proceed: make(chan struct{})}
 	c, err := kv.New(sr, kv.Config{Geometry: tiny8, MaxTokens: 64})
 	require.NoError(t, err)
-	got := make(chan *kv.Sequence[*backingtest.FakeReservation, *slowReserve])
+	got := make(chan *kv.Sequence)
 	go func() {
 		s, err := c.NewSequence()
 		assert.NoError(t, err)

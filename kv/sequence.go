@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 
 	"github.com/vmarena/vmarena/accounting"
-	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing"
 )
 
@@ -37,15 +36,15 @@ func (*noCopy) Unlock() {}
 
 // Sequence is one request's K and V tensors, growing token by token on base addresses
 // that never change from creation to Close.
-type Sequence[R any, B backing.Backing[R]] struct {
+type Sequence struct {
 	_ noCopy
 
-	c      *Cache[R, B]
+	c      *Cache
 	id     uint64
-	bufs   []*arena.Buffer[R, B] // PerLayer: index 2*layer+kind; PerSequence: one
-	n      int                   // tokens
-	frozen int                   // bytes at the start of each range that other holders may map: never written
-	prefix *Prefix[R, B]
+	bufs   []buffer // PerLayer: index 2*layer+kind; PerSequence: one
+	n      int      // tokens
+	frozen int      // bytes at the start of each range that other holders may map: never written
+	prefix *Prefix
 	err    error // set when damaged
 	closed bool
 
@@ -55,13 +54,13 @@ type Sequence[R any, B backing.Backing[R]] struct {
 	sharedIn  atomic.Int64
 }
 
-func (s *Sequence[R, B]) live() {
+func (s *Sequence) live() {
 	if s.closed {
 		panic(PanicSequenceClosed)
 	}
 }
 
-func (s *Sequence[R, B]) usable() error {
+func (s *Sequence) usable() error {
 	s.live()
 	if s.err != nil {
 		return fmt.Errorf("%w: %w", ErrDamaged, s.err)
@@ -70,16 +69,16 @@ func (s *Sequence[R, B]) usable() error {
 }
 
 // ID returns the sequence's number, unique within its cache.
-func (s *Sequence[R, B]) ID() uint64 { return s.id }
+func (s *Sequence) ID() uint64 { return s.id }
 
 // Len returns the tokens the sequence holds.
-func (s *Sequence[R, B]) Len() int { return s.n }
+func (s *Sequence) Len() int { return s.n }
 
 // Cache returns the sequence's cache.
-func (s *Sequence[R, B]) Cache() *Cache[R, B] { return s.c }
+func (s *Sequence) Cache() *Cache { return s.c }
 
 // publish updates the readings other goroutines see.
-func (s *Sequence[R, B]) publish() {
+func (s *Sequence) publish() {
 	var committed, shared int64
 	for _, b := range s.bufs {
 		committed += int64(b.Committed())
@@ -94,7 +93,7 @@ func (s *Sequence[R, B]) publish() {
 // granules only where a tensor crosses a granule boundary. When the memory can not be
 // had now it fails at once with an error matching accounting.ErrBudgetExceeded and
 // changes nothing; past MaxTokens it fails with ErrTooLong.
-func (s *Sequence[R, B]) Append(n int) error {
+func (s *Sequence) Append(n int) error {
 	if err := s.usable(); err != nil {
 		return err
 	}
@@ -117,12 +116,12 @@ func (s *Sequence[R, B]) Append(n int) error {
 
 // grow resizes every range to tokens, all or nothing; commits says whether that takes
 // new granules (else no backing call is made).
-func (s *Sequence[R, B]) grow(tokens int, commits bool) error {
+func (s *Sequence) grow(tokens int, commits bool) error {
 	target := tokens * s.c.row
 	var idle int64
 	var p backing.Pool
 	if commits {
-		if p = s.c.pool(); p != nil {
+		if p = s.c.pool; p != nil {
 			idle = p.PoolStats().Idle
 		}
 	}
@@ -147,7 +146,7 @@ func (s *Sequence[R, B]) grow(tokens int, commits bool) error {
 }
 
 // resizeFirst resizes the first k ranges to size bytes.
-func (s *Sequence[R, B]) resizeFirst(k, size int) error {
+func (s *Sequence) resizeFirst(k, size int) error {
 	var errs []error
 	for _, b := range s.bufs[:k] {
 		if err := b.Resize(size); err != nil {
@@ -160,7 +159,7 @@ func (s *Sequence[R, B]) resizeFirst(k, size int) error {
 // AppendCtx is Append that, when memory can not be had now, waits for it in FIFO order
 // with the cache's other waiting appends, until ctx ends. A cancelled wait changes
 // nothing.
-func (s *Sequence[R, B]) AppendCtx(ctx context.Context, n int) error {
+func (s *Sequence) AppendCtx(ctx context.Context, n int) error {
 	if ctx == nil {
 		panic(PanicNilContext)
 	}
@@ -172,7 +171,7 @@ func (s *Sequence[R, B]) AppendCtx(ctx context.Context, n int) error {
 }
 
 // need returns the bytes of the granules s must commit to hold tokens.
-func (s *Sequence[R, B]) need(tokens int) int64 {
+func (s *Sequence) need(tokens int) int64 {
 	size, _ := backing.AlignUp(tokens*s.c.row, s.c.gran)
 	var n int64
 	for _, b := range s.bufs {
@@ -188,7 +187,7 @@ func (s *Sequence[R, B]) need(tokens int) int64 {
 // granule per range; if it can not be had, the sequence is left holding the whole
 // tokens below that granule and the error says how many (or, where a token straddles
 // the granule boundary, the sequence is damaged and must be closed).
-func (s *Sequence[R, B]) Truncate(n int) error {
+func (s *Sequence) Truncate(n int) error {
 	if err := s.usable(); err != nil {
 		return err
 	}
@@ -212,7 +211,7 @@ func (s *Sequence[R, B]) Truncate(n int) error {
 	keep := make([][]byte, len(s.bufs))
 	for i, b := range s.bufs {
 		keep[i] = make([]byte, target-gs)
-		if err := readAt(b, gs, keep[i]); err != nil {
+		if err := b.readAt(gs, keep[i]); err != nil {
 			return err
 		}
 	}
@@ -234,7 +233,7 @@ func (s *Sequence[R, B]) Truncate(n int) error {
 			}
 			return fmt.Errorf("kv: truncate to %d tokens left %d: %w", n, s.n, err)
 		}
-		if err := writeAt(b, gs, keep[i]); err != nil {
+		if err := b.writeAt(gs, keep[i]); err != nil {
 			s.err = err
 			return err
 		}
@@ -245,7 +244,7 @@ func (s *Sequence[R, B]) Truncate(n int) error {
 
 // resizeAll resizes every range to size bytes; a failure damages the sequence unless
 // it failed on the first range (nothing changed then).
-func (s *Sequence[R, B]) resizeAll(size int) error {
+func (s *Sequence) resizeAll(size int) error {
 	for i, b := range s.bufs {
 		if err := b.Resize(size); err != nil {
 			if i > 0 {
@@ -265,7 +264,7 @@ func (s *Sequence[R, B]) resizeAll(size int) error {
 // refuses them, and they MUST NOT be written through Bytes or a View of either (the
 // fork's mapping faults; the original's does not, and a write there would reach the
 // fork). The new sequence MUST be closed.
-func (s *Sequence[R, B]) Fork() (*Sequence[R, B], error) {
+func (s *Sequence) Fork() (*Sequence, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
 	}
@@ -292,10 +291,10 @@ func (s *Sequence[R, B]) Fork() (*Sequence[R, B], error) {
 // shareInto makes each dst range hold the first size bytes of its src range: the full
 // granules mapped read-only, the rest copied. dst ranges must be empty. It returns the
 // shared bytes per range; on error the dst ranges are left for the caller to close.
-func shareInto[R any, B backing.Backing[R]](dst, src []*arena.Buffer[R, B], size, g int) (int, error) {
+func shareInto(dst, src []buffer, size, g int) (int, error) {
 	full := backing.AlignDown(size, g)
 	for i := range dst {
-		if err := dst[i].ShareFrom(src[i], full, backing.ReadOnly); err != nil {
+		if err := dst[i].shareFrom(src[i], full, backing.ReadOnly); err != nil {
 			return 0, err
 		}
 		if err := dst[i].Resize(size); err != nil {
@@ -316,7 +315,7 @@ func shareInto[R any, B backing.Backing[R]](dst, src []*arena.Buffer[R, B], size
 // granule of its own. The sequence's tokens below Writable are shared from then on:
 // they MUST NOT be written through Bytes or a View (WriteToken refuses them). The caller holds one reference and MUST Release it; the prefix's
 // memory is freed with its last user.
-func (s *Sequence[R, B]) Freeze(p int) (*Prefix[R, B], error) {
+func (s *Sequence) Freeze(p int) (*Prefix, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
 	}
@@ -339,7 +338,7 @@ func (s *Sequence[R, B]) Freeze(p int) (*Prefix[R, B], error) {
 		return nil, err
 	}
 	s.frozen = max(s.frozen, full)
-	pr := &Prefix[R, B]{c: s.c, bufs: bufs, tokens: p, refs: 1, creator: true}
+	pr := &Prefix{c: s.c, bufs: bufs, tokens: p, refs: 1, creator: true}
 	s.c.mu.Lock()
 	s.c.prefixes[pr] = struct{}{}
 	s.c.mu.Unlock()
@@ -351,7 +350,7 @@ func (s *Sequence[R, B]) Freeze(p int) (*Prefix[R, B], error) {
 // honest: see accounting.ReleaseOutcome. A sequence is unusable after Close whatever
 // the outcome; ranges whose release failed are kept by the cache, reported as
 // residual, and retried by Cache.Close.
-func (s *Sequence[R, B]) Close() accounting.ReleaseOutcome {
+func (s *Sequence) Close() accounting.ReleaseOutcome {
 	s.live()
 	out := s.c.release(s.bufs)
 	s.closed = true
@@ -371,8 +370,8 @@ func (s *Sequence[R, B]) Close() accounting.ReleaseOutcome {
 }
 
 // Prefix returns the prefix the sequence started on, or nil.
-func (s *Sequence[R, B]) Prefix() *Prefix[R, B] { return s.prefix }
+func (s *Sequence) Prefix() *Prefix { return s.prefix }
 
 // Damaged reports whether a failed backing call left the sequence unusable; it must
 // then be closed.
-func (s *Sequence[R, B]) Damaged() bool { return s.err != nil }
+func (s *Sequence) Damaged() bool { return s.err != nil }

@@ -17,7 +17,7 @@ import (
 // granules included, every shared granule once).
 type cacheStrategy[R any, B backing.Backing[R]] struct {
 	name  string
-	c     *kv.Cache[R, B]
+	c     *kv.Cache
 	b     B
 	auth  *accounting.Authority // owns the cache's physical bytes
 	close func() error          // closes the backing, after the cache
@@ -79,7 +79,7 @@ func (s *cacheStrategy[R, B]) NewSequenceFrom(p baseline.Prefix) (baseline.Seque
 }
 
 // copyTokens grows dst by n tokens and copies src's first n tokens into them.
-func copyTokens[R any, B backing.Backing[R]](g kv.Geometry, dst, src *kv.Sequence[R, B], n int) error {
+func copyTokens(g kv.Geometry, dst, src *kv.Sequence, n int) error {
 	from := dst.Len()
 	if err := dst.Append(n); err != nil {
 		return err
@@ -157,7 +157,7 @@ func (s *cacheStrategy[R, B]) Close() error {
 
 type cacheSeq[R any, B backing.Backing[R]] struct {
 	s *cacheStrategy[R, B]
-	q *kv.Sequence[R, B]
+	q *kv.Sequence
 }
 
 func (q *cacheSeq[R, B]) Append(n int) error { return q.q.Append(n) }
@@ -209,7 +209,7 @@ func (q *cacheSeq[R, B]) Close() error {
 
 type cachePrefix[R any, B backing.Backing[R]] struct {
 	s *cacheStrategy[R, B]
-	p *kv.Prefix[R, B]
+	p *kv.Prefix
 }
 
 func (p *cachePrefix[R, B]) Len() int { return p.p.Len() }
@@ -218,7 +218,7 @@ func (p *cachePrefix[R, B]) Release() { p.p.Release() }
 // copiedPrefix is a prefix on a backing that can not share: a sequence of its own.
 type copiedPrefix[R any, B backing.Backing[R]] struct {
 	s        *cacheStrategy[R, B]
-	q        *kv.Sequence[R, B]
+	q        *kv.Sequence
 	released bool
 }
 

@@ -1,0 +1,109 @@
+package kv
+
+import (
+	"fmt"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/backing"
+)
+
+// buffer is one address range of a sequence or a prefix: an arena.Buffer with its
+// backing's reservation and type erased, so that Cache, Sequence and Prefix name no
+// backing type. Only New, which sees the backing's type, makes them (through a store).
+type buffer interface {
+	arena.Memory // Base, Len, HostAccessible
+
+	Committed() int
+	Shared() int
+	Resize(n int) error
+	Bytes() []byte
+	Close() accounting.ReleaseOutcome
+
+	// shareFrom maps the granules behind src's first size bytes into this empty
+	// buffer with access prot. src must come from the same store.
+	shareFrom(src buffer, size int, prot backing.Protection) error
+	// readAt copies len(p) bytes at off into p: directly on the host, through the
+	// backing's Copier elsewhere.
+	readAt(off int, p []byte) error
+	// writeAt copies p into the buffer at off.
+	writeAt(off int, p []byte) error
+}
+
+// store makes a cache's buffers on its backing.
+type store interface {
+	newBuffer(capacity int, auth *accounting.Authority) (buffer, error)
+}
+
+// storeOf is the store of a backing of type B.
+type storeOf[R any, B backing.Backing[R]] struct{ b B }
+
+func (st storeOf[R, B]) newBuffer(capacity int, auth *accounting.Authority) (buffer, error) {
+	buf, err := arena.NewBuffer(st.b, capacity, auth)
+	if err != nil {
+		return nil, err
+	}
+	return bufferOf[R, B]{buf}, nil
+}
+
+// bufferOf is the buffer of a backing of type B. NB: it is one pointer wide, so
+// storing it in an interface allocates nothing.
+type bufferOf[R any, B backing.Backing[R]] struct{ *arena.Buffer[R, B] }
+
+func (b bufferOf[R, B]) shareFrom(src buffer, size int, prot backing.Protection) error {
+	s, ok := src.(bufferOf[R, B])
+	if !ok {
+		return fmt.Errorf("%w: a %T shares from a %T", ErrConfig, b, src)
+	}
+	return b.ShareFrom(s.Buffer, size, prot)
+}
+
+func (b bufferOf[R, B]) readAt(off int, p []byte) error {
+	if b.HostAccessible() {
+		copy(p, b.Bytes()[off:])
+		return nil
+	}
+	cp, ok := any(b.Backing()).(backing.Copier[R])
+	if !ok {
+		return fmt.Errorf("%w: the backing can neither be read by the CPU nor copy", backing.ErrUnsupported)
+	}
+	return cp.CopyOut(p, b.Reservation(), off)
+}
+
+func (b bufferOf[R, B]) writeAt(off int, p []byte) error {
+	if b.HostAccessible() {
+		copy(b.Bytes()[off:], p)
+		return nil
+	}
+	cp, ok := any(b.Backing()).(backing.Copier[R])
+	if !ok {
+		return fmt.Errorf("%w: the backing can neither be written by the CPU nor copy", backing.ErrUnsupported)
+	}
+	return cp.CopyIn(b.Reservation(), off, p)
+}
+
+// copyRange copies n bytes at off from src to dst: directly on the host, through a
+// bounce buffer and the backing's Copier elsewhere.
+func copyRange(dst, src buffer, off, n int) error {
+	if dst.HostAccessible() && src.HostAccessible() {
+		copy(dst.Bytes()[off:off+n], src.Bytes()[off:off+n])
+		return nil
+	}
+	tmp := make([]byte, n)
+	if err := src.readAt(off, tmp); err != nil {
+		return err
+	}
+	return dst.writeAt(off, tmp)
+}
+
+// layerMemory is the memory of one layer's K or V tensor inside a PerSequence range:
+// it starts off bytes into the range, so that an empty sequence still has a view at
+// the tensor's base address.
+type layerMemory struct {
+	buf buffer
+	off int
+}
+
+func (m layerMemory) Base() uintptr        { return m.buf.Base() + uintptr(m.off) }
+func (m layerMemory) Len() int             { return max(m.buf.Len()-m.off, 0) }
+func (m layerMemory) HostAccessible() bool { return m.buf.HostAccessible() }
