@@ -39,6 +39,14 @@ func (e *BudgetError) Is(target error) bool {
 	return target == ErrBudgetExceeded || (target == ErrExceedsLimit && e.Requested > e.Limit)
 }
 
+// CanWait reports whether waiting for memory can cure err: it is a budget refusal
+// (ErrBudgetExceeded) of a request that fits under the device's limit, so that bytes
+// released by others can let it through. It is false for nil, for a request larger
+// than the whole limit (ErrExceedsLimit), and for every other error.
+func CanWait(err error) bool {
+	return err != nil && errors.Is(err, ErrBudgetExceeded) && !errors.Is(err, ErrExceedsLimit)
+}
+
 // InvalidRequestError reports a request that is wrong in itself (a negative size, say).
 type InvalidRequestError struct {
 	Reason string

@@ -156,11 +156,14 @@ type Authority struct {
 	// guarded by g.mu
 	owned, ownedPeak int64
 	mapped           int64
+	credit           int64 // owned bytes waited for by AcquireFor, not yet taken
 	reclaim          func(need int64)
 }
 
 // SetReclaimer registers fn to be called, on a goroutine of its own, each time a
-// request on the ledger's device starts to wait (Acquire queues it): an owner that
+// request on another ledger of the device starts to wait (Acquire queues it; a
+// request on this ledger is its owner's own, which uses its spare memory itself
+// rather than giving it back first): an owner that
 // holds memory it can spare (a pool's idle granules) gives it back so the waiter can
 // be served. fn receives the bytes the queued request asked for and must not block for
 // long. A nil fn removes the reclaimer; fn may still be running when SetReclaimer
@@ -188,7 +191,8 @@ func checkSize(n int64) error {
 }
 
 // TryAcquire takes n owned bytes if the budget covers them now and nobody is queued
-// ahead; otherwise it returns a *BudgetError and takes nothing.
+// ahead; otherwise it returns a *BudgetError and takes nothing. Inside AcquireFor it
+// takes from the bytes waited for first, ahead of any queue.
 func (a *Authority) TryAcquire(n int64) error {
 	if err := checkSize(n); err != nil {
 		return err
@@ -196,12 +200,47 @@ func (a *Authority) TryAcquire(n int64) error {
 	a.g.mu.Lock()
 	defer a.g.mu.Unlock()
 	d := a.d
+	if c := min(a.credit, n); c > 0 && (c == n || d.waiters.Len() == 0 && d.limit-d.used >= n-c) {
+		// Credit bytes are owned already.
+		a.credit -= c
+		d.take(n - c)
+		a.own(n - c)
+		return nil
+	}
 	if n > d.limit || d.waiters.Len() > 0 || d.limit-d.used < n {
 		return d.budgetError(n)
 	}
 	d.take(n)
 	a.own(n)
 	return nil
+}
+
+// AcquireFor waits as Acquire does for n bytes (in FIFO order with every other
+// waiter of the device), then calls fn while holding them as the ledger's credit:
+// TryAcquire on this ledger, from fn or from whoever charges it (a backing that owns
+// its memory), takes from the credit first, ahead of any queue, so that what fn
+// commits is charged against the bytes waited for. When fn returns the credit left is
+// released. It returns fn's error, or the wait's (fn is then not called).
+//
+// NB: the credit is the ledger's, not the caller's: another taker on the same ledger
+// while fn runs may use it, and fn then finds less than it waited for. Callers retry.
+func (a *Authority) AcquireFor(ctx context.Context, n int64, fn func() error) error {
+	if err := a.Acquire(ctx, n); err != nil {
+		return err
+	}
+	a.g.mu.Lock()
+	a.credit += n
+	a.g.mu.Unlock()
+	defer func() {
+		a.g.mu.Lock()
+		left := min(a.credit, n)
+		a.credit -= left
+		a.owned -= left
+		a.d.used -= left
+		a.d.admit()
+		a.g.mu.Unlock()
+	}()
+	return fn()
 }
 
 // Acquire takes n owned bytes, waiting in FIFO order until the budget covers them or
@@ -233,7 +272,7 @@ func (a *Authority) Acquire(ctx context.Context, n int64) error {
 	elem := d.waiters.PushBack(w)
 	var reclaimers []func(int64)
 	for _, o := range d.auths {
-		if o.reclaim != nil {
+		if o.reclaim != nil && o != a {
 			reclaimers = append(reclaimers, o.reclaim)
 		}
 	}

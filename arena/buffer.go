@@ -217,7 +217,7 @@ func (buf *Buffer[R, B]) commitRetry(ctx context.Context, off, size int) error {
 	for {
 		released := gov.Released(buf.b.Device()) // before the try: no wake-up is missed
 		err := buf.b.Commit(buf.r, off, size)
-		if err == nil || !errors.Is(err, accounting.ErrBudgetExceeded) || errors.Is(err, accounting.ErrExceedsLimit) {
+		if !accounting.CanWait(err) {
 			return err
 		}
 		select {

@@ -19,8 +19,8 @@ func (s *Sequence) locate(layer int, kind Kind, t int) (buffer, int, error) {
 }
 
 // WriteToken copies src (TokenBytes long) into token t of layer's K or V tensor, on
-// any backing and layout. Writing a token that lies in memory shared with a prefix or
-// a fork is refused (ErrRange): shared granules are read-only.
+// any backing and layout. Writing a token below Writable, which lies (wholly or in
+// part) in memory shared with a prefix or a fork, is refused with ErrReadOnly.
 func (s *Sequence) WriteToken(layer int, kind Kind, t int, src []byte) error {
 	if err := s.usable(); err != nil {
 		return err
@@ -32,8 +32,8 @@ func (s *Sequence) WriteToken(layer int, kind Kind, t int, src []byte) error {
 	if err != nil {
 		return err
 	}
-	if off < s.frozen {
-		return fmt.Errorf("%w: token %d lies in shared memory (the first %d bytes are read-only)", ErrRange, t, s.frozen)
+	if w := s.Writable(); t < w {
+		return fmt.Errorf("%w: token %d of sequence %d (tokens below %d are shared)", ErrReadOnly, t, s.id, w)
 	}
 	return buf.writeAt(off, src)
 }
@@ -56,6 +56,7 @@ func (s *Sequence) ReadToken(layer int, kind Kind, t int, dst []byte) error {
 // Writable returns the first token that may be written: tokens below it lie in
 // granules shared with a prefix or a fork and are read-only.
 func (s *Sequence) Writable() int {
+	s.live()
 	return (s.frozen + s.c.row - 1) / s.c.row
 }
 
@@ -98,7 +99,10 @@ func (s *Sequence) Base(layer int, kind Kind) uintptr {
 
 // TokenStride returns the bytes from one token to the next within a layer's K or V
 // tensor: TokenBytes in the PerLayer layout, BytesPerToken in PerSequence.
-func (s *Sequence) TokenStride() int { return s.c.row }
+func (s *Sequence) TokenStride() int {
+	s.live()
+	return s.c.row
+}
 
 // View returns layer's K or V tensor of s as a [Len, KVHeads, HeadDim] tensor of T:
 // contiguous in the PerLayer layout, strided by TokenStride in PerSequence. T must be

@@ -211,3 +211,70 @@ func BenchmarkServe(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkStep compares a batch step of 32 sequences that commits nothing with a
+// single Append that commits nothing: the step should cost at most 32 appends. The
+// sequences are rolled back (untimed) before a step would cross a granule.
+func BenchmarkStep(b *testing.B) {
+	const batchSeqs = 32
+	for _, layout := range []kv.Layout{kv.PerLayer, kv.PerSequence} {
+		for _, n := range []int{1, batchSeqs} {
+			name := "op=append"
+			if n > 1 {
+				name = fmt.Sprintf("op=batch/seqs=%d", n)
+			}
+			b.Run(fmt.Sprintf("layout=%v/%s", layout, name), func(b *testing.B) {
+				gov := accounting.NewGovernor()
+				shared, err := host.NewShared(host.SharedOptions{Granularity: 2 << 20, Authority: gov.Authority("kv", accounting.HostKey)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer shared.Close()
+				c, err := kv.New(shared, kv.Config{Geometry: kv.Llama3_8B, MaxTokens: benchMaxTokens, Layout: layout})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer c.Close()
+				row := kv.Llama3_8B.BytesPerToken()
+				if layout == kv.PerLayer {
+					row = kv.Llama3_8B.TokenBytes()
+				}
+				perGranule := (2 << 20) / row
+				batch := make([]kv.Growth, n)
+				for i := range batch {
+					s, err := c.NewSequence()
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer s.Close()
+					if err := s.Append(1); err != nil { // the first granule
+						b.Fatal(err)
+					}
+					batch[i] = kv.Growth{Seq: s, Tokens: 1}
+				}
+				s := batch[0].Seq
+				for b.Loop() {
+					if s.Len() == perGranule {
+						b.StopTimer()
+						for _, g := range batch {
+							if err := g.Seq.Truncate(1); err != nil {
+								b.Fatal(err)
+							}
+						}
+						b.StartTimer()
+					}
+					var err error
+					if n == 1 {
+						err = s.Append(1)
+					} else {
+						err = c.AppendBatch(batch)
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/seq")
+			})
+		}
+	}
+}

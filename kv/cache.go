@@ -1,14 +1,14 @@
 package kv
 
 import (
-	"container/list"
-	"context"
 	"errors"
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing"
 )
 
@@ -37,8 +37,11 @@ type Cache struct {
 	gran   int
 	capac  int // bytes reserved per range
 	sharer bool
-	gov    *accounting.Governor
-	dev    accounting.DeviceKey
+	// protector: the backing can protect committed memory in place, so an origin's
+	// shared granules become read-only in its own mapping too.
+	protector bool
+	gov       *accounting.Governor
+	dev       accounting.DeviceKey
 
 	mu       sync.Mutex
 	seqs     map[*Sequence]struct{}
@@ -46,10 +49,14 @@ type Cache struct {
 	nextID   uint64
 	closed   bool
 	inflight int           // sequences being made: Close must wait for them
-	waiters  list.List     // of *Sequence waiting in AppendCtx, FIFO
 	changed  chan struct{} // closed when memory comes back to this cache
-	waits    int64         // AppendCtx calls that had to wait
+	waits    int64         // waiting appends that had to wait
 	orphans  []buffer      // buffers whose Close failed; retried by Close
+	lost     int64         // bytes that quarantined releases left held for good
+
+	// batch numbers the batches of the cache, so that a sequence can tell it was
+	// already seen in the one being checked.
+	batch atomic.Uint64
 }
 
 // New returns a cache of sequences on b. It reserves nothing until sequences are made.
@@ -86,9 +93,13 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	capac, _ := backing.AlignUp(cfg.MaxTokens*row, g)
 	_, sharer := any(b).(backing.Sharer[R])
 	pool, _ := any(b).(backing.Pool)
+	_, protects := any(b).(interface {
+		Protect(r R, off, size int, prot backing.Protection) error
+	})
+	_, bufProtects := any((*arena.Buffer[R, B])(nil)).(protector)
 	return &Cache{
 		st: storeOf[R, B]{b}, pool: pool, auth: auth, cfg: cfg, nbuf: n, row: row, gran: g, capac: capac,
-		sharer: sharer && acct.OwnedByBacking(), gov: gov, dev: b.Device(),
+		sharer: sharer && acct.OwnedByBacking(), protector: protects && bufProtects, gov: gov, dev: b.Device(),
 		seqs:     make(map[*Sequence]struct{}),
 		prefixes: make(map[*Prefix]struct{}),
 	}, nil
@@ -131,16 +142,28 @@ func (c *Cache) newSequence() (*Sequence, error) {
 	return &Sequence{c: c, id: id, bufs: bufs}, nil
 }
 
-// abandon gives back the ranges of a sequence that was never registered and wakes
-// waiters, since its memory came back.
-func (c *Cache) abandon(s *Sequence) {
+// abandon gives back the ranges of a sequence that was never registered, wakes
+// waiters, since its memory came back, and returns what the release could not give
+// back as an error (nil when it gave back everything).
+func (c *Cache) abandon(s *Sequence) error {
+	var err error
 	if s != nil {
-		c.release(s.bufs)
+		err = releaseError(c.release(s.bufs))
 	}
 	c.mu.Lock()
 	c.inflight--
 	c.notifyLocked()
 	c.mu.Unlock()
+	return err
+}
+
+// releaseError returns nil for a complete release, else an error that says how many
+// bytes stay held and why.
+func releaseError(out accounting.ReleaseOutcome) error {
+	if out.OK() {
+		return nil
+	}
+	return fmt.Errorf("kv: %d bytes could not be given back (%v): %w", out.Residual, out.Status, out.Err)
 }
 
 // newBuffers reserves c.nbuf ranges of capacity bytes, all or none.
@@ -180,6 +203,11 @@ func (c *Cache) release(bufs []buffer) accounting.ReleaseOutcome {
 		} else {
 			unmapped += o.Unmapped
 			residual += o.Residual
+			if o.Residual > 0 {
+				c.mu.Lock()
+				c.lost += o.Residual
+				c.mu.Unlock()
+			}
 		}
 		if o.Err != nil {
 			errs = append(errs, o.Err)
@@ -195,7 +223,7 @@ func (c *Cache) register(s *Sequence) {
 	c.mu.Unlock()
 }
 
-// notify wakes AppendCtx waiters: memory came back to this cache.
+// notify wakes waiting appends: memory came back to this cache.
 func (c *Cache) notify() {
 	c.mu.Lock()
 	c.notifyLocked()
@@ -209,8 +237,10 @@ func (c *Cache) notifyLocked() {
 	}
 }
 
-// waitChans returns the channels that announce freed memory. c.mu must be held.
-func (c *Cache) waitChansLocked() <-chan struct{} {
+// changedChan returns a channel closed the next time memory comes back to this cache.
+func (c *Cache) changedChan() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.changed == nil {
 		c.changed = make(chan struct{})
 	}
@@ -236,7 +266,11 @@ type Stats struct {
 	// granule once) and the bytes of every mapping.
 	Owned  int64
 	Mapped int64
-	Waits  int64 // AppendCtx calls that had to wait for memory
+	Waits  int64 // waiting appends (AppendCtx, AppendBatchCtx) that had to wait
+	// Unreleased is the bytes that failed releases left held: ranges the cache keeps
+	// and retries on Close, and what a backing quarantined for good. Owned includes
+	// them.
+	Unreleased int64
 }
 
 // SavedBySharing returns the bytes that sharing saves: Shared.
@@ -257,6 +291,10 @@ func (c *Cache) Stats() Stats {
 		st.Shared += s.sharedIn.Load()
 	}
 	st.Waits = c.waits
+	st.Unreleased = c.lost
+	for _, b := range c.orphans {
+		st.Unreleased += int64(b.Committed())
+	}
 	c.mu.Unlock()
 	st.Used = st.Tokens * int64(c.cfg.Geometry.BytesPerToken())
 	st.Waste = st.Committed - st.Used
@@ -286,13 +324,19 @@ func (c *Cache) SequenceStats() []SequenceStats {
 }
 
 // Close closes the cache. Every sequence and prefix MUST have been closed and
-// released first; Close reports those still live and closes nothing then. It retries
-// giving back any range whose release failed earlier and reports what still fails.
+// released first: while any is live Close fails with an error matching ErrBusy and
+// closes nothing. It retries giving back any range whose release failed earlier and
+// reports what still fails. A second Close changes nothing and returns an error
+// matching ErrClosed.
 func (c *Cache) Close() error {
 	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return fmt.Errorf("%w: Close called twice", ErrClosed)
+	}
 	if len(c.seqs) > 0 || len(c.prefixes) > 0 || c.inflight > 0 {
 		defer c.mu.Unlock()
-		return fmt.Errorf("%w: %d sequences and %d prefixes still live", ErrConfig, len(c.seqs)+c.inflight, len(c.prefixes))
+		return fmt.Errorf("%w: %d sequences and %d prefixes still live", ErrBusy, len(c.seqs)+c.inflight, len(c.prefixes))
 	}
 	c.closed = true
 	orphans := c.orphans
@@ -300,75 +344,8 @@ func (c *Cache) Close() error {
 	c.mu.Unlock()
 	if len(orphans) > 0 {
 		if out := c.release(orphans); !out.OK() {
-			return fmt.Errorf("kv: %d bytes could not be given back: %w", out.Residual, out.Err)
+			return releaseError(out)
 		}
 	}
 	return nil
-}
-
-// fits returns a *accounting.BudgetError when need fresh bytes can not be had now:
-// more than the device's limit allows at all (it matches ErrExceedsLimit then), or
-// more than is free under the limit plus what the backing's pool holds idle.
-func (c *Cache) fits(need int64) error {
-	limit := c.gov.Limit(c.dev)
-	avail := c.gov.Available(c.dev)
-	if p := c.pool; p != nil {
-		avail += p.PoolStats().Idle
-	}
-	if need > limit || need > avail {
-		return &accounting.BudgetError{Device: c.dev, Requested: need, Available: avail, Limit: limit}
-	}
-	return nil
-}
-
-// appendWait waits for memory for s and appends n tokens. AppendCtx callers of this
-// cache are served in FIFO order: only the head of the queue tries; it waits for the
-// bytes its append needs in the governor's FIFO queue of the device (so a pool that
-// sees waiters gives idle granules back, and any release on the device wakes it), then
-// retries. The others wait until the head leaves.
-func (c *Cache) appendWait(ctx context.Context, s *Sequence, n int) error {
-	c.mu.Lock()
-	c.waits++
-	elem := c.waiters.PushBack(s)
-	c.mu.Unlock()
-	defer func() {
-		c.mu.Lock()
-		head := c.waiters.Front() == elem
-		c.waiters.Remove(elem)
-		if head {
-			// The next waiter is now at the head and must try.
-			c.notifyLocked()
-		}
-		c.mu.Unlock()
-	}()
-	ledger := c.ledger()
-	for {
-		c.mu.Lock()
-		changed := c.waitChansLocked()
-		head := c.waiters.Front() == elem
-		c.mu.Unlock()
-		if !head {
-			select {
-			case <-changed:
-				continue
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		err := s.Append(n)
-		if err == nil || !errors.Is(err, accounting.ErrBudgetExceeded) || errors.Is(err, accounting.ErrExceedsLimit) {
-			return err
-		}
-		// NB: idle pool granules hold budget a fresh commit can not use; give them
-		// back so that the wait below is for bytes that can come.
-		if p := c.pool; p != nil {
-			_, _ = p.Trim(0)
-		}
-		need := s.need(s.n + n)
-		if err := ledger.Acquire(ctx, need); err != nil {
-			return err
-		}
-		// The bytes were free: give them back and let the append take them.
-		ledger.Release(need)
-	}
 }

@@ -20,8 +20,16 @@ var (
 	ErrLayout = errors.New("kv: not available in this layout")
 	// ErrNoSharing: prefixes and forks need a backing that shares physical memory.
 	ErrNoSharing = errors.New("kv: backing does not share memory")
-	// ErrClosed: the cache is closed.
-	ErrClosed = errors.New("kv: cache is closed")
+	// ErrClosed: the cache is closed, or a sequence was closed a second time.
+	ErrClosed = errors.New("kv: closed")
+	// ErrBusy: the cache still has live sequences or prefixes and can not close.
+	ErrBusy = errors.New("kv: cache has live sequences or prefixes")
+	// ErrReadOnly: a write to a token below Writable, which lies in memory shared
+	// with a prefix or a fork.
+	ErrReadOnly = errors.New("kv: token is read-only (shared)")
+	// ErrBatch: a batch that names a sequence twice, a nil sequence, or a sequence of
+	// another cache.
+	ErrBatch = errors.New("kv: invalid batch")
 )
 
 // Misuse panics with these messages.
@@ -31,8 +39,9 @@ const (
 	// PanicPrefixReleased is the panic value for using or releasing a Prefix whose
 	// creator's reference was already released.
 	PanicPrefixReleased = "kv: Prefix used after Release"
-	// PanicNilContext is the panic value for AppendCtx with a nil context.
-	PanicNilContext = "kv: AppendCtx with a nil context"
+	// PanicNilContext is the panic value for AppendCtx or AppendBatchCtx with a nil
+	// context.
+	PanicNilContext = "kv: nil context"
 	// PanicNilPrefix is the panic value for NewSequenceFrom(nil).
 	PanicNilPrefix = "kv: NewSequenceFrom with a nil prefix"
 	// PanicLayerRange is the panic value for Base of a layer or kind that does not

@@ -348,11 +348,13 @@ func TestBadInputs(t *testing.T) {
 	p.Release()
 	assert.PanicsWithValue(t, kv.PanicPrefixReleased, func() { p.Release() })
 	assert.PanicsWithValue(t, kv.PanicPrefixReleased, func() { _, _ = c.NewSequenceFrom(p) })
-	assert.ErrorIs(t, c.Close(), kv.ErrConfig, "a live sequence keeps the cache open")
+	assert.ErrorIs(t, c.Close(), kv.ErrBusy, "a live sequence keeps the cache open")
 
 	assert.True(t, s.Close().OK())
 	assert.PanicsWithValue(t, kv.PanicSequenceClosed, func() { _ = s.Append(1) })
-	assert.PanicsWithValue(t, kv.PanicSequenceClosed, func() { s.Close() })
+	again := s.Close()
+	assert.Equal(t, accounting.Failed, again.Status, "a second Close changes nothing")
+	assert.ErrorIs(t, again.Err, kv.ErrClosed)
 
 	// Without sharing, prefixes and forks are refused clearly.
 	gov := accounting.NewGovernor()

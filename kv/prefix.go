@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"errors"
 	"fmt"
 )
 
@@ -87,7 +88,7 @@ func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 	}
 	full, err := shareInto(s.bufs, p.bufs, p.tokens*c.row, c.gran)
 	if err != nil {
-		c.abandon(s)
+		err = errors.Join(err, c.abandon(s))
 		p.unref()
 		return nil, err
 	}

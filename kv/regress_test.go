@@ -41,7 +41,9 @@ func TestCloseFailureIsQuarantined(t *testing.T) {
 	assert.Equal(t, accounting.Quarantined, out.Status)
 	assert.ErrorIs(t, out.Err, boom)
 	assert.Positive(t, out.Residual)
-	assert.PanicsWithValue(t, kv.PanicSequenceClosed, func() { s.Close() })
+	again := s.Close()
+	assert.Equal(t, accounting.Failed, again.Status, "a second Close changes nothing")
+	assert.ErrorIs(t, again.Err, kv.ErrClosed)
 	faulty.Reset()
 	require.NoError(t, c.Close(), "Close gives back what the failed release kept")
 }
@@ -113,7 +115,7 @@ func TestCloseWhileNewSequence(t *testing.T) {
 		got <- s
 	}()
 	<-sr.entered
-	assert.ErrorIs(t, c.Close(), kv.ErrConfig)
+	assert.ErrorIs(t, c.Close(), kv.ErrBusy)
 	close(sr.proceed)
 	s := <-got
 	assert.True(t, s.Close().OK())
@@ -156,7 +158,7 @@ func TestCloseWhilePrefixRelease(t *testing.T) {
 	done := make(chan struct{})
 	go func() { p.Release(); close(done) }()
 	<-sb.entered
-	assert.ErrorIs(t, c.Close(), kv.ErrConfig)
+	assert.ErrorIs(t, c.Close(), kv.ErrBusy)
 	close(sb.proceed)
 	<-done
 	require.NoError(t, c.Close())

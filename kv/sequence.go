@@ -45,7 +45,8 @@ type Sequence struct {
 	n      int      // tokens
 	frozen int      // bytes at the start of each range that other holders may map: never written
 	prefix *Prefix
-	err    error // set when damaged
+	err    error  // set when damaged
+	mark   uint64 // the last batch of the cache that named it (see Cache.check)
 	closed bool
 
 	// Readings for Cache.Stats, which runs on other goroutines.
@@ -69,20 +70,37 @@ func (s *Sequence) usable() error {
 }
 
 // ID returns the sequence's number, unique within its cache.
-func (s *Sequence) ID() uint64 { return s.id }
+func (s *Sequence) ID() uint64 {
+	s.live()
+	return s.id
+}
 
 // Len returns the tokens the sequence holds.
-func (s *Sequence) Len() int { return s.n }
+func (s *Sequence) Len() int {
+	s.live()
+	return s.n
+}
 
 // Cache returns the sequence's cache.
-func (s *Sequence) Cache() *Cache { return s.c }
+func (s *Sequence) Cache() *Cache {
+	s.live()
+	return s.c
+}
 
 // publish updates the readings other goroutines see.
 func (s *Sequence) publish() {
 	var committed, shared int64
-	for _, b := range s.bufs {
-		committed += int64(b.Committed())
-		shared += int64(b.Shared())
+	if s.err == nil {
+		// NB: the ranges of a sequence that is not damaged are alike (every
+		// operation resizes and shares them all the same, or damages it), so one
+		// stands for all: a batch step then touches each range once.
+		committed = int64(len(s.bufs)) * int64(s.bufs[0].Committed())
+		shared = int64(len(s.bufs)) * int64(s.bufs[0].Shared())
+	} else {
+		for _, b := range s.bufs {
+			committed += int64(b.Committed())
+			shared += int64(b.Shared())
+		}
 	}
 	s.tokens.Store(int64(s.n))
 	s.committed.Store(committed)
@@ -91,93 +109,26 @@ func (s *Sequence) publish() {
 
 // Append grows every K and V tensor of the sequence by n tokens, committing whole
 // granules only where a tensor crosses a granule boundary. When the memory can not be
-// had now it fails at once with an error matching accounting.ErrBudgetExceeded and
-// changes nothing; past MaxTokens it fails with ErrTooLong.
+// had now it fails at once with an *accounting.BudgetError (it matches
+// accounting.ErrBudgetExceeded; see AppendBatch for what it carries) and changes
+// nothing; past MaxTokens it fails with ErrTooLong.
 func (s *Sequence) Append(n int) error {
-	if err := s.usable(); err != nil {
-		return err
-	}
-	if n < 0 {
-		return fmt.Errorf("%w: append of %d tokens", ErrRange, n)
-	}
-	if n > s.c.cfg.MaxTokens-s.n {
-		return fmt.Errorf("%w: %d + %d tokens, MaxTokens %d", ErrTooLong, s.n, n, s.c.cfg.MaxTokens)
-	}
-	need := s.need(s.n + n)
-	if need > 0 {
-		// Refuse what can not fit before committing any of it: a commit rolled back
-		// would leave fresh granules idle in a pool, holding budget.
-		if err := s.c.fits(need); err != nil {
-			return err
-		}
-	}
-	return s.grow(s.n+n, need > 0)
+	g := [1]Growth{{s, n}}
+	return s.c.appendBatch(g[:], 0)
 }
 
-// grow resizes every range to tokens, all or nothing; commits says whether that takes
-// new granules (else no backing call is made).
-func (s *Sequence) grow(tokens int, commits bool) error {
-	target := tokens * s.c.row
-	var idle int64
-	var p backing.Pool
-	if commits {
-		if p = s.c.pool; p != nil {
-			idle = p.PoolStats().Idle
-		}
-	}
-	for i, b := range s.bufs {
-		if err := b.Resize(target); err != nil {
-			if rerr := s.resizeFirst(i, s.n*s.c.row); rerr != nil {
-				s.err = rerr
-				err = errors.Join(err, fmt.Errorf("%w: rolling back: %w", ErrDamaged, rerr))
-			}
-			if p != nil {
-				// The granules the rolled-back part took went idle: give back what
-				// the pool did not hold before, so the refusal holds no budget.
-				_, _ = p.Trim(int(idle / int64(s.c.gran)))
-			}
-			s.publish()
-			return err
-		}
-	}
-	s.n = tokens
-	s.publish()
-	return nil
-}
-
-// resizeFirst resizes the first k ranges to size bytes.
-func (s *Sequence) resizeFirst(k, size int) error {
-	var errs []error
-	for _, b := range s.bufs[:k] {
-		if err := b.Resize(size); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// AppendCtx is Append that, when memory can not be had now, waits for it in FIFO order
-// with the cache's other waiting appends, until ctx ends. A cancelled wait changes
-// nothing.
+// AppendCtx is Append that, when memory can not be had now, waits for it in the
+// governor's FIFO queue of the device until ctx ends (see AppendBatchCtx). A
+// cancelled wait changes nothing.
 func (s *Sequence) AppendCtx(ctx context.Context, n int) error {
-	if ctx == nil {
-		panic(PanicNilContext)
-	}
-	err := s.Append(n)
-	if err == nil || !errors.Is(err, accounting.ErrBudgetExceeded) || errors.Is(err, accounting.ErrExceedsLimit) {
-		return err
-	}
-	return s.c.appendWait(ctx, s, n)
+	return s.c.AppendBatchCtx(ctx, []Growth{{s, n}})
 }
 
 // need returns the bytes of the granules s must commit to hold tokens.
+// The sequence must not be damaged: its ranges are then alike (see publish).
 func (s *Sequence) need(tokens int) int64 {
 	size, _ := backing.AlignUp(tokens*s.c.row, s.c.gran)
-	var n int64
-	for _, b := range s.bufs {
-		n += int64(max(size-b.Committed(), 0))
-	}
-	return n
+	return int64(len(s.bufs)) * int64(max(size-s.bufs[0].Committed(), 0))
 }
 
 // Truncate shrinks the sequence to n tokens (rollback after speculative decoding),
@@ -242,6 +193,17 @@ func (s *Sequence) Truncate(n int) error {
 	return nil
 }
 
+// resizeFirst resizes the first k ranges to size bytes.
+func (s *Sequence) resizeFirst(k, size int) error {
+	var errs []error
+	for _, b := range s.bufs[:k] {
+		if err := b.Resize(size); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // resizeAll resizes every range to size bytes; a failure damages the sequence unless
 // it failed on the first range (nothing changed then).
 func (s *Sequence) resizeAll(size int) error {
@@ -258,34 +220,76 @@ func (s *Sequence) resizeAll(size int) error {
 }
 
 // Fork returns a new sequence holding the same tokens (parallel sampling, beam
-// search): the full granules are mapped, not copied, read-only in the new sequence;
-// the tokens past the last full granule are copied into the new sequence's own
-// granule. From then on the tokens below Writable are shared in both: WriteToken
-// refuses them, and they MUST NOT be written through Bytes or a View of either (the
-// fork's mapping faults; the original's does not, and a write there would reach the
-// fork). The new sequence MUST be closed.
+// search): ForkAt(Len()).
 func (s *Sequence) Fork() (*Sequence, error) {
+	s.live()
+	return s.ForkAt(s.n)
+}
+
+// ForkAt returns a new sequence holding the first n tokens of s (a checkpoint: beam
+// search, speculative decoding): the full granules that hold them are mapped, not
+// copied, read-only in the new sequence; the tokens past the last full granule are
+// copied into the new sequence's own granule. From then on the tokens of s below the
+// new sequence's Writable are shared by both: WriteToken refuses them (ErrReadOnly),
+// and on a backing that can protect memory in place (backing.Protector) s's own
+// mapping of them becomes read-only too, so that a stray write through Bytes or a
+// View faults in either rather than reach the other. The new sequence MUST be closed.
+// It fails with ErrRange for n outside [0, Len] and changes nothing on any error.
+func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
 	}
 	if !s.c.sharer {
 		return nil, ErrNoSharing
 	}
+	if n < 0 || n > s.n {
+		return nil, fmt.Errorf("%w: fork at %d of %d tokens", ErrRange, n, s.n)
+	}
 	child, err := s.c.newSequence()
 	if err != nil {
 		return nil, err
 	}
-	full, err := shareInto(child.bufs, s.bufs, s.n*s.c.row, s.c.gran)
-	if err != nil {
-		s.c.abandon(child)
-		return nil, err
+	full, err := shareInto(child.bufs, s.bufs, n*s.c.row, s.c.gran)
+	if err == nil {
+		err = s.protect(full)
 	}
-	child.n = s.n
+	if err != nil {
+		return nil, errors.Join(err, s.c.abandon(child))
+	}
+	child.n = n
 	child.frozen = full
-	s.frozen = max(s.frozen, full)
 	child.publish()
 	s.c.register(child)
 	return child, nil
+}
+
+// protect makes the first full bytes of each of s's ranges shared: never written
+// from now on, and read-only in s's own mapping where the backing can protect memory
+// in place. On error s is as it was.
+func (s *Sequence) protect(full int) error {
+	if full <= s.frozen {
+		return nil
+	}
+	if s.c.protector {
+		for i, b := range s.bufs {
+			if err := b.protect(s.frozen, full-s.frozen, backing.ReadOnly); err != nil {
+				// Give back write access to what was protected: s is as it was.
+				var errs []error
+				for _, q := range s.bufs[:i] {
+					if rerr := q.protect(s.frozen, full-s.frozen, backing.ReadWrite); rerr != nil {
+						errs = append(errs, rerr)
+					}
+				}
+				if rerr := errors.Join(errs...); rerr != nil {
+					s.err = rerr
+					return errors.Join(err, fmt.Errorf("%w: restoring write access: %w", ErrDamaged, rerr))
+				}
+				return err
+			}
+		}
+	}
+	s.frozen = full
+	return nil
 }
 
 // shareInto makes each dst range hold the first size bytes of its src range: the full
@@ -313,8 +317,12 @@ func shareInto(dst, src []buffer, size, g int) (int, error) {
 // Prefix that new sequences can start on (NewSequenceFrom). The full granules are
 // shared, not copied; the prefix copies the tokens past the last full granule into a
 // granule of its own. The sequence's tokens below Writable are shared from then on:
-// they MUST NOT be written through Bytes or a View (WriteToken refuses them). The caller holds one reference and MUST Release it; the prefix's
-// memory is freed with its last user.
+// they MUST NOT be written through Bytes or a View (WriteToken refuses them with
+// ErrReadOnly; on a backing.Protector the sequence's own mapping of them becomes
+// read-only, so a stray write faults). The caller holds one reference and MUST
+// Release it; the prefix's memory is freed with its last user. On error nothing
+// changed, except that what could not be given back is reported in the error and in
+// Stats.Unreleased.
 func (s *Sequence) Freeze(p int) (*Prefix, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
@@ -332,12 +340,14 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 		return nil, err
 	}
 	full, err := shareInto(bufs, s.bufs, size, s.c.gran)
+	if err == nil {
+		err = s.protect(full)
+	}
 	if err != nil {
-		s.c.release(bufs)
+		err = errors.Join(err, releaseError(s.c.release(bufs)))
 		s.c.notify()
 		return nil, err
 	}
-	s.frozen = max(s.frozen, full)
 	pr := &Prefix{c: s.c, bufs: bufs, tokens: p, refs: 1, creator: true}
 	s.c.mu.Lock()
 	s.c.prefixes[pr] = struct{}{}
@@ -349,9 +359,13 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 // address space, and drops its reference to the prefix it started on. The outcome is
 // honest: see accounting.ReleaseOutcome. A sequence is unusable after Close whatever
 // the outcome; ranges whose release failed are kept by the cache, reported as
-// residual, and retried by Cache.Close.
+// residual, and retried by Cache.Close. A second Close changes nothing and returns a
+// Failed outcome whose error matches ErrClosed, so that a deferred Close may follow
+// an explicit one.
 func (s *Sequence) Close() accounting.ReleaseOutcome {
-	s.live()
+	if s.closed {
+		return accounting.FailedRelease(0, fmt.Errorf("%w: sequence %d closed twice", ErrClosed, s.id))
+	}
 	out := s.c.release(s.bufs)
 	s.closed = true
 	s.n = 0
@@ -370,8 +384,14 @@ func (s *Sequence) Close() accounting.ReleaseOutcome {
 }
 
 // Prefix returns the prefix the sequence started on, or nil.
-func (s *Sequence) Prefix() *Prefix { return s.prefix }
+func (s *Sequence) Prefix() *Prefix {
+	s.live()
+	return s.prefix
+}
 
 // Damaged reports whether a failed backing call left the sequence unusable; it must
 // then be closed.
-func (s *Sequence) Damaged() bool { return s.err != nil }
+func (s *Sequence) Damaged() bool {
+	s.live()
+	return s.err != nil
+}

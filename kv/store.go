@@ -28,6 +28,15 @@ type buffer interface {
 	readAt(off int, p []byte) error
 	// writeAt copies p into the buffer at off.
 	writeAt(off int, p []byte) error
+	// protect sets the access of the committed, granule-aligned [off, off+size) in
+	// place (see backing.Protector); it fails with backing.ErrUnsupported where the
+	// backing can not.
+	protect(off, size int, prot backing.Protection) error
+}
+
+// protector is what a buffer offers when its backing can protect memory in place.
+type protector interface {
+	Protect(off, size int, prot backing.Protection) error
 }
 
 // store makes a cache's buffers on its backing.
@@ -56,6 +65,14 @@ func (b bufferOf[R, B]) shareFrom(src buffer, size int, prot backing.Protection)
 		return fmt.Errorf("%w: a %T shares from a %T", ErrConfig, b, src)
 	}
 	return b.ShareFrom(s.Buffer, size, prot)
+}
+
+func (b bufferOf[R, B]) protect(off, size int, prot backing.Protection) error {
+	p, ok := any(b.Buffer).(protector)
+	if !ok {
+		return fmt.Errorf("%w: buffers can not protect memory in place", backing.ErrUnsupported)
+	}
+	return p.Protect(off, size, prot)
 }
 
 func (b bufferOf[R, B]) readAt(off int, p []byte) error {

@@ -2,7 +2,6 @@ package backingtest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 
@@ -285,7 +284,7 @@ func (f *Fake) CommitCtx(ctx context.Context, r *FakeReservation, off, size int)
 		return err
 	}
 	err := a.TryAcquire(int64(size))
-	if errors.Is(err, accounting.ErrBudgetExceeded) && !errors.Is(err, accounting.ErrExceedsLimit) {
+	if accounting.CanWait(err) {
 		// Wait without f.mu: the decommits that free the budget need it.
 		f.mu.Unlock()
 		err = a.Acquire(ctx, int64(size))

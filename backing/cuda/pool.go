@@ -18,7 +18,7 @@ import (
 // thread must be bound.
 func (b *Backing) getHandles(ctx context.Context, n int) ([]*handle, error) {
 	hs, charged, err := b.tryHandles(nil, n)
-	if err != nil && ctx != nil && errors.Is(err, accounting.ErrBudgetExceeded) && !errors.Is(err, accounting.ErrExceedsLimit) {
+	if ctx != nil && accounting.CanWait(err) {
 		b.putIdle(hs)
 		hs, charged, err = b.waitHandles(ctx, n)
 	}
@@ -77,7 +77,7 @@ func (b *Backing) waitHandles(ctx context.Context, n int) ([]*handle, int, error
 		if err == nil {
 			return hs, need, nil
 		}
-		if !errors.Is(err, accounting.ErrBudgetExceeded) || errors.Is(err, accounting.ErrExceedsLimit) {
+		if !accounting.CanWait(err) {
 			return hs, 0, err
 		}
 		// Wait for the budget, or for handles that come back idle: a decommit

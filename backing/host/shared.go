@@ -597,7 +597,7 @@ func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, of
 		s.owned += int64(fresh) << s.shift
 		return picks, fresh, nil
 	}
-	if !wait || !errors.Is(err, accounting.ErrBudgetExceeded) || errors.Is(err, accounting.ErrExceedsLimit) {
+	if !wait || !accounting.CanWait(err) {
 		s.unpick(picks)
 		s.mu.Unlock()
 		return nil, 0, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}

@@ -1,0 +1,248 @@
+package kv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/vmarena/vmarena/accounting"
+)
+
+// Growth is one sequence's part of a batch step: Seq grows by Tokens.
+type Growth struct {
+	Seq    *Sequence
+	Tokens int
+}
+
+// Need returns the bytes of budget that growing s by n tokens would take now: the
+// granules it must commit, less those the backing's pool holds idle (they are owned
+// already). Zero means the growth fits in granules the sequence or the pool holds.
+// It fails as Append would for a bad n.
+func (s *Sequence) Need(n int) (int64, error) {
+	g := [1]Growth{{s, n}}
+	return s.c.Need(g[:])
+}
+
+// Need returns the bytes of budget that the batch step would take now (see
+// Sequence.Need): what AppendBatch compares with the governor's available bytes. It
+// fails as AppendBatch would for a bad batch.
+func (c *Cache) Need(batch []Growth) (int64, error) {
+	need, err := c.check(batch)
+	if err != nil {
+		return 0, err
+	}
+	return max(need-c.idle(), 0), nil
+}
+
+// AppendBatch grows every sequence of the batch by its own count, all or nothing:
+// every sequence grows, or none does and the step holds nothing afterwards. When the
+// memory can not be had now it fails at once with an *accounting.BudgetError whose
+// Requested, Available and Limit say what the step needs (Need), what the device has
+// free and its limit: a scheduler frees Requested - Available bytes (preempts a
+// sequence) and steps again. A batch that names a sequence twice, a nil sequence or
+// one of another cache fails with ErrBatch; a count past MaxTokens with ErrTooLong.
+// The batch's sequences MUST all be owned by the calling goroutine.
+func (c *Cache) AppendBatch(batch []Growth) error { return c.appendBatch(batch, 0) }
+
+// AppendBatchCtx is AppendBatch that, when the memory can not be had now, waits for
+// the whole step's bytes in the governor's FIFO queue of the device, behind every
+// request (of this cache or any other user of the device) that queued before it, until
+// ctx ends. It holds nothing while it waits, so waiting steps can not deadlock each
+// other. A step larger than the device's whole limit fails at once (ErrExceedsLimit);
+// a cancelled wait returns ctx.Err() and changes nothing.
+func (c *Cache) AppendBatchCtx(ctx context.Context, batch []Growth) error {
+	if ctx == nil {
+		panic(PanicNilContext)
+	}
+	err := c.appendBatch(batch, 0)
+	if !accounting.CanWait(err) {
+		return err
+	}
+	return c.wait(ctx, batch, err)
+}
+
+// check validates a batch and returns the bytes of the granules it must commit.
+func (c *Cache) check(batch []Growth) (int64, error) {
+	mark := c.batch.Add(1)
+	var need int64
+	for i, g := range batch {
+		s := g.Seq
+		switch {
+		case s == nil:
+			return 0, fmt.Errorf("%w: entry %d has no sequence", ErrBatch, i)
+		case s.c != c:
+			return 0, fmt.Errorf("%w: entry %d: sequence %d belongs to another cache", ErrBatch, i, s.id)
+		}
+		if err := s.usable(); err != nil {
+			return 0, err
+		}
+		switch {
+		case s.mark == mark:
+			return 0, fmt.Errorf("%w: sequence %d appears twice", ErrBatch, s.id)
+		case g.Tokens < 0:
+			return 0, fmt.Errorf("%w: append of %d tokens", ErrRange, g.Tokens)
+		case g.Tokens > c.cfg.MaxTokens-s.n:
+			return 0, fmt.Errorf("%w: %d + %d tokens, MaxTokens %d", ErrTooLong, s.n, g.Tokens, c.cfg.MaxTokens)
+		}
+		s.mark = mark
+		need += s.need(s.n + g.Tokens)
+	}
+	return need, nil
+}
+
+// idle returns the bytes the backing's pool holds idle.
+func (c *Cache) idle() int64 {
+	if c.pool == nil {
+		return 0
+	}
+	return c.pool.PoolStats().Idle
+}
+
+// budget returns a *accounting.BudgetError when need bytes of granules can not be
+// had now: more than the device's whole limit (it matches ErrExceedsLimit then), or,
+// less the pool's idle granules, more than is free under the limit plus credit (bytes
+// already waited for).
+func (c *Cache) budget(need, credit int64) error {
+	limit := c.gov.Limit(c.dev)
+	avail := c.gov.Available(c.dev)
+	if need > limit {
+		return &accounting.BudgetError{Device: c.dev, Requested: need, Available: avail, Limit: limit}
+	}
+	if net := max(need-c.idle(), 0); net > avail+credit {
+		return &accounting.BudgetError{Device: c.dev, Requested: net, Available: avail, Limit: limit}
+	}
+	return nil
+}
+
+// appendBatch is AppendBatch with credit bytes already waited for (see wait).
+func (c *Cache) appendBatch(batch []Growth, credit int64) error {
+	need, err := c.check(batch)
+	if err != nil {
+		return err
+	}
+	if need > 0 {
+		// Refuse what can not fit before committing any of it: a commit rolled back
+		// would leave fresh granules idle in a pool, holding budget.
+		if err := c.budget(need, credit); err != nil {
+			return err
+		}
+	}
+	return c.grow(batch, need > 0)
+}
+
+// grow resizes every range of the batch's sequences to their new lengths, all or
+// nothing; commits says whether that takes new granules (else no backing call is
+// made).
+func (c *Cache) grow(batch []Growth, commits bool) error {
+	var idle int64
+	if commits {
+		idle = c.idle()
+	}
+	for i, g := range batch {
+		s := g.Seq
+		target := (s.n + g.Tokens) * c.row
+		for j, b := range s.bufs {
+			if err := b.Resize(target); err != nil {
+				return c.rollback(batch[:i], s, j, idle, commits, err)
+			}
+		}
+	}
+	for _, g := range batch {
+		g.Seq.n += g.Tokens
+		g.Seq.publish()
+	}
+	return nil
+}
+
+// rollback undoes a failed grow: the first k ranges of s and every range of done go
+// back to their sequences' lengths. A range that can not go back damages its sequence
+// (it must be closed). The granules the undone part took went idle in the pool: what
+// the pool did not hold before is given back, so the refusal holds no budget.
+func (c *Cache) rollback(done []Growth, s *Sequence, k int, idle int64, commits bool, err error) error {
+	errs := []error{err}
+	undo := func(q *Sequence, bufs []buffer) {
+		var qerrs []error
+		for _, b := range bufs {
+			if err := b.Resize(q.n * c.row); err != nil {
+				qerrs = append(qerrs, err)
+			}
+		}
+		if rerr := errors.Join(qerrs...); rerr != nil {
+			q.err = rerr
+			errs = append(errs, fmt.Errorf("%w: sequence %d: rolling back: %w", ErrDamaged, q.id, rerr))
+		}
+		q.publish()
+	}
+	undo(s, s.bufs[:k])
+	for _, g := range done {
+		undo(g.Seq, g.Seq.bufs)
+	}
+	if commits && c.pool != nil {
+		_, _ = c.pool.Trim(int(idle / int64(c.gran)))
+	}
+	return errors.Join(errs...)
+}
+
+// wait is AppendBatchCtx after a refusal err: it waits in the governor's FIFO queue
+// for the bytes the step needs beyond the pool's idle granules, then steps with them
+// (the governor hands them over as credit: see accounting.Authority.AcquireFor).
+// Memory that comes back to this cache's pool as idle granules, which the governor
+// does not see, also ends a wait; the step is then tried again.
+func (c *Cache) wait(ctx context.Context, batch []Growth, err error) error {
+	c.mu.Lock()
+	c.waits++
+	c.mu.Unlock()
+	for {
+		var be *accounting.BudgetError
+		if !errors.As(err, &be) {
+			return err
+		}
+		// NB: a refusal may race a concurrent user of the pool that took the idle
+		// granules counted; wait for a granule at least so that the loop makes
+		// progress only as memory moves.
+		want := max(be.Requested, int64(c.gran))
+		idle := c.idle()
+		wctx, cancel := context.WithCancel(ctx)
+		go c.watchIdle(wctx, cancel, idle)
+		var stepErr error
+		err = c.auth.AcquireFor(wctx, want, func() error {
+			stepErr = c.appendBatch(batch, want)
+			return nil
+		})
+		cancel()
+		switch {
+		case err == nil:
+			err = stepErr
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.Is(err, context.Canceled):
+			// Idle granules came back to the pool: try with them.
+			err = c.appendBatch(batch, 0)
+		default:
+			return err // the limit shrank below the request, say
+		}
+		if !accounting.CanWait(err) {
+			return err
+		}
+	}
+}
+
+// watchIdle cancels a wait when the pool's idle bytes grow past idle: memory came
+// back to the pool, not to the governor, which would not wake the waiter for it.
+func (c *Cache) watchIdle(ctx context.Context, cancel context.CancelFunc, idle int64) {
+	if c.pool == nil {
+		return
+	}
+	for {
+		ch := c.changedChan()
+		if c.idle() > idle {
+			cancel()
+			return
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
