@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"testing"
@@ -194,10 +195,16 @@ func TestSharedOutOfMemoryRlimit(t *testing.T) {
 	assert.Empty(t, mapsNamed(t, "memfd:"+name+" "), "no mapping left")
 }
 
-// preallocate grows the heap, and under -race the sanitizer's records of heap blocks,
-// well beyond what the caller will allocate, then frees it all: at the mapping limit
-// neither could grow again (each growth needs a mapping, and a refused one is fatal).
-func preallocate() {
+// quietRuntime readies the process for its mapping limit, where any mapping the
+// runtime makes is fatal ("runtime: out of memory"): it grows the heap well beyond
+// what the caller will allocate and frees it, so that allocations reuse mapped pages;
+// turns the GC off, so that nothing is scavenged or shrunk and needed again; turns
+// heap profiling off, whose records are mapped apart; and grows the calling
+// goroutine's stack, which would otherwise grow into new heap pages. Under -race the
+// sanitizer also records the blocks made and freed. restore undoes the settings.
+func quietRuntime() (restore func()) {
+	rate := runtime.MemProfileRate
+	runtime.MemProfileRate = 0
 	junk := make([][]byte, 1<<19)
 	for i := range junk {
 		junk[i] = make([]byte, 64)
@@ -206,6 +213,24 @@ func preallocate() {
 	junk = nil
 	runtime.GC()
 	runtime.GC()
+	gc := debug.SetGCPercent(-1)
+	growStack(8)
+	return func() {
+		debug.SetGCPercent(gc)
+		runtime.MemProfileRate = rate
+	}
+}
+
+// growStack uses some 512 KiB of stack.
+//
+//go:noinline
+func growStack(n int) byte {
+	var frame [64 << 10]byte
+	frame[n] = byte(n)
+	if n > 0 {
+		return growStack(n-1) + frame[n]
+	}
+	return frame[0]
 }
 
 // mapsNamed returns the lines of /proc/self/maps that contain name.
@@ -252,7 +277,7 @@ func TestSharedMapLimitReal(t *testing.T) {
 	n := 2*limit + 16
 	r, err := s.Reserve(n * g)
 	require.NoError(t, err)
-	preallocate()
+	defer quietRuntime()()
 	committed := 0
 	var cerr error
 	for i := 1; i < n; i += 2 {
