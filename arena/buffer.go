@@ -50,14 +50,8 @@ func NewBuffer[R any, B backing.Backing[R]](b B, capacity int, auth *accounting.
 	if !ok {
 		return nil, fmt.Errorf("%w: capacity %d", ErrInvalidSize, capacity)
 	}
-	byBacking := b.Accounting().OwnedByBacking()
-	switch {
-	case !byBacking && auth == nil:
-		return nil, fmt.Errorf("%w: a ByBuffer backing needs an authority to charge", ErrAuthority)
-	case byBacking && auth != nil:
-		return nil, fmt.Errorf("%w: the backing owns its memory (%v); pass a nil authority", ErrAuthority, b.Accounting())
-	case auth != nil && auth.Device() != b.Device():
-		return nil, fmt.Errorf("%w: authority is on %v, backing on %v", ErrAuthority, auth.Device(), b.Device())
+	if err := checkAuthority(b, auth); err != nil {
+		return nil, err
 	}
 	r, err := b.Reserve(size)
 	if err != nil {
@@ -72,6 +66,21 @@ func NewBuffer[R any, B backing.Backing[R]](b B, capacity int, auth *accounting.
 		capacity: size,
 		host:     backing.IsHostAccessible(b),
 	}, nil
+}
+
+// checkAuthority returns an ErrAuthority error unless auth fits b's accounting: an
+// authority on b's device under ByBuffer, none under ByBacking.
+func checkAuthority[R any, B backing.Backing[R]](b B, auth *accounting.Authority) error {
+	byBacking := b.Accounting().OwnedByBacking()
+	switch {
+	case !byBacking && auth == nil:
+		return fmt.Errorf("%w: a ByBuffer backing needs an authority to charge", ErrAuthority)
+	case byBacking && auth != nil:
+		return fmt.Errorf("%w: the backing owns its memory (%v); pass a nil authority", ErrAuthority, b.Accounting())
+	case auth != nil && auth.Device() != b.Device():
+		return fmt.Errorf("%w: authority is on %v, backing on %v", ErrAuthority, auth.Device(), b.Device())
+	}
+	return nil
 }
 
 func (buf *Buffer[R, B]) live() {
@@ -259,6 +268,41 @@ func (buf *Buffer[R, B]) ShareFrom(src *Buffer[R, B], size int, prot backing.Pro
 		return err
 	}
 	buf.committed, buf.shared, buf.length = size, size, size
+	return nil
+}
+
+// Protect sets the access of the buffer's committed bytes [off, off+size) to prot in
+// place: ReadOnly makes them read-only through this buffer, ReadWrite writable again.
+// off and size must be multiples of the granule and the range must lie within
+// Committed(). The contents stay, and other buffers mapping the same granules (see
+// ShareFrom) keep their own access. A granule this buffer maps by a ReadOnly ShareFrom
+// can not be made ReadWrite: that fails with an error matching backing.ErrReadOnly.
+// Protection lasts until the bytes are decommitted (Resize below them); memory
+// committed again is read-write.
+//
+// A write to read-only bytes through the backing's copies fails; a store through
+// Bytes or a host view faults (SIGSEGV, fatal unless the goroutine runs under
+// runtime/debug.SetPanicOnFault). On a backing that is not a backing.Protector it
+// returns an error matching ErrNoProtection (and errors.ErrUnsupported). On error
+// nothing changed.
+func (buf *Buffer[R, B]) Protect(off, size int, prot backing.Protection) error {
+	buf.live()
+	p, ok := any(buf.b).(backing.Protector[R])
+	if !ok {
+		return fmt.Errorf("%w: %T", ErrNoProtection, buf.b)
+	}
+	switch {
+	case off < 0 || size < 0 || off%buf.gran != 0 || size%buf.gran != 0:
+		return fmt.Errorf("%w: protect [%d, +%d) is not granule-aligned (%d-byte granule)", ErrInvalidSize, off, size, buf.gran)
+	case off > buf.committed-size:
+		return fmt.Errorf("%w: protect [%d, +%d) past the %d committed bytes", ErrInvalidSize, off, size, buf.committed)
+	}
+	if err := p.Protect(buf.r, off, size, prot); err != nil {
+		if errors.Is(err, backing.ErrUnsupported) {
+			return fmt.Errorf("%w: %w", ErrNoProtection, err)
+		}
+		return err
+	}
 	return nil
 }
 

@@ -78,8 +78,8 @@ func BenchmarkCommitGranule(b *testing.B) {
 }
 
 // BenchmarkGrowTensor grows one Llama-3-8B K tensor (2 KiB per token) to 8,192 tokens,
-// writing each token as it comes: through a Buffer, with Go append, and into one
-// eager make of the final size.
+// writing each token as it comes: through a Buffer, with Go append, into one eager
+// allocation of the final size outside the Go heap (arena.Eager), and into one make.
 func BenchmarkGrowTensor(b *testing.B) {
 	const tokens, tokenBytes = 8192, 2048
 	token := make([]byte, tokenBytes)
@@ -128,6 +128,31 @@ func BenchmarkGrowTensor(b *testing.B) {
 		}
 		b.ReportMetric(float64(moves)/float64(b.N), "base-moves/op")
 		b.ReportMetric(100*float64(spare)/float64(tokens*tokenBytes), "spare%")
+	})
+	b.Run("impl=eager", func(b *testing.B) {
+		p, err := host.NewPrivate(host.PrivateOptions{Granularity: 2 << 20})
+		if err != nil {
+			b.Fatal(err)
+		}
+		e, err := arena.NewEager(p, accounting.NewGovernor().Authority("bench", accounting.HostKey))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.SetBytes(tokens * tokenBytes)
+		for b.Loop() {
+			a, err := e.Allocate(tokens*tokenBytes, 4096)
+			if err != nil {
+				b.Fatal(err)
+			}
+			s := e.Bytes(a)
+			for t := range tokens {
+				copy(s[t*tokenBytes:], token)
+			}
+			if out := e.Release(a); !out.OK() {
+				b.Fatal(out)
+			}
+		}
+		b.ReportMetric(0, "base-moves/op")
 	})
 	b.Run("impl=make", func(b *testing.B) {
 		b.SetBytes(tokens * tokenBytes)

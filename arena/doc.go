@@ -1,7 +1,9 @@
 // Package arena turns a backing's reserved address range into memory a program uses:
 // a [Buffer] that grows and shrinks in granule steps on a base address that never
 // moves, typed views ([Tensor]) over it, and a bump [Arena] for tensors that live one
-// step.
+// step. Code written against the plain eager-allocator contract, [Allocator] (the
+// cudaMalloc shape), runs on an Arena or on [Eager], which commits each allocation
+// whole outside the Go heap and is the floor a growing Buffer is measured against.
 //
 // # Memory management
 //
@@ -11,6 +13,7 @@
 // decommits the granules wholly past the new length: their contents are forfeit and
 // any slice or view over them becomes invalid (a host access faults).
 //
+// Every allocation of an [Eager] MUST be given back with [Eager.Release].
 // An [Arena] owns its Buffer: [Arena.Close] closes it. A [Tensor] is a view and owns
 // nothing: it is valid only while the bytes under it stay committed, so a Resize
 // below it or an Arena Reset or Rewind past it INVALIDATES it (a host access then
@@ -27,5 +30,5 @@
 // A Buffer is used by one goroutine at a time: Resize, ShareFrom and Close must not
 // run concurrently with each other or with readings. Several goroutines may read and
 // write the committed bytes at once, as with any memory, provided none of them
-// resizes the buffer meanwhile.
+// resizes the buffer meanwhile. An Eager is safe for concurrent use.
 package arena

@@ -1,6 +1,9 @@
 package arena
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 var (
 	// ErrCapacity: a length beyond the buffer's reserved capacity.
@@ -13,6 +16,10 @@ var (
 	ErrNotEmpty = errors.New("arena: buffer is not empty")
 	// ErrNoSharing: the backing can not share physical memory.
 	ErrNoSharing = errors.New("arena: backing does not share memory")
+	// ErrNoProtection: the backing can not change the access of committed memory
+	// (it is not a backing.Protector, or answers that it can not). It matches
+	// errors.ErrUnsupported.
+	ErrNoProtection = fmt.Errorf("arena: backing can not change the access of its memory: %w", errors.ErrUnsupported)
 )
 
 // Misuse panics with these messages.
@@ -62,4 +69,7 @@ const (
 	PanicForeignAllocation = "arena: Release of another allocator's allocation"
 	// PanicArenaClosed is the panic value for any use of an Arena after Close.
 	PanicArenaClosed = "arena: Arena used after Close"
+	// PanicReleased is the panic value for releasing, or asking the bytes of, an Eager
+	// allocation that was already given back.
+	PanicReleased = "arena: Allocation used after Release"
 )

@@ -72,3 +72,25 @@ func ExampleAllocator() {
 	// complete (unmapped 0, residual 0)
 	// true false
 }
+
+// ExampleEager: memory of a size known up front (weights, a fixed scratch area),
+// committed at once outside the Go heap and given back whole.
+func ExampleEager() {
+	gov := accounting.NewGovernor()
+	mem, _ := host.NewPrivate(host.PrivateOptions{Granularity: 64 << 10})
+	eager, _ := arena.NewEager(mem, gov.Authority("weights", accounting.HostKey))
+
+	var alloc arena.Allocator = eager
+	w, err := alloc.Allocate(100<<10, 4096)
+	if err != nil {
+		panic(err)
+	}
+	copy(eager.Bytes(w), "weights")
+	fmt.Println(w.Ptr%4096 == 0, len(eager.Bytes(w)), gov.Stats(accounting.HostKey).Used)
+	fmt.Println(arena.IsVirtual(alloc), arena.CanShare(alloc))
+	fmt.Println(alloc.Release(w))
+	// Output:
+	// true 102400 131072
+	// false false
+	// complete (unmapped 131072, residual 0)
+}

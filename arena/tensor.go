@@ -240,7 +240,10 @@ func (t Tensor[T]) Sub(i, j int) Tensor[T] {
 	// NB: only an empty sub-view at the end can reach past the span, and only there
 	// can a stride the shape never used (on a dimension of 1) overflow.
 	step, ok := mulOK(i, t.strides[0])
-	if step, ok = mulOK(step, size); !ok || step > math.MaxInt-t.off {
+	if ok {
+		step, ok = mulOK(step, size)
+	}
+	if !ok || step > math.MaxInt-t.off {
 		panic(PanicIndex)
 	}
 	s.off = t.off + step

@@ -271,6 +271,11 @@ func TestTensorSub(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 2, odd.Sub(0, 1).NumElems())
 	assert.PanicsWithValue(t, arena.PanicIndex, func() { odd.Sub(1, 1) })
+	// The same where the index times the stride overflows before the element size
+	// is applied: an empty tensor checks no stride against memory.
+	hollow, err := arena.NewTensorStrided[float32](m, 0, []int{4, 0}, []int{math.MaxInt / 2, 1})
+	require.NoError(t, err)
+	assert.PanicsWithValue(t, arena.PanicIndex, func() { hollow.Sub(3, 4) })
 
 	// No first dimension to cut.
 	sc, err := arena.NewTensor[float32](m, 0)

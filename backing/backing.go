@@ -110,7 +110,7 @@ type Populator[R any] interface {
 	Populate(r R, off, size int) error
 }
 
-// Protection is the access a shared mapping grants.
+// Protection is the access a mapping grants.
 type Protection uint8
 
 const (
@@ -137,6 +137,40 @@ type Sharer[R any] interface {
 	// physical granule is reference-counted and freed only with its last mapping.
 	// On error nothing changed.
 	Share(dst R, dstOff int, src R, srcOff, size int, prot Protection) error
+}
+
+// Protector is implemented by backings that can change the access of committed memory
+// in place, so that the owner of granules it shares read-only can stop writing them
+// too.
+type Protector[R any] interface {
+	// Protect sets the access of the committed range [off, off+size) of r to prot,
+	// without moving, copying or decommitting anything: the contents and every other
+	// mapping of the same physical granules are untouched. The range must be
+	// granule-aligned and inside r, and every granule of it Committed (owned or
+	// shared); the errors are those of Decommit ([ErrInvalidRange], [ErrOutOfRange],
+	// [ErrNotCommitted], [ErrForeignReservation]) and an unknown prot is refused. Use
+	// after Unreserve panics as for every method.
+	//
+	// ReadWrite may be granted only on granules this reservation may write: ones it
+	// committed itself, or mapped by Share with ReadWrite. A granule mapped into r by
+	// Share with ReadOnly stays read-only for good: asking ReadWrite on a range that
+	// holds one fails with an error wrapping [ErrReadOnly], so that a sharer never
+	// gains write access to memory it does not own alone. The owner may go from
+	// ReadWrite to ReadOnly and back as often as it likes.
+	//
+	// A write to a ReadOnly range is refused where the backing sees it (Copier.CopyIn
+	// fails with an error wrapping ErrReadOnly). A write the backing does not see
+	// faults: on the host a store through Base(r) raises SIGSEGV, which kills the
+	// process unless the goroutine runs under runtime/debug.SetPanicOnFault(true),
+	// where it becomes a recoverable Go panic; on a device a kernel's write is an
+	// illegal-address fault of the context (where the driver grants read-only
+	// access; a backing whose driver does not says so and guards only its own
+	// copies). Protection lasts until Decommit: a granule committed again is
+	// ReadWrite. Share takes no protection from its source: the new mapping has the
+	// access Share is given.
+	//
+	// On error nothing changed.
+	Protect(r R, off, size int, prot Protection) error
 }
 
 // PoolStats is a snapshot of a pooling backing.

@@ -19,7 +19,9 @@
 //
 // A committed granule is either the reservation's own or a mapping of a granule owned
 // elsewhere ([Sharer]). Decommitting a shared mapping unmaps it and drops one reference
-// to the physical granule; the granule is freed with its last mapping.
+// to the physical granule; the granule is freed with its last mapping. A mapping's
+// access may be narrowed to read-only in place and widened again by its owner
+// ([Protector]); a granule shared read-only stays read-only to its sharer.
 //
 // # Errors and panics
 //

@@ -18,6 +18,9 @@ var (
 	ErrNotCommitted = errors.New("backing: range not committed")
 	// ErrForeignReservation: the reservation was made by another backing.
 	ErrForeignReservation = errors.New("backing: reservation from another backing")
+	// ErrReadOnly: the call would write, or grant write access to, a granule mapped
+	// read-only (by Share with ReadOnly, or by Protect).
+	ErrReadOnly = errors.New("backing: range is read-only")
 )
 
 // Resource errors: the system could not do what was asked.

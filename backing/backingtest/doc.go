@@ -34,4 +34,14 @@
 // properties, where CommitCtx waits in other goroutines while the test goroutine
 // decommits; those goroutines end before the property does. Those properties set the
 // device's limit on the backing's governor while they run.
+//
+// # Dependencies
+//
+// The suite reports through github.com/stretchr/testify, which this module's own tests
+// use throughout. A backing's author calls Run and writes no testify code; what the
+// import costs that module is a test-only requirement in go.mod (testify and its three
+// small dependencies), while a failing property prints the expected and actual ledger
+// or byte ranges as a diff, which is what one needs to find the broken rule. The
+// standard library's suites (testing/fstest, slogtest) avoid outside imports because
+// they live in the standard library; a suite outside it is free to choose.
 package backingtest

@@ -37,7 +37,8 @@ type FakeOptions struct {
 // addresses are synthetic (a fake address space from 1<<40, granule aligned) and must
 // never be dereferenced, so it is not HostAccessible; the contents are reached through
 // [backing.Copier]. It implements [backing.Backing][*FakeReservation], Copier,
-// [backing.Sharer] (under ByBacking only), [backing.Zeroer] (CommitZeroes is true),
+// [backing.Sharer] (under ByBacking only), [backing.Protector], [backing.Zeroer]
+// (CommitZeroes is true),
 // [backing.Populator] (which only validates) and [backing.Waiter] (under ByBacking with
 // FakeOptions.Wait only).
 //
@@ -70,7 +71,8 @@ type FakeReservation struct {
 
 type fakeMapping struct {
 	g    *fakeGranule
-	prot backing.Protection
+	prot backing.Protection // access now
+	ro   bool               // shared ReadOnly: Protect may never grant ReadWrite
 }
 
 type fakeGranule struct {
@@ -83,6 +85,7 @@ var (
 	_ backing.Copier[*FakeReservation]    = (*Fake)(nil)
 	_ backing.Sharer[*FakeReservation]    = (*Fake)(nil)
 	_ backing.Populator[*FakeReservation] = (*Fake)(nil)
+	_ backing.Protector[*FakeReservation] = (*Fake)(nil)
 	_ backing.Waiter[*FakeReservation]    = (*Fake)(nil)
 	_ backing.Zeroer                      = (*Fake)(nil)
 )
@@ -382,7 +385,7 @@ func (f *Fake) Share(dst *FakeReservation, dstOff int, src *FakeReservation, src
 	for k := 0; k < size/f.gran; k++ {
 		m := src.mappings[srcOff/f.gran+k]
 		m.g.refs++
-		dst.mappings[dstOff/f.gran+k] = fakeMapping{g: m.g, prot: prot}
+		dst.mappings[dstOff/f.gran+k] = fakeMapping{g: m.g, prot: prot, ro: prot == backing.ReadOnly}
 	}
 	f.acct.Authority().Map(int64(size))
 	return nil
@@ -407,8 +410,9 @@ func (r *FakeReservation) span(op string, off, n int) error {
 	return r.checkState(op, lo, hi-lo, true)
 }
 
-// CopyIn copies src into committed memory at off. Writing a ReadOnly shared mapping
-// fails (on real memory it would fault).
+// CopyIn copies src into committed memory at off. Writing a ReadOnly mapping (shared
+// so, or protected) fails with an error wrapping [backing.ErrReadOnly] (on real memory
+// it would fault).
 func (f *Fake) CopyIn(r *FakeReservation, off int, src []byte) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -421,7 +425,7 @@ func (f *Fake) CopyIn(r *FakeReservation, off int, src []byte) error {
 	g := f.gran
 	for i := off / g; i*g < off+len(src); i++ {
 		if r.mappings[i].prot == backing.ReadOnly {
-			return &backing.OpError{Op: "copy in", Offset: off, Size: len(src),
+			return &backing.OpError{Op: "copy in", Offset: off, Size: len(src), Kind: backing.ErrReadOnly,
 				Err: fmt.Errorf("backingtest: write to a read-only mapping at %#x", i*g)}
 		}
 	}
@@ -460,4 +464,41 @@ func (f *Fake) Populate(r *FakeReservation, off, size int) error {
 		return err
 	}
 	return r.checkState("populate", off, size, true)
+}
+
+// Protect sets the access of the committed range [off, off+size) of r to prot. It
+// refuses ReadWrite, with an error wrapping [backing.ErrReadOnly], on a range holding a
+// granule shared into r ReadOnly. On error nothing changed.
+func (f *Fake) Protect(r *FakeReservation, off, size int, prot backing.Protection) error {
+	const op = "protect"
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.use(op, r); err != nil {
+		return err
+	}
+	if prot != backing.ReadWrite && prot != backing.ReadOnly {
+		return &backing.OpError{Op: op, Offset: off, Size: size,
+			Err: fmt.Errorf("backingtest: unknown protection %d", prot)}
+	}
+	if err := backing.CheckRange(op, off, size, r.size, f.gran); err != nil {
+		return err
+	}
+	if err := r.checkState(op, off, size, true); err != nil {
+		return err
+	}
+	g := f.gran
+	if prot == backing.ReadWrite {
+		for i := off / g; i < (off+size)/g; i++ {
+			if r.mappings[i].ro {
+				return &backing.OpError{Op: op, Offset: off, Size: size, Kind: backing.ErrReadOnly,
+					Err: fmt.Errorf("backingtest: granule at %#x is shared read-only into this reservation", i*g)}
+			}
+		}
+	}
+	for i := off / g; i < (off+size)/g; i++ {
+		m := r.mappings[i]
+		m.prot = prot
+		r.mappings[i] = m
+	}
+	return nil
 }

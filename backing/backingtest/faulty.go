@@ -22,10 +22,11 @@ const (
 	OpCopyIn
 	OpCopyOut
 	OpPopulate
+	OpProtect
 	numOps
 )
 
-var opNames = [numOps]string{"reserve", "commit", "decommit", "unreserve", "share", "commit ctx", "copy in", "copy out", "populate"}
+var opNames = [numOps]string{"reserve", "commit", "decommit", "unreserve", "share", "commit ctx", "copy in", "copy out", "populate", "protect"}
 
 func (o Op) String() string {
 	if o < numOps {
@@ -36,13 +37,13 @@ func (o Op) String() string {
 
 // Faulty wraps a backing and makes chosen calls fail, for fault injection. A failing
 // call does not reach the inner backing, so it changes nothing: Reserve, Commit,
-// Decommit, Share, CommitCtx, CopyIn, CopyOut and Populate return an
+// Decommit, Share, CommitCtx, CopyIn, CopyOut, Populate and Protect return an
 // [*backing.OpError] wrapping the armed error; Unreserve returns a Failed outcome
 // (accounting.FailedRelease, with Residual 0 since Faulty does not know what the
 // reservation holds) whose Err wraps it.
 //
 // Faulty implements [backing.Backing][R] and every capability: [backing.Sharer],
-// [backing.Copier], [backing.Populator], [backing.Waiter], [backing.Zeroer],
+// [backing.Copier], [backing.Populator], [backing.Protector], [backing.Waiter], [backing.Zeroer],
 // [backing.HostAccessible] and [backing.Pool]. Each forwards to the inner backing when
 // it has the capability.
 //
@@ -52,7 +53,7 @@ func (o Op) String() string {
 // false, HostAccessible reports the inner's answer (false when it has none) and
 // PoolStats returns the zero value.
 //
-// Only the nine operations of [Op] are counted and can fail; Base, Size and the Pool
+// Only the ten operations of [Op] are counted and can fail; Base, Size and the Pool
 // methods are forwarded untouched. A Faulty is safe for concurrent use.
 type Faulty[R any] struct {
 	inner backing.Backing[R]
@@ -76,6 +77,7 @@ var (
 	_ backing.Copier[int]    = (*Faulty[int])(nil)
 	_ backing.Sharer[int]    = (*Faulty[int])(nil)
 	_ backing.Populator[int] = (*Faulty[int])(nil)
+	_ backing.Protector[int] = (*Faulty[int])(nil)
 	_ backing.Waiter[int]    = (*Faulty[int])(nil)
 	_ backing.Zeroer         = (*Faulty[int])(nil)
 	_ backing.HostAccessible = (*Faulty[int])(nil)
@@ -266,6 +268,19 @@ func (f *Faulty[R]) Populate(r R, off, size int) error {
 		return unsupported(OpPopulate.String(), off, size, "Populator")
 	}
 	return p.Populate(r, off, size)
+}
+
+// Protect forwards unless a fault is armed for this call or the inner backing is not
+// a Protector.
+func (f *Faulty[R]) Protect(r R, off, size int, prot backing.Protection) error {
+	if err := f.call(OpProtect); err != nil {
+		return injected(OpProtect, off, size, err)
+	}
+	p, ok := f.inner.(backing.Protector[R])
+	if !ok {
+		return unsupported(OpProtect.String(), off, size, "Protector")
+	}
+	return p.Protect(r, off, size, prot)
 }
 
 // CommitZeroes reports the inner backing's answer, or false when it is not a Zeroer.

@@ -61,6 +61,8 @@ func opCall(f *backingtest.Faulty[fakeR], op backingtest.Op, r, other fakeR, g i
 		return f.CopyOut(make([]byte, 1), r, 0)
 	case backingtest.OpPopulate:
 		return f.Populate(r, 0, g)
+	case backingtest.OpProtect:
+		return f.Protect(r, 0, g, backing.ReadOnly)
 	}
 	panic("unknown op")
 }
@@ -69,7 +71,7 @@ func TestFaultyFailOp(t *testing.T) {
 	ops := []backingtest.Op{
 		backingtest.OpReserve, backingtest.OpCommit, backingtest.OpDecommit, backingtest.OpUnreserve,
 		backingtest.OpShare, backingtest.OpCommitCtx, backingtest.OpCopyIn, backingtest.OpCopyOut,
-		backingtest.OpPopulate,
+		backingtest.OpPopulate, backingtest.OpProtect,
 	}
 	for _, op := range ops {
 		t.Run(op.String(), func(t *testing.T) {
@@ -148,6 +150,8 @@ func undo(t *testing.T, fake *backingtest.Fake, op backingtest.Op, r, other fake
 		require.NoError(t, fake.Decommit(other, 0, g))
 	case backingtest.OpCopyIn:
 		require.NoError(t, fake.CopyIn(r, 0, []byte{42}))
+	case backingtest.OpProtect:
+		require.NoError(t, fake.Protect(r, 0, g, backing.ReadWrite))
 	}
 }
 
@@ -246,6 +250,7 @@ func TestFaultyCapabilities(t *testing.T) {
 			}
 			check(tt.sharer, f.Share(o, 0, r, 0, g, backing.ReadOnly), "Share")
 			check(tt.populator, f.Populate(r, 0, g), "Populate")
+			check(tt.populator, f.Protect(r, 0, g, backing.ReadWrite), "Protect")
 			assert.ErrorIs(t, f.CommitCtx(context.Background(), r, g, g), backing.ErrUnsupported, "CommitCtx")
 			assert.ErrorIs(t, fake.Decommit(r, g, g), backing.ErrNotCommitted, "an unsupported CommitCtx changed nothing")
 			assert.ErrorIs(t, f.Prefill(1), backing.ErrUnsupported)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -146,6 +147,109 @@ func (m ghostWaiter) CommitCtx(ctx context.Context, r fakeR, off, size int) erro
 	return err
 }
 
+type protectIgnored struct{ *backingtest.Fake }
+
+func (m protectIgnored) Protect(r fakeR, off, size int, prot backing.Protection) error {
+	if err := m.Fake.Protect(r, off, size, prot); err != nil {
+		return err
+	}
+	return m.Fake.Protect(r, off, size, backing.ReadWrite)
+}
+
+// sharerGainsWrite claims to have granted ReadWrite on a granule shared ReadOnly.
+type sharerGainsWrite struct{ *backingtest.Fake }
+
+func (m sharerGainsWrite) Protect(r fakeR, off, size int, prot backing.Protection) error {
+	if err := m.Fake.Protect(r, off, size, prot); !errors.Is(err, backing.ErrReadOnly) {
+		return err
+	}
+	return nil
+}
+
+// protectPartial protects granule by granule and stops at the first refusal.
+type protectPartial struct{ *backingtest.Fake }
+
+func (m protectPartial) Protect(r fakeR, off, size int, prot backing.Protection) error {
+	g := m.Granularity()
+	if off < 0 || size < 0 || off%g != 0 || size%g != 0 || off+size > m.Size(r) {
+		return m.Fake.Protect(r, off, size, prot)
+	}
+	for o := off; o < off+size; o += g {
+		if err := m.Fake.Protect(r, o, g, prot); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type protectAnyProtection struct{ *backingtest.Fake }
+
+func (m protectAnyProtection) Protect(r fakeR, off, size int, prot backing.Protection) error {
+	return m.Fake.Protect(r, off, size, min(prot, backing.ReadOnly))
+}
+
+// protectMemo remembers which granules were last protected ReadOnly, whatever
+// happens to them after, for the mutants below.
+type protectMemo struct {
+	*backingtest.Fake
+	mu sync.Mutex
+	ro map[fakeR]map[int]bool
+}
+
+func (m *protectMemo) Protect(r fakeR, off, size int, prot backing.Protection) error {
+	if err := m.Fake.Protect(r, off, size, prot); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.ro == nil {
+		m.ro = make(map[fakeR]map[int]bool)
+	}
+	if m.ro[r] == nil {
+		m.ro[r] = make(map[int]bool)
+	}
+	for o := off; o < off+size; o += m.Granularity() {
+		m.ro[r][o] = prot == backing.ReadOnly
+	}
+	return nil
+}
+
+func (m *protectMemo) wasProtected(r fakeR, off, size int) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for o := off; o < off+size; o += m.Granularity() {
+		if m.ro[r][o] {
+			return true
+		}
+	}
+	return false
+}
+
+// commitKeepsProtection commits read-only where a decommitted granule was protected.
+type commitKeepsProtection struct{ *protectMemo }
+
+func (m commitKeepsProtection) Commit(r fakeR, off, size int) error {
+	if err := m.Fake.Commit(r, off, size); err != nil {
+		return err
+	}
+	for o := off; o < off+size; o += m.Granularity() {
+		if m.wasProtected(r, o, m.Granularity()) {
+			_ = m.Fake.Protect(r, o, m.Granularity(), backing.ReadOnly)
+		}
+	}
+	return nil
+}
+
+// shareInheritsProtection shares read-only from a protected source.
+type shareInheritsProtection struct{ *protectMemo }
+
+func (m shareInheritsProtection) Share(dst fakeR, dstOff int, src fakeR, srcOff, size int, prot backing.Protection) error {
+	if m.wasProtected(src, srcOff, size) {
+		prot = backing.ReadOnly
+	}
+	return m.Fake.Share(dst, dstOff, src, srcOff, size, prot)
+}
+
 var mutants = map[string]struct {
 	make func(*backingtest.Fake) backing.Backing[fakeR]
 	want []string // properties that must fail
@@ -166,6 +270,18 @@ var mutants = map[string]struct {
 	"impatient": {func(f *backingtest.Fake) backing.Backing[fakeR] { return impatient{f} },
 		[]string{"BudgetWaitFIFO", "BudgetWaitCancel"}},
 	"ghostWaiter": {func(f *backingtest.Fake) backing.Backing[fakeR] { return ghostWaiter{f} }, []string{"BudgetWaitCancel"}},
+	"protectIgnored": {func(f *backingtest.Fake) backing.Backing[fakeR] { return protectIgnored{f} },
+		[]string{"ProtectRoundTrip", "ProtectOtherMappings", "ProtectErrors", "ProtectDecommit"}},
+	"sharerGainsWrite": {func(f *backingtest.Fake) backing.Backing[fakeR] { return sharerGainsWrite{f} }, []string{"ProtectSharer"}},
+	"protectPartial": {func(f *backingtest.Fake) backing.Backing[fakeR] { return protectPartial{f} },
+		[]string{"ProtectSharer", "ProtectErrors"}},
+	"protectAnyProtection": {func(f *backingtest.Fake) backing.Backing[fakeR] { return protectAnyProtection{f} }, []string{"ProtectErrors"}},
+	"commitKeepsProtection": {func(f *backingtest.Fake) backing.Backing[fakeR] { return commitKeepsProtection{&protectMemo{Fake: f}} },
+		[]string{"ProtectDecommit"}},
+	"shareInheritsProtection": {func(f *backingtest.Fake) backing.Backing[fakeR] {
+		return shareInheritsProtection{&protectMemo{Fake: f}}
+	},
+		[]string{"ProtectOtherMappings"}},
 }
 
 const mutantEnv = "BACKINGTEST_MUTANT"

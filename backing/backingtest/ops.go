@@ -26,6 +26,10 @@ func SeedOps() [][]byte {
 		{0, 0, 0x03, 2, 0, 0x22, 5, 0x10, 0x05, 3, 1, 0x00, 1, 0, 0x03, 3, 1, 0x00, 4, 1, 0},
 		{0, 2, 0x0f, 5, 0x21, 0x12, 5, 0x12, 0x24, 2, 1, 0x23, 3, 2, 0x03, 4, 0, 0, 4, 2, 0, 3, 1, 0x03},
 		{0, 0, 0xf8, 6, 0, 0x3f, 1, 0, 0x7f, 6, 0, 0x07, 0, 0, 0x11, 4, 0, 0},
+		// Protect read-only, write around it, share read-only, refuse the sharer
+		// read-write, protect the owner back, read back.
+		{0, 0, 0x18, 2, 0, 0x00, 7, 0x81, 0x08, 2, 0, 0x01, 2, 0, 0x02, 5, 0xA2, 0x08, 7, 1, 0x00,
+			7, 0, 0x08, 2, 0, 0x01, 3, 1, 0, 3, 0, 0, 1, 0, 0x08, 0, 0, 0x08, 2, 0, 0x01, 3, 0, 0},
 	}
 }
 
@@ -41,14 +45,16 @@ func SeedOps() [][]byte {
 //	}
 //
 // The steps commit, decommit, write, read back, populate, share (when b is a Sharer
-// that shares) and unreserve-and-reserve-again, over three reservations of eight
-// granules. RunOps unreserves everything before it returns.
+// that shares), protect (when b is a Protector) and unreserve-and-reserve-again, over
+// three reservations of eight granules. Writes go only to granules the model says are
+// writable, so a direct write never faults. RunOps unreserves everything before it returns.
 func RunOps[R any](t *testing.T, b backing.Backing[R], ops []byte) {
 	t.Helper()
 	m := &opsModel[R]{e: &env[R]{t: t, b: b}, stamp: make(map[int]int)}
 	m.e.accessors()
 	m.sharer, _ = b.(backing.Sharer[R])
 	m.populator, _ = b.(backing.Populator[R])
+	m.protector, _ = b.(backing.Protector[R])
 	m.start, m.byBacking = m.e.inUse()
 	for k := range m.res {
 		m.reserve(k)
@@ -68,18 +74,21 @@ func RunOps[R any](t *testing.T, b backing.Backing[R], ops []byte) {
 }
 
 // opsModel is what the backing must hold: for each granule of each reservation, the
-// physical granule mapped there (0: Reserved) and whether the mapping is read-only.
+// physical granule mapped there (0: Reserved), whether the mapping is read-only, and
+// whether it was shared read-only (so that it may never be made writable).
 type opsModel[R any] struct {
 	e         *env[R]
 	sharer    backing.Sharer[R]
 	populator backing.Populator[R]
+	protector backing.Protector[R]
 	byBacking bool
 	start     int64
 
 	res     [opsReservations]*res[R]
 	phys    [opsReservations][opsGranules]int
 	ro      [opsReservations][opsGranules]bool
-	stamp   map[int]int // physical granule -> the seed last written to it (0: zero)
+	shared  [opsReservations][opsGranules]bool // shared read-only
+	stamp   map[int]int                        // physical granule -> the seed last written to it (0: zero)
 	nextID  int
 	noShare bool // Share answered ErrUnsupported
 }
@@ -88,6 +97,7 @@ func (m *opsModel[R]) reserve(k int) {
 	m.res[k] = reserveOn(m.e.t, m.e.b, opsGranules*m.e.g())
 	m.phys[k] = [opsGranules]int{}
 	m.ro[k] = [opsGranules]bool{}
+	m.shared[k] = [opsGranules]bool{}
 }
 
 func (m *opsModel[R]) unreserve(k int) {
@@ -138,13 +148,14 @@ func (m *opsModel[R]) step(op, a, x byte) {
 	g := m.e.g()
 	k := int(a) % opsReservations
 	i, n := rng(x)
-	switch op % 7 {
+	switch op % 8 {
 	case 0: // commit
 		if m.check(m.e.b.Commit(m.res[k].r, i*g, n*g), m.want(k, i, n, false), "commit") {
 			for j := i; j < i+n; j++ {
 				m.nextID++
 				m.phys[k][j] = m.nextID
 				m.ro[k][j] = false
+				m.shared[k][j] = false
 				m.stamp[m.nextID] = 0
 			}
 		}
@@ -155,10 +166,16 @@ func (m *opsModel[R]) step(op, a, x byte) {
 			}
 		}
 	case 2: // write granule i through the first accessor, if it is writable here
-		if p := m.phys[k][i]; p != 0 && !m.ro[k][i] {
+		p := m.phys[k][i]
+		switch {
+		case p != 0 && !m.ro[k][i]:
 			seed := int(x) + 1
 			m.e.mark(m.res[k].r, i*g, g, seed-i) // mark adds the granule index
 			m.stamp[p] = seed
+		case p != 0 && m.e.copier:
+			// Read-only: only a CopyIn may try, and it must be refused.
+			err := m.e.b.(backing.Copier[R]).CopyIn(m.res[k].r, i*g, []byte{0xEE})
+			isOp(t, err, backing.ErrReadOnly, "ops: CopyIn into a read-only granule")
 		}
 	case 3: // read every committed granule of reservation k back
 		for j, p := range m.phys[k] {
@@ -208,6 +225,7 @@ func (m *opsModel[R]) step(op, a, x byte) {
 			for d := range n {
 				m.phys[l][j+d] = m.phys[k][i+d]
 				m.ro[l][j+d] = prot == backing.ReadOnly
+				m.shared[l][j+d] = prot == backing.ReadOnly
 			}
 		}
 	case 6: // populate
@@ -220,6 +238,27 @@ func (m *opsModel[R]) step(op, a, x byte) {
 			return
 		}
 		m.check(err, m.want(k, i, n, true), "populate")
+	case 7: // protect
+		if m.protector == nil {
+			return
+		}
+		prot := backing.Protection(a >> 7)
+		err := m.protector.Protect(m.res[k].r, i*g, n*g, prot)
+		if errors.Is(err, backing.ErrUnsupported) {
+			m.protector = nil
+			return
+		}
+		want := m.want(k, i, n, true)
+		for j := i; want == nil && j < i+n; j++ {
+			if prot == backing.ReadWrite && m.shared[k][j] {
+				want = backing.ErrReadOnly
+			}
+		}
+		if m.check(err, want, "protect") {
+			for j := i; j < i+n; j++ {
+				m.ro[k][j] = prot == backing.ReadOnly
+			}
+		}
 	}
-	require.False(t, t.Failed(), "step %d/%d/%#x", op%7, a, x)
+	require.False(t, t.Failed(), "step %d/%d/%#x", op%8, a, x)
 }

@@ -30,7 +30,11 @@ const largeReservation = 64 << 30
 // [backing.Copier] and [backing.HostAccessible] (at least one is required, to reach the
 // contents), [backing.Zeroer], [backing.Sharer] (read-only mappings refuse CopyIn, an
 // unknown [backing.Protection] is refused, sharing within one reservation, partial
-// decommits of a shared range), [backing.Pool], [backing.Populator],
+// decommits of a shared range), [backing.Protector] (a round trip ReadWrite to
+// ReadOnly and back, CopyIn refused with ErrReadOnly on read-only memory, other
+// mappings of the granules untouched, a sharer never granted ReadWrite on a granule
+// shared to it ReadOnly, refused ranges change nothing, protected granules decommit
+// and commit again read-write), [backing.Pool], [backing.Populator],
 // [backing.Waiter]. A capability method that answers with an error wrapping
 // [backing.ErrUnsupported] (a [Faulty] over a backing without it, a Fake sharing under
 // ByBuffer) counts as absent, after the suite checks that the refusal changed nothing.
@@ -83,6 +87,11 @@ func Run[R any](t *testing.T, newBacking func(t *testing.T) backing.Backing[R]) 
 		{"ShareWithin", testShareWithin[R]},
 		{"ShareDecommitPart", testShareDecommitPart[R]},
 		{"ShareErrors", testShareErrors[R]},
+		{"ProtectRoundTrip", testProtectRoundTrip[R]},
+		{"ProtectOtherMappings", testProtectOtherMappings[R]},
+		{"ProtectSharer", testProtectSharer[R]},
+		{"ProtectErrors", testProtectErrors[R]},
+		{"ProtectDecommit", testProtectDecommit[R]},
 		{"PoolReuse", testPoolReuse[R]},
 		{"PoolPrefill", testPoolPrefill[R]},
 		{"PoolTrim", testPoolTrim[R]},

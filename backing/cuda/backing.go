@@ -41,8 +41,8 @@ type Options struct {
 // Backing owns (ByBacking accounting), so a commit usually maps an existing handle and
 // a decommit returns it.
 //
-// Backing implements backing.Backing[*Reservation], backing.Sharer, backing.Pool,
-// backing.Waiter, backing.Copier and backing.Zeroer. Its memory is not host
+// Backing implements backing.Backing[*Reservation], backing.Sharer, backing.Protector,
+// backing.Pool, backing.Waiter, backing.Copier and backing.Zeroer. Its memory is not host
 // accessible: Base addresses are device addresses and must never be dereferenced on
 // the CPU.
 type Backing struct {
@@ -103,8 +103,9 @@ type Reservation struct {
 }
 
 type slot struct {
-	h  *handle
-	ro bool // mapped read-only by Share: the Go side refuses writes
+	h      *handle
+	ro     bool // mapped read-only (by Share, or Protect): the Go side refuses writes
+	shared bool // shared read-only into the reservation: Protect never makes it writable
 }
 
 // noCopy makes go vet report copies of a Backing.
@@ -114,12 +115,13 @@ func (*noCopy) Lock()   {}
 func (*noCopy) Unlock() {}
 
 var (
-	_ backing.Backing[*Reservation] = (*Backing)(nil)
-	_ backing.Sharer[*Reservation]  = (*Backing)(nil)
-	_ backing.Waiter[*Reservation]  = (*Backing)(nil)
-	_ backing.Copier[*Reservation]  = (*Backing)(nil)
-	_ backing.Pool                  = (*Backing)(nil)
-	_ backing.Zeroer                = (*Backing)(nil)
+	_ backing.Backing[*Reservation]   = (*Backing)(nil)
+	_ backing.Sharer[*Reservation]    = (*Backing)(nil)
+	_ backing.Waiter[*Reservation]    = (*Backing)(nil)
+	_ backing.Copier[*Reservation]    = (*Backing)(nil)
+	_ backing.Protector[*Reservation] = (*Backing)(nil)
+	_ backing.Pool                    = (*Backing)(nil)
+	_ backing.Zeroer                  = (*Backing)(nil)
 )
 
 // New initialises the driver, opens device opts.Device, retains its primary context
@@ -512,7 +514,7 @@ func (b *Backing) rollback(r *Reservation, off int, hs []*handle) error {
 func (b *Backing) record(r *Reservation, off int, hs []*handle, ro bool) {
 	first := off / b.gran
 	for i, h := range hs {
-		r.slots[first+i] = slot{h: h, ro: ro}
+		r.slots[first+i] = slot{h: h, ro: ro, shared: ro}
 	}
 	n := int64(len(hs)) * int64(b.gran)
 	b.mu.Lock()
@@ -735,4 +737,102 @@ func lockPair(a, b *Reservation) func() {
 	a.mu.Lock()
 	b.mu.Lock()
 	return func() { b.mu.Unlock(); a.mu.Unlock() }
+}
+
+// Protect sets the access of the committed range [off, off+size) of r to prot with one
+// cuMemSetAccess over the range (PROT_READ for backing.ReadOnly, PROT_READWRITE for
+// backing.ReadWrite), and nothing at all when every granule has it already. The
+// handles, their contents and their other mappings are untouched. ReadWrite is
+// refused with ErrReadOnly (which matches backing.ErrReadOnly) on a range holding a
+// granule shared into r read-only.
+//
+// Writes through this package's helpers (CopyIn, Memset, CopyDtoD) to a read-only
+// range fail with ErrReadOnly. A kernel's write faults on the device where the driver
+// grants read-only access; where it does not (cuMemSetAccess answers
+// CUDA_ERROR_NOT_SUPPORTED, as for read-only shares) the mapping stays read-write and
+// the Go-side check is the only guard. On error nothing changed, but where the access
+// call failed and restoring the old access failed too: that range is then recorded
+// read-only, which the helpers honour, and the error says so.
+func (b *Backing) Protect(r *Reservation, off, size int, prot backing.Protection) error {
+	const op = "protect"
+	if err := b.check(op, r, off, size); err != nil {
+		return err
+	}
+	if prot != backing.ReadWrite && prot != backing.ReadOnly {
+		return &backing.OpError{Op: op, Offset: off, Size: size, Err: fmt.Errorf("cuda: unknown protection %d", prot)}
+	}
+	if size == 0 {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.dead.Load() {
+		panic(backing.PanicUseAfterUnreserve)
+	}
+	if err := r.state(op, off, size, true); err != nil {
+		return err
+	}
+	g := b.gran
+	ro := prot == backing.ReadOnly
+	first, n := off/g, size/g
+	same := true
+	for i := first; i < first+n; i++ {
+		s := r.slots[i]
+		if !ro && s.shared {
+			return &backing.OpError{Op: op, Offset: off, Size: size, Kind: backing.ErrReadOnly,
+				Err: fmt.Errorf("%w: granule at %#x is shared read-only into this reservation", ErrReadOnly, i*g)}
+		}
+		same = same && s.ro == ro
+	}
+	if same {
+		return nil
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := b.setCurrent(); err != nil {
+		return opError(op, off, size, err)
+	}
+	if err := b.setAccess(r.base+uint64(off), size, ro); err != nil {
+		err = opError(op, off, size, err)
+		// NB: the driver does not say whether a failed call changed part of the
+		// range: give each run its old access back.
+		for i := first; i < first+n; {
+			j := i + 1
+			for j < first+n && r.slots[j].ro == r.slots[i].ro {
+				j++
+			}
+			if rerr := b.setAccess(r.base+uint64(i*g), (j-i)*g, r.slots[i].ro); rerr != nil {
+				for k := i; k < j; k++ {
+					r.slots[k].ro = true
+				}
+				err = fmt.Errorf("%w; restoring the access of [%#x, +%#x) failed, it is recorded read-only: %w",
+					err, i*g, (j-i)*g, opError(op, i*g, (j-i)*g, rerr))
+			}
+			i = j
+		}
+		return err
+	}
+	for i := first; i < first+n; i++ {
+		r.slots[i].ro = ro
+	}
+	return nil
+}
+
+// setAccess grants read-only or read-write access to the n mapped bytes at va. Where
+// the driver refuses read-only device mappings it leaves them read-write and says
+// nothing: the Go side guards them. The thread must be bound.
+func (b *Backing) setAccess(va uint64, n int, ro bool) error {
+	if ro && b.noReadOnly.Load() {
+		return nil
+	}
+	desc := &b.rw
+	if ro {
+		desc = &b.ro
+	}
+	c := b.drv.MemSetAccess(va, uintptr(n), desc, 1)
+	if c == CodeNotSupported && ro {
+		b.noReadOnly.Store(true)
+		return nil
+	}
+	return b.drv.call("cuMemSetAccess", c)
 }

@@ -85,6 +85,7 @@ func TestConformance(t *testing.T) {
 		{"granule=64KiB", cuda.FakeDriverOptions{Granularity: 64 << 10}, cuda.Options{}},
 		{"recommended=4MiB", cuda.FakeDriverOptions{Recommended: 4 << 20}, cuda.Options{}},
 		{"device=1", cuda.FakeDriverOptions{Devices: 2}, cuda.Options{Device: 1}},
+		{"no-read-only", cuda.FakeDriverOptions{NoReadOnly: true}, cuda.Options{}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			backingtest.Run(t, func(t *testing.T) backing.Backing[*cuda.Reservation] {

@@ -17,7 +17,9 @@
 // # States
 //
 // A granule of a reservation is Reserved (no mapping) or Committed (one mapping of
-// one handle, with read-write or, after a read-only Share, read access). A handle is
+// one handle, with read-write or, after a read-only Share or Protect, read access;
+// where the driver refuses read-only device mappings the mapping stays read-write and
+// only this package's copies refuse the write). A handle is
 // idle (in the pool, mapped nowhere), mapped (once or, when shared, several times), or
 // released (given back to the driver). A handle returns to the pool only when its last
 // mapping goes, and is released exactly once: by Trim, by Close, or by a decommit that

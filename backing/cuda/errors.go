@@ -34,8 +34,10 @@ var (
 
 // Errors of operations on a working backing.
 var (
-	// ErrReadOnly: a write (memset, copy) touches a granule mapped read-only by Share.
-	ErrReadOnly = errors.New("cuda: range is mapped read-only")
+	// ErrReadOnly: a write (memset, copy) touches a granule mapped read-only (by
+	// Share, or Protect), or Protect would make writable a granule shared read-only.
+	// It matches backing.ErrReadOnly.
+	ErrReadOnly = fmt.Errorf("cuda: range is mapped read-only: %w", backing.ErrReadOnly)
 	// ErrBusy: Close was called while reservations are still live.
 	ErrBusy = errors.New("cuda: backing still has live reservations")
 )

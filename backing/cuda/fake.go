@@ -19,6 +19,9 @@ type FakeDriverOptions struct {
 	NoVMM       bool  // attribute 102 reads 0 and cuMemCreate returns CUDA_ERROR_NOT_SUPPORTED
 	InitResult  Code  // what cuInit returns: CodeStubLibrary, CodeNoDevice, ...; 0 is success
 	Version     int32 // what cuDriverGetVersion reports; 0 means 12060 (CUDA 12.6)
+	// NoReadOnly makes cuMemSetAccess refuse PROT_READ with CUDA_ERROR_NOT_SUPPORTED,
+	// as a driver without read-only device mappings does.
+	NoReadOnly bool
 }
 
 // FakeDriver is an in-memory model of the CUDA driver's VMM API that enforces the
@@ -228,6 +231,23 @@ func (f *FakeDriver) LiveMappings() int {
 		n += len(r.maps)
 	}
 	return n
+}
+
+// MappingAccess returns the access flags (AccessNone, AccessRead, AccessReadWrite)
+// of the mapping at device address va, and false when nothing is mapped there.
+func (f *FakeDriver) MappingAccess(va uint64) (int32, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i := f.findRes(va, 1)
+	if i < 0 {
+		return 0, false
+	}
+	for _, m := range f.res[i].maps {
+		if m.va <= va && va < m.va+uint64(m.size) {
+			return m.access, true
+		}
+	}
+	return 0, false
 }
 
 // UsedMemory returns the physical bytes allocated on device dev.
@@ -715,6 +735,9 @@ func (f *FakeDriver) memSetAccess(ptr uint64, size uintptr, desc *MemAccessDesc,
 		}
 		if d.Flags != AccessNone && d.Flags != AccessRead && d.Flags != AccessReadWrite {
 			return CodeInvalidValue
+		}
+		if d.Flags == AccessRead && f.opts.NoReadOnly {
+			return CodeNotSupported
 		}
 	}
 	r, lo, hi, ok := f.wholeMaps(ptr, size)

@@ -60,6 +60,20 @@ func faultCases() []faultCase {
 			func(x *fx, rs []*cuda.Reservation) error {
 				return x.b.Share(rs[1], x.g, rs[0], 0, 3*x.g, backing.ReadOnly)
 			}},
+		{"protect", cuda.Options{},
+			func(t *testing.T, x *fx) []*cuda.Reservation {
+				rs := commitAll(3)(t, x)
+				require.NoError(t, x.b.Protect(rs[0], x.g, x.g, backing.ReadOnly))
+				return rs
+			},
+			func(x *fx, rs []*cuda.Reservation) error { return x.b.Protect(rs[0], 0, 3*x.g, backing.ReadOnly) }},
+		{"protect read-write", cuda.Options{},
+			func(t *testing.T, x *fx) []*cuda.Reservation {
+				rs := commitAll(3)(t, x)
+				require.NoError(t, x.b.Protect(rs[0], 0, 2*x.g, backing.ReadOnly))
+				return rs
+			},
+			func(x *fx, rs []*cuda.Reservation) error { return x.b.Protect(rs[0], 0, 3*x.g, backing.ReadWrite) }},
 		{"decommit", cuda.Options{}, commitAll(4),
 			func(x *fx, rs []*cuda.Reservation) error { return x.b.Decommit(rs[0], x.g, 2*x.g) }},
 		{"decommit above the high mark", cuda.Options{High: 1}, commitAll(4),

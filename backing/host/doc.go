@@ -23,8 +23,9 @@
 // # States
 //
 // Both follow the states of package backing: Unreserved, Reserved (mapped, no access,
-// no memory), Committed (read-write, or read-only for a read-only share). A touch of a
-// Reserved address faults (SIGSEGV), which debug.SetPanicOnFault turns into a panic.
+// no memory), Committed (read-write, or read-only for a read-only share or after
+// Shared.Protect). A touch of a Reserved address, or a store to a read-only one, faults
+// (SIGSEGV), which debug.SetPanicOnFault turns into a panic.
 //
 // # Errors
 //

@@ -52,8 +52,10 @@ var (
 	// ErrSharedArgument: a count or protection passed to a shared backing method is
 	// out of its domain (a negative Prefill, an unknown Protection).
 	ErrSharedArgument = errors.New("host: invalid argument")
-	// ErrSharedReadOnly: the call would write through a read-only shared mapping.
-	ErrSharedReadOnly = errors.New("host: write to a read-only shared mapping")
+	// ErrSharedReadOnly: the call would write through a read-only mapping (shared
+	// read-only, or protected), or make writable a granule shared read-only. It
+	// matches [backing.ErrReadOnly].
+	ErrSharedReadOnly = fmt.Errorf("host: write to a read-only mapping: %w", backing.ErrReadOnly)
 	// ErrSharedInUse: Close was called while reservations are still live.
 	ErrSharedInUse = errors.New("host: shared backing still has live reservations")
 )

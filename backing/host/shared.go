@@ -60,7 +60,8 @@ const (
 // (mremap, see below), or maps them (mmap MAP_SHARED|MAP_FIXED). Share maps the
 // slots behind one reservation's range into another's, so that one physical granule
 // may back any number of ranges. Each slot counts its mappings and goes back to the
-// pool with its last one.
+// pool with its last one. Protect makes a reservation's committed granules read-only,
+// or writable again, in place (mprotect).
 //
 // A slot is in one of three states:
 //
@@ -209,8 +210,9 @@ const (
 
 // sharedMap is what backs one granule of a reservation.
 type sharedMap struct {
-	at uint32 // slot+1; 0 means Reserved
-	ro bool   // mapped read-only
+	at     uint32 // slot+1; 0 means Reserved
+	ro     bool   // mapped read-only (shared so, or protected)
+	shared bool   // shared read-only into the reservation: Protect never makes it writable
 }
 
 func (m sharedMap) slot() int { return int(m.at) - 1 }
@@ -233,6 +235,7 @@ type sharedSys struct {
 	mapFile  func(at unsafe.Pointer, n, fd int, off int64, ro bool) error // mmap MAP_SHARED|MAP_FIXED of the file
 	unmapTo  func(at unsafe.Pointer, n int) error                         // mmap PROT_NONE anonymous MAP_FIXED over a range
 	move     func(from, to unsafe.Pointer, n int) error                   // mremap MREMAP_FIXED|MREMAP_DONTUNMAP of a file mapping
+	protect  func(at unsafe.Pointer, n int, ro bool) error                // mprotect PROT_READ, or PROT_READ|PROT_WRITE
 	release  func(at unsafe.Pointer, n int) error                         // munmap
 	populate func(at unsafe.Pointer, n int, write bool) error             // MADV_POPULATE_WRITE/READ, else a touch per page
 	mapCount func() (count, limit int, err error)                         // mappings of the process, vm.max_map_count
@@ -243,6 +246,7 @@ var (
 	_ backing.Sharer[*SharedReservation]    = (*Shared)(nil)
 	_ backing.Waiter[*SharedReservation]    = (*Shared)(nil)
 	_ backing.Populator[*SharedReservation] = (*Shared)(nil)
+	_ backing.Protector[*SharedReservation] = (*Shared)(nil)
 	_ backing.Copier[*SharedReservation]    = (*Shared)(nil)
 	_ backing.Pool                          = (*Shared)(nil)
 	_ backing.HostAccessible                = (*Shared)(nil)
@@ -781,7 +785,7 @@ func (s *Shared) record(r *SharedReservation, gi int, picks []sharedPick, ro boo
 		sl := &s.slots[p.slot]
 		sl.busy = false
 		sl.refs++
-		r.maps[gi+k] = sharedMap{at: uint32(p.slot + 1), ro: ro}
+		r.maps[gi+k] = sharedMap{at: uint32(p.slot + 1), ro: ro, shared: ro}
 	}
 	r.count += len(picks)
 	if n := int64(len(picks)) << s.shift; n > 0 {
@@ -968,6 +972,76 @@ func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservatio
 	return err
 }
 
+// Protect sets the access of the committed range [off, off+size) of r to prot with one
+// mprotect over the range (nothing at all when every granule has it already). The
+// physical granules, their contents and their other mappings are untouched. ReadWrite
+// is refused with ErrSharedReadOnly (which matches backing.ErrReadOnly) on a range
+// holding a granule shared into r read-only. A store through Base(r) into a read-only
+// range raises SIGSEGV: the process dies unless the goroutine runs under
+// runtime/debug.SetPanicOnFault(true), where it becomes a recoverable panic; CopyIn
+// refuses instead. The access lasts until the granule is decommitted; a read-only
+// last mapping goes idle without its page tables (see Shared). On error nothing
+// changed, but where mprotect failed midway and restoring a run's old access failed
+// too: that run is then recorded read-only, which CopyIn honours, and the error says
+// so.
+func (s *Shared) Protect(r *SharedReservation, off, size int, prot backing.Protection) error {
+	const op = "protect"
+	s.mu.Lock()
+	if err := s.use(op, r); err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	defer s.mu.Unlock()
+	if prot != backing.ReadOnly && prot != backing.ReadWrite {
+		return &backing.OpError{Op: op, Offset: off, Size: size, Kind: ErrSharedArgument,
+			Err: fmt.Errorf("host: unknown protection %d", prot)}
+	}
+	if err := backing.CheckRange(op, off, size, r.size, s.g); err != nil {
+		return err
+	}
+	if err := r.want(op, off, size, true); err != nil {
+		return err
+	}
+	ro := prot == backing.ReadOnly
+	gi, gj := off>>s.shift, (off+size)>>s.shift
+	same := true
+	for i := gi; i < gj; i++ {
+		m := r.maps[i]
+		if !ro && m.shared {
+			return &backing.OpError{Op: op, Offset: off, Size: size, Kind: ErrSharedReadOnly,
+				Err: fmt.Errorf("host: granule at %#x is shared read-only into this reservation", i<<s.shift)}
+		}
+		same = same && m.ro == ro
+	}
+	if same {
+		return nil
+	}
+	if err := s.sys.protect(r.at(gi), size, ro); err != nil {
+		// NB: mprotect may fail after changing part of the range (a split refused
+		// at vm.max_map_count): give each run its old access back.
+		err = s.opErr(op, off, size, err, true)
+		for i := gi; i < gj; {
+			j := i + 1
+			for j < gj && r.maps[j].ro == r.maps[i].ro {
+				j++
+			}
+			if rerr := s.sys.protect(r.at(i), (j-i)<<s.shift, r.maps[i].ro); rerr != nil {
+				for k := i; k < j; k++ {
+					r.maps[k].ro = true
+				}
+				err = fmt.Errorf("%w; restoring the access of [%#x, +%#x) failed, it is recorded read-only: %w",
+					err, i<<s.shift, (j-i)<<s.shift, s.opErr(op, i<<s.shift, (j-i)<<s.shift, rerr, true))
+			}
+			i = j
+		}
+		return err
+	}
+	for i := gi; i < gj; i++ {
+		r.maps[i].ro = ro
+	}
+	return nil
+}
+
 // Populate makes [off, off+size) of r resident (MADV_POPULATE_WRITE, or
 // MADV_POPULATE_READ on read-only mappings; a touch per page where the kernel has
 // neither), so that later accesses take no fault. The contents are kept. The
@@ -1045,7 +1119,8 @@ func (s *Shared) span(op string, r *SharedReservation, off, n int, write bool) e
 }
 
 // CopyIn copies src into the committed memory of r at off. Writing through a
-// read-only shared mapping fails with ErrSharedReadOnly rather than fault.
+// read-only mapping (shared read-only, or protected) fails with ErrSharedReadOnly,
+// which matches backing.ErrReadOnly, rather than fault.
 func (s *Shared) CopyIn(r *SharedReservation, off int, src []byte) error {
 	s.mu.Lock()
 	err := s.span("copy in", r, off, len(src), true)

@@ -129,6 +129,12 @@ func (f *SharedFaults) wrap(sys sharedSys) sharedSys {
 			}
 			return in.move(from, to, n)
 		},
+		protect: func(at unsafe.Pointer, n int, ro bool) error {
+			if err := f.call("protect"); err != nil {
+				return err
+			}
+			return in.protect(at, n, ro)
+		},
 		release: func(at unsafe.Pointer, n int) error {
 			if err := f.call("release"); err != nil {
 				return err

@@ -24,6 +24,7 @@ func sharedDefaultSys() sharedSys {
 		mapFile:  sharedMapFile,
 		unmapTo:  sharedUnmapTo,
 		move:     sharedMove,
+		protect:  sharedProtect,
 		release:  sharedRelease,
 		populate: sharedPopulate,
 		mapCount: sharedMapCount,
@@ -62,6 +63,14 @@ func sharedUnmapTo(at unsafe.Pointer, n int) error {
 }
 
 func sharedRelease(at unsafe.Pointer, n int) error { return unix.MunmapPtr(at, uintptr(n)) }
+
+func sharedProtect(at unsafe.Pointer, n int, ro bool) error {
+	prot := unix.PROT_READ | unix.PROT_WRITE
+	if ro {
+		prot = unix.PROT_READ
+	}
+	return unix.Mprotect(sharedBytes(at, n), prot)
+}
 
 // sharedNoMove is set once the kernel turned MREMAP_DONTUNMAP of a shared mapping
 // down (before 5.13): granules are then mapped afresh and take their page faults.

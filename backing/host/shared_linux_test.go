@@ -126,6 +126,11 @@ func (e *sharedEnv) share(dst *host.SharedReservation, di int, src *host.SharedR
 	require.NoError(e.t, e.s.Share(dst, di*e.g, src, si*e.g, n*e.g, prot))
 }
 
+func (e *sharedEnv) protect(r *host.SharedReservation, gi, n int, prot backing.Protection) {
+	e.t.Helper()
+	require.NoError(e.t, e.s.Protect(r, gi*e.g, n*e.g, prot))
+}
+
 // tag writes v at the head and tail of granule gi of r.
 func (e *sharedEnv) tag(r *host.SharedReservation, gi int, v uint64) {
 	e.t.Helper()

@@ -22,6 +22,7 @@ func sharedDefaultSys() sharedSys {
 		mapFile:  func(unsafe.Pointer, int, int, int64, bool) error { return errors.ErrUnsupported },
 		unmapTo:  func(unsafe.Pointer, int) error { return errors.ErrUnsupported },
 		move:     func(unsafe.Pointer, unsafe.Pointer, int) error { return errors.ErrUnsupported },
+		protect:  func(unsafe.Pointer, int, bool) error { return errors.ErrUnsupported },
 		release:  func(unsafe.Pointer, int) error { return errors.ErrUnsupported },
 		populate: func(unsafe.Pointer, int, bool) error { return errors.ErrUnsupported },
 		mapCount: func() (int, int, error) { return 0, 0, errors.ErrUnsupported },
