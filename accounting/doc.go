@@ -4,7 +4,10 @@
 // [Authority] values, take bytes against that budget: [Authority.TryAcquire] answers at
 // once, [Authority.Acquire] waits in FIFO order until the bytes are free or its context
 // ends. A request larger than the device's whole limit can never succeed and fails at
-// once with a [*BudgetError] that matches [ErrExceedsLimit].
+// once with a [*BudgetError] that matches [ErrExceedsLimit]; [CanWait] is the one
+// test of whether waiting can help an error. The queue is the only place a caller
+// waits for memory: [Authority.AcquireFor] waits there and hands the bytes to the
+// commit it then makes, so that a waiter served is not refused by the queue behind it.
 //
 // Every ledger has two axes:
 //

@@ -3,6 +3,7 @@ package accounting_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -359,6 +360,88 @@ func TestReclaimerFreesForWaiter(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
 	assert.ErrorIs(t, user.Acquire(ctx, 5), context.DeadlineExceeded)
+	assert.Empty(t, asked)
+	pool.Release(8)
+}
+
+func TestCanWait(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"nil", nil, false},
+		{"refused now", &accounting.BudgetError{Requested: 5, Available: 2, Limit: 10}, true},
+		{"wrapped", fmt.Errorf("kv: step: %w", &accounting.BudgetError{Requested: 5, Limit: 10}), true},
+		{"past the limit", &accounting.BudgetError{Requested: 11, Limit: 10}, false},
+		{"other", errors.New("boom"), false},
+		{"invalid", &accounting.InvalidRequestError{Reason: "x"}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, accounting.CanWait(tt.err))
+		})
+	}
+}
+
+// AcquireFor hands the bytes it waited for to the TryAcquire calls fn makes, ahead of
+// the queue behind it, and releases what fn did not take.
+func TestAcquireForCredit(t *testing.T) {
+	g := accounting.NewGovernor()
+	require.NoError(t, g.SetLimit(accounting.HostKey, 10))
+	a := g.Authority("a", accounting.HostKey)
+	b := g.Authority("b", accounting.HostKey)
+	require.NoError(t, b.TryAcquire(10))
+
+	got := make(chan error, 1)
+	go func() {
+		got <- a.AcquireFor(context.Background(), 6, func() error {
+			// Someone queued behind: a plain TryAcquire would be refused.
+			if err := a.TryAcquire(4); err != nil {
+				return err
+			}
+			return a.TryAcquire(1)
+		})
+	}()
+	require.Eventually(t, func() bool { return g.Stats(accounting.HostKey).Waiters == 1 }, 5*time.Second, time.Millisecond)
+	behind := make(chan error, 1)
+	go func() { behind <- b.Acquire(context.Background(), 5) }()
+	require.Eventually(t, func() bool { return g.Stats(accounting.HostKey).Waiters == 2 }, 5*time.Second, time.Millisecond)
+	b.Release(10)
+	require.NoError(t, <-got)
+	assert.Equal(t, int64(5), a.Stats().Owned, "fn took 5 of the 6 bytes; the last went back")
+	require.NoError(t, <-behind, "the byte left over admits the next waiter")
+	assert.Equal(t, int64(10), g.Stats(accounting.HostKey).Used)
+	a.Release(5)
+	b.Release(5)
+
+	// A wait that ends does not call fn and takes nothing; bad sizes are refused.
+	require.NoError(t, b.TryAcquire(10))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	called := false
+	assert.ErrorIs(t, a.AcquireFor(ctx, 1, func() error { called = true; return nil }), context.DeadlineExceeded)
+	assert.False(t, called)
+	assert.ErrorIs(t, a.AcquireFor(context.Background(), -1, func() error { called = true; return nil }), accounting.ErrInvalidRequest)
+	assert.ErrorIs(t, a.AcquireFor(context.Background(), 11, func() error { called = true; return nil }), accounting.ErrExceedsLimit)
+	assert.False(t, called)
+	assert.Zero(t, a.Stats().Owned)
+	b.Release(10)
+	assert.Zero(t, g.Stats(accounting.HostKey).Used)
+}
+
+// A request's own ledger's reclaimer is not asked: its owner uses its spare memory
+// itself.
+func TestOwnReclaimerNotAsked(t *testing.T) {
+	g := accounting.NewGovernor()
+	require.NoError(t, g.SetLimit(accounting.HostKey, 10))
+	pool := g.Authority("pool", accounting.HostKey)
+	require.NoError(t, pool.TryAcquire(8))
+	asked := make(chan int64, 1)
+	pool.SetReclaimer(func(need int64) { asked <- need })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	assert.ErrorIs(t, pool.Acquire(ctx, 5), context.DeadlineExceeded)
 	assert.Empty(t, asked)
 	pool.Release(8)
 }

@@ -139,9 +139,9 @@ func (buf *Buffer[R, B]) Bytes() []byte {
 func (buf *Buffer[R, B]) Resize(n int) error { return buf.resize(nil, n) }
 
 // ResizeCtx is Resize that, when growth needs budget the governor can not give now,
-// waits for it until ctx ends: in the governor's FIFO queue under ByBuffer and on a
-// backing that is a backing.Waiter; otherwise by retrying each time the governor
-// releases bytes on the device. A request larger than the device's whole limit fails
+// waits for it in the governor's FIFO queue of the device until ctx ends: itself under
+// ByBuffer and on a backing that owns its memory but can not wait, through the
+// backing on a backing.Waiter. A request larger than the device's whole limit fails
 // at once. A cancelled wait changes nothing.
 func (buf *Buffer[R, B]) ResizeCtx(ctx context.Context, n int) error {
 	if ctx == nil {
@@ -216,25 +216,28 @@ func (buf *Buffer[R, B]) commit(ctx context.Context, off, size int) error {
 }
 
 // commitRetry commits [off, off+size) on a backing that owns its memory but can not
-// wait itself: with a context, a budget refusal is retried each time the governor
-// releases bytes on the device, until ctx ends.
+// wait itself: with a context, a budget refusal waits in the governor's FIFO queue of
+// the device for the bytes the backing asked for, then commits with them
+// (Authority.AcquireFor), until ctx ends.
 func (buf *Buffer[R, B]) commitRetry(ctx context.Context, off, size int) error {
+	err := buf.b.Commit(buf.r, off, size)
 	if ctx == nil {
-		return buf.b.Commit(buf.r, off, size)
+		return err
 	}
-	gov := buf.b.Accounting().Authority().Governor()
-	for {
-		released := gov.Released(buf.b.Device()) // before the try: no wake-up is missed
-		err := buf.b.Commit(buf.r, off, size)
-		if !accounting.CanWait(err) {
+	auth := buf.b.Accounting().Authority()
+	for accounting.CanWait(err) {
+		var refused *accounting.BudgetError
+		if !errors.As(err, &refused) {
 			return err
 		}
-		select {
-		case <-released:
-		case <-ctx.Done():
-			return ctx.Err()
+		if werr := auth.AcquireFor(ctx, refused.Requested, func() error {
+			err = buf.b.Commit(buf.r, off, size)
+			return nil
+		}); werr != nil {
+			return werr
 		}
 	}
+	return err
 }
 
 // ShareFrom maps the physical granules behind the first size bytes of src into this

@@ -188,8 +188,8 @@ func TestBufferShareFrom(t *testing.T) {
 	assert.Zero(t, f.LiveGranules())
 }
 
-// A backing that owns its memory but can not wait itself: ResizeCtx retries when the
-// governor releases bytes.
+// A backing that owns its memory but can not wait itself: ResizeCtx waits in the
+// governor's queue for the bytes the backing asked for.
 func TestBufferResizeCtxWaitsByBacking(t *testing.T) {
 	gov := accounting.NewGovernor()
 	require.NoError(t, gov.SetLimit(accounting.HostKey, g))

@@ -1,6 +1,7 @@
 package arena
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/vmarena/vmarena/accounting"
@@ -125,6 +126,23 @@ func (a *Arena[R, B]) Capacity() int { return a.buf.Capacity() }
 // matching ErrCapacity) past the capacity, or the buffer's error (a budget refusal
 // matches accounting.ErrBudgetExceeded); a failed Alloc changes nothing.
 func (a *Arena[R, B]) Alloc(size, align int) (int, error) {
+	return a.alloc(nil, size, align)
+}
+
+// AllocCtx is Alloc that, when growing the buffer needs budget the governor can not
+// give now, waits for it in the governor's FIFO queue of the device until ctx ends
+// (Buffer.ResizeCtx): a step's scratch then waits for memory other requests are
+// giving back instead of failing. A request larger than the device's whole limit
+// fails at once; a cancelled wait changes nothing.
+func (a *Arena[R, B]) AllocCtx(ctx context.Context, size, align int) (int, error) {
+	if ctx == nil {
+		panic("arena: AllocCtx with a nil context")
+	}
+	return a.alloc(ctx, size, align)
+}
+
+// alloc is Alloc, waiting for the budget when ctx is not nil.
+func (a *Arena[R, B]) alloc(ctx context.Context, size, align int) (int, error) {
 	a.live()
 	if size < 0 {
 		return 0, fmt.Errorf("%w: allocation of %d bytes", ErrInvalidSize, size)
@@ -143,7 +161,13 @@ func (a *Arena[R, B]) Alloc(size, align int) (int, error) {
 	end := start + size
 	if end > a.buf.Len() {
 		n, _ := backing.AlignUp(end, a.gran) // cannot overflow: end <= capacity, a granule multiple
-		if err := a.buf.Resize(n); err != nil {
+		var err error
+		if ctx != nil {
+			err = a.buf.ResizeCtx(ctx, n)
+		} else {
+			err = a.buf.Resize(n)
+		}
+		if err != nil {
 			return 0, fmt.Errorf("arena: growing the arena to %d bytes: %w", n, err)
 		}
 	}

@@ -1,10 +1,12 @@
 package arena_test
 
 import (
+	"context"
 	"errors"
 	"math"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -138,6 +140,53 @@ func TestArenaBudget(t *testing.T) {
 	// What fits in the committed granules needs no budget.
 	_, err = a.Alloc(page-1, 1)
 	assert.NoError(t, err)
+}
+
+// TestArenaAllocCtx: growth the budget refuses waits in the governor's queue until
+// another ledger gives bytes back; a cancelled wait or a request that can never fit
+// changes nothing.
+func TestArenaAllocCtx(t *testing.T) {
+	page := os.Getpagesize()
+	a, g := newHostArena(t, 16*page, arena.ArenaOptions{})
+	require.NoError(t, g.SetLimit(accounting.HostKey, int64(4*page)))
+	other := g.Authority("other", accounting.HostKey)
+	require.NoError(t, other.TryAcquire(int64(3*page)))
+	_, err := a.AllocCtx(context.Background(), page, 1)
+	require.NoError(t, err)
+
+	// Past the limit altogether: at once, without waiting.
+	_, err = a.AllocCtx(context.Background(), 8*page, 1)
+	assert.ErrorIs(t, err, accounting.ErrExceedsLimit)
+
+	// A wait that is cancelled changes nothing.
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.AllocCtx(ctx, 2*page, 1)
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return g.Stats(accounting.HostKey).Waiters == 1 }, 10*time.Second, time.Millisecond)
+	cancel()
+	assert.ErrorIs(t, <-done, context.Canceled)
+	assert.Equal(t, page, a.Used())
+	assert.Equal(t, page, a.Committed())
+
+	// A wait that the other ledger's release serves.
+	go func() {
+		_, err := a.AllocCtx(context.Background(), 2*page, 1)
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return g.Stats(accounting.HostKey).Waiters == 1 }, 10*time.Second, time.Millisecond)
+	other.Release(int64(3 * page))
+	require.NoError(t, <-done)
+	assert.Equal(t, 3*page, a.Used())
+	assert.Equal(t, 3*page, a.Committed())
+	assert.Equal(t, int64(3*page), g.Stats(accounting.HostKey).Used)
+
+	assert.PanicsWithValue(t, "arena: AllocCtx with a nil context", func() {
+		//lint:ignore SA1012 the nil context is the misuse under test
+		_, _ = a.AllocCtx(nil, 1, 1)
+	})
 }
 
 func TestArenaMarkRewind(t *testing.T) {

@@ -63,9 +63,10 @@ func (s *Sequence) Writable() int {
 // Bytes returns the Len × TokenBytes bytes of layer's K or V tensor in the PerLayer
 // layout on a host backing. The slice is valid until the sequence shrinks or closes.
 // Bytes below Writable() × TokenBytes are shared with a prefix or a fork and MUST NOT
-// be written: in a sequence started on a prefix or forked they are mapped read-only
-// (a write faults); in the sequence a prefix or fork was made from they are not, and a
-// write would reach every sharer.
+// be written: in a sequence started on a prefix or forked they are mapped read-only,
+// and so are they in the sequence a prefix or fork was made from on a backing that
+// can protect memory in place (a write faults: see the package doc); elsewhere the
+// origin's are not, and a write there would reach every sharer.
 func (s *Sequence) Bytes(layer int, kind Kind) ([]byte, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
@@ -80,7 +81,7 @@ func (s *Sequence) Bytes(layer int, kind Kind) ([]byte, error) {
 	if !buf.HostAccessible() {
 		return nil, fmt.Errorf("%w: device memory can not be touched by the CPU", ErrLayout)
 	}
-	return buf.Bytes(), nil
+	return buf.Bytes()[:s.n*s.c.row], nil
 }
 
 // Base returns the first address of layer's K or V tensor. It never changes from the

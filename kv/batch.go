@@ -123,16 +123,16 @@ func (c *Cache) appendBatch(batch []Growth, credit int64) error {
 	if need > 0 {
 		// Refuse what can not fit before committing any of it: a commit rolled back
 		// would leave fresh granules idle in a pool, holding budget.
-		if err := c.budget(need, credit); err != nil {
+		if err := c.budgetOrEvict(need, credit); err != nil {
 			return err
 		}
 	}
 	return c.grow(batch, need > 0)
 }
 
-// grow resizes every range of the batch's sequences to their new lengths, all or
-// nothing; commits says whether that takes new granules (else no backing call is
-// made).
+// grow resizes the ranges of the batch's sequences that need new granules, all or
+// nothing, and counts every sequence's new tokens; commits says whether any needs new
+// granules (else no range is touched).
 func (c *Cache) grow(batch []Growth, commits bool) error {
 	var idle int64
 	if commits {
@@ -140,6 +140,9 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 	}
 	for i, g := range batch {
 		s := g.Seq
+		if !commits || s.need(s.n+g.Tokens) == 0 {
+			continue // the granules it holds cover the tokens: nothing to resize
+		}
 		target := (s.n + g.Tokens) * c.row
 		for j, b := range s.bufs {
 			if err := b.Resize(target); err != nil {
@@ -149,7 +152,11 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 	}
 	for _, g := range batch {
 		g.Seq.n += g.Tokens
-		g.Seq.publish()
+		if commits {
+			g.Seq.publish()
+		} else {
+			g.Seq.tokens.Store(int64(g.Seq.n)) // nothing else moved
+		}
 	}
 	return nil
 }

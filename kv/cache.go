@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 
 	"github.com/vmarena/vmarena/accounting"
-	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing"
 )
 
@@ -53,10 +52,13 @@ type Cache struct {
 	waits    int64         // waiting appends that had to wait
 	orphans  []buffer      // buffers whose Close failed; retried by Close
 	lost     int64         // bytes that quarantined releases left held for good
+	entries  int           // sequences a PrefixCache owns: Close waits for them
 
 	// batch numbers the batches of the cache, so that a sequence can tell it was
 	// already seen in the one being checked.
 	batch atomic.Uint64
+
+	pc atomic.Pointer[PrefixCache] // nil without one
 }
 
 // New returns a cache of sequences on b. It reserves nothing until sequences are made.
@@ -93,13 +95,10 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	capac, _ := backing.AlignUp(cfg.MaxTokens*row, g)
 	_, sharer := any(b).(backing.Sharer[R])
 	pool, _ := any(b).(backing.Pool)
-	_, protects := any(b).(interface {
-		Protect(r R, off, size int, prot backing.Protection) error
-	})
-	_, bufProtects := any((*arena.Buffer[R, B])(nil)).(protector)
+	_, protects := any(b).(backing.Protector[R])
 	return &Cache{
 		st: storeOf[R, B]{b}, pool: pool, auth: auth, cfg: cfg, nbuf: n, row: row, gran: g, capac: capac,
-		sharer: sharer && acct.OwnedByBacking(), protector: protects && bufProtects, gov: gov, dev: b.Device(),
+		sharer: sharer && acct.OwnedByBacking(), protector: protects, gov: gov, dev: b.Device(),
 		seqs:     make(map[*Sequence]struct{}),
 		prefixes: make(map[*Prefix]struct{}),
 	}, nil
@@ -333,6 +332,10 @@ func (c *Cache) Close() error {
 	if c.closed {
 		c.mu.Unlock()
 		return fmt.Errorf("%w: Close called twice", ErrClosed)
+	}
+	if c.entries > 0 {
+		defer c.mu.Unlock()
+		return fmt.Errorf("%w: its PrefixCache holds %d entries; close it first", ErrBusy, c.entries)
 	}
 	if len(c.seqs) > 0 || len(c.prefixes) > 0 || c.inflight > 0 {
 		defer c.mu.Unlock()

@@ -1,8 +1,11 @@
 package kv_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -73,5 +76,87 @@ func TestGPUCache(t *testing.T) {
 			require.NoError(t, err)
 			shareForkTruncate(t, c)
 		})
+	}
+}
+
+// On the CUDA pool a closed sequence's handles go back to the pool, not to the
+// governor: a batch waiting for memory is woken by them all the same, and the step
+// takes them.
+func TestCUDAWaitWokenByIdleHandles(t *testing.T) {
+	const g = 64 << 10 // 128 tiny8 tokens per tensor
+	fake := cuda.NewFakeDriver(cuda.FakeDriverOptions{Granularity: g, Memory: 256 << 20})
+	t.Cleanup(func() { assert.NoError(t, fake.CheckLeaks()) })
+	gov := accounting.NewGovernor()
+	require.NoError(t, gov.SetLimit(accounting.GPU(0), 12*g))
+	pool := gov.Authority("kv", accounting.GPU(0))
+	b, err := cuda.New(cuda.Options{Authority: pool, Driver: fake.Driver()})
+	require.NoError(t, err)
+	c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: 512, Layout: kv.PerLayer})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		assert.NoError(t, c.Close())
+		assert.NoError(t, b.Close())
+		assert.Zero(t, pool.Stats().Owned, "ledger does not balance")
+	})
+	a, err := c.NewSequence()
+	require.NoError(t, err)
+	require.NoError(t, a.Append(129)) // 12 granules: the whole budget
+	seqs := newSeqs(t, c, 2)
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		done <- c.AppendBatchCtx(ctx, []kv.Growth{{seqs[0], 100}, {seqs[1], 100}})
+	}()
+	require.Eventually(t, func() bool { return gov.Stats(accounting.GPU(0)).Waiters == 1 }, 5*time.Second, time.Millisecond)
+	require.True(t, a.Close().OK())
+	require.NoError(t, <-done)
+	assert.Equal(t, []int{100, 100}, lens(seqs))
+	assert.Equal(t, int64(12*g), pool.Stats().Owned, "the step took the idle handles")
+	closeAll(t, seqs...)
+}
+
+// After Fork the origin's own mapping of the shared granules is read-only on the
+// CUDA backing (cuMemSetAccess with PROT_READ on the fake driver), its tail
+// read-write; where the driver refuses read-only access the fork still works and the
+// backing guards its copies.
+func TestCUDAOriginProtected(t *testing.T) {
+	for _, layout := range layouts {
+		for _, noRO := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/noReadOnly=%v", layout, noRO), func(t *testing.T) {
+				const g = 64 << 10
+				fake := cuda.NewFakeDriver(cuda.FakeDriverOptions{Granularity: g, Memory: 256 << 20, NoReadOnly: noRO})
+				t.Cleanup(func() { assert.NoError(t, fake.CheckLeaks()) })
+				c, err := newCUDACache(t, fake.Driver(), layout, tiny8, 1024)
+				require.NoError(t, err)
+				s, err := c.NewSequence()
+				require.NoError(t, err)
+				require.NoError(t, s.Append(300))
+				writeTokens(t, s, 1, 0, 300)
+				before, ok := fake.MappingAccess(uint64(s.Base(0, kv.K)))
+				require.True(t, ok)
+				assert.Equal(t, int32(cuda.AccessReadWrite), before)
+				f, err := s.ForkAt(200)
+				require.NoError(t, err)
+				base := uint64(s.Base(0, kv.K))
+				got, ok := fake.MappingAccess(base)
+				require.True(t, ok)
+				if noRO {
+					assert.Equal(t, int32(cuda.AccessReadWrite), got, "the driver can not: the backing guards its copies instead")
+				} else {
+					assert.Equal(t, int32(cuda.AccessRead), got, "the origin's shared granule is read-only")
+				}
+				// The origin's last granule holds its own tail: read-write.
+				tail := base + uint64((s.Len()-1)*s.TokenStride())
+				got, ok = fake.MappingAccess(tail)
+				require.True(t, ok)
+				assert.Equal(t, int32(cuda.AccessReadWrite), got)
+				tok := make([]byte, tiny8.TokenBytes())
+				assert.ErrorIs(t, s.WriteToken(0, kv.K, 0, tok), kv.ErrReadOnly)
+				require.NoError(t, s.WriteToken(0, kv.K, 299, tok))
+				checkTokens(t, f, 1, 0, f.Len())
+				closeAll(t, f, s)
+			})
+		}
 	}
 }

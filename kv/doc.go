@@ -12,14 +12,55 @@
 // [Sequence.Freeze] turns a sequence's first P tokens into an immutable [Prefix]: the
 // full granules that hold them are mapped, not copied; the tokens past the last full
 // granule are copied into a granule of the prefix's own. [Cache.NewSequenceFrom] starts
-// a sequence on a prefix the same way, and [Sequence.Fork] forks a sequence (parallel
-// sampling, beam search). Shared tokens are never written: writes go only to a
-// sequence's own tail ([Sequence.Writable] says where it starts, and WriteToken refuses
-// anything below), and truncating into a shared granule replaces it with a private copy
-// of the kept tokens rather than writing into it. The sharers' mappings are read-only,
-// so a stray write through their Bytes or View faults; the origin's own mapping stays
-// writable, so its code MUST NOT write below Writable. Sharing needs a backing that
-// implements backing.Sharer and owns its memory (host.Shared, cuda).
+// a sequence on a prefix the same way, and [Sequence.Fork] and [Sequence.ForkAt] fork a
+// sequence, whole or at a checkpoint (parallel sampling, beam search, speculative
+// decoding). Sharing needs a backing that implements backing.Sharer and owns its
+// memory (host.Shared, cuda).
+//
+// Shared tokens are never written: writes go only to a sequence's own tail
+// ([Sequence.Writable] says where it starts). [Sequence.WriteToken] refuses anything
+// below with [ErrReadOnly], and truncating into a shared granule replaces it with a
+// private copy of the kept tokens rather than writing into it. The sharers map shared
+// granules read-only; on a backing that can change access in place
+// (backing.Protector: host.Shared, cuda) the origin's own mapping of them becomes
+// read-only too when it is frozen or forked, so that nobody can write shared memory by
+// mistake. Where the backing can not, the origin's mapping stays writable and its code
+// MUST NOT write below Writable.
+//
+// A stray CPU store into read-only memory through [Sequence.Bytes] or a host
+// [View] is a hardware fault (SIGSEGV), which the Go runtime reports as "fatal error:
+// fault" and ends the process. A goroutine that would rather recover it calls
+// runtime/debug.SetPanicOnFault(true) first: the fault then becomes a Go panic (a
+// runtime.Error whose Addr method gives the address) that a deferred recover can
+// turn into an error. On a GPU a kernel's write into read-only memory is a fault of
+// the CUDA context, where the driver grants read-only access at all.
+//
+// # Prefix caching
+//
+// A [PrefixCache] reuses K and V across requests by token IDs: [PrefixCache.Lookup]
+// starts a sequence on the longest cached prefix of a prompt (whole granules mapped,
+// the tail copied), [PrefixCache.Insert] caches a sequence's tokens after prefill.
+// Its index is a radix tree of token IDs, not vLLM's chain of block hashes: a match
+// is exact to the token (the partial tail is copied anyway, so there is nothing to
+// gain from rounding to blocks), equal keys are equal tokens by construction (no hash
+// whose collisions would map another prompt's K/V), and a lookup compares tokens once
+// where the hash chain hashes them and then compares them too — BENCHMARKS.md has the
+// figures. Cached prefixes are memory the governor can take back. Each granule is
+// counted by the entries that hold it and the live sequences that map it; eviction
+// takes the last granule of the least recently used leaf, and only one that gives
+// memory back (held by that entry alone, mapped by no live sequence): page-aware,
+// since a granule any other holder maps frees nothing. It runs before an append is
+// refused, whenever a request on the device waits for memory (the prefix cache's
+// reclaimer, see accounting.Authority.SetReclaimer), and to keep under
+// PrefixCacheOptions.MaxBytes; a [PrefixPin] holds a prefix against all three. When an
+// inserted sequence closes, its entry takes over its ranges rather than keep mappings
+// of its own, so that the granules keep their page tables. Unlike ForkAt, Insert does
+// not make the sequence's own mapping of what it shares read-only (WriteToken still
+// refuses it): a write-protected page table entry would cost a fault per page each
+// time eviction hands the granule to the next sequence. The index lives in package
+// kv, not beside it, because eviction shrinks the cache's own sequences without the
+// copy Truncate makes and runs inside the cache's budget check, and because a closing
+// sequence hands its ranges to its entry.
 //
 // # Layout
 //
@@ -38,15 +79,30 @@
 // released it and the last sequence started on it has closed. Slices from
 // [Sequence.Bytes] are valid until the sequence shrinks below them or closes.
 //
-// Budget: growth the governor can not cover fails at once with an error matching
-// accounting.ErrBudgetExceeded and changes nothing; [Sequence.AppendCtx] instead waits
-// for memory in FIFO order with the cache's other waiting appends, until its context
-// ends. A plain Append does not queue and may succeed ahead of waiters.
+// Budget: growth the governor can not cover fails at once with an
+// *accounting.BudgetError (the bytes needed, available and the limit) and changes
+// nothing. [Cache.AppendBatch] grows a whole batch of sequences, each by its own
+// count, all or nothing: the step of a scheduler loop, which preempts a sequence on a
+// refusal (see ExampleCache_AppendBatch). [Sequence.Need] and [Cache.Need] say what a
+// growth would take now, the pool's idle granules counted.
+//
+// Waiting lives in one place, the governor's FIFO queue of the device:
+// [Cache.AppendBatchCtx] and [Sequence.AppendCtx] wait there for the whole step's
+// bytes, behind whoever queued first, holding nothing meanwhile; the bytes they
+// waited for go to their commit (accounting.Authority.AcquireFor), and the pool's
+// idle granules serve them before any new ones. A plain Append or AppendBatch does not
+// queue and may succeed ahead of waiters.
+//
+// A Cache is closed with [Cache.Close] once every sequence and prefix is gone (it
+// fails with [ErrBusy] before). A second [Sequence.Close] changes nothing and returns
+// a Failed outcome matching [ErrClosed]; every other method of a closed sequence
+// panics with [PanicSequenceClosed].
 //
 // # Concurrency
 //
 // A Cache is safe for concurrent use by many goroutines: sequences may be created,
 // grown, forked and closed at once. A Sequence is used by one goroutine at a time;
-// Fork and Freeze read it, so they too belong to the goroutine that owns it. A Prefix
+// Fork and Freeze read it, so they too belong to the goroutine that owns it, and a
+// batch step belongs to the goroutine that owns all of its sequences. A Prefix
 // may be used by many goroutines.
 package kv

@@ -44,6 +44,10 @@ const (
 	PanicNilContext = "kv: nil context"
 	// PanicNilPrefix is the panic value for NewSequenceFrom(nil).
 	PanicNilPrefix = "kv: NewSequenceFrom with a nil prefix"
+	// PanicNilSequence is the panic value for PrefixCache.Insert(nil, ...).
+	PanicNilSequence = "kv: PrefixCache.Insert with a nil sequence"
+	// PanicPinReleased is the panic value for releasing a PrefixPin twice.
+	PanicPinReleased = "kv: PrefixPin released twice"
 	// PanicLayerRange is the panic value for Base of a layer or kind that does not
 	// exist.
 	PanicLayerRange = "kv: layer or kind out of range"

@@ -24,11 +24,16 @@ var (
 	Llama3_8B  = Geometry{Name: "llama3-8b", Layers: 32, KVHeads: 8, HeadDim: 128, DType: arena.Float16}
 	Llama3_70B = Geometry{Name: "llama3-70b", Layers: 80, KVHeads: 8, HeadDim: 128, DType: arena.Float16}
 	Qwen25_7B  = Geometry{Name: "qwen2.5-7b", Layers: 28, KVHeads: 4, HeadDim: 128, DType: arena.Float16}
+	// Small models, for replaying long prompts within a small machine.
+	Llama32_1B = Geometry{Name: "llama3.2-1b", Layers: 16, KVHeads: 8, HeadDim: 64, DType: arena.Float16}
+	Qwen25_05B = Geometry{Name: "qwen2.5-0.5b", Layers: 24, KVHeads: 2, HeadDim: 64, DType: arena.Float16}
 	Tiny       = Geometry{Name: "tiny", Layers: 2, KVHeads: 2, HeadDim: 16, DType: arena.Float16}
 )
 
 // Presets returns the preset geometries.
-func Presets() []Geometry { return []Geometry{Llama3_8B, Llama3_70B, Qwen25_7B, Tiny} }
+func Presets() []Geometry {
+	return []Geometry{Llama3_8B, Llama3_70B, Qwen25_7B, Llama32_1B, Qwen25_05B, Tiny}
+}
 
 // Preset returns the preset named name (case-insensitive), or an error matching
 // ErrUnknownModel that lists the names it knows.

@@ -48,6 +48,7 @@ type Sequence struct {
 	err    error  // set when damaged
 	mark   uint64 // the last batch of the cache that named it (see Cache.check)
 	closed bool
+	pcl    *pcLive // what it maps of a PrefixCache's granules, or nil
 
 	// Readings for Cache.Stats, which runs on other goroutines.
 	tokens    atomic.Int64
@@ -366,7 +367,14 @@ func (s *Sequence) Close() accounting.ReleaseOutcome {
 	if s.closed {
 		return accounting.FailedRelease(0, fmt.Errorf("%w: sequence %d closed twice", ErrClosed, s.id))
 	}
-	out := s.c.release(s.bufs)
+	bufs := s.bufs
+	if s.pcl != nil {
+		// A prefix cache entry made from s takes over s's ranges (see adopt).
+		if old, ok := s.pcl.adopt(s); ok {
+			bufs = old
+		}
+	}
+	out := s.c.release(bufs)
 	s.closed = true
 	s.n = 0
 	s.tokens.Store(0)
@@ -378,6 +386,10 @@ func (s *Sequence) Close() accounting.ReleaseOutcome {
 	c.mu.Unlock()
 	if s.prefix != nil {
 		s.prefix.unref()
+	}
+	if s.pcl != nil {
+		s.pcl.drop()
+		s.pcl = nil
 	}
 	c.notify()
 	return out

@@ -29,14 +29,8 @@ type buffer interface {
 	// writeAt copies p into the buffer at off.
 	writeAt(off int, p []byte) error
 	// protect sets the access of the committed, granule-aligned [off, off+size) in
-	// place (see backing.Protector); it fails with backing.ErrUnsupported where the
-	// backing can not.
+	// place (see arena.Buffer.Protect).
 	protect(off, size int, prot backing.Protection) error
-}
-
-// protector is what a buffer offers when its backing can protect memory in place.
-type protector interface {
-	Protect(off, size int, prot backing.Protection) error
 }
 
 // store makes a cache's buffers on its backing.
@@ -59,6 +53,17 @@ func (st storeOf[R, B]) newBuffer(capacity int, auth *accounting.Authority) (buf
 // storing it in an interface allocates nothing.
 type bufferOf[R any, B backing.Backing[R]] struct{ *arena.Buffer[R, B] }
 
+// Resize makes the range hold n bytes, committing or decommitting whole granules. NB:
+// the buffer's length is always what it commits (n rounded up to the granule): kv
+// counts its tokens itself, so growth inside a granule needs no call here at all.
+func (b bufferOf[R, B]) Resize(n int) error {
+	size, ok := backing.AlignUp(n, b.Granularity())
+	if !ok {
+		return fmt.Errorf("%w: %d bytes", ErrTooLong, n)
+	}
+	return b.Buffer.Resize(size)
+}
+
 func (b bufferOf[R, B]) shareFrom(src buffer, size int, prot backing.Protection) error {
 	s, ok := src.(bufferOf[R, B])
 	if !ok {
@@ -68,11 +73,7 @@ func (b bufferOf[R, B]) shareFrom(src buffer, size int, prot backing.Protection)
 }
 
 func (b bufferOf[R, B]) protect(off, size int, prot backing.Protection) error {
-	p, ok := any(b.Buffer).(protector)
-	if !ok {
-		return fmt.Errorf("%w: buffers can not protect memory in place", backing.ErrUnsupported)
-	}
-	return p.Protect(off, size, prot)
+	return b.Protect(off, size, prot)
 }
 
 func (b bufferOf[R, B]) readAt(off int, p []byte) error {

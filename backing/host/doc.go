@@ -12,13 +12,41 @@
 // mappings can be named, so that /proc/self/maps says whose they are. Systems other
 // than Linux, Darwin and Windows get errors.ErrUnsupported from NewPrivate.
 //
-// [Shared] (Linux) keeps physical granules in a memfd pool that it owns and charges
-// (ByBacking): Commit maps pool granules into a reservation with
+// [Shared] keeps physical granules in a pool that it owns and charges (ByBacking), on
+// Linux a memfd: Commit maps pool granules into a reservation with
 // mmap(MAP_SHARED|MAP_FIXED), Share maps the granules behind one range into another
 // reservation (the shared-prefix mechanism), and a granule returns to the pool with its
-// last mapping. Its pool can be prefilled off the hot path and trimmed. Idle
-// granules wait mapped in a park of its own, from which a commit moves them with
-// their page tables (mremap), so that their first touch takes no page fault.
+// last mapping. Its pool can be prefilled off the hot path and trimmed, and gives
+// idle granules back to the OS by decay once they stay unused. Idle granules wait
+// mapped in a park of its own, from which a commit moves them with their page
+// tables (mremap), so that their first touch takes no page fault.
+//
+// # Huge pages
+//
+// A 2 MiB granule in one transparent huge page costs about a quarter of 512 small
+// pages to populate and a tenth to free. Both backings ask for huge pages where the
+// granule is a multiple of the huge page and the system allows them
+// (/sys/kernel/mm/transparent_hugepage/), unless their options turn them off, and
+// report which they use and why not (PrivateStats, SharedStats) and what the kernel
+// really gave (HugePages, from smaps). Where memfd memory can have no huge pages
+// (shmem_enabled never, the common default) Shared makes new granules private:
+// anonymous huge pages of the one reservation, moved into the memfd only when they
+// become shared. On a virtual machine that reports its free memory to the host in
+// huge-page blocks (virtio_balloon free page reporting) a fresh huge page takes
+// host faults and costs more than small pages: there both backings use small pages
+// unless their options say AlwaysHugePages, and their stats say why.
+//
+// On Windows (10 1803 and later) [Shared] keeps one pagefile-backed section per
+// granule (CreateFileMapping): a reservation is a placeholder (VirtualAlloc2), a
+// commit splits each granule's place off it and maps a view of the granule's
+// section there (MapViewOfFile3 MEM_REPLACE_PLACEHOLDER), and a decommit unmaps the
+// view leaving a placeholder (UnmapViewOfFile2) and merges it with the free ones
+// around it; each reservation keeps the record of its placeholders. Granules are
+// 64 KiB (the allocation granularity) or larger. There is no park (Windows has no
+// mremap): idle granules wait unmapped, and a commit maps them afresh. Giving a
+// granule back closes its section. The same capabilities, errors and accounting
+// hold as on Linux; where the system refuses placeholders (Wine 8.0, say) NewShared
+// returns errors.ErrUnsupported.
 //
 // # States
 //

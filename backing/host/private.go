@@ -5,6 +5,7 @@ import (
 	"math/bits"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
@@ -30,6 +31,18 @@ type PrivateOptions struct {
 	// first writes take no faults. It moves the cost of faulting into Commit; whether
 	// that is off the token path is the caller's choice.
 	Populate bool
+	// NoHugePages turns transparent huge pages off. Otherwise, where the granule is a
+	// multiple of the huge page (2 MiB on x86-64) and the system allows them
+	// (/sys/kernel/mm/transparent_hugepage/enabled is always or madvise), every
+	// reservation asks for them (MADV_HUGEPAGE): a granule then costs one huge page
+	// to populate and free instead of 512 small ones. PrivateStats says whether it
+	// asks and, if not, why; HugePages says what the kernel really gave.
+	NoHugePages bool
+	// AlwaysHugePages asks for huge pages also on a virtual machine that reports its
+	// free memory to the host in huge-page blocks, where a fresh huge page costs more
+	// than small pages (PrivateStats.NoHugePages says so when it applies); a caller
+	// that keeps its granules committed may still want them there.
+	AlwaysHugePages bool
 	// Name labels the mappings on Linux (PR_SET_VMA_ANON_NAME), so that
 	// /proc/<pid>/maps shows them as [anon:Name]. Kernels built without
 	// CONFIG_ANON_VMA_NAME ignore it, as do other systems. At most 79 printable ASCII
@@ -54,6 +67,22 @@ type Private struct {
 	page     int
 	populate bool
 	name     []byte // NUL-terminated, or nil
+	huge     bool   // reservations ask for transparent huge pages
+	hugeWhy  string // why they do not, when huge is false
+
+	hugeFailed atomic.Int64 // reservations whose MADV_HUGEPAGE the kernel refused
+}
+
+// PrivateStats describes a Private backing.
+type PrivateStats struct {
+	Granule int // granule size in bytes
+	// HugePages reports whether reservations ask for transparent huge pages; when
+	// false, NoHugePages says why (the option, the granule, or the system's mode).
+	HugePages   bool
+	NoHugePages string
+	// HugeRefused counts the reservations whose request for huge pages the kernel
+	// refused (they run on small pages).
+	HugeRefused int64
 }
 
 // Reservation is a range of address space reserved by a Private backing: the
@@ -95,6 +124,18 @@ func NewPrivate(opts PrivateOptions) (*Private, error) {
 		return nil, fmt.Errorf("%w: granularity %d is not a multiple of the %d-byte page", ErrPrivateOptions, g, page)
 	}
 	p := &Private{gran: g, page: page, populate: opts.Populate}
+	switch m := hugeAnon(); {
+	case opts.NoHugePages:
+		p.hugeWhy = "turned off by PrivateOptions.NoHugePages"
+	case m.why != "":
+		p.hugeWhy = m.why
+	case g%m.pmd != 0:
+		p.hugeWhy = fmt.Sprintf("the %d-byte granule is not a multiple of the %d-byte huge page", g, m.pmd)
+	case !opts.AlwaysHugePages && hugeReporting() != "":
+		p.hugeWhy = hugeReporting()
+	default:
+		p.huge = true
+	}
 	if opts.Name != "" {
 		if err := privateCheckName(opts.Name); err != nil {
 			return nil, err
@@ -155,9 +196,38 @@ func (p *Private) Reserve(size int) (*Reservation, error) {
 	if p.name != nil {
 		privateNameOS(base, size, p.name)
 	}
+	if p.huge {
+		if err := hugeAdvise(base, size); err != nil {
+			// NB: not an error of Reserve: the reservation works on small pages, and
+			// PrivateStats.HugeRefused says so.
+			p.hugeFailed.Add(1)
+		}
+	}
 	r.base = base
 	r.committed = newPrivateBits(size / p.gran)
 	return r, nil
+}
+
+// Stats describes the backing: its granule and whether it asks for huge pages.
+func (p *Private) Stats() PrivateStats {
+	return PrivateStats{Granule: p.gran, HugePages: p.huge, NoHugePages: p.hugeWhy, HugeRefused: p.hugeFailed.Load()}
+}
+
+// HugePages returns how many bytes of r's committed memory the kernel really backs
+// with transparent huge pages (smaps' AnonHugePages over r's range). It reads
+// /proc/self/smaps, which costs about a millisecond per thousand mappings of the
+// process: it is for metrics and tests, not the token path. Where the system has no
+// transparent huge pages it returns zero and an error matching errors.ErrUnsupported.
+func (p *Private) HugePages(r *Reservation) (HugePageBytes, error) {
+	if err := p.lock("huge pages", r); err != nil {
+		return HugePageBytes{}, err
+	}
+	base, size := r.base, r.size
+	r.mu.Unlock()
+	if size == 0 {
+		return HugePageBytes{}, nil
+	}
+	return hugeBytes(base, base+uintptr(size))
 }
 
 // lock locks r and checks that it is a live reservation of p. On a nil error the

@@ -227,6 +227,10 @@ func TestPrivateMapLimitChild(t *testing.T) {
 	if limit == 0 {
 		return
 	}
+	// NB: at the limit any new mapping of the runtime's own fails fatally; a
+	// memory-profile sample of an allocation on the error path allocates a bucket
+	// off the heap (persistentalloc), which may need one. Nothing here profiles.
+	runtime.MemProfileRate = 0
 	page := os.Getpagesize()
 	p := newPrivate(t, host.PrivateOptions{Granularity: page})
 	n := 2*limit + 16
@@ -253,4 +257,93 @@ func TestPrivateMapLimitChild(t *testing.T) {
 	assert.True(t, o.OK(), "%v", o)
 	assert.Equal(t, int64(committed*page), o.Unmapped)
 	t.Logf("%d commits, then: %v", committed, cerr)
+}
+
+// TestPrivateHugePages checks that 2 MiB granules ask for transparent huge pages where
+// the system allows them and that HugePages reports what the kernel gave: some
+// huge pages for touched granules (the kernel may fall back to small pages for a few
+// on a fragmented machine, never for all), none after decommit, none with the
+// option off.
+func TestPrivateHugePages(t *testing.T) {
+	const g = 2 << 20
+	mode, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled")
+	thp := err == nil && !strings.Contains(string(mode), "[never]")
+	for _, tt := range []struct {
+		name string
+		opts host.PrivateOptions
+		huge bool
+	}{
+		{"always", host.PrivateOptions{Granularity: g, AlwaysHugePages: true}, thp},
+		{"populate", host.PrivateOptions{Granularity: g, Populate: true, AlwaysHugePages: true}, thp},
+		{"off", host.PrivateOptions{Granularity: g, NoHugePages: true}, false},
+		{"small granule", host.PrivateOptions{Granularity: 64 << 10}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPrivate(t, tt.opts)
+			st := p.Stats()
+			assert.Equal(t, tt.opts.Granularity, st.Granule)
+			require.Equal(t, tt.huge, st.HugePages, "why not: %s", st.NoHugePages)
+			assert.Equal(t, tt.huge, st.NoHugePages == "", "a fallback says why: %q", st.NoHugePages)
+			assert.Zero(t, st.HugeRefused)
+			const n = 4
+			size := n * p.Granularity()
+			r, err := p.Reserve(size + p.Granularity())
+			require.NoError(t, err)
+			defer p.Unreserve(r)
+			require.NoError(t, p.Commit(r, 0, size))
+			if !tt.opts.Populate {
+				mem := host.PrivateBytes(p.Base(r), size)
+				for i := 0; i < size; i += 4096 {
+					mem[i] = 1
+				}
+			}
+			hb, err := p.HugePages(r)
+			require.NoError(t, err)
+			assert.Zero(t, hb.Shmem)
+			assert.LessOrEqual(t, hb.Anon, int64(size))
+			assert.Zero(t, hb.Anon%g, "whole huge pages only")
+			if tt.huge {
+				assert.Positive(t, hb.Anon, "no granule got a huge page")
+				t.Logf("%d of %d committed bytes in huge pages", hb.Anon, size)
+			} else {
+				assert.Zero(t, hb.Anon)
+			}
+			require.NoError(t, p.Decommit(r, 0, size))
+			hb, err = p.HugePages(r)
+			require.NoError(t, err)
+			assert.Zero(t, hb.Anon, "decommitted memory holds no huge page")
+		})
+	}
+}
+
+// TestPrivateHugePagesAuto: by default a 2 MiB granule asks for huge pages unless the
+// system says no, and then the stats say why (the mode, or a guest that reports its
+// free memory to the host).
+func TestPrivateHugePagesAuto(t *testing.T) {
+	p := newPrivate(t, host.PrivateOptions{Granularity: 2 << 20})
+	st := p.Stats()
+	t.Logf("huge pages %v (%s)", st.HugePages, st.NoHugePages)
+	assert.Equal(t, st.HugePages, st.NoHugePages == "")
+	if always := newPrivate(t, host.PrivateOptions{Granularity: 2 << 20, AlwaysHugePages: true}); always.Stats().HugePages {
+		assert.True(t, st.HugePages || strings.Contains(st.NoHugePages, "reports free"),
+			"only a reporting guest turns them off by default: %s", st.NoHugePages)
+	}
+}
+
+func TestPrivateHugePagesBadInput(t *testing.T) {
+	p := newPrivate(t, host.PrivateOptions{})
+	q := newPrivate(t, host.PrivateOptions{})
+	r, err := q.Reserve(q.Granularity())
+	require.NoError(t, err)
+	_, err = p.HugePages(r)
+	assert.ErrorIs(t, err, backing.ErrForeignReservation)
+	_, err = p.HugePages(nil)
+	assert.ErrorIs(t, err, backing.ErrForeignReservation)
+	require.True(t, q.Unreserve(r).OK())
+	assert.PanicsWithValue(t, backing.PanicUseAfterUnreserve, func() { _, _ = q.HugePages(r) })
+	empty, err := p.Reserve(0)
+	require.NoError(t, err)
+	hb, err := p.HugePages(empty)
+	require.NoError(t, err)
+	assert.Zero(t, hb)
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/vmarena/vmarena/accounting"
@@ -19,7 +20,8 @@ type SharedOptions struct {
 	// page size. 0 means 2 MiB. Every memfd granule mapped at a scattered file offset
 	// costs one kernel mapping (vm.max_map_count), so small granules bound the
 	// process's shared memory early: 64k mappings are 128 GiB at 2 MiB, 4 GiB at
-	// 64 KiB.
+	// 64 KiB. On Windows it must be at least 64 KiB, the allocation granularity
+	// (each granule is a section view of its own).
 	Granularity int
 	// Authority is the ledger the pool charges: it owns every physical byte the pool
 	// holds, mapped or idle (backing.ByBacking). It must take bytes on the host.
@@ -37,13 +39,33 @@ type SharedOptions struct {
 	// the page tables they went in with (see Shared).
 	Populate bool
 	// Name is the memfd's name, shown in /proc/self/maps as /memfd:Name. "" means
-	// "vmarena".
+	// "vmarena". Windows sections have no name.
 	Name string
+	// Decay is how long an idle granule may stay unused before the pool gives it
+	// back to the OS: idle granules above Low leave gradually, the longest idle
+	// first, all of them by Decay after the load stops (see Shared). 0 means 5 s;
+	// SharedNoDecay (any negative value) keeps idle granules up to High for good.
+	Decay time.Duration
+	// NoHugePages turns huge pages off: every granule is a memfd granule of small
+	// pages. Otherwise, with granules a multiple of the huge page (2 MiB on x86-64),
+	// the backing takes the fastest new memory the system allows (see Shared):
+	// memfd huge pages where shmem_enabled allows them, else anonymous huge pages for
+	// the granules a reservation commits for itself. SharedStats says which, and why.
+	NoHugePages bool
+	// AlwaysHugePages asks for huge pages also on a virtual machine that reports its
+	// free memory to the host in huge-page blocks, where a fresh huge page costs more
+	// than small pages (SharedStats.NoHugePages says so when it applies); a pool that
+	// keeps its granules (a large High, a long Decay) may still want them there.
+	AlwaysHugePages bool
 }
 
 // SharedNoPool as SharedOptions.High keeps no idle granule: every granule goes back
 // to the OS when its last mapping goes.
 const SharedNoPool = -1
+
+// SharedNoDecay as SharedOptions.Decay turns decay off: idle granules stay until the
+// High water mark, Trim or a waiter takes them.
+const SharedNoDecay = -1
 
 const (
 	sharedDefaultGranularity = 2 << 20
@@ -72,8 +94,35 @@ const (
 //     Populate, SharedOptions.Populate).
 //  3. Live: owned and charged, mapped in a reservation at least once.
 //
-// A commit takes idle slots first and creates new ones (Free to Live) only for the
-// rest, charging the authority for all of them at once before anything is touched. It
+// # New granules and huge pages
+//
+// A new granule costs its page population: about 0.3 ms per 2 MiB of 4 KiB shmem
+// pages (fallocate and populate), 0.06 ms as one anonymous transparent huge page.
+// So, unless SharedOptions.NoHugePages is set and when the granule is a multiple of
+// the huge page:
+//
+//   - where shmem huge pages are allowed (/sys/kernel/mm/transparent_hugepage/
+//     shmem_enabled is always, within_size, advise or force), the park and every
+//     mapping of the memfd ask for them (MADV_HUGEPAGE), and granules are memfd
+//     granules as above;
+//   - else, where anonymous huge pages are allowed (.../enabled is always or
+//     madvise), a commit that must create granules makes them private: anonymous
+//     memory of that reservation alone (mprotect read-write, MADV_HUGEPAGE), owned
+//     and charged like any granule, mapped once, never pooled (a decommit gives it
+//     back to the OS at once, which costs a few µs for a huge page). Only a granule
+//     that becomes shared moves into the memfd: Share from a private granule first
+//     copies it into a memfd granule (an idle one when the pool has one) and moves
+//     that over the same address (mremap), so that the source keeps its base and
+//     its contents and the granule is owned once, whatever maps it;
+//   - else granules are memfd granules of small pages.
+//
+// A virtual machine that reports its free memory to the host in huge-page blocks
+// gets small pages unless SharedOptions.AlwaysHugePages is set: there a fresh huge
+// page takes host faults (see BENCHMARKS.md). SharedStats says which of these the
+// backing does and, where it falls back, why.
+//
+// A commit takes idle slots first and creates new ones (Free to Live, or private)
+// only for the rest, charging the authority for all of them at once before anything is touched. It
 // places the granules of one commit, and a granule after its predecessor in the
 // reservation, at consecutive file offsets where it can, and maps each consecutive run
 // with one call, so that the kernel merges them into one mapping.
@@ -106,15 +155,19 @@ const (
 // must not charge committed bytes again. Every reservation MUST be given back with
 // Unreserve, and the backing with Close.
 //
-// The pool gives idle granules back to the OS (fallocate PUNCH_HOLE) above the High
-// water mark, on Trim, and, while the governor has requests waiting for host memory
-// (Authority.Acquire, CommitCtx), at once as they go idle, so that memory kept for
-// this pool's future commits is not held against a caller that needs it now; and
-// each time a request on the host starts to wait, the pool's reclaimer (see
-// accounting.Authority.SetReclaimer) gives back every granule already idle, so that
-// another pool's user is not starved by this one's spare granules. A
-// granule that can not be given back (the punch fails) stays idle and owned; the
-// next Trim tries again.
+// The pool gives idle granules back to the OS (fallocate PUNCH_HOLE; a private one
+// by mapping reserved memory over its place in the private park) by decay: those
+// above Low leave gradually once unused, all of them within SharedOptions.Decay
+// (5 s by default) after the load stops, while a busy pool keeps its working set
+// (see shared_decay.go). It also gives them back above the High water mark, on Trim,
+// and, while another owner's request waits for host memory, at once as they go idle,
+// so that memory kept for this pool's future commits is not held against a caller
+// that needs it now; each time such a request starts to wait, the pool's reclaimer
+// (see accounting.Authority.SetReclaimer) gives back every granule already idle.
+// While only this pool's own commits wait (CommitCtx), granules that go idle are
+// handed to them instead, in the order they came, rather than given to the OS to be
+// made again. A granule that can not be given back (the punch fails) stays idle and
+// owned; the next Trim tries again.
 //
 // Pooled granules keep their old contents: CommitZeroes is false, and a recommitted
 // or shared range reads whatever was last written there. Granules new to the file
@@ -122,7 +175,8 @@ const (
 //
 // Bookkeeping costs 8 bytes per reserved granule and a few bytes per slot of the
 // file, which only grows (sparse: holes cost nothing). The park costs address space,
-// not memory: its chunks double from 1 GiB, so it spans at most twice the file.
+// not memory: its chunks double from 1 GiB, so it spans at most twice the file; the
+// private park, High granules of address space.
 // Reservations and park chunks of granules of 2 MiB or more are aligned to 2 MiB, so
 // that the kernel moves whole page-table pages; a reservation may use up to 2 MiB of
 // address space more than its size for that.
@@ -157,6 +211,8 @@ type Shared struct {
 	low      int
 	high     int // 0 when SharedNoPool
 	populate bool
+	huge     sharedHuge
+	hugeWhy  string // why huge is not what the user would want, or ""
 	sys      sharedSys
 
 	mu        sync.Mutex
@@ -171,9 +227,25 @@ type Shared struct {
 	mapped    int64 // bytes of mappings; in step with the authority
 	live      int   // reservations not yet unreserved (Quarantined ones excluded)
 	resv      map[*SharedReservation]struct{}
-	park      []sharedChunk // see shared_park.go
-	park0     int           // slots in the park's first chunk
-	stray     []sharedSpan  // address space a failed step could not give back
+	park      []sharedChunk  // see shared_park.go
+	park0     int            // slots in the park's first chunk
+	nPriv     int            // private granules (see Shared)
+	apark     unsafe.Pointer // the private park (shared_priv.go): High granules
+	aparkRaw  unsafe.Pointer
+	aparkN    int
+	aused     sharedBits // positions of the private park that hold a granule
+	aidle     sharedBits // ... that hold an idle one (not taken by a commit)
+	asince    []int64    // per position, when its granule went idle (clock, ns)
+	nPrivIdle int
+	clock     func() time.Time
+	decay     time.Duration   // 0: off
+	decaying  bool            // the scavenger runs
+	stop      chan struct{}   // closed by Close
+	waitq     []*sharedWaiter // this pool's commits waiting for the budget, first first
+	scav      sync.WaitGroup
+	adopted   int64        // private granules moved into the memfd by Share
+	refused   int64        // MADV_HUGEPAGE calls the kernel refused
+	stray     []sharedSpan // address space a failed step could not give back
 	refilling bool
 	refill    sync.WaitGroup
 }
@@ -183,6 +255,7 @@ type sharedSlot struct {
 	refs     int32 // mappings; >0 means Live
 	busy     bool  // owned and in flight: being created, populated or given back
 	resident bool  // its pages are known to exist
+	since    int64 // when it went idle (clock, ns)
 }
 
 // SharedReservation is a reserved address range of a Shared backing. It is a handle:
@@ -210,12 +283,43 @@ const (
 
 // sharedMap is what backs one granule of a reservation.
 type sharedMap struct {
-	at     uint32 // slot+1; 0 means Reserved
+	at     uint32 // slot+1; 0 means Reserved or private
 	ro     bool   // mapped read-only (shared so, or protected)
 	shared bool   // shared read-only into the reservation: Protect never makes it writable
+	priv   bool   // a private granule: anonymous memory of this reservation alone
 }
 
 func (m sharedMap) slot() int { return int(m.at) - 1 }
+
+// committed reports whether the granule is Committed (a slot or private).
+func (m sharedMap) committed() bool { return m.at != 0 || m.priv }
+
+// sharedHuge is how a Shared backing gets huge pages.
+type sharedHuge uint8
+
+const (
+	sharedSmall     sharedHuge = iota // memfd granules of small pages
+	sharedShmemHuge                   // memfd granules that ask for huge pages
+	sharedPrivHuge                    // new granules private, in anonymous huge pages
+)
+
+// SharedStats describes how a Shared backing gets its memory.
+type SharedStats struct {
+	// HugePages is "shmem" when memfd granules ask for huge pages, "private" when
+	// new granules are private anonymous huge pages (only shared ones are memfd
+	// granules), or "" when every granule is a memfd granule of small pages; then
+	// NoHugePages says why (the option, the granule, the system's modes).
+	HugePages   string
+	NoHugePages string
+	// Private is the bytes of private granules: committed, owned and mapped once,
+	// never pooled. They are part of the pool's Owned and Mapped.
+	Private int64
+	// Adopted counts the private granules that Share moved into the memfd.
+	Adopted int64
+	// HugeRefused counts the MADV_HUGEPAGE calls the kernel refused (the memory
+	// then has small pages).
+	HugeRefused int64
+}
 
 // sharedNoCopy makes go vet report copies of a Shared.
 type sharedNoCopy struct{}
@@ -227,6 +331,7 @@ func (*sharedNoCopy) Unlock() {}
 // through one of these, so that tests can make the n-th one fail.
 type sharedSys struct {
 	memfd    func(name string) (int, error)                               // memfd_create, close-on-exec
+	granule  func(fd, g int)                                              // tells the file its granule size (Windows); nil where it needs none
 	truncate func(fd int, size int64) error                               // ftruncate
 	allocate func(fd int, off, n int64) error                             // fallocate(0): allocate the pages
 	punch    func(fd int, off, n int64) error                             // fallocate(PUNCH_HOLE|KEEP_SIZE)
@@ -238,6 +343,8 @@ type sharedSys struct {
 	protect  func(at unsafe.Pointer, n int, ro bool) error                // mprotect PROT_READ, or PROT_READ|PROT_WRITE
 	release  func(at unsafe.Pointer, n int) error                         // munmap
 	populate func(at unsafe.Pointer, n int, write bool) error             // MADV_POPULATE_WRITE/READ, else a touch per page
+	advise   func(at unsafe.Pointer, n int) error                         // MADV_HUGEPAGE
+	discard  func(at unsafe.Pointer, n int) error                         // MADV_DONTNEED + mprotect PROT_NONE (private granules)
 	mapCount func() (count, limit int, err error)                         // mappings of the process, vm.max_map_count
 }
 
@@ -255,8 +362,9 @@ var (
 
 // NewShared returns a Shared backing with an empty pool and an empty memfd. The
 // backing MUST be closed with Close once every reservation is unreserved. Where the
-// system has no memfd it returns an error wrapping errors.ErrUnsupported; bad options
-// yield an error wrapping ErrSharedOptions.
+// system has no memfd (Linux) or no placeholders (Windows 10 1803 and later) it
+// returns an error wrapping errors.ErrUnsupported; bad options yield an error
+// wrapping ErrSharedOptions.
 func NewShared(opts SharedOptions) (*Shared, error) {
 	if !sharedSupported {
 		return nil, fmt.Errorf("host: shared backing (memfd) is not supported on this system: %w", errors.ErrUnsupported)
@@ -272,6 +380,9 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 	if opts.High == 0 {
 		opts.High = sharedDefaultHigh
 	}
+	if opts.Decay == 0 {
+		opts.Decay = sharedDefaultDecay
+	}
 	high := max(opts.High, 0)
 	if opts.Name == "" {
 		opts.Name = sharedDefaultName
@@ -282,6 +393,8 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 	switch g := opts.Granularity; {
 	case !backing.IsPowerOfTwo(g) || g%page != 0:
 		return nil, bad("granularity %d is not a power of two and a multiple of the %d-byte page", g, page)
+	case g < sharedMinGranularity:
+		return nil, bad("granularity %d is below the system's %d-byte allocation granularity", g, sharedMinGranularity)
 	case g > 1<<30:
 		return nil, bad("granularity %d is above 1 GiB", g)
 	case opts.Authority == nil:
@@ -300,9 +413,13 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 			return nil, bad("memfd name %q contains a NUL byte", opts.Name)
 		}
 	}
+	huge, why := sharedHugeMode(opts)
 	fd, err := sys.memfd(opts.Name)
 	if err != nil {
-		return nil, fmt.Errorf("host: memfd_create %q: %w", opts.Name, err)
+		return nil, fmt.Errorf("host: %s %q: %w", sharedCreateCall, opts.Name, err)
+	}
+	if sys.granule != nil {
+		sys.granule(fd, opts.Granularity)
 	}
 	s := &Shared{
 		g:        opts.Granularity,
@@ -311,6 +428,11 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 		low:      opts.Low,
 		high:     high,
 		populate: opts.Populate,
+		huge:     huge,
+		hugeWhy:  why,
+		clock:    time.Now,
+		decay:    max(opts.Decay, 0),
+		stop:     make(chan struct{}),
 		sys:      sys,
 		fd:       fd,
 		resv:     make(map[*SharedReservation]struct{}),
@@ -323,17 +445,88 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 	return s, nil
 }
 
+// sharedHugeMode picks how a backing with opts gets huge pages, and says why not.
+func sharedHugeMode(opts SharedOptions) (sharedHuge, string) {
+	if opts.NoHugePages {
+		return sharedSmall, "turned off by SharedOptions.NoHugePages"
+	}
+	shmem, anon := hugeShmem(), hugeAnon()
+	switch {
+	case (shmem.why == "" || anon.why == "") && opts.Granularity%anon.pmd == 0 &&
+		!opts.AlwaysHugePages && hugeReporting() != "":
+		return sharedSmall, hugeReporting()
+	case shmem.why == "" && opts.Granularity%shmem.pmd == 0:
+		return sharedShmemHuge, ""
+	case anon.why == "" && opts.Granularity%anon.pmd == 0:
+		return sharedPrivHuge, ""
+	case shmem.why == "" || anon.why == "":
+		return sharedSmall, fmt.Sprintf("the %d-byte granule is not a multiple of the %d-byte huge page", opts.Granularity, anon.pmd)
+	}
+	return sharedSmall, shmem.why + " and " + anon.why
+}
+
+// Stats describes how the backing gets its memory; see SharedStats. It may be
+// called after Close.
+func (s *Shared) Stats() SharedStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := SharedStats{NoHugePages: s.hugeWhy, Private: int64(s.nPriv) << s.shift, Adopted: s.adopted, HugeRefused: s.refused}
+	switch s.huge {
+	case sharedShmemHuge:
+		st.HugePages = "shmem"
+	case sharedPrivHuge:
+		st.HugePages = "private"
+	}
+	return st
+}
+
+// HugePages returns how many bytes of r's committed memory the kernel really backs
+// with huge pages, from /proc/self/smaps: private granules in AnonHugePages, memfd
+// granules in ShmemPmdMapped. It costs about a millisecond per thousand mappings of
+// the process: it is for metrics and tests, not the token path.
+func (s *Shared) HugePages(r *SharedReservation) (HugePageBytes, error) {
+	s.mu.Lock()
+	if err := s.use("huge pages", r); err != nil {
+		s.mu.Unlock()
+		return HugePageBytes{}, err
+	}
+	base, size := uintptr(r.base), r.size
+	s.mu.Unlock()
+	if size == 0 {
+		return HugePageBytes{}, nil
+	}
+	return hugeBytes(base, base+uintptr(size))
+}
+
+// advise asks for huge pages on [at, at+n); a refusal is counted, not an error: the
+// memory works with small pages. s.mu must be held.
+func (s *Shared) advise(at unsafe.Pointer, n int) {
+	if err := s.sys.advise(at, n); err != nil {
+		s.refused++
+	}
+}
+
+// adviseFile asks for huge pages on a new mapping of the memfd at [at, at+n) when
+// the backing gets shmem huge pages. (A mapping moved from the park keeps the
+// park's advice.) s.mu must be held.
+func (s *Shared) adviseFile(at unsafe.Pointer, n int) {
+	if s.huge == sharedShmemHuge {
+		s.advise(at, n)
+	}
+}
+
 // reclaim gives every idle granule back when a request on the device waits for
 // memory (the governor calls it): idle granules hold budget that the waiter, perhaps
 // another pool's user, can not otherwise have.
 func (s *Shared) reclaim(int64) {
 	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	if s.closed || !s.othersWait() {
+		s.mu.Unlock() // only this pool's commits wait: they take the idle granules
 		return
 	}
 	// Close waits for this like for a refill, so the memfd outlives the give-back.
 	s.refill.Add(1)
+	_, _ = s.givePriv(s.takePrivIdle(s.nPrivIdle))
 	victims := s.victims(s.nIdle)
 	s.mu.Unlock()
 	defer s.refill.Done()
@@ -372,13 +565,20 @@ func (s *Shared) Reserve(size int) (*SharedReservation, error) {
 			return nil, &backing.OpError{Op: "reserve", Size: size, Kind: backing.ErrOutOfMemory,
 				Err: fmt.Errorf("host: more than %d granules in one reservation", sharedMaxSlots)}
 		}
+		// NB: where granules may be private, a guard page on either side, so that
+		// a private granule at an end never merges with a neighbouring mapping
+		// (smaps and the mapping count would blur them).
 		align, pad := sharedAlignment(s.g)
-		raw, err := s.sys.reserve(size + pad)
+		guard := 0
+		if s.huge == sharedPrivHuge {
+			guard = os.Getpagesize()
+		}
+		raw, err := s.sys.reserve(size + pad + 2*guard)
 		if err != nil {
 			return nil, s.opErr("reserve", 0, size, err, true)
 		}
-		r.raw, r.rawN = raw, size+pad
-		r.base = sharedAlign(raw, align)
+		r.raw, r.rawN = raw, size+pad+2*guard
+		r.base = sharedAlign(sharedAt(raw, guard), align)
 		r.maps = make([]sharedMap, size>>s.shift)
 	}
 	s.resv[r] = struct{}{}
@@ -437,7 +637,7 @@ func (s *Shared) open() {
 func (r *SharedReservation) want(op string, off, size int, committed bool) error {
 	sh := r.s.shift
 	for i := off >> sh; i < (off+size)>>sh; i++ {
-		if (r.maps[i].at != 0) != committed {
+		if r.maps[i].committed() != committed {
 			kind := backing.ErrCommitted
 			if committed {
 				kind = backing.ErrNotCommitted
@@ -497,10 +697,12 @@ func (s *Shared) Commit(r *SharedReservation, off, size int) error {
 // CommitCtx is Commit that, when the budget refuses the new granules, waits in FIFO
 // order with the device's other waiters (Authority.Acquire) until ctx ends, then
 // commits with the bytes it waited for. It holds nothing while it waits: the idle
-// granules it would have taken go back to the OS (as with any waiter queued) and it
-// waits for the bytes of the whole range, so that waiting commits can not hold
-// pieces each of them needs. When ctx ends first it returns ctx.Err() (wrapped)
-// and the range is as it was.
+// granules it would have taken stay in the pool, and it waits for the bytes of the
+// whole range, so that waiting commits can not hold pieces each of them needs. A
+// granule that goes idle meanwhile is handed to the waiting commits of this pool
+// (they try again with it) rather than given to the OS and made again; only when
+// another owner's request waits too do idle granules go back to the OS at once. When
+// ctx ends first it returns ctx.Err() (wrapped) and the range is as it was.
 func (s *Shared) CommitCtx(ctx context.Context, r *SharedReservation, off, size int) error {
 	return s.commit(ctx, r, off, size, true)
 }
@@ -527,22 +729,36 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 		return nil
 	}
 	hint := -1
+	priv := 0 // private granules to create, after the pooled ones
 	if gi > 0 && r.maps[gi-1].at != 0 {
 		hint = r.maps[gi-1].slot() + 1 // continue the file run of the granule before
 	}
-	picks := s.pickIdle(min(n, s.nIdle), hint)
-	if len(picks) < n {
+	// Idle private granules first (only a backing that makes them has any), then
+	// idle memfd granules, then new ones.
+	var pos []int
+	if s.nPrivIdle > 0 {
+		pos = s.takePrivIdle(min(n, s.nPrivIdle))
+	}
+	picks := s.pickIdle(min(n-len(pos), s.nIdle), hint)
+	if len(pos)+len(picks) < n {
 		var fresh int
 		var err error
-		if picks, fresh, err = s.charge(ctx, op, r, off, size, n, picks, wait); err != nil {
+		if picks, fresh, err = s.charge(ctx, op, r, off, size, n, picks, &pos, wait); err != nil {
 			return err
 		}
-		if len(picks) > 0 {
+		if s.huge == sharedPrivHuge {
+			priv = fresh
+			fresh = 0
+		} else if len(picks) > 0 {
 			hint = picks[len(picks)-1].slot + 1
 		}
-		more, err := s.pickFresh(fresh, hint)
+		var more []sharedPick
+		if fresh > 0 {
+			more, err = s.pickFresh(fresh, hint)
+		}
 		if err != nil {
 			s.unpick(picks)
+			s.untakePrivIdle(pos)
 			bytes := int64(fresh) << s.shift
 			s.owned -= bytes
 			s.auth.Release(bytes)
@@ -551,20 +767,38 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 		}
 		picks = append(picks, more...)
 		slices.SortFunc(picks, func(a, b sharedPick) int { return a.slot - b.slot })
-		if s.populate {
+		if s.populate && len(more) > 0 {
 			if err := s.allocateNew(op, r, off, size, picks, more); err != nil {
 				return err
 			}
 		}
 	}
-	slots := make([]int, n)
+	if len(pos) > 0 {
+		return s.commitPriv(op, r, gi, n, picks, pos, priv)
+	}
+	slots := make([]int, len(picks))
 	for k, p := range picks {
 		slots[k] = p.slot
 	}
 	if done, err := s.place(r, gi, slots); err != nil {
+		s.releasePriv(priv)
 		return s.undoMap(op, r, off, size, picks, done, err)
 	}
+	if priv > 0 {
+		at := r.at(gi + len(picks))
+		if err := s.sys.protect(at, priv<<s.shift, false); err != nil {
+			s.releasePriv(priv)
+			return s.undoMap(op, r, off, size, picks, len(picks), err)
+		}
+		s.advise(at, priv<<s.shift)
+	}
 	s.record(r, gi, picks, false)
+	s.recordPriv(r, gi+len(picks), priv)
+	if s.populate && priv > 0 {
+		s.kick()
+		s.mu.Unlock()
+		return s.populatePriv(op, r, gi, n, priv)
+	}
 	populate := false
 	if s.populate {
 		for _, p := range picks {
@@ -584,18 +818,71 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 	return s.populateNew(op, r, gi, picks)
 }
 
+// releasePriv gives back the bytes charged for n private granules that a commit did
+// not make. s.mu must be held.
+func (s *Shared) releasePriv(n int) {
+	if b := int64(n) << s.shift; b > 0 {
+		s.owned -= b
+		s.auth.Release(b)
+	}
+}
+
+// recordPriv marks granules [gi, gi+n) of r as private (their bytes are charged) and
+// attributes their mapping. s.mu must be held.
+func (s *Shared) recordPriv(r *SharedReservation, gi, n int) {
+	for i := gi; i < gi+n; i++ {
+		r.maps[i] = sharedMap{priv: true}
+	}
+	r.count += n
+	s.nPriv += n
+	if b := int64(n) << s.shift; b > 0 {
+		s.mapped += b
+		s.auth.Map(b)
+	}
+}
+
+// populatePriv populates, outside the lock, the last priv granules of a commit of n
+// granules at gi of r; on failure it undoes the whole commit. s.mu must not be held.
+func (s *Shared) populatePriv(op string, r *SharedReservation, gi, n, priv int) error {
+	err := s.sys.populate(r.at(gi+n-priv), priv<<s.shift, true)
+	if err == nil {
+		return nil
+	}
+	off, size := gi<<s.shift, n<<s.shift
+	s.mu.Lock()
+	err = s.opErr(op, off, size, err, false)
+	if r.state != sharedLive {
+		s.mu.Unlock()
+		return err
+	}
+	parked := s.parkPriv(r, gi, n-priv) // the granules that came out of the park
+	if uerr := s.sys.unmapTo(r.at(gi), size); uerr != nil {
+		_ = s.unpark(r, parked)
+		s.mu.Unlock()
+		return fmt.Errorf("%w; undoing the commit failed, [%#x, +%#x) is left committed: %w",
+			err, off, size, s.opErr(op, off, size, uerr, true))
+	}
+	give := s.drop(r, gi, n)
+	s.mu.Unlock()
+	_, gerr := s.giveBack(give)
+	return s.stayIdle(err, gerr)
+}
+
 // charge takes the bytes of fresh new granules for a commit of n granules that
-// holds the idle picks: at once, or, when wait is true and the budget refuses, in
-// FIFO order with the device's other waiters until ctx ends. It returns the idle
-// picks the commit keeps and how many granules it must create. s.mu must be held; on
-// error it is released and nothing is held.
+// holds the idle picks and the idle private granules at *pos: at once, or, when
+// wait is true and the budget refuses, in FIFO order with the device's other
+// waiters until ctx ends. It returns the idle picks the commit keeps and how many
+// granules it must create (and may change *pos). s.mu must be held; on error it is
+// released and nothing is held.
 //
-// NB: a commit holds nothing while it waits. Holding its idle picks while waiting for
-// the rest would let commits that each hold some wait for each other forever; so it
-// gives them back (a pool with waiters keeps nothing idle anyway) and waits for all n
-// granules at once.
-func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, off, size, n int, picks []sharedPick, wait bool) ([]sharedPick, int, error) {
-	fresh := n - len(picks)
+// NB: a commit holds nothing while it waits. Holding its idle granules while waiting
+// for the rest would let commits that each hold some wait for each other forever; so
+// it puts them back in the pool and waits for all n granules at once. While only
+// this pool's commits wait, granules that go idle stay in the pool (see drop) and
+// wake the waiters, which try again with them: idle granules are handed to the
+// waiting commits, not first given to the OS to be made again.
+func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, off, size, n int, picks []sharedPick, pos *[]int, wait bool) ([]sharedPick, int, error) {
+	fresh := n - len(picks) - len(*pos)
 	err := s.auth.TryAcquire(int64(fresh) << s.shift)
 	if err == nil {
 		s.owned += int64(fresh) << s.shift
@@ -603,27 +890,110 @@ func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, of
 	}
 	if !wait || !accounting.CanWait(err) {
 		s.unpick(picks)
+		s.untakePrivIdle(*pos)
+		*pos = nil
 		s.mu.Unlock()
 		return nil, 0, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
 	}
-	idle := make([]int, len(picks))
-	for k, p := range picks {
-		idle[k] = p.slot
-	}
-	s.mu.Unlock()
-	s.giveBack(idle) // a slot whose punch fails just stays idle
 	bytes := int64(n) << s.shift
-	if err := s.auth.Acquire(ctx, bytes); err != nil {
-		return nil, 0, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
-	}
-	s.mu.Lock()
-	if r.state != sharedLive {
-		s.auth.Release(bytes)
+	w := &sharedWaiter{wake: make(chan struct{})}
+	s.waitq = append(s.waitq, w)
+	for {
+		s.unpick(picks)
+		s.untakePrivIdle(*pos)
+		*pos = nil
+		w.reset() // what it put back woke nobody but itself
+		wake := w.wake
 		s.mu.Unlock()
-		panic(backing.PanicUseAfterUnreserve)
+		wctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			select {
+			case <-wake:
+				cancel()
+			case <-done:
+			}
+		}()
+		err := s.auth.Acquire(wctx, bytes)
+		close(done)
+		cancel()
+		s.mu.Lock()
+		if r.state != sharedLive {
+			s.unwait(w)
+			if err == nil {
+				s.auth.Release(bytes)
+			}
+			s.mu.Unlock()
+			panic(backing.PanicUseAfterUnreserve)
+		}
+		if err == nil {
+			s.unwait(w)
+			s.owned += bytes
+			return nil, n, nil
+		}
+		if !w.signaled || ctx.Err() != nil {
+			s.unwait(w)
+			s.mu.Unlock()
+			if ctx.Err() != nil {
+				err = fmt.Errorf("%w", ctx.Err()) // NB: not wctx's: the caller's ctx ended
+			}
+			return nil, 0, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
+		}
+		// Granules went idle: take them, and what the budget gives for the rest.
+		if s.nPrivIdle > 0 {
+			*pos = s.takePrivIdle(min(n, s.nPrivIdle))
+		}
+		picks = s.pickIdle(min(n-len(*pos), s.nIdle), -1)
+		fresh = n - len(picks) - len(*pos)
+		// NB: not TryAcquire(0), which the governor refuses while anyone waits.
+		if fresh == 0 || s.auth.TryAcquire(int64(fresh)<<s.shift) == nil {
+			s.unwait(w)
+			s.owned += int64(fresh) << s.shift
+			return picks, fresh, nil
+		}
+		// Not enough yet: wait again, first in line still.
 	}
-	s.owned += bytes
-	return nil, n, nil
+}
+
+// sharedWaiter is a commit of this pool that waits for the budget.
+type sharedWaiter struct {
+	wake     chan struct{} // closed by signal
+	signaled bool
+}
+
+// reset makes w wait for the next signal.
+func (w *sharedWaiter) reset() {
+	if w.signaled {
+		w.wake, w.signaled = make(chan struct{}), false
+	}
+}
+
+// signal wakes the first of this pool's commits that wait for the budget, in the
+// order they came: a granule went idle that it can take. (Waking them all would let
+// a later one take what the first needs.) s.mu must be held.
+func (s *Shared) signal() {
+	if len(s.waitq) > 0 && !s.waitq[0].signaled {
+		s.waitq[0].signaled = true
+		close(s.waitq[0].wake)
+	}
+}
+
+// unwait takes w out of the line of waiting commits; if idle granules remain, the
+// next in line is woken for them. s.mu must be held.
+func (s *Shared) unwait(w *sharedWaiter) {
+	if i := slices.Index(s.waitq, w); i >= 0 {
+		s.waitq = slices.Delete(s.waitq, i, i+1)
+	}
+	if s.nIdle+s.nPrivIdle > 0 {
+		s.signal()
+	}
+}
+
+// othersWait reports whether requests other than this pool's own waiting commits
+// wait for host memory: only then do idle granules go back to the OS at once, since
+// only through the OS can another owner have their bytes. s.mu must be held.
+func (s *Shared) othersWait() bool {
+	return s.auth.Governor().Stats(s.auth.Device()).Waiters > len(s.waitq)
 }
 
 // allocateNew allocates the pages of the new slots more (one run) in the file before
@@ -675,7 +1045,7 @@ func (s *Shared) undoMap(op string, r *SharedReservation, off, size int, picks [
 		}
 	}
 	s.record(r, gi, picks[:kept], false)
-	if !s.populate {
+	if !s.populate && !sharedMapAllocates {
 		s.unpick(picks[kept:]) // new slots never touched: still holes
 		s.mu.Unlock()
 		return err
@@ -773,6 +1143,7 @@ func (s *Shared) mapSlots(r *SharedReservation, gi int, slots []int, ro bool) (i
 		if err := s.sys.mapFile(r.at(gi+k), (j-k)<<s.shift, s.fd, int64(slots[k])<<s.shift, ro); err != nil {
 			return k, err
 		}
+		s.adviseFile(r.at(gi+k), (j-k)<<s.shift)
 		k = j
 	}
 	return len(slots), nil
@@ -812,9 +1183,21 @@ func (s *Shared) Decommit(r *SharedReservation, off, size int) error {
 		return nil
 	}
 	s.parkLast(r, off>>s.shift, size>>s.shift)
-	if err := s.sys.unmapTo(sharedAt(r.base, off), size); err != nil {
+	parked := s.parkPriv(r, off>>s.shift, size>>s.shift)
+	// A range of private granules only (or their empty places, parked) keeps its
+	// mapping: freeing the pages in place costs a third less than a new mapping,
+	// whose first fault must set up its anonymous memory again.
+	unmap := s.sys.unmapTo
+	if !slices.ContainsFunc(r.maps[off>>s.shift:(off+size)>>s.shift], func(m sharedMap) bool { return m.at != 0 }) {
+		unmap = s.sys.discard
+	}
+	if err := unmap(sharedAt(r.base, off), size); err != nil {
+		err = s.opErr("decommit", off, size, err, true)
+		if uerr := s.unpark(r, parked); uerr != nil {
+			err = fmt.Errorf("%w; and undoing the park failed: %w", err, uerr)
+		}
 		s.mu.Unlock()
-		return s.opErr("decommit", off, size, err, true)
+		return err
 	}
 	give := s.drop(r, off>>s.shift, size>>s.shift)
 	s.mu.Unlock()
@@ -848,6 +1231,7 @@ func (s *Shared) Unreserve(r *SharedReservation) accounting.ReleaseOutcome {
 		return accounting.Released(0)
 	}
 	s.parkLast(r, 0, n)
+	s.parkPriv(r, 0, n)
 	err := s.sys.release(r.raw, r.rawN)
 	if err == nil {
 		give := s.drop(r, 0, n)
@@ -863,12 +1247,12 @@ func (s *Shared) Unreserve(r *SharedReservation) accounting.ReleaseOutcome {
 	var give []int
 	var unmapped int64
 	for i := 0; i < n; {
-		if r.maps[i].at == 0 {
+		if !r.maps[i].committed() {
 			i++
 			continue
 		}
 		j := i + 1
-		for j < n && r.maps[j].at != 0 {
+		for j < n && r.maps[j].committed() {
 			j++
 		}
 		if uerr := s.sys.unmapTo(r.at(i), (j-i)<<s.shift); uerr != nil {
@@ -917,32 +1301,37 @@ func (s *Shared) forget(r *SharedReservation, state sharedState) {
 // read-write: the physical granule is the same). On error nothing changed.
 func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservation, srcOff, size int, prot backing.Protection) error {
 	const op = "share"
-	s.mu.Lock()
-	if err := s.use(op, dst); err != nil {
-		s.mu.Unlock()
-		return err
-	}
-	if err := s.use(op, src); err != nil {
-		s.mu.Unlock()
-		return err
+	for {
+		s.mu.Lock()
+		if err := s.use(op, dst); err != nil {
+			s.mu.Unlock()
+			return err
+		}
+		if err := s.use(op, src); err != nil {
+			s.mu.Unlock()
+			return err
+		}
+		if err := s.checkShare(op, dst, dstOff, src, srcOff, size, prot); err != nil {
+			s.mu.Unlock()
+			return err
+		}
+		// Private granules move into the memfd first, one run at a time.
+		i, j := srcOff>>s.shift, (srcOff+size)>>s.shift
+		for i < j && !src.maps[i].priv {
+			i++
+		}
+		if i == j {
+			break
+		}
+		k := i + 1
+		for k < j && src.maps[k].priv {
+			k++
+		}
+		if err := s.adopt(op, src, i, k); err != nil {
+			return err
+		}
 	}
 	defer s.mu.Unlock()
-	if prot != backing.ReadOnly && prot != backing.ReadWrite {
-		return &backing.OpError{Op: op, Offset: dstOff, Size: size, Kind: ErrSharedArgument,
-			Err: fmt.Errorf("host: unknown protection %d", prot)}
-	}
-	if err := backing.CheckRange(op, srcOff, size, src.size, s.g); err != nil {
-		return err
-	}
-	if err := backing.CheckRange(op, dstOff, size, dst.size, s.g); err != nil {
-		return err
-	}
-	if err := src.want(op, srcOff, size, true); err != nil {
-		return err
-	}
-	if err := dst.want(op, dstOff, size, false); err != nil {
-		return err
-	}
 	n := size >> s.shift
 	if n == 0 {
 		return nil
@@ -970,6 +1359,129 @@ func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservatio
 		}
 	}
 	return err
+}
+
+// checkShare validates the arguments of a Share. s.mu must be held.
+func (s *Shared) checkShare(op string, dst *SharedReservation, dstOff int, src *SharedReservation, srcOff, size int, prot backing.Protection) error {
+	if prot != backing.ReadOnly && prot != backing.ReadWrite {
+		return &backing.OpError{Op: op, Offset: dstOff, Size: size, Kind: ErrSharedArgument,
+			Err: fmt.Errorf("host: unknown protection %d", prot)}
+	}
+	if err := backing.CheckRange(op, srcOff, size, src.size, s.g); err != nil {
+		return err
+	}
+	if err := backing.CheckRange(op, dstOff, size, dst.size, s.g); err != nil {
+		return err
+	}
+	if err := src.want(op, srcOff, size, true); err != nil {
+		return err
+	}
+	return dst.want(op, dstOff, size, false)
+}
+
+// adopt moves the private granules [i, j) of r into the memfd: it copies each into
+// a memfd granule (an idle one where the pool has one, else a new one, allocated and
+// populated in the park), then moves those over the same addresses of r (mremap,
+// see the park), so that r keeps its base and its contents and the private pages go
+// back to the OS. While both exist the new granules are charged too, so a busy
+// budget may refuse the Share; the private granules' bytes are released once
+// they are gone. On error r is as it was, but that some granules may have moved
+// (which changes nothing r can see). s.mu must be held; it is released.
+func (s *Shared) adopt(op string, r *SharedReservation, i, j int) error {
+	k := j - i
+	off, size := i<<s.shift, k<<s.shift
+	picks := s.pickIdle(min(k, s.nIdle), -1)
+	if fresh := k - len(picks); fresh > 0 {
+		b := int64(fresh) << s.shift
+		if err := s.auth.TryAcquire(b); err != nil {
+			s.unpick(picks)
+			s.mu.Unlock()
+			return &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
+		}
+		s.owned += b
+		more, err := s.pickFresh(fresh, -1)
+		if err != nil {
+			s.unpick(picks)
+			s.owned -= b
+			s.auth.Release(b)
+			s.mu.Unlock()
+			return s.opErr(op, off, size, err, true)
+		}
+		picks = append(picks, more...)
+	}
+	slices.SortFunc(picks, func(a, b sharedPick) int { return a.slot - b.slot })
+	ro := make([]bool, k) // protected (Protect): the memfd granule must be too
+	for n := range ro {
+		ro[n] = r.maps[i+n].ro
+	}
+	at := make([]unsafe.Pointer, k)
+	ready := make([]bool, k)
+	for n, p := range picks {
+		at[n] = s.parkAt(p.slot)
+		ready[n] = s.slots[p.slot].resident
+	}
+	s.mu.Unlock()
+	var err error
+	for n, p := range picks {
+		if !ready[n] {
+			if err = s.sys.allocate(s.fd, int64(p.slot)<<s.shift, int64(s.g)); err == nil {
+				err = s.sys.populate(at[n], s.g, true)
+			}
+			if err != nil {
+				err = s.opErr(op, off, size, err, false)
+				break
+			}
+		}
+		copy(sharedBytes(at[n], s.g), sharedBytes(r.at(i+n), s.g))
+	}
+	s.mu.Lock()
+	done := 0
+	if err == nil && r.state == sharedLive {
+		slots := make([]int, k)
+		for n, p := range picks {
+			slots[n] = p.slot
+		}
+		done, err = s.place(r, i, slots)
+		if err != nil {
+			err = s.opErr(op, off, size, err, true)
+		}
+	}
+	for n, p := range picks[:done] {
+		sl := &s.slots[p.slot]
+		sl.busy, sl.refs, sl.resident = false, 1, true
+		r.maps[i+n] = sharedMap{at: uint32(p.slot + 1)}
+		if ro[n] {
+			// The move brought the park's access (read-write): protect it again.
+			if perr := s.sys.protect(r.at(i+n), s.g, true); perr != nil && err == nil {
+				err = fmt.Errorf("host: granule at %#x moved into the memfd writable, not protected: %w",
+					(i+n)<<s.shift, s.opErr(op, (i+n)<<s.shift, s.g, perr, true))
+			} else if perr == nil {
+				r.maps[i+n].ro = true
+			}
+		}
+	}
+	s.nPriv -= done
+	s.adopted += int64(done)
+	s.releasePriv(done)
+	var give []int
+	for _, p := range picks[done:] {
+		if p.fresh {
+			give = append(give, p.slot)
+		} else {
+			s.slots[p.slot].resident = false // its pages may be half written
+			s.toIdle(p.slot)
+		}
+	}
+	live := r.state == sharedLive
+	s.mu.Unlock()
+	_, gerr := s.giveBack(give)
+	if !live {
+		panic(backing.PanicUseAfterUnreserve) // r was unreserved meanwhile
+	}
+	if err != nil {
+		return s.stayIdle(err, gerr)
+	}
+	return nil
 }
 
 // Protect sets the access of the committed range [off, off+size) of r to prot with one
@@ -1159,12 +1671,20 @@ func (s *Shared) Close() error {
 		return fmt.Errorf("%w: %d to unreserve first", ErrSharedInUse, n)
 	}
 	s.closed = true
+	close(s.stop)
 	s.mu.Unlock()
 	s.auth.SetReclaimer(nil)
 	s.refill.Wait()
+	s.scav.Wait()
 
 	s.mu.Lock()
-	gone, err := s.releasePark()
+	_, err := s.givePriv(s.takePrivIdle(s.nPrivIdle))
+	if s.apark != nil {
+		s.stray = append(s.stray, sharedSpan{s.aparkRaw, s.aparkN})
+		s.apark = nil
+	}
+	gone, perr := s.releasePark()
+	err = errors.Join(err, perr)
 	stranded := !gone
 	for i := range s.slots {
 		if s.slots[i].refs > 0 {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/bits"
 	"sync"
+	"time"
 	"unsafe"
 )
 
@@ -147,6 +148,19 @@ func (f *SharedFaults) wrap(sys sharedSys) sharedSys {
 			}
 			return in.populate(at, n, write)
 		},
+		advise: func(at unsafe.Pointer, n int) error {
+			if err := f.call("advise"); err != nil {
+				return err
+			}
+			return in.advise(at, n)
+		},
+		discard: func(at unsafe.Pointer, n int) error {
+			if err := f.call("discard"); err != nil {
+				return err
+			}
+			return in.discard(at, n)
+		},
+		granule:  in.granule,
 		mapCount: in.mapCount,
 	}
 }
@@ -176,6 +190,17 @@ func SharedSlots(r *SharedReservation) (slots []int, ro []bool) {
 		ro = append(ro, m.ro)
 	}
 	return slots, ro
+}
+
+// SharedPrivate returns, per granule of r, whether it is a private granule.
+func SharedPrivate(r *SharedReservation) []bool {
+	r.s.mu.Lock()
+	defer r.s.mu.Unlock()
+	out := make([]bool, len(r.maps))
+	for i, m := range r.maps {
+		out[i] = m.priv
+	}
+	return out
 }
 
 // SharedQuarantined reports whether a failed Unreserve quarantined r.
@@ -263,13 +288,21 @@ func CheckShared(s *Shared) error {
 	n := len(s.slots)
 	refs := make([]int32, n)
 	var mapped int64
-	live := 0
+	live, priv := 0, 0
 	for r := range s.resv {
 		if r.state == sharedLive {
 			live++
 		}
 		c := 0
 		for i, m := range r.maps {
+			if m.priv {
+				if m.at != 0 || m.shared {
+					return fmt.Errorf("reservation %p granule %d is private but maps slot %d (shared=%v)", r, i, m.slot(), m.shared)
+				}
+				c++
+				priv++
+				continue
+			}
 			if m.at == 0 {
 				continue
 			}
@@ -324,12 +357,30 @@ func CheckShared(s *Shared) error {
 		return fmt.Errorf("idle: %d bits, %d slots, %d counted", count, idle, s.nIdle)
 	case resident != s.nResident:
 		return fmt.Errorf("resident: %d slots, %d counted", resident, s.nResident)
-	case int64(owned)<<s.shift != s.owned:
-		return fmt.Errorf("owned: %d slots, %d bytes counted", owned, s.owned)
+	case priv != s.nPriv:
+		return fmt.Errorf("private: %d granules mapped, %d counted", priv, s.nPriv)
+	}
+	parked, idlePriv := 0, 0
+	for _, w := range s.aused {
+		parked += bits.OnesCount64(w)
+	}
+	for _, w := range s.aidle {
+		idlePriv += bits.OnesCount64(w)
+	}
+	for p := s.aidle.next(0, len(s.aidle)*64); p < len(s.aidle)*64; p = s.aidle.next(p+1, len(s.aidle)*64) {
+		if !s.aused.has(p) {
+			return fmt.Errorf("private park position %d is idle but holds no granule", p)
+		}
+	}
+	switch {
+	case parked != idlePriv || idlePriv != s.nPrivIdle:
+		return fmt.Errorf("private park: %d positions used, %d idle, %d counted", parked, idlePriv, s.nPrivIdle)
+	case int64(owned+priv+parked)<<s.shift != s.owned:
+		return fmt.Errorf("owned: %d slots, %d private, %d parked, %d bytes counted", owned, priv, parked, s.owned)
 	case mapped != s.mapped:
 		return fmt.Errorf("mapped: %d bytes found, %d counted", mapped, s.mapped)
 	}
-	if n > 0 && (len(s.park) == 0 || s.chunkFirst(len(s.park)) < n) {
+	if sharedPark && n > 0 && (len(s.park) == 0 || s.chunkFirst(len(s.park)) < n) {
 		return fmt.Errorf("the park's %d chunks do not cover the file's %d slots", len(s.park), n)
 	}
 	if st := s.auth.Stats(); st.Owned != s.owned || st.Mapped != s.mapped {
@@ -338,3 +389,15 @@ func CheckShared(s *Shared) error {
 	}
 	return nil
 }
+
+// SetSharedClock makes s read the time from now (for the decay of idle granules). It
+// must be called before s is used concurrently.
+func SetSharedClock(s *Shared, now func() time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.clock = now
+}
+
+// SharedDecay runs one pass of the scavenger at s's clock and reports whether idle
+// granules above the floor remain.
+func SharedDecay(s *Shared) bool { return s.decayPass(s.clock()) }

@@ -10,7 +10,19 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-const sharedSupported = true
+const (
+	sharedSupported = true
+	// sharedPark says whether idle granules wait mapped in the park (see
+	// shared_park.go).
+	sharedPark = true
+	// sharedMinGranularity is the least granule beyond the page size.
+	sharedMinGranularity = 1
+	// sharedCreateCall names what creates the pool's file, for errors.
+	sharedCreateCall = "memfd_create"
+	// sharedMapAllocates says whether mapping a new slot gives it memory (a
+	// memfd's hole stays one until touched).
+	sharedMapAllocates = false
+)
 
 // sharedDefaultSys returns the real system calls.
 func sharedDefaultSys() sharedSys {
@@ -27,6 +39,8 @@ func sharedDefaultSys() sharedSys {
 		protect:  sharedProtect,
 		release:  sharedRelease,
 		populate: sharedPopulate,
+		advise:   sharedAdvise,
+		discard:  sharedDiscard,
 		mapCount: sharedMapCount,
 	}
 }
@@ -60,6 +74,22 @@ func sharedUnmapTo(at unsafe.Pointer, n int) error {
 	_, err := unix.MmapPtr(-1, 0, at, uintptr(n), unix.PROT_NONE,
 		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE|unix.MAP_FIXED)
 	return err
+}
+
+// sharedAdvise asks for transparent huge pages on [at, at+n) (MADV_HUGEPAGE).
+func sharedAdvise(at unsafe.Pointer, n int) error {
+	return unix.Madvise(sharedBytes(at, n), unix.MADV_HUGEPAGE)
+}
+
+// sharedDiscard frees the pages of [at, at+n), private anonymous memory of a
+// reservation, and takes the access away: the range is reserved again, in place.
+// NB: if the second step fails the pages are gone but the range stays accessible.
+func sharedDiscard(at unsafe.Pointer, n int) error {
+	b := sharedBytes(at, n)
+	if err := unix.Madvise(b, unix.MADV_DONTNEED); err != nil {
+		return err
+	}
+	return unix.Mprotect(b, unix.PROT_NONE)
 }
 
 func sharedRelease(at unsafe.Pointer, n int) error { return unix.MunmapPtr(at, uintptr(n)) }

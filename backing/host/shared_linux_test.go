@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -45,6 +46,23 @@ type sharedEnv struct {
 	live map[*host.SharedReservation]bool
 
 	closed bool // the test closed the backing itself
+
+	mu    sync.Mutex
+	clock time.Time // the backing's clock
+}
+
+// now is the backing's clock.
+func (e *sharedEnv) now() time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.clock
+}
+
+// advance moves the backing's clock on by d.
+func (e *sharedEnv) advance(d time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.clock = e.clock.Add(d)
 }
 
 // newEnv returns a backing with opts (Authority and Name filled in). At cleanup it
@@ -67,6 +85,11 @@ func newEnv(t *testing.T, opts host.SharedOptions, faulty bool) *sharedEnv {
 	}
 	require.NoError(t, err)
 	e.g = e.s.Granularity()
+	// NB: a clock that stands still, so that no idle granule decays while a slow
+	// test (under -race, on a loaded machine) looks at the pool; the scavenger
+	// still runs. TestSharedDecay moves its own clock.
+	e.clock = time.Unix(1e9, 0)
+	host.SetSharedClock(e.s, e.now)
 	t.Cleanup(e.close)
 	return e
 }
@@ -203,6 +226,7 @@ func (e *sharedEnv) checkMaps(r *host.SharedReservation, base uintptr, size int)
 	e.t.Helper()
 	maps := readMaps(e.t)
 	slots, ro := host.SharedSlots(r)
+	priv := host.SharedPrivate(r)
 	require.Len(e.t, slots, size/e.g)
 	memfd := "/memfd:" + e.name + " "
 	for i, slot := range slots {
@@ -216,6 +240,16 @@ func (e *sharedEnv) checkMaps(r *host.SharedReservation, base uintptr, size int)
 		for k, v := range vs {
 			if k > 0 {
 				assert.Equal(e.t, vs[k-1].end, v.start, "granule %d: a hole inside", i)
+			}
+			if slot < 0 && priv[i] {
+				want := "rw-p"
+				if ro[i] {
+					want = "r--p"
+				}
+				assert.Equal(e.t, want, v.perms, "private granule %d", i)
+				assert.Zero(e.t, v.inode, "private granule %d is anonymous", i)
+				assert.Empty(e.t, v.path, "private granule %d is anonymous", i)
+				continue
 			}
 			if slot < 0 {
 				assert.Equal(e.t, "---p", v.perms, "reserved granule %d", i)
@@ -271,12 +305,15 @@ func vmas(t *testing.T, base uintptr, size int) int { return len(overlapping(rea
 
 func TestSharedConformance(t *testing.T) {
 	for _, tt := range []struct {
-		name string
-		g    int
-	}{{"granule=2MiB", 0}, {"granule=64KiB", kib64}} {
+		name  string
+		g     int
+		small bool
+	}{{"granule=2MiB", 0, false}, {"granule=2MiB/nohuge", 0, true}, {"granule=64KiB", kib64, false}} {
 		t.Run(tt.name, func(t *testing.T) {
 			backingtest.Run(t, func(t *testing.T) backing.Backing[*host.SharedReservation] {
-				return newEnv(t, host.SharedOptions{Granularity: tt.g}, false).s
+				// NB: huge pages even on a guest that would rather not: the
+				// private granules must pass too.
+				return newEnv(t, host.SharedOptions{Granularity: tt.g, NoHugePages: tt.small, AlwaysHugePages: !tt.small}, false).s
 			})
 		})
 	}
@@ -661,11 +698,13 @@ func TestSharedCommitCtxFIFO(t *testing.T) {
 	assert.Equal(t, int64(e.g), e.pool().Idle)
 }
 
-// TestSharedCommitCtxCancel: a commit that must wait holds nothing meanwhile (it gives
-// the idle granules it could have used back, and waits for all it needs), so a
-// cancelled wait leaks nothing, and a served one commits all it asked for.
+// TestSharedCommitCtxCancel: a commit that must wait holds nothing meanwhile (it puts
+// the idle granules it could have used back in the pool, and waits for all it
+// needs), so a cancelled wait leaks nothing; a served one commits all it asked
+// for, and the granules that go idle while it waits are handed to it: none is
+// first given back to the OS (no punch) to be made again.
 func TestSharedCommitCtxCancel(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+	e := newEnv(t, host.SharedOptions{Granularity: kib64}, true)
 	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(2*e.g)))
 	x := e.reserve(2)
 	e.commit(x, 0, 2)
@@ -678,8 +717,8 @@ func TestSharedCommitCtxCancel(t *testing.T) {
 	go func() { errs <- e.s.CommitCtx(ctx, y, 0, 2*e.g) }()
 	waitFor(t, "the commit to queue", func() bool { return waiters() == 1 })
 	p := e.pool()
-	assert.Zero(t, p.Idle, "the waiting commit gave the idle granule back")
-	assert.Equal(t, int64(e.g), p.Owned, "and holds nothing while it waits")
+	assert.Equal(t, int64(e.g), p.Idle, "the waiting commit put the idle granule back in the pool")
+	assert.Equal(t, int64(2*e.g), p.Owned, "and holds nothing itself while it waits")
 	cancel()
 	err := <-errs
 	assert.ErrorIs(t, err, context.Canceled)
@@ -687,24 +726,41 @@ func TestSharedCommitCtxCancel(t *testing.T) {
 	assert.ErrorAs(t, err, &op)
 	assert.Zero(t, waiters())
 	st := e.auth.Stats()
-	assert.Equal(t, int64(e.g), st.Owned, "a cancelled wait leaks nothing")
+	assert.Equal(t, int64(2*e.g), st.Owned, "a cancelled wait leaks nothing: x's granule and the idle one")
 	assert.Equal(t, int64(e.g), st.Mapped)
 	assert.Equal(t, st.Owned, e.pool().Owned)
 	assert.ErrorIs(t, e.s.Decommit(y, 0, e.g), backing.ErrNotCommitted)
 	e.checkMaps(y, e.s.Base(y), 2*e.g)
 	require.NoError(t, host.CheckShared(e.s))
 
-	// Served: x's last granule goes (back to the OS, as a waiter is queued) and the
-	// commit gets both granules.
-	e.commit(x, 1, 1) // full again
+	// Served: x's last granule goes idle, and the commit takes both idle granules.
+	e.f.Fail(func(int, string) bool { return false }, nil) // log the calls from here
 	go func() { errs <- e.s.CommitCtx(context.Background(), y, 0, 2*e.g) }()
 	waitFor(t, "the commit to queue", func() bool { return waiters() == 1 })
+	e.tag(x, 0, 5)
 	e.decommit(x, 0, 1)
-	e.decommit(x, 1, 1)
 	require.NoError(t, <-errs)
-	e.tag(y, 1, 5)
+	assert.NotContains(t, e.f.Log(), "punch", "an idle granule went to the OS while its pool's commit waited")
 	assert.Equal(t, int64(2*e.g), e.auth.Stats().Owned)
+	assert.Equal(t, int64(2*e.g), e.auth.Stats().OwnedPeak, "never charged twice")
+	assert.Contains(t, []uint64{e.tagOf(y, 0), e.tagOf(y, 1)}, uint64(5), "the waiter got x's granule itself")
 	e.checkMaps(y, e.s.Base(y), 2*e.g)
+}
+
+// TestSharedReclaimForOthers: when another owner's request waits for host memory,
+// the pool gives its idle granules back to the OS so that the budget can serve it.
+func TestSharedReclaimForOthers(t *testing.T) {
+	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(2*e.g)))
+	x := e.reserve(2)
+	e.commit(x, 0, 2)
+	e.decommit(x, 0, 2)
+	require.Equal(t, int64(2*e.g), e.pool().Idle)
+	other := e.gov.Authority("other", accounting.HostKey)
+	require.NoError(t, other.Acquire(context.Background(), int64(e.g)))
+	assert.Zero(t, e.pool().Owned, "the idle granules went back for the other owner")
+	other.Release(int64(e.g))
+	e.unreserve(x)
 }
 
 func TestSharedMapLimit(t *testing.T) {
@@ -1042,7 +1098,9 @@ func TestSharedParkKeepsPageTables(t *testing.T) {
 		g    int
 	}{{"granule=2MiB", 2 << 20}, {"granule=64KiB", kib64}} {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t, host.SharedOptions{Granularity: tt.g, High: 4}, false)
+			// NB: memfd granules throughout (new ones included): private granules
+			// have their own park, tested in TestSharedPrivatePark.
+			e := newEnv(t, host.SharedOptions{Granularity: tt.g, High: 4, NoHugePages: true}, false)
 			g := e.g
 			pages := g / os.Getpagesize()
 			park := func(slot int) int { return present(t, host.SharedParkAt(e.s, slot), g) }

@@ -1,4 +1,4 @@
-//go:build !linux
+//go:build !linux && !windows
 
 package host
 
@@ -7,9 +7,16 @@ import (
 	"unsafe"
 )
 
-// The shared backing needs memfd_create; elsewhere NewShared returns an error
-// wrapping errors.ErrUnsupported and these are never called.
-const sharedSupported = false
+// The shared backing needs memfd_create (Linux) or placeholders (Windows); elsewhere
+// NewShared returns an error wrapping errors.ErrUnsupported and these are never
+// called.
+const (
+	sharedSupported      = false
+	sharedPark           = false
+	sharedMinGranularity = 1
+	sharedCreateCall     = "memfd_create"
+	sharedMapAllocates   = false
+)
 
 func sharedDefaultSys() sharedSys {
 	return sharedSys{
@@ -25,6 +32,8 @@ func sharedDefaultSys() sharedSys {
 		protect:  func(unsafe.Pointer, int, bool) error { return errors.ErrUnsupported },
 		release:  func(unsafe.Pointer, int) error { return errors.ErrUnsupported },
 		populate: func(unsafe.Pointer, int, bool) error { return errors.ErrUnsupported },
+		advise:   func(unsafe.Pointer, int) error { return errors.ErrUnsupported },
+		discard:  func(unsafe.Pointer, int) error { return errors.ErrUnsupported },
 		mapCount: func() (int, int, error) { return 0, 0, errors.ErrUnsupported },
 	}
 }

@@ -59,6 +59,9 @@ func (s *Shared) chunkFirst(k int) int { return s.park0 * (1<<k - 1) }
 // parkAt returns the address of slot i in the park. Its chunk must exist; s.mu must
 // be held.
 func (s *Shared) parkAt(i int) unsafe.Pointer {
+	if !sharedPark {
+		return nil // no park: a move fails and the caller maps afresh
+	}
 	k := s.chunkOf(i)
 	return sharedAt(s.park[k].base, (i-s.chunkFirst(k))<<s.shift)
 }
@@ -66,7 +69,7 @@ func (s *Shared) parkAt(i int) unsafe.Pointer {
 // sharedAlignment returns the alignment of reservations and park chunks of granule
 // g, and the bytes to reserve beyond a range to reach it.
 func sharedAlignment(g int) (align, pad int) {
-	if g < sharedMoveAlign {
+	if g < sharedMoveAlign || !sharedPark {
 		return 1, 0
 	}
 	return sharedMoveAlign, sharedMoveAlign - os.Getpagesize()
@@ -76,6 +79,9 @@ func sharedAlignment(g int) (align, pad int) {
 // not be mapped is not added, and its address space is given back (or, if that
 // fails too, at Close). s.mu must be held.
 func (s *Shared) growPark(n int) error {
+	if !sharedPark {
+		return nil
+	}
 	for len(s.park) == 0 || s.chunkFirst(len(s.park)) < n {
 		k := len(s.park)
 		slots := s.park0 << k
@@ -95,6 +101,7 @@ func (s *Shared) growPark(n int) error {
 			}
 			return err
 		}
+		s.adviseFile(base, size)
 		s.park = append(s.park, sharedChunk{raw: raw, rawN: size + pad, base: base})
 	}
 	return nil
@@ -143,6 +150,7 @@ func (s *Shared) place(r *SharedReservation, gi int, slots []int) (int, error) {
 			if err := s.sys.mapFile(at, n, s.fd, int64(slots[k])<<s.shift, false); err != nil {
 				return k, err
 			}
+			s.adviseFile(at, n)
 		}
 		k = j
 	}
@@ -162,8 +170,8 @@ func (s *Shared) parkable(m sharedMap) bool {
 // unmaps the range as usual. A move that fails changes nothing but that the run's
 // page tables go with the unmap; the granules still go idle. s.mu must be held.
 func (s *Shared) parkLast(r *SharedReservation, gi, n int) {
-	room := s.high - s.nIdle
-	if room <= 0 || s.waiters() {
+	room := s.high - s.nIdle - s.nPrivIdle
+	if room <= 0 || s.othersWait() {
 		return // drop gives them all back
 	}
 	for i := gi; i < gi+n && room > 0; {
@@ -185,9 +193,4 @@ func (s *Shared) parkLast(r *SharedReservation, gi, n int) {
 		room -= j - i
 		i = j
 	}
-}
-
-// waiters reports whether the governor has requests waiting for host memory.
-func (s *Shared) waiters() bool {
-	return s.auth.Governor().Stats(s.auth.Device()).Waiters > 0
 }

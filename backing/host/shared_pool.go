@@ -125,6 +125,9 @@ func (s *Shared) toIdle(i int) {
 	if sl.resident {
 		s.nResident++
 	}
+	sl.since = s.clock().UnixNano()
+	s.startDecay()
+	s.signal()
 }
 
 // drop unmaps granules [gi, gi+n) of r from the bookkeeping (the caller unmapped
@@ -134,14 +137,18 @@ func (s *Shared) toIdle(i int) {
 func (s *Shared) drop(r *SharedReservation, gi, n int) []int {
 	var give []int
 	waiters := -1 // unknown
-	dropped := 0
+	dropped, priv := 0, 0
 	for i := gi; i < gi+n; i++ {
 		m := r.maps[i]
-		if m.at == 0 {
+		if !m.committed() {
 			continue
 		}
 		r.maps[i] = sharedMap{}
 		dropped++
+		if m.priv {
+			priv++ // its pages went with its mapping
+			continue
+		}
 		sl := &s.slots[m.slot()]
 		sl.refs--
 		if sl.refs > 0 {
@@ -149,11 +156,11 @@ func (s *Shared) drop(r *SharedReservation, gi, n int) []int {
 		}
 		if waiters < 0 {
 			waiters = 0
-			if s.waiters() {
+			if s.othersWait() {
 				waiters = 1
 			}
 		}
-		if waiters == 0 && s.nIdle < s.high {
+		if waiters == 0 && s.nIdle+s.nPrivIdle < s.high {
 			s.toIdle(m.slot())
 		} else {
 			sl.busy = true
@@ -165,6 +172,8 @@ func (s *Shared) drop(r *SharedReservation, gi, n int) []int {
 		s.mapped -= b
 		s.auth.Unmap(b)
 	}
+	s.nPriv -= priv
+	s.releasePriv(priv)
 	return give
 }
 
@@ -244,12 +253,18 @@ func (s *Shared) prefillOne(n int, background bool) (bool, error) {
 		return false, nil
 	}
 	s.open()
-	if s.nResident >= n {
+	if s.nResident+s.nPrivIdle >= n {
 		if background {
 			s.refilling = false
 		}
 		s.mu.Unlock()
 		return false, nil
+	}
+	if s.huge == sharedPrivHuge {
+		if ok, err := s.prefillPriv(background); ok || err != nil {
+			return ok, err
+		}
+		// The private park is full: memfd granules for the rest.
 	}
 	slot, fresh := -1, false
 	for i := s.idle.next(0, len(s.slots)); i < len(s.slots); i = s.idle.next(i+1, len(s.slots)) {
@@ -288,7 +303,7 @@ func (s *Shared) prefillOne(n int, background bool) (bool, error) {
 	at := s.parkAt(slot)
 	s.mu.Unlock()
 	err := s.sys.allocate(s.fd, int64(slot)<<s.shift, int64(s.g))
-	if err == nil {
+	if err == nil && sharedPark { // without a park, allocate made the pages
 		err = s.sys.populate(at, s.g, true)
 	}
 	if err != nil {
@@ -317,7 +332,7 @@ func (s *Shared) prefillOne(n int, background bool) (bool, error) {
 // kick starts the background refill when the pool has fewer than Low idle resident
 // granules. s.mu must be held.
 func (s *Shared) kick() {
-	if s.low == 0 || s.refilling || s.closed || s.nResident >= s.low {
+	if s.low == 0 || s.refilling || s.closed || s.nResident+s.nPrivIdle >= s.low {
 		return
 	}
 	s.refilling = true
@@ -334,8 +349,10 @@ func (s *Shared) kick() {
 	}()
 }
 
-// Trim gives idle granules back to the OS (fallocate PUNCH_HOLE) until at most keep
-// remain, those not known resident first, then from the end of the file. It returns
+// Trim gives idle granules back to the OS until at most keep remain: idle private
+// granules first (mapping reserved memory over their place in the park), then memfd
+// granules (fallocate PUNCH_HOLE), those not known resident first, then from the end
+// of the file. It returns
 // the bytes given back; a granule whose punch fails stays in the pool and the first
 // error is returned.
 func (s *Shared) Trim(keep int) (int64, error) {
@@ -345,9 +362,16 @@ func (s *Shared) Trim(keep int) (int64, error) {
 	}
 	s.mu.Lock()
 	s.open()
-	victims := s.victims(s.nIdle - keep)
+	k := max(s.nIdle+s.nPrivIdle-keep, 0)
+	pos := s.takePrivIdle(min(k, s.nPrivIdle)) // the cheapest to make again
+	n, err := s.givePriv(pos)
+	victims := s.victims(k - len(pos))
 	s.mu.Unlock()
-	return s.giveBack(victims)
+	m, gerr := s.giveBack(victims)
+	if err == nil {
+		err = gerr
+	}
+	return n + m, err
 }
 
 // victims takes k idle slots out of the pool for giveBack, non-resident first, then
@@ -374,9 +398,9 @@ func (s *Shared) PoolStats() backing.PoolStats {
 	return backing.PoolStats{
 		Granule:  s.g,
 		Owned:    s.owned,
-		Idle:     int64(s.nIdle) << s.shift,
+		Idle:     int64(s.nIdle+s.nPrivIdle) << s.shift,
 		Mapped:   s.mapped,
-		Resident: int64(s.nResident) << s.shift,
+		Resident: int64(s.nResident+s.nPrivIdle) << s.shift,
 		Low:      s.low,
 		High:     s.high,
 	}

@@ -13,13 +13,16 @@ import (
 	"github.com/vmarena/vmarena/backing/host"
 )
 
-// TestSharedSupported: Linux has the shared backing; elsewhere NewShared says
-// plainly that it is not supported, with errors.ErrUnsupported.
+// TestSharedSupported: Linux and Windows have the shared backing; elsewhere
+// NewShared says plainly that it is not supported, with errors.ErrUnsupported.
 func TestSharedSupported(t *testing.T) {
 	gov := accounting.NewGovernor()
 	auth := gov.Authority("shared", accounting.HostKey)
 	s, err := host.NewShared(host.SharedOptions{Authority: auth})
-	if runtime.GOOS != "linux" {
+	if runtime.GOOS == "windows" && errors.Is(err, errors.ErrUnsupported) {
+		s, err = underWine(t, err, host.SharedOptions{Authority: auth})
+	}
+	if runtime.GOOS != "linux" && runtime.GOOS != "windows" {
 		assert.Nil(t, s)
 		assert.ErrorIs(t, err, errors.ErrUnsupported)
 		assert.ErrorIs(t, err, backing.ErrUnsupported)

@@ -15,41 +15,37 @@ import (
 // treats vmarena's cache and the baselines alike. Physical is the governor's reading:
 // the bytes the cache's ledger owns (under ByBacking the backing's whole pool, idle
 // granules included, every shared granule once).
-type cacheStrategy[R any, B backing.Backing[R]] struct {
+type cacheStrategy struct {
 	name  string
 	c     *kv.Cache
-	b     B
+	pool  backing.Pool          // the backing's pool, or nil
 	auth  *accounting.Authority // owns the cache's physical bytes
 	close func() error          // closes the backing, after the cache
 
 	mu      sync.Mutex
-	drained *backing.PoolStats               // the pool after the cache closed, before the backing did
-	copies  map[*copiedPrefix[R, B]]struct{} // live copied prefixes (backings that can not share)
+	drained *backing.PoolStats         // the pool after the cache closed, before the backing did
+	copies  map[*copiedPrefix]struct{} // live copied prefixes (backings that can not share)
 	closed  bool
 }
 
-func newCacheStrategy[R any, B backing.Backing[R]](name string, b B, cfg kv.Config, auth *accounting.Authority, closeBacking func() error) (*cacheStrategy[R, B], error) {
-	c, err := kv.New(b, cfg)
-	if err != nil {
-		return nil, err
-	}
-	return &cacheStrategy[R, B]{name: name, c: c, b: b, auth: auth, close: closeBacking,
-		copies: make(map[*copiedPrefix[R, B]]struct{})}, nil
+func newCacheStrategy(name string, c *kv.Cache, pool backing.Pool, auth *accounting.Authority, closeBacking func() error) *cacheStrategy {
+	return &cacheStrategy{name: name, c: c, pool: pool, auth: auth, close: closeBacking,
+		copies: make(map[*copiedPrefix]struct{})}
 }
 
-func (s *cacheStrategy[R, B]) Name() string { return s.name }
+func (s *cacheStrategy) Name() string { return s.name }
 
-func (s *cacheStrategy[R, B]) NewSequence() (baseline.Sequence, error) {
+func (s *cacheStrategy) NewSequence() (baseline.Sequence, error) {
 	q, err := s.c.NewSequence()
 	if err != nil {
 		return nil, err
 	}
-	return &cacheSeq[R, B]{s: s, q: q}, nil
+	return &cacheSeq{s: s, q: q}, nil
 }
 
-func (s *cacheStrategy[R, B]) NewSequenceFrom(p baseline.Prefix) (baseline.Sequence, error) {
+func (s *cacheStrategy) NewSequenceFrom(p baseline.Prefix) (baseline.Sequence, error) {
 	switch p := p.(type) {
-	case *cachePrefix[R, B]:
+	case *cachePrefix:
 		if p.s != s {
 			break
 		}
@@ -57,8 +53,8 @@ func (s *cacheStrategy[R, B]) NewSequenceFrom(p baseline.Prefix) (baseline.Seque
 		if err != nil {
 			return nil, err
 		}
-		return &cacheSeq[R, B]{s: s, q: q}, nil
-	case *copiedPrefix[R, B]:
+		return &cacheSeq{s: s, q: q}, nil
+	case *copiedPrefix:
 		if p.s != s {
 			break
 		}
@@ -73,7 +69,7 @@ func (s *cacheStrategy[R, B]) NewSequenceFrom(p baseline.Prefix) (baseline.Seque
 			q.Close()
 			return nil, err
 		}
-		return &cacheSeq[R, B]{s: s, q: q}, nil
+		return &cacheSeq{s: s, q: q}, nil
 	}
 	return nil, fmt.Errorf("%w: %T", baseline.ErrForeign, p)
 }
@@ -100,7 +96,7 @@ func copyTokens(g kv.Geometry, dst, src *kv.Sequence, n int) error {
 	return nil
 }
 
-func (s *cacheStrategy[R, B]) Stats() baseline.Stats {
+func (s *cacheStrategy) Stats() baseline.Stats {
 	s.mu.Lock()
 	st := s.c.Stats()
 	// A copied prefix is held in a sequence of its own: count it as a prefix.
@@ -120,19 +116,19 @@ func (s *cacheStrategy[R, B]) Stats() baseline.Stats {
 }
 
 // kvStats returns the cache's own statistics.
-func (s *cacheStrategy[R, B]) kvStats() kv.Stats { return s.c.Stats() }
+func (s *cacheStrategy) kvStats() kv.Stats { return s.c.Stats() }
 
 // poolAfterClose returns the backing's pool as the cache's Close left it (every
 // granule idle, none mapped, when nothing leaked), or nil for a backing without a
 // pool or before Close.
-func (s *cacheStrategy[R, B]) poolAfterClose() *backing.PoolStats {
+func (s *cacheStrategy) poolAfterClose() *backing.PoolStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.drained
 }
 
 // Close closes the cache, then the backing.
-func (s *cacheStrategy[R, B]) Close() error {
+func (s *cacheStrategy) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -145,8 +141,8 @@ func (s *cacheStrategy[R, B]) Close() error {
 		return err
 	}
 	s.closed = true
-	if p, ok := any(s.b).(backing.Pool); ok {
-		ps := p.PoolStats()
+	if s.pool != nil {
+		ps := s.pool.PoolStats()
 		s.drained = &ps
 	}
 	if s.close != nil {
@@ -155,29 +151,29 @@ func (s *cacheStrategy[R, B]) Close() error {
 	return nil
 }
 
-type cacheSeq[R any, B backing.Backing[R]] struct {
-	s *cacheStrategy[R, B]
+type cacheSeq struct {
+	s *cacheStrategy
 	q *kv.Sequence
 }
 
-func (q *cacheSeq[R, B]) Append(n int) error { return q.q.Append(n) }
-func (q *cacheSeq[R, B]) Len() int           { return q.q.Len() }
+func (q *cacheSeq) Append(n int) error { return q.q.Append(n) }
+func (q *cacheSeq) Len() int           { return q.q.Len() }
 
-func (q *cacheSeq[R, B]) WriteToken(layer int, v baseline.Kind, token int, src []byte) error {
+func (q *cacheSeq) WriteToken(layer int, v baseline.Kind, token int, src []byte) error {
 	return q.q.WriteToken(layer, kv.Kind(v), token, src)
 }
 
-func (q *cacheSeq[R, B]) ReadToken(layer int, v baseline.Kind, token int, dst []byte) error {
+func (q *cacheSeq) ReadToken(layer int, v baseline.Kind, token int, dst []byte) error {
 	return q.q.ReadToken(layer, kv.Kind(v), token, dst)
 }
 
 // Freeze shares the first n tokens where the backing can (host.Shared, cuda); where
 // it can not (host.Private) it copies them into a sequence of their own, which every
 // new sequence copies again: what a server without sharing does.
-func (q *cacheSeq[R, B]) Freeze(n int) (baseline.Prefix, error) {
+func (q *cacheSeq) Freeze(n int) (baseline.Prefix, error) {
 	p, err := q.q.Freeze(n)
 	if err == nil {
-		return &cachePrefix[R, B]{s: q.s, p: p}, nil
+		return &cachePrefix{s: q.s, p: p}, nil
 	}
 	if !errors.Is(err, kv.ErrNoSharing) {
 		return nil, err
@@ -193,38 +189,38 @@ func (q *cacheSeq[R, B]) Freeze(n int) (baseline.Prefix, error) {
 		held.Close()
 		return nil, err
 	}
-	cp := &copiedPrefix[R, B]{s: q.s, q: held}
+	cp := &copiedPrefix{s: q.s, q: held}
 	q.s.mu.Lock()
 	q.s.copies[cp] = struct{}{}
 	q.s.mu.Unlock()
 	return cp, nil
 }
 
-func (q *cacheSeq[R, B]) Close() error {
+func (q *cacheSeq) Close() error {
 	if out := q.q.Close(); !out.OK() {
 		return fmt.Errorf("kv: sequence close: %v", out)
 	}
 	return nil
 }
 
-type cachePrefix[R any, B backing.Backing[R]] struct {
-	s *cacheStrategy[R, B]
+type cachePrefix struct {
+	s *cacheStrategy
 	p *kv.Prefix
 }
 
-func (p *cachePrefix[R, B]) Len() int { return p.p.Len() }
-func (p *cachePrefix[R, B]) Release() { p.p.Release() }
+func (p *cachePrefix) Len() int { return p.p.Len() }
+func (p *cachePrefix) Release() { p.p.Release() }
 
 // copiedPrefix is a prefix on a backing that can not share: a sequence of its own.
-type copiedPrefix[R any, B backing.Backing[R]] struct {
-	s        *cacheStrategy[R, B]
+type copiedPrefix struct {
+	s        *cacheStrategy
 	q        *kv.Sequence
 	released bool
 }
 
-func (p *copiedPrefix[R, B]) Len() int { return p.q.Len() }
+func (p *copiedPrefix) Len() int { return p.q.Len() }
 
-func (p *copiedPrefix[R, B]) Release() {
+func (p *copiedPrefix) Release() {
 	if p.released {
 		panic(baseline.PanicPrefixReleased)
 	}

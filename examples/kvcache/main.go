@@ -5,11 +5,12 @@
 //	go run ./examples/kvcache
 //
 // It prints live progress, a comparison table and the path of a plot of physical
-// memory over time. Run it with -help for the flags and what the defaults mean.
+// memory over time. Run it with -help for the flags and what the defaults mean. Given
+// a trace with token IDs (-trace mooncake.jsonl), it compares automatic prefix caching
+// instead (see runPrefix).
 package main
 
 import (
-	"bytes"
 	"context"
 	_ "embed"
 	"errors"
@@ -55,11 +56,16 @@ type config struct {
 	layout      string
 	granule     sizeFlag
 	populate    bool
+	huge        bool
 	poolLow     int
 	strategies  string
 	out         string
 	format      string
 	progress    string
+	prefillRate float64
+	// prefix is set for a trace with token IDs (Mooncake): the prefix-cache replay.
+	prefix bool
+	set    map[string]bool // flags given on the command line
 }
 
 const usageText = `Usage: go run ./examples/kvcache [flags]
@@ -98,6 +104,15 @@ it is writing 12 GiB of K/V per strategy (and as much again for eager and append
 which copy the system prompt into every sequence). Raise -requests, -speed or
 -budget for a longer, larger run.
 
+A trace with token IDs (Mooncake's JSON lines, whose hash_ids name each prompt's
+512-token blocks; -trace tells the formats apart by content) runs the prefix-cache
+replay instead: vmarena with kv.PrefixCache on and off, and paged with a vLLM-style
+prefix cache, at one budget. For flags not given it uses qwen2.5-0.5b, -max-tokens
+32768, -requests 100, -budget 1.5GiB and no system prompt; prefill costs model time in
+proportion to the uncached prompt tokens (-prefill-rate). It prints the hit rate next
+to an unbounded cache's, time to first token, makespan, memory, and the memory held
+once the load stops, and plots memory and the hit rate over time.
+
 Output: live progress, then two tables, a row per strategy.
 Memory:
   peak      highest physical memory held (bytes allocated and touched; for vmarena
@@ -127,7 +142,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		fmt.Fprint(fs.Output(), usageText)
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&c.trace, "trace", "", "CSV trace with columns TIMESTAMP, ContextTokens, GeneratedTokens (default: the bundled Azure LLM 2023 conversation trace)")
+	fs.StringVar(&c.trace, "trace", "", "trace file: CSV with columns TIMESTAMP, ContextTokens, GeneratedTokens, or Mooncake JSON lines with hash_ids, told apart by content (default: the bundled Azure LLM 2023 conversation trace)")
 	fs.IntVar(&c.requests, "requests", 100, "how many requests of the trace to replay (0: all)")
 	fs.IntVar(&c.skip, "skip", 0, "skip this many requests at the start of the trace")
 	fs.Float64Var(&c.speed, "speed", 1, "divide the trace's arrival times by this (0: every request arrives at once)")
@@ -141,14 +156,18 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.layout, "layout", "per-sequence", "vmarena's layout: per-sequence or per-layer")
 	fs.Var(&c.granule, "granule", "vmarena's granule, like 2MiB (default: the backing's)")
 	fs.BoolVar(&c.populate, "populate", true, "vmarena: make committed granules resident at commit (fewer page faults)")
+	fs.BoolVar(&c.huge, "huge", true, "vmarena, host backings: transparent huge pages where the system allows them and they pay (false: never)")
 	fs.IntVar(&c.poolLow, "pool-low", 128, "vmarena, shared and cuda backings: idle granules the pool keeps ready, refilled off the token path (0: none)")
 	fs.StringVar(&c.strategies, "strategies", strings.Join(allStrategies, ","), "comma-separated strategies to run, in order")
 	fs.StringVar(&c.out, "out", os.TempDir(), "directory for the plot")
 	fs.StringVar(&c.format, "format", "png", "plot format: png or svg")
 	fs.StringVar(&c.progress, "progress", "auto", "progress display: auto (a bar on a terminal, lines otherwise), bar, lines or none")
+	fs.Float64Var(&c.prefillRate, "prefill-rate", DefaultPrefillRate, "prefix-cache replay: prompt tokens prefilled per second of model time (time to first token grows with the uncached tokens)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
+	c.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { c.set[f.Name] = true })
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q (flags only; see -help)", fs.Arg(0))
 	}
@@ -214,21 +233,25 @@ func (c *config) validate() (setup, []string, error) {
 	}
 	var names []string
 	seen := map[string]bool{}
+	strategies := allStrategies
+	if c.prefix {
+		strategies = prefixStrategies
+	}
 	for _, n := range strings.Split(c.strategies, ",") {
 		n = strings.TrimSpace(n)
 		ok := false
-		for _, k := range allStrategies {
+		for _, k := range strategies {
 			ok = ok || k == n
 		}
 		if !ok {
-			return s, nil, fmt.Errorf("-strategies: unknown strategy %q (known: %s)", n, strings.Join(allStrategies, ", "))
+			return s, nil, fmt.Errorf("-strategies: unknown strategy %q (known: %s)", n, strings.Join(strategies, ", "))
 		}
 		if !seen[n] {
 			names = append(names, n)
 			seen[n] = true
 		}
 	}
-	s.backing, s.granule, s.populate = c.backing, int(c.granule), c.populate
+	s.backing, s.granule, s.populate, s.huge = c.backing, int(c.granule), c.populate, c.huge
 	if c.poolLow < 0 {
 		return s, nil, fmt.Errorf("-pool-low %d: must not be negative", c.poolLow)
 	}
@@ -250,7 +273,7 @@ func (c *config) loadTrace() ([]Request, string, error) {
 		}
 		name, data = c.trace, b
 	}
-	reqs, err := ReadTrace(bytes.NewReader(data))
+	reqs, err := ReadAnyTrace(data)
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: %w", name, err)
 	}
@@ -280,6 +303,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvcache: %v\n", err)
 		return 2
 	}
+	if err := c.prefixDefaults(); err != nil {
+		fmt.Fprintf(stderr, "kvcache: %v\n", err)
+		return 1
+	}
 	s, names, err := c.validate()
 	if err != nil {
 		fmt.Fprintf(stderr, "kvcache: %v\n", err)
@@ -289,6 +316,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "kvcache: %v\n", err)
 		return 1
+	}
+	if c.prefix {
+		return runPrefix(ctx, c, s, names, reqs, traceName, stdout, stderr)
 	}
 	w := Workload{
 		Requests:     reqs,

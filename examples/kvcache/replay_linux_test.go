@@ -8,20 +8,17 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/backing"
-	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv/baseline"
 )
-
-type sharedCache = cacheStrategy[*host.SharedReservation, *host.Shared]
 
 // checkOwnedOnce checks, at a moment of the replay, that the shared prefix is owned
 // once: every live sequence maps its whole granules, and the pool's live granules are
 // exactly the sequences' own plus the prefix's.
 func checkOwnedOnce(t *testing.T, st baseline.Strategy) {
-	cs, ok := st.(*sharedCache)
+	cs, ok := st.(*cacheStrategy)
 	require.True(t, ok, "%T", st)
 	ks := cs.kvStats()
-	ps := cs.b.PoolStats()
+	ps := cs.pool.PoolStats()
 	row := testModel.BytesPerToken()
 	sharedPerSeq := int64(testSystem * row / testGranule * testGranule)
 	prefixOwn := int64(backing.Granules(testSystem*row, testGranule) * testGranule)

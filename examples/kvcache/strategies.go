@@ -42,6 +42,7 @@ type setup struct {
 	layout    kv.Layout
 	granule   int // 0: the backing's default
 	populate  bool
+	huge      bool
 	poolLow   int // idle granules the pool refills to in the background
 	maxTokens int
 	budget    int64 // bytes; 0: unlimited
@@ -108,46 +109,46 @@ func build(name string, s setup) (*built, error) {
 	return b, nil
 }
 
-// buildCache puts a kv.Cache on the chosen backing.
+// buildCache puts a kv.Cache on the chosen backing. Only the backing's constructor
+// differs: the cache names no backing type.
 func (s setup) buildCache(b *built, auth *accounting.Authority) error {
 	cfg := kv.Config{Geometry: s.model, MaxTokens: s.maxTokens, Layout: s.layout}
+	var (
+		c     *kv.Cache
+		pool  backing.Pool
+		close func() error
+		err   error
+	)
 	switch s.backing {
 	case "shared":
-		bk, err := host.NewShared(host.SharedOptions{Granularity: s.granule, Authority: auth, Populate: s.populate, Name: "kvcache",
-			Low: s.poolLow, High: max(s.poolLow, 64)})
-		if err != nil {
-			return fmt.Errorf("backing shared: %w", err)
+		var bk *host.Shared
+		if bk, err = host.NewShared(host.SharedOptions{Granularity: s.granule, Authority: auth, Populate: s.populate, Name: "kvcache",
+			Low: s.poolLow, High: max(s.poolLow, 64), NoHugePages: !s.huge}); err == nil {
+			pool, close = bk, bk.Close
+			c, err = kv.New(bk, cfg)
 		}
-		cs, err := newCacheStrategy(nameCache, bk, cfg, auth, bk.Close)
-		if err != nil {
-			_ = bk.Close()
-			return err
-		}
-		b.st, b.pool = cs, cs.poolAfterClose
 	case "private":
-		bk, err := host.NewPrivate(host.PrivateOptions{Granularity: s.granule, Populate: s.populate, Name: "kvcache"})
-		if err != nil {
-			return fmt.Errorf("backing private: %w", err)
+		var bk *host.Private
+		if bk, err = host.NewPrivate(host.PrivateOptions{Granularity: s.granule, Populate: s.populate, Name: "kvcache", NoHugePages: !s.huge}); err == nil {
+			cfg.Authority = auth
+			c, err = kv.New(bk, cfg)
 		}
-		cfg.Authority = auth
-		cs, err := newCacheStrategy(nameCache, bk, cfg, auth, nil)
-		if err != nil {
-			return err
-		}
-		b.st, b.pool = cs, cs.poolAfterClose
 	case "cuda":
-		bk, err := cuda.New(cuda.Options{Authority: auth, Low: s.poolLow, High: max(s.poolLow, 64), Background: s.poolLow > 0})
-		if err != nil {
-			return fmt.Errorf("backing cuda: %w", err)
+		var bk *cuda.Backing
+		if bk, err = cuda.New(cuda.Options{Authority: auth, Low: s.poolLow, High: max(s.poolLow, 64), Background: s.poolLow > 0}); err == nil {
+			pool, close = bk, bk.Close
+			c, err = kv.New(bk, cfg)
 		}
-		cs, err := newCacheStrategy(nameCache, bk, cfg, auth, bk.Close)
-		if err != nil {
-			_ = bk.Close()
-			return err
-		}
-		b.st, b.pool = cs, cs.poolAfterClose
 	default:
 		return fmt.Errorf("unknown backing %q (known: %s)", s.backing, strings.Join(backings, ", "))
 	}
+	if err != nil {
+		if close != nil {
+			_ = close()
+		}
+		return fmt.Errorf("backing %s: %w", s.backing, err)
+	}
+	cs := newCacheStrategy(nameCache, c, pool, auth, close)
+	b.st, b.pool = cs, cs.poolAfterClose
 	return nil
 }

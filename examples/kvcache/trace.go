@@ -18,6 +18,9 @@ type Request struct {
 	Arrival   time.Duration // since the first request of the trace
 	Context   int           // prompt tokens (ContextTokens)
 	Generated int           // output tokens (GeneratedTokens)
+	// Blocks lists the hash ids of the prompt's 512-token blocks (Mooncake traces
+	// only; nil otherwise): equal ids are equal tokens. See Request.Tokens.
+	Blocks []int64
 }
 
 // errTrace is matched by every error ReadTrace returns for a malformed trace.

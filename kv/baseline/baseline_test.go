@@ -33,6 +33,9 @@ var factories = []factory{
 		// Small chunks so that tests cross chunk boundaries.
 		return baseline.NewPaged(s, baseline.PagedOptions{BlockTokens: 4, ChunkBlocks: 3, Authority: a})
 	}},
+	{name: "paged+prefix-cache", sharesPrefix: true, make: func(s baseline.Shape, a *accounting.Authority) (baseline.Strategy, error) {
+		return baseline.NewPaged(s, baseline.PagedOptions{BlockTokens: 4, ChunkBlocks: 3, Authority: a, PrefixCache: true})
+	}},
 	{name: "append", make: func(s baseline.Shape, a *accounting.Authority) (baseline.Strategy, error) {
 		return baseline.NewAppend(s, baseline.AppendOptions{Authority: a})
 	}},

@@ -3,6 +3,7 @@ package baseline
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -27,6 +28,10 @@ type PagedOptions struct {
 	Blocks int
 	// Authority, when set, is charged for every chunk before it is allocated.
 	Authority *accounting.Authority
+	// PrefixCache turns on automatic prefix caching (see Paged.Lookup): full blocks
+	// are indexed by a hash chain and kept, once free, in an LRU queue until their
+	// block is needed.
+	PrefixCache bool
 }
 
 // Paged is the vLLM design: a pool of fixed blocks, each BlockTokens tokens of every
@@ -51,6 +56,7 @@ type Paged struct {
 	prefixes   int
 	closed     bool
 	tokens     atomic.Int64
+	pc         *pagedCache // nil when prefix caching is off
 }
 
 // NewPaged returns a Paged strategy for shape with o.Blocks blocks allocated and
@@ -67,6 +73,9 @@ func NewPaged(s Shape, o PagedOptions) (*Paged, error) {
 		return nil, fmt.Errorf("%w: block tokens %d (max tokens %d), chunk blocks %d, blocks %d", ErrOptions, o.BlockTokens, s.MaxTokens, o.ChunkBlocks, o.Blocks)
 	}
 	p := &Paged{shape: s, blockTokens: bt, blockBytes: bt * s.BytesPerToken(), led: ledger{auth: o.Authority}}
+	if o.PrefixCache {
+		p.pc = newPagedCache(bt)
+	}
 	p.chunkBlocks = o.ChunkBlocks
 	if p.chunkBlocks == 0 {
 		p.chunkBlocks = max(1, DefaultChunkBytes/p.blockBytes)
@@ -82,8 +91,13 @@ func NewPaged(s Shape, o PagedOptions) (*Paged, error) {
 	return p, nil
 }
 
-// Name returns "paged".
-func (p *Paged) Name() string { return "paged" }
+// Name returns "paged", or "paged+prefix-cache" with prefix caching on.
+func (p *Paged) Name() string {
+	if p.pc != nil {
+		return "paged+prefix-cache"
+	}
+	return "paged"
+}
 
 // BlockBytes returns the bytes of one block.
 func (p *Paged) BlockBytes() int { return p.blockBytes }
@@ -107,6 +121,9 @@ func (p *Paged) grow(n int) error {
 		first := len(p.refs)
 		p.chunks = append(p.chunks, newCleared(chunkBytes))
 		p.refs = append(p.refs, make([]int32, p.chunkBlocks)...)
+		if p.pc != nil {
+			p.pc.grow(p.chunkBlocks)
+		}
 		// Push in reverse so that blocks are handed out in address order.
 		for id := first + p.chunkBlocks - 1; id >= first; id-- {
 			p.free = append(p.free, int32(id))
@@ -115,17 +132,23 @@ func (p *Paged) grow(n int) error {
 	return nil
 }
 
-// take pops n free blocks with one reference each, growing the pool as needed. p.mu is
-// held. On error nothing changed.
+// take pops n free blocks with one reference each, growing the pool as needed and,
+// with prefix caching, then evicting the least recently used cached free blocks. p.mu
+// is held. On error nothing changed.
 func (p *Paged) take(n int) ([]int32, error) {
 	if err := p.grow(n); err != nil {
-		return nil, err
+		if p.pc == nil || len(p.free)+p.pc.n < n {
+			return nil, err
+		}
 	}
 	ids := make([]int32, n)
 	for i := range ids {
-		last := len(p.free) - 1
-		ids[i] = p.free[last]
-		p.free = p.free[:last]
+		if last := len(p.free) - 1; last >= 0 {
+			ids[i] = p.free[last]
+			p.free = p.free[:last]
+		} else {
+			ids[i] = p.pc.evict()
+		}
 		p.refs[ids[i]] = 1
 	}
 	return ids, nil
@@ -139,14 +162,20 @@ func (p *Paged) ref(ids []int32) {
 	}
 }
 
-// unref drops a reference to each block and frees those left with none. p.mu is held.
+// unref drops a reference to each block and frees those left with none, last block
+// first (so that with prefix caching a sequence's tail is evicted before its head, as
+// vLLM does). p.mu is held.
 func (p *Paged) unref(ids []int32) {
-	for _, id := range ids {
+	for _, id := range slices.Backward(ids) {
 		switch p.refs[id] {
 		case 0:
 			panic("baseline: paged block released twice")
 		case 1:
-			p.free = append(p.free, id)
+			if p.pc != nil && p.pc.cached(id) {
+				p.pc.push(id)
+			} else {
+				p.free = append(p.free, id)
+			}
 		default:
 			p.savedBlock--
 		}
@@ -229,10 +258,14 @@ func (p *Paged) Stats() Stats {
 	}
 }
 
-// FreeBlocks returns how many blocks of the pool no sequence or prefix holds.
+// FreeBlocks returns how many blocks of the pool no sequence or prefix holds (cached
+// free blocks included).
 func (p *Paged) FreeBlocks() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.pc != nil {
+		return len(p.free) + p.pc.n
+	}
 	return len(p.free)
 }
 

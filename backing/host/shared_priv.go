@@ -1,0 +1,289 @@
+package host
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/vmarena/vmarena/backing"
+)
+
+// Private granules (see Shared) and the private park, where idle ones wait.
+//
+// A private granule is anonymous memory: its pages belong to the mapping, not to a
+// file, so it can not be mapped twice, but it can move. An idle one waits in the
+// private park, address space of its own with room for High granules: a decommit
+// moves the granule there with its pages and page tables (mremap with
+// MREMAP_DONTUNMAP, which leaves the source mapped, empty), and a commit moves it
+// out again into place. A huge page moves as one page-table entry, so either costs a
+// few µs where a new granule costs its population. Each parked granule is a mapping
+// of its own (moved anonymous memory does not merge with its neighbours), and so is
+// each private granule that came out of the park: like memfd granules at scattered
+// offsets, they count against vm.max_map_count.
+
+// privAt returns the address of position p of the private park. s.mu must be held
+// and the park reserved.
+func (s *Shared) privAt(p int) unsafe.Pointer { return sharedAt(s.apark, p<<s.shift) }
+
+// privPark reserves the private park, once. s.mu must be held.
+func (s *Shared) privPark() error {
+	if s.apark != nil {
+		return nil
+	}
+	align, pad := sharedAlignment(s.g)
+	n := s.high << s.shift
+	raw, err := s.sys.reserve(n + pad)
+	if err != nil {
+		return err
+	}
+	s.aparkRaw, s.aparkN = raw, n+pad
+	s.apark = sharedAlign(raw, align)
+	s.aidle.resize(s.high)
+	s.aused.resize(s.high)
+	s.asince = make([]int64, s.high)
+	return nil
+}
+
+// takePrivIdle takes k idle private granules (k <= nPrivIdle) out of the pool and
+// returns their positions, which stay in use until moved out or given back. s.mu
+// must be held.
+func (s *Shared) takePrivIdle(k int) []int {
+	if k <= 0 {
+		return nil
+	}
+	pos := make([]int, 0, k)
+	for p := s.aidle.next(0, s.high); len(pos) < k && p < s.high; p = s.aidle.next(p+1, s.high) {
+		pos = append(pos, p)
+	}
+	for _, p := range pos {
+		s.aidle.clear(p)
+		s.nPrivIdle--
+	}
+	return pos
+}
+
+// untakePrivIdle puts back the granules at pos, taken by takePrivIdle. s.mu must be
+// held.
+func (s *Shared) untakePrivIdle(pos []int) {
+	for _, p := range pos {
+		s.aidle.set(p)
+		s.nPrivIdle++
+		s.asince[p] = s.clock().UnixNano()
+	}
+	s.startDecay()
+	s.signal()
+}
+
+// parkPriv moves into the private park the private granules of [gi, gi+n) of r that
+// the pool keeps (below High, no waiters), so that their pages and page tables wait
+// for the next commit; their mapping in r is dropped from the bookkeeping here (the
+// caller unmaps the range as usual). A move that fails changes nothing but that the
+// granule goes back to the OS with the unmap. It returns the granules it parked, as
+// pairs of the granule's index in r and its place in the park, for unpark. s.mu must
+// be held.
+//
+// NB: a move leaves the granule's place in r mapped read-write and empty (what
+// MREMAP_DONTUNMAP leaves of private memory): the caller's unmap must follow, or
+// unpark undo the moves.
+func (s *Shared) parkPriv(r *SharedReservation, gi, n int) (parked [][2]int) {
+	if s.nPriv == 0 || s.nIdle+s.nPrivIdle >= s.high || s.othersWait() {
+		return nil
+	}
+	if s.privPark() != nil {
+		return nil
+	}
+	for i := gi; i < gi+n && s.nIdle+s.nPrivIdle < s.high; i++ {
+		if m := r.maps[i]; !m.priv || m.ro {
+			continue // a protected one goes back to the OS: the park holds writable ones
+		}
+		p := s.aused.nextClear(0, s.high)
+		if p == s.high {
+			return
+		}
+		if s.sys.move(r.at(i), s.privAt(p), s.g) != nil {
+			continue
+		}
+		s.aused.set(p)
+		s.aidle.set(p)
+		s.nPrivIdle++
+		s.asince[p] = s.clock().UnixNano()
+		s.startDecay()
+		s.signal()
+		r.maps[i] = sharedMap{}
+		r.count--
+		s.nPriv--
+		s.mapped -= int64(s.g)
+		s.auth.Unmap(int64(s.g))
+		parked = append(parked, [2]int{i, p})
+	}
+	return parked
+}
+
+// unpark undoes parkPriv after the unmap that was to follow failed: it moves each
+// parked granule back into its place in r, contents and all. A granule that can not
+// move back stays idle in the park, and its place in r is made reserved (a fresh
+// inaccessible mapping), as recorded; the first error of that is returned. s.mu must
+// be held.
+func (s *Shared) unpark(r *SharedReservation, parked [][2]int) error {
+	var err error
+	for _, ip := range parked {
+		i, p := ip[0], ip[1]
+		if !s.aidle.has(p) {
+			continue // taken meanwhile (not while s.mu is held, but be safe)
+		}
+		if merr := s.sys.move(s.privAt(p), r.at(i), s.g); merr != nil {
+			if uerr := s.sys.unmapTo(r.at(i), s.g); uerr != nil && err == nil {
+				err = fmt.Errorf("host: granule at %#x is parked, its contents safe, but its place is left mapped: %w", i<<s.shift, uerr)
+			}
+			continue
+		}
+		s.aidle.clear(p)
+		s.aused.clear(p)
+		s.nPrivIdle--
+		s.recordPriv(r, i, 1)
+	}
+	return err
+}
+
+// givePriv gives the private granules at pos (taken out of the pool) back to the OS:
+// it maps fresh reserved memory over their places in the park. A granule whose
+// place can not be remapped stays idle and owned. It returns the bytes given back
+// and the first error. s.mu must be held.
+func (s *Shared) givePriv(pos []int) (int64, error) {
+	var err error
+	var n int64
+	for _, p := range pos {
+		if uerr := s.sys.unmapTo(s.privAt(p), s.g); uerr != nil {
+			if err == nil {
+				err = s.opErr("trim", 0, s.g, uerr, true)
+			}
+			s.untakePrivIdle([]int{p})
+			continue
+		}
+		s.aused.clear(p)
+		n += int64(s.g)
+	}
+	if n > 0 {
+		s.owned -= n
+		s.auth.Release(n)
+	}
+	return n, err
+}
+
+// commitPriv ends a commit of n granules at gi of r in a backing of private
+// granules: the idle memfd granules picks go first, then the idle private granules
+// at pos, moved out of the park, then priv new private granules (already charged).
+// s.mu must be held; it is released.
+func (s *Shared) commitPriv(op string, r *SharedReservation, gi, n int, picks []sharedPick, pos []int, priv int) error {
+	off, size := gi<<s.shift, n<<s.shift
+	slots := make([]int, len(picks))
+	for k, p := range picks {
+		slots[k] = p.slot
+	}
+	if done, err := s.place(r, gi, slots); err != nil {
+		s.releasePriv(priv)
+		s.untakePrivIdle(pos)
+		return s.undoMap(op, r, off, size, picks, done, err)
+	}
+	s.record(r, gi, picks, false)
+	fail := func(k int, err error) error {
+		// Undo what is recorded: the positions not reached go back to the pool,
+		// and so do the granules that came out of it (parked again).
+		s.untakePrivIdle(pos[k:])
+		s.releasePriv(priv)
+		err = s.opErr(op, off, size, err, true)
+		parked := s.parkPriv(r, gi, n)
+		if uerr := s.sys.unmapTo(r.at(gi), size); uerr != nil {
+			_ = s.unpark(r, parked)
+			s.mu.Unlock()
+			return fmt.Errorf("%w; undoing the commit failed, [%#x, +%#x) is left committed: %w",
+				err, off, size, s.opErr(op, off, size, uerr, true))
+		}
+		give := s.drop(r, gi, n)
+		s.mu.Unlock()
+		_, gerr := s.giveBack(give)
+		return s.stayIdle(err, gerr)
+	}
+	at := gi + len(picks)
+	for k, p := range pos {
+		i := at + k
+		err := s.sys.move(s.privAt(p), r.at(i), s.g)
+		if err != nil {
+			// The granule stays parked: give it back and make a new one in its
+			// place, with its bytes.
+			if err = s.sys.unmapTo(s.privAt(p), s.g); err != nil {
+				return fail(k, err)
+			}
+			s.aused.clear(p) // its pages are gone; its bytes stay charged for the new one
+			if err = s.sys.protect(r.at(i), s.g, false); err != nil {
+				s.releasePriv(1)
+				return fail(k+1, err)
+			}
+			s.advise(r.at(i), s.g)
+		}
+		s.aused.clear(p)
+		s.recordPriv(r, i, 1)
+	}
+	if priv > 0 {
+		at := r.at(gi + n - priv)
+		if err := s.sys.protect(at, priv<<s.shift, false); err != nil {
+			return fail(len(pos), err)
+		}
+		s.advise(at, priv<<s.shift)
+		s.recordPriv(r, gi+n-priv, priv)
+	}
+	s.kick()
+	s.mu.Unlock()
+	if s.populate && priv > 0 {
+		return s.populatePriv(op, r, gi, n, priv)
+	}
+	return nil
+}
+
+// prefillPriv makes one idle private granule in the private park, populated (one
+// huge page), if the park has room; it reports whether it did. s.mu must be held; it
+// is released unless the park is full (false, nil).
+func (s *Shared) prefillPriv(background bool) (bool, error) {
+	fail := func(err error) (bool, error) {
+		if background {
+			s.refilling = false
+		}
+		s.mu.Unlock()
+		return false, err
+	}
+	if err := s.privPark(); err != nil {
+		return fail(s.opErr("prefill", 0, s.g, err, true))
+	}
+	p := s.aused.nextClear(0, s.high)
+	if p == s.high {
+		return false, nil
+	}
+	if err := s.auth.TryAcquire(int64(s.g)); err != nil {
+		return fail(&backing.OpError{Op: "prefill", Size: s.g, Err: err})
+	}
+	s.owned += int64(s.g)
+	s.aused.set(p) // taken: no other prefill or park move uses it meanwhile
+	at := s.privAt(p)
+	err := s.sys.protect(at, s.g, false)
+	if err == nil {
+		s.advise(at, s.g)
+	}
+	s.mu.Unlock()
+	if err == nil {
+		err = s.sys.populate(at, s.g, true)
+	}
+	s.mu.Lock()
+	if err != nil {
+		err = s.opErr("prefill", 0, s.g, err, true)
+		if uerr := s.sys.unmapTo(at, s.g); uerr != nil {
+			// NB: its pages may stay: keep it, owned and idle, for the next Trim.
+			s.untakePrivIdle([]int{p})
+		} else {
+			s.aused.clear(p)
+			s.releasePriv(1)
+		}
+		return fail(err)
+	}
+	s.untakePrivIdle([]int{p})
+	s.mu.Unlock()
+	return true, nil
+}

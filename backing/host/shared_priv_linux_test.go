@@ -1,0 +1,284 @@
+package host_test
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/backing/host"
+)
+
+// privateEnv returns a backing of 2 MiB granules that makes new granules private,
+// or skips where the system gives it no reason to (shmem huge pages allowed, or no
+// anonymous ones).
+func privateEnv(t *testing.T, opts host.SharedOptions) *sharedEnv {
+	t.Helper()
+	opts.AlwaysHugePages = true
+	e := newEnv(t, opts, false)
+	if st := e.s.Stats(); st.HugePages != "private" {
+		t.Skipf("this system gives the backing %q huge pages (%s)", st.HugePages, st.NoHugePages)
+	}
+	return e
+}
+
+func TestSharedStats(t *testing.T) {
+	e := newEnv(t, host.SharedOptions{NoHugePages: true}, false)
+	st := e.s.Stats()
+	assert.Empty(t, st.HugePages)
+	assert.Contains(t, st.NoHugePages, "NoHugePages")
+	e = newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+	st = e.s.Stats()
+	assert.Empty(t, st.HugePages, "a 64 KiB granule can not be a huge page")
+	assert.NotEmpty(t, st.NoHugePages, "the fallback says why")
+	t.Logf("64 KiB granules: %s", st.NoHugePages)
+	e = newEnv(t, host.SharedOptions{}, false)
+	st = e.s.Stats()
+	t.Logf("2 MiB granules: %q (%s)", st.HugePages, st.NoHugePages)
+	assert.Equal(t, st.HugePages == "", st.NoHugePages != "")
+	always := newEnv(t, host.SharedOptions{AlwaysHugePages: true}, false).s.Stats()
+	t.Logf("2 MiB granules, AlwaysHugePages: %q (%s)", always.HugePages, always.NoHugePages)
+	if always.HugePages != "" && st.HugePages == "" {
+		assert.Contains(t, st.NoHugePages, "reports free", "only a reporting guest turns them off by default")
+	}
+}
+
+// TestSharedPrivatePark follows private granules through their life: new ones in
+// huge pages, parked on decommit with their pages (so a commit elsewhere takes them
+// with their contents and page tables, and no new bytes), moved into the memfd on
+// Share with the source's base and contents kept, and owned once after.
+func TestSharedPrivatePark(t *testing.T) {
+	e := privateEnv(t, host.SharedOptions{High: 4})
+	g := e.g
+	pages := g / os.Getpagesize()
+	x := e.reserve(2)
+	base := e.s.Base(x)
+	e.commit(x, 0, 2)
+	assert.Equal(t, int64(2*g), e.s.Stats().Private)
+	slots, _ := host.SharedSlots(x)
+	assert.Equal(t, []int{-1, -1}, slots, "new granules are private")
+	require.NoError(t, e.s.CopyIn(x, 0, bytes.Repeat([]byte{7}, 2*g)))
+	hb, err := e.s.HugePages(x)
+	require.NoError(t, err)
+	assert.Positive(t, hb.Anon, "no private granule got a huge page")
+	assert.LessOrEqual(t, hb.Anon, int64(2*g))
+	t.Logf("%d of %d bytes in huge pages", hb.Anon, 2*g)
+	e.tag(x, 1, 42)
+
+	e.decommit(x, 0, 2)
+	p := e.pool()
+	assert.Equal(t, int64(2*g), p.Idle, "decommitted private granules wait in the pool")
+	assert.Equal(t, int64(2*g), p.Owned)
+	assert.Zero(t, p.Mapped)
+	assert.Zero(t, e.s.Stats().Private)
+	assert.Zero(t, present(t, base, 2*g), "nothing is left in the reservation")
+
+	y := e.reserve(2)
+	ybase := e.s.Base(y)
+	e.commit(y, 0, 2)
+	assert.Equal(t, int64(2*g), e.pool().Owned, "the commit took the parked granules: no new bytes")
+	assert.Equal(t, 2*pages, present(t, ybase, 2*g), "with their page tables")
+	tags := []uint64{e.tagOf(y, 0), e.tagOf(y, 1)}
+	assert.Contains(t, tags, uint64(42), "and their contents")
+	e.checkMaps(y, ybase, 2*g)
+
+	// Share moves the source's granule into the memfd, in place.
+	e.tag(y, 0, 99)
+	z := e.reserve(1)
+	e.share(z, 0, y, 0, 1, backing.ReadOnly)
+	assert.Equal(t, ybase, e.s.Base(y), "the source keeps its base")
+	assert.Equal(t, uint64(99), e.tagOf(y, 0), "and its contents")
+	assert.Equal(t, uint64(99), e.tagOf(z, 0), "which the sharer reads")
+	ys, _ := host.SharedSlots(y)
+	zs, _ := host.SharedSlots(z)
+	assert.GreaterOrEqual(t, ys[0], 0, "the shared granule is a memfd granule now")
+	assert.Equal(t, ys[0], zs[0])
+	assert.Equal(t, -1, ys[1], "the other stays private")
+	st := e.s.Stats()
+	assert.Equal(t, int64(1), st.Adopted)
+	assert.Equal(t, int64(g), st.Private)
+	assert.Equal(t, int64(2*g), e.pool().Owned, "owned once")
+	assert.Equal(t, int64(3*g), e.pool().Mapped)
+	e.tag(y, 0, 100)
+	assert.Equal(t, uint64(100), e.tagOf(z, 0), "one physical granule")
+	e.checkMaps(y, ybase, 2*g)
+	e.checkMaps(z, e.s.Base(z), g)
+	require.NoError(t, host.CheckShared(e.s))
+
+	n, err := e.s.Trim(0)
+	require.NoError(t, err)
+	assert.Zero(t, n, "nothing idle")
+	e.unreserve(z)
+	e.unreserve(y)
+	assert.Equal(t, int64(2*g), e.pool().Idle, "both went idle: one parked private, one memfd")
+	n, err = e.s.Trim(0)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2*g), n)
+	assert.Zero(t, e.pool().Owned)
+	e.unreserve(x)
+}
+
+// TestSharedPrivateShareBudget: while a private granule is copied into the memfd,
+// both hold memory, so a full budget refuses the Share and nothing changes.
+func TestSharedPrivateShareBudget(t *testing.T) {
+	e := privateEnv(t, host.SharedOptions{High: host.SharedNoPool})
+	g := e.g
+	require.NoError(t, e.gov.SetLimit(e.auth.Device(), int64(g)))
+	x := e.reserve(1)
+	y := e.reserve(1)
+	e.commit(x, 0, 1)
+	e.tag(x, 0, 3)
+	err := e.s.Share(y, 0, x, 0, g, backing.ReadOnly)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, accounting.ErrBudgetExceeded)
+	assert.Equal(t, uint64(3), e.tagOf(x, 0))
+	assert.Equal(t, int64(g), e.s.Stats().Private)
+	require.NoError(t, host.CheckShared(e.s))
+	require.NoError(t, e.gov.SetLimit(e.auth.Device(), int64(2*g)))
+	e.share(y, 0, x, 0, 1, backing.ReadWrite)
+	assert.Equal(t, uint64(3), e.tagOf(y, 0))
+	assert.Equal(t, int64(g), e.pool().Owned, "the private granule's bytes went with it")
+}
+
+// TestSharedPrivatePrefill: Prefill and the Low refill make private granules,
+// populated in the private park, which a commit takes with their pages.
+func TestSharedPrivatePrefill(t *testing.T) {
+	e := privateEnv(t, host.SharedOptions{High: 4})
+	g := e.g
+	require.NoError(t, e.s.Prefill(3))
+	p := e.pool()
+	assert.Equal(t, int64(3*g), p.Idle)
+	assert.Equal(t, int64(3*g), p.Resident)
+	assert.Equal(t, int64(3*g), p.Owned)
+	require.NoError(t, host.CheckShared(e.s))
+	require.NoError(t, e.s.Prefill(6), "beyond the private park: memfd granules")
+	assert.Equal(t, int64(6*g), e.pool().Idle)
+	x := e.reserve(3)
+	e.commit(x, 0, 3)
+	assert.Equal(t, int64(6*g), e.pool().Owned, "no new bytes")
+	assert.Equal(t, 3*g/os.Getpagesize(), present(t, e.s.Base(x), 3*g), "the pages came along")
+	assert.Equal(t, []bool{true, true, true}, host.SharedPrivate(x), "private granules first")
+	hb, err := e.s.HugePages(x)
+	require.NoError(t, err)
+	assert.Positive(t, hb.Anon)
+	e.unreserve(x)
+	_, err = e.s.Trim(0)
+	require.NoError(t, err)
+	assert.Zero(t, e.pool().Owned)
+}
+
+// TestSharedPrivateProtected: a protected private granule stays protected when Share
+// moves it into the memfd, and is not parked when decommitted (the park holds
+// writable granules).
+func TestSharedPrivateProtected(t *testing.T) {
+	e := privateEnv(t, host.SharedOptions{High: 4})
+	g := e.g
+	x := e.reserve(2)
+	e.commit(x, 0, 2)
+	e.tag(x, 0, 8)
+	require.NoError(t, e.s.Protect(x, 0, 2*g, backing.ReadOnly))
+	y := e.reserve(1)
+	e.share(y, 0, x, 0, 1, backing.ReadOnly)
+	xs, ro := host.SharedSlots(x)
+	assert.GreaterOrEqual(t, xs[0], 0, "moved into the memfd")
+	assert.Equal(t, []bool{true, true}, ro, "and still read-only")
+	assert.ErrorIs(t, e.s.CopyIn(x, 0, []byte{1}), backing.ErrReadOnly)
+	assert.Equal(t, uint64(8), e.tagOf(y, 0))
+	e.checkMaps(x, e.s.Base(x), 2*g)
+	e.decommit(x, 1, 1)
+	assert.Zero(t, e.pool().Idle, "a protected private granule is not parked")
+	require.NoError(t, host.CheckShared(e.s))
+}
+
+func TestSharedHugePagesBadInput(t *testing.T) {
+	e := newEnv(t, host.SharedOptions{}, false)
+	other := newEnv(t, host.SharedOptions{}, false)
+	r := other.reserve(1)
+	_, err := e.s.HugePages(r)
+	assert.ErrorIs(t, err, backing.ErrForeignReservation)
+	_, err = e.s.HugePages(nil)
+	assert.ErrorIs(t, err, backing.ErrForeignReservation)
+	other.unreserve(r)
+	assert.PanicsWithValue(t, backing.PanicUseAfterUnreserve, func() { _, _ = other.s.HugePages(r) })
+	empty, err := e.s.Reserve(0)
+	require.NoError(t, err)
+	hb, err := e.s.HugePages(empty)
+	require.NoError(t, err)
+	assert.Zero(t, hb)
+	require.True(t, e.s.Unreserve(empty).OK())
+}
+
+// TestSharedPrivateOwnedOnceByPss: a private granule shared into 16 reservations is
+// resident once: the kernel's proportional set size of all 17 mappings is one
+// granule.
+func TestSharedPrivateOwnedOnceByPss(t *testing.T) {
+	const n = 16
+	e := privateEnv(t, host.SharedOptions{})
+	g := e.g
+	rs := []*host.SharedReservation{e.reserve(1)}
+	e.commit(rs[0], 0, 1)
+	fill := bytes.Repeat([]byte{0x5A}, g)
+	require.NoError(t, e.s.CopyIn(rs[0], 0, fill))
+	for range n {
+		r := e.reserve(1)
+		e.share(r, 0, rs[0], 0, 1, backing.ReadOnly)
+		rs = append(rs, r)
+	}
+	buf := make([]byte, g)
+	for i, r := range rs {
+		require.NoError(t, e.s.CopyOut(buf, r, 0))
+		require.True(t, bytes.Equal(fill, buf), "reservation %d reads the granule", i)
+	}
+	assert.Equal(t, int64(g), e.auth.Stats().Owned, "owned once")
+	assert.Equal(t, int64((n+1)*g), e.auth.Stats().Mapped)
+	rss, pss := smaps(t, rs, e.s)
+	t.Logf("%d mappings of one adopted granule: Rss %d KiB, Pss %d KiB", n+1, rss>>10, pss>>10)
+	assert.GreaterOrEqual(t, pss, int64(g)*95/100, "Pss: the granule is resident once")
+	assert.LessOrEqual(t, pss, int64(g)*110/100, "Pss: about one granule, not %d", n+1)
+}
+
+// TestSharedPrivateFaults: a decommit whose unmap fails after the private granules
+// were parked moves them back, contents and all; a commit that fails after taking
+// parked granules parks them again: either way the pool and the reservation are as
+// they were.
+func TestSharedPrivateFaults(t *testing.T) {
+	e := newEnv(t, host.SharedOptions{High: 8, AlwaysHugePages: true}, true)
+	if e.s.Stats().HugePages != "private" {
+		t.Skipf("no private granules here: %s", e.s.Stats().NoHugePages)
+	}
+	g := e.g
+	x := e.reserve(2)
+	e.commit(x, 0, 2)
+	e.tag(x, 0, 11)
+	e.tag(x, 1, 12)
+	injected := errors.New("injected")
+	e.f.Fail(func(_ int, name string) bool { return name == "discard" }, injected)
+	require.ErrorIs(t, e.s.Decommit(x, 0, 2*g), injected)
+	e.f.Reset()
+	assert.Equal(t, []bool{true, true}, host.SharedPrivate(x), "moved back")
+	assert.Equal(t, uint64(11), e.tagOf(x, 0), "with their contents")
+	assert.Equal(t, uint64(12), e.tagOf(x, 1))
+	assert.Zero(t, e.pool().Idle)
+	require.NoError(t, host.CheckShared(e.s))
+	e.checkMaps(x, e.s.Base(x), 2*g)
+
+	e.decommit(x, 0, 2) // both parked
+	require.Equal(t, int64(2*g), e.pool().Idle)
+	y := e.reserve(3) // two parked granules and a new one: the new one's protect fails
+	e.f.Fail(func(_ int, name string) bool { return name == "protect" }, injected)
+	require.ErrorIs(t, e.s.Commit(y, 0, 3*g), injected)
+	e.f.Reset()
+	p := e.pool()
+	assert.Equal(t, int64(2*g), p.Idle, "the parked granules are parked again")
+	assert.Equal(t, int64(2*g), p.Owned)
+	assert.Zero(t, p.Mapped)
+	require.NoError(t, host.CheckShared(e.s))
+	e.checkMaps(y, e.s.Base(y), 3*g)
+	e.commit(y, 0, 3)
+	assert.Equal(t, int64(3*g), e.pool().Owned)
+}

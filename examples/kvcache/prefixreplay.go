@@ -1,0 +1,700 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/baseline"
+)
+
+// The strategies of the prefix-cache replay (a trace with token IDs: Mooncake).
+const (
+	namePrefixOn  = "vmarena+prefix-cache"
+	namePrefixOff = "vmarena"
+	namePagedPC   = "paged+prefix-cache"
+)
+
+var prefixStrategies = []string{namePrefixOn, namePrefixOff, namePagedPC}
+
+// DefaultPrefillRate is the default -prefill-rate: prompt tokens a server prefills per
+// second of model time. Prefill is compute-bound at about 2 FLOP per parameter per
+// token: 1 GFLOP for Qwen2.5-0.5B, 2.5 GFLOP for Llama-3.2-1B. 50,000 tokens/s is 50 to
+// 125 TFLOP/s, 5 to 13% of an H100 SXM's dense FP16 peak of 989 TFLOP/s (NVIDIA's
+// H100 datasheet): a rate a single GPU sustains on long prompts, whose attention adds
+// to the count. At 25 ms per decode step a 12,000-token prompt then costs 0.24 s, about
+// ten decode steps, so what the cache saves shows in time to first token without
+// drowning the decode time.
+const DefaultPrefillRate = 50000
+
+// pseq is a sequence of a prefix strategy.
+type pseq interface {
+	Append(n int) error
+	Len() int
+}
+
+// pstrategy is what the prefix-cache replay drives: a memory layer with a prefix cache
+// (or without one: lookup then starts every sequence empty).
+type pstrategy interface {
+	Name() string
+	// lookup starts a sequence on the longest cached prefix of tokens and returns
+	// how many tokens that is.
+	lookup(tokens []int32) (pseq, int, error)
+	// insert caches the sequence's first len(tokens) tokens.
+	insert(s pseq, tokens []int32) error
+	write(s pseq, from, to int, fill []byte) error
+	closeSeq(s pseq) error
+	// physical returns the bytes held now and the peak.
+	physical() (now, peak int64)
+	// cached returns the bytes the prefix cache holds and the packed floor of its
+	// tokens (their bytes with no partly filled granule or block).
+	cached() (bytes, floor int64)
+	// idle gives back what a pool keeps idle for future growth and returns the bytes.
+	trim() int64
+	Close() error
+}
+
+// kvPrefix is vmarena's cache, with a prefix cache or without.
+type kvPrefix struct {
+	name string
+	cs   *cacheStrategy
+	pc   *kv.PrefixCache // nil: prefix caching off
+	g    kv.Geometry
+}
+
+func (k *kvPrefix) Name() string { return k.name }
+
+func (k *kvPrefix) lookup(tokens []int32) (pseq, int, error) {
+	if k.pc == nil {
+		s, err := k.cs.c.NewSequence()
+		if err != nil {
+			return nil, 0, err
+		}
+		return s, 0, nil
+	}
+	s, m, err := k.pc.Lookup(tokens)
+	if err != nil {
+		return nil, 0, err
+	}
+	return s, m, nil
+}
+
+func (k *kvPrefix) insert(s pseq, tokens []int32) error {
+	if k.pc == nil {
+		return nil
+	}
+	return k.pc.Insert(s.(*kv.Sequence), tokens)
+}
+
+func (k *kvPrefix) write(s pseq, from, to int, fill []byte) error {
+	q := s.(*kv.Sequence)
+	for t := from; t < to; t++ {
+		for l := range k.g.Layers {
+			if err := q.WriteToken(l, kv.K, t, fill); err != nil {
+				return err
+			}
+			if err := q.WriteToken(l, kv.V, t, fill); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (k *kvPrefix) closeSeq(s pseq) error {
+	if out := s.(*kv.Sequence).Close(); !out.OK() {
+		return fmt.Errorf("kv: sequence close: %v", out)
+	}
+	return nil
+}
+
+func (k *kvPrefix) physical() (int64, int64) {
+	st := k.cs.auth.Stats()
+	return st.Owned, st.OwnedPeak
+}
+
+func (k *kvPrefix) cached() (int64, int64) {
+	if k.pc == nil {
+		return 0, 0
+	}
+	st := k.pc.Stats()
+	return st.CachedBytes, st.CachedTokens * int64(k.g.BytesPerToken())
+}
+
+func (k *kvPrefix) trim() int64 {
+	if k.cs.pool == nil {
+		return 0
+	}
+	n, _ := k.cs.pool.Trim(0)
+	return n
+}
+
+func (k *kvPrefix) Close() error {
+	var err error
+	if k.pc != nil {
+		err = k.pc.Close()
+	}
+	return errors.Join(err, k.cs.Close())
+}
+
+// pagedPrefix is the paged baseline with its vLLM-style prefix cache.
+type pagedPrefix struct {
+	p     *baseline.Paged
+	shape baseline.Shape
+}
+
+func (p *pagedPrefix) Name() string { return namePagedPC }
+
+func (p *pagedPrefix) lookup(tokens []int32) (pseq, int, error) {
+	return p.p.Lookup(tokens)
+}
+
+func (p *pagedPrefix) insert(s pseq, tokens []int32) error {
+	return p.p.Insert(s.(baseline.Sequence), tokens)
+}
+
+func (p *pagedPrefix) write(s pseq, from, to int, fill []byte) error {
+	q := s.(baseline.Sequence)
+	for t := from; t < to; t++ {
+		for l := range p.shape.Layers {
+			if err := q.WriteToken(l, baseline.K, t, fill); err != nil {
+				return err
+			}
+			if err := q.WriteToken(l, baseline.V, t, fill); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (p *pagedPrefix) closeSeq(s pseq) error { return s.(baseline.Sequence).Close() }
+
+func (p *pagedPrefix) physical() (int64, int64) {
+	st := p.p.Stats()
+	return st.Physical, st.PeakPhysical
+}
+
+func (p *pagedPrefix) cached() (int64, int64) {
+	st := p.p.PrefixStats()
+	return st.CachedBytes, st.CachedBytes // whole blocks of cached tokens: packed
+}
+
+func (p *pagedPrefix) trim() int64 { return 0 } // the pool never shrinks
+
+func (p *pagedPrefix) Close() error { return p.p.Close() }
+
+// buildPrefix makes the prefix strategy called name under s's budget.
+func buildPrefix(name string, s setup) (pstrategy, *accounting.Governor, error) {
+	switch name {
+	case namePrefixOn, namePrefixOff:
+		b, err := build(nameCache, s)
+		if err != nil {
+			return nil, nil, err
+		}
+		cs := b.st.(*cacheStrategy)
+		k := &kvPrefix{name: name, cs: cs, g: s.model}
+		if name == namePrefixOn {
+			if k.pc, err = kv.NewPrefixCache(cs.c, kv.PrefixCacheOptions{}); err != nil {
+				return nil, nil, errors.Join(err, cs.Close())
+			}
+		}
+		return k, b.gov, nil
+	case namePagedPC:
+		gov, auth, err := s.newGovernor(name, accounting.HostKey)
+		if err != nil {
+			return nil, nil, err
+		}
+		o := baseline.PagedOptions{Authority: auth, PrefixCache: true}
+		if s.budget > 0 {
+			block := int64(baseline.DefaultBlockTokens * s.shape().BytesPerToken())
+			o.ChunkBlocks = int(max(1, min(baseline.DefaultChunkBytes, s.budget/16)/block))
+		}
+		p, err := baseline.NewPaged(s.shape(), o)
+		if err != nil {
+			return nil, nil, err
+		}
+		return &pagedPrefix{p: p, shape: s.shape()}, gov, nil
+	}
+	return nil, nil, fmt.Errorf("unknown prefix-cache strategy %q (known: %v)", name, prefixStrategies)
+}
+
+// PrefixWorkload is what the prefix-cache replay serves.
+type PrefixWorkload struct {
+	Requests    []Request // with Blocks
+	Speed       float64
+	Step        time.Duration // model time of one decode step
+	PrefillRate float64       // prompt tokens prefilled per second of model time
+	Concurrency int
+	MaxTokens   int
+	TokenBytes  int
+	Layers      int
+}
+
+// PrefixSample is one reading, after a batch iteration.
+type PrefixSample struct {
+	At       time.Duration
+	Physical int64
+	Cached   int64
+	HitRate  float64 // cumulative, in tokens
+}
+
+// PrefixResult is what one strategy did.
+type PrefixResult struct {
+	Strategy                      string
+	Requests, Completed, Rejected int
+	Clipped, Preempted            int
+	Queries, Hits, IdealHits      int64 // prompt tokens
+	TTFTP50, TTFTP99              time.Duration
+	Makespan                      time.Duration
+	PeakPhysical, PeakNeeded      int64
+	Waste                         float64 // share of held memory not holding live tokens, over time
+	MemoryTime                    time.Duration
+	// After the load stopped (every sequence closed): what the strategy holds, what
+	// the pool kept idle and gave back on a trim, and what the prefix cache holds
+	// with its packed floor.
+	After, Trimmed, CachedAfter, FloorAfter int64
+	Samples                                 []PrefixSample
+	Wall                                    time.Duration
+}
+
+// preq is a request during the prefix replay.
+type preq struct {
+	Request
+	tokens   []int32 // the prompt's token IDs, clipped
+	gen      int
+	seq      pseq
+	done     int
+	hit      int
+	arrived  time.Duration
+	counted  bool // its lookup counted in the hit rate
+	first    bool // its first token was produced
+	liveKeys []uint64
+}
+
+// IdealHits returns the prompt tokens an unbounded cache would hold for each request
+// (the longest prefix it shares with any earlier request, short of its last token),
+// summed over reqs. It works block by block on the trace's hash ids (equal ids, equal
+// tokens), each request's prompt clipped to its length in tokens.
+func IdealHits(reqs []Request, lengths []int) int64 {
+	type node struct {
+		cover int // most tokens of this block any earlier prompt held
+		kids  map[int64]*node
+	}
+	root := &node{kids: map[int64]*node{}}
+	var hits int64
+	for i, r := range reqs {
+		n, m, L := root, 0, lengths[i]
+		for b := 0; b*MooncakeBlockTokens < L; b++ {
+			cover := min(MooncakeBlockTokens, L-b*MooncakeBlockTokens)
+			c := n.kids[r.Blocks[b]]
+			if c == nil {
+				break
+			}
+			m += min(cover, c.cover)
+			if c.cover < cover || cover < MooncakeBlockTokens {
+				break
+			}
+			n = c
+		}
+		hits += int64(min(m, max(L-1, 0)))
+		n = root
+		for b := 0; b*MooncakeBlockTokens < L; b++ {
+			cover := min(MooncakeBlockTokens, L-b*MooncakeBlockTokens)
+			c := n.kids[r.Blocks[b]]
+			if c == nil {
+				c = &node{kids: map[int64]*node{}}
+				n.kids[r.Blocks[b]] = c
+			}
+			c.cover = max(c.cover, cover)
+			n = c
+		}
+	}
+	return hits
+}
+
+// ReplayPrefix serves w with st: each request looks its prompt up, prefills what was
+// not cached (taking model time in proportion), inserts its prompt, then decodes one
+// token per step in a continuous batch. It leaves st empty of sequences but open.
+func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress func(done int)) (PrefixResult, error) {
+	res := PrefixResult{Strategy: st.Name(), Requests: len(w.Requests)}
+	if len(w.Requests) == 0 || w.Step <= 0 || w.PrefillRate <= 0 || w.Concurrency <= 0 {
+		return res, fmt.Errorf("prefix replay: %d requests, step %v, prefill rate %v, concurrency %d", len(w.Requests), w.Step, w.PrefillRate, w.Concurrency)
+	}
+	start := time.Now()
+	bpt := 2 * int64(w.Layers) * int64(w.TokenBytes)
+	reqs := make([]*preq, len(w.Requests))
+	lengths := make([]int, len(w.Requests))
+	for i, r := range w.Requests {
+		q := &preq{Request: r, gen: max(r.Generated, 1)}
+		ctxLen := r.Context
+		if ctxLen+q.gen > w.MaxTokens {
+			res.Clipped++
+			q.gen = min(q.gen, w.MaxTokens/2)
+			ctxLen = w.MaxTokens - q.gen
+		}
+		q.tokens = r.Tokens(ctxLen)
+		if len(q.tokens) < 1 {
+			q.tokens = []int32{TokenID(-1, i)}
+		}
+		reqs[i] = q
+		lengths[i] = len(q.tokens)
+	}
+	res.IdealHits = IdealHits(w.Requests, lengths)
+	fill := make([]byte, w.TokenBytes)
+	for i := range fill {
+		fill[i] = 0x5A
+	}
+	arrival := func(i int) time.Duration {
+		if w.Speed == 0 {
+			return 0
+		}
+		return time.Duration(float64(reqs[i].Arrival-reqs[0].Arrival) / w.Speed)
+	}
+	var (
+		now                time.Duration
+		next, finished     int
+		waiting, running   []*preq
+		ttfts              []time.Duration
+		retry              = true
+		evicting           bool
+		physSum, needSum   float64
+		live               = map[uint64]int{} // block keys of live prompts, for the exact need
+		liveTokens, shared int64
+	)
+	timed := func(f func() error) error {
+		t0 := time.Now()
+		err := f()
+		res.MemoryTime += time.Since(t0)
+		return err
+	}
+	release := func(q *preq) error {
+		err := timed(func() error { return st.closeSeq(q.seq) })
+		q.seq = nil
+		for _, k := range q.liveKeys {
+			if live[k]--; live[k] == 0 {
+				delete(live, k)
+			} else {
+				shared -= MooncakeBlockTokens
+			}
+		}
+		q.liveKeys = nil
+		liveTokens -= int64(len(q.tokens) + q.done)
+		return err
+	}
+	defer func() {
+		for _, q := range running {
+			_ = release(q)
+		}
+	}()
+	// admit looks q up, prefills the rest and inserts the prompt; it returns the
+	// prefilled tokens.
+	admit := func(q *preq) (int, error) {
+		var s pseq
+		var m int
+		err := timed(func() error {
+			var err error
+			if s, m, err = st.lookup(q.tokens); err != nil {
+				return err
+			}
+			if err = s.Append(len(q.tokens) - m); err == nil {
+				if err = st.write(s, m, len(q.tokens), fill); err == nil {
+					err = st.insert(s, q.tokens)
+					if errors.Is(err, accounting.ErrBudgetExceeded) {
+						err = nil // not cached: the request goes on
+					}
+				}
+			}
+			if err != nil {
+				_ = st.closeSeq(s)
+			}
+			return err
+		})
+		if err != nil {
+			return 0, err
+		}
+		q.seq, q.hit = s, m
+		if !q.counted {
+			q.counted = true
+			res.Queries += int64(len(q.tokens))
+			res.Hits += int64(m)
+		}
+		// Whole 512-token blocks of the prompt count once among live requests.
+		var h uint64
+		for b := 0; (b+1)*MooncakeBlockTokens <= len(q.tokens); b++ {
+			h = h*1000003 + uint64(q.Blocks[b]) + 1
+			if live[h]++; live[h] > 1 {
+				shared += MooncakeBlockTokens
+			}
+			q.liveKeys = append(q.liveKeys, h)
+		}
+		liveTokens += int64(len(q.tokens))
+		return len(q.tokens) - m, nil
+	}
+	for finished < len(reqs) {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		for next < len(reqs) && arrival(next) <= now {
+			reqs[next].arrived = now
+			waiting = append(waiting, reqs[next])
+			next++
+		}
+		if len(running) == 0 && len(waiting) == 0 {
+			now = arrival(next)
+			continue
+		}
+		prefill := 0
+		var firsts []*preq
+		for len(waiting) > 0 && len(running) < w.Concurrency && retry && !evicting {
+			q := waiting[0]
+			n, err := admit(q)
+			if err != nil && !errors.Is(err, accounting.ErrBudgetExceeded) {
+				return res, fmt.Errorf("request %d: %w", q.ID, err)
+			}
+			if err != nil {
+				if len(running) == 0 || errors.Is(err, accounting.ErrExceedsLimit) {
+					res.Rejected++
+					waiting = waiting[1:]
+					finished++
+					progress(finished)
+					continue
+				}
+				retry = false
+				break
+			}
+			waiting = waiting[1:]
+			prefill += n
+			running = append(running, q)
+		}
+		// The iteration: the admitted requests' prefill, then one decode step of
+		// every running request (the first token of those just admitted).
+		progressed := false
+		for i := 0; i < len(running); i++ {
+			q := running[i]
+			err := timed(func() error {
+				if err := q.seq.Append(1); err != nil {
+					return err
+				}
+				t := q.seq.Len() - 1
+				return st.write(q.seq, t, t+1, fill)
+			})
+			if errors.Is(err, accounting.ErrBudgetExceeded) {
+				continue
+			}
+			if err != nil {
+				return res, fmt.Errorf("request %d: decode: %w", q.ID, err)
+			}
+			progressed = true
+			q.done++
+			liveTokens++
+			if !q.first {
+				q.first = true
+				firsts = append(firsts, q)
+			}
+			if q.done == q.gen {
+				if err := release(q); err != nil {
+					return res, fmt.Errorf("request %d: %w", q.ID, err)
+				}
+				running = slices.Delete(running, i, i+1)
+				i--
+				res.Completed++
+				finished++
+				retry, evicting = true, false
+				progress(finished)
+			}
+		}
+		if !progressed && len(running) > 0 {
+			q := running[len(running)-1]
+			running = running[:len(running)-1]
+			if err := release(q); err != nil {
+				return res, fmt.Errorf("request %d: %w", q.ID, err)
+			}
+			q.done = 0
+			res.Preempted++
+			waiting = slices.Insert(waiting, 0, q)
+			retry, evicting = true, true
+		}
+		now += w.Step + time.Duration(float64(prefill)/w.PrefillRate*float64(time.Second))
+		for _, q := range firsts {
+			ttfts = append(ttfts, now-q.arrived)
+		}
+		phys, _ := st.physical()
+		cached, _ := st.cached()
+		need := (liveTokens - shared) * bpt
+		res.PeakNeeded = max(res.PeakNeeded, need)
+		if len(running) > 0 {
+			physSum += float64(phys)
+			needSum += float64(need)
+		}
+		hr := 0.0
+		if res.Queries > 0 {
+			hr = float64(res.Hits) / float64(res.Queries)
+		}
+		res.Samples = append(res.Samples, PrefixSample{At: now, Physical: phys, Cached: cached, HitRate: hr})
+	}
+	res.Makespan = now
+	_, res.PeakPhysical = st.physical()
+	if physSum > 0 {
+		res.Waste = 100 * (1 - needSum/physSum)
+	}
+	res.TTFTP50, res.TTFTP99 = quantile(ttfts, 0.5), quantile(ttfts, 0.99)
+	res.After, _ = st.physical()
+	res.Trimmed = st.trim()
+	res.CachedAfter, res.FloorAfter = st.cached()
+	res.Wall = time.Since(start)
+	return res, nil
+}
+
+// Defaults of the prefix-cache replay, for flags not given: a small model, since
+// Mooncake's prompts average 12,000 tokens (144 MiB of K/V each for Qwen2.5-0.5B); a
+// context window that holds all but the longest; as many requests as replay in about
+// a minute here for the three strategies; and a budget of about ten such prompts,
+// which keeps each strategy (the paged one holds Go heap) within 2 GiB.
+const (
+	prefixModel     = "qwen2.5-0.5b"
+	prefixMaxTokens = 32768
+	prefixRequests  = 100
+	prefixBudget    = 1536 << 20
+)
+
+// prefixDefaults sniffs the -trace file: one with token IDs (Mooncake JSON lines)
+// selects the prefix-cache replay, whose defaults replace those of flags not given.
+func (c *config) prefixDefaults() error {
+	if c.trace == "" {
+		return nil
+	}
+	f, err := os.Open(c.trace)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	head := make([]byte, 512)
+	n, _ := io.ReadFull(f, head)
+	if b := bytes.TrimLeft(head[:n], " \t\r\n\ufeff"); len(b) == 0 || b[0] != '{' {
+		return nil
+	}
+	c.prefix = true
+	for flagName, set := range map[string]func(){
+		"model":         func() { c.model = prefixModel },
+		"max-tokens":    func() { c.maxTokens = prefixMaxTokens },
+		"requests":      func() { c.requests = prefixRequests },
+		"system-prompt": func() { c.system = 0 },
+		"budget":        func() { c.budget = prefixBudget },
+		"strategies":    func() { c.strategies = strings.Join(prefixStrategies, ",") },
+	} {
+		if !c.set[flagName] {
+			set()
+		}
+	}
+	return nil
+}
+
+// printPrefixTable writes the prefix-cache comparison.
+func printPrefixTable(w io.Writer, rs []PrefixResult) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "strategy\thit rate\tideal\tTTFT p50\tTTFT p99\tmakespan\tpeak\t/need\twaste\tmemory\tafter\t/cached floor\tdone\t")
+	for _, r := range rs {
+		ratio, floor := "-", "-"
+		if r.PeakNeeded > 0 {
+			ratio = fmt.Sprintf("%.2fx", float64(r.PeakPhysical)/float64(r.PeakNeeded))
+		}
+		after := r.After - r.Trimmed
+		if r.FloorAfter > 0 {
+			floor = fmt.Sprintf("%.2fx", float64(after)/float64(r.FloorAfter))
+		}
+		hr := func(h int64) string {
+			if r.Queries == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.2f%%", 100*float64(h)/float64(r.Queries))
+		}
+		done := fmt.Sprintf("%d/%d", r.Completed, r.Requests)
+		if r.Rejected > 0 {
+			done += fmt.Sprintf(" (%d rejected)", r.Rejected)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%s\t%s\t%s\t%s\t\n",
+			r.Strategy, hr(r.Hits), hr(r.IdealHits), fmtDur(r.TTFTP50), fmtDur(r.TTFTP99), fmtDur(r.Makespan),
+			formatBytes(r.PeakPhysical), ratio, r.Waste, fmtDur(r.MemoryTime), formatBytes(after), floor, done)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, `
+hit rate   prompt tokens found cached (vLLM's prefix_cache_hits over queries); ideal: an
+           unbounded cache, the longest prefix shared with any earlier request
+TTFT       model time from arrival to the first token: waiting, then prefill of the
+           uncached tokens at -prefill-rate, then one step
+memory     wall time of every memory-layer call (lookup, append, K/V writes, insert, close)
+after      memory held once every request finished (cached prefixes included; vmarena's
+           idle pool given back); /cached floor: over the cached tokens' packed bytes`)
+}
+
+// runPrefix replays a trace with token IDs against the prefix strategies.
+func runPrefix(ctx context.Context, c *config, s setup, names []string, reqs []Request, traceName string, stdout, stderr io.Writer) int {
+	w := PrefixWorkload{Requests: reqs, Speed: c.speed, Step: c.step, PrefillRate: c.prefillRate,
+		Concurrency: c.concurrency, MaxTokens: c.maxTokens, TokenBytes: s.model.TokenBytes(), Layers: s.model.Layers}
+	last := reqs[len(reqs)-1].Arrival - reqs[0].Arrival
+	budget := "unlimited"
+	if s.budget > 0 {
+		budget = formatBytes(s.budget)
+	}
+	fmt.Fprintf(stdout, "Trace:   %s: %d requests over %v of trace time, prompts with token IDs: prefix-cache replay\n", traceName, len(reqs), last.Round(time.Second))
+	fmt.Fprintf(stdout, "Model:   %s, %s of K/V per token, max %d tokens per sequence\n", s.model.Name, formatBytes(int64(s.model.BytesPerToken())), c.maxTokens)
+	fmt.Fprintf(stdout, "Server:  batch of at most %d, %v per decode step, prefill %.0f tokens/s, budget %s per strategy\n\n", c.concurrency, c.step, c.prefillRate, budget)
+	var results []PrefixResult
+	failed := false
+	for _, name := range names {
+		st, gov, err := buildPrefix(name, s)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvcache: %s: %v\n", name, err)
+			failed = true
+			continue
+		}
+		fmt.Fprintf(stdout, "%s ...", name)
+		res, err := ReplayPrefix(ctx, st, w, func(int) {})
+		if cerr := st.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("close: %w", cerr)
+		}
+		if used := gov.AllStats(); err == nil {
+			for _, d := range used {
+				if d.Used != 0 {
+					err = fmt.Errorf("%d bytes still charged to the governor after Close", d.Used)
+				}
+			}
+		}
+		fmt.Fprintf(stdout, " %v\n", res.Wall.Round(time.Millisecond))
+		if err != nil {
+			fmt.Fprintf(stderr, "kvcache: %s: %v\n", name, err)
+			failed = true
+			if ctx.Err() != nil {
+				return 1
+			}
+			continue
+		}
+		results = append(results, res)
+	}
+	if len(results) == 0 {
+		return 1
+	}
+	fmt.Fprintln(stdout)
+	printPrefixTable(stdout, results)
+	paths, err := writePrefixPlots(c.out, c.format, results, s.budget)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvcache: plot: %v\n", err)
+		return 1
+	}
+	slices.Sort(paths)
+	fmt.Fprintf(stdout, "\nPlots of memory and of the hit rate over time: %s\n", strings.Join(paths, ", "))
+	if failed {
+		return 1
+	}
+	return 0
+}

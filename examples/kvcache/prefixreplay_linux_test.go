@@ -1,0 +1,115 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// prefixTrace is a small Mooncake trace whose requests share prefixes: B and C extend
+// A's blocks, D shares only its first block, E repeats C.
+const prefixTrace = `{"timestamp": 0, "input_length": 1100, "output_length": 3, "hash_ids": [1, 2, 3]}
+{"timestamp": 2000, "input_length": 1500, "output_length": 4, "hash_ids": [1, 2, 4]}
+{"timestamp": 4000, "input_length": 1300, "output_length": 2, "hash_ids": [1, 2, 3]}
+{"timestamp": 6000, "input_length": 700, "output_length": 5, "hash_ids": [1, 9]}
+{"timestamp": 8000, "input_length": 1300, "output_length": 1, "hash_ids": [1, 2, 3]}
+`
+
+func prefixWorkload(t *testing.T) PrefixWorkload {
+	reqs, err := ReadAnyTrace([]byte(prefixTrace))
+	require.NoError(t, err)
+	return PrefixWorkload{Requests: reqs, Speed: 1, Step: 25 * time.Millisecond, PrefillRate: DefaultPrefillRate,
+		Concurrency: 8, MaxTokens: 4096, TokenBytes: testModel.TokenBytes(), Layers: testModel.Layers}
+}
+
+func TestIdealHits(t *testing.T) {
+	w := prefixWorkload(t)
+	var lengths []int
+	for _, r := range w.Requests {
+		lengths = append(lengths, r.Context)
+	}
+	// A: none; B: blocks 1, 2 (1,024); C: A's 1,100 (its block 3 held 76 tokens);
+	// D: block 1 (512); E: C's 1,300 less its last token (1,299).
+	assert.Equal(t, int64(1024+1100+512+1299), IdealHits(w.Requests, lengths))
+	assert.Equal(t, int64(0), IdealHits(w.Requests[:1], lengths[:1]))
+}
+
+// TestReplayPrefix replays the small trace with no budget: vmarena's prefix cache
+// finds every token an unbounded cache would, the paged one the whole 16-token blocks
+// of them, and with the cache off nothing is found; prefilling less shortens the time
+// to first token.
+func TestReplayPrefix(t *testing.T) {
+	w := prefixWorkload(t)
+	s := testSetup(0)
+	s.maxTokens = w.MaxTokens
+	res := map[string]PrefixResult{}
+	for _, name := range prefixStrategies {
+		st, gov, err := buildPrefix(name, s)
+		require.NoError(t, err)
+		r, err := ReplayPrefix(context.Background(), st, w, func(int) {})
+		require.NoError(t, err, name)
+		require.NoError(t, st.Close())
+		for _, d := range gov.AllStats() {
+			assert.Zero(t, d.Used, "%s: every byte came back", name)
+		}
+		assert.Equal(t, len(w.Requests), r.Completed, name)
+		assert.Equal(t, r.IdealHits, int64(1024+1100+512+1299), name)
+		assert.LessOrEqual(t, r.Hits, r.IdealHits, name)
+		res[name] = r
+	}
+	assert.Equal(t, res[namePrefixOn].IdealHits, res[namePrefixOn].Hits, "token-exact matching finds the ideal")
+	assert.Equal(t, int64(1024+1088+512+1296), res[namePagedPC].Hits, "whole 16-token blocks")
+	assert.Zero(t, res[namePrefixOff].Hits)
+	assert.Less(t, res[namePrefixOn].TTFTP99, res[namePrefixOff].TTFTP99+time.Nanosecond)
+	assert.Positive(t, res[namePrefixOn].CachedAfter)
+	assert.LessOrEqual(t, float64(res[namePrefixOn].After-res[namePrefixOn].Trimmed), 1.2*float64(res[namePrefixOn].FloorAfter)+float64(3*testGranule),
+		"held after the load: the cached tokens, packed but for each entry's last granule")
+	var out bytes.Buffer
+	printPrefixTable(&out, []PrefixResult{res[namePrefixOn], res[namePagedPC]})
+	assert.Contains(t, out.String(), namePrefixOn)
+}
+
+func TestReplayPrefixBadWorkload(t *testing.T) {
+	w := prefixWorkload(t)
+	w.PrefillRate = 0
+	st, _, err := buildPrefix(namePagedPC, testSetup(0))
+	require.NoError(t, err)
+	defer st.Close()
+	_, err = ReplayPrefix(context.Background(), st, w, func(int) {})
+	assert.ErrorContains(t, err, "prefill rate")
+	_, _, err = buildPrefix("nope", testSetup(0))
+	assert.ErrorContains(t, err, "unknown prefix-cache strategy")
+}
+
+// TestRunPrefixFlags: a Mooncake -trace selects the prefix-cache replay and its
+// defaults; its strategies are checked against that replay's names.
+func TestRunPrefixFlags(t *testing.T) {
+	path := t.TempDir() + "/mooncake.jsonl"
+	require.NoError(t, writeFile(path, prefixTrace))
+	var out, errOut bytes.Buffer
+	dir := t.TempDir()
+	code := run(context.Background(), []string{"-trace", path, "-model", "tiny", "-budget", "0", "-progress", "none", "-out", dir}, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	for _, f := range []string{"kvcache-prefix-memory.png", "kvcache-prefix-hits.png"} {
+		fi, err := os.Stat(dir + "/" + f)
+		require.NoError(t, err)
+		assert.Positive(t, fi.Size())
+	}
+	for _, name := range prefixStrategies {
+		assert.Contains(t, out.String(), name)
+	}
+	assert.Contains(t, out.String(), "prefix-cache replay")
+	out.Reset()
+	errOut.Reset()
+	code = run(context.Background(), []string{"-trace", path, "-strategies", "eager"}, &out, &errOut)
+	assert.Equal(t, 2, code)
+	assert.True(t, strings.Contains(errOut.String(), "unknown strategy \"eager\""), errOut.String())
+}
+
+func writeFile(path, s string) error { return os.WriteFile(path, []byte(s), 0o644) }

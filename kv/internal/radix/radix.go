@@ -1,0 +1,307 @@
+// Package radix is a radix tree keyed by token IDs: the index of kv's prefix cache.
+//
+// Each edge holds a run of tokens; a node's depth is the number of tokens from the root
+// to the end of its edge. Leaves carry a value (kv keeps there the cached sequence
+// that holds the leaf's tokens); an internal node's tokens are held by any leaf below
+// it ([Tree.Cover]). Matching compares token IDs, never hashes, so equal keys are
+// equal tokens by construction.
+//
+// Nodes carry a use clock for least-recently-used eviction and a pin count; the tree
+// splits an edge where a pin ends and where two inserted sequences part, and merges a
+// node with its only child once neither is needed. It does no eviction itself: the
+// caller picks leaves (LRU, page-aware) and shortens or removes them.
+//
+// A Tree is not safe for concurrent use; kv guards it with the prefix cache's lock.
+package radix
+
+import "slices"
+
+// Node is a node of a Tree. Its fields are read-only to callers.
+type Node[V any] struct {
+	parent   *Node[V]
+	key      []int32 // the edge's tokens, from the parent's depth to depth
+	depth    int
+	children map[int32]*Node[V] // by first token of the child's edge
+	used     uint64
+	pins     int
+	value    V
+}
+
+// Depth returns the tokens from the root to the end of the node's edge.
+func (n *Node[V]) Depth() int { return n.depth }
+
+// Parent returns the node's parent, or nil for the root.
+func (n *Node[V]) Parent() *Node[V] { return n.parent }
+
+// Children returns how many children the node has.
+func (n *Node[V]) Children() int { return len(n.children) }
+
+// Leaf reports whether the node has no children and is not the root.
+func (n *Node[V]) Leaf() bool { return n.parent != nil && len(n.children) == 0 }
+
+// Used returns the tree clock at the node's last use: lower is older.
+func (n *Node[V]) Used() uint64 { return n.used }
+
+// Pinned reports whether a pin ends at the node.
+func (n *Node[V]) Pinned() bool { return n.pins > 0 }
+
+// Value returns the leaf's value (the zero V for an internal node).
+func (n *Node[V]) Value() V { return n.value }
+
+// Tree is a radix tree of token runs. Its zero value is not usable; call New.
+type Tree[V any] struct {
+	root   Node[V]
+	clock  uint64
+	leaves map[*Node[V]]struct{}
+}
+
+// New returns an empty tree.
+func New[V any]() *Tree[V] {
+	return &Tree[V]{root: Node[V]{children: map[int32]*Node[V]{}}, leaves: map[*Node[V]]struct{}{}}
+}
+
+// Root returns the root node (depth 0).
+func (t *Tree[V]) Root() *Node[V] { return &t.root }
+
+// Leaves returns how many leaves the tree has.
+func (t *Tree[V]) Leaves() int { return len(t.leaves) }
+
+// EachLeaf calls fn for every leaf, in no particular order, until fn returns false.
+// fn must not change the tree.
+func (t *Tree[V]) EachLeaf(fn func(*Node[V]) bool) {
+	for l := range t.leaves {
+		if !fn(l) {
+			return
+		}
+	}
+}
+
+// common returns how many leading elements a and b share.
+func common(a, b []int32) int {
+	n := min(len(a), len(b))
+	// NB: compare eight at a time first; the compiler keeps the loop bounds-check free.
+	i := 0
+	for ; i+8 <= n; i += 8 {
+		if [8]int32(a[i:i+8]) != [8]int32(b[i:i+8]) {
+			break
+		}
+	}
+	for ; i < n; i++ {
+		if a[i] != b[i] {
+			break
+		}
+	}
+	return i
+}
+
+// walk returns how many leading tokens the tree holds and the node whose edge holds
+// the last of them (the root when none).
+func (t *Tree[V]) walk(tokens []int32) (int, *Node[V]) {
+	n, pos := &t.root, 0
+	for pos < len(tokens) {
+		c := n.children[tokens[pos]]
+		if c == nil {
+			break
+		}
+		k := common(c.key, tokens[pos:])
+		pos += k
+		n = c
+		if k < len(c.key) {
+			break
+		}
+	}
+	return pos, n
+}
+
+// Match returns how many leading tokens of tokens the tree holds and the node whose
+// edge holds the last of them (the root when none), and marks the path used.
+func (t *Tree[V]) Match(tokens []int32) (int, *Node[V]) {
+	m, n := t.walk(tokens)
+	t.touch(n)
+	return m, n
+}
+
+// Peek is Match without marking anything used.
+func (t *Tree[V]) Peek(tokens []int32) (int, *Node[V]) { return t.walk(tokens) }
+
+// touch marks n and its ancestors used now.
+func (t *Tree[V]) touch(n *Node[V]) {
+	t.clock++
+	for ; n != nil; n = n.parent {
+		n.used = t.clock
+	}
+}
+
+// Touch marks n and its ancestors used now.
+func (t *Tree[V]) Touch(n *Node[V]) { t.touch(n) }
+
+// Cover returns a leaf at or below n, following the most recently used child: its
+// value holds n's tokens. For the root of an empty tree it returns nil.
+func (t *Tree[V]) Cover(n *Node[V]) *Node[V] {
+	for len(n.children) > 0 {
+		var best *Node[V]
+		for _, c := range n.children {
+			if best == nil || c.used > best.used {
+				best = c
+			}
+		}
+		n = best
+	}
+	if n == &t.root {
+		return nil
+	}
+	return n
+}
+
+// split makes the first k tokens of n's edge a node of their own, n's parent, and
+// returns it. 0 < k < len(n.key).
+func (t *Tree[V]) split(n *Node[V], k int) *Node[V] {
+	p := n.parent
+	mid := &Node[V]{parent: p, key: n.key[:k:k], depth: n.depth - len(n.key) + k, used: n.used, children: map[int32]*Node[V]{}}
+	p.children[n.key[0]] = mid
+	n.key = n.key[k:]
+	n.parent = mid
+	mid.children[n.key[0]] = n
+	return mid
+}
+
+// at returns the node that ends at depth m on the path of n (n's edge holds token
+// m-1), splitting n's edge when m falls inside it.
+func (t *Tree[V]) at(n *Node[V], m int) *Node[V] {
+	if n == &t.root || m == n.depth {
+		return n
+	}
+	return t.split(n, len(n.key)-(n.depth-m))
+}
+
+// Insert adds tokens to the tree, the new leaf carrying v, and marks its path used.
+// It returns the new leaf, or nil when the tree holds every token already (then v is
+// not stored). When the new leaf extends a leaf, that leaf becomes internal and its
+// value is returned with displaced true: the caller drops it (the new leaf's value
+// holds its tokens).
+func (t *Tree[V]) Insert(tokens []int32, v V) (leaf *Node[V], old V, displaced bool) {
+	m, n := t.walk(tokens)
+	if m == len(tokens) {
+		t.touch(n)
+		return nil, old, false
+	}
+	n = t.at(n, m)
+	if n.Leaf() {
+		old, displaced = n.value, true
+		if n.pins == 0 {
+			// Lengthen the leaf's edge rather than hang a lone child from it.
+			n.key = append(slices.Clip(n.key), tokens[m:]...)
+			n.depth = len(tokens)
+			n.value = v
+			t.touch(n)
+			return n, old, true
+		}
+		var zero V
+		n.value = zero
+		delete(t.leaves, n)
+	}
+	leaf = &Node[V]{parent: n, key: slices.Clone(tokens[m:]), depth: len(tokens), value: v}
+	if n.children == nil {
+		n.children = map[int32]*Node[V]{}
+	}
+	n.children[tokens[m]] = leaf
+	t.leaves[leaf] = struct{}{}
+	t.touch(leaf)
+	return leaf, old, displaced
+}
+
+// Shorten cuts leaf's edge so that its depth becomes depth, which must lie above its
+// parent's depth and below its own.
+func (t *Tree[V]) Shorten(leaf *Node[V], depth int) {
+	if !leaf.Leaf() || depth <= leaf.parent.depth || depth >= leaf.depth {
+		panic("radix: Shorten out of range")
+	}
+	leaf.key = leaf.key[: depth-leaf.parent.depth : depth-leaf.parent.depth]
+	leaf.depth = depth
+}
+
+// Remove takes leaf out of the tree and returns its parent. When the parent is left
+// with no child (it is not the root), it becomes a leaf and must be given a value with
+// SetValue; when it is left with one child and no pin, it is merged with that child.
+func (t *Tree[V]) Remove(leaf *Node[V]) *Node[V] {
+	if !leaf.Leaf() {
+		panic("radix: Remove of a node that is not a leaf")
+	}
+	p := leaf.parent
+	delete(p.children, leaf.key[0])
+	delete(t.leaves, leaf)
+	leaf.parent = nil
+	if p != &t.root && len(p.children) == 0 {
+		t.leaves[p] = struct{}{}
+	}
+	t.mergeDown(p)
+	return p
+}
+
+// SetValue gives leaf its value.
+func (t *Tree[V]) SetValue(leaf *Node[V], v V) {
+	if !leaf.Leaf() {
+		panic("radix: SetValue on a node that is not a leaf")
+	}
+	leaf.value = v
+}
+
+// mergeDown merges n into its only child when n is an unpinned internal node.
+func (t *Tree[V]) mergeDown(n *Node[V]) {
+	if n == &t.root || n.pins > 0 || len(n.children) != 1 {
+		return
+	}
+	var c *Node[V]
+	for _, c = range n.children {
+	}
+	key := make([]int32, 0, len(n.key)+len(c.key))
+	c.key = append(append(key, n.key...), c.key...)
+	c.parent = n.parent
+	c.used = max(c.used, n.used)
+	n.parent.children[c.key[0]] = c
+	n.parent, n.children = nil, nil
+}
+
+// Pin pins the longest held prefix of tokens, splitting an edge where it ends, and
+// returns the pinned node (the root when nothing matched: a pin of nothing).
+func (t *Tree[V]) Pin(tokens []int32) *Node[V] {
+	m, n := t.walk(tokens)
+	n = t.at(n, m)
+	n.pins++
+	t.touch(n)
+	return n
+}
+
+// Unpin drops a pin taken by Pin. Unpinning a node with no pin panics.
+func (t *Tree[V]) Unpin(n *Node[V]) {
+	if n.pins <= 0 {
+		panic("radix: Unpin of a node with no pin")
+	}
+	n.pins--
+	if n.parent != nil {
+		t.mergeDown(n)
+	}
+}
+
+// Tokens returns the tokens the tree holds: the sum of its edges' lengths.
+func (t *Tree[V]) Tokens() int64 {
+	var n int64
+	var walk func(*Node[V])
+	walk = func(x *Node[V]) {
+		n += int64(len(x.key))
+		for _, c := range x.children {
+			walk(c)
+		}
+	}
+	walk(&t.root)
+	return n
+}
+
+// Tokens returns the tokens from the root to the end of n's edge (a copy).
+func (n *Node[V]) Tokens() []int32 {
+	out := make([]int32, n.depth)
+	for ; n != nil && n.parent != nil; n = n.parent {
+		copy(out[n.depth-len(n.key):n.depth], n.key)
+	}
+	return out
+}

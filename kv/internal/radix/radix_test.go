@@ -1,0 +1,197 @@
+package radix
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// naive is the reference model: the set of inserted token strings.
+type naive [][]int32
+
+func (m naive) longest(q []int32) int {
+	best := 0
+	for _, s := range m {
+		best = max(best, common(s, q))
+	}
+	return best
+}
+
+// randomStream returns a token string that shares a random prefix of one already
+// made, over a small vocabulary so that accidental matches happen too.
+func randomStream(r *rand.Rand, made [][]int32) []int32 {
+	var out []int32
+	if len(made) > 0 && r.IntN(4) > 0 {
+		base := made[r.IntN(len(made))]
+		out = append(out, base[:r.IntN(len(base)+1)]...)
+	}
+	for range r.IntN(40) {
+		out = append(out, int32(r.IntN(4)))
+	}
+	return out
+}
+
+// check verifies the tree's structure: depths add up, children are keyed by their
+// first token, every leaf is in the leaf set, and no unpinned internal node has one
+// child.
+func check(t *testing.T, tr *Tree[int]) {
+	t.Helper()
+	leaves := 0
+	var visit func(n *Node[int])
+	visit = func(n *Node[int]) {
+		for k, c := range n.children {
+			require.Same(t, n, c.parent)
+			require.NotEmpty(t, c.key)
+			require.Equal(t, k, c.key[0])
+			require.Equal(t, n.depth+len(c.key), c.depth)
+			visit(c)
+		}
+		if n.Leaf() {
+			leaves++
+			_, ok := tr.leaves[n]
+			require.True(t, ok, "leaf missing from the leaf set")
+		} else if n != &tr.root && n.pins == 0 {
+			require.Greater(t, len(n.children), 1, "unpinned internal node with one child")
+		}
+	}
+	visit(&tr.root)
+	require.Equal(t, leaves, len(tr.leaves))
+}
+
+func TestMatchAgainstNaive(t *testing.T) {
+	for seed := range uint64(50) {
+		r := rand.New(rand.NewPCG(seed, 1))
+		tr := New[int]()
+		var model naive
+		for i := range 60 {
+			s := randomStream(r, model)
+			m, _ := tr.Peek(s)
+			require.Equal(t, model.longest(s), m, "seed %d step %d", seed, i)
+			leaf, _, _ := tr.Insert(s, i)
+			if leaf != nil {
+				require.Equal(t, s, leaf.Tokens())
+			}
+			model = append(model, s)
+			check(t, tr)
+			q := randomStream(r, model)
+			m, n := tr.Match(q)
+			require.Equal(t, model.longest(q), m)
+			if m > 0 {
+				c := tr.Cover(n)
+				require.NotNil(t, c)
+				assert.Equal(t, q[:m], c.Tokens()[:m], "the cover holds the matched tokens")
+			}
+		}
+	}
+}
+
+// TestEvictAgainstNaive shortens and removes leaves as kv's eviction does and checks
+// that the tree then holds exactly the model's (shortened) strings.
+func TestEvictAgainstNaive(t *testing.T) {
+	for seed := range uint64(50) {
+		r := rand.New(rand.NewPCG(seed, 2))
+		tr := New[int]()
+		var model naive
+		var pins []*Node[int]
+		for i := range 80 {
+			switch op := r.IntN(10); {
+			case op < 5:
+				s := randomStream(r, model)
+				tr.Insert(s, i)
+				model = append(model, s)
+			case op < 6 && len(model) > 0:
+				s := model[r.IntN(len(model))]
+				pins = append(pins, tr.Pin(s[:r.IntN(len(s)+1)]))
+			case op < 7 && len(pins) > 0:
+				k := r.IntN(len(pins))
+				tr.Unpin(pins[k])
+				pins = append(pins[:k], pins[k+1:]...)
+			default:
+				// Shorten or remove a random unpinned leaf, as eviction does.
+				var leaf *Node[int]
+				tr.EachLeaf(func(n *Node[int]) bool {
+					if !n.Pinned() {
+						leaf = n
+						return false
+					}
+					return true
+				})
+				if leaf == nil {
+					continue
+				}
+				full := leaf.Tokens()
+				pd := leaf.parent.depth
+				if d := pd + 1 + r.IntN(leaf.depth-pd); d < leaf.depth {
+					tr.Shorten(leaf, d)
+					model = cut(model, full, d)
+				} else {
+					p := tr.Remove(leaf)
+					model = cut(model, full, pd)
+					if p.Leaf() {
+						tr.SetValue(p, i)
+					}
+				}
+			}
+			check(t, tr)
+			for _, s := range model {
+				m, _ := tr.Peek(s)
+				require.Equal(t, len(s), m, "seed %d step %d: a held string is lost", seed, i)
+			}
+			q := randomStream(r, model)
+			m, _ := tr.Peek(q)
+			require.Equal(t, model.longest(q), m, "seed %d step %d", seed, i)
+			for _, p := range pins {
+				if p != tr.Root() {
+					require.NotNil(t, p.parent, "a pinned node left the tree")
+				}
+			}
+		}
+	}
+}
+
+// cut replaces, in the model, every string that extends full's first keep tokens
+// beyond them and is not held by another path by that prefix: what the tree holds
+// after the leaf for full is cut to keep tokens.
+func cut(model naive, full []int32, keep int) naive {
+	var out naive
+	for _, s := range model {
+		if common(s, full) > keep && len(s) > keep {
+			s = s[:max(keep, 0)]
+			if common(s, full) > keep {
+				continue
+			}
+		}
+		out = append(out, s)
+	}
+	// Strings that continue past keep along full's path are gone.
+	for i, s := range out {
+		if common(s, full) > keep {
+			out[i] = s[:keep]
+		}
+	}
+	return out
+}
+
+func TestMisusePanics(t *testing.T) {
+	tr := New[int]()
+	leaf, _, _ := tr.Insert([]int32{1, 2, 3}, 1)
+	assert.PanicsWithValue(t, "radix: Shorten out of range", func() { tr.Shorten(leaf, 3) })
+	assert.PanicsWithValue(t, "radix: Shorten out of range", func() { tr.Shorten(leaf, 0) })
+	assert.PanicsWithValue(t, "radix: Remove of a node that is not a leaf", func() { tr.Remove(tr.Root()) })
+	assert.PanicsWithValue(t, "radix: Unpin of a node with no pin", func() { tr.Unpin(leaf) })
+	assert.PanicsWithValue(t, "radix: SetValue on a node that is not a leaf", func() { tr.SetValue(tr.Root(), 1) })
+}
+
+func TestInsertDisplacesExtendedLeaf(t *testing.T) {
+	tr := New[int]()
+	tr.Insert([]int32{1, 2}, 7)
+	leaf, old, displaced := tr.Insert([]int32{1, 2, 3}, 8)
+	require.NotNil(t, leaf)
+	assert.True(t, displaced)
+	assert.Equal(t, 7, old)
+	assert.Equal(t, 1, tr.Leaves())
+	leaf, _, _ = tr.Insert([]int32{1}, 9)
+	assert.Nil(t, leaf, "a held prefix is not inserted again")
+}

@@ -1,0 +1,207 @@
+package kv
+
+import (
+	"errors"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/kv/internal/radix"
+)
+
+// evictMode says which granules an eviction is after.
+type evictMode uint8
+
+const (
+	// evictFree takes only granules whose eviction gives physical memory back: held
+	// by one entry and mapped by no live sequence (page-aware eviction).
+	evictFree evictMode = iota
+	// evictCap takes granules that count in CachedBytes (held by one entry), those
+	// that also give memory back first.
+	evictCap
+)
+
+// budgetOrEvict is budget that, before it refuses, evicts cached prefixes no live
+// sequence maps to make up the shortfall.
+func (c *Cache) budgetOrEvict(need, credit int64) error {
+	err := c.budget(need, credit)
+	var be *accounting.BudgetError
+	if err == nil || !errors.As(err, &be) || errors.Is(err, accounting.ErrExceedsLimit) {
+		return err
+	}
+	if pc := c.pc.Load(); pc != nil && pc.evictFor(be.Requested-be.Available-credit) > 0 {
+		return c.budget(need, credit)
+	}
+	return err
+}
+
+// evictFor evicts cached granules that give back physical memory, leaf-first and
+// least recently used first, until need bytes came back or none is left to take; it
+// returns the bytes that came back.
+func (pc *PrefixCache) evictFor(need int64) int64 {
+	if need <= 0 {
+		return 0
+	}
+	pc.mu.Lock()
+	before := pc.evictedBytes
+	drop := pc.evictLocked(need, evictFree)
+	pc.mu.Unlock()
+	for _, e := range drop {
+		e.seq.closeEntry()
+	}
+	pc.mu.Lock()
+	got := pc.evictedBytes - before
+	pc.mu.Unlock()
+	if got > 0 {
+		pc.c.notify() // memory came back to the cache's pool
+	}
+	return got
+}
+
+// reclaim is the prefix cache's reclaimer (accounting.Authority.SetReclaimer): a
+// request on the device started to wait for need bytes.
+func (pc *PrefixCache) reclaim(need int64) {
+	pc.mu.Lock()
+	if pc.closed {
+		pc.mu.Unlock()
+		return
+	}
+	pc.reclaiming.Add(1)
+	pc.mu.Unlock()
+	defer pc.reclaiming.Done()
+	pc.evictFor(need)
+}
+
+// evictLocked evicts granules in mode until need bytes came back (evictFree) or
+// CachedBytes fell by need (evictCap), or nothing is left to take. It returns the
+// entries that left the index, for the caller to close once pc.mu is released. pc.mu
+// is held.
+func (pc *PrefixCache) evictLocked(need int64, mode evictMode) []*pcEntry {
+	var drop []*pcEntry
+	var got int64
+	for got < need {
+		leaf := pc.victim(true)
+		if leaf == nil && mode == evictCap {
+			leaf = pc.victim(false)
+		}
+		if leaf == nil {
+			break
+		}
+		cached := pc.cachedGranules
+		// Take as many granules from the leaf's tail as the need asks for in one
+		// resize, as long as each gives memory back and the leaf keeps a token.
+		e, p := leaf.Value(), leaf.Parent()
+		k := 1
+		for ; k < len(e.grefs) && got+int64(k)*pc.gbytes < need; k++ {
+			g := e.grefs[len(e.grefs)-1-k]
+			if g.entries != 1 || g.live > 0 || pc.tokensBelow(len(e.grefs)-1-k) <= p.Depth() {
+				break
+			}
+		}
+		freed, gone := pc.evictGranules(leaf, k)
+		if gone != nil {
+			drop = append(drop, gone)
+		}
+		if mode == evictFree {
+			got += freed
+		} else {
+			got += (cached - pc.cachedGranules) * pc.gbytes
+		}
+	}
+	return drop
+}
+
+// victim returns the least recently used leaf whose last granule eviction can take:
+// not pinned, not being mapped from, held by that entry alone and, when frees is set,
+// mapped by no live sequence (so that evicting it gives the memory back). nil when
+// there is none. pc.mu is held.
+func (pc *PrefixCache) victim(frees bool) *radix.Node[*pcEntry] {
+	var best *radix.Node[*pcEntry]
+	pc.tree.EachLeaf(func(l *radix.Node[*pcEntry]) bool {
+		e := l.Value()
+		if l.Pinned() || e.busy > 0 || len(e.grefs) == 0 {
+			return true
+		}
+		i := len(e.grefs) - 1
+		g := e.grefs[i]
+		if g.entries != 1 || frees && g.live > 0 {
+			return true
+		}
+		// A pinned parent that would become the leaf may need granule i itself.
+		if p := l.Parent(); p.Parent() != nil && p.Children() == 1 && pc.granulesFor(max(pc.tokensBelow(i), p.Depth())) > i {
+			return true
+		}
+		if best == nil || l.Used() < best.Used() {
+			best = l
+		}
+		return true
+	})
+	return best
+}
+
+// evictGranules takes the last k granule indexes of leaf's entry: the leaf is
+// shortened to the tokens below them, or, when none of its own would be left, leaves
+// the index (its entry closes, or moves up to a pinned parent). It returns the
+// physical bytes that came back and the entry to close, if any. pc.mu is held.
+func (pc *PrefixCache) evictGranules(leaf *radix.Node[*pcEntry], k int) (int64, *pcEntry) {
+	e := leaf.Value()
+	depth := leaf.Depth()
+	p := leaf.Parent()
+	nd := pc.tokensBelow(len(e.grefs) - k)
+	switch {
+	case nd > p.Depth():
+		pc.tree.Shorten(leaf, nd)
+		return pc.shrink(e, depth, nd)
+	case p.Parent() == nil || p.Children() > 1:
+		pc.tree.Remove(leaf)
+		pc.evictedTokens += int64(depth - p.Depth())
+		pc.evictions += int64(len(e.grefs))
+		before := pc.evictedBytes
+		d := pc.unhold(e)
+		return pc.evictedBytes - before, d
+	default:
+		// The parent is pinned and this is its only child: it becomes the leaf.
+		pc.tree.Remove(leaf)
+		pc.tree.SetValue(p, e)
+		e.leaf = p
+		return pc.shrink(e, depth, p.Depth())
+	}
+}
+
+// shrink cuts e's sequence from depth to n tokens, giving back the granules wholly
+// past them (no copy: an entry is never written). A failed resize drops the whole
+// entry instead, for the caller to close. pc.mu is held.
+func (pc *PrefixCache) shrink(e *pcEntry, depth, n int) (int64, *pcEntry) {
+	k := pc.granulesFor(n)
+	if err := e.seq.resizeAll(n * pc.c.row); err != nil {
+		// NB: resizeAll changed nothing, or damaged the sequence; either way the
+		// entry leaves the index whole.
+		pc.evictedTokens += int64(e.leaf.Depth() - e.leaf.Parent().Depth())
+		pc.removeDamaged(e)
+		before := pc.evictedBytes
+		d := pc.unhold(e)
+		return pc.evictedBytes - before, d
+	}
+	e.seq.n = n
+	e.seq.frozen = min(e.seq.frozen, n*pc.c.row)
+	e.seq.publish()
+	pc.evictions += int64(len(e.grefs) - k)
+	var freed int64
+	for _, g := range e.grefs[k:] {
+		freed += pc.release(g)
+	}
+	e.grefs = e.grefs[:k]
+	pc.evictedTokens += int64(depth - n)
+	pc.evictedBytes += freed
+	return freed, nil
+}
+
+// removeDamaged takes e's leaf out of the index, with the tokens only it holds. pc.mu
+// is held.
+func (pc *PrefixCache) removeDamaged(e *pcEntry) {
+	leaf := e.leaf
+	p := pc.tree.Remove(leaf)
+	for p.Leaf() {
+		// A pinned parent left without a child has no entry: it goes too, and its
+		// pins with it (they pin nothing now).
+		p = pc.tree.Remove(p)
+	}
+}

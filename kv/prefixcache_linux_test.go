@@ -1,0 +1,124 @@
+package kv_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/kv"
+)
+
+// TestPrefixCacheOwnedOnceByPss: 64 requests that share a 1,024-token prompt prefix,
+// served through the prefix cache, hold it once in physical memory, as the kernel
+// counts it (Pss of the memfd), not 64 times.
+func TestPrefixCacheOwnedOnceByPss(t *testing.T) {
+	const name = "kv-prefixcache-pss-test"
+	c, pool := newHostCache(t, name, kv.PerLayer, 2048)
+	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, pc.Close()) }()
+	system := make([]int32, 1024)
+	for i := range system {
+		system[i] = int32(i % 7)
+	}
+	first, m, err := serve(pc, append(system, -1))
+	require.NoError(t, err)
+	require.Zero(t, m)
+	require.True(t, first.Close().OK())
+
+	prefixBytes := int64(1024 * tiny8.BytesPerToken()) // 3 MiB: 8 granules per range
+	var seqs []*kv.Sequence
+	var sum byte
+	for i := range 64 {
+		s, m, err := serve(pc, append(system, int32(-2-i)))
+		require.NoError(t, err)
+		require.Equal(t, 1024, m)
+		seqs = append(seqs, s)
+		// Touch every page through every mapping, so each mapping counts in Pss.
+		for layer := range tiny8.Layers {
+			for _, kind := range []kv.Kind{kv.K, kv.V} {
+				b, err := s.Bytes(layer, kind)
+				require.NoError(t, err)
+				for i := 0; i < len(b); i += 4096 {
+					sum += b[i]
+				}
+			}
+		}
+	}
+	_ = sum
+	require.NoError(t, checkIDs(seqs[63], system, 0, 1024))
+	st := pc.Stats()
+	pss := pssOf(t, name)
+	// Each sequence and each entry holds one granule per range of its own, the one
+	// past the prefix where its last token lies; one page of it at most is resident.
+	tails := int64(64+st.Entries) * int64(2*tiny8.Layers)
+	own := tails * (64 << 10)
+	t.Logf("Pss of 64 sequences on a %d KiB cached prefix: %d KiB (mapped %d KiB)", prefixBytes>>10, pss>>10, pool.Stats().Mapped>>10)
+	assert.Equal(t, 65, st.Entries)
+	assert.Equal(t, prefixBytes+own, pool.Stats().Owned, "the governor: the prefix owned once")
+	assert.Equal(t, prefixBytes+int64(st.Entries)*int64(2*tiny8.Layers)*(64<<10), st.CachedBytes, "the cache counts the prefix once too")
+	assert.Equal(t, prefixBytes, st.PinnedBytes, "the live sequences map the prefix")
+	// The kernel: the prefix resident once, not 64 times (192 MiB), and at most one
+	// page of each tail (a sequence's, or an entry's copy).
+	assert.GreaterOrEqual(t, pss, prefixBytes*9/10, "the prefix is resident")
+	assert.LessOrEqual(t, pss, prefixBytes+tails*4096+prefixBytes/10, "resident once, not 64 times")
+	for _, s := range seqs {
+		assert.True(t, s.Close().OK())
+	}
+}
+
+// A server serves two requests that share a system prompt: the second starts on the
+// K/V the first one cached, and prefills only the rest.
+func ExamplePrefixCache() {
+	gov := accounting.NewGovernor()
+	_ = gov.SetLimit(accounting.HostKey, 1<<30)
+	pool, err := host.NewShared(host.SharedOptions{
+		Granularity: 64 << 10,
+		Authority:   gov.Authority("kv", accounting.HostKey),
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	cache, err := kv.New(pool, kv.Config{Geometry: kv.Llama32_1B, MaxTokens: 4096})
+	if err != nil {
+		panic(err)
+	}
+	defer cache.Close()
+	pc, err := kv.NewPrefixCache(cache, kv.PrefixCacheOptions{MaxBytes: 256 << 20})
+	if err != nil {
+		panic(err)
+	}
+	defer pc.Close()
+
+	system := make([]int32, 1000) // the system prompt's token IDs
+	for i := range system {
+		system[i] = int32(1000 + i)
+	}
+	for req, question := range [][]int32{{7, 8, 9}, {4, 5}} {
+		prompt := append(append([]int32{}, system...), question...)
+		s, cached, err := pc.Lookup(prompt)
+		if err != nil {
+			panic(err)
+		}
+		// Prefill the uncached part (its K/V writes omitted), then cache the prompt.
+		if err := s.Append(len(prompt) - cached); err != nil {
+			panic(err)
+		}
+		if err := pc.Insert(s, prompt); err != nil {
+			panic(err)
+		}
+		fmt.Printf("request %d: %d of %d prompt tokens cached\n", req, cached, len(prompt))
+		s.Close()
+	}
+	st := pc.Stats()
+	fmt.Printf("queries %d, hits %d, cached %d tokens in %d KiB\n", st.Queries, st.Hits, st.CachedTokens, st.CachedBytes>>10)
+	// Output:
+	// request 0: 0 of 1003 prompt tokens cached
+	// request 1: 1000 of 1002 prompt tokens cached
+	// queries 2005, hits 1000, cached 1005 tokens in 32192 KiB
+}

@@ -1,0 +1,86 @@
+package kv_test
+
+import (
+	"runtime"
+	"runtime/debug"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/kv"
+)
+
+// faults runs store with faults turned into Go panics and returns the fault, or nil.
+func faults(store func()) (fault error) {
+	old := debug.SetPanicOnFault(true)
+	defer debug.SetPanicOnFault(old)
+	defer func() {
+		if v := recover(); v != nil {
+			err, ok := v.(runtime.Error)
+			if !ok {
+				panic(v)
+			}
+			fault = err
+		}
+	}()
+	store()
+	return nil
+}
+
+// After Fork, ForkAt and Freeze the origin's own mapping of the shared granules is
+// read-only on host.Shared, as the sharers' are: a stray store through its View
+// faults (a Go panic under debug.SetPanicOnFault) and writes nothing, while its own
+// tail stays writable.
+func TestOriginWriteFaultsOnShared(t *testing.T) {
+	for _, layout := range layouts {
+		for _, op := range []string{"Fork", "ForkAt", "Freeze"} {
+			t.Run(layout.String()+"/"+op, func(t *testing.T) {
+				gov := accounting.NewGovernor()
+				pool := gov.Authority("pool", accounting.HostKey)
+				b := sharedPool(t, pool, "kv-protect")
+				c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: layout})
+				require.NoError(t, err)
+				defer func() { assert.NoError(t, c.Close()) }()
+				s, err := c.NewSequence()
+				require.NoError(t, err)
+				require.NoError(t, s.Append(300))
+				writeTokens(t, s, 1, 0, 300)
+				var sharer *kv.Sequence
+				switch op {
+				case "Fork":
+					sharer, err = s.Fork()
+				case "ForkAt":
+					sharer, err = s.ForkAt(200)
+				case "Freeze":
+					var p *kv.Prefix
+					p, err = s.Freeze(200)
+					if err == nil {
+						sharer, err = c.NewSequenceFrom(p)
+						p.Release()
+					}
+				}
+				require.NoError(t, err)
+				w := s.Writable()
+				require.Positive(t, w)
+				// NB: layer 0's K of token w-1 lies in a shared granule in either layout
+				// (in PerSequence a token straddling the boundary has later layers past it).
+				for _, q := range []*kv.Sequence{s, sharer} {
+					v, err := kv.View[arena.F16](q, 0, kv.K)
+					require.NoError(t, err)
+					assert.Error(t, faults(func() { v.Set(arena.F16FromFloat32(9), w-1, 0, 0) }), "a store below Writable faults")
+					assert.Error(t, faults(func() { v.Set(arena.F16FromFloat32(9), 0, 1, 2) }), "a store below Writable faults")
+				}
+				checkTokens(t, s, 1, 0, 300)
+				checkTokens(t, sharer, 1, 0, sharer.Len())
+				v, err := kv.View[arena.F16](s, tiny8.Layers-1, kv.V)
+				require.NoError(t, err)
+				assert.NoError(t, faults(func() { v.Set(arena.F16FromFloat32(9), 299, 0, 0) }), "the origin's tail stays writable")
+				assert.True(t, sharer.Close().OK())
+				assert.True(t, s.Close().OK())
+			})
+		}
+	}
+}

@@ -1,0 +1,79 @@
+package kv_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/kv"
+)
+
+// Under budget pressure a waiting append takes the pool's idle granules and waits
+// only for the bytes they can not cover: the idle granules are not given back to the
+// OS first (their old contents show they were reused), and Need counts them.
+func TestWaiterUsesIdleGranules(t *testing.T) {
+	gov := accounting.NewGovernor()
+	const g = 64 << 10 // 128 tiny8 tokens per tensor
+	require.NoError(t, gov.SetLimit(accounting.HostKey, 12*g))
+	pool := gov.Authority("pool", accounting.HostKey)
+	other := gov.Authority("other", accounting.HostKey)
+	b := sharedPool(t, pool, "kv-idle")
+	c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: kv.PerLayer})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, c.Close()) }()
+
+	a, err := c.NewSequence()
+	require.NoError(t, err)
+	require.NoError(t, a.Append(1)) // 6 granules, one per tensor
+	writeTokens(t, a, 5, 0, 1)
+	require.True(t, a.Close().OK())
+	require.Equal(t, int64(6*g), b.PoolStats().Idle)
+	require.NoError(t, other.TryAcquire(6*g)) // the rest of the budget
+
+	s, err := c.NewSequence()
+	require.NoError(t, err)
+	defer closeAll(t, s)
+	need, err := s.Need(129) // 2 granules per tensor: 6 idle, 6 new
+	require.NoError(t, err)
+	assert.Equal(t, int64(6*g), need, "idle granules counted")
+	var be *accounting.BudgetError
+	require.ErrorAs(t, s.Append(129), &be)
+	assert.Equal(t, int64(6*g), be.Requested)
+	assert.Zero(t, be.Available)
+
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		done <- s.AppendCtx(ctx, 129)
+	}()
+	require.Eventually(t, func() bool { return gov.Stats(accounting.HostKey).Waiters == 1 }, 5*time.Second, time.Millisecond)
+	time.Sleep(10 * time.Millisecond) // a reclaimer would run now
+	assert.Equal(t, int64(6*g), b.PoolStats().Idle, "the waiter's own pool keeps its idle granules for it")
+	other.Release(6 * g)
+	require.NoError(t, <-done)
+	assert.Equal(t, 129, s.Len())
+	assert.Zero(t, b.PoolStats().Idle)
+	assert.Equal(t, int64(12*g), pool.Stats().Owned)
+
+	// The six reused granules still hold a's token 0; the six new ones read zero.
+	reused := 0
+	buf := make([]byte, tiny8.TokenBytes())
+	zero := make([]byte, len(buf))
+	for layer := range tiny8.Layers {
+		for _, kind := range []kv.Kind{kv.K, kv.V} {
+			for _, tok := range []int{0, 128} { // the first token of each granule
+				require.NoError(t, s.ReadToken(layer, kind, tok, buf))
+				if !slices.Equal(buf, zero) {
+					reused++
+				}
+			}
+		}
+	}
+	assert.Equal(t, 6, reused, "idle granules went to the waiter, not back to the OS")
+}
