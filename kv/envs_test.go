@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -32,6 +33,15 @@ var sharingNames = [sharingBackings]string{"host.Shared", "cuda", "backingtest.F
 // envGranule is every env's granule: tiny8's 3 KiB token (PerSequence) straddles
 // granule boundaries, and a PerLayer tensor holds 8 tokens per granule.
 const envGranule = 4 << 10
+
+// envGranuleOf returns the granule of backing kind: envGranule, but host.Shared on
+// Windows maps views at the 64 KiB allocation granularity and can not go below it.
+func envGranuleOf(kind int) int {
+	if kind == onShared && runtime.GOOS == "windows" {
+		return 64 << 10
+	}
+	return envGranule
+}
 
 // faultInjector is what a test uses of a backingtest.Faulty, whatever its R.
 type faultInjector interface {
@@ -77,7 +87,7 @@ func newEnv(t testing.TB, kind int, layout kv.Layout, maxTokens int, limit int64
 	case onShared:
 		e.auth = e.gov.Authority("shared", accounting.HostKey)
 		e.memfd = fmt.Sprintf("vmkv-%d-%d", os.Getpid(), envSeq.Add(1))
-		b, nerr := host.NewShared(host.SharedOptions{Granularity: envGranule, Authority: e.auth, Name: e.memfd, High: 16})
+		b, nerr := host.NewShared(host.SharedOptions{Granularity: envGranuleOf(kind), Authority: e.auth, Name: e.memfd, High: 16})
 		if errors.Is(nerr, errors.ErrUnsupported) {
 			return nil, false
 		}

@@ -26,9 +26,6 @@ const soakEnv = "VMARENA_SOAK_REQUESTS"
 const (
 	soakWorkers   = 4
 	soakMaxTokens = 64
-	// soakLimit is the governor's limit: a sequence and a quarter at their longest,
-	// so that the workers' appends wait for each other and forks are refused.
-	soakLimit = soakMaxTokens * 3 << 10 * 5 / 4
 	// soakBackstop ends a wait nobody cancelled: four sequences may each hold part of
 	// what the others wait for. Its firing is one of the outcomes checked, never a
 	// failure.
@@ -61,7 +58,7 @@ func TestSoakUnderFaults(t *testing.T) {
 		for _, layout := range layouts {
 			t.Run(fmt.Sprintf("%s/%v", sharingNames[kind], layout), func(t *testing.T) {
 				defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-				e, ok := newEnv(t, kind, layout, soakMaxTokens, soakLimit, true)
+				e, ok := newEnv(t, kind, layout, soakMaxTokens, soakLimit(kind, layout), true)
 				if !ok {
 					t.Skipf("%s does not exist on this system", sharingNames[kind])
 				}
@@ -70,6 +67,17 @@ func TestSoakUnderFaults(t *testing.T) {
 			})
 		}
 	}
+}
+
+// soakLimit returns the governor's limit for the soak on backing kind: a sequence
+// and a quarter at their longest, so that the workers' appends wait for each other
+// and forks are refused.
+func soakLimit(kind int, layout kv.Layout) int64 {
+	s, err := kv.Size(tiny8, layout, envGranuleOf(kind), soakMaxTokens, soakMaxTokens)
+	if err != nil {
+		panic(err)
+	}
+	return s.Committed * 5 / 4
 }
 
 // soakPrefix is a prefix the requests start on, and its writer.
