@@ -143,6 +143,11 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 		if !commits || s.need(s.n+g.Tokens) == 0 {
 			continue // the granules it holds cover the tokens: nothing to resize
 		}
+		if mu := s.rangesLock(); mu != nil {
+			// Lookups map from s's ranges: not while they change.
+			mu.Lock()
+			defer mu.Unlock()
+		}
 		target := (s.n + g.Tokens) * c.row
 		for j, b := range s.bufs {
 			if err := b.Resize(target); err != nil {

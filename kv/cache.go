@@ -333,9 +333,9 @@ func (c *Cache) Close() error {
 		c.mu.Unlock()
 		return fmt.Errorf("%w: Close called twice", ErrClosed)
 	}
-	if c.entries > 0 {
+	if c.entries > 0 || c.pc.Load() != nil {
 		defer c.mu.Unlock()
-		return fmt.Errorf("%w: its PrefixCache holds %d entries; close it first", ErrBusy, c.entries)
+		return fmt.Errorf("%w: its PrefixCache is open (%d entries with ranges of their own); close it first", ErrBusy, c.entries)
 	}
 	if len(c.seqs) > 0 || len(c.prefixes) > 0 || c.inflight > 0 {
 		defer c.mu.Unlock()
