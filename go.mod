@@ -8,6 +8,7 @@ require (
 	github.com/prometheus/common v0.70.1
 	github.com/schollz/progressbar/v3 v3.19.1
 	github.com/stretchr/testify v1.12.1
+	go.uber.org/goleak v1.3.0
 	golang.org/x/sys v0.47.0
 	golang.org/x/term v0.44.0
 	gonum.org/v1/plot v0.17.0

@@ -64,7 +64,7 @@ type Cache struct {
 	// batch numbers the batches of the cache, so that a sequence can tell it was
 	// already seen in the one being checked.
 	batch atomic.Uint64
-	// refusals counts growths refused for memory (Stats.Refusals).
+	// refusals counts growths refused for memory (Refusals).
 	refusals atomic.Int64
 
 	pc atomic.Pointer[PrefixCache] // nil without one
@@ -283,10 +283,12 @@ type Stats struct {
 	// and retries on Close, and what a backing quarantined for good. Owned includes
 	// them.
 	Unreleased int64
-	// Refusals is the growths (Append, AppendBatch, and each try of a waiting one)
-	// refused because the memory could not be had: a scheduler's cue to preempt.
-	Refusals int64
 }
+
+// Refusals returns the growths (Append, AppendBatch, and each try of a waiting one)
+// refused because the memory could not be had since the cache was made: a
+// scheduler's cue to preempt. It only grows.
+func (c *Cache) Refusals() int64 { return c.refusals.Load() }
 
 // SavedBySharing returns the bytes that sharing saves: Shared.
 func (s Stats) SavedBySharing() int64 { return s.Shared }
@@ -306,7 +308,6 @@ func (c *Cache) Stats() Stats {
 		st.Shared += s.sharedIn.Load()
 	}
 	st.Waits = c.waits
-	st.Refusals = c.refusals.Load()
 	st.Unreleased = c.lost
 	for _, b := range c.orphans {
 		st.Unreleased += int64(b.Committed())

@@ -48,20 +48,20 @@ func TestLogsKeptRange(t *testing.T) {
 	assert.Len(t, rec.Records(), 1)
 }
 
-// TestStatsRefusals: Stats counts each growth refused for memory, and nothing else.
-func TestStatsRefusals(t *testing.T) {
+// TestRefusals: the cache counts each growth refused for memory, and nothing else.
+func TestRefusals(t *testing.T) {
 	fx := newFixture(t, 2*perTensorGranule)
 	c := fx.cache(t, kv.PerLayer, 64)
 	seqs := newSeqs(t, c, 2)
 	require.NoError(t, seqs[0].Append(8)) // 1 granule per tensor
 	require.NoError(t, c.AppendBatch([]kv.Growth{{seqs[1], 8}}))
-	assert.Zero(t, c.Stats().Refusals)
+	assert.Zero(t, c.Refusals())
 
 	require.ErrorIs(t, seqs[0].Append(1), accounting.ErrBudgetExceeded)
 	require.ErrorIs(t, c.AppendBatch([]kv.Growth{{seqs[0], 1}, {seqs[1], 1}}), accounting.ErrBudgetExceeded)
 	require.ErrorIs(t, seqs[0].Append(100), kv.ErrTooLong, "not a refusal for memory")
 	require.NoError(t, seqs[0].Append(0))
-	assert.Equal(t, int64(2), c.Stats().Refusals)
+	assert.Equal(t, int64(2), c.Refusals())
 	closeAll(t, seqs...)
 }
 

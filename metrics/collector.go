@@ -20,10 +20,14 @@ const DefaultNamespace = "vmarena"
 var ErrOptions = errors.New("metrics: bad options")
 
 // CacheSource is what a KV cache must provide to be collected: a snapshot. Any
-// *kv.Cache does.
+// *kv.Cache does. A source that also has a Refusals() int64 method (a *kv.Cache
+// does) reports kv_refusals_total.
 type CacheSource interface {
 	Stats() kv.Stats
 }
+
+// refuser is a cache that counts the growths it refused for memory.
+type refuser interface{ Refusals() int64 }
 
 // PrefixCacheStats is a snapshot of a prefix cache's counters. Queries and hits
 // are in tokens, as vLLM counts them, so that hits / queries is the token hit rate.
@@ -322,7 +326,9 @@ func (c *Collector) collectCache(ch chan<- prometheus.Metric, k Cache, limits ma
 	gauge(ch, c.d.kvCommitted, float64(s.Committed), k.Name)
 	gauge(ch, c.d.kvSaved, float64(s.SavedBySharing()), k.Name)
 	counter(ch, c.d.kvWaits, s.Waits, k.Name)
-	counter(ch, c.d.kvRefusals, s.Refusals, k.Name)
+	if r, ok := k.Cache.(refuser); ok {
+		counter(ch, c.d.kvRefusals, r.Refusals(), k.Name)
+	}
 	gauge(ch, c.d.kvUnreleased, float64(s.Unreleased), k.Name)
 }
 

@@ -31,9 +31,13 @@ func (p *statPool) PoolStats() backing.PoolStats { return p.s }
 func (p *statPool) Device() accounting.DeviceKey { return p.dev }
 
 // statCache is a CacheSource that reports fixed figures.
-type statCache struct{ s kv.Stats }
+type statCache struct {
+	s        kv.Stats
+	refusals int64
+}
 
 func (c *statCache) Stats() kv.Stats { return c.s }
+func (c *statCache) Refusals() int64 { return c.refusals }
 
 func TestCollectPoolsCachesPrefixCaches(t *testing.T) {
 	gov := accounting.NewGovernor()
@@ -44,8 +48,8 @@ func TestCollectPoolsCachesPrefixCaches(t *testing.T) {
 	}}
 	cache := &statCache{s: kv.Stats{
 		Sequences: 3, Prefixes: 1, Tokens: 1500, Used: 1500 << 10, Committed: 24 << 20,
-		Shared: 8 << 20, Owned: 20 << 20, Mapped: 24 << 20, Waits: 7, Refusals: 5, Unreleased: 2 << 20,
-	}}
+		Shared: 8 << 20, Owned: 20 << 20, Mapped: 24 << 20, Waits: 7, Unreleased: 2 << 20,
+	}, refusals: 5}
 	pc := metrics.PrefixCacheFunc(func() metrics.PrefixCacheStats {
 		return metrics.PrefixCacheStats{QueriedTokens: 9000, HitTokens: 6000, Evictions: 4, EvictedBytes: 6 << 20, CachedBytes: 10 << 20, PinnedBytes: 2 << 20}
 	})

@@ -71,18 +71,19 @@ type Backing struct {
 	noReadOnly atomic.Bool
 	log        *slog.Logger // nil logs nothing
 
-	mu       sync.Mutex
-	idle     []*handle     // pooled, mapped nowhere; the most recently used last
-	stuck    []*handle     // idle handles cuMemRelease refused: still owned
-	owned    int           // handles held: idle, mapped, stuck, being handed out
-	created  int64         // handles ever made (PoolStats.Created)
-	creating int           // handles the refill is creating now
-	settled  sync.Cond     // on mu: signalled when creating drops
-	held     bool          // Trim paused the background refill until the next commit
-	mapped   int64         // bytes of mappings (a handle mapped twice counts twice)
-	nres     int           // reservations not yet unreserved
-	idleNote chan struct{} // closed when handles return idle; nil when nobody waits
-	gate     chan struct{} // one waiting commit at a time (capacity 1)
+	mu         sync.Mutex
+	idle       []*handle     // pooled, mapped nowhere; the most recently used last
+	stuck      []*handle     // idle handles cuMemRelease refused: still owned
+	owned      int           // handles held: idle, mapped, stuck, being handed out
+	created    int64         // handles ever made (PoolStats.Created)
+	creating   int           // handles the refill is creating now
+	reclaiming int           // reclaims running now
+	settled    sync.Cond     // on mu: signalled when creating or reclaiming drops
+	held       bool          // Trim or Quiesce paused the background refill until the next commit
+	mapped     int64         // bytes of mappings (a handle mapped twice counts twice)
+	nres       int           // reservations not yet unreserved
+	idleNote   chan struct{} // closed when handles return idle; nil when nobody waits
+	gate       chan struct{} // one waiting commit at a time (capacity 1)
 
 	refill chan struct{} // nudges the background refill; nil without Background
 	stop   chan struct{}
