@@ -124,6 +124,7 @@ func (c *Cache) appendBatch(batch []Growth, credit int64) error {
 		// Refuse what can not fit before committing any of it: a commit rolled back
 		// would leave fresh granules idle in a pool, holding budget.
 		if err := c.budgetOrEvict(need, credit); err != nil {
+			c.refusals.Add(1)
 			return err
 		}
 	}

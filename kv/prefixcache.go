@@ -345,7 +345,7 @@ func (pc *PrefixCache) startOn(src *Sequence, n int, entry bool) (*Sequence, err
 		return q, err
 	}
 	s, err := start(n)
-	if err != nil && errors.Is(err, accounting.ErrBudgetExceeded) && pc.evictFor(pc.gbytes) > 0 {
+	if err != nil && errors.Is(err, accounting.ErrBudgetExceeded) && pc.evictFor(pc.gbytes, evictForGrowth) > 0 {
 		s, err = start(n)
 	}
 	return s, err

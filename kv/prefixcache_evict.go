@@ -27,7 +27,7 @@ func (c *Cache) budgetOrEvict(need, credit int64) error {
 	if err == nil || !errors.As(err, &be) || errors.Is(err, accounting.ErrExceedsLimit) {
 		return err
 	}
-	if pc := c.pc.Load(); pc != nil && pc.evictFor(be.Requested-be.Available-credit) > 0 {
+	if pc := c.pc.Load(); pc != nil && pc.evictFor(be.Requested-be.Available-credit, evictForGrowth) > 0 {
 		return c.budget(need, credit)
 	}
 	return err
@@ -35,12 +35,13 @@ func (c *Cache) budgetOrEvict(need, credit int64) error {
 
 // evictFor evicts cached granules that give back physical memory, leaf-first and
 // least recently used first, until need bytes came back or none is left to take; it
-// returns the bytes that came back.
-func (pc *PrefixCache) evictFor(need int64) int64 {
+// returns the bytes that came back, and logs a summary (see observe.go).
+func (pc *PrefixCache) evictFor(need int64, why evictReason) int64 {
 	if need <= 0 {
 		return 0
 	}
 	pc.mu.Lock()
+	mark := pc.evictMark()
 	before := pc.evictedBytes
 	drop := pc.evictLocked(need, evictFree)
 	pc.mu.Unlock()
@@ -49,7 +50,9 @@ func (pc *PrefixCache) evictFor(need int64) int64 {
 	}
 	pc.mu.Lock()
 	got := pc.evictedBytes - before
+	done := pc.evictMark().minus(mark)
 	pc.mu.Unlock()
+	pc.logEviction(why, need, done)
 	if got > 0 {
 		pc.c.notify() // memory came back to the cache's pool
 	}
@@ -67,7 +70,7 @@ func (pc *PrefixCache) reclaim(need int64) {
 	pc.reclaiming.Add(1)
 	pc.mu.Unlock()
 	defer pc.reclaiming.Done()
-	pc.evictFor(need)
+	pc.evictFor(need, evictForWaiter)
 }
 
 // evictLocked evicts granules in mode until need bytes came back (evictFree) or

@@ -39,8 +39,10 @@ func populate(at unsafe.Pointer, n, page int, write bool) error {
 }
 
 // mapCount returns the process's number of mappings (lines of /proc/self/maps) and
-// vm.max_map_count. It runs on error paths, and reads with one small buffer since the
-// process may be at its mapping limit.
+// vm.max_map_count. It runs on error paths, when the process may be at its mapping
+// limit, so it reads with one small buffer: reading all of /proc/self/maps at once
+// (megabytes there) could make the heap grow, which needs a mapping, and the runtime
+// dies of that.
 func mapCount() (count, limit int, err error) {
 	b, err := os.ReadFile("/proc/sys/vm/max_map_count")
 	if err != nil {

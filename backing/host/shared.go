@@ -3,6 +3,7 @@ package host
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"sync"
@@ -57,6 +58,12 @@ type SharedOptions struct {
 	// than small pages (SharedStats.NoHugePages says so when it applies); a pool that
 	// keeps its granules (a large High, a long Decay) may still want them there.
 	AlwaysHugePages bool
+	// Logger receives the pool's events: trims and reclaims that give granules back
+	// (Info), decay passes that do (Debug), and, at construction, a fallback the
+	// system forces (no MADV_POPULATE_WRITE, or small pages where the granule would
+	// take huge pages). nil logs nothing. Quarantines are logged by the governor (see
+	// accounting.GovernorOptions).
+	Logger *slog.Logger
 }
 
 // SharedNoPool as SharedOptions.High keeps no idle granule: every granule goes back
@@ -102,6 +109,7 @@ type Shared struct {
 	huge     sharedHuge
 	hugeWhy  string // why huge is not what the user would want, or ""
 	sys      sharedSys
+	log      *slog.Logger // nil logs nothing
 
 	mu        sync.Mutex
 	fd        int
@@ -113,6 +121,7 @@ type Shared struct {
 	nResident int   // Idle slots that are resident
 	owned     int64 // bytes of Idle, Live and busy owned slots; in step with the authority
 	mapped    int64 // bytes of mappings; in step with the authority
+	created   int64 // granules ever charged (PoolStats.Created)
 	live      int   // reservations not yet unreserved (Quarantined ones excluded)
 	resv      map[*SharedReservation]struct{}
 	park      []sharedChunk  // see shared_park.go
@@ -316,6 +325,7 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 		decay:    max(opts.Decay, 0),
 		stop:     make(chan struct{}),
 		sys:      sys,
+		log:      opts.Logger,
 		fd:       fd,
 		resv:     make(map[*SharedReservation]struct{}),
 		park0:    max(sharedParkFirst>>backing.Log2(opts.Granularity), 1),
@@ -324,6 +334,11 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 	s.kick()
 	s.mu.Unlock()
 	opts.Authority.SetReclaimer(s.reclaim)
+	noHuge := s.hugeWhy
+	if opts.NoHugePages {
+		noHuge = "" // the caller's choice, not a fallback
+	}
+	noteFallbacks(s.log, "shared", s.populate || s.low > 0, s.g, noHuge) // the refill populates too
 	return s, nil
 }
 
@@ -398,7 +413,7 @@ func (s *Shared) adviseFile(at unsafe.Pointer, n int) {
 // reclaim gives every idle granule back when a request on the device waits for
 // memory (the governor calls it): idle granules hold budget that the waiter, perhaps
 // another pool's user, can not otherwise have. s.mu must not be held.
-func (s *Shared) reclaim(int64) {
+func (s *Shared) reclaim(need int64) {
 	s.mu.Lock()
 	if s.closed || !s.othersWait() {
 		s.mu.Unlock() // only this pool's commits wait: they take the idle granules
@@ -406,11 +421,15 @@ func (s *Shared) reclaim(int64) {
 	}
 	// Close waits for this like for a refill, so the memfd outlives the give-back.
 	s.refill.Add(1)
-	_, _ = s.givePriv(s.takePrivIdle(s.nPrivIdle))
+	m, _ := s.givePriv(s.takePrivIdle(s.nPrivIdle))
 	victims := s.victims(s.nIdle)
 	s.mu.Unlock()
 	defer s.refill.Done()
-	_, _ = s.giveBack(victims)
+	n, err := s.giveBack(victims)
+	n += m
+	if s.log != nil && (n > 0 || err != nil) {
+		s.log.Info("host: pool reclaim", "gave_back_bytes", n, "waiter_bytes", need, "err", err)
+	}
 }
 
 // Granularity returns the granule size in bytes.
@@ -655,6 +674,17 @@ func (s *Shared) Unreserve(r *SharedReservation) accounting.ReleaseOutcome {
 	err = s.opErr("unreserve", 0, r.size, err, true)
 	var give []int
 	var unmapped int64
+	// quarantined ends a failed Unreserve: the books under s.mu, then, outside it,
+	// the residual reported to the authority and the granules given back.
+	quarantined := func(err error) accounting.ReleaseOutcome {
+		out := s.quarantine(r, unmapped, held, err)
+		s.mu.Unlock()
+		if unmapped != 0 {
+			s.auth.Quarantine(held-unmapped, err)
+		}
+		s.giveBack(give)
+		return out
+	}
 	for i := 0; i < n; {
 		if !r.maps[i].committed() {
 			i++
@@ -666,20 +696,14 @@ func (s *Shared) Unreserve(r *SharedReservation) accounting.ReleaseOutcome {
 		}
 		if uerr := s.sys.unmapTo(r.at(i), (j-i)<<s.shift); uerr != nil {
 			err = errors.Join(err, s.opErr("unreserve", i<<s.shift, (j-i)<<s.shift, uerr, true))
-			out := s.quarantine(r, unmapped, held, err)
-			s.mu.Unlock()
-			s.giveBack(give)
-			return out
+			return quarantined(err)
 		}
 		give = append(give, s.drop(r, i, j-i)...)
 		unmapped += int64(j-i) << s.shift
 		i = j
 	}
 	if rerr := s.sys.release(r.raw, r.rawN); rerr != nil {
-		out := s.quarantine(r, unmapped, held, errors.Join(err, s.opErr("unreserve", 0, r.size, rerr, true)))
-		s.mu.Unlock()
-		s.giveBack(give)
-		return out
+		return quarantined(errors.Join(err, s.opErr("unreserve", 0, r.size, rerr, true)))
 	}
 	s.forget(r, sharedGone)
 	s.mu.Unlock()

@@ -228,6 +228,7 @@ func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, of
 	err := s.auth.TryAcquire(int64(fresh) << s.shift)
 	if err == nil {
 		s.owned += int64(fresh) << s.shift
+		s.created += int64(fresh)
 		return picks, fresh, nil
 	}
 	if !wait || !accounting.CanWait(err) {
@@ -269,6 +270,7 @@ func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, of
 		if err == nil {
 			s.unwait(w)
 			s.owned += bytes
+			s.created += int64(n)
 			return nil, n, nil
 		}
 		if !w.signaled || ctx.Err() != nil {
@@ -288,6 +290,7 @@ func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, of
 		if fresh == 0 || s.auth.TryAcquire(int64(fresh)<<s.shift) == nil {
 			s.unwait(w)
 			s.owned += int64(fresh) << s.shift
+			s.created += int64(fresh)
 			return picks, fresh, nil
 		}
 		// Not enough yet: wait again, first in line still.

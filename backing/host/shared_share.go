@@ -115,6 +115,7 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) ([]int, error)
 			return nil, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
 		}
 		s.owned += b
+		s.created += int64(fresh)
 		more, err := s.pickFresh(fresh, -1)
 		if err != nil {
 			s.unpick(picks)

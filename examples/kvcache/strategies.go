@@ -46,6 +46,8 @@ type setup struct {
 	poolLow   int // idle granules the pool refills to in the background
 	maxTokens int
 	budget    int64 // bytes; 0: unlimited
+
+	metrics *metricsServer // -metrics: serves the strategy replaying; nil: none
 }
 
 func (s setup) shape() baseline.Shape {
