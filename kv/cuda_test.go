@@ -13,6 +13,7 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/cuda"
+	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -43,7 +44,7 @@ func newCUDACache(t *testing.T, drv *cuda.Driver, layout kv.Layout, g kv.Geometr
 func TestCUDAFakeDriver(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			fake := cuda.NewFakeDriver(cuda.FakeDriverOptions{Granularity: 64 << 10, Memory: 256 << 20})
+			fake := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: 64 << 10, Memory: 256 << 20})
 			t.Cleanup(func() { assert.NoError(t, fake.CheckLeaks()) })
 			c, err := newCUDACache(t, fake.Driver(), layout, tiny8, 512)
 			require.NoError(t, err)
@@ -84,7 +85,7 @@ func TestGPUCache(t *testing.T) {
 // takes them.
 func TestCUDAWaitWokenByIdleHandles(t *testing.T) {
 	const g = 64 << 10 // 128 tiny8 tokens per tensor
-	fake := cuda.NewFakeDriver(cuda.FakeDriverOptions{Granularity: g, Memory: 256 << 20})
+	fake := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: g, Memory: 256 << 20})
 	t.Cleanup(func() { assert.NoError(t, fake.CheckLeaks()) })
 	gov := accounting.NewGovernor()
 	require.NoError(t, gov.SetLimit(accounting.GPU(0), 12*g))
@@ -125,7 +126,7 @@ func TestCUDAOriginProtected(t *testing.T) {
 		for _, noRO := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%v/noReadOnly=%v", layout, noRO), func(t *testing.T) {
 				const g = 64 << 10
-				fake := cuda.NewFakeDriver(cuda.FakeDriverOptions{Granularity: g, Memory: 256 << 20, NoReadOnly: noRO})
+				fake := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: g, Memory: 256 << 20, NoReadOnly: noRO})
 				t.Cleanup(func() { assert.NoError(t, fake.CheckLeaks()) })
 				c, err := newCUDACache(t, fake.Driver(), layout, tiny8, 1024)
 				require.NoError(t, err)

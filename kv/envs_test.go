@@ -16,6 +16,7 @@ import (
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/backing/cuda"
+	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
 )
@@ -102,7 +103,7 @@ func newEnv(t testing.TB, kind int, layout kv.Layout, maxTokens int, limit int64
 		e.c, err = newCache(b, cfg, faulty, &e.faults)
 	case onCUDA:
 		e.auth = e.gov.Authority("cuda", accounting.GPU(0))
-		f := cuda.NewFakeDriver(cuda.FakeDriverOptions{Granularity: envGranule, Memory: 1 << 30})
+		f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: envGranule, Memory: 1 << 30})
 		b, nerr := cuda.New(cuda.Options{Authority: e.auth, Driver: f.Driver(), High: 16, Low: 2, Background: true})
 		require.NoError(t, nerr)
 		e.pool, e.closeBacking, e.leaks, e.quiet = b, b.Close, f.CheckLeaks, b.Quiesce

@@ -13,7 +13,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/backingtest"
-	"github.com/vmarena/vmarena/backing/cuda"
+	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -464,7 +464,7 @@ func TestPrefixCacheFaultInjection(t *testing.T) {
 func TestPrefixCacheCUDAFake(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			fake := cuda.NewFakeDriver(cuda.FakeDriverOptions{Granularity: 64 << 10, Memory: 256 << 20})
+			fake := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: 64 << 10, Memory: 256 << 20})
 			t.Cleanup(func() { assert.NoError(t, fake.CheckLeaks()) })
 			c, err := newCUDACache(t, fake.Driver(), layout, tiny8, 512)
 			require.NoError(t, err)

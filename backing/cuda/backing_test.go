@@ -10,21 +10,22 @@ import (
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/backing/cuda"
+	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 )
 
 // fx is a Backing on a fake driver, with what the tests look at.
 type fx struct {
 	b    *cuda.Backing
-	f    *cuda.FakeDriver
+	f    *cudatest.FakeDriver
 	auth *accounting.Authority
 	g    int
 }
 
 // newFx returns a Backing on a fresh fake driver (no cleanup). A nil o.Authority gets
 // a fresh unlimited governor.
-func newFx(t testing.TB, fo cuda.FakeDriverOptions, o cuda.Options) *fx {
+func newFx(t testing.TB, fo cudatest.FakeDriverOptions, o cuda.Options) *fx {
 	t.Helper()
-	f := cuda.NewFakeDriver(fo)
+	f := cudatest.NewFakeDriver(fo)
 	if o.Authority == nil {
 		o.Authority = gpuAuthority(o.Device)
 	}
@@ -36,7 +37,7 @@ func newFx(t testing.TB, fo cuda.FakeDriverOptions, o cuda.Options) *fx {
 
 // fakeBacking is newFx with a Cleanup that closes the backing and checks that neither
 // the driver nor the ledger leaks.
-func fakeBacking(t testing.TB, fo cuda.FakeDriverOptions, o cuda.Options) *fx {
+func fakeBacking(t testing.TB, fo cudatest.FakeDriverOptions, o cuda.Options) *fx {
 	t.Helper()
 	x := newFx(t, fo, o)
 	t.Cleanup(func() {
@@ -77,15 +78,15 @@ func gpuAuthority(dev int) *accounting.Authority {
 func TestConformance(t *testing.T) {
 	for _, tt := range []struct {
 		name string
-		fo   cuda.FakeDriverOptions
+		fo   cudatest.FakeDriverOptions
 		o    cuda.Options
 	}{
-		{"pool=none", cuda.FakeDriverOptions{}, cuda.Options{}},
-		{"pool=low2high4", cuda.FakeDriverOptions{}, cuda.Options{Low: 2, High: 4}},
-		{"granule=64KiB", cuda.FakeDriverOptions{Granularity: 64 << 10}, cuda.Options{}},
-		{"recommended=4MiB", cuda.FakeDriverOptions{Recommended: 4 << 20}, cuda.Options{}},
-		{"device=1", cuda.FakeDriverOptions{Devices: 2}, cuda.Options{Device: 1}},
-		{"no-read-only", cuda.FakeDriverOptions{NoReadOnly: true}, cuda.Options{}},
+		{"pool=none", cudatest.FakeDriverOptions{}, cuda.Options{}},
+		{"pool=low2high4", cudatest.FakeDriverOptions{}, cuda.Options{Low: 2, High: 4}},
+		{"granule=64KiB", cudatest.FakeDriverOptions{Granularity: 64 << 10}, cuda.Options{}},
+		{"recommended=4MiB", cudatest.FakeDriverOptions{Recommended: 4 << 20}, cuda.Options{}},
+		{"device=1", cudatest.FakeDriverOptions{Devices: 2}, cuda.Options{Device: 1}},
+		{"no-read-only", cudatest.FakeDriverOptions{NoReadOnly: true}, cuda.Options{}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			backingtest.Run(t, func(t *testing.T) backing.Backing[*cuda.Reservation] {
@@ -99,7 +100,7 @@ func TestConformance(t *testing.T) {
 // wrapper must be transparent, capabilities included.
 func TestConformanceFaultyWrapper(t *testing.T) {
 	backingtest.Run(t, func(t *testing.T) backing.Backing[*cuda.Reservation] {
-		return backingtest.NewFaulty[*cuda.Reservation](fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{}).b)
+		return backingtest.NewFaulty[*cuda.Reservation](fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{}).b)
 	})
 }
 
@@ -111,7 +112,7 @@ func FuzzBacking(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, ops []byte) {
-		x := fakeBacking(t, cuda.FakeDriverOptions{Granularity: 64 << 10}, cuda.Options{High: 4})
+		x := fakeBacking(t, cudatest.FakeDriverOptions{Granularity: 64 << 10}, cuda.Options{High: 4})
 		backingtest.RunOps(t, x.b, ops)
 		x.checkBooks(t, "after the sequence")
 	})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/cuda"
+	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 )
 
 // Benchmarks run on three drivers:
@@ -79,7 +80,7 @@ func benchDriver(b *testing.B, kind string) *cuda.Driver {
 	case "null":
 		return nullDriver()
 	case "fake":
-		return cuda.NewFakeDriver(cuda.FakeDriverOptions{Memory: 8 << 30}).Driver()
+		return cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Memory: 8 << 30}).Driver()
 	}
 	return gpuDriver(b)
 }

@@ -11,8 +11,9 @@
 //
 // [Driver] is the seam: the driver's entry points as Go functions. [LoadDriver] binds
 // them to libcuda.so.1 (looking up every symbol first, so an old or missing driver is
-// an error, never a panic); [NewFakeDriver] is an in-memory driver that enforces the
-// VMM rules, for tests and examples on machines without a GPU.
+// an error, never a panic); cudatest.NewFakeDriver, in the test-support package
+// backing/cuda/cudatest, fills it with an in-memory driver that enforces the VMM
+// rules, for tests and examples on machines without a GPU.
 //
 // # States
 //

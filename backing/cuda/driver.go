@@ -10,8 +10,8 @@ import (
 
 // Driver is the seam between the backing and the CUDA driver: one Go function per
 // driver entry point, with the driver's own argument shapes. LoadDriver fills it from
-// libcuda through purego; NewFakeDriver fills it with an in-memory model. Each field's
-// comment names the exported symbol it is bound to.
+// libcuda through purego; cudatest.NewFakeDriver fills it with an in-memory model.
+// Each field's comment names the exported symbol it is bound to.
 //
 // NB: several entry points are bound to their _v2 symbols. The unsuffixed names are
 // still exported by the driver with the CUDA 2.0 ABI (32-bit device pointers and sizes),

@@ -7,12 +7,13 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/cuda"
+	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 )
 
 func ExampleNew() {
 	// On a GPU machine leave Driver nil: New loads libcuda.so.1. The fake driver
 	// stands in here so the example runs anywhere.
-	fake := cuda.NewFakeDriver(cuda.FakeDriverOptions{})
+	fake := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{})
 	gov := accounting.NewGovernor()
 	pool := gov.Authority("gpu pool", accounting.GPU(0))
 	b, err := cuda.New(cuda.Options{Authority: pool, Driver: fake.Driver(), Low: 2})
@@ -56,7 +57,7 @@ func ExampleNew() {
 }
 
 func ExampleBacking_Share() {
-	fake := cuda.NewFakeDriver(cuda.FakeDriverOptions{})
+	fake := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{})
 	pool := accounting.NewGovernor().Authority("gpu pool", accounting.GPU(0))
 	b, err := cuda.New(cuda.Options{Authority: pool, Driver: fake.Driver()})
 	if err != nil {

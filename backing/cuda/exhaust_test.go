@@ -12,6 +12,7 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/cuda"
+	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 )
 
 // Device memory runs out below the governor's budget: wherever the driver says
@@ -37,7 +38,7 @@ func TestExhaustDeviceMemory(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			gov := accounting.NewGovernor()
 			auth := gov.Authority("pool", accounting.GPU(0))
-			x := fakeBacking(t, cuda.FakeDriverOptions{Granularity: g, Memory: int64(tt.memory * g)},
+			x := fakeBacking(t, cudatest.FakeDriverOptions{Granularity: g, Memory: int64(tt.memory * g)},
 				cuda.Options{Authority: auth, Background: true, Low: 1})
 			require.NoError(t, gov.SetLimit(accounting.GPU(0), 64*g), "the budget is not what runs out")
 			kept := x.reserve(t, 4)
@@ -97,7 +98,7 @@ func TestExhaustDeviceMemory(t *testing.T) {
 // pooled and charged exactly once.
 func TestExhaustPrefill(t *testing.T) {
 	const g = 64 << 10
-	x := fakeBacking(t, cuda.FakeDriverOptions{Granularity: g, Memory: 3 * g}, cuda.Options{})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{Granularity: g, Memory: 3 * g}, cuda.Options{})
 	err := x.b.Prefill(5)
 	require.Error(t, err)
 	assert.ErrorIs(t, err, backing.ErrOutOfMemory)

@@ -2,6 +2,7 @@ package cuda_test
 
 import (
 	"runtime"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/backing/cuda"
+	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 )
 
 const mib = 1 << 20
@@ -17,16 +19,16 @@ const mib = 1 << 20
 // tests that call the seam directly.
 type rawFake struct {
 	t   *testing.T
-	f   *cuda.FakeDriver
+	f   *cudatest.FakeDriver
 	d   *cuda.Driver
 	ctx uintptr
 }
 
-func newRawFake(t *testing.T, opts cuda.FakeDriverOptions) *rawFake {
+func newRawFake(t *testing.T, opts cudatest.FakeDriverOptions) *rawFake {
 	t.Helper()
 	runtime.LockOSThread()
 	t.Cleanup(runtime.UnlockOSThread)
-	f := cuda.NewFakeDriver(opts)
+	f := cudatest.NewFakeDriver(opts)
 	d := f.Driver()
 	require.Equal(t, cuda.Success, d.Init(0))
 	x := &rawFake{t: t, f: f, d: d}
@@ -68,7 +70,7 @@ func (x *rawFake) read(va uint64, n int) ([]byte, cuda.Code) {
 }
 
 func TestFakeNeedsInit(t *testing.T) {
-	f := cuda.NewFakeDriver(cuda.FakeDriverOptions{})
+	f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{})
 	d := f.Driver()
 	var n int32
 	assert.Equal(t, cuda.CodeNotInitialized, d.DeviceGetCount(&n))
@@ -81,14 +83,14 @@ func TestFakeNeedsInit(t *testing.T) {
 	assert.EqualValues(t, 1, n)
 
 	for _, code := range []cuda.Code{cuda.CodeStubLibrary, cuda.CodeNoDevice} {
-		d := cuda.NewFakeDriver(cuda.FakeDriverOptions{InitResult: code}).Driver()
+		d := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{InitResult: code}).Driver()
 		assert.Equal(t, code, d.Init(0))
 		assert.Equal(t, cuda.CodeNotInitialized, d.DeviceGetCount(&n))
 	}
 }
 
 func TestFakeDeviceQueries(t *testing.T) {
-	x := newRawFake(t, cuda.FakeDriverOptions{Devices: 2, Granularity: 64 << 10, Recommended: 2 * mib})
+	x := newRawFake(t, cudatest.FakeDriverOptions{Devices: 2, Granularity: 64 << 10, Recommended: 2 * mib})
 	d := x.d
 	var dev, v int32
 	assert.Equal(t, cuda.Success, d.DeviceGet(&dev, 1))
@@ -107,14 +109,14 @@ func TestFakeDeviceQueries(t *testing.T) {
 	bad.Reserved[2] = 1
 	assert.Equal(t, cuda.CodeInvalidValue, d.MemGetAllocationGranularity(&g, &bad, cuda.GranularityMinimum))
 
-	noVMM := cuda.NewFakeDriver(cuda.FakeDriverOptions{NoVMM: true}).Driver()
+	noVMM := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{NoVMM: true}).Driver()
 	require.Equal(t, cuda.Success, noVMM.Init(0))
 	assert.Equal(t, cuda.Success, noVMM.DeviceGetAttribute(&v, cuda.AttrVMMSupported, 0))
 	assert.EqualValues(t, 0, v)
 }
 
 func TestFakeCreateRules(t *testing.T) {
-	x := newRawFake(t, cuda.FakeDriverOptions{Memory: 4 * mib})
+	x := newRawFake(t, cudatest.FakeDriverOptions{Memory: 4 * mib})
 	d := x.d
 	var h uint64
 	p := x.prop()
@@ -154,7 +156,7 @@ func TestFakeCreateRules(t *testing.T) {
 }
 
 func TestFakeReserveRules(t *testing.T) {
-	x := newRawFake(t, cuda.FakeDriverOptions{})
+	x := newRawFake(t, cudatest.FakeDriverOptions{})
 	d := x.d
 	var p uint64
 	assert.Equal(t, cuda.CodeInvalidValue, d.MemAddressReserve(&p, 0, 0, 0, 0), "zero size")
@@ -174,7 +176,7 @@ func TestFakeReserveRules(t *testing.T) {
 }
 
 func TestFakeMapRules(t *testing.T) {
-	x := newRawFake(t, cuda.FakeDriverOptions{})
+	x := newRawFake(t, cudatest.FakeDriverOptions{})
 	d := x.d
 	va := x.reserve(8 * mib)
 	h := x.create(2 * mib)
@@ -242,7 +244,7 @@ func TestFakeMapRules(t *testing.T) {
 }
 
 func TestFakeAccessAndAliasing(t *testing.T) {
-	x := newRawFake(t, cuda.FakeDriverOptions{})
+	x := newRawFake(t, cudatest.FakeDriverOptions{})
 	d := x.d
 	a := x.reserve(4 * mib)
 	b := x.reserve(2 * mib)
@@ -307,7 +309,7 @@ func TestFakeContextRules(t *testing.T) {
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	f := cuda.NewFakeDriver(cuda.FakeDriverOptions{})
+	f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{})
 	d := f.Driver()
 	require.Equal(t, cuda.Success, d.Init(0))
 	var p uint64
@@ -339,7 +341,7 @@ func onOtherThread(fn func() cuda.Code) cuda.Code {
 }
 
 func TestFakeFaults(t *testing.T) {
-	x := newRawFake(t, cuda.FakeDriverOptions{})
+	x := newRawFake(t, cudatest.FakeDriverOptions{})
 	f, d := x.f, x.d
 	var h uint64
 	f.Fail("cuMemCreate", 2, cuda.CodeOutOfMemory)
@@ -372,7 +374,7 @@ func TestFakeFaults(t *testing.T) {
 }
 
 func TestFakeCheckLeaks(t *testing.T) {
-	x := newRawFake(t, cuda.FakeDriverOptions{})
+	x := newRawFake(t, cudatest.FakeDriverOptions{})
 	va := x.reserve(2 * mib)
 	h := x.create(2 * mib)
 	err := x.f.CheckLeaks()
@@ -384,4 +386,27 @@ func TestFakeCheckLeaks(t *testing.T) {
 	require.Equal(t, cuda.Success, x.d.MemAddressFree(va, 2*mib))
 	require.Equal(t, cuda.Success, x.d.DevicePrimaryCtxRelease(0))
 	assert.NoError(t, x.f.CheckLeaks())
+}
+
+// TestFakeErrorNames checks that the fake's cuGetErrorName names exactly the codes
+// package cuda names, with the same names, and refuses the rest as the driver does.
+func TestFakeErrorNames(t *testing.T) {
+	d := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{}).Driver()
+	named := 0
+	for c := cuda.Code(0); c < 1000; c++ {
+		var name *byte
+		got := d.GetErrorName(c, &name)
+		want := c.String()
+		if strings.HasPrefix(want, "CUresult(") {
+			assert.Equal(t, cuda.CodeInvalidValue, got, "code %d has no name", c)
+			continue
+		}
+		named++
+		if assert.Equal(t, cuda.Success, got, "code %d (%s)", c, want) && assert.NotNil(t, name) {
+			// The name is NUL-terminated: read one byte more than its length.
+			b := unsafe.Slice(name, len(want)+1)
+			assert.Equal(t, want+"\x00", string(b), "code %d", c)
+		}
+	}
+	assert.Greater(t, named, 10, "package cuda names its codes")
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/cuda"
+	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 )
 
 // faultCase is one operation run with a driver fault injected at each of its calls
@@ -127,7 +128,7 @@ func TestFaultAtEveryDriverCall(t *testing.T) {
 			for n := 1; ; n++ {
 				done := false
 				t.Run(fmt.Sprintf("call=%d", n), func(t *testing.T) {
-					x := fakeBacking(t, cuda.FakeDriverOptions{}, tc.o)
+					x := fakeBacking(t, cudatest.FakeDriverOptions{}, tc.o)
 					rs := tc.setup(t, x)
 					before := make([][]bool, len(rs))
 					for i, r := range rs {
@@ -179,21 +180,21 @@ func withContext(t *testing.T, d *cuda.Driver, fn func()) {
 
 func TestUnreserveOutcomes(t *testing.T) {
 	t.Run("complete, nothing committed", func(t *testing.T) {
-		x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{})
+		x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{})
 		r := x.reserve(t, 2)
 		assert.Equal(t, accounting.Released(0), x.b.Unreserve(r))
 		assert.PanicsWithValue(t, backing.PanicUseAfterUnreserve, func() { x.b.Unreserve(r) })
 		assert.PanicsWithValue(t, backing.PanicUseAfterUnreserve, func() { x.b.Base(r) })
 	})
 	t.Run("complete, empty reservation", func(t *testing.T) {
-		x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{})
+		x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{})
 		r := x.reserve(t, 0)
 		assert.Zero(t, x.b.Base(r))
 		assert.Zero(t, x.f.LiveReservations(), "an empty reservation calls no driver")
 		assert.Equal(t, accounting.Released(0), x.b.Unreserve(r))
 	})
 	t.Run("complete, run unmap fails, granules retried", func(t *testing.T) {
-		x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{})
+		x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{})
 		r := x.reserve(t, 3)
 		require.NoError(t, x.b.Commit(r, 0, 3*x.g))
 		x.f.Fail("cuMemUnmap", 1, cuda.CodeUnknown)
@@ -201,7 +202,7 @@ func TestUnreserveOutcomes(t *testing.T) {
 		assert.Equal(t, accounting.Released(int64(3*x.g)), o)
 	})
 	t.Run("failed, nothing changed", func(t *testing.T) {
-		x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{})
+		x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{})
 		r := x.reserve(t, 3)
 		require.NoError(t, x.b.Commit(r, 0, 2*x.g))
 		x.f.Fail("cuCtxSetCurrent", 1, cuda.CodeUnknown)
@@ -216,7 +217,7 @@ func TestUnreserveOutcomes(t *testing.T) {
 		assert.Equal(t, accounting.Released(int64(2*x.g)), x.b.Unreserve(r), "and Unreserve may be called again")
 	})
 	t.Run("failed, address free refused", func(t *testing.T) {
-		x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{})
+		x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{})
 		r := x.reserve(t, 2)
 		x.f.Fail("cuMemAddressFree", 1, cuda.CodeUnknown)
 		o := x.b.Unreserve(r)
@@ -224,7 +225,7 @@ func TestUnreserveOutcomes(t *testing.T) {
 		assert.Equal(t, accounting.Released(0), x.b.Unreserve(r))
 	})
 	t.Run("quarantined, address range lost", func(t *testing.T) {
-		x := newFx(t, cuda.FakeDriverOptions{}, cuda.Options{})
+		x := newFx(t, cudatest.FakeDriverOptions{}, cuda.Options{})
 		r := x.reserve(t, 3)
 		require.NoError(t, x.b.Commit(r, 0, 2*x.g))
 		base, size := uint64(x.b.Base(r)), uintptr(x.b.Size(r))
@@ -244,7 +245,7 @@ func TestUnreserveOutcomes(t *testing.T) {
 		x.checkClosed(t)
 	})
 	t.Run("quarantined, a mapping left", func(t *testing.T) {
-		x := newFx(t, cuda.FakeDriverOptions{}, cuda.Options{})
+		x := newFx(t, cudatest.FakeDriverOptions{}, cuda.Options{})
 		r := x.reserve(t, 3)
 		require.NoError(t, x.b.Commit(r, 0, 3*x.g))
 		// The run fails, then the retry of its middle granule.
@@ -265,8 +266,8 @@ func TestUnreserveOutcomes(t *testing.T) {
 		assert.Zero(t, x.f.RetainedContexts(0))
 	})
 	t.Run("failed, foreign reservation", func(t *testing.T) {
-		x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{})
-		y := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{})
+		x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{})
+		y := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{})
 		r := y.reserve(t, 1)
 		o := x.b.Unreserve(r)
 		assert.Equal(t, accounting.Failed, o.Status)

@@ -19,6 +19,7 @@ import (
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/backing/cuda"
+	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 )
 
 // fakeGPU runs the GPU tests on the fake driver, to check the tests themselves on a
@@ -29,7 +30,7 @@ var fakeGPU = flag.Bool("fakegpu", false, "run the GPU tests and benchmarks on t
 func gpuDriver(t testing.TB) *cuda.Driver {
 	t.Helper()
 	if *fakeGPU {
-		return cuda.NewFakeDriver(cuda.FakeDriverOptions{}).Driver()
+		return cudatest.NewFakeDriver(cudatest.FakeDriverOptions{}).Driver()
 	}
 	d, err := cuda.LoadDriver()
 	if err != nil {

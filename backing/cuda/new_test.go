@@ -10,32 +10,33 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/cuda"
+	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 )
 
 func TestNewErrors(t *testing.T) {
 	for _, tt := range []struct {
 		name string
-		fo   cuda.FakeDriverOptions
+		fo   cudatest.FakeDriverOptions
 		o    cuda.Options
 		want error
 		code cuda.Code // the driver result the error also carries, if any
 	}{
-		{"no authority", cuda.FakeDriverOptions{}, cuda.Options{Authority: nil}, cuda.ErrBadOptions, 0},
-		{"negative ordinal", cuda.FakeDriverOptions{}, cuda.Options{Device: -1}, cuda.ErrBadDevice, 0},
-		{"negative low", cuda.FakeDriverOptions{}, cuda.Options{Low: -1}, cuda.ErrBadOptions, 0},
-		{"negative high", cuda.FakeDriverOptions{}, cuda.Options{High: -1}, cuda.ErrBadOptions, 0},
-		{"low above high", cuda.FakeDriverOptions{}, cuda.Options{Low: 3, High: 2}, cuda.ErrBadOptions, 0},
-		{"authority on another device", cuda.FakeDriverOptions{}, cuda.Options{Authority: accounting.NewGovernor().Authority("x", accounting.GPU(1))}, cuda.ErrBadOptions, 0},
-		{"authority on the host", cuda.FakeDriverOptions{}, cuda.Options{Authority: accounting.NewGovernor().Authority("x", accounting.HostKey)}, cuda.ErrBadOptions, 0},
-		{"stub library", cuda.FakeDriverOptions{InitResult: cuda.CodeStubLibrary}, cuda.Options{}, cuda.ErrStubLibrary, cuda.CodeStubLibrary},
-		{"no device", cuda.FakeDriverOptions{InitResult: cuda.CodeNoDevice}, cuda.Options{}, cuda.ErrNoDevice, cuda.CodeNoDevice},
-		{"ordinal past the count", cuda.FakeDriverOptions{Devices: 2}, cuda.Options{Device: 2}, cuda.ErrBadDevice, 0},
-		{"no VMM", cuda.FakeDriverOptions{NoVMM: true}, cuda.Options{}, cuda.ErrNoVMM, 0},
-		{"granularity not a power of two", cuda.FakeDriverOptions{Granularity: 3 << 20}, cuda.Options{}, cuda.ErrBadGranularity, 0},
-		{"deinitialized", cuda.FakeDriverOptions{InitResult: cuda.CodeDeinitialized}, cuda.Options{}, nil, cuda.CodeDeinitialized},
+		{"no authority", cudatest.FakeDriverOptions{}, cuda.Options{Authority: nil}, cuda.ErrBadOptions, 0},
+		{"negative ordinal", cudatest.FakeDriverOptions{}, cuda.Options{Device: -1}, cuda.ErrBadDevice, 0},
+		{"negative low", cudatest.FakeDriverOptions{}, cuda.Options{Low: -1}, cuda.ErrBadOptions, 0},
+		{"negative high", cudatest.FakeDriverOptions{}, cuda.Options{High: -1}, cuda.ErrBadOptions, 0},
+		{"low above high", cudatest.FakeDriverOptions{}, cuda.Options{Low: 3, High: 2}, cuda.ErrBadOptions, 0},
+		{"authority on another device", cudatest.FakeDriverOptions{}, cuda.Options{Authority: accounting.NewGovernor().Authority("x", accounting.GPU(1))}, cuda.ErrBadOptions, 0},
+		{"authority on the host", cudatest.FakeDriverOptions{}, cuda.Options{Authority: accounting.NewGovernor().Authority("x", accounting.HostKey)}, cuda.ErrBadOptions, 0},
+		{"stub library", cudatest.FakeDriverOptions{InitResult: cuda.CodeStubLibrary}, cuda.Options{}, cuda.ErrStubLibrary, cuda.CodeStubLibrary},
+		{"no device", cudatest.FakeDriverOptions{InitResult: cuda.CodeNoDevice}, cuda.Options{}, cuda.ErrNoDevice, cuda.CodeNoDevice},
+		{"ordinal past the count", cudatest.FakeDriverOptions{Devices: 2}, cuda.Options{Device: 2}, cuda.ErrBadDevice, 0},
+		{"no VMM", cudatest.FakeDriverOptions{NoVMM: true}, cuda.Options{}, cuda.ErrNoVMM, 0},
+		{"granularity not a power of two", cudatest.FakeDriverOptions{Granularity: 3 << 20}, cuda.Options{}, cuda.ErrBadGranularity, 0},
+		{"deinitialized", cudatest.FakeDriverOptions{InitResult: cuda.CodeDeinitialized}, cuda.Options{}, nil, cuda.CodeDeinitialized},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			f := cuda.NewFakeDriver(tt.fo)
+			f := cudatest.NewFakeDriver(tt.fo)
 			o := tt.o
 			o.Driver = f.Driver()
 			if o.Authority == nil && tt.want != cuda.ErrBadOptions {
@@ -59,7 +60,7 @@ func TestNewErrors(t *testing.T) {
 }
 
 func TestNewIncompleteDriver(t *testing.T) {
-	d := *cuda.NewFakeDriver(cuda.FakeDriverOptions{}).Driver()
+	d := *cudatest.NewFakeDriver(cudatest.FakeDriverOptions{}).Driver()
 	d.MemSetAccess = nil
 	_, err := cuda.New(cuda.Options{Authority: gpuAuthority(0), Driver: &d})
 	assert.ErrorIs(t, err, cuda.ErrMissingSymbol)
@@ -70,7 +71,7 @@ func TestNewDriverFailures(t *testing.T) {
 	// Every driver call New makes may fail; New then returns the *Result and leaves
 	// no context retained and no handle behind.
 	for n := 1; ; n++ {
-		f := cuda.NewFakeDriver(cuda.FakeDriverOptions{})
+		f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{})
 		f.Fail("", n, cuda.CodeUnknown)
 		b, err := cuda.New(cuda.Options{Authority: gpuAuthority(0), Driver: f.Driver(), Low: 2})
 		if f.Pending() == 1 {
@@ -105,14 +106,14 @@ func TestNewRecommendedGranularity(t *testing.T) {
 		{"recommended below minimum", 2 << 20, 1 << 20, 2 << 20},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			x := fakeBacking(t, cuda.FakeDriverOptions{Granularity: tt.min, Recommended: tt.rec}, cuda.Options{})
+			x := fakeBacking(t, cudatest.FakeDriverOptions{Granularity: tt.min, Recommended: tt.rec}, cuda.Options{})
 			assert.Equal(t, tt.want, x.b.Granularity())
 		})
 	}
 }
 
 func TestIdentity(t *testing.T) {
-	x := fakeBacking(t, cuda.FakeDriverOptions{Devices: 2, Version: 13000}, cuda.Options{Device: 1})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{Devices: 2, Version: 13000}, cuda.Options{Device: 1})
 	assert.Equal(t, accounting.GPU(1), x.b.Device())
 	assert.True(t, x.b.Accounting().OwnedByBacking())
 	assert.Same(t, x.auth, x.b.Accounting().Authority())
@@ -124,7 +125,7 @@ func TestIdentity(t *testing.T) {
 }
 
 func TestClose(t *testing.T) {
-	x := newFx(t, cuda.FakeDriverOptions{}, cuda.Options{Low: 2})
+	x := newFx(t, cudatest.FakeDriverOptions{}, cuda.Options{Low: 2})
 	r, err := x.b.Reserve(2 * x.g)
 	require.NoError(t, err)
 	require.NoError(t, x.b.Commit(r, 0, x.g))
@@ -154,7 +155,7 @@ func TestClose(t *testing.T) {
 func TestCloseStuckHandles(t *testing.T) {
 	// A handle the driver refuses to release stays owned, is retried by Trim, and
 	// Close reports what it could not give back.
-	x := newFx(t, cuda.FakeDriverOptions{}, cuda.Options{Low: 2})
+	x := newFx(t, cudatest.FakeDriverOptions{}, cuda.Options{Low: 2})
 	x.f.Fail("cuMemRelease", 1, cuda.CodeUnknown)
 	n, err := x.b.Trim(0)
 	assert.Error(t, err)

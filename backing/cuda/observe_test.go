@@ -11,6 +11,7 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/cuda"
+	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 	"github.com/vmarena/vmarena/internal/logrec"
 )
 
@@ -21,7 +22,7 @@ func TestLogs(t *testing.T) {
 	var rec logrec.Recorder
 	gov := accounting.NewGovernor()
 	auth := gov.Authority("pool", accounting.GPU(0))
-	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{Authority: auth, Logger: rec.Logger()})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{Authority: auth, Logger: rec.Logger()})
 	g := int64(x.g)
 	a, b, c := x.reserve(t, 2), x.reserve(t, 2), x.reserve(t, 2)
 	require.NoError(t, x.b.Commit(a, 0, 2*x.g))
@@ -69,7 +70,7 @@ func TestLogs(t *testing.T) {
 func TestQuarantineReported(t *testing.T) {
 	gov := accounting.NewGovernor()
 	auth := gov.Authority("pool", accounting.GPU(0))
-	x := newFx(t, cuda.FakeDriverOptions{}, cuda.Options{Authority: auth})
+	x := newFx(t, cudatest.FakeDriverOptions{}, cuda.Options{Authority: auth})
 	r := x.reserve(t, 3)
 	require.NoError(t, x.b.Commit(r, 0, 3*x.g))
 	x.f.Fail("cuMemUnmap", 1, cuda.CodeUnknown)

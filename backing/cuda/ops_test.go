@@ -13,6 +13,7 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/cuda"
+	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 )
 
 func (x *fx) reserve(t testing.TB, granules int) *cuda.Reservation {
@@ -30,7 +31,7 @@ func (x *fx) calls(fn string, run func()) int {
 }
 
 func TestOneDriverCallPerRun(t *testing.T) {
-	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{})
 	g := x.g
 	r := x.reserve(t, 8)
 	var creates, maps, access int
@@ -61,7 +62,7 @@ func TestOneDriverCallPerRun(t *testing.T) {
 func TestCommitBudget(t *testing.T) {
 	gov := accounting.NewGovernor()
 	auth := gov.Authority("pool", accounting.GPU(0))
-	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{Authority: auth})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{Authority: auth})
 	g := x.g
 	require.NoError(t, gov.SetLimit(accounting.GPU(0), int64(3*g)))
 	r := x.reserve(t, 4)
@@ -86,7 +87,7 @@ func TestCommitBudget(t *testing.T) {
 }
 
 func TestCommitDriverOOM(t *testing.T) {
-	x := fakeBacking(t, cuda.FakeDriverOptions{Memory: 4 << 20}, cuda.Options{})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{Memory: 4 << 20}, cuda.Options{})
 	g := x.g
 	r := x.reserve(t, 3)
 	err := x.b.Commit(r, 0, 3*g)
@@ -105,7 +106,7 @@ func TestCommitDriverOOM(t *testing.T) {
 }
 
 func TestCommitNotSupported(t *testing.T) {
-	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{})
 	r := x.reserve(t, 1)
 	x.f.Fail("cuMemCreate", 1, cuda.CodeNotSupported)
 	err := x.b.Commit(r, 0, x.g)
@@ -117,7 +118,7 @@ func TestCommitNotSupported(t *testing.T) {
 func TestCommitCtxWaitsForPooledHandles(t *testing.T) {
 	gov := accounting.NewGovernor()
 	auth := gov.Authority("pool", accounting.GPU(0))
-	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{Authority: auth})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{Authority: auth})
 	g := x.g
 	require.NoError(t, gov.SetLimit(accounting.GPU(0), int64(2*g)))
 	a := x.reserve(t, 2)
@@ -147,7 +148,7 @@ func TestCommitCtxWaitsForBudget(t *testing.T) {
 	gov := accounting.NewGovernor()
 	auth := gov.Authority("pool", accounting.GPU(0))
 	other := gov.Authority("someone else", accounting.GPU(0))
-	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{Authority: auth})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{Authority: auth})
 	g := x.g
 	require.NoError(t, gov.SetLimit(accounting.GPU(0), int64(2*g)))
 	require.NoError(t, other.TryAcquire(int64(g)))
@@ -186,7 +187,7 @@ func TestCommitCtxWaitsForBudget(t *testing.T) {
 }
 
 func TestShareRefcounts(t *testing.T) {
-	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{})
 	g := x.g
 	a := x.reserve(t, 2)
 	b := x.reserve(t, 2)
@@ -234,7 +235,7 @@ func TestShareRefcounts(t *testing.T) {
 }
 
 func TestShareBadProtection(t *testing.T) {
-	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{})
 	a, b := x.reserve(t, 1), x.reserve(t, 1)
 	require.NoError(t, x.b.Commit(a, 0, x.g))
 	var op *backing.OpError
@@ -245,7 +246,7 @@ func TestShareBadProtection(t *testing.T) {
 }
 
 func TestCopyHelpers(t *testing.T) {
-	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{})
 	g := x.g
 	a := x.reserve(t, 3)
 	b := x.reserve(t, 2)
@@ -287,7 +288,7 @@ func TestCopyHelpers(t *testing.T) {
 }
 
 func TestDriverFailureInCopy(t *testing.T) {
-	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{})
 	r := x.reserve(t, 1)
 	require.NoError(t, x.b.Commit(r, 0, x.g))
 	x.f.Fail("cuMemcpyHtoD_v2", 1, cuda.CodeIllegalAddress)
@@ -310,7 +311,7 @@ func TestCommitCtxWaitersDoNotDeadlock(t *testing.T) {
 	for range 10 {
 		gov := accounting.NewGovernor()
 		auth := gov.Authority("pool", accounting.GPU(0))
-		x := fakeBacking(t, cuda.FakeDriverOptions{Granularity: 64 << 10}, cuda.Options{Authority: auth})
+		x := fakeBacking(t, cudatest.FakeDriverOptions{Granularity: 64 << 10}, cuda.Options{Authority: auth})
 		g := x.g
 		require.NoError(t, gov.SetLimit(accounting.GPU(0), int64(4*g)))
 		a := x.reserve(t, 4)
@@ -349,7 +350,7 @@ func TestCommitCtxWaitersDoNotDeadlock(t *testing.T) {
 }
 
 func TestShareReadOnlyNotSupported(t *testing.T) {
-	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{})
 	g := x.g
 	a, b, c := x.reserve(t, 1), x.reserve(t, 1), x.reserve(t, 1)
 	require.NoError(t, x.b.Commit(a, 0, g))

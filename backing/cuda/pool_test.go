@@ -10,10 +10,11 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/cuda"
+	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 )
 
 func TestPoolLowMark(t *testing.T) {
-	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{Low: 3})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{Low: 3})
 	g := int64(x.g)
 	s := x.b.PoolStats()
 	assert.Equal(t, backing.PoolStats{Granule: x.g, Owned: 3 * g, Idle: 3 * g, Resident: 3 * g, Low: 3, Created: 3}, s,
@@ -29,7 +30,7 @@ func TestPoolLowMarkOverBudget(t *testing.T) {
 	gov := accounting.NewGovernor()
 	auth := gov.Authority("pool", accounting.GPU(0))
 	require.NoError(t, gov.SetLimit(accounting.GPU(0), 2<<21))
-	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{Authority: auth, Low: 5})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{Authority: auth, Low: 5})
 	assert.Equal(t, int64(2*x.g), x.b.PoolStats().Idle, "New fills what the budget allows")
 	err := x.b.Prefill(3)
 	assert.ErrorIs(t, err, accounting.ErrBudgetExceeded)
@@ -38,7 +39,7 @@ func TestPoolLowMarkOverBudget(t *testing.T) {
 }
 
 func TestPoolHighMark(t *testing.T) {
-	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{High: 2})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{High: 2})
 	g := int64(x.g)
 	r := x.reserve(t, 5)
 	require.NoError(t, x.b.Commit(r, 0, 5*x.g))
@@ -61,7 +62,7 @@ func TestPoolHighMark(t *testing.T) {
 }
 
 func TestPoolTrimBadInput(t *testing.T) {
-	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{})
 	_, err := x.b.Trim(-1)
 	assert.ErrorIs(t, err, backing.ErrInvalidRange)
 	assert.ErrorIs(t, x.b.Prefill(-1), backing.ErrInvalidRange)
@@ -74,7 +75,7 @@ func TestPoolBackgroundRefill(t *testing.T) {
 	gov := accounting.NewGovernor()
 	auth := gov.Authority("pool", accounting.GPU(0))
 	require.NoError(t, gov.SetLimit(accounting.GPU(0), 6<<21))
-	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{Authority: auth, Low: 3, Background: true})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{Authority: auth, Low: 3, Background: true})
 	g := int64(x.g)
 	idle := func(want int64) func() bool {
 		return func() bool { return x.b.PoolStats().Idle == want }
@@ -96,14 +97,14 @@ func TestPoolBackgroundRefill(t *testing.T) {
 func TestPoolBackgroundStopsOnClose(t *testing.T) {
 	// Close while the goroutine may be creating: it stops, then the pool is released.
 	for range 20 {
-		x := newFx(t, cuda.FakeDriverOptions{}, cuda.Options{Low: 8, Background: true})
+		x := newFx(t, cudatest.FakeDriverOptions{}, cuda.Options{Low: 8, Background: true})
 		require.NoError(t, x.b.Close())
 		x.checkClosed(t)
 	}
 }
 
 func TestPoolTrimPausesBackgroundRefill(t *testing.T) {
-	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{Low: 3, Background: true})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{Low: 3, Background: true})
 	g := int64(x.g)
 	idle := func(want int64) func() bool {
 		return func() bool { return x.b.PoolStats().Idle == want }
@@ -126,7 +127,7 @@ func TestPoolTrimPausesBackgroundRefill(t *testing.T) {
 // charged first); Quiesce waits for that handle to land, and holds the refill, so
 // that the books then agree and stay put.
 func TestPoolQuiesce(t *testing.T) {
-	f := cuda.NewFakeDriver(cuda.FakeDriverOptions{})
+	f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{})
 	d := *f.Driver()
 	// Each cuMemCreate waits for the test until the cleanup lets every one through.
 	entered, proceed, free := make(chan struct{}), make(chan struct{}), make(chan struct{})
@@ -181,7 +182,7 @@ func TestPoolQuiesce(t *testing.T) {
 // A reclaim that runs after the request that started it was served finds nobody
 // waiting and keeps the warm handles.
 func TestPoolStaleReclaimKeepsHandles(t *testing.T) {
-	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{Low: 2})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{Low: 2})
 	g := int64(x.g)
 	require.Equal(t, 2*g, x.b.PoolStats().Idle)
 	x.b.Reclaim()

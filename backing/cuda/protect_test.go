@@ -8,6 +8,7 @@ import (
 
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/cuda"
+	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 )
 
 // access returns the driver's access flags of each granule of r.
@@ -34,7 +35,7 @@ func (x *fx) deviceWrite(t *testing.T, r *cuda.Reservation, off int) cuda.Code {
 }
 
 func TestProtect(t *testing.T) {
-	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{})
 	g := x.g
 	a, b := x.reserve(t, 3), x.reserve(t, 2)
 	require.NoError(t, x.b.Commit(a, 0, 3*g))
@@ -83,7 +84,7 @@ func TestProtect(t *testing.T) {
 // mapping read-write; the Go side still refuses writes, and the driver is not asked
 // again.
 func TestProtectNotSupported(t *testing.T) {
-	x := fakeBacking(t, cuda.FakeDriverOptions{NoReadOnly: true}, cuda.Options{})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{NoReadOnly: true}, cuda.Options{})
 	g := x.g
 	a := x.reserve(t, 2)
 	require.NoError(t, x.b.Commit(a, 0, 2*g))
@@ -105,7 +106,7 @@ func TestProtectNotSupported(t *testing.T) {
 // access, the range is recorded read-only (the helpers refuse it) and the error says
 // so; a later Protect ReadWrite makes it whole.
 func TestProtectRestoreFails(t *testing.T) {
-	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{}, cuda.Options{})
 	g := x.g
 	a := x.reserve(t, 2)
 	require.NoError(t, x.b.Commit(a, 0, 2*g))

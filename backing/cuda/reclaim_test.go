@@ -10,13 +10,14 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/cuda"
+	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 )
 
 // Two pools under one governor: the idle handles of one are released to serve a
 // waiting commit of the other.
 func TestReclaimAcrossPools(t *testing.T) {
 	const g = 64 << 10
-	fake := cuda.NewFakeDriver(cuda.FakeDriverOptions{Granularity: g, Memory: 64 << 20})
+	fake := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: g, Memory: 64 << 20})
 	gov := accounting.NewGovernor()
 	require.NoError(t, gov.SetLimit(accounting.GPU(0), 4*g))
 	pa := gov.Authority("a", accounting.GPU(0))

@@ -13,6 +13,7 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/cuda"
+	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 )
 
 // Many goroutines grow, share, write, check and shrink their own reservations on one
@@ -22,7 +23,7 @@ func TestConcurrentStress(t *testing.T) {
 	const workers, rounds, granules = 8, 40, 4
 	gov := accounting.NewGovernor()
 	auth := gov.Authority("pool", accounting.GPU(0))
-	x := fakeBacking(t, cuda.FakeDriverOptions{Granularity: 64 << 10}, cuda.Options{Authority: auth, Low: 4, High: 8, Background: true})
+	x := fakeBacking(t, cudatest.FakeDriverOptions{Granularity: 64 << 10}, cuda.Options{Authority: auth, Low: 4, High: 8, Background: true})
 	g := x.g
 	// A shared prefix of two granules, mapped read-only by every worker.
 	prefix := x.reserve(t, 2)

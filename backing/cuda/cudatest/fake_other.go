@@ -1,6 +1,6 @@
 //go:build !linux
 
-package cuda
+package cudatest
 
 // gettid returns 0: the fake driver can not tell threads apart here and skips its
 // current-context check.

@@ -1,4 +1,4 @@
-package cuda
+package cudatest
 
 import (
 	"errors"
@@ -7,18 +7,21 @@ import (
 	"sort"
 	"sync"
 	"unsafe"
+
+	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/backing/cuda"
 )
 
 // FakeDriverOptions configures a FakeDriver. The zero value is one device with VMM
 // support, 2 MiB granules and 1 GiB of memory.
 type FakeDriverOptions struct {
-	Devices     int   // device count; 0 means 1 (a machine without devices: InitResult CodeNoDevice)
-	Memory      int64 // physical bytes per device; 0 means 1 GiB
-	Granularity int   // minimum granularity in bytes, a power of two; 0 means 2 MiB
-	Recommended int   // recommended granularity; 0 means Granularity
-	NoVMM       bool  // attribute 102 reads 0 and cuMemCreate returns CUDA_ERROR_NOT_SUPPORTED
-	InitResult  Code  // what cuInit returns: CodeStubLibrary, CodeNoDevice, ...; 0 is success
-	Version     int32 // what cuDriverGetVersion reports; 0 means 12060 (CUDA 12.6)
+	Devices     int       // device count; 0 means 1 (a machine without devices: InitResult cuda.CodeNoDevice)
+	Memory      int64     // physical bytes per device; 0 means 1 GiB
+	Granularity int       // minimum granularity in bytes, a power of two; 0 means 2 MiB
+	Recommended int       // recommended granularity; 0 means Granularity
+	NoVMM       bool      // attribute 102 reads 0 and cuMemCreate returns CUDA_ERROR_NOT_SUPPORTED
+	InitResult  cuda.Code // what cuInit returns: cuda.CodeStubLibrary, cuda.CodeNoDevice, ...; 0 is success
+	Version     int32     // what cuDriverGetVersion reports; 0 means 12060 (CUDA 12.6)
 	// NoReadOnly makes cuMemSetAccess refuse PROT_READ with CUDA_ERROR_NOT_SUPPORTED,
 	// as a driver without read-only device mappings does.
 	NoReadOnly bool
@@ -46,7 +49,7 @@ type FakeDriverOptions struct {
 // CheckLeaks tell what a test left behind. A FakeDriver is safe for concurrent use.
 type FakeDriver struct {
 	opts FakeDriverOptions
-	drv  *Driver
+	drv  *cuda.Driver
 
 	mu          sync.Mutex
 	initialized bool
@@ -87,7 +90,7 @@ type fakeMap struct {
 type fakeFault struct {
 	fn   string // "" for any entry point
 	at   int    // fires on this call number of fn (or of all calls)
-	code Code
+	code cuda.Code
 }
 
 const (
@@ -123,7 +126,7 @@ func NewFakeDriver(opts FakeDriverOptions) *FakeDriver {
 		nextVA:     fakeVABase,
 		calls:      make(map[string]int),
 	}
-	f.drv = &Driver{
+	f.drv = &cuda.Driver{
 		Init:                        f.init,
 		DriverGetVersion:            f.driverGetVersion,
 		DeviceGetCount:              f.deviceGetCount,
@@ -152,14 +155,14 @@ func NewFakeDriver(opts FakeDriverOptions) *FakeDriver {
 }
 
 // Driver returns the driver seam backed by f.
-func (f *FakeDriver) Driver() *Driver { return f.drv }
+func (f *FakeDriver) Driver() *cuda.Driver { return f.drv }
 
 // Fail makes the nth call from now (1-based) of entry point fn return code instead of
 // doing anything; fn is the exported symbol name ("cuMemCreate", "cuMemsetD8_v2"), or
 // "" to count every call but cuGetErrorName. Several faults may be pending.
-func (f *FakeDriver) Fail(fn string, nth int, code Code) {
-	if nth < 1 || code == Success {
-		panic("cuda: FakeDriver.Fail needs nth >= 1 and a failing code")
+func (f *FakeDriver) Fail(fn string, nth int, code cuda.Code) {
+	if nth < 1 || code == cuda.Success {
+		panic("cudatest: FakeDriver.Fail needs nth >= 1 and a failing code")
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -233,7 +236,7 @@ func (f *FakeDriver) LiveMappings() int {
 	return n
 }
 
-// MappingAccess returns the access flags (AccessNone, AccessRead, AccessReadWrite)
+// MappingAccess returns the access flags (cuda.AccessNone, cuda.AccessRead, cuda.AccessReadWrite)
 // of the mapping at device address va, and false when nothing is mapped there.
 func (f *FakeDriver) MappingAccess(va uint64) (int32, bool) {
 	f.mu.Lock()
@@ -282,14 +285,14 @@ func (f *FakeDriver) CheckLeaks() error {
 		}
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("cuda: fake driver leaks: %w", errors.Join(errs...))
+		return fmt.Errorf("cudatest: fake driver leaks: %w", errors.Join(errs...))
 	}
 	return nil
 }
 
 // enter counts a call of fn, takes the lock and returns a pending fault's code, if
 // one fires now. f.mu is held on return; the caller must unlock.
-func (f *FakeDriver) enter(fn string) Code {
+func (f *FakeDriver) enter(fn string) cuda.Code {
 	f.mu.Lock()
 	f.total++
 	f.calls[fn]++
@@ -300,246 +303,244 @@ func (f *FakeDriver) enter(fn string) Code {
 		}
 	}
 	if !f.initialized && fn != "cuInit" && fn != "cuDriverGetVersion" {
-		return CodeNotInitialized
+		return cuda.CodeNotInitialized
 	}
-	return Success
+	return cuda.Success
 }
 
 // needCtx checks that a retained primary context is current on the calling thread.
 // f.mu must be held.
-func (f *FakeDriver) needCtx() Code {
+func (f *FakeDriver) needCtx() cuda.Code {
 	tid := gettid()
 	if tid == 0 {
-		return Success // threads can not be told apart here
+		return cuda.Success // threads can not be told apart here
 	}
 	ctx, ok := f.current[tid]
 	if !ok || ctx == 0 {
-		return CodeInvalidContext
+		return cuda.CodeInvalidContext
 	}
 	dev := int(ctx - fakeCtxBase - 1)
 	if dev < 0 || dev >= len(f.retained) || f.retained[dev] == 0 {
-		return CodeInvalidContext
+		return cuda.CodeInvalidContext
 	}
-	return Success
+	return cuda.Success
 }
 
 func (f *FakeDriver) gran() uintptr { return uintptr(f.opts.Granularity) }
 
-func (f *FakeDriver) init(flags uint32) Code {
+func (f *FakeDriver) init(flags uint32) cuda.Code {
 	c := f.enter("cuInit")
 	defer f.mu.Unlock()
 	switch {
-	case c != Success:
+	case c != cuda.Success:
 		return c
 	case flags != 0:
-		return CodeInvalidValue
-	case f.opts.InitResult != Success:
+		return cuda.CodeInvalidValue
+	case f.opts.InitResult != cuda.Success:
 		return f.opts.InitResult
 	}
 	f.initialized = true
-	return Success
+	return cuda.Success
 }
 
-func (f *FakeDriver) driverGetVersion(v *int32) Code {
+func (f *FakeDriver) driverGetVersion(v *int32) cuda.Code {
 	c := f.enter("cuDriverGetVersion")
 	defer f.mu.Unlock()
-	if c != Success {
+	if c != cuda.Success {
 		return c
 	}
 	if v == nil {
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	}
 	*v = f.opts.Version
-	return Success
+	return cuda.Success
 }
 
-func (f *FakeDriver) deviceGetCount(n *int32) Code {
+func (f *FakeDriver) deviceGetCount(n *int32) cuda.Code {
 	c := f.enter("cuDeviceGetCount")
 	defer f.mu.Unlock()
-	if c != Success {
+	if c != cuda.Success {
 		return c
 	}
 	if n == nil {
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	}
 	*n = int32(f.opts.Devices)
-	return Success
+	return cuda.Success
 }
 
-func (f *FakeDriver) deviceGet(dev *int32, ordinal int32) Code {
+func (f *FakeDriver) deviceGet(dev *int32, ordinal int32) cuda.Code {
 	c := f.enter("cuDeviceGet")
 	defer f.mu.Unlock()
 	switch {
-	case c != Success:
+	case c != cuda.Success:
 		return c
 	case dev == nil:
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	case ordinal < 0 || int(ordinal) >= f.opts.Devices:
-		return CodeInvalidDevice
+		return cuda.CodeInvalidDevice
 	}
 	*dev = ordinal
-	return Success
+	return cuda.Success
 }
 
 func (f *FakeDriver) validDevice(dev int32) bool { return dev >= 0 && int(dev) < f.opts.Devices }
 
-func (f *FakeDriver) deviceGetAttribute(v *int32, attr, dev int32) Code {
+func (f *FakeDriver) deviceGetAttribute(v *int32, attr, dev int32) cuda.Code {
 	c := f.enter("cuDeviceGetAttribute")
 	defer f.mu.Unlock()
 	switch {
-	case c != Success:
+	case c != cuda.Success:
 		return c
 	case v == nil:
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	case !f.validDevice(dev):
-		return CodeInvalidDevice
+		return cuda.CodeInvalidDevice
 	}
 	switch attr {
-	case AttrVMMSupported:
+	case cuda.AttrVMMSupported:
 		*v = 1
 		if f.opts.NoVMM {
 			*v = 0
 		}
-	case AttrUnifiedAddressing:
+	case cuda.AttrUnifiedAddressing:
 		*v = 1
 	default:
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	}
-	return Success
+	return cuda.Success
 }
 
-func (f *FakeDriver) primaryCtxRetain(ctx *uintptr, dev int32) Code {
+func (f *FakeDriver) primaryCtxRetain(ctx *uintptr, dev int32) cuda.Code {
 	c := f.enter("cuDevicePrimaryCtxRetain")
 	defer f.mu.Unlock()
 	switch {
-	case c != Success:
+	case c != cuda.Success:
 		return c
 	case ctx == nil:
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	case !f.validDevice(dev):
-		return CodeInvalidDevice
+		return cuda.CodeInvalidDevice
 	}
 	f.retained[dev]++
 	*ctx = fakeCtxBase + uintptr(dev) + 1
-	return Success
+	return cuda.Success
 }
 
-func (f *FakeDriver) primaryCtxRelease(dev int32) Code {
+func (f *FakeDriver) primaryCtxRelease(dev int32) cuda.Code {
 	c := f.enter("cuDevicePrimaryCtxRelease_v2")
 	defer f.mu.Unlock()
 	switch {
-	case c != Success:
+	case c != cuda.Success:
 		return c
 	case !f.validDevice(dev):
-		return CodeInvalidDevice
+		return cuda.CodeInvalidDevice
 	case f.retained[dev] == 0:
-		return CodeInvalidContext
+		return cuda.CodeInvalidContext
 	}
 	f.retained[dev]--
-	return Success
+	return cuda.Success
 }
 
-func (f *FakeDriver) ctxSetCurrent(ctx uintptr) Code {
+func (f *FakeDriver) ctxSetCurrent(ctx uintptr) cuda.Code {
 	c := f.enter("cuCtxSetCurrent")
 	defer f.mu.Unlock()
-	if c != Success {
+	if c != cuda.Success {
 		return c
 	}
 	if ctx != 0 {
 		dev := int(ctx - fakeCtxBase - 1)
 		if dev < 0 || dev >= len(f.retained) || f.retained[dev] == 0 {
-			return CodeInvalidContext
+			return cuda.CodeInvalidContext
 		}
 	}
 	if tid := gettid(); tid != 0 {
 		f.current[tid] = ctx
 	}
-	return Success
+	return cuda.Success
 }
 
-func (f *FakeDriver) ctxSynchronize() Code {
+func (f *FakeDriver) ctxSynchronize() cuda.Code {
 	c := f.enter("cuCtxSynchronize")
 	defer f.mu.Unlock()
-	if c != Success {
+	if c != cuda.Success {
 		return c
 	}
 	return f.needCtx()
 }
 
-func (f *FakeDriver) memGetInfo(free, total *uintptr) Code {
+func (f *FakeDriver) memGetInfo(free, total *uintptr) cuda.Code {
 	c := f.enter("cuMemGetInfo_v2")
 	defer f.mu.Unlock()
-	if c != Success {
+	if c != cuda.Success {
 		return c
 	}
-	if c := f.needCtx(); c != Success {
+	if c := f.needCtx(); c != cuda.Success {
 		return c
 	}
 	if free == nil || total == nil {
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	}
 	// NB: device 0's figures: the fake does not track which device is current.
 	*total = uintptr(f.opts.Memory)
 	*free = uintptr(f.opts.Memory - f.used[0])
-	return Success
+	return cuda.Success
 }
 
 // validProp checks an allocation property the way cuMemCreate does.
-func (f *FakeDriver) validProp(p *MemAllocationProp) bool {
-	return p != nil && p.Type == AllocationPinned && p.RequestedHandleTypes == HandleTypeNone &&
-		p.Location.Type == LocationDevice && f.validDevice(p.Location.ID) &&
+func (f *FakeDriver) validProp(p *cuda.MemAllocationProp) bool {
+	return p != nil && p.Type == cuda.AllocationPinned && p.RequestedHandleTypes == cuda.HandleTypeNone &&
+		p.Location.Type == cuda.LocationDevice && f.validDevice(p.Location.ID) &&
 		p.Win32HandleMetaData == 0 && p.Reserved == [4]uint8{}
 }
 
-func (f *FakeDriver) memGetAllocationGranularity(g *uintptr, p *MemAllocationProp, option int32) Code {
+func (f *FakeDriver) memGetAllocationGranularity(g *uintptr, p *cuda.MemAllocationProp, option int32) cuda.Code {
 	c := f.enter("cuMemGetAllocationGranularity")
 	defer f.mu.Unlock()
 	switch {
-	case c != Success:
+	case c != cuda.Success:
 		return c
 	case g == nil || !f.validProp(p):
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	}
 	switch option {
-	case GranularityMinimum:
+	case cuda.GranularityMinimum:
 		*g = uintptr(f.opts.Granularity)
-	case GranularityRecommended:
+	case cuda.GranularityRecommended:
 		*g = uintptr(f.opts.Recommended)
 	default:
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	}
-	return Success
+	return cuda.Success
 }
 
-func isPow2(n uintptr) bool { return n > 0 && n&(n-1) == 0 }
-
-func (f *FakeDriver) memAddressReserve(ptr *uint64, size, align uintptr, addr uint64, flags uint64) Code {
+func (f *FakeDriver) memAddressReserve(ptr *uint64, size, align uintptr, addr uint64, flags uint64) cuda.Code {
 	c := f.enter("cuMemAddressReserve")
 	defer f.mu.Unlock()
-	if c != Success {
+	if c != cuda.Success {
 		return c
 	}
-	if c := f.needCtx(); c != Success {
+	if c := f.needCtx(); c != cuda.Success {
 		return c
 	}
 	g := f.gran()
 	switch {
 	case ptr == nil || flags != 0 || size == 0 || size%g != 0:
-		return CodeInvalidValue
-	case align != 0 && !isPow2(align):
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
+	case align != 0 && !backing.IsPowerOfTwo(int(align)):
+		return cuda.CodeInvalidValue
 	case addr%uint64(g) != 0:
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	}
 	a := uint64(max(align, g))
 	base := (f.nextVA + a - 1) &^ (a - 1)
 	if base+uint64(size) < base {
-		return CodeOutOfMemory // address space exhausted
+		return cuda.CodeOutOfMemory // address space exhausted
 	}
 	f.nextVA = base + uint64(size)
 	f.res = append(f.res, &fakeRes{base: base, size: size})
 	*ptr = base
-	return Success
+	return cuda.Success
 }
 
 // findRes returns the index of the reservation holding [va, va+n), or -1.
@@ -555,52 +556,52 @@ func (f *FakeDriver) findRes(va uint64, n uintptr) int {
 	return i
 }
 
-func (f *FakeDriver) memAddressFree(ptr uint64, size uintptr) Code {
+func (f *FakeDriver) memAddressFree(ptr uint64, size uintptr) cuda.Code {
 	c := f.enter("cuMemAddressFree")
 	defer f.mu.Unlock()
-	if c != Success {
+	if c != cuda.Success {
 		return c
 	}
-	if c := f.needCtx(); c != Success {
+	if c := f.needCtx(); c != cuda.Success {
 		return c
 	}
 	i := f.findRes(ptr, size)
 	if i < 0 || f.res[i].base != ptr || f.res[i].size != size {
-		return CodeInvalidValue // only an exact reservation may be freed
+		return cuda.CodeInvalidValue // only an exact reservation may be freed
 	}
 	if len(f.res[i].maps) > 0 {
 		// Undefined in the driver's documentation; refused here.
-		return CodeIllegalState
+		return cuda.CodeIllegalState
 	}
 	f.res = slices.Delete(f.res, i, i+1)
-	return Success
+	return cuda.Success
 }
 
-func (f *FakeDriver) memCreate(h *uint64, size uintptr, p *MemAllocationProp, flags uint64) Code {
+func (f *FakeDriver) memCreate(h *uint64, size uintptr, p *cuda.MemAllocationProp, flags uint64) cuda.Code {
 	c := f.enter("cuMemCreate")
 	defer f.mu.Unlock()
-	if c != Success {
+	if c != cuda.Success {
 		return c
 	}
-	if c := f.needCtx(); c != Success {
+	if c := f.needCtx(); c != cuda.Success {
 		return c
 	}
 	switch {
 	case h == nil || flags != 0 || size == 0 || size%f.gran() != 0 || !f.validProp(p):
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	case f.opts.NoVMM:
-		return CodeNotSupported
+		return cuda.CodeNotSupported
 	}
 	dev := p.Location.ID
 	if f.used[dev]+int64(size) > f.opts.Memory {
-		return CodeOutOfMemory
+		return cuda.CodeOutOfMemory
 	}
 	f.used[dev] += int64(size)
 	id := f.nextHandle
 	f.nextHandle++
 	f.handles[id] = &fakeHandle{id: id, dev: dev, size: size}
 	*h = id
-	return Success
+	return cuda.Success
 }
 
 // freeIfDead frees h's memory once it is released and mapped nowhere. f.mu held.
@@ -612,55 +613,55 @@ func (f *FakeDriver) freeIfDead(h *fakeHandle) {
 	}
 }
 
-func (f *FakeDriver) memRelease(id uint64) Code {
+func (f *FakeDriver) memRelease(id uint64) cuda.Code {
 	c := f.enter("cuMemRelease")
 	defer f.mu.Unlock()
-	if c != Success {
+	if c != cuda.Success {
 		return c
 	}
-	if c := f.needCtx(); c != Success {
+	if c := f.needCtx(); c != cuda.Success {
 		return c
 	}
 	h := f.handles[id]
 	if h == nil || h.released {
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	}
 	h.released = true
 	f.freeIfDead(h)
-	return Success
+	return cuda.Success
 }
 
-func (f *FakeDriver) memMap(ptr uint64, size, offset uintptr, id uint64, flags uint64) Code {
+func (f *FakeDriver) memMap(ptr uint64, size, offset uintptr, id uint64, flags uint64) cuda.Code {
 	c := f.enter("cuMemMap")
 	defer f.mu.Unlock()
-	if c != Success {
+	if c != cuda.Success {
 		return c
 	}
-	if c := f.needCtx(); c != Success {
+	if c := f.needCtx(); c != cuda.Success {
 		return c
 	}
 	g := f.gran()
 	h := f.handles[id]
 	switch {
 	case flags != 0 || offset != 0 || size == 0 || size%g != 0 || ptr%uint64(g) != 0:
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	case h == nil || h.released:
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	case size != h.size:
-		return CodeInvalidValue // the fake maps whole handles only
+		return cuda.CodeInvalidValue // the fake maps whole handles only
 	}
 	i := f.findRes(ptr, size)
 	if i < 0 {
-		return CodeInvalidValue // not inside one reservation
+		return cuda.CodeInvalidValue // not inside one reservation
 	}
 	r := f.res[i]
 	j := sort.Search(len(r.maps), func(j int) bool { return r.maps[j].va+uint64(r.maps[j].size) > ptr })
 	if j < len(r.maps) && r.maps[j].va < ptr+uint64(size) {
-		return CodeAlreadyMapped
+		return cuda.CodeAlreadyMapped
 	}
-	r.maps = slices.Insert(r.maps, j, &fakeMap{va: ptr, size: size, h: h, access: AccessNone})
+	r.maps = slices.Insert(r.maps, j, &fakeMap{va: ptr, size: size, h: h, access: cuda.AccessNone})
 	h.maps++
-	return Success
+	return cuda.Success
 }
 
 // wholeMaps returns the reservation and the index range [lo, hi) of the mappings that
@@ -695,54 +696,54 @@ func (f *FakeDriver) wholeMaps(ptr uint64, size uintptr) (r *fakeRes, lo, hi int
 	return r, lo, hi, true
 }
 
-func (f *FakeDriver) memUnmap(ptr uint64, size uintptr) Code {
+func (f *FakeDriver) memUnmap(ptr uint64, size uintptr) cuda.Code {
 	c := f.enter("cuMemUnmap")
 	defer f.mu.Unlock()
-	if c != Success {
+	if c != cuda.Success {
 		return c
 	}
-	if c := f.needCtx(); c != Success {
+	if c := f.needCtx(); c != cuda.Success {
 		return c
 	}
 	r, lo, hi, ok := f.wholeMaps(ptr, size)
 	if !ok {
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	}
 	for _, m := range r.maps[lo:hi] {
 		m.h.maps--
 		f.freeIfDead(m.h)
 	}
 	r.maps = slices.Delete(r.maps, lo, hi)
-	return Success
+	return cuda.Success
 }
 
-func (f *FakeDriver) memSetAccess(ptr uint64, size uintptr, desc *MemAccessDesc, count uintptr) Code {
+func (f *FakeDriver) memSetAccess(ptr uint64, size uintptr, desc *cuda.MemAccessDesc, count uintptr) cuda.Code {
 	c := f.enter("cuMemSetAccess")
 	defer f.mu.Unlock()
-	if c != Success {
+	if c != cuda.Success {
 		return c
 	}
-	if c := f.needCtx(); c != Success {
+	if c := f.needCtx(); c != cuda.Success {
 		return c
 	}
 	if desc == nil || count == 0 {
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	}
 	descs := descSlice(desc, count)
 	for _, d := range descs {
-		if d.Location.Type != LocationDevice || !f.validDevice(d.Location.ID) {
-			return CodeInvalidValue
+		if d.Location.Type != cuda.LocationDevice || !f.validDevice(d.Location.ID) {
+			return cuda.CodeInvalidValue
 		}
-		if d.Flags != AccessNone && d.Flags != AccessRead && d.Flags != AccessReadWrite {
-			return CodeInvalidValue
+		if d.Flags != cuda.AccessNone && d.Flags != cuda.AccessRead && d.Flags != cuda.AccessReadWrite {
+			return cuda.CodeInvalidValue
 		}
-		if d.Flags == AccessRead && f.opts.NoReadOnly {
-			return CodeNotSupported
+		if d.Flags == cuda.AccessRead && f.opts.NoReadOnly {
+			return cuda.CodeNotSupported
 		}
 	}
 	r, lo, hi, ok := f.wholeMaps(ptr, size)
 	if !ok {
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	}
 	for _, m := range r.maps[lo:hi] {
 		for _, d := range descs {
@@ -751,19 +752,19 @@ func (f *FakeDriver) memSetAccess(ptr uint64, size uintptr, desc *MemAccessDesc,
 			}
 		}
 	}
-	return Success
+	return cuda.Success
 }
 
 // span calls fn for each piece of [va, va+n) in turn: the handle behind it and the
 // offset in the handle. Every byte must be mapped with at least access need; otherwise
-// it returns CodeInvalidValue and calls fn for nothing. f.mu held.
-func (f *FakeDriver) span(va uint64, n uintptr, need int32, fn func(h *fakeHandle, off, n uintptr)) Code {
+// it returns cuda.CodeInvalidValue and calls fn for nothing. f.mu held.
+func (f *FakeDriver) span(va uint64, n uintptr, need int32, fn func(h *fakeHandle, off, n uintptr)) cuda.Code {
 	if n == 0 {
-		return Success
+		return cuda.Success
 	}
 	i := f.findRes(va, n)
 	if i < 0 {
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	}
 	r := f.res[i]
 	j := sort.Search(len(r.maps), func(j int) bool { return r.maps[j].va+uint64(r.maps[j].size) > va })
@@ -775,11 +776,11 @@ func (f *FakeDriver) span(va uint64, n uintptr, need int32, fn func(h *fakeHandl
 	var pieces []piece
 	for at := va; at < end; j++ {
 		if j >= len(r.maps) {
-			return CodeInvalidValue
+			return cuda.CodeInvalidValue
 		}
 		m := r.maps[j]
 		if m.va > at || m.access&need != need {
-			return CodeInvalidValue // unmapped, or mapped without the access
+			return cuda.CodeInvalidValue // unmapped, or mapped without the access
 		}
 		off := uintptr(at - m.va)
 		k := min(m.size-off, uintptr(end-at))
@@ -789,7 +790,7 @@ func (f *FakeDriver) span(va uint64, n uintptr, need int32, fn func(h *fakeHandl
 	for _, p := range pieces {
 		fn(p.h, p.off, p.n)
 	}
-	return Success
+	return cuda.Success
 }
 
 // bytes returns h's contents, allocating them for a write.
@@ -800,16 +801,16 @@ func (h *fakeHandle) bytes(write bool) []byte {
 	return h.data
 }
 
-func (f *FakeDriver) memsetD8(dst uint64, v uint8, n uintptr) Code {
+func (f *FakeDriver) memsetD8(dst uint64, v uint8, n uintptr) cuda.Code {
 	c := f.enter("cuMemsetD8_v2")
 	defer f.mu.Unlock()
-	if c != Success {
+	if c != cuda.Success {
 		return c
 	}
-	if c := f.needCtx(); c != Success {
+	if c := f.needCtx(); c != cuda.Success {
 		return c
 	}
-	return f.span(dst, n, AccessReadWrite, func(h *fakeHandle, off, k uintptr) {
+	return f.span(dst, n, cuda.AccessReadWrite, func(h *fakeHandle, off, k uintptr) {
 		if v == 0 && h.data == nil {
 			return // reads as zero already
 		}
@@ -820,39 +821,39 @@ func (f *FakeDriver) memsetD8(dst uint64, v uint8, n uintptr) Code {
 	})
 }
 
-func (f *FakeDriver) memcpyHtoD(dst uint64, src unsafe.Pointer, n uintptr) Code {
+func (f *FakeDriver) memcpyHtoD(dst uint64, src unsafe.Pointer, n uintptr) cuda.Code {
 	c := f.enter("cuMemcpyHtoD_v2")
 	defer f.mu.Unlock()
-	if c != Success {
+	if c != cuda.Success {
 		return c
 	}
-	if c := f.needCtx(); c != Success {
+	if c := f.needCtx(); c != cuda.Success {
 		return c
 	}
 	if src == nil && n > 0 {
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	}
 	s := hostSlice(src, n)
-	return f.span(dst, n, AccessReadWrite, func(h *fakeHandle, off, k uintptr) {
+	return f.span(dst, n, cuda.AccessReadWrite, func(h *fakeHandle, off, k uintptr) {
 		copy(h.bytes(true)[off:off+k], s[:k])
 		s = s[k:]
 	})
 }
 
-func (f *FakeDriver) memcpyDtoH(dst unsafe.Pointer, src uint64, n uintptr) Code {
+func (f *FakeDriver) memcpyDtoH(dst unsafe.Pointer, src uint64, n uintptr) cuda.Code {
 	c := f.enter("cuMemcpyDtoH_v2")
 	defer f.mu.Unlock()
-	if c != Success {
+	if c != cuda.Success {
 		return c
 	}
-	if c := f.needCtx(); c != Success {
+	if c := f.needCtx(); c != cuda.Success {
 		return c
 	}
 	if dst == nil && n > 0 {
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	}
 	d := hostSlice(dst, n)
-	return f.span(src, n, AccessRead, func(h *fakeHandle, off, k uintptr) {
+	return f.span(src, n, cuda.AccessRead, func(h *fakeHandle, off, k uintptr) {
 		if b := h.bytes(false); b != nil {
 			copy(d[:k], b[off:off+k])
 		} else {
@@ -862,53 +863,76 @@ func (f *FakeDriver) memcpyDtoH(dst unsafe.Pointer, src uint64, n uintptr) Code 
 	})
 }
 
-func (f *FakeDriver) memcpyDtoD(dst, src uint64, n uintptr) Code {
+func (f *FakeDriver) memcpyDtoD(dst, src uint64, n uintptr) cuda.Code {
 	c := f.enter("cuMemcpyDtoD_v2")
 	defer f.mu.Unlock()
-	if c != Success {
+	if c != cuda.Success {
 		return c
 	}
-	if c := f.needCtx(); c != Success {
+	if c := f.needCtx(); c != cuda.Success {
 		return c
 	}
 	// Check the destination before reading, so a failed copy changes nothing.
-	if c := f.span(dst, n, AccessReadWrite, func(*fakeHandle, uintptr, uintptr) {}); c != Success {
+	if c := f.span(dst, n, cuda.AccessReadWrite, func(*fakeHandle, uintptr, uintptr) {}); c != cuda.Success {
 		return c
 	}
 	tmp := make([]byte, n)
 	t := tmp
-	if c := f.span(src, n, AccessRead, func(h *fakeHandle, off, k uintptr) {
+	if c := f.span(src, n, cuda.AccessRead, func(h *fakeHandle, off, k uintptr) {
 		if b := h.bytes(false); b != nil {
 			copy(t[:k], b[off:off+k])
 		}
 		t = t[k:]
-	}); c != Success {
+	}); c != cuda.Success {
 		return c
 	}
-	return f.span(dst, n, AccessReadWrite, func(h *fakeHandle, off, k uintptr) {
+	return f.span(dst, n, cuda.AccessReadWrite, func(h *fakeHandle, off, k uintptr) {
 		copy(h.bytes(true)[off:off+k], tmp[:k])
 		tmp = tmp[k:]
 	})
 }
 
 // fakeErrorNames holds NUL-terminated copies of the code names for cuGetErrorName.
-var fakeErrorNames = sync.OnceValue(func() map[Code][]byte {
-	m := make(map[Code][]byte, len(codeNames))
-	for c, s := range codeNames {
-		m[c] = append([]byte(s), 0)
+var fakeErrorNames = sync.OnceValue(func() map[cuda.Code][]byte {
+	m := make(map[cuda.Code][]byte, len(fakeCodes))
+	for _, c := range fakeCodes {
+		m[c] = append([]byte(c.String()), 0)
 	}
 	return m
 })
 
-func (f *FakeDriver) getErrorName(code Code, name **byte) Code {
+// fakeCodes are the codes cuGetErrorName names: every code package cuda names.
+var fakeCodes = []cuda.Code{
+	cuda.Success,
+	cuda.CodeAlreadyMapped,
+	cuda.CodeDeinitialized,
+	cuda.CodeIllegalAddress,
+	cuda.CodeIllegalState,
+	cuda.CodeInvalidContext,
+	cuda.CodeInvalidDevice,
+	cuda.CodeInvalidHandle,
+	cuda.CodeInvalidValue,
+	cuda.CodeNoDevice,
+	cuda.CodeNotInitialized,
+	cuda.CodeNotMapped,
+	cuda.CodeNotPermitted,
+	cuda.CodeNotSupported,
+	cuda.CodeOutOfMemory,
+	cuda.CodeStubLibrary,
+	cuda.CodeUnknown,
+	cuda.Code(803), // CUDA_ERROR_SYSTEM_DRIVER_MISMATCH
+	cuda.Code(804), // CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE
+}
+
+func (f *FakeDriver) getErrorName(code cuda.Code, name **byte) cuda.Code {
 	// Not counted and never failed: it runs on error paths only.
 	if name == nil {
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	}
 	b, ok := fakeErrorNames()[code]
 	if !ok {
-		return CodeInvalidValue
+		return cuda.CodeInvalidValue
 	}
 	*name = &b[0]
-	return Success
+	return cuda.Success
 }
