@@ -24,20 +24,3 @@ func bytesPtr(p []byte) unsafe.Pointer {
 	// the caller passes len(p) as the byte count.
 	return unsafe.Pointer(unsafe.SliceData(p))
 }
-
-// hostSlice returns the n bytes at p, where the driver's caller handed a host buffer
-// (the fake driver reads and writes host buffers through this).
-func hostSlice(p unsafe.Pointer, n uintptr) []byte {
-	if n == 0 {
-		return nil
-	}
-	// Safety: p and n come from a MemcpyHtoD/DtoH call whose contract is that p
-	// addresses at least n bytes of host memory for the duration of the call.
-	return unsafe.Slice((*byte)(p), n)
-}
-
-// descSlice returns the count access descriptors at desc (cuMemSetAccess's array).
-func descSlice(desc *MemAccessDesc, count uintptr) []MemAccessDesc {
-	// Safety: by cuMemSetAccess's contract desc points at count descriptors.
-	return unsafe.Slice(desc, count)
-}
