@@ -102,12 +102,6 @@ func (b *Backing) CopyOut(dst []byte, r *Reservation, off int) error {
 	return nil
 }
 
-// CopyHtoD is CopyIn: it copies host bytes src to device memory at off of r.
-func (b *Backing) CopyHtoD(r *Reservation, off int, src []byte) error { return b.CopyIn(r, off, src) }
-
-// CopyDtoH is CopyOut: it copies device memory at off of r to host bytes dst.
-func (b *Backing) CopyDtoH(dst []byte, r *Reservation, off int) error { return b.CopyOut(dst, r, off) }
-
 // Memset sets the n bytes at off of r to v (cuMemsetD8_v2). The fill may still be
 // running on the device when Memset returns; Synchronize waits for it.
 func (b *Backing) Memset(r *Reservation, off, n int, v byte) error {
