@@ -11,6 +11,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/nocopy"
 )
 
 // Options configure a Backing.
@@ -52,7 +53,7 @@ type Options struct {
 // accessible: Base addresses are device addresses and must never be dereferenced on
 // the CPU.
 type Backing struct {
-	_ noCopy
+	_ nocopy.NoCopy
 
 	drv     *Driver
 	ordinal int
@@ -115,12 +116,6 @@ type slot struct {
 	ro     bool // mapped read-only (by Share, or Protect): the Go side refuses writes
 	shared bool // shared read-only into the reservation: Protect never makes it writable
 }
-
-// noCopy makes go vet report copies of a Backing.
-type noCopy struct{}
-
-func (*noCopy) Lock()   {}
-func (*noCopy) Unlock() {}
 
 var (
 	_ backing.Backing[*Reservation]   = (*Backing)(nil)
