@@ -393,7 +393,7 @@ func (r *Reservation) state(op string, off, size int, want bool) error {
 // (what was mapped is unmapped, the handles return to the pool). The contents are
 // whatever the handle's last user left (CommitZeroes is false).
 func (b *Backing) Commit(r *Reservation, off, size int) error {
-	return b.commit(nil, r, off, size)
+	return b.commit(context.Background(), false, r, off, size)
 }
 
 // CommitCtx is Commit that, when the budget can not cover the handles it must create,
@@ -403,10 +403,12 @@ func (b *Backing) CommitCtx(ctx context.Context, r *Reservation, off, size int) 
 	if ctx == nil {
 		panic("cuda: CommitCtx with a nil context")
 	}
-	return b.commit(ctx, r, off, size)
+	return b.commit(ctx, true, r, off, size)
 }
 
-func (b *Backing) commit(ctx context.Context, r *Reservation, off, size int) error {
+// commit is Commit, and CommitCtx when wait is set: only then does it wait for the
+// budget, until ctx ends.
+func (b *Backing) commit(ctx context.Context, wait bool, r *Reservation, off, size int) error {
 	const op = "commit"
 	if err := b.check(op, r, off, size); err != nil {
 		return err
@@ -420,7 +422,7 @@ func (b *Backing) commit(ctx context.Context, r *Reservation, off, size int) err
 	if err != nil {
 		return err
 	}
-	if ctx != nil {
+	if wait {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -433,9 +435,9 @@ func (b *Backing) commit(ctx context.Context, r *Reservation, off, size int) err
 	}
 	// Gather the handles before locking r: waiting for budget with r locked would
 	// block the very decommits that could free it.
-	hs, err := b.getHandles(ctx, size/b.gran)
+	hs, err := b.getHandles(ctx, wait, size/b.gran)
 	if err != nil {
-		if ctx != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		if wait && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return err
 		}
 		return opError(op, off, size, err)

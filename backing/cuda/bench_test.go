@@ -117,13 +117,6 @@ func must(b *testing.B, err error) {
 	}
 }
 
-func granuleName(g int) string {
-	if g >= 1<<20 {
-		return fmt.Sprintf("%dMiB", g>>20)
-	}
-	return fmt.Sprintf("%dKiB", g>>10)
-}
-
 // BenchmarkCommit commits granules on a reservation and decommits them again:
 // handle=pooled maps handles from the pool (map + access), handle=new creates them
 // first (create + map + access) and releases them after.

@@ -11,14 +11,14 @@ import (
 )
 
 // getHandles returns n handles mapped nowhere: idle ones from the pool first, then new
-// ones, charged to the authority before they are created. With a nil ctx a budget
-// refusal fails at once. Otherwise the caller waits, behind the other waiting commits
+// ones, charged to the authority before they are created. Unless wait is set a
+// budget refusal fails at once. Otherwise the caller waits, behind the other waiting commits
 // of this backing, until the budget covers the rest, handles return to the pool, or
 // ctx ends. On error it holds nothing new: taken handles are back in the pool. The
 // thread must be bound.
-func (b *Backing) getHandles(ctx context.Context, n int) ([]*handle, error) {
+func (b *Backing) getHandles(ctx context.Context, wait bool, n int) ([]*handle, error) {
 	hs, charged, err := b.tryHandles(nil, n)
-	if ctx != nil && accounting.CanWait(err) {
+	if wait && accounting.CanWait(err) {
 		b.putIdle(hs)
 		hs, charged, err = b.waitHandles(ctx, n)
 	}
