@@ -443,13 +443,15 @@ func (b *Backing) Close() error {
 		b.mu.Unlock()
 		return fmt.Errorf("%w: %d", ErrBusy, n)
 	}
-	b.mu.Unlock()
+	// NB: closed is set under mu, where reclaim reads it: a reclaimer that saw it
+	// false has counted itself in b.reclaims already, and a later one sees it true and
+	// does nothing, so the Wait below misses none.
 	if !b.closed.CompareAndSwap(false, true) {
+		b.mu.Unlock()
 		panic(PanicClosed)
 	}
-	b.auth.SetReclaimer(nil)
-	b.mu.Lock() // a reclaimer that saw closed false has counted itself by now
 	b.mu.Unlock()
+	b.auth.SetReclaimer(nil)
 	b.reclaims.Wait()
 	if b.stop != nil {
 		close(b.stop)
