@@ -15,6 +15,12 @@ import (
 )
 
 // Options configure a Backing.
+//
+// NB: New, Options and Backing carry no prefix, where package host has NewPrivate
+// with PrivateOptions and NewShared with SharedOptions: host holds two backings and
+// its names must tell them apart, while this package holds one, so the package name
+// does the telling: cuda.New(cuda.Options{...}) pairs with
+// host.NewShared(host.SharedOptions{...}) at the call site.
 type Options struct {
 	// Device is the ordinal of the GPU to commit on.
 	Device int
