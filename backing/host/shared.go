@@ -1301,19 +1301,17 @@ func (s *Shared) forget(r *SharedReservation, state sharedState) {
 // read-write: the physical granule is the same). On error nothing changed.
 func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservation, srcOff, size int, prot backing.Protection) error {
 	const op = "share"
+	var runs []sharedAdoption // undone if the Share fails
 	for {
 		s.mu.Lock()
 		if err := s.use(op, dst); err != nil {
-			s.mu.Unlock()
-			return err
+			return s.undoAdopt(op, src, runs, err)
 		}
 		if err := s.use(op, src); err != nil {
-			s.mu.Unlock()
-			return err
+			return s.undoAdopt(op, src, runs, err)
 		}
 		if err := s.checkShare(op, dst, dstOff, src, srcOff, size, prot); err != nil {
-			s.mu.Unlock()
-			return err
+			return s.undoAdopt(op, src, runs, err)
 		}
 		// Private granules move into the memfd first, one run at a time.
 		i, j := srcOff>>s.shift, (srcOff+size)>>s.shift
@@ -1327,13 +1325,16 @@ func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservatio
 		for k < j && src.maps[k].priv {
 			k++
 		}
-		if err := s.adopt(op, src, i, k); err != nil {
-			return err
+		a, err := s.adopt(op, src, i, k)
+		runs = append(runs, a)
+		if err != nil {
+			s.mu.Lock()
+			return s.undoAdopt(op, src, runs, err)
 		}
 	}
-	defer s.mu.Unlock()
 	n := size >> s.shift
 	if n == 0 {
+		s.mu.Unlock()
 		return nil
 	}
 	si, di := srcOff>>s.shift, dstOff>>s.shift
@@ -1347,18 +1348,21 @@ func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservatio
 	done, err := s.mapSlots(dst, di, slots, ro)
 	if err == nil {
 		s.record(dst, di, picks, ro)
+		s.mu.Unlock()
 		return nil
 	}
 	err = s.opErr(op, dstOff, size, err, true)
 	if done > 0 {
 		if uerr := s.sys.unmapTo(dst.at(di), done<<s.shift); uerr != nil {
-			// NB: as in commit, what can not be undone is recorded as what it is.
+			// NB: as in commit, what can not be undone is recorded as what it is
+			// (and the source's granules stay in the memfd, shared).
 			s.record(dst, di, picks[:done], ro)
+			s.mu.Unlock()
 			return fmt.Errorf("%w; undoing it failed, [%#x, +%#x) is left shared: %w",
 				err, dstOff, done<<s.shift, s.opErr(op, dstOff, done<<s.shift, uerr, true))
 		}
 	}
-	return err
+	return s.undoAdopt(op, src, runs, err)
 }
 
 // checkShare validates the arguments of a Share. s.mu must be held.
@@ -1385,9 +1389,10 @@ func (s *Shared) checkShare(op string, dst *SharedReservation, dstOff int, src *
 // see the park), so that r keeps its base and its contents and the private pages go
 // back to the OS. While both exist the new granules are charged too, so a busy
 // budget may refuse the Share; the private granules' bytes are released once
-// they are gone. On error r is as it was, but that some granules may have moved
-// (which changes nothing r can see). s.mu must be held; it is released.
-func (s *Shared) adopt(op string, r *SharedReservation, i, j int) error {
+// they are gone. It returns what moved, which unadopt undoes: on error, the
+// granules that moved before it (the rest of [i, j) is as it was). s.mu must be
+// held; it is released.
+func (s *Shared) adopt(op string, r *SharedReservation, i, j int) (sharedAdoption, error) {
 	k := j - i
 	off, size := i<<s.shift, k<<s.shift
 	picks := s.pickIdle(min(k, s.nIdle), -1)
@@ -1396,7 +1401,7 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) error {
 		if err := s.auth.TryAcquire(b); err != nil {
 			s.unpick(picks)
 			s.mu.Unlock()
-			return &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
+			return sharedAdoption{}, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
 		}
 		s.owned += b
 		more, err := s.pickFresh(fresh, -1)
@@ -1405,7 +1410,7 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) error {
 			s.owned -= b
 			s.auth.Release(b)
 			s.mu.Unlock()
-			return s.opErr(op, off, size, err, true)
+			return sharedAdoption{}, s.opErr(op, off, size, err, true)
 		}
 		picks = append(picks, more...)
 	}
@@ -1452,9 +1457,10 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) error {
 		r.maps[i+n] = sharedMap{at: uint32(p.slot + 1)}
 		if ro[n] {
 			// The move brought the park's access (read-write): protect it again.
+			// Where that fails, the Share fails and unadopt makes it private and
+			// read-only again.
 			if perr := s.sys.protect(r.at(i+n), s.g, true); perr != nil && err == nil {
-				err = fmt.Errorf("host: granule at %#x moved into the memfd writable, not protected: %w",
-					(i+n)<<s.shift, s.opErr(op, (i+n)<<s.shift, s.g, perr, true))
+				err = s.opErr(op, (i+n)<<s.shift, s.g, perr, true)
 			} else if perr == nil {
 				r.maps[i+n].ro = true
 			}
@@ -1478,10 +1484,11 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) error {
 	if !live {
 		panic(backing.PanicUseAfterUnreserve) // r was unreserved meanwhile
 	}
+	moved := sharedAdoption{i: i, picks: picks[:done], ro: ro[:done]}
 	if err != nil {
-		return s.stayIdle(err, gerr)
+		return moved, s.stayIdle(err, gerr)
 	}
-	return nil
+	return moved, nil
 }
 
 // Protect sets the access of the committed range [off, off+size) of r to prot with one
