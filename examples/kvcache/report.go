@@ -70,6 +70,12 @@ func printTable(w io.Writer, rs []Result, s setup) {
 			notes = append(notes, fmt.Sprintf("%s preempted %d running requests (no room for any to grow) and redid them", r.Strategy, r.Preempted))
 		}
 	}
+	for _, r := range rs {
+		if r.IdleFor > 0 {
+			notes = append(notes, fmt.Sprintf("%s held %s when the load stopped and %s after %s without load (wall clock)",
+				r.Strategy, formatBytes(r.IdleStart), formatBytes(r.IdleEnd), fmtDur(r.IdleFor)))
+		}
+	}
 	for _, n := range notes {
 		fmt.Fprintln(w, "Note: "+n)
 	}
