@@ -176,7 +176,7 @@ func (r *replayer) idleTail(ctx context.Context) error {
 	for {
 		el := time.Since(t0)
 		s := r.sample(0, 0)
-		s.At = r.now + el
+		s.At, s.Needed = r.now+el, 0 // nothing is live: the prefix was released too
 		r.res.Samples = append(r.res.Samples, s)
 		r.res.IdleEnd, r.res.IdleFor = s.Physical, el
 		if el >= r.w.Idle {
