@@ -324,7 +324,7 @@ type sharedAdoption struct {
 func (s *Shared) undoAdopt(op string, r *SharedReservation, runs []sharedAdoption, err error) error {
 	var give []int
 	var uerr error
-	if r.state == sharedLive {
+	if len(runs) > 0 && r.state == sharedLive { // NB: r may be nil or foreign when runs is empty
 		for _, a := range runs {
 			g, e := s.unadopt(op, r, a)
 			give = append(give, g...)
