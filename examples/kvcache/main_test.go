@@ -219,10 +219,10 @@ func TestRunPromptScale(t *testing.T) {
 // whose High is above its Low gives its idle granules back by decay within it.
 func TestRunIdle(t *testing.T) {
 	if testing.Short() {
-		t.Skip("waits 6 s of wall-clock time")
+		t.Skip("waits 8 s of wall-clock time")
 	}
 	code, out, errOut := runArgs(t, small(t, "-backing", "shared", "-pool-low", "0", "-pool-high", "256",
-		"-idle", "6s", "-strategies", "vmarena", "-progress", "none")...)
+		"-idle", "8s", "-strategies", "vmarena", "-progress", "none")...)
 	if code == 1 && strings.Contains(errOut, "not supported") {
 		t.Skip(errOut)
 	}
