@@ -17,7 +17,15 @@
 //
 // Releasing a whole allocation reports a [ReleaseOutcome] that never lies: Complete,
 // Failed (only when nothing changed) or Quarantined (something changed; it carries the
-// bytes actually unmapped and the residual still owned).
+// bytes actually unmapped and the residual still owned). Whoever owns the residual
+// reports it with [Authority.Quarantine].
+//
+// # Observing
+//
+// [DeviceStats] carries cumulative [DeviceCounters] (waits and their times, refusals,
+// quarantines) for a scraper to rate; the metrics package exports them. A governor
+// made by [NewGovernorWith] logs quarantines and waits longer than SlowWait to a
+// slog.Logger; nothing is logged on a request that does not wait.
 //
 // # Memory management
 //

@@ -4,9 +4,11 @@ import (
 	"container/list"
 	"context"
 	"fmt"
+	"log/slog"
 	"math"
 	"sort"
 	"sync"
+	"time"
 )
 
 // Unlimited is the limit of a device whose budget was never set.
@@ -17,6 +19,9 @@ const Unlimited int64 = math.MaxInt64
 type Governor struct {
 	mu      sync.Mutex
 	devices map[DeviceKey]*device
+
+	log      *slog.Logger  // nil logs nothing; see observe.go
+	slowWait time.Duration // shortest wait logged
 }
 
 type device struct {
@@ -27,6 +32,8 @@ type device struct {
 	waiters list.List // of *waiter, FIFO
 	notify  chan struct{}
 	auths   []*Authority
+
+	counters DeviceCounters
 }
 
 type waiter struct {
@@ -139,7 +146,10 @@ func (d *device) take(n int64) {
 	}
 }
 
+// budgetError counts a refusal of n bytes and returns its error. d's governor's mu
+// must be held.
 func (d *device) budgetError(n int64) *BudgetError {
+	d.counters.Refusals++
 	avail := d.limit - d.used
 	if avail < 0 {
 		avail = 0
@@ -246,7 +256,7 @@ func (a *Authority) AcquireFor(ctx context.Context, n int64, fn func() error) er
 // Acquire takes n owned bytes, waiting in FIFO order until the budget covers them or
 // ctx ends. A request larger than the device's limit fails at once with a *BudgetError
 // matching ErrExceedsLimit. When ctx ends first it returns ctx.Err() and takes nothing.
-func (a *Authority) Acquire(ctx context.Context, n int64) error {
+func (a *Authority) Acquire(ctx context.Context, n int64) (err error) {
 	if err := checkSize(n); err != nil {
 		return err
 	}
@@ -277,6 +287,8 @@ func (a *Authority) Acquire(ctx context.Context, n int64) error {
 		}
 	}
 	a.g.mu.Unlock()
+	start := time.Now()
+	defer func() { a.g.endWait(d, n, start, err) }() // runs after the unlocks below
 	for _, fn := range reclaimers {
 		go fn(n)
 	}
@@ -389,6 +401,7 @@ type DeviceStats struct {
 	Mapped      int64 // mapped bytes of all ledgers (attribution)
 	Waiters     int   // Acquire calls queued
 	Authorities []AuthorityStats
+	Counters    DeviceCounters // cumulative: waits, refusals, quarantines
 }
 
 // Available returns the bytes free under the limit (0 when over it).
@@ -402,7 +415,7 @@ func (g *Governor) Stats(k DeviceKey) DeviceStats {
 }
 
 func (d *device) stats() DeviceStats {
-	s := DeviceStats{Device: d.key, Limit: d.limit, Used: d.used, Peak: d.peak, Waiters: d.waiters.Len()}
+	s := DeviceStats{Device: d.key, Limit: d.limit, Used: d.used, Peak: d.peak, Waiters: d.waiters.Len(), Counters: d.counters}
 	for _, a := range d.auths {
 		as := a.stats()
 		s.Mapped += as.Mapped

@@ -325,6 +325,7 @@ func (buf *Buffer[R, B]) Close() accounting.ReleaseOutcome {
 		freed := int64(buf.committed)
 		if out.Status == accounting.Quarantined {
 			freed = max(int64(buf.committed)-out.Residual, 0)
+			buf.auth.Quarantine(out.Residual, out.Err) // the buffer owns what is left
 		}
 		buf.auth.Unmap(freed)
 		buf.auth.Release(freed)

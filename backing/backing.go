@@ -182,6 +182,10 @@ type PoolStats struct {
 	Resident int64 // idle bytes known to be populated (no fault on first touch)
 	Low      int   // low water mark, in granules
 	High     int   // high water mark, in granules
+	// Created and GivenBack count granules since the pool was made: charged to its
+	// authority (made, or charged for a commit that then rolled back) and given back.
+	// Owned is (Created - GivenBack) × Granule.
+	Created, GivenBack int64
 }
 
 // Pool is implemented by backings that keep physical granules in a pool (ByBacking).

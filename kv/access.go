@@ -35,6 +35,7 @@ func (s *Sequence) WriteToken(layer int, kind Kind, t int, src []byte) error {
 	if w := s.Writable(); t < w {
 		return fmt.Errorf("%w: token %d of sequence %d (tokens below %d are shared)", ErrReadOnly, t, s.id, w)
 	}
+	s.beforeWrite(t)
 	return buf.writeAt(off, src)
 }
 

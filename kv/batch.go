@@ -124,6 +124,7 @@ func (c *Cache) appendBatch(batch []Growth, credit int64) error {
 		// Refuse what can not fit before committing any of it: a commit rolled back
 		// would leave fresh granules idle in a pool, holding budget.
 		if err := c.budgetOrEvict(need, credit); err != nil {
+			c.refusals.Add(1)
 			return err
 		}
 	}
@@ -142,6 +143,11 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 		s := g.Seq
 		if !commits || s.need(s.n+g.Tokens) == 0 {
 			continue // the granules it holds cover the tokens: nothing to resize
+		}
+		if mu := s.rangesLock(); mu != nil {
+			// Lookups map from s's ranges: not while they change.
+			mu.Lock()
+			defer mu.Unlock()
 		}
 		target := (s.n + g.Tokens) * c.row
 		for j, b := range s.bufs {

@@ -3,6 +3,7 @@ package kv
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,12 @@ type Config struct {
 	// ByBuffer (host.Private); it must be nil for backings that own their memory
 	// (ByBacking: host.Shared, cuda).
 	Authority *accounting.Authority
+	// Logger receives the cache's events: a range whose release failed twice and
+	// that the cache keeps for Close to retry (Warn), and a summary of each eviction
+	// pass of its PrefixCache (Info when a waiter on the device asked for it, Debug
+	// when the cache's own growth did). nil logs nothing; nothing else is logged on
+	// Append or Truncate.
+	Logger *slog.Logger
 }
 
 // Cache holds the K and V tensors of many sequences on one backing. Its zero value is
@@ -57,6 +64,8 @@ type Cache struct {
 	// batch numbers the batches of the cache, so that a sequence can tell it was
 	// already seen in the one being checked.
 	batch atomic.Uint64
+	// refusals counts growths refused for memory (Refusals).
+	refusals atomic.Int64
 
 	pc atomic.Pointer[PrefixCache] // nil without one
 }
@@ -199,6 +208,10 @@ func (c *Cache) release(bufs []buffer) accounting.ReleaseOutcome {
 			c.mu.Lock()
 			c.orphans = append(c.orphans, b)
 			c.mu.Unlock()
+			if l := c.cfg.Logger; l != nil {
+				l.Warn("kv: a range could not be given back; the cache keeps it for Close to retry",
+					"bytes", b.Committed(), "err", o.Err)
+			}
 		} else {
 			unmapped += o.Unmapped
 			residual += o.Residual
@@ -272,6 +285,11 @@ type Stats struct {
 	Unreleased int64
 }
 
+// Refusals returns the growths (Append, AppendBatch, and each try of a waiting one)
+// refused because the memory could not be had since the cache was made: a
+// scheduler's cue to preempt. It only grows.
+func (c *Cache) Refusals() int64 { return c.refusals.Load() }
+
 // SavedBySharing returns the bytes that sharing saves: Shared.
 func (s Stats) SavedBySharing() int64 { return s.Shared }
 
@@ -333,9 +351,9 @@ func (c *Cache) Close() error {
 		c.mu.Unlock()
 		return fmt.Errorf("%w: Close called twice", ErrClosed)
 	}
-	if c.entries > 0 {
+	if c.entries > 0 || c.pc.Load() != nil {
 		defer c.mu.Unlock()
-		return fmt.Errorf("%w: its PrefixCache holds %d entries; close it first", ErrBusy, c.entries)
+		return fmt.Errorf("%w: its PrefixCache is open (%d entries with ranges of their own); close it first", ErrBusy, c.entries)
 	}
 	if len(c.seqs) > 0 || len(c.prefixes) > 0 || c.inflight > 0 {
 		defer c.mu.Unlock()

@@ -47,17 +47,30 @@
 // where the hash chain hashes them and then compares them too — BENCHMARKS.md has the
 // figures. Cached prefixes are memory the governor can take back. Each granule is
 // counted by the entries that hold it and the live sequences that map it; eviction
-// takes the last granule of the least recently used leaf, and only one that gives
+// takes the last granules of the least recently used leaf (the leaf whole, in one
+// release, when the need covers all of its own), and only ones that give
 // memory back (held by that entry alone, mapped by no live sequence): page-aware,
 // since a granule any other holder maps frees nothing. It runs before an append is
 // refused, whenever a request on the device waits for memory (the prefix cache's
 // reclaimer, see accounting.Authority.SetReclaimer), and to keep under
-// PrefixCacheOptions.MaxBytes; a [PrefixPin] holds a prefix against all three. When an
-// inserted sequence closes, its entry takes over its ranges rather than keep mappings
-// of its own, so that the granules keep their page tables. Unlike ForkAt, Insert does
-// not make the sequence's own mapping of what it shares read-only (WriteToken still
-// refuses it): a write-protected page table entry would cost a fault per page each
-// time eviction hands the granule to the next sequence. The index lives in package
+// PrefixCacheOptions.MaxBytes; a [PrefixPin] holds a prefix against all three.
+//
+// Insert is bookkeeping only: the entry records the tokens and refers to the inserted
+// sequence's granules (it is lazy), so that a cache that is never hit costs no system
+// call. When that sequence closes, the entry takes over its ranges as they are (their
+// page tables too, so that a granule eviction later returns to the pool's park is
+// still warm). It gets ranges of its own (whole granules mapped, the tail copied)
+// only when the sequence is about to change what was cached: a Truncate below the
+// inserted tokens, or a WriteToken into the partly filled granule past the last whole
+// one. A lookup that hits a lazy entry maps from the live sequence's ranges under a
+// lock that the sequence's own resizing calls take too. Protection is lazy as well:
+// like ForkAt on a backing.Protector, the hit first makes the inserted sequence's own
+// mapping of the granules it maps read-only (one call per range), so that from then
+// on a stray store through the sequence's Bytes or View faults. NB: until that first
+// hit, those granules stay writable in the inserted sequence (WriteToken refuses
+// them; a store through Bytes or a View would change what the cache holds), and so
+// do, until the sequence closes, its tokens past the last whole granule below the
+// inserted length, which Bytes and Views MUST NOT rewrite. The index lives in package
 // kv, not beside it, because eviction shrinks the cache's own sequences without the
 // copy Truncate makes and runs inside the cache's budget check, and because a closing
 // sequence hands its ranges to its entry.

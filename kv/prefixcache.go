@@ -3,6 +3,7 @@ package kv
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/vmarena/vmarena/accounting"
@@ -64,12 +65,30 @@ type granuleRef struct {
 
 // pcEntry is an entry of the cache: a sequence the cache owns, holding the tokens of
 // the index path that ends at leaf.
+//
+// An entry starts lazy: Insert only records it, and its granules are those of the
+// inserted sequence (origin), which keeps mapping them read-write. It gets ranges of
+// its own only when the origin closes (it takes the origin's over: no system call) or
+// when the origin is about to change what it cached (Truncate below it, WriteToken
+// into its tail: it then maps the whole granules and copies the tail, as Insert did
+// before it was lazy). A cache that is never hit so costs no more than bookkeeping.
 type pcEntry struct {
-	seq    *Sequence
-	grefs  []*granuleRef // one per granule index seq holds
-	busy   int           // lookups mapping from seq without the lock
+	seq    *Sequence     // its own ranges, or nil while lazy
+	origin *Sequence     // while lazy: the sequence whose ranges hold its tokens
+	ol     *pcLive       // origin's pcLive (its lock outlives origin.pcl)
+	n      int           // tokens
+	grefs  []*granuleRef // one per granule index it holds
+	tail   *granuleRef   // while lazy: its last gref, for origin's partly filled granule, or nil
+	busy   int           // lookups mapping from it without the lock
 	leaf   *radix.Node[*pcEntry]
 	closed bool // out of the index; closed by the last lookup mapping from it
+}
+
+// close closes the entry's own ranges, if it has any (a lazy entry has none).
+func (e *pcEntry) close() {
+	if e.seq != nil {
+		e.seq.closeEntry()
+	}
 }
 
 // pcLive is what a live sequence maps of the cache's granules: set by Lookup and
@@ -77,7 +96,18 @@ type pcEntry struct {
 type pcLive struct {
 	pc    *PrefixCache
 	grefs []*granuleRef
-	entry *pcEntry // the last entry Insert made from the sequence, or nil
+	entry *pcEntry // the last entry Insert made from the sequence, or nil (pc.mu)
+	// lazy is the entries that refer to the sequence's ranges (pc.mu; see pcEntry).
+	lazy []*pcEntry
+	// origin: an entry referred to the sequence's ranges once. Read and written by the
+	// sequence's owner only; from then on its calls that resize or protect its ranges
+	// hold mu, which a lookup mapping from them holds too.
+	origin bool
+	lazyN  int // owner's too: at least the tokens of every lazy entry referring to it
+	mu     sync.Mutex
+	// protected is the bytes at the start of each range that lookups made read-only
+	// in the sequence's own mapping (mu).
+	protected int
 }
 
 // PrefixCacheStats is a snapshot of a PrefixCache. Counters are in tokens where their
@@ -193,14 +223,43 @@ func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
 			g.live++
 		}
 	}
+	var ol *pcLive
+	if e != nil && e.origin != nil {
+		// A lazy entry: map from its origin's ranges under their lock, unless the
+		// origin handed them over (or dropped the entry) meanwhile.
+		ol = e.ol
+		pc.mu.Unlock()
+		ol.mu.Lock()
+		pc.mu.Lock()
+		if e.origin == nil {
+			ol.mu.Unlock()
+			ol = nil
+		}
+	}
+	src := (*Sequence)(nil)
+	switch {
+	case ol != nil:
+		src = e.origin
+	case e != nil:
+		src = e.seq // nil when the entry left the index with its origin's ranges
+	}
 	pc.mu.Unlock()
 
 	var s *Sequence
 	var err error
-	if e == nil {
+	switch {
+	case e == nil:
 		s, err = pc.c.NewSequence()
-	} else {
-		s, err = pc.startOn(e.seq, m, true)
+	case src == nil:
+		// The entry is gone with nothing to map from: a miss after all.
+		err = errEntryGone
+	case ol != nil:
+		if err = ol.protectFrom(src, pc.fullGranules(m)*pc.c.gran); err == nil {
+			s, err = pc.startOn(src, m, true)
+		}
+		ol.mu.Unlock()
+	default:
+		s, err = pc.startOn(src, m, true)
 	}
 
 	pc.mu.Lock()
@@ -225,12 +284,43 @@ func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
 	drop = append(drop, pc.capLocked()...)
 	pc.mu.Unlock()
 	for _, d := range drop {
-		d.seq.closeEntry()
+		d.close()
+	}
+	if errors.Is(err, errEntryGone) {
+		return pc.Lookup(tokens)
 	}
 	if err != nil {
 		return nil, 0, err
 	}
 	return s, m, nil
+}
+
+// errEntryGone: the entry a lookup matched left the index, with nothing to map from,
+// before the lookup could map from it; the lookup starts again.
+var errEntryGone = errors.New("kv: prefix cache entry gone")
+
+// protectFrom makes the first full bytes of each of s's ranges read-only in s's own
+// mapping, where the backing can protect memory in place, before a lookup maps them
+// into another sequence: an origin's stray write through Bytes or a View then faults
+// rather than reach the sequences started on it. One call per range, for what earlier
+// lookups did not protect yet. l.mu is held; on error nothing changed.
+func (l *pcLive) protectFrom(s *Sequence, full int) error {
+	if !s.c.protector || full <= l.protected {
+		return nil
+	}
+	for i, b := range s.bufs {
+		if err := b.protect(l.protected, full-l.protected, backing.ReadOnly); err != nil {
+			var errs []error
+			for _, q := range s.bufs[:i] {
+				if rerr := q.protect(l.protected, full-l.protected, backing.ReadWrite); rerr != nil {
+					errs = append(errs, rerr)
+				}
+			}
+			return errors.Join(append([]error{err}, errs...)...)
+		}
+	}
+	l.protected = full
+	return nil
 }
 
 // capLocked evicts down to MaxBytes and returns the entries to close. pc.mu is held.
@@ -244,12 +334,7 @@ func (pc *PrefixCache) capLocked() []*pcEntry {
 // startOn starts a sequence on src's first n tokens (an entry's, or an inserted
 // sequence's), evicting cached prefixes and trying again once when the budget refuses
 // the copied tail. An inserted sequence's shared bytes become frozen (WriteToken
-// refuses them) but, unlike ForkAt, its own mapping of them stays writable.
-//
-// NB: protecting them (mprotect on host.Shared) would leave their page table entries
-// write-protected; the entry takes those ranges over when the sequence closes, and
-// once eviction hands the granules to the next sequence, its first write to each page
-// faults: measured 8× slower per request at a 0% hit rate (BenchmarkPrefixCacheMiss).
+// refuses them).
 func (pc *PrefixCache) startOn(src *Sequence, n int, entry bool) (*Sequence, error) {
 	start := func(n int) (*Sequence, error) {
 		q, err := pc.c.startOn(src, n)
@@ -259,7 +344,7 @@ func (pc *PrefixCache) startOn(src *Sequence, n int, entry bool) (*Sequence, err
 		return q, err
 	}
 	s, err := start(n)
-	if err != nil && errors.Is(err, accounting.ErrBudgetExceeded) && pc.evictFor(pc.gbytes) > 0 {
+	if err != nil && errors.Is(err, accounting.ErrBudgetExceeded) && pc.evictFor(pc.gbytes, evictForGrowth) > 0 {
 		s, err = start(n)
 	}
 	return s, err
@@ -286,14 +371,17 @@ func (c *Cache) startOn(src *Sequence, n int) (*Sequence, error) {
 
 // Insert adds the first len(tokens) tokens of s (at most s.Len()), whose IDs are
 // tokens, to the cache, so that later lookups can start on them; tokens the cache
-// holds already are left as they are. The new entry maps s's whole granules (they
-// become shared: below s.Writable from then on, refused by WriteToken, and they MUST
-// NOT be written through Bytes or a View: s's own mapping of them stays writable, see
-// startOn) and copies the rest; when s closes, the entry takes over s's ranges. s must belong to
-// the prefix cache's cache and stays the caller's, usable and to be closed as before.
-// When the copied tail can not be had within the budget, cached prefixes are evicted
-// first; if still refused, the error matches accounting.ErrBudgetExceeded and nothing
-// changed. A cache over MaxBytes afterwards evicts down to it.
+// holds already are left as they are. It is bookkeeping only: the new entry refers to
+// s's granules (see the package doc's "Prefix caching"). s's whole granules below
+// them become shared: below s.Writable from then on, refused by WriteToken, and they
+// MUST NOT be written through Bytes or a View (on a backing.Protector the first
+// lookup that maps them makes them read-only in s too); nor may s's tokens past them
+// and below len(tokens) be written through Bytes or a View (WriteToken may: the entry
+// first copies them). When s closes, the entry takes over s's ranges; where s was
+// inserted more than once under tokens that do not extend each other, only the longest
+// of its entries does, and the others leave the index then. s must belong to the
+// prefix cache's cache and stays the caller's, usable and to be closed as before. A
+// cache over MaxBytes afterwards evicts down to it.
 func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	if s == nil {
 		panic(PanicNilSequence)
@@ -312,66 +400,56 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 		pc.mu.Unlock()
 		return ErrClosed
 	}
-	pc.working.Add(1)
-	defer pc.working.Done()
-	if m, _ := pc.tree.Peek(tokens); m == n {
-		pc.tree.Match(tokens)
-		pc.mu.Unlock()
-		return nil
-	}
-	pc.mu.Unlock()
-
-	es, err := pc.startOn(s, n, false)
-	if err != nil {
-		return err
-	}
-	var drop []*pcEntry
-	pc.mu.Lock()
-	e := &pcEntry{seq: es}
 	m, _ := pc.tree.Peek(tokens)
-	leaf, old, displaced := pc.tree.Insert(tokens, e)
+	var drop []*pcEntry
+	e := &pcEntry{origin: s, n: n}
+	leaf, old, displaced := pc.tree.Insert(tokens, e) // marks the path used, new or not
 	if leaf == nil {
-		// Another insert brought the same tokens meanwhile.
 		pc.mu.Unlock()
-		es.closeEntry()
 		return nil
 	}
 	e.leaf = leaf
-	l0 := s.pcl
-	if l0 == nil {
-		l0 = &pcLive{pc: pc}
-		s.pcl = l0
-	}
-	l0.entry = e
-	pc.entries++
-	pc.inserted += int64(n - m)
-	pc.c.adopt(es)
-	// The granules s maps from the cache (still unchanged: below s's frozen bytes)
-	// are the ones the new entry now maps too; the rest are s's own.
 	if s.pcl == nil {
 		s.pcl = &pcLive{pc: pc}
 	}
 	l := s.pcl
+	l.origin = true
+	l.lazyN = max(l.lazyN, n)
+	e.ol = l
+	l.entry = e
+	l.lazy = append(l.lazy, e)
+	pc.entries++
+	pc.inserted += int64(n - m)
+	// The granules s maps from the cache (still unchanged: below s's frozen bytes)
+	// are the ones the new entry now holds too; the rest are s's own.
 	keep := min(len(l.grefs), frozen/pc.c.gran)
 	for _, g := range l.grefs[keep:] {
 		g.live--
 	}
 	l.grefs = l.grefs[:keep]
-	full := pc.fullGranules(n)
-	for j := range pc.granulesFor(n) {
+	full, k := pc.fullGranules(n), pc.granulesFor(n)
+	// One allocation for the granules new to the cache: s maps them all (its own).
+	fresh := make([]granuleRef, max(k-len(l.grefs), 0))
+	e.grefs = make([]*granuleRef, k)
+	l.grefs = slices.Grow(l.grefs, full-len(l.grefs))
+	for j := range k {
 		var g *granuleRef
-		switch {
-		case j < len(l.grefs):
+		if j < len(l.grefs) {
 			g = l.grefs[j]
-		case j < full:
-			g = &granuleRef{live: 1}
-			l.grefs = append(l.grefs, g)
-		default:
-			g = &granuleRef{} // the copied tail: the entry's own
+		} else {
+			g = &fresh[j-len(l.grefs)]
+			g.live = 1
+			if j == full {
+				e.tail = g // the partly filled last granule, which s alone maps
+			}
 		}
-		e.grefs = append(e.grefs, g)
+		e.grefs[j] = g
 		pc.hold(g)
 	}
+	for j := len(l.grefs); j < full; j++ {
+		l.grefs = append(l.grefs, e.grefs[j])
+	}
+	s.frozen = max(s.frozen, full*pc.c.gran)
 	if displaced {
 		// The new entry holds the old one's tokens (and maps its granules, where s
 		// did): the old one goes, giving back only its own tail.
@@ -382,7 +460,86 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	drop = append(drop, pc.capLocked()...)
 	pc.mu.Unlock()
 	for _, d := range drop {
-		d.seq.closeEntry()
+		d.close()
+	}
+	return nil
+}
+
+// lazyTail reports whether e, lazy, holds s's partly filled last granule. pc.mu is
+// held.
+func (pc *PrefixCache) lazyTail(e *pcEntry) bool {
+	return pc.granulesFor(e.n) > pc.fullGranules(e.n)
+}
+
+// materialize gives the lazy entries of s that hold tokens at or past t ranges of their
+// own (the whole granules mapped, the tail copied), so that s may change those tokens:
+// a failure takes the entry out of the index instead, as a damaged one. s's owner
+// calls it with s.pcl.mu held.
+func (pc *PrefixCache) materialize(s *Sequence, t int) {
+	l := s.pcl
+	pc.mu.Lock()
+	var todo []*pcEntry
+	for _, e := range l.lazy {
+		if e.origin == s && !e.closed && e.n > t {
+			todo = append(todo, e)
+		}
+	}
+	pc.mu.Unlock()
+	for _, e := range todo {
+		pc.mu.Lock()
+		n := e.n
+		gone := e.closed || e.origin != s
+		pc.mu.Unlock()
+		if gone {
+			continue
+		}
+		es, err := pc.startOn(s, n, false)
+		var drop []*pcEntry
+		pc.mu.Lock()
+		switch {
+		case err == nil && !e.closed && e.origin == s && e.n == n:
+			e.seq, e.origin = es, nil
+			pc.c.adopt(es)
+			if pc.lazyTail(e) {
+				// The entry's copy of the tail stands for s's granule there.
+				k := len(e.grefs) - 1
+				if e.grefs[k] == e.tail {
+					e.tail.live-- // which s alone now maps
+				}
+				pc.release(e.grefs[k])
+				e.grefs[k] = &granuleRef{}
+				pc.hold(e.grefs[k])
+			}
+			e.tail = nil
+		case err == nil:
+			pc.mu.Unlock()
+			es.Close() // evicted or shortened meanwhile: it changes nothing
+			pc.mu.Lock()
+			if !e.closed && e.origin == s {
+				drop = append(drop, pc.detach(e)...)
+			}
+		default:
+			if !e.closed && e.origin == s {
+				drop = append(drop, pc.detach(e)...)
+			}
+		}
+		pc.mu.Unlock()
+		for _, d := range drop {
+			d.close()
+		}
+	}
+	pc.mu.Lock()
+	l.lazy = slices.DeleteFunc(l.lazy, func(e *pcEntry) bool { return e.closed || e.origin != s })
+	pc.mu.Unlock()
+}
+
+// detach takes a lazy entry whose origin can not keep its tokens out of the index,
+// with the tokens only it holds. It returns what to close. pc.mu is held.
+func (pc *PrefixCache) detach(e *pcEntry) []*pcEntry {
+	pc.evictedTokens += int64(e.leaf.Depth() - e.leaf.Parent().Depth())
+	pc.removeDamaged(e)
+	if d := pc.unhold(e); d != nil {
+		return []*pcEntry{d}
 	}
 	return nil
 }
@@ -420,6 +577,7 @@ func (pc *PrefixCache) unhold(e *pcEntry) *pcEntry {
 	pc.evictedBytes += freed
 	e.grefs = nil
 	e.closed = true
+	e.origin, e.tail = nil, nil // a lazy entry refers to nothing from now on
 	pc.entries--
 	if e.busy > 0 {
 		return nil
@@ -427,22 +585,70 @@ func (pc *PrefixCache) unhold(e *pcEntry) *pcEntry {
 	return e
 }
 
-// adopt, as s closes, makes the entry Insert last made from s hold s's own ranges
-// rather than its mappings of them, and returns the entry's former ranges for Close
-// to release in place of s's. It reports false, changing nothing, when the entry is
-// gone, is being mapped from, or holds tokens s no longer has unchanged.
+// adopt, as s closes, makes an entry made from s hold s's own ranges rather than
+// refer to them (lazy) or map them, and returns the ranges Close must release in place
+// of s's (none when a lazy entry took them over). It reports false when no entry
+// takes them over: s's ranges are then released as usual. The lazy entries that do
+// not take them over (only one can) leave the index, as do all of them when s is
+// damaged.
 //
-// NB: the entry's mappings were made by Share and never touched, so they hold no page
-// tables, while s's are populated by its writes. Unmapping s's would zap every page
-// table entry and leave the cache with mappings whose first use faults page by page;
-// keeping s's costs nothing and, when eviction later returns a granule to the pool,
-// it goes with its page tables, so the next commit of it does not fault either.
+// NB: an entry that mapped s's granules made those mappings by Share and never
+// touched them, so they hold no page tables, while s's are populated by its writes.
+// Unmapping s's would zap every page table entry and leave the cache with mappings
+// whose first use faults page by page; keeping s's costs nothing and, when eviction
+// later returns a granule to the pool, it goes to the park with its page tables, so
+// the next commit of it does not fault either.
 func (l *pcLive) adopt(s *Sequence) ([]buffer, bool) {
 	pc := l.pc
+	if l.origin {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+	}
 	pc.mu.Lock()
-	defer pc.mu.Unlock()
+	var drop []*pcEntry
+	defer func() {
+		pc.mu.Unlock()
+		for _, d := range drop {
+			d.close()
+		}
+	}()
+	var take *pcEntry
+	if !pc.closed && s.err == nil {
+		for _, e := range l.lazy {
+			if !e.closed && e.origin == s && e.n <= s.n && (take == nil || e.n > take.n) {
+				take = e
+			}
+		}
+	}
+	for _, e := range l.lazy {
+		if e != take && !e.closed && e.origin == s {
+			drop = append(drop, pc.detach(e)...)
+		}
+	}
+	l.lazy = nil
+	if take != nil {
+		c := pc.c
+		if err := s.resizeAll(take.n * c.row); err != nil {
+			drop = append(drop, pc.detach(take)...)
+			return nil, false
+		}
+		es := &Sequence{c: c, id: s.id, bufs: s.bufs, n: take.n, frozen: s.frozen}
+		es.frozen = min(es.frozen, backing.AlignDown(take.n*c.row, c.gran))
+		es.publish()
+		s.bufs = nil
+		take.seq, take.origin = es, nil
+		if take.tail != nil {
+			take.tail.live-- // s's tail granule is the entry's alone now
+			take.tail = nil
+		}
+		c.mu.Lock()
+		c.entries++
+		c.mu.Unlock()
+		l.entry = nil
+		return nil, true
+	}
 	e := l.entry
-	if pc.closed || e == nil || e.closed || e.busy > 0 || s.err != nil || e.seq.err != nil {
+	if pc.closed || e == nil || e.closed || e.seq == nil || e.busy > 0 || s.err != nil || e.seq.err != nil {
 		return nil, false
 	}
 	n, c := e.seq.n, pc.c
@@ -455,8 +661,8 @@ func (l *pcLive) adopt(s *Sequence) ([]buffer, bool) {
 	}
 	old := e.seq.bufs
 	if tail := n*c.row - full; tail > 0 {
-		// s may have rewritten its tokens past its shared granules since the insert
-		// (truncated and grown again): the entry's copy of them is what was inserted.
+		// s may have rewritten its tokens past its shared granules since the entry
+		// got its own copy of them: that copy is what was inserted.
 		for i := range s.bufs {
 			if err := copyRange(s.bufs[i], old[i], full, tail); err != nil {
 				return nil, false
@@ -549,7 +755,7 @@ func (p *PrefixPin) Release() {
 	}
 	pc.mu.Unlock()
 	for _, d := range drop {
-		d.seq.closeEntry()
+		d.close()
 	}
 }
 
@@ -612,10 +818,47 @@ func (pc *PrefixCache) Close() error {
 	pc.mu.Unlock()
 	var errs []error
 	for _, e := range drop {
+		if e.seq == nil {
+			continue // lazy: its origin keeps its ranges
+		}
 		if out := e.seq.closeEntry(); out.Err != nil {
 			errs = append(errs, out.Err)
 		}
 	}
 	pc.c.pc.Store(nil)
 	return errors.Join(errs...)
+}
+
+// rangesLock returns the lock that s's calls resizing or protecting its ranges must
+// hold (see pcLive), or nil when no entry ever referred to them. Only s's owner calls
+// it.
+func (s *Sequence) rangesLock() *sync.Mutex {
+	if s.pcl == nil || !s.pcl.origin {
+		return nil
+	}
+	return &s.pcl.mu
+}
+
+// beforeChange readies s to change its tokens from t on (a Truncate to t, a write of
+// token t): lazy entries that hold those tokens get ranges of their own first. The
+// lock from rangesLock is held.
+func (s *Sequence) beforeChange(t int) {
+	if l := s.pcl; l != nil && t < l.lazyN {
+		l.pc.materialize(s, t)
+		l.lazyN = t
+	}
+}
+
+// unprotectPast forgets the protection of what s gave up (a Truncate). The lock from
+// rangesLock is held.
+func (l *pcLive) unprotectPast(s *Sequence) { l.protected = min(l.protected, s.frozen) }
+
+// beforeWrite is beforeChange for a write of token t, taking the ranges' lock.
+func (s *Sequence) beforeWrite(t int) {
+	if l := s.pcl; l != nil && t < l.lazyN {
+		mu := &l.mu
+		mu.Lock()
+		s.beforeChange(t)
+		mu.Unlock()
+	}
 }

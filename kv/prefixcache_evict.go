@@ -27,7 +27,7 @@ func (c *Cache) budgetOrEvict(need, credit int64) error {
 	if err == nil || !errors.As(err, &be) || errors.Is(err, accounting.ErrExceedsLimit) {
 		return err
 	}
-	if pc := c.pc.Load(); pc != nil && pc.evictFor(be.Requested-be.Available-credit) > 0 {
+	if pc := c.pc.Load(); pc != nil && pc.evictFor(be.Requested-be.Available-credit, evictForGrowth) > 0 {
 		return c.budget(need, credit)
 	}
 	return err
@@ -35,21 +35,24 @@ func (c *Cache) budgetOrEvict(need, credit int64) error {
 
 // evictFor evicts cached granules that give back physical memory, leaf-first and
 // least recently used first, until need bytes came back or none is left to take; it
-// returns the bytes that came back.
-func (pc *PrefixCache) evictFor(need int64) int64 {
+// returns the bytes that came back, and logs a summary (see observe.go).
+func (pc *PrefixCache) evictFor(need int64, why evictReason) int64 {
 	if need <= 0 {
 		return 0
 	}
 	pc.mu.Lock()
+	mark := pc.evictMark()
 	before := pc.evictedBytes
 	drop := pc.evictLocked(need, evictFree)
 	pc.mu.Unlock()
 	for _, e := range drop {
-		e.seq.closeEntry()
+		e.close()
 	}
 	pc.mu.Lock()
 	got := pc.evictedBytes - before
+	done := pc.evictMark().minus(mark)
 	pc.mu.Unlock()
+	pc.logEviction(why, need, done)
 	if got > 0 {
 		pc.c.notify() // memory came back to the cache's pool
 	}
@@ -67,7 +70,7 @@ func (pc *PrefixCache) reclaim(need int64) {
 	pc.reclaiming.Add(1)
 	pc.mu.Unlock()
 	defer pc.reclaiming.Done()
-	pc.evictFor(need)
+	pc.evictFor(need, evictForWaiter)
 }
 
 // evictLocked evicts granules in mode until need bytes came back (evictFree) or
@@ -92,7 +95,14 @@ func (pc *PrefixCache) evictLocked(need int64, mode evictMode) []*pcEntry {
 		k := 1
 		for ; k < len(e.grefs) && got+int64(k)*pc.gbytes < need; k++ {
 			g := e.grefs[len(e.grefs)-1-k]
-			if g.entries != 1 || g.live > 0 || pc.tokensBelow(len(e.grefs)-1-k) <= p.Depth() {
+			if g.entries != 1 || g.live > 0 {
+				break
+			}
+			if pc.tokensBelow(len(e.grefs)-1-k) <= p.Depth() {
+				// Taking this granule too leaves the leaf no token of its own: the
+				// leaf goes whole, in one release rather than a shrink to one
+				// granule and then that granule's own release.
+				k = len(e.grefs)
 				break
 			}
 		}
@@ -171,7 +181,10 @@ func (pc *PrefixCache) evictGranules(leaf *radix.Node[*pcEntry], k int) (int64, 
 // entry instead, for the caller to close. pc.mu is held.
 func (pc *PrefixCache) shrink(e *pcEntry, depth, n int) (int64, *pcEntry) {
 	k := pc.granulesFor(n)
-	if err := e.seq.resizeAll(n * pc.c.row); err != nil {
+	if e.seq == nil {
+		// Lazy: its origin maps what it gives up, so only the counts change.
+		e.n = n
+	} else if err := e.seq.resizeAll(n * pc.c.row); err != nil {
 		// NB: resizeAll changed nothing, or damaged the sequence; either way the
 		// entry leaves the index whole.
 		pc.evictedTokens += int64(e.leaf.Depth() - e.leaf.Parent().Depth())
@@ -180,13 +193,18 @@ func (pc *PrefixCache) shrink(e *pcEntry, depth, n int) (int64, *pcEntry) {
 		d := pc.unhold(e)
 		return pc.evictedBytes - before, d
 	}
-	e.seq.n = n
-	e.seq.frozen = min(e.seq.frozen, n*pc.c.row)
-	e.seq.publish()
+	if e.seq != nil {
+		e.n, e.seq.n = n, n
+		e.seq.frozen = min(e.seq.frozen, n*pc.c.row)
+		e.seq.publish()
+	}
 	pc.evictions += int64(len(e.grefs) - k)
 	var freed int64
 	for _, g := range e.grefs[k:] {
 		freed += pc.release(g)
+	}
+	if k < len(e.grefs) {
+		e.tail = nil // gone with the granules past k
 	}
 	e.grefs = e.grefs[:k]
 	pc.evictedTokens += int64(depth - n)

@@ -146,6 +146,12 @@ func (s *Sequence) Truncate(n int) error {
 	if n < 0 || n > s.n {
 		return fmt.Errorf("%w: truncate to %d of %d tokens", ErrRange, n, s.n)
 	}
+	if mu := s.rangesLock(); mu != nil {
+		mu.Lock()
+		defer mu.Unlock()
+		s.beforeChange(n)
+		defer s.pcl.unprotectPast(s)
+	}
 	defer s.c.notify()
 	defer s.publish()
 	target := n * s.c.row
@@ -270,6 +276,10 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 func (s *Sequence) protect(full int) error {
 	if full <= s.frozen {
 		return nil
+	}
+	if mu := s.rangesLock(); mu != nil {
+		mu.Lock()
+		defer mu.Unlock()
 	}
 	if s.c.protector {
 		for i, b := range s.bufs {

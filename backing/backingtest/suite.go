@@ -1274,6 +1274,8 @@ func testPoolTrim[R any](e *env[R]) {
 	n, err := p.Trim(1)
 	require.NoError(t, err)
 	assert.Equal(t, s.Idle-int64(g), n, "Trim(1) gives back all idle granules but one")
+	assert.Equal(t, s.GivenBack+n/int64(g), p.PoolStats().GivenBack, "PoolStats.GivenBack counts what Trim gave back")
+	assert.GreaterOrEqual(t, s.Created, int64(4), "PoolStats.Created counts the 4 granules committed")
 	after, _ := e.owned()
 	assert.Equal(t, before-n, after, "owned bytes drop by what Trim gave back")
 	assert.Equal(t, int64(g), p.PoolStats().Idle)

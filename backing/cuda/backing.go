@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -32,6 +33,11 @@ type Options struct {
 	Background bool
 	// Driver is the driver to call; nil means LoadDriver().
 	Driver *Driver
+	// Logger receives the pool's events: trims and reclaims that release handles,
+	// and a fallback the driver forces (read-only mappings refused, so shares are
+	// mapped read-write and guarded on the Go side). nil logs nothing. Quarantines
+	// are logged by the governor (see accounting.GovernorOptions).
+	Logger *slog.Logger
 }
 
 // Backing commits GPU memory through the CUDA driver's virtual memory management API:
@@ -63,18 +69,21 @@ type Backing struct {
 	// noReadOnly: the driver refused PROT_READ on a device mapping (NOT_SUPPORTED);
 	// read-only shares are then mapped read-write and guarded on the Go side only.
 	noReadOnly atomic.Bool
+	log        *slog.Logger // nil logs nothing
 
-	mu       sync.Mutex
-	idle     []*handle     // pooled, mapped nowhere; the most recently used last
-	stuck    []*handle     // idle handles cuMemRelease refused: still owned
-	owned    int           // handles held: idle, mapped, stuck, being handed out
-	creating int           // handles the refill is creating now
-	settled  sync.Cond     // on mu: signalled when creating drops
-	held     bool          // Trim paused the background refill until the next commit
-	mapped   int64         // bytes of mappings (a handle mapped twice counts twice)
-	nres     int           // reservations not yet unreserved
-	idleNote chan struct{} // closed when handles return idle; nil when nobody waits
-	gate     chan struct{} // one waiting commit at a time (capacity 1)
+	mu         sync.Mutex
+	idle       []*handle     // pooled, mapped nowhere; the most recently used last
+	stuck      []*handle     // idle handles cuMemRelease refused: still owned
+	owned      int           // handles held: idle, mapped, stuck, being handed out
+	created    int64         // handles ever made (PoolStats.Created)
+	creating   int           // handles the refill is creating now
+	reclaiming int           // reclaims running now
+	settled    sync.Cond     // on mu: signalled when creating or reclaiming drops
+	held       bool          // Trim or Quiesce paused the background refill until the next commit
+	mapped     int64         // bytes of mappings (a handle mapped twice counts twice)
+	nres       int           // reservations not yet unreserved
+	idleNote   chan struct{} // closed when handles return idle; nil when nobody waits
+	gate       chan struct{} // one waiting commit at a time (capacity 1)
 
 	refill chan struct{} // nudges the background refill; nil without Background
 	stop   chan struct{}
@@ -157,7 +166,7 @@ func New(opts Options) (*Backing, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	b := &Backing{drv: drv, ordinal: opts.Device, auth: opts.Authority, low: opts.Low, high: opts.High,
-		gate: make(chan struct{}, 1)}
+		gate: make(chan struct{}, 1), log: opts.Logger}
 	b.settled.L = &b.mu
 	if err := b.open(); err != nil {
 		return nil, err
@@ -477,7 +486,7 @@ func (b *Backing) mapRun(r *Reservation, off int, hs []*handle, ro bool) error {
 	if c == CodeNotSupported && desc == &b.ro {
 		// A driver without read-only device mappings: map read-write and let the
 		// Go side alone refuse writes (the slots are marked read-only either way).
-		b.noReadOnly.Store(true)
+		b.readOnlyRefused()
 		c = d.MemSetAccess(va, uintptr(len(hs))*uintptr(g), &b.rw, 1)
 	}
 	if err := d.call("cuMemSetAccess", c); err != nil {
@@ -661,6 +670,9 @@ func (b *Backing) Unreserve(r *Reservation) accounting.ReleaseOutcome {
 		err = opError(op, 0, r.size, errors.Join(errs...))
 	}
 	out := accounting.Outcome(unmapped, residual, unmapped > 0, err)
+	if out.Status == accounting.Quarantined {
+		b.auth.Quarantine(out.Residual, out.Err)
+	}
 	if out.Status != accounting.Failed {
 		r.dead.Store(true)
 		b.mu.Lock()
@@ -830,7 +842,7 @@ func (b *Backing) setAccess(va uint64, n int, ro bool) error {
 	}
 	c := b.drv.MemSetAccess(va, uintptr(n), desc, 1)
 	if c == CodeNotSupported && ro {
-		b.noReadOnly.Store(true)
+		b.readOnlyRefused()
 		return nil
 	}
 	return b.drv.call("cuMemSetAccess", c)

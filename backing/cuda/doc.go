@@ -43,5 +43,8 @@
 // the reservation. The CUDA context is per OS thread: every operation locks its
 // goroutine to the thread (runtime.LockOSThread), makes the device's primary context
 // current, calls the driver and unlocks in a defer. Nothing is locked in init. With
-// Options.Background one goroutine refills the pool; Close stops it.
+// Options.Background one goroutine refills the pool; Close stops it. The pool charges
+// its authority before it creates a handle, so while the refill (or a reclaim the
+// governor started) works, the ledger runs ahead of PoolStats; Quiesce waits that
+// out, so that a caller with nothing else in flight reads books that agree.
 package cuda

@@ -17,3 +17,14 @@ func SymbolNames() (names []string, fields []any) {
 
 // BytesAddr is bytesPtr for tests that call the seam directly.
 var BytesAddr = bytesPtr
+
+// RefillHeld reports whether Trim or Quiesce holds the background refill.
+func (b *Backing) RefillHeld() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.held
+}
+
+// Reclaim runs the reclaimer the Backing registered with its authority, as the
+// governor would on a goroutine of its own.
+func (b *Backing) Reclaim() { b.reclaim(0) }

@@ -150,6 +150,7 @@ func (b *Backing) create(n int) ([]*handle, error) {
 	}
 	b.mu.Lock()
 	b.owned += len(hs)
+	b.created += int64(len(hs))
 	b.mu.Unlock()
 	return hs, err
 }
@@ -342,30 +343,70 @@ func (b *Backing) Trim(keep int) (int64, error) {
 	}
 	b.mu.Unlock()
 	n, err := b.releaseIdle(keep)
+	if b.log != nil && (n > 0 || err != nil) {
+		b.log.Info("cuda: pool trim", "device", b.ordinal, "gave_back_bytes", n, "keep", keep, "err", err)
+	}
 	if err != nil {
 		return n, opError("trim", 0, 0, err)
 	}
 	return n, nil
 }
 
+// Quiesce waits until no background work is changing the pool (a handle the
+// background refill is creating, a reclaim the governor started) and holds the
+// background refill until the next commit, as Trim does. When no other call on b, and
+// no Acquire on its device, is in flight, PoolStats, the authority's Stats and the
+// driver then agree, and go on agreeing until the next call. The pool may be below
+// Low afterwards; the next commit resumes the refill.
+//
+// NB: the pool charges the authority before it creates a handle and releases the
+// charge after the handle is gone, so while the refill works the ledger is ahead of
+// PoolStats by the handle in flight; Quiesce is how a reader waits that out.
+func (b *Backing) Quiesce() {
+	b.live()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.held = true
+	for b.creating > 0 || b.reclaiming > 0 {
+		b.settled.Wait()
+	}
+}
+
 // reclaim releases every idle handle when a request on the device waits for memory
 // (the governor calls it): idle handles hold budget that the waiter, perhaps another
 // pool's user, can not otherwise have.
-func (b *Backing) reclaim(int64) {
+func (b *Backing) reclaim(need int64) {
 	b.mu.Lock()
 	if b.closed.Load() {
 		b.mu.Unlock()
 		return
 	}
 	b.reclaims.Add(1) // under mu: Close, having set closed, waits for it
+	b.reclaiming++    // under mu: Quiesce waits for it
 	b.mu.Unlock()
-	defer b.reclaims.Done()
+	defer func() {
+		b.mu.Lock()
+		b.reclaiming--
+		b.settled.Broadcast()
+		b.mu.Unlock()
+		b.reclaims.Done()
+	}()
+	// The governor starts a reclaim on a goroutine of its own, which may run long
+	// after the request that started it was served or gave up. With nobody waiting
+	// there is nothing to reclaim for: keep the warm handles (and a quiesced pool
+	// still, see Quiesce).
+	if b.auth.Governor().Stats(b.auth.Device()).Waiters == 0 {
+		return
+	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if err := b.setCurrent(); err != nil {
 		return
 	}
-	_, _ = b.releaseIdle(0)
+	n, err := b.releaseIdle(0)
+	if b.log != nil && (n > 0 || err != nil) {
+		b.log.Info("cuda: pool reclaim", "device", b.ordinal, "gave_back_bytes", n, "waiter_bytes", need, "err", err)
+	}
 }
 
 // PoolStats returns a snapshot of the pool. Handles are physical device memory, so
@@ -383,6 +424,9 @@ func (b *Backing) PoolStats() backing.PoolStats {
 		Resident: idle,
 		Low:      b.low,
 		High:     b.high,
+
+		Created:   b.created,
+		GivenBack: b.created - int64(b.owned),
 	}
 }
 

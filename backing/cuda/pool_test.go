@@ -16,7 +16,7 @@ func TestPoolLowMark(t *testing.T) {
 	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{Low: 3})
 	g := int64(x.g)
 	s := x.b.PoolStats()
-	assert.Equal(t, backing.PoolStats{Granule: x.g, Owned: 3 * g, Idle: 3 * g, Resident: 3 * g, Low: 3}, s,
+	assert.Equal(t, backing.PoolStats{Granule: x.g, Owned: 3 * g, Idle: 3 * g, Resident: 3 * g, Low: 3, Created: 3}, s,
 		"New fills the pool to Low")
 	r := x.reserve(t, 3)
 	assert.Zero(t, x.calls("cuMemCreate", func() { require.NoError(t, x.b.Commit(r, 0, 3*x.g)) }),
@@ -48,6 +48,7 @@ func TestPoolHighMark(t *testing.T) {
 	assert.Equal(t, 2*g, s.Idle)
 	assert.Equal(t, 3*g, s.Owned)
 	assert.Equal(t, 3*g, x.auth.Stats().Owned, "and their bytes given back")
+	assert.Equal(t, [2]int64{5, 2}, [2]int64{s.Created, s.GivenBack}, "5 handles made, 2 given back")
 	x.checkBooks(t, "above High")
 	// Prefill is explicit and may go above High.
 	require.NoError(t, x.b.Prefill(4))
@@ -86,7 +87,7 @@ func TestPoolBackgroundRefill(t *testing.T) {
 	require.NoError(t, x.b.Commit(r, 2*x.g, 2*x.g))
 	// The budget (6 granules) stops the refill at 2 idle; that is not an error.
 	require.Eventually(t, idle(2*g), 5*time.Second, time.Millisecond)
-	time.Sleep(10 * time.Millisecond)
+	x.b.Quiesce() // let an attempt in flight finish
 	assert.Equal(t, 6*g, x.b.PoolStats().Owned, "the refill stays within the budget")
 	x.checkBooks(t, "refilled")
 	require.True(t, x.b.Unreserve(r).OK())
@@ -116,6 +117,74 @@ func TestPoolTrimPausesBackgroundRefill(t *testing.T) {
 	r := x.reserve(t, 1)
 	require.NoError(t, x.b.Commit(r, 0, x.g))
 	require.Eventually(t, idle(3*g), 5*time.Second, time.Millisecond, "a commit resumes the refill")
+	x.b.Quiesce()
 	x.checkBooks(t, "resumed")
 	require.True(t, x.b.Unreserve(r).OK())
+}
+
+// While the background refill creates a handle the ledger is ahead of the pool (it is
+// charged first); Quiesce waits for that handle to land, and holds the refill, so
+// that the books then agree and stay put.
+func TestPoolQuiesce(t *testing.T) {
+	f := cuda.NewFakeDriver(cuda.FakeDriverOptions{})
+	d := *f.Driver()
+	// Each cuMemCreate waits for the test until the cleanup lets every one through.
+	entered, proceed, free := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	create := d.MemCreate
+	d.MemCreate = func(h *uint64, size uintptr, p *cuda.MemAllocationProp, flags uint64) cuda.Code {
+		select {
+		case entered <- struct{}{}:
+			<-proceed
+		case <-free:
+		}
+		return create(h, size, p, flags)
+	}
+	auth := gpuAuthority(0)
+	b, err := cuda.New(cuda.Options{Authority: auth, Driver: &d, Low: 3, Background: true})
+	require.NoError(t, err)
+	x := &fx{b: b, f: f, auth: auth, g: b.Granularity()}
+	g := int64(x.g)
+	t.Cleanup(func() {
+		close(free) // let any create through, so Close can stop the refill
+		require.NoError(t, x.b.Close())
+		x.checkClosed(t)
+	})
+
+	<-entered // the refill is inside cuMemCreate for its first handle
+	assert.Equal(t, g, auth.Stats().Owned, "the ledger is charged before the handle exists")
+	assert.Zero(t, x.b.PoolStats().Owned, "the pool counts it once it exists")
+	quiet := make(chan struct{})
+	go func() {
+		x.b.Quiesce()
+		close(quiet)
+	}()
+	require.Eventually(t, x.b.RefillHeld, time.Minute, time.Millisecond, "Quiesce holds the refill first")
+	proceed <- struct{}{} // the first create returns; a second would block on entered
+	<-quiet
+	assert.Equal(t, g, x.b.PoolStats().Owned, "the handle in flight landed; the held refill made no other")
+	assert.Equal(t, 1, f.Calls("cuMemCreate"))
+	x.checkBooks(t, "quiesced")
+
+	// A commit resumes the refill.
+	r := x.reserve(t, 1)
+	require.NoError(t, x.b.Commit(r, 0, x.g))
+	for range 3 {
+		<-entered
+		proceed <- struct{}{}
+	}
+	x.b.Quiesce()
+	assert.Equal(t, 4*g, x.b.PoolStats().Owned, "one mapped, three idle again")
+	x.checkBooks(t, "refilled and quiesced")
+	require.True(t, x.b.Unreserve(r).OK())
+}
+
+// A reclaim that runs after the request that started it was served finds nobody
+// waiting and keeps the warm handles.
+func TestPoolStaleReclaimKeepsHandles(t *testing.T) {
+	x := fakeBacking(t, cuda.FakeDriverOptions{}, cuda.Options{Low: 2})
+	g := int64(x.g)
+	require.Equal(t, 2*g, x.b.PoolStats().Idle)
+	x.b.Reclaim()
+	assert.Equal(t, 2*g, x.b.PoolStats().Idle, "nobody waits on the device: nothing to reclaim for")
+	x.checkBooks(t, "after a stale reclaim")
 }

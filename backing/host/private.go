@@ -2,6 +2,7 @@ package host
 
 import (
 	"fmt"
+	"log/slog"
 	"math/bits"
 	"os"
 	"sync"
@@ -48,6 +49,10 @@ type PrivateOptions struct {
 	// CONFIG_ANON_VMA_NAME ignore it, as do other systems. At most 79 printable ASCII
 	// bytes, none of them \ ` $ [ or ].
 	Name string
+	// Logger receives, at construction, a fallback the system forces: no
+	// MADV_POPULATE_WRITE (Populate touches pages instead), or small pages where the
+	// granule would take huge pages. nil logs nothing.
+	Logger *slog.Logger
 }
 
 // Private is the host backing on private anonymous memory: Reserve maps address
@@ -142,6 +147,11 @@ func NewPrivate(opts PrivateOptions) (*Private, error) {
 		}
 		p.name = append([]byte(opts.Name), 0)
 	}
+	noHuge := p.hugeWhy
+	if opts.NoHugePages {
+		noHuge = "" // the caller's choice, not a fallback
+	}
+	noteFallbacks(opts.Logger, "private", opts.Populate, g, noHuge)
 	return p, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"sync"
@@ -57,6 +58,12 @@ type SharedOptions struct {
 	// than small pages (SharedStats.NoHugePages says so when it applies); a pool that
 	// keeps its granules (a large High, a long Decay) may still want them there.
 	AlwaysHugePages bool
+	// Logger receives the pool's events: trims and reclaims that give granules back
+	// (Info), decay passes that do (Debug), and, at construction, a fallback the
+	// system forces (no MADV_POPULATE_WRITE, or small pages where the granule would
+	// take huge pages). nil logs nothing. Quarantines are logged by the governor (see
+	// accounting.GovernorOptions).
+	Logger *slog.Logger
 }
 
 // SharedNoPool as SharedOptions.High keeps no idle granule: every granule goes back
@@ -214,6 +221,7 @@ type Shared struct {
 	huge     sharedHuge
 	hugeWhy  string // why huge is not what the user would want, or ""
 	sys      sharedSys
+	log      *slog.Logger // nil logs nothing
 
 	mu        sync.Mutex
 	fd        int
@@ -225,6 +233,7 @@ type Shared struct {
 	nResident int   // Idle slots that are resident
 	owned     int64 // bytes of Idle, Live and busy owned slots; in step with the authority
 	mapped    int64 // bytes of mappings; in step with the authority
+	created   int64 // granules ever charged (PoolStats.Created)
 	live      int   // reservations not yet unreserved (Quarantined ones excluded)
 	resv      map[*SharedReservation]struct{}
 	park      []sharedChunk  // see shared_park.go
@@ -434,6 +443,7 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 		decay:    max(opts.Decay, 0),
 		stop:     make(chan struct{}),
 		sys:      sys,
+		log:      opts.Logger,
 		fd:       fd,
 		resv:     make(map[*SharedReservation]struct{}),
 		park0:    max(sharedParkFirst>>backing.Log2(opts.Granularity), 1),
@@ -442,6 +452,11 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 	s.kick()
 	s.mu.Unlock()
 	opts.Authority.SetReclaimer(s.reclaim)
+	noHuge := s.hugeWhy
+	if opts.NoHugePages {
+		noHuge = "" // the caller's choice, not a fallback
+	}
+	noteFallbacks(s.log, "shared", s.populate || s.low > 0, s.g, noHuge) // the refill populates too
 	return s, nil
 }
 
@@ -518,7 +533,7 @@ func (s *Shared) adviseFile(at unsafe.Pointer, n int) {
 // reclaim gives every idle granule back when a request on the device waits for
 // memory (the governor calls it): idle granules hold budget that the waiter, perhaps
 // another pool's user, can not otherwise have.
-func (s *Shared) reclaim(int64) {
+func (s *Shared) reclaim(need int64) {
 	s.mu.Lock()
 	if s.closed || !s.othersWait() {
 		s.mu.Unlock() // only this pool's commits wait: they take the idle granules
@@ -526,11 +541,15 @@ func (s *Shared) reclaim(int64) {
 	}
 	// Close waits for this like for a refill, so the memfd outlives the give-back.
 	s.refill.Add(1)
-	_, _ = s.givePriv(s.takePrivIdle(s.nPrivIdle))
+	m, _ := s.givePriv(s.takePrivIdle(s.nPrivIdle))
 	victims := s.victims(s.nIdle)
 	s.mu.Unlock()
 	defer s.refill.Done()
-	_, _ = s.giveBack(victims)
+	n, err := s.giveBack(victims)
+	n += m
+	if s.log != nil && (n > 0 || err != nil) {
+		s.log.Info("host: pool reclaim", "gave_back_bytes", n, "waiter_bytes", need, "err", err)
+	}
 }
 
 // Granularity returns the granule size in bytes.
@@ -886,6 +905,7 @@ func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, of
 	err := s.auth.TryAcquire(int64(fresh) << s.shift)
 	if err == nil {
 		s.owned += int64(fresh) << s.shift
+		s.created += int64(fresh)
 		return picks, fresh, nil
 	}
 	if !wait || !accounting.CanWait(err) {
@@ -929,6 +949,7 @@ func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, of
 		if err == nil {
 			s.unwait(w)
 			s.owned += bytes
+			s.created += int64(n)
 			return nil, n, nil
 		}
 		if !w.signaled || ctx.Err() != nil {
@@ -949,6 +970,7 @@ func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, of
 		if fresh == 0 || s.auth.TryAcquire(int64(fresh)<<s.shift) == nil {
 			s.unwait(w)
 			s.owned += int64(fresh) << s.shift
+			s.created += int64(fresh)
 			return picks, fresh, nil
 		}
 		// Not enough yet: wait again, first in line still.
@@ -1282,6 +1304,7 @@ func (s *Shared) quarantine(r *SharedReservation, give []int, unmapped, held int
 	s.live--
 	r.state = sharedQuarantined
 	s.mu.Unlock()
+	s.auth.Quarantine(held-unmapped, err)
 	s.giveBack(give)
 	return accounting.Outcome(unmapped, held-unmapped, true, err)
 }
@@ -1404,6 +1427,7 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) (sharedAdoptio
 			return sharedAdoption{}, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
 		}
 		s.owned += b
+		s.created += int64(fresh)
 		more, err := s.pickFresh(fresh, -1)
 		if err != nil {
 			s.unpick(picks)

@@ -104,9 +104,12 @@ func (s *Shared) decayPass(now time.Time) bool {
 				pos = append(pos, p)
 			}
 		}
-		_, _ = s.givePriv(pos) // a granule that can not be given back stays idle
+		m, _ := s.givePriv(pos) // a granule that can not be given back stays idle
 		s.mu.Unlock()
-		_, _ = s.giveBack(slots)
+		n, err := s.giveBack(slots)
+		if s.log != nil && (n+m > 0 || err != nil) {
+			s.log.Debug("host: pool decay", "gave_back_bytes", n+m, "err", err)
+		}
 		s.mu.Lock()
 	}
 	more := !s.closed && s.nIdle+s.nPrivIdle > s.low

@@ -390,6 +390,9 @@ func CheckShared(s *Shared) error {
 	return nil
 }
 
+// PopulateByTouch reports whether this kernel lacks MADV_POPULATE_WRITE.
+var PopulateByTouch = populateByTouch
+
 // SetSharedClock makes s read the time from now (for the decay of idle granules). It
 // must be called before s is used concurrently.
 func SetSharedClock(s *Shared, now func() time.Time) {

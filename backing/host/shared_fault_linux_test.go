@@ -53,6 +53,9 @@ func (e *sharedEnv) snap(x *faultFx) faultSnap {
 	e.t.Helper()
 	st := e.auth.Stats()
 	s := faultSnap{owned: st.Owned, mapped: st.Mapped, pool: e.pool()}
+	// The cumulative counters move on a rolled-back step (a charge and its give-back);
+	// their difference is in Owned.
+	s.pool.Created, s.pool.GivenBack = 0, 0
 	for _, r := range x.rs {
 		slots, ro := host.SharedSlots(r)
 		priv := host.SharedPrivate(r)
@@ -486,6 +489,11 @@ func TestSharedUnreserveOutcomes(t *testing.T) {
 			assert.Equal(t, int64(tt.unmapped)*g, o.Unmapped, "unmapped")
 			assert.Equal(t, int64(tt.residual)*g, o.Residual, "residual")
 			assert.Equal(t, tag(1), e.tagOf(y, 0), "the shared granule lives on in y")
+			if c := e.gov.Stats(accounting.HostKey).Counters; tt.status == accounting.Quarantined {
+				assert.Equal(t, [2]int64{1, o.Residual}, [2]int64{c.Quarantines, c.QuarantinedBytes}, "the quarantine reported to the governor")
+			} else {
+				assert.Zero(t, c.Quarantines, "no quarantine reported")
+			}
 			switch tt.status {
 			case accounting.Complete:
 				assert.NoError(t, o.Err)

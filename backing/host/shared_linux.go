@@ -1,11 +1,9 @@
 package host
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"sync/atomic"
 	"unsafe"
 
@@ -151,19 +149,14 @@ func sharedPopulate(at unsafe.Pointer, n int, write bool) error {
 }
 
 // sharedMapCount returns the number of mappings of the process (lines of
-// /proc/self/maps) and vm.max_map_count.
+// /proc/self/maps) and vm.max_map_count. It runs on the error path, when the process
+// may be at its mapping limit: reading all of /proc/self/maps at once (megabytes
+// there) could make the heap grow, which needs a mapping, and the runtime dies of
+// that. privateMapCount reads with one small buffer.
 func sharedMapCount() (count, limit int, err error) {
-	maps, err := os.ReadFile("/proc/self/maps")
-	if err != nil {
-		return 0, 0, err
+	count, limit, ok := privateMapCount()
+	if !ok {
+		return 0, 0, errors.New("host: can not count the mappings in /proc/self/maps or read vm.max_map_count")
 	}
-	raw, err := os.ReadFile("/proc/sys/vm/max_map_count")
-	if err != nil {
-		return 0, 0, err
-	}
-	limit, err = strconv.Atoi(string(bytes.TrimSpace(raw)))
-	if err != nil {
-		return 0, 0, err
-	}
-	return bytes.Count(maps, []byte{'\n'}), limit, nil
+	return count, limit, nil
 }

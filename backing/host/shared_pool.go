@@ -287,6 +287,7 @@ func (s *Shared) prefillOne(n int, background bool) (bool, error) {
 			return fail(err)
 		}
 		s.owned += int64(s.g)
+		s.created++
 		picks, err := s.pickFresh(1, -1)
 		if err != nil {
 			s.owned -= int64(s.g)
@@ -371,6 +372,9 @@ func (s *Shared) Trim(keep int) (int64, error) {
 	if err == nil {
 		err = gerr
 	}
+	if s.log != nil && (n+m > 0 || err != nil) {
+		s.log.Info("host: pool trim", "gave_back_bytes", n+m, "keep", keep, "err", err)
+	}
 	return n + m, err
 }
 
@@ -403,5 +407,8 @@ func (s *Shared) PoolStats() backing.PoolStats {
 		Resident: int64(s.nResident+s.nPrivIdle) << s.shift,
 		Low:      s.low,
 		High:     s.high,
+
+		Created:   s.created,
+		GivenBack: s.created - s.owned>>s.shift,
 	}
 }

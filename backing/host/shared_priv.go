@@ -283,6 +283,7 @@ func (s *Shared) prefillPriv(background bool) (bool, error) {
 		return fail(&backing.OpError{Op: "prefill", Size: s.g, Err: err})
 	}
 	s.owned += int64(s.g)
+	s.created++
 	s.aused.set(p) // taken: no other prefill or park move uses it meanwhile
 	at := s.privAt(p)
 	err := s.sys.protect(at, s.g, false)

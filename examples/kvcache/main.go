@@ -66,6 +66,7 @@ type config struct {
 	out         string
 	format      string
 	progress    string
+	metrics     string
 	prefillRate float64
 	// prefix is set for a trace with token IDs (Mooncake): the prefix-cache replay.
 	prefix bool
@@ -173,6 +174,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.out, "out", os.TempDir(), "directory for the plot")
 	fs.StringVar(&c.format, "format", "png", "plot format: png or svg")
 	fs.StringVar(&c.progress, "progress", "auto", "progress display: auto (a bar on a terminal, lines otherwise), bar, lines or none")
+	fs.StringVar(&c.metrics, "metrics", "", "serve Prometheus metrics of the strategy replaying at http://ADDR/metrics, like 127.0.0.1:9090 (default: none)")
 	fs.Float64Var(&c.prefillRate, "prefill-rate", DefaultPrefillRate, "prefix-cache replay: prompt tokens prefilled per second of model time (time to first token grows with the uncached tokens)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -344,6 +346,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvcache: %v\n", err)
 		return 1
 	}
+	if c.metrics != "" {
+		ms, err := startMetrics(c.metrics)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvcache: %v\n", err)
+			return 1
+		}
+		defer ms.Close()
+		s.metrics = ms
+		fmt.Fprintf(stdout, "Serving metrics at http://%s/metrics\n", ms.Addr())
+	}
 	if c.prefix {
 		return runPrefix(ctx, c, s, names, reqs, traceName, stdout, stderr)
 	}
@@ -422,6 +434,11 @@ func replayOne(ctx context.Context, name string, s setup, w Workload, ui progres
 	b, err := build(name, s)
 	if err != nil {
 		return Result{}, err
+	}
+	if s.metrics != nil {
+		if err := s.metrics.watch(name, b.gov, b.dev, b.st); err != nil {
+			return Result{}, errors.Join(err, b.st.Close())
+		}
 	}
 	if s.budget > 0 {
 		// The baselines hold Go heap memory, which the garbage collector would let

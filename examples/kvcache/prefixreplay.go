@@ -658,6 +658,13 @@ func runPrefix(ctx context.Context, c *config, s setup, names []string, reqs []R
 			failed = true
 			continue
 		}
+		if s.metrics != nil {
+			if err := s.metrics.watch(name, gov, accounting.HostKey, st); err != nil {
+				fmt.Fprintf(stderr, "kvcache: %s: metrics: %v\n", name, errors.Join(err, st.Close()))
+				failed = true
+				continue
+			}
+		}
 		fmt.Fprintf(stdout, "%s ...", name)
 		res, err := ReplayPrefix(ctx, st, w, func(int) {})
 		if cerr := st.Close(); err == nil && cerr != nil {

@@ -47,6 +47,8 @@ type setup struct {
 	poolHigh  int // most idle granules the pool keeps (0: max(poolLow, 64))
 	maxTokens int
 	budget    int64 // bytes; 0: unlimited
+
+	metrics *metricsServer // -metrics: serves the strategy replaying; nil: none
 }
 
 // high is the pool's High water mark.

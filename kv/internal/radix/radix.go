@@ -18,8 +18,11 @@ import "slices"
 
 // Node is a node of a Tree. Its fields are read-only to callers.
 type Node[V any] struct {
-	parent   *Node[V]
-	key      []int32 // the edge's tokens, from the parent's depth to depth
+	parent *Node[V]
+	key    []int32 // the edge's tokens, from the parent's depth to depth
+	// buf is the array key lies at the start of, when no other node's key lies in it
+	// (nil once a split shares it): Remove hands it back for the next Insert.
+	buf      []int32
 	depth    int
 	children map[int32]*Node[V] // by first token of the child's edge
 	used     uint64
@@ -53,6 +56,38 @@ type Tree[V any] struct {
 	root   Node[V]
 	clock  uint64
 	leaves map[*Node[V]]struct{}
+	// free holds the arrays of removed leaves' edges, for new edges to reuse: a
+	// server's cache evicts a prompt and inserts the next one, and a fresh array would
+	// cost a page fault per 4 KiB on its first write.
+	free [][]int32
+}
+
+// maxFree bounds Tree.free.
+const maxFree = 8
+
+// newKey returns a copy of tokens in an array of its own, reused from a removed
+// edge when one fits without wasting more than half of it.
+func (t *Tree[V]) newKey(tokens []int32) (key, buf []int32) {
+	for i, b := range t.free {
+		if cap(b) >= len(tokens) && cap(b) <= 2*len(tokens)+64 {
+			t.free[i] = t.free[len(t.free)-1]
+			t.free = t.free[:len(t.free)-1]
+			buf = b[:cap(b)]
+			key = buf[:len(tokens):len(tokens)]
+			copy(key, tokens)
+			return key, buf
+		}
+	}
+	key = slices.Clone(tokens)
+	return key, key
+}
+
+// recycle keeps n's array for a later edge; n must have left the tree.
+func (t *Tree[V]) recycle(n *Node[V]) {
+	if n.buf != nil && len(t.free) < maxFree {
+		t.free = append(t.free, n.buf)
+	}
+	n.buf, n.key = nil, nil
 }
 
 // New returns an empty tree.
@@ -158,6 +193,7 @@ func (t *Tree[V]) Cover(n *Node[V]) *Node[V] {
 func (t *Tree[V]) split(n *Node[V], k int) *Node[V] {
 	p := n.parent
 	mid := &Node[V]{parent: p, key: n.key[:k:k], depth: n.depth - len(n.key) + k, used: n.used, children: map[int32]*Node[V]{}}
+	n.buf = nil // mid's key lies in it too
 	p.children[n.key[0]] = mid
 	n.key = n.key[k:]
 	n.parent = mid
@@ -190,7 +226,13 @@ func (t *Tree[V]) Insert(tokens []int32, v V) (leaf *Node[V], old V, displaced b
 		old, displaced = n.value, true
 		if n.pins == 0 {
 			// Lengthen the leaf's edge rather than hang a lone child from it.
+			prev := n.buf
+			// NB: Clip makes append copy into a fresh array, n's alone.
 			n.key = append(slices.Clip(n.key), tokens[m:]...)
+			n.buf = n.key
+			if prev != nil && len(t.free) < maxFree {
+				t.free = append(t.free, prev)
+			}
 			n.depth = len(tokens)
 			n.value = v
 			t.touch(n)
@@ -200,7 +242,8 @@ func (t *Tree[V]) Insert(tokens []int32, v V) (leaf *Node[V], old V, displaced b
 		n.value = zero
 		delete(t.leaves, n)
 	}
-	leaf = &Node[V]{parent: n, key: slices.Clone(tokens[m:]), depth: len(tokens), value: v}
+	key, buf := t.newKey(tokens[m:])
+	leaf = &Node[V]{parent: n, key: key, buf: buf, depth: len(tokens), value: v}
 	if n.children == nil {
 		n.children = map[int32]*Node[V]{}
 	}
@@ -231,6 +274,7 @@ func (t *Tree[V]) Remove(leaf *Node[V]) *Node[V] {
 	delete(p.children, leaf.key[0])
 	delete(t.leaves, leaf)
 	leaf.parent = nil
+	t.recycle(leaf)
 	if p != &t.root && len(p.children) == 0 {
 		t.leaves[p] = struct{}{}
 	}
@@ -256,6 +300,7 @@ func (t *Tree[V]) mergeDown(n *Node[V]) {
 	}
 	key := make([]int32, 0, len(n.key)+len(c.key))
 	c.key = append(append(key, n.key...), c.key...)
+	c.buf = c.key // a fresh array; NB: n's may still hold a pin's view of its tokens
 	c.parent = n.parent
 	c.used = max(c.used, n.used)
 	n.parent.children[c.key[0]] = c

@@ -195,3 +195,40 @@ func TestInsertDisplacesExtendedLeaf(t *testing.T) {
 	leaf, _, _ = tr.Insert([]int32{1}, 9)
 	assert.Nil(t, leaf, "a held prefix is not inserted again")
 }
+
+// TestRemovedEdgeReused: a removed leaf's array holds the next inserted edge (no
+// fresh allocation), and neither the leaf's old tokens nor a split edge sharing an
+// array is ever handed out.
+func TestRemovedEdgeReused(t *testing.T) {
+	tr := New[int]()
+	a := []int32{1, 2, 3, 4, 5, 6, 7, 8}
+	leaf, _, _ := tr.Insert(a, 1)
+	buf := &leaf.buf[0]
+	tr.Remove(leaf)
+	require.Len(t, tr.free, 1)
+	b := []int32{9, 10, 11, 12, 13, 14, 15, 16}
+	nb, _, _ := tr.Insert(b, 2)
+	assert.Same(t, buf, &nb.key[0], "the removed edge's array is reused")
+	assert.Empty(t, tr.free)
+	m, _ := tr.Peek(a)
+	assert.Zero(t, m, "the removed tokens are gone")
+	m, _ = tr.Peek(b)
+	assert.Equal(t, len(b), m)
+
+	// A split shares the array between the two halves: removing the lower one must
+	// not hand it out while the upper one still reads it.
+	c := []int32{9, 10, 11, 12, 99}
+	nc, _, _ := tr.Insert(c, 3)
+	require.Nil(t, nb.buf, "split: the array is shared")
+	p := tr.Remove(nb)
+	assert.Empty(t, tr.free)
+	if p.Leaf() {
+		tr.SetValue(p, 4)
+	}
+	d := []int32{50, 51, 52, 53, 54, 55}
+	tr.Insert(d, 5)
+	m, _ = tr.Peek(c)
+	assert.Equal(t, len(c), m, "the shared prefix is intact")
+	assert.Equal(t, c, nc.Tokens())
+	check(t, tr)
+}

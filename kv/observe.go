@@ -1,0 +1,55 @@
+package kv
+
+import (
+	"context"
+	"log/slog"
+)
+
+// What the cache logs (Config.Logger): a range a failed release left with the cache,
+// and a summary of each eviction pass of its prefix cache.
+
+// evictReason says what an eviction pass of the prefix cache was for.
+type evictReason uint8
+
+const (
+	evictForGrowth evictReason = iota // the cache's own growth was short of budget
+	evictForWaiter                    // a request on the device waits (the reclaimer)
+)
+
+func (r evictReason) String() string {
+	if r == evictForWaiter {
+		return "waiter"
+	}
+	return "growth"
+}
+
+// evictTally is the prefix cache's eviction counters at one moment.
+type evictTally struct{ tokens, granules, bytes int64 }
+
+// evictMark returns the eviction counters now. pc.mu is held.
+func (pc *PrefixCache) evictMark() evictTally {
+	return evictTally{pc.evictedTokens, pc.evictions, pc.evictedBytes}
+}
+
+func (t evictTally) minus(u evictTally) evictTally {
+	return evictTally{t.tokens - u.tokens, t.granules - u.granules, t.bytes - u.bytes}
+}
+
+// logEviction logs one eviction pass that took something: at Info for a waiter (the
+// governor asked), at Debug for the cache's own growth, which may evict at every
+// admission under pressure. pc.mu must not be held.
+func (pc *PrefixCache) logEviction(why evictReason, need int64, done evictTally) {
+	l := pc.c.cfg.Logger
+	if l == nil || done.granules == 0 {
+		return
+	}
+	level := slog.LevelDebug
+	if why == evictForWaiter {
+		level = slog.LevelInfo
+	}
+	if !l.Enabled(context.Background(), level) {
+		return
+	}
+	l.Log(context.Background(), level, "kv: prefix cache eviction", "for", why.String(), "need_bytes", need,
+		"tokens", done.tokens, "granules", done.granules, "freed_bytes", done.bytes)
+}
