@@ -45,6 +45,7 @@ type faultSnap struct {
 	pool          backing.PoolStats
 	slots         [][]int
 	ro            [][]bool
+	priv          [][]bool
 	tags          [][]uint64
 }
 
@@ -57,13 +58,15 @@ func (e *sharedEnv) snap(x *faultFx) faultSnap {
 	s.pool.Created, s.pool.GivenBack = 0, 0
 	for _, r := range x.rs {
 		slots, ro := host.SharedSlots(r)
+		priv := host.SharedPrivate(r)
 		tags := make([]uint64, len(slots))
 		for i, sl := range slots {
-			if sl >= 0 {
+			if sl >= 0 || priv[i] {
 				tags[i] = e.tagOf(r, i)
 			}
 		}
 		s.slots, s.ro, s.tags = append(s.slots, slots), append(s.ro, ro), append(s.tags, tags)
+		s.priv = append(s.priv, priv)
 	}
 	return s
 }
@@ -84,14 +87,19 @@ func (e *sharedEnv) check(x *faultFx, what string) {
 	}
 }
 
-// tagAll tags every committed granule of r with its slot, so that a snapshot sees
-// contents.
+// tagAll tags every committed granule of r with its slot (a private granule with
+// its index), so that a snapshot sees contents.
 func (e *sharedEnv) tagAll(r *host.SharedReservation) {
 	e.t.Helper()
 	slots, ro := host.SharedSlots(r)
+	priv := host.SharedPrivate(r)
 	for i, sl := range slots {
-		if sl >= 0 && !ro[i] {
-			e.tag(r, i, uint64(1000+sl))
+		switch {
+		case ro[i]:
+		case sl >= 0:
+			e.tag(r, i, tag(sl))
+		case priv[i]:
+			e.tag(r, i, uint64(1<<32+i))
 		}
 	}
 }
@@ -347,12 +355,40 @@ func faultCases() []faultCase {
 	}
 }
 
+// faultModes are the kinds of granule the fault suite runs on: 64 KiB memfd
+// granules, and 2 MiB granules that are private until shared (huge pages forced on,
+// so that a guest that reports free memory to its host runs them too).
+var faultModes = []struct {
+	name string
+	opts func(o host.SharedOptions) host.SharedOptions
+}{
+	{"memfd", func(o host.SharedOptions) host.SharedOptions { o.Granularity = kib64; return o }},
+	{"private", func(o host.SharedOptions) host.SharedOptions {
+		o.Granularity, o.AlwaysHugePages = 2<<20, true
+		return o
+	}},
+}
+
 // TestSharedFaults injects a failure at every system call of each operation in turn,
 // once (FailAt) and from there on (FailFrom, so that undoing fails too), and checks
 // after each that the bookkeeping, the authority and the kernel's mappings agree, that
 // an operation that failed changed nothing (or says what it could not undo), and that
-// the reservations still work.
+// the reservations still work. It runs on memfd granules and on private ones.
 func TestSharedFaults(t *testing.T) {
+	for _, mode := range faultModes {
+		t.Run(mode.name, func(t *testing.T) {
+			if mode.name == "private" {
+				e := newEnv(t, mode.opts(host.SharedOptions{}), false)
+				if st := e.s.Stats(); st.HugePages != "private" {
+					t.Skipf("no private granules here: %q (%s)", st.HugePages, st.NoHugePages)
+				}
+			}
+			testSharedFaults(t, mode.opts)
+		})
+	}
+}
+
+func testSharedFaults(t *testing.T, modeOpts func(host.SharedOptions) host.SharedOptions) {
 	for _, tc := range faultCases() {
 		for _, persistent := range []bool{false, true} {
 			mode := "once"
@@ -367,9 +403,7 @@ func TestSharedFaults(t *testing.T) {
 				for n := 1; calls < 0; n++ {
 					require.Less(t, n, 64, "the operation never got through")
 					t.Run(fmt.Sprintf("call=%d", n), func(t *testing.T) {
-						opts := tc.opts
-						opts.Granularity = kib64
-						e := newEnv(t, opts, true)
+						e := newEnv(t, modeOpts(tc.opts), true)
 						x := tc.setup(e)
 						before := e.snap(x)
 						if persistent {

@@ -119,10 +119,13 @@ func (s *Shared) parkPriv(r *SharedReservation, gi, n int) (parked [][2]int) {
 }
 
 // unpark undoes parkPriv after the unmap that was to follow failed: it moves each
-// parked granule back into its place in r, contents and all. A granule that can not
-// move back stays idle in the park, and its place in r is made reserved (a fresh
-// inaccessible mapping), as recorded; the first error of that is returned. s.mu must
-// be held.
+// parked granule back into its place in r, contents and all. Where a move fails,
+// the place is still mapped read-write and empty (see parkPriv): the granule's
+// bytes are copied there, and its place in the park is given back to the OS, so
+// that nothing changed; where that fails too, its pages stay idle in the park and
+// the copy is charged anew. Only a budget that refuses the copy leaves the place
+// mapped (and recorded reserved), its contents safe in the park. It returns the
+// first error of what it could not undo. s.mu must be held.
 func (s *Shared) unpark(r *SharedReservation, parked [][2]int) error {
 	var err error
 	for _, ip := range parked {
@@ -130,16 +133,35 @@ func (s *Shared) unpark(r *SharedReservation, parked [][2]int) error {
 		if !s.aidle.has(p) {
 			continue // taken meanwhile (not while s.mu is held, but be safe)
 		}
-		if merr := s.sys.move(s.privAt(p), r.at(i), s.g); merr != nil {
-			if uerr := s.sys.unmapTo(r.at(i), s.g); uerr != nil && err == nil {
-				err = fmt.Errorf("host: granule at %#x is parked, its contents safe, but its place is left mapped: %w", i<<s.shift, uerr)
+		merr := s.sys.move(s.privAt(p), r.at(i), s.g)
+		if merr == nil {
+			s.aidle.clear(p)
+			s.aused.clear(p)
+			s.nPrivIdle--
+			s.recordPriv(r, i, 1)
+			continue
+		}
+		copy(sharedBytes(r.at(i), s.g), sharedBytes(s.privAt(p), s.g))
+		if uerr := s.sys.unmapTo(s.privAt(p), s.g); uerr == nil {
+			// The copy takes over the parked granule's charge.
+			s.aidle.clear(p)
+			s.aused.clear(p)
+			s.nPrivIdle--
+			s.recordPriv(r, i, 1)
+			continue
+		}
+		if aerr := s.auth.TryAcquire(int64(s.g)); aerr != nil {
+			if err == nil {
+				err = fmt.Errorf("host: granule at %#x is parked, its contents safe, but its place is left mapped, holding a copy: %w", i<<s.shift, aerr)
 			}
 			continue
 		}
-		s.aidle.clear(p)
-		s.aused.clear(p)
-		s.nPrivIdle--
+		s.owned += int64(s.g)
 		s.recordPriv(r, i, 1)
+		if err == nil {
+			err = fmt.Errorf("host: granule at %#x is back as a copy; its parked pages stay idle in the pool: %w",
+				i<<s.shift, s.opErr("decommit", i<<s.shift, s.g, merr, true))
+		}
 	}
 	return err
 }
@@ -279,4 +301,112 @@ func (s *Shared) prefillPriv(background bool) (bool, error) {
 	}
 	s.untakePrivIdle([]int{p})
 	return true, nil
+}
+
+// sharedAdoption is what adopt moved into the memfd: picks[k] now backs granule
+// i+k of the source, whose access was ro[k] before.
+type sharedAdoption struct {
+	i     int
+	picks []sharedPick
+	ro    []bool
+}
+
+// undoAdopt undoes the adoptions of runs in r after the Share that made them
+// failed with err (see unadopt). It returns
+// err, joined with what could not be undone, and the new slots that the caller
+// gives back to the OS once it released s.mu (undone). s.mu must be held.
+func (s *Shared) undoAdopt(op string, r *SharedReservation, runs []sharedAdoption, err error) ([]int, error) {
+	var give []int
+	var uerr error
+	if len(runs) > 0 && r.state == sharedLive { // NB: r may be nil or foreign when runs is empty
+		for _, a := range runs {
+			g, e := s.unadopt(op, r, a)
+			give = append(give, g...)
+			if uerr == nil {
+				uerr = e
+			}
+		}
+	}
+	if uerr != nil {
+		err = fmt.Errorf("%w; undoing the move into the memfd failed: %w", err, uerr)
+	}
+	return give, err
+}
+
+// unadopt moves the memfd granules that adopt placed in r back to private granules,
+// contents and access as they were: each is copied into a free place of the private
+// park (charged anew, made read-write, read-only again where it was), which is
+// moved over its place in r. The memfd granules, mapped by nobody now, go idle, or
+// are returned (busy) for giveBack where adopt made them new. A granule that can
+// not move back stays a memfd granule mapped by r alone, recorded as it is, and the
+// first error says so. s.mu must be held.
+func (s *Shared) unadopt(op string, r *SharedReservation, a sharedAdoption) (give []int, err error) {
+	left := func(i int, cause error) {
+		if err != nil {
+			return
+		}
+		how := ""
+		if a.ro[i-a.i] && !r.maps[i].ro {
+			how = ", writable"
+		}
+		err = fmt.Errorf("host: granule at %#x is left in the memfd%s: %w", i<<s.shift, how,
+			s.opErr(op, i<<s.shift, s.g, cause, true))
+	}
+	for k, pk := range a.picks {
+		i := a.i + k
+		if r.maps[i].slot() != pk.slot || s.slots[pk.slot].refs != 1 {
+			continue // mapped elsewhere too: it stays shared, as the caller's error says
+		}
+		if perr := s.privPark(); perr != nil {
+			left(i, perr)
+			continue
+		}
+		p := s.aused.nextClear(0, s.high)
+		if p == s.high {
+			left(i, fmt.Errorf("host: the private park is full"))
+			continue
+		}
+		if cerr := s.auth.TryAcquire(int64(s.g)); cerr != nil {
+			left(i, cerr)
+			continue
+		}
+		s.owned += int64(s.g)
+		s.aused.set(p) // taken
+		at := s.privAt(p)
+		merr := s.sys.protect(at, s.g, false)
+		if merr == nil {
+			s.advise(at, s.g)
+			copy(sharedBytes(at, s.g), sharedBytes(r.at(i), s.g))
+			if a.ro[k] {
+				merr = s.sys.protect(at, s.g, true) // the move carries the access
+			}
+		}
+		if merr == nil {
+			merr = s.sys.move(at, r.at(i), s.g)
+		}
+		if merr != nil {
+			if uerr := s.sys.unmapTo(at, s.g); uerr != nil {
+				// NB: its pages may stay: keep it, owned and idle, for the next Trim.
+				s.untakePrivIdle([]int{p})
+			} else {
+				s.aused.clear(p)
+				s.releasePriv(1)
+			}
+			left(i, merr)
+			continue
+		}
+		s.aused.clear(p) // its place in the park is left empty
+		sl := &s.slots[pk.slot]
+		sl.refs = 0
+		if pk.fresh {
+			sl.busy = true
+			give = append(give, pk.slot)
+		} else {
+			s.toIdle(pk.slot)
+		}
+		r.maps[i] = sharedMap{priv: true, ro: a.ro[k]}
+		s.nPriv++
+		s.adopted--
+	}
+	return give, err
 }

@@ -282,3 +282,61 @@ func TestSharedPrivateFaults(t *testing.T) {
 	e.commit(y, 0, 3)
 	assert.Equal(t, int64(3*g), e.pool().Owned)
 }
+
+// TestSharedPrivateShareUndo: a Share whose mapping fails after the source's private
+// granules moved into the memfd moves them back, private, with their contents and
+// their access; where moving one back fails too, it stays in the memfd, recorded
+// as it is, and the error says so.
+func TestSharedPrivateShareUndo(t *testing.T) {
+	e := newEnv(t, host.SharedOptions{High: 8, AlwaysHugePages: true}, true)
+	if e.s.Stats().HugePages != "private" {
+		t.Skipf("no private granules here: %s", e.s.Stats().NoHugePages)
+	}
+	g := e.g
+	x := e.reserve(2)
+	y := e.reserve(2)
+	e.commit(x, 0, 2)
+	e.tag(x, 0, 21)
+	e.tag(x, 1, 22)
+	e.protect(x, 1, 1, backing.ReadOnly)
+	owned := e.pool().Owned
+	injected := errors.New("injected")
+
+	// The sharer's mmap fails: both granules come back.
+	e.f.Fail(nthCall("mapFile", 1), injected)
+	err := e.s.Share(y, 0, x, 0, 2*g, backing.ReadOnly)
+	log := e.f.Log()
+	e.f.Reset()
+	require.ErrorIs(t, err, injected, "%v", log)
+	assert.NotContains(t, err.Error(), "is left", "everything was undone: %v", log)
+	assert.Equal(t, []bool{true, true}, host.SharedPrivate(x), "private again: %v", log)
+	_, ro := host.SharedSlots(x)
+	assert.Equal(t, []bool{false, true}, ro, "with their access")
+	assert.Equal(t, uint64(21), e.tagOf(x, 0))
+	assert.Equal(t, uint64(22), e.tagOf(x, 1))
+	assert.Zero(t, e.s.Stats().Adopted)
+	assert.Equal(t, owned, e.pool().Owned)
+	assert.Zero(t, e.pool().Idle, "the new memfd granules went back to the OS")
+	require.NoError(t, host.CheckShared(e.s))
+	e.checkMaps(x, e.s.Base(x), 2*g)
+
+	// And the move back of the first fails as well: it stays in the memfd.
+	e.f.Fail(nthCall("mapFile|move", 3, 4), injected)
+	err = e.s.Share(y, 0, x, 0, 2*g, backing.ReadOnly)
+	log = e.f.Log()
+	e.f.Reset()
+	require.ErrorIs(t, err, injected, "%v", log)
+	assert.Contains(t, err.Error(), "granule at 0x0 is left in the memfd", "%v", log)
+	assert.Equal(t, []bool{false, true}, host.SharedPrivate(x), "%v", log)
+	assert.Equal(t, uint64(21), e.tagOf(x, 0))
+	assert.Equal(t, uint64(22), e.tagOf(x, 1))
+	require.NoError(t, host.CheckShared(e.s))
+	e.checkMaps(x, e.s.Base(x), 2*g)
+	e.checkMaps(y, e.s.Base(y), 2*g)
+
+	e.share(y, 0, x, 0, 2, backing.ReadOnly)
+	assert.Equal(t, uint64(22), e.tagOf(y, 1), "it works after")
+}
+
+// nthCall fails the calls named in names ("a|b") that come n-th among them.
+func nthCall(names string, n ...int) func(int, string) bool { return nth(names, n...)() }

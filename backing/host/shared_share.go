@@ -19,13 +19,20 @@ import (
 // read-write: the physical granule is the same). On error nothing changed.
 func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservation, srcOff, size int, prot backing.Protection) error {
 	const op = "share"
+	var runs []sharedAdoption // undone if the Share fails
+	// fail ends a Share that failed with err while s.mu is held: it undoes the
+	// adoptions of runs, releases s.mu and gives their new granules back.
+	fail := func(err error) error {
+		give, err := s.undoAdopt(op, src, runs, err)
+		s.mu.Unlock()
+		return s.undone(err, give)
+	}
 	for {
 		if err := s.lockUse(op, dst, src); err != nil {
-			return err
+			return err // NB: refused on the first pass only, before any adoption
 		}
 		if err := s.checkShare(op, dst, dstOff, src, srcOff, size, prot); err != nil {
-			s.mu.Unlock()
-			return err
+			return fail(err)
 		}
 		// Private granules move into the memfd first, one run at a time.
 		i, j := srcOff>>s.shift, (srcOff+size)>>s.shift
@@ -39,15 +46,18 @@ func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservatio
 		for k < j && src.maps[k].priv {
 			k++
 		}
-		give, err := s.adopt(op, src, i, k)
+		a, give, err := s.adopt(op, src, i, k)
+		runs = append(runs, a)
 		s.mu.Unlock()
 		if err != nil {
-			return s.undone(err, give)
+			err = s.undone(err, give) // adopt's own new granules go first
+			s.mu.Lock()
+			return fail(err)
 		}
 	}
-	defer s.mu.Unlock()
 	n := size >> s.shift
 	if n == 0 {
+		s.mu.Unlock()
 		return nil
 	}
 	si, di := srcOff>>s.shift, dstOff>>s.shift
@@ -61,18 +71,21 @@ func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservatio
 	done, err := s.mapSlots(dst, di, slots, ro)
 	if err == nil {
 		s.record(dst, di, picks, ro)
+		s.mu.Unlock()
 		return nil
 	}
 	err = s.opErr(op, dstOff, size, err, true)
 	if done > 0 {
 		if uerr := s.sys.unmapTo(dst.at(di), done<<s.shift); uerr != nil {
-			// NB: as in commit, what can not be undone is recorded as what it is.
+			// NB: as in commit, what can not be undone is recorded as what it is
+			// (and the source's granules stay in the memfd, shared).
 			s.record(dst, di, picks[:done], ro)
+			s.mu.Unlock()
 			return fmt.Errorf("%w; undoing it failed, [%#x, +%#x) is left shared: %w",
 				err, dstOff, done<<s.shift, s.opErr(op, dstOff, done<<s.shift, uerr, true))
 		}
 	}
-	return err
+	return fail(err)
 }
 
 // checkShare validates the arguments of a Share. s.mu must be held.
@@ -99,12 +112,12 @@ func (s *Shared) checkShare(op string, dst *SharedReservation, dstOff int, src *
 // see the park), so that r keeps its base and its contents and the private pages go
 // back to the OS. While both exist the new granules are charged too, so a busy
 // budget may refuse the Share; the private granules' bytes are released once
-// they are gone. On error r is as it was, but that some granules may have moved
-// (which changes nothing r can see), and it returns the new slots that the caller
-// gives back to the OS once it released s.mu (undone); errSharedGone when r was
-// unreserved meanwhile. s.mu must be held; adopt releases it while it copies (the
-// slots are busy) and holds it again when it returns.
-func (s *Shared) adopt(op string, r *SharedReservation, i, j int) ([]int, error) {
+// they are gone. It returns what moved, which unadopt undoes: on error, the
+// granules that moved before it (the rest of [i, j) is as it was), and the new slots
+// that the caller gives back to the OS once it released s.mu (undone);
+// errSharedGone when r was unreserved meanwhile. s.mu must be held; adopt releases
+// it while it copies (the slots are busy) and holds it again when it returns.
+func (s *Shared) adopt(op string, r *SharedReservation, i, j int) (sharedAdoption, []int, error) {
 	k := j - i
 	off, size := i<<s.shift, k<<s.shift
 	picks := s.pickIdle(min(k, s.nIdle), -1)
@@ -112,7 +125,7 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) ([]int, error)
 		b := int64(fresh) << s.shift
 		if err := s.auth.TryAcquire(b); err != nil {
 			s.unpick(picks)
-			return nil, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
+			return sharedAdoption{}, nil, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
 		}
 		s.owned += b
 		s.created += int64(fresh)
@@ -121,7 +134,7 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) ([]int, error)
 			s.unpick(picks)
 			s.owned -= b
 			s.auth.Release(b)
-			return nil, s.opErr(op, off, size, err, true)
+			return sharedAdoption{}, nil, s.opErr(op, off, size, err, true)
 		}
 		picks = append(picks, more...)
 	}
@@ -168,9 +181,10 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) ([]int, error)
 		r.maps[i+n] = sharedMap{at: uint32(p.slot + 1)}
 		if ro[n] {
 			// The move brought the park's access (read-write): protect it again.
+			// Where that fails, the Share fails and unadopt makes it private and
+			// read-only again.
 			if perr := s.sys.protect(r.at(i+n), s.g, true); perr != nil && err == nil {
-				err = fmt.Errorf("host: granule at %#x moved into the memfd writable, not protected: %w",
-					(i+n)<<s.shift, s.opErr(op, (i+n)<<s.shift, s.g, perr, true))
+				err = s.opErr(op, (i+n)<<s.shift, s.g, perr, true)
 			} else if perr == nil {
 				r.maps[i+n].ro = true
 			}
@@ -188,8 +202,9 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) ([]int, error)
 			s.toIdle(p.slot)
 		}
 	}
+	moved := sharedAdoption{i: i, picks: picks[:done], ro: ro[:done]}
 	if r.state != sharedLive {
-		return give, errSharedGone
+		return moved, give, errSharedGone
 	}
-	return give, err
+	return moved, give, err
 }

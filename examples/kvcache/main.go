@@ -17,6 +17,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"runtime"
@@ -58,6 +59,9 @@ type config struct {
 	populate    bool
 	huge        bool
 	poolLow     int
+	poolHigh    int
+	promptScale float64
+	idle        time.Duration
 	strategies  string
 	out         string
 	format      string
@@ -103,7 +107,11 @@ enough that each strategy holds at most about 3 GiB (the Go heap is capped at 4.
 for the baselines) and the whole run takes well under a minute on two cores: most of
 it is writing 12 GiB of K/V per strategy (and as much again for eager and append,
 which copy the system prompt into every sequence). Raise -requests, -speed or
--budget for a longer, larger run.
+-budget for a longer, larger run. -prompt-scale 4 replays the same requests with
+prompts four times as long (clipped at -max-tokens): a replay of long prompts. -idle 8s
+keeps sampling memory for 8 s after the load stops, so that the plot shows what the pool
+gives back by decay (keep -pool-low small and -pool-high above it, since the pool never
+decays below -pool-low).
 
 A trace with token IDs (Mooncake's JSON lines, whose hash_ids name each prompt's
 512-token blocks; -trace tells the formats apart by content) runs the prefix-cache
@@ -159,6 +167,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.populate, "populate", true, "vmarena: make committed granules resident at commit (fewer page faults)")
 	fs.BoolVar(&c.huge, "huge", true, "vmarena, host backings: transparent huge pages where the system allows them and they pay (false: never)")
 	fs.IntVar(&c.poolLow, "pool-low", 128, "vmarena, shared and cuda backings: idle granules the pool keeps ready, refilled off the token path (0: none)")
+	fs.IntVar(&c.poolHigh, "pool-high", 0, "vmarena, shared and cuda backings: most idle granules the pool keeps; those above -pool-low go back to the OS by decay once unused (0: the larger of -pool-low and 64)")
+	fs.Float64Var(&c.promptScale, "prompt-scale", 1, "multiply every request's prompt tokens by this (a replay of long prompts; prompts past -max-tokens are clipped); CSV traces only")
+	fs.DurationVar(&c.idle, "idle", 0, "after the load stops, keep sampling memory for this much wall-clock time (a pool's decay runs on the real clock), plotted after the last request")
 	fs.StringVar(&c.strategies, "strategies", strings.Join(allStrategies, ","), "comma-separated strategies to run, in order")
 	fs.StringVar(&c.out, "out", os.TempDir(), "directory for the plot")
 	fs.StringVar(&c.format, "format", "png", "plot format: png or svg")
@@ -258,6 +269,19 @@ func (c *config) validate() (setup, []string, error) {
 		return s, nil, fmt.Errorf("-pool-low %d: must not be negative", c.poolLow)
 	}
 	s.poolLow = c.poolLow
+	switch {
+	case c.poolHigh < 0:
+		return s, nil, fmt.Errorf("-pool-high %d: must not be negative", c.poolHigh)
+	case c.poolHigh > 0 && c.poolHigh < c.poolLow:
+		return s, nil, fmt.Errorf("-pool-high %d is below -pool-low %d", c.poolHigh, c.poolLow)
+	case !(c.promptScale > 0) || math.IsInf(c.promptScale, 0):
+		return s, nil, fmt.Errorf("-prompt-scale %v: want a positive number", c.promptScale)
+	case c.promptScale != 1 && c.prefix:
+		return s, nil, fmt.Errorf("-prompt-scale %v: a trace with token IDs can not be scaled (its prompts are its blocks)", c.promptScale)
+	case c.idle < 0:
+		return s, nil, fmt.Errorf("-idle %v is negative", c.idle)
+	}
+	s.poolHigh = c.poolHigh
 	s.maxTokens, s.budget = c.maxTokens, int64(c.budget)
 	if err := s.shape().Validate(); err != nil {
 		return s, nil, fmt.Errorf("-max-tokens %d with %s: %w", c.maxTokens, g.Name, err)
@@ -290,6 +314,9 @@ func (c *config) loadTrace() ([]Request, string, error) {
 	out := make([]Request, len(reqs))
 	for i, r := range reqs {
 		r.ID = i
+		if c.promptScale != 1 {
+			r.Context = max(1, int(math.Round(float64(r.Context)*c.promptScale)))
+		}
 		out[i] = r
 	}
 	return out, name, nil
@@ -341,6 +368,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		Layers:       s.model.Layers,
 		TokenBytes:   s.model.TokenBytes(),
 		MaxTokens:    c.maxTokens,
+		Idle:         c.idle,
 	}
 	if err := w.validate(); err != nil {
 		fmt.Fprintf(stderr, "kvcache: %v\n", err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"image/png"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -50,6 +51,14 @@ func TestRunBadFlags(t *testing.T) {
 		{"granule not a power of two", []string{"-granule", "3000"}, "-granule 3000: want a power of two"},
 		{"unknown strategy", []string{"-strategies", "vmarena,magic"}, `unknown strategy "magic"`},
 		{"negative pool", []string{"-pool-low", "-1"}, "-pool-low -1: must not be negative"},
+		{"negative pool high", []string{"-pool-high", "-1"}, "-pool-high -1: must not be negative"},
+		{"pool high below low", []string{"-pool-low", "32", "-pool-high", "16"}, "-pool-high 16 is below -pool-low 32"},
+		{"zero prompt scale", []string{"-prompt-scale", "0"}, "-prompt-scale 0: want a positive number"},
+		{"negative prompt scale", []string{"-prompt-scale", "-2"}, "-prompt-scale -2: want a positive number"},
+		{"NaN prompt scale", []string{"-prompt-scale", "NaN"}, "-prompt-scale NaN: want a positive number"},
+		{"infinite prompt scale", []string{"-prompt-scale", "+Inf"}, "-prompt-scale +Inf: want a positive number"},
+		{"prompt scale not a number", []string{"-prompt-scale", "long"}, `invalid value "long" for flag -prompt-scale`},
+		{"negative idle", []string{"-idle", "-1s"}, "-idle -1s is negative"},
 		{"unknown format", []string{"-format", "gif"}, `-format "gif"`},
 		{"unknown progress", []string{"-progress", "fancy"}, `-progress "fancy"`},
 		{"stray argument", []string{"trace.csv"}, `unexpected argument "trace.csv"`},
@@ -170,4 +179,56 @@ func TestRunBackings(t *testing.T) {
 		assert.Contains(t, errOut, "driver")
 		assert.Empty(t, out, "nothing replayed")
 	})
+}
+
+// TestRunPromptScale: -prompt-scale multiplies every prompt of a CSV trace (and
+// clips past -max-tokens); a trace with token IDs refuses it.
+func TestRunPromptScale(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "t.csv")
+	require.NoError(t, os.WriteFile(p, []byte("TIMESTAMP,ContextTokens,GeneratedTokens\n"+
+		"2023-11-16 18:15:46,100,5\n2023-11-16 18:15:46.5,3,7\n"), 0o644))
+	for _, tt := range []struct {
+		scale string
+		want  []int
+	}{{"1", []int{100, 3}}, {"2.5", []int{250, 8}}, {"0.1", []int{10, 1}}} {
+		c, err := parseFlags([]string{"-trace", p, "-prompt-scale", tt.scale}, io.Discard)
+		require.NoError(t, err)
+		require.NoError(t, c.prefixDefaults())
+		_, _, err = c.validate()
+		require.NoError(t, err)
+		reqs, _, err := c.loadTrace()
+		require.NoError(t, err)
+		assert.Equal(t, tt.want, []int{reqs[0].Context, reqs[1].Context}, "scale %s", tt.scale)
+		assert.Equal(t, []int{5, 7}, []int{reqs[0].Generated, reqs[1].Generated}, "outputs unscaled")
+	}
+	code, out, errOut := runArgs(t, small(t, "-trace", p, "-prompt-scale", "300", "-max-tokens", "4096",
+		"-strategies", "vmarena", "-progress", "none")...)
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "1 requests longer than 4096 tokens had their prompt clipped")
+
+	mc := filepath.Join(dir, "m.jsonl")
+	require.NoError(t, os.WriteFile(mc, []byte(`{"timestamp": 0, "input_length": 512, "output_length": 2, "hash_ids": [1]}`+"\n"), 0o644))
+	code, out, errOut = runArgs(t, "-trace", mc, "-prompt-scale", "2", "-out", dir)
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errOut, "a trace with token IDs can not be scaled")
+	assert.Empty(t, out)
+}
+
+// TestRunIdle: with -idle the replay samples memory after the load stops; a pool
+// whose High is above its Low gives its idle granules back by decay within it.
+func TestRunIdle(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits 8 s of wall-clock time")
+	}
+	code, out, errOut := runArgs(t, small(t, "-backing", "shared", "-pool-low", "0", "-pool-high", "256",
+		"-idle", "8s", "-strategies", "vmarena", "-progress", "none")...)
+	if code == 1 && strings.Contains(errOut, "not supported") {
+		t.Skip(errOut)
+	}
+	require.Equal(t, 0, code, errOut)
+	m := regexp.MustCompile(`vmarena held (\S+ \S+) when the load stopped and (\S+ \S+) after`).FindStringSubmatch(out)
+	require.Len(t, m, 3, out)
+	assert.NotEqual(t, "0 B", m[1], "the pool kept idle granules when the load stopped")
+	assert.Equal(t, "0 B", m[2], "and gave them all back by decay")
 }

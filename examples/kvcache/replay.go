@@ -29,6 +29,10 @@ type Workload struct {
 	// Layers and TokenBytes are the model's KV shape; MaxTokens caps one sequence:
 	// longer requests have their prompt clipped from the front, as servers do.
 	Layers, TokenBytes, MaxTokens int
+	// Idle is how long, on the wall clock, memory is sampled after the load stopped
+	// (every sequence closed, the prefix released): a pool gives idle granules back
+	// by decay on the real clock. 0: not at all.
+	Idle time.Duration
 }
 
 func (w Workload) validate() error {
@@ -47,6 +51,8 @@ func (w Workload) validate() error {
 		return fmt.Errorf("model shape %d layers × %d bytes is empty", w.Layers, w.TokenBytes)
 	case w.MaxTokens <= w.SystemPrompt:
 		return fmt.Errorf("max tokens %d leaves no room past the %d-token system prompt", w.MaxTokens, w.SystemPrompt)
+	case w.Idle < 0:
+		return fmt.Errorf("idle time %v is negative", w.Idle)
 	}
 	return nil
 }
@@ -96,6 +102,11 @@ type Result struct {
 	WaitP50, WaitP99, WaitMax time.Duration
 	Makespan                  time.Duration // simulated time from the first arrival to the last completion
 	Wall                      time.Duration
+
+	// With Workload.Idle: memory held when the load stopped and after IdleFor of
+	// wall-clock time without load.
+	IdleStart, IdleEnd int64
+	IdleFor            time.Duration
 
 	// End is the strategy's final stats after every sequence closed and the prefix
 	// was released, before the strategy closed.
@@ -148,7 +159,35 @@ func Replay(ctx context.Context, st baseline.Strategy, w Workload, progress func
 	err := r.run(ctx)
 	r.res.Wall = time.Since(start)
 	r.finish()
+	if err == nil && w.Idle > 0 {
+		err = r.idleTail(ctx)
+	}
 	return r.res, err
+}
+
+// idleTail samples memory every 50th of w.Idle of wall-clock time, for w.Idle,
+// after the load stopped; the samples are placed after the last one of the replay,
+// at their wall-clock distance from it. It records what was held at the start and
+// at the end.
+func (r *replayer) idleTail(ctx context.Context) error {
+	every := max(r.w.Idle/50, 10*time.Millisecond)
+	t0 := time.Now()
+	r.res.IdleStart = r.st.Stats().Physical
+	for {
+		el := time.Since(t0)
+		s := r.sample(0, 0)
+		s.At, s.Needed = r.now+el, 0 // nothing is live: the prefix was released too
+		r.res.Samples = append(r.res.Samples, s)
+		r.res.IdleEnd, r.res.IdleFor = s.Physical, el
+		if el >= r.w.Idle {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(every):
+		}
+	}
 }
 
 // fill returns a token's worth of b: the bytes a request writes for every token, so

@@ -19,6 +19,9 @@ func printHeader(w io.Writer, c *config, s setup, wl Workload, traceName string)
 	if s.budget > 0 {
 		budget = formatBytes(s.budget)
 	}
+	if c.promptScale != 1 {
+		speed += fmt.Sprintf(", prompts ×%g", c.promptScale)
+	}
 	fmt.Fprintf(w, "Trace:   %s: %d requests over %v of trace time (%s)\n", traceName, len(wl.Requests), last.Round(time.Second), speed)
 	fmt.Fprintf(w, "Model:   %s, %s of K/V per token; system prompt %d tokens (%s), max %d tokens per sequence\n",
 		s.model.Name, formatBytes(wl.bytesPerToken()), wl.SystemPrompt, formatBytes(int64(wl.SystemPrompt)*wl.bytesPerToken()), wl.MaxTokens)
@@ -68,6 +71,12 @@ func printTable(w io.Writer, rs []Result, s setup) {
 	for _, r := range rs {
 		if r.Preempted > 0 {
 			notes = append(notes, fmt.Sprintf("%s preempted %d running requests (no room for any to grow) and redid them", r.Strategy, r.Preempted))
+		}
+	}
+	for _, r := range rs {
+		if r.IdleFor > 0 {
+			notes = append(notes, fmt.Sprintf("%s held %s when the load stopped and %s after %s without load (wall clock)",
+				r.Strategy, formatBytes(r.IdleStart), formatBytes(r.IdleEnd), fmtDur(r.IdleFor)))
 		}
 	}
 	for _, n := range notes {

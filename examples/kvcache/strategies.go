@@ -44,10 +44,19 @@ type setup struct {
 	populate  bool
 	huge      bool
 	poolLow   int // idle granules the pool refills to in the background
+	poolHigh  int // most idle granules the pool keeps (0: max(poolLow, 64))
 	maxTokens int
 	budget    int64 // bytes; 0: unlimited
 
 	metrics *metricsServer // -metrics: serves the strategy replaying; nil: none
+}
+
+// high is the pool's High water mark.
+func (s setup) high() int {
+	if s.poolHigh > 0 {
+		return s.poolHigh
+	}
+	return max(s.poolLow, 64)
 }
 
 func (s setup) shape() baseline.Shape {
@@ -125,7 +134,7 @@ func (s setup) buildCache(b *built, auth *accounting.Authority) error {
 	case "shared":
 		var bk *host.Shared
 		if bk, err = host.NewShared(host.SharedOptions{Granularity: s.granule, Authority: auth, Populate: s.populate, Name: "kvcache",
-			Low: s.poolLow, High: max(s.poolLow, 64), NoHugePages: !s.huge}); err == nil {
+			Low: s.poolLow, High: s.high(), NoHugePages: !s.huge}); err == nil {
 			pool, close = bk, bk.Close
 			c, err = kv.New(bk, cfg)
 		}
@@ -137,7 +146,7 @@ func (s setup) buildCache(b *built, auth *accounting.Authority) error {
 		}
 	case "cuda":
 		var bk *cuda.Backing
-		if bk, err = cuda.New(cuda.Options{Authority: auth, Low: s.poolLow, High: max(s.poolLow, 64), Background: s.poolLow > 0}); err == nil {
+		if bk, err = cuda.New(cuda.Options{Authority: auth, Low: s.poolLow, High: s.high(), Background: s.poolLow > 0}); err == nil {
 			pool, close = bk, bk.Close
 			c, err = kv.New(bk, cfg)
 		}
