@@ -260,6 +260,16 @@ func pattern(seed, n int) []byte {
 	return p
 }
 
+// marked reserves n granules, commits the first size bytes and marks them with seed:
+// the start of many properties.
+func (e *env[R]) marked(n, size, seed int) *res[R] {
+	e.t.Helper()
+	x := e.reserve(n)
+	require.NoError(e.t, e.b.Commit(x.r, 0, size))
+	e.mark(x.r, 0, size, seed)
+	return x
+}
+
 // marks writes a few pattern bytes at the head, middle and tail of each granule of
 // [off, off+size), cheaper than filling 2 MiB granules.
 func (e *env[R]) mark(r R, off, size, seed int) {
@@ -488,9 +498,7 @@ func testCommitWriteRead[R any](e *env[R]) {
 func testDecommitForfeits[R any](e *env[R]) {
 	t := e.t
 	g := e.g()
-	x := e.reserve(2)
-	require.NoError(t, e.b.Commit(x.r, 0, 2*g))
-	e.mark(x.r, 0, 2*g, 3)
+	x := e.marked(2, 2*g, 3)
 	require.NoError(t, e.b.Decommit(x.r, 0, g))
 	e.checkMark(x.r, g, g, 3, "the granule left committed")
 	require.NoError(t, e.b.Commit(x.r, 0, g))

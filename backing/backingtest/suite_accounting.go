@@ -271,9 +271,7 @@ func testBudgetWaitFIFO[R any](e *env[R]) {
 	t := e.t
 	g := e.g()
 	e.trim()
-	h := e.reserve(2)
-	require.NoError(t, e.b.Commit(h.r, 0, 2*g))
-	e.mark(h.r, 0, 2*g, 47)
+	h := e.marked(2, 2*g, 47)
 	e.tighten()
 	a := e.reserve(1)
 	b := e.reserve(1)

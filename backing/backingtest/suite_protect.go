@@ -27,9 +27,7 @@ func (e *env[R]) protector() (backing.Protector[R], backing.Copier[R], bool) {
 		return nil, nil, false
 	}
 	g := e.g()
-	x := e.reserve(1)
-	require.NoError(t, e.b.Commit(x.r, 0, g))
-	e.mark(x.r, 0, g, 60)
+	x := e.marked(1, g, 60)
 	err := p.Protect(x.r, 0, g, backing.ReadOnly)
 	if errors.Is(err, backing.ErrUnsupported) {
 		e.checkState(x.r, []bool{true}, 60, "after a refused Protect")
@@ -94,9 +92,7 @@ func testProtectRoundTrip[R any](e *env[R]) {
 	}
 	t := e.t
 	g := e.g()
-	x := e.reserve(4)
-	require.NoError(t, e.b.Commit(x.r, 0, 3*g))
-	e.mark(x.r, 0, 3*g, 61)
+	x := e.marked(4, 3*g, 61)
 	before := e.books()
 	require.NoError(t, p.Protect(x.r, 0, 2*g, backing.ReadOnly))
 	e.sameBooks(before, "Protect ReadOnly")
@@ -262,9 +258,7 @@ func testProtectDecommit[R any](e *env[R]) {
 	}
 	t := e.t
 	g := e.g()
-	x := e.reserve(3)
-	require.NoError(t, e.b.Commit(x.r, 0, 3*g))
-	e.mark(x.r, 0, 3*g, 68)
+	x := e.marked(3, 3*g, 68)
 	require.NoError(t, p.Protect(x.r, 0, 3*g, backing.ReadOnly))
 	before := e.books()
 	require.NoError(t, e.b.Decommit(x.r, g, 2*g), "decommit part of a protected range")

@@ -263,9 +263,7 @@ func testShareWithin[R any](e *env[R]) {
 	}
 	t := e.t
 	g := e.g()
-	x := e.reserve(5)
-	require.NoError(t, e.b.Commit(x.r, 0, 2*g))
-	e.mark(x.r, 0, 2*g, 42)
+	x := e.marked(5, 2*g, 42)
 	before := e.books()
 	require.NoError(t, s.Share(x.r, 3*g, x.r, 0, 2*g, backing.ReadWrite), "share [0,2) of a reservation at [3,5) of itself")
 	e.expectBooks(before, int64(2*g), 0, "Share within one reservation")
