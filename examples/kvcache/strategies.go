@@ -44,17 +44,27 @@ type setup struct {
 	populate  bool
 	huge      bool
 	poolLow   int // idle granules the pool refills to in the background
-	poolHigh  int // most idle granules the pool keeps (0: max(poolLow, 64))
+	poolHigh  int // most idle granules the pool keeps (0: see high)
 	maxTokens int
 	budget    int64 // bytes; 0: unlimited
 
 	metrics *metricsServer // -metrics: serves the strategy replaying; nil: none
 }
 
-// high is the pool's High water mark.
+// high is the pool's High water mark: -pool-high, or else as many granules as the
+// budget holds, so that decay rather than a water mark decides how long idle memory
+// stays (a busy replay keeps its granules warm, an idle one gives them back within
+// seconds), or max(poolLow, 64) without a budget.
 func (s setup) high() int {
 	if s.poolHigh > 0 {
 		return s.poolHigh
+	}
+	if s.budget > 0 {
+		g := s.granule
+		if g == 0 {
+			g = 2 << 20 // the shared and CUDA backings' usual granule
+		}
+		return max(s.poolLow, int(s.budget/int64(g)))
 	}
 	return max(s.poolLow, 64)
 }
