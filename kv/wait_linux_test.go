@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -22,7 +23,15 @@ func TestWaiterUsesIdleGranules(t *testing.T) {
 	require.NoError(t, gov.SetLimit(accounting.HostKey, 12*g))
 	pool := gov.Authority("pool", accounting.HostKey)
 	other := gov.Authority("other", accounting.HostKey)
-	b := sharedPool(t, pool, "kv-idle")
+	// No decay: the idle granules must stay for the waiter however long the machine
+	// takes to get there (decay would give one back after about 1.5 s idle).
+	b, err := host.NewShared(host.SharedOptions{Granularity: g, Authority: pool, Name: "kv-idle", Decay: host.SharedNoDecay})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		assert.NoError(t, b.Close())
+		assert.Zero(t, pool.Stats().Owned, "ledger does not balance")
+		assert.Zero(t, pool.Stats().Mapped)
+	})
 	c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: kv.PerLayer})
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, c.Close()) }()

@@ -355,8 +355,14 @@ type KVPrefixStats interface {
 }
 
 // PrefixCacheOf returns pc as a PrefixCacheSource: its Queries and Hits (tokens, as
-// vLLM counts them), Evictions, EvictedBytes, CachedBytes and PinnedBytes.
+// vLLM counts them), Evictions, EvictedBytes, CachedBytes and PinnedBytes. A nil pc
+// (a nil *kv.PrefixCache included) gives nil: no prefix cache for Cache.PrefixCache,
+// and a source New refuses in Options.PrefixCaches, rather than a source whose every
+// Collect panics.
 func PrefixCacheOf(pc KVPrefixStats) PrefixCacheSource {
+	if p, ok := pc.(*kv.PrefixCache); pc == nil || ok && p == nil {
+		return nil
+	}
 	return PrefixCacheFunc(func() PrefixCacheStats {
 		s := pc.Stats()
 		return PrefixCacheStats{QueriedTokens: s.Queries, HitTokens: s.Hits, Evictions: s.Evictions,

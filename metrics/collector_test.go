@@ -338,3 +338,16 @@ func TestNewBadOptions(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, testutil.CollectAndCount(c))
 }
+
+// A cache without a prefix cache passes PrefixCacheOf(nil) as the README shows: it
+// must collect as if no prefix cache were named, not panic in every Collect.
+func TestPrefixCacheOfNil(t *testing.T) {
+	var pc *kv.PrefixCache
+	assert.Nil(t, metrics.PrefixCacheOf(pc))
+	assert.Nil(t, metrics.PrefixCacheOf(nil))
+	c, err := metrics.New(metrics.Options{Caches: []metrics.Cache{{Name: "c", Cache: &statCache{}, PrefixCache: metrics.PrefixCacheOf(pc)}}})
+	require.NoError(t, err)
+	assert.Positive(t, testutil.CollectAndCount(c))
+	_, err = metrics.New(metrics.Options{PrefixCaches: []metrics.PrefixCache{{Name: "c", Source: metrics.PrefixCacheOf(pc)}}})
+	assert.ErrorIs(t, err, metrics.ErrOptions)
+}

@@ -125,12 +125,21 @@ func hugeBytes(lo, hi uintptr) (HugePageBytes, error) {
 		}
 		n := kb << 10
 		if start < lo || end > hi {
-			in := int64(min(end, hi) - max(start, lo))
-			n = n * in / int64(end-start)
+			n = hugeShare(n, uint64(min(end, hi)-max(start, lo)), uint64(end-start))
 		}
 		*field += n
 	}
 	return out, sc.Err()
+}
+
+// hugeShare returns the part of n huge-page bytes of a mapping of total bytes that
+// falls in the in bytes of it inside the reservation, in proportion. It computes in
+// 128 bits: a mapping of a few GiB would overflow n*in in 64.
+func hugeShare(n int64, in, total uint64) int64 {
+	un := min(uint64(max(n, 0)), total) // smaps never reports more than the mapping
+	hi, lo := bits.Mul64(un, in)
+	q, _ := bits.Div64(hi, lo, total) // q <= in <= total: no overflow
+	return int64(q)
 }
 
 // hugeRange parses the "start-end perms ..." line that opens a mapping in smaps.

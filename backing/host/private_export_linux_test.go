@@ -10,3 +10,6 @@ func PrivateForceTouch() (restore func()) {
 	old := noPopulate.Swap(true)
 	return func() { noPopulate.Store(old) }
 }
+
+// HugeShare is hugeShare, for its overflow test.
+func HugeShare(n int64, in, total uint64) int64 { return hugeShare(n, in, total) }

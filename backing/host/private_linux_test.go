@@ -330,6 +330,28 @@ func TestPrivateHugePagesAuto(t *testing.T) {
 	}
 }
 
+// TestHugeShare: the part of a mapping's huge pages inside a reservation is in
+// proportion, also for mappings of many GiB, where n*in overflows 64 bits.
+func TestHugeShare(t *testing.T) {
+	const gib = 1 << 30
+	for _, tt := range []struct {
+		n         int64
+		in, total uint64
+		want      int64
+	}{
+		{2 << 20, 1 << 20, 4 << 20, 512 << 10},
+		{0, 1 << 20, 4 << 20, 0},
+		{8 * gib, 4 * gib, 8 * gib, 4 * gib},       // n*in = 2^66
+		{6 * gib, 3 * gib, 12 * gib, 3 * gib / 2},  // n*in = 1.6e19
+		{16 * gib, 2 * gib, 8 * gib, 2 * gib},      // more than the mapping: clamped
+		{-1, 1 << 20, 4 << 20, 0},                  // never negative
+		{1 << 62, 1 << 62, 3 << 62, (1 << 62) / 3}, // near the top of uint64
+	} {
+		got := host.HugeShare(tt.n, tt.in, tt.total)
+		assert.Equal(t, tt.want, got, "hugeShare(%d, %d, %d)", tt.n, tt.in, tt.total)
+	}
+}
+
 func TestPrivateHugePagesBadInput(t *testing.T) {
 	p := newPrivate(t, host.PrivateOptions{})
 	q := newPrivate(t, host.PrivateOptions{})

@@ -222,7 +222,9 @@ func (s *Shared) populatePriv(op string, r *SharedReservation, gi, n, priv int) 
 // it puts them back in the pool and waits for all n granules at once. While only
 // this pool's commits wait, granules that go idle stay in the pool (see drop) and
 // wake the waiters, which try again with them: idle granules are handed to the
-// waiting commits, not first given to the OS to be made again.
+// waiting commits, not first given to the OS to be made again. Where the pool holds
+// idle granules, a release on the device wakes the waiter too: those granules and
+// the freed bytes may serve it together, which the governor can not see.
 func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, off, size, n int, picks []sharedPick, pos *[]int, wait bool) ([]sharedPick, int, error) {
 	fresh := n - len(picks) - len(*pos)
 	err := s.auth.TryAcquire(int64(fresh) << s.shift)
@@ -246,19 +248,33 @@ func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, of
 		*pos = nil
 		w.reset() // what it put back woke nobody but itself
 		wake := w.wake
+		// NB: idle granules are charged too, so the governor can not see that they
+		// and a few freed bytes together would serve this commit: where the pool
+		// holds some, a release on the device also wakes it to try.
+		var released <-chan struct{}
+		if s.nIdle+s.nPrivIdle > 0 {
+			released = s.auth.Governor().Released(s.auth.Device())
+		}
 		s.mu.Unlock()
 		wctx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
+		woke := make(chan bool, 1) // whether a release (not a signal) woke it
 		go func() {
 			select {
 			case <-wake:
 				cancel()
+				woke <- false
+			case <-released:
+				cancel()
+				woke <- true
 			case <-done:
+				woke <- false
 			}
 		}()
 		err := s.auth.Acquire(wctx, bytes)
 		close(done)
 		cancel()
+		byRelease := <-woke
 		s.mu.Lock()
 		if r.state != sharedLive {
 			s.unwait(w)
@@ -273,7 +289,7 @@ func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, of
 			s.created += int64(n)
 			return nil, n, nil
 		}
-		if !w.signaled || ctx.Err() != nil {
+		if (!w.signaled && !byRelease) || ctx.Err() != nil {
 			s.unwait(w)
 			if ctx.Err() != nil {
 				err = fmt.Errorf("%w", ctx.Err()) // NB: not wctx's: the caller's ctx ended

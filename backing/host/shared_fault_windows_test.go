@@ -98,7 +98,11 @@ func (e *winEnv) check(what string, exact bool) {
 // snap is what a failed call must leave as it was.
 func (e *winEnv) snap() string {
 	st := e.auth.Stats()
-	out := fmt.Sprintf("owned %d mapped %d pool %+v", st.Owned, st.Mapped, e.s.PoolStats())
+	pool := e.s.PoolStats()
+	// NB: Created and GivenBack are cumulative: a commit undone made and gave back
+	// its granules, as it should.
+	pool.Created, pool.GivenBack = 0, 0
+	out := fmt.Sprintf("owned %d mapped %d pool %+v", st.Owned, st.Mapped, pool)
 	for _, r := range e.rs {
 		if !host.SharedGone(r) {
 			slots, ro := host.SharedSlots(r)

@@ -758,6 +758,32 @@ func TestSharedCommitCtxCancel(t *testing.T) {
 	e.checkMaps(y, e.s.Base(y), 2*e.g)
 }
 
+// TestSharedCommitCtxIdlePlusReleased: a waiting commit that the pool's idle
+// granules and bytes another owner gives back would serve together is served, though
+// no granule of this pool goes idle meanwhile (the governor counts idle granules as
+// used, so it can not see it).
+func TestSharedCommitCtxIdlePlusReleased(t *testing.T) {
+	e := newEnv(t, host.SharedOptions{Granularity: kib64, Decay: host.SharedNoDecay}, false)
+	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(4*e.g)))
+	x := e.reserve(2)
+	e.commit(x, 0, 2)
+	e.decommit(x, 0, 2) // two idle granules
+	other := e.gov.Authority("other", accounting.HostKey)
+	require.NoError(t, other.TryAcquire(int64(2*e.g)))
+	y := e.reserve(3)
+	errs := make(chan error, 1)
+	go func() { errs <- e.s.CommitCtx(context.Background(), y, 0, 3*e.g) }()
+	waitFor(t, "the commit to queue", func() bool { return e.gov.Stats(accounting.HostKey).Waiters == 1 })
+	other.Release(int64(e.g)) // two idle and one free granule now cover the commit
+	require.NoError(t, <-errs)
+	assert.Equal(t, int64(3*e.g), e.auth.Stats().Owned)
+	assert.Zero(t, e.pool().Idle)
+	e.checkMaps(y, e.s.Base(y), 3*e.g)
+	other.Release(int64(e.g))
+	e.unreserve(y)
+	e.unreserve(x)
+}
+
 // TestSharedReclaimForOthers: when another owner's request waits for host memory,
 // the pool gives its idle granules back to the OS so that the budget can serve it.
 func TestSharedReclaimForOthers(t *testing.T) {
