@@ -242,7 +242,9 @@ func (buf *Buffer[R, B]) commitRetry(ctx context.Context, wait bool, off, size i
 // empty buffer, with access prot, and sets Len to size. size must be a multiple of the
 // granule and at most src.Committed(). Both buffers must be on the same backing, which
 // must be a backing.Sharer that owns its memory (ByBacking). The physical granules stay alive while either buffer maps
-// them. Writing through a ReadOnly share faults.
+// them. Writing through a ReadOnly share faults. ReadWrite of bytes that src may not
+// write (shared to it ReadOnly, or protected by Protect) fails with an error matching
+// backing.ErrReadOnly.
 func (buf *Buffer[R, B]) ShareFrom(src *Buffer[R, B], size int, prot backing.Protection) error {
 	buf.live()
 	src.live()

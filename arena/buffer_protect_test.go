@@ -37,6 +37,14 @@ func TestBufferProtect(t *testing.T) {
 	err = dst.Protect(0, 2*g, backing.ReadWrite)
 	assert.ErrorIs(t, err, backing.ErrReadOnly)
 	assert.ErrorIs(t, f.CopyIn(dst.Reservation(), 0, []byte{1}), backing.ErrReadOnly)
+	// Nor can anyone share read-only bytes on writable, from the sharer or the
+	// protected origin; and the refused buffer stays empty.
+	w, err := arena.NewBuffer(f, 4*g, nil)
+	require.NoError(t, err)
+	assert.ErrorIs(t, w.ShareFrom(dst, 2*g, backing.ReadWrite), backing.ErrReadOnly)
+	assert.ErrorIs(t, w.ShareFrom(src, 2*g, backing.ReadWrite), backing.ErrReadOnly)
+	assert.Zero(t, w.Committed())
+	assert.True(t, w.Close().OK())
 
 	// The owner may write again.
 	require.NoError(t, src.Protect(0, 2*g, backing.ReadWrite))

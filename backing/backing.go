@@ -135,6 +135,17 @@ type Sharer[R any] interface {
 	// prot. Every source granule must be Committed (owned or itself shared) and every
 	// destination granule Reserved; src and dst must come from this backing. Each
 	// physical granule is reference-counted and freed only with its last mapping.
+	//
+	// ReadWrite may be asked only of memory src may write now: every source granule
+	// must be ReadWrite in src (committed by it, or shared to it with ReadWrite, and
+	// not protected ReadOnly by [Protector.Protect]). Otherwise Share fails with an
+	// error wrapping [ErrReadOnly], so that whoever holds read-only memory (a sharer
+	// of a prefix, or an owner that protected it because others map it) can never
+	// obtain a writable mapping of it elsewhere. ReadOnly may be asked of any
+	// committed source granule: that is how a read-only prefix is shared onward. The
+	// range errors ([ErrInvalidRange], [ErrOutOfRange], [ErrNotCommitted],
+	// [ErrCommitted], [ErrForeignReservation]) come before ErrReadOnly.
+	//
 	// On error nothing changed.
 	Share(dst R, dstOff int, src R, srcOff, size int, prot Protection) error
 }
@@ -166,8 +177,9 @@ type Protector[R any] interface {
 	// illegal-address fault of the context (where the driver grants read-only
 	// access; a backing whose driver does not says so and guards only its own
 	// copies). Protection lasts until Decommit: a granule committed again is
-	// ReadWrite. Share takes no protection from its source: the new mapping has the
-	// access Share is given.
+	// ReadWrite. A mapping Share made has the access Share was given, and Protect of
+	// one mapping leaves the others as they are; but Share refuses ReadWrite from a
+	// source granule that is ReadOnly in its source (see [Sharer]).
 	//
 	// On error nothing changed.
 	Protect(r R, off, size int, prot Protection) error

@@ -56,6 +56,8 @@ type Fake struct {
 	next     uintptr // next free synthetic address
 	granules int     // physical granules alive
 	reserved int     // reservations not yet unreserved
+
+	shareAnySource bool // a mutant (export_test.go): Share grants ReadWrite on read-only sources
 }
 
 // FakeReservation is the Fake's reservation. Its zero value is not a reservation.
@@ -350,9 +352,11 @@ func (f *Fake) Unreserve(r *FakeReservation) accounting.ReleaseOutcome {
 }
 
 // Share moves [dstOff, dstOff+size) of dst from Reserved to Committed by mapping the
-// physical granules committed at [srcOff, srcOff+size) of src. Under ByBuffer it
-// returns an error wrapping [backing.ErrUnsupported]: a shared granule must be owned
-// exactly once, which only ByBacking accounting can say.
+// physical granules committed at [srcOff, srcOff+size) of src. ReadWrite is refused
+// with an error wrapping [backing.ErrReadOnly] when a source granule is ReadOnly in
+// src (shared so, or protected). Under ByBuffer it returns an error wrapping
+// [backing.ErrUnsupported]: a shared granule must be owned exactly once, which only
+// ByBacking accounting can say.
 func (f *Fake) Share(dst *FakeReservation, dstOff int, src *FakeReservation, srcOff, size int, prot backing.Protection) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -381,6 +385,14 @@ func (f *Fake) Share(dst *FakeReservation, dstOff int, src *FakeReservation, src
 	}
 	if err := dst.checkState("share", dstOff, size, false); err != nil {
 		return err
+	}
+	if prot == backing.ReadWrite && !f.shareAnySource {
+		for i := srcOff / f.gran; i < (srcOff+size)/f.gran; i++ {
+			if src.mappings[i].prot != backing.ReadWrite {
+				return &backing.OpError{Op: "share", Offset: dstOff, Size: size, Kind: backing.ErrReadOnly,
+					Err: fmt.Errorf("backingtest: source granule at %#x is read-only in its reservation", i*f.gran)}
+			}
+		}
 	}
 	for k := 0; k < size/f.gran; k++ {
 		m := src.mappings[srcOff/f.gran+k]

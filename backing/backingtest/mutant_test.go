@@ -240,7 +240,8 @@ func (m commitKeepsProtection) Commit(r fakeR, off, size int) error {
 	return nil
 }
 
-// shareInheritsProtection shares read-only from a protected source.
+// shareInheritsProtection shares read-only where asked read-write from a protected
+// source, instead of refusing.
 type shareInheritsProtection struct{ *protectMemo }
 
 func (m shareInheritsProtection) Share(dst fakeR, dstOff int, src fakeR, srcOff, size int, prot backing.Protection) error {
@@ -281,7 +282,10 @@ var mutants = map[string]struct {
 	"shareInheritsProtection": {func(f *backingtest.Fake) backing.Backing[fakeR] {
 		return shareInheritsProtection{&protectMemo{Fake: f}}
 	},
-		[]string{"ProtectOtherMappings"}},
+		[]string{"ShareFromReadOnly"}},
+	// A backing that maps read-only memory read-write elsewhere on request.
+	"sharesFromReadOnly": {func(f *backingtest.Fake) backing.Backing[fakeR] { return backingtest.ShareAnySource(f) },
+		[]string{"ShareFromReadOnly"}},
 }
 
 const mutantEnv = "BACKINGTEST_MUTANT"

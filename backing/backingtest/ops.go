@@ -30,6 +30,10 @@ func SeedOps() [][]byte {
 		// read-write, protect the owner back, read back.
 		{0, 0, 0x18, 2, 0, 0x00, 7, 0x81, 0x08, 2, 0, 0x01, 2, 0, 0x02, 5, 0xA2, 0x08, 7, 1, 0x00,
 			7, 0, 0x08, 2, 0, 0x01, 3, 1, 0, 3, 0, 0, 1, 0, 0x08, 0, 0, 0x08, 2, 0, 0x01, 3, 0, 0},
+		// Refuse read-write shares of a protected granule and of a read-only share,
+		// share it read-only, protect the owner back, share it read-write, write, read.
+		{0, 0, 0x08, 7, 0x81, 0x01, 5, 0x12, 0x01, 5, 0xA2, 0x01, 5, 0x25, 0x00, 7, 0, 0x01,
+			5, 0x24, 0x01, 2, 2, 0x01, 3, 0, 0, 3, 1, 0, 3, 2, 0},
 	}
 }
 
@@ -215,11 +219,17 @@ func (m *opsModel[R]) step(op, a, x byte) {
 			m.noShare = true
 			return
 		}
-		// Which fault a backing reports first when there are several is its choice.
+		// Which range fault a backing reports first when there are several is its
+		// choice; a read-only source comes after them.
 		wantSrc, wantDst := m.want(k, i, n, true), m.want(l, j, n, false)
 		want := wantSrc
 		if want == nil || (wantDst != nil && errors.Is(err, wantDst)) {
 			want = wantDst
+		}
+		for d := 0; want == nil && d < n; d++ {
+			if prot == backing.ReadWrite && m.ro[k][i+d] {
+				want = backing.ErrReadOnly
+			}
 		}
 		if m.check(err, want, "share") {
 			for d := range n {

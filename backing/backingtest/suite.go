@@ -29,7 +29,9 @@ const largeReservation = 64 << 30
 // [backing.Copier] and [backing.HostAccessible] (at least one is required, to reach the
 // contents), [backing.Zeroer], [backing.Sharer] (read-only mappings refuse CopyIn, an
 // unknown [backing.Protection] is refused, sharing within one reservation, partial
-// decommits of a shared range), [backing.Protector] (a round trip ReadWrite to
+// decommits of a shared range, ReadWrite refused with ErrReadOnly from a source
+// granule shared to it ReadOnly or protected, ReadOnly allowed from both),
+// [backing.Protector] (a round trip ReadWrite to
 // ReadOnly and back, CopyIn refused with ErrReadOnly on read-only memory, other
 // mappings of the granules untouched, a sharer never granted ReadWrite on a granule
 // shared to it ReadOnly, refused ranges change nothing, protected granules decommit
@@ -86,6 +88,7 @@ func Run[R any](t *testing.T, newBacking func(t *testing.T) backing.Backing[R]) 
 		{"ShareWithin", testShareWithin[R]},
 		{"ShareDecommitPart", testShareDecommitPart[R]},
 		{"ShareErrors", testShareErrors[R]},
+		{"ShareFromReadOnly", testShareFromReadOnly[R]},
 		{"ProtectRoundTrip", testProtectRoundTrip[R]},
 		{"ProtectOtherMappings", testProtectOtherMappings[R]},
 		{"ProtectSharer", testProtectSharer[R]},

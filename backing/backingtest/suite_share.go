@@ -358,3 +358,98 @@ func testShareErrors[R any](e *env[R]) {
 	e.unreserve(a, 2*g)
 	e.unreserve(b, g)
 }
+
+// testShareFromReadOnly checks that Share grants ReadWrite only on memory the source
+// may write now: a granule shared ReadOnly into the source, or one its owner
+// protected, is refused with ErrReadOnly and nothing changes; ReadOnly shares of both
+// work (prefixes chain so); and once the owner makes its range ReadWrite again, a
+// ReadWrite share of it works. Without a Protector only the first half is checked.
+func testShareFromReadOnly[R any](e *env[R]) {
+	s, ok := e.sharer()
+	if !ok {
+		return
+	}
+	p, c, protects := e.protector()
+	t := e.t
+	g := e.g()
+	// a: three granules of its own, the last protected ReadOnly (with a Protector).
+	// b: granule 0 its own, 1 and 2 shared ReadOnly from a's 0 and 1.
+	a := e.marked(3, 3*g, 70)
+	b := e.marked(3, g, 80)
+	require.NoError(t, s.Share(b.r, g, a.r, 0, 2*g, backing.ReadOnly))
+	if protects {
+		require.NoError(t, p.Protect(a.r, 2*g, g, backing.ReadOnly))
+	}
+	w := e.reserve(4)
+	before := e.books()
+	type share struct {
+		name         string
+		dst          R
+		dstOff       int
+		src          R
+		srcOff, size int
+		kind         error
+	}
+	refused := []share{
+		{"shared read-only into the source", w.r, 0, b.r, g, g, backing.ErrReadOnly},
+		{"own, then shared read-only", w.r, 0, b.r, 0, 2 * g, backing.ErrReadOnly},
+		{"a chained read-only share onto a committed destination", b.r, 0, b.r, g, g, backing.ErrCommitted},
+	}
+	if protects {
+		refused = append(refused,
+			share{"protected in the source", w.r, 0, a.r, 2 * g, g, backing.ErrReadOnly},
+			share{"writable, then protected", w.r, 0, a.r, g, 2 * g, backing.ErrReadOnly},
+			share{"a protected source onto a committed destination", b.r, 0, a.r, 2 * g, g, backing.ErrCommitted})
+	}
+	for _, tt := range refused {
+		t.Run(tt.name, func(t *testing.T) {
+			isOp(t, s.Share(tt.dst, tt.dstOff, tt.src, tt.srcOff, tt.size, backing.ReadWrite), tt.kind,
+				"ReadWrite share of memory its source may not write")
+		})
+	}
+	e.sameBooks(before, "refused shares")
+	e.checkState(w.r, []bool{false, false, false, false}, 0, "destination after refused shares")
+	e.checkMark(a.r, 0, 3*g, 70, "source after refused shares")
+	e.checkMark(b.r, 0, g, 80, "the sharer's own granule after refused shares")
+	e.checkMark(b.r, g, 2*g, 69, "the sharer's read-only granules after refused shares")
+	e.readOnly(c, b.r, g, 2*g, 69, "the sharer's read-only granules after refused shares")
+	if protects {
+		e.readOnly(c, a.r, 2*g, g, 70, "the protected granule after refused shares")
+		e.writable(c, a.r, 0, 2*g, "the owner's writable granules after refused shares")
+	}
+	if t.Failed() {
+		return // a refused share may have mapped something writable
+	}
+
+	// ReadOnly shares of the same granules work, and stay read-only.
+	require.NoError(t, s.Share(w.r, 0, b.r, g, 2*g, backing.ReadOnly), "read-only share of a read-only share")
+	shared := 2
+	if protects {
+		require.NoError(t, s.Share(w.r, 2*g, a.r, 2*g, g, backing.ReadOnly), "read-only share of a protected range")
+		shared++
+	}
+	e.expectBooks(before, int64(shared*g), 0, "read-only shares of read-only memory")
+	e.checkMark(w.r, 0, shared*g, 70, "read-only shares of read-only memory")
+	e.readOnly(c, w.r, 0, shared*g, 70, "read-only shares of read-only memory")
+	// ReadWrite from a writable granule of a source that holds read-only ones works.
+	require.NoError(t, s.Share(w.r, 3*g, b.r, 0, g, backing.ReadWrite), "read-write share of the sharer's own granule")
+	q := pattern(81, 32)
+	e.write(w.r, 3*g+g/4, q)
+	e.checkRead(b.r, g/4, q, "written through the read-write share, read in its source")
+
+	if protects {
+		// Once the owner may write again, so may a new read-write sharer.
+		require.NoError(t, p.Protect(a.r, 2*g, g, backing.ReadWrite), "the owner writes again")
+		v := e.reserve(1)
+		require.NoError(t, s.Share(v.r, 0, a.r, 2*g, g, backing.ReadWrite), "read-write share once the owner's range is writable")
+		q2 := pattern(82, 32)
+		e.write(v.r, g/4, q2)
+		e.checkRead(a.r, 2*g+g/4, q2, "written by the new read-write sharer, read in the owner")
+		e.checkRead(w.r, 2*g+g/4, q2, "written by the new read-write sharer, read in the read-only sharer")
+		e.readOnly(c, w.r, 2*g, g, 70, "the read-only share after the owner went back")
+		e.unreserve(v, g)
+	}
+	e.unreserve(w, (shared+1)*g)
+	e.unreserve(b, 3*g)
+	e.unreserve(a, 3*g)
+}

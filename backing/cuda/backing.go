@@ -691,12 +691,13 @@ func (b *Backing) Unreserve(r *Reservation) accounting.ReleaseOutcome {
 // it returns to the pool with its last mapping. On error nothing changed. Writes
 // through this package's helpers to a read-only share fail with ErrReadOnly; where
 // the driver does not support read-only device mappings (CUDA_ERROR_NOT_SUPPORTED),
-// the mapping is read-write and that Go-side check is the only guard.
+// the mapping is read-write and that Go-side check is the only guard. ReadWrite is
+// refused with ErrReadOnly (which matches backing.ErrReadOnly) when a source granule
+// is read-only in src (shared so, or protected): protection is per mapping, and
+// read-only memory must not yield a writable mapping elsewhere.
 //
 // NB: the driver only guarantees that a write through one mapping is visible through
-// another once the writing operation completed (Synchronize). And protection is per
-// mapping: a granule mapped read-only may itself be shared onward read-write, so code
-// that hands out read-only views must not share them on with ReadWrite.
+// another once the writing operation completed (Synchronize).
 func (b *Backing) Share(dst *Reservation, dstOff int, src *Reservation, srcOff, size int, prot backing.Protection) error {
 	const op = "share"
 	if err := b.check(op, src, srcOff, size); err != nil {
@@ -723,6 +724,14 @@ func (b *Backing) Share(dst *Reservation, dstOff int, src *Reservation, srcOff, 
 		return err
 	}
 	first := srcOff / b.gran
+	if prot == backing.ReadWrite {
+		for i := first; i < first+size/b.gran; i++ {
+			if src.slots[i].ro {
+				return &backing.OpError{Op: op, Offset: dstOff, Size: size, Kind: backing.ErrReadOnly,
+					Err: fmt.Errorf("%w: source granule at %#x is read-only in its reservation", ErrReadOnly, i*b.gran)}
+			}
+		}
+	}
 	hs := make([]*handle, size/b.gran)
 	for i := range hs {
 		hs[i] = src.slots[first+i].h

@@ -197,7 +197,12 @@ func TestShareRefcounts(t *testing.T) {
 	assert.Equal(t, 1, x.calls("cuMemSetAccess", func() {
 		require.NoError(t, x.b.Share(b, 0, a, 0, 2*g, backing.ReadOnly))
 	}), "one cuMemSetAccess per shared run")
-	require.NoError(t, x.b.Share(c, g, b, 0, 2*g, backing.ReadWrite))
+	assert.Zero(t, x.calls("cuMemMap", func() {
+		err := x.b.Share(c, g, b, 0, 2*g, backing.ReadWrite)
+		assert.ErrorIs(t, err, cuda.ErrReadOnly, "a read-only share is never shared on writable")
+		assert.ErrorIs(t, err, backing.ErrReadOnly)
+	}), "the refused share maps nothing")
+	require.NoError(t, x.b.Share(c, g, a, 0, 2*g, backing.ReadWrite))
 	s := x.b.PoolStats()
 	assert.Equal(t, int64(2*g), s.Owned, "owned once")
 	assert.Equal(t, int64(6*g), s.Mapped, "mapped three times")

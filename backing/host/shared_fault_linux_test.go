@@ -292,7 +292,7 @@ func faultCases() []faultCase {
 			atomic: true,
 		},
 		{
-			// Sharing read-write from a protected range maps read-write.
+			// Sharing read-only from a protected range (read-write is refused).
 			name: "share from protected",
 			setup: func(e *sharedEnv) *faultFx {
 				x := e.reserve(2)
@@ -302,7 +302,7 @@ func faultCases() []faultCase {
 				return e.fx(x, e.reserve(2))
 			},
 			op: func(e *sharedEnv, x *faultFx) error {
-				return e.s.Share(x.rs[1], 0, x.rs[0], 0, 2*e.g, backing.ReadWrite)
+				return e.s.Share(x.rs[1], 0, x.rs[0], 0, 2*e.g, backing.ReadOnly)
 			},
 			atomic: true,
 		},

@@ -123,6 +123,11 @@ func FuzzShared(f *testing.F) {
 				} else if want = m.state(src, si, n, true); want == nil {
 					want = m.state(k, gi, n, false)
 				}
+				for j := 0; want == nil && j < n; j++ {
+					if prot == backing.ReadWrite && m.ro[src][si+j] {
+						want = backing.ErrReadOnly // read-only memory is never shared writable
+					}
+				}
 				if want != nil {
 					require.ErrorIs(t, err, want)
 					break

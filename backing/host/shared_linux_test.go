@@ -335,11 +335,13 @@ func TestShared64Reservations(t *testing.T) {
 	fill := bytes.Repeat([]byte{0xA5}, g)
 	require.NoError(t, e.s.CopyIn(rs[0], 0, fill))
 	for i := 1; i < n; i++ {
-		prot := backing.ReadOnly
-		if i%2 == 0 {
-			prot = backing.ReadWrite
+		// A chain: each shares its predecessor's mapping, read-write while that
+		// is writable, then read-only.
+		prot := backing.ReadWrite
+		if i > n/2 {
+			prot = backing.ReadOnly
 		}
-		e.share(rs[i], 0, rs[i-1], 0, 1, prot) // a chain: each shares its predecessor's mapping
+		e.share(rs[i], 0, rs[i-1], 0, 1, prot)
 	}
 	st := e.auth.Stats()
 	assert.Equal(t, int64(g), st.Owned, "owned once")
@@ -533,14 +535,23 @@ func TestSharedReadOnly(t *testing.T) {
 	assert.Equal(t, uint64(7), e.tagOf(b, 0), "the refused write changed nothing")
 	require.NoError(t, e.s.Populate(b, 0, 2*e.g), "Populate of a read-only mapping reads")
 	assert.Equal(t, uint64(7), e.tagOf(b, 0))
-	// A read-only mapping may be shared on read-write: the granule is the same.
-	c := e.reserve(1)
-	e.share(c, 0, b, 0, 1, backing.ReadWrite)
-	e.tag(c, 0, 9)
-	assert.Equal(t, uint64(9), e.tagOf(a, 0))
-	assert.Equal(t, uint64(9), e.tagOf(b, 0))
+	// A read-only mapping is never shared on read-write, which would let its holder
+	// write what the owner and every sharer read; it is shared on read-only.
+	c := e.reserve(2)
+	err = e.s.Share(c, 0, b, 0, e.g, backing.ReadWrite)
+	assert.ErrorIs(t, err, host.ErrSharedReadOnly)
+	assert.ErrorIs(t, err, backing.ErrReadOnly)
+	assert.ErrorIs(t, e.s.Decommit(c, 0, e.g), backing.ErrNotCommitted, "the refused share mapped nothing")
+	e.share(c, 0, b, 0, 1, backing.ReadOnly)
+	assert.ErrorIs(t, e.s.CopyIn(c, 0, []byte{1}), host.ErrSharedReadOnly)
+	assert.Equal(t, uint64(7), e.tagOf(c, 0))
+	// From the owner it is shared on read-write: the granule is the same.
+	e.share(c, 1, a, 1, 1, backing.ReadWrite)
+	e.tag(c, 1, 9)
+	assert.Equal(t, uint64(9), e.tagOf(a, 1))
+	assert.Equal(t, uint64(9), e.tagOf(b, 1))
 	e.checkMaps(b, e.s.Base(b), 2*e.g)
-	e.checkMaps(c, e.s.Base(c), e.g)
+	e.checkMaps(c, e.s.Base(c), 2*e.g)
 }
 
 func TestSharedPrefillPopulate(t *testing.T) {

@@ -15,8 +15,10 @@ import (
 // physical granules committed at [srcOff, srcOff+size) of src (the same memfd
 // offsets, MAP_SHARED|MAP_FIXED), read-only or read-write. Each granule gains one
 // reference and the mapped bytes are attributed to the authority; nothing new is
-// owned. prot applies to the new mapping only (a read-only mapping may be shared on
-// read-write: the physical granule is the same). On error nothing changed.
+// owned. prot applies to the new mapping only. ReadWrite is refused with
+// ErrSharedReadOnly (which matches backing.ErrReadOnly) when a source granule is
+// read-only in src, shared so or protected: read-only memory never yields a writable
+// mapping. On error nothing changed.
 func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservation, srcOff, size int, prot backing.Protection) error {
 	const op = "share"
 	var runs []sharedAdoption // undone if the Share fails
@@ -103,7 +105,18 @@ func (s *Shared) checkShare(op string, dst *SharedReservation, dstOff int, src *
 	if err := src.want(op, srcOff, size, true); err != nil {
 		return err
 	}
-	return dst.want(op, dstOff, size, false)
+	if err := dst.want(op, dstOff, size, false); err != nil {
+		return err
+	}
+	if prot == backing.ReadWrite {
+		for i := srcOff >> s.shift; i < (srcOff+size)>>s.shift; i++ {
+			if src.maps[i].ro {
+				return &backing.OpError{Op: op, Offset: dstOff, Size: size, Kind: ErrSharedReadOnly,
+					Err: fmt.Errorf("host: source granule at %#x is read-only in its reservation", i<<s.shift)}
+			}
+		}
+	}
+	return nil
 }
 
 // adopt moves the private granules [i, j) of r into the memfd: it copies each into
