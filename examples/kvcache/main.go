@@ -381,21 +381,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	printHeader(stdout, c, s, w, traceName)
 
 	ui := newProgress(c.progress, stdout)
-	var results []Result
-	failed := false
-	for _, name := range names {
-		res, err := replayOne(ctx, name, s, w, ui, nil)
-		if err != nil {
-			fmt.Fprintf(stderr, "kvcache: %s: %v\n", name, err)
-			failed = true
-			if ctx.Err() != nil {
-				return 1
-			}
-			continue
-		}
-		results = append(results, res)
-	}
-	if len(results) == 0 {
+	results, failed, stopped := replayEach(ctx, stderr, names, func(name string) (Result, error) {
+		return replayOne(ctx, name, s, w, ui, nil)
+	})
+	if stopped || len(results) == 0 {
 		return 1
 	}
 	fmt.Fprintln(stdout)
@@ -410,6 +399,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// replayEach replays each strategy in turn and returns the results of those that
+// succeeded and whether any failed; each failure is reported on stderr. It stops at
+// a failure once ctx has ended, and then reports stopped.
+func replayEach[R any](ctx context.Context, stderr io.Writer, names []string, replay func(name string) (R, error)) (results []R, failed, stopped bool) {
+	for _, name := range names {
+		res, err := replay(name)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvcache: %s: %v\n", name, err)
+			failed = true
+			if ctx.Err() != nil {
+				return results, true, true
+			}
+			continue
+		}
+		results = append(results, res)
+	}
+	return results, failed, false
 }
 
 // probe builds and closes every strategy once, so that one that can not be had (a

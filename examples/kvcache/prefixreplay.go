@@ -649,20 +649,14 @@ func runPrefix(ctx context.Context, c *config, s setup, names []string, reqs []R
 	fmt.Fprintf(stdout, "Trace:   %s: %d requests over %v of trace time, prompts with token IDs: prefix-cache replay\n", traceName, len(reqs), last.Round(time.Second))
 	fmt.Fprintf(stdout, "Model:   %s, %s of K/V per token, max %d tokens per sequence\n", s.model.Name, formatBytes(int64(s.model.BytesPerToken())), c.maxTokens)
 	fmt.Fprintf(stdout, "Server:  batch of at most %d, %v per decode step, prefill %.0f tokens/s, budget %s per strategy\n\n", c.concurrency, c.step, c.prefillRate, budget)
-	var results []PrefixResult
-	failed := false
-	for _, name := range names {
+	results, failed, stopped := replayEach(ctx, stderr, names, func(name string) (PrefixResult, error) {
 		st, gov, err := buildPrefix(name, s)
 		if err != nil {
-			fmt.Fprintf(stderr, "kvcache: %s: %v\n", name, err)
-			failed = true
-			continue
+			return PrefixResult{}, err
 		}
 		if s.metrics != nil {
 			if err := s.metrics.watch(name, gov, accounting.HostKey, st); err != nil {
-				fmt.Fprintf(stderr, "kvcache: %s: metrics: %v\n", name, errors.Join(err, st.Close()))
-				failed = true
-				continue
+				return PrefixResult{}, fmt.Errorf("metrics: %w", errors.Join(err, st.Close()))
 			}
 		}
 		fmt.Fprintf(stdout, "%s ...", name)
@@ -678,17 +672,9 @@ func runPrefix(ctx context.Context, c *config, s setup, names []string, reqs []R
 			}
 		}
 		fmt.Fprintf(stdout, " %v\n", res.Wall.Round(time.Millisecond))
-		if err != nil {
-			fmt.Fprintf(stderr, "kvcache: %s: %v\n", name, err)
-			failed = true
-			if ctx.Err() != nil {
-				return 1
-			}
-			continue
-		}
-		results = append(results, res)
-	}
-	if len(results) == 0 {
+		return res, err
+	})
+	if stopped || len(results) == 0 {
 		return 1
 	}
 	fmt.Fprintln(stdout)
