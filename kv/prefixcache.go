@@ -854,6 +854,21 @@ func (s *Sequence) beforeChange(t int) {
 // rangesLock is held.
 func (l *pcLive) unprotectPast(s *Sequence) { l.protected = min(l.protected, s.frozen) }
 
+// dropPast forgets the cache's granules that s no longer maps (a Truncate gave them
+// up: only those below s's frozen bytes are still the cache's), so that they count as
+// mapped by no live sequence for eviction and PinnedBytes. Only s's owner calls it.
+func (l *pcLive) dropPast(s *Sequence) {
+	keep := s.frozen / s.c.gran
+	l.pc.mu.Lock()
+	if keep < len(l.grefs) {
+		for _, g := range l.grefs[keep:] {
+			g.live--
+		}
+		l.grefs = l.grefs[:keep]
+	}
+	l.pc.mu.Unlock()
+}
+
 // beforeWrite is beforeChange for a write of token t, taking the ranges' lock.
 func (s *Sequence) beforeWrite(t int) {
 	if l := s.pcl; l != nil && t < l.lazyN {

@@ -148,6 +148,9 @@ func (s *Sequence) Truncate(n int) error {
 		s.beforeChange(n)
 		defer s.pcl.unprotectPast(s)
 	}
+	if s.pcl != nil {
+		defer s.pcl.dropPast(s)
+	}
 	defer s.c.notify()
 	defer s.publish()
 	target := n * s.c.row

@@ -1,0 +1,36 @@
+package kv_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestPrefixCacheTruncatedLookupUnpins: a sequence started by Lookup and then
+// truncated to nothing maps none of the cache's granules any more: they are not
+// pinned by it, and eviction can give them back.
+func TestPrefixCacheTruncatedLookupUnpins(t *testing.T) {
+	for _, layout := range layouts {
+		t.Run(layout.String(), func(t *testing.T) {
+			_, pc, _ := newHostPrefixCache(t, "kv-pc-rev2", layout)
+			a := make([]int32, 300)
+			for i := range a {
+				a[i] = int32(i)
+			}
+			s, _, err := pc.Lookup(a)
+			require.NoError(t, err)
+			require.NoError(t, s.Append(len(a)))
+			require.NoError(t, writeIDs(s, a, 0, len(a)))
+			require.NoError(t, pc.Insert(s, a))
+			require.True(t, s.Close().OK())
+			q, m, err := pc.Lookup(append(a[:300:300], 7))
+			require.NoError(t, err)
+			require.Equal(t, 300, m)
+			require.NotZero(t, pc.Stats().PinnedBytes)
+			require.NoError(t, q.Truncate(0))
+			assert.Zero(t, pc.Stats().PinnedBytes, "q maps nothing of the cache now")
+			require.True(t, q.Close().OK())
+		})
+	}
+}
