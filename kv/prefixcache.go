@@ -432,7 +432,7 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	// One allocation for the granules new to the cache: s maps them all (its own).
 	fresh := make([]granuleRef, max(k-len(l.grefs), 0))
 	e.grefs = make([]*granuleRef, k)
-	l.grefs = slices.Grow(l.grefs, full-len(l.grefs))
+	l.grefs = slices.Grow(l.grefs, max(full-len(l.grefs), 0))
 	for j := range k {
 		var g *granuleRef
 		if j < len(l.grefs) {

@@ -34,3 +34,38 @@ func TestPrefixCacheTruncatedLookupUnpins(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefixCacheInsertShorterThanMapped: a sequence started by Lookup on many cached
+// granules is inserted under a key that covers fewer of them, then truncated into
+// the key's last granule and closed. Insert used to panic there with the cache's
+// lock held (slices.Grow by a negative count), which then hung every later call.
+func TestPrefixCacheInsertShorterThanMapped(t *testing.T) {
+	for _, layout := range layouts {
+		t.Run(layout.String(), func(t *testing.T) {
+			_, pc, b := newHostPrefixCache(t, "kv-pc-short", layout)
+			a := make([]int32, 400)
+			for i := range a {
+				a[i] = int32(i)
+			}
+			s, _, err := pc.Lookup(a)
+			require.NoError(t, err)
+			require.NoError(t, s.Append(len(a)))
+			require.NoError(t, writeIDs(s, a, 0, len(a)))
+			require.NoError(t, pc.Insert(s, a))
+			require.True(t, s.Close().OK())
+			q, m, err := pc.Lookup(a)
+			require.NoError(t, err)
+			require.Equal(t, 399, m)
+			require.NoError(t, pc.Insert(q, append(a[:160:160], 9999)))
+			require.NoError(t, q.Truncate(165))
+			require.True(t, q.Close().OK())
+			assert.Zero(t, pc.Stats().PinnedBytes)
+			r, m, err := pc.Lookup(append(a[:160:160], 9999, 1))
+			require.NoError(t, err)
+			assert.Equal(t, 161, m, "the shorter key is found")
+			require.True(t, r.Close().OK())
+			require.NoError(t, pc.Close())
+			assert.Zero(t, held(b), "every granule given back once the cache closes")
+		})
+	}
+}
