@@ -5,6 +5,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/kv"
 )
 
 // TestPrefixCacheTruncatedLookupUnpins: a sequence started by Lookup and then
@@ -14,16 +16,7 @@ func TestPrefixCacheTruncatedLookupUnpins(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
 			_, pc, _ := newHostPrefixCache(t, "kv-pc-rev2", layout)
-			a := make([]int32, 300)
-			for i := range a {
-				a[i] = int32(i)
-			}
-			s, _, err := pc.Lookup(a)
-			require.NoError(t, err)
-			require.NoError(t, s.Append(len(a)))
-			require.NoError(t, writeIDs(s, a, 0, len(a)))
-			require.NoError(t, pc.Insert(s, a))
-			require.True(t, s.Close().OK())
+			a := cacheIDs(t, pc, 300)
 			q, m, err := pc.Lookup(append(a[:300:300], 7))
 			require.NoError(t, err)
 			require.Equal(t, 300, m)
@@ -43,16 +36,7 @@ func TestPrefixCacheInsertShorterThanMapped(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
 			_, pc, b := newHostPrefixCache(t, "kv-pc-short", layout)
-			a := make([]int32, 400)
-			for i := range a {
-				a[i] = int32(i)
-			}
-			s, _, err := pc.Lookup(a)
-			require.NoError(t, err)
-			require.NoError(t, s.Append(len(a)))
-			require.NoError(t, writeIDs(s, a, 0, len(a)))
-			require.NoError(t, pc.Insert(s, a))
-			require.True(t, s.Close().OK())
+			a := cacheIDs(t, pc, 400)
 			q, m, err := pc.Lookup(a)
 			require.NoError(t, err)
 			require.Equal(t, 399, m)
@@ -68,4 +52,21 @@ func TestPrefixCacheInsertShorterThanMapped(t *testing.T) {
 			assert.Zero(t, held(b), "every granule given back once the cache closes")
 		})
 	}
+}
+
+// cacheIDs caches the token IDs 0..n-1 in pc through a sequence that wrote them and
+// closed, and returns them.
+func cacheIDs(t *testing.T, pc *kv.PrefixCache, n int) []int32 {
+	t.Helper()
+	a := make([]int32, n)
+	for i := range a {
+		a[i] = int32(i)
+	}
+	s, _, err := pc.Lookup(a)
+	require.NoError(t, err)
+	require.NoError(t, s.Append(len(a)))
+	require.NoError(t, writeIDs(s, a, 0, len(a)))
+	require.NoError(t, pc.Insert(s, a))
+	require.True(t, s.Close().OK())
+	return a
 }
