@@ -793,7 +793,7 @@ func (pc *PrefixCache) Stats() PrefixCacheStats {
 }
 
 // Close evicts every entry, pins or not, and detaches the prefix cache from its cache
-// and the governor. Sequences started by Lookup stay valid (they map what they use).
+// and the governor (its ledger leaves the governor's list). Sequences started by Lookup stay valid (they map what they use).
 // Close waits for a reclaimer that is running; a second Close does nothing.
 func (pc *PrefixCache) Close() error {
 	pc.mu.Lock()
@@ -827,6 +827,10 @@ func (pc *PrefixCache) Close() error {
 		}
 	}
 	pc.c.pc.Store(nil)
+	// Its ledger never owned or mapped a byte: it leaves the governor's list.
+	if err := pc.auth.Close(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 

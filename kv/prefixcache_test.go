@@ -305,7 +305,15 @@ func TestPrefixCacheBadInputs(t *testing.T) {
 	require.True(t, s2.Close().OK())
 
 	assert.ErrorContains(t, c.Close(), "PrefixCache", "the cache refuses to close under a live prefix cache")
+	ledgers := func() (names []string) {
+		for _, a := range fx.gov.Stats(accounting.HostKey).Authorities {
+			names = append(names, a.Name)
+		}
+		return names
+	}
+	assert.Contains(t, ledgers(), "kv prefix cache", "an open prefix cache has its ledger")
 	require.NoError(t, pc.Close())
+	assert.NotContains(t, ledgers(), "kv prefix cache", "a closed prefix cache leaves the governor's list")
 	require.NoError(t, pc.Close(), "a second Close does nothing")
 	_, _, err = pc.Lookup([]int32{1})
 	assert.ErrorIs(t, err, kv.ErrClosed)
