@@ -435,9 +435,20 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	l.grefs = slices.Grow(l.grefs, max(full-len(l.grefs), 0))
 	for j := range k {
 		var g *granuleRef
-		if j < len(l.grefs) {
+		switch {
+		case j < len(l.grefs):
 			g = l.grefs[j]
-		} else {
+		case pc.lazyTailAt(s, j) != nil:
+			// An earlier entry of s holds s's granule j as its partly filled tail:
+			// one granule, one reference.
+			g = pc.lazyTailAt(s, j)
+			if j < full {
+				// From now on l.grefs counts s's mapping of it, not the tail.
+				pc.untail(s, g)
+			} else {
+				e.tail = g
+			}
+		default:
 			g = &fresh[j-len(l.grefs)]
 			g.live = 1
 			if j == full {
@@ -472,6 +483,65 @@ func (pc *PrefixCache) lazyTail(e *pcEntry) bool {
 	return pc.granulesFor(e.n) > pc.fullGranules(e.n)
 }
 
+// lazyTailAt returns the reference by which a lazy entry of s holds s's granule j as
+// its partly filled tail, or nil. pc.mu is held.
+func (pc *PrefixCache) lazyTailAt(s *Sequence, j int) *granuleRef {
+	for _, e := range s.pcl.lazy {
+		if e.origin == s && !e.closed && e.tail != nil && len(e.grefs) == j+1 {
+			return e.tail
+		}
+	}
+	return nil
+}
+
+// untail makes the lazy entries of s whose tail is g hold it as a whole granule of s
+// (s's pcLive now counts s's mapping of it). pc.mu is held.
+func (pc *PrefixCache) untail(s *Sequence, g *granuleRef) {
+	for _, e := range s.pcl.lazy {
+		if e.origin == s && e.tail == g {
+			e.tail = nil
+		}
+	}
+}
+
+// replaced is told by Truncate that s's granule j was given up (its tokens copied into
+// a granule of s's own, where s now holds more than j granules' worth of bytes): the
+// lazy entries of s that hold granule j (as their last) refer to s's new granule
+// from now on, by one new reference, or, where s kept no granule j, leave the index.
+// s's owner calls it with the lock from rangesLock held.
+func (l *pcLive) replaced(s *Sequence, j int) {
+	pc := l.pc
+	pc.mu.Lock()
+	var drop []*pcEntry
+	var g *granuleRef
+	gone := make(map[*granuleRef]bool)
+	for _, e := range l.lazy {
+		if e.origin != s || e.closed || len(e.grefs) <= j {
+			continue
+		}
+		old := e.grefs[j]
+		if e.tail == old && !gone[old] {
+			old.live-- // s no longer maps it; counted once however many entries held it
+			gone[old] = true
+		}
+		if s.err != nil || s.n*pc.c.row <= j*pc.c.gran || e.n > s.n {
+			e.tail = nil
+			drop = append(drop, pc.detach(e)...)
+			continue
+		}
+		pc.release(old)
+		if g == nil {
+			g = &granuleRef{live: 1}
+		}
+		e.grefs[j], e.tail = g, g
+		pc.hold(g)
+	}
+	pc.mu.Unlock()
+	for _, d := range drop {
+		d.close()
+	}
+}
+
 // materialize gives the lazy entries of s that hold tokens at or past t ranges of their
 // own (the whole granules mapped, the tail copied), so that s may change those tokens:
 // a failure takes the entry out of the index instead, as a damaged one. s's owner
@@ -504,10 +574,10 @@ func (pc *PrefixCache) materialize(s *Sequence, t int) {
 			if pc.lazyTail(e) {
 				// The entry's copy of the tail stands for s's granule there.
 				k := len(e.grefs) - 1
-				if e.grefs[k] == e.tail {
+				pc.release(e.grefs[k])
+				if e.grefs[k] == e.tail && e.tail.entries == 0 {
 					e.tail.live-- // which s alone now maps
 				}
-				pc.release(e.grefs[k])
 				e.grefs[k] = &granuleRef{}
 				pc.hold(e.grefs[k])
 			}

@@ -177,6 +177,10 @@ func (s *Sequence) Truncate(n int) error {
 	}
 	s.frozen = gs
 	s.n = gs / s.c.row
+	if s.pcl != nil {
+		// Granule gs/gran is now another: lazy entries of s that held it follow.
+		defer s.pcl.replaced(s, gs/s.c.gran)
+	}
 	for i, b := range s.bufs {
 		if err := b.Resize(target); err != nil {
 			if rerr := s.resizeFirst(i, gs); rerr != nil {
