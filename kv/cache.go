@@ -130,6 +130,21 @@ func (c *Cache) NewSequence() (*Sequence, error) {
 	return s, nil
 }
 
+// reuse returns a new, empty sequence on the ranges of es, a prefix cache entry's
+// sequence that left the index (see PrefixCache.spareLocked), with the granules they
+// commit: its first growths need no new granules. es is spent.
+func (c *Cache) reuse(es *Sequence) *Sequence {
+	c.mu.Lock()
+	c.nextID++
+	s := &Sequence{c: c, id: c.nextID, bufs: es.bufs}
+	c.entries--
+	c.seqs[s] = struct{}{}
+	c.mu.Unlock()
+	es.bufs, es.closed = nil, true
+	s.publish()
+	return s
+}
+
 // newSequence reserves a new sequence's ranges. Until register or abandon, the cache
 // counts it in flight and will not close.
 func (c *Cache) newSequence() (*Sequence, error) {

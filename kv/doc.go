@@ -53,7 +53,15 @@
 // since a granule any other holder maps frees nothing. It runs before an append is
 // refused, whenever a request on the device waits for memory (the prefix cache's
 // reclaimer, see accounting.Authority.SetReclaimer), and to keep under
-// PrefixCacheOptions.MaxBytes; a [PrefixPin] holds a prefix against all three.
+// PrefixCacheOptions.MaxBytes; a [PrefixPin] holds a prefix against all three. A
+// lookup that misses, for a prompt whose granules the budget can not hold, evicts
+// ahead of that growth: when the least recently used entry fits in the prompt's
+// granules, holds every one of its granules alone (no other entry or live sequence
+// maps them) and has no read-only bytes in its ranges (none mapped from elsewhere,
+// none protected by a hit), it leaves the index whole and the new sequence takes
+// over its ranges with their granules committed, so that the prefill commits nothing
+// and no range is unmapped or reserved. It evicts up to that entry's granules beyond
+// the shortfall, all of which the new sequence's prompt then fills.
 //
 // Insert is bookkeeping only: the entry records the tokens and refers to the inserted
 // sequence's granules (it is lazy), so that a cache that is never hit costs no system

@@ -121,7 +121,8 @@ type PrefixCacheStats struct {
 	InsertedTokens int64
 	// EvictedTokens is the tokens eviction took out of the index; Evictions the
 	// granule indexes it dropped from entries, EvictedBytes the physical bytes that
-	// came back by it (granules no live sequence still mapped).
+	// came back by it (granules no live sequence still mapped), to the pool or to a
+	// new sequence that took over an evicted entry's ranges.
 	EvictedTokens int64
 	Evictions     int64
 	EvictedBytes  int64
@@ -199,7 +200,12 @@ func (pc *PrefixCache) fullGranules(n int) int { return n * pc.c.row / pc.c.gran
 // writes the rest of the prompt from there. It counts len(tokens) queries and the
 // match as hits. When the copied tail can not be had within the budget, cached
 // prefixes are evicted first; if still refused, the error matches
-// accounting.ErrBudgetExceeded and nothing changed. The sequence MUST be closed.
+// accounting.ErrBudgetExceeded and nothing changed. On a miss that the budget can not
+// hold the prompt's granules for, the least recently used entry may leave the index
+// whole and hand its ranges to the new sequence, their granules still committed
+// (Len is 0; the first growths up to them commit nothing): the eviction the prompt's
+// growth would make, without unmapping and mapping as many granules again (see the
+// package doc's "Prefix caching"). The sequence MUST be closed.
 func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
 	pc.mu.Lock()
 	if pc.closed {
@@ -213,8 +219,15 @@ func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
 	var e *pcEntry
 	// The granules the new sequence will map count as mapped by a live sequence from
 	// now on, so that eviction does not count on them.
-	l := &pcLive{pc: pc}
-	if m > 0 {
+	var l *pcLive
+	var spare *Sequence // on a miss, an evicted entry's ranges for the new sequence
+	var spared evictTally
+	if m == 0 {
+		mark := pc.evictMark()
+		spare = pc.spareLocked(min(len(tokens), pc.c.cfg.MaxTokens))
+		spared = pc.evictMark().minus(mark)
+	} else {
+		l = &pcLive{pc: pc}
 		leaf := pc.tree.Cover(node)
 		pc.tree.Touch(leaf)
 		e = leaf.Value()
@@ -249,6 +262,9 @@ func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
 	var s *Sequence
 	var err error
 	switch {
+	case spare != nil:
+		s = pc.c.reuse(spare)
+		pc.logEviction(evictForGrowth, spared.bytes, spared)
 	case e == nil:
 		s, err = pc.c.NewSequence()
 	case src == nil:
@@ -273,11 +289,15 @@ func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
 		}
 	}
 	if err != nil {
-		for _, g := range l.grefs {
-			g.live--
+		if l != nil {
+			for _, g := range l.grefs {
+				g.live--
+			}
 		}
 	} else {
-		s.pcl = l
+		if l != nil {
+			s.pcl = l
+		}
 		pc.queries += int64(len(tokens))
 		pc.hits += int64(m)
 	}
@@ -321,6 +341,7 @@ func (l *pcLive) protectFrom(s *Sequence, full int) error {
 		}
 	}
 	l.protected = full
+	s.guarded = true
 	return nil
 }
 
@@ -703,7 +724,7 @@ func (l *pcLive) adopt(s *Sequence) ([]buffer, bool) {
 			drop = append(drop, pc.detach(take)...)
 			return nil, false
 		}
-		es := &Sequence{c: c, id: s.id, bufs: s.bufs, n: take.n, frozen: s.frozen}
+		es := &Sequence{c: c, id: s.id, bufs: s.bufs, n: take.n, frozen: s.frozen, guarded: s.guarded}
 		es.frozen = min(es.frozen, backing.AlignDown(take.n*c.row, c.gran))
 		es.publish()
 		s.bufs = nil
@@ -741,7 +762,7 @@ func (l *pcLive) adopt(s *Sequence) ([]buffer, bool) {
 		}
 	}
 	e.seq.bufs, s.bufs = s.bufs, nil
-	e.seq.frozen = full
+	e.seq.frozen, e.seq.guarded = full, s.guarded
 	e.seq.publish()
 	if k := full / c.gran; k < len(e.grefs) {
 		// The entry's copy of the partly filled last granule gives way to s's.

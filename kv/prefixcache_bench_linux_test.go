@@ -16,8 +16,8 @@ import (
 // BenchmarkPrefixCacheMiss is the cost of prefix caching when nothing is ever reused:
 // requests of 4,096 unique tokens (Qwen2.5-0.5B, 2 MiB granules, a 512 MiB budget)
 // are served with the prefix cache on (look up, prefill, insert, close; the cache
-// holds the budget and evicts a request's worth for each new one) and off (prefill,
-// close; the pool keeps the granules idle for the next). Every token's K and V is
+// holds the budget, and each miss takes over the ranges of the least recently used
+// entry) and off (prefill, close; the pool keeps the granules idle for the next). Every token's K and V is
 // written. Both are warmed up first to that steady state. calls-ns/op is the time in
 // the memory layer's calls (start, append, insert, close), the K/V writes (the same
 // in both) left out; calls-cpu-ns/op is the CPU time of those calls (the thread's,

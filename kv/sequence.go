@@ -45,6 +45,9 @@ type Sequence struct {
 	mark   uint64 // the last batch of the cache that named it (see Cache.check)
 	closed bool
 	pcl    *pcLive // what it maps of a PrefixCache's granules, or nil
+	// guarded: protect made some of its own bytes read-only in its ranges once (a
+	// fork, a freeze, a prefix cache hit on it), so they are not all writable.
+	guarded bool
 
 	// Readings for Cache.Stats, which runs on other goroutines.
 	tokens    atomic.Int64
@@ -303,6 +306,7 @@ func (s *Sequence) protect(full int) error {
 		}
 	}
 	s.frozen = full
+	s.guarded = s.guarded || s.c.protector
 	return nil
 }
 
