@@ -545,7 +545,7 @@ func (l *pcLive) replaced(s *Sequence, j int) {
 			old.live-- // s no longer maps it; counted once however many entries held it
 			gone[old] = true
 		}
-		if s.err != nil || s.n*pc.c.row <= j*pc.c.gran || e.n > s.n {
+		if s.err != nil || pc.granulesFor(s.n) <= j || e.n > s.n {
 			e.tail = nil
 			drop = append(drop, pc.detach(e)...)
 			continue
