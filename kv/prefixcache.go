@@ -341,7 +341,6 @@ func (l *pcLive) protectFrom(s *Sequence, full int) error {
 		}
 	}
 	l.protected = full
-	s.guarded = true
 	return nil
 }
 
@@ -724,7 +723,7 @@ func (l *pcLive) adopt(s *Sequence) ([]buffer, bool) {
 			drop = append(drop, pc.detach(take)...)
 			return nil, false
 		}
-		es := &Sequence{c: c, id: s.id, bufs: s.bufs, n: take.n, frozen: s.frozen, guarded: s.guarded}
+		es := &Sequence{c: c, id: s.id, bufs: s.bufs, n: take.n, frozen: s.frozen, guarded: s.guarded || l.protected > 0}
 		es.frozen = min(es.frozen, backing.AlignDown(take.n*c.row, c.gran))
 		es.publish()
 		s.bufs = nil
@@ -762,7 +761,7 @@ func (l *pcLive) adopt(s *Sequence) ([]buffer, bool) {
 		}
 	}
 	e.seq.bufs, s.bufs = s.bufs, nil
-	e.seq.frozen, e.seq.guarded = full, s.guarded
+	e.seq.frozen, e.seq.guarded = full, s.guarded || l.protected > 0
 	e.seq.publish()
 	if k := full / c.gran; k < len(e.grefs) {
 		// The entry's copy of the partly filled last granule gives way to s's.
@@ -884,8 +883,9 @@ func (pc *PrefixCache) Stats() PrefixCacheStats {
 }
 
 // Close evicts every entry, pins or not, and detaches the prefix cache from its cache
-// and the governor (its ledger leaves the governor's list). Sequences started by Lookup stay valid (they map what they use).
-// Close waits for a reclaimer that is running; a second Close does nothing.
+// and the governor (its ledger leaves the governor's list). Sequences started by
+// Lookup stay valid (they map what they use). Close waits for a reclaimer that is
+// running; a second Close does nothing.
 func (pc *PrefixCache) Close() error {
 	pc.mu.Lock()
 	if pc.closed {

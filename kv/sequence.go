@@ -46,7 +46,8 @@ type Sequence struct {
 	closed bool
 	pcl    *pcLive // what it maps of a PrefixCache's granules, or nil
 	// guarded: protect made some of its own bytes read-only in its ranges once (a
-	// fork, a freeze, a prefix cache hit on it), so they are not all writable.
+	// fork, a freeze), so they may not all be writable. (What prefix cache hits
+	// protect, pcLive counts.)
 	guarded bool
 
 	// Readings for Cache.Stats, which runs on other goroutines.
