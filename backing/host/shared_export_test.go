@@ -148,11 +148,11 @@ func (f *SharedFaults) wrap(sys sharedSys) sharedSys {
 			}
 			return in.populate(at, n, write)
 		},
-		advise: func(at unsafe.Pointer, n int) error {
+		advise: func(at unsafe.Pointer, n int, huge bool) error {
 			if err := f.call("advise"); err != nil {
 				return err
 			}
-			return in.advise(at, n)
+			return in.advise(at, n, huge)
 		},
 		discard: func(at unsafe.Pointer, n int) error {
 			if err := f.call("discard"); err != nil {
@@ -393,12 +393,13 @@ func CheckShared(s *Shared) error {
 // PopulateByTouch reports whether this kernel lacks MADV_POPULATE_WRITE.
 var PopulateByTouch = populateByTouch
 
-// SetSharedClock makes s read the time from now (for the decay of idle granules). It
-// must be called before s is used concurrently.
+// SetSharedClock makes s read the time from now (for the decay of idle granules),
+// its epoch now's reading at the call. It must be called before s is used
+// concurrently.
 func SetSharedClock(s *Shared, now func() time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.clock = now
+	s.clock, s.epoch = now, now()
 }
 
 // SharedDecay runs one pass of the scavenger at s's clock and reports whether idle

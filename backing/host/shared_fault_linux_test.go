@@ -468,7 +468,7 @@ func TestSharedUnreserveOutcomes(t *testing.T) {
 		{"quarantined, no residual", nth("release", 1, 2), accounting.Quarantined, 3, 0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t, host.SharedOptions{Granularity: kib64, High: 1}, true)
+			e := newEnv(t, memfdOpts(host.SharedOptions{Granularity: kib64, High: 1}), true)
 			g := int64(e.g)
 			x := e.reserve(4)
 			e.commit(x, 0, 2)
@@ -547,7 +547,7 @@ func nth(names string, calls ...int) func() func(i int, name string) bool {
 // the file's pages alive, so Close punches the idle granules out itself: the
 // authority still ends with nothing owned, and Close says what failed.
 func TestSharedCloseParkFails(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64, High: 4}, true)
+	e := newEnv(t, memfdOpts(host.SharedOptions{Granularity: kib64, High: 4}), true)
 	x := e.reserve(3)
 	e.commit(x, 0, 3)
 	e.tagAll(x)

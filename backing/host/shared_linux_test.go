@@ -94,6 +94,63 @@ func newEnv(t *testing.T, opts host.SharedOptions, faulty bool) *sharedEnv {
 	return e
 }
 
+// sharedMode is a way for a Shared backing to get its new granules, as options.
+type sharedMode struct {
+	name string
+	opts func(host.SharedOptions) host.SharedOptions
+	huge string // SharedStats.HugePages it gives; where the system gives another, the test skips
+	priv bool   // SharedStats.PrivateGranules
+}
+
+// sharedModes are the ways a Shared backing gets new granules on Linux: memfd
+// granules from the start (NoPrivateGranules: Windows' only way), private granules
+// of small pages (the default where huge pages are not used, as on a guest that
+// reports free memory to its host), and private huge pages (forced on such a guest;
+// skipped where the system gives shmem huge pages or none).
+var sharedModes = []sharedMode{
+	{name: "memfd", opts: memfdOpts},
+	{name: "private", priv: true, opts: func(o host.SharedOptions) host.SharedOptions {
+		o.NoHugePages, o.AlwaysHugePages = true, false
+		return o
+	}},
+	{name: "private-huge", huge: "private", priv: true, opts: func(o host.SharedOptions) host.SharedOptions {
+		o.Granularity, o.NoHugePages, o.AlwaysHugePages = 2<<20, false, true
+		return o
+	}},
+}
+
+// memfdOpts makes opts give memfd granules of small pages, for tests of the memfd
+// itself: its slots, its park, its file.
+func memfdOpts(o host.SharedOptions) host.SharedOptions {
+	o.NoPrivateGranules, o.NoHugePages, o.AlwaysHugePages = true, true, false
+	return o
+}
+
+// env returns a backing with opts in mode m, or skips where the system can not give
+// it.
+func (m sharedMode) env(t *testing.T, opts host.SharedOptions, faulty bool) *sharedEnv {
+	t.Helper()
+	m.check(t, m.opts(opts))
+	return newEnv(t, m.opts(opts), faulty)
+}
+
+// check skips the test where a backing with opts would not be in mode m.
+func (m sharedMode) check(t *testing.T, opts host.SharedOptions) {
+	t.Helper()
+	gov := accounting.NewGovernor()
+	opts.Authority = gov.Authority("probe", accounting.HostKey)
+	opts.Name = memfdName()
+	s, err := host.NewShared(opts)
+	require.NoError(t, err)
+	st := s.Stats()
+	require.NoError(t, s.Close())
+	require.Equal(t, st.PrivateGranules, st.NoPrivateGranules == "", "a fallback says why: %+v", st)
+	if st.HugePages != m.huge || st.PrivateGranules != m.priv {
+		t.Skipf("the system gives %q huge pages (%s), private granules %v (%s)",
+			st.HugePages, st.NoHugePages, st.PrivateGranules, st.NoPrivateGranules)
+	}
+}
+
 func (e *sharedEnv) close() {
 	t := e.t
 	if e.closed {
@@ -485,7 +542,7 @@ func TestSharedWaterMarks(t *testing.T) {
 // at consecutive file offsets: a commit of many granules, and growth one granule at
 // a time, each end up as one mapping.
 func TestSharedConsecutiveOffsets(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+	e := newEnv(t, memfdOpts(host.SharedOptions{Granularity: kib64}), false)
 	const n = 8
 	x := e.reserve(n)
 	e.commit(x, 0, n)
@@ -555,7 +612,7 @@ func TestSharedReadOnly(t *testing.T) {
 }
 
 func TestSharedPrefillPopulate(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64, High: 8}, false)
+	e := newEnv(t, memfdOpts(host.SharedOptions{Granularity: kib64, High: 8}), false)
 	require.NoError(t, e.s.Prefill(0))
 	assert.Zero(t, e.pool().Owned, "Prefill(0) creates nothing")
 	require.NoError(t, e.s.Prefill(3))
@@ -595,7 +652,7 @@ func TestSharedPrefillPopulate(t *testing.T) {
 	assert.Equal(t, int64(3*e.g), e.pool().Resident)
 
 	// Commit with SharedOptions.Populate populates what it creates.
-	f := newEnv(t, host.SharedOptions{Granularity: kib64, Populate: true}, false)
+	f := newEnv(t, memfdOpts(host.SharedOptions{Granularity: kib64, Populate: true}), false)
 	y := f.reserve(2)
 	f.commit(y, 0, 2)
 	f.decommit(y, 0, 2)
@@ -810,7 +867,7 @@ func TestSharedMapLimit(t *testing.T) {
 		{"far below", 100, 65530, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t, host.SharedOptions{Granularity: kib64}, true)
+			e := newEnv(t, memfdOpts(host.SharedOptions{Granularity: kib64}), true)
 			host.SetSharedMapCount(e.s, func() (int, int, error) { return tt.count, tt.limit, nil })
 			x := e.reserve(2)
 			// The first commit maps the park; the second moves a granule out of it
@@ -1137,7 +1194,7 @@ func TestSharedParkKeepsPageTables(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			// NB: memfd granules throughout (new ones included): private granules
 			// have their own park, tested in TestSharedPrivatePark.
-			e := newEnv(t, host.SharedOptions{Granularity: tt.g, High: 4, NoHugePages: true}, false)
+			e := newEnv(t, memfdOpts(host.SharedOptions{Granularity: tt.g, High: 4, NoHugePages: true}), false)
 			g := e.g
 			pages := g / os.Getpagesize()
 			park := func(slot int) int { return present(t, host.SharedParkAt(e.s, slot), g) }

@@ -2,6 +2,7 @@ package host
 
 import (
 	"fmt"
+	"time"
 	"unsafe"
 
 	"github.com/vmarena/vmarena/backing"
@@ -39,7 +40,7 @@ func (s *Shared) privPark() error {
 	s.apark = sharedAlign(raw, align)
 	s.aidle.resize(s.high)
 	s.aused.resize(s.high)
-	s.asince = make([]int64, s.high)
+	s.asince = make([]time.Duration, s.high)
 	return nil
 }
 
@@ -67,7 +68,7 @@ func (s *Shared) untakePrivIdle(pos []int) {
 	for _, p := range pos {
 		s.aidle.set(p)
 		s.nPrivIdle++
-		s.asince[p] = s.clock().UnixNano()
+		s.asince[p] = s.elapsed()
 	}
 	s.startDecay()
 	s.signal()
@@ -105,7 +106,7 @@ func (s *Shared) parkPriv(r *SharedReservation, gi, n int) (parked [][2]int) {
 		s.aused.set(p)
 		s.aidle.set(p)
 		s.nPrivIdle++
-		s.asince[p] = s.clock().UnixNano()
+		s.asince[p] = s.elapsed()
 		s.startDecay()
 		s.signal()
 		r.maps[i] = sharedMap{}

@@ -36,8 +36,15 @@ func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservatio
 		if err := s.checkShare(op, dst, dstOff, src, srcOff, size, prot); err != nil {
 			return fail(err)
 		}
-		// Private granules move into the memfd first, one run at a time.
 		i, j := srcOff>>s.shift, (srcOff+size)>>s.shift
+		if slices.ContainsFunc(src.maps[i:j], func(m sharedMap) bool { return m.adopting }) {
+			// NB: another Share is moving some of them into the memfd: wait for it
+			// and look again (they may be memfd granules now, or private again).
+			s.adoptDone.Wait()
+			s.mu.Unlock()
+			continue
+		}
+		// Private granules move into the memfd first, one run at a time.
 		for i < j && !src.maps[i].priv {
 			i++
 		}
@@ -161,6 +168,7 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) (sharedAdoptio
 	for n, p := range picks {
 		at[n] = s.parkAt(p.slot)
 		ready[n] = s.slots[p.slot].resident
+		r.maps[i+n].adopting = true
 	}
 	s.mu.Unlock()
 	var err error
@@ -177,6 +185,10 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) (sharedAdoptio
 		copy(sharedBytes(at[n], s.g), sharedBytes(r.at(i+n), s.g))
 	}
 	s.mu.Lock()
+	for n := range k {
+		r.maps[i+n].adopting = false
+	}
+	s.adoptDone.Broadcast()
 	done := 0
 	if err == nil && r.state == sharedLive {
 		slots := make([]int, k)
