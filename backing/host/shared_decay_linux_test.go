@@ -14,18 +14,19 @@ import (
 // idle granules while they are reused; once the load stops, idle granules leave
 // gradually (a few at first, about half by Decay/2) and the pool is down to its
 // floor (Low) within 10 s.
-func TestSharedDecay(t *testing.T) {
+func TestSharedDecay(t *testing.T) { forModes(t, testSharedDecay) }
+
+func testSharedDecay(t *testing.T, m sharedMode) {
 	for _, tt := range []struct {
 		name string
 		opts host.SharedOptions
 	}{
 		{"default", host.SharedOptions{Granularity: kib64, High: 64, Low: 2}},
-		{"private", host.SharedOptions{High: 64, Low: 2, AlwaysHugePages: true}},
 		{"decay=2s", host.SharedOptions{Granularity: kib64, High: 64, Decay: 2 * time.Second}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			const n = 32
-			e := newEnv(t, tt.opts, false)
+			e := m.env(t, tt.opts, false)
 			decay := tt.opts.Decay
 			if decay == 0 {
 				decay = 5 * time.Second
@@ -76,8 +77,10 @@ func TestSharedDecay(t *testing.T) {
 
 // TestSharedNoDecay: with decay off idle granules stay up to High however long they
 // wait.
-func TestSharedNoDecay(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64, High: 8, Decay: host.SharedNoDecay}, false)
+func TestSharedNoDecay(t *testing.T) { forModes(t, testSharedNoDecay) }
+
+func testSharedNoDecay(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{Granularity: kib64, High: 8, Decay: host.SharedNoDecay}, false)
 	r := e.reserve(4)
 	e.commit(r, 0, 4)
 	e.decommit(r, 0, 4)

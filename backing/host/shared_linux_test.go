@@ -119,6 +119,14 @@ var sharedModes = []sharedMode{
 	}},
 }
 
+// forModes runs test in each of sharedModes (skipping those the system can not
+// give).
+func forModes(t *testing.T, test func(t *testing.T, m sharedMode)) {
+	for _, m := range sharedModes {
+		t.Run(m.name, func(t *testing.T) { test(t, m) })
+	}
+}
+
 // memfdOpts makes opts give memfd granules of small pages, for tests of the memfd
 // itself: its slots, its park, its file.
 func memfdOpts(o host.SharedOptions) host.SharedOptions {
@@ -361,27 +369,26 @@ func (e *sharedEnv) checkGone(base uintptr, size int) {
 func vmas(t *testing.T, base uintptr, size int) int { return len(overlapping(readMaps(t), base, size)) }
 
 func TestSharedConformance(t *testing.T) {
-	for _, tt := range []struct {
-		name  string
-		g     int
-		small bool
-	}{{"granule=2MiB", 0, false}, {"granule=2MiB/nohuge", 0, true}, {"granule=64KiB", kib64, false}} {
-		t.Run(tt.name, func(t *testing.T) {
-			backingtest.Run(t, func(t *testing.T) backing.Backing[*host.SharedReservation] {
-				// NB: huge pages even on a guest that would rather not: the
-				// private granules must pass too.
-				return newEnv(t, host.SharedOptions{Granularity: tt.g, NoHugePages: tt.small, AlwaysHugePages: !tt.small}, false).s
+	forModes(t, func(t *testing.T, m sharedMode) {
+		for _, g := range []int{2 << 20, kib64} {
+			if m.huge != "" && g != 2<<20 {
+				continue
+			}
+			t.Run(fmt.Sprintf("granule=%dKiB", g>>10), func(t *testing.T) {
+				m.check(t, m.opts(host.SharedOptions{Granularity: g}))
+				backingtest.Run(t, func(t *testing.T) backing.Backing[*host.SharedReservation] {
+					return m.env(t, host.SharedOptions{Granularity: g}, false).s
+				})
 			})
-		})
-	}
+		}
+	})
 }
 
-// TestShared64Reservations maps one 2 MiB granule into 64 reservations: the pool
-// owns it once, attributes 64 mappings, and the kernel charges the process one
-// granule of proportional set size for all of them, not 64.
-func TestShared64Reservations(t *testing.T) {
+func TestShared64Reservations(t *testing.T) { forModes(t, testShared64Reservations) }
+
+func testShared64Reservations(t *testing.T, m sharedMode) {
 	const n = 64
-	e := newEnv(t, host.SharedOptions{}, false)
+	e := m.env(t, host.SharedOptions{}, false)
 	g := e.g
 	require.Equal(t, 2<<20, g, "the default granule")
 	rs := make([]*host.SharedReservation, n)
@@ -513,7 +520,9 @@ func TestSharedPoolReuse(t *testing.T) {
 	e.checkMaps(y, e.s.Base(y), 2*e.g)
 }
 
-func TestSharedWaterMarks(t *testing.T) {
+func TestSharedWaterMarks(t *testing.T) { forModes(t, testSharedWaterMarks) }
+
+func testSharedWaterMarks(t *testing.T, m sharedMode) {
 	for _, tt := range []struct {
 		name     string
 		high     int
@@ -525,7 +534,7 @@ func TestSharedWaterMarks(t *testing.T) {
 		{"no pool", host.SharedNoPool, 0, 0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t, host.SharedOptions{Granularity: kib64, High: tt.high}, false)
+			e := m.env(t, host.SharedOptions{Granularity: kib64, High: tt.high}, false)
 			x := e.reserve(5)
 			e.commit(x, 0, 5)
 			e.decommit(x, 0, 5)
@@ -578,8 +587,10 @@ func TestSharedConsecutiveOffsets(t *testing.T) {
 	e.checkMaps(y, e.s.Base(y), n*e.g)
 }
 
-func TestSharedReadOnly(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+func TestSharedReadOnly(t *testing.T) { forModes(t, testSharedReadOnly) }
+
+func testSharedReadOnly(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{Granularity: kib64}, false)
 	a := e.reserve(2)
 	b := e.reserve(2)
 	e.commit(a, 0, 2)
@@ -659,8 +670,10 @@ func TestSharedPrefillPopulate(t *testing.T) {
 	assert.Equal(t, int64(2*f.g), f.pool().Resident)
 }
 
-func TestSharedLowRefill(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64, Low: 2, High: 4}, false)
+func TestSharedLowRefill(t *testing.T) { forModes(t, testSharedLowRefill) }
+
+func testSharedLowRefill(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{Granularity: kib64, Low: 2, High: 4}, false)
 	host.SharedWaitRefill(e.s)
 	p := e.pool()
 	assert.Equal(t, int64(2*e.g), p.Resident, "filled to Low at start")
@@ -684,8 +697,10 @@ func TestSharedLowRefill(t *testing.T) {
 
 // TestSharedBudget: a refused commit changes nothing, whether or not it could have
 // taken idle granules first.
-func TestSharedBudget(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+func TestSharedBudget(t *testing.T) { forModes(t, testSharedBudget) }
+
+func testSharedBudget(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{Granularity: kib64}, false)
 	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(3*e.g)))
 	x := e.reserve(4)
 	e.commit(x, 0, 2)
@@ -723,8 +738,10 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 // TestSharedCommitCtxFIFO: commits that wait for the budget are served in arrival
 // order, as granules other commits give up go back to the OS at once.
-func TestSharedCommitCtxFIFO(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+func TestSharedCommitCtxFIFO(t *testing.T) { forModes(t, testSharedCommitCtxFIFO) }
+
+func testSharedCommitCtxFIFO(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{Granularity: kib64}, false)
 	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(2*e.g)))
 	x := e.reserve(2)
 	e.commit(x, 0, 2)
@@ -771,8 +788,10 @@ func TestSharedCommitCtxFIFO(t *testing.T) {
 // needs), so a cancelled wait leaks nothing; a served one commits all it asked
 // for, and the granules that go idle while it waits are handed to it: none is
 // first given back to the OS (no punch) to be made again.
-func TestSharedCommitCtxCancel(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64}, true)
+func TestSharedCommitCtxCancel(t *testing.T) { forModes(t, testSharedCommitCtxCancel) }
+
+func testSharedCommitCtxCancel(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{Granularity: kib64}, true)
 	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(2*e.g)))
 	x := e.reserve(2)
 	e.commit(x, 0, 2)
@@ -820,7 +839,11 @@ func TestSharedCommitCtxCancel(t *testing.T) {
 // no granule of this pool goes idle meanwhile (the governor counts idle granules as
 // used, so it can not see it).
 func TestSharedCommitCtxIdlePlusReleased(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64, Decay: host.SharedNoDecay}, false)
+	forModes(t, testSharedCommitCtxIdlePlusReleased)
+}
+
+func testSharedCommitCtxIdlePlusReleased(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{Granularity: kib64, Decay: host.SharedNoDecay}, false)
 	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(4*e.g)))
 	x := e.reserve(2)
 	e.commit(x, 0, 2)
@@ -843,8 +866,10 @@ func TestSharedCommitCtxIdlePlusReleased(t *testing.T) {
 
 // TestSharedReclaimForOthers: when another owner's request waits for host memory,
 // the pool gives its idle granules back to the OS so that the budget can serve it.
-func TestSharedReclaimForOthers(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+func TestSharedReclaimForOthers(t *testing.T) { forModes(t, testSharedReclaimForOthers) }
+
+func testSharedReclaimForOthers(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{Granularity: kib64}, false)
 	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(2*e.g)))
 	x := e.reserve(2)
 	e.commit(x, 0, 2)
@@ -1083,9 +1108,11 @@ func TestSharedPopulateByTouch(t *testing.T) {
 // TestSharedConcurrentPool runs commits, shares, decommits, waiting commits, Trim and
 // Prefill from several goroutines at once on one pool under a tight budget, then
 // checks that the bookkeeping, the ledger and the memfd agree.
-func TestSharedConcurrentPool(t *testing.T) {
+func TestSharedConcurrentPool(t *testing.T) { forModes(t, testSharedConcurrentPool) }
+
+func testSharedConcurrentPool(t *testing.T, m sharedMode) {
 	const workers, rounds, granules = 4, 40, 4
-	e := newEnv(t, host.SharedOptions{Granularity: kib64, High: 3}, false)
+	e := m.env(t, host.SharedOptions{Granularity: kib64, High: 3}, false)
 	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(12*e.g)))
 	prefix := e.reserve(1)
 	e.commit(prefix, 0, 1)
