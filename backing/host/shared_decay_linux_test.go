@@ -96,3 +96,41 @@ func mib(v []int64) []int64 {
 	}
 	return out
 }
+
+// TestSharedDecayWallStep: idle time is measured on the monotonic clock, so a step
+// of the wall clock (an hour forward, a day back) changes no granule's age: idle
+// granules neither leave at once nor stay for good. The clock's readings carry a
+// monotonic reading, as time.Now's do; host.WallStep moves only their wall reading.
+func TestSharedDecayWallStep(t *testing.T) { forModes(t, testSharedDecayWallStep) }
+
+func testSharedDecayWallStep(t *testing.T, m sharedMode) {
+	for _, step := range []time.Duration{time.Hour, -24 * time.Hour} {
+		t.Run(step.String(), func(t *testing.T) {
+			e := m.env(t, host.SharedOptions{Granularity: kib64, High: 8}, false)
+			e.mu.Lock()
+			e.clock = time.Now() // with a monotonic reading
+			e.mu.Unlock()
+			host.SetSharedClock(e.s, e.now)
+			g := int64(e.g)
+			r := e.reserve(4)
+			e.commit(r, 0, 4)
+			e.decommit(r, 0, 4)
+			require.Equal(t, 4*g, e.pool().Idle)
+
+			// The wall clock steps; 100 ms pass on the monotonic clock.
+			e.mu.Lock()
+			stepped, err := host.WallStep(e.clock.Add(100*time.Millisecond), step)
+			e.clock = stepped
+			e.mu.Unlock()
+			require.NoError(t, err)
+			host.SharedDecay(e.s)
+			assert.Equal(t, 4*g, e.pool().Idle, "100 ms idle: nothing leaves, whatever the wall clock says")
+
+			// Decay (5 s) passes on the monotonic clock: everything leaves.
+			e.advance(5 * time.Second)
+			host.SharedDecay(e.s)
+			assert.Zero(t, e.pool().Idle, "idle for Decay: all given back, whatever the wall clock says")
+			assert.Zero(t, e.auth.Stats().Owned)
+		})
+	}
+}

@@ -405,3 +405,35 @@ func SetSharedClock(s *Shared, now func() time.Time) {
 // SharedDecay runs one pass of the scavenger at s's clock and reports whether idle
 // granules above the floor remain.
 func SharedDecay(s *Shared) bool { return s.decayPass(s.clock()) }
+
+// WallStep returns t with its wall-clock reading moved by d, a whole number of
+// seconds, and its monotonic reading unchanged: what time.Now returns after
+// someone set the system's clock. Package time builds no such value (a monotonic
+// reading comes only from time.Now, and Add moves both readings), so WallStep
+// writes the wall field of a copy of t; it fails unless t carries a monotonic
+// reading and the result reads as intended (the same instant for Sub, a wall
+// reading d apart), so that a change in time.Time's layout fails the test that
+// uses it rather than fooling it.
+func WallStep(t time.Time, d time.Duration) (time.Time, error) {
+	type timeLayout struct {
+		wall uint64 // hasMonotonic (bit 63), seconds since 1885 (bits 30-62), nanoseconds
+		ext  int64  // the monotonic reading
+		loc  *time.Location
+	}
+	const hasMonotonic, nsecShift = 1 << 63, 30
+	if unsafe.Sizeof(t) != unsafe.Sizeof(timeLayout{}) || d%time.Second != 0 {
+		return t, fmt.Errorf("WallStep: time.Time is not laid out as assumed, or %v is no whole number of seconds", d)
+	}
+	u := t
+	// Safety: time.Time is {wall uint64; ext int64; loc *Location} (time/time.go);
+	// the checks below reject a result that does not read as intended.
+	p := (*timeLayout)(unsafe.Pointer(&u))
+	if p.wall&hasMonotonic == 0 {
+		return t, fmt.Errorf("WallStep: %v has no monotonic reading", t)
+	}
+	p.wall += uint64(int64(d/time.Second)) << nsecShift
+	if u.Sub(t) != 0 || u.UnixNano()-t.UnixNano() != int64(d) {
+		return t, fmt.Errorf("WallStep: the result reads %v after by Sub and %v by the wall clock", u.Sub(t), time.Duration(u.UnixNano()-t.UnixNano()))
+	}
+	return u, nil
+}
