@@ -17,6 +17,7 @@ type SharedFaults struct {
 	err   error
 	fired bool
 	log   []string
+	hook  func(name string)
 }
 
 // FailAt makes the n-th call from now fail with err (n >= 1).
@@ -38,11 +39,21 @@ func (f *SharedFaults) Fail(fail func(i int, name string) bool, err error) {
 	f.calls, f.fail, f.err, f.fired, f.log = 0, fail, err, false, nil
 }
 
-// Reset disarms the fault.
+// Reset disarms the fault and removes the hook.
 func (f *SharedFaults) Reset() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.calls, f.fail, f.err, f.fired, f.log = 0, nil, nil, false, nil
+	f.calls, f.fail, f.err, f.fired, f.log, f.hook = 0, nil, nil, false, nil, nil
+}
+
+// Before makes fn run before every system call from now, named as in Fail, so
+// that a test can act at a chosen point of an operation. fn may call the backing
+// only at calls the backing makes without its lock held (allocate in a commit
+// that populates, say), or it deadlocks.
+func (f *SharedFaults) Before(fn func(name string)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.hook = fn
 }
 
 // Log returns the calls made since the fault was armed, failed ones marked with a
@@ -61,6 +72,12 @@ func (f *SharedFaults) Fired() bool {
 }
 
 func (f *SharedFaults) call(name string) error {
+	f.mu.Lock()
+	hook := f.hook
+	f.mu.Unlock()
+	if hook != nil {
+		hook(name)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++

@@ -1271,3 +1271,71 @@ func TestSharedParkKeepsPageTables(t *testing.T) {
 		})
 	}
 }
+
+// panicOf runs f and returns what it panicked with (nil if it returned).
+func panicOf(f func()) (v any) {
+	defer func() { v = recover() }()
+	f()
+	return nil
+}
+
+// TestSharedUnreservedWhileCommitting: a reservation unreserved while a commit on
+// it waits for the budget (CommitCtx) makes the commit panic with
+// backing.PanicUseAfterUnreserve once it wakes, whether a granule going idle or the
+// budget woke it, having taken nothing: the bytes it waited for go back, it leaves
+// the line, and the books agree.
+func TestSharedUnreservedWhileCommitting(t *testing.T) {
+	forModes(t, func(t *testing.T, m sharedMode) {
+		for _, wake := range []string{"idle granule", "budget"} {
+			t.Run(wake, func(t *testing.T) {
+				e := m.env(t, host.SharedOptions{Granularity: kib64, Decay: host.SharedNoDecay}, false)
+				g := int64(e.g)
+				require.NoError(t, e.gov.SetLimit(accounting.HostKey, 2*g))
+				x := e.reserve(2)
+				e.commit(x, 0, 2)
+				y := e.reserve(2)
+				panicked := make(chan any, 1)
+				go func() {
+					panicked <- panicOf(func() { _ = e.s.CommitCtx(context.Background(), y, 0, 2*e.g) })
+				}()
+				waitFor(t, "the commit to queue", func() bool { return e.gov.Stats(accounting.HostKey).Waiters == 1 })
+				e.unreserve(y)
+				peak := 2 * g
+				if wake == "budget" {
+					require.NoError(t, e.gov.SetLimit(accounting.HostKey, 4*g)) // the commit gets its bytes
+					peak = 4 * g
+				} else {
+					e.decommit(x, 0, 1) // it is handed the idle granule
+				}
+				assert.Equal(t, backing.PanicUseAfterUnreserve, <-panicked)
+				assert.Zero(t, e.gov.Stats(accounting.HostKey).Waiters, "it left the line")
+				assert.Equal(t, 2*g, e.auth.Stats().Owned, "the bytes it waited for went back: x's alone are owned")
+				assert.Equal(t, peak, e.auth.Stats().OwnedPeak, "it held no more than it waited for")
+				require.NoError(t, host.CheckShared(e.s))
+				assert.True(t, host.SharedGone(y))
+			})
+		}
+	})
+	// A commit that creates memfd granules and allocates their pages outside the
+	// lock: the reservation is unreserved meanwhile (the hook runs Unreserve just
+	// before the fallocate), and the new granules go back to the OS.
+	t.Run("memfd/allocating", func(t *testing.T) {
+		e := newEnv(t, memfdOpts(host.SharedOptions{Granularity: kib64, Populate: true}), true)
+		y := e.reserve(2)
+		var once sync.Once
+		e.f.Before(func(name string) {
+			if name == "allocate" {
+				once.Do(func() { e.unreserve(y) })
+			}
+		})
+		v := panicOf(func() { _ = e.s.Commit(y, 0, 2*e.g) })
+		log := e.f.Log()
+		e.f.Reset()
+		assert.Equal(t, backing.PanicUseAfterUnreserve, v, "%v", log)
+		assert.Contains(t, log, "punch", "the new granules went back to the OS")
+		assert.Zero(t, e.auth.Stats().Owned)
+		assert.Zero(t, e.pool().Owned)
+		require.NoError(t, host.CheckShared(e.s))
+		require.NoError(t, host.SharedFileCheck(e.s), "no page of the new granules is left in the file")
+	})
+}
