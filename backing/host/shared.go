@@ -154,12 +154,15 @@ type Shared struct {
 	stop      chan struct{}   // closed by Close
 	waitq     []*sharedWaiter // this pool's commits waiting for the budget, first first
 	scav      sync.WaitGroup
-	adopted   int64        // private granules moved into the memfd by Share
-	adoptDone sync.Cond    // on mu: an adoption ended (see sharedMap.adopting)
-	refused   int64        // MADV_HUGEPAGE calls the kernel refused
-	stray     []sharedSpan // address space a failed step could not give back
-	refilling bool
-	refill    sync.WaitGroup
+	adopted   int64     // private granules moved into the memfd by Share
+	adoptDone sync.Cond // on mu: an adoption ended (see sharedMap.adopting)
+	// testAdoptWait, when a test sets it, runs (under mu) as a Share starts to wait
+	// for another's adoption.
+	testAdoptWait func()
+	refused       int64        // MADV_HUGEPAGE calls the kernel refused
+	stray         []sharedSpan // address space a failed step could not give back
+	refilling     bool
+	refill        sync.WaitGroup
 }
 
 // sharedSlot is one granule-sized offset of the memfd.

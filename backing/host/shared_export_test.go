@@ -454,3 +454,12 @@ func WallStep(t time.Time, d time.Duration) (time.Time, error) {
 	}
 	return u, nil
 }
+
+// SetSharedAdoptWait makes fn run (under s's lock: it must not call s) whenever a
+// Share starts to wait for another Share's move of a private granule into the
+// memfd. It must be called before s is used concurrently.
+func SetSharedAdoptWait(s *Shared, fn func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.testAdoptWait = fn
+}

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -380,3 +382,59 @@ func testSharedPrivateShareUndo(t *testing.T, m sharedMode) {
 
 // nthCall fails the calls named in names ("a|b") that come n-th among them.
 func nthCall(names string, n ...int) func(int, string) bool { return nth(names, n...)() }
+
+// TestSharedShareWaitsForAdoption: two Shares of one private granule at once. The
+// second starts while the first copies the granule into the memfd outside the lock
+// (the hook runs it just before the first allocates the memfd granule); it waits
+// for the first, then maps the memfd granule: moved once, owned once, three
+// mappings of one physical granule.
+func TestSharedShareWaitsForAdoption(t *testing.T) { forPrivate(t, testSharedShareWaitsForAdoption) }
+
+func testSharedShareWaitsForAdoption(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{High: host.SharedNoPool}, true) // no idle memfd granule: the move allocates one
+	g := e.g
+	x := e.reserve(1)
+	e.commit(x, 0, 1)
+	e.tag(x, 0, 42)
+	y, z := e.reserve(1), e.reserve(1)
+	waiting := make(chan struct{}, 1)
+	host.SetSharedAdoptWait(e.s, func() {
+		select {
+		case waiting <- struct{}{}:
+		default:
+		}
+	})
+	second := make(chan error, 1)
+	var once sync.Once
+	e.f.Before(func(name string) {
+		if name != "allocate" {
+			return
+		}
+		once.Do(func() {
+			go func() { second <- e.s.Share(z, 0, x, 0, g, backing.ReadOnly) }()
+			select {
+			case <-waiting:
+			case <-time.After(10 * time.Second):
+				t.Error("the second Share did not wait for the first's move into the memfd")
+			}
+		})
+	})
+	require.NoError(t, e.s.Share(y, 0, x, 0, g, backing.ReadOnly))
+	require.NoError(t, <-second)
+	e.f.Reset()
+	assert.Equal(t, int64(1), e.s.Stats().Adopted, "moved once")
+	assert.Zero(t, e.s.Stats().Private)
+	xs, _ := host.SharedSlots(x)
+	ys, _ := host.SharedSlots(y)
+	zs, _ := host.SharedSlots(z)
+	require.GreaterOrEqual(t, xs[0], 0)
+	assert.Equal(t, xs, ys)
+	assert.Equal(t, xs, zs)
+	assert.Equal(t, 3, host.SharedRefs(e.s, xs[0]))
+	assert.Equal(t, int64(g), e.pool().Owned, "owned once")
+	assert.Equal(t, int64(3*g), e.pool().Mapped)
+	for _, r := range []*host.SharedReservation{x, y, z} {
+		assert.Equal(t, uint64(42), e.tagOf(r, 0))
+	}
+	require.NoError(t, host.CheckShared(e.s))
+}

@@ -18,7 +18,10 @@ import (
 // owned. prot applies to the new mapping only. ReadWrite is refused with
 // ErrSharedReadOnly (which matches backing.ErrReadOnly) when a source granule is
 // read-only in src, shared so or protected: read-only memory never yields a writable
-// mapping. On error nothing changed.
+// mapping. A private source granule is first moved into the memfd, which copies
+// it (see the package documentation): the source range must not be written
+// meanwhile, and a Share that finds a granule being moved by another waits for it.
+// On error nothing changed.
 func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservation, srcOff, size int, prot backing.Protection) error {
 	const op = "share"
 	var runs []sharedAdoption // undone if the Share fails
@@ -40,6 +43,9 @@ func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservatio
 		if slices.ContainsFunc(src.maps[i:j], func(m sharedMap) bool { return m.adopting }) {
 			// NB: another Share is moving some of them into the memfd: wait for it
 			// and look again (they may be memfd granules now, or private again).
+			if s.testAdoptWait != nil {
+				s.testAdoptWait()
+			}
 			s.adoptDone.Wait()
 			s.mu.Unlock()
 			continue
