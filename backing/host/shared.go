@@ -159,7 +159,7 @@ type Shared struct {
 	// testAdoptWait, when a test sets it, runs (under mu) as a Share starts to wait
 	// for another's adoption.
 	testAdoptWait func()
-	refused       int64        // MADV_HUGEPAGE calls the kernel refused
+	refused       int64        // MADV_HUGEPAGE and MADV_NOHUGEPAGE calls the kernel refused
 	stray         []sharedSpan // address space a failed step could not give back
 	refilling     bool
 	refill        sync.WaitGroup
