@@ -15,8 +15,9 @@ import (
 // private park, address space of its own with room for High granules: a decommit
 // moves the granule there with its pages and page tables (mremap with
 // MREMAP_DONTUNMAP, which leaves the source mapped, empty), and a commit moves it
-// out again into place. A huge page moves as one page-table entry, so either costs a
-// few µs where a new granule costs its population. Each parked granule is a mapping
+// out again into place. A huge page moves as one page-table entry, 512 small pages
+// of an aligned 2 MiB as one page-table page, so either costs a few µs where a new
+// granule costs its population. Each parked granule is a mapping
 // of its own (moved anonymous memory does not merge with its neighbours), and so is
 // each private granule that came out of the park: like memfd granules at scattered
 // offsets, they count against vm.max_map_count.
