@@ -463,3 +463,15 @@ func SetSharedAdoptWait(s *Shared, fn func()) {
 	defer s.mu.Unlock()
 	s.testAdoptWait = fn
 }
+
+// SetSharedSmallTHP makes s, which must make private granules of small pages,
+// refuse huge pages on them (MADV_NOHUGEPAGE) as it does where THP is "always",
+// whatever this system's mode. It must be called before s is used concurrently.
+func SetSharedSmallTHP(s *Shared, v bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.huge != sharedPrivSmall {
+		panic("SetSharedSmallTHP: not a backing of private small granules")
+	}
+	s.smallTHP = v
+}

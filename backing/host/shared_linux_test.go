@@ -127,6 +127,18 @@ func forModes(t *testing.T, test func(t *testing.T, m sharedMode)) {
 	}
 }
 
+// modeNamed returns the mode of sharedModes named name.
+func modeNamed(t *testing.T, name string) sharedMode {
+	t.Helper()
+	for _, m := range sharedModes {
+		if m.name == name {
+			return m
+		}
+	}
+	t.Fatalf("no mode %q", name)
+	return sharedMode{}
+}
+
 // memfdOpts makes opts give memfd granules of small pages, for tests of the memfd
 // itself: its slots, its park, its file.
 func memfdOpts(o host.SharedOptions) host.SharedOptions {

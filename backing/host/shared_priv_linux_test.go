@@ -3,6 +3,7 @@ package host_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"sync"
 	"testing"
@@ -437,4 +438,36 @@ func testSharedShareWaitsForAdoption(t *testing.T, m sharedMode) {
 		assert.Equal(t, uint64(42), e.tagOf(r, 0))
 	}
 	require.NoError(t, host.CheckShared(e.s))
+}
+
+// TestSharedPrivateSmallRefusesHuge: where THP is "always" (forced here, whatever
+// the system's mode), private granules of small pages refuse huge pages on every
+// new anonymous memory they map: a commit's new granules and a prefill's; where it
+// is not, they advise nothing. Either way the kernel gives them no huge page.
+func TestSharedPrivateSmallRefusesHuge(t *testing.T) {
+	for _, always := range []bool{false, true} {
+		t.Run(fmt.Sprintf("always=%v", always), func(t *testing.T) {
+			m := modeNamed(t, "private")
+			e := m.env(t, host.SharedOptions{High: 4}, true)
+			host.SetSharedSmallTHP(e.s, always)
+			e.f.Fail(func(int, string) bool { return false }, nil) // log the calls
+			x := e.reserve(2)
+			e.commit(x, 0, 2)
+			require.NoError(t, e.s.CopyIn(x, 0, make([]byte, 2*e.g)))
+			commit := e.f.Log()
+			e.f.Fail(func(int, string) bool { return false }, nil)
+			require.NoError(t, e.s.Prefill(1))
+			prefill := e.f.Log()
+			e.f.Reset()
+			if always {
+				assert.Contains(t, commit, "advise", "the commit refuses huge pages")
+				assert.Contains(t, prefill, "advise", "the prefill refuses huge pages")
+			} else {
+				assert.NotContains(t, commit, "advise")
+				assert.NotContains(t, prefill, "advise")
+			}
+			assert.Zero(t, e.s.Stats().HugeRefused)
+			checkHuge(t, e, m, x, 2*e.g)
+		})
+	}
 }
