@@ -154,15 +154,16 @@ type Shared struct {
 	stop      chan struct{}   // closed by Close
 	waitq     []*sharedWaiter // this pool's commits waiting for the budget, first first
 	scav      sync.WaitGroup
-	adopted   int64     // private granules moved into the memfd by Share
-	adoptDone sync.Cond // on mu: an adoption ended (see sharedMap.adopting)
+	adopted   int64        // private granules moved into the memfd by Share
+	adoptDone sync.Cond    // on mu: an adoption ended (see sharedMap.adopting)
+	refused   int64        // MADV_HUGEPAGE and MADV_NOHUGEPAGE calls the kernel refused
+	stray     []sharedSpan // address space a failed step could not give back
+	refilling bool
+	refill    sync.WaitGroup
+
 	// testAdoptWait, when a test sets it, runs (under mu) as a Share starts to wait
 	// for another's adoption.
 	testAdoptWait func()
-	refused       int64        // MADV_HUGEPAGE and MADV_NOHUGEPAGE calls the kernel refused
-	stray         []sharedSpan // address space a failed step could not give back
-	refilling     bool
-	refill        sync.WaitGroup
 }
 
 // sharedSlot is one granule-sized offset of the memfd.
@@ -213,7 +214,8 @@ func (m sharedMap) slot() int { return int(m.at) - 1 }
 // committed reports whether the granule is Committed (a slot or private).
 func (m sharedMap) committed() bool { return m.at != 0 || m.priv }
 
-// sharedHuge is how a Shared backing gets huge pages.
+// sharedHuge is how a Shared backing gets new granules: memfd or private, huge
+// pages or small.
 type sharedHuge uint8
 
 const (
