@@ -394,7 +394,7 @@ func sharedHugeMode(opts SharedOptions) (mode sharedHuge, noHuge, noPriv string)
 		noPriv = "private granules need mremap (Linux)"
 	}
 	shmem, anon := hugeShmem(), hugeAnon()
-	fits := opts.Granularity%anon.pmd == 0
+	fits := anon.pmd > 0 && opts.Granularity%anon.pmd == 0 // NB: pmd is 0 where there are no huge pages
 	switch {
 	case opts.NoHugePages:
 		noHuge = "turned off by SharedOptions.NoHugePages"
