@@ -88,7 +88,7 @@ func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 		p.unref()
 		return nil, err
 	}
-	full, err := shareInto(s.bufs, p.bufs, p.tokens*c.row, c.gran)
+	full, err := c.shareInto(s.bufs, p.bufs, p.tokens)
 	if err != nil {
 		err = errors.Join(err, c.abandon(s))
 		p.unref()
