@@ -105,7 +105,8 @@ func (s *Sequence) publish() {
 }
 
 // Append grows every K and V tensor of the sequence by n tokens, committing whole
-// granules only where a tensor crosses a granule boundary. When the memory can not be
+// granules only where a tensor crosses a granule boundary (in the Blocked layout, a
+// block's granules when its first token arrives). When the memory can not be
 // had now it fails at once with an *accounting.BudgetError (it matches
 // accounting.ErrBudgetExceeded; see AppendBatch for what it carries) and changes
 // nothing; past MaxTokens it fails with ErrTooLong.
@@ -235,9 +236,9 @@ func (s *Sequence) Fork() (*Sequence, error) {
 }
 
 // ForkAt returns a new sequence holding the first n tokens of s (a checkpoint: beam
-// search, speculative decoding): the full granules that hold them are mapped, not
-// copied, read-only in the new sequence; the tokens past the last full granule are
-// copied into the new sequence's own granule. From then on the tokens of s below the
+// search, speculative decoding): the full granules that hold them (in the Blocked
+// layout, the full blocks) are mapped, not copied, read-only in the new sequence; the
+// tokens past them are copied into the new sequence's own granule (block). From then on the tokens of s below the
 // new sequence's Writable are shared by both: WriteToken refuses them (ErrReadOnly),
 // and on a backing that can protect memory in place (backing.Protector) s's own
 // mapping of them becomes read-only too, so that a stray write through Bytes or a
@@ -325,9 +326,9 @@ func (c *Cache) shareInto(dst, src []buffer, n int) (int, error) {
 }
 
 // Freeze makes the first p tokens of the sequence an immutable, reference-counted
-// Prefix that new sequences can start on (NewSequenceFrom). The full granules are
-// shared, not copied; the prefix copies the tokens past the last full granule into a
-// granule of its own. The sequence's tokens below Writable are shared from then on:
+// Prefix that new sequences can start on (NewSequenceFrom). The full granules (in the
+// Blocked layout, the full blocks) are shared, not copied; the prefix copies the
+// tokens past them into a granule (block) of its own. The sequence's tokens below Writable are shared from then on:
 // they MUST NOT be written through Bytes or a View (WriteToken refuses them with
 // ErrReadOnly; on a backing.Protector the sequence's own mapping of them becomes
 // read-only, so a stray write faults). The caller holds one reference and MUST
