@@ -232,3 +232,22 @@ func TestRunIdle(t *testing.T) {
 	assert.NotEqual(t, "0 B", m[1], "the pool kept idle granules when the load stopped")
 	assert.Equal(t, "0 B", m[2], "and gave them all back by decay")
 }
+
+// -layout takes each of kv's layouts, and its default is kv's.
+func TestRunLayouts(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{nil, "vmarena: shared backing, blocked layout"},
+		{[]string{"-layout", "per-sequence"}, "per-sequence layout"},
+		{[]string{"-layout", "per-layer"}, "per-layer layout"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(append([]string{"layout"}, tt.args...), " "), func(t *testing.T) {
+			code, out, errOut := runArgs(t, small(t, append([]string{"-requests", "3", "-progress", "none"}, tt.args...)...)...)
+			require.Equal(t, 0, code, errOut)
+			assert.Contains(t, out, tt.want)
+		})
+	}
+}
