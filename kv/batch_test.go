@@ -378,6 +378,13 @@ func TestViewOfEmptySequence(t *testing.T) {
 					}
 				}
 			}
+			if layout == kv.Blocked {
+				assert.Equal(t, 16, s.BlockTokens(), "a 4 KiB block of 256-byte tokens")
+				assert.Equal(t, fakeGranule, s.BlockStride())
+			} else {
+				assert.Zero(t, s.BlockTokens(), "no blocks")
+				assert.Zero(t, s.BlockStride())
+			}
 			check("new")
 			require.NoError(t, s.Append(3))
 			check("3 tokens")
