@@ -28,13 +28,14 @@
 // granule is a multiple of the huge page and the system allows them
 // (/sys/kernel/mm/transparent_hugepage/), unless their options turn them off, and
 // report which they use and why not (PrivateStats, SharedStats) and what the kernel
-// really gave (HugePages, from smaps). Where memfd memory can have no huge pages
-// (shmem_enabled never, the common default) Shared makes new granules private:
-// anonymous huge pages of the one reservation, moved into the memfd only when they
-// become shared. On a virtual machine that reports its free memory to the host in
-// huge-page blocks (virtio_balloon free page reporting) a fresh huge page takes
-// host faults and costs more than small pages: there both backings use small pages
-// unless their options say AlwaysHugePages, and their stats say why.
+// really gave (HugePages, from smaps). Unless memfd memory can have huge pages
+// (shmem_enabled never is the common default) Shared makes new granules private:
+// anonymous memory of the one reservation, huge pages where it may have them and
+// small ones otherwise, moved into the memfd only when they become shared. On a
+// virtual machine that reports its free memory to the host in huge-page blocks
+// (virtio_balloon free page reporting) a fresh huge page takes host faults and
+// costs more than small pages: there both backings use small pages unless their
+// options say AlwaysHugePages, and their stats say why.
 //
 // On Windows (10 1803 and later) [Shared] keeps one pagefile-backed section per
 // granule (CreateFileMapping): a reservation is a placeholder (VirtualAlloc2), a
@@ -100,30 +101,40 @@
 //
 // # Shared: new granules and huge pages
 //
-// A new granule costs its page population: about 0.3 ms per 2 MiB of 4 KiB shmem
-// pages (fallocate and populate), 0.06 ms as one anonymous transparent huge page.
-// So, unless SharedOptions.NoHugePages is set and when the granule is a multiple of
-// the huge page:
+// A new granule costs its page population: about 0.6 ms per 2 MiB of 4 KiB
+// anonymous pages, twice that of 4 KiB shmem pages (fallocate and populate, then
+// the punch), 0.06 ms as one anonymous transparent huge page. So:
 //
 //   - where shmem huge pages are allowed (/sys/kernel/mm/transparent_hugepage/
-//     shmem_enabled is always, within_size, advise or force), the park and every
-//     mapping of the memfd ask for them (MADV_HUGEPAGE), and granules are memfd
-//     granules as above;
-//   - else, where anonymous huge pages are allowed (.../enabled is always or
-//     madvise), a commit that must create granules makes them private: anonymous
-//     memory of that reservation alone (mprotect read-write, MADV_HUGEPAGE), owned
-//     and charged like any granule, mapped once, never pooled (a decommit gives it
-//     back to the OS at once, which costs a few µs for a huge page). Only a granule
-//     that becomes shared moves into the memfd: Share from a private granule first
-//     copies it into a memfd granule (an idle one when the pool has one) and moves
-//     that over the same address (mremap), so that the source keeps its base and
-//     its contents and the granule is owned once, whatever maps it;
-//   - else granules are memfd granules of small pages.
+//     shmem_enabled is always, within_size, advise or force), the granule is a
+//     multiple of the huge page and SharedOptions.NoHugePages is not set, the park
+//     and every mapping of the memfd ask for them (MADV_HUGEPAGE), and granules
+//     are memfd granules as above;
+//   - else (on Linux, unless SharedOptions.NoPrivateGranules is set) a commit that
+//     must create granules makes them private: anonymous memory of that
+//     reservation alone (mprotect read-write), owned and charged like any granule,
+//     mapped once. They are anonymous huge pages (MADV_HUGEPAGE) where those are
+//     allowed (.../enabled is always or madvise), the granule is a multiple of the
+//     huge page and NoHugePages is not set; small pages otherwise, and where the
+//     system would give huge pages unasked (enabled is always) they refuse them
+//     (MADV_NOHUGEPAGE), so that what SharedStats says is what the kernel does.
+//     Idle ones wait in a private park of their own (shared_priv.go). Only a
+//     granule that becomes shared moves into the memfd: Share from a private
+//     granule first copies it into a memfd granule (an idle one when the pool has
+//     one) and moves that over the same address (mremap), so that the source keeps
+//     its base and its contents and the granule is owned once, whatever maps it.
+//     NB: the copy runs outside the lock, so the source range must not be written
+//     while a Share from it runs (a write may be lost); a second Share of a
+//     granule being moved waits for the first;
+//   - else (NoPrivateGranules, or Windows) granules are memfd granules of small
+//     pages. A workload that shares most of what it commits, or that is short of
+//     mappings, may prefer these (see SharedOptions.NoPrivateGranules).
 //
 // A virtual machine that reports its free memory to the host in huge-page blocks
 // gets small pages unless SharedOptions.AlwaysHugePages is set: there a fresh huge
 // page takes host faults (see BENCHMARKS.md). SharedStats says which of these the
-// backing does and, where it falls back, why.
+// backing does and, where it falls back, why. The choice is made once, at
+// NewShared, from the system's settings then.
 //
 // A commit takes idle slots first and creates new ones (Free to Live, or private) only
 // for the rest, charging the authority for all of them at once before anything is
@@ -163,7 +174,8 @@
 // by mapping reserved memory over its place in the private park) by decay: those
 // above Low leave gradually once unused, all of them within SharedOptions.Decay
 // (5 s by default) after the load stops, while a busy pool keeps its working set
-// (see shared_decay.go). It also gives them back above the High water mark, on Trim,
+// (see shared_decay.go). Idle time is measured on the monotonic clock: a step of the
+// wall clock changes no granule's age. It also gives them back above the High water mark, on Trim,
 // and, while another owner's request waits for host memory, at once as they go idle,
 // so that memory kept for this pool's future commits is not held against a caller
 // that needs it now; each time such a request starts to wait, the pool's reclaimer

@@ -141,7 +141,7 @@ func TestSharedOutOfMemoryRlimit(t *testing.T) {
 	gov := accounting.NewGovernor()
 	auth := gov.Authority("shared", accounting.HostKey)
 	name := memfdName()
-	s, err := host.NewShared(host.SharedOptions{Granularity: g, Authority: auth, Name: name})
+	s, err := host.NewShared(memfdOpts(host.SharedOptions{Granularity: g, Authority: auth, Name: name}))
 	require.NoError(t, err)
 	a, err := s.Reserve(8 * g)
 	require.NoError(t, err)

@@ -20,6 +20,7 @@ type HugePageBytes struct {
 
 // hugeMode is what the system allows for one kind of memory.
 type hugeMode struct {
-	pmd int    // the huge page size in bytes; 0 when unknown
-	why string // why no huge pages may be had; "" when they may
+	pmd  int    // the huge page size in bytes; 0 when unknown
+	why  string // why no huge pages may be had; "" when they may
+	mode string // the selected mode ("always", "madvise", "never", ...); "" when unknown
 }

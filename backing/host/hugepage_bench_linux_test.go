@@ -21,8 +21,11 @@ import (
 //     reserved mapping over it + fallocate PUNCH_HOLE;
 //   - via=private, private/nohuge: a Private backing (THP on, off);
 //   - via=shared: a Shared backing with no pool (every granule new: private huge
-//     pages where the system gives shmem none), shared/nohuge (memfd granules,
-//     populated on commit, the best memfd path);
+//     pages where the system gives shmem none); shared/small: private granules of
+//     small pages (NoHugePages, the default on a guest that reports free memory to
+//     its host), faulted in by the touch, and shared/small/populate, populated on
+//     commit; shared/memfd: memfd granules (NoPrivateGranules, NoHugePages),
+//     populated on commit, the best memfd path;
 //   - via=shared/pooled: a Shared backing with its default pool: the granule goes
 //     idle and comes back with its pages (what a busy server pays).
 func BenchmarkNewGranule(b *testing.B) {
@@ -100,17 +103,22 @@ func BenchmarkNewGranule(b *testing.B) {
 			reportGranule(b)
 		})
 	}
-	for _, kind := range []string{"shared", "shared/nohuge", "shared/pooled"} {
+	for _, kind := range []string{"shared", "shared/small", "shared/small/populate", "shared/memfd", "shared/pooled"} {
 		b.Run("granule=2MiB/via="+kind, func(b *testing.B) {
 			opts := host.SharedOptions{High: host.SharedNoPool, AlwaysHugePages: true}
 			switch kind {
-			case "shared/nohuge":
+			case "shared/small":
+				opts.NoHugePages, opts.AlwaysHugePages = true, false
+			case "shared/small/populate":
 				opts.NoHugePages, opts.AlwaysHugePages, opts.Populate = true, false, true
+			case "shared/memfd":
+				opts.NoPrivateGranules, opts.NoHugePages, opts.AlwaysHugePages, opts.Populate = true, true, false, true
 			case "shared/pooled":
 				opts.High = 0
 			}
 			s := newBenchShared(b, opts)
-			b.Logf("huge pages: %q (%s)", s.Stats().HugePages, s.Stats().NoHugePages)
+			st := s.Stats()
+			b.Logf("huge pages: %q (%s); private granules: %v (%s)", st.HugePages, st.NoHugePages, st.PrivateGranules, st.NoPrivateGranules)
 			r := benchReserve(b, s, 1)
 			b.SetBytes(g)
 			for b.Loop() {
@@ -129,17 +137,21 @@ func BenchmarkNewGranule(b *testing.B) {
 
 // BenchmarkSharedShareNew measures a new granule that becomes shared: commit, write
 // every page, Share it into a second reservation, decommit both, with no pool (every
-// granule new). With private granules the Share copies the granule into a new memfd
-// granule; with nohuge the granule is a memfd granule from the start.
+// granule new). With private granules (kind=private: huge pages; small: small
+// pages) the Share copies the granule into a new memfd granule; with memfd the
+// granule is a memfd granule from the start.
 func BenchmarkSharedShareNew(b *testing.B) {
 	const g = 2 << 20
-	for _, nohuge := range []bool{false, true} {
-		name := "granule=2MiB/kind=private"
-		if nohuge {
-			name = "granule=2MiB/kind=nohuge"
-		}
-		b.Run(name, func(b *testing.B) {
-			s := newBenchShared(b, host.SharedOptions{High: host.SharedNoPool, NoHugePages: nohuge, AlwaysHugePages: !nohuge, Populate: nohuge})
+	for _, kind := range []string{"private", "small", "memfd"} {
+		b.Run("granule=2MiB/kind="+kind, func(b *testing.B) {
+			opts := host.SharedOptions{High: host.SharedNoPool, AlwaysHugePages: true}
+			switch kind {
+			case "small":
+				opts.NoHugePages, opts.AlwaysHugePages = true, false
+			case "memfd":
+				opts.NoPrivateGranules, opts.NoHugePages, opts.AlwaysHugePages, opts.Populate = true, true, false, true
+			}
+			s := newBenchShared(b, opts)
 			x := benchReserve(b, s, 1)
 			y := benchReserve(b, s, 1)
 			b.SetBytes(g)

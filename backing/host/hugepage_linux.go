@@ -39,16 +39,15 @@ func hugeReadMode(file string, ok ...string) hugeMode {
 		m.why = fmt.Sprintf("the kernel has no transparent huge pages (%v)", err)
 		return m
 	}
-	mode := "" // the selected mode ("always", "madvise", "never", ...); "" when unknown
 	if i, j := bytes.IndexByte(b, '['), bytes.IndexByte(b, ']'); i >= 0 && j > i {
-		mode = string(b[i+1 : j])
+		m.mode = string(b[i+1 : j])
 	}
 	for _, s := range ok {
-		if mode == s {
+		if m.mode == s {
 			return m
 		}
 	}
-	m.why = fmt.Sprintf("%s%s is %q", hugeSysDir, file, mode)
+	m.why = fmt.Sprintf("%s%s is %q", hugeSysDir, file, m.mode)
 	return m
 }
 

@@ -47,12 +47,23 @@ type SharedOptions struct {
 	// first, all of them by Decay after the load stops (see the package documentation). 0 means 5 s;
 	// SharedNoDecay (any negative value) keeps idle granules up to High for good.
 	Decay time.Duration
-	// NoHugePages turns huge pages off: every granule is a memfd granule of small
-	// pages. Otherwise, with granules a multiple of the huge page (2 MiB on x86-64),
-	// the backing takes the fastest new memory the system allows (see the package documentation):
-	// memfd huge pages where shmem_enabled allows them, else anonymous huge pages for
-	// the granules a reservation commits for itself. SharedStats says which, and why.
+	// NoHugePages turns huge pages off: granules take small pages. Otherwise, with
+	// granules a multiple of the huge page (2 MiB on x86-64), the backing takes the
+	// fastest new memory the system allows (see the package documentation): memfd
+	// huge pages where shmem_enabled allows them, else anonymous huge pages for the
+	// granules a reservation commits for itself. SharedStats says which, and why.
 	NoHugePages bool
+	// NoPrivateGranules makes every granule a memfd granule from the start, as on
+	// Windows. Otherwise (on Linux, unless memfd huge pages are used) a granule a
+	// reservation commits for itself is private anonymous memory, small pages or
+	// huge, and moves into the memfd only when Share shares it, at the cost of a
+	// copy (see the package documentation). A workload that shares most of what it
+	// commits (every sequence forked or frozen soon after it is written) pays that
+	// copy on most granules and may want memfd granules from the start; so may a
+	// process short of mappings (vm.max_map_count), since a new memfd granule
+	// placed after its predecessor merges with it and a private one out of the
+	// pool does not.
+	NoPrivateGranules bool
 	// AlwaysHugePages asks for huge pages also on a virtual machine that reports its
 	// free memory to the host in huge-page blocks, where a fresh huge page costs more
 	// than small pages (SharedStats.NoHugePages says so when it applies); a pool that
@@ -108,6 +119,8 @@ type Shared struct {
 	populate bool
 	huge     sharedHuge
 	hugeWhy  string // why huge is not what the user would want, or ""
+	privWhy  string // why new granules are not private, or ""
+	smallTHP bool   // private small granules must refuse huge pages (MADV_NOHUGEPAGE)
 	sys      sharedSys
 	log      *slog.Logger // nil logs nothing
 
@@ -130,29 +143,35 @@ type Shared struct {
 	apark     unsafe.Pointer // the private park (shared_priv.go): High granules
 	aparkRaw  unsafe.Pointer
 	aparkN    int
-	aused     bitset  // positions of the private park that hold a granule
-	aidle     bitset  // ... that hold an idle one (not taken by a commit)
-	asince    []int64 // per position, when its granule went idle (clock, ns)
+	aused     bitset          // positions of the private park that hold a granule
+	aidle     bitset          // ... that hold an idle one (not taken by a commit)
+	asince    []time.Duration // per position, when its granule went idle (since epoch)
 	nPrivIdle int
 	clock     func() time.Time
+	epoch     time.Time       // the clock at construction: idle times are clock().Sub(epoch)
 	decay     time.Duration   // 0: off
 	decaying  bool            // the scavenger runs
 	stop      chan struct{}   // closed by Close
 	waitq     []*sharedWaiter // this pool's commits waiting for the budget, first first
 	scav      sync.WaitGroup
 	adopted   int64        // private granules moved into the memfd by Share
-	refused   int64        // MADV_HUGEPAGE calls the kernel refused
+	adoptDone sync.Cond    // on mu: an adoption ended (see sharedMap.adopting)
+	refused   int64        // MADV_HUGEPAGE and MADV_NOHUGEPAGE calls the kernel refused
 	stray     []sharedSpan // address space a failed step could not give back
 	refilling bool
 	refill    sync.WaitGroup
+
+	// testAdoptWait, when a test sets it, runs (under mu) as a Share starts to wait
+	// for another's adoption.
+	testAdoptWait func()
 }
 
 // sharedSlot is one granule-sized offset of the memfd.
 type sharedSlot struct {
-	refs     int32 // mappings; >0 means Live
-	busy     bool  // owned and in flight: being created, populated or given back
-	resident bool  // its pages are known to exist
-	since    int64 // when it went idle (clock, ns)
+	refs     int32         // mappings; >0 means Live
+	busy     bool          // owned and in flight: being created, populated or given back
+	resident bool          // its pages are known to exist
+	since    time.Duration // when it went idle (since epoch)
 }
 
 // SharedReservation is a reserved address range of a Shared backing. It is a handle:
@@ -184,6 +203,10 @@ type sharedMap struct {
 	ro     bool   // mapped read-only (shared so, or protected)
 	shared bool   // shared read-only into the reservation: Protect never makes it writable
 	priv   bool   // a private granule: anonymous memory of this reservation alone
+	// adopting marks a private granule that a Share is moving into the memfd while
+	// it holds no lock: another Share of it waits (adoptDone) rather than adopt it
+	// twice.
+	adopting bool
 }
 
 func (m sharedMap) slot() int { return int(m.at) - 1 }
@@ -191,30 +214,44 @@ func (m sharedMap) slot() int { return int(m.at) - 1 }
 // committed reports whether the granule is Committed (a slot or private).
 func (m sharedMap) committed() bool { return m.at != 0 || m.priv }
 
-// sharedHuge is how a Shared backing gets huge pages.
+// sharedHuge is how a Shared backing gets new granules: memfd or private, huge
+// pages or small.
 type sharedHuge uint8
 
 const (
 	sharedSmall     sharedHuge = iota // memfd granules of small pages
 	sharedShmemHuge                   // memfd granules that ask for huge pages
 	sharedPrivHuge                    // new granules private, in anonymous huge pages
+	sharedPrivSmall                   // new granules private, in anonymous small pages
 )
+
+// private reports whether the backing makes new granules private.
+func (h sharedHuge) private() bool { return h == sharedPrivHuge || h == sharedPrivSmall }
 
 // SharedStats describes how a Shared backing gets its memory.
 type SharedStats struct {
 	// HugePages is "shmem" when memfd granules ask for huge pages, "private" when
 	// new granules are private anonymous huge pages (only shared ones are memfd
-	// granules), or "" when every granule is a memfd granule of small pages; then
-	// NoHugePages says why (the option, the granule, the system's modes).
+	// granules), or "" when granules take small pages; then NoHugePages says why
+	// (the option, the granule, the system's modes, a guest that reports free
+	// memory to its host).
 	HugePages   string
 	NoHugePages string
+	// PrivateGranules reports whether new granules are private: anonymous memory
+	// of the reservation that commits them (huge pages when HugePages is
+	// "private", else small pages), moved into the memfd only when Share shares
+	// them. When false every granule is a memfd granule from the start, and
+	// NoPrivateGranules says why (the option, memfd huge pages, the system).
+	PrivateGranules   bool
+	NoPrivateGranules string
 	// Private is the bytes of private granules: committed, owned and mapped once,
 	// never pooled. They are part of the pool's Owned and Mapped.
 	Private int64
 	// Adopted counts the private granules that Share moved into the memfd.
 	Adopted int64
 	// HugeRefused counts the MADV_HUGEPAGE calls the kernel refused (the memory
-	// then has small pages).
+	// then has small pages), and the MADV_NOHUGEPAGE calls it refused (see the
+	// package documentation: the memory may then get huge pages).
 	HugeRefused int64
 }
 
@@ -234,7 +271,7 @@ type sharedSys struct {
 	protect  func(at unsafe.Pointer, n int, ro bool) error                // mprotect PROT_READ, or PROT_READ|PROT_WRITE
 	release  func(at unsafe.Pointer, n int) error                         // munmap
 	populate func(at unsafe.Pointer, n int, write bool) error             // MADV_POPULATE_WRITE/READ, else a touch per page
-	advise   func(at unsafe.Pointer, n int) error                         // MADV_HUGEPAGE
+	advise   func(at unsafe.Pointer, n int, huge bool) error              // MADV_HUGEPAGE, or MADV_NOHUGEPAGE
 	discard  func(at unsafe.Pointer, n int) error                         // MADV_DONTNEED + mprotect PROT_NONE (private granules)
 	mapCount func() (count, limit int, err error)                         // mappings of the process, vm.max_map_count
 }
@@ -304,7 +341,7 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 			return nil, bad("memfd name %q contains a NUL byte", opts.Name)
 		}
 	}
-	huge, why := sharedHugeMode(opts)
+	huge, why, privWhy := sharedHugeMode(opts)
 	fd, err := sys.memfd(opts.Name)
 	if err != nil {
 		return nil, fmt.Errorf("host: %s %q: %w", sharedCreateCall, opts.Name, err)
@@ -321,7 +358,10 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 		populate: opts.Populate,
 		huge:     huge,
 		hugeWhy:  why,
+		privWhy:  privWhy,
+		smallTHP: huge == sharedPrivSmall && hugeAnon().mode == "always",
 		clock:    time.Now,
+		epoch:    time.Now(),
 		decay:    max(opts.Decay, 0),
 		stop:     make(chan struct{}),
 		sys:      sys,
@@ -330,6 +370,7 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 		resv:     make(map[*SharedReservation]struct{}),
 		park0:    max(sharedParkFirst>>backing.Log2(opts.Granularity), 1),
 	}
+	s.adoptDone.L = &s.mu
 	s.mu.Lock()
 	s.kick()
 	s.mu.Unlock()
@@ -342,24 +383,41 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 	return s, nil
 }
 
-// sharedHugeMode picks how a backing with opts gets huge pages, and says why not.
-func sharedHugeMode(opts SharedOptions) (sharedHuge, string) {
-	if opts.NoHugePages {
-		return sharedSmall, "turned off by SharedOptions.NoHugePages"
+// sharedHugeMode picks how a backing with opts gets its new granules: memfd or
+// private, huge pages or small. It says why not huge pages (noHuge) and why not
+// private granules (noPriv); "" where they are used.
+func sharedHugeMode(opts SharedOptions) (mode sharedHuge, noHuge, noPriv string) {
+	switch {
+	case opts.NoPrivateGranules:
+		noPriv = "turned off by SharedOptions.NoPrivateGranules"
+	case !sharedPrivate:
+		noPriv = "private granules need mremap (Linux)"
 	}
 	shmem, anon := hugeShmem(), hugeAnon()
+	fits := anon.pmd > 0 && opts.Granularity%anon.pmd == 0 // NB: pmd is 0 where there are no huge pages
 	switch {
-	case (shmem.why == "" || anon.why == "") && opts.Granularity%anon.pmd == 0 &&
-		!opts.AlwaysHugePages && hugeReporting() != "":
-		return sharedSmall, hugeReporting()
+	case opts.NoHugePages:
+		noHuge = "turned off by SharedOptions.NoHugePages"
+	case (shmem.why == "" || anon.why == "") && fits && !opts.AlwaysHugePages && hugeReporting() != "":
+		noHuge = hugeReporting()
 	case shmem.why == "" && opts.Granularity%shmem.pmd == 0:
-		return sharedShmemHuge, ""
-	case anon.why == "" && opts.Granularity%anon.pmd == 0:
-		return sharedPrivHuge, ""
+		if noPriv == "" {
+			noPriv = "memfd granules get huge pages (shmem_enabled allows them)"
+		}
+		return sharedShmemHuge, "", noPriv
+	case anon.why == "" && fits && noPriv == "":
+		return sharedPrivHuge, "", ""
+	case anon.why == "" && fits:
+		noHuge = "anonymous huge pages need private granules (" + noPriv + ") and " + shmem.why
 	case shmem.why == "" || anon.why == "":
-		return sharedSmall, fmt.Sprintf("the %d-byte granule is not a multiple of the %d-byte huge page", opts.Granularity, anon.pmd)
+		noHuge = fmt.Sprintf("the %d-byte granule is not a multiple of the %d-byte huge page", opts.Granularity, anon.pmd)
+	default:
+		noHuge = shmem.why + " and " + anon.why
 	}
-	return sharedSmall, shmem.why + " and " + anon.why
+	if noPriv == "" {
+		return sharedPrivSmall, noHuge, ""
+	}
+	return sharedSmall, noHuge, noPriv
 }
 
 // Stats describes how the backing gets its memory; see SharedStats. It may be
@@ -367,7 +425,8 @@ func sharedHugeMode(opts SharedOptions) (sharedHuge, string) {
 func (s *Shared) Stats() SharedStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := SharedStats{NoHugePages: s.hugeWhy, Private: int64(s.nPriv) << s.shift, Adopted: s.adopted, HugeRefused: s.refused}
+	st := SharedStats{NoHugePages: s.hugeWhy, PrivateGranules: s.huge.private(), NoPrivateGranules: s.privWhy,
+		Private: int64(s.nPriv) << s.shift, Adopted: s.adopted, HugeRefused: s.refused}
 	switch s.huge {
 	case sharedShmemHuge:
 		st.HugePages = "shmem"
@@ -393,10 +452,22 @@ func (s *Shared) HugePages(r *SharedReservation) (HugePageBytes, error) {
 	return hugeBytes(base, base+uintptr(size))
 }
 
-// advise asks for huge pages on [at, at+n); a refusal is counted, not an error: the
-// memory works with small pages. s.mu must be held.
+// advise asks for the pages the backing's private granules should have on new
+// anonymous memory at [at, at+n): huge pages (MADV_HUGEPAGE) where it makes them
+// in huge pages; small pages (MADV_NOHUGEPAGE) where it makes them in small pages
+// and the system would give huge ones unasked (enabled is always); nothing else. A
+// refusal is counted, not an error: the memory works either way. s.mu must be held.
 func (s *Shared) advise(at unsafe.Pointer, n int) {
-	if err := s.sys.advise(at, n); err != nil {
+	var err error
+	switch {
+	case s.huge == sharedPrivHuge:
+		err = s.sys.advise(at, n, true)
+	case s.smallTHP:
+		err = s.sys.advise(at, n, false)
+	default:
+		return
+	}
+	if err != nil {
 		s.refused++
 	}
 }
@@ -406,7 +477,9 @@ func (s *Shared) advise(at unsafe.Pointer, n int) {
 // park's advice.) s.mu must be held.
 func (s *Shared) adviseFile(at unsafe.Pointer, n int) {
 	if s.huge == sharedShmemHuge {
-		s.advise(at, n)
+		if err := s.sys.advise(at, n, true); err != nil {
+			s.refused++
+		}
 	}
 }
 
@@ -468,7 +541,7 @@ func (s *Shared) Reserve(size int) (*SharedReservation, error) {
 		// (smaps and the mapping count would blur them).
 		align, pad := sharedAlignment(s.g)
 		guard := 0
-		if s.huge == sharedPrivHuge {
+		if s.huge.private() {
 			guard = os.Getpagesize()
 		}
 		raw, err := s.sys.reserve(size + pad + 2*guard)

@@ -73,7 +73,7 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 			s.mu.Unlock()
 			return s.undone(err, nil)
 		}
-		if s.huge == sharedPrivHuge {
+		if s.huge.private() {
 			priv = fresh
 			fresh = 0
 		} else if len(picks) > 0 {

@@ -36,6 +36,13 @@ func sharedWeight(x float64) float64 {
 	return 1 - x*x*x*(x*(6*x-15)+10)
 }
 
+// elapsed returns the time since the backing's epoch on its clock, by which it
+// measures how long granules stay idle. NB: on the monotonic clock: time.Time.Sub
+// of two readings of time.Now uses their monotonic readings, so a step of the wall
+// clock (an NTP correction, a suspended virtual machine's resume, an administrator's
+// date) moves no granule's age. s.mu must be held.
+func (s *Shared) elapsed() time.Duration { return s.clock().Sub(s.epoch) }
+
 // startDecay starts the scavenger when idle granules exceed the floor and none is
 // running. s.mu must be held.
 func (s *Shared) startDecay() {
@@ -67,7 +74,7 @@ func (s *Shared) startDecay() {
 // next granule to go idle starts it again). s.mu must not be held.
 func (s *Shared) decayPass(now time.Time) bool {
 	type idler struct {
-		since int64
+		since time.Duration
 		at    int // slot, or -1-position for a private granule
 	}
 	s.mu.Lock()
@@ -76,7 +83,7 @@ func (s *Shared) decayPass(now time.Time) bool {
 		s.mu.Unlock()
 		return false
 	}
-	t, d := now.UnixNano(), float64(s.decay.Nanoseconds())
+	t, d := now.Sub(s.epoch), float64(s.decay.Nanoseconds())
 	var all []idler
 	var w float64
 	for i := s.idle.next(0, len(s.slots)); i < len(s.slots); i = s.idle.next(i+1, len(s.slots)) {

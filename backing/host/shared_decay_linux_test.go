@@ -14,18 +14,19 @@ import (
 // idle granules while they are reused; once the load stops, idle granules leave
 // gradually (a few at first, about half by Decay/2) and the pool is down to its
 // floor (Low) within 10 s.
-func TestSharedDecay(t *testing.T) {
+func TestSharedDecay(t *testing.T) { forModes(t, testSharedDecay) }
+
+func testSharedDecay(t *testing.T, m sharedMode) {
 	for _, tt := range []struct {
 		name string
 		opts host.SharedOptions
 	}{
 		{"default", host.SharedOptions{Granularity: kib64, High: 64, Low: 2}},
-		{"private", host.SharedOptions{High: 64, Low: 2, AlwaysHugePages: true}},
 		{"decay=2s", host.SharedOptions{Granularity: kib64, High: 64, Decay: 2 * time.Second}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			const n = 32
-			e := newEnv(t, tt.opts, false)
+			e := m.env(t, tt.opts, false)
 			decay := tt.opts.Decay
 			if decay == 0 {
 				decay = 5 * time.Second
@@ -76,8 +77,10 @@ func TestSharedDecay(t *testing.T) {
 
 // TestSharedNoDecay: with decay off idle granules stay up to High however long they
 // wait.
-func TestSharedNoDecay(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64, High: 8, Decay: host.SharedNoDecay}, false)
+func TestSharedNoDecay(t *testing.T) { forModes(t, testSharedNoDecay) }
+
+func testSharedNoDecay(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{Granularity: kib64, High: 8, Decay: host.SharedNoDecay}, false)
 	r := e.reserve(4)
 	e.commit(r, 0, 4)
 	e.decommit(r, 0, 4)
@@ -92,4 +95,42 @@ func mib(v []int64) []int64 {
 		out[i] = x >> 20
 	}
 	return out
+}
+
+// TestSharedDecayWallStep: idle time is measured on the monotonic clock, so a step
+// of the wall clock (an hour forward, a day back) changes no granule's age: idle
+// granules neither leave at once nor stay for good. The clock's readings carry a
+// monotonic reading, as time.Now's do; host.WallStep moves only their wall reading.
+func TestSharedDecayWallStep(t *testing.T) { forModes(t, testSharedDecayWallStep) }
+
+func testSharedDecayWallStep(t *testing.T, m sharedMode) {
+	for _, step := range []time.Duration{time.Hour, -24 * time.Hour} {
+		t.Run(step.String(), func(t *testing.T) {
+			e := m.env(t, host.SharedOptions{Granularity: kib64, High: 8}, false)
+			e.mu.Lock()
+			e.clock = time.Now() // with a monotonic reading
+			e.mu.Unlock()
+			host.SetSharedClock(e.s, e.now)
+			g := int64(e.g)
+			r := e.reserve(4)
+			e.commit(r, 0, 4)
+			e.decommit(r, 0, 4)
+			require.Equal(t, 4*g, e.pool().Idle)
+
+			// The wall clock steps; 100 ms pass on the monotonic clock.
+			e.mu.Lock()
+			stepped, err := host.WallStep(e.clock.Add(100*time.Millisecond), step)
+			e.clock = stepped
+			e.mu.Unlock()
+			require.NoError(t, err)
+			host.SharedDecay(e.s)
+			assert.Equal(t, 4*g, e.pool().Idle, "100 ms idle: nothing leaves, whatever the wall clock says")
+
+			// Decay (5 s) passes on the monotonic clock: everything leaves.
+			e.advance(5 * time.Second)
+			host.SharedDecay(e.s)
+			assert.Zero(t, e.pool().Idle, "idle for Decay: all given back, whatever the wall clock says")
+			assert.Zero(t, e.auth.Stats().Owned)
+		})
+	}
 }

@@ -17,6 +17,7 @@ type SharedFaults struct {
 	err   error
 	fired bool
 	log   []string
+	hook  func(name string)
 }
 
 // FailAt makes the n-th call from now fail with err (n >= 1).
@@ -38,11 +39,21 @@ func (f *SharedFaults) Fail(fail func(i int, name string) bool, err error) {
 	f.calls, f.fail, f.err, f.fired, f.log = 0, fail, err, false, nil
 }
 
-// Reset disarms the fault.
+// Reset disarms the fault and removes the hook.
 func (f *SharedFaults) Reset() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.calls, f.fail, f.err, f.fired, f.log = 0, nil, nil, false, nil
+	f.calls, f.fail, f.err, f.fired, f.log, f.hook = 0, nil, nil, false, nil, nil
+}
+
+// Before makes fn run before every system call from now, named as in Fail, so
+// that a test can act at a chosen point of an operation. fn may call the backing
+// only at calls the backing makes without its lock held (allocate in a commit
+// that populates, say), or it deadlocks.
+func (f *SharedFaults) Before(fn func(name string)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.hook = fn
 }
 
 // Log returns the calls made since the fault was armed, failed ones marked with a
@@ -61,6 +72,12 @@ func (f *SharedFaults) Fired() bool {
 }
 
 func (f *SharedFaults) call(name string) error {
+	f.mu.Lock()
+	hook := f.hook
+	f.mu.Unlock()
+	if hook != nil {
+		hook(name)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
@@ -148,11 +165,11 @@ func (f *SharedFaults) wrap(sys sharedSys) sharedSys {
 			}
 			return in.populate(at, n, write)
 		},
-		advise: func(at unsafe.Pointer, n int) error {
+		advise: func(at unsafe.Pointer, n int, huge bool) error {
 			if err := f.call("advise"); err != nil {
 				return err
 			}
-			return in.advise(at, n)
+			return in.advise(at, n, huge)
 		},
 		discard: func(at unsafe.Pointer, n int) error {
 			if err := f.call("discard"); err != nil {
@@ -393,14 +410,68 @@ func CheckShared(s *Shared) error {
 // PopulateByTouch reports whether this kernel lacks MADV_POPULATE_WRITE.
 var PopulateByTouch = populateByTouch
 
-// SetSharedClock makes s read the time from now (for the decay of idle granules). It
-// must be called before s is used concurrently.
+// SetSharedClock makes s read the time from now (for the decay of idle granules),
+// its epoch now's reading at the call. It must be called before s is used
+// concurrently.
 func SetSharedClock(s *Shared, now func() time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.clock = now
+	s.clock, s.epoch = now, now()
 }
 
 // SharedDecay runs one pass of the scavenger at s's clock and reports whether idle
 // granules above the floor remain.
 func SharedDecay(s *Shared) bool { return s.decayPass(s.clock()) }
+
+// WallStep returns t with its wall-clock reading moved by d, a whole number of
+// seconds, and its monotonic reading unchanged: what time.Now returns after
+// someone set the system's clock. Package time builds no such value (a monotonic
+// reading comes only from time.Now, and Add moves both readings), so WallStep
+// writes the wall field of a copy of t; it fails unless t carries a monotonic
+// reading and the result reads as intended (the same instant for Sub, a wall
+// reading d apart), so that a change in time.Time's layout fails the test that
+// uses it rather than fooling it.
+func WallStep(t time.Time, d time.Duration) (time.Time, error) {
+	type timeLayout struct {
+		wall uint64 // hasMonotonic (bit 63), seconds since 1885 (bits 30-62), nanoseconds
+		ext  int64  // the monotonic reading
+		loc  *time.Location
+	}
+	const hasMonotonic, nsecShift = 1 << 63, 30
+	if unsafe.Sizeof(t) != unsafe.Sizeof(timeLayout{}) || d%time.Second != 0 {
+		return t, fmt.Errorf("WallStep: time.Time is not laid out as assumed, or %v is no whole number of seconds", d)
+	}
+	u := t
+	// Safety: time.Time is {wall uint64; ext int64; loc *Location} (time/time.go);
+	// the checks below reject a result that does not read as intended.
+	p := (*timeLayout)(unsafe.Pointer(&u))
+	if p.wall&hasMonotonic == 0 {
+		return t, fmt.Errorf("WallStep: %v has no monotonic reading", t)
+	}
+	p.wall += uint64(int64(d/time.Second)) << nsecShift
+	if u.Sub(t) != 0 || u.UnixNano()-t.UnixNano() != int64(d) {
+		return t, fmt.Errorf("WallStep: the result reads %v after by Sub and %v by the wall clock", u.Sub(t), time.Duration(u.UnixNano()-t.UnixNano()))
+	}
+	return u, nil
+}
+
+// SetSharedAdoptWait makes fn run (under s's lock: it must not call s) whenever a
+// Share starts to wait for another Share's move of a private granule into the
+// memfd. It must be called before s is used concurrently.
+func SetSharedAdoptWait(s *Shared, fn func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.testAdoptWait = fn
+}
+
+// SetSharedSmallTHP makes s, which must make private granules of small pages,
+// refuse huge pages on them (MADV_NOHUGEPAGE) as it does where THP is "always",
+// whatever this system's mode. It must be called before s is used concurrently.
+func SetSharedSmallTHP(s *Shared, v bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.huge != sharedPrivSmall {
+		panic("SetSharedSmallTHP: not a backing of private small granules")
+	}
+	s.smallTHP = v
+}

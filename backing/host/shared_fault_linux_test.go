@@ -355,37 +355,23 @@ func faultCases() []faultCase {
 	}
 }
 
-// faultModes are the kinds of granule the fault suite runs on: 64 KiB memfd
-// granules, and 2 MiB granules that are private until shared (huge pages forced on,
-// so that a guest that reports free memory to its host runs them too).
-var faultModes = []struct {
-	name string
-	opts func(o host.SharedOptions) host.SharedOptions
-}{
-	{"memfd", func(o host.SharedOptions) host.SharedOptions { o.Granularity = kib64; return o }},
-	{"private", func(o host.SharedOptions) host.SharedOptions {
-		o.Granularity, o.AlwaysHugePages = 2<<20, true
-		return o
-	}},
-}
-
 // TestSharedFaults injects a failure at every system call of each operation in turn,
 // once (FailAt) and from there on (FailFrom, so that undoing fails too), and checks
 // after each that the bookkeeping, the authority and the kernel's mappings agree, that
 // an operation that failed changed nothing (or says what it could not undo), and that
-// the reservations still work. It runs on memfd granules and on private ones.
+// the reservations still work. It runs in each of sharedModes: 64 KiB memfd granules,
+// 64 KiB private granules of small pages, and 2 MiB private huge pages.
 func TestSharedFaults(t *testing.T) {
-	for _, mode := range faultModes {
-		t.Run(mode.name, func(t *testing.T) {
-			if mode.name == "private" {
-				e := newEnv(t, mode.opts(host.SharedOptions{}), false)
-				if st := e.s.Stats(); st.HugePages != "private" {
-					t.Skipf("no private granules here: %q (%s)", st.HugePages, st.NoHugePages)
-				}
+	forModes(t, func(t *testing.T, m sharedMode) {
+		opts := func(o host.SharedOptions) host.SharedOptions {
+			if m.huge == "" {
+				o.Granularity = kib64
 			}
-			testSharedFaults(t, mode.opts)
-		})
-	}
+			return m.opts(o)
+		}
+		m.check(t, opts(host.SharedOptions{}))
+		testSharedFaults(t, opts)
+	})
 }
 
 func testSharedFaults(t *testing.T, modeOpts func(host.SharedOptions) host.SharedOptions) {
@@ -468,7 +454,7 @@ func TestSharedUnreserveOutcomes(t *testing.T) {
 		{"quarantined, no residual", nth("release", 1, 2), accounting.Quarantined, 3, 0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t, host.SharedOptions{Granularity: kib64, High: 1}, true)
+			e := newEnv(t, memfdOpts(host.SharedOptions{Granularity: kib64, High: 1}), true)
 			g := int64(e.g)
 			x := e.reserve(4)
 			e.commit(x, 0, 2)
@@ -547,7 +533,7 @@ func nth(names string, calls ...int) func() func(i int, name string) bool {
 // the file's pages alive, so Close punches the idle granules out itself: the
 // authority still ends with nothing owned, and Close says what failed.
 func TestSharedCloseParkFails(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64, High: 4}, true)
+	e := newEnv(t, memfdOpts(host.SharedOptions{Granularity: kib64, High: 4}), true)
 	x := e.reserve(3)
 	e.commit(x, 0, 3)
 	e.tagAll(x)

@@ -50,21 +50,35 @@ func (m *fuzzModel) state(k, gi, n int, committed bool) error {
 	return nil
 }
 
+// fuzzEnv returns a backing with a pool of two granules in sharedModes[mode %
+// len(sharedModes)]: 64 KiB granules, but for huge pages.
+func fuzzEnv(t *testing.T, mode uint8) *sharedEnv {
+	m := sharedModes[int(mode)%len(sharedModes)]
+	opts := host.SharedOptions{High: 2}
+	if m.huge == "" {
+		opts.Granularity = kib64
+	}
+	return m.env(t, opts, false)
+}
+
 // FuzzShared drives random sequences of commit, decommit, share, write, unreserve,
 // trim, prefill and populate against a model, under a tight budget and a small pool,
 // and checks after every step that every mapping reads the tag of its physical
 // granule, that the bookkeeping and the authority agree, and that the kernel's
-// mappings are what the bookkeeping says, the park's included.
+// mappings are what the bookkeeping says, the park's included. mode picks one of
+// sharedModes.
 func FuzzShared(f *testing.F) {
-	f.Add([]byte{0, 0, 0, 2, 2, 1, 0, 0, 3, 0, 1, 0, 1, 0, 0, 1})
-	f.Add([]byte{0, 0, 0, 3, 2, 1, 1, 0, 2, 2, 0, 1, 4, 0, 0, 0, 3, 1, 1, 9, 5, 0, 0, 0})
-	f.Add([]byte{0, 0, 0, 3, 0, 1, 0, 3, 0, 2, 0, 3, 1, 0, 0, 2, 6, 0, 3, 0, 0, 1, 0, 3, 7, 1, 0, 3})
-	f.Add([]byte{0, 0, 1, 2, 2, 1, 1, 0, 2, 130, 2, 0, 3, 1, 1, 7, 2, 2, 0, 1, 1, 0, 1, 2, 4, 1, 0, 0, 5, 0, 1, 0})
-	f.Fuzz(func(t *testing.T, ops []byte) {
+	for mode := range uint8(len(sharedModes)) {
+		f.Add(mode, []byte{0, 0, 0, 2, 2, 1, 0, 0, 3, 0, 1, 0, 1, 0, 0, 1})
+		f.Add(mode, []byte{0, 0, 0, 3, 2, 1, 1, 0, 2, 2, 0, 1, 4, 0, 0, 0, 3, 1, 1, 9, 5, 0, 0, 0})
+		f.Add(mode, []byte{0, 0, 0, 3, 0, 1, 0, 3, 0, 2, 0, 3, 1, 0, 0, 2, 6, 0, 3, 0, 0, 1, 0, 3, 7, 1, 0, 3})
+		f.Add(mode, []byte{0, 0, 1, 2, 2, 1, 1, 0, 2, 130, 2, 0, 3, 1, 1, 7, 2, 2, 0, 1, 1, 0, 1, 2, 4, 1, 0, 0, 5, 0, 1, 0})
+	}
+	f.Fuzz(func(t *testing.T, mode uint8, ops []byte) {
 		if len(ops) > 4*64 {
 			ops = ops[:4*64]
 		}
-		e := newEnv(t, host.SharedOptions{Granularity: kib64, High: 2}, false)
+		e := fuzzEnv(t, mode)
 		host.SetSharedParkChunk(e.s, 2) // runs of slots cross park chunks
 		require.NoError(t, e.gov.SetLimit(accounting.HostKey, fuzzBudget*int64(e.g)))
 		m := &fuzzModel{tags: map[int]uint64{}}
@@ -204,13 +218,15 @@ func live(m *fuzzModel) map[int]bool {
 }
 
 // FuzzSharedOps runs the shared random-op driver every backing shares
-// (backingtest.RunOps) on a 64 KiB-granule Shared backing with a small pool.
+// (backingtest.RunOps) on a Shared backing with a small pool in one of sharedModes.
 func FuzzSharedOps(f *testing.F) {
-	for _, s := range backingtest.SeedOps() {
-		f.Add(s)
+	for mode := range uint8(len(sharedModes)) {
+		for _, s := range backingtest.SeedOps() {
+			f.Add(mode, s)
+		}
 	}
-	f.Fuzz(func(t *testing.T, ops []byte) {
-		e := newEnv(t, host.SharedOptions{Granularity: kib64, High: 2}, false)
+	f.Fuzz(func(t *testing.T, mode uint8, ops []byte) {
+		e := fuzzEnv(t, mode)
 		backingtest.RunOps(t, e.s, ops)
 		require.NoError(t, host.CheckShared(e.s))
 	})

@@ -22,6 +22,9 @@ const (
 	// sharedMapAllocates says whether mapping a new slot gives it memory (a
 	// memfd's hole stays one until touched).
 	sharedMapAllocates = false
+	// sharedPrivate says whether new granules may be private anonymous memory,
+	// which moves (mremap) into the park and into the memfd.
+	sharedPrivate = true
 )
 
 // sharedDefaultSys returns the real system calls.
@@ -76,9 +79,14 @@ func sharedUnmapTo(at unsafe.Pointer, n int) error {
 	return err
 }
 
-// sharedAdvise asks for transparent huge pages on [at, at+n) (MADV_HUGEPAGE).
-func sharedAdvise(at unsafe.Pointer, n int) error {
-	return unix.Madvise(sharedBytes(at, n), unix.MADV_HUGEPAGE)
+// sharedAdvise asks for transparent huge pages on [at, at+n) (MADV_HUGEPAGE), or,
+// when huge is false, for none (MADV_NOHUGEPAGE).
+func sharedAdvise(at unsafe.Pointer, n int, huge bool) error {
+	advice := unix.MADV_HUGEPAGE
+	if !huge {
+		advice = unix.MADV_NOHUGEPAGE
+	}
+	return unix.Madvise(sharedBytes(at, n), advice)
 }
 
 // sharedDiscard frees the pages of [at, at+n), private anonymous memory of a

@@ -94,6 +94,83 @@ func newEnv(t *testing.T, opts host.SharedOptions, faulty bool) *sharedEnv {
 	return e
 }
 
+// sharedMode is a way for a Shared backing to get its new granules, as options.
+type sharedMode struct {
+	name string
+	opts func(host.SharedOptions) host.SharedOptions
+	huge string // SharedStats.HugePages it gives; where the system gives another, the test skips
+	priv bool   // SharedStats.PrivateGranules
+}
+
+// sharedModes are the ways a Shared backing gets new granules on Linux: memfd
+// granules from the start (NoPrivateGranules: Windows' only way), private granules
+// of small pages (the default where huge pages are not used, as on a guest that
+// reports free memory to its host), and private huge pages (forced on such a guest;
+// skipped where the system gives shmem huge pages or none).
+var sharedModes = []sharedMode{
+	{name: "memfd", opts: memfdOpts},
+	{name: "private", priv: true, opts: func(o host.SharedOptions) host.SharedOptions {
+		o.NoHugePages, o.AlwaysHugePages = true, false
+		return o
+	}},
+	{name: "private-huge", huge: "private", priv: true, opts: func(o host.SharedOptions) host.SharedOptions {
+		o.Granularity, o.NoHugePages, o.AlwaysHugePages = 2<<20, false, true
+		return o
+	}},
+}
+
+// forModes runs test in each of sharedModes (skipping those the system can not
+// give).
+func forModes(t *testing.T, test func(t *testing.T, m sharedMode)) {
+	for _, m := range sharedModes {
+		t.Run(m.name, func(t *testing.T) { test(t, m) })
+	}
+}
+
+// modeNamed returns the mode of sharedModes named name.
+func modeNamed(t *testing.T, name string) sharedMode {
+	t.Helper()
+	for _, m := range sharedModes {
+		if m.name == name {
+			return m
+		}
+	}
+	t.Fatalf("no mode %q", name)
+	return sharedMode{}
+}
+
+// memfdOpts makes opts give memfd granules of small pages, for tests of the memfd
+// itself: its slots, its park, its file.
+func memfdOpts(o host.SharedOptions) host.SharedOptions {
+	o.NoPrivateGranules, o.NoHugePages, o.AlwaysHugePages = true, true, false
+	return o
+}
+
+// env returns a backing with opts in mode m, or skips where the system can not give
+// it.
+func (m sharedMode) env(t *testing.T, opts host.SharedOptions, faulty bool) *sharedEnv {
+	t.Helper()
+	m.check(t, m.opts(opts))
+	return newEnv(t, m.opts(opts), faulty)
+}
+
+// check skips the test where a backing with opts would not be in mode m.
+func (m sharedMode) check(t *testing.T, opts host.SharedOptions) {
+	t.Helper()
+	gov := accounting.NewGovernor()
+	opts.Authority = gov.Authority("probe", accounting.HostKey)
+	opts.Name = memfdName()
+	s, err := host.NewShared(opts)
+	require.NoError(t, err)
+	st := s.Stats()
+	require.NoError(t, s.Close())
+	require.Equal(t, st.PrivateGranules, st.NoPrivateGranules == "", "a fallback says why: %+v", st)
+	if st.HugePages != m.huge || st.PrivateGranules != m.priv {
+		t.Skipf("the system gives %q huge pages (%s), private granules %v (%s)",
+			st.HugePages, st.NoHugePages, st.PrivateGranules, st.NoPrivateGranules)
+	}
+}
+
 func (e *sharedEnv) close() {
 	t := e.t
 	if e.closed {
@@ -304,27 +381,26 @@ func (e *sharedEnv) checkGone(base uintptr, size int) {
 func vmas(t *testing.T, base uintptr, size int) int { return len(overlapping(readMaps(t), base, size)) }
 
 func TestSharedConformance(t *testing.T) {
-	for _, tt := range []struct {
-		name  string
-		g     int
-		small bool
-	}{{"granule=2MiB", 0, false}, {"granule=2MiB/nohuge", 0, true}, {"granule=64KiB", kib64, false}} {
-		t.Run(tt.name, func(t *testing.T) {
-			backingtest.Run(t, func(t *testing.T) backing.Backing[*host.SharedReservation] {
-				// NB: huge pages even on a guest that would rather not: the
-				// private granules must pass too.
-				return newEnv(t, host.SharedOptions{Granularity: tt.g, NoHugePages: tt.small, AlwaysHugePages: !tt.small}, false).s
+	forModes(t, func(t *testing.T, m sharedMode) {
+		for _, g := range []int{2 << 20, kib64} {
+			if m.huge != "" && g != 2<<20 {
+				continue
+			}
+			t.Run(fmt.Sprintf("granule=%dKiB", g>>10), func(t *testing.T) {
+				m.check(t, m.opts(host.SharedOptions{Granularity: g}))
+				backingtest.Run(t, func(t *testing.T) backing.Backing[*host.SharedReservation] {
+					return m.env(t, host.SharedOptions{Granularity: g}, false).s
+				})
 			})
-		})
-	}
+		}
+	})
 }
 
-// TestShared64Reservations maps one 2 MiB granule into 64 reservations: the pool
-// owns it once, attributes 64 mappings, and the kernel charges the process one
-// granule of proportional set size for all of them, not 64.
-func TestShared64Reservations(t *testing.T) {
+func TestShared64Reservations(t *testing.T) { forModes(t, testShared64Reservations) }
+
+func testShared64Reservations(t *testing.T, m sharedMode) {
 	const n = 64
-	e := newEnv(t, host.SharedOptions{}, false)
+	e := m.env(t, host.SharedOptions{}, false)
 	g := e.g
 	require.Equal(t, 2<<20, g, "the default granule")
 	rs := make([]*host.SharedReservation, n)
@@ -456,7 +532,9 @@ func TestSharedPoolReuse(t *testing.T) {
 	e.checkMaps(y, e.s.Base(y), 2*e.g)
 }
 
-func TestSharedWaterMarks(t *testing.T) {
+func TestSharedWaterMarks(t *testing.T) { forModes(t, testSharedWaterMarks) }
+
+func testSharedWaterMarks(t *testing.T, m sharedMode) {
 	for _, tt := range []struct {
 		name     string
 		high     int
@@ -468,7 +546,7 @@ func TestSharedWaterMarks(t *testing.T) {
 		{"no pool", host.SharedNoPool, 0, 0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t, host.SharedOptions{Granularity: kib64, High: tt.high}, false)
+			e := m.env(t, host.SharedOptions{Granularity: kib64, High: tt.high}, false)
 			x := e.reserve(5)
 			e.commit(x, 0, 5)
 			e.decommit(x, 0, 5)
@@ -485,7 +563,7 @@ func TestSharedWaterMarks(t *testing.T) {
 // at consecutive file offsets: a commit of many granules, and growth one granule at
 // a time, each end up as one mapping.
 func TestSharedConsecutiveOffsets(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+	e := newEnv(t, memfdOpts(host.SharedOptions{Granularity: kib64}), false)
 	const n = 8
 	x := e.reserve(n)
 	e.commit(x, 0, n)
@@ -521,8 +599,10 @@ func TestSharedConsecutiveOffsets(t *testing.T) {
 	e.checkMaps(y, e.s.Base(y), n*e.g)
 }
 
-func TestSharedReadOnly(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+func TestSharedReadOnly(t *testing.T) { forModes(t, testSharedReadOnly) }
+
+func testSharedReadOnly(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{Granularity: kib64}, false)
 	a := e.reserve(2)
 	b := e.reserve(2)
 	e.commit(a, 0, 2)
@@ -555,7 +635,7 @@ func TestSharedReadOnly(t *testing.T) {
 }
 
 func TestSharedPrefillPopulate(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64, High: 8}, false)
+	e := newEnv(t, memfdOpts(host.SharedOptions{Granularity: kib64, High: 8}), false)
 	require.NoError(t, e.s.Prefill(0))
 	assert.Zero(t, e.pool().Owned, "Prefill(0) creates nothing")
 	require.NoError(t, e.s.Prefill(3))
@@ -595,15 +675,17 @@ func TestSharedPrefillPopulate(t *testing.T) {
 	assert.Equal(t, int64(3*e.g), e.pool().Resident)
 
 	// Commit with SharedOptions.Populate populates what it creates.
-	f := newEnv(t, host.SharedOptions{Granularity: kib64, Populate: true}, false)
+	f := newEnv(t, memfdOpts(host.SharedOptions{Granularity: kib64, Populate: true}), false)
 	y := f.reserve(2)
 	f.commit(y, 0, 2)
 	f.decommit(y, 0, 2)
 	assert.Equal(t, int64(2*f.g), f.pool().Resident)
 }
 
-func TestSharedLowRefill(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64, Low: 2, High: 4}, false)
+func TestSharedLowRefill(t *testing.T) { forModes(t, testSharedLowRefill) }
+
+func testSharedLowRefill(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{Granularity: kib64, Low: 2, High: 4}, false)
 	host.SharedWaitRefill(e.s)
 	p := e.pool()
 	assert.Equal(t, int64(2*e.g), p.Resident, "filled to Low at start")
@@ -627,8 +709,10 @@ func TestSharedLowRefill(t *testing.T) {
 
 // TestSharedBudget: a refused commit changes nothing, whether or not it could have
 // taken idle granules first.
-func TestSharedBudget(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+func TestSharedBudget(t *testing.T) { forModes(t, testSharedBudget) }
+
+func testSharedBudget(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{Granularity: kib64}, false)
 	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(3*e.g)))
 	x := e.reserve(4)
 	e.commit(x, 0, 2)
@@ -666,8 +750,10 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 // TestSharedCommitCtxFIFO: commits that wait for the budget are served in arrival
 // order, as granules other commits give up go back to the OS at once.
-func TestSharedCommitCtxFIFO(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+func TestSharedCommitCtxFIFO(t *testing.T) { forModes(t, testSharedCommitCtxFIFO) }
+
+func testSharedCommitCtxFIFO(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{Granularity: kib64}, false)
 	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(2*e.g)))
 	x := e.reserve(2)
 	e.commit(x, 0, 2)
@@ -714,8 +800,10 @@ func TestSharedCommitCtxFIFO(t *testing.T) {
 // needs), so a cancelled wait leaks nothing; a served one commits all it asked
 // for, and the granules that go idle while it waits are handed to it: none is
 // first given back to the OS (no punch) to be made again.
-func TestSharedCommitCtxCancel(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64}, true)
+func TestSharedCommitCtxCancel(t *testing.T) { forModes(t, testSharedCommitCtxCancel) }
+
+func testSharedCommitCtxCancel(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{Granularity: kib64}, true)
 	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(2*e.g)))
 	x := e.reserve(2)
 	e.commit(x, 0, 2)
@@ -763,7 +851,11 @@ func TestSharedCommitCtxCancel(t *testing.T) {
 // no granule of this pool goes idle meanwhile (the governor counts idle granules as
 // used, so it can not see it).
 func TestSharedCommitCtxIdlePlusReleased(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64, Decay: host.SharedNoDecay}, false)
+	forModes(t, testSharedCommitCtxIdlePlusReleased)
+}
+
+func testSharedCommitCtxIdlePlusReleased(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{Granularity: kib64, Decay: host.SharedNoDecay}, false)
 	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(4*e.g)))
 	x := e.reserve(2)
 	e.commit(x, 0, 2)
@@ -786,8 +878,10 @@ func TestSharedCommitCtxIdlePlusReleased(t *testing.T) {
 
 // TestSharedReclaimForOthers: when another owner's request waits for host memory,
 // the pool gives its idle granules back to the OS so that the budget can serve it.
-func TestSharedReclaimForOthers(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64}, false)
+func TestSharedReclaimForOthers(t *testing.T) { forModes(t, testSharedReclaimForOthers) }
+
+func testSharedReclaimForOthers(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{Granularity: kib64}, false)
 	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(2*e.g)))
 	x := e.reserve(2)
 	e.commit(x, 0, 2)
@@ -810,7 +904,7 @@ func TestSharedMapLimit(t *testing.T) {
 		{"far below", 100, 65530, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t, host.SharedOptions{Granularity: kib64}, true)
+			e := newEnv(t, memfdOpts(host.SharedOptions{Granularity: kib64}), true)
 			host.SetSharedMapCount(e.s, func() (int, int, error) { return tt.count, tt.limit, nil })
 			x := e.reserve(2)
 			// The first commit maps the park; the second moves a granule out of it
@@ -1026,9 +1120,11 @@ func TestSharedPopulateByTouch(t *testing.T) {
 // TestSharedConcurrentPool runs commits, shares, decommits, waiting commits, Trim and
 // Prefill from several goroutines at once on one pool under a tight budget, then
 // checks that the bookkeeping, the ledger and the memfd agree.
-func TestSharedConcurrentPool(t *testing.T) {
+func TestSharedConcurrentPool(t *testing.T) { forModes(t, testSharedConcurrentPool) }
+
+func testSharedConcurrentPool(t *testing.T, m sharedMode) {
 	const workers, rounds, granules = 4, 40, 4
-	e := newEnv(t, host.SharedOptions{Granularity: kib64, High: 3}, false)
+	e := m.env(t, host.SharedOptions{Granularity: kib64, High: 3}, false)
 	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(12*e.g)))
 	prefix := e.reserve(1)
 	e.commit(prefix, 0, 1)
@@ -1137,7 +1233,7 @@ func TestSharedParkKeepsPageTables(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			// NB: memfd granules throughout (new ones included): private granules
 			// have their own park, tested in TestSharedPrivatePark.
-			e := newEnv(t, host.SharedOptions{Granularity: tt.g, High: 4, NoHugePages: true}, false)
+			e := newEnv(t, memfdOpts(host.SharedOptions{Granularity: tt.g, High: 4, NoHugePages: true}), false)
 			g := e.g
 			pages := g / os.Getpagesize()
 			park := func(slot int) int { return present(t, host.SharedParkAt(e.s, slot), g) }
@@ -1186,4 +1282,72 @@ func TestSharedParkKeepsPageTables(t *testing.T) {
 			e.checkPark()
 		})
 	}
+}
+
+// panicOf runs f and returns what it panicked with (nil if it returned).
+func panicOf(f func()) (v any) {
+	defer func() { v = recover() }()
+	f()
+	return nil
+}
+
+// TestSharedUnreservedWhileCommitting: a reservation unreserved while a commit on
+// it waits for the budget (CommitCtx) makes the commit panic with
+// backing.PanicUseAfterUnreserve once it wakes, whether a granule going idle or the
+// budget woke it, having taken nothing: the bytes it waited for go back, it leaves
+// the line, and the books agree.
+func TestSharedUnreservedWhileCommitting(t *testing.T) {
+	forModes(t, func(t *testing.T, m sharedMode) {
+		for _, wake := range []string{"idle granule", "budget"} {
+			t.Run(wake, func(t *testing.T) {
+				e := m.env(t, host.SharedOptions{Granularity: kib64, Decay: host.SharedNoDecay}, false)
+				g := int64(e.g)
+				require.NoError(t, e.gov.SetLimit(accounting.HostKey, 2*g))
+				x := e.reserve(2)
+				e.commit(x, 0, 2)
+				y := e.reserve(2)
+				panicked := make(chan any, 1)
+				go func() {
+					panicked <- panicOf(func() { _ = e.s.CommitCtx(context.Background(), y, 0, 2*e.g) })
+				}()
+				waitFor(t, "the commit to queue", func() bool { return e.gov.Stats(accounting.HostKey).Waiters == 1 })
+				e.unreserve(y)
+				peak := 2 * g
+				if wake == "budget" {
+					require.NoError(t, e.gov.SetLimit(accounting.HostKey, 4*g)) // the commit gets its bytes
+					peak = 4 * g
+				} else {
+					e.decommit(x, 0, 1) // it is handed the idle granule
+				}
+				assert.Equal(t, backing.PanicUseAfterUnreserve, <-panicked)
+				assert.Zero(t, e.gov.Stats(accounting.HostKey).Waiters, "it left the line")
+				assert.Equal(t, 2*g, e.auth.Stats().Owned, "the bytes it waited for went back: x's alone are owned")
+				assert.Equal(t, peak, e.auth.Stats().OwnedPeak, "it held no more than it waited for")
+				require.NoError(t, host.CheckShared(e.s))
+				assert.True(t, host.SharedGone(y))
+			})
+		}
+	})
+	// A commit that creates memfd granules and allocates their pages outside the
+	// lock: the reservation is unreserved meanwhile (the hook runs Unreserve just
+	// before the fallocate), and the new granules go back to the OS.
+	t.Run("memfd/allocating", func(t *testing.T) {
+		e := newEnv(t, memfdOpts(host.SharedOptions{Granularity: kib64, Populate: true}), true)
+		y := e.reserve(2)
+		var once sync.Once
+		e.f.Before(func(name string) {
+			if name == "allocate" {
+				once.Do(func() { e.unreserve(y) })
+			}
+		})
+		v := panicOf(func() { _ = e.s.Commit(y, 0, 2*e.g) })
+		log := e.f.Log()
+		e.f.Reset()
+		assert.Equal(t, backing.PanicUseAfterUnreserve, v, "%v", log)
+		assert.Contains(t, log, "punch", "the new granules went back to the OS")
+		assert.Zero(t, e.auth.Stats().Owned)
+		assert.Zero(t, e.pool().Owned)
+		require.NoError(t, host.CheckShared(e.s))
+		require.NoError(t, host.SharedFileCheck(e.s), "no page of the new granules is left in the file")
+	})
 }

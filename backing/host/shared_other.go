@@ -16,6 +16,7 @@ const (
 	sharedMinGranularity = 1
 	sharedCreateCall     = "memfd_create"
 	sharedMapAllocates   = false
+	sharedPrivate        = false
 )
 
 func sharedDefaultSys() sharedSys {
@@ -32,7 +33,7 @@ func sharedDefaultSys() sharedSys {
 		protect:  func(unsafe.Pointer, int, bool) error { return errors.ErrUnsupported },
 		release:  func(unsafe.Pointer, int) error { return errors.ErrUnsupported },
 		populate: func(unsafe.Pointer, int, bool) error { return errors.ErrUnsupported },
-		advise:   func(unsafe.Pointer, int) error { return errors.ErrUnsupported },
+		advise:   func(unsafe.Pointer, int, bool) error { return errors.ErrUnsupported },
 		discard:  func(unsafe.Pointer, int) error { return errors.ErrUnsupported },
 		mapCount: func() (int, int, error) { return 0, 0, errors.ErrUnsupported },
 	}

@@ -125,7 +125,7 @@ func (s *Shared) toIdle(i int) {
 	if sl.resident {
 		s.nResident++
 	}
-	sl.since = s.clock().UnixNano()
+	sl.since = s.elapsed()
 	s.startDecay()
 	s.signal()
 }
@@ -263,7 +263,7 @@ func (s *Shared) prefillOne(n int, background bool) (bool, error) {
 		s.mu.Unlock()
 		return false, nil
 	}
-	if s.huge == sharedPrivHuge {
+	if s.huge.private() {
 		if ok, err := s.prefillPriv(background); ok || err != nil {
 			s.mu.Unlock()
 			return ok, err

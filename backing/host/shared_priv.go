@@ -2,6 +2,7 @@ package host
 
 import (
 	"fmt"
+	"time"
 	"unsafe"
 
 	"github.com/vmarena/vmarena/backing"
@@ -14,8 +15,9 @@ import (
 // private park, address space of its own with room for High granules: a decommit
 // moves the granule there with its pages and page tables (mremap with
 // MREMAP_DONTUNMAP, which leaves the source mapped, empty), and a commit moves it
-// out again into place. A huge page moves as one page-table entry, so either costs a
-// few µs where a new granule costs its population. Each parked granule is a mapping
+// out again into place. A huge page moves as one page-table entry, 512 small pages
+// of an aligned 2 MiB as one page-table page, so either costs a few µs where a new
+// granule costs its population. Each parked granule is a mapping
 // of its own (moved anonymous memory does not merge with its neighbours), and so is
 // each private granule that came out of the park: like memfd granules at scattered
 // offsets, they count against vm.max_map_count.
@@ -39,7 +41,7 @@ func (s *Shared) privPark() error {
 	s.apark = sharedAlign(raw, align)
 	s.aidle.resize(s.high)
 	s.aused.resize(s.high)
-	s.asince = make([]int64, s.high)
+	s.asince = make([]time.Duration, s.high)
 	return nil
 }
 
@@ -67,7 +69,7 @@ func (s *Shared) untakePrivIdle(pos []int) {
 	for _, p := range pos {
 		s.aidle.set(p)
 		s.nPrivIdle++
-		s.asince[p] = s.clock().UnixNano()
+		s.asince[p] = s.elapsed()
 	}
 	s.startDecay()
 	s.signal()
@@ -105,7 +107,7 @@ func (s *Shared) parkPriv(r *SharedReservation, gi, n int) (parked [][2]int) {
 		s.aused.set(p)
 		s.aidle.set(p)
 		s.nPrivIdle++
-		s.asince[p] = s.clock().UnixNano()
+		s.asince[p] = s.elapsed()
 		s.startDecay()
 		s.signal()
 		r.maps[i] = sharedMap{}

@@ -3,8 +3,11 @@ package host_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -14,17 +17,37 @@ import (
 	"github.com/vmarena/vmarena/backing/host"
 )
 
-// privateEnv returns a backing of 2 MiB granules that makes new granules private,
-// or skips where the system gives it no reason to (shmem huge pages allowed, or no
-// anonymous ones).
-func privateEnv(t *testing.T, opts host.SharedOptions) *sharedEnv {
-	t.Helper()
-	opts.AlwaysHugePages = true
-	e := newEnv(t, opts, false)
-	if st := e.s.Stats(); st.HugePages != "private" {
-		t.Skipf("this system gives the backing %q huge pages (%s)", st.HugePages, st.NoHugePages)
+// forPrivate runs test in each mode that makes new granules private (2 MiB
+// granules): small pages, and huge pages where the system gives them (the mode
+// skips otherwise).
+func forPrivate(t *testing.T, test func(t *testing.T, m sharedMode)) {
+	for _, m := range sharedModes {
+		if m.priv {
+			t.Run(m.name, func(t *testing.T) { test(t, m) })
+		}
 	}
-	return e
+}
+
+// privateEnv returns a backing in mode m that makes new granules private.
+func privateEnv(t *testing.T, m sharedMode, opts host.SharedOptions) *sharedEnv {
+	t.Helper()
+	return m.env(t, opts, false)
+}
+
+// checkHuge checks what the kernel gave x: huge pages where m asks for them (some
+// at least: a fragmented machine may give fewer), none where it asks for small
+// pages, though THP be "always".
+func checkHuge(t *testing.T, e *sharedEnv, m sharedMode, x *host.SharedReservation, committed int) {
+	t.Helper()
+	hb, err := e.s.HugePages(x)
+	require.NoError(t, err)
+	if m.huge == "" {
+		assert.Zero(t, hb.Anon, "small pages, as the stats say")
+		return
+	}
+	assert.Positive(t, hb.Anon, "no private granule got a huge page")
+	assert.LessOrEqual(t, hb.Anon, int64(committed))
+	t.Logf("%d of %d bytes in huge pages", hb.Anon, committed)
 }
 
 func TestSharedStats(t *testing.T) {
@@ -32,19 +55,37 @@ func TestSharedStats(t *testing.T) {
 	st := e.s.Stats()
 	assert.Empty(t, st.HugePages)
 	assert.Contains(t, st.NoHugePages, "NoHugePages")
+	assert.True(t, st.PrivateGranules, "small pages, private granules: %+v", st)
+	assert.Empty(t, st.NoPrivateGranules)
 	e = newEnv(t, host.SharedOptions{Granularity: kib64}, false)
 	st = e.s.Stats()
 	assert.Empty(t, st.HugePages, "a 64 KiB granule can not be a huge page")
 	assert.NotEmpty(t, st.NoHugePages, "the fallback says why")
+	assert.True(t, st.PrivateGranules, "private granules of any size")
 	t.Logf("64 KiB granules: %s", st.NoHugePages)
 	e = newEnv(t, host.SharedOptions{}, false)
 	st = e.s.Stats()
-	t.Logf("2 MiB granules: %q (%s)", st.HugePages, st.NoHugePages)
+	t.Logf("2 MiB granules: %q (%s), private %v (%s)", st.HugePages, st.NoHugePages, st.PrivateGranules, st.NoPrivateGranules)
 	assert.Equal(t, st.HugePages == "", st.NoHugePages != "")
+	assert.Equal(t, st.HugePages != "shmem", st.PrivateGranules, "private granules unless memfd huge pages")
+	assert.Equal(t, st.PrivateGranules, st.NoPrivateGranules == "")
 	always := newEnv(t, host.SharedOptions{AlwaysHugePages: true}, false).s.Stats()
 	t.Logf("2 MiB granules, AlwaysHugePages: %q (%s)", always.HugePages, always.NoHugePages)
 	if always.HugePages != "" && st.HugePages == "" {
 		assert.Contains(t, st.NoHugePages, "reports free", "only a reporting guest turns them off by default")
+	}
+
+	// Memfd granules from the start: the option says so, and anonymous huge pages,
+	// which only private granules have, are off with them.
+	memfd := newEnv(t, host.SharedOptions{NoPrivateGranules: true, AlwaysHugePages: true}, false).s.Stats()
+	t.Logf("2 MiB granules, NoPrivateGranules: %q (%s), private %v (%s)", memfd.HugePages, memfd.NoHugePages,
+		memfd.PrivateGranules, memfd.NoPrivateGranules)
+	assert.False(t, memfd.PrivateGranules)
+	assert.Contains(t, memfd.NoPrivateGranules, "NoPrivateGranules")
+	assert.NotEqual(t, "private", memfd.HugePages)
+	if always.HugePages == "private" {
+		assert.Empty(t, memfd.HugePages, "no shmem huge pages here")
+		assert.Contains(t, memfd.NoHugePages, "need private granules")
 	}
 }
 
@@ -52,8 +93,10 @@ func TestSharedStats(t *testing.T) {
 // huge pages, parked on decommit with their pages (so a commit elsewhere takes them
 // with their contents and page tables, and no new bytes), moved into the memfd on
 // Share with the source's base and contents kept, and owned once after.
-func TestSharedPrivatePark(t *testing.T) {
-	e := privateEnv(t, host.SharedOptions{High: 4})
+func TestSharedPrivatePark(t *testing.T) { forPrivate(t, testSharedPrivatePark) }
+
+func testSharedPrivatePark(t *testing.T, m sharedMode) {
+	e := privateEnv(t, m, host.SharedOptions{High: 4})
 	g := e.g
 	pages := g / os.Getpagesize()
 	x := e.reserve(2)
@@ -63,11 +106,7 @@ func TestSharedPrivatePark(t *testing.T) {
 	slots, _ := host.SharedSlots(x)
 	assert.Equal(t, []int{-1, -1}, slots, "new granules are private")
 	require.NoError(t, e.s.CopyIn(x, 0, bytes.Repeat([]byte{7}, 2*g)))
-	hb, err := e.s.HugePages(x)
-	require.NoError(t, err)
-	assert.Positive(t, hb.Anon, "no private granule got a huge page")
-	assert.LessOrEqual(t, hb.Anon, int64(2*g))
-	t.Logf("%d of %d bytes in huge pages", hb.Anon, 2*g)
+	checkHuge(t, e, m, x, 2*g)
 	e.tag(x, 1, 42)
 
 	e.decommit(x, 0, 2)
@@ -125,8 +164,10 @@ func TestSharedPrivatePark(t *testing.T) {
 
 // TestSharedPrivateShareBudget: while a private granule is copied into the memfd,
 // both hold memory, so a full budget refuses the Share and nothing changes.
-func TestSharedPrivateShareBudget(t *testing.T) {
-	e := privateEnv(t, host.SharedOptions{High: host.SharedNoPool})
+func TestSharedPrivateShareBudget(t *testing.T) { forPrivate(t, testSharedPrivateShareBudget) }
+
+func testSharedPrivateShareBudget(t *testing.T, m sharedMode) {
+	e := privateEnv(t, m, host.SharedOptions{High: host.SharedNoPool})
 	g := e.g
 	require.NoError(t, e.gov.SetLimit(e.auth.Device(), int64(g)))
 	x := e.reserve(1)
@@ -147,8 +188,10 @@ func TestSharedPrivateShareBudget(t *testing.T) {
 
 // TestSharedPrivatePrefill: Prefill and the Low refill make private granules,
 // populated in the private park, which a commit takes with their pages.
-func TestSharedPrivatePrefill(t *testing.T) {
-	e := privateEnv(t, host.SharedOptions{High: 4})
+func TestSharedPrivatePrefill(t *testing.T) { forPrivate(t, testSharedPrivatePrefill) }
+
+func testSharedPrivatePrefill(t *testing.T, m sharedMode) {
+	e := privateEnv(t, m, host.SharedOptions{High: 4})
 	g := e.g
 	require.NoError(t, e.s.Prefill(3))
 	p := e.pool()
@@ -163,11 +206,9 @@ func TestSharedPrivatePrefill(t *testing.T) {
 	assert.Equal(t, int64(6*g), e.pool().Owned, "no new bytes")
 	assert.Equal(t, 3*g/os.Getpagesize(), present(t, e.s.Base(x), 3*g), "the pages came along")
 	assert.Equal(t, []bool{true, true, true}, host.SharedPrivate(x), "private granules first")
-	hb, err := e.s.HugePages(x)
-	require.NoError(t, err)
-	assert.Positive(t, hb.Anon)
+	checkHuge(t, e, m, x, 3*g)
 	e.unreserve(x)
-	_, err = e.s.Trim(0)
+	_, err := e.s.Trim(0)
 	require.NoError(t, err)
 	assert.Zero(t, e.pool().Owned)
 }
@@ -175,8 +216,10 @@ func TestSharedPrivatePrefill(t *testing.T) {
 // TestSharedPrivateProtected: a protected private granule stays protected when Share
 // moves it into the memfd, and is not parked when decommitted (the park holds
 // writable granules).
-func TestSharedPrivateProtected(t *testing.T) {
-	e := privateEnv(t, host.SharedOptions{High: 4})
+func TestSharedPrivateProtected(t *testing.T) { forPrivate(t, testSharedPrivateProtected) }
+
+func testSharedPrivateProtected(t *testing.T, m sharedMode) {
+	e := privateEnv(t, m, host.SharedOptions{High: 4})
 	g := e.g
 	x := e.reserve(2)
 	e.commit(x, 0, 2)
@@ -216,9 +259,11 @@ func TestSharedHugePagesBadInput(t *testing.T) {
 // TestSharedPrivateOwnedOnceByPss: a private granule shared into 16 reservations is
 // resident once: the kernel's proportional set size of all 17 mappings is one
 // granule.
-func TestSharedPrivateOwnedOnceByPss(t *testing.T) {
+func TestSharedPrivateOwnedOnceByPss(t *testing.T) { forPrivate(t, testSharedPrivateOwnedOnceByPss) }
+
+func testSharedPrivateOwnedOnceByPss(t *testing.T, m sharedMode) {
 	const n = 16
-	e := privateEnv(t, host.SharedOptions{})
+	e := privateEnv(t, m, host.SharedOptions{})
 	g := e.g
 	rs := []*host.SharedReservation{e.reserve(1)}
 	e.commit(rs[0], 0, 1)
@@ -246,11 +291,10 @@ func TestSharedPrivateOwnedOnceByPss(t *testing.T) {
 // were parked moves them back, contents and all; a commit that fails after taking
 // parked granules parks them again: either way the pool and the reservation are as
 // they were.
-func TestSharedPrivateFaults(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{High: 8, AlwaysHugePages: true}, true)
-	if e.s.Stats().HugePages != "private" {
-		t.Skipf("no private granules here: %s", e.s.Stats().NoHugePages)
-	}
+func TestSharedPrivateFaults(t *testing.T) { forPrivate(t, testSharedPrivateFaults) }
+
+func testSharedPrivateFaults(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{High: 8}, true)
 	g := e.g
 	x := e.reserve(2)
 	e.commit(x, 0, 2)
@@ -287,11 +331,10 @@ func TestSharedPrivateFaults(t *testing.T) {
 // granules moved into the memfd moves them back, private, with their contents and
 // their access; where moving one back fails too, it stays in the memfd, recorded
 // as it is, and the error says so.
-func TestSharedPrivateShareUndo(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{High: 8, AlwaysHugePages: true}, true)
-	if e.s.Stats().HugePages != "private" {
-		t.Skipf("no private granules here: %s", e.s.Stats().NoHugePages)
-	}
+func TestSharedPrivateShareUndo(t *testing.T) { forPrivate(t, testSharedPrivateShareUndo) }
+
+func testSharedPrivateShareUndo(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{High: 8}, true)
 	g := e.g
 	x := e.reserve(2)
 	y := e.reserve(2)
@@ -340,3 +383,91 @@ func TestSharedPrivateShareUndo(t *testing.T) {
 
 // nthCall fails the calls named in names ("a|b") that come n-th among them.
 func nthCall(names string, n ...int) func(int, string) bool { return nth(names, n...)() }
+
+// TestSharedShareWaitsForAdoption: two Shares of one private granule at once. The
+// second starts while the first copies the granule into the memfd outside the lock
+// (the hook runs it just before the first allocates the memfd granule); it waits
+// for the first, then maps the memfd granule: moved once, owned once, three
+// mappings of one physical granule.
+func TestSharedShareWaitsForAdoption(t *testing.T) { forPrivate(t, testSharedShareWaitsForAdoption) }
+
+func testSharedShareWaitsForAdoption(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{High: host.SharedNoPool}, true) // no idle memfd granule: the move allocates one
+	g := e.g
+	x := e.reserve(1)
+	e.commit(x, 0, 1)
+	e.tag(x, 0, 42)
+	y, z := e.reserve(1), e.reserve(1)
+	waiting := make(chan struct{}, 1)
+	host.SetSharedAdoptWait(e.s, func() {
+		select {
+		case waiting <- struct{}{}:
+		default:
+		}
+	})
+	second := make(chan error, 1)
+	var once sync.Once
+	e.f.Before(func(name string) {
+		if name != "allocate" {
+			return
+		}
+		once.Do(func() {
+			go func() { second <- e.s.Share(z, 0, x, 0, g, backing.ReadOnly) }()
+			select {
+			case <-waiting:
+			case <-time.After(10 * time.Second):
+				t.Error("the second Share did not wait for the first's move into the memfd")
+			}
+		})
+	})
+	require.NoError(t, e.s.Share(y, 0, x, 0, g, backing.ReadOnly))
+	require.NoError(t, <-second)
+	e.f.Reset()
+	assert.Equal(t, int64(1), e.s.Stats().Adopted, "moved once")
+	assert.Zero(t, e.s.Stats().Private)
+	xs, _ := host.SharedSlots(x)
+	ys, _ := host.SharedSlots(y)
+	zs, _ := host.SharedSlots(z)
+	require.GreaterOrEqual(t, xs[0], 0)
+	assert.Equal(t, xs, ys)
+	assert.Equal(t, xs, zs)
+	assert.Equal(t, 3, host.SharedRefs(e.s, xs[0]))
+	assert.Equal(t, int64(g), e.pool().Owned, "owned once")
+	assert.Equal(t, int64(3*g), e.pool().Mapped)
+	for _, r := range []*host.SharedReservation{x, y, z} {
+		assert.Equal(t, uint64(42), e.tagOf(r, 0))
+	}
+	require.NoError(t, host.CheckShared(e.s))
+}
+
+// TestSharedPrivateSmallRefusesHuge: where THP is "always" (forced here, whatever
+// the system's mode), private granules of small pages refuse huge pages on every
+// new anonymous memory they map: a commit's new granules and a prefill's; where it
+// is not, they advise nothing. Either way the kernel gives them no huge page.
+func TestSharedPrivateSmallRefusesHuge(t *testing.T) {
+	for _, always := range []bool{false, true} {
+		t.Run(fmt.Sprintf("always=%v", always), func(t *testing.T) {
+			m := modeNamed(t, "private")
+			e := m.env(t, host.SharedOptions{High: 4}, true)
+			host.SetSharedSmallTHP(e.s, always)
+			e.f.Fail(func(int, string) bool { return false }, nil) // log the calls
+			x := e.reserve(2)
+			e.commit(x, 0, 2)
+			require.NoError(t, e.s.CopyIn(x, 0, make([]byte, 2*e.g)))
+			commit := e.f.Log()
+			e.f.Fail(func(int, string) bool { return false }, nil)
+			require.NoError(t, e.s.Prefill(1))
+			prefill := e.f.Log()
+			e.f.Reset()
+			if always {
+				assert.Contains(t, commit, "advise", "the commit refuses huge pages")
+				assert.Contains(t, prefill, "advise", "the prefill refuses huge pages")
+			} else {
+				assert.NotContains(t, commit, "advise")
+				assert.NotContains(t, prefill, "advise")
+			}
+			assert.Zero(t, e.s.Stats().HugeRefused)
+			checkHuge(t, e, m, x, 2*e.g)
+		})
+	}
+}

@@ -13,7 +13,7 @@ import (
 // TestSharedProtect checks what the kernel maps after each Protect: read-only
 // granules are r--s, one mprotect per call that changes anything, none otherwise.
 func TestSharedProtect(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64}, true)
+	e := newEnv(t, memfdOpts(host.SharedOptions{Granularity: kib64}), true)
 	a := e.reserve(3)
 	b := e.reserve(2)
 	e.commit(a, 0, 3)
@@ -94,7 +94,7 @@ func TestSharedProtectWriteFaults(t *testing.T) {
 // read-only (CopyIn refuses it rather than fault) and says so; a later Protect
 // ReadWrite makes it whole.
 func TestSharedProtectRestoreFails(t *testing.T) {
-	e := newEnv(t, host.SharedOptions{Granularity: kib64}, true)
+	e := newEnv(t, memfdOpts(host.SharedOptions{Granularity: kib64}), true)
 	x := e.reserve(3)
 	e.commit(x, 0, 3)
 	e.tagAll(x)

@@ -18,7 +18,10 @@ import (
 // owned. prot applies to the new mapping only. ReadWrite is refused with
 // ErrSharedReadOnly (which matches backing.ErrReadOnly) when a source granule is
 // read-only in src, shared so or protected: read-only memory never yields a writable
-// mapping. On error nothing changed.
+// mapping. A private source granule is first moved into the memfd, which copies
+// it (see the package documentation): the source range must not be written
+// meanwhile, and a Share that finds a granule being moved by another waits for it.
+// On error nothing changed.
 func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservation, srcOff, size int, prot backing.Protection) error {
 	const op = "share"
 	var runs []sharedAdoption // undone if the Share fails
@@ -36,8 +39,18 @@ func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservatio
 		if err := s.checkShare(op, dst, dstOff, src, srcOff, size, prot); err != nil {
 			return fail(err)
 		}
-		// Private granules move into the memfd first, one run at a time.
 		i, j := srcOff>>s.shift, (srcOff+size)>>s.shift
+		if slices.ContainsFunc(src.maps[i:j], func(m sharedMap) bool { return m.adopting }) {
+			// NB: another Share is moving some of them into the memfd: wait for it
+			// and look again (they may be memfd granules now, or private again).
+			if s.testAdoptWait != nil {
+				s.testAdoptWait()
+			}
+			s.adoptDone.Wait()
+			s.mu.Unlock()
+			continue
+		}
+		// Private granules move into the memfd first, one run at a time.
 		for i < j && !src.maps[i].priv {
 			i++
 		}
@@ -161,6 +174,7 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) (sharedAdoptio
 	for n, p := range picks {
 		at[n] = s.parkAt(p.slot)
 		ready[n] = s.slots[p.slot].resident
+		r.maps[i+n].adopting = true
 	}
 	s.mu.Unlock()
 	var err error
@@ -177,6 +191,10 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) (sharedAdoptio
 		copy(sharedBytes(at[n], s.g), sharedBytes(r.at(i+n), s.g))
 	}
 	s.mu.Lock()
+	for n := range k {
+		r.maps[i+n].adopting = false
+	}
+	s.adoptDone.Broadcast()
 	done := 0
 	if err == nil && r.state == sharedLive {
 		slots := make([]int, k)

@@ -36,6 +36,9 @@ const (
 	// sharedMapAllocates says whether mapping a new slot gives it memory: its
 	// section, charged to the commit limit.
 	sharedMapAllocates = true
+	// sharedPrivate says whether new granules may be private anonymous memory
+	// (Linux only: it moves with mremap).
+	sharedPrivate = false
 )
 
 // sharedWin is the state of one pool's system calls: its sections and the
@@ -64,7 +67,7 @@ func sharedDefaultSys() sharedSys {
 		move:     func(unsafe.Pointer, unsafe.Pointer, int) error { return errSharedNoMove },
 		release:  w.release,
 		protect:  w.protect,
-		advise:   func(unsafe.Pointer, int) error { return errors.ErrUnsupported },
+		advise:   func(unsafe.Pointer, int, bool) error { return errors.ErrUnsupported },
 		discard:  func(unsafe.Pointer, int) error { return errors.ErrUnsupported },
 		populate: sharedPopulate,
 		mapCount: func() (int, int, error) { return 0, 0, errSharedNoMapCount },
