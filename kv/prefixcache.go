@@ -160,7 +160,7 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 		return nil, fmt.Errorf("%w: MaxBytes %d", ErrConfig, opts.MaxBytes)
 	}
 	pc := &PrefixCache{
-		c: c, opts: opts, gbytes: int64(c.nbuf) * int64(c.gran),
+		c: c, opts: opts, gbytes: int64(c.nbuf) * int64(c.unit),
 		tree: radix.New[*pcEntry](),
 	}
 	c.mu.Lock()
@@ -180,17 +180,14 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 }
 
 // tokensBelow returns the whole tokens held by granule indexes [0, k).
-func (pc *PrefixCache) tokensBelow(k int) int { return k * pc.c.gran / pc.c.row }
+func (pc *PrefixCache) tokensBelow(k int) int { return pc.c.tokensIn(k) }
 
 // granulesFor returns the granule indexes that hold n tokens.
-func (pc *PrefixCache) granulesFor(n int) int {
-	b, _ := backing.AlignUp(n*pc.c.row, pc.c.gran)
-	return b / pc.c.gran
-}
+func (pc *PrefixCache) granulesFor(n int) int { return pc.c.unitsFor(n) }
 
 // fullGranules returns the whole granule indexes below n tokens: those a sequence
 // started on n tokens maps rather than copies.
-func (pc *PrefixCache) fullGranules(n int) int { return n * pc.c.row / pc.c.gran }
+func (pc *PrefixCache) fullGranules(n int) int { return pc.c.fullUnits(n) }
 
 // Lookup returns a sequence that starts on the longest prefix of tokens the cache
 // holds, and that prefix's length: its whole granules are mapped from the cache, the
@@ -271,7 +268,7 @@ func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
 		// The entry is gone with nothing to map from: a miss after all.
 		err = errEntryGone
 	case ol != nil:
-		if err = ol.protectFrom(src, pc.fullGranules(m)*pc.c.gran); err == nil {
+		if err = ol.protectFrom(src, pc.fullGranules(m)*pc.c.unit); err == nil {
 			s, err = pc.startOn(src, m, true)
 		}
 		ol.mu.Unlock()
@@ -379,7 +376,7 @@ func (c *Cache) startOn(src *Sequence, n int) (*Sequence, error) {
 	if err != nil {
 		return nil, err
 	}
-	full, err := shareInto(s.bufs, src.bufs, n*c.row, c.gran)
+	full, err := c.shareInto(s.bufs, src.bufs, n)
 	if err != nil {
 		return nil, errors.Join(err, c.abandon(s))
 	}
@@ -443,7 +440,7 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	pc.inserted += int64(n - m)
 	// The granules s maps from the cache (still unchanged: below s's frozen bytes)
 	// are the ones the new entry now holds too; the rest are s's own.
-	keep := min(len(l.grefs), frozen/pc.c.gran)
+	keep := min(len(l.grefs), frozen/pc.c.unit)
 	for _, g := range l.grefs[keep:] {
 		g.live--
 	}
@@ -481,7 +478,7 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	for j := len(l.grefs); j < full; j++ {
 		l.grefs = append(l.grefs, e.grefs[j])
 	}
-	s.frozen = max(s.frozen, full*pc.c.gran)
+	s.frozen = max(s.frozen, full*pc.c.unit)
 	if displaced {
 		// The new entry holds the old one's tokens (and maps its granules, where s
 		// did): the old one goes, giving back only its own tail.
@@ -719,12 +716,12 @@ func (l *pcLive) adopt(s *Sequence) ([]buffer, bool) {
 	l.lazy = nil
 	if take != nil {
 		c := pc.c
-		if err := s.resizeAll(take.n * c.row); err != nil {
+		if err := s.resizeAll(c.extent(take.n)); err != nil {
 			drop = append(drop, pc.detach(take)...)
 			return nil, false
 		}
 		es := &Sequence{c: c, id: s.id, bufs: s.bufs, n: take.n, frozen: s.frozen, guarded: s.guarded || l.protected > 0}
-		es.frozen = min(es.frozen, backing.AlignDown(take.n*c.row, c.gran))
+		es.frozen = min(es.frozen, c.shareable(take.n))
 		es.publish()
 		s.bufs = nil
 		take.seq, take.origin = es, nil
@@ -743,19 +740,19 @@ func (l *pcLive) adopt(s *Sequence) ([]buffer, bool) {
 		return nil, false
 	}
 	n, c := e.seq.n, pc.c
-	full := backing.AlignDown(n*c.row, c.gran)
+	full := c.shareable(n)
 	if n > s.n || s.frozen < full {
 		return nil, false // s was truncated into what the entry maps
 	}
-	if err := s.resizeAll(n * c.row); err != nil {
+	if err := s.resizeAll(c.extent(n)); err != nil {
 		return nil, false
 	}
 	old := e.seq.bufs
-	if tail := n*c.row - full; tail > 0 {
+	if c.extent(n) > full {
 		// s may have rewritten its tokens past its shared granules since the entry
 		// got its own copy of them: that copy is what was inserted.
 		for i := range s.bufs {
-			if err := copyRange(s.bufs[i], old[i], full, tail); err != nil {
+			if err := c.copyTail(s.bufs[i], old[i], n); err != nil {
 				return nil, false
 			}
 		}
@@ -763,7 +760,7 @@ func (l *pcLive) adopt(s *Sequence) ([]buffer, bool) {
 	e.seq.bufs, s.bufs = s.bufs, nil
 	e.seq.frozen, e.seq.guarded = full, s.guarded || l.protected > 0
 	e.seq.publish()
-	if k := full / c.gran; k < len(e.grefs) {
+	if k := full / c.unit; k < len(e.grefs) {
 		// The entry's copy of the partly filled last granule gives way to s's.
 		pc.release(e.grefs[k])
 		e.grefs[k] = &granuleRef{}
@@ -953,7 +950,7 @@ func (l *pcLive) unprotectPast(s *Sequence) { l.protected = min(l.protected, s.f
 // up: only those below s's frozen bytes are still the cache's), so that they count as
 // mapped by no live sequence for eviction and PinnedBytes. Only s's owner calls it.
 func (l *pcLive) dropPast(s *Sequence) {
-	keep := s.frozen / s.c.gran
+	keep := s.frozen / s.c.unit
 	l.pc.mu.Lock()
 	if keep < len(l.grefs) {
 		for _, g := range l.grefs[keep:] {

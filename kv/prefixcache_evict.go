@@ -184,7 +184,7 @@ func (pc *PrefixCache) shrink(e *pcEntry, depth, n int) (int64, *pcEntry) {
 	if e.seq == nil {
 		// Lazy: its origin maps what it gives up, so only the counts change.
 		e.n = n
-	} else if err := e.seq.resizeAll(n * pc.c.row); err != nil {
+	} else if err := e.seq.resizeAll(pc.c.extent(n)); err != nil {
 		// NB: resizeAll changed nothing, or damaged the sequence; either way the
 		// entry leaves the index whole.
 		pc.evictedTokens += int64(e.leaf.Depth() - e.leaf.Parent().Depth())
@@ -195,7 +195,7 @@ func (pc *PrefixCache) shrink(e *pcEntry, depth, n int) (int64, *pcEntry) {
 	}
 	if e.seq != nil {
 		e.n, e.seq.n = n, n
-		e.seq.frozen = min(e.seq.frozen, n*pc.c.row)
+		e.seq.frozen = min(e.seq.frozen, pc.c.extent(n))
 		e.seq.publish()
 	}
 	pc.evictions += int64(len(e.grefs) - k)
@@ -255,7 +255,7 @@ func (pc *PrefixCache) spareLocked(tokens int) *Sequence {
 		return nil // more than the prompt takes: evicted by its tail, as the need asks
 	case p.Parent() != nil && p.Children() == 1:
 		return nil // a pinned parent would become the leaf, needing the entry
-	case es.bufs[0].Committed() != len(e.grefs)*pc.c.gran:
+	case es.bufs[0].Committed() != len(e.grefs)*pc.c.unit:
 		return nil
 	}
 	for _, g := range e.grefs {
