@@ -136,3 +136,66 @@ func TestPrefixCacheMissSkipsGuardedEntry(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefixCacheMissSparesForkedHit: a sequence started on a hit maps the entry's
+// granules, and so do a fork and a frozen prefix of it, after the hit closes. Those
+// mappings keep the entry's granules live: a miss must not hand the entry's ranges to a
+// new sequence (whose writes would reach the fork's and the prefix's tokens), nor count
+// on their eviction giving memory back: the miss takes b, the entry that does.
+func TestPrefixCacheMissSparesForkedHit(t *testing.T) {
+	const p = 64
+	for _, layout := range layouts {
+		for _, how := range []string{"fork", "freeze"} {
+			t.Run(layout.String()+"/"+how, func(t *testing.T) {
+				_, _, probe := newPrefixCache(t, 1<<30, layout, 256, kv.PrefixCacheOptions{})
+				s, _, err := serve(probe, promptIDs(0, p))
+				require.NoError(t, err)
+				require.True(t, s.Close().OK())
+				x := probe.Stats().CachedBytes
+
+				_, c, pc := newPrefixCache(t, 2*x+x/2, layout, 256, kv.PrefixCacheOptions{})
+				a, b, cc := promptIDs(0, p), promptIDs(1000, p), promptIDs(2000, p)
+				for _, ids := range [][]int32{a, b} {
+					s, _, err := serve(pc, ids)
+					require.NoError(t, err)
+					require.True(t, s.Close().OK())
+				}
+				q, m, err := pc.Lookup(append(a[:p:p], -1))
+				require.NoError(t, err)
+				require.Equal(t, p, m)
+				var held *kv.Sequence // maps a's granules through q
+				switch how {
+				case "fork":
+					held, err = q.Fork()
+					require.NoError(t, err)
+				case "freeze":
+					pr, err := q.Freeze(p)
+					require.NoError(t, err)
+					held, err = c.NewSequenceFrom(pr)
+					require.NoError(t, err)
+					pr.Release()
+				}
+				require.True(t, q.Close().OK())
+				// b was hit after a: a is the least recently used entry.
+				q, m, err = pc.Lookup(append(b[:p:p], -1))
+				require.NoError(t, err)
+				require.Equal(t, p, m)
+				require.True(t, q.Close().OK())
+
+				s, m, err = pc.Lookup(cc)
+				require.NoError(t, err)
+				require.Zero(t, m)
+				require.NoError(t, s.Append(p))
+				require.NoError(t, writeIDs(s, cc, 0, p))
+				assert.NoError(t, checkIDs(held, a, 0, p), "the new sequence wrote into a's granules")
+				require.True(t, s.Close().OK())
+				q, m, err = pc.Lookup(append(a[:p:p], -1))
+				require.NoError(t, err)
+				assert.Equal(t, p, m, "b, whose eviction gives memory back, went rather than a")
+				assert.NoError(t, checkIDs(q, a, 0, m))
+				require.True(t, q.Close().OK())
+				require.True(t, held.Close().OK())
+			})
+		}
+	}
+}

@@ -275,6 +275,9 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	}
 	child.n = n
 	child.frozen = full
+	if s.pcl != nil {
+		child.pcl = s.pcl.inherit(s, full/s.c.unit)
+	}
 	child.publish()
 	s.c.register(child)
 	return child, nil
@@ -369,6 +372,9 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 		return nil, err
 	}
 	pr := &Prefix{c: s.c, bufs: bufs, tokens: p, refs: 1, creator: true}
+	if s.pcl != nil {
+		pr.pcl = s.pcl.inherit(s, full/s.c.unit)
+	}
 	s.c.mu.Lock()
 	s.c.prefixes[pr] = struct{}{}
 	s.c.mu.Unlock()
