@@ -745,6 +745,11 @@ func (l *pcLive) adopt(s *Sequence) ([]buffer, bool) {
 	if n > s.n || s.frozen < full {
 		return nil, false // s was truncated into what the entry maps
 	}
+	if c.extent(n) > full && s.frozen > full {
+		// The block (granule) where the entry's tail would be copied is shared from
+		// s's ranges (a fork, a frozen prefix): read-only in s, and those holders'.
+		return nil, false
+	}
 	if err := s.resizeAll(c.extent(n)); err != nil {
 		return nil, false
 	}
@@ -978,6 +983,12 @@ func (l *pcLive) unprotectPast(s *Sequence) { l.protected = min(l.protected, s.f
 func (l *pcLive) dropPast(s *Sequence) {
 	keep := s.frozen / s.c.unit
 	l.pc.mu.Lock()
+	if e := l.entry; e != nil && s.frozen < s.c.shareable(e.n) {
+		// s gave up granules the entry maps, and may write their tokens anew: its
+		// ranges can not stand for the entry's when it closes (see adopt), even once
+		// a later fork or freeze shares them again.
+		l.entry = nil
+	}
 	if keep < len(l.grefs) {
 		for _, g := range l.grefs[keep:] {
 			g.live--
