@@ -1,11 +1,13 @@
 package kv_test
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -197,5 +199,53 @@ func TestPrefixCacheMissSparesForkedHit(t *testing.T) {
 				require.True(t, held.Close().OK())
 			})
 		}
+	}
+}
+
+// TestPrefixCacheTakenOverSurvivesFailedBatch: a batch step that fails midway rolls
+// back only the sequences it grew. A sequence that took over an entry's ranges holds
+// granules past its tokens and needs none for its growth: the failed step must leave
+// them as they were (AppendBatch changes nothing when it fails).
+func TestPrefixCacheTakenOverSurvivesFailedBatch(t *testing.T) {
+	const p = 64
+	for _, layout := range layouts {
+		t.Run(layout.String(), func(t *testing.T) {
+			_, _, probe := newPrefixCache(t, 1<<30, layout, 256, kv.PrefixCacheOptions{})
+			s, _, err := serve(probe, promptIDs(0, p))
+			require.NoError(t, err)
+			require.True(t, s.Close().OK())
+			x := probe.Stats().CachedBytes
+
+			e, ok := newEnv(t, onFake, layout, blockTokensFor(layout), 256, 3*x, true)
+			require.True(t, ok)
+			pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
+			require.NoError(t, err)
+			for _, ids := range [][]int32{promptIDs(0, p), promptIDs(1000, p)} {
+				s, _, err := serve(pc, ids)
+				require.NoError(t, err)
+				require.True(t, s.Close().OK())
+			}
+			other, err := e.c.NewSequence()
+			require.NoError(t, err)
+			require.NoError(t, other.Append(1))
+			s, m, err := pc.Lookup(promptIDs(2000, p))
+			require.NoError(t, err)
+			require.Zero(t, m)
+			require.Equal(t, x, committedOf(t, e.c, s), "a miss took over an entry's ranges")
+
+			boom := errors.New("injected")
+			e.faults.FailOp(backingtest.OpCommit, 1, boom)
+			err = e.c.AppendBatch([]kv.Growth{{Seq: s, Tokens: p}, {Seq: other, Tokens: p}})
+			require.ErrorIs(t, err, boom)
+			e.faults.Reset()
+			assert.Zero(t, s.Len())
+			assert.Equal(t, x, committedOf(t, e.c, s), "the failed step gave back granules of a sequence it did not grow")
+			require.NoError(t, s.Append(p))
+			require.NoError(t, writeIDs(s, promptIDs(2000, p), 0, p))
+			require.True(t, s.Close().OK())
+			require.True(t, other.Close().OK())
+			require.NoError(t, pc.Close())
+			e.finish(t)
+		})
 	}
 }

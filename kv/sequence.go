@@ -43,6 +43,7 @@ type Sequence struct {
 	prefix *Prefix
 	err    error  // set when damaged
 	mark   uint64 // the last batch of the cache that named it (see Cache.check)
+	grew   bool   // the running batch step resized its ranges (see Cache.grow)
 	closed bool
 	pcl    *pcLive // what it maps of a PrefixCache's granules, or nil
 	// guarded: protect made some of its own bytes read-only in its ranges once (a
