@@ -387,20 +387,26 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 // private, huge pages or small. It says why not huge pages (noHuge) and why not
 // private granules (noPriv); "" where they are used.
 func sharedHugeMode(opts SharedOptions) (mode sharedHuge, noHuge, noPriv string) {
+	return sharedHugeModeOf(opts, hugeShmem(), hugeAnon(), hugeReporting)
+}
+
+// sharedHugeModeOf is sharedHugeMode on a system whose modes are shmem and anon and
+// whose guest reporting is reporting.
+func sharedHugeModeOf(opts SharedOptions, shmem, anon hugeMode, reporting func() string) (mode sharedHuge, noHuge, noPriv string) {
 	switch {
 	case opts.NoPrivateGranules:
 		noPriv = "turned off by SharedOptions.NoPrivateGranules"
 	case !sharedPrivate:
 		noPriv = "private granules need mremap (Linux)"
 	}
-	shmem, anon := hugeShmem(), hugeAnon()
-	fits := opts.Granularity%anon.pmd == 0
+	// NB: pmd is 0 where the system has no transparent huge pages (not Linux).
+	fits := anon.pmd > 0 && opts.Granularity%anon.pmd == 0
 	switch {
 	case opts.NoHugePages:
 		noHuge = "turned off by SharedOptions.NoHugePages"
-	case (shmem.why == "" || anon.why == "") && fits && !opts.AlwaysHugePages && hugeReporting() != "":
-		noHuge = hugeReporting()
-	case shmem.why == "" && opts.Granularity%shmem.pmd == 0:
+	case (shmem.why == "" || anon.why == "") && fits && !opts.AlwaysHugePages && reporting() != "":
+		noHuge = reporting()
+	case shmem.why == "" && shmem.pmd > 0 && opts.Granularity%shmem.pmd == 0:
 		if noPriv == "" {
 			noPriv = "memfd granules get huge pages (shmem_enabled allows them)"
 		}
