@@ -26,9 +26,12 @@ import (
 // and the park reserved.
 func (s *Shared) privAt(p int) unsafe.Pointer { return sharedAt(s.apark, p<<s.shift) }
 
-// privPark reserves the private park, once. s.mu must be held.
+// privPark reserves the private park, once. A pool that keeps no idle granule
+// (High 0) has none: NB: its High granules would be no bytes, which mmap refuses;
+// callers find no free place in it (s.high is 0) and go on without. s.mu must be
+// held.
 func (s *Shared) privPark() error {
-	if s.apark != nil {
+	if s.apark != nil || s.high == 0 {
 		return nil
 	}
 	align, pad := sharedAlignment(s.g)

@@ -471,3 +471,28 @@ func TestSharedPrivateSmallRefusesHuge(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedPrivatePrefillNoPool: a pool that keeps no idle granule (SharedNoPool)
+// has no private park, so Prefill makes memfd granules, whatever the granule size:
+// the private park of High = 0 granules is no address space at all (an mmap of no
+// bytes fails), not an error of Prefill.
+func TestSharedPrivatePrefillNoPool(t *testing.T) {
+	for _, g := range []int{kib64, 2 << 20} {
+		t.Run(fmt.Sprintf("granule=%dKiB", g>>10), func(t *testing.T) {
+			e := modeNamed(t, "private").env(t, host.SharedOptions{Granularity: g, High: host.SharedNoPool}, false)
+			require.NoError(t, e.s.Prefill(2))
+			p := e.pool()
+			assert.Equal(t, int64(2*g), p.Idle)
+			assert.Equal(t, int64(2*g), p.Resident)
+			assert.Equal(t, int64(2*g), p.Owned)
+			require.NoError(t, host.CheckShared(e.s))
+			x := e.reserve(3)
+			e.commit(x, 0, 3)
+			assert.Equal(t, int64(3*g), e.pool().Owned, "the prefilled granules, and one new")
+			assert.Zero(t, e.pool().Idle)
+			require.NoError(t, host.CheckShared(e.s))
+			e.unreserve(x)
+			assert.Zero(t, e.pool().Owned, "no pool: every granule goes back")
+		})
+	}
+}
