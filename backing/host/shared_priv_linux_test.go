@@ -496,3 +496,47 @@ func TestSharedPrivatePrefillNoPool(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedProtectDuringAdoption: a Protect of a private granule while a Share
+// moves it into the memfd (outside the lock: the hook runs it just before the move
+// allocates the memfd granule) is not undone by the move, either way: the granule
+// ends with the access the last Protect gave it, in the bookkeeping and in the
+// kernel's mapping. (kv protects an origin's granules under a lock that a ForkAt's
+// Share of them does not take.)
+func TestSharedProtectDuringAdoption(t *testing.T) { forPrivate(t, testSharedProtectDuringAdoption) }
+
+func testSharedProtectDuringAdoption(t *testing.T, m sharedMode) {
+	for _, prot := range []backing.Protection{backing.ReadOnly, backing.ReadWrite} {
+		t.Run(fmt.Sprintf("to=%v", prot), func(t *testing.T) {
+			e := m.env(t, host.SharedOptions{High: host.SharedNoPool}, true) // the move allocates a new memfd granule
+			g := e.g
+			x := e.reserve(1)
+			e.commit(x, 0, 1)
+			e.tag(x, 0, 7)
+			if prot == backing.ReadWrite {
+				e.protect(x, 0, 1, backing.ReadOnly)
+			}
+			y := e.reserve(1)
+			var once sync.Once
+			e.f.Before(func(name string) {
+				if name == "allocate" {
+					once.Do(func() { assert.NoError(t, e.s.Protect(x, 0, g, prot)) })
+				}
+			})
+			e.share(y, 0, x, 0, 1, backing.ReadOnly)
+			e.f.Reset()
+			xs, ro := host.SharedSlots(x)
+			require.GreaterOrEqual(t, xs[0], 0, "moved into the memfd")
+			assert.Equal(t, []bool{prot == backing.ReadOnly}, ro, "the Protect made during the move holds")
+			err := e.s.CopyIn(x, 8, []byte{1})
+			if prot == backing.ReadOnly {
+				assert.ErrorIs(t, err, backing.ErrReadOnly)
+			} else {
+				assert.NoError(t, err)
+			}
+			assert.Equal(t, uint64(7), e.tagOf(y, 0))
+			e.checkMaps(x, e.s.Base(x), g)
+			require.NoError(t, host.CheckShared(e.s))
+		})
+	}
+}

@@ -166,9 +166,6 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) (sharedAdoptio
 	}
 	slices.SortFunc(picks, func(a, b sharedPick) int { return a.slot - b.slot })
 	ro := make([]bool, k) // protected (Protect): the memfd granule must be too
-	for n := range ro {
-		ro[n] = r.maps[i+n].ro
-	}
 	at := make([]unsafe.Pointer, k)
 	ready := make([]bool, k)
 	for n, p := range picks {
@@ -193,6 +190,9 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) (sharedAdoptio
 	s.mu.Lock()
 	for n := range k {
 		r.maps[i+n].adopting = false
+		// NB: a Protect may have changed the private granule's access while the
+		// lock was free: the memfd granule takes the access it has now.
+		ro[n] = r.maps[i+n].ro
 	}
 	s.adoptDone.Broadcast()
 	done := 0
