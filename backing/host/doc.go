@@ -28,7 +28,8 @@
 // granule is a multiple of the huge page and the system allows them
 // (/sys/kernel/mm/transparent_hugepage/), unless their options turn them off, and
 // report which they use and why not (PrivateStats, SharedStats) and what the kernel
-// really gave (HugePages, from smaps). Unless memfd memory can have huge pages
+// really gave (HugePages, from smaps). Where they use small pages and the system
+// gives huge pages unasked (enabled is always), they refuse them (MADV_NOHUGEPAGE). Unless memfd memory can have huge pages
 // (shmem_enabled never is the common default) Shared makes new granules private:
 // anonymous memory of the one reservation, huge pages where it may have them and
 // small ones otherwise, moved into the memfd only when they become shared. On a
