@@ -738,7 +738,7 @@ func (s *Shared) Unreserve(r *SharedReservation) accounting.ReleaseOutcome {
 		return accounting.Released(0)
 	}
 	s.parkLast(r, 0, n)
-	s.parkPriv(r, 0, n)
+	parked := s.parkPriv(r, 0, n)
 	err := s.sys.release(r.raw, r.rawN)
 	if err == nil {
 		give := s.drop(r, 0, n)
@@ -751,6 +751,11 @@ func (s *Shared) Unreserve(r *SharedReservation) accounting.ReleaseOutcome {
 	// split it). Decommit run by run, which merges mappings rather than splitting
 	// them, and try again.
 	err = s.opErr("unreserve", 0, r.size, err, true)
+	// NB: the parked private granules come back first, so that a Failed outcome
+	// changed nothing and a Quarantined one counts them where they are.
+	if uerr := s.unpark(r, parked); uerr != nil {
+		err = fmt.Errorf("%w; and undoing the park failed: %w", err, uerr)
+	}
 	var give []int
 	var unmapped int64
 	// quarantined ends a failed Unreserve: the books under s.mu, then, outside it,

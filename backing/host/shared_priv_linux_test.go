@@ -540,3 +540,65 @@ func testSharedProtectDuringAdoption(t *testing.T, m sharedMode) {
 		})
 	}
 }
+
+// TestSharedUnreservePrivateOutcomes: Unreserve first parks the private granules
+// the pool keeps; when the munmap then fails, the outcome is as honest as with
+// memfd granules alone. Failed (every unmap fails; the moves work) changed nothing:
+// the private granules are back in the reservation, contents and all. Quarantined
+// with everything decommitted counts every granule as unmapped and none as
+// residual. The reservation has three private granules (0, 2, 3) and one memfd
+// granule shared elsewhere (1).
+func TestSharedUnreservePrivateOutcomes(t *testing.T) {
+	for _, failed := range []bool{true, false} {
+		name := "quarantined"
+		fail := func(_ int, name string) bool { return name == "release" }
+		if failed {
+			name = "failed"
+			fail = func(_ int, name string) bool { return name == "release" || name == "unmapTo" }
+		}
+		t.Run(name, func(t *testing.T) {
+			e := modeNamed(t, "private").env(t, host.SharedOptions{Granularity: kib64, High: 4}, true)
+			g := int64(e.g)
+			x := e.reserve(4)
+			e.commit(x, 0, 4)
+			y := e.reserve(1)
+			e.share(y, 0, x, 1, 1, backing.ReadOnly)
+			e.tagAll(x)
+			require.Equal(t, []bool{true, false, true, true}, host.SharedPrivate(x))
+			fx := e.fx(x, y)
+			before := e.snap(fx)
+
+			e.f.Fail(fail, errInjected)
+			o := e.s.Unreserve(x)
+			log := e.f.Log()
+			e.f.Reset()
+			t.Logf("%v: %v", o, log)
+			require.Contains(t, log, "move", "the private granules were parked first")
+			e.check(fx, "after Unreserve")
+			require.ErrorIs(t, o.Err, errInjected)
+			if failed {
+				require.Equal(t, accounting.Failed, o.Status)
+				assert.Equal(t, before, e.snap(fx), "a Failed unreserve changed nothing")
+				e.decommit(x, 3, 1) // still usable
+				e.commit(x, 3, 1)
+				o = e.unreserve(x)
+				assert.Equal(t, 4*g, o.Unmapped)
+				return
+			}
+			require.Equal(t, accounting.Quarantined, o.Status)
+			assert.Equal(t, 4*g, o.Unmapped, "every granule decommitted")
+			assert.Zero(t, o.Residual, "nothing left mapped")
+			c := e.gov.Stats(accounting.HostKey).Counters
+			assert.Zero(t, c.QuarantinedBytes, "no bytes reported quarantined")
+			delete(e.live, x)
+			e.unreserve(y)
+			require.NoError(t, host.CheckShared(e.s))
+			_, err := e.s.Trim(0)
+			require.NoError(t, err)
+			require.NoError(t, e.s.Close())
+			st := e.auth.Stats()
+			assert.Zero(t, st.Owned, "nothing stays owned")
+			e.closed = true
+		})
+	}
+}
