@@ -284,19 +284,23 @@ func (s *Shared) prefillPriv(background bool) (bool, error) {
 	s.created++
 	s.aused.set(p) // taken: no other prefill or park move uses it meanwhile
 	at := s.privAt(p)
-	err := s.sys.protect(at, s.g, false)
-	if err == nil {
+	perr := s.sys.protect(at, s.g, false)
+	if perr == nil {
 		s.advise(at, s.g)
 	}
 	s.mu.Unlock()
+	err := perr
 	if err == nil {
 		err = s.sys.populate(at, s.g, true)
 	}
 	s.mu.Lock()
 	if err != nil {
 		err = s.opErr("prefill", 0, s.g, err, true)
-		if uerr := s.sys.unmapTo(at, s.g); uerr != nil {
-			// NB: its pages may stay: keep it, owned and idle, for the next Trim.
+		// NB: where the mprotect failed its place is still reserved: nothing to
+		// undo. A place left inaccessible must not go idle: a commit would take it
+		// as a writable granule.
+		if perr == nil && s.sys.unmapTo(at, s.g) != nil {
+			// Its pages may stay: keep it, owned and idle (writable), for the next Trim.
 			s.untakePrivIdle([]int{p})
 		} else {
 			s.aused.clear(p)
@@ -379,6 +383,7 @@ func (s *Shared) unadopt(op string, r *SharedReservation, a sharedAdoption) (giv
 		s.aused.set(p) // taken
 		at := s.privAt(p)
 		merr := s.sys.protect(at, s.g, false)
+		made := merr == nil // its place is writable and may hold pages
 		if merr == nil {
 			s.advise(at, s.g)
 			copy(sharedBytes(at, s.g), sharedBytes(r.at(i), s.g))
@@ -390,12 +395,20 @@ func (s *Shared) unadopt(op string, r *SharedReservation, a sharedAdoption) (giv
 			merr = s.sys.move(at, r.at(i), s.g)
 		}
 		if merr != nil {
-			if uerr := s.sys.unmapTo(at, s.g); uerr != nil {
-				// NB: its pages may stay: keep it, owned and idle, for the next Trim.
-				s.untakePrivIdle([]int{p})
-			} else {
+			switch {
+			case !made, s.sys.unmapTo(at, s.g) == nil:
+				// Its place is reserved (again, or still where the mprotect failed).
 				s.aused.clear(p)
 				s.releasePriv(1)
+			default:
+				// NB: its pages may stay: keep it, owned and idle, for the next
+				// Trim. The park holds writable granules only (a commit takes them
+				// as such): a read-only copy is made writable again first (should
+				// even that fail, it stays idle as it is).
+				if a.ro[k] {
+					_ = s.sys.protect(at, s.g, false)
+				}
+				s.untakePrivIdle([]int{p})
 			}
 			left(i, merr)
 			continue

@@ -602,3 +602,68 @@ func TestSharedUnreservePrivateOutcomes(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedPrivateParkOnlyWritable: a failure that leaves a granule idle in the
+// private park leaves it writable, so that the commit that takes it gets a
+// writable granule, as the bookkeeping says. A prefill whose mprotect failed
+// changed nothing at its place (still reserved): it gives the granule up rather than
+// keep it idle when the cleanup unmap fails too. An undone Share whose move back of
+// a protected granule failed, and the cleanup after it, leaves its copy idle
+// writable, not read-only.
+func TestSharedPrivateParkOnlyWritable(t *testing.T) {
+	forPrivate(t, func(t *testing.T, m sharedMode) {
+		t.Run("prefill", func(t *testing.T) {
+			e := m.env(t, host.SharedOptions{High: 4}, true)
+			e.f.Fail(func(_ int, name string) bool { return name == "protect" || name == "unmapTo" }, errInjected)
+			require.ErrorIs(t, e.s.Prefill(1), errInjected)
+			e.f.Reset()
+			assert.Zero(t, e.pool().Owned, "nothing was made")
+			require.NoError(t, host.CheckShared(e.s))
+			x := e.reserve(1)
+			e.commit(x, 0, 1)
+			e.checkMaps(x, e.s.Base(x), e.g)
+			require.False(t, t.Failed(), "the granule is not writable: a store would fault")
+			e.tag(x, 0, 5)
+			assert.Equal(t, uint64(5), e.tagOf(x, 0))
+		})
+		t.Run("undone share", func(t *testing.T) {
+			e := m.env(t, host.SharedOptions{High: 4}, true)
+			x := e.reserve(2)
+			e.commit(x, 0, 2)
+			e.tagAll(x)
+			y := e.reserve(1)
+			e.share(y, 0, x, 1, 1, backing.ReadOnly) // the park exists now
+			e.protect(x, 0, 1, backing.ReadOnly)
+			z := e.reserve(1)
+			seen := map[string]int{}
+			e.f.Fail(func(_ int, name string) bool {
+				seen[name]++
+				switch name {
+				case "mapFile": // z's mapping: the Share fails after the move into the memfd
+					return seen[name] == 1
+				case "move": // the move back (the first is the move into the memfd)
+					return seen[name] == 2
+				case "unmapTo": // and giving the copy's place back
+					return true
+				}
+				return false
+			}, errInjected)
+			err := e.s.Share(z, 0, x, 0, e.g, backing.ReadOnly)
+			log := e.f.Log()
+			e.f.Reset()
+			t.Logf("%v: %v", err, log)
+			require.ErrorIs(t, err, errInjected)
+			require.NoError(t, host.CheckShared(e.s))
+			e.checkMaps(x, e.s.Base(x), 2*e.g)
+			assert.Equal(t, uint64(1<<32), e.tagOf(x, 0), "the source keeps its contents")
+			_, ro := host.SharedSlots(x)
+			assert.True(t, ro[0], "and its access")
+			w := e.reserve(1)
+			e.commit(w, 0, 1)
+			e.checkMaps(w, e.s.Base(w), e.g)
+			require.False(t, t.Failed(), "the granule is not writable: a store would fault")
+			e.tag(w, 0, 6)
+			assert.Equal(t, uint64(6), e.tagOf(w, 0))
+		})
+	})
+}
