@@ -190,7 +190,7 @@
 // or shared range reads whatever was last written there. Granules new to the file
 // read as zero.
 //
-// Bookkeeping costs 8 bytes per reserved granule and a few bytes per slot of the
+// Bookkeeping costs 12 bytes per reserved granule and a few bytes per slot of the
 // file, which only grows (sparse: holes cost nothing). The park costs address space,
 // not memory: its chunks double from 1 GiB, so it spans at most twice the file; the
 // private park, High granules of address space.

@@ -145,6 +145,7 @@ type Shared struct {
 	aparkN    int
 	aused     bitset          // positions of the private park that hold a granule
 	aidle     bitset          // ... that hold an idle one (not taken by a commit)
+	ares      bitset          // ... whose granule's pages are known to exist (where aidle)
 	asince    []time.Duration // per position, when its granule went idle (since epoch)
 	nPrivIdle int
 	clock     func() time.Time
@@ -185,7 +186,7 @@ type SharedReservation struct {
 
 	// guarded by s.mu
 	state sharedState
-	maps  []sharedMap // per granule; 8 bytes of bookkeeping per reserved granule
+	maps  []sharedMap // per granule; 12 bytes of bookkeeping per reserved granule
 	count int         // committed granules
 }
 
@@ -203,6 +204,7 @@ type sharedMap struct {
 	ro     bool   // mapped read-only (shared so, or protected)
 	shared bool   // shared read-only into the reservation: Protect never makes it writable
 	priv   bool   // a private granule: anonymous memory of this reservation alone
+	res    bool   // a private granule whose pages are known to exist (populated)
 	// adopting marks a private granule that a Share is moving into the memfd while
 	// it holds no lock: another Share of it waits (adoptDone) rather than adopt it
 	// twice.
@@ -917,6 +919,8 @@ func (s *Shared) Populate(r *SharedReservation, off, size int) error {
 		for i := gi; i < gj; i++ {
 			if m := r.maps[i]; m.at != 0 {
 				s.slots[m.slot()].resident = true
+			} else if m.priv {
+				r.maps[i].res = true
 			}
 		}
 	}

@@ -667,3 +667,46 @@ func TestSharedPrivateParkOnlyWritable(t *testing.T) {
 		})
 	})
 }
+
+// TestSharedPrivateResident: an idle private granule is resident only where its
+// pages are known to exist (a prefill, SharedOptions.Populate, Populate), as an idle
+// memfd granule is: one a commit made without populating it and nobody populated
+// may have no page at all, so Prefill populates it (no new bytes), and the commit
+// that takes it then takes no fault.
+func TestSharedPrivateResident(t *testing.T) { forPrivate(t, testSharedPrivateResident) }
+
+func testSharedPrivateResident(t *testing.T, m sharedMode) {
+	for _, how := range []string{"untouched", "option", "populate"} {
+		t.Run(how, func(t *testing.T) {
+			e := privateEnv(t, m, host.SharedOptions{High: 4, Populate: how == "option"})
+			g := e.g
+			pages := g / os.Getpagesize()
+			x := e.reserve(2)
+			e.commit(x, 0, 2)
+			if how == "populate" {
+				require.NoError(t, e.s.Populate(x, 0, 2*g))
+			}
+			known := how != "untouched"
+			e.decommit(x, 0, 2)
+			p := e.pool()
+			assert.Equal(t, int64(2*g), p.Idle)
+			if known {
+				assert.Equal(t, int64(2*g), p.Resident, "populated, then parked with their pages")
+			} else {
+				assert.Zero(t, p.Resident, "never populated: no page known to exist")
+			}
+			require.NoError(t, e.s.Prefill(2))
+			p = e.pool()
+			assert.Equal(t, int64(2*g), p.Resident, "Prefill populated the idle granules")
+			assert.Equal(t, int64(2*g), p.Owned, "and made none")
+			require.NoError(t, host.CheckShared(e.s))
+			y := e.reserve(2)
+			e.commit(y, 0, 2)
+			assert.Equal(t, 2*pages, present(t, e.s.Base(y), 2*g), "the commit takes no fault")
+			assert.Equal(t, []bool{true, true}, host.SharedPrivate(y))
+			e.decommit(y, 0, 2)
+			assert.Equal(t, int64(2*g), e.pool().Resident, "what came out resident goes back resident")
+			require.NoError(t, host.CheckShared(e.s))
+		})
+	}
+}
