@@ -710,3 +710,28 @@ func testSharedPrivateResident(t *testing.T, m sharedMode) {
 		})
 	}
 }
+
+// TestSharedPrivateShareIdleBudget: idle private granules can not become memfd
+// granules, so where they hold the budget a Share's move into the memfd needs,
+// they go back to the OS for it rather than the Share be refused while the pool
+// holds idle memory.
+func TestSharedPrivateShareIdleBudget(t *testing.T) { forPrivate(t, testSharedPrivateShareIdleBudget) }
+
+func testSharedPrivateShareIdleBudget(t *testing.T, m sharedMode) {
+	e := privateEnv(t, m, host.SharedOptions{High: 4})
+	g := e.g
+	require.NoError(t, e.gov.SetLimit(e.auth.Device(), int64(2*g)))
+	x := e.reserve(2)
+	e.commit(x, 0, 2)
+	e.tag(x, 0, 3)
+	e.decommit(x, 1, 1)
+	require.Equal(t, int64(g), e.pool().Idle, "an idle private granule")
+	require.Equal(t, int64(2*g), e.pool().Owned, "the budget is full")
+	y := e.reserve(1)
+	e.share(y, 0, x, 0, 1, backing.ReadOnly)
+	assert.Equal(t, uint64(3), e.tagOf(y, 0))
+	assert.Zero(t, e.pool().Idle, "the idle granule made room for the move")
+	assert.Equal(t, int64(g), e.pool().Owned, "owned once")
+	assert.LessOrEqual(t, e.auth.Stats().OwnedPeak, int64(2*g), "never over the budget")
+	require.NoError(t, host.CheckShared(e.s))
+}
