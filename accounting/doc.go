@@ -31,7 +31,9 @@
 //
 // The package owns no memory. Whoever acquires bytes on an Authority MUST release
 // exactly those bytes with [Authority.Release]; releasing more than is owned panics
-// with a named message, since the ledger would otherwise lie.
+// with a named message, since the ledger would otherwise lie. A ledger that holds
+// nothing any more may be retired with [Authority.Close], which takes it off its
+// device's list; it refuses while the ledger owns, maps or waits for bytes.
 //
 // # Concurrency
 //

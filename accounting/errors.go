@@ -16,6 +16,9 @@ var (
 	ErrInvalidRequest = errors.New("accounting: invalid request")
 	// ErrAllocationFailed is matched by an *AllocationError.
 	ErrAllocationFailed = errors.New("accounting: allocation failed")
+	// ErrAuthorityBusy: Authority.Close was called on a ledger that still owns or
+	// maps bytes, or waits for some.
+	ErrAuthorityBusy = errors.New("accounting: authority still holds or waits for bytes")
 )
 
 // BudgetError reports a request the device's budget cannot cover.

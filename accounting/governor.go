@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -168,6 +169,39 @@ type Authority struct {
 	mapped           int64
 	credit           int64 // owned bytes waited for by AcquireFor, not yet taken
 	reclaim          func(need int64)
+	waiting          int  // Acquire calls of this ledger in the device's queue
+	closed           bool // retired by Close: out of the device's list
+}
+
+// PanicAuthorityClosed is the panic of a closed Authority asked to take or map bytes.
+const PanicAuthorityClosed = "accounting: use of a closed Authority"
+
+// live panics with PanicAuthorityClosed when a is closed. a.g.mu must be held.
+func (a *Authority) live() {
+	if a.closed {
+		panic(PanicAuthorityClosed)
+	}
+}
+
+// Close retires the ledger: it leaves its device's list (Stats, reclaimers) for good.
+// It fails with an error matching ErrAuthorityBusy, and changes nothing, while the
+// ledger owns or maps bytes, holds bytes waited for by AcquireFor, or has an Acquire
+// queued. A closed ledger that is asked to take or map bytes panics with
+// PanicAuthorityClosed; its Stats stay readable. A second Close does nothing.
+func (a *Authority) Close() error {
+	a.g.mu.Lock()
+	defer a.g.mu.Unlock()
+	if a.closed {
+		return nil
+	}
+	if a.owned != 0 || a.mapped != 0 || a.credit != 0 || a.waiting != 0 {
+		return fmt.Errorf("%w: %q owns %d bytes, maps %d, holds %d waited for and has %d requests queued",
+			ErrAuthorityBusy, a.name, a.owned, a.mapped, a.credit, a.waiting)
+	}
+	a.closed = true
+	a.reclaim = nil
+	a.d.auths = slices.DeleteFunc(a.d.auths, func(o *Authority) bool { return o == a })
+	return nil
 }
 
 // SetReclaimer registers fn to be called, on a goroutine of its own, each time a
@@ -209,6 +243,7 @@ func (a *Authority) TryAcquire(n int64) error {
 	}
 	a.g.mu.Lock()
 	defer a.g.mu.Unlock()
+	a.live()
 	d := a.d
 	if c := min(a.credit, n); c > 0 && (c == n || d.waiters.Len() == 0 && d.limit-d.used >= n-c) {
 		// Credit bytes are owned already.
@@ -261,6 +296,10 @@ func (a *Authority) Acquire(ctx context.Context, n int64) (err error) {
 		return err
 	}
 	a.g.mu.Lock()
+	if a.closed {
+		a.g.mu.Unlock()
+		panic(PanicAuthorityClosed)
+	}
 	d := a.d
 	if n > d.limit {
 		err := d.budgetError(n)
@@ -280,6 +319,7 @@ func (a *Authority) Acquire(ctx context.Context, n int64) (err error) {
 	ready := make(chan struct{})
 	w := &waiter{n: n, ready: ready}
 	elem := d.waiters.PushBack(w)
+	a.waiting++
 	var reclaimers []func(int64)
 	for _, o := range d.auths {
 		if o.reclaim != nil && o != a {
@@ -297,6 +337,7 @@ func (a *Authority) Acquire(ctx context.Context, n int64) (err error) {
 	case <-ready:
 		a.g.mu.Lock()
 		defer a.g.mu.Unlock()
+		a.waiting--
 		if w.dismissed {
 			return d.budgetError(n)
 		}
@@ -305,6 +346,7 @@ func (a *Authority) Acquire(ctx context.Context, n int64) (err error) {
 	case <-ctx.Done():
 		a.g.mu.Lock()
 		defer a.g.mu.Unlock()
+		a.waiting--
 		select {
 		case <-ready:
 			if w.dismissed {
@@ -355,8 +397,9 @@ func (a *Authority) Map(n int64) {
 		panic(fmt.Sprintf("accounting: Map of negative size %d", n))
 	}
 	a.g.mu.Lock()
+	defer a.g.mu.Unlock()
+	a.live()
 	a.mapped += n
-	a.g.mu.Unlock()
 }
 
 // Unmap removes n bytes of attribution. Unmapping more than is mapped panics.

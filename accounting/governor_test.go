@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -444,4 +445,70 @@ func TestOwnReclaimerNotAsked(t *testing.T) {
 	assert.ErrorIs(t, pool.Acquire(ctx, 5), context.DeadlineExceeded)
 	assert.Empty(t, asked)
 	pool.Release(8)
+}
+
+func TestAuthorityClose(t *testing.T) {
+	g := accounting.NewGovernor()
+	require.NoError(t, g.SetLimit(accounting.HostKey, 10))
+	keep := g.Authority("keep", accounting.HostKey)
+	a := g.Authority("a", accounting.HostKey)
+	names := func() []string {
+		var out []string
+		for _, s := range g.Stats(accounting.HostKey).Authorities {
+			out = append(out, s.Name)
+		}
+		return out
+	}
+	require.Equal(t, []string{"keep", "a"}, names())
+
+	// Busy: owned bytes, mapped bytes, a queued Acquire. Each refusal changes nothing.
+	require.NoError(t, a.TryAcquire(4))
+	err := a.Close()
+	assert.ErrorIs(t, err, accounting.ErrAuthorityBusy)
+	assert.Contains(t, err.Error(), `"a" owns 4 bytes`)
+	a.Release(4)
+	a.Map(3)
+	assert.ErrorIs(t, a.Close(), accounting.ErrAuthorityBusy)
+	a.Unmap(3)
+	require.NoError(t, keep.TryAcquire(10))
+	queued := make(chan error)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { queued <- a.Acquire(ctx, 1) }()
+	require.Eventually(t, func() bool { return g.Stats(accounting.HostKey).Waiters == 1 }, 5*time.Second, time.Millisecond)
+	assert.ErrorIs(t, a.Close(), accounting.ErrAuthorityBusy)
+	cancel()
+	assert.ErrorIs(t, <-queued, context.Canceled)
+	keep.Release(10)
+	assert.Equal(t, []string{"keep", "a"}, names(), "refused closes changed nothing")
+
+	// Idle: it closes, leaves the device's list, and a second Close does nothing.
+	require.NoError(t, a.Close())
+	require.NoError(t, a.Close())
+	assert.Equal(t, []string{"keep"}, names())
+	assert.Equal(t, accounting.AuthorityStats{Name: "a", Device: accounting.HostKey, OwnedPeak: 4}, a.Stats())
+
+	// Use after close panics by name, and takes nothing.
+	assert.PanicsWithValue(t, accounting.PanicAuthorityClosed, func() { _ = a.TryAcquire(1) })
+	assert.PanicsWithValue(t, accounting.PanicAuthorityClosed, func() { _ = a.Acquire(context.Background(), 1) })
+	assert.PanicsWithValue(t, accounting.PanicAuthorityClosed, func() {
+		_ = a.AcquireFor(context.Background(), 1, func() error { return nil })
+	})
+	assert.PanicsWithValue(t, accounting.PanicAuthorityClosed, func() { a.Map(1) })
+	assert.Equal(t, int64(0), g.Stats(accounting.HostKey).Used)
+}
+
+// A closed ledger's reclaimer is no longer called when a request on the device waits.
+func TestAuthorityCloseDropsReclaimer(t *testing.T) {
+	g := accounting.NewGovernor()
+	require.NoError(t, g.SetLimit(accounting.HostKey, 1))
+	owner := g.Authority("owner", accounting.HostKey)
+	var calls atomic.Int32
+	owner.SetReclaimer(func(int64) { calls.Add(1) })
+	require.NoError(t, owner.Close())
+	other := g.Authority("other", accounting.HostKey)
+	require.NoError(t, other.TryAcquire(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	assert.ErrorIs(t, g.Authority("waiter", accounting.HostKey).Acquire(ctx, 1), context.DeadlineExceeded)
+	assert.Zero(t, calls.Load())
 }

@@ -6,29 +6,14 @@ import (
 	"github.com/vmarena/vmarena/arena"
 )
 
-// tensor returns where layer's K or V tensor lies under l: the index of the range
-// that holds it among a sequence's ranges, the byte offset of its token 0 in that
-// range, and the bytes from one token to the next. ok is false when layer or kind is
-// out of range for g.
-func (l Layout) tensor(g Geometry, layer int, kind Kind) (buf, off, stride int, ok bool) {
-	if layer < 0 || layer >= g.Layers || kind > V {
-		return 0, 0, 0, false
-	}
-	i := 2*layer + int(kind)
-	if l == PerSequence {
-		return 0, i * g.TokenBytes(), g.BytesPerToken(), true
-	}
-	return i, 0, g.TokenBytes(), true
-}
-
 // locate returns the range and byte offset of token t of layer's K or V tensor.
 func (s *Sequence) locate(layer int, kind Kind, t int) (buffer, int, error) {
 	g := s.c.cfg.Geometry
-	i, off, stride, ok := s.c.cfg.Layout.tensor(g, layer, kind)
+	i, off, ok := s.c.tensor(g, layer, kind)
 	if !ok || t < 0 || t >= s.n {
 		return nil, 0, fmt.Errorf("%w: layer %d %v token %d of %d layers × %d tokens", ErrRange, layer, kind, t, g.Layers, s.n)
 	}
-	return s.bufs[i], off + t*stride, nil
+	return s.bufs[i], s.c.offset(off, t), nil
 }
 
 // WriteToken copies src (TokenBytes long) into token t of layer's K or V tensor, on
@@ -71,7 +56,7 @@ func (s *Sequence) ReadToken(layer int, kind Kind, t int, dst []byte) error {
 // granules shared with a prefix or a fork and are read-only.
 func (s *Sequence) Writable() int {
 	s.live()
-	return (s.frozen + s.c.row - 1) / s.c.row
+	return s.c.writableFrom(s.frozen)
 }
 
 // Bytes returns the Len × TokenBytes bytes of layer's K or V tensor in the PerLayer
@@ -88,7 +73,7 @@ func (s *Sequence) Bytes(layer int, kind Kind) ([]byte, error) {
 	if s.c.cfg.Layout != PerLayer {
 		return nil, fmt.Errorf("%w: %v tensors are strided; use a view", ErrLayout, s.c.cfg.Layout)
 	}
-	i, _, _, ok := s.c.cfg.Layout.tensor(s.c.cfg.Geometry, layer, kind)
+	i, _, ok := s.c.tensor(s.c.cfg.Geometry, layer, kind)
 	if !ok {
 		return nil, fmt.Errorf("%w: layer %d %v", ErrRange, layer, kind)
 	}
@@ -96,14 +81,15 @@ func (s *Sequence) Bytes(layer int, kind Kind) ([]byte, error) {
 	if !buf.HostAccessible() {
 		return nil, fmt.Errorf("%w: device memory can not be touched by the CPU", ErrLayout)
 	}
-	return buf.Bytes()[:s.n*s.c.row], nil
+	return buf.Bytes()[:s.c.extent(s.n)], nil
 }
 
-// Base returns the first address of layer's K or V tensor. It never changes from the
-// sequence's creation to its Close. On a device it must not be dereferenced by the CPU.
+// Base returns the first address of layer's K or V tensor (its token 0). It never
+// changes from the sequence's creation to its Close. On a device it must not be
+// dereferenced by the CPU.
 func (s *Sequence) Base(layer int, kind Kind) uintptr {
 	s.live()
-	i, off, _, ok := s.c.cfg.Layout.tensor(s.c.cfg.Geometry, layer, kind)
+	i, off, ok := s.c.tensor(s.c.cfg.Geometry, layer, kind)
 	if !ok {
 		panic(PanicLayerRange)
 	}
@@ -111,17 +97,38 @@ func (s *Sequence) Base(layer int, kind Kind) uintptr {
 }
 
 // TokenStride returns the bytes from one token to the next within a layer's K or V
-// tensor: TokenBytes in the PerLayer layout, BytesPerToken in PerSequence.
+// tensor: TokenBytes in the PerLayer layout, BytesPerToken in PerSequence, and
+// TokenBytes within a block in Blocked (BlockStride from one block to the next).
 func (s *Sequence) TokenStride() int {
 	s.live()
 	return s.c.row
 }
 
-// View returns layer's K or V tensor of s as a [Len, KVHeads, HeadDim] tensor of T:
-// contiguous in the PerLayer layout, strided by TokenStride in PerSequence. T must be
-// the geometry's element type (ErrElemType otherwise). On a host backing the tensor's
-// elements may be read and written (tokens below Writable are read-only); on a device
-// it carries only the address. The view is valid until s shrinks below it or closes.
+// BlockTokens returns the tokens of each block in the Blocked layout (token t of a
+// tensor is token t % BlockTokens of block t / BlockTokens), and 0 in the others,
+// whose tensors have no blocks. It is at least Config.BlockTokens.
+func (s *Sequence) BlockTokens() int {
+	s.live()
+	return s.c.tpb
+}
+
+// BlockStride returns the bytes from a block to the next (whole granules) in the
+// Blocked layout, and 0 in the others.
+func (s *Sequence) BlockStride() int {
+	s.live()
+	return s.c.blk
+}
+
+// View returns layer's K or V tensor of s as a tensor of T: [Len, KVHeads, HeadDim],
+// contiguous in the PerLayer layout and strided by TokenStride in PerSequence; in the
+// Blocked layout [blocks, BlockTokens, KVHeads, HeadDim] with blocks = ⌈Len /
+// BlockTokens⌉, strided by BlockStride and TokenStride, whose token t is element
+// [t / BlockTokens, t % BlockTokens]. NB: in the last block the tokens at or past Len
+// are not the sequence's (free room, or another sequence's tokens copied with a fork
+// or prefix): a kernel masks them out. T must be the geometry's element type
+// (ErrElemType otherwise). On a host backing the tensor's elements may be read and
+// written (tokens below Writable are read-only); on a device it carries only the
+// address. The view is valid until s shrinks below it or closes.
 func View[T arena.Elem](s *Sequence, layer int, kind Kind) (arena.Tensor[T], error) {
 	if err := s.usable(); err != nil {
 		return arena.Tensor[T]{}, err
@@ -130,16 +137,22 @@ func View[T arena.Elem](s *Sequence, layer int, kind Kind) (arena.Tensor[T], err
 	if dt := arena.DTypeOf[T](); dt != g.DType {
 		return arena.Tensor[T]{}, fmt.Errorf("%w: %v view of a %v cache", ErrElemType, dt, g.DType)
 	}
-	i, off, stride, ok := s.c.cfg.Layout.tensor(g, layer, kind)
+	i, off, ok := s.c.tensor(g, layer, kind)
 	if !ok {
 		return arena.Tensor[T]{}, fmt.Errorf("%w: layer %d %v", ErrRange, layer, kind)
 	}
-	shape := []int{s.n, g.KVHeads, g.HeadDim}
-	if s.c.cfg.Layout == PerLayer {
-		return arena.NewTensor[T](s.bufs[i], 0, shape...)
-	}
 	size := g.DType.Size()
-	strides := []int{stride / size, g.HeadDim, 1}
+	var shape, strides []int
+	switch s.c.layout {
+	case PerLayer:
+		return arena.NewTensor[T](s.bufs[i], 0, s.n, g.KVHeads, g.HeadDim)
+	case Blocked:
+		shape = []int{s.c.unitsFor(s.n), s.c.tpb, g.KVHeads, g.HeadDim}
+		strides = []int{s.c.blk / size, s.c.row / size, g.HeadDim, 1}
+	default:
+		shape = []int{s.n, g.KVHeads, g.HeadDim}
+		strides = []int{s.c.row / size, g.HeadDim, 1}
+	}
 	// NB: the tensor's memory starts at its own base, so that an empty sequence (whose
 	// range has no bytes in use) still has a view there.
 	mem := layerMemory{buf: s.bufs[i], off: off}

@@ -149,7 +149,7 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 			mu.Lock()
 			defer mu.Unlock()
 		}
-		target := (s.n + g.Tokens) * c.row
+		target := c.extent(s.n + g.Tokens)
 		for j, b := range s.bufs {
 			if err := b.Resize(target); err != nil {
 				return c.rollback(batch[:i], s, j, idle, commits, err)
@@ -176,7 +176,7 @@ func (c *Cache) rollback(done []Growth, s *Sequence, k int, idle int64, commits 
 	undo := func(q *Sequence, bufs []buffer) {
 		var qerrs []error
 		for _, b := range bufs {
-			if err := b.Resize(q.n * c.row); err != nil {
+			if err := b.Resize(c.extent(q.n)); err != nil {
 				qerrs = append(qerrs, err)
 			}
 		}

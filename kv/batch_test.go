@@ -359,28 +359,39 @@ func TestWriteTokenStraddlingSharedBoundary(t *testing.T) {
 // [0, KVHeads, HeadDim] tensor at the tensor's base, for every layer and kind, also
 // after Truncate(0).
 func TestViewOfEmptySequence(t *testing.T) {
-	fx := newFixture(t, 1<<30)
-	c, err := kv.New(fx.fake, kv.Config{Geometry: kv.Tiny, MaxTokens: 64, Layout: kv.PerSequence})
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, c.Close()) }()
-	s, err := c.NewSequence()
-	require.NoError(t, err)
-	defer closeAll(t, s)
-	check := func(when string) {
-		for layer := range kv.Tiny.Layers {
-			for _, kind := range []kv.Kind{kv.K, kv.V} {
-				v, err := kv.View[arena.F16](s, layer, kind)
-				require.NoError(t, err, "%s: layer %d %v", when, layer, kind)
-				assert.Equal(t, []int{s.Len(), kv.Tiny.KVHeads, kv.Tiny.HeadDim}, v.Shape())
-				assert.Equal(t, s.Base(layer, kind), v.DevicePtr(), "%s: the view starts at the tensor's base", when)
+	for _, layout := range []kv.Layout{kv.PerSequence, kv.Blocked} {
+		t.Run(layout.String(), func(t *testing.T) {
+			fx := newFixture(t, 1<<30)
+			c, err := kv.New(fx.fake, kv.Config{Geometry: kv.Tiny, MaxTokens: 64, Layout: layout})
+			require.NoError(t, err)
+			defer func() { assert.NoError(t, c.Close()) }()
+			s, err := c.NewSequence()
+			require.NoError(t, err)
+			defer closeAll(t, s)
+			check := func(when string) {
+				for layer := range kv.Tiny.Layers {
+					for _, kind := range []kv.Kind{kv.K, kv.V} {
+						v, err := kv.View[arena.F16](s, layer, kind)
+						require.NoError(t, err, "%s: layer %d %v", when, layer, kind)
+						assert.Equal(t, viewShape(s), v.Shape())
+						assert.Equal(t, s.Base(layer, kind), v.DevicePtr(), "%s: the view starts at the tensor's base", when)
+					}
+				}
 			}
-		}
+			if layout == kv.Blocked {
+				assert.Equal(t, 16, s.BlockTokens(), "a 4 KiB block of 256-byte tokens")
+				assert.Equal(t, fakeGranule, s.BlockStride())
+			} else {
+				assert.Zero(t, s.BlockTokens(), "no blocks")
+				assert.Zero(t, s.BlockStride())
+			}
+			check("new")
+			require.NoError(t, s.Append(3))
+			check("3 tokens")
+			require.NoError(t, s.Truncate(0))
+			check("truncated")
+		})
 	}
-	check("new")
-	require.NoError(t, s.Append(3))
-	check("3 tokens")
-	require.NoError(t, s.Truncate(0))
-	check("truncated")
 }
 
 // Regression (issue 10): a Fork, NewSequenceFrom or Freeze that fails midway and can

@@ -18,7 +18,13 @@ type Config struct {
 	// MaxTokens is the most tokens one sequence may hold. It is reserved as address
 	// space only: a sequence commits memory for the tokens it has.
 	MaxTokens int
-	Layout    Layout // PerSequence (the zero value) or PerLayer
+	Layout    Layout // Blocked (the zero value), PerSequence or PerLayer
+	// BlockTokens asks the Blocked layout for blocks of at least this many tokens
+	// (longer runs per layer, a larger copied tail per fork or prefix): a block is the
+	// fewest whole granules that hold them, and holds as many tokens as fit
+	// (Sequence.BlockTokens). 0, the default, is the smallest block: the fewest
+	// granules that hold one token. It must be 0 in the other layouts.
+	BlockTokens int
 	// Authority is charged for committed granules when the backing's accounting is
 	// ByBuffer (host.Private); it must be nil for backings that own their memory
 	// (ByBacking: host.Shared, cuda).
@@ -38,10 +44,8 @@ type Cache struct {
 	pool   backing.Pool          // the backing's pool, or nil
 	auth   *accounting.Authority // the ledger that owns the cache's physical memory
 	cfg    Config
-	nbuf   int // address ranges per sequence
-	row    int // bytes per token in each range
+	shape  // where the layout puts tokens: the byte arithmetic
 	gran   int
-	capac  int // bytes reserved per range
 	sharer bool
 	// protector: the backing can protect committed memory in place, so an origin's
 	// shared granules become read-only in its own mapping too.
@@ -77,12 +81,13 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	if err := cfg.Geometry.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Layout != PerLayer && cfg.Layout != PerSequence {
-		return nil, fmt.Errorf("%w: layout %v", ErrConfig, cfg.Layout)
+	if cfg.MaxTokens <= 0 {
+		return nil, fmt.Errorf("%w: MaxTokens %d", ErrConfig, cfg.MaxTokens)
 	}
 	g := b.Granularity()
-	if _, err := Size(cfg.Geometry, cfg.Layout, g, 0, max(cfg.MaxTokens, 0)); err != nil || cfg.MaxTokens <= 0 {
-		return nil, fmt.Errorf("%w: MaxTokens %d", ErrConfig, cfg.MaxTokens)
+	sh, err := newShape(cfg.Geometry, cfg.Layout, g, cfg.BlockTokens, cfg.MaxTokens)
+	if err != nil {
+		return nil, err
 	}
 	acct := b.Accounting()
 	var gov *accounting.Governor
@@ -100,13 +105,11 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	default:
 		gov = cfg.Authority.Governor()
 	}
-	n, row := cfg.Layout.buffers(cfg.Geometry)
-	capac, _ := backing.AlignUp(cfg.MaxTokens*row, g)
 	_, sharer := any(b).(backing.Sharer[R])
 	pool, _ := any(b).(backing.Pool)
 	_, protects := any(b).(backing.Protector[R])
 	return &Cache{
-		st: storeOf[R, B]{b}, pool: pool, auth: auth, cfg: cfg, nbuf: n, row: row, gran: g, capac: capac,
+		st: storeOf[R, B]{b}, pool: pool, auth: auth, cfg: cfg, shape: sh, gran: g,
 		sharer: sharer && acct.OwnedByBacking(), protector: protects, gov: gov, dev: b.Device(),
 		seqs:     make(map[*Sequence]struct{}),
 		prefixes: make(map[*Prefix]struct{}),
@@ -128,6 +131,21 @@ func (c *Cache) NewSequence() (*Sequence, error) {
 	}
 	c.register(s)
 	return s, nil
+}
+
+// reuse returns a new, empty sequence on the ranges of es, a prefix cache entry's
+// sequence that left the index (see PrefixCache.spareLocked), with the granules they
+// commit: its first growths need no new granules. es is spent.
+func (c *Cache) reuse(es *Sequence) *Sequence {
+	c.mu.Lock()
+	c.nextID++
+	s := &Sequence{c: c, id: c.nextID, bufs: es.bufs}
+	c.entries--
+	c.seqs[s] = struct{}{}
+	c.mu.Unlock()
+	es.bufs, es.closed = nil, true
+	s.publish()
+	return s
 }
 
 // newSequence reserves a new sequence's ranges. Until register or abandon, the cache

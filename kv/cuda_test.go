@@ -148,7 +148,7 @@ func TestCUDAOriginProtected(t *testing.T) {
 					assert.Equal(t, int32(cuda.AccessRead), got, "the origin's shared granule is read-only")
 				}
 				// The origin's last granule holds its own tail: read-write.
-				tail := base + uint64((s.Len()-1)*s.TokenStride())
+				tail := uint64(tokenAddr(s, 0, kv.K, s.Len()-1))
 				got, ok = fake.MappingAccess(tail)
 				require.True(t, ok)
 				assert.Equal(t, int32(cuda.AccessReadWrite), got)

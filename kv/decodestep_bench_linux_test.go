@@ -17,9 +17,10 @@ import (
 // BenchmarkDecodeStep measures a whole decode step of a batch, what a KV layout
 // costs a server: append one token to each of 8 sequences of about 1,024 tokens
 // (Llama-3-8B), writing its K and V in every layer, then read every layer's K and V
-// of every sequence (attention's read: 1 GiB, copied out through every byte, one
-// tensor after another). Memory is populated on commit (2 MiB granules), with 4 KiB
-// pages or transparent huge pages.
+// of every sequence (attention's read: 1 GiB, copied out through every byte, layer
+// after layer, and within a layer tile by tile as attention reads them: a sequence's
+// K then its V, or a block's). Memory is populated on commit (2 MiB granules), with
+// 4 KiB pages or transparent huge pages.
 //
 // The sequences start at 1,025 to 1,039 tokens (odd, so that their granule
 // boundaries are spread over the steps) and grow by one a step: a layout that
@@ -32,11 +33,12 @@ import (
 //   - layout=plain: the same bytes contiguous, copied out: the floor; no append;
 //   - layout=per-layer, layout=per-sequence: kv.PerLayer and kv.PerSequence
 //     (WriteToken; Sequence.Bytes, or View rows);
-//   - layout=blocked: each 2 MiB granule holds 16 tokens of every layer, layer-major
-//     inside (as BenchmarkReadLayer), a granule committed per 16 tokens;
-//   - layout=paged: the paged baseline: 16-token blocks in a per-layer pool that
-//     is all populated up front and never shrinks, found through each sequence's
-//     block table (shuffled).
+//   - layout=blocked: kv.Blocked, the default (WriteToken; the blocks of View: a
+//     2 MiB block of 16 tokens committed as its first token arrives);
+//   - layout=blocked64: kv.Blocked with BlockTokens 64 (8 MiB blocks);
+//   - layout=paged: the paged baseline: 16-token blocks in a per-(layer, K|V) pool
+//     that is all populated up front and never shrinks, found through each
+//     sequence's block table (shuffled).
 //
 // ns/token is the step's time per token it appends (8 a step).
 func BenchmarkDecodeStep(b *testing.B) {
@@ -45,7 +47,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 		tokens  = 1024
 		room    = 256 // tokens a sequence may grow by
 		granule = 2 << 20
-		block   = 16 // tokens per block (blocked and paged)
+		block   = 16 // tokens per block (paged)
 	)
 	g := kv.Llama3_8B
 	tb := g.TokenBytes()
@@ -60,6 +62,13 @@ func BenchmarkDecodeStep(b *testing.B) {
 	token := make([]byte, tb)         // the new token's K or V of one layer
 	for i := range token {
 		token[i] = byte(i)
+	}
+	sum := func(qs []*kv.Sequence) int { // tokens of the batch
+		n := 0
+		for _, q := range qs {
+			n += q.Len()
+		}
+		return n
 	}
 	report := func(b *testing.B) {
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*seqs), "ns/token")
@@ -88,11 +97,11 @@ func BenchmarkDecodeStep(b *testing.B) {
 			require.NoError(b, unix.Madvise(mem, advice))
 			require.NoError(b, unix.Madvise(mem, unix.MADV_POPULATE_WRITE))
 		}
-		cache := func(b *testing.B, layout kv.Layout) []*kv.Sequence {
+		cache := func(b *testing.B, layout kv.Layout, blockTokens int) []*kv.Sequence {
 			p, err := host.NewPrivate(host.PrivateOptions{Granularity: granule, Populate: true, NoHugePages: !huge, AlwaysHugePages: huge})
 			require.NoError(b, err)
 			gov := accounting.NewGovernor()
-			c, err := kv.New(p, kv.Config{Geometry: g, MaxTokens: tokens + room, Layout: layout,
+			c, err := kv.New(p, kv.Config{Geometry: g, MaxTokens: tokens + room, Layout: layout, BlockTokens: blockTokens,
 				Authority: gov.Authority("kv", accounting.HostKey)})
 			require.NoError(b, err)
 			qs := make([]*kv.Sequence, 0, seqs)
@@ -130,7 +139,13 @@ func BenchmarkDecodeStep(b *testing.B) {
 				}
 			}
 		}
-		dst := make([]byte, (tokens+room)*seqs*tb)
+		dst := make([]byte, 2*(tokens+room)*seqs*tb) // one layer's K and V of every sequence
+		// check fails b unless a layer's read copied the K and V of every token.
+		check := func(b *testing.B, copied, tokens int) {
+			if copied != 2*tokens*tb {
+				b.Fatalf("a layer's read copied %d bytes, want %d", copied, 2*tokens*tb)
+			}
+		}
 		b.Run("layout=plain/pages="+pages, func(b *testing.B) {
 			mem := region(b, kinds*layerBytes)
 			commit(b, mem)
@@ -143,14 +158,14 @@ func BenchmarkDecodeStep(b *testing.B) {
 			report(b)
 		})
 		b.Run("layout=per-layer/pages="+pages, func(b *testing.B) {
-			qs := cache(b, kv.PerLayer)
+			qs := cache(b, kv.PerLayer, 0)
 			b.SetBytes(step)
 			for b.Loop() {
 				appendAll(b, qs)
 				for l := range g.Layers {
-					for _, k := range []kv.Kind{kv.K, kv.V} {
-						at := 0
-						for _, q := range qs {
+					at := 0
+					for _, q := range qs {
+						for _, k := range []kv.Kind{kv.K, kv.V} {
 							src, err := q.Bytes(l, k)
 							if err != nil {
 								b.Fatal(err)
@@ -158,89 +173,53 @@ func BenchmarkDecodeStep(b *testing.B) {
 							at += copy(dst[at:], src)
 						}
 					}
+					check(b, at, sum(qs))
 				}
 			}
 			report(b)
 		})
-		b.Run("layout=per-sequence/pages="+pages, func(b *testing.B) {
-			qs := cache(b, kv.PerSequence)
-			// The token rows of every (layer, kind) tensor, sequence after sequence,
-			// as a kernel walks them by base and stride; a step adds the new rows.
-			rows := make([][][][]arena.F16, kinds) // [tensor][sequence][token]
-			view := func(q *kv.Sequence, i, from int) [][]arena.F16 {
-				v, err := kv.View[arena.F16](q, i/2, kv.Kind(i%2))
-				if err != nil {
-					b.Fatal(err)
-				}
-				var out [][]arena.F16
-				for t := from; t < q.Len(); t++ {
-					row, err := v.Sub(t, t+1).Slice()
-					if err != nil {
-						b.Fatal(err)
-					}
-					out = append(out, row)
-				}
-				return out
-			}
-			for i := range rows {
-				for _, q := range qs {
-					rows[i] = append(rows[i], view(q, i, 0))
-				}
-			}
-			out := make([]arena.F16, len(dst)/2)
-			b.SetBytes(step)
-			for b.Loop() {
-				appendAll(b, qs)
-				for i := range rows {
-					at := 0
+		// viewed steps a layout whose tensors a kernel walks through the runs of their
+		// views (a token's row, a block's tokens) by base and strides; a step redoes
+		// the runs of the block it appended to.
+		viewed := func(layout kv.Layout, blockTokens int) func(b *testing.B) {
+			return func(b *testing.B) {
+				qs := cache(b, layout, blockTokens)
+				runs := make([][][2][][]arena.F16, g.Layers) // [layer][sequence][kind][run]
+				for l := range runs {
+					runs[l] = make([][2][][]arena.F16, seqs)
 					for k, q := range qs {
-						rows[i][k] = append(rows[i][k], view(q, i, q.Len()-1)...)
-						for _, row := range rows[i][k] {
-							at += copy(out[at:], row)
+						for _, kind := range []kv.Kind{kv.K, kv.V} {
+							runs[l][k][kind] = viewRuns(b, q, l, kind, 0)
 						}
 					}
 				}
-			}
-			report(b)
-		})
-		b.Run("layout=blocked/pages="+pages, func(b *testing.B) {
-			per := (tokens + room) / block // granules a sequence may have
-			run := block * tb              // one tensor's 16 tokens in a granule: 32 KiB
-			mems := make([][]byte, seqs)
-			lens := make([]int, seqs)
-			for k := range mems {
-				lens[k] = start(k)
-				mems[k] = region(b, per*granule)
-				commit(b, mems[k][:(lens[k]+block-1)/block*granule])
-			}
-			b.SetBytes(step)
-			for b.Loop() {
-				for k, mem := range mems {
-					t := lens[k]
-					if t == tokens+room {
-						b.Fatalf("more steps than the %d tokens of room", room)
-					}
-					if t%block == 0 {
-						commit(b, mem[t/block*granule:(t/block+1)*granule])
-					}
-					lens[k]++
-					for i := range kinds {
-						off := t/block*granule + (i*block+t%block)*tb
-						copy(mem[off:off+tb], token)
-					}
-				}
-				for i := range kinds {
-					at := 0
-					for k, mem := range mems {
-						for blk := 0; blk*block < lens[k]; blk++ {
-							off := blk*granule + i*run
-							at += copy(dst[at:], mem[off:off+min(block, lens[k]-blk*block)*tb])
+				out := make([]arena.F16, len(dst)/2)
+				b.SetBytes(step)
+				for b.Loop() {
+					appendAll(b, qs)
+					for l := range runs {
+						at := 0
+						for k, q := range qs {
+							unit := max(q.BlockTokens(), 1)
+							from := (q.Len() - 1) / unit * unit // the run of the new token
+							r := &runs[l][k]
+							for _, kind := range []kv.Kind{kv.K, kv.V} {
+								r[kind] = append(r[kind][:from/unit], viewRuns(b, q, l, kind, from)...)
+							}
+							for j := range r[kv.K] {
+								at += copy(out[at:], r[kv.K][j])
+								at += copy(out[at:], r[kv.V][j])
+							}
 						}
+						check(b, 2*at, sum(qs))
 					}
 				}
+				report(b)
 			}
-			report(b)
-		})
+		}
+		b.Run("layout=per-sequence/pages="+pages, viewed(kv.PerSequence, 0))
+		b.Run("layout=blocked/pages="+pages, viewed(kv.Blocked, 0))
+		b.Run("layout=blocked64/pages="+pages, viewed(kv.Blocked, 64))
 		b.Run("layout=paged/pages="+pages, func(b *testing.B) {
 			n := seqs * (tokens + room) / block // blocks in each tensor's pool
 			run := block * tb
@@ -272,14 +251,21 @@ func BenchmarkDecodeStep(b *testing.B) {
 						copy(mem[off:off+tb], token)
 					}
 				}
-				for i := range kinds {
+				for l := range g.Layers {
 					at := 0
 					for k, table := range tables {
 						for j, blk := range table {
-							off := (i*n + blk) * run
-							at += copy(dst[at:], mem[off:off+min(block, lens[k]-j*block)*tb])
+							for i := 2 * l; i < 2*l+2; i++ { // K, then V
+								off := (i*n + blk) * run
+								at += copy(dst[at:], mem[off:off+min(block, lens[k]-j*block)*tb])
+							}
 						}
 					}
+					n := 0
+					for _, t := range lens {
+						n += t
+					}
+					check(b, at, n)
 				}
 			}
 			report(b)

@@ -53,7 +53,15 @@
 // since a granule any other holder maps frees nothing. It runs before an append is
 // refused, whenever a request on the device waits for memory (the prefix cache's
 // reclaimer, see accounting.Authority.SetReclaimer), and to keep under
-// PrefixCacheOptions.MaxBytes; a [PrefixPin] holds a prefix against all three.
+// PrefixCacheOptions.MaxBytes; a [PrefixPin] holds a prefix against all three. A
+// lookup that misses, for a prompt whose granules the budget can not hold, evicts
+// ahead of that growth: when the least recently used entry fits in the prompt's
+// granules, holds every one of its granules alone (no other entry or live sequence
+// maps them) and has no read-only bytes in its ranges (none mapped from elsewhere,
+// none protected by a hit), it leaves the index whole and the new sequence takes
+// over its ranges with their granules committed, so that the prefill commits nothing
+// and no range is unmapped or reserved. It evicts up to that entry's granules beyond
+// the shortfall, all of which the new sequence's prompt then fills.
 //
 // Insert is bookkeeping only: the entry records the tokens and refers to the inserted
 // sequence's granules (it is lazy), so that a cache that is never hit costs no system
@@ -77,12 +85,25 @@
 //
 // # Layout
 //
-// [PerSequence] (the default) puts all layers of a token together in one range: one
-// growth frontier, at most one partly filled granule per sequence, and one commit per
-// growth step; each layer's tensor is then strided by [Sequence.TokenStride].
-// [PerLayer] gives each (layer, K|V) tensor its own contiguous range ([Sequence.Bytes])
-// at the cost of up to 2 × Layers partly filled granules per sequence. [Size] computes
-// the cost of either without allocating; BENCHMARKS.md lists both for Llama-3-8B.
+// [Blocked] (the default) puts all layers of a sequence in one range cut into blocks
+// of whole granules; a block holds [Sequence.BlockTokens] tokens of every layer,
+// layer-major inside ([layer][K|V][tokens][KVHeads][HeadDim]), so that a layer's K
+// and V of a block are one contiguous run (64 KiB for Llama-3-8B at 2 MiB granules)
+// while the sequence keeps one growth frontier and at most one partly filled block.
+// A layer's tensor is then a strided tensor with one more dimension, [blocks,
+// BlockTokens, KVHeads, HeadDim] ([View]; [Sequence.BlockStride] from one block to the
+// next, [Sequence.TokenStride] from one token to the next inside a block); in the last
+// block the tokens at or past Len are not the sequence's. Forks, prefixes and the
+// prefix cache share whole blocks and copy the tokens of the partly filled last one.
+// Config.BlockTokens asks for larger blocks: longer runs, and more tokens copied per
+// fork. [PerSequence] puts all layers of a token together in one range, token-major:
+// one growth frontier too, but each layer's tensor is strided by
+// [Sequence.TokenStride] = BytesPerToken, so reading a layer touches a short run per
+// token. [PerLayer] gives each (layer, K|V) tensor its own contiguous range
+// ([Sequence.Bytes]) at the cost of 2 × Layers growth frontiers and up to 2 × Layers
+// partly filled granules per sequence. [Size] and [Config.Size] compute the cost of
+// each without allocating; BENCHMARKS.md lists them for Llama-3-8B and measures what
+// each costs attention's read.
 //
 // # Memory management
 //

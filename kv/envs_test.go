@@ -72,17 +72,17 @@ type env struct {
 var envSeq atomic.Int64
 
 // newEnv returns a cache of tiny8 tokens on backing kind (one of onShared, onCUDA,
-// onFake), under a governor limit of limit bytes (0: none), wrapped in a
-// backingtest.Faulty when faulty. ok is false where the backing does not exist on
+// onFake) in layout with blocks of blockTokens (Config.BlockTokens), under a governor
+// limit of limit bytes (0: none), wrapped in a backingtest.Faulty when faulty. ok is false where the backing does not exist on
 // this system (host.Shared off Linux). The caller MUST call finish.
-func newEnv(t testing.TB, kind int, layout kv.Layout, maxTokens int, limit int64, faulty bool) (e *env, ok bool) {
+func newEnv(t testing.TB, kind int, layout kv.Layout, blockTokens, maxTokens int, limit int64, faulty bool) (e *env, ok bool) {
 	t.Helper()
 	e = &env{name: sharingNames[kind], gov: accounting.NewGovernor(), quiet: func() {}}
 	if limit > 0 {
 		require.NoError(t, e.gov.SetLimit(accounting.HostKey, limit))
 		require.NoError(t, e.gov.SetLimit(accounting.GPU(0), limit))
 	}
-	cfg := kv.Config{Geometry: tiny8, MaxTokens: maxTokens, Layout: layout}
+	cfg := kv.Config{Geometry: tiny8, MaxTokens: maxTokens, Layout: layout, BlockTokens: blockTokens}
 	var err error
 	switch kind {
 	case onShared:

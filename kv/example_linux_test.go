@@ -42,8 +42,10 @@ func Example() {
 				panic(err)
 			}
 		}
+		// Layer 31's K: [blocks, BlockTokens, KVHeads, HeadDim] in the default layout.
 		k, _ := kv.View[arena.F16](s, 31, kv.K)
-		k.Set(arena.F16FromFloat32(0.5), s.Len()-1, 0, 0) // the newest token's K
+		t, bt := s.Len()-1, s.BlockTokens()
+		k.Set(arena.F16FromFloat32(0.5), t/bt, t%bt, 0, 0) // the newest token's K
 		reqs = append(reqs, s)
 	}
 	prefix.Release()

@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -73,8 +72,8 @@ type cacheModel struct {
 // is given back. The first input byte picks the backing and layout.
 func FuzzCacheOps(f *testing.F) {
 	for kind := range sharingBackings {
-		for layout := range 2 {
-			cfg := byte(kind*2 + layout)
+		for layout := range len(fuzzLayouts) {
+			cfg := byte(kind*len(fuzzLayouts) + layout)
 			f.Add([]byte{cfg,
 				opNew, 0, opAppend, 19, opFreeze, 17, opFrom, 0, opAppend, 9, opWrite, 20,
 				opFork, 1, opTruncate, 11, opAppend, 5, opWrite, 3, opRelease, 0, opClose, 0,
@@ -90,8 +89,9 @@ func FuzzCacheOps(f *testing.F) {
 		if len(ops) == 0 {
 			return
 		}
-		kind, layout := int(ops[0]/2)%sharingBackings, kv.Layout(ops[0]%2)
-		e, ok := newEnv(t, kind, layout, fuzzMaxTokens, 0, false)
+		kind, fl := int(ops[0])/len(fuzzLayouts)%sharingBackings, fuzzLayouts[int(ops[0])%len(fuzzLayouts)]
+		layout := fl.layout
+		e, ok := newEnv(t, kind, layout, fl.blockTokens, fuzzMaxTokens, 0, false)
 		if !ok {
 			t.Skipf("%s does not exist on this system", sharingNames[kind])
 		}
@@ -101,13 +101,21 @@ func FuzzCacheOps(f *testing.F) {
 			m.run(int(ops[i])%opCount, int(ops[i+1]))
 			m.check()
 			if t.Failed() {
-				t.Fatalf("after step %d: %s (%s, %v)", i/2, m.step, e.name, layout)
+				t.Fatalf("after step %d: %s (%s, %v, BlockTokens %d)", i/2, m.step, e.name, layout, fl.blockTokens)
 			}
 		}
 		m.closeAll()
 		e.finish(t)
 	})
 }
+
+// fuzzLayouts are the layouts the first input byte picks from (with the backing):
+// Blocked with tiny8's default block (one token in a granule, 1 KiB free) and with
+// four tokens a block (three granules).
+var fuzzLayouts = []struct {
+	layout      kv.Layout
+	blockTokens int
+}{{kv.PerSequence, 0}, {kv.PerLayer, 0}, {kv.Blocked, 0}, {kv.Blocked, testBlockTokens}}
 
 // run applies one operation to the cache and the model.
 func (m *cacheModel) run(op, arg int) {
@@ -303,14 +311,7 @@ func (m *cacheModel) check() {
 	c := m.e.c
 	g := tiny8
 	cfg := c.Config()
-	nbuf, row := 1, g.BytesPerToken()
-	if cfg.Layout == kv.PerLayer {
-		nbuf, row = 2*g.Layers, g.TokenBytes()
-	}
-	committed := func(tokens int) int64 {
-		n, _ := backing.AlignUp(tokens*row, c.Granularity())
-		return int64(nbuf * n)
-	}
+	committed := modelOf(cfg, c.Granularity()).committed
 	var tokens, mapped int64
 	byID := map[uint64]kv.SequenceStats{}
 	for _, ss := range c.SequenceStats() {

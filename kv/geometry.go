@@ -73,78 +73,53 @@ func (g Geometry) String() string {
 	return fmt.Sprintf("%s (%d layers × %d KV heads × %d, %v: %d B/token)", g.Name, g.Layers, g.KVHeads, g.HeadDim, g.DType, g.BytesPerToken())
 }
 
-// Layout says how a sequence's K and V tensors lie in address space.
-type Layout uint8
-
-const (
-	// PerSequence, the default, puts all layers in one range, token-major (token,
-	// layer, K|V, head, dim): one growth frontier, at most one partly filled granule
-	// per sequence, and one commit per growth step; each layer's tensor is strided by
-	// BytesPerToken. Measured fastest and least wasteful with 2 MiB granules (see
-	// BENCHMARKS.md).
-	PerSequence Layout = iota
-	// PerLayer gives every (layer, K|V) tensor its own range: each tensor is
-	// contiguous (Sequence.Bytes), and a sequence has 2 × Layers growth frontiers, so
-	// up to 2 × Layers partly filled granules: up to 128 MiB per sequence for
-	// Llama-3-8B at 2 MiB granules, 4 MiB at 64 KiB.
-	PerLayer
-)
-
-func (l Layout) String() string {
-	switch l {
-	case PerLayer:
-		return "per-layer"
-	case PerSequence:
-		return "per-sequence"
-	}
-	return fmt.Sprintf("Layout(%d)", uint8(l))
-}
-
-// buffers returns how many ranges a sequence has and the bytes one token takes in each.
-func (l Layout) buffers(g Geometry) (n, row int) {
-	if l == PerSequence {
-		return 1, g.BytesPerToken()
-	}
-	return 2 * g.Layers, g.TokenBytes()
-}
-
 // Sizing is what a configuration needs; see Size.
 type Sizing struct {
-	TokenBytes    int     // one token of one layer's K or V
-	BytesPerToken int     // one token, all layers, K and V
-	Buffers       int     // address ranges per sequence
-	Used          int64   // bytes of the tokens themselves
-	Committed     int64   // bytes of the granules that hold them
-	Waste         int64   // Committed - Used: partly filled granules
-	WastePercent  float64 // Waste as a share of Committed
-	Reserved      int64   // address space reserved per sequence (MaxTokens)
+	TokenBytes    int   // one token of one layer's K or V
+	BytesPerToken int   // one token, all layers, K and V
+	Buffers       int   // address ranges per sequence
+	BlockTokens   int   // tokens per block in the Blocked layout, else 0
+	Used          int64 // bytes of the tokens themselves
+	Committed     int64 // bytes of the granules that hold them
+	// Waste is Committed - Used: partly filled granules, and in the Blocked layout the
+	// bytes at each block's end that hold no whole token and the free tokens of the
+	// last block.
+	Waste        int64
+	WastePercent float64 // Waste as a share of Committed
+	Reserved     int64   // address space reserved per sequence (MaxTokens)
 }
 
 // Size returns what one sequence of tokens tokens needs under layout with granule
-// bytes per granule, reserving room for maxTokens. It allocates nothing.
+// bytes per granule, reserving room for maxTokens; a Blocked layout has its default
+// block (Config.Size says what a larger one needs). It allocates nothing.
 func Size(g Geometry, layout Layout, granule, tokens, maxTokens int) (Sizing, error) {
+	return Config{Geometry: g, Layout: layout, MaxTokens: maxTokens}.Size(granule, tokens)
+}
+
+// Size returns what one sequence of tokens tokens needs under cfg's geometry, layout
+// and block with granule bytes per granule, reserving room for MaxTokens (at least
+// tokens). It allocates nothing.
+func (cfg Config) Size(granule, tokens int) (Sizing, error) {
+	g := cfg.Geometry
 	if err := g.Validate(); err != nil {
 		return Sizing{}, err
 	}
-	if !backing.IsPowerOfTwo(granule) || tokens < 0 || maxTokens < tokens {
-		return Sizing{}, fmt.Errorf("%w: granule %d, tokens %d, max tokens %d", ErrConfig, granule, tokens, maxTokens)
+	if tokens < 0 || cfg.MaxTokens < tokens {
+		return Sizing{}, fmt.Errorf("%w: granule %d, tokens %d, max tokens %d", ErrConfig, granule, tokens, cfg.MaxTokens)
 	}
-	n, row := layout.buffers(g)
-	if maxTokens > math.MaxInt/row-granule {
-		return Sizing{}, fmt.Errorf("%w: %d tokens of %d bytes overflow", ErrConfig, maxTokens, row)
+	sh, err := newShape(g, cfg.Layout, granule, cfg.BlockTokens, cfg.MaxTokens)
+	if err != nil {
+		return Sizing{}, err
 	}
-	committed, _ := backing.AlignUp(tokens*row, granule)
-	reserved, _ := backing.AlignUp(maxTokens*row, granule)
-	if reserved > 0 && int64(n) > math.MaxInt64/int64(reserved) {
-		return Sizing{}, fmt.Errorf("%w: %d ranges of %d bytes overflow", ErrConfig, n, reserved)
-	}
+	committed, _ := backing.AlignUp(sh.extent(tokens), granule)
 	s := Sizing{
 		TokenBytes:    g.TokenBytes(),
 		BytesPerToken: g.BytesPerToken(),
-		Buffers:       n,
+		Buffers:       sh.nbuf,
+		BlockTokens:   sh.tpb,
 		Used:          int64(tokens) * int64(g.BytesPerToken()),
-		Committed:     int64(n) * int64(committed),
-		Reserved:      int64(n) * int64(reserved),
+		Committed:     int64(sh.nbuf) * int64(committed),
+		Reserved:      int64(sh.nbuf) * int64(sh.capac),
 	}
 	s.Waste = s.Committed - s.Used
 	if s.Committed > 0 {

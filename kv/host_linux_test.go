@@ -163,7 +163,7 @@ func fillViews(t *testing.T, s *hostSeq, w uint64, from, to int) {
 			for tok := from; tok < to; tok++ {
 				for h := range tiny8.KVHeads {
 					for d := range tiny8.HeadDim {
-						v.Set(viewValue(w, layer, kind, tok, h, d), tok, h, d)
+						v.Set(viewValue(w, layer, kind, tok, h, d), viewIndex(s, tok, h, d)...)
 					}
 				}
 			}
@@ -181,11 +181,11 @@ func checkViews(t *testing.T, s *hostSeq, w uint64, from, to int) {
 		for _, kind := range []kv.Kind{kv.K, kv.V} {
 			v, err := kv.View[arena.F16](s, layer, kind)
 			require.NoError(t, err)
-			require.Equal(t, []int{s.Len(), tiny8.KVHeads, tiny8.HeadDim}, v.Shape())
+			require.Equal(t, viewShape(s), v.Shape())
 			for tok := from; tok < to; tok++ {
 				for h := range tiny8.KVHeads {
 					for d := range tiny8.HeadDim {
-						if got, want := v.At(tok, h, d), viewValue(w, layer, kind, tok, h, d); got != want {
+						if got, want := v.At(viewIndex(s, tok, h, d)...), viewValue(w, layer, kind, tok, h, d); got != want {
 							t.Fatalf("seq %d layer %d %v [%d,%d,%d]: got %#x, want %#x", s.ID(), layer, kind, tok, h, d, got, want)
 						}
 					}

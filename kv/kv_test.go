@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/kv"
 )
@@ -51,10 +53,58 @@ func newFixture(t *testing.T, limit int64) *fixture {
 
 func (fx *fixture) cache(t *testing.T, layout kv.Layout, maxTokens int) *fakeCache {
 	t.Helper()
-	c, err := kv.New(fx.fake, kv.Config{Geometry: tiny8, MaxTokens: maxTokens, Layout: layout})
+	c, err := kv.New(fx.fake, kv.Config{Geometry: tiny8, MaxTokens: maxTokens, Layout: layout, BlockTokens: blockTokensFor(layout)})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, c.Close()) })
 	return c
+}
+
+// testBlockTokens is the block the fake-backed tests ask the Blocked layout for:
+// tiny8's default block on a 4 KiB granule holds one token (3 KiB, 1 KiB free), so
+// they ask for 4 tokens a block (three granules, none free), which puts several tokens
+// in a block and makes the prefix cache's unit a block of several granules. The host
+// tests (64 KiB granules) and some fuzz inputs keep the default block.
+const testBlockTokens = 4
+
+// blockTokensFor returns the Config.BlockTokens the fake-backed tests give layout.
+func blockTokensFor(l kv.Layout) int {
+	if l == kv.Blocked {
+		return testBlockTokens
+	}
+	return 0
+}
+
+// modelLayout is the tests' own arithmetic of where a layout puts tokens, written
+// apart from kv's.
+type modelLayout struct{ nbuf, row, tpb, blk, gran int }
+
+func modelOf(cfg kv.Config, gran int) modelLayout {
+	g := cfg.Geometry
+	switch cfg.Layout {
+	case kv.PerLayer:
+		return modelLayout{nbuf: 2 * g.Layers, row: g.TokenBytes(), gran: gran}
+	case kv.PerSequence:
+		return modelLayout{nbuf: 1, row: g.BytesPerToken(), gran: gran}
+	}
+	blk := (max(cfg.BlockTokens, 1)*g.BytesPerToken() + gran - 1) / gran * gran
+	return modelLayout{nbuf: 1, tpb: blk / g.BytesPerToken(), blk: blk, gran: gran}
+}
+
+// committed returns the bytes of granules n tokens commit, all ranges together.
+func (m modelLayout) committed(n int) int64 {
+	if m.blk > 0 {
+		return int64((n + m.tpb - 1) / m.tpb * m.blk)
+	}
+	return int64(m.nbuf * ((n*m.row + m.gran - 1) / m.gran * m.gran))
+}
+
+// kept returns the tokens wholly below the sharing unit (a granule, or a block) where
+// token n starts: what a truncate to n keeps when it can not replace that unit.
+func (m modelLayout) kept(n int) int {
+	if m.blk > 0 {
+		return n / m.tpb * m.tpb
+	}
+	return n * m.row / m.gran * m.gran / m.row
 }
 
 // pattern is the byte at index i of token t of (layer, kind) written by writer w.
@@ -116,6 +166,34 @@ func tryCheck(s *kv.Sequence, w uint64, from, to int) error {
 	return nil
 }
 
+// tokenAddr returns the address of token tok of layer's K or V tensor of s, from the
+// accessors a kernel has: Base, TokenStride, and BlockTokens and BlockStride in the
+// Blocked layout.
+func tokenAddr(s *kv.Sequence, layer int, kind kv.Kind, tok int) uintptr {
+	if bt := s.BlockTokens(); bt > 0 {
+		return s.Base(layer, kind) + uintptr(tok/bt*s.BlockStride()+tok%bt*s.TokenStride())
+	}
+	return s.Base(layer, kind) + uintptr(tok*s.TokenStride())
+}
+
+// viewIndex returns the index of element [tok, h, d] of a layer's view of s: in the
+// Blocked layout, token tok is token tok % BlockTokens of block tok / BlockTokens.
+func viewIndex(s *kv.Sequence, tok, h, d int) []int {
+	if bt := s.BlockTokens(); bt > 0 {
+		return []int{tok / bt, tok % bt, h, d}
+	}
+	return []int{tok, h, d}
+}
+
+// viewShape returns the shape of a layer's view of s.
+func viewShape(s *kv.Sequence) []int {
+	g := s.Cache().Config().Geometry
+	if bt := s.BlockTokens(); bt > 0 {
+		return []int{(s.Len() + bt - 1) / bt, bt, g.KVHeads, g.HeadDim}
+	}
+	return []int{s.Len(), g.KVHeads, g.HeadDim}
+}
+
 func bases(s *kv.Sequence) []uintptr {
 	var out []uintptr
 	for layer := range s.Cache().Config().Geometry.Layers {
@@ -124,7 +202,7 @@ func bases(s *kv.Sequence) []uintptr {
 	return out
 }
 
-var layouts = []kv.Layout{kv.PerLayer, kv.PerSequence}
+var layouts = []kv.Layout{kv.Blocked, kv.PerLayer, kv.PerSequence}
 
 func TestAppendGrowsInGranuleSteps(t *testing.T) {
 	for _, layout := range layouts {
@@ -137,9 +215,10 @@ func TestAppendGrowsInGranuleSteps(t *testing.T) {
 			for n := 1; n <= 100; n++ {
 				require.NoError(t, s.Append(1))
 				assert.Equal(t, n, s.Len())
-				sz, err := kv.Size(tiny8, layout, fakeGranule, n, 256)
+				sz, err := c.Config().Size(fakeGranule, n)
 				require.NoError(t, err)
 				st := c.Stats()
+				assert.Equal(t, modelOf(c.Config(), fakeGranule).committed(n), sz.Committed, "tokens %d", n)
 				assert.Equal(t, sz.Committed, st.Committed, "tokens %d", n)
 				assert.Equal(t, sz.Waste, st.Waste)
 				assert.Equal(t, int64(n*tiny8.BytesPerToken()), st.Used)
@@ -575,6 +654,8 @@ func TestPresetsAndSizing(t *testing.T) {
 		{kv.PerLayer, 2 << 20, 64 * (2 << 20)},         // one 2 MiB granule per tensor
 		{kv.PerSequence, 64 << 10, 1000 * (128 << 10)}, // rows of 128 KiB fill granules exactly
 		{kv.PerSequence, 2 << 20, 63 * (2 << 20)},      // 125,000 KiB → 62.5 → 63 granules
+		{kv.Blocked, 64 << 10, 1000 * (128 << 10)},     // a block of two granules holds one token
+		{kv.Blocked, 2 << 20, 63 * (2 << 20)},          // 16 tokens a block: 62.5 → 63 blocks
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%v/granule=%dKiB", tt.layout, tt.granule>>10), func(t *testing.T) {
@@ -588,10 +669,117 @@ func TestPresetsAndSizing(t *testing.T) {
 	}
 	_, err = kv.Size(kv.Llama3_8B, kv.PerLayer, 3, 1, 2)
 	assert.ErrorIs(t, err, kv.ErrConfig)
+	_, err = kv.Size(kv.Llama3_8B, kv.Blocked, 3, 1, 2)
+	assert.ErrorIs(t, err, kv.ErrConfig)
+	_, err = kv.Size(kv.Llama3_8B, kv.Layout(9), 4096, 1, 2)
+	assert.ErrorIs(t, err, kv.ErrConfig)
 	_, err = kv.Size(kv.Llama3_8B, kv.PerLayer, 4096, 3, 2)
 	assert.ErrorIs(t, err, kv.ErrConfig)
 	_, err = kv.Size(kv.Geometry{}, kv.PerLayer, 4096, 1, 2)
 	assert.ErrorIs(t, err, kv.ErrGeometry)
+}
+
+// Blocked's waste is the bytes at each block's end that hold no whole token, plus the
+// free tokens of the last block; BlockTokens asks for larger blocks.
+func TestBlockedSize(t *testing.T) {
+	q := kv.Qwen25_7B // 56 KiB a token: a 2 MiB granule holds 36 of them, 32 KiB free
+	tests := []struct {
+		name                   string
+		granule, block, tokens int
+		blockTokens, committed int
+		reserved               int64
+	}{
+		{"64KiB", 64 << 10, 0, 10, 1, 10 * (64 << 10), 1000 * (64 << 10)},
+		{"2MiB", 2 << 20, 0, 100, 36, 3 * (2 << 20), 28 * (2 << 20)},
+		{"2MiB/exact", 2 << 20, 0, 72, 36, 2 * (2 << 20), 28 * (2 << 20)},
+		{"2MiB/BlockTokens=37", 2 << 20, 37, 100, 73, 2 * (4 << 20), 14 * (4 << 20)},
+		{"2MiB/BlockTokens=128", 2 << 20, 128, 1, 146, 8 << 20, 7 * (8 << 20)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := kv.Config{Geometry: q, Layout: kv.Blocked, BlockTokens: tt.block, MaxTokens: 1000}
+			s, err := cfg.Size(tt.granule, tt.tokens)
+			require.NoError(t, err)
+			assert.Equal(t, tt.blockTokens, s.BlockTokens)
+			assert.Equal(t, 1, s.Buffers)
+			assert.Equal(t, int64(tt.tokens*q.BytesPerToken()), s.Used)
+			assert.Equal(t, int64(tt.committed), s.Committed)
+			assert.Equal(t, s.Committed-s.Used, s.Waste)
+			assert.Equal(t, tt.reserved, s.Reserved)
+		})
+	}
+	for _, cfg := range []kv.Config{
+		{Geometry: q, Layout: kv.Blocked, BlockTokens: -1, MaxTokens: 10},
+		{Geometry: q, Layout: kv.PerSequence, BlockTokens: 4, MaxTokens: 10},
+		{Geometry: q, Layout: kv.PerLayer, BlockTokens: 4, MaxTokens: 10},
+		{Geometry: q, Layout: kv.Blocked, BlockTokens: math.MaxInt / 2, MaxTokens: 10},
+		{Geometry: q, Layout: kv.Blocked, MaxTokens: math.MaxInt / 2},
+		{Geometry: q, Layout: kv.Blocked, MaxTokens: 1},
+	} {
+		_, err := cfg.Size(2<<20, 2)
+		assert.ErrorIs(t, err, kv.ErrConfig, "%+v", cfg)
+		fx := newFixture(t, 1<<30)
+		_, err = kv.New(fx.fake, cfg)
+		if cfg.MaxTokens > 1 {
+			assert.ErrorIs(t, err, kv.ErrConfig, "New(%+v)", cfg)
+		}
+	}
+}
+
+// In the Blocked layout token t of (layer l, kind k) lies at (t/T)·block + ((2l+k)·T +
+// t%T)·TokenBytes of the sequence's range; forks share whole blocks only and copy the
+// tokens of the partly filled last one.
+func TestBlockedAddresses(t *testing.T) {
+	fx := newFixture(t, 1<<30)
+	g := kv.Tiny // 256 bytes a token: a 4 KiB granule is a block of 16 tokens
+	c, err := kv.New(fx.fake, kv.Config{Geometry: g, MaxTokens: 256})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, c.Close()) }()
+	require.Equal(t, kv.Blocked, c.Config().Layout, "the default layout")
+	s, err := c.NewSequence()
+	require.NoError(t, err)
+	assert.Equal(t, 16, s.BlockTokens())
+	assert.Equal(t, fakeGranule, s.BlockStride())
+	assert.Equal(t, g.TokenBytes(), s.TokenStride())
+	for l := range g.Layers {
+		for _, k := range []kv.Kind{kv.K, kv.V} {
+			assert.Equal(t, uintptr((2*l+int(k))*16*g.TokenBytes()), s.Base(l, k)-s.Base(0, kv.K), "layer %d %v", l, k)
+		}
+	}
+	_, err = s.Bytes(0, kv.K)
+	assert.ErrorIs(t, err, kv.ErrLayout)
+	require.NoError(t, s.Append(1))
+	assert.Equal(t, int64(fakeGranule), c.Stats().Committed, "the first token commits its block")
+	require.NoError(t, s.Append(39))
+	assert.Equal(t, int64(3*fakeGranule), c.Stats().Committed)
+	writeTokens(t, s, 1, 0, 40)
+	checkTokens(t, s, 1, 0, 40)
+	// The view addresses token t where the formula puts it.
+	v, err := kv.View[arena.F16](s, 1, kv.V)
+	require.NoError(t, err)
+	assert.Equal(t, []int{3, 16, g.KVHeads, g.HeadDim}, v.Shape())
+	assert.Equal(t, []int{fakeGranule / 2, g.TokenBytes() / 2, g.HeadDim, 1}, v.Strides())
+	assert.Equal(t, s.Base(1, kv.V), v.DevicePtr())
+	for _, tok := range []int{0, 15, 16, 39} {
+		want := s.Base(0, kv.K) + uintptr(tok/16*fakeGranule+(3*16+tok%16)*g.TokenBytes())
+		assert.Equal(t, want, tokenAddr(s, 1, kv.V, tok), "token %d", tok)
+	}
+
+	f, err := s.ForkAt(20)
+	require.NoError(t, err)
+	assert.Equal(t, 16, f.Writable(), "one whole block shared, the partly filled one copied")
+	assert.Equal(t, 16, s.Writable())
+	assert.Equal(t, int64(2*fakeGranule), c.SequenceStats()[1].Committed)
+	assert.Equal(t, int64(fakeGranule), c.SequenceStats()[1].Shared)
+	writeTokens(t, s, 2, 16, 40) // the origin's own block: the fork's copy keeps writer 1
+	checkTokens(t, f, 1, 0, 20)
+	checkTokens(t, s, 2, 16, 40)
+	assert.ErrorIs(t, f.WriteToken(0, kv.K, 15, make([]byte, g.TokenBytes())), kv.ErrReadOnly)
+	require.NoError(t, f.Append(10))
+	writeTokens(t, f, 3, 20, 30)
+	checkTokens(t, f, 1, 0, 20)
+	checkTokens(t, s, 1, 0, 16)
+	closeAll(t, f, s)
 }
 
 // tokenIO writes or checks tokens [from, to) of a sequence as writer w.

@@ -69,10 +69,10 @@ func (p *Prefix) unref() {
 	}
 }
 
-// NewSequenceFrom returns a sequence that starts on prefix p: p's full granules are
-// mapped read-only into it (owned once, whatever maps them), and the tokens past p's
-// last full granule are copied into the sequence's own granule. The sequence holds a
-// reference to p until it is closed. It MUST be closed.
+// NewSequenceFrom returns a sequence that starts on prefix p: p's full granules (full
+// blocks in the Blocked layout) are mapped read-only into it (owned once, whatever
+// maps them), and the tokens past them are copied into the sequence's own granule
+// (block). The sequence holds a reference to p until it is closed. It MUST be closed.
 func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 	if p == nil {
 		panic(PanicNilPrefix)
@@ -88,7 +88,7 @@ func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 		p.unref()
 		return nil, err
 	}
-	full, err := shareInto(s.bufs, p.bufs, p.tokens*c.row, c.gran)
+	full, err := c.shareInto(s.bufs, p.bufs, p.tokens)
 	if err != nil {
 		err = errors.Join(err, c.abandon(s))
 		p.unref()

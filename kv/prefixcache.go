@@ -121,7 +121,8 @@ type PrefixCacheStats struct {
 	InsertedTokens int64
 	// EvictedTokens is the tokens eviction took out of the index; Evictions the
 	// granule indexes it dropped from entries, EvictedBytes the physical bytes that
-	// came back by it (granules no live sequence still mapped).
+	// came back by it (granules no live sequence still mapped), to the pool or to a
+	// new sequence that took over an evicted entry's ranges.
 	EvictedTokens int64
 	Evictions     int64
 	EvictedBytes  int64
@@ -159,7 +160,7 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 		return nil, fmt.Errorf("%w: MaxBytes %d", ErrConfig, opts.MaxBytes)
 	}
 	pc := &PrefixCache{
-		c: c, opts: opts, gbytes: int64(c.nbuf) * int64(c.gran),
+		c: c, opts: opts, gbytes: int64(c.nbuf) * int64(c.unit),
 		tree: radix.New[*pcEntry](),
 	}
 	c.mu.Lock()
@@ -179,17 +180,14 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 }
 
 // tokensBelow returns the whole tokens held by granule indexes [0, k).
-func (pc *PrefixCache) tokensBelow(k int) int { return k * pc.c.gran / pc.c.row }
+func (pc *PrefixCache) tokensBelow(k int) int { return pc.c.tokensIn(k) }
 
 // granulesFor returns the granule indexes that hold n tokens.
-func (pc *PrefixCache) granulesFor(n int) int {
-	b, _ := backing.AlignUp(n*pc.c.row, pc.c.gran)
-	return b / pc.c.gran
-}
+func (pc *PrefixCache) granulesFor(n int) int { return pc.c.unitsFor(n) }
 
 // fullGranules returns the whole granule indexes below n tokens: those a sequence
 // started on n tokens maps rather than copies.
-func (pc *PrefixCache) fullGranules(n int) int { return n * pc.c.row / pc.c.gran }
+func (pc *PrefixCache) fullGranules(n int) int { return pc.c.fullUnits(n) }
 
 // Lookup returns a sequence that starts on the longest prefix of tokens the cache
 // holds, and that prefix's length: its whole granules are mapped from the cache, the
@@ -199,7 +197,12 @@ func (pc *PrefixCache) fullGranules(n int) int { return n * pc.c.row / pc.c.gran
 // writes the rest of the prompt from there. It counts len(tokens) queries and the
 // match as hits. When the copied tail can not be had within the budget, cached
 // prefixes are evicted first; if still refused, the error matches
-// accounting.ErrBudgetExceeded and nothing changed. The sequence MUST be closed.
+// accounting.ErrBudgetExceeded and nothing changed. On a miss that the budget can not
+// hold the prompt's granules for, the least recently used entry may leave the index
+// whole and hand its ranges to the new sequence, their granules still committed
+// (Len is 0; the first growths up to them commit nothing): the eviction the prompt's
+// growth would make, without unmapping and mapping as many granules again (see the
+// package doc's "Prefix caching"). The sequence MUST be closed.
 func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
 	pc.mu.Lock()
 	if pc.closed {
@@ -213,8 +216,15 @@ func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
 	var e *pcEntry
 	// The granules the new sequence will map count as mapped by a live sequence from
 	// now on, so that eviction does not count on them.
-	l := &pcLive{pc: pc}
-	if m > 0 {
+	var l *pcLive
+	var spare *Sequence // on a miss, an evicted entry's ranges for the new sequence
+	var spared evictTally
+	if m == 0 {
+		mark := pc.evictMark()
+		spare = pc.spareLocked(min(len(tokens), pc.c.cfg.MaxTokens))
+		spared = pc.evictMark().minus(mark)
+	} else {
+		l = &pcLive{pc: pc}
 		leaf := pc.tree.Cover(node)
 		pc.tree.Touch(leaf)
 		e = leaf.Value()
@@ -249,13 +259,16 @@ func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
 	var s *Sequence
 	var err error
 	switch {
+	case spare != nil:
+		s = pc.c.reuse(spare)
+		pc.logEviction(evictForGrowth, spared.bytes, spared)
 	case e == nil:
 		s, err = pc.c.NewSequence()
 	case src == nil:
 		// The entry is gone with nothing to map from: a miss after all.
 		err = errEntryGone
 	case ol != nil:
-		if err = ol.protectFrom(src, pc.fullGranules(m)*pc.c.gran); err == nil {
+		if err = ol.protectFrom(src, pc.fullGranules(m)*pc.c.unit); err == nil {
 			s, err = pc.startOn(src, m, true)
 		}
 		ol.mu.Unlock()
@@ -273,11 +286,15 @@ func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
 		}
 	}
 	if err != nil {
-		for _, g := range l.grefs {
-			g.live--
+		if l != nil {
+			for _, g := range l.grefs {
+				g.live--
+			}
 		}
 	} else {
-		s.pcl = l
+		if l != nil {
+			s.pcl = l
+		}
 		pc.queries += int64(len(tokens))
 		pc.hits += int64(m)
 	}
@@ -359,7 +376,7 @@ func (c *Cache) startOn(src *Sequence, n int) (*Sequence, error) {
 	if err != nil {
 		return nil, err
 	}
-	full, err := shareInto(s.bufs, src.bufs, n*c.row, c.gran)
+	full, err := c.shareInto(s.bufs, src.bufs, n)
 	if err != nil {
 		return nil, errors.Join(err, c.abandon(s))
 	}
@@ -423,7 +440,7 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	pc.inserted += int64(n - m)
 	// The granules s maps from the cache (still unchanged: below s's frozen bytes)
 	// are the ones the new entry now holds too; the rest are s's own.
-	keep := min(len(l.grefs), frozen/pc.c.gran)
+	keep := min(len(l.grefs), frozen/pc.c.unit)
 	for _, g := range l.grefs[keep:] {
 		g.live--
 	}
@@ -435,9 +452,20 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	l.grefs = slices.Grow(l.grefs, max(full-len(l.grefs), 0))
 	for j := range k {
 		var g *granuleRef
-		if j < len(l.grefs) {
+		switch {
+		case j < len(l.grefs):
 			g = l.grefs[j]
-		} else {
+		case pc.lazyTailAt(s, j) != nil:
+			// An earlier entry of s holds s's granule j as its partly filled tail:
+			// one granule, one reference.
+			g = pc.lazyTailAt(s, j)
+			if j < full {
+				// From now on l.grefs counts s's mapping of it, not the tail.
+				pc.untail(s, g)
+			} else {
+				e.tail = g
+			}
+		default:
 			g = &fresh[j-len(l.grefs)]
 			g.live = 1
 			if j == full {
@@ -450,7 +478,7 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	for j := len(l.grefs); j < full; j++ {
 		l.grefs = append(l.grefs, e.grefs[j])
 	}
-	s.frozen = max(s.frozen, full*pc.c.gran)
+	s.frozen = max(s.frozen, full*pc.c.unit)
 	if displaced {
 		// The new entry holds the old one's tokens (and maps its granules, where s
 		// did): the old one goes, giving back only its own tail.
@@ -470,6 +498,65 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 // held.
 func (pc *PrefixCache) lazyTail(e *pcEntry) bool {
 	return pc.granulesFor(e.n) > pc.fullGranules(e.n)
+}
+
+// lazyTailAt returns the reference by which a lazy entry of s holds s's granule j as
+// its partly filled tail, or nil. pc.mu is held.
+func (pc *PrefixCache) lazyTailAt(s *Sequence, j int) *granuleRef {
+	for _, e := range s.pcl.lazy {
+		if e.origin == s && !e.closed && e.tail != nil && len(e.grefs) == j+1 {
+			return e.tail
+		}
+	}
+	return nil
+}
+
+// untail makes the lazy entries of s whose tail is g hold it as a whole granule of s
+// (s's pcLive now counts s's mapping of it). pc.mu is held.
+func (pc *PrefixCache) untail(s *Sequence, g *granuleRef) {
+	for _, e := range s.pcl.lazy {
+		if e.origin == s && e.tail == g {
+			e.tail = nil
+		}
+	}
+}
+
+// replaced is told by Truncate that s's granule j was given up (its tokens copied into
+// a granule of s's own, where s now holds more than j granules' worth of bytes): the
+// lazy entries of s that hold granule j (as their last) refer to s's new granule
+// from now on, by one new reference, or, where s kept no granule j, leave the index.
+// s's owner calls it with the lock from rangesLock held.
+func (l *pcLive) replaced(s *Sequence, j int) {
+	pc := l.pc
+	pc.mu.Lock()
+	var drop []*pcEntry
+	var g *granuleRef
+	gone := make(map[*granuleRef]bool)
+	for _, e := range l.lazy {
+		if e.origin != s || e.closed || len(e.grefs) <= j {
+			continue
+		}
+		old := e.grefs[j]
+		if e.tail == old && !gone[old] {
+			old.live-- // s no longer maps it; counted once however many entries held it
+			gone[old] = true
+		}
+		if s.err != nil || pc.granulesFor(s.n) <= j || e.n > s.n {
+			e.tail = nil
+			drop = append(drop, pc.detach(e)...)
+			continue
+		}
+		pc.release(old)
+		if g == nil {
+			g = &granuleRef{live: 1}
+		}
+		e.grefs[j], e.tail = g, g
+		pc.hold(g)
+	}
+	pc.mu.Unlock()
+	for _, d := range drop {
+		d.close()
+	}
 }
 
 // materialize gives the lazy entries of s that hold tokens at or past t ranges of their
@@ -504,10 +591,10 @@ func (pc *PrefixCache) materialize(s *Sequence, t int) {
 			if pc.lazyTail(e) {
 				// The entry's copy of the tail stands for s's granule there.
 				k := len(e.grefs) - 1
-				if e.grefs[k] == e.tail {
+				pc.release(e.grefs[k])
+				if e.grefs[k] == e.tail && e.tail.entries == 0 {
 					e.tail.live-- // which s alone now maps
 				}
-				pc.release(e.grefs[k])
 				e.grefs[k] = &granuleRef{}
 				pc.hold(e.grefs[k])
 			}
@@ -629,12 +716,12 @@ func (l *pcLive) adopt(s *Sequence) ([]buffer, bool) {
 	l.lazy = nil
 	if take != nil {
 		c := pc.c
-		if err := s.resizeAll(take.n * c.row); err != nil {
+		if err := s.resizeAll(c.extent(take.n)); err != nil {
 			drop = append(drop, pc.detach(take)...)
 			return nil, false
 		}
-		es := &Sequence{c: c, id: s.id, bufs: s.bufs, n: take.n, frozen: s.frozen}
-		es.frozen = min(es.frozen, backing.AlignDown(take.n*c.row, c.gran))
+		es := &Sequence{c: c, id: s.id, bufs: s.bufs, n: take.n, frozen: s.frozen, guarded: s.guarded || l.protected > 0}
+		es.frozen = min(es.frozen, c.shareable(take.n))
 		es.publish()
 		s.bufs = nil
 		take.seq, take.origin = es, nil
@@ -653,27 +740,27 @@ func (l *pcLive) adopt(s *Sequence) ([]buffer, bool) {
 		return nil, false
 	}
 	n, c := e.seq.n, pc.c
-	full := backing.AlignDown(n*c.row, c.gran)
+	full := c.shareable(n)
 	if n > s.n || s.frozen < full {
 		return nil, false // s was truncated into what the entry maps
 	}
-	if err := s.resizeAll(n * c.row); err != nil {
+	if err := s.resizeAll(c.extent(n)); err != nil {
 		return nil, false
 	}
 	old := e.seq.bufs
-	if tail := n*c.row - full; tail > 0 {
+	if c.extent(n) > full {
 		// s may have rewritten its tokens past its shared granules since the entry
 		// got its own copy of them: that copy is what was inserted.
 		for i := range s.bufs {
-			if err := copyRange(s.bufs[i], old[i], full, tail); err != nil {
+			if err := c.copyTail(s.bufs[i], old[i], n); err != nil {
 				return nil, false
 			}
 		}
 	}
 	e.seq.bufs, s.bufs = s.bufs, nil
-	e.seq.frozen = full
+	e.seq.frozen, e.seq.guarded = full, s.guarded || l.protected > 0
 	e.seq.publish()
-	if k := full / c.gran; k < len(e.grefs) {
+	if k := full / c.unit; k < len(e.grefs) {
 		// The entry's copy of the partly filled last granule gives way to s's.
 		pc.release(e.grefs[k])
 		e.grefs[k] = &granuleRef{}
@@ -793,8 +880,9 @@ func (pc *PrefixCache) Stats() PrefixCacheStats {
 }
 
 // Close evicts every entry, pins or not, and detaches the prefix cache from its cache
-// and the governor. Sequences started by Lookup stay valid (they map what they use).
-// Close waits for a reclaimer that is running; a second Close does nothing.
+// and the governor (its ledger leaves the governor's list). Sequences started by
+// Lookup stay valid (they map what they use). Close waits for a reclaimer that is
+// running; a second Close does nothing.
 func (pc *PrefixCache) Close() error {
 	pc.mu.Lock()
 	if pc.closed {
@@ -827,6 +915,10 @@ func (pc *PrefixCache) Close() error {
 		}
 	}
 	pc.c.pc.Store(nil)
+	// Its ledger never owned or mapped a byte: it leaves the governor's list.
+	if err := pc.auth.Close(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -858,7 +950,7 @@ func (l *pcLive) unprotectPast(s *Sequence) { l.protected = min(l.protected, s.f
 // up: only those below s's frozen bytes are still the cache's), so that they count as
 // mapped by no live sequence for eviction and PinnedBytes. Only s's owner calls it.
 func (l *pcLive) dropPast(s *Sequence) {
-	keep := s.frozen / s.c.gran
+	keep := s.frozen / s.c.unit
 	l.pc.mu.Lock()
 	if keep < len(l.grefs) {
 		for _, g := range l.grefs[keep:] {

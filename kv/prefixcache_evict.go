@@ -184,7 +184,7 @@ func (pc *PrefixCache) shrink(e *pcEntry, depth, n int) (int64, *pcEntry) {
 	if e.seq == nil {
 		// Lazy: its origin maps what it gives up, so only the counts change.
 		e.n = n
-	} else if err := e.seq.resizeAll(n * pc.c.row); err != nil {
+	} else if err := e.seq.resizeAll(pc.c.extent(n)); err != nil {
 		// NB: resizeAll changed nothing, or damaged the sequence; either way the
 		// entry leaves the index whole.
 		pc.evictedTokens += int64(e.leaf.Depth() - e.leaf.Parent().Depth())
@@ -195,7 +195,7 @@ func (pc *PrefixCache) shrink(e *pcEntry, depth, n int) (int64, *pcEntry) {
 	}
 	if e.seq != nil {
 		e.n, e.seq.n = n, n
-		e.seq.frozen = min(e.seq.frozen, n*pc.c.row)
+		e.seq.frozen = min(e.seq.frozen, pc.c.extent(n))
 		e.seq.publish()
 	}
 	pc.evictions += int64(len(e.grefs) - k)
@@ -222,4 +222,51 @@ func (pc *PrefixCache) removeDamaged(e *pcEntry) {
 		// pins with it (they pin nothing now).
 		p = pc.tree.Remove(p)
 	}
+}
+
+// spareLocked, on a miss for a prompt of tokens, evicts the least recently used entry
+// whole and returns its sequence, whose ranges the new sequence then takes over with
+// their committed granules, when the budget can not hold the prompt's granules now
+// and that entry's granules all fit in them: the eviction a growth of the new
+// sequence would otherwise make through a refusal, without unmapping the granules
+// (and the range) only for the growth to commit as many again. It returns nil when
+// the budget holds the prompt, or when that entry is not one whose ranges can be
+// taken as they are: pinned or under a pin that would need it, mapped from, lazy,
+// holding a granule another entry or a live sequence maps, or with bytes that are
+// read-only in its ranges (shared in, or protected once). pc.mu is held.
+func (pc *PrefixCache) spareLocked(tokens int) *Sequence {
+	if tokens <= 0 {
+		return nil
+	}
+	need := int64(pc.granulesFor(tokens)) * pc.gbytes
+	if err := pc.c.budget(need, 0); err == nil || errors.Is(err, accounting.ErrExceedsLimit) {
+		return nil
+	}
+	leaf := pc.victim(true)
+	if leaf == nil {
+		return nil
+	}
+	e, p := leaf.Value(), leaf.Parent()
+	es := e.seq
+	switch {
+	case es == nil || es.err != nil || es.guarded || es.bufs[0].Shared() != 0:
+		return nil
+	case int64(len(e.grefs))*pc.gbytes > need:
+		return nil // more than the prompt takes: evicted by its tail, as the need asks
+	case p.Parent() != nil && p.Children() == 1:
+		return nil // a pinned parent would become the leaf, needing the entry
+	case es.bufs[0].Committed() != len(e.grefs)*pc.c.unit:
+		return nil
+	}
+	for _, g := range e.grefs {
+		if g.entries != 1 || g.live > 0 {
+			return nil
+		}
+	}
+	pc.tree.Remove(leaf)
+	pc.evictedTokens += int64(leaf.Depth() - p.Depth())
+	pc.evictions += int64(len(e.grefs))
+	pc.unhold(e) // every granule comes back: counted in EvictedBytes
+	e.seq = nil
+	return es
 }

@@ -305,7 +305,15 @@ func TestPrefixCacheBadInputs(t *testing.T) {
 	require.True(t, s2.Close().OK())
 
 	assert.ErrorContains(t, c.Close(), "PrefixCache", "the cache refuses to close under a live prefix cache")
+	ledgers := func() (names []string) {
+		for _, a := range fx.gov.Stats(accounting.HostKey).Authorities {
+			names = append(names, a.Name)
+		}
+		return names
+	}
+	assert.Contains(t, ledgers(), "kv prefix cache", "an open prefix cache has its ledger")
 	require.NoError(t, pc.Close())
+	assert.NotContains(t, ledgers(), "kv prefix cache", "a closed prefix cache leaves the governor's list")
 	require.NoError(t, pc.Close(), "a second Close does nothing")
 	_, _, err = pc.Lookup([]int32{1})
 	assert.ErrorIs(t, err, kv.ErrClosed)
@@ -574,4 +582,49 @@ func TestPrefixCachePinSurvivesBudget(t *testing.T) {
 	defer q.Close()
 	assert.Equal(t, 24, m, "the pinned prompt is still found")
 	require.NoError(t, checkIDs(q, system, 0, 24))
+}
+
+// In the Blocked layout the prefix cache's unit is a block, however many granules it
+// spans (here 3: tiny8 with 4 tokens a block on 4 KiB granules): an entry holds whole
+// blocks, a hit maps the whole blocks below the match and copies the rest, and
+// eviction gives back whole blocks.
+func TestPrefixCacheCountsBlocks(t *testing.T) {
+	_, c, pc := newPrefixCache(t, 1<<30, kv.Blocked, 64, kv.PrefixCacheOptions{})
+	const block = 3 * fakeGranule
+	ids := make([]int32, 10)
+	for i := range ids {
+		ids[i] = int32(100 + i)
+	}
+	s, m, err := serve(pc, ids) // 10 tokens: 3 blocks, the last holding 2 tokens
+	require.NoError(t, err)
+	require.Zero(t, m)
+	require.Equal(t, 4, s.BlockTokens())
+	assert.Equal(t, int64(3*block), pc.Stats().CachedBytes)
+	assert.Equal(t, 8, s.Writable(), "the two whole blocks are shared")
+	q, m, err := pc.Lookup(append(ids[:10:10], 7))
+	require.NoError(t, err)
+	require.Equal(t, 10, m)
+	assert.Equal(t, 8, q.Writable())
+	require.NoError(t, checkIDs(q, ids, 0, 10))
+	st := c.SequenceStats()
+	assert.Equal(t, int64(3*block), st[1].Committed)
+	assert.Equal(t, int64(2*block), st[1].Shared, "whole blocks mapped, the tokens of the third copied")
+	require.True(t, s.Close().OK())
+	require.True(t, q.Close().OK())
+	assert.Equal(t, int64(3*block), pc.Stats().CachedBytes)
+
+	// A cap of two blocks evicts the third whole: 8 tokens stay cached.
+	_, _, capped := newPrefixCache(t, 1<<30, kv.Blocked, 64, kv.PrefixCacheOptions{MaxBytes: 2 * block})
+	s, _, err = serve(capped, ids)
+	require.NoError(t, err)
+	cs := capped.Stats()
+	assert.Equal(t, int64(2*block), cs.CachedBytes)
+	assert.Equal(t, int64(8), cs.CachedTokens)
+	assert.Equal(t, int64(1), cs.Evictions, "one block")
+	require.True(t, s.Close().OK())
+	q, m, err = capped.Lookup(append(ids[:10:10], 7))
+	require.NoError(t, err)
+	require.Equal(t, 8, m)
+	require.NoError(t, checkIDs(q, ids, 0, 8))
+	require.True(t, q.Close().OK())
 }

@@ -65,19 +65,19 @@ func TestOriginWriteFaultsOnShared(t *testing.T) {
 				require.NoError(t, err)
 				w := s.Writable()
 				require.Positive(t, w)
-				// NB: layer 0's K of token w-1 lies in a shared granule in either layout
+				// NB: layer 0's K of token w-1 lies in a shared granule in every layout
 				// (in PerSequence a token straddling the boundary has later layers past it).
 				for _, q := range []*kv.Sequence{s, sharer} {
 					v, err := kv.View[arena.F16](q, 0, kv.K)
 					require.NoError(t, err)
-					assert.Error(t, faults(func() { v.Set(arena.F16FromFloat32(9), w-1, 0, 0) }), "a store below Writable faults")
-					assert.Error(t, faults(func() { v.Set(arena.F16FromFloat32(9), 0, 1, 2) }), "a store below Writable faults")
+					assert.Error(t, faults(func() { v.Set(arena.F16FromFloat32(9), viewIndex(q, w-1, 0, 0)...) }), "a store below Writable faults")
+					assert.Error(t, faults(func() { v.Set(arena.F16FromFloat32(9), viewIndex(q, 0, 1, 2)...) }), "a store below Writable faults")
 				}
 				checkTokens(t, s, 1, 0, 300)
 				checkTokens(t, sharer, 1, 0, sharer.Len())
 				v, err := kv.View[arena.F16](s, tiny8.Layers-1, kv.V)
 				require.NoError(t, err)
-				assert.NoError(t, faults(func() { v.Set(arena.F16FromFloat32(9), 299, 0, 0) }), "the origin's tail stays writable")
+				assert.NoError(t, faults(func() { v.Set(arena.F16FromFloat32(9), viewIndex(s, 299, 0, 0)...) }), "the origin's tail stays writable")
 				assert.True(t, sharer.Close().OK())
 				assert.True(t, s.Close().OK())
 			})

@@ -14,33 +14,41 @@ import (
 	"github.com/vmarena/vmarena/kv"
 )
 
-// BenchmarkReadLayer measures what a decode step's attention reads: one layer's K of
-// 8 sequences of 1,024 tokens each (Llama-3-8B: 2 KiB per token, 16 MiB in all),
-// copied out through every byte, the layer changing every iteration in a scattered
-// order (13 apart) so that no layer's bytes stay in cache. Memory is a Private
-// backing of 2 MiB granules, populated, with 4 KiB pages or transparent huge pages.
+// BenchmarkReadLayer measures what a decode step's attention reads: one layer of 8
+// sequences of 1,024 tokens each (Llama-3-8B: 2 KiB per token and tensor), its K alone
+// (read=K, 16 MiB) or its K and V (read=KV, 32 MiB: what attention reads, tile by
+// tile: a sequence's K then V, or a block's), copied out through every byte, the
+// layer changing every iteration in a scattered order (13 apart) so that no layer's
+// bytes stay in cache. Memory is a Private backing of 2 MiB granules, populated, with
+// 4 KiB pages or transparent huge pages.
 //
-//   - layout=plain: the 16 MiB contiguous, one copy: the floor;
+//   - layout=plain: the layer's bytes contiguous ([layer][K|V]), one copy: the floor;
 //   - layout=per-layer: kv.PerLayer, Sequence.Bytes of each sequence (2 MiB runs);
 //   - layout=per-sequence: kv.PerSequence, the token rows of View (2 KiB runs
-//     128 KiB apart), the default layout;
-//   - layout=blocked: a granule-blocked layout kv does not have: each 2 MiB granule
-//     holds 16 tokens of every layer, layer-major inside ([layer][K|V][16 tokens]
-//     [heads][dim]), so a layer reads 32 KiB runs 2 MiB apart;
+//     128 KiB apart);
+//   - layout=blocked: kv.Blocked, the default: the blocks of View (16 tokens of every
+//     layer per 2 MiB block, layer-major inside: a block's K is a 32 KiB run, its K
+//     and V one 64 KiB run);
+//   - layout=blocked64: kv.Blocked with BlockTokens 64 (8 MiB blocks, 128 KiB runs of
+//     K);
 //   - layout=paged: the paged baseline's gather: 16-token blocks of 32 KiB in a
-//     per-layer pool, in the order of each sequence's block table (shuffled, as a
-//     pool hands blocks out after some churn).
+//     per-layer pool for K and one for V, in the order of each sequence's block table
+//     (shuffled, as a pool hands blocks out after some churn).
 func BenchmarkReadLayer(b *testing.B) {
 	const (
 		seqs    = 8
 		tokens  = 1024
 		granule = 2 << 20
-		block   = 16 // tokens per block (blocked and paged)
+		block   = 16 // tokens per block (paged)
 	)
 	g := kv.Llama3_8B
 	tb := g.TokenBytes()
-	layerBytes := seqs * tokens * tb
+	layerBytes := seqs * tokens * tb // one tensor (K or V) of every sequence
 	layer := func(i int) int { return i * 13 % g.Layers }
+	reads := []struct {
+		name  string
+		kinds []kv.Kind
+	}{{"K", []kv.Kind{kv.K}}, {"KV", []kv.Kind{kv.K, kv.V}}}
 	for _, huge := range []bool{false, true} {
 		pages := "4KiB"
 		if huge {
@@ -67,9 +75,9 @@ func BenchmarkReadLayer(b *testing.B) {
 			require.NoError(b, unix.Madvise(mem, unix.MADV_POPULATE_WRITE))
 			return mem
 		}
-		cache := func(b *testing.B, layout kv.Layout) []*kv.Sequence {
+		cache := func(b *testing.B, layout kv.Layout, blockTokens int) []*kv.Sequence {
 			gov := accounting.NewGovernor()
-			c, err := kv.New(newMem(b), kv.Config{Geometry: g, MaxTokens: tokens, Layout: layout,
+			c, err := kv.New(newMem(b), kv.Config{Geometry: g, MaxTokens: tokens, Layout: layout, BlockTokens: blockTokens,
 				Authority: gov.Authority("kv", accounting.HostKey)})
 			require.NoError(b, err)
 			qs := make([]*kv.Sequence, 0, seqs)
@@ -88,92 +96,126 @@ func BenchmarkReadLayer(b *testing.B) {
 			}
 			return qs
 		}
-		dst := make([]byte, layerBytes)
-		b.Run("layout=plain/pages="+pages, func(b *testing.B) {
-			mem := region(b, g.Layers*layerBytes)
-			b.SetBytes(int64(layerBytes))
-			i := 0
-			for b.Loop() {
-				l := layer(i)
-				copy(dst, mem[l*layerBytes:(l+1)*layerBytes])
-				i++
-			}
-		})
-		b.Run("layout=per-layer/pages="+pages, func(b *testing.B) {
-			qs := cache(b, kv.PerLayer)
-			b.SetBytes(int64(layerBytes))
-			i := 0
-			for b.Loop() {
-				l := layer(i)
-				for k, q := range qs {
-					src, err := q.Bytes(l, kv.K)
-					if err != nil {
-						b.Fatal(err)
-					}
-					copy(dst[k*tokens*tb:], src)
+		dst := make([]byte, 2*layerBytes)
+		out := make([]arena.F16, layerBytes)
+		// each runs read for both reads (K, KV) on the memory setup made: read(l,
+		// kinds) copies layer l's tensors of those kinds out.
+		each := func(b *testing.B, name string, setup func(b *testing.B) func(l int, kinds []kv.Kind)) {
+			b.Run("layout="+name+"/pages="+pages, func(b *testing.B) {
+				read := setup(b)
+				for _, r := range reads {
+					b.Run("read="+r.name, func(b *testing.B) {
+						b.SetBytes(int64(len(r.kinds) * layerBytes))
+						i := 0
+						for b.Loop() {
+							read(layer(i), r.kinds)
+							i++
+						}
+					})
 				}
-				i++
+			})
+		}
+		each(b, "plain", func(b *testing.B) func(int, []kv.Kind) {
+			mem := region(b, 2*g.Layers*layerBytes)
+			return func(l int, kinds []kv.Kind) {
+				at := 2 * l * layerBytes
+				copy(dst, mem[at:at+len(kinds)*layerBytes])
 			}
 		})
-		b.Run("layout=per-sequence/pages="+pages, func(b *testing.B) {
-			qs := cache(b, kv.PerSequence)
-			// The token rows of every layer's view, as a kernel walks them by
-			// base and stride.
-			rows := make([][][]arena.F16, g.Layers)
-			for l := range rows {
+		each(b, "per-layer", func(b *testing.B) func(int, []kv.Kind) {
+			qs := cache(b, kv.PerLayer, 0)
+			return func(l int, kinds []kv.Kind) {
+				at := 0
 				for _, q := range qs {
-					v, err := kv.View[arena.F16](q, l, kv.K)
-					require.NoError(b, err)
-					for t := range tokens {
-						row, err := v.Sub(t, t+1).Slice()
-						require.NoError(b, err)
-						rows[l] = append(rows[l], row)
+					for _, k := range kinds {
+						src, err := q.Bytes(l, k)
+						if err != nil {
+							b.Fatal(err)
+						}
+						at += copy(dst[at:], src)
 					}
 				}
 			}
-			out := make([]arena.F16, layerBytes/2)
-			b.SetBytes(int64(layerBytes))
-			i := 0
-			for b.Loop() {
-				at := 0
-				for _, row := range rows[layer(i)] {
-					at += copy(out[at:], row)
-				}
-				i++
-			}
 		})
-		b.Run("layout=blocked/pages="+pages, func(b *testing.B) {
-			blocks := tokens / block // granules per sequence
-			mem := region(b, seqs*blocks*granule)
-			run := block * tb // 32 KiB of one layer's K in a granule
-			b.SetBytes(int64(layerBytes))
-			i := 0
-			for b.Loop() {
-				l := layer(i)
-				at := 0
-				for k := range seqs * blocks {
-					off := k*granule + l*2*run
-					at += copy(dst[at:], mem[off:off+run])
+		// viewed reads a layout through the runs of its views, as a kernel walks them
+		// by base and strides: a sequence's or a block's K run, then its V run.
+		viewed := func(layout kv.Layout, blockTokens int) func(b *testing.B) func(int, []kv.Kind) {
+			return func(b *testing.B) func(int, []kv.Kind) {
+				qs := cache(b, layout, blockTokens)
+				rs := make([][2][][]arena.F16, g.Layers) // [layer][kind][run], sequence after sequence
+				for l := range rs {
+					for _, k := range []kv.Kind{kv.K, kv.V} {
+						for _, q := range qs {
+							rs[l][k] = append(rs[l][k], viewRuns(b, q, l, k, 0)...)
+						}
+					}
 				}
-				i++
+				return func(l int, kinds []kv.Kind) {
+					at := 0
+					for j := range rs[l][kv.K] {
+						for _, k := range kinds {
+							at += copy(out[at:], rs[l][k][j])
+						}
+					}
+				}
 			}
-		})
-		b.Run("layout=paged/pages="+pages, func(b *testing.B) {
-			n := seqs * tokens / block // blocks per layer's K pool
+		}
+		each(b, "per-sequence", viewed(kv.PerSequence, 0))
+		each(b, "blocked", viewed(kv.Blocked, 0))
+		each(b, "blocked64", viewed(kv.Blocked, 64))
+		each(b, "paged", func(b *testing.B) func(int, []kv.Kind) {
+			n := seqs * tokens / block // blocks per (layer, K|V) pool
 			run := block * tb
-			mem := region(b, g.Layers*n*run)
+			mem := region(b, 2*g.Layers*n*run)
 			table := rand.New(rand.NewPCG(1, 2)).Perm(n) // the sequences' block tables, one after another
-			b.SetBytes(int64(layerBytes))
-			i := 0
-			for b.Loop() {
-				pool := layer(i) * n * run
+			return func(l int, kinds []kv.Kind) {
 				at := 0
 				for _, blk := range table {
-					off := pool + blk*run
-					at += copy(dst[at:], mem[off:off+run])
+					for _, k := range kinds {
+						off := ((2*l+int(k))*n + blk) * run
+						at += copy(dst[at:], mem[off:off+run])
+					}
 				}
-				i++
 			}
 		})
 	}
+}
+
+// viewRuns returns the contiguous runs of tokens [from, Len) of layer's K or V tensor
+// of q, as a kernel walks its view by base and strides: one a token in PerSequence,
+// one a block in Blocked (its tokens below Len; from must start a block), the whole
+// tensor in PerLayer.
+func viewRuns(b *testing.B, q *kv.Sequence, layer int, kind kv.Kind, from int) [][]arena.F16 {
+	v, err := kv.View[arena.F16](q, layer, kind)
+	if err != nil {
+		b.Fatal(err)
+	}
+	n, bt := q.Len(), q.BlockTokens()
+	var out [][]arena.F16
+	switch {
+	case q.Cache().Config().Layout == kv.PerLayer:
+		r, err := v.Slice()
+		if err != nil {
+			b.Fatal(err)
+		}
+		return append(out, r)
+	case bt > 0:
+		per := v.NumElems() / max(v.Dim(0)*bt, 1) // elements per token
+		for t := from; t < n; t += bt {
+			r, err := v.Sub(t/bt, t/bt+1).Slice()
+			if err != nil {
+				b.Fatal(err)
+			}
+			out = append(out, r[:min(bt, n-t)*per])
+		}
+	default:
+		for t := from; t < n; t++ {
+			r, err := v.Sub(t, t+1).Slice()
+			if err != nil {
+				b.Fatal(err)
+			}
+			out = append(out, r)
+		}
+	}
+	return out
 }

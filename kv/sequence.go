@@ -37,7 +37,7 @@ type Sequence struct {
 
 	c      *Cache
 	id     uint64
-	bufs   []buffer // PerLayer: index 2*layer+kind; PerSequence: one
+	bufs   []buffer // PerLayer: index 2*layer+kind; Blocked, PerSequence: one
 	n      int      // tokens
 	frozen int      // bytes at the start of each range that other holders may map: never written
 	prefix *Prefix
@@ -45,6 +45,10 @@ type Sequence struct {
 	mark   uint64 // the last batch of the cache that named it (see Cache.check)
 	closed bool
 	pcl    *pcLive // what it maps of a PrefixCache's granules, or nil
+	// guarded: protect made some of its own bytes read-only in its ranges once (a
+	// fork, a freeze), so they may not all be writable. (What prefix cache hits
+	// protect, pcLive counts.)
+	guarded bool
 
 	// Readings for Cache.Stats, which runs on other goroutines.
 	tokens    atomic.Int64
@@ -105,7 +109,8 @@ func (s *Sequence) publish() {
 }
 
 // Append grows every K and V tensor of the sequence by n tokens, committing whole
-// granules only where a tensor crosses a granule boundary. When the memory can not be
+// granules only where a tensor crosses a granule boundary (in the Blocked layout, a
+// block's granules when its first token arrives). When the memory can not be
 // had now it fails at once with an *accounting.BudgetError (it matches
 // accounting.ErrBudgetExceeded; see AppendBatch for what it carries) and changes
 // nothing; past MaxTokens it fails with ErrTooLong.
@@ -124,7 +129,7 @@ func (s *Sequence) AppendCtx(ctx context.Context, n int) error {
 // need returns the bytes of the granules s must commit to hold tokens.
 // The sequence must not be damaged: its ranges are then alike (see publish).
 func (s *Sequence) need(tokens int) int64 {
-	size, _ := backing.AlignUp(tokens*s.c.row, s.c.gran)
+	size, _ := backing.AlignUp(s.c.extent(tokens), s.c.gran)
 	return int64(len(s.bufs)) * int64(max(size-s.bufs[0].Committed(), 0))
 }
 
@@ -153,8 +158,10 @@ func (s *Sequence) Truncate(n int) error {
 	}
 	defer s.c.notify()
 	defer s.publish()
-	target := n * s.c.row
-	gs := backing.AlignDown(target, s.c.gran)
+	// NB: gs is where the last sharing unit (a granule, or a block) that holds the
+	// tokens starts; target is where the tokens end.
+	target := s.c.extent(n)
+	gs := s.c.shareable(n)
 	if target == gs || target > s.frozen {
 		if err := s.resizeAll(target); err != nil {
 			return err
@@ -176,17 +183,21 @@ func (s *Sequence) Truncate(n int) error {
 		return err
 	}
 	s.frozen = gs
-	s.n = gs / s.c.row
+	s.n = s.c.tokensWithin(gs)
+	if s.pcl != nil {
+		// Sharing unit gs/unit is now another: lazy entries of s that held it follow.
+		defer s.pcl.replaced(s, gs/s.c.unit)
+	}
 	for i, b := range s.bufs {
 		if err := b.Resize(target); err != nil {
 			if rerr := s.resizeFirst(i, gs); rerr != nil {
 				s.err = rerr
-			} else if gs%s.c.row != 0 {
+			} else if s.c.extent(s.n) != gs {
 				// Token s.n would straddle the granule boundary: part of it lies in
 				// the shared granule given up, so no token count fits exactly.
 				s.err = err
 			} else {
-				s.resizeAll(s.n * s.c.row)
+				s.resizeAll(s.c.extent(s.n))
 			}
 			return fmt.Errorf("kv: truncate to %d tokens left %d: %w", n, s.n, err)
 		}
@@ -233,9 +244,9 @@ func (s *Sequence) Fork() (*Sequence, error) {
 }
 
 // ForkAt returns a new sequence holding the first n tokens of s (a checkpoint: beam
-// search, speculative decoding): the full granules that hold them are mapped, not
-// copied, read-only in the new sequence; the tokens past the last full granule are
-// copied into the new sequence's own granule. From then on the tokens of s below the
+// search, speculative decoding): the full granules that hold them (in the Blocked
+// layout, the full blocks) are mapped, not copied, read-only in the new sequence; the
+// tokens past them are copied into the new sequence's own granule (block). From then on the tokens of s below the
 // new sequence's Writable are shared by both: WriteToken refuses them (ErrReadOnly),
 // and on a backing that can protect memory in place (backing.Protector) s's own
 // mapping of them becomes read-only too, so that a stray write through Bytes or a
@@ -255,7 +266,7 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	if err != nil {
 		return nil, err
 	}
-	full, err := shareInto(child.bufs, s.bufs, n*s.c.row, s.c.gran)
+	full, err := s.c.shareInto(child.bufs, s.bufs, n)
 	if err == nil {
 		err = s.protect(full)
 	}
@@ -299,14 +310,16 @@ func (s *Sequence) protect(full int) error {
 		}
 	}
 	s.frozen = full
+	s.guarded = s.guarded || s.c.protector
 	return nil
 }
 
-// shareInto makes each dst range hold the first size bytes of its src range: the full
-// granules mapped read-only, the rest copied. dst ranges must be empty. It returns the
-// shared bytes per range; on error the dst ranges are left for the caller to close.
-func shareInto(dst, src []buffer, size, g int) (int, error) {
-	full := backing.AlignDown(size, g)
+// shareInto makes each dst range hold the first n tokens of its src range: the whole
+// sharing units (granules, or blocks) mapped read-only, the tokens past them copied.
+// dst ranges must be empty. It returns the shared bytes per range; on error the dst
+// ranges are left for the caller to close.
+func (c *Cache) shareInto(dst, src []buffer, n int) (int, error) {
+	full, size := c.shareable(n), c.extent(n)
 	for i := range dst {
 		if err := dst[i].shareFrom(src[i], full, backing.ReadOnly); err != nil {
 			return 0, err
@@ -314,19 +327,17 @@ func shareInto(dst, src []buffer, size, g int) (int, error) {
 		if err := dst[i].Resize(size); err != nil {
 			return 0, err
 		}
-		if size > full {
-			if err := copyRange(dst[i], src[i], full, size-full); err != nil {
-				return 0, err
-			}
+		if err := c.copyTail(dst[i], src[i], n); err != nil {
+			return 0, err
 		}
 	}
 	return full, nil
 }
 
 // Freeze makes the first p tokens of the sequence an immutable, reference-counted
-// Prefix that new sequences can start on (NewSequenceFrom). The full granules are
-// shared, not copied; the prefix copies the tokens past the last full granule into a
-// granule of its own. The sequence's tokens below Writable are shared from then on:
+// Prefix that new sequences can start on (NewSequenceFrom). The full granules (in the
+// Blocked layout, the full blocks) are shared, not copied; the prefix copies the
+// tokens past them into a granule (block) of its own. The sequence's tokens below Writable are shared from then on:
 // they MUST NOT be written through Bytes or a View (WriteToken refuses them with
 // ErrReadOnly; on a backing.Protector the sequence's own mapping of them becomes
 // read-only, so a stray write faults). The caller holds one reference and MUST
@@ -343,13 +354,12 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 	if p < 0 || p > s.n {
 		return nil, fmt.Errorf("%w: freeze %d of %d tokens", ErrRange, p, s.n)
 	}
-	size := p * s.c.row
-	capacity, _ := backing.AlignUp(size, s.c.gran)
+	capacity, _ := backing.AlignUp(s.c.extent(p), s.c.gran)
 	bufs, err := s.c.newBuffers(max(capacity, s.c.gran))
 	if err != nil {
 		return nil, err
 	}
-	full, err := shareInto(bufs, s.bufs, size, s.c.gran)
+	full, err := s.c.shareInto(bufs, s.bufs, p)
 	if err == nil {
 		err = s.protect(full)
 	}

@@ -58,7 +58,7 @@ func TestSoakUnderFaults(t *testing.T) {
 		for _, layout := range layouts {
 			t.Run(fmt.Sprintf("%s/%v", sharingNames[kind], layout), func(t *testing.T) {
 				defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-				e, ok := newEnv(t, kind, layout, soakMaxTokens, soakLimit(kind, layout), true)
+				e, ok := newEnv(t, kind, layout, blockTokensFor(layout), soakMaxTokens, soakLimit(kind, layout), true)
 				if !ok {
 					t.Skipf("%s does not exist on this system", sharingNames[kind])
 				}
@@ -73,7 +73,8 @@ func TestSoakUnderFaults(t *testing.T) {
 // and a quarter at their longest, so that the workers' appends wait for each other
 // and forks are refused.
 func soakLimit(kind int, layout kv.Layout) int64 {
-	s, err := kv.Size(tiny8, layout, envGranuleOf(kind), soakMaxTokens, soakMaxTokens)
+	cfg := kv.Config{Geometry: tiny8, Layout: layout, BlockTokens: blockTokensFor(layout), MaxTokens: soakMaxTokens}
+	s, err := cfg.Size(envGranuleOf(kind), soakMaxTokens)
 	if err != nil {
 		panic(err)
 	}
@@ -288,12 +289,8 @@ func (r *soakRequest) truncate() {
 	// had: the tokens wholly below that granule are left.
 	left := r.s.Len()
 	if left != before {
-		row := tiny8.BytesPerToken()
-		if r.e.c.Config().Layout == kv.PerLayer {
-			row = tiny8.TokenBytes()
-		}
-		g := r.e.c.Granularity()
-		assert.Equal(r.t, n*row/g*g/row, left, "truncate to %d of %d tokens", n, before)
+		m := modelOf(r.e.c.Config(), r.e.c.Granularity())
+		assert.Equal(r.t, m.kept(n), left, "truncate to %d of %d tokens", n, before)
 	}
 	r.toks = r.toks[:left]
 }

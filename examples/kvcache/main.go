@@ -34,6 +34,17 @@ var bundledTrace []byte
 
 const bundledTraceName = "Azure LLM inference trace 2023, conversation (bundled)"
 
+// The Mooncake conversation trace (FAST'25 release), with each prompt's block hashes:
+// -trace mooncake replays it without a copy of the file.
+//
+//go:embed testdata/mooncake-fast25-conversation.jsonl
+var bundledMooncake []byte
+
+const (
+	mooncakeFlag        = "mooncake"
+	bundledMooncakeName = "Mooncake conversation trace, FAST'25 (bundled)"
+)
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
@@ -114,7 +125,8 @@ gives back by decay (keep -pool-low small and -pool-high above it, since the poo
 decays below -pool-low).
 
 A trace with token IDs (Mooncake's JSON lines, whose hash_ids name each prompt's
-512-token blocks; -trace tells the formats apart by content) runs the prefix-cache
+512-token blocks; -trace tells the formats apart by content; -trace mooncake is the
+bundled Mooncake conversation trace) runs the prefix-cache
 replay instead: vmarena with kv.PrefixCache on and off, and paged with a vLLM-style
 prefix cache, at one budget. For flags not given it uses qwen2.5-0.5b, -max-tokens
 32768, -requests 100, -budget 1.5GiB and no system prompt; prefill costs model time in
@@ -151,7 +163,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		fmt.Fprint(fs.Output(), usageText)
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&c.trace, "trace", "", "trace file: CSV with columns TIMESTAMP, ContextTokens, GeneratedTokens, or Mooncake JSON lines with hash_ids, told apart by content (default: the bundled Azure LLM 2023 conversation trace)")
+	fs.StringVar(&c.trace, "trace", "", "trace file: CSV with columns TIMESTAMP, ContextTokens, GeneratedTokens, or Mooncake JSON lines with hash_ids, told apart by content; \"mooncake\": the bundled Mooncake conversation trace (default: the bundled Azure LLM 2023 conversation trace)")
 	fs.IntVar(&c.requests, "requests", 100, "how many requests of the trace to replay (0: all)")
 	fs.IntVar(&c.skip, "skip", 0, "skip this many requests at the start of the trace")
 	fs.Float64Var(&c.speed, "speed", 1, "divide the trace's arrival times by this (0: every request arrives at once)")
@@ -162,7 +174,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.Var(&c.budget, "budget", "memory budget per strategy, like 4GiB or 512MiB (0: unlimited)")
 	fs.IntVar(&c.concurrency, "concurrency", 32, "most requests in the batch at once")
 	fs.StringVar(&c.backing, "backing", defaultBacking, "vmarena's backing: "+strings.Join(backings, ", ")+" (shared needs Linux)")
-	fs.StringVar(&c.layout, "layout", "per-sequence", "vmarena's layout: per-sequence or per-layer")
+	fs.StringVar(&c.layout, "layout", kv.Config{}.Layout.String(), "vmarena's layout: blocked, per-sequence or per-layer (default: kv's)")
 	fs.Var(&c.granule, "granule", "vmarena's granule, like 2MiB (default: the backing's)")
 	fs.BoolVar(&c.populate, "populate", true, "vmarena: make committed granules resident at commit (fewer page faults)")
 	fs.BoolVar(&c.huge, "huge", true, "vmarena, host backings: transparent huge pages where the system allows them and they pay (false: never)")
@@ -226,15 +238,16 @@ func (c *config) validate() (setup, []string, error) {
 	default:
 		return s, nil, fmt.Errorf("-progress %q: want auto, bar, lines or none", c.progress)
 	}
-	switch c.layout {
-	case "per-sequence":
-		s.layout = kv.PerSequence
-	case "per-layer":
-		s.layout = kv.PerLayer
-	default:
-		return s, nil, fmt.Errorf("-layout %q: want per-sequence or per-layer", c.layout)
-	}
 	known := false
+	for _, l := range []kv.Layout{kv.Blocked, kv.PerSequence, kv.PerLayer} {
+		if c.layout == l.String() {
+			s.layout, known = l, true
+		}
+	}
+	if !known {
+		return s, nil, fmt.Errorf("-layout %q: want blocked, per-sequence or per-layer", c.layout)
+	}
+	known = false
 	for _, b := range backings {
 		known = known || b == c.backing
 	}
@@ -292,7 +305,11 @@ func (c *config) validate() (setup, []string, error) {
 // loadTrace reads the trace the flags name and slices it.
 func (c *config) loadTrace() ([]Request, string, error) {
 	name, data := bundledTraceName, bundledTrace
-	if c.trace != "" {
+	switch c.trace {
+	case "":
+	case mooncakeFlag:
+		name, data = bundledMooncakeName, bundledMooncake
+	default:
 		b, err := os.ReadFile(c.trace)
 		if err != nil {
 			return nil, "", err

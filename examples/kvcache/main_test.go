@@ -232,3 +232,49 @@ func TestRunIdle(t *testing.T) {
 	assert.NotEqual(t, "0 B", m[1], "the pool kept idle granules when the load stopped")
 	assert.Equal(t, "0 B", m[2], "and gave them all back by decay")
 }
+
+// -layout takes each of kv's layouts, and its default is kv's.
+func TestRunLayouts(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{nil, "vmarena: shared backing, blocked layout"},
+		{[]string{"-layout", "per-sequence"}, "per-sequence layout"},
+		{[]string{"-layout", "per-layer"}, "per-layer layout"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(append([]string{"layout"}, tt.args...), " "), func(t *testing.T) {
+			code, out, errOut := runArgs(t, small(t, append([]string{"-requests", "3", "-progress", "none"}, tt.args...)...)...)
+			require.Equal(t, 0, code, errOut)
+			assert.Contains(t, out, tt.want)
+		})
+	}
+}
+
+// TestBundledMooncake: -trace mooncake reads the bundled Mooncake trace (the file as
+// released: 12,031 requests with their prompts' block hashes) and selects the
+// prefix-cache replay, as the same trace read from a file does.
+func TestBundledMooncake(t *testing.T) {
+	c, err := parseFlags([]string{"-trace", "mooncake", "-requests", "0"}, io.Discard)
+	require.NoError(t, err)
+	reqs, name, err := c.loadTrace()
+	require.NoError(t, err)
+	assert.Contains(t, name, "Mooncake")
+	require.Len(t, reqs, 12031)
+	assert.Equal(t, 6758, reqs[0].Context)
+	assert.Equal(t, 500, reqs[0].Generated)
+	assert.Equal(t, []int64{0, 28, 29}, reqs[2].Blocks[:3], "the third request shares its first block with the first")
+	for _, r := range reqs {
+		require.NotEmpty(t, r.Blocks, "request %d has no block hashes", r.ID)
+	}
+
+	fromFile, err := ReadAnyTrace(bundledMooncake)
+	require.NoError(t, err)
+	assert.Equal(t, fromFile, reqs, "the bundled trace is read like a file")
+
+	code, out, errOut := runArgs(t, "-trace", "mooncake", "-requests", "3", "-budget", "512MiB",
+		"-progress", "none", "-out", t.TempDir())
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "hit rate")
+}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -9,17 +8,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-// mooncakePath is the shared copy of the Mooncake trace, beside the checkout (main or
-// a worktree one level deeper), or "" when there is none.
-var mooncakePath = func() string {
-	for _, p := range []string{"../../../shared/traces/mooncake-fast25-conversation.jsonl", "../../../../shared/traces/mooncake-fast25-conversation.jsonl"} {
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	return ""
-}()
 
 func TestReadMooncake(t *testing.T) {
 	in := `{"timestamp": 1000, "input_length": 513, "output_length": 5, "hash_ids": [7, 8]}
@@ -73,14 +61,9 @@ func TestReadMooncakeMalformed(t *testing.T) {
 	}
 }
 
-// TestReadMooncakeFile reads the real trace when the shared copy is there: the counts
-// its README states.
+// TestReadMooncakeFile reads the bundled trace: the counts its README states.
 func TestReadMooncakeFile(t *testing.T) {
-	if mooncakePath == "" {
-		t.Skip("the shared Mooncake trace is not on this machine")
-	}
-	data, err := os.ReadFile(mooncakePath)
-	require.NoError(t, err)
+	data := bundledMooncake
 	reqs, err := ReadAnyTrace(data)
 	require.NoError(t, err)
 	assert.Len(t, reqs, 12031)

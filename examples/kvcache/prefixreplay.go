@@ -570,16 +570,21 @@ const (
 // prefixDefaults sniffs the -trace file: one with token IDs (Mooncake JSON lines)
 // selects the prefix-cache replay, whose defaults replace those of flags not given.
 func (c *config) prefixDefaults() error {
-	if c.trace == "" {
-		return nil
-	}
-	f, err := os.Open(c.trace)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
 	head := make([]byte, 512)
-	n, _ := io.ReadFull(f, head)
+	n := 0
+	switch c.trace {
+	case "":
+		return nil
+	case mooncakeFlag:
+		n = copy(head, bundledMooncake)
+	default:
+		f, err := os.Open(c.trace)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		n, _ = io.ReadFull(f, head)
+	}
 	if b := bytes.TrimLeft(head[:n], " \t\r\n\ufeff"); len(b) == 0 || b[0] != '{' {
 		return nil
 	}

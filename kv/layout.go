@@ -1,0 +1,210 @@
+package kv
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/vmarena/vmarena/backing"
+)
+
+// Layout says how a sequence's K and V tensors lie in address space.
+type Layout uint8
+
+const (
+	// Blocked, the default, puts all layers in one range cut into blocks: a block is
+	// the fewest whole granules that hold Config.BlockTokens tokens (by default one
+	// token) of every layer, and holds as many tokens T as fit, layer-major inside
+	// ([layer][K|V][T tokens][KVHeads][HeadDim]). So a sequence has one growth
+	// frontier and at most one partly filled block, a block is committed when its
+	// first token arrives, and each layer's K and V of a block are one contiguous run
+	// (64 KiB of Llama-3-8B at 2 MiB granules): attention reads a layer nearly as fast
+	// as from PerLayer (see BENCHMARKS.md). A layer's tensor is a strided tensor of
+	// [blocks, T, KVHeads, HeadDim] (View); the bytes at a block's end that hold no
+	// whole token are waste (Size).
+	Blocked Layout = iota
+	// PerSequence puts all layers in one range, token-major (token, layer, K|V, head,
+	// dim): one growth frontier, at most one partly filled granule per sequence, and
+	// one commit per growth step; each layer's tensor is strided by BytesPerToken, so
+	// reading one layer touches a TokenBytes run per token (2 KiB of Llama-3-8B, 128 KiB
+	// apart): 2-3x slower than PerLayer or Blocked (see BENCHMARKS.md).
+	PerSequence
+	// PerLayer gives every (layer, K|V) tensor its own range: each tensor is
+	// contiguous (Sequence.Bytes), and a sequence has 2 × Layers growth frontiers, so
+	// up to 2 × Layers partly filled granules: up to 128 MiB per sequence for
+	// Llama-3-8B at 2 MiB granules, 4 MiB at 64 KiB.
+	PerLayer
+)
+
+func (l Layout) String() string {
+	switch l {
+	case Blocked:
+		return "blocked"
+	case PerLayer:
+		return "per-layer"
+	case PerSequence:
+		return "per-sequence"
+	}
+	return fmt.Sprintf("Layout(%d)", uint8(l))
+}
+
+// shape is where a layout puts a sequence's tokens on a backing's granules: the byte
+// arithmetic every operation shares. Sharing (Freeze, forks, the prefix cache) works
+// in whole units: a block in the Blocked layout, a granule otherwise.
+type shape struct {
+	layout Layout
+	nbuf   int // address ranges per sequence
+	// row is the bytes from one token to the next within a tensor's run: the bytes
+	// per token of a range (PerSequence, PerLayer), TokenBytes inside a block.
+	row   int
+	tb    int // TokenBytes
+	nt    int // K and V tensors: 2 × Layers
+	tpb   int // Blocked: tokens per block; else 0
+	blk   int // Blocked: bytes per block, whole granules; else 0
+	unit  int // bytes of a sharing unit: blk, or a granule
+	capac int // bytes reserved per range (granule-aligned)
+}
+
+// newShape returns the shape of layout on granules of granule bytes with blocks of at
+// least blockTokens tokens (0: the default), reserving maxTokens per sequence.
+func newShape(g Geometry, layout Layout, granule, blockTokens, maxTokens int) (shape, error) {
+	if !backing.IsPowerOfTwo(granule) || maxTokens < 0 {
+		return shape{}, fmt.Errorf("%w: granule %d, max tokens %d", ErrConfig, granule, maxTokens)
+	}
+	if blockTokens < 0 || blockTokens > 0 && layout != Blocked {
+		return shape{}, fmt.Errorf("%w: BlockTokens %d with layout %v (only Blocked has blocks; 0 is its default)", ErrConfig, blockTokens, layout)
+	}
+	sh := shape{layout: layout, tb: g.TokenBytes(), nt: 2 * g.Layers, unit: granule}
+	bpt := g.BytesPerToken()
+	var extent int
+	switch layout {
+	case Blocked:
+		want := max(blockTokens, 1)
+		if want > math.MaxInt/bpt-granule {
+			return shape{}, fmt.Errorf("%w: blocks of %d tokens of %d bytes overflow", ErrConfig, want, bpt)
+		}
+		sh.nbuf, sh.row = 1, sh.tb
+		sh.blk, _ = backing.AlignUp(want*bpt, granule)
+		sh.tpb, sh.unit = sh.blk/bpt, sh.blk
+		if units := maxTokens/sh.tpb + 1; units > (math.MaxInt-granule)/sh.blk {
+			return shape{}, fmt.Errorf("%w: %d tokens in blocks of %d bytes overflow", ErrConfig, maxTokens, sh.blk)
+		}
+		extent = sh.extent(maxTokens)
+	case PerSequence, PerLayer:
+		sh.nbuf, sh.row = 1, bpt
+		if layout == PerLayer {
+			sh.nbuf, sh.row = 2*g.Layers, sh.tb
+		}
+		if maxTokens > math.MaxInt/sh.row-granule {
+			return shape{}, fmt.Errorf("%w: %d tokens of %d bytes overflow", ErrConfig, maxTokens, sh.row)
+		}
+		extent = maxTokens * sh.row
+	default:
+		return shape{}, fmt.Errorf("%w: layout %v", ErrConfig, layout)
+	}
+	sh.capac, _ = backing.AlignUp(extent, granule)
+	if sh.capac > 0 && int64(sh.nbuf) > math.MaxInt64/int64(sh.capac) {
+		return shape{}, fmt.Errorf("%w: %d ranges of %d bytes overflow", ErrConfig, sh.nbuf, sh.capac)
+	}
+	return sh, nil
+}
+
+// extent returns the bytes at the start of each range that n tokens occupy: whole
+// blocks in the Blocked layout (a block's last layer lies at its end).
+func (sh *shape) extent(n int) int {
+	if sh.layout == Blocked {
+		return sh.unitsFor(n) * sh.blk
+	}
+	return n * sh.row
+}
+
+// unitsFor returns the sharing units that hold n tokens, the last one perhaps partly.
+func (sh *shape) unitsFor(n int) int {
+	if sh.layout == Blocked {
+		return (n + sh.tpb - 1) / sh.tpb
+	}
+	return (n*sh.row + sh.unit - 1) / sh.unit
+}
+
+// fullUnits returns the whole sharing units below n tokens: those a sequence started
+// on n tokens maps rather than copies.
+func (sh *shape) fullUnits(n int) int {
+	if sh.layout == Blocked {
+		return n / sh.tpb
+	}
+	return n * sh.row / sh.unit
+}
+
+// shareable returns the bytes of the whole sharing units below n tokens.
+func (sh *shape) shareable(n int) int { return sh.fullUnits(n) * sh.unit }
+
+// tokensWithin returns the tokens wholly within the first b bytes of each range.
+func (sh *shape) tokensWithin(b int) int {
+	if sh.layout == Blocked {
+		return b / sh.blk * sh.tpb
+	}
+	return b / sh.row
+}
+
+// tokensIn returns the tokens wholly held by sharing units [0, k).
+func (sh *shape) tokensIn(k int) int { return sh.tokensWithin(k * sh.unit) }
+
+// writableFrom returns the first token that lies wholly past the first frozen bytes
+// of each range.
+func (sh *shape) writableFrom(frozen int) int {
+	if sh.layout == Blocked {
+		return (frozen + sh.blk - 1) / sh.blk * sh.tpb
+	}
+	return (frozen + sh.row - 1) / sh.row
+}
+
+// tensor returns where layer's K or V tensor lies: the index of the range that holds
+// it among a sequence's ranges and the byte offset of its token 0 in that range. ok
+// is false when layer or kind is out of range for g.
+func (sh *shape) tensor(g Geometry, layer int, kind Kind) (buf, off int, ok bool) {
+	if layer < 0 || layer >= g.Layers || kind > V {
+		return 0, 0, false
+	}
+	i := 2*layer + int(kind)
+	switch sh.layout {
+	case Blocked:
+		return 0, i * sh.tpb * sh.tb, true
+	case PerSequence:
+		return 0, i * sh.tb, true
+	}
+	return i, 0, true
+}
+
+// offset returns the byte offset of token t of the tensor whose token 0 lies at off.
+func (sh *shape) offset(off, t int) int {
+	if sh.layout == Blocked {
+		return off + t/sh.tpb*sh.blk + t%sh.tpb*sh.tb
+	}
+	return off + t*sh.row
+}
+
+// copyTail copies the tokens of src's range past its whole sharing units below n
+// tokens into dst's, which must hold extent(n) bytes.
+func (sh *shape) copyTail(dst, src buffer, n int) error {
+	full := sh.shareable(n)
+	if sh.layout != Blocked {
+		if tail := n*sh.row - full; tail > 0 {
+			return copyRange(dst, src, full, tail)
+		}
+		return nil
+	}
+	r := n % sh.tpb
+	if r == 0 {
+		return nil
+	}
+	if !dst.HostAccessible() || !src.HostAccessible() {
+		// One span through the bounce buffer rather than a copy per tensor: it holds
+		// the free tokens of every tensor but the last too, which are no sequence's.
+		return copyRange(dst, src, full, ((sh.nt-1)*sh.tpb+r)*sh.tb)
+	}
+	for i := range sh.nt {
+		if err := copyRange(dst, src, full+i*sh.tpb*sh.tb, r*sh.tb); err != nil {
+			return err
+		}
+	}
+	return nil
+}
