@@ -28,11 +28,12 @@
 // granule is a multiple of the huge page and the system allows them
 // (/sys/kernel/mm/transparent_hugepage/), unless their options turn them off, and
 // report which they use and why not (PrivateStats, SharedStats) and what the kernel
-// really gave (HugePages, from smaps). Unless memfd memory can have huge pages
-// (shmem_enabled never is the common default) Shared makes new granules private:
-// anonymous memory of the one reservation, huge pages where it may have them and
-// small ones otherwise, moved into the memfd only when they become shared. On a
-// virtual machine that reports its free memory to the host in huge-page blocks
+// really gave (HugePages, from smaps); where they use small pages and the system
+// gives huge pages unasked (enabled is always), they refuse them (MADV_NOHUGEPAGE).
+// Unless memfd memory can have huge pages (shmem_enabled never is the common
+// default) Shared makes new granules private: anonymous memory of the one
+// reservation, huge pages where it may have them and small ones otherwise, moved
+// into the memfd only when they become shared. On a virtual machine that reports its free memory to the host in huge-page blocks
 // (virtio_balloon free page reporting) a fresh huge page takes host faults and
 // costs more than small pages: there both backings use small pages unless their
 // options say AlwaysHugePages, and their stats say why.
@@ -189,7 +190,7 @@
 // or shared range reads whatever was last written there. Granules new to the file
 // read as zero.
 //
-// Bookkeeping costs 8 bytes per reserved granule and a few bytes per slot of the
+// Bookkeeping costs 12 bytes per reserved granule and a few bytes per slot of the
 // file, which only grows (sparse: holes cost nothing). The park costs address space,
 // not memory: its chunks double from 1 GiB, so it spans at most twice the file; the
 // private park, High granules of address space.

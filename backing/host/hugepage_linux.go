@@ -79,10 +79,15 @@ var hugeReporting = sync.OnceValue(func() string {
 	return ""
 })
 
-// hugeAdvise asks for transparent huge pages on [addr, addr+n) (MADV_HUGEPAGE): the
-// mapping's flag, which later splits of the mapping keep.
-func hugeAdvise(addr uintptr, n int) error {
-	return unix.Madvise(privateBytes(addr, 0, n), unix.MADV_HUGEPAGE)
+// hugeAdvise asks for transparent huge pages on [addr, addr+n) (MADV_HUGEPAGE), or,
+// when huge is false, for none (MADV_NOHUGEPAGE): the mapping's flag, which later
+// splits of the mapping keep.
+func hugeAdvise(addr uintptr, n int, huge bool) error {
+	advice := unix.MADV_HUGEPAGE
+	if !huge {
+		advice = unix.MADV_NOHUGEPAGE
+	}
+	return unix.Madvise(privateBytes(addr, 0, n), advice)
 }
 
 // hugeBytes sums the huge-page fields of /proc/self/smaps over the mappings inside

@@ -11,6 +11,6 @@ func hugeShmem() hugeMode { return hugeMode{why: "transparent huge pages are a L
 
 func hugeReporting() string { return "" }
 
-func hugeAdvise(addr uintptr, n int) error { return errors.ErrUnsupported }
+func hugeAdvise(addr uintptr, n int, huge bool) error { return errors.ErrUnsupported }
 
 func hugeBytes(lo, hi uintptr) (HugePageBytes, error) { return HugePageBytes{}, errors.ErrUnsupported }

@@ -35,8 +35,10 @@ type PrivateOptions struct {
 	// multiple of the huge page (2 MiB on x86-64) and the system allows them
 	// (/sys/kernel/mm/transparent_hugepage/enabled is always or madvise), every
 	// reservation asks for them (MADV_HUGEPAGE): a granule then costs one huge page
-	// to populate and free instead of 512 small ones. PrivateStats says whether it
-	// asks and, if not, why; HugePages says what the kernel really gave.
+	// to populate and free instead of 512 small ones. Where it does not ask and
+	// enabled is always, every reservation refuses them (MADV_NOHUGEPAGE), which the
+	// kernel would otherwise give unasked. PrivateStats says whether it asks and, if
+	// not, why; HugePages says what the kernel really gave.
 	NoHugePages bool
 	// AlwaysHugePages asks for huge pages also on a virtual machine that reports its
 	// free memory to the host in huge-page blocks, where a fresh huge page costs more
@@ -73,6 +75,7 @@ type Private struct {
 	name     []byte // NUL-terminated, or nil
 	huge     bool   // reservations ask for transparent huge pages
 	hugeWhy  string // why they do not, when huge is false
+	smallTHP bool   // reservations refuse huge pages (MADV_NOHUGEPAGE): huge is false and THP is "always"
 
 	hugeFailed atomic.Int64 // reservations whose MADV_HUGEPAGE the kernel refused
 }
@@ -85,7 +88,9 @@ type PrivateStats struct {
 	HugePages   bool
 	NoHugePages string
 	// HugeRefused counts the reservations whose request for huge pages the kernel
-	// refused (they run on small pages).
+	// refused (they run on small pages), and, where the backing does not ask for
+	// them and THP is "always" (so that the kernel would give them unasked), those
+	// whose refusal of huge pages (MADV_NOHUGEPAGE) it refused (they may get some).
 	HugeRefused int64
 }
 
@@ -140,6 +145,9 @@ func NewPrivate(opts PrivateOptions) (*Private, error) {
 	default:
 		p.huge = true
 	}
+	// NB: where THP is "always" the kernel gives huge pages unasked: refuse them
+	// where the backing does not ask, so that PrivateStats says what it does.
+	p.smallTHP = !p.huge && hugeAnon().mode == "always"
 	if opts.Name != "" {
 		if err := privateCheckName(opts.Name); err != nil {
 			return nil, err
@@ -205,9 +213,9 @@ func (p *Private) Reserve(size int) (*PrivateReservation, error) {
 	if p.name != nil {
 		privateNameOS(base, size, p.name)
 	}
-	if p.huge {
-		if err := hugeAdvise(base, size); err != nil {
-			// NB: not an error of Reserve: the reservation works on small pages, and
+	if p.huge || p.smallTHP {
+		if err := hugeAdvise(base, size, p.huge); err != nil {
+			// NB: not an error of Reserve: the reservation works either way, and
 			// PrivateStats.HugeRefused says so.
 			p.hugeFailed.Add(1)
 		}

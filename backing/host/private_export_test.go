@@ -14,3 +14,18 @@ var (
 	PrivateRawDecommit = privateDecommitOS
 	PrivateRawPopulate = privatePopulateOS
 )
+
+// SetPrivateSmallTHP makes p, which must not ask for huge pages, refuse them on
+// every reservation (MADV_NOHUGEPAGE) as it does where THP is "always", whatever
+// this system's mode (v true), or advise nothing (v false). It must be called
+// before p reserves anything.
+func SetPrivateSmallTHP(p *Private, v bool) {
+	if p.huge {
+		panic("SetPrivateSmallTHP: the backing asks for huge pages")
+	}
+	p.smallTHP = v
+}
+
+// HugeAnonMode returns the system's transparent huge page mode for anonymous
+// memory ("always", "madvise", "never"; "" when unknown).
+func HugeAnonMode() string { return hugeAnon().mode }

@@ -369,3 +369,78 @@ func TestPrivateHugePagesBadInput(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, hb)
 }
+
+// vmFlags returns the VmFlags of the mapping at addr in /proc/self/smaps ("nh":
+// MADV_NOHUGEPAGE, "hg": MADV_HUGEPAGE).
+func vmFlags(t *testing.T, addr uintptr) []string {
+	t.Helper()
+	f, err := os.Open("/proc/self/smaps")
+	require.NoError(t, err)
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	in := false
+	for sc.Scan() {
+		line := sc.Text()
+		if lo, rest, ok := strings.Cut(line, "-"); ok && !strings.Contains(lo, " ") && !strings.Contains(lo, ":") {
+			hi, _, _ := strings.Cut(rest, " ")
+			start, err1 := strconv.ParseUint(lo, 16, 64)
+			end, err2 := strconv.ParseUint(hi, 16, 64)
+			if err1 == nil && err2 == nil {
+				in = uintptr(start) <= addr && addr < uintptr(end)
+				continue
+			}
+		}
+		if flags, ok := strings.CutPrefix(line, "VmFlags:"); ok && in {
+			return strings.Fields(flags)
+		}
+	}
+	require.NoError(t, sc.Err())
+	t.Fatalf("no mapping with VmFlags at %#x", addr)
+	return nil
+}
+
+// TestPrivateSmallRefusesHuge: a Private backing that does not ask for huge pages
+// (the option, a granule that is no multiple of the huge page) refuses them on its
+// reservations (MADV_NOHUGEPAGE) where THP is "always" (forced here, whatever the
+// system's mode), so that what PrivateStats says is what the kernel does; where it
+// is not, it advises nothing. Either way its committed memory holds no huge page.
+func TestPrivateSmallRefusesHuge(t *testing.T) {
+	sysAlways := host.HugeAnonMode() == "always"
+	for _, tt := range []struct {
+		name string
+		opts host.PrivateOptions
+	}{
+		{"off", host.PrivateOptions{Granularity: 2 << 20, NoHugePages: true}},
+		{"small granule", host.PrivateOptions{Granularity: 64 << 10}},
+	} {
+		for _, always := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/always=%v", tt.name, always), func(t *testing.T) {
+				p := newPrivate(t, tt.opts)
+				require.False(t, p.Stats().HugePages)
+				host.SetPrivateSmallTHP(p, always)
+				const size = 4 << 20
+				r, err := p.Reserve(size)
+				require.NoError(t, err)
+				defer p.Unreserve(r)
+				base := p.Base(r)
+				flags := vmFlags(t, base)
+				if always || sysAlways {
+					assert.Contains(t, flags, "nh", "the reservation refuses huge pages")
+				} else {
+					assert.NotContains(t, flags, "nh", "nothing advised")
+				}
+				assert.NotContains(t, flags, "hg")
+				assert.Equal(t, flags, vmFlags(t, base+size-1), "one mapping")
+				require.NoError(t, p.Commit(r, 0, size))
+				mem := host.PrivateBytes(base, size)
+				for i := 0; i < size; i += 4096 {
+					mem[i] = 1
+				}
+				hb, err := p.HugePages(r)
+				require.NoError(t, err)
+				assert.Zero(t, hb.Anon, "small pages, as the stats say")
+				assert.Zero(t, p.Stats().HugeRefused)
+			})
+		}
+	}
+}

@@ -145,6 +145,7 @@ type Shared struct {
 	aparkN    int
 	aused     bitset          // positions of the private park that hold a granule
 	aidle     bitset          // ... that hold an idle one (not taken by a commit)
+	ares      bitset          // ... whose granule's pages are known to exist (where aidle)
 	asince    []time.Duration // per position, when its granule went idle (since epoch)
 	nPrivIdle int
 	clock     func() time.Time
@@ -185,7 +186,7 @@ type SharedReservation struct {
 
 	// guarded by s.mu
 	state sharedState
-	maps  []sharedMap // per granule; 8 bytes of bookkeeping per reserved granule
+	maps  []sharedMap // per granule; 12 bytes of bookkeeping per reserved granule
 	count int         // committed granules
 }
 
@@ -203,6 +204,7 @@ type sharedMap struct {
 	ro     bool   // mapped read-only (shared so, or protected)
 	shared bool   // shared read-only into the reservation: Protect never makes it writable
 	priv   bool   // a private granule: anonymous memory of this reservation alone
+	res    bool   // a private granule whose pages are known to exist (populated)
 	// adopting marks a private granule that a Share is moving into the memfd while
 	// it holds no lock: another Share of it waits (adoptDone) rather than adopt it
 	// twice.
@@ -387,20 +389,26 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 // private, huge pages or small. It says why not huge pages (noHuge) and why not
 // private granules (noPriv); "" where they are used.
 func sharedHugeMode(opts SharedOptions) (mode sharedHuge, noHuge, noPriv string) {
+	return sharedHugeModeOf(opts, hugeShmem(), hugeAnon(), hugeReporting)
+}
+
+// sharedHugeModeOf is sharedHugeMode on a system whose modes are shmem and anon and
+// whose guest reporting is reporting.
+func sharedHugeModeOf(opts SharedOptions, shmem, anon hugeMode, reporting func() string) (mode sharedHuge, noHuge, noPriv string) {
 	switch {
 	case opts.NoPrivateGranules:
 		noPriv = "turned off by SharedOptions.NoPrivateGranules"
 	case !sharedPrivate:
 		noPriv = "private granules need mremap (Linux)"
 	}
-	shmem, anon := hugeShmem(), hugeAnon()
-	fits := anon.pmd > 0 && opts.Granularity%anon.pmd == 0 // NB: pmd is 0 where there are no huge pages
+	// NB: pmd is 0 where the system has no transparent huge pages (not Linux).
+	fits := anon.pmd > 0 && opts.Granularity%anon.pmd == 0
 	switch {
 	case opts.NoHugePages:
 		noHuge = "turned off by SharedOptions.NoHugePages"
-	case (shmem.why == "" || anon.why == "") && fits && !opts.AlwaysHugePages && hugeReporting() != "":
-		noHuge = hugeReporting()
-	case shmem.why == "" && opts.Granularity%shmem.pmd == 0:
+	case (shmem.why == "" || anon.why == "") && fits && !opts.AlwaysHugePages && reporting() != "":
+		noHuge = reporting()
+	case shmem.why == "" && shmem.pmd > 0 && opts.Granularity%shmem.pmd == 0:
 		if noPriv == "" {
 			noPriv = "memfd granules get huge pages (shmem_enabled allows them)"
 		}
@@ -732,7 +740,7 @@ func (s *Shared) Unreserve(r *SharedReservation) accounting.ReleaseOutcome {
 		return accounting.Released(0)
 	}
 	s.parkLast(r, 0, n)
-	s.parkPriv(r, 0, n)
+	parked := s.parkPriv(r, 0, n)
 	err := s.sys.release(r.raw, r.rawN)
 	if err == nil {
 		give := s.drop(r, 0, n)
@@ -745,6 +753,11 @@ func (s *Shared) Unreserve(r *SharedReservation) accounting.ReleaseOutcome {
 	// split it). Decommit run by run, which merges mappings rather than splitting
 	// them, and try again.
 	err = s.opErr("unreserve", 0, r.size, err, true)
+	// NB: the parked private granules come back first, so that a Failed outcome
+	// changed nothing and a Quarantined one counts them where they are.
+	if uerr := s.unpark(r, parked); uerr != nil {
+		err = fmt.Errorf("%w; and undoing the park failed: %w", err, uerr)
+	}
 	var give []int
 	var unmapped int64
 	// quarantined ends a failed Unreserve: the books under s.mu, then, outside it,
@@ -906,6 +919,8 @@ func (s *Shared) Populate(r *SharedReservation, off, size int) error {
 		for i := gi; i < gj; i++ {
 			if m := r.maps[i]; m.at != 0 {
 				s.slots[m.slot()].resident = true
+			} else if m.priv {
+				r.maps[i].res = true
 			}
 		}
 	}

@@ -133,7 +133,7 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 		s.advise(at, priv<<s.shift)
 	}
 	s.record(r, gi, picks, false)
-	s.recordPriv(r, gi+len(picks), priv)
+	s.recordPriv(r, gi+len(picks), priv, s.populate)
 	if s.populate && priv > 0 {
 		s.kick()
 		s.mu.Unlock()
@@ -167,11 +167,12 @@ func (s *Shared) releasePriv(n int) {
 	}
 }
 
-// recordPriv marks granules [gi, gi+n) of r as private (their bytes are charged) and
-// attributes their mapping. s.mu must be held.
-func (s *Shared) recordPriv(r *SharedReservation, gi, n int) {
+// recordPriv marks granules [gi, gi+n) of r as private (their bytes are charged),
+// resident when res is true (their pages are known to exist), and attributes their
+// mapping. s.mu must be held.
+func (s *Shared) recordPriv(r *SharedReservation, gi, n int, res bool) {
 	for i := gi; i < gi+n; i++ {
-		r.maps[i] = sharedMap{priv: true}
+		r.maps[i] = sharedMap{priv: true, res: res}
 	}
 	r.count += n
 	s.nPriv += n

@@ -475,3 +475,15 @@ func SetSharedSmallTHP(s *Shared, v bool) {
 	}
 	s.smallTHP = v
 }
+
+// SharedHugeMode is how NewShared picks its new granules on a system whose
+// transparent huge pages are described by the arguments (shmemWhy and anonWhy:
+// why each kind may have none, "" where it may; pmd: the huge page size, 0 where
+// unknown; reporting: hugeReporting's answer). It returns the mode's name
+// ("memfd", "shmem-huge", "private-huge" or "private"), and why not huge pages
+// and why not private granules.
+func SharedHugeMode(opts SharedOptions, shmemWhy, anonWhy string, pmd int, reporting string) (mode, noHuge, noPriv string) {
+	h, noHuge, noPriv := sharedHugeModeOf(opts, hugeMode{pmd: pmd, why: shmemWhy}, hugeMode{pmd: pmd, why: anonWhy},
+		func() string { return reporting })
+	return [...]string{sharedSmall: "memfd", sharedShmemHuge: "shmem-huge", sharedPrivHuge: "private-huge", sharedPrivSmall: "private"}[h], noHuge, noPriv
+}

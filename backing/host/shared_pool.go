@@ -256,7 +256,7 @@ func (s *Shared) prefillOne(n int, background bool) (bool, error) {
 		s.mu.Unlock()
 		panic(PanicSharedClosed)
 	}
-	if s.nResident+s.nPrivIdle >= n {
+	if s.nResident+s.privResident() >= n {
 		if background {
 			s.refilling = false
 		}
@@ -264,7 +264,14 @@ func (s *Shared) prefillOne(n int, background bool) (bool, error) {
 		return false, nil
 	}
 	if s.huge.private() {
-		if ok, err := s.prefillPriv(background); ok || err != nil {
+		// Idle private granules that may lack pages first, then new ones.
+		ok, err := s.populatePrivIdle()
+		if !ok && err == nil {
+			ok, err = s.prefillPriv(background)
+		} else if err != nil && background {
+			s.refilling = false
+		}
+		if ok || err != nil {
 			s.mu.Unlock()
 			return ok, err
 		}
@@ -337,7 +344,7 @@ func (s *Shared) prefillOne(n int, background bool) (bool, error) {
 // kick starts the background refill when the pool has fewer than Low idle resident
 // granules. s.mu must be held.
 func (s *Shared) kick() {
-	if s.low == 0 || s.refilling || s.closed || s.nResident+s.nPrivIdle >= s.low {
+	if s.low == 0 || s.refilling || s.closed || s.nResident+s.privResident() >= s.low {
 		return
 	}
 	s.refilling = true
@@ -407,7 +414,7 @@ func (s *Shared) PoolStats() backing.PoolStats {
 		Owned:    s.owned,
 		Idle:     int64(s.nIdle+s.nPrivIdle) << s.shift,
 		Mapped:   s.mapped,
-		Resident: int64(s.nResident+s.nPrivIdle) << s.shift,
+		Resident: int64(s.nResident+s.privResident()) << s.shift,
 		Low:      s.low,
 		High:     s.high,
 

@@ -2,6 +2,7 @@ package host
 
 import (
 	"fmt"
+	"math/bits"
 	"time"
 	"unsafe"
 
@@ -26,9 +27,12 @@ import (
 // and the park reserved.
 func (s *Shared) privAt(p int) unsafe.Pointer { return sharedAt(s.apark, p<<s.shift) }
 
-// privPark reserves the private park, once. s.mu must be held.
+// privPark reserves the private park, once. A pool that keeps no idle granule
+// (High 0) has none: NB: its High granules would be no bytes, which mmap refuses;
+// callers find no free place in it (s.high is 0) and go on without. s.mu must be
+// held.
 func (s *Shared) privPark() error {
-	if s.apark != nil {
+	if s.apark != nil || s.high == 0 {
 		return nil
 	}
 	align, pad := sharedAlignment(s.g)
@@ -41,6 +45,7 @@ func (s *Shared) privPark() error {
 	s.apark = sharedAlign(raw, align)
 	s.aidle.resize(s.high)
 	s.aused.resize(s.high)
+	s.ares.resize(s.high)
 	s.asince = make([]time.Duration, s.high)
 	return nil
 }
@@ -94,7 +99,8 @@ func (s *Shared) parkPriv(r *SharedReservation, gi, n int) (parked [][2]int) {
 		return nil
 	}
 	for i := gi; i < gi+n && s.nIdle+s.nPrivIdle < s.high; i++ {
-		if m := r.maps[i]; !m.priv || m.ro {
+		m := r.maps[i]
+		if !m.priv || m.ro {
 			continue // a protected one goes back to the OS: the park holds writable ones
 		}
 		p := s.aused.nextClear(0, s.high)
@@ -106,6 +112,11 @@ func (s *Shared) parkPriv(r *SharedReservation, gi, n int) (parked [][2]int) {
 		}
 		s.aused.set(p)
 		s.aidle.set(p)
+		if m.res {
+			s.ares.set(p)
+		} else {
+			s.ares.clear(p)
+		}
 		s.nPrivIdle++
 		s.asince[p] = s.elapsed()
 		s.startDecay()
@@ -140,7 +151,7 @@ func (s *Shared) unpark(r *SharedReservation, parked [][2]int) error {
 			s.aidle.clear(p)
 			s.aused.clear(p)
 			s.nPrivIdle--
-			s.recordPriv(r, i, 1)
+			s.recordPriv(r, i, 1, s.ares.has(p))
 			continue
 		}
 		copy(sharedBytes(r.at(i), s.g), sharedBytes(s.privAt(p), s.g))
@@ -149,7 +160,7 @@ func (s *Shared) unpark(r *SharedReservation, parked [][2]int) error {
 			s.aidle.clear(p)
 			s.aused.clear(p)
 			s.nPrivIdle--
-			s.recordPriv(r, i, 1)
+			s.recordPriv(r, i, 1, true) // the copy wrote every page
 			continue
 		}
 		if aerr := s.auth.TryAcquire(int64(s.g)); aerr != nil {
@@ -159,7 +170,7 @@ func (s *Shared) unpark(r *SharedReservation, parked [][2]int) error {
 			continue
 		}
 		s.owned += int64(s.g)
-		s.recordPriv(r, i, 1)
+		s.recordPriv(r, i, 1, true)
 		if err == nil {
 			err = fmt.Errorf("host: granule at %#x is back as a copy; its parked pages stay idle in the pool: %w",
 				i<<s.shift, s.opErr("decommit", i<<s.shift, s.g, merr, true))
@@ -228,8 +239,10 @@ func (s *Shared) commitPriv(op string, r *SharedReservation, gi, n int, picks []
 	at := gi + len(picks)
 	for k, p := range pos {
 		i := at + k
+		res := s.ares.has(p)
 		err := s.sys.move(s.privAt(p), r.at(i), s.g)
 		if err != nil {
+			res = false
 			// The granule stays parked: give it back and make a new one in its
 			// place, with its bytes.
 			if err = s.sys.unmapTo(s.privAt(p), s.g); err != nil {
@@ -243,7 +256,7 @@ func (s *Shared) commitPriv(op string, r *SharedReservation, gi, n int, picks []
 			s.advise(r.at(i), s.g)
 		}
 		s.aused.clear(p)
-		s.recordPriv(r, i, 1)
+		s.recordPriv(r, i, 1, res)
 	}
 	if priv > 0 {
 		at := r.at(gi + n - priv)
@@ -251,7 +264,7 @@ func (s *Shared) commitPriv(op string, r *SharedReservation, gi, n int, picks []
 			return fail(len(pos), err)
 		}
 		s.advise(at, priv<<s.shift)
-		s.recordPriv(r, gi+n-priv, priv)
+		s.recordPriv(r, gi+n-priv, priv, s.populate)
 	}
 	s.kick()
 	return nil, nil
@@ -281,19 +294,24 @@ func (s *Shared) prefillPriv(background bool) (bool, error) {
 	s.created++
 	s.aused.set(p) // taken: no other prefill or park move uses it meanwhile
 	at := s.privAt(p)
-	err := s.sys.protect(at, s.g, false)
-	if err == nil {
+	perr := s.sys.protect(at, s.g, false)
+	if perr == nil {
 		s.advise(at, s.g)
 	}
 	s.mu.Unlock()
+	err := perr
 	if err == nil {
 		err = s.sys.populate(at, s.g, true)
 	}
 	s.mu.Lock()
 	if err != nil {
 		err = s.opErr("prefill", 0, s.g, err, true)
-		if uerr := s.sys.unmapTo(at, s.g); uerr != nil {
-			// NB: its pages may stay: keep it, owned and idle, for the next Trim.
+		// NB: where the mprotect failed its place is still reserved: nothing to
+		// undo. A place left inaccessible must not go idle: a commit would take it
+		// as a writable granule.
+		if perr == nil && s.sys.unmapTo(at, s.g) != nil {
+			// Its pages may stay: keep it, owned and idle (writable), for the next Trim.
+			s.ares.clear(p)
 			s.untakePrivIdle([]int{p})
 		} else {
 			s.aused.clear(p)
@@ -301,6 +319,7 @@ func (s *Shared) prefillPriv(background bool) (bool, error) {
 		}
 		return fail(err)
 	}
+	s.ares.set(p)
 	s.untakePrivIdle([]int{p})
 	return true, nil
 }
@@ -376,6 +395,7 @@ func (s *Shared) unadopt(op string, r *SharedReservation, a sharedAdoption) (giv
 		s.aused.set(p) // taken
 		at := s.privAt(p)
 		merr := s.sys.protect(at, s.g, false)
+		made := merr == nil // its place is writable and may hold pages
 		if merr == nil {
 			s.advise(at, s.g)
 			copy(sharedBytes(at, s.g), sharedBytes(r.at(i), s.g))
@@ -387,12 +407,21 @@ func (s *Shared) unadopt(op string, r *SharedReservation, a sharedAdoption) (giv
 			merr = s.sys.move(at, r.at(i), s.g)
 		}
 		if merr != nil {
-			if uerr := s.sys.unmapTo(at, s.g); uerr != nil {
-				// NB: its pages may stay: keep it, owned and idle, for the next Trim.
-				s.untakePrivIdle([]int{p})
-			} else {
+			switch {
+			case !made, s.sys.unmapTo(at, s.g) == nil:
+				// Its place is reserved (again, or still where the mprotect failed).
 				s.aused.clear(p)
 				s.releasePriv(1)
+			default:
+				// NB: its pages may stay: keep it, owned and idle, for the next
+				// Trim. The park holds writable granules only (a commit takes them
+				// as such): a read-only copy is made writable again first (should
+				// even that fail, it stays idle as it is).
+				if a.ro[k] {
+					_ = s.sys.protect(at, s.g, false)
+				}
+				s.ares.clear(p)
+				s.untakePrivIdle([]int{p})
 			}
 			left(i, merr)
 			continue
@@ -406,9 +435,50 @@ func (s *Shared) unadopt(op string, r *SharedReservation, a sharedAdoption) (giv
 		} else {
 			s.toIdle(pk.slot)
 		}
-		r.maps[i] = sharedMap{priv: true, ro: a.ro[k]}
+		r.maps[i] = sharedMap{priv: true, ro: a.ro[k], res: true} // the copy wrote every page
 		s.nPriv++
 		s.adopted--
 	}
 	return give, err
+}
+
+// privResident returns how many idle private granules are known resident. s.mu
+// must be held.
+func (s *Shared) privResident() int {
+	n := 0
+	for k, w := range s.aidle {
+		n += bits.OnesCount64(w & s.ares[k])
+	}
+	return n
+}
+
+// populatePrivIdle populates one idle private granule that is not known resident, if
+// the pool has one, and reports whether it did. s.mu must be held; it releases it
+// while it populates (the granule is taken out of the pool meanwhile) and holds it
+// again when it returns.
+func (s *Shared) populatePrivIdle() (bool, error) {
+	p := -1
+	for k, w := range s.aidle {
+		if v := w &^ s.ares[k]; v != 0 {
+			p = k*64 + bits.TrailingZeros64(v)
+			break
+		}
+	}
+	if p < 0 || p >= s.high {
+		return false, nil
+	}
+	s.aidle.clear(p) // taken: no commit, trim or decay takes it meanwhile
+	s.nPrivIdle--
+	at := s.privAt(p)
+	s.mu.Unlock()
+	err := s.sys.populate(at, s.g, true)
+	s.mu.Lock()
+	if err == nil {
+		s.ares.set(p)
+	}
+	s.untakePrivIdle([]int{p})
+	if err != nil {
+		return false, s.opErr("prefill", 0, s.g, err, false)
+	}
+	return true, nil
 }

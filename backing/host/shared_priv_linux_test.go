@@ -467,7 +467,276 @@ func TestSharedPrivateSmallRefusesHuge(t *testing.T) {
 				assert.NotContains(t, prefill, "advise")
 			}
 			assert.Zero(t, e.s.Stats().HugeRefused)
+			if always || host.HugeAnonMode() == "always" {
+				assert.Contains(t, vmFlags(t, e.s.Base(x)), "nh", "the kernel has the refusal")
+			} else {
+				assert.NotContains(t, vmFlags(t, e.s.Base(x)), "nh")
+			}
 			checkHuge(t, e, m, x, 2*e.g)
 		})
 	}
+}
+
+// TestSharedPrivatePrefillNoPool: a pool that keeps no idle granule (SharedNoPool)
+// has no private park, so Prefill makes memfd granules, whatever the granule size:
+// the private park of High = 0 granules is no address space at all (an mmap of no
+// bytes fails), not an error of Prefill.
+func TestSharedPrivatePrefillNoPool(t *testing.T) {
+	for _, g := range []int{kib64, 2 << 20} {
+		t.Run(fmt.Sprintf("granule=%dKiB", g>>10), func(t *testing.T) {
+			e := modeNamed(t, "private").env(t, host.SharedOptions{Granularity: g, High: host.SharedNoPool}, false)
+			require.NoError(t, e.s.Prefill(2))
+			p := e.pool()
+			assert.Equal(t, int64(2*g), p.Idle)
+			assert.Equal(t, int64(2*g), p.Resident)
+			assert.Equal(t, int64(2*g), p.Owned)
+			require.NoError(t, host.CheckShared(e.s))
+			x := e.reserve(3)
+			e.commit(x, 0, 3)
+			assert.Equal(t, int64(3*g), e.pool().Owned, "the prefilled granules, and one new")
+			assert.Zero(t, e.pool().Idle)
+			require.NoError(t, host.CheckShared(e.s))
+			e.unreserve(x)
+			assert.Zero(t, e.pool().Owned, "no pool: every granule goes back")
+		})
+	}
+}
+
+// TestSharedProtectDuringAdoption: a Protect of a private granule while a Share
+// moves it into the memfd (outside the lock: the hook runs it just before the move
+// allocates the memfd granule) is not undone by the move, either way: the granule
+// ends with the access the last Protect gave it, in the bookkeeping and in the
+// kernel's mapping. (kv protects an origin's granules under a lock that a ForkAt's
+// Share of them does not take.)
+func TestSharedProtectDuringAdoption(t *testing.T) { forPrivate(t, testSharedProtectDuringAdoption) }
+
+func testSharedProtectDuringAdoption(t *testing.T, m sharedMode) {
+	for _, prot := range []backing.Protection{backing.ReadOnly, backing.ReadWrite} {
+		t.Run(fmt.Sprintf("to=%v", prot), func(t *testing.T) {
+			e := m.env(t, host.SharedOptions{High: host.SharedNoPool}, true) // the move allocates a new memfd granule
+			g := e.g
+			x := e.reserve(1)
+			e.commit(x, 0, 1)
+			e.tag(x, 0, 7)
+			if prot == backing.ReadWrite {
+				e.protect(x, 0, 1, backing.ReadOnly)
+			}
+			y := e.reserve(1)
+			var once sync.Once
+			e.f.Before(func(name string) {
+				if name == "allocate" {
+					once.Do(func() { assert.NoError(t, e.s.Protect(x, 0, g, prot)) })
+				}
+			})
+			e.share(y, 0, x, 0, 1, backing.ReadOnly)
+			e.f.Reset()
+			xs, ro := host.SharedSlots(x)
+			require.GreaterOrEqual(t, xs[0], 0, "moved into the memfd")
+			assert.Equal(t, []bool{prot == backing.ReadOnly}, ro, "the Protect made during the move holds")
+			err := e.s.CopyIn(x, 8, []byte{1})
+			if prot == backing.ReadOnly {
+				assert.ErrorIs(t, err, backing.ErrReadOnly)
+			} else {
+				assert.NoError(t, err)
+			}
+			assert.Equal(t, uint64(7), e.tagOf(y, 0))
+			e.checkMaps(x, e.s.Base(x), g)
+			require.NoError(t, host.CheckShared(e.s))
+		})
+	}
+}
+
+// TestSharedUnreservePrivateOutcomes: Unreserve first parks the private granules
+// the pool keeps; when the munmap then fails, the outcome is as honest as with
+// memfd granules alone. Failed (every unmap fails; the moves work) changed nothing:
+// the private granules are back in the reservation, contents and all. Quarantined
+// with everything decommitted counts every granule as unmapped and none as
+// residual. The reservation has three private granules (0, 2, 3) and one memfd
+// granule shared elsewhere (1).
+func TestSharedUnreservePrivateOutcomes(t *testing.T) {
+	for _, failed := range []bool{true, false} {
+		name := "quarantined"
+		fail := func(_ int, name string) bool { return name == "release" }
+		if failed {
+			name = "failed"
+			fail = func(_ int, name string) bool { return name == "release" || name == "unmapTo" }
+		}
+		t.Run(name, func(t *testing.T) {
+			e := modeNamed(t, "private").env(t, host.SharedOptions{Granularity: kib64, High: 4}, true)
+			g := int64(e.g)
+			x := e.reserve(4)
+			e.commit(x, 0, 4)
+			y := e.reserve(1)
+			e.share(y, 0, x, 1, 1, backing.ReadOnly)
+			e.tagAll(x)
+			require.Equal(t, []bool{true, false, true, true}, host.SharedPrivate(x))
+			fx := e.fx(x, y)
+			before := e.snap(fx)
+
+			e.f.Fail(fail, errInjected)
+			o := e.s.Unreserve(x)
+			log := e.f.Log()
+			e.f.Reset()
+			t.Logf("%v: %v", o, log)
+			require.Contains(t, log, "move", "the private granules were parked first")
+			e.check(fx, "after Unreserve")
+			require.ErrorIs(t, o.Err, errInjected)
+			if failed {
+				require.Equal(t, accounting.Failed, o.Status)
+				assert.Equal(t, before, e.snap(fx), "a Failed unreserve changed nothing")
+				e.decommit(x, 3, 1) // still usable
+				e.commit(x, 3, 1)
+				o = e.unreserve(x)
+				assert.Equal(t, 4*g, o.Unmapped)
+				return
+			}
+			require.Equal(t, accounting.Quarantined, o.Status)
+			assert.Equal(t, 4*g, o.Unmapped, "every granule decommitted")
+			assert.Zero(t, o.Residual, "nothing left mapped")
+			c := e.gov.Stats(accounting.HostKey).Counters
+			assert.Zero(t, c.QuarantinedBytes, "no bytes reported quarantined")
+			delete(e.live, x)
+			e.unreserve(y)
+			require.NoError(t, host.CheckShared(e.s))
+			_, err := e.s.Trim(0)
+			require.NoError(t, err)
+			require.NoError(t, e.s.Close())
+			st := e.auth.Stats()
+			assert.Zero(t, st.Owned, "nothing stays owned")
+			e.closed = true
+		})
+	}
+}
+
+// TestSharedPrivateParkOnlyWritable: a failure that leaves a granule idle in the
+// private park leaves it writable, so that the commit that takes it gets a
+// writable granule, as the bookkeeping says. A prefill whose mprotect failed
+// changed nothing at its place (still reserved): it gives the granule up rather than
+// keep it idle when the cleanup unmap fails too. An undone Share whose move back of
+// a protected granule failed, and the cleanup after it, leaves its copy idle
+// writable, not read-only.
+func TestSharedPrivateParkOnlyWritable(t *testing.T) {
+	forPrivate(t, func(t *testing.T, m sharedMode) {
+		t.Run("prefill", func(t *testing.T) {
+			e := m.env(t, host.SharedOptions{High: 4}, true)
+			e.f.Fail(func(_ int, name string) bool { return name == "protect" || name == "unmapTo" }, errInjected)
+			require.ErrorIs(t, e.s.Prefill(1), errInjected)
+			e.f.Reset()
+			assert.Zero(t, e.pool().Owned, "nothing was made")
+			require.NoError(t, host.CheckShared(e.s))
+			x := e.reserve(1)
+			e.commit(x, 0, 1)
+			e.checkMaps(x, e.s.Base(x), e.g)
+			require.False(t, t.Failed(), "the granule is not writable: a store would fault")
+			e.tag(x, 0, 5)
+			assert.Equal(t, uint64(5), e.tagOf(x, 0))
+		})
+		t.Run("undone share", func(t *testing.T) {
+			e := m.env(t, host.SharedOptions{High: 4}, true)
+			x := e.reserve(2)
+			e.commit(x, 0, 2)
+			e.tagAll(x)
+			y := e.reserve(1)
+			e.share(y, 0, x, 1, 1, backing.ReadOnly) // the park exists now
+			e.protect(x, 0, 1, backing.ReadOnly)
+			z := e.reserve(1)
+			seen := map[string]int{}
+			e.f.Fail(func(_ int, name string) bool {
+				seen[name]++
+				switch name {
+				case "mapFile": // z's mapping: the Share fails after the move into the memfd
+					return seen[name] == 1
+				case "move": // the move back (the first is the move into the memfd)
+					return seen[name] == 2
+				case "unmapTo": // and giving the copy's place back
+					return true
+				}
+				return false
+			}, errInjected)
+			err := e.s.Share(z, 0, x, 0, e.g, backing.ReadOnly)
+			log := e.f.Log()
+			e.f.Reset()
+			t.Logf("%v: %v", err, log)
+			require.ErrorIs(t, err, errInjected)
+			require.NoError(t, host.CheckShared(e.s))
+			e.checkMaps(x, e.s.Base(x), 2*e.g)
+			assert.Equal(t, uint64(1<<32), e.tagOf(x, 0), "the source keeps its contents")
+			_, ro := host.SharedSlots(x)
+			assert.True(t, ro[0], "and its access")
+			w := e.reserve(1)
+			e.commit(w, 0, 1)
+			e.checkMaps(w, e.s.Base(w), e.g)
+			require.False(t, t.Failed(), "the granule is not writable: a store would fault")
+			e.tag(w, 0, 6)
+			assert.Equal(t, uint64(6), e.tagOf(w, 0))
+		})
+	})
+}
+
+// TestSharedPrivateResident: an idle private granule is resident only where its
+// pages are known to exist (a prefill, SharedOptions.Populate, Populate), as an idle
+// memfd granule is: one a commit made without populating it and nobody populated
+// may have no page at all, so Prefill populates it (no new bytes), and the commit
+// that takes it then takes no fault.
+func TestSharedPrivateResident(t *testing.T) { forPrivate(t, testSharedPrivateResident) }
+
+func testSharedPrivateResident(t *testing.T, m sharedMode) {
+	for _, how := range []string{"untouched", "option", "populate"} {
+		t.Run(how, func(t *testing.T) {
+			e := privateEnv(t, m, host.SharedOptions{High: 4, Populate: how == "option"})
+			g := e.g
+			pages := g / os.Getpagesize()
+			x := e.reserve(2)
+			e.commit(x, 0, 2)
+			if how == "populate" {
+				require.NoError(t, e.s.Populate(x, 0, 2*g))
+			}
+			known := how != "untouched"
+			e.decommit(x, 0, 2)
+			p := e.pool()
+			assert.Equal(t, int64(2*g), p.Idle)
+			if known {
+				assert.Equal(t, int64(2*g), p.Resident, "populated, then parked with their pages")
+			} else {
+				assert.Zero(t, p.Resident, "never populated: no page known to exist")
+			}
+			require.NoError(t, e.s.Prefill(2))
+			p = e.pool()
+			assert.Equal(t, int64(2*g), p.Resident, "Prefill populated the idle granules")
+			assert.Equal(t, int64(2*g), p.Owned, "and made none")
+			require.NoError(t, host.CheckShared(e.s))
+			y := e.reserve(2)
+			e.commit(y, 0, 2)
+			assert.Equal(t, 2*pages, present(t, e.s.Base(y), 2*g), "the commit takes no fault")
+			assert.Equal(t, []bool{true, true}, host.SharedPrivate(y))
+			e.decommit(y, 0, 2)
+			assert.Equal(t, int64(2*g), e.pool().Resident, "what came out resident goes back resident")
+			require.NoError(t, host.CheckShared(e.s))
+		})
+	}
+}
+
+// TestSharedPrivateShareIdleBudget: idle private granules can not become memfd
+// granules, so where they hold the budget a Share's move into the memfd needs,
+// they go back to the OS for it rather than the Share be refused while the pool
+// holds idle memory.
+func TestSharedPrivateShareIdleBudget(t *testing.T) { forPrivate(t, testSharedPrivateShareIdleBudget) }
+
+func testSharedPrivateShareIdleBudget(t *testing.T, m sharedMode) {
+	e := privateEnv(t, m, host.SharedOptions{High: 4})
+	g := e.g
+	require.NoError(t, e.gov.SetLimit(e.auth.Device(), int64(2*g)))
+	x := e.reserve(2)
+	e.commit(x, 0, 2)
+	e.tag(x, 0, 3)
+	e.decommit(x, 1, 1)
+	require.Equal(t, int64(g), e.pool().Idle, "an idle private granule")
+	require.Equal(t, int64(2*g), e.pool().Owned, "the budget is full")
+	y := e.reserve(1)
+	e.share(y, 0, x, 0, 1, backing.ReadOnly)
+	assert.Equal(t, uint64(3), e.tagOf(y, 0))
+	assert.Zero(t, e.pool().Idle, "the idle granule made room for the move")
+	assert.Equal(t, int64(g), e.pool().Owned, "owned once")
+	assert.LessOrEqual(t, e.auth.Stats().OwnedPeak, int64(2*g), "never over the budget")
+	require.NoError(t, host.CheckShared(e.s))
 }

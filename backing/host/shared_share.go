@@ -137,8 +137,9 @@ func (s *Shared) checkShare(op string, dst *SharedReservation, dstOff int, src *
 // populated in the park), then moves those over the same addresses of r (mremap,
 // see the park), so that r keeps its base and its contents and the private pages go
 // back to the OS. While both exist the new granules are charged too, so a busy
-// budget may refuse the Share; the private granules' bytes are released once
-// they are gone. It returns what moved, which unadopt undoes: on error, the
+// budget may refuse the Share (idle private granules, which can not serve it, go
+// back to the OS first to make room); the private granules' bytes are released
+// once they are gone. It returns what moved, which unadopt undoes: on error, the
 // granules that moved before it (the rest of [i, j) is as it was), and the new slots
 // that the caller gives back to the OS once it released s.mu (undone);
 // errSharedGone when r was unreserved meanwhile. s.mu must be held; adopt releases
@@ -149,7 +150,16 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) (sharedAdoptio
 	picks := s.pickIdle(min(k, s.nIdle), -1)
 	if fresh := k - len(picks); fresh > 0 {
 		b := int64(fresh) << s.shift
-		if err := s.auth.TryAcquire(b); err != nil {
+		err := s.auth.TryAcquire(b)
+		if err != nil && s.nPrivIdle > 0 {
+			// NB: idle private granules can not become memfd granules: where they
+			// hold the budget the move needs, they go back to the OS for it (a
+			// commit would have taken them; the Share can not).
+			if n, _ := s.givePriv(s.takePrivIdle(min(fresh, s.nPrivIdle))); n > 0 {
+				err = s.auth.TryAcquire(b)
+			}
+		}
+		if err != nil {
 			s.unpick(picks)
 			return sharedAdoption{}, nil, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
 		}
@@ -166,9 +176,6 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) (sharedAdoptio
 	}
 	slices.SortFunc(picks, func(a, b sharedPick) int { return a.slot - b.slot })
 	ro := make([]bool, k) // protected (Protect): the memfd granule must be too
-	for n := range ro {
-		ro[n] = r.maps[i+n].ro
-	}
 	at := make([]unsafe.Pointer, k)
 	ready := make([]bool, k)
 	for n, p := range picks {
@@ -193,6 +200,9 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) (sharedAdoptio
 	s.mu.Lock()
 	for n := range k {
 		r.maps[i+n].adopting = false
+		// NB: a Protect may have changed the private granule's access while the
+		// lock was free: the memfd granule takes the access it has now.
+		ro[n] = r.maps[i+n].ro
 	}
 	s.adoptDone.Broadcast()
 	done := 0
