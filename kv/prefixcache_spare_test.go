@@ -2,11 +2,14 @@ package kv_test
 
 import (
 	"errors"
+	"math/rand/v2"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/kv"
 )
@@ -246,6 +249,94 @@ func TestPrefixCacheTakenOverSurvivesFailedBatch(t *testing.T) {
 			require.True(t, other.Close().OK())
 			require.NoError(t, pc.Close())
 			e.finish(t)
+		})
+	}
+}
+
+// TestPrefixCacheConcurrentForks serves from many goroutines under a tight budget
+// (misses take entries over, growths evict) while some requests fork their sequence
+// and keep the fork past the original's Close: a fork's tokens, which map the cache's
+// granules, must read back intact until it closes, and the ledger is exact at the end.
+func TestPrefixCacheConcurrentForks(t *testing.T) {
+	for _, layout := range layouts {
+		t.Run(layout.String(), func(t *testing.T) {
+			const limit = 160 * fakeGranule
+			fx, c, pc := newPrefixCache(t, limit, layout, 128, kv.PrefixCacheOptions{})
+			var mu sync.Mutex
+			var made [][]int32
+			var wg sync.WaitGroup
+			errs := make(chan error, 64)
+			for w := range 6 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					type kept struct {
+						f   *kv.Sequence
+						ids []int32
+					}
+					var forks []kept
+					release := func(k kept) error {
+						err := checkIDs(k.f, k.ids, 0, k.f.Len())
+						if out := k.f.Close(); !out.OK() && err == nil {
+							err = out.Err
+						}
+						return err
+					}
+					defer func() {
+						for _, k := range forks {
+							if err := release(k); err != nil {
+								errs <- err
+							}
+						}
+					}()
+					r := rand.New(rand.NewPCG(uint64(w), 29))
+					for range 50 {
+						mu.Lock()
+						ids := stream(r, made, 100)
+						made = append(made, ids)
+						mu.Unlock()
+						if len(forks) > 1 || len(forks) > 0 && r.IntN(3) == 0 {
+							k := forks[0]
+							forks = forks[1:]
+							if err := release(k); err != nil {
+								errs <- err
+								return
+							}
+						}
+						s, _, err := serve(pc, ids)
+						if errors.Is(err, accounting.ErrBudgetExceeded) {
+							continue
+						}
+						if err != nil {
+							errs <- err
+							return
+						}
+						if r.IntN(2) == 0 {
+							f, err := s.ForkAt(r.IntN(s.Len() + 1))
+							if err == nil {
+								forks = append(forks, kept{f, ids})
+							} else if !errors.Is(err, accounting.ErrBudgetExceeded) {
+								errs <- err
+								return
+							}
+						}
+						if out := s.Close(); !out.OK() {
+							errs <- out.Err
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				require.NoError(t, err)
+			}
+			st := pc.Stats()
+			assert.Zero(t, st.PinnedBytes, "no live sequence maps the cache")
+			assert.Equal(t, st.CachedBytes, fx.pool.Stats().Owned, "the ledger holds exactly the cache")
+			require.NoError(t, pc.Close())
+			assert.Equal(t, kv.Stats{}, c.Stats())
 		})
 	}
 }
