@@ -46,10 +46,12 @@
 // whose collisions would map another prompt's K/V), and a lookup compares tokens once
 // where the hash chain hashes them and then compares them too — BENCHMARKS.md has the
 // figures. Cached prefixes are memory the governor can take back. Each granule is
-// counted by the entries that hold it and the live sequences that map it; eviction
-// takes the last granules of the least recently used leaf (the leaf whole, in one
-// release, when the need covers all of its own), and only ones that give
-// memory back (held by that entry alone, mapped by no live sequence): page-aware,
+// counted by the entries that hold it and the live sequences and prefixes that map it
+// (forks and frozen prefixes made before the insert too, where the PrefixCache existed
+// when they were made; NB: one made earlier is not counted, and eviction may count its
+// granules as memory it gives back); eviction takes the last granules of the least
+// recently used leaf (the leaf whole, in one release, when the need covers all of its
+// own), and only ones that give memory back (held by that entry alone, mapped by no live sequence): page-aware,
 // since a granule any other holder maps frees nothing. It runs before an append is
 // refused, whenever a request on the device waits for memory (the prefix cache's
 // reclaimer, see accounting.Authority.SetReclaimer), and to keep under

@@ -94,7 +94,10 @@ func (e *pcEntry) close() {
 
 // pcLive is what a live sequence (or a prefix) maps of the cache's granules: set by
 // Lookup and Insert, passed on to forks, frozen prefixes and the sequences started on
-// them (inherit), dropped by Sequence.Close and a prefix's last release.
+// them (inherit), dropped by Sequence.Close and a prefix's last release. A sequence
+// that shares granules the cache does not hold yet (Fork, Freeze) counts them too, by
+// references no entry holds (sharing), so that an entry inserted afterwards sees every
+// holder that maps them.
 type pcLive struct {
 	pc    *PrefixCache
 	grefs []*granuleRef
@@ -799,6 +802,45 @@ func (l *pcLive) inherit(s *Sequence, k int) *pcLive {
 		g.live++
 	}
 	return &pcLive{pc: pc, grefs: grefs}
+}
+
+// sharing readies s, whose first k sharing units a fork or a frozen prefix is about to
+// map, for inherit: where c has a prefix cache, s's pcLive counts s's mapping of each of
+// them, those the cache does not hold yet by references of their own. An entry that
+// Insert makes later, from s or from the new holder, then holds those references, and
+// so counts the holder as mapping its granules until the holder drops them: eviction
+// does not count on them, nor a miss take over their entry's ranges. Only s's owner
+// calls it, once s shares them.
+func (s *Sequence) sharing(k int) {
+	if s.pcl == nil {
+		pc := s.c.pc.Load()
+		if pc == nil || k == 0 {
+			return
+		}
+		s.pcl = &pcLive{pc: pc}
+	}
+	l := s.pcl
+	pc := l.pc
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if k <= len(l.grefs) {
+		return
+	}
+	from := len(l.grefs)
+	l.grefs = slices.Grow(l.grefs, k-from)
+	fresh := make([]granuleRef, k-from) // one allocation for s's own granules
+	for j := from; j < k; j++ {
+		g := pc.lazyTailAt(s, j)
+		if g != nil {
+			// A lazy entry of s holds granule j as its partly filled tail: from now
+			// on l.grefs counts s's mapping of it, as Insert does.
+			pc.untail(s, g)
+		} else {
+			g = &fresh[j-from]
+			g.live = 1
+		}
+		l.grefs = append(l.grefs, g)
+	}
 }
 
 // dropLive forgets what a closing sequence mapped.

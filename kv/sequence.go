@@ -276,6 +276,7 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	}
 	child.n = n
 	child.frozen = full
+	s.sharing(full / s.c.unit)
 	if s.pcl != nil {
 		child.pcl = s.pcl.inherit(s, full/s.c.unit)
 	}
@@ -373,6 +374,7 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 		return nil, err
 	}
 	pr := &Prefix{c: s.c, bufs: bufs, tokens: p, refs: 1, creator: true}
+	s.sharing(full / s.c.unit)
 	if s.pcl != nil {
 		pr.pcl = s.pcl.inherit(s, full/s.c.unit)
 	}

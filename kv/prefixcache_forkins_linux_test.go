@@ -1,0 +1,45 @@
+package kv_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/kv"
+)
+
+// TestPrefixCacheInsertAfterForkHost is TestPrefixCacheInsertAfterFork on a
+// host.Shared pool, whose granules are reference-counted by their mappings: a granule
+// the holder maps stays owned when the entry unmaps it.
+func TestPrefixCacheInsertAfterForkHost(t *testing.T) {
+	const p = 300
+	for _, layout := range layouts {
+		for _, how := range []string{"fork", "forkat", "freeze", "child"} {
+			t.Run(layout.String()+"/"+how, func(t *testing.T) {
+				gov := accounting.NewGovernor()
+				auth := gov.Authority("pool", accounting.HostKey)
+				b := sharedPool(t, auth, "kv-pc-forkins")
+				c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: layout})
+				require.NoError(t, err)
+				pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
+				require.NoError(t, err)
+				t.Cleanup(func() {
+					assert.NoError(t, pc.Close())
+					assert.NoError(t, c.Close())
+				})
+				hp := &hostPool{auth, b}
+				pool := forkInsertPool{
+					held: func() int64 { return held(hp) },
+					limit: func(t *testing.T) {
+						_, err := b.Trim(0) // idle granules would cover the growth
+						require.NoError(t, err)
+						require.NoError(t, gov.SetLimit(accounting.HostKey, auth.Stats().Owned))
+					},
+				}
+				forkThenInsert(t, c, pc, pool, how, p)
+			})
+		}
+	}
+}
