@@ -46,11 +46,7 @@ func TestPrefixCacheMissTakesOverLRUEntry(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
 			// One prompt's granules, measured on a cache of its own.
-			_, _, probe := newPrefixCache(t, 1<<30, layout, 256, kv.PrefixCacheOptions{})
-			s, _, err := serve(probe, promptIDs(0, p))
-			require.NoError(t, err)
-			require.True(t, s.Close().OK())
-			x := probe.Stats().CachedBytes
+			x := entryBytes(t, layout, p)
 			require.Positive(t, x)
 
 			fx, c, pc := newPrefixCache(t, 2*x+x/2, layout, 256, kv.PrefixCacheOptions{})
@@ -110,15 +106,11 @@ func TestPrefixCacheMissSkipsGuardedEntry(t *testing.T) {
 	const p = 64
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			_, _, probe := newPrefixCache(t, 1<<30, layout, 256, kv.PrefixCacheOptions{})
-			s, _, err := serve(probe, promptIDs(0, p))
-			require.NoError(t, err)
-			require.True(t, s.Close().OK())
-			x := probe.Stats().CachedBytes
+			x := entryBytes(t, layout, p)
 
 			fx, c, pc := newPrefixCache(t, 2*x+x/2, layout, 256, kv.PrefixCacheOptions{})
 			a := promptIDs(0, p)
-			s, _, err = serve(pc, a)
+			s, _, err := serve(pc, a)
 			require.NoError(t, err)
 			q, m, err := pc.Lookup(append(a[:p:p], -1))
 			require.NoError(t, err)
@@ -152,11 +144,7 @@ func TestPrefixCacheMissSparesForkedHit(t *testing.T) {
 	for _, layout := range layouts {
 		for _, how := range []string{"fork", "freeze"} {
 			t.Run(layout.String()+"/"+how, func(t *testing.T) {
-				_, _, probe := newPrefixCache(t, 1<<30, layout, 256, kv.PrefixCacheOptions{})
-				s, _, err := serve(probe, promptIDs(0, p))
-				require.NoError(t, err)
-				require.True(t, s.Close().OK())
-				x := probe.Stats().CachedBytes
+				x := entryBytes(t, layout, p)
 
 				_, c, pc := newPrefixCache(t, 2*x+x/2, layout, 256, kv.PrefixCacheOptions{})
 				a, b, cc := promptIDs(0, p), promptIDs(1000, p), promptIDs(2000, p)
@@ -187,7 +175,7 @@ func TestPrefixCacheMissSparesForkedHit(t *testing.T) {
 				require.Equal(t, p, m)
 				require.True(t, q.Close().OK())
 
-				s, m, err = pc.Lookup(cc)
+				s, m, err := pc.Lookup(cc)
 				require.NoError(t, err)
 				require.Zero(t, m)
 				require.NoError(t, s.Append(p))
@@ -213,11 +201,7 @@ func TestPrefixCacheTakenOverSurvivesFailedBatch(t *testing.T) {
 	const p = 64
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			_, _, probe := newPrefixCache(t, 1<<30, layout, 256, kv.PrefixCacheOptions{})
-			s, _, err := serve(probe, promptIDs(0, p))
-			require.NoError(t, err)
-			require.True(t, s.Close().OK())
-			x := probe.Stats().CachedBytes
+			x := entryBytes(t, layout, p)
 
 			e, ok := newEnv(t, onFake, layout, blockTokensFor(layout), 256, 3*x, true)
 			require.True(t, ok)
@@ -339,4 +323,15 @@ func TestPrefixCacheConcurrentForks(t *testing.T) {
 			assert.Equal(t, kv.Stats{}, c.Stats())
 		})
 	}
+}
+
+// entryBytes returns the bytes a prefix cache holds for one prompt of p tokens under
+// layout, measured on a cache of its own with no budget to speak of.
+func entryBytes(t *testing.T, layout kv.Layout, p int) int64 {
+	t.Helper()
+	_, _, probe := newPrefixCache(t, 1<<30, layout, 256, kv.PrefixCacheOptions{})
+	s, _, err := serve(probe, promptIDs(0, p))
+	require.NoError(t, err)
+	require.True(t, s.Close().OK())
+	return probe.Stats().CachedBytes
 }
