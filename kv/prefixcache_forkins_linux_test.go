@@ -3,11 +3,9 @@ package kv_test
 import (
 	"testing"
 
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
-	"github.com/vmarena/vmarena/kv"
 )
 
 // TestPrefixCacheInsertAfterForkHost is TestPrefixCacheInsertAfterFork on a
@@ -18,18 +16,8 @@ func TestPrefixCacheInsertAfterForkHost(t *testing.T) {
 	for _, layout := range layouts {
 		for _, how := range []string{"fork", "forkat", "freeze", "child"} {
 			t.Run(layout.String()+"/"+how, func(t *testing.T) {
-				gov := accounting.NewGovernor()
-				auth := gov.Authority("pool", accounting.HostKey)
-				b := sharedPool(t, auth, "kv-pc-forkins")
-				c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: layout})
-				require.NoError(t, err)
-				pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
-				require.NoError(t, err)
-				t.Cleanup(func() {
-					assert.NoError(t, pc.Close())
-					assert.NoError(t, c.Close())
-				})
-				hp := &hostPool{auth, b}
+				c, pc, hp := newHostPrefixCache(t, "kv-pc-forkins", layout)
+				gov, auth, b := hp.auth.Governor(), hp.auth, hp.b
 				pool := forkInsertPool{
 					held: func() int64 { return held(hp) },
 					limit: func(t *testing.T) {
