@@ -403,7 +403,10 @@ func (c *Cache) startOn(src *Sequence, n int) (*Sequence, error) {
 // inserted more than once under tokens that do not extend each other, only the longest
 // of its entries does, and the others leave the index then. s must belong to the
 // prefix cache's cache and stays the caller's, usable and to be closed as before. A
-// cache over MaxBytes afterwards evicts down to it.
+// cache over MaxBytes afterwards evicts down to it. A sequence that maps granules of an
+// earlier prefix cache of the same cache, closed since (a hit or an insert there, or a
+// fork or prefix of one), is refused with ErrConfig and nothing changes: this one's
+// books can not tell which of those granules others still map.
 func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	if s == nil {
 		panic(PanicNilSequence)
@@ -413,6 +416,9 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	}
 	if s.c != pc.c {
 		return fmt.Errorf("%w: the sequence belongs to another cache", ErrConfig)
+	}
+	if s.pcl != nil && s.pcl.pc != pc {
+		return fmt.Errorf("%w: the sequence maps granules of an earlier prefix cache, closed since", ErrConfig)
 	}
 	n := min(s.n, len(tokens))
 	tokens = tokens[:n]
@@ -821,6 +827,9 @@ func (s *Sequence) sharing(k int) {
 	}
 	l := s.pcl
 	pc := l.pc
+	if pc != s.c.pc.Load() {
+		return // a record of an earlier prefix cache, closed since: Insert refuses s
+	}
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
 	if k <= len(l.grefs) {
