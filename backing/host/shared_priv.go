@@ -1,6 +1,7 @@
 package host
 
 import (
+	"errors"
 	"fmt"
 	"math/bits"
 	"time"
@@ -18,9 +19,12 @@ import (
 // MREMAP_DONTUNMAP, which leaves the source mapped, empty), and a commit moves it
 // out again into place. A huge page moves as one page-table entry, 512 small pages
 // of an aligned 2 MiB as one page-table page, so either costs a few µs where a new
-// granule costs its population. Each parked granule is a mapping
-// of its own (moved anonymous memory does not merge with its neighbours), and so is
-// each private granule that came out of the park: like memfd granules at scattered
+// granule costs its population. Granules move in runs: consecutive granules of a
+// reservation go to consecutive places with one call, and consecutive places come out
+// into consecutive granules with one call, so that a commit or decommit of k granules
+// costs one move where the park is not fragmented. Moved anonymous memory does not
+// merge with its neighbours, so each run (or granule) parked or come out of the park
+// is a mapping of its own, one per granule at most: like memfd granules at scattered
 // offsets, they count against vm.max_map_count.
 
 // privAt returns the address of position p of the private park. s.mu must be held
@@ -101,9 +105,10 @@ func (s *Shared) untakePrivIdle(pos []int) {
 // MREMAP_DONTUNMAP leaves of private memory): the caller's unmap must follow, or
 // unpark undo the moves. Since Linux 6.17 a move may span several mappings, and
 // one that fails (ENOMEM at vm.max_map_count) may have moved some of them: a
-// granule moved again after its run failed may be empty, so it is not known
-// resident, and its contents are forfeit even to unpark (a decommit forfeits them
-// anyway; only an unmap that fails after such a move loses them).
+// granule moved again after its run failed (but for errSharedSpan, which moved
+// nothing) may be empty, so it is not known resident, and its contents are forfeit
+// even to unpark (a decommit forfeits them anyway; only an unmap that fails after
+// such a move loses them).
 func (s *Shared) parkPriv(r *SharedReservation, gi, n int) (parked [][2]int) {
 	if s.nPriv == 0 || s.nIdle+s.nPrivIdle >= s.high || s.othersWait() {
 		return nil
@@ -128,17 +133,22 @@ func (s *Shared) parkPriv(r *SharedReservation, gi, n int) (parked [][2]int) {
 		if k == 0 {
 			break
 		}
-		if k > 1 && s.sys.move(r.at(i), s.privAt(p), k<<s.shift) == nil {
-			for q := range k {
-				s.parked(r, i+q, p+q, r.maps[i+q].res)
-				parked = append(parked, [2]int{i + q, p + q})
+		whole := true // what a move moves, it moves whole
+		if k > 1 {
+			err := s.sys.move(r.at(i), s.privAt(p), k<<s.shift)
+			if err == nil {
+				for q := range k {
+					s.parked(r, i+q, p+q, r.maps[i+q].res)
+					parked = append(parked, [2]int{i + q, p + q})
+				}
+				i += k
+				continue
 			}
-			i += k
-			continue
+			whole = errors.Is(err, errSharedSpan)
 		}
 		for q := range k {
 			if s.sys.move(r.at(i+q), s.privAt(p+q), s.g) == nil {
-				s.parked(r, i+q, p+q, k == 1 && r.maps[i+q].res)
+				s.parked(r, i+q, p+q, whole && r.maps[i+q].res)
 				parked = append(parked, [2]int{i + q, p + q})
 			}
 		}
@@ -285,16 +295,21 @@ func (s *Shared) commitPriv(op string, r *SharedReservation, gi, n int, picks []
 		for k+m < len(pos) && pos[k+m] == pos[k]+m {
 			m++
 		}
-		if m > 1 && s.sys.move(s.privAt(pos[k]), r.at(at+k), m<<s.shift) == nil {
-			for q := k; q < k+m; q++ {
-				res := s.ares.has(pos[q])
-				s.aused.clear(pos[q])
-				s.recordPriv(r, at+q, 1, res)
+		whole := true // what a move moves, it moves whole
+		if m > 1 {
+			err := s.sys.move(s.privAt(pos[k]), r.at(at+k), m<<s.shift)
+			if err == nil {
+				for q := k; q < k+m; q++ {
+					res := s.ares.has(pos[q])
+					s.aused.clear(pos[q])
+					s.recordPriv(r, at+q, 1, res)
+				}
+				k += m
+				continue
 			}
-			k += m
-			continue
+			whole = errors.Is(err, errSharedSpan)
 		}
-		if err := s.commitPrivEach(r, at, pos, k, k+m, m == 1); err != nil {
+		if err := s.commitPrivEach(r, at, pos, k, k+m, whole); err != nil {
 			return fail(err.k, err.err)
 		}
 		k += m
@@ -322,8 +337,8 @@ type sharedPrivFail struct {
 // commitPrivEach moves the idle private granules at pos[from:to] out of the park
 // one at a time, pos[k] to granule at+k of r, and records them; a granule that can
 // not move is given back and made anew in its place. res says whether their pages
-// may be known to exist (not after a run move failed: it may have moved some of
-// them already, see parkPriv). s.mu must be held.
+// may be known to exist (not after a run move failed but with errSharedSpan: it may
+// have moved some of them already, see parkPriv). s.mu must be held.
 func (s *Shared) commitPrivEach(r *SharedReservation, at int, pos []int, from, to int, res bool) *sharedPrivFail {
 	for k := from; k < to; k++ {
 		p := pos[k]

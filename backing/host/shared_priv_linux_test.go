@@ -831,3 +831,69 @@ func testSharedPrivateRuns(t *testing.T, m sharedMode) {
 		e.unreserve(r)
 	}
 }
+
+// TestSharedPrivateRunRefused: a run whose move fails is moved granule by granule,
+// contents and all. Where the kernel refused the range whole (several mappings,
+// before Linux 6.17) the granules stay known resident; after any other failure,
+// which since Linux 6.17 may have moved part of the run, they are not.
+func TestSharedPrivateRunRefused(t *testing.T) { forPrivate(t, testSharedPrivateRunRefused) }
+
+func testSharedPrivateRunRefused(t *testing.T, m sharedMode) {
+	for _, tt := range []struct {
+		name     string
+		err      error
+		resident bool
+	}{
+		{"span", host.ErrSharedSpan, true},
+		{"other", errInjected, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := m.env(t, host.SharedOptions{High: 8, Populate: true, Decay: host.SharedNoDecay}, true)
+			g := e.g
+			refuseRun := func(op func()) []string {
+				first := true
+				e.f.Fail(func(_ int, name string) bool {
+					if name == "move" && first {
+						first = false
+						return true
+					}
+					return false
+				}, tt.err)
+				op()
+				log := e.f.Log()
+				e.f.Reset()
+				require.NoError(t, host.CheckShared(e.s))
+				e.checkPark()
+				return log
+			}
+			x := e.reserve(4)
+			e.commit(x, 0, 4)
+			for i := range 4 {
+				e.tag(x, i, uint64(50+i))
+			}
+			log := refuseRun(func() { e.decommit(x, 0, 4) })
+			assert.Equal(t, []string{"reserve", "!move", "move", "move", "move", "move", "discard"}, log,
+				"the private park is reserved, the run's move fails, each granule moves")
+			p := e.pool()
+			assert.Equal(t, int64(4*g), p.Idle, "every granule parked")
+			if tt.resident {
+				assert.Equal(t, int64(4*g), p.Resident, "nothing moved: still resident")
+			} else {
+				assert.Zero(t, p.Resident, "maybe moved in part: not known resident")
+			}
+			y := e.reserve(4)
+			log = refuseRun(func() { e.commit(y, 0, 4) })
+			assert.Equal(t, []string{"!move", "move", "move", "move", "move"}, log)
+			assert.Equal(t, int64(4*g), e.pool().Owned, "no new granule")
+			for i := range 4 {
+				assert.Equal(t, uint64(50+i), e.tagOf(y, i), "granule %d keeps its contents", i)
+			}
+			e.checkMaps(y, e.s.Base(y), 4*g)
+			e.unreserve(y)
+			if tt.resident {
+				assert.Equal(t, int64(4*g), e.pool().Resident, "parked again, known resident all along")
+			}
+			e.unreserve(x)
+		})
+	}
+}
