@@ -468,6 +468,11 @@ func TestSharedPrivateSmallRefusesHuge(t *testing.T) {
 				assert.NotContains(t, prefill, "advise")
 			}
 			assert.Zero(t, e.s.Stats().HugeRefused)
+			if always || host.HugeAnonMode() == "always" {
+				assert.Contains(t, vmFlags(t, e.s.Base(x)), "nh", "the kernel has the refusal")
+			} else {
+				assert.NotContains(t, vmFlags(t, e.s.Base(x)), "nh")
+			}
 			checkHuge(t, e, m, x, 2*e.g)
 		})
 	}

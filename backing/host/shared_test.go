@@ -45,8 +45,9 @@ func TestSharedSupported(t *testing.T) {
 func TestSharedHugeMode(t *testing.T) {
 	const g = 2 << 20
 	priv := "private" // what a system with mremap makes where huge pages are off
+	shmemNoPriv := "memfd granules get huge pages"
 	if runtime.GOOS != "linux" {
-		priv = "memfd"
+		priv, shmemNoPriv = "memfd", "need mremap" // the first reason is the system's
 	}
 	type test struct {
 		name            string
@@ -74,7 +75,7 @@ func TestSharedHugeMode(t *testing.T) {
 			shmem: "no shmem THP", pmd: g, reporting: "reports",
 			mode: priv, noHuge: "reports"},
 		{name: "shmem huge pages", opts: host.SharedOptions{Granularity: g}, pmd: g,
-			mode: "shmem-huge", noPrivContained: "memfd granules get huge pages"},
+			mode: "shmem-huge", noPrivContained: shmemNoPriv},
 		{name: "granule not a multiple", opts: host.SharedOptions{Granularity: 64 << 10},
 			shmem: "no shmem THP", pmd: g,
 			mode: priv, noHuge: "the 65536-byte granule is not a multiple of the 2097152-byte huge page"},
