@@ -109,7 +109,7 @@ func (s *Shared) untakePrivIdle(pos []int) {
 // nothing) may be empty, so it is not known resident, and its contents are forfeit
 // even to unpark (a decommit forfeits them anyway; only an unmap that fails after
 // such a move loses them); where moving one again fails too, pages it left in a
-// free place stay there, uncharged, until a move or prefill maps over that place.
+// free place stay there, uncharged, until that place is used again.
 func (s *Shared) parkPriv(r *SharedReservation, gi, n int) (parked [][2]int) {
 	if s.nPriv == 0 || s.nIdle+s.nPrivIdle >= s.high || s.othersWait() {
 		return nil
