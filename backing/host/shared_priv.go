@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -232,22 +233,39 @@ func (s *Shared) unpark(r *SharedReservation, parked [][2]int) error {
 }
 
 // givePriv gives the private granules at pos (taken out of the pool) back to the OS:
-// it maps fresh reserved memory over their places in the park. A granule whose
-// place can not be remapped stays idle and owned. It returns the bytes given back
-// and the first error. s.mu must be held.
+// it maps fresh reserved memory over their places in the park, one call per run of
+// consecutive places (granule by granule where that fails). A granule whose place
+// can not be remapped stays idle and owned. It returns the bytes given back and the
+// first error. It sorts pos. s.mu must be held.
 func (s *Shared) givePriv(pos []int) (int64, error) {
 	var err error
 	var n int64
-	for _, p := range pos {
-		if uerr := s.sys.unmapTo(s.privAt(p), s.g); uerr != nil {
-			if err == nil {
-				err = s.opErr("trim", 0, s.g, uerr, true)
+	slices.Sort(pos)
+	for k := 0; k < len(pos); {
+		m := 1
+		for k+m < len(pos) && pos[k+m] == pos[k]+m {
+			m++
+		}
+		run := pos[k : k+m]
+		k += m
+		if m > 1 && s.sys.unmapTo(s.privAt(run[0]), m<<s.shift) == nil {
+			for _, p := range run {
+				s.aused.clear(p)
 			}
-			s.untakePrivIdle([]int{p})
+			n += int64(m) << s.shift
 			continue
 		}
-		s.aused.clear(p)
-		n += int64(s.g)
+		for _, p := range run {
+			if uerr := s.sys.unmapTo(s.privAt(p), s.g); uerr != nil {
+				if err == nil {
+					err = s.opErr("trim", 0, s.g, uerr, true)
+				}
+				s.untakePrivIdle([]int{p})
+				continue
+			}
+			s.aused.clear(p)
+			n += int64(s.g)
+		}
 	}
 	if n > 0 {
 		s.owned -= n

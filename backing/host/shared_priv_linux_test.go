@@ -835,6 +835,17 @@ func testSharedPrivateRuns(t *testing.T, m sharedMode) {
 	for _, r := range []*host.SharedReservation{x, y, z, w, v} {
 		e.unreserve(r)
 	}
+	// Back to the OS as runs too: one remap of the ten places.
+	e.f.Fail(func(int, string) bool { return false }, nil)
+	n, err := e.s.Trim(0)
+	log := e.f.Log()
+	e.f.Reset()
+	require.NoError(t, err)
+	assert.Equal(t, int64(10*g), n)
+	assert.Equal(t, []string{"unmapTo"}, log, "ten idle granules in a row go back with one call")
+	assert.Zero(t, e.pool().Owned)
+	require.NoError(t, host.CheckShared(e.s))
+	e.checkPark()
 }
 
 // TestSharedPrivateRunRefused: a run whose move fails is moved granule by granule,
