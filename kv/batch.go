@@ -155,8 +155,10 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 				return c.rollback(batch[:i], s, j, idle, commits, err)
 			}
 		}
+		s.grew = true
 	}
 	for _, g := range batch {
+		g.Seq.grew = false
 		g.Seq.n += g.Tokens
 		if commits {
 			g.Seq.publish()
@@ -167,8 +169,10 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 	return nil
 }
 
-// rollback undoes a failed grow: the first k ranges of s and every range of done go
-// back to their sequences' lengths. A range that can not go back damages its sequence
+// rollback undoes a failed grow: the first k ranges of s and every range of the
+// sequences of done that it resized (grew) go back to their sequences' lengths; the
+// others keep what they hold (a sequence that took over an entry's ranges holds
+// granules past its tokens). A range that can not go back damages its sequence
 // (it must be closed). The granules the undone part took went idle in the pool: what
 // the pool did not hold before is given back, so the refusal holds no budget.
 func (c *Cache) rollback(done []Growth, s *Sequence, k int, idle int64, commits bool, err error) error {
@@ -188,7 +192,10 @@ func (c *Cache) rollback(done []Growth, s *Sequence, k int, idle int64, commits 
 	}
 	undo(s, s.bufs[:k])
 	for _, g := range done {
-		undo(g.Seq, g.Seq.bufs)
+		if g.Seq.grew {
+			g.Seq.grew = false
+			undo(g.Seq, g.Seq.bufs)
+		}
 	}
 	if commits && c.pool != nil {
 		_, _ = c.pool.Trim(int(idle / int64(c.gran)))

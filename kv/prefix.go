@@ -17,6 +17,7 @@ type Prefix struct {
 	c      *Cache
 	bufs   []buffer
 	tokens int
+	pcl    *pcLive // what it maps of a PrefixCache's granules, or nil
 
 	// guarded by c.mu
 	refs    int
@@ -62,6 +63,9 @@ func (p *Prefix) unref() {
 		// Cache.Close. The prefix leaves the cache only after, so Close can not slip
 		// in between.
 		p.c.release(p.bufs)
+		if p.pcl != nil {
+			p.pcl.drop()
+		}
 		p.c.mu.Lock()
 		delete(p.c.prefixes, p)
 		p.c.notifyLocked()
@@ -97,6 +101,9 @@ func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 	s.n = p.tokens
 	s.frozen = full
 	s.prefix = p
+	if p.pcl != nil {
+		s.pcl = p.pcl.inherit(nil, full/c.unit)
+	}
 	s.publish()
 	c.register(s)
 	return s, nil

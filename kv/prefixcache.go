@@ -92,8 +92,9 @@ func (e *pcEntry) close() {
 	}
 }
 
-// pcLive is what a live sequence maps of the cache's granules: set by Lookup and
-// Insert, dropped by Sequence.Close.
+// pcLive is what a live sequence (or a prefix) maps of the cache's granules: set by
+// Lookup and Insert, passed on to forks, frozen prefixes and the sequences started on
+// them (inherit), dropped by Sequence.Close and a prefix's last release.
 type pcLive struct {
 	pc    *PrefixCache
 	grefs []*granuleRef
@@ -744,6 +745,11 @@ func (l *pcLive) adopt(s *Sequence) ([]buffer, bool) {
 	if n > s.n || s.frozen < full {
 		return nil, false // s was truncated into what the entry maps
 	}
+	if c.extent(n) > full && s.frozen > full {
+		// The block (granule) where the entry's tail would be copied is shared from
+		// s's ranges (a fork, a frozen prefix): read-only in s, and those holders'.
+		return nil, false
+	}
 	if err := s.resizeAll(c.extent(n)); err != nil {
 		return nil, false
 	}
@@ -768,6 +774,31 @@ func (l *pcLive) adopt(s *Sequence) ([]buffer, bool) {
 	}
 	l.entry = nil
 	return old, true
+}
+
+// inherit returns what a fork or a frozen prefix that maps the first k sharing units
+// of the ranges l belongs to (s's, or a prefix's when s is nil) maps of the cache's
+// granules, counted as mapped by one more holder, or nil when it maps none: so that
+// eviction does not count on them, nor a miss take over their entry's ranges, while
+// the new holder lives. Only the owner of those ranges calls it.
+func (l *pcLive) inherit(s *Sequence, k int) *pcLive {
+	pc := l.pc
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	grefs := slices.Clone(l.grefs[:min(len(l.grefs), k)])
+	if s != nil && len(grefs) == len(l.grefs) && len(grefs) < k {
+		// s's granule past those it maps may be a lazy entry's partly filled tail.
+		if g := pc.lazyTailAt(s, len(grefs)); g != nil {
+			grefs = append(grefs, g)
+		}
+	}
+	if len(grefs) == 0 {
+		return nil
+	}
+	for _, g := range grefs {
+		g.live++
+	}
+	return &pcLive{pc: pc, grefs: grefs}
 }
 
 // dropLive forgets what a closing sequence mapped.
@@ -952,6 +983,12 @@ func (l *pcLive) unprotectPast(s *Sequence) { l.protected = min(l.protected, s.f
 func (l *pcLive) dropPast(s *Sequence) {
 	keep := s.frozen / s.c.unit
 	l.pc.mu.Lock()
+	if e := l.entry; e != nil && s.frozen < s.c.shareable(e.n) {
+		// s gave up granules the entry maps, and may write their tokens anew: its
+		// ranges can not stand for the entry's when it closes (see adopt), even once
+		// a later fork or freeze shares them again.
+		l.entry = nil
+	}
 	if keep < len(l.grefs) {
 		for _, g := range l.grefs[keep:] {
 			g.live--

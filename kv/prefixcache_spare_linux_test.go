@@ -7,7 +7,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
-	"github.com/vmarena/vmarena/kv"
 )
 
 // TestPrefixCacheMissTakesOverHost is TestPrefixCacheMissTakesOverLRUEntry on a
@@ -20,17 +19,8 @@ func TestPrefixCacheMissTakesOverHost(t *testing.T) {
 		for _, guarded := range []bool{false, true} {
 			name := layout.String() + map[bool]string{false: "/plain", true: "/guarded"}[guarded]
 			t.Run(name, func(t *testing.T) {
-				gov := accounting.NewGovernor()
-				auth := gov.Authority("pool", accounting.HostKey)
-				b := sharedPool(t, auth, "kv-pc-spare")
-				c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: layout})
-				require.NoError(t, err)
-				pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
-				require.NoError(t, err)
-				t.Cleanup(func() {
-					assert.NoError(t, pc.Close())
-					assert.NoError(t, c.Close())
-				})
+				c, pc, hp := newHostPrefixCache(t, "kv-pc-spare", layout)
+				gov, auth, b := hp.auth.Governor(), hp.auth, hp.b
 				a, bb, cc := promptIDs(0, p), promptIDs(1000, p), promptIDs(2000, p)
 				s, _, err := serve(pc, a)
 				require.NoError(t, err)

@@ -1,11 +1,16 @@
 package kv_test
 
 import (
+	"errors"
+	"math/rand/v2"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -41,11 +46,7 @@ func TestPrefixCacheMissTakesOverLRUEntry(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
 			// One prompt's granules, measured on a cache of its own.
-			_, _, probe := newPrefixCache(t, 1<<30, layout, 256, kv.PrefixCacheOptions{})
-			s, _, err := serve(probe, promptIDs(0, p))
-			require.NoError(t, err)
-			require.True(t, s.Close().OK())
-			x := probe.Stats().CachedBytes
+			x := entryBytes(t, layout, p)
 			require.Positive(t, x)
 
 			fx, c, pc := newPrefixCache(t, 2*x+x/2, layout, 256, kv.PrefixCacheOptions{})
@@ -105,15 +106,11 @@ func TestPrefixCacheMissSkipsGuardedEntry(t *testing.T) {
 	const p = 64
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			_, _, probe := newPrefixCache(t, 1<<30, layout, 256, kv.PrefixCacheOptions{})
-			s, _, err := serve(probe, promptIDs(0, p))
-			require.NoError(t, err)
-			require.True(t, s.Close().OK())
-			x := probe.Stats().CachedBytes
+			x := entryBytes(t, layout, p)
 
 			fx, c, pc := newPrefixCache(t, 2*x+x/2, layout, 256, kv.PrefixCacheOptions{})
 			a := promptIDs(0, p)
-			s, _, err = serve(pc, a)
+			s, _, err := serve(pc, a)
 			require.NoError(t, err)
 			q, m, err := pc.Lookup(append(a[:p:p], -1))
 			require.NoError(t, err)
@@ -135,4 +132,206 @@ func TestPrefixCacheMissSkipsGuardedEntry(t *testing.T) {
 			require.True(t, s.Close().OK())
 		})
 	}
+}
+
+// TestPrefixCacheMissSparesForkedHit: a sequence started on a hit maps the entry's
+// granules, and so do a fork and a frozen prefix of it, after the hit closes. Those
+// mappings keep the entry's granules live: a miss must not hand the entry's ranges to a
+// new sequence (whose writes would reach the fork's and the prefix's tokens), nor count
+// on their eviction giving memory back: the miss takes b, the entry that does.
+func TestPrefixCacheMissSparesForkedHit(t *testing.T) {
+	const p = 64
+	for _, layout := range layouts {
+		for _, how := range []string{"fork", "freeze"} {
+			t.Run(layout.String()+"/"+how, func(t *testing.T) {
+				x := entryBytes(t, layout, p)
+
+				_, c, pc := newPrefixCache(t, 2*x+x/2, layout, 256, kv.PrefixCacheOptions{})
+				a, b, cc := promptIDs(0, p), promptIDs(1000, p), promptIDs(2000, p)
+				for _, ids := range [][]int32{a, b} {
+					s, _, err := serve(pc, ids)
+					require.NoError(t, err)
+					require.True(t, s.Close().OK())
+				}
+				q, m, err := pc.Lookup(append(a[:p:p], -1))
+				require.NoError(t, err)
+				require.Equal(t, p, m)
+				var held *kv.Sequence // maps a's granules through q
+				switch how {
+				case "fork":
+					held, err = q.Fork()
+					require.NoError(t, err)
+				case "freeze":
+					pr, err := q.Freeze(p)
+					require.NoError(t, err)
+					held, err = c.NewSequenceFrom(pr)
+					require.NoError(t, err)
+					pr.Release()
+				}
+				require.True(t, q.Close().OK())
+				// b was hit after a: a is the least recently used entry.
+				q, m, err = pc.Lookup(append(b[:p:p], -1))
+				require.NoError(t, err)
+				require.Equal(t, p, m)
+				require.True(t, q.Close().OK())
+
+				s, m, err := pc.Lookup(cc)
+				require.NoError(t, err)
+				require.Zero(t, m)
+				require.NoError(t, s.Append(p))
+				require.NoError(t, writeIDs(s, cc, 0, p))
+				assert.NoError(t, checkIDs(held, a, 0, p), "the new sequence wrote into a's granules")
+				require.True(t, s.Close().OK())
+				q, m, err = pc.Lookup(append(a[:p:p], -1))
+				require.NoError(t, err)
+				assert.Equal(t, p, m, "b, whose eviction gives memory back, went rather than a")
+				assert.NoError(t, checkIDs(q, a, 0, m))
+				require.True(t, q.Close().OK())
+				require.True(t, held.Close().OK())
+			})
+		}
+	}
+}
+
+// TestPrefixCacheTakenOverSurvivesFailedBatch: a batch step that fails midway rolls
+// back only the sequences it grew. A sequence that took over an entry's ranges holds
+// granules past its tokens and needs none for its growth: the failed step must leave
+// them as they were (AppendBatch changes nothing when it fails).
+func TestPrefixCacheTakenOverSurvivesFailedBatch(t *testing.T) {
+	const p = 64
+	for _, layout := range layouts {
+		t.Run(layout.String(), func(t *testing.T) {
+			x := entryBytes(t, layout, p)
+
+			e, ok := newEnv(t, onFake, layout, blockTokensFor(layout), 256, 3*x, true)
+			require.True(t, ok)
+			pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
+			require.NoError(t, err)
+			for _, ids := range [][]int32{promptIDs(0, p), promptIDs(1000, p)} {
+				s, _, err := serve(pc, ids)
+				require.NoError(t, err)
+				require.True(t, s.Close().OK())
+			}
+			other, err := e.c.NewSequence()
+			require.NoError(t, err)
+			require.NoError(t, other.Append(1))
+			s, m, err := pc.Lookup(promptIDs(2000, p))
+			require.NoError(t, err)
+			require.Zero(t, m)
+			require.Equal(t, x, committedOf(t, e.c, s), "a miss took over an entry's ranges")
+
+			boom := errors.New("injected")
+			e.faults.FailOp(backingtest.OpCommit, 1, boom)
+			err = e.c.AppendBatch([]kv.Growth{{Seq: s, Tokens: p}, {Seq: other, Tokens: p}})
+			require.ErrorIs(t, err, boom)
+			e.faults.Reset()
+			assert.Zero(t, s.Len())
+			assert.Equal(t, x, committedOf(t, e.c, s), "the failed step gave back granules of a sequence it did not grow")
+			require.NoError(t, s.Append(p))
+			require.NoError(t, writeIDs(s, promptIDs(2000, p), 0, p))
+			require.True(t, s.Close().OK())
+			require.True(t, other.Close().OK())
+			require.NoError(t, pc.Close())
+			e.finish(t)
+		})
+	}
+}
+
+// TestPrefixCacheConcurrentForks serves from many goroutines under a tight budget
+// (misses take entries over, growths evict) while some requests fork their sequence
+// and keep the fork past the original's Close: a fork's tokens, which map the cache's
+// granules, must read back intact until it closes, and the ledger is exact at the end.
+func TestPrefixCacheConcurrentForks(t *testing.T) {
+	for _, layout := range layouts {
+		t.Run(layout.String(), func(t *testing.T) {
+			const limit = 160 * fakeGranule
+			fx, c, pc := newPrefixCache(t, limit, layout, 128, kv.PrefixCacheOptions{})
+			var mu sync.Mutex
+			var made [][]int32
+			var wg sync.WaitGroup
+			errs := make(chan error, 64)
+			for w := range 6 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					type kept struct {
+						f   *kv.Sequence
+						ids []int32
+					}
+					var forks []kept
+					release := func(k kept) error {
+						err := checkIDs(k.f, k.ids, 0, k.f.Len())
+						if out := k.f.Close(); !out.OK() && err == nil {
+							err = out.Err
+						}
+						return err
+					}
+					defer func() {
+						for _, k := range forks {
+							if err := release(k); err != nil {
+								errs <- err
+							}
+						}
+					}()
+					r := rand.New(rand.NewPCG(uint64(w), 29))
+					for range 50 {
+						mu.Lock()
+						ids := stream(r, made, 100)
+						made = append(made, ids)
+						mu.Unlock()
+						if len(forks) > 1 || len(forks) > 0 && r.IntN(3) == 0 {
+							k := forks[0]
+							forks = forks[1:]
+							if err := release(k); err != nil {
+								errs <- err
+								return
+							}
+						}
+						s, _, err := serve(pc, ids)
+						if errors.Is(err, accounting.ErrBudgetExceeded) {
+							continue
+						}
+						if err != nil {
+							errs <- err
+							return
+						}
+						if r.IntN(2) == 0 {
+							f, err := s.ForkAt(r.IntN(s.Len() + 1))
+							if err == nil {
+								forks = append(forks, kept{f, ids})
+							} else if !errors.Is(err, accounting.ErrBudgetExceeded) {
+								errs <- err
+								return
+							}
+						}
+						if out := s.Close(); !out.OK() {
+							errs <- out.Err
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				require.NoError(t, err)
+			}
+			st := pc.Stats()
+			assert.Zero(t, st.PinnedBytes, "no live sequence maps the cache")
+			assert.Equal(t, st.CachedBytes, fx.pool.Stats().Owned, "the ledger holds exactly the cache")
+			require.NoError(t, pc.Close())
+			assert.Equal(t, kv.Stats{}, c.Stats())
+		})
+	}
+}
+
+// entryBytes returns the bytes a prefix cache holds for one prompt of p tokens under
+// layout, measured on a cache of its own with no budget to speak of.
+func entryBytes(t *testing.T, layout kv.Layout, p int) int64 {
+	t.Helper()
+	_, _, probe := newPrefixCache(t, 1<<30, layout, 256, kv.PrefixCacheOptions{})
+	s, _, err := serve(probe, promptIDs(0, p))
+	require.NoError(t, err)
+	require.True(t, s.Close().OK())
+	return probe.Stats().CachedBytes
 }

@@ -43,6 +43,7 @@ type Sequence struct {
 	prefix *Prefix
 	err    error  // set when damaged
 	mark   uint64 // the last batch of the cache that named it (see Cache.check)
+	grew   bool   // the running batch step resized its ranges (see Cache.grow)
 	closed bool
 	pcl    *pcLive // what it maps of a PrefixCache's granules, or nil
 	// guarded: protect made some of its own bytes read-only in its ranges once (a
@@ -275,6 +276,9 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	}
 	child.n = n
 	child.frozen = full
+	if s.pcl != nil {
+		child.pcl = s.pcl.inherit(s, full/s.c.unit)
+	}
 	child.publish()
 	s.c.register(child)
 	return child, nil
@@ -369,6 +373,9 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 		return nil, err
 	}
 	pr := &Prefix{c: s.c, bufs: bufs, tokens: p, refs: 1, creator: true}
+	if s.pcl != nil {
+		pr.pcl = s.pcl.inherit(s, full/s.c.unit)
+	}
 	s.c.mu.Lock()
 	s.c.prefixes[pr] = struct{}{}
 	s.c.mu.Unlock()
