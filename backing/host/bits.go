@@ -89,6 +89,30 @@ func (b bitset) run(k, n int, tail bool) int {
 	return -1
 }
 
+// span returns a run of set bits below n for a request of want: the first run of at
+// least want bits (start, want), else the first of the longest runs (start, its
+// length), so that a caller that places want things in runs takes as few runs as
+// the set allows. It returns (n, 0) when no bit below n is set.
+func (b bitset) span(want, n int) (start, k int) { return b.spanOf(want, n, 0) }
+
+// spanClear is span over the clear bits.
+func (b bitset) spanClear(want, n int) (start, k int) { return b.spanOf(want, n, ^uint64(0)) }
+
+func (b bitset) spanOf(want, n int, flip uint64) (start, k int) {
+	start = n
+	for i := b.find(0, n, flip); i < n; i = b.find(i, n, flip) {
+		j := b.find(i, n, ^flip)
+		if j-i >= want {
+			return i, want
+		}
+		if j-i > k {
+			start, k = i, j-i
+		}
+		i = j
+	}
+	return start, k
+}
+
 // count returns the number of set bits.
 func (b bitset) count() int {
 	n := 0

@@ -64,6 +64,13 @@ func TestBitsetModel(t *testing.T) {
 			for _, tail := range []bool{false, true} {
 				require.Equal(t, modelRun(model, k, tail), b.run(k, n, tail), "run, seed %d step %d", seed, step)
 			}
+			wantSpan := 1 + r.IntN(n)
+			ms, mk := modelSpan(model, wantSpan, true)
+			bs, bk := b.span(wantSpan, n)
+			require.Equal(t, [2]int{ms, mk}, [2]int{bs, bk}, "span %d, seed %d step %d", wantSpan, seed, step)
+			ms, mk = modelSpan(model, wantSpan, false)
+			bs, bk = b.spanClear(wantSpan, n)
+			require.Equal(t, [2]int{ms, mk}, [2]int{bs, bk}, "spanClear %d, seed %d step %d", wantSpan, seed, step)
 		}
 		b.resize(n + 100)
 		for j := n; j < n+100; j++ {
@@ -104,4 +111,30 @@ func modelRun(model []bool, k int, tail bool) int {
 		return n
 	}
 	return -1
+}
+
+// modelSpan is bitset.span (v true) or spanClear (v false) on the model: the first
+// run of at least want bits equal to v, as (start, want), else the first longest
+// run, else (len(model), 0).
+func modelSpan(model []bool, want int, v bool) (int, int) {
+	n := len(model)
+	start, k := n, 0
+	for i := 0; i < n; {
+		if model[i] != v {
+			i++
+			continue
+		}
+		j := i
+		for j < n && model[j] == v {
+			j++
+		}
+		if j-i >= want {
+			return i, want
+		}
+		if j-i > k {
+			start, k = i, j-i
+		}
+		i = j
+	}
+	return start, k
 }

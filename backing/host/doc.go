@@ -205,6 +205,9 @@
 // Idle granules cost none: the park stays one mapping per chunk (up to three with
 // alignment padding), whatever moves in and out, since what comes back maps the same
 // file offsets and merges.
+// Private granules do not merge once moved: each run that moved into or out of the
+// private park with one call (all of a commit's or decommit's granules where the
+// park is not fragmented) is a mapping, one per granule at most.
 // When mmap fails with ENOMEM and the process is near that limit, the error wraps
 // [backing.ErrMapLimit] and unix.ENOMEM and names the count, the limit and the
 // sysctl that raises it. Placing consecutive granules at consecutive offsets keeps

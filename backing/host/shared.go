@@ -278,6 +278,10 @@ type sharedSys struct {
 	mapCount func() (count, limit int, err error)                         // mappings of the process, vm.max_map_count
 }
 
+// errSharedSpan says that the kernel refused to move a range over several mappings
+// (mremap before Linux 6.17, EFAULT) and moved nothing of it.
+var errSharedSpan = errors.New("host: mremap of a range over several mappings")
+
 var (
 	_ backing.Backing[*SharedReservation]   = (*Shared)(nil)
 	_ backing.Sharer[*SharedReservation]    = (*Shared)(nil)

@@ -56,6 +56,8 @@ func sharedTouchPages(words []uint64) {
 //     table entry in place;
 //   - pooled+touch+nopark: the same with granules mapped afresh instead of moved, as
 //     on kernels before 5.13: the writes take a minor fault per page;
+//   - granules=24/kind=pooled: a commit and a decommit of 24 pooled granules at once,
+//     a KV sequence's worth, which move as one run each way (us/granule per granule);
 //   - rewrite: the write to every page alone, of a granule that stays committed: the
 //     floor of pooled+touch;
 //   - floor: anonymous memory, mprotect RW + MADV_POPULATE_WRITE, then
@@ -101,6 +103,22 @@ func BenchmarkSharedCommit(b *testing.B) {
 			reportGranule(b)
 		})
 	}
+	b.Run("granule=2MiB/granules=24/kind=pooled", func(b *testing.B) {
+		const n = 24
+		s := newBenchShared(b, host.SharedOptions{High: n})
+		require.NoError(b, s.Prefill(n))
+		r := benchReserve(b, s, n)
+		b.SetBytes(int64(n * g))
+		for b.Loop() {
+			if err := s.Commit(r, 0, n*g); err != nil {
+				b.Fatal(err)
+			}
+			if err := s.Decommit(r, 0, n*g); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n/1e3, "us/granule")
+	})
 	b.Run("granule=2MiB/kind=rewrite", func(b *testing.B) {
 		s := newBenchShared(b, host.SharedOptions{})
 		r := benchReserve(b, s, 1)

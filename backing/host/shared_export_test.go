@@ -487,3 +487,7 @@ func SharedHugeMode(opts SharedOptions, shmemWhy, anonWhy string, pmd int, repor
 		func() string { return reporting })
 	return [...]string{sharedSmall: "memfd", sharedShmemHuge: "shmem-huge", sharedPrivHuge: "private-huge", sharedPrivSmall: "private"}[h], noHuge, noPriv
 }
+
+// ErrSharedSpan is what the move seam returns where the kernel refuses a range over
+// several mappings whole (before Linux 6.17).
+var ErrSharedSpan = errSharedSpan

@@ -231,6 +231,35 @@ func faultCases() []faultCase {
 			atomic: true,
 		},
 		{
+			// Four private granules park with one move (memfd granules: one
+			// parking move of their run); where it fails, granule by granule.
+			name: "decommit a run",
+			opts: host.SharedOptions{High: 8},
+			setup: func(e *sharedEnv) *faultFx {
+				x := e.reserve(4)
+				e.commit(x, 0, 4)
+				e.tagAll(x)
+				return e.fx(x)
+			},
+			op:     func(e *sharedEnv, x *faultFx) error { return e.s.Decommit(x.rs[0], 0, 4*e.g) },
+			atomic: true,
+		},
+		{
+			// Four parked granules in consecutive places come out with one move;
+			// where it fails, granule by granule.
+			name: "commit a run from the park",
+			opts: host.SharedOptions{High: 8},
+			setup: func(e *sharedEnv) *faultFx {
+				x := e.reserve(4)
+				e.commit(x, 0, 4)
+				e.tagAll(x)
+				e.decommit(x, 0, 4)
+				return e.fx(x, e.reserve(4))
+			},
+			op:     func(e *sharedEnv, x *faultFx) error { return e.s.Commit(x.rs[1], 0, 4*e.g) },
+			atomic: true,
+		},
+		{
 			// A read-only and a read-write span: two populates.
 			name: "populate",
 			setup: func(e *sharedEnv) *faultFx {

@@ -123,8 +123,11 @@ var errSharedNoMove = fmt.Errorf("host: mremap(MREMAP_DONTUNMAP) of a shared map
 // that what was at to goes in the same step). NB: MREMAP_DONTUNMAP keeps the source
 // mapped, with no page table entries: the range never has a hole another mmap could
 // take, and a failure after the move leaves nothing to undo. The kernel refuses it
-// with EINVAL before 5.13 (our arguments are always page-aligned, the same size, and
-// one mapping).
+// with EINVAL before 5.13 (our arguments are always page-aligned and the same
+// size). A range over several mappings (a run of private granules that came out of
+// the park at different times) is refused with EFAULT before Linux 6.17, which
+// changes nothing (errSharedSpan), and moved mapping by mapping since, where a
+// failure may leave it moved in part (see parkPriv).
 func sharedMove(from, to unsafe.Pointer, n int) error {
 	if sharedNoMove.Load() {
 		return errSharedNoMove
@@ -133,6 +136,9 @@ func sharedMove(from, to unsafe.Pointer, n int) error {
 	if errors.Is(err, unix.EINVAL) {
 		sharedNoMove.Store(true)
 		return errSharedNoMove
+	}
+	if errors.Is(err, unix.EFAULT) {
+		return fmt.Errorf("%w: %w", errSharedSpan, err)
 	}
 	return err
 }

@@ -1,8 +1,10 @@
 package host
 
 import (
+	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -18,9 +20,12 @@ import (
 // MREMAP_DONTUNMAP, which leaves the source mapped, empty), and a commit moves it
 // out again into place. A huge page moves as one page-table entry, 512 small pages
 // of an aligned 2 MiB as one page-table page, so either costs a few µs where a new
-// granule costs its population. Each parked granule is a mapping
-// of its own (moved anonymous memory does not merge with its neighbours), and so is
-// each private granule that came out of the park: like memfd granules at scattered
+// granule costs its population. Granules move in runs: consecutive granules of a
+// reservation go to consecutive places with one call, and consecutive places come out
+// into consecutive granules with one call, so that a commit or decommit of k granules
+// costs one move where the park is not fragmented. Moved anonymous memory does not
+// merge with its neighbours, so each run (or granule) parked or come out of the park
+// is a mapping of its own, one per granule at most: like memfd granules at scattered
 // offsets, they count against vm.max_map_count.
 
 // privAt returns the address of position p of the private park. s.mu must be held
@@ -51,19 +56,24 @@ func (s *Shared) privPark() error {
 }
 
 // takePrivIdle takes k idle private granules (k <= nPrivIdle) out of the pool and
-// returns their positions, which stay in use until moved out or given back. s.mu
-// must be held.
+// returns their positions, which stay in use until moved out or given back. It
+// takes consecutive positions where it can (the first run of k, else the longest
+// runs), so that a commit moves them out with few calls. s.mu must be held.
 func (s *Shared) takePrivIdle(k int) []int {
 	if k <= 0 {
 		return nil
 	}
 	pos := make([]int, 0, k)
-	for p := s.aidle.next(0, s.high); len(pos) < k && p < s.high; p = s.aidle.next(p+1, s.high) {
-		pos = append(pos, p)
-	}
-	for _, p := range pos {
-		s.aidle.clear(p)
-		s.nPrivIdle--
+	for len(pos) < k {
+		p, m := s.aidle.span(k-len(pos), s.high)
+		if m == 0 {
+			break
+		}
+		for q := p; q < p+m; q++ {
+			s.aidle.clear(q)
+			s.nPrivIdle--
+			pos = append(pos, q)
+		}
 	}
 	return pos
 }
@@ -83,14 +93,24 @@ func (s *Shared) untakePrivIdle(pos []int) {
 // parkPriv moves into the private park the private granules of [gi, gi+n) of r that
 // the pool keeps (below High, no waiters), so that their pages and page tables wait
 // for the next commit; their mapping in r is dropped from the bookkeeping here (the
-// caller unmaps the range as usual). A move that fails changes nothing but that the
-// granule goes back to the OS with the unmap. It returns the granules it parked, as
-// pairs of the granule's index in r and its place in the park, for unpark. s.mu must
-// be held.
+// caller unmaps the range as usual). Each run of consecutive granules it parks goes
+// with one move, to the first run of free places that holds it (else the longest,
+// and the rest to the next), so that a decommit of k granules costs one call where
+// the park is not fragmented, and the run, one mapping in the park, comes out again
+// with one call. A move that fails changes nothing but that the granule goes back
+// to the OS with the unmap; a run whose move fails is moved again granule by
+// granule. It returns the granules it parked, as pairs of the granule's index in r
+// and its place in the park, for unpark. s.mu must be held.
 //
 // NB: a move leaves the granule's place in r mapped read-write and empty (what
 // MREMAP_DONTUNMAP leaves of private memory): the caller's unmap must follow, or
-// unpark undo the moves.
+// unpark undo the moves. Since Linux 6.17 a move may span several mappings, and
+// one that fails (ENOMEM at vm.max_map_count) may have moved some of them: a
+// granule moved again after its run failed (but for errSharedSpan, which moved
+// nothing) may be empty, so it is not known resident, and its contents are forfeit
+// even to unpark (a decommit forfeits them anyway; only an unmap that fails after
+// such a move loses them); where moving one again fails too, pages it left in a
+// free place stay there, uncharged, until that place is used again.
 func (s *Shared) parkPriv(r *SharedReservation, gi, n int) (parked [][2]int) {
 	if s.nPriv == 0 || s.nIdle+s.nPrivIdle >= s.high || s.othersWait() {
 		return nil
@@ -98,37 +118,66 @@ func (s *Shared) parkPriv(r *SharedReservation, gi, n int) (parked [][2]int) {
 	if s.privPark() != nil {
 		return nil
 	}
-	for i := gi; i < gi+n && s.nIdle+s.nPrivIdle < s.high; i++ {
-		m := r.maps[i]
-		if !m.priv || m.ro {
-			continue // a protected one goes back to the OS: the park holds writable ones
+	for i := gi; i < gi+n; {
+		room := s.high - s.nIdle - s.nPrivIdle
+		if room <= 0 {
+			break
 		}
-		p := s.aused.nextClear(0, s.high)
-		if p == s.high {
-			return
-		}
-		if s.sys.move(r.at(i), s.privAt(p), s.g) != nil {
+		if m := r.maps[i]; !m.priv || m.ro {
+			i++ // a protected one goes back to the OS: the park holds writable ones
 			continue
 		}
-		s.aused.set(p)
-		s.aidle.set(p)
-		if m.res {
-			s.ares.set(p)
-		} else {
-			s.ares.clear(p)
+		j := i + 1
+		for j < gi+n && j-i < room && r.maps[j].priv && !r.maps[j].ro {
+			j++
 		}
-		s.nPrivIdle++
-		s.asince[p] = s.elapsed()
-		s.startDecay()
-		s.signal()
-		r.maps[i] = sharedMap{}
-		r.count--
-		s.nPriv--
-		s.mapped -= int64(s.g)
-		s.auth.Unmap(int64(s.g))
-		parked = append(parked, [2]int{i, p})
+		p, k := s.aused.spanClear(j-i, s.high)
+		if k == 0 {
+			break
+		}
+		whole := true // what a move moves, it moves whole
+		if k > 1 {
+			err := s.sys.move(r.at(i), s.privAt(p), k<<s.shift)
+			if err == nil {
+				for q := range k {
+					s.parked(r, i+q, p+q, r.maps[i+q].res)
+					parked = append(parked, [2]int{i + q, p + q})
+				}
+				i += k
+				continue
+			}
+			whole = errors.Is(err, errSharedSpan)
+		}
+		for q := range k {
+			if s.sys.move(r.at(i+q), s.privAt(p+q), s.g) == nil {
+				s.parked(r, i+q, p+q, whole && r.maps[i+q].res)
+				parked = append(parked, [2]int{i + q, p + q})
+			}
+		}
+		i += k
 	}
 	return parked
+}
+
+// parked books granule i of r, just moved to place p of the private park, as idle,
+// resident when res is true, and drops its mapping in r. s.mu must be held.
+func (s *Shared) parked(r *SharedReservation, i, p int, res bool) {
+	s.aused.set(p)
+	s.aidle.set(p)
+	if res {
+		s.ares.set(p)
+	} else {
+		s.ares.clear(p)
+	}
+	s.nPrivIdle++
+	s.asince[p] = s.elapsed()
+	s.startDecay()
+	s.signal()
+	r.maps[i] = sharedMap{}
+	r.count--
+	s.nPriv--
+	s.mapped -= int64(s.g)
+	s.auth.Unmap(int64(s.g))
 }
 
 // unpark undoes parkPriv after the unmap that was to follow failed: it moves each
@@ -139,6 +188,10 @@ func (s *Shared) parkPriv(r *SharedReservation, gi, n int) (parked [][2]int) {
 // the copy is charged anew. Only a budget that refuses the copy leaves the place
 // mapped (and recorded reserved), its contents safe in the park. It returns the
 // first error of what it could not undo. s.mu must be held.
+//
+// NB: it moves granule by granule, also those parked as one run: it runs only after
+// a failed unmap, and a single granule's move either happens or not, where a run's
+// may fail partway (see parkPriv) and leave some granules to be moved again empty.
 func (s *Shared) unpark(r *SharedReservation, parked [][2]int) error {
 	var err error
 	for _, ip := range parked {
@@ -180,22 +233,39 @@ func (s *Shared) unpark(r *SharedReservation, parked [][2]int) error {
 }
 
 // givePriv gives the private granules at pos (taken out of the pool) back to the OS:
-// it maps fresh reserved memory over their places in the park. A granule whose
-// place can not be remapped stays idle and owned. It returns the bytes given back
-// and the first error. s.mu must be held.
+// it maps fresh reserved memory over their places in the park, one call per run of
+// consecutive places (granule by granule where that fails). A granule whose place
+// can not be remapped stays idle and owned. It returns the bytes given back and the
+// first error. It sorts pos. s.mu must be held.
 func (s *Shared) givePriv(pos []int) (int64, error) {
 	var err error
 	var n int64
-	for _, p := range pos {
-		if uerr := s.sys.unmapTo(s.privAt(p), s.g); uerr != nil {
-			if err == nil {
-				err = s.opErr("trim", 0, s.g, uerr, true)
+	slices.Sort(pos)
+	for k := 0; k < len(pos); {
+		m := 1
+		for k+m < len(pos) && pos[k+m] == pos[k]+m {
+			m++
+		}
+		run := pos[k : k+m]
+		k += m
+		if m > 1 && s.sys.unmapTo(s.privAt(run[0]), m<<s.shift) == nil {
+			for _, p := range run {
+				s.aused.clear(p)
 			}
-			s.untakePrivIdle([]int{p})
+			n += int64(m) << s.shift
 			continue
 		}
-		s.aused.clear(p)
-		n += int64(s.g)
+		for _, p := range run {
+			if uerr := s.sys.unmapTo(s.privAt(p), s.g); uerr != nil {
+				if err == nil {
+					err = s.opErr("trim", 0, s.g, uerr, true)
+				}
+				s.untakePrivIdle([]int{p})
+				continue
+			}
+			s.aused.clear(p)
+			n += int64(s.g)
+		}
 	}
 	if n > 0 {
 		s.owned -= n
@@ -237,26 +307,31 @@ func (s *Shared) commitPriv(op string, r *SharedReservation, gi, n int, picks []
 		return s.drop(r, gi, n), err
 	}
 	at := gi + len(picks)
-	for k, p := range pos {
-		i := at + k
-		res := s.ares.has(p)
-		err := s.sys.move(s.privAt(p), r.at(i), s.g)
-		if err != nil {
-			res = false
-			// The granule stays parked: give it back and make a new one in its
-			// place, with its bytes.
-			if err = s.sys.unmapTo(s.privAt(p), s.g); err != nil {
-				return fail(k, err)
-			}
-			s.aused.clear(p) // its pages are gone; its bytes stay charged for the new one
-			if err = s.sys.protect(r.at(i), s.g, false); err != nil {
-				s.releasePriv(1)
-				return fail(k+1, err)
-			}
-			s.advise(r.at(i), s.g)
+	for k := 0; k < len(pos); {
+		// A run of consecutive places moves with one call (its destinations are
+		// consecutive too); where that fails, granule by granule.
+		m := 1
+		for k+m < len(pos) && pos[k+m] == pos[k]+m {
+			m++
 		}
-		s.aused.clear(p)
-		s.recordPriv(r, i, 1, res)
+		whole := true // what a move moves, it moves whole
+		if m > 1 {
+			err := s.sys.move(s.privAt(pos[k]), r.at(at+k), m<<s.shift)
+			if err == nil {
+				for q := k; q < k+m; q++ {
+					res := s.ares.has(pos[q])
+					s.aused.clear(pos[q])
+					s.recordPriv(r, at+q, 1, res)
+				}
+				k += m
+				continue
+			}
+			whole = errors.Is(err, errSharedSpan)
+		}
+		if err := s.commitPrivEach(r, at, pos, k, k+m, whole); err != nil {
+			return fail(err.k, err.err)
+		}
+		k += m
 	}
 	if priv > 0 {
 		at := r.at(gi + n - priv)
@@ -268,6 +343,45 @@ func (s *Shared) commitPriv(op string, r *SharedReservation, gi, n int, picks []
 	}
 	s.kick()
 	return nil, nil
+}
+
+// sharedPrivFail says where commitPrivEach failed with err: pos[k:] are not
+// recorded and go back to the pool (k is past the granule that failed where that
+// one was given back to the OS, its bytes released).
+type sharedPrivFail struct {
+	k   int
+	err error
+}
+
+// commitPrivEach moves the idle private granules at pos[from:to] out of the park
+// one at a time, pos[k] to granule at+k of r, and records them; a granule that can
+// not move is given back and made anew in its place. res says whether their pages
+// may be known to exist (not after a run move failed but with errSharedSpan: it may
+// have moved some of them already, see parkPriv). s.mu must be held.
+func (s *Shared) commitPrivEach(r *SharedReservation, at int, pos []int, from, to int, res bool) *sharedPrivFail {
+	for k := from; k < to; k++ {
+		p := pos[k]
+		i := at + k
+		res := res && s.ares.has(p)
+		err := s.sys.move(s.privAt(p), r.at(i), s.g)
+		if err != nil {
+			res = false
+			// The granule stays parked: give it back and make a new one in its
+			// place, with its bytes.
+			if err = s.sys.unmapTo(s.privAt(p), s.g); err != nil {
+				return &sharedPrivFail{k, err}
+			}
+			s.aused.clear(p) // its pages are gone; its bytes stay charged for the new one
+			if err = s.sys.protect(r.at(i), s.g, false); err != nil {
+				s.releasePriv(1)
+				return &sharedPrivFail{k + 1, err}
+			}
+			s.advise(r.at(i), s.g)
+		}
+		s.aused.clear(p)
+		s.recordPriv(r, i, 1, res)
+	}
+	return nil
 }
 
 // prefillPriv makes one idle private granule in the private park, populated (one

@@ -2,6 +2,7 @@ package host_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -739,4 +740,176 @@ func testSharedPrivateShareIdleBudget(t *testing.T, m sharedMode) {
 	assert.Equal(t, int64(g), e.pool().Owned, "owned once")
 	assert.LessOrEqual(t, e.auth.Stats().OwnedPeak, int64(2*g), "never over the budget")
 	require.NoError(t, host.CheckShared(e.s))
+}
+
+// TestSharedPrivateRuns: consecutive private granules move into and out of the
+// private park as runs, one call per run of consecutive places, and a fragmented
+// park splits them into fewer, shorter runs, each granule keeping its contents
+// (a pattern on every page).
+func TestSharedPrivateRuns(t *testing.T) { forPrivate(t, testSharedPrivateRuns) }
+
+func testSharedPrivateRuns(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{High: 10, Decay: host.SharedNoDecay}, true)
+	g := e.g
+	// moves runs op and returns how many moves (mremap) it made.
+	moves := func(op func()) int {
+		e.f.Fail(func(int, string) bool { return false }, nil) // log from here
+		op()
+		n := 0
+		for _, c := range e.f.Log() {
+			if c == "move" {
+				n++
+			}
+		}
+		e.f.Reset()
+		require.NoError(t, host.CheckShared(e.s))
+		e.checkPark()
+		return n
+	}
+	// fill writes a pattern of v on every page of granule gi of r; check reads it.
+	page := os.Getpagesize()
+	fill := func(r *host.SharedReservation, gi int, v uint64) {
+		b := make([]byte, g)
+		for p := 0; p < g; p += page {
+			binary.LittleEndian.PutUint64(b[p:], v<<32|uint64(p/page))
+		}
+		require.NoError(t, e.s.CopyIn(r, gi*g, b))
+	}
+	check := func(r *host.SharedReservation, gi int, v uint64) {
+		t.Helper()
+		b := make([]byte, g)
+		require.NoError(t, e.s.CopyOut(b, r, gi*g))
+		for p := 0; p < g; p += page {
+			if got := binary.LittleEndian.Uint64(b[p:]); got != v<<32|uint64(p/page) {
+				require.Failf(t, "contents lost", "granule %d page %d: %#x, want pattern %d", gi, p/page, got, v)
+			}
+		}
+	}
+
+	x := e.reserve(10)
+	e.commit(x, 0, 10)
+	for i := range 10 {
+		fill(x, i, uint64(100+i))
+	}
+	assert.Equal(t, 1, moves(func() { e.decommit(x, 0, 10) }), "ten granules park with one move")
+	assert.Equal(t, int64(10*g), e.pool().Idle)
+
+	// Out as runs: places 0-2, then 3-5.
+	y, z := e.reserve(3), e.reserve(3)
+	assert.Equal(t, 1, moves(func() { e.commit(y, 0, 3) }), "three parked granules come out with one move")
+	assert.Equal(t, 1, moves(func() { e.commit(z, 0, 3) }))
+	assert.Equal(t, int64(10*g), e.pool().Owned, "no new granule")
+	for i := range 3 {
+		check(y, i, uint64(100+i))
+		check(z, i, uint64(103+i))
+		fill(y, i, uint64(200+i))
+		fill(z, i, uint64(300+i))
+	}
+	e.checkMaps(y, e.s.Base(y), 3*g)
+	assert.Equal(t, 1, moves(func() { e.decommit(y, 0, 3) }), "into places 0-2")
+	// Idle: 0-2 (y), 6-9 (x's last four); free: 3-5.
+	w := e.reserve(6)
+	assert.Equal(t, 2, moves(func() { e.commit(w, 0, 6) }), "no six idle places in a row: the longest run, then the next")
+	for i := range 4 {
+		check(w, i, uint64(106+i))
+	}
+	check(w, 4, 200)
+	check(w, 5, 201)
+	for i := range 6 {
+		fill(w, i, uint64(400+i))
+	}
+	// Idle: 2 (y's last); free: 0-1, 3-9. z parks in 3-5, leaving 0-1 and 6-9.
+	assert.Equal(t, 1, moves(func() { e.decommit(z, 0, 3) }))
+	assert.Equal(t, 2, moves(func() { e.decommit(w, 0, 6) }), "no six free places in a row: the longest run, then the next")
+	assert.Equal(t, int64(10*g), e.pool().Idle)
+
+	// Every place is idle again, in one run: 0-1 w's last two, 2 y's last, 3-5 z,
+	// 6-9 w's first four.
+	v := e.reserve(10)
+	assert.Equal(t, 1, moves(func() { e.commit(v, 0, 10) }))
+	for i, want := range []uint64{404, 405, 202, 300, 301, 302, 400, 401, 402, 403} {
+		check(v, i, want)
+	}
+	e.checkMaps(v, e.s.Base(v), 10*g)
+	assert.Equal(t, int64(10*g), e.pool().Owned)
+	for _, r := range []*host.SharedReservation{x, y, z, w, v} {
+		e.unreserve(r)
+	}
+	// Back to the OS as runs too: one remap of the ten places.
+	e.f.Fail(func(int, string) bool { return false }, nil)
+	n, err := e.s.Trim(0)
+	log := e.f.Log()
+	e.f.Reset()
+	require.NoError(t, err)
+	assert.Equal(t, int64(10*g), n)
+	assert.Equal(t, []string{"unmapTo"}, log, "ten idle granules in a row go back with one call")
+	assert.Zero(t, e.pool().Owned)
+	require.NoError(t, host.CheckShared(e.s))
+	e.checkPark()
+}
+
+// TestSharedPrivateRunRefused: a run whose move fails is moved granule by granule,
+// contents and all. Where the kernel refused the range whole (several mappings,
+// before Linux 6.17) the granules stay known resident; after any other failure,
+// which since Linux 6.17 may have moved part of the run, they are not.
+func TestSharedPrivateRunRefused(t *testing.T) { forPrivate(t, testSharedPrivateRunRefused) }
+
+func testSharedPrivateRunRefused(t *testing.T, m sharedMode) {
+	for _, tt := range []struct {
+		name     string
+		err      error
+		resident bool
+	}{
+		{"span", host.ErrSharedSpan, true},
+		{"other", errInjected, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := m.env(t, host.SharedOptions{High: 8, Populate: true, Decay: host.SharedNoDecay}, true)
+			g := e.g
+			refuseRun := func(op func()) []string {
+				first := true
+				e.f.Fail(func(_ int, name string) bool {
+					if name == "move" && first {
+						first = false
+						return true
+					}
+					return false
+				}, tt.err)
+				op()
+				log := e.f.Log()
+				e.f.Reset()
+				require.NoError(t, host.CheckShared(e.s))
+				e.checkPark()
+				return log
+			}
+			x := e.reserve(4)
+			e.commit(x, 0, 4)
+			for i := range 4 {
+				e.tag(x, i, uint64(50+i))
+			}
+			log := refuseRun(func() { e.decommit(x, 0, 4) })
+			assert.Equal(t, []string{"reserve", "!move", "move", "move", "move", "move", "discard"}, log,
+				"the private park is reserved, the run's move fails, each granule moves")
+			p := e.pool()
+			assert.Equal(t, int64(4*g), p.Idle, "every granule parked")
+			if tt.resident {
+				assert.Equal(t, int64(4*g), p.Resident, "nothing moved: still resident")
+			} else {
+				assert.Zero(t, p.Resident, "maybe moved in part: not known resident")
+			}
+			y := e.reserve(4)
+			log = refuseRun(func() { e.commit(y, 0, 4) })
+			assert.Equal(t, []string{"!move", "move", "move", "move", "move"}, log)
+			assert.Equal(t, int64(4*g), e.pool().Owned, "no new granule")
+			for i := range 4 {
+				assert.Equal(t, uint64(50+i), e.tagOf(y, i), "granule %d keeps its contents", i)
+			}
+			e.checkMaps(y, e.s.Base(y), 4*g)
+			e.unreserve(y)
+			if tt.resident {
+				assert.Equal(t, int64(4*g), e.pool().Resident, "parked again, known resident all along")
+			}
+			e.unreserve(x)
+		})
+	}
 }
