@@ -176,15 +176,6 @@ func tokenAddr(s *kv.Sequence, layer int, kind kv.Kind, tok int) uintptr {
 	return s.Base(layer, kind) + uintptr(tok*s.TokenStride())
 }
 
-// viewIndex returns the index of element [tok, h, d] of a layer's view of s: in the
-// Blocked layout, token tok is token tok % BlockTokens of block tok / BlockTokens.
-func viewIndex(s *kv.Sequence, tok, h, d int) []int {
-	if bt := s.BlockTokens(); bt > 0 {
-		return []int{tok / bt, tok % bt, h, d}
-	}
-	return []int{tok, h, d}
-}
-
 // viewShape returns the shape of a layer's view of s.
 func viewShape(s *kv.Sequence) []int {
 	g := s.Cache().Config().Geometry
