@@ -183,16 +183,6 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	return pc, nil
 }
 
-// tokensBelow returns the whole tokens held by granule indexes [0, k).
-func (pc *PrefixCache) tokensBelow(k int) int { return pc.c.tokensIn(k) }
-
-// granulesFor returns the granule indexes that hold n tokens.
-func (pc *PrefixCache) granulesFor(n int) int { return pc.c.unitsFor(n) }
-
-// fullGranules returns the whole granule indexes below n tokens: those a sequence
-// started on n tokens maps rather than copies.
-func (pc *PrefixCache) fullGranules(n int) int { return pc.c.fullUnits(n) }
-
 // Lookup returns a sequence that starts on the longest prefix of tokens the cache
 // holds, and that prefix's length: its whole granules are mapped from the cache, the
 // tokens past the last whole granule copied, as NewSequenceFrom does. The last token
@@ -233,7 +223,7 @@ func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
 		pc.tree.Touch(leaf)
 		e = leaf.Value()
 		e.busy++
-		l.grefs = append(l.grefs, e.grefs[:pc.fullGranules(m)]...)
+		l.grefs = append(l.grefs, e.grefs[:pc.c.fullUnits(m)]...)
 		for _, g := range l.grefs {
 			g.live++
 		}
@@ -272,7 +262,7 @@ func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
 		// The entry is gone with nothing to map from: a miss after all.
 		err = errEntryGone
 	case ol != nil:
-		if err = ol.protectFrom(src, pc.fullGranules(m)*pc.c.unit); err == nil {
+		if err = ol.protectFrom(src, pc.c.fullUnits(m)*pc.c.unit); err == nil {
 			s, err = pc.startOn(src, m, true)
 		}
 		ol.mu.Unlock()
@@ -455,7 +445,7 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 		g.live--
 	}
 	l.grefs = l.grefs[:keep]
-	full, k := pc.fullGranules(n), pc.granulesFor(n)
+	full, k := pc.c.fullUnits(n), pc.c.unitsFor(n)
 	// One allocation for the granules new to the cache: s maps them all (its own).
 	fresh := make([]granuleRef, max(k-len(l.grefs), 0))
 	e.grefs = make([]*granuleRef, k)
@@ -507,7 +497,7 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 // lazyTail reports whether e, lazy, holds s's partly filled last granule. pc.mu is
 // held.
 func (pc *PrefixCache) lazyTail(e *pcEntry) bool {
-	return pc.granulesFor(e.n) > pc.fullGranules(e.n)
+	return pc.c.unitsFor(e.n) > pc.c.fullUnits(e.n)
 }
 
 // lazyTailAt returns the reference by which a lazy entry of s holds s's granule j as
@@ -551,7 +541,7 @@ func (l *pcLive) replaced(s *Sequence, j int) {
 			old.live-- // s no longer maps it; counted once however many entries held it
 			gone[old] = true
 		}
-		if s.err != nil || pc.granulesFor(s.n) <= j || e.n > s.n {
+		if s.err != nil || pc.c.unitsFor(s.n) <= j || e.n > s.n {
 			e.tail = nil
 			drop = append(drop, pc.detach(e)...)
 			continue
@@ -948,7 +938,7 @@ func (pc *PrefixCache) Stats() PrefixCacheStats {
 		// Each pinned node on the leaf's path pins its tokens' granules.
 		for n := leaf; n != nil && n.Parent() != nil; n = n.Parent() {
 			if n.Pinned() {
-				for _, g := range leaf.Value().grefs[:pc.granulesFor(n.Depth())] {
+				for _, g := range leaf.Value().grefs[:pc.c.unitsFor(n.Depth())] {
 					pinned[g] = struct{}{}
 				}
 				break

@@ -98,7 +98,7 @@ func (pc *PrefixCache) evictLocked(need int64, mode evictMode) []*pcEntry {
 			if g.entries != 1 || g.live > 0 {
 				break
 			}
-			if pc.tokensBelow(len(e.grefs)-1-k) <= p.Depth() {
+			if pc.c.tokensIn(len(e.grefs)-1-k) <= p.Depth() {
 				// Taking this granule too leaves the leaf no token of its own: the
 				// leaf goes whole, in one release rather than a shrink to one
 				// granule and then that granule's own release.
@@ -136,7 +136,7 @@ func (pc *PrefixCache) victim(frees bool) *radix.Node[*pcEntry] {
 			return true
 		}
 		// A pinned parent that would become the leaf may need granule i itself.
-		if p := l.Parent(); p.Parent() != nil && p.Children() == 1 && pc.granulesFor(max(pc.tokensBelow(i), p.Depth())) > i {
+		if p := l.Parent(); p.Parent() != nil && p.Children() == 1 && pc.c.unitsFor(max(pc.c.tokensIn(i), p.Depth())) > i {
 			return true
 		}
 		if best == nil || l.Used() < best.Used() {
@@ -155,7 +155,7 @@ func (pc *PrefixCache) evictGranules(leaf *radix.Node[*pcEntry], k int) (int64, 
 	e := leaf.Value()
 	depth := leaf.Depth()
 	p := leaf.Parent()
-	nd := pc.tokensBelow(len(e.grefs) - k)
+	nd := pc.c.tokensIn(len(e.grefs) - k)
 	switch {
 	case nd > p.Depth():
 		pc.tree.Shorten(leaf, nd)
@@ -180,7 +180,7 @@ func (pc *PrefixCache) evictGranules(leaf *radix.Node[*pcEntry], k int) (int64, 
 // past them (no copy: an entry is never written). A failed resize drops the whole
 // entry instead, for the caller to close. pc.mu is held.
 func (pc *PrefixCache) shrink(e *pcEntry, depth, n int) (int64, *pcEntry) {
-	k := pc.granulesFor(n)
+	k := pc.c.unitsFor(n)
 	if e.seq == nil {
 		// Lazy: its origin maps what it gives up, so only the counts change.
 		e.n = n
@@ -238,7 +238,7 @@ func (pc *PrefixCache) spareLocked(tokens int) *Sequence {
 	if tokens <= 0 {
 		return nil
 	}
-	need := int64(pc.granulesFor(tokens)) * pc.gbytes
+	need := int64(pc.c.unitsFor(tokens)) * pc.gbytes
 	if err := pc.c.budget(need, 0); err == nil || errors.Is(err, accounting.ErrExceedsLimit) {
 		return nil
 	}
