@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing"
 )
 
 // Growth is one sequence's part of a batch step: Seq grows by Tokens.
@@ -174,7 +175,9 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 // others keep what they hold (a sequence that took over an entry's ranges holds
 // granules past its tokens). A range that can not go back damages its sequence
 // (it must be closed). The granules the undone part took went idle in the pool: what
-// the pool did not hold before is given back, so the refusal holds no budget.
+// the pool did not hold before is given back, so the refusal holds no budget; if the
+// pool can not give them back, the error says so too (they stay idle in the pool,
+// where the next commit or a Trim finds them).
 func (c *Cache) rollback(done []Growth, s *Sequence, k int, idle int64, commits bool, err error) error {
 	errs := []error{err}
 	undo := func(q *Sequence, bufs []buffer) {
@@ -198,7 +201,9 @@ func (c *Cache) rollback(done []Growth, s *Sequence, k int, idle int64, commits 
 		}
 	}
 	if commits && c.pool != nil {
-		_, _ = c.pool.Trim(int(idle / int64(c.gran)))
+		if _, terr := c.pool.Trim(int(idle / int64(c.gran))); terr != nil && !errors.Is(terr, backing.ErrUnsupported) {
+			errs = append(errs, fmt.Errorf("kv: giving back the granules of the undone step: %w", terr))
+		}
 	}
 	return errors.Join(errs...)
 }
