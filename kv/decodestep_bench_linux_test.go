@@ -17,9 +17,9 @@ import (
 // BenchmarkDecodeStep measures a whole decode step of a batch, what a KV layout
 // costs a server: append one token to each of 8 sequences of about 1,024 tokens
 // (Llama-3-8B), writing its K and V in every layer, then read every layer's K and V
-// of every sequence (attention's read: 1 GiB, copied out through every byte, layer
-// after layer, and within a layer tile by tile as attention reads them: a sequence's
-// K then its V, or a block's). Memory is populated on commit (2 MiB granules), with
+// of every sequence (attention's read: 1 GiB, loaded through every byte as in
+// BenchmarkReadLayer, layer after layer, and within a layer tile by tile as attention
+// reads them: a sequence's K then its V, or a block's). Memory is populated on commit (2 MiB granules), with
 // 4 KiB pages or transparent huge pages.
 //
 // The sequences start at 1,025 to 1,039 tokens (odd, so that their granule
@@ -30,12 +30,12 @@ import (
 // commits fall outside the steps measured (the granule benchmarks of backing/host
 // price them; BENCHMARKS.md adds them). -benchtime must stay at most 200x.
 //
-//   - layout=plain: the same bytes contiguous, copied out: the floor; no append;
+//   - layout=plain: the same bytes contiguous, read: the floor; no append;
 //   - layout=per-layer, layout=per-sequence: kv.PerLayer and kv.PerSequence
 //     (WriteToken; Sequence.Bytes, or View rows);
 //   - layout=blocked: kv.Blocked, the default (WriteToken; the blocks of View: a
 //     2 MiB block of 16 tokens committed as its first token arrives);
-//   - layout=blocked64: kv.Blocked with BlockTokens 64 (8 MiB blocks);
+//   - layout=blockedN: kv.Blocked with BlockTokens N (N/16 granules a block);
 //   - layout=paged: the paged baseline: 16-token blocks in a per-(layer, K|V) pool
 //     that is all populated up front and never shrinks, found through each
 //     sequence's block table (shuffled).
@@ -139,11 +139,10 @@ func BenchmarkDecodeStep(b *testing.B) {
 				}
 			}
 		}
-		dst := make([]byte, 2*(tokens+room)*seqs*tb) // one layer's K and V of every sequence
-		// check fails b unless a layer's read copied the K and V of every token.
-		check := func(b *testing.B, copied, tokens int) {
-			if copied != 2*tokens*tb {
-				b.Fatalf("a layer's read copied %d bytes, want %d", copied, 2*tokens*tb)
+		// check fails b unless a layer's read loaded the K and V of every token.
+		check := func(b *testing.B, read, tokens int) {
+			if read != 2*tokens*tb {
+				b.Fatalf("a layer's read loaded %d bytes, want %d", read, 2*tokens*tb)
 			}
 		}
 		b.Run("layout=plain/pages="+pages, func(b *testing.B) {
@@ -152,7 +151,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 			b.SetBytes(step)
 			for b.Loop() {
 				for i := range kinds {
-					copy(dst, mem[i*layerBytes:(i+1)*layerBytes])
+					load(mem[i*layerBytes : (i+1)*layerBytes])
 				}
 			}
 			report(b)
@@ -170,7 +169,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 							if err != nil {
 								b.Fatal(err)
 							}
-							at += copy(dst[at:], src)
+							at += load(src)
 						}
 					}
 					check(b, at, sum(qs))
@@ -193,7 +192,6 @@ func BenchmarkDecodeStep(b *testing.B) {
 						}
 					}
 				}
-				out := make([]arena.F16, len(dst)/2)
 				b.SetBytes(step)
 				for b.Loop() {
 					appendAll(b, qs)
@@ -207,11 +205,11 @@ func BenchmarkDecodeStep(b *testing.B) {
 								r[kind] = append(r[kind][:from/unit], viewRuns(b, q, l, kind, from)...)
 							}
 							for j := range r[kv.K] {
-								at += copy(out[at:], r[kv.K][j])
-								at += copy(out[at:], r[kv.V][j])
+								at += load(r[kv.K][j])
+								at += load(r[kv.V][j])
 							}
 						}
-						check(b, 2*at, sum(qs))
+						check(b, at, sum(qs))
 					}
 				}
 				report(b)
@@ -219,7 +217,9 @@ func BenchmarkDecodeStep(b *testing.B) {
 		}
 		b.Run("layout=per-sequence/pages="+pages, viewed(kv.PerSequence, 0))
 		b.Run("layout=blocked/pages="+pages, viewed(kv.Blocked, 0))
+		b.Run("layout=blocked32/pages="+pages, viewed(kv.Blocked, 32))
 		b.Run("layout=blocked64/pages="+pages, viewed(kv.Blocked, 64))
+		b.Run("layout=blocked128/pages="+pages, viewed(kv.Blocked, 128))
 		b.Run("layout=paged/pages="+pages, func(b *testing.B) {
 			n := seqs * (tokens + room) / block // blocks in each tensor's pool
 			run := block * tb
@@ -257,7 +257,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 						for j, blk := range table {
 							for i := 2 * l; i < 2*l+2; i++ { // K, then V
 								off := (i*n + blk) * run
-								at += copy(dst[at:], mem[off:off+min(block, lens[k]-j*block)*tb])
+								at += load(mem[off : off+min(block, lens[k]-j*block)*tb])
 							}
 						}
 					}
