@@ -19,8 +19,8 @@ import (
 // (Llama-3-8B), writing its K and V in every layer, then read every layer's K and V
 // of every sequence (attention's read: 1 GiB, loaded through every byte as in
 // BenchmarkReadLayer, layer after layer, and within a layer tile by tile as attention
-// reads them: a sequence's K then its V, or a block's). Memory is populated on commit (2 MiB granules), with
-// 4 KiB pages or transparent huge pages.
+// reads them: a sequence's K then its V, or a block's). Memory is populated on commit
+// (2 MiB granules), with 4 KiB pages or transparent huge pages.
 //
 // The sequences start at 1,025 to 1,039 tokens (odd, so that their granule
 // boundaries are spread over the steps) and grow by one a step: a layout that

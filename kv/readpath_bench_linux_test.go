@@ -104,10 +104,9 @@ func BenchmarkReadLayer(b *testing.B) {
 			}
 			return qs
 		}
-		// each runs a layout for both reads. setup returns the runs
-		// of layer l's tensors of the kinds asked for, in the order a kernel reads
-		// them; they are found before the clock starts, as a kernel gets them from
-		// its arguments.
+		// each runs a layout for both reads. setup returns the runs of layer l's
+		// tensors of the kinds asked for, in the order a kernel reads them; they are
+		// found before the clock starts, as a kernel gets them from its arguments.
 		each := func(b *testing.B, name string, setup func(b *testing.B) func(l int, kinds []kv.Kind) [][]byte) {
 			b.Run("layout="+name+"/pages="+pages, func(b *testing.B) {
 				runsOf := setup(b)
