@@ -68,16 +68,38 @@ func TestGPUCache(t *testing.T) {
 	}
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			g := kv.Llama3_8B
-			g.Layers = 4 // keep the test small: 4 layers × 2 KiB per token
-			c, err := newCUDACache(t, drv, layout, g, 4096)
-			if errors.Is(err, backing.ErrUnsupported) {
-				t.Skipf("no usable GPU: %v", err)
-			}
-			require.NoError(t, err)
-			shareForkTruncate(t, c)
+			llamaShareForkTruncate(t, drv, layout)
 		})
 	}
+}
+
+// TestCUDAFakeDriverLlama runs TestGPUCache's checks on the fake driver with a real
+// GPU's 2 MiB granule, so that they are known to hold before a GPU runs them.
+func TestCUDAFakeDriverLlama(t *testing.T) {
+	for _, layout := range layouts {
+		t.Run(layout.String(), func(t *testing.T) {
+			fake := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: 2 << 20, Memory: 1 << 30})
+			t.Cleanup(func() { assert.NoError(t, fake.CheckLeaks()) })
+			llamaShareForkTruncate(t, fake.Driver(), layout)
+		})
+	}
+}
+
+// llamaShareForkTruncate runs shareForkTruncate on drv's GPU 0 with Llama-3-8B's token
+// size (four layers, to keep it small), its token counts scaled to the driver's
+// granule: a PerLayer tensor of 2 KiB tokens has 1,024 tokens per 2 MiB granule, and
+// a prefix shorter than that shares nothing.
+func llamaShareForkTruncate(t *testing.T, drv *cuda.Driver, layout kv.Layout) {
+	t.Helper()
+	g := kv.Llama3_8B
+	g.Layers = 4
+	c, err := newCUDACache(t, drv, layout, g, 4096)
+	if errors.Is(err, backing.ErrUnsupported) {
+		t.Skipf("no usable GPU: %v", err)
+	}
+	require.NoError(t, err)
+	perTensor := c.Granularity() / g.TokenBytes()
+	shareForkTruncateN(t, c, (perTensor+127)/128)
 }
 
 // On the CUDA pool a closed sequence's handles go back to the pool, not to the

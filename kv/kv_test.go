@@ -779,7 +779,16 @@ type tokenIO func(t *testing.T, s *kv.Sequence, w uint64, from, to int)
 // shareForkTruncate checks data integrity on c across a prefix, a fork and a truncation
 // into shared memory, and that bases never move; it closes everything it made. It
 // writes and checks through WriteToken and ReadToken unless rw names other accessors.
+// Its token counts suit a granule of up to 128 tokens per tensor.
 func shareForkTruncate(t *testing.T, c *kv.Cache, rw ...tokenIO) {
+	t.Helper()
+	shareForkTruncateN(t, c, 1, rw...)
+}
+
+// shareForkTruncateN is shareForkTruncate with every token count n times larger, for
+// a granule of up to 128n tokens per tensor: the frozen prefix and the truncated fork
+// must still cover whole granules of a PerLayer tensor, or nothing is shared.
+func shareForkTruncateN(t *testing.T, c *kv.Cache, n int, rw ...tokenIO) {
 	t.Helper()
 	write, check := tokenIO(writeTokens), tokenIO(checkTokens)
 	if len(rw) == 2 {
@@ -788,25 +797,25 @@ func shareForkTruncate(t *testing.T, c *kv.Cache, rw ...tokenIO) {
 	root, err := c.NewSequence()
 	require.NoError(t, err)
 	b0 := bases(root)
-	require.NoError(t, root.Append(300))
-	write(t, root, 1, 0, 300)
-	p, err := root.Freeze(250)
+	require.NoError(t, root.Append(300*n))
+	write(t, root, 1, 0, 300*n)
+	p, err := root.Freeze(250 * n)
 	require.NoError(t, err)
 	s, err := c.NewSequenceFrom(p)
 	require.NoError(t, err)
 	p.Release()
-	require.NoError(t, s.Append(40))
-	write(t, s, 2, 250, 290)
+	require.NoError(t, s.Append(40*n))
+	write(t, s, 2, 250*n, 290*n)
 	f, err := s.Fork()
 	require.NoError(t, err)
-	require.NoError(t, f.Truncate(199))
-	require.NoError(t, f.Append(50))
-	write(t, f, 3, 199, 249)
-	check(t, root, 1, 0, 300)
-	check(t, s, 1, 0, 250)
-	check(t, s, 2, 250, 290)
-	check(t, f, 1, 0, 199)
-	check(t, f, 3, 199, 249)
+	require.NoError(t, f.Truncate(199*n))
+	require.NoError(t, f.Append(50*n))
+	write(t, f, 3, 199*n, 249*n)
+	check(t, root, 1, 0, 300*n)
+	check(t, s, 1, 0, 250*n)
+	check(t, s, 2, 250*n, 290*n)
+	check(t, f, 1, 0, 199*n)
+	check(t, f, 3, 199*n, 249*n)
 	assert.Equal(t, b0, bases(root))
 	st := c.Stats()
 	assert.Greater(t, st.Shared, int64(0))
