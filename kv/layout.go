@@ -20,9 +20,10 @@ const (
 	// (64 KiB of Llama-3-8B at 2 MiB granules). Attention reads a layer at what the
 	// memory charges for such runs: on the host measured, 1.5-2x PerLayer's time,
 	// less than the paged gather's for K and V; larger blocks (Config.BlockTokens)
-	// read closer to PerLayer (see BENCHMARKS.md). A layer's tensor is a strided
-	// tensor of [blocks, T, KVHeads, HeadDim] (View); the bytes at a block's end that
-	// hold no whole token are waste (Size).
+	// read closer to PerLayer. On an H200 a paged-style attention kernel read every
+	// layout within 1.04x of PerLayer's time (BENCHMARKS.md, docs/gpu.md). A layer's
+	// tensor is a strided tensor of [blocks, T, KVHeads, HeadDim] (View); the bytes
+	// at a block's end that hold no whole token are waste (Size).
 	Blocked Layout = iota
 	// PerSequence puts all layers in one range, token-major (token, layer, K|V, head,
 	// dim): one growth frontier, at most one partly filled granule per sequence, and

@@ -122,7 +122,9 @@ run() {
 	#    allocator for reference).
 	PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step torch-expandable 90 python3 scripts/torch_grow.py --repeat 50
 	step torch-default 60 python3 scripts/torch_grow.py --repeat 30
-	# 5. The summary.
+	# 5. The KV layouts' attention read on the GPU (docs/gpu.md, "The KV layout").
+	PYTHONUNBUFFERED=1 step layout-read 150 python3 scripts/gpu_layout_read.py
+	# 6. The summary.
 	{
 		echo "# vmarena CUDA backing: $(head -1 "$OUT/env.txt")"
 		sed -n '2,3p' "$OUT/env.txt"
@@ -138,6 +140,9 @@ run() {
 		echo
 		echo "## PyTorch, default allocator"
 		cat "$OUT/torch-default.log"
+		echo
+		echo "## KV layouts, attention read per layer"
+		cat "$OUT/layout-read.log"
 		echo
 		echo "## steps"
 		cat "$OUT/steps.txt"
