@@ -58,7 +58,7 @@ summarize() {
 		if (!(name in seen)) { seen[name] = 1; names[++nn] = name }
 		for (i = 3; i < NF; i++) {
 			unit = $(i + 1)
-			if (unit == "ns/op" || unit == "allocs/op" || unit ~ /^p(50|99)-ns\//) {
+			if (unit == "ns/op" || unit == "allocs/op" || unit == "ns/step" || unit ~ /^(p50|p99|max)-ns\//) {
 				key = name SUBSEP unit
 				if (!(key in cnt)) units[name] = units[name] " " unit
 				cnt[key]++; val[key, cnt[key]] = $i + 0
@@ -117,6 +117,9 @@ run() {
 	fi
 	# 3. Benchmarks on the GPU (5 runs for medians), and the Go side alone (null driver).
 	step bench-gpu 200 "$bin/cuda.test" -test.run '^$' -test.bench '/driver=gpu' -test.count 5 -test.benchtime 1s -test.timeout 190s
+	if [ -x "$bin/kv.test" ]; then
+		(cd kv && step kv-bench-gpu 90 "$bin/kv.test" -test.run '^$' -test.bench 'CUDAAppendStep/driver=gpu' -test.count 8 -test.benchtime 5x -test.timeout 80s)
+	fi
 	step bench-null 60 "$bin/cuda.test" -test.run '^$' -test.bench '/driver=null' -test.count 3 -test.benchtime 0.3s -test.timeout 50s
 	# 4. PyTorch growing the same tensor with expandable segments (and the default
 	#    allocator for reference).
@@ -131,6 +134,7 @@ run() {
 		echo
 		echo "## Go benchmarks on the GPU (medians of p50 over the runs)"
 		summarize "$OUT/bench-gpu.log"
+		[ -f "$OUT/kv-bench-gpu.log" ] && summarize "$OUT/kv-bench-gpu.log"
 		echo
 		echo "## Go side alone (null driver) on this machine's CPU"
 		summarize "$OUT/bench-null.log"
