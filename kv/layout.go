@@ -21,7 +21,7 @@ const (
 	// memory charges for such runs: on the host measured, 1.5-2x PerLayer's time,
 	// less than the paged gather's for K and V; larger blocks (Config.BlockTokens)
 	// read closer to PerLayer. On an H200 a paged-style attention kernel read every
-	// layout within 1.06x of PerLayer's time (BENCHMARKS.md, docs/gpu.md). A layer's
+	// layout within 1.04x of PerLayer's time (BENCHMARKS.md, docs/gpu.md). A layer's
 	// tensor is a strided tensor of [blocks, T, KVHeads, HeadDim] (View); the bytes
 	// at a block's end that hold no whole token are waste (Size).
 	Blocked Layout = iota
