@@ -81,8 +81,9 @@ func copyTokens(g kv.Geometry, dst, src *kv.Sequence, n int) error {
 		return err
 	}
 	buf := make([]byte, g.TokenBytes())
-	for t := range n {
-		for l := range g.Layers {
+	// Layer by layer, as the replay writes (writeLayerMajor).
+	for l := range g.Layers {
+		for t := range n {
 			for _, k := range []kv.Kind{kv.K, kv.V} {
 				if err := src.ReadToken(l, k, t, buf); err != nil {
 					return err

@@ -101,8 +101,9 @@ Each strategy serves the same requests, one strategy after another so that only 
 holds memory at a time. The baselines hold host memory; vmarena holds what -backing
 says (host shared memory by default on Linux, private host memory elsewhere, a GPU's
 memory with -backing cuda). A request starts on the shared -system-prompt, prefills its
-prompt, then decodes one token per batch iteration in a continuous batch of at most
--concurrency requests; every token's K and V are really written. Time is simulated:
+prompt layer by layer (all of a layer's tokens, then the next layer's, as a model's
+forward pass writes them), then decodes one token per batch iteration in a continuous
+batch of at most -concurrency requests; every token's K and V are really written. Time is simulated:
 each batch iteration stands for -step of model time, so waits are in model seconds and
 do not depend on this machine; the time spent in the memory layer is real (wall
 clock). Each strategy's memory is bounded by the same -budget through a governor:

@@ -96,18 +96,7 @@ func (k *kvPrefix) insert(s pseq, tokens []int32) error {
 }
 
 func (k *kvPrefix) write(s pseq, from, to int, fill []byte) error {
-	q := s.(*kv.Sequence)
-	for t := from; t < to; t++ {
-		for l := range k.g.Layers {
-			if err := q.WriteToken(l, kv.K, t, fill); err != nil {
-				return err
-			}
-			if err := q.WriteToken(l, kv.V, t, fill); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	return writeLayerMajor(s.(*kv.Sequence).WriteToken, kv.K, kv.V, k.g.Layers, from, to, fill)
 }
 
 func (k *kvPrefix) closeSeq(s pseq) error {
@@ -163,18 +152,7 @@ func (p *pagedPrefix) insert(s pseq, tokens []int32) error {
 }
 
 func (p *pagedPrefix) write(s pseq, from, to int, fill []byte) error {
-	q := s.(baseline.Sequence)
-	for t := from; t < to; t++ {
-		for l := range p.shape.Layers {
-			if err := q.WriteToken(l, baseline.K, t, fill); err != nil {
-				return err
-			}
-			if err := q.WriteToken(l, baseline.V, t, fill); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	return writeLayerMajor(s.(baseline.Sequence).WriteToken, baseline.K, baseline.V, p.shape.Layers, from, to, fill)
 }
 
 func (p *pagedPrefix) closeSeq(s pseq) error { return s.(baseline.Sequence).Close() }

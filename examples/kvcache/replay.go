@@ -200,14 +200,23 @@ func (r *replayer) fillBytes(b byte) []byte {
 	return f
 }
 
-// writeTokens writes tokens [from, to) of every layer's K and V.
+// writeTokens writes tokens [from, to) of every layer's K and V, layer by layer as
+// a model's forward pass does (see writeLayerMajor).
 func (r *replayer) writeTokens(q baseline.Sequence, from, to int, src []byte) error {
-	for t := from; t < to; t++ {
-		for l := range r.w.Layers {
-			if err := q.WriteToken(l, baseline.K, t, src); err != nil {
+	return writeLayerMajor(q.WriteToken, baseline.K, baseline.V, r.w.Layers, from, to, src)
+}
+
+// writeLayerMajor writes src into tokens [from, to) of every layer's K and V with
+// write, in the order of a model's forward pass: all of a layer's tokens (K, then V,
+// of each), then the next layer's. A prefill thus writes each layer's run of tokens in
+// one sweep; a decode step (one token) writes one token of every layer.
+func writeLayerMajor[Kind any](write func(layer int, v Kind, token int, src []byte) error, k, v Kind, layers, from, to int, src []byte) error {
+	for l := range layers {
+		for t := from; t < to; t++ {
+			if err := write(l, k, t, src); err != nil {
 				return err
 			}
-			if err := q.WriteToken(l, baseline.V, t, src); err != nil {
+			if err := write(l, v, t, src); err != nil {
 				return err
 			}
 		}

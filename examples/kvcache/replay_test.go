@@ -176,3 +176,81 @@ func TestQuantile(t *testing.T) {
 	assert.Equal(t, time.Duration(1), quantile(d, 0))
 	assert.Zero(t, quantile(nil, 0.5))
 }
+
+// writeRec is one WriteToken call.
+type writeRec struct {
+	layer int
+	kind  baseline.Kind
+	token int
+}
+
+// recordingStrategy records the order of every sequence's writes.
+type recordingStrategy struct {
+	baseline.Strategy
+	writes *[]writeRec
+}
+
+func (s recordingStrategy) NewSequence() (baseline.Sequence, error) {
+	q, err := s.Strategy.NewSequence()
+	if err != nil {
+		return nil, err
+	}
+	return recordingSeq{q, s.writes}, nil
+}
+
+func (s recordingStrategy) NewSequenceFrom(p baseline.Prefix) (baseline.Sequence, error) {
+	q, err := s.Strategy.NewSequenceFrom(p)
+	if err != nil {
+		return nil, err
+	}
+	return recordingSeq{q, s.writes}, nil
+}
+
+type recordingSeq struct {
+	baseline.Sequence
+	writes *[]writeRec
+}
+
+func (q recordingSeq) WriteToken(layer int, v baseline.Kind, token int, src []byte) error {
+	*q.writes = append(*q.writes, writeRec{layer, v, token})
+	return q.Sequence.WriteToken(layer, v, token, src)
+}
+
+// TestReplayWritesLayerByLayer: the replay writes a prompt as a model's prefill does,
+// all of a layer's tokens (K and V of each) before the next layer's.
+func TestReplayWritesLayerByLayer(t *testing.T) {
+	var got []writeRec
+	record := func(layer int, v baseline.Kind, token int, _ []byte) error {
+		got = append(got, writeRec{layer, v, token})
+		return nil
+	}
+	require.NoError(t, writeLayerMajor(record, baseline.K, baseline.V, 2, 5, 7, nil))
+	assert.Equal(t, []writeRec{
+		{0, baseline.K, 5}, {0, baseline.V, 5}, {0, baseline.K, 6}, {0, baseline.V, 6},
+		{1, baseline.K, 5}, {1, baseline.V, 5}, {1, baseline.K, 6}, {1, baseline.V, 6},
+	}, got)
+
+	// The whole replay: one request, no system prompt, a 3-token prompt and 2 tokens
+	// of output on a model of 4 layers.
+	w := testWorkload(t, 1)
+	w.SystemPrompt = 0
+	w.Requests = []Request{{ID: 0, Context: 3, Generated: 2}}
+	b, err := build(namePaged, testSetup(0))
+	require.NoError(t, err)
+	var writes []writeRec
+	_, err = Replay(context.Background(), recordingStrategy{b.st, &writes}, w, nil)
+	require.NoError(t, err)
+	require.NoError(t, b.st.Close())
+	var want []writeRec
+	for l := range testModel.Layers { // the prefill: layer by layer
+		for tok := range 3 {
+			want = append(want, writeRec{l, baseline.K, tok}, writeRec{l, baseline.V, tok})
+		}
+	}
+	for tok := 3; tok < 5; tok++ { // each decode step: one token of every layer
+		for l := range testModel.Layers {
+			want = append(want, writeRec{l, baseline.K, tok}, writeRec{l, baseline.V, tok})
+		}
+	}
+	assert.Equal(t, want, writes)
+}
