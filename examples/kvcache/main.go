@@ -79,6 +79,8 @@ type config struct {
 	progress    string
 	metrics     string
 	prefillRate float64
+	rounds      int  // -rounds: fair timing, each strategy in a child process
+	child       bool // -child (hidden): a fair-timing child; see fair.go
 	// prefix is set for a trace with token IDs (Mooncake): the prefix-cache replay.
 	prefix bool
 	set    map[string]bool // flags given on the command line
@@ -135,6 +137,15 @@ proportion to the uncached prompt tokens (-prefill-rate). It prints the hit rate
 to an unbounded cache's, time to first token, makespan, memory, and the memory held
 once the load stops, and plots memory and the hit rate over time.
 
+Fair timing: -rounds N replays each strategy in a fresh process of this binary
+instead, one at a time, N rounds, in the order of -strategies in odd rounds and in the
+reverse order in even ones. Strategies run one after another in one process are not
+on equal terms: a later one finds memory an earlier one faulted in (on a VM a fresh
+page may cost a fault in the host too). It prints every run's figures, each
+strategy's median and range, and the median and range of vmarena's ratio to each
+other strategy, taken within each round: the figures to compare. It draws no plot
+and runs no idle tail; it works for both replays.
+
 Output: live progress, then two tables, a row per strategy.
 Memory:
   peak      highest physical memory held (bytes allocated and touched; for vmarena
@@ -162,7 +173,16 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usageText)
-		fs.PrintDefaults()
+		// Every flag but the hidden one, with its own default.
+		shown := flag.NewFlagSet("kvcache", flag.ContinueOnError)
+		shown.SetOutput(fs.Output())
+		fs.VisitAll(func(f *flag.Flag) {
+			if f.Name != childFlag {
+				shown.Var(f.Value, f.Name, f.Usage)
+				shown.Lookup(f.Name).DefValue = f.DefValue
+			}
+		})
+		shown.PrintDefaults()
 	}
 	fs.StringVar(&c.trace, "trace", "", "trace file: CSV with columns TIMESTAMP, ContextTokens, GeneratedTokens, or Mooncake JSON lines with hash_ids, told apart by content; \"mooncake\": the bundled Mooncake conversation trace (default: the bundled Azure LLM 2023 conversation trace)")
 	fs.IntVar(&c.requests, "requests", 100, "how many requests of the trace to replay (0: all)")
@@ -188,6 +208,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.format, "format", "png", "plot format: png or svg")
 	fs.StringVar(&c.progress, "progress", "auto", "progress display: auto (a bar on a terminal, lines otherwise), bar, lines or none")
 	fs.StringVar(&c.metrics, "metrics", "", "serve Prometheus metrics of the strategy replaying at http://ADDR/metrics, like 127.0.0.1:9090 (default: none)")
+	fs.IntVar(&c.rounds, "rounds", 0, "fair timing: replay each strategy in a fresh process of this binary, one at a time, this many rounds in alternating order, and report the median and range of each figure and of vmarena's ratio to each other strategy (no plot, no idle tail); 0: every strategy in this process, one after another")
+	fs.BoolVar(&c.child, childFlag, false, "a fair-timing child: replay the one strategy of -strategies and write its result on stdout as JSON (what -rounds runs)")
 	fs.Float64Var(&c.prefillRate, "prefill-rate", DefaultPrefillRate, "prefix-cache replay: prompt tokens prefilled per second of model time (time to first token grows with the uncached tokens)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -294,6 +316,12 @@ func (c *config) validate() (setup, []string, error) {
 		return s, nil, fmt.Errorf("-prompt-scale %v: a trace with token IDs can not be scaled (its prompts are its blocks)", c.promptScale)
 	case c.idle < 0:
 		return s, nil, fmt.Errorf("-idle %v is negative", c.idle)
+	case c.rounds < 0:
+		return s, nil, fmt.Errorf("-rounds %d is negative", c.rounds)
+	case c.rounds > 0 && c.metrics != "":
+		return s, nil, fmt.Errorf("-metrics serves one process: it can not be used with -rounds %d (each strategy replays in a process of its own)", c.rounds)
+	case c.child && len(names) != 1:
+		return s, nil, fmt.Errorf("-%s replays one strategy, not %d (-strategies %s)", childFlag, len(names), strings.Join(names, ","))
 	}
 	s.poolHigh = c.poolHigh
 	s.maxTokens, s.budget = c.maxTokens, int64(c.budget)
@@ -375,7 +403,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "Serving metrics at http://%s/metrics\n", ms.Addr())
 	}
 	if c.prefix {
-		return runPrefix(ctx, c, s, names, reqs, traceName, stdout, stderr)
+		w := PrefixWorkload{Requests: reqs, Speed: c.speed, Step: c.step, PrefillRate: c.prefillRate,
+			Concurrency: c.concurrency, MaxTokens: c.maxTokens, TokenBytes: s.model.TokenBytes(), Layers: s.model.Layers}
+		switch {
+		case c.child:
+			return runChild(stdout, stderr, names[0], func() (any, error) {
+				res, err := replayPrefixOne(ctx, names[0], s, w)
+				res.Samples = nil
+				return res, err
+			})
+		case c.rounds > 0:
+			printPrefixHeader(stdout, c, s, reqs, traceName)
+			return runFairHere(ctx, prefixFairReplay, args, names, c, stdout, stderr)
+		}
+		return runPrefix(ctx, c, s, names, w, traceName, stdout, stderr)
 	}
 	w := Workload{
 		Requests:     reqs,
@@ -392,11 +433,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvcache: %v\n", err)
 		return 2
 	}
+	if c.child {
+		return runChild(stdout, stderr, names[0], func() (any, error) {
+			res, err := replayOne(ctx, names[0], s, w, nopProgress{}, nil)
+			res.Samples = nil
+			return res, err
+		})
+	}
 	if err := probe(names, s); err != nil {
 		fmt.Fprintf(stderr, "kvcache: %v\n", err)
 		return 1
 	}
 	printHeader(stdout, c, s, w, traceName)
+	if c.rounds > 0 {
+		return runFairHere(ctx, mainFairReplay, args, names, c, stdout, stderr)
+	}
 
 	ui := newProgress(c.progress, stdout)
 	results, failed, stopped := replayEach(ctx, stderr, names, func(name string) (Result, error) {

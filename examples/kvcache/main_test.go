@@ -59,6 +59,8 @@ func TestRunBadFlags(t *testing.T) {
 		{"infinite prompt scale", []string{"-prompt-scale", "+Inf"}, "-prompt-scale +Inf: want a positive number"},
 		{"prompt scale not a number", []string{"-prompt-scale", "long"}, `invalid value "long" for flag -prompt-scale`},
 		{"negative idle", []string{"-idle", "-1s"}, "-idle -1s is negative"},
+		{"negative rounds", []string{"-rounds", "-1"}, "-rounds -1 is negative"},
+		{"rounds with metrics", []string{"-rounds", "2", "-metrics", "127.0.0.1:0"}, "-metrics serves one process: it can not be used with -rounds 2"},
 		{"unknown format", []string{"-format", "gif"}, `-format "gif"`},
 		{"unknown progress", []string{"-progress", "fancy"}, `-progress "fancy"`},
 		{"stray argument", []string{"trace.csv"}, `unexpected argument "trace.csv"`},

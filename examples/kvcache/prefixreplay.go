@@ -620,10 +620,8 @@ after      memory held once every request finished (cached prefixes included; vm
            idle pool given back); /cached floor: over the cached tokens' packed bytes`)
 }
 
-// runPrefix replays a trace with token IDs against the prefix strategies.
-func runPrefix(ctx context.Context, c *config, s setup, names []string, reqs []Request, traceName string, stdout, stderr io.Writer) int {
-	w := PrefixWorkload{Requests: reqs, Speed: c.speed, Step: c.step, PrefillRate: c.prefillRate,
-		Concurrency: c.concurrency, MaxTokens: c.maxTokens, TokenBytes: s.model.TokenBytes(), Layers: s.model.Layers}
+// printPrefixHeader says what the prefix-cache replay is about to replay.
+func printPrefixHeader(stdout io.Writer, c *config, s setup, reqs []Request, traceName string) {
 	last := reqs[len(reqs)-1].Arrival - reqs[0].Arrival
 	budget := "unlimited"
 	if s.budget > 0 {
@@ -632,28 +630,40 @@ func runPrefix(ctx context.Context, c *config, s setup, names []string, reqs []R
 	fmt.Fprintf(stdout, "Trace:   %s: %d requests over %v of trace time, prompts with token IDs: prefix-cache replay\n", traceName, len(reqs), last.Round(time.Second))
 	fmt.Fprintf(stdout, "Model:   %s, %s of K/V per token, max %d tokens per sequence\n", s.model.Name, formatBytes(int64(s.model.BytesPerToken())), c.maxTokens)
 	fmt.Fprintf(stdout, "Server:  batch of at most %d, %v per decode step, prefill %.0f tokens/s, budget %s per strategy\n\n", c.concurrency, c.step, c.prefillRate, budget)
+}
+
+// replayPrefixOne builds the prefix strategy called name, replays w on it, closes it
+// and checks that the governor got every byte back.
+func replayPrefixOne(ctx context.Context, name string, s setup, w PrefixWorkload) (PrefixResult, error) {
+	st, gov, err := buildPrefix(name, s)
+	if err != nil {
+		return PrefixResult{Strategy: name}, err
+	}
+	if s.metrics != nil {
+		if err := s.metrics.watch(name, gov, accounting.HostKey, st); err != nil {
+			return PrefixResult{Strategy: name}, fmt.Errorf("metrics: %w", errors.Join(err, st.Close()))
+		}
+	}
+	res, err := ReplayPrefix(ctx, st, w, func(int) {})
+	if cerr := st.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("close: %w", cerr)
+	}
+	if used := gov.AllStats(); err == nil {
+		for _, d := range used {
+			if d.Used != 0 {
+				err = fmt.Errorf("%d bytes still charged to the governor after Close", d.Used)
+			}
+		}
+	}
+	return res, err
+}
+
+// runPrefix replays a trace with token IDs against the prefix strategies.
+func runPrefix(ctx context.Context, c *config, s setup, names []string, w PrefixWorkload, traceName string, stdout, stderr io.Writer) int {
+	printPrefixHeader(stdout, c, s, w.Requests, traceName)
 	results, failed, stopped := replayEach(ctx, stderr, names, func(name string) (PrefixResult, error) {
-		st, gov, err := buildPrefix(name, s)
-		if err != nil {
-			return PrefixResult{}, err
-		}
-		if s.metrics != nil {
-			if err := s.metrics.watch(name, gov, accounting.HostKey, st); err != nil {
-				return PrefixResult{}, fmt.Errorf("metrics: %w", errors.Join(err, st.Close()))
-			}
-		}
 		fmt.Fprintf(stdout, "%s ...", name)
-		res, err := ReplayPrefix(ctx, st, w, func(int) {})
-		if cerr := st.Close(); err == nil && cerr != nil {
-			err = fmt.Errorf("close: %w", cerr)
-		}
-		if used := gov.AllStats(); err == nil {
-			for _, d := range used {
-				if d.Used != 0 {
-					err = fmt.Errorf("%d bytes still charged to the governor after Close", d.Used)
-				}
-			}
-		}
+		res, err := replayPrefixOne(ctx, name, s, w)
 		fmt.Fprintf(stdout, " %v\n", res.Wall.Round(time.Millisecond))
 		return res, err
 	})
