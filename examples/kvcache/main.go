@@ -52,6 +52,10 @@ func main() {
 	os.Exit(code)
 }
 
+// defaultIdle is -idle's default: long enough for the pool's decay (5 s) to give
+// every idle granule back after the load stops.
+const defaultIdle = 6 * time.Second
+
 // config is everything the flags say.
 type config struct {
 	trace       string
@@ -118,14 +122,14 @@ production conversation service) for Llama-3-8B, 128 KiB of K/V per token, with 
 3 GiB budget. That is enough load that preallocating the context window (1 GiB per
 sequence) leaves room for two requests at a time while the others wait, and small
 enough that each strategy holds at most about 3 GiB (the Go heap is capped at 4.5 GiB
-for the baselines) and the whole run takes well under a minute on two cores: most of
-it is writing 12 GiB of K/V per strategy (and as much again for eager and append,
-which copy the system prompt into every sequence). Raise -requests, -speed or
--budget for a longer, larger run. -prompt-scale 4 replays the same requests with
-prompts four times as long (clipped at -max-tokens): a replay of long prompts. -idle 8s
-keeps sampling memory for 8 s after the load stops, so that the plot shows what the pool
-gives back by decay (keep -pool-low small and -pool-high above it, since the pool never
-decays below -pool-low).
+for the baselines) and the replays take about half a minute on two cores: most of it
+is writing 12 GiB of K/V per strategy (and as much again for eager and append, which
+copy the system prompt into every sequence). Each replay then goes on sampling memory
+for -idle (6 s) of wall-clock time without load, so that the plot shows what each
+strategy keeps and what vmarena's pool gives back by decay (5 s unused; it never
+decays below -pool-low); -idle 0 skips it. Raise -requests, -speed or -budget for a
+longer, larger run. -prompt-scale 4 replays the same requests with prompts four times
+as long (clipped at -max-tokens): a replay of long prompts.
 
 A trace with token IDs (Mooncake's JSON lines, whose hash_ids name each prompt's
 512-token blocks; -trace tells the formats apart by content; -trace mooncake is the
@@ -162,7 +166,9 @@ Time:
   refused   of those, requests that memory refused at least once
   wait p50, p99  how much later, in model time
   makespan  model time to serve every request
-and the path of a plot of physical memory over (model) time, one line per strategy.
+and the path of a plot of physical memory over time, one line per strategy: model
+time while the load runs, then the idle tail's wall-clock time; a run that ends far
+later than the others (eager's) is drawn past a break in the time axis.
 
 Flags:
 `
@@ -202,7 +208,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.poolLow, "pool-low", 0, "vmarena, shared and cuda backings: idle granules the pool keeps ready, refilled off the token path (0: none)")
 	fs.IntVar(&c.poolHigh, "pool-high", 0, "vmarena, shared and cuda backings: most idle granules the pool keeps; those above -pool-low go back to the OS by decay once unused (0: as many as -budget holds, so decay decides; without a budget the larger of -pool-low and 64)")
 	fs.Float64Var(&c.promptScale, "prompt-scale", 1, "multiply every request's prompt tokens by this (a replay of long prompts; prompts past -max-tokens are clipped); CSV traces only")
-	fs.DurationVar(&c.idle, "idle", 0, "after the load stops, keep sampling memory for this much wall-clock time (a pool's decay runs on the real clock), plotted after the last request")
+	fs.DurationVar(&c.idle, "idle", defaultIdle, "after the load stops, keep sampling memory for this much wall-clock time (a pool's decay runs on the real clock), plotted after the last request (0: not at all)")
 	fs.StringVar(&c.strategies, "strategies", strings.Join(allStrategies, ","), "comma-separated strategies to run, in order")
 	fs.StringVar(&c.out, "out", os.TempDir(), "directory for the plot")
 	fs.StringVar(&c.format, "format", "png", "plot format: png or svg")

@@ -26,7 +26,7 @@ func runArgs(t *testing.T, args ...string) (int, string, string) {
 // small is a quick run of the bundled trace on the tiny model.
 func small(t *testing.T, extra ...string) []string {
 	return append([]string{"-model", "tiny", "-requests", "12", "-system-prompt", "64", "-max-tokens", "20000",
-		"-budget", "0", "-out", t.TempDir()}, extra...)
+		"-budget", "0", "-idle", "0", "-out", t.TempDir()}, extra...)
 }
 
 func TestRunBadFlags(t *testing.T) {
@@ -82,6 +82,7 @@ func TestRunHelp(t *testing.T) {
 	assert.Contains(t, errOut, "Usage: go run ./examples/kvcache")
 	assert.Contains(t, errOut, "-budget")
 	assert.Contains(t, errOut, "The defaults replay")
+	assert.Regexp(t, `-idle duration\n.*\(default 6s\)`, errOut, "the default run ends with an idle tail")
 }
 
 func TestRunTraceErrors(t *testing.T) {
