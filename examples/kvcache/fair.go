@@ -224,6 +224,10 @@ func runFair[R any](ctx context.Context, fr fairReplay[R], exe string, args []st
 	} else {
 		fmt.Fprintln(stdout)
 	}
+	width := 0
+	for _, n := range names {
+		width = max(width, len(n))
+	}
 	var runs []fairRun[R]
 	for r := range rounds {
 		for _, name := range fairOrder(names, r) {
@@ -240,7 +244,7 @@ func runFair[R any](ctx context.Context, fr fairReplay[R], exe string, args []st
 			run := fairRun[R]{round: r + 1, strategy: name, res: res, wall: time.Since(t0)}
 			runs = append(runs, run)
 			if progress != "none" {
-				fmt.Fprintf(stdout, "round %d/%d  %-8s %s in %v\n", r+1, rounds, name, fr.done(res), run.wall.Round(time.Millisecond))
+				fmt.Fprintf(stdout, "round %d/%d  %-*s  %s in %v\n", r+1, rounds, width, name, fr.done(res), run.wall.Round(time.Millisecond))
 			}
 		}
 	}

@@ -129,7 +129,7 @@ func TestFairRounds(t *testing.T) {
 		order = append(order, r[1]+" "+r[2])
 	}
 	assert.Equal(t, []string{"1 vmarena", "1 paged", "2 paged", "2 vmarena", "3 vmarena", "3 paged"}, order, out)
-	assert.Contains(t, out, "round 2/3  paged    12/12 in ")
+	assert.Contains(t, out, "round 2/3  paged    12/12 in ", "names padded to the longest")
 	assert.Contains(t, out, "Each strategy: median [min, max] over 3 rounds")
 	assert.Regexp(t, `(?m)^ *makespan +1\.00x \[1\.00x, 1\.00x\] *$`, out, "the same schedule in every process")
 	assert.NotContains(t, out, "Plot of", "fair timing draws no plot")
