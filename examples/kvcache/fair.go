@@ -152,7 +152,9 @@ var prefixFairReplay = fairReplay[PrefixResult]{
 // fairReference returns the strategy the others are compared with: vmarena's
 // (with its prefix cache where the replay has one), else the first.
 func fairReference(names []string) string {
-	for _, n := range []string{nameCache, namePrefixOn} {
+	// NB: namePrefixOn first: the prefix replay's cache-off strategy is named
+	// nameCache too.
+	for _, n := range []string{namePrefixOn, nameCache} {
 		if slices.Contains(names, n) {
 			return n
 		}

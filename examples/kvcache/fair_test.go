@@ -63,6 +63,15 @@ func TestFairOrder(t *testing.T) {
 	assert.Equal(t, []string{"a", "b", "c"}, names, "the caller's slice is left alone")
 }
 
+func TestFairReference(t *testing.T) {
+	assert.Equal(t, nameCache, fairReference(allStrategies))
+	assert.Equal(t, nameCache, fairReference([]string{namePaged, nameCache}))
+	assert.Equal(t, namePrefixOn, fairReference(prefixStrategies), "the prefix replay's vmarena is the one with its cache")
+	assert.Equal(t, namePrefixOn, fairReference([]string{namePagedPC, namePrefixOff, namePrefixOn}))
+	assert.Equal(t, namePrefixOff, fairReference([]string{namePagedPC, namePrefixOff}))
+	assert.Equal(t, namePaged, fairReference([]string{namePaged, nameEager}), "without vmarena: the first")
+}
+
 func TestSpreadOf(t *testing.T) {
 	nan := math.NaN()
 	tests := []struct {
