@@ -129,7 +129,7 @@ func TestPrintFair(t *testing.T) {
 // TestFairRounds runs fair timing for real: each strategy in a child process of this
 // test binary, in alternating order.
 func TestFairRounds(t *testing.T) {
-	code, out, errOut := runArgs(t, small(t, "-rounds", "3", "-strategies", "vmarena,paged", "-progress", "lines")...)
+	code, out, errOut := runArgs(t, small(t, "-rounds", "2", "-strategies", "vmarena,paged", "-progress", "lines")...)
 	require.Equal(t, 0, code, errOut)
 	assert.Empty(t, errOut)
 	rows := regexp.MustCompile(`(?m)^ +(\d) +(vmarena|paged) .* 12/12 +\S+ *$`).FindAllStringSubmatch(out, -1)
@@ -137,9 +137,9 @@ func TestFairRounds(t *testing.T) {
 	for _, r := range rows {
 		order = append(order, r[1]+" "+r[2])
 	}
-	assert.Equal(t, []string{"1 vmarena", "1 paged", "2 paged", "2 vmarena", "3 vmarena", "3 paged"}, order, out)
-	assert.Contains(t, out, "round 2/3  paged    12/12 in ", "names padded to the longest")
-	assert.Contains(t, out, "Each strategy: median [min, max] over 3 rounds")
+	assert.Equal(t, []string{"1 vmarena", "1 paged", "2 paged", "2 vmarena"}, order, out)
+	assert.Contains(t, out, "round 2/2  paged    12/12 in ", "names padded to the longest")
+	assert.Contains(t, out, "Each strategy: median [min, max] over 2 rounds")
 	assert.Regexp(t, `(?m)^ *makespan +1\.00x \[1\.00x, 1\.00x\] *$`, out, "the same schedule in every process")
 	assert.NotContains(t, out, "Plot of", "fair timing draws no plot")
 }
