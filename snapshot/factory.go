@@ -51,8 +51,8 @@ const (
 )
 
 // Options configure NewFactory. The zero value gives stores on host.Private with
-// 2 MiB granules, populated at commit, that refuse at once what the budget can not
-// cover.
+// 2 MiB granules in huge pages where the system has them, populated at commit,
+// that refuse at once what the budget can not cover.
 type Options struct {
 	// Backing picks the memory: Private (the default) or Shared.
 	Backing Kind
@@ -66,6 +66,15 @@ type Options struct {
 	// By default a commit populates them (MADV_POPULATE_WRITE on Linux), which costs
 	// about a quarter of the faults: the caller of Prepare writes the whole slice.
 	NoPopulate bool
+	// NoHugePages makes granules of small pages. By default, where the granule is a
+	// multiple of the huge page (2 MiB on x86-64) and the system allows transparent
+	// huge pages, each granule is one huge page, also on a virtual machine that
+	// reports its free memory to its host in huge-page blocks, where the backings'
+	// own default is small pages (host.PrivateOptions.AlwaysHugePages): a store
+	// fills every granule it commits and gives them all back at Reset, and a huge
+	// page is given back about fifty times faster than 512 small ones, while
+	// Prepare, fill and Commit cost about the same (BENCHMARKS.md).
+	NoHugePages bool
 	// WaitFor is how long a Prepare that the budget refuses waits for other stores or
 	// ledgers of the device to give bytes back (the governor's FIFO queue), within its
 	// context, before it is refused. 0 refuses at once.
@@ -144,7 +153,7 @@ func NewFactory(g *accounting.Governor, opts Options) (*Factory, error) {
 	}
 	switch opts.Backing {
 	case Private:
-		p, err := host.NewPrivate(host.PrivateOptions{Granularity: gran, Populate: !opts.NoPopulate, Name: name})
+		p, err := host.NewPrivate(host.PrivateOptions{Granularity: gran, Populate: !opts.NoPopulate, Name: name, NoHugePages: opts.NoHugePages, AlwaysHugePages: !opts.NoHugePages})
 		if err != nil {
 			_ = f.auth.Close() // holds nothing yet
 			return nil, err
@@ -154,6 +163,8 @@ func NewFactory(g *accounting.Governor, opts Options) (*Factory, error) {
 	case Shared:
 		po := opts.Pool
 		po.Granularity, po.Authority, po.Populate, po.Name = gran, f.auth, !opts.NoPopulate, name
+		po.NoHugePages = po.NoHugePages || opts.NoHugePages
+		po.AlwaysHugePages = po.AlwaysHugePages || !po.NoHugePages
 		s, err := host.NewShared(po)
 		if err != nil {
 			_ = f.auth.Close()
