@@ -280,7 +280,7 @@ func TestIMCEmulation(t *testing.T) {
 // small pages (NoHugePages), reported as small. budget=none
 // runs without a budget; budget=60% gives the snapshot store 60% of the sum of the
 // sessions' peaks (the RAM store has no budget to give). Run it with
-// -benchtime=1x: one iteration takes tens of seconds and about 12 GiB at its peak.
+// -benchtime=1x: one iteration takes minutes and up to 8.5 GiB (the RAM store's peak).
 func BenchmarkIMC(b *testing.B) {
 	base := load{sessions: 64, turns: 40, minGrowth: 1 * mib, maxGrowth: 3 * mib, resetAt: 20, seed: 26}
 	for _, budget := range []int{0, 60} {
