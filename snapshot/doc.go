@@ -25,6 +25,10 @@
 // pool of granules for the factory's stores, which keeps recently freed granules
 // warm for the next Prepare and gives idle ones back by decay). Options.Granularity
 // sets the granule (2 MiB by default): a snapshot holds at most one partly used one.
+// A 2 MiB granule is one transparent huge page where the system allows them
+// (Options.NoHugePages turns that off): Reset then gives a granule back about fifty
+// times faster than as 512 small pages, which is what makes it cheaper than
+// writing zeros (BENCHMARKS.md).
 //
 // # Memory management
 //
