@@ -175,18 +175,19 @@ func TestConcurrentStores(t *testing.T) {
 			const (
 				sessions = 8
 				turns    = 40
-				limit    = 48 * gran
+				limit    = 12 * gran
 			)
 			opts := snapshot.Options{Backing: kind}
 			if kind == snapshot.Shared {
 				opts.Pool.High = 4
 			}
 			f, g := newFactory(t, limit, opts)
-			var wg sync.WaitGroup
+			var wg, played sync.WaitGroup
+			played.Add(sessions)
 			errs := make(chan error, sessions)
 			for i := range sessions {
 				wg.Go(func() {
-					errs <- session(f, i, turns)
+					errs <- session(f, i, turns, &played)
 				})
 			}
 			wg.Wait()
@@ -208,16 +209,20 @@ func TestConcurrentStores(t *testing.T) {
 	}
 }
 
-// session plays one session on a new store of f: it grows by up to two granules a
-// turn, resets now and then, and checks every snapshot it commits and the factory's
-// sums against its own at each turn.
-func session(f *snapshot.Factory, id, turns int) (err error) {
+// session plays one session on a new store of f: it grows by up to half a granule a
+// turn, resets now and then, and checks every snapshot it commits and the ledger
+// at each turn. It keeps its last snapshot until every session has played (played),
+// so that, however the goroutines are scheduled, the later ones meet the earlier
+// ones' memory.
+func session(f *snapshot.Factory, id, turns int, played *sync.WaitGroup) (err error) {
 	ctx := context.Background()
 	s, err := f.New(ctx)
 	if err != nil {
+		played.Done()
 		return err
 	}
 	defer func() { err = errors.Join(err, s.Close()) }()
+	defer func() { played.Done(); played.Wait() }()
 	rng := rand.New(rand.NewPCG(uint64(id), 1))
 	size := 0
 	for turn := range turns {
@@ -227,7 +232,7 @@ func session(f *snapshot.Factory, id, turns int) (err error) {
 			}
 			size = 0
 		}
-		size += 1 + rng.IntN(2*gran)
+		size += 1 + rng.IntN(gran/2)
 		seed := byte(id*turns + turn)
 		ok, err := imcSnapshot(ctx, s, size, seed)
 		switch {
