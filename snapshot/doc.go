@@ -26,7 +26,7 @@
 // warm for the next Prepare and gives idle ones back by decay). Options.Granularity
 // sets the granule (2 MiB by default): a snapshot holds at most one partly used one.
 // A 2 MiB granule is one transparent huge page where the system allows them
-// (Options.NoHugePages turns that off): Reset then gives a granule back about fifty
+// (Options.NoHugePages turns that off): Reset then gives a granule back 14-21
 // times faster than as 512 small pages, which is what makes it cheaper than
 // writing zeros (BENCHMARKS.md).
 //

@@ -72,8 +72,9 @@ type Options struct {
 	// reports its free memory to its host in huge-page blocks, where the backings'
 	// own default is small pages (host.PrivateOptions.AlwaysHugePages): a store
 	// fills every granule it commits and gives them all back at Reset, and a huge
-	// page is given back about fifty times faster than 512 small ones, while
-	// Prepare, fill and Commit cost about the same (BENCHMARKS.md).
+	// page is given back 14-21 times faster than 512 small ones. On such a virtual
+	// machine Prepare, fill and Commit then cost 1.2-1.6 times what they cost on
+	// small pages, where elsewhere a fresh huge page is the cheaper (BENCHMARKS.md).
 	NoHugePages bool
 	// WaitFor is how long a Prepare that the budget refuses waits for other stores or
 	// ledgers of the device to give bytes back (the governor's FIFO queue), within its
