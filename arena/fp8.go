@@ -45,13 +45,25 @@ type F8E5M2 uint8
 // F8E4M3FromFloat32 returns the F8E4M3 nearest to f, ties to even, in the
 // specification's non-saturating mode: a value that rounds past ±448 (|f| > 464) and
 // ±Inf become NaN of f's sign, as does a NaN.
-func F8E4M3FromFloat32(f float32) F8E4M3 { return F8E4M3(e4m3FromBits(math.Float32bits(f), false)) }
+func F8E4M3FromFloat32(f float32) F8E4M3 {
+	u := math.Float32bits(f)
+	// NB: the normal case, nearly all of real data, is done here, small enough to
+	// inline (one unsigned compare tests both bounds); e4m3FromBits does the rest.
+	if a := u & 0x7fffffff; a-e4m3MinNormal <= e4m3Overflow-e4m3MinNormal {
+		return F8E4M3(uint8(u>>24)&0x80 | e4m3Normal(a))
+	}
+	return F8E4M3(e4m3FromBits(u, false))
+}
 
 // F8E4M3FromFloat32Sat returns the F8E4M3 nearest to f, ties to even, in the
 // specification's saturating mode: a value that rounds past ±448 and ±Inf become ±448;
 // a NaN becomes NaN of f's sign.
 func F8E4M3FromFloat32Sat(f float32) F8E4M3 {
-	return F8E4M3(e4m3FromBits(math.Float32bits(f), true))
+	u := math.Float32bits(f)
+	if a := u & 0x7fffffff; a-e4m3MinNormal <= e4m3Overflow-e4m3MinNormal {
+		return F8E4M3(uint8(u>>24)&0x80 | e4m3Normal(a))
+	}
+	return F8E4M3(e4m3FromBits(u, true))
 }
 
 // Float32 returns x as a float32, exactly. The NaN comes out as the quiet NaN with x's
@@ -67,13 +79,23 @@ func (x F8E4M3) String() string { return strconv.FormatFloat(float64(x.Float32()
 // F8E5M2FromFloat32 returns the F8E5M2 nearest to f, ties to even, in the
 // specification's non-saturating mode: values of magnitude 61440 and above become ±Inf,
 // and a NaN becomes a quiet NaN that keeps f's sign and the top bit of its payload.
-func F8E5M2FromFloat32(f float32) F8E5M2 { return F8E5M2(e5m2FromBits(math.Float32bits(f), false)) }
+func F8E5M2FromFloat32(f float32) F8E5M2 {
+	u := math.Float32bits(f)
+	if a := u & 0x7fffffff; a-e5m2MinNormal < e5m2Overflow-e5m2MinNormal {
+		return F8E5M2(uint8(u>>24)&0x80 | e5m2Normal(a))
+	}
+	return F8E5M2(e5m2FromBits(u, false))
+}
 
 // F8E5M2FromFloat32Sat returns the F8E5M2 nearest to f, ties to even, in the
 // specification's saturating mode: values of magnitude 61440 and above and ±Inf become
 // ±57344; a NaN becomes a NaN as in F8E5M2FromFloat32.
 func F8E5M2FromFloat32Sat(f float32) F8E5M2 {
-	return F8E5M2(e5m2FromBits(math.Float32bits(f), true))
+	u := math.Float32bits(f)
+	if a := u & 0x7fffffff; a-e5m2MinNormal < e5m2Overflow-e5m2MinNormal {
+		return F8E5M2(uint8(u>>24)&0x80 | e5m2Normal(a))
+	}
+	return F8E5M2(e5m2FromBits(u, true))
 }
 
 // Float32 returns x as a float32, exactly. A NaN comes out quiet with x's sign and
@@ -133,7 +155,12 @@ func e4m3s(dst []F8E4M3, src []float32, sat bool) int {
 	n := min(len(dst), len(src))
 	dst, src = dst[:n], src[:n]
 	for i, f := range src {
-		dst[i] = F8E4M3(e4m3FromBits(math.Float32bits(f), sat))
+		u := math.Float32bits(f)
+		if a := u & 0x7fffffff; a-e4m3MinNormal <= e4m3Overflow-e4m3MinNormal {
+			dst[i] = F8E4M3(uint8(u>>24)&0x80 | e4m3Normal(a))
+			continue
+		}
+		dst[i] = F8E4M3(e4m3FromBits(u, sat))
 	}
 	return n
 }
@@ -142,7 +169,12 @@ func e5m2s(dst []F8E5M2, src []float32, sat bool) int {
 	n := min(len(dst), len(src))
 	dst, src = dst[:n], src[:n]
 	for i, f := range src {
-		dst[i] = F8E5M2(e5m2FromBits(math.Float32bits(f), sat))
+		u := math.Float32bits(f)
+		if a := u & 0x7fffffff; a-e5m2MinNormal < e5m2Overflow-e5m2MinNormal {
+			dst[i] = F8E5M2(uint8(u>>24)&0x80 | e5m2Normal(a))
+			continue
+		}
+		dst[i] = F8E5M2(e5m2FromBits(u, sat))
 	}
 	return n
 }
@@ -171,10 +203,7 @@ func e4m3FromBits(u uint32, sat bool) uint8 {
 		}
 		return sign | 0x7f
 	case a >= e4m3MinNormal:
-		// Round to nearest even at bit 20 and rebias the exponent from 127 to 7; a carry
-		// out of the mantissa bumps the exponent, which is the right result.
-		a += 0x7ffff + (a>>20)&1
-		return sign | uint8((a-(127-7)<<23)>>20)
+		return sign | e4m3Normal(a)
 	}
 	// Subnormal or zero. Adding 2^14, whose ulp is the subnormal step 2^-9, makes the
 	// FPU round |f| to a multiple of the step, ties to even; the low mantissa bits are
@@ -196,12 +225,26 @@ func e5m2FromBits(u uint32, sat bool) uint8 {
 		}
 		return sign | 0x7c
 	case a >= e5m2MinNormal:
-		// Round to nearest even at bit 21 and rebias the exponent from 127 to 15.
-		a += 0xfffff + (a>>21)&1
-		return sign | uint8((a-(127-15)<<23)>>21)
+		return sign | e5m2Normal(a)
 	}
 	// Subnormal or zero, as in e4m3FromBits with 2^7, whose ulp is 2^-16.
 	return sign | uint8(math.Float32bits(math.Float32frombits(a)+math.Float32frombits(e5m2Magic))-e5m2Magic)
+}
+
+// e4m3Normal returns the magnitude bits of the F8E4M3 nearest to the float32 of
+// magnitude bits a, which must lie in [2^-6, 464]: it rounds to nearest even at bit 20
+// and rebiases the exponent from 127 to 7. A carry out of the mantissa bumps the
+// exponent, which is the right result.
+func e4m3Normal(a uint32) uint8 {
+	a += 0x7ffff + (a>>20)&1
+	return uint8((a - (127-7)<<23) >> 20)
+}
+
+// e5m2Normal is e4m3Normal for F8E5M2: a must lie in [2^-14, 61440), rounding is at
+// bit 21 and the bias is 15.
+func e5m2Normal(a uint32) uint8 {
+	a += 0xfffff + (a>>21)&1
+	return uint8((a - (127-15)<<23) >> 21)
 }
 
 // e4m3ToBits converts the bits of an F8E4M3 to the bits of the equal float32.

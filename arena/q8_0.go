@@ -46,16 +46,17 @@ func QuantizeQ8_0(dst []BlockQ8_0, src []float32) (int, error) {
 	n := min(len(dst), len(src)/Q8_0BlockValues)
 	for i := range dst[:n] {
 		x := (*[Q8_0BlockValues]float32)(src[i*Q8_0BlockValues:])
-		var amax float32
-		finite := true
+		// NB: the magnitudes are compared as bits, whose order is their values' for
+		// non-negative floats and which puts Inf and NaN above every finite value: an
+		// integer max, no NaN rules, no branch.
+		var abits uint32
 		for _, v := range x {
-			a := math.Float32frombits(math.Float32bits(v) &^ (1 << 31))
-			finite = finite && a <= math.MaxFloat32 // false for Inf and NaN
-			amax = max(amax, a)
+			abits = max(abits, math.Float32bits(v)&0x7fffffff)
 		}
+		amax := math.Float32frombits(abits)
 		d := amax / 127
 		h := F16FromFloat32(d)
-		if !finite || h.IsInf(0) {
+		if abits >= f32Inf || h.IsInf(0) {
 			return i, fmt.Errorf("%w: Q8_0 block %d has max |x| %v", ErrQuantize, i, amax)
 		}
 		b := &dst[i]
