@@ -130,3 +130,28 @@ func TestFP8TokensThroughViews(t *testing.T) {
 	}
 	assert.True(t, s.Close().OK())
 }
+
+// TestScalesOnHost: on host memory the scales tensor's elements are the scales, and
+// the ledger holds their granule until Close.
+func TestScalesOnHost(t *testing.T) {
+	gov := accounting.NewGovernor()
+	pool := gov.Authority("pool", accounting.HostKey)
+	b := sharedPool(t, pool, "kv-scales-test")
+	g := fp8Tiny
+	g.Scales = kv.ScalePerHead
+	c, err := kv.New(b, kv.Config{Geometry: g, MaxTokens: 64})
+	require.NoError(t, err)
+	v, err := c.Scales()
+	require.NoError(t, err)
+	require.True(t, v.HostAccessible())
+	assert.Equal(t, float32(1), v.At(2, 1, 3))
+	require.NoError(t, c.SetScales(2, kv.V, []float32{0.25, 0.5, 1, 2}))
+	assert.Equal(t, float32(2), v.At(2, 1, 3))
+	assert.Equal(t, float32(0.25), v.At(2, 1, 0))
+	assert.Equal(t, float32(1), v.At(2, 0, 3), "K is untouched")
+	flat, err := v.Slice()
+	require.NoError(t, err)
+	assert.Equal(t, float32(0.5), flat[(2*2+1)*4+1], "row-major [layer][K, V][head]")
+	assert.Equal(t, int64(64<<10), pool.Stats().Owned)
+	require.NoError(t, c.Close())
+}

@@ -27,6 +27,9 @@ var (
 	// ErrReadOnly: a write to a token below Writable, which lies in memory shared
 	// with a prefix or a fork.
 	ErrReadOnly = errors.New("kv: token is read-only (shared)")
+	// ErrScale: scales asked of a cache that keeps none, the wrong number of them, or
+	// a scale that is not finite and positive.
+	ErrScale = errors.New("kv: invalid FP8 scales")
 	// ErrBatch: a batch that names a sequence twice, a nil sequence, or a sequence of
 	// another cache.
 	ErrBatch = errors.New("kv: invalid batch")

@@ -17,6 +17,9 @@ type Geometry struct {
 	KVHeads int
 	HeadDim int
 	DType   arena.DType
+	// Scales asks a cache of FP8 elements to keep dequantization scales, per tensor
+	// or per KV head (Cache.Scales); the zero value keeps none.
+	Scales ScaleMode
 }
 
 // Presets of real models (and a tiny one for tests), fp16.
@@ -50,7 +53,7 @@ func Preset(name string) (Geometry, error) {
 
 // Validate reports a geometry with a non-positive dimension, an unknown element type,
 // a head dim that is not a whole number of the element type's blocks (32 values for
-// Q8_0), or a token size that overflows.
+// Q8_0), scales for an element type that is not FP8, or a token size that overflows.
 func (g Geometry) Validate() error {
 	if g.Layers <= 0 || g.KVHeads <= 0 || g.HeadDim <= 0 {
 		return fmt.Errorf("%w: layers %d, KV heads %d, head dim %d must be positive", ErrGeometry, g.Layers, g.KVHeads, g.HeadDim)
@@ -61,6 +64,9 @@ func (g Geometry) Validate() error {
 	hb, err := g.DType.Bytes(g.HeadDim)
 	if err != nil {
 		return fmt.Errorf("%w: head dim %d of %v: %w", ErrGeometry, g.HeadDim, g.DType, err)
+	}
+	if err := g.Scales.validate(g.DType); err != nil {
+		return err
 	}
 	if g.KVHeads > math.MaxInt32/hb/2/g.Layers {
 		return fmt.Errorf("%w: a token of %d layers × %d KV heads × %d bytes is too large", ErrGeometry, g.Layers, g.KVHeads, hb)
