@@ -3,10 +3,7 @@ package arena_test
 import (
 	"math"
 	"math/rand/v2"
-	"runtime"
 	"sort"
-	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -244,16 +241,9 @@ func TestF8FromFloat32Boundaries(t *testing.T) {
 		t.Run(c.f.name, func(t *testing.T) {
 			vals := c.f.positives()
 			bad := 0
-			for i := 0; i+1 < len(vals); i++ {
-				lo, hi := float32(vals[i]), float32(vals[i+1])
-				mid64 := (vals[i] + vals[i+1]) / 2
-				mid := float32(mid64)
-				require.Equal(t, mid64, float64(mid), "the halfway point is a float32")
-				inf := float32(math.Inf(1))
-				for _, x := range []float32{lo, hi, mid, math.Nextafter32(mid, 0), math.Nextafter32(mid, inf), math.Nextafter32(lo, inf)} {
-					if !checkF8(t, c, vals, x) || !checkF8(t, c, vals, -x) {
-						bad++
-					}
+			for _, x := range roundingPoints(t, vals) {
+				if !checkF8(t, c, vals, x) || !checkF8(t, c, vals, -x) {
+					bad++
 				}
 				if bad > 10 {
 					t.FailNow()
@@ -324,22 +314,10 @@ func TestF8FromFloat32Sample(t *testing.T) {
 		t.Run(c.f.name, func(t *testing.T) {
 			vals := c.f.positives()
 			if longTests() {
-				var wg sync.WaitGroup
-				var bad atomic.Int64
-				workers := runtime.GOMAXPROCS(0)
-				for w := range workers {
-					wg.Go(func() {
-						for u := uint64(w); u < 1<<32 && bad.Load() == 0; u += uint64(workers) {
-							x := math.Float32frombits(uint32(u))
-							if c.from(x) != c.f.want(vals, x, false) || c.sat(x) != c.f.want(vals, x, true) {
-								bad.Store(int64(u) + 1)
-							}
-						}
-					})
-				}
-				wg.Wait()
-				if u := bad.Load(); u != 0 {
-					checkF8(t, c, vals, math.Float32frombits(uint32(u-1)))
+				if x, found := firstFloat32(func(x float32) bool {
+					return c.from(x) != c.f.want(vals, x, false) || c.sat(x) != c.f.want(vals, x, true)
+				}); found {
+					checkF8(t, c, vals, x)
 				}
 				return
 			}

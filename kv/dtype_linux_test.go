@@ -13,6 +13,16 @@ import (
 	"github.com/vmarena/vmarena/kv"
 )
 
+// hostCacheOf returns a cache of cfg on a fresh memfd pool charged to the returned
+// authority, whose ledger the test's cleanup checks; the caller closes the cache.
+func hostCacheOf(t *testing.T, name string, cfg kv.Config) (*kv.Cache, *accounting.Authority) {
+	t.Helper()
+	pool := accounting.NewGovernor().Authority("pool", accounting.HostKey)
+	c, err := kv.New(sharedPool(t, pool, name), cfg)
+	require.NoError(t, err)
+	return c, pool
+}
+
 // TestQ8_0TokensThroughViews quantizes every head of every token into a Q8_0 cache
 // through the typed views, in the layouts that have them, and reads each token back
 // as bytes and dequantized, across a fork.
@@ -20,10 +30,7 @@ func TestQ8_0TokensThroughViews(t *testing.T) {
 	g := q8Tiny
 	for _, layout := range []kv.Layout{kv.PerLayer, kv.PerSequence} {
 		t.Run(layout.String(), func(t *testing.T) {
-			gov := accounting.NewGovernor()
-			b := sharedPool(t, gov.Authority("pool", accounting.HostKey), "kv-q8-test")
-			c, err := kv.New(b, kv.Config{Geometry: g, MaxTokens: 512, Layout: layout})
-			require.NoError(t, err)
+			c, _ := hostCacheOf(t, "kv-q8-test", kv.Config{Geometry: g, MaxTokens: 512, Layout: layout})
 			t.Cleanup(func() { assert.NoError(t, c.Close()) })
 			s, err := c.NewSequence()
 			require.NoError(t, err)
@@ -93,10 +100,7 @@ func TestQ8_0TokensThroughViews(t *testing.T) {
 // reads them back as the token's bytes.
 func TestFP8TokensThroughViews(t *testing.T) {
 	g := fp8Tiny
-	gov := accounting.NewGovernor()
-	b := sharedPool(t, gov.Authority("pool", accounting.HostKey), "kv-fp8-test")
-	c, err := kv.New(b, kv.Config{Geometry: g, MaxTokens: 512})
-	require.NoError(t, err)
+	c, _ := hostCacheOf(t, "kv-fp8-test", kv.Config{Geometry: g, MaxTokens: 512})
 	t.Cleanup(func() { assert.NoError(t, c.Close()) })
 	s, err := c.NewSequence()
 	require.NoError(t, err)
@@ -134,13 +138,9 @@ func TestFP8TokensThroughViews(t *testing.T) {
 // TestScalesOnHost: on host memory the scales tensor's elements are the scales, and
 // the ledger holds their granule until Close.
 func TestScalesOnHost(t *testing.T) {
-	gov := accounting.NewGovernor()
-	pool := gov.Authority("pool", accounting.HostKey)
-	b := sharedPool(t, pool, "kv-scales-test")
 	g := fp8Tiny
 	g.Scales = kv.ScalePerHead
-	c, err := kv.New(b, kv.Config{Geometry: g, MaxTokens: 64})
-	require.NoError(t, err)
+	c, pool := hostCacheOf(t, "kv-scales-test", kv.Config{Geometry: g, MaxTokens: 64})
 	v, err := c.Scales()
 	require.NoError(t, err)
 	require.True(t, v.HostAccessible())
