@@ -13,9 +13,9 @@ import (
 // top byte of an [F16]); E4M3 gives up the infinities and all but one NaN per sign to
 // reach one more binade:
 //
-//	            bias  max normal        min normal  min subnormal  Inf        NaN
-//	F8E4M3      7     S.1111.110 = 448  2^-6        2^-9           none       S.1111.111
-//	F8E5M2      15    S.11110.11 = 57344 2^-14      2^-16          S.11111.00 S.11111.{01,10,11}
+//	        bias  max normal          min normal  min subnormal  Inf         NaN
+//	F8E4M3  7     S.1111.110 = 448    2^-6        2^-9           none        S.1111.111
+//	F8E5M2  15    S.11110.11 = 57344  2^-14       2^-16          S.11111.00  S.11111.{01,10,11}
 //
 // Conversions from float32 round to nearest, ties to even. The specification defines
 // two modes for what is out of range after rounding, and both are here:
@@ -24,8 +24,9 @@ import (
 //     become NaN; E5M2 overflow and ±Inf become ±Inf. This is IEEE 754's overflow rule
 //     where the format has infinities, as [F16FromFloat32] does.
 //   - saturating (the ...Sat forms): overflow and ±Inf become the largest finite value
-//     of the same sign (±448, ±57344). This is what a KV cache with a scale usually
-//     wants: an outlier is clipped rather than poisoning a whole attention row.
+//     of the same sign (±448, ±57344). An outlier is clipped rather than turned into a
+//     NaN that spreads through an attention row; CUDA's __nv_fp8_e4m3 and
+//     __nv_fp8_e5m2 constructors convert this way (__NV_SATFINITE).
 //
 // A NaN is a NaN in both modes. "Overflow after rounding" means the rounded value would
 // pass the largest finite one: 448 < |x| <= 464 still rounds to 448 in E4M3 (464 is the
@@ -47,8 +48,9 @@ type F8E5M2 uint8
 // ±Inf become NaN of f's sign, as does a NaN.
 func F8E4M3FromFloat32(f float32) F8E4M3 {
 	u := math.Float32bits(f)
-	// NB: the normal case, nearly all of real data, is done here, small enough to
-	// inline (one unsigned compare tests both bounds); e4m3FromBits does the rest.
+	// NB: the normal case, nearly all of real data, is done here without
+	// e4m3FromBits's switch (one unsigned compare tests both bounds), as the slice
+	// converters do too; e4m3FromBits does the rest.
 	if a := u & 0x7fffffff; a-e4m3MinNormal <= e4m3Overflow-e4m3MinNormal {
 		return F8E4M3(uint8(u>>24)&0x80 | e4m3Normal(a))
 	}
@@ -151,6 +153,7 @@ func Float32sFromF8E5M2s(dst []float32, src []F8E5M2) int {
 	return n
 }
 
+// e4m3s converts as F8E4M3sFromFloat32s does, saturating when sat is true.
 func e4m3s(dst []F8E4M3, src []float32, sat bool) int {
 	n := min(len(dst), len(src))
 	dst, src = dst[:n], src[:n]
@@ -165,6 +168,7 @@ func e4m3s(dst []F8E4M3, src []float32, sat bool) int {
 	return n
 }
 
+// e5m2s converts as F8E5M2sFromFloat32s does, saturating when sat is true.
 func e5m2s(dst []F8E5M2, src []float32, sat bool) int {
 	n := min(len(dst), len(src))
 	dst, src = dst[:n], src[:n]
@@ -266,6 +270,7 @@ var (
 	e5m2Table = f8Table(func(x uint32) uint32 { return f16ToBits(x << 8) }) // E5M2 is an F16's top byte
 )
 
+// f8Table returns widen of every 8-bit pattern.
 func f8Table(widen func(uint32) uint32) *[256]uint32 {
 	var t [256]uint32
 	for i := range t {

@@ -32,8 +32,8 @@ type BlockQ8_0 struct {
 //	D = d rounded to F16 (ties to even);  Qs[j] = round(x_j × id), ties away from zero
 //
 // NB: the quants are computed with the float32 d, not the rounded D, as the reference
-// does. Where 1/d overflows float32 (amax below about 2^-121) the reference converts a
-// NaN to int8, which C leaves undefined; here such a block stores zero quants, and
+// does. Where 1/d overflows float32 (amax below about 2^-121) the reference converts an
+// infinity or a NaN to int8, which C leaves undefined; here such a block stores zero quants, and
 // either way its D is 0 and every value dequantizes to 0.
 //
 // len(src) must be a whole number of blocks (ErrPartialBlock). A block with a NaN or
