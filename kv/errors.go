@@ -3,7 +3,9 @@ package kv
 import "errors"
 
 var (
-	// ErrGeometry: a geometry with a non-positive dimension or an unknown element type.
+	// ErrGeometry: a geometry with a non-positive dimension, an unknown element type,
+	// a head dim that is not a whole number of its type's blocks, or scales its type
+	// can not have.
 	ErrGeometry = errors.New("kv: invalid geometry")
 	// ErrConfig: a configuration the cache can not be built from.
 	ErrConfig = errors.New("kv: invalid configuration")

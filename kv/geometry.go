@@ -76,7 +76,8 @@ func (g Geometry) Validate() error {
 
 // TokenBytes returns the bytes of one token of one layer's K (or V) tensor: KVHeads
 // heads of HeadDim values each, counted by the element type (a Q8_0 head of 128
-// values is 4 blocks of 34 bytes). It is 0 for a geometry Validate refuses.
+// values is 4 blocks of 34 bytes). It is 0 for an invalid element type or a head dim
+// that is not a whole number of its blocks.
 func (g Geometry) TokenBytes() int {
 	hb, err := g.DType.Bytes(g.HeadDim)
 	if err != nil {
