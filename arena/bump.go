@@ -17,7 +17,7 @@ const DefaultAlign = 64
 // Reset and aligns typed allocations to DefaultAlign.
 type ArenaOptions struct {
 	// Align is the alignment in bytes of Make and MakeTensor allocations (at least the
-	// element size is always used); 0 means DefaultAlign. It must be a power of two.
+	// element's alignment, its size for a number, is always used); 0 means DefaultAlign. It must be a power of two.
 	Align int
 	// DecommitOnReset makes Reset give back the granules past the high-water mark of
 	// the step it ends (the most bytes in use since the previous Reset), so memory
@@ -303,8 +303,8 @@ func (a *Arena[R, B]) Close() accounting.ReleaseOutcome {
 }
 
 // Make returns a slice of n elements of type T from the arena, aligned to
-// ArenaOptions.Align (and at least T's size). The elements are NOT zeroed. The arena's
-// memory must be host-accessible (ErrNotHostAccessible); otherwise it fails as Alloc
+// ArenaOptions.Align (and at least T's alignment: its size for a number). The
+// elements are NOT zeroed. The arena's memory must be host-accessible (ErrNotHostAccessible); otherwise it fails as Alloc
 // does, and with ErrInvalidSize for a negative or overflowing n.
 func Make[T Elem, R any, B backing.Backing[R]](a *Arena[R, B], n int) ([]T, error) {
 	a.live()
@@ -316,7 +316,7 @@ func Make[T Elem, R any, B backing.Backing[R]](a *Arena[R, B], n int) ([]T, erro
 	if n < 0 || !ok {
 		return nil, fmt.Errorf("%w: %d elements of %d bytes", ErrInvalidSize, n, size)
 	}
-	off, err := a.Alloc(bytes, max(a.align, size))
+	off, err := a.Alloc(bytes, max(a.align, alignOf[T]()))
 	if err != nil {
 		return nil, err
 	}
@@ -334,7 +334,7 @@ func MakeTensor[T Elem, R any, B backing.Backing[R]](a *Arena[R, B], shape ...in
 		return Tensor[T]{}, err
 	}
 	size := sizeOf[T]()
-	off, err := a.Alloc(t.numel*size, max(a.align, size))
+	off, err := a.Alloc(t.numel*size, max(a.align, alignOf[T]()))
 	if err != nil {
 		return Tensor[T]{}, err
 	}

@@ -5,6 +5,16 @@
 // cudaMalloc shape), runs on an Arena or on [Eager], which commits each allocation
 // whole outside the Go heap and is the floor a growing Buffer is measured against.
 //
+// # Element types
+//
+// A view holds one of the closed set [Elem]: Go's fixed-size numbers, the 16-bit floats
+// [F16] and [BF16], the OCP 8-bit floats [F8E4M3] and [F8E5M2], and the blocks of
+// llama.cpp's Q8_0 format ([BlockQ8_0]: 32 values in 34 bytes). Each has a [DType],
+// which says how many bytes n values take ([DType.Bytes]); for a block type a view's
+// element is a whole block. The conversions from float32 round to nearest, ties to
+// even, and are tested exhaustively against references written from each format's
+// definition.
+//
 // # Memory management
 //
 // A Buffer owns one reservation of its backing. It MUST be released with

@@ -1,55 +1,100 @@
 package arena
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // DType names the element type of a tensor. The zero DType is not a valid type.
+//
+// An element is what a Tensor indexes: one value for a number type, one block of
+// BlockValues values for a block-quantized type ([Q8_0]). Size is the bytes of one
+// element, so n values take Bytes(n) = n / BlockValues × Size bytes, and a block type
+// can hold only a whole number of blocks.
 type DType uint8
 
 // The element types of [Elem].
 const (
-	Float32  DType = iota + 1 // float32
-	Float64                   // float64
-	Int8                      // int8
-	Int16                     // int16
-	Int32                     // int32
-	Int64                     // int64
-	Uint8                     // uint8
-	Uint16                    // uint16
-	Uint32                    // uint32
-	Uint64                    // uint64
-	Float16                   // F16, IEEE 754 binary16
-	BFloat16                  // BF16, bfloat16
+	Float32    DType = iota + 1 // float32
+	Float64                     // float64
+	Int8                        // int8
+	Int16                       // int16
+	Int32                       // int32
+	Int64                       // int64
+	Uint8                       // uint8
+	Uint16                      // uint16
+	Uint32                      // uint32
+	Uint64                      // uint64
+	Float16                     // F16, IEEE 754 binary16
+	BFloat16                    // BF16, bfloat16
+	Float8E4M3                  // F8E4M3, OCP OFP8 E4M3
+	Float8E5M2                  // F8E5M2, OCP OFP8 E5M2
+	Q8_0                        // BlockQ8_0, llama.cpp's Q8_0: blocks of 32 values in 34 bytes
 
 	numDTypes = iota + 1 // one past the last valid DType
 )
 
 var dtypeInfo = [numDTypes]struct {
-	name string
-	size int
+	name  string
+	size  int // bytes of one element
+	block int // values of one element
 }{
-	Float32:  {"float32", 4},
-	Float64:  {"float64", 8},
-	Int8:     {"int8", 1},
-	Int16:    {"int16", 2},
-	Int32:    {"int32", 4},
-	Int64:    {"int64", 8},
-	Uint8:    {"uint8", 1},
-	Uint16:   {"uint16", 2},
-	Uint32:   {"uint32", 4},
-	Uint64:   {"uint64", 8},
-	Float16:  {"float16", 2},
-	BFloat16: {"bfloat16", 2},
+	Float32:    {"float32", 4, 1},
+	Float64:    {"float64", 8, 1},
+	Int8:       {"int8", 1, 1},
+	Int16:      {"int16", 2, 1},
+	Int32:      {"int32", 4, 1},
+	Int64:      {"int64", 8, 1},
+	Uint8:      {"uint8", 1, 1},
+	Uint16:     {"uint16", 2, 1},
+	Uint32:     {"uint32", 4, 1},
+	Uint64:     {"uint64", 8, 1},
+	Float16:    {"float16", 2, 1},
+	BFloat16:   {"bfloat16", 2, 1},
+	Float8E4M3: {"float8_e4m3", 1, 1},
+	Float8E5M2: {"float8_e5m2", 1, 1},
+	Q8_0:       {"q8_0", 2 + Q8_0BlockValues, Q8_0BlockValues},
 }
 
 // Valid reports whether d is one of the element types of [Elem].
 func (d DType) Valid() bool { return d > 0 && d < numDTypes }
 
-// Size returns the size of one element in bytes, or 0 for an invalid DType.
+// Size returns the size of one element in bytes (for a block type, of one block: 34
+// for Q8_0), or 0 for an invalid DType.
 func (d DType) Size() int {
 	if !d.Valid() {
 		return 0
 	}
 	return dtypeInfo[d].size
+}
+
+// BlockValues returns the values one element holds: 1 for a number type, the block's
+// values for a block type (32 for Q8_0), 0 for an invalid DType.
+func (d DType) BlockValues() int {
+	if !d.Valid() {
+		return 0
+	}
+	return dtypeInfo[d].block
+}
+
+// Bytes returns the bytes n values take. It fails with ErrDType for an invalid DType,
+// ErrPartialBlock when n is not a whole number of blocks, and ErrInvalidSize for a
+// negative n or a size that overflows int.
+func (d DType) Bytes(n int) (int, error) {
+	switch {
+	case !d.Valid():
+		return 0, fmt.Errorf("%w: %v", ErrDType, d)
+	case n < 0:
+		return 0, fmt.Errorf("%w: %d values of %v", ErrInvalidSize, n, d)
+	}
+	info := dtypeInfo[d]
+	if n%info.block != 0 {
+		return 0, fmt.Errorf("%w: %d values of %v in blocks of %d", ErrPartialBlock, n, d, info.block)
+	}
+	if n/info.block > math.MaxInt/info.size {
+		return 0, fmt.Errorf("%w: %d values of %v overflow", ErrInvalidSize, n, d)
+	}
+	return n / info.block * info.size, nil
 }
 
 // String returns the type's usual name ("float16", "bfloat16", "int8", ...).
@@ -88,6 +133,12 @@ func DTypeOf[T Elem]() DType {
 		return Float16
 	case BF16:
 		return BFloat16
+	case F8E4M3:
+		return Float8E4M3
+	case F8E5M2:
+		return Float8E5M2
+	case BlockQ8_0:
+		return Q8_0
 	}
 	panic("arena: unreachable: Elem type without a DType")
 }

@@ -38,14 +38,23 @@ var (
 	ErrInvalidShape = errors.New("arena: invalid tensor shape")
 	// ErrOutOfBounds: a view that is not wholly inside [0, Len) of its memory.
 	ErrOutOfBounds = errors.New("arena: view outside the memory's length")
-	// ErrMisaligned: a view whose first element is not aligned to the element size.
-	ErrMisaligned = errors.New("arena: view not aligned to its element size")
+	// ErrMisaligned: a view whose first element is not aligned to the element's
+	// alignment (its size for a number, 2 for a Q8_0 block).
+	ErrMisaligned = errors.New("arena: view not aligned to its element")
 	// ErrNotHostAccessible: a host slice asked of memory the CPU must not touch.
 	ErrNotHostAccessible = errors.New("arena: memory is not host-accessible")
 	// ErrNotContiguous: a flat slice or reshape asked of a view with gaps or overlaps.
 	ErrNotContiguous = errors.New("arena: tensor is not contiguous")
 	// ErrInvalidAlignment: an alignment that is not a positive power of two.
 	ErrInvalidAlignment = errors.New("arena: alignment must be a positive power of two")
+	// ErrDType: an element type that is not one of Elem's.
+	ErrDType = errors.New("arena: invalid element type")
+	// ErrPartialBlock: a count of values of a block-quantized type that is not a whole
+	// number of its blocks.
+	ErrPartialBlock = errors.New("arena: not a whole number of blocks")
+	// ErrQuantize: values a block-quantized type can not hold (a NaN, an infinity, or
+	// a block whose scale overflows).
+	ErrQuantize = errors.New("arena: values can not be quantized")
 	// ErrArenaFull: an Arena allocation past the buffer's capacity. It is always
 	// reported together with ErrCapacity.
 	ErrArenaFull = errors.New("arena: arena capacity exhausted")

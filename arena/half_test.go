@@ -207,26 +207,18 @@ func checkNarrow(t *testing.T, c halfCodec, vals []float64, x float32) bool {
 	return assert.Equal(t, want, got, "%s(%v = %#08x)", c.f.name, x, math.Float32bits(x))
 }
 
-// TestHalfFromFloat32Boundaries narrows, for every pair of adjacent patterns, both
-// values, the exact halfway point (a tie) and the float32 values on either side of it,
-// with both signs: every rounding decision the format has.
+// TestHalfFromFloat32Boundaries narrows, for every pair of adjacent patterns (and the
+// largest finite value against the point where values round to Inf), both values, the
+// exact halfway point (a tie) and the float32 values on either side of it, with both
+// signs: every rounding decision the format has.
 func TestHalfFromFloat32Boundaries(t *testing.T) {
 	for _, c := range codecs {
 		t.Run(c.f.name, func(t *testing.T) {
 			vals := c.f.positives()
 			bad := 0
-			for i := 0; i+1 < len(vals); i++ {
-				lo, hi := float32(vals[i]), float32(vals[i+1])
-				mid64 := (vals[i] + vals[i+1]) / 2
-				mid := float32(mid64)
-				require.Equal(t, mid64, float64(mid), "the halfway point is a float32")
-				for _, x := range []float32{lo, mid, math.Nextafter32(mid, 0), math.Nextafter32(mid, float32(math.Inf(1)))} {
-					if i+1 == len(vals)-1 && x == hi {
-						continue // the Inf placeholder is not a float32 input here
-					}
-					if !checkNarrow(t, c, vals, x) || !checkNarrow(t, c, vals, -x) {
-						bad++
-					}
+			for _, x := range roundingPoints(t, vals) {
+				if !checkNarrow(t, c, vals, x) || !checkNarrow(t, c, vals, -x) {
+					bad++
 				}
 				if bad > 10 {
 					t.FailNow()
@@ -234,6 +226,24 @@ func TestHalfFromFloat32Boundaries(t *testing.T) {
 			}
 		})
 	}
+}
+
+// roundingPoints returns, for every pair of adjacent values of vals (the exact
+// non-negative values of a format in order), both values, the exact halfway point
+// between them (a tie, which must be a float32), the float32 values either side of it,
+// and the float32 just above the lower value.
+func roundingPoints(t *testing.T, vals []float64) []float32 {
+	t.Helper()
+	inf := float32(math.Inf(1))
+	var xs []float32
+	for i := 0; i+1 < len(vals); i++ {
+		lo, hi := float32(vals[i]), float32(vals[i+1])
+		mid64 := (vals[i] + vals[i+1]) / 2
+		mid := float32(mid64)
+		require.Equal(t, mid64, float64(mid), "the halfway point is a float32")
+		xs = append(xs, lo, hi, mid, math.Nextafter32(mid, 0), math.Nextafter32(mid, inf), math.Nextafter32(lo, inf))
+	}
+	return xs
 }
 
 // TestHalfFromFloat32Edges names the cases people get wrong.
@@ -297,23 +307,8 @@ func TestHalfFromFloat32Sample(t *testing.T) {
 		t.Run(c.f.name, func(t *testing.T) {
 			vals := c.f.positives()
 			if longTests() {
-				// Every float32, split between the CPUs.
-				var wg sync.WaitGroup
-				var bad atomic.Int64
-				workers := runtime.GOMAXPROCS(0)
-				for w := range workers {
-					wg.Go(func() {
-						for u := uint64(w); u < 1<<32 && bad.Load() == 0; u += uint64(workers) {
-							x := math.Float32frombits(uint32(u))
-							if c.from(x) != narrowWant(c, vals, x) {
-								bad.Store(int64(u) + 1)
-							}
-						}
-					})
-				}
-				wg.Wait()
-				if u := bad.Load(); u != 0 {
-					checkNarrow(t, c, vals, math.Float32frombits(uint32(u-1)))
+				if x, found := firstFloat32(func(x float32) bool { return c.from(x) != narrowWant(c, vals, x) }); found {
+					checkNarrow(t, c, vals, x)
 				}
 				return
 			}
@@ -333,6 +328,26 @@ func TestHalfFromFloat32Sample(t *testing.T) {
 			}
 		})
 	}
+}
+
+// firstFloat32 returns a float32 for which bad is true, trying all 2^32 of them split
+// between the CPUs, and whether there is one.
+func firstFloat32(bad func(float32) bool) (float32, bool) {
+	var wg sync.WaitGroup
+	var found atomic.Int64 // the bits + 1 of a bad value
+	workers := runtime.GOMAXPROCS(0)
+	for w := range workers {
+		wg.Go(func() {
+			for u := uint64(w); u < 1<<32 && found.Load() == 0; u += uint64(workers) {
+				if bad(math.Float32frombits(uint32(u))) {
+					found.Store(int64(u) + 1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	u := found.Load()
+	return math.Float32frombits(uint32(u - 1)), u != 0
 }
 
 // TestHalfSlices checks that the slice converters agree with the scalar ones and stop

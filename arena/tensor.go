@@ -13,7 +13,13 @@ const MaxRank = 8
 // live inside it, up to MaxRank), so making, copying and slicing one allocates nothing.
 //
 // A Tensor is checked when it is made: its elements lie wholly within [0, Len) of its
-// memory and its first element is aligned to T's size. It does not own its memory.
+// memory and its first element is aligned to T's alignment (its size for a number, 2
+// for a BlockQ8_0). It does not own its memory.
+//
+// NB: an element is a block for a block-quantized type: a Tensor[BlockQ8_0] indexes
+// blocks of 32 values (34 bytes each), its shape and strides count blocks, and At
+// returns a whole block to dequantize ([DequantizeQ8_0]). A tensor of a KV cache's
+// heads of Q8_0 is [tokens, heads, HeadDim/32].
 // A VIEW IS VALID ONLY WHILE THE BYTES IT COVERS STAY COMMITTED AND UNCHANGED IN
 // MEANING: a Buffer.Resize below its end invalidates it (At and Set then panic with
 // PanicStaleView, Slice fails; a []T taken earlier MUST NOT be used again), and a
@@ -75,8 +81,8 @@ func newTensor[T Elem](m Memory, off int, shape, strides []int) (Tensor[T], erro
 	if n := m.Len(); off < 0 || off > n || t.span > n-off {
 		return Tensor[T]{}, fmt.Errorf("%w: %d bytes at offset %d of %d", ErrOutOfBounds, t.span, off, n)
 	}
-	if size := sizeOf[T](); (m.Base()+uintptr(off))%uintptr(size) != 0 {
-		return Tensor[T]{}, fmt.Errorf("%w: address %#x for %v of %d bytes", ErrMisaligned, m.Base()+uintptr(off), DTypeOf[T](), size)
+	if align := alignOf[T](); (m.Base()+uintptr(off))%uintptr(align) != 0 {
+		return Tensor[T]{}, fmt.Errorf("%w: address %#x for %v aligned to %d bytes", ErrMisaligned, m.Base()+uintptr(off), DTypeOf[T](), align)
 	}
 	t.mem, t.off = m, off
 	return t, nil

@@ -51,6 +51,9 @@ func TestDType(t *testing.T) {
 		{arena.DTypeOf[uint64](), arena.Uint64, "uint64", 8},
 		{arena.DTypeOf[arena.F16](), arena.Float16, "float16", 2},
 		{arena.DTypeOf[arena.BF16](), arena.BFloat16, "bfloat16", 2},
+		{arena.DTypeOf[arena.F8E4M3](), arena.Float8E4M3, "float8_e4m3", 1},
+		{arena.DTypeOf[arena.F8E5M2](), arena.Float8E5M2, "float8_e5m2", 1},
+		{arena.DTypeOf[arena.BlockQ8_0](), arena.Q8_0, "q8_0", 34},
 	}
 	seen := map[arena.DType]bool{}
 	for _, tt := range tests {
@@ -63,9 +66,12 @@ func TestDType(t *testing.T) {
 			seen[tt.got] = true
 		})
 	}
-	for _, bad := range []arena.DType{0, arena.BFloat16 + 1, 255} {
+	for _, bad := range []arena.DType{0, arena.Q8_0 + 1, 255} {
 		assert.False(t, bad.Valid())
 		assert.Zero(t, bad.Size())
+		assert.Zero(t, bad.BlockValues())
+		_, err := bad.Bytes(1)
+		assert.ErrorIs(t, err, arena.ErrDType)
 		assert.Contains(t, bad.String(), "DType(")
 	}
 }

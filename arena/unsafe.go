@@ -18,8 +18,8 @@ func pointerAt(addr uintptr) unsafe.Pointer {
 
 // sliceAt returns the n elements of type T at addr as a slice.
 func sliceAt[T Elem](addr uintptr, n int) []T {
-	// Safety: [addr, addr+n*size) is committed host memory, addr is aligned to T's size
-	// (the view checked both), and T holds no Go pointer (Elem is numeric only).
+	// Safety: [addr, addr+n*size) is committed host memory, addr is aligned for T
+	// (the view checked both), and T holds no Go pointer (Elem holds numbers only).
 	return unsafe.Slice((*T)(pointerAt(addr)), n)
 }
 
@@ -33,4 +33,12 @@ func elemAt[T Elem](addr uintptr) *T {
 func sizeOf[T Elem]() int {
 	var z T
 	return int(unsafe.Sizeof(z))
+}
+
+// alignOf returns the alignment a view of T keeps: the largest power of two that
+// divides T's size. That is the size itself for every number type, and 2 for a
+// BlockQ8_0 (34 bytes; its F16 scale is what needs it).
+func alignOf[T Elem]() int {
+	size := sizeOf[T]()
+	return size & -size
 }

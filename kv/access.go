@@ -128,7 +128,10 @@ func (s *Sequence) BlockStride() int {
 // or prefix): a kernel masks them out. T must be the geometry's element type
 // (ErrElemType otherwise). On a host backing the tensor's elements may be read and
 // written (tokens below Writable are read-only); on a device it carries only the
-// address. The view is valid until s shrinks below it or closes.
+// address. The view is valid until s shrinks below it or closes. For Q8_0 the last
+// dimension counts blocks (HeadDim / 32 of them: see arena.BlockQ8_0), and the Blocked
+// layout, whose blocks of whole granules are no whole number of 34-byte blocks, has
+// no view (ErrLayout).
 func View[T arena.Elem](s *Sequence, layer int, kind Kind) (arena.Tensor[T], error) {
 	if err := s.usable(); err != nil {
 		return arena.Tensor[T]{}, err
@@ -142,16 +145,20 @@ func View[T arena.Elem](s *Sequence, layer int, kind Kind) (arena.Tensor[T], err
 		return arena.Tensor[T]{}, fmt.Errorf("%w: layer %d %v", ErrRange, layer, kind)
 	}
 	size := g.DType.Size()
+	hd := g.HeadDim / g.DType.BlockValues() // elements per head: values, or blocks (Validate)
 	var shape, strides []int
 	switch s.c.layout {
 	case PerLayer:
-		return arena.NewTensor[T](s.bufs[i], 0, s.n, g.KVHeads, g.HeadDim)
+		return arena.NewTensor[T](s.bufs[i], 0, s.n, g.KVHeads, hd)
 	case Blocked:
-		shape = []int{s.c.unitsFor(s.n), s.c.tpb, g.KVHeads, g.HeadDim}
-		strides = []int{s.c.blk / size, s.c.row / size, g.HeadDim, 1}
+		if s.c.blk%size != 0 {
+			return arena.Tensor[T]{}, fmt.Errorf("%w: blocks of %d bytes are not a whole number of %d-byte %v elements; use Base, BlockStride and TokenStride", ErrLayout, s.c.blk, size, g.DType)
+		}
+		shape = []int{s.c.unitsFor(s.n), s.c.tpb, g.KVHeads, hd}
+		strides = []int{s.c.blk / size, s.c.row / size, hd, 1}
 	default:
-		shape = []int{s.n, g.KVHeads, g.HeadDim}
-		strides = []int{s.c.row / size, g.HeadDim, 1}
+		shape = []int{s.n, g.KVHeads, hd}
+		strides = []int{s.c.row / size, hd, 1}
 	}
 	// NB: the tensor's memory starts at its own base, so that an empty sequence (whose
 	// range has no bytes in use) still has a view there.

@@ -72,6 +72,8 @@ type Cache struct {
 	refusals atomic.Int64
 
 	pc atomic.Pointer[PrefixCache] // nil without one
+
+	scales scales // the FP8 scales, made by New and given back by Close
 }
 
 // New returns a cache of sequences on b. It reserves nothing until sequences are made.
@@ -108,12 +110,16 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	_, sharer := any(b).(backing.Sharer[R])
 	pool, _ := any(b).(backing.Pool)
 	_, protects := any(b).(backing.Protector[R])
-	return &Cache{
+	c := &Cache{
 		st: storeOf[R, B]{b}, pool: pool, auth: auth, cfg: cfg, shape: sh, gran: g,
 		sharer: sharer && acct.OwnedByBacking(), protector: protects, gov: gov, dev: b.Device(),
 		seqs:     make(map[*Sequence]struct{}),
 		prefixes: make(map[*Prefix]struct{}),
-	}, nil
+	}
+	if err := c.newScales(); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // Config returns the cache's configuration.
@@ -378,10 +384,11 @@ func (c *Cache) Close() error {
 	orphans := c.orphans
 	c.orphans = nil
 	c.mu.Unlock()
+	err := c.closeScales()
 	if len(orphans) > 0 {
 		if out := c.release(orphans); !out.OK() {
-			return releaseError(out)
+			return errors.Join(err, releaseError(out))
 		}
 	}
-	return nil
+	return err
 }

@@ -107,6 +107,17 @@
 // each without allocating; BENCHMARKS.md lists them for Llama-3-8B and measures what
 // each costs attention's read.
 //
+// # Element types and scales
+//
+// A geometry's element type sets a token's bytes ([Geometry.TokenBytes] counts them
+// with arena.DType.Bytes): fp16 and bf16, the OCP FP8 formats (half of fp16), or
+// llama.cpp's Q8_0, whose blocks of 32 values carry their own F16 scale (34 bytes a
+// block, so a head must be a whole number of blocks and a view's last dimension counts
+// blocks). An FP8 geometry may ask for dequantization scales ([Geometry.Scales]: per
+// tensor or per KV head); the cache keeps them in one range of its own backing from
+// New to Close, at an address a kernel reads ([Cache.Scales]), and [Cache.SetScales]
+// writes them on any backing.
+//
 // # Memory management
 //
 // Every Sequence MUST be closed with [Sequence.Close], which gives back every granule
@@ -130,7 +141,7 @@
 // queue and may succeed ahead of waiters.
 //
 // A Cache is closed with [Cache.Close] once every sequence and prefix is gone (it
-// fails with [ErrBusy] before). A second [Sequence.Close] changes nothing and returns
+// fails with [ErrBusy] before); Close gives back the range of its FP8 scales too. A second [Sequence.Close] changes nothing and returns
 // a Failed outcome matching [ErrClosed]; every other method of a closed sequence
 // panics with [PanicSequenceClosed].
 //
@@ -140,5 +151,6 @@
 // grown, forked and closed at once. A Sequence is used by one goroutine at a time;
 // Fork and Freeze read it, so they too belong to the goroutine that owns it, and a
 // batch step belongs to the goroutine that owns all of its sequences. A Prefix
-// may be used by many goroutines.
+// may be used by many goroutines. [Cache.SetScales] must not run while anything reads
+// the same tensor's scales.
 package kv

@@ -3,7 +3,9 @@ package kv
 import "errors"
 
 var (
-	// ErrGeometry: a geometry with a non-positive dimension or an unknown element type.
+	// ErrGeometry: a geometry with a non-positive dimension, an unknown element type,
+	// a head dim that is not a whole number of its type's blocks, or scales its type
+	// can not have.
 	ErrGeometry = errors.New("kv: invalid geometry")
 	// ErrConfig: a configuration the cache can not be built from.
 	ErrConfig = errors.New("kv: invalid configuration")
@@ -27,6 +29,9 @@ var (
 	// ErrReadOnly: a write to a token below Writable, which lies in memory shared
 	// with a prefix or a fork.
 	ErrReadOnly = errors.New("kv: token is read-only (shared)")
+	// ErrScale: scales asked of a cache that keeps none, the wrong number of them, or
+	// a scale that is not finite and positive.
+	ErrScale = errors.New("kv: invalid FP8 scales")
 	// ErrBatch: a batch that names a sequence twice, a nil sequence, or a sequence of
 	// another cache.
 	ErrBatch = errors.New("kv: invalid batch")

@@ -17,6 +17,9 @@ type Geometry struct {
 	KVHeads int
 	HeadDim int
 	DType   arena.DType
+	// Scales asks a cache of FP8 elements to keep dequantization scales, per tensor
+	// or per KV head (Cache.Scales); the zero value keeps none.
+	Scales ScaleMode
 }
 
 // Presets of real models (and a tiny one for tests), fp16.
@@ -49,22 +52,39 @@ func Preset(name string) (Geometry, error) {
 }
 
 // Validate reports a geometry with a non-positive dimension, an unknown element type,
-// or a token size that overflows.
+// a head dim that is not a whole number of the element type's blocks (32 values for
+// Q8_0), scales for an element type that is not FP8, or a token size that overflows.
 func (g Geometry) Validate() error {
 	if g.Layers <= 0 || g.KVHeads <= 0 || g.HeadDim <= 0 {
 		return fmt.Errorf("%w: layers %d, KV heads %d, head dim %d must be positive", ErrGeometry, g.Layers, g.KVHeads, g.HeadDim)
 	}
-	if g.DType.Size() <= 0 {
+	if !g.DType.Valid() {
 		return fmt.Errorf("%w: element type %v", ErrGeometry, g.DType)
 	}
-	if g.KVHeads > math.MaxInt32/g.HeadDim || g.KVHeads*g.HeadDim > math.MaxInt32/g.DType.Size()/2/g.Layers {
-		return fmt.Errorf("%w: a token of %d×%d×%d×%d bytes is too large", ErrGeometry, g.Layers, g.KVHeads, g.HeadDim, g.DType.Size())
+	hb, err := g.DType.Bytes(g.HeadDim)
+	if err != nil {
+		return fmt.Errorf("%w: head dim %d of %v: %w", ErrGeometry, g.HeadDim, g.DType, err)
+	}
+	if err := g.Scales.validate(g.DType); err != nil {
+		return err
+	}
+	if g.KVHeads > math.MaxInt32/hb/2/g.Layers {
+		return fmt.Errorf("%w: a token of %d layers × %d KV heads × %d bytes is too large", ErrGeometry, g.Layers, g.KVHeads, hb)
 	}
 	return nil
 }
 
-// TokenBytes returns the bytes of one token of one layer's K (or V) tensor.
-func (g Geometry) TokenBytes() int { return g.KVHeads * g.HeadDim * g.DType.Size() }
+// TokenBytes returns the bytes of one token of one layer's K (or V) tensor: KVHeads
+// heads of HeadDim values each, counted by the element type (a Q8_0 head of 128
+// values is 4 blocks of 34 bytes). It is 0 for an invalid element type or a head dim
+// that is not a whole number of its blocks.
+func (g Geometry) TokenBytes() int {
+	hb, err := g.DType.Bytes(g.HeadDim)
+	if err != nil {
+		return 0
+	}
+	return g.KVHeads * hb
+}
 
 // BytesPerToken returns the bytes of one token across all layers, K and V.
 func (g Geometry) BytesPerToken() int { return 2 * g.Layers * g.TokenBytes() }

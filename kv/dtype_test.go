@@ -1,0 +1,117 @@
+package kv_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/kv"
+)
+
+// q8Tiny and fp8Tiny are tiny8's shape in Q8_0 (two 34-byte blocks a head) and E4M3.
+var (
+	q8Tiny  = kv.Geometry{Name: "tiny8-q8_0", Layers: 3, KVHeads: 4, HeadDim: 64, DType: arena.Q8_0}
+	fp8Tiny = kv.Geometry{Name: "tiny8-e4m3", Layers: 3, KVHeads: 4, HeadDim: 64, DType: arena.Float8E4M3}
+)
+
+// TestGeometryElementTypes: a token's bytes are counted by the element type, scales
+// included, and a head that is not a whole number of blocks is refused.
+func TestGeometryElementTypes(t *testing.T) {
+	q := kv.Geometry{Name: "q8", Layers: 32, KVHeads: 8, HeadDim: 128, DType: arena.Q8_0}
+	require.NoError(t, q.Validate())
+	assert.Equal(t, 8*4*34, q.TokenBytes(), "8 heads of 4 blocks of 34 bytes")
+	assert.Equal(t, 2*32*8*4*34, q.BytesPerToken())
+	f := q
+	f.DType = arena.Float8E4M3
+	require.NoError(t, f.Validate())
+	assert.Equal(t, kv.Llama3_8B.TokenBytes()/2, f.TokenBytes(), "FP8 is half of fp16")
+	f.DType = arena.Float8E5M2
+	assert.Equal(t, 1024, f.TokenBytes())
+	assert.Equal(t, 4*2*34, q8Tiny.TokenBytes())
+
+	for _, hd := range []int{16, 48, 100, 1} {
+		b := q
+		b.HeadDim = hd
+		err := b.Validate()
+		assert.ErrorIs(t, err, kv.ErrGeometry, "head dim %d", hd)
+		assert.ErrorIs(t, err, arena.ErrPartialBlock, "head dim %d", hd)
+		assert.Contains(t, err.Error(), "blocks of 32")
+		assert.Zero(t, b.TokenBytes())
+		_, err = kv.Size(b, kv.Blocked, 2<<20, 10, 100)
+		assert.ErrorIs(t, err, kv.ErrGeometry)
+		// Nothing is reserved or committed for a geometry that is refused.
+		fx := newFixture(t, 1<<30)
+		_, err = kv.New(fx.fake, kv.Config{Geometry: b, MaxTokens: 64})
+		assert.ErrorIs(t, err, kv.ErrGeometry)
+	}
+	// 4 heads of 8 values hold a whole block between them, but not per head.
+	assert.ErrorIs(t, kv.Geometry{Layers: 1, KVHeads: 4, HeadDim: 8, DType: arena.Q8_0}.Validate(), arena.ErrPartialBlock)
+	big := kv.Geometry{Layers: 1 << 20, KVHeads: 1 << 10, HeadDim: 1 << 10, DType: arena.Q8_0}
+	assert.ErrorIs(t, big.Validate(), kv.ErrGeometry, "a token too large")
+
+	// Size counts the scales: Q8_0 takes 34/64 of fp16's bytes.
+	s16, err := kv.Size(kv.Llama3_8B, kv.PerSequence, 64<<10, 1000, 2048)
+	require.NoError(t, err)
+	sq, err := kv.Size(q, kv.PerSequence, 64<<10, 1000, 2048)
+	require.NoError(t, err)
+	assert.Equal(t, s16.Used*34/64, sq.Used)
+	assert.Equal(t, int64(1000*2*32*1088), sq.Used)
+}
+
+// TestViewBlockTypes: a Q8_0 view counts blocks in its last dimension; the Blocked
+// layout, whose blocks of granules hold no whole number of 34-byte blocks, has none.
+func TestViewBlockTypes(t *testing.T) {
+	fx := newFixture(t, 1<<30)
+	for _, tt := range []struct {
+		layout  kv.Layout
+		strides []int
+	}{
+		{kv.PerLayer, []int{4 * 2, 2, 1}},
+		{kv.PerSequence, []int{q8Tiny.BytesPerToken() / 34, 2, 1}},
+	} {
+		t.Run(tt.layout.String(), func(t *testing.T) {
+			c, err := kv.New(fx.fake, kv.Config{Geometry: q8Tiny, MaxTokens: 256, Layout: tt.layout})
+			require.NoError(t, err)
+			defer func() { assert.NoError(t, c.Close()) }()
+			s, err := c.NewSequence()
+			require.NoError(t, err)
+			defer s.Close()
+			require.NoError(t, s.Append(5))
+			v, err := kv.View[arena.BlockQ8_0](s, 2, kv.V)
+			require.NoError(t, err)
+			assert.Equal(t, []int{5, 4, 2}, v.Shape())
+			assert.Equal(t, tt.strides, v.Strides())
+			assert.Equal(t, 5*4*2*34, v.NumBytes())
+			assert.Equal(t, s.Base(2, kv.V), v.DevicePtr())
+			assert.Equal(t, 34*tt.strides[0], s.TokenStride())
+			_, err = kv.View[arena.F16](s, 0, kv.K)
+			assert.ErrorIs(t, err, kv.ErrElemType)
+		})
+	}
+	c, err := kv.New(fx.fake, kv.Config{Geometry: q8Tiny, MaxTokens: 256})
+	require.NoError(t, err)
+	s, err := c.NewSequence()
+	require.NoError(t, err)
+	require.NoError(t, s.Append(3))
+	_, err = kv.View[arena.BlockQ8_0](s, 0, kv.K)
+	assert.ErrorIs(t, err, kv.ErrLayout)
+	// The kernel's addressing still holds: token t is at its block and row.
+	assert.Equal(t, q8Tiny.TokenBytes(), s.TokenStride())
+	require.True(t, s.Close().OK())
+	require.NoError(t, c.Close())
+
+	// FP8 elements are one byte: every layout has a view, strided in bytes.
+	c, err = kv.New(fx.fake, kv.Config{Geometry: fp8Tiny, MaxTokens: 256, BlockTokens: 4})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, c.Close()) }()
+	s, err = c.NewSequence()
+	require.NoError(t, err)
+	defer s.Close()
+	require.NoError(t, s.Append(9))
+	v, err := kv.View[arena.F8E4M3](s, 1, kv.K)
+	require.NoError(t, err)
+	assert.Equal(t, []int{(9 + s.BlockTokens() - 1) / s.BlockTokens(), s.BlockTokens(), 4, 64}, v.Shape())
+	assert.Equal(t, []int{s.BlockStride(), fp8Tiny.TokenBytes(), 64, 1}, v.Strides())
+}

@@ -1,0 +1,46 @@
+package kv_test
+
+import (
+	"fmt"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/kv"
+)
+
+// An FP8 cache with a scale per KV head: the kernel gets the scales' address and
+// layout from Scales, and a token's K is stored divided by its head's scale.
+func ExampleCache_Scales() {
+	gov := accounting.NewGovernor()
+	pool, err := host.NewShared(host.SharedOptions{Granularity: 64 << 10, Authority: gov.Authority("kv", accounting.HostKey)})
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	g := kv.Geometry{Name: "fp8", Layers: 2, KVHeads: 2, HeadDim: 4, DType: arena.Float8E4M3, Scales: kv.ScalePerHead}
+	cache, err := kv.New(pool, kv.Config{Geometry: g, MaxTokens: 128, Layout: kv.PerLayer})
+	if err != nil {
+		panic(err)
+	}
+	defer cache.Close()
+	_ = cache.SetScales(1, kv.K, []float32{0.5, 4}) // calibrated per head of layer 1's K
+
+	scales, _ := cache.Scales()
+	fmt.Println("scales", scales.Shape(), "at a stable address:", scales.DevicePtr() != 0)
+
+	s, _ := cache.NewSequence()
+	defer s.Close()
+	_ = s.Append(1)
+	k, _ := kv.View[arena.F8E4M3](s, 1, kv.K)
+	for h := range g.KVHeads {
+		scale := scales.At(1, int(kv.K), h)
+		x := float32(100) // the value to store in dimension 0 of head h
+		k.Set(arena.F8E4M3FromFloat32Sat(x/scale), 0, h, 0)
+		fmt.Printf("head %d: scale %v, stored %v, read back %v\n", h, scale, k.At(0, h, 0), k.At(0, h, 0).Float32()*scale)
+	}
+	// Output:
+	// scales [2 2 2] at a stable address: true
+	// head 0: scale 0.5, stored 192, read back 96
+	// head 1: scale 4, stored 24, read back 96
+}

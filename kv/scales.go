@@ -1,0 +1,179 @@
+package kv
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/vmarena/vmarena/arena"
+)
+
+// ScaleMode says whether a cache of FP8 elements keeps dequantization scales, and how
+// many: a stored value x stands for x.Float32() × scale, so a kernel that writes K or
+// V divides by the scale before narrowing and multiplies after widening. vLLM's FP8 KV
+// cache keeps such a scale per layer's K and V ("k_scale", "v_scale").
+type ScaleMode uint8
+
+const (
+	// NoScales, the zero value, keeps none: values are stored as they are.
+	NoScales ScaleMode = iota
+	// ScalePerTensor keeps one float32 per layer's K or V tensor.
+	ScalePerTensor
+	// ScalePerHead keeps one float32 per KV head of each layer's K or V tensor.
+	ScalePerHead
+)
+
+func (m ScaleMode) String() string {
+	switch m {
+	case NoScales:
+		return "none"
+	case ScalePerTensor:
+		return "per-tensor"
+	case ScalePerHead:
+		return "per-head"
+	}
+	return fmt.Sprintf("ScaleMode(%d)", uint8(m))
+}
+
+// validate reports a scale mode that g's element type can not have.
+func (m ScaleMode) validate(dt arena.DType) error {
+	switch {
+	case m > ScalePerHead:
+		return fmt.Errorf("%w: scale mode %v", ErrGeometry, m)
+	case m != NoScales && dt != arena.Float8E4M3 && dt != arena.Float8E5M2:
+		return fmt.Errorf("%w: %v scales are for FP8 element types, not %v", ErrGeometry, m, dt)
+	}
+	return nil
+}
+
+// scalesPerTensor returns the scales of each tensor: 1, KVHeads, or 0 without scales.
+func (g Geometry) scalesPerTensor() int {
+	switch g.Scales {
+	case ScalePerTensor:
+		return 1
+	case ScalePerHead:
+		return g.KVHeads
+	}
+	return 0
+}
+
+// scales is where a cache keeps its FP8 scales: one range of its backing, committed
+// at New for the cache's life, float32 in the machine's byte order (little-endian on
+// every supported platform), [Layers][K, V][scalesPerTensor] row-major.
+type scales struct {
+	buf buffer // nil without scales
+	per int    // scales per tensor
+}
+
+// newScales reserves and commits c's scales and sets every one to 1.
+func (c *Cache) newScales() error {
+	g := c.cfg.Geometry
+	per := g.scalesPerTensor()
+	if per == 0 {
+		return nil
+	}
+	n := 2 * g.Layers * per * 4
+	capac := (n + c.gran - 1) / c.gran * c.gran
+	buf, err := c.st.newBuffer(capac, c.cfg.Authority)
+	if err != nil {
+		return err
+	}
+	ones := make([]byte, n)
+	for i := 0; i < n; i += 4 {
+		binary.NativeEndian.PutUint32(ones[i:], math.Float32bits(1))
+	}
+	if err = buf.Resize(n); err == nil {
+		err = buf.writeAt(0, ones)
+	}
+	if err != nil {
+		return errors.Join(err, releaseError(buf.Close()))
+	}
+	c.scales = scales{buf: buf, per: per}
+	return nil
+}
+
+// isClosed reports whether Close has closed c.
+func (c *Cache) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// closeScales gives back the scales' range: at Close, when nothing can read them.
+func (c *Cache) closeScales() error {
+	if c.scales.buf == nil {
+		return nil
+	}
+	// NB: buf stays set: Scales and the others test c.closed first, and New alone
+	// writes the field, so no reader races with Close.
+	return releaseError(c.scales.buf.Close())
+}
+
+// Scales returns the cache's FP8 scales as a float32 tensor of [Layers, 2, H], K
+// before V, H = 1 per tensor or KVHeads per head, row-major: scale (layer, kind, head)
+// is element [layer, kind, head % H], at a base address that never changes while the
+// cache is open. On a device the tensor gives only that address (for a kernel); on the
+// host its elements may also be read (write them with SetScales, which checks them).
+// A cache without scales fails with ErrScale. The tensor is valid until Close.
+func (c *Cache) Scales() (arena.Tensor[float32], error) {
+	if c.isClosed() {
+		return arena.Tensor[float32]{}, ErrClosed
+	}
+	if c.scales.buf == nil {
+		return arena.Tensor[float32]{}, fmt.Errorf("%w: the geometry keeps none (Scales %v)", ErrScale, c.cfg.Geometry.Scales)
+	}
+	return arena.NewTensor[float32](c.scales.buf, 0, c.cfg.Geometry.Layers, 2, c.scales.per)
+}
+
+// SetScales sets the scales of layer's K or V tensor to src: one value per tensor, or
+// KVHeads per head. Each must be finite and positive. It works on any backing (through
+// the backing's copier on a device). It must not run while a kernel or a reader uses
+// that tensor's scales; for different tensors it may run concurrently.
+func (c *Cache) SetScales(layer int, kind Kind, src []float32) error {
+	off, err := c.scaleRange(layer, kind, len(src))
+	if err != nil {
+		return err
+	}
+	p := make([]byte, 4*len(src))
+	for i, v := range src {
+		if !(v > 0 && v <= math.MaxFloat32) {
+			return fmt.Errorf("%w: scale %d of layer %d %v is %v (must be finite and positive)", ErrScale, i, layer, kind, v)
+		}
+		binary.NativeEndian.PutUint32(p[4*i:], math.Float32bits(v))
+	}
+	return c.scales.buf.writeAt(off, p)
+}
+
+// ReadScales copies the scales of layer's K or V tensor into dst, which must hold one
+// value per tensor, or KVHeads per head. It works on any backing.
+func (c *Cache) ReadScales(layer int, kind Kind, dst []float32) error {
+	off, err := c.scaleRange(layer, kind, len(dst))
+	if err != nil {
+		return err
+	}
+	p := make([]byte, 4*len(dst))
+	if err := c.scales.buf.readAt(off, p); err != nil {
+		return err
+	}
+	for i := range dst {
+		dst[i] = math.Float32frombits(binary.NativeEndian.Uint32(p[4*i:]))
+	}
+	return nil
+}
+
+// scaleRange returns the byte offset of the n scales of layer's K or V tensor.
+func (c *Cache) scaleRange(layer int, kind Kind, n int) (int, error) {
+	g := c.cfg.Geometry
+	switch {
+	case c.isClosed():
+		return 0, ErrClosed
+	case c.scales.buf == nil:
+		return 0, fmt.Errorf("%w: the geometry keeps none (Scales %v)", ErrScale, g.Scales)
+	case layer < 0 || layer >= g.Layers || kind > V:
+		return 0, fmt.Errorf("%w: layer %d %v of %d layers", ErrRange, layer, kind, g.Layers)
+	case n != c.scales.per:
+		return 0, fmt.Errorf("%w: %d scales for a tensor that has %d (%v)", ErrScale, n, c.scales.per, g.Scales)
+	}
+	return (2*layer + int(kind)) * c.scales.per * 4, nil
+}
