@@ -39,11 +39,17 @@ func (p *Prefix) Len() int { return p.tokens }
 // does not exist.
 func (p *Prefix) Base(layer int, kind Kind) uintptr {
 	p.held()
-	i, off, ok := p.c.tensor(p.c.cfg.Geometry, layer, kind)
+	return p.c.tensorBase(p.bufs, layer, kind)
+}
+
+// tensorBase returns the first address of layer's K or V tensor in the ranges bufs of
+// a sequence or a prefix, panicking with PanicLayerRange for one that does not exist.
+func (c *Cache) tensorBase(bufs []buffer, layer int, kind Kind) uintptr {
+	i, off, ok := c.tensor(c.cfg.Geometry, layer, kind)
 	if !ok {
 		panic(PanicLayerRange)
 	}
-	return p.bufs[i].Base() + uintptr(off)
+	return bufs[i].Base() + uintptr(off)
 }
 
 // Committed returns the physical bytes the prefix holds, all ranges together: the
