@@ -33,10 +33,13 @@ func (e *env) ledger() (inUse, mapped int64) {
 // the ledger: the ledger moves by exactly what the new sequence's Started reports (a
 // hit's, a fork's, a prefix's), one call at a time and summed over the run.
 func TestStartedReportsMatchLedger(t *testing.T) {
-	const maxTokens = 48
 	for kind := range sharingBackings {
 		for _, layout := range layouts {
 			t.Run(fmt.Sprintf("%s/%v", sharingNames[kind], layout), func(t *testing.T) {
+				g := envGranuleOf(kind)
+				// NB: sequences as long as three granules of a PerLayer tensor (tiny8's
+				// TokenBytes), so that there are full granules to share on any granule.
+				maxTokens := max(48, 3*g/tiny8.TokenBytes())
 				e, ok := newEnv(t, kind, layout, blockTokensFor(layout), maxTokens, 0, false)
 				if !ok {
 					t.Skipf("%s does not exist on this system", sharingNames[kind])
@@ -44,7 +47,6 @@ func TestStartedReportsMatchLedger(t *testing.T) {
 				pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
 				require.NoError(t, err)
 				e.onFail(func() { _ = pc.Close() })
-				g := envGranuleOf(kind)
 				r := rand.New(rand.NewPCG(uint64(kind), uint64(layout)))
 				var (
 					seqs     []*kv.Sequence
