@@ -7,9 +7,10 @@
 # bind-mounted into the root with the source tree.
 #
 # The root is made once, with debootstrap from Debian's packages, and kept in
-# $VMARENA_WINE_ROOT (default /var/cache/vmarena-wine-trixie) for later runs: about
-# two minutes to make it (debootstrap ~40 s, Wine's packages ~75 s), 1.5 GB. Each run
-# then takes about 3 minutes on 2 cores, most of it building the test binaries.
+# $VMARENA_WINE_ROOT (default /var/cache/vmarena-wine-trixie) for later runs: making it
+# took about two minutes on 2 cores (debootstrap ~40 s, Wine's packages ~75 s; four
+# minutes while other work loaded the machine), 1.5 GB. A run on the cached root took
+# 3.5 minutes on the loaded machine: 80 s building the test binaries, 100 s of it kv's.
 # Needs root (debootstrap, mount, chroot).
 set -euo pipefail
 cd "$(dirname "$0")/.."
