@@ -215,6 +215,12 @@ func (a *Arena[R, B]) Device() accounting.DeviceKey { return a.buf.Backing().Dev
 // in granules on a base that never moves.
 func (a *Arena[R, B]) VirtualBacking() bool { return true }
 
+// CommitsOnDemand reports true (see [OnDemand]): the arena's buffer commits a granule
+// only when the bump pointer reaches it, and each commit is charged to the governor
+// as it is made (by the buffer's authority under ByBuffer, by the backing's pool
+// under ByBacking), so a refused commit is an error, never an over-commitment.
+func (a *Arena[R, B]) CommitsOnDemand() bool { return true }
+
 // CanShare reports whether the arena's backing can map physical granules into other
 // buffers (backing.Sharer under ByBacking accounting; see Buffer.ShareFrom). The
 // arena's own allocations are never shared.

@@ -4,6 +4,9 @@
 // step. Code written against the plain eager-allocator contract, [Allocator] (the
 // cudaMalloc shape), runs on an Arena or on [Eager], which commits each allocation
 // whole outside the Go heap and is the floor a growing Buffer is measured against.
+// Whether an allocator commits on demand and charges the governor as it does (the
+// seed's commits_on_demand: an Arena does, Eager does not) is its promise,
+// [CommitsOnDemand], apart from what its backing could do.
 //
 // # Element types
 //

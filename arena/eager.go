@@ -45,17 +45,20 @@ func NewEager[R any, B backing.Backing[R]](b B, auth *accounting.Authority) (*Ea
 }
 
 // Allocate reserves and commits size bytes, rounded up to the backing's granule, at an
-// address that is a multiple of align. size must be positive (ErrInvalidSize); align a
-// power of two no larger than the granule (ErrInvalidAlignment), since a reservation
-// starts on a granule. On error nothing is held and nothing stays charged.
+// address that is a multiple of align. size must not be negative (ErrInvalidSize);
+// align a power of two no larger than the granule (ErrInvalidAlignment), since a
+// reservation starts on a granule. A zero-byte allocation is not a failure: it has an
+// address of its own (one granule reserved, nothing committed), so that a caller never
+// mistakes it for no allocation, and it MUST be released as any other. On error
+// nothing is held and nothing stays charged.
 func (e *Eager[R, B]) Allocate(size, align int) (Allocation, error) {
-	if size <= 0 {
+	if size < 0 {
 		return Allocation{}, fmt.Errorf("%w: %d bytes", ErrInvalidSize, size)
 	}
 	if g := e.b.Granularity(); !backing.IsPowerOfTwo(align) || align > g {
 		return Allocation{}, fmt.Errorf("%w: %d (granule %d)", ErrInvalidAlignment, align, g)
 	}
-	buf, err := NewBuffer(e.b, size, e.auth)
+	buf, err := NewBuffer(e.b, max(size, 1), e.auth)
 	if err != nil {
 		return Allocation{}, err
 	}
@@ -124,6 +127,10 @@ func (e *Eager[R, B]) Bytes(a Allocation) []byte {
 
 // Device returns the memory the allocations live in: the backing's device.
 func (e *Eager[R, B]) Device() accounting.DeviceKey { return e.b.Device() }
+
+// CommitsOnDemand reports false: Eager commits every byte of an allocation when it is
+// made, though its backing could commit granule by granule (see [OnDemand]).
+func (e *Eager[R, B]) CommitsOnDemand() bool { return false }
 
 // Live returns how many allocations have not been released.
 func (e *Eager[R, B]) Live() int {

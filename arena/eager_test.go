@@ -69,7 +69,6 @@ func TestEagerBadInput(t *testing.T) {
 		size, align int
 		want        error
 	}{
-		{"zero size", 0, 8, arena.ErrInvalidSize},
 		{"negative size", -1, 8, arena.ErrInvalidSize},
 		{"zero alignment", 8, 0, arena.ErrInvalidAlignment},
 		{"alignment not a power of two", 8, 24, arena.ErrInvalidAlignment},

@@ -23,6 +23,28 @@
 // access may be narrowed to read-only in place and widened again by its owner
 // ([Protector]); a granule shared read-only stays read-only to its sharer.
 //
+// # Safety contract
+//
+// Code above a backing writes through the addresses it hands out, so a backing that
+// breaks one of these points turns a caller's writes into memory corruption rather
+// than an error. They are the seed's (onnx_runtime_virtual_memory, src/backing.rs:
+// the Safety section of VirtualBacking); backingtest.Run checks each, and its
+// mutants (backing/backingtest/mutant_test.go) show that it catches a backing that
+// breaks it:
+//
+//	point                                                  property (backingtest.Run)   mutant
+//	the granularity is constant and a power of two         Identity                     granularityDrifts
+//	Reserve commits nothing: address space only            ReserveCommitsNothing,       reserveCommits
+//	                                                       ReserveUnreserve
+//	the base never changes for the reservation's life      BaseStable                   baseMoves
+//	after a Commit every byte of the range is writable     CommitWriteRead              commitsShort
+//	Unreserve gives back the address space (the handle     UseAfterUnreserve,           noPanicBase,
+//	is dead: its use panics) and everything still          UnreserveCommitted           unreserveKeepsGranules,
+//	committed in it                                                                     lyingUnreserve
+//
+// A Sharer keeps one more: a Share owns nothing new and maps what it is asked to
+// ([ShareReport]; properties ShareReport and ShareLastMapping, mutant ownsTwice).
+//
 // # Errors and panics
 //
 // Every method validates its arguments and reports bad ones as an error wrapped in an

@@ -89,11 +89,7 @@ func (s *Sequence) Bytes(layer int, kind Kind) ([]byte, error) {
 // dereferenced by the CPU.
 func (s *Sequence) Base(layer int, kind Kind) uintptr {
 	s.live()
-	i, off, ok := s.c.tensor(s.c.cfg.Geometry, layer, kind)
-	if !ok {
-		panic(PanicLayerRange)
-	}
-	return s.bufs[i].Base() + uintptr(off)
+	return s.c.tensorBase(s.bufs, layer, kind)
 }
 
 // TokenStride returns the bytes from one token to the next within a layer's K or V

@@ -80,10 +80,11 @@ func TestBlockedModel(t *testing.T) {
 				name := fmt.Sprintf("%s/BlockTokens=%d/seed=%d", sharingNames[kind], bt, seed)
 				t.Run(name, func(t *testing.T) {
 					cfg := kv.Config{Geometry: tiny8, MaxTokens: maxTokens, Layout: kv.Blocked, BlockTokens: bt}
-					ml := modelOf(cfg, envGranule)
+					g := envGranuleOf(kind)
+					ml := modelOf(cfg, g)
 					limit := int64(0)
 					if seed%2 == 1 {
-						limit = int64(8*ml.blk + 16*envGranule) // the pools keep up to 16 idle granules
+						limit = int64(8*ml.blk + 16*g) // the pools keep up to 16 idle granules
 					}
 					e, ok := newEnv(t, kind, kv.Blocked, bt, maxTokens, limit, false)
 					if !ok {

@@ -253,6 +253,7 @@ func (c *Cache) release(bufs []buffer) accounting.ReleaseOutcome {
 }
 
 func (c *Cache) register(s *Sequence) {
+	s.started = s.startReport()
 	c.mu.Lock()
 	c.seqs[s] = struct{}{}
 	c.inflight--

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -67,14 +68,25 @@ type env struct {
 	// itself says is left after that.
 	closeBacking func() error
 	leaks        func() error
+	// finished says that finish closed the backing; until then the test's cleanup
+	// runs undo (last first), then closes the cache and the backing.
+	finished bool
+	undo     []func()
 }
+
+// onFail has the test's cleanup run f when the test ends before finish closed the
+// backing: f gives back what the test holds (a sequence, a prefix), so that the
+// backing can close and stop its goroutines even after a failure.
+func (e *env) onFail(f func()) { e.undo = append(e.undo, f) }
 
 var envSeq atomic.Int64
 
 // newEnv returns a cache of tiny8 tokens on backing kind (one of onShared, onCUDA,
 // onFake) in layout with blocks of blockTokens (Config.BlockTokens), under a governor
 // limit of limit bytes (0: none), wrapped in a backingtest.Faulty when faulty. ok is false where the backing does not exist on
-// this system (host.Shared off Linux). The caller MUST call finish.
+// this system (host.Shared off Linux and Windows). The caller MUST call finish, which
+// checks the books; a test that fails before it still has the cache and the backing
+// closed by a cleanup, so that no goroutine of theirs outlives the test.
 func newEnv(t testing.TB, kind int, layout kv.Layout, blockTokens, maxTokens int, limit int64, faulty bool) (e *env, ok bool) {
 	t.Helper()
 	e = &env{name: sharingNames[kind], gov: accounting.NewGovernor(), quiet: func() {}}
@@ -122,6 +134,21 @@ func newEnv(t testing.TB, kind int, layout kv.Layout, blockTokens, maxTokens int
 	default:
 		t.Fatalf("no sharing backing %d", kind)
 	}
+	t.Cleanup(func() {
+		if e.finished {
+			return
+		}
+		if e.faults != nil {
+			e.faults.Reset()
+		}
+		for _, f := range slices.Backward(e.undo) {
+			f()
+		}
+		if e.c != nil {
+			_ = e.c.Close() // NB: the test failed already; this only stops what runs
+		}
+		_ = e.closeBacking()
+	})
 	require.NoError(t, err)
 	return e, true
 }
@@ -159,6 +186,7 @@ func (e *env) finish(t testing.TB) {
 	require.NoError(t, e.c.Close(), e.name)
 	e.books(t, "closed cache")
 	require.NoError(t, e.closeBacking(), e.name)
+	e.finished = true
 	as := e.auth.Stats()
 	assert.Zero(t, as.Owned, "%s: owned bytes after Close", e.name)
 	assert.Zero(t, as.Mapped, "%s: mapped bytes after Close", e.name)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/internal/nocopy"
 )
 
@@ -26,6 +27,92 @@ type Prefix struct {
 
 // Len returns the prefix's tokens.
 func (p *Prefix) Len() int { return p.tokens }
+
+// The accessors below mirror the seed's SharedDevicePrefix (onnx_runtime_memory_api,
+// src/allocator.rs: device_ptr, committed_physical_bytes, mapped_bytes,
+// requested_bytes). Each panics with PanicPrefixReleased once the creator released p.
+
+// Base returns the first address of layer's K or V tensor in the prefix's own ranges
+// (its token 0): where the prefix's K and V lie, written once when it was frozen and
+// never again. It does not change while the prefix lives. On a device it must not be
+// dereferenced by the CPU. It panics with PanicLayerRange for a layer or kind that
+// does not exist.
+func (p *Prefix) Base(layer int, kind Kind) uintptr {
+	p.held()
+	return p.c.tensorBase(p.bufs, layer, kind)
+}
+
+// tensorBase returns the first address of layer's K or V tensor in the ranges bufs of
+// a sequence or a prefix, panicking with PanicLayerRange for one that does not exist.
+func (c *Cache) tensorBase(bufs []buffer, layer int, kind Kind) uintptr {
+	i, off, ok := c.tensor(c.cfg.Geometry, layer, kind)
+	if !ok {
+		panic(PanicLayerRange)
+	}
+	return bufs[i].Base() + uintptr(off)
+}
+
+// Committed returns the physical bytes the prefix holds, all ranges together: the
+// granules its tokens occupy, counted once however many sequences map them (the
+// cache's ledger owns them once). It is the prefix's physical cost, never its
+// tokens' bytes.
+func (p *Prefix) Committed() int64 {
+	p.held()
+	var n int64
+	for _, b := range p.bufs {
+		n += int64(b.Committed())
+	}
+	return n
+}
+
+// Mapped returns the granule-rounded bytes the prefix's tokens span, all ranges
+// together: Requested rounded up to whole granules (whole blocks in the Blocked
+// layout) in each range.
+func (p *Prefix) Mapped() int64 {
+	p.held()
+	span, _ := backing.AlignUp(p.c.extent(p.tokens), p.c.gran)
+	return int64(len(p.bufs)) * int64(span)
+}
+
+// Requested returns the bytes of the prefix's tokens before any rounding: Len times
+// the geometry's BytesPerToken.
+func (p *Prefix) Requested() int64 {
+	p.held()
+	return int64(p.tokens) * int64(p.c.cfg.Geometry.BytesPerToken())
+}
+
+// held panics with PanicPrefixReleased once the creator released p.
+func (p *Prefix) held() {
+	p.c.mu.Lock()
+	ok := p.creator
+	p.c.mu.Unlock()
+	if !ok {
+		panic(PanicPrefixReleased)
+	}
+}
+
+// Started returns what the call that made s newly took on (a [backing.MapReport]):
+// the bytes of the granules it committed as s's own (the copied tail of a prefix or
+// a fork), the bytes it mapped, own and shared, and how many granules. A prefix's or
+// a parent's shared granules add to Mapped only: they are owned once, already. It is
+// the seed's per-call SharedPrefixCommitInfo (onnx_runtime_memory_api,
+// src/allocator.rs) for NewSequenceFrom, Fork, ForkAt and a PrefixCache Lookup that
+// hits. A new empty sequence (NewSequence, a Lookup that misses) took on nothing,
+// also where a miss took over an evicted entry's granules: those were owned already
+// and change hands. Under ByBacking the ledger's Owned minus the pool's idle
+// granules moves by Owned (the pool may serve the new granules from idle ones it
+// holds), its Mapped by Mapped.
+func (s *Sequence) Started() backing.MapReport {
+	s.live()
+	return s.started
+}
+
+// startReport returns what s holds on its creation: all of it came with the call that
+// made it, since a new sequence starts empty.
+func (s *Sequence) startReport() backing.MapReport {
+	committed, shared := s.committed.Load(), s.sharedIn.Load()
+	return backing.MapReport{Owned: committed - shared, Mapped: committed, Granules: int(committed / int64(s.c.gran))}
+}
 
 // Release drops the creator's reference. The prefix's memory is freed now if no
 // sequence started on it is still live, else with the last of them. Releasing twice

@@ -50,6 +50,7 @@ type Sequence struct {
 	// fork, a freeze), so they may not all be writable. (What prefix cache hits
 	// protect, pcLive counts.)
 	guarded bool
+	started backing.MapReport // what the call that made it took on (Started)
 
 	// Readings for Cache.Stats, which runs on other goroutines.
 	tokens    atomic.Int64

@@ -57,7 +57,10 @@ func TestSoakUnderFaults(t *testing.T) {
 	for kind := range sharingBackings {
 		for _, layout := range layouts {
 			t.Run(fmt.Sprintf("%s/%v", sharingNames[kind], layout), func(t *testing.T) {
-				defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+				// NB: a cleanup, not a defer: it must run after newEnv's, which closes
+				// the backing (and so stops its goroutines) when the soak fails.
+				opt := goleak.IgnoreCurrent()
+				t.Cleanup(func() { goleak.VerifyNone(t, opt) })
 				e, ok := newEnv(t, kind, layout, blockTokensFor(layout), soakMaxTokens, soakLimit(kind, layout), true)
 				if !ok {
 					t.Skipf("%s does not exist on this system", sharingNames[kind])
@@ -69,16 +72,29 @@ func TestSoakUnderFaults(t *testing.T) {
 	}
 }
 
-// soakLimit returns the governor's limit for the soak on backing kind: a sequence
-// and a quarter at their longest, so that the workers' appends wait for each other
-// and forks are refused.
+// soakPrefixTokens are the lengths of the prefixes the requests start on: one ending
+// inside a 4 KiB granule, one on a token boundary past two.
+var soakPrefixTokens = []int{5, 9}
+
+// soakLimit returns the governor's limit for the soak on backing kind: what the
+// prefixes hold, plus a sequence and a quarter at their longest, so that the
+// workers' appends wait for each other and forks are refused. NB: the prefixes
+// count: on a 64 KiB granule (host.Shared on Windows) each PerLayer prefix holds as
+// much as a whole sequence.
 func soakLimit(kind int, layout kv.Layout) int64 {
 	cfg := kv.Config{Geometry: tiny8, Layout: layout, BlockTokens: blockTokensFor(layout), MaxTokens: soakMaxTokens}
-	s, err := cfg.Size(envGranuleOf(kind), soakMaxTokens)
-	if err != nil {
-		panic(err)
+	committed := func(n int) int64 {
+		s, err := cfg.Size(envGranuleOf(kind), n)
+		if err != nil {
+			panic(err)
+		}
+		return s.Committed
 	}
-	return s.Committed * 5 / 4
+	limit := committed(soakMaxTokens) * 5 / 4
+	for _, n := range soakPrefixTokens {
+		limit += committed(n)
+	}
+	return limit
 }
 
 // soakPrefix is a prefix the requests start on, and its writer.
@@ -89,19 +105,25 @@ type soakPrefix struct {
 }
 
 func soak(t *testing.T, e *env, requests int) {
-	// Two prefixes, made before any fault: one ending inside a granule, one on a
-	// token boundary past two.
+	// The prefixes, made before any fault.
 	var prefixes []soakPrefix
-	for i, n := range []int{5, 9} {
+	released := 0 // prefixes[:released] are released
+	e.onFail(func() {
+		for _, p := range prefixes[released:] {
+			p.p.Release()
+		}
+	})
+	for i, n := range soakPrefixTokens {
 		root, err := e.c.NewSequence()
 		require.NoError(t, err)
+		e.onFail(func() { root.Close() })
 		require.NoError(t, root.Append(n))
 		w := uint64(1000 + i)
 		writeTokens(t, root, w, 0, n)
 		p, err := root.Freeze(n)
 		require.NoError(t, err)
-		require.True(t, root.Close().OK())
 		prefixes = append(prefixes, soakPrefix{p, n, w})
+		require.True(t, root.Close().OK())
 	}
 
 	var wg sync.WaitGroup
@@ -139,9 +161,11 @@ func soak(t *testing.T, e *env, requests int) {
 	for _, p := range prefixes {
 		s, err := e.c.NewSequenceFrom(p.p)
 		require.NoError(t, err)
+		e.onFail(func() { s.Close() })
 		checkTokens(t, s, p.w, 0, p.n)
 		require.True(t, s.Close().OK())
 		p.p.Release()
+		released++
 	}
 	// A range whose release failed twice stays mapped, kept by the cache for Close to
 	// retry, and is reported: Unreleased is exactly what is still mapped.

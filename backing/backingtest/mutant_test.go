@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -251,6 +252,85 @@ func (m shareInheritsProtection) Share(dst fakeR, dstOff int, src fakeR, srcOff,
 	return m.Fake.Share(dst, dstOff, src, srcOff, size, prot)
 }
 
+// The mutants of the seed's safety contract (see the backing package's doc), one
+// per point where no other mutant breaks it.
+
+// granularityDrifts answers a granule twice as large on every other call.
+type granularityDrifts struct {
+	*backingtest.Fake
+	calls *atomic.Int64
+}
+
+func (m granularityDrifts) Granularity() int {
+	if m.calls.Add(1)%2 == 0 {
+		return 2 * m.Fake.Granularity()
+	}
+	return m.Fake.Granularity()
+}
+
+// reserveCommits commits the first granule of every reservation it makes.
+type reserveCommits struct{ *backingtest.Fake }
+
+func (m reserveCommits) Reserve(size int) (fakeR, error) {
+	r, err := m.Fake.Reserve(size)
+	if err == nil && size >= m.Granularity() {
+		err = m.Fake.Commit(r, 0, m.Granularity())
+	}
+	return r, err
+}
+
+// baseMoves reports a base one granule further on once the reservation committed
+// something.
+type baseMoves struct {
+	*backingtest.Fake
+	mu    *sync.Mutex
+	moved map[fakeR]bool
+}
+
+func (m baseMoves) Commit(r fakeR, off, size int) error {
+	err := m.Fake.Commit(r, off, size)
+	if err == nil {
+		m.mu.Lock()
+		m.moved[r] = true
+		m.mu.Unlock()
+	}
+	return err
+}
+
+func (m baseMoves) Base(r fakeR) uintptr {
+	m.mu.Lock()
+	moved := m.moved[r]
+	m.mu.Unlock()
+	if moved {
+		return m.Fake.Base(r) + uintptr(m.Granularity())
+	}
+	return m.Fake.Base(r)
+}
+
+// commitsShort commits only the first granule of the range it is asked to commit.
+type commitsShort struct{ *backingtest.Fake }
+
+func (m commitsShort) Commit(r fakeR, off, size int) error {
+	if g := m.Granularity(); size > g {
+		size = g
+	}
+	return m.Fake.Commit(r, off, size)
+}
+
+// unreserveKeepsGranules maps every granule still committed in a reservation into a
+// hidden one before it unreserves it: the address space goes, the memory stays.
+type unreserveKeepsGranules struct{ *backingtest.Fake }
+
+func (m unreserveKeepsGranules) Unreserve(r fakeR) accounting.ReleaseOutcome {
+	g, size := m.Granularity(), m.Size(r)
+	if hidden, err := m.Fake.Reserve(size); err == nil {
+		for off := 0; off < size; off += g {
+			_ = m.Fake.Share(hidden, off, r, off, g, backing.ReadOnly) // a reserved granule is refused
+		}
+	}
+	return m.Fake.Unreserve(r)
+}
+
 var mutants = map[string]struct {
 	make func(*backingtest.Fake) backing.Backing[fakeR]
 	want []string // properties that must fail
@@ -260,7 +340,7 @@ var mutants = map[string]struct {
 	"noPanicBase":    {func(f *backingtest.Fake) backing.Backing[fakeR] { return noPanicBase{f} }, []string{"UseAfterUnreserve"}},
 	"keepsContents":  {func(f *backingtest.Fake) backing.Backing[fakeR] { return keepsContents{f} }, []string{"DecommitForfeits", "DecommitUncommitted"}},
 	"roundsDown":     {func(f *backingtest.Fake) backing.Backing[fakeR] { return roundsDown{f} }, []string{"Alignment"}},
-	"ownsTwice":      {func(f *backingtest.Fake) backing.Backing[fakeR] { return ownsTwice{f} }, []string{"ShareLastMapping"}},
+	"ownsTwice":      {func(f *backingtest.Fake) backing.Backing[fakeR] { return ownsTwice{f} }, []string{"ShareLastMapping", "ShareReport"}},
 	"sharesWritable": {func(f *backingtest.Fake) backing.Backing[fakeR] { return sharesWritable{f} }, []string{"ShareReadOnlyCopyIn"}},
 	"anyProtection":  {func(f *backingtest.Fake) backing.Backing[fakeR] { return anyProtection{f} }, []string{"ShareUnknownProtection"}},
 	"mapsSharesTwice": {func(f *backingtest.Fake) backing.Backing[fakeR] { return mapsSharesTwice{f} },
@@ -283,6 +363,15 @@ var mutants = map[string]struct {
 		return shareInheritsProtection{&protectMemo{Fake: f}}
 	},
 		[]string{"ShareFromReadOnly"}},
+	"granularityDrifts": {func(f *backingtest.Fake) backing.Backing[fakeR] { return granularityDrifts{f, new(atomic.Int64)} },
+		[]string{"Identity"}},
+	"reserveCommits": {func(f *backingtest.Fake) backing.Backing[fakeR] { return reserveCommits{f} },
+		[]string{"ReserveCommitsNothing", "ReserveUnreserve"}},
+	"baseMoves": {func(f *backingtest.Fake) backing.Backing[fakeR] {
+		return baseMoves{f, new(sync.Mutex), map[fakeR]bool{}}
+	}, []string{"BaseStable"}},
+	"commitsShort":           {func(f *backingtest.Fake) backing.Backing[fakeR] { return commitsShort{f} }, []string{"CommitWriteRead"}},
+	"unreserveKeepsGranules": {func(f *backingtest.Fake) backing.Backing[fakeR] { return unreserveKeepsGranules{f} }, []string{"UnreserveCommitted"}},
 	// A backing that maps read-only memory read-write elsewhere on request.
 	"sharesFromReadOnly": {func(f *backingtest.Fake) backing.Backing[fakeR] { return backingtest.ShareAnySource(f) },
 		[]string{"ShareFromReadOnly"}},

@@ -20,7 +20,8 @@ const largeReservation = 64 << 30
 // Run runs every property against fresh backings from newBacking (one per subtest).
 // newBacking registers its own teardown with t.Cleanup.
 //
-// The properties cover the [backing.Backing] contract: reserve and unreserve, empty
+// The properties cover the [backing.Backing] contract and its safety points (see the
+// backing package's "Safety contract"): reserve and unreserve, reserve commits nothing, empty
 // and very large reservations, commit-write-read, decommit forfeits contents, a stable
 // base, range validation (ErrInvalidRange, ErrOutOfRange, ErrCommitted,
 // ErrNotCommitted, ErrForeignReservation), a failed call changes nothing, concurrent
@@ -29,7 +30,8 @@ const largeReservation = 64 << 30
 // [backing.Copier] and [backing.HostAccessible] (at least one is required, to reach the
 // contents), [backing.Zeroer], [backing.Sharer] (read-only mappings refuse CopyIn, an
 // unknown [backing.Protection] is refused, sharing within one reservation, partial
-// decommits of a shared range, ReadWrite refused with ErrReadOnly from a source
+// decommits of a shared range, each Share's [backing.ShareReport] against the
+// ledger, ReadWrite refused with ErrReadOnly from a source
 // granule shared to it ReadOnly or protected, ReadOnly allowed from both),
 // [backing.Protector] (a round trip ReadWrite to
 // ReadOnly and back, CopyIn refused with ErrReadOnly on read-only memory, other
@@ -63,6 +65,7 @@ func Run[R any](t *testing.T, newBacking func(t *testing.T) backing.Backing[R]) 
 	}{
 		{"Identity", testIdentity[R]},
 		{"ReserveUnreserve", testReserveUnreserve[R]},
+		{"ReserveCommitsNothing", testReserveCommitsNothing[R]},
 		{"ReserveBadSize", testReserveBadSize[R]},
 		{"ZeroSize", testZeroSize[R]},
 		{"Large", testLarge[R]},
@@ -89,6 +92,7 @@ func Run[R any](t *testing.T, newBacking func(t *testing.T) backing.Backing[R]) 
 		{"ShareDecommitPart", testShareDecommitPart[R]},
 		{"ShareErrors", testShareErrors[R]},
 		{"ShareFromReadOnly", testShareFromReadOnly[R]},
+		{"ShareReport", testShareReport[R]},
 		{"ProtectRoundTrip", testProtectRoundTrip[R]},
 		{"ProtectOtherMappings", testProtectOtherMappings[R]},
 		{"ProtectSharer", testProtectSharer[R]},
@@ -480,6 +484,36 @@ func testLarge[R any](e *env[R]) {
 		now, _ := e.owned()
 		assert.Equal(t, before, now, "owned bytes after Unreserve")
 	}
+}
+
+// testReserveCommitsNothing checks that Reserve takes address space only: no granule
+// of a new reservation is Committed (a Decommit of each is refused with
+// ErrNotCommitted), and under ByBacking the ledger neither owns nor maps a byte more.
+func testReserveCommitsNothing[R any](e *env[R]) {
+	t := e.t
+	g := e.g()
+	e.trim()
+	mapped := func() int64 {
+		if a := e.b.Accounting().Authority(); a != nil {
+			return a.Stats().Mapped
+		}
+		return 0
+	}
+	inUse, byBacking := e.inUse()
+	owned, _ := e.owned()
+	before := mapped()
+	x := e.reserve(4)
+	for i := range 4 {
+		isOp(t, e.b.Decommit(x.r, i*g, g), backing.ErrNotCommitted, "granule %d of a new reservation", i)
+	}
+	if byBacking {
+		now, _ := e.inUse()
+		assert.Equal(t, inUse, now, "Reserve must commit nothing")
+		nowOwned, _ := e.owned()
+		assert.Equal(t, owned, nowOwned, "Reserve must own no physical bytes")
+		assert.Equal(t, before, mapped(), "Reserve must map nothing")
+	}
+	e.unreserve(x, 0)
 }
 
 func testCommitWriteRead[R any](e *env[R]) {

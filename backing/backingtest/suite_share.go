@@ -453,3 +453,63 @@ func testShareFromReadOnly[R any](e *env[R]) {
 	e.unreserve(b, 3*g)
 	e.unreserve(a, 3*g)
 }
+
+// testShareReport checks each Share against the ledger: a Share that succeeds moves
+// the bytes in use (owned minus a pool's idle) and the authority's Mapped by
+// exactly backing.ShareReport (owns nothing new, maps size bytes), whether its
+// source granules are the source's own, shared to it, or in its own reservation; a
+// Share that fails moves nothing.
+func testShareReport[R any](e *env[R]) {
+	s, ok := e.sharer()
+	if !ok {
+		return
+	}
+	t := e.t
+	g := e.g()
+	a := e.reserve(4)
+	b := e.reserve(3)
+	c := e.reserve(2)
+	require.NoError(t, e.b.Commit(a.r, 0, 3*g))
+	ledger := func() (inUse, mapped int64) {
+		inUse, _ = e.inUse()
+		return inUse, e.b.Accounting().Authority().Stats().Mapped
+	}
+	var sum backing.MapReport
+	start, startMapped := ledger()
+	for _, tt := range []struct {
+		name         string
+		dst          R
+		dstOff       int
+		src          R
+		srcOff, size int
+		prot         backing.Protection
+		fails        error
+	}{
+		{"own granules", b.r, 0, a.r, 0, 2 * g, backing.ReadWrite, nil},
+		{"a shared mapping onward", c.r, 0, b.r, g, g, backing.ReadOnly, nil},
+		{"within one reservation", a.r, 3 * g, a.r, 2 * g, g, backing.ReadOnly, nil},
+		{"onto a committed granule", c.r, 0, a.r, 0, g, backing.ReadOnly, backing.ErrCommitted},
+		{"from a reserved granule", c.r, g, b.r, 2 * g, g, backing.ReadOnly, backing.ErrNotCommitted},
+	} {
+		inUse, mapped := ledger()
+		err := s.Share(tt.dst, tt.dstOff, tt.src, tt.srcOff, tt.size, tt.prot)
+		want := backing.ShareReport(tt.size, g)
+		if tt.fails != nil {
+			isOp(t, err, tt.fails, tt.name)
+			want = backing.MapReport{}
+		} else {
+			require.NoError(t, err, tt.name)
+		}
+		nowInUse, nowMapped := ledger()
+		assert.Equal(t, want.Owned, nowInUse-inUse, "%s: bytes newly owned", tt.name)
+		assert.Equal(t, want.Mapped, nowMapped-mapped, "%s: bytes newly mapped", tt.name)
+		sum = sum.Add(want)
+	}
+	end, endMapped := ledger()
+	assert.Equal(t, backing.MapReport{Owned: 0, Mapped: int64(4 * g), Granules: 4}, sum, "the reports of the Shares")
+	assert.Equal(t, sum.Owned, end-start, "the reports' Owned against the ledger")
+	assert.Equal(t, sum.Mapped, endMapped-startMapped, "the reports' Mapped against the ledger")
+	e.unreserve(a, 4*g)
+	e.unreserve(b, 2*g)
+	e.unreserve(c, g)
+}

@@ -222,8 +222,9 @@ type sharedPlaceholderCalls struct {
 	view    func(h windows.Handle, n int) (unsafe.Pointer, error)    // map all of section h anywhere, read-write
 }
 
-// sharedPlaceholders are the calls new pools use: the system's. NB: tests under Wine,
-// which lacks placeholders, swap in an emulation (shared_emul_windows_test.go).
+// sharedPlaceholders are the calls new pools use: the system's. NB: tests under a Wine
+// that lacks placeholders (8.0) swap in an emulation (shared_emul_windows_test.go);
+// Wine 10.0 has them.
 var sharedPlaceholders = &sharedPlaceholderCalls{
 	placeholderOS: placeholderOS{
 		split:    placeholderSplit,

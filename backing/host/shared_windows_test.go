@@ -19,8 +19,8 @@ import (
 const kib64 = 64 << 10
 
 // newWinShared returns a Shared backing with opts (Authority filled in) and its
-// authority. Under Wine, which does not implement placeholders, the backing runs on
-// emulated ones (see host.EmulatePlaceholders); anywhere else a refusal fails the
+// authority. Under a Wine that does not implement placeholders (8.0; 10.0 does), the
+// backing runs on emulated ones (see host.EmulatePlaceholders); anywhere else a refusal fails the
 // test. At cleanup it checks the
 // bookkeeping, closes the backing and checks that the authority holds nothing.
 func newWinShared(t *testing.T, opts host.SharedOptions) (*host.Shared, *accounting.Authority) {
@@ -194,8 +194,8 @@ func TestSharedWindowsGranularity(t *testing.T) {
 	assert.ErrorContains(t, err, "allocation granularity")
 }
 
-// underWine handles NewShared's refusal err of the options opts: under Wine, which
-// does not implement placeholders, it checks that err says so and returns a backing
+// underWine handles NewShared's refusal err of the options opts: under a Wine that
+// does not implement placeholders (8.0), it checks that err says so and returns a backing
 // on emulated placeholders (see newWinShared); on Windows itself it returns err.
 func underWine(t *testing.T, err error, opts host.SharedOptions) (*host.Shared, error) {
 	t.Helper()

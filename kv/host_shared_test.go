@@ -1,0 +1,134 @@
+//go:build linux || windows
+
+package kv_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/kv"
+)
+
+type hostSeq = kv.Sequence
+
+func newHostCache(t *testing.T, name string, layout kv.Layout, maxTokens int) (*kv.Cache, *accounting.Authority) {
+	t.Helper()
+	gov := accounting.NewGovernor()
+	pool := gov.Authority("pool", accounting.HostKey)
+	b := sharedPool(t, pool, name)
+	c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: maxTokens, Layout: layout})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, c.Close()) })
+	return c, pool
+}
+
+// sharedPool returns a memfd pool of 64 KiB granules charged to a; the test's cleanup
+// closes it and checks that a's ledger balances. Cleanups run last first, so register
+// a cache's Close after this.
+func sharedPool(t *testing.T, a *accounting.Authority, name string) *host.Shared {
+	t.Helper()
+	b, err := host.NewShared(host.SharedOptions{Granularity: 64 << 10, Authority: a, Name: name})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		assert.NoError(t, b.Close())
+		assert.Zero(t, a.Stats().Owned, "ledger does not balance")
+		assert.Zero(t, a.Stats().Mapped)
+	})
+	return b
+}
+
+// TestHostIntegrity runs the sharing, fork and truncate checks on real shared memory.
+func TestHostIntegrity(t *testing.T) {
+	for _, layout := range layouts {
+		t.Run(layout.String(), func(t *testing.T) {
+			c, _ := newHostCache(t, "kv-host-test", layout, 512)
+			shareForkTruncate(t, c)
+			if layout == kv.PerLayer {
+				// A sequence's own tail is writable through its slice.
+				s, err := c.NewSequence()
+				require.NoError(t, err)
+				require.NoError(t, s.Append(3))
+				k, err := s.Bytes(0, kv.K)
+				require.NoError(t, err)
+				k[len(k)-1] = 0xff
+				assert.True(t, s.Close().OK())
+			}
+		})
+	}
+}
+
+// fill writes a distinct F16 bit pattern to every (writer, layer, K/V, token, head,
+// dim) of tokens [from, to) through the typed views.
+func fillViews(t *testing.T, s *hostSeq, w uint64, from, to int) {
+	t.Helper()
+	for layer := range tiny8.Layers {
+		for _, kind := range []kv.Kind{kv.K, kv.V} {
+			v, err := kv.View[arena.F16](s, layer, kind)
+			require.NoError(t, err)
+			for tok := from; tok < to; tok++ {
+				for h := range tiny8.KVHeads {
+					for d := range tiny8.HeadDim {
+						v.Set(viewValue(w, layer, kind, tok, h, d), viewIndex(s, tok, h, d)...)
+					}
+				}
+			}
+		}
+	}
+}
+
+func viewValue(w uint64, layer int, kind kv.Kind, tok, h, d int) arena.F16 {
+	return arena.F16(w*7919 + uint64(layer)*613 + uint64(kind)*307 + uint64(tok)*257 + uint64(h)*64 + uint64(d))
+}
+
+func checkViews(t *testing.T, s *hostSeq, w uint64, from, to int) {
+	t.Helper()
+	for layer := range tiny8.Layers {
+		for _, kind := range []kv.Kind{kv.K, kv.V} {
+			v, err := kv.View[arena.F16](s, layer, kind)
+			require.NoError(t, err)
+			require.Equal(t, viewShape(s), v.Shape())
+			for tok := from; tok < to; tok++ {
+				for h := range tiny8.KVHeads {
+					for d := range tiny8.HeadDim {
+						if got, want := v.At(viewIndex(s, tok, h, d)...), viewValue(w, layer, kind, tok, h, d); got != want {
+							t.Fatalf("seq %d layer %d %v [%d,%d,%d]: got %#x, want %#x", s.ID(), layer, kind, tok, h, d, got, want)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestTypedViewsIntegrity writes and reads every element through typed F16 views after
+// growth, prefix sharing, fork and truncation, in both layouts.
+func TestTypedViewsIntegrity(t *testing.T) {
+	for _, layout := range layouts {
+		t.Run(layout.String(), func(t *testing.T) {
+			c, _ := newHostCache(t, "kv-view-test", layout, 512)
+			shareForkTruncate(t, c, fillViews, checkViews)
+			s, err := c.NewSequence()
+			require.NoError(t, err)
+			require.NoError(t, s.Append(1))
+			_, err = kv.View[float32](s, 0, kv.K)
+			assert.ErrorIs(t, err, kv.ErrElemType)
+			_, err = kv.View[arena.F16](s, tiny8.Layers, kv.K)
+			assert.ErrorIs(t, err, kv.ErrRange)
+			assert.True(t, s.Close().OK())
+		})
+	}
+}
+
+// viewIndex returns the index of element [tok, h, d] of a layer's view of s: in the
+// Blocked layout, token tok is token tok % BlockTokens of block tok / BlockTokens.
+func viewIndex(s *kv.Sequence, tok, h, d int) []int {
+	if bt := s.BlockTokens(); bt > 0 {
+		return []int{tok / bt, tok % bt, h, d}
+	}
+	return []int{tok, h, d}
+}
