@@ -59,6 +59,21 @@ func (p *Pub) Subscribers() int {
 	return len(p.peers)
 }
 
+// Subscribed returns how many connected subscribers have at least one subscription.
+func (p *Pub) Subscribed() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for pp := range p.peers {
+		pp.smu.Lock()
+		if len(pp.subs) > 0 {
+			n++
+		}
+		pp.smu.Unlock()
+	}
+	return n
+}
+
 // Drops returns how many times a message was not queued to a subscriber, its queue
 // being full, in all.
 func (p *Pub) Drops() int64 { return p.drops.Load() }
