@@ -43,7 +43,7 @@ func TestWireFormat(t *testing.T) {
 		keys: []string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx"},
 		fields: map[string]any{
 			"type": "BlockStored", "block_hashes": []any{int64(7), int64(8)}, "parent_block_hash": nil,
-			"token_ids": []any{int64(28), int64(29), int64(30), int64(31), int64(32), int64(33), int64(34), int64(35)},
+			"token_ids":  []any{int64(28), int64(29), int64(30), int64(31), int64(32), int64(33), int64(34), int64(35)},
 			"block_size": int64(4), "lora_id": nil, "medium": "GPU", "lora_name": "adapter-a",
 			"extra_keys": []any{[]any{"adapter-a", "salt"}, nil}, "group_idx": int64(0),
 		},
@@ -52,7 +52,7 @@ func TestWireFormat(t *testing.T) {
 		keys: []string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "group_idx"},
 		fields: map[string]any{
 			"type": "BlockStored", "block_hashes": []any{uint64(math.MaxUint64 - 1)}, "parent_block_hash": int64(8),
-			"token_ids": []any{int64(36), int64(37), int64(38), int64(39)},
+			"token_ids":  []any{int64(36), int64(37), int64(38), int64(39)},
 			"block_size": int64(4), "lora_id": nil, "medium": "CPU", "lora_name": nil, "group_idx": int64(2),
 		},
 	}, {
