@@ -80,6 +80,7 @@ type Stats struct {
 	ReplayBytes     int64  // their payload bytes
 	ReplayFirstSeq  uint64 // the oldest kept message's sequence number (meaningful when ReplayBatches > 0)
 	Replays         int64  // replays served, in all
+	ReplaysAborted  int64  // replays cut off, the client gone or taking nothing for ReplayWriteTimeout, in all
 	ReplaysRefused  int64  // well-formed replay requests dropped for MaxReplays, in all
 	BadRequests     int64  // malformed replay requests dropped, in all
 	RefusedConns    int64  // connections closed for MaxSubscribers or a failed handshake, both sockets, in all
@@ -104,7 +105,7 @@ type Publisher struct {
 	loopDone chan struct{}
 
 	events, published, batches, dropped atomic.Int64
-	replays, refused, bad               atomic.Int64
+	replays, aborted, refused, bad      atomic.Int64
 	logLimit                            logLimiter
 }
 
@@ -337,6 +338,7 @@ func (p *Publisher) Stats() Stats {
 		ReplayBytes:     b,
 		ReplayFirstSeq:  first,
 		Replays:         p.replays.Load(),
+		ReplaysAborted:  p.aborted.Load(),
 		ReplaysRefused:  p.refused.Load(),
 		BadRequests:     p.bad.Load(),
 		RefusedConns:    refused,

@@ -115,6 +115,7 @@ func (p *Publisher) serveReplay(c *zmtp.Conn, m zmtp.Msg) {
 }
 
 func (p *Publisher) replayFailed(c *zmtp.Conn, err error) {
+	p.aborted.Add(1)
 	p.logLimit.warn(p.log, "kvevents: replay client dropped", "peer", c.RemoteAddr().String(), "err", err)
 	_ = c.Close()
 }
