@@ -155,9 +155,15 @@ func Handshake(nc net.Conn, sockType string, lim Limits, deadline time.Time) (*C
 	return c, nil
 }
 
+// handshakeMaxFrame bounds the peer's READY, whatever the Limits on what follows.
+const handshakeMaxFrame = 4096
+
 // readCommandOnly reads the handshake's command, refusing a message in its place.
 func (c *Conn) readCommandOnly() (Msg, error) {
+	lim := c.lim
+	c.lim = Limits{MaxFrame: handshakeMaxFrame, MaxFrames: 1}
 	m, err := c.ReadMsg()
+	c.lim = lim
 	if err != nil {
 		return m, err
 	}
