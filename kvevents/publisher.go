@@ -79,6 +79,7 @@ type Stats struct {
 	ReplayBatches   int    // messages kept for replay now
 	ReplayBytes     int64  // their payload bytes
 	ReplayFirstSeq  uint64 // the oldest kept message's sequence number (meaningful when ReplayBatches > 0)
+	ReplaysActive   int    // replays streaming now
 	Replays         int64  // replays served, in all
 	ReplaysAborted  int64  // replays cut off, the client gone or taking nothing for ReplayWriteTimeout, in all
 	ReplaysRefused  int64  // well-formed replay requests dropped for MaxReplays, in all
@@ -337,6 +338,7 @@ func (p *Publisher) Stats() Stats {
 		ReplayBatches:   n,
 		ReplayBytes:     b,
 		ReplayFirstSeq:  first,
+		ReplaysActive:   len(p.slots),
 		Replays:         p.replays.Load(),
 		ReplaysAborted:  p.aborted.Load(),
 		ReplaysRefused:  p.refused.Load(),

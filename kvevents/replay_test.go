@@ -90,7 +90,7 @@ func TestReplayBytes(t *testing.T) {
 func TestReplayLimits(t *testing.T) {
 	p := newPublisher(t, kvevents.Options{
 		MaxReplays:         1,
-		ReplayWriteTimeout: 300 * time.Millisecond,
+		ReplayWriteTimeout: 2 * time.Second,
 		MaxBatchEvents:     1,
 		ReplayBytes:        256 << 20,
 		Logger:             quiet,
@@ -101,14 +101,13 @@ func TestReplayLimits(t *testing.T) {
 	require.Eventually(t, func() bool { return p.Stats().Batches == 400 }, 30*time.Second, time.Millisecond)
 	stuck := dealer(t, p)
 	require.NoError(t, stuck.WriteMsg([][]byte{{}, seqFrame(0)}, time.Time{})) // and never read
+	require.Eventually(t, func() bool { return p.Stats().ReplaysActive == 1 }, 10*time.Second, time.Millisecond)
 	other := dealer(t, p)
-	for p.Stats().ReplaysRefused == 0 {
+	require.Eventually(t, func() bool {
 		require.NoError(t, other.WriteMsg([][]byte{{}, seqFrame(399)}, time.Time{}))
-		time.Sleep(5 * time.Millisecond)
-		if p.Stats().Replays > 0 {
-			t.Fatal("a second replay was served while the stuck one held the only slot")
-		}
-	}
+		return p.Stats().ReplaysRefused > 0
+	}, 10*time.Second, 5*time.Millisecond, "a second replay is refused while the stuck one holds the only slot")
+	assert.LessOrEqual(t, p.Stats().ReplaysActive, 1)
 	p.AllBlocksCleared() // publishing is not held up by the stuck replay
 	require.Eventually(t, func() bool { return p.Stats().Batches == 401 }, 5*time.Second, time.Millisecond)
 
