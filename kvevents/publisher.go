@@ -29,7 +29,13 @@ const (
 	DefaultHandshakeTimeout   = 5 * time.Second
 	DefaultReplayWriteTimeout = 10 * time.Second
 	DefaultLinger             = time.Second // vLLM's SHUTDOWN_TIMEOUT
+	DefaultFlushInterval      = time.Millisecond
 )
+
+// maxIdlePolls bounds the publisher's backoff when no events come: it polls its
+// queue every FlushInterval while busy, and at most this many intervals apart once
+// quiet (64 ms by default).
+const maxIdlePolls = 64
 
 // Options configure a Publisher. The zero value publishes on DefaultEndpoint with no
 // replay socket, topic "" and rank 0; every zero size, count or duration means its
@@ -58,6 +64,11 @@ type Options struct {
 	HandshakeTimeout   time.Duration // a connection that has not finished its ZMTP handshake by then is closed
 	ReplayWriteTimeout time.Duration // a replay client that takes no message for this long is disconnected
 	Linger             time.Duration // how long Close lets subscribers take what is queued for them
+	// FlushInterval is how often the publisher takes what is queued while events come;
+	// after a quiet spell it polls less often, up to 64 intervals apart, so an event
+	// then waits up to that long. The cache never wakes it: waking a goroutine would
+	// cost the caller microseconds, where queueing an event costs tens of nanoseconds.
+	FlushInterval time.Duration
 
 	// Logger receives a line for each malformed or refused replay request (at most
 	// one a second; the counts in Stats are exact) and for a replay client dropped.
@@ -101,11 +112,12 @@ type Publisher struct {
 	mu      sync.Mutex
 	pending []event
 	closed  bool
+	events  int64 // events queued, in all
 
-	wake     chan struct{}
+	stop     chan struct{} // closed by Close
 	loopDone chan struct{}
 
-	events, published, batches, dropped atomic.Int64
+	published, batches, dropped atomic.Int64
 	replays, aborted, refused, bad      atomic.Int64
 	logLimit                            logLimiter
 }
@@ -139,7 +151,7 @@ func New(opts Options) (*Publisher, error) {
 		topic:    []byte(opts.Topic),
 		replay:   newReplayBuffer(opts.ReplayBatches, opts.ReplayBytes),
 		slots:    make(chan struct{}, opts.MaxReplays),
-		wake:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
 		loopDone: make(chan struct{}),
 	}
 	pubLn, err := net.Listen("tcp", pubAddr)
@@ -208,6 +220,7 @@ func (o *Options) fill() error {
 		{"HandshakeTimeout", &o.HandshakeTimeout, DefaultHandshakeTimeout},
 		{"ReplayWriteTimeout", &o.ReplayWriteTimeout, DefaultReplayWriteTimeout},
 		{"Linger", &o.Linger, DefaultLinger},
+		{"FlushInterval", &o.FlushInterval, DefaultFlushInterval},
 	} {
 		switch {
 		case *f.v < 0:
@@ -265,22 +278,25 @@ func (p *Publisher) enqueue(ev event) {
 		return
 	}
 	p.pending = append(p.pending, ev)
+	p.events++
 	p.mu.Unlock()
-	p.events.Add(1)
-	select {
-	case p.wake <- struct{}{}:
-	default:
-	}
 }
 
 // loop encodes and publishes what is queued, in batches of MaxBatchEvents at most,
+// every FlushInterval (backing off to maxIdlePolls intervals while nothing comes)
 // until Close; then it publishes what is left and returns.
 func (p *Publisher) loop() {
 	defer close(p.loopDone)
 	enc := newEncoder()
 	var spare []event
+	t := time.NewTimer(p.opts.FlushInterval)
+	defer t.Stop()
+	polls := 1 // intervals to the next poll
 	for {
-		<-p.wake
+		select {
+		case <-t.C:
+		case <-p.stop:
+		}
 		p.mu.Lock()
 		taken, closed := p.pending, p.closed
 		p.pending = spare
@@ -295,6 +311,12 @@ func (p *Publisher) loop() {
 		if closed {
 			return
 		}
+		if len(taken) == 0 {
+			polls = min(2*polls, maxIdlePolls)
+		} else {
+			polls = 1
+		}
+		t.Reset(time.Duration(polls) * p.opts.FlushInterval)
 	}
 }
 
@@ -312,7 +334,9 @@ func (p *Publisher) publish(enc *encoder, events []event) {
 	seq := uint64(p.batches.Load())
 	seqBytes := binary.BigEndian.AppendUint64(nil, seq)
 	p.pub.Send([][]byte{p.topic, seqBytes, payload})
-	p.replay.add(seq, payload)
+	if p.router != nil { // without a replay socket nothing is kept
+		p.replay.add(seq, payload)
+	}
 	p.batches.Add(1)
 	p.published.Add(int64(len(events)))
 }
@@ -320,7 +344,7 @@ func (p *Publisher) publish(enc *encoder, events []event) {
 // Stats returns a snapshot of the publisher's counters.
 func (p *Publisher) Stats() Stats {
 	p.mu.Lock()
-	depth := len(p.pending)
+	depth, events := len(p.pending), p.events
 	p.mu.Unlock()
 	n, b, first := p.replay.size()
 	refused := p.pub.Refused()
@@ -328,7 +352,7 @@ func (p *Publisher) Stats() Stats {
 		refused += p.router.Refused()
 	}
 	return Stats{
-		Events:          p.events.Load(),
+		Events:          events,
 		Published:       p.published.Load(),
 		Batches:         p.batches.Load(),
 		Dropped:         p.dropped.Load(),
@@ -358,10 +382,7 @@ func (p *Publisher) Close() error {
 	}
 	p.closed = true
 	p.mu.Unlock()
-	select {
-	case p.wake <- struct{}{}:
-	default:
-	}
+	close(p.stop)
 	<-p.loopDone
 	if p.router != nil {
 		p.router.Close()
