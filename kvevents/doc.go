@@ -62,6 +62,11 @@
 //   - vLLM's queue blocks the engine when full; this one drops the event and counts it
 //     (Stats.Dropped), since the cache must never wait for a subscriber.
 //   - A request with a start number that is not exactly 8 bytes is malformed here.
+//   - The cache never wakes the publishing goroutine: it polls the queue every
+//     FlushInterval (1 ms) while events come, and up to 64 intervals apart once quiet,
+//     so an event waits up to 64 ms after a quiet spell. (Waking a goroutine costs the
+//     caller microseconds; queueing an event, tens of nanoseconds.)
+//   - Without a replay socket no replay buffer is kept.
 //
 // # Bounds
 //
@@ -86,8 +91,9 @@
 //
 // BlocksStored, BlocksRemoved, AllBlocksCleared, Stats, Endpoint and ReplayEndpoint
 // may be called from any goroutine, at once; the event methods never block beyond a
-// short mutex (the queue's). Close must be called once; events after it are dropped.
-// Locks: the queue's, the replay buffer's and the PUB socket's subscriber list are
-// each taken alone, never one inside another, except that publishing holds the PUB
-// socket's list while it takes each subscriber's subscription lock.
+// short mutex (the queue's) and wake no goroutine. Close must be called once; events
+// after it are dropped. Locks: the queue's, the replay buffer's and the PUB socket's
+// subscriber list are each taken alone, never one inside another, except that
+// publishing holds the PUB socket's list while it takes each subscriber's
+// subscription lock (in that order only).
 package kvevents

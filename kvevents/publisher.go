@@ -58,7 +58,7 @@ type Options struct {
 	ReplayBatches   int // most messages kept for replay (the oldest go first)
 	ReplayBytes     int // most payload bytes kept for replay
 	SubscriberQueue int // messages queued per subscriber; what finds it full is dropped for that subscriber
-	MaxSubscribers  int // most connections to the PUB socket at once; more are closed
+	MaxSubscribers  int // most connections to each socket at once; more are closed
 	MaxReplays      int // most replays streaming at once; a request beyond is dropped (and counted)
 
 	HandshakeTimeout   time.Duration // a connection that has not finished its ZMTP handshake by then is closed
@@ -179,7 +179,6 @@ func New(opts Options) (*Publisher, error) {
 	if replayLn != nil {
 		// A request is [empty, 8 bytes]: anything longer is malformed, and skipped.
 		server.Limits = zmtp.Limits{MaxFrame: 64, MaxFrames: 4}
-		server.MaxPeers = opts.MaxSubscribers
 		p.router = zmtp.NewRouter(replayLn, server, p.serveReplay)
 	}
 	go p.loop()
