@@ -117,9 +117,9 @@ type Publisher struct {
 	stop     chan struct{} // closed by Close
 	loopDone chan struct{}
 
-	published, batches, dropped atomic.Int64
-	replays, aborted, refused, bad      atomic.Int64
-	logLimit                            logLimiter
+	published, batches, dropped    atomic.Int64
+	replays, aborted, refused, bad atomic.Int64
+	logLimit                       logLimiter
 }
 
 var _ kv.BlockEvents = (*Publisher)(nil)
