@@ -199,18 +199,3 @@ func (d *mpDecoder) mapOf(n int) (any, error) {
 
 // beUint64 reads an 8-byte big-endian frame.
 func beUint64(b []byte) uint64 { return binary.BigEndian.Uint64(b) }
-
-// mpDecodeEventsLen returns how many events a batch payload holds.
-func mpDecodeEventsLen(payload []byte) (int, error) {
-	v, err := mpDecode(payload)
-	if err != nil {
-		return 0, err
-	}
-	batch, ok := v.(mpMap)
-	if !ok {
-		return 0, fmt.Errorf("a batch of type %T", v)
-	}
-	evs, _ := batch.get("events")
-	a, _ := evs.([]any)
-	return len(a), nil
-}
