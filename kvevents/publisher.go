@@ -255,9 +255,18 @@ func (p *Publisher) ReplayEndpoint() string {
 	return "tcp://" + p.router.Addr().String()
 }
 
+// PanicBadEvent is the panic value of BlocksStored for an event that breaks
+// kv.BlocksStored's contract: a block size below 1, len(Tokens) not len(Hashes) *
+// BlockSize, or ExtraKeys neither nil nor one entry per block.
+const PanicBadEvent = "kvevents: BlocksStored breaks kv.BlocksStored's contract"
+
 // BlocksStored queues a BlockStored event. It never blocks: with the queue full, or
-// the publisher closed, the event is dropped and counted in Stats.Dropped.
+// the publisher closed, the event is dropped and counted in Stats.Dropped. It panics
+// with PanicBadEvent for an event that breaks kv.BlocksStored's contract.
 func (p *Publisher) BlocksStored(s kv.BlocksStored) {
+	if s.BlockSize < 1 || len(s.Tokens) != len(s.Hashes)*s.BlockSize || s.ExtraKeys != nil && len(s.ExtraKeys) != len(s.Hashes) {
+		panic(PanicBadEvent)
+	}
 	p.enqueue(event{kind: kindStored, stored: s})
 }
 
@@ -332,12 +341,14 @@ func (p *Publisher) publish(enc *encoder, events []event) {
 	}
 	seq := uint64(p.batches.Load())
 	seqBytes := binary.BigEndian.AppendUint64(nil, seq)
-	p.pub.Send([][]byte{p.topic, seqBytes, payload})
 	if p.router != nil { // without a replay socket nothing is kept
 		p.replay.add(seq, payload)
 	}
+	// Counted before the send, so that a subscriber that has the message sees it
+	// counted in Stats.
 	p.batches.Add(1)
 	p.published.Add(int64(len(events)))
+	p.pub.Send([][]byte{p.topic, seqBytes, payload})
 }
 
 // Stats returns a snapshot of the publisher's counters.

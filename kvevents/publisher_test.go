@@ -230,3 +230,26 @@ func TestDefaultBindsLoopbackOnly(t *testing.T) {
 	assert.Equal(t, "tcp://127.0.0.1:5557", p.Endpoint())
 	assert.Empty(t, p.ReplayEndpoint(), "no replay socket unless one is named")
 }
+
+// TestBadEvent: a BlocksStored that breaks kv's contract is a named panic, not a
+// malformed message on the wire.
+func TestBadEvent(t *testing.T) {
+	p := newPublisher(t, kvevents.Options{})
+	good := stored(1, 2, 0, false)
+	for _, tt := range []struct {
+		name string
+		mod  func(*kv.BlocksStored)
+	}{
+		{"block size 0", func(s *kv.BlocksStored) { s.BlockSize = 0 }},
+		{"a token short", func(s *kv.BlocksStored) { s.Tokens = s.Tokens[1:] }},
+		{"a hash short", func(s *kv.BlocksStored) { s.Hashes = s.Hashes[1:] }},
+		{"extra keys for one block of two", func(s *kv.BlocksStored) { s.ExtraKeys = [][]any{{"x"}} }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := good
+			tt.mod(&s)
+			assert.PanicsWithValue(t, kvevents.PanicBadEvent, func() { p.BlocksStored(s) })
+		})
+	}
+	assert.Zero(t, p.Stats().Events)
+}

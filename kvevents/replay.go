@@ -107,11 +107,12 @@ func (p *Publisher) serveReplay(c *zmtp.Conn, m zmtp.Msg) {
 			return
 		}
 	}
-	if err := c.WriteMsg([][]byte{empty, endSeq, empty}, time.Now().Add(p.opts.ReplayWriteTimeout)); err != nil {
-		p.replayFailed(c, err)
-		return
-	}
+	// Counted before the end marker goes, so that a client that has it sees it counted.
 	p.replays.Add(1)
+	if err := c.WriteMsg([][]byte{empty, endSeq, empty}, time.Now().Add(p.opts.ReplayWriteTimeout)); err != nil {
+		p.replays.Add(-1)
+		p.replayFailed(c, err)
+	}
 }
 
 func (p *Publisher) replayFailed(c *zmtp.Conn, err error) {
