@@ -17,7 +17,7 @@ func BenchmarkEncodeBatch(b *testing.B) {
 	for i := range s.Hashes {
 		s.Hashes[i] = 0x9e3779b97f4a7c15 * uint64(i+1)
 	}
-	events := []event{{kind: kindStored, stored: s}, {kind: kindRemoved, removed: kv.BlocksRemoved{Hashes: s.Hashes, Medium: "CPU"}}}
+	events := []event{{kind: kindStored, stored: s}, {kind: kindRemoved, stored: kv.BlocksStored{Hashes: s.Hashes, Medium: "CPU"}}}
 	enc := newEncoder()
 	var n int
 	for b.Loop() {

@@ -272,7 +272,7 @@ func (p *Publisher) BlocksStored(s kv.BlocksStored) {
 
 // BlocksRemoved queues a BlockRemoved event, as BlocksStored does.
 func (p *Publisher) BlocksRemoved(r kv.BlocksRemoved) {
-	p.enqueue(event{kind: kindRemoved, removed: r})
+	p.enqueue(event{kind: kindRemoved, stored: kv.BlocksStored{Hashes: r.Hashes, Group: r.Group, Medium: r.Medium}})
 }
 
 // AllBlocksCleared queues an AllBlocksCleared event, as BlocksStored does.
