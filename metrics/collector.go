@@ -89,6 +89,8 @@ type Options struct {
 	Pools        []Pool
 	Caches       []Cache
 	PrefixCaches []PrefixCache
+	// EventPublishers are KV-event publishers (package kvevents), by name.
+	EventPublishers []EventPublisher
 }
 
 // Collector is a prometheus.Collector over vmarena's snapshots. Register it on a
@@ -96,6 +98,7 @@ type Options struct {
 type Collector struct {
 	opts Options
 	d    descs
+	ev   eventDescs
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -122,8 +125,12 @@ func New(opts Options) (*Collector, error) {
 	}
 	opts.Pools = append([]Pool(nil), opts.Pools...)
 	opts.Caches = append([]Cache(nil), opts.Caches...)
+	if err := checkSources("event publisher", opts.EventPublishers, func(p EventPublisher) (string, bool) { return p.Name, p.Source != nil }); err != nil {
+		return nil, err
+	}
 	opts.PrefixCaches = append([]PrefixCache(nil), opts.PrefixCaches...)
-	return &Collector{opts: opts, d: newDescs(opts.Namespace)}, nil
+	opts.EventPublishers = append([]EventPublisher(nil), opts.EventPublishers...)
+	return &Collector{opts: opts, d: newDescs(opts.Namespace), ev: newEventDescs(opts.Namespace)}, nil
 }
 
 // checkSources returns an error matching ErrOptions unless every source of a kind
@@ -220,6 +227,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.d.all() {
 		ch <- d
 	}
+	for _, d := range c.ev.all() {
+		ch <- d
+	}
 }
 
 // Collect sends one snapshot of every source.
@@ -242,6 +252,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(ch, c.d.pcEvictedBytes, s.EvictedBytes, p.Name)
 		gauge(ch, c.d.pcCached, float64(s.CachedBytes), p.Name)
 		gauge(ch, c.d.pcPinned, float64(s.PinnedBytes), p.Name)
+	}
+	for _, p := range c.opts.EventPublishers {
+		c.collectEventPublisher(ch, p)
 	}
 }
 

@@ -57,6 +57,16 @@
 //	vmarena_prefix_cache_cached_bytes             bytes cached
 //	vmarena_prefix_cache_pinned_bytes             of which pinned
 //
+// KV-event publishers (package kvevents, adapted by an EventPublisherFunc), labelled
+// publisher:
+//
+//	vmarena_kv_events_published_total             events sent
+//	vmarena_kv_events_dropped_total               events the publisher's full queue dropped
+//	vmarena_kv_events_subscriber_drops_total      messages a subscriber's full queue dropped
+//	vmarena_kv_events_queue_depth                 events waiting to be sent now
+//	vmarena_kv_events_subscribers                 subscribers connected now
+//	vmarena_kv_events_replay_requests_total{outcome}  served, refused, aborted, malformed
+//
 // # Cost of a scrape
 //
 // Collect takes each source's snapshot once: the governor's lock for a copy of its
