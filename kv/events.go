@@ -62,6 +62,17 @@ type EventOptions struct {
 	Medium string
 }
 
+// CachedPrefix returns how many leading tokens of tokens the cache holds now (0 once
+// closed), marking nothing used and counting no query; unlike Lookup it may match
+// every token. What the events announced is checked against it: the blocks of tokens
+// the cache holds whole are those below CachedPrefix.
+func (pc *PrefixCache) CachedPrefix(tokens []int32) int {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	m, _ := pc.tree.Peek(tokens)
+	return m
+}
+
 // PanicEventsOutOfStep is the panic value when the blocks a prefix cache announced no
 // longer follow its index: a bug in the cache, never the caller's.
 const PanicEventsOutOfStep = "kv: prefix cache block events out of step with its index"

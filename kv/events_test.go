@@ -156,7 +156,7 @@ func (m *evModel) check() {
 	h := m.rec.h
 	model := map[uint64]bool{}
 	for _, p := range m.made {
-		blocksOf(model, h, p, m.pc.HeldTokens(p))
+		blocksOf(model, h, p, m.pc.CachedPrefix(p))
 	}
 	index := map[uint64]bool{}
 	for _, p := range m.pc.IndexPaths() {
@@ -373,7 +373,10 @@ func TestPrefixCacheEventsOptions(t *testing.T) {
 		s, _, err := serve(pc, []int32{1, 2, 3, 4, 5, 6, 7, 8, 9})
 		require.NoError(t, err)
 		require.True(t, s.Close().OK())
+		assert.Equal(t, 9, pc.CachedPrefix([]int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}))
+		assert.Zero(t, pc.CachedPrefix(nil))
 		require.NoError(t, pc.Close())
+		assert.Zero(t, pc.CachedPrefix([]int32{1, 2}))
 		assert.Empty(t, rec.errs)
 		assert.Equal(t, 2, rec.events, "the two whole blocks stored in one event, then cleared")
 		assert.Equal(t, 2, rec.stored)
