@@ -1,0 +1,191 @@
+// Command router replays a Mooncake conversation trace across replicas of a server,
+// each with its own vmarena cache and prefix cache publishing its KV events, behind a
+// router that subscribes to them all and sends each request to the replica with the
+// longest cached prefix, weighted by load, as llm-d's scheduler does. It compares that
+// routing with round-robin across the same replicas and with one cache holding all
+// their budgets: the cluster's hit rate, the time to first token and the makespan (in
+// model time: a decode step per iteration plus the prefill of what was not cached),
+// and the bandwidth of the events.
+//
+//	go run ./examples/router -requests 2000
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+	"time"
+)
+
+// options are the command's flags.
+type options struct {
+	trace        string
+	requests     int
+	replicas     int
+	budget       int64
+	concurrency  int
+	prefillRate  float64
+	step         time.Duration
+	maxTokens    int
+	blockSize    int
+	prefixWeight float64
+	loadWeight   float64
+	transport    string
+}
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("router", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.trace, "trace", "examples/kvcache/testdata/mooncake-fast25-conversation.jsonl", "Mooncake trace (JSON lines)")
+	fs.IntVar(&o.requests, "requests", 2000, "requests replayed from the trace's start (0: all)")
+	fs.IntVar(&o.replicas, "replicas", 4, "replicas routed across (1 to 64)")
+	budget := fs.Int("budget-mib", 256, "K/V memory of the whole cluster, MiB; each replica has its share")
+	fs.IntVar(&o.concurrency, "concurrency", 16, "most requests a replica runs at once")
+	fs.Float64Var(&o.prefillRate, "prefill-rate", 50000, "prompt tokens a replica prefills per second of model time")
+	fs.DurationVar(&o.step, "step", 25*time.Millisecond, "model time of one decode step")
+	fs.IntVar(&o.maxTokens, "max-tokens", 32768, "most tokens of a sequence (longer prompts are clipped)")
+	fs.IntVar(&o.blockSize, "block", 16, "tokens of a block of the KV events")
+	fs.Float64Var(&o.prefixWeight, "prefix-weight", 2, "weight of the prefix score")
+	fs.Float64Var(&o.loadWeight, "load-weight", 1, "weight of the load score")
+	fs.StringVar(&o.transport, "transport", "direct", "how events reach the router: direct (in process)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	o.budget = int64(*budget) << 20
+	switch {
+	case o.replicas < 1 || o.replicas > 64:
+		return o, fmt.Errorf("router: -replicas %d, want 1 to 64", o.replicas)
+	case o.budget <= 0 || o.concurrency < 1 || o.prefillRate <= 0 || o.step <= 0 || o.maxTokens < 2 || o.blockSize < 1:
+		return o, errors.New("router: -budget-mib, -concurrency, -prefill-rate, -step, -block must be positive and -max-tokens at least 2")
+	case o.transport != "direct":
+		return o, fmt.Errorf("router: -transport %q, want direct", o.transport)
+	}
+	return o, nil
+}
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, err)
+		}
+		os.Exit(2)
+	}
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	f, err := os.Open(o.trace)
+	if err != nil {
+		return err
+	}
+	reqs, err := readTrace(f, o.requests)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	cfg := simConfig{Replicas: o.replicas, Budget: o.budget / int64(o.replicas), Concurrency: o.concurrency,
+		PrefillRate: o.prefillRate, Step: o.step, MaxTokens: o.maxTokens, BlockSize: o.blockSize}
+	fmt.Fprintf(stdout, "Trace:   %d requests of %s over %v\n", len(reqs), o.trace, reqs[len(reqs)-1].arrival)
+	fmt.Fprintf(stdout, "Cluster: %d replicas of %d MiB each (%s, %d B a token), batch of %d, %v a decode step, prefill %.0f tokens/s\n\n",
+		o.replicas, cfg.Budget>>20, geometry.Name, geometry.BytesPerToken(), o.concurrency, o.step, o.prefillRate)
+	var results []runResult
+	for _, mode := range []string{modePrefix, modeRoundRobin, modeSingle} {
+		r, err := runMode(reqs, cfg, mode, o)
+		if err != nil {
+			return fmt.Errorf("%s: %w", mode, err)
+		}
+		results = append(results, r)
+	}
+	report(stdout, results)
+	return nil
+}
+
+const (
+	modePrefix     = "by prefix"
+	modeRoundRobin = "round-robin"
+	modeSingle     = "one cache"
+)
+
+// runResult is one mode's replay and its events.
+type runResult struct {
+	mode string
+	simResult
+	events eventStats
+}
+
+// eventStats is what the router received.
+type eventStats struct {
+	Stored, Removed, Cleared int64 // blocks, blocks, events
+	Bytes                    int64 // payload bytes on the wire (0 in process)
+}
+
+// runMode replays reqs in one mode: routed by prefix or round-robin across
+// cfg.Replicas replicas, or on one replica holding all their budgets, batches and
+// prefill rates.
+func runMode(reqs []request, cfg simConfig, mode string, o options) (runResult, error) {
+	res := runResult{mode: mode}
+	if mode == modeSingle {
+		cfg.Budget *= int64(cfg.Replicas)
+		cfg.Concurrency *= cfg.Replicas
+		cfg.PrefillRate *= float64(cfg.Replicas)
+		cfg.Replicas = 1
+	}
+	idx, err := NewIndex(cfg.Replicas, cfg.BlockSize, "router")
+	if err != nil {
+		return res, err
+	}
+	counts := &countingIndex{}
+	reps := make([]*replica, 0, cfg.Replicas)
+	defer func() {
+		for _, r := range reps {
+			_ = r.close()
+		}
+	}()
+	for i := range cfg.Replicas {
+		r, err := newReplica(i, cfg, counts.wrap(feed{x: idx, r: i}))
+		if err != nil {
+			return res, err
+		}
+		reps = append(reps, r)
+	}
+	var p policy = &roundRobin{n: cfg.Replicas}
+	if mode == modePrefix {
+		p = &byPrefix{idx: idx, scorer: Scorer{PrefixWeight: o.prefixWeight, LoadWeight: o.loadWeight}}
+	}
+	sr, err := simulate(reqs, reps, p, cfg)
+	if err != nil {
+		return res, err
+	}
+	if n := idx.Errors(); n > 0 {
+		return res, fmt.Errorf("%w: %d events the index could not apply", errEvents, n)
+	}
+	res.simResult = sr
+	res.events = counts.stats()
+	return res, nil
+}
+
+func report(w io.Writer, rs []runResult) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "routing\treplicas\thit rate\tTTFT p50\tTTFT p99\tmakespan\trejected\tpreempted\tblocks stored\tremoved\tevent bytes\tper request\t")
+	for _, r := range rs {
+		per := int64(0)
+		if r.Requests > 0 {
+			per = r.events.Bytes / int64(r.Requests)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%v\t%v\t%v\t%d\t%d\t%d\t%d\t%d\t%d\t\n", r.mode, r.Replicas, 100*r.HitRate(),
+			r.TTFTP50.Round(time.Millisecond), r.TTFTP99.Round(time.Millisecond), r.Makespan.Round(time.Millisecond),
+			r.Rejected, r.Preempted, r.events.Stored, r.events.Removed, r.events.Bytes, per)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	for _, r := range rs {
+		fmt.Fprintf(w, "%-12s requests per replica %v\n", r.mode, r.PerReplica)
+	}
+}
