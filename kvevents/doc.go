@@ -1,0 +1,93 @@
+// Package kvevents publishes a prefix cache's block events in vLLM's KV-event wire
+// format, so that a cluster's router (llm-d's KV indexer, NVIDIA Dynamo, Mooncake
+// Conductor) can send each request to the replica that holds its prefix. A
+// [Publisher] is a [kv.BlockEvents]: the prefix cache tells it what it caches and
+// evicts, and it puts batches of events on a ZeroMQ PUB socket, with an optional
+// ROUTER socket that replays what a late or lossy subscriber missed.
+//
+// It is the only package of vmarena that imports a wire format (msgpack, through
+// github.com/vmihailenco/msgpack/v5) or speaks ZeroMQ (through its own
+// internal/zmtp, pure Go: see that package for why not go-zeromq/zmq4).
+//
+// # Use
+//
+//	pub, err := kvevents.New(kvevents.Options{
+//		Endpoint:       "tcp://127.0.0.1:5557", // the default
+//		ReplayEndpoint: "tcp://127.0.0.1:5558", // optional
+//		Topic:          "kv@replica-0",
+//	})
+//	if err != nil { ... }         // ErrEndpoint, ErrListen, ErrOptions
+//	defer pub.Close()
+//	// pass pub as the prefix cache's kv.BlockEvents
+//
+// # Wire format
+//
+// As vLLM's vllm/distributed/kv_events.py sends it (read at commit
+// 0181ea3173e53eea8cf04a86891488e3dc89bb34 of github.com/vllm-project/vllm):
+//
+//   - Each message is three frames: the topic (Options.Topic, UTF-8), the sequence
+//     number as 8 bytes big-endian (0, 1, 2, ... one per message), and the payload.
+//   - The payload is an EventBatch, a msgspec Struct with omit_defaults=True and not
+//     array_like, so a msgpack map: {"ts": float64 seconds since the Unix epoch,
+//     "events": [...], "data_parallel_rank": int}. The rank's default is None, but
+//     vLLM's publisher always sets it, and so does this one.
+//   - Each event is a KVCacheEvent Struct with tag=True and omit_defaults=True: a
+//     map whose first key is "type", the class name, followed by the fields in their
+//     declared order; a field without a default is always present (None as nil), a
+//     field with one is omitted while it holds it. So:
+//   - BlockStored: type, block_hashes ([uint64]), parent_block_hash (uint64, or nil
+//     for a chain's first block), token_ids ([int], len(block_hashes)*block_size of
+//     them), block_size, lora_id (deprecated by vLLM: always nil here), medium ("GPU"
+//     or "CPU"), lora_name (nil for none), then extra_keys (one entry per block, nil
+//     or an array; omitted when no block has any) and group_idx (always sent: a
+//     cache's group is known). kv_cache_spec_kind and kv_cache_spec_sliding_window
+//     are omitted (their default, None) until layer groups give them a value.
+//   - BlockRemoved: type, block_hashes, medium, group_idx.
+//   - AllBlocksCleared: type alone.
+//
+// Integers take msgpack's shortest form, as msgspec writes them; a hash of 2^63 or
+// more is a uint64.
+//
+// Replay: the ROUTER socket takes a request [empty frame, start sequence number as
+// 8 bytes big-endian] from a DEALER and answers with every kept message from that
+// number on, each as [empty, seq, payload], then the end marker [empty, -1 as 8
+// signed big-endian bytes, empty]. vLLM drops a request of another shape with a
+// log line; so does this package, and counts it (Stats.BadRequests).
+//
+// Where this package differs from vLLM's publisher, on purpose:
+//   - It always binds. vLLM binds when the endpoint has a "*" or "::" and otherwise
+//     connects out; a publisher that dials out is not supported here.
+//   - Nobody gets in by default: the default endpoint is tcp://127.0.0.1:5557, loopback
+//     only, where vLLM's is tcp://*:5557. Name "*" or an interface to be reachable.
+//   - vLLM's queue blocks the engine when full; this one drops the event and counts it
+//     (Stats.Dropped), since the cache must never wait for a subscriber.
+//   - A request with a start number that is not exactly 8 bytes is malformed here.
+//
+// # Bounds
+//
+// Nothing a peer does makes this process grow without bound or publishing wait:
+// the event queue (Options.QueueEvents), the replay buffer (ReplayBatches and
+// ReplayBytes), each subscriber's queue (SubscriberQueue), the connections
+// (MaxSubscribers per socket, each closed unless its handshake ends within
+// HandshakeTimeout) and the replays streaming at once (MaxReplays) are all bounded;
+// what is read from a peer beyond a small frame is skipped unread into memory. A
+// stalled subscriber fills its own queue and then loses messages (counted in
+// Stats.SubscriberDrops); the others, and the cache, go on. It sees the gap in the
+// sequence numbers, and can ask the replay socket for what it missed.
+//
+// # Memory management
+//
+// A Publisher keeps the slices of the events it is given (the cache hands them over
+// and never touches them again) until they are encoded, then drops them. Payloads are
+// shared by the replay buffer and the subscribers' queues, never copied per
+// subscriber. Close releases the sockets and goroutines; a Publisher must be closed.
+//
+// # Concurrency
+//
+// BlocksStored, BlocksRemoved, AllBlocksCleared, Stats, Endpoint and ReplayEndpoint
+// may be called from any goroutine, at once; the event methods never block beyond a
+// short mutex (the queue's). Close must be called once; events after it are dropped.
+// Locks: the queue's, the replay buffer's and the PUB socket's subscriber list are
+// each taken alone, never one inside another, except that publishing holds the PUB
+// socket's list while it takes each subscriber's subscription lock.
+package kvevents

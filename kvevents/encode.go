@@ -1,0 +1,141 @@
+package kvevents
+
+import (
+	"bytes"
+	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/vmarena/vmarena/kv"
+)
+
+// event is one queued kv.BlockEvents call.
+type event struct {
+	kind    eventKind
+	stored  kv.BlocksStored
+	removed kv.BlocksRemoved
+}
+
+type eventKind uint8
+
+const (
+	kindStored eventKind = iota + 1
+	kindRemoved
+	kindCleared
+)
+
+// encoder writes batches in vLLM's payload form (see the package doc, # Wire format).
+type encoder struct {
+	buf bytes.Buffer
+	enc *msgpack.Encoder
+}
+
+func newEncoder() *encoder {
+	e := &encoder{}
+	e.enc = msgpack.NewEncoder(&e.buf)
+	return e
+}
+
+// batch returns the payload of one EventBatch: a new slice, the encoder's own
+// buffer being reused.
+func (e *encoder) batch(ts float64, events []event, rank int) ([]byte, error) {
+	e.buf.Reset()
+	w := e.enc
+	// EventBatch: ts, events, data_parallel_rank. The rank has the default None in
+	// vLLM but its publisher always sets it, so it is always present.
+	err := w.EncodeMapLen(3)
+	err = firstErr(err, w.EncodeString("ts"), w.EncodeFloat64(ts))
+	err = firstErr(err, w.EncodeString("events"), w.EncodeArrayLen(len(events)))
+	if err != nil {
+		return nil, err
+	}
+	for i := range events {
+		if err := e.event(&events[i]); err != nil {
+			return nil, err
+		}
+	}
+	err = firstErr(w.EncodeString("data_parallel_rank"), w.EncodeInt(int64(rank)))
+	if err != nil {
+		return nil, err
+	}
+	return bytes.Clone(e.buf.Bytes()), nil
+}
+
+func (e *encoder) event(ev *event) error {
+	w := e.enc
+	switch ev.kind {
+	case kindStored:
+		s := &ev.stored
+		n := 9 // type + the 7 fields without a default + group_idx
+		if s.ExtraKeys != nil {
+			n++
+		}
+		err := w.EncodeMapLen(n)
+		err = firstErr(err, w.EncodeString("type"), w.EncodeString("BlockStored"))
+		err = firstErr(err, w.EncodeString("block_hashes"), e.hashes(s.Hashes))
+		err = firstErr(err, w.EncodeString("parent_block_hash"))
+		if s.HasParent {
+			err = firstErr(err, w.EncodeUint(s.Parent))
+		} else {
+			err = firstErr(err, w.EncodeNil())
+		}
+		err = firstErr(err, w.EncodeString("token_ids"), w.EncodeArrayLen(len(s.Tokens)))
+		for _, t := range s.Tokens {
+			err = firstErr(err, w.EncodeInt(int64(t)))
+		}
+		err = firstErr(err, w.EncodeString("block_size"), w.EncodeInt(int64(s.BlockSize)))
+		err = firstErr(err, w.EncodeString("lora_id"), w.EncodeNil()) // deprecated: lora_name replaces it
+		err = firstErr(err, w.EncodeString("medium"), e.optString(s.Medium))
+		err = firstErr(err, w.EncodeString("lora_name"), e.optString(s.LoRA))
+		if s.ExtraKeys != nil {
+			err = firstErr(err, w.EncodeString("extra_keys"), w.EncodeArrayLen(len(s.ExtraKeys)))
+			for _, keys := range s.ExtraKeys {
+				if keys == nil {
+					err = firstErr(err, w.EncodeNil())
+					continue
+				}
+				err = firstErr(err, w.EncodeArrayLen(len(keys)))
+				for _, k := range keys {
+					err = firstErr(err, w.Encode(k))
+				}
+			}
+		}
+		return firstErr(err, w.EncodeString("group_idx"), w.EncodeInt(int64(s.Group)))
+	case kindRemoved:
+		r := &ev.removed
+		err := w.EncodeMapLen(4)
+		err = firstErr(err, w.EncodeString("type"), w.EncodeString("BlockRemoved"))
+		err = firstErr(err, w.EncodeString("block_hashes"), e.hashes(r.Hashes))
+		err = firstErr(err, w.EncodeString("medium"), e.optString(r.Medium))
+		return firstErr(err, w.EncodeString("group_idx"), w.EncodeInt(int64(r.Group)))
+	case kindCleared:
+		err := w.EncodeMapLen(1)
+		return firstErr(err, w.EncodeString("type"), w.EncodeString("AllBlocksCleared"))
+	}
+	panic(fmt.Sprintf("kvevents: event of kind %d", ev.kind))
+}
+
+func (e *encoder) hashes(hs []uint64) error {
+	err := e.enc.EncodeArrayLen(len(hs))
+	for _, h := range hs {
+		err = firstErr(err, e.enc.EncodeUint(h))
+	}
+	return err
+}
+
+// optString encodes "" as nil (Python's None), anything else as itself.
+func (e *encoder) optString(s string) error {
+	if s == "" {
+		return e.enc.EncodeNil()
+	}
+	return e.enc.EncodeString(s)
+}
+
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
