@@ -186,6 +186,22 @@ func (r *replica) iterate(cfg simConfig) (finished []*job, d time.Duration, err 
 	return finished, cfg.Step + time.Duration(float64(prefill)/cfg.PrefillRate*float64(time.Second)), nil
 }
 
+// prompt returns the request's prompt tokens and output length as a replica of
+// maxTokens serves them: a prompt and its output that do not fit are clipped, the
+// output to at most half, the prompt to the rest; an empty prompt is one token.
+func (q *request) prompt(maxTokens int) ([]int32, int) {
+	gen, ctx := max(q.output, 1), q.input
+	if ctx+gen > maxTokens {
+		gen = min(gen, maxTokens/2)
+		ctx = maxTokens - gen
+	}
+	tokens := q.tokens(ctx)
+	if len(tokens) == 0 {
+		tokens = []int32{int32(q.id % vocabulary)}
+	}
+	return tokens, gen
+}
+
 // policy sends a request to a replica.
 type policy interface {
 	name() string
@@ -208,6 +224,9 @@ type byPrefix struct {
 	idx    *Index
 	scorer Scorer
 	sync   func() error
+	// away counts the requests sent elsewhere than to a replica with their longest
+	// cached prefix (for load), and the blocks they so left behind.
+	away, awayBlocks int
 }
 
 func (p *byPrefix) name() string { return "by prefix" }
@@ -218,7 +237,13 @@ func (p *byPrefix) route(tokens []int32, loads []int) (int, error) {
 			return 0, err
 		}
 	}
-	return p.scorer.Pick(p.idx.Match(p.idx.Keys(tokens), len(loads)), loads), nil
+	match := p.idx.Match(p.idx.Keys(tokens), len(loads))
+	r := p.scorer.Pick(match, loads)
+	if best := slices.Max(match); match[r] < best {
+		p.away++
+		p.awayBlocks += best - match[r]
+	}
+	return r, nil
 }
 
 // simResult is what a replay did.
@@ -277,18 +302,8 @@ func simulate(reqs []request, reps []*replica, p policy, cfg simConfig) (simResu
 			q := &reqs[next]
 			next++
 			now := q.arrival
-			// A prompt and its output that do not fit MaxTokens are clipped: the
-			// output to at most half, the prompt to the rest.
-			gen := max(q.output, 1)
-			ctx := q.input
-			if ctx+gen > cfg.MaxTokens {
-				gen = min(gen, cfg.MaxTokens/2)
-				ctx = cfg.MaxTokens - gen
-			}
-			j := &job{q: q, tokens: q.tokens(ctx), gen: gen}
-			if len(j.tokens) == 0 {
-				j.tokens = []int32{int32(q.id % vocabulary)}
-			}
+			tokens, gen := q.prompt(cfg.MaxTokens)
+			j := &job{q: q, tokens: tokens, gen: gen}
 			for i, r := range reps {
 				loads[i] = r.load()
 			}

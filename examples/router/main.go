@@ -22,18 +22,19 @@ import (
 
 // options are the command's flags.
 type options struct {
-	trace        string
-	requests     int
-	replicas     int
-	budget       int64
-	concurrency  int
-	prefillRate  float64
-	step         time.Duration
-	maxTokens    int
-	blockSize    int
-	prefixWeight float64
-	loadWeight   float64
-	transport    string
+	trace          string
+	requests       int
+	replicas       int
+	budget         int64
+	concurrency    int
+	prefillRate    float64
+	step           time.Duration
+	maxTokens      int
+	blockSize      int
+	prefixWeight   float64
+	loadWeight     float64
+	queueThreshold int
+	transport      string
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -49,9 +50,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.step, "step", 25*time.Millisecond, "model time of one decode step")
 	fs.IntVar(&o.maxTokens, "max-tokens", 32768, "most tokens of a sequence (longer prompts are clipped)")
 	fs.IntVar(&o.blockSize, "block", 16, "tokens of a block of the KV events")
-	fs.Float64Var(&o.prefixWeight, "prefix-weight", 2, "weight of the prefix score")
-	fs.Float64Var(&o.loadWeight, "load-weight", 1, "weight of the load score")
-	fs.StringVar(&o.transport, "transport", "direct", "how events reach the router: direct (in process)")
+	fs.Float64Var(&o.prefixWeight, "prefix-weight", 1, "weight of the prefix score")
+	fs.Float64Var(&o.loadWeight, "load-weight", 2, "weight of the load score")
+	fs.IntVar(&o.queueThreshold, "queue-threshold", 8, "waiting requests at which the load score reaches 0 (llm-d's default is 128)")
+	fs.StringVar(&o.transport, "transport", transportZMQ, "how events reach the router: zmq (each replica's publisher on a loopback port, the router subscribed to each) or direct (in process)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -59,10 +61,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	switch {
 	case o.replicas < 1 || o.replicas > 64:
 		return o, fmt.Errorf("router: -replicas %d, want 1 to 64", o.replicas)
-	case o.budget <= 0 || o.concurrency < 1 || o.prefillRate <= 0 || o.step <= 0 || o.maxTokens < 2 || o.blockSize < 1:
-		return o, errors.New("router: -budget-mib, -concurrency, -prefill-rate, -step, -block must be positive and -max-tokens at least 2")
-	case o.transport != "direct":
-		return o, fmt.Errorf("router: -transport %q, want direct", o.transport)
+	case o.budget <= 0 || o.concurrency < 1 || o.queueThreshold < 1 || o.prefillRate <= 0 || o.step <= 0 || o.maxTokens < 2 || o.blockSize < 1:
+		return o, errors.New("router: -budget-mib, -concurrency, -queue-threshold, -prefill-rate, -step, -block must be positive and -max-tokens at least 2")
+	case o.transport != transportZMQ && o.transport != transportDirect:
+		return o, fmt.Errorf("router: -transport %q, want zmq or direct", o.transport)
 	}
 	return o, nil
 }
@@ -108,6 +110,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 }
 
 const (
+	transportZMQ    = "zmq"
+	transportDirect = "direct"
+)
+
+const (
 	modePrefix     = "by prefix"
 	modeRoundRobin = "round-robin"
 	modeSingle     = "one cache"
@@ -116,6 +123,9 @@ const (
 // runResult is one mode's replay and its events.
 type runResult struct {
 	mode string
+	// away is the requests routed off their longest cached prefix, awayBlocks the
+	// blocks they left behind.
+	away, awayBlocks int
 	simResult
 	events eventStats
 }
@@ -131,61 +141,48 @@ type eventStats struct {
 // prefill rates.
 func runMode(reqs []request, cfg simConfig, mode string, o options) (runResult, error) {
 	res := runResult{mode: mode}
-	if mode == modeSingle {
-		cfg.Budget *= int64(cfg.Replicas)
-		cfg.Concurrency *= cfg.Replicas
-		cfg.PrefillRate *= float64(cfg.Replicas)
-		cfg.Replicas = 1
-	}
-	idx, err := NewIndex(cfg.Replicas, cfg.BlockSize, "router")
+	c, err := newCluster(cfg, mode, o.transport)
 	if err != nil {
 		return res, err
 	}
-	counts := &countingIndex{}
-	reps := make([]*replica, 0, cfg.Replicas)
-	defer func() {
-		for _, r := range reps {
-			_ = r.close()
-		}
-	}()
-	for i := range cfg.Replicas {
-		r, err := newReplica(i, cfg, counts.wrap(feed{x: idx, r: i}))
-		if err != nil {
-			return res, err
-		}
-		reps = append(reps, r)
+	pol := c.policy(Scorer{PrefixWeight: o.prefixWeight, LoadWeight: o.loadWeight, QueueThreshold: o.queueThreshold})
+	sr, err := simulate(reqs, c.reps, pol, c.cfg)
+	if bp, ok := pol.(*byPrefix); ok {
+		res.away, res.awayBlocks = bp.away, bp.awayBlocks
 	}
-	var p policy = &roundRobin{n: cfg.Replicas}
-	if mode == modePrefix {
-		p = &byPrefix{idx: idx, scorer: Scorer{PrefixWeight: o.prefixWeight, LoadWeight: o.loadWeight}}
-	}
-	sr, err := simulate(reqs, reps, p, cfg)
-	if err != nil {
-		return res, err
-	}
-	if n := idx.Errors(); n > 0 {
-		return res, fmt.Errorf("%w: %d events the index could not apply", errEvents, n)
+	if err == nil {
+		err = c.settle()
 	}
 	res.simResult = sr
-	res.events = counts.stats()
-	return res, nil
+	res.events = c.counts.stats()
+	if c.wire != nil {
+		res.events.Bytes = c.wire.bytes()
+	}
+	return res, errors.Join(err, c.close())
 }
 
 func report(w io.Writer, rs []runResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "routing\treplicas\thit rate\tTTFT p50\tTTFT p99\tmakespan\trejected\tpreempted\tblocks stored\tremoved\tevent bytes\tper request\t")
+	fmt.Fprintln(tw, "routing\treplicas\thit rate\tTTFT p50\tTTFT p99\tmakespan\trejected\tpreempted\tblocks stored\tremoved\tevent MiB\tKiB/request\tKiB/s\t")
 	for _, r := range rs {
-		per := int64(0)
+		per, rate := 0.0, 0.0
 		if r.Requests > 0 {
-			per = r.events.Bytes / int64(r.Requests)
+			per = float64(r.events.Bytes) / 1024 / float64(r.Requests)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%v\t%v\t%v\t%d\t%d\t%d\t%d\t%d\t%d\t\n", r.mode, r.Replicas, 100*r.HitRate(),
+		if r.Makespan > 0 {
+			rate = float64(r.events.Bytes) / 1024 / r.Makespan.Seconds()
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%v\t%v\t%v\t%d\t%d\t%d\t%d\t%.1f\t%.1f\t%.1f\t\n", r.mode, r.Replicas, 100*r.HitRate(),
 			r.TTFTP50.Round(time.Millisecond), r.TTFTP99.Round(time.Millisecond), r.Makespan.Round(time.Millisecond),
-			r.Rejected, r.Preempted, r.events.Stored, r.events.Removed, r.events.Bytes, per)
+			r.Rejected, r.Preempted, r.events.Stored, r.events.Removed, float64(r.events.Bytes)/(1<<20), per, rate)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
 	for _, r := range rs {
-		fmt.Fprintf(w, "%-12s requests per replica %v\n", r.mode, r.PerReplica)
+		fmt.Fprintf(w, "%-12s requests per replica %v", r.mode, r.PerReplica)
+		if r.mode == modePrefix {
+			fmt.Fprintf(w, "; %d routed off their longest cached prefix, for load (%d blocks of it)", r.away, r.awayBlocks)
+		}
+		fmt.Fprintln(w)
 	}
 }
