@@ -10,8 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-const testTrace = "../kvcache/testdata/mooncake-fast25-conversation.jsonl"
-
 func TestBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-replicas", "0"}, {"-replicas", "65"}, {"-budget-mib", "0"}, {"-concurrency", "0"}, {"-queue-threshold", "0"},

@@ -38,6 +38,8 @@ func cachedKeys(c *cluster, r int, reqs []request) map[blockhash.Hash]bool {
 	return out
 }
 
+const testTrace = "../kvcache/testdata/mooncake-fast25-conversation.jsonl"
+
 // diffKeys returns how many keys of want got lacks, and how many it has beyond them.
 func diffKeys(want, got map[blockhash.Hash]bool) (missing, extra int) {
 	for k := range want {
