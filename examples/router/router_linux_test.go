@@ -61,7 +61,7 @@ func diffKeys(want, got map[blockhash.Hash]bool) (missing, extra int) {
 // does the index of a router that subscribes only after the replay and catches up
 // through the replay sockets.
 func TestIndexMatchesReplicas(t *testing.T) {
-	reqs := loadTrace(t, 120)
+	reqs := loadTrace(t, 80)
 	cfg := simConfig{Replicas: 4, Budget: 6 << 20, Concurrency: 8, PrefillRate: 50000, Step: 25 * time.Millisecond, MaxTokens: 16384, BlockSize: 16}
 	for _, mode := range []string{modePrefix, modeRoundRobin} {
 		t.Run(mode, func(t *testing.T) {
@@ -108,7 +108,7 @@ func TestIndexMatchesReplicas(t *testing.T) {
 // over ZMQ, which must agree: the same events reach the index either way, so the
 // same routing.
 func TestModesReplay(t *testing.T) {
-	reqs := loadTrace(t, 60)
+	reqs := loadTrace(t, 30)
 	o := options{prefixWeight: 1, loadWeight: 2, queueThreshold: 8}
 	cfg := simConfig{Replicas: 4, Budget: 8 << 20, Concurrency: 8, PrefillRate: 50000, Step: 25 * time.Millisecond, MaxTokens: 16384, BlockSize: 16}
 	for _, mode := range []string{modePrefix, modeRoundRobin, modeSingle} {

@@ -59,11 +59,7 @@ func Decode(payload []byte) (Batch, error) {
 
 func decodeBatch(d *msgpack.Decoder) (Batch, error) {
 	var b Batch
-	code, err := d.PeekCode()
-	if err != nil {
-		return b, err
-	}
-	if msgpcode.IsFixedArray(code) || code == msgpcode.Array16 || code == msgpcode.Array32 {
+	if isArray(d) {
 		n, err := d.DecodeArrayLen()
 		if err != nil || n < 2 || n > 3 {
 			return b, fmt.Errorf("batch array of %d: %v", n, err)
@@ -134,11 +130,7 @@ var arrayFields = map[Kind][]string{
 
 func decodeEvent(d *msgpack.Decoder) (Event, error) {
 	var e Event
-	code, err := d.PeekCode()
-	if err != nil {
-		return e, err
-	}
-	if msgpcode.IsFixedArray(code) || code == msgpcode.Array16 || code == msgpcode.Array32 {
+	if isArray(d) {
 		n, err := d.DecodeArrayLen()
 		if err != nil || n < 1 {
 			return e, fmt.Errorf("event array of %d: %v", n, err)
@@ -222,6 +214,12 @@ func (e *Event) field(d *msgpack.Decoder, k string) error {
 		err = d.Skip()
 	}
 	return err
+}
+
+// isArray reports whether the next value is an array (the positional form).
+func isArray(d *msgpack.Decoder) bool {
+	c, err := d.PeekCode()
+	return err == nil && (msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32)
 }
 
 func isNil(d *msgpack.Decoder) bool {

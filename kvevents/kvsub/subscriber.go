@@ -1,6 +1,7 @@
 package kvsub
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -196,7 +197,7 @@ func (s *Subscriber) Next() (Batch, error) {
 					return Batch{}, err
 				}
 				s.pending = append(s.pending, b)
-				slices.SortStableFunc(s.pending, func(x, y Batch) int { return cmpSeq(x.Seq, y.Seq) })
+				slices.SortStableFunc(s.pending, func(x, y Batch) int { return cmp.Compare(x.Seq, y.Seq) })
 				continue
 			}
 			s.live64.Add(1)
@@ -210,16 +211,6 @@ func (s *Subscriber) Next() (Batch, error) {
 			}
 		}
 	}
-}
-
-func cmpSeq(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // deliver returns b, counting a gap before it.
