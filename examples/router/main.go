@@ -133,7 +133,8 @@ type runResult struct {
 // eventStats is what the router received.
 type eventStats struct {
 	Stored, Removed, Cleared int64 // blocks, blocks, events
-	Bytes                    int64 // payload bytes on the wire (0 in process)
+	Bytes                    int64 // payload bytes the router received, live and replayed (0 in process)
+	Published                int64 // payload bytes the replicas published (0 in process)
 }
 
 // runMode replays reqs in one mode: routed by prefix or round-robin across
@@ -158,25 +159,39 @@ func runMode(reqs []request, cfg simConfig, mode string, o options) (runResult, 
 	if c.wire != nil {
 		res.events.Bytes = c.wire.bytes()
 	}
+	for _, p := range c.pubs {
+		// Each replay buffer keeps every message (publisherOptions): its bytes are
+		// all those published.
+		res.events.Published += p.Stats().ReplayBytes
+	}
 	return res, errors.Join(err, c.close())
 }
 
 func report(w io.Writer, rs []runResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "routing\treplicas\thit rate\tTTFT p50\tTTFT p99\tmakespan\trejected\tpreempted\tblocks stored\tremoved\tevent MiB\tKiB/request\tKiB/s\t")
+	fmt.Fprintln(tw, "routing\treplicas\thit rate\tTTFT p50\tTTFT p99\tmakespan\trejected\tpreempted\tblocks stored\tremoved\tevents MiB\treceived MiB\tKiB/request\tKiB/s\t")
 	for _, r := range rs {
 		per, rate := 0.0, 0.0
 		if r.Requests > 0 {
-			per = float64(r.events.Bytes) / 1024 / float64(r.Requests)
+			per = float64(r.events.Published) / 1024 / float64(r.Requests)
 		}
 		if r.Makespan > 0 {
-			rate = float64(r.events.Bytes) / 1024 / r.Makespan.Seconds()
+			rate = float64(r.events.Published) / 1024 / r.Makespan.Seconds()
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%v\t%v\t%v\t%d\t%d\t%d\t%d\t%.1f\t%.1f\t%.1f\t\n", r.mode, r.Replicas, 100*r.HitRate(),
+		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%v\t%v\t%v\t%d\t%d\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t\n", r.mode, r.Replicas, 100*r.HitRate(),
 			r.TTFTP50.Round(time.Millisecond), r.TTFTP99.Round(time.Millisecond), r.Makespan.Round(time.Millisecond),
-			r.Rejected, r.Preempted, r.events.Stored, r.events.Removed, float64(r.events.Bytes)/(1<<20), per, rate)
+			r.Rejected, r.Preempted, r.events.Stored, r.events.Removed,
+			float64(r.events.Published)/(1<<20), float64(r.events.Bytes)/(1<<20), per, rate)
 	}
 	tw.Flush()
+	fmt.Fprintln(w, `
+hit rate     prompt tokens found cached over those looked up, all replicas
+TTFT         model time from arrival to the first token: waiting, then prefill of the
+             uncached tokens, then one decode step
+makespan     model time until the last request finished
+events MiB   payload the replicas' publishers sent (vLLM's msgpack batches); KiB per
+             request and per second of makespan
+received MiB payload the router read, live and from the replay sockets`)
 	fmt.Fprintln(w)
 	for _, r := range rs {
 		fmt.Fprintf(w, "%-12s requests per replica %v", r.mode, r.PerReplica)
