@@ -85,6 +85,17 @@
 // copy Truncate makes and runs inside the cache's budget check, and because a closing
 // sequence hands its ranges to its entry.
 //
+// # KV events
+//
+// A prefix cache with an observer ([EventOptions], [BlockEvents]) announces each
+// block of its tokens (16 by default) once it holds the block whole, chained by the
+// hashes of package kv/blockhash, and withdraws it when it no longer does, whatever
+// took the tokens (eviction by the budget, the cap or the governor's reclaimer, a
+// damaged or taken-over entry); Close clears them all. The observer is called under
+// the prefix cache's lock, on Insert, eviction and Close only, never on a lookup or
+// the token path. kv imports no transport: package kvevents puts the events on the
+// wire in vLLM's format.
+//
 // # Layout
 //
 // [Blocked] (the default) puts all layers of a sequence in one range cut into blocks

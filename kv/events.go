@@ -1,5 +1,15 @@
 package kv
 
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/internal/radix"
+	"github.com/vmarena/vmarena/kv/blockhash"
+)
+
 // BlockEvents is told what a PrefixCache caches and evicts, in blocks of EventOptions.
 // BlockSize tokens chained by their hashes (package kv/blockhash): what a cluster's
 // router needs to know which replica holds a prefix (vLLM's KV events; the publisher
@@ -36,4 +46,206 @@ type BlocksRemoved struct {
 	Hashes []uint64
 	Group  int
 	Medium string
+}
+
+// EventOptions configures what a PrefixCache tells a BlockEvents
+// (PrefixCacheOptions.Events).
+type EventOptions struct {
+	// Observer is told what the cache caches and evicts; nil means no events, at no
+	// cost.
+	Observer BlockEvents
+	// Hash sets the blocks: their size (16 tokens when 0), the hash algorithm, its seed,
+	// and the extra keys (LoRA name, cache salt) every hash covers.
+	Hash blockhash.Options
+	// Medium names the cache's memory in events; "" means "GPU" for a device's cache,
+	// "CPU" for the host's.
+	Medium string
+}
+
+// CachedPrefix returns how many leading tokens of tokens the cache holds now (0 once
+// closed), marking nothing used and counting no query; unlike Lookup it may match
+// every token. What the events announced is checked against it: the blocks of tokens
+// the cache holds whole are those below CachedPrefix.
+func (pc *PrefixCache) CachedPrefix(tokens []int32) int {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	m, _ := pc.tree.Peek(tokens)
+	return m
+}
+
+// PanicEventsOutOfStep is the panic value when the blocks a prefix cache announced no
+// longer follow its index: a bug in the cache, never the caller's.
+const PanicEventsOutOfStep = "kv: prefix cache block events out of step with its index"
+
+// The blocks a prefix cache announced, and how they follow its index.
+//
+// A block of the index is the run of tokens [i*B, (i+1)*B) of a path from the root,
+// identified by those tokens and the block before it. It is announced (BlocksStored)
+// when the index comes to hold all its tokens, and withdrawn (BlocksRemoved) when the
+// index no longer does. The index gains tokens only by Insert, along the inserted
+// path; it loses them only at the end of one leaf's path (a leaf shortened or removed
+// by eviction, a damaged or taken-over entry, a pinned parent left childless), and
+// the tokens it loses lie on that path alone, past its parent's depth. So after each
+// such change, sync compares the blocks announced along that one path with what the
+// index holds of it (Peek), announcing the blocks now whole and withdrawing those no
+// longer so: a withdrawn block's descendants lie on the same path, since no other
+// path shares its last token.
+
+// pcEvents is a prefix cache's announced blocks: a tree of them under root, each
+// found by its parent and its tokens. The prefix cache's lock guards it.
+type pcEvents struct {
+	obs    BlockEvents
+	h      *blockhash.Hasher
+	bs     int
+	lora   string
+	medium string
+	root   evBlock
+	blocks map[evKey]*evBlock
+	key    []byte // scratch: a block's tokens as the bytes of an evKey
+}
+
+// evKey finds an announced block: its parent and its tokens (4 bytes each, little
+// endian).
+type evKey struct {
+	parent *evBlock
+	tokens string
+}
+
+// evBlock is an announced block.
+type evBlock struct {
+	hash blockhash.Hash
+	kids int // announced blocks whose parent it is
+}
+
+// newEvents returns the events of a prefix cache over c, or nil when o has no
+// observer.
+func newEvents(c *Cache, o EventOptions) (*pcEvents, error) {
+	if o.Observer == nil {
+		return nil, nil
+	}
+	h, err := blockhash.New(o.Hash)
+	if err != nil {
+		return nil, fmt.Errorf("%w: events: %w", ErrConfig, err)
+	}
+	medium := o.Medium
+	if medium == "" {
+		medium = "CPU"
+		if c.dev.Tier == accounting.Device {
+			medium = "GPU"
+		}
+	}
+	ev := &pcEvents{
+		obs: o.Observer, h: h, bs: h.BlockSize(), lora: o.Hash.LoRA, medium: medium,
+		blocks: make(map[evKey]*evBlock), key: make([]byte, 4*h.BlockSize()),
+	}
+	ev.root.hash = h.Root()
+	return ev, nil
+}
+
+// path returns the tokens from the root to leaf, for sync once the index has changed
+// there, or nil when there are no events. pc.mu is held.
+func (ev *pcEvents) path(leaf *radix.Node[*pcEntry]) []int32 {
+	if ev == nil {
+		return nil
+	}
+	return leaf.Tokens()
+}
+
+// fill writes block i of path into ev.key.
+func (ev *pcEvents) fill(path []int32, i int) {
+	for j, t := range path[i*ev.bs : (i+1)*ev.bs] {
+		binary.LittleEndian.PutUint32(ev.key[4*j:], uint32(t))
+	}
+}
+
+// sync announces the blocks of path that t now holds whole and withdraws those it
+// no longer does (see above). pc.mu is held.
+func (ev *pcEvents) sync(t *radix.Tree[*pcEntry], path []int32) {
+	if ev == nil {
+		return
+	}
+	held, _ := t.Peek(path)
+	full, n := held/ev.bs, len(path)/ev.bs
+	cur, i := &ev.root, 0
+	for ; i < n; i++ {
+		ev.fill(path, i)
+		b := ev.blocks[evKey{cur, string(ev.key)}]
+		if b == nil {
+			break
+		}
+		if i >= full {
+			ev.withdraw(cur, path, i)
+			return
+		}
+		cur = b
+	}
+	if i < full {
+		ev.announce(cur, path, i, full)
+	}
+}
+
+// announce announces blocks [from, to) of path, the block before them being parent.
+func (ev *pcEvents) announce(parent *evBlock, path []int32, from, to int) {
+	bs := ev.bs
+	st := BlocksStored{
+		Hashes: make([]uint64, 0, to-from), HasParent: parent != &ev.root,
+		Tokens: slices.Clone(path[from*bs : to*bs]), BlockSize: bs, LoRA: ev.lora, Medium: ev.medium,
+	}
+	if st.HasParent {
+		st.Parent = parent.hash.Uint64()
+	}
+	hash := parent.hash
+	for i := from; i < to; i++ {
+		extra := ev.h.ExtraKeys(i)
+		hash = ev.h.Block(hash, path[i*bs:(i+1)*bs], extra)
+		if extra != nil && st.ExtraKeys == nil {
+			st.ExtraKeys = make([][]any, i-from, to-from)
+		}
+		if st.ExtraKeys != nil {
+			st.ExtraKeys = append(st.ExtraKeys, extra)
+		}
+		b := &evBlock{hash: hash}
+		ev.fill(path, i)
+		ev.blocks[evKey{parent, string(ev.key)}] = b
+		parent.kids++
+		parent = b
+		st.Hashes = append(st.Hashes, hash.Uint64())
+	}
+	ev.obs.BlocksStored(st)
+}
+
+// withdraw withdraws block i of path, whose parent is parent, and the announced
+// blocks past it on path: its only descendants, or the events are out of step.
+func (ev *pcEvents) withdraw(parent *evBlock, path []int32, i int) {
+	rm := BlocksRemoved{Medium: ev.medium}
+	first := parent
+	for ; i < len(path)/ev.bs; i++ {
+		ev.fill(path, i)
+		k := evKey{parent, string(ev.key)}
+		b := ev.blocks[k]
+		if b == nil {
+			break
+		}
+		delete(ev.blocks, k)
+		parent.kids--
+		if parent != first && parent.kids != 0 {
+			panic(PanicEventsOutOfStep)
+		}
+		rm.Hashes = append(rm.Hashes, b.hash.Uint64())
+		parent = b
+	}
+	if parent != first && parent.kids != 0 {
+		panic(PanicEventsOutOfStep)
+	}
+	ev.obs.BlocksRemoved(rm)
+}
+
+// clear forgets every announced block and says so (Close). pc.mu is held.
+func (ev *pcEvents) clear() {
+	if ev == nil {
+		return
+	}
+	clear(ev.blocks)
+	ev.root.kids = 0
+	ev.obs.AllBlocksCleared()
 }

@@ -18,6 +18,9 @@ type PrefixCacheOptions struct {
 	// no cap other than the governor's budget, which takes cached prefixes back when
 	// it runs short.
 	MaxBytes int64
+	// Events, when it has an observer, is told the blocks the cache caches and
+	// evicts (see events.go).
+	Events EventOptions
 }
 
 // PrefixCache reuses K and V across requests by token IDs (automatic prefix caching).
@@ -39,6 +42,7 @@ type PrefixCache struct {
 	opts   PrefixCacheOptions
 	gbytes int64                 // physical bytes of one granule index: a granule in each range
 	auth   *accounting.Authority // a ledger of its own, owning nothing, for the reclaimer
+	ev     *pcEvents             // nil without an observer; guarded by mu
 
 	mu     sync.Mutex
 	tree   *radix.Tree[*pcEntry]
@@ -163,9 +167,13 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	if opts.MaxBytes < 0 {
 		return nil, fmt.Errorf("%w: MaxBytes %d", ErrConfig, opts.MaxBytes)
 	}
+	ev, err := newEvents(c, opts.Events)
+	if err != nil {
+		return nil, err
+	}
 	pc := &PrefixCache{
 		c: c, opts: opts, gbytes: int64(c.nbuf) * int64(c.unit),
-		tree: radix.New[*pcEntry](),
+		tree: radix.New[*pcEntry](), ev: ev,
 	}
 	c.mu.Lock()
 	switch {
@@ -427,6 +435,7 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 		return nil
 	}
 	e.leaf = leaf
+	pc.ev.sync(pc.tree, tokens)
 	if s.pcl == nil {
 		s.pcl = &pcLive{pc: pc}
 	}
@@ -976,6 +985,7 @@ func (pc *PrefixCache) Close() error {
 		pc.unhold(e)
 	}
 	pc.tree = radix.New[*pcEntry]()
+	pc.ev.clear()
 	pc.mu.Unlock()
 	var errs []error
 	for _, e := range drop {

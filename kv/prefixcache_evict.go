@@ -152,6 +152,7 @@ func (pc *PrefixCache) victim(frees bool) *radix.Node[*pcEntry] {
 // the index (its entry closes, or moves up to a pinned parent). It returns the
 // physical bytes that came back and the entry to close, if any. pc.mu is held.
 func (pc *PrefixCache) evictGranules(leaf *radix.Node[*pcEntry], k int) (int64, *pcEntry) {
+	defer pc.ev.sync(pc.tree, pc.ev.path(leaf))
 	e := leaf.Value()
 	depth := leaf.Depth()
 	p := leaf.Parent()
@@ -216,6 +217,7 @@ func (pc *PrefixCache) shrink(e *pcEntry, depth, n int) (int64, *pcEntry) {
 // is held.
 func (pc *PrefixCache) removeDamaged(e *pcEntry) {
 	leaf := e.leaf
+	defer pc.ev.sync(pc.tree, pc.ev.path(leaf))
 	p := pc.tree.Remove(leaf)
 	for p.Leaf() {
 		// A pinned parent left without a child has no entry: it goes too, and its
@@ -263,7 +265,9 @@ func (pc *PrefixCache) spareLocked(tokens int) *Sequence {
 			return nil
 		}
 	}
+	path := pc.ev.path(leaf)
 	pc.tree.Remove(leaf)
+	pc.ev.sync(pc.tree, path)
 	pc.evictedTokens += int64(leaf.Depth() - p.Depth())
 	pc.evictions += int64(len(e.grefs))
 	pc.unhold(e) // every granule comes back: counted in EvictedBytes
