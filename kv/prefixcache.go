@@ -481,8 +481,9 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	s.frozen = max(s.frozen, full*pc.c.unit)
 	if displaced {
 		// The new entry holds the old one's tokens (and maps its granules, where s
-		// did): the old one goes, giving back only its own tail.
-		if d := pc.unhold(old); d != nil {
+		// did): the old one goes, giving back only its own tail. That is no
+		// eviction: the tokens stay cached.
+		if _, d := pc.unhold(old); d != nil {
 			drop = append(drop, d)
 		}
 	}
@@ -626,7 +627,7 @@ func (pc *PrefixCache) materialize(s *Sequence, t int) {
 func (pc *PrefixCache) detach(e *pcEntry) []*pcEntry {
 	pc.evictedTokens += int64(e.leaf.Depth() - e.leaf.Parent().Depth())
 	pc.removeDamaged(e)
-	if d := pc.unhold(e); d != nil {
+	if _, d := pc.evict(e); d != nil {
 		return []*pcEntry{d}
 	}
 	return nil
@@ -655,22 +656,31 @@ func (pc *PrefixCache) release(g *granuleRef) int64 {
 }
 
 // unhold drops every granule e holds from the counts and marks it out of the index.
-// It returns e for the caller to close once pc.mu is released, or nil when a lookup
-// maps from it now (that lookup closes it). pc.mu is held.
-func (pc *PrefixCache) unhold(e *pcEntry) *pcEntry {
+// It returns the physical bytes that came back (granules no other entry or live
+// sequence maps), which an eviction counts in EvictedBytes and a displacement by a
+// longer entry does not, and e for the caller to close once pc.mu is released, or nil
+// when a lookup maps from it now (that lookup closes it). pc.mu is held.
+func (pc *PrefixCache) unhold(e *pcEntry) (int64, *pcEntry) {
 	var freed int64
 	for _, g := range e.grefs {
 		freed += pc.release(g)
 	}
-	pc.evictedBytes += freed
 	e.grefs = nil
 	e.closed = true
 	e.origin, e.tail = nil, nil // a lazy entry refers to nothing from now on
 	pc.entries--
 	if e.busy > 0 {
-		return nil
+		return freed, nil
 	}
-	return e
+	return freed, e
+}
+
+// evict is unhold for an entry that eviction takes out of the index: what comes back
+// counts in EvictedBytes. pc.mu is held.
+func (pc *PrefixCache) evict(e *pcEntry) (int64, *pcEntry) {
+	freed, d := pc.unhold(e)
+	pc.evictedBytes += freed
+	return freed, d
 }
 
 // adopt, as s closes, makes an entry made from s hold s's own ranges rather than
@@ -973,7 +983,7 @@ func (pc *PrefixCache) Close() error {
 		return true
 	})
 	for _, e := range drop {
-		pc.unhold(e)
+		pc.evict(e)
 	}
 	pc.tree = radix.New[*pcEntry]()
 	pc.mu.Unlock()

@@ -164,9 +164,7 @@ func (pc *PrefixCache) evictGranules(leaf *radix.Node[*pcEntry], k int) (int64, 
 		pc.tree.Remove(leaf)
 		pc.evictedTokens += int64(depth - p.Depth())
 		pc.evictions += int64(len(e.grefs))
-		before := pc.evictedBytes
-		d := pc.unhold(e)
-		return pc.evictedBytes - before, d
+		return pc.evict(e)
 	default:
 		// The parent is pinned and this is its only child: it becomes the leaf.
 		pc.tree.Remove(leaf)
@@ -189,9 +187,7 @@ func (pc *PrefixCache) shrink(e *pcEntry, depth, n int) (int64, *pcEntry) {
 		// entry leaves the index whole.
 		pc.evictedTokens += int64(e.leaf.Depth() - e.leaf.Parent().Depth())
 		pc.removeDamaged(e)
-		before := pc.evictedBytes
-		d := pc.unhold(e)
-		return pc.evictedBytes - before, d
+		return pc.evict(e)
 	}
 	if e.seq != nil {
 		e.n, e.seq.n = n, n
@@ -266,7 +262,7 @@ func (pc *PrefixCache) spareLocked(tokens int) *Sequence {
 	pc.tree.Remove(leaf)
 	pc.evictedTokens += int64(leaf.Depth() - p.Depth())
 	pc.evictions += int64(len(e.grefs))
-	pc.unhold(e) // every granule comes back: counted in EvictedBytes
+	pc.evict(e) // every granule comes back: counted in EvictedBytes
 	e.seq = nil
 	return es
 }
