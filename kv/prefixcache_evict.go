@@ -21,16 +21,15 @@ const (
 
 // budgetOrEvict is budget that, before it refuses, evicts cached prefixes no live
 // sequence maps to make up the shortfall.
-func (c *Cache) budgetOrEvict(need, credit int64) error {
-	err := c.budget(need, credit)
-	var be *accounting.BudgetError
-	if err == nil || !errors.As(err, &be) || errors.Is(err, accounting.ErrExceedsLimit) {
-		return err
+func (c *Cache) budgetOrEvict(need, credit int64) *accounting.BudgetError {
+	be := c.budget(need, credit)
+	if be == nil || errors.Is(be, accounting.ErrExceedsLimit) {
+		return be
 	}
 	if pc := c.pc.Load(); pc != nil && pc.evictFor(be.Requested-be.Available-credit, evictForGrowth) > 0 {
 		return c.budget(need, credit)
 	}
-	return err
+	return be
 }
 
 // evictFor evicts cached granules that give back physical memory, leaf-first and
@@ -235,7 +234,7 @@ func (pc *PrefixCache) spareLocked(tokens int) *Sequence {
 		return nil
 	}
 	need := int64(pc.c.unitsFor(tokens)) * pc.gbytes
-	if err := pc.c.budget(need, 0); err == nil || errors.Is(err, accounting.ErrExceedsLimit) {
+	if be := pc.c.budget(need, 0); be == nil || errors.Is(be, accounting.ErrExceedsLimit) {
 		return nil
 	}
 	leaf := pc.victim(true)

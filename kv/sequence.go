@@ -44,6 +44,7 @@ type Sequence struct {
 	err    error  // set when damaged
 	mark   uint64 // the last batch of the cache that named it (see Cache.check)
 	grew   bool   // the running batch step resized its ranges (see Cache.grow)
+	pre    int    // while grew: the bytes each range committed before the step
 	closed bool
 	pcl    *pcLive // what it maps of a PrefixCache's granules, or nil
 	// guarded: protect made some of its own bytes read-only in its ranges once (a

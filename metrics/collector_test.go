@@ -31,13 +31,9 @@ func (p *statPool) PoolStats() backing.PoolStats { return p.s }
 func (p *statPool) Device() accounting.DeviceKey { return p.dev }
 
 // statCache is a CacheSource that reports fixed figures.
-type statCache struct {
-	s        kv.Stats
-	refusals int64
-}
+type statCache struct{ s kv.Stats }
 
 func (c *statCache) Stats() kv.Stats { return c.s }
-func (c *statCache) Refusals() int64 { return c.refusals }
 
 func TestCollectPoolsCachesPrefixCaches(t *testing.T) {
 	gov := accounting.NewGovernor()
@@ -48,8 +44,8 @@ func TestCollectPoolsCachesPrefixCaches(t *testing.T) {
 	}}
 	cache := &statCache{s: kv.Stats{
 		Sequences: 3, Prefixes: 1, Tokens: 1500, Used: 1500 << 10, Committed: 24 << 20,
-		Shared: 8 << 20, Owned: 20 << 20, Mapped: 24 << 20, Waits: 7, Unreleased: 2 << 20,
-	}, refusals: 5}
+		Shared: 8 << 20, Owned: 20 << 20, Mapped: 24 << 20, Waits: 7, Refusals: 5, Unreleased: 2 << 20,
+	}}
 	pc := metrics.PrefixCacheFunc(func() metrics.PrefixCacheStats {
 		return metrics.PrefixCacheStats{QueriedTokens: 9000, HitTokens: 6000, Evictions: 4, EvictedBytes: 6 << 20, CachedBytes: 10 << 20, PinnedBytes: 2 << 20}
 	})
@@ -199,7 +195,7 @@ vmarena_governor_quarantined_bytes_total{device="host:0"} 7
 # TYPE vmarena_governor_quarantines_total counter
 vmarena_governor_quarantines_total{device="device:1"} 0
 vmarena_governor_quarantines_total{device="host:0"} 1
-# HELP vmarena_governor_refusals_total Requests refused because the budget could not cover them.
+# HELP vmarena_governor_refusals_total Requests refused because the budget could not cover them: by the governor, and by takers that check the budget first (a KV cache's growths).
 # TYPE vmarena_governor_refusals_total counter
 vmarena_governor_refusals_total{device="device:1"} 0
 vmarena_governor_refusals_total{device="host:0"} 2

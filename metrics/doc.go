@@ -22,7 +22,7 @@
 //	vmarena_governor_mapped_bytes{authority}      bytes a ledger maps (attribution only)
 //	vmarena_governor_waiters                      requests queued for budget now
 //	vmarena_governor_wait_seconds                 histogram of finished waits for budget
-//	vmarena_governor_refusals_total               requests refused for budget
+//	vmarena_governor_refusals_total               requests refused for budget (kv's too)
 //	vmarena_governor_quarantines_total            releases that failed midway
 //	vmarena_governor_quarantined_bytes_total      bytes those releases left behind
 //
