@@ -189,7 +189,10 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 // is never matched (a server computes it again for its logits), so the match is at
 // most len(tokens)-1; with no match the sequence is empty. The caller appends and
 // writes the rest of the prompt from there. It counts len(tokens) queries and the
-// match as hits. When the copied tail can not be had within the budget, cached
+// match as hits: Lookup is the admission of a request, called once per request
+// admitted, so that Stats' hit rate is the admitted requests' (a scheduler that
+// may not admit asks Match, Need and Cache.Headroom first, which count nothing).
+// When the copied tail can not be had within the budget, cached
 // prefixes are evicted first; if still refused, the error matches
 // accounting.ErrBudgetExceeded and nothing changed. On a miss that the budget can not
 // hold the prompt's granules for, the least recently used entry may leave the index
@@ -205,8 +208,7 @@ func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
 	}
 	pc.working.Add(1)
 	defer pc.working.Done()
-	limit := min(max(len(tokens)-1, 0), pc.c.cfg.MaxTokens)
-	m, node := pc.tree.Match(tokens[:limit])
+	m, node := pc.tree.Match(tokens[:pc.matchable(tokens)])
 	var e *pcEntry
 	// The granules the new sequence will map count as mapped by a live sequence from
 	// now on, so that eviction does not count on them.
@@ -344,22 +346,20 @@ func (pc *PrefixCache) capLocked() []*pcEntry {
 }
 
 // startOn starts a sequence on src's first n tokens (an entry's, or an inserted
-// sequence's), evicting cached prefixes and trying again once when the budget refuses
-// the copied tail. An inserted sequence's shared bytes become frozen (WriteToken
+// sequence's), evicting cached prefixes before the budget refuses the copied tail
+// (shareBudget, evicting). An inserted sequence's shared bytes become frozen (WriteToken
 // refuses them).
 func (pc *PrefixCache) startOn(src *Sequence, n int, entry bool) (*Sequence, error) {
-	start := func(n int) (*Sequence, error) {
+	if err := pc.c.shareBudget(n); err != nil {
+		return nil, err
+	}
+	return evicting(pc.c, func() (*Sequence, error) {
 		q, err := pc.c.startOn(src, n)
 		if err == nil && !entry {
 			src.frozen = max(src.frozen, q.frozen)
 		}
 		return q, err
-	}
-	s, err := start(n)
-	if err != nil && errors.Is(err, accounting.ErrBudgetExceeded) && pc.evictFor(pc.gbytes, evictForGrowth) > 0 {
-		s, err = start(n)
-	}
-	return s, err
+	})
 }
 
 // startOn returns a new sequence holding src's first n tokens: the whole granules
@@ -381,8 +381,8 @@ func (c *Cache) startOn(src *Sequence, n int) (*Sequence, error) {
 	return s, nil
 }
 
-// Insert adds the first len(tokens) tokens of s (at most s.Len()), whose IDs are
-// tokens, to the cache, so that later lookups can start on them; tokens the cache
+// Insert adds the first len(tokens) tokens of s, whose IDs are tokens, to the cache
+// (more tokens than s holds fail with ErrRange and change nothing), so that later lookups can start on them; tokens the cache
 // holds already are left as they are. It is bookkeeping only: the new entry refers to
 // s's granules (see the package doc's "Prefix caching"). s's whole granules below
 // them become shared: below s.Writable from then on, refused by WriteToken, and they
@@ -410,8 +410,10 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	if s.pcl != nil && s.pcl.pc != pc {
 		return fmt.Errorf("%w: the sequence maps granules of an earlier prefix cache, closed since", ErrConfig)
 	}
-	n := min(s.n, len(tokens))
-	tokens = tokens[:n]
+	if len(tokens) > s.n {
+		return fmt.Errorf("%w: insert of %d tokens from a sequence of %d", ErrRange, len(tokens), s.n)
+	}
+	n := len(tokens)
 	frozen := s.frozen // before the entry shares more of s
 	pc.mu.Lock()
 	if pc.closed {
@@ -938,25 +940,7 @@ func (pc *PrefixCache) Stats() PrefixCacheStats {
 		EvictedTokens: pc.evictedTokens, Evictions: pc.evictions, EvictedBytes: pc.evictedBytes,
 		Entries: pc.entries, CachedBytes: pc.cachedGranules * pc.gbytes,
 	}
-	pinned := map[*granuleRef]struct{}{}
-	pc.tree.EachLeaf(func(leaf *radix.Node[*pcEntry]) bool {
-		for _, g := range leaf.Value().grefs {
-			if g.live > 0 {
-				pinned[g] = struct{}{}
-			}
-		}
-		// Each pinned node on the leaf's path pins its tokens' granules.
-		for n := leaf; n != nil && n.Parent() != nil; n = n.Parent() {
-			if n.Pinned() {
-				for _, g := range leaf.Value().grefs[:pc.c.unitsFor(n.Depth())] {
-					pinned[g] = struct{}{}
-				}
-				break
-			}
-		}
-		return true
-	})
-	st.PinnedBytes = int64(len(pinned)) * pc.gbytes
+	st.PinnedBytes = pc.pinnedLocked() * pc.gbytes
 	st.CachedTokens = pc.tree.Tokens()
 	return st
 }

@@ -253,7 +253,9 @@ func (s *Sequence) Fork() (*Sequence, error) {
 // and on a backing that can protect memory in place (backing.Protector) s's own
 // mapping of them becomes read-only too, so that a stray write through Bytes or a
 // View faults in either rather than reach the other. The new sequence MUST be closed.
-// It fails with ErrRange for n outside [0, Len] and changes nothing on any error.
+// It fails with ErrRange for n outside [0, Len] and changes nothing on any error;
+// when the copied tail's granules can not be had (ForkNeed says how many bytes they
+// take), it evicts cached prefixes before it refuses with an *accounting.BudgetError.
 func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
@@ -264,16 +266,26 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	if n < 0 || n > s.n {
 		return nil, fmt.Errorf("%w: fork at %d of %d tokens", ErrRange, n, s.n)
 	}
-	child, err := s.c.newSequence()
-	if err != nil {
+	if err := s.c.shareBudget(n); err != nil {
 		return nil, err
 	}
-	full, err := s.c.shareInto(child.bufs, s.bufs, n)
-	if err == nil {
-		err = s.protect(full)
-	}
+	var full int
+	child, err := evicting(s.c, func() (*Sequence, error) {
+		child, err := s.c.newSequence()
+		if err != nil {
+			return nil, err
+		}
+		full, err = s.c.shareInto(child.bufs, s.bufs, n)
+		if err == nil {
+			err = s.protect(full)
+		}
+		if err != nil {
+			return nil, errors.Join(err, s.c.abandon(child))
+		}
+		return child, nil
+	})
 	if err != nil {
-		return nil, errors.Join(err, s.c.abandon(child))
+		return nil, err
 	}
 	child.n = n
 	child.frozen = full
@@ -349,7 +361,8 @@ func (c *Cache) shareInto(dst, src []buffer, n int) (int, error) {
 // read-only, so a stray write faults). The caller holds one reference and MUST
 // Release it; the prefix's memory is freed with its last user. On error nothing
 // changed, except that what could not be given back is reported in the error and in
-// Stats.Unreleased.
+// Stats.Unreleased. Its budget is ForkNeed(p)'s, and it evicts cached prefixes before
+// it refuses for budget, as ForkAt does.
 func (s *Sequence) Freeze(p int) (*Prefix, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
@@ -360,18 +373,28 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 	if p < 0 || p > s.n {
 		return nil, fmt.Errorf("%w: freeze %d of %d tokens", ErrRange, p, s.n)
 	}
-	capacity, _ := backing.AlignUp(s.c.extent(p), s.c.gran)
-	bufs, err := s.c.newBuffers(max(capacity, s.c.gran))
-	if err != nil {
+	if err := s.c.shareBudget(p); err != nil {
 		return nil, err
 	}
-	full, err := s.c.shareInto(bufs, s.bufs, p)
-	if err == nil {
-		err = s.protect(full)
-	}
+	capacity, _ := backing.AlignUp(s.c.extent(p), s.c.gran)
+	var full int
+	bufs, err := evicting(s.c, func() ([]buffer, error) {
+		bufs, err := s.c.newBuffers(max(capacity, s.c.gran))
+		if err != nil {
+			return nil, err
+		}
+		full, err = s.c.shareInto(bufs, s.bufs, p)
+		if err == nil {
+			err = s.protect(full)
+		}
+		if err != nil {
+			err = errors.Join(err, releaseError(s.c.release(bufs)))
+			s.c.notify()
+			return nil, err
+		}
+		return bufs, nil
+	})
 	if err != nil {
-		err = errors.Join(err, releaseError(s.c.release(bufs)))
-		s.c.notify()
 		return nil, err
 	}
 	pr := &Prefix{c: s.c, bufs: bufs, tokens: p, refs: 1, creator: true}

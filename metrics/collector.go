@@ -70,6 +70,16 @@ type Cache struct {
 	PrefixCache PrefixCacheSource
 }
 
+// CacheOf returns the Cache to collect for c, named name: its Device and Pool are
+// c's own (Cache.Device, Cache.Pool), and its PrefixCache is PrefixCacheOf(pc) (pc may
+// be nil: no prefix cache). A nil c gives a Cache with no source, which New refuses.
+func CacheOf(name string, c *kv.Cache, pc *kv.PrefixCache) Cache {
+	if c == nil {
+		return Cache{Name: name}
+	}
+	return Cache{Name: name, Cache: c, Device: c.Device(), Pool: c.Pool(), PrefixCache: PrefixCacheOf(pc)}
+}
+
 // PrefixCache names a prefix cache to collect.
 type PrefixCache struct {
 	Name   string // the cache label; unique among Options.PrefixCaches

@@ -14,6 +14,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/metrics"
 )
@@ -345,5 +346,21 @@ func TestPrefixCacheOfNil(t *testing.T) {
 	require.NoError(t, err)
 	assert.Positive(t, testutil.CollectAndCount(c))
 	_, err = metrics.New(metrics.Options{PrefixCaches: []metrics.PrefixCache{{Name: "c", Source: metrics.PrefixCacheOf(pc)}}})
+	assert.ErrorIs(t, err, metrics.ErrOptions)
+}
+
+// TestCacheOf: a cache's wiring comes from the cache itself; a nil cache gives a
+// source New refuses.
+func TestCacheOf(t *testing.T) {
+	gov := accounting.NewGovernor()
+	mem, err := host.NewPrivate(host.PrivateOptions{})
+	require.NoError(t, err)
+	cache, err := kv.New(mem, kv.Config{Geometry: kv.Tiny, MaxTokens: 64, Authority: gov.Authority("kv", accounting.HostKey)})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, cache.Close()) }()
+	got := metrics.CacheOf("tiny", cache, nil)
+	assert.Equal(t, metrics.Cache{Name: "tiny", Cache: cache, Device: accounting.HostKey}, got, "no pool, no prefix cache")
+
+	_, err = metrics.New(metrics.Options{Caches: []metrics.Cache{metrics.CacheOf("none", nil, nil)}})
 	assert.ErrorIs(t, err, metrics.ErrOptions)
 }
