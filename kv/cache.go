@@ -299,7 +299,9 @@ type Stats struct {
 	Waits  int64 // waiting appends (AppendCtx, AppendBatchCtx) that had to wait
 	// Refusals is the operations refused because the memory could not be had since
 	// the cache was made (Append, AppendBatch and each try of a waiting one; ForkAt,
-	// Freeze, NewSequenceFrom and PrefixCache.Lookup): a scheduler's cue to preempt.
+	// Freeze, NewSequenceFrom, PrefixCache.Lookup, and the copy a prefix cache entry
+	// makes of an inserted sequence's tokens before they change): a scheduler's cue to
+	// preempt.
 	// It only grows. Each refusal counts in the governor's Counters.Refusals of the
 	// device too, whether the cache refused it before committing anything
 	// (accounting.Governor.Refuse) or the governor refused a commit.

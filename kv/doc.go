@@ -17,8 +17,13 @@
 // decoding). Sharing needs a backing that implements backing.Sharer and owns its
 // memory (host.Shared, cuda).
 //
+// Tokens are reached by [View] (a layer's tensor), by [Run] (its contiguous runs, on
+// the host) and by [Sequence.ReadTokens] and [Sequence.WriteTokens] (a bulk copy out
+// and in, on any backing; ReadToken and WriteToken are their one-token forms); Base
+// and the strides are for kernels.
+//
 // Shared tokens are never written: writes go only to a sequence's own tail
-// ([Sequence.Writable] says where it starts). [Sequence.WriteToken] refuses anything
+// ([Sequence.Writable] says where it starts). [Sequence.WriteTokens] refuses anything
 // below with [ErrReadOnly], and truncating into a shared granule replaces it with a
 // private copy of the kept tokens rather than writing into it. The sharers map shared
 // granules read-only; on a backing that can change access in place
@@ -120,7 +125,15 @@
 // nothing. [Cache.AppendBatch] grows a whole batch of sequences, each by its own
 // count, all or nothing: the step of a scheduler loop, which preempts a sequence on a
 // refusal (see ExampleCache_AppendBatch). [Sequence.Need] and [Cache.Need] say what a
-// growth would take now, the pool's idle granules counted.
+// growth would take now, the pool's idle granules counted, [Sequence.ForkNeed] what a
+// fork or freeze would, and [PrefixCache.Need] what serving a prompt would; a
+// scheduler admits what fits in [Cache.Headroom], the governor's free bytes plus what
+// evicting cached prefixes would give back. Every operation that commits granules
+// (appends, forks, freezes, starts on a prefix, lookups) evicts cached prefixes before
+// it refuses for budget; [PrefixCache.Evict] evicts on request. [PrefixCache.Match]
+// says what a lookup would match and changes nothing; Lookup is the admission, and
+// counts the queries of the prefix cache's hit rate. Every refusal counts in
+// Stats.Refusals and in the governor's refusals of the device.
 //
 // Waiting lives in one place, the governor's FIFO queue of the device:
 // [Cache.AppendBatchCtx] and [Sequence.AppendCtx] wait there for the whole step's
