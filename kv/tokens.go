@@ -26,15 +26,7 @@ func (s *Sequence) ReadTokens(layer int, kind Kind, from, to int, dst []byte) er
 	if err != nil {
 		return err
 	}
-	tb := s.c.tb
-	for t := from; t < to; {
-		k := min(s.c.run(t), to-t)
-		if err := buf.readAt(s.c.offset(off, t), dst[(t-from)*tb:(t-from+k)*tb]); err != nil {
-			return err
-		}
-		t += k
-	}
-	return nil
+	return s.c.copyRuns(buf, off, from, to, dst, false)
 }
 
 // WriteTokens copies src, token after token ((to - from) × TokenBytes bytes), into
@@ -56,10 +48,23 @@ func (s *Sequence) WriteTokens(layer int, kind Kind, from, to int, src []byte) e
 	if from < to {
 		s.beforeWrite(from)
 	}
-	tb := s.c.tb
+	return s.c.copyRuns(buf, off, from, to, src, true)
+}
+
+// copyRuns copies tokens [from, to) of the tensor whose token 0 lies at off in buf
+// out into p (or, with write set, in from p), one copy per contiguous run.
+func (c *Cache) copyRuns(buf buffer, off, from, to int, p []byte, write bool) error {
+	tb := c.tb
 	for t := from; t < to; {
-		k := min(s.c.run(t), to-t)
-		if err := buf.writeAt(s.c.offset(off, t), src[(t-from)*tb:(t-from+k)*tb]); err != nil {
+		k := min(c.run(t), to-t)
+		at, part := c.offset(off, t), p[(t-from)*tb:(t-from+k)*tb]
+		var err error
+		if write {
+			err = buf.writeAt(at, part)
+		} else {
+			err = buf.readAt(at, part)
+		}
+		if err != nil {
 			return err
 		}
 		t += k

@@ -11,6 +11,22 @@ import (
 	"github.com/vmarena/vmarena/kv"
 )
 
+// seqOn returns a sequence of n tokens on a cache on backing kind in layout, closed
+// and checked at cleanup; it skips the test where the backing does not exist.
+func seqOn(t *testing.T, kind int, layout kv.Layout, n int) *kv.Sequence {
+	t.Helper()
+	e, ok := newEnv(t, kind, layout, blockTokensFor(layout), 64, 0, false)
+	if !ok {
+		t.Skip(sharingNames[kind], " is not available here")
+	}
+	t.Cleanup(func() { e.finish(t) })
+	s, err := e.c.NewSequence()
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	require.NoError(t, s.Append(n))
+	return s
+}
+
 // tokenBytes returns writer w's pattern for tokens [from, to) of one tensor, packed.
 func tokenBytes(w uint64, layer int, kind kv.Kind, from, to, tb int) []byte {
 	out := make([]byte, (to-from)*tb)
@@ -31,15 +47,7 @@ func TestReadWriteTokens(t *testing.T) {
 	for kind := range sharingBackings {
 		for _, layout := range layouts {
 			t.Run(fmt.Sprintf("%s/%v", sharingNames[kind], layout), func(t *testing.T) {
-				e, ok := newEnv(t, kind, layout, blockTokensFor(layout), 64, 0, false)
-				if !ok {
-					t.Skip("backing not available here")
-				}
-				defer e.finish(t)
-				s, err := e.c.NewSequence()
-				require.NoError(t, err)
-				defer s.Close()
-				require.NoError(t, s.Append(n))
+				s := seqOn(t, kind, layout, n)
 				tb := tiny8.TokenBytes()
 				for layer := range tiny8.Layers {
 					for _, k := range []kv.Kind{kv.K, kv.V} {
@@ -131,15 +139,7 @@ func TestRun(t *testing.T) {
 	}
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			e, ok := newEnv(t, onShared, layout, blockTokensFor(layout), 64, 0, false)
-			if !ok {
-				t.Skip("host.Shared not available here")
-			}
-			defer e.finish(t)
-			s, err := e.c.NewSequence()
-			require.NoError(t, err)
-			defer s.Close()
-			require.NoError(t, s.Append(n))
+			s := seqOn(t, onShared, layout, n)
 			writeTokens(t, s, 3, 0, n)
 			tb, per := tiny8.TokenBytes(), tiny8.KVHeads*tiny8.HeadDim
 			for layer := range tiny8.Layers {
@@ -172,7 +172,7 @@ func TestRun(t *testing.T) {
 			}), "ReadTokens on the host")
 			assert.Positive(t, sink)
 
-			_, err = kv.Run[arena.F16](s, 0, kv.K, n)
+			_, err := kv.Run[arena.F16](s, 0, kv.K, n)
 			assert.ErrorIs(t, err, kv.ErrRange)
 			_, err = kv.Run[arena.F16](s, tiny8.Layers, kv.K, 0)
 			assert.ErrorIs(t, err, kv.ErrRange)
