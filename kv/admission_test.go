@@ -70,6 +70,28 @@ func TestEvictsBeforeRefusingShares(t *testing.T) {
 	}
 }
 
+// TestTruncateIntoSharedEvicts: a truncation into a shared granule, whose replacement
+// granule the budget does not have, evicts a cached prefix rather than leave the
+// sequence shorter than asked.
+func TestTruncateIntoSharedEvicts(t *testing.T) {
+	const entry, seq = 6, 3 // granules
+	fx, c, pc := newPrefixCache(t, (entry+seq)*fakeGranule, kv.PerSequence, 64, kv.PrefixCacheOptions{})
+	e, err := serveN(pc, promptIDs(1000, 8))
+	require.NoError(t, err)
+	require.True(t, e.Close().OK())
+	s, err := c.NewSequence()
+	require.NoError(t, err)
+	defer s.Close()
+	require.NoError(t, s.Append(4)) // 12 KiB: 3 whole granules
+	p, err := s.Freeze(4)           // shares all 3
+	require.NoError(t, err)
+	defer p.Release()
+	require.Zero(t, fx.gov.Available(accounting.HostKey))
+	require.NoError(t, s.Truncate(2)) // token 1 straddles the first granule's end
+	assert.Equal(t, 2, s.Len())
+	assert.Positive(t, pc.Stats().EvictedBytes)
+}
+
 // TestShareRefusalCounted: with nothing to evict, the share is refused with the
 // ForkNeed figure and counted by the cache and the governor alike.
 func TestShareRefusalCounted(t *testing.T) {

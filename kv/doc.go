@@ -57,10 +57,12 @@
 // granules as memory it gives back); eviction takes the last granules of the least
 // recently used leaf (the leaf whole, in one release, when the need covers all of its
 // own), and only ones that give memory back (held by that entry alone, mapped by no live sequence): page-aware,
-// since a granule any other holder maps frees nothing. It runs before an append is
-// refused, whenever a request on the device waits for memory (the prefix cache's
-// reclaimer, see accounting.Authority.SetReclaimer), and to keep under
-// PrefixCacheOptions.MaxBytes; a [PrefixPin] holds a prefix against all three. A
+// since a granule any other holder maps frees nothing. It runs before any operation
+// that commits granules is refused (an append, a fork, a freeze, a start on a prefix,
+// a lookup's copied tail), whenever a request on the device waits for memory (the
+// prefix cache's reclaimer, see accounting.Authority.SetReclaimer), to keep under
+// PrefixCacheOptions.MaxBytes, and on request ([PrefixCache.Evict]); a [PrefixPin]
+// holds a prefix against all of them. A
 // lookup that misses, for a prompt whose granules the budget can not hold, evicts
 // ahead of that growth: when the least recently used entry fits in the prompt's
 // granules, holds every one of its granules alone (no other entry or live sequence

@@ -139,7 +139,8 @@ func (s *Sequence) need(tokens int) int64 {
 // giving back the granules wholly past n. Truncating into memory shared with a prefix
 // or a fork never writes into it: the partly kept shared granule is replaced by one of
 // the sequence's own holding a copy of the kept tokens. That replacement needs a new
-// granule per range; if it can not be had, the sequence is left holding the whole
+// granule per range (cached prefixes are evicted first where the budget can not hold
+// them); if it can not be had, the sequence is left holding the whole
 // tokens below that granule and the error says how many (or, where a token straddles
 // the granule boundary, the sequence is damaged and must be closed).
 func (s *Sequence) Truncate(n int) error {
@@ -173,7 +174,10 @@ func (s *Sequence) Truncate(n int) error {
 		return nil
 	}
 	// The new frontier lies inside a shared granule: copy its kept part out, unmap it,
-	// commit an own granule and copy back.
+	// commit an own granule and copy back. Cached prefixes go first where the budget
+	// can not hold that granule now, as before any refusal.
+	own, _ := backing.AlignUp(target, s.c.gran)
+	s.c.budgetOrEvict(int64(len(s.bufs))*int64(own-gs), 0)
 	keep := make([][]byte, len(s.bufs))
 	for i, b := range s.bufs {
 		keep[i] = make([]byte, target-gs)

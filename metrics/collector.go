@@ -198,7 +198,7 @@ func newDescs(ns string) descs {
 		kvCommitted:  d("kv_committed_bytes", "Bytes of granules committed in live sequences' ranges, shared mappings included.", cache),
 		kvSaved:      d("kv_saved_by_sharing_bytes", "Bytes live sequences map from a prefix or a parent instead of holding their own.", cache),
 		kvWaits:      d("kv_waits_total", "Appends that had to wait for memory.", cache),
-		kvRefusals:   d("kv_refusals_total", "Growths refused because the memory could not be had (a scheduler's cue to preempt).", cache),
+		kvRefusals:   d("kv_refusals_total", "Operations (growths, forks, starts on a prefix, lookups) refused because the memory could not be had (a scheduler's cue to preempt).", cache),
 		kvUnreleased: d("kv_unreleased_bytes", "Bytes failed releases left held: kept for the cache's Close to retry, or quarantined.", cache),
 
 		pcQueries:      d("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", cache),

@@ -84,7 +84,7 @@ vmarena_kv_used_bytes{cache="llama"} 1.536e+06
 # HELP vmarena_kv_waits_total Appends that had to wait for memory.
 # TYPE vmarena_kv_waits_total counter
 vmarena_kv_waits_total{cache="llama"} 7
-# HELP vmarena_kv_refusals_total Growths refused because the memory could not be had (a scheduler's cue to preempt).
+# HELP vmarena_kv_refusals_total Operations (growths, forks, starts on a prefix, lookups) refused because the memory could not be had (a scheduler's cue to preempt).
 # TYPE vmarena_kv_refusals_total counter
 vmarena_kv_refusals_total{cache="llama"} 5
 # HELP vmarena_kv_unreleased_bytes Bytes failed releases left held: kept for the cache's Close to retry, or quarantined.
