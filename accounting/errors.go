@@ -27,19 +27,32 @@ type BudgetError struct {
 	Requested int64 // bytes asked for
 	Available int64 // bytes free under the limit when the request was refused
 	Limit     int64 // the device's limit then
+	// Held is the part of the request its taker owns already and would use for it
+	// (a pool's idle granules): it takes no budget, so it is not in Requested, but it
+	// counts under the limit, so the request can never fit when Requested + Held
+	// exceeds Limit.
+	Held int64
 }
 
 func (e *BudgetError) Error() string {
-	if e.Requested > e.Limit {
+	switch {
+	case e.Held > 0 && e.exceeds():
+		return fmt.Sprintf("accounting: %v: request of %d bytes (and %d held) exceeds the limit of %d bytes", e.Device, e.Requested, e.Held, e.Limit)
+	case e.exceeds():
 		return fmt.Sprintf("accounting: %v: request of %d bytes exceeds the limit of %d bytes", e.Device, e.Requested, e.Limit)
 	}
 	return fmt.Sprintf("accounting: %v: budget exceeded: requested %d bytes, %d of %d available", e.Device, e.Requested, e.Available, e.Limit)
 }
 
+// exceeds reports whether the request can never fit under the limit.
+func (e *BudgetError) exceeds() bool {
+	return e.Requested > e.Limit || e.Held > e.Limit-e.Requested
+}
+
 // Is reports whether target is ErrBudgetExceeded, or ErrExceedsLimit when the request
-// can never fit.
+// can never fit (Requested + Held exceeds Limit).
 func (e *BudgetError) Is(target error) bool {
-	return target == ErrBudgetExceeded || (target == ErrExceedsLimit && e.Requested > e.Limit)
+	return target == ErrBudgetExceeded || (target == ErrExceedsLimit && e.exceeds())
 }
 
 // CanWait reports whether waiting for memory can cure err: it is a budget refusal

@@ -158,6 +158,24 @@ func (d *device) budgetError(n int64) *BudgetError {
 	return &BudgetError{Device: d.key, Requested: n, Available: avail, Limit: d.limit}
 }
 
+// Refuse counts a refusal on device k and returns its error: a request for requested
+// bytes of budget, of which the taker owns held bytes already (see BudgetError.Held),
+// that the taker checked against the budget itself (Available, Limit) and found can
+// not be covered now. The error carries the device's available bytes and limit now.
+// So the device's Counters.Refusals count every refusal on it, the governor's own and
+// its takers', such as a KV cache that refuses a whole batch step before committing
+// any of it. A negative size panics.
+func (g *Governor) Refuse(k DeviceKey, requested, held int64) *BudgetError {
+	if requested < 0 || held < 0 {
+		panic(fmt.Sprintf("accounting: Refuse of negative size %d (held %d)", requested, held))
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	e := g.dev(k).budgetError(requested)
+	e.Held = held
+	return e
+}
+
 // Authority is a named ledger of owned and mapped bytes on one device.
 type Authority struct {
 	g    *Governor

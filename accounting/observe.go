@@ -62,7 +62,9 @@ type DeviceCounters struct {
 	// WaitsWithin[i] is the Waits that ended within WaitBuckets()[i]; each count
 	// includes the shorter ones.
 	WaitsWithin [NumWaitBuckets]int64
-	// Refusals is the requests refused with a *BudgetError.
+	// Refusals is the requests refused with a *BudgetError: by the governor
+	// (TryAcquire, Acquire) and by takers that check the budget themselves and report
+	// their refusals with Governor.Refuse (a KV cache's refused growths).
 	Refusals int64
 	// Quarantines is the quarantines reported with Authority.Quarantine, and
 	// QuarantinedBytes the bytes they left behind.

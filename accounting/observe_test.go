@@ -132,3 +132,30 @@ func TestWaitBuckets(t *testing.T) {
 		assert.Less(t, b[i-1], b[i])
 	}
 }
+
+// TestRefuse: a refusal a taker decided counts as the governor's own do, and its
+// error carries the device's figures; held bytes make a request that can never fit
+// match ErrExceedsLimit though Requested alone fits.
+func TestRefuse(t *testing.T) {
+	g := accounting.NewGovernor()
+	require.NoError(t, g.SetLimit(accounting.HostKey, 100))
+	a := g.Authority("a", accounting.HostKey)
+	require.NoError(t, a.TryAcquire(70))
+
+	e := g.Refuse(accounting.HostKey, 40, 0)
+	assert.Equal(t, accounting.BudgetError{Device: accounting.HostKey, Requested: 40, Available: 30, Limit: 100}, *e)
+	assert.True(t, accounting.CanWait(e))
+	assert.Equal(t, int64(1), g.Stats(accounting.HostKey).Counters.Refusals)
+
+	e = g.Refuse(accounting.HostKey, 40, 70)
+	assert.ErrorIs(t, e, accounting.ErrExceedsLimit, "40 more on top of 70 held can never fit under 100")
+	assert.False(t, accounting.CanWait(e))
+	assert.Contains(t, e.Error(), "request of 40 bytes (and 70 held) exceeds the limit of 100 bytes")
+	e = g.Refuse(accounting.HostKey, 40, 60)
+	assert.NotErrorIs(t, e, accounting.ErrExceedsLimit, "exactly the limit fits")
+	assert.Equal(t, int64(3), g.Stats(accounting.HostKey).Counters.Refusals)
+
+	assert.Panics(t, func() { g.Refuse(accounting.HostKey, -1, 0) })
+	assert.Panics(t, func() { g.Refuse(accounting.HostKey, 1, -1) })
+	a.Release(70)
+}

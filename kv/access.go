@@ -6,50 +6,18 @@ import (
 	"github.com/vmarena/vmarena/arena"
 )
 
-// locate returns the range and byte offset of token t of layer's K or V tensor.
-func (s *Sequence) locate(layer int, kind Kind, t int) (buffer, int, error) {
-	g := s.c.cfg.Geometry
-	i, off, ok := s.c.tensor(g, layer, kind)
-	if !ok || t < 0 || t >= s.n {
-		return nil, 0, fmt.Errorf("%w: layer %d %v token %d of %d layers × %d tokens", ErrRange, layer, kind, t, g.Layers, s.n)
-	}
-	return s.bufs[i], s.c.offset(off, t), nil
-}
-
 // WriteToken copies src (TokenBytes long) into token t of layer's K or V tensor, on
-// any backing and layout. Writing a token below Writable, which lies (wholly or in
-// part) in memory shared with a prefix or a fork, is refused with ErrReadOnly.
+// any backing and layout: WriteTokens(layer, kind, t, t+1, src). Writing a token below
+// Writable, which lies (wholly or in part) in memory shared with a prefix or a fork,
+// is refused with ErrReadOnly.
 func (s *Sequence) WriteToken(layer int, kind Kind, t int, src []byte) error {
-	if err := s.usable(); err != nil {
-		return err
-	}
-	if len(src) != s.c.cfg.Geometry.TokenBytes() {
-		return fmt.Errorf("%w: token of %d bytes, want %d", ErrRange, len(src), s.c.cfg.Geometry.TokenBytes())
-	}
-	buf, off, err := s.locate(layer, kind, t)
-	if err != nil {
-		return err
-	}
-	if w := s.Writable(); t < w {
-		return fmt.Errorf("%w: token %d of sequence %d (tokens below %d are shared)", ErrReadOnly, t, s.id, w)
-	}
-	s.beforeWrite(t)
-	return buf.writeAt(off, src)
+	return s.WriteTokens(layer, kind, t, t+1, src)
 }
 
-// ReadToken copies token t of layer's K or V tensor into dst (TokenBytes long).
+// ReadToken copies token t of layer's K or V tensor into dst (TokenBytes long):
+// ReadTokens(layer, kind, t, t+1, dst).
 func (s *Sequence) ReadToken(layer int, kind Kind, t int, dst []byte) error {
-	if err := s.usable(); err != nil {
-		return err
-	}
-	if len(dst) != s.c.cfg.Geometry.TokenBytes() {
-		return fmt.Errorf("%w: token of %d bytes, want %d", ErrRange, len(dst), s.c.cfg.Geometry.TokenBytes())
-	}
-	buf, off, err := s.locate(layer, kind, t)
-	if err != nil {
-		return err
-	}
-	return buf.readAt(off, dst)
+	return s.ReadTokens(layer, kind, t, t+1, dst)
 }
 
 // Writable returns the first token that may be written: tokens below it lie in
@@ -156,8 +124,11 @@ func View[T arena.Elem](s *Sequence, layer int, kind Kind) (arena.Tensor[T], err
 		shape = []int{s.n, g.KVHeads, hd}
 		strides = []int{s.c.row / size, hd, 1}
 	}
-	// NB: the tensor's memory starts at its own base, so that an empty sequence (whose
-	// range has no bytes in use) still has a view there.
-	mem := layerMemory{buf: s.bufs[i], off: off}
-	return arena.NewTensorStrided[T](mem, 0, shape, strides)
+	// NB: a range is one pointer wide in an interface, so a view on it at off
+	// allocates nothing; only an empty range (Len 0, below off) needs memory that
+	// starts at the tensor's own base, so that an empty sequence still has a view there.
+	if buf := s.bufs[i]; off <= buf.Len() {
+		return arena.NewTensorStrided[T](buf, off, shape, strides)
+	}
+	return arena.NewTensorStrided[T](layerMemory{buf: s.bufs[i], off: off}, 0, shape, strides)
 }

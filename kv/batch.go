@@ -102,17 +102,33 @@ func (c *Cache) idle() int64 {
 // budget returns a *accounting.BudgetError when need bytes of granules can not be
 // had now: more than the device's whole limit (it matches ErrExceedsLimit then), or,
 // less the pool's idle granules, more than is free under the limit plus credit (bytes
-// already waited for).
-func (c *Cache) budget(need, credit int64) error {
+// already waited for). Its Requested is always the net figure, as Need says it; Held
+// is the idle granules the growth would use. It counts nothing: a caller that refuses
+// on it counts the refusal with refuse.
+func (c *Cache) budget(need, credit int64) *accounting.BudgetError {
 	limit := c.gov.Limit(c.dev)
 	avail := c.gov.Available(c.dev)
-	if need > limit {
-		return &accounting.BudgetError{Device: c.dev, Requested: need, Available: avail, Limit: limit}
-	}
-	if net := max(need-c.idle(), 0); net > avail+credit {
-		return &accounting.BudgetError{Device: c.dev, Requested: net, Available: avail, Limit: limit}
+	held := min(c.idle(), need)
+	if net := need - held; need > limit || net > avail+credit {
+		return &accounting.BudgetError{Device: c.dev, Requested: net, Available: avail, Limit: limit, Held: held}
 	}
 	return nil
+}
+
+// refuse counts a refusal that budget decided, in the cache's Stats and in the
+// governor's counters (accounting.Governor.Refuse), and returns its error.
+func (c *Cache) refuse(be *accounting.BudgetError) error {
+	c.refusals.Add(1)
+	return c.gov.Refuse(c.dev, be.Requested, be.Held)
+}
+
+// refused counts err in the cache's Stats when it is a refusal for memory that the
+// backing made (the governor counted it already), and returns it.
+func (c *Cache) refused(err error) error {
+	if errors.Is(err, accounting.ErrBudgetExceeded) {
+		c.refusals.Add(1)
+	}
+	return err
 }
 
 // appendBatch is AppendBatch with credit bytes already waited for (see wait).
@@ -124,12 +140,11 @@ func (c *Cache) appendBatch(batch []Growth, credit int64) error {
 	if need > 0 {
 		// Refuse what can not fit before committing any of it: a commit rolled back
 		// would leave fresh granules idle in a pool, holding budget.
-		if err := c.budgetOrEvict(need, credit); err != nil {
-			c.refusals.Add(1)
-			return err
+		if be := c.budgetOrEvict(need, credit); be != nil {
+			return c.refuse(be)
 		}
 	}
-	return c.grow(batch, need > 0)
+	return c.refused(c.grow(batch, need > 0))
 }
 
 // grow resizes the ranges of the batch's sequences that need new granules, all or
@@ -151,6 +166,7 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 			defer mu.Unlock()
 		}
 		target := c.extent(s.n + g.Tokens)
+		s.pre = s.bufs[0].Committed() // the ranges are alike (see publish)
 		for j, b := range s.bufs {
 			if err := b.Resize(target); err != nil {
 				return c.rollback(batch[:i], s, j, idle, commits, err)
@@ -171,10 +187,10 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 }
 
 // rollback undoes a failed grow: the first k ranges of s and every range of the
-// sequences of done that it resized (grew) go back to their sequences' lengths; the
-// others keep what they hold (a sequence that took over an entry's ranges holds
-// granules past its tokens). A range that can not go back damages its sequence
-// (it must be closed). The granules the undone part took went idle in the pool: what
+// sequences of done that it resized (grew) go back to what they committed before the
+// step (pre), which may be more than their tokens take (a sequence that took over an
+// entry's ranges holds granules past its tokens), so that a sequence's ranges stay
+// alike. A range that can not go back damages its sequence (it must be closed). The granules the undone part took went idle in the pool: what
 // the pool did not hold before is given back, so the refusal holds no budget; if the
 // pool can not give them back, the error says so too (they stay idle in the pool,
 // where the next commit or a Trim finds them).
@@ -183,7 +199,7 @@ func (c *Cache) rollback(done []Growth, s *Sequence, k int, idle int64, commits 
 	undo := func(q *Sequence, bufs []buffer) {
 		var qerrs []error
 		for _, b := range bufs {
-			if err := b.Resize(c.extent(q.n)); err != nil {
+			if err := b.Resize(q.pre); err != nil {
 				qerrs = append(qerrs, err)
 			}
 		}

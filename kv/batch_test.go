@@ -162,7 +162,7 @@ func TestAppendBatchFaultInjection(t *testing.T) {
 					closeAll(t, seqs...)
 					assert.Zero(t, fx.pool.Stats().Owned, "call %d", n)
 					assert.Zero(t, fx.pool.Stats().Mapped, "call %d", n)
-					assert.Equal(t, kv.Stats{}, c.Stats(), "call %d", n)
+					assert.Equal(t, kv.Stats{}, holdings(c), "call %d", n)
 				}
 			}
 		})

@@ -304,16 +304,20 @@ type Stats struct {
 	Owned  int64
 	Mapped int64
 	Waits  int64 // waiting appends (AppendCtx, AppendBatchCtx) that had to wait
+	// Refusals is the operations refused because the memory could not be had since
+	// the cache was made (Append, AppendBatch and each try of a waiting one; ForkAt,
+	// Freeze, NewSequenceFrom, PrefixCache.Lookup, and the copy a prefix cache entry
+	// makes of an inserted sequence's tokens before they change): a scheduler's cue to
+	// preempt.
+	// It only grows. Each refusal counts in the governor's Counters.Refusals of the
+	// device too, whether the cache refused it before committing anything
+	// (accounting.Governor.Refuse) or the governor refused a commit.
+	Refusals int64
 	// Unreleased is the bytes that failed releases left held: ranges the cache keeps
 	// and retries on Close, and what a backing quarantined for good. Owned includes
 	// them.
 	Unreleased int64
 }
-
-// Refusals returns the growths (Append, AppendBatch, and each try of a waiting one)
-// refused because the memory could not be had since the cache was made: a
-// scheduler's cue to preempt. It only grows.
-func (c *Cache) Refusals() int64 { return c.refusals.Load() }
 
 // ledger returns the authority that owns the cache's physical memory.
 func (c *Cache) ledger() *accounting.Authority { return c.auth }
@@ -330,6 +334,7 @@ func (c *Cache) Stats() Stats {
 		st.Shared += s.sharedIn.Load()
 	}
 	st.Waits = c.waits
+	st.Refusals = c.refusals.Load()
 	st.Unreleased = c.lost
 	for _, b := range c.orphans {
 		st.Unreleased += int64(b.Committed())

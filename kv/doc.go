@@ -17,8 +17,13 @@
 // decoding). Sharing needs a backing that implements backing.Sharer and owns its
 // memory (host.Shared, cuda).
 //
+// Tokens are reached by [View] (a layer's tensor), by [Run] (its contiguous runs, on
+// the host) and by [Sequence.ReadTokens] and [Sequence.WriteTokens] (a bulk copy out
+// and in, on any backing; ReadToken and WriteToken are their one-token forms); Base
+// and the strides are for kernels.
+//
 // Shared tokens are never written: writes go only to a sequence's own tail
-// ([Sequence.Writable] says where it starts). [Sequence.WriteToken] refuses anything
+// ([Sequence.Writable] says where it starts). [Sequence.WriteTokens] refuses anything
 // below with [ErrReadOnly], and truncating into a shared granule replaces it with a
 // private copy of the kept tokens rather than writing into it. The sharers map shared
 // granules read-only; on a backing that can change access in place
@@ -52,10 +57,12 @@
 // granules as memory it gives back); eviction takes the last granules of the least
 // recently used leaf (the leaf whole, in one release, when the need covers all of its
 // own), and only ones that give memory back (held by that entry alone, mapped by no live sequence): page-aware,
-// since a granule any other holder maps frees nothing. It runs before an append is
-// refused, whenever a request on the device waits for memory (the prefix cache's
-// reclaimer, see accounting.Authority.SetReclaimer), and to keep under
-// PrefixCacheOptions.MaxBytes; a [PrefixPin] holds a prefix against all three. A
+// since a granule any other holder maps frees nothing. It runs before any operation
+// that commits granules is refused (an append, a fork, a freeze, a start on a prefix,
+// a lookup's copied tail), whenever a request on the device waits for memory (the
+// prefix cache's reclaimer, see accounting.Authority.SetReclaimer), to keep under
+// PrefixCacheOptions.MaxBytes, and on request ([PrefixCache.Evict]); a [PrefixPin]
+// holds a prefix against all of them. A
 // lookup that misses, for a prompt whose granules the budget can not hold, evicts
 // ahead of that growth: when the least recently used entry fits in the prompt's
 // granules, holds every one of its granules alone (no other entry or live sequence
@@ -142,7 +149,15 @@
 // nothing. [Cache.AppendBatch] grows a whole batch of sequences, each by its own
 // count, all or nothing: the step of a scheduler loop, which preempts a sequence on a
 // refusal (see ExampleCache_AppendBatch). [Sequence.Need] and [Cache.Need] say what a
-// growth would take now, the pool's idle granules counted.
+// growth would take now, the pool's idle granules counted, [Sequence.ForkNeed] what a
+// fork or freeze would, and [PrefixCache.Need] what serving a prompt would; a
+// scheduler admits what fits in [Cache.Headroom], the governor's free bytes plus what
+// evicting cached prefixes would give back. Every operation that commits granules
+// (appends, forks, freezes, starts on a prefix, lookups) evicts cached prefixes before
+// it refuses for budget; [PrefixCache.Evict] evicts on request. [PrefixCache.Match]
+// says what a lookup would match and changes nothing; Lookup is the admission, and
+// counts the queries of the prefix cache's hit rate. Every refusal counts in
+// Stats.Refusals and in the governor's refusals of the device.
 //
 // Waiting lives in one place, the governor's FIFO queue of the device:
 // [Cache.AppendBatchCtx] and [Sequence.AppendCtx] wait there for the whole step's

@@ -22,15 +22,17 @@ type server struct {
 	running []*request
 }
 
-// admit starts waiting requests, oldest first, while their prompts fit now.
-func (sv *server) admit(gov *accounting.Governor) error {
+// admit starts waiting requests, oldest first, while their prompts fit now: what a
+// prompt needs (Need, the pool's idle granules counted) against the cache's Headroom
+// (the governor's free bytes and what eviction of cached prefixes would give back).
+func (sv *server) admit() error {
 	for len(sv.waiting) > 0 {
 		r := sv.waiting[0]
 		s, err := sv.cache.NewSequence()
 		if err != nil {
 			return err
 		}
-		if need, err := s.Need(r.prompt); err != nil || need > gov.Available(accounting.HostKey) {
+		if need, err := s.Need(r.prompt); err != nil || need > sv.cache.Headroom() {
 			s.Close()
 			return err // nil: no room now; try again after a step
 		}
@@ -115,7 +117,7 @@ func ExampleCache_AppendBatch() {
 	}
 	steps, done, preempted := 0, 0, 0
 	for len(sv.waiting)+len(sv.running) > 0 {
-		if err := sv.admit(gov); err != nil {
+		if err := sv.admit(); err != nil {
 			panic(err)
 		}
 		p, err := sv.step()

@@ -123,12 +123,3 @@ func TestTypedViewsIntegrity(t *testing.T) {
 		})
 	}
 }
-
-// viewIndex returns the index of element [tok, h, d] of a layer's view of s: in the
-// Blocked layout, token tok is token tok % BlockTokens of block tok / BlockTokens.
-func viewIndex(s *kv.Sequence, tok, h, d int) []int {
-	if bt := s.BlockTokens(); bt > 0 {
-		return []int{tok / bt, tok % bt, h, d}
-	}
-	return []int{tok, h, d}
-}

@@ -186,6 +186,19 @@ func (sh *shape) offset(off, t int) int {
 	return off + t*sh.row
 }
 
+// run returns the tokens of the contiguous run of a tensor that starts at token t
+// (before the sequence's length cuts it): to the end of t's block in the Blocked
+// layout, unbounded in PerLayer, one token in PerSequence.
+func (sh *shape) run(t int) int {
+	switch sh.layout {
+	case Blocked:
+		return sh.tpb - t%sh.tpb
+	case PerLayer:
+		return math.MaxInt
+	}
+	return 1
+}
+
 // copyTail copies the tokens of src's range past its whole sharing units below n
 // tokens into dst's, which must hold extent(n) bytes.
 func (sh *shape) copyTail(dst, src buffer, n int) error {

@@ -14,11 +14,15 @@ type evictReason uint8
 const (
 	evictForGrowth evictReason = iota // the cache's own growth was short of budget
 	evictForWaiter                    // a request on the device waits (the reclaimer)
+	evictForCaller                    // PrefixCache.Evict
 )
 
 func (r evictReason) String() string {
-	if r == evictForWaiter {
+	switch r {
+	case evictForWaiter:
 		return "waiter"
+	case evictForCaller:
+		return "caller"
 	}
 	return "growth"
 }

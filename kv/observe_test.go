@@ -55,13 +55,13 @@ func TestRefusals(t *testing.T) {
 	seqs := newSeqs(t, c, 2)
 	require.NoError(t, seqs[0].Append(8)) // 1 granule per tensor
 	require.NoError(t, c.AppendBatch([]kv.Growth{{seqs[1], 8}}))
-	assert.Zero(t, c.Refusals())
+	assert.Zero(t, c.Stats().Refusals)
 
 	require.ErrorIs(t, seqs[0].Append(1), accounting.ErrBudgetExceeded)
 	require.ErrorIs(t, c.AppendBatch([]kv.Growth{{seqs[0], 1}, {seqs[1], 1}}), accounting.ErrBudgetExceeded)
 	require.ErrorIs(t, seqs[0].Append(100), kv.ErrTooLong, "not a refusal for memory")
 	require.NoError(t, seqs[0].Append(0))
-	assert.Equal(t, int64(2), c.Refusals())
+	assert.Equal(t, int64(2), c.Stats().Refusals)
 	closeAll(t, seqs...)
 }
 

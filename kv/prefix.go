@@ -164,6 +164,8 @@ func (p *Prefix) unref() {
 // blocks in the Blocked layout) are mapped read-only into it (owned once, whatever
 // maps them), and the tokens past them are copied into the sequence's own granule
 // (block). The sequence holds a reference to p until it is closed. It MUST be closed.
+// When the copied tail's granules can not be had, it evicts cached prefixes before it
+// refuses with an *accounting.BudgetError, as ForkAt does.
 func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 	if p == nil {
 		panic(PanicNilPrefix)
@@ -174,14 +176,23 @@ func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 	if !p.ref() {
 		panic(PanicPrefixReleased)
 	}
-	s, err := c.newSequence()
-	if err != nil {
+	if err := c.shareBudget(p.tokens); err != nil {
 		p.unref()
 		return nil, err
 	}
-	full, err := c.shareInto(s.bufs, p.bufs, p.tokens)
+	var full int
+	s, err := evicting(c, func() (*Sequence, error) {
+		s, err := c.newSequence()
+		if err != nil {
+			return nil, err
+		}
+		full, err = c.shareInto(s.bufs, p.bufs, p.tokens)
+		if err != nil {
+			return nil, errors.Join(err, c.abandon(s))
+		}
+		return s, nil
+	})
 	if err != nil {
-		err = errors.Join(err, c.abandon(s))
 		p.unref()
 		return nil, err
 	}

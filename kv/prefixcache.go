@@ -197,7 +197,10 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 // is never matched (a server computes it again for its logits), so the match is at
 // most len(tokens)-1; with no match the sequence is empty. The caller appends and
 // writes the rest of the prompt from there. It counts len(tokens) queries and the
-// match as hits. When the copied tail can not be had within the budget, cached
+// match as hits: Lookup is the admission of a request, called once per request
+// admitted, so that Stats' hit rate is the admitted requests' (a scheduler that
+// may not admit asks Match, Need and Cache.Headroom first, which count nothing).
+// When the copied tail can not be had within the budget, cached
 // prefixes are evicted first; if still refused, the error matches
 // accounting.ErrBudgetExceeded and nothing changed. On a miss that the budget can not
 // hold the prompt's granules for, the least recently used entry may leave the index
@@ -213,8 +216,7 @@ func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
 	}
 	pc.working.Add(1)
 	defer pc.working.Done()
-	limit := min(max(len(tokens)-1, 0), pc.c.cfg.MaxTokens)
-	m, node := pc.tree.Match(tokens[:limit])
+	m, node := pc.tree.Match(tokens[:pc.matchable(tokens)])
 	var e *pcEntry
 	// The granules the new sequence will map count as mapped by a live sequence from
 	// now on, so that eviction does not count on them.
@@ -352,22 +354,20 @@ func (pc *PrefixCache) capLocked() []*pcEntry {
 }
 
 // startOn starts a sequence on src's first n tokens (an entry's, or an inserted
-// sequence's), evicting cached prefixes and trying again once when the budget refuses
-// the copied tail. An inserted sequence's shared bytes become frozen (WriteToken
+// sequence's), evicting cached prefixes before the budget refuses the copied tail
+// (shareBudget, evicting). An inserted sequence's shared bytes become frozen (WriteToken
 // refuses them).
 func (pc *PrefixCache) startOn(src *Sequence, n int, entry bool) (*Sequence, error) {
-	start := func(n int) (*Sequence, error) {
+	if err := pc.c.shareBudget(n); err != nil {
+		return nil, err
+	}
+	return evicting(pc.c, func() (*Sequence, error) {
 		q, err := pc.c.startOn(src, n)
 		if err == nil && !entry {
 			src.frozen = max(src.frozen, q.frozen)
 		}
 		return q, err
-	}
-	s, err := start(n)
-	if err != nil && errors.Is(err, accounting.ErrBudgetExceeded) && pc.evictFor(pc.gbytes, evictForGrowth) > 0 {
-		s, err = start(n)
-	}
-	return s, err
+	})
 }
 
 // startOn returns a new sequence holding src's first n tokens: the whole granules
@@ -389,8 +389,8 @@ func (c *Cache) startOn(src *Sequence, n int) (*Sequence, error) {
 	return s, nil
 }
 
-// Insert adds the first len(tokens) tokens of s (at most s.Len()), whose IDs are
-// tokens, to the cache, so that later lookups can start on them; tokens the cache
+// Insert adds the first len(tokens) tokens of s, whose IDs are tokens, to the cache
+// (more tokens than s holds fail with ErrRange and change nothing), so that later lookups can start on them; tokens the cache
 // holds already are left as they are. It is bookkeeping only: the new entry refers to
 // s's granules (see the package doc's "Prefix caching"). s's whole granules below
 // them become shared: below s.Writable from then on, refused by WriteToken, and they
@@ -418,8 +418,10 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	if s.pcl != nil && s.pcl.pc != pc {
 		return fmt.Errorf("%w: the sequence maps granules of an earlier prefix cache, closed since", ErrConfig)
 	}
-	n := min(s.n, len(tokens))
-	tokens = tokens[:n]
+	if len(tokens) > s.n {
+		return fmt.Errorf("%w: insert of %d tokens from a sequence of %d", ErrRange, len(tokens), s.n)
+	}
+	n := len(tokens)
 	frozen := s.frozen // before the entry shares more of s
 	pc.mu.Lock()
 	if pc.closed {
@@ -490,8 +492,9 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	s.frozen = max(s.frozen, full*pc.c.unit)
 	if displaced {
 		// The new entry holds the old one's tokens (and maps its granules, where s
-		// did): the old one goes, giving back only its own tail.
-		if d := pc.unhold(old); d != nil {
+		// did): the old one goes, giving back only its own tail. That is no
+		// eviction: the tokens stay cached.
+		if _, d := pc.unhold(old); d != nil {
 			drop = append(drop, d)
 		}
 	}
@@ -635,7 +638,7 @@ func (pc *PrefixCache) materialize(s *Sequence, t int) {
 func (pc *PrefixCache) detach(e *pcEntry) []*pcEntry {
 	pc.evictedTokens += int64(e.leaf.Depth() - e.leaf.Parent().Depth())
 	pc.removeDamaged(e)
-	if d := pc.unhold(e); d != nil {
+	if _, d := pc.evict(e); d != nil {
 		return []*pcEntry{d}
 	}
 	return nil
@@ -664,22 +667,31 @@ func (pc *PrefixCache) release(g *granuleRef) int64 {
 }
 
 // unhold drops every granule e holds from the counts and marks it out of the index.
-// It returns e for the caller to close once pc.mu is released, or nil when a lookup
-// maps from it now (that lookup closes it). pc.mu is held.
-func (pc *PrefixCache) unhold(e *pcEntry) *pcEntry {
+// It returns the physical bytes that came back (granules no other entry or live
+// sequence maps), which an eviction counts in EvictedBytes and a displacement by a
+// longer entry does not, and e for the caller to close once pc.mu is released, or nil
+// when a lookup maps from it now (that lookup closes it). pc.mu is held.
+func (pc *PrefixCache) unhold(e *pcEntry) (int64, *pcEntry) {
 	var freed int64
 	for _, g := range e.grefs {
 		freed += pc.release(g)
 	}
-	pc.evictedBytes += freed
 	e.grefs = nil
 	e.closed = true
 	e.origin, e.tail = nil, nil // a lazy entry refers to nothing from now on
 	pc.entries--
 	if e.busy > 0 {
-		return nil
+		return freed, nil
 	}
-	return e
+	return freed, e
+}
+
+// evict is unhold for an entry that eviction takes out of the index: what comes back
+// counts in EvictedBytes. pc.mu is held.
+func (pc *PrefixCache) evict(e *pcEntry) (int64, *pcEntry) {
+	freed, d := pc.unhold(e)
+	pc.evictedBytes += freed
+	return freed, d
 }
 
 // adopt, as s closes, makes an entry made from s hold s's own ranges rather than
@@ -937,25 +949,7 @@ func (pc *PrefixCache) Stats() PrefixCacheStats {
 		EvictedTokens: pc.evictedTokens, Evictions: pc.evictions, EvictedBytes: pc.evictedBytes,
 		Entries: pc.entries, CachedBytes: pc.cachedGranules * pc.gbytes,
 	}
-	pinned := map[*granuleRef]struct{}{}
-	pc.tree.EachLeaf(func(leaf *radix.Node[*pcEntry]) bool {
-		for _, g := range leaf.Value().grefs {
-			if g.live > 0 {
-				pinned[g] = struct{}{}
-			}
-		}
-		// Each pinned node on the leaf's path pins its tokens' granules.
-		for n := leaf; n != nil && n.Parent() != nil; n = n.Parent() {
-			if n.Pinned() {
-				for _, g := range leaf.Value().grefs[:pc.c.unitsFor(n.Depth())] {
-					pinned[g] = struct{}{}
-				}
-				break
-			}
-		}
-		return true
-	})
-	st.PinnedBytes = int64(len(pinned)) * pc.gbytes
+	st.PinnedBytes = pc.pinnedLocked() * pc.gbytes
 	st.CachedTokens = pc.tree.Tokens()
 	return st
 }
@@ -982,7 +976,7 @@ func (pc *PrefixCache) Close() error {
 		return true
 	})
 	for _, e := range drop {
-		pc.unhold(e)
+		pc.evict(e)
 	}
 	pc.tree = radix.New[*pcEntry]()
 	pc.ev.clear()

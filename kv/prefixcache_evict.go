@@ -21,16 +21,15 @@ const (
 
 // budgetOrEvict is budget that, before it refuses, evicts cached prefixes no live
 // sequence maps to make up the shortfall.
-func (c *Cache) budgetOrEvict(need, credit int64) error {
-	err := c.budget(need, credit)
-	var be *accounting.BudgetError
-	if err == nil || !errors.As(err, &be) || errors.Is(err, accounting.ErrExceedsLimit) {
-		return err
+func (c *Cache) budgetOrEvict(need, credit int64) *accounting.BudgetError {
+	be := c.budget(need, credit)
+	if be == nil || errors.Is(be, accounting.ErrExceedsLimit) {
+		return be
 	}
 	if pc := c.pc.Load(); pc != nil && pc.evictFor(be.Requested-be.Available-credit, evictForGrowth) > 0 {
 		return c.budget(need, credit)
 	}
-	return err
+	return be
 }
 
 // evictFor evicts cached granules that give back physical memory, leaf-first and
@@ -165,9 +164,7 @@ func (pc *PrefixCache) evictGranules(leaf *radix.Node[*pcEntry], k int) (int64, 
 		pc.tree.Remove(leaf)
 		pc.evictedTokens += int64(depth - p.Depth())
 		pc.evictions += int64(len(e.grefs))
-		before := pc.evictedBytes
-		d := pc.unhold(e)
-		return pc.evictedBytes - before, d
+		return pc.evict(e)
 	default:
 		// The parent is pinned and this is its only child: it becomes the leaf.
 		pc.tree.Remove(leaf)
@@ -190,9 +187,7 @@ func (pc *PrefixCache) shrink(e *pcEntry, depth, n int) (int64, *pcEntry) {
 		// entry leaves the index whole.
 		pc.evictedTokens += int64(e.leaf.Depth() - e.leaf.Parent().Depth())
 		pc.removeDamaged(e)
-		before := pc.evictedBytes
-		d := pc.unhold(e)
-		return pc.evictedBytes - before, d
+		return pc.evict(e)
 	}
 	if e.seq != nil {
 		e.n, e.seq.n = n, n
@@ -241,7 +236,7 @@ func (pc *PrefixCache) spareLocked(tokens int) *Sequence {
 		return nil
 	}
 	need := int64(pc.c.unitsFor(tokens)) * pc.gbytes
-	if err := pc.c.budget(need, 0); err == nil || errors.Is(err, accounting.ErrExceedsLimit) {
+	if be := pc.c.budget(need, 0); be == nil || errors.Is(be, accounting.ErrExceedsLimit) {
 		return nil
 	}
 	leaf := pc.victim(true)
@@ -270,7 +265,7 @@ func (pc *PrefixCache) spareLocked(tokens int) *Sequence {
 	pc.ev.sync(pc.tree, path)
 	pc.evictedTokens += int64(leaf.Depth() - p.Depth())
 	pc.evictions += int64(len(e.grefs))
-	pc.unhold(e) // every granule comes back: counted in EvictedBytes
+	pc.evict(e) // every granule comes back: counted in EvictedBytes
 	e.seq = nil
 	return es
 }

@@ -298,7 +298,9 @@ func TestPrefixCacheBadInputs(t *testing.T) {
 	assert.Zero(t, m)
 	require.NoError(t, s.Append(3))
 	require.NoError(t, pc.Insert(s, []int32{1, 2}), "tokens shorter than the sequence: the first ones")
-	require.NoError(t, pc.Insert(s, []int32{1, 2, 3, 4, 5}), "tokens longer than the sequence: as many as it holds")
+	assert.ErrorIs(t, pc.Insert(s, []int32{1, 2, 3, 4, 5}), kv.ErrRange, "more tokens than the sequence holds")
+	assert.Equal(t, int64(2), pc.Stats().InsertedTokens, "the refused insert changed nothing")
+	require.NoError(t, pc.Insert(s, []int32{1, 2, 3}))
 	s2, m, err := pc.Lookup([]int32{1, 2, 3, 9})
 	require.NoError(t, err)
 	assert.Equal(t, 3, m)
@@ -383,7 +385,7 @@ func TestPrefixCacheConcurrent(t *testing.T) {
 			assert.Equal(t, st.CachedBytes, fx.pool.Stats().Owned, "the ledger holds exactly the cache")
 			require.NoError(t, pc.Close())
 			assert.Zero(t, fx.pool.Stats().Owned)
-			assert.Equal(t, kv.Stats{}, c.Stats())
+			assert.Equal(t, kv.Stats{}, holdings(c))
 		})
 	}
 }

@@ -44,6 +44,7 @@ type Sequence struct {
 	err    error  // set when damaged
 	mark   uint64 // the last batch of the cache that named it (see Cache.check)
 	grew   bool   // the running batch step resized its ranges (see Cache.grow)
+	pre    int    // while grew: the bytes each range committed before the step
 	closed bool
 	pcl    *pcLive // what it maps of a PrefixCache's granules, or nil
 	// guarded: protect made some of its own bytes read-only in its ranges once (a
@@ -139,7 +140,8 @@ func (s *Sequence) need(tokens int) int64 {
 // giving back the granules wholly past n. Truncating into memory shared with a prefix
 // or a fork never writes into it: the partly kept shared granule is replaced by one of
 // the sequence's own holding a copy of the kept tokens. That replacement needs a new
-// granule per range; if it can not be had, the sequence is left holding the whole
+// granule per range (cached prefixes are evicted first where the budget can not hold
+// them); if it can not be had, the sequence is left holding the whole
 // tokens below that granule and the error says how many (or, where a token straddles
 // the granule boundary, the sequence is damaged and must be closed).
 func (s *Sequence) Truncate(n int) error {
@@ -173,7 +175,10 @@ func (s *Sequence) Truncate(n int) error {
 		return nil
 	}
 	// The new frontier lies inside a shared granule: copy its kept part out, unmap it,
-	// commit an own granule and copy back.
+	// commit an own granule and copy back. Cached prefixes go first where the budget
+	// can not hold that granule now, as before any refusal.
+	own, _ := backing.AlignUp(target, s.c.gran)
+	s.c.budgetOrEvict(int64(len(s.bufs))*int64(own-gs), 0)
 	keep := make([][]byte, len(s.bufs))
 	for i, b := range s.bufs {
 		keep[i] = make([]byte, target-gs)
@@ -253,7 +258,9 @@ func (s *Sequence) Fork() (*Sequence, error) {
 // and on a backing that can protect memory in place (backing.Protector) s's own
 // mapping of them becomes read-only too, so that a stray write through Bytes or a
 // View faults in either rather than reach the other. The new sequence MUST be closed.
-// It fails with ErrRange for n outside [0, Len] and changes nothing on any error.
+// It fails with ErrRange for n outside [0, Len] and changes nothing on any error;
+// when the copied tail's granules can not be had (ForkNeed says how many bytes they
+// take), it evicts cached prefixes before it refuses with an *accounting.BudgetError.
 func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
@@ -264,16 +271,26 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	if n < 0 || n > s.n {
 		return nil, fmt.Errorf("%w: fork at %d of %d tokens", ErrRange, n, s.n)
 	}
-	child, err := s.c.newSequence()
-	if err != nil {
+	if err := s.c.shareBudget(n); err != nil {
 		return nil, err
 	}
-	full, err := s.c.shareInto(child.bufs, s.bufs, n)
-	if err == nil {
-		err = s.protect(full)
-	}
+	var full int
+	child, err := evicting(s.c, func() (*Sequence, error) {
+		child, err := s.c.newSequence()
+		if err != nil {
+			return nil, err
+		}
+		full, err = s.c.shareInto(child.bufs, s.bufs, n)
+		if err == nil {
+			err = s.protect(full)
+		}
+		if err != nil {
+			return nil, errors.Join(err, s.c.abandon(child))
+		}
+		return child, nil
+	})
 	if err != nil {
-		return nil, errors.Join(err, s.c.abandon(child))
+		return nil, err
 	}
 	child.n = n
 	child.frozen = full
@@ -349,7 +366,8 @@ func (c *Cache) shareInto(dst, src []buffer, n int) (int, error) {
 // read-only, so a stray write faults). The caller holds one reference and MUST
 // Release it; the prefix's memory is freed with its last user. On error nothing
 // changed, except that what could not be given back is reported in the error and in
-// Stats.Unreleased.
+// Stats.Unreleased. Its budget is ForkNeed(p)'s, and it evicts cached prefixes before
+// it refuses for budget, as ForkAt does.
 func (s *Sequence) Freeze(p int) (*Prefix, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
@@ -360,18 +378,28 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 	if p < 0 || p > s.n {
 		return nil, fmt.Errorf("%w: freeze %d of %d tokens", ErrRange, p, s.n)
 	}
-	capacity, _ := backing.AlignUp(s.c.extent(p), s.c.gran)
-	bufs, err := s.c.newBuffers(max(capacity, s.c.gran))
-	if err != nil {
+	if err := s.c.shareBudget(p); err != nil {
 		return nil, err
 	}
-	full, err := s.c.shareInto(bufs, s.bufs, p)
-	if err == nil {
-		err = s.protect(full)
-	}
+	capacity, _ := backing.AlignUp(s.c.extent(p), s.c.gran)
+	var full int
+	bufs, err := evicting(s.c, func() ([]buffer, error) {
+		bufs, err := s.c.newBuffers(max(capacity, s.c.gran))
+		if err != nil {
+			return nil, err
+		}
+		full, err = s.c.shareInto(bufs, s.bufs, p)
+		if err == nil {
+			err = s.protect(full)
+		}
+		if err != nil {
+			err = errors.Join(err, releaseError(s.c.release(bufs)))
+			s.c.notify()
+			return nil, err
+		}
+		return bufs, nil
+	})
 	if err != nil {
-		err = errors.Join(err, releaseError(s.c.release(bufs)))
-		s.c.notify()
 		return nil, err
 	}
 	pr := &Prefix{c: s.c, bufs: bufs, tokens: p, refs: 1, creator: true}

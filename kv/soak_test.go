@@ -171,7 +171,7 @@ func soak(t *testing.T, e *env, requests int) {
 	// retry, and is reported: Unreleased is exactly what is still mapped.
 	st = e.c.Stats()
 	assert.Equal(t, st.Unreleased, st.Mapped, "mapped after every close vs reported unreleased")
-	st.Owned, st.Mapped, st.Waits, st.Unreleased = 0, 0, 0, 0
+	st.Owned, st.Mapped, st.Waits, st.Refusals, st.Unreleased = 0, 0, 0, 0, 0
 	assert.Equal(t, kv.Stats{}, st, "everything closed")
 }
 

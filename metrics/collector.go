@@ -20,14 +20,10 @@ const DefaultNamespace = "vmarena"
 var ErrOptions = errors.New("metrics: bad options")
 
 // CacheSource is what a KV cache must provide to be collected: a snapshot. Any
-// *kv.Cache does. A source that also has a Refusals() int64 method (a *kv.Cache
-// does) reports kv_refusals_total.
+// *kv.Cache does.
 type CacheSource interface {
 	Stats() kv.Stats
 }
-
-// refuser is a cache that counts the growths it refused for memory.
-type refuser interface{ Refusals() int64 }
 
 // PrefixCacheStats is a snapshot of a prefix cache's counters. Queries and hits
 // are in tokens, as vLLM counts them, so that hits / queries is the token hit rate.
@@ -72,6 +68,16 @@ type Cache struct {
 	// (cached bytes less pinned ones) is not in use either, as in vLLM, where cached
 	// blocks no request holds count as free.
 	PrefixCache PrefixCacheSource
+}
+
+// CacheOf returns the Cache to collect for c, named name: its Device and Pool are
+// c's own (Cache.Device, Cache.Pool), and its PrefixCache is PrefixCacheOf(pc) (pc may
+// be nil: no prefix cache). A nil c gives a Cache with no source, which New refuses.
+func CacheOf(name string, c *kv.Cache, pc *kv.PrefixCache) Cache {
+	if c == nil {
+		return Cache{Name: name}
+	}
+	return Cache{Name: name, Cache: c, Device: c.Device(), Pool: c.Pool(), PrefixCache: PrefixCacheOf(pc)}
 }
 
 // PrefixCache names a prefix cache to collect.
@@ -180,7 +186,7 @@ func newDescs(ns string) descs {
 		govMapped:           d("governor_mapped_bytes", "Bytes a ledger has mapped (attribution only: a granule mapped twice counts twice).", auth),
 		govWaiters:          d("governor_waiters", "Requests queued for budget on the device now.", dev),
 		govWait:             d("governor_wait_seconds", "Time finished requests spent queued for budget.", dev),
-		govRefusals:         d("governor_refusals_total", "Requests refused because the budget could not cover them.", dev),
+		govRefusals:         d("governor_refusals_total", "Requests refused because the budget could not cover them: by the governor, and by takers that check the budget first (a KV cache's growths).", dev),
 		govQuarantines:      d("governor_quarantines_total", "Releases that failed midway and left memory behind.", dev),
 		govQuarantinedBytes: d("governor_quarantined_bytes_total", "Bytes left behind by releases that failed midway.", dev),
 
@@ -199,7 +205,7 @@ func newDescs(ns string) descs {
 		kvCommitted:  d("kv_committed_bytes", "Bytes of granules committed in live sequences' ranges, shared mappings included.", cache),
 		kvSaved:      d("kv_saved_by_sharing_bytes", "Bytes live sequences map from a prefix or a parent instead of holding their own.", cache),
 		kvWaits:      d("kv_waits_total", "Appends that had to wait for memory.", cache),
-		kvRefusals:   d("kv_refusals_total", "Growths refused because the memory could not be had (a scheduler's cue to preempt).", cache),
+		kvRefusals:   d("kv_refusals_total", "Operations (growths, forks, starts on a prefix, lookups) refused because the memory could not be had (a scheduler's cue to preempt).", cache),
 		kvUnreleased: d("kv_unreleased_bytes", "Bytes failed releases left held: kept for the cache's Close to retry, or quarantined.", cache),
 
 		pcQueries:      d("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", cache),
@@ -339,9 +345,7 @@ func (c *Collector) collectCache(ch chan<- prometheus.Metric, k Cache, limits ma
 	gauge(ch, c.d.kvCommitted, float64(s.Committed), k.Name)
 	gauge(ch, c.d.kvSaved, float64(s.Shared), k.Name)
 	counter(ch, c.d.kvWaits, s.Waits, k.Name)
-	if r, ok := k.Cache.(refuser); ok {
-		counter(ch, c.d.kvRefusals, r.Refusals(), k.Name)
-	}
+	counter(ch, c.d.kvRefusals, s.Refusals, k.Name)
 	gauge(ch, c.d.kvUnreleased, float64(s.Unreleased), k.Name)
 }
 

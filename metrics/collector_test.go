@@ -14,6 +14,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/metrics"
 )
@@ -31,13 +32,9 @@ func (p *statPool) PoolStats() backing.PoolStats { return p.s }
 func (p *statPool) Device() accounting.DeviceKey { return p.dev }
 
 // statCache is a CacheSource that reports fixed figures.
-type statCache struct {
-	s        kv.Stats
-	refusals int64
-}
+type statCache struct{ s kv.Stats }
 
 func (c *statCache) Stats() kv.Stats { return c.s }
-func (c *statCache) Refusals() int64 { return c.refusals }
 
 func TestCollectPoolsCachesPrefixCaches(t *testing.T) {
 	gov := accounting.NewGovernor()
@@ -48,8 +45,8 @@ func TestCollectPoolsCachesPrefixCaches(t *testing.T) {
 	}}
 	cache := &statCache{s: kv.Stats{
 		Sequences: 3, Prefixes: 1, Tokens: 1500, Used: 1500 << 10, Committed: 24 << 20,
-		Shared: 8 << 20, Owned: 20 << 20, Mapped: 24 << 20, Waits: 7, Unreleased: 2 << 20,
-	}, refusals: 5}
+		Shared: 8 << 20, Owned: 20 << 20, Mapped: 24 << 20, Waits: 7, Refusals: 5, Unreleased: 2 << 20,
+	}}
 	pc := metrics.PrefixCacheFunc(func() metrics.PrefixCacheStats {
 		return metrics.PrefixCacheStats{QueriedTokens: 9000, HitTokens: 6000, Evictions: 4, EvictedBytes: 6 << 20, CachedBytes: 10 << 20, PinnedBytes: 2 << 20}
 	})
@@ -87,7 +84,7 @@ vmarena_kv_used_bytes{cache="llama"} 1.536e+06
 # HELP vmarena_kv_waits_total Appends that had to wait for memory.
 # TYPE vmarena_kv_waits_total counter
 vmarena_kv_waits_total{cache="llama"} 7
-# HELP vmarena_kv_refusals_total Growths refused because the memory could not be had (a scheduler's cue to preempt).
+# HELP vmarena_kv_refusals_total Operations (growths, forks, starts on a prefix, lookups) refused because the memory could not be had (a scheduler's cue to preempt).
 # TYPE vmarena_kv_refusals_total counter
 vmarena_kv_refusals_total{cache="llama"} 5
 # HELP vmarena_kv_unreleased_bytes Bytes failed releases left held: kept for the cache's Close to retry, or quarantined.
@@ -199,7 +196,7 @@ vmarena_governor_quarantined_bytes_total{device="host:0"} 7
 # TYPE vmarena_governor_quarantines_total counter
 vmarena_governor_quarantines_total{device="device:1"} 0
 vmarena_governor_quarantines_total{device="host:0"} 1
-# HELP vmarena_governor_refusals_total Requests refused because the budget could not cover them.
+# HELP vmarena_governor_refusals_total Requests refused because the budget could not cover them: by the governor, and by takers that check the budget first (a KV cache's growths).
 # TYPE vmarena_governor_refusals_total counter
 vmarena_governor_refusals_total{device="device:1"} 0
 vmarena_governor_refusals_total{device="host:0"} 2
@@ -349,5 +346,21 @@ func TestPrefixCacheOfNil(t *testing.T) {
 	require.NoError(t, err)
 	assert.Positive(t, testutil.CollectAndCount(c))
 	_, err = metrics.New(metrics.Options{PrefixCaches: []metrics.PrefixCache{{Name: "c", Source: metrics.PrefixCacheOf(pc)}}})
+	assert.ErrorIs(t, err, metrics.ErrOptions)
+}
+
+// TestCacheOf: a cache's wiring comes from the cache itself; a nil cache gives a
+// source New refuses.
+func TestCacheOf(t *testing.T) {
+	gov := accounting.NewGovernor()
+	mem, err := host.NewPrivate(host.PrivateOptions{})
+	require.NoError(t, err)
+	cache, err := kv.New(mem, kv.Config{Geometry: kv.Tiny, MaxTokens: 64, Authority: gov.Authority("kv", accounting.HostKey)})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, cache.Close()) }()
+	got := metrics.CacheOf("tiny", cache, nil)
+	assert.Equal(t, metrics.Cache{Name: "tiny", Cache: cache, Device: accounting.HostKey}, got, "no pool, no prefix cache")
+
+	_, err = metrics.New(metrics.Options{Caches: []metrics.Cache{metrics.CacheOf("none", nil, nil)}})
 	assert.ErrorIs(t, err, metrics.ErrOptions)
 }

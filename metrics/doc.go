@@ -22,7 +22,7 @@
 //	vmarena_governor_mapped_bytes{authority}      bytes a ledger maps (attribution only)
 //	vmarena_governor_waiters                      requests queued for budget now
 //	vmarena_governor_wait_seconds                 histogram of finished waits for budget
-//	vmarena_governor_refusals_total               requests refused for budget
+//	vmarena_governor_refusals_total               requests refused for budget (kv's too)
 //	vmarena_governor_quarantines_total            releases that failed midway
 //	vmarena_governor_quarantined_bytes_total      bytes those releases left behind
 //
@@ -45,7 +45,7 @@
 //	vmarena_kv_committed_bytes                    bytes of granules sequences address
 //	vmarena_kv_saved_by_sharing_bytes             bytes mapped from a prefix or a parent
 //	vmarena_kv_waits_total                        appends that waited for memory
-//	vmarena_kv_refusals_total                     growths refused for memory
+//	vmarena_kv_refusals_total                     growths, forks, lookups refused for memory
 //	vmarena_kv_unreleased_bytes                   bytes failed releases left held
 //
 // Prefix caches, labelled cache (vLLM's names where the meaning is the same):

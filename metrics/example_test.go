@@ -33,7 +33,7 @@ func Example() {
 
 	c, err := metrics.New(metrics.Options{
 		Governor: gov,
-		Caches:   []metrics.Cache{{Name: "tiny", Cache: cache, Device: accounting.HostKey}},
+		Caches:   []metrics.Cache{metrics.CacheOf("tiny", cache, nil)}, // no prefix cache
 	})
 	if err != nil {
 		panic(err)

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/metrics"
@@ -109,6 +110,16 @@ func TestCollectRealCache(t *testing.T) {
 	assert.InDelta(t, float64(as.Owned-ps.Idle)/float64(64<<20), got["vmarena_kv_cache_usage_perc{cache=tiny}"], 1e-12)
 	assert.Greater(t, got["vmarena_kv_cache_usage_perc{cache=tiny}"], 0.0)
 
+	// A growth the cache refuses before committing counts in both refusal counters.
+	require.NoError(t, gov.SetLimit(accounting.HostKey, gov.Stats(accounting.HostKey).Used))
+	big, err := cache.NewSequence()
+	require.NoError(t, err)
+	require.ErrorIs(t, big.Append(4096), accounting.ErrBudgetExceeded)
+	require.True(t, big.Close().OK())
+	got = scrape(t, reg)
+	assert.Equal(t, float64(1), got["vmarena_kv_refusals_total{cache=tiny}"])
+	assert.Equal(t, float64(1), got["vmarena_governor_refusals_total{device=host:0}"], "the governor counts the cache's refusal")
+
 	problems, err := testutil.CollectAndLint(c)
 	require.NoError(t, err)
 	assert.Empty(t, problems)
@@ -132,9 +143,13 @@ func TestCollectRealPrefixCache(t *testing.T) {
 	t.Cleanup(func() { assert.NoError(t, pc.Close()) })
 
 	src := metrics.PrefixCacheOf(pc)
+	wiring := metrics.CacheOf("tiny", cache, pc)
+	assert.Equal(t, accounting.HostKey, wiring.Device)
+	assert.Equal(t, backing.Pool(pool), wiring.Pool, "the cache's pool")
+	require.NotNil(t, wiring.PrefixCache)
 	c, err := metrics.New(metrics.Options{
 		Governor:     gov,
-		Caches:       []metrics.Cache{{Name: "tiny", Cache: cache, Device: accounting.HostKey, Pool: pool, PrefixCache: src}},
+		Caches:       []metrics.Cache{wiring},
 		PrefixCaches: []metrics.PrefixCache{{Name: "tiny", Source: src}},
 	})
 	require.NoError(t, err)

@@ -1,0 +1,91 @@
+package kv
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing"
+)
+
+// What a scheduler asks before it admits, forks or steps: what an operation would
+// take from the budget now (Need, ForkNeed), what the budget could give now
+// (Headroom), and where the cache's memory is (Device, Pool). Every operation that
+// commits granules evicts cached prefixes before it refuses for budget.
+
+// Device returns the device whose budget the cache's memory takes (the backing's).
+func (c *Cache) Device() accounting.DeviceKey { return c.dev }
+
+// Pool returns the backing's pool of physical granules (host.Shared, cuda), whose
+// idle granules Need counts as owned already, or nil when the backing pools none.
+func (c *Cache) Pool() backing.Pool { return c.pool }
+
+// Headroom returns the bytes of budget the cache's operations can have now: what
+// the governor has free on the device plus what its prefix cache could give back by
+// eviction (cached granules that no live sequence maps and no pin holds), which every
+// operation evicts before it refuses. It is the one figure to compare with Need and
+// ForkNeed, which already count the pool's idle granules as owned: an admission that
+// fits (need <= Headroom) is not refused for budget unless another user of the
+// device takes the memory first.
+func (c *Cache) Headroom() int64 {
+	h := c.gov.Available(c.dev)
+	if pc := c.pc.Load(); pc != nil {
+		h += pc.evictable()
+	}
+	return h
+}
+
+// ForkNeed returns the bytes of budget that ForkAt(n) (and Freeze(n), which copies
+// the same tail) would take now: the granules that hold the tokens past the last
+// whole sharing unit below n (a granule, or a block in the Blocked layout), which are
+// copied, less those the backing's pool holds idle. The whole units are mapped and
+// take nothing. It fails as ForkAt would for a bad n (ErrRange, ErrNoSharing).
+func (s *Sequence) ForkNeed(n int) (int64, error) {
+	if err := s.usable(); err != nil {
+		return 0, err
+	}
+	if !s.c.sharer {
+		return 0, ErrNoSharing
+	}
+	if n < 0 || n > s.n {
+		return 0, fmt.Errorf("%w: fork at %d of %d tokens", ErrRange, n, s.n)
+	}
+	return max(s.c.shareNeed(n)-s.c.idle(), 0), nil
+}
+
+// shareNeed returns the bytes of the granules a new holder of the first n tokens of a
+// sequence's ranges commits: in each range, the granules past the whole sharing units,
+// which hold the copied tail.
+func (c *Cache) shareNeed(n int) int64 {
+	size, _ := backing.AlignUp(c.extent(n), c.gran)
+	return int64(c.nbuf) * int64(size-c.shareable(n))
+}
+
+// shareBudget checks that a new holder of the first n tokens of a sequence's ranges
+// (a fork, a frozen prefix, a sequence started on a prefix or a cached entry) can
+// have its copied tail's granules now, evicting cached prefixes first; it returns
+// the refusal, counted, when it can not.
+func (c *Cache) shareBudget(n int) error {
+	if need := c.shareNeed(n); need > 0 {
+		if be := c.budgetOrEvict(need, 0); be != nil {
+			return c.refuse(be)
+		}
+	}
+	return nil
+}
+
+// evicting runs op and, when the backing refuses it for budget (the memory went to
+// another user of the device since shareBudget, or the backing needs more than the
+// copied tail), runs it once more after the prefix cache gave back what the refusal
+// says is missing. op must change nothing when it fails. A refusal that stays is
+// counted in Stats.Refusals.
+func evicting[T any](c *Cache, op func() (T, error)) (T, error) {
+	v, err := op()
+	var be *accounting.BudgetError
+	if err != nil && errors.As(err, &be) && !errors.Is(be, accounting.ErrExceedsLimit) {
+		if pc := c.pc.Load(); pc != nil && pc.evictFor(max(be.Requested-be.Available, int64(c.gran)), evictForGrowth) > 0 {
+			v, err = op()
+		}
+	}
+	return v, c.refused(err)
+}

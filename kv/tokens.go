@@ -1,0 +1,117 @@
+package kv
+
+import (
+	"fmt"
+
+	"github.com/vmarena/vmarena/arena"
+)
+
+// Reaching tokens: a bulk copy in and out (ReadTokens, WriteTokens) on any backing and
+// layout, of which ReadToken and WriteToken are the one-token forms, and, on the
+// host, the contiguous runs a layer's tensor is made of (Run). View gives the whole
+// tensor; Base and the strides are for kernels.
+
+// ReadTokens copies tokens [from, to) of layer's K or V tensor into dst, token after
+// token ((to - from) × TokenBytes bytes), on any backing and layout: on the host by
+// copy, on a device through the backing's copies (backing.Copier), one call per
+// contiguous run (a block's tokens in the Blocked layout, all of them in PerLayer, a
+// token in PerSequence), so that host code and tests need not call the driver. It
+// fails with ErrRange for a layer, kind or token range outside the sequence or a dst
+// of another length.
+func (s *Sequence) ReadTokens(layer int, kind Kind, from, to int, dst []byte) error {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	buf, off, err := s.span(layer, kind, from, to, len(dst))
+	if err != nil {
+		return err
+	}
+	return s.c.copyRuns(buf, off, from, to, dst, false)
+}
+
+// WriteTokens copies src, token after token ((to - from) × TokenBytes bytes), into
+// tokens [from, to) of layer's K or V tensor, on any backing and layout, one copy per
+// contiguous run as ReadTokens does. Tokens below Writable lie (wholly or in part) in
+// memory shared with a prefix or a fork: a range that starts below it is refused with
+// ErrReadOnly and nothing is written. It fails with ErrRange as ReadTokens does.
+func (s *Sequence) WriteTokens(layer int, kind Kind, from, to int, src []byte) error {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	buf, off, err := s.span(layer, kind, from, to, len(src))
+	if err != nil {
+		return err
+	}
+	if w := s.Writable(); from < w && from < to {
+		return fmt.Errorf("%w: token %d of sequence %d (tokens below %d are shared)", ErrReadOnly, from, s.id, w)
+	}
+	if from < to {
+		s.beforeWrite(from)
+	}
+	return s.c.copyRuns(buf, off, from, to, src, true)
+}
+
+// copyRuns copies tokens [from, to) of the tensor whose token 0 lies at off in buf
+// out into p (or, with write set, in from p), one copy per contiguous run.
+func (c *Cache) copyRuns(buf buffer, off, from, to int, p []byte, write bool) error {
+	tb := c.tb
+	for t := from; t < to; {
+		k := min(c.run(t), to-t)
+		at, part := c.offset(off, t), p[(t-from)*tb:(t-from+k)*tb]
+		var err error
+		if write {
+			err = buf.writeAt(at, part)
+		} else {
+			err = buf.readAt(at, part)
+		}
+		if err != nil {
+			return err
+		}
+		t += k
+	}
+	return nil
+}
+
+// span checks tokens [from, to) of layer's K or V tensor against s and a buffer of n
+// bytes, and returns the range that holds the tensor and the offset of its token 0.
+func (s *Sequence) span(layer int, kind Kind, from, to, n int) (buffer, int, error) {
+	g := s.c.cfg.Geometry
+	i, off, ok := s.c.tensor(g, layer, kind)
+	switch {
+	case !ok:
+		return nil, 0, fmt.Errorf("%w: layer %d %v of %d layers", ErrRange, layer, kind, g.Layers)
+	case from < 0 || to < from || to > s.n:
+		return nil, 0, fmt.Errorf("%w: tokens [%d, %d) of %d", ErrRange, from, to, s.n)
+	case n != (to-from)*s.c.tb:
+		return nil, 0, fmt.Errorf("%w: %d bytes for %d tokens of %d bytes", ErrRange, n, to-from, s.c.tb)
+	}
+	return s.bufs[i], off, nil
+}
+
+// Run returns the contiguous run of layer's K or V tensor that starts at token t, as
+// k × KVHeads × HeadDim elements of T for the k >= 1 tokens it holds: up to the end of
+// t's block in the Blocked layout, up to Len in PerLayer, token t alone in
+// PerSequence. A reader walks a tensor run by run (t += len(run) / (KVHeads ×
+// HeadDim)) rather than element by element through a View. It needs host memory
+// (ErrLayout on a device: use ReadTokens) and the geometry's element type
+// (ErrElemType); t must be below Len (ErrRange). The slice is valid as a View is:
+// until s shrinks below it or closes; its tokens below Writable MUST NOT be written.
+// It allocates nothing.
+func Run[T arena.Elem](s *Sequence, layer int, kind Kind, t int) ([]T, error) {
+	if err := s.usable(); err != nil {
+		return nil, err
+	}
+	g := s.c.cfg.Geometry
+	if dt := arena.DTypeOf[T](); dt != g.DType {
+		return nil, fmt.Errorf("%w: %v run of a %v cache", ErrElemType, dt, g.DType)
+	}
+	buf, off, err := s.span(layer, kind, t, t+1, s.c.tb)
+	if err != nil {
+		return nil, err
+	}
+	if !buf.HostAccessible() {
+		return nil, fmt.Errorf("%w: device memory can not be touched by the CPU", ErrLayout)
+	}
+	k := min(s.c.run(t), s.n-t)
+	return elems[T](buf.Bytes()[s.c.offset(off, t):][:k*s.c.tb]), nil
+}

@@ -1,0 +1,103 @@
+package kv_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/kv"
+)
+
+// BenchmarkTokenRead prices the ways host code reads one layer's K of a sequence
+// (Llama-3-8B, 256 tokens: 512 KiB, in cache), summing every element, in ns an
+// element: how=at, through View's Tensor.At one element at a time; how=run, kv.Run's
+// contiguous runs as []F16; how=read, ReadTokens into a buffer of the caller's, then
+// the buffer. Memory is a Private backing of 2 MiB granules (Blocked: 16 tokens a
+// block, so a run of K is 16 tokens).
+func BenchmarkTokenRead(b *testing.B) {
+	const tokens = 256
+	g := kv.Llama3_8B
+	per := g.KVHeads * g.HeadDim
+	for _, layout := range []kv.Layout{kv.Blocked, kv.PerLayer} {
+		gov := accounting.NewGovernor()
+		mem, err := host.NewPrivate(host.PrivateOptions{Granularity: 2 << 20, Populate: true})
+		require.NoError(b, err)
+		c, err := kv.New(mem, kv.Config{Geometry: g, MaxTokens: tokens, Layout: layout, Authority: gov.Authority("kv", accounting.HostKey)})
+		require.NoError(b, err)
+		s, err := c.NewSequence()
+		require.NoError(b, err)
+		require.NoError(b, s.Append(tokens))
+		src := make([]byte, tokens*g.TokenBytes())
+		for i := range src {
+			src[i] = byte(i * 7)
+		}
+		require.NoError(b, s.WriteTokens(3, kv.K, 0, tokens, src))
+		var want uint64
+		for i := 0; i < len(src); i += 2 {
+			want += uint64(src[i]) | uint64(src[i+1])<<8
+		}
+		elems := float64(tokens * per)
+		report := func(b *testing.B, sum uint64) {
+			if sum != want*uint64(b.N) {
+				b.Fatalf("sum %d, want %d", sum, want*uint64(b.N))
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/elems, "ns/elem")
+		}
+		b.Run("layout="+layout.String()+"/how=at", func(b *testing.B) {
+			var sum uint64
+			for b.Loop() {
+				v, err := kv.View[arena.F16](s, 3, kv.K)
+				if err != nil {
+					b.Fatal(err)
+				}
+				bt := s.BlockTokens()
+				for t := range tokens {
+					for h := range g.KVHeads {
+						for d := range g.HeadDim {
+							if bt > 0 {
+								sum += uint64(v.At(t/bt, t%bt, h, d))
+							} else {
+								sum += uint64(v.At(t, h, d))
+							}
+						}
+					}
+				}
+			}
+			report(b, sum)
+		})
+		b.Run("layout="+layout.String()+"/how=run", func(b *testing.B) {
+			var sum uint64
+			for b.Loop() {
+				for t := 0; t < tokens; {
+					run, err := kv.Run[arena.F16](s, 3, kv.K, t)
+					if err != nil {
+						b.Fatal(err)
+					}
+					for _, h := range run {
+						sum += uint64(h)
+					}
+					t += len(run) / per
+				}
+			}
+			report(b, sum)
+		})
+		b.Run("layout="+layout.String()+"/how=read", func(b *testing.B) {
+			var sum uint64
+			dst := make([]byte, len(src))
+			for b.Loop() {
+				if err := s.ReadTokens(3, kv.K, 0, tokens, dst); err != nil {
+					b.Fatal(err)
+				}
+				for i := 0; i < len(dst); i += 2 {
+					sum += uint64(dst[i]) | uint64(dst[i+1])<<8
+				}
+			}
+			report(b, sum)
+		})
+		require.True(b, s.Close().OK())
+		require.NoError(b, c.Close())
+	}
+}
