@@ -15,7 +15,10 @@
 // a sequence on a prefix the same way, and [Sequence.Fork] and [Sequence.ForkAt] fork a
 // sequence, whole or at a checkpoint (parallel sampling, beam search, speculative
 // decoding). Sharing needs a backing that implements backing.Sharer and owns its
-// memory (host.Shared, cuda).
+// memory (host.Shared, cuda). Sharing whole granules takes no net memory, so a fork,
+// a freeze or a prefix-cache hit is refused for budget only where not one granule is
+// free: on host.Shared a granule the sequence made private is first moved into the
+// shared memfd (a copy, once), one granule at a time.
 //
 // Shared tokens are never written: writes go only to a sequence's own tail
 // ([Sequence.Writable] says where it starts). [Sequence.WriteToken] refuses anything
