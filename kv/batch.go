@@ -121,6 +121,9 @@ func (c *Cache) appendBatch(batch []Growth, credit int64) error {
 	if err != nil {
 		return err
 	}
+	if need > 0 && c.ahead != nil {
+		defer c.ahead.hold(need, credit)()
+	}
 	if need > 0 {
 		// Refuse what can not fit before committing any of it: a commit rolled back
 		// would leave fresh granules idle in a pool, holding budget.
@@ -129,7 +132,13 @@ func (c *Cache) appendBatch(batch []Growth, credit int64) error {
 			return err
 		}
 	}
-	return c.grow(batch, need > 0)
+	if err := c.grow(batch, need > 0); err != nil {
+		return err
+	}
+	if c.ahead != nil {
+		c.ahead.after(batch, need > 0)
+	}
+	return nil
 }
 
 // grow resizes the ranges of the batch's sequences that need new granules, all or

@@ -35,6 +35,16 @@ type Config struct {
 	// when the cache's own growth did). nil logs nothing; nothing else is logged on
 	// Append or Truncate.
 	Logger *slog.Logger
+	// MapAhead makes the granules a growing sequence will commit next ready in the
+	// backing's pool (Pool.Prefill) a few tokens before the append that commits
+	// them, on a goroutine of the cache, so that the append moves a granule that
+	// exists rather than making one: a decode step that crosses a block boundary
+	// costs what the others do. The granules are idle pool granules, owned and
+	// charged like any (PoolStats and the governor show them), which Need and
+	// AppendBatch count as the cache's own: map-ahead never makes a growth of this
+	// cache refused. It needs a pooling backing (host.Shared, cuda) and is ignored
+	// on others.
+	MapAhead bool
 }
 
 // Cache holds the K and V tensors of many sequences on one backing. Its zero value is
@@ -72,6 +82,8 @@ type Cache struct {
 	refusals atomic.Int64
 
 	pc atomic.Pointer[PrefixCache] // nil without one
+
+	ahead *ahead // nil unless Config.MapAhead on a pool
 }
 
 // New returns a cache of sequences on b. It reserves nothing until sequences are made.
@@ -108,12 +120,16 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	_, sharer := any(b).(backing.Sharer[R])
 	pool, _ := any(b).(backing.Pool)
 	_, protects := any(b).(backing.Protector[R])
-	return &Cache{
+	c := &Cache{
 		st: storeOf[R, B]{b}, pool: pool, auth: auth, cfg: cfg, shape: sh, gran: g,
 		sharer: sharer && acct.OwnedByBacking(), protector: protects, gov: gov, dev: b.Device(),
 		seqs:     make(map[*Sequence]struct{}),
 		prefixes: make(map[*Prefix]struct{}),
-	}, nil
+	}
+	if cfg.MapAhead && pool != nil {
+		c.ahead = newAhead(c)
+	}
+	return c, nil
 }
 
 // Config returns the cache's configuration.
@@ -378,6 +394,9 @@ func (c *Cache) Close() error {
 	orphans := c.orphans
 	c.orphans = nil
 	c.mu.Unlock()
+	if c.ahead != nil {
+		c.ahead.close()
+	}
 	if len(orphans) > 0 {
 		if out := c.release(orphans); !out.OK() {
 			return releaseError(out)
