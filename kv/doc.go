@@ -132,6 +132,17 @@
 // idle granules serve them before any new ones. A plain Append or AppendBatch does not
 // queue and may succeed ahead of waiters.
 //
+// Map-ahead (Config.MapAhead, on a pooling backing): a sequence within a few tokens
+// of its next commit has the granules of that commit made ready in the backing's
+// pool, resident, by a goroutine of the cache (Pool.Prefill), so that the decode step
+// that crosses into a new block moves a granule that exists instead of creating and
+// populating one on the token path. Those granules are idle granules of the pool,
+// owned and charged like any (the governor and the pool's stats show them), counted
+// by Need and AppendBatch as the cache's own, and the worker stands aside while a
+// step that finds the budget short decides: map-ahead never makes a growth of the
+// cache refused. The pool keeps or gives them back as any idle granule (decay,
+// Trim); Cache.Close stops the goroutine.
+//
 // A Cache is closed with [Cache.Close] once every sequence and prefix is gone (it
 // fails with [ErrBusy] before). A second [Sequence.Close] changes nothing and returns
 // a Failed outcome matching [ErrClosed]; every other method of a closed sequence
@@ -143,5 +154,8 @@
 // grown, forked and closed at once. A Sequence is used by one goroutine at a time;
 // Fork and Freeze read it, so they too belong to the goroutine that owns it, and a
 // batch step belongs to the goroutine that owns all of its sequences. A Prefix
-// may be used by many goroutines.
+// may be used by many goroutines. With Config.MapAhead the cache runs one goroutine
+// of its own, which calls only the backing's Pool methods (never a sequence's ranges)
+// and takes no lock of the cache's or a sequence's; its own lock comes after any of
+// those, before the pool's.
 package kv
