@@ -171,3 +171,25 @@ func TestMapAheadOff(t *testing.T) {
 	assert.Zero(t, e.pool.PoolStats().Idle)
 	assert.True(t, s.Close().OK())
 }
+
+// TestMapAheadWithoutPool: on a backing without a pool MapAhead is ignored: the
+// cache grows as without it and starts no goroutine (TestMain's leak check).
+func TestMapAheadWithoutPool(t *testing.T) {
+	gov := accounting.NewGovernor()
+	require.NoError(t, gov.SetLimit(accounting.HostKey, 2*4<<10))
+	b, err := host.NewPrivate(host.PrivateOptions{Granularity: 4 << 10})
+	if errors.Is(err, errors.ErrUnsupported) {
+		t.Skip(err)
+	}
+	require.NoError(t, err)
+	c, err := kv.New(b, kv.Config{Geometry: oneBlock, MaxTokens: 64, Layout: kv.Blocked, BlockTokens: 16, MapAhead: true,
+		Authority: gov.Authority("private", accounting.HostKey)})
+	require.NoError(t, err)
+	s, err := c.NewSequence()
+	require.NoError(t, err)
+	require.NoError(t, s.Append(32))
+	assert.ErrorIs(t, s.Append(1), accounting.ErrBudgetExceeded, "nothing made ahead holds the budget")
+	assert.Equal(t, int64(2*4<<10), gov.Stats(accounting.HostKey).Used)
+	assert.True(t, s.Close().OK())
+	require.NoError(t, c.Close())
+}
