@@ -24,8 +24,12 @@ import (
 // granule to land before it decides.
 
 // aheadTokens is how many tokens before its next commit a sequence asks for it: at
-// one token a step, that many steps of lead for the worker.
-const aheadTokens = 8
+// one token a step, that many steps of lead for the worker. 16 is a whole block of
+// the default layout at 2 MiB granules for Llama-3-8B (the next block is asked for
+// as the current one begins): with 8, 0.26% of a long-prompt replay's steps still
+// found no granule made (BENCHMARKS.md, issue 23); the price is up to one block per
+// growing sequence held idle ahead, charged and shown.
+const aheadTokens = 16
 
 // ahead is a cache's map-ahead worker.
 type ahead struct {

@@ -29,11 +29,11 @@ type aheadEnv struct {
 	dev  accounting.DeviceKey
 }
 
-func openAhead(t *testing.T, name string, ahead bool, limit int64) aheadEnv {
+func openAhead(t *testing.T, name string, ahead bool, limit int64, maxTokens int) aheadEnv {
 	t.Helper()
 	const granule = 4 << 10
 	e := aheadEnv{gov: accounting.NewGovernor()}
-	cfg := kv.Config{Geometry: oneBlock, MaxTokens: 256, Layout: kv.Blocked, BlockTokens: 16, MapAhead: ahead}
+	cfg := kv.Config{Geometry: oneBlock, MaxTokens: maxTokens, Layout: kv.Blocked, BlockTokens: 16, MapAhead: ahead}
 	var closeBacking func() error
 	switch name {
 	case "cuda":
@@ -89,11 +89,12 @@ var aheadBackings = []string{"host.Shared", "host.Shared/NoPrivateGranules", "cu
 func TestMapAheadMakesTheNextGranuleReady(t *testing.T) {
 	for _, name := range aheadBackings {
 		t.Run(name, func(t *testing.T) {
-			e := openAhead(t, name, true, 0)
+			// Two blocks at most: once the second is committed nothing is asked.
+			e := openAhead(t, name, true, 0, 32)
 			s, err := e.c.NewSequence()
 			require.NoError(t, err)
 			defer func() { assert.True(t, s.Close().OK()) }()
-			require.NoError(t, s.Append(16)) // one block, the next one 8 tokens ahead
+			require.NoError(t, s.Append(16)) // one block, the next one ahead
 			require.Eventually(t, func() bool { return e.pool.PoolStats().Resident >= 4<<10 }, 10*time.Second, time.Millisecond,
 				"the next block's granule is made ahead")
 			st := e.pool.PoolStats()
@@ -114,7 +115,7 @@ func TestMapAheadRefusesNothingMore(t *testing.T) {
 	for _, name := range aheadBackings {
 		t.Run(name, func(t *testing.T) {
 			const limit = 6 * 4 << 10
-			on, off := openAhead(t, name, true, limit), openAhead(t, name, false, limit)
+			on, off := openAhead(t, name, true, limit, 256), openAhead(t, name, false, limit, 256)
 			var son, soff []*kv.Sequence
 			defer func() {
 				for i := range son {
@@ -163,7 +164,7 @@ func TestMapAheadRefusesNothingMore(t *testing.T) {
 
 // TestMapAheadOff: without MapAhead nothing is made ahead.
 func TestMapAheadOff(t *testing.T) {
-	e := openAhead(t, "cuda", false, 0)
+	e := openAhead(t, "cuda", false, 0, 256)
 	s, err := e.c.NewSequence()
 	require.NoError(t, err)
 	require.NoError(t, s.Append(16))
