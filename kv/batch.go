@@ -137,6 +137,9 @@ func (c *Cache) appendBatch(batch []Growth, credit int64) error {
 	if err != nil {
 		return err
 	}
+	if need > 0 && c.ahead != nil {
+		defer c.ahead.hold(need, credit)()
+	}
 	if need > 0 {
 		// Refuse what can not fit before committing any of it: a commit rolled back
 		// would leave fresh granules idle in a pool, holding budget.
@@ -144,7 +147,13 @@ func (c *Cache) appendBatch(batch []Growth, credit int64) error {
 			return c.refuse(be)
 		}
 	}
-	return c.refused(c.grow(batch, need > 0))
+	if err := c.grow(batch, need > 0); err != nil {
+		return c.refused(err)
+	}
+	if c.ahead != nil {
+		c.ahead.after(batch, need > 0)
+	}
+	return nil
 }
 
 // grow resizes the ranges of the batch's sequences that need new granules, all or

@@ -35,6 +35,16 @@ type Config struct {
 	// when the cache's own growth did). nil logs nothing; nothing else is logged on
 	// Append or Truncate.
 	Logger *slog.Logger
+	// MapAhead makes the granules a growing sequence will commit next ready in the
+	// backing's pool (Pool.Prefill) a few tokens before the append that commits
+	// them, on a goroutine of the cache, so that the append moves a granule that
+	// exists rather than making one: a decode step that crosses a block boundary
+	// costs what the others do. The granules are idle pool granules, owned and
+	// charged like any (PoolStats and the governor show them), which Need and
+	// AppendBatch count as the cache's own: map-ahead never makes a growth of this
+	// cache refused. It needs a pooling backing (host.Shared, cuda) and is ignored
+	// on others.
+	MapAhead bool
 }
 
 // Cache holds the K and V tensors of many sequences on one backing. Its zero value is
@@ -74,6 +84,7 @@ type Cache struct {
 	pc atomic.Pointer[PrefixCache] // nil without one
 
 	scales scales // the FP8 scales, made by New and given back by Close
+	ahead *ahead // nil unless Config.MapAhead on a pool
 }
 
 // New returns a cache of sequences on b. It reserves nothing until sequences are made.
@@ -118,6 +129,9 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	}
 	if err := c.newScales(); err != nil {
 		return nil, err
+	}
+	if cfg.MapAhead && pool != nil {
+		c.ahead = newAhead(c)
 	}
 	return c, nil
 }
@@ -390,6 +404,9 @@ func (c *Cache) Close() error {
 	orphans := c.orphans
 	c.orphans = nil
 	c.mu.Unlock()
+	if c.ahead != nil {
+		c.ahead.close()
+	}
 	err := c.closeScales()
 	if len(orphans) > 0 {
 		if out := c.release(orphans); !out.OK() {

@@ -15,7 +15,10 @@
 // a sequence on a prefix the same way, and [Sequence.Fork] and [Sequence.ForkAt] fork a
 // sequence, whole or at a checkpoint (parallel sampling, beam search, speculative
 // decoding). Sharing needs a backing that implements backing.Sharer and owns its
-// memory (host.Shared, cuda).
+// memory (host.Shared, cuda). Sharing whole granules takes no net memory, so a fork,
+// a freeze or a prefix-cache hit is refused for budget only where not one granule is
+// free: on host.Shared a granule the sequence made private is first moved into the
+// shared memfd (a copy, once), one granule at a time.
 //
 // Tokens are reached by [View] (a layer's tensor), by [Run] (its contiguous runs, on
 // the host) and by [Sequence.ReadTokens] and [Sequence.WriteTokens] (a bulk copy out
@@ -166,10 +169,22 @@
 // idle granules serve them before any new ones. A plain Append or AppendBatch does not
 // queue and may succeed ahead of waiters.
 //
+// Map-ahead (Config.MapAhead, on a pooling backing): a sequence within a few tokens
+// of its next commit has the granules of that commit made ready in the backing's
+// pool, resident, by a goroutine of the cache (Pool.Prefill), so that the decode step
+// that crosses into a new block moves a granule that exists instead of creating and
+// populating one on the token path. Those granules are idle granules of the pool,
+// owned and charged like any (the governor and the pool's stats show them), counted
+// by Need and AppendBatch as the cache's own, and the worker stands aside while a
+// step that finds the budget short decides: map-ahead never makes a growth of the
+// cache refused. The pool keeps or gives them back as any idle granule (decay,
+// Trim); Cache.Close stops the goroutine.
+//
 // A Cache is closed with [Cache.Close] once every sequence and prefix is gone (it
-// fails with [ErrBusy] before); Close gives back the range of its FP8 scales too. A second [Sequence.Close] changes nothing and returns
-// a Failed outcome matching [ErrClosed]; every other method of a closed sequence
-// panics with [PanicSequenceClosed].
+// fails with [ErrBusy] before); Close gives back the range of its FP8 scales too. A
+// second [Sequence.Close] changes nothing and returns a Failed outcome matching
+// [ErrClosed]; every other method of a closed sequence panics with
+// [PanicSequenceClosed].
 //
 // # Concurrency
 //
@@ -178,5 +193,8 @@
 // Fork and Freeze read it, so they too belong to the goroutine that owns it, and a
 // batch step belongs to the goroutine that owns all of its sequences. A Prefix
 // may be used by many goroutines. [Cache.SetScales] must not run while anything reads
-// the same tensor's scales.
+// the same tensor's scales. With Config.MapAhead the cache runs one goroutine of its
+// own, which calls only the backing's Pool methods (never a sequence's ranges) and
+// takes no lock of the cache's or a sequence's; its own lock comes after any of those,
+// before the pool's.
 package kv

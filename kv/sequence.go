@@ -52,6 +52,10 @@ type Sequence struct {
 	// protect, pcLive counts.)
 	guarded bool
 	started backing.MapReport // what the call that made it took on (Started)
+	// asked: the bytes of its next commit that it counts in its cache's map-ahead
+	// (ahead.want), asked for when its first range held askedAt bytes.
+	asked   int64
+	askedAt int
 
 	// Readings for Cache.Stats, which runs on other goroutines.
 	tokens    atomic.Int64
@@ -430,6 +434,9 @@ func (s *Sequence) Close() accounting.ReleaseOutcome {
 		if old, ok := s.pcl.adopt(s); ok {
 			bufs = old
 		}
+	}
+	if s.c.ahead != nil {
+		s.c.ahead.forget(s)
 	}
 	out := s.c.release(bufs)
 	s.closed = true

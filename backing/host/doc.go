@@ -124,6 +124,10 @@
 //     granule first copies it into a memfd granule (an idle one when the pool has
 //     one) and moves that over the same address (mremap), so that the source keeps
 //     its base and its contents and the granule is owned once, whatever maps it.
+//     The move takes no net memory: granules without an idle memfd granule to go
+//     to move one at a time, each private granule given back as soon as its copy
+//     replaced it, so that a Share is refused for budget only where not even one
+//     granule of it is free, and holds at most one granule more while it runs.
 //     NB: the copy runs outside the lock, so the source range must not be written
 //     while a Share from it runs (a write may be lost); a second Share of a
 //     granule being moved waits for the first;

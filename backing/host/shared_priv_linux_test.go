@@ -364,8 +364,10 @@ func testSharedPrivateShareUndo(t *testing.T, m sharedMode) {
 	require.NoError(t, host.CheckShared(e.s))
 	e.checkMaps(x, e.s.Base(x), 2*g)
 
-	// And the move back of the first fails as well: it stays in the memfd.
-	e.f.Fail(nthCall("mapFile|move", 3, 4), injected)
+	// And the move back of the first fails as well: it stays in the memfd. (The
+	// calls: the park's mapping, each granule's move into the memfd, one at a
+	// time, the sharer's mmap, the first's move back.)
+	e.f.Fail(nthCall("mapFile|move", 4, 5), injected)
 	err = e.s.Share(y, 0, x, 0, 2*g, backing.ReadOnly)
 	log = e.f.Log()
 	e.f.Reset()

@@ -19,8 +19,9 @@ import (
 // ErrSharedReadOnly (which matches backing.ErrReadOnly) when a source granule is
 // read-only in src, shared so or protected: read-only memory never yields a writable
 // mapping. A private source granule is first moved into the memfd, which copies
-// it (see the package documentation): the source range must not be written
-// meanwhile, and a Share that finds a granule being moved by another waits for it.
+// it, one granule at a time where the pool has no idle memfd granule for it, so
+// that the move holds at most one granule more than before (see the package
+// documentation): the source range must not be written meanwhile, and a Share that finds a granule being moved by another waits for it.
 // On error nothing changed.
 func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservation, srcOff, size int, prot backing.Protection) error {
 	const op = "share"
@@ -136,15 +137,37 @@ func (s *Shared) checkShare(op string, dst *SharedReservation, dstOff int, src *
 // a memfd granule (an idle one where the pool has one, else a new one, allocated and
 // populated in the park), then moves those over the same addresses of r (mremap,
 // see the park), so that r keeps its base and its contents and the private pages go
-// back to the OS. While both exist the new granules are charged too, so a busy
-// budget may refuse the Share (idle private granules, which can not serve it, go
-// back to the OS first to make room); the private granules' bytes are released
-// once they are gone. It returns what moved, which unadopt undoes: on error, the
-// granules that moved before it (the rest of [i, j) is as it was), and the new slots
-// that the caller gives back to the OS once it released s.mu (undone);
-// errSharedGone when r was unreserved meanwhile. s.mu must be held; adopt releases
-// it while it copies (the slots are busy) and holds it again when it returns.
+// back to the OS. A move takes no net memory, but while a granule and its copy both
+// exist both are charged: so that a move is never refused while one granule of the
+// budget is free, and never holds more than that, new memfd granules are made and
+// moved one at a time, each private granule released as soon as its copy replaced
+// it (idle memfd granules, already owned, go as many at once as the pool holds).
+// Where the budget has not even one granule free, idle private granules, which can
+// not serve the move, go back to the OS first to make room. It returns what moved,
+// which unadopt undoes: on error, the granules that moved before it (the rest of
+// [i, j) is as it was), and the new slots that the caller gives back to the OS once
+// it released s.mu (undone); errSharedGone when r was unreserved meanwhile. s.mu
+// must be held; adopt releases it while it copies (the slots are busy) and holds it
+// again when it returns.
 func (s *Shared) adopt(op string, r *SharedReservation, i, j int) (sharedAdoption, []int, error) {
+	moved := sharedAdoption{i: i}
+	for at := i; at < j; {
+		n := min(j-at, max(s.nIdle, 1))
+		a, give, err := s.adoptRun(op, r, at, at+n)
+		moved.picks = append(moved.picks, a.picks...)
+		moved.ro = append(moved.ro, a.ro...)
+		if err != nil {
+			return moved, give, err
+		}
+		at += n
+	}
+	return moved, nil, nil
+}
+
+// adoptRun is adopt of [i, j) at once: every granule of the run that the pool has
+// no idle memfd granule for is charged anew while it is copied. s.mu must be held;
+// adoptRun releases it while it copies and holds it again when it returns.
+func (s *Shared) adoptRun(op string, r *SharedReservation, i, j int) (sharedAdoption, []int, error) {
 	k := j - i
 	off, size := i<<s.shift, k<<s.shift
 	picks := s.pickIdle(min(k, s.nIdle), -1)

@@ -45,6 +45,7 @@ type setup struct {
 	huge      bool
 	poolLow   int // idle granules the pool refills to in the background
 	poolHigh  int // most idle granules the pool keeps (0: see high)
+	mapAhead  bool
 	maxTokens int
 	budget    int64 // bytes; 0: unlimited
 
@@ -133,7 +134,7 @@ func build(name string, s setup) (*built, error) {
 // buildCache puts a kv.Cache on the chosen backing. Only the backing's constructor
 // differs: the cache names no backing type.
 func (s setup) buildCache(b *built, auth *accounting.Authority) error {
-	cfg := kv.Config{Geometry: s.model, MaxTokens: s.maxTokens, Layout: s.layout}
+	cfg := kv.Config{Geometry: s.model, MaxTokens: s.maxTokens, Layout: s.layout, MapAhead: s.mapAhead}
 	var (
 		c     *kv.Cache
 		pool  backing.Pool

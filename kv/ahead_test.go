@@ -1,0 +1,196 @@
+package kv_test
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/backing/cuda"
+	"github.com/vmarena/vmarena/backing/cuda/cudatest"
+	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/kv"
+)
+
+// aheadEnv is a Blocked cache of oneBlock tokens (16 a 4 KiB granule) on a pooling
+// backing, MapAhead on or off, under limit bytes.
+type aheadEnv struct {
+	c    *kv.Cache
+	pool backing.Pool
+	gov  *accounting.Governor
+	dev  accounting.DeviceKey
+}
+
+func openAhead(t *testing.T, name string, ahead bool, limit int64, maxTokens int) aheadEnv {
+	t.Helper()
+	const granule = 4 << 10
+	e := aheadEnv{gov: accounting.NewGovernor()}
+	cfg := kv.Config{Geometry: oneBlock, MaxTokens: maxTokens, Layout: kv.Blocked, BlockTokens: 16, MapAhead: ahead}
+	var closeBacking func() error
+	switch name {
+	case "cuda":
+		e.dev = accounting.GPU(0)
+		f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: granule, Memory: 1 << 30})
+		drv := f.Driver()
+		if ahead {
+			// A slow cuMemCreate: the worker's granule is charged long before it
+			// lands in the pool, the window in which a step could find the budget
+			// short because of it.
+			create := drv.MemCreate
+			drv.MemCreate = func(handle *uint64, size uintptr, prop *cuda.MemAllocationProp, flags uint64) cuda.Code {
+				time.Sleep(time.Millisecond)
+				return create(handle, size, prop, flags)
+			}
+		}
+		b, err := cuda.New(cuda.Options{Authority: e.gov.Authority("cuda", e.dev), Driver: drv, High: 16})
+		require.NoError(t, err)
+		e.pool, closeBacking = b, b.Close
+		e.c, err = kv.New(b, cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { assert.NoError(t, f.CheckLeaks()) })
+	default:
+		if runtime.GOOS == "windows" {
+			t.Skip("host.Shared maps views at 64 KiB on Windows: no 4 KiB granules")
+		}
+		e.dev = accounting.HostKey
+		opts := host.SharedOptions{Granularity: granule, Authority: e.gov.Authority("shared", e.dev), High: 16, Populate: true,
+			NoPrivateGranules: name == "host.Shared/NoPrivateGranules", Name: fmt.Sprintf("vmkv-ahead-%d-%d", os.Getpid(), envSeq.Add(1))}
+		b, err := host.NewShared(opts)
+		if errors.Is(err, errors.ErrUnsupported) {
+			t.Skip("host.Shared needs Linux or Windows")
+		}
+		require.NoError(t, err)
+		e.pool, closeBacking = b, b.Close
+		e.c, err = kv.New(b, cfg)
+		require.NoError(t, err)
+	}
+	if limit > 0 {
+		require.NoError(t, e.gov.SetLimit(e.dev, limit))
+	}
+	// NB: Cleanup runs last in, first out: the cache closes before its backing.
+	t.Cleanup(func() { assert.NoError(t, closeBacking()) })
+	t.Cleanup(func() { assert.NoError(t, e.c.Close()) })
+	return e
+}
+
+var aheadBackings = []string{"host.Shared", "host.Shared/NoPrivateGranules", "cuda"}
+
+// TestMapAheadMakesTheNextGranuleReady: once a sequence is within a few tokens of its
+// next block, the granule that block needs waits in the pool, resident, charged and
+// shown, and the append that crosses into the block takes it rather than make one.
+func TestMapAheadMakesTheNextGranuleReady(t *testing.T) {
+	for _, name := range aheadBackings {
+		t.Run(name, func(t *testing.T) {
+			// Two blocks at most: once the second is committed nothing is asked.
+			e := openAhead(t, name, true, 0, 32)
+			s, err := e.c.NewSequence()
+			require.NoError(t, err)
+			defer func() { assert.True(t, s.Close().OK()) }()
+			require.NoError(t, s.Append(16)) // one block, the next one ahead
+			require.Eventually(t, func() bool { return e.pool.PoolStats().Resident >= 4<<10 }, 10*time.Second, time.Millisecond,
+				"the next block's granule is made ahead")
+			st := e.pool.PoolStats()
+			assert.Equal(t, e.gov.Stats(e.dev).Used, st.Owned, "the governor shows it")
+			assert.Equal(t, int64(8<<10), st.Owned, "the block's granule and the one ahead")
+			require.NoError(t, s.Append(1))
+			after := e.pool.PoolStats()
+			assert.Equal(t, st.Created, after.Created, "the append made no granule")
+			assert.Equal(t, int64(8<<10), e.c.Stats().Committed)
+		})
+	}
+}
+
+// TestMapAheadRefusesNothingMore: the same random appends, closes and new sequences
+// on a cache with map-ahead and on one without, under the same tight budget, succeed
+// and are refused alike, whatever the worker is doing meanwhile.
+func TestMapAheadRefusesNothingMore(t *testing.T) {
+	for _, name := range aheadBackings {
+		t.Run(name, func(t *testing.T) {
+			const limit = 6 * 4 << 10
+			on, off := openAhead(t, name, true, limit, 256), openAhead(t, name, false, limit, 256)
+			var son, soff []*kv.Sequence
+			defer func() {
+				for i := range son {
+					assert.True(t, son[i].Close().OK())
+					assert.True(t, soff[i].Close().OK())
+				}
+			}()
+			r := rand.New(rand.NewPCG(23, uint64(len(name))))
+			refused := 0
+			for op := range 400 {
+				switch k := r.IntN(10); {
+				case k == 0 && len(son) < 4:
+					a, err := on.c.NewSequence()
+					require.NoError(t, err)
+					b, err := off.c.NewSequence()
+					require.NoError(t, err)
+					son, soff = append(son, a), append(soff, b)
+				case k == 1 && len(son) > 0:
+					i := r.IntN(len(son))
+					require.True(t, son[i].Close().OK())
+					require.True(t, soff[i].Close().OK())
+					son, soff = append(son[:i], son[i+1:]...), append(soff[:i], soff[i+1:]...)
+				case len(son) > 0:
+					i := r.IntN(len(son))
+					n := 1 + r.IntN(12)
+					if k == 2 {
+						n = 16 + r.IntN(20)
+					}
+					n = min(n, 256-son[i].Len())
+					errOff := soff[i].Append(n)
+					errOn := son[i].Append(n)
+					require.Equal(t, errOff == nil, errOn == nil, "op %d: append %d: off %v, on %v", op, n, errOff, errOn)
+					if errOn != nil {
+						require.ErrorIs(t, errOn, accounting.ErrBudgetExceeded)
+						refused++
+					}
+				}
+				st := on.pool.PoolStats()
+				require.LessOrEqual(t, st.Owned, int64(limit))
+			}
+			assert.Positive(t, refused, "the budget was tight")
+			assert.Equal(t, on.gov.Stats(on.dev).Used, on.pool.PoolStats().Owned, "what map-ahead holds is charged")
+		})
+	}
+}
+
+// TestMapAheadOff: without MapAhead nothing is made ahead.
+func TestMapAheadOff(t *testing.T) {
+	e := openAhead(t, "cuda", false, 0, 256)
+	s, err := e.c.NewSequence()
+	require.NoError(t, err)
+	require.NoError(t, s.Append(16))
+	time.Sleep(20 * time.Millisecond)
+	assert.Zero(t, e.pool.PoolStats().Idle)
+	assert.True(t, s.Close().OK())
+}
+
+// TestMapAheadWithoutPool: on a backing without a pool MapAhead is ignored: the
+// cache grows as without it and starts no goroutine (TestMain's leak check).
+func TestMapAheadWithoutPool(t *testing.T) {
+	gov := accounting.NewGovernor()
+	require.NoError(t, gov.SetLimit(accounting.HostKey, 2*4<<10))
+	b, err := host.NewPrivate(host.PrivateOptions{Granularity: 4 << 10})
+	if errors.Is(err, errors.ErrUnsupported) {
+		t.Skip(err)
+	}
+	require.NoError(t, err)
+	c, err := kv.New(b, kv.Config{Geometry: oneBlock, MaxTokens: 64, Layout: kv.Blocked, BlockTokens: 16, MapAhead: true,
+		Authority: gov.Authority("private", accounting.HostKey)})
+	require.NoError(t, err)
+	s, err := c.NewSequence()
+	require.NoError(t, err)
+	require.NoError(t, s.Append(32))
+	assert.ErrorIs(t, s.Append(1), accounting.ErrBudgetExceeded, "nothing made ahead holds the budget")
+	assert.Equal(t, int64(2*4<<10), gov.Stats(accounting.HostKey).Used)
+	assert.True(t, s.Close().OK())
+	require.NoError(t, c.Close())
+}

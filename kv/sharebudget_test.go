@@ -1,0 +1,158 @@
+package kv_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/backing/cuda"
+	"github.com/vmarena/vmarena/backing/cuda/cudatest"
+	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/kv"
+)
+
+// oneBlock is a geometry whose token takes 256 bytes in all (one layer, K and V of
+// 64 fp16 elements each): a Blocked block of 16 tokens is one 4 KiB granule.
+var oneBlock = kv.Geometry{Name: "one-block", Layers: 1, KVHeads: 1, HeadDim: 64, DType: arena.Float16}
+
+// shareBudgetEnv is a Blocked cache of oneBlock tokens (16 a 4 KiB granule) on one of
+// the backings that share, under a limit of limit bytes, with the governor's ledger
+// and device key. The caller MUST call the returned close.
+type shareBudgetEnv struct {
+	name string
+	opts host.SharedOptions // for host.Shared
+	cuda bool
+}
+
+func (e shareBudgetEnv) open(t *testing.T, limit int64) (*kv.Cache, *accounting.Governor, accounting.DeviceKey, func()) {
+	t.Helper()
+	gov := accounting.NewGovernor()
+	cfg := kv.Config{Geometry: oneBlock, MaxTokens: 1024, Layout: kv.Blocked, BlockTokens: 16}
+	if e.cuda {
+		require.NoError(t, gov.SetLimit(accounting.GPU(0), limit))
+		auth := gov.Authority("cuda", accounting.GPU(0))
+		f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: 4 << 10, Memory: 1 << 30})
+		b, err := cuda.New(cuda.Options{Authority: auth, Driver: f.Driver(), High: 16})
+		require.NoError(t, err)
+		c, err := kv.New(b, cfg)
+		require.NoError(t, err)
+		return c, gov, accounting.GPU(0), func() {
+			assert.NoError(t, c.Close())
+			assert.NoError(t, b.Close())
+			assert.NoError(t, f.CheckLeaks())
+		}
+	}
+	if runtime.GOOS == "windows" {
+		t.Skip("host.Shared maps views at 64 KiB on Windows: no 4 KiB granules")
+	}
+	require.NoError(t, gov.SetLimit(accounting.HostKey, limit))
+	auth := gov.Authority("shared", accounting.HostKey)
+	opts := e.opts
+	opts.Granularity, opts.Authority, opts.High = 4<<10, auth, 16
+	opts.Name = fmt.Sprintf("vmkv-share-%d-%d", os.Getpid(), envSeq.Add(1))
+	b, err := host.NewShared(opts)
+	if errors.Is(err, errors.ErrUnsupported) {
+		t.Skip("host.Shared needs Linux or Windows")
+	}
+	require.NoError(t, err)
+	if !e.opts.NoPrivateGranules && !b.Stats().PrivateGranules {
+		t.Skipf("no private granules here: %s", b.Stats().NoPrivateGranules)
+	}
+	c, err := kv.New(b, cfg)
+	require.NoError(t, err)
+	return c, gov, accounting.HostKey, func() {
+		assert.NoError(t, c.Close())
+		assert.NoError(t, b.Close())
+	}
+}
+
+var shareBudgetEnvs = []shareBudgetEnv{
+	{name: "host.Shared/private"},
+	{name: "host.Shared/NoPrivateGranules", opts: host.SharedOptions{NoPrivateGranules: true}},
+	{name: "cuda", cuda: true},
+}
+
+// TestShareWholeGranulesTakesNoNetMemory checks that a fork, a freeze and a prefix
+// cache insert of whole granules are not refused while one granule of the budget
+// is free, and that what they hold at their peak is at most one granule more than
+// before (moving private granules into shared memory copies them one at a time).
+func TestShareWholeGranulesTakesNoNetMemory(t *testing.T) {
+	const granule = 4 << 10
+	ops := []struct {
+		name string
+		do   func(t *testing.T, c *kv.Cache, s *kv.Sequence) error
+	}{
+		{"ForkAt", func(t *testing.T, c *kv.Cache, s *kv.Sequence) error {
+			f, err := s.ForkAt(64)
+			if err == nil {
+				assert.Equal(t, 64, f.Len())
+				require.True(t, f.Close().OK())
+			}
+			return err
+		}},
+		{"Freeze", func(t *testing.T, c *kv.Cache, s *kv.Sequence) error {
+			p, err := s.Freeze(64)
+			if err == nil {
+				p.Release()
+			}
+			return err
+		}},
+		{"Insert", func(t *testing.T, c *kv.Cache, s *kv.Sequence) error {
+			pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
+			require.NoError(t, err)
+			defer func() { assert.NoError(t, pc.Close()) }()
+			tokens := make([]int32, 64)
+			for i := range tokens {
+				tokens[i] = int32(i)
+			}
+			if err := pc.Insert(s, tokens); err != nil {
+				return err
+			}
+			// A hit maps the entry's granules from the live sequence that holds
+			// them (a lazy entry: this is where they are shared).
+			hit, m, err := pc.Lookup(append(tokens, 99))
+			if err == nil {
+				assert.Equal(t, 64, m)
+				require.True(t, hit.Close().OK())
+			}
+			return err
+		}},
+	}
+	for _, e := range shareBudgetEnvs {
+		for _, op := range ops {
+			// 4 whole granules written, one granule of the limit free, or room.
+			for _, free := range []int64{1, 60} {
+				t.Run(fmt.Sprintf("%s/%s/free=%d", e.name, op.name, free), func(t *testing.T) {
+					c, gov, key, done := e.open(t, (4+free)*granule)
+					defer done()
+					s, err := c.NewSequence()
+					require.NoError(t, err)
+					defer func() { assert.True(t, s.Close().OK()) }()
+					require.NoError(t, s.Append(64))
+					tok := make([]byte, oneBlock.TokenBytes())
+					for i := range 64 {
+						tok[0] = byte(i)
+						require.NoError(t, s.WriteToken(0, kv.K, i, tok))
+					}
+					before := gov.Stats(key).Used
+					require.Equal(t, int64(4*granule), before)
+					gov.ResetPeak(key)
+					require.NoError(t, op.do(t, c, s), "whole granules are mapped: no net memory")
+					assert.LessOrEqual(t, gov.Stats(key).Peak, before+granule, "the move holds at most one granule more")
+					got := make([]byte, oneBlock.TokenBytes())
+					for i := range 64 {
+						require.NoError(t, s.ReadToken(0, kv.K, i, got))
+						require.Equal(t, byte(i), got[0], "token %d", i)
+					}
+				})
+			}
+		}
+	}
+}
