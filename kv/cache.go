@@ -84,7 +84,7 @@ type Cache struct {
 	pc atomic.Pointer[PrefixCache] // nil without one
 
 	scales scales // the FP8 scales, made by New and given back by Close
-	ahead *ahead // nil unless Config.MapAhead on a pool
+	ahead  *ahead // nil unless Config.MapAhead on a pool
 }
 
 // New returns a cache of sequences on b. It reserves nothing until sequences are made.
