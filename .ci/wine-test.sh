@@ -16,7 +16,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 root=${VMARENA_WINE_ROOT:-/var/cache/vmarena-wine-trixie}
-mirror=${VMARENA_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# The Debian mirror: $VMARENA_DEBIAN_MIRROR, else the one this machine's apt uses (its
+# deb822 sources, then sources.list), else debootstrap's own default.
+mirror=${VMARENA_DEBIAN_MIRROR:-}
+if [ -z "$mirror" ]; then
+  mirror=$(sed -n 's/^URIs:[[:space:]]*\([^[:space:]]*\).*/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null |
+    grep -v -- '-security' | head -n 1 || true)
+fi
+if [ -z "$mirror" ] && [ -f /etc/apt/sources.list ]; then
+  mirror=$(awk '$1 == "deb" && $0 !~ /-security/ { for (i = 2; i <= NF; i++) if ($i ~ /^https?:/) { print $i; exit } }' /etc/apt/sources.list)
+fi
 src=$(pwd)
 SECONDS=0
 
@@ -59,7 +68,7 @@ if [ ! -e "$root/vmarena/ready" ]; then
   fi
   new="$root.new"
   rm -rf "$new" "$root"
-  debootstrap --variant=minbase trixie "$new" "$mirror" >"$work/debootstrap.log" 2>&1 || {
+  debootstrap --variant=minbase trixie "$new" ${mirror:+"$mirror"} >"$work/debootstrap.log" 2>&1 || {
     tail -50 "$work/debootstrap.log"
     exit 1
   }
