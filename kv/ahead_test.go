@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"runtime"
 	"testing"
 	"time"
 
@@ -20,7 +19,7 @@ import (
 	"github.com/vmarena/vmarena/kv"
 )
 
-// aheadEnv is a Blocked cache of oneBlock tokens (16 a 4 KiB granule) on a pooling
+// aheadEnv is a Blocked cache of oneBlock tokens (16 a granule of blockGranule) on a pooling
 // backing, MapAhead on or off, under limit bytes.
 type aheadEnv struct {
 	c    *kv.Cache
@@ -31,7 +30,7 @@ type aheadEnv struct {
 
 func openAhead(t *testing.T, name string, ahead bool, limit int64, maxTokens int) aheadEnv {
 	t.Helper()
-	const granule = 4 << 10
+	granule := int(blockGranule)
 	e := aheadEnv{gov: accounting.NewGovernor()}
 	cfg := kv.Config{Geometry: oneBlock, MaxTokens: maxTokens, Layout: kv.Blocked, BlockTokens: 16, MapAhead: ahead}
 	var closeBacking func() error
@@ -57,9 +56,6 @@ func openAhead(t *testing.T, name string, ahead bool, limit int64, maxTokens int
 		require.NoError(t, err)
 		t.Cleanup(func() { assert.NoError(t, f.CheckLeaks()) })
 	default:
-		if runtime.GOOS == "windows" {
-			t.Skip("host.Shared maps views at 64 KiB on Windows: no 4 KiB granules")
-		}
 		e.dev = accounting.HostKey
 		opts := host.SharedOptions{Granularity: granule, Authority: e.gov.Authority("shared", e.dev), High: 16, Populate: true,
 			NoPrivateGranules: name == "host.Shared/NoPrivateGranules", Name: fmt.Sprintf("vmkv-ahead-%d-%d", os.Getpid(), envSeq.Add(1))}
@@ -95,15 +91,15 @@ func TestMapAheadMakesTheNextGranuleReady(t *testing.T) {
 			require.NoError(t, err)
 			defer func() { assert.True(t, s.Close().OK()) }()
 			require.NoError(t, s.Append(16)) // one block, the next one ahead
-			require.Eventually(t, func() bool { return e.pool.PoolStats().Resident >= 4<<10 }, 10*time.Second, time.Millisecond,
+			require.Eventually(t, func() bool { return e.pool.PoolStats().Resident >= blockGranule }, 10*time.Second, time.Millisecond,
 				"the next block's granule is made ahead")
 			st := e.pool.PoolStats()
 			assert.Equal(t, e.gov.Stats(e.dev).Used, st.Owned, "the governor shows it")
-			assert.Equal(t, int64(8<<10), st.Owned, "the block's granule and the one ahead")
+			assert.Equal(t, 2*blockGranule, st.Owned, "the block's granule and the one ahead")
 			require.NoError(t, s.Append(1))
 			after := e.pool.PoolStats()
 			assert.Equal(t, st.Created, after.Created, "the append made no granule")
-			assert.Equal(t, int64(8<<10), e.c.Stats().Committed)
+			assert.Equal(t, 2*blockGranule, e.c.Stats().Committed)
 		})
 	}
 }
@@ -114,7 +110,7 @@ func TestMapAheadMakesTheNextGranuleReady(t *testing.T) {
 func TestMapAheadRefusesNothingMore(t *testing.T) {
 	for _, name := range aheadBackings {
 		t.Run(name, func(t *testing.T) {
-			const limit = 6 * 4 << 10
+			limit := 6 * blockGranule
 			on, off := openAhead(t, name, true, limit, 256), openAhead(t, name, false, limit, 256)
 			var son, soff []*kv.Sequence
 			defer func() {
@@ -177,8 +173,8 @@ func TestMapAheadOff(t *testing.T) {
 // cache grows as without it and starts no goroutine (TestMain's leak check).
 func TestMapAheadWithoutPool(t *testing.T) {
 	gov := accounting.NewGovernor()
-	require.NoError(t, gov.SetLimit(accounting.HostKey, 2*4<<10))
-	b, err := host.NewPrivate(host.PrivateOptions{Granularity: 4 << 10})
+	require.NoError(t, gov.SetLimit(accounting.HostKey, 2*blockGranule))
+	b, err := host.NewPrivate(host.PrivateOptions{Granularity: int(blockGranule)})
 	if errors.Is(err, errors.ErrUnsupported) {
 		t.Skip(err)
 	}
@@ -190,7 +186,7 @@ func TestMapAheadWithoutPool(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.Append(32))
 	assert.ErrorIs(t, s.Append(1), accounting.ErrBudgetExceeded, "nothing made ahead holds the budget")
-	assert.Equal(t, int64(2*4<<10), gov.Stats(accounting.HostKey).Used)
+	assert.Equal(t, 2*blockGranule, gov.Stats(accounting.HostKey).Used)
 	assert.True(t, s.Close().OK())
 	require.NoError(t, c.Close())
 }

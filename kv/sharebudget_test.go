@@ -18,11 +18,21 @@ import (
 	"github.com/vmarena/vmarena/kv"
 )
 
-// oneBlock is a geometry whose token takes 256 bytes in all (one layer, K and V of
-// 64 fp16 elements each): a Blocked block of 16 tokens is one 4 KiB granule.
-var oneBlock = kv.Geometry{Name: "one-block", Layers: 1, KVHeads: 1, HeadDim: 64, DType: arena.Float16}
+// blockGranule is the granule of the share and map-ahead tests: 4 KiB, or on Windows
+// the 64 KiB at which host.Shared maps views.
+var blockGranule = func() int64 {
+	if runtime.GOOS == "windows" {
+		return 64 << 10
+	}
+	return 4 << 10
+}()
 
-// shareBudgetEnv is a Blocked cache of oneBlock tokens (16 a 4 KiB granule) on one of
+// oneBlock is a geometry whose token takes blockGranule/16 bytes in all (one layer, K
+// and V of blockGranule/64 fp16 elements each): a Blocked block of 16 tokens is one
+// granule.
+var oneBlock = kv.Geometry{Name: "one-block", Layers: 1, KVHeads: int(blockGranule / 4096), HeadDim: 64, DType: arena.Float16}
+
+// shareBudgetEnv is a Blocked cache of oneBlock tokens (16 a granule of blockGranule) on one of
 // the backings that share, under a limit of limit bytes, with the governor's ledger
 // and device key. The caller MUST call the returned close.
 type shareBudgetEnv struct {
@@ -38,7 +48,7 @@ func (e shareBudgetEnv) open(t *testing.T, limit int64) (*kv.Cache, *accounting.
 	if e.cuda {
 		require.NoError(t, gov.SetLimit(accounting.GPU(0), limit))
 		auth := gov.Authority("cuda", accounting.GPU(0))
-		f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: 4 << 10, Memory: 1 << 30})
+		f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: int(blockGranule), Memory: 1 << 30})
 		b, err := cuda.New(cuda.Options{Authority: auth, Driver: f.Driver(), High: 16})
 		require.NoError(t, err)
 		c, err := kv.New(b, cfg)
@@ -49,13 +59,10 @@ func (e shareBudgetEnv) open(t *testing.T, limit int64) (*kv.Cache, *accounting.
 			assert.NoError(t, f.CheckLeaks())
 		}
 	}
-	if runtime.GOOS == "windows" {
-		t.Skip("host.Shared maps views at 64 KiB on Windows: no 4 KiB granules")
-	}
 	require.NoError(t, gov.SetLimit(accounting.HostKey, limit))
 	auth := gov.Authority("shared", accounting.HostKey)
 	opts := e.opts
-	opts.Granularity, opts.Authority, opts.High = 4<<10, auth, 16
+	opts.Granularity, opts.Authority, opts.High = int(blockGranule), auth, 16
 	opts.Name = fmt.Sprintf("vmkv-share-%d-%d", os.Getpid(), envSeq.Add(1))
 	b, err := host.NewShared(opts)
 	if errors.Is(err, errors.ErrUnsupported) {
@@ -84,7 +91,7 @@ var shareBudgetEnvs = []shareBudgetEnv{
 // is free, and that what they hold at their peak is at most one granule more than
 // before (moving private granules into shared memory copies them one at a time).
 func TestShareWholeGranulesTakesNoNetMemory(t *testing.T) {
-	const granule = 4 << 10
+	granule := blockGranule
 	ops := []struct {
 		name string
 		do   func(t *testing.T, c *kv.Cache, s *kv.Sequence) error
