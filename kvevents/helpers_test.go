@@ -104,3 +104,20 @@ func replayFrom(t testing.TB, c *zmtp.Conn, seq uint64) []message {
 		out = append(out, message{"", beUint64(m.Frames[1]), m.Frames[2]})
 	}
 }
+
+// readBatches reads sub until its publisher has closed it and returns the events of
+// each batch it got, in order.
+func readBatches(t testing.TB, sub *zmtp.Conn) [][]any {
+	t.Helper()
+	var batches [][]any
+	for {
+		m, err := sub.ReadMsg()
+		if err != nil {
+			return batches
+		}
+		v, err := mpDecode(m.Frames[2])
+		require.NoError(t, err)
+		evs, _ := v.(mpMap).get("events")
+		batches = append(batches, evs.([]any))
+	}
+}

@@ -43,15 +43,8 @@ func TestQueueFull(t *testing.T) {
 	close(release)
 	require.NoError(t, p.Close())
 	var hashes []any
-	for {
-		m, err := sub.ReadMsg()
-		if err != nil {
-			break
-		}
-		v, err := mpDecode(m.Frames[2])
-		require.NoError(t, err)
-		evs, _ := v.(mpMap).get("events")
-		for _, ev := range evs.([]any) {
+	for _, evs := range readBatches(t, sub) {
+		for _, ev := range evs {
 			if h, ok := ev.(mpMap).get("block_hashes"); ok {
 				hashes = append(hashes, h.([]any)...)
 			}
@@ -71,15 +64,8 @@ func TestClose(t *testing.T) {
 	}
 	require.NoError(t, p.Close())
 	n := 0
-	for {
-		m, err := sub.ReadMsg()
-		if err != nil {
-			break
-		}
-		v, err := mpDecode(m.Frames[2])
-		require.NoError(t, err)
-		evs, _ := v.(mpMap).get("events")
-		n += len(evs.([]any))
+	for _, evs := range readBatches(t, sub) {
+		n += len(evs)
 	}
 	assert.Equal(t, 100, n, "every event queued before Close reached the subscriber")
 	p.AllBlocksCleared()

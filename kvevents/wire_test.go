@@ -131,15 +131,8 @@ func TestBatching(t *testing.T) {
 	close(release)
 	require.NoError(t, p.Close())
 	var sizes []int
-	for {
-		m, err := sub.ReadMsg()
-		if err != nil {
-			break
-		}
-		v, err := mpDecode(m.Frames[2])
-		require.NoError(t, err)
-		evs, _ := v.(mpMap).get("events")
-		sizes = append(sizes, len(evs.([]any)))
+	for _, evs := range readBatches(t, sub) {
+		sizes = append(sizes, len(evs))
 	}
 	assert.Equal(t, []int{1, 3, 3, 1}, sizes)
 	st := p.Stats()
