@@ -123,7 +123,7 @@ production conversation service) for Llama-3-8B, 128 KiB of K/V per token, with 
 3 GiB budget. That is enough load that preallocating the context window (1 GiB per
 sequence) leaves room for two requests at a time while the others wait, and small
 enough that each strategy holds at most about 3 GiB (the Go heap is capped at 4.5 GiB
-for the baselines) and the replays take about half a minute on two cores: most of it
+for the baselines) and the replays take under a minute on two quiet cores: most of it
 is writing 12 GiB of K/V per strategy (and as much again for eager and append, which
 copy the system prompt into every sequence). Each replay then goes on sampling memory
 for -idle (6 s) of wall-clock time without load, so that the plot shows what each
