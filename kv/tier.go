@@ -1,0 +1,49 @@
+package kv
+
+import (
+	"context"
+	"errors"
+)
+
+// ErrTierMiss: a tier does not hold the key asked of it. Every other failure of a tier
+// (a timeout, a server gone, a value that fails its check) is reported by the cache as
+// a miss too, never as an error on the token path.
+var ErrTierMiss = errors.New("kv: tier does not hold the block")
+
+// TierKey names one block of a cached prefix in a tier below the device: the chained
+// 64-bit hash of the block's tokens (package kv/blockhash), under a namespace that
+// fingerprints what the block's bytes mean (the model, its layer groups, the element
+// type, the layout, and a prefix the user chooses). Two caches that agree on all of
+// them may read each other's blocks; any difference gives another Namespace.
+type TierKey struct {
+	Namespace uint64
+	Hash      uint64
+}
+
+// Tier is a store of whole blocks below the device's memory: pinned host memory, a
+// shared Redis or Valkey, or one a user writes. It is implemented outside kv; the
+// cache calls it off the token path, from its own goroutines, with bounded
+// concurrency, and never under its locks.
+//
+// A value is opaque to the tier: the cache writes a self-checking value (a header, the
+// tokens it was made for, the block's bytes) and checks it again on load before it
+// maps anything, so a tier needs no checksum of its own. A tier may be called from
+// several goroutines at once.
+type Tier interface {
+	// Name returns a short, stable name for metrics and logs ("host", "redis").
+	Name() string
+	// Store keeps a value of size bytes under key, replacing any value it held. It
+	// calls fill once with size bytes of the tier's own memory (pinned host memory
+	// for a device cache, so that the device copies straight into it) and keeps them
+	// only if fill returns nil; fill's error is Store's. A tier that is full may
+	// evict what it likes, or refuse with an error; either way it stays consistent.
+	Store(ctx context.Context, key TierKey, size int, fill func(dst []byte) error) error
+	// Load calls use once with the value stored under key; src is valid only during
+	// the call. A key the tier does not hold is ErrTierMiss; use's error is Load's.
+	Load(ctx context.Context, key TierKey, use func(src []byte) error) error
+	// Contains returns how many of keys, from the first, the tier holds: the length
+	// of the longest run it could load.
+	Contains(ctx context.Context, keys []TierKey) (int, error)
+	// Delete forgets key; a key not held is not an error.
+	Delete(ctx context.Context, key TierKey) error
+}
