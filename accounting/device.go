@@ -10,6 +10,10 @@ const (
 	Host Tier = iota
 	// Device is accelerator memory (a GPU's).
 	Device
+	// HostTier is host memory set aside for a tier of a cache below its device (cold
+	// KV blocks): the same RAM as Host, under a budget of its own, so that filling the
+	// tier never takes what the host's buffers were promised.
+	HostTier
 )
 
 func (t Tier) String() string {
@@ -18,6 +22,8 @@ func (t Tier) String() string {
 		return "host"
 	case Device:
 		return "device"
+	case HostTier:
+		return "host-tier"
 	}
 	return fmt.Sprintf("Tier(%d)", uint8(t))
 }

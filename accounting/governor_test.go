@@ -291,6 +291,7 @@ func TestErrors(t *testing.T) {
 	assert.Equal(t, "accounting: device:0: allocation of 4096 bytes failed: ENOMEM", err.Error())
 	assert.Equal(t, "host", accounting.Host.String())
 	assert.Equal(t, "Tier(9)", accounting.Tier(9).String())
+	assert.Equal(t, "host-tier:0", accounting.DeviceKey{Tier: accounting.HostTier}.String())
 }
 
 func TestReleaseOutcome(t *testing.T) {
