@@ -97,6 +97,8 @@ type Backing struct {
 	done   chan struct{}
 
 	reclaims sync.WaitGroup // reclaimers running; Close waits for them
+
+	pins pins // host memory PinHost pinned (host.go)
 }
 
 // handle is one physical allocation of one granule.

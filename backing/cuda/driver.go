@@ -43,6 +43,17 @@ type Driver struct {
 	MemcpyDtoH                  func(dst unsafe.Pointer, src uint64, n uintptr) Code                           // cuMemcpyDtoH_v2
 	MemcpyDtoD                  func(dst, src uint64, n uintptr) Code                                          // cuMemcpyDtoD_v2
 	GetErrorName                func(code Code, name **byte) Code                                              // cuGetErrorName
+
+	// Host memory and streams, for a tier of pinned host memory below the device
+	// (host.go). Optional: a Driver without them still backs device memory, and
+	// PinHost and NewStream then fail with ErrMissingSymbol.
+	MemHostRegister   func(p unsafe.Pointer, size uintptr, flags uint32) Code              // cuMemHostRegister_v2
+	MemHostUnregister func(p unsafe.Pointer) Code                                          // cuMemHostUnregister
+	StreamCreate      func(stream *uintptr, flags uint32) Code                             // cuStreamCreate
+	StreamSynchronize func(stream uintptr) Code                                            // cuStreamSynchronize
+	StreamDestroy     func(stream uintptr) Code                                            // cuStreamDestroy_v2
+	MemcpyHtoDAsync   func(dst uint64, src unsafe.Pointer, n uintptr, stream uintptr) Code // cuMemcpyHtoDAsync_v2
+	MemcpyDtoHAsync   func(dst unsafe.Pointer, src uint64, n uintptr, stream uintptr) Code // cuMemcpyDtoHAsync_v2
 }
 
 // symbol binds one Driver field to the exported name it must be looked up by.
@@ -79,6 +90,20 @@ var symbols = [...]symbol{
 	{"cuGetErrorName", func(d *Driver) any { return &d.GetErrorName }},
 }
 
+// hostSymbols are the optional entry points of pinned host memory and streams: bound
+// when the driver has them, nil otherwise. NB: cuMemHostRegister, cuStreamDestroy and
+// the async copies are bound to their _v2 symbols, as cuda.h's #defines do; the
+// unsuffixed ones keep older ABIs.
+var hostSymbols = [...]symbol{
+	{"cuMemHostRegister_v2", func(d *Driver) any { return &d.MemHostRegister }},
+	{"cuMemHostUnregister", func(d *Driver) any { return &d.MemHostUnregister }},
+	{"cuStreamCreate", func(d *Driver) any { return &d.StreamCreate }},
+	{"cuStreamSynchronize", func(d *Driver) any { return &d.StreamSynchronize }},
+	{"cuStreamDestroy_v2", func(d *Driver) any { return &d.StreamDestroy }},
+	{"cuMemcpyHtoDAsync_v2", func(d *Driver) any { return &d.MemcpyHtoDAsync }},
+	{"cuMemcpyDtoHAsync_v2", func(d *Driver) any { return &d.MemcpyDtoHAsync }},
+}
+
 // loadDriverOnce loads the system driver once per process: dlopen is reference
 // counted and the bound functions never change, so every Backing can share it.
 var loadDriverOnce = sync.OnceValues(func() (*Driver, error) { return loadDriver(driverLibrary) })
@@ -105,6 +130,11 @@ func loadDriver(lib string) (*Driver, error) {
 			continue
 		}
 		bindSymbol(s.field(d), addr)
+	}
+	for _, s := range hostSymbols {
+		if addr, err := lookupSymbol(h, s.name); err == nil && addr != 0 {
+			bindSymbol(s.field(d), addr)
+		}
 	}
 	if len(missing) > 0 {
 		closeLibrary(h)
@@ -137,6 +167,21 @@ func (d *Driver) errorName(c Code) string {
 func (d *Driver) checkComplete() error {
 	var missing []string
 	for _, s := range symbols {
+		if isNilFunc(s.field(d)) {
+			missing = append(missing, s.name)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: Driver lacks %s", ErrMissingSymbol, strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// checkHost returns an error matching ErrMissingSymbol naming the host-memory entry
+// points d lacks.
+func (d *Driver) checkHost() error {
+	var missing []string
+	for _, s := range hostSymbols {
 		if isNilFunc(s.field(d)) {
 			missing = append(missing, s.name)
 		}

@@ -8,7 +8,7 @@ var LoadDriverFrom = loadDriver
 // order, and whether each field pointer is distinct (every field listed once).
 func SymbolNames() (names []string, fields []any) {
 	var d Driver
-	for _, s := range symbols {
+	for _, s := range append(symbols[:], hostSymbols[:]...) {
 		names = append(names, s.name)
 		fields = append(fields, s.field(&d))
 	}

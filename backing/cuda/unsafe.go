@@ -24,3 +24,9 @@ func bytesPtr(p []byte) unsafe.Pointer {
 	// the caller passes len(p) as the byte count.
 	return unsafe.Pointer(unsafe.SliceData(p))
 }
+
+// sliceAddr returns the address of p's first byte, as the key of a pinned range.
+func sliceAddr(p []byte) uintptr {
+	// Safety: only the address is taken; no pointer is made from it again.
+	return uintptr(unsafe.Pointer(unsafe.SliceData(p)))
+}

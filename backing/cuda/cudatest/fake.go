@@ -25,6 +25,9 @@ type FakeDriverOptions struct {
 	// NoReadOnly makes cuMemSetAccess refuse PROT_READ with CUDA_ERROR_NOT_SUPPORTED,
 	// as a driver without read-only device mappings does.
 	NoReadOnly bool
+	// MaxHostRegister is the largest range one cuMemHostRegister accepts; 0 means
+	// 64 GiB. Larger ones fail with CUDA_ERROR_OUT_OF_MEMORY (see fake_host.go).
+	MaxHostRegister int64
 }
 
 // FakeDriver is an in-memory model of the CUDA driver's VMM API that enforces the
@@ -63,6 +66,7 @@ type FakeDriver struct {
 	calls       map[string]int
 	total       int
 	faults      []fakeFault
+	host        fakeHost // pinned host memory and streams (fake_host.go)
 }
 
 type fakeHandle struct {
@@ -151,6 +155,7 @@ func NewFakeDriver(opts FakeDriverOptions) *FakeDriver {
 		MemcpyDtoD:                  f.memcpyDtoD,
 		GetErrorName:                f.getErrorName,
 	}
+	f.bindHost(f.drv)
 	return f
 }
 
@@ -279,6 +284,7 @@ func (f *FakeDriver) CheckLeaks() error {
 	if n := len(f.res); n > 0 {
 		errs = append(errs, fmt.Errorf("%d live reservations", n))
 	}
+	errs = append(errs, f.hostLeaks()...)
 	for d, n := range f.retained {
 		if n > 0 {
 			errs = append(errs, fmt.Errorf("device %d primary context retained %d times", d, n))
