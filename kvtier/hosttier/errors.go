@@ -1,6 +1,11 @@
 package hosttier
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/vmarena/vmarena/kv"
+)
 
 // Errors of making a tier.
 var (
@@ -20,10 +25,11 @@ var (
 // Errors of storing a value. A store that fails keeps nothing and changes no value
 // the tier held before, except those it evicted to make room.
 var (
-	// ErrBadSize: Store was given a negative size.
-	ErrBadSize = errors.New("hosttier: negative value size")
-	// ErrTooLarge: the value is larger than the whole tier.
-	ErrTooLarge = errors.New("hosttier: value larger than the tier")
+	// ErrBadSize: Store was given a negative size. It matches kv.ErrTierValueSize.
+	ErrBadSize = fmt.Errorf("hosttier: negative value size: %w", kv.ErrTierValueSize)
+	// ErrTooLarge: the value is larger than the whole tier (MaxValueSize). It matches
+	// kv.ErrTierValueSize.
+	ErrTooLarge = fmt.Errorf("hosttier: value larger than the tier: %w", kv.ErrTierValueSize)
 	// ErrFull: there is no room and nothing may be evicted (Options.NoEvict, or every
 	// value is being read).
 	ErrFull = errors.New("hosttier: tier is full")

@@ -197,6 +197,9 @@ func New(opts Options) (*Tier, error) {
 	return t, nil
 }
 
+// MaxValueSize returns the largest value the tier holds: its whole region.
+func (t *Tier) MaxValueSize() int { return int(t.region) }
+
 // Name returns "host".
 func (t *Tier) Name() string { return tierName }
 
