@@ -26,6 +26,9 @@ build() {
 		if has_tests kv; then
 			CGO_ENABLED=0 GOOS=linux GOARCH=$arch go test -c -trimpath -o "$dir/kv.test" ./kv
 		fi
+		if has_tests kvtier/hosttier; then
+			CGO_ENABLED=0 GOOS=linux GOARCH=$arch go test -c -trimpath -o "$dir/hosttier.test" ./kvtier/hosttier
+		fi
 	done
 	# Check the native binary here: the GPU tests must skip cleanly without a GPU and
 	# pass on the fake driver, and a short benchmark must run.
@@ -33,6 +36,10 @@ build() {
 	"$native/cuda.test" -test.run 'GPU' -test.count 1 >/dev/null
 	"$native/cuda.test" -test.run 'GPU' -fakegpu -test.count 1 >/dev/null
 	"$native/cuda.test" -test.run '^$' -test.bench 'Commit/driver=null/handle=pooled/granules=1$' -test.benchtime 100x >/dev/null
+	if [ -x "$native/hosttier.test" ]; then
+		# The host tier's CUDA benchmark runs on the fake driver (the GPU half skips).
+		"$native/hosttier.test" -test.run '^$' -test.bench 'CUDATier' -test.benchtime 20x >/dev/null
+	fi
 	ls -l bin/linux_*/
 	set +e
 }
@@ -122,6 +129,13 @@ run() {
 		(cd kv && step kv-bench-gpu 90 "$bin/kv.test" -test.run '^$' -test.bench 'CUDAAppendStep/driver=gpu' -test.count 8 -test.benchtime 5x -test.timeout 80s)
 	fi
 	step bench-null 60 "$bin/cuda.test" -test.run '^$' -test.bench '/driver=null' -test.count 3 -test.benchtime 0.3s -test.timeout 50s
+	# 3b. The host tier below the device (kvtier/hosttier, issue 28): GB/s per 2 MiB block
+	#     DtoH, HtoD and both ways through the tier's pinned memory and stream, against
+	#     cuMemcpy*Async of the same bytes to a pinned buffer (tier/raw-%, target >= 70),
+	#     and the tier's CUDA tests.
+	if [ -x "$bin/hosttier.test" ]; then
+		step hosttier-gpu 90 "$bin/hosttier.test" -test.run 'CUDA' -test.bench 'CUDATier/driver=gpu' -test.count 5 -test.benchtime 200x -test.timeout 80s
+	fi
 	# 4. PyTorch growing the same tensor with expandable segments (and the default
 	#    allocator for reference).
 	PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step torch-expandable 90 python3 scripts/torch_grow.py --repeat 50
@@ -139,6 +153,11 @@ run() {
 		echo
 		echo "## Go side alone (null driver) on this machine's CPU"
 		summarize "$OUT/bench-null.log"
+		if [ -f "$OUT/hosttier-gpu.log" ]; then
+			echo
+			echo "## Host tier: 2 MiB blocks through pinned memory and the tier's stream, vs raw async copies"
+			grep -E '^(BenchmarkCUDATier|--- FAIL|ok|FAIL)' "$OUT/hosttier-gpu.log"
+		fi
 		echo
 		echo "## PyTorch, expandable segments"
 		cat "$OUT/torch-expandable.log"
