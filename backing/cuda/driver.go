@@ -164,24 +164,17 @@ func (d *Driver) errorName(c Code) string {
 }
 
 // checkComplete reports the fields of d that are nil: a hand-built Driver must set all.
-func (d *Driver) checkComplete() error {
-	var missing []string
-	for _, s := range symbols {
-		if isNilFunc(s.field(d)) {
-			missing = append(missing, s.name)
-		}
-	}
-	if len(missing) > 0 {
-		return fmt.Errorf("%w: Driver lacks %s", ErrMissingSymbol, strings.Join(missing, ", "))
-	}
-	return nil
-}
+func (d *Driver) checkComplete() error { return d.missing(symbols[:]) }
 
 // checkHost returns an error matching ErrMissingSymbol naming the host-memory entry
 // points d lacks.
-func (d *Driver) checkHost() error {
+func (d *Driver) checkHost() error { return d.missing(hostSymbols[:]) }
+
+// missing returns an error matching ErrMissingSymbol naming the entry points of table
+// that d leaves nil, or nil.
+func (d *Driver) missing(table []symbol) error {
 	var missing []string
-	for _, s := range hostSymbols {
+	for _, s := range table {
 		if isNilFunc(s.field(d)) {
 			missing = append(missing, s.name)
 		}

@@ -37,6 +37,17 @@ var (
 	ErrStreamClosed = errors.New("cuda: stream is closed")
 )
 
+// bound runs fn with the goroutine locked to its thread and the primary context
+// current on it.
+func (b *Backing) bound(fn func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := b.setCurrent(); err != nil {
+		return err
+	}
+	return fn()
+}
+
 // hostPin is one slice PinHost pinned: its registrations, in order.
 type hostPin struct {
 	size   int
@@ -77,19 +88,19 @@ func (b *Backing) pinHost(p []byte, chunk int) error {
 			return fmt.Errorf("%w: [%#x, %#x) overlaps [%#x, %#x)", ErrPinned, base, base+uintptr(len(p)), at, at+uintptr(pin.size))
 		}
 	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if err := b.setCurrent(); err != nil {
-		return err
-	}
 	var done []int
-	for off := 0; off < len(p); {
-		n := min(chunk, len(p)-off)
-		if err := b.drv.call("cuMemHostRegister_v2", b.drv.MemHostRegister(bytesPtr(p[off:off+n]), uintptr(n), hostRegisterFlags)); err != nil {
-			return errors.Join(fmt.Errorf("cuda: pinning %d bytes at offset %d of %d: %w", n, off, len(p), err), b.unregister(p, done))
+	if err := b.bound(func() error {
+		for off := 0; off < len(p); {
+			n := min(chunk, len(p)-off)
+			if err := b.drv.call("cuMemHostRegister_v2", b.drv.MemHostRegister(bytesPtr(p[off:off+n]), uintptr(n), hostRegisterFlags)); err != nil {
+				return errors.Join(fmt.Errorf("cuda: pinning %d bytes at offset %d of %d: %w", n, off, len(p), err), b.unregister(p, done))
+			}
+			done = append(done, n)
+			off += n
 		}
-		done = append(done, n)
-		off += n
+		return nil
+	}); err != nil {
+		return err
 	}
 	if b.pins.m == nil {
 		b.pins.m = make(map[uintptr]hostPin)
@@ -116,12 +127,7 @@ func (b *Backing) UnpinHost(p []byte) error {
 		return fmt.Errorf("%w: [%#x, %#x)", ErrNotPinned, base, base+uintptr(len(p)))
 	}
 	delete(b.pins.m, base)
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if err := b.setCurrent(); err != nil {
-		return err
-	}
-	return b.unregister(p, pin.chunks)
+	return b.bound(func() error { return b.unregister(p, pin.chunks) })
 }
 
 // PinnedHost returns how many bytes of host memory PinHost holds pinned now.
@@ -175,13 +181,10 @@ func (b *Backing) NewStream() (*Stream, error) {
 	if err := b.drv.checkHost(); err != nil {
 		return nil, err
 	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if err := b.setCurrent(); err != nil {
-		return nil, err
-	}
 	var s uintptr
-	if err := b.drv.call("cuStreamCreate", b.drv.StreamCreate(&s, streamNonBlocking)); err != nil {
+	if err := b.bound(func() error {
+		return b.drv.call("cuStreamCreate", b.drv.StreamCreate(&s, streamNonBlocking))
+	}); err != nil {
 		return nil, err
 	}
 	return &Stream{b: b, s: s}, nil
@@ -244,12 +247,7 @@ func (s *Stream) Synchronize() error {
 func (s *Stream) sync() error {
 	b := s.b
 	b.live()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if err := b.setCurrent(); err != nil {
-		return err
-	}
-	err := b.drv.call("cuStreamSynchronize", b.drv.StreamSynchronize(s.s))
+	err := b.bound(func() error { return b.drv.call("cuStreamSynchronize", b.drv.StreamSynchronize(s.s)) })
 	clear(s.pending)
 	s.pending = s.pending[:0]
 	return err
@@ -264,12 +262,7 @@ func (s *Stream) Close() error {
 		return ErrStreamClosed
 	}
 	serr := s.sync()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if err := s.b.setCurrent(); err != nil {
-		return errors.Join(serr, err)
-	}
-	derr := s.b.drv.call("cuStreamDestroy_v2", s.b.drv.StreamDestroy(s.s))
+	derr := s.b.bound(func() error { return s.b.drv.call("cuStreamDestroy_v2", s.b.drv.StreamDestroy(s.s)) })
 	s.s = 0
 	return errors.Join(serr, derr)
 }

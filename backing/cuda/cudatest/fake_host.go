@@ -1,6 +1,7 @@
 package cudatest
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"unsafe"
@@ -128,21 +129,13 @@ func (f *FakeDriver) memHostRegister(p unsafe.Pointer, size uintptr, flags uint3
 			return codeHostAlreadyRegistered
 		}
 	}
-	i, _ := slices.BinarySearchFunc(f.host.regs, addr, func(r fakeReg, a uintptr) int { return cmpAddr(r.addr, a) })
+	i, _ := slices.BinarySearchFunc(f.host.regs, addr, byAddr)
 	f.host.regs = slices.Insert(f.host.regs, i, fakeReg{addr: addr, size: size})
 	f.host.sizes = append(f.host.sizes, int(size))
 	return cuda.Success
 }
 
-func cmpAddr(a, b uintptr) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
+func byAddr(r fakeReg, a uintptr) int { return cmp.Compare(r.addr, a) }
 
 func (f *FakeDriver) memHostUnregister(p unsafe.Pointer) cuda.Code {
 	c := f.enter("cuMemHostUnregister")
@@ -154,7 +147,7 @@ func (f *FakeDriver) memHostUnregister(p unsafe.Pointer) cuda.Code {
 		return c
 	}
 	addr := uintptr(p)
-	i, ok := slices.BinarySearchFunc(f.host.regs, addr, func(r fakeReg, a uintptr) int { return cmpAddr(r.addr, a) })
+	i, ok := slices.BinarySearchFunc(f.host.regs, addr, byAddr)
 	if !ok {
 		return codeHostNotRegistered
 	}
@@ -204,8 +197,9 @@ func (f *FakeDriver) drain(s uintptr) cuda.Code {
 	return res
 }
 
-func (f *FakeDriver) streamSynchronize(s uintptr) cuda.Code {
-	c := f.enter("cuStreamSynchronize")
+// onStream enters fn, checks the context and that stream s exists, and runs op.
+func (f *FakeDriver) onStream(fn string, s uintptr, op func() cuda.Code) cuda.Code {
+	c := f.enter(fn)
 	defer f.mu.Unlock()
 	if c != cuda.Success {
 		return c
@@ -216,25 +210,20 @@ func (f *FakeDriver) streamSynchronize(s uintptr) cuda.Code {
 	if _, ok := f.host.streams[s]; !ok {
 		return cuda.CodeInvalidHandle
 	}
-	return f.drain(s)
+	return op()
+}
+
+func (f *FakeDriver) streamSynchronize(s uintptr) cuda.Code {
+	return f.onStream("cuStreamSynchronize", s, func() cuda.Code { return f.drain(s) })
 }
 
 func (f *FakeDriver) streamDestroy(s uintptr) cuda.Code {
-	c := f.enter("cuStreamDestroy_v2")
-	defer f.mu.Unlock()
-	if c != cuda.Success {
-		return c
-	}
-	if c := f.needCtx(); c != cuda.Success {
-		return c
-	}
-	if _, ok := f.host.streams[s]; !ok {
-		return cuda.CodeInvalidHandle
-	}
-	// As the driver does, work still queued completes before the stream goes.
-	f.drain(s)
-	delete(f.host.streams, s)
-	return cuda.Success
+	return f.onStream("cuStreamDestroy_v2", s, func() cuda.Code {
+		// As the driver does, work still queued completes before the stream goes.
+		f.drain(s)
+		delete(f.host.streams, s)
+		return cuda.Success
+	})
 }
 
 // async checks an async copy's arguments, then runs op now (pageable host memory) or
