@@ -29,7 +29,8 @@ func TestConformanceNoEvict(t *testing.T) {
 func TestConformanceCUDA(t *testing.T) {
 	tiertest.Run(t, func(t *testing.T) kv.Tier {
 		x := newGPU(t, 1)
-		tr, _ := cudaTier(t, x, 64<<20, 0) // 32 granules of 2 MiB: the suite's values stay
+		// 64 KiB granules: the suite's ~70 small values all stay, as in the host tier.
+		tr, _ := newTier(t, hosttier.Options{Budget: 4 * tiertest.MinValueSize, CUDA: x.b})
 		require.NoError(t, tr.WaitPinned(bg))
 		return tr
 	})
