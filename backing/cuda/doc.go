@@ -15,6 +15,12 @@
 // backing/cuda/cudatest, fills it with an in-memory driver that enforces the VMM
 // rules, for tests and examples on machines without a GPU.
 //
+// Below the device, [Backing.PinHost] page-locks host memory for the DMA engine
+// (cuMemHostRegister, in registrations of at most [MaxPinChunk]) and a [Stream] of
+// one's own queues copies between device ranges and host memory
+// ([Stream.CopyOutAsync], [Stream.CopyInAsync]) that [Stream.Synchronize] waits for:
+// what a tier of host memory below a cache (kvtier/hosttier) is built on.
+//
 // # States
 //
 // A granule of a reservation is Reserved (no mapping) or Committed (one mapping of
@@ -34,11 +40,15 @@
 // Every Reservation MUST be given back with Unreserve, and the Backing MUST be closed
 // with Close, which releases the pool and the primary context. Base addresses are
 // device addresses: they must never be dereferenced on the CPU. Reach the contents
-// with CopyIn/CopyOut, Memset and CopyDtoD.
+// with CopyIn/CopyOut, Memset and CopyDtoD. Host memory pinned with PinHost MUST be
+// unpinned with UnpinHost, and every Stream closed, before the Backing is closed; the
+// host buffer of an async copy MUST stay valid and untouched until the stream is
+// synchronized (the Stream keeps a reference to it until then).
 //
 // # Concurrency
 //
-// A Backing is safe for concurrent use. Operations on one reservation are serialized
+// A Backing is safe for concurrent use, and so is a Stream (its copies are queued in
+// call order; Synchronize waits for all of them). Operations on one reservation are serialized
 // by its lock (distinct ranges may be used from several goroutines); the pool's lock
 // is never held across a driver call, and CommitCtx waits for budget without holding
 // the reservation. The CUDA context is per OS thread: every operation locks its
