@@ -2,6 +2,7 @@ package hosttier_test
 
 import (
 	"bytes"
+	"context"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -183,4 +184,18 @@ func TestCUDABadOptions(t *testing.T) {
 	small := ledger(t, 2<<20)
 	_, err = hosttier.New(hosttier.Options{Budget: 4 << 20, Authority: small, CUDA: x.b})
 	assert.ErrorIs(t, err, accounting.ErrBudgetExceeded)
+}
+
+func TestCUDAWaitPinnedCancelled(t *testing.T) {
+	x := newGPU(t, 1)
+	tr, _ := cudaTier(t, x, 4<<20, 0)
+	ctx, cancel := context.WithCancel(bg)
+	cancel()
+	err := tr.WaitPinned(ctx)
+	if err != nil { // pinning may be over already; if not, the wait ends with ctx
+		assert.ErrorIs(t, err, context.Canceled)
+	}
+	require.NoError(t, tr.WaitPinned(bg))
+	assert.False(t, tr.IsPinned(nil))
+	assert.Equal(t, 4<<20, tr.MaxValueSize())
 }

@@ -510,3 +510,17 @@ func ExampleTier() {
 	// 1 of 2 keys held; "K and V of 16"
 	// hits 1, held 2 MiB of 64 MiB
 }
+
+// Without CUDA there is nothing to pin and no stream.
+func TestNoCUDA(t *testing.T) {
+	tr, _ := newTier(t, hosttier.Options{Budget: 1 << 20})
+	assert.NoError(t, tr.WaitPinned(bg))
+	assert.Nil(t, tr.Stream())
+	assert.Equal(t, 1<<20, tr.MaxValueSize())
+	require.NoError(t, tr.Store(bg, key(0), 10, func(dst []byte) error {
+		assert.False(t, tr.IsPinned(dst))
+		return nil
+	}))
+	assert.False(t, tr.IsPinned(nil))
+	assert.Zero(t, tr.Stats().Pinned)
+}
