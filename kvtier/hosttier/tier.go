@@ -66,7 +66,7 @@ type Options struct {
 	// is set (tests).
 	CgroupRoot, CgroupSelf string
 	// CUDA, when set, makes the tier one of pinned host memory below that device: New
-	// commits the whole region at once, a goroutine pins it (Backing.PinHost) in
+	// commits (without populating) the whole region at once, a goroutine pins it (Backing.PinHost) in
 	// pieces of PinChunk bytes, and the tier keeps a stream of its own (Stream) for
 	// the device's copies into and out of its values. Until a piece is pinned its
 	// values are plain pageable memory: copies still work, staged by the driver.
@@ -177,7 +177,10 @@ func New(opts Options) (*Tier, error) {
 		}
 		auth = g.Authority("hosttier", dev)
 	}
-	priv, err := host.NewPrivate(host.PrivateOptions{Granularity: opts.Granule, Populate: true, Name: "vmarena-hosttier"})
+	// Commits populate their pages (MADV_POPULATE_WRITE: ~4.5x cheaper than faulting),
+	// except a CUDA tier's one commit of its whole region: there the pinning, in the
+	// background, makes the pages resident, and New stays quick.
+	priv, err := host.NewPrivate(host.PrivateOptions{Granularity: opts.Granule, Populate: opts.CUDA == nil, Name: "vmarena-hosttier"})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadOptions, err)
 	}
