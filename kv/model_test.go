@@ -1,0 +1,289 @@
+package kv_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/kv"
+)
+
+// hybrid is a small model with every kind: layers 0-1 full, 2-3 sliding (window 5),
+// 4 chunked (chunks of 6), 5 an MLA latent, 6 recurrent.
+func hybrid() kv.Model {
+	return kv.Model{Name: "hybrid", Layers: 7, Groups: []kv.Group{
+		{Kind: kv.FullAttention, Layers: []int{0, 1}, KVHeads: 2, HeadDim: 16, DType: arena.Float16},
+		{Kind: kv.SlidingWindow, Window: 5, Layers: []int{2, 3}, KVHeads: 2, HeadDim: 16, DType: arena.Float16},
+		{Kind: kv.ChunkedLocal, Window: 6, Layers: []int{4}, KVHeads: 1, HeadDim: 32, DType: arena.Q8_0},
+		{Kind: kv.MLALatent, Layers: []int{5}, KVHeads: 1, HeadDim: 48, DType: arena.Float8E4M3, Scales: kv.ScalePerTensor},
+		{Kind: kv.Recurrent, Layers: []int{6}, StateBytes: 1000},
+	}}
+}
+
+func TestModelValidateBadInputs(t *testing.T) {
+	require.NoError(t, hybrid().Validate(64))
+	tests := []struct {
+		name  string
+		edit  func(m *kv.Model)
+		max   int
+		words string
+	}{
+		{"zero layers", func(m *kv.Model) { m.Layers = 0 }, 0, "0 layers"},
+		{"no groups", func(m *kv.Model) { m.Groups = nil }, 0, "no layer groups"},
+		{"unknown kind", func(m *kv.Model) { m.Groups[0].Kind = 0 }, 0, "unknown attention kind"},
+		{"a kind past the last", func(m *kv.Model) { m.Groups[0].Kind = kv.Recurrent + 1 }, 0, "unknown attention kind"},
+		{"a group without layers", func(m *kv.Model) { m.Groups[4].Layers = nil }, 0, "no layers"},
+		{"a window larger than MaxTokens", func(m *kv.Model) {}, 4, "larger than MaxTokens 4"},
+		{"a sliding window of no tokens", func(m *kv.Model) { m.Groups[1].Window = 0 }, 0, "window 0 must be positive"},
+		{"a chunk of negative tokens", func(m *kv.Model) { m.Groups[2].Window = -6 }, 0, "window -6 must be positive"},
+		{"a window on full attention", func(m *kv.Model) { m.Groups[0].Window = 8 }, 0, "only for sliding-window"},
+		{"an MLA group with V", func(m *kv.Model) { m.Groups[3].Tensors = 2 }, 0, "no V"},
+		{"attention without V", func(m *kv.Model) { m.Groups[0].Tensors = 1 }, 0, "K and V"},
+		{"a recurrent group without state", func(m *kv.Model) { m.Groups[4].StateBytes = 0 }, 0, "must be positive"},
+		{"a recurrent group with heads", func(m *kv.Model) { m.Groups[4].KVHeads = 2 }, 0, "no per-token tensors"},
+		{"state bytes on attention", func(m *kv.Model) { m.Groups[0].StateBytes = 8 }, 0, "only for recurrent"},
+		{"a layer outside the model", func(m *kv.Model) { m.Groups[0].Layers = []int{0, 7} }, 0, "layer 7 of a 7-layer model"},
+		{"a negative layer", func(m *kv.Model) { m.Groups[0].Layers = []int{-1, 1} }, 0, "layer -1"},
+		{"a layer listed twice", func(m *kv.Model) { m.Groups[1].Layers = []int{1, 3} }, 0, "layer 1 is listed twice (groups 0 and 1)"},
+		{"a layer in no group", func(m *kv.Model) { m.Groups[1].Layers = []int{3} }, 0, "layer 2 of model \"hybrid\" is in no group"},
+		{"zero KV heads", func(m *kv.Model) { m.Groups[0].KVHeads = 0 }, 0, "must be positive"},
+		{"a head dim Q8_0 can not block", func(m *kv.Model) { m.Groups[2].HeadDim = 20 }, 0, "head dim 20"},
+		{"FP8 scales on bf16", func(m *kv.Model) { m.Groups[0].Scales = kv.ScalePerHead }, 0, "scales are for FP8"},
+		{"an unknown element type", func(m *kv.Model) { m.Groups[0].DType = 0 }, 0, "element type"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := hybrid()
+			tt.edit(&m)
+			err := m.Validate(tt.max)
+			require.ErrorIs(t, err, kv.ErrGeometry)
+			assert.Contains(t, err.Error(), tt.words)
+			_, err = m.Size(64<<10, 10)
+			if tt.max == 0 {
+				assert.ErrorIs(t, err, kv.ErrGeometry, "Size validates too")
+			}
+		})
+	}
+	assert.ErrorIs(t, hybrid().Validate(-1), kv.ErrConfig)
+	for _, bad := range []struct{ granule, tokens int }{{0, 1}, {3 << 10, 1}, {64 << 10, -1}} {
+		_, err := hybrid().Size(bad.granule, bad.tokens)
+		assert.ErrorIs(t, err, kv.ErrConfig, "Size(%d, %d)", bad.granule, bad.tokens)
+	}
+}
+
+func TestModelBytesPerToken(t *testing.T) {
+	m := hybrid()
+	want := []int{
+		2 * 2 * 2 * 16 * 2, // full: 2 layers × K,V × 2 heads × 16 × 2 bytes
+		2 * 2 * 2 * 16 * 2, // sliding: the same shape
+		1 * 2 * 1 * 34,     // chunked: 1 layer × K,V × 1 head × one Q8_0 block of 32 values
+		1 * 1 * 1 * 48,     // MLA: 1 layer × 1 latent × 48 FP8 values (the scales are the cache's)
+		0,                  // recurrent: no tokens
+	}
+	total := 0
+	for i, g := range m.Groups {
+		assert.Equal(t, want[i], g.BytesPerToken(), "group %d (%v)", i, g.Kind)
+		total += want[i]
+	}
+	assert.Equal(t, total, m.BytesPerToken())
+	assert.Equal(t, 0, kv.Group{Kind: kv.FullAttention, KVHeads: 1, HeadDim: 33, DType: arena.Q8_0}.TokenBytes(), "a shape the type can not hold")
+}
+
+// firstLive is Group.FirstLive from the kinds' definitions: the least token the
+// next one (at position n) reads.
+func firstLive(g kv.Group, n int) int {
+	for t := 0; t < n; t++ {
+		switch {
+		case g.Kind == kv.SlidingWindow && n-t < g.Window,
+			g.Kind == kv.ChunkedLocal && t/g.Window == n/g.Window,
+			g.Kind == kv.FullAttention || g.Kind == kv.MLALatent:
+			return t
+		}
+	}
+	if g.Kind == kv.FullAttention || g.Kind == kv.MLALatent || g.Kind == kv.Recurrent {
+		return 0
+	}
+	return n
+}
+
+// TestModelSizeModel checks Size against a plain model: the blocks that hold a live
+// token, counted one token at a time.
+func TestModelSizeModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(25, 1))
+	models := append(kv.ModelPresets(), hybrid())
+	for _, m := range models {
+		for _, granule := range []int{4 << 10, 64 << 10, 2 << 20} {
+			for range 8 {
+				n := rng.IntN(20_000)
+				s, err := m.Size(granule, n)
+				require.NoError(t, err)
+				var need, committed int64
+				for i, g := range m.Groups {
+					gs := s.Groups[i]
+					assert.Equal(t, g.Kind, gs.Kind)
+					assert.Equal(t, len(g.Layers), gs.Layers)
+					if g.Kind == kv.Recurrent {
+						state := len(g.Layers) * g.StateBytes
+						if n > 0 {
+							assert.Equal(t, int64(state), gs.Need)
+							assert.Equal(t, int64((state+granule-1)/granule*granule), gs.Committed)
+						}
+						need, committed = need+gs.Need, committed+gs.Committed
+						continue
+					}
+					first := firstLive(g, n)
+					require.Equal(t, first, g.FirstLive(n), "%s group %d at %d tokens", m.Name, i, n)
+					bpt := g.BytesPerToken()
+					blk := (bpt + granule - 1) / granule * granule
+					require.Equal(t, blk, gs.BlockBytes)
+					require.Equal(t, blk/bpt, gs.BlockTokens)
+					blocks := map[int]bool{}
+					for tok := first; tok < n; tok++ {
+						blocks[tok/gs.BlockTokens] = true
+					}
+					assert.Equal(t, n-first, gs.Live)
+					assert.Equal(t, int64(n-first)*int64(bpt), gs.Need, "%s group %d at %d tokens", m.Name, i, n)
+					assert.Equal(t, int64(len(blocks))*int64(blk), gs.Committed, "%s group %d at %d tokens", m.Name, i, n)
+					need, committed = need+gs.Need, committed+gs.Committed
+				}
+				assert.Equal(t, need, s.Need)
+				assert.Equal(t, committed, s.Committed)
+			}
+		}
+	}
+}
+
+// TestModelSizeMatchesGeometry: a Geometry's one-group model commits what kv.Size says
+// the Blocked layout commits.
+func TestModelSizeMatchesGeometry(t *testing.T) {
+	for _, g := range kv.Presets() {
+		m := g.Model()
+		require.NoError(t, m.Validate(0))
+		assert.Equal(t, g.BytesPerToken(), m.BytesPerToken(), g.Name)
+		for _, granule := range []int{64 << 10, 2 << 20} {
+			for _, n := range []int{0, 1, 17, 1000, 8191, 32768} {
+				want, err := kv.Size(g, kv.Blocked, granule, n, 32768)
+				require.NoError(t, err)
+				got, err := m.Size(granule, n)
+				require.NoError(t, err)
+				assert.Equal(t, want.Committed, got.Committed, "%s at %d tokens on %d-byte granules", g.Name, n, granule)
+				assert.Equal(t, want.Used, got.Need)
+				assert.Equal(t, want.BlockTokens, got.Groups[0].BlockTokens)
+			}
+		}
+	}
+}
+
+// TestModelPresets checks the presets' layer groups against the patterns their
+// configs state.
+func TestModelPresets(t *testing.T) {
+	want := map[string][][2]int{ // per group: kind, layers
+		"gpt-oss-20b":        {{int(kv.SlidingWindow), 12}, {int(kv.FullAttention), 12}},
+		"gpt-oss-120b":       {{int(kv.SlidingWindow), 18}, {int(kv.FullAttention), 18}},
+		"gemma-3-27b":        {{int(kv.SlidingWindow), 52}, {int(kv.FullAttention), 10}},
+		"gemma-3-12b":        {{int(kv.SlidingWindow), 40}, {int(kv.FullAttention), 8}},
+		"llama-4-scout":      {{int(kv.ChunkedLocal), 36}, {int(kv.FullAttention), 12}},
+		"deepseek-v3":        {{int(kv.MLALatent), 61}},
+		"deepseek-r1":        {{int(kv.MLALatent), 61}},
+		"qwen3-8b":           {{int(kv.FullAttention), 36}},
+		"qwen3-32b":          {{int(kv.FullAttention), 64}},
+		"qwen3-next-80b-a3b": {{int(kv.Recurrent), 36}, {int(kv.FullAttention), 12}},
+	}
+	presets := kv.ModelPresets()
+	require.Len(t, presets, len(want))
+	for _, m := range presets {
+		require.NoError(t, m.Validate(128<<10), m.Name)
+		groups, ok := want[m.Name]
+		require.True(t, ok, m.Name)
+		require.Len(t, m.Groups, len(groups), m.Name)
+		for i, g := range m.Groups {
+			assert.Equal(t, kv.Attention(groups[i][0]), g.Kind, "%s group %d", m.Name, i)
+			assert.Len(t, g.Layers, groups[i][1], "%s group %d", m.Name, i)
+		}
+		got, err := kv.ModelPreset(m.Name)
+		require.NoError(t, err)
+		assert.Equal(t, m, got)
+	}
+	// The figures the issue states, from the configs.
+	assert.Equal(t, 576, kv.DeepSeekV3().Groups[0].HeadDim, "kv_lora_rank 512 + rope 64")
+	assert.Equal(t, 1024, kv.Gemma3_27B().Groups[0].Window)
+	assert.Equal(t, []int{5, 11, 17, 23, 29, 35, 41, 47, 53, 59}, kv.Gemma3_27B().Groups[1].Layers)
+	assert.Equal(t, []int{3, 7, 11, 15, 19, 23, 27, 31, 35, 39, 43, 47}, kv.Llama4Scout().Groups[1].Layers)
+	assert.Equal(t, 1_097_728, kv.Qwen3Next80B().Groups[0].StateBytes)
+
+	_, err := kv.ModelPreset("gpt-5")
+	assert.ErrorIs(t, err, kv.ErrUnknownModel)
+	assert.Contains(t, err.Error(), "gemma-3-27b")
+
+	// Each call is a fresh value: editing one changes no other.
+	a := kv.GPTOSS20B()
+	a.Groups[0].Layers[0] = 99
+	assert.Equal(t, 0, kv.GPTOSS20B().Groups[0].Layers[0])
+}
+
+func TestModelUniform(t *testing.T) {
+	m := hybrid()
+	u := m.Uniform()
+	kinds := []kv.Attention{kv.FullAttention, kv.FullAttention, kv.FullAttention, kv.MLALatent, kv.Recurrent}
+	for i, g := range u.Groups {
+		assert.Equal(t, kinds[i], g.Kind)
+		assert.Zero(t, g.Window)
+	}
+	assert.Equal(t, kv.SlidingWindow, m.Groups[1].Kind, "the model itself is unchanged")
+	require.NoError(t, u.Validate(0))
+}
+
+// TestModelTargetOneBlock checks the issue's target arithmetic on one sequence of 128K
+// tokens of each preset on 2 MiB granules: each group commits at most one block beyond
+// the fewest whole blocks that hold its live tokens (a full group exactly the fewest).
+// NB: a sliding window's live tokens start mid-block, so the window can straddle one
+// block more than the fewest, partly dead at its front and partly empty at its end: the
+// target holds for it as "one block beyond the fewest", not as "one partly filled
+// block". Each block's tail that holds no whole token is waste on top.
+func TestModelTargetOneBlock(t *testing.T) {
+	const granule = 2 << 20
+	straddles := false
+	for _, m := range kv.ModelPresets() {
+		for _, n := range []int{128 << 10, 128<<10 + 1, 128<<10 - 1, 100_003} {
+			s, err := m.Size(granule, n)
+			require.NoError(t, err)
+			for i, gs := range s.Groups {
+				if gs.Kind == kv.Recurrent {
+					assert.Less(t, gs.Committed-gs.Need, int64(granule), "%s: a recurrent state rounds up to one granule at most", m.Name)
+					continue
+				}
+				blocks := int(gs.Committed / int64(gs.BlockBytes))
+				fewest := (gs.Live + gs.BlockTokens - 1) / gs.BlockTokens
+				switch gs.Kind {
+				case kv.SlidingWindow, kv.ChunkedLocal:
+					assert.LessOrEqual(t, blocks, fewest+1, "%s group %d at %d tokens", m.Name, i, n)
+					straddles = straddles || blocks == fewest+1
+				default:
+					assert.Equal(t, fewest, blocks, "%s group %d at %d tokens", m.Name, i, n)
+				}
+				tail := gs.BlockBytes - gs.BlockTokens*gs.BytesPerToken
+				assert.LessOrEqual(t, gs.Committed-gs.Need, int64(2*gs.BlockBytes)+int64(blocks*tail)-int64(2*tail), "%s group %d", m.Name, i)
+			}
+		}
+	}
+	assert.True(t, straddles, "some window straddles one block more than the fewest: the NB above is real")
+}
+
+func ExampleModel_Size() {
+	m := kv.GPTOSS20B()
+	s, err := m.Size(2<<20, 128<<10)
+	if err != nil {
+		panic(err)
+	}
+	for _, g := range s.Groups {
+		fmt.Printf("%v: %d layers, %d B/token, %d live tokens, need %d, commit %d\n",
+			g.Kind, g.Layers, g.BytesPerToken, g.Live, g.Need, g.Committed)
+	}
+	// Output:
+	// sliding-window: 12 layers, 24576 B/token, 127 live tokens, need 3121152, commit 6291456
+	// full: 12 layers, 24576 B/token, 131072 live tokens, need 3221225472, commit 3235905536
+}
