@@ -62,16 +62,16 @@ func TestModelValidateBadInputs(t *testing.T) {
 			err := m.Validate(tt.max)
 			require.ErrorIs(t, err, kv.ErrGeometry)
 			assert.Contains(t, err.Error(), tt.words)
-			_, err = m.Size(64<<10, 10)
+			_, err = m.Size(64<<10, 0, 10)
 			if tt.max == 0 {
 				assert.ErrorIs(t, err, kv.ErrGeometry, "Size validates too")
 			}
 		})
 	}
 	assert.ErrorIs(t, hybrid().Validate(-1), kv.ErrConfig)
-	for _, bad := range []struct{ granule, tokens int }{{0, 1}, {3 << 10, 1}, {64 << 10, -1}} {
-		_, err := hybrid().Size(bad.granule, bad.tokens)
-		assert.ErrorIs(t, err, kv.ErrConfig, "Size(%d, %d)", bad.granule, bad.tokens)
+	for _, bad := range []struct{ granule, blockTokens, tokens int }{{0, 0, 1}, {3 << 10, 0, 1}, {64 << 10, 0, -1}, {64 << 10, -1, 1}, {64 << 10, 1 << 62, 1}} {
+		_, err := hybrid().Size(bad.granule, bad.blockTokens, bad.tokens)
+		assert.ErrorIs(t, err, kv.ErrConfig, "Size(%d, %d, %d)", bad.granule, bad.blockTokens, bad.tokens)
 	}
 }
 
@@ -118,10 +118,10 @@ func TestModelSizeModel(t *testing.T) {
 	for _, m := range models {
 		for _, granule := range []int{4 << 10, 64 << 10, 2 << 20} {
 			for range 8 {
-				n := rng.IntN(20_000)
-				s, err := m.Size(granule, n)
+				n, bt := rng.IntN(9000), []int{0, 1, 7, 64}[rng.IntN(4)]
+				s, err := m.Size(granule, bt, n)
 				require.NoError(t, err)
-				var need, committed int64
+				var need, committed, packed int64
 				for i, g := range m.Groups {
 					gs := s.Groups[i]
 					assert.Equal(t, g.Kind, gs.Kind)
@@ -131,27 +131,38 @@ func TestModelSizeModel(t *testing.T) {
 						if n > 0 {
 							assert.Equal(t, int64(state), gs.Need)
 							assert.Equal(t, int64((state+granule-1)/granule*granule), gs.Committed)
+							assert.Equal(t, gs.Committed, gs.Packed)
 						}
-						need, committed = need+gs.Need, committed+gs.Committed
+						need, committed, packed = need+gs.Need, committed+gs.Committed, packed+gs.Packed
 						continue
 					}
 					first := firstLive(g, n)
 					require.Equal(t, first, g.FirstLive(n), "%s group %d at %d tokens", m.Name, i, n)
 					bpt := g.BytesPerToken()
-					blk := (bpt + granule - 1) / granule * granule
+					blk := (max(bt, 1)*bpt + granule - 1) / granule * granule
 					require.Equal(t, blk, gs.BlockBytes)
 					require.Equal(t, blk/bpt, gs.BlockTokens)
-					blocks := map[int]bool{}
+					blocks, granules := map[int]bool{}, map[int]bool{}
 					for tok := first; tok < n; tok++ {
 						blocks[tok/gs.BlockTokens] = true
+						granules[tok*bpt/granule] = true
+						granules[((tok+1)*bpt-1)/granule] = true
+					}
+					if bpt > granule { // a token spans whole granules between its ends
+						granules = map[int]bool{}
+						for b := first * bpt / granule; n > first && b <= (n*bpt-1)/granule; b++ {
+							granules[b] = true
+						}
 					}
 					assert.Equal(t, n-first, gs.Live)
 					assert.Equal(t, int64(n-first)*int64(bpt), gs.Need, "%s group %d at %d tokens", m.Name, i, n)
 					assert.Equal(t, int64(len(blocks))*int64(blk), gs.Committed, "%s group %d at %d tokens", m.Name, i, n)
-					need, committed = need+gs.Need, committed+gs.Committed
+					assert.Equal(t, int64(len(granules))*int64(granule), gs.Packed, "%s group %d at %d tokens", m.Name, i, n)
+					need, committed, packed = need+gs.Need, committed+gs.Committed, packed+gs.Packed
 				}
 				assert.Equal(t, need, s.Need)
 				assert.Equal(t, committed, s.Committed)
+				assert.Equal(t, packed, s.Packed)
 			}
 		}
 	}
@@ -166,13 +177,15 @@ func TestModelSizeMatchesGeometry(t *testing.T) {
 		assert.Equal(t, g.BytesPerToken(), m.BytesPerToken(), g.Name)
 		for _, granule := range []int{64 << 10, 2 << 20} {
 			for _, n := range []int{0, 1, 17, 1000, 8191, 32768} {
-				want, err := kv.Size(g, kv.Blocked, granule, n, 32768)
-				require.NoError(t, err)
-				got, err := m.Size(granule, n)
-				require.NoError(t, err)
-				assert.Equal(t, want.Committed, got.Committed, "%s at %d tokens on %d-byte granules", g.Name, n, granule)
-				assert.Equal(t, want.Used, got.Need)
-				assert.Equal(t, want.BlockTokens, got.Groups[0].BlockTokens)
+				for _, bt := range []int{0, 5, 64} {
+					want, err := kv.Config{Geometry: g, Layout: kv.Blocked, BlockTokens: bt, MaxTokens: 32768}.Size(granule, n)
+					require.NoError(t, err)
+					got, err := m.Size(granule, bt, n)
+					require.NoError(t, err)
+					assert.Equal(t, want.Committed, got.Committed, "%s at %d tokens in blocks of %d on %d-byte granules", g.Name, n, bt, granule)
+					assert.Equal(t, want.Used, got.Need)
+					assert.Equal(t, want.BlockTokens, got.Groups[0].BlockTokens)
+				}
 			}
 		}
 	}
@@ -249,9 +262,16 @@ func TestModelTargetOneBlock(t *testing.T) {
 	straddles := false
 	for _, m := range kv.ModelPresets() {
 		for _, n := range []int{128 << 10, 128<<10 + 1, 128<<10 - 1, 100_003} {
-			s, err := m.Size(granule, n)
+			s, err := m.Size(granule, 0, n)
 			require.NoError(t, err)
 			for i, gs := range s.Groups {
+				// Packed: at most one partly filled granule at the end, and a window's
+				// one partly dead granule at the front.
+				if gs.Kind == kv.SlidingWindow || gs.Kind == kv.ChunkedLocal {
+					assert.Less(t, gs.Packed-gs.Need, int64(2*granule), "%s group %d at %d tokens", m.Name, i, n)
+				} else {
+					assert.Less(t, gs.Packed-gs.Need, int64(granule), "%s group %d at %d tokens", m.Name, i, n)
+				}
 				if gs.Kind == kv.Recurrent {
 					assert.Less(t, gs.Committed-gs.Need, int64(granule), "%s: a recurrent state rounds up to one granule at most", m.Name)
 					continue
@@ -275,15 +295,15 @@ func TestModelTargetOneBlock(t *testing.T) {
 
 func ExampleModel_Size() {
 	m := kv.GPTOSS20B()
-	s, err := m.Size(2<<20, 128<<10)
+	s, err := m.Size(2<<20, 0, 128<<10) // 2 MiB granules, blocks of the fewest granules
 	if err != nil {
 		panic(err)
 	}
 	for _, g := range s.Groups {
-		fmt.Printf("%v: %d layers, %d B/token, %d live tokens, need %d, commit %d\n",
-			g.Kind, g.Layers, g.BytesPerToken, g.Live, g.Need, g.Committed)
+		fmt.Printf("%v: %d layers, %d B/token, %d tokens per block, %d live, need %d, commit %d, packed %d\n",
+			g.Kind, g.Layers, g.BytesPerToken, g.BlockTokens, g.Live, g.Need, g.Committed, g.Packed)
 	}
 	// Output:
-	// sliding-window: 12 layers, 24576 B/token, 127 live tokens, need 3121152, commit 6291456
-	// full: 12 layers, 24576 B/token, 131072 live tokens, need 3221225472, commit 3235905536
+	// sliding-window: 12 layers, 24576 B/token, 85 tokens per block, 127 live, need 3121152, commit 6291456, packed 4194304
+	// full: 12 layers, 24576 B/token, 85 tokens per block, 131072 live, need 3221225472, commit 3235905536, packed 3221225472
 }
