@@ -116,7 +116,7 @@ func TestModelSizeModel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(25, 1))
 	models := append(kv.ModelPresets(), hybrid())
 	for _, m := range models {
-		for _, granule := range []int{4 << 10, 64 << 10, 2 << 20} {
+		for _, granule := range []int{4 << 10, 2 << 20} {
 			for range 8 {
 				n, bt := rng.IntN(9000), []int{0, 1, 7, 64}[rng.IntN(4)]
 				s, err := m.Size(granule, bt, n)
