@@ -143,10 +143,9 @@ func (buf *Buffer[R, B]) Bytes() []byte {
 
 // Resize sets Len to n. Growing commits the whole granules needed to cover n (under
 // ByBuffer, charged to the authority first); shrinking decommits the granules wholly
-// past n, whose contents are forfeit. Shrinking to n at or below Start leaves nothing
-// committed and moves Start down to n rounded up to the granule, so that growing
-// again commits from there (fresh granules: what DecommitBelow gave back does not
-// come back). A refused or failed resize returns the error and
+// past n, whose contents are forfeit. A length below Start is refused with
+// ErrInvalidSize (what DecommitBelow gave back does not come back), except 0, which
+// empties the buffer and moves Start back to 0. A refused or failed resize returns the error and
 // changes nothing: a budget refusal matches accounting.ErrBudgetExceeded.
 func (buf *Buffer[R, B]) Resize(n int) error { return buf.resize(context.Background(), false, n) }
 
@@ -172,6 +171,9 @@ func (buf *Buffer[R, B]) resize(ctx context.Context, wait bool, n int) error {
 	if n > buf.capacity {
 		return fmt.Errorf("%w: length %d, capacity %d", ErrCapacity, n, buf.capacity)
 	}
+	if n != 0 && n < buf.start {
+		return fmt.Errorf("%w: length %d below the %d bytes given back", ErrInvalidSize, n, buf.start)
+	}
 	need, _ := backing.AlignUp(n, buf.gran) // cannot overflow: n <= capacity
 	switch {
 	case need > buf.end:
@@ -179,12 +181,14 @@ func (buf *Buffer[R, B]) resize(ctx context.Context, wait bool, n int) error {
 			return err
 		}
 	case need < buf.end:
-		from := max(need, buf.start) // below start nothing is committed
+		from := max(need, buf.start) // need is below start only when n is 0
 		if err := buf.decommit(from, buf.end); err != nil {
 			return err
 		}
 		buf.start, buf.end = min(buf.start, need), need
 		buf.clipShared()
+	case n == 0:
+		buf.start = 0 // an empty buffer grows from 0 again
 	}
 	buf.length = n
 	return nil

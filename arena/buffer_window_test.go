@@ -91,8 +91,9 @@ func testDecommitBelow[R any, B backing.Backing[R]](t *testing.T, e windowEnv[R,
 		{"below the length", func() error { return buf.DecommitBelow(9 * g) }, 9 * g, 9 * g, 0, 0, 0},
 		{"grow from the start", func() error { return buf.Resize(10*g + 1) }, 10*g + 1, 9 * g, 2 * g, 0, 0},
 		{"shrink to the start", func() error { return buf.Resize(9 * g) }, 9 * g, 9 * g, 0, 0, 0},
-		{"shrink below the start", func() error { return buf.Resize(3*g + 1) }, 3*g + 1, 4 * g, 0, 0, 0},
-		{"grow again", func() error { return buf.Resize(6 * g) }, 6 * g, 4 * g, 2 * g, 0, 0},
+		{"empty", func() error { return buf.Resize(0) }, 0, 0, 0, 0, 0},
+		{"grow again from 0", func() error { return buf.Resize(6 * g) }, 6 * g, 0, 6 * g, 0, 0},
+		{"below a granule boundary", func() error { return buf.DecommitBelow(4 * g) }, 6 * g, 4 * g, 2 * g, 0, 0},
 		{"below zero changes nothing", func() error { return buf.DecommitBelow(0) }, 6 * g, 4 * g, 2 * g, 0, 0},
 	}
 	for _, st := range steps {
@@ -114,7 +115,11 @@ func testDecommitBelow[R any, B backing.Backing[R]](t *testing.T, e windowEnv[R,
 	for _, off := range []int{-1, buf.Len() + 1} {
 		assert.ErrorIs(t, buf.DecommitBelow(off), arena.ErrInvalidSize, "DecommitBelow(%d)", off)
 	}
-	assert.Equal(t, 4*g, buf.Start(), "a refused DecommitBelow changes nothing")
+	for _, n := range []int{1, 3*g + 1, 4*g - 1} {
+		assert.ErrorIs(t, buf.Resize(n), arena.ErrInvalidSize, "Resize(%d) below Start", n)
+	}
+	assert.Equal(t, 6*g, buf.Len())
+	assert.Equal(t, 4*g, buf.Start(), "a refusal changes nothing")
 	assert.Equal(t, 2*g, buf.Committed())
 	e.check(t, "after the refusals", buf)
 
@@ -189,7 +194,7 @@ func testShareRange[R any, B backing.Backing[R]](t *testing.T, e windowEnv[R, B]
 	assert.ErrorIs(t, dst.ShareFrom(src, 0, backing.ReadOnly), arena.ErrNotEmpty)
 
 	// The source gives its window up; the granules the other buffer shared live on.
-	require.NoError(t, dst.Resize(2*g))
+	require.NoError(t, dst.Resize(0))
 	require.NoError(t, dst.ShareRange(src, 3*g, 3*g, 2*g, backing.ReadOnly))
 	require.NoError(t, src.DecommitBelow(src.Len()))
 	assert.Zero(t, src.Committed())
