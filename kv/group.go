@@ -128,8 +128,9 @@ func (g Group) FirstLive(n int) int {
 	return 0
 }
 
-// validate reports what is wrong with group i of a model of layers layers for a cache
-// of at most maxTokens tokens per sequence (0: no maximum given).
+// validate reports what is wrong with g on its own, as group i of a model, for a cache
+// of at most maxTokens tokens per sequence (0: no maximum given); Model.Validate
+// checks the layer indices across groups.
 func (g Group) validate(i, maxTokens int) error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: group %d (%v): %s", ErrGeometry, i, g.Kind, fmt.Sprintf(format, args...))
