@@ -307,3 +307,16 @@ func ExampleModel_Size() {
 	// sliding-window: 12 layers, 24576 B/token, 85 tokens per block, 127 live, need 3121152, commit 6291456, packed 4194304
 	// full: 12 layers, 24576 B/token, 85 tokens per block, 131072 live, need 3221225472, commit 3235905536, packed 3221225472
 }
+
+func ExampleModel_Validate() {
+	m := kv.DeepSeekV3()
+	m.Groups[0].Tensors = 2 // a V beside the latent
+	fmt.Println(m.Validate(128 << 10))
+	g := kv.Gemma3_27B()
+	fmt.Println(g.Validate(512))
+	fmt.Println(kv.Llama3_8B.Model().Validate(8192))
+	// Output:
+	// kv: invalid geometry: group 0 (mla-latent): 2 tensors per layer: an MLA group keeps one latent and no V
+	// kv: invalid geometry: group 0 (sliding-window): window of 1024 tokens is larger than MaxTokens 512
+	// <nil>
+}
