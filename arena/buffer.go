@@ -13,7 +13,7 @@ import (
 // Memory is what a typed view needs of a buffer.
 type Memory interface {
 	Base() uintptr        // first address; never changes
-	Len() int             // bytes in use: committed and valid to view
+	Len() int             // bytes in use: committed and valid to view (a Buffer's from its Start)
 	HostAccessible() bool // whether the CPU may dereference [Base, Base+Len)
 }
 
@@ -372,8 +372,8 @@ func (buf *Buffer[R, B]) ShareRange(src *Buffer[R, B], srcOff, dstOff, size int,
 // committed bytes [Start, Start+Committed). The contents stay, and other buffers mapping the same granules (see
 // ShareFrom) keep their own access. A granule this buffer maps by a ReadOnly ShareFrom
 // can not be made ReadWrite: that fails with an error matching backing.ErrReadOnly.
-// Protection lasts until the bytes are decommitted (Resize below them); memory
-// committed again is read-write.
+// Protection lasts until the bytes are decommitted (Resize or DecommitBelow past
+// them); memory committed again is read-write.
 //
 // A write to read-only bytes through the backing's copies fails; a store through
 // Bytes or a host view faults (SIGSEGV, fatal unless the goroutine runs under
