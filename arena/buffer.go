@@ -13,7 +13,7 @@ import (
 // Memory is what a typed view needs of a buffer.
 type Memory interface {
 	Base() uintptr        // first address; never changes
-	Len() int             // bytes in use: committed and valid to view
+	Len() int             // bytes in use: committed and valid to view (a Buffer's from its Start)
 	HostAccessible() bool // whether the CPU may dereference [Base, Base+Len)
 }
 
@@ -22,17 +22,19 @@ type Memory interface {
 type Buffer[R any, B backing.Backing[R]] struct {
 	_ nocopy.NoCopy
 
-	b         B
-	r         R
-	auth      *accounting.Authority // charged per granule under ByBuffer; nil under ByBacking
-	base      uintptr
-	gran      int
-	capacity  int
-	length    int
-	committed int
-	shared    int // bytes at the start that map another buffer's granules
-	host      bool
-	closed    bool
+	b        B
+	r        R
+	auth     *accounting.Authority // charged per granule under ByBuffer; nil under ByBacking
+	base     uintptr
+	gran     int
+	capacity int
+	length   int
+	// The committed granules are one run [start, end): below start the buffer gave
+	// them back (DecommitBelow), past end it never committed them.
+	start, end int
+	shared     []span // the parts of [start, end) that map another buffer's granules, in order
+	host       bool
+	closed     bool
 }
 
 // NewBuffer reserves capacity bytes (rounded up to the granule) of b's address space
@@ -90,12 +92,23 @@ func (buf *Buffer[R, B]) Base() uintptr { return buf.base }
 // Len returns the bytes in use.
 func (buf *Buffer[R, B]) Len() int { return buf.length }
 
-// Committed returns the bytes backed by memory: Len rounded up to the granule.
-func (buf *Buffer[R, B]) Committed() int { return buf.committed }
+// Committed returns the bytes backed by memory: from Start to Len rounded up to the
+// granule.
+func (buf *Buffer[R, B]) Committed() int { return buf.end - buf.start }
 
-// Shared returns the bytes at the start of the buffer that map another buffer's
-// physical granules (see ShareFrom).
-func (buf *Buffer[R, B]) Shared() int { return buf.shared }
+// Start returns the offset of the first committed byte: 0 unless DecommitBelow gave
+// back the granules before it. The bytes of [0, Start) are Reserved.
+func (buf *Buffer[R, B]) Start() int { return buf.start }
+
+// Shared returns the bytes of Committed that map another buffer's physical granules
+// (see ShareFrom and ShareRange).
+func (buf *Buffer[R, B]) Shared() int {
+	n := 0
+	for _, sp := range buf.shared {
+		n += sp.end - sp.off
+	}
+	return n
+}
 
 // Capacity returns the reserved bytes: the most Len can become.
 func (buf *Buffer[R, B]) Capacity() int { return buf.capacity }
@@ -114,7 +127,8 @@ func (buf *Buffer[R, B]) Backing() B { return buf.b }
 func (buf *Buffer[R, B]) Reservation() R { return buf.r }
 
 // Bytes returns the first Len bytes of a host buffer. The slice is valid until the
-// buffer shrinks below it or closes. It panics with PanicDeviceBytes on a buffer whose
+// buffer shrinks below it or closes. NB: its bytes below Start are Reserved, not
+// committed: touching them faults. It panics with PanicDeviceBytes on a buffer whose
 // memory the CPU must not touch.
 func (buf *Buffer[R, B]) Bytes() []byte {
 	buf.live()
@@ -129,7 +143,9 @@ func (buf *Buffer[R, B]) Bytes() []byte {
 
 // Resize sets Len to n. Growing commits the whole granules needed to cover n (under
 // ByBuffer, charged to the authority first); shrinking decommits the granules wholly
-// past n, whose contents are forfeit. A refused or failed resize returns the error and
+// past n, whose contents are forfeit. A length below Start is refused with
+// ErrInvalidSize (what DecommitBelow gave back does not come back), except 0, which
+// empties the buffer and moves Start back to 0. A refused or failed resize returns the error and
 // changes nothing: a budget refusal matches accounting.ErrBudgetExceeded.
 func (buf *Buffer[R, B]) Resize(n int) error { return buf.resize(context.Background(), false, n) }
 
@@ -155,25 +171,82 @@ func (buf *Buffer[R, B]) resize(ctx context.Context, wait bool, n int) error {
 	if n > buf.capacity {
 		return fmt.Errorf("%w: length %d, capacity %d", ErrCapacity, n, buf.capacity)
 	}
+	if n != 0 && n < buf.start {
+		return fmt.Errorf("%w: length %d below the %d bytes given back", ErrInvalidSize, n, buf.start)
+	}
 	need, _ := backing.AlignUp(n, buf.gran) // cannot overflow: n <= capacity
 	switch {
-	case need > buf.committed:
-		if err := buf.commit(ctx, wait, buf.committed, need-buf.committed); err != nil {
+	case need > buf.end:
+		if err := buf.commit(ctx, wait, buf.end, need-buf.end); err != nil {
 			return err
 		}
-	case need < buf.committed:
-		if err := buf.b.Decommit(buf.r, need, buf.committed-need); err != nil {
+	case need < buf.end:
+		from := max(need, buf.start) // need is below start only when n is 0
+		if err := buf.decommit(from, buf.end); err != nil {
 			return err
 		}
-		if buf.auth != nil {
-			buf.auth.Unmap(int64(buf.committed - need))
-			buf.auth.Release(int64(buf.committed - need))
-		}
-		buf.committed = need
-		buf.shared = min(buf.shared, need)
+		buf.start, buf.end = min(buf.start, need), need
+		buf.clipShared()
+	case n == 0:
+		buf.start = 0 // an empty buffer grows from 0 again
 	}
 	buf.length = n
 	return nil
+}
+
+// DecommitBelow moves the whole granules of [Start, off) from Committed to Reserved:
+// their contents are forfeit (shared ones are unmapped here only) and, under
+// ByBuffer, their charge goes back to the authority. Start becomes off rounded down
+// to the granule; the base, Len and the granules from there on stay. Touching the
+// bytes below Start is then the caller's bug (on the host it faults). off must be in
+// [0, Len]; an off at or below Start changes nothing. Growing on with Resize works
+// as before. On error nothing changed.
+func (buf *Buffer[R, B]) DecommitBelow(off int) error {
+	buf.live()
+	if off < 0 || off > buf.length {
+		return fmt.Errorf("%w: decommit below %d of a buffer of length %d", ErrInvalidSize, off, buf.length)
+	}
+	to := off - off%buf.gran
+	if to <= buf.start {
+		return nil
+	}
+	if err := buf.decommit(buf.start, to); err != nil {
+		return err
+	}
+	buf.start = to
+	buf.clipShared()
+	return nil
+}
+
+// decommit moves the committed granules [from, to) to Reserved and, under ByBuffer,
+// gives their charge back; the caller then moves start or end.
+func (buf *Buffer[R, B]) decommit(from, to int) error {
+	if from >= to {
+		return nil
+	}
+	if err := buf.b.Decommit(buf.r, from, to-from); err != nil {
+		return err
+	}
+	if buf.auth != nil {
+		buf.auth.Unmap(int64(to - from))
+		buf.auth.Release(int64(to - from))
+	}
+	return nil
+}
+
+// span is a range [off, end) of a buffer's bytes.
+type span struct{ off, end int }
+
+// clipShared drops the parts of the shared spans outside [start, end).
+func (buf *Buffer[R, B]) clipShared() {
+	kept := buf.shared[:0]
+	for _, sp := range buf.shared {
+		sp.off, sp.end = max(sp.off, buf.start), min(sp.end, buf.end)
+		if sp.off < sp.end {
+			kept = append(kept, sp)
+		}
+	}
+	buf.shared = kept
 }
 
 // commit backs [off, off+size) with memory, charging first under ByBuffer; with wait
@@ -194,7 +267,7 @@ func (buf *Buffer[R, B]) commit(ctx context.Context, wait bool, off, size int) e
 			return err
 		}
 		buf.auth.Map(int64(size))
-		buf.committed = off + size
+		buf.end = off + size
 		return nil
 	}
 	var err error
@@ -209,7 +282,7 @@ func (buf *Buffer[R, B]) commit(ctx context.Context, wait bool, off, size int) e
 	if err != nil {
 		return err
 	}
-	buf.committed = off + size
+	buf.end = off + size
 	return nil
 }
 
@@ -239,13 +312,24 @@ func (buf *Buffer[R, B]) commitRetry(ctx context.Context, wait bool, off, size i
 }
 
 // ShareFrom maps the physical granules behind the first size bytes of src into this
-// empty buffer, with access prot, and sets Len to size. size must be a multiple of the
-// granule and at most src.Committed(). Both buffers must be on the same backing, which
-// must be a backing.Sharer that owns its memory (ByBacking). The physical granules stay alive while either buffer maps
+// empty buffer, with access prot, and sets Len to size: it is ShareRange(src, 0, 0,
+// size, prot).
+func (buf *Buffer[R, B]) ShareFrom(src *Buffer[R, B], size int, prot backing.Protection) error {
+	return buf.ShareRange(src, 0, 0, size, prot)
+}
+
+// ShareRange moves [dstOff, dstOff+size) of this buffer from Reserved to Committed by
+// mapping the physical granules behind src's bytes [srcOff, srcOff+size), with access
+// prot, and sets Len to dstOff+size. The offsets and size must be multiples of the
+// granule, src's range must lie within its committed bytes [src.Start(),
+// src.Start()+src.Committed()), and the buffer's committed bytes stay one run: the
+// buffer must have none (Start becomes dstOff) or end them exactly at dstOff. Both
+// buffers must be on the same backing, which must be a backing.Sharer that owns its
+// memory (ByBacking). The physical granules stay alive while either buffer maps
 // them. Writing through a ReadOnly share faults. ReadWrite of bytes that src may not
 // write (shared to it ReadOnly, or protected by Protect) fails with an error matching
-// backing.ErrReadOnly.
-func (buf *Buffer[R, B]) ShareFrom(src *Buffer[R, B], size int, prot backing.Protection) error {
+// backing.ErrReadOnly. On error nothing changed.
+func (buf *Buffer[R, B]) ShareRange(src *Buffer[R, B], srcOff, dstOff, size int, prot backing.Protection) error {
 	buf.live()
 	src.live()
 	s, ok := any(buf.b).(backing.Sharer[R])
@@ -255,33 +339,41 @@ func (buf *Buffer[R, B]) ShareFrom(src *Buffer[R, B], size int, prot backing.Pro
 		return ErrNoSharing
 	}
 	switch {
-	case buf.committed != 0:
-		return fmt.Errorf("%w: %d bytes committed", ErrNotEmpty, buf.committed)
-	case size < 0 || size%buf.gran != 0:
-		return fmt.Errorf("%w: share of %d bytes is not a multiple of the %d-byte granule", ErrInvalidSize, size, buf.gran)
-	case size > src.committed:
-		return fmt.Errorf("%w: share of %d bytes from a buffer with %d committed", ErrInvalidSize, size, src.committed)
-	case size > buf.capacity:
-		return fmt.Errorf("%w: share of %d bytes, capacity %d", ErrCapacity, size, buf.capacity)
+	case buf.end > buf.start && dstOff != buf.end:
+		return fmt.Errorf("%w: share at %d, but [%d, %d) is committed: a share must start where the committed bytes end", ErrNotEmpty, dstOff, buf.start, buf.end)
+	case srcOff < 0 || dstOff < 0 || size < 0 || srcOff%buf.gran != 0 || dstOff%buf.gran != 0 || size%buf.gran != 0:
+		return fmt.Errorf("%w: share of [%d, +%d) at %d is not granule-aligned (%d-byte granule)", ErrInvalidSize, srcOff, size, dstOff, buf.gran)
+	case srcOff < src.start || srcOff > src.end-size:
+		return fmt.Errorf("%w: share of [%d, +%d) from a buffer with [%d, %d) committed", ErrInvalidSize, srcOff, size, src.start, src.end)
+	case dstOff > buf.capacity-size:
+		return fmt.Errorf("%w: share of %d bytes at %d, capacity %d", ErrCapacity, size, dstOff, buf.capacity)
 	}
 	if size == 0 {
 		return nil
 	}
-	if err := s.Share(buf.r, 0, src.r, 0, size, prot); err != nil {
+	if err := s.Share(buf.r, dstOff, src.r, srcOff, size, prot); err != nil {
 		return err
 	}
-	buf.committed, buf.shared, buf.length = size, size, size
+	if buf.end == buf.start {
+		buf.start = dstOff
+	}
+	buf.end, buf.length = dstOff+size, dstOff+size
+	if n := len(buf.shared); n > 0 && buf.shared[n-1].end == dstOff {
+		buf.shared[n-1].end = buf.end
+	} else {
+		buf.shared = append(buf.shared, span{dstOff, buf.end})
+	}
 	return nil
 }
 
 // Protect sets the access of the buffer's committed bytes [off, off+size) to prot in
 // place: ReadOnly makes them read-only through this buffer, ReadWrite writable again.
-// off and size must be multiples of the granule and the range must lie within
-// Committed(). The contents stay, and other buffers mapping the same granules (see
+// off and size must be multiples of the granule and the range must lie within the
+// committed bytes [Start, Start+Committed). The contents stay, and other buffers mapping the same granules (see
 // ShareFrom) keep their own access. A granule this buffer maps by a ReadOnly ShareFrom
 // can not be made ReadWrite: that fails with an error matching backing.ErrReadOnly.
-// Protection lasts until the bytes are decommitted (Resize below them); memory
-// committed again is read-write.
+// Protection lasts until the bytes are decommitted (Resize or DecommitBelow past
+// them); memory committed again is read-write.
 //
 // A write to read-only bytes through the backing's copies fails; a store through
 // Bytes or a host view faults (SIGSEGV, fatal unless the goroutine runs under
@@ -297,8 +389,8 @@ func (buf *Buffer[R, B]) Protect(off, size int, prot backing.Protection) error {
 	switch {
 	case off < 0 || size < 0 || off%buf.gran != 0 || size%buf.gran != 0:
 		return fmt.Errorf("%w: protect [%d, +%d) is not granule-aligned (%d-byte granule)", ErrInvalidSize, off, size, buf.gran)
-	case off > buf.committed-size:
-		return fmt.Errorf("%w: protect [%d, +%d) past the %d committed bytes", ErrInvalidSize, off, size, buf.committed)
+	case off < buf.start || off > buf.end-size:
+		return fmt.Errorf("%w: protect [%d, +%d) outside the committed bytes [%d, %d)", ErrInvalidSize, off, size, buf.start, buf.end)
 	}
 	if err := p.Protect(buf.r, off, size, prot); err != nil {
 		if errors.Is(err, backing.ErrUnsupported) {
@@ -322,15 +414,15 @@ func (buf *Buffer[R, B]) Close() accounting.ReleaseOutcome {
 	if buf.auth != nil {
 		// Under ByBuffer the buffer's committed bytes are exactly what it charged;
 		// what the backing could not give back stays charged.
-		freed := int64(buf.committed)
+		freed := int64(buf.Committed())
 		if out.Status == accounting.Quarantined {
-			freed = max(int64(buf.committed)-out.Residual, 0)
+			freed = max(int64(buf.Committed())-out.Residual, 0)
 			buf.auth.Quarantine(out.Residual, out.Err) // the buffer owns what is left
 		}
 		buf.auth.Unmap(freed)
 		buf.auth.Release(freed)
 	}
 	buf.closed = true
-	buf.length, buf.committed, buf.shared = 0, 0, 0
+	buf.length, buf.start, buf.end, buf.shared = 0, 0, 0, nil
 	return out
 }

@@ -25,6 +25,11 @@
 // returns an honest [accounting.ReleaseOutcome]. Shrinking with [Buffer.Resize]
 // decommits the granules wholly past the new length: their contents are forfeit and
 // any slice or view over them becomes invalid (a host access faults).
+// [Buffer.DecommitBelow] gives back the granules below an offset the same way (a
+// sliding window that moves on): the committed granules are always one run [Start,
+// Start+Committed), the base stays, and the bytes below Start are Reserved.
+// [Buffer.ShareRange] maps another buffer's committed granules into this one's run,
+// at any granule offset; the physical granules live while any buffer maps them.
 //
 // Every allocation of an [Eager] MUST be given back with [Eager.Release].
 // An [Arena] owns its Buffer: [Arena.Close] closes it. A [Tensor] is a view and owns
@@ -40,8 +45,9 @@
 //
 // # Concurrency
 //
-// A Buffer is used by one goroutine at a time: Resize, ShareFrom and Close must not
-// run concurrently with each other or with readings. Several goroutines may read and
+// A Buffer is used by one goroutine at a time: Resize, DecommitBelow, ShareFrom,
+// ShareRange, Protect and Close must not run concurrently with each other or with
+// readings. Several goroutines may read and
 // write the committed bytes at once, as with any memory, provided none of them
 // resizes the buffer meanwhile. An Eager is safe for concurrent use.
 package arena

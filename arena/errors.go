@@ -12,7 +12,8 @@ var (
 	ErrInvalidSize = errors.New("arena: invalid size")
 	// ErrAuthority: the authority argument does not fit the backing's accounting.
 	ErrAuthority = errors.New("arena: authority does not match the backing's accounting")
-	// ErrNotEmpty: sharing into a buffer that already has committed memory.
+	// ErrNotEmpty: sharing into a buffer whose committed bytes do not end where the
+	// share starts (ShareFrom: a buffer with any committed bytes).
 	ErrNotEmpty = errors.New("arena: buffer is not empty")
 	// ErrNoSharing: the backing can not share physical memory.
 	ErrNoSharing = errors.New("arena: backing does not share memory")
