@@ -29,17 +29,27 @@ type TierKey struct {
 // tokens it was made for, the block's bytes) and checks it again on load before it
 // maps anything, so a tier needs no checksum of its own. A tier may be called from
 // several goroutines at once.
+//
+// Every method honours its context: one already done is refused with an error wrapping
+// ctx.Err() that changes nothing, and a tier that waits (on a network, say) stops
+// waiting when it is done. Keys differing in Namespace alone are different keys.
+// Package kvtier/tiertest is the conformance suite a Tier passes.
 type Tier interface {
 	// Name returns a short, stable name for metrics and logs ("host", "redis").
 	Name() string
 	// Store keeps a value of size bytes under key, replacing any value it held. It
 	// calls fill once with size bytes of the tier's own memory (pinned host memory
 	// for a device cache, so that the device copies straight into it) and keeps them
-	// only if fill returns nil; fill's error is Store's. A tier that is full may
-	// evict what it likes, or refuse with an error; either way it stays consistent.
+	// only if fill returns nil; fill's error is Store's. A failed Store never leaves
+	// a partial value: the key then holds its old value or nothing. A size below 0 or
+	// above what the tier holds is refused with an error wrapping ErrTierValueSize
+	// before fill is called. A tier that is full may evict what it likes, or refuse
+	// with an error; either way it stays consistent. dst must not be used after fill
+	// returns.
 	Store(ctx context.Context, key TierKey, size int, fill func(dst []byte) error) error
 	// Load calls use once with the value stored under key; src is valid only during
-	// the call. A key the tier does not hold is ErrTierMiss; use's error is Load's.
+	// the call and must not be written. A key the tier does not hold is ErrTierMiss
+	// (use is not called); use's error is Load's, and the value stays stored.
 	Load(ctx context.Context, key TierKey, use func(src []byte) error) error
 	// Contains returns how many of keys, from the first, the tier holds: the length
 	// of the longest run it could load.
