@@ -146,9 +146,9 @@ func TestBackoff(t *testing.T) {
 	assert.ErrorIs(t, err, redistier.ErrUnavailable)
 	assert.ErrorIs(t, tier.Delete(ctx, key), redistier.ErrUnavailable)
 	st := tier.Stats()
-	assert.Equal(t, uint64(5), st.Errors)
-	assert.Equal(t, uint64(1), st.Backoffs)
-	assert.Equal(t, uint64(1), st.DroppedStores)
+	assert.Equal(t, int64(5), st.Errors)
+	assert.Equal(t, int64(1), st.Backoffs)
+	assert.Equal(t, int64(1), st.DroppedStores)
 	assert.Zero(t, st.Hits+st.Misses+st.Stores)
 
 	// A tier that never backs off reaches the network on every call.

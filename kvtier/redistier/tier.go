@@ -47,29 +47,30 @@ type Options struct {
 	TTL time.Duration
 }
 
-// Stats are a Tier's counters since New. vLLM's names where the meaning matches:
+// Stats are a Tier's counters since New, one to one with metrics.TierStats (whose
+// TierCollector exports them). vLLM's names where the meaning matches:
 // BytesStored is kv_offload_store_bytes_total and BytesLoaded
 // kv_offload_load_bytes_total for this tier; Queries and QueryHits are
 // external_prefix_cache_queries_total and external_prefix_cache_hits_total counted
 // in blocks.
 type Stats struct {
-	Hits        uint64 // Loads that found their key
-	Misses      uint64 // Loads of a key the server does not hold
-	BytesLoaded uint64 // value bytes Loads read
-	Stores      uint64 // Stores the server took
-	BytesStored uint64 // value bytes of those Stores
+	Hits        int64 // Loads that found their key
+	Misses      int64 // Loads of a key the server does not hold
+	BytesLoaded int64 // value bytes Loads read
+	Stores      int64 // Stores the server took
+	BytesStored int64 // value bytes of those Stores
 	// DroppedStores counts Stores that kept nothing for a reason of the server or
 	// the network (down, timed out, backing off, refused by the server), the
 	// caller's context, or a size above MaxValueSize; not those whose fill failed.
-	DroppedStores uint64
-	Queries       uint64 // keys asked of Contains
-	QueryHits     uint64 // keys Contains found, in the runs it returned
+	DroppedStores int64
+	Queries       int64 // keys asked of Contains
+	QueryHits     int64 // keys Contains found, in the runs it returned
 	// Errors counts calls of every kind that failed for a reason other than a miss
 	// or the caller's own fill or use: a timeout, a server down, a back-off, a
 	// context done, an error reply.
-	Errors uint64
+	Errors int64
 	// Backoffs counts the failures that started a back-off.
-	Backoffs uint64
+	Backoffs int64
 }
 
 // Tier is a [kv.Tier] on a Redis or Valkey server or cluster. Make one with New.
@@ -83,10 +84,10 @@ type Tier struct {
 
 	downUntil atomic.Int64 // UnixNano until which calls fail at once; 0: none
 
-	hits, misses, bytesLoaded         atomic.Uint64
-	stores, bytesStored, droppedStore atomic.Uint64
-	queries, queryHits                atomic.Uint64
-	errs, backoffs                    atomic.Uint64
+	hits, misses, bytesLoaded         atomic.Int64
+	stores, bytesStored, droppedStore atomic.Int64
+	queries, queryHits                atomic.Int64
+	errs, backoffs                    atomic.Int64
 }
 
 // New returns a tier over client, which the caller configures (cluster, sentinel,
@@ -185,7 +186,7 @@ func (t *Tier) Store(ctx context.Context, key kv.TierKey, size int, fill func(ds
 		return t.failed(ctx, "SET", err)
 	}
 	t.stores.Add(1)
-	t.bytesStored.Add(uint64(size))
+	t.bytesStored.Add(int64(size))
 	return nil
 }
 
@@ -206,7 +207,7 @@ func (t *Tier) Load(ctx context.Context, key kv.TierKey, use func(src []byte) er
 		return t.failed(ctx, "GET", err)
 	}
 	t.hits.Add(1)
-	t.bytesLoaded.Add(uint64(len(v)))
+	t.bytesLoaded.Add(int64(len(v)))
 	return use(v)
 }
 
@@ -221,7 +222,7 @@ func (t *Tier) Contains(ctx context.Context, keys []kv.TierKey) (int, error) {
 	if len(keys) == 0 {
 		return 0, nil
 	}
-	t.queries.Add(uint64(len(keys)))
+	t.queries.Add(int64(len(keys)))
 	cmds := make([]*redis.IntCmd, len(keys))
 	// Pipelined's own error is the first failed command's: each is read below.
 	_, _ = t.client.Pipelined(c, func(p redis.Pipeliner) error {
@@ -236,11 +237,11 @@ func (t *Tier) Contains(ctx context.Context, keys []kv.TierKey) (int, error) {
 			return 0, t.failed(ctx, "EXISTS", err)
 		}
 		if n == 0 {
-			t.queryHits.Add(uint64(i))
+			t.queryHits.Add(int64(i))
 			return i, nil
 		}
 	}
-	t.queryHits.Add(uint64(len(keys)))
+	t.queryHits.Add(int64(len(keys)))
 	return len(keys), nil
 }
 
