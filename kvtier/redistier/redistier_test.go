@@ -17,6 +17,10 @@ import (
 	"github.com/vmarena/vmarena/kvtier/tiertest"
 )
 
+// slow is the per-call timeout of the tests of a server that answers: long enough for
+// a loaded machine under -race, so that only the tests of a server down meet timeouts.
+const slow = 10 * time.Second
+
 func newTier(t testing.TB, c redis.UniversalClient, o redistier.Options) *redistier.Tier {
 	t.Helper()
 	tier, err := redistier.New(c, o)
@@ -27,14 +31,14 @@ func newTier(t testing.TB, c redis.UniversalClient, o redistier.Options) *redist
 func TestConformanceServer(t *testing.T) {
 	s := startServer(t, false)
 	c := newClient(t, s.addr())
-	tiertest.Run(t, func(t *testing.T) kv.Tier { return newTier(t, c, redistier.Options{}) })
+	tiertest.Run(t, func(t *testing.T) kv.Tier { return newTier(t, c, redistier.Options{Timeout: slow}) })
 	assert.Equal(t, []int64{0}, dbsize(t, s), "the suite deletes every key it stores")
 }
 
 func TestConformanceCluster(t *testing.T) {
 	nodes := startCluster(t)
 	c := newClient(t, nodes[0].addr(), nodes[1].addr(), nodes[2].addr())
-	tiertest.Run(t, func(t *testing.T) kv.Tier { return newTier(t, c, redistier.Options{Prefix: "cluster:"}) })
+	tiertest.Run(t, func(t *testing.T) kv.Tier { return newTier(t, c, redistier.Options{Prefix: "cluster:", Timeout: slow}) })
 	assert.Equal(t, []int64{0, 0, 0}, dbsize(t, nodes...), "the suite deletes every key it stores")
 }
 
@@ -43,7 +47,7 @@ func TestConformanceCluster(t *testing.T) {
 func TestClusterSpreadsKeys(t *testing.T) {
 	nodes := startCluster(t)
 	c := newClient(t, nodes[0].addr(), nodes[1].addr(), nodes[2].addr())
-	tier := newTier(t, c, redistier.Options{})
+	tier := newTier(t, c, redistier.Options{Timeout: slow})
 	ctx := context.Background()
 	keys := make([]kv.TierKey, 60)
 	for i := range keys {
@@ -67,7 +71,7 @@ func TestClusterSpreadsKeys(t *testing.T) {
 
 func TestStats(t *testing.T) {
 	s := startServer(t, false)
-	tier := newTier(t, newClient(t, s.addr()), redistier.Options{})
+	tier := newTier(t, newClient(t, s.addr()), redistier.Options{Timeout: slow})
 	ctx := context.Background()
 	a, b := kv.TierKey{Namespace: 1, Hash: 1}, kv.TierKey{Namespace: 1, Hash: 2}
 	require.NoError(t, tier.Store(ctx, a, 1000, func([]byte) error { return nil }))
@@ -97,7 +101,7 @@ func TestStats(t *testing.T) {
 func TestCorruptValueIsRefused(t *testing.T) {
 	s := startServer(t, false)
 	c := newClient(t, s.addr())
-	tier := newTier(t, c, redistier.Options{})
+	tier := newTier(t, c, redistier.Options{Timeout: slow})
 	ctx := context.Background()
 	key := kv.TierKey{Namespace: 5, Hash: 6}
 	tokens := []int32{1, 2, 3, 4}
@@ -150,7 +154,7 @@ func TestNewBadInputs(t *testing.T) {
 func TestTTL(t *testing.T) {
 	s := startServer(t, false)
 	c := newClient(t, s.addr())
-	tier := newTier(t, c, redistier.Options{TTL: time.Hour})
+	tier := newTier(t, c, redistier.Options{TTL: time.Hour, Timeout: slow})
 	ctx := context.Background()
 	key := kv.TierKey{Hash: 1}
 	require.NoError(t, tier.Store(ctx, key, 1, func(dst []byte) error { dst[0] = 1; return nil }))
