@@ -278,7 +278,7 @@ func (t *Tier) begin(ctx context.Context) (context.Context, context.CancelFunc, 
 // ended the call.
 func (t *Tier) failed(ctx context.Context, op string, err error) error {
 	t.errs.Add(1)
-	if cerr := ctx.Err(); cerr != nil {
+	if cerr := callerDone(ctx); cerr != nil {
 		return fmt.Errorf("redistier: %s: %w (%w)", op, cerr, err)
 	}
 	if t.backoff > 0 && unavailable(err) {
@@ -286,6 +286,20 @@ func (t *Tier) failed(ctx context.Context, op string, err error) error {
 		t.backoffs.Add(1)
 	}
 	return fmt.Errorf("redistier: %s: %w", op, err)
+}
+
+// callerDone returns why the caller's ctx ended, or nil while it has not. NB: a
+// socket deadline that go-redis took from the context fires as the deadline passes,
+// a moment before the context's own timer marks it done, so a deadline that has
+// passed counts as done although ctx.Err() may still be nil.
+func callerDone(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // unavailable reports whether err says the server can not be reached or can not
