@@ -26,3 +26,6 @@ var (
 	// token count or payload length, or other tokens.
 	ErrTierBlock = errors.New("kv: tier value of another block")
 )
+
+// PanicNilTierFill is the panic value for EncodeTierValue with a nil fill.
+const PanicNilTierFill = "kv: EncodeTierValue with a nil fill"

@@ -67,6 +67,10 @@
 //	vmarena_kv_events_subscribers                 subscribers connected now
 //	vmarena_kv_events_replay_requests_total{outcome}  served, refused, aborted, malformed
 //
+// KV tiers (host memory, Redis: packages under kvtier) have a collector of their own,
+// [TierCollector], labelled tier, with vLLM's external_prefix_cache_* and
+// kv_offload_*_bytes_total names.
+//
 // # Cost of a scrape
 //
 // Collect takes each source's snapshot once: the governor's lock for a copy of its

@@ -1,0 +1,194 @@
+package redistier_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// requireRedisEnv makes the tests that need a real server required (not skipped)
+// when set to anything but "" or "0"; CI sets it.
+const requireRedisEnv = "VMARENA_REQUIRE_REDIS"
+
+// needRedis returns the paths of redis-server and redis-cli, or skips the test when
+// they are absent and the environment does not require them.
+func needRedis(t testing.TB) (server, cli string) {
+	t.Helper()
+	server, err1 := exec.LookPath("redis-server")
+	cli, err2 := exec.LookPath("redis-cli")
+	if err1 == nil && err2 == nil {
+		return server, cli
+	}
+	if v := os.Getenv(requireRedisEnv); v != "" && v != "0" {
+		t.Fatalf("%s is set but redis-server or redis-cli is not installed (apt-get install redis-server redis-tools)", requireRedisEnv)
+	}
+	t.Skipf("redis-server or redis-cli not installed (apt-get install redis-server redis-tools); set %s=1 to require them", requireRedisEnv)
+	return "", ""
+}
+
+// freePort returns a 127.0.0.1 port nothing listens on now, and whose cluster bus
+// port (port + 10000) is free too.
+func freePort(t testing.TB) int {
+	t.Helper()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		port := l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		if port+10000 > 65535 {
+			continue
+		}
+		bus, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000))
+		if err != nil {
+			continue
+		}
+		_ = bus.Close()
+		return port
+	}
+	t.Fatal("no free port pair found")
+	return 0
+}
+
+// server is one redis-server process on 127.0.0.1, with no persistence.
+type server struct {
+	t       testing.TB
+	bin     string
+	port    int
+	dir     string
+	cluster bool
+	cmd     *exec.Cmd
+	done    chan struct{}
+}
+
+func (s *server) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+
+// startServer starts a redis-server on a free port and stops it at cleanup.
+func startServer(t testing.TB, cluster bool) *server {
+	t.Helper()
+	bin, _ := needRedis(t)
+	s := &server{t: t, bin: bin, port: freePort(t), dir: t.TempDir(), cluster: cluster}
+	s.start()
+	t.Cleanup(s.kill)
+	return s
+}
+
+// start runs the server process and waits until it answers PING.
+func (s *server) start() {
+	s.t.Helper()
+	args := []string{
+		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", s.dir, "--protected-mode", "no", "--daemonize", "no", "--loglevel", "warning",
+	}
+	if s.cluster {
+		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(s.dir, "nodes.conf"),
+			"--cluster-node-timeout", "2000")
+	}
+	s.cmd = exec.Command(s.bin, args...)
+	var out strings.Builder
+	s.cmd.Stdout, s.cmd.Stderr = &out, &out
+	require.NoError(s.t, s.cmd.Start())
+	s.done = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(s.cmd, s.done)
+	c := redis.NewClient(&redis.Options{Addr: s.addr(), MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return
+		}
+		select {
+		case <-s.done:
+			s.t.Fatalf("redis-server on %s exited: %s", s.addr(), out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("redis-server on %s did not answer: %v\n%s", s.addr(), err, out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// kill stops the server at once (SIGKILL) and waits for it to exit; a stopped
+// server is left alone.
+func (s *server) kill() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.done
+	s.cmd = nil
+}
+
+// startCluster starts a three-node Redis Cluster (three masters, no replicas) on
+// 127.0.0.1 and waits until every node says the cluster is ok.
+func startCluster(t testing.TB) []*server {
+	t.Helper()
+	_, cli := needRedis(t)
+	nodes := make([]*server, 3)
+	args := []string{"--cluster", "create"}
+	for i := range nodes {
+		nodes[i] = startServer(t, true)
+		args = append(args, nodes[i].addr())
+	}
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	out, err := exec.Command(cli, args...).CombinedOutput()
+	require.NoError(t, err, "redis-cli --cluster create: %s", out)
+	deadline := time.Now().Add(20 * time.Second)
+	for _, n := range nodes {
+		c := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1})
+		for {
+			info, err := c.ClusterInfo(context.Background()).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				_ = c.Close()
+				t.Fatalf("cluster node %s not ok: %v %s", n.addr(), err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		_ = c.Close()
+	}
+	return nodes
+}
+
+// newClient returns a go-redis client of addrs (a cluster client for more than one),
+// closed at cleanup. ContextTimeoutEnabled lets the tier's timeouts bound socket
+// reads, as the package doc asks.
+func newClient(t testing.TB, addrs ...string) redis.UniversalClient {
+	t.Helper()
+	o := &redis.UniversalOptions{Addrs: addrs, ContextTimeoutEnabled: true, MaxRetries: 1, DialTimeout: time.Second}
+	if len(addrs) > 1 {
+		o.IsClusterMode = true
+	}
+	c := redis.NewUniversalClient(o)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// dbsize returns the keys of every node.
+func dbsize(t testing.TB, nodes ...*server) []int64 {
+	t.Helper()
+	var sizes []int64
+	for _, n := range nodes {
+		c := redis.NewClient(&redis.Options{Addr: n.addr()})
+		v, err := c.DBSize(context.Background()).Result()
+		_ = c.Close()
+		require.NoError(t, err, fmt.Sprintf("DBSIZE of %s", n.addr()))
+		sizes = append(sizes, v)
+	}
+	return sizes
+}
