@@ -227,9 +227,10 @@ func (s *Shared) giveBack(slots []int) (int64, error) {
 // kernel holds the process's mmap lock for reading across one MADV_POPULATE_WRITE,
 // and a commit's move (mremap) or mprotect needs it for writing: a decode step that
 // commits while a prefill populates a whole 2 MiB granule waits for all of it. In
-// pieces it waits for one (a 2 MiB mremap took 230-260 µs at the median beside a
-// thread populating 2 MiB granules whole, 30-40 µs beside 64 KiB pieces and 8-18 µs
-// alone: BENCHMARKS.md, issue 23), for a few more system calls on the prefill's side.
+// pieces it waits for one (BenchmarkMoveBesidePopulate: a 2 MiB mremap took 156-250
+// µs at the median beside a thread populating 2 MiB granules whole, 34-40 µs beside
+// 64 KiB pieces and 15-17 µs alone), for a few more system calls on the prefill's
+// side. A huge page is made whole by its first piece's fault: no gain there.
 const sharedPopulatePiece = 64 << 10
 
 // prefillPopulate populates the granule at at for writing, sharedPopulatePiece at a
