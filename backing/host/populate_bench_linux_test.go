@@ -21,7 +21,9 @@ import (
 // token path does: beside=none alone, beside=whole one populate per granule,
 // beside=pieces in pieces of host.SharedPopulatePiece (what Prefill does). The
 // populate holds the mmap lock that the move needs for writing. It reports the
-// move's median and p99 (move-p50-ns, move-p99-ns): compare them within one run.
+// move's median and p99 (move-p50-ns, move-p99-ns) and what populating a granule
+// took the other thread (populate-ns/granule, the price of the pieces): compare them
+// within one run.
 func BenchmarkMoveBesidePopulate(b *testing.B) {
 	const g = 2 << 20
 	for _, beside := range []struct {
@@ -31,6 +33,8 @@ func BenchmarkMoveBesidePopulate(b *testing.B) {
 		b.Run("beside="+beside.name, func(b *testing.B) {
 			var stop atomic.Bool
 			var wg sync.WaitGroup
+			var populated int
+			var populating time.Duration
 			if beside.piece > 0 {
 				pop, err := unix.Mmap(-1, 0, 16*g, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 				require.NoError(b, err)
@@ -41,11 +45,14 @@ func BenchmarkMoveBesidePopulate(b *testing.B) {
 					defer wg.Done()
 					for i := 0; !stop.Load(); i = (i + 1) % 16 {
 						gr := pop[i*g : (i+1)*g]
+						t0 := time.Now()
 						for off := 0; off < g; off += beside.piece {
 							if err := unix.Madvise(gr[off:off+beside.piece], unix.MADV_POPULATE_WRITE); err != nil {
 								panic(fmt.Sprintf("populate: %v", err))
 							}
 						}
+						populating += time.Since(t0)
+						populated++
 						if err := unix.Madvise(gr, unix.MADV_DONTNEED); err != nil {
 							panic(fmt.Sprintf("dontneed: %v", err))
 						}
@@ -73,6 +80,9 @@ func BenchmarkMoveBesidePopulate(b *testing.B) {
 			slices.Sort(moves)
 			b.ReportMetric(float64(moves[len(moves)/2].Nanoseconds()), "move-p50-ns")
 			b.ReportMetric(float64(moves[len(moves)*99/100].Nanoseconds()), "move-p99-ns")
+			if populated > 0 {
+				b.ReportMetric(float64(populating.Nanoseconds())/float64(populated), "populate-ns/granule")
+			}
 			b.ReportMetric(0, "ns/op")
 		})
 	}
