@@ -170,8 +170,10 @@ reverse order in even ones. Strategies run one after another in one process are 
 on equal terms: a later one finds memory an earlier one faulted in (on a VM a fresh
 page may cost a fault in the host too). It prints every run's figures, each
 strategy's median and range, and the median and range of vmarena's ratio to each
-other strategy, taken within each round: the figures to compare. It draws no plot
-and runs no idle tail; it works for both replays.
+other strategy, taken within each round: the figures to compare. Among them, cpu is
+the child process's CPU time (user and system), which a loaded machine lengthens
+less than the wall-clock times. It draws no plot and runs no idle tail; it works for
+both replays.
 
 Output: live progress, then two tables, a row per strategy.
 Memory:
