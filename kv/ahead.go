@@ -159,11 +159,21 @@ func (a *ahead) run() {
 // the budget is so short that a granule in flight could make it fail, or where the
 // pool lacks idle granules for the step while one is in flight: it waits for the
 // prefill in flight to land in the pool, where the step counts it as idle (and
-// takes it, rather than make one more). It returns the function that lets the
-// worker go on.
+// takes it, rather than make one more). A step that the pool's resident idle
+// granules cover neither waits nor holds: the worker only creates granules or
+// populates idle ones that are not resident, so nothing it does can take those or
+// make the step short. It returns the function that lets the worker go on.
+//
+// NB: waiting there put the worker's whole populate (a 2 MiB MADV_POPULATE_WRITE,
+// 0.3-1 ms) on the token path of most steps that commit under a full budget, where
+// examples/kvcache's pool keeps its idle granules (BENCHMARKS.md, issue 23).
 func (a *ahead) hold(need, credit int64) func() {
 	c := a.c
-	idle := c.idle()
+	st := c.pool.PoolStats()
+	if st.Resident >= need {
+		return func() {}
+	}
+	idle := st.Idle
 	tight := max(need-idle, 0)+int64(c.gran) > c.gov.Available(c.dev)+credit
 	a.mu.Lock()
 	if !tight && (!a.busy || idle >= need) {

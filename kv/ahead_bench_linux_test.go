@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/host"
@@ -55,6 +58,19 @@ type replayResult struct {
 	// Steps that committed a block (kv only): those that found idle granules in
 	// the pool, and those that found none.
 	idleCommits, freshCommits []time.Duration
+	// slept counts the steps in which the replaying thread slept (a voluntary
+	// context switch: a wait for a lock, in Go or in the kernel), whatever the load
+	// of the machine, which preempts (involuntary switches) rather than sleeps.
+	slept int
+}
+
+// voluntarySwitches returns the calling thread's voluntary context switches so far.
+func voluntarySwitches(b *testing.B) int64 {
+	var u unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_THREAD, &u); err != nil {
+		b.Fatal(err)
+	}
+	return u.Nvcsw
 }
 
 // replayLongPrompts replays requests of long prompts through a server loop under a
@@ -67,6 +83,9 @@ type replayResult struct {
 func replayLongPrompts(b *testing.B, g kv.Geometry, prompts, gens []int, start func() (replaySeq, error), gov *accounting.Governor, dev accounting.DeviceKey, idle func() int64, gran int) replayResult {
 	tok := make([]byte, g.TokenBytes())
 	var res replayResult
+	// One thread for the whole replay, so that its context switches are the steps'.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	write := func(q replaySeq, from, to int) error {
 		for t := from; t < to; t++ {
 			for l := range g.Layers {
@@ -135,12 +154,16 @@ func replayLongPrompts(b *testing.B, g kv.Geometry, prompts, gens []int, start f
 			if idle != nil && (q.n%(gran/g.BytesPerToken()) == 0) {
 				commits, before = true, idle()
 			}
+			sw := voluntarySwitches(b)
 			t0 := time.Now()
 			err := q.seq.Append(1)
 			if err == nil {
 				err = write(q.seq, q.n, q.n+1)
 			}
 			dt := time.Since(t0)
+			if voluntarySwitches(b) != sw {
+				res.slept++
+			}
 			res.memory += dt
 			if errors.Is(err, accounting.ErrBudgetExceeded) {
 				continue
@@ -199,8 +222,10 @@ func p(ds []time.Duration, q float64) time.Duration {
 // over the peak bytes the live tokens needed. fresh% is the share of kv's steps that
 // committed a block and found no idle granule in the pool; idle-commit-p50-ns and
 // fresh-commit-p50-ns are the median of kv's steps that committed a block with idle
-// granules in the pool and without. ahead=false turns map-ahead off
-// (kv.Config.MapAhead).
+// granules in the pool and without. slept% and paged-slept% are the share of steps in
+// which the replaying thread slept (waited for a lock, in Go or in the kernel): a
+// figure that the machine's load does not make, as it does the p99. ahead=false
+// turns map-ahead off (kv.Config.MapAhead).
 func BenchmarkLongPromptStep(b *testing.B) {
 	const budget, requests, maxTokens = 1 << 30, 16, 8192
 	g := kv.Llama3_8B
@@ -213,7 +238,7 @@ func BenchmarkLongPromptStep(b *testing.B) {
 	for _, ahead := range []bool{false, true} {
 		b.Run(fmt.Sprintf("ahead=%v", ahead), func(b *testing.B) {
 			var kvP99, pagedP99, kvMem, pagedMem time.Duration
-			var peakNeed, fresh float64
+			var peakNeed, fresh, slept, pagedSlept float64
 			var idleCommit, freshCommit []time.Duration
 			for b.Loop() {
 				gov := accounting.NewGovernor()
@@ -263,6 +288,8 @@ func BenchmarkLongPromptStep(b *testing.B) {
 				pagedMem += pres.memory
 				peakNeed += float64(kres.peak) / float64(kres.need)
 				fresh += 100 * float64(len(kres.freshCommits)) / float64(len(kres.steps))
+				slept += 100 * float64(kres.slept) / float64(len(kres.steps))
+				pagedSlept += 100 * float64(pres.slept) / float64(len(pres.steps))
 				idleCommit = append(idleCommit, kres.idleCommits...)
 				freshCommit = append(freshCommit, kres.freshCommits...)
 			}
@@ -273,6 +300,8 @@ func BenchmarkLongPromptStep(b *testing.B) {
 			b.ReportMetric(float64(kvMem)/float64(pagedMem), "memory/paged")
 			b.ReportMetric(peakNeed/n, "peak/need")
 			b.ReportMetric(fresh/n, "fresh%")
+			b.ReportMetric(slept/n, "slept%")
+			b.ReportMetric(pagedSlept/n, "paged-slept%")
 			// Where the tail comes from: a step that commits a block costs what its
 			// granules cost to come by.
 			if len(idleCommit) > 0 {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -189,4 +190,93 @@ func TestMapAheadWithoutPool(t *testing.T) {
 	assert.Equal(t, 2*blockGranule, gov.Stats(accounting.HostKey).Used)
 	assert.True(t, s.Close().OK())
 	require.NoError(t, c.Close())
+}
+
+// TestMapAheadStepTakesIdleWithoutWaiting: a step whose granules wait idle and
+// resident in the pool takes them at once, even while the worker's prefill of the
+// last granule under the budget is in flight (the budget tight): that prefill can
+// neither take those granules nor make the step short, so the step must not wait
+// for it (a populate of 2 MiB on host, a cuMemCreate on CUDA).
+func TestMapAheadStepTakesIdleWithoutWaiting(t *testing.T) {
+	granule := int(blockGranule)
+	gov := accounting.NewGovernor()
+	dev := accounting.GPU(0)
+	require.NoError(t, gov.SetLimit(dev, 3*blockGranule))
+	f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: granule, Memory: 1 << 30})
+	drv := f.Driver()
+	var gate chan struct{} // when set, cuMemCreate waits for it to close
+	var gateMu sync.Mutex
+	entered := make(chan struct{}, 16)
+	create := drv.MemCreate
+	drv.MemCreate = func(handle *uint64, size uintptr, prop *cuda.MemAllocationProp, flags uint64) cuda.Code {
+		gateMu.Lock()
+		g := gate
+		gateMu.Unlock()
+		if g != nil {
+			entered <- struct{}{}
+			<-g
+		}
+		return create(handle, size, prop, flags)
+	}
+	b, err := cuda.New(cuda.Options{Authority: gov.Authority("cuda", dev), Driver: drv, High: 16})
+	require.NoError(t, err)
+	c, err := kv.New(b, kv.Config{Geometry: oneBlock, MaxTokens: 64, Layout: kv.Blocked, BlockTokens: 16, MapAhead: true})
+	require.NoError(t, err)
+	open := true
+	release := func() {
+		gateMu.Lock()
+		if open && gate != nil {
+			close(gate)
+			open = false
+		}
+		gateMu.Unlock()
+	}
+	t.Cleanup(func() {
+		release()
+		assert.NoError(t, c.Close())
+		assert.NoError(t, b.Close())
+		assert.NoError(t, f.CheckLeaks())
+	})
+
+	s1, err := c.NewSequence()
+	require.NoError(t, err)
+	s1Open := true
+	t.Cleanup(func() {
+		if s1Open {
+			release()
+			s1.Close()
+		}
+	})
+	require.NoError(t, s1.Append(16)) // one block; its next one is made ahead
+	require.Eventually(t, func() bool { return b.PoolStats().Resident >= blockGranule }, 10*time.Second, time.Millisecond)
+
+	gateMu.Lock()
+	gate = make(chan struct{})
+	gateMu.Unlock()
+	s2, err := c.NewSequence()
+	require.NoError(t, err)
+	require.NoError(t, s2.Append(16)) // takes the granule made ahead; both now ask
+	select {
+	case <-entered: // the worker's prefill of the third granule is in flight, charged
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker did not start a prefill")
+	}
+	require.Equal(t, int64(0), gov.Available(dev), "the budget is tight: the granule in flight holds the rest")
+	require.True(t, s2.Close().OK()) // its granule goes idle, resident
+	require.GreaterOrEqual(t, b.PoolStats().Resident, blockGranule)
+
+	done := make(chan error, 1)
+	go func() { done <- s1.Append(1) }() // crosses into its second block
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		release()
+		<-done
+		t.Fatal("the step waited for a prefill it did not need")
+	}
+	assert.Equal(t, 2*blockGranule, c.Stats().Committed, "its two blocks")
+	release()
+	s1Open = false
+	require.True(t, s1.Close().OK())
 }

@@ -18,6 +18,7 @@ type SharedFaults struct {
 	fired bool
 	log   []string
 	hook  func(name string)
+	pops  []int // the size of each populate since armed
 }
 
 // FailAt makes the n-th call from now fail with err (n >= 1).
@@ -36,14 +37,22 @@ func (f *SharedFaults) FailFrom(n int, err error) {
 func (f *SharedFaults) Fail(fail func(i int, name string) bool, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.calls, f.fail, f.err, f.fired, f.log = 0, fail, err, false, nil
+	f.calls, f.fail, f.err, f.fired, f.log, f.pops = 0, fail, err, false, nil, nil
 }
 
 // Reset disarms the fault and removes the hook.
 func (f *SharedFaults) Reset() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.calls, f.fail, f.err, f.fired, f.log, f.hook = 0, nil, nil, false, nil, nil
+	f.calls, f.fail, f.err, f.fired, f.log, f.hook, f.pops = 0, nil, nil, false, nil, nil, nil
+}
+
+// Populates returns the size of each populate call since the fault was armed (or
+// reset), in order.
+func (f *SharedFaults) Populates() []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]int(nil), f.pops...)
 }
 
 // Before makes fn run before every system call from now, named as in Fail, so
@@ -163,6 +172,9 @@ func (f *SharedFaults) wrap(sys sharedSys) sharedSys {
 			if err := f.call("populate"); err != nil {
 				return err
 			}
+			f.mu.Lock()
+			f.pops = append(f.pops, n)
+			f.mu.Unlock()
 			return in.populate(at, n, write)
 		},
 		advise: func(at unsafe.Pointer, n int, huge bool) error {
@@ -409,6 +421,9 @@ func CheckShared(s *Shared) error {
 
 // PopulateByTouch reports whether this kernel lacks MADV_POPULATE_WRITE.
 var PopulateByTouch = populateByTouch
+
+// SharedPopulatePiece is the most one populate of the pool's prefill asks for.
+const SharedPopulatePiece = sharedPopulatePiece
 
 // SetSharedClock makes s read the time from now (for the decay of idle granules),
 // its epoch now's reading at the call. It must be called before s is used

@@ -3,6 +3,7 @@ package host
 import (
 	"fmt"
 	"slices"
+	"unsafe"
 
 	"github.com/vmarena/vmarena/backing"
 )
@@ -222,6 +223,27 @@ func (s *Shared) giveBack(slots []int) (int64, error) {
 	return n, firstErr
 }
 
+// sharedPopulatePiece is the most the pool's prefill populates in one call. The
+// kernel holds the process's mmap lock for reading across one MADV_POPULATE_WRITE,
+// and a commit's move (mremap) or mprotect needs it for writing: a decode step that
+// commits while a prefill populates a whole 2 MiB granule waits for all of it. In
+// pieces it waits for one (BenchmarkMoveBesidePopulate: a 2 MiB mremap took 156-250
+// µs at the median beside a thread populating 2 MiB granules whole, 34-40 µs beside
+// 64 KiB pieces and 15-17 µs alone), for a few more system calls on the prefill's
+// side. A huge page is made whole by its first piece's fault: no gain there.
+const sharedPopulatePiece = 64 << 10
+
+// prefillPopulate populates the granule at at for writing, sharedPopulatePiece at a
+// time (see there). s.mu must not be held.
+func (s *Shared) prefillPopulate(at unsafe.Pointer) error {
+	for off := 0; off < s.g; off += sharedPopulatePiece {
+		if err := s.sys.populate(sharedAt(at, off), min(sharedPopulatePiece, s.g-off), true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Prefill makes at least n idle granules resident in the pool: it populates idle
 // granules that are not, then creates new ones, one at a time within the budget. It
 // allocates a granule's pages in the file (fallocate) and populates its place in the
@@ -316,7 +338,7 @@ func (s *Shared) prefillOne(n int, background bool) (bool, error) {
 	s.mu.Unlock()
 	err := s.sys.allocate(s.fd, int64(slot)<<s.shift, int64(s.g))
 	if err == nil && sharedPark { // without a park, allocate made the pages
-		err = s.sys.populate(at, s.g, true)
+		err = s.prefillPopulate(at)
 	}
 	if err != nil {
 		err = s.opErr("prefill", slot<<s.shift, s.g, err, false)

@@ -415,7 +415,7 @@ func (s *Shared) prefillPriv(background bool) (bool, error) {
 	s.mu.Unlock()
 	err := perr
 	if err == nil {
-		err = s.sys.populate(at, s.g, true)
+		err = s.prefillPopulate(at)
 	}
 	s.mu.Lock()
 	if err != nil {
@@ -585,7 +585,7 @@ func (s *Shared) populatePrivIdle() (bool, error) {
 	s.nPrivIdle--
 	at := s.privAt(p)
 	s.mu.Unlock()
-	err := s.sys.populate(at, s.g, true)
+	err := s.prefillPopulate(at)
 	s.mu.Lock()
 	if err == nil {
 		s.ares.set(p)

@@ -192,28 +192,41 @@ type fairRun[R any] struct {
 	strategy string
 	res      R
 	wall     time.Duration // the child process's, start to exit
+	cpu      time.Duration // the child process's CPU time, user and system
+}
+
+// runFigures returns fr's figures read from a run, and the child's CPU time
+// ("cpu"): the whole process's, its replay's memory layer, the cache's own
+// goroutines (map-ahead) and the kernel's work for it included, which the machine's
+// load does not lengthen as it does wall-clock times.
+func runFigures[R any](fr fairReplay[R]) []fairFigure[fairRun[R]] {
+	out := make([]fairFigure[fairRun[R]], 0, len(fr.figures)+1)
+	for _, f := range fr.figures {
+		out = append(out, fairFigure[fairRun[R]]{f.name, f.unit, func(r fairRun[R]) float64 { return f.value(r.res) }})
+	}
+	return append(out, fairFigure[fairRun[R]]{"cpu", unitDuration, func(r fairRun[R]) float64 { return float64(r.cpu) }})
 }
 
 // runChildProcess runs strategy name in a child process of exe with the parent's
-// args and decodes its result.
-func runChildProcess[R any](ctx context.Context, exe string, args []string, name string) (R, error) {
-	var res R
+// args and decodes its result; cpu is the child's CPU time, user and system.
+func runChildProcess[R any](ctx context.Context, exe string, args []string, name string) (res R, cpu time.Duration, err error) {
 	cargs := append(slices.Clip(args), "-rounds", "0", "-idle", "0", "-progress", "none", "-strategies", name, "-"+childFlag)
 	cmd := exec.CommandContext(ctx, exe, cargs...)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Run(); err != nil {
-		return res, &childError{strategy: name, err: err, stderr: lastLines(errOut.Bytes(), 3)}
+		return res, 0, &childError{strategy: name, err: err, stderr: lastLines(errOut.Bytes(), 3)}
 	}
+	cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	dec := json.NewDecoder(&out)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&res); err != nil {
-		return res, &childError{strategy: name, err: fmt.Errorf("its result: %w", err), stderr: lastLines(errOut.Bytes(), 3)}
+		return res, 0, &childError{strategy: name, err: fmt.Errorf("its result: %w", err), stderr: lastLines(errOut.Bytes(), 3)}
 	}
 	if dec.More() {
-		return res, &childError{strategy: name, err: errors.New("its result: more than one JSON value on stdout")}
+		return res, 0, &childError{strategy: name, err: errors.New("its result: more than one JSON value on stdout")}
 	}
-	return res, nil
+	return res, cpu, nil
 }
 
 // runFair replays each strategy in a fresh child process of exe, rounds times in
@@ -234,7 +247,7 @@ func runFair[R any](ctx context.Context, fr fairReplay[R], exe string, args []st
 	for r := range rounds {
 		for _, name := range fairOrder(names, r) {
 			t0 := time.Now()
-			res, err := runChildProcess[R](ctx, exe, args, name)
+			res, cpu, err := runChildProcess[R](ctx, exe, args, name)
 			if err != nil {
 				var ce *childError
 				if errors.As(err, &ce) {
@@ -243,7 +256,7 @@ func runFair[R any](ctx context.Context, fr fairReplay[R], exe string, args []st
 				fmt.Fprintf(stderr, "kvcache: %v\n", err)
 				return 1
 			}
-			run := fairRun[R]{round: r + 1, strategy: name, res: res, wall: time.Since(t0)}
+			run := fairRun[R]{round: r + 1, strategy: name, res: res, wall: time.Since(t0), cpu: cpu}
 			runs = append(runs, run)
 			if progress != "none" {
 				fmt.Fprintf(stdout, "round %d/%d  %-*s  %s in %v\n", r+1, rounds, width, name, fr.done(res), run.wall.Round(time.Millisecond))
@@ -259,30 +272,31 @@ func runFair[R any](ctx context.Context, fr fairReplay[R], exe string, args []st
 
 // printFair writes the runs, each strategy's spread and each ratio's.
 func printFair[R any](w io.Writer, fr fairReplay[R], names []string, rounds int, runs []fairRun[R]) {
+	figures := runFigures(fr)
 	fmt.Fprintln(w, "Runs")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := []string{"round", "strategy"}
-	for _, f := range fr.figures {
+	for _, f := range figures {
 		head = append(head, f.name)
 	}
 	fmt.Fprintln(tw, strings.Join(append(head, "done", "wall"), "\t")+"\t")
 	for _, run := range runs {
 		row := []string{fmt.Sprint(run.round), run.strategy}
-		for _, f := range fr.figures {
-			row = append(row, f.unit.format(f.value(run.res)))
+		for _, f := range figures {
+			row = append(row, f.unit.format(f.value(run)))
 		}
 		row = append(row, fr.done(run.res), fmtDur(run.wall))
 		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 	}
 	_ = tw.Flush()
 
-	// by[strategy][round-1] is that run's result.
-	by := map[string][]R{}
+	// by[strategy][round-1] is that run.
+	by := map[string][]fairRun[R]{}
 	for _, n := range names {
-		by[n] = make([]R, rounds)
+		by[n] = make([]fairRun[R], rounds)
 	}
 	for _, run := range runs {
-		by[run.strategy][run.round-1] = run.res
+		by[run.strategy][run.round-1] = run
 	}
 	cell := func(u figureUnit, s spread) string {
 		if s.N == 0 {
@@ -290,11 +304,12 @@ func printFair[R any](w io.Writer, fr fairReplay[R], names []string, rounds int,
 		}
 		return fmt.Sprintf("%s [%s, %s]", u.format(s.Median), u.format(s.Min), u.format(s.Max))
 	}
-	table := func(title string, cols []string, value func(f fairFigure[R], col string) []float64, unit func(f fairFigure[R]) figureUnit) {
+	type figure = fairFigure[fairRun[R]]
+	table := func(title string, cols []string, value func(f figure, col string) []float64, unit func(f figure) figureUnit) {
 		fmt.Fprintf(w, "\n%s\n", title)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "\t"+strings.Join(cols, "\t")+"\t")
-		for _, f := range fr.figures {
+		for _, f := range figures {
 			row := []string{f.name}
 			for _, c := range cols {
 				row = append(row, cell(unit(f), spreadOf(value(f, c))))
@@ -304,13 +319,13 @@ func printFair[R any](w io.Writer, fr fairReplay[R], names []string, rounds int,
 		_ = tw.Flush()
 	}
 	table(fmt.Sprintf("Each strategy: median [min, max] over %d rounds", rounds), names,
-		func(f fairFigure[R], n string) []float64 {
+		func(f figure, n string) []float64 {
 			var vs []float64
 			for _, r := range by[n] {
 				vs = append(vs, f.value(r))
 			}
 			return vs
-		}, func(f fairFigure[R]) figureUnit { return f.unit })
+		}, func(f figure) figureUnit { return f.unit })
 
 	ref := fairReference(names)
 	var others []string
@@ -323,13 +338,13 @@ func printFair[R any](w io.Writer, fr fairReplay[R], names []string, rounds int,
 		return
 	}
 	table(fmt.Sprintf("%s over each strategy: median [min, max] of the %d rounds' ratios (below 1: %s's figure is lower)", ref, rounds, ref), others,
-		func(f fairFigure[R], n string) []float64 {
+		func(f figure, n string) []float64 {
 			var vs []float64
 			for i := range rounds {
 				vs = append(vs, ratio(f.value(by[ref][i]), f.value(by[n][i])))
 			}
 			return vs
-		}, func(fairFigure[R]) figureUnit { return unitTimes })
+		}, func(figure) figureUnit { return unitTimes })
 }
 
 // writeChildResult writes a child's result on w as the protocol says: one JSON

@@ -108,9 +108,9 @@ func TestPrintFair(t *testing.T) {
 	}
 	s := time.Second
 	runs := []fairRun[Result]{ // in the order they ran: alternating
-		{1, nameCache, res(nameCache, 2*s, 100), s}, {1, namePaged, res(namePaged, 1*s, 200), s},
-		{2, namePaged, res(namePaged, 8*s, 200), s}, {2, nameCache, res(nameCache, 4*s, 100), s},
-		{3, nameCache, res(nameCache, 6*s, 100), s}, {3, namePaged, res(namePaged, 3*s, 100), s},
+		{1, nameCache, res(nameCache, 2*s, 100), s, 3 * s}, {1, namePaged, res(namePaged, 1*s, 200), s, 2 * s},
+		{2, namePaged, res(namePaged, 8*s, 200), s, 4 * s}, {2, nameCache, res(nameCache, 4*s, 100), s, 2 * s},
+		{3, nameCache, res(nameCache, 6*s, 100), s, 5 * s}, {3, namePaged, res(namePaged, 3*s, 100), s, 5 * s},
 	}
 	var out bytes.Buffer
 	printFair(&out, mainFairReplay, []string{nameCache, namePaged}, 3, runs)
@@ -123,7 +123,10 @@ func TestPrintFair(t *testing.T) {
 	assert.Regexp(t, `(?m)^ *peak/need +0\.50x \[0\.50x, 1\.00x\] *$`, got)
 	assert.Regexp(t, `(?m)^ *makespan +1\.00x \[1\.00x, 1\.00x\] *$`, got)
 	assert.Contains(t, got, "vmarena over each strategy: median [min, max] of the 3 rounds' ratios")
-	assert.Regexp(t, `(?m)^ +2 +paged +8s .* 5/5 +1s *$`, got, "every run has its row")
+	assert.Regexp(t, `(?m)^ +2 +paged +8s .* 4s +5/5 +1s *$`, got, "every run has its row, its CPU time too")
+	// cpu: vmarena 3, 2, 5 s against paged 2, 4, 5 s: ratios 1.5, 0.5, 1.
+	assert.Regexp(t, `(?m)^ *cpu +3s \[2s, 5s\] +4s \[2s, 5s\]`, got)
+	assert.Regexp(t, `(?m)^ *cpu +1\.00x \[0\.50x, 1\.50x\] *$`, got)
 }
 
 // TestFairRounds runs fair timing for real: each strategy in a child process of this
@@ -142,6 +145,8 @@ func TestFairRounds(t *testing.T) {
 	assert.Contains(t, out, "Each strategy: median [min, max] over 2 rounds")
 	assert.Regexp(t, `(?m)^ *makespan +1\.00x \[1\.00x, 1\.00x\] *$`, out, "the same schedule in every process")
 	assert.NotContains(t, out, "Plot of", "fair timing draws no plot")
+	assert.Regexp(t, `(?m)^ *cpu +[0-9]`, out, "each child's CPU time")
+	assert.NotRegexp(t, `(?m)^ *cpu +(0s|-) `, out, "measured in every round")
 }
 
 // TestFairChild: a child replays one strategy and writes only its result, as JSON.

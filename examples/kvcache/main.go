@@ -22,6 +22,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -50,6 +51,26 @@ func main() {
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
+}
+
+// startCPUProfile starts a CPU profile written to path and returns what stops it and
+// closes the file.
+func startCPUProfile(path string) (func() error, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("-cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("-cpuprofile: %w", err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		return nil
+	}, nil
 }
 
 // defaultIdle is -idle's default: long enough for the pool's decay (5 s) to give
@@ -84,6 +105,7 @@ type config struct {
 	progress    string
 	metrics     string
 	prefillRate float64
+	cpuprofile  string
 	rounds      int  // -rounds: fair timing, each strategy in a child process
 	child       bool // -child (hidden): a fair-timing child; see fair.go
 	// prefix is set for a trace with token IDs (Mooncake): the prefix-cache replay.
@@ -148,8 +170,10 @@ reverse order in even ones. Strategies run one after another in one process are 
 on equal terms: a later one finds memory an earlier one faulted in (on a VM a fresh
 page may cost a fault in the host too). It prints every run's figures, each
 strategy's median and range, and the median and range of vmarena's ratio to each
-other strategy, taken within each round: the figures to compare. It draws no plot
-and runs no idle tail; it works for both replays.
+other strategy, taken within each round: the figures to compare. Among them, cpu is
+the child process's CPU time (user and system), which a loaded machine lengthens
+less than the wall-clock times. It draws no plot and runs no idle tail; it works for
+both replays.
 
 Output: live progress, then two tables, a row per strategy.
 Memory:
@@ -216,6 +240,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.format, "format", "png", "plot format: png or svg")
 	fs.StringVar(&c.progress, "progress", "auto", "progress display: auto (a bar on a terminal, lines otherwise), bar, lines or none")
 	fs.StringVar(&c.metrics, "metrics", "", "serve Prometheus metrics of the strategy replaying at http://ADDR/metrics, like 127.0.0.1:9090 (default: none)")
+	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof reads it); not with -rounds")
 	fs.IntVar(&c.rounds, "rounds", 0, "fair timing: replay each strategy in a fresh process of this binary, one at a time, this many rounds in alternating order, and report the median and range of each figure and of vmarena's ratio to each other strategy (no plot, no idle tail); 0: every strategy in this process, one after another")
 	fs.BoolVar(&c.child, childFlag, false, "a fair-timing child: replay the one strategy of -strategies and write its result on stdout as JSON (what -rounds runs)")
 	fs.Float64Var(&c.prefillRate, "prefill-rate", DefaultPrefillRate, "prefix-cache replay: prompt tokens prefilled per second of model time (time to first token grows with the uncached tokens)")
@@ -326,6 +351,8 @@ func (c *config) validate() (setup, []string, error) {
 		return s, nil, fmt.Errorf("-idle %v is negative", c.idle)
 	case c.rounds < 0:
 		return s, nil, fmt.Errorf("-rounds %d is negative", c.rounds)
+	case c.rounds > 0 && c.cpuprofile != "":
+		return s, nil, fmt.Errorf("-cpuprofile profiles one process: it can not be used with -rounds %d (each strategy replays in a process of its own)", c.rounds)
 	case c.rounds > 0 && c.metrics != "":
 		return s, nil, fmt.Errorf("-metrics serves one process: it can not be used with -rounds %d (each strategy replays in a process of its own)", c.rounds)
 	case c.child && len(names) != 1:
@@ -400,6 +427,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "kvcache: %v\n", err)
 		return 1
+	}
+	if c.cpuprofile != "" {
+		stop, err := startCPUProfile(c.cpuprofile)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvcache: %v\n", err)
+			return 1
+		}
+		defer func() {
+			if err := stop(); err != nil {
+				fmt.Fprintf(stderr, "kvcache: %v\n", err)
+			}
+		}()
 	}
 	if c.metrics != "" {
 		ms, err := startMetrics(c.metrics)

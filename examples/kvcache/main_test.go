@@ -60,6 +60,7 @@ func TestRunBadFlags(t *testing.T) {
 		{"prompt scale not a number", []string{"-prompt-scale", "long"}, `invalid value "long" for flag -prompt-scale`},
 		{"negative idle", []string{"-idle", "-1s"}, "-idle -1s is negative"},
 		{"negative rounds", []string{"-rounds", "-1"}, "-rounds -1 is negative"},
+		{"rounds with cpuprofile", []string{"-rounds", "2", "-cpuprofile", "x.prof"}, "-cpuprofile profiles one process: it can not be used with -rounds 2"},
 		{"rounds with metrics", []string{"-rounds", "2", "-metrics", "127.0.0.1:0"}, "-metrics serves one process: it can not be used with -rounds 2"},
 		{"unknown format", []string{"-format", "gif"}, `-format "gif"`},
 		{"unknown progress", []string{"-progress", "fancy"}, `-progress "fancy"`},
@@ -280,4 +281,21 @@ func TestBundledMooncake(t *testing.T) {
 		"-progress", "none", "-out", t.TempDir())
 	require.Equal(t, 0, code, errOut)
 	assert.Contains(t, out, "hit rate")
+}
+
+// TestRunCPUProfile: -cpuprofile writes a profile that pprof can read (gzipped
+// protobuf), and a path that can not be created is an error before any replay.
+func TestRunCPUProfile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cpu.prof")
+	code, _, errOut := runArgs(t, small(t, "-strategies", "vmarena", "-progress", "none", "-cpuprofile", path)...)
+	require.Equal(t, 0, code, errOut)
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Greater(t, len(data), 2)
+	assert.Equal(t, []byte{0x1f, 0x8b}, data[:2], "a gzipped profile")
+
+	code, out, errOut := runArgs(t, small(t, "-strategies", "vmarena", "-cpuprofile", filepath.Join(t.TempDir(), "no", "such", "dir", "cpu.prof"))...)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "kvcache: -cpuprofile: ")
+	assert.NotContains(t, out, "vmarena ", "nothing replayed")
 }
