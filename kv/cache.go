@@ -415,3 +415,24 @@ func (c *Cache) Close() error {
 	}
 	return err
 }
+
+// adopt moves s from the cache's sequences to its prefix cache's entries: it no longer
+// counts in Stats or SequenceStats, and Close still waits for it.
+func (c *Cache) adopt(s *Sequence) {
+	c.mu.Lock()
+	delete(c.seqs, s)
+	c.entries++
+	c.mu.Unlock()
+}
+
+// closeEntry closes a sequence the prefix cache owned (adopted or not) and returns
+// the outcome.
+func (s *Sequence) closeEntry() accounting.ReleaseOutcome {
+	c := s.c
+	c.mu.Lock()
+	if _, ok := c.seqs[s]; !ok {
+		c.entries--
+	}
+	c.mu.Unlock()
+	return s.Close()
+}

@@ -206,3 +206,22 @@ func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 	c.register(s)
 	return s, nil
 }
+
+// startOn returns a new sequence holding src's first n tokens: the whole granules
+// mapped read-only, the rest copied, as ForkAt does. Unlike ForkAt it leaves src as it
+// is (an entry is never written, and many lookups read it at once).
+func (c *Cache) startOn(src *Sequence, n int) (*Sequence, error) {
+	s, err := c.newSequence()
+	if err != nil {
+		return nil, err
+	}
+	full, err := c.shareInto(s.bufs, src.bufs, n)
+	if err != nil {
+		return nil, errors.Join(err, c.abandon(s))
+	}
+	s.n = n
+	s.frozen = full
+	s.publish()
+	c.register(s)
+	return s, nil
+}
