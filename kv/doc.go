@@ -197,4 +197,20 @@
 // own, which calls only the backing's Pool methods (never a sequence's ranges) and
 // takes no lock of the cache's or a sequence's; its own lock comes after any of those,
 // before the pool's.
+//
+// The locks, in the order they are taken (a goroutine that holds one takes only those
+// below it):
+//
+//  1. an origin's ranges lock (one sequence's: a sequence that a prefix cache entry
+//     referred to takes it to resize or protect its ranges, and a lookup takes it to
+//     map from them; no goroutine holds two);
+//  2. the prefix cache's lock (its index and the counts of its granules);
+//  3. the cache's lock (its sequences, prefixes and counters);
+//  4. map-ahead's lock, then the backing's and the governor's own.
+//
+// A function holds each lock it takes across one stretch of its body and releases it
+// there; none releases a lock its caller took. A lookup takes the prefix cache's lock
+// to match, releases it, and only then takes an origin's ranges lock (and the prefix
+// cache's again inside it) to map. The prefix cache's reclaimer runs on a goroutine
+// of the governor's, holding none of these.
 package kv

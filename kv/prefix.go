@@ -150,8 +150,8 @@ func (p *Prefix) unref() {
 		// Cache.Close. The prefix leaves the cache only after, so Close can not slip
 		// in between.
 		p.c.release(p.bufs)
-		if p.pcl != nil {
-			p.pcl.drop()
+		if h := p.c.hooks(); h != nil {
+			h.released(p)
 		}
 		p.c.mu.Lock()
 		delete(p.c.prefixes, p)
@@ -199,18 +199,18 @@ func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 	s.n = p.tokens
 	s.frozen = full
 	s.prefix = p
-	if p.pcl != nil {
-		s.pcl = p.pcl.inherit(nil, full/c.unit)
+	if h := c.hooks(); h != nil {
+		h.startedOn(s, p, full/c.unit)
 	}
 	s.publish()
 	c.register(s)
 	return s, nil
 }
 
-// startOn returns a new sequence holding src's first n tokens: the whole granules
+// sequenceOn returns a new sequence holding src's first n tokens: the whole granules
 // mapped read-only, the rest copied, as ForkAt does. Unlike ForkAt it leaves src as it
 // is (an entry is never written, and many lookups read it at once).
-func (c *Cache) startOn(src *Sequence, n int) (*Sequence, error) {
+func (c *Cache) sequenceOn(src *Sequence, n int) (*Sequence, error) {
 	s, err := c.newSequence()
 	if err != nil {
 		return nil, err

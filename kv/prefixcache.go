@@ -125,6 +125,10 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 		return nil, fmt.Errorf("%w: the cache has a prefix cache already", ErrConfig)
 	}
 	c.pc.Store(pc)
+	if c.ph.Load() == nil {
+		var h prefixHooks = pcHooks{c}
+		c.ph.Store(&h)
+	}
 	c.mu.Unlock()
 	pc.auth = c.gov.Authority("kv prefix cache", c.dev)
 	pc.auth.SetReclaimer(pc.reclaim)
@@ -149,128 +153,164 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 // growth would make, without unmapping and mapping as many granules again (see the
 // package doc's "Prefix caching"). The sequence MUST be closed.
 func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
+	for {
+		s, m, err := pc.lookup(tokens)
+		if !errors.Is(err, errEntryGone) {
+			return s, m, err
+		}
+		// The entry it matched left the index before it could map from it: a miss
+		// after all, or another entry now. Look again.
+	}
+}
+
+// hit is what a lookup found in the index (find), for the steps that map from it
+// (start) and settle its books (settle).
+type hit struct {
+	m      int        // tokens matched
+	e      *pcEntry   // the entry to map from (busy while the lookup maps), or nil
+	l      *pcLive    // the new sequence's holdings of e's granules, or nil
+	spare  *Sequence  // on a miss, an evicted entry's ranges for the new sequence
+	spared evictTally // what taking spare evicted
+	lazy   bool       // e was lazy when found: its origin's ranges hold the tokens
+}
+
+// lookup is one try of Lookup: errEntryGone when the entry it matched left the
+// index, with nothing to map from, before it could map from it. Its three steps take
+// the locks in the package's order, each released before the next step: pc.mu
+// (find), then the origin's ranges lock before pc.mu (start), then pc.mu (settle).
+func (pc *PrefixCache) lookup(tokens []int32) (*Sequence, int, error) {
+	h, err := pc.find(tokens)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer pc.working.Done()
+	s, err := pc.start(h)
+	pc.settle(h, s, err, len(tokens))
+	if err != nil {
+		return nil, 0, err
+	}
+	return s, h.m, nil
+}
+
+// find matches tokens in the index under pc.mu. On a hit the entry is marked busy and
+// the granules the new sequence will map count as mapped by a live sequence from now
+// on, so that eviction does not count on them; on a miss the least recently used
+// entry may be spared for the new sequence (spareLocked). It counts the lookup in
+// pc.working, which the caller ends.
+func (pc *PrefixCache) find(tokens []int32) (hit, error) {
 	pc.mu.Lock()
+	defer pc.mu.Unlock()
 	if pc.closed {
-		pc.mu.Unlock()
-		return nil, 0, ErrClosed
+		return hit{}, ErrClosed
 	}
 	pc.working.Add(1)
-	defer pc.working.Done()
 	m, node := pc.tree.Match(tokens[:pc.matchable(tokens)])
-	var e *pcEntry
-	// The granules the new sequence will map count as mapped by a live sequence from
-	// now on, so that eviction does not count on them.
-	var l *pcLive
-	var spare *Sequence // on a miss, an evicted entry's ranges for the new sequence
-	var spared evictTally
+	h := hit{m: m}
 	if m == 0 {
 		mark := pc.evictMark()
-		spare = pc.spareLocked(min(len(tokens), pc.c.cfg.MaxTokens))
-		spared = pc.evictMark().minus(mark)
-	} else {
-		l = &pcLive{pc: pc}
-		leaf := pc.tree.Cover(node)
-		pc.tree.Touch(leaf)
-		e = leaf.Value()
-		e.busy++
-		l.grefs = append(l.grefs, e.grefs[:pc.c.fullUnits(m)]...)
-		for _, g := range l.grefs {
-			g.live++
-		}
+		h.spare = pc.spareLocked(min(len(tokens), pc.c.cfg.MaxTokens))
+		h.spared = pc.evictMark().minus(mark)
+		return h, nil
 	}
+	leaf := pc.tree.Cover(node)
+	pc.tree.Touch(leaf)
+	h.e = leaf.Value()
+	h.e.busy++
+	h.lazy = h.e.state() == entryLazy
+	h.l = &pcLive{pc: pc}
+	h.l.grefs = append(h.l.grefs, h.e.grefs[:pc.c.fullUnits(m)]...)
+	for _, g := range h.l.grefs {
+		g.mapped()
+	}
+	return h, nil
+}
+
+// start returns the new sequence of a lookup that found h. A lazy entry's tokens are
+// mapped from its origin's ranges under their lock (taken before pc.mu, which only
+// tells whether the origin still holds them), protected in the origin first; an owned
+// entry's from its own ranges.
+func (pc *PrefixCache) start(h hit) (*Sequence, error) {
+	switch {
+	case h.spare != nil:
+		s := pc.c.reuse(h.spare)
+		pc.logEviction(evictForGrowth, h.spared.bytes, h.spared)
+		return s, nil
+	case h.e == nil:
+		return pc.c.NewSequence()
+	}
+	full := pc.c.fullUnits(h.m) * pc.c.unit
 	var ol *pcLive
-	if e != nil && e.origin != nil {
-		// A lazy entry: map from its origin's ranges under their lock, unless the
-		// origin handed them over (or dropped the entry) meanwhile.
-		ol = e.ol
-		pc.mu.Unlock()
+	if h.lazy {
+		ol = h.e.ol
 		ol.mu.Lock()
-		pc.mu.Lock()
-		if e.origin == nil {
-			ol.mu.Unlock()
-			ol = nil
-		}
 	}
-	src := (*Sequence)(nil)
-	switch {
-	case ol != nil:
-		src = e.origin
-	case e != nil:
-		src = e.seq // nil when the entry left the index with its origin's ranges
-	}
+	pc.mu.Lock()
+	origin, own := h.e.origin, h.e.seq
 	pc.mu.Unlock()
-
-	var s *Sequence
-	var err error
-	switch {
-	case spare != nil:
-		s = pc.c.reuse(spare)
-		pc.logEviction(evictForGrowth, spared.bytes, spared)
-	case e == nil:
-		s, err = pc.c.NewSequence()
-	case src == nil:
-		// The entry is gone with nothing to map from: a miss after all.
-		err = errEntryGone
-	case ol != nil:
-		if err = ol.protectFrom(src, pc.c.fullUnits(m)*pc.c.unit); err == nil {
-			s, err = pc.startOn(src, m, true)
+	if ol != nil && origin != nil {
+		defer ol.mu.Unlock()
+		if err := ol.protectFrom(origin, full); err != nil {
+			return nil, err
 		}
-		ol.mu.Unlock()
-	default:
-		s, err = pc.startOn(src, m, true)
+		return pc.startFrom(origin, h.m, true)
 	}
+	if ol != nil {
+		ol.mu.Unlock() // the origin handed its ranges over (or dropped the entry)
+	}
+	if own == nil {
+		// The entry left the index with its origin's ranges: nothing to map from.
+		return nil, errEntryGone
+	}
+	return pc.startFrom(own, h.m, true)
+}
 
+// settle ends a lookup under pc.mu: the entry is no longer busy (closed now if it
+// left the index meanwhile), the new sequence holds what find counted for it or the
+// counts are undone, the queries and hits are counted, and an insert that went over
+// MaxBytes while the lookup held its entry is evicted down to it.
+func (pc *PrefixCache) settle(h hit, s *Sequence, err error, queried int) {
 	pc.mu.Lock()
 	var drop []*pcEntry
-	if e != nil {
+	if e := h.e; e != nil {
 		e.busy--
-		if e.busy == 0 && e.closed {
+		if e.state() == entryOut {
 			// It left the index while this lookup mapped from it.
 			drop = append(drop, e)
 		}
 	}
-	if err != nil {
-		if l != nil {
-			for _, g := range l.grefs {
-				g.live--
-			}
+	switch {
+	case err != nil && h.l != nil:
+		for _, g := range h.l.grefs {
+			g.unmap()
 		}
-	} else {
-		if l != nil {
-			s.pcl = l
+	case err == nil:
+		if h.l != nil {
+			s.pcl = h.l
 		}
-		pc.queries += int64(len(tokens))
-		pc.hits += int64(m)
+		pc.queries += int64(queried)
+		pc.hits += int64(h.m)
 	}
-	// An insert may have gone over MaxBytes while this lookup held its entry.
 	drop = append(drop, pc.capLocked()...)
 	pc.mu.Unlock()
 	for _, d := range drop {
 		d.close()
 	}
-	if errors.Is(err, errEntryGone) {
-		return pc.Lookup(tokens)
-	}
-	if err != nil {
-		return nil, 0, err
-	}
-	return s, m, nil
 }
 
 // errEntryGone: the entry a lookup matched left the index, with nothing to map from,
 // before the lookup could map from it; the lookup starts again.
 var errEntryGone = errors.New("kv: prefix cache entry gone")
 
-// startOn starts a sequence on src's first n tokens (an entry's, or an inserted
+// startFrom starts a sequence on src's first n tokens (an entry's, or an inserted
 // sequence's), evicting cached prefixes before the budget refuses the copied tail
 // (shareBudget, evicting). An inserted sequence's shared bytes become frozen (WriteToken
 // refuses them).
-func (pc *PrefixCache) startOn(src *Sequence, n int, entry bool) (*Sequence, error) {
+func (pc *PrefixCache) startFrom(src *Sequence, n int, entry bool) (*Sequence, error) {
 	if err := pc.c.shareBudget(n); err != nil {
 		return nil, err
 	}
 	return evicting(pc.c, func() (*Sequence, error) {
-		q, err := pc.c.startOn(src, n)
+		q, err := pc.c.sequenceOn(src, n)
 		if err == nil && !entry {
 			src.frozen = max(src.frozen, q.frozen)
 		}
@@ -342,7 +382,7 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	// are the ones the new entry now holds too; the rest are s's own.
 	keep := min(len(l.grefs), frozen/pc.c.unit)
 	for _, g := range l.grefs[keep:] {
-		g.live--
+		g.unmap()
 	}
 	l.grefs = l.grefs[:keep]
 	full, k := pc.c.fullUnits(n), pc.c.unitsFor(n)

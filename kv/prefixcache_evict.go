@@ -19,19 +19,6 @@ const (
 	evictCap
 )
 
-// budgetOrEvict is budget that, before it refuses, evicts cached prefixes no live
-// sequence maps to make up the shortfall.
-func (c *Cache) budgetOrEvict(need, credit int64) *accounting.BudgetError {
-	be := c.budget(need, credit)
-	if be == nil || errors.Is(be, accounting.ErrExceedsLimit) {
-		return be
-	}
-	if pc := c.pc.Load(); pc != nil && pc.evictFor(be.Requested-be.Available-credit, evictForGrowth) > 0 {
-		return c.budget(need, credit)
-	}
-	return be
-}
-
 // evictFor evicts cached granules that give back physical memory, leaf-first and
 // least recently used first, until need bytes came back or none is left to take; it
 // returns the bytes that came back, and logs a summary (see observe.go).

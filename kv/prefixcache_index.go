@@ -2,33 +2,103 @@ package kv
 
 import "github.com/vmarena/vmarena/internal/radix"
 
+// The index of a PrefixCache: its entries and the counts of the granules they hold.
+// This file and the eviction that shortens entries (prefixcache_evict.go) are the only
+// code that changes the index's tree and counts; the others ask them.
+//
+// An entry (pcEntry) is in one of four states, named by entryState; its fields say
+// which (state):
+//
+//  1. Lazy: in the index, with no ranges of its own: its tokens are the granules of
+//     the sequence it was inserted from (origin), which keeps writing past them.
+//  2. Owned: in the index, holding ranges of its own (seq): whole granules mapped,
+//     the tail copied, or the origin's ranges taken over as it closed.
+//  3. Draining: out of the index while lookups still map from it (busy > 0); the
+//     last of them closes it.
+//  4. Out: out of the index, its granules released from the counts; its ranges, if
+//     it had any, closed or handed to a new sequence (spareLocked).
+//
+// Transitions:
+//
+//   - Insert makes a Lazy entry (add).
+//   - Lazy → Owned: its origin closes and the entry takes over its ranges (handOver),
+//     or the origin is about to change its tokens and the entry gets ranges of its
+//     own first (materialize).
+//   - Lazy, Owned → Out: eviction takes its last granule (evictGranules), a longer
+//     entry displaces it (add, by unhold), its origin can not keep its tokens
+//     (detach), a miss takes its ranges over (spareLocked), Close.
+//   - Lazy, Owned → Draining: as → Out, while a lookup maps from it; Draining → Out
+//     when the last of those lookups ends (Lookup closes it).
+//
+// A granule index (granuleRef) counts the entries that hold it and the live
+// sequences and prefixes that map it (holders: see prefixcache_holders.go). Both
+// counts change only through ref, which panics with PanicRefCount below zero.
+
 // granuleRef is one granule index's physical memory (a granule in each of a sequence's
-// ranges): the entries that hold it and the live sequences that map it. The cache's
-// lock guards it.
+// ranges): the entries that hold it and the live sequences that map it. The prefix
+// cache's lock guards it.
 type granuleRef struct {
 	entries int32
 	live    int32
 }
 
+// ref adds d to the count n and returns it, panicking with PanicRefCount when the
+// count would go below zero: a count that went wrong would free memory something
+// still maps.
+func ref(n *int32, d int32) int32 {
+	if *n+d < 0 {
+		panic(PanicRefCount)
+	}
+	*n += d
+	return *n
+}
+
+// mapped counts g mapped by one more live holder. pc.mu is held.
+func (g *granuleRef) mapped() { ref(&g.live, 1) }
+
+// unmap counts g mapped by one live holder fewer. pc.mu is held.
+func (g *granuleRef) unmap() { ref(&g.live, -1) }
+
+// entryState names the states of an entry (see above).
+type entryState uint8
+
+const (
+	entryLazy entryState = iota
+	entryOwned
+	entryDraining
+	entryOut
+)
+
+func (st entryState) String() string {
+	return [...]string{"lazy", "owned", "draining", "out"}[st]
+}
+
 // pcEntry is an entry of the cache: a sequence the cache owns, holding the tokens of
-// the index path that ends at leaf.
-//
-// An entry starts lazy: Insert only records it, and its granules are those of the
-// inserted sequence (origin), which keeps mapping them read-write. It gets ranges of
-// its own only when the origin closes (it takes the origin's over: no system call) or
-// when the origin is about to change what it cached (Truncate below it, WriteToken
-// into its tail: it then maps the whole granules and copies the tail, as Insert did
-// before it was lazy). A cache that is never hit so costs no more than bookkeeping.
+// the index path that ends at leaf. Its state (Lazy, Owned, Draining, Out) is told by
+// its fields: see state.
 type pcEntry struct {
-	seq    *Sequence     // its own ranges, or nil while lazy
-	origin *Sequence     // while lazy: the sequence whose ranges hold its tokens
+	seq    *Sequence     // Owned: its own ranges; else nil
+	origin *Sequence     // Lazy: the sequence whose ranges hold its tokens; else nil
 	ol     *pcLive       // origin's pcLive (its lock outlives origin.pcl)
 	n      int           // tokens
 	grefs  []*granuleRef // one per granule index it holds
-	tail   *granuleRef   // while lazy: its last gref, for origin's partly filled granule, or nil
+	tail   *granuleRef   // Lazy: its last gref, for origin's partly filled granule, or nil
 	busy   int           // lookups mapping from it without the lock
 	leaf   *radix.Node[*pcEntry]
-	closed bool // out of the index; closed by the last lookup mapping from it
+	closed bool // out of the index: Draining or Out
+}
+
+// state returns the entry's state. pc.mu is held.
+func (e *pcEntry) state() entryState {
+	switch {
+	case e.closed && e.busy > 0:
+		return entryDraining
+	case e.closed:
+		return entryOut
+	case e.seq != nil:
+		return entryOwned
+	}
+	return entryLazy
 }
 
 // close closes the entry's own ranges, if it has any (a lazy entry has none).
@@ -51,8 +121,7 @@ func (pc *PrefixCache) detach(e *pcEntry) []*pcEntry {
 
 // hold counts g held by one more entry. pc.mu is held.
 func (pc *PrefixCache) hold(g *granuleRef) {
-	g.entries++
-	if g.entries == 1 {
+	if ref(&g.entries, 1) == 1 {
 		pc.cachedGranules++
 	}
 }
@@ -60,8 +129,7 @@ func (pc *PrefixCache) hold(g *granuleRef) {
 // release counts g held by one entry fewer and returns the bytes that came back (0
 // while a live sequence or another entry maps it). pc.mu is held.
 func (pc *PrefixCache) release(g *granuleRef) int64 {
-	g.entries--
-	if g.entries > 0 {
+	if ref(&g.entries, -1) > 0 {
 		return 0
 	}
 	pc.cachedGranules--

@@ -2,6 +2,13 @@ package kv
 
 import "slices"
 
+// Lazy entries: an entry that Insert made refers to the inserted sequence's (its
+// origin's) granules until the origin closes (handOver: the entry takes the ranges
+// over) or is about to change the cached tokens (materialize: the entry gets ranges
+// of its own first), or leaves the index (detach). The origin's owner calls these
+// through the prefix hooks (see hooks.go), under the origin's ranges lock where they
+// change what a lookup maps from.
+
 // lazyTail reports whether e, lazy, holds s's partly filled last granule. pc.mu is
 // held.
 func (pc *PrefixCache) lazyTail(e *pcEntry) bool {
@@ -33,7 +40,7 @@ func (pc *PrefixCache) untail(s *Sequence, g *granuleRef) {
 // a granule of s's own, where s now holds more than j granules' worth of bytes): the
 // lazy entries of s that hold granule j (as their last) refer to s's new granule
 // from now on, by one new reference, or, where s kept no granule j, leave the index.
-// s's owner calls it with the lock from rangesLock held.
+// s's owner calls it with s's ranges lock held (prefixHooks.truncating).
 func (l *pcLive) replaced(s *Sequence, j int) {
 	pc := l.pc
 	pc.mu.Lock()
@@ -46,7 +53,7 @@ func (l *pcLive) replaced(s *Sequence, j int) {
 		}
 		old := e.grefs[j]
 		if e.tail == old && !gone[old] {
-			old.live-- // s no longer maps it; counted once however many entries held it
+			old.unmap() // s no longer maps it; counted once however many entries held it
 			gone[old] = true
 		}
 		if s.err != nil || pc.c.unitsFor(s.n) <= j || e.n > s.n {
@@ -89,19 +96,19 @@ func (pc *PrefixCache) materialize(s *Sequence, t int) {
 		if gone {
 			continue
 		}
-		es, err := pc.startOn(s, n, false)
+		es, err := pc.startFrom(s, n, false)
 		var drop []*pcEntry
 		pc.mu.Lock()
 		switch {
 		case err == nil && !e.closed && e.origin == s && e.n == n:
 			e.seq, e.origin = es, nil
-			pc.c.adopt(es)
+			pc.c.ownEntry(es)
 			if pc.lazyTail(e) {
 				// The entry's copy of the tail stands for s's granule there.
 				k := len(e.grefs) - 1
 				pc.release(e.grefs[k])
 				if e.grefs[k] == e.tail && e.tail.entries == 0 {
-					e.tail.live-- // which s alone now maps
+					e.tail.unmap() // which s alone now maps
 				}
 				e.grefs[k] = &granuleRef{}
 				pc.hold(e.grefs[k])
@@ -129,7 +136,7 @@ func (pc *PrefixCache) materialize(s *Sequence, t int) {
 	pc.mu.Unlock()
 }
 
-// adopt, as s closes, makes an entry made from s hold s's own ranges rather than
+// handOver, as s closes, makes an entry made from s hold s's own ranges rather than
 // refer to them (lazy) or map them, and returns the ranges Close must release in place
 // of s's (none when a lazy entry took them over). It reports false when no entry
 // takes them over: s's ranges are then released as usual. The lazy entries that do
@@ -142,7 +149,7 @@ func (pc *PrefixCache) materialize(s *Sequence, t int) {
 // whose first use faults page by page; keeping s's costs nothing and, when eviction
 // later returns a granule to the pool, it goes to the park with its page tables, so
 // the next commit of it does not fault either.
-func (l *pcLive) adopt(s *Sequence) ([]buffer, bool) {
+func (l *pcLive) handOver(s *Sequence) ([]buffer, bool) {
 	pc := l.pc
 	if l.origin {
 		l.mu.Lock()
@@ -182,7 +189,7 @@ func (l *pcLive) adopt(s *Sequence) ([]buffer, bool) {
 		s.bufs = nil
 		take.seq, take.origin = es, nil
 		if take.tail != nil {
-			take.tail.live-- // s's tail granule is the entry's alone now
+			take.tail.unmap() // s's tail granule is the entry's alone now
 			take.tail = nil
 		}
 		c.mu.Lock()

@@ -45,8 +45,8 @@ func (s *Sequence) WriteTokens(layer int, kind Kind, from, to int, src []byte) e
 	if w := s.Writable(); from < w && from < to {
 		return fmt.Errorf("%w: token %d of sequence %d (tokens below %d are shared)", ErrReadOnly, from, s.id, w)
 	}
-	if from < to {
-		s.beforeWrite(from)
+	if h := s.c.hooks(); h != nil && from < to {
+		h.beforeWrite(s, from)
 	}
 	return s.c.copyRuns(buf, off, from, to, src, true)
 }
