@@ -52,16 +52,18 @@ func (s *Sequence) Bytes(layer int, kind Kind) ([]byte, error) {
 	return buf.Bytes()[:s.c.extent(s.n)], nil
 }
 
-// Base returns the first address of layer's K or V tensor (its token 0). It never
-// changes from the sequence's creation to its Close. On a device it must not be
-// dereferenced by the CPU.
+// Base returns the first address of layer's K or V tensor (its token 0), for a
+// kernel that walks the tensor by BlockStride and TokenStride itself; host code
+// reaches tokens by View, Run, ReadTokens and WriteTokens. It never changes from the
+// sequence's creation to its Close. On a device it must not be dereferenced by the
+// CPU.
 func (s *Sequence) Base(layer int, kind Kind) uintptr {
 	s.live()
 	return s.c.tensorBase(s.bufs, layer, kind)
 }
 
-// TokenStride returns the bytes from one token to the next within a layer's K or V
-// tensor: TokenBytes in the PerLayer layout, BytesPerToken in PerSequence, and
+// TokenStride returns, for a kernel (see Base), the bytes from one token to the next
+// within a layer's K or V tensor: TokenBytes in the PerLayer layout, BytesPerToken in PerSequence, and
 // TokenBytes within a block in Blocked (BlockStride from one block to the next).
 func (s *Sequence) TokenStride() int {
 	s.live()
@@ -76,8 +78,8 @@ func (s *Sequence) BlockTokens() int {
 	return s.c.tpb
 }
 
-// BlockStride returns the bytes from a block to the next (whole granules) in the
-// Blocked layout, and 0 in the others.
+// BlockStride returns, for a kernel (see Base), the bytes from a block to the next
+// (whole granules) in the Blocked layout, and 0 in the others.
 func (s *Sequence) BlockStride() int {
 	s.live()
 	return s.c.blk

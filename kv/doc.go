@@ -124,7 +124,7 @@
 // [Sequence.TokenStride] = BytesPerToken, so reading a layer touches a short run per
 // token. [PerLayer] gives each (layer, K|V) tensor its own contiguous range
 // ([Sequence.Bytes]) at the cost of 2 × Layers growth frontiers and up to 2 × Layers
-// partly filled granules per sequence. [Size] and [Config.Size] compute the cost of
+// partly filled granules per sequence. [Config.Size] computes the cost of
 // each without allocating; BENCHMARKS.md lists them for Llama-3-8B and measures what
 // each costs attention's read.
 //

@@ -109,13 +109,6 @@ type Sizing struct {
 	Reserved     int64   // address space reserved per sequence (MaxTokens)
 }
 
-// Size returns what one sequence of tokens tokens needs under layout with granule
-// bytes per granule, reserving room for maxTokens; a Blocked layout has its default
-// block (Config.Size says what a larger one needs). It allocates nothing.
-func Size(g Geometry, layout Layout, granule, tokens, maxTokens int) (Sizing, error) {
-	return Config{Geometry: g, Layout: layout, MaxTokens: maxTokens}.Size(granule, tokens)
-}
-
 // Size returns what one sequence of tokens tokens needs under cfg's geometry, layout
 // and block with granule bytes per granule, reserving room for MaxTokens (at least
 // tokens). It allocates nothing.

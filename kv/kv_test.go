@@ -650,7 +650,7 @@ func TestPresetsAndSizing(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%v/granule=%dKiB", tt.layout, tt.granule>>10), func(t *testing.T) {
-			s, err := kv.Size(kv.Llama3_8B, tt.layout, tt.granule, 1000, 2048)
+			s, err := kv.Config{Geometry: kv.Llama3_8B, Layout: tt.layout, MaxTokens: 2048}.Size(tt.granule, 1000)
 			require.NoError(t, err)
 			assert.Equal(t, int64(1000*(128<<10)), s.Used)
 			assert.Equal(t, tt.committed, s.Committed)
@@ -658,15 +658,15 @@ func TestPresetsAndSizing(t *testing.T) {
 			assert.Equal(t, int64(2048*(128<<10)), s.Reserved)
 		})
 	}
-	_, err = kv.Size(kv.Llama3_8B, kv.PerLayer, 3, 1, 2)
+	_, err = kv.Config{Geometry: kv.Llama3_8B, Layout: kv.PerLayer, MaxTokens: 2}.Size(3, 1)
 	assert.ErrorIs(t, err, kv.ErrConfig)
-	_, err = kv.Size(kv.Llama3_8B, kv.Blocked, 3, 1, 2)
+	_, err = kv.Config{Geometry: kv.Llama3_8B, Layout: kv.Blocked, MaxTokens: 2}.Size(3, 1)
 	assert.ErrorIs(t, err, kv.ErrConfig)
-	_, err = kv.Size(kv.Llama3_8B, kv.Layout(9), 4096, 1, 2)
+	_, err = kv.Config{Geometry: kv.Llama3_8B, Layout: kv.Layout(9), MaxTokens: 2}.Size(4096, 1)
 	assert.ErrorIs(t, err, kv.ErrConfig)
-	_, err = kv.Size(kv.Llama3_8B, kv.PerLayer, 4096, 3, 2)
+	_, err = kv.Config{Geometry: kv.Llama3_8B, Layout: kv.PerLayer, MaxTokens: 2}.Size(4096, 3)
 	assert.ErrorIs(t, err, kv.ErrConfig)
-	_, err = kv.Size(kv.Geometry{}, kv.PerLayer, 4096, 1, 2)
+	_, err = kv.Config{Geometry: kv.Geometry{}, Layout: kv.PerLayer, MaxTokens: 2}.Size(4096, 1)
 	assert.ErrorIs(t, err, kv.ErrGeometry)
 }
 
