@@ -66,7 +66,7 @@ func TestAppendNeverFits(t *testing.T) {
 
 func TestSizeOverflow(t *testing.T) {
 	g := kv.Geometry{Name: "wide", Layers: 1024, KVHeads: 1, HeadDim: 1, DType: kv.Tiny.DType}
-	_, err := kv.Config{Geometry: g, Layout: kv.PerLayer, MaxTokens: math.MaxInt/2-4096-1}.Size(4096, 0)
+	_, err := kv.Config{Geometry: g, Layout: kv.PerLayer, MaxTokens: math.MaxInt/2 - 4096 - 1}.Size(4096, 0)
 	assert.ErrorIs(t, err, kv.ErrConfig)
 }
 
