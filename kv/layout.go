@@ -17,20 +17,17 @@ const (
 	// ([layer][K|V][T tokens][KVHeads][HeadDim]). So a sequence has one growth
 	// frontier and at most one partly filled block, a block is committed when its
 	// first token arrives, and each layer's K and V of a block are one contiguous run
-	// (64 KiB of Llama-3-8B at 2 MiB granules). Attention reads a layer at what the
-	// memory charges for such runs: on the host measured, 1.5-2x PerLayer's time,
-	// less than the paged gather's for K and V; larger blocks (Config.BlockTokens)
-	// read closer to PerLayer. On an H200 a paged-style attention kernel read every
-	// layout within 1.04x of PerLayer's time (BENCHMARKS.md, docs/gpu.md). A layer's
+	// (64 KiB of Llama-3-8B at 2 MiB granules): attention reads a layer in runs of
+	// a block's tokens, and larger blocks (Config.BlockTokens) read closer to
+	// PerLayer (BENCHMARKS.md and docs/gpu.md measure each layout's read). A layer's
 	// tensor is a strided tensor of [blocks, T, KVHeads, HeadDim] (View); the bytes
-	// at a block's end that hold no whole token are waste (Size).
+	// at a block's end that hold no whole token are waste (Config.Size).
 	Blocked Layout = iota
 	// PerSequence puts all layers in one range, token-major (token, layer, K|V, head,
 	// dim): one growth frontier, at most one partly filled granule per sequence, and
 	// one commit per growth step; each layer's tensor is strided by BytesPerToken, so
 	// reading one layer touches a TokenBytes run per token (2 KiB of Llama-3-8B, 128 KiB
-	// apart): 5-8x PerLayer's time and 2.5-4x Blocked's on the host measured (see
-	// BENCHMARKS.md).
+	// apart), the slowest read of the three (BENCHMARKS.md).
 	PerSequence
 	// PerLayer gives every (layer, K|V) tensor its own range: each tensor is
 	// contiguous (Sequence.Bytes), and a sequence has 2 × Layers growth frontiers, so

@@ -31,7 +31,56 @@ type PrefixCacheOptions struct {
 // from its first token: whole granules mapped from the sequence that was inserted, the
 // partly filled last granule copied. A prefix's physical granules are owned once
 // however many entries and live sequences map them. The cache's memory is the
-// governor's to take back: see the package doc's "Prefix caching".
+// governor's to take back: see Mechanics below.
+//
+// # Mechanics
+//
+// The index is a radix tree of token IDs, not vLLM's chain of block hashes: a match
+// is exact to the token (the partial tail is copied anyway, so there is nothing to
+// gain from rounding to blocks), equal keys are equal tokens by construction (no hash
+// whose collisions would map another prompt's K/V), and a lookup compares tokens once
+// where the hash chain hashes them and then compares them too — BENCHMARKS.md has the
+// figures. Cached prefixes are memory the governor can take back. Each granule is
+// counted by the entries that hold it and the live sequences and prefixes that map it
+// (forks and frozen prefixes made before the insert too, where the PrefixCache existed
+// when they were made; NB: one made earlier is not counted, and eviction may count its
+// granules as memory it gives back); eviction takes the last granules of the least
+// recently used leaf (the leaf whole, in one release, when the need covers all of its
+// own), and only ones that give memory back (held by that entry alone, mapped by no live sequence): page-aware,
+// since a granule any other holder maps frees nothing. It runs before any operation
+// that commits granules is refused (an append, a fork, a freeze, a start on a prefix,
+// a lookup's copied tail), whenever a request on the device waits for memory (the
+// prefix cache's reclaimer, see accounting.Authority.SetReclaimer), to keep under
+// PrefixCacheOptions.MaxBytes, and on request ([PrefixCache.Evict]); a [PrefixPin]
+// holds a prefix against all of them. A
+// lookup that misses, for a prompt whose granules the budget can not hold, evicts
+// ahead of that growth: when the least recently used entry fits in the prompt's
+// granules, holds every one of its granules alone (no other entry or live sequence
+// maps them) and has no read-only bytes in its ranges (none mapped from elsewhere,
+// none protected by a hit), it leaves the index whole and the new sequence takes
+// over its ranges with their granules committed, so that the prefill commits nothing
+// and no range is unmapped or reserved. It evicts up to that entry's granules beyond
+// the shortfall, all of which the new sequence's prompt then fills.
+//
+// Insert is bookkeeping only: the entry records the tokens and refers to the inserted
+// sequence's granules (it is lazy), so that a cache that is never hit costs no system
+// call. When that sequence closes, the entry takes over its ranges as they are (their
+// page tables too, so that a granule eviction later returns to the pool's park is
+// still warm). It gets ranges of its own (whole granules mapped, the tail copied)
+// only when the sequence is about to change what was cached: a Truncate below the
+// inserted tokens, or a WriteToken into the partly filled granule past the last whole
+// one. A lookup that hits a lazy entry maps from the live sequence's ranges under a
+// lock that the sequence's own resizing calls take too. Protection is lazy as well:
+// like ForkAt on a backing.Protector, the hit first makes the inserted sequence's own
+// mapping of the granules it maps read-only (one call per range), so that from then
+// on a stray store through the sequence's Bytes or View faults. NB: until that first
+// hit, those granules stay writable in the inserted sequence (WriteToken refuses
+// them; a store through Bytes or a View would change what the cache holds), and so
+// do, until the sequence closes, its tokens past the last whole granule below the
+// inserted length, which Bytes and Views MUST NOT rewrite. The index lives in package
+// kv, not beside it, because eviction shrinks the cache's own sequences without the
+// copy Truncate makes and runs inside the cache's budget check, and because a closing
+// sequence hands its ranges to its entry.
 //
 // Its zero value is not usable; call NewPrefixCache.
 type PrefixCache struct {
@@ -150,8 +199,8 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 // hold the prompt's granules for, the least recently used entry may leave the index
 // whole and hand its ranges to the new sequence, their granules still committed
 // (Len is 0; the first growths up to them commit nothing): the eviction the prompt's
-// growth would make, without unmapping and mapping as many granules again (see the
-// package doc's "Prefix caching"). The sequence MUST be closed.
+// growth would make, without unmapping and mapping as many granules again (see
+// Mechanics on PrefixCache). The sequence MUST be closed.
 func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
 	for {
 		s, m, err := pc.lookup(tokens)
@@ -321,7 +370,7 @@ func (pc *PrefixCache) startFrom(src *Sequence, n int, entry bool) (*Sequence, e
 // Insert adds the first len(tokens) tokens of s, whose IDs are tokens, to the cache
 // (more tokens than s holds fail with ErrRange and change nothing), so that later lookups can start on them; tokens the cache
 // holds already are left as they are. It is bookkeeping only: the new entry refers to
-// s's granules (see the package doc's "Prefix caching"). s's whole granules below
+// s's granules (see Mechanics on PrefixCache). s's whole granules below
 // them become shared: below s.Writable from then on, refused by WriteToken, and they
 // MUST NOT be written through Bytes or a View (on a backing.Protector the first
 // lookup that maps them makes them read-only in s too); nor may s's tokens past them
