@@ -470,3 +470,19 @@ func TestLifecycle(t *testing.T) {
 	_, err = c.NewSequence()
 	assert.ErrorIs(t, err, kv.ErrClosed)
 }
+
+// An append that can never fit the limit fails at once, waiting or not.
+func TestAppendNeverFits(t *testing.T) {
+	fx := newFixture(t, 4*fakeGranule) // one token in each of tiny8's 6 tensors needs 6
+	c := fx.cache(t, kv.PerLayer, 64)
+	s, err := c.NewSequence()
+	require.NoError(t, err)
+	defer s.Close()
+	assert.ErrorIs(t, s.Append(1), accounting.ErrExceedsLimit)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	assert.ErrorIs(t, s.AppendCtx(ctx, 1), accounting.ErrExceedsLimit)
+	assert.NoError(t, ctx.Err(), "it did not wait")
+	//lint:ignore SA1012 the nil context is the point: the call must panic on it
+	assert.PanicsWithValue(t, kv.PanicNilContext, func() { _ = s.AppendCtx(nil, 1) })
+}
