@@ -41,7 +41,7 @@ func (s *Sequence) Bytes(layer int, kind Kind) ([]byte, error) {
 	if s.c.cfg.Layout != PerLayer {
 		return nil, fmt.Errorf("%w: %v tensors are strided; use a view", ErrLayout, s.c.cfg.Layout)
 	}
-	i, _, ok := s.c.tensor(s.c.cfg.Geometry, layer, kind)
+	i, _, ok := s.c.tensor(layer, kind)
 	if !ok {
 		return nil, fmt.Errorf("%w: layer %d %v", ErrRange, layer, kind)
 	}
@@ -106,7 +106,7 @@ func View[T arena.Elem](s *Sequence, layer int, kind Kind) (arena.Tensor[T], err
 	if dt := arena.DTypeOf[T](); dt != g.DType {
 		return arena.Tensor[T]{}, fmt.Errorf("%w: %v view of a %v cache", ErrElemType, dt, g.DType)
 	}
-	i, off, ok := s.c.tensor(g, layer, kind)
+	i, off, ok := s.c.tensor(layer, kind)
 	if !ok {
 		return arena.Tensor[T]{}, fmt.Errorf("%w: layer %d %v", ErrRange, layer, kind)
 	}

@@ -347,7 +347,7 @@ func TestWriteTokenStraddlingSharedBoundary(t *testing.T) {
 	require.Equal(t, 2, f.Writable(), "token 1 lies partly in the shared granule")
 	tok := make([]byte, tiny8.TokenBytes())
 	for layer := range tiny8.Layers {
-		for _, kind := range []kv.Kind{kv.K, kv.V} {
+		for _, kind := range kv.KindsOf(tiny8) {
 			assert.ErrorIs(t, f.WriteToken(layer, kind, 1, tok), kv.ErrReadOnly, "fork layer %d %v", layer, kind)
 			assert.ErrorIs(t, s.WriteToken(layer, kind, 1, tok), kv.ErrReadOnly, "origin layer %d %v", layer, kind)
 		}
@@ -370,7 +370,7 @@ func TestViewOfEmptySequence(t *testing.T) {
 			defer closeAll(t, s)
 			check := func(when string) {
 				for layer := range kv.Tiny.Layers {
-					for _, kind := range []kv.Kind{kv.K, kv.V} {
+					for _, kind := range kv.KindsOf(kv.Tiny) {
 						v, err := kv.View[arena.F16](s, layer, kind)
 						require.NoError(t, err, "%s: layer %d %v", when, layer, kind)
 						assert.Equal(t, viewShape(s), v.Shape())

@@ -365,7 +365,7 @@ func (m *blockedModel) writeAs(s *bseq, tok int, w uint64) {
 	buf := make([]byte, g.TokenBytes())
 	refuse := tok < m.writable(s.frozen)
 	for layer := range g.Layers {
-		for _, kind := range []kv.Kind{kv.K, kv.V} {
+		for _, kind := range kv.KindsOf(g) {
 			for i := range buf {
 				buf[i] = pattern(w, layer, kind, tok, i)
 			}
@@ -389,7 +389,7 @@ func (m *blockedModel) views(s *bseq) {
 	g := tiny8
 	tpb := s.s.BlockTokens()
 	for layer := range g.Layers {
-		for _, kind := range []kv.Kind{kv.K, kv.V} {
+		for _, kind := range kv.KindsOf(g) {
 			v, err := kv.View[arena.F16](s.s, layer, kind)
 			require.NoError(t, err)
 			require.Equal(t, []int{(len(s.toks) + tpb - 1) / tpb, tpb, g.KVHeads, g.HeadDim}, v.Shape(), m.step)
@@ -581,7 +581,7 @@ func TestBlockedAddresses(t *testing.T) {
 	assert.Equal(t, fakeGranule, s.BlockStride())
 	assert.Equal(t, g.TokenBytes(), s.TokenStride())
 	for l := range g.Layers {
-		for _, k := range []kv.Kind{kv.K, kv.V} {
+		for _, k := range kv.KindsOf(g) {
 			assert.Equal(t, uintptr((2*l+int(k))*16*g.TokenBytes()), s.Base(l, k)-s.Base(0, kv.K), "layer %d %v", l, k)
 		}
 	}

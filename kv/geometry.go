@@ -87,7 +87,14 @@ func (g Geometry) TokenBytes() int {
 }
 
 // BytesPerToken returns the bytes of one token across all layers, K and V.
-func (g Geometry) BytesPerToken() int { return 2 * g.Layers * g.TokenBytes() }
+func (g Geometry) BytesPerToken() int { return g.Layers * len(g.kinds()) * g.TokenBytes() }
+
+// kinds returns the tensors each layer of g has, in order: K and V. The slice is
+// shared: callers MUST NOT modify it.
+func (g Geometry) kinds() []Kind { return keyValue }
+
+// keyValue is the kinds of a layer with a K and a V tensor.
+var keyValue = []Kind{K, V}
 
 func (g Geometry) String() string {
 	return fmt.Sprintf("%s (%d layers × %d KV heads × %d, %v: %d B/token)", g.Name, g.Layers, g.KVHeads, g.HeadDim, g.DType, g.BytesPerToken())

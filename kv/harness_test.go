@@ -112,7 +112,7 @@ func tryWrite(s *kv.Sequence, w uint64, from, to int) error {
 	g := s.Cache().Config().Geometry
 	buf := make([]byte, g.TokenBytes())
 	for layer := range g.Layers {
-		for _, kind := range []kv.Kind{kv.K, kv.V} {
+		for _, kind := range kv.KindsOf(g) {
 			for tok := from; tok < to; tok++ {
 				for i := range buf {
 					buf[i] = pattern(w, layer, kind, tok, i)
@@ -139,7 +139,7 @@ func tryCheck(s *kv.Sequence, w uint64, from, to int) error {
 	g := s.Cache().Config().Geometry
 	buf := make([]byte, g.TokenBytes())
 	for layer := range g.Layers {
-		for _, kind := range []kv.Kind{kv.K, kv.V} {
+		for _, kind := range kv.KindsOf(g) {
 			for tok := from; tok < to; tok++ {
 				if err := s.ReadToken(layer, kind, tok, buf); err != nil {
 					return err

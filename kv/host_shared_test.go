@@ -67,7 +67,7 @@ func TestHostIntegrity(t *testing.T) {
 func fillViews(t *testing.T, s *hostSeq, w uint64, from, to int) {
 	t.Helper()
 	for layer := range tiny8.Layers {
-		for _, kind := range []kv.Kind{kv.K, kv.V} {
+		for _, kind := range kv.KindsOf(tiny8) {
 			v, err := kv.View[arena.F16](s, layer, kind)
 			require.NoError(t, err)
 			for tok := from; tok < to; tok++ {
@@ -88,7 +88,7 @@ func viewValue(w uint64, layer int, kind kv.Kind, tok, h, d int) arena.F16 {
 func checkViews(t *testing.T, s *hostSeq, w uint64, from, to int) {
 	t.Helper()
 	for layer := range tiny8.Layers {
-		for _, kind := range []kv.Kind{kv.K, kv.V} {
+		for _, kind := range kv.KindsOf(tiny8) {
 			v, err := kv.View[arena.F16](s, layer, kind)
 			require.NoError(t, err)
 			require.Equal(t, viewShape(s), v.Shape())

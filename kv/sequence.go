@@ -33,7 +33,7 @@ type Sequence struct {
 
 	c      *Cache
 	id     uint64
-	bufs   []buffer // PerLayer: index 2*layer+kind; Blocked, PerSequence: one
+	bufs   []buffer // PerLayer: one a tensor, in the order of shape.places; Blocked, PerSequence: one
 	n      int      // tokens
 	frozen int      // bytes at the start of each range that other holders may map: never written
 	prefix *Prefix

@@ -76,7 +76,7 @@ func (c *Cache) copyRuns(buf buffer, off, from, to int, p []byte, write bool) er
 // bytes, and returns the range that holds the tensor and the offset of its token 0.
 func (s *Sequence) span(layer int, kind Kind, from, to, n int) (buffer, int, error) {
 	g := s.c.cfg.Geometry
-	i, off, ok := s.c.tensor(g, layer, kind)
+	i, off, ok := s.c.tensor(layer, kind)
 	switch {
 	case !ok:
 		return nil, 0, fmt.Errorf("%w: layer %d %v of %d layers", ErrRange, layer, kind, g.Layers)

@@ -77,7 +77,7 @@ func TestWaiterUsesIdleGranules(t *testing.T) {
 	buf := make([]byte, tiny8.TokenBytes())
 	zero := make([]byte, len(buf))
 	for layer := range tiny8.Layers {
-		for _, kind := range []kv.Kind{kv.K, kv.V} {
+		for _, kind := range kv.KindsOf(tiny8) {
 			for _, tok := range []int{0, 128} { // the first token of each granule
 				require.NoError(t, s.ReadToken(layer, kind, tok, buf))
 				if !slices.Equal(buf, zero) {
