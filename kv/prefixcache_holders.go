@@ -4,8 +4,6 @@ import (
 	"errors"
 	"slices"
 	"sync"
-
-	"github.com/vmarena/vmarena/backing"
 )
 
 // Holders: the live sequences and prefixes that map a prefix cache's granules, and
@@ -59,16 +57,8 @@ func (l *pcLive) protectFrom(s *Sequence, full int) error {
 	if !s.c.protector || full <= l.protected {
 		return nil
 	}
-	for i, b := range s.bufs {
-		if err := b.protect(l.protected, full-l.protected, backing.ReadOnly); err != nil {
-			var errs []error
-			for _, q := range s.bufs[:i] {
-				if rerr := q.protect(l.protected, full-l.protected, backing.ReadWrite); rerr != nil {
-					errs = append(errs, rerr)
-				}
-			}
-			return errors.Join(append([]error{err}, errs...)...)
-		}
+	if err, rerr := readOnly(s.bufs, l.protected, full-l.protected); err != nil {
+		return errors.Join(err, rerr)
 	}
 	l.protected = full
 	return nil

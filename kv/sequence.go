@@ -303,6 +303,24 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	return child, nil
 }
 
+// readOnly makes [off, off+n) of each range read-only, in order. When one fails it
+// gives write access back to those it protected, and returns the failure and what
+// failed to give write access back (nil when each range is as it was).
+func readOnly(bufs []buffer, off, n int) (err, restore error) {
+	for i, b := range bufs {
+		if err := b.protect(off, n, backing.ReadOnly); err != nil {
+			var errs []error
+			for _, q := range bufs[:i] {
+				if rerr := q.protect(off, n, backing.ReadWrite); rerr != nil {
+					errs = append(errs, rerr)
+				}
+			}
+			return err, errors.Join(errs...)
+		}
+	}
+	return nil, nil
+}
+
 // protect makes the first full bytes of each of s's ranges shared: never written
 // from now on, and read-only in s's own mapping where the backing can protect memory
 // in place. On error s is as it was.
@@ -313,21 +331,11 @@ func (s *Sequence) protect(full int) error {
 	s.lockRanges()
 	defer s.unlockRanges()
 	if s.c.protector {
-		for i, b := range s.bufs {
-			if err := b.protect(s.frozen, full-s.frozen, backing.ReadOnly); err != nil {
-				// Give back write access to what was protected: s is as it was.
-				var errs []error
-				for _, q := range s.bufs[:i] {
-					if rerr := q.protect(s.frozen, full-s.frozen, backing.ReadWrite); rerr != nil {
-						errs = append(errs, rerr)
-					}
-				}
-				if rerr := errors.Join(errs...); rerr != nil {
-					s.err = rerr
-					return errors.Join(err, fmt.Errorf("%w: restoring write access: %w", ErrDamaged, rerr))
-				}
-				return err
-			}
+		if err, rerr := readOnly(s.bufs, s.frozen, full-s.frozen); rerr != nil {
+			s.err = rerr
+			return errors.Join(err, fmt.Errorf("%w: restoring write access: %w", ErrDamaged, rerr))
+		} else if err != nil {
+			return err
 		}
 	}
 	s.frozen = full
