@@ -34,10 +34,18 @@ func newFixture(t *testing.T, limit int64) *fixture {
 	t.Cleanup(func() {
 		assert.Zero(t, f.LiveGranules(), "granules leaked")
 		assert.Zero(t, f.LiveReservations(), "reservations leaked")
-		assert.Zero(t, pool.Stats().Owned, "ledger does not balance")
-		assert.Zero(t, pool.Stats().Mapped, "mappings left behind")
+		ledgerBalances(t, pool)
 	})
 	return &fixture{gov: gov, pool: pool, fake: f}
+}
+
+// ledgerBalances checks, at a test's end, that a ledger owns and maps nothing: every
+// granule its backing committed came back.
+func ledgerBalances(t testing.TB, a *accounting.Authority) {
+	t.Helper()
+	st := a.Stats()
+	assert.Zero(t, st.Owned, "ledger does not balance: owned bytes left")
+	assert.Zero(t, st.Mapped, "ledger does not balance: mappings left behind")
 }
 
 func (fx *fixture) cache(t *testing.T, layout kv.Layout, maxTokens int) *fakeCache {

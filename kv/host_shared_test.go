@@ -36,8 +36,7 @@ func sharedPool(t *testing.T, a *accounting.Authority, name string) *host.Shared
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		assert.NoError(t, b.Close())
-		assert.Zero(t, a.Stats().Owned, "ledger does not balance")
-		assert.Zero(t, a.Stats().Mapped)
+		ledgerBalances(t, a)
 	})
 	return b
 }

@@ -31,8 +31,7 @@ func TestWaiterUsesIdleGranules(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		assert.NoError(t, b.Close())
-		assert.Zero(t, pool.Stats().Owned, "ledger does not balance")
-		assert.Zero(t, pool.Stats().Mapped)
+		ledgerBalances(t, pool)
 	})
 	c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: kv.PerLayer})
 	require.NoError(t, err)
