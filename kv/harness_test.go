@@ -3,6 +3,7 @@ package kv_test
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -46,6 +47,46 @@ func ledgerBalances(t testing.TB, a *accounting.Authority) {
 	st := a.Stats()
 	assert.Zero(t, st.Owned, "ledger does not balance: owned bytes left")
 	assert.Zero(t, st.Mapped, "ledger does not balance: mappings left behind")
+}
+
+// atEveryCall runs run once for each of its first calls backing calls, with a fault
+// injected at that call, and returns how many runs failed. A run that fails must fail
+// with the injected error, never with corrupt data; after each, the fixture's backing
+// and ledger must hold nothing, and after(n), when not nil, checks more.
+func (fx *fixture) atEveryCall(t *testing.T, faulty faultInjector, calls int, run func() error, after func(n int)) int {
+	t.Helper()
+	boom := errors.New("injected")
+	failed := 0
+	for n := 1; n <= calls; n++ {
+		faulty.Reset()
+		faulty.FailAt(n, boom)
+		if err := run(); err != nil {
+			failed++
+			require.ErrorIs(t, err, boom, "call %d", n)
+			require.NotErrorIs(t, err, errCorrupt, "call %d", n)
+		}
+		faulty.Reset()
+		// The ledger balances and nothing is left mapped after every failure.
+		assert.Zero(t, fx.fake.LiveGranules(), "call %d: granules left", n)
+		assert.Zero(t, fx.fake.LiveReservations(), "call %d: reservations left", n)
+		assert.Zero(t, fx.pool.Stats().Owned, "call %d", n)
+		assert.Zero(t, fx.pool.Stats().Mapped, "call %d", n)
+		if after != nil {
+			after(n)
+		}
+	}
+	return failed
+}
+
+// waitAll waits for the goroutines of wg, which send their failures on errs, and
+// requires that none failed.
+func waitAll(t *testing.T, wg *sync.WaitGroup, errs chan error) {
+	t.Helper()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
 }
 
 func (fx *fixture) cache(t *testing.T, layout kv.Layout, maxTokens int) *fakeCache {

@@ -259,25 +259,10 @@ func TestFaultInjectionAtEveryBackingCall(t *testing.T) {
 			require.NoError(t, scenario(c))
 			calls := faulty.Calls()
 			require.Greater(t, calls, 10)
-			boom := errors.New("injected")
-			failed := 0
-			for n := 1; n <= calls; n++ {
-				faulty.Reset()
-				faulty.FailAt(n, boom)
-				// NB: a failed release is retried once, so a fault there may be absorbed.
-				if err := scenario(c); err != nil {
-					failed++
-					require.ErrorIs(t, err, boom, "call %d", n)
-					require.NotErrorIs(t, err, errCorrupt, "call %d", n)
-				}
-				faulty.Reset()
-				// The ledger balances and nothing is left mapped after every failure.
-				assert.Zero(t, fx.fake.LiveGranules(), "call %d: granules left", n)
-				assert.Zero(t, fx.fake.LiveReservations(), "call %d: reservations left", n)
-				assert.Zero(t, fx.pool.Stats().Owned, "call %d", n)
-				assert.Zero(t, fx.pool.Stats().Mapped, "call %d", n)
+			// NB: a failed release is retried once, so a fault there may be absorbed.
+			failed := fx.atEveryCall(t, faulty, calls, func() error { return scenario(c) }, func(n int) {
 				assert.Equal(t, kv.Stats{}, holdings(c), "call %d", n)
-			}
+			})
 			assert.Greater(t, failed, calls*3/4, "most injected faults surface as errors")
 			require.NoError(t, scenario(c), "works again once faults stop")
 			require.NoError(t, c.Close())
