@@ -245,3 +245,51 @@ func (sh *shape) copyTail(dst, src buffer, n int) error {
 	}
 	return nil
 }
+
+// Sizing is what a configuration needs; see Size.
+type Sizing struct {
+	TokenBytes    int   // one token of one layer's K or V
+	BytesPerToken int   // one token, all layers, K and V
+	Buffers       int   // address ranges per sequence
+	BlockTokens   int   // tokens per block in the Blocked layout, else 0
+	Used          int64 // bytes of the tokens themselves
+	Committed     int64 // bytes of the granules that hold them
+	// Waste is Committed - Used: partly filled granules, and in the Blocked layout the
+	// bytes at each block's end that hold no whole token and the free tokens of the
+	// last block.
+	Waste        int64
+	WastePercent float64 // Waste as a share of Committed
+	Reserved     int64   // address space reserved per sequence (MaxTokens)
+}
+
+// Size returns what one sequence of tokens tokens needs under cfg's geometry, layout
+// and block with granule bytes per granule, reserving room for MaxTokens (at least
+// tokens). It allocates nothing.
+func (cfg Config) Size(granule, tokens int) (Sizing, error) {
+	g := cfg.Geometry
+	if err := g.Validate(); err != nil {
+		return Sizing{}, err
+	}
+	if tokens < 0 || cfg.MaxTokens < tokens {
+		return Sizing{}, fmt.Errorf("%w: granule %d, tokens %d, max tokens %d", ErrConfig, granule, tokens, cfg.MaxTokens)
+	}
+	sh, err := newShape(g, cfg.Layout, granule, cfg.BlockTokens, cfg.MaxTokens)
+	if err != nil {
+		return Sizing{}, err
+	}
+	committed, _ := backing.AlignUp(sh.extent(tokens), granule)
+	s := Sizing{
+		TokenBytes:    g.TokenBytes(),
+		BytesPerToken: g.BytesPerToken(),
+		Buffers:       sh.nbuf,
+		BlockTokens:   sh.tpb,
+		Used:          int64(tokens) * int64(g.BytesPerToken()),
+		Committed:     int64(sh.nbuf) * int64(committed),
+		Reserved:      int64(sh.nbuf) * int64(sh.capac),
+	}
+	s.Waste = s.Committed - s.Used
+	if s.Committed > 0 {
+		s.WastePercent = 100 * float64(s.Waste) / float64(s.Committed)
+	}
+	return s, nil
+}

@@ -350,23 +350,6 @@ func (pc *PrefixCache) settle(h hit, s *Sequence, err error, queried int) {
 // before the lookup could map from it; the lookup starts again.
 var errEntryGone = errors.New("kv: prefix cache entry gone")
 
-// startFrom starts a sequence on src's first n tokens (an entry's, or an inserted
-// sequence's), evicting cached prefixes before the budget refuses the copied tail
-// (shareBudget, evicting). An inserted sequence's shared bytes become frozen (WriteToken
-// refuses them).
-func (pc *PrefixCache) startFrom(src *Sequence, n int, entry bool) (*Sequence, error) {
-	if err := pc.c.shareBudget(n); err != nil {
-		return nil, err
-	}
-	return evicting(pc.c, func() (*Sequence, error) {
-		q, err := pc.c.sequenceOn(src, n)
-		if err == nil && !entry {
-			src.frozen = max(src.frozen, q.frozen)
-		}
-		return q, err
-	})
-}
-
 // Insert adds the first len(tokens) tokens of s, whose IDs are tokens, to the cache
 // (more tokens than s holds fail with ErrRange and change nothing), so that later lookups can start on them; tokens the cache
 // holds already are left as they are. It is bookkeeping only: the new entry refers to

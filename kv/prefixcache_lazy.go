@@ -237,3 +237,20 @@ func (l *pcLive) handOver(s *Sequence) ([]buffer, bool) {
 	l.entry = nil
 	return old, true
 }
+
+// startFrom starts a sequence on src's first n tokens (an entry's, or an inserted
+// sequence's), evicting cached prefixes before the budget refuses the copied tail
+// (shareBudget, evicting). An inserted sequence's shared bytes become frozen (WriteToken
+// refuses them).
+func (pc *PrefixCache) startFrom(src *Sequence, n int, entry bool) (*Sequence, error) {
+	if err := pc.c.shareBudget(n); err != nil {
+		return nil, err
+	}
+	return evicting(pc.c, func() (*Sequence, error) {
+		q, err := pc.c.sequenceOn(src, n)
+		if err == nil && !entry {
+			src.frozen = max(src.frozen, q.frozen)
+		}
+		return q, err
+	})
+}

@@ -115,3 +115,17 @@ func Run[T arena.Elem](s *Sequence, layer int, kind Kind, t int) ([]T, error) {
 	k := min(s.c.run(t), s.n-t)
 	return elems[T](buf.Bytes()[s.c.offset(off, t):][:k*s.c.tb]), nil
 }
+
+// WriteToken copies src (TokenBytes long) into token t of layer's K or V tensor, on
+// any backing and layout: WriteTokens(layer, kind, t, t+1, src). Writing a token below
+// Writable, which lies (wholly or in part) in memory shared with a prefix or a fork,
+// is refused with ErrReadOnly.
+func (s *Sequence) WriteToken(layer int, kind Kind, t int, src []byte) error {
+	return s.WriteTokens(layer, kind, t, t+1, src)
+}
+
+// ReadToken copies token t of layer's K or V tensor into dst (TokenBytes long):
+// ReadTokens(layer, kind, t, t+1, dst).
+func (s *Sequence) ReadToken(layer int, kind Kind, t int, dst []byte) error {
+	return s.ReadTokens(layer, kind, t, t+1, dst)
+}
