@@ -6,20 +6,6 @@ import (
 	"github.com/vmarena/vmarena/arena"
 )
 
-// WriteToken copies src (TokenBytes long) into token t of layer's K or V tensor, on
-// any backing and layout: WriteTokens(layer, kind, t, t+1, src). Writing a token below
-// Writable, which lies (wholly or in part) in memory shared with a prefix or a fork,
-// is refused with ErrReadOnly.
-func (s *Sequence) WriteToken(layer int, kind Kind, t int, src []byte) error {
-	return s.WriteTokens(layer, kind, t, t+1, src)
-}
-
-// ReadToken copies token t of layer's K or V tensor into dst (TokenBytes long):
-// ReadTokens(layer, kind, t, t+1, dst).
-func (s *Sequence) ReadToken(layer int, kind Kind, t int, dst []byte) error {
-	return s.ReadTokens(layer, kind, t, t+1, dst)
-}
-
 // Writable returns the first token that may be written: tokens below it lie in
 // granules shared with a prefix or a fork and are read-only.
 func (s *Sequence) Writable() int {
@@ -41,7 +27,7 @@ func (s *Sequence) Bytes(layer int, kind Kind) ([]byte, error) {
 	if s.c.cfg.Layout != PerLayer {
 		return nil, fmt.Errorf("%w: %v tensors are strided; use a view", ErrLayout, s.c.cfg.Layout)
 	}
-	i, _, ok := s.c.tensor(s.c.cfg.Geometry, layer, kind)
+	i, _, ok := s.c.tensor(layer, kind)
 	if !ok {
 		return nil, fmt.Errorf("%w: layer %d %v", ErrRange, layer, kind)
 	}
@@ -52,16 +38,18 @@ func (s *Sequence) Bytes(layer int, kind Kind) ([]byte, error) {
 	return buf.Bytes()[:s.c.extent(s.n)], nil
 }
 
-// Base returns the first address of layer's K or V tensor (its token 0). It never
-// changes from the sequence's creation to its Close. On a device it must not be
-// dereferenced by the CPU.
+// Base returns the first address of layer's K or V tensor (its token 0), for a
+// kernel that walks the tensor by BlockStride and TokenStride itself; host code
+// reaches tokens by View, Run, ReadTokens and WriteTokens. It never changes from the
+// sequence's creation to its Close. On a device it must not be dereferenced by the
+// CPU.
 func (s *Sequence) Base(layer int, kind Kind) uintptr {
 	s.live()
 	return s.c.tensorBase(s.bufs, layer, kind)
 }
 
-// TokenStride returns the bytes from one token to the next within a layer's K or V
-// tensor: TokenBytes in the PerLayer layout, BytesPerToken in PerSequence, and
+// TokenStride returns, for a kernel (see Base), the bytes from one token to the next
+// within a layer's K or V tensor: TokenBytes in the PerLayer layout, BytesPerToken in PerSequence, and
 // TokenBytes within a block in Blocked (BlockStride from one block to the next).
 func (s *Sequence) TokenStride() int {
 	s.live()
@@ -76,8 +64,8 @@ func (s *Sequence) BlockTokens() int {
 	return s.c.tpb
 }
 
-// BlockStride returns the bytes from a block to the next (whole granules) in the
-// Blocked layout, and 0 in the others.
+// BlockStride returns, for a kernel (see Base), the bytes from a block to the next
+// (whole granules) in the Blocked layout, and 0 in the others.
 func (s *Sequence) BlockStride() int {
 	s.live()
 	return s.c.blk
@@ -104,7 +92,7 @@ func View[T arena.Elem](s *Sequence, layer int, kind Kind) (arena.Tensor[T], err
 	if dt := arena.DTypeOf[T](); dt != g.DType {
 		return arena.Tensor[T]{}, fmt.Errorf("%w: %v view of a %v cache", ErrElemType, dt, g.DType)
 	}
-	i, off, ok := s.c.tensor(g, layer, kind)
+	i, off, ok := s.c.tensor(layer, kind)
 	if !ok {
 		return arena.Tensor[T]{}, fmt.Errorf("%w: layer %d %v", ErrRange, layer, kind)
 	}

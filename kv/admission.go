@@ -29,8 +29,8 @@ func (c *Cache) Pool() backing.Pool { return c.pool }
 // device takes the memory first.
 func (c *Cache) Headroom() int64 {
 	h := c.gov.Available(c.dev)
-	if pc := c.pc.Load(); pc != nil {
-		h += pc.evictable()
+	if ph := c.hooks(); ph != nil {
+		h += ph.evictable()
 	}
 	return h
 }
@@ -83,9 +83,22 @@ func evicting[T any](c *Cache, op func() (T, error)) (T, error) {
 	v, err := op()
 	var be *accounting.BudgetError
 	if err != nil && errors.As(err, &be) && !errors.Is(be, accounting.ErrExceedsLimit) {
-		if pc := c.pc.Load(); pc != nil && pc.evictFor(max(be.Requested-be.Available, int64(c.gran)), evictForGrowth) > 0 {
+		if c.shortfall(max(be.Requested-be.Available, int64(c.gran))) > 0 {
 			v, err = op()
 		}
 	}
 	return v, c.refused(err)
+}
+
+// budgetOrEvict is budget that, before it refuses, evicts cached prefixes no live
+// sequence maps to make up the shortfall.
+func (c *Cache) budgetOrEvict(need, credit int64) *accounting.BudgetError {
+	be := c.budget(need, credit)
+	if be == nil || errors.Is(be, accounting.ErrExceedsLimit) {
+		return be
+	}
+	if c.shortfall(be.Requested-be.Available-credit) > 0 {
+		return c.budget(need, credit)
+	}
+	return be
 }

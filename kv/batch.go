@@ -169,17 +169,11 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 		if !commits || s.need(s.n+g.Tokens) == 0 {
 			continue // the granules it holds cover the tokens: nothing to resize
 		}
-		if mu := s.rangesLock(); mu != nil {
-			// Lookups map from s's ranges: not while they change.
-			mu.Lock()
-			defer mu.Unlock()
-		}
 		target := c.extent(s.n + g.Tokens)
 		s.pre = s.bufs[0].Committed() // the ranges are alike (see publish)
-		for j, b := range s.bufs {
-			if err := b.Resize(target); err != nil {
-				return c.rollback(batch[:i], s, j, idle, commits, err)
-			}
+		j, err := s.resizeRanges(target)
+		if err != nil {
+			return c.rollback(batch[:i], s, j, idle, commits, err)
 		}
 		s.grew = true
 	}
@@ -195,6 +189,20 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 	return nil
 }
 
+// resizeRanges resizes each of s's ranges to size bytes, in order, under the lock
+// that a lookup mapping from them holds (lockRanges). It returns the error of the
+// first that failed and how many were resized before it.
+func (s *Sequence) resizeRanges(size int) (int, error) {
+	s.lockRanges()
+	defer s.unlockRanges()
+	for j, b := range s.bufs {
+		if err := b.Resize(size); err != nil {
+			return j, err
+		}
+	}
+	return len(s.bufs), nil
+}
+
 // rollback undoes a failed grow: the first k ranges of s and every range of the
 // sequences of done that it resized (grew) go back to what they committed before the
 // step (pre), which may be more than their tokens take (a sequence that took over an
@@ -207,11 +215,13 @@ func (c *Cache) rollback(done []Growth, s *Sequence, k int, idle int64, commits 
 	errs := []error{err}
 	undo := func(q *Sequence, bufs []buffer) {
 		var qerrs []error
+		q.lockRanges()
 		for _, b := range bufs {
 			if err := b.Resize(q.pre); err != nil {
 				qerrs = append(qerrs, err)
 			}
 		}
+		q.unlockRanges()
 		if rerr := errors.Join(qerrs...); rerr != nil {
 			q.err = rerr
 			errs = append(errs, fmt.Errorf("%w: sequence %d: rolling back: %w", ErrDamaged, q.id, rerr))

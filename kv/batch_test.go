@@ -347,7 +347,7 @@ func TestWriteTokenStraddlingSharedBoundary(t *testing.T) {
 	require.Equal(t, 2, f.Writable(), "token 1 lies partly in the shared granule")
 	tok := make([]byte, tiny8.TokenBytes())
 	for layer := range tiny8.Layers {
-		for _, kind := range []kv.Kind{kv.K, kv.V} {
+		for _, kind := range kv.KindsOf(tiny8) {
 			assert.ErrorIs(t, f.WriteToken(layer, kind, 1, tok), kv.ErrReadOnly, "fork layer %d %v", layer, kind)
 			assert.ErrorIs(t, s.WriteToken(layer, kind, 1, tok), kv.ErrReadOnly, "origin layer %d %v", layer, kind)
 		}
@@ -370,7 +370,7 @@ func TestViewOfEmptySequence(t *testing.T) {
 			defer closeAll(t, s)
 			check := func(when string) {
 				for layer := range kv.Tiny.Layers {
-					for _, kind := range []kv.Kind{kv.K, kv.V} {
+					for _, kind := range kv.KindsOf(kv.Tiny) {
 						v, err := kv.View[arena.F16](s, layer, kind)
 						require.NoError(t, err, "%s: layer %d %v", when, layer, kind)
 						assert.Equal(t, viewShape(s), v.Shape())
@@ -469,4 +469,20 @@ func TestLifecycle(t *testing.T) {
 	assert.ErrorIs(t, c.Close(), kv.ErrClosed, "a second Close changes nothing")
 	_, err = c.NewSequence()
 	assert.ErrorIs(t, err, kv.ErrClosed)
+}
+
+// An append that can never fit the limit fails at once, waiting or not.
+func TestAppendNeverFits(t *testing.T) {
+	fx := newFixture(t, 4*fakeGranule) // one token in each of tiny8's 6 tensors needs 6
+	c := fx.cache(t, kv.PerLayer, 64)
+	s, err := c.NewSequence()
+	require.NoError(t, err)
+	defer s.Close()
+	assert.ErrorIs(t, s.Append(1), accounting.ErrExceedsLimit)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	assert.ErrorIs(t, s.AppendCtx(ctx, 1), accounting.ErrExceedsLimit)
+	assert.NoError(t, ctx.Err(), "it did not wait")
+	//lint:ignore SA1012 the nil context is the point: the call must panic on it
+	assert.PanicsWithValue(t, kv.PanicNilContext, func() { _ = s.AppendCtx(nil, 1) })
 }

@@ -50,7 +50,7 @@ type hostCache = kv.Cache
 func writeLast(b *testing.B, s *kv.Sequence) {
 	t := s.Len() - 1
 	for layer := range kv.Llama3_8B.Layers {
-		for _, kind := range []kv.Kind{kv.K, kv.V} {
+		for _, kind := range kv.KindsOf(kv.Llama3_8B) {
 			if err := s.WriteToken(layer, kind, t, tokenData); err != nil {
 				b.Fatal(err)
 			}

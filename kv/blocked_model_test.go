@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"math/rand/v2"
 	"os"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
@@ -363,7 +365,7 @@ func (m *blockedModel) writeAs(s *bseq, tok int, w uint64) {
 	buf := make([]byte, g.TokenBytes())
 	refuse := tok < m.writable(s.frozen)
 	for layer := range g.Layers {
-		for _, kind := range []kv.Kind{kv.K, kv.V} {
+		for _, kind := range kv.KindsOf(g) {
 			for i := range buf {
 				buf[i] = pattern(w, layer, kind, tok, i)
 			}
@@ -387,7 +389,7 @@ func (m *blockedModel) views(s *bseq) {
 	g := tiny8
 	tpb := s.s.BlockTokens()
 	for layer := range g.Layers {
-		for _, kind := range []kv.Kind{kv.K, kv.V} {
+		for _, kind := range kv.KindsOf(g) {
 			v, err := kv.View[arena.F16](s.s, layer, kind)
 			require.NoError(t, err)
 			require.Equal(t, []int{(len(s.toks) + tpb - 1) / tpb, tpb, g.KVHeads, g.HeadDim}, v.Shape(), m.step)
@@ -456,4 +458,165 @@ func (m *blockedModel) check() {
 	if t.Failed() {
 		t.Log(errors.New(m.step))
 	}
+}
+
+func TestSizeOverflow(t *testing.T) {
+	g := kv.Geometry{Name: "wide", Layers: 1024, KVHeads: 1, HeadDim: 1, DType: kv.Tiny.DType}
+	_, err := kv.Config{Geometry: g, Layout: kv.PerLayer, MaxTokens: math.MaxInt/2 - 4096 - 1}.Size(4096, 0)
+	assert.ErrorIs(t, err, kv.ErrConfig)
+}
+
+func TestPresetsAndSizing(t *testing.T) {
+	assert.Equal(t, 2048, kv.Llama3_8B.TokenBytes())
+	assert.Equal(t, 128<<10, kv.Llama3_8B.BytesPerToken())
+	g, err := kv.Preset("LLAMA3-8B")
+	require.NoError(t, err)
+	assert.Equal(t, kv.Llama3_8B, g)
+	_, err = kv.Preset("gpt-9")
+	assert.ErrorIs(t, err, kv.ErrUnknownModel)
+	assert.Contains(t, err.Error(), "llama3-70b")
+	for _, p := range kv.Presets() {
+		assert.NoError(t, p.Validate(), p.Name)
+	}
+	bad := []kv.Geometry{{Layers: 0, KVHeads: 1, HeadDim: 1, DType: kv.Tiny.DType}, {Layers: 1, KVHeads: -1, HeadDim: 1, DType: kv.Tiny.DType}, {Layers: 1, KVHeads: 1, HeadDim: 1}, {Layers: 1 << 30, KVHeads: 1 << 20, HeadDim: 1 << 20, DType: kv.Tiny.DType}}
+	for _, b := range bad {
+		assert.ErrorIs(t, b.Validate(), kv.ErrGeometry, "%+v", b)
+	}
+
+	// Llama-3-8B at 1,000 tokens: per-layer waste is up to one granule per tensor.
+	tests := []struct {
+		layout    kv.Layout
+		granule   int
+		committed int64
+	}{
+		{kv.PerLayer, 64 << 10, 64 * 32 * (64 << 10)},  // 1000×2 KiB = 31.25 granules → 32 per tensor
+		{kv.PerLayer, 2 << 20, 64 * (2 << 20)},         // one 2 MiB granule per tensor
+		{kv.PerSequence, 64 << 10, 1000 * (128 << 10)}, // rows of 128 KiB fill granules exactly
+		{kv.PerSequence, 2 << 20, 63 * (2 << 20)},      // 125,000 KiB → 62.5 → 63 granules
+		{kv.Blocked, 64 << 10, 1000 * (128 << 10)},     // a block of two granules holds one token
+		{kv.Blocked, 2 << 20, 63 * (2 << 20)},          // 16 tokens a block: 62.5 → 63 blocks
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%v/granule=%dKiB", tt.layout, tt.granule>>10), func(t *testing.T) {
+			s, err := kv.Config{Geometry: kv.Llama3_8B, Layout: tt.layout, MaxTokens: 2048}.Size(tt.granule, 1000)
+			require.NoError(t, err)
+			assert.Equal(t, int64(1000*(128<<10)), s.Used)
+			assert.Equal(t, tt.committed, s.Committed)
+			assert.Equal(t, s.Committed-s.Used, s.Waste)
+			assert.Equal(t, int64(2048*(128<<10)), s.Reserved)
+		})
+	}
+	_, err = kv.Config{Geometry: kv.Llama3_8B, Layout: kv.PerLayer, MaxTokens: 2}.Size(3, 1)
+	assert.ErrorIs(t, err, kv.ErrConfig)
+	_, err = kv.Config{Geometry: kv.Llama3_8B, Layout: kv.Blocked, MaxTokens: 2}.Size(3, 1)
+	assert.ErrorIs(t, err, kv.ErrConfig)
+	_, err = kv.Config{Geometry: kv.Llama3_8B, Layout: kv.Layout(9), MaxTokens: 2}.Size(4096, 1)
+	assert.ErrorIs(t, err, kv.ErrConfig)
+	_, err = kv.Config{Geometry: kv.Llama3_8B, Layout: kv.PerLayer, MaxTokens: 2}.Size(4096, 3)
+	assert.ErrorIs(t, err, kv.ErrConfig)
+	_, err = kv.Config{Geometry: kv.Geometry{}, Layout: kv.PerLayer, MaxTokens: 2}.Size(4096, 1)
+	assert.ErrorIs(t, err, kv.ErrGeometry)
+}
+
+// Blocked's waste is the bytes at each block's end that hold no whole token, plus the
+// free tokens of the last block; BlockTokens asks for larger blocks.
+func TestBlockedSize(t *testing.T) {
+	q := kv.Qwen25_7B // 56 KiB a token: a 2 MiB granule holds 36 of them, 32 KiB free
+	tests := []struct {
+		name                   string
+		granule, block, tokens int
+		blockTokens, committed int
+		reserved               int64
+	}{
+		{"64KiB", 64 << 10, 0, 10, 1, 10 * (64 << 10), 1000 * (64 << 10)},
+		{"2MiB", 2 << 20, 0, 100, 36, 3 * (2 << 20), 28 * (2 << 20)},
+		{"2MiB/exact", 2 << 20, 0, 72, 36, 2 * (2 << 20), 28 * (2 << 20)},
+		{"2MiB/BlockTokens=37", 2 << 20, 37, 100, 73, 2 * (4 << 20), 14 * (4 << 20)},
+		{"2MiB/BlockTokens=128", 2 << 20, 128, 1, 146, 8 << 20, 7 * (8 << 20)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := kv.Config{Geometry: q, Layout: kv.Blocked, BlockTokens: tt.block, MaxTokens: 1000}
+			s, err := cfg.Size(tt.granule, tt.tokens)
+			require.NoError(t, err)
+			assert.Equal(t, tt.blockTokens, s.BlockTokens)
+			assert.Equal(t, 1, s.Buffers)
+			assert.Equal(t, int64(tt.tokens*q.BytesPerToken()), s.Used)
+			assert.Equal(t, int64(tt.committed), s.Committed)
+			assert.Equal(t, s.Committed-s.Used, s.Waste)
+			assert.Equal(t, tt.reserved, s.Reserved)
+		})
+	}
+	for _, cfg := range []kv.Config{
+		{Geometry: q, Layout: kv.Blocked, BlockTokens: -1, MaxTokens: 10},
+		{Geometry: q, Layout: kv.PerSequence, BlockTokens: 4, MaxTokens: 10},
+		{Geometry: q, Layout: kv.PerLayer, BlockTokens: 4, MaxTokens: 10},
+		{Geometry: q, Layout: kv.Blocked, BlockTokens: math.MaxInt / 2, MaxTokens: 10},
+		{Geometry: q, Layout: kv.Blocked, MaxTokens: math.MaxInt / 2},
+		{Geometry: q, Layout: kv.Blocked, MaxTokens: 1},
+	} {
+		_, err := cfg.Size(2<<20, 2)
+		assert.ErrorIs(t, err, kv.ErrConfig, "%+v", cfg)
+		fx := newFixture(t, 1<<30)
+		_, err = kv.New(fx.fake, cfg)
+		if cfg.MaxTokens > 1 {
+			assert.ErrorIs(t, err, kv.ErrConfig, "New(%+v)", cfg)
+		}
+	}
+}
+
+// In the Blocked layout token t of (layer l, kind k) lies at (t/T)·block + ((2l+k)·T +
+// t%T)·TokenBytes of the sequence's range; forks share whole blocks only and copy the
+// tokens of the partly filled last one.
+func TestBlockedAddresses(t *testing.T) {
+	fx := newFixture(t, 1<<30)
+	g := kv.Tiny // 256 bytes a token: a 4 KiB granule is a block of 16 tokens
+	c, err := kv.New(fx.fake, kv.Config{Geometry: g, MaxTokens: 256})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, c.Close()) }()
+	require.Equal(t, kv.Blocked, c.Config().Layout, "the default layout")
+	s, err := c.NewSequence()
+	require.NoError(t, err)
+	assert.Equal(t, 16, s.BlockTokens())
+	assert.Equal(t, fakeGranule, s.BlockStride())
+	assert.Equal(t, g.TokenBytes(), s.TokenStride())
+	for l := range g.Layers {
+		for _, k := range kv.KindsOf(g) {
+			assert.Equal(t, uintptr((2*l+int(k))*16*g.TokenBytes()), s.Base(l, k)-s.Base(0, kv.K), "layer %d %v", l, k)
+		}
+	}
+	_, err = s.Bytes(0, kv.K)
+	assert.ErrorIs(t, err, kv.ErrLayout)
+	require.NoError(t, s.Append(1))
+	assert.Equal(t, int64(fakeGranule), c.Stats().Committed, "the first token commits its block")
+	require.NoError(t, s.Append(39))
+	assert.Equal(t, int64(3*fakeGranule), c.Stats().Committed)
+	writeTokens(t, s, 1, 0, 40)
+	checkTokens(t, s, 1, 0, 40)
+	// The view addresses token t where the formula puts it.
+	v, err := kv.View[arena.F16](s, 1, kv.V)
+	require.NoError(t, err)
+	assert.Equal(t, []int{3, 16, g.KVHeads, g.HeadDim}, v.Shape())
+	assert.Equal(t, []int{fakeGranule / 2, g.TokenBytes() / 2, g.HeadDim, 1}, v.Strides())
+	assert.Equal(t, s.Base(1, kv.V), v.DevicePtr())
+	for _, tok := range []int{0, 15, 16, 39} {
+		want := s.Base(0, kv.K) + uintptr(tok/16*fakeGranule+(3*16+tok%16)*g.TokenBytes())
+		assert.Equal(t, want, tokenAddr(s, 1, kv.V, tok), "token %d", tok)
+	}
+
+	f, err := s.ForkAt(20)
+	require.NoError(t, err)
+	assert.Equal(t, 16, f.Writable(), "one whole block shared, the partly filled one copied")
+	assert.Equal(t, 16, s.Writable())
+	assert.Equal(t, int64(2*fakeGranule), c.SequenceStats()[1].Committed)
+	assert.Equal(t, int64(fakeGranule), c.SequenceStats()[1].Shared)
+	writeTokens(t, s, 2, 16, 40) // the origin's own block: the fork's copy keeps writer 1
+	checkTokens(t, f, 1, 0, 20)
+	checkTokens(t, s, 2, 16, 40)
+	assert.ErrorIs(t, f.WriteToken(0, kv.K, 15, make([]byte, g.TokenBytes())), kv.ErrReadOnly)
+	require.NoError(t, f.Append(10))
+	writeTokens(t, f, 3, 20, 30)
+	checkTokens(t, f, 1, 0, 20)
+	checkTokens(t, s, 1, 0, 16)
+	closeAll(t, f, s)
 }

@@ -81,7 +81,8 @@ type Cache struct {
 	// refusals counts growths refused for memory (Refusals).
 	refusals atomic.Int64
 
-	pc atomic.Pointer[PrefixCache] // nil without one
+	pc atomic.Pointer[PrefixCache] // nil without one; the prefix cache's to read
+	ph atomic.Pointer[prefixHooks] // set by the first PrefixCache (see hooks)
 
 	scales scales // the FP8 scales, made by New and given back by Close
 	ahead  *ahead // nil unless Config.MapAhead on a pool
@@ -414,4 +415,25 @@ func (c *Cache) Close() error {
 		}
 	}
 	return err
+}
+
+// ownEntry moves s from the cache's sequences to its prefix cache's entries: it no
+// longer counts in Stats or SequenceStats, and Close still waits for it.
+func (c *Cache) ownEntry(s *Sequence) {
+	c.mu.Lock()
+	delete(c.seqs, s)
+	c.entries++
+	c.mu.Unlock()
+}
+
+// closeEntry closes a sequence the prefix cache owned (adopted or not) and returns
+// the outcome.
+func (s *Sequence) closeEntry() accounting.ReleaseOutcome {
+	c := s.c
+	c.mu.Lock()
+	if _, ok := c.seqs[s]; !ok {
+		c.entries--
+	}
+	c.mu.Unlock()
+	return s.Close()
 }

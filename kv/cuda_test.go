@@ -32,8 +32,7 @@ func newCUDACache(t *testing.T, drv *cuda.Driver, layout kv.Layout, g kv.Geometr
 	t.Cleanup(func() {
 		assert.NoError(t, c.Close())
 		assert.NoError(t, b.Close())
-		assert.Zero(t, pool.Stats().Owned, "ledger does not balance")
-		assert.Zero(t, pool.Stats().Mapped)
+		ledgerBalances(t, pool)
 	})
 	return c, nil
 }
@@ -119,7 +118,7 @@ func TestCUDAWaitWokenByIdleHandles(t *testing.T) {
 	t.Cleanup(func() {
 		assert.NoError(t, c.Close())
 		assert.NoError(t, b.Close())
-		assert.Zero(t, pool.Stats().Owned, "ledger does not balance")
+		ledgerBalances(t, pool)
 	})
 	a, err := c.NewSequence()
 	require.NoError(t, err)

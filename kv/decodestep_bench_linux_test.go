@@ -131,7 +131,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 					b.Fatal(err)
 				}
 				for l := range g.Layers {
-					for _, k := range []kv.Kind{kv.K, kv.V} {
+					for _, k := range kv.KindsOf(g) {
 						if err := q.WriteToken(l, k, t, token); err != nil {
 							b.Fatal(err)
 						}
@@ -164,7 +164,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 				for l := range g.Layers {
 					at := 0
 					for _, q := range qs {
-						for _, k := range []kv.Kind{kv.K, kv.V} {
+						for _, k := range kv.KindsOf(g) {
 							src, err := q.Bytes(l, k)
 							if err != nil {
 								b.Fatal(err)
@@ -187,7 +187,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 				for l := range runs {
 					runs[l] = make([][2][][]arena.F16, seqs)
 					for k, q := range qs {
-						for _, kind := range []kv.Kind{kv.K, kv.V} {
+						for _, kind := range kv.KindsOf(g) {
 							runs[l][k][kind] = viewRuns(b, q, l, kind, 0)
 						}
 					}
@@ -201,7 +201,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 							unit := max(q.BlockTokens(), 1)
 							from := (q.Len() - 1) / unit * unit // the run of the new token
 							r := &runs[l][k]
-							for _, kind := range []kv.Kind{kv.K, kv.V} {
+							for _, kind := range kv.KindsOf(g) {
 								r[kind] = append(r[kind][:from/unit], viewRuns(b, q, l, kind, from)...)
 							}
 							for j := range r[kv.K] {

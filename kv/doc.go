@@ -48,52 +48,13 @@
 // A [PrefixCache] reuses K and V across requests by token IDs: [PrefixCache.Lookup]
 // starts a sequence on the longest cached prefix of a prompt (whole granules mapped,
 // the tail copied), [PrefixCache.Insert] caches a sequence's tokens after prefill.
-// Its index is a radix tree of token IDs, not vLLM's chain of block hashes: a match
-// is exact to the token (the partial tail is copied anyway, so there is nothing to
-// gain from rounding to blocks), equal keys are equal tokens by construction (no hash
-// whose collisions would map another prompt's K/V), and a lookup compares tokens once
-// where the hash chain hashes them and then compares them too — BENCHMARKS.md has the
-// figures. Cached prefixes are memory the governor can take back. Each granule is
-// counted by the entries that hold it and the live sequences and prefixes that map it
-// (forks and frozen prefixes made before the insert too, where the PrefixCache existed
-// when they were made; NB: one made earlier is not counted, and eviction may count its
-// granules as memory it gives back); eviction takes the last granules of the least
-// recently used leaf (the leaf whole, in one release, when the need covers all of its
-// own), and only ones that give memory back (held by that entry alone, mapped by no live sequence): page-aware,
-// since a granule any other holder maps frees nothing. It runs before any operation
-// that commits granules is refused (an append, a fork, a freeze, a start on a prefix,
-// a lookup's copied tail), whenever a request on the device waits for memory (the
-// prefix cache's reclaimer, see accounting.Authority.SetReclaimer), to keep under
-// PrefixCacheOptions.MaxBytes, and on request ([PrefixCache.Evict]); a [PrefixPin]
-// holds a prefix against all of them. A
-// lookup that misses, for a prompt whose granules the budget can not hold, evicts
-// ahead of that growth: when the least recently used entry fits in the prompt's
-// granules, holds every one of its granules alone (no other entry or live sequence
-// maps them) and has no read-only bytes in its ranges (none mapped from elsewhere,
-// none protected by a hit), it leaves the index whole and the new sequence takes
-// over its ranges with their granules committed, so that the prefill commits nothing
-// and no range is unmapped or reserved. It evicts up to that entry's granules beyond
-// the shortfall, all of which the new sequence's prompt then fills.
-//
-// Insert is bookkeeping only: the entry records the tokens and refers to the inserted
-// sequence's granules (it is lazy), so that a cache that is never hit costs no system
-// call. When that sequence closes, the entry takes over its ranges as they are (their
-// page tables too, so that a granule eviction later returns to the pool's park is
-// still warm). It gets ranges of its own (whole granules mapped, the tail copied)
-// only when the sequence is about to change what was cached: a Truncate below the
-// inserted tokens, or a WriteToken into the partly filled granule past the last whole
-// one. A lookup that hits a lazy entry maps from the live sequence's ranges under a
-// lock that the sequence's own resizing calls take too. Protection is lazy as well:
-// like ForkAt on a backing.Protector, the hit first makes the inserted sequence's own
-// mapping of the granules it maps read-only (one call per range), so that from then
-// on a stray store through the sequence's Bytes or View faults. NB: until that first
-// hit, those granules stay writable in the inserted sequence (WriteToken refuses
-// them; a store through Bytes or a View would change what the cache holds), and so
-// do, until the sequence closes, its tokens past the last whole granule below the
-// inserted length, which Bytes and Views MUST NOT rewrite. The index lives in package
-// kv, not beside it, because eviction shrinks the cache's own sequences without the
-// copy Truncate makes and runs inside the cache's budget check, and because a closing
-// sequence hands its ranges to its entry.
+// Cached prefixes are memory the governor can take back: the least recently used are
+// evicted before any operation that commits granules is refused, whenever a request
+// on the device waits for memory, to keep under PrefixCacheOptions.MaxBytes, and on
+// request ([PrefixCache.Evict]); a [PrefixPin] holds a prefix against all of them.
+// Insert is bookkeeping only, so a cache that is never hit costs no system call. How
+// the index matches, counts, evicts and refers to inserted sequences is told on
+// [PrefixCache].
 //
 // # KV events
 //
@@ -124,7 +85,7 @@
 // [Sequence.TokenStride] = BytesPerToken, so reading a layer touches a short run per
 // token. [PerLayer] gives each (layer, K|V) tensor its own contiguous range
 // ([Sequence.Bytes]) at the cost of 2 × Layers growth frontiers and up to 2 × Layers
-// partly filled granules per sequence. [Size] and [Config.Size] compute the cost of
+// partly filled granules per sequence. [Config.Size] computes the cost of
 // each without allocating; BENCHMARKS.md lists them for Llama-3-8B and measures what
 // each costs attention's read.
 //
@@ -197,4 +158,20 @@
 // own, which calls only the backing's Pool methods (never a sequence's ranges) and
 // takes no lock of the cache's or a sequence's; its own lock comes after any of those,
 // before the pool's.
+//
+// The locks, in the order they are taken (a goroutine that holds one takes only those
+// below it):
+//
+//  1. an origin's ranges lock (one sequence's: a sequence that a prefix cache entry
+//     referred to takes it to resize or protect its ranges, and a lookup takes it to
+//     map from them; no goroutine holds two);
+//  2. the prefix cache's lock (its index and the counts of its granules);
+//  3. the cache's lock (its sequences, prefixes and counters);
+//  4. map-ahead's lock, then the backing's and the governor's own.
+//
+// A function holds each lock it takes across one stretch of its body and releases it
+// there; none releases a lock its caller took. A lookup takes the prefix cache's lock
+// to match, releases it, and only then takes an origin's ranges lock (and the prefix
+// cache's again inside it) to map. The prefix cache's reclaimer runs on a goroutine
+// of the governor's, holding none of these.
 package kv

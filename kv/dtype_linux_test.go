@@ -43,7 +43,7 @@ func TestQ8_0TokensThroughViews(t *testing.T) {
 			head := make([]float32, g.HeadDim)
 			blocks := make([]arena.BlockQ8_0, g.HeadDim/arena.Q8_0BlockValues)
 			for layer := range g.Layers {
-				for _, kind := range []kv.Kind{kv.K, kv.V} {
+				for _, kind := range kv.KindsOf(g) {
 					v, err := kv.View[arena.BlockQ8_0](s, layer, kind)
 					require.NoError(t, err)
 					for tok := range n {
@@ -68,7 +68,7 @@ func TestQ8_0TokensThroughViews(t *testing.T) {
 			got := make([]float32, g.HeadDim)
 			for _, q := range []*kv.Sequence{s, f} {
 				for layer := range g.Layers {
-					for _, kind := range []kv.Kind{kv.K, kv.V} {
+					for _, kind := range kv.KindsOf(g) {
 						for tk := range q.Len() {
 							require.NoError(t, q.ReadToken(layer, kind, tk, tok))
 							// The token's bytes are KVHeads heads of HeadDim/32 blocks.

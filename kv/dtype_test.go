@@ -39,7 +39,7 @@ func TestGeometryElementTypes(t *testing.T) {
 		assert.ErrorIs(t, err, arena.ErrPartialBlock, "head dim %d", hd)
 		assert.Contains(t, err.Error(), "blocks of 32")
 		assert.Zero(t, b.TokenBytes())
-		_, err = kv.Size(b, kv.Blocked, 2<<20, 10, 100)
+		_, err = kv.Config{Geometry: b, Layout: kv.Blocked, MaxTokens: 100}.Size(2<<20, 10)
 		assert.ErrorIs(t, err, kv.ErrGeometry)
 		// Nothing is reserved or committed for a geometry that is refused.
 		fx := newFixture(t, 1<<30)
@@ -52,9 +52,9 @@ func TestGeometryElementTypes(t *testing.T) {
 	assert.ErrorIs(t, big.Validate(), kv.ErrGeometry, "a token too large")
 
 	// Size counts the scales: Q8_0 takes 34/64 of fp16's bytes.
-	s16, err := kv.Size(kv.Llama3_8B, kv.PerSequence, 64<<10, 1000, 2048)
+	s16, err := kv.Config{Geometry: kv.Llama3_8B, Layout: kv.PerSequence, MaxTokens: 2048}.Size(64<<10, 1000)
 	require.NoError(t, err)
-	sq, err := kv.Size(q, kv.PerSequence, 64<<10, 1000, 2048)
+	sq, err := kv.Config{Geometry: q, Layout: kv.PerSequence, MaxTokens: 2048}.Size(64<<10, 1000)
 	require.NoError(t, err)
 	assert.Equal(t, s16.Used*34/64, sq.Used)
 	assert.Equal(t, int64(1000*2*32*1088), sq.Used)

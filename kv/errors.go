@@ -22,6 +22,10 @@ var (
 	ErrLayout = errors.New("kv: not available in this layout")
 	// ErrNoSharing: prefixes and forks need a backing that shares physical memory.
 	ErrNoSharing = errors.New("kv: backing does not share memory")
+	// ErrDamaged: a backing call failed midway through an operation that could not
+	// be undone; the sequence must be closed (Close still gives back everything it
+	// holds).
+	ErrDamaged = errors.New("kv: sequence damaged by a failed backing call")
 	// ErrClosed: the cache is closed, or a sequence was closed a second time.
 	ErrClosed = errors.New("kv: closed")
 	// ErrBusy: the cache still has live sequences or prefixes and can not close.
@@ -56,4 +60,8 @@ const (
 	// PanicLayerRange is the panic value for Base of a layer or kind that does not
 	// exist.
 	PanicLayerRange = "kv: layer or kind out of range"
+	// PanicRefCount is the panic value when a prefix cache's count of the entries
+	// that hold a granule, or of the live sequences that map it, would go below zero:
+	// its books went wrong, and going on would free memory something still maps.
+	PanicRefCount = "kv: prefix cache granule count below zero"
 )

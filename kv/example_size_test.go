@@ -9,19 +9,19 @@ import (
 // The cost of each layout for Llama-3-8B: waste is the partly filled granules, at
 // worst one per growth frontier (2 × 32 of them per-layer, one per-sequence), and in
 // the blocked layout the free tokens of the last block (16 tokens a 2 MiB block).
-func ExampleSize() {
+func ExampleConfig_Size() {
 	for _, granule := range []int{64 << 10, 2 << 20} {
 		for _, layout := range []kv.Layout{kv.Blocked, kv.PerLayer, kv.PerSequence} {
 			var worst, sum int64
 			for tokens := 1; tokens <= 2048; tokens++ {
-				s, err := kv.Size(kv.Llama3_8B, layout, granule, tokens, 2048)
+				s, err := kv.Config{Geometry: kv.Llama3_8B, Layout: layout, MaxTokens: 2048}.Size(granule, tokens)
 				if err != nil {
 					panic(err)
 				}
 				worst = max(worst, s.Waste)
 				sum += s.Waste
 			}
-			s, _ := kv.Size(kv.Llama3_8B, layout, granule, 1000, 2048)
+			s, _ := kv.Config{Geometry: kv.Llama3_8B, Layout: layout, MaxTokens: 2048}.Size(granule, 1000)
 			fmt.Printf("granule %4d KiB %-12v ranges %2d  at 1,000 tokens: %5.1f MiB waste (%4.1f%%)  worst %5.1f MiB, mean %5.1f MiB\n",
 				granule>>10, layout, s.Buffers, float64(s.Waste)/(1<<20), s.WastePercent,
 				float64(worst)/(1<<20), float64(sum)/2048/(1<<20))

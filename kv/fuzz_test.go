@@ -213,7 +213,7 @@ func (m *cacheModel) write(s *mseq, from, to int) {
 		w := m.writer
 		refuse := tok < s.s.Writable()
 		for layer := range g.Layers {
-			for _, kind := range []kv.Kind{kv.K, kv.V} {
+			for _, kind := range kv.KindsOf(g) {
 				for i := range buf {
 					buf[i] = pattern(w, layer, kind, tok, i)
 				}
@@ -330,7 +330,7 @@ func (m *cacheModel) check() {
 				continue
 			}
 			for layer := range g.Layers {
-				for _, kind := range []kv.Kind{kv.K, kv.V} {
+				for _, kind := range kv.KindsOf(g) {
 					require.NoError(t, s.s.ReadToken(layer, kind, tok, buf))
 					for i := range buf {
 						if buf[i] != pattern(w, layer, kind, tok, i) {

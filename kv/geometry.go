@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/vmarena/vmarena/arena"
-	"github.com/vmarena/vmarena/backing"
 )
 
 // Geometry is the shape of a model's KV cache: per layer, one K and one V tensor of
@@ -87,63 +86,15 @@ func (g Geometry) TokenBytes() int {
 }
 
 // BytesPerToken returns the bytes of one token across all layers, K and V.
-func (g Geometry) BytesPerToken() int { return 2 * g.Layers * g.TokenBytes() }
+func (g Geometry) BytesPerToken() int { return g.Layers * len(g.kinds()) * g.TokenBytes() }
 
 func (g Geometry) String() string {
 	return fmt.Sprintf("%s (%d layers × %d KV heads × %d, %v: %d B/token)", g.Name, g.Layers, g.KVHeads, g.HeadDim, g.DType, g.BytesPerToken())
 }
 
-// Sizing is what a configuration needs; see Size.
-type Sizing struct {
-	TokenBytes    int   // one token of one layer's K or V
-	BytesPerToken int   // one token, all layers, K and V
-	Buffers       int   // address ranges per sequence
-	BlockTokens   int   // tokens per block in the Blocked layout, else 0
-	Used          int64 // bytes of the tokens themselves
-	Committed     int64 // bytes of the granules that hold them
-	// Waste is Committed - Used: partly filled granules, and in the Blocked layout the
-	// bytes at each block's end that hold no whole token and the free tokens of the
-	// last block.
-	Waste        int64
-	WastePercent float64 // Waste as a share of Committed
-	Reserved     int64   // address space reserved per sequence (MaxTokens)
-}
+// kinds returns the tensors each layer of g has, in order: K and V. The slice is
+// shared: callers MUST NOT modify it.
+func (g Geometry) kinds() []Kind { return keyValue }
 
-// Size returns what one sequence of tokens tokens needs under layout with granule
-// bytes per granule, reserving room for maxTokens; a Blocked layout has its default
-// block (Config.Size says what a larger one needs). It allocates nothing.
-func Size(g Geometry, layout Layout, granule, tokens, maxTokens int) (Sizing, error) {
-	return Config{Geometry: g, Layout: layout, MaxTokens: maxTokens}.Size(granule, tokens)
-}
-
-// Size returns what one sequence of tokens tokens needs under cfg's geometry, layout
-// and block with granule bytes per granule, reserving room for MaxTokens (at least
-// tokens). It allocates nothing.
-func (cfg Config) Size(granule, tokens int) (Sizing, error) {
-	g := cfg.Geometry
-	if err := g.Validate(); err != nil {
-		return Sizing{}, err
-	}
-	if tokens < 0 || cfg.MaxTokens < tokens {
-		return Sizing{}, fmt.Errorf("%w: granule %d, tokens %d, max tokens %d", ErrConfig, granule, tokens, cfg.MaxTokens)
-	}
-	sh, err := newShape(g, cfg.Layout, granule, cfg.BlockTokens, cfg.MaxTokens)
-	if err != nil {
-		return Sizing{}, err
-	}
-	committed, _ := backing.AlignUp(sh.extent(tokens), granule)
-	s := Sizing{
-		TokenBytes:    g.TokenBytes(),
-		BytesPerToken: g.BytesPerToken(),
-		Buffers:       sh.nbuf,
-		BlockTokens:   sh.tpb,
-		Used:          int64(tokens) * int64(g.BytesPerToken()),
-		Committed:     int64(sh.nbuf) * int64(committed),
-		Reserved:      int64(sh.nbuf) * int64(sh.capac),
-	}
-	s.Waste = s.Committed - s.Used
-	if s.Committed > 0 {
-		s.WastePercent = 100 * float64(s.Waste) / float64(s.Committed)
-	}
-	return s, nil
-}
+// keyValue is the kinds of a layer with a K and a V tensor.
+var keyValue = []Kind{K, V}

@@ -54,7 +54,7 @@ func TestPrefixOwnedOnceByPss(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, src.Append(1024))
 	for layer := range tiny8.Layers {
-		for _, kind := range []kv.Kind{kv.K, kv.V} {
+		for _, kind := range kv.KindsOf(tiny8) {
 			b, err := src.Bytes(layer, kind)
 			require.NoError(t, err)
 			for i := range b {
@@ -75,7 +75,7 @@ func TestPrefixOwnedOnceByPss(t *testing.T) {
 		seqs = append(seqs, s)
 		// Touch every page through every mapping, so each mapping counts in Pss.
 		for layer := range tiny8.Layers {
-			for _, kind := range []kv.Kind{kv.K, kv.V} {
+			for _, kind := range kv.KindsOf(tiny8) {
 				b, err := s.Bytes(layer, kind)
 				require.NoError(t, err)
 				for i := 0; i < len(b); i += 4096 {

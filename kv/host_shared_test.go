@@ -36,8 +36,7 @@ func sharedPool(t *testing.T, a *accounting.Authority, name string) *host.Shared
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		assert.NoError(t, b.Close())
-		assert.Zero(t, a.Stats().Owned, "ledger does not balance")
-		assert.Zero(t, a.Stats().Mapped)
+		ledgerBalances(t, a)
 	})
 	return b
 }
@@ -67,7 +66,7 @@ func TestHostIntegrity(t *testing.T) {
 func fillViews(t *testing.T, s *hostSeq, w uint64, from, to int) {
 	t.Helper()
 	for layer := range tiny8.Layers {
-		for _, kind := range []kv.Kind{kv.K, kv.V} {
+		for _, kind := range kv.KindsOf(tiny8) {
 			v, err := kv.View[arena.F16](s, layer, kind)
 			require.NoError(t, err)
 			for tok := from; tok < to; tok++ {
@@ -88,7 +87,7 @@ func viewValue(w uint64, layer int, kind kv.Kind, tok, h, d int) arena.F16 {
 func checkViews(t *testing.T, s *hostSeq, w uint64, from, to int) {
 	t.Helper()
 	for layer := range tiny8.Layers {
-		for _, kind := range []kv.Kind{kv.K, kv.V} {
+		for _, kind := range kv.KindsOf(tiny8) {
 			v, err := kv.View[arena.F16](s, layer, kind)
 			require.NoError(t, err)
 			require.Equal(t, viewShape(s), v.Shape())

@@ -17,20 +17,17 @@ const (
 	// ([layer][K|V][T tokens][KVHeads][HeadDim]). So a sequence has one growth
 	// frontier and at most one partly filled block, a block is committed when its
 	// first token arrives, and each layer's K and V of a block are one contiguous run
-	// (64 KiB of Llama-3-8B at 2 MiB granules). Attention reads a layer at what the
-	// memory charges for such runs: on the host measured, 1.5-2x PerLayer's time,
-	// less than the paged gather's for K and V; larger blocks (Config.BlockTokens)
-	// read closer to PerLayer. On an H200 a paged-style attention kernel read every
-	// layout within 1.04x of PerLayer's time (BENCHMARKS.md, docs/gpu.md). A layer's
+	// (64 KiB of Llama-3-8B at 2 MiB granules): attention reads a layer in runs of
+	// a block's tokens, and larger blocks (Config.BlockTokens) read closer to
+	// PerLayer (BENCHMARKS.md and docs/gpu.md measure each layout's read). A layer's
 	// tensor is a strided tensor of [blocks, T, KVHeads, HeadDim] (View); the bytes
-	// at a block's end that hold no whole token are waste (Size).
+	// at a block's end that hold no whole token are waste (Config.Size).
 	Blocked Layout = iota
 	// PerSequence puts all layers in one range, token-major (token, layer, K|V, head,
 	// dim): one growth frontier, at most one partly filled granule per sequence, and
 	// one commit per growth step; each layer's tensor is strided by BytesPerToken, so
 	// reading one layer touches a TokenBytes run per token (2 KiB of Llama-3-8B, 128 KiB
-	// apart): 5-8x PerLayer's time and 2.5-4x Blocked's on the host measured (see
-	// BENCHMARKS.md).
+	// apart), the slowest read of the three (BENCHMARKS.md).
 	PerSequence
 	// PerLayer gives every (layer, K|V) tensor its own range: each tensor is
 	// contiguous (Sequence.Bytes), and a sequence has 2 × Layers growth frontiers, so
@@ -59,13 +56,17 @@ type shape struct {
 	nbuf   int // address ranges per sequence
 	// row is the bytes from one token to the next within a tensor's run: the bytes
 	// per token of a range (PerSequence, PerLayer), TokenBytes inside a block.
-	row   int
-	tb    int // TokenBytes
-	nt    int // K and V tensors: 2 × Layers
-	tpb   int // Blocked: tokens per block; else 0
-	blk   int // Blocked: bytes per block, whole granules; else 0
-	unit  int // bytes of a sharing unit: blk, or a granule
-	capac int // bytes reserved per range (granule-aligned)
+	row int
+	tb  int // TokenBytes
+	// kinds is the tensors each layer has, in order (K, V); places is every tensor of
+	// a sequence, layer after layer and each layer's kinds in order: a list, so that
+	// nothing but this file knows how many tensors a layer has.
+	kinds  []Kind
+	places []place
+	tpb    int // Blocked: tokens per block; else 0
+	blk    int // Blocked: bytes per block, whole granules; else 0
+	unit   int // bytes of a sharing unit: blk, or a granule
+	capac  int // bytes reserved per range (granule-aligned)
 }
 
 // newShape returns the shape of layout on granules of granule bytes with blocks of at
@@ -77,7 +78,8 @@ func newShape(g Geometry, layout Layout, granule, blockTokens, maxTokens int) (s
 	if blockTokens < 0 || blockTokens > 0 && layout != Blocked {
 		return shape{}, fmt.Errorf("%w: BlockTokens %d with layout %v (only Blocked has blocks; 0 is its default)", ErrConfig, blockTokens, layout)
 	}
-	sh := shape{layout: layout, tb: g.TokenBytes(), nt: 2 * g.Layers, unit: granule}
+	sh := shape{layout: layout, tb: g.TokenBytes(), kinds: g.kinds(), unit: granule}
+	nt := g.Layers * len(sh.kinds)
 	bpt := g.BytesPerToken()
 	var extent int
 	switch layout {
@@ -96,7 +98,7 @@ func newShape(g Geometry, layout Layout, granule, blockTokens, maxTokens int) (s
 	case PerSequence, PerLayer:
 		sh.nbuf, sh.row = 1, bpt
 		if layout == PerLayer {
-			sh.nbuf, sh.row = 2*g.Layers, sh.tb
+			sh.nbuf, sh.row = nt, sh.tb
 		}
 		if maxTokens > math.MaxInt/sh.row-granule {
 			return shape{}, fmt.Errorf("%w: %d tokens of %d bytes overflow", ErrConfig, maxTokens, sh.row)
@@ -104,6 +106,10 @@ func newShape(g Geometry, layout Layout, granule, blockTokens, maxTokens int) (s
 		extent = maxTokens * sh.row
 	default:
 		return shape{}, fmt.Errorf("%w: layout %v", ErrConfig, layout)
+	}
+	sh.places = make([]place, nt)
+	for i := range sh.places {
+		sh.places[i] = sh.placeOf(i)
 	}
 	sh.capac, _ = backing.AlignUp(extent, granule)
 	if sh.capac > 0 && int64(sh.nbuf) > math.MaxInt64/int64(sh.capac) {
@@ -161,21 +167,35 @@ func (sh *shape) writableFrom(frozen int) int {
 	return (frozen + sh.row - 1) / sh.row
 }
 
-// tensor returns where layer's K or V tensor lies: the index of the range that holds
-// it among a sequence's ranges and the byte offset of its token 0 in that range. ok
-// is false when layer or kind is out of range for g.
-func (sh *shape) tensor(g Geometry, layer int, kind Kind) (buf, off int, ok bool) {
-	if layer < 0 || layer >= g.Layers || kind > V {
-		return 0, 0, false
-	}
-	i := 2*layer + int(kind)
+// place is where one tensor of a sequence lies: the index of the range that holds it
+// among the sequence's ranges, and the byte offset of its token 0 in that range.
+type place struct{ buf, off int }
+
+// placeOf returns where the layout puts a sequence's tensor i (of places).
+func (sh *shape) placeOf(i int) place {
 	switch sh.layout {
 	case Blocked:
-		return 0, i * sh.tpb * sh.tb, true
+		return place{0, i * sh.tpb * sh.tb}
 	case PerSequence:
-		return 0, i * sh.tb, true
+		return place{0, i * sh.tb}
 	}
-	return i, 0, true
+	return place{i, 0}
+}
+
+// tensor returns where layer's tensor of kind lies (see place). ok is false when the
+// layer or the kind is not one the geometry has.
+func (sh *shape) tensor(layer int, kind Kind) (buf, off int, ok bool) {
+	k := len(sh.kinds)
+	if layer < 0 || layer >= len(sh.places)/max(k, 1) {
+		return 0, 0, false
+	}
+	for j, kj := range sh.kinds {
+		if kj == kind {
+			p := sh.places[layer*k+j]
+			return p.buf, p.off, true
+		}
+	}
+	return 0, 0, false
 }
 
 // offset returns the byte offset of token t of the tensor whose token 0 lies at off.
@@ -216,12 +236,60 @@ func (sh *shape) copyTail(dst, src buffer, n int) error {
 	if !dst.HostAccessible() || !src.HostAccessible() {
 		// One span through the bounce buffer rather than a copy per tensor: it holds
 		// the free tokens of every tensor but the last too, which are no sequence's.
-		return copyRange(dst, src, full, ((sh.nt-1)*sh.tpb+r)*sh.tb)
+		return copyRange(dst, src, full, ((len(sh.places)-1)*sh.tpb+r)*sh.tb)
 	}
-	for i := range sh.nt {
+	for i := range len(sh.places) {
 		if err := copyRange(dst, src, full+i*sh.tpb*sh.tb, r*sh.tb); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// Sizing is what a configuration needs; see Size.
+type Sizing struct {
+	TokenBytes    int   // one token of one layer's K or V
+	BytesPerToken int   // one token, all layers, K and V
+	Buffers       int   // address ranges per sequence
+	BlockTokens   int   // tokens per block in the Blocked layout, else 0
+	Used          int64 // bytes of the tokens themselves
+	Committed     int64 // bytes of the granules that hold them
+	// Waste is Committed - Used: partly filled granules, and in the Blocked layout the
+	// bytes at each block's end that hold no whole token and the free tokens of the
+	// last block.
+	Waste        int64
+	WastePercent float64 // Waste as a share of Committed
+	Reserved     int64   // address space reserved per sequence (MaxTokens)
+}
+
+// Size returns what one sequence of tokens tokens needs under cfg's geometry, layout
+// and block with granule bytes per granule, reserving room for MaxTokens (at least
+// tokens). It allocates nothing.
+func (cfg Config) Size(granule, tokens int) (Sizing, error) {
+	g := cfg.Geometry
+	if err := g.Validate(); err != nil {
+		return Sizing{}, err
+	}
+	if tokens < 0 || cfg.MaxTokens < tokens {
+		return Sizing{}, fmt.Errorf("%w: granule %d, tokens %d, max tokens %d", ErrConfig, granule, tokens, cfg.MaxTokens)
+	}
+	sh, err := newShape(g, cfg.Layout, granule, cfg.BlockTokens, cfg.MaxTokens)
+	if err != nil {
+		return Sizing{}, err
+	}
+	committed, _ := backing.AlignUp(sh.extent(tokens), granule)
+	s := Sizing{
+		TokenBytes:    g.TokenBytes(),
+		BytesPerToken: g.BytesPerToken(),
+		Buffers:       sh.nbuf,
+		BlockTokens:   sh.tpb,
+		Used:          int64(tokens) * int64(g.BytesPerToken()),
+		Committed:     int64(sh.nbuf) * int64(committed),
+		Reserved:      int64(sh.nbuf) * int64(sh.capac),
+	}
+	s.Waste = s.Committed - s.Used
+	if s.Committed > 0 {
+		s.WastePercent = 100 * float64(s.Waste) / float64(s.Committed)
+	}
+	return s, nil
 }

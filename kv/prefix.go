@@ -45,7 +45,7 @@ func (p *Prefix) Base(layer int, kind Kind) uintptr {
 // tensorBase returns the first address of layer's K or V tensor in the ranges bufs of
 // a sequence or a prefix, panicking with PanicLayerRange for one that does not exist.
 func (c *Cache) tensorBase(bufs []buffer, layer int, kind Kind) uintptr {
-	i, off, ok := c.tensor(c.cfg.Geometry, layer, kind)
+	i, off, ok := c.tensor(layer, kind)
 	if !ok {
 		panic(PanicLayerRange)
 	}
@@ -150,8 +150,8 @@ func (p *Prefix) unref() {
 		// Cache.Close. The prefix leaves the cache only after, so Close can not slip
 		// in between.
 		p.c.release(p.bufs)
-		if p.pcl != nil {
-			p.pcl.drop()
+		if h := p.c.hooks(); h != nil {
+			h.released(p)
 		}
 		p.c.mu.Lock()
 		delete(p.c.prefixes, p)
@@ -199,9 +199,28 @@ func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 	s.n = p.tokens
 	s.frozen = full
 	s.prefix = p
-	if p.pcl != nil {
-		s.pcl = p.pcl.inherit(nil, full/c.unit)
+	if h := c.hooks(); h != nil {
+		h.startedOn(s, p, full/c.unit)
 	}
+	s.publish()
+	c.register(s)
+	return s, nil
+}
+
+// sequenceOn returns a new sequence holding src's first n tokens: the whole granules
+// mapped read-only, the rest copied, as ForkAt does. Unlike ForkAt it leaves src as it
+// is (an entry is never written, and many lookups read it at once).
+func (c *Cache) sequenceOn(src *Sequence, n int) (*Sequence, error) {
+	s, err := c.newSequence()
+	if err != nil {
+		return nil, err
+	}
+	full, err := c.shareInto(s.bufs, src.bufs, n)
+	if err != nil {
+		return nil, errors.Join(err, c.abandon(s))
+	}
+	s.n = n
+	s.frozen = full
 	s.publish()
 	c.register(s)
 	return s, nil

@@ -7,7 +7,6 @@ import (
 	"sync"
 
 	"github.com/vmarena/vmarena/accounting"
-	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/internal/nocopy"
 	"github.com/vmarena/vmarena/internal/radix"
 )
@@ -32,7 +31,56 @@ type PrefixCacheOptions struct {
 // from its first token: whole granules mapped from the sequence that was inserted, the
 // partly filled last granule copied. A prefix's physical granules are owned once
 // however many entries and live sequences map them. The cache's memory is the
-// governor's to take back: see the package doc's "Prefix caching".
+// governor's to take back: see Mechanics below.
+//
+// # Mechanics
+//
+// The index is a radix tree of token IDs, not vLLM's chain of block hashes: a match
+// is exact to the token (the partial tail is copied anyway, so there is nothing to
+// gain from rounding to blocks), equal keys are equal tokens by construction (no hash
+// whose collisions would map another prompt's K/V), and a lookup compares tokens once
+// where the hash chain hashes them and then compares them too — BENCHMARKS.md has the
+// figures. Cached prefixes are memory the governor can take back. Each granule is
+// counted by the entries that hold it and the live sequences and prefixes that map it
+// (forks and frozen prefixes made before the insert too, where the PrefixCache existed
+// when they were made; NB: one made earlier is not counted, and eviction may count its
+// granules as memory it gives back); eviction takes the last granules of the least
+// recently used leaf (the leaf whole, in one release, when the need covers all of its
+// own), and only ones that give memory back (held by that entry alone, mapped by no live sequence): page-aware,
+// since a granule any other holder maps frees nothing. It runs before any operation
+// that commits granules is refused (an append, a fork, a freeze, a start on a prefix,
+// a lookup's copied tail), whenever a request on the device waits for memory (the
+// prefix cache's reclaimer, see accounting.Authority.SetReclaimer), to keep under
+// PrefixCacheOptions.MaxBytes, and on request ([PrefixCache.Evict]); a [PrefixPin]
+// holds a prefix against all of them. A
+// lookup that misses, for a prompt whose granules the budget can not hold, evicts
+// ahead of that growth: when the least recently used entry fits in the prompt's
+// granules, holds every one of its granules alone (no other entry or live sequence
+// maps them) and has no read-only bytes in its ranges (none mapped from elsewhere,
+// none protected by a hit), it leaves the index whole and the new sequence takes
+// over its ranges with their granules committed, so that the prefill commits nothing
+// and no range is unmapped or reserved. It evicts up to that entry's granules beyond
+// the shortfall, all of which the new sequence's prompt then fills.
+//
+// Insert is bookkeeping only: the entry records the tokens and refers to the inserted
+// sequence's granules (it is lazy), so that a cache that is never hit costs no system
+// call. When that sequence closes, the entry takes over its ranges as they are (their
+// page tables too, so that a granule eviction later returns to the pool's park is
+// still warm). It gets ranges of its own (whole granules mapped, the tail copied)
+// only when the sequence is about to change what was cached: a Truncate below the
+// inserted tokens, or a WriteToken into the partly filled granule past the last whole
+// one. A lookup that hits a lazy entry maps from the live sequence's ranges under a
+// lock that the sequence's own resizing calls take too. Protection is lazy as well:
+// like ForkAt on a backing.Protector, the hit first makes the inserted sequence's own
+// mapping of the granules it maps read-only (one call per range), so that from then
+// on a stray store through the sequence's Bytes or View faults. NB: until that first
+// hit, those granules stay writable in the inserted sequence (WriteToken refuses
+// them; a store through Bytes or a View would change what the cache holds), and so
+// do, until the sequence closes, its tokens past the last whole granule below the
+// inserted length, which Bytes and Views MUST NOT rewrite. The index lives in package
+// kv, not beside it, because eviction shrinks the cache's own sequences without the
+// copy Truncate makes and runs inside the cache's budget check, and because a closing
+// sequence hands its ranges to its entry.
 //
 // Its zero value is not usable; call NewPrefixCache.
 type PrefixCache struct {
@@ -58,65 +106,6 @@ type PrefixCache struct {
 	evictedBytes   int64
 	evictions      int64
 	entries        int
-}
-
-// granuleRef is one granule index's physical memory (a granule in each of a sequence's
-// ranges): the entries that hold it and the live sequences that map it. The cache's
-// lock guards it.
-type granuleRef struct {
-	entries int32
-	live    int32
-}
-
-// pcEntry is an entry of the cache: a sequence the cache owns, holding the tokens of
-// the index path that ends at leaf.
-//
-// An entry starts lazy: Insert only records it, and its granules are those of the
-// inserted sequence (origin), which keeps mapping them read-write. It gets ranges of
-// its own only when the origin closes (it takes the origin's over: no system call) or
-// when the origin is about to change what it cached (Truncate below it, WriteToken
-// into its tail: it then maps the whole granules and copies the tail, as Insert did
-// before it was lazy). A cache that is never hit so costs no more than bookkeeping.
-type pcEntry struct {
-	seq    *Sequence     // its own ranges, or nil while lazy
-	origin *Sequence     // while lazy: the sequence whose ranges hold its tokens
-	ol     *pcLive       // origin's pcLive (its lock outlives origin.pcl)
-	n      int           // tokens
-	grefs  []*granuleRef // one per granule index it holds
-	tail   *granuleRef   // while lazy: its last gref, for origin's partly filled granule, or nil
-	busy   int           // lookups mapping from it without the lock
-	leaf   *radix.Node[*pcEntry]
-	closed bool // out of the index; closed by the last lookup mapping from it
-}
-
-// close closes the entry's own ranges, if it has any (a lazy entry has none).
-func (e *pcEntry) close() {
-	if e.seq != nil {
-		e.seq.closeEntry()
-	}
-}
-
-// pcLive is what a live sequence (or a prefix) maps of the cache's granules: set by
-// Lookup and Insert, passed on to forks, frozen prefixes and the sequences started on
-// them (inherit), dropped by Sequence.Close and a prefix's last release. A sequence
-// that shares granules the cache does not hold yet (Fork, Freeze) counts them too, by
-// references no entry holds (sharing), so that an entry inserted afterwards sees every
-// holder that maps them.
-type pcLive struct {
-	pc    *PrefixCache
-	grefs []*granuleRef
-	entry *pcEntry // the last entry Insert made from the sequence, or nil (pc.mu)
-	// lazy is the entries that refer to the sequence's ranges (pc.mu; see pcEntry).
-	lazy []*pcEntry
-	// origin: an entry referred to the sequence's ranges once. Read and written by the
-	// sequence's owner only; from then on its calls that resize or protect its ranges
-	// hold mu, which a lookup mapping from them holds too.
-	origin bool
-	lazyN  int // owner's too: at least the tokens of every lazy entry referring to it
-	mu     sync.Mutex
-	// protected is the bytes at the start of each range that lookups made read-only
-	// in the sequence's own mapping (mu).
-	protected int
 }
 
 // PrefixCacheStats is a snapshot of a PrefixCache. Counters are in tokens where their
@@ -185,6 +174,10 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 		return nil, fmt.Errorf("%w: the cache has a prefix cache already", ErrConfig)
 	}
 	c.pc.Store(pc)
+	if c.ph.Load() == nil {
+		var h prefixHooks = pcHooks{c}
+		c.ph.Store(&h)
+	}
 	c.mu.Unlock()
 	pc.auth = c.gov.Authority("kv prefix cache", c.dev)
 	pc.auth.SetReclaimer(pc.reclaim)
@@ -206,193 +199,161 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 // hold the prompt's granules for, the least recently used entry may leave the index
 // whole and hand its ranges to the new sequence, their granules still committed
 // (Len is 0; the first growths up to them commit nothing): the eviction the prompt's
-// growth would make, without unmapping and mapping as many granules again (see the
-// package doc's "Prefix caching"). The sequence MUST be closed.
+// growth would make, without unmapping and mapping as many granules again (see
+// Mechanics on PrefixCache). The sequence MUST be closed.
 func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
+	for {
+		s, m, err := pc.lookup(tokens)
+		if !errors.Is(err, errEntryGone) {
+			return s, m, err
+		}
+		// The entry it matched left the index before it could map from it: a miss
+		// after all, or another entry now. Look again.
+	}
+}
+
+// hit is what a lookup found in the index (find), for the steps that map from it
+// (start) and settle its books (settle).
+type hit struct {
+	m      int        // tokens matched
+	e      *pcEntry   // the entry to map from (busy while the lookup maps), or nil
+	l      *pcLive    // the new sequence's holdings of e's granules, or nil
+	spare  *Sequence  // on a miss, an evicted entry's ranges for the new sequence
+	spared evictTally // what taking spare evicted
+	lazy   bool       // e was lazy when found: its origin's ranges hold the tokens
+}
+
+// lookup is one try of Lookup: errEntryGone when the entry it matched left the
+// index, with nothing to map from, before it could map from it. Its three steps take
+// the locks in the package's order, each released before the next step: pc.mu
+// (find), then the origin's ranges lock before pc.mu (start), then pc.mu (settle).
+func (pc *PrefixCache) lookup(tokens []int32) (*Sequence, int, error) {
+	h, err := pc.find(tokens)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer pc.working.Done()
+	s, err := pc.start(h)
+	pc.settle(h, s, err, len(tokens))
+	if err != nil {
+		return nil, 0, err
+	}
+	return s, h.m, nil
+}
+
+// find matches tokens in the index under pc.mu. On a hit the entry is marked busy and
+// the granules the new sequence will map count as mapped by a live sequence from now
+// on, so that eviction does not count on them; on a miss the least recently used
+// entry may be spared for the new sequence (spareLocked). It counts the lookup in
+// pc.working, which the caller ends.
+func (pc *PrefixCache) find(tokens []int32) (hit, error) {
 	pc.mu.Lock()
+	defer pc.mu.Unlock()
 	if pc.closed {
-		pc.mu.Unlock()
-		return nil, 0, ErrClosed
+		return hit{}, ErrClosed
 	}
 	pc.working.Add(1)
-	defer pc.working.Done()
 	m, node := pc.tree.Match(tokens[:pc.matchable(tokens)])
-	var e *pcEntry
-	// The granules the new sequence will map count as mapped by a live sequence from
-	// now on, so that eviction does not count on them.
-	var l *pcLive
-	var spare *Sequence // on a miss, an evicted entry's ranges for the new sequence
-	var spared evictTally
+	h := hit{m: m}
 	if m == 0 {
 		mark := pc.evictMark()
-		spare = pc.spareLocked(min(len(tokens), pc.c.cfg.MaxTokens))
-		spared = pc.evictMark().minus(mark)
-	} else {
-		l = &pcLive{pc: pc}
-		leaf := pc.tree.Cover(node)
-		pc.tree.Touch(leaf)
-		e = leaf.Value()
-		e.busy++
-		l.grefs = append(l.grefs, e.grefs[:pc.c.fullUnits(m)]...)
-		for _, g := range l.grefs {
-			g.live++
-		}
+		h.spare = pc.spareLocked(min(len(tokens), pc.c.cfg.MaxTokens))
+		h.spared = pc.evictMark().minus(mark)
+		return h, nil
 	}
+	leaf := pc.tree.Cover(node)
+	pc.tree.Touch(leaf)
+	h.e = leaf.Value()
+	h.e.busy++
+	h.lazy = h.e.state() == entryLazy
+	h.l = &pcLive{pc: pc}
+	h.l.grefs = append(h.l.grefs, h.e.grefs[:pc.c.fullUnits(m)]...)
+	for _, g := range h.l.grefs {
+		g.mapped()
+	}
+	return h, nil
+}
+
+// start returns the new sequence of a lookup that found h. A lazy entry's tokens are
+// mapped from its origin's ranges under their lock (taken before pc.mu, which only
+// tells whether the origin still holds them), protected in the origin first; an owned
+// entry's from its own ranges.
+func (pc *PrefixCache) start(h hit) (*Sequence, error) {
+	switch {
+	case h.spare != nil:
+		s := pc.c.reuse(h.spare)
+		pc.logEviction(evictForGrowth, h.spared.bytes, h.spared)
+		return s, nil
+	case h.e == nil:
+		return pc.c.NewSequence()
+	}
+	full := pc.c.fullUnits(h.m) * pc.c.unit
 	var ol *pcLive
-	if e != nil && e.origin != nil {
-		// A lazy entry: map from its origin's ranges under their lock, unless the
-		// origin handed them over (or dropped the entry) meanwhile.
-		ol = e.ol
-		pc.mu.Unlock()
+	if h.lazy {
+		ol = h.e.ol
 		ol.mu.Lock()
-		pc.mu.Lock()
-		if e.origin == nil {
-			ol.mu.Unlock()
-			ol = nil
-		}
 	}
-	src := (*Sequence)(nil)
-	switch {
-	case ol != nil:
-		src = e.origin
-	case e != nil:
-		src = e.seq // nil when the entry left the index with its origin's ranges
-	}
+	pc.mu.Lock()
+	origin, own := h.e.origin, h.e.seq
 	pc.mu.Unlock()
-
-	var s *Sequence
-	var err error
-	switch {
-	case spare != nil:
-		s = pc.c.reuse(spare)
-		pc.logEviction(evictForGrowth, spared.bytes, spared)
-	case e == nil:
-		s, err = pc.c.NewSequence()
-	case src == nil:
-		// The entry is gone with nothing to map from: a miss after all.
-		err = errEntryGone
-	case ol != nil:
-		if err = ol.protectFrom(src, pc.c.fullUnits(m)*pc.c.unit); err == nil {
-			s, err = pc.startOn(src, m, true)
+	if ol != nil && origin != nil {
+		defer ol.mu.Unlock()
+		if err := ol.protectFrom(origin, full); err != nil {
+			return nil, err
 		}
-		ol.mu.Unlock()
-	default:
-		s, err = pc.startOn(src, m, true)
+		return pc.startFrom(origin, h.m, true)
 	}
+	if ol != nil {
+		ol.mu.Unlock() // the origin handed its ranges over (or dropped the entry)
+	}
+	if own == nil {
+		// The entry left the index with its origin's ranges: nothing to map from.
+		return nil, errEntryGone
+	}
+	return pc.startFrom(own, h.m, true)
+}
 
+// settle ends a lookup under pc.mu: the entry is no longer busy (closed now if it
+// left the index meanwhile), the new sequence holds what find counted for it or the
+// counts are undone, the queries and hits are counted, and an insert that went over
+// MaxBytes while the lookup held its entry is evicted down to it.
+func (pc *PrefixCache) settle(h hit, s *Sequence, err error, queried int) {
 	pc.mu.Lock()
 	var drop []*pcEntry
-	if e != nil {
+	if e := h.e; e != nil {
 		e.busy--
-		if e.busy == 0 && e.closed {
+		if e.state() == entryOut {
 			// It left the index while this lookup mapped from it.
 			drop = append(drop, e)
 		}
 	}
-	if err != nil {
-		if l != nil {
-			for _, g := range l.grefs {
-				g.live--
-			}
+	switch {
+	case err != nil && h.l != nil:
+		for _, g := range h.l.grefs {
+			g.unmap()
 		}
-	} else {
-		if l != nil {
-			s.pcl = l
+	case err == nil:
+		if h.l != nil {
+			s.pcl = h.l
 		}
-		pc.queries += int64(len(tokens))
-		pc.hits += int64(m)
+		pc.queries += int64(queried)
+		pc.hits += int64(h.m)
 	}
-	// An insert may have gone over MaxBytes while this lookup held its entry.
 	drop = append(drop, pc.capLocked()...)
 	pc.mu.Unlock()
 	for _, d := range drop {
 		d.close()
 	}
-	if errors.Is(err, errEntryGone) {
-		return pc.Lookup(tokens)
-	}
-	if err != nil {
-		return nil, 0, err
-	}
-	return s, m, nil
 }
 
 // errEntryGone: the entry a lookup matched left the index, with nothing to map from,
 // before the lookup could map from it; the lookup starts again.
 var errEntryGone = errors.New("kv: prefix cache entry gone")
 
-// protectFrom makes the first full bytes of each of s's ranges read-only in s's own
-// mapping, where the backing can protect memory in place, before a lookup maps them
-// into another sequence: an origin's stray write through Bytes or a View then faults
-// rather than reach the sequences started on it. One call per range, for what earlier
-// lookups did not protect yet. l.mu is held; on error nothing changed.
-func (l *pcLive) protectFrom(s *Sequence, full int) error {
-	if !s.c.protector || full <= l.protected {
-		return nil
-	}
-	for i, b := range s.bufs {
-		if err := b.protect(l.protected, full-l.protected, backing.ReadOnly); err != nil {
-			var errs []error
-			for _, q := range s.bufs[:i] {
-				if rerr := q.protect(l.protected, full-l.protected, backing.ReadWrite); rerr != nil {
-					errs = append(errs, rerr)
-				}
-			}
-			return errors.Join(append([]error{err}, errs...)...)
-		}
-	}
-	l.protected = full
-	return nil
-}
-
-// capLocked evicts down to MaxBytes and returns the entries to close. pc.mu is held.
-func (pc *PrefixCache) capLocked() []*pcEntry {
-	if over := pc.cachedGranules*pc.gbytes - pc.opts.MaxBytes; pc.opts.MaxBytes > 0 && over > 0 {
-		return pc.evictLocked(over, evictCap)
-	}
-	return nil
-}
-
-// startOn starts a sequence on src's first n tokens (an entry's, or an inserted
-// sequence's), evicting cached prefixes before the budget refuses the copied tail
-// (shareBudget, evicting). An inserted sequence's shared bytes become frozen (WriteToken
-// refuses them).
-func (pc *PrefixCache) startOn(src *Sequence, n int, entry bool) (*Sequence, error) {
-	if err := pc.c.shareBudget(n); err != nil {
-		return nil, err
-	}
-	return evicting(pc.c, func() (*Sequence, error) {
-		q, err := pc.c.startOn(src, n)
-		if err == nil && !entry {
-			src.frozen = max(src.frozen, q.frozen)
-		}
-		return q, err
-	})
-}
-
-// startOn returns a new sequence holding src's first n tokens: the whole granules
-// mapped read-only, the rest copied, as ForkAt does. Unlike ForkAt it leaves src as it
-// is (an entry is never written, and many lookups read it at once).
-func (c *Cache) startOn(src *Sequence, n int) (*Sequence, error) {
-	s, err := c.newSequence()
-	if err != nil {
-		return nil, err
-	}
-	full, err := c.shareInto(s.bufs, src.bufs, n)
-	if err != nil {
-		return nil, errors.Join(err, c.abandon(s))
-	}
-	s.n = n
-	s.frozen = full
-	s.publish()
-	c.register(s)
-	return s, nil
-}
-
 // Insert adds the first len(tokens) tokens of s, whose IDs are tokens, to the cache
 // (more tokens than s holds fail with ErrRange and change nothing), so that later lookups can start on them; tokens the cache
 // holds already are left as they are. It is bookkeeping only: the new entry refers to
-// s's granules (see the package doc's "Prefix caching"). s's whole granules below
+// s's granules (see Mechanics on PrefixCache). s's whole granules below
 // them become shared: below s.Writable from then on, refused by WriteToken, and they
 // MUST NOT be written through Bytes or a View (on a backing.Protector the first
 // lookup that maps them makes them read-only in s too); nor may s's tokens past them
@@ -453,7 +414,7 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	// are the ones the new entry now holds too; the rest are s's own.
 	keep := min(len(l.grefs), frozen/pc.c.unit)
 	for _, g := range l.grefs[keep:] {
-		g.live--
+		g.unmap()
 	}
 	l.grefs = l.grefs[:keep]
 	full, k := pc.c.fullUnits(n), pc.c.unitsFor(n)
@@ -504,440 +465,6 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 		d.close()
 	}
 	return nil
-}
-
-// lazyTail reports whether e, lazy, holds s's partly filled last granule. pc.mu is
-// held.
-func (pc *PrefixCache) lazyTail(e *pcEntry) bool {
-	return pc.c.unitsFor(e.n) > pc.c.fullUnits(e.n)
-}
-
-// lazyTailAt returns the reference by which a lazy entry of s holds s's granule j as
-// its partly filled tail, or nil. pc.mu is held.
-func (pc *PrefixCache) lazyTailAt(s *Sequence, j int) *granuleRef {
-	for _, e := range s.pcl.lazy {
-		if e.origin == s && !e.closed && e.tail != nil && len(e.grefs) == j+1 {
-			return e.tail
-		}
-	}
-	return nil
-}
-
-// untail makes the lazy entries of s whose tail is g hold it as a whole granule of s
-// (s's pcLive now counts s's mapping of it). pc.mu is held.
-func (pc *PrefixCache) untail(s *Sequence, g *granuleRef) {
-	for _, e := range s.pcl.lazy {
-		if e.origin == s && e.tail == g {
-			e.tail = nil
-		}
-	}
-}
-
-// replaced is told by Truncate that s's granule j was given up (its tokens copied into
-// a granule of s's own, where s now holds more than j granules' worth of bytes): the
-// lazy entries of s that hold granule j (as their last) refer to s's new granule
-// from now on, by one new reference, or, where s kept no granule j, leave the index.
-// s's owner calls it with the lock from rangesLock held.
-func (l *pcLive) replaced(s *Sequence, j int) {
-	pc := l.pc
-	pc.mu.Lock()
-	var drop []*pcEntry
-	var g *granuleRef
-	gone := make(map[*granuleRef]bool)
-	for _, e := range l.lazy {
-		if e.origin != s || e.closed || len(e.grefs) <= j {
-			continue
-		}
-		old := e.grefs[j]
-		if e.tail == old && !gone[old] {
-			old.live-- // s no longer maps it; counted once however many entries held it
-			gone[old] = true
-		}
-		if s.err != nil || pc.c.unitsFor(s.n) <= j || e.n > s.n {
-			e.tail = nil
-			drop = append(drop, pc.detach(e)...)
-			continue
-		}
-		pc.release(old)
-		if g == nil {
-			g = &granuleRef{live: 1}
-		}
-		e.grefs[j], e.tail = g, g
-		pc.hold(g)
-	}
-	pc.mu.Unlock()
-	for _, d := range drop {
-		d.close()
-	}
-}
-
-// materialize gives the lazy entries of s that hold tokens at or past t ranges of their
-// own (the whole granules mapped, the tail copied), so that s may change those tokens:
-// a failure takes the entry out of the index instead, as a damaged one. s's owner
-// calls it with s.pcl.mu held.
-func (pc *PrefixCache) materialize(s *Sequence, t int) {
-	l := s.pcl
-	pc.mu.Lock()
-	var todo []*pcEntry
-	for _, e := range l.lazy {
-		if e.origin == s && !e.closed && e.n > t {
-			todo = append(todo, e)
-		}
-	}
-	pc.mu.Unlock()
-	for _, e := range todo {
-		pc.mu.Lock()
-		n := e.n
-		gone := e.closed || e.origin != s
-		pc.mu.Unlock()
-		if gone {
-			continue
-		}
-		es, err := pc.startOn(s, n, false)
-		var drop []*pcEntry
-		pc.mu.Lock()
-		switch {
-		case err == nil && !e.closed && e.origin == s && e.n == n:
-			e.seq, e.origin = es, nil
-			pc.c.adopt(es)
-			if pc.lazyTail(e) {
-				// The entry's copy of the tail stands for s's granule there.
-				k := len(e.grefs) - 1
-				pc.release(e.grefs[k])
-				if e.grefs[k] == e.tail && e.tail.entries == 0 {
-					e.tail.live-- // which s alone now maps
-				}
-				e.grefs[k] = &granuleRef{}
-				pc.hold(e.grefs[k])
-			}
-			e.tail = nil
-		case err == nil:
-			pc.mu.Unlock()
-			es.Close() // evicted or shortened meanwhile: it changes nothing
-			pc.mu.Lock()
-			if !e.closed && e.origin == s {
-				drop = append(drop, pc.detach(e)...)
-			}
-		default:
-			if !e.closed && e.origin == s {
-				drop = append(drop, pc.detach(e)...)
-			}
-		}
-		pc.mu.Unlock()
-		for _, d := range drop {
-			d.close()
-		}
-	}
-	pc.mu.Lock()
-	l.lazy = slices.DeleteFunc(l.lazy, func(e *pcEntry) bool { return e.closed || e.origin != s })
-	pc.mu.Unlock()
-}
-
-// detach takes a lazy entry whose origin can not keep its tokens out of the index,
-// with the tokens only it holds. It returns what to close. pc.mu is held.
-func (pc *PrefixCache) detach(e *pcEntry) []*pcEntry {
-	pc.evictedTokens += int64(e.leaf.Depth() - e.leaf.Parent().Depth())
-	pc.removeDamaged(e)
-	if _, d := pc.evict(e); d != nil {
-		return []*pcEntry{d}
-	}
-	return nil
-}
-
-// hold counts g held by one more entry. pc.mu is held.
-func (pc *PrefixCache) hold(g *granuleRef) {
-	g.entries++
-	if g.entries == 1 {
-		pc.cachedGranules++
-	}
-}
-
-// release counts g held by one entry fewer and returns the bytes that came back (0
-// while a live sequence or another entry maps it). pc.mu is held.
-func (pc *PrefixCache) release(g *granuleRef) int64 {
-	g.entries--
-	if g.entries > 0 {
-		return 0
-	}
-	pc.cachedGranules--
-	if g.live > 0 {
-		return 0
-	}
-	return pc.gbytes
-}
-
-// unhold drops every granule e holds from the counts and marks it out of the index.
-// It returns the physical bytes that came back (granules no other entry or live
-// sequence maps), which an eviction counts in EvictedBytes and a displacement by a
-// longer entry does not, and e for the caller to close once pc.mu is released, or nil
-// when a lookup maps from it now (that lookup closes it). pc.mu is held.
-func (pc *PrefixCache) unhold(e *pcEntry) (int64, *pcEntry) {
-	var freed int64
-	for _, g := range e.grefs {
-		freed += pc.release(g)
-	}
-	e.grefs = nil
-	e.closed = true
-	e.origin, e.tail = nil, nil // a lazy entry refers to nothing from now on
-	pc.entries--
-	if e.busy > 0 {
-		return freed, nil
-	}
-	return freed, e
-}
-
-// evict is unhold for an entry that eviction takes out of the index: what comes back
-// counts in EvictedBytes. pc.mu is held.
-func (pc *PrefixCache) evict(e *pcEntry) (int64, *pcEntry) {
-	freed, d := pc.unhold(e)
-	pc.evictedBytes += freed
-	return freed, d
-}
-
-// adopt, as s closes, makes an entry made from s hold s's own ranges rather than
-// refer to them (lazy) or map them, and returns the ranges Close must release in place
-// of s's (none when a lazy entry took them over). It reports false when no entry
-// takes them over: s's ranges are then released as usual. The lazy entries that do
-// not take them over (only one can) leave the index, as do all of them when s is
-// damaged.
-//
-// NB: an entry that mapped s's granules made those mappings by Share and never
-// touched them, so they hold no page tables, while s's are populated by its writes.
-// Unmapping s's would zap every page table entry and leave the cache with mappings
-// whose first use faults page by page; keeping s's costs nothing and, when eviction
-// later returns a granule to the pool, it goes to the park with its page tables, so
-// the next commit of it does not fault either.
-func (l *pcLive) adopt(s *Sequence) ([]buffer, bool) {
-	pc := l.pc
-	if l.origin {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-	}
-	pc.mu.Lock()
-	var drop []*pcEntry
-	defer func() {
-		pc.mu.Unlock()
-		for _, d := range drop {
-			d.close()
-		}
-	}()
-	var take *pcEntry
-	if !pc.closed && s.err == nil {
-		for _, e := range l.lazy {
-			if !e.closed && e.origin == s && e.n <= s.n && (take == nil || e.n > take.n) {
-				take = e
-			}
-		}
-	}
-	for _, e := range l.lazy {
-		if e != take && !e.closed && e.origin == s {
-			drop = append(drop, pc.detach(e)...)
-		}
-	}
-	l.lazy = nil
-	if take != nil {
-		c := pc.c
-		if err := s.resizeAll(c.extent(take.n)); err != nil {
-			drop = append(drop, pc.detach(take)...)
-			return nil, false
-		}
-		es := &Sequence{c: c, id: s.id, bufs: s.bufs, n: take.n, frozen: s.frozen, guarded: s.guarded || l.protected > 0}
-		es.frozen = min(es.frozen, c.shareable(take.n))
-		es.publish()
-		s.bufs = nil
-		take.seq, take.origin = es, nil
-		if take.tail != nil {
-			take.tail.live-- // s's tail granule is the entry's alone now
-			take.tail = nil
-		}
-		c.mu.Lock()
-		c.entries++
-		c.mu.Unlock()
-		l.entry = nil
-		return nil, true
-	}
-	e := l.entry
-	if pc.closed || e == nil || e.closed || e.seq == nil || e.busy > 0 || s.err != nil || e.seq.err != nil {
-		return nil, false
-	}
-	n, c := e.seq.n, pc.c
-	full := c.shareable(n)
-	if n > s.n || s.frozen < full {
-		return nil, false // s was truncated into what the entry maps
-	}
-	if c.extent(n) > full && s.frozen > full {
-		// The block (granule) where the entry's tail would be copied is shared from
-		// s's ranges (a fork, a frozen prefix): read-only in s, and those holders'.
-		return nil, false
-	}
-	if err := s.resizeAll(c.extent(n)); err != nil {
-		return nil, false
-	}
-	old := e.seq.bufs
-	if c.extent(n) > full {
-		// s may have rewritten its tokens past its shared granules since the entry
-		// got its own copy of them: that copy is what was inserted.
-		for i := range s.bufs {
-			if err := c.copyTail(s.bufs[i], old[i], n); err != nil {
-				return nil, false
-			}
-		}
-	}
-	e.seq.bufs, s.bufs = s.bufs, nil
-	e.seq.frozen, e.seq.guarded = full, s.guarded || l.protected > 0
-	e.seq.publish()
-	if k := full / c.unit; k < len(e.grefs) {
-		// The entry's copy of the partly filled last granule gives way to s's.
-		pc.release(e.grefs[k])
-		e.grefs[k] = &granuleRef{}
-		pc.hold(e.grefs[k])
-	}
-	l.entry = nil
-	return old, true
-}
-
-// inherit returns what a fork or a frozen prefix that maps the first k sharing units
-// of the ranges l belongs to (s's, or a prefix's when s is nil) maps of the cache's
-// granules, counted as mapped by one more holder, or nil when it maps none: so that
-// eviction does not count on them, nor a miss take over their entry's ranges, while
-// the new holder lives. Only the owner of those ranges calls it.
-func (l *pcLive) inherit(s *Sequence, k int) *pcLive {
-	pc := l.pc
-	pc.mu.Lock()
-	defer pc.mu.Unlock()
-	grefs := slices.Clone(l.grefs[:min(len(l.grefs), k)])
-	if s != nil && len(grefs) == len(l.grefs) && len(grefs) < k {
-		// s's granule past those it maps may be a lazy entry's partly filled tail.
-		if g := pc.lazyTailAt(s, len(grefs)); g != nil {
-			grefs = append(grefs, g)
-		}
-	}
-	if len(grefs) == 0 {
-		return nil
-	}
-	for _, g := range grefs {
-		g.live++
-	}
-	return &pcLive{pc: pc, grefs: grefs}
-}
-
-// sharing readies s, whose first k sharing units a fork or a frozen prefix is about to
-// map, for inherit: where c has a prefix cache, s's pcLive counts s's mapping of each of
-// them, those the cache does not hold yet by references of their own. An entry that
-// Insert makes later, from s or from the new holder, then holds those references, and
-// so counts the holder as mapping its granules until the holder drops them: eviction
-// does not count on them, nor a miss take over their entry's ranges. Only s's owner
-// calls it, once s shares them.
-func (s *Sequence) sharing(k int) {
-	if s.pcl == nil {
-		pc := s.c.pc.Load()
-		if pc == nil || k == 0 {
-			return
-		}
-		s.pcl = &pcLive{pc: pc}
-	}
-	l := s.pcl
-	pc := l.pc
-	if pc != s.c.pc.Load() {
-		return // a record of an earlier prefix cache, closed since: Insert refuses s
-	}
-	pc.mu.Lock()
-	defer pc.mu.Unlock()
-	if k <= len(l.grefs) {
-		return
-	}
-	from := len(l.grefs)
-	l.grefs = slices.Grow(l.grefs, k-from)
-	fresh := make([]granuleRef, k-from) // one allocation for s's own granules
-	for j := from; j < k; j++ {
-		g := pc.lazyTailAt(s, j)
-		if g != nil {
-			// A lazy entry of s holds granule j as its partly filled tail: from now
-			// on l.grefs counts s's mapping of it, as Insert does.
-			pc.untail(s, g)
-		} else {
-			g = &fresh[j-from]
-			g.live = 1
-		}
-		l.grefs = append(l.grefs, g)
-	}
-}
-
-// dropLive forgets what a closing sequence mapped.
-func (l *pcLive) drop() {
-	l.pc.mu.Lock()
-	for _, g := range l.grefs {
-		g.live--
-	}
-	l.grefs = nil
-	l.pc.mu.Unlock()
-}
-
-// adopt moves s from the cache's sequences to its prefix cache's entries: it no longer
-// counts in Stats or SequenceStats, and Close still waits for it.
-func (c *Cache) adopt(s *Sequence) {
-	c.mu.Lock()
-	delete(c.seqs, s)
-	c.entries++
-	c.mu.Unlock()
-}
-
-// closeEntry closes a sequence the prefix cache owned (adopted or not) and returns
-// the outcome.
-func (s *Sequence) closeEntry() accounting.ReleaseOutcome {
-	c := s.c
-	c.mu.Lock()
-	if _, ok := c.seqs[s]; !ok {
-		c.entries--
-	}
-	c.mu.Unlock()
-	return s.Close()
-}
-
-// PrefixPin holds a cached prefix against eviction (a system prompt). It MUST be
-// released.
-type PrefixPin struct {
-	pc   *PrefixCache
-	node *radix.Node[*pcEntry]
-	n    int
-	done bool
-}
-
-// Len returns the pinned tokens.
-func (p *PrefixPin) Len() int { return p.n }
-
-// Pin pins the longest prefix of tokens the cache holds (at most all of it): eviction
-// never takes those tokens' granules until the pin is released. Len says how many
-// tokens that is (0 when none is cached: insert them first).
-func (pc *PrefixCache) Pin(tokens []int32) (*PrefixPin, error) {
-	pc.mu.Lock()
-	defer pc.mu.Unlock()
-	if pc.closed {
-		return nil, ErrClosed
-	}
-	n := pc.tree.Pin(tokens)
-	return &PrefixPin{pc: pc, node: n, n: n.Depth()}, nil
-}
-
-// Release drops the pin; a cache over MaxBytes then evicts down to it. Releasing
-// twice panics with PanicPinReleased.
-func (p *PrefixPin) Release() {
-	pc := p.pc
-	pc.mu.Lock()
-	if p.done {
-		pc.mu.Unlock()
-		panic(PanicPinReleased)
-	}
-	p.done = true
-	var drop []*pcEntry
-	if !pc.closed {
-		pc.tree.Unpin(p.node)
-		drop = pc.capLocked()
-	}
-	pc.mu.Unlock()
-	for _, d := range drop {
-		d.close()
-	}
 }
 
 // Stats returns a snapshot of the prefix cache.
@@ -996,59 +523,4 @@ func (pc *PrefixCache) Close() error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
-}
-
-// rangesLock returns the lock that s's calls resizing or protecting its ranges must
-// hold (see pcLive), or nil when no entry ever referred to them. Only s's owner calls
-// it.
-func (s *Sequence) rangesLock() *sync.Mutex {
-	if s.pcl == nil || !s.pcl.origin {
-		return nil
-	}
-	return &s.pcl.mu
-}
-
-// beforeChange readies s to change its tokens from t on (a Truncate to t, a write of
-// token t): lazy entries that hold those tokens get ranges of their own first. The
-// lock from rangesLock is held.
-func (s *Sequence) beforeChange(t int) {
-	if l := s.pcl; l != nil && t < l.lazyN {
-		l.pc.materialize(s, t)
-		l.lazyN = t
-	}
-}
-
-// unprotectPast forgets the protection of what s gave up (a Truncate). The lock from
-// rangesLock is held.
-func (l *pcLive) unprotectPast(s *Sequence) { l.protected = min(l.protected, s.frozen) }
-
-// dropPast forgets the cache's granules that s no longer maps (a Truncate gave them
-// up: only those below s's frozen bytes are still the cache's), so that they count as
-// mapped by no live sequence for eviction and PinnedBytes. Only s's owner calls it.
-func (l *pcLive) dropPast(s *Sequence) {
-	keep := s.frozen / s.c.unit
-	l.pc.mu.Lock()
-	if e := l.entry; e != nil && s.frozen < s.c.shareable(e.n) {
-		// s gave up granules the entry maps, and may write their tokens anew: its
-		// ranges can not stand for the entry's when it closes (see adopt), even once
-		// a later fork or freeze shares them again.
-		l.entry = nil
-	}
-	if keep < len(l.grefs) {
-		for _, g := range l.grefs[keep:] {
-			g.live--
-		}
-		l.grefs = l.grefs[:keep]
-	}
-	l.pc.mu.Unlock()
-}
-
-// beforeWrite is beforeChange for a write of token t, taking the ranges' lock.
-func (s *Sequence) beforeWrite(t int) {
-	if l := s.pcl; l != nil && t < l.lazyN {
-		mu := &l.mu
-		mu.Lock()
-		s.beforeChange(t)
-		mu.Unlock()
-	}
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 
 	"github.com/vmarena/vmarena/backing"
-	"github.com/vmarena/vmarena/internal/radix"
 )
 
 // What a scheduler asks the prefix cache before it admits a request, all without
@@ -86,28 +85,4 @@ func (pc *PrefixCache) evictable() int64 {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
 	return (pc.cachedGranules - pc.pinnedLocked()) * pc.gbytes
-}
-
-// pinnedLocked returns the cached granule indexes that eviction can not take now:
-// mapped by a live sequence or under a pin. pc.mu is held.
-func (pc *PrefixCache) pinnedLocked() int64 {
-	pinned := map[*granuleRef]struct{}{}
-	pc.tree.EachLeaf(func(leaf *radix.Node[*pcEntry]) bool {
-		for _, g := range leaf.Value().grefs {
-			if g.live > 0 {
-				pinned[g] = struct{}{}
-			}
-		}
-		// Each pinned node on the leaf's path pins its tokens' granules.
-		for n := leaf; n != nil && n.Parent() != nil; n = n.Parent() {
-			if n.Pinned() {
-				for _, g := range leaf.Value().grefs[:pc.c.unitsFor(n.Depth())] {
-					pinned[g] = struct{}{}
-				}
-				break
-			}
-		}
-		return true
-	})
-	return int64(len(pinned))
 }

@@ -19,19 +19,6 @@ const (
 	evictCap
 )
 
-// budgetOrEvict is budget that, before it refuses, evicts cached prefixes no live
-// sequence maps to make up the shortfall.
-func (c *Cache) budgetOrEvict(need, credit int64) *accounting.BudgetError {
-	be := c.budget(need, credit)
-	if be == nil || errors.Is(be, accounting.ErrExceedsLimit) {
-		return be
-	}
-	if pc := c.pc.Load(); pc != nil && pc.evictFor(be.Requested-be.Available-credit, evictForGrowth) > 0 {
-		return c.budget(need, credit)
-	}
-	return be
-}
-
 // evictFor evicts cached granules that give back physical memory, leaf-first and
 // least recently used first, until need bytes came back or none is left to take; it
 // returns the bytes that came back, and logs a summary (see observe.go).
@@ -146,81 +133,6 @@ func (pc *PrefixCache) victim(frees bool) *radix.Node[*pcEntry] {
 	return best
 }
 
-// evictGranules takes the last k granule indexes of leaf's entry: the leaf is
-// shortened to the tokens below them, or, when none of its own would be left, leaves
-// the index (its entry closes, or moves up to a pinned parent). It returns the
-// physical bytes that came back and the entry to close, if any. pc.mu is held.
-func (pc *PrefixCache) evictGranules(leaf *radix.Node[*pcEntry], k int) (int64, *pcEntry) {
-	defer pc.ev.sync(pc.tree, pc.ev.path(leaf))
-	e := leaf.Value()
-	depth := leaf.Depth()
-	p := leaf.Parent()
-	nd := pc.c.tokensIn(len(e.grefs) - k)
-	switch {
-	case nd > p.Depth():
-		pc.tree.Shorten(leaf, nd)
-		return pc.shrink(e, depth, nd)
-	case p.Parent() == nil || p.Children() > 1:
-		pc.tree.Remove(leaf)
-		pc.evictedTokens += int64(depth - p.Depth())
-		pc.evictions += int64(len(e.grefs))
-		return pc.evict(e)
-	default:
-		// The parent is pinned and this is its only child: it becomes the leaf.
-		pc.tree.Remove(leaf)
-		pc.tree.SetValue(p, e)
-		e.leaf = p
-		return pc.shrink(e, depth, p.Depth())
-	}
-}
-
-// shrink cuts e's sequence from depth to n tokens, giving back the granules wholly
-// past them (no copy: an entry is never written). A failed resize drops the whole
-// entry instead, for the caller to close. pc.mu is held.
-func (pc *PrefixCache) shrink(e *pcEntry, depth, n int) (int64, *pcEntry) {
-	k := pc.c.unitsFor(n)
-	if e.seq == nil {
-		// Lazy: its origin maps what it gives up, so only the counts change.
-		e.n = n
-	} else if err := e.seq.resizeAll(pc.c.extent(n)); err != nil {
-		// NB: resizeAll changed nothing, or damaged the sequence; either way the
-		// entry leaves the index whole.
-		pc.evictedTokens += int64(e.leaf.Depth() - e.leaf.Parent().Depth())
-		pc.removeDamaged(e)
-		return pc.evict(e)
-	}
-	if e.seq != nil {
-		e.n, e.seq.n = n, n
-		e.seq.frozen = min(e.seq.frozen, pc.c.extent(n))
-		e.seq.publish()
-	}
-	pc.evictions += int64(len(e.grefs) - k)
-	var freed int64
-	for _, g := range e.grefs[k:] {
-		freed += pc.release(g)
-	}
-	if k < len(e.grefs) {
-		e.tail = nil // gone with the granules past k
-	}
-	e.grefs = e.grefs[:k]
-	pc.evictedTokens += int64(depth - n)
-	pc.evictedBytes += freed
-	return freed, nil
-}
-
-// removeDamaged takes e's leaf out of the index, with the tokens only it holds. pc.mu
-// is held.
-func (pc *PrefixCache) removeDamaged(e *pcEntry) {
-	leaf := e.leaf
-	defer pc.ev.sync(pc.tree, pc.ev.path(leaf))
-	p := pc.tree.Remove(leaf)
-	for p.Leaf() {
-		// A pinned parent left without a child has no entry: it goes too, and its
-		// pins with it (they pin nothing now).
-		p = pc.tree.Remove(p)
-	}
-}
-
 // spareLocked, on a miss for a prompt of tokens, evicts the least recently used entry
 // whole and returns its sequence, whose ranges the new sequence then takes over with
 // their committed granules, when the budget can not hold the prompt's granules now
@@ -268,4 +180,12 @@ func (pc *PrefixCache) spareLocked(tokens int) *Sequence {
 	pc.evict(e) // every granule comes back: counted in EvictedBytes
 	e.seq = nil
 	return es
+}
+
+// capLocked evicts down to MaxBytes and returns the entries to close. pc.mu is held.
+func (pc *PrefixCache) capLocked() []*pcEntry {
+	if over := pc.cachedGranules*pc.gbytes - pc.opts.MaxBytes; pc.opts.MaxBytes > 0 && over > 0 {
+		return pc.evictLocked(over, evictCap)
+	}
+	return nil
 }

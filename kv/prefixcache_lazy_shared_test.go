@@ -199,11 +199,7 @@ func TestPrefixCacheLazyConcurrent(t *testing.T) {
 			}
 		}
 		require.True(t, s.Close().OK())
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			require.NoError(t, err)
-		}
+		waitAll(t, &wg, errs)
 	}
 	st := pc.Stats()
 	assert.Positive(t, st.Hits)

@@ -37,7 +37,7 @@ func TestPrefixCacheOwnedOnceByPss(t *testing.T) {
 		seqs = append(seqs, s)
 		// Touch every page through every mapping, so each mapping counts in Pss.
 		for layer := range tiny8.Layers {
-			for _, kind := range []kv.Kind{kv.K, kv.V} {
+			for _, kind := range kv.KindsOf(tiny8) {
 				b, err := s.Bytes(layer, kind)
 				require.NoError(t, err)
 				for i := 0; i < len(b); i += 4096 {

@@ -311,11 +311,7 @@ func TestPrefixCacheConcurrentForks(t *testing.T) {
 					}
 				}()
 			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				require.NoError(t, err)
-			}
+			waitAll(t, &wg, errs)
 			st := pc.Stats()
 			assert.Zero(t, st.PinnedBytes, "no live sequence maps the cache")
 			assert.Equal(t, st.CachedBytes, fx.pool.Stats().Owned, "the ledger holds exactly the cache")

@@ -374,11 +374,7 @@ func TestPrefixCacheConcurrent(t *testing.T) {
 					}
 				}()
 			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				require.NoError(t, err)
-			}
+			waitAll(t, &wg, errs)
 			st := pc.Stats()
 			assert.LessOrEqual(t, st.CachedBytes, int64(100*fakeGranule))
 			assert.Zero(t, st.PinnedBytes)
@@ -447,22 +443,7 @@ func TestPrefixCacheFaultInjection(t *testing.T) {
 			require.NoError(t, run())
 			calls := faulty.Calls()
 			require.Greater(t, calls, 20)
-			boom := errors.New("injected")
-			failed := 0
-			for n := 1; n <= calls; n++ {
-				faulty.Reset()
-				faulty.FailAt(n, boom)
-				if err := run(); err != nil {
-					failed++
-					require.ErrorIs(t, err, boom, "call %d", n)
-					require.NotErrorIs(t, err, errCorrupt, "call %d", n)
-				}
-				faulty.Reset()
-				assert.Zero(t, fx.fake.LiveGranules(), "call %d: granules left", n)
-				assert.Zero(t, fx.fake.LiveReservations(), "call %d: reservations left", n)
-				assert.Zero(t, fx.pool.Stats().Owned, "call %d", n)
-				assert.Zero(t, fx.pool.Stats().Mapped, "call %d", n)
-			}
+			failed := fx.atEveryCall(t, faulty, calls, run, nil)
 			assert.Greater(t, failed, calls/2, "most injected faults surface as errors")
 		})
 	}

@@ -217,7 +217,7 @@ func TestPrefixAccessors(t *testing.T) {
 
 				seen := map[uintptr]bool{}
 				for layer := range tiny8.Layers {
-					for _, k := range []kv.Kind{kv.K, kv.V} {
+					for _, k := range kv.KindsOf(tiny8) {
 						base := p.Base(layer, k)
 						assert.NotZero(t, base)
 						assert.False(t, seen[base], "layer %d %v: a base of its own", layer, k)

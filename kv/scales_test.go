@@ -41,7 +41,7 @@ func TestScalesOnDevice(t *testing.T) {
 
 			got := make([]float32, tt.per)
 			for layer := range g.Layers {
-				for _, kind := range []kv.Kind{kv.K, kv.V} {
+				for _, kind := range kv.KindsOf(g) {
 					require.NoError(t, c.ReadScales(layer, kind, got))
 					for _, s := range got {
 						assert.Equal(t, float32(1), s, "a new scale is 1")
@@ -53,7 +53,7 @@ func TestScalesOnDevice(t *testing.T) {
 			}
 			src := make([]float32, tt.per)
 			for layer := range g.Layers {
-				for _, kind := range []kv.Kind{kv.K, kv.V} {
+				for _, kind := range kv.KindsOf(g) {
 					for h := range src {
 						src[h] = want(layer, kind, h)
 					}
@@ -61,7 +61,7 @@ func TestScalesOnDevice(t *testing.T) {
 				}
 			}
 			for layer := range g.Layers {
-				for _, kind := range []kv.Kind{kv.K, kv.V} {
+				for _, kind := range kv.KindsOf(g) {
 					require.NoError(t, c.ReadScales(layer, kind, got))
 					for h, s := range got {
 						assert.Equal(t, want(layer, kind, h), s, "layer %d %v head %d", layer, kind, h)

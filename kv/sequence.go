@@ -11,10 +11,6 @@ import (
 	"github.com/vmarena/vmarena/internal/nocopy"
 )
 
-// ErrDamaged: a backing call failed midway through an operation that could not be
-// undone; the sequence must be closed (Close still gives back everything it holds).
-var ErrDamaged = errors.New("kv: sequence damaged by a failed backing call")
-
 // Kind selects a layer's K or V tensor.
 type Kind uint8
 
@@ -37,7 +33,7 @@ type Sequence struct {
 
 	c      *Cache
 	id     uint64
-	bufs   []buffer // PerLayer: index 2*layer+kind; Blocked, PerSequence: one
+	bufs   []buffer // PerLayer: one a tensor, in the order of shape.places; Blocked, PerSequence: one
 	n      int      // tokens
 	frozen int      // bytes at the start of each range that other holders may map: never written
 	prefix *Prefix
@@ -155,28 +151,32 @@ func (s *Sequence) Truncate(n int) error {
 	if n < 0 || n > s.n {
 		return fmt.Errorf("%w: truncate to %d of %d tokens", ErrRange, n, s.n)
 	}
-	if mu := s.rangesLock(); mu != nil {
-		mu.Lock()
-		defer mu.Unlock()
-		s.beforeChange(n)
-		defer s.pcl.unprotectPast(s)
+	var err error
+	if h := s.c.hooks(); h != nil {
+		err = h.truncating(s, n, func() (int, error) { return s.truncate(n) })
+	} else {
+		_, err = s.truncate(n)
 	}
-	if s.pcl != nil {
-		defer s.pcl.dropPast(s)
-	}
-	defer s.c.notify()
-	defer s.publish()
+	s.publish()
+	s.c.notify()
+	return err
+}
+
+// truncate is Truncate once n is checked, told to the prefix cache (see
+// prefixHooks.truncating): it returns the sharing unit that it replaced by a copy of
+// the sequence's own, or -1.
+func (s *Sequence) truncate(n int) (int, error) {
 	// NB: gs is where the last sharing unit (a granule, or a block) that holds the
 	// tokens starts; target is where the tokens end.
 	target := s.c.extent(n)
 	gs := s.c.shareable(n)
 	if target == gs || target > s.frozen {
 		if err := s.resizeAll(target); err != nil {
-			return err
+			return -1, err
 		}
 		s.n = n
 		s.frozen = min(s.frozen, target)
-		return nil
+		return -1, nil
 	}
 	// The new frontier lies inside a shared granule: copy its kept part out, unmap it,
 	// commit an own granule and copy back. Cached prefixes go first where the budget
@@ -187,18 +187,15 @@ func (s *Sequence) Truncate(n int) error {
 	for i, b := range s.bufs {
 		keep[i] = make([]byte, target-gs)
 		if err := b.readAt(gs, keep[i]); err != nil {
-			return err
+			return -1, err
 		}
 	}
 	if err := s.resizeAll(gs); err != nil {
-		return err
+		return -1, err
 	}
 	s.frozen = gs
 	s.n = s.c.tokensWithin(gs)
-	if s.pcl != nil {
-		// Sharing unit gs/unit is now another: lazy entries of s that held it follow.
-		defer s.pcl.replaced(s, gs/s.c.unit)
-	}
+	replaced := gs / s.c.unit // another granule (block) from here on
 	for i, b := range s.bufs {
 		if err := b.Resize(target); err != nil {
 			if rerr := s.resizeFirst(i, gs); rerr != nil {
@@ -210,15 +207,15 @@ func (s *Sequence) Truncate(n int) error {
 			} else {
 				s.resizeAll(s.c.extent(s.n))
 			}
-			return fmt.Errorf("kv: truncate to %d tokens left %d: %w", n, s.n, err)
+			return replaced, fmt.Errorf("kv: truncate to %d tokens left %d: %w", n, s.n, err)
 		}
 		if err := b.writeAt(gs, keep[i]); err != nil {
 			s.err = err
-			return err
+			return replaced, err
 		}
 	}
 	s.n = n
-	return nil
+	return replaced, nil
 }
 
 // resizeFirst resizes the first k ranges to size bytes.
@@ -298,13 +295,30 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	}
 	child.n = n
 	child.frozen = full
-	s.sharing(full / s.c.unit)
-	if s.pcl != nil {
-		child.pcl = s.pcl.inherit(s, full/s.c.unit)
+	if h := s.c.hooks(); h != nil {
+		h.forked(s, full/s.c.unit, child, nil)
 	}
 	child.publish()
 	s.c.register(child)
 	return child, nil
+}
+
+// readOnly makes [off, off+n) of each range read-only, in order. When one fails it
+// gives write access back to those it protected, and returns the failure and what
+// failed to give write access back (nil when each range is as it was).
+func readOnly(bufs []buffer, off, n int) (err, restore error) {
+	for i, b := range bufs {
+		if err := b.protect(off, n, backing.ReadOnly); err != nil {
+			var errs []error
+			for _, q := range bufs[:i] {
+				if rerr := q.protect(off, n, backing.ReadWrite); rerr != nil {
+					errs = append(errs, rerr)
+				}
+			}
+			return err, errors.Join(errs...)
+		}
+	}
+	return nil, nil
 }
 
 // protect makes the first full bytes of each of s's ranges shared: never written
@@ -314,26 +328,14 @@ func (s *Sequence) protect(full int) error {
 	if full <= s.frozen {
 		return nil
 	}
-	if mu := s.rangesLock(); mu != nil {
-		mu.Lock()
-		defer mu.Unlock()
-	}
+	s.lockRanges()
+	defer s.unlockRanges()
 	if s.c.protector {
-		for i, b := range s.bufs {
-			if err := b.protect(s.frozen, full-s.frozen, backing.ReadOnly); err != nil {
-				// Give back write access to what was protected: s is as it was.
-				var errs []error
-				for _, q := range s.bufs[:i] {
-					if rerr := q.protect(s.frozen, full-s.frozen, backing.ReadWrite); rerr != nil {
-						errs = append(errs, rerr)
-					}
-				}
-				if rerr := errors.Join(errs...); rerr != nil {
-					s.err = rerr
-					return errors.Join(err, fmt.Errorf("%w: restoring write access: %w", ErrDamaged, rerr))
-				}
-				return err
-			}
+		if err, rerr := readOnly(s.bufs, s.frozen, full-s.frozen); rerr != nil {
+			s.err = rerr
+			return errors.Join(err, fmt.Errorf("%w: restoring write access: %w", ErrDamaged, rerr))
+		} else if err != nil {
+			return err
 		}
 	}
 	s.frozen = full
@@ -407,9 +409,8 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 		return nil, err
 	}
 	pr := &Prefix{c: s.c, bufs: bufs, tokens: p, refs: 1, creator: true}
-	s.sharing(full / s.c.unit)
-	if s.pcl != nil {
-		pr.pcl = s.pcl.inherit(s, full/s.c.unit)
+	if h := s.c.hooks(); h != nil {
+		h.forked(s, full/s.c.unit, nil, pr)
 	}
 	s.c.mu.Lock()
 	s.c.prefixes[pr] = struct{}{}
@@ -429,9 +430,10 @@ func (s *Sequence) Close() accounting.ReleaseOutcome {
 		return accounting.FailedRelease(0, fmt.Errorf("%w: sequence %d closed twice", ErrClosed, s.id))
 	}
 	bufs := s.bufs
-	if s.pcl != nil {
-		// A prefix cache entry made from s takes over s's ranges (see adopt).
-		if old, ok := s.pcl.adopt(s); ok {
+	h := s.c.hooks()
+	if h != nil {
+		// A prefix cache entry made from s may take over s's ranges.
+		if old, ok := h.closing(s); ok {
 			bufs = old
 		}
 	}
@@ -451,9 +453,8 @@ func (s *Sequence) Close() accounting.ReleaseOutcome {
 	if s.prefix != nil {
 		s.prefix.unref()
 	}
-	if s.pcl != nil {
-		s.pcl.drop()
-		s.pcl = nil
+	if h != nil {
+		h.closed(s)
 	}
 	c.notify()
 	return out

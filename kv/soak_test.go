@@ -285,7 +285,7 @@ func (r *soakRequest) write(s *kv.Sequence, toks []uint64, from int) {
 	for tok := from; tok < len(toks); tok++ {
 		toks[tok] = r.writer
 		for layer := range g.Layers {
-			for _, kind := range []kv.Kind{kv.K, kv.V} {
+			for _, kind := range kv.KindsOf(g) {
 				for i := range buf {
 					buf[i] = pattern(r.writer, layer, kind, tok, i)
 				}
@@ -354,7 +354,7 @@ func (r *soakRequest) check(s *kv.Sequence, toks []uint64) {
 			continue
 		}
 		for layer := range g.Layers {
-			for _, kind := range []kv.Kind{kv.K, kv.V} {
+			for _, kind := range kv.KindsOf(g) {
 				if !r.allowed(s.ReadToken(layer, kind, tok, buf), "read", false) {
 					continue
 				}

@@ -45,8 +45,8 @@ func (s *Sequence) WriteTokens(layer int, kind Kind, from, to int, src []byte) e
 	if w := s.Writable(); from < w && from < to {
 		return fmt.Errorf("%w: token %d of sequence %d (tokens below %d are shared)", ErrReadOnly, from, s.id, w)
 	}
-	if from < to {
-		s.beforeWrite(from)
+	if h := s.c.hooks(); h != nil && from < to {
+		h.beforeWrite(s, from)
 	}
 	return s.c.copyRuns(buf, off, from, to, src, true)
 }
@@ -76,7 +76,7 @@ func (c *Cache) copyRuns(buf buffer, off, from, to int, p []byte, write bool) er
 // bytes, and returns the range that holds the tensor and the offset of its token 0.
 func (s *Sequence) span(layer int, kind Kind, from, to, n int) (buffer, int, error) {
 	g := s.c.cfg.Geometry
-	i, off, ok := s.c.tensor(g, layer, kind)
+	i, off, ok := s.c.tensor(layer, kind)
 	switch {
 	case !ok:
 		return nil, 0, fmt.Errorf("%w: layer %d %v of %d layers", ErrRange, layer, kind, g.Layers)
@@ -114,4 +114,18 @@ func Run[T arena.Elem](s *Sequence, layer int, kind Kind, t int) ([]T, error) {
 	}
 	k := min(s.c.run(t), s.n-t)
 	return elems[T](buf.Bytes()[s.c.offset(off, t):][:k*s.c.tb]), nil
+}
+
+// WriteToken copies src (TokenBytes long) into token t of layer's K or V tensor, on
+// any backing and layout: WriteTokens(layer, kind, t, t+1, src). Writing a token below
+// Writable, which lies (wholly or in part) in memory shared with a prefix or a fork,
+// is refused with ErrReadOnly.
+func (s *Sequence) WriteToken(layer int, kind Kind, t int, src []byte) error {
+	return s.WriteTokens(layer, kind, t, t+1, src)
+}
+
+// ReadToken copies token t of layer's K or V tensor into dst (TokenBytes long):
+// ReadTokens(layer, kind, t, t+1, dst).
+func (s *Sequence) ReadToken(layer int, kind Kind, t int, dst []byte) error {
+	return s.ReadTokens(layer, kind, t, t+1, dst)
 }

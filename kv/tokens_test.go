@@ -50,13 +50,13 @@ func TestReadWriteTokens(t *testing.T) {
 				s := seqOn(t, kind, layout, n)
 				tb := tiny8.TokenBytes()
 				for layer := range tiny8.Layers {
-					for _, k := range []kv.Kind{kv.K, kv.V} {
+					for _, k := range kv.KindsOf(tiny8) {
 						require.NoError(t, s.WriteTokens(layer, k, 0, n, tokenBytes(7, layer, k, 0, n, tb)))
 					}
 				}
 				for _, chunk := range []int{1, 3, 4, 5, 16, n} {
 					for layer := range tiny8.Layers {
-						for _, k := range []kv.Kind{kv.K, kv.V} {
+						for _, k := range kv.KindsOf(tiny8) {
 							for from := 0; from < n; from += chunk {
 								to := min(from+chunk, n)
 								got := make([]byte, (to-from)*tb)
@@ -145,7 +145,7 @@ func TestRun(t *testing.T) {
 			writeTokens(t, s, 3, 0, n)
 			tb, per := tiny8.TokenBytes(), tiny8.KVHeads*tiny8.HeadDim
 			for layer := range tiny8.Layers {
-				for _, k := range []kv.Kind{kv.K, kv.V} {
+				for _, k := range kv.KindsOf(tiny8) {
 					var got []byte
 					for tok := 0; tok < n; {
 						run, err := kv.Run[arena.F16](s, layer, k, tok)

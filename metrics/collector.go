@@ -25,27 +25,18 @@ type CacheSource interface {
 	Stats() kv.Stats
 }
 
-// PrefixCacheStats is a snapshot of a prefix cache's counters. Queries and hits
-// are in tokens, as vLLM counts them, so that hits / queries is the token hit rate.
-type PrefixCacheStats struct {
-	QueriedTokens int64 // prompt tokens looked up, in all
-	HitTokens     int64 // of which found cached, in all
-	Evictions     int64 // evictions, in all (in the cache's own unit: entries, granules)
-	EvictedBytes  int64 // physical bytes evictions gave back, in all
-	CachedBytes   int64 // bytes cached now, pinned or not
-	PinnedBytes   int64 // of which pinned now (never evicted)
-}
-
-// PrefixCacheSource is what a prefix cache must provide to be collected.
+// PrefixCacheSource is what a prefix cache must provide to be collected: a snapshot
+// (Queries and Hits in tokens, as vLLM counts them, Evictions, EvictedBytes,
+// CachedBytes, PinnedBytes). Any *kv.PrefixCache does.
 type PrefixCacheSource interface {
-	PrefixCacheStats() PrefixCacheStats
+	Stats() kv.PrefixCacheStats
 }
 
 // PrefixCacheFunc adapts a function to a PrefixCacheSource.
-type PrefixCacheFunc func() PrefixCacheStats
+type PrefixCacheFunc func() kv.PrefixCacheStats
 
-// PrefixCacheStats returns f().
-func (f PrefixCacheFunc) PrefixCacheStats() PrefixCacheStats { return f() }
+// Stats returns f().
+func (f PrefixCacheFunc) Stats() kv.PrefixCacheStats { return f() }
 
 // Pool names a pooling backing to collect.
 type Pool struct {
@@ -251,9 +242,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		c.collectCache(ch, k, limits)
 	}
 	for _, p := range c.opts.PrefixCaches {
-		s := p.Source.PrefixCacheStats()
-		counter(ch, c.d.pcQueries, s.QueriedTokens, p.Name)
-		counter(ch, c.d.pcHits, s.HitTokens, p.Name)
+		s := p.Source.Stats()
+		counter(ch, c.d.pcQueries, s.Queries, p.Name)
+		counter(ch, c.d.pcHits, s.Hits, p.Name)
 		counter(ch, c.d.pcEvictions, s.Evictions, p.Name)
 		counter(ch, c.d.pcEvictedBytes, s.EvictedBytes, p.Name)
 		gauge(ch, c.d.pcCached, float64(s.CachedBytes), p.Name)
@@ -332,7 +323,7 @@ func (c *Collector) collectCache(ch chan<- prometheus.Metric, k Cache, limits ma
 		spare += k.Pool.PoolStats().Idle
 	}
 	if k.PrefixCache != nil {
-		p := k.PrefixCache.PrefixCacheStats()
+		p := k.PrefixCache.Stats()
 		spare += max(p.CachedBytes-p.PinnedBytes, 0)
 	}
 	if limit, ok := limits[k.Device]; ok && limit != accounting.Unlimited {
@@ -366,23 +357,12 @@ func counter(ch chan<- prometheus.Metric, d *prometheus.Desc, v int64, labels ..
 	ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 }
 
-// KVPrefixStats is what a kv prefix cache provides: any *kv.PrefixCache does.
-type KVPrefixStats interface {
-	Stats() kv.PrefixCacheStats
-}
-
-// PrefixCacheOf returns pc as a PrefixCacheSource: its Queries and Hits (tokens, as
-// vLLM counts them), Evictions, EvictedBytes, CachedBytes and PinnedBytes. A nil pc
-// (a nil *kv.PrefixCache included) gives nil: no prefix cache for Cache.PrefixCache,
-// and a source New refuses in Options.PrefixCaches, rather than a source whose every
-// Collect panics.
-func PrefixCacheOf(pc KVPrefixStats) PrefixCacheSource {
-	if p, ok := pc.(*kv.PrefixCache); pc == nil || ok && p == nil {
+// PrefixCacheOf returns pc as a PrefixCacheSource, or nil for a nil pc: no prefix
+// cache for Cache.PrefixCache, and a source New refuses in Options.PrefixCaches,
+// rather than an interface holding a nil *kv.PrefixCache whose every Collect panics.
+func PrefixCacheOf(pc *kv.PrefixCache) PrefixCacheSource {
+	if pc == nil {
 		return nil
 	}
-	return PrefixCacheFunc(func() PrefixCacheStats {
-		s := pc.Stats()
-		return PrefixCacheStats{QueriedTokens: s.Queries, HitTokens: s.Hits, Evictions: s.Evictions,
-			EvictedBytes: s.EvictedBytes, CachedBytes: s.CachedBytes, PinnedBytes: s.PinnedBytes}
-	})
+	return pc
 }

@@ -47,8 +47,8 @@ func TestCollectPoolsCachesPrefixCaches(t *testing.T) {
 		Sequences: 3, Prefixes: 1, Tokens: 1500, Used: 1500 << 10, Committed: 24 << 20,
 		Shared: 8 << 20, Owned: 20 << 20, Mapped: 24 << 20, Waits: 7, Refusals: 5, Unreleased: 2 << 20,
 	}}
-	pc := metrics.PrefixCacheFunc(func() metrics.PrefixCacheStats {
-		return metrics.PrefixCacheStats{QueriedTokens: 9000, HitTokens: 6000, Evictions: 4, EvictedBytes: 6 << 20, CachedBytes: 10 << 20, PinnedBytes: 2 << 20}
+	pc := metrics.PrefixCacheFunc(func() kv.PrefixCacheStats {
+		return kv.PrefixCacheStats{Queries: 9000, Hits: 6000, Evictions: 4, EvictedBytes: 6 << 20, CachedBytes: 10 << 20, PinnedBytes: 2 << 20}
 	})
 	c, err := metrics.New(metrics.Options{
 		Governor:     gov,
@@ -278,8 +278,8 @@ srv_kv_cache_usage_perc{cache="c"} 1
 	// What a prefix cache could evict now is not in use: 1 MiB owned, 256 KiB
 	// cached of which 64 KiB pinned, under a 2 MiB limit: (1024-192)/2048 KiB.
 	require.NoError(t, gov.SetLimit(accounting.HostKey, 2<<20))
-	pc := metrics.PrefixCacheFunc(func() metrics.PrefixCacheStats {
-		return metrics.PrefixCacheStats{CachedBytes: 256 << 10, PinnedBytes: 64 << 10}
+	pc := metrics.PrefixCacheFunc(func() kv.PrefixCacheStats {
+		return kv.PrefixCacheStats{CachedBytes: 256 << 10, PinnedBytes: 64 << 10}
 	})
 	c, err = metrics.New(metrics.Options{Namespace: "srv", Governor: gov,
 		Caches: []metrics.Cache{{Name: "c", Cache: cache, Device: accounting.HostKey, PrefixCache: pc}}})
@@ -307,7 +307,7 @@ func registry(t *testing.T, c prometheus.Collector) *prometheus.Registry {
 func TestNewBadOptions(t *testing.T) {
 	pool := &statPool{}
 	cache := &statCache{}
-	pc := metrics.PrefixCacheFunc(func() metrics.PrefixCacheStats { return metrics.PrefixCacheStats{} })
+	pc := metrics.PrefixCacheFunc(func() kv.PrefixCacheStats { return kv.PrefixCacheStats{} })
 	for _, tt := range []struct {
 		name string
 		opts metrics.Options

@@ -1,0 +1,291 @@
+package kv_test
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing/backingtest"
+	"github.com/vmarena/vmarena/kv"
+)
+
+// tiny8 has 8-head tokens of 512 bytes: a 4 KiB granule holds 8 tokens, so tests cross
+// many granule boundaries with little memory.
+var tiny8 = kv.Geometry{Name: "tiny8", Layers: 3, KVHeads: 4, HeadDim: 64, DType: kv.Tiny.DType}
+
+const fakeGranule = 4 << 10
+
+type fixture struct {
+	gov  *accounting.Governor
+	pool *accounting.Authority
+	fake *backingtest.Fake
+}
+
+func newFixture(t *testing.T, limit int64) *fixture {
+	t.Helper()
+	gov := accounting.NewGovernor()
+	require.NoError(t, gov.SetLimit(accounting.HostKey, limit))
+	pool := gov.Authority("pool", accounting.HostKey)
+	f := backingtest.NewFake(backingtest.FakeOptions{Granularity: fakeGranule, Authority: pool})
+	t.Cleanup(func() {
+		assert.Zero(t, f.LiveGranules(), "granules leaked")
+		assert.Zero(t, f.LiveReservations(), "reservations leaked")
+		ledgerBalances(t, pool)
+	})
+	return &fixture{gov: gov, pool: pool, fake: f}
+}
+
+// ledgerBalances checks, at a test's end, that a ledger owns and maps nothing: every
+// granule its backing committed came back.
+func ledgerBalances(t testing.TB, a *accounting.Authority) {
+	t.Helper()
+	st := a.Stats()
+	assert.Zero(t, st.Owned, "ledger does not balance: owned bytes left")
+	assert.Zero(t, st.Mapped, "ledger does not balance: mappings left behind")
+}
+
+// atEveryCall runs run once for each of its first calls backing calls, with a fault
+// injected at that call, and returns how many runs failed. A run that fails must fail
+// with the injected error, never with corrupt data; after each, the fixture's backing
+// and ledger must hold nothing, and after(n), when not nil, checks more.
+func (fx *fixture) atEveryCall(t *testing.T, faulty faultInjector, calls int, run func() error, after func(n int)) int {
+	t.Helper()
+	boom := errors.New("injected")
+	failed := 0
+	for n := 1; n <= calls; n++ {
+		faulty.Reset()
+		faulty.FailAt(n, boom)
+		if err := run(); err != nil {
+			failed++
+			require.ErrorIs(t, err, boom, "call %d", n)
+			require.NotErrorIs(t, err, errCorrupt, "call %d", n)
+		}
+		faulty.Reset()
+		// The ledger balances and nothing is left mapped after every failure.
+		assert.Zero(t, fx.fake.LiveGranules(), "call %d: granules left", n)
+		assert.Zero(t, fx.fake.LiveReservations(), "call %d: reservations left", n)
+		assert.Zero(t, fx.pool.Stats().Owned, "call %d", n)
+		assert.Zero(t, fx.pool.Stats().Mapped, "call %d", n)
+		if after != nil {
+			after(n)
+		}
+	}
+	return failed
+}
+
+// waitAll waits for the goroutines of wg, which send their failures on errs, and
+// requires that none failed.
+func waitAll(t *testing.T, wg *sync.WaitGroup, errs chan error) {
+	t.Helper()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+}
+
+func (fx *fixture) cache(t *testing.T, layout kv.Layout, maxTokens int) *fakeCache {
+	t.Helper()
+	c, err := kv.New(fx.fake, kv.Config{Geometry: tiny8, MaxTokens: maxTokens, Layout: layout, BlockTokens: blockTokensFor(layout)})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, c.Close()) })
+	return c
+}
+
+// testBlockTokens is the block the fake-backed tests ask the Blocked layout for:
+// tiny8's default block on a 4 KiB granule holds one token (3 KiB, 1 KiB free), so
+// they ask for 4 tokens a block (three granules, none free), which puts several tokens
+// in a block and makes the prefix cache's unit a block of several granules. The host
+// tests (64 KiB granules) and some fuzz inputs keep the default block.
+const testBlockTokens = 4
+
+// blockTokensFor returns the Config.BlockTokens the fake-backed tests give layout.
+func blockTokensFor(l kv.Layout) int {
+	if l == kv.Blocked {
+		return testBlockTokens
+	}
+	return 0
+}
+
+// modelLayout is the tests' own arithmetic of where a layout puts tokens, written
+// apart from kv's.
+type modelLayout struct{ nbuf, row, tpb, blk, gran int }
+
+func modelOf(cfg kv.Config, gran int) modelLayout {
+	g := cfg.Geometry
+	switch cfg.Layout {
+	case kv.PerLayer:
+		return modelLayout{nbuf: 2 * g.Layers, row: g.TokenBytes(), gran: gran}
+	case kv.PerSequence:
+		return modelLayout{nbuf: 1, row: g.BytesPerToken(), gran: gran}
+	}
+	blk := (max(cfg.BlockTokens, 1)*g.BytesPerToken() + gran - 1) / gran * gran
+	return modelLayout{nbuf: 1, tpb: blk / g.BytesPerToken(), blk: blk, gran: gran}
+}
+
+// committed returns the bytes of granules n tokens commit, all ranges together.
+func (m modelLayout) committed(n int) int64 {
+	if m.blk > 0 {
+		return int64((n + m.tpb - 1) / m.tpb * m.blk)
+	}
+	return int64(m.nbuf * ((n*m.row + m.gran - 1) / m.gran * m.gran))
+}
+
+// kept returns the tokens wholly below the sharing unit (a granule, or a block) where
+// token n starts: what a truncate to n keeps when it can not replace that unit.
+func (m modelLayout) kept(n int) int {
+	if m.blk > 0 {
+		return n / m.tpb * m.tpb
+	}
+	return n * m.row / m.gran * m.gran / m.row
+}
+
+// pattern is the byte at index i of token t of (layer, kind) written by writer w.
+func pattern(w uint64, layer int, kind kv.Kind, t, i int) byte {
+	return byte(w*131 + uint64(layer)*31 + uint64(kind)*17 + uint64(t)*7 + uint64(i)*3)
+}
+
+// writeTokens writes tokens [from, to) of every tensor of s as writer w.
+func writeTokens(t *testing.T, s *kv.Sequence, w uint64, from, to int) {
+	t.Helper()
+	require.NoError(t, tryWrite(s, w, from, to))
+}
+
+// tryWrite is writeTokens that returns the first error.
+func tryWrite(s *kv.Sequence, w uint64, from, to int) error {
+	g := s.Cache().Config().Geometry
+	buf := make([]byte, g.TokenBytes())
+	for layer := range g.Layers {
+		for _, kind := range kv.KindsOf(g) {
+			for tok := from; tok < to; tok++ {
+				for i := range buf {
+					buf[i] = pattern(w, layer, kind, tok, i)
+				}
+				if err := s.WriteToken(layer, kind, tok, buf); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// checkTokens checks that tokens [from, to) of s hold writer w's pattern.
+func checkTokens(t *testing.T, s *kv.Sequence, w uint64, from, to int) {
+	t.Helper()
+	require.NoError(t, tryCheck(s, w, from, to))
+}
+
+var errCorrupt = errors.New("data corrupted")
+
+// tryCheck is checkTokens that returns the first error; corruption matches errCorrupt.
+func tryCheck(s *kv.Sequence, w uint64, from, to int) error {
+	g := s.Cache().Config().Geometry
+	buf := make([]byte, g.TokenBytes())
+	for layer := range g.Layers {
+		for _, kind := range kv.KindsOf(g) {
+			for tok := from; tok < to; tok++ {
+				if err := s.ReadToken(layer, kind, tok, buf); err != nil {
+					return err
+				}
+				for i := range buf {
+					if buf[i] != pattern(w, layer, kind, tok, i) {
+						return fmt.Errorf("%w: seq %d layer %d %v token %d byte %d: got %d, want %d (writer %d)", errCorrupt, s.ID(), layer, kind, tok, i, buf[i], pattern(w, layer, kind, tok, i), w)
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// tokenAddr returns the address of token tok of layer's K or V tensor of s, from the
+// accessors a kernel has: Base, TokenStride, and BlockTokens and BlockStride in the
+// Blocked layout.
+func tokenAddr(s *kv.Sequence, layer int, kind kv.Kind, tok int) uintptr {
+	if bt := s.BlockTokens(); bt > 0 {
+		return s.Base(layer, kind) + uintptr(tok/bt*s.BlockStride()+tok%bt*s.TokenStride())
+	}
+	return s.Base(layer, kind) + uintptr(tok*s.TokenStride())
+}
+
+// viewShape returns the shape of a layer's view of s.
+func viewShape(s *kv.Sequence) []int {
+	g := s.Cache().Config().Geometry
+	if bt := s.BlockTokens(); bt > 0 {
+		return []int{(s.Len() + bt - 1) / bt, bt, g.KVHeads, g.HeadDim}
+	}
+	return []int{s.Len(), g.KVHeads, g.HeadDim}
+}
+
+func bases(s *kv.Sequence) []uintptr {
+	var out []uintptr
+	for layer := range s.Cache().Config().Geometry.Layers {
+		out = append(out, s.Base(layer, kv.K), s.Base(layer, kv.V))
+	}
+	return out
+}
+
+var layouts = []kv.Layout{kv.Blocked, kv.PerLayer, kv.PerSequence}
+
+// tokenIO writes or checks tokens [from, to) of a sequence as writer w.
+type tokenIO func(t *testing.T, s *kv.Sequence, w uint64, from, to int)
+
+// shareForkTruncate checks data integrity on c across a prefix, a fork and a truncation
+// into shared memory, and that bases never move; it closes everything it made. It
+// writes and checks through WriteToken and ReadToken unless rw names other accessors.
+// Its token counts suit a granule of up to 128 tokens per tensor.
+func shareForkTruncate(t *testing.T, c *kv.Cache, rw ...tokenIO) {
+	t.Helper()
+	shareForkTruncateN(t, c, 1, rw...)
+}
+
+// shareForkTruncateN is shareForkTruncate with every token count n times larger, for
+// a granule of up to 128n tokens per tensor: the frozen prefix and the truncated fork
+// must still cover whole granules of a PerLayer tensor, or nothing is shared.
+func shareForkTruncateN(t *testing.T, c *kv.Cache, n int, rw ...tokenIO) {
+	t.Helper()
+	write, check := tokenIO(writeTokens), tokenIO(checkTokens)
+	if len(rw) == 2 {
+		write, check = rw[0], rw[1]
+	}
+	root, err := c.NewSequence()
+	require.NoError(t, err)
+	b0 := bases(root)
+	require.NoError(t, root.Append(300*n))
+	write(t, root, 1, 0, 300*n)
+	p, err := root.Freeze(250 * n)
+	require.NoError(t, err)
+	s, err := c.NewSequenceFrom(p)
+	require.NoError(t, err)
+	p.Release()
+	require.NoError(t, s.Append(40*n))
+	write(t, s, 2, 250*n, 290*n)
+	f, err := s.Fork()
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(199*n))
+	require.NoError(t, f.Append(50*n))
+	write(t, f, 3, 199*n, 249*n)
+	check(t, root, 1, 0, 300*n)
+	check(t, s, 1, 0, 250*n)
+	check(t, s, 2, 250*n, 290*n)
+	check(t, f, 1, 0, 199*n)
+	check(t, f, 3, 199*n, 249*n)
+	assert.Equal(t, b0, bases(root))
+	st := c.Stats()
+	assert.Greater(t, st.Shared, int64(0))
+	assert.Less(t, st.Owned, st.Committed, "shared granules are owned once")
+	for _, q := range []*kv.Sequence{f, s, root} {
+		assert.True(t, q.Close().OK())
+	}
+}
+
+type (
+	fakeCache = kv.Cache
+	fakeSeq   = kv.Sequence
+)

@@ -1,0 +1,272 @@
+package kv
+
+import (
+	"errors"
+	"slices"
+	"sync"
+)
+
+// Holders: the live sequences and prefixes that map a prefix cache's granules, and
+// the prefix cache's side of the hooks by which the core tells it what they do.
+//
+// A live sequence is, to the prefix cache, in one of three states:
+//
+//  1. Plain: it maps no granule the prefix cache counts (pcl is nil).
+//  2. Holder: it maps some (pcl.grefs, each counted in its granuleRef.live): a
+//     lookup's hit, a fork or a frozen prefix of a holder, a sequence started on
+//     such a prefix, or a sequence whose granules a fork or freeze shares while a
+//     prefix cache exists (share counts them, by references no entry holds yet).
+//  3. Origin: a lazy entry referred to its ranges once (pcl.origin, set by Insert):
+//     a Holder whose calls that resize or protect its ranges hold its ranges lock
+//     (pcl.mu), which a lookup mapping from those ranges holds too.
+//
+// Transitions: Plain → Holder (Lookup, share, inherit), Plain or Holder → Origin
+// (Insert); any → closed (Sequence.Close: handOver, then drop). Origin is for good:
+// the lock stays in use until the sequence closes. A Truncate drops the granules the
+// sequence gave up from its holdings (dropPast), but leaves its state as it is.
+
+// pcLive is what a live sequence (or a prefix) maps of the cache's granules: set by
+// Lookup and Insert, passed on to forks, frozen prefixes and the sequences started on
+// them (inherit), dropped by Sequence.Close and a prefix's last release. A sequence
+// that shares granules the cache does not hold yet (Fork, Freeze) counts them too, by
+// references no entry holds (share), so that an entry inserted afterwards sees every
+// holder that maps them.
+type pcLive struct {
+	pc    *PrefixCache
+	grefs []*granuleRef
+	entry *pcEntry // the last entry Insert made from the sequence, or nil (pc.mu)
+	// lazy is the entries that refer to the sequence's ranges (pc.mu; see pcEntry).
+	lazy []*pcEntry
+	// origin: an entry referred to the sequence's ranges once. Read and written by the
+	// sequence's owner only; from then on its calls that resize or protect its ranges
+	// hold mu, which a lookup mapping from them holds too.
+	origin bool
+	lazyN  int // owner's too: at least the tokens of every lazy entry referring to it
+	mu     sync.Mutex
+	// protected is the bytes at the start of each range that lookups made read-only
+	// in the sequence's own mapping (mu).
+	protected int
+}
+
+// protectFrom makes the first full bytes of each of s's ranges read-only in s's own
+// mapping, where the backing can protect memory in place, before a lookup maps them
+// into another sequence: an origin's stray write through Bytes or a View then faults
+// rather than reach the sequences started on it. One call per range, for what earlier
+// lookups did not protect yet. l.mu is held; on error nothing changed.
+func (l *pcLive) protectFrom(s *Sequence, full int) error {
+	if !s.c.protector || full <= l.protected {
+		return nil
+	}
+	if err, rerr := readOnly(s.bufs, l.protected, full-l.protected); err != nil {
+		return errors.Join(err, rerr)
+	}
+	l.protected = full
+	return nil
+}
+
+// inherit returns what a fork or a frozen prefix that maps the first k sharing units
+// of the ranges l belongs to (s's, or a prefix's when s is nil) maps of the cache's
+// granules, counted as mapped by one more holder, or nil when it maps none: so that
+// eviction does not count on them, nor a miss take over their entry's ranges, while
+// the new holder lives. Only the owner of those ranges calls it.
+func (l *pcLive) inherit(s *Sequence, k int) *pcLive {
+	pc := l.pc
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	grefs := slices.Clone(l.grefs[:min(len(l.grefs), k)])
+	if s != nil && len(grefs) == len(l.grefs) && len(grefs) < k {
+		// s's granule past those it maps may be a lazy entry's partly filled tail.
+		if g := pc.lazyTailAt(s, len(grefs)); g != nil {
+			grefs = append(grefs, g)
+		}
+	}
+	if len(grefs) == 0 {
+		return nil
+	}
+	for _, g := range grefs {
+		g.mapped()
+	}
+	return &pcLive{pc: pc, grefs: grefs}
+}
+
+// drop forgets what a closing holder mapped.
+func (l *pcLive) drop() {
+	l.pc.mu.Lock()
+	for _, g := range l.grefs {
+		g.unmap()
+	}
+	l.grefs = nil
+	l.pc.mu.Unlock()
+}
+
+// share readies s, whose first k sharing units a fork or a frozen prefix is about to
+// map, for inherit: where c has a prefix cache, s's pcLive counts s's mapping of each of
+// them, those the cache does not hold yet by references of their own. An entry that
+// Insert makes later, from s or from the new holder, then holds those references, and
+// so counts the holder as mapping its granules until the holder drops them: eviction
+// does not count on them, nor a miss take over their entry's ranges. Only s's owner
+// calls it, once s shares them.
+func share(s *Sequence, k int) {
+	if s.pcl == nil {
+		pc := s.c.pc.Load()
+		if pc == nil || k == 0 {
+			return
+		}
+		s.pcl = &pcLive{pc: pc}
+	}
+	l := s.pcl
+	pc := l.pc
+	if pc != s.c.pc.Load() {
+		return // a record of an earlier prefix cache, closed since: Insert refuses s
+	}
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if k <= len(l.grefs) {
+		return
+	}
+	from := len(l.grefs)
+	l.grefs = slices.Grow(l.grefs, k-from)
+	fresh := make([]granuleRef, k-from) // one allocation for s's own granules
+	for j := from; j < k; j++ {
+		g := pc.lazyTailAt(s, j)
+		if g != nil {
+			// A lazy entry of s holds granule j as its partly filled tail: from now
+			// on l.grefs counts s's mapping of it, as Insert does.
+			pc.untail(s, g)
+		} else {
+			g = &fresh[j-from]
+			g.live = 1
+		}
+		l.grefs = append(l.grefs, g)
+	}
+}
+
+// dropPast forgets the cache's granules that s no longer maps (a Truncate gave them
+// up: only those below s's frozen bytes are still the cache's), so that they count as
+// mapped by no live sequence for eviction and PinnedBytes. Only s's owner calls it.
+func (l *pcLive) dropPast(s *Sequence) {
+	keep := s.frozen / s.c.unit
+	l.pc.mu.Lock()
+	if e := l.entry; e != nil && s.frozen < s.c.shareable(e.n) {
+		// s gave up granules the entry maps, and may write their tokens anew: its
+		// ranges can not stand for the entry's when it closes (see handOver), even
+		// once a later fork or freeze shares them again.
+		l.entry = nil
+	}
+	if keep < len(l.grefs) {
+		for _, g := range l.grefs[keep:] {
+			g.unmap()
+		}
+		l.grefs = l.grefs[:keep]
+	}
+	l.pc.mu.Unlock()
+}
+
+// pcHooks is the prefix cache's side of prefixHooks: it finds what s (or p) maps of a
+// prefix cache's granules in its pcLive, and does nothing where it has none.
+type pcHooks struct{ c *Cache }
+
+var _ prefixHooks = pcHooks{}
+
+// lockRanges takes l.mu for an origin (a sequence a lazy entry referred to once),
+// whose ranges a lookup may be mapping from.
+func (pcHooks) lockRanges(s *Sequence) {
+	if l := s.pcl; l != nil && l.origin {
+		l.mu.Lock()
+	}
+}
+
+func (pcHooks) unlockRanges(s *Sequence) {
+	if l := s.pcl; l != nil && l.origin {
+		l.mu.Unlock()
+	}
+}
+
+// truncating holds s's ranges' lock across the truncate: lazy entries that hold s's
+// tokens from n on get ranges of their own before, and the entries, s's protection
+// and s's count of the cache's granules follow what it gave up after.
+func (h pcHooks) truncating(s *Sequence, n int, truncate func() (int, error)) error {
+	l := s.pcl
+	if l == nil {
+		_, err := truncate()
+		return err
+	}
+	h.lockRanges(s)
+	defer h.unlockRanges(s)
+	if n < l.lazyN {
+		l.pc.materialize(s, n)
+		l.lazyN = n
+	}
+	replaced, err := truncate()
+	if replaced >= 0 {
+		// Sharing unit replaced is now another: lazy entries of s that held it follow.
+		l.replaced(s, replaced)
+	}
+	l.dropPast(s)
+	l.protected = min(l.protected, s.frozen)
+	return err
+}
+
+// beforeWrite gives the lazy entries that hold s's tokens from t on ranges of their
+// own, under s's ranges' lock.
+func (h pcHooks) beforeWrite(s *Sequence, t int) {
+	if l := s.pcl; l != nil && t < l.lazyN {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.pc.materialize(s, t)
+		l.lazyN = t
+	}
+}
+
+func (pcHooks) forked(s *Sequence, k int, child *Sequence, pr *Prefix) {
+	share(s, k)
+	if s.pcl == nil {
+		return
+	}
+	l := s.pcl.inherit(s, k)
+	if child != nil {
+		child.pcl = l
+	} else {
+		pr.pcl = l
+	}
+}
+
+func (pcHooks) startedOn(s *Sequence, p *Prefix, k int) {
+	if p.pcl != nil {
+		s.pcl = p.pcl.inherit(nil, k)
+	}
+}
+
+func (pcHooks) closing(s *Sequence) ([]buffer, bool) {
+	if s.pcl == nil {
+		return nil, false
+	}
+	return s.pcl.handOver(s)
+}
+
+func (pcHooks) closed(s *Sequence) {
+	if s.pcl != nil {
+		s.pcl.drop()
+		s.pcl = nil
+	}
+}
+
+func (pcHooks) released(p *Prefix) {
+	if p.pcl != nil {
+		p.pcl.drop()
+	}
+}
+
+func (h pcHooks) shortfall(need int64) int64 {
+	if pc := h.c.pc.Load(); pc != nil {
+		return pc.evictFor(need, evictForGrowth)
+	}
+	return 0
+}
+
+func (h pcHooks) evictable() int64 {
+	if pc := h.c.pc.Load(); pc != nil {
+		return pc.evictable()
+	}
+	return 0
+}

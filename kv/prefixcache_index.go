@@ -1,0 +1,243 @@
+package kv
+
+import "github.com/vmarena/vmarena/internal/radix"
+
+// The index of a PrefixCache: its entries and the counts of the granules they hold.
+// This file and the eviction that shortens entries (prefixcache_evict.go) are the only
+// code that changes the index's tree and counts; the others ask them.
+//
+// An entry (pcEntry) is in one of four states, named by entryState; its fields say
+// which (state):
+//
+//  1. Lazy: in the index, with no ranges of its own: its tokens are the granules of
+//     the sequence it was inserted from (origin), which keeps writing past them.
+//  2. Owned: in the index, holding ranges of its own (seq): whole granules mapped,
+//     the tail copied, or the origin's ranges taken over as it closed.
+//  3. Draining: out of the index while lookups still map from it (busy > 0); the
+//     last of them closes it.
+//  4. Out: out of the index, its granules released from the counts; its ranges, if
+//     it had any, closed or handed to a new sequence (spareLocked).
+//
+// Transitions:
+//
+//   - Insert makes a Lazy entry (add).
+//   - Lazy → Owned: its origin closes and the entry takes over its ranges (handOver),
+//     or the origin is about to change its tokens and the entry gets ranges of its
+//     own first (materialize).
+//   - Lazy, Owned → Out: eviction takes its last granule (evictGranules), a longer
+//     entry displaces it (add, by unhold), its origin can not keep its tokens
+//     (detach), a miss takes its ranges over (spareLocked), Close.
+//   - Lazy, Owned → Draining: as → Out, while a lookup maps from it; Draining → Out
+//     when the last of those lookups ends (Lookup closes it).
+//
+// A granule index (granuleRef) counts the entries that hold it and the live
+// sequences and prefixes that map it (holders: see prefixcache_holders.go). Both
+// counts change only through ref, which panics with PanicRefCount below zero.
+
+// granuleRef is one granule index's physical memory (a granule in each of a sequence's
+// ranges): the entries that hold it and the live sequences that map it. The prefix
+// cache's lock guards it.
+type granuleRef struct {
+	entries int32
+	live    int32
+}
+
+// ref adds d to the count n and returns it, panicking with PanicRefCount when the
+// count would go below zero: a count that went wrong would free memory something
+// still maps.
+func ref(n *int32, d int32) int32 {
+	if *n+d < 0 {
+		panic(PanicRefCount)
+	}
+	*n += d
+	return *n
+}
+
+// mapped counts g mapped by one more live holder. pc.mu is held.
+func (g *granuleRef) mapped() { ref(&g.live, 1) }
+
+// unmap counts g mapped by one live holder fewer. pc.mu is held.
+func (g *granuleRef) unmap() { ref(&g.live, -1) }
+
+// entryState names the states of an entry (see above).
+type entryState uint8
+
+const (
+	entryLazy entryState = iota
+	entryOwned
+	entryDraining
+	entryOut
+)
+
+func (st entryState) String() string {
+	return [...]string{"lazy", "owned", "draining", "out"}[st]
+}
+
+// pcEntry is an entry of the cache: a sequence the cache owns, holding the tokens of
+// the index path that ends at leaf. Its state (Lazy, Owned, Draining, Out) is told by
+// its fields: see state.
+type pcEntry struct {
+	seq    *Sequence     // Owned: its own ranges; else nil
+	origin *Sequence     // Lazy: the sequence whose ranges hold its tokens; else nil
+	ol     *pcLive       // origin's pcLive (its lock outlives origin.pcl)
+	n      int           // tokens
+	grefs  []*granuleRef // one per granule index it holds
+	tail   *granuleRef   // Lazy: its last gref, for origin's partly filled granule, or nil
+	busy   int           // lookups mapping from it without the lock
+	leaf   *radix.Node[*pcEntry]
+	closed bool // out of the index: Draining or Out
+}
+
+// state returns the entry's state. pc.mu is held.
+func (e *pcEntry) state() entryState {
+	switch {
+	case e.closed && e.busy > 0:
+		return entryDraining
+	case e.closed:
+		return entryOut
+	case e.seq != nil:
+		return entryOwned
+	}
+	return entryLazy
+}
+
+// close closes the entry's own ranges, if it has any (a lazy entry has none).
+func (e *pcEntry) close() {
+	if e.seq != nil {
+		e.seq.closeEntry()
+	}
+}
+
+// detach takes a lazy entry whose origin can not keep its tokens out of the index,
+// with the tokens only it holds. It returns what to close. pc.mu is held.
+func (pc *PrefixCache) detach(e *pcEntry) []*pcEntry {
+	pc.evictedTokens += int64(e.leaf.Depth() - e.leaf.Parent().Depth())
+	pc.removeDamaged(e)
+	if _, d := pc.evict(e); d != nil {
+		return []*pcEntry{d}
+	}
+	return nil
+}
+
+// hold counts g held by one more entry. pc.mu is held.
+func (pc *PrefixCache) hold(g *granuleRef) {
+	if ref(&g.entries, 1) == 1 {
+		pc.cachedGranules++
+	}
+}
+
+// release counts g held by one entry fewer and returns the bytes that came back (0
+// while a live sequence or another entry maps it). pc.mu is held.
+func (pc *PrefixCache) release(g *granuleRef) int64 {
+	if ref(&g.entries, -1) > 0 {
+		return 0
+	}
+	pc.cachedGranules--
+	if g.live > 0 {
+		return 0
+	}
+	return pc.gbytes
+}
+
+// unhold drops every granule e holds from the counts and marks it out of the index.
+// It returns the physical bytes that came back (granules no other entry or live
+// sequence maps), which an eviction counts in EvictedBytes and a displacement by a
+// longer entry does not, and e for the caller to close once pc.mu is released, or nil
+// when a lookup maps from it now (that lookup closes it). pc.mu is held.
+func (pc *PrefixCache) unhold(e *pcEntry) (int64, *pcEntry) {
+	var freed int64
+	for _, g := range e.grefs {
+		freed += pc.release(g)
+	}
+	e.grefs = nil
+	e.closed = true
+	e.origin, e.tail = nil, nil // a lazy entry refers to nothing from now on
+	pc.entries--
+	if e.busy > 0 {
+		return freed, nil
+	}
+	return freed, e
+}
+
+// evict is unhold for an entry that eviction takes out of the index: what comes back
+// counts in EvictedBytes. pc.mu is held.
+func (pc *PrefixCache) evict(e *pcEntry) (int64, *pcEntry) {
+	freed, d := pc.unhold(e)
+	pc.evictedBytes += freed
+	return freed, d
+}
+
+// evictGranules takes the last k granule indexes of leaf's entry: the leaf is
+// shortened to the tokens below them, or, when none of its own would be left, leaves
+// the index (its entry closes, or moves up to a pinned parent). It returns the
+// physical bytes that came back and the entry to close, if any. pc.mu is held.
+func (pc *PrefixCache) evictGranules(leaf *radix.Node[*pcEntry], k int) (int64, *pcEntry) {
+	defer pc.ev.sync(pc.tree, pc.ev.path(leaf))
+	e := leaf.Value()
+	depth := leaf.Depth()
+	p := leaf.Parent()
+	nd := pc.c.tokensIn(len(e.grefs) - k)
+	switch {
+	case nd > p.Depth():
+		pc.tree.Shorten(leaf, nd)
+		return pc.shrink(e, depth, nd)
+	case p.Parent() == nil || p.Children() > 1:
+		pc.tree.Remove(leaf)
+		pc.evictedTokens += int64(depth - p.Depth())
+		pc.evictions += int64(len(e.grefs))
+		return pc.evict(e)
+	default:
+		// The parent is pinned and this is its only child: it becomes the leaf.
+		pc.tree.Remove(leaf)
+		pc.tree.SetValue(p, e)
+		e.leaf = p
+		return pc.shrink(e, depth, p.Depth())
+	}
+}
+
+// shrink cuts e's sequence from depth to n tokens, giving back the granules wholly
+// past them (no copy: an entry is never written). A failed resize drops the whole
+// entry instead, for the caller to close. pc.mu is held.
+func (pc *PrefixCache) shrink(e *pcEntry, depth, n int) (int64, *pcEntry) {
+	k := pc.c.unitsFor(n)
+	if e.seq == nil {
+		// Lazy: its origin maps what it gives up, so only the counts change.
+		e.n = n
+	} else if err := e.seq.resizeAll(pc.c.extent(n)); err != nil {
+		// NB: resizeAll changed nothing, or damaged the sequence; either way the
+		// entry leaves the index whole.
+		pc.evictedTokens += int64(e.leaf.Depth() - e.leaf.Parent().Depth())
+		pc.removeDamaged(e)
+		return pc.evict(e)
+	}
+	if e.seq != nil {
+		e.n, e.seq.n = n, n
+		e.seq.frozen = min(e.seq.frozen, pc.c.extent(n))
+		e.seq.publish()
+	}
+	pc.evictions += int64(len(e.grefs) - k)
+	var freed int64
+	for _, g := range e.grefs[k:] {
+		freed += pc.release(g)
+	}
+	if k < len(e.grefs) {
+		e.tail = nil // gone with the granules past k
+	}
+	e.grefs = e.grefs[:k]
+	pc.evictedTokens += int64(depth - n)
+	pc.evictedBytes += freed
+	return freed, nil
+}
+
+// removeDamaged takes e's leaf out of the index, with the tokens only it holds. pc.mu
+// is held.
+func (pc *PrefixCache) removeDamaged(e *pcEntry) {
+	leaf := e.leaf
+	defer pc.ev.sync(pc.tree, pc.ev.path(leaf))
+	p := pc.tree.Remove(leaf)
+	for p.Leaf() {
+		// A pinned parent left without a child has no entry: it goes too, and its
+		// pins with it (they pin nothing now).
+		p = pc.tree.Remove(p)
+	}
+}

@@ -1,0 +1,73 @@
+package kv
+
+import "github.com/vmarena/vmarena/internal/radix"
+
+// PrefixPin holds a cached prefix against eviction (a system prompt). It MUST be
+// released.
+type PrefixPin struct {
+	pc   *PrefixCache
+	node *radix.Node[*pcEntry]
+	n    int
+	done bool
+}
+
+// Len returns the pinned tokens.
+func (p *PrefixPin) Len() int { return p.n }
+
+// Pin pins the longest prefix of tokens the cache holds (at most all of it): eviction
+// never takes those tokens' granules until the pin is released. Len says how many
+// tokens that is (0 when none is cached: insert them first).
+func (pc *PrefixCache) Pin(tokens []int32) (*PrefixPin, error) {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if pc.closed {
+		return nil, ErrClosed
+	}
+	n := pc.tree.Pin(tokens)
+	return &PrefixPin{pc: pc, node: n, n: n.Depth()}, nil
+}
+
+// Release drops the pin; a cache over MaxBytes then evicts down to it. Releasing
+// twice panics with PanicPinReleased.
+func (p *PrefixPin) Release() {
+	pc := p.pc
+	pc.mu.Lock()
+	if p.done {
+		pc.mu.Unlock()
+		panic(PanicPinReleased)
+	}
+	p.done = true
+	var drop []*pcEntry
+	if !pc.closed {
+		pc.tree.Unpin(p.node)
+		drop = pc.capLocked()
+	}
+	pc.mu.Unlock()
+	for _, d := range drop {
+		d.close()
+	}
+}
+
+// pinnedLocked returns the cached granule indexes that eviction can not take now:
+// mapped by a live sequence or under a pin. pc.mu is held.
+func (pc *PrefixCache) pinnedLocked() int64 {
+	pinned := map[*granuleRef]struct{}{}
+	pc.tree.EachLeaf(func(leaf *radix.Node[*pcEntry]) bool {
+		for _, g := range leaf.Value().grefs {
+			if g.live > 0 {
+				pinned[g] = struct{}{}
+			}
+		}
+		// Each pinned node on the leaf's path pins its tokens' granules.
+		for n := leaf; n != nil && n.Parent() != nil; n = n.Parent() {
+			if n.Pinned() {
+				for _, g := range leaf.Value().grefs[:pc.c.unitsFor(n.Depth())] {
+					pinned[g] = struct{}{}
+				}
+				break
+			}
+		}
+		return true
+	})
+	return int64(len(pinned))
+}
