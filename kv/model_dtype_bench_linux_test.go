@@ -80,7 +80,7 @@ func decodeStepDType[T arena.Elem](b *testing.B, dt arena.DType) {
 	for l := range runs {
 		runs[l] = make([][2][][]T, seqs)
 		for k, q := range qs {
-			for _, kind := range []kv.Kind{kv.K, kv.V} {
+			for _, kind := range kv.KindsOf(g) {
 				runs[l][k][kind] = walk(q, l, kind, 0)
 			}
 		}
@@ -100,7 +100,7 @@ func decodeStepDType[T arena.Elem](b *testing.B, dt arena.DType) {
 				b.Fatal(err)
 			}
 			for l := range g.Layers {
-				for _, kind := range []kv.Kind{kv.K, kv.V} {
+				for _, kind := range kv.KindsOf(g) {
 					if err := q.WriteToken(l, kind, t, token); err != nil {
 						b.Fatal(err)
 					}
@@ -113,7 +113,7 @@ func decodeStepDType[T arena.Elem](b *testing.B, dt arena.DType) {
 				bt := q.BlockTokens()
 				from := (q.Len() - 1) / bt * bt
 				r := &runs[l][k]
-				for _, kind := range []kv.Kind{kv.K, kv.V} {
+				for _, kind := range kv.KindsOf(g) {
 					r[kind] = append(r[kind][:from/bt], walk(q, l, kind, from)...)
 					for _, run := range r[kind] {
 						read += load(run)
