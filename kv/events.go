@@ -18,6 +18,10 @@ import (
 // It is called on Insert, eviction and Close only, never on the token path, with the
 // prefix cache's lock held: it must not block or call back into the cache, and what it
 // is passed is its own to keep (the cache never touches those slices again).
+//
+// NB: the blocks of a prompt it has been told of and not told of again are the whole
+// blocks of the prompt's first Match(prompt plus any one token) tokens: Match never
+// counts a prompt's last token, so the extra token makes it count the whole prompt.
 type BlockEvents interface {
 	BlocksStored(BlocksStored)
 	BlocksRemoved(BlocksRemoved)
@@ -60,17 +64,6 @@ type EventOptions struct {
 	// Medium names the cache's memory in events; "" means "GPU" for a device's cache,
 	// "CPU" for the host's.
 	Medium string
-}
-
-// CachedPrefix returns how many leading tokens of tokens the cache holds now (0 once
-// closed), marking nothing used and counting no query; unlike Lookup it may match
-// every token. What the events announced is checked against it: the blocks of tokens
-// the cache holds whole are those below CachedPrefix.
-func (pc *PrefixCache) CachedPrefix(tokens []int32) int {
-	pc.mu.Lock()
-	defer pc.mu.Unlock()
-	m, _ := pc.tree.Peek(tokens)
-	return m
 }
 
 // PanicEventsOutOfStep is the panic value when the blocks a prefix cache announced no
