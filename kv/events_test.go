@@ -3,7 +3,9 @@ package kv_test
 import (
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -18,6 +20,7 @@ import (
 // hash is the one recomputed from its tokens and its parent (announced before it),
 // announced once; a removed one was announced; the fields carry the cache's options.
 type evRecorder struct {
+	mu     sync.Mutex // the events come from the prefix cache's goroutine
 	h      *blockhash.Hasher
 	medium string
 	blocks map[uint64]recBlock
@@ -41,6 +44,8 @@ func (r *evRecorder) fail(format string, args ...any) {
 }
 
 func (r *evRecorder) BlocksStored(e kv.BlocksStored) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.events++
 	bs := r.h.BlockSize()
 	if e.BlockSize != bs || len(e.Tokens) != len(e.Hashes)*bs || len(e.Hashes) == 0 {
@@ -84,6 +89,8 @@ func (r *evRecorder) BlocksStored(e kv.BlocksStored) {
 }
 
 func (r *evRecorder) BlocksRemoved(e kv.BlocksRemoved) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.events++
 	if e.Medium != r.medium || e.Group != 0 || len(e.Hashes) == 0 {
 		r.fail("removed: medium %q group %d, %d hashes", e.Medium, e.Group, len(e.Hashes))
@@ -97,12 +104,16 @@ func (r *evRecorder) BlocksRemoved(e kv.BlocksRemoved) {
 }
 
 func (r *evRecorder) AllBlocksCleared() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.events++
 	clear(r.blocks)
 }
 
 // set returns the hashes the events imply are cached.
 func (r *evRecorder) set() map[uint64]bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	out := make(map[uint64]bool, len(r.blocks))
 	for h := range r.blocks {
 		out[h] = true
@@ -114,6 +125,13 @@ func (r *evRecorder) set() map[uint64]bool {
 // included: what BlockEvents' doc says to ask Match.
 func heldPrefix(pc *kv.PrefixCache, tokens []int32) int {
 	return pc.Match(append(slices.Clip(tokens), 0))
+}
+
+// errors returns the failed checks so far.
+func (r *evRecorder) errors() []error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.errs)
 }
 
 // blocksOf adds to set the hashes of the full blocks of tokens[:n].
@@ -172,4 +190,64 @@ func TestPrefixCacheEventsOptions(t *testing.T) {
 	assert.Empty(t, grec.errs, "a device's cache says GPU")
 	assert.Equal(t, 2, grec.events)
 	assert.Equal(t, 1, grec.stored)
+}
+
+// blockingObserver holds its first BlocksStored until release is closed.
+type blockingObserver struct {
+	entered, release chan struct{}
+	once             sync.Once
+	mu               sync.Mutex
+	stored           int
+}
+
+func (o *blockingObserver) BlocksStored(e kv.BlocksStored) {
+	o.once.Do(func() {
+		close(o.entered)
+		<-o.release
+	})
+	o.mu.Lock()
+	o.stored += len(e.Hashes)
+	o.mu.Unlock()
+}
+func (o *blockingObserver) BlocksRemoved(kv.BlocksRemoved) {}
+func (o *blockingObserver) AllBlocksCleared()              {}
+
+// TestFlushEvents: the cache's calls only queue what changed, so an observer that
+// is slow does not hold them up; FlushEvents waits until the observer has been told
+// everything before it, and returns at once without an observer or after Close.
+func TestFlushEvents(t *testing.T) {
+	fx := newFixture(t, 1<<30)
+	c := fx.cache(t, kv.PerLayer, 64)
+	obs := &blockingObserver{entered: make(chan struct{}), release: make(chan struct{})}
+	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Events: kv.EventOptions{Observer: obs, Hash: blockhash.Options{BlockSize: 4}}})
+	require.NoError(t, err)
+	s, _, err := serve(pc, promptIDs(1, 9))
+	require.NoError(t, err)
+	<-obs.entered // the observer is held inside its first call
+	s2, _, err := serve(pc, promptIDs(2, 13))
+	require.NoError(t, err, "the cache goes on while its observer is held")
+	flushed := make(chan struct{})
+	go func() {
+		pc.FlushEvents()
+		close(flushed)
+	}()
+	select {
+	case <-flushed:
+		t.Fatal("FlushEvents returned with the observer still held")
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(obs.release)
+	<-flushed
+	obs.mu.Lock()
+	assert.Equal(t, 2+3, obs.stored, "every whole block of both prompts told")
+	obs.mu.Unlock()
+	require.True(t, s.Close().OK())
+	require.True(t, s2.Close().OK())
+	require.NoError(t, pc.Close())
+	pc.FlushEvents()
+
+	plain, err := kv.NewPrefixCache(fx.cache(t, kv.PerLayer, 64), kv.PrefixCacheOptions{})
+	require.NoError(t, err)
+	plain.FlushEvents()
+	require.NoError(t, plain.Close())
 }

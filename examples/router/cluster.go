@@ -222,7 +222,7 @@ func (p *roundRobin) route([]int32, []load) (int, error) {
 }
 
 // byPrefix routes by the index's longest cached prefix, weighted by load; sync, when
-// set, waits until the index has every event the replicas published so far.
+// set, waits until the index has every event the replicas made so far.
 type byPrefix struct {
 	idx    *Index
 	scorer Scorer
