@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/internal/poll"
 	"github.com/vmarena/vmarena/internal/radix"
 	"github.com/vmarena/vmarena/kv/blockhash"
 )
@@ -200,7 +201,7 @@ func (ev *pcEvents) run() {
 	defer close(ev.done)
 	t := time.NewTimer(evPoll)
 	defer t.Stop()
-	polls := 1
+	backoff := poll.Backoff{Interval: evPoll, MaxPolls: evIdlePolls}
 	for {
 		select {
 		case <-t.C:
@@ -231,12 +232,7 @@ func (ev *pcEvents) run() {
 		if last {
 			return
 		}
-		if len(taken) == 0 {
-			polls = min(2*polls, evIdlePolls)
-		} else {
-			polls = 1
-		}
-		t.Reset(time.Duration(polls) * evPoll)
+		t.Reset(backoff.Next(len(taken) > 0))
 	}
 }
 
