@@ -62,10 +62,11 @@
 // block of its tokens (16 by default) once it holds the block whole, chained by the
 // hashes of package kv/blockhash, and withdraws it when it no longer does, whatever
 // took the tokens (eviction by the budget, the cap or the governor's reclaimer, a
-// damaged or taken-over entry); Close clears them all. The observer is called under
-// the prefix cache's lock, on Insert, eviction and Close only, never on a lookup or
-// the token path. kv imports no transport: package kvevents puts the events on the
-// wire in vLLM's format.
+// damaged or taken-over entry); Close clears them all. Insert, eviction and Close
+// only queue what changed (never a lookup or the token path); a goroutine of the
+// prefix cache's computes the blocks and their hashes from it and tells the observer,
+// in order ([PrefixCache.FlushEvents] waits for it). kv imports no transport: package
+// kvevents puts the events on the wire in vLLM's format.
 //
 // # Layout
 //
@@ -157,7 +158,10 @@
 // the same tensor's scales. With Config.MapAhead the cache runs one goroutine of its
 // own, which calls only the backing's Pool methods (never a sequence's ranges) and
 // takes no lock of the cache's or a sequence's; its own lock comes after any of those,
-// before the pool's.
+// before the pool's. A prefix cache with an observer runs one goroutine of its own
+// from its first change to Close, which takes only the lock of the events' queue
+// (after the prefix cache's lock, which a change holds while it queues) and calls the
+// observer with no lock held.
 //
 // The locks, in the order they are taken (a goroutine that holds one takes only those
 // below it):
@@ -167,7 +171,8 @@
 //     map from them; no goroutine holds two);
 //  2. the prefix cache's lock (its index and the counts of its granules);
 //  3. the cache's lock (its sequences, prefixes and counters);
-//  4. map-ahead's lock, then the backing's and the governor's own.
+//  4. the events' queue lock, map-ahead's lock, then the backing's and the
+//     governor's own.
 //
 // A function holds each lock it takes across one stretch of its body and releases it
 // there; none releases a lock its caller took. A lookup takes the prefix cache's lock

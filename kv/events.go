@@ -4,8 +4,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"sync"
+	"time"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/internal/poll"
 	"github.com/vmarena/vmarena/internal/radix"
 	"github.com/vmarena/vmarena/kv/blockhash"
 )
@@ -15,9 +18,17 @@ import (
 // router needs to know which replica holds a prefix (vLLM's KV events; the publisher
 // that puts them on the wire lives above kv, in package kvevents).
 //
-// It is called on Insert, eviction and Close only, never on the token path, with the
-// prefix cache's lock held: it must not block or call back into the cache, and what it
-// is passed is its own to keep (the cache never touches those slices again).
+// It is told of what Insert, eviction and Close change, never of the token path, and
+// not on the caller's goroutine: the cache queues each change to a goroutine of its
+// own (what it then computes, the block hashes among it, would cost the cache's calls
+// many times their own time), which tells the observer in the order of the changes;
+// PrefixCache.FlushEvents waits for it, and Close returns once AllBlocksCleared has
+// been told. Its calls must not block for long or call back into the cache, and what
+// it is passed is its own to keep (the cache never touches those slices again).
+//
+// NB: the blocks of a prompt it has been told of and not told of again are the whole
+// blocks of the prompt's first Match(prompt plus any one token) tokens: Match never
+// counts a prompt's last token, so the extra token makes it count the whole prompt.
 type BlockEvents interface {
 	BlocksStored(BlocksStored)
 	BlocksRemoved(BlocksRemoved)
@@ -62,17 +73,6 @@ type EventOptions struct {
 	Medium string
 }
 
-// CachedPrefix returns how many leading tokens of tokens the cache holds now (0 once
-// closed), marking nothing used and counting no query; unlike Lookup it may match
-// every token. What the events announced is checked against it: the blocks of tokens
-// the cache holds whole are those below CachedPrefix.
-func (pc *PrefixCache) CachedPrefix(tokens []int32) int {
-	pc.mu.Lock()
-	defer pc.mu.Unlock()
-	m, _ := pc.tree.Peek(tokens)
-	return m
-}
-
 // PanicEventsOutOfStep is the panic value when the blocks a prefix cache announced no
 // longer follow its index: a bug in the cache, never the caller's.
 const PanicEventsOutOfStep = "kv: prefix cache block events out of step with its index"
@@ -92,8 +92,28 @@ const PanicEventsOutOfStep = "kv: prefix cache block events out of step with its
 // path shares its last token.
 
 // pcEvents is a prefix cache's announced blocks: a tree of them under root, each
-// found by its parent and its tokens. The prefix cache's lock guards it.
+// found by its parent and its tokens, kept by the events' goroutine (run) from the
+// changes the cache queues (push). NB: what sync computes depends only on the path,
+// how much of it the index held at the change and the announced blocks, so applying
+// the changes later, in order, tells the observer exactly what applying each at once
+// would have.
+//
+// Locks: the prefix cache's lock is held to queue a change, and the queue's (mu) is
+// taken under it, never the other way round; the events' goroutine takes mu alone,
+// and calls the observer with no lock held.
 type pcEvents struct {
+	mu      sync.Mutex
+	cond    *sync.Cond // on mu: applied moved
+	queue   []evChange
+	spare   []evChange
+	queued  int64 // changes queued, in all
+	applied int64 // changes applied, in all
+	started bool  // the goroutine runs (from the first change on)
+	closing bool
+	kick    chan struct{} // wakes the goroutine before its next poll
+	done    chan struct{} // closed when it returns
+
+	// The events' goroutine's alone.
 	obs    BlockEvents
 	h      *blockhash.Hasher
 	bs     int
@@ -103,6 +123,22 @@ type pcEvents struct {
 	blocks map[evKey]*evBlock
 	key    []byte // scratch: a block's tokens as the bytes of an evKey
 }
+
+// evChange is a change of the index along path, of which it then held the first
+// held tokens; or, with clear, the end of the index (Close).
+type evChange struct {
+	path  []int32
+	held  int
+	clear bool
+}
+
+// Polls of the events' goroutine: every evPoll while changes come, backing off to
+// evIdlePolls intervals once quiet. A change never wakes it: waking a parked
+// goroutine would cost the cache's call microseconds; queueing costs nanoseconds.
+const (
+	evPoll      = time.Millisecond
+	evIdlePolls = 64
+)
 
 // evKey finds an announced block: its parent and its tokens (4 bytes each, little
 // endian).
@@ -137,13 +173,96 @@ func newEvents(c *Cache, o EventOptions) (*pcEvents, error) {
 	ev := &pcEvents{
 		obs: o.Observer, h: h, bs: h.BlockSize(), lora: o.Hash.LoRA, medium: medium,
 		blocks: make(map[evKey]*evBlock), key: make([]byte, 4*h.BlockSize()),
+		kick: make(chan struct{}, 1), done: make(chan struct{}),
 	}
+	ev.cond = sync.NewCond(&ev.mu)
 	ev.root.hash = h.Root()
 	return ev, nil
 }
 
-// path returns the tokens from the root to leaf, for sync once the index has changed
-// there, or nil when there are no events. pc.mu is held.
+// push queues c, starting the events' goroutine on the first. pc.mu is held.
+func (ev *pcEvents) push(c evChange) {
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if ev.closing {
+		panic(PanicEventsOutOfStep) // the index changed after Close
+	}
+	ev.queue = append(ev.queue, c)
+	ev.queued++
+	if !ev.started {
+		ev.started = true
+		go ev.run()
+	}
+}
+
+// run applies the queued changes in order, polling the queue, until it applies a
+// clear.
+func (ev *pcEvents) run() {
+	defer close(ev.done)
+	t := time.NewTimer(evPoll)
+	defer t.Stop()
+	backoff := poll.Backoff{Interval: evPoll, MaxPolls: evIdlePolls}
+	for {
+		select {
+		case <-t.C:
+		case <-ev.kick:
+			t.Stop()
+		}
+		ev.mu.Lock()
+		taken := ev.queue
+		ev.queue = ev.spare
+		ev.mu.Unlock()
+		last := false
+		for _, c := range taken {
+			if c.clear {
+				last = true
+				clear(ev.blocks)
+				ev.root.kids = 0
+				ev.obs.AllBlocksCleared()
+				continue
+			}
+			ev.apply(c.path, c.held)
+		}
+		clear(taken) // let the paths go
+		ev.mu.Lock()
+		ev.spare = taken[:0]
+		ev.applied += int64(len(taken))
+		ev.cond.Broadcast()
+		ev.mu.Unlock()
+		if last {
+			return
+		}
+		t.Reset(backoff.Next(len(taken) > 0))
+	}
+}
+
+// flush returns once every change queued so far is applied.
+func (ev *pcEvents) flush() {
+	if ev == nil {
+		return
+	}
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if !ev.started {
+		return
+	}
+	want := ev.queued
+	select {
+	case ev.kick <- struct{}{}:
+	default:
+	}
+	for ev.applied < want {
+		ev.cond.Wait()
+	}
+}
+
+// FlushEvents returns once the prefix cache's observer has been told of every change
+// made before the call (see BlockEvents); at once without an observer. A router in
+// the same process calls it before it reads what the events told it.
+func (pc *PrefixCache) FlushEvents() { pc.ev.flush() }
+
+// path returns the tokens from the root to leaf (a new slice), for sync once the
+// index has changed there, or nil when there are no events. pc.mu is held.
 func (ev *pcEvents) path(leaf *radix.Node[*pcEntry]) []int32 {
 	if ev == nil {
 		return nil
@@ -158,13 +277,29 @@ func (ev *pcEvents) fill(path []int32, i int) {
 	}
 }
 
-// sync announces the blocks of path that t now holds whole and withdraws those it
-// no longer does (see above). pc.mu is held.
+// sync queues the change of t along path, which t must no longer need: the events'
+// goroutine then announces the blocks of path that t holds whole now and withdraws
+// those it no longer does (see above). pc.mu is held.
 func (ev *pcEvents) sync(t *radix.Tree[*pcEntry], path []int32) {
 	if ev == nil {
 		return
 	}
 	held, _ := t.Peek(path)
+	ev.push(evChange{path: path, held: held})
+}
+
+// owned returns tokens, or nil when there are no events, for sync: a copy, since
+// the caller keeps tokens.
+func (ev *pcEvents) owned(tokens []int32) []int32 {
+	if ev == nil {
+		return nil
+	}
+	return slices.Clone(tokens)
+}
+
+// apply applies a change along path, of which the index held the first held
+// tokens (see sync).
+func (ev *pcEvents) apply(path []int32, held int) {
 	full, n := held/ev.bs, len(path)/ev.bs
 	cur, i := &ev.root, 0
 	for ; i < n; i++ {
@@ -185,11 +320,12 @@ func (ev *pcEvents) sync(t *radix.Tree[*pcEntry], path []int32) {
 }
 
 // announce announces blocks [from, to) of path, the block before them being parent.
+// NB: path is its change's own (sync), so its tokens go to the observer uncopied.
 func (ev *pcEvents) announce(parent *evBlock, path []int32, from, to int) {
 	bs := ev.bs
 	st := BlocksStored{
 		Hashes: make([]uint64, 0, to-from), HasParent: parent != &ev.root,
-		Tokens: slices.Clone(path[from*bs : to*bs]), BlockSize: bs, LoRA: ev.lora, Medium: ev.medium,
+		Tokens: path[from*bs : to*bs : to*bs], BlockSize: bs, LoRA: ev.lora, Medium: ev.medium,
 	}
 	if st.HasParent {
 		st.Parent = parent.hash.Uint64()
@@ -240,12 +376,30 @@ func (ev *pcEvents) withdraw(parent *evBlock, path []int32, i int) {
 	ev.obs.BlocksRemoved(rm)
 }
 
-// clear forgets every announced block and says so (Close). pc.mu is held.
+// clear forgets every announced block and says so, once the changes before it are
+// told; it returns when the observer has been told, and the events' goroutine is
+// gone (Close). pc.mu is held.
 func (ev *pcEvents) clear() {
 	if ev == nil {
 		return
 	}
-	clear(ev.blocks)
-	ev.root.kids = 0
-	ev.obs.AllBlocksCleared()
+	ev.mu.Lock()
+	started := ev.started
+	if !started {
+		ev.closing = true
+	}
+	ev.mu.Unlock()
+	if !started {
+		ev.obs.AllBlocksCleared() // nothing was announced, nor queued
+		return
+	}
+	ev.push(evChange{clear: true})
+	ev.mu.Lock()
+	ev.closing = true
+	ev.mu.Unlock()
+	select {
+	case ev.kick <- struct{}{}:
+	default:
+	}
+	<-ev.done
 }

@@ -1,18 +1,15 @@
 package kv_test
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/kv/blockhash"
@@ -23,6 +20,7 @@ import (
 // hash is the one recomputed from its tokens and its parent (announced before it),
 // announced once; a removed one was announced; the fields carry the cache's options.
 type evRecorder struct {
+	mu     sync.Mutex // the events come from the prefix cache's goroutine
 	h      *blockhash.Hasher
 	medium string
 	blocks map[uint64]recBlock
@@ -46,6 +44,8 @@ func (r *evRecorder) fail(format string, args ...any) {
 }
 
 func (r *evRecorder) BlocksStored(e kv.BlocksStored) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.events++
 	bs := r.h.BlockSize()
 	if e.BlockSize != bs || len(e.Tokens) != len(e.Hashes)*bs || len(e.Hashes) == 0 {
@@ -89,6 +89,8 @@ func (r *evRecorder) BlocksStored(e kv.BlocksStored) {
 }
 
 func (r *evRecorder) BlocksRemoved(e kv.BlocksRemoved) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.events++
 	if e.Medium != r.medium || e.Group != 0 || len(e.Hashes) == 0 {
 		r.fail("removed: medium %q group %d, %d hashes", e.Medium, e.Group, len(e.Hashes))
@@ -102,12 +104,16 @@ func (r *evRecorder) BlocksRemoved(e kv.BlocksRemoved) {
 }
 
 func (r *evRecorder) AllBlocksCleared() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.events++
 	clear(r.blocks)
 }
 
 // set returns the hashes the events imply are cached.
 func (r *evRecorder) set() map[uint64]bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	out := make(map[uint64]bool, len(r.blocks))
 	for h := range r.blocks {
 		out[h] = true
@@ -115,236 +121,23 @@ func (r *evRecorder) set() map[uint64]bool {
 	return out
 }
 
+// heldPrefix returns how many leading tokens of tokens the cache holds, the last
+// included: what BlockEvents' doc says to ask Match.
+func heldPrefix(pc *kv.PrefixCache, tokens []int32) int {
+	return pc.Match(append(slices.Clip(tokens), 0))
+}
+
+// errors returns the failed checks so far.
+func (r *evRecorder) errors() []error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.errs)
+}
+
 // blocksOf adds to set the hashes of the full blocks of tokens[:n].
 func blocksOf(set map[uint64]bool, h *blockhash.Hasher, tokens []int32, n int) {
 	for _, b := range h.Chain(nil, h.Root(), 0, tokens[:n]) {
 		set[b.Uint64()] = true
-	}
-}
-
-// evModel drives a prefix cache at random and keeps what it inserted: the cached
-// blocks are those of its inserted prompts that the index holds whole.
-type evModel struct {
-	t      *testing.T
-	r      *rand.Rand
-	c      *kv.Cache
-	pc     *kv.PrefixCache
-	opts   kv.PrefixCacheOptions
-	rec    *evRecorder
-	made   [][]int32
-	live   []*liveSeq
-	pins   []*kv.PrefixPin
-	gov    *accounting.Governor
-	steps  []string
-	maxTok int
-	// evicted and inserted count tokens over every prefix cache the model opened.
-	evicted, inserted int64
-}
-
-type liveSeq struct {
-	s   *kv.Sequence
-	ids []int32 // its tokens' IDs (what was written)
-}
-
-// check compares three views of what is cached: the events' (the recorder), the
-// model's (the blocks of the inserted prompts the index holds, probed), and the
-// index's own (every full block of every path of it).
-func (m *evModel) check() {
-	t := m.t
-	t.Helper()
-	require.Empty(t, m.rec.errs, "after %v", m.steps)
-	h := m.rec.h
-	model := map[uint64]bool{}
-	for _, p := range m.made {
-		blocksOf(model, h, p, m.pc.CachedPrefix(p))
-	}
-	index := map[uint64]bool{}
-	for _, p := range m.pc.IndexPaths() {
-		blocksOf(index, h, p, len(p))
-	}
-	require.Equal(t, index, model, "the model and the index differ, after %v", m.steps)
-	require.Equal(t, model, m.rec.set(), "the events and the model differ, after %v", m.steps)
-}
-
-// stream returns a prompt that often extends or shares a prefix of one made before.
-func (m *evModel) stream() []int32 {
-	var out []int32
-	if len(m.made) > 0 && m.r.IntN(4) > 0 {
-		base := m.made[m.r.IntN(len(m.made))]
-		out = append(out, base[:m.r.IntN(len(base)+1)]...)
-	}
-	for range 1 + m.r.IntN(40) {
-		out = append(out, int32(m.r.IntN(3)))
-	}
-	return out[:min(len(out), m.maxTok)]
-}
-
-// step runs one random operation.
-func (m *evModel) step() {
-	t := m.t
-	switch op := m.r.IntN(10); {
-	case op < 4: // a request: look up, prefill, insert; maybe keep the sequence open
-		ids := m.stream()
-		m.steps = append(m.steps, fmt.Sprintf("serve %d", len(ids)))
-		s, _, err := serve(m.pc, ids)
-		if errors.Is(err, accounting.ErrBudgetExceeded) {
-			return
-		}
-		require.NoError(t, err)
-		m.made = append(m.made, ids)
-		if m.r.IntN(2) == 0 {
-			m.live = append(m.live, &liveSeq{s: s, ids: slices.Clone(ids)})
-		} else {
-			require.True(t, s.Close().OK())
-		}
-	case op == 4 && len(m.live) > 0: // decode and insert again
-		l := m.live[m.r.IntN(len(m.live))]
-		k := 1 + m.r.IntN(12)
-		if l.s.Len()+k > m.maxTok {
-			return
-		}
-		m.steps = append(m.steps, fmt.Sprintf("decode %d", k))
-		if err := l.s.Append(k); err != nil {
-			return
-		}
-		for range k {
-			l.ids = append(l.ids, int32(m.r.IntN(3)))
-		}
-		require.NoError(t, writeIDs(l.s, l.ids, len(l.ids)-k, len(l.ids)))
-		require.NoError(t, m.pc.Insert(l.s, l.ids))
-		m.made = append(m.made, slices.Clone(l.ids))
-	case op == 5 && len(m.live) > 0: // roll back into what was inserted, then rewrite
-		l := m.live[m.r.IntN(len(m.live))]
-		n := m.r.IntN(l.s.Len() + 1)
-		m.steps = append(m.steps, fmt.Sprintf("truncate %d", n))
-		if err := l.s.Truncate(n); err != nil {
-			// Truncating into a shared granule copies its kept tokens: the budget may
-			// refuse that, leaving the sequence as long as it says.
-			require.ErrorIs(t, err, accounting.ErrBudgetExceeded)
-			n = l.s.Len()
-		}
-		l.ids = l.ids[:n]
-		if n > 0 && n-1 >= l.s.Writable() && m.r.IntN(2) == 0 {
-			l.ids[n-1]++ // a changed token: lazy entries of it get ranges of their own first
-			require.NoError(t, writeIDs(l.s, l.ids, n-1, n))
-		}
-	case op == 6 && len(m.live) > 0: // a request ends
-		i := m.r.IntN(len(m.live))
-		m.steps = append(m.steps, "close")
-		require.True(t, m.live[i].s.Close().OK())
-		m.live = slices.Delete(m.live, i, i+1)
-	case op == 7: // memory pressure from outside: the reclaimer evicts
-		need := int64(1+m.r.IntN(24)) * fakeGranule
-		m.steps = append(m.steps, fmt.Sprintf("pressure %d", need))
-		other := m.gov.Authority("other", accounting.HostKey)
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-		if other.Acquire(ctx, need) == nil {
-			other.Release(need)
-		}
-		cancel()
-		require.NoError(t, other.Close())
-	case op == 8: // pin a prefix, or release a pin
-		if len(m.pins) > 0 && m.r.IntN(2) == 0 {
-			m.steps = append(m.steps, "unpin")
-			m.pins[0].Release()
-			m.pins = m.pins[1:]
-			return
-		}
-		if len(m.made) == 0 {
-			return
-		}
-		p := m.made[m.r.IntN(len(m.made))]
-		m.steps = append(m.steps, "pin")
-		pin, err := m.pc.Pin(p[:m.r.IntN(len(p)+1)])
-		require.NoError(t, err)
-		m.pins = append(m.pins, pin)
-	case op == 9 && m.r.IntN(8) == 0: // the prefix cache closes; a new one starts
-		m.steps = append(m.steps, "reopen")
-		m.closeAll()
-		st := m.pc.Stats()
-		m.evicted += st.EvictedTokens
-		m.inserted += st.InsertedTokens
-		require.NoError(t, m.pc.Close())
-		require.Empty(t, m.rec.blocks, "Close clears every block")
-		pc, err := kv.NewPrefixCache(m.c, m.opts)
-		require.NoError(t, err)
-		m.pc = pc
-		m.made = nil
-	}
-}
-
-func (m *evModel) closeAll() {
-	for _, p := range m.pins {
-		p.Release()
-	}
-	m.pins = nil
-	for _, l := range m.live {
-		require.True(m.t, l.s.Close().OK())
-	}
-	m.live = nil
-}
-
-// TestPrefixCacheEventsModel checks every event against a model of the cache under
-// random requests, decoding, rollbacks, closes, pins, eviction (by the budget, by the
-// MaxBytes cap and by the reclaimer for another's waiting request) and Close: after
-// every step the blocks the events announced and did not withdraw are exactly the
-// full blocks the index holds, each announced once with the hash recomputed from its
-// tokens and its parent's.
-func TestPrefixCacheEventsModel(t *testing.T) {
-	type variant struct {
-		layout   kv.Layout
-		bs       int
-		algo     blockhash.Algorithm
-		lora     string
-		salt     string
-		maxBytes int64
-	}
-	var variants []variant
-	for i, layout := range layouts {
-		for j, bs := range []int{1, 3, 8, 16} {
-			v := variant{layout: layout, bs: bs, algo: blockhash.FNV64CBOR}
-			if (i+j)%2 == 1 {
-				v.algo, v.lora, v.salt = blockhash.SHA256CBOR, "lora-a", "salt"
-			}
-			if j == 2 {
-				v.maxBytes = 24 * fakeGranule * int64(tiny8.Layers)
-			}
-			variants = append(variants, v)
-		}
-	}
-	for vi, v := range variants {
-		name := fmt.Sprintf("%v/bs=%d/%v/cap=%t", v.layout, v.bs, v.algo, v.maxBytes > 0)
-		t.Run(name, func(t *testing.T) {
-			const maxTokens = 96
-			fx := newFixture(t, 96*fakeGranule*int64(tiny8.Layers))
-			c := fx.cache(t, v.layout, maxTokens)
-			ho := blockhash.Options{BlockSize: v.bs, Algorithm: v.algo, Seed: "s", LoRA: v.lora, CacheSalt: v.salt}
-			h, err := blockhash.New(ho)
-			require.NoError(t, err)
-			rec := newRecorder(h, "CPU")
-			opts := kv.PrefixCacheOptions{MaxBytes: v.maxBytes, Events: kv.EventOptions{Observer: rec, Hash: ho}}
-			pc, err := kv.NewPrefixCache(c, opts)
-			require.NoError(t, err)
-			m := &evModel{t: t, r: rand.New(rand.NewPCG(27, uint64(vi))), c: c, pc: pc, opts: opts, rec: rec, gov: fx.gov, maxTok: maxTokens}
-			t.Cleanup(func() {
-				if t.Failed() {
-					m.closeAll()
-					_ = m.pc.Close()
-				}
-			})
-			for range 400 {
-				m.step()
-				m.check()
-			}
-			st := m.pc.Stats()
-			m.closeAll()
-			require.NoError(t, m.pc.Close())
-			require.Empty(t, rec.errs)
-			assert.Empty(t, rec.blocks, "Close clears every block")
-			assert.Positive(t, m.inserted+st.InsertedTokens)
-			assert.Positive(t, rec.events)
-			assert.Positive(t, m.evicted+st.EvictedTokens, "the budget, the cap or the reclaimer evicted")
-		})
 	}
 }
 
@@ -373,10 +166,11 @@ func TestPrefixCacheEventsOptions(t *testing.T) {
 		s, _, err := serve(pc, []int32{1, 2, 3, 4, 5, 6, 7, 8, 9})
 		require.NoError(t, err)
 		require.True(t, s.Close().OK())
-		assert.Equal(t, 9, pc.CachedPrefix([]int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}))
-		assert.Zero(t, pc.CachedPrefix(nil))
+		assert.Equal(t, 9, heldPrefix(pc, []int32{1, 2, 3, 4, 5, 6, 7, 8, 9}), "the whole prompt, its last token too")
+		assert.Equal(t, 9, heldPrefix(pc, []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}))
+		assert.Zero(t, heldPrefix(pc, nil))
 		require.NoError(t, pc.Close())
-		assert.Zero(t, pc.CachedPrefix([]int32{1, 2}))
+		assert.Zero(t, heldPrefix(pc, []int32{1, 2}))
 		assert.Empty(t, rec.errs)
 		assert.Equal(t, 2, rec.events, "the two whole blocks stored in one event, then cleared")
 		assert.Equal(t, 2, rec.stored)
@@ -396,4 +190,64 @@ func TestPrefixCacheEventsOptions(t *testing.T) {
 	assert.Empty(t, grec.errs, "a device's cache says GPU")
 	assert.Equal(t, 2, grec.events)
 	assert.Equal(t, 1, grec.stored)
+}
+
+// blockingObserver holds its first BlocksStored until release is closed.
+type blockingObserver struct {
+	entered, release chan struct{}
+	once             sync.Once
+	mu               sync.Mutex
+	stored           int
+}
+
+func (o *blockingObserver) BlocksStored(e kv.BlocksStored) {
+	o.once.Do(func() {
+		close(o.entered)
+		<-o.release
+	})
+	o.mu.Lock()
+	o.stored += len(e.Hashes)
+	o.mu.Unlock()
+}
+func (o *blockingObserver) BlocksRemoved(kv.BlocksRemoved) {}
+func (o *blockingObserver) AllBlocksCleared()              {}
+
+// TestFlushEvents: the cache's calls only queue what changed, so an observer that
+// is slow does not hold them up; FlushEvents waits until the observer has been told
+// everything before it, and returns at once without an observer or after Close.
+func TestFlushEvents(t *testing.T) {
+	fx := newFixture(t, 1<<30)
+	c := fx.cache(t, kv.PerLayer, 64)
+	obs := &blockingObserver{entered: make(chan struct{}), release: make(chan struct{})}
+	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Events: kv.EventOptions{Observer: obs, Hash: blockhash.Options{BlockSize: 4}}})
+	require.NoError(t, err)
+	s, _, err := serve(pc, promptIDs(1, 9))
+	require.NoError(t, err)
+	<-obs.entered // the observer is held inside its first call
+	s2, _, err := serve(pc, promptIDs(2, 13))
+	require.NoError(t, err, "the cache goes on while its observer is held")
+	flushed := make(chan struct{})
+	go func() {
+		pc.FlushEvents()
+		close(flushed)
+	}()
+	select {
+	case <-flushed:
+		t.Fatal("FlushEvents returned with the observer still held")
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(obs.release)
+	<-flushed
+	obs.mu.Lock()
+	assert.Equal(t, 2+3, obs.stored, "every whole block of both prompts told")
+	obs.mu.Unlock()
+	require.True(t, s.Close().OK())
+	require.True(t, s2.Close().OK())
+	require.NoError(t, pc.Close())
+	pc.FlushEvents()
+
+	plain, err := kv.NewPrefixCache(fx.cache(t, kv.PerLayer, 64), kv.PrefixCacheOptions{})
+	require.NoError(t, err)
+	plain.FlushEvents()
+	require.NoError(t, plain.Close())
 }

@@ -10,3 +10,14 @@ func (pc *PrefixCache) IndexPaths() [][]int32 {
 	}
 	return out
 }
+
+// EventsQueued returns how many changes the prefix cache queued for its events'
+// goroutine, in all (0 without an observer).
+func (pc *PrefixCache) EventsQueued() int64 {
+	if pc.ev == nil {
+		return 0
+	}
+	pc.ev.mu.Lock()
+	defer pc.ev.mu.Unlock()
+	return pc.ev.queued
+}

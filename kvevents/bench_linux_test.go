@@ -1,7 +1,6 @@
 package kvevents_test
 
 import (
-	"fmt"
 	"runtime"
 	"slices"
 	"testing"
@@ -12,6 +11,7 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/blockhash"
 	"github.com/vmarena/vmarena/kvevents"
 )
 
@@ -33,12 +33,28 @@ import (
 // clocks costs around nothing (on a loaded VM, about as much as the two calls timed;
 // the median of the requests'). The encoding and sending happen on
 // the publisher's goroutine; BenchmarkEncodeBatch times the encoding alone.
+//
+// The counters say where the calls' time goes: stored-ns and removed-ns are the
+// medians of each call alone (the first call of a request finds the publisher's
+// memory cold after the request's 48 MiB of K/V writes; the second finds it warm
+// but for the queue slot it writes); publish-ctxsw/op the thread's context
+// switches inside the calls (a wake-up of the publisher's goroutine would show
+// here); chain-cpu-ns/op and chain-cpu-% what the block-hash chain of the request's
+// 256 blocks (kv/blockhash's default, FNV-64a over CBOR) costs in CPU time on the
+// same goroutine, computed right after the K/V writes as the prefix cache's events
+// did inside Insert: kv's share of publishing, outside the calls timed above.
+//
+// events=prefix-cache is the whole of it: the publisher is the prefix cache's own
+// observer (PrefixCacheOptions.Events, default block hashing), so its calls-ns/op
+// against events=false's is all that publishing costs the cache, hashing and the
+// cache's announced-block index included (benchstat -col /events).
 func BenchmarkPublishCost(b *testing.B) {
 	const prompt, budget, block = 4096, 512 << 20, 16
 	g := kv.Qwen25_05B
 	data := make([]byte, g.TokenBytes())
-	for _, on := range []bool{false, true} {
-		b.Run(fmt.Sprintf("events=%v", on), func(b *testing.B) {
+	for _, mode := range []string{"false", "true", "prefix-cache"} {
+		on, inCache := mode == "true", mode == "prefix-cache"
+		b.Run("events="+mode, func(b *testing.B) {
 			gov := accounting.NewGovernor()
 			if err := gov.SetLimit(accounting.HostKey, budget); err != nil {
 				b.Fatal(err)
@@ -53,13 +69,8 @@ func BenchmarkPublishCost(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer c.Close()
-			pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer pc.Close()
 			var pub *kvevents.Publisher
-			if on {
+			if on || inCache {
 				if pub, err = kvevents.New(kvevents.Options{Endpoint: "tcp://127.0.0.1:0"}); err != nil {
 					b.Fatal(err)
 				}
@@ -72,6 +83,20 @@ func BenchmarkPublishCost(b *testing.B) {
 					}
 				}()
 			}
+			var pco kv.PrefixCacheOptions
+			if inCache {
+				pco.Events = kv.EventOptions{Observer: pub}
+			}
+			pc, err := kv.NewPrefixCache(c, pco)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer pc.Close()
+			hasher, err := blockhash.New(blockhash.Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			var chain []blockhash.Hash
 			ids := make([]int32, prompt)
 			next := int32(0)
 			var announced [][]uint64 // each cached request's hashes, oldest first
@@ -80,6 +105,9 @@ func BenchmarkPublishCost(b *testing.B) {
 			var calls, publish time.Duration
 			var callsCPU, publishCPU int64
 			var clocks, clocksCPU []int64 // per request, their medians taken: a preemption inside one would swamp a sum
+			var storedNs, removedNs []int64
+			var ctxsw int64
+			var hashingCPU int64
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
 			thread := func() int64 {
@@ -111,6 +139,12 @@ func BenchmarkPublishCost(b *testing.B) {
 						_ = s.WriteToken(l, kv.V, t, data)
 					}
 				}
+				if on {
+					// The chain the prefix cache's observer would hash inside Insert.
+					c0 := thread()
+					chain = hasher.Chain(chain[:0], hasher.Root(), 0, ids)
+					hashingCPU += thread() - c0
+				}
 				c0, t0 = thread(), time.Now()
 				if err := pc.Insert(s, ids); err != nil {
 					b.Fatal(err)
@@ -140,25 +174,44 @@ func BenchmarkPublishCost(b *testing.B) {
 				c0, t0 = thread(), time.Now()
 				clocks = append(clocks, time.Since(t0).Nanoseconds())
 				clocksCPU = append(clocksCPU, thread()-c0)
+				var ru0, ru1 unix.Rusage
+				if err := unix.Getrusage(unix.RUSAGE_THREAD, &ru0); err != nil {
+					b.Fatal(err)
+				}
 				c0, t0 = thread(), time.Now()
 				pub.BlocksStored(stored)
+				t1 := time.Now()
 				for _, r := range removed {
 					pub.BlocksRemoved(r)
 				}
+				t2 := time.Now()
 				removedEvents += len(removed)
 				publish += time.Since(t0)
 				publishCPU += thread() - c0
+				if err := unix.Getrusage(unix.RUSAGE_THREAD, &ru1); err != nil {
+					b.Fatal(err)
+				}
+				ctxsw += ru1.Nvcsw - ru0.Nvcsw + ru1.Nivcsw - ru0.Nivcsw
+				storedNs = append(storedNs, t1.Sub(t0).Nanoseconds())
+				if len(removed) > 0 {
+					removedNs = append(removedNs, t2.Sub(t1).Nanoseconds()/int64(len(removed)))
+				}
 			}
 			for range 2 * budget / (prompt * g.BytesPerToken()) {
 				serve()
 			}
 			calls, publish, callsCPU, publishCPU, clocks, clocksCPU, removedEvents = 0, 0, 0, 0, clocks[:0], clocksCPU[:0], 0
+			storedNs, removedNs, ctxsw, hashingCPU = storedNs[:0], removedNs[:0], 0, 0
 			b.SetBytes(int64(prompt * g.BytesPerToken()))
 			for b.Loop() {
 				serve()
 			}
 			b.ReportMetric(float64(calls.Nanoseconds())/float64(b.N), "calls-ns/op")
 			b.ReportMetric(float64(callsCPU)/float64(b.N), "calls-cpu-ns/op")
+			if inCache {
+				pc.FlushEvents() // what the cache's events goroutine still holds
+				closeChecked(b, pub)
+			}
 			if !on {
 				return
 			}
@@ -176,16 +229,33 @@ func BenchmarkPublishCost(b *testing.B) {
 				b.Fatal("no evictions: not the scenario")
 			}
 			b.ReportMetric(float64(removedEvents)/float64(b.N), "removals/op")
-			if err := pub.Close(); err != nil {
-				b.Fatal(err)
+			b.ReportMetric(float64(median(storedNs)), "stored-ns")
+			if len(removedNs) > 0 {
+				b.ReportMetric(float64(median(removedNs)), "removed-ns")
 			}
-			st := pub.Stats()
-			if st.Dropped != 0 || st.SubscriberDrops != 0 {
-				b.Fatalf("%d events and %d messages dropped: the publisher did not keep up", st.Dropped, st.SubscriberDrops)
-			}
+			b.ReportMetric(float64(ctxsw)/float64(b.N), "publish-ctxsw/op")
+			b.ReportMetric(float64(hashingCPU-clockCPU)/float64(b.N), "chain-cpu-ns/op")
+			b.ReportMetric(100*float64(hashingCPU-clockCPU)/float64(callsCPU-2*clockCPU), "chain-cpu-%")
+			st := closeChecked(b, pub)
 			b.ReportMetric(float64(st.Batches)/float64(st.Published), "messages/event")
 		})
 	}
+}
+
+// closeChecked closes pub and fails b if it dropped anything: the publisher did not
+// keep up, and what was timed is not the scenario. It returns pub's last Stats.
+func closeChecked(b *testing.B, pub *kvevents.Publisher) kvevents.Stats {
+	if err := pub.Close(); err != nil {
+		b.Fatal(err)
+	}
+	st := pub.Stats()
+	if st.Dropped != 0 || st.SubscriberDrops != 0 {
+		b.Fatalf("%d events and %d messages dropped: the publisher did not keep up", st.Dropped, st.SubscriberDrops)
+	}
+	if st.Published == 0 {
+		b.Fatal("nothing published: not the scenario")
+	}
+	return st
 }
 
 func median(xs []int64) int64 {

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/vmarena/vmarena/internal/poll"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/kvevents/internal/zmtp"
 )
@@ -299,7 +300,7 @@ func (p *Publisher) loop() {
 	var spare []event
 	t := time.NewTimer(p.opts.FlushInterval)
 	defer t.Stop()
-	polls := 1 // intervals to the next poll
+	backoff := poll.Backoff{Interval: p.opts.FlushInterval, MaxPolls: maxIdlePolls}
 	for {
 		select {
 		case <-t.C:
@@ -319,12 +320,7 @@ func (p *Publisher) loop() {
 		if closed {
 			return
 		}
-		if len(taken) == 0 {
-			polls = min(2*polls, maxIdlePolls)
-		} else {
-			polls = 1
-		}
-		t.Reset(time.Duration(polls) * p.opts.FlushInterval)
+		t.Reset(backoff.Next(len(taken) > 0))
 	}
 }
 

@@ -96,9 +96,12 @@ func (r *replica) close() error {
 	return errors.Join(errs...)
 }
 
-// load returns the requests waiting to be admitted: the waiting queue size the
-// queue scorer reads.
-func (r *replica) load() int { return len(r.waiting) }
+// load returns the replica's load as the router sees it: the requests waiting to be
+// admitted (the waiting queue size the load-aware scorer reads) and those it has
+// not finished (what the router counts of the requests it sent).
+func (r *replica) load() load {
+	return load{waiting: len(r.waiting), active: len(r.waiting) + len(r.running)}
+}
 
 // admit starts j: looks its prompt up, prefills the rest, inserts the prompt. It
 // returns the tokens prefilled.
@@ -205,21 +208,21 @@ func (q *request) prompt(maxTokens int) ([]int32, int) {
 // policy sends a request to a replica.
 type policy interface {
 	name() string
-	route(tokens []int32, loads []int) (int, error)
+	route(tokens []int32, loads []load) (int, error)
 }
 
 type roundRobin struct{ next, n int }
 
 func (p *roundRobin) name() string { return "round-robin" }
 
-func (p *roundRobin) route([]int32, []int) (int, error) {
+func (p *roundRobin) route([]int32, []load) (int, error) {
 	r := p.next
 	p.next = (p.next + 1) % p.n
 	return r, nil
 }
 
 // byPrefix routes by the index's longest cached prefix, weighted by load; sync, when
-// set, waits until the index has every event the replicas published so far.
+// set, waits until the index has every event the replicas made so far.
 type byPrefix struct {
 	idx    *Index
 	scorer Scorer
@@ -231,7 +234,7 @@ type byPrefix struct {
 
 func (p *byPrefix) name() string { return "by prefix" }
 
-func (p *byPrefix) route(tokens []int32, loads []int) (int, error) {
+func (p *byPrefix) route(tokens []int32, loads []load) (int, error) {
 	if p.sync != nil {
 		if err := p.sync(); err != nil {
 			return 0, err
@@ -274,7 +277,7 @@ func simulate(reqs []request, reps []*replica, p policy, cfg simConfig) (simResu
 	arrived := make(map[*job]time.Duration, len(reqs))
 	var ttfts []time.Duration
 	next, finished := 0, 0
-	loads := make([]int, len(reps))
+	loads := make([]load, len(reps))
 	start := func(r *replica, now time.Duration) error {
 		done, d, err := r.iterate(cfg)
 		if err != nil {

@@ -3,7 +3,7 @@ package main
 import "github.com/vmarena/vmarena/kv"
 
 // feed hands replica r's block events straight to an index, in the replica's
-// process and under its prefix cache's lock: the view of a router with no network
+// process (from its prefix cache's events goroutine): the view of a router with no network
 // between it and the replicas, and the events' reference for the ZMQ path.
 type feed struct {
 	x *Index

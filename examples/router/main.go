@@ -33,6 +33,7 @@ type options struct {
 	blockSize      int
 	prefixWeight   float64
 	loadWeight     float64
+	activeWeight   float64
 	queueThreshold int
 	transport      string
 }
@@ -52,6 +53,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.blockSize, "block", 16, "tokens of a block of the KV events")
 	fs.Float64Var(&o.prefixWeight, "prefix-weight", 1, "weight of the prefix score")
 	fs.Float64Var(&o.loadWeight, "load-weight", 2, "weight of the load score")
+	fs.Float64Var(&o.activeWeight, "active-weight", 1, "weight of the active-request score (0: the waiting queue alone weighs load)")
 	fs.IntVar(&o.queueThreshold, "queue-threshold", 8, "waiting requests at which the load score reaches 0 (llm-d's default is 128)")
 	fs.StringVar(&o.transport, "transport", transportZMQ, "how events reach the router: zmq (each replica's publisher on a loopback port, the router subscribed to each) or direct (in process)")
 	if err := fs.Parse(args); err != nil {
@@ -63,6 +65,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("router: -replicas %d, want 1 to 64", o.replicas)
 	case o.budget <= 0 || o.concurrency < 1 || o.queueThreshold < 1 || o.prefillRate <= 0 || o.step <= 0 || o.maxTokens < 2 || o.blockSize < 1:
 		return o, errors.New("router: -budget-mib, -concurrency, -queue-threshold, -prefill-rate, -step, -block must be positive and -max-tokens at least 2")
+	case o.prefixWeight < 0 || o.loadWeight < 0 || o.activeWeight < 0:
+		return o, errors.New("router: -prefix-weight, -load-weight and -active-weight must not be negative")
 	case o.transport != transportZMQ && o.transport != transportDirect:
 		return o, fmt.Errorf("router: -transport %q, want zmq or direct", o.transport)
 	}
@@ -146,7 +150,7 @@ func runMode(reqs []request, cfg simConfig, mode string, o options) (runResult, 
 	if err != nil {
 		return res, err
 	}
-	pol := c.policy(Scorer{PrefixWeight: o.prefixWeight, LoadWeight: o.loadWeight, QueueThreshold: o.queueThreshold})
+	pol := c.policy(Scorer{PrefixWeight: o.prefixWeight, LoadWeight: o.loadWeight, ActiveWeight: o.activeWeight, QueueThreshold: o.queueThreshold})
 	sr, err := simulate(reqs, c.reps, pol, c.cfg)
 	if bp, ok := pol.(*byPrefix); ok {
 		res.away, res.awayBlocks = bp.away, bp.awayBlocks

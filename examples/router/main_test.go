@@ -13,7 +13,8 @@ import (
 func TestBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-replicas", "0"}, {"-replicas", "65"}, {"-budget-mib", "0"}, {"-concurrency", "0"}, {"-queue-threshold", "0"},
-		{"-prefill-rate", "-1"}, {"-max-tokens", "1"}, {"-block", "0"}, {"-transport", "udp"}, {"-nonsense"},
+		{"-prefill-rate", "-1"}, {"-max-tokens", "1"}, {"-block", "0"}, {"-transport", "udp"},
+		{"-prefix-weight", "-1"}, {"-load-weight", "-1"}, {"-active-weight", "-0.5"}, {"-nonsense"},
 	} {
 		assert.Error(t, run(args, io.Discard, io.Discard), "%v", args)
 	}
@@ -41,14 +42,40 @@ func TestBadTrace(t *testing.T) {
 // ties go round-robin.
 func TestScorer(t *testing.T) {
 	s := Scorer{PrefixWeight: 1, LoadWeight: 2, QueueThreshold: 8}
-	assert.Equal(t, 2, s.Pick([]int{3, 0, 9, 3}, []int{0, 0, 0, 0}))
-	assert.Equal(t, 2, s.Pick([]int{3, 0, 9, 3}, []int{0, 0, 3, 0}), "a short queue does not outweigh the prefix")
-	assert.NotEqual(t, 2, s.Pick([]int{3, 0, 9, 3}, []int{0, 0, 8, 0}), "a full one does")
+	assert.Equal(t, 2, s.Pick([]int{3, 0, 9, 3}, waiting(0, 0, 0, 0)))
+	assert.Equal(t, 2, s.Pick([]int{3, 0, 9, 3}, waiting(0, 0, 3, 0)), "a short queue does not outweigh the prefix")
+	assert.NotEqual(t, 2, s.Pick([]int{3, 0, 9, 3}, waiting(0, 0, 8, 0)), "a full one does")
 	var got []int
 	for range 4 {
-		got = append(got, s.Pick([]int{0, 0, 0, 0}, []int{0, 0, 0, 0}))
+		got = append(got, s.Pick([]int{0, 0, 0, 0}, waiting(0, 0, 0, 0)))
 	}
 	assert.ElementsMatch(t, []int{0, 1, 2, 3}, got, "ties go round-robin")
 	assert.Equal(t, []float64{0, 0, 1, 0}, prefixScores([]int{3, 0, 9, 3}))
+	assert.Equal(t, []float64{1, 0.75, 0, 1}, activeScores([]load{{0, 0}, {0, 4}, {2, 16}, {0, 0}}))
+	assert.Equal(t, []float64{1, 1}, activeScores([]load{{}, {}}))
+}
+
+// TestScorerActive: with the active-request score, a replica that holds the prefix
+// but runs a full batch with one request waiting loses the request to an idle one
+// (the waiting queue alone reads it as barely loaded), and keeps it while the others
+// are as busy.
+func TestScorerActive(t *testing.T) {
+	s := Scorer{PrefixWeight: 1, LoadWeight: 2, ActiveWeight: 1, QueueThreshold: 8}
+	match := []int{9, 0, 0, 0}
+	busy := []load{{1, 17}, {0, 0}, {0, 0}, {0, 0}}
+	assert.NotEqual(t, 0, s.Pick(match, busy))
+	s.ActiveWeight = 0
+	assert.Equal(t, 0, s.Pick(match, busy), "the waiting queue alone does not see the batch")
+	s.ActiveWeight = 1
+	assert.Equal(t, 0, s.Pick(match, []load{{1, 17}, {1, 17}, {0, 16}, {1, 17}}))
 	assert.Equal(t, []float64{1, 0, 1}, prefixScores([]int{4, 0, 4}))
+}
+
+// waiting returns the loads of replicas with w[r] requests waiting, none running.
+func waiting(w ...int) []load {
+	out := make([]load, len(w))
+	for i, n := range w {
+		out[i] = load{waiting: n, active: n}
+	}
+	return out
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -30,7 +31,8 @@ func cachedKeys(c *cluster, r int, reqs []request) map[blockhash.Hash]bool {
 	out := map[blockhash.Hash]bool{}
 	for i := range reqs {
 		tokens, _ := reqs[i].prompt(c.cfg.MaxTokens)
-		n := c.reps[r].pc.CachedPrefix(tokens)
+		// Match never counts a prompt's last token: one more makes it count them all.
+		n := c.reps[r].pc.Match(append(slices.Clip(tokens), 0))
 		for _, k := range c.idx.Keys(tokens[:n]) {
 			out[k] = true
 		}

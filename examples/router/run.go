@@ -73,26 +73,33 @@ func newCluster(cfg simConfig, mode, transport string) (c *cluster, err error) {
 	return c, nil
 }
 
-// policy returns the mode's routing: by prefix (waiting for the events published so
-// far before each decision, over ZMQ) or round-robin (one replica: always it).
+// policy returns the mode's routing: by prefix (waiting for the events made so far
+// before each decision) or round-robin (one replica: always it).
 func (c *cluster) policy(sc Scorer) policy {
 	if c.mode != modePrefix {
 		return &roundRobin{n: len(c.reps)}
 	}
-	p := &byPrefix{idx: c.idx, scorer: sc}
-	if c.wire != nil {
-		p.sync = func() error { return caughtUp(c.wire.subs, c.pubs, syncTimeout) }
+	return &byPrefix{idx: c.idx, scorer: sc, sync: c.caughtUp}
+}
+
+// caughtUp returns once the router's index has every event the replicas' caches
+// made so far: each cache's events goroutine has told its observer (the publisher,
+// or the index in process), and over ZMQ the router has read what was published.
+func (c *cluster) caughtUp() error {
+	for _, r := range c.reps {
+		r.pc.FlushEvents()
 	}
-	return p
+	if c.wire != nil {
+		return caughtUp(c.wire.subs, c.pubs, syncTimeout)
+	}
+	return nil
 }
 
 // settle waits until the router has every event published, and checks the index
 // applied them all.
 func (c *cluster) settle() error {
-	if c.wire != nil {
-		if err := caughtUp(c.wire.subs, c.pubs, syncTimeout); err != nil {
-			return err
-		}
+	if err := c.caughtUp(); err != nil {
+		return err
 	}
 	if n := c.idx.Errors(); n > 0 {
 		return errors.New("router: the index could not apply some events")
