@@ -206,6 +206,18 @@ func (sh *shape) offset(off, t int) int {
 	return off + t*sh.row
 }
 
+// tokenAt returns offset(off, t), and whether token t lies below
+// writableFrom(frozen) (in memory shared with a prefix or a fork), with one division
+// where the two take three: in the Blocked layout t is below it exactly when its
+// block starts below frozen bytes, elsewhere when its row does.
+func (sh *shape) tokenAt(off, t, frozen int) (at int, shared bool) {
+	if sh.layout == Blocked {
+		b := t / sh.tpb
+		return off + b*sh.blk + (t-b*sh.tpb)*sh.tb, b*sh.blk < frozen
+	}
+	return off + t*sh.row, t*sh.row < frozen
+}
+
 // run returns the tokens of the contiguous run of a tensor that starts at token t
 // (before the sequence's length cuts it): to the end of t's block in the Blocked
 // layout, unbounded in PerLayer, one token in PerSequence.

@@ -117,15 +117,38 @@ func Run[T arena.Elem](s *Sequence, layer int, kind Kind, t int) ([]T, error) {
 }
 
 // WriteToken copies src (TokenBytes long) into token t of layer's K or V tensor, on
-// any backing and layout: WriteTokens(layer, kind, t, t+1, src). Writing a token below
-// Writable, which lies (wholly or in part) in memory shared with a prefix or a fork,
-// is refused with ErrReadOnly.
+// any backing and layout: WriteTokens(layer, kind, t, t+1, src), with the same errors.
+// Writing a token below Writable, which lies (wholly or in part) in memory shared with
+// a prefix or a fork, is refused with ErrReadOnly. It is the call a model's forward
+// pass makes once per layer and tensor for every token, so it takes a short path of
+// its own: one division to find the token, none to check Writable.
 func (s *Sequence) WriteToken(layer int, kind Kind, t int, src []byte) error {
-	return s.WriteTokens(layer, kind, t, t+1, src)
+	s.live()
+	c := s.c
+	i, off, ok := c.tensor(layer, kind)
+	if !ok || s.err != nil || uint(t) >= uint(s.n) || len(src) != c.tb {
+		return s.WriteTokens(layer, kind, t, t+1, src) // the error, worded once
+	}
+	at, shared := c.tokenAt(off, t, s.frozen)
+	if shared {
+		return s.WriteTokens(layer, kind, t, t+1, src)
+	}
+	if h := c.hooks(); h != nil {
+		h.beforeWrite(s, t)
+	}
+	return s.bufs[i].writeAt(at, src)
 }
 
 // ReadToken copies token t of layer's K or V tensor into dst (TokenBytes long):
-// ReadTokens(layer, kind, t, t+1, dst).
+// ReadTokens(layer, kind, t, t+1, dst), with the same errors, on the short path
+// WriteToken takes.
 func (s *Sequence) ReadToken(layer int, kind Kind, t int, dst []byte) error {
-	return s.ReadTokens(layer, kind, t, t+1, dst)
+	s.live()
+	c := s.c
+	i, off, ok := c.tensor(layer, kind)
+	if !ok || s.err != nil || uint(t) >= uint(s.n) || len(dst) != c.tb {
+		return s.ReadTokens(layer, kind, t, t+1, dst)
+	}
+	at, _ := c.tokenAt(off, t, 0)
+	return s.bufs[i].readAt(at, dst)
 }

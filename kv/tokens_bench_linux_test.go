@@ -8,6 +8,7 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/internal/baseline"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -100,4 +101,73 @@ func BenchmarkTokenRead(b *testing.B) {
 		require.True(b, s.Close().OK())
 		require.NoError(b, c.Close())
 	}
+}
+
+// BenchmarkTokenWrite prices the per-token write a model's forward pass makes (one
+// WriteToken per layer, K and V, for each new token), in ns a write, on a sequence
+// started on a 64-token prefix (so that Writable is past 0, as on a prefix hit) that
+// then writes tokens [64, 256): this cache in the Blocked layout on host.Shared, and
+// the paged baseline (16-token blocks, the same prefix shared), in the same run. The
+// copy of the token's 2 KiB is common to both; the rest is each one's path to it.
+func BenchmarkTokenWrite(b *testing.B) {
+	const prefix, tokens = 64, 256
+	g := kv.Llama3_8B
+	src := make([]byte, g.TokenBytes())
+	for i := range src {
+		src[i] = byte(i)
+	}
+	writes := float64((tokens - prefix) * g.Layers * 2)
+	run := func(b *testing.B, write func(layer int, v baseline.Kind, t int, src []byte) error) {
+		for b.Loop() {
+			for t := prefix; t < tokens; t++ {
+				for l := range g.Layers {
+					for _, v := range []baseline.Kind{baseline.K, baseline.V} {
+						if err := write(l, v, t, src); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/writes, "ns/write")
+	}
+	b.Run("impl=vmarena", func(b *testing.B) {
+		gov := accounting.NewGovernor()
+		mem, err := host.NewShared(host.SharedOptions{Granularity: 2 << 20, Authority: gov.Authority("kv", accounting.HostKey)})
+		require.NoError(b, err)
+		defer mem.Close()
+		c, err := kv.New(mem, kv.Config{Geometry: g, MaxTokens: tokens})
+		require.NoError(b, err)
+		defer c.Close()
+		first, err := c.NewSequence()
+		require.NoError(b, err)
+		require.NoError(b, first.Append(prefix))
+		p, err := first.Freeze(prefix)
+		require.NoError(b, err)
+		require.True(b, first.Close().OK())
+		s, err := c.NewSequenceFrom(p)
+		require.NoError(b, err)
+		p.Release()
+		require.NoError(b, s.Append(tokens-prefix))
+		require.Equal(b, prefix, s.Writable())
+		run(b, func(l int, v baseline.Kind, t int, src []byte) error { return s.WriteToken(l, kv.Kind(v), t, src) })
+		require.True(b, s.Close().OK())
+	})
+	b.Run("impl=paged", func(b *testing.B) {
+		st, err := baseline.NewPaged(baseline.Shape{Layers: g.Layers, TokenBytes: g.TokenBytes(), MaxTokens: tokens}, baseline.PagedOptions{})
+		require.NoError(b, err)
+		defer st.Close()
+		first, err := st.NewSequence()
+		require.NoError(b, err)
+		require.NoError(b, first.Append(prefix))
+		p, err := first.Freeze(prefix)
+		require.NoError(b, err)
+		require.NoError(b, first.Close())
+		s, err := st.NewSequenceFrom(p)
+		require.NoError(b, err)
+		p.Release()
+		require.NoError(b, s.Append(tokens-prefix))
+		run(b, s.WriteToken)
+		require.NoError(b, s.Close())
+	})
 }
