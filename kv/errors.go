@@ -5,11 +5,11 @@ import "errors"
 var (
 	// ErrGeometry: a geometry with a non-positive dimension, an unknown element type,
 	// a head dim that is not a whole number of its type's blocks, or scales its type
-	// can not have.
+	// can not have; or a model whose layer groups are not valid (see Model.Validate).
 	ErrGeometry = errors.New("kv: invalid geometry")
 	// ErrConfig: a configuration the cache can not be built from.
 	ErrConfig = errors.New("kv: invalid configuration")
-	// ErrUnknownModel: Preset was asked for a name it does not know.
+	// ErrUnknownModel: Preset or ModelPreset was asked for a name it does not know.
 	ErrUnknownModel = errors.New("kv: unknown model preset")
 	// ErrTooLong: a sequence would grow past the cache's MaxTokens.
 	ErrTooLong = errors.New("kv: sequence exceeds MaxTokens")

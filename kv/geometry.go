@@ -40,14 +40,21 @@ func Presets() []Geometry {
 // Preset returns the preset named name (case-insensitive), or an error matching
 // ErrUnknownModel that lists the names it knows.
 func Preset(name string) (Geometry, error) {
-	var names []string
-	for _, g := range Presets() {
-		if strings.EqualFold(g.Name, name) {
-			return g, nil
+	return byName(Presets(), name, func(g Geometry) string { return g.Name })
+}
+
+// byName returns the preset of all whose name is name (case-insensitive), or an error
+// matching ErrUnknownModel that lists the names it knows.
+func byName[T any](all []T, name string, nameOf func(T) string) (T, error) {
+	names := make([]string, 0, len(all))
+	for _, p := range all {
+		if strings.EqualFold(nameOf(p), name) {
+			return p, nil
 		}
-		names = append(names, g.Name)
+		names = append(names, nameOf(p))
 	}
-	return Geometry{}, fmt.Errorf("%w %q (known: %s)", ErrUnknownModel, name, strings.Join(names, ", "))
+	var zero T
+	return zero, fmt.Errorf("%w %q (known: %s)", ErrUnknownModel, name, strings.Join(names, ", "))
 }
 
 // Validate reports a geometry with a non-positive dimension, an unknown element type,

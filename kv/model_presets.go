@@ -1,11 +1,6 @@
 package kv
 
-import (
-	"fmt"
-	"strings"
-
-	"github.com/vmarena/vmarena/arena"
-)
+import "github.com/vmarena/vmarena/arena"
 
 // The figures of the model presets come from each model's config.json on Hugging Face
 // (named with each function). That site could not be reached from the machine the
@@ -173,12 +168,5 @@ func ModelPresets() []Model {
 // ModelPreset returns the layer-group preset named name (case-insensitive), or an
 // error matching ErrUnknownModel that lists the names it knows.
 func ModelPreset(name string) (Model, error) {
-	var names []string
-	for _, m := range ModelPresets() {
-		if strings.EqualFold(m.Name, name) {
-			return m, nil
-		}
-		names = append(names, m.Name)
-	}
-	return Model{}, fmt.Errorf("%w %q (known: %s)", ErrUnknownModel, name, strings.Join(names, ", "))
+	return byName(ModelPresets(), name, func(m Model) string { return m.Name })
 }
