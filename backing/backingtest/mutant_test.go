@@ -3,19 +3,15 @@ package backingtest_test
 import (
 	"context"
 	"errors"
-	"os"
-	"os/exec"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/assert"
-
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/backingtest"
+	"github.com/vmarena/vmarena/internal/mutanttest"
 )
 
 // Mutants are Fakes with one contract violation each. The suite must catch every one,
@@ -383,7 +379,7 @@ const mutantEnv = "BACKINGTEST_MUTANT"
 // nothing in a normal run. TestSuiteCatchesMutants starts it in a child process,
 // since a failing subtest can not be contained inside the parent's test.
 func TestMutantChild(t *testing.T) {
-	name := os.Getenv(mutantEnv)
+	name := mutanttest.Child(mutantEnv)
 	if name == "" {
 		return
 	}
@@ -395,27 +391,9 @@ func TestMutantChild(t *testing.T) {
 }
 
 func TestSuiteCatchesMutants(t *testing.T) {
-	if os.Getenv(mutantEnv) != "" {
-		return
-	}
+	want := make(map[string][]string, len(mutants))
 	for name, m := range mutants {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestMutantChild$", "-test.v", "-test.count=1")
-			cmd.Env = append(os.Environ(), mutantEnv+"="+name)
-			out, err := cmd.CombinedOutput()
-			assert.Error(t, err, "the suite passed a mutant")
-			for _, prop := range m.want {
-				assert.Contains(t, string(out), "--- FAIL: TestMutantChild/"+prop+" ", "property %s did not catch it", prop)
-			}
-			if t.Failed() {
-				t.Logf("child output:\n%s", lastLines(string(out), 40))
-			}
-		})
+		want[name] = m.want
 	}
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(s, "\n")
-	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
+	mutanttest.Catches(t, mutantEnv, "TestMutantChild", want)
 }

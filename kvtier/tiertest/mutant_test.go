@@ -4,14 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"os"
-	"os/exec"
-	"strings"
 	"sync"
 	"testing"
 
-	"github.com/stretchr/testify/assert"
-
+	"github.com/vmarena/vmarena/internal/mutanttest"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/kvtier/tiertest"
 )
@@ -186,7 +182,7 @@ const mutantEnv = "TIERTEST_MUTANT"
 // nothing in a normal run. TestSuiteCatchesMutants starts it in a child process, since
 // a failing subtest can not be contained inside the parent's test.
 func TestMutantChild(t *testing.T) {
-	name := os.Getenv(mutantEnv)
+	name := mutanttest.Child(mutantEnv)
 	if name == "" {
 		return
 	}
@@ -194,23 +190,9 @@ func TestMutantChild(t *testing.T) {
 }
 
 func TestSuiteCatchesMutants(t *testing.T) {
-	if os.Getenv(mutantEnv) != "" {
-		return
-	}
+	want := make(map[string][]string, len(mutants))
 	for name, m := range mutants {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestMutantChild$", "-test.v", "-test.count=1")
-			cmd.Env = append(os.Environ(), mutantEnv+"="+name)
-			out, err := cmd.CombinedOutput()
-			assert.Error(t, err, "the suite passed a mutant")
-			for _, prop := range m.want {
-				assert.Contains(t, string(out), "--- FAIL: TestMutantChild/"+prop+" ", "property %s did not catch it", prop)
-			}
-			if t.Failed() {
-				lines := strings.Split(string(out), "\n")
-				t.Logf("child output:\n%s", strings.Join(lines[max(len(lines)-40, 0):], "\n"))
-			}
-		})
+		want[name] = m.want
 	}
+	mutanttest.Catches(t, mutantEnv, "TestMutantChild", want)
 }
