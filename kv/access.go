@@ -49,8 +49,8 @@ func (s *Sequence) Base(layer int, kind Kind) uintptr {
 }
 
 // TokenStride returns, for a kernel (see Base), the bytes from one token to the next
-// within a layer's K or V tensor: TokenBytes in the PerLayer layout, BytesPerToken in PerSequence, and
-// TokenBytes within a block in Blocked (BlockStride from one block to the next).
+// within a layer's K or V tensor: TokenBytes in both layouts (within a block in
+// Blocked, BlockStride from one block to the next).
 func (s *Sequence) TokenStride() int {
 	s.live()
 	return s.c.row
@@ -72,8 +72,7 @@ func (s *Sequence) BlockStride() int {
 }
 
 // View returns layer's K or V tensor of s as a tensor of T: [Len, KVHeads, HeadDim],
-// contiguous in the PerLayer layout and strided by TokenStride in PerSequence; in the
-// Blocked layout [blocks, BlockTokens, KVHeads, HeadDim] with blocks = ⌈Len /
+// contiguous in the PerLayer layout; in the Blocked layout [blocks, BlockTokens, KVHeads, HeadDim] with blocks = ⌈Len /
 // BlockTokens⌉, strided by BlockStride and TokenStride, whose token t is element
 // [t / BlockTokens, t % BlockTokens]. NB: in the last block the tokens at or past Len
 // are not the sequence's (free room, or another sequence's tokens copied with a fork

@@ -12,12 +12,13 @@ import (
 )
 
 // shareScene is a cache whose budget is spent but for a cached entry of 8 tokens that
-// eviction can give back: s holds 5 tokens (a tail past its whole granules) and p is a
-// prefix of them. tiny8 in PerSequence takes 3 KiB a token on 4 KiB granules.
+// eviction can give back: s holds 5 tokens (a tail past its whole blocks) and p is a
+// prefix of them. tiny8 takes blocks of 4 tokens in 3 granules of 4 KiB here
+// (testBlockTokens), so the copied tail of a share is a block of 3 granules.
 func shareScene(t *testing.T) (*fixture, *kv.Cache, *kv.PrefixCache, *kv.Sequence, *kv.Prefix) {
 	t.Helper()
-	const entry, seq, prefix = 6, 4, 1 // granules
-	fx, c, pc := newPrefixCache(t, (entry+seq+prefix)*fakeGranule, kv.PerSequence, 64, kv.PrefixCacheOptions{})
+	const entry, seq, prefix = 6, 6, 3 // granules
+	fx, c, pc := newPrefixCache(t, (entry+seq+prefix)*fakeGranule, kv.Blocked, 64, kv.PrefixCacheOptions{})
 	e, err := serveN(pc, promptIDs(1000, 8))
 	require.NoError(t, err)
 	require.True(t, e.Close().OK())
@@ -59,7 +60,7 @@ func TestEvictsBeforeRefusingShares(t *testing.T) {
 			_, c, pc, s, p := shareScene(t)
 			need, err := s.ForkNeed(5)
 			require.NoError(t, err)
-			assert.Equal(t, int64(fakeGranule), need, "one granule for the copied tail")
+			assert.Equal(t, int64(3*fakeGranule), need, "one block for the copied tail")
 			assert.Equal(t, int64(6*fakeGranule), c.Headroom(), "the entry is all the headroom")
 			done, err := tt.op(s, p)
 			require.NoError(t, err)
@@ -75,19 +76,19 @@ func TestEvictsBeforeRefusingShares(t *testing.T) {
 // sequence shorter than asked.
 func TestTruncateIntoSharedEvicts(t *testing.T) {
 	const entry, seq = 6, 3 // granules
-	fx, c, pc := newPrefixCache(t, (entry+seq)*fakeGranule, kv.PerSequence, 64, kv.PrefixCacheOptions{})
+	fx, c, pc := newPrefixCache(t, (entry+seq)*fakeGranule, kv.Blocked, 64, kv.PrefixCacheOptions{})
 	e, err := serveN(pc, promptIDs(1000, 8))
 	require.NoError(t, err)
 	require.True(t, e.Close().OK())
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	defer s.Close()
-	require.NoError(t, s.Append(4)) // 12 KiB: 3 whole granules
+	require.NoError(t, s.Append(4)) // one block of 4 tokens: 3 whole granules
 	p, err := s.Freeze(4)           // shares all 3
 	require.NoError(t, err)
 	defer p.Release()
 	require.Zero(t, fx.gov.Available(accounting.HostKey))
-	require.NoError(t, s.Truncate(2)) // token 1 straddles the first granule's end
+	require.NoError(t, s.Truncate(2)) // the kept tokens lie in the shared block: 3 granules to replace
 	assert.Equal(t, 2, s.Len())
 	assert.Positive(t, pc.Stats().EvictedBytes)
 }
@@ -142,7 +143,7 @@ func TestForkNeedBadInput(t *testing.T) {
 // maps or a pin holds are not headroom; the rest is, with the governor's free bytes.
 func TestHeadroomLeavesOutWhatEvictionCanNotTake(t *testing.T) {
 	const limit = 64 * fakeGranule
-	fx, c, pc := newPrefixCache(t, limit, kv.PerSequence, 64, kv.PrefixCacheOptions{})
+	fx, c, pc := newPrefixCache(t, limit, kv.Blocked, 64, kv.PrefixCacheOptions{})
 	assert.Equal(t, int64(limit), c.Headroom())
 	a, b := promptIDs(0, 8), promptIDs(100, 8)
 	for _, ids := range [][]int32{a, b} {
@@ -233,7 +234,7 @@ func TestPrefixCacheNeedIsWhatServingTakes(t *testing.T) {
 }
 
 func TestPrefixCacheEvict(t *testing.T) {
-	_, _, pc := newPrefixCache(t, 1<<30, kv.PerSequence, 64, kv.PrefixCacheOptions{})
+	_, _, pc := newPrefixCache(t, 1<<30, kv.Blocked, 64, kv.PrefixCacheOptions{})
 	s, err := serveN(pc, promptIDs(0, 8))
 	require.NoError(t, err)
 	got, err := pc.Evict(1 << 20)

@@ -32,7 +32,7 @@ func TestAppendBatchRollbackTrimFails(t *testing.T) {
 	b := sharedPool(t, pool, "kv-rollback-trim")
 	faulty := backingtest.NewFaulty[*host.SharedReservation](b)
 	errTrim := errors.New("trim refused")
-	c, err := kv.New(trimFailing[*host.SharedReservation]{faulty, errTrim}, kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: kv.PerSequence})
+	c, err := kv.New(trimFailing[*host.SharedReservation]{faulty, errTrim}, kv.Config{Geometry: tiny8, MaxTokens: 1024})
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, c.Close()) }()
 	pair := func() []*kv.Sequence {

@@ -334,32 +334,36 @@ func TestForkAtIsolation(t *testing.T) {
 }
 
 // Regression (issue 10): a token that straddles the shared boundary is below
-// Writable and refused in every layer, although its later layers lie past the shared
-// bytes.
+// Writable and refused in every layer, although its last bytes lie past the shared
+// ones, and the token after it is not.
 func TestWriteTokenStraddlingSharedBoundary(t *testing.T) {
 	fx := newFixture(t, 1<<30)
-	c := fx.cache(t, kv.PerSequence, 64) // a row of 3 KiB: token 1 spans the first 4 KiB granule's end
+	// Q8_0 tokens of 272 bytes: token 15 spans the first 4 KiB granule's end.
+	c, err := kv.New(fx.fake, kv.Config{Geometry: q8Tiny, MaxTokens: 64, Layout: kv.PerLayer})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, c.Close()) }()
 	s, err := c.NewSequence()
 	require.NoError(t, err)
-	require.NoError(t, s.Append(4))
-	f, err := s.ForkAt(2)
+	require.NoError(t, s.Append(40))
+	f, err := s.ForkAt(20)
 	require.NoError(t, err)
-	require.Equal(t, 2, f.Writable(), "token 1 lies partly in the shared granule")
-	tok := make([]byte, tiny8.TokenBytes())
-	for layer := range tiny8.Layers {
-		for _, kind := range kv.KindsOf(tiny8) {
-			assert.ErrorIs(t, f.WriteToken(layer, kind, 1, tok), kv.ErrReadOnly, "fork layer %d %v", layer, kind)
-			assert.ErrorIs(t, s.WriteToken(layer, kind, 1, tok), kv.ErrReadOnly, "origin layer %d %v", layer, kind)
+	require.Equal(t, 16, f.Writable(), "token 15 lies partly in the shared granule")
+	tok := make([]byte, q8Tiny.TokenBytes())
+	for layer := range q8Tiny.Layers {
+		for _, kind := range kv.KindsOf(q8Tiny) {
+			assert.ErrorIs(t, f.WriteToken(layer, kind, 15, tok), kv.ErrReadOnly, "fork layer %d %v", layer, kind)
+			assert.ErrorIs(t, s.WriteToken(layer, kind, 15, tok), kv.ErrReadOnly, "origin layer %d %v", layer, kind)
+			assert.NoError(t, f.WriteToken(layer, kind, 16, tok), "fork layer %d %v", layer, kind)
 		}
 	}
 	closeAll(t, f, s)
 }
 
-// Regression (issue 10): a view of an empty PerSequence sequence is an empty
+// Regression (issue 10): a view of an empty sequence is an empty
 // [0, KVHeads, HeadDim] tensor at the tensor's base, for every layer and kind, also
 // after Truncate(0).
 func TestViewOfEmptySequence(t *testing.T) {
-	for _, layout := range []kv.Layout{kv.PerSequence, kv.Blocked} {
+	for _, layout := range []kv.Layout{kv.PerLayer, kv.Blocked} {
 		t.Run(layout.String(), func(t *testing.T) {
 			fx := newFixture(t, 1<<30)
 			c, err := kv.New(fx.fake, kv.Config{Geometry: kv.Tiny, MaxTokens: 64, Layout: layout})

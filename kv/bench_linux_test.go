@@ -161,8 +161,8 @@ func BenchmarkServe(b *testing.B) {
 	}{
 		{kv.PerLayer, 64 << 10},
 		{kv.PerLayer, 2 << 20},
-		{kv.PerSequence, 64 << 10},
-		{kv.PerSequence, 2 << 20},
+		{kv.Blocked, 64 << 10},
+		{kv.Blocked, 2 << 20},
 	} {
 		b.Run(fmt.Sprintf("impl=vmarena/layout=%v/granule=%dKiB", cfg.layout, cfg.granule>>10), func(b *testing.B) {
 			gov := accounting.NewGovernor()
@@ -217,7 +217,7 @@ func BenchmarkServe(b *testing.B) {
 // sequences are rolled back (untimed) before a step would cross a granule.
 func BenchmarkStep(b *testing.B) {
 	const batchSeqs = 32
-	for _, layout := range []kv.Layout{kv.PerLayer, kv.PerSequence} {
+	for _, layout := range []kv.Layout{kv.PerLayer, kv.Blocked} {
 		for _, n := range []int{1, batchSeqs} {
 			name := "op=append"
 			if n > 1 {
@@ -235,7 +235,7 @@ func BenchmarkStep(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer c.Close()
-				row := kv.Llama3_8B.BytesPerToken()
+				row := kv.Llama3_8B.BytesPerToken() // Blocked: a 2 MiB block holds 16 tokens
 				if layout == kv.PerLayer {
 					row = kv.Llama3_8B.TokenBytes()
 				}

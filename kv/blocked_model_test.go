@@ -489,12 +489,10 @@ func TestPresetsAndSizing(t *testing.T) {
 		granule   int
 		committed int64
 	}{
-		{kv.PerLayer, 64 << 10, 64 * 32 * (64 << 10)},  // 1000×2 KiB = 31.25 granules → 32 per tensor
-		{kv.PerLayer, 2 << 20, 64 * (2 << 20)},         // one 2 MiB granule per tensor
-		{kv.PerSequence, 64 << 10, 1000 * (128 << 10)}, // rows of 128 KiB fill granules exactly
-		{kv.PerSequence, 2 << 20, 63 * (2 << 20)},      // 125,000 KiB → 62.5 → 63 granules
-		{kv.Blocked, 64 << 10, 1000 * (128 << 10)},     // a block of two granules holds one token
-		{kv.Blocked, 2 << 20, 63 * (2 << 20)},          // 16 tokens a block: 62.5 → 63 blocks
+		{kv.PerLayer, 64 << 10, 64 * 32 * (64 << 10)}, // 1000×2 KiB = 31.25 granules → 32 per tensor
+		{kv.PerLayer, 2 << 20, 64 * (2 << 20)},        // one 2 MiB granule per tensor
+		{kv.Blocked, 64 << 10, 1000 * (128 << 10)},    // a block of two granules holds one token
+		{kv.Blocked, 2 << 20, 63 * (2 << 20)},         // 16 tokens a block: 62.5 → 63 blocks
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%v/granule=%dKiB", tt.layout, tt.granule>>10), func(t *testing.T) {
@@ -549,7 +547,7 @@ func TestBlockedSize(t *testing.T) {
 	}
 	for _, cfg := range []kv.Config{
 		{Geometry: q, Layout: kv.Blocked, BlockTokens: -1, MaxTokens: 10},
-		{Geometry: q, Layout: kv.PerSequence, BlockTokens: 4, MaxTokens: 10},
+		{Geometry: q, Layout: kv.Layout(1), MaxTokens: 10}, // the removed token-major layout
 		{Geometry: q, Layout: kv.PerLayer, BlockTokens: 4, MaxTokens: 10},
 		{Geometry: q, Layout: kv.Blocked, BlockTokens: math.MaxInt / 2, MaxTokens: 10},
 		{Geometry: q, Layout: kv.Blocked, MaxTokens: math.MaxInt / 2},

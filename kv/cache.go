@@ -18,7 +18,7 @@ type Config struct {
 	// MaxTokens is the most tokens one sequence may hold. It is reserved as address
 	// space only: a sequence commits memory for the tokens it has.
 	MaxTokens int
-	Layout    Layout // Blocked (the zero value), PerSequence or PerLayer
+	Layout    Layout // Blocked (the zero value) or PerLayer
 	// BlockTokens asks the Blocked layout for blocks of at least this many tokens
 	// (longer runs per layer, a larger copied tail per fork or prefix): a block is the
 	// fewest whole granules that hold them, and holds as many tokens as fit

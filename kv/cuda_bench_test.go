@@ -29,7 +29,7 @@ import (
 // access), as in a server that has run for a while.
 //
 // Layouts commit the same bytes (64 granules of 2 MiB per sequence per 1,024 tokens)
-// at different times: Blocked and PerSequence one granule of a sequence every 16
+// at different times: Blocked one granule of a sequence every 16
 // tokens, PerLayer 64 granules of a sequence at once every 1,024. Each step is timed
 // on its own: p50-ns/step, p99-ns/step and max-ns/step show how the commits fall;
 // ns/step is the mean.

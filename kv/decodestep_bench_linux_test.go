@@ -24,15 +24,14 @@ import (
 //
 // The sequences start at 1,025 to 1,039 tokens (odd, so that their granule
 // boundaries are spread over the steps) and grow by one a step: a layout that
-// commits a granule per 16 tokens of a sequence (per-sequence, blocked) pays its
+// commits a granule per 16 tokens of a sequence (blocked) pays its
 // commits in proportion. PerLayer commits the same bytes as 64 granules per 1,024
 // tokens of a sequence, all at once, which no short run meets in proportion: its
 // commits fall outside the steps measured (the granule benchmarks of backing/host
 // price them; BENCHMARKS.md adds them). -benchtime must stay at most 200x.
 //
 //   - layout=plain: the same bytes contiguous, read: the floor; no append;
-//   - layout=per-layer, layout=per-sequence: kv.PerLayer and kv.PerSequence
-//     (WriteToken; Sequence.Bytes, or View rows);
+//   - layout=per-layer: kv.PerLayer (WriteToken; Sequence.Bytes);
 //   - layout=blocked: kv.Blocked, the default (WriteToken; the blocks of View: a
 //     2 MiB block of 16 tokens committed as its first token arrives);
 //   - layout=blockedN: kv.Blocked with BlockTokens N (N/16 granules a block);
@@ -215,7 +214,6 @@ func BenchmarkDecodeStep(b *testing.B) {
 				report(b)
 			}
 		}
-		b.Run("layout=per-sequence/pages="+pages, viewed(kv.PerSequence, 0))
 		b.Run("layout=blocked/pages="+pages, viewed(kv.Blocked, 0))
 		b.Run("layout=blocked32/pages="+pages, viewed(kv.Blocked, 32))
 		b.Run("layout=blocked64/pages="+pages, viewed(kv.Blocked, 64))

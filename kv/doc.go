@@ -81,10 +81,7 @@
 // block the tokens at or past Len are not the sequence's. Forks, prefixes and the
 // prefix cache share whole blocks and copy the tokens of the partly filled last one.
 // Config.BlockTokens asks for larger blocks: longer runs, and more tokens copied per
-// fork. [PerSequence] puts all layers of a token together in one range, token-major:
-// one growth frontier too, but each layer's tensor is strided by
-// [Sequence.TokenStride] = BytesPerToken, so reading a layer touches a short run per
-// token. [PerLayer] gives each (layer, K|V) tensor its own contiguous range
+// fork. [PerLayer] gives each (layer, K|V) tensor its own contiguous range
 // ([Sequence.Bytes]) at the cost of 2 × Layers growth frontiers and up to 2 × Layers
 // partly filled granules per sequence. [Config.Size] computes the cost of
 // each without allocating; BENCHMARKS.md lists them for Llama-3-8B and measures what

@@ -24,11 +24,12 @@ func hostCacheOf(t *testing.T, name string, cfg kv.Config) (*kv.Cache, *accounti
 }
 
 // TestQ8_0TokensThroughViews quantizes every head of every token into a Q8_0 cache
-// through the typed views, in the layouts that have them, and reads each token back
-// as bytes and dequantized, across a fork.
+// through the typed views, in the layout that has them (PerLayer: Blocked's blocks of
+// granules hold no whole number of 34-byte blocks), and reads each token back as bytes
+// and dequantized, across a fork.
 func TestQ8_0TokensThroughViews(t *testing.T) {
 	g := q8Tiny
-	for _, layout := range []kv.Layout{kv.PerLayer, kv.PerSequence} {
+	for _, layout := range []kv.Layout{kv.PerLayer} {
 		t.Run(layout.String(), func(t *testing.T) {
 			c, _ := hostCacheOf(t, "kv-q8-test", kv.Config{Geometry: g, MaxTokens: 512, Layout: layout})
 			t.Cleanup(func() { assert.NoError(t, c.Close()) })

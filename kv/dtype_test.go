@@ -52,9 +52,9 @@ func TestGeometryElementTypes(t *testing.T) {
 	assert.ErrorIs(t, big.Validate(), kv.ErrGeometry, "a token too large")
 
 	// Size counts the scales: Q8_0 takes 34/64 of fp16's bytes.
-	s16, err := kv.Config{Geometry: kv.Llama3_8B, Layout: kv.PerSequence, MaxTokens: 2048}.Size(64<<10, 1000)
+	s16, err := kv.Config{Geometry: kv.Llama3_8B, Layout: kv.PerLayer, MaxTokens: 2048}.Size(64<<10, 1000)
 	require.NoError(t, err)
-	sq, err := kv.Config{Geometry: q, Layout: kv.PerSequence, MaxTokens: 2048}.Size(64<<10, 1000)
+	sq, err := kv.Config{Geometry: q, Layout: kv.PerLayer, MaxTokens: 2048}.Size(64<<10, 1000)
 	require.NoError(t, err)
 	assert.Equal(t, s16.Used*34/64, sq.Used)
 	assert.Equal(t, int64(1000*2*32*1088), sq.Used)
@@ -69,7 +69,6 @@ func TestViewBlockTypes(t *testing.T) {
 		strides []int
 	}{
 		{kv.PerLayer, []int{4 * 2, 2, 1}},
-		{kv.PerSequence, []int{q8Tiny.BytesPerToken() / 34, 2, 1}},
 	} {
 		t.Run(tt.layout.String(), func(t *testing.T) {
 			c, err := kv.New(fx.fake, kv.Config{Geometry: q8Tiny, MaxTokens: 256, Layout: tt.layout})

@@ -32,8 +32,8 @@ const (
 
 var sharingNames = [sharingBackings]string{"host.Shared", "cuda", "backingtest.Fake"}
 
-// envGranule is every env's granule: tiny8's 3 KiB token (PerSequence) straddles
-// granule boundaries, and a PerLayer tensor holds 8 tokens per granule.
+// envGranule is every env's granule: a Blocked block of tiny8's 3 KiB tokens leaves
+// bytes free at its end, and a PerLayer tensor holds 8 tokens per granule.
 const envGranule = 4 << 10
 
 // envGranuleOf returns the granule of backing kind: envGranule, but host.Shared on

@@ -18,7 +18,7 @@ var (
 	// ErrElemType: a typed view whose element type is not the geometry's.
 	ErrElemType = errors.New("kv: element type does not match the geometry")
 	// ErrLayout: an operation the cache's layout can not serve (a contiguous per-layer
-	// slice of a blocked or per-sequence layout, say).
+	// slice of a blocked layout, say).
 	ErrLayout = errors.New("kv: not available in this layout")
 	// ErrNoSharing: prefixes and forks need a backing that shares physical memory.
 	ErrNoSharing = errors.New("kv: backing does not share memory")

@@ -115,7 +115,7 @@ func FuzzCacheOps(f *testing.F) {
 var fuzzLayouts = []struct {
 	layout      kv.Layout
 	blockTokens int
-}{{kv.PerSequence, 0}, {kv.PerLayer, 0}, {kv.Blocked, 0}, {kv.Blocked, testBlockTokens}}
+}{{kv.PerLayer, 0}, {kv.Blocked, 0}, {kv.Blocked, testBlockTokens}}
 
 // run applies one operation to the cache and the model.
 func (m *cacheModel) run(op, arg int) {

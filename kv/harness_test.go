@@ -121,8 +121,6 @@ func modelOf(cfg kv.Config, gran int) modelLayout {
 	switch cfg.Layout {
 	case kv.PerLayer:
 		return modelLayout{nbuf: 2 * g.Layers, row: g.TokenBytes(), gran: gran}
-	case kv.PerSequence:
-		return modelLayout{nbuf: 1, row: g.BytesPerToken(), gran: gran}
 	}
 	blk := (max(cfg.BlockTokens, 1)*g.BytesPerToken() + gran - 1) / gran * gran
 	return modelLayout{nbuf: 1, tpb: blk / g.BytesPerToken(), blk: blk, gran: gran}
@@ -231,7 +229,7 @@ func bases(s *kv.Sequence) []uintptr {
 	return out
 }
 
-var layouts = []kv.Layout{kv.Blocked, kv.PerLayer, kv.PerSequence}
+var layouts = []kv.Layout{kv.Blocked, kv.PerLayer}
 
 // tokenIO writes or checks tokens [from, to) of a sequence as writer w.
 type tokenIO func(t *testing.T, s *kv.Sequence, w uint64, from, to int)

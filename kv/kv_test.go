@@ -2,6 +2,7 @@ package kv_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -206,8 +207,17 @@ func TestBadInputs(t *testing.T) {
 	assert.ErrorIs(t, err, kv.ErrConfig)
 	_, err = kv.New(fx.fake, kv.Config{Geometry: tiny8, MaxTokens: 1 << 62})
 	assert.ErrorIs(t, err, kv.ErrConfig, "overflowing reservation")
-	_, err = kv.New(fx.fake, kv.Config{Geometry: tiny8, MaxTokens: 8, Layout: kv.Layout(9)})
-	assert.ErrorIs(t, err, kv.ErrConfig)
+	// 1 was the token-major layout, removed: a Config that still names it is refused
+	// like any other unknown layout, never read as another.
+	for _, l := range []kv.Layout{1, 3, 9} {
+		_, err = kv.New(fx.fake, kv.Config{Geometry: tiny8, MaxTokens: 8, Layout: l})
+		assert.ErrorIs(t, err, kv.ErrConfig, "layout %d", l)
+		_, err = kv.Config{Geometry: tiny8, MaxTokens: 8, Layout: l}.Size(fakeGranule, 1)
+		assert.ErrorIs(t, err, kv.ErrConfig, "layout %d", l)
+		assert.Equal(t, fmt.Sprintf("Layout(%d)", l), l.String())
+	}
+	assert.Equal(t, kv.Layout(0), kv.Blocked, "Blocked is the zero value")
+	assert.Equal(t, kv.Layout(2), kv.PerLayer, "PerLayer keeps its number")
 	_, err = kv.New(fx.fake, kv.Config{Geometry: tiny8, MaxTokens: 8, Authority: fx.pool})
 	assert.ErrorIs(t, err, kv.ErrConfig, "a ByBacking backing must not be charged twice")
 	private := backingtest.NewFake(backingtest.FakeOptions{Granularity: fakeGranule})

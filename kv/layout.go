@@ -22,18 +22,16 @@ const (
 	// PerLayer (BENCHMARKS.md and docs/gpu.md measure each layout's read). A layer's
 	// tensor is a strided tensor of [blocks, T, KVHeads, HeadDim] (View); the bytes
 	// at a block's end that hold no whole token are waste (Config.Size).
-	Blocked Layout = iota
-	// PerSequence puts all layers in one range, token-major (token, layer, K|V, head,
-	// dim): one growth frontier, at most one partly filled granule per sequence, and
-	// one commit per growth step; each layer's tensor is strided by BytesPerToken, so
-	// reading one layer touches a TokenBytes run per token (2 KiB of Llama-3-8B, 128 KiB
-	// apart), the slowest read of the three (BENCHMARKS.md).
-	PerSequence
+	Blocked Layout = 0
 	// PerLayer gives every (layer, K|V) tensor its own range: each tensor is
 	// contiguous (Sequence.Bytes), and a sequence has 2 × Layers growth frontiers, so
 	// up to 2 × Layers partly filled granules: up to 128 MiB per sequence for
 	// Llama-3-8B at 2 MiB granules, 4 MiB at 64 KiB.
-	PerLayer
+	//
+	// NB: 1 was a token-major layout (all layers of a token together), removed
+	// because it read slowest everywhere (BENCHMARKS.md); PerLayer keeps its value,
+	// and a Config with Layout 1 is refused with ErrConfig.
+	PerLayer Layout = 2
 )
 
 func (l Layout) String() string {
@@ -42,8 +40,6 @@ func (l Layout) String() string {
 		return "blocked"
 	case PerLayer:
 		return "per-layer"
-	case PerSequence:
-		return "per-sequence"
 	}
 	return fmt.Sprintf("Layout(%d)", uint8(l))
 }
@@ -54,8 +50,9 @@ func (l Layout) String() string {
 type shape struct {
 	layout Layout
 	nbuf   int // address ranges per sequence
-	// row is the bytes from one token to the next within a tensor's run: the bytes
-	// per token of a range (PerSequence, PerLayer), TokenBytes inside a block.
+	// row is the bytes from one token to the next within a tensor's run: TokenBytes
+	// in both layouts (a PerLayer range holds one tensor; a block holds each tensor's
+	// tokens together).
 	row int
 	tb  int // TokenBytes
 	// kinds is the tensors each layer has, in order (K, V); places is every tensor of
@@ -95,11 +92,8 @@ func newShape(g Geometry, layout Layout, granule, blockTokens, maxTokens int) (s
 			return shape{}, fmt.Errorf("%w: %d tokens in blocks of %d bytes overflow", ErrConfig, maxTokens, sh.blk)
 		}
 		extent = sh.extent(maxTokens)
-	case PerSequence, PerLayer:
-		sh.nbuf, sh.row = 1, bpt
-		if layout == PerLayer {
-			sh.nbuf, sh.row = nt, sh.tb
-		}
+	case PerLayer:
+		sh.nbuf, sh.row = nt, sh.tb
 		if maxTokens > math.MaxInt/sh.row-granule {
 			return shape{}, fmt.Errorf("%w: %d tokens of %d bytes overflow", ErrConfig, maxTokens, sh.row)
 		}
@@ -173,11 +167,8 @@ type place struct{ buf, off int }
 
 // placeOf returns where the layout puts a sequence's tensor i (of places).
 func (sh *shape) placeOf(i int) place {
-	switch sh.layout {
-	case Blocked:
+	if sh.layout == Blocked {
 		return place{0, i * sh.tpb * sh.tb}
-	case PerSequence:
-		return place{0, i * sh.tb}
 	}
 	return place{i, 0}
 }
@@ -220,15 +211,12 @@ func (sh *shape) tokenAt(off, t, frozen int) (at int, shared bool) {
 
 // run returns the tokens of the contiguous run of a tensor that starts at token t
 // (before the sequence's length cuts it): to the end of t's block in the Blocked
-// layout, unbounded in PerLayer, one token in PerSequence.
+// layout, unbounded in PerLayer.
 func (sh *shape) run(t int) int {
-	switch sh.layout {
-	case Blocked:
+	if sh.layout == Blocked {
 		return sh.tpb - t%sh.tpb
-	case PerLayer:
-		return math.MaxInt
 	}
-	return 1
+	return math.MaxInt
 }
 
 // copyTail copies the tokens of src's range past its whole sharing units below n

@@ -9,10 +9,19 @@ import (
 // TestTokenAtIsOffsetAndWritable checks the one-division arithmetic of the token
 // path against the two functions it stands for, for every token and every frozen
 // byte count of a few shapes in each layout: the offset is offset's, and shared is
-// exactly t < writableFrom(frozen).
+// exactly t < writableFrom(frozen). The Q8_0 geometry's 34-byte tokens straddle
+// granule boundaries in PerLayer, as the fp16 one's never do.
 func TestTokenAtIsOffsetAndWritable(t *testing.T) {
-	g := Geometry{Name: "t", Layers: 3, KVHeads: 2, HeadDim: 8, DType: arena.Float16}
-	for _, layout := range []Layout{Blocked, PerLayer, PerSequence} {
+	for _, g := range []Geometry{
+		{Name: "t", Layers: 3, KVHeads: 2, HeadDim: 8, DType: arena.Float16},
+		{Name: "q", Layers: 3, KVHeads: 1, HeadDim: 32, DType: arena.Q8_0},
+	} {
+		tokenAtCases(t, g)
+	}
+}
+
+func tokenAtCases(t *testing.T, g Geometry) {
+	for _, layout := range []Layout{Blocked, PerLayer} {
 		for _, granule := range []int{64, 256, 4096} {
 			for _, bt := range []int{0, 1, 3, 16} {
 				if layout != Blocked && bt != 0 {
@@ -29,10 +38,10 @@ func TestTokenAtIsOffsetAndWritable(t *testing.T) {
 						for tok := range maxTokens {
 							at, shared := sh.tokenAt(p.off, tok, frozen)
 							if want := sh.offset(p.off, tok); at != want {
-								t.Fatalf("%v granule %d bt %d: token %d at %d, offset says %d", layout, granule, bt, tok, at, want)
+								t.Fatalf("%s %v granule %d bt %d: token %d at %d, offset says %d", g.Name, layout, granule, bt, tok, at, want)
 							}
 							if shared != (tok < w) {
-								t.Fatalf("%v granule %d bt %d frozen %d: token %d shared=%v, writable from %d", layout, granule, bt, frozen, tok, shared, w)
+								t.Fatalf("%s %v granule %d bt %d frozen %d: token %d shared=%v, writable from %d", g.Name, layout, granule, bt, frozen, tok, shared, w)
 							}
 						}
 					}

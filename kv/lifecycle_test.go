@@ -67,7 +67,7 @@ func (s *slowUnreserve) Unreserve(r *backingtest.FakeReservation) accounting.Rel
 func TestCloseWhilePrefixRelease(t *testing.T) {
 	fx := newFixture(t, 1<<30)
 	sb := &slowUnreserve{Fake: fx.fake, entered: make(chan struct{}), proceed: make(chan struct{})}
-	c, err := kv.New(sb, kv.Config{Geometry: tiny8, MaxTokens: 64, Layout: kv.PerSequence})
+	c, err := kv.New(sb, kv.Config{Geometry: tiny8, MaxTokens: 64})
 	require.NoError(t, err)
 	s, err := c.NewSequence()
 	require.NoError(t, err)
@@ -114,7 +114,7 @@ func TestForeignAndNilPrefix(t *testing.T) {
 func TestCloseFailureIsQuarantined(t *testing.T) {
 	fx := newFixture(t, 1<<30)
 	faulty := backingtest.NewFaulty[*backingtest.FakeReservation](fx.fake)
-	c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 64, Layout: kv.PerSequence})
+	c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 64})
 	require.NoError(t, err)
 	root, err := c.NewSequence()
 	require.NoError(t, err)
@@ -142,22 +142,24 @@ func TestCloseFailureIsQuarantined(t *testing.T) {
 
 // A truncation into a shared granule whose replacement can not be had, where a token
 // straddles the granule boundary, leaves the sequence damaged rather than holding a
-// token it can not write.
+// token it can not write. Q8_0 tokens of 272 bytes straddle PerLayer's 4 KiB granules.
 func TestTruncateFailureStraddle(t *testing.T) {
 	fx := newFixture(t, 1<<30)
 	faulty := backingtest.NewFaulty[*backingtest.FakeReservation](fx.fake)
-	c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 64, Layout: kv.PerSequence})
+	c, err := kv.New(faulty, kv.Config{Geometry: q8Tiny, MaxTokens: 64, Layout: kv.PerLayer})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, c.Close()) }()
-	parent, err := c.NewSequence() // rows of 3,072 bytes, granules of 4,096
+	parent, err := c.NewSequence()
 	require.NoError(t, err)
 	defer parent.Close()
-	require.NoError(t, parent.Append(4))
+	require.NoError(t, parent.Append(40)) // 10,880 bytes a tensor: two whole granules shared
 	child, err := parent.Fork()
 	require.NoError(t, err)
 	defer child.Close()
 	faulty.FailOp(backingtest.OpCommit, 1, errors.New("boom"))
-	require.Error(t, child.Truncate(3)) // inside the shared granule [8192, 12288)
+	// 20 tokens end inside the shared granule [4096, 8192), and token 15 straddles its
+	// start ([4080, 4352)): no token count ends on the granule given up.
+	require.Error(t, child.Truncate(20))
 	assert.True(t, child.Damaged())
 	assert.ErrorIs(t, child.Append(1), kv.ErrDamaged)
 }

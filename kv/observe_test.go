@@ -72,7 +72,7 @@ func TestLogsEvictions(t *testing.T) {
 	var rec logrec.Recorder
 	const limit = 256 * fakeGranule
 	fx := newFixture(t, limit)
-	c, err := kv.New(fx.fake, kv.Config{Geometry: tiny8, MaxTokens: 256, Layout: kv.PerSequence, Logger: rec.Logger()})
+	c, err := kv.New(fx.fake, kv.Config{Geometry: tiny8, MaxTokens: 256, BlockTokens: testBlockTokens, Logger: rec.Logger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, c.Close()) })
 	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{})

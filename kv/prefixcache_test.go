@@ -245,7 +245,7 @@ func TestPrefixCachePinAndCap(t *testing.T) {
 // takes back cached prefixes through the governor's reclaimer.
 func TestPrefixCacheReclaimer(t *testing.T) {
 	const limit = 32 * fakeGranule
-	fx, _, pc := newPrefixCache(t, limit, kv.PerSequence, 256, kv.PrefixCacheOptions{})
+	fx, _, pc := newPrefixCache(t, limit, kv.Blocked, 256, kv.PrefixCacheOptions{})
 	ids := make([]int32, 36)
 	for j := range ids {
 		ids[j] = int32(j)
@@ -278,7 +278,7 @@ func TestPrefixCacheBadInputs(t *testing.T) {
 	require.NoError(t, private.Close())
 
 	fx := newFixture(t, 1<<30)
-	c := fx.cache(t, kv.PerSequence, 64)
+	c := fx.cache(t, kv.Blocked, 64)
 	_, err = kv.NewPrefixCache(c, kv.PrefixCacheOptions{MaxBytes: -1})
 	assert.ErrorIs(t, err, kv.ErrConfig)
 	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
@@ -287,7 +287,7 @@ func TestPrefixCacheBadInputs(t *testing.T) {
 	assert.ErrorIs(t, err, kv.ErrConfig, "one prefix cache per cache")
 
 	assert.PanicsWithValue(t, kv.PanicNilSequence, func() { _ = pc.Insert(nil, nil) })
-	other := fx.cache(t, kv.PerSequence, 64)
+	other := fx.cache(t, kv.Blocked, 64)
 	foreign, err := other.NewSequence()
 	require.NoError(t, err)
 	assert.ErrorIs(t, pc.Insert(foreign, []int32{1}), kv.ErrConfig)
@@ -526,7 +526,7 @@ func TestPrefixCacheInsertFreezes(t *testing.T) {
 // every other byte of the budget; the rest of the cache goes.
 func TestPrefixCachePinSurvivesBudget(t *testing.T) {
 	const limit = 96 * fakeGranule
-	fx, c, pc := newPrefixCache(t, limit, kv.PerSequence, 256, kv.PrefixCacheOptions{})
+	fx, c, pc := newPrefixCache(t, limit, kv.Blocked, 256, kv.PrefixCacheOptions{})
 	system := make([]int32, 24)
 	for i := range system {
 		system[i] = int32(5000 + i)

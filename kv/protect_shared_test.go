@@ -67,8 +67,7 @@ func TestOriginWriteFaultsOnShared(t *testing.T) {
 				require.NoError(t, err)
 				w := s.Writable()
 				require.Positive(t, w)
-				// NB: layer 0's K of token w-1 lies in a shared granule in every layout
-				// (in PerSequence a token straddling the boundary has later layers past it).
+				// NB: layer 0's K of token w-1 lies in a shared granule in every layout.
 				for _, q := range []*kv.Sequence{s, sharer} {
 					v, err := kv.View[arena.F16](q, 0, kv.K)
 					require.NoError(t, err)

@@ -32,8 +32,6 @@ import (
 //   - layout=runs: plain memory read in Blocked's pattern without kv (32 KiB runs
 //     2 MiB apart): what the default's runs cost the memory itself;
 //   - layout=per-layer: kv.PerLayer, Sequence.Bytes of each sequence (2 MiB runs);
-//   - layout=per-sequence: kv.PerSequence, the token rows of View (2 KiB runs
-//     128 KiB apart);
 //   - layout=blocked: kv.Blocked, the default: the blocks of View (16 tokens of every
 //     layer per 2 MiB block, layer-major inside: a block's K is a 32 KiB run, its K
 //     and V one 64 KiB run);
@@ -215,7 +213,6 @@ func BenchmarkReadLayer(b *testing.B) {
 				}
 			}
 		}
-		each(b, "per-sequence", viewed(kv.PerSequence, 0))
 		each(b, "blocked", viewed(kv.Blocked, 0))
 		each(b, "blocked32", viewed(kv.Blocked, 32))
 		each(b, "blocked64", viewed(kv.Blocked, 64))
@@ -359,8 +356,7 @@ func asBytes[T any](s []T) []byte {
 }
 
 // viewRuns returns the contiguous runs of tokens [from, Len) of layer's K or V tensor
-// of q, as a kernel walks its view by base and strides: one a token in PerSequence,
-// one a block in Blocked (its tokens below Len; from must start a block), the whole
+// of q, as a kernel walks its view by base and strides: one a block in Blocked (its tokens below Len; from must start a block), the whole
 // tensor in PerLayer.
 func viewRuns(b *testing.B, q *kv.Sequence, layer int, kind kv.Kind, from int) [][]arena.F16 {
 	v, err := kv.View[arena.F16](q, layer, kind)
@@ -369,30 +365,20 @@ func viewRuns(b *testing.B, q *kv.Sequence, layer int, kind kv.Kind, from int) [
 	}
 	n, bt := q.Len(), q.BlockTokens()
 	var out [][]arena.F16
-	switch {
-	case q.Cache().Config().Layout == kv.PerLayer:
+	if q.Cache().Config().Layout == kv.PerLayer {
 		r, err := v.Slice()
 		if err != nil {
 			b.Fatal(err)
 		}
 		return append(out, r)
-	case bt > 0:
-		per := v.NumElems() / max(v.Dim(0)*bt, 1) // elements per token
-		for t := from; t < n; t += bt {
-			r, err := v.Sub(t/bt, t/bt+1).Slice()
-			if err != nil {
-				b.Fatal(err)
-			}
-			out = append(out, r[:min(bt, n-t)*per])
+	}
+	per := v.NumElems() / max(v.Dim(0)*bt, 1) // elements per token
+	for t := from; t < n; t += bt {
+		r, err := v.Sub(t/bt, t/bt+1).Slice()
+		if err != nil {
+			b.Fatal(err)
 		}
-	default:
-		for t := from; t < n; t++ {
-			r, err := v.Sub(t, t+1).Slice()
-			if err != nil {
-				b.Fatal(err)
-			}
-			out = append(out, r)
-		}
+		out = append(out, r[:min(bt, n-t)*per])
 	}
 	return out
 }

@@ -33,7 +33,7 @@ type Sequence struct {
 
 	c      *Cache
 	id     uint64
-	bufs   []buffer // PerLayer: one a tensor, in the order of shape.places; Blocked, PerSequence: one
+	bufs   []buffer // PerLayer: one a tensor, in the order of shape.places; Blocked: one
 	n      int      // tokens
 	frozen int      // bytes at the start of each range that other holders may map: never written
 	prefix *Prefix
@@ -201,8 +201,10 @@ func (s *Sequence) truncate(n int) (int, error) {
 			if rerr := s.resizeFirst(i, gs); rerr != nil {
 				s.err = rerr
 			} else if s.c.extent(s.n) != gs {
-				// Token s.n would straddle the granule boundary: part of it lies in
-				// the shared granule given up, so no token count fits exactly.
+				// Token s.n would straddle the granule boundary (a PerLayer token
+				// whose TokenBytes does not divide the granule, a Q8_0 one say): part
+				// of it lies in the shared granule given up, so no token count fits
+				// exactly.
 				s.err = err
 			} else {
 				s.resizeAll(s.c.extent(s.n))

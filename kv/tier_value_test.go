@@ -257,7 +257,6 @@ func TestTierNamespace(t *testing.T) {
 		{"element type", kv.Config{Geometry: fp8, BlockTokens: 16}, gran, "p"},
 		{"scales", kv.Config{Geometry: fp8Scaled, BlockTokens: 16}, gran, "p"},
 		{"layout", kv.Config{Geometry: kv.Llama3_8B, Layout: kv.PerLayer}, gran, "p"},
-		{"layout per-sequence", kv.Config{Geometry: kv.Llama3_8B, Layout: kv.PerSequence}, gran, "p"},
 		{"granule", base, 4 << 20, "p"},
 		{"block tokens", kv.Config{Geometry: kv.Llama3_8B, BlockTokens: 17}, gran, "p"},
 		{"prefix", base, gran, "q"},
@@ -287,6 +286,7 @@ func TestTierNamespaceBadInputs(t *testing.T) {
 		{"negative block tokens", kv.Config{Geometry: kv.Tiny, BlockTokens: -1}, 4096, kv.ErrConfig},
 		{"block tokens outside Blocked", kv.Config{Geometry: kv.Tiny, Layout: kv.PerLayer, BlockTokens: 4}, 4096, kv.ErrConfig},
 		{"unknown layout", kv.Config{Geometry: kv.Tiny, Layout: kv.Layout(9)}, 4096, kv.ErrConfig},
+		{"removed layout", kv.Config{Geometry: kv.Tiny, Layout: kv.Layout(1)}, 4096, kv.ErrConfig},
 	} {
 		_, err := kv.TierNamespace(tt.cfg, tt.granule, "")
 		assert.ErrorIs(t, err, tt.want, tt.name)

@@ -14,8 +14,8 @@ import (
 // ReadTokens copies tokens [from, to) of layer's K or V tensor into dst, token after
 // token ((to - from) × TokenBytes bytes), on any backing and layout: on the host by
 // copy, on a device through the backing's copies (backing.Copier), one call per
-// contiguous run (a block's tokens in the Blocked layout, all of them in PerLayer, a
-// token in PerSequence), so that host code and tests need not call the driver. It
+// contiguous run (a block's tokens in the Blocked layout, all of them in PerLayer),
+// so that host code and tests need not call the driver. It
 // fails with ErrRange for a layer, kind or token range outside the sequence or a dst
 // of another length.
 func (s *Sequence) ReadTokens(layer int, kind Kind, from, to int, dst []byte) error {
@@ -90,8 +90,7 @@ func (s *Sequence) span(layer int, kind Kind, from, to, n int) (buffer, int, err
 
 // Run returns the contiguous run of layer's K or V tensor that starts at token t, as
 // k × KVHeads × HeadDim elements of T for the k >= 1 tokens it holds: up to the end of
-// t's block in the Blocked layout, up to Len in PerLayer, token t alone in
-// PerSequence. A reader walks a tensor run by run (t += len(run) / (KVHeads ×
+// t's block in the Blocked layout, up to Len in PerLayer. A reader walks a tensor run by run (t += len(run) / (KVHeads ×
 // HeadDim)) rather than element by element through a View. It needs host memory
 // (ErrLayout on a device: use ReadTokens) and the geometry's element type
 // (ErrElemType); t must be below Len (ErrRange). The slice is valid as a View is:

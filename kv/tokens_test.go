@@ -127,17 +127,16 @@ func TestReadWriteTokensBadInput(t *testing.T) {
 	assert.PanicsWithValue(t, kv.PanicSequenceClosed, func() { _ = s.WriteTokens(0, kv.K, 0, 0, nil) })
 }
 
-// TestRun: a tensor's runs are a block's tokens (Blocked), all of them (PerLayer) or
-// one (PerSequence); walked run by run they are the tensor's bytes, and they cost no
+// TestRun: a tensor's runs are a block's tokens (Blocked) or all of them (PerLayer);
+// walked run by run they are the tensor's bytes, and they cost no
 // allocation, nor does a View.
 func TestRun(t *testing.T) {
 	const n = 21
 	// A block holds s.BlockTokens() tokens: the backing's granule decides it (64 KiB
 	// views on Windows hold more tokens than Linux's 4 KiB granules).
 	wantRun := map[kv.Layout]func(s *kv.Sequence, tok int) int{
-		kv.Blocked:     func(s *kv.Sequence, tok int) int { bt := s.BlockTokens(); return min(bt-tok%bt, n-tok) },
-		kv.PerLayer:    func(_ *kv.Sequence, tok int) int { return n - tok },
-		kv.PerSequence: func(*kv.Sequence, int) int { return 1 },
+		kv.Blocked:  func(s *kv.Sequence, tok int) int { bt := s.BlockTokens(); return min(bt-tok%bt, n-tok) },
+		kv.PerLayer: func(_ *kv.Sequence, tok int) int { return n - tok },
 	}
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {

@@ -226,7 +226,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.Var(&c.budget, "budget", "memory budget per strategy, like 4GiB or 512MiB (0: unlimited)")
 	fs.IntVar(&c.concurrency, "concurrency", 32, "most requests in the batch at once")
 	fs.StringVar(&c.backing, "backing", defaultBacking, "vmarena's backing: "+strings.Join(backings, ", ")+" (shared needs Linux)")
-	fs.StringVar(&c.layout, "layout", kv.Config{}.Layout.String(), "vmarena's layout: blocked, per-sequence or per-layer (default: kv's)")
+	fs.StringVar(&c.layout, "layout", kv.Config{}.Layout.String(), "vmarena's layout: blocked or per-layer (default: kv's)")
 	fs.Var(&c.granule, "granule", "vmarena's granule, like 2MiB (default: the backing's)")
 	fs.BoolVar(&c.populate, "populate", true, "vmarena: make committed granules resident at commit (fewer page faults)")
 	fs.BoolVar(&c.huge, "huge", true, "vmarena, host backings: transparent huge pages where the system allows them and they pay (false: never)")
@@ -295,13 +295,13 @@ func (c *config) validate() (setup, []string, error) {
 		return s, nil, fmt.Errorf("-progress %q: want auto, bar, lines or none", c.progress)
 	}
 	known := false
-	for _, l := range []kv.Layout{kv.Blocked, kv.PerSequence, kv.PerLayer} {
+	for _, l := range []kv.Layout{kv.Blocked, kv.PerLayer} {
 		if c.layout == l.String() {
 			s.layout, known = l, true
 		}
 	}
 	if !known {
-		return s, nil, fmt.Errorf("-layout %q: want blocked, per-sequence or per-layer", c.layout)
+		return s, nil, fmt.Errorf("-layout %q: want blocked or per-layer", c.layout)
 	}
 	known = false
 	for _, b := range backings {

@@ -48,6 +48,7 @@ func TestRunBadFlags(t *testing.T) {
 		{"zero concurrency", []string{"-concurrency", "0"}, "-concurrency 0 must be positive"},
 		{"unknown backing", []string{"-backing", "tape"}, `-backing "tape"`},
 		{"unknown layout", []string{"-layout", "diagonal"}, `-layout "diagonal"`},
+		{"removed layout", []string{"-layout", "per-sequence"}, `-layout "per-sequence": want blocked or per-layer`},
 		{"granule not a power of two", []string{"-granule", "3000"}, "-granule 3000: want a power of two"},
 		{"unknown strategy", []string{"-strategies", "vmarena,magic"}, `unknown strategy "magic"`},
 		{"negative pool", []string{"-pool-low", "-1"}, "-pool-low -1: must not be negative"},
@@ -244,7 +245,6 @@ func TestRunLayouts(t *testing.T) {
 		want string
 	}{
 		{nil, "vmarena: shared backing, blocked layout"},
-		{[]string{"-layout", "per-sequence"}, "per-sequence layout"},
 		{[]string{"-layout", "per-layer"}, "per-layer layout"},
 	}
 	for _, tt := range tests {

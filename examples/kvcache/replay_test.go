@@ -14,8 +14,8 @@ import (
 	"github.com/vmarena/vmarena/kv"
 )
 
-// testModel is small enough for -race: 2 KiB of K/V per token, so a 64 KiB granule
-// holds 32 tokens in the per-sequence layout.
+// testModel is small enough for -race: 2 KiB of K/V per token, so a Blocked block of
+// one 64 KiB granule holds 32 tokens and no free bytes.
 // It is the tiny preset's element type with a few more layers and dimensions.
 var testModel = func() kv.Geometry {
 	g := kv.Tiny
@@ -29,7 +29,7 @@ const (
 )
 
 func testSetup(budget int64) setup {
-	return setup{model: testModel, backing: defaultBacking, layout: kv.PerSequence, granule: testGranule,
+	return setup{model: testModel, backing: defaultBacking, layout: kv.Blocked, granule: testGranule,
 		populate: true, maxTokens: 4096, budget: budget}
 }
 
