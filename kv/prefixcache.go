@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/internal/nocopy"
@@ -20,6 +21,22 @@ type PrefixCacheOptions struct {
 	// Events, when it has an observer, is told the blocks the cache caches and
 	// evicts (see events.go).
 	Events EventOptions
+	// Tiers, when set, are the stores below the device, in order (host memory first,
+	// then a shared store, say): eviction writes an entry's whole blocks down into
+	// each, and a lookup that does not find all of a prompt locally asks them for the
+	// blocks that follow (see prefixcache_tier.go and PrefixCache's Tiers section).
+	// Only the Blocked layout has blocks that are one contiguous unit; another is
+	// refused with ErrConfig.
+	Tiers []Tier
+	// TierPrefix is the user's part of the tiers' namespace (TierNamespace): the
+	// model's weights or revision, an adapter, a tenant.
+	TierPrefix string
+	// TierStores bounds the stores into tiers that run at once; 0 means
+	// DefaultTierStores.
+	TierStores int
+	// TierWait bounds how long one lookup waits on the tiers, and one store; 0 means
+	// DefaultTierWait.
+	TierWait time.Duration
 }
 
 // PrefixCache reuses K and V across requests by token IDs (automatic prefix caching).
@@ -91,6 +108,7 @@ type PrefixCache struct {
 	gbytes int64                 // physical bytes of one granule index: a granule in each range
 	auth   *accounting.Authority // a ledger of its own, owning nothing, for the reclaimer
 	ev     *pcEvents             // nil without an observer; guarded by mu
+	tiers  *pcTiers              // nil without tiers
 
 	mu     sync.Mutex
 	tree   *radix.Tree[*pcEntry]
@@ -131,6 +149,9 @@ type PrefixCacheStats struct {
 	// PinnedBytes is the part of CachedBytes eviction can not take now: under a pin
 	// or mapped by a live sequence.
 	PinnedBytes int64
+	// Tiers is each of PrefixCacheOptions.Tiers' counts, in its order; nil without
+	// tiers. Hits counts the tokens they gave too.
+	Tiers []TierStats
 }
 
 // HitRate returns Hits over Queries (0 before any query).
@@ -156,13 +177,17 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	if opts.MaxBytes < 0 {
 		return nil, fmt.Errorf("%w: MaxBytes %d", ErrConfig, opts.MaxBytes)
 	}
+	tiers, err := newTiers(c, opts)
+	if err != nil {
+		return nil, err
+	}
 	ev, err := newEvents(c, opts.Events)
 	if err != nil {
 		return nil, err
 	}
 	pc := &PrefixCache{
 		c: c, opts: opts, gbytes: int64(c.nbuf) * int64(c.unit),
-		tree: radix.New[*pcEntry](), ev: ev,
+		tree: radix.New[*pcEntry](), ev: ev, tiers: tiers,
 	}
 	c.mu.Lock()
 	switch {
@@ -234,6 +259,9 @@ func (pc *PrefixCache) lookup(tokens []int32) (*Sequence, int, error) {
 	}
 	defer pc.working.Done()
 	s, err := pc.start(h)
+	if err == nil && pc.tiers != nil {
+		h.m = pc.tiers.load(s, tokens, h.m, pc.matchable(tokens))
+	}
 	pc.settle(h, s, err, len(tokens))
 	if err != nil {
 		return nil, 0, err
@@ -478,6 +506,7 @@ func (pc *PrefixCache) Stats() PrefixCacheStats {
 	}
 	st.PinnedBytes = pc.pinnedLocked() * pc.gbytes
 	st.CachedTokens = pc.tree.Tokens()
+	st.Tiers = pc.tiers.stats()
 	return st
 }
 
