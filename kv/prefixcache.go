@@ -99,6 +99,40 @@ type PrefixCacheOptions struct {
 // copy Truncate makes and runs inside the cache's budget check, and because a closing
 // sequence hands its ranges to its entry.
 //
+// # Tiers
+//
+// With PrefixCacheOptions.Tiers, a cached block leaves the device for the tiers
+// below it rather than for nowhere (see prefixcache_tier.go). A block is a sharing
+// unit of the Blocked layout (Config.BlockTokens tokens of every layer, one
+// contiguous run of whole granules); its key is the kv/blockhash chain (FNV64CBOR,
+// no seed) of the prompt's blocks up to it, under TierNamespace(the cache's Config,
+// its granule, TierPrefix). Other layouts are refused: their block is not one unit.
+//
+// Write-back: with tiers, eviction takes a leaf whole where every granule of its own
+// gives memory back, picked under the locks as without tiers; its whole blocks from
+// the one that holds its parent's last token on are then copied into every tier, in
+// order, by the goroutine that evicted, with no lock held, and only after that do its
+// ranges close and its granules come back to the pool (CachedBytes and EvictedBytes
+// count them at the pick, as without tiers). At most TierStores stores run at once,
+// each within TierWait; a failed store is a counted drop (TierStats.Drops). NB: an
+// eviction for a growth waits for its copies, since the growth needs the memory they
+// give back. Not written down: a lazy entry (its inserted sequence still maps its
+// granules, so nothing comes back), a leaf only shortened (a granule of it mapped
+// elsewhere, or a pinned parent taking its place), an entry whose ranges a miss takes
+// over, and the entries Close evicts.
+//
+// Lookup: past the local match (a miss, or a partial hit), the tiers are asked in
+// order for the whole blocks that follow, up to the last token, which is never
+// matched: Contains, then Load of the run it reports, into granules the new sequence
+// commits for them (the block holding the match's last token is loaded whole over
+// its copy). Every value is checked by DecodeTierValue against the prompt's own
+// tokens before its bytes are copied, so no stale key, hash collision or other
+// tenant's value maps another prompt's K/V; the first block that fails ends the run
+// (TierStats.Invalid or Drops), the sequence is cut back to the blocks that passed,
+// and the next tier is asked for the rest. The whole wait is bounded by TierWait; a
+// tier's failure is a shorter match, never an error of Lookup. The loaded tokens
+// count in Hits and in their tier's TierStats.Hits.
+//
 // Its zero value is not usable; call NewPrefixCache.
 type PrefixCache struct {
 	_ nocopy.NoCopy
