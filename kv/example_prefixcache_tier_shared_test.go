@@ -4,6 +4,7 @@ package kv_test
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/host"
@@ -38,6 +39,7 @@ func ExamplePrefixCacheOptions_tiers() {
 	pc, err := kv.NewPrefixCache(cache, kv.PrefixCacheOptions{
 		Tiers:      []kv.Tier{tier},
 		TierPrefix: "llama-3.2-1b-instruct rev 1", // what the geometry can not tell
+		TierWait:   10 * time.Second,              // a lookup's longest wait on the tiers
 	})
 	if err != nil {
 		panic(err)

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -62,7 +63,8 @@ var tierKinds = []struct {
 // newTierCache returns a prefix cache over c with tiers, closed by the test's cleanup.
 func newTierCache(t *testing.T, c *kv.Cache, tiers ...kv.Tier) *kv.PrefixCache {
 	t.Helper()
-	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Tiers: tiers, TierPrefix: t.Name()})
+	// A wait no loaded machine reaches: TestPrefixCacheTierWait tests the wait.
+	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Tiers: tiers, TierPrefix: t.Name(), TierWait: time.Minute})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, pc.Close()) })
 	return pc
@@ -288,6 +290,41 @@ func TestPrefixCacheTierFailing(t *testing.T) {
 	assert.Zero(t, st.StoreBytes)
 }
 
+// stalled is a tier whose loads wait until their context ends.
+type stalled struct{ *tiertest.Map }
+
+func (stalled) Load(ctx context.Context, _ kv.TierKey, _ func([]byte) error) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestPrefixCacheTierWait: a tier that does not answer holds a lookup up to TierWait,
+// then the lookup goes on with what it has, the stall counted as a drop.
+func TestPrefixCacheTierWait(t *testing.T) {
+	c := tierBackends[0].make(t, 512)
+	m := tiertest.NewMap(4 << 20)
+	const wait = 20 * time.Millisecond
+	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Tiers: []kv.Tier{stalled{m}}, TierWait: wait})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pc.Close()) })
+	s, err := c.NewSequence()
+	require.NoError(t, err)
+	tpb := s.BlockTokens()
+	require.True(t, s.Close().OK())
+	ids := promptIDs(2, 2*tpb+1)
+	evictAll(t, pc, ids)
+	require.Equal(t, 2, m.Len())
+	drops := pc.Stats().Tiers[0].Drops
+	start := time.Now()
+	q, got, err := pc.Lookup(ids)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, time.Since(start), wait)
+	assert.Zero(t, got)
+	assert.Zero(t, q.Len())
+	require.True(t, q.Close().OK())
+	assert.EqualValues(t, drops+1, pc.Stats().Tiers[0].Drops)
+}
+
 // TestPrefixCacheTierOptions: bad tier options are refused with ErrConfig.
 func TestPrefixCacheTierOptions(t *testing.T) {
 	c := tierBackends[0].make(t, 512)
@@ -321,7 +358,7 @@ func TestPrefixCacheTierConcurrent(t *testing.T) {
 			tpb, blk := s.BlockTokens(), s.BlockStride()
 			require.True(t, s.Close().OK())
 			pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{
-				Tiers: []kv.Tier{tier}, MaxBytes: 4 * int64(blk),
+				Tiers: []kv.Tier{tier}, MaxBytes: 4 * int64(blk), TierWait: time.Minute,
 			})
 			require.NoError(t, err)
 			prompts := make([][]int32, 6)
