@@ -111,12 +111,14 @@ type PrefixCacheOptions struct {
 // Write-back: with tiers, eviction takes a leaf whole where every granule of its own
 // gives memory back, picked under the locks as without tiers; its whole blocks from
 // the one that holds its parent's last token on are then copied into every tier, in
-// order, by the goroutine that evicted, with no lock held, and only after that do its
-// ranges close and its granules come back to the pool (CachedBytes and EvictedBytes
-// count them at the pick, as without tiers). At most TierStores stores run at once,
-// each within TierWait; a failed store is a counted drop (TierStats.Drops). NB: an
-// eviction for a growth waits for its copies, since the growth needs the memory they
-// give back. Not written down: a lazy entry (its inserted sequence still maps its
+// order, with no lock held, and only after that do its ranges close and its granules
+// come back to the pool (CachedBytes and EvictedBytes count them at the pick, as
+// without tiers). An eviction down to MaxBytes after an Insert or a lookup copies on
+// a goroutine of its own, off the request's path (Close waits for it); one for a
+// growth, a waiting request or Evict copies in the goroutine that evicts, since it
+// needs the memory the copies give back. At most TierStores stores run at once, each
+// within TierWait; a failed store is a counted drop (TierStats.Drops). Not written
+// down: a lazy entry (its inserted sequence still maps its
 // granules, so nothing comes back), a leaf only shortened (a granule of it mapped
 // elsewhere, or a pinned parent taking its place), an entry whose ranges a miss takes
 // over, and the entries Close evicts.
@@ -402,10 +404,9 @@ func (pc *PrefixCache) settle(h hit, s *Sequence, err error, queried int) {
 		pc.hits += int64(h.m)
 	}
 	drop = append(drop, pc.capLocked()...)
+	later := pc.tiers.later(drop)
 	pc.mu.Unlock()
-	for _, d := range drop {
-		d.close()
-	}
+	pc.tiers.closeAll(drop, later)
 }
 
 // errEntryGone: the entry a lookup matched left the index, with nothing to map from,
@@ -522,10 +523,9 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 		}
 	}
 	drop = append(drop, pc.capLocked()...)
+	later := pc.tiers.later(drop)
 	pc.mu.Unlock()
-	for _, d := range drop {
-		d.close()
-	}
+	pc.tiers.closeAll(drop, later)
 	return nil
 }
 
@@ -559,6 +559,7 @@ func (pc *PrefixCache) Close() error {
 	pc.auth.SetReclaimer(nil)
 	pc.reclaiming.Wait()
 	pc.working.Wait()
+	pc.tiers.waitBackground()
 	pc.mu.Lock()
 	var drop []*pcEntry
 	pc.tree.EachLeaf(func(leaf *radix.Node[*pcEntry]) bool {

@@ -53,6 +53,10 @@ type pcTiers struct {
 	wait  time.Duration
 	slots chan struct{} // one token per store running
 
+	// bg counts the write-backs running behind an Insert or a lookup (later):
+	// Close waits for them.
+	bg sync.WaitGroup
+
 	mu     sync.Mutex
 	counts []TierStats
 }
@@ -272,4 +276,47 @@ func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, t
 		}
 	}
 	return got
+}
+
+// later tells whether the entries in drop, which an eviction to MaxBytes took after an
+// Insert or a lookup, have blocks to write down: those are then written, and the
+// entries closed, on a goroutine of their own (closeAll), off the request's path,
+// counted in bg so that Close waits for them. pc.mu is held: an Insert holds it from
+// its check that the prefix cache is open, and a lookup is counted in pc.working,
+// which Close waits for before bg.
+func (t *pcTiers) later(drop []*pcEntry) bool {
+	if t == nil {
+		return false
+	}
+	for _, d := range drop {
+		if d.wb != nil {
+			t.bg.Add(1)
+			return true
+		}
+	}
+	return false
+}
+
+// closeAll closes the entries in drop, on a goroutine of its own when later said so.
+// No lock is held.
+func (t *pcTiers) closeAll(drop []*pcEntry, later bool) {
+	if !later {
+		for _, d := range drop {
+			d.close()
+		}
+		return
+	}
+	go func() {
+		defer t.bg.Done()
+		for _, d := range drop {
+			d.close()
+		}
+	}()
+}
+
+// waitBackground waits for the write-backs running on their own goroutines.
+func (t *pcTiers) waitBackground() {
+	if t != nil {
+		t.bg.Wait()
+	}
 }

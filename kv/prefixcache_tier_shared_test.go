@@ -398,3 +398,61 @@ func TestPrefixCacheTierConcurrent(t *testing.T) {
 		})
 	}
 }
+
+// gated is a tier whose stores wait until open is closed.
+type gated struct {
+	*tiertest.Map
+	open chan struct{}
+}
+
+func (g gated) Store(ctx context.Context, key kv.TierKey, size int, fill func([]byte) error) error {
+	<-g.open
+	return g.Map.Store(ctx, key, size, fill)
+}
+
+// TestPrefixCacheTierCapInBackground: an eviction to MaxBytes after an Insert writes
+// the victim's blocks down off the request's path: the request returns while the
+// tier's store still waits, and Close waits for the store before the entry's ranges
+// close (the ledger balances at the end).
+func TestPrefixCacheTierCapInBackground(t *testing.T) {
+	c := tierBackends[0].make(t, 512)
+	s, err := c.NewSequence()
+	require.NoError(t, err)
+	tpb, blk := s.BlockTokens(), s.BlockStride()
+	require.True(t, s.Close().OK())
+	g := gated{tiertest.NewMap(4 << 20), make(chan struct{})}
+	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{
+		Tiers: []kv.Tier{g}, MaxBytes: 4 * int64(blk), TierWait: time.Minute,
+	})
+	require.NoError(t, err)
+	a, b := promptIDs(0, 3*tpb+1), promptIDs(5000, 3*tpb+1)
+	q, _, err := serve(pc, a)
+	require.NoError(t, err)
+	require.True(t, q.Close().OK()) // the entry takes over a's ranges
+	done := make(chan error, 1)
+	go func() {
+		q, _, err := serve(pc, b) // over MaxBytes: a's entry goes
+		if err == nil {
+			q.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		close(g.open)
+		t.Fatal("the request waited for the tier's store")
+	}
+	assert.Zero(t, g.Len(), "the store still waits")
+	closed := make(chan error, 1)
+	go func() { closed <- pc.Close() }()
+	select {
+	case <-closed:
+		t.Fatal("Close did not wait for the write-back")
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(g.open)
+	require.NoError(t, <-closed)
+	assert.Equal(t, 3, g.Len(), "a's three whole blocks")
+}
