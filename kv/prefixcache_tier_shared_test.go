@@ -137,33 +137,41 @@ func TestPrefixCacheTierReadBack(t *testing.T) {
 // (a sibling entry shares it) finds it locally and loads the blocks after it from the
 // tier; only the evicted entry's own blocks went down.
 func TestPrefixCacheTierPartialHit(t *testing.T) {
-	c := tierBackends[0].make(t, 512)
-	tier := tiertest.NewMap(4 << 20)
-	pc := newTierCache(t, c, tier)
-	s, err := c.NewSequence()
-	require.NoError(t, err)
-	tpb := s.BlockTokens()
-	require.True(t, s.Close().OK())
-	ids := promptIDs(3, 4*tpb+1)
-	sibling := append(append([]int32(nil), ids[:tpb]...), promptIDs(7000, 2*tpb)...)
-	for _, p := range [][]int32{ids, sibling} {
-		q, _, err := serve(pc, p)
-		require.NoError(t, err)
-		require.True(t, q.Close().OK())
+	for _, extra := range []int{0, 3} {
+		t.Run(fmt.Sprintf("shared+%d", extra), func(t *testing.T) {
+			c := tierBackends[0].make(t, 512)
+			tier := tiertest.NewMap(4 << 20)
+			pc := newTierCache(t, c, tier)
+			s, err := c.NewSequence()
+			require.NoError(t, err)
+			tpb := s.BlockTokens()
+			require.True(t, s.Close().OK())
+			require.Greater(t, tpb, extra)
+			// The sibling shares tpb+extra tokens: a whole block, then (extra > 0)
+			// part of the next, which the lookup then loads whole over its copy.
+			shared := tpb + extra
+			ids := promptIDs(3, 4*tpb+1)
+			sibling := append(append([]int32(nil), ids[:shared]...), promptIDs(7000, 2*tpb)...)
+			for _, p := range [][]int32{ids, sibling} {
+				q, _, err := serve(pc, p)
+				require.NoError(t, err)
+				require.True(t, q.Close().OK())
+			}
+			// The least recently used entry, ids, goes whole.
+			_, err = pc.Evict(1)
+			require.NoError(t, err)
+			require.Equal(t, int64(len(sibling)), pc.Stats().CachedTokens, "the sibling is left")
+			assert.Equal(t, 3, tier.Len(), "ids' blocks from the one holding the shared tokens' last")
+			q, m, err := pc.Lookup(ids)
+			require.NoError(t, err)
+			assert.Equal(t, 4*tpb, m)
+			assert.NoError(t, checkIDs(q, ids, 0, m))
+			require.True(t, q.Close().OK())
+			st := pc.Stats()
+			assert.EqualValues(t, 4*tpb-shared, st.Tiers[0].Hits)
+			assert.EqualValues(t, 4*tpb, st.Hits-int64(shared), "the sibling's lookup hit the shared tokens")
+		})
 	}
-	// The least recently used entry, ids, goes whole.
-	_, err = pc.Evict(1)
-	require.NoError(t, err)
-	require.Equal(t, int64(3*tpb), pc.Stats().CachedTokens, "the sibling is left")
-	assert.Equal(t, 3, tier.Len(), "ids' blocks past the shared one")
-	q, m, err := pc.Lookup(ids)
-	require.NoError(t, err)
-	assert.Equal(t, 4*tpb, m)
-	assert.NoError(t, checkIDs(q, ids, 0, m))
-	require.True(t, q.Close().OK())
-	st := pc.Stats()
-	assert.EqualValues(t, 3*tpb, st.Tiers[0].Hits)
-	assert.EqualValues(t, 4*tpb, st.Hits-int64(tpb), "the sibling's lookup hit the shared block")
 }
 
 // corrupt is a tier whose loads hand out a damaged copy of the value.
