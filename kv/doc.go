@@ -158,7 +158,8 @@
 // before the pool's. A prefix cache with an observer runs one goroutine of its own
 // from its first change to Close, which takes only the lock of the events' queue
 // (after the prefix cache's lock, which a change holds while it queues) and calls the
-// observer with no lock held.
+// observer with no lock held. A prefix cache calls its tiers (PrefixCacheOptions.Tiers)
+// with none of these locks held; the lock of its tier counts is taken after all of them.
 //
 // The locks, in the order they are taken (a goroutine that holds one takes only those
 // below it):

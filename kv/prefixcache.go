@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/internal/nocopy"
@@ -20,6 +21,22 @@ type PrefixCacheOptions struct {
 	// Events, when it has an observer, is told the blocks the cache caches and
 	// evicts (see events.go).
 	Events EventOptions
+	// Tiers, when set, are the stores below the device, in order (host memory first,
+	// then a shared store, say): eviction writes an entry's whole blocks down into
+	// each, and a lookup that does not find all of a prompt locally asks them for the
+	// blocks that follow (see prefixcache_tier.go and PrefixCache's Tiers section).
+	// Only the Blocked layout has blocks that are one contiguous unit; another is
+	// refused with ErrConfig.
+	Tiers []Tier
+	// TierPrefix is the user's part of the tiers' namespace (TierNamespace): the
+	// model's weights or revision, an adapter, a tenant.
+	TierPrefix string
+	// TierStores bounds the stores into tiers that run at once; 0 means
+	// DefaultTierStores.
+	TierStores int
+	// TierWait bounds how long one lookup waits on the tiers, and one store; 0 means
+	// DefaultTierWait.
+	TierWait time.Duration
 }
 
 // PrefixCache reuses K and V across requests by token IDs (automatic prefix caching).
@@ -82,6 +99,42 @@ type PrefixCacheOptions struct {
 // copy Truncate makes and runs inside the cache's budget check, and because a closing
 // sequence hands its ranges to its entry.
 //
+// # Tiers
+//
+// With PrefixCacheOptions.Tiers, a cached block leaves the device for the tiers
+// below it rather than for nowhere (see prefixcache_tier.go). A block is a sharing
+// unit of the Blocked layout (Config.BlockTokens tokens of every layer, one
+// contiguous run of whole granules); its key is the kv/blockhash chain (FNV64CBOR,
+// no seed) of the prompt's blocks up to it, under TierNamespace(the cache's Config,
+// its granule, TierPrefix). Other layouts are refused: their block is not one unit.
+//
+// Write-back: with tiers, eviction takes a leaf whole where every granule of its own
+// gives memory back, picked under the locks as without tiers; its whole blocks from
+// the one that holds its parent's last token on are then copied into every tier, in
+// order, with no lock held, and only after that do its ranges close and its granules
+// come back to the pool (CachedBytes and EvictedBytes count them at the pick, as
+// without tiers). An eviction down to MaxBytes after an Insert or a lookup copies on
+// a goroutine of its own, off the request's path (Close waits for it); one for a
+// growth, a waiting request or Evict copies in the goroutine that evicts, since it
+// needs the memory the copies give back. At most TierStores stores run at once, each
+// within TierWait; a failed store is a counted drop (TierStats.Drops). Not written
+// down: a lazy entry (its inserted sequence still maps its
+// granules, so nothing comes back), a leaf only shortened (a granule of it mapped
+// elsewhere, or a pinned parent taking its place), an entry whose ranges a miss takes
+// over, and the entries Close evicts.
+//
+// Lookup: past the local match (a miss, or a partial hit), the tiers are asked in
+// order for the whole blocks that follow, up to the last token, which is never
+// matched: Contains, then Load of the run it reports, into granules the new sequence
+// commits for them (the block holding the match's last token is loaded whole over
+// its copy). Every value is checked by DecodeTierValue against the prompt's own
+// tokens before its bytes are copied, so no stale key, hash collision or other
+// tenant's value maps another prompt's K/V; the first block that fails ends the run
+// (TierStats.Invalid or Drops), the sequence is cut back to the blocks that passed,
+// and the next tier is asked for the rest. The whole wait is bounded by TierWait; a
+// tier's failure is a shorter match, never an error of Lookup. The loaded tokens
+// count in Hits and in their tier's TierStats.Hits.
+//
 // Its zero value is not usable; call NewPrefixCache.
 type PrefixCache struct {
 	_ nocopy.NoCopy
@@ -91,6 +144,7 @@ type PrefixCache struct {
 	gbytes int64                 // physical bytes of one granule index: a granule in each range
 	auth   *accounting.Authority // a ledger of its own, owning nothing, for the reclaimer
 	ev     *pcEvents             // nil without an observer; guarded by mu
+	tiers  *pcTiers              // nil without tiers
 
 	mu     sync.Mutex
 	tree   *radix.Tree[*pcEntry]
@@ -131,6 +185,9 @@ type PrefixCacheStats struct {
 	// PinnedBytes is the part of CachedBytes eviction can not take now: under a pin
 	// or mapped by a live sequence.
 	PinnedBytes int64
+	// Tiers is each of PrefixCacheOptions.Tiers' counts, in its order; nil without
+	// tiers. Hits counts the tokens they gave too.
+	Tiers []TierStats
 }
 
 // HitRate returns Hits over Queries (0 before any query).
@@ -156,13 +213,17 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	if opts.MaxBytes < 0 {
 		return nil, fmt.Errorf("%w: MaxBytes %d", ErrConfig, opts.MaxBytes)
 	}
+	tiers, err := newTiers(c, opts)
+	if err != nil {
+		return nil, err
+	}
 	ev, err := newEvents(c, opts.Events)
 	if err != nil {
 		return nil, err
 	}
 	pc := &PrefixCache{
 		c: c, opts: opts, gbytes: int64(c.nbuf) * int64(c.unit),
-		tree: radix.New[*pcEntry](), ev: ev,
+		tree: radix.New[*pcEntry](), ev: ev, tiers: tiers,
 	}
 	c.mu.Lock()
 	switch {
@@ -234,6 +295,9 @@ func (pc *PrefixCache) lookup(tokens []int32) (*Sequence, int, error) {
 	}
 	defer pc.working.Done()
 	s, err := pc.start(h)
+	if err == nil && pc.tiers != nil {
+		h.m = pc.tiers.load(s, tokens, h.m, pc.matchable(tokens))
+	}
 	pc.settle(h, s, err, len(tokens))
 	if err != nil {
 		return nil, 0, err
@@ -340,10 +404,9 @@ func (pc *PrefixCache) settle(h hit, s *Sequence, err error, queried int) {
 		pc.hits += int64(h.m)
 	}
 	drop = append(drop, pc.capLocked()...)
+	later := pc.tiers.later(drop)
 	pc.mu.Unlock()
-	for _, d := range drop {
-		d.close()
-	}
+	pc.tiers.closeAll(drop, later)
 }
 
 // errEntryGone: the entry a lookup matched left the index, with nothing to map from,
@@ -460,10 +523,9 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 		}
 	}
 	drop = append(drop, pc.capLocked()...)
+	later := pc.tiers.later(drop)
 	pc.mu.Unlock()
-	for _, d := range drop {
-		d.close()
-	}
+	pc.tiers.closeAll(drop, later)
 	return nil
 }
 
@@ -478,6 +540,7 @@ func (pc *PrefixCache) Stats() PrefixCacheStats {
 	}
 	st.PinnedBytes = pc.pinnedLocked() * pc.gbytes
 	st.CachedTokens = pc.tree.Tokens()
+	st.Tiers = pc.tiers.stats()
 	return st
 }
 
@@ -496,6 +559,7 @@ func (pc *PrefixCache) Close() error {
 	pc.auth.SetReclaimer(nil)
 	pc.reclaiming.Wait()
 	pc.working.Wait()
+	pc.tiers.waitBackground()
 	pc.mu.Lock()
 	var drop []*pcEntry
 	pc.tree.EachLeaf(func(leaf *radix.Node[*pcEntry]) bool {

@@ -79,7 +79,9 @@ func (pc *PrefixCache) evictLocked(need int64, mode evictMode) []*pcEntry {
 		// resize, as long as each gives memory back and the leaf keeps a token.
 		e, p := leaf.Value(), leaf.Parent()
 		k := 1
-		for ; k < len(e.grefs) && got+int64(k)*pc.gbytes < need; k++ {
+		// With tiers the leaf goes whole where it can, so that its blocks are
+		// written down before its ranges close (see PrefixCache's Tiers).
+		for ; k < len(e.grefs) && (pc.tiers != nil || got+int64(k)*pc.gbytes < need); k++ {
 			g := e.grefs[len(e.grefs)-1-k]
 			if g.entries != 1 || g.live > 0 {
 				break

@@ -86,6 +86,9 @@ type pcEntry struct {
 	busy   int           // lookups mapping from it without the lock
 	leaf   *radix.Node[*pcEntry]
 	closed bool // out of the index: Draining or Out
+	// wb is what eviction picked to write down into the tiers before the entry's
+	// ranges close, or nil.
+	wb *tierWrite
 }
 
 // state returns the entry's state. pc.mu is held.
@@ -101,9 +104,15 @@ func (e *pcEntry) state() entryState {
 	return entryLazy
 }
 
-// close closes the entry's own ranges, if it has any (a lazy entry has none).
+// close closes the entry's own ranges, if it has any (a lazy entry has none), after
+// writing down into the tiers the blocks eviction picked (pick): no lock is held, and
+// the granules come back only once their copies are done.
 func (e *pcEntry) close() {
 	if e.seq != nil {
+		if wb := e.wb; wb != nil {
+			e.wb = nil
+			wb.t.writeBack(e.seq, wb)
+		}
 		e.seq.closeEntry()
 	}
 }
@@ -182,6 +191,7 @@ func (pc *PrefixCache) evictGranules(leaf *radix.Node[*pcEntry], k int) (int64, 
 		pc.tree.Shorten(leaf, nd)
 		return pc.shrink(e, depth, nd)
 	case p.Parent() == nil || p.Children() > 1:
+		pc.tiers.pick(e, leaf)
 		pc.tree.Remove(leaf)
 		pc.evictedTokens += int64(depth - p.Depth())
 		pc.evictions += int64(len(e.grefs))

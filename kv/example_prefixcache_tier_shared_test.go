@@ -1,0 +1,82 @@
+//go:build linux || windows
+
+package kv_test
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kvtier/hosttier"
+)
+
+// A prefix the device tier had to give up comes back from host memory: eviction wrote
+// its whole blocks down into a host tier of its own budget, and the next request for
+// it loads them instead of prefilling them again.
+func ExamplePrefixCacheOptions_tiers() {
+	gov := accounting.NewGovernor()
+	_ = gov.SetLimit(accounting.HostKey, 1<<30)
+	pool, err := host.NewShared(host.SharedOptions{
+		Granularity: 64 << 10,
+		Authority:   gov.Authority("kv", accounting.HostKey),
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	cache, err := kv.New(pool, kv.Config{Geometry: kv.Llama32_1B, MaxTokens: 4096})
+	if err != nil {
+		panic(err)
+	}
+	defer cache.Close()
+	tier, err := hosttier.New(hosttier.Options{Budget: 64 << 20})
+	if err != nil {
+		panic(err)
+	}
+	defer tier.Close()
+	pc, err := kv.NewPrefixCache(cache, kv.PrefixCacheOptions{
+		Tiers:      []kv.Tier{tier},
+		TierPrefix: "llama-3.2-1b-instruct rev 1", // what the geometry can not tell
+		TierWait:   10 * time.Second,              // a lookup's longest wait on the tiers
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer pc.Close()
+
+	prompt := make([]int32, 1000)
+	for i := range prompt {
+		prompt[i] = int32(1000 + i)
+	}
+	for req := range 2 {
+		s, cached, err := pc.Lookup(prompt)
+		if err != nil {
+			panic(err)
+		}
+		// Prefill the uncached part (its K/V writes omitted), then cache the prompt.
+		if err := s.Append(len(prompt) - cached); err != nil {
+			panic(err)
+		}
+		if err := pc.Insert(s, prompt); err != nil {
+			panic(err)
+		}
+		// The last token is never cached; nor, from a tier, the part of a block
+		// before it.
+		fmt.Printf("request %d: %d of %d prompt tokens cached\n", req, cached, len(prompt))
+		s.Close()
+		if req == 0 {
+			// Memory ran short: the governor took the cached prompt back.
+			if _, err := pc.Evict(1 << 40); err != nil {
+				panic(err)
+			}
+		}
+	}
+	st := pc.Stats().Tiers[0]
+	fmt.Printf("%s tier: %d tokens hit, %d KiB stored, %d KiB loaded\n", st.Name, st.Hits, st.StoreBytes>>10, st.LoadBytes>>10)
+	// Output:
+	// request 0: 0 of 1000 prompt tokens cached
+	// request 1: 998 of 1000 prompt tokens cached
+	// host tier: 998 tokens hit, 32027 KiB stored, 31963 KiB loaded
+}
