@@ -52,6 +52,9 @@ type pcTiers struct {
 	hash  *blockhash.Hasher
 	wait  time.Duration
 	slots chan struct{} // one token per store running
+	// inProc[i]: tier i keeps its values in this process's memory (InProcessTier),
+	// so their payloads go unsummed.
+	inProc []bool
 
 	// bg counts the write-backs running behind an Insert or a lookup (later):
 	// Close waits for them.
@@ -98,7 +101,7 @@ func newTiers(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
 	t := &pcTiers{
 		c: c, tiers: append([]Tier(nil), opts.Tiers...), ns: ns, hash: h,
 		wait: opts.TierWait, slots: make(chan struct{}, opts.TierStores),
-		counts: make([]TierStats, len(opts.Tiers)),
+		counts: make([]TierStats, len(opts.Tiers)), inProc: make([]bool, len(opts.Tiers)),
 	}
 	if t.wait == 0 {
 		t.wait = DefaultTierWait
@@ -108,6 +111,7 @@ func newTiers(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
 	}
 	for i, tier := range t.tiers {
 		t.counts[i].Name = tier.Name()
+		t.inProc[i] = inProcess(tier)
 	}
 	return t, nil
 }
@@ -174,10 +178,14 @@ func (t *pcTiers) writeBack(s *Sequence, w *tierWrite) {
 		for i, tier := range t.tiers {
 			t.slots <- struct{}{}
 			ctx, cancel := context.WithTimeout(context.Background(), t.wait)
+			var flags uint16
+			if t.inProc[i] {
+				flags = tierPayloadUnsummed
+			}
 			err := tier.Store(ctx, key, size, func(dst []byte) error {
-				return EncodeTierValue(dst, key, tokens, unit, func(p []byte) error {
+				return encodeTierValue(dst, key, tokens, unit, func(p []byte) error {
 					return buf.readAt(b*unit, p)
-				})
+				}, flags)
 			})
 			cancel()
 			<-t.slots
@@ -248,7 +256,7 @@ func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, t
 		var invalid bool
 		var size int
 		err := tier.Load(ctx, keys[got], func(src []byte) error {
-			payload, err := DecodeTierValue(src, keys[got], want, unit)
+			payload, err := decodeTierValue(src, keys[got], want, unit, t.inProc[i])
 			if err != nil {
 				invalid = true
 				return err

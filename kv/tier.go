@@ -57,3 +57,20 @@ type Tier interface {
 	// Delete forgets key; a key not held is not an error.
 	Delete(ctx context.Context, key TierKey) error
 }
+
+// InProcessTier is implemented by tiers that keep their values in this process's own
+// memory (kvtier/hosttier): nothing outside the process can damage a value there, so
+// the cache leaves the block's bytes out of its checksum when it writes one (summing
+// 2 MiB costs about what copying it does) and checks only the header and the tokens
+// when it reads one back. A value with the payload left out is accepted only from a
+// tier that says InProcess; any other tier's is refused as a bad format.
+type InProcessTier interface {
+	Tier
+	InProcess() bool
+}
+
+// inProcess reports whether t keeps its values in this process's memory.
+func inProcess(t Tier) bool {
+	p, ok := t.(InProcessTier)
+	return ok && p.InProcess()
+}

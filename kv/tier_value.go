@@ -15,13 +15,14 @@ import (
 //	offset  size  field
 //	0       4     magic "VMKV"
 //	4       2     format version (TierValueVersion)
-//	6       2     flags, 0 in this version
+//	6       2     flags: 0, or tierPayloadUnsummed for an in-process tier's value
 //	8       8     namespace (TierNamespace)
 //	16      8     the block's chained hash
 //	24      4     token count n
 //	28      4     reserved, 0
 //	32      8     payload length p
 //	40      4     CRC-32C (Castagnoli) of bytes [0, 40), then [48, 48+4n+p)
+//	              ([48, 48+4n) only, with tierPayloadUnsummed)
 //	44      4     reserved, 0
 //	48      4n    the tokens the block was made for, int32 each
 //	48+4n   p     the block's bytes
@@ -38,6 +39,15 @@ const (
 
 	tierMagic     = "VMKV"
 	tierCRCOffset = 40
+
+	// tierPayloadUnsummed marks a value whose checksum leaves out the payload: one
+	// the cache writes into a tier that keeps it in this process's memory
+	// (InProcessTier), where no network, disk or other process can damage it and
+	// summing 2 MiB would cost about what copying it does. Its header and tokens are
+	// summed and checked as ever. Only the cache's reads from such a tier accept it:
+	// DecodeTierValue refuses it (ErrTierFormat), so that a value from anywhere else
+	// can never skip its checksum by setting the flag.
+	tierPayloadUnsummed = 1
 )
 
 var tierCRC = crc32.MakeTable(crc32.Castagnoli)
@@ -100,6 +110,12 @@ func TierValueSize(tokens, payload int) int {
 // another length is refused with ErrTierValueSize before fill is called. fill's error
 // is EncodeTierValue's, and dst is then no value.
 func EncodeTierValue(dst []byte, key TierKey, tokens []int32, payload int, fill func(payload []byte) error) error {
+	return encodeTierValue(dst, key, tokens, payload, fill, 0)
+}
+
+// encodeTierValue is EncodeTierValue with the header's flags: 0, or
+// tierPayloadUnsummed.
+func encodeTierValue(dst []byte, key TierKey, tokens []int32, payload int, fill func(payload []byte) error, flags uint16) error {
 	if fill == nil {
 		panic(PanicNilTierFill)
 	}
@@ -115,7 +131,7 @@ func EncodeTierValue(dst []byte, key TierKey, tokens []int32, payload int, fill 
 	h := dst[:TierHeaderSize]
 	copy(h, tierMagic)
 	binary.LittleEndian.PutUint16(h[4:], TierValueVersion)
-	binary.LittleEndian.PutUint16(h[6:], 0)
+	binary.LittleEndian.PutUint16(h[6:], flags)
 	binary.LittleEndian.PutUint64(h[8:], key.Namespace)
 	binary.LittleEndian.PutUint64(h[16:], key.Hash)
 	binary.LittleEndian.PutUint32(h[24:], uint32(len(tokens)))
@@ -125,14 +141,17 @@ func EncodeTierValue(dst []byte, key TierKey, tokens []int32, payload int, fill 
 	for i, tok := range tokens {
 		binary.LittleEndian.PutUint32(dst[TierHeaderSize+4*i:], uint32(tok))
 	}
-	binary.LittleEndian.PutUint32(h[tierCRCOffset:], tierChecksum(dst))
+	binary.LittleEndian.PutUint32(h[tierCRCOffset:], tierChecksum(dst, flags, len(tokens)))
 	return nil
 }
 
-// tierChecksum returns the CRC-32C of a value, all but its checksum field and the
-// reserved word after it.
-func tierChecksum(v []byte) uint32 {
+// tierChecksum returns the CRC-32C of a value of n tokens, all but its checksum field
+// and the reserved word after it; with tierPayloadUnsummed, not its payload either.
+func tierChecksum(v []byte, flags uint16, n int) uint32 {
 	c := crc32.Update(0, tierCRC, v[:tierCRCOffset])
+	if flags&tierPayloadUnsummed != 0 {
+		return crc32.Update(c, tierCRC, v[TierHeaderSize:TierHeaderSize+4*n])
+	}
 	return crc32.Update(c, tierCRC, v[TierHeaderSize:])
 }
 
@@ -146,6 +165,12 @@ func tierChecksum(v []byte) uint32 {
 // that order, so a value damaged in transit is a checksum failure, not a claim about
 // its contents.
 func DecodeTierValue(src []byte, key TierKey, tokens []int32, payload int) ([]byte, error) {
+	return decodeTierValue(src, key, tokens, payload, false)
+}
+
+// decodeTierValue is DecodeTierValue that, with inProcess set (the value comes from
+// an InProcessTier), also accepts a value whose payload is not summed.
+func decodeTierValue(src []byte, key TierKey, tokens []int32, payload int, inProcess bool) ([]byte, error) {
 	if len(src) < TierHeaderSize {
 		return nil, tierRefused(ErrTierTruncated, "%d bytes, a header is %d", len(src), TierHeaderSize)
 	}
@@ -153,7 +178,8 @@ func DecodeTierValue(src []byte, key TierKey, tokens []int32, payload int) ([]by
 	if string(h[:4]) != tierMagic {
 		return nil, tierRefused(ErrTierFormat, "magic % x", h[:4])
 	}
-	if v, f := binary.LittleEndian.Uint16(h[4:]), binary.LittleEndian.Uint16(h[6:]); v != TierValueVersion || f != 0 {
+	f := binary.LittleEndian.Uint16(h[6:])
+	if v := binary.LittleEndian.Uint16(h[4:]); v != TierValueVersion || (f != 0 && (!inProcess || f != tierPayloadUnsummed)) {
 		return nil, tierRefused(ErrTierFormat, "version %d flags %#x, this build reads version %d", v, f, TierValueVersion)
 	}
 	if r1, r2 := binary.LittleEndian.Uint32(h[28:]), binary.LittleEndian.Uint32(h[44:]); r1 != 0 || r2 != 0 {
@@ -165,7 +191,7 @@ func DecodeTierValue(src []byte, key TierKey, tokens []int32, payload int) ([]by
 	if uint64(n)*4 > rest || p != rest-uint64(n)*4 {
 		return nil, tierRefused(ErrTierTruncated, "%d bytes for %d tokens and %d payload bytes", len(src), n, p)
 	}
-	if got, want := tierChecksum(src), binary.LittleEndian.Uint32(h[tierCRCOffset:]); got != want {
+	if got, want := tierChecksum(src, f, int(n)), binary.LittleEndian.Uint32(h[tierCRCOffset:]); got != want {
 		return nil, tierRefused(ErrTierChecksum, "CRC-32C %#08x, header says %#08x", got, want)
 	}
 	if ns := binary.LittleEndian.Uint64(h[8:]); ns != key.Namespace {

@@ -206,6 +206,12 @@ func (t *Tier) MaxValueSize() int { return int(t.region) }
 // Name returns "host".
 func (t *Tier) Name() string { return tierName }
 
+// InProcess returns true: the tier's values live in this process's memory, so a
+// cache leaves their payloads out of its values' checksums (kv.InProcessTier).
+func (t *Tier) InProcess() bool { return true }
+
+var _ kv.InProcessTier = (*Tier)(nil)
+
 // enter counts an operation in. t.mu must be held; after Close it unlocks t.mu and
 // panics.
 func (t *Tier) enter() {
