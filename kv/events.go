@@ -115,11 +115,11 @@ type pcEvents struct {
 	log      []int32 // the queued changes' paths, end to end
 	spareLog []int32 // the log's other buffer: the events' goroutine reads one while the cache fills the other
 	queued   int64   // changes queued, in all
-	applied int64 // changes applied, in all
-	started bool  // the goroutine runs (from the first change on)
-	closing bool
-	kick    chan struct{} // wakes the goroutine before its next poll
-	done    chan struct{} // closed when it returns
+	applied  int64   // changes applied, in all
+	started  bool    // the goroutine runs (from the first change on)
+	closing  bool
+	kick     chan struct{} // wakes the goroutine before its next poll
+	done     chan struct{} // closed when it returns
 
 	// The events' goroutine's alone.
 	obs    BlockEvents
