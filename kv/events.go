@@ -102,7 +102,10 @@ const PanicEventsOutOfStep = "kv: prefix cache block events out of step with its
 // reuses (log, spareLog) and, after an eviction, one walk of the index (Peek): no
 // allocation once the buffers have grown to a batch's paths, and no wake-up. (A path
 // of its own per change, allocated under the cache's lock, cost the calls more than
-// all the rest: fresh memory each time, 16 KiB for a prompt of 4,096 tokens.)
+// all the rest: fresh memory each time, 16 KiB for a prompt of 4,096 tokens.) An
+// eviction's path is written to the log before the index changes (path) and queued
+// after (sync), with mu held in between, so that the events' goroutine cannot take
+// the log away meanwhile.
 //
 // Locks: the prefix cache's lock is held to queue a change, and the queue's (mu) is
 // taken under it, never the other way round; the events' goroutine takes mu alone,
@@ -131,11 +134,13 @@ type pcEvents struct {
 	blocks map[evKey]*evBlock
 	key    []byte // scratch: a block's tokens as the bytes of an evKey
 
-	// The cache's, under its lock: the paths that path took and sync has not yet
-	// queued, end to end, and how many.
-	paths   []int32
+	// The cache's, under its lock: how many paths path wrote to the log that sync has
+	// not yet queued; mu is held while there are any.
 	pending int
 }
+
+// evPath is a path written to the log and not yet queued: log[off:off+n].
+type evPath struct{ off, n int }
 
 // evChange is a change of the index along the path log[off:off+n] of its batch, of
 // which the index then held the first held tokens; or, with clear, the end of the
@@ -197,13 +202,21 @@ func newEvents(c *Cache, o EventOptions) (*pcEvents, error) {
 // push queues c along path (copied to the log), starting the events' goroutine on the
 // first. pc.mu is held.
 func (ev *pcEvents) push(c evChange, path []int32) {
-	ev.mu.Lock()
-	defer ev.mu.Unlock()
-	if ev.closing {
-		panic(PanicEventsOutOfStep) // the index changed after Close
+	if ev.pending == 0 {
+		ev.mu.Lock()
+		defer ev.mu.Unlock()
 	}
 	c.off, c.n = len(ev.log), len(path)
 	ev.log = append(ev.log, path...)
+	ev.queueLocked(c)
+}
+
+// queueLocked queues c, whose path is in the log, starting the events' goroutine on
+// the first. pc.mu and ev.mu are held.
+func (ev *pcEvents) queueLocked(c evChange) {
+	if ev.closing {
+		panic(PanicEventsOutOfStep) // the index changed after Close
+	}
 	ev.queue = append(ev.queue, c)
 	ev.queued++
 	if !ev.started {
@@ -277,17 +290,20 @@ func (ev *pcEvents) flush() {
 // the same process calls it before it reads what the events told it.
 func (pc *PrefixCache) FlushEvents() { pc.ev.flush() }
 
-// path returns the tokens from the root to leaf, for sync once the index has changed
-// there, or nil when there are no events. They lie in the cache's scratch (paths),
-// which is reused once every path taken has been synced. pc.mu is held.
-func (ev *pcEvents) path(leaf *radix.Node[*pcEntry]) []int32 {
+// path writes the tokens from the root to leaf to the log, for sync once the index
+// has changed there, and returns where they lie (nothing when there are no events).
+// mu stays held until every path written has been synced. pc.mu is held.
+func (ev *pcEvents) path(leaf *radix.Node[*pcEntry]) evPath {
 	if ev == nil {
-		return nil
+		return evPath{}
 	}
-	start := len(ev.paths)
-	ev.paths = leaf.AppendTokens(ev.paths)
+	if ev.pending == 0 {
+		ev.mu.Lock()
+	}
 	ev.pending++
-	return ev.paths[start:len(ev.paths):len(ev.paths)]
+	off := len(ev.log)
+	ev.log = leaf.AppendTokens(ev.log)
+	return evPath{off, len(ev.log) - off}
 }
 
 // fill writes block i of path into ev.key.
@@ -297,17 +313,17 @@ func (ev *pcEvents) fill(path []int32, i int) {
 	}
 }
 
-// sync queues the change of t along path, which path must have returned: the events'
-// goroutine then announces the blocks of path that t holds whole now and withdraws
+// sync queues the change of t along p, which path must have returned: the events'
+// goroutine then announces the blocks of the path that t holds whole now and withdraws
 // those it no longer does (see above). pc.mu is held.
-func (ev *pcEvents) sync(t *radix.Tree[*pcEntry], path []int32) {
+func (ev *pcEvents) sync(t *radix.Tree[*pcEntry], p evPath) {
 	if ev == nil {
 		return
 	}
-	held, _ := t.Peek(path)
-	ev.push(evChange{held: held}, path)
+	held, _ := t.Peek(ev.log[p.off : p.off+p.n])
+	ev.queueLocked(evChange{off: p.off, n: p.n, held: held})
 	if ev.pending--; ev.pending == 0 {
-		ev.paths = ev.paths[:0]
+		ev.mu.Unlock()
 	}
 }
 
