@@ -98,20 +98,31 @@ const PanicEventsOutOfStep = "kv: prefix cache block events out of step with its
 // the changes later, in order, tells the observer exactly what applying each at once
 // would have.
 //
+// What queueing costs the cache's call is one copy of the path into memory the queue
+// reuses (log, spareLog) and, after an eviction, one walk of the index (Peek): no
+// allocation once the buffers have grown to a batch's paths, and no wake-up. (A path
+// of its own per change, allocated under the cache's lock, cost the calls more than
+// all the rest: fresh memory each time, 16 KiB for a prompt of 4,096 tokens.) An
+// eviction's path is written to the log before the index changes (path) and queued
+// after (sync), with mu held in between, so that the events' goroutine cannot take
+// the log away meanwhile.
+//
 // Locks: the prefix cache's lock is held to queue a change, and the queue's (mu) is
 // taken under it, never the other way round; the events' goroutine takes mu alone,
 // and calls the observer with no lock held.
 type pcEvents struct {
-	mu      sync.Mutex
-	cond    *sync.Cond // on mu: applied moved
-	queue   []evChange
-	spare   []evChange
-	queued  int64 // changes queued, in all
-	applied int64 // changes applied, in all
-	started bool  // the goroutine runs (from the first change on)
-	closing bool
-	kick    chan struct{} // wakes the goroutine before its next poll
-	done    chan struct{} // closed when it returns
+	mu       sync.Mutex
+	cond     *sync.Cond // on mu: applied moved
+	queue    []evChange
+	spare    []evChange
+	log      []int32 // the queued changes' paths, end to end
+	spareLog []int32 // the log's other buffer: the events' goroutine reads one while the cache fills the other
+	queued   int64   // changes queued, in all
+	applied  int64   // changes applied, in all
+	started  bool    // the goroutine runs (from the first change on)
+	closing  bool
+	kick     chan struct{} // wakes the goroutine before its next poll
+	done     chan struct{} // closed when it returns
 
 	// The events' goroutine's alone.
 	obs    BlockEvents
@@ -122,14 +133,22 @@ type pcEvents struct {
 	root   evBlock
 	blocks map[evKey]*evBlock
 	key    []byte // scratch: a block's tokens as the bytes of an evKey
+
+	// The cache's, under its lock: how many paths path wrote to the log that sync has
+	// not yet queued; mu is held while there are any.
+	pending int
 }
 
-// evChange is a change of the index along path, of which it then held the first
-// held tokens; or, with clear, the end of the index (Close).
+// evPath is a path written to the log and not yet queued: log[off:off+n].
+type evPath struct{ off, n int }
+
+// evChange is a change of the index along the path log[off:off+n] of its batch, of
+// which the index then held the first held tokens; or, with clear, the end of the
+// index (Close).
 type evChange struct {
-	path  []int32
-	held  int
-	clear bool
+	off, n int
+	held   int
+	clear  bool
 }
 
 // Polls of the events' goroutine: every evPoll while changes come, backing off to
@@ -180,10 +199,21 @@ func newEvents(c *Cache, o EventOptions) (*pcEvents, error) {
 	return ev, nil
 }
 
-// push queues c, starting the events' goroutine on the first. pc.mu is held.
-func (ev *pcEvents) push(c evChange) {
-	ev.mu.Lock()
-	defer ev.mu.Unlock()
+// push queues c along path (copied to the log), starting the events' goroutine on the
+// first. pc.mu is held.
+func (ev *pcEvents) push(c evChange, path []int32) {
+	if ev.pending == 0 {
+		ev.mu.Lock()
+		defer ev.mu.Unlock()
+	}
+	c.off, c.n = len(ev.log), len(path)
+	ev.log = append(ev.log, path...)
+	ev.queueLocked(c)
+}
+
+// queueLocked queues c, whose path is in the log, starting the events' goroutine on
+// the first. pc.mu and ev.mu are held.
+func (ev *pcEvents) queueLocked(c evChange) {
 	if ev.closing {
 		panic(PanicEventsOutOfStep) // the index changed after Close
 	}
@@ -209,8 +239,8 @@ func (ev *pcEvents) run() {
 			t.Stop()
 		}
 		ev.mu.Lock()
-		taken := ev.queue
-		ev.queue = ev.spare
+		taken, log := ev.queue, ev.log
+		ev.queue, ev.log = ev.spare, ev.spareLog
 		ev.mu.Unlock()
 		last := false
 		for _, c := range taken {
@@ -221,11 +251,10 @@ func (ev *pcEvents) run() {
 				ev.obs.AllBlocksCleared()
 				continue
 			}
-			ev.apply(c.path, c.held)
+			ev.apply(log[c.off:c.off+c.n], c.held)
 		}
-		clear(taken) // let the paths go
 		ev.mu.Lock()
-		ev.spare = taken[:0]
+		ev.spare, ev.spareLog = taken[:0], log[:0]
 		ev.applied += int64(len(taken))
 		ev.cond.Broadcast()
 		ev.mu.Unlock()
@@ -261,13 +290,20 @@ func (ev *pcEvents) flush() {
 // the same process calls it before it reads what the events told it.
 func (pc *PrefixCache) FlushEvents() { pc.ev.flush() }
 
-// path returns the tokens from the root to leaf (a new slice), for sync once the
-// index has changed there, or nil when there are no events. pc.mu is held.
-func (ev *pcEvents) path(leaf *radix.Node[*pcEntry]) []int32 {
+// path writes the tokens from the root to leaf to the log, for sync once the index
+// has changed there, and returns where they lie (nothing when there are no events).
+// mu stays held until every path written has been synced. pc.mu is held.
+func (ev *pcEvents) path(leaf *radix.Node[*pcEntry]) evPath {
 	if ev == nil {
-		return nil
+		return evPath{}
 	}
-	return leaf.Tokens()
+	if ev.pending == 0 {
+		ev.mu.Lock()
+	}
+	ev.pending++
+	off := len(ev.log)
+	ev.log = leaf.AppendTokens(ev.log)
+	return evPath{off, len(ev.log) - off}
 }
 
 // fill writes block i of path into ev.key.
@@ -277,24 +313,27 @@ func (ev *pcEvents) fill(path []int32, i int) {
 	}
 }
 
-// sync queues the change of t along path, which t must no longer need: the events'
-// goroutine then announces the blocks of path that t holds whole now and withdraws
+// sync queues the change of t along p, which path must have returned: the events'
+// goroutine then announces the blocks of the path that t holds whole now and withdraws
 // those it no longer does (see above). pc.mu is held.
-func (ev *pcEvents) sync(t *radix.Tree[*pcEntry], path []int32) {
+func (ev *pcEvents) sync(t *radix.Tree[*pcEntry], p evPath) {
 	if ev == nil {
 		return
 	}
-	held, _ := t.Peek(path)
-	ev.push(evChange{path: path, held: held})
+	held, _ := t.Peek(ev.log[p.off : p.off+p.n])
+	ev.queueLocked(evChange{off: p.off, n: p.n, held: held})
+	if ev.pending--; ev.pending == 0 {
+		ev.mu.Unlock()
+	}
 }
 
-// owned returns tokens, or nil when there are no events, for sync: a copy, since
-// the caller keeps tokens.
-func (ev *pcEvents) owned(tokens []int32) []int32 {
+// inserted queues Insert's change along tokens, all of which t now holds: as sync,
+// without the walk. pc.mu is held.
+func (ev *pcEvents) inserted(tokens []int32) {
 	if ev == nil {
-		return nil
+		return
 	}
-	return slices.Clone(tokens)
+	ev.push(evChange{held: len(tokens)}, tokens)
 }
 
 // apply applies a change along path, of which the index held the first held
@@ -320,12 +359,12 @@ func (ev *pcEvents) apply(path []int32, held int) {
 }
 
 // announce announces blocks [from, to) of path, the block before them being parent.
-// NB: path is its change's own (sync), so its tokens go to the observer uncopied.
+// NB: path lies in the queue's log, which is reused: the observer gets a copy.
 func (ev *pcEvents) announce(parent *evBlock, path []int32, from, to int) {
 	bs := ev.bs
 	st := BlocksStored{
 		Hashes: make([]uint64, 0, to-from), HasParent: parent != &ev.root,
-		Tokens: path[from*bs : to*bs : to*bs], BlockSize: bs, LoRA: ev.lora, Medium: ev.medium,
+		Tokens: slices.Clone(path[from*bs : to*bs]), BlockSize: bs, LoRA: ev.lora, Medium: ev.medium,
 	}
 	if st.HasParent {
 		st.Parent = parent.hash.Uint64()
@@ -393,7 +432,7 @@ func (ev *pcEvents) clear() {
 		ev.obs.AllBlocksCleared() // nothing was announced, nor queued
 		return
 	}
-	ev.push(evChange{clear: true})
+	ev.push(evChange{clear: true}, nil)
 	ev.mu.Lock()
 	ev.closing = true
 	ev.mu.Unlock()

@@ -461,7 +461,7 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 		return nil
 	}
 	e.leaf = leaf
-	pc.ev.sync(pc.tree, pc.ev.owned(tokens))
+	pc.ev.inserted(tokens)
 	if s.pcl == nil {
 		s.pcl = &pcLive{pc: pc}
 	}

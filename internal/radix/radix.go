@@ -343,10 +343,16 @@ func (t *Tree[V]) Tokens() int64 {
 }
 
 // Tokens returns the tokens from the root to the end of n's edge (a copy).
-func (n *Node[V]) Tokens() []int32 {
-	out := make([]int32, n.depth)
+func (n *Node[V]) Tokens() []int32 { return n.AppendTokens(nil) }
+
+// AppendTokens returns dst with the tokens from the root to the end of n's edge
+// appended: no allocation when dst has room for them.
+func (n *Node[V]) AppendTokens(dst []int32) []int32 {
+	start := len(dst)
+	dst = slices.Grow(dst, n.depth)[:start+n.depth]
+	out := dst[start:]
 	for ; n != nil && n.parent != nil; n = n.parent {
 		copy(out[n.depth-len(n.key):n.depth], n.key)
 	}
-	return out
+	return dst
 }

@@ -232,3 +232,19 @@ func TestRemovedEdgeReused(t *testing.T) {
 	assert.Equal(t, c, nc.Tokens())
 	check(t, tr)
 }
+
+// TestAppendTokens: a node's tokens go after dst's own, across split edges, and into
+// dst's spare room without an allocation.
+func TestAppendTokens(t *testing.T) {
+	tr := New[int]()
+	a, _, _ := tr.Insert([]int32{1, 2, 3, 4, 5}, 1)
+	b, _, _ := tr.Insert([]int32{1, 2, 9}, 2) // splits a's edge after 2
+	dst := []int32{7}
+	assert.Equal(t, []int32{7, 1, 2, 3, 4, 5}, a.AppendTokens(dst))
+	assert.Equal(t, []int32{7, 1, 2, 9}, b.AppendTokens(dst))
+	assert.Equal(t, []int32{1, 2}, b.Parent().AppendTokens(nil))
+	assert.Empty(t, tr.Root().AppendTokens(nil))
+	assert.Equal(t, a.Tokens(), a.AppendTokens(nil))
+	buf := make([]int32, 0, 8)
+	assert.Zero(t, testing.AllocsPerRun(10, func() { buf = a.AppendTokens(buf[:0]) }))
+}
