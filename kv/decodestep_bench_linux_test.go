@@ -118,26 +118,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 			}
 			return qs
 		}
-		// appendAll appends one token to each sequence and writes its K and V in
-		// every layer.
-		appendAll := func(b *testing.B, qs []*kv.Sequence) {
-			for _, q := range qs {
-				t := q.Len()
-				if t == tokens+room {
-					b.Fatalf("more steps than the %d tokens of room", room)
-				}
-				if err := q.Append(1); err != nil {
-					b.Fatal(err)
-				}
-				for l := range g.Layers {
-					for _, k := range kv.KindsOf(g) {
-						if err := q.WriteToken(l, k, t, token); err != nil {
-							b.Fatal(err)
-						}
-					}
-				}
-			}
-		}
+		appendAll := func(b *testing.B, qs []*kv.Sequence) { decodeAppend(b, qs, g, tokens+room, token) }
 		// check fails b unless a layer's read loaded the K and V of every token.
 		check := func(b *testing.B, read, tokens int) {
 			if read != 2*tokens*tb {
@@ -268,5 +249,26 @@ func BenchmarkDecodeStep(b *testing.B) {
 			}
 			report(b)
 		})
+	}
+}
+
+// decodeAppend appends one token to each of qs and writes its K and V in every layer
+// of g, as a decode step does; it fails b when a sequence would pass limit tokens.
+func decodeAppend(b *testing.B, qs []*kv.Sequence, g kv.Geometry, limit int, token []byte) {
+	for _, q := range qs {
+		t := q.Len()
+		if t == limit {
+			b.Fatalf("a sequence reached its %d tokens: more steps than it has room for", limit)
+		}
+		if err := q.Append(1); err != nil {
+			b.Fatal(err)
+		}
+		for l := range g.Layers {
+			for _, k := range kv.KindsOf(g) {
+				if err := q.WriteToken(l, k, t, token); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
 	}
 }

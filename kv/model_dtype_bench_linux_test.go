@@ -91,22 +91,7 @@ func decodeStepDType[T arena.Elem](b *testing.B, dt arena.DType) {
 	}
 	b.SetBytes(int64(2 * g.Layers * total * tb))
 	for b.Loop() {
-		for _, q := range qs {
-			t := q.Len()
-			if t == tokens+room {
-				b.Fatalf("more steps than the %d tokens of room", room)
-			}
-			if err := q.Append(1); err != nil {
-				b.Fatal(err)
-			}
-			for l := range g.Layers {
-				for _, kind := range kv.KindsOf(g) {
-					if err := q.WriteToken(l, kind, t, token); err != nil {
-						b.Fatal(err)
-					}
-				}
-			}
-		}
+		decodeAppend(b, qs, g, tokens+room, token)
 		for l := range runs {
 			read := 0
 			for k, q := range qs {
