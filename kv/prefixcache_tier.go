@@ -74,7 +74,8 @@ type tierWrite struct {
 
 // newTiers returns the tiers of opts for c, nil without any, or an error matching
 // ErrConfig: a layout other than Blocked (only its block is one contiguous unit of
-// every layer), a nil tier, a negative bound.
+// every layer), a nil tier, two tiers of one name (their counts are told apart by
+// it), a negative bound.
 func newTiers(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
 	if opts.TierStores < 0 || opts.TierWait < 0 {
 		return nil, fmt.Errorf("%w: TierStores %d, TierWait %v", ErrConfig, opts.TierStores, opts.TierWait)
@@ -85,10 +86,15 @@ func newTiers(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
 	if c.cfg.Layout != Blocked || c.nbuf != 1 || c.tpb <= 0 {
 		return nil, fmt.Errorf("%w: tiers store whole blocks, and only the Blocked layout lays a block out as one contiguous unit (layout %v)", ErrConfig, c.cfg.Layout)
 	}
+	names := make(map[string]int, len(opts.Tiers))
 	for i, t := range opts.Tiers {
 		if t == nil {
 			return nil, fmt.Errorf("%w: tier %d is nil", ErrConfig, i)
 		}
+		if j, ok := names[t.Name()]; ok {
+			return nil, fmt.Errorf("%w: tiers %d and %d are both named %q", ErrConfig, j, i, t.Name())
+		}
+		names[t.Name()] = i
 	}
 	ns, err := TierNamespace(c.cfg, c.gran, opts.TierPrefix)
 	if err != nil {

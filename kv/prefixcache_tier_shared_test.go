@@ -340,6 +340,7 @@ func TestPrefixCacheTierOptions(t *testing.T) {
 		{Tiers: []kv.Tier{nil}},
 		{Tiers: []kv.Tier{tiertest.NewMap(0)}, TierStores: -1},
 		{Tiers: []kv.Tier{tiertest.NewMap(0)}, TierWait: -1},
+		{Tiers: []kv.Tier{tiertest.NewMap(0), tiertest.NewMap(0)}}, // two of one name
 	} {
 		_, err := kv.NewPrefixCache(c, o)
 		assert.ErrorIs(t, err, kv.ErrConfig, "%+v", o)

@@ -159,6 +159,8 @@ type descs struct {
 	kvRefusals, kvUnreleased                                                          *prometheus.Desc
 
 	pcQueries, pcHits, pcEvictions, pcEvictedBytes, pcCached, pcPinned *prometheus.Desc
+
+	pcTierHits, pcTierMisses, pcTierLoaded, pcTierStored, pcTierDrops, pcTierInvalid *prometheus.Desc
 }
 
 func newDescs(ns string) descs {
@@ -166,6 +168,7 @@ func newDescs(ns string) descs {
 	auth := []string{"device", "authority"}
 	pool := []string{"pool", "device"}
 	cache := []string{"cache"}
+	tier := []string{"cache", "tier"}
 	d := func(name, help string, labels []string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(ns, "", name), help, labels, nil)
 	}
@@ -205,6 +208,13 @@ func newDescs(ns string) descs {
 		pcEvictedBytes: d("prefix_cache_evicted_bytes_total", "Physical bytes evictions from the prefix cache gave back.", cache),
 		pcCached:       d("prefix_cache_cached_bytes", "Bytes the prefix cache holds, pinned or not.", cache),
 		pcPinned:       d("prefix_cache_pinned_bytes", "Bytes the prefix cache holds pinned (never evicted).", cache),
+
+		pcTierHits:    d("prefix_cache_tier_hits_total", "Prompt tokens the prefix cache loaded from a tier below the device (they count in prefix_cache_hits_total too).", tier),
+		pcTierMisses:  d("prefix_cache_tier_misses_total", "Lookups that asked a tier and loaded nothing from it.", tier),
+		pcTierLoaded:  d("prefix_cache_tier_load_bytes_total", "Bytes of the values the prefix cache loaded from a tier, each checked.", tier),
+		pcTierStored:  d("prefix_cache_tier_store_bytes_total", "Bytes of the values the prefix cache wrote down into a tier.", tier),
+		pcTierDrops:   d("prefix_cache_tier_dropped_total", "Blocks not stored into a tier, and loads that failed other than by a value's check: misses, never errors.", tier),
+		pcTierInvalid: d("prefix_cache_tier_invalid_total", "Values from a tier that failed their check (damaged, another namespace, other tokens): misses, never mapped.", tier),
 	}
 }
 
@@ -216,6 +226,7 @@ func (d *descs) all() []*prometheus.Desc {
 		d.kvUsage, d.kvSequences, d.kvPrefixes, d.kvTokens, d.kvUsed, d.kvCommitted, d.kvSaved, d.kvWaits,
 		d.kvRefusals, d.kvUnreleased,
 		d.pcQueries, d.pcHits, d.pcEvictions, d.pcEvictedBytes, d.pcCached, d.pcPinned,
+		d.pcTierHits, d.pcTierMisses, d.pcTierLoaded, d.pcTierStored, d.pcTierDrops, d.pcTierInvalid,
 	}
 }
 
@@ -249,6 +260,14 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(ch, c.d.pcEvictedBytes, s.EvictedBytes, p.Name)
 		gauge(ch, c.d.pcCached, float64(s.CachedBytes), p.Name)
 		gauge(ch, c.d.pcPinned, float64(s.PinnedBytes), p.Name)
+		for _, t := range s.Tiers {
+			counter(ch, c.d.pcTierHits, t.Hits, p.Name, t.Name)
+			counter(ch, c.d.pcTierMisses, t.Misses, p.Name, t.Name)
+			counter(ch, c.d.pcTierLoaded, t.LoadBytes, p.Name, t.Name)
+			counter(ch, c.d.pcTierStored, t.StoreBytes, p.Name, t.Name)
+			counter(ch, c.d.pcTierDrops, t.Drops, p.Name, t.Name)
+			counter(ch, c.d.pcTierInvalid, t.Invalid, p.Name, t.Name)
+		}
 	}
 	for _, p := range c.opts.EventPublishers {
 		c.collectEventPublisher(ch, p)

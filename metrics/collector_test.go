@@ -145,6 +145,53 @@ vmarena_prefix_cache_queries_total{cache="llama"} 9000
 	assert.Empty(t, problems, "client_golang's metric lint")
 }
 
+// TestCollectPrefixCacheTiers: a prefix cache's counts per tier are series labelled
+// with the cache and the tier, one set a tier, and none without tiers.
+func TestCollectPrefixCacheTiers(t *testing.T) {
+	stats := kv.PrefixCacheStats{Tiers: []kv.TierStats{
+		{Name: "host", Hits: 640, Misses: 3, LoadBytes: 40 << 20, StoreBytes: 64 << 20, Drops: 1},
+		{Name: "redis", Hits: 128, Misses: 7, LoadBytes: 8 << 20, StoreBytes: 64 << 20, Drops: 5, Invalid: 2},
+	}}
+	c, err := metrics.New(metrics.Options{PrefixCaches: []metrics.PrefixCache{
+		{Name: "llama", Source: metrics.PrefixCacheFunc(func() kv.PrefixCacheStats { return stats })},
+		{Name: "none", Source: metrics.PrefixCacheFunc(func() kv.PrefixCacheStats { return kv.PrefixCacheStats{} })},
+	}})
+	require.NoError(t, err)
+	const want = `
+# HELP vmarena_prefix_cache_tier_hits_total Prompt tokens the prefix cache loaded from a tier below the device (they count in prefix_cache_hits_total too).
+# TYPE vmarena_prefix_cache_tier_hits_total counter
+vmarena_prefix_cache_tier_hits_total{cache="llama",tier="host"} 640
+vmarena_prefix_cache_tier_hits_total{cache="llama",tier="redis"} 128
+# HELP vmarena_prefix_cache_tier_misses_total Lookups that asked a tier and loaded nothing from it.
+# TYPE vmarena_prefix_cache_tier_misses_total counter
+vmarena_prefix_cache_tier_misses_total{cache="llama",tier="host"} 3
+vmarena_prefix_cache_tier_misses_total{cache="llama",tier="redis"} 7
+# HELP vmarena_prefix_cache_tier_load_bytes_total Bytes of the values the prefix cache loaded from a tier, each checked.
+# TYPE vmarena_prefix_cache_tier_load_bytes_total counter
+vmarena_prefix_cache_tier_load_bytes_total{cache="llama",tier="host"} 4.194304e+07
+vmarena_prefix_cache_tier_load_bytes_total{cache="llama",tier="redis"} 8.388608e+06
+# HELP vmarena_prefix_cache_tier_store_bytes_total Bytes of the values the prefix cache wrote down into a tier.
+# TYPE vmarena_prefix_cache_tier_store_bytes_total counter
+vmarena_prefix_cache_tier_store_bytes_total{cache="llama",tier="host"} 6.7108864e+07
+vmarena_prefix_cache_tier_store_bytes_total{cache="llama",tier="redis"} 6.7108864e+07
+# HELP vmarena_prefix_cache_tier_dropped_total Blocks not stored into a tier, and loads that failed other than by a value's check: misses, never errors.
+# TYPE vmarena_prefix_cache_tier_dropped_total counter
+vmarena_prefix_cache_tier_dropped_total{cache="llama",tier="host"} 1
+vmarena_prefix_cache_tier_dropped_total{cache="llama",tier="redis"} 5
+# HELP vmarena_prefix_cache_tier_invalid_total Values from a tier that failed their check (damaged, another namespace, other tokens): misses, never mapped.
+# TYPE vmarena_prefix_cache_tier_invalid_total counter
+vmarena_prefix_cache_tier_invalid_total{cache="llama",tier="host"} 0
+vmarena_prefix_cache_tier_invalid_total{cache="llama",tier="redis"} 2
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want),
+		"vmarena_prefix_cache_tier_hits_total", "vmarena_prefix_cache_tier_misses_total",
+		"vmarena_prefix_cache_tier_load_bytes_total", "vmarena_prefix_cache_tier_store_bytes_total",
+		"vmarena_prefix_cache_tier_dropped_total", "vmarena_prefix_cache_tier_invalid_total"))
+	problems, err := testutil.CollectAndLint(c)
+	require.NoError(t, err)
+	assert.Empty(t, problems, "client_golang's metric lint")
+}
+
 func TestCollectGovernor(t *testing.T) {
 	gov := accounting.NewGovernor()
 	require.NoError(t, gov.SetLimit(accounting.HostKey, 100))
