@@ -26,7 +26,8 @@ type PrefixCacheOptions struct {
 	// each, and a lookup that does not find all of a prompt locally asks them for the
 	// blocks that follow (see prefixcache_tier.go and PrefixCache's Tiers section).
 	// Only the Blocked layout has blocks that are one contiguous unit; another is
-	// refused with ErrConfig.
+	// refused with ErrConfig, as are two tiers of one Name (their counts, in Stats
+	// and in metrics, are told apart by it).
 	Tiers []Tier
 	// TierPrefix is the user's part of the tiers' namespace (TierNamespace): the
 	// model's weights or revision, an adapter, a tenant.
