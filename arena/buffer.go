@@ -218,6 +218,25 @@ func (buf *Buffer[R, B]) DecommitBelow(off int) error {
 	return nil
 }
 
+// StartAt moves the Start of a buffer that commits nothing (Len 0) to off, a
+// multiple of the granule in [0, Capacity]: growth (Resize, or ShareRange at off)
+// then commits from off on, and the bytes below stay Reserved, as if DecommitBelow had
+// given them back. A holder of a window of tokens starts there rather than commit
+// bytes it would give back at once. It fails with ErrNotEmpty on a buffer with
+// bytes in use and ErrInvalidSize for an off that is not granule-aligned or past the
+// capacity; on error nothing changed.
+func (buf *Buffer[R, B]) StartAt(off int) error {
+	buf.live()
+	switch {
+	case buf.length != 0 || buf.end != buf.start:
+		return fmt.Errorf("%w: start at %d of a buffer with [%d, %d) committed", ErrNotEmpty, off, buf.start, buf.end)
+	case off < 0 || off > buf.capacity || off%buf.gran != 0:
+		return fmt.Errorf("%w: start at %d (%d-byte granule, capacity %d)", ErrInvalidSize, off, buf.gran, buf.capacity)
+	}
+	buf.start, buf.end = off, off
+	return nil
+}
+
 // decommit moves the committed granules [from, to) to Reserved and, under ByBuffer,
 // gives their charge back; the caller then moves start or end.
 func (buf *Buffer[R, B]) decommit(from, to int) error {
