@@ -7,10 +7,17 @@ import (
 )
 
 // Writable returns the first token that may be written: tokens below it lie in
-// granules shared with a prefix or a fork and are read-only.
+// granules shared with a prefix or a fork and are read-only. On a Model it is the
+// first that may be written in every group that has tokens.
 func (s *Sequence) Writable() int {
 	s.live()
-	return s.c.writableFrom(s.frozen)
+	w := 0
+	for gi := range s.c.groups {
+		if g := &s.c.groups[gi]; g.state == 0 {
+			w = max(w, g.writableFrom(*s.frozenOf(gi)))
+		}
+	}
+	return w
 }
 
 // Bytes returns the Len × TokenBytes bytes of layer's K or V tensor in the PerLayer
@@ -19,7 +26,8 @@ func (s *Sequence) Writable() int {
 // be written: in a sequence started on a prefix or forked they are mapped read-only,
 // and so are they in the sequence a prefix or fork was made from on a backing that
 // can protect memory in place (a write faults: see the package doc); elsewhere the
-// origin's are not, and a write there would reach every sharer.
+// origin's are not, and a write there would reach every sharer. In a window group the
+// slice holds the tokens from FirstHeld on: (Len - FirstHeld) × TokenBytes bytes.
 func (s *Sequence) Bytes(layer int, kind Kind) ([]byte, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
@@ -27,15 +35,16 @@ func (s *Sequence) Bytes(layer int, kind Kind) ([]byte, error) {
 	if s.c.cfg.Layout != PerLayer {
 		return nil, fmt.Errorf("%w: %v tensors are strided; use a view", ErrLayout, s.c.cfg.Layout)
 	}
-	i, _, ok := s.c.tensor(layer, kind)
+	gi, i, _, ok := s.c.where(layer, kind)
 	if !ok {
-		return nil, fmt.Errorf("%w: layer %d %v", ErrRange, layer, kind)
+		return nil, s.c.noTensor(layer, kind)
 	}
 	buf := s.bufs[i]
 	if !buf.HostAccessible() {
 		return nil, fmt.Errorf("%w: device memory can not be touched by the CPU", ErrLayout)
 	}
-	return buf.Bytes()[:s.c.extent(s.n)], nil
+	g := &s.c.groups[gi]
+	return buf.Bytes()[s.heldOf(gi)*g.row : g.extent(s.n)], nil
 }
 
 // Base returns the first address of layer's K or V tensor (its token 0), for a
@@ -50,7 +59,9 @@ func (s *Sequence) Base(layer int, kind Kind) uintptr {
 
 // TokenStride returns, for a kernel (see Base), the bytes from one token to the next
 // within a layer's K or V tensor: TokenBytes in both layouts (within a block in
-// Blocked, BlockStride from one block to the next).
+// Blocked, BlockStride from one block to the next). On a Model it is the first
+// group's, and BlockTokens' and BlockStride's too: each group has its own
+// (Cache.LayerStrides).
 func (s *Sequence) TokenStride() int {
 	s.live()
 	return s.c.row
@@ -83,33 +94,43 @@ func (s *Sequence) BlockStride() int {
 // dimension counts blocks (HeadDim / 32 of them: see arena.BlockQ8_0), and the Blocked
 // layout, whose blocks of whole granules are no whole number of 34-byte blocks, has
 // no view (ErrLayout).
+//
+// On a Model the tensor is the layer's group's, of its element type (an MLA layer's
+// one latent is its K: its V is refused with ErrRange). A window group's view is its
+// held window: it starts at FirstHeld (in the Blocked layout, at FirstHeld's block,
+// a multiple of BlockTokens), so that its element [0] is that token (block), and the
+// dropped tokens below are in no view.
 func View[T arena.Elem](s *Sequence, layer int, kind Kind) (arena.Tensor[T], error) {
 	if err := s.usable(); err != nil {
 		return arena.Tensor[T]{}, err
 	}
-	g := s.c.cfg.Geometry
+	gi, i, off, ok := s.c.where(layer, kind)
+	if !ok {
+		return arena.Tensor[T]{}, s.c.noTensor(layer, kind)
+	}
+	gr := &s.c.groups[gi]
+	g := gr.spec
 	if dt := arena.DTypeOf[T](); dt != g.DType {
 		return arena.Tensor[T]{}, fmt.Errorf("%w: %v view of a %v cache", ErrElemType, dt, g.DType)
 	}
-	i, off, ok := s.c.tensor(layer, kind)
-	if !ok {
-		return arena.Tensor[T]{}, fmt.Errorf("%w: layer %d %v", ErrRange, layer, kind)
-	}
+	held := s.heldOf(gi)
 	size := g.DType.Size()
 	hd := g.HeadDim / g.DType.BlockValues() // elements per head: values, or blocks (Validate)
 	var shape, strides []int
-	switch s.c.layout {
+	switch gr.layout {
 	case PerLayer:
-		return arena.NewTensor[T](s.bufs[i], 0, s.n, g.KVHeads, hd)
+		return arena.NewTensor[T](s.bufs[i], held*gr.row, s.n-held, g.KVHeads, hd)
 	case Blocked:
-		if s.c.blk%size != 0 {
-			return arena.Tensor[T]{}, fmt.Errorf("%w: blocks of %d bytes are not a whole number of %d-byte %v elements; use Base, BlockStride and TokenStride", ErrLayout, s.c.blk, size, g.DType)
+		if gr.blk%size != 0 {
+			return arena.Tensor[T]{}, fmt.Errorf("%w: blocks of %d bytes are not a whole number of %d-byte %v elements; use Base, BlockStride and TokenStride", ErrLayout, gr.blk, size, g.DType)
 		}
-		shape = []int{s.c.unitsFor(s.n), s.c.tpb, g.KVHeads, hd}
-		strides = []int{s.c.blk / size, s.c.row / size, hd, 1}
+		hb := held / gr.tpb // held is a multiple of the block (dropOff)
+		off += hb * gr.blk
+		shape = []int{gr.unitsFor(s.n) - hb, gr.tpb, g.KVHeads, hd}
+		strides = []int{gr.blk / size, gr.row / size, hd, 1}
 	default:
 		shape = []int{s.n, g.KVHeads, hd}
-		strides = []int{s.c.row / size, hd, 1}
+		strides = []int{gr.row / size, hd, 1}
 	}
 	// NB: a range is one pointer wide in an interface, so a view on it at off
 	// allocates nothing; only an empty range (Len 0, below off) needs memory that

@@ -57,8 +57,13 @@ func (s *Sequence) ForkNeed(n int) (int64, error) {
 // sequence's ranges commits: in each range, the granules past the whole sharing units,
 // which hold the copied tail.
 func (c *Cache) shareNeed(n int) int64 {
-	size, _ := backing.AlignUp(c.extent(n), c.gran)
-	return int64(c.nbuf) * int64(size-c.shareable(n))
+	var need int64
+	for gi := range c.groups {
+		g := &c.groups[gi]
+		size, _ := backing.AlignUp(g.extent(n), c.gran)
+		need += int64(g.nbuf) * int64(size-g.shareable(n))
+	}
+	return need
 }
 
 // shareBudget checks that a new holder of the first n tokens of a sequence's ranges

@@ -169,38 +169,56 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 		if !commits || s.need(s.n+g.Tokens) == 0 {
 			continue // the granules it holds cover the tokens: nothing to resize
 		}
-		target := c.extent(s.n + g.Tokens)
-		s.pre = s.bufs[0].Committed() // the ranges are alike (see publish)
-		j, err := s.resizeRanges(target)
+		for gi := range c.groups {
+			// the ranges of a group are alike (see publish)
+			*s.preOf(gi) = rangeEnd(s.bufs[c.groups[gi].first])
+		}
+		j, err := s.resizeRanges(s.n + g.Tokens)
 		if err != nil {
 			return c.rollback(batch[:i], s, j, idle, commits, err)
 		}
 		s.grew = true
 	}
+	// NB: the windows give back what no step from the sequence's length on reads
+	// (see the package doc's layer groups) only once every growth is committed, so
+	// that a refused step changes nothing; a give-back the backing fails damages its
+	// sequence (see dropDead), the others' steps stand.
+	var errs []error
 	for _, g := range batch {
 		g.Seq.grew = false
+		if c.windows {
+			if err := g.Seq.dropDead(g.Seq.n); err != nil {
+				errs = append(errs, fmt.Errorf("sequence %d: %w", g.Seq.id, err))
+			}
+		}
 		g.Seq.n += g.Tokens
-		if commits {
+		if commits || c.multi {
 			g.Seq.publish()
 		} else {
 			g.Seq.tokens.Store(int64(g.Seq.n)) // nothing else moved
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
-// resizeRanges resizes each of s's ranges to size bytes, in order, under the lock
-// that a lookup mapping from them holds (lockRanges). It returns the error of the
-// first that failed and how many were resized before it.
-func (s *Sequence) resizeRanges(size int) (int, error) {
+// resizeRanges resizes each of s's ranges to hold tokens tokens, in order, under the
+// lock that a lookup mapping from them holds (lockRanges). It returns the error of
+// the first that failed and how many were resized before it.
+func (s *Sequence) resizeRanges(tokens int) (int, error) {
 	s.lockRanges()
 	defer s.unlockRanges()
-	for j, b := range s.bufs {
-		if err := b.Resize(size); err != nil {
-			return j, err
+	j := 0
+	for gi := range s.c.groups {
+		g := &s.c.groups[gi]
+		size := g.extent(tokens)
+		for _, b := range g.ranges(s.bufs) {
+			if err := b.Resize(size); err != nil {
+				return j, err
+			}
+			j++
 		}
 	}
-	return len(s.bufs), nil
+	return j, nil
 }
 
 // rollback undoes a failed grow: the first k ranges of s and every range of the
@@ -213,12 +231,19 @@ func (s *Sequence) resizeRanges(size int) (int, error) {
 // where the next commit or a Trim finds them).
 func (c *Cache) rollback(done []Growth, s *Sequence, k int, idle int64, commits bool, err error) error {
 	errs := []error{err}
-	undo := func(q *Sequence, bufs []buffer) {
+	// undo gives q's first k ranges back what they held before the step.
+	undo := func(q *Sequence, k int) {
 		var qerrs []error
 		q.lockRanges()
-		for _, b := range bufs {
-			if err := b.Resize(q.pre); err != nil {
-				qerrs = append(qerrs, err)
+		for gi := range c.groups {
+			g := &c.groups[gi]
+			for i, b := range g.ranges(q.bufs) {
+				if g.first+i >= k {
+					break
+				}
+				if err := b.Resize(*q.preOf(gi)); err != nil {
+					qerrs = append(qerrs, err)
+				}
 			}
 		}
 		q.unlockRanges()
@@ -228,11 +253,11 @@ func (c *Cache) rollback(done []Growth, s *Sequence, k int, idle int64, commits 
 		}
 		q.publish()
 	}
-	undo(s, s.bufs[:k])
+	undo(s, k)
 	for _, g := range done {
 		if g.Seq.grew {
 			g.Seq.grew = false
-			undo(g.Seq, g.Seq.bufs)
+			undo(g.Seq, len(g.Seq.bufs))
 		}
 	}
 	if commits && c.pool != nil {

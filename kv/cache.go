@@ -14,7 +14,15 @@ import (
 
 // Config says what a Cache holds and how.
 type Config struct {
+	// Geometry is the model's shape when every layer is full attention of one shape.
 	Geometry Geometry
+	// Model, set instead of Geometry, is a model of layer groups (sliding-window,
+	// chunked-local, MLA, recurrent): each group gets ranges of its own, laid out by
+	// Layout, and a window group gives back the granules behind its window (see the
+	// package doc). A cache on a Model of more than one group, or of a group that is
+	// not full attention, has no FP8 scales, no Freeze or prefix cache, and no
+	// MapAhead (New refuses them with ErrConfig).
+	Model Model
 	// MaxTokens is the most tokens one sequence may hold. It is reserved as address
 	// space only: a sequence commits memory for the tokens it has.
 	MaxTokens int
@@ -86,23 +94,44 @@ type Cache struct {
 
 	scales scales // the FP8 scales, made by New and given back by Close
 	ahead  *ahead // nil unless Config.MapAhead on a pool
+
+	// groups is how each layer group lies (one for a Geometry; shape is the first's),
+	// layers where each of the model's layers lies; multi is set for a model of more
+	// than one group or of a group other than full attention, windows when one of
+	// its groups is a window.
+	groups  []group
+	layers  []layerRef
+	multi   bool
+	windows bool
+	bpt     int // the model's BytesPerToken
 }
 
 // New returns a cache of sequences on b. It reserves nothing until sequences are made.
 // The backing's type is inferred from b and hidden behind the Cache, which names no
 // backing type: a server holds a *Cache whatever memory it runs on.
+//
+// On a Model (Config.Model) it refuses, with an error matching ErrGeometry that says
+// what, a model Model.Validate refuses for MaxTokens (a window larger than MaxTokens,
+// an MLA group with V, no layers, ...), and with ErrConfig what such a cache does not
+// have (scales, MapAhead); it allocates nothing then.
 func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
-	if err := cfg.Geometry.Validate(); err != nil {
+	m, _, err := cfg.model()
+	if err != nil {
 		return nil, err
 	}
 	if cfg.MaxTokens <= 0 {
 		return nil, fmt.Errorf("%w: MaxTokens %d", ErrConfig, cfg.MaxTokens)
 	}
 	g := b.Granularity()
-	sh, err := newShape(cfg.Geometry, cfg.Layout, g, cfg.BlockTokens, cfg.MaxTokens)
+	groups, layers, err := newGroups(m, cfg.Layout, g, cfg.BlockTokens, cfg.MaxTokens)
 	if err != nil {
 		return nil, err
 	}
+	multi := len(groups) > 1 || groups[0].spec.Kind != FullAttention
+	if multi && cfg.MapAhead {
+		return nil, fmt.Errorf("%w: MapAhead needs a cache of one full-attention group; model %q has %d groups", ErrConfig, m.Name, len(groups))
+	}
+	sh := groups[0].shape
 	acct := b.Accounting()
 	var gov *accounting.Governor
 	auth := cfg.Authority
@@ -127,6 +156,10 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 		sharer: sharer && acct.OwnedByBacking(), protector: protects, gov: gov, dev: b.Device(),
 		seqs:     make(map[*Sequence]struct{}),
 		prefixes: make(map[*Prefix]struct{}),
+		groups:   groups, layers: layers, multi: multi, bpt: m.BytesPerToken(),
+	}
+	for i := range groups {
+		c.windows = c.windows || groups[i].windowed()
 	}
 	if err := c.newScales(); err != nil {
 		return nil, err
@@ -181,12 +214,36 @@ func (c *Cache) newSequence() (*Sequence, error) {
 	id := c.nextID
 	c.inflight++
 	c.mu.Unlock()
-	bufs, err := c.newBuffers(c.capac)
+	bufs, err := c.newRanges()
 	if err != nil {
 		c.abandon(nil)
 		return nil, err
 	}
-	return &Sequence{c: c, id: id, bufs: bufs}, nil
+	s := &Sequence{c: c, id: id, bufs: bufs}
+	if c.multi {
+		s.gs = make([]groupState, len(c.groups))
+	}
+	return s, nil
+}
+
+// newRanges reserves a sequence's ranges, each group's of its own capacity, all or
+// none.
+func (c *Cache) newRanges() ([]buffer, error) {
+	if len(c.groups) == 1 {
+		return c.newBuffers(c.capac)
+	}
+	bufs := make([]buffer, 0, c.groups[len(c.groups)-1].first+c.groups[len(c.groups)-1].nbuf)
+	for i := range c.groups {
+		g := &c.groups[i]
+		for range g.nbuf {
+			buf, err := c.st.newBuffer(g.capac, c.cfg.Authority)
+			if err != nil {
+				return nil, errors.Join(err, c.release(bufs).Err)
+			}
+			bufs = append(bufs, buf)
+		}
+	}
+	return bufs, nil
 }
 
 // abandon gives back the ranges of a sequence that was never registered, wakes
@@ -304,7 +361,9 @@ type Stats struct {
 	Sequences int   // live sequences
 	Prefixes  int   // live prefixes
 	Tokens    int64 // tokens held by live sequences
-	Used      int64 // bytes of those tokens
+	// Used is the bytes of those tokens; on a Model, of the tokens the groups still
+	// hold (a window group's from FirstHeld on) and of the recurrent states.
+	Used int64
 	// Committed is the bytes of granules committed in live sequences' ranges, shared
 	// mappings included: what the sequences address.
 	Committed int64
@@ -347,6 +406,7 @@ func (c *Cache) Stats() Stats {
 		st.Tokens += s.tokens.Load()
 		st.Committed += s.committed.Load()
 		st.Shared += s.sharedIn.Load()
+		st.Used += s.used.Load()
 	}
 	st.Waits = c.waits
 	st.Refusals = c.refusals.Load()
@@ -355,7 +415,9 @@ func (c *Cache) Stats() Stats {
 		st.Unreleased += int64(b.Committed())
 	}
 	c.mu.Unlock()
-	st.Used = st.Tokens * int64(c.cfg.Geometry.BytesPerToken())
+	if !c.multi {
+		st.Used = st.Tokens * int64(c.bpt)
+	}
 	st.Waste = st.Committed - st.Used
 	l := c.ledger().Stats()
 	st.Owned, st.Mapped = l.Owned, l.Mapped

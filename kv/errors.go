@@ -33,6 +33,10 @@ var (
 	// ErrReadOnly: a write to a token below Writable, which lies in memory shared
 	// with a prefix or a fork.
 	ErrReadOnly = errors.New("kv: token is read-only (shared)")
+	// ErrDropped: a token a sliding-window or chunked-local group gave back (below
+	// Sequence.FirstHeld): it can not be read, written or viewed, and a Truncate or
+	// ForkAt whose next step would read it is refused.
+	ErrDropped = errors.New("kv: token dropped by its group's window")
 	// ErrScale: scales asked of a cache that keeps none, the wrong number of them, or
 	// a scale that is not finite and positive.
 	ErrScale = errors.New("kv: invalid FP8 scales")

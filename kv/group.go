@@ -93,6 +93,22 @@ func (g Group) TensorsPerLayer() int {
 	return 2
 }
 
+// kinds returns the tensors each of g's layers has, in order: K and V, the latent
+// alone (as K) for MLALatent, none for Recurrent. The slice is shared: callers MUST
+// NOT modify it.
+func (g Group) kinds() []Kind {
+	switch g.Kind {
+	case MLALatent:
+		return latentOnly
+	case Recurrent:
+		return nil
+	}
+	return keyValue
+}
+
+// latentOnly is the kinds of an MLA layer: its one latent tensor, addressed as K.
+var latentOnly = []Kind{K}
+
 // TokenBytes returns the bytes of one token of one of g's per-token tensors: KVHeads
 // heads of HeadDim values counted by the element type, block scales included. It is 0
 // for a Recurrent group and for a shape its element type can not hold.

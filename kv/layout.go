@@ -64,19 +64,37 @@ type shape struct {
 	blk    int // Blocked: bytes per block, whole granules; else 0
 	unit   int // bytes of a sharing unit: blk, or a granule
 	capac  int // bytes reserved per range (granule-aligned)
+	// state is a recurrent group's bytes (every layer's state, in one range), held
+	// from a sequence's first token on and copied, never shared; 0 for the others.
+	state int
 }
 
 // newShape returns the shape of layout on granules of granule bytes with blocks of at
 // least blockTokens tokens (0: the default), reserving maxTokens per sequence.
 func newShape(g Geometry, layout Layout, granule, blockTokens, maxTokens int) (shape, error) {
+	return newGroupShape(g.Model().Groups[0], layout, granule, blockTokens, maxTokens)
+}
+
+// newGroupShape is newShape for one valid layer group: its layers, in the group's
+// order, are the shape's layers. A recurrent group's shape is one range that holds
+// every layer's state, layer after layer, from the sequence's first token on.
+func newGroupShape(g Group, layout Layout, granule, blockTokens, maxTokens int) (shape, error) {
 	if !backing.IsPowerOfTwo(granule) || maxTokens < 0 {
 		return shape{}, fmt.Errorf("%w: granule %d, max tokens %d", ErrConfig, granule, maxTokens)
 	}
 	if blockTokens < 0 || blockTokens > 0 && layout != Blocked {
 		return shape{}, fmt.Errorf("%w: BlockTokens %d with layout %v (only Blocked has blocks; 0 is its default)", ErrConfig, blockTokens, layout)
 	}
+	if layout != Blocked && layout != PerLayer {
+		return shape{}, fmt.Errorf("%w: layout %v", ErrConfig, layout)
+	}
 	sh := shape{layout: layout, tb: g.TokenBytes(), kinds: g.kinds(), unit: granule}
-	nt := g.Layers * len(sh.kinds)
+	if g.Kind == Recurrent {
+		sh.nbuf, sh.state = 1, len(g.Layers)*g.StateBytes // validate bounds it
+		sh.capac, _ = backing.AlignUp(sh.state, granule)
+		return sh, nil
+	}
+	nt := len(g.Layers) * len(sh.kinds)
 	bpt := g.BytesPerToken()
 	var extent int
 	switch layout {
@@ -115,6 +133,9 @@ func newShape(g Geometry, layout Layout, granule, blockTokens, maxTokens int) (s
 // extent returns the bytes at the start of each range that n tokens occupy: whole
 // blocks in the Blocked layout (a block's last layer lies at its end).
 func (sh *shape) extent(n int) int {
+	if sh.state > 0 {
+		return min(n, 1) * sh.state
+	}
 	if sh.layout == Blocked {
 		return sh.unitsFor(n) * sh.blk
 	}
@@ -123,6 +144,9 @@ func (sh *shape) extent(n int) int {
 
 // unitsFor returns the sharing units that hold n tokens, the last one perhaps partly.
 func (sh *shape) unitsFor(n int) int {
+	if sh.state > 0 {
+		return (sh.extent(n) + sh.unit - 1) / sh.unit
+	}
 	if sh.layout == Blocked {
 		return (n + sh.tpb - 1) / sh.tpb
 	}
@@ -132,6 +156,9 @@ func (sh *shape) unitsFor(n int) int {
 // fullUnits returns the whole sharing units below n tokens: those a sequence started
 // on n tokens maps rather than copies.
 func (sh *shape) fullUnits(n int) int {
+	if sh.state > 0 {
+		return 0 // a recurrent state is copied, never shared
+	}
 	if sh.layout == Blocked {
 		return n / sh.tpb
 	}
@@ -222,6 +249,12 @@ func (sh *shape) run(t int) int {
 // copyTail copies the tokens of src's range past its whole sharing units below n
 // tokens into dst's, which must hold extent(n) bytes.
 func (sh *shape) copyTail(dst, src buffer, n int) error {
+	if sh.state > 0 {
+		if n > 0 {
+			return copyRange(dst, src, 0, sh.state)
+		}
+		return nil
+	}
 	full := sh.shareable(n)
 	if sh.layout != Blocked {
 		if tail := n*sh.row - full; tail > 0 {
@@ -248,48 +281,77 @@ func (sh *shape) copyTail(dst, src buffer, n int) error {
 
 // Sizing is what a configuration needs; see Size.
 type Sizing struct {
-	TokenBytes    int   // one token of one layer's K or V
+	TokenBytes    int   // one token of one layer's K or V (a Geometry's; 0 on a Model)
 	BytesPerToken int   // one token, all layers, K and V
 	Buffers       int   // address ranges per sequence
-	BlockTokens   int   // tokens per block in the Blocked layout, else 0
-	Used          int64 // bytes of the tokens themselves
+	BlockTokens   int   // tokens per block in the Blocked layout, else 0 (0 on a Model)
+	Used          int64 // bytes of the tokens themselves (on a Model: the groups' Need)
 	Committed     int64 // bytes of the granules that hold them
 	// Waste is Committed - Used: partly filled granules, and in the Blocked layout the
 	// bytes at each block's end that hold no whole token and the free tokens of the
-	// last block.
+	// last block (on a Model, a window's dead tokens in its first block too).
 	Waste        int64
 	WastePercent float64 // Waste as a share of Committed
 	Reserved     int64   // address space reserved per sequence (MaxTokens)
+	// Groups is, on a Model, what each group needs, in the order of Model.Groups:
+	// Committed is what the cache's layout commits for the group (in the Blocked
+	// layout, Model.Size's figure), BlockBytes and BlockTokens its blocks (0 in
+	// PerLayer; a recurrent group's BlockBytes is its state's granules). nil for a
+	// Geometry.
+	Groups []GroupSizing
 }
 
-// Size returns what one sequence of tokens tokens needs under cfg's geometry, layout
-// and block with granule bytes per granule, reserving room for MaxTokens (at least
-// tokens). It allocates nothing.
+// Size returns what one sequence of tokens tokens needs under cfg's geometry (or
+// model), layout and block with granule bytes per granule, reserving room for
+// MaxTokens (at least tokens). It allocates nothing.
 func (cfg Config) Size(granule, tokens int) (Sizing, error) {
-	g := cfg.Geometry
-	if err := g.Validate(); err != nil {
+	m, set, err := cfg.model()
+	if err != nil {
 		return Sizing{}, err
 	}
 	if tokens < 0 || cfg.MaxTokens < tokens {
 		return Sizing{}, fmt.Errorf("%w: granule %d, tokens %d, max tokens %d", ErrConfig, granule, tokens, cfg.MaxTokens)
 	}
-	sh, err := newShape(g, cfg.Layout, granule, cfg.BlockTokens, cfg.MaxTokens)
+	groups, _, err := newGroups(m, cfg.Layout, granule, cfg.BlockTokens, cfg.MaxTokens)
 	if err != nil {
 		return Sizing{}, err
 	}
-	committed, _ := backing.AlignUp(sh.extent(tokens), granule)
-	s := Sizing{
-		TokenBytes:    g.TokenBytes(),
-		BytesPerToken: g.BytesPerToken(),
-		Buffers:       sh.nbuf,
-		BlockTokens:   sh.tpb,
-		Used:          int64(tokens) * int64(g.BytesPerToken()),
-		Committed:     int64(sh.nbuf) * int64(committed),
-		Reserved:      int64(sh.nbuf) * int64(sh.capac),
+	s := Sizing{BytesPerToken: m.BytesPerToken()}
+	if !set {
+		s.TokenBytes, s.BlockTokens = groups[0].tb, groups[0].tpb
+	}
+	for i := range groups {
+		g := &groups[i]
+		committed := g.committed(tokens)
+		s.Buffers += g.nbuf
+		s.Committed += committed
+		s.Reserved += int64(g.nbuf) * int64(g.capac)
+		if !set {
+			s.Used = int64(tokens) * int64(g.bpt)
+			continue
+		}
+		gs, err := g.spec.size(granule, max(cfg.BlockTokens, 1), tokens)
+		if err != nil {
+			return Sizing{}, fmt.Errorf("group %d: %w", i, err)
+		}
+		gs.Committed = committed
+		if g.layout != Blocked && g.state == 0 {
+			gs.BlockBytes, gs.BlockTokens = 0, 0
+		}
+		s.Groups = append(s.Groups, gs)
+		s.Used += gs.Need
 	}
 	s.Waste = s.Committed - s.Used
 	if s.Committed > 0 {
 		s.WastePercent = 100 * float64(s.Waste) / float64(s.Committed)
 	}
 	return s, nil
+}
+
+// committed returns the bytes g's ranges commit for a sequence of n tokens: from
+// the unit its window starts in (dropOff) to the end of its last token's granule.
+// (A unit is whole granules, and a Blocked extent whole units.)
+func (g *group) committed(n int) int64 {
+	end := (g.extent(n) + g.unit - 1) / g.unit * g.unit // a unit need not be a power of two
+	return int64(g.nbuf) * int64(end-g.dropOff(n))
 }

@@ -45,7 +45,7 @@ func (p *Prefix) Base(layer int, kind Kind) uintptr {
 // tensorBase returns the first address of layer's K or V tensor in the ranges bufs of
 // a sequence or a prefix, panicking with PanicLayerRange for one that does not exist.
 func (c *Cache) tensorBase(bufs []buffer, layer int, kind Kind) uintptr {
-	i, off, ok := c.tensor(layer, kind)
+	_, i, off, ok := c.where(layer, kind)
 	if !ok {
 		panic(PanicLayerRange)
 	}

@@ -52,11 +52,15 @@ type Sequence struct {
 	// (ahead.want), asked for when its first range held askedAt bytes.
 	asked   int64
 	askedAt int
+	// gs is what it keeps per layer group in a cache on a Model (Cache.multi); nil in
+	// a one-group cache, whose group's are frozen and pre (see frozenOf).
+	gs []groupState
 
 	// Readings for Cache.Stats, which runs on other goroutines.
 	tokens    atomic.Int64
 	committed atomic.Int64
 	sharedIn  atomic.Int64
+	used      atomic.Int64 // on a Model: the bytes of what its groups hold
 }
 
 func (s *Sequence) live() {
@@ -93,22 +97,28 @@ func (s *Sequence) Cache() *Cache {
 
 // publish updates the readings other goroutines see.
 func (s *Sequence) publish() {
-	var committed, shared int64
-	if s.err == nil {
-		// NB: the ranges of a sequence that is not damaged are alike (every
-		// operation resizes and shares them all the same, or damages it), so one
-		// stands for all: a batch step then touches each range once.
-		committed = int64(len(s.bufs)) * int64(s.bufs[0].Committed())
-		shared = int64(len(s.bufs)) * int64(s.bufs[0].Shared())
-	} else {
-		for _, b := range s.bufs {
-			committed += int64(b.Committed())
-			shared += int64(b.Shared())
+	var committed, shared, used int64
+	for gi := range s.c.groups {
+		g := &s.c.groups[gi]
+		if s.err != nil || len(s.bufs) == 0 {
+			for _, b := range s.bufs[min(g.first, len(s.bufs)):min(g.first+g.nbuf, len(s.bufs))] {
+				committed += int64(b.Committed())
+				shared += int64(b.Shared())
+			}
+		} else {
+			// NB: the ranges of a group of a sequence that is not damaged are alike
+			// (every operation resizes and shares them all the same, or damages it),
+			// so one stands for all: a batch step then touches each group once.
+			b := s.bufs[g.first]
+			committed += int64(g.nbuf) * int64(b.Committed())
+			shared += int64(g.nbuf) * int64(b.Shared())
 		}
+		used += g.used(s.n, s.heldOf(gi))
 	}
 	s.tokens.Store(int64(s.n))
 	s.committed.Store(committed)
 	s.sharedIn.Store(shared)
+	s.used.Store(used)
 }
 
 // Append grows every K and V tensor of the sequence by n tokens, committing whole
@@ -129,11 +139,17 @@ func (s *Sequence) AppendCtx(ctx context.Context, n int) error {
 	return s.c.AppendBatchCtx(ctx, []Growth{{s, n}})
 }
 
-// need returns the bytes of the granules s must commit to hold tokens.
-// The sequence must not be damaged: its ranges are then alike (see publish).
+// need returns the bytes of the granules s must commit to hold tokens (before a
+// window group gives any back). The sequence must not be damaged: the ranges of each
+// of its groups are then alike (see publish).
 func (s *Sequence) need(tokens int) int64 {
-	size, _ := backing.AlignUp(s.c.extent(tokens), s.c.gran)
-	return int64(len(s.bufs)) * int64(max(size-s.bufs[0].Committed(), 0))
+	var n int64
+	for gi := range s.c.groups {
+		g := &s.c.groups[gi]
+		size, _ := backing.AlignUp(g.extent(tokens), s.c.gran)
+		n += int64(g.nbuf) * int64(max(size-rangeEnd(s.bufs[g.first]), 0))
+	}
+	return n
 }
 
 // Truncate shrinks the sequence to n tokens (rollback after speculative decoding),
@@ -144,12 +160,22 @@ func (s *Sequence) need(tokens int) int64 {
 // them); if it can not be had, the sequence is left holding the whole
 // tokens below that granule and the error says how many (or, where a token straddles
 // the granule boundary, the sequence is damaged and must be closed).
+//
+// On a Model, every group is cut to n tokens. A window group can not bring back the
+// tokens it gave back: a truncate whose next step would read one of them is refused
+// with ErrDropped and changes nothing (recomputing them is the caller's); n = 0
+// always works. A recurrent state is kept as it is (restoring an earlier one is the
+// caller's) but for n = 0, which gives it back. A failure of the backing midway
+// through the groups damages the sequence.
 func (s *Sequence) Truncate(n int) error {
 	if err := s.usable(); err != nil {
 		return err
 	}
 	if n < 0 || n > s.n {
 		return fmt.Errorf("%w: truncate to %d of %d tokens", ErrRange, n, s.n)
+	}
+	if err := s.windowCheck("truncate", n); err != nil {
+		return err
 	}
 	var err error
 	if h := s.c.hooks(); h != nil {
@@ -166,64 +192,92 @@ func (s *Sequence) Truncate(n int) error {
 // prefixHooks.truncating): it returns the sharing unit that it replaced by a copy of
 // the sequence's own, or -1.
 func (s *Sequence) truncate(n int) (int, error) {
-	// NB: gs is where the last sharing unit (a granule, or a block) that holds the
-	// tokens starts; target is where the tokens end.
-	target := s.c.extent(n)
-	gs := s.c.shareable(n)
-	if target == gs || target > s.frozen {
-		if err := s.resizeAll(target); err != nil {
+	if !s.c.multi {
+		replaced, kept, err := s.truncateGroup(0, n)
+		s.n = kept
+		return replaced, err
+	}
+	for gi := range s.c.groups {
+		if _, kept, err := s.truncateGroup(gi, n); err != nil {
+			if (gi > 0 || kept != s.n) && s.err == nil {
+				s.err = err // the groups no longer agree on the tokens
+			}
 			return -1, err
 		}
-		s.n = n
-		s.frozen = min(s.frozen, target)
-		return -1, nil
+	}
+	s.n = n
+	if n == 0 {
+		for gi := range s.gs {
+			s.gs[gi].held = 0 // emptied: every group starts over from 0
+		}
+	}
+	return -1, nil
+}
+
+// truncateGroup cuts group gi's ranges to n tokens (see truncate) and returns the
+// sharing unit it replaced by a copy of the sequence's own (or -1) and the tokens the
+// group holds afterwards: n, or, where it could not commit the copy, the whole
+// tokens below the shared unit (s.n when nothing changed).
+func (s *Sequence) truncateGroup(gi, n int) (replaced, kept int, err error) {
+	g := &s.c.groups[gi]
+	rs := g.ranges(s.bufs)
+	frozen := s.frozenOf(gi)
+	// NB: gs is where the last sharing unit (a granule, or a block) that holds the
+	// tokens starts; target is where the tokens end.
+	target := g.extent(n)
+	gs := g.shareable(n)
+	if target == gs || target > *frozen {
+		if err := s.resizeList(rs, target); err != nil {
+			return -1, s.n, err
+		}
+		*frozen = min(*frozen, target)
+		return -1, n, nil
 	}
 	// The new frontier lies inside a shared granule: copy its kept part out, unmap it,
 	// commit an own granule and copy back. Cached prefixes go first where the budget
 	// can not hold that granule now, as before any refusal.
 	own, _ := backing.AlignUp(target, s.c.gran)
-	s.c.budgetOrEvict(int64(len(s.bufs))*int64(own-gs), 0)
-	keep := make([][]byte, len(s.bufs))
-	for i, b := range s.bufs {
+	s.c.budgetOrEvict(int64(len(rs))*int64(own-gs), 0)
+	keep := make([][]byte, len(rs))
+	for i, b := range rs {
 		keep[i] = make([]byte, target-gs)
 		if err := b.readAt(gs, keep[i]); err != nil {
-			return -1, err
+			return -1, s.n, err
 		}
 	}
-	if err := s.resizeAll(gs); err != nil {
-		return -1, err
+	if err := s.resizeList(rs, gs); err != nil {
+		return -1, s.n, err
 	}
-	s.frozen = gs
-	s.n = s.c.tokensWithin(gs)
-	replaced := gs / s.c.unit // another granule (block) from here on
-	for i, b := range s.bufs {
+	*frozen = gs
+	kept = g.tokensWithin(gs)
+	replaced = gs / g.unit // another granule (block) from here on
+	for i, b := range rs {
 		if err := b.Resize(target); err != nil {
-			if rerr := s.resizeFirst(i, gs); rerr != nil {
+			if rerr := resizeEach(rs[:i], gs); rerr != nil {
 				s.err = rerr
-			} else if s.c.extent(s.n) != gs {
-				// Token s.n would straddle the granule boundary (a PerLayer token
+			} else if g.extent(kept) != gs {
+				// Token kept would straddle the granule boundary (a PerLayer token
 				// whose TokenBytes does not divide the granule, a Q8_0 one say): part
 				// of it lies in the shared granule given up, so no token count fits
 				// exactly.
 				s.err = err
 			} else {
-				s.resizeAll(s.c.extent(s.n))
+				s.resizeList(rs, g.extent(kept))
 			}
-			return replaced, fmt.Errorf("kv: truncate to %d tokens left %d: %w", n, s.n, err)
+			return replaced, kept, fmt.Errorf("kv: truncate to %d tokens left %d: %w", n, kept, err)
 		}
 		if err := b.writeAt(gs, keep[i]); err != nil {
 			s.err = err
-			return replaced, err
+			return replaced, kept, err
 		}
 	}
-	s.n = n
-	return replaced, nil
+	return replaced, n, nil
 }
 
-// resizeFirst resizes the first k ranges to size bytes.
-func (s *Sequence) resizeFirst(k, size int) error {
+// resizeEach resizes the ranges rs to size bytes.
+func resizeEach(rs []buffer, size int) error {
 	var errs []error
-	for _, b := range s.bufs[:k] {
+	for _, b := range rs {
 		if err := b.Resize(size); err != nil {
 			errs = append(errs, err)
 		}
@@ -233,8 +287,12 @@ func (s *Sequence) resizeFirst(k, size int) error {
 
 // resizeAll resizes every range to size bytes; a failure damages the sequence unless
 // it failed on the first range (nothing changed then).
-func (s *Sequence) resizeAll(size int) error {
-	for i, b := range s.bufs {
+func (s *Sequence) resizeAll(size int) error { return s.resizeList(s.bufs, size) }
+
+// resizeList resizes the ranges rs of s to size bytes; a failure damages the
+// sequence unless it failed on the first of them.
+func (s *Sequence) resizeList(rs []buffer, size int) error {
+	for i, b := range rs {
 		if err := b.Resize(size); err != nil {
 			if i > 0 {
 				s.err = err
@@ -264,6 +322,11 @@ func (s *Sequence) Fork() (*Sequence, error) {
 // It fails with ErrRange for n outside [0, Len] and changes nothing on any error;
 // when the copied tail's granules can not be had (ForkNeed says how many bytes they
 // take), it evicts cached prefixes before it refuses with an *accounting.BudgetError.
+//
+// On a Model each group forks on its own: a window group's new sequence starts at the
+// unit that holds its FirstLive(n) and maps the parent's whole units from there (a
+// fork whose next step would read a token the parent's window dropped is refused with
+// ErrDropped); a recurrent state is copied, never shared.
 func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
@@ -274,18 +337,25 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	if n < 0 || n > s.n {
 		return nil, fmt.Errorf("%w: fork at %d of %d tokens", ErrRange, n, s.n)
 	}
+	if err := s.windowCheck("fork", n); err != nil {
+		return nil, err
+	}
 	if err := s.c.shareBudget(n); err != nil {
 		return nil, err
 	}
-	var full int
+	var one [1]int
+	fulls := one[:]
+	if len(s.c.groups) > 1 {
+		fulls = make([]int, len(s.c.groups))
+	}
 	child, err := evicting(s.c, func() (*Sequence, error) {
 		child, err := s.c.newSequence()
 		if err != nil {
 			return nil, err
 		}
-		full, err = s.c.shareInto(child.bufs, s.bufs, n)
+		err = s.c.shareGroups(child.bufs, s.bufs, n, fulls)
 		if err == nil {
-			err = s.protect(full)
+			err = s.protectGroups(fulls)
 		}
 		if err != nil {
 			return nil, errors.Join(err, s.c.abandon(child))
@@ -296,9 +366,14 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 		return nil, err
 	}
 	child.n = n
-	child.frozen = full
+	for gi := range s.c.groups {
+		*child.frozenOf(gi) = fulls[gi]
+		if g := &s.c.groups[gi]; child.gs != nil && g.windowed() {
+			child.gs[gi].held = g.heldFrom(child.bufs[g.first].Start())
+		}
+	}
 	if h := s.c.hooks(); h != nil {
-		h.forked(s, full/s.c.unit, child, nil)
+		h.forked(s, fulls[0]/s.c.unit, child, nil)
 	}
 	child.publish()
 	s.c.register(child)
@@ -332,37 +407,111 @@ func (s *Sequence) protect(full int) error {
 	}
 	s.lockRanges()
 	defer s.unlockRanges()
-	if s.c.protector {
-		if err, rerr := readOnly(s.bufs, s.frozen, full-s.frozen); rerr != nil {
+	return s.protectGroup(0, full)
+}
+
+// protectGroups is protect for each group gi of its first fulls[gi] bytes. On error
+// s is as it was (or damaged, where write access could not be given back).
+func (s *Sequence) protectGroups(fulls []int) error {
+	if len(fulls) == 1 {
+		return s.protect(fulls[0])
+	}
+	s.lockRanges()
+	defer s.unlockRanges()
+	was := make([]int, len(fulls))
+	for gi, full := range fulls {
+		was[gi] = *s.frozenOf(gi)
+		if err := s.protectGroup(gi, full); err != nil {
+			// Give back write access to what the groups before gi protected.
+			for gj := range gi {
+				if from, to := s.protectable(gj, was[gj]), *s.frozenOf(gj); s.c.protector && to > from {
+					if rerr := setAccess(s.c.groups[gj].ranges(s.bufs), from, to-from, backing.ReadWrite); rerr != nil {
+						s.err = rerr
+						return errors.Join(err, fmt.Errorf("%w: restoring write access: %w", ErrDamaged, rerr))
+					}
+				}
+				*s.frozenOf(gj) = was[gj]
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// protectable returns where protecting group gi's ranges from frozen bytes on starts:
+// at frozen, or at the ranges' Start where a window gave the bytes below back.
+func (s *Sequence) protectable(gi, frozen int) int {
+	return max(frozen, s.bufs[s.c.groups[gi].first].Start())
+}
+
+// protectGroup is protect for group gi's ranges, under the ranges' lock.
+func (s *Sequence) protectGroup(gi, full int) error {
+	frozen := s.frozenOf(gi)
+	if full <= *frozen {
+		return nil
+	}
+	if from := s.protectable(gi, *frozen); s.c.protector && full > from {
+		if err, rerr := readOnly(s.c.groups[gi].ranges(s.bufs), from, full-from); rerr != nil {
 			s.err = rerr
 			return errors.Join(err, fmt.Errorf("%w: restoring write access: %w", ErrDamaged, rerr))
 		} else if err != nil {
 			return err
 		}
 	}
-	s.frozen = full
+	*frozen = full
 	s.guarded = s.guarded || s.c.protector
 	return nil
 }
 
-// shareInto makes each dst range hold the first n tokens of its src range: the whole
-// sharing units (granules, or blocks) mapped read-only, the tokens past them copied.
-// dst ranges must be empty. It returns the shared bytes per range; on error the dst
-// ranges are left for the caller to close.
-func (c *Cache) shareInto(dst, src []buffer, n int) (int, error) {
-	full, size := c.shareable(n), c.extent(n)
-	for i := range dst {
-		if err := dst[i].shareFrom(src[i], full, backing.ReadOnly); err != nil {
-			return 0, err
-		}
-		if err := dst[i].Resize(size); err != nil {
-			return 0, err
-		}
-		if err := c.copyTail(dst[i], src[i], n); err != nil {
-			return 0, err
+// setAccess sets [off, off+n) of each range to prot, and returns the failures.
+func setAccess(bufs []buffer, off, n int, prot backing.Protection) error {
+	var errs []error
+	for _, b := range bufs {
+		if err := b.protect(off, n, prot); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	return full, nil
+	return errors.Join(errs...)
+}
+
+// shareInto makes each dst range hold the first n tokens of its src range: the whole
+// sharing units (granules, or blocks) mapped read-only, the tokens past them copied.
+// dst ranges must be empty. It returns the shared bytes per range of a one-group
+// cache; on error the dst ranges are left for the caller to close.
+func (c *Cache) shareInto(dst, src []buffer, n int) (int, error) {
+	var full [1]int
+	err := c.shareGroups(dst, src, n, full[:])
+	return full[0], err
+}
+
+// shareGroups is shareInto for every group: fulls[gi] gets the bytes group gi
+// shares per range, counted from 0. A window group's dst ranges start at the unit
+// that holds its FirstLive(n) (dropOff): the parent's whole units from there on are
+// mapped, the ones below never committed.
+func (c *Cache) shareGroups(dst, src []buffer, n int, fulls []int) error {
+	for gi := range c.groups {
+		g := &c.groups[gi]
+		full, size, lo := g.shareable(n), g.extent(n), g.dropOff(n)
+		d, sr := g.ranges(dst), g.ranges(src)
+		for i := range d {
+			if lo > 0 {
+				if err := d[i].StartAt(lo); err != nil {
+					return err
+				}
+			}
+			if err := d[i].shareRange(sr[i], lo, full-lo, backing.ReadOnly); err != nil {
+				return err
+			}
+			if err := d[i].Resize(size); err != nil {
+				return err
+			}
+			if err := g.copyTail(d[i], sr[i], n); err != nil {
+				return err
+			}
+		}
+		fulls[gi] = full
+	}
+	return nil
 }
 
 // Freeze makes the first p tokens of the sequence an immutable, reference-counted
@@ -378,6 +527,9 @@ func (c *Cache) shareInto(dst, src []buffer, n int) (int, error) {
 // it refuses for budget, as ForkAt does.
 func (s *Sequence) Freeze(p int) (*Prefix, error) {
 	if err := s.usable(); err != nil {
+		return nil, err
+	}
+	if err := s.c.plainOnly("Freeze"); err != nil {
 		return nil, err
 	}
 	if !s.c.sharer {

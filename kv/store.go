@@ -16,13 +16,19 @@ type buffer interface {
 
 	Committed() int
 	Shared() int
+	Start() int
 	Resize(n int) error
+	// DecommitBelow and StartAt are arena.Buffer's: a window group gives back the
+	// granules below its first live token, and a fork of one starts there.
+	DecommitBelow(off int) error
+	StartAt(off int) error
 	Bytes() []byte
 	Close() accounting.ReleaseOutcome
 
-	// shareFrom maps the granules behind src's first size bytes into this empty
-	// buffer with access prot. src must come from the same store.
-	shareFrom(src buffer, size int, prot backing.Protection) error
+	// shareRange maps the granules behind src's bytes [off, off+size) into this
+	// buffer at off with access prot (see arena.Buffer.ShareRange). src must come
+	// from the same store.
+	shareRange(src buffer, off, size int, prot backing.Protection) error
 	// readAt copies len(p) bytes at off into p: directly on the host, through the
 	// backing's Copier elsewhere.
 	readAt(off int, p []byte) error
@@ -64,12 +70,12 @@ func (b bufferOf[R, B]) Resize(n int) error {
 	return b.Buffer.Resize(size)
 }
 
-func (b bufferOf[R, B]) shareFrom(src buffer, size int, prot backing.Protection) error {
+func (b bufferOf[R, B]) shareRange(src buffer, off, size int, prot backing.Protection) error {
 	s, ok := src.(bufferOf[R, B])
 	if !ok {
 		return fmt.Errorf("%w: a %T shares from a %T", ErrConfig, b, src)
 	}
-	return b.ShareFrom(s.Buffer, size, prot)
+	return b.ShareRange(s.Buffer, off, off, size, prot)
 }
 
 func (b bufferOf[R, B]) protect(off, size int, prot backing.Protection) error {

@@ -22,11 +22,11 @@ func (s *Sequence) ReadTokens(layer int, kind Kind, from, to int, dst []byte) er
 	if err := s.usable(); err != nil {
 		return err
 	}
-	buf, off, err := s.span(layer, kind, from, to, len(dst))
+	gi, buf, off, err := s.span(layer, kind, from, to, len(dst))
 	if err != nil {
 		return err
 	}
-	return s.c.copyRuns(buf, off, from, to, dst, false)
+	return s.c.groups[gi].copyRuns(buf, off, from, to, dst, false)
 }
 
 // WriteTokens copies src, token after token ((to - from) × TokenBytes bytes), into
@@ -38,26 +38,27 @@ func (s *Sequence) WriteTokens(layer int, kind Kind, from, to int, src []byte) e
 	if err := s.usable(); err != nil {
 		return err
 	}
-	buf, off, err := s.span(layer, kind, from, to, len(src))
+	gi, buf, off, err := s.span(layer, kind, from, to, len(src))
 	if err != nil {
 		return err
 	}
-	if w := s.Writable(); from < w && from < to {
-		return fmt.Errorf("%w: token %d of sequence %d (tokens below %d are shared)", ErrReadOnly, from, s.id, w)
+	g := &s.c.groups[gi]
+	if w := g.writableFrom(*s.frozenOf(gi)); from < w && from < to {
+		return fmt.Errorf("%w: token %d of layer %d of sequence %d (tokens below %d are shared)", ErrReadOnly, from, layer, s.id, w)
 	}
 	if h := s.c.hooks(); h != nil && from < to {
 		h.beforeWrite(s, from)
 	}
-	return s.c.copyRuns(buf, off, from, to, src, true)
+	return g.copyRuns(buf, off, from, to, src, true)
 }
 
 // copyRuns copies tokens [from, to) of the tensor whose token 0 lies at off in buf
 // out into p (or, with write set, in from p), one copy per contiguous run.
-func (c *Cache) copyRuns(buf buffer, off, from, to int, p []byte, write bool) error {
-	tb := c.tb
+func (sh *shape) copyRuns(buf buffer, off, from, to int, p []byte, write bool) error {
+	tb := sh.tb
 	for t := from; t < to; {
-		k := min(c.run(t), to-t)
-		at, part := c.offset(off, t), p[(t-from)*tb:(t-from+k)*tb]
+		k := min(sh.run(t), to-t)
+		at, part := sh.offset(off, t), p[(t-from)*tb:(t-from+k)*tb]
 		var err error
 		if write {
 			err = buf.writeAt(at, part)
@@ -73,19 +74,23 @@ func (c *Cache) copyRuns(buf buffer, off, from, to int, p []byte, write bool) er
 }
 
 // span checks tokens [from, to) of layer's K or V tensor against s and a buffer of n
-// bytes, and returns the range that holds the tensor and the offset of its token 0.
-func (s *Sequence) span(layer int, kind Kind, from, to, n int) (buffer, int, error) {
-	g := s.c.cfg.Geometry
-	i, off, ok := s.c.tensor(layer, kind)
-	switch {
-	case !ok:
-		return nil, 0, fmt.Errorf("%w: layer %d %v of %d layers", ErrRange, layer, kind, g.Layers)
-	case from < 0 || to < from || to > s.n:
-		return nil, 0, fmt.Errorf("%w: tokens [%d, %d) of %d", ErrRange, from, to, s.n)
-	case n != (to-from)*s.c.tb:
-		return nil, 0, fmt.Errorf("%w: %d bytes for %d tokens of %d bytes", ErrRange, n, to-from, s.c.tb)
+// bytes, and returns the tensor's group, the range that holds it and the offset of
+// its token 0.
+func (s *Sequence) span(layer int, kind Kind, from, to, n int) (int, buffer, int, error) {
+	gi, i, off, ok := s.c.where(layer, kind)
+	if !ok {
+		return 0, nil, 0, s.c.noTensor(layer, kind)
 	}
-	return s.bufs[i], off, nil
+	tb := s.c.groups[gi].tb
+	switch held := s.heldOf(gi); {
+	case from < 0 || to < from || to > s.n:
+		return 0, nil, 0, fmt.Errorf("%w: tokens [%d, %d) of %d", ErrRange, from, to, s.n)
+	case from < held && from < to:
+		return 0, nil, 0, fmt.Errorf("%w: token %d of layer %d of sequence %d (its group holds the tokens from %d on)", ErrDropped, from, layer, s.id, held)
+	case n != (to-from)*tb:
+		return 0, nil, 0, fmt.Errorf("%w: %d bytes for %d tokens of %d bytes", ErrRange, n, to-from, tb)
+	}
+	return gi, s.bufs[i], off, nil
 }
 
 // Run returns the contiguous run of layer's K or V tensor that starts at token t, as
@@ -100,19 +105,23 @@ func Run[T arena.Elem](s *Sequence, layer int, kind Kind, t int) ([]T, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
 	}
-	g := s.c.cfg.Geometry
-	if dt := arena.DTypeOf[T](); dt != g.DType {
-		return nil, fmt.Errorf("%w: %v run of a %v cache", ErrElemType, dt, g.DType)
+	gi, _, _, ok := s.c.where(layer, kind)
+	if !ok {
+		return nil, s.c.noTensor(layer, kind)
 	}
-	buf, off, err := s.span(layer, kind, t, t+1, s.c.tb)
+	g := &s.c.groups[gi]
+	if dt := arena.DTypeOf[T](); dt != g.spec.DType {
+		return nil, fmt.Errorf("%w: %v run of a %v cache", ErrElemType, dt, g.spec.DType)
+	}
+	_, buf, off, err := s.span(layer, kind, t, t+1, g.tb)
 	if err != nil {
 		return nil, err
 	}
 	if !buf.HostAccessible() {
 		return nil, fmt.Errorf("%w: device memory can not be touched by the CPU", ErrLayout)
 	}
-	k := min(s.c.run(t), s.n-t)
-	return elems[T](buf.Bytes()[s.c.offset(off, t):][:k*s.c.tb]), nil
+	k := min(g.run(t), s.n-t)
+	return elems[T](buf.Bytes()[g.offset(off, t):][:k*g.tb]), nil
 }
 
 // WriteToken copies src (TokenBytes long) into token t of layer's K or V tensor, on
@@ -124,11 +133,11 @@ func Run[T arena.Elem](s *Sequence, layer int, kind Kind, t int) ([]T, error) {
 func (s *Sequence) WriteToken(layer int, kind Kind, t int, src []byte) error {
 	s.live()
 	c := s.c
-	i, off, ok := c.tensor(layer, kind)
-	if !ok || s.err != nil || uint(t) >= uint(s.n) || len(src) != c.tb {
+	gi, i, off, ok := c.where(layer, kind)
+	if !ok || s.err != nil || uint(t) >= uint(s.n) || len(src) != c.groups[gi].tb || t < s.heldOf(gi) {
 		return s.WriteTokens(layer, kind, t, t+1, src) // the error, worded once
 	}
-	at, shared := c.tokenAt(off, t, s.frozen)
+	at, shared := c.groups[gi].tokenAt(off, t, *s.frozenOf(gi))
 	if shared {
 		return s.WriteTokens(layer, kind, t, t+1, src)
 	}
@@ -144,10 +153,10 @@ func (s *Sequence) WriteToken(layer int, kind Kind, t int, src []byte) error {
 func (s *Sequence) ReadToken(layer int, kind Kind, t int, dst []byte) error {
 	s.live()
 	c := s.c
-	i, off, ok := c.tensor(layer, kind)
-	if !ok || s.err != nil || uint(t) >= uint(s.n) || len(dst) != c.tb {
+	gi, i, off, ok := c.where(layer, kind)
+	if !ok || s.err != nil || uint(t) >= uint(s.n) || len(dst) != c.groups[gi].tb || t < s.heldOf(gi) {
 		return s.ReadTokens(layer, kind, t, t+1, dst)
 	}
-	at, _ := c.tokenAt(off, t, 0)
+	at, _ := c.groups[gi].tokenAt(off, t, 0)
 	return s.bufs[i].readAt(at, dst)
 }

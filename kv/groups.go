@@ -1,0 +1,355 @@
+package kv
+
+import "fmt"
+
+// A cache on a Model (Config.Model) lays each layer group out on ranges of its own,
+// as a one-group cache lays out its geometry: Blocked, one range per group cut into
+// the group's own blocks; PerLayer, one range per tensor of the group. The groups
+// need no common page size and no padding, since each one's blocks are whole
+// granules of the one pool. A sequence's ranges are the groups' ranges, group after
+// group (group.first says where each group's start).
+//
+// # The states of a window group's bytes
+//
+// In a SlidingWindow or ChunkedLocal group a token's bytes are in one of three
+// states, per range:
+//
+//  1. Reserved, never held: past the committed end (tokens not yet appended).
+//  2. Held: committed, from the range's Start on. A held token keeps its address
+//     (the group's base never moves) and is read and written as in a full group.
+//  3. Dropped: below Start, given back to the pool by DecommitBelow. The bytes are
+//     Reserved again; reading, writing or viewing a dropped token fails with
+//     ErrDropped. A dropped token never becomes held again, but for Truncate(0),
+//     which empties the group and starts it over from 0.
+//
+// The transitions:
+//
+//   - Append (and AppendBatch) of a sequence of n tokens moves the new tokens from 1
+//     to 2 as in a full group and, once the step's growth is committed, the whole
+//     units (granules; Blocked: blocks) below the unit of FirstLive(n) from 2 to 3.
+//     NB: FirstLive of the length the step grows from, not the one it reaches: the
+//     step's own tokens [n, n+k) are written after the append and read keys from
+//     FirstLive(n) on (a prefill chunk longer than the window included), so the
+//     tokens only the step's later queries skip go with the next append (vLLM gives
+//     back a window's blocks by its computed tokens, before the step, likewise).
+//     Need counts the step's commits before that give-back (the granules given back
+//     go idle in the pool, where the next step finds them).
+//   - Truncate to n keeps the held tokens below n. It is refused with ErrDropped
+//     when the group has dropped a token the next step at n reads (FirstLive(n)
+//     below the group's first held token, n > 0): the cache can not bring dropped
+//     tokens back, and recomputing them is the caller's. A rollback of a few tokens
+//     within the granule that holds FirstLive works.
+//   - ForkAt(n) is refused with ErrDropped in the same case. Otherwise the new
+//     sequence's window group starts at the sharing unit (block, or granule) that
+//     holds FirstLive(n): the whole units from there to the last whole one below n
+//     are mapped from the parent (ShareRange of a middle range), the tail copied,
+//     and the units below FirstLive(n) are never committed in the child (StartAt).
+//   - Close gives back everything held.
+//
+// A full or MLA group never drops a token. An MLA group has one tensor per layer, the
+// latent, addressed as K: it has no V. A Recurrent group holds one state of
+// StateBytes per layer, in one range, from the sequence's first token on; a fork
+// copies it (never shares it), Truncate keeps it as it is (a state is a function of
+// every token, which the cache does not keep: restoring an earlier state is the
+// caller's) but for Truncate(0), which gives it back. The prefix cache, Freeze and
+// map-ahead work on one-group caches only.
+
+// group is where a cache puts one layer group of a sequence: its shape (the layout
+// arithmetic of its ranges), the group it lays out, and where its ranges start among
+// a sequence's.
+type group struct {
+	shape
+	spec  Group
+	first int // index of the group's first range among a sequence's ranges
+	bpt   int // spec.BytesPerToken()
+}
+
+// windowed reports whether g gives back the tokens no later step reads.
+func (g *group) windowed() bool {
+	return g.spec.Kind == SlidingWindow || g.spec.Kind == ChunkedLocal
+}
+
+// ranges returns g's ranges among a sequence's ranges bufs.
+func (g *group) ranges(bufs []buffer) []buffer { return bufs[g.first : g.first+g.nbuf] }
+
+// dropOff returns the byte offset below which g's ranges hold only tokens a sequence
+// of n tokens no longer reads: the start of the sharing unit (block, or granule)
+// that holds FirstLive(n). It is 0 for a group that reads every token.
+func (g *group) dropOff(n int) int {
+	if !g.windowed() {
+		return 0
+	}
+	first := g.spec.FirstLive(n)
+	if g.layout == Blocked {
+		return first / g.tpb * g.blk
+	}
+	return first * g.row / g.unit * g.unit
+}
+
+// heldFrom returns the first token that lies wholly at or past start bytes: the first
+// a range with that Start still holds.
+func (g *group) heldFrom(start int) int { return g.writableFrom(start) }
+
+// used returns the bytes of what a sequence of n tokens whose first held token is
+// held keeps in g: its held tokens, or its state.
+func (g *group) used(n, held int) int64 {
+	if g.state > 0 {
+		return int64(g.extent(n))
+	}
+	return int64(n-held) * int64(g.bpt)
+}
+
+// layerRef is where a model's layer lies: its group and its index among the group's
+// layers.
+type layerRef struct{ group, local int }
+
+// newGroups returns the groups of a cache on m (which must be valid) and where each
+// of m's layers lies.
+func newGroups(m Model, layout Layout, granule, blockTokens, maxTokens int) ([]group, []layerRef, error) {
+	groups := make([]group, len(m.Groups))
+	layers := make([]layerRef, m.Layers)
+	first := 0
+	for i, spec := range m.Groups {
+		bt := blockTokens
+		if spec.Kind == Recurrent {
+			bt = 0 // a state has no blocks
+		}
+		sh, err := newGroupShape(spec, layout, granule, bt, maxTokens)
+		if err != nil {
+			return nil, nil, fmt.Errorf("group %d (%v): %w", i, spec.Kind, err)
+		}
+		groups[i] = group{shape: sh, spec: spec, first: first, bpt: spec.BytesPerToken()}
+		first += sh.nbuf
+		for j, l := range spec.Layers {
+			layers[l] = layerRef{i, j}
+		}
+	}
+	return groups, layers, nil
+}
+
+// model returns the model cfg describes: Model when set, else Geometry as one group;
+// set is whether cfg names a Model. It fails with ErrConfig when both are set.
+func (cfg Config) model() (m Model, set bool, err error) {
+	set = cfg.Model.Layers != 0 || len(cfg.Model.Groups) > 0 || cfg.Model.Name != ""
+	if !set {
+		return cfg.Geometry.Model(), false, cfg.Geometry.Validate()
+	}
+	if cfg.Geometry != (Geometry{}) {
+		return Model{}, true, fmt.Errorf("%w: set Geometry or Model, not both (Geometry %q, Model %q)", ErrConfig, cfg.Geometry.Name, cfg.Model.Name)
+	}
+	if err := cfg.Model.Validate(cfg.MaxTokens); err != nil {
+		return Model{}, true, err
+	}
+	for i, g := range cfg.Model.Groups {
+		if g.Scales != NoScales {
+			return Model{}, true, fmt.Errorf("%w: group %d asks for %v scales: a cache on a Model keeps none yet (use a Geometry)", ErrConfig, i, g.Scales)
+		}
+	}
+	return cfg.Model, true, nil
+}
+
+// where returns where layer's tensor of kind lies: the index of its group, the index
+// of its range among a sequence's ranges and the offset of its token 0 there. ok is
+// false for a layer the model does not have, a V of an MLA group, or a recurrent
+// layer.
+func (c *Cache) where(layer int, kind Kind) (gi, buf, off int, ok bool) {
+	if uint(layer) >= uint(len(c.layers)) {
+		return 0, 0, 0, false
+	}
+	r := c.layers[layer]
+	g := &c.groups[r.group]
+	i, off, ok := g.tensor(r.local, kind)
+	return r.group, g.first + i, off, ok
+}
+
+// noTensor returns the error for a layer's tensor that does not exist.
+func (c *Cache) noTensor(layer int, kind Kind) error {
+	if uint(layer) < uint(len(c.layers)) {
+		switch g := &c.groups[c.layers[layer].group]; g.spec.Kind {
+		case MLALatent:
+			return fmt.Errorf("%w: layer %d is in an MLA group, which keeps one latent per layer (K) and no V", ErrRange, layer)
+		case Recurrent:
+			return fmt.Errorf("%w: layer %d is recurrent: it has a state (ReadState, WriteState), no tensors", ErrRange, layer)
+		}
+	}
+	return fmt.Errorf("%w: layer %d %v of %d layers", ErrRange, layer, kind, len(c.layers))
+}
+
+// groupState is what a sequence of a cache on a Model keeps per group.
+type groupState struct {
+	frozen int // bytes at the start of each of the group's ranges that other holders may map
+	held   int // the first token the group's ranges still hold (window groups)
+	pre    int // while the running batch step resized them: the bytes committed before
+}
+
+// frozenOf returns where s keeps the frozen bytes of group gi: Sequence.frozen in a
+// one-group cache.
+func (s *Sequence) frozenOf(gi int) *int {
+	if s.gs == nil {
+		return &s.frozen
+	}
+	return &s.gs[gi].frozen
+}
+
+// preOf returns where s keeps what group gi committed before the running step.
+func (s *Sequence) preOf(gi int) *int {
+	if s.gs == nil {
+		return &s.pre
+	}
+	return &s.gs[gi].pre
+}
+
+// heldOf returns the first token group gi still holds.
+func (s *Sequence) heldOf(gi int) int {
+	if s.gs == nil {
+		return 0
+	}
+	return s.gs[gi].held
+}
+
+// rangeEnd returns the end of b's committed bytes.
+func rangeEnd(b buffer) int { return b.Start() + b.Committed() }
+
+// dropDead gives back, in each window group, the whole units that hold only tokens
+// that no step of s from n tokens on reads. A failure damages s: its ranges may no
+// longer be alike.
+func (s *Sequence) dropDead(n int) error {
+	for gi := range s.c.groups {
+		g := &s.c.groups[gi]
+		if !g.windowed() {
+			continue
+		}
+		rs := g.ranges(s.bufs)
+		off := g.dropOff(n)
+		if off/s.c.gran*s.c.gran <= rs[0].Start() {
+			continue
+		}
+		s.lockRanges()
+		for _, b := range rs {
+			if err := b.DecommitBelow(off); err != nil {
+				s.unlockRanges()
+				s.err = err
+				return fmt.Errorf("%w: giving back a window's granules: %w", ErrDamaged, err)
+			}
+		}
+		s.unlockRanges()
+		s.gs[gi].held = g.heldFrom(rs[0].Start())
+	}
+	return nil
+}
+
+// windowCheck returns an ErrDropped error when a sequence of s's with n tokens would
+// need a token a window group has dropped (see the transitions above): op names the
+// operation.
+func (s *Sequence) windowCheck(op string, n int) error {
+	if s.gs == nil || n == 0 {
+		return nil
+	}
+	for gi := range s.c.groups {
+		g := &s.c.groups[gi]
+		if held := s.gs[gi].held; g.windowed() && g.spec.FirstLive(n) < held {
+			return fmt.Errorf("%w: %s at %d tokens: group %d (%v, window %d) reads from token %d, but holds only the tokens from %d on",
+				ErrDropped, op, n, gi, g.spec.Kind, g.spec.Window, g.spec.FirstLive(n), held)
+		}
+	}
+	return nil
+}
+
+// FirstHeld returns the first token of layer's tensors that s still holds: 0 but in
+// a SlidingWindow or ChunkedLocal group, whose tokens below it were given back (see
+// the package doc): reading, writing or viewing them fails with ErrDropped. A kernel
+// walks a window group's tensor from there (Base, BlockStride and TokenStride of
+// Cache.LayerStrides). It is at most the group's FirstLive of the length the last
+// append grew from, so at most FirstLive(Len). It panics with
+// PanicLayerRange for a layer the model does not have.
+func (s *Sequence) FirstHeld(layer int) int {
+	s.live()
+	if uint(layer) >= uint(len(s.c.layers)) {
+		panic(PanicLayerRange)
+	}
+	return s.heldOf(s.c.layers[layer].group)
+}
+
+// Strides is how a layer's tensors lie in a sequence's ranges, for a kernel that
+// walks them from Sequence.Base itself.
+type Strides struct {
+	Group       int // the index of the layer's group in the model
+	TokenBytes  int // one token of one of the layer's tensors, block scales included
+	TokenStride int // bytes from one token to the next within a run
+	// BlockTokens and BlockStride are the tokens of a block and the bytes from one
+	// block to the next in the Blocked layout; 0 in PerLayer.
+	BlockTokens int
+	BlockStride int
+	// StateBytes is a recurrent layer's state; 0 for the others, which have tokens.
+	StateBytes int
+}
+
+// LayerStrides returns how layer's tensors lie (see Strides). In a one-group cache
+// every layer's are Sequence.TokenStride's, BlockTokens' and BlockStride's; on a
+// Model each group has its own. It fails with ErrRange for a layer the model does not
+// have.
+func (c *Cache) LayerStrides(layer int) (Strides, error) {
+	if uint(layer) >= uint(len(c.layers)) {
+		return Strides{}, fmt.Errorf("%w: layer %d of %d layers", ErrRange, layer, len(c.layers))
+	}
+	gi := c.layers[layer].group
+	g := &c.groups[gi]
+	return Strides{Group: gi, TokenBytes: g.tb, TokenStride: g.row, BlockTokens: g.tpb, BlockStride: g.blk, StateBytes: g.spec.StateBytes}, nil
+}
+
+// stateAt returns the range and offset of layer's recurrent state in s, checking a
+// buffer of n bytes against it.
+func (s *Sequence) stateAt(layer, n int) (buffer, int, error) {
+	if uint(layer) >= uint(len(s.c.layers)) {
+		return nil, 0, fmt.Errorf("%w: layer %d of %d layers", ErrRange, layer, len(s.c.layers))
+	}
+	r := s.c.layers[layer]
+	g := &s.c.groups[r.group]
+	switch {
+	case g.state == 0:
+		return nil, 0, fmt.Errorf("%w: layer %d is %v, which has tokens and no state", ErrRange, layer, g.spec.Kind)
+	case n != g.spec.StateBytes:
+		return nil, 0, fmt.Errorf("%w: %d bytes for a state of %d", ErrRange, n, g.spec.StateBytes)
+	case s.n == 0:
+		return nil, 0, fmt.Errorf("%w: sequence %d has no tokens, so no state yet", ErrRange, s.id)
+	}
+	return s.bufs[g.first], r.local * g.spec.StateBytes, nil
+}
+
+// ReadState copies recurrent layer's state (StateBytes) into dst, on any backing. The
+// state exists from the sequence's first token on (it commits then, zeroed where the
+// backing's fresh memory is), so an empty sequence has none: ErrRange, as for a layer
+// that is not recurrent or a dst of another length.
+func (s *Sequence) ReadState(layer int, dst []byte) error {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	buf, off, err := s.stateAt(layer, len(dst))
+	if err != nil {
+		return err
+	}
+	return buf.readAt(off, dst)
+}
+
+// WriteState copies src (StateBytes) into recurrent layer's state, with ReadState's
+// errors. A state is the sequence's own: forks copy it, so writing it never reaches
+// another sequence.
+func (s *Sequence) WriteState(layer int, src []byte) error {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	buf, off, err := s.stateAt(layer, len(src))
+	if err != nil {
+		return err
+	}
+	return buf.writeAt(off, src)
+}
+
+// plainOnly returns an error matching ErrConfig when c is on a Model with more than
+// one group or groups other than full attention: what names op is not available there.
+func (c *Cache) plainOnly(op string) error {
+	if c.multi {
+		return fmt.Errorf("%w: %s needs a cache of one full-attention group; model %q has %d groups", ErrConfig, op, c.cfg.Model.Name, len(c.groups))
+	}
+	return nil
+}

@@ -1,0 +1,616 @@
+package kv_test
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/backing/backingtest"
+	"github.com/vmarena/vmarena/kv"
+)
+
+// groupGranule is small so that the tiny hybrid model's windows cross many granules
+// (and blocks) in a few tokens.
+const groupGranule = 256
+
+// tinyHybrid has one group of each kind: a sliding window of 5 tokens on layers 0
+// and 3, one full layer, a chunked-local layer (chunks of 9), an MLA layer (one latent
+// of 48 bytes: blocks of 256 bytes hold 5 tokens and 16 bytes of waste) and a
+// recurrent layer.
+var tinyHybrid = kv.Model{Name: "tiny-hybrid", Layers: 6, Groups: []kv.Group{
+	{Kind: kv.SlidingWindow, Window: 5, Layers: []int{0, 3}, KVHeads: 1, HeadDim: 16, DType: arena.Float16},
+	{Kind: kv.FullAttention, Layers: []int{1}, KVHeads: 2, HeadDim: 16, DType: arena.Float16},
+	{Kind: kv.ChunkedLocal, Window: 9, Layers: []int{2}, KVHeads: 1, HeadDim: 32, DType: arena.Float16},
+	{Kind: kv.MLALatent, Layers: []int{4}, KVHeads: 1, HeadDim: 24, DType: arena.Float16},
+	{Kind: kv.Recurrent, Layers: []int{5}, StateBytes: 100},
+}}
+
+const groupMaxTokens = 200
+
+// groupFixture is a sharing Fake (ByBacking) of small granules under one ledger.
+type groupFixture struct {
+	pool *accounting.Authority
+	fake *backingtest.Fake
+}
+
+func newGroupFixture(t *testing.T) *groupFixture {
+	t.Helper()
+	gov := accounting.NewGovernor()
+	require.NoError(t, gov.SetLimit(accounting.HostKey, 1<<30))
+	pool := gov.Authority("pool", accounting.HostKey)
+	f := backingtest.NewFake(backingtest.FakeOptions{Granularity: groupGranule, Authority: pool})
+	t.Cleanup(func() {
+		assert.Zero(t, f.LiveGranules(), "granules leaked")
+		assert.Zero(t, f.LiveReservations(), "reservations leaked")
+		ledgerBalances(t, pool)
+	})
+	return &groupFixture{pool: pool, fake: f}
+}
+
+// tensorRef is one per-token tensor of a model: a layer, its kind and its group.
+type tensorRef struct {
+	layer int
+	kind  kv.Kind
+	group kv.Group
+}
+
+// tensorsOf returns every per-token tensor of m, and its recurrent layers.
+func tensorsOf(m kv.Model) (tensors []tensorRef, states []int) {
+	for _, g := range m.Groups {
+		for _, l := range g.Layers {
+			switch g.Kind {
+			case kv.Recurrent:
+				states = append(states, l)
+			case kv.MLALatent:
+				tensors = append(tensors, tensorRef{l, kv.K, g})
+			default:
+				tensors = append(tensors, tensorRef{l, kv.K, g}, tensorRef{l, kv.V, g})
+			}
+		}
+	}
+	return tensors, states
+}
+
+// refSeq is the plain model of one sequence: every token of every tensor it wrote,
+// and each recurrent layer's state.
+type refSeq struct {
+	s      *kv.Sequence
+	tokens [][][]byte // [tensor][token]
+	states [][]byte   // [recurrent layer]; nil while the sequence is empty
+	// dropAt is the length the window groups give back from: FirstLive of it. An
+	// append from n tokens raises it to n; Truncate(0) resets it, a fork sets it.
+	dropAt int
+}
+
+// groupModel drives a cache on a Model and the plain model side by side.
+type groupModel struct {
+	t       *testing.T
+	fx      *groupFixture
+	c       *kv.Cache
+	m       kv.Model
+	tensors []tensorRef
+	states  []int
+	seqs    []*refSeq
+	rnd     *rand.Rand
+	seen    *groupCounts
+}
+
+// groupCounts is what a run of operations went through, so that a test can tell its
+// operations reached the cases it means to check.
+type groupCounts struct{ forks, refused, dropped, shared int }
+
+func newGroupModel(t *testing.T, fx *groupFixture, m kv.Model, layout kv.Layout, bt int, seed uint64) *groupModel {
+	c, err := kv.New(fx.fake, kv.Config{Model: m, Layout: layout, BlockTokens: bt, MaxTokens: groupMaxTokens})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, c.Close()) })
+	tensors, states := tensorsOf(m)
+	return &groupModel{t: t, fx: fx, c: c, m: m, tensors: tensors, states: states, rnd: rand.New(rand.NewPCG(seed, 25)), seen: &groupCounts{}}
+}
+
+func (gm *groupModel) newSeq() {
+	s, err := gm.c.NewSequence()
+	require.NoError(gm.t, err)
+	gm.seqs = append(gm.seqs, &refSeq{s: s, tokens: make([][][]byte, len(gm.tensors))})
+}
+
+func (gm *groupModel) bytes(n int) []byte {
+	p := make([]byte, n)
+	for i := range p {
+		p[i] = byte(gm.rnd.Uint32())
+	}
+	return p
+}
+
+// appendTo grows r by k tokens and writes each new token of every tensor (and a
+// fresh state when the sequence had none).
+func (gm *groupModel) appendTo(r *refSeq, k int) {
+	t := gm.t
+	n := r.s.Len()
+	if err := r.s.Append(k); n+k > groupMaxTokens {
+		require.ErrorIs(t, err, kv.ErrTooLong)
+		return
+	} else {
+		require.NoError(t, err)
+	}
+	r.dropAt = max(r.dropAt, n)
+	for i, tr := range gm.tensors {
+		tb := tr.group.TokenBytes()
+		p := gm.bytes(k * tb)
+		require.NoError(t, r.s.WriteTokens(tr.layer, tr.kind, n, n+k, p), "layer %d %v", tr.layer, tr.kind)
+		for j := range k {
+			r.tokens[i] = append(r.tokens[i], p[j*tb:(j+1)*tb])
+		}
+	}
+	if r.states == nil && k > 0 {
+		r.states = make([][]byte, len(gm.states))
+		for i, l := range gm.states {
+			st := gm.bytes(gm.stateBytes(l))
+			require.NoError(t, r.s.WriteState(l, st))
+			r.states[i] = st
+		}
+	}
+}
+
+func (gm *groupModel) stateBytes(layer int) int {
+	st, err := gm.c.LayerStrides(layer)
+	require.NoError(gm.t, err)
+	return st.StateBytes
+}
+
+// allowed reports whether a sequence whose window groups hold r's tokens can be cut
+// (or forked) to n tokens: no window group has dropped a token the next step reads.
+func (gm *groupModel) allowed(r *refSeq, n int) bool {
+	if n == 0 {
+		return true
+	}
+	for _, tr := range gm.tensors {
+		if tr.group.FirstLive(n) < r.s.FirstHeld(tr.layer) {
+			return false
+		}
+	}
+	return true
+}
+
+func (gm *groupModel) truncate(r *refSeq, n int) {
+	ok := gm.allowed(r, n)
+	err := r.s.Truncate(n)
+	if !ok {
+		require.ErrorIs(gm.t, err, kv.ErrDropped, "truncate to %d of %d", n, r.s.Len())
+		gm.seen.refused++
+		return
+	}
+	require.NoError(gm.t, err, "truncate to %d", n)
+	for i := range r.tokens {
+		r.tokens[i] = r.tokens[i][:n]
+	}
+	if n == 0 {
+		r.states = nil // given back with the last token
+		r.dropAt = 0
+	}
+}
+
+func (gm *groupModel) fork(r *refSeq, n int) {
+	ok := gm.allowed(r, n)
+	child, err := r.s.ForkAt(n)
+	if !ok {
+		require.ErrorIs(gm.t, err, kv.ErrDropped, "fork at %d of %d", n, r.s.Len())
+		gm.seen.refused++
+		return
+	}
+	require.NoError(gm.t, err, "fork at %d", n)
+	gm.seen.forks++
+	cr := &refSeq{s: child, tokens: make([][][]byte, len(gm.tensors)), dropAt: n}
+	for i := range r.tokens {
+		cr.tokens[i] = append([][]byte(nil), r.tokens[i][:n]...)
+	}
+	if n > 0 {
+		cr.states = append([][]byte(nil), r.states...)
+	}
+	gm.seqs = append(gm.seqs, cr)
+}
+
+// check reads every token of every tensor of every sequence back against the plain
+// model: the held ones match, the dropped ones fail with ErrDropped; each sequence
+// commits exactly what Config.Size says, and the ledger maps what the sequences do.
+func (gm *groupModel) check(what string) {
+	t := gm.t
+	t.Helper()
+	var committed int64
+	for _, r := range gm.seqs {
+		s, n := r.s, r.s.Len()
+		for i, tr := range gm.tensors {
+			held := s.FirstHeld(tr.layer)
+			require.Len(t, r.tokens[i], n)
+			switch tr.group.Kind {
+			case kv.SlidingWindow, kv.ChunkedLocal:
+				require.LessOrEqual(t, held, tr.group.FirstLive(n), "%s: layer %d holds from %d", what, tr.layer, held)
+			default:
+				require.Zero(t, held, "%s: a %v layer drops nothing", what, tr.group.Kind)
+			}
+			tb := tr.group.TokenBytes()
+			if n > held {
+				got := make([]byte, (n-held)*tb)
+				require.NoError(t, s.ReadTokens(tr.layer, tr.kind, held, n, got))
+				require.True(t, bytes.Equal(bytes.Join(r.tokens[i][held:], nil), got), "%s: layer %d %v tokens [%d, %d)", what, tr.layer, tr.kind, held, n)
+				one := make([]byte, tb)
+				tok := held + gm.rnd.IntN(n-held)
+				require.NoError(t, s.ReadToken(tr.layer, tr.kind, tok, one))
+				require.Equal(t, r.tokens[i][tok], one)
+			}
+			if held > 0 {
+				gm.seen.dropped++
+				dropped := gm.rnd.IntN(held)
+				require.ErrorIs(t, s.ReadToken(tr.layer, tr.kind, dropped, make([]byte, tb)), kv.ErrDropped, "%s: dropped token %d", what, dropped)
+				require.ErrorIs(t, s.WriteToken(tr.layer, tr.kind, dropped, make([]byte, tb)), kv.ErrDropped)
+			}
+		}
+		for i, l := range gm.states {
+			got := make([]byte, gm.stateBytes(l))
+			if r.states == nil {
+				require.ErrorIs(t, s.ReadState(l, got), kv.ErrRange, "%s: an empty sequence has no state", what)
+				continue
+			}
+			require.NoError(t, s.ReadState(l, got))
+			require.Equal(t, r.states[i], got, "%s: state of layer %d", what, l)
+		}
+		want := gm.committed(r)
+		if r.dropAt == n {
+			// Once the next step starts, the sequence holds what Size says.
+			sz, err := gm.c.Config().Size(groupGranule, n)
+			require.NoError(t, err)
+			require.Equal(t, sz.Committed, want, "%s: the plain model and Size agree", what)
+		}
+		var st kv.SequenceStats
+		for _, ss := range gm.c.SequenceStats() {
+			if ss.ID == s.ID() {
+				st = ss
+			}
+		}
+		require.Equal(t, want, st.Committed, "%s: sequence %d of %d tokens (windows from %d) commits exactly its units", what, s.ID(), n, r.dropAt)
+		committed += st.Committed
+	}
+	cs := gm.c.Stats()
+	require.Equal(t, committed, cs.Committed, what)
+	if cs.Shared > 0 {
+		gm.seen.shared++
+	}
+	l := gm.fx.pool.Stats()
+	require.Equal(t, committed, l.Mapped, "%s: the ledger maps what the sequences commit", what)
+	require.Equal(t, int64(gm.fx.fake.LiveGranules())*groupGranule, l.Owned, "%s: the ledger owns the live granules", what)
+}
+
+// committed returns what r's ranges commit in the plain model of the layouts: each
+// group's units from the one that holds FirstLive(dropAt) (0 for a group that reads
+// every token) to the end of its last token; a recurrent state's granules once the
+// sequence has a token.
+func (gm *groupModel) committed(r *refSeq) int64 {
+	n := r.s.Len()
+	var total int64
+	for _, g := range gm.m.Groups {
+		st, err := gm.c.LayerStrides(g.Layers[0])
+		require.NoError(gm.t, err)
+		if g.Kind == kv.Recurrent {
+			if n > 0 {
+				total += int64(roundUp(len(g.Layers)*g.StateBytes, groupGranule))
+			}
+			continue
+		}
+		first := 0
+		if g.Kind == kv.SlidingWindow || g.Kind == kv.ChunkedLocal {
+			first = g.FirstLive(r.dropAt)
+		}
+		if cfg := gm.c.Config(); cfg.Layout == kv.Blocked {
+			bt, blk := st.BlockTokens, st.BlockStride
+			total += int64((n+bt-1)/bt-first/bt) * int64(blk)
+			continue
+		}
+		ranges := len(g.Layers) * g.TensorsPerLayer()
+		per := roundUp(n*st.TokenBytes, groupGranule) - first*st.TokenBytes/groupGranule*groupGranule
+		total += int64(ranges) * int64(per)
+	}
+	return total
+}
+
+func roundUp(n, to int) int { return (n + to - 1) / to * to }
+
+// step runs one random operation.
+func (gm *groupModel) step(op byte) string {
+	if len(gm.seqs) == 0 {
+		gm.newSeq()
+		return "new"
+	}
+	r := gm.seqs[gm.rnd.IntN(len(gm.seqs))]
+	n := r.s.Len()
+	switch op % 8 {
+	case 0, 1, 2:
+		k := 1 + gm.rnd.IntN(12)
+		gm.appendTo(r, k)
+		return fmt.Sprintf("append %d to %d", k, n)
+	case 3:
+		// A batch step of every sequence, one token each.
+		batch := make([]kv.Growth, 0, len(gm.seqs))
+		for _, q := range gm.seqs {
+			if q.s.Len() < groupMaxTokens {
+				batch = append(batch, kv.Growth{Seq: q.s, Tokens: 1})
+			}
+		}
+		_, err := gm.c.Need(batch)
+		require.NoError(gm.t, err)
+		require.NoError(gm.t, gm.c.AppendBatch(batch))
+		for _, g := range batch {
+			for _, q := range gm.seqs {
+				if q.s == g.Seq {
+					q.dropAt = max(q.dropAt, q.s.Len()-1)
+					gm.rewriteLast(q)
+				}
+			}
+		}
+		return "batch"
+	case 4:
+		m := n - gm.rnd.IntN(min(n, 6)+1)
+		if gm.rnd.IntN(4) == 0 {
+			m = gm.rnd.IntN(n + 1)
+		}
+		gm.truncate(r, m)
+		return fmt.Sprintf("truncate %d to %d", n, m)
+	case 5:
+		m := n - gm.rnd.IntN(min(n, 4)+1)
+		if len(gm.seqs) < 6 {
+			gm.fork(r, m)
+		}
+		return fmt.Sprintf("fork %d at %d", n, m)
+	case 6:
+		if len(gm.seqs) > 1 {
+			i := gm.rnd.IntN(len(gm.seqs))
+			require.True(gm.t, gm.seqs[i].s.Close().OK())
+			gm.seqs = append(gm.seqs[:i], gm.seqs[i+1:]...)
+			return "close"
+		}
+		gm.newSeq()
+		return "new"
+	default:
+		if len(gm.states) > 0 && r.states != nil {
+			i := gm.rnd.IntN(len(gm.states))
+			r.states[i] = gm.bytes(len(r.states[i]))
+			require.NoError(gm.t, r.s.WriteState(gm.states[i], r.states[i]))
+			return "state"
+		}
+		gm.appendTo(r, 1)
+		return "append 1"
+	}
+}
+
+// rewriteLast writes the last token of every tensor of q, which a batch step just
+// appended (and a fresh state for a sequence that had none).
+func (gm *groupModel) rewriteLast(q *refSeq) {
+	n := q.s.Len()
+	for i, tr := range gm.tensors {
+		p := gm.bytes(tr.group.TokenBytes())
+		require.NoError(gm.t, q.s.WriteToken(tr.layer, tr.kind, n-1, p))
+		q.tokens[i] = append(q.tokens[i], p)
+	}
+	if q.states == nil {
+		q.states = make([][]byte, len(gm.states))
+		for i, l := range gm.states {
+			q.states[i] = gm.bytes(gm.stateBytes(l))
+			require.NoError(gm.t, q.s.WriteState(l, q.states[i]))
+		}
+	}
+}
+
+func (gm *groupModel) closeAll() {
+	for _, r := range gm.seqs {
+		require.True(gm.t, r.s.Close().OK())
+	}
+	gm.seqs = nil
+}
+
+// runGroupOps drives ops against the plain model on each layout, checking after every
+// operation.
+func runGroupOps(t *testing.T, m kv.Model, seed uint64, ops []byte) groupCounts {
+	var seen groupCounts
+	for _, lay := range []struct {
+		layout kv.Layout
+		bt     int
+	}{{kv.Blocked, 0}, {kv.Blocked, 3}, {kv.PerLayer, 0}} {
+		t.Run(fmt.Sprintf("%v/bt=%d", lay.layout, lay.bt), func(t *testing.T) {
+			fx := newGroupFixture(t)
+			gm := newGroupModel(t, fx, m, lay.layout, lay.bt, seed)
+			for i, op := range ops {
+				what := gm.step(op)
+				gm.check(fmt.Sprintf("op %d (%s)", i, what))
+			}
+			gm.closeAll()
+			gm.check("closed")
+			seen.forks += gm.seen.forks
+			seen.refused += gm.seen.refused
+			seen.dropped += gm.seen.dropped
+			seen.shared += gm.seen.shared
+		})
+	}
+	return seen
+}
+
+// TestGroupOps: every token of every group reads back after random growth, window
+// moves, forks, truncates and batch steps, and every sequence commits exactly what
+// Config.Size says (so the granules a window leaves go back: the ledger owns only
+// the live ones).
+func TestGroupOps(t *testing.T) {
+	for seed := range uint64(6) {
+		rnd := rand.New(rand.NewPCG(seed, 1))
+		ops := make([]byte, 150)
+		for i := range ops {
+			ops[i] = byte(rnd.Uint32())
+		}
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+			seen := runGroupOps(t, tinyHybrid, seed, ops)
+			assert.Positive(t, seen.forks, "forks")
+			assert.Positive(t, seen.refused, "truncates and forks refused for dropped tokens")
+			assert.Positive(t, seen.dropped, "reads of dropped tokens")
+			assert.Positive(t, seen.shared, "states with shared granules")
+		})
+	}
+}
+
+// FuzzGroupOps is TestGroupOps on fuzzed operations.
+func FuzzGroupOps(f *testing.F) {
+	f.Add(uint64(1), []byte{0, 0, 0, 0, 5, 4, 0, 3, 5, 6, 7})
+	f.Add(uint64(2), []byte{1, 1, 1, 1, 1, 1, 4, 4, 4, 5, 5, 3, 3, 3})
+	f.Fuzz(func(t *testing.T, seed uint64, ops []byte) {
+		if len(ops) > 200 {
+			ops = ops[:200]
+		}
+		runGroupOps(t, tinyHybrid, seed, ops)
+	})
+}
+
+// TestGroupWindowGivesBack: as one sequence of a sliding-window model grows, its
+// window's granules go back to the pool: the ledger owns the same bytes at 1,000
+// tokens as at 100, and the dropped tokens can not be read.
+func TestGroupWindowGivesBack(t *testing.T) {
+	fx := newGroupFixture(t)
+	m := kv.Model{Name: "window", Layers: 1, Groups: []kv.Group{{Kind: kv.SlidingWindow, Window: 16, Layers: []int{0}, KVHeads: 1, HeadDim: 16, DType: arena.Float16}}}
+	c, err := kv.New(fx.fake, kv.Config{Model: m, MaxTokens: 1000})
+	require.NoError(t, err)
+	defer c.Close()
+	s, err := c.NewSequence()
+	require.NoError(t, err)
+	defer s.Close()
+	base := s.Base(0, kv.K)
+	var owned []int64
+	for n := 1; n <= 1000; n++ {
+		require.NoError(t, s.Append(1))
+		if n%100 == 0 {
+			owned = append(owned, fx.pool.Stats().Owned)
+		}
+		assert.Equal(t, base, s.Base(0, kv.K), "the base stays")
+	}
+	for _, o := range owned[1:] {
+		assert.Equal(t, owned[0], o, "the window's memory stays flat")
+	}
+	// 64 bytes a token: a 256-byte block holds 4, so the 16 live tokens take 4 or 5.
+	assert.Equal(t, int64(4*groupGranule), owned[0])
+	assert.Equal(t, 984, s.FirstHeld(0), "token 985's block on is held")
+	assert.ErrorIs(t, s.ReadToken(0, kv.V, 983, make([]byte, 32)), kv.ErrDropped)
+	assert.NoError(t, s.ReadToken(0, kv.V, 984, make([]byte, 32)))
+	v, err := kv.View[arena.F16](s, 0, kv.K)
+	require.NoError(t, err)
+	assert.Equal(t, []int{4, 4, 1, 16}, v.Shape(), "the view is the held window: 4 blocks of 4 tokens")
+	assert.Equal(t, base+uintptr(246*groupGranule), v.DevicePtr(), "from the block of token 984, at its address")
+	assert.ErrorIs(t, s.Truncate(900), kv.ErrDropped, "tokens the window dropped do not come back")
+	assert.Equal(t, 1000, s.Len(), "a refused truncate changes nothing")
+	require.NoError(t, s.Truncate(999), "a rollback within the held window works")
+	require.NoError(t, s.Truncate(0), "an empty sequence needs nothing")
+	assert.Zero(t, s.FirstHeld(0))
+	assert.Zero(t, fx.pool.Stats().Owned)
+}
+
+// TestGroupBadModels: New refuses a bad model, or one the cache can not serve, with
+// a clear error and allocates nothing.
+func TestGroupBadModels(t *testing.T) {
+	window := func(w int) kv.Model {
+		return kv.Model{Name: "w", Layers: 1, Groups: []kv.Group{{Kind: kv.SlidingWindow, Window: w, Layers: []int{0}, KVHeads: 1, HeadDim: 16, DType: arena.Float16}}}
+	}
+	mlaV := kv.DeepSeekV3()
+	mlaV.Groups[0].Tensors = 2
+	fp8 := kv.Model{Name: "fp8", Layers: 1, Groups: []kv.Group{{Kind: kv.FullAttention, Layers: []int{0}, KVHeads: 1, HeadDim: 16, DType: arena.Float8E4M3, Scales: kv.ScalePerTensor}}}
+	for _, tt := range []struct {
+		name string
+		cfg  kv.Config
+		want error
+	}{
+		{"window larger than MaxTokens", kv.Config{Model: window(101), MaxTokens: 100}, kv.ErrGeometry},
+		{"no window", kv.Config{Model: window(0), MaxTokens: 100}, kv.ErrGeometry},
+		{"MLA with V", kv.Config{Model: mlaV, MaxTokens: 100}, kv.ErrGeometry},
+		{"zero layers", kv.Config{Model: kv.Model{Name: "empty"}, MaxTokens: 100}, kv.ErrGeometry},
+		{"geometry and model", kv.Config{Geometry: kv.Tiny, Model: tinyHybrid, MaxTokens: 100}, kv.ErrConfig},
+		{"scales on a model", kv.Config{Model: fp8, MaxTokens: 100}, kv.ErrConfig},
+		{"map-ahead on groups", kv.Config{Model: tinyHybrid, MaxTokens: 100, MapAhead: true}, kv.ErrConfig},
+		{"no MaxTokens", kv.Config{Model: tinyHybrid}, kv.ErrConfig},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			fx := newGroupFixture(t)
+			c, err := kv.New(fx.fake, tt.cfg)
+			require.ErrorIs(t, err, tt.want)
+			assert.Nil(t, c)
+			assert.Zero(t, fx.fake.LiveReservations(), "nothing reserved")
+			assert.Zero(t, fx.pool.Stats().Owned, "nothing committed")
+			if tt.cfg.MaxTokens > 0 && !tt.cfg.MapAhead {
+				_, err = tt.cfg.Size(groupGranule, 0)
+				assert.ErrorIs(t, err, tt.want, "Size refuses the model too")
+			}
+		})
+	}
+}
+
+// TestGroupRefusals: on a model of groups, an MLA layer's V, a recurrent layer's
+// tokens and a token layer's state are clear errors, and the operations a cache of
+// groups does not have (Freeze, a prefix cache) are refused.
+func TestGroupRefusals(t *testing.T) {
+	fx := newGroupFixture(t)
+	c, err := kv.New(fx.fake, kv.Config{Model: tinyHybrid, MaxTokens: 100})
+	require.NoError(t, err)
+	defer c.Close()
+	s, err := c.NewSequence()
+	require.NoError(t, err)
+	defer s.Close()
+	require.NoError(t, s.Append(3))
+
+	err = s.ReadTokens(4, kv.V, 0, 1, make([]byte, 48))
+	require.ErrorIs(t, err, kv.ErrRange)
+	assert.Contains(t, err.Error(), "no V")
+	_, err = kv.View[arena.F16](s, 4, kv.V)
+	assert.ErrorIs(t, err, kv.ErrRange)
+	require.NoError(t, s.ReadTokens(4, kv.K, 0, 3, make([]byte, 3*48)), "the latent is K")
+	err = s.ReadToken(5, kv.K, 0, make([]byte, 64))
+	require.ErrorIs(t, err, kv.ErrRange)
+	assert.Contains(t, err.Error(), "recurrent")
+	assert.ErrorIs(t, s.ReadState(1, make([]byte, 100)), kv.ErrRange, "a full layer has no state")
+	assert.ErrorIs(t, s.ReadState(5, make([]byte, 99)), kv.ErrRange, "a state of another size")
+	assert.ErrorIs(t, s.ReadState(6, make([]byte, 100)), kv.ErrRange, "no such layer")
+	_, err = kv.View[arena.BF16](s, 1, kv.K)
+	assert.ErrorIs(t, err, kv.ErrElemType)
+	_, err = c.LayerStrides(6)
+	assert.ErrorIs(t, err, kv.ErrRange)
+	assert.Panics(t, func() { s.FirstHeld(-1) })
+
+	_, err = s.Freeze(1)
+	assert.ErrorIs(t, err, kv.ErrConfig)
+	_, err = kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
+	assert.ErrorIs(t, err, kv.ErrConfig)
+	require.NoError(t, s.Truncate(2))
+}
+
+// TestGroupRecurrentForkCopies: a fork copies a recurrent state, so that a write to
+// either one's state never reaches the other.
+func TestGroupRecurrentForkCopies(t *testing.T) {
+	fx := newGroupFixture(t)
+	c, err := kv.New(fx.fake, kv.Config{Model: tinyHybrid, MaxTokens: 100})
+	require.NoError(t, err)
+	defer c.Close()
+	s, err := c.NewSequence()
+	require.NoError(t, err)
+	defer s.Close()
+	require.NoError(t, s.Append(40))
+	a := bytes.Repeat([]byte{7}, 100)
+	require.NoError(t, s.WriteState(5, a))
+	f, err := s.Fork()
+	require.NoError(t, err)
+	defer f.Close()
+	got := make([]byte, 100)
+	require.NoError(t, f.ReadState(5, got))
+	assert.Equal(t, a, got, "the fork starts with the parent's state")
+	require.NoError(t, f.WriteState(5, bytes.Repeat([]byte{9}, 100)))
+	require.NoError(t, s.ReadState(5, got))
+	assert.Equal(t, a, got, "the parent's state is its own")
+	require.NoError(t, f.Truncate(0))
+	assert.ErrorIs(t, f.ReadState(5, got), kv.ErrRange, "emptied, the fork gave its state back")
+	require.NoError(t, s.ReadState(5, got))
+	assert.Equal(t, a, got)
+}
