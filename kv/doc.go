@@ -68,6 +68,28 @@
 // in order ([PrefixCache.FlushEvents] waits for it). kv imports no transport: package
 // kvevents puts the events on the wire in vLLM's format.
 //
+// # Layer groups
+//
+// A [Model] (Config.Model, in place of a Geometry) is a list of layer groups, each
+// with its attention kind, tensors and element type: full attention, a sliding
+// window, chunked-local attention, an MLA latent (one tensor per layer, addressed as
+// K, no V) or a recurrent state (StateBytes per sequence and layer, whatever its
+// length). Each group lies on ranges of its own, laid out by the cache's Layout with
+// its own blocks, so groups need no common page size and no padding. A
+// sliding-window or chunked-local group gives its granules back as the window moves:
+// an append to a sequence of n tokens gives back the whole units (Blocked: blocks)
+// below the one that holds the group's FirstLive(n) — the first token the step can
+// read — while the group's base and every held token's address stay.
+// [Sequence.FirstHeld] says where a layer's held tokens start; reading, writing or
+// viewing a token below fails with [ErrDropped]. A Truncate or ForkAt whose next step
+// would read a dropped token is refused with ErrDropped (recomputing it is the
+// caller's); a fork of a window group maps the parent's units from its own window on
+// and commits none below. A recurrent state ([Sequence.ReadState],
+// [Sequence.WriteState]) exists from the first token on, is copied on fork, never
+// shared, and kept as it is by a Truncate but to 0; prefix caching of it is out of
+// scope. Freeze, the prefix cache, FP8 scales and map-ahead need a one-group cache.
+// groups.go lists the states of a window group's bytes and their transitions.
+//
 // # Layout
 //
 // [Blocked] (the default) puts all layers of a sequence in one range cut into blocks

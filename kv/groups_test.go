@@ -614,3 +614,89 @@ func TestGroupRecurrentForkCopies(t *testing.T) {
 	require.NoError(t, s.ReadState(5, got))
 	assert.Equal(t, a, got)
 }
+
+// TestGroupConfigSize: on a Model, Config.Size reports each group, and in the
+// Blocked layout its figures are Model.Size's (two computations of one layout).
+func TestGroupConfigSize(t *testing.T) {
+	for _, m := range append(kv.ModelPresets(), tinyHybrid) {
+		for _, granule := range []int{256, 64 << 10, 2 << 20} {
+			for _, bt := range []int{0, 16} {
+				for _, n := range []int{0, 1, 127, 128, 1025, 8192, 100_003} {
+					cfg := kv.Config{Model: m, BlockTokens: bt, MaxTokens: 128 << 10}
+					got, err := cfg.Size(granule, n)
+					if m.Name == tinyHybrid.Name && n > 0 {
+						cfg.MaxTokens = max(n, 200)
+						got, err = cfg.Size(granule, n)
+					}
+					require.NoError(t, err)
+					want, err := m.Size(granule, bt, n)
+					require.NoError(t, err)
+					require.Len(t, got.Groups, len(m.Groups))
+					extra := int64(0)
+					for i := range want.Groups {
+						w, g := want.Groups[i], got.Groups[i]
+						if w.Live == 0 && w.FirstLive > 0 && w.FirstLive%w.BlockTokens != 0 {
+							// A chunk ended at n: no token is live, but the cache keeps the
+							// block token n goes into, partly filled with dead tokens.
+							assert.Equal(t, int64(w.BlockBytes), g.Committed, "%s group %d at %d", m.Name, i, n)
+							extra += g.Committed
+							g.Committed = 0
+						}
+						assert.Equal(t, w, g, "%s group %d at %d tokens, %d-byte granules, blocks of %d", m.Name, i, n, granule, bt)
+					}
+					assert.Equal(t, want.Committed+extra, got.Committed)
+					assert.Equal(t, want.Need, got.Used)
+					assert.Equal(t, got.Committed-got.Used, got.Waste)
+					assert.Equal(t, m.BytesPerToken(), got.BytesPerToken)
+				}
+			}
+		}
+	}
+	// PerLayer: a range per tensor, each window range from the granule of its first
+	// live token.
+	cfg := kv.Config{Model: tinyHybrid, Layout: kv.PerLayer, MaxTokens: 200}
+	s, err := cfg.Size(groupGranule, 100)
+	require.NoError(t, err)
+	assert.Equal(t, 4+2+2+1+1, s.Buffers)
+	// The window of layers 0 and 3 (32-byte tokens, 8 a granule): tokens 96..99 of 100
+	// lie in granule 12, so each of its 4 ranges commits one.
+	assert.Equal(t, int64(4*groupGranule), s.Groups[0].Committed)
+	assert.Zero(t, s.Groups[0].BlockBytes, "PerLayer has no blocks")
+	assert.Equal(t, 4, s.Groups[0].Live)
+}
+
+// ExampleConfig_model lays gpt-oss-20b's sliding-window and full layers out in
+// groups of their own: as the sequence grows, the window group's memory stays flat
+// while the full group's grows.
+func ExampleConfig_model() {
+	gov := accounting.NewGovernor()
+	if err := gov.SetLimit(accounting.HostKey, 64<<30); err != nil {
+		panic(err)
+	}
+	// A fake backing (its memory is Go heap) of 2 MiB granules under one ledger.
+	b := backingtest.NewFake(backingtest.FakeOptions{Granularity: 2 << 20, Authority: gov.Authority("kv", accounting.HostKey)})
+	c, err := kv.New(b, kv.Config{Model: kv.GPTOSS20B(), MaxTokens: 4096})
+	if err != nil {
+		panic(err)
+	}
+	defer c.Close()
+	s, err := c.NewSequence()
+	if err != nil {
+		panic(err)
+	}
+	defer s.Close()
+	for _, n := range []int{256, 1024, 4096} {
+		for s.Len() < n { // decode steps: each gives back what the window left
+			if err := s.Append(1); err != nil {
+				panic(err)
+			}
+		}
+		sz, _ := c.Config().Size(c.Granularity(), n)
+		fmt.Printf("%4d tokens: window group %2d MiB from token %4d, full group %2d MiB; committed %3d MiB\n",
+			n, sz.Groups[0].Committed>>20, s.FirstHeld(0), sz.Groups[1].Committed>>20, c.Stats().Committed>>20)
+	}
+	// Output:
+	//  256 tokens: window group  6 MiB from token   85, full group  8 MiB; committed  14 MiB
+	// 1024 tokens: window group  6 MiB from token  850, full group 26 MiB; committed  32 MiB
+	// 4096 tokens: window group  6 MiB from token 3910, full group 98 MiB; committed 104 MiB
+}

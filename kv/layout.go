@@ -296,8 +296,10 @@ type Sizing struct {
 	// Groups is, on a Model, what each group needs, in the order of Model.Groups:
 	// Committed is what the cache's layout commits for the group (in the Blocked
 	// layout, Model.Size's figure), BlockBytes and BlockTokens its blocks (0 in
-	// PerLayer; a recurrent group's BlockBytes is its state's granules). nil for a
-	// Geometry.
+	// PerLayer; a recurrent group's BlockBytes is its state's granules). NB: where a
+	// chunk ends at tokens (a ChunkedLocal group with no live token), the cache still
+	// holds the unit that token tokens goes into, which Model.Size does not count. nil
+	// for a Geometry.
 	Groups []GroupSizing
 }
 
