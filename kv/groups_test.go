@@ -2,6 +2,7 @@ package kv_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -90,8 +91,12 @@ type refSeq struct {
 
 // groupModel drives a cache on a Model and the plain model side by side.
 type groupModel struct {
-	t       *testing.T
-	fx      *groupFixture
+	t    *testing.T
+	gran int
+	// ledger is where the cache's granules are charged; live, when not nil, counts
+	// the backing's physical granules (a pooling backing's idle ones hide from it).
+	ledger  *accounting.Authority
+	live    func() int
 	c       *kv.Cache
 	m       kv.Model
 	tensors []tensorRef
@@ -105,12 +110,24 @@ type groupModel struct {
 // operations reached the cases it means to check.
 type groupCounts struct{ forks, refused, dropped, shared int }
 
-func newGroupModel(t *testing.T, fx *groupFixture, m kv.Model, layout kv.Layout, bt int, seed uint64) *groupModel {
-	c, err := kv.New(fx.fake, kv.Config{Model: m, Layout: layout, BlockTokens: bt, MaxTokens: groupMaxTokens})
+// groupEnv makes the cache of one run: on a backing, with its ledger and its count of
+// live granules (nil where a pool hides them).
+type groupEnv func(t *testing.T, cfg kv.Config) (c *kv.Cache, ledger *accounting.Authority, live func() int)
+
+// fakeGroupEnv is groupEnv on a sharing Fake of groupGranule granules.
+func fakeGroupEnv(t *testing.T, cfg kv.Config) (*kv.Cache, *accounting.Authority, func() int) {
+	fx := newGroupFixture(t)
+	c, err := kv.New(fx.fake, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, c.Close()) })
+	return c, fx.pool, fx.fake.LiveGranules
+}
+
+func newGroupModel(t *testing.T, env groupEnv, m kv.Model, layout kv.Layout, bt int, seed uint64) *groupModel {
+	c, ledger, live := env(t, kv.Config{Model: m, Layout: layout, BlockTokens: bt, MaxTokens: groupMaxTokens})
 	tensors, states := tensorsOf(m)
-	return &groupModel{t: t, fx: fx, c: c, m: m, tensors: tensors, states: states, rnd: rand.New(rand.NewPCG(seed, 25)), seen: &groupCounts{}}
+	return &groupModel{t: t, gran: c.Granularity(), ledger: ledger, live: live, c: c, m: m, tensors: tensors, states: states,
+		rnd: rand.New(rand.NewPCG(seed, 25)), seen: &groupCounts{}}
 }
 
 func (gm *groupModel) newSeq() {
@@ -242,6 +259,9 @@ func (gm *groupModel) check(what string) {
 				tok := held + gm.rnd.IntN(n-held)
 				require.NoError(t, s.ReadToken(tr.layer, tr.kind, tok, one))
 				require.Equal(t, r.tokens[i][tok], one)
+				if gm.c.Pool() != nil && tr.group.DType == arena.Float16 {
+					gm.checkViews(s, tr, held, tok, r.tokens[i][tok])
+				}
 			}
 			if held > 0 {
 				gm.seen.dropped++
@@ -262,7 +282,7 @@ func (gm *groupModel) check(what string) {
 		want := gm.committed(r)
 		if r.dropAt == n {
 			// Once the next step starts, the sequence holds what Size says.
-			sz, err := gm.c.Config().Size(groupGranule, n)
+			sz, err := gm.c.Config().Size(gm.gran, n)
 			require.NoError(t, err)
 			require.Equal(t, sz.Committed, want, "%s: the plain model and Size agree", what)
 		}
@@ -280,9 +300,11 @@ func (gm *groupModel) check(what string) {
 	if cs.Shared > 0 {
 		gm.seen.shared++
 	}
-	l := gm.fx.pool.Stats()
+	l := gm.ledger.Stats()
 	require.Equal(t, committed, l.Mapped, "%s: the ledger maps what the sequences commit", what)
-	require.Equal(t, int64(gm.fx.fake.LiveGranules())*groupGranule, l.Owned, "%s: the ledger owns the live granules", what)
+	if gm.live != nil {
+		require.Equal(t, int64(gm.live())*int64(gm.gran), l.Owned, "%s: the ledger owns the live granules", what)
+	}
 }
 
 // committed returns what r's ranges commit in the plain model of the layouts: each
@@ -297,7 +319,7 @@ func (gm *groupModel) committed(r *refSeq) int64 {
 		require.NoError(gm.t, err)
 		if g.Kind == kv.Recurrent {
 			if n > 0 {
-				total += int64(roundUp(len(g.Layers)*g.StateBytes, groupGranule))
+				total += int64(roundUp(len(g.Layers)*g.StateBytes, gm.gran))
 			}
 			continue
 		}
@@ -311,13 +333,44 @@ func (gm *groupModel) committed(r *refSeq) int64 {
 			continue
 		}
 		ranges := len(g.Layers) * g.TensorsPerLayer()
-		per := roundUp(n*st.TokenBytes, groupGranule) - first*st.TokenBytes/groupGranule*groupGranule
+		per := roundUp(n*st.TokenBytes, gm.gran) - first*st.TokenBytes/gm.gran*gm.gran
 		total += int64(ranges) * int64(per)
 	}
 	return total
 }
 
 func roundUp(n, to int) int { return (n + to - 1) / to * to }
+
+// checkViews reads token tok (whose bytes are want) of tr through a View and a Run
+// on the host: a window group's view starts at its first held token's block.
+func (gm *groupModel) checkViews(s *kv.Sequence, tr tensorRef, held, tok int, want []byte) {
+	t := gm.t
+	v, err := kv.View[arena.F16](s, tr.layer, tr.kind)
+	require.NoError(t, err)
+	st, err := gm.c.LayerStrides(tr.layer)
+	require.NoError(t, err)
+	heads, hd := tr.group.KVHeads, tr.group.HeadDim
+	at := func(h, d int) arena.F16 {
+		if bt := st.BlockTokens; bt > 0 {
+			return v.At(tok/bt-held/bt, tok%bt, h, d)
+		}
+		return v.At(tok-held, h, d)
+	}
+	run, err := kv.Run[arena.F16](s, tr.layer, tr.kind, tok)
+	require.NoError(t, err)
+	for h := range heads {
+		for d := range hd {
+			e := arena.F16(binary.LittleEndian.Uint16(want[(h*hd+d)*2:]))
+			require.Equal(t, e, at(h, d), "layer %d %v token %d [%d %d] by View", tr.layer, tr.kind, tok, h, d)
+			require.Equal(t, e, run[h*hd+d], "by Run")
+		}
+	}
+	if gm.c.Config().Layout == kv.PerLayer {
+		b, err := s.Bytes(tr.layer, tr.kind)
+		require.NoError(t, err)
+		require.Equal(t, want, b[(tok-held)*len(want):][:len(want)], "by Bytes")
+	}
+}
 
 // step runs one random operation.
 func (gm *groupModel) step(op byte) string {
@@ -413,15 +466,14 @@ func (gm *groupModel) closeAll() {
 
 // runGroupOps drives ops against the plain model on each layout, checking after every
 // operation.
-func runGroupOps(t *testing.T, m kv.Model, seed uint64, ops []byte) groupCounts {
+func runGroupOps(t *testing.T, env groupEnv, m kv.Model, seed uint64, ops []byte) groupCounts {
 	var seen groupCounts
 	for _, lay := range []struct {
 		layout kv.Layout
 		bt     int
 	}{{kv.Blocked, 0}, {kv.Blocked, 3}, {kv.PerLayer, 0}} {
 		t.Run(fmt.Sprintf("%v/bt=%d", lay.layout, lay.bt), func(t *testing.T) {
-			fx := newGroupFixture(t)
-			gm := newGroupModel(t, fx, m, lay.layout, lay.bt, seed)
+			gm := newGroupModel(t, env, m, lay.layout, lay.bt, seed)
 			for i, op := range ops {
 				what := gm.step(op)
 				gm.check(fmt.Sprintf("op %d (%s)", i, what))
@@ -449,7 +501,7 @@ func TestGroupOps(t *testing.T) {
 			ops[i] = byte(rnd.Uint32())
 		}
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
-			seen := runGroupOps(t, tinyHybrid, seed, ops)
+			seen := runGroupOps(t, fakeGroupEnv, tinyHybrid, seed, ops)
 			assert.Positive(t, seen.forks, "forks")
 			assert.Positive(t, seen.refused, "truncates and forks refused for dropped tokens")
 			assert.Positive(t, seen.dropped, "reads of dropped tokens")
@@ -466,7 +518,7 @@ func FuzzGroupOps(f *testing.F) {
 		if len(ops) > 200 {
 			ops = ops[:200]
 		}
-		runGroupOps(t, tinyHybrid, seed, ops)
+		runGroupOps(t, fakeGroupEnv, tinyHybrid, seed, ops)
 	})
 }
 

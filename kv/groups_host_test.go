@@ -1,0 +1,60 @@
+//go:build linux || windows
+
+package kv_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/kv"
+)
+
+// hostHybrid is tinyHybrid with tokens large enough to cross 4 KiB granules in a few
+// tokens: a window token of 1 KiB per tensor, a 1,152-byte latent.
+var hostHybrid = kv.Model{Name: "host-hybrid", Layers: 6, Groups: []kv.Group{
+	{Kind: kv.SlidingWindow, Window: 5, Layers: []int{0, 3}, KVHeads: 8, HeadDim: 64, DType: arena.Float16},
+	{Kind: kv.FullAttention, Layers: []int{1}, KVHeads: 4, HeadDim: 128, DType: arena.Float16},
+	{Kind: kv.ChunkedLocal, Window: 9, Layers: []int{2}, KVHeads: 8, HeadDim: 64, DType: arena.Float16},
+	{Kind: kv.MLALatent, Layers: []int{4}, KVHeads: 1, HeadDim: 576, DType: arena.Float16},
+	{Kind: kv.Recurrent, Layers: []int{5}, StateBytes: 5000},
+}}
+
+// sharedGroupEnv is groupEnv on host.Shared of 4 KiB granules: real shared memory,
+// read by the CPU through views, runs and Bytes too.
+func sharedGroupEnv(t *testing.T, cfg kv.Config) (*kv.Cache, *accounting.Authority, func() int) {
+	pool := accounting.NewGovernor().Authority("pool", accounting.HostKey)
+	b, err := host.NewShared(host.SharedOptions{Granularity: 4 << 10, Authority: pool, Name: "kv-groups"})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		assert.NoError(t, b.Close())
+		ledgerBalances(t, pool)
+	})
+	c, err := kv.New(b, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, c.Close()) })
+	return c, pool, nil
+}
+
+// TestGroupOpsHost is TestGroupOps on real shared memory, every held token read
+// back by copy, View, Run and (PerLayer) Bytes.
+func TestGroupOpsHost(t *testing.T) {
+	for seed := range uint64(2) {
+		rnd := rand.New(rand.NewPCG(seed, 7))
+		ops := make([]byte, 80)
+		for i := range ops {
+			ops[i] = byte(rnd.Uint32())
+		}
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+			seen := runGroupOps(t, sharedGroupEnv, hostHybrid, seed, ops)
+			assert.Positive(t, seen.forks)
+			assert.Positive(t, seen.dropped)
+		})
+	}
+}
