@@ -58,3 +58,42 @@ func TestGroupOpsHost(t *testing.T) {
 		})
 	}
 }
+
+// TestGroupWindowPoolHost: on a pooling backing, the granules a window leaves go
+// idle in the pool, where the next growth takes them: a long sequence of a window
+// model owns no more than a short one, and the ledger stays exact (it owns what the
+// sequence maps plus the pool's idle granules).
+func TestGroupWindowPoolHost(t *testing.T) {
+	pool := accounting.NewGovernor().Authority("pool", accounting.HostKey)
+	b := sharedPool(t, pool, "kv-window")
+	m := kv.Model{Name: "window", Layers: 2, Groups: []kv.Group{
+		{Kind: kv.SlidingWindow, Window: 64, Layers: []int{0}, KVHeads: 8, HeadDim: 64, DType: arena.Float16},
+		{Kind: kv.MLALatent, Layers: []int{1}, KVHeads: 1, HeadDim: 64, DType: arena.Float16},
+	}}
+	c, err := kv.New(b, kv.Config{Model: m, MaxTokens: 4096})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, c.Close()) })
+	s, err := c.NewSequence()
+	require.NoError(t, err)
+	defer s.Close()
+	exact := func(n int) {
+		st, ps := c.Stats(), b.PoolStats()
+		l := pool.Stats()
+		require.Equal(t, st.Committed, l.Mapped, "at %d tokens: the ledger maps what the sequence commits", n)
+		require.Equal(t, l.Mapped+ps.Idle, l.Owned, "at %d tokens: it owns that and the idle granules", n)
+	}
+	maxIdle := int64(0)
+	for n := 1; n <= 4096; n++ {
+		require.NoError(t, s.Append(1))
+		maxIdle = max(maxIdle, b.PoolStats().Idle)
+		if n%512 == 0 {
+			exact(n)
+		}
+	}
+	// 2 KiB window tokens: 32 a 64 KiB granule, so the window's 64 tokens hold 2 or 3
+	// granules; the latent (128 bytes) grows by one granule per 512 tokens, 8 in all.
+	st := c.Stats()
+	assert.LessOrEqual(t, st.Committed, int64((3+8)*64<<10))
+	assert.Positive(t, b.PoolStats().Idle, "the granules the window left are idle in the pool")
+	assert.LessOrEqual(t, maxIdle, int64(64<<10), "and taken by the next growth: they never pile up")
+}

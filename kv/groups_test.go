@@ -3,6 +3,7 @@ package kv_test
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -751,4 +752,73 @@ func ExampleConfig_model() {
 	//  256 tokens: window group  6 MiB from token   85, full group  8 MiB; committed  14 MiB
 	// 1024 tokens: window group  6 MiB from token  850, full group 26 MiB; committed  32 MiB
 	// 4096 tokens: window group  6 MiB from token 3910, full group 98 MiB; committed 104 MiB
+}
+
+// TestGroupFaults: a backing call that fails anywhere in a fork, truncate and window
+// move of a model of groups fails the operation with the backing's error (or damages
+// the sequence, which Close still gives back whole), and after every failure the
+// ledger and the backing hold nothing once everything is closed.
+func TestGroupFaults(t *testing.T) {
+	boom := errors.New("injected")
+	scenario := func(c *kv.Cache, open *[]*kv.Sequence) error {
+		s, err := c.NewSequence()
+		if err != nil {
+			return err
+		}
+		*open = append(*open, s)
+		if err := s.Append(20); err != nil {
+			return err
+		}
+		if err := s.WriteTokens(1, kv.K, 0, 20, make([]byte, 20*64)); err != nil {
+			return err
+		}
+		f, err := s.ForkAt(17)
+		if err != nil {
+			return err
+		}
+		*open = append(*open, f)
+		for range 12 { // the windows move in both
+			if err := c.AppendBatch([]kv.Growth{{Seq: s, Tokens: 1}, {Seq: f, Tokens: 1}}); err != nil {
+				return err
+			}
+		}
+		if err := f.Truncate(28); err != nil { // a rollback within its window
+			return err
+		}
+		if err := s.Truncate(0); err != nil {
+			return err
+		}
+		return s.Append(3)
+	}
+	failed, damaged := 0, 0
+	for n := 1; ; n++ {
+		fx := newGroupFixture(t)
+		faulty := backingtest.NewFaulty[*backingtest.FakeReservation](fx.fake)
+		c, err := kv.New(faulty, kv.Config{Model: tinyHybrid, MaxTokens: 100})
+		require.NoError(t, err)
+		faulty.FailAt(n, boom)
+		var open []*kv.Sequence
+		err = scenario(c, &open)
+		calls := faulty.Calls()
+		faulty.Reset()
+		if err != nil {
+			failed++
+			require.ErrorIs(t, err, boom, "call %d", n)
+		}
+		for _, s := range open {
+			if s.Damaged() {
+				damaged++
+			}
+			s.Close()
+		}
+		require.NoError(t, c.Close())
+		assert.Zero(t, fx.fake.LiveGranules(), "call %d: granules left", n)
+		assert.Zero(t, fx.fake.LiveReservations(), "call %d: reservations left", n)
+		assert.Zero(t, fx.pool.Stats().Owned, "call %d", n)
+		if err == nil && calls < n {
+			break // the fault was past the scenario's last call
+		}
+	}
+	assert.Greater(t, failed, 100, "faults at every call of the scenario")
+	assert.Positive(t, damaged, "some leave a sequence damaged (a window's give-back, a truncate midway)")
 }

@@ -126,7 +126,9 @@ func (s *Sequence) publish() {
 // block's granules when its first token arrives). When the memory can not be
 // had now it fails at once with an *accounting.BudgetError (it matches
 // accounting.ErrBudgetExceeded; see AppendBatch for what it carries) and changes
-// nothing; past MaxTokens it fails with ErrTooLong.
+// nothing; past MaxTokens it fails with ErrTooLong. On a Model, each window group
+// then gives back the whole units below the one that holds its FirstLive of the
+// length it grew from (see the package doc's Layer groups).
 func (s *Sequence) Append(n int) error {
 	g := [1]Growth{{s, n}}
 	return s.c.appendBatch(g[:], 0)
@@ -524,7 +526,8 @@ func (c *Cache) shareGroups(dst, src []buffer, n int, fulls []int) error {
 // Release it; the prefix's memory is freed with its last user. On error nothing
 // changed, except that what could not be given back is reported in the error and in
 // Stats.Unreleased. Its budget is ForkNeed(p)'s, and it evicts cached prefixes before
-// it refuses for budget, as ForkAt does.
+// it refuses for budget, as ForkAt does. A cache on a Model of groups has no prefixes:
+// Freeze fails there with ErrConfig.
 func (s *Sequence) Freeze(p int) (*Prefix, error) {
 	if err := s.usable(); err != nil {
 		return nil, err

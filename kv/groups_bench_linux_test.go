@@ -1,0 +1,128 @@
+package kv_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/kv"
+)
+
+// BenchmarkDecodeStepGroups measures a decode step of a batch of 8 gpt-oss-20b
+// sequences of about 2,048 tokens on a cache of groups: append one token to each
+// (AppendBatch: the sliding-window group gives back the blocks its window left),
+// write its K and V in every layer, then load every live token's K and V of every
+// layer run by run (Run): a window layer's last 128 tokens, a full layer's all. The
+// control, model=full, is the same step on a one-group cache of 24 full-attention
+// layers of the same shape whose sequences hold as many live bytes (about (n +
+// 128) / 2 tokens). Memory is populated on commit (2 MiB granules, 4 KiB pages).
+// b.SetBytes is the bytes a step loads, so that benchstat compares time per byte (the
+// issue's target: groups at most 1.05x the full step's).
+func BenchmarkDecodeStepGroups(b *testing.B) {
+	const (
+		seqs    = 8
+		tokens  = 2048
+		room    = 512
+		granule = 2 << 20
+	)
+	m := kv.GPTOSS20B()
+	window := m.Groups[0].Window
+	shape := kv.Geometry{Name: "gpt-oss-20b-full", Layers: m.Layers, KVHeads: 8, HeadDim: 64, DType: arena.BFloat16}
+	elems := shape.KVHeads * shape.HeadDim
+	token := make([]byte, shape.TokenBytes())
+	for i := range token {
+		token[i] = byte(i)
+	}
+	cases := []struct {
+		name  string
+		cfg   kv.Config
+		start func(k int) int // sequence k's first length
+		from  func(layer, n int) int
+	}{
+		{"groups", kv.Config{Model: m}, func(k int) int { return tokens + 1 + 2*k }, func(layer, n int) int {
+			if layer%2 == 0 { // gpt-oss's window layers
+				return max(0, n-window)
+			}
+			return 0
+		}},
+		{"full", kv.Config{Geometry: shape}, func(k int) int { return (tokens + 1 + 2*k + window) / 2 }, func(int, int) int { return 0 }},
+	}
+	for _, tc := range cases {
+		b.Run("model="+tc.name, func(b *testing.B) {
+			p, err := host.NewPrivate(host.PrivateOptions{Granularity: granule, Populate: true, NoHugePages: true})
+			require.NoError(b, err)
+			gov := accounting.NewGovernor()
+			cfg := tc.cfg
+			cfg.MaxTokens, cfg.Authority = tokens+room, gov.Authority("kv", accounting.HostKey)
+			c, err := kv.New(p, cfg)
+			require.NoError(b, err)
+			qs := make([]*kv.Sequence, 0, seqs)
+			batch := make([]kv.Growth, 0, seqs)
+			b.Cleanup(func() {
+				for _, q := range qs {
+					require.True(b, q.Close().OK())
+				}
+				require.NoError(b, c.Close())
+			})
+			for k := range seqs {
+				q, err := c.NewSequence()
+				require.NoError(b, err)
+				qs = append(qs, q)
+				require.NoError(b, q.Append(tc.start(k)-1))
+				batch = append(batch, kv.Growth{Seq: q, Tokens: 1})
+			}
+			// The bytes a step loads, at the first step (they grow by the full
+			// layers' share of a token a step).
+			var step int64
+			for _, q := range qs {
+				for l := range m.Layers {
+					step += int64(2 * (q.Len() + 1 - tc.from(l, q.Len()+1)) * len(token))
+				}
+			}
+			b.SetBytes(step)
+			for b.Loop() {
+				if qs[0].Len() == tokens+room {
+					b.Fatalf("more steps than the %d tokens of room", room)
+				}
+				if err := c.AppendBatch(batch); err != nil {
+					b.Fatal(err)
+				}
+				for _, q := range qs {
+					t := q.Len() - 1
+					for l := range m.Layers {
+						for _, kind := range []kv.Kind{kv.K, kv.V} {
+							if err := q.WriteToken(l, kind, t, token); err != nil {
+								b.Fatal(err)
+							}
+						}
+					}
+				}
+				for l := range m.Layers {
+					for _, q := range qs {
+						n := q.Len()
+						at := 0
+						for t := tc.from(l, n); t < n; {
+							rk, err := kv.Run[arena.BF16](q, l, kv.K, t)
+							if err != nil {
+								b.Fatal(err)
+							}
+							rv, err := kv.Run[arena.BF16](q, l, kv.V, t)
+							if err != nil {
+								b.Fatal(err)
+							}
+							at += load(rk) + load(rv)
+							t += len(rk) / elems
+						}
+						if want := 2 * (n - tc.from(l, n)) * len(token); at != want {
+							b.Fatalf("layer %d loaded %d bytes, want %d", l, at, want)
+						}
+					}
+				}
+			}
+			b.ReportMetric(float64(c.Stats().Committed)/(1<<20), "MiB-committed")
+		})
+	}
+}
