@@ -115,9 +115,13 @@ type Cache struct {
 // an MLA group with V, no layers, ...), and with ErrConfig what such a cache does not
 // have (scales, MapAhead); it allocates nothing then.
 func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
-	m, _, err := cfg.model()
+	m, set, err := cfg.model()
 	if err != nil {
 		return nil, err
+	}
+	if set {
+		m = m.clone() // the caller's slices are the caller's to change
+		cfg.Model = m
 	}
 	if cfg.MaxTokens <= 0 {
 		return nil, fmt.Errorf("%w: MaxTokens %d", ErrConfig, cfg.MaxTokens)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -821,4 +822,22 @@ func TestGroupFaults(t *testing.T) {
 	}
 	assert.Greater(t, failed, 100, "faults at every call of the scenario")
 	assert.Positive(t, damaged, "some leave a sequence damaged (a window's give-back, a truncate midway)")
+}
+
+// TestGroupModelCopied: the cache keeps a copy of the Model it was made from, so
+// that a caller changing its own slices afterwards changes nothing of the cache's.
+func TestGroupModelCopied(t *testing.T) {
+	fx := newGroupFixture(t)
+	m := tinyHybrid.Uniform()
+	m.Groups = slices.Clone(m.Groups)
+	m.Groups[0].Layers = []int{0, 3}
+	c, err := kv.New(fx.fake, kv.Config{Model: m, MaxTokens: 100})
+	require.NoError(t, err)
+	defer c.Close()
+	m.Groups[0].Layers[1] = 5
+	m.Groups[0].KVHeads = 7
+	assert.Equal(t, []int{0, 3}, c.Config().Model.Groups[0].Layers)
+	assert.Equal(t, 1, c.Config().Model.Groups[0].KVHeads)
+	_, err = c.Config().Size(groupGranule, 10)
+	assert.NoError(t, err)
 }

@@ -74,6 +74,15 @@ func (m Model) Validate(maxTokens int) error {
 	return nil
 }
 
+// clone returns a copy of m that shares no slice with it.
+func (m Model) clone() Model {
+	m.Groups = slices.Clone(m.Groups)
+	for i := range m.Groups {
+		m.Groups[i].Layers = slices.Clone(m.Groups[i].Layers)
+	}
+	return m
+}
+
 // BytesPerToken returns the bytes one token adds across all groups, block scales
 // included: the recurrent groups add none.
 func (m Model) BytesPerToken() int {
