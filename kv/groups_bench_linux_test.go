@@ -16,9 +16,10 @@ import (
 // (AppendBatch: the sliding-window group gives back the blocks its window left),
 // write its K and V in every layer, then load every live token's K and V of every
 // layer run by run (Run): a window layer's last 128 tokens, a full layer's all. The
-// control, model=full, is the same step on a one-group cache of 24 full-attention
-// layers of the same shape whose sequences hold as many live bytes (about (n +
-// 128) / 2 tokens). Memory is populated on commit (2 MiB granules, 4 KiB pages).
+// controls are the same step on a one-group cache of full-attention layers of the
+// same shape holding as many live bytes: model=full, 24 layers of about (n + 128) / 2
+// tokens (its blocks hold 42 tokens, half the groups' 85), and model=full12, the
+// full group's 12 layers alone of n + 128 tokens (blocks of 85, as the groups'). Memory is populated on commit (2 MiB granules, 4 KiB pages).
 // b.SetBytes is the bytes a step loads, so that benchstat compares time per byte (the
 // issue's target: groups at most 1.05x the full step's).
 func BenchmarkDecodeStepGroups(b *testing.B) {
@@ -31,6 +32,8 @@ func BenchmarkDecodeStepGroups(b *testing.B) {
 	m := kv.GPTOSS20B()
 	window := m.Groups[0].Window
 	shape := kv.Geometry{Name: "gpt-oss-20b-full", Layers: m.Layers, KVHeads: 8, HeadDim: 64, DType: arena.BFloat16}
+	half := shape // the full group's shape alone: its blocks hold as many tokens
+	half.Name, half.Layers = "gpt-oss-20b-full12", m.Layers/2
 	elems := shape.KVHeads * shape.HeadDim
 	token := make([]byte, shape.TokenBytes())
 	for i := range token {
@@ -49,6 +52,7 @@ func BenchmarkDecodeStepGroups(b *testing.B) {
 			return 0
 		}},
 		{"full", kv.Config{Geometry: shape}, func(k int) int { return (tokens + 1 + 2*k + window) / 2 }, func(int, int) int { return 0 }},
+		{"full12", kv.Config{Geometry: half}, func(k int) int { return tokens + 1 + 2*k + window }, func(int, int) int { return 0 }},
 	}
 	for _, tc := range cases {
 		b.Run("model="+tc.name, func(b *testing.B) {
@@ -56,6 +60,10 @@ func BenchmarkDecodeStepGroups(b *testing.B) {
 			require.NoError(b, err)
 			gov := accounting.NewGovernor()
 			cfg := tc.cfg
+			layers := m.Layers
+			if cfg.Geometry.Layers > 0 {
+				layers = cfg.Geometry.Layers
+			}
 			cfg.MaxTokens, cfg.Authority = tokens+room, gov.Authority("kv", accounting.HostKey)
 			c, err := kv.New(p, cfg)
 			require.NoError(b, err)
@@ -78,7 +86,7 @@ func BenchmarkDecodeStepGroups(b *testing.B) {
 			// layers' share of a token a step).
 			var step int64
 			for _, q := range qs {
-				for l := range m.Layers {
+				for l := range layers {
 					step += int64(2 * (q.Len() + 1 - tc.from(l, q.Len()+1)) * len(token))
 				}
 			}
@@ -92,7 +100,7 @@ func BenchmarkDecodeStepGroups(b *testing.B) {
 				}
 				for _, q := range qs {
 					t := q.Len() - 1
-					for l := range m.Layers {
+					for l := range layers {
 						for _, kind := range []kv.Kind{kv.K, kv.V} {
 							if err := q.WriteToken(l, kind, t, token); err != nil {
 								b.Fatal(err)
@@ -100,7 +108,7 @@ func BenchmarkDecodeStepGroups(b *testing.B) {
 						}
 					}
 				}
-				for l := range m.Layers {
+				for l := range layers {
 					for _, q := range qs {
 						n := q.Len()
 						at := 0
