@@ -216,6 +216,8 @@ func (gm *groupModel) truncate(r *refSeq, n int) {
 
 func (gm *groupModel) fork(r *refSeq, n int) {
 	ok := gm.allowed(r, n)
+	need, nerr := r.s.ForkNeed(n)
+	require.NoError(gm.t, nerr)
 	child, err := r.s.ForkAt(n)
 	if !ok {
 		require.ErrorIs(gm.t, err, kv.ErrDropped, "fork at %d of %d", n, r.s.Len())
@@ -224,6 +226,13 @@ func (gm *groupModel) fork(r *refSeq, n int) {
 	}
 	require.NoError(gm.t, err, "fork at %d", n)
 	gm.seen.forks++
+	if gm.c.Pool() == nil {
+		for _, ss := range gm.c.SequenceStats() {
+			if ss.ID == child.ID() {
+				require.Equal(gm.t, ss.Committed-ss.Shared, need, "ForkNeed(%d): the copied tails", n)
+			}
+		}
+	}
 	cr := &refSeq{s: child, tokens: make([][][]byte, len(gm.tensors)), dropAt: n}
 	for i := range r.tokens {
 		cr.tokens[i] = append([][]byte(nil), r.tokens[i][:n]...)
@@ -313,8 +322,11 @@ func (gm *groupModel) check(what string) {
 // group's units from the one that holds FirstLive(dropAt) (0 for a group that reads
 // every token) to the end of its last token; a recurrent state's granules once the
 // sequence has a token.
-func (gm *groupModel) committed(r *refSeq) int64 {
-	n := r.s.Len()
+func (gm *groupModel) committed(r *refSeq) int64 { return gm.committedAt(r.s.Len(), r.dropAt) }
+
+// committedAt is committed for a sequence of n tokens whose windows give back from
+// dropAt.
+func (gm *groupModel) committedAt(n, dropAt int) int64 {
 	var total int64
 	for _, g := range gm.m.Groups {
 		st, err := gm.c.LayerStrides(g.Layers[0])
@@ -327,7 +339,7 @@ func (gm *groupModel) committed(r *refSeq) int64 {
 		}
 		first := 0
 		if g.Kind == kv.SlidingWindow || g.Kind == kv.ChunkedLocal {
-			first = g.FirstLive(r.dropAt)
+			first = g.FirstLive(dropAt)
 		}
 		if cfg := gm.c.Config(); cfg.Layout == kv.Blocked {
 			bt, blk := st.BlockTokens, st.BlockStride
@@ -395,8 +407,19 @@ func (gm *groupModel) step(op byte) string {
 				batch = append(batch, kv.Growth{Seq: q.s, Tokens: 1})
 			}
 		}
-		_, err := gm.c.Need(batch)
+		// Need is what the step commits before the windows give back: on the Fake,
+		// which pools nothing, every byte of it.
+		var want int64
+		for _, q := range gm.seqs {
+			if n := q.s.Len(); n < groupMaxTokens {
+				want += gm.committedAt(n+1, q.dropAt) - gm.committedAt(n, q.dropAt)
+			}
+		}
+		need, err := gm.c.Need(batch)
 		require.NoError(gm.t, err)
+		if gm.c.Pool() == nil {
+			require.Equal(gm.t, want, need, "Need of a batch step")
+		}
 		require.NoError(gm.t, gm.c.AppendBatch(batch))
 		for _, g := range batch {
 			for _, q := range gm.seqs {
