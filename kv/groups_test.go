@@ -864,3 +864,27 @@ func TestGroupModelCopied(t *testing.T) {
 	_, err = c.Config().Size(groupGranule, 10)
 	assert.NoError(t, err)
 }
+
+// TestGroupOneFullGroup: a Model of one full-attention group is a Geometry's cache:
+// Freeze and a prefix cache work on it, and it commits what the Geometry's does.
+func TestGroupOneFullGroup(t *testing.T) {
+	fx := newGroupFixture(t)
+	g := kv.Geometry{Name: "one", Layers: 2, KVHeads: 2, HeadDim: 16, DType: arena.Float16}
+	c, err := kv.New(fx.fake, kv.Config{Model: g.Model(), MaxTokens: 100})
+	require.NoError(t, err)
+	defer c.Close()
+	s, err := c.NewSequence()
+	require.NoError(t, err)
+	require.NoError(t, s.Append(37))
+	want, err := kv.Config{Geometry: g, MaxTokens: 100}.Size(groupGranule, 37)
+	require.NoError(t, err)
+	assert.Equal(t, want.Committed, c.Stats().Committed)
+	assert.Equal(t, want.Used, c.Stats().Used)
+	p, err := s.Freeze(20)
+	require.NoError(t, err)
+	p.Release()
+	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
+	require.NoError(t, err)
+	require.True(t, s.Close().OK())
+	require.NoError(t, pc.Close())
+}
