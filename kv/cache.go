@@ -133,7 +133,7 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	}
 	multi := len(groups) > 1 || groups[0].spec.Kind != FullAttention
 	if multi && cfg.MapAhead {
-		return nil, fmt.Errorf("%w: MapAhead needs a cache of one full-attention group; model %q has %d groups", ErrConfig, m.Name, len(groups))
+		return nil, fmt.Errorf("%w: MapAhead needs a cache of one full-attention group; model %q has %s", ErrConfig, m.Name, groupKinds(m))
 	}
 	sh := groups[0].shape
 	acct := b.Accounting()

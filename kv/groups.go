@@ -1,6 +1,9 @@
 package kv
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // A cache on a Model (Config.Model) lays each layer group out on ranges of its own,
 // as a one-group cache lays out its geometry: Blocked, one range per group cut into
@@ -349,7 +352,16 @@ func (s *Sequence) WriteState(layer int, src []byte) error {
 // one group or groups other than full attention: what names op is not available there.
 func (c *Cache) plainOnly(op string) error {
 	if c.multi {
-		return fmt.Errorf("%w: %s needs a cache of one full-attention group; model %q has %d groups", ErrConfig, op, c.cfg.Model.Name, len(c.groups))
+		return fmt.Errorf("%w: %s needs a cache of one full-attention group; model %q has %s", ErrConfig, op, c.cfg.Model.Name, groupKinds(c.cfg.Model))
 	}
 	return nil
+}
+
+// groupKinds describes m's groups for an error: "2 groups (sliding-window, full)".
+func groupKinds(m Model) string {
+	kinds := make([]string, len(m.Groups))
+	for i, g := range m.Groups {
+		kinds[i] = g.Kind.String()
+	}
+	return fmt.Sprintf("%d groups (%s)", len(m.Groups), strings.Join(kinds, ", "))
 }

@@ -659,6 +659,7 @@ func TestGroupRefusals(t *testing.T) {
 
 	_, err = s.Freeze(1)
 	assert.ErrorIs(t, err, kv.ErrConfig)
+	assert.ErrorContains(t, err, "5 groups (sliding-window, full, chunked-local, mla-latent, recurrent)")
 	_, err = kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
 	assert.ErrorIs(t, err, kv.ErrConfig)
 	require.NoError(t, s.Truncate(2))
