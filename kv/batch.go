@@ -18,7 +18,9 @@ type Growth struct {
 // Need returns the bytes of budget that growing s by n tokens would take now: the
 // granules it must commit, less those the backing's pool holds idle (they are owned
 // already). Zero means the growth fits in granules the sequence or the pool holds.
-// It fails as Append would for a bad n.
+// It fails as Append would for a bad n. On a Model it counts what the growth commits
+// before a window group gives any granule back (those go idle in a pooling backing,
+// where the next growth finds them).
 func (s *Sequence) Need(n int) (int64, error) {
 	g := [1]Growth{{s, n}}
 	return s.c.Need(g[:])
