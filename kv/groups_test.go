@@ -372,11 +372,15 @@ func (gm *groupModel) checkViews(s *kv.Sequence, tr tensorRef, held, tok int, wa
 	}
 	run, err := kv.Run[arena.F16](s, tr.layer, tr.kind, tok)
 	require.NoError(t, err)
-	for h := range heads {
-		for d := range hd {
-			e := arena.F16(binary.LittleEndian.Uint16(want[(h*hd+d)*2:]))
-			require.Equal(t, e, at(h, d), "layer %d %v token %d [%d %d] by View", tr.layer, tr.kind, tok, h, d)
-			require.Equal(t, e, run[h*hd+d], "by Run")
+	wantElems := make([]arena.F16, heads*hd)
+	for i := range wantElems {
+		wantElems[i] = arena.F16(binary.LittleEndian.Uint16(want[2*i:]))
+	}
+	require.Equal(t, wantElems, run[:heads*hd], "layer %d %v token %d by Run", tr.layer, tr.kind, tok)
+	// The view, at a few elements: its indexing, not the bytes again.
+	for _, i := range []int{0, heads*hd - 1, gm.rnd.IntN(heads * hd)} {
+		if got := at(i/hd, i%hd); got != wantElems[i] {
+			t.Fatalf("layer %d %v token %d element %d by View: %v, want %v", tr.layer, tr.kind, tok, i, got, wantElems[i])
 		}
 	}
 	if gm.c.Config().Layout == kv.PerLayer {
@@ -519,9 +523,9 @@ func runGroupOps(t *testing.T, env groupEnv, m kv.Model, seed uint64, ops []byte
 // Config.Size says (so the granules a window leaves go back: the ledger owns only
 // the live ones).
 func TestGroupOps(t *testing.T) {
-	for seed := range uint64(6) {
+	for seed := range uint64(4) {
 		rnd := rand.New(rand.NewPCG(seed, 1))
-		ops := make([]byte, 150)
+		ops := make([]byte, 120)
 		for i := range ops {
 			ops[i] = byte(rnd.Uint32())
 		}
