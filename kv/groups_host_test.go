@@ -3,8 +3,6 @@
 package kv_test
 
 import (
-	"fmt"
-	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -45,18 +43,9 @@ func sharedGroupEnv(t *testing.T, cfg kv.Config) (*kv.Cache, *accounting.Authori
 // TestGroupOpsHost is TestGroupOps on real shared memory, every held token read
 // back by copy, View, Run and (PerLayer) Bytes.
 func TestGroupOpsHost(t *testing.T) {
-	for seed := range uint64(1) {
-		rnd := rand.New(rand.NewPCG(seed, 7))
-		ops := make([]byte, 80)
-		for i := range ops {
-			ops[i] = byte(rnd.Uint32())
-		}
-		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
-			seen := runGroupOps(t, sharedGroupEnv, hostHybrid, seed, ops)
-			assert.Positive(t, seen.forks)
-			assert.Positive(t, seen.dropped)
-		})
-	}
+	seen := runGroupOps(t, sharedGroupEnv, hostHybrid, 0, randomOps(7, 80))
+	assert.Positive(t, seen.forks)
+	assert.Positive(t, seen.dropped)
 }
 
 // TestGroupWindowPoolHost: on a pooling backing, the granules a window leaves go

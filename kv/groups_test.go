@@ -524,19 +524,24 @@ func runGroupOps(t *testing.T, env groupEnv, m kv.Model, seed uint64, ops []byte
 // the live ones).
 func TestGroupOps(t *testing.T) {
 	for seed := range uint64(4) {
-		rnd := rand.New(rand.NewPCG(seed, 1))
-		ops := make([]byte, 120)
-		for i := range ops {
-			ops[i] = byte(rnd.Uint32())
-		}
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
-			seen := runGroupOps(t, fakeGroupEnv, tinyHybrid, seed, ops)
+			seen := runGroupOps(t, fakeGroupEnv, tinyHybrid, seed, randomOps(seed, 120))
 			assert.Positive(t, seen.forks, "forks")
 			assert.Positive(t, seen.refused, "truncates and forks refused for dropped tokens")
 			assert.Positive(t, seen.dropped, "reads of dropped tokens")
 			assert.Positive(t, seen.shared, "states with shared granules")
 		})
 	}
+}
+
+// randomOps returns n operations drawn from seed.
+func randomOps(seed uint64, n int) []byte {
+	rnd := rand.New(rand.NewPCG(seed, 1))
+	ops := make([]byte, n)
+	for i := range ops {
+		ops[i] = byte(rnd.Uint32())
+	}
+	return ops
 }
 
 // FuzzGroupOps is TestGroupOps on fuzzed operations.
@@ -630,18 +635,26 @@ func TestGroupBadModels(t *testing.T) {
 	}
 }
 
+// hybridSequence returns a cache of tinyHybrid on a Fake and a sequence of n tokens
+// in it, both closed by the test's cleanup.
+func hybridSequence(t *testing.T, n int) (*kv.Cache, *kv.Sequence) {
+	fx := newGroupFixture(t)
+	c, err := kv.New(fx.fake, kv.Config{Model: tinyHybrid, MaxTokens: 100})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, c.Close()) })
+	s, err := c.NewSequence()
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	require.NoError(t, s.Append(n))
+	return c, s
+}
+
 // TestGroupRefusals: on a model of groups, an MLA layer's V, a recurrent layer's
 // tokens and a token layer's state are clear errors, and the operations a cache of
 // groups does not have (Freeze, a prefix cache) are refused.
 func TestGroupRefusals(t *testing.T) {
-	fx := newGroupFixture(t)
-	c, err := kv.New(fx.fake, kv.Config{Model: tinyHybrid, MaxTokens: 100})
-	require.NoError(t, err)
-	defer c.Close()
-	s, err := c.NewSequence()
-	require.NoError(t, err)
-	defer s.Close()
-	require.NoError(t, s.Append(3))
+	c, s := hybridSequence(t, 3)
+	var err error
 
 	err = s.ReadTokens(4, kv.V, 0, 1, make([]byte, 48))
 	require.ErrorIs(t, err, kv.ErrRange)
@@ -672,14 +685,7 @@ func TestGroupRefusals(t *testing.T) {
 // TestGroupRecurrentForkCopies: a fork copies a recurrent state, so that a write to
 // either one's state never reaches the other.
 func TestGroupRecurrentForkCopies(t *testing.T) {
-	fx := newGroupFixture(t)
-	c, err := kv.New(fx.fake, kv.Config{Model: tinyHybrid, MaxTokens: 100})
-	require.NoError(t, err)
-	defer c.Close()
-	s, err := c.NewSequence()
-	require.NoError(t, err)
-	defer s.Close()
-	require.NoError(t, s.Append(40))
+	_, s := hybridSequence(t, 40)
 	a := bytes.Repeat([]byte{7}, 100)
 	require.NoError(t, s.WriteState(5, a))
 	f, err := s.Fork()
