@@ -77,6 +77,8 @@ func (m *evModel) check() {
 		require.Empty(t, errs, "after %v", m.steps)
 		require.Equal(t, index, model, "the model and the index differ, after %v", m.steps)
 		require.Equal(t, model, events, "the events and the model differ, after %v", m.steps)
+		paths, entries := m.pc.EventPaths()
+		require.Equal(t, entries, paths, "the events keep a path for each entry in the index and no more, after %v", m.steps)
 		return
 	}
 }
