@@ -57,7 +57,7 @@ func EventQueueAllocs(n int) float64 {
 // calls took. With remove, the eviction takes the path's leaf out of the index, as
 // the cache's do, and the round puts it back, untimed.
 func EventQueueRound(n int, remove bool) func() time.Duration {
-	ev := &pcEvents{bs: 16, started: true}
+	ev := &pcEvents{bs: 16, queued: 1} // as if the goroutine ran
 	tree := radix.New[*pcEntry]()
 	tree.DeferReuse()
 	path := make([]int32, n)
@@ -80,7 +80,7 @@ func EventQueueRound(n int, remove bool) func() time.Duration {
 		d += time.Since(t0)
 		ev.mu.Lock()
 		q := ev.queue
-		if len(q) != 2 || q[0].kind != evInsert || len(q[0].tail) != n || q[1].kind != evCut || q[1].held != held || q[1].id != q[0].id {
+		if len(q) != 2 || q[0].kind != evInsert || len(q[0].tail) != n || q[1].kind != evCut || q[1].n != held || q[1].id != q[0].id {
 			panic("EventQueueRound: not the changes queued")
 		}
 		clear(q)
