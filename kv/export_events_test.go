@@ -48,15 +48,18 @@ func (pc *PrefixCache) EventPaths() (paths, entries int) {
 // queue after each round. (The path stays in the index, so that the round allocates
 // nothing of its own.)
 func EventQueueAllocs(n int) float64 {
-	round := EventQueueRound(n, false)
+	round := EventQueueRound(n, false, nil)
 	return testing.AllocsPerRun(100, func() { round() })
 }
 
 // EventQueueRound returns a round of queueing an Insert's and an eviction's change
 // along a path of n tokens, then the queue emptied, which returns the time the events'
 // calls took. With remove, the eviction takes the path's leaf out of the index, as
-// the cache's do, and the round puts it back, untimed.
-func EventQueueRound(n int, remove bool) func() time.Duration {
+// the cache's do, and the round puts it back, untimed. before, when not nil, runs
+// before each of the two calls, untimed; then the entry and its leaf are read, as
+// the cache's call has before it queues (before the eviction's Remove), and the
+// clock once.
+func EventQueueRound(n int, remove bool, before func()) func() time.Duration {
 	ev := &pcEvents{bs: 16, queued: 1} // as if the goroutine ran
 	tree := radix.New[*pcEntry]()
 	tree.DeferReuse()
@@ -66,11 +69,21 @@ func EventQueueRound(n int, remove bool) func() time.Duration {
 	}
 	e := &pcEntry{}
 	e.leaf, _, _ = tree.Insert(path, e)
+	var sink int
+	prepare := func() {
+		if before != nil {
+			before()
+			sink += e.leaf.Depth() + e.leaf.Parent().Depth() + int(e.leaf.Edge()[0]) + int(e.evID)
+			_ = time.Now()
+		}
+	}
 	return func() time.Duration {
+		prepare()
 		t0 := time.Now()
 		ev.inserted(tree, e, 0, nil, false)
 		d := time.Since(t0)
 		held := n
+		prepare()
 		if remove {
 			tree.Remove(e.leaf)
 			held = 0
@@ -80,7 +93,7 @@ func EventQueueRound(n int, remove bool) func() time.Duration {
 		d += time.Since(t0)
 		ev.mu.Lock()
 		q := ev.queue
-		if len(q) != 2 || q[0].kind != evInsert || len(q[0].tail) != n || q[1].kind != evCut || q[1].n != held || q[1].id != q[0].id {
+		if len(q) != 2 || q[0].kind != evInsert || len(q[0].tail) != n || q[1].kind != evCut || q[1].n != held || q[1].id != q[0].id || sink < 0 {
 			panic("EventQueueRound: not the changes queued")
 		}
 		clear(q)
