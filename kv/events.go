@@ -224,14 +224,26 @@ func newEvents(c *Cache, o EventOptions) (*pcEvents, error) {
 }
 
 // push queues c, starting the events' goroutine on the first. pc.mu and mu are held.
+// NB: it and the hooks that call it are small enough for the compiler to inline
+// them into the cache's calls: after a request's K/V writes, each function of its
+// own would be code the call finds out of the CPU's caches.
 func (ev *pcEvents) push(c evChange) {
+	if ev.closing || ev.queued == 0 {
+		ev.pushFirst(c)
+		return
+	}
+	ev.queue = append(ev.queue, c)
+	ev.queued++
+}
+
+// pushFirst is push's rare cases: the first change, or one after Close.
+func (ev *pcEvents) pushFirst(c evChange) {
 	if ev.closing {
 		panic(PanicEventsOutOfStep) // the index changed after Close
 	}
 	ev.queue = append(ev.queue, c)
-	if ev.queued++; ev.queued == 1 {
-		go ev.run()
-	}
+	ev.queued++
+	go ev.run()
 }
 
 // run applies the queued changes in order, polling the queue, until it applies a
@@ -355,7 +367,6 @@ func (ev *pcEvents) inserted(t *radix.Tree[*pcEntry], e *pcEntry, m int, old *pc
 	edge := leaf.Edge()
 	c.tail = edge[len(edge)-(leaf.Depth()-m):]
 	ev.mu.Lock()
-	defer ev.mu.Unlock()
 	ev.ids++
 	e.evID, c.id = ev.ids, ev.ids
 	ev.push(c)
@@ -365,6 +376,7 @@ func (ev *pcEvents) inserted(t *radix.Tree[*pcEntry], e *pcEntry, m int, old *pc
 		t.Release()
 		ev.release = ev.queued
 	}
+	ev.mu.Unlock()
 }
 
 // cut queues an eviction's change of e's path, of which the index now holds the
@@ -374,8 +386,8 @@ func (ev *pcEvents) cut(e *pcEntry, held int, gone bool) {
 		return
 	}
 	ev.mu.Lock()
-	defer ev.mu.Unlock()
 	ev.push(evChange{kind: evCut, id: e.evID, n: held, gone: gone})
+	ev.mu.Unlock()
 }
 
 // dropped queues the end of e's path, whose tokens the index still holds (a longer
@@ -385,8 +397,8 @@ func (ev *pcEvents) dropped(e *pcEntry) {
 		return
 	}
 	ev.mu.Lock()
-	defer ev.mu.Unlock()
 	ev.push(evChange{kind: evDrop, id: e.evID})
+	ev.mu.Unlock()
 }
 
 // fill writes block i of path into ev.key.
