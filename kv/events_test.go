@@ -134,13 +134,6 @@ func (r *evRecorder) errors() []error {
 	return slices.Clone(r.errs)
 }
 
-// blocksOf adds to set the hashes of the full blocks of tokens[:n].
-func blocksOf(set map[uint64]bool, h *blockhash.Hasher, tokens []int32, n int) {
-	for _, b := range h.Chain(nil, h.Root(), 0, tokens[:n]) {
-		set[b.Uint64()] = true
-	}
-}
-
 // TestPrefixCacheEventsOptions: bad hash options are refused at construction, the
 // medium follows the cache's device unless named, and a cache without an observer
 // still works.
