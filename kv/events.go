@@ -85,44 +85,62 @@ const PanicEventsOutOfStep = "kv: prefix cache block events out of step with its
 // index no longer does. The index gains tokens only by Insert, along the inserted
 // path; it loses them only at the end of one leaf's path (a leaf shortened or removed
 // by eviction, a damaged or taken-over entry, a pinned parent left childless), and
-// the tokens it loses lie on that path alone, past its parent's depth. So after each
-// such change, sync compares the blocks announced along that one path with what the
-// index holds of it (Peek), announcing the blocks now whole and withdrawing those no
-// longer so: a withdrawn block's descendants lie on the same path, since no other
-// path shares its last token.
+// the tokens it loses lie on that path alone, past its parent's depth. A leaf's path
+// is always a prefix of the path its entry was inserted with. So after each change
+// the events' side compares the blocks announced along that entry's inserted path
+// with what the index now holds of it, announcing the blocks now whole and
+// withdrawing those no longer so: a withdrawn block's descendants lie on the same
+// path, since no other path shares its last token.
 
 // pcEvents is a prefix cache's announced blocks: a tree of them under root, each
 // found by its parent and its tokens, kept by the events' goroutine (run) from the
-// changes the cache queues (push). NB: what sync computes depends only on the path,
+// changes the cache queues (push). NB: what apply computes depends only on the path,
 // how much of it the index held at the change and the announced blocks, so applying
 // the changes later, in order, tells the observer exactly what applying each at once
 // would have.
 //
-// What queueing costs the cache's call is one copy of the path into memory the queue
-// reuses (log, spareLog) and, after an eviction, one walk of the index (Peek): no
-// allocation once the buffers have grown to a batch's paths, and no wake-up. (A path
-// of its own per change, allocated under the cache's lock, cost the calls more than
-// all the rest: fresh memory each time, 16 KiB for a prompt of 4,096 tokens.) An
-// eviction's path is written to the log before the index changes (path) and queued
-// after (sync), with mu held in between, so that the events' goroutine cannot take
-// the log away meanwhile.
+// The cache queues no tokens. Each entry's inserted path has an id (pcEntry.evID),
+// and the events' goroutine keeps a copy of it (paths) from the Insert until the
+// entry leaves the index: Insert names the id, another entry whose path holds the
+// tokens the index already held (base: the displaced leaf's, or any leaf's below the
+// new leaf's parent) and the new leaf's edge, the index's own copy of the new tokens,
+// which the goroutine copies from. The index holds a removed edge's array back from
+// reuse (radix.Tree.DeferReuse) until every change queued before its removal is
+// applied (the Release in inserted), so the goroutine never reads an array rewritten
+// meanwhile. An eviction names the entry's id and how much of its path the index
+// holds, and whether the entry left the index (its path is then dropped). So what a
+// change costs the cache's call is one append to the queue under mu: no copy, no
+// walk of the tokens, no allocation once the queue has grown, and no wake-up. (A
+// copy of each path into a log, 32 KiB a request of 4,096 tokens, and a walk of the
+// index after each eviction were what the calls' events still cost before.)
+//
+// Memory of the events' side: 4 bytes a token of each entry's inserted path, a path
+// dropped once its entry leaves the index (evicted whole, displaced by a longer
+// entry, damaged, taken over, Close): at most 4 × MaxTokens bytes an entry, entries
+// that share a prefix each holding a copy of it; and, for a queued Insert, the
+// index's edge array it names (a removed one held back from reuse until applied),
+// plus the announced blocks' tree (one evBlock and one map key a block).
 //
 // Locks: the prefix cache's lock is held to queue a change, and the queue's (mu) is
 // taken under it, never the other way round; the events' goroutine takes mu alone,
 // and calls the observer with no lock held.
 type pcEvents struct {
-	mu       sync.Mutex
-	cond     *sync.Cond // on mu: applied moved
-	queue    []evChange
-	spare    []evChange
-	log      []int32 // the queued changes' paths, end to end
-	spareLog []int32 // the log's other buffer: the events' goroutine reads one while the cache fills the other
-	queued   int64   // changes queued, in all
-	applied  int64   // changes applied, in all
-	started  bool    // the goroutine runs (from the first change on)
-	closing  bool
-	kick     chan struct{} // wakes the goroutine before its next poll
-	done     chan struct{} // closed when it returns
+	// What the cache's calls touch, together (after a request's K/V writes they
+	// find it out of the CPU caches: the fewer lines, the fewer misses).
+	mu      sync.Mutex
+	queue   []evChange
+	queued  int64 // changes queued, in all; the goroutine runs from the first on
+	applied int64 // changes applied, in all
+	// The cache's, under its lock and mu: the last path id given, and queued at the
+	// index's last Release.
+	ids     uint64
+	release int64
+	closing bool
+
+	cond  *sync.Cond // on mu: applied moved
+	spare []evChange
+	kick  chan struct{} // wakes the goroutine before its next poll
+	done  chan struct{} // closed when it returns
 
 	// The events' goroutine's alone.
 	obs    BlockEvents
@@ -132,23 +150,28 @@ type pcEvents struct {
 	medium string
 	root   evBlock
 	blocks map[evKey]*evBlock
-	key    []byte // scratch: a block's tokens as the bytes of an evKey
-
-	// The cache's, under its lock: how many paths path wrote to the log that sync has
-	// not yet queued; mu is held while there are any.
-	pending int
+	paths  map[uint64][]int32 // by id: the inserted paths of the entries in the index
+	key    []byte             // scratch: a block's tokens as the bytes of an evKey
 }
 
-// evPath is a path written to the log and not yet queued: log[off:off+n].
-type evPath struct{ off, n int }
+// evKind says what a queued change is.
+type evKind uint8
 
-// evChange is a change of the index along the path log[off:off+n] of its batch, of
-// which the index then held the first held tokens; or, with clear, the end of the
-// index (Close).
+const (
+	evInsert evKind = iota // an entry inserted: its path is base[:m] then tail
+	evCut                  // the index holds held tokens of path id now (gone: the entry left it)
+	evDrop                 // path id's entry left the index, its tokens held by another
+	evClear                // the end of the index (Close)
+)
+
+// evChange is a change of the index (see evKind): n is evInsert's m, evCut's held.
+// tail is the index's own array.
 type evChange struct {
-	off, n int
-	held   int
-	clear  bool
+	id, base uint64 // base 0: none
+	tail     []int32
+	n        int
+	kind     evKind
+	gone     bool
 }
 
 // Polls of the events' goroutine: every evPoll while changes come, backing off to
@@ -191,7 +214,8 @@ func newEvents(c *Cache, o EventOptions) (*pcEvents, error) {
 	}
 	ev := &pcEvents{
 		obs: o.Observer, h: h, bs: h.BlockSize(), lora: o.Hash.LoRA, medium: medium,
-		blocks: make(map[evKey]*evBlock), key: make([]byte, 4*h.BlockSize()),
+		blocks: make(map[evKey]*evBlock), paths: make(map[uint64][]int32),
+		key:  make([]byte, 4*h.BlockSize()),
 		kick: make(chan struct{}, 1), done: make(chan struct{}),
 	}
 	ev.cond = sync.NewCond(&ev.mu)
@@ -199,30 +223,27 @@ func newEvents(c *Cache, o EventOptions) (*pcEvents, error) {
 	return ev, nil
 }
 
-// push queues c along path (copied to the log), starting the events' goroutine on the
-// first. pc.mu is held.
-func (ev *pcEvents) push(c evChange, path []int32) {
-	if ev.pending == 0 {
-		ev.mu.Lock()
-		defer ev.mu.Unlock()
+// push queues c, starting the events' goroutine on the first. pc.mu and mu are held.
+// NB: it and the hooks that call it are small enough for the compiler to inline
+// them into the cache's calls: after a request's K/V writes, each function of its
+// own would be code the call finds out of the CPU's caches.
+func (ev *pcEvents) push(c evChange) {
+	if ev.closing || ev.queued == 0 {
+		ev.pushFirst(c)
+		return
 	}
-	c.off, c.n = len(ev.log), len(path)
-	ev.log = append(ev.log, path...)
-	ev.queueLocked(c)
+	ev.queue = append(ev.queue, c)
+	ev.queued++
 }
 
-// queueLocked queues c, whose path is in the log, starting the events' goroutine on
-// the first. pc.mu and ev.mu are held.
-func (ev *pcEvents) queueLocked(c evChange) {
+// pushFirst is push's rare cases: the first change, or one after Close.
+func (ev *pcEvents) pushFirst(c evChange) {
 	if ev.closing {
 		panic(PanicEventsOutOfStep) // the index changed after Close
 	}
 	ev.queue = append(ev.queue, c)
 	ev.queued++
-	if !ev.started {
-		ev.started = true
-		go ev.run()
-	}
+	go ev.run()
 }
 
 // run applies the queued changes in order, polling the queue, until it applies a
@@ -239,22 +260,16 @@ func (ev *pcEvents) run() {
 			t.Stop()
 		}
 		ev.mu.Lock()
-		taken, log := ev.queue, ev.log
-		ev.queue, ev.log = ev.spare, ev.spareLog
+		taken := ev.queue
+		ev.queue = ev.spare
 		ev.mu.Unlock()
 		last := false
-		for _, c := range taken {
-			if c.clear {
-				last = true
-				clear(ev.blocks)
-				ev.root.kids = 0
-				ev.obs.AllBlocksCleared()
-				continue
-			}
-			ev.apply(log[c.off:c.off+c.n], c.held)
+		for i := range taken {
+			last = ev.change(&taken[i]) || last
 		}
+		clear(taken) // the edges they name are the index's to reuse
 		ev.mu.Lock()
-		ev.spare, ev.spareLog = taken[:0], log[:0]
+		ev.spare = taken[:0]
 		ev.applied += int64(len(taken))
 		ev.cond.Broadcast()
 		ev.mu.Unlock()
@@ -265,6 +280,44 @@ func (ev *pcEvents) run() {
 	}
 }
 
+// change applies c and reports whether it was the clear, the last. Events'
+// goroutine.
+func (ev *pcEvents) change(c *evChange) bool {
+	switch c.kind {
+	case evClear:
+		clear(ev.blocks)
+		clear(ev.paths)
+		ev.root.kids = 0
+		ev.obs.AllBlocksCleared()
+		return true
+	case evInsert:
+		m := c.n
+		path := make([]int32, m+len(c.tail))
+		if m > 0 {
+			base := ev.paths[c.base]
+			if len(base) < m {
+				panic(PanicEventsOutOfStep)
+			}
+			copy(path, base[:m])
+		}
+		copy(path[m:], c.tail)
+		ev.paths[c.id] = path
+		ev.apply(path, len(path))
+	case evCut:
+		path, ok := ev.paths[c.id]
+		if !ok || c.n > len(path) {
+			panic(PanicEventsOutOfStep)
+		}
+		ev.apply(path, c.n)
+		if c.gone {
+			delete(ev.paths, c.id)
+		}
+	case evDrop:
+		delete(ev.paths, c.id)
+	}
+	return false
+}
+
 // flush returns once every change queued so far is applied.
 func (ev *pcEvents) flush() {
 	if ev == nil {
@@ -272,7 +325,7 @@ func (ev *pcEvents) flush() {
 	}
 	ev.mu.Lock()
 	defer ev.mu.Unlock()
-	if !ev.started {
+	if ev.queued == 0 {
 		return
 	}
 	want := ev.queued
@@ -290,20 +343,62 @@ func (ev *pcEvents) flush() {
 // the same process calls it before it reads what the events told it.
 func (pc *PrefixCache) FlushEvents() { pc.ev.flush() }
 
-// path writes the tokens from the root to leaf to the log, for sync once the index
-// has changed there, and returns where they lie (nothing when there are no events).
-// mu stays held until every path written has been synced. pc.mu is held.
-func (ev *pcEvents) path(leaf *radix.Node[*pcEntry]) evPath {
+// inserted queues Insert's change: e, now in the index at e.leaf, whose first m
+// tokens the index held before (displacing old, when displaced). It also frees for
+// reuse the index's edge arrays that no queued change names any more (see pcEvents).
+// pc.mu is held.
+func (ev *pcEvents) inserted(t *radix.Tree[*pcEntry], e *pcEntry, m int, old *pcEntry, displaced bool) {
 	if ev == nil {
-		return evPath{}
+		return
 	}
-	if ev.pending == 0 {
-		ev.mu.Lock()
+	leaf := e.leaf
+	c := evChange{kind: evInsert, n: m}
+	switch {
+	case displaced:
+		c.base = old.evID // its leaf ended at depth m
+	case m > 0:
+		// Any other leaf below the new leaf's parent, which ends at depth m.
+		other := leaf.Parent().AnyLeaf(leaf)
+		if other == nil {
+			panic(PanicEventsOutOfStep)
+		}
+		c.base = other.Value().evID
 	}
-	ev.pending++
-	off := len(ev.log)
-	ev.log = leaf.AppendTokens(ev.log)
-	return evPath{off, len(ev.log) - off}
+	edge := leaf.Edge()
+	c.tail = edge[len(edge)-(leaf.Depth()-m):]
+	ev.mu.Lock()
+	ev.ids++
+	e.evID, c.id = ev.ids, ev.ids
+	ev.push(c)
+	if ev.applied >= ev.release {
+		// Every change queued before the last Release is applied: the arrays
+		// removed before it are read by none.
+		t.Release()
+		ev.release = ev.queued
+	}
+	ev.mu.Unlock()
+}
+
+// cut queues an eviction's change of e's path, of which the index now holds the
+// first held tokens; gone says that e left the index. pc.mu is held.
+func (ev *pcEvents) cut(e *pcEntry, held int, gone bool) {
+	if ev == nil {
+		return
+	}
+	ev.mu.Lock()
+	ev.push(evChange{kind: evCut, id: e.evID, n: held, gone: gone})
+	ev.mu.Unlock()
+}
+
+// dropped queues the end of e's path, whose tokens the index still holds (a longer
+// entry displaced it). pc.mu is held.
+func (ev *pcEvents) dropped(e *pcEntry) {
+	if ev == nil {
+		return
+	}
+	ev.mu.Lock()
+	ev.push(evChange{kind: evDrop, id: e.evID})
+	ev.mu.Unlock()
 }
 
 // fill writes block i of path into ev.key.
@@ -311,29 +406,6 @@ func (ev *pcEvents) fill(path []int32, i int) {
 	for j, t := range path[i*ev.bs : (i+1)*ev.bs] {
 		binary.LittleEndian.PutUint32(ev.key[4*j:], uint32(t))
 	}
-}
-
-// sync queues the change of t along p, which path must have returned: the events'
-// goroutine then announces the blocks of the path that t holds whole now and withdraws
-// those it no longer does (see above). pc.mu is held.
-func (ev *pcEvents) sync(t *radix.Tree[*pcEntry], p evPath) {
-	if ev == nil {
-		return
-	}
-	held, _ := t.Peek(ev.log[p.off : p.off+p.n])
-	ev.queueLocked(evChange{off: p.off, n: p.n, held: held})
-	if ev.pending--; ev.pending == 0 {
-		ev.mu.Unlock()
-	}
-}
-
-// inserted queues Insert's change along tokens, all of which t now holds: as sync,
-// without the walk. pc.mu is held.
-func (ev *pcEvents) inserted(tokens []int32) {
-	if ev == nil {
-		return
-	}
-	ev.push(evChange{held: len(tokens)}, tokens)
 }
 
 // apply applies a change along path, of which the index held the first held
@@ -359,7 +431,7 @@ func (ev *pcEvents) apply(path []int32, held int) {
 }
 
 // announce announces blocks [from, to) of path, the block before them being parent.
-// NB: path lies in the queue's log, which is reused: the observer gets a copy.
+// NB: path is the events' side's, dropped with its entry: the observer gets a copy.
 func (ev *pcEvents) announce(parent *evBlock, path []int32, from, to int) {
 	bs := ev.bs
 	st := BlocksStored{
@@ -423,7 +495,7 @@ func (ev *pcEvents) clear() {
 		return
 	}
 	ev.mu.Lock()
-	started := ev.started
+	started := ev.queued > 0
 	if !started {
 		ev.closing = true
 	}
@@ -432,8 +504,8 @@ func (ev *pcEvents) clear() {
 		ev.obs.AllBlocksCleared() // nothing was announced, nor queued
 		return
 	}
-	ev.push(evChange{clear: true}, nil)
 	ev.mu.Lock()
+	ev.push(evChange{kind: evClear})
 	ev.closing = true
 	ev.mu.Unlock()
 	select {

@@ -29,49 +29,79 @@ func (pc *PrefixCache) EventsQueued() int64 {
 	return pc.ev.queued
 }
 
+// EventPaths returns, once every change so far is applied, how many inserted paths
+// the events' side keeps and how many entries the index holds (0, 0 without an
+// observer).
+func (pc *PrefixCache) EventPaths() (paths, entries int) {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if pc.ev == nil {
+		return 0, 0
+	}
+	pc.ev.flush() // NB: the events' goroutine takes no lock of the cache's
+	return len(pc.ev.paths), pc.entries
+}
+
 // EventQueueAllocs returns the allocations, on average, of queueing one Insert's and
 // one eviction's change along a path of n tokens, as the cache's calls do, once the
 // queue's buffers have grown: the events' goroutine is stood in for by emptying the
 // queue after each round. (The path stays in the index, so that the round allocates
 // nothing of its own.)
 func EventQueueAllocs(n int) float64 {
-	round := EventQueueRound(n, false)
+	round := EventQueueRound(n, false, nil)
 	return testing.AllocsPerRun(100, func() { round() })
 }
 
 // EventQueueRound returns a round of queueing an Insert's and an eviction's change
 // along a path of n tokens, then the queue emptied, which returns the time the events'
 // calls took. With remove, the eviction takes the path's leaf out of the index, as
-// the cache's do, and the round puts it back, untimed.
-func EventQueueRound(n int, remove bool) func() time.Duration {
-	ev := &pcEvents{bs: 16, started: true}
+// the cache's do, and the round puts it back, untimed. before, when not nil, runs
+// before each of the two calls, untimed; then the entry and its leaf are read, as
+// the cache's call has before it queues (before the eviction's Remove), and the
+// clock once.
+func EventQueueRound(n int, remove bool, before func()) func() time.Duration {
+	ev := &pcEvents{bs: 16, queued: 1} // as if the goroutine ran
 	tree := radix.New[*pcEntry]()
+	tree.DeferReuse()
 	path := make([]int32, n)
 	for i := range path {
 		path[i] = int32(i)
 	}
-	leaf, _, _ := tree.Insert(path, &pcEntry{})
+	e := &pcEntry{}
+	e.leaf, _, _ = tree.Insert(path, e)
+	var sink int
+	prepare := func() {
+		if before != nil {
+			before()
+			sink += e.leaf.Depth() + e.leaf.Parent().Depth() + int(e.leaf.Edge()[0]) + int(e.evID)
+			_ = time.Now()
+		}
+	}
 	return func() time.Duration {
+		prepare()
 		t0 := time.Now()
-		ev.inserted(path)
-		p := ev.path(leaf)
+		ev.inserted(tree, e, 0, nil, false)
 		d := time.Since(t0)
 		held := n
+		prepare()
 		if remove {
-			tree.Remove(leaf)
+			tree.Remove(e.leaf)
 			held = 0
 		}
 		t0 = time.Now()
-		ev.sync(tree, p)
+		ev.cut(e, held, remove)
 		d += time.Since(t0)
 		ev.mu.Lock()
-		if len(ev.queue) != 2 || len(ev.log) != 2*n || ev.queue[1].held != held {
+		q := ev.queue
+		if len(q) != 2 || q[0].kind != evInsert || len(q[0].tail) != n || q[1].kind != evCut || q[1].n != held || q[1].id != q[0].id || sink < 0 {
 			panic("EventQueueRound: not the changes queued")
 		}
-		ev.queue, ev.log = ev.queue[:0], ev.log[:0]
+		clear(q)
+		ev.queue = q[:0]
+		ev.applied = ev.queued // as the events' goroutine would
 		ev.mu.Unlock()
 		if remove {
-			leaf, _, _ = tree.Insert(path, &pcEntry{})
+			e.leaf, _, _ = tree.Insert(path, e)
 		}
 		return d
 	}

@@ -229,6 +229,9 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 		c: c, opts: opts, gbytes: int64(c.nbuf) * int64(c.unit),
 		tree: radix.New[*pcEntry](), ev: ev, tiers: tiers,
 	}
+	if ev != nil {
+		pc.tree.DeferReuse() // the events' goroutine reads the edges Insert names
+	}
 	c.mu.Lock()
 	switch {
 	case c.closed:
@@ -465,7 +468,7 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 		return nil
 	}
 	e.leaf = leaf
-	pc.ev.inserted(tokens)
+	pc.ev.inserted(pc.tree, e, m, old, displaced)
 	if s.pcl == nil {
 		s.pcl = &pcLive{pc: pc}
 	}
@@ -522,6 +525,7 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 		// The new entry holds the old one's tokens (and maps its granules, where s
 		// did): the old one goes, giving back only its own tail. That is no
 		// eviction: the tokens stay cached.
+		pc.ev.dropped(old)
 		if _, d := pc.unhold(old); d != nil {
 			drop = append(drop, d)
 		}

@@ -174,9 +174,8 @@ func (pc *PrefixCache) spareLocked(tokens int) *Sequence {
 			return nil
 		}
 	}
-	path := pc.ev.path(leaf)
 	pc.tree.Remove(leaf)
-	pc.ev.sync(pc.tree, path)
+	pc.ev.cut(e, p.Depth(), true)
 	pc.evictedTokens += int64(leaf.Depth() - p.Depth())
 	pc.evictions += int64(len(e.grefs))
 	pc.evict(e) // every granule comes back: counted in EvictedBytes

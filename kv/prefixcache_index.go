@@ -86,6 +86,8 @@ type pcEntry struct {
 	busy   int           // lookups mapping from it without the lock
 	leaf   *radix.Node[*pcEntry]
 	closed bool // out of the index: Draining or Out
+	// evID is its inserted path's id in the events (pcEvents), 0 without.
+	evID uint64
 	// wb is what eviction picked to write down into the tiers before the entry's
 	// ranges close, or nil.
 	wb *tierWrite
@@ -181,7 +183,6 @@ func (pc *PrefixCache) evict(e *pcEntry) (int64, *pcEntry) {
 // the index (its entry closes, or moves up to a pinned parent). It returns the
 // physical bytes that came back and the entry to close, if any. pc.mu is held.
 func (pc *PrefixCache) evictGranules(leaf *radix.Node[*pcEntry], k int) (int64, *pcEntry) {
-	defer pc.ev.sync(pc.tree, pc.ev.path(leaf))
 	e := leaf.Value()
 	depth := leaf.Depth()
 	p := leaf.Parent()
@@ -189,10 +190,12 @@ func (pc *PrefixCache) evictGranules(leaf *radix.Node[*pcEntry], k int) (int64, 
 	switch {
 	case nd > p.Depth():
 		pc.tree.Shorten(leaf, nd)
+		pc.ev.cut(e, nd, false)
 		return pc.shrink(e, depth, nd)
 	case p.Parent() == nil || p.Children() > 1:
 		pc.tiers.pick(e, leaf)
 		pc.tree.Remove(leaf)
+		pc.ev.cut(e, p.Depth(), true)
 		pc.evictedTokens += int64(depth - p.Depth())
 		pc.evictions += int64(len(e.grefs))
 		return pc.evict(e)
@@ -201,6 +204,7 @@ func (pc *PrefixCache) evictGranules(leaf *radix.Node[*pcEntry], k int) (int64, 
 		pc.tree.Remove(leaf)
 		pc.tree.SetValue(p, e)
 		e.leaf = p
+		pc.ev.cut(e, p.Depth(), false)
 		return pc.shrink(e, depth, p.Depth())
 	}
 }
@@ -242,12 +246,11 @@ func (pc *PrefixCache) shrink(e *pcEntry, depth, n int) (int64, *pcEntry) {
 // removeDamaged takes e's leaf out of the index, with the tokens only it holds. pc.mu
 // is held.
 func (pc *PrefixCache) removeDamaged(e *pcEntry) {
-	leaf := e.leaf
-	defer pc.ev.sync(pc.tree, pc.ev.path(leaf))
-	p := pc.tree.Remove(leaf)
+	p := pc.tree.Remove(e.leaf)
 	for p.Leaf() {
 		// A pinned parent left without a child has no entry: it goes too, and its
 		// pins with it (they pin nothing now).
 		p = pc.tree.Remove(p)
 	}
+	pc.ev.cut(e, p.Depth(), true)
 }

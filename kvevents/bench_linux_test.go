@@ -1,6 +1,8 @@
 package kvevents_test
 
 import (
+	"fmt"
+	"math"
 	"runtime"
 	"slices"
 	"testing"
@@ -49,49 +51,21 @@ import (
 // against events=false's is all that publishing costs the cache, hashing and the
 // cache's announced-block index included (benchstat -col /events).
 func BenchmarkPublishCost(b *testing.B) {
-	const prompt, budget, block = 4096, 512 << 20, 16
-	g := kv.Qwen25_05B
+	const prompt, budget, block = costPrompt, costBudget, 16
+	g := costGeometry
 	data := make([]byte, g.TokenBytes())
 	for _, mode := range []string{"false", "true", "prefix-cache"} {
 		on, inCache := mode == "true", mode == "prefix-cache"
 		b.Run("events="+mode, func(b *testing.B) {
-			gov := accounting.NewGovernor()
-			if err := gov.SetLimit(accounting.HostKey, budget); err != nil {
-				b.Fatal(err)
-			}
-			pool, err := host.NewShared(host.SharedOptions{Granularity: 2 << 20, Authority: gov.Authority("kv", accounting.HostKey), Populate: true, Name: "kvevents-bench"})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer pool.Close()
-			c, err := kv.New(pool, kv.Config{Geometry: g, MaxTokens: prompt})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer c.Close()
 			var pub *kvevents.Publisher
 			if on || inCache {
-				if pub, err = kvevents.New(kvevents.Options{Endpoint: "tcp://127.0.0.1:0"}); err != nil {
-					b.Fatal(err)
-				}
-				sub := subscribe(b, pub, "", 1)
-				go func() {
-					for {
-						if _, err := sub.ReadMsg(); err != nil {
-							return
-						}
-					}
-				}()
+				pub = costPublisher(b)
 			}
-			var pco kv.PrefixCacheOptions
+			var obs kv.BlockEvents
 			if inCache {
-				pco.Events = kv.EventOptions{Observer: pub}
+				obs = pub
 			}
-			pc, err := kv.NewPrefixCache(c, pco)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer pc.Close()
+			pc := costCache(b, obs)
 			hasher, err := blockhash.New(blockhash.Options{})
 			if err != nil {
 				b.Fatal(err)
@@ -110,13 +84,7 @@ func BenchmarkPublishCost(b *testing.B) {
 			var hashingCPU int64
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
-			thread := func() int64 {
-				var ts unix.Timespec
-				if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
-					b.Fatal(err)
-				}
-				return ts.Nano()
-			}
+			thread := func() int64 { return threadCPU(b) }
 			serve := func() {
 				for i := range ids {
 					ids[i] = next
@@ -242,6 +210,66 @@ func BenchmarkPublishCost(b *testing.B) {
 	}
 }
 
+// The scenario of BenchmarkPublishCost and BenchmarkPublishShare: requests of
+// costPrompt unique tokens on costGeometry, the prefix cache full within costBudget.
+const costPrompt, costBudget = 4096, 512 << 20
+
+var costGeometry = kv.Qwen25_05B
+
+// costPublisher returns a publisher at its default settings on an ephemeral loopback
+// port, with one subscriber reading all it sends. The caller closes it
+// (closeChecked).
+func costPublisher(b *testing.B) *kvevents.Publisher {
+	pub, err := kvevents.New(kvevents.Options{Endpoint: "tcp://127.0.0.1:0"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	sub := subscribe(b, pub, "", 1)
+	go func() {
+		for {
+			if _, err := sub.ReadMsg(); err != nil {
+				return
+			}
+		}
+	}()
+	return pub
+}
+
+// costCache returns the scenario's prefix cache over a cache of its own on host
+// memory (2 MiB granules, populated, costBudget), obs its observer when not nil; all
+// of it closed when b ends.
+func costCache(b *testing.B, obs kv.BlockEvents) *kv.PrefixCache {
+	gov := accounting.NewGovernor()
+	if err := gov.SetLimit(accounting.HostKey, costBudget); err != nil {
+		b.Fatal(err)
+	}
+	pool, err := host.NewShared(host.SharedOptions{Granularity: 2 << 20, Authority: gov.Authority("kv", accounting.HostKey), Populate: true, Name: "kvevents-bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { pool.Close() })
+	c, err := kv.New(pool, kv.Config{Geometry: costGeometry, MaxTokens: costPrompt})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Events: kv.EventOptions{Observer: obs}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { pc.Close() })
+	return pc
+}
+
+// threadCPU returns the calling thread's CPU time (a system call).
+func threadCPU(b *testing.B) int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
+		b.Fatal(err)
+	}
+	return ts.Nano()
+}
+
 // closeChecked closes pub and fails b if it dropped anything: the publisher did not
 // keep up, and what was timed is not the scenario. It returns pub's last Stats.
 func closeChecked(b *testing.B, pub *kvevents.Publisher) kvevents.Stats {
@@ -262,4 +290,125 @@ func median(xs []int64) int64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// BenchmarkPublishShare is what publishing costs the cache's calls, measured finely
+// enough to tell 1% where BenchmarkPublishCost's events=prefix-cache against
+// events=false (separate runs, ±10% apart) can not: its scenario on two caches in the
+// same process, one without events and one whose prefix cache's observer is a
+// publisher at its default settings, each serving one request an op, in alternating
+// order, so that the machine's drift falls on both alike. The memory layer's calls
+// (look up, append, insert, close) are timed in the thread's CPU time, the clock's
+// reads the same on both sides, and paired op by op.
+//
+// off-cpu-ns/op and on-cpu-ns/op are the two caches' calls; share-% is the extra CPU
+// time of the calls with events as a share of those without (the sums'), and
+// share-se-% its standard error from the spread of the ops' pairs: a share about
+// twice share-se-% away from 0 is told apart from it. benchstat over counts gives
+// share-%'s median and its spread from run to run. events=false is the control: the
+// second cache without events too, so that its share-% (0 but for noise and any
+// difference between two caches alike) tells what the method can resolve.
+func BenchmarkPublishShare(b *testing.B) {
+	for _, events := range []bool{false, true} {
+		b.Run(fmt.Sprintf("events=%v", events), func(b *testing.B) { publishShare(b, events) })
+	}
+}
+
+// publishShare is BenchmarkPublishShare with events on the second cache, or, without,
+// its control: two caches alike, whose share-% must come out within its error of 0.
+func publishShare(b *testing.B, events bool) {
+	g := costGeometry
+	data := make([]byte, g.TokenBytes())
+	var pub *kvevents.Publisher
+	var obs kv.BlockEvents
+	if events {
+		pub = costPublisher(b)
+		obs = pub
+	}
+	caches := [2]*kv.PrefixCache{costCache(b, nil), costCache(b, obs)}
+	ids := make([]int32, costPrompt)
+	next := int32(0)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	// serve serves a request of unique tokens and returns its calls' CPU time.
+	serve := func(pc *kv.PrefixCache) int64 {
+		for i := range ids {
+			ids[i] = next
+			next++
+		}
+		c0 := threadCPU(b)
+		s, _, err := pc.Lookup(ids)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Append(costPrompt); err != nil {
+			b.Fatal(err)
+		}
+		cpu := threadCPU(b) - c0
+		for t := range costPrompt {
+			for l := range g.Layers {
+				_ = s.WriteToken(l, kv.K, t, data)
+				_ = s.WriteToken(l, kv.V, t, data)
+			}
+		}
+		c0 = threadCPU(b)
+		if err := pc.Insert(s, ids); err != nil {
+			b.Fatal(err)
+		}
+		s.Close()
+		return cpu + threadCPU(b) - c0
+	}
+	for range 2 * costBudget / (costPrompt * g.BytesPerToken()) {
+		for _, pc := range caches {
+			serve(pc)
+		}
+	}
+	if caches[0].Stats().EvictedTokens == 0 || caches[1].Stats().EvictedTokens == 0 {
+		b.Fatal("no evictions: not the scenario")
+	}
+	var off, on []int64
+	b.SetBytes(int64(2 * costPrompt * g.BytesPerToken()))
+	for b.Loop() {
+		first := len(off) % 2 // which cache goes first: each in turn
+		var cpu [2]int64
+		cpu[first] = serve(caches[first])
+		cpu[1-first] = serve(caches[1-first])
+		off, on = append(off, cpu[0]), append(on, cpu[1])
+	}
+	if events {
+		caches[1].FlushEvents()
+		closeChecked(b, pub)
+	}
+	share, se := pairedShare(off, on)
+	b.ReportMetric(float64(sum(off))/float64(len(off)), "off-cpu-ns/op")
+	b.ReportMetric(float64(sum(on))/float64(len(on)), "on-cpu-ns/op")
+	b.ReportMetric(share, "share-%")
+	b.ReportMetric(se, "share-se-%")
+}
+
+// pairedShare returns how much on's sum exceeds off's, in % of off's, and the
+// standard error of that figure from the spread of the pairs' differences.
+func pairedShare(off, on []int64) (share, se float64) {
+	n := float64(len(off))
+	total := float64(sum(off))
+	var mean, m2 float64 // of the differences, Welford's
+	for i := range off {
+		d := float64(on[i] - off[i])
+		delta := d - mean
+		mean += delta / float64(i+1)
+		m2 += delta * (d - mean)
+	}
+	if len(off) < 2 || total == 0 {
+		return 100 * mean * n / total, math.NaN()
+	}
+	sd := math.Sqrt(m2 / (n - 1))
+	return 100 * mean * n / total, 100 * sd / math.Sqrt(n) * n / total
+}
+
+func sum(xs []int64) int64 {
+	var t int64
+	for _, x := range xs {
+		t += x
+	}
+	return t
 }

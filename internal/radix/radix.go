@@ -48,6 +48,12 @@ func (n *Node[V]) Used() uint64 { return n.used }
 // Pinned reports whether a pin ends at the node.
 func (n *Node[V]) Pinned() bool { return n.pins > 0 }
 
+// Edge returns the tokens of the node's edge, from its parent's depth to its own: the
+// tree's own array, which the caller must not change. It holds them until the tree
+// reuses it for another edge once the node has left the tree (see DeferReuse); a
+// later Shorten of the node leaves the array as it is.
+func (n *Node[V]) Edge() []int32 { return n.key }
+
 // Value returns the leaf's value (the zero V for an internal node).
 func (n *Node[V]) Value() V { return n.value }
 
@@ -60,6 +66,10 @@ type Tree[V any] struct {
 	// server's cache evicts a prompt and inserts the next one, and a fresh array would
 	// cost a page fault per 4 KiB on its first write.
 	free [][]int32
+	// With DeferReuse, a removed edge's array waits in retired, then in aging (from
+	// the next Release on), and is free for reuse from the Release after that.
+	deferred       bool
+	retired, aging [][]int32
 }
 
 // maxFree bounds Tree.free.
@@ -84,10 +94,43 @@ func (t *Tree[V]) newKey(tokens []int32) (key, buf []int32) {
 
 // recycle keeps n's array for a later edge; n must have left the tree.
 func (t *Tree[V]) recycle(n *Node[V]) {
-	if n.buf != nil && len(t.free) < maxFree {
-		t.free = append(t.free, n.buf)
-	}
+	t.retire(n.buf)
 	n.buf, n.key = nil, nil
+}
+
+// retire keeps buf, an array no edge uses any more, for a later edge (nil: nothing).
+func (t *Tree[V]) retire(buf []int32) {
+	switch {
+	case buf == nil:
+	case !t.deferred:
+		if len(t.free) < maxFree {
+			t.free = append(t.free, buf)
+		}
+	case len(t.retired) < maxFree:
+		t.retired = append(t.retired, buf)
+	}
+}
+
+// DeferReuse makes the tree hold each removed edge's array back from reuse until the
+// second Release after its removal, for a reader outside the tree's lock that was
+// handed edges (Node.Edge) and reads them later: the caller calls Release only once
+// every such reader handed an edge before the previous Release is done with it, so
+// that no array is written while a reader may still read it. (An edge's array is
+// otherwise never written once it holds the edge: a split shares it, a merge and a
+// lengthened leaf copy into fresh ones.)
+func (t *Tree[V]) DeferReuse() { t.deferred = true }
+
+// Release makes the arrays of the edges removed before the previous Release free for
+// reuse (see DeferReuse).
+func (t *Tree[V]) Release() {
+	for _, b := range t.aging {
+		if len(t.free) == maxFree {
+			break
+		}
+		t.free = append(t.free, b)
+	}
+	clear(t.aging)
+	t.aging, t.retired = t.retired, t.aging[:0]
 }
 
 // New returns an empty tree.
@@ -100,6 +143,29 @@ func (t *Tree[V]) Root() *Node[V] { return &t.root }
 
 // Leaves returns how many leaves the tree has.
 func (t *Tree[V]) Leaves() int { return len(t.leaves) }
+
+// AnyLeaf returns a leaf at or below n other than not, or nil when there is none: the
+// first child found at each node, no use clock compared (Cover follows the most
+// recently used).
+func (n *Node[V]) AnyLeaf(not *Node[V]) *Node[V] {
+	for len(n.children) > 0 {
+		var next *Node[V]
+		for _, c := range n.children {
+			if c != not {
+				next = c
+				break
+			}
+		}
+		if next == nil {
+			return nil
+		}
+		n = next
+	}
+	if n == not || n.parent == nil {
+		return nil
+	}
+	return n
+}
 
 // EachLeaf calls fn for every leaf, in no particular order, until fn returns false.
 // fn must not change the tree.
@@ -230,9 +296,7 @@ func (t *Tree[V]) Insert(tokens []int32, v V) (leaf *Node[V], old V, displaced b
 			// NB: Clip makes append copy into a fresh array, n's alone.
 			n.key = append(slices.Clip(n.key), tokens[m:]...)
 			n.buf = n.key
-			if prev != nil && len(t.free) < maxFree {
-				t.free = append(t.free, prev)
-			}
+			t.retire(prev)
 			n.depth = len(tokens)
 			n.value = v
 			t.touch(n)

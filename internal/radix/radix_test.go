@@ -2,6 +2,7 @@ package radix
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -247,4 +248,56 @@ func TestAppendTokens(t *testing.T) {
 	assert.Equal(t, a.Tokens(), a.AppendTokens(nil))
 	buf := make([]int32, 0, 8)
 	assert.Zero(t, testing.AllocsPerRun(10, func() { buf = a.AppendTokens(buf[:0]) }))
+}
+
+// TestDeferReuse: with DeferReuse, a removed edge's array keeps its tokens through the
+// next Release and is reused only after the one after it; an edge handed out (Edge)
+// reads the same tokens all that time.
+func TestDeferReuse(t *testing.T) {
+	tr := New[int]()
+	tr.DeferReuse()
+	a := []int32{1, 2, 3, 4, 5, 6, 7, 8}
+	leaf, _, _ := tr.Insert(a, 1)
+	edge := leaf.Edge()
+	require.Equal(t, a, edge)
+	tr.Remove(leaf)
+	assert.Empty(t, tr.free, "not free before two Releases")
+	b := []int32{9, 10, 11, 12, 13, 14, 15, 16}
+	nb, _, _ := tr.Insert(b, 2)
+	assert.NotSame(t, &edge[0], &nb.Edge()[0], "a retired array is not reused at once")
+	tr.Release()
+	tr.Remove(nb)
+	c := []int32{17, 18, 19, 20, 21, 22, 23, 24}
+	nc, _, _ := tr.Insert(c, 3)
+	assert.NotSame(t, &edge[0], &nc.Edge()[0], "nor after one Release")
+	assert.Equal(t, a, edge, "the handed-out edge still reads its tokens")
+	tr.Release()
+	d := []int32{25, 26, 27, 28, 29, 30, 31, 32}
+	nd, _, _ := tr.Insert(d, 4)
+	assert.Same(t, &edge[0], &nd.Edge()[0], "free after the second Release")
+	check(t, tr)
+
+	// A lengthened leaf's old array is retired the same way.
+	tr.Insert(append(slices.Clone(d), 33), 5)
+	assert.Empty(t, tr.free)
+	assert.Equal(t, [][]int32{d}, tr.retired, "the lengthened leaf's old array waits")
+	assert.Len(t, tr.aging, 1, "and nb's, removed before the last Release")
+}
+
+// TestAnyLeaf: a leaf below a node other than the one named, or nil when that one is
+// the only leaf there.
+func TestAnyLeaf(t *testing.T) {
+	tr := New[int]()
+	assert.Nil(t, tr.Root().AnyLeaf(nil), "an empty tree has no leaf")
+	a, _, _ := tr.Insert([]int32{1, 2, 3}, 1)
+	assert.Same(t, a, tr.Root().AnyLeaf(nil))
+	assert.Nil(t, tr.Root().AnyLeaf(a))
+	assert.Same(t, a, a.AnyLeaf(nil), "a leaf is its own")
+	b, _, _ := tr.Insert([]int32{1, 2, 4, 5}, 2)
+	p := b.Parent()
+	require.Equal(t, 2, p.Depth())
+	assert.Same(t, a, p.AnyLeaf(b))
+	assert.Same(t, b, p.AnyLeaf(a))
+	got := tr.Root().AnyLeaf(nil)
+	assert.True(t, got == a || got == b)
 }
