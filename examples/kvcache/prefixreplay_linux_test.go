@@ -38,6 +38,20 @@ func TestIdealHits(t *testing.T) {
 	// D: block 1 (512); E: C's 1,300 less its last token (1,299).
 	assert.Equal(t, int64(1024+1100+512+1299), IdealHits(w.Requests, lengths))
 	assert.Equal(t, int64(0), IdealHits(w.Requests[:1], lengths[:1]))
+	// The ideal cache: blocks 1 and 2 whole (B's, C's, D's and E's hits read them),
+	// and of block 3 the 275 tokens E's hit reads (C's read A's 76).
+	hits, tokens := IdealCache(w.Requests, lengths)
+	assert.Equal(t, IdealHits(w.Requests, lengths), hits)
+	assert.Equal(t, int64(512+512+275), tokens)
+	_, tokens = IdealCache(w.Requests[:2], lengths[:2])
+	assert.Equal(t, int64(1024), tokens)
+	// Served again after themselves, every prompt but its last token is a hit.
+	var again int64
+	for _, l := range lengths {
+		again += int64(l - 1)
+	}
+	w.MaxTokens = 1 << 20
+	assert.Equal(t, again, idealHitsAfter(w, 1))
 }
 
 // TestReplayPrefix replays the small trace with no budget: vmarena's prefix cache
