@@ -116,6 +116,7 @@ type config struct {
 	redisKillAt int
 	replicas    int
 	budgetIdeal float64
+	tierWait    time.Duration
 	idealNote   string // how -budget-ideal set the budget, for the header
 	// prefix is set for a trace with token IDs (Mooncake): the prefix-cache replay.
 	prefix bool
@@ -272,6 +273,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.redisAddr, "redis", "", "-tiers redis: HOST:PORT of a Redis or Valkey server (default: start redis-server on a free 127.0.0.1 port, and stop it at the end)")
 	fs.IntVar(&c.redisKillAt, "redis-kill-at", 0, "-tiers redis: kill the redis-server started here once this many requests of "+namePrefixTiers+" are done (0: never)")
 	fs.IntVar(&c.replicas, "replicas", 1, "-tiers redis: replicas of "+namePrefixTiers+", each with its cache and host tier, sharing the Redis; 2: replica B replays the requests after A")
+	fs.DurationVar(&c.tierWait, "tier-wait", 0, "-tiers: how long a lookup waits for the tiers' loads, and a store for its tier, in wall-clock time, then goes on without (0: kv.DefaultTierWait, 100ms)")
 	fs.Float64Var(&c.budgetIdeal, "budget-ideal", 0, "prefix-cache replay: set -budget to this fraction of the ideal cache (the distinct prompt tokens an unbounded cache's hits read, from the trace) (0: -budget)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err

@@ -75,9 +75,12 @@ type kvPrefix struct {
 	pc   *kv.PrefixCache // nil: prefix caching off
 	g    kv.Geometry
 	// tiers close the prefix cache's tiers, after it and before the cache (nil
-	// without tiers); tierList are the tiers.
-	tiers    func() error
-	tierList []kv.Tier
+	// without tiers); tierList are the tiers, tierStores count the values each
+	// kept, each a block of blockTokens tokens.
+	tiers       func() error
+	tierList    []kv.Tier
+	tierStores  []func() int64
+	blockTokens int
 }
 
 func (k *kvPrefix) Name() string { return k.name }
@@ -241,10 +244,14 @@ func buildPrefixReplica(name string, s setup, replica int) (pstrategy, *accounti
 		k := &kvPrefix{name: name, cs: cs, g: s.model}
 		var opts kv.PrefixCacheOptions
 		if name == namePrefixTiers {
-			if opts.Tiers, k.tiers, err = s.tiers.build(b.gov, replica); err != nil {
+			if k.blockTokens, err = blockTokens(cs.c); err != nil {
 				return nil, nil, errors.Join(err, cs.Close())
 			}
-			k.tierList = opts.Tiers
+			bt, err := s.tiers.build(b.gov, replica)
+			if err != nil {
+				return nil, nil, errors.Join(err, cs.Close())
+			}
+			opts.Tiers, opts.TierWait, k.tiers, k.tierList, k.tierStores = bt.tiers, s.tiers.wait, bt.close, bt.tiers, bt.stores
 		}
 		if name != namePrefixOff {
 			if k.pc, err = kv.NewPrefixCache(cs.c, opts); err != nil {
@@ -322,7 +329,11 @@ type PrefixResult struct {
 	TierHits     []int64        `json:",omitempty"`
 	Tiers        []kv.TierStats `json:",omitempty"`
 	ForeignLoads int64          `json:",omitempty"`
-	Verified     int64          `json:",omitempty"` // hit tokens read back and compared
+	// EvictedTokens is the tokens the prefix cache evicted, WrittenTokens those of
+	// the blocks each tier kept: what eviction wrote down, less what a tier dropped.
+	EvictedTokens int64   `json:",omitempty"`
+	WrittenTokens []int64 `json:",omitempty"`
+	Verified      int64   `json:",omitempty"` // hit tokens read back and compared
 }
 
 // preq is a request during the prefix replay.
@@ -724,6 +735,7 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 	if tiered != nil {
 		res.Tiers = tiered.tierStats()
 		res.ForeignLoads = tiered.foreignLoads()
+		res.WrittenTokens, res.EvictedTokens = tiered.written()
 	}
 	res.Wall = time.Since(start)
 	return res, nil

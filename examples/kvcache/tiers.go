@@ -35,9 +35,10 @@ const (
 
 // tierSetup is what the tier flags say, and the Redis client the replicas share.
 type tierSetup struct {
-	order      []string // -tiers, in order
-	hostBudget int64    // each replica's host tier; 0 without one
-	redisAddr  string   // -redis, or the address of the server started here
+	order      []string      // -tiers, in order
+	hostBudget int64         // each replica's host tier; 0 without one
+	wait       time.Duration // -tier-wait; 0: kv's default
+	redisAddr  string        // -redis, or the address of the server started here
 	replicas   int
 	killAt     int // -redis-kill-at: requests of the first replica done; 0: never
 
@@ -60,14 +61,14 @@ func (t *tierSetup) has(tier string) bool {
 // validateTiers checks the tier flags, and sets s.tiers when -tiers is given.
 func (c *config) validateTiers(s *setup) error {
 	if c.tiers == "" {
-		for _, f := range []string{"host-tier-budget", "redis", "redis-kill-at", "replicas"} {
+		for _, f := range []string{"host-tier-budget", "redis", "redis-kill-at", "replicas", "tier-wait"} {
 			if c.set[f] {
 				return fmt.Errorf("-%s needs -tiers", f)
 			}
 		}
 		return nil
 	}
-	t := &tierSetup{hostBudget: int64(c.hostTier), redisAddr: c.redisAddr, replicas: c.replicas, killAt: c.redisKillAt}
+	t := &tierSetup{hostBudget: int64(c.hostTier), redisAddr: c.redisAddr, replicas: c.replicas, killAt: c.redisKillAt, wait: c.tierWait}
 	for _, n := range strings.Split(c.tiers, ",") {
 		n = strings.TrimSpace(n)
 		switch {
@@ -89,6 +90,8 @@ func (c *config) validateTiers(s *setup) error {
 		return fmt.Errorf("-host-tier-budget needs %s in -tiers", tierHost)
 	case c.redisAddr != "" && !t.has(tierRedis):
 		return fmt.Errorf("-redis needs %s in -tiers", tierRedis)
+	case c.tierWait < 0:
+		return fmt.Errorf("-tier-wait %v is negative", c.tierWait)
 	case c.redisKillAt < 0:
 		return fmt.Errorf("-redis-kill-at %d is negative", c.redisKillAt)
 	case c.redisKillAt > 0 && !t.has(tierRedis):
@@ -164,10 +167,18 @@ func (t *tierSetup) close() error {
 	return err
 }
 
+// builtTiers are one replica's tiers, in -tiers order.
+type builtTiers struct {
+	tiers []kv.Tier
+	// stores returns the values each tier kept (its own count).
+	stores []func() int64
+	close  func() error
+}
+
 // build makes replica's tiers in -tiers order, its host tier charged to gov on a
-// device of tier accounting.HostTier, and returns them with what closes them.
-func (t *tierSetup) build(gov *accounting.Governor, replica int) ([]kv.Tier, func() error, error) {
-	var tiers []kv.Tier
+// device of tier accounting.HostTier.
+func (t *tierSetup) build(gov *accounting.Governor, replica int) (builtTiers, error) {
+	var b builtTiers
 	var closers []func() error
 	closeAll := func() error {
 		var err error
@@ -181,22 +192,25 @@ func (t *tierSetup) build(gov *accounting.Governor, replica int) ([]kv.Tier, fun
 		case tierHost:
 			dev := accounting.DeviceKey{Tier: accounting.HostTier}
 			if err := gov.SetLimit(dev, t.hostBudget); err != nil {
-				return nil, nil, errors.Join(err, closeAll())
+				return b, errors.Join(err, closeAll())
 			}
 			ht, err := hosttier.New(hosttier.Options{Budget: t.hostBudget, Authority: gov.Authority(namePrefixTiers+"/host", dev)})
 			if err != nil {
-				return nil, nil, errors.Join(fmt.Errorf("host tier: %w", err), closeAll())
+				return b, errors.Join(fmt.Errorf("host tier: %w", err), closeAll())
 			}
-			tiers, closers = append(tiers, ht), append(closers, ht.Close)
+			b.tiers, closers = append(b.tiers, ht), append(closers, ht.Close)
+			b.stores = append(b.stores, func() int64 { return ht.Stats().Stores })
 		case tierRedis:
 			rt, err := redistier.New(t.client, redistier.Options{Prefix: t.keys})
 			if err != nil {
-				return nil, nil, errors.Join(fmt.Errorf("redis tier: %w", err), closeAll())
+				return b, errors.Join(fmt.Errorf("redis tier: %w", err), closeAll())
 			}
-			tiers = append(tiers, &bookTier{Tier: rt, book: t.book, replica: replica})
+			b.tiers = append(b.tiers, &bookTier{Tier: rt, book: t.book, replica: replica})
+			b.stores = append(b.stores, func() int64 { return rt.Stats().Stores })
 		}
 	}
-	return tiers, closeAll, nil
+	b.close = closeAll
+	return b, nil
 }
 
 // quietRedis drops go-redis's log lines.
@@ -211,6 +225,20 @@ type tieredStrategy interface {
 	// foreignLoads returns the blocks it loaded from the shared tier that another
 	// replica stored there.
 	foreignLoads() int64
+	// written returns the tokens of the blocks each tier kept, and the tokens the
+	// prefix cache evicted.
+	written() (tiers []int64, evicted int64)
+}
+
+func (k *kvPrefix) written() ([]int64, int64) {
+	if k.pc == nil {
+		return nil, 0
+	}
+	out := make([]int64, len(k.tierStores))
+	for i, f := range k.tierStores {
+		out[i] = f() * int64(k.blockTokens)
+	}
+	return out, k.pc.Stats().EvictedTokens
 }
 
 func (k *kvPrefix) tierStats() []kv.TierStats {
@@ -408,7 +436,7 @@ func printTierTable(w io.Writer, rs []PrefixResult, t *tierSetup) {
 	for _, n := range t.order {
 		head += n + "\t"
 	}
-	fmt.Fprintln(tw, head+"written down\tloaded\tdropped\tinvalid\tfrom another replica\tchecked\t")
+	fmt.Fprintln(tw, head+"evicted\twritten down\tloaded\tdropped\tinvalid\tfrom another replica\tchecked\t")
 	for _, r := range rs {
 		pct := func(h int64) string {
 			if r.Queries == 0 {
@@ -425,28 +453,63 @@ func printTierTable(w io.Writer, rs []PrefixResult, t *tierSetup) {
 			device -= h
 		}
 		row := fmt.Sprintf("%s\t%s\t%s\t%s\t", r.Strategy, pct(r.Hits), ideal, pct(device))
-		var stored, loaded, drops, invalid int64
+		var loaded int64
+		var written, drops, invalid []string
 		for i := range t.order {
-			if i < len(r.TierHits) {
-				row += pct(r.TierHits[i]) + "\t"
-				ts := r.Tiers[i]
-				stored, loaded, drops, invalid = stored+ts.StoreBytes, loaded+ts.LoadBytes, drops+ts.Drops, invalid+ts.Invalid
-			} else {
+			if i >= len(r.TierHits) {
 				row += "-\t"
+				continue
 			}
+			row += pct(r.TierHits[i]) + "\t"
+			ts := r.Tiers[i]
+			loaded += ts.LoadBytes
+			w := "-"
+			if r.EvictedTokens > 0 {
+				w = fmt.Sprintf("%.0f%%", 100*float64(r.WrittenTokens[i])/float64(r.EvictedTokens))
+			}
+			written, drops, invalid = append(written, w), append(drops, fmt.Sprint(ts.Drops)), append(invalid, fmt.Sprint(ts.Invalid))
+		}
+		orDash := func(s []string) string {
+			if len(s) == 0 {
+				return "-"
+			}
+			return strings.Join(s, " / ")
 		}
 		foreign := "-"
 		if r.ForeignLoads > 0 {
 			foreign = fmt.Sprintf("%d blocks", r.ForeignLoads)
 		}
-		fmt.Fprintf(tw, "%s%s\t%s\t%d\t%d\t%s\t%d tokens\t\n", row, formatBytes(stored), formatBytes(loaded), drops, invalid, foreign, r.Verified)
+		evicted := "-"
+		if r.TierHits != nil {
+			evicted = fmt.Sprintf("%d tokens", r.EvictedTokens)
+		}
+		fmt.Fprintf(tw, "%s%s\t%s\t%s\t%s\t%s\t%s\t%d tokens\t\n", row, evicted, orDash(written), formatBytes(loaded),
+			orDash(drops), orDash(invalid), foreign, r.Verified)
 	}
 	tw.Flush()
 	fmt.Fprintln(w, `
 /ideal     hit rate over an unbounded cache's
 device, host, redis  the hit rate's prompt tokens found on the device, and loaded from each tier
-written down, loaded  bytes of the values stored into every tier and loaded back (each checked)
-dropped    blocks not stored and loads failed (a tier down, a timeout): misses, never errors
-invalid    values that failed their check: misses, never mapped
+evicted    prompt tokens the prefix cache evicted from the device
+written down  tokens of the whole blocks each tier kept, over those evicted (the rest: tails
+           short of a block, evictions not written down, stores dropped)
+loaded     bytes of the values loaded back from every tier (each checked)
+dropped    per tier: blocks not stored and loads failed (a tier down, a timeout): misses,
+           never errors
+invalid    per tier: values that failed their check: misses, never mapped
 checked    hit tokens read back and compared, byte for byte, with what was written for them`)
+}
+
+// blockTokens returns the tokens of one block of c's sequences: the unit a tier
+// stores.
+func blockTokens(c *kv.Cache) (int, error) {
+	q, err := c.NewSequence()
+	if err != nil {
+		return 0, err
+	}
+	n := q.BlockTokens()
+	if out := q.Close(); !out.OK() {
+		return 0, fmt.Errorf("kv: sequence close: %v", out)
+	}
+	return n, nil
 }

@@ -108,8 +108,11 @@ func TestReplayTiers(t *testing.T) {
 	require.Len(t, on.Tiers, 2)
 	assert.Greater(t, on.Hits, off.Hits, "the tiers give hits back")
 	assert.Positive(t, on.TierHits[0]+on.TierHits[1])
+	assert.Positive(t, on.EvictedTokens)
 	for i, ts := range on.Tiers {
 		assert.Equal(t, on.TierHits[i], ts.Hits, ts.Name)
+		assert.Positive(t, on.WrittenTokens[i], ts.Name)
+		assert.LessOrEqual(t, on.WrittenTokens[i], on.EvictedTokens, "%s: only evicted blocks are written down", ts.Name)
 		assert.Positive(t, ts.StoreBytes, "%s: evictions were written down", ts.Name)
 		assert.Zero(t, ts.Invalid, ts.Name)
 	}
@@ -152,10 +155,10 @@ func TestRunTiers(t *testing.T) {
 	path := t.TempDir() + "/conv.jsonl"
 	require.NoError(t, writeFile(path, conversationTrace(6, 5)))
 	code, out, errOut := runArgs(t, "-trace", path, "-model", "tiny", "-granule", "64KiB", "-max-tokens", "4096",
-		"-budget-ideal", "0.34", "-tiers", "host,redis", "-replicas", "2", "-redis-kill-at", "29", "-out", t.TempDir())
+		"-budget-ideal", "0.34", "-tiers", "host,redis", "-replicas", "2", "-redis-kill-at", "29", "-tier-wait", "1s", "-out", t.TempDir())
 	require.Equal(t, 0, code, errOut)
 	for _, s := range []string{"Budget:  0.34 of the ideal cache", "Tiers:   host (kvtier/hosttier", "redis-server started here",
-		"vmarena+tiers/A", "vmarena+tiers/B", "from another replica", "redis-server was killed once 29 requests"} {
+		"vmarena+tiers/A", "vmarena+tiers/B", "from another replica", "written down", "redis-server was killed once 29 requests"} {
 		assert.Contains(t, out, s)
 	}
 	assert.NotContains(t, out, "vmarena  ", "the cache-off strategy is not run by default with -tiers")
@@ -186,6 +189,8 @@ func TestRunTierFlags(t *testing.T) {
 		{"redis without redis", append(mc, "-tiers", "host", "-redis", "127.0.0.1:6379"), "-redis needs redis in -tiers"},
 		{"redis not host:port", append(mc, "-tiers", "redis", "-redis", "localhost"), `-redis "localhost": want host:port`},
 		{"negative kill", append(mc, "-tiers", "redis", "-redis-kill-at", "-1"), "-redis-kill-at -1 is negative"},
+		{"negative tier wait", append(mc, "-tiers", "redis", "-tier-wait", "-1s"), "-tier-wait -1s is negative"},
+		{"tier wait without tiers", append(mc, "-tier-wait", "1s"), "-tier-wait needs -tiers"},
 		{"kill without redis", append(mc, "-tiers", "host", "-redis-kill-at", "2"), "-redis-kill-at needs redis in -tiers"},
 		{"kill a given server", append(mc, "-tiers", "redis", "-redis", "127.0.0.1:6379", "-redis-kill-at", "2"), "-redis-kill-at kills the redis-server the example starts"},
 		{"kill past the end", append(mc, "-tiers", "redis", "-redis-kill-at", "6"), "-redis-kill-at 6: the replay has only 5 requests"},
