@@ -701,9 +701,20 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 				return res, fmt.Errorf("request %d: %w", q.ID, err)
 			}
 			q.done = 0
-			res.Preempted++
-			waiting = slices.Insert(waiting, 0, q)
-			retry, evicting = true, true
+			switch {
+			case len(running) == 0:
+				// It could not take a step alone: waiting frees nothing for it (and
+				// with evicting set and none running to finish, nothing would be
+				// admitted again).
+				res.Rejected++
+				finished++
+				progress(finished)
+				retry, evicting = true, false
+			default:
+				res.Preempted++
+				waiting = slices.Insert(waiting, 0, q)
+				retry, evicting = true, true
+			}
 		}
 		now += w.Step + time.Duration(float64(prefill)/w.PrefillRate*float64(time.Second))
 		for _, q := range firsts {
