@@ -349,7 +349,7 @@ func startRedis() (*redisServer, error) {
 	r := &redisServer{addr: "127.0.0.1:" + strconv.Itoa(port), dir: dir, done: make(chan struct{})}
 	r.cmd = exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", dir, "--protected-mode", "no", "--daemonize", "no", "--loglevel", "warning")
-	r.cmd.Stdout, r.cmd.Stderr = &r.out, &r.out
+	r.cmd.Stdout, r.cmd.Stderr, r.cmd.SysProcAttr = &r.out, &r.out, redisAttrs()
 	if err := r.cmd.Start(); err != nil {
 		return nil, errors.Join(fmt.Errorf("redis-server: %w", err), os.RemoveAll(dir))
 	}
