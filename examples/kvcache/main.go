@@ -23,6 +23,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"time"
 
@@ -108,6 +109,15 @@ type config struct {
 	cpuprofile  string
 	rounds      int  // -rounds: fair timing, each strategy in a child process
 	child       bool // -child (hidden): a fair-timing child; see fair.go
+	// The prefix cache's tiers (tiers.go).
+	tiers       string
+	hostTier    sizeFlag
+	redisAddr   string
+	redisKillAt int
+	replicas    int
+	budgetIdeal float64
+	tierWait    time.Duration
+	idealNote   string // how -budget-ideal set the budget, for the header
 	// prefix is set for a trace with token IDs (Mooncake): the prefix-cache replay.
 	prefix bool
 	set    map[string]bool // flags given on the command line
@@ -163,6 +173,20 @@ prefix cache, at one budget. For flags not given it uses qwen2.5-0.5b, -max-toke
 proportion to the uncached prompt tokens (-prefill-rate). It prints the hit rate next
 to an unbounded cache's, time to first token, makespan, memory, and the memory held
 once the load stops, and plots memory and the hit rate over time.
+
+Tiers: -tiers host,redis adds vmarena+tiers, the prefix cache with stores below the
+device, in that order: evicted blocks are written down into each and loaded back by a
+lookup that misses on the device. host is kvtier/hosttier under a budget of its own
+(-host-tier-budget, by default -budget); redis is kvtier/redistier on -redis ADDR,
+or, without it, on a redis-server the example starts on a free 127.0.0.1 port and
+stops at the end. With tiers every prompt token's K and V are a function of the
+tokens up to it and every hit is read back and compared, byte for byte. It prints
+where the hits came from (device, host, redis) next to vmarena+prefix-cache, tiers
+off. -replicas 2 replays the requests again on a second replica with a cache and
+host tier of its own, sharing the Redis: what B finds there, A stored.
+-redis-kill-at N kills the started server once N requests are done. -budget-ideal F
+sets -budget to F times the trace's ideal cache (the distinct prompt tokens an
+unbounded cache's hits read).
 
 Fair timing: -rounds N replays each strategy in a fresh process of this binary
 instead, one at a time, N rounds, in the order of -strategies in odd rounds and in the
@@ -244,6 +268,13 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.rounds, "rounds", 0, "fair timing: replay each strategy in a fresh process of this binary, one at a time, this many rounds in alternating order, and report the median and range of each figure and of vmarena's ratio to each other strategy (no plot, no idle tail); 0: every strategy in this process, one after another")
 	fs.BoolVar(&c.child, childFlag, false, "a fair-timing child: replay the one strategy of -strategies and write its result on stdout as JSON (what -rounds runs)")
 	fs.Float64Var(&c.prefillRate, "prefill-rate", DefaultPrefillRate, "prefix-cache replay: prompt tokens prefilled per second of model time (time to first token grows with the uncached tokens)")
+	fs.StringVar(&c.tiers, "tiers", "", "prefix-cache replay: the tiers below the device, in order, comma-separated: host (kvtier/hosttier), redis (kvtier/redistier); adds the strategy "+namePrefixTiers+" (default: none)")
+	fs.Var(&c.hostTier, "host-tier-budget", "-tiers host: the host tier's budget per replica, like 1GiB (default: -budget)")
+	fs.StringVar(&c.redisAddr, "redis", "", "-tiers redis: HOST:PORT of a Redis or Valkey server (default: start redis-server on a free 127.0.0.1 port, and stop it at the end)")
+	fs.IntVar(&c.redisKillAt, "redis-kill-at", 0, "-tiers redis: kill the redis-server started here once this many requests of "+namePrefixTiers+" are done (0: never)")
+	fs.IntVar(&c.replicas, "replicas", 1, "-tiers redis: replicas of "+namePrefixTiers+", each with its cache and host tier, sharing the Redis; 2: replica B replays the requests after A")
+	fs.DurationVar(&c.tierWait, "tier-wait", 0, "-tiers: how long a lookup waits for the tiers' loads, and a store for its tier, in wall-clock time, then goes on without (0: kv.DefaultTierWait, 100ms)")
+	fs.Float64Var(&c.budgetIdeal, "budget-ideal", 0, "prefix-cache replay: set -budget to this fraction of the ideal cache (the distinct prompt tokens an unbounded cache's hits read, from the trace) (0: -budget)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -318,6 +349,9 @@ func (c *config) validate() (setup, []string, error) {
 	strategies := allStrategies
 	if c.prefix {
 		strategies = prefixStrategies
+		if c.tiers != "" {
+			strategies = append(slices.Clip(strategies), namePrefixTiers)
+		}
 	}
 	for _, n := range strings.Split(c.strategies, ",") {
 		n = strings.TrimSpace(n)
@@ -357,6 +391,20 @@ func (c *config) validate() (setup, []string, error) {
 		return s, nil, fmt.Errorf("-metrics serves one process: it can not be used with -rounds %d (each strategy replays in a process of its own)", c.rounds)
 	case c.child && len(names) != 1:
 		return s, nil, fmt.Errorf("-%s replays one strategy, not %d (-strategies %s)", childFlag, len(names), strings.Join(names, ","))
+	}
+	switch {
+	case c.budgetIdeal < 0 || math.IsNaN(c.budgetIdeal) || math.IsInf(c.budgetIdeal, 0):
+		return s, nil, fmt.Errorf("-budget-ideal %v: want a positive fraction", c.budgetIdeal)
+	case c.budgetIdeal > 0 && !c.prefix:
+		return s, nil, fmt.Errorf("-budget-ideal needs a trace with token IDs (-trace %s)", mooncakeFlag)
+	case c.budgetIdeal > 0 && c.set["budget"]:
+		return s, nil, fmt.Errorf("-budget-ideal %v and -budget %s both set the budget: give one", c.budgetIdeal, formatBytes(int64(c.budget)))
+	}
+	if err := c.validateTiers(&s); err != nil {
+		return s, nil, err
+	}
+	if s.tiers != nil && !c.set["strategies"] {
+		names = []string{namePrefixOn, namePrefixTiers}
 	}
 	s.poolHigh = c.poolHigh
 	s.mapAhead = c.mapAhead
@@ -452,7 +500,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if c.prefix {
 		w := PrefixWorkload{Requests: reqs, Speed: c.speed, Step: c.step, PrefillRate: c.prefillRate,
-			Concurrency: c.concurrency, MaxTokens: c.maxTokens, TokenBytes: s.model.TokenBytes(), Layers: s.model.Layers}
+			Concurrency: c.concurrency, MaxTokens: c.maxTokens, TokenBytes: s.model.TokenBytes(), Layers: s.model.Layers,
+			Verify: s.tiers != nil}
+		if code := c.prefixBudget(&s, w, stderr); code != 0 {
+			return code
+		}
+		if s.tiers != nil {
+			if err := s.tiers.connect(); err != nil {
+				fmt.Fprintf(stderr, "kvcache: %v\n", err)
+				return 1
+			}
+			defer func() {
+				if err := s.tiers.close(); err != nil {
+					fmt.Fprintf(stderr, "kvcache: %v\n", err)
+				}
+			}()
+		}
 		switch {
 		case c.child:
 			return runChild(stdout, stderr, names[0], func() (any, error) {

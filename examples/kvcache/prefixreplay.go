@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -52,6 +53,10 @@ type pstrategy interface {
 	// insert caches the sequence's first len(tokens) tokens.
 	insert(s pseq, tokens []int32) error
 	write(s pseq, from, to int, fill []byte) error
+	// writeToken and readToken write and read one token's K (v 0) or V (v 1) of one
+	// layer: what the replay uses when it checks the bytes it reads back.
+	writeToken(s pseq, layer, v, token int, src []byte) error
+	readToken(s pseq, layer, v, token int, dst []byte) error
 	closeSeq(s pseq) error
 	// physical returns the bytes held now and the peak.
 	physical() (now, peak int64)
@@ -69,6 +74,13 @@ type kvPrefix struct {
 	cs   *cacheStrategy
 	pc   *kv.PrefixCache // nil: prefix caching off
 	g    kv.Geometry
+	// tiers close the prefix cache's tiers, after it and before the cache (nil
+	// without tiers); tierList are the tiers, tierStores count the values each
+	// kept, each a block of blockTokens tokens.
+	tiers       func() error
+	tierList    []kv.Tier
+	tierStores  []func() int64
+	blockTokens int
 }
 
 func (k *kvPrefix) Name() string { return k.name }
@@ -97,6 +109,22 @@ func (k *kvPrefix) insert(s pseq, tokens []int32) error {
 
 func (k *kvPrefix) write(s pseq, from, to int, fill []byte) error {
 	return writeLayerMajor(s.(*kv.Sequence).WriteToken, kv.K, kv.V, k.g.Layers, from, to, fill)
+}
+
+func (k *kvPrefix) writeToken(s pseq, layer, v, token int, src []byte) error {
+	return s.(*kv.Sequence).WriteToken(layer, kvKind(v), token, src)
+}
+
+func (k *kvPrefix) readToken(s pseq, layer, v, token int, dst []byte) error {
+	return s.(*kv.Sequence).ReadToken(layer, kvKind(v), token, dst)
+}
+
+// kvKind returns K for 0 and V for 1.
+func kvKind(v int) kv.Kind {
+	if v == 0 {
+		return kv.K
+	}
+	return kv.V
 }
 
 func (k *kvPrefix) closeSeq(s pseq) error {
@@ -132,6 +160,9 @@ func (k *kvPrefix) Close() error {
 	if k.pc != nil {
 		err = k.pc.Close()
 	}
+	if k.tiers != nil {
+		err = errors.Join(err, k.tiers())
+	}
 	return errors.Join(err, k.cs.Close())
 }
 
@@ -155,6 +186,27 @@ func (p *pagedPrefix) write(s pseq, from, to int, fill []byte) error {
 	return writeLayerMajor(s.(baseline.Sequence).WriteToken, baseline.K, baseline.V, p.shape.Layers, from, to, fill)
 }
 
+func (p *pagedPrefix) writeToken(s pseq, layer, v, token int, src []byte) error {
+	return s.(baseline.Sequence).WriteToken(layer, pagedKind(v), token, src)
+}
+
+func (p *pagedPrefix) readToken(s pseq, layer, v, token int, dst []byte) error {
+	// Every baseline sequence reads tokens back, though baseline.Sequence does not
+	// say so.
+	r := s.(interface {
+		ReadToken(layer int, v baseline.Kind, token int, dst []byte) error
+	})
+	return r.ReadToken(layer, pagedKind(v), token, dst)
+}
+
+// pagedKind returns K for 0 and V for 1.
+func pagedKind(v int) baseline.Kind {
+	if v == 0 {
+		return baseline.K
+	}
+	return baseline.V
+}
+
 func (p *pagedPrefix) closeSeq(s pseq) error { return s.(baseline.Sequence).Close() }
 
 func (p *pagedPrefix) physical() (int64, int64) {
@@ -173,16 +225,39 @@ func (p *pagedPrefix) Close() error { return p.p.Close() }
 
 // buildPrefix makes the prefix strategy called name under s's budget.
 func buildPrefix(name string, s setup) (pstrategy, *accounting.Governor, error) {
+	return buildPrefixReplica(name, s, 0)
+}
+
+// buildPrefixReplica is buildPrefix for one of the replicas of a tiered strategy,
+// numbered from 0, each with a cache and a host tier of its own.
+func buildPrefixReplica(name string, s setup, replica int) (pstrategy, *accounting.Governor, error) {
 	switch name {
-	case namePrefixOn, namePrefixOff:
+	case namePrefixOn, namePrefixOff, namePrefixTiers:
+		if name == namePrefixTiers && s.tiers == nil {
+			return nil, nil, errors.New(namePrefixTiers + " needs -tiers")
+		}
 		b, err := build(nameCache, s)
 		if err != nil {
 			return nil, nil, err
 		}
 		cs := b.st.(*cacheStrategy)
 		k := &kvPrefix{name: name, cs: cs, g: s.model}
-		if name == namePrefixOn {
-			if k.pc, err = kv.NewPrefixCache(cs.c, kv.PrefixCacheOptions{}); err != nil {
+		var opts kv.PrefixCacheOptions
+		if name == namePrefixTiers {
+			if k.blockTokens, err = blockTokens(cs.c); err != nil {
+				return nil, nil, errors.Join(err, cs.Close())
+			}
+			bt, err := s.tiers.build(b.gov, replica)
+			if err != nil {
+				return nil, nil, errors.Join(err, cs.Close())
+			}
+			opts.Tiers, opts.TierWait, k.tiers, k.tierList, k.tierStores = bt.tiers, s.tiers.wait, bt.close, bt.tiers, bt.stores
+		}
+		if name != namePrefixOff {
+			if k.pc, err = kv.NewPrefixCache(cs.c, opts); err != nil {
+				if k.tiers != nil {
+					err = errors.Join(err, k.tiers())
+				}
 				return nil, nil, errors.Join(err, cs.Close())
 			}
 		}
@@ -216,6 +291,10 @@ type PrefixWorkload struct {
 	MaxTokens   int
 	TokenBytes  int
 	Layers      int
+	// Verify writes every prompt token's K and V as a function of the tokens up to
+	// it (as a model's are), and reads every hit token back and compares: a failure
+	// of the replay if one byte differs.
+	Verify bool
 }
 
 // PrefixSample is one reading, after a batch iteration.
@@ -243,6 +322,18 @@ type PrefixResult struct {
 	After, Trimmed, CachedAfter, FloorAfter int64
 	Samples                                 []PrefixSample
 	Wall                                    time.Duration
+	// With tiers: the prompt tokens of Hits that each tier gave (in the order of
+	// -tiers; the rest came from the device), the prefix cache's counts of each at
+	// the end, and the blocks loaded from the shared tier that another replica had
+	// stored there.
+	TierHits     []int64        `json:",omitempty"`
+	Tiers        []kv.TierStats `json:",omitempty"`
+	ForeignLoads int64          `json:",omitempty"`
+	// EvictedTokens is the tokens the prefix cache evicted, WrittenTokens those of
+	// the blocks each tier kept: what eviction wrote down, less what a tier dropped.
+	EvictedTokens int64   `json:",omitempty"`
+	WrittenTokens []int64 `json:",omitempty"`
+	Verified      int64   `json:",omitempty"` // hit tokens read back and compared
 }
 
 // preq is a request during the prefix replay.
@@ -257,6 +348,7 @@ type preq struct {
 	counted  bool // its lookup counted in the hit rate
 	first    bool // its first token was produced
 	liveKeys []uint64
+	prefix   []uint64 // with Verify, while admitted: prefixHashes(tokens)
 }
 
 // IdealHits returns the prompt tokens an unbounded cache would hold for each request
@@ -264,14 +356,24 @@ type preq struct {
 // summed over reqs. It works block by block on the trace's hash ids (equal ids, equal
 // tokens), each request's prompt clipped to its length in tokens.
 func IdealHits(reqs []Request, lengths []int) int64 {
+	hits, _ := IdealCache(reqs, lengths)
+	return hits
+}
+
+// IdealCache returns IdealHits and the ideal cache's size in tokens: the distinct
+// prompt tokens those hits read (each shared prefix once), which is what a cache must
+// hold, and no more, to find every hit an unbounded one finds.
+func IdealCache(reqs []Request, lengths []int) (hits, tokens int64) {
 	type node struct {
 		cover int // most tokens of this block any earlier prompt held
+		used  int // most tokens of this block any hit read
 		kids  map[int64]*node
 	}
 	root := &node{kids: map[int64]*node{}}
-	var hits int64
+	var path []*node
 	for i, r := range reqs {
 		n, m, L := root, 0, lengths[i]
+		path = path[:0]
 		for b := 0; b*MooncakeBlockTokens < L; b++ {
 			cover := min(MooncakeBlockTokens, L-b*MooncakeBlockTokens)
 			c := n.kids[r.Blocks[b]]
@@ -279,12 +381,23 @@ func IdealHits(reqs []Request, lengths []int) int64 {
 				break
 			}
 			m += min(cover, c.cover)
+			path = append(path, c)
 			if c.cover < cover || cover < MooncakeBlockTokens {
 				break
 			}
 			n = c
 		}
-		hits += int64(min(m, max(L-1, 0)))
+		hit := min(m, max(L-1, 0))
+		hits += int64(hit)
+		// The hit reads each node on its path whole but the last, of which it reads
+		// what is left.
+		for j, c := range path {
+			u := min(MooncakeBlockTokens, hit-j*MooncakeBlockTokens)
+			if u > c.used {
+				tokens += int64(u - c.used)
+				c.used = u
+			}
+		}
 		n = root
 		for b := 0; b*MooncakeBlockTokens < L; b++ {
 			cover := min(MooncakeBlockTokens, L-b*MooncakeBlockTokens)
@@ -297,7 +410,72 @@ func IdealHits(reqs []Request, lengths []int) int64 {
 			n = c
 		}
 	}
-	return hits
+	return hits, tokens
+}
+
+// clipRequest returns the prompt and output tokens r is replayed with in a context
+// window of maxTokens: at least one output token, and a request that does not fit
+// clipped to half the window's output, the rest prompt.
+func clipRequest(r Request, maxTokens int) (prompt, gen int, clipped bool) {
+	prompt, gen = r.Context, max(r.Generated, 1)
+	if prompt+gen > maxTokens {
+		gen = min(gen, maxTokens/2)
+		return maxTokens - gen, gen, true
+	}
+	return prompt, gen, false
+}
+
+// idealHitsAfter returns IdealHits of w's requests served once more after they were
+// served before times (by other replicas, into a cache they share): what an
+// unbounded shared cache finds for a replica that replays them then.
+func idealHitsAfter(w PrefixWorkload, before int) int64 {
+	var reqs []Request
+	var lengths []int
+	for range before + 1 {
+		for _, r := range w.Requests {
+			p, _, _ := clipRequest(r, w.MaxTokens)
+			reqs, lengths = append(reqs, r), append(lengths, max(1, len(r.Tokens(p))))
+		}
+	}
+	n := before * len(w.Requests)
+	return IdealHits(reqs, lengths) - IdealHits(reqs[:n], lengths[:n])
+}
+
+// idealCacheBytes returns the ideal cache of w (IdealCache) in tokens and in bytes.
+func idealCacheBytes(w PrefixWorkload) (tokens, bytes int64) {
+	lengths := make([]int, len(w.Requests))
+	for i, r := range w.Requests {
+		p, _, _ := clipRequest(r, w.MaxTokens)
+		lengths[i] = max(1, len(r.Tokens(p)))
+	}
+	_, tokens = IdealCache(w.Requests, lengths)
+	return tokens, tokens * 2 * int64(w.Layers) * int64(w.TokenBytes)
+}
+
+// prefixBudget applies -budget-ideal (the budget a fraction of w's ideal cache, and
+// the host tier's too where -host-tier-budget did not set it) and checks the flags
+// that need the trace; it returns a nonzero exit status on a failure, reported on
+// stderr.
+func (c *config) prefixBudget(s *setup, w PrefixWorkload, stderr io.Writer) int {
+	if s.tiers != nil && s.tiers.killAt > len(w.Requests) {
+		fmt.Fprintf(stderr, "kvcache: -redis-kill-at %d: the replay has only %d requests\n", s.tiers.killAt, len(w.Requests))
+		return 2
+	}
+	if c.budgetIdeal == 0 {
+		return 0
+	}
+	tokens, bytes := idealCacheBytes(w)
+	s.budget = int64(math.Ceil(c.budgetIdeal * float64(bytes)))
+	if s.budget == 0 {
+		fmt.Fprintf(stderr, "kvcache: -budget-ideal %v: the trace's ideal cache is empty (no request shares a prefix with an earlier one)\n", c.budgetIdeal)
+		return 2
+	}
+	if s.tiers != nil && s.tiers.has(tierHost) && !c.set["host-tier-budget"] {
+		s.tiers.hostBudget = s.budget
+	}
+	c.idealNote = fmt.Sprintf("%v of the ideal cache (%d distinct prompt tokens an unbounded cache's hits read, %s)",
+		c.budgetIdeal, tokens, formatBytes(bytes))
+	return 0
 }
 
 // ReplayPrefix serves w with st: each request looks its prompt up, prefills what was
@@ -313,12 +491,10 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 	reqs := make([]*preq, len(w.Requests))
 	lengths := make([]int, len(w.Requests))
 	for i, r := range w.Requests {
-		q := &preq{Request: r, gen: max(r.Generated, 1)}
-		ctxLen := r.Context
-		if ctxLen+q.gen > w.MaxTokens {
+		ctxLen, gen, clipped := clipRequest(r, w.MaxTokens)
+		q := &preq{Request: r, gen: gen}
+		if clipped {
 			res.Clipped++
-			q.gen = min(q.gen, w.MaxTokens/2)
-			ctxLen = w.MaxTokens - q.gen
 		}
 		q.tokens = r.Tokens(ctxLen)
 		if len(q.tokens) < 1 {
@@ -366,6 +542,7 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 			}
 		}
 		q.liveKeys = nil
+		q.prefix = nil
 		liveTokens -= int64(len(q.tokens) + q.done)
 		return err
 	}
@@ -376,16 +553,28 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 	}()
 	// admit looks q up, prefills the rest and inserts the prompt; it returns the
 	// prefilled tokens.
+	scratch := make([]byte, w.TokenBytes)
+	tiered, _ := st.(tieredStrategy)
+	if tiered != nil && tiered.tierStats() == nil {
+		tiered = nil
+	}
+	if tiered != nil {
+		res.TierHits = make([]int64, len(tiered.tierStats()))
+	}
 	admit := func(q *preq) (int, error) {
 		var s pseq
 		var m int
+		var tierBefore []kv.TierStats
+		if tiered != nil {
+			tierBefore = tiered.tierStats()
+		}
 		err := timed(func() error {
 			var err error
 			if s, m, err = st.lookup(q.tokens); err != nil {
 				return err
 			}
 			if err = s.Append(len(q.tokens) - m); err == nil {
-				if err = st.write(s, m, len(q.tokens), fill); err == nil {
+				if err = writePrompt(st, s, q, m, fill, scratch, w); err == nil {
 					err = st.insert(s, q.tokens)
 					if errors.Is(err, accounting.ErrBudgetExceeded) {
 						err = nil // not cached: the request goes on
@@ -397,6 +586,14 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 			}
 			return err
 		})
+		if err == nil && w.Verify {
+			// Not timed: the check is the replay's, not the memory layer's.
+			err = verifyHit(st, s, q, m, w.Layers, scratch)
+			res.Verified += int64(m)
+			if err != nil {
+				_ = st.closeSeq(s)
+			}
+		}
 		if err != nil {
 			return 0, err
 		}
@@ -405,6 +602,12 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 			q.counted = true
 			res.Queries += int64(len(q.tokens))
 			res.Hits += int64(m)
+			if tiered != nil {
+				now := tiered.tierStats()
+				for i := range now {
+					res.TierHits[i] += now[i].Hits - tierBefore[i].Hits
+				}
+			}
 		}
 		// Whole 512-token blocks of the prompt count once among live requests.
 		var h uint64
@@ -498,9 +701,20 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 				return res, fmt.Errorf("request %d: %w", q.ID, err)
 			}
 			q.done = 0
-			res.Preempted++
-			waiting = slices.Insert(waiting, 0, q)
-			retry, evicting = true, true
+			switch {
+			case len(running) == 0:
+				// It could not take a step alone: waiting frees nothing for it (and
+				// with evicting set and none running to finish, nothing would be
+				// admitted again).
+				res.Rejected++
+				finished++
+				progress(finished)
+				retry, evicting = true, false
+			default:
+				res.Preempted++
+				waiting = slices.Insert(waiting, 0, q)
+				retry, evicting = true, true
+			}
 		}
 		now += w.Step + time.Duration(float64(prefill)/w.PrefillRate*float64(time.Second))
 		for _, q := range firsts {
@@ -529,6 +743,11 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 	res.After, _ = st.physical()
 	res.Trimmed = st.trim()
 	res.CachedAfter, res.FloorAfter = st.cached()
+	if tiered != nil {
+		res.Tiers = tiered.tierStats()
+		res.ForeignLoads = tiered.foreignLoads()
+		res.WrittenTokens, res.EvictedTokens = tiered.written()
+	}
 	res.Wall = time.Since(start)
 	return res, nil
 }
@@ -629,22 +848,47 @@ func printPrefixHeader(stdout io.Writer, c *config, s setup, reqs []Request, tra
 	}
 	fmt.Fprintf(stdout, "Trace:   %s: %d requests over %v of trace time, prompts with token IDs: prefix-cache replay\n", traceName, len(reqs), last.Round(time.Second))
 	fmt.Fprintf(stdout, "Model:   %s, %s of K/V per token, max %d tokens per sequence\n", s.model.Name, formatBytes(int64(s.model.BytesPerToken())), c.maxTokens)
-	fmt.Fprintf(stdout, "Server:  batch of at most %d, %v per decode step, prefill %.0f tokens/s, budget %s per strategy\n\n", c.concurrency, c.step, c.prefillRate, budget)
+	fmt.Fprintf(stdout, "Server:  batch of at most %d, %v per decode step, prefill %.0f tokens/s, budget %s per strategy\n", c.concurrency, c.step, c.prefillRate, budget)
+	if c.idealNote != "" {
+		fmt.Fprintf(stdout, "Budget:  %s\n", c.idealNote)
+	}
+	if s.tiers != nil {
+		printTierHeader(stdout, s.tiers)
+	}
+	fmt.Fprintln(stdout)
 }
 
 // replayPrefixOne builds the prefix strategy called name, replays w on it, closes it
 // and checks that the governor got every byte back.
 func replayPrefixOne(ctx context.Context, name string, s setup, w PrefixWorkload) (PrefixResult, error) {
-	st, gov, err := buildPrefix(name, s)
+	return replayPrefixReplica(ctx, name, s, w, 0)
+}
+
+// replayPrefixReplica is replayPrefixOne for one replica of a tiered strategy; the
+// first kills the redis-server at -redis-kill-at.
+func replayPrefixReplica(ctx context.Context, name string, s setup, w PrefixWorkload, replica int) (PrefixResult, error) {
+	st, gov, err := buildPrefixReplica(name, s, replica)
 	if err != nil {
 		return PrefixResult{Strategy: name}, err
+	}
+	progress := func(int) {}
+	if t := s.tiers; name == namePrefixTiers && replica == 0 && t.killAt > 0 && t.server != nil {
+		progress = func(done int) {
+			if done == t.killAt {
+				t.server.kill()
+			}
+		}
 	}
 	if s.metrics != nil {
 		if err := s.metrics.watch(name, gov, accounting.HostKey, st); err != nil {
 			return PrefixResult{Strategy: name}, fmt.Errorf("metrics: %w", errors.Join(err, st.Close()))
 		}
 	}
-	res, err := ReplayPrefix(ctx, st, w, func(int) {})
+	res, err := ReplayPrefix(ctx, st, w, progress)
+	if replica > 0 {
+		// Its requests follow the same ones of the replicas before it.
+		res.IdealHits = idealHitsAfter(w, replica)
+	}
 	if cerr := st.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("close: %w", cerr)
 	}
@@ -661,17 +905,41 @@ func replayPrefixOne(ctx context.Context, name string, s setup, w PrefixWorkload
 // runPrefix replays a trace with token IDs against the prefix strategies.
 func runPrefix(ctx context.Context, c *config, s setup, names []string, w PrefixWorkload, traceName string, stdout, stderr io.Writer) int {
 	printPrefixHeader(stdout, c, s, w.Requests, traceName)
-	results, failed, stopped := replayEach(ctx, stderr, names, func(name string) (PrefixResult, error) {
-		fmt.Fprintf(stdout, "%s ...", name)
-		res, err := replayPrefixOne(ctx, name, s, w)
-		fmt.Fprintf(stdout, " %v\n", res.Wall.Round(time.Millisecond))
-		return res, err
+	runs, failed, stopped := replayEach(ctx, stderr, names, func(name string) ([]PrefixResult, error) {
+		replicas := 1
+		if name == namePrefixTiers {
+			replicas = s.tiers.replicas
+		}
+		var rs []PrefixResult
+		for r := range replicas {
+			label := name
+			if replicas > 1 {
+				label += "/" + string(rune('A'+r))
+			}
+			fmt.Fprintf(stdout, "%s ...", label)
+			res, err := replayPrefixReplica(ctx, name, s, w, r)
+			res.Strategy = label
+			fmt.Fprintf(stdout, " %v\n", res.Wall.Round(time.Millisecond))
+			if err != nil {
+				return rs, fmt.Errorf("%s: %w", label, err)
+			}
+			rs = append(rs, res)
+		}
+		return rs, nil
 	})
+	results := slices.Concat(runs...)
 	if stopped || len(results) == 0 {
 		return 1
 	}
 	fmt.Fprintln(stdout)
 	printPrefixTable(stdout, results)
+	if s.tiers != nil {
+		fmt.Fprintln(stdout)
+		printTierTable(stdout, results, s.tiers)
+		if t := s.tiers; t.killAt > 0 && t.server != nil && t.server.killed() {
+			fmt.Fprintf(stdout, "\nredis-server was killed once %d requests of %s were done.\n", t.killAt, namePrefixTiers)
+		}
+	}
 	paths, err := writePrefixPlots(c.out, c.format, results, s.budget)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvcache: plot: %v\n", err)

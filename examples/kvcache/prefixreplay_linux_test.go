@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -38,6 +39,20 @@ func TestIdealHits(t *testing.T) {
 	// D: block 1 (512); E: C's 1,300 less its last token (1,299).
 	assert.Equal(t, int64(1024+1100+512+1299), IdealHits(w.Requests, lengths))
 	assert.Equal(t, int64(0), IdealHits(w.Requests[:1], lengths[:1]))
+	// The ideal cache: blocks 1 and 2 whole (B's, C's, D's and E's hits read them),
+	// and of block 3 the 275 tokens E's hit reads (C's read A's 76).
+	hits, tokens := IdealCache(w.Requests, lengths)
+	assert.Equal(t, IdealHits(w.Requests, lengths), hits)
+	assert.Equal(t, int64(512+512+275), tokens)
+	_, tokens = IdealCache(w.Requests[:2], lengths[:2])
+	assert.Equal(t, int64(1024), tokens)
+	// Served again after themselves, every prompt but its last token is a hit.
+	var again int64
+	for _, l := range lengths {
+		again += int64(l - 1)
+	}
+	w.MaxTokens = 1 << 20
+	assert.Equal(t, again, idealHitsAfter(w, 1))
 }
 
 // TestReplayPrefix replays the small trace with no budget: vmarena's prefix cache
@@ -113,3 +128,29 @@ func TestRunPrefixFlags(t *testing.T) {
 }
 
 func writeFile(path, s string) error { return os.WriteFile(path, []byte(s), 0o644) }
+
+// TestReplayPrefixLoneRequestThatCanNotDecode: a request alone in the batch whose
+// prompt fills the budget to the byte, so that its first decode step can never fit,
+// is refused (and the replay ends) rather than preempted and waited on forever.
+func TestReplayPrefixLoneRequestThatCanNotDecode(t *testing.T) {
+	const prompt = 1024 // 32 granules of the test model, exactly
+	reqs, err := ReadAnyTrace([]byte(fmt.Sprintf(`{"timestamp": 0, "input_length": %d, "output_length": 3, "hash_ids": [1, 2]}`+"\n", prompt)))
+	require.NoError(t, err)
+	w := PrefixWorkload{Requests: reqs, Speed: 1, Step: 25 * time.Millisecond, PrefillRate: DefaultPrefillRate,
+		Concurrency: 4, MaxTokens: 4096, TokenBytes: testModel.TokenBytes(), Layers: testModel.Layers}
+	s := testSetup(int64(prompt * testModel.BytesPerToken()))
+	s.maxTokens = w.MaxTokens
+	for _, name := range []string{namePrefixOn, namePrefixOff} {
+		st, _, err := buildPrefix(name, s)
+		require.NoError(t, err)
+		// Not a timing check: a guard, so that the bug fails the test instead of
+		// hanging it (the replay's model clock runs on with nothing to do).
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		res, err := ReplayPrefix(ctx, st, w, func(int) {})
+		cancel()
+		require.NoError(t, st.Close())
+		require.NoError(t, err, name)
+		assert.Equal(t, 1, res.Rejected, name)
+		assert.Zero(t, res.Completed, name)
+	}
+}

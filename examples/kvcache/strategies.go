@@ -50,6 +50,7 @@ type setup struct {
 	budget    int64 // bytes; 0: unlimited
 
 	metrics *metricsServer // -metrics: serves the strategy replaying; nil: none
+	tiers   *tierSetup     // -tiers: the prefix cache's tiers; nil: none
 }
 
 // high is the pool's High water mark: -pool-high, or else as many granules as the

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// errWrongBytes: a hit read back K/V other than what was written for its tokens.
+var errWrongBytes = errors.New("read back K/V other than was written for its tokens")
+
+// mix64 is splitmix64's finalizer.
+func mix64(x uint64) uint64 {
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+// prefixHashes returns, for each token, a hash of the tokens up to it: a model's K
+// and V of a token depend on every token before it, and so do the replay's bytes
+// under Verify, so that a block mapped or loaded for another prefix (or another
+// position) reads back other bytes.
+func prefixHashes(tokens []int32) []uint64 {
+	out := make([]uint64, len(tokens))
+	h := uint64(0x6a09e667f3bcc909)
+	for i, t := range tokens {
+		h = mix64(h ^ uint64(uint32(t)))
+		out[i] = h
+	}
+	return out
+}
+
+// tokenBytes fills dst with the K (v 0) or V (v 1) of layer for the token whose
+// prefix hash is h.
+func tokenBytes(dst []byte, h uint64, layer, v int) {
+	w := mix64(h ^ uint64(layer)<<1 ^ uint64(v))
+	i := 0
+	for ; i+8 <= len(dst); i += 8 {
+		binary.LittleEndian.PutUint64(dst[i:], w)
+		w += 0x9e3779b97f4a7c15
+	}
+	for ; i < len(dst); i++ {
+		dst[i] = byte(w >> (8 * (i % 8)))
+	}
+}
+
+// writePrompt writes q's prompt tokens from m on into s: the constant fill, or with
+// w.Verify each token's own bytes, made in scratch, layer by layer as
+// writeLayerMajor does.
+func writePrompt(st pstrategy, s pseq, q *preq, m int, fill, scratch []byte, w PrefixWorkload) error {
+	if !w.Verify {
+		return st.write(s, m, len(q.tokens), fill)
+	}
+	if q.prefix == nil {
+		q.prefix = prefixHashes(q.tokens)
+	}
+	for l := range w.Layers {
+		for t := m; t < len(q.tokens); t++ {
+			for v := range 2 {
+				tokenBytes(scratch, q.prefix[t], l, v)
+				if err := st.writeToken(s, l, v, t, scratch); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// verifyHit reads back the first m tokens of s, which a lookup found cached for q,
+// and compares them with what writePrompt wrote for them; buf is scratch of a
+// token's bytes.
+func verifyHit(st pstrategy, s pseq, q *preq, m, layers int, buf []byte) error {
+	if m == 0 {
+		return nil
+	}
+	if q.prefix == nil {
+		q.prefix = prefixHashes(q.tokens)
+	}
+	want := make([]byte, len(buf))
+	for l := range layers {
+		for t := range m {
+			for v := range 2 {
+				if err := st.readToken(s, l, v, t, buf); err != nil {
+					return fmt.Errorf("request %d: read back token %d: %w", q.ID, t, err)
+				}
+				tokenBytes(want, q.prefix[t], l, v)
+				if !bytes.Equal(buf, want) {
+					return fmt.Errorf("request %d: token %d of layer %d (%s) of a %d-token hit: %w", q.ID, t, l, [2]string{"K", "V"}[v], m, errWrongBytes)
+				}
+			}
+		}
+	}
+	return nil
+}
