@@ -20,24 +20,23 @@ var tiny8 = kv.Geometry{Name: "tiny8", Layers: 3, KVHeads: 4, HeadDim: 64, DType
 
 const fakeGranule = 4 << 10
 
+// fixture is a backingtest.Fake of fakeGranule granules under a governor limit: an
+// env without a cache of its own, for tests that make caches of their own configs on
+// it (fx.cache, env.cache, or kv.New on fx.fake).
 type fixture struct {
+	env  *env
 	gov  *accounting.Governor
-	pool *accounting.Authority
+	pool *accounting.Authority // the Fake's ledger
 	fake *backingtest.Fake
 }
 
+// newFixture returns a fixture under limit bytes, whose books the test's cleanup
+// checks (openEnv).
 func newFixture(t *testing.T, limit int64) *fixture {
 	t.Helper()
-	gov := accounting.NewGovernor()
-	require.NoError(t, gov.SetLimit(accounting.HostKey, limit))
-	pool := gov.Authority("pool", accounting.HostKey)
-	f := backingtest.NewFake(backingtest.FakeOptions{Granularity: fakeGranule, Authority: pool})
-	t.Cleanup(func() {
-		assert.Zero(t, f.LiveGranules(), "granules leaked")
-		assert.Zero(t, f.LiveReservations(), "reservations leaked")
-		ledgerBalances(t, pool)
-	})
-	return &fixture{gov: gov, pool: pool, fake: f}
+	e, err := openEnv(t, envSpec{kind: onFake, noCache: true, granule: fakeGranule, limit: limit})
+	require.NoError(t, err)
+	return &fixture{env: e, gov: e.gov, pool: e.auth, fake: e.fake}
 }
 
 // ledgerBalances checks, at a test's end, that a ledger owns and maps nothing: every
@@ -89,12 +88,11 @@ func waitAll(t *testing.T, wg *sync.WaitGroup, errs chan error) {
 	}
 }
 
+// cache returns a cache of tiny8 tokens in layout on the fixture's backing, with the
+// fake-backed tests' block (blockTokensFor); the test's cleanup closes it.
 func (fx *fixture) cache(t *testing.T, layout kv.Layout, maxTokens int) *fakeCache {
 	t.Helper()
-	c, err := kv.New(fx.fake, kv.Config{Geometry: tiny8, MaxTokens: maxTokens, Layout: layout, BlockTokens: blockTokensFor(layout)})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, c.Close()) })
-	return c
+	return fx.env.cache(t, kv.Config{MaxTokens: maxTokens, Layout: layout, BlockTokens: blockTokensFor(layout)})
 }
 
 // testBlockTokens is the block the fake-backed tests ask the Blocked layout for:
