@@ -17,24 +17,15 @@ import (
 	"github.com/vmarena/vmarena/kv"
 )
 
-// newCUDACache returns a cache on GPU 0 of drv; the granule is the driver's.
-// It returns cuda.New's error, so a test can skip where there is no usable GPU.
+// newCUDACache returns a cache on GPU 0 of drv (openEnv); the granule is the driver's.
+// It returns cuda.New's error where drv has no usable GPU, so a test can skip.
 func newCUDACache(t *testing.T, drv *cuda.Driver, layout kv.Layout, g kv.Geometry, maxTokens int) (*kv.Cache, error) {
 	t.Helper()
-	gov := accounting.NewGovernor()
-	pool := gov.Authority("kv", accounting.GPU(0))
-	b, err := cuda.New(cuda.Options{Authority: pool, Driver: drv})
+	e, err := openEnv(t, envSpec{kind: onCUDA, cfg: kv.Config{Geometry: g, MaxTokens: maxTokens, Layout: layout}, cuda: cuda.Options{Driver: drv}})
 	if err != nil {
 		return nil, err
 	}
-	c, err := kv.New(b, kv.Config{Geometry: g, MaxTokens: maxTokens, Layout: layout})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		assert.NoError(t, c.Close())
-		assert.NoError(t, b.Close())
-		ledgerBalances(t, pool)
-	})
-	return c, nil
+	return e.c, nil
 }
 
 // TestCUDAFakeDriver runs the cache on the CUDA backing over the fake driver, which

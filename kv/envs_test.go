@@ -47,10 +47,14 @@ var (
 const envGranule = 4 << 10
 
 // envGranuleOf returns the granule of backing kind: envGranule, but host.Shared on
-// Windows maps views at the 64 KiB allocation granularity and can not go below it.
+// Windows maps views at the 64 KiB allocation granularity and can not go below it,
+// and host.Private's granule is a whole number of pages.
 func envGranuleOf(kind int) int {
-	if kind == onShared && runtime.GOOS == "windows" {
+	switch {
+	case kind == onShared && runtime.GOOS == "windows":
 		return 64 << 10
+	case kind == onPrivate:
+		return max(envGranule, os.Getpagesize())
 	}
 	return envGranule
 }

@@ -16,29 +16,32 @@ import (
 
 type hostSeq = kv.Sequence
 
+// newHostCache returns a cache of tiny8 tokens in layout on a host.Shared of 64 KiB
+// granules and memfd name (openEnv), and its ledger; the test's cleanup closes it.
 func newHostCache(t *testing.T, name string, layout kv.Layout, maxTokens int) (*kv.Cache, *accounting.Authority) {
 	t.Helper()
-	gov := accounting.NewGovernor()
-	pool := gov.Authority("pool", accounting.HostKey)
-	b := sharedPool(t, pool, name)
-	c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: maxTokens, Layout: layout})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, c.Close()) })
-	return c, pool
+	e := openHost(t, envSpec{cfg: kv.Config{MaxTokens: maxTokens, Layout: layout}, name: name})
+	return e.c, e.auth
 }
 
-// sharedPool returns a memfd pool of 64 KiB granules charged to a; the test's cleanup
-// closes it and checks that a's ledger balances. Cleanups run last first, so register
-// a cache's Close after this.
+// openHost is openEnv on host.Shared of 64 KiB granules unless sp says otherwise.
+func openHost(t *testing.T, sp envSpec) *env {
+	t.Helper()
+	sp.kind = onShared
+	if sp.granule == 0 {
+		sp.granule = 64 << 10
+	}
+	e, err := openEnv(t, sp)
+	require.NoError(t, err)
+	return e
+}
+
+// sharedPool returns a memfd pool of 64 KiB granules charged to a (openEnv, without a
+// cache); the test's cleanup closes it and checks that a's ledger balances. Cleanups
+// run last first, so register a cache's Close after this.
 func sharedPool(t *testing.T, a *accounting.Authority, name string) *host.Shared {
 	t.Helper()
-	b, err := host.NewShared(host.SharedOptions{Granularity: 64 << 10, Authority: a, Name: name})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		assert.NoError(t, b.Close())
-		ledgerBalances(t, a)
-	})
-	return b
+	return openHost(t, envSpec{noCache: true, auth: a, name: name}).shared
 }
 
 // TestHostIntegrity runs the sharing, fork and truncate checks on real shared memory.

@@ -16,21 +16,15 @@ import (
 	"github.com/vmarena/vmarena/kv"
 )
 
-// newHostPrefixCache returns a prefix cache over a host.Shared cache (64 KiB granules).
+// newHostPrefixCache returns a prefix cache over a host.Shared cache (64 KiB granules,
+// openHost); the test's cleanup closes both and checks the ledger.
 func newHostPrefixCache(t *testing.T, name string, layout kv.Layout) (*kv.Cache, *kv.PrefixCache, *hostPool) {
 	t.Helper()
-	gov := accounting.NewGovernor()
-	auth := gov.Authority("pool", accounting.HostKey)
-	b := sharedPool(t, auth, name)
-	c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: layout})
+	e := openHost(t, envSpec{cfg: kv.Config{MaxTokens: 1024, Layout: layout}, name: name})
+	pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
 	require.NoError(t, err)
-	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		assert.NoError(t, pc.Close())
-		assert.NoError(t, c.Close())
-	})
-	return c, pc, &hostPool{auth, b}
+	t.Cleanup(func() { assert.NoError(t, pc.Close()) })
+	return e.c, pc, &hostPool{e.auth, e.shared}
 }
 
 // hostPool is a host.Shared and the authority it charges.
