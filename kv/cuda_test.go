@@ -97,20 +97,9 @@ func llamaShareForkTruncate(t *testing.T, drv *cuda.Driver, layout kv.Layout) {
 // takes them.
 func TestCUDAWaitWokenByIdleHandles(t *testing.T) {
 	const g = 64 << 10 // 128 tiny8 tokens per tensor
-	fake := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: g, Memory: 256 << 20})
-	t.Cleanup(func() { assert.NoError(t, fake.CheckLeaks()) })
-	gov := accounting.NewGovernor()
-	require.NoError(t, gov.SetLimit(accounting.GPU(0), 12*g))
-	pool := gov.Authority("kv", accounting.GPU(0))
-	b, err := cuda.New(cuda.Options{Authority: pool, Driver: fake.Driver()})
+	e, err := openEnv(t, envSpec{kind: onCUDA, granule: g, limit: 12 * g, cfg: kv.Config{MaxTokens: 512, Layout: kv.PerLayer}})
 	require.NoError(t, err)
-	c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: 512, Layout: kv.PerLayer})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		assert.NoError(t, c.Close())
-		assert.NoError(t, b.Close())
-		ledgerBalances(t, pool)
-	})
+	c, gov, pool := e.c, e.gov, e.auth
 	a, err := c.NewSequence()
 	require.NoError(t, err)
 	require.NoError(t, a.Append(129)) // 12 granules: the whole budget

@@ -39,15 +39,6 @@ func newFixture(t *testing.T, limit int64) *fixture {
 	return &fixture{env: e, gov: e.gov, pool: e.auth, fake: e.fake}
 }
 
-// ledgerBalances checks, at a test's end, that a ledger owns and maps nothing: every
-// granule its backing committed came back.
-func ledgerBalances(t testing.TB, a *accounting.Authority) {
-	t.Helper()
-	st := a.Stats()
-	assert.Zero(t, st.Owned, "ledger does not balance: owned bytes left")
-	assert.Zero(t, st.Mapped, "ledger does not balance: mappings left behind")
-}
-
 // atEveryCall runs run once for each of its first calls backing calls, with a fault
 // injected at that call, and returns how many runs failed. A run that fails must fail
 // with the injected error, never with corrupt data; after each, the fixture's backing

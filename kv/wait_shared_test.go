@@ -20,22 +20,13 @@ import (
 // only for the bytes they can not cover: the idle granules are not given back to the
 // OS first (their old contents show they were reused), and Need counts them.
 func TestWaiterUsesIdleGranules(t *testing.T) {
-	gov := accounting.NewGovernor()
 	const g = 64 << 10 // 128 tiny8 tokens per tensor
-	require.NoError(t, gov.SetLimit(accounting.HostKey, 12*g))
-	pool := gov.Authority("pool", accounting.HostKey)
-	other := gov.Authority("other", accounting.HostKey)
 	// No decay: the idle granules must stay for the waiter however long the machine
 	// takes to get there (decay would give one back after about 1.5 s idle).
-	b, err := host.NewShared(host.SharedOptions{Granularity: g, Authority: pool, Name: "kv-idle", Decay: host.SharedNoDecay})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		assert.NoError(t, b.Close())
-		ledgerBalances(t, pool)
-	})
-	c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: kv.PerLayer})
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, c.Close()) }()
+	e := openHost(t, envSpec{granule: g, limit: 12 * g, name: "kv-idle", shared: host.SharedOptions{Decay: host.SharedNoDecay},
+		cfg: kv.Config{MaxTokens: 1024, Layout: kv.PerLayer}})
+	gov, pool, b, c := e.gov, e.auth, e.shared, e.c
+	other := gov.Authority("other", accounting.HostKey)
 
 	a, err := c.NewSequence()
 	require.NoError(t, err)
