@@ -28,27 +28,6 @@ func newCUDACache(t *testing.T, drv *cuda.Driver, layout kv.Layout, g kv.Geometr
 	return e.c, nil
 }
 
-// TestCUDAFakeDriver runs the cache on the CUDA backing over the fake driver, which
-// enforces the driver's VMM rules: K/V are written and read through the driver's
-// copies, prefixes map one handle into many reservations.
-func TestCUDAFakeDriver(t *testing.T) {
-	for _, layout := range layouts {
-		t.Run(layout.String(), func(t *testing.T) {
-			fake := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: 64 << 10, Memory: 256 << 20})
-			t.Cleanup(func() { assert.NoError(t, fake.CheckLeaks()) })
-			c, err := newCUDACache(t, fake.Driver(), layout, tiny8, 512)
-			require.NoError(t, err)
-			shareForkTruncate(t, c)
-			s, err := c.NewSequence()
-			require.NoError(t, err)
-			_, err = s.Bytes(0, kv.K)
-			assert.ErrorIs(t, err, kv.ErrLayout, "device memory is never handed out as a slice")
-			assert.NotZero(t, s.Base(0, kv.K))
-			assert.True(t, s.Close().OK())
-		})
-	}
-}
-
 // TestGPUCache runs the same checks on a real GPU, with Llama-3-8B's token size and the
 // driver's granule. It skips itself where no CUDA driver or device is present.
 func TestGPUCache(t *testing.T) {

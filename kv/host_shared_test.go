@@ -44,26 +44,6 @@ func sharedPool(t *testing.T, a *accounting.Authority, name string) *host.Shared
 	return openHost(t, envSpec{noCache: true, auth: a, name: name}).shared
 }
 
-// TestHostIntegrity runs the sharing, fork and truncate checks on real shared memory.
-func TestHostIntegrity(t *testing.T) {
-	for _, layout := range layouts {
-		t.Run(layout.String(), func(t *testing.T) {
-			c, _ := newHostCache(t, "kv-host-test", layout, 512)
-			shareForkTruncate(t, c)
-			if layout == kv.PerLayer {
-				// A sequence's own tail is writable through its slice.
-				s, err := c.NewSequence()
-				require.NoError(t, err)
-				require.NoError(t, s.Append(3))
-				k, err := s.Bytes(0, kv.K)
-				require.NoError(t, err)
-				k[len(k)-1] = 0xff
-				assert.True(t, s.Close().OK())
-			}
-		})
-	}
-}
-
 // fill writes a distinct F16 bit pattern to every (writer, layer, K/V, token, head,
 // dim) of tokens [from, to) through the typed views.
 func fillViews(t *testing.T, s *hostSeq, w uint64, from, to int) {
