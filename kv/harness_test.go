@@ -102,17 +102,19 @@ func blockTokensFor(l kv.Layout) int {
 }
 
 // modelLayout is the tests' own arithmetic of where a layout puts tokens, written
-// apart from kv's.
-type modelLayout struct{ nbuf, row, tpb, blk, gran int }
+// apart from kv's (layout_test.go checks kv's against it): nt tensors of row bytes a
+// token, in nbuf ranges; in the Blocked layout blocks of blk bytes, tpb tokens each.
+type modelLayout struct{ nbuf, nt, row, tpb, blk, gran int }
 
 func modelOf(cfg kv.Config, gran int) modelLayout {
 	g := cfg.Geometry
+	nt := g.Layers * len(kv.KindsOf(g))
 	switch cfg.Layout {
 	case kv.PerLayer:
-		return modelLayout{nbuf: 2 * g.Layers, row: g.TokenBytes(), gran: gran}
+		return modelLayout{nbuf: nt, nt: nt, row: g.TokenBytes(), gran: gran}
 	}
 	blk := (max(cfg.BlockTokens, 1)*g.BytesPerToken() + gran - 1) / gran * gran
-	return modelLayout{nbuf: 1, tpb: blk / g.BytesPerToken(), blk: blk, gran: gran}
+	return modelLayout{nbuf: 1, nt: nt, row: g.TokenBytes(), tpb: blk / g.BytesPerToken(), blk: blk, gran: gran}
 }
 
 // committed returns the bytes of granules n tokens commit, all ranges together.
