@@ -3,6 +3,7 @@ package kv_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -278,12 +279,7 @@ func (m *cacheModel) forget(p *mprefix) {
 	if p.live() {
 		return
 	}
-	for i, q := range m.prefixes {
-		if q == p {
-			m.prefixes = append(m.prefixes[:i], m.prefixes[i+1:]...)
-			return
-		}
-	}
+	m.prefixes = slices.DeleteFunc(m.prefixes, func(q *mprefix) bool { return q == p })
 }
 
 // closeAll closes every sequence and releases every prefix, checking as it goes.

@@ -43,14 +43,8 @@ func TestPrefixCacheInsertIsBookkeeping(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
 			c, pc, b := newHostPrefixCache(t, "kv-pc-lazy", layout)
-			ids := make([]int32, 300)
-			for i := range ids {
-				ids[i] = int32(i)
-			}
-			s, _, err := pc.Lookup(ids)
-			require.NoError(t, err)
-			require.NoError(t, s.Append(len(ids)))
-			require.NoError(t, writeIDs(s, ids, 0, len(ids)))
+			ids := promptIDs(0, 300)
+			s := prefilled(t, pc, ids)
 			before := c.Stats()
 			heldBefore := held(b)
 			require.NoError(t, pc.Insert(s, ids))
@@ -106,10 +100,7 @@ func TestPrefixCacheHitProtectsOrigin(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
 			_, pc, _ := newHostPrefixCache(t, "kv-pc-protect", layout)
-			ids := make([]int32, 300)
-			for i := range ids {
-				ids[i] = int32(1000 + i)
-			}
+			ids := promptIDs(1000, 300)
 			s, _, err := serve(pc, ids)
 			require.NoError(t, err)
 			w := s.Writable()
@@ -152,10 +143,7 @@ func TestPrefixCacheHitProtectsOrigin(t *testing.T) {
 func TestPrefixCacheLazyConcurrent(t *testing.T) {
 	_, pc, b := newHostPrefixCache(t, "kv-pc-lazy-conc", kv.PerLayer)
 	for round := range 20 {
-		ids := make([]int32, 200)
-		for i := range ids {
-			ids[i] = int32(round*1000 + i)
-		}
+		ids := promptIDs(round*1000, 200)
 		s, _, err := serve(pc, ids)
 		require.NoError(t, err)
 		var wg sync.WaitGroup
@@ -207,10 +195,7 @@ func TestPrefixCacheLazyConcurrent(t *testing.T) {
 // ledger exact.
 func TestPrefixCacheInsertTwiceDiverging(t *testing.T) {
 	_, pc, b := newHostPrefixCache(t, "kv-pc-twice", kv.PerLayer)
-	a := make([]int32, 100)
-	for i := range a {
-		a[i] = int32(i)
-	}
+	a := promptIDs(0, 100)
 	s, _, err := serve(pc, a)
 	require.NoError(t, err)
 	other := append([]int32(nil), a[:80]...)

@@ -50,6 +50,18 @@ func checkIDs(s *kv.Sequence, ids []int32, from, to int) error {
 	return nil
 }
 
+// prefilled returns a sequence started by pc.Lookup(ids) on nothing cached, with all
+// of ids appended and written (writeIDs), not inserted.
+func prefilled(t *testing.T, pc *kv.PrefixCache, ids []int32) *kv.Sequence {
+	t.Helper()
+	s, m, err := pc.Lookup(ids)
+	require.NoError(t, err)
+	require.Zero(t, m, "nothing of ids is cached yet")
+	require.NoError(t, s.Append(len(ids)))
+	require.NoError(t, writeIDs(s, ids, 0, len(ids)))
+	return s
+}
+
 // serve is one request: look the prompt up, check what came from the cache, prefill
 // the rest, insert. The sequence is left open.
 func serve(pc *kv.PrefixCache, ids []int32) (*kv.Sequence, int, error) {
@@ -494,10 +506,7 @@ func TestPrefixCacheCUDAFake(t *testing.T) {
 // with the cache, so WriteToken refuses them; the tail stays writable.
 func TestPrefixCacheInsertFreezes(t *testing.T) {
 	_, _, pc := newPrefixCache(t, 1<<30, kv.PerLayer, 128, kv.PrefixCacheOptions{})
-	ids := make([]int32, 20) // two whole granules per range, four tokens past them
-	for i := range ids {
-		ids[i] = int32(i)
-	}
+	ids := promptIDs(0, 20) // two whole granules per range, four tokens past them
 	s, _, err := serve(pc, ids)
 	require.NoError(t, err)
 	assert.Equal(t, 16, s.Writable())
@@ -527,10 +536,7 @@ func TestPrefixCacheInsertFreezes(t *testing.T) {
 func TestPrefixCachePinSurvivesBudget(t *testing.T) {
 	const limit = 96 * fakeGranule
 	fx, c, pc := newPrefixCache(t, limit, kv.Blocked, 256, kv.PrefixCacheOptions{})
-	system := make([]int32, 24)
-	for i := range system {
-		system[i] = int32(5000 + i)
-	}
+	system := promptIDs(5000, 24)
 	s, _, err := serve(pc, append(system, 1))
 	require.NoError(t, err)
 	require.True(t, s.Close().OK())
@@ -574,10 +580,7 @@ func TestPrefixCachePinSurvivesBudget(t *testing.T) {
 func TestPrefixCacheCountsBlocks(t *testing.T) {
 	_, c, pc := newPrefixCache(t, 1<<30, kv.Blocked, 64, kv.PrefixCacheOptions{})
 	const block = 3 * fakeGranule
-	ids := make([]int32, 10)
-	for i := range ids {
-		ids[i] = int32(100 + i)
-	}
+	ids := promptIDs(100, 10)
 	s, m, err := serve(pc, ids) // 10 tokens: 3 blocks, the last holding 2 tokens
 	require.NoError(t, err)
 	require.Zero(t, m)
