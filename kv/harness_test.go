@@ -79,6 +79,14 @@ func waitAll(t *testing.T, wg *sync.WaitGroup, errs chan error) {
 	}
 }
 
+// faultyFixture returns a fixture of 1 GiB and a fault injector over its Fake, for
+// the caches a test makes with kv.New(faulty, ...).
+func faultyFixture(t *testing.T) (*fixture, *backingtest.Faulty[*backingtest.FakeReservation]) {
+	t.Helper()
+	fx := newFixture(t, 1<<30)
+	return fx, backingtest.NewFaulty[*backingtest.FakeReservation](fx.fake)
+}
+
 // cache returns a cache of tiny8 tokens in layout on the fixture's backing, with the
 // fake-backed tests' block (blockTokensFor); the test's cleanup closes it.
 func (fx *fixture) cache(t *testing.T, layout kv.Layout, maxTokens int) *fakeCache {
@@ -147,15 +155,23 @@ func writeTokens(t *testing.T, s *kv.Sequence, w uint64, from, to int) {
 
 // tryWrite is writeTokens that returns the first error.
 func tryWrite(s *kv.Sequence, w uint64, from, to int) error {
+	return eachToken(s, from, to, func(layer int, kind kv.Kind, tok int, buf []byte) error {
+		for i := range buf {
+			buf[i] = pattern(w, layer, kind, tok, i)
+		}
+		return s.WriteToken(layer, kind, tok, buf)
+	})
+}
+
+// eachToken calls f on tokens [from, to) of every tensor of s, layer after layer,
+// with a buffer of one token's bytes, and returns f's first error.
+func eachToken(s *kv.Sequence, from, to int, f func(layer int, kind kv.Kind, tok int, buf []byte) error) error {
 	g := s.Cache().Config().Geometry
 	buf := make([]byte, g.TokenBytes())
 	for layer := range g.Layers {
 		for _, kind := range kv.KindsOf(g) {
 			for tok := from; tok < to; tok++ {
-				for i := range buf {
-					buf[i] = pattern(w, layer, kind, tok, i)
-				}
-				if err := s.WriteToken(layer, kind, tok, buf); err != nil {
+				if err := f(layer, kind, tok, buf); err != nil {
 					return err
 				}
 			}
@@ -174,23 +190,17 @@ var errCorrupt = errors.New("data corrupted")
 
 // tryCheck is checkTokens that returns the first error; corruption matches errCorrupt.
 func tryCheck(s *kv.Sequence, w uint64, from, to int) error {
-	g := s.Cache().Config().Geometry
-	buf := make([]byte, g.TokenBytes())
-	for layer := range g.Layers {
-		for _, kind := range kv.KindsOf(g) {
-			for tok := from; tok < to; tok++ {
-				if err := s.ReadToken(layer, kind, tok, buf); err != nil {
-					return err
-				}
-				for i := range buf {
-					if buf[i] != pattern(w, layer, kind, tok, i) {
-						return fmt.Errorf("%w: seq %d layer %d %v token %d byte %d: got %d, want %d (writer %d)", errCorrupt, s.ID(), layer, kind, tok, i, buf[i], pattern(w, layer, kind, tok, i), w)
-					}
-				}
+	return eachToken(s, from, to, func(layer int, kind kv.Kind, tok int, buf []byte) error {
+		if err := s.ReadToken(layer, kind, tok, buf); err != nil {
+			return err
+		}
+		for i := range buf {
+			if buf[i] != pattern(w, layer, kind, tok, i) {
+				return fmt.Errorf("%w: seq %d layer %d %v token %d byte %d: got %d, want %d (writer %d)", errCorrupt, s.ID(), layer, kind, tok, i, buf[i], pattern(w, layer, kind, tok, i), w)
 			}
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // tokenAddr returns the address of token tok of layer's K or V tensor of s, from the

@@ -437,8 +437,7 @@ func prefixScenario(pc *kv.PrefixCache) (err error) {
 func TestPrefixCacheFaultInjection(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			fx := newFixture(t, 1<<30)
-			faulty := backingtest.NewFaulty[*backingtest.FakeReservation](fx.fake)
+			fx, faulty := faultyFixture(t)
 			row := int64(tiny8.BytesPerToken())
 			run := func() error {
 				c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 64, Layout: layout})
