@@ -367,23 +367,8 @@ func (m *blockedModel) write(s *bseq, from, to int) {
 // writeAs writes token tok of every tensor of s as writer w: refused whole below the
 // model's Writable, done at or past it.
 func (m *blockedModel) writeAs(s *bseq, tok int, w uint64) {
-	t := m.t
-	g := tiny8
-	buf := make([]byte, g.TokenBytes())
 	refuse := tok < m.writable(s.frozen)
-	for layer := range g.Layers {
-		for _, kind := range kv.KindsOf(g) {
-			for i := range buf {
-				buf[i] = pattern(w, layer, kind, tok, i)
-			}
-			err := s.s.WriteToken(layer, kind, tok, buf)
-			if refuse {
-				require.ErrorIs(t, err, kv.ErrReadOnly, "%s: token %d layer %d %v", m.step, tok, layer, kind)
-			} else {
-				require.NoError(t, err, "%s: token %d layer %d %v", m.step, tok, layer, kind)
-			}
-		}
-	}
+	writeOrRefuse(m.t, s.s, tok, w, refuse, m.step)
 	if !refuse {
 		s.toks[tok] = w
 	}

@@ -180,6 +180,24 @@ func eachToken(s *kv.Sequence, from, to int, f func(layer int, kind kv.Kind, tok
 	return nil
 }
 
+// writeOrRefuse writes token tok of every tensor of s as writer w, and requires
+// each write refused with ErrReadOnly when refuse, else done; where says where.
+func writeOrRefuse(t *testing.T, s *kv.Sequence, tok int, w uint64, refuse bool, where string) {
+	t.Helper()
+	_ = eachToken(s, tok, tok+1, func(layer int, kind kv.Kind, _ int, buf []byte) error {
+		for i := range buf {
+			buf[i] = pattern(w, layer, kind, tok, i)
+		}
+		err := s.WriteToken(layer, kind, tok, buf)
+		if refuse {
+			require.ErrorIs(t, err, kv.ErrReadOnly, "%s: token %d layer %d %v", where, tok, layer, kind)
+		} else {
+			require.NoError(t, err, "%s: token %d layer %d %v", where, tok, layer, kind)
+		}
+		return nil
+	})
+}
+
 // checkTokens checks that tokens [from, to) of s hold writer w's pattern.
 func checkTokens(t *testing.T, s *kv.Sequence, w uint64, from, to int) {
 	t.Helper()

@@ -44,30 +44,33 @@ func sharedPool(t *testing.T, a *accounting.Authority, name string) *host.Shared
 	return openHost(t, envSpec{noCache: true, auth: a, name: name}).shared
 }
 
-// fill writes a distinct F16 bit pattern to every (writer, layer, K/V, token, head,
-// dim) of tokens [from, to) through the typed views.
+// fillViews writes a distinct F16 bit pattern to every (writer, layer, K/V, token,
+// head, dim) of tokens [from, to) through the typed views.
 func fillViews(t *testing.T, s *hostSeq, w uint64, from, to int) {
 	t.Helper()
-	for layer := range tiny8.Layers {
-		for _, kind := range kv.KindsOf(tiny8) {
-			v, err := kv.View[arena.F16](s, layer, kind)
-			require.NoError(t, err)
-			for tok := from; tok < to; tok++ {
-				for h := range tiny8.KVHeads {
-					for d := range tiny8.HeadDim {
-						v.Set(viewValue(w, layer, kind, tok, h, d), viewIndex(s, tok, h, d)...)
-					}
-				}
-			}
-		}
-	}
+	eachElem(t, s, from, to, func(v arena.Tensor[arena.F16], layer int, kind kv.Kind, tok, h, d int) {
+		v.Set(viewValue(w, layer, kind, tok, h, d), viewIndex(s, tok, h, d)...)
+	})
 }
 
 func viewValue(w uint64, layer int, kind kv.Kind, tok, h, d int) arena.F16 {
 	return arena.F16(w*7919 + uint64(layer)*613 + uint64(kind)*307 + uint64(tok)*257 + uint64(h)*64 + uint64(d))
 }
 
+// checkViews checks, through the typed views, that tokens [from, to) hold fillViews's
+// pattern of writer w, and the views' shape.
 func checkViews(t *testing.T, s *hostSeq, w uint64, from, to int) {
+	t.Helper()
+	eachElem(t, s, from, to, func(v arena.Tensor[arena.F16], layer int, kind kv.Kind, tok, h, d int) {
+		if got, want := v.At(viewIndex(s, tok, h, d)...), viewValue(w, layer, kind, tok, h, d); got != want {
+			t.Fatalf("seq %d layer %d %v [%d,%d,%d]: got %#x, want %#x", s.ID(), layer, kind, tok, h, d, got, want)
+		}
+	})
+}
+
+// eachElem calls f on every element (head h, dim d) of tokens [from, to) of every
+// tensor of s, through the tensor's F16 view, whose shape it checks first.
+func eachElem(t *testing.T, s *hostSeq, from, to int, f func(v arena.Tensor[arena.F16], layer int, kind kv.Kind, tok, h, d int)) {
 	t.Helper()
 	for layer := range tiny8.Layers {
 		for _, kind := range kv.KindsOf(tiny8) {
@@ -77,9 +80,7 @@ func checkViews(t *testing.T, s *hostSeq, w uint64, from, to int) {
 			for tok := from; tok < to; tok++ {
 				for h := range tiny8.KVHeads {
 					for d := range tiny8.HeadDim {
-						if got, want := v.At(viewIndex(s, tok, h, d)...), viewValue(w, layer, kind, tok, h, d); got != want {
-							t.Fatalf("seq %d layer %d %v [%d,%d,%d]: got %#x, want %#x", s.ID(), layer, kind, tok, h, d, got, want)
-						}
+						f(v, layer, kind, tok, h, d)
 					}
 				}
 			}
