@@ -68,6 +68,26 @@ func (fx *fixture) atEveryCall(t *testing.T, faulty faultInjector, calls int, ru
 	return failed
 }
 
+// goWorkers starts work(w) for each w in [0, n) on a goroutine of its own and
+// returns wait, which waits for them all and requires that none returned an error.
+func goWorkers(n int, work func(w int) error) (wait func(t *testing.T)) {
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for w := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := work(w); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	return func(t *testing.T) {
+		t.Helper()
+		waitAll(t, &wg, errs)
+	}
+}
+
 // waitAll waits for the goroutines of wg, which send their failures on errs, and
 // requires that none failed.
 func waitAll(t *testing.T, wg *sync.WaitGroup, errs chan error) {

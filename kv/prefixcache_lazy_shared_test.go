@@ -4,7 +4,6 @@ package kv_test
 
 import (
 	"math/rand/v2"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -146,27 +145,20 @@ func TestPrefixCacheLazyConcurrent(t *testing.T) {
 		ids := promptIDs(round*1000, 200)
 		s, _, err := serve(pc, ids)
 		require.NoError(t, err)
-		var wg sync.WaitGroup
-		errs := make(chan error, 8)
-		for w := range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for k := range 5 {
-					q, m, err := pc.Lookup(append(ids[:200:200], int32(-1-w*10-k)))
-					if err != nil {
-						errs <- err
-						return
-					}
-					err = checkIDs(q, ids, 0, m)
-					q.Close()
-					if err != nil {
-						errs <- err
-						return
-					}
+		wait := goWorkers(4, func(w int) error {
+			for k := range 5 {
+				q, m, err := pc.Lookup(append(ids[:200:200], int32(-1-w*10-k)))
+				if err != nil {
+					return err
 				}
-			}()
-		}
+				err = checkIDs(q, ids, 0, m)
+				q.Close()
+				if err != nil {
+					return err
+				}
+			}
+			return nil
+		})
 		r := rand.New(rand.NewPCG(uint64(round), 3))
 		for range 5 {
 			require.NoError(t, s.Append(40))
@@ -181,7 +173,7 @@ func TestPrefixCacheLazyConcurrent(t *testing.T) {
 			}
 		}
 		require.True(t, s.Close().OK())
-		waitAll(t, &wg, errs)
+		wait(t)
 	}
 	st := pc.Stats()
 	assert.Positive(t, st.Hits)

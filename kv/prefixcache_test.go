@@ -346,47 +346,38 @@ func TestPrefixCacheConcurrent(t *testing.T) {
 			fx, c, pc := newPrefixCache(t, limit, layout, 128, kv.PrefixCacheOptions{MaxBytes: 100 * fakeGranule})
 			var mu sync.Mutex
 			var made [][]int32
-			var wg sync.WaitGroup
-			errs := make(chan error, 64)
-			for w := range 8 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					r := rand.New(rand.NewPCG(uint64(w), 11))
-					for range 60 {
-						mu.Lock()
-						ids := stream(r, made, 100)
-						made = append(made, ids)
-						mu.Unlock()
-						switch r.IntN(8) {
-						case 0:
-							pin, err := pc.Pin(ids)
-							if err != nil {
-								errs <- err
-								return
-							}
-							pin.Release()
-							continue
-						}
-						s, _, err := serve(pc, ids)
-						if errors.Is(err, accounting.ErrBudgetExceeded) {
-							continue // live sequences hold the budget: a refusal is honest
-						}
+			goWorkers(8, func(w int) error {
+				r := rand.New(rand.NewPCG(uint64(w), 11))
+				for range 60 {
+					mu.Lock()
+					ids := stream(r, made, 100)
+					made = append(made, ids)
+					mu.Unlock()
+					switch r.IntN(8) {
+					case 0:
+						pin, err := pc.Pin(ids)
 						if err != nil {
-							errs <- err
-							return
+							return err
 						}
-						if r.IntN(2) == 0 {
-							time.Sleep(time.Duration(r.IntN(200)) * time.Microsecond)
-						}
-						if out := s.Close(); !out.OK() {
-							errs <- out.Err
-							return
-						}
+						pin.Release()
+						continue
 					}
-				}()
-			}
-			waitAll(t, &wg, errs)
+					s, _, err := serve(pc, ids)
+					if errors.Is(err, accounting.ErrBudgetExceeded) {
+						continue // live sequences hold the budget: a refusal is honest
+					}
+					if err != nil {
+						return err
+					}
+					if r.IntN(2) == 0 {
+						time.Sleep(time.Duration(r.IntN(200)) * time.Microsecond)
+					}
+					if out := s.Close(); !out.OK() {
+						return out.Err
+					}
+				}
+				return nil
+			})(t)
 			st := pc.Stats()
 			assert.LessOrEqual(t, st.CachedBytes, int64(100*fakeGranule))
 			assert.Zero(t, st.PinnedBytes)
