@@ -13,7 +13,6 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/backingtest"
-	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -451,45 +450,55 @@ func TestPrefixCacheFaultInjection(t *testing.T) {
 	}
 }
 
-// TestPrefixCacheCUDAFake serves prompts that share prefixes on the CUDA backing over
-// the fake driver: K/V reach the device through the driver's copies, cached prefixes
-// are driver handles mapped into many reservations, and eviction unmaps them.
-func TestPrefixCacheCUDAFake(t *testing.T) {
-	for _, layout := range layouts {
-		t.Run(layout.String(), func(t *testing.T) {
-			fake := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: 64 << 10, Memory: 256 << 20})
-			t.Cleanup(func() { assert.NoError(t, fake.CheckLeaks()) })
-			c, err := newCUDACache(t, fake.Driver(), layout, tiny8, 512)
-			require.NoError(t, err)
-			pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{MaxBytes: 4 << 20})
-			require.NoError(t, err)
-			defer func() { assert.NoError(t, pc.Close()) }()
-			r := rand.New(rand.NewPCG(5, uint64(layout)))
-			var made [][]int32
-			hits := 0
-			for range 30 {
-				ids := stream(r, made, 400)
-				for len(ids) < 200 {
-					ids = append(ids, int32(r.IntN(1000)))
+// TestPrefixCacheStreamOnEachBacking serves prompts that share prefixes on each
+// backing that shares, at 64 KiB granules, under a cap that makes it evict: on the
+// CUDA backing over the fake driver K/V reach the device through the driver's copies,
+// cached prefixes are driver handles mapped into many reservations, and eviction
+// unmaps them; host.Shared maps memfd granules, backingtest.Fake its own.
+func TestPrefixCacheStreamOnEachBacking(t *testing.T) {
+	for kind := range sharingBackings {
+		for _, layout := range layouts {
+			t.Run(sharingNames[kind]+"/"+layout.String(), func(t *testing.T) {
+				e, err := openEnv(t, envSpec{kind: kind, granule: 64 << 10, cfg: kv.Config{MaxTokens: 512, Layout: layout}})
+				if err != nil {
+					t.Skip(err)
 				}
-				s, m, err := serve(pc, ids)
-				require.NoError(t, err)
-				hits += m
-				if r.IntN(4) == 0 {
-					// A rollback into the cached tokens: the entry keeps its own
-					// mapping of them when s closes, rather than taking s's ranges.
-					require.NoError(t, s.Truncate(r.IntN(s.Len()+1)))
-				}
-				require.True(t, s.Close().OK())
-				made = append(made, ids)
-			}
-			st := pc.Stats()
-			assert.Equal(t, int64(hits), st.Hits)
-			assert.Positive(t, st.Hits)
-			assert.Positive(t, st.EvictedTokens, "the cap made it evict")
-			assert.LessOrEqual(t, st.CachedBytes, int64(4<<20))
-		})
+				prefixCacheStream(t, e.c, layout)
+			})
+		}
 	}
+}
+
+// prefixCacheStream serves 30 prompts on c that share prefixes, some of them rolled
+// back into their cached tokens, under a 4 MiB cap.
+func prefixCacheStream(t *testing.T, c *kv.Cache, layout kv.Layout) {
+	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{MaxBytes: 4 << 20})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, pc.Close()) }()
+	r := rand.New(rand.NewPCG(5, uint64(layout)))
+	var made [][]int32
+	hits := 0
+	for range 30 {
+		ids := stream(r, made, 400)
+		for len(ids) < 200 {
+			ids = append(ids, int32(r.IntN(1000)))
+		}
+		s, m, err := serve(pc, ids)
+		require.NoError(t, err)
+		hits += m
+		if r.IntN(4) == 0 {
+			// A rollback into the cached tokens: the entry keeps its own
+			// mapping of them when s closes, rather than taking s's ranges.
+			require.NoError(t, s.Truncate(r.IntN(s.Len()+1)))
+		}
+		require.True(t, s.Close().OK())
+		made = append(made, ids)
+	}
+	st := pc.Stats()
+	assert.Equal(t, int64(hits), st.Hits)
+	assert.Positive(t, st.Hits)
+	assert.Positive(t, st.EvictedTokens, "the cap made it evict")
+	assert.LessOrEqual(t, st.CachedBytes, int64(4<<20))
 }
 
 // TestPrefixCacheInsertFreezes: once inserted, a sequence's whole granules are shared
