@@ -22,6 +22,23 @@ import (
 	"github.com/vmarena/vmarena/kv"
 )
 
+// The tests' harness (this file and harness_test.go):
+//
+//   - openEnv(t, envSpec{...}) is the one constructor of a test's backing and cache:
+//     a backing of envSpec.kind with its ledger and governor, and a cache (env.c)
+//     unless noCache; env.cache makes more on the same backing. The test's cleanup
+//     closes them and checks the books; env.finish checks them sooner, env.books at
+//     any quiet moment, and env.onFail gives back what a failed test still holds.
+//   - Its thin forms: newEnv (a sharing backing by kind), newFixture and
+//     faultyFixture (backingtest.Fake; fx.cache), and on host.Shared of 64 KiB
+//     granules openHost, newHostCache, hostCacheOf, sharedPool and
+//     newHostPrefixCache; newCUDACache (a given driver) and newPrivateCache.
+//   - A scenario runs over backings by table: for kind := range sharingBackings,
+//     named sharingNames[kind], skipping where openEnv says the backing is not here.
+//   - Data: writeTokens and checkTokens (tryWrite, tryCheck) write and check each
+//     writer's pattern, over eachToken; writeOrRefuse checks Writable as it writes;
+//     promptIDs, prefilled and serve drive a prefix cache; goWorkers runs workers.
+
 // The backings a test cache can run on (envSpec.kind): the three that share come
 // first, so that a test runs a scenario on each with `for kind := range
 // sharingBackings`.
