@@ -33,7 +33,8 @@ import (
 //     faultyFixture (backingtest.Fake; fx.cache), and on host.Shared of 64 KiB
 //     granules openHost, newHostCache, hostCacheOf, sharedPool and
 //     newHostPrefixCache; newCUDACache (a given driver) and newPrivateCache.
-//   - A scenario runs over backings by table: for kind := range sharingBackings,
+//   - A scenario runs over backings by table: onEachSharing runs it on a fresh env
+//     of each sharing backing and layout; or for kind := range sharingBackings,
 //     named sharingNames[kind], skipping where openEnv says the backing is not here.
 //   - Data: writeTokens and checkTokens (tryWrite, tryCheck) write and check each
 //     writer's pattern, over eachToken; writeOrRefuse checks Writable as it writes;
@@ -108,6 +109,7 @@ type envSpec struct {
 // env is a cache on one backing, with what tests look at.
 type env struct {
 	name   string
+	kind   int                   // envSpec.kind
 	c      *kv.Cache             // nil with envSpec.noCache
 	gov    *accounting.Governor  // nil with a given envSpec.auth
 	auth   *accounting.Authority // the ledger
@@ -138,6 +140,25 @@ func (e *env) onFail(f func()) { e.undo = append(e.undo, f) }
 
 var envSeq atomic.Int64
 
+// onEachSharing runs run on a fresh env of sp on each backing that shares, in each
+// layout (sp's kind and cfg.Layout set so, subtests named backing/layout), skipping
+// a backing this system lacks: the way a scenario runs over backings by table.
+func onEachSharing(t *testing.T, sp envSpec, run func(t *testing.T, e *env)) {
+	for kind := range sharingBackings {
+		for _, layout := range layouts {
+			t.Run(sharingNames[kind]+"/"+layout.String(), func(t *testing.T) {
+				sp := sp
+				sp.kind, sp.cfg.Layout = kind, layout
+				e, err := openEnv(t, sp)
+				if err != nil {
+					t.Skip(err)
+				}
+				run(t, e)
+			})
+		}
+	}
+}
+
 // newEnv returns a cache of tiny8 tokens on backing kind (one of onShared, onCUDA,
 // onFake) in layout with blocks of blockTokens (Config.BlockTokens), under a governor
 // limit of limit bytes (0: none), wrapped in a backingtest.Faulty when faulty: openEnv
@@ -157,7 +178,7 @@ func newEnv(t testing.TB, kind int, layout kv.Layout, blockTokens, maxTokens int
 // registered later: a test may call finish itself to check the books sooner.
 func openEnv(t testing.TB, sp envSpec) (*env, error) {
 	t.Helper()
-	e := &env{name: backingNames[sp.kind], auth: sp.auth, quiet: func() {}, leaks: func() error { return nil }, closeBacking: func() error { return nil }}
+	e := &env{name: backingNames[sp.kind], kind: sp.kind, auth: sp.auth, quiet: func() {}, leaks: func() error { return nil }, closeBacking: func() error { return nil }}
 	dev := accounting.HostKey
 	if sp.kind == onCUDA {
 		dev = accounting.GPU(0)

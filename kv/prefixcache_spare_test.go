@@ -3,7 +3,6 @@ package kv_test
 import (
 	"errors"
 	"math/rand/v2"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -246,8 +245,7 @@ func TestPrefixCacheConcurrentForks(t *testing.T) {
 		t.Run(layout.String(), func(t *testing.T) {
 			const limit = 160 * fakeGranule
 			fx, c, pc := newPrefixCache(t, limit, layout, 128, kv.PrefixCacheOptions{})
-			var mu sync.Mutex
-			var made [][]int32
+			var ps sharedStream
 			goWorkers(6, func(w int) (err error) {
 				type kept struct {
 					f   *kv.Sequence
@@ -268,10 +266,7 @@ func TestPrefixCacheConcurrentForks(t *testing.T) {
 				}()
 				r := rand.New(rand.NewPCG(uint64(w), 29))
 				for range 50 {
-					mu.Lock()
-					ids := stream(r, made, 100)
-					made = append(made, ids)
-					mu.Unlock()
+					ids := ps.next(r, 100)
 					if len(forks) > 1 || len(forks) > 0 && r.IntN(3) == 0 {
 						k := forks[0]
 						forks = forks[1:]

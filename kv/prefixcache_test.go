@@ -99,6 +99,22 @@ func stream(r *rand.Rand, made [][]int32, maxLen int) []int32 {
 	return out[:min(len(out), maxLen)]
 }
 
+// sharedStream is the prompts of workers that serve one prefix cache: each next
+// prompt may share a prefix with any worker's earlier one.
+type sharedStream struct {
+	mu   sync.Mutex
+	made [][]int32
+}
+
+// next returns stream's next prompt of up to maxLen IDs, and keeps it.
+func (p *sharedStream) next(r *rand.Rand, maxLen int) []int32 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ids := stream(r, p.made, maxLen)
+	p.made = append(p.made, ids)
+	return ids
+}
+
 func commonLen(a, b []int32) int {
 	n := 0
 	for n < len(a) && n < len(b) && a[n] == b[n] {
@@ -343,15 +359,11 @@ func TestPrefixCacheConcurrent(t *testing.T) {
 		t.Run(layout.String(), func(t *testing.T) {
 			const limit = 160 * fakeGranule
 			fx, c, pc := newPrefixCache(t, limit, layout, 128, kv.PrefixCacheOptions{MaxBytes: 100 * fakeGranule})
-			var mu sync.Mutex
-			var made [][]int32
+			var ps sharedStream
 			goWorkers(8, func(w int) error {
 				r := rand.New(rand.NewPCG(uint64(w), 11))
 				for range 60 {
-					mu.Lock()
-					ids := stream(r, made, 100)
-					made = append(made, ids)
-					mu.Unlock()
+					ids := ps.next(r, 100)
 					switch r.IntN(8) {
 					case 0:
 						pin, err := pc.Pin(ids)
@@ -456,17 +468,9 @@ func TestPrefixCacheFaultInjection(t *testing.T) {
 // cached prefixes are driver handles mapped into many reservations, and eviction
 // unmaps them; host.Shared maps memfd granules, backingtest.Fake its own.
 func TestPrefixCacheStreamOnEachBacking(t *testing.T) {
-	for kind := range sharingBackings {
-		for _, layout := range layouts {
-			t.Run(sharingNames[kind]+"/"+layout.String(), func(t *testing.T) {
-				e, err := openEnv(t, envSpec{kind: kind, granule: 64 << 10, cfg: kv.Config{MaxTokens: 512, Layout: layout}})
-				if err != nil {
-					t.Skip(err)
-				}
-				prefixCacheStream(t, e.c, layout)
-			})
-		}
-	}
+	onEachSharing(t, envSpec{granule: 64 << 10, cfg: kv.Config{MaxTokens: 512}}, func(t *testing.T, e *env) {
+		prefixCacheStream(t, e.c, e.c.Config().Layout)
+	})
 }
 
 // prefixCacheStream serves 30 prompts on c that share prefixes, some of them rolled

@@ -17,30 +17,22 @@ import (
 // A host sequence's own PerLayer tail is writable through its slice; device memory
 // is never handed out as a slice, only as a Base.
 func TestShareForkTruncateOnEachBacking(t *testing.T) {
-	for kind := range sharingBackings {
-		for _, layout := range layouts {
-			t.Run(sharingNames[kind]+"/"+layout.String(), func(t *testing.T) {
-				e, err := openEnv(t, envSpec{kind: kind, granule: 64 << 10, cfg: kv.Config{MaxTokens: 512, Layout: layout}})
-				if err != nil {
-					t.Skip(err)
-				}
-				shareForkTruncate(t, e.c)
-				s, err := e.c.NewSequence()
-				require.NoError(t, err)
-				assert.NotZero(t, s.Base(0, kv.K), "a new sequence's range is reserved")
-				require.NoError(t, s.Append(3))
-				k, err := s.Bytes(0, kv.K)
-				switch {
-				case layout != kv.PerLayer:
-					assert.ErrorIs(t, err, kv.ErrLayout, "only PerLayer tensors are contiguous")
-				case kind == onShared:
-					require.NoError(t, err)
-					k[len(k)-1] = 0xff
-				default:
-					assert.ErrorIs(t, err, kv.ErrLayout, "device memory is never handed out as a slice")
-				}
-				assert.True(t, s.Close().OK())
-			})
+	onEachSharing(t, envSpec{granule: 64 << 10, cfg: kv.Config{MaxTokens: 512}}, func(t *testing.T, e *env) {
+		shareForkTruncate(t, e.c)
+		s, err := e.c.NewSequence()
+		require.NoError(t, err)
+		assert.NotZero(t, s.Base(0, kv.K), "a new sequence's range is reserved")
+		require.NoError(t, s.Append(3))
+		k, err := s.Bytes(0, kv.K)
+		switch {
+		case e.c.Config().Layout != kv.PerLayer:
+			assert.ErrorIs(t, err, kv.ErrLayout, "only PerLayer tensors are contiguous")
+		case e.kind == onShared:
+			require.NoError(t, err)
+			k[len(k)-1] = 0xff
+		default:
+			assert.ErrorIs(t, err, kv.ErrLayout, "device memory is never handed out as a slice")
 		}
-	}
+		assert.True(t, s.Close().OK())
+	})
 }
