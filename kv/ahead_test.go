@@ -171,10 +171,8 @@ func TestMapAheadWithoutPool(t *testing.T) {
 // for it (a populate of 2 MiB on host, a cuMemCreate on CUDA).
 func TestMapAheadStepTakesIdleWithoutWaiting(t *testing.T) {
 	granule := int(blockGranule)
-	gov := accounting.NewGovernor()
-	dev := accounting.GPU(0)
-	require.NoError(t, gov.SetLimit(dev, 3*blockGranule))
 	f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: granule, Memory: 1 << 30})
+	t.Cleanup(func() { assert.NoError(t, f.CheckLeaks()) }) // NB: after the env's cleanup, which closes the backing
 	drv := f.Driver()
 	var gate chan struct{} // when set, cuMemCreate waits for it to close
 	var gateMu sync.Mutex
@@ -190,10 +188,10 @@ func TestMapAheadStepTakesIdleWithoutWaiting(t *testing.T) {
 		}
 		return create(handle, size, prop, flags)
 	}
-	b, err := cuda.New(cuda.Options{Authority: gov.Authority("cuda", dev), Driver: drv, High: 16})
+	e, err := openEnv(t, envSpec{kind: onCUDA, granule: granule, limit: 3 * blockGranule, cuda: cuda.Options{Driver: drv, High: 16},
+		cfg: kv.Config{Geometry: oneBlock, MaxTokens: 64, Layout: kv.Blocked, BlockTokens: 16, MapAhead: true}})
 	require.NoError(t, err)
-	c, err := kv.New(b, kv.Config{Geometry: oneBlock, MaxTokens: 64, Layout: kv.Blocked, BlockTokens: 16, MapAhead: true})
-	require.NoError(t, err)
+	c, gov, dev, b := e.c, e.gov, e.auth.Device(), e.pool
 	open := true
 	release := func() {
 		gateMu.Lock()
@@ -203,12 +201,7 @@ func TestMapAheadStepTakesIdleWithoutWaiting(t *testing.T) {
 		}
 		gateMu.Unlock()
 	}
-	t.Cleanup(func() {
-		release()
-		assert.NoError(t, c.Close())
-		assert.NoError(t, b.Close())
-		assert.NoError(t, f.CheckLeaks())
-	})
+	t.Cleanup(release) // NB: before the env's cleanup closes the cache
 
 	s1, err := c.NewSequence()
 	require.NoError(t, err)

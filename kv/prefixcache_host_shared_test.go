@@ -20,17 +20,10 @@ import (
 // frozen prefix's too (read-only in the sequence on host.Shared, so the copy faulted),
 // and the prefix's tokens there are not the entry's.
 func TestPrefixCacheCloseKeepsSharedTail(t *testing.T) {
-	gov := accounting.NewGovernor()
-	auth := gov.Authority("pool", accounting.HostKey)
-	b := sharedPool(t, auth, "kv-pc-adopt-tail")
-	c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: 256})
-	require.NoError(t, err)
+	c := openHost(t, envSpec{name: "kv-pc-adopt-tail", cfg: kv.Config{MaxTokens: 256}}).c
 	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
 	require.NoError(t, err)
-	t.Cleanup(func() {
-		assert.NoError(t, pc.Close())
-		assert.NoError(t, c.Close())
-	})
+	t.Cleanup(func() { assert.NoError(t, pc.Close()) })
 	const n = 10
 	ids := promptIDs(0, n+1)
 	s, err := c.NewSequence()
