@@ -7,7 +7,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
-	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -256,16 +255,15 @@ func TestPrefixCacheEvict(t *testing.T) {
 	assert.ErrorIs(t, err, kv.ErrClosed)
 }
 
-// newPrivateCache returns a cache on a backingtest.Fake charged by buffer: it can
-// not share.
+// newPrivateCache returns a cache on host.Private (openEnv), which charges by buffer:
+// it can not share.
 func newPrivateCache(t *testing.T) *kv.Cache {
 	t.Helper()
-	gov := accounting.NewGovernor()
-	f := backingtest.NewFake(backingtest.FakeOptions{Granularity: fakeGranule})
-	c, err := kv.New(f, kv.Config{Geometry: tiny8, MaxTokens: 64, Authority: gov.Authority("kv", accounting.HostKey)})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, c.Close()) })
-	return c
+	e, err := openEnv(t, envSpec{kind: onPrivate, cfg: kv.Config{MaxTokens: 64}})
+	if err != nil {
+		t.Skip(err)
+	}
+	return e.c
 }
 
 // TestDeviceAndPool: the cache says where its memory is and which pool holds it.

@@ -1,10 +1,7 @@
 package kv_test
 
 import (
-	"errors"
-	"fmt"
 	"math/rand/v2"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -31,14 +28,13 @@ type aheadEnv struct {
 
 func openAhead(t *testing.T, name string, ahead bool, limit int64, maxTokens int) aheadEnv {
 	t.Helper()
-	granule := int(blockGranule)
-	e := aheadEnv{gov: accounting.NewGovernor()}
-	cfg := kv.Config{Geometry: oneBlock, MaxTokens: maxTokens, Layout: kv.Blocked, BlockTokens: 16, MapAhead: ahead}
-	var closeBacking func() error
-	switch name {
-	case "cuda":
-		e.dev = accounting.GPU(0)
-		f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: granule, Memory: 1 << 30})
+	sp := envSpec{kind: onShared, cfg: kv.Config{Geometry: oneBlock, MaxTokens: maxTokens, Layout: kv.Blocked, BlockTokens: 16, MapAhead: ahead},
+		granule: int(blockGranule), limit: limit, cuda: cuda.Options{High: 16},
+		shared: host.SharedOptions{High: 16, Populate: true, NoPrivateGranules: name == "host.Shared/NoPrivateGranules"}}
+	if name == "cuda" {
+		sp.kind = onCUDA
+		f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: sp.granule, Memory: 1 << 30})
+		t.Cleanup(func() { assert.NoError(t, f.CheckLeaks()) }) // NB: after the env's cleanup, which closes the backing
 		drv := f.Driver()
 		if ahead {
 			// A slow cuMemCreate: the worker's granule is charged long before it
@@ -50,32 +46,13 @@ func openAhead(t *testing.T, name string, ahead bool, limit int64, maxTokens int
 				return create(handle, size, prop, flags)
 			}
 		}
-		b, err := cuda.New(cuda.Options{Authority: e.gov.Authority("cuda", e.dev), Driver: drv, High: 16})
-		require.NoError(t, err)
-		e.pool, closeBacking = b, b.Close
-		e.c, err = kv.New(b, cfg)
-		require.NoError(t, err)
-		t.Cleanup(func() { assert.NoError(t, f.CheckLeaks()) })
-	default:
-		e.dev = accounting.HostKey
-		opts := host.SharedOptions{Granularity: granule, Authority: e.gov.Authority("shared", e.dev), High: 16, Populate: true,
-			NoPrivateGranules: name == "host.Shared/NoPrivateGranules", Name: fmt.Sprintf("vmkv-ahead-%d-%d", os.Getpid(), envSeq.Add(1))}
-		b, err := host.NewShared(opts)
-		if errors.Is(err, errors.ErrUnsupported) {
-			t.Skip("host.Shared needs Linux or Windows")
-		}
-		require.NoError(t, err)
-		e.pool, closeBacking = b, b.Close
-		e.c, err = kv.New(b, cfg)
-		require.NoError(t, err)
+		sp.cuda.Driver = drv
 	}
-	if limit > 0 {
-		require.NoError(t, e.gov.SetLimit(e.dev, limit))
+	e, err := openEnv(t, sp)
+	if err != nil {
+		t.Skipf("%s: %v", name, err)
 	}
-	// NB: Cleanup runs last in, first out: the cache closes before its backing.
-	t.Cleanup(func() { assert.NoError(t, closeBacking()) })
-	t.Cleanup(func() { assert.NoError(t, e.c.Close()) })
-	return e
+	return aheadEnv{c: e.c, pool: e.pool, gov: e.gov, dev: e.auth.Device()}
 }
 
 var aheadBackings = []string{"host.Shared", "host.Shared/NoPrivateGranules", "cuda"}
@@ -173,23 +150,18 @@ func TestMapAheadOff(t *testing.T) {
 // TestMapAheadWithoutPool: on a backing without a pool MapAhead is ignored: the
 // cache grows as without it and starts no goroutine (TestMain's leak check).
 func TestMapAheadWithoutPool(t *testing.T) {
-	gov := accounting.NewGovernor()
-	require.NoError(t, gov.SetLimit(accounting.HostKey, 2*blockGranule))
-	b, err := host.NewPrivate(host.PrivateOptions{Granularity: int(blockGranule)})
-	if errors.Is(err, errors.ErrUnsupported) {
+	e, err := openEnv(t, envSpec{kind: onPrivate, granule: int(blockGranule), limit: 2 * blockGranule,
+		cfg: kv.Config{Geometry: oneBlock, MaxTokens: 64, Layout: kv.Blocked, BlockTokens: 16, MapAhead: true}})
+	if err != nil {
 		t.Skip(err)
 	}
-	require.NoError(t, err)
-	c, err := kv.New(b, kv.Config{Geometry: oneBlock, MaxTokens: 64, Layout: kv.Blocked, BlockTokens: 16, MapAhead: true,
-		Authority: gov.Authority("private", accounting.HostKey)})
-	require.NoError(t, err)
-	s, err := c.NewSequence()
+	s, err := e.c.NewSequence()
 	require.NoError(t, err)
 	require.NoError(t, s.Append(32))
 	assert.ErrorIs(t, s.Append(1), accounting.ErrBudgetExceeded, "nothing made ahead holds the budget")
-	assert.Equal(t, 2*blockGranule, gov.Stats(accounting.HostKey).Used)
+	assert.Equal(t, 2*blockGranule, e.gov.Stats(accounting.HostKey).Used)
 	assert.True(t, s.Close().OK())
-	require.NoError(t, c.Close())
+	e.finish(t)
 }
 
 // TestMapAheadStepTakesIdleWithoutWaiting: a step whose granules wait idle and
@@ -199,10 +171,8 @@ func TestMapAheadWithoutPool(t *testing.T) {
 // for it (a populate of 2 MiB on host, a cuMemCreate on CUDA).
 func TestMapAheadStepTakesIdleWithoutWaiting(t *testing.T) {
 	granule := int(blockGranule)
-	gov := accounting.NewGovernor()
-	dev := accounting.GPU(0)
-	require.NoError(t, gov.SetLimit(dev, 3*blockGranule))
 	f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: granule, Memory: 1 << 30})
+	t.Cleanup(func() { assert.NoError(t, f.CheckLeaks()) }) // NB: after the env's cleanup, which closes the backing
 	drv := f.Driver()
 	var gate chan struct{} // when set, cuMemCreate waits for it to close
 	var gateMu sync.Mutex
@@ -218,10 +188,10 @@ func TestMapAheadStepTakesIdleWithoutWaiting(t *testing.T) {
 		}
 		return create(handle, size, prop, flags)
 	}
-	b, err := cuda.New(cuda.Options{Authority: gov.Authority("cuda", dev), Driver: drv, High: 16})
+	e, err := openEnv(t, envSpec{kind: onCUDA, granule: granule, limit: 3 * blockGranule, cuda: cuda.Options{Driver: drv, High: 16},
+		cfg: kv.Config{Geometry: oneBlock, MaxTokens: 64, Layout: kv.Blocked, BlockTokens: 16, MapAhead: true}})
 	require.NoError(t, err)
-	c, err := kv.New(b, kv.Config{Geometry: oneBlock, MaxTokens: 64, Layout: kv.Blocked, BlockTokens: 16, MapAhead: true})
-	require.NoError(t, err)
+	c, gov, dev, b := e.c, e.gov, e.auth.Device(), e.pool
 	open := true
 	release := func() {
 		gateMu.Lock()
@@ -231,12 +201,7 @@ func TestMapAheadStepTakesIdleWithoutWaiting(t *testing.T) {
 		}
 		gateMu.Unlock()
 	}
-	t.Cleanup(func() {
-		release()
-		assert.NoError(t, c.Close())
-		assert.NoError(t, b.Close())
-		assert.NoError(t, f.CheckLeaks())
-	})
+	t.Cleanup(release) // NB: before the env's cleanup closes the cache
 
 	s1, err := c.NewSequence()
 	require.NoError(t, err)

@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
@@ -27,9 +26,8 @@ func (f trimFailing[R]) Trim(int) (int64, error) { return 0, f.err }
 // took says so next to the step's own error; the sequences are as before and whole,
 // and the granules wait idle in the pool for a Trim that works.
 func TestAppendBatchRollbackTrimFails(t *testing.T) {
-	gov := accounting.NewGovernor()
-	pool := gov.Authority("pool", accounting.HostKey)
-	b := sharedPool(t, pool, "kv-rollback-trim")
+	e := openHost(t, envSpec{noCache: true, name: "kv-rollback-trim"})
+	b, pool := e.shared, e.auth
 	faulty := backingtest.NewFaulty[*host.SharedReservation](b)
 	errTrim := errors.New("trim refused")
 	c, err := kv.New(trimFailing[*host.SharedReservation]{faulty, errTrim}, kv.Config{Geometry: tiny8, MaxTokens: 1024})

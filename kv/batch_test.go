@@ -105,8 +105,7 @@ func TestAppendBatchAllOrNothing(t *testing.T) {
 func TestAppendBatchFaultInjection(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			fx := newFixture(t, 1<<30)
-			faulty := backingtest.NewFaulty[*backingtest.FakeReservation](fx.fake)
+			fx, faulty := faultyFixture(t)
 			c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 256, Layout: layout})
 			require.NoError(t, err)
 			defer func() { assert.NoError(t, c.Close()) }()
@@ -412,8 +411,7 @@ func TestFailedUndoIsReported(t *testing.T) {
 	}
 	for _, op := range ops {
 		t.Run(op.name, func(t *testing.T) {
-			fx := newFixture(t, 1<<30)
-			faulty := backingtest.NewFaulty[*backingtest.FakeReservation](fx.fake)
+			_, faulty := faultyFixture(t)
 			c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 64, Layout: kv.PerLayer})
 			require.NoError(t, err)
 			s, err := c.NewSequence()

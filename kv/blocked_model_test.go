@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -27,6 +28,12 @@ type bseq struct {
 	ids    []int32
 	frozen int
 	from   *bprefix
+}
+
+// head returns copies of the model of s's first n tokens: their writers and the
+// token IDs they stand for.
+func (s *bseq) head(n int) ([]uint64, []int32) {
+	return slices.Clone(s.toks[:n]), slices.Clone(s.ids[:min(len(s.ids), n)])
 }
 
 type bprefix struct {
@@ -224,8 +231,8 @@ func (m *blockedModel) run(op int) {
 			return
 		}
 		s.frozen = max(s.frozen, m.shareable(n))
-		m.seqs = append(m.seqs, &bseq{s: ks, toks: append([]uint64(nil), s.toks[:n]...),
-			ids: append([]int32(nil), s.ids[:min(len(s.ids), n)]...), frozen: m.shareable(n)})
+		toks, ids := s.head(n)
+		m.seqs = append(m.seqs, &bseq{s: ks, toks: toks, ids: ids, frozen: m.shareable(n)})
 	case op == 5 && s != nil:
 		n := m.r.IntN(len(s.toks) + 1)
 		m.step = fmt.Sprintf("seq %d: Freeze(%d) of %d", s.s.ID(), n, len(s.toks))
@@ -234,8 +241,8 @@ func (m *blockedModel) run(op int) {
 			return
 		}
 		s.frozen = max(s.frozen, m.shareable(n))
-		m.prefixes = append(m.prefixes, &bprefix{p: kp, toks: append([]uint64(nil), s.toks[:n]...),
-			ids: append([]int32(nil), s.ids[:min(len(s.ids), n)]...)})
+		toks, ids := s.head(n)
+		m.prefixes = append(m.prefixes, &bprefix{p: kp, toks: toks, ids: ids})
 	case op == 6 && len(m.prefixes) > 0 && len(m.seqs) < 6:
 		p := m.prefixes[m.r.IntN(len(m.prefixes))]
 		if p.released {
@@ -360,23 +367,8 @@ func (m *blockedModel) write(s *bseq, from, to int) {
 // writeAs writes token tok of every tensor of s as writer w: refused whole below the
 // model's Writable, done at or past it.
 func (m *blockedModel) writeAs(s *bseq, tok int, w uint64) {
-	t := m.t
-	g := tiny8
-	buf := make([]byte, g.TokenBytes())
 	refuse := tok < m.writable(s.frozen)
-	for layer := range g.Layers {
-		for _, kind := range kv.KindsOf(g) {
-			for i := range buf {
-				buf[i] = pattern(w, layer, kind, tok, i)
-			}
-			err := s.s.WriteToken(layer, kind, tok, buf)
-			if refuse {
-				require.ErrorIs(t, err, kv.ErrReadOnly, "%s: token %d layer %d %v", m.step, tok, layer, kind)
-			} else {
-				require.NoError(t, err, "%s: token %d layer %d %v", m.step, tok, layer, kind)
-			}
-		}
-	}
+	writeOrRefuse(m.t, s.s, tok, w, refuse, m.step)
 	if !refuse {
 		s.toks[tok] = w
 	}
@@ -428,12 +420,7 @@ func (m *blockedModel) forget(p *bprefix) {
 	if !p.released || p.users > 0 {
 		return
 	}
-	for i, q := range m.prefixes {
-		if q == p {
-			m.prefixes = append(m.prefixes[:i], m.prefixes[i+1:]...)
-			return
-		}
-	}
+	m.prefixes = slices.DeleteFunc(m.prefixes, func(q *bprefix) bool { return q == p })
 }
 
 // check compares every live sequence with the model.

@@ -17,45 +17,15 @@ import (
 	"github.com/vmarena/vmarena/kv"
 )
 
-// newCUDACache returns a cache on GPU 0 of drv; the granule is the driver's.
-// It returns cuda.New's error, so a test can skip where there is no usable GPU.
+// newCUDACache returns a cache on GPU 0 of drv (openEnv); the granule is the driver's.
+// It returns cuda.New's error where drv has no usable GPU, so a test can skip.
 func newCUDACache(t *testing.T, drv *cuda.Driver, layout kv.Layout, g kv.Geometry, maxTokens int) (*kv.Cache, error) {
 	t.Helper()
-	gov := accounting.NewGovernor()
-	pool := gov.Authority("kv", accounting.GPU(0))
-	b, err := cuda.New(cuda.Options{Authority: pool, Driver: drv})
+	e, err := openEnv(t, envSpec{kind: onCUDA, cfg: kv.Config{Geometry: g, MaxTokens: maxTokens, Layout: layout}, cuda: cuda.Options{Driver: drv}})
 	if err != nil {
 		return nil, err
 	}
-	c, err := kv.New(b, kv.Config{Geometry: g, MaxTokens: maxTokens, Layout: layout})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		assert.NoError(t, c.Close())
-		assert.NoError(t, b.Close())
-		ledgerBalances(t, pool)
-	})
-	return c, nil
-}
-
-// TestCUDAFakeDriver runs the cache on the CUDA backing over the fake driver, which
-// enforces the driver's VMM rules: K/V are written and read through the driver's
-// copies, prefixes map one handle into many reservations.
-func TestCUDAFakeDriver(t *testing.T) {
-	for _, layout := range layouts {
-		t.Run(layout.String(), func(t *testing.T) {
-			fake := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: 64 << 10, Memory: 256 << 20})
-			t.Cleanup(func() { assert.NoError(t, fake.CheckLeaks()) })
-			c, err := newCUDACache(t, fake.Driver(), layout, tiny8, 512)
-			require.NoError(t, err)
-			shareForkTruncate(t, c)
-			s, err := c.NewSequence()
-			require.NoError(t, err)
-			_, err = s.Bytes(0, kv.K)
-			assert.ErrorIs(t, err, kv.ErrLayout, "device memory is never handed out as a slice")
-			assert.NotZero(t, s.Base(0, kv.K))
-			assert.True(t, s.Close().OK())
-		})
-	}
+	return e.c, nil
 }
 
 // TestGPUCache runs the same checks on a real GPU, with Llama-3-8B's token size and the
@@ -106,20 +76,9 @@ func llamaShareForkTruncate(t *testing.T, drv *cuda.Driver, layout kv.Layout) {
 // takes them.
 func TestCUDAWaitWokenByIdleHandles(t *testing.T) {
 	const g = 64 << 10 // 128 tiny8 tokens per tensor
-	fake := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: g, Memory: 256 << 20})
-	t.Cleanup(func() { assert.NoError(t, fake.CheckLeaks()) })
-	gov := accounting.NewGovernor()
-	require.NoError(t, gov.SetLimit(accounting.GPU(0), 12*g))
-	pool := gov.Authority("kv", accounting.GPU(0))
-	b, err := cuda.New(cuda.Options{Authority: pool, Driver: fake.Driver()})
+	e, err := openEnv(t, envSpec{kind: onCUDA, granule: g, limit: 12 * g, cfg: kv.Config{MaxTokens: 512, Layout: kv.PerLayer}})
 	require.NoError(t, err)
-	c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: 512, Layout: kv.PerLayer})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		assert.NoError(t, c.Close())
-		assert.NoError(t, b.Close())
-		ledgerBalances(t, pool)
-	})
+	c, gov, pool := e.c, e.gov, e.auth
 	a, err := c.NewSequence()
 	require.NoError(t, err)
 	require.NoError(t, a.Append(129)) // 12 granules: the whole budget

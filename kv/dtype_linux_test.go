@@ -13,14 +13,12 @@ import (
 	"github.com/vmarena/vmarena/kv"
 )
 
-// hostCacheOf returns a cache of cfg on a fresh memfd pool charged to the returned
-// authority, whose ledger the test's cleanup checks; the caller closes the cache.
+// hostCacheOf returns a cache of cfg on a fresh memfd pool (openHost) and the ledger
+// it charges; the test's cleanup closes it and checks the ledger.
 func hostCacheOf(t *testing.T, name string, cfg kv.Config) (*kv.Cache, *accounting.Authority) {
 	t.Helper()
-	pool := accounting.NewGovernor().Authority("pool", accounting.HostKey)
-	c, err := kv.New(sharedPool(t, pool, name), cfg)
-	require.NoError(t, err)
-	return c, pool
+	e := openHost(t, envSpec{cfg: cfg, name: name})
+	return e.c, e.auth
 }
 
 // TestQ8_0TokensThroughViews quantizes every head of every token into a Q8_0 cache
@@ -32,7 +30,6 @@ func TestQ8_0TokensThroughViews(t *testing.T) {
 	for _, layout := range []kv.Layout{kv.PerLayer} {
 		t.Run(layout.String(), func(t *testing.T) {
 			c, _ := hostCacheOf(t, "kv-q8-test", kv.Config{Geometry: g, MaxTokens: 512, Layout: layout})
-			t.Cleanup(func() { assert.NoError(t, c.Close()) })
 			s, err := c.NewSequence()
 			require.NoError(t, err)
 			const n = 120
@@ -102,7 +99,6 @@ func TestQ8_0TokensThroughViews(t *testing.T) {
 func TestFP8TokensThroughViews(t *testing.T) {
 	g := fp8Tiny
 	c, _ := hostCacheOf(t, "kv-fp8-test", kv.Config{Geometry: g, MaxTokens: 512})
-	t.Cleanup(func() { assert.NoError(t, c.Close()) })
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	const n = 100
@@ -153,6 +149,5 @@ func TestScalesOnHost(t *testing.T) {
 	flat, err := v.Slice()
 	require.NoError(t, err)
 	assert.Equal(t, float32(0.5), flat[(2*2+1)*4+1], "row-major [layer][K, V][head]")
-	assert.Equal(t, int64(64<<10), pool.Stats().Owned)
-	require.NoError(t, c.Close())
+	assert.Equal(t, int64(64<<10), pool.Stats().Owned) // the cleanup closes c and checks the ledger
 }

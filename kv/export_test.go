@@ -3,3 +3,42 @@ package kv
 // KindsOf returns the tensors each layer of g has, in order, for tests that walk every
 // tensor of a sequence without assuming a K and a V per layer.
 func KindsOf(g Geometry) []Kind { return g.kinds() }
+
+// Shape is the layout's arithmetic (layout.go) for the tests' own model of it to
+// check directly, function by function.
+type Shape struct{ sh shape }
+
+// NewShape is newShape.
+func NewShape(g Geometry, layout Layout, granule, blockTokens, maxTokens int) (Shape, error) {
+	sh, err := newShape(g, layout, granule, blockTokens, maxTokens)
+	return Shape{sh}, err
+}
+
+// The fields of the shape: ranges per sequence, bytes from one token to the next, a
+// block's tokens and bytes (0 outside Blocked), a sharing unit's bytes, and the bytes
+// reserved per range.
+func (s Shape) Ranges() int         { return s.sh.nbuf }
+func (s Shape) Row() int            { return s.sh.row }
+func (s Shape) TokensPerBlock() int { return s.sh.tpb }
+func (s Shape) BlockBytes() int     { return s.sh.blk }
+func (s Shape) Unit() int           { return s.sh.unit }
+func (s Shape) Capacity() int       { return s.sh.capac }
+
+// Tensors is len(places); Place(i) is places[i] as (range, offset).
+func (s Shape) Tensors() int               { return len(s.sh.places) }
+func (s Shape) Place(i int) (buf, off int) { p := s.sh.places[i]; return p.buf, p.off }
+
+// The pure functions of the shape, each under its exported name.
+func (s Shape) Extent(n int) int                       { return s.sh.extent(n) }
+func (s Shape) UnitsFor(n int) int                     { return s.sh.unitsFor(n) }
+func (s Shape) FullUnits(n int) int                    { return s.sh.fullUnits(n) }
+func (s Shape) Shareable(n int) int                    { return s.sh.shareable(n) }
+func (s Shape) TokensWithin(b int) int                 { return s.sh.tokensWithin(b) }
+func (s Shape) TokensIn(k int) int                     { return s.sh.tokensIn(k) }
+func (s Shape) WritableFrom(frozen int) int            { return s.sh.writableFrom(frozen) }
+func (s Shape) Offset(off, t int) int                  { return s.sh.offset(off, t) }
+func (s Shape) TokenAt(off, t, frozen int) (int, bool) { return s.sh.tokenAt(off, t, frozen) }
+func (s Shape) Run(t int) int                          { return s.sh.run(t) }
+func (s Shape) Tensor(layer int, kind Kind) (buf, off int, ok bool) {
+	return s.sh.tensor(layer, kind)
+}

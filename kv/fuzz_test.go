@@ -3,6 +3,7 @@ package kv_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -205,26 +206,11 @@ func (m *cacheModel) run(op, arg int) {
 // write writes tokens [from, to) of s as a new writer. A token below Writable must be
 // refused whole, in every layer and kind, and keep its contents.
 func (m *cacheModel) write(s *mseq, from, to int) {
-	t := m.t
-	g := tiny8
-	buf := make([]byte, g.TokenBytes())
 	for tok := from; tok < to; tok++ {
 		m.writer++
 		w := m.writer
 		refuse := tok < s.s.Writable()
-		for layer := range g.Layers {
-			for _, kind := range kv.KindsOf(g) {
-				for i := range buf {
-					buf[i] = pattern(w, layer, kind, tok, i)
-				}
-				err := s.s.WriteToken(layer, kind, tok, buf)
-				if refuse {
-					require.ErrorIs(t, err, kv.ErrReadOnly, "token %d below Writable %d, layer %d %v", tok, s.s.Writable(), layer, kind)
-				} else {
-					require.NoError(t, err, "token %d, Writable %d, layer %d %v", tok, s.s.Writable(), layer, kind)
-				}
-			}
-		}
+		writeOrRefuse(m.t, s.s, tok, w, refuse, fmt.Sprintf("Writable %d", s.s.Writable()))
 		if !refuse {
 			s.toks[tok] = w
 		}
@@ -278,12 +264,7 @@ func (m *cacheModel) forget(p *mprefix) {
 	if p.live() {
 		return
 	}
-	for i, q := range m.prefixes {
-		if q == p {
-			m.prefixes = append(m.prefixes[:i], m.prefixes[i+1:]...)
-			return
-		}
-	}
+	m.prefixes = slices.DeleteFunc(m.prefixes, func(q *mprefix) bool { return q == p })
 }
 
 // closeAll closes every sequence and releases every prefix, checking as it goes.

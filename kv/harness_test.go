@@ -20,33 +20,23 @@ var tiny8 = kv.Geometry{Name: "tiny8", Layers: 3, KVHeads: 4, HeadDim: 64, DType
 
 const fakeGranule = 4 << 10
 
+// fixture is a backingtest.Fake of fakeGranule granules under a governor limit: an
+// env without a cache of its own, for tests that make caches of their own configs on
+// it (fx.cache, env.cache, or kv.New on fx.fake).
 type fixture struct {
+	env  *env
 	gov  *accounting.Governor
-	pool *accounting.Authority
+	pool *accounting.Authority // the Fake's ledger
 	fake *backingtest.Fake
 }
 
+// newFixture returns a fixture under limit bytes, whose books the test's cleanup
+// checks (openEnv).
 func newFixture(t *testing.T, limit int64) *fixture {
 	t.Helper()
-	gov := accounting.NewGovernor()
-	require.NoError(t, gov.SetLimit(accounting.HostKey, limit))
-	pool := gov.Authority("pool", accounting.HostKey)
-	f := backingtest.NewFake(backingtest.FakeOptions{Granularity: fakeGranule, Authority: pool})
-	t.Cleanup(func() {
-		assert.Zero(t, f.LiveGranules(), "granules leaked")
-		assert.Zero(t, f.LiveReservations(), "reservations leaked")
-		ledgerBalances(t, pool)
-	})
-	return &fixture{gov: gov, pool: pool, fake: f}
-}
-
-// ledgerBalances checks, at a test's end, that a ledger owns and maps nothing: every
-// granule its backing committed came back.
-func ledgerBalances(t testing.TB, a *accounting.Authority) {
-	t.Helper()
-	st := a.Stats()
-	assert.Zero(t, st.Owned, "ledger does not balance: owned bytes left")
-	assert.Zero(t, st.Mapped, "ledger does not balance: mappings left behind")
+	e, err := openEnv(t, envSpec{kind: onFake, noCache: true, granule: fakeGranule, limit: limit})
+	require.NoError(t, err)
+	return &fixture{env: e, gov: e.gov, pool: e.auth, fake: e.fake}
 }
 
 // atEveryCall runs run once for each of its first calls backing calls, with a fault
@@ -78,6 +68,26 @@ func (fx *fixture) atEveryCall(t *testing.T, faulty faultInjector, calls int, ru
 	return failed
 }
 
+// goWorkers starts work(w) for each w in [0, n) on a goroutine of its own and
+// returns wait, which waits for them all and requires that none returned an error.
+func goWorkers(n int, work func(w int) error) (wait func(t *testing.T)) {
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for w := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := work(w); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	return func(t *testing.T) {
+		t.Helper()
+		waitAll(t, &wg, errs)
+	}
+}
+
 // waitAll waits for the goroutines of wg, which send their failures on errs, and
 // requires that none failed.
 func waitAll(t *testing.T, wg *sync.WaitGroup, errs chan error) {
@@ -89,12 +99,19 @@ func waitAll(t *testing.T, wg *sync.WaitGroup, errs chan error) {
 	}
 }
 
+// faultyFixture returns a fixture of 1 GiB and a fault injector over its Fake, for
+// the caches a test makes with kv.New(faulty, ...).
+func faultyFixture(t *testing.T) (*fixture, *backingtest.Faulty[*backingtest.FakeReservation]) {
+	t.Helper()
+	fx := newFixture(t, 1<<30)
+	return fx, backingtest.NewFaulty[*backingtest.FakeReservation](fx.fake)
+}
+
+// cache returns a cache of tiny8 tokens in layout on the fixture's backing, with the
+// fake-backed tests' block (blockTokensFor); the test's cleanup closes it.
 func (fx *fixture) cache(t *testing.T, layout kv.Layout, maxTokens int) *fakeCache {
 	t.Helper()
-	c, err := kv.New(fx.fake, kv.Config{Geometry: tiny8, MaxTokens: maxTokens, Layout: layout, BlockTokens: blockTokensFor(layout)})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, c.Close()) })
-	return c
+	return fx.env.cache(t, kv.Config{MaxTokens: maxTokens, Layout: layout, BlockTokens: blockTokensFor(layout)})
 }
 
 // testBlockTokens is the block the fake-backed tests ask the Blocked layout for:
@@ -113,17 +130,19 @@ func blockTokensFor(l kv.Layout) int {
 }
 
 // modelLayout is the tests' own arithmetic of where a layout puts tokens, written
-// apart from kv's.
-type modelLayout struct{ nbuf, row, tpb, blk, gran int }
+// apart from kv's (layout_test.go checks kv's against it): nt tensors of row bytes a
+// token, in nbuf ranges; in the Blocked layout blocks of blk bytes, tpb tokens each.
+type modelLayout struct{ nbuf, nt, row, tpb, blk, gran int }
 
 func modelOf(cfg kv.Config, gran int) modelLayout {
 	g := cfg.Geometry
+	nt := g.Layers * len(kv.KindsOf(g))
 	switch cfg.Layout {
 	case kv.PerLayer:
-		return modelLayout{nbuf: 2 * g.Layers, row: g.TokenBytes(), gran: gran}
+		return modelLayout{nbuf: nt, nt: nt, row: g.TokenBytes(), gran: gran}
 	}
 	blk := (max(cfg.BlockTokens, 1)*g.BytesPerToken() + gran - 1) / gran * gran
-	return modelLayout{nbuf: 1, tpb: blk / g.BytesPerToken(), blk: blk, gran: gran}
+	return modelLayout{nbuf: 1, nt: nt, row: g.TokenBytes(), tpb: blk / g.BytesPerToken(), blk: blk, gran: gran}
 }
 
 // committed returns the bytes of granules n tokens commit, all ranges together.
@@ -156,21 +175,47 @@ func writeTokens(t *testing.T, s *kv.Sequence, w uint64, from, to int) {
 
 // tryWrite is writeTokens that returns the first error.
 func tryWrite(s *kv.Sequence, w uint64, from, to int) error {
+	return eachToken(s, from, to, func(layer int, kind kv.Kind, tok int, buf []byte) error {
+		for i := range buf {
+			buf[i] = pattern(w, layer, kind, tok, i)
+		}
+		return s.WriteToken(layer, kind, tok, buf)
+	})
+}
+
+// eachToken calls f on tokens [from, to) of every tensor of s, layer after layer,
+// with a buffer of one token's bytes, and returns f's first error.
+func eachToken(s *kv.Sequence, from, to int, f func(layer int, kind kv.Kind, tok int, buf []byte) error) error {
 	g := s.Cache().Config().Geometry
 	buf := make([]byte, g.TokenBytes())
 	for layer := range g.Layers {
 		for _, kind := range kv.KindsOf(g) {
 			for tok := from; tok < to; tok++ {
-				for i := range buf {
-					buf[i] = pattern(w, layer, kind, tok, i)
-				}
-				if err := s.WriteToken(layer, kind, tok, buf); err != nil {
+				if err := f(layer, kind, tok, buf); err != nil {
 					return err
 				}
 			}
 		}
 	}
 	return nil
+}
+
+// writeOrRefuse writes token tok of every tensor of s as writer w, and requires
+// each write refused with ErrReadOnly when refuse, else done; where says where.
+func writeOrRefuse(t *testing.T, s *kv.Sequence, tok int, w uint64, refuse bool, where string) {
+	t.Helper()
+	_ = eachToken(s, tok, tok+1, func(layer int, kind kv.Kind, _ int, buf []byte) error {
+		for i := range buf {
+			buf[i] = pattern(w, layer, kind, tok, i)
+		}
+		err := s.WriteToken(layer, kind, tok, buf)
+		if refuse {
+			require.ErrorIs(t, err, kv.ErrReadOnly, "%s: token %d layer %d %v", where, tok, layer, kind)
+		} else {
+			require.NoError(t, err, "%s: token %d layer %d %v", where, tok, layer, kind)
+		}
+		return nil
+	})
 }
 
 // checkTokens checks that tokens [from, to) of s hold writer w's pattern.
@@ -183,23 +228,17 @@ var errCorrupt = errors.New("data corrupted")
 
 // tryCheck is checkTokens that returns the first error; corruption matches errCorrupt.
 func tryCheck(s *kv.Sequence, w uint64, from, to int) error {
-	g := s.Cache().Config().Geometry
-	buf := make([]byte, g.TokenBytes())
-	for layer := range g.Layers {
-		for _, kind := range kv.KindsOf(g) {
-			for tok := from; tok < to; tok++ {
-				if err := s.ReadToken(layer, kind, tok, buf); err != nil {
-					return err
-				}
-				for i := range buf {
-					if buf[i] != pattern(w, layer, kind, tok, i) {
-						return fmt.Errorf("%w: seq %d layer %d %v token %d byte %d: got %d, want %d (writer %d)", errCorrupt, s.ID(), layer, kind, tok, i, buf[i], pattern(w, layer, kind, tok, i), w)
-					}
-				}
+	return eachToken(s, from, to, func(layer int, kind kv.Kind, tok int, buf []byte) error {
+		if err := s.ReadToken(layer, kind, tok, buf); err != nil {
+			return err
+		}
+		for i := range buf {
+			if buf[i] != pattern(w, layer, kind, tok, i) {
+				return fmt.Errorf("%w: seq %d layer %d %v token %d byte %d: got %d, want %d (writer %d)", errCorrupt, s.ID(), layer, kind, tok, i, buf[i], pattern(w, layer, kind, tok, i), w)
 			}
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // tokenAddr returns the address of token tok of layer's K or V tensor of s, from the

@@ -45,6 +45,23 @@ func pssOf(t *testing.T, name string) (pss, hi int64) {
 	return total, total + n<<10
 }
 
+// touchPages reads every page of every tensor of a PerLayer sequence s of tiny8
+// tokens through its own mapping, so that each mapping counts in Pss.
+func touchPages(t *testing.T, s *kv.Sequence) {
+	t.Helper()
+	var sum byte
+	for layer := range tiny8.Layers {
+		for _, kind := range kv.KindsOf(tiny8) {
+			b, err := s.Bytes(layer, kind)
+			require.NoError(t, err)
+			for i := 0; i < len(b); i += 4096 {
+				sum += b[i]
+			}
+		}
+	}
+	_ = sum
+}
+
 // TestPrefixOwnedOnceByPss shows on real memory what the ledger says: 64 sequences on
 // a 1,024-token prefix hold it once.
 func TestPrefixOwnedOnceByPss(t *testing.T) {
@@ -68,24 +85,13 @@ func TestPrefixOwnedOnceByPss(t *testing.T) {
 
 	prefixBytes := int64(1024 * tiny8.BytesPerToken()) // 3 MiB
 	var seqs []*hostSeq
-	var sum byte
 	for range 64 {
 		s, err := c.NewSequenceFrom(p)
 		require.NoError(t, err)
 		seqs = append(seqs, s)
-		// Touch every page through every mapping, so each mapping counts in Pss.
-		for layer := range tiny8.Layers {
-			for _, kind := range kv.KindsOf(tiny8) {
-				b, err := s.Bytes(layer, kind)
-				require.NoError(t, err)
-				for i := 0; i < len(b); i += 4096 {
-					sum += b[i]
-				}
-			}
-		}
+		touchPages(t, s)
 	}
 	p.Release()
-	_ = sum
 	checkTokens(t, seqs[63], 1, 0, 1024)
 
 	st := c.Stats()

@@ -16,75 +16,61 @@ import (
 
 type hostSeq = kv.Sequence
 
+// newHostCache returns a cache of tiny8 tokens in layout on a host.Shared of 64 KiB
+// granules and memfd name (openEnv), and its ledger; the test's cleanup closes it.
 func newHostCache(t *testing.T, name string, layout kv.Layout, maxTokens int) (*kv.Cache, *accounting.Authority) {
 	t.Helper()
-	gov := accounting.NewGovernor()
-	pool := gov.Authority("pool", accounting.HostKey)
-	b := sharedPool(t, pool, name)
-	c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: maxTokens, Layout: layout})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, c.Close()) })
-	return c, pool
+	e := openHost(t, envSpec{cfg: kv.Config{MaxTokens: maxTokens, Layout: layout}, name: name})
+	return e.c, e.auth
 }
 
-// sharedPool returns a memfd pool of 64 KiB granules charged to a; the test's cleanup
-// closes it and checks that a's ledger balances. Cleanups run last first, so register
-// a cache's Close after this.
+// openHost is openEnv on host.Shared of 64 KiB granules unless sp says otherwise.
+func openHost(t *testing.T, sp envSpec) *env {
+	t.Helper()
+	sp.kind = onShared
+	if sp.granule == 0 {
+		sp.granule = 64 << 10
+	}
+	e, err := openEnv(t, sp)
+	require.NoError(t, err)
+	return e
+}
+
+// sharedPool returns a memfd pool of 64 KiB granules charged to a (openEnv, without a
+// cache); the test's cleanup closes it and checks that a's ledger balances. Cleanups
+// run last first, so register a cache's Close after this.
 func sharedPool(t *testing.T, a *accounting.Authority, name string) *host.Shared {
 	t.Helper()
-	b, err := host.NewShared(host.SharedOptions{Granularity: 64 << 10, Authority: a, Name: name})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		assert.NoError(t, b.Close())
-		ledgerBalances(t, a)
-	})
-	return b
+	return openHost(t, envSpec{noCache: true, auth: a, name: name}).shared
 }
 
-// TestHostIntegrity runs the sharing, fork and truncate checks on real shared memory.
-func TestHostIntegrity(t *testing.T) {
-	for _, layout := range layouts {
-		t.Run(layout.String(), func(t *testing.T) {
-			c, _ := newHostCache(t, "kv-host-test", layout, 512)
-			shareForkTruncate(t, c)
-			if layout == kv.PerLayer {
-				// A sequence's own tail is writable through its slice.
-				s, err := c.NewSequence()
-				require.NoError(t, err)
-				require.NoError(t, s.Append(3))
-				k, err := s.Bytes(0, kv.K)
-				require.NoError(t, err)
-				k[len(k)-1] = 0xff
-				assert.True(t, s.Close().OK())
-			}
-		})
-	}
-}
-
-// fill writes a distinct F16 bit pattern to every (writer, layer, K/V, token, head,
-// dim) of tokens [from, to) through the typed views.
+// fillViews writes a distinct F16 bit pattern to every (writer, layer, K/V, token,
+// head, dim) of tokens [from, to) through the typed views.
 func fillViews(t *testing.T, s *hostSeq, w uint64, from, to int) {
 	t.Helper()
-	for layer := range tiny8.Layers {
-		for _, kind := range kv.KindsOf(tiny8) {
-			v, err := kv.View[arena.F16](s, layer, kind)
-			require.NoError(t, err)
-			for tok := from; tok < to; tok++ {
-				for h := range tiny8.KVHeads {
-					for d := range tiny8.HeadDim {
-						v.Set(viewValue(w, layer, kind, tok, h, d), viewIndex(s, tok, h, d)...)
-					}
-				}
-			}
-		}
-	}
+	eachElem(t, s, from, to, func(v arena.Tensor[arena.F16], layer int, kind kv.Kind, tok, h, d int) {
+		v.Set(viewValue(w, layer, kind, tok, h, d), viewIndex(s, tok, h, d)...)
+	})
 }
 
 func viewValue(w uint64, layer int, kind kv.Kind, tok, h, d int) arena.F16 {
 	return arena.F16(w*7919 + uint64(layer)*613 + uint64(kind)*307 + uint64(tok)*257 + uint64(h)*64 + uint64(d))
 }
 
+// checkViews checks, through the typed views, that tokens [from, to) hold fillViews's
+// pattern of writer w, and the views' shape.
 func checkViews(t *testing.T, s *hostSeq, w uint64, from, to int) {
+	t.Helper()
+	eachElem(t, s, from, to, func(v arena.Tensor[arena.F16], layer int, kind kv.Kind, tok, h, d int) {
+		if got, want := v.At(viewIndex(s, tok, h, d)...), viewValue(w, layer, kind, tok, h, d); got != want {
+			t.Fatalf("seq %d layer %d %v [%d,%d,%d]: got %#x, want %#x", s.ID(), layer, kind, tok, h, d, got, want)
+		}
+	})
+}
+
+// eachElem calls f on every element (head h, dim d) of tokens [from, to) of every
+// tensor of s, through the tensor's F16 view, whose shape it checks first.
+func eachElem(t *testing.T, s *hostSeq, from, to int, f func(v arena.Tensor[arena.F16], layer int, kind kv.Kind, tok, h, d int)) {
 	t.Helper()
 	for layer := range tiny8.Layers {
 		for _, kind := range kv.KindsOf(tiny8) {
@@ -94,9 +80,7 @@ func checkViews(t *testing.T, s *hostSeq, w uint64, from, to int) {
 			for tok := from; tok < to; tok++ {
 				for h := range tiny8.KVHeads {
 					for d := range tiny8.HeadDim {
-						if got, want := v.At(viewIndex(s, tok, h, d)...), viewValue(w, layer, kind, tok, h, d); got != want {
-							t.Fatalf("seq %d layer %d %v [%d,%d,%d]: got %#x, want %#x", s.ID(), layer, kind, tok, h, d, got, want)
-						}
+						f(v, layer, kind, tok, h, d)
 					}
 				}
 			}

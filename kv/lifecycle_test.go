@@ -112,8 +112,7 @@ func TestForeignAndNilPrefix(t *testing.T) {
 // A Close whose releases fail twice reports Quarantined (the sequence left its cache,
 // its prefix reference went), never Failed; Cache.Close retries what was kept.
 func TestCloseFailureIsQuarantined(t *testing.T) {
-	fx := newFixture(t, 1<<30)
-	faulty := backingtest.NewFaulty[*backingtest.FakeReservation](fx.fake)
+	_, faulty := faultyFixture(t)
 	c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 64})
 	require.NoError(t, err)
 	root, err := c.NewSequence()
@@ -144,8 +143,7 @@ func TestCloseFailureIsQuarantined(t *testing.T) {
 // straddles the granule boundary, leaves the sequence damaged rather than holding a
 // token it can not write. Q8_0 tokens of 272 bytes straddle PerLayer's 4 KiB granules.
 func TestTruncateFailureStraddle(t *testing.T) {
-	fx := newFixture(t, 1<<30)
-	faulty := backingtest.NewFaulty[*backingtest.FakeReservation](fx.fake)
+	_, faulty := faultyFixture(t)
 	c, err := kv.New(faulty, kv.Config{Geometry: q8Tiny, MaxTokens: 64, Layout: kv.PerLayer})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, c.Close()) }()
@@ -254,8 +252,7 @@ func scenario(c *kv.Cache) (err error) {
 func TestFaultInjectionAtEveryBackingCall(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			fx := newFixture(t, 1<<30)
-			faulty := backingtest.NewFaulty[*backingtest.FakeReservation](fx.fake)
+			fx, faulty := faultyFixture(t)
 			c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 64, Layout: layout})
 			require.NoError(t, err)
 			require.NoError(t, scenario(c))

@@ -19,8 +19,7 @@ import (
 // cache keeps it; appends, truncations and good closes log nothing.
 func TestLogsKeptRange(t *testing.T) {
 	var rec logrec.Recorder
-	fx := newFixture(t, 1<<30)
-	faulty := backingtest.NewFaulty[*backingtest.FakeReservation](fx.fake)
+	_, faulty := faultyFixture(t)
 	c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 64, Logger: rec.Logger()})
 	require.NoError(t, err)
 	s, err := c.NewSequence()

@@ -20,17 +20,10 @@ import (
 // frozen prefix's too (read-only in the sequence on host.Shared, so the copy faulted),
 // and the prefix's tokens there are not the entry's.
 func TestPrefixCacheCloseKeepsSharedTail(t *testing.T) {
-	gov := accounting.NewGovernor()
-	auth := gov.Authority("pool", accounting.HostKey)
-	b := sharedPool(t, auth, "kv-pc-adopt-tail")
-	c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: 256})
-	require.NoError(t, err)
+	c := openHost(t, envSpec{name: "kv-pc-adopt-tail", cfg: kv.Config{MaxTokens: 256}}).c
 	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
 	require.NoError(t, err)
-	t.Cleanup(func() {
-		assert.NoError(t, pc.Close())
-		assert.NoError(t, c.Close())
-	})
+	t.Cleanup(func() { assert.NoError(t, pc.Close()) })
 	const n = 10
 	ids := promptIDs(0, n+1)
 	s, err := c.NewSequence()
@@ -73,18 +66,12 @@ func TestPrefixCacheTwoKeysTruncatedCount(t *testing.T) {
 			for _, cut := range []int{150, 190, 200, 230} {
 				t.Run(fmt.Sprintf("%v/short-first=%v/cut=%d", layout, shortFirst, cut), func(t *testing.T) {
 					_, pc, b := newHostPrefixCache(t, "kv-pc-count", layout)
-					long := make([]int32, 300)
-					for i := range long {
-						long[i] = int32(i)
-					}
+					long := promptIDs(0, 300)
 					short := append([]int32(nil), long[:200]...)
 					for i := 10; i < len(short); i++ {
 						short[i] = int32(5000 + i) // only the IDs differ
 					}
-					s, _, err := pc.Lookup(long)
-					require.NoError(t, err)
-					require.NoError(t, s.Append(len(long)))
-					require.NoError(t, writeIDs(s, long, 0, len(long)))
+					s := prefilled(t, pc, long)
 					keys := [][]int32{long, short}
 					if shortFirst {
 						keys[0], keys[1] = keys[1], keys[0]
@@ -240,14 +227,8 @@ func TestPrefixCacheInsertShorterThanMapped(t *testing.T) {
 // closed, and returns them.
 func cacheIDs(t *testing.T, pc *kv.PrefixCache, n int) []int32 {
 	t.Helper()
-	a := make([]int32, n)
-	for i := range a {
-		a[i] = int32(i)
-	}
-	s, _, err := pc.Lookup(a)
-	require.NoError(t, err)
-	require.NoError(t, s.Append(len(a)))
-	require.NoError(t, writeIDs(s, a, 0, len(a)))
+	a := promptIDs(0, n)
+	s := prefilled(t, pc, a)
 	require.NoError(t, pc.Insert(s, a))
 	require.True(t, s.Close().OK())
 	return a

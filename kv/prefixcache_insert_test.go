@@ -20,10 +20,7 @@ func TestPrefixCacheCloseAfterRewriteKeepsEntry(t *testing.T) {
 		t.Run(layout.String(), func(t *testing.T) {
 			_, _, pc := newPrefixCache(t, 1<<30, layout, 256, kv.PrefixCacheOptions{})
 			ids := promptIDs(0, n+1)
-			s, _, err := pc.Lookup(ids[:n])
-			require.NoError(t, err)
-			require.NoError(t, s.Append(n))
-			require.NoError(t, writeIDs(s, ids, 0, n))
+			s := prefilled(t, pc, ids[:n])
 			require.NoError(t, pc.Insert(s, ids[:n]))
 
 			require.NoError(t, s.Truncate(1)) // the entry copies what it holds first

@@ -4,7 +4,6 @@ package kv_test
 
 import (
 	"math/rand/v2"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -16,21 +15,15 @@ import (
 	"github.com/vmarena/vmarena/kv"
 )
 
-// newHostPrefixCache returns a prefix cache over a host.Shared cache (64 KiB granules).
+// newHostPrefixCache returns a prefix cache over a host.Shared cache (64 KiB granules,
+// openHost); the test's cleanup closes both and checks the ledger.
 func newHostPrefixCache(t *testing.T, name string, layout kv.Layout) (*kv.Cache, *kv.PrefixCache, *hostPool) {
 	t.Helper()
-	gov := accounting.NewGovernor()
-	auth := gov.Authority("pool", accounting.HostKey)
-	b := sharedPool(t, auth, name)
-	c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: layout})
+	e := openHost(t, envSpec{cfg: kv.Config{MaxTokens: 1024, Layout: layout}, name: name})
+	pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
 	require.NoError(t, err)
-	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		assert.NoError(t, pc.Close())
-		assert.NoError(t, c.Close())
-	})
-	return c, pc, &hostPool{auth, b}
+	t.Cleanup(func() { assert.NoError(t, pc.Close()) })
+	return e.c, pc, &hostPool{e.auth, e.shared}
 }
 
 // hostPool is a host.Shared and the authority it charges.
@@ -49,14 +42,8 @@ func TestPrefixCacheInsertIsBookkeeping(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
 			c, pc, b := newHostPrefixCache(t, "kv-pc-lazy", layout)
-			ids := make([]int32, 300)
-			for i := range ids {
-				ids[i] = int32(i)
-			}
-			s, _, err := pc.Lookup(ids)
-			require.NoError(t, err)
-			require.NoError(t, s.Append(len(ids)))
-			require.NoError(t, writeIDs(s, ids, 0, len(ids)))
+			ids := promptIDs(0, 300)
+			s := prefilled(t, pc, ids)
 			before := c.Stats()
 			heldBefore := held(b)
 			require.NoError(t, pc.Insert(s, ids))
@@ -112,10 +99,7 @@ func TestPrefixCacheHitProtectsOrigin(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
 			_, pc, _ := newHostPrefixCache(t, "kv-pc-protect", layout)
-			ids := make([]int32, 300)
-			for i := range ids {
-				ids[i] = int32(1000 + i)
-			}
+			ids := promptIDs(1000, 300)
 			s, _, err := serve(pc, ids)
 			require.NoError(t, err)
 			w := s.Writable()
@@ -158,33 +142,23 @@ func TestPrefixCacheHitProtectsOrigin(t *testing.T) {
 func TestPrefixCacheLazyConcurrent(t *testing.T) {
 	_, pc, b := newHostPrefixCache(t, "kv-pc-lazy-conc", kv.PerLayer)
 	for round := range 20 {
-		ids := make([]int32, 200)
-		for i := range ids {
-			ids[i] = int32(round*1000 + i)
-		}
+		ids := promptIDs(round*1000, 200)
 		s, _, err := serve(pc, ids)
 		require.NoError(t, err)
-		var wg sync.WaitGroup
-		errs := make(chan error, 8)
-		for w := range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for k := range 5 {
-					q, m, err := pc.Lookup(append(ids[:200:200], int32(-1-w*10-k)))
-					if err != nil {
-						errs <- err
-						return
-					}
-					err = checkIDs(q, ids, 0, m)
-					q.Close()
-					if err != nil {
-						errs <- err
-						return
-					}
+		wait := goWorkers(4, func(w int) error {
+			for k := range 5 {
+				q, m, err := pc.Lookup(append(ids[:200:200], int32(-1-w*10-k)))
+				if err != nil {
+					return err
 				}
-			}()
-		}
+				err = checkIDs(q, ids, 0, m)
+				q.Close()
+				if err != nil {
+					return err
+				}
+			}
+			return nil
+		})
 		r := rand.New(rand.NewPCG(uint64(round), 3))
 		for range 5 {
 			require.NoError(t, s.Append(40))
@@ -199,7 +173,7 @@ func TestPrefixCacheLazyConcurrent(t *testing.T) {
 			}
 		}
 		require.True(t, s.Close().OK())
-		waitAll(t, &wg, errs)
+		wait(t)
 	}
 	st := pc.Stats()
 	assert.Positive(t, st.Hits)
@@ -213,10 +187,7 @@ func TestPrefixCacheLazyConcurrent(t *testing.T) {
 // ledger exact.
 func TestPrefixCacheInsertTwiceDiverging(t *testing.T) {
 	_, pc, b := newHostPrefixCache(t, "kv-pc-twice", kv.PerLayer)
-	a := make([]int32, 100)
-	for i := range a {
-		a[i] = int32(i)
-	}
+	a := promptIDs(0, 100)
 	s, _, err := serve(pc, a)
 	require.NoError(t, err)
 	other := append([]int32(nil), a[:80]...)

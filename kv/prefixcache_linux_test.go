@@ -29,24 +29,13 @@ func TestPrefixCacheOwnedOnceByPss(t *testing.T) {
 
 	prefixBytes := int64(1024 * tiny8.BytesPerToken()) // 3 MiB: 8 granules per range
 	var seqs []*kv.Sequence
-	var sum byte
 	for i := range 64 {
 		s, m, err := serve(pc, append(system, int32(-2-i)))
 		require.NoError(t, err)
 		require.Equal(t, 1024, m)
 		seqs = append(seqs, s)
-		// Touch every page through every mapping, so each mapping counts in Pss.
-		for layer := range tiny8.Layers {
-			for _, kind := range kv.KindsOf(tiny8) {
-				b, err := s.Bytes(layer, kind)
-				require.NoError(t, err)
-				for i := 0; i < len(b); i += 4096 {
-					sum += b[i]
-				}
-			}
-		}
+		touchPages(t, s)
 	}
-	_ = sum
 	require.NoError(t, checkIDs(seqs[63], system, 0, 1024))
 	st := pc.Stats()
 	pss, hi := pssOf(t, name)

@@ -3,7 +3,6 @@ package kv_test
 import (
 	"errors"
 	"math/rand/v2"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -246,72 +245,56 @@ func TestPrefixCacheConcurrentForks(t *testing.T) {
 		t.Run(layout.String(), func(t *testing.T) {
 			const limit = 160 * fakeGranule
 			fx, c, pc := newPrefixCache(t, limit, layout, 128, kv.PrefixCacheOptions{})
-			var mu sync.Mutex
-			var made [][]int32
-			var wg sync.WaitGroup
-			errs := make(chan error, 64)
-			for w := range 6 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					type kept struct {
-						f   *kv.Sequence
-						ids []int32
+			var ps sharedStream
+			goWorkers(6, func(w int) (err error) {
+				type kept struct {
+					f   *kv.Sequence
+					ids []int32
+				}
+				var forks []kept
+				release := func(k kept) error {
+					err := checkIDs(k.f, k.ids, 0, k.f.Len())
+					if out := k.f.Close(); !out.OK() && err == nil {
+						err = out.Err
 					}
-					var forks []kept
-					release := func(k kept) error {
-						err := checkIDs(k.f, k.ids, 0, k.f.Len())
-						if out := k.f.Close(); !out.OK() && err == nil {
-							err = out.Err
-						}
-						return err
-					}
-					defer func() {
-						for _, k := range forks {
-							if err := release(k); err != nil {
-								errs <- err
-							}
-						}
-					}()
-					r := rand.New(rand.NewPCG(uint64(w), 29))
-					for range 50 {
-						mu.Lock()
-						ids := stream(r, made, 100)
-						made = append(made, ids)
-						mu.Unlock()
-						if len(forks) > 1 || len(forks) > 0 && r.IntN(3) == 0 {
-							k := forks[0]
-							forks = forks[1:]
-							if err := release(k); err != nil {
-								errs <- err
-								return
-							}
-						}
-						s, _, err := serve(pc, ids)
-						if errors.Is(err, accounting.ErrBudgetExceeded) {
-							continue
-						}
-						if err != nil {
-							errs <- err
-							return
-						}
-						if r.IntN(2) == 0 {
-							f, err := s.ForkAt(r.IntN(s.Len() + 1))
-							if err == nil {
-								forks = append(forks, kept{f, ids})
-							} else if !errors.Is(err, accounting.ErrBudgetExceeded) {
-								errs <- err
-								return
-							}
-						}
-						if out := s.Close(); !out.OK() {
-							errs <- out.Err
-							return
-						}
+					return err
+				}
+				defer func() {
+					for _, k := range forks {
+						err = errors.Join(err, release(k))
 					}
 				}()
-			}
-			waitAll(t, &wg, errs)
+				r := rand.New(rand.NewPCG(uint64(w), 29))
+				for range 50 {
+					ids := ps.next(r, 100)
+					if len(forks) > 1 || len(forks) > 0 && r.IntN(3) == 0 {
+						k := forks[0]
+						forks = forks[1:]
+						if err := release(k); err != nil {
+							return err
+						}
+					}
+					s, _, err := serve(pc, ids)
+					if errors.Is(err, accounting.ErrBudgetExceeded) {
+						continue
+					}
+					if err != nil {
+						return err
+					}
+					if r.IntN(2) == 0 {
+						f, err := s.ForkAt(r.IntN(s.Len() + 1))
+						if err == nil {
+							forks = append(forks, kept{f, ids})
+						} else if !errors.Is(err, accounting.ErrBudgetExceeded) {
+							return err
+						}
+					}
+					if out := s.Close(); !out.OK() {
+						return out.Err
+					}
+				}
+				return nil
+			})(t)
 			st := pc.Stats()
 			assert.Zero(t, st.PinnedBytes, "no live sequence maps the cache")
 			assert.Equal(t, st.CachedBytes, fx.pool.Stats().Owned, "the ledger holds exactly the cache")

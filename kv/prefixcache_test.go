@@ -13,7 +13,6 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/backingtest"
-	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -48,6 +47,18 @@ func checkIDs(s *kv.Sequence, ids []int32, from, to int) error {
 		}
 	}
 	return nil
+}
+
+// prefilled returns a sequence started by pc.Lookup(ids) on nothing cached, with all
+// of ids appended and written (writeIDs), not inserted.
+func prefilled(t *testing.T, pc *kv.PrefixCache, ids []int32) *kv.Sequence {
+	t.Helper()
+	s, m, err := pc.Lookup(ids)
+	require.NoError(t, err)
+	require.Zero(t, m, "nothing of ids is cached yet")
+	require.NoError(t, s.Append(len(ids)))
+	require.NoError(t, writeIDs(s, ids, 0, len(ids)))
+	return s
 }
 
 // serve is one request: look the prompt up, check what came from the cache, prefill
@@ -86,6 +97,22 @@ func stream(r *rand.Rand, made [][]int32, maxLen int) []int32 {
 		out = append(out, int32(r.IntN(3)))
 	}
 	return out[:min(len(out), maxLen)]
+}
+
+// sharedStream is the prompts of workers that serve one prefix cache: each next
+// prompt may share a prefix with any worker's earlier one.
+type sharedStream struct {
+	mu   sync.Mutex
+	made [][]int32
+}
+
+// next returns stream's next prompt of up to maxLen IDs, and keeps it.
+func (p *sharedStream) next(r *rand.Rand, maxLen int) []int32 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ids := stream(r, p.made, maxLen)
+	p.made = append(p.made, ids)
+	return ids
 }
 
 func commonLen(a, b []int32) int {
@@ -332,49 +359,36 @@ func TestPrefixCacheConcurrent(t *testing.T) {
 		t.Run(layout.String(), func(t *testing.T) {
 			const limit = 160 * fakeGranule
 			fx, c, pc := newPrefixCache(t, limit, layout, 128, kv.PrefixCacheOptions{MaxBytes: 100 * fakeGranule})
-			var mu sync.Mutex
-			var made [][]int32
-			var wg sync.WaitGroup
-			errs := make(chan error, 64)
-			for w := range 8 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					r := rand.New(rand.NewPCG(uint64(w), 11))
-					for range 60 {
-						mu.Lock()
-						ids := stream(r, made, 100)
-						made = append(made, ids)
-						mu.Unlock()
-						switch r.IntN(8) {
-						case 0:
-							pin, err := pc.Pin(ids)
-							if err != nil {
-								errs <- err
-								return
-							}
-							pin.Release()
-							continue
-						}
-						s, _, err := serve(pc, ids)
-						if errors.Is(err, accounting.ErrBudgetExceeded) {
-							continue // live sequences hold the budget: a refusal is honest
-						}
+			var ps sharedStream
+			goWorkers(8, func(w int) error {
+				r := rand.New(rand.NewPCG(uint64(w), 11))
+				for range 60 {
+					ids := ps.next(r, 100)
+					switch r.IntN(8) {
+					case 0:
+						pin, err := pc.Pin(ids)
 						if err != nil {
-							errs <- err
-							return
+							return err
 						}
-						if r.IntN(2) == 0 {
-							time.Sleep(time.Duration(r.IntN(200)) * time.Microsecond)
-						}
-						if out := s.Close(); !out.OK() {
-							errs <- out.Err
-							return
-						}
+						pin.Release()
+						continue
 					}
-				}()
-			}
-			waitAll(t, &wg, errs)
+					s, _, err := serve(pc, ids)
+					if errors.Is(err, accounting.ErrBudgetExceeded) {
+						continue // live sequences hold the budget: a refusal is honest
+					}
+					if err != nil {
+						return err
+					}
+					if r.IntN(2) == 0 {
+						time.Sleep(time.Duration(r.IntN(200)) * time.Microsecond)
+					}
+					if out := s.Close(); !out.OK() {
+						return out.Err
+					}
+				}
+				return nil
+			})(t)
 			st := pc.Stats()
 			assert.LessOrEqual(t, st.CachedBytes, int64(100*fakeGranule))
 			assert.Zero(t, st.PinnedBytes)
@@ -425,8 +439,7 @@ func prefixScenario(pc *kv.PrefixCache) (err error) {
 func TestPrefixCacheFaultInjection(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			fx := newFixture(t, 1<<30)
-			faulty := backingtest.NewFaulty[*backingtest.FakeReservation](fx.fake)
+			fx, faulty := faultyFixture(t)
 			row := int64(tiny8.BytesPerToken())
 			run := func() error {
 				c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 64, Layout: layout})
@@ -449,55 +462,54 @@ func TestPrefixCacheFaultInjection(t *testing.T) {
 	}
 }
 
-// TestPrefixCacheCUDAFake serves prompts that share prefixes on the CUDA backing over
-// the fake driver: K/V reach the device through the driver's copies, cached prefixes
-// are driver handles mapped into many reservations, and eviction unmaps them.
-func TestPrefixCacheCUDAFake(t *testing.T) {
-	for _, layout := range layouts {
-		t.Run(layout.String(), func(t *testing.T) {
-			fake := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: 64 << 10, Memory: 256 << 20})
-			t.Cleanup(func() { assert.NoError(t, fake.CheckLeaks()) })
-			c, err := newCUDACache(t, fake.Driver(), layout, tiny8, 512)
-			require.NoError(t, err)
-			pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{MaxBytes: 4 << 20})
-			require.NoError(t, err)
-			defer func() { assert.NoError(t, pc.Close()) }()
-			r := rand.New(rand.NewPCG(5, uint64(layout)))
-			var made [][]int32
-			hits := 0
-			for range 30 {
-				ids := stream(r, made, 400)
-				for len(ids) < 200 {
-					ids = append(ids, int32(r.IntN(1000)))
-				}
-				s, m, err := serve(pc, ids)
-				require.NoError(t, err)
-				hits += m
-				if r.IntN(4) == 0 {
-					// A rollback into the cached tokens: the entry keeps its own
-					// mapping of them when s closes, rather than taking s's ranges.
-					require.NoError(t, s.Truncate(r.IntN(s.Len()+1)))
-				}
-				require.True(t, s.Close().OK())
-				made = append(made, ids)
-			}
-			st := pc.Stats()
-			assert.Equal(t, int64(hits), st.Hits)
-			assert.Positive(t, st.Hits)
-			assert.Positive(t, st.EvictedTokens, "the cap made it evict")
-			assert.LessOrEqual(t, st.CachedBytes, int64(4<<20))
-		})
+// TestPrefixCacheStreamOnEachBacking serves prompts that share prefixes on each
+// backing that shares, at 64 KiB granules, under a cap that makes it evict: on the
+// CUDA backing over the fake driver K/V reach the device through the driver's copies,
+// cached prefixes are driver handles mapped into many reservations, and eviction
+// unmaps them; host.Shared maps memfd granules, backingtest.Fake its own.
+func TestPrefixCacheStreamOnEachBacking(t *testing.T) {
+	onEachSharing(t, envSpec{granule: 64 << 10, cfg: kv.Config{MaxTokens: 512}}, func(t *testing.T, e *env) {
+		prefixCacheStream(t, e.c, e.c.Config().Layout)
+	})
+}
+
+// prefixCacheStream serves 30 prompts on c that share prefixes, some of them rolled
+// back into their cached tokens, under a 4 MiB cap.
+func prefixCacheStream(t *testing.T, c *kv.Cache, layout kv.Layout) {
+	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{MaxBytes: 4 << 20})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, pc.Close()) }()
+	r := rand.New(rand.NewPCG(5, uint64(layout)))
+	var made [][]int32
+	hits := 0
+	for range 30 {
+		ids := stream(r, made, 400)
+		for len(ids) < 200 {
+			ids = append(ids, int32(r.IntN(1000)))
+		}
+		s, m, err := serve(pc, ids)
+		require.NoError(t, err)
+		hits += m
+		if r.IntN(4) == 0 {
+			// A rollback into the cached tokens: the entry keeps its own
+			// mapping of them when s closes, rather than taking s's ranges.
+			require.NoError(t, s.Truncate(r.IntN(s.Len()+1)))
+		}
+		require.True(t, s.Close().OK())
+		made = append(made, ids)
 	}
+	st := pc.Stats()
+	assert.Equal(t, int64(hits), st.Hits)
+	assert.Positive(t, st.Hits)
+	assert.Positive(t, st.EvictedTokens, "the cap made it evict")
+	assert.LessOrEqual(t, st.CachedBytes, int64(4<<20))
 }
 
 // TestPrefixCacheInsertFreezes: once inserted, a sequence's whole granules are shared
 // with the cache, so WriteToken refuses them; the tail stays writable.
 func TestPrefixCacheInsertFreezes(t *testing.T) {
 	_, _, pc := newPrefixCache(t, 1<<30, kv.PerLayer, 128, kv.PrefixCacheOptions{})
-	ids := make([]int32, 20) // two whole granules per range, four tokens past them
-	for i := range ids {
-		ids[i] = int32(i)
-	}
+	ids := promptIDs(0, 20) // two whole granules per range, four tokens past them
 	s, _, err := serve(pc, ids)
 	require.NoError(t, err)
 	assert.Equal(t, 16, s.Writable())
@@ -527,10 +539,7 @@ func TestPrefixCacheInsertFreezes(t *testing.T) {
 func TestPrefixCachePinSurvivesBudget(t *testing.T) {
 	const limit = 96 * fakeGranule
 	fx, c, pc := newPrefixCache(t, limit, kv.Blocked, 256, kv.PrefixCacheOptions{})
-	system := make([]int32, 24)
-	for i := range system {
-		system[i] = int32(5000 + i)
-	}
+	system := promptIDs(5000, 24)
 	s, _, err := serve(pc, append(system, 1))
 	require.NoError(t, err)
 	require.True(t, s.Close().OK())
@@ -574,10 +583,7 @@ func TestPrefixCachePinSurvivesBudget(t *testing.T) {
 func TestPrefixCacheCountsBlocks(t *testing.T) {
 	_, c, pc := newPrefixCache(t, 1<<30, kv.Blocked, 64, kv.PrefixCacheOptions{})
 	const block = 3 * fakeGranule
-	ids := make([]int32, 10)
-	for i := range ids {
-		ids[i] = int32(100 + i)
-	}
+	ids := promptIDs(100, 10)
 	s, m, err := serve(pc, ids) // 10 tokens: 3 blocks, the last holding 2 tokens
 	require.NoError(t, err)
 	require.Zero(t, m)

@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/kv"
 )
@@ -40,12 +39,7 @@ func TestOriginWriteFaultsOnShared(t *testing.T) {
 	for _, layout := range layouts {
 		for _, op := range []string{"Fork", "ForkAt", "Freeze"} {
 			t.Run(layout.String()+"/"+op, func(t *testing.T) {
-				gov := accounting.NewGovernor()
-				pool := gov.Authority("pool", accounting.HostKey)
-				b := sharedPool(t, pool, "kv-protect")
-				c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: layout})
-				require.NoError(t, err)
-				defer func() { assert.NoError(t, c.Close()) }()
+				c := openHost(t, envSpec{name: "kv-protect", cfg: kv.Config{MaxTokens: 1024, Layout: layout}}).c
 				s, err := c.NewSequence()
 				require.NoError(t, err)
 				require.NoError(t, s.Append(300))

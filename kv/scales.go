@@ -60,7 +60,9 @@ func (g Geometry) scalesPerTensor() int {
 
 // scales is where a cache keeps its FP8 scales: one range of its backing, committed
 // at New for the cache's life, float32 in the machine's byte order (little-endian on
-// every supported platform), [Layers][K, V][scalesPerTensor] row-major.
+// every supported platform), scalesPerTensor of them for each tensor of a sequence's
+// tensor list (shape.places: layer after layer, each layer's kinds in order),
+// row-major, so that a layer of one tensor (an MLA latent) needs nothing of its own.
 type scales struct {
 	buf buffer // nil without scales
 	per int    // scales per tensor
@@ -73,7 +75,7 @@ func (c *Cache) newScales() error {
 	if per == 0 {
 		return nil
 	}
-	n := 2 * g.Layers * per * 4
+	n := len(c.places) * per * 4
 	capac := (n + c.gran - 1) / c.gran * c.gran
 	buf, err := c.st.newBuffer(capac, c.cfg.Authority)
 	if err != nil {
@@ -111,10 +113,11 @@ func (c *Cache) closeScales() error {
 }
 
 // Scales returns the cache's FP8 scales as a float32 tensor of [Layers, 2, H], K
-// before V, H = 1 per tensor or KVHeads per head, row-major: scale (layer, kind, head)
-// is element [layer, kind, head % H], at a base address that never changes while the
-// cache is open. On a device the tensor gives only that address (for a kernel); on the
-// host its elements may also be read (write them with SetScales, which checks them).
+// before V (a layer's tensors in order), H = 1 per tensor or KVHeads per head,
+// row-major: scale (layer, kind, head) is element [layer, kind, head % H], at a base
+// address that never changes while the cache is open. On a device the tensor gives
+// only that address (for a kernel); on the host its elements may also be read (write
+// them with SetScales, which checks them).
 // A cache without scales fails with ErrScale. The tensor is valid until Close.
 func (c *Cache) Scales() (arena.Tensor[float32], error) {
 	if c.isClosed() {
@@ -123,7 +126,7 @@ func (c *Cache) Scales() (arena.Tensor[float32], error) {
 	if c.scales.buf == nil {
 		return arena.Tensor[float32]{}, fmt.Errorf("%w: the geometry keeps none (Scales %v)", ErrScale, c.cfg.Geometry.Scales)
 	}
-	return arena.NewTensor[float32](c.scales.buf, 0, c.cfg.Geometry.Layers, 2, c.scales.per)
+	return arena.NewTensor[float32](c.scales.buf, 0, c.cfg.Geometry.Layers, len(c.kinds), c.scales.per)
 }
 
 // SetScales sets the scales of layer's K or V tensor to src: one value per tensor, or
@@ -170,10 +173,28 @@ func (c *Cache) scaleRange(layer int, kind Kind, n int) (int, error) {
 		return 0, ErrClosed
 	case c.scales.buf == nil:
 		return 0, fmt.Errorf("%w: the geometry keeps none (Scales %v)", ErrScale, g.Scales)
-	case layer < 0 || layer >= g.Layers || kind > V:
+	}
+	i, ok := c.tensorIndex(layer, kind)
+	if !ok {
 		return 0, fmt.Errorf("%w: layer %d %v of %d layers", ErrRange, layer, kind, g.Layers)
-	case n != c.scales.per:
+	}
+	if n != c.scales.per {
 		return 0, fmt.Errorf("%w: %d scales for a tensor that has %d (%v)", ErrScale, n, c.scales.per, g.Scales)
 	}
-	return (2*layer + int(kind)) * c.scales.per * 4, nil
+	return i * c.scales.per * 4, nil
+}
+
+// tensorIndex returns the index in the sequence's tensor list (shape.places) of
+// layer's tensor of kind; ok is false when the geometry has no such layer or kind.
+func (sh *shape) tensorIndex(layer int, kind Kind) (i int, ok bool) {
+	k := len(sh.kinds)
+	if layer < 0 || layer >= len(sh.places)/max(k, 1) {
+		return 0, false
+	}
+	for j, kj := range sh.kinds {
+		if kj == kind {
+			return layer*k + j, true
+		}
+	}
+	return 0, false
 }

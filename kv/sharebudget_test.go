@@ -1,9 +1,7 @@
 package kv_test
 
 import (
-	"errors"
 	"fmt"
-	"os"
 	"runtime"
 	"testing"
 
@@ -13,7 +11,6 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing/cuda"
-	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
 )
@@ -43,41 +40,20 @@ type shareBudgetEnv struct {
 
 func (e shareBudgetEnv) open(t *testing.T, limit int64) (*kv.Cache, *accounting.Governor, accounting.DeviceKey, func()) {
 	t.Helper()
-	gov := accounting.NewGovernor()
-	cfg := kv.Config{Geometry: oneBlock, MaxTokens: 1024, Layout: kv.Blocked, BlockTokens: 16}
+	sp := envSpec{kind: onShared, cfg: kv.Config{Geometry: oneBlock, MaxTokens: 1024, Layout: kv.Blocked, BlockTokens: 16},
+		granule: int(blockGranule), limit: limit, shared: e.opts, cuda: cuda.Options{High: 16}}
+	sp.shared.High = 16
 	if e.cuda {
-		require.NoError(t, gov.SetLimit(accounting.GPU(0), limit))
-		auth := gov.Authority("cuda", accounting.GPU(0))
-		f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: int(blockGranule), Memory: 1 << 30})
-		b, err := cuda.New(cuda.Options{Authority: auth, Driver: f.Driver(), High: 16})
-		require.NoError(t, err)
-		c, err := kv.New(b, cfg)
-		require.NoError(t, err)
-		return c, gov, accounting.GPU(0), func() {
-			assert.NoError(t, c.Close())
-			assert.NoError(t, b.Close())
-			assert.NoError(t, f.CheckLeaks())
-		}
+		sp.kind = onCUDA
 	}
-	require.NoError(t, gov.SetLimit(accounting.HostKey, limit))
-	auth := gov.Authority("shared", accounting.HostKey)
-	opts := e.opts
-	opts.Granularity, opts.Authority, opts.High = int(blockGranule), auth, 16
-	opts.Name = fmt.Sprintf("vmkv-share-%d-%d", os.Getpid(), envSeq.Add(1))
-	b, err := host.NewShared(opts)
-	if errors.Is(err, errors.ErrUnsupported) {
-		t.Skip("host.Shared needs Linux or Windows")
+	env, err := openEnv(t, sp)
+	if err != nil {
+		t.Skipf("%s: %v", e.name, err)
 	}
-	require.NoError(t, err)
-	if !e.opts.NoPrivateGranules && !b.Stats().PrivateGranules {
-		t.Skipf("no private granules here: %s", b.Stats().NoPrivateGranules)
+	if env.shared != nil && !e.opts.NoPrivateGranules && !env.shared.Stats().PrivateGranules {
+		t.Skipf("no private granules here: %s", env.shared.Stats().NoPrivateGranules)
 	}
-	c, err := kv.New(b, cfg)
-	require.NoError(t, err)
-	return c, gov, accounting.HostKey, func() {
-		assert.NoError(t, c.Close())
-		assert.NoError(t, b.Close())
-	}
+	return env.c, env.gov, env.auth.Device(), func() { env.finish(t) }
 }
 
 var shareBudgetEnvs = []shareBudgetEnv{

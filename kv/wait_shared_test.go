@@ -20,22 +20,12 @@ import (
 // only for the bytes they can not cover: the idle granules are not given back to the
 // OS first (their old contents show they were reused), and Need counts them.
 func TestWaiterUsesIdleGranules(t *testing.T) {
-	gov := accounting.NewGovernor()
 	const g = 64 << 10 // 128 tiny8 tokens per tensor
-	require.NoError(t, gov.SetLimit(accounting.HostKey, 12*g))
-	pool := gov.Authority("pool", accounting.HostKey)
-	other := gov.Authority("other", accounting.HostKey)
 	// No decay: the idle granules must stay for the waiter however long the machine
 	// takes to get there (decay would give one back after about 1.5 s idle).
-	b, err := host.NewShared(host.SharedOptions{Granularity: g, Authority: pool, Name: "kv-idle", Decay: host.SharedNoDecay})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		assert.NoError(t, b.Close())
-		ledgerBalances(t, pool)
-	})
-	c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: kv.PerLayer})
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, c.Close()) }()
+	e := openHost(t, envSpec{granule: g, limit: 12 * g, name: "kv-idle", shared: host.SharedOptions{Decay: host.SharedNoDecay}, cfg: perLayer1024})
+	gov, pool, b, c := e.gov, e.auth, e.shared, e.c
+	other := gov.Authority("other", accounting.HostKey)
 
 	a, err := c.NewSequence()
 	require.NoError(t, err)
@@ -88,17 +78,17 @@ func TestWaiterUsesIdleGranules(t *testing.T) {
 	assert.Equal(t, 6, reused, "idle granules went to the waiter, not back to the OS")
 }
 
+// perLayer1024 is the PerLayer cache of tiny8 tokens that the wait tests make: 6
+// granules a token, one per tensor.
+var perLayer1024 = kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: kv.PerLayer}
+
 // A refused Append on a pooled backing holds no budget afterwards.
 func TestRefusedAppendHoldsNoBudget(t *testing.T) {
-	gov := accounting.NewGovernor()
 	const g = 64 << 10
-	require.NoError(t, gov.SetLimit(accounting.HostKey, 8*g))
-	pool := gov.Authority("pool", accounting.HostKey)
+	e := openHost(t, envSpec{limit: 8 * g, name: "kv-refused", cfg: perLayer1024})
+	gov, c := e.gov, e.c
 	other := gov.Authority("other", accounting.HostKey)
 	require.NoError(t, other.TryAcquire(4*g))
-	b := sharedPool(t, pool, "kv-refused")
-	c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: kv.PerLayer})
-	require.NoError(t, err)
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	err = s.Append(1) // 6 tensors need 6 granules; 4 are free
@@ -108,21 +98,14 @@ func TestRefusedAppendHoldsNoBudget(t *testing.T) {
 	assert.Equal(t, int64(4*g), gov.Stats(accounting.HostKey).Used, "nothing taken")
 	assert.True(t, s.Close().OK())
 	other.Release(4 * g)
-	require.NoError(t, c.Close())
+	e.finish(t)
 }
 
 // Two caches on one pool: memory one gives back wakes the other's waiting append.
 func TestWaitWakesAcrossCachesOnOnePool(t *testing.T) {
-	gov := accounting.NewGovernor()
 	const g = 64 << 10
-	require.NoError(t, gov.SetLimit(accounting.HostKey, 6*g))
-	pool := gov.Authority("pool", accounting.HostKey)
-	b := sharedPool(t, pool, "kv-wake")
-	cfg := kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: kv.PerLayer}
-	ca, err := kv.New(b, cfg)
-	require.NoError(t, err)
-	cb, err := kv.New(b, cfg)
-	require.NoError(t, err)
+	e := openHost(t, envSpec{limit: 6 * g, name: "kv-wake", cfg: perLayer1024})
+	gov, ca, cb := e.gov, e.c, e.cache(t, perLayer1024)
 	sb, err := cb.NewSequence()
 	require.NoError(t, err)
 	require.NoError(t, sb.Append(1)) // all 6 granules
@@ -139,8 +122,6 @@ func TestWaitWakesAcrossCachesOnOnePool(t *testing.T) {
 	require.NoError(t, <-done)
 	assert.Equal(t, 1, sa.Len())
 	assert.True(t, sa.Close().OK())
-	require.NoError(t, ca.Close())
-	require.NoError(t, cb.Close())
 }
 
 // Two pools under one governor: the idle granules of one are given back to serve a
@@ -153,10 +134,9 @@ func TestWaitReclaimsAnotherPool(t *testing.T) {
 	pb := gov.Authority("b", accounting.HostKey)
 	ba := sharedPool(t, pa, "kv-reclaim-a")
 	bb := sharedPool(t, pb, "kv-reclaim-b")
-	cfg := kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: kv.PerLayer}
-	ca, err := kv.New(ba, cfg)
+	ca, err := kv.New(ba, perLayer1024)
 	require.NoError(t, err)
-	cb, err := kv.New(bb, cfg)
+	cb, err := kv.New(bb, perLayer1024)
 	require.NoError(t, err)
 	sb, err := cb.NewSequence()
 	require.NoError(t, err)
