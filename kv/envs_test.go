@@ -102,8 +102,9 @@ type envSpec struct {
 	// shared and cuda are the rest of host.Shared's and cuda's options: the env sets
 	// their Granularity, Authority and Name, and a nil cuda.Driver is a fake driver of
 	// granule bytes whose leaks finish checks.
-	shared host.SharedOptions
-	cuda   cuda.Options
+	shared  host.SharedOptions
+	cuda    cuda.Options
+	private host.PrivateOptions // the env sets Granularity
 }
 
 // env is a cache on one backing, with what tests look at.
@@ -240,7 +241,9 @@ func openEnv(t testing.TB, sp envSpec) (*env, error) {
 		}
 		e.mk = cacheMaker(f, sp.faulty, &e.faults)
 	case onPrivate:
-		b, err := host.NewPrivate(host.PrivateOptions{Granularity: gran})
+		opts := sp.private
+		opts.Granularity = gran
+		b, err := host.NewPrivate(opts)
 		if errors.Is(err, errors.ErrUnsupported) {
 			return nil, err
 		}
@@ -282,9 +285,9 @@ func openEnv(t testing.TB, sp envSpec) (*env, error) {
 	return e, nil
 }
 
-// withTiny8 returns cfg with tiny8 for a zero Geometry.
+// withTiny8 returns cfg with tiny8 for a zero Geometry, unless cfg is of a Model.
 func withTiny8(cfg kv.Config) kv.Config {
-	if cfg.Geometry == (kv.Geometry{}) {
+	if cfg.Geometry == (kv.Geometry{}) && cfg.Model.Groups == nil {
 		cfg.Geometry = tiny8
 	}
 	return cfg

@@ -7,7 +7,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
 )
@@ -24,18 +23,11 @@ func TestGroupExactCount128K(t *testing.T) {
 	for _, granule := range []int{64 << 10, 2 << 20} {
 		for _, m := range kv.ModelPresets() {
 			t.Run(fmt.Sprintf("%s/granule=%d", m.Name, granule), func(t *testing.T) {
-				gov := accounting.NewGovernor()
-				require.NoError(t, gov.SetLimit(accounting.HostKey, 1<<40))
-				auth := gov.Authority("kv", accounting.HostKey)
-				b, err := host.NewPrivate(host.PrivateOptions{Granularity: granule, NoHugePages: true})
+				e, err := openEnv(t, envSpec{kind: onPrivate, noCache: true, granule: granule, limit: 1 << 40,
+					private: host.PrivateOptions{NoHugePages: true}})
 				require.NoError(t, err)
-				cfg := kv.Config{Model: m, MaxTokens: n, Authority: auth}
-				c, err := kv.New(b, cfg)
-				require.NoError(t, err)
-				defer func() {
-					require.NoError(t, c.Close())
-					ledgerBalances(t, auth)
-				}()
+				cfg := kv.Config{Model: m, MaxTokens: n}
+				c := e.cache(t, cfg)
 				s, err := c.NewSequence()
 				require.NoError(t, err)
 				defer s.Close()
@@ -73,7 +65,7 @@ func TestGroupExactCount128K(t *testing.T) {
 				}
 				st := c.Stats()
 				assert.Equal(t, want, st.Committed, "committed: exactly those blocks")
-				assert.Equal(t, want, auth.Stats().Owned, "the ledger owns exactly that")
+				assert.Equal(t, want, e.auth.Stats().Owned, "the ledger owns exactly that")
 				assert.Equal(t, at.Used, need)
 				t.Logf("%s at %d tokens, %d-byte granules: need %d, committed %d (%.2f%% over), a full cache's need %d",
 					m.Name, n, granule, need, st.Committed, 100*float64(st.Committed-need)/float64(need), int64(n)*int64(m.Uniform().BytesPerToken()))

@@ -10,7 +10,6 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
-	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -27,17 +26,11 @@ var hostHybrid = kv.Model{Name: "host-hybrid", Layers: 6, Groups: []kv.Group{
 // sharedGroupEnv is groupEnv on host.Shared of 4 KiB granules: real shared memory,
 // read by the CPU through views, runs and Bytes too.
 func sharedGroupEnv(t *testing.T, cfg kv.Config) (*kv.Cache, *accounting.Authority, func() int) {
-	pool := accounting.NewGovernor().Authority("pool", accounting.HostKey)
-	b, err := host.NewShared(host.SharedOptions{Granularity: 4 << 10, Authority: pool, Name: "kv-groups"})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		assert.NoError(t, b.Close())
-		ledgerBalances(t, pool)
-	})
-	c, err := kv.New(b, cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, c.Close()) })
-	return c, pool, nil
+	e, err := openEnv(t, envSpec{kind: onShared, noCache: true, granule: 4 << 10})
+	if err != nil {
+		t.Skip(err)
+	}
+	return e.cache(t, cfg), e.auth, nil
 }
 
 // TestGroupOpsHost is TestGroupOps on real shared memory, every held token read

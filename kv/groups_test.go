@@ -44,16 +44,9 @@ type groupFixture struct {
 
 func newGroupFixture(t *testing.T) *groupFixture {
 	t.Helper()
-	gov := accounting.NewGovernor()
-	require.NoError(t, gov.SetLimit(accounting.HostKey, 1<<30))
-	pool := gov.Authority("pool", accounting.HostKey)
-	f := backingtest.NewFake(backingtest.FakeOptions{Granularity: groupGranule, Authority: pool})
-	t.Cleanup(func() {
-		assert.Zero(t, f.LiveGranules(), "granules leaked")
-		assert.Zero(t, f.LiveReservations(), "reservations leaked")
-		ledgerBalances(t, pool)
-	})
-	return &groupFixture{pool: pool, fake: f}
+	e, err := openEnv(t, envSpec{kind: onFake, noCache: true, granule: groupGranule, limit: 1 << 30})
+	require.NoError(t, err)
+	return &groupFixture{pool: e.auth, fake: e.fake}
 }
 
 // tensorRef is one per-token tensor of a model: a layer, its kind and its group.
