@@ -23,6 +23,9 @@ type buffer interface {
 	// shareFrom maps the granules behind src's first size bytes into this empty
 	// buffer with access prot. src must come from the same store.
 	shareFrom(src buffer, size int, prot backing.Protection) error
+	// shareRange maps the granules behind src's bytes [off, off+size) into this
+	// empty buffer at the same offset, with access prot (arena.Buffer.ShareRange).
+	shareRange(src buffer, off, size int, prot backing.Protection) error
 	// readAt copies len(p) bytes at off into p: directly on the host, through the
 	// backing's Copier elsewhere.
 	readAt(off int, p []byte) error
@@ -70,6 +73,14 @@ func (b bufferOf[R, B]) shareFrom(src buffer, size int, prot backing.Protection)
 		return fmt.Errorf("%w: a %T shares from a %T", ErrConfig, b, src)
 	}
 	return b.ShareFrom(s.Buffer, size, prot)
+}
+
+func (b bufferOf[R, B]) shareRange(src buffer, off, size int, prot backing.Protection) error {
+	s, ok := src.(bufferOf[R, B])
+	if !ok {
+		return fmt.Errorf("%w: a %T shares from a %T", ErrConfig, b, src)
+	}
+	return b.ShareRange(s.Buffer, off, off, size, prot)
 }
 
 func (b bufferOf[R, B]) protect(off, size int, prot backing.Protection) error {
