@@ -362,9 +362,10 @@ func (t *pcTiers) writeThrough(pc *PrefixCache, e *pcEntry) {
 	e.stored = p.last
 	e.busy++
 	t.bg.Add(1)
+	seq := e.seq // its ranges, which stay as they are while e is busy
 	go func() {
 		defer t.bg.Done()
-		t.writeBack(context.Background(), e.seq, &tierWrite{t: t, parts: []tierPart{p}})
+		t.writeBack(context.Background(), seq, &tierWrite{t: t, parts: []tierPart{p}})
 		pc.mu.Lock()
 		e.busy--
 		out := e.state() == entryOut // it left the index meanwhile: ours to close

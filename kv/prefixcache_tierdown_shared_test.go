@@ -421,52 +421,29 @@ func TestPrefixCacheTierConcurrentDown(t *testing.T) {
 				for i := range prompts {
 					prompts[i] = append(promptIDs(0, tpb+i%3), promptIDs(1000*(i+1), 2*tpb+i)...)
 				}
-				var wg sync.WaitGroup
-				errs := make(chan error, 8)
-				for w := range 4 {
-					wg.Go(func() {
-						r := rand.New(rand.NewPCG(uint64(w), 7))
-						for range 10 {
-							ids := prompts[r.IntN(len(prompts))]
-							s, m, err := serve(pc, ids)
-							if err != nil {
-								errs <- fmt.Errorf("serve: %w", err)
-								return
-							}
-							err = checkIDs(s, ids, 0, len(ids))
-							if err == nil && r.IntN(3) == 0 {
-								// Into the inserted tokens: the origin gives blocks up.
-								n := r.IntN(len(ids))
-								err = s.Truncate(n)
-								if err == nil {
-									err = s.Append(len(ids) - n)
-								}
-								if err == nil {
-									err = writeIDs(s, ids, s.Writable(), len(ids))
-								}
-								if err == nil {
-									err = checkIDs(s, ids, 0, len(ids))
-								}
-							}
-							s.Close()
-							if err != nil {
-								errs <- fmt.Errorf("hit of %d: %w", m, err)
-								return
-							}
-							if r.IntN(4) == 0 {
-								if _, err := pc.Evict(int64(blk)); err != nil {
-									errs <- err
-									return
-								}
-							}
+				tierWorkers(t, pc, prompts, 10, 7, func(r *rand.Rand, s *kv.Sequence, ids []int32) error {
+					if r.IntN(3) == 0 {
+						// Into the inserted tokens: the origin gives blocks up.
+						n := r.IntN(len(ids))
+						if err := s.Truncate(n); err != nil {
+							return err
 						}
-					})
-				}
-				wg.Wait()
-				close(errs)
-				for err := range errs {
-					assert.NoError(t, err)
-				}
+						if err := s.Append(len(ids) - n); err != nil {
+							return err
+						}
+						if err := writeIDs(s, ids, s.Writable(), len(ids)); err != nil {
+							return err
+						}
+						if err := checkIDs(s, ids, 0, len(ids)); err != nil {
+							return err
+						}
+					}
+					if r.IntN(4) == 0 {
+						_, err := pc.Evict(int64(blk))
+						return err
+					}
+					return nil
+				})
 				require.NoError(t, pc.Close())
 				st := pc.Stats()
 				assert.Positive(t, st.Tiers[0].StoreBytes)
@@ -485,5 +462,42 @@ func TestPrefixCacheTierConcurrentDown(t *testing.T) {
 				ledgerBalances(t, hostAuth)
 			})
 		}
+	}
+}
+
+// tierWorkers runs four workers on pc at once, each serving rounds prompts drawn at
+// random (seed tells the runs apart) and checking every token of each; more, when
+// set, runs on each served sequence before it closes. It fails t with what they
+// report.
+func tierWorkers(t *testing.T, pc *kv.PrefixCache, prompts [][]int32, rounds int, seed uint64, more func(r *rand.Rand, s *kv.Sequence, ids []int32) error) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for w := range 4 {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(w), seed))
+			for range rounds {
+				ids := prompts[r.IntN(len(prompts))]
+				s, m, err := serve(pc, ids)
+				if err != nil {
+					errs <- fmt.Errorf("serve: %w", err)
+					return
+				}
+				err = checkIDs(s, ids, 0, len(ids))
+				if err == nil && more != nil {
+					err = more(r, s, ids)
+				}
+				s.Close()
+				if err != nil {
+					errs <- fmt.Errorf("hit of %d: %w", m, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		assert.NoError(t, err)
 	}
 }
