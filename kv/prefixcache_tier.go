@@ -34,9 +34,10 @@ type TierStats struct {
 	// that passed their check) and stored into it.
 	LoadBytes  int64
 	StoreBytes int64
-	// Drops counts the blocks not stored (the tier failed, or the copy out did) and
-	// the loads that failed other than by a value's check: each a miss, never an
-	// error of the caller.
+	// Drops counts the blocks not stored (the tier failed, or the copy out did, or
+	// the granules of blocks cut off could not be held for the copy) and the loads
+	// that failed other than by a value's check: each a miss, never an error of the
+	// caller.
 	Drops int64
 	// Invalid counts the values that failed DecodeTierValue's check: misses, never
 	// mapped.

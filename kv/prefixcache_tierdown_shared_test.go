@@ -4,6 +4,7 @@ package kv_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/backing/cuda"
 	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 	"github.com/vmarena/vmarena/kv"
@@ -501,3 +503,41 @@ func tierWorkers(t *testing.T, pc *kv.PrefixCache, prompts [][]int32, rounds int
 		assert.NoError(t, err)
 	}
 }
+
+// TestPrefixCacheTierHolderFails: when the granules of blocks a shortened leaf cuts
+// off can not be mapped for their copy (a backing fault), those blocks are counted
+// drops, the shrink goes on, the kept blocks still serve lookups, and the ledger
+// balances (the fixture's cleanup).
+func TestPrefixCacheTierHolderFails(t *testing.T) {
+	for _, op := range []backingtest.Op{backingtest.OpReserve, backingtest.OpShare} {
+		t.Run(op.String(), func(t *testing.T) {
+			fx := newFixture(t, 1<<30)
+			faulty := backingtest.NewFaulty[*backingtest.FakeReservation](fx.fake)
+			c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 512, Layout: kv.Blocked})
+			require.NoError(t, err)
+			t.Cleanup(func() { assert.NoError(t, c.Close()) })
+			tier := tiertest.NewMap(4 << 20)
+			pc := newTierCache(t, c, tier)
+			tpb, _ := blockTokens(t, c)
+			ids := promptIDs(71, 4*tpb+1)
+			s, _, err := serve(pc, ids)
+			require.NoError(t, err)
+			require.True(t, s.Close().OK())
+			live, m, err := pc.Lookup(ids[:2*tpb+1])
+			require.NoError(t, err)
+			require.Equal(t, 2*tpb, m)
+			drops := pc.Stats().Tiers[0].Drops
+			faulty.FailOp(op, 1, errInjectedTier)
+			_, err = pc.Evict(1 << 40)
+			require.NoError(t, err)
+			faulty.Reset()
+			assert.EqualValues(t, 2*tpb, pc.Stats().CachedTokens, "shortened all the same")
+			assert.Zero(t, tier.Len())
+			assert.EqualValues(t, drops+int64(len(ids)/tpb-2), pc.Stats().Tiers[0].Drops, "the whole blocks cut off")
+			require.True(t, live.Close().OK())
+			readBack(t, pc, ids, 2*tpb)
+		})
+	}
+}
+
+var errInjectedTier = errors.New("injected fault")
