@@ -84,14 +84,8 @@ func TestPrefixCacheTierShortenedLeaf(t *testing.T) {
 		pc := newTierCache(t, c, tier)
 		tpb, blk := blockTokens(t, c)
 		ids := promptIDs(21, 4*tpb+1)
-		s, _, err := serve(pc, ids)
-		require.NoError(t, err)
-		require.True(t, s.Close().OK())
-		// A live hit on the first two blocks holds them on the device.
-		live, m, err := pc.Lookup(ids[:2*tpb+1])
-		require.NoError(t, err)
-		require.Equal(t, 2*tpb, m)
-		_, err = pc.Evict(1 << 40)
+		live, m := liveHit(t, pc, ids, 2*tpb)
+		_, err := pc.Evict(1 << 40)
 		require.NoError(t, err)
 		assert.EqualValues(t, 2*tpb, pc.Stats().CachedTokens, "shortened to what the live hit maps")
 		assert.Equal(t, 2, tierValues(t, tier), "the two whole blocks cut off")
@@ -103,6 +97,19 @@ func TestPrefixCacheTierShortenedLeaf(t *testing.T) {
 		readBack(t, pc, ids, 4*tpb)
 		assert.EqualValues(t, 2*tpb, pc.Stats().Tiers[0].Hits)
 	})
+}
+
+// liveHit serves ids (the entry takes the closed sequence's ranges over) and returns
+// a live hit on their first n tokens, which holds those granules on the device.
+func liveHit(t *testing.T, pc *kv.PrefixCache, ids []int32, n int) (*kv.Sequence, int) {
+	t.Helper()
+	s, _, err := serve(pc, ids)
+	require.NoError(t, err)
+	require.True(t, s.Close().OK())
+	live, m, err := pc.Lookup(ids[:n+1])
+	require.NoError(t, err)
+	require.Equal(t, n, m)
+	return live, m
 }
 
 // lazyEvicted serves ids under a cap of two blocks, so that the lazy entry is cut to
@@ -520,12 +527,7 @@ func TestPrefixCacheTierHolderFails(t *testing.T) {
 			pc := newTierCache(t, c, tier)
 			tpb, _ := blockTokens(t, c)
 			ids := promptIDs(71, 4*tpb+1)
-			s, _, err := serve(pc, ids)
-			require.NoError(t, err)
-			require.True(t, s.Close().OK())
-			live, m, err := pc.Lookup(ids[:2*tpb+1])
-			require.NoError(t, err)
-			require.Equal(t, 2*tpb, m)
+			live, _ := liveHit(t, pc, ids, 2*tpb)
 			drops := pc.Stats().Tiers[0].Drops
 			faulty.FailOp(op, 1, errInjectedTier)
 			_, err = pc.Evict(1 << 40)
