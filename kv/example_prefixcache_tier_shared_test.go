@@ -80,3 +80,71 @@ func ExamplePrefixCacheOptions_tiers() {
 	// request 1: 998 of 1000 prompt tokens cached
 	// host tier: 998 tokens hit, 32027 KiB stored, 31963 KiB loaded
 }
+
+// Under a reuse threshold only prefixes that were hit go down into the tier, and with
+// write-through they go as soon as they reach it, not when they are evicted: here the
+// prompt hit once is found again by a prefix cache made after the first one closed,
+// and the prompt never hit is not.
+func ExamplePrefixCacheOptions_reuseThreshold() {
+	gov := accounting.NewGovernor()
+	pool, err := host.NewShared(host.SharedOptions{
+		Granularity: 64 << 10,
+		Authority:   gov.Authority("kv", accounting.HostKey),
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	cache, err := kv.New(pool, kv.Config{Geometry: kv.Llama32_1B, MaxTokens: 4096})
+	if err != nil {
+		panic(err)
+	}
+	defer cache.Close()
+	tier, err := hosttier.New(hosttier.Options{Budget: 64 << 20})
+	if err != nil {
+		panic(err)
+	}
+	defer tier.Close()
+	opts := kv.PrefixCacheOptions{
+		Tiers:            []kv.Tier{tier},
+		TierMinHits:      1,    // store only what was reused
+		TierWriteThrough: true, // and store it once it is, off the token path
+	}
+	pc, err := kv.NewPrefixCache(cache, opts)
+	if err != nil {
+		panic(err)
+	}
+	serve := func(pc *kv.PrefixCache, prompt []int32) int {
+		s, cached, err := pc.Lookup(prompt)
+		if err != nil {
+			panic(err)
+		}
+		// Prefill the uncached part (its K/V writes omitted), then cache the prompt.
+		if err := s.Append(len(prompt) - cached); err != nil {
+			panic(err)
+		}
+		if err := pc.Insert(s, prompt); err != nil {
+			panic(err)
+		}
+		s.Close()
+		return cached
+	}
+	hot, cold := make([]int32, 1000), make([]int32, 1000)
+	for i := range hot {
+		hot[i], cold[i] = int32(1000+i), int32(5000+i)
+	}
+	serve(pc, hot)
+	serve(pc, cold)
+	serve(pc, hot) // a hit: hot's blocks go down now
+	if err := pc.Close(); err != nil {
+		panic(err)
+	}
+	pc, err = kv.NewPrefixCache(cache, opts)
+	if err != nil {
+		panic(err)
+	}
+	defer pc.Close()
+	fmt.Printf("hot: %d tokens cached, cold: %d\n", serve(pc, hot), serve(pc, cold))
+	// Output:
+	// hot: 998 tokens cached, cold: 0
+}

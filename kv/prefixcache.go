@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -35,9 +36,22 @@ type PrefixCacheOptions struct {
 	// TierStores bounds the stores into tiers that run at once; 0 means
 	// DefaultTierStores.
 	TierStores int
-	// TierWait bounds how long one lookup waits on the tiers, and one store; 0 means
-	// DefaultTierWait.
+	// TierWait bounds how long one lookup waits on the tiers, and one store, and all
+	// of Close's stores together; 0 means DefaultTierWait.
 	TierWait time.Duration
+	// TierWriteThrough, when set, stores an entry's whole blocks into the tiers as
+	// soon as the cache holds them in ranges of its own (the inserted sequence
+	// closed, or was about to change them), off the token path, at most TierStores
+	// at once; eviction then writes down only what was not stored. The default,
+	// false, is write-back only: blocks go down as they leave the device. It
+	// requires Tiers (ErrConfig otherwise).
+	TierWriteThrough bool
+	// TierMinHits, when above 0, is the reuse threshold: only the blocks of entries
+	// that lookups hit at least that many times go down (by write-back or, with
+	// TierWriteThrough, once the count is reached). A hit counts for the entry it
+	// maps from, one per lookup. 0, the default, stores every block; below 0, or
+	// above 0 without Tiers, is refused with ErrConfig.
+	TierMinHits int
 }
 
 // PrefixCache reuses K and V across requests by token IDs (automatic prefix caching).
@@ -109,20 +123,48 @@ type PrefixCacheOptions struct {
 // no seed) of the prompt's blocks up to it, under TierNamespace(the cache's Config,
 // its granule, TierPrefix). Other layouts are refused: their block is not one unit.
 //
-// Write-back: with tiers, eviction takes a leaf whole where every granule of its own
-// gives memory back, picked under the locks as without tiers; its whole blocks from
-// the one that holds its parent's last token on are then copied into every tier, in
-// order, with no lock held, and only after that do its ranges close and its granules
-// come back to the pool (CachedBytes and EvictedBytes count them at the pick, as
-// without tiers). An eviction down to MaxBytes after an Insert or a lookup copies on
-// a goroutine of its own, off the request's path (Close waits for it); one for a
-// growth, a waiting request or Evict copies in the goroutine that evicts, since it
-// needs the memory the copies give back. At most TierStores stores run at once, each
-// within TierWait; a failed store is a counted drop (TierStats.Drops). Not written
-// down: a lazy entry (its inserted sequence still maps its
-// granules, so nothing comes back), a leaf only shortened (a granule of it mapped
-// elsewhere, or a pinned parent taking its place), an entry whose ranges a miss takes
-// over, and the entries Close evicts.
+// Write-down: every block that leaves the device goes down into every tier, in order,
+// by one rule: what leaves is picked under the locks, its bytes are copied out with no
+// lock held, and its granules come back only after that (CachedBytes and EvictedBytes
+// count them at the pick, as without tiers). The cases:
+//
+//   - A leaf evicted whole (with tiers, eviction takes a leaf whole where every granule
+//     of its own gives memory back): its whole blocks from the one that holds its
+//     parent's last token on, copied out of its ranges before they close.
+//   - A leaf only shortened (a granule of it mapped elsewhere, or a pinned parent
+//     taking its place): the whole blocks cut off, which a holder of the cache's own
+//     maps (no copy) before the entry's ranges shrink; the copies are made from it,
+//     and it closes after them.
+//   - A lazy entry evicted while its inserted sequence (origin) lives: its memory does
+//     not come back then, so its blocks wait in the origin's ranges. They go down when
+//     it does come back: the origin closes (a holder maps them and they are copied on
+//     a goroutine of their own, off the origin's Close), or truncates below them
+//     (copied first, in the Truncate: the only copy a token path makes).
+//   - An entry whose ranges a miss takes over: copied out before the lookup returns
+//     the new sequence, which writes over them.
+//   - Close: every entry it evicts, each block of the index once (from one of the
+//     entries that hold it), and the blocks still waiting in origins' ranges, copied
+//     under each origin's ranges lock so that it can not close meanwhile; all of
+//     Close's stores together within one TierWait, so that Close finishes.
+//
+// An eviction down to MaxBytes after an Insert or a lookup copies on a goroutine of
+// its own, off the request's path (Close waits for it); one for a growth, a waiting
+// request or Evict copies in the goroutine that evicts, since it needs the memory the
+// copies give back. At most TierStores stores run at once, each within TierWait; a
+// failed store (or a holder that could not be mapped) is a counted drop
+// (TierStats.Drops). Blocks waiting in an origin's ranges go down from a holder also
+// when it closes into another of its entries (a shorter lazy one, which keeps only its
+// own); a damaged entry's or origin's blocks never go down.
+//
+// Policy: by default blocks go down as they leave the device (write-back), every one
+// of them. PrefixCacheOptions.TierWriteThrough stores an entry's whole blocks as soon
+// as the cache holds them in ranges of its own (its origin closed into it, or was
+// about to change them), on a goroutine of its own with the entry held busy meanwhile
+// (NB: eviction passes it over until its stores end), and eviction then stores only
+// what was not stored.
+// PrefixCacheOptions.TierMinHits is the reuse threshold: only the blocks of entries
+// that lookups hit that many times go down, the count kept per entry (a lookup counts
+// once, for the entry it maps from; a longer entry that displaces one inherits it).
 //
 // Lookup: past the local match (a miss, or a partial hit), the tiers are asked in
 // order for the whole blocks that follow, up to the last token, which is never
@@ -287,6 +329,7 @@ type hit struct {
 	e      *pcEntry   // the entry to map from (busy while the lookup maps), or nil
 	l      *pcLive    // the new sequence's holdings of e's granules, or nil
 	spare  *Sequence  // on a miss, an evicted entry's ranges for the new sequence
+	sparWB *tierWrite // what of spare to write down into the tiers first, or nil
 	spared evictTally // what taking spare evicted
 	lazy   bool       // e was lazy when found: its origin's ranges hold the tokens
 }
@@ -328,7 +371,7 @@ func (pc *PrefixCache) find(tokens []int32) (hit, error) {
 	h := hit{m: m}
 	if m == 0 {
 		mark := pc.evictMark()
-		h.spare = pc.spareLocked(min(len(tokens), pc.c.cfg.MaxTokens))
+		h.spare, h.sparWB = pc.spareLocked(min(len(tokens), pc.c.cfg.MaxTokens))
 		h.spared = pc.evictMark().minus(mark)
 		return h, nil
 	}
@@ -352,6 +395,11 @@ func (pc *PrefixCache) find(tokens []int32) (hit, error) {
 func (pc *PrefixCache) start(h hit) (*Sequence, error) {
 	switch {
 	case h.spare != nil:
+		if h.sparWB != nil {
+			// Before the new sequence writes over them, in this goroutine: a growth
+			// would copy them out here too (see PrefixCache's Tiers).
+			h.sparWB.t.writeBack(context.Background(), h.spare, h.sparWB)
+		}
 		s := pc.c.reuse(h.spare)
 		pc.logEviction(evictForGrowth, h.spared.bytes, h.spared)
 		return s, nil
@@ -409,9 +457,13 @@ func (pc *PrefixCache) settle(h hit, s *Sequence, err error, queried int) {
 		}
 		pc.queries += int64(queried)
 		pc.hits += int64(h.m)
+		if e := h.e; e != nil && !e.closed {
+			e.hits++
+			pc.tiers.writeThrough(pc, e)
+		}
 	}
 	drop = append(drop, pc.capLocked()...)
-	later := pc.tiers.later(drop)
+	drop, later := pc.tiers.later(drop)
 	pc.mu.Unlock()
 	pc.tiers.closeAll(drop, later)
 }
@@ -526,15 +578,35 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 		// did): the old one goes, giving back only its own tail. That is no
 		// eviction: the tokens stay cached.
 		pc.ev.dropped(old)
+		e.hits, e.stored = old.hits, old.stored
 		if _, d := pc.unhold(old); d != nil {
 			drop = append(drop, d)
 		}
 	}
 	drop = append(drop, pc.capLocked()...)
-	later := pc.tiers.later(drop)
+	drop, later := pc.tiers.later(drop)
 	pc.mu.Unlock()
 	pc.tiers.closeAll(drop, later)
 	return nil
+}
+
+// closeFirst returns the first block Close writes down of leaf's entry: from the
+// highest of its ancestors no other leaf claimed before (claimed) on, so that every
+// block of the index goes down once, from one of the entries that hold it. pc.mu is
+// held.
+func (pc *PrefixCache) closeFirst(leaf *radix.Node[*pcEntry], claimed map[*radix.Node[*pcEntry]]bool) int {
+	if pc.tiers == nil {
+		return 0
+	}
+	n := leaf.Parent()
+	for n != nil && n.Parent() != nil && !claimed[n] {
+		claimed[n] = true
+		n = n.Parent()
+	}
+	if n == nil {
+		return 0
+	}
+	return n.Depth() / pc.c.tpb
 }
 
 // Stats returns a snapshot of the prefix cache.
@@ -567,11 +639,15 @@ func (pc *PrefixCache) Close() error {
 	pc.auth.SetReclaimer(nil)
 	pc.reclaiming.Wait()
 	pc.working.Wait()
-	pc.tiers.waitBackground()
+	pc.tiers.seal(pc)
+	ctx, cancel := pc.tiers.closeContext()
+	defer cancel()
 	pc.mu.Lock()
 	var drop []*pcEntry
+	claimed := make(map[*radix.Node[*pcEntry]]bool)
 	pc.tree.EachLeaf(func(leaf *radix.Node[*pcEntry]) bool {
 		drop = append(drop, leaf.Value())
+		pc.tiers.pickFrom(leaf.Value(), leaf, pc.closeFirst(leaf, claimed))
 		return true
 	})
 	for _, e := range drop {
@@ -583,12 +659,13 @@ func (pc *PrefixCache) Close() error {
 	var errs []error
 	for _, e := range drop {
 		if e.seq == nil {
-			continue // lazy: its origin keeps its ranges
+			continue // lazy: its origin keeps its ranges (and its blocks: flush)
 		}
-		if out := e.seq.closeEntry(); out.Err != nil {
+		if out := e.closeCtx(ctx); out.Err != nil {
 			errs = append(errs, out.Err)
 		}
 	}
+	errs = append(errs, pc.tiers.flush(ctx, pc)...)
 	pc.c.pc.Store(nil)
 	// Its ledger never owned or mapped a byte: it leaves the governor's list.
 	if err := pc.auth.Close(); err != nil {

@@ -144,43 +144,46 @@ func (pc *PrefixCache) victim(frees bool) *radix.Node[*pcEntry] {
 // the budget holds the prompt, or when that entry is not one whose ranges can be
 // taken as they are: pinned or under a pin that would need it, mapped from, lazy,
 // holding a granule another entry or a live sequence maps, or with bytes that are
-// read-only in its ranges (shared in, or protected once). pc.mu is held.
-func (pc *PrefixCache) spareLocked(tokens int) *Sequence {
+// read-only in its ranges (shared in, or protected once). With tiers it also returns
+// what of the entry to write down before the new sequence writes (see pcTiers.pick).
+// pc.mu is held.
+func (pc *PrefixCache) spareLocked(tokens int) (*Sequence, *tierWrite) {
 	if tokens <= 0 {
-		return nil
+		return nil, nil
 	}
 	need := int64(pc.c.unitsFor(tokens)) * pc.gbytes
 	if be := pc.c.budget(need, 0); be == nil || errors.Is(be, accounting.ErrExceedsLimit) {
-		return nil
+		return nil, nil
 	}
 	leaf := pc.victim(true)
 	if leaf == nil {
-		return nil
+		return nil, nil
 	}
 	e, p := leaf.Value(), leaf.Parent()
 	es := e.seq
 	switch {
 	case es == nil || es.err != nil || es.guarded || es.bufs[0].Shared() != 0:
-		return nil
+		return nil, nil
 	case int64(len(e.grefs))*pc.gbytes > need:
-		return nil // more than the prompt takes: evicted by its tail, as the need asks
+		return nil, nil // more than the prompt takes: evicted by its tail, as the need asks
 	case p.Parent() != nil && p.Children() == 1:
-		return nil // a pinned parent would become the leaf, needing the entry
+		return nil, nil // a pinned parent would become the leaf, needing the entry
 	case es.bufs[0].Committed() != len(e.grefs)*pc.c.unit:
-		return nil
+		return nil, nil
 	}
 	for _, g := range e.grefs {
 		if g.entries != 1 || g.live > 0 {
-			return nil
+			return nil, nil
 		}
 	}
+	wb := pc.tiers.pick(e, leaf)
 	pc.tree.Remove(leaf)
 	pc.ev.cut(e, p.Depth(), true)
 	pc.evictedTokens += int64(leaf.Depth() - p.Depth())
 	pc.evictions += int64(len(e.grefs))
 	pc.evict(e) // every granule comes back: counted in EvictedBytes
-	e.seq = nil
-	return es
+	e.seq, e.wb = nil, nil
+	return es, wb
 }
 
 // capLocked evicts down to MaxBytes and returns the entries to close. pc.mu is held.

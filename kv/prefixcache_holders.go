@@ -197,6 +197,9 @@ func (h pcHooks) truncating(s *Sequence, n int, truncate func() (int, error)) er
 		l.pc.materialize(s, n)
 		l.lazyN = n
 	}
+	if l.origin {
+		l.pc.tiers.truncating(l.pc, s, n) // evicted lazy entries' blocks it gives up
+	}
 	replaced, err := truncate()
 	if replaced >= 0 {
 		// Sharing unit replaced is now another: lazy entries of s that held it follow.

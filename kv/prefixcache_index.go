@@ -1,6 +1,11 @@
 package kv
 
-import "github.com/vmarena/vmarena/internal/radix"
+import (
+	"context"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/internal/radix"
+)
 
 // The index of a PrefixCache: its entries and the counts of the granules they hold.
 // This file and the eviction that shortens entries (prefixcache_evict.go) are the only
@@ -91,6 +96,12 @@ type pcEntry struct {
 	// wb is what eviction picked to write down into the tiers before the entry's
 	// ranges close, or nil.
 	wb *tierWrite
+	// hits is the lookups that mapped from it (the reuse threshold's count);
+	// stored the blocks from the first that a write-through stored already.
+	hits   int64
+	stored int
+	// then is another entry to close after this one, or nil.
+	then *pcEntry
 }
 
 // state returns the entry's state. pc.mu is held.
@@ -109,14 +120,23 @@ func (e *pcEntry) state() entryState {
 // close closes the entry's own ranges, if it has any (a lazy entry has none), after
 // writing down into the tiers the blocks eviction picked (pick): no lock is held, and
 // the granules come back only once their copies are done.
-func (e *pcEntry) close() {
+func (e *pcEntry) close() { e.closeCtx(context.Background()) }
+
+// closeCtx is close with the write-down bounded by ctx too; it returns the ranges'
+// release.
+func (e *pcEntry) closeCtx(ctx context.Context) accounting.ReleaseOutcome {
+	var out accounting.ReleaseOutcome
 	if e.seq != nil {
 		if wb := e.wb; wb != nil {
 			e.wb = nil
-			wb.t.writeBack(e.seq, wb)
+			wb.t.writeBack(ctx, e.seq, wb)
 		}
-		e.seq.closeEntry()
+		out = e.seq.closeEntry()
 	}
+	if e.then != nil {
+		e.then.closeCtx(ctx)
+	}
+	return out
 }
 
 // detach takes a lazy entry whose origin can not keep its tokens out of the index,
@@ -189,9 +209,11 @@ func (pc *PrefixCache) evictGranules(leaf *radix.Node[*pcEntry], k int) (int64, 
 	nd := pc.c.tokensIn(len(e.grefs) - k)
 	switch {
 	case nd > p.Depth():
+		cut := pc.tiers.pickCut(e, leaf, nd)
 		pc.tree.Shorten(leaf, nd)
 		pc.ev.cut(e, nd, false)
-		return pc.shrink(e, depth, nd)
+		freed, d := pc.shrink(e, depth, nd)
+		return cutOff(cut, freed, d)
 	case p.Parent() == nil || p.Children() > 1:
 		pc.tiers.pick(e, leaf)
 		pc.tree.Remove(leaf)
@@ -201,12 +223,27 @@ func (pc *PrefixCache) evictGranules(leaf *radix.Node[*pcEntry], k int) (int64, 
 		return pc.evict(e)
 	default:
 		// The parent is pinned and this is its only child: it becomes the leaf.
+		cut := pc.tiers.pickCut(e, leaf, p.Depth())
 		pc.tree.Remove(leaf)
 		pc.tree.SetValue(p, e)
 		e.leaf = p
 		pc.ev.cut(e, p.Depth(), false)
-		return pc.shrink(e, depth, p.Depth())
+		freed, d := pc.shrink(e, depth, p.Depth())
+		return cutOff(cut, freed, d)
 	}
+}
+
+// cutOff returns what a shrink returns, with cut (the holder of the blocks it cut
+// off, for the tiers) to close as well: before the entry when the shrink dropped it
+// whole, its holder's blocks unwritten then (the entry's ranges failed).
+func cutOff(cut *pcEntry, freed int64, d *pcEntry) (int64, *pcEntry) {
+	switch {
+	case cut == nil:
+		return freed, d
+	case d != nil:
+		cut.wb, cut.then = nil, d
+	}
+	return freed, cut
 }
 
 // shrink cuts e's sequence from depth to n tokens, giving back the granules wholly

@@ -114,6 +114,7 @@ func (pc *PrefixCache) materialize(s *Sequence, t int) {
 				pc.hold(e.grefs[k])
 			}
 			e.tail = nil
+			pc.tiers.writeThrough(pc, e)
 		case err == nil:
 			pc.mu.Unlock()
 			es.Close() // evicted or shortened meanwhile: it changes nothing
@@ -157,11 +158,15 @@ func (l *pcLive) handOver(s *Sequence) ([]buffer, bool) {
 	}
 	pc.mu.Lock()
 	var drop []*pcEntry
+	if h := pc.tiers.originHolder(s); h != nil {
+		// The blocks of s's evicted lazy entries: written down now that their
+		// memory comes back, from a holder that maps them, off s's Close.
+		drop = append(drop, h)
+	}
 	defer func() {
+		drop, later := pc.tiers.later(drop)
 		pc.mu.Unlock()
-		for _, d := range drop {
-			d.close()
-		}
+		pc.tiers.closeAll(drop, later)
 	}()
 	var take *pcEntry
 	if !pc.closed && s.err == nil {
@@ -192,6 +197,7 @@ func (l *pcLive) handOver(s *Sequence) ([]buffer, bool) {
 			take.tail.unmap() // s's tail granule is the entry's alone now
 			take.tail = nil
 		}
+		pc.tiers.writeThrough(pc, take)
 		c.mu.Lock()
 		c.entries++
 		c.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/internal/radix"
 	"github.com/vmarena/vmarena/kv/blockhash"
 )
@@ -33,9 +34,10 @@ type TierStats struct {
 	// that passed their check) and stored into it.
 	LoadBytes  int64
 	StoreBytes int64
-	// Drops counts the blocks not stored (the tier failed, or the copy out did) and
-	// the loads that failed other than by a value's check: each a miss, never an
-	// error of the caller.
+	// Drops counts the blocks not stored (the tier failed, or the copy out did, or
+	// the granules of blocks cut off could not be held for the copy) and the loads
+	// that failed other than by a value's check: each a miss, never an error of the
+	// caller.
 	Drops int64
 	// Invalid counts the values that failed DecodeTierValue's check: misses, never
 	// mapped.
@@ -43,44 +45,73 @@ type TierStats struct {
 }
 
 // pcTiers is a prefix cache's tiers: the keys of its blocks, the bound on stores that
-// run at once, and the counts. Its lock is taken after every other of the package's
-// and guards only the counts.
+// run at once, the policy (write-through, reuse threshold), the write-downs that wait
+// for an origin's ranges, and the counts. Its lock is taken after every other of the
+// package's and guards only the counts.
 type pcTiers struct {
-	c     *Cache
-	tiers []Tier
-	ns    uint64
-	hash  *blockhash.Hasher
-	wait  time.Duration
-	slots chan struct{} // one token per store running
+	c       *Cache
+	tiers   []Tier
+	ns      uint64
+	hash    *blockhash.Hasher
+	wait    time.Duration
+	slots   chan struct{} // one token per store running
+	through bool          // PrefixCacheOptions.TierWriteThrough
+	minHits int64         // PrefixCacheOptions.TierMinHits
 	// inProc[i]: tier i keeps its values in this process's memory (InProcessTier),
 	// so their payloads go unsummed.
 	inProc []bool
 
-	// bg counts the write-backs running behind an Insert or a lookup (later):
-	// Close waits for them.
+	// bg counts the write-downs running on goroutines of their own (behind an
+	// Insert or a lookup, a write-through, an origin's close): Close waits for them.
 	bg sync.WaitGroup
+
+	// Guarded by the prefix cache's lock:
+	// pending is the blocks of lazy entries that eviction took while their origin
+	// (the key) still maps them: written down when that memory does come back (the
+	// origin closes, or truncates below them), or by Close.
+	pending map[*Sequence]*tierPending
+	// sealed: Close is writing down what is left; write-downs are no longer
+	// started in the background but parked for Close.
+	sealed bool
+	parked []*pcEntry
 
 	mu     sync.Mutex
 	counts []TierStats
 }
 
-// tierWrite is what eviction picked of an entry to write down: the tokens of its
-// path and the blocks from first on.
+// tierPart is a run of whole blocks to write down: blocks [first, last) of the path
+// whose tokens are tokens (at least last blocks of them).
+type tierPart struct {
+	tokens      []int32
+	first, last int
+}
+
+// tierWrite is what eviction picked of an entry to write down: its parts, copied out
+// of the entry's sequence (or of a holder mapping their granules) before it closes.
 type tierWrite struct {
-	t      *pcTiers
-	tokens []int32
-	first  int
+	t     *pcTiers
+	parts []tierPart
+}
+
+// tierPending is the parts of an origin's evicted lazy entries (pcTiers.pending), and
+// the origin's ranges lock, which Close takes before it copies them out.
+type tierPending struct {
+	ol    *pcLive
+	parts []tierPart
 }
 
 // newTiers returns the tiers of opts for c, nil without any, or an error matching
 // ErrConfig: a layout other than Blocked (only its block is one contiguous unit of
 // every layer), a nil tier, two tiers of one name (their counts are told apart by
-// it), a negative bound.
+// it), a negative bound or threshold, or a tier policy without tiers.
 func newTiers(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
-	if opts.TierStores < 0 || opts.TierWait < 0 {
-		return nil, fmt.Errorf("%w: TierStores %d, TierWait %v", ErrConfig, opts.TierStores, opts.TierWait)
+	if opts.TierStores < 0 || opts.TierWait < 0 || opts.TierMinHits < 0 {
+		return nil, fmt.Errorf("%w: TierStores %d, TierWait %v, TierMinHits %d: none may be negative", ErrConfig, opts.TierStores, opts.TierWait, opts.TierMinHits)
 	}
 	if len(opts.Tiers) == 0 {
+		if opts.TierWriteThrough || opts.TierMinHits > 0 {
+			return nil, fmt.Errorf("%w: TierWriteThrough %v, TierMinHits %d without Tiers: nothing to store into", ErrConfig, opts.TierWriteThrough, opts.TierMinHits)
+		}
 		return nil, nil
 	}
 	if c.cfg.Layout != Blocked || c.nbuf != 1 || c.tpb <= 0 {
@@ -107,7 +138,9 @@ func newTiers(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
 	t := &pcTiers{
 		c: c, tiers: append([]Tier(nil), opts.Tiers...), ns: ns, hash: h,
 		wait: opts.TierWait, slots: make(chan struct{}, opts.TierStores),
+		through: opts.TierWriteThrough, minHits: int64(opts.TierMinHits),
 		counts: make([]TierStats, len(opts.Tiers)), inProc: make([]bool, len(opts.Tiers)),
+		pending: make(map[*Sequence]*tierPending),
 	}
 	if t.wait == 0 {
 		t.wait = DefaultTierWait
@@ -152,57 +185,255 @@ func (t *pcTiers) keys(tokens []int32, first int) []TierKey {
 	return keys
 }
 
-// pick marks e, which eviction takes out of the index whole, to be written down when
-// it closes: its blocks from the one holding its parent's last token on (those below
-// stay cached in the index, held by the parent's other entries). A lazy entry has
-// none to write: its origin keeps its ranges, and no memory comes back. pc.mu is held.
-func (t *pcTiers) pick(e *pcEntry, leaf *radix.Node[*pcEntry]) {
-	if t == nil || e.seq == nil || e.seq.err != nil {
-		return
-	}
-	tokens := leaf.Tokens()
-	n := min(len(tokens), e.n)
-	first := leaf.Parent().Depth() / t.c.tpb
-	if first >= n/t.c.tpb {
-		return
-	}
-	e.wb = &tierWrite{t: t, tokens: tokens[:n], first: first}
+// keep reports whether e's blocks go down at all: the reuse threshold (TierMinHits)
+// asks for as many hits of it. pc.mu is held.
+func (t *pcTiers) keep(e *pcEntry) bool {
+	return t != nil && e.hits >= t.minHits
 }
 
-// writeBack stores the blocks w picked of s, an evicted entry's ranges, into every
-// tier, at most len(t.slots) stores at once across the cache. No lock is held: s is
-// the cache's alone until it closes, after this returns. A store that fails is a
-// drop, counted.
-func (t *pcTiers) writeBack(s *Sequence, w *tierWrite) {
-	keys := t.keys(w.tokens, w.first)
+// part returns the whole blocks of e's path (its tokens, tokens) from block first on
+// to the last whole one below n tokens, past those a write-through stored already, and
+// whether there are any. pc.mu is held.
+func (t *pcTiers) part(e *pcEntry, tokens []int32, first, n int) (tierPart, bool) {
+	last := min(len(tokens), n) / t.c.tpb
+	first = max(first, e.stored)
+	return tierPart{tokens: tokens[:last*t.c.tpb], first: first, last: last}, first < last
+}
+
+// pick marks e, which eviction takes out of the index whole (leaf), to be written
+// down: its blocks from the one holding its parent's last token on (those below stay
+// cached in the index, held by the parent's other entries). An owned entry's are
+// copied out of its ranges before they close (e.wb); a lazy entry's stay in its
+// origin's ranges, which keep mapping them, until that memory comes back (pending).
+// It returns e.wb. pc.mu is held.
+func (t *pcTiers) pick(e *pcEntry, leaf *radix.Node[*pcEntry]) *tierWrite {
+	if t == nil {
+		return nil
+	}
+	return t.pickFrom(e, leaf, leaf.Parent().Depth()/t.c.tpb)
+}
+
+// pickFrom is pick of e's blocks from block first on. pc.mu is held.
+func (t *pcTiers) pickFrom(e *pcEntry, leaf *radix.Node[*pcEntry], first int) *tierWrite {
+	if !t.keep(e) {
+		return nil
+	}
+	switch {
+	case e.seq != nil && e.seq.err == nil:
+		if p, ok := t.part(e, leaf.Tokens(), first, e.n); ok {
+			e.wb = &tierWrite{t: t, parts: []tierPart{p}}
+		}
+	case e.origin != nil && e.origin.err == nil:
+		if p, ok := t.part(e, leaf.Tokens(), first, e.n); ok {
+			t.defer_(e, p)
+		}
+	}
+	return e.wb
+}
+
+// defer_ keeps part p of e, a lazy entry eviction takes, for when its origin's
+// ranges give its memory back. pc.mu is held.
+func (t *pcTiers) defer_(e *pcEntry, p tierPart) {
+	pe := t.pending[e.origin]
+	if pe == nil {
+		pe = &tierPending{ol: e.ol}
+		t.pending[e.origin] = pe
+	}
+	pe.parts = append(pe.parts, p)
+}
+
+// pickCut is pick for a leaf that eviction shortens to n tokens: the whole blocks cut
+// off. A lazy entry's wait in its origin's ranges (pending); an owned entry's are
+// mapped, before its ranges shrink, into a holder that is written down and closed
+// once no lock is held: it returns that holder as an entry to close, or nil. pc.mu is
+// held.
+func (t *pcTiers) pickCut(e *pcEntry, leaf *radix.Node[*pcEntry], n int) *pcEntry {
+	if !t.keep(e) {
+		return nil
+	}
+	p, ok := t.part(e, leaf.Tokens(), t.c.unitsFor(n), e.n)
+	switch {
+	case !ok:
+		return nil
+	case e.seq == nil:
+		if e.origin != nil && e.origin.err == nil {
+			t.defer_(e, p)
+		}
+		return nil
+	case e.seq.err != nil:
+		return nil
+	}
+	h := t.holder(e.seq, p.first, p.last)
+	if h == nil {
+		return nil
+	}
+	return &pcEntry{seq: h, closed: true, wb: &tierWrite{t: t, parts: []tierPart{p}}}
+}
+
+// holder returns a sequence of the cache's own whose ranges map the granules of
+// src's blocks [first, last), at their offsets in src, so that they stay alive (and
+// their bytes as they are) while src shrinks or goes on; nil (a drop, counted) when
+// they can not be mapped. It is an entry of the cache (closeEntry closes it). pc.mu
+// is held; it maps, and copies nothing.
+func (t *pcTiers) holder(src *Sequence, first, last int) *Sequence {
+	c, unit := t.c, t.c.unit
+	if c.unitsFor(src.n) < last {
+		t.dropped(last - first)
+		return nil
+	}
+	bufs, err := c.newBuffers(c.capac)
+	if err == nil {
+		for i := range bufs {
+			if err = bufs[i].shareRange(src.bufs[i], first*unit, (last-first)*unit, backing.ReadOnly); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		c.release(bufs)
+		t.dropped(last - first)
+		return nil
+	}
+	c.mu.Lock()
+	c.entries++
+	c.mu.Unlock()
+	return &Sequence{c: c, bufs: bufs, n: last * c.tpb}
+}
+
+// dropped counts blocks that were not written down into any tier as drops.
+func (t *pcTiers) dropped(blocks int) {
+	for i := range t.tiers {
+		t.count(i, func(st *TierStats) { st.Drops += int64(blocks) })
+	}
+}
+
+// writeBack stores the parts w picked, whose blocks s's ranges hold (an evicted
+// entry's, an origin's or a holder's), into every tier, at most len(t.slots) stores
+// at once across the cache, each within the wait and ctx. No lock is held: those
+// blocks of s do not change until this returns. A store that fails is a drop,
+// counted.
+func (t *pcTiers) writeBack(ctx context.Context, s *Sequence, w *tierWrite) {
 	bt, unit := t.c.tpb, t.c.unit
 	buf := s.bufs[0]
-	for j, key := range keys {
-		b := w.first + j
-		tokens := w.tokens[b*bt : (b+1)*bt]
-		size := TierValueSize(len(tokens), unit)
-		for i, tier := range t.tiers {
-			t.slots <- struct{}{}
-			ctx, cancel := context.WithTimeout(context.Background(), t.wait)
-			var flags uint16
-			if t.inProc[i] {
-				flags = tierPayloadUnsummed
-			}
-			err := tier.Store(ctx, key, size, func(dst []byte) error {
-				return encodeTierValue(dst, key, tokens, unit, func(p []byte) error {
-					return buf.readAt(b*unit, p)
-				}, flags)
-			})
-			cancel()
-			<-t.slots
-			t.count(i, func(st *TierStats) {
-				if err != nil {
-					st.Drops++
-				} else {
-					st.StoreBytes += int64(size)
+	for _, p := range w.parts {
+		keys := t.keys(p.tokens, p.first)
+		for j, key := range keys {
+			b := p.first + j
+			tokens := p.tokens[b*bt : (b+1)*bt]
+			size := TierValueSize(len(tokens), unit)
+			for i, tier := range t.tiers {
+				t.slots <- struct{}{}
+				sctx, cancel := context.WithTimeout(ctx, t.wait)
+				var flags uint16
+				if t.inProc[i] {
+					flags = tierPayloadUnsummed
 				}
-			})
+				err := tier.Store(sctx, key, size, func(dst []byte) error {
+					return encodeTierValue(dst, key, tokens, unit, func(p []byte) error {
+						return buf.readAt(b*unit, p)
+					}, flags)
+				})
+				cancel()
+				<-t.slots
+				t.count(i, func(st *TierStats) {
+					if err != nil {
+						st.Drops++
+					} else {
+						st.StoreBytes += int64(size)
+					}
+				})
+			}
 		}
+	}
+}
+
+// writeThrough stores e's whole blocks into the tiers now that e holds ranges of its
+// own and, under a reuse threshold, was hit often enough (TierWriteThrough), on a
+// goroutine of its own counted in bg: e is busy meanwhile, so that eviction leaves its
+// ranges as they are, and the blocks it stores are not written again when e is
+// evicted. pc.mu is held.
+func (t *pcTiers) writeThrough(pc *PrefixCache, e *pcEntry) {
+	if t == nil || !t.through || t.sealed || e.closed || e.seq == nil || e.seq.err != nil || !t.keep(e) {
+		return
+	}
+	p, ok := t.part(e, e.leaf.Tokens(), e.leaf.Parent().Depth()/t.c.tpb, e.n)
+	if !ok {
+		return
+	}
+	e.stored = p.last
+	e.busy++
+	t.bg.Add(1)
+	seq := e.seq // its ranges, which stay as they are while e is busy
+	go func() {
+		defer t.bg.Done()
+		t.writeBack(context.Background(), seq, &tierWrite{t: t, parts: []tierPart{p}})
+		pc.mu.Lock()
+		e.busy--
+		out := e.state() == entryOut // it left the index meanwhile: ours to close
+		pc.mu.Unlock()
+		if out {
+			e.close()
+		}
+	}()
+}
+
+// originHolder, as s (an origin) closes, returns a holder mapping the blocks of s's
+// evicted lazy entries that wait in its ranges (pending), as an entry to close, or
+// nil. pc.mu is held.
+func (t *pcTiers) originHolder(s *Sequence) *pcEntry {
+	if t == nil {
+		return nil
+	}
+	pe := t.pending[s]
+	if pe == nil {
+		return nil
+	}
+	delete(t.pending, s)
+	if s.err != nil {
+		return nil
+	}
+	lo, hi := pe.parts[0].first, 0
+	for _, p := range pe.parts {
+		lo, hi = min(lo, p.first), max(hi, p.last)
+	}
+	h := t.holder(s, lo, hi)
+	if h == nil {
+		return nil
+	}
+	return &pcEntry{seq: h, closed: true, wb: &tierWrite{t: t, parts: pe.parts}}
+}
+
+// truncating writes down, before s (an origin) truncates to n tokens, the blocks of
+// its evicted lazy entries at or past the one holding token n, which the truncate
+// gives up or lets s write anew. s's ranges lock is held, not pc.mu.
+func (t *pcTiers) truncating(pc *PrefixCache, s *Sequence, n int) {
+	if t == nil {
+		return
+	}
+	b := n / t.c.tpb
+	var cut []tierPart
+	pc.mu.Lock()
+	if pe := t.pending[s]; pe != nil {
+		keep := pe.parts[:0]
+		for _, p := range pe.parts {
+			if p.last > b {
+				c := p
+				c.first = max(c.first, b)
+				cut = append(cut, c)
+				p.last = b
+			}
+			if p.first < p.last {
+				keep = append(keep, p)
+			}
+		}
+		pe.parts = keep
+		if len(keep) == 0 {
+			delete(t.pending, s)
+		}
+	}
+	pc.mu.Unlock()
+	if len(cut) > 0 && s.err == nil {
+		t.writeBack(context.Background(), s, &tierWrite{t: t, parts: cut})
 	}
 }
 
@@ -293,22 +524,35 @@ func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, t
 }
 
 // later tells whether the entries in drop, which an eviction to MaxBytes took after an
-// Insert or a lookup, have blocks to write down: those are then written, and the
-// entries closed, on a goroutine of their own (closeAll), off the request's path,
-// counted in bg so that Close waits for them. pc.mu is held: an Insert holds it from
-// its check that the prefix cache is open, and a lookup is counted in pc.working,
-// which Close waits for before bg.
-func (t *pcTiers) later(drop []*pcEntry) bool {
+// Insert or a lookup, or an origin's close, have blocks to write down: those are then
+// written, and the entries closed, on a goroutine of their own (closeAll), off the
+// request's path, counted in bg so that Close waits for them. Once Close sealed the
+// tiers, those with blocks to write are parked for Close instead: it returns the
+// entries left for closeAll. pc.mu is held: an Insert holds it from its check that the
+// prefix cache is open, a lookup is counted in pc.working, which Close waits for
+// before it seals, and an origin's close seals nothing.
+func (t *pcTiers) later(drop []*pcEntry) ([]*pcEntry, bool) {
 	if t == nil {
-		return false
+		return drop, false
+	}
+	if t.sealed {
+		rest := drop[:0]
+		for _, d := range drop {
+			if d.wb != nil {
+				t.parked = append(t.parked, d)
+			} else {
+				rest = append(rest, d)
+			}
+		}
+		return rest, false
 	}
 	for _, d := range drop {
 		if d.wb != nil {
 			t.bg.Add(1)
-			return true
+			return drop, true
 		}
 	}
-	return false
+	return drop, false
 }
 
 // closeAll closes the entries in drop, on a goroutine of its own when later said so.
@@ -328,9 +572,61 @@ func (t *pcTiers) closeAll(drop []*pcEntry, later bool) {
 	}()
 }
 
-// waitBackground waits for the write-backs running on their own goroutines.
-func (t *pcTiers) waitBackground() {
-	if t != nil {
-		t.bg.Wait()
+// seal starts Close's part: write-downs are parked for Close from now on, and those
+// running in the background are waited for.
+func (t *pcTiers) seal(pc *PrefixCache) {
+	if t == nil {
+		return
 	}
+	pc.mu.Lock()
+	t.sealed = true
+	pc.mu.Unlock()
+	t.bg.Wait()
+}
+
+// closeContext returns the context bounding Close's write-downs, all of them together:
+// one TierWait.
+func (t *pcTiers) closeContext() (context.Context, context.CancelFunc) {
+	if t == nil {
+		return context.Background(), func() {}
+	}
+	return context.WithTimeout(context.Background(), t.wait)
+}
+
+// flush writes down, within ctx, what waits in live origins' ranges (pending) and
+// what was parked, for Close, which evicted the index before: each origin's under its
+// ranges lock, so that it can not close meanwhile. No lock is held.
+func (t *pcTiers) flush(ctx context.Context, pc *PrefixCache) []error {
+	if t == nil {
+		return nil
+	}
+	pc.mu.Lock()
+	origins := make([]*Sequence, 0, len(t.pending))
+	ols := make([]*pcLive, 0, len(t.pending))
+	for s, pe := range t.pending {
+		origins, ols = append(origins, s), append(ols, pe.ol)
+	}
+	pc.mu.Unlock()
+	for i, s := range origins {
+		ols[i].mu.Lock()
+		pc.mu.Lock()
+		pe := t.pending[s]
+		delete(t.pending, s)
+		pc.mu.Unlock()
+		if pe != nil && s.err == nil {
+			t.writeBack(ctx, s, &tierWrite{t: t, parts: pe.parts})
+		}
+		ols[i].mu.Unlock()
+	}
+	pc.mu.Lock()
+	parked := t.parked
+	t.parked = nil
+	pc.mu.Unlock()
+	var errs []error
+	for _, d := range parked {
+		if out := d.closeCtx(ctx); out.Err != nil {
+			errs = append(errs, out.Err)
+		}
+	}
+	return errs
 }

@@ -6,8 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"sync"
 	"testing"
 	"time"
 
@@ -374,32 +372,7 @@ func TestPrefixCacheTierConcurrent(t *testing.T) {
 			for i := range prompts {
 				prompts[i] = append(promptIDs(0, tpb), promptIDs(1000*(i+1), 2*tpb+i)...)
 			}
-			var wg sync.WaitGroup
-			errs := make(chan error, 4)
-			for w := range 4 {
-				wg.Go(func() {
-					r := rand.New(rand.NewPCG(uint64(w), 1))
-					for range 12 {
-						ids := prompts[r.IntN(len(prompts))]
-						s, m, err := serve(pc, ids)
-						if err != nil {
-							errs <- fmt.Errorf("serve: %w", err)
-							return
-						}
-						err = checkIDs(s, ids, 0, len(ids))
-						s.Close()
-						if err != nil {
-							errs <- fmt.Errorf("hit of %d: %w", m, err)
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				assert.NoError(t, err)
-			}
+			tierWorkers(t, pc, prompts, 12, 1, nil)
 			st := pc.Stats()
 			assert.Positive(t, st.Tiers[0].StoreBytes)
 			assert.Positive(t, st.Tiers[0].Hits)
@@ -463,5 +436,5 @@ func TestPrefixCacheTierCapInBackground(t *testing.T) {
 	}
 	close(g.open)
 	require.NoError(t, <-closed)
-	assert.Equal(t, 3, g.Len(), "a's three whole blocks")
+	assert.Equal(t, 6, g.Len(), "a's three whole blocks, then b's, which Close evicts")
 }
