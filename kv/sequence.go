@@ -48,10 +48,7 @@ type Sequence struct {
 	// protect, pcLive counts.)
 	guarded bool
 	started backing.MapReport // what the call that made it took on (Started)
-	// asked: the bytes of its next commit that it counts in its cache's map-ahead
-	// (ahead.want), asked for when its first range held askedAt bytes.
-	asked   int64
-	askedAt int
+	ahead   seqAhead          // its run committed ahead (Config.MapAhead; see ahead.go)
 
 	// Readings for Cache.Stats, which runs on other goroutines.
 	tokens    atomic.Int64
@@ -150,6 +147,9 @@ func (s *Sequence) Truncate(n int) error {
 	}
 	if n < 0 || n > s.n {
 		return fmt.Errorf("%w: truncate to %d of %d tokens", ErrRange, n, s.n)
+	}
+	if err := s.dropAhead(); err != nil {
+		return err
 	}
 	var err error
 	if h := s.c.hooks(); h != nil {
@@ -274,6 +274,9 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	if n < 0 || n > s.n {
 		return nil, fmt.Errorf("%w: fork at %d of %d tokens", ErrRange, n, s.n)
 	}
+	if err := s.dropAhead(); err != nil {
+		return nil, err
+	}
 	if err := s.c.shareBudget(n); err != nil {
 		return nil, err
 	}
@@ -386,6 +389,9 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 	if p < 0 || p > s.n {
 		return nil, fmt.Errorf("%w: freeze %d of %d tokens", ErrRange, p, s.n)
 	}
+	if err := s.dropAhead(); err != nil {
+		return nil, err
+	}
 	if err := s.c.shareBudget(p); err != nil {
 		return nil, err
 	}
@@ -431,6 +437,9 @@ func (s *Sequence) Close() accounting.ReleaseOutcome {
 	if s.closed {
 		return accounting.FailedRelease(0, fmt.Errorf("%w: sequence %d closed twice", ErrClosed, s.id))
 	}
+	// NB: a run ahead that can not be given back now stays in the ranges, whose
+	// Close tries again.
+	_ = s.dropAhead()
 	bufs := s.bufs
 	h := s.c.hooks()
 	if h != nil {
@@ -438,9 +447,6 @@ func (s *Sequence) Close() accounting.ReleaseOutcome {
 		if old, ok := h.closing(s); ok {
 			bufs = old
 		}
-	}
-	if s.c.ahead != nil {
-		s.c.ahead.forget(s)
 	}
 	out := s.c.release(bufs)
 	s.closed = true

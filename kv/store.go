@@ -14,11 +14,20 @@ import (
 type buffer interface {
 	arena.Memory // Base, Len, HostAccessible
 
+	Start() int
 	Committed() int
 	Shared() int
 	Resize(n int) error
 	Bytes() []byte
 	Close() accounting.ReleaseOutcome
+
+	// The run committed ahead (see arena.Buffer.CommitAhead and ahead.go):
+	// CommitAhead, DecommitAhead and Ahead may run on the map-ahead worker,
+	// concurrently with the owner's calls.
+	CommitAhead(off, size int) error
+	AdoptAhead() (int, error)
+	DecommitAhead() (int, error)
+	Ahead() (off, size int)
 
 	// shareFrom maps the granules behind src's first size bytes into this empty
 	// buffer with access prot. src must come from the same store.
