@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/vmarena/vmarena/backing"
 )
@@ -130,6 +131,7 @@ type ahead struct {
 	mappedBytes int64       // their bytes
 	busy        *Sequence   // the run the worker commits, or nil
 	holds       int         // steps that keep the worker from starting a run
+	parked      bool        // the worker waits for a kick (see run)
 	started     bool
 	stopped     bool
 }
@@ -142,21 +144,28 @@ func newAhead(c *Cache) *ahead {
 
 // after asks for the runs of the sequences of a batch that just grew: each that is
 // now within aheadTokens of a commit and has no run asked. Only the batch's owner
-// calls it.
+// calls it. It kicks the worker only when the worker waits for a kick (parked): a
+// worker that polls finds the runs itself, so the step makes no system call (waking
+// a parked thread is a futex call, and on a busy machine the thread woken may take
+// the step's CPU).
 func (a *ahead) after(batch []Growth) {
-	asked := false
+	kick := false
 	for _, g := range batch {
 		if s := g.Seq; !s.ahead.on {
-			asked = a.ask(s) || asked
+			kick = a.ask(s) || kick
 		}
 	}
-	if asked {
-		a.wake()
+	if kick {
+		select {
+		case a.kick <- struct{}{}:
+		default:
+		}
 	}
 }
 
 // ask queues the run of s's next commit, if it is within aheadTokens: the granules
-// past its committed bytes that its next tokens need. It reports whether it asked.
+// past its committed bytes that its next tokens need. It starts the worker if need
+// be, and reports whether the worker must be kicked (it is parked).
 func (a *ahead) ask(s *Sequence) bool {
 	room := s.c.cfg.MaxTokens - s.n
 	if room <= 0 || s.err != nil {
@@ -175,7 +184,14 @@ func (a *ahead) ask(s *Sequence) bool {
 	}
 	s.ahead = seqAhead{on: true, state: aheadAsked, off: end, size: target - end, bufs: s.bufs}
 	a.queue = append(a.queue, s)
-	return true
+	if !a.started {
+		a.started = true
+		a.done.Add(1)
+		go a.run()
+	}
+	kick := a.parked
+	a.parked = false
+	return kick
 }
 
 // settle ends s's run before its owner changes s's ranges: it adopts the run into
@@ -302,36 +318,57 @@ func (a *ahead) step(batch []Growth, need int64) (int64, error) {
 	return need, nil
 }
 
-// wake starts the worker if need be and tells it to look.
-func (a *ahead) wake() {
-	a.mu.Lock()
-	if a.stopped {
-		a.mu.Unlock()
-		return
-	}
-	if !a.started {
-		a.started = true
-		a.done.Add(1)
-		go a.run()
-	}
-	a.mu.Unlock()
-	select {
-	case a.kick <- struct{}{}:
-	default:
-	}
-}
+// aheadPoll is how often a worker that had work lately looks for runs asked, and
+// aheadPolls how many looks that find nothing it makes before it parks (waits for a
+// kick). A sequence asks aheadTokens of its own steps before it needs its run, and
+// in a round of b sequences' steps that lead is b times longer: with the replay's
+// steps of a few tens of µs and a dozen sequences, some milliseconds. NB: the
+// runtime's timers sleep at about millisecond grain when the machine is idle.
+const (
+	aheadPoll  = 500 * time.Microsecond
+	aheadPolls = 40
+)
 
-// run is the worker: at each kick it commits the runs asked, in order.
+// run is the worker: it commits the runs asked, in order, looking every aheadPoll
+// while runs come, parked on a kick once none came for aheadPolls looks.
 func (a *ahead) run() {
 	defer a.done.Done()
+	t := time.NewTimer(aheadPoll)
+	defer t.Stop()
+	empty := 0
 	for {
+		worked := false
+		for a.next() {
+			worked = true
+		}
+		if worked {
+			empty = 0
+		} else {
+			empty++
+		}
+		if empty < aheadPolls {
+			t.Reset(aheadPoll)
+			select {
+			case <-a.stop:
+				return
+			case <-a.kick:
+			case <-t.C:
+			}
+			continue
+		}
+		a.mu.Lock()
+		a.parked = len(a.queue) == 0
+		parked := a.parked
+		a.mu.Unlock()
+		if !parked {
+			continue
+		}
 		select {
 		case <-a.stop:
 			return
 		case <-a.kick:
 		}
-		for a.next() {
-		}
+		empty = 0
 	}
 }
 
@@ -366,10 +403,11 @@ func (a *ahead) next() bool {
 }
 
 // commit commits run r in each of its ranges, or none: a range that fails undoes
-// those before it. A run the budget can not hold now is not tried.
+// those before it. A run that neither the pool's idle granules nor the free budget
+// can hold now is not tried.
 func (a *ahead) commit(r seqAhead) error {
 	c := a.c
-	if r.bytes() > c.gov.Available(c.dev) {
+	if r.bytes() > c.idle()+c.gov.Available(c.dev) {
 		return errAheadBudget
 	}
 	for i, b := range r.bufs {
