@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/vmarena/vmarena/backing"
 )
@@ -123,6 +122,7 @@ type ahead struct {
 	stop chan struct{} // closed by close
 	done sync.WaitGroup
 	held atomic.Int64 // bytes of the runs mapped: a copy of mappedBytes for own
+	owed atomic.Bool  // a kick a crossing step left for the next step (see after)
 
 	mu          sync.Mutex
 	cond        sync.Cond   // on mu: a run left mapping or dropping, or holds went 0
@@ -144,18 +144,23 @@ func newAhead(c *Cache) *ahead {
 
 // after asks for the runs of the sequences of a batch that just grew: each that is
 // now within aheadTokens of a commit and has no run asked. Only the batch's owner
-// calls it. It kicks the worker only when the worker waits for a kick (parked): a
-// worker that polls finds the runs itself, so the step makes no system call (waking
-// a parked thread is a futex call, and on a busy machine the thread woken may take
-// the step's CPU).
-func (a *ahead) after(batch []Growth) {
+// calls it; crossed says whether the step adopted a run. A parked worker is kicked
+// (a futex call, and on a busy machine the thread woken may take the step's CPU), but
+// never by a step that crossed into a run: that kick is owed, and paid by the next
+// step of the cache that adopts none, so that the crossing step makes no system call.
+func (a *ahead) after(batch []Growth, crossed bool) {
 	kick := false
 	for _, g := range batch {
 		if s := g.Seq; !s.ahead.on {
 			kick = a.ask(s) || kick
 		}
 	}
-	if kick {
+	switch {
+	case crossed:
+		if kick {
+			a.owed.Store(true)
+		}
+	case kick || a.owed.Load() && a.owed.Swap(false):
 		select {
 		case a.kick <- struct{}{}:
 		default:
@@ -305,56 +310,26 @@ func (a *ahead) adopt(batch []Growth) (bool, error) {
 }
 
 // step adopts the runs that a batch step crosses into (it needs need bytes of new
-// granules without them) and returns what the step still needs.
-func (a *ahead) step(batch []Growth, need int64) (int64, error) {
+// granules without them) and returns what the step still needs, and whether it
+// adopted any.
+func (a *ahead) step(batch []Growth, need int64) (int64, bool, error) {
 	adopted, err := a.adopt(batch)
 	if err != nil || !adopted {
-		return need, err
+		return need, false, err
 	}
 	need = 0
 	for _, g := range batch {
 		need += g.Seq.need(g.Seq.n + g.Tokens)
 	}
-	return need, nil
+	return need, true, nil
 }
 
-// aheadPoll is how often a worker that had work lately looks for runs asked, and
-// aheadPolls how many looks that find nothing it makes before it parks (waits for a
-// kick). A sequence asks aheadTokens of its own steps before it needs its run, and
-// in a round of b sequences' steps that lead is b times longer: with the replay's
-// steps of a few tens of µs and a dozen sequences, some milliseconds. NB: the
-// runtime's timers sleep at about millisecond grain when the machine is idle.
-const (
-	aheadPoll  = 500 * time.Microsecond
-	aheadPolls = 40
-)
-
-// run is the worker: it commits the runs asked, in order, looking every aheadPoll
-// while runs come, parked on a kick once none came for aheadPolls looks.
+// run is the worker: it commits the runs asked, in order, and parks on a kick when
+// none is left.
 func (a *ahead) run() {
 	defer a.done.Done()
-	t := time.NewTimer(aheadPoll)
-	defer t.Stop()
-	empty := 0
 	for {
-		worked := false
 		for a.next() {
-			worked = true
-		}
-		if worked {
-			empty = 0
-		} else {
-			empty++
-		}
-		if empty < aheadPolls {
-			t.Reset(aheadPoll)
-			select {
-			case <-a.stop:
-				return
-			case <-a.kick:
-			case <-t.C:
-			}
-			continue
 		}
 		a.mu.Lock()
 		a.parked = len(a.queue) == 0
@@ -368,7 +343,6 @@ func (a *ahead) run() {
 			return
 		case <-a.kick:
 		}
-		empty = 0
 	}
 }
 

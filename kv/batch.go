@@ -141,8 +141,9 @@ func (c *Cache) appendBatch(batch []Growth, credit int64) error {
 	if err != nil {
 		return err
 	}
+	crossed := false
 	if need > 0 && c.ahead != nil {
-		if need, err = c.ahead.step(batch, need); err != nil {
+		if need, crossed, err = c.ahead.step(batch, need); err != nil {
 			return err
 		}
 		if need > 0 {
@@ -160,7 +161,7 @@ func (c *Cache) appendBatch(batch []Growth, credit int64) error {
 		return c.refused(err)
 	}
 	if c.ahead != nil {
-		c.ahead.after(batch)
+		c.ahead.after(batch, crossed)
 	}
 	return nil
 }
