@@ -49,7 +49,10 @@ import (
 // them: a loaded machine), or while another goroutine's growth gives it back under
 // a full budget; it then waits for that one backing call, which it would otherwise
 // have made itself. A sequence's owner also takes ahead.mu briefly, once per run,
-// to ask and to settle; neither the worker nor a reclaim holds it across a call.
+// to ask and to settle; neither the worker nor a reclaim holds it across a call. The
+// crossing step makes no futex call either: the kick that a parked worker needs for
+// the run it then asks is left to the cache's next step (after). The first ask of a
+// cache starts the worker.
 //
 // Accounting: Need, AppendBatch and every check of the budget count the runs mapped
 // ahead as the cache's own, like the pool's idle granules (own), and a growth that
