@@ -149,8 +149,10 @@ func newAhead(c *Cache) *ahead {
 // now within aheadTokens of a commit and has no run asked. Only the batch's owner
 // calls it; crossed says whether the step adopted a run. A parked worker is kicked
 // (a futex call, and on a busy machine the thread woken may take the step's CPU), but
-// never by a step that crossed into a run: that kick is owed, and paid by the next
-// step of the cache that adopts none, so that the crossing step makes no system call.
+// not by a step that crossed into a run: that kick is owed, and paid by the cache's
+// next step (by the next crossing step too, where every step crosses), so that the
+// step that crosses after a step that did not makes no system call. A run whose
+// kick is owed when the cache makes no more steps waits: no step needs it.
 func (a *ahead) after(batch []Growth, crossed bool) {
 	kick := false
 	for _, g := range batch {
@@ -159,15 +161,23 @@ func (a *ahead) after(batch []Growth, crossed bool) {
 		}
 	}
 	switch {
-	case crossed:
-		if kick {
-			a.owed.Store(true)
+	case crossed && (kick || a.owed.Load()):
+		if a.owed.Swap(true) {
+			// NB: the step before crossed too (a batch of many tokens each step):
+			// this one pays, so that a kick waits one step at most.
+			a.owed.Store(false)
+			a.kickNow()
 		}
 	case kick || a.owed.Load() && a.owed.Swap(false):
-		select {
-		case a.kick <- struct{}{}:
-		default:
-		}
+		a.kickNow()
+	}
+}
+
+// kickNow wakes the worker if it waits for a kick.
+func (a *ahead) kickNow() {
+	select {
+	case a.kick <- struct{}{}:
+	default:
 	}
 }
 

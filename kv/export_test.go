@@ -11,6 +11,9 @@ func (c *Cache) WaitAhead() {
 	if a == nil {
 		return
 	}
+	if a.owed.Swap(false) {
+		a.kickNow() // the kick a last crossing step left for the next step
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for (len(a.queue) > 0 || a.busy != nil) && !a.stopped {
