@@ -344,3 +344,25 @@ func aheadOwner(c *kv.Cache, r *rand.Rand) error {
 	}
 	return nil
 }
+
+// TestMapAheadOwedKick: the step that crosses into its run asks for the next one but
+// leaves the kick of the parked worker to the cache's next step, which pays it: the
+// next run is then mapped with no wait for the test's own help (WaitAhead).
+func TestMapAheadOwedKick(t *testing.T) {
+	for _, name := range aheadBackings {
+		t.Run(name, func(t *testing.T) {
+			e := openAhead(t, name, true, 0, 64)
+			s, err := e.c.NewSequence()
+			require.NoError(t, err)
+			defer func() { assert.True(t, s.Close().OK()) }()
+			require.NoError(t, s.Append(16))
+			e.mappedAhead(t, blockGranule) // the worker parks after this run
+			calls := e.calls()
+			require.NoError(t, s.Append(1)) // crosses, asks for the third block
+			assert.Equal(t, calls, e.calls(), "the crossing step made no backing call")
+			require.NoError(t, s.Append(1)) // pays the kick
+			require.Eventually(t, func() bool { return e.c.Stats().Ahead == blockGranule }, 10*time.Second, time.Millisecond,
+				"the step after the crossing one kicked the worker")
+		})
+	}
+}
