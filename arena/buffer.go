@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
@@ -35,6 +36,10 @@ type Buffer[R any, B backing.Backing[R]] struct {
 	shared     []span // the parts of [start, end) that map another buffer's granules, in order
 	host       bool
 	closed     bool
+	// ahead is the run of granules committed past end by CommitAhead and not yet
+	// adopted (see ahead.go): 0 for none, aheadBusy while a call commits or
+	// decommits it. It is the one field that other goroutines than the owner touch.
+	ahead atomic.Int64
 }
 
 // NewBuffer reserves capacity bytes (rounded up to the granule) of b's address space
@@ -175,6 +180,11 @@ func (buf *Buffer[R, B]) resize(ctx context.Context, wait bool, n int) error {
 		return fmt.Errorf("%w: length %d below the %d bytes given back", ErrInvalidSize, n, buf.start)
 	}
 	need, _ := backing.AlignUp(n, buf.gran) // cannot overflow: n <= capacity
+	if need > buf.end {
+		if err := buf.aheadClear(need); err != nil {
+			return err
+		}
+	}
 	switch {
 	case need > buf.end:
 		if err := buf.commit(ctx, wait, buf.end, need-buf.end); err != nil {
@@ -426,6 +436,9 @@ func (buf *Buffer[R, B]) Protect(off, size int, prot backing.Protection) error {
 // Residual bytes stay charged because they are still held).
 func (buf *Buffer[R, B]) Close() accounting.ReleaseOutcome {
 	buf.live()
+	if _, err := buf.DecommitAhead(); err != nil {
+		return accounting.FailedRelease(0, err)
+	}
 	out := buf.b.Unreserve(buf.r)
 	if out.Status == accounting.Failed {
 		return out

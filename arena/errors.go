@@ -21,6 +21,12 @@ var (
 	// (it is not a backing.Protector, or answers that it can not). It matches
 	// errors.ErrUnsupported.
 	ErrNoProtection = fmt.Errorf("arena: backing can not change the access of its memory: %w", errors.ErrUnsupported)
+	// ErrAhead: a run committed ahead (CommitAhead) in the way of a growth, or none
+	// where AdoptAhead needs one at the committed bytes' end.
+	ErrAhead = errors.New("arena: run committed ahead")
+	// ErrAheadBusy: a call commits or decommits the buffer's run ahead right now (or
+	// CommitAhead found one there already).
+	ErrAheadBusy = errors.New("arena: run committed ahead is busy")
 )
 
 // Misuse panics with these messages.

@@ -50,7 +50,7 @@ func (s *Sequence) ForkNeed(n int) (int64, error) {
 	if n < 0 || n > s.n {
 		return 0, fmt.Errorf("%w: fork at %d of %d tokens", ErrRange, n, s.n)
 	}
-	return max(s.c.shareNeed(n)-s.c.idle(), 0), nil
+	return max(s.c.shareNeed(n)-s.c.own(), 0), nil
 }
 
 // shareNeed returns the bytes of the granules a new holder of the first n tokens of a
@@ -81,14 +81,19 @@ func (c *Cache) shareBudget(n int) error {
 
 // evicting runs op and, when the backing refuses it for budget (the memory went to
 // another user of the device since shareBudget, or the backing needs more than the
-// copied tail), runs it once more after the prefix cache gave back what the refusal
-// says is missing. op must change nothing when it fails. A refusal that stays is
+// copied tail), runs it once more after the runs committed ahead (see ahead.go) and
+// the prefix cache gave back what the refusal says is missing. op must change nothing when it fails. A refusal that stays is
 // counted in Stats.Refusals.
 func evicting[T any](c *Cache, op func() (T, error)) (T, error) {
 	v, err := op()
 	var be *accounting.BudgetError
 	if err != nil && errors.As(err, &be) && !errors.Is(be, accounting.ErrExceedsLimit) {
-		if c.shortfall(max(be.Requested-be.Available, int64(c.gran))) > 0 {
+		short := max(be.Requested-be.Available, int64(c.gran))
+		got := c.ahead.giveBack(short)
+		if got < short {
+			got += c.shortfall(short - got)
+		}
+		if got > 0 {
 			v, err = op()
 		}
 	}
@@ -99,11 +104,11 @@ func evicting[T any](c *Cache, op func() (T, error)) (T, error) {
 // sequence maps to make up the shortfall.
 func (c *Cache) budgetOrEvict(need, credit int64) *accounting.BudgetError {
 	be := c.budget(need, credit)
-	if be == nil || errors.Is(be, accounting.ErrExceedsLimit) {
-		return be
+	if be != nil && !errors.Is(be, accounting.ErrExceedsLimit) && c.shortfall(be.Requested-be.Available-credit) > 0 {
+		be = c.budget(need, credit)
 	}
-	if c.shortfall(be.Requested-be.Available-credit) > 0 {
-		return c.budget(need, credit)
+	if be == nil && c.ahead != nil {
+		c.ahead.reclaim(need, credit) // the runs ahead counted as own
 	}
 	return be
 }

@@ -1,50 +1,142 @@
 package kv
 
 import (
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
+
+	"github.com/vmarena/vmarena/backing"
 )
 
 // Map-ahead (Config.MapAhead): the granules a growing sequence will commit next are
-// made ready in the backing's pool before the step that commits them, off the token
-// path, so that the step takes a granule that exists (a move out of the pool's park)
-// rather than creating and populating one.
+// committed into the sequence's own ranges before the step that needs them, off the
+// token path, so that the step which crosses into them makes no backing call and
+// takes no lock that a system call holds: it adopts them (arena.Buffer.AdoptAhead,
+// which moves a few fields).
 //
-// A sequence asks once per growth frontier: after an append leaves it within
-// aheadTokens of its next commit, it counts the bytes of that commit in want (asked),
-// and stops counting them when it commits them, closes or is truncated. A worker
-// goroutine of the cache keeps the pool's idle resident granules at or above want
-// (Pool.Prefill, one granule at a time, up to the pool's High), within the budget: a
-// prefill the budget refuses is left for the next ask. The granules it makes are idle
-// granules of the pool like any other, owned and charged (the governor and PoolStats
-// show them), and Need and AppendBatch count idle granules as the cache's own, so
-// they never make this cache's growth refused. The one window where they could, a
-// granule charged but still being populated (not idle yet) while a step finds the
-// budget short, is closed by hold: such a step stops the worker and waits for its
-// granule to land before it decides.
+// A sequence's run ahead (the same granules at the same offset in each of its
+// ranges: the granules its next aheadTokens tokens need) is in one of these states,
+// guarded by ahead.mu:
+//
+//  1. none: nothing asked.
+//  2. asked: queued for the worker. After an append that leaves the sequence
+//     within aheadTokens of a commit, its owner asks (after), once per run.
+//  3. mapping: the worker commits the run (arena.Buffer.CommitAhead, range by
+//     range, outside every lock of kv's); a failure (the budget, say) undoes the
+//     ranges done and goes back to none: the step then commits as without
+//     map-ahead.
+//  4. mapped: committed ahead in every range, owned and charged (the governor and
+//     PoolStats show it; Stats.Ahead counts it), and listed in ahead.mapped.
+//  5. dropping: being given back (arena.Buffer.DecommitAhead) by a growth of
+//     another sequence that the budget can not hold otherwise (reclaim), outside
+//     every lock. Then none.
+//
+// Only the worker moves asked to mapping and mapping on; only a reclaim moves mapped
+// to dropping and dropping on; only the owner moves asked or mapped to none
+// (settle), and only the owner reads or changes its ranges' fields. The worker and
+// a reclaim touch nothing of a sequence but its ranges' runs ahead, which they reach
+// through the arena's word (CommitAhead and DecommitAhead change no other field), so
+// the owner can read, write and view its ranges meanwhile. The owner settles a run
+// before anything that changes its ranges: a step that needs the run adopts it
+// (under lockRanges, as a resize, so a lookup mapping from the ranges sees whole
+// fields); Truncate, Close, ForkAt, Freeze and PrefixCache.Insert give it back first,
+// so a run never holds tokens, is never shared or copied, and no range closes with
+// one (the budget it held goes back to the pool, where that operation finds it).
+//
+// The owner waits in two rare cases only: the step crosses into its run while the
+// worker is still committing it (the worker had aheadTokens steps of lead and lost
+// them: a loaded machine), or while another goroutine's growth gives it back under
+// a full budget; it then waits for that one backing call, which it would otherwise
+// have made itself. A sequence's owner also takes ahead.mu briefly, once per run,
+// to ask and to settle; neither the worker nor a reclaim holds it across a call. The
+// crossing step makes no futex call either: the kick that a parked worker needs for
+// the run it then asks is left to the cache's next step (after). The first ask of a
+// cache starts the worker.
+//
+// Accounting: Need, AppendBatch and every check of the budget count the runs mapped
+// ahead as the cache's own, like the pool's idle granules (own), and a growth that
+// the budget could not hold otherwise gives back other sequences' runs first
+// (reclaim), so map-ahead never makes a growth of this cache refused. A step that
+// commits holds the worker off (hold) until it has committed, and where the budget
+// is so short that a run in flight could make it fail, first waits for that run to
+// land (mapped, where the step can take it back). ForkAt, Freeze and NewSequenceFrom
+// reclaim too but do not hold the worker: a run it starts meanwhile may take the
+// last granule they counted on, which the next try finds mapped and takes back.
+//
+// What map-ahead holds: at most one run per growing sequence beyond its tokens
+// (one block in the Blocked layout; one granule a range in the others, two where
+// aheadTokens straddle a granule boundary), from the step that adopts the last run
+// until its next crossing. A sequence that stops growing keeps its run until it is
+// truncated or closed, or a growth of another sequence needs the budget.
 
 // aheadTokens is how many tokens before its next commit a sequence asks for it: at
 // one token a step, that many steps of lead for the worker. 16 is a whole block of
 // the default layout at 2 MiB granules for Llama-3-8B (the next block is asked for
 // as the current one begins): with 8, 0.26% of a long-prompt replay's steps still
-// found no granule made (BENCHMARKS.md, issue 23); the price is up to one block per
-// growing sequence held idle ahead, charged and shown.
+// found no granule made (BENCHMARKS.md, issue 23).
 const aheadTokens = 16
 
-// ahead is a cache's map-ahead worker.
+// aheadState is the state of a sequence's run ahead (see above).
+type aheadState uint8
+
+const (
+	aheadNone aheadState = iota
+	aheadAsked
+	aheadMapping
+	aheadMapped
+	aheadDropping
+)
+
+// seqAhead is a sequence's part of map-ahead. on is its owner's alone; the rest is
+// guarded by the cache's ahead.mu.
+type seqAhead struct {
+	on    bool // asked, and not settled since: the owner settles before it asks again
+	state aheadState
+	off   int      // where the run starts in each range
+	size  int      // its bytes in each range
+	bufs  []buffer // the ranges, as the owner asked (the worker's and reclaim's copy)
+	at    int      // its index in ahead.mapped while mapped
+}
+
+// run returns a copy of the run without its owner's field (on), which only the
+// owner may read: the worker's and reclaim's copy.
+func (r *seqAhead) run() seqAhead {
+	return seqAhead{state: r.state, off: r.off, size: r.size, bufs: r.bufs}
+}
+
+// left reports whether any of the run's ranges holds a run ahead.
+func (r *seqAhead) left() bool {
+	for _, b := range r.bufs {
+		if _, size := b.Ahead(); size > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// bytes returns the run's bytes in all its ranges.
+func (r *seqAhead) bytes() int64 { return int64(len(r.bufs)) * int64(r.size) }
+
+// ahead is a cache's map-ahead worker and its books.
 type ahead struct {
 	c    *Cache
-	want atomic.Int64  // bytes the sequences that asked will commit next
 	kick chan struct{} // wakes the worker (capacity 1)
 	stop chan struct{} // closed by close
 	done sync.WaitGroup
+	held atomic.Int64 // bytes of the runs mapped: a copy of mappedBytes for own
+	owed atomic.Bool  // a kick a crossing step left for the next step (see after)
 
-	mu      sync.Mutex
-	cond    sync.Cond // on mu: busy went false, or held went 0
-	busy    bool      // a prefill is in flight
-	held    int       // steps that keep the worker from starting one
-	started bool
-	stopped bool
+	mu          sync.Mutex
+	cond        sync.Cond   // on mu: a run left mapping or dropping, or holds went 0
+	queue       []*Sequence // asked, in order
+	mapped      []*Sequence // mapped, in no order
+	mappedBytes int64       // their bytes
+	busy        *Sequence   // the run the worker commits, or nil
+	holds       int         // steps that keep the worker from starting a run
+	parked      bool        // the worker waits for a kick (see run)
+	started     bool
+	stopped     bool
 }
 
 func newAhead(c *Cache) *ahead {
@@ -53,145 +145,364 @@ func newAhead(c *Cache) *ahead {
 	return a
 }
 
-// after counts what the sequences of a batch that just grew will commit next: a
-// sequence that committed since it asked stops counting, and one now within
-// aheadTokens of a commit asks. committed says whether the batch committed granules
-// (it may have taken those made ahead for others: the worker looks again). Only the
-// batch's owner calls it.
-func (a *ahead) after(batch []Growth, committed bool) {
-	asked := committed
+// after asks for the runs of the sequences of a batch that just grew: each that is
+// now within aheadTokens of a commit and has no run asked. Only the batch's owner
+// calls it; crossed says whether the step adopted a run. A parked worker is kicked
+// (a futex call, and on a busy machine the thread woken may take the step's CPU), but
+// not by a step that crossed into a run: that kick is owed, and paid by the cache's
+// next step (by the next crossing step too, where every step crosses), so that the
+// step that crosses after a step that did not makes no system call. A run whose
+// kick is owed when the cache makes no more steps waits: no step needs it.
+func (a *ahead) after(batch []Growth, crossed bool) {
+	kick := false
 	for _, g := range batch {
-		s := g.Seq
-		if s.asked > 0 {
-			if s.bufs[0].Committed() == s.askedAt {
-				continue // still waiting for its commit
-			}
-			a.want.Add(-s.asked)
-			s.asked = 0
-		}
-		if room := s.c.cfg.MaxTokens - s.n; room > 0 {
-			if need := s.need(s.n + min(aheadTokens, room)); need > 0 {
-				s.asked, s.askedAt = need, s.bufs[0].Committed()
-				a.want.Add(need)
-				asked = true
-			}
+		if s := g.Seq; !s.ahead.on {
+			kick = a.ask(s) || kick
 		}
 	}
-	if asked {
-		a.wake()
+	switch {
+	case crossed && (kick || a.owed.Load()):
+		if a.owed.Swap(true) {
+			// NB: the step before crossed too (a batch of many tokens each step):
+			// this one pays, so that a kick waits one step at most.
+			a.owed.Store(false)
+			a.kickNow()
+		}
+	case kick || a.owed.Load() && a.owed.Swap(false):
+		a.kickNow()
 	}
 }
 
-// forget stops counting what s asked for (it closes, or its ranges changed).
-func (a *ahead) forget(s *Sequence) {
-	if s.asked > 0 {
-		a.want.Add(-s.asked)
-		s.asked = 0
-	}
-}
-
-// wake starts the worker if need be and tells it to look.
-func (a *ahead) wake() {
-	a.mu.Lock()
-	if a.stopped {
-		a.mu.Unlock()
-		return
-	}
-	if !a.started {
-		a.started = true
-		a.done.Add(1)
-		go a.run()
-	}
-	a.mu.Unlock()
+// kickNow wakes the worker if it waits for a kick.
+func (a *ahead) kickNow() {
 	select {
 	case a.kick <- struct{}{}:
 	default:
 	}
 }
 
-// run is the worker: at each kick it prefills the pool up to want.
+// ask queues the run of s's next commit, if it is within aheadTokens: the granules
+// past its committed bytes that its next tokens need. It starts the worker if need
+// be, and reports whether the worker must be kicked (it is parked).
+func (a *ahead) ask(s *Sequence) bool {
+	room := s.c.cfg.MaxTokens - s.n
+	if room <= 0 || s.err != nil {
+		return false
+	}
+	b := s.bufs[0] // the ranges are alike (see publish)
+	end := b.Start() + b.Committed()
+	target, ok := backing.AlignUp(s.c.extent(s.n+min(aheadTokens, room)), s.c.gran)
+	if !ok || target <= end {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.stopped {
+		return false
+	}
+	s.ahead = seqAhead{on: true, state: aheadAsked, off: end, size: target - end, bufs: s.bufs}
+	a.queue = append(a.queue, s)
+	if !a.started {
+		a.started = true
+		a.done.Add(1)
+		go a.run()
+	}
+	kick := a.parked
+	a.parked = false
+	return kick
+}
+
+// settle ends s's run before its owner changes s's ranges: it adopts the run into
+// them (adopt, for a step that needs it) or gives it back, waiting first while the
+// worker commits it or a reclaim gives it back. It reports whether it adopted a run.
+// On error (a backing call that failed) the ranges may differ: the sequence is
+// damaged, or, where giving back failed, its ranges keep the run for their Close
+// to give back.
+func (a *ahead) settle(s *Sequence, adopt bool) (bool, error) {
+	if !s.ahead.on {
+		return false, nil
+	}
+	s.ahead.on = false
+	a.mu.Lock()
+	for s.ahead.state == aheadMapping || s.ahead.state == aheadDropping {
+		a.cond.Wait()
+	}
+	r := s.ahead
+	switch r.state {
+	case aheadAsked:
+		a.queue = removeSeq(a.queue, s)
+		a.cond.Broadcast()
+	case aheadMapped:
+		a.unlist(s)
+	}
+	s.ahead = seqAhead{}
+	a.mu.Unlock()
+	if r.state != aheadMapped {
+		return false, nil
+	}
+	if !adopt {
+		return false, dropRun(r.bufs)
+	}
+	s.lockRanges()
+	defer s.unlockRanges()
+	for i, b := range r.bufs {
+		if _, err := b.AdoptAhead(); err != nil {
+			// NB: it can not fail while the protocol holds; if it did, the ranges
+			// differ from here on.
+			s.err = err
+			return false, errors.Join(fmt.Errorf("%w: adopting the run ahead of range %d: %w", ErrDamaged, i, err), dropRun(r.bufs[i:]))
+		}
+	}
+	return true, nil
+}
+
+// dropRun gives back the runs ahead of bufs.
+func dropRun(bufs []buffer) error {
+	var errs []error
+	for _, b := range bufs {
+		if _, err := b.DecommitAhead(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("kv: giving back a run committed ahead: %w", err)
+	}
+	return nil
+}
+
+// removeSeq removes s from q, keeping the order.
+func removeSeq(q []*Sequence, s *Sequence) []*Sequence {
+	for i, x := range q {
+		if x == s {
+			return append(q[:i], q[i+1:]...)
+		}
+	}
+	return q
+}
+
+// unlist removes s, mapped, from the mapped runs. a.mu must be held.
+func (a *ahead) unlist(s *Sequence) {
+	last := len(a.mapped) - 1
+	i := s.ahead.at
+	a.mapped[i] = a.mapped[last]
+	a.mapped[i].ahead.at = i
+	a.mapped[last] = nil
+	a.mapped = a.mapped[:last]
+	a.mappedBytes -= s.ahead.bytes()
+	a.held.Store(a.mappedBytes)
+}
+
+// list adds s, whose run is committed, to the mapped runs. a.mu must be held.
+func (a *ahead) list(s *Sequence) {
+	s.ahead.state = aheadMapped
+	s.ahead.at = len(a.mapped)
+	a.mapped = append(a.mapped, s)
+	a.mappedBytes += s.ahead.bytes()
+	a.held.Store(a.mappedBytes)
+}
+
+// adopt settles the runs of the batch's sequences that the step needs (their
+// growth crosses into the run), and returns whether any adopted one.
+func (a *ahead) adopt(batch []Growth) (bool, error) {
+	adopted := false
+	for _, g := range batch {
+		s := g.Seq
+		if !s.ahead.on || s.need(s.n+g.Tokens) == 0 {
+			continue
+		}
+		ok, err := a.settle(s, true)
+		if err != nil {
+			return adopted, err
+		}
+		if ok {
+			adopted = true
+			s.publish()
+		}
+	}
+	return adopted, nil
+}
+
+// step adopts the runs that a batch step crosses into (it needs need bytes of new
+// granules without them) and returns what the step still needs, and whether it
+// adopted any.
+func (a *ahead) step(batch []Growth, need int64) (int64, bool, error) {
+	adopted, err := a.adopt(batch)
+	if err != nil || !adopted {
+		return need, false, err
+	}
+	need = 0
+	for _, g := range batch {
+		need += g.Seq.need(g.Seq.n + g.Tokens)
+	}
+	return need, true, nil
+}
+
+// run is the worker: it commits the runs asked, in order, and parks on a kick when
+// none is left.
 func (a *ahead) run() {
 	defer a.done.Done()
-	gran := int64(a.c.gran)
 	for {
+		for a.next() {
+		}
+		a.mu.Lock()
+		a.parked = len(a.queue) == 0
+		parked := a.parked
+		a.mu.Unlock()
+		if !parked {
+			continue
+		}
 		select {
 		case <-a.stop:
 			return
 		case <-a.kick:
 		}
-		for {
-			want := (a.want.Load() + gran - 1) / gran
-			if want <= 0 {
-				break
-			}
-			a.mu.Lock()
-			for a.held > 0 && !a.stopped {
-				a.cond.Wait()
-			}
-			if a.stopped {
-				a.mu.Unlock()
-				return
-			}
-			st := a.c.pool.PoolStats()
-			have := st.Resident / gran
-			if have >= min(want, int64(st.High)) {
-				a.mu.Unlock()
-				break
-			}
-			a.busy = true
-			a.mu.Unlock()
-			// NB: Prefill makes granules until have+1 are resident: one, unless a
-			// commit took some meanwhile.
-			err := a.c.pool.Prefill(int(have + 1))
-			a.mu.Lock()
-			a.busy = false
-			a.cond.Broadcast()
-			a.mu.Unlock()
-			if err != nil {
-				break // the budget, say: the next ask tries again
-			}
-		}
 	}
 }
 
-// hold keeps the worker from charging the budget while a step that needs need bytes
-// of new granules (credit of them waited for already) decides and commits, where
-// the budget is so short that a granule in flight could make it fail, or where the
-// pool lacks idle granules for the step while one is in flight: it waits for the
-// prefill in flight to land in the pool, where the step counts it as idle (and
-// takes it, rather than make one more). A step that the pool's resident idle
-// granules cover neither waits nor holds: the worker only creates granules or
-// populates idle ones that are not resident, so nothing it does can take those or
-// make the step short. It returns the function that lets the worker go on.
-//
-// NB: waiting there put the worker's whole populate (a 2 MiB MADV_POPULATE_WRITE,
-// 0.3-1 ms) on the token path of most steps that commit under a full budget, where
-// examples/kvcache's pool keeps its idle granules (BENCHMARKS.md, issue 23).
+// next commits the first run asked; it reports whether there may be more.
+func (a *ahead) next() bool {
+	a.mu.Lock()
+	for a.holds > 0 && !a.stopped {
+		a.cond.Wait()
+	}
+	if a.stopped || len(a.queue) == 0 {
+		a.mu.Unlock()
+		return false
+	}
+	s := a.queue[0]
+	a.queue = a.queue[1:]
+	s.ahead.state = aheadMapping
+	a.busy = s
+	r := s.ahead.run()
+	a.mu.Unlock()
+
+	err := a.commit(r)
+	a.mu.Lock()
+	if err == nil || r.left() {
+		a.list(s) // NB: left: what a failed undo kept, for the owner to settle
+	} else {
+		s.ahead.state = aheadNone // the step commits as without map-ahead
+	}
+	a.busy = nil
+	a.cond.Broadcast()
+	a.mu.Unlock()
+	return true
+}
+
+// commit commits run r in each of its ranges, or none: a range that fails undoes
+// those before it. A run that neither the pool's idle granules nor the free budget
+// can hold now is not tried.
+func (a *ahead) commit(r seqAhead) error {
+	c := a.c
+	if r.bytes() > c.idle()+c.gov.Available(c.dev) {
+		return errAheadBudget
+	}
+	for i, b := range r.bufs {
+		if err := b.CommitAhead(r.off, r.size); err != nil {
+			if derr := dropRun(r.bufs[:i]); derr != nil {
+				// NB: the runs that stay are given back by the ranges' Close.
+				return errors.Join(err, derr)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// errAheadBudget: the worker leaves a run the budget can not hold now.
+var errAheadBudget = errors.New("kv: no budget for a run ahead")
+
+// own returns the bytes of the runs mapped ahead, which every growth may take back.
+func (a *ahead) own() int64 {
+	if a == nil {
+		return 0
+	}
+	return a.held.Load()
+}
+
+// hold keeps the worker from starting a run while a step that needs need bytes of
+// new granules (credit of them waited for already) decides and commits; where the
+// budget is so short that the run in flight could make the step fail, it first waits
+// for that run to land (mapped, where reclaim can take it back). It returns the
+// function that lets the worker go on.
 func (a *ahead) hold(need, credit int64) func() {
 	c := a.c
-	st := c.pool.PoolStats()
-	if st.Resident >= need {
-		return func() {}
-	}
-	idle := st.Idle
-	tight := max(need-idle, 0)+int64(c.gran) > c.gov.Available(c.dev)+credit
 	a.mu.Lock()
-	if !tight && (!a.busy || idle >= need) {
+	a.holds++
+	if a.busy != nil {
+		margin := a.busy.ahead.bytes()
 		a.mu.Unlock()
-		return func() {}
-	}
-	a.held++
-	for a.busy {
-		a.cond.Wait()
+		tight := need-c.idle()-a.own()+margin > c.gov.Available(c.dev)+credit
+		a.mu.Lock()
+		for tight && a.busy != nil {
+			a.cond.Wait()
+		}
 	}
 	a.mu.Unlock()
 	return func() {
 		a.mu.Lock()
-		if a.held--; a.held == 0 {
+		if a.holds--; a.holds == 0 {
 			a.cond.Broadcast()
 		}
 		a.mu.Unlock()
 	}
+}
+
+// reclaim gives back runs mapped ahead, most recent first, until a growth that
+// needs need bytes of new granules (credit waited for) fits in the pool's idle
+// granules and the free budget, or none is left. Each goes idle in the pool (or,
+// past the pool's High, back to the budget), where the growth takes it.
+func (a *ahead) reclaim(need, credit int64) {
+	c := a.c
+	for need-c.idle() > c.gov.Available(c.dev)+credit {
+		if a.dropLast() == 0 {
+			return
+		}
+	}
+}
+
+// giveBack gives back runs mapped ahead, most recent first, until want bytes came
+// back or none is left (an operation the backing refused for budget tries again
+// with them); it returns the bytes given back.
+func (a *ahead) giveBack(want int64) int64 {
+	if a == nil {
+		return 0
+	}
+	var got int64
+	for got < want {
+		n := a.dropLast()
+		if n == 0 {
+			break
+		}
+		got += n
+	}
+	return got
+}
+
+// dropLast gives back the run mapped last and returns its bytes: 0 when there is
+// none, or when giving it back failed (the run then stays mapped, and its owner's
+// settle finds what is left of it).
+func (a *ahead) dropLast() int64 {
+	a.mu.Lock()
+	if len(a.mapped) == 0 {
+		a.mu.Unlock()
+		return 0
+	}
+	s := a.mapped[len(a.mapped)-1]
+	a.unlist(s)
+	s.ahead.state = aheadDropping
+	r := s.ahead.run()
+	a.mu.Unlock()
+	err := dropRun(r.bufs)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	defer a.cond.Broadcast()
+	if err != nil {
+		a.list(s)
+		return 0
+	}
+	s.ahead.state = aheadNone
+	return r.bytes()
 }
 
 // close stops the worker and waits for it.
@@ -206,4 +517,14 @@ func (a *ahead) close() {
 	a.cond.Broadcast()
 	a.mu.Unlock()
 	a.done.Wait()
+}
+
+// dropAhead gives back s's run ahead before its owner changes or shares its ranges
+// (Truncate, Close, ForkAt, Freeze, PrefixCache.Insert).
+func (s *Sequence) dropAhead() error {
+	if s.c.ahead == nil {
+		return nil
+	}
+	_, err := s.c.ahead.settle(s, false)
+	return err
 }

@@ -220,9 +220,11 @@ func p(ds []time.Duration, q float64) time.Duration {
 // paged: the decode step's p99 (memory-layer time of one request's step: its append
 // and the writes of its token) and the whole memory-layer time, and kv's peak use
 // over the peak bytes the live tokens needed. fresh% is the share of kv's steps that
-// committed a block and found no idle granule in the pool; idle-commit-p50-ns and
-// fresh-commit-p50-ns are the median of kv's steps that committed a block with idle
-// granules in the pool and without. slept% and paged-slept% are the share of steps in
+// crossed into a new block and found no idle granule in the pool; idle-commit-p50-ns
+// and fresh-commit-p50-ns are the median of kv's steps that crossed into a new block
+// with idle granules in the pool and without. NB: with map-ahead a crossing step
+// adopts the block committed ahead into its range, which is not idle, so those
+// figures split such steps by the pool's state, not by what they did. slept% and paged-slept% are the share of steps in
 // which the replaying thread slept (waited for a lock, in Go or in the kernel): a
 // figure that the machine's load does not make, as it does the p99. ahead=false
 // turns map-ahead off (kv.Config.MapAhead).

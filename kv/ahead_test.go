@@ -2,7 +2,6 @@ package kv_test
 
 import (
 	"math/rand/v2"
-	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/backing/cuda"
 	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 	"github.com/vmarena/vmarena/backing/host"
@@ -20,16 +20,18 @@ import (
 // aheadEnv is a Blocked cache of oneBlock tokens (16 a granule of blockGranule) on a pooling
 // backing, MapAhead on or off, under limit bytes.
 type aheadEnv struct {
-	c    *kv.Cache
-	pool backing.Pool
-	gov  *accounting.Governor
-	dev  accounting.DeviceKey
+	c      *kv.Cache
+	pool   backing.Pool
+	gov    *accounting.Governor
+	dev    accounting.DeviceKey
+	calls  func() int                       // the backing calls so far (backingtest.Faulty)
+	failOp func(backingtest.Op, int, error) // arms a fault (backingtest.Faulty.FailOp)
 }
 
 func openAhead(t *testing.T, name string, ahead bool, limit int64, maxTokens int) aheadEnv {
 	t.Helper()
 	sp := envSpec{kind: onShared, cfg: kv.Config{Geometry: oneBlock, MaxTokens: maxTokens, Layout: kv.Blocked, BlockTokens: 16, MapAhead: ahead},
-		granule: int(blockGranule), limit: limit, cuda: cuda.Options{High: 16},
+		granule: int(blockGranule), limit: limit, faulty: true, cuda: cuda.Options{High: 16},
 		shared: host.SharedOptions{High: 16, Populate: true, NoPrivateGranules: name == "host.Shared/NoPrivateGranules"}}
 	if name == "cuda" {
 		sp.kind = onCUDA
@@ -52,39 +54,17 @@ func openAhead(t *testing.T, name string, ahead bool, limit int64, maxTokens int
 	if err != nil {
 		t.Skipf("%s: %v", name, err)
 	}
-	return aheadEnv{c: e.c, pool: e.pool, gov: e.gov, dev: e.auth.Device()}
+	return aheadEnv{c: e.c, pool: e.pool, gov: e.gov, dev: e.auth.Device(), calls: e.faults.Calls, failOp: e.faults.FailOp}
 }
 
 var aheadBackings = []string{"host.Shared", "host.Shared/NoPrivateGranules", "cuda"}
 
-// TestMapAheadMakesTheNextGranuleReady: once a sequence is within a few tokens of its
-// next block, the granule that block needs waits in the pool, resident, charged and
-// shown, and the append that crosses into the block takes it rather than make one.
-func TestMapAheadMakesTheNextGranuleReady(t *testing.T) {
-	for _, name := range aheadBackings {
-		t.Run(name, func(t *testing.T) {
-			// Two blocks at most: once the second is committed nothing is asked.
-			e := openAhead(t, name, true, 0, 32)
-			s, err := e.c.NewSequence()
-			require.NoError(t, err)
-			defer func() { assert.True(t, s.Close().OK()) }()
-			require.NoError(t, s.Append(16)) // one block, the next one ahead
-			require.Eventually(t, func() bool { return e.pool.PoolStats().Resident >= blockGranule }, 10*time.Second, time.Millisecond,
-				"the next block's granule is made ahead")
-			st := e.pool.PoolStats()
-			assert.Equal(t, e.gov.Stats(e.dev).Used, st.Owned, "the governor shows it")
-			assert.Equal(t, 2*blockGranule, st.Owned, "the block's granule and the one ahead")
-			require.NoError(t, s.Append(1))
-			after := e.pool.PoolStats()
-			assert.Equal(t, st.Created, after.Created, "the append made no granule")
-			assert.Equal(t, 2*blockGranule, e.c.Stats().Committed)
-		})
-	}
-}
-
-// TestMapAheadRefusesNothingMore: the same random appends, closes and new sequences
-// on a cache with map-ahead and on one without, under the same tight budget, succeed
-// and are refused alike, whatever the worker is doing meanwhile.
+// TestMapAheadRefusesNothingMore: the same random appends, truncations, forks, closes
+// and new sequences on a cache with map-ahead and on one without, under the same
+// tight budget, succeed and are refused alike, whatever the worker is doing meanwhile
+// (a fork, which does not hold the worker off, waits for it to rest first: see
+// ahead.go), and after each the two hold the same memory in their sequences: the
+// ledger is exact, map-ahead's runs aside.
 func TestMapAheadRefusesNothingMore(t *testing.T) {
 	for _, name := range aheadBackings {
 		t.Run(name, func(t *testing.T) {
@@ -112,6 +92,30 @@ func TestMapAheadRefusesNothingMore(t *testing.T) {
 					require.True(t, son[i].Close().OK())
 					require.True(t, soff[i].Close().OK())
 					son, soff = append(son[:i], son[i+1:]...), append(soff[:i], soff[i+1:]...)
+				case k == 3 && len(son) > 0:
+					i := r.IntN(len(son))
+					n := r.IntN(son[i].Len() + 1)
+					// NB: a truncation into a granule shared with a fork needs one of
+					// its own, which the budget may refuse.
+					errOff, errOn := soff[i].Truncate(n), son[i].Truncate(n)
+					require.Equal(t, errOff == nil, errOn == nil, "op %d: truncate to %d: off %v, on %v", op, n, errOff, errOn)
+					if errOn != nil {
+						require.ErrorIs(t, errOn, accounting.ErrBudgetExceeded)
+						require.Equal(t, soff[i].Len(), son[i].Len())
+					}
+				case k == 4 && len(son) > 0 && len(son) < 4:
+					i := r.IntN(len(son))
+					n := r.IntN(son[i].Len() + 1)
+					on.c.WaitAhead()
+					fOff, errOff := soff[i].ForkAt(n)
+					fOn, errOn := son[i].ForkAt(n)
+					require.Equal(t, errOff == nil, errOn == nil, "op %d: fork at %d: off %v, on %v", op, n, errOff, errOn)
+					if errOn != nil {
+						require.ErrorIs(t, errOn, accounting.ErrBudgetExceeded)
+						refused++
+						break
+					}
+					son, soff = append(son, fOn), append(soff, fOff)
 				case len(son) > 0:
 					i := r.IntN(len(son))
 					n := 1 + r.IntN(12)
@@ -129,6 +133,12 @@ func TestMapAheadRefusesNothingMore(t *testing.T) {
 				}
 				st := on.pool.PoolStats()
 				require.LessOrEqual(t, st.Owned, int64(limit))
+				on.c.WaitAhead()
+				stOn, stOff := on.c.Stats(), off.c.Stats()
+				pOn, pOff := on.pool.PoolStats(), off.pool.PoolStats()
+				require.Equal(t, pOff.Owned-pOff.Idle, pOn.Owned-pOn.Idle-stOn.Ahead, "op %d: the sequences hold the same memory", op)
+				require.Equal(t, stOff.Committed, stOn.Committed, "op %d", op)
+				require.Equal(t, on.gov.Stats(on.dev).Used, pOn.Owned, "op %d: what map-ahead holds is charged", op)
 			}
 			assert.Positive(t, refused, "the budget was tight")
 			assert.Equal(t, on.gov.Stats(on.dev).Used, on.pool.PoolStats().Owned, "what map-ahead holds is charged")
@@ -162,86 +172,4 @@ func TestMapAheadWithoutPool(t *testing.T) {
 	assert.Equal(t, 2*blockGranule, e.gov.Stats(accounting.HostKey).Used)
 	assert.True(t, s.Close().OK())
 	e.finish(t)
-}
-
-// TestMapAheadStepTakesIdleWithoutWaiting: a step whose granules wait idle and
-// resident in the pool takes them at once, even while the worker's prefill of the
-// last granule under the budget is in flight (the budget tight): that prefill can
-// neither take those granules nor make the step short, so the step must not wait
-// for it (a populate of 2 MiB on host, a cuMemCreate on CUDA).
-func TestMapAheadStepTakesIdleWithoutWaiting(t *testing.T) {
-	granule := int(blockGranule)
-	f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: granule, Memory: 1 << 30})
-	t.Cleanup(func() { assert.NoError(t, f.CheckLeaks()) }) // NB: after the env's cleanup, which closes the backing
-	drv := f.Driver()
-	var gate chan struct{} // when set, cuMemCreate waits for it to close
-	var gateMu sync.Mutex
-	entered := make(chan struct{}, 16)
-	create := drv.MemCreate
-	drv.MemCreate = func(handle *uint64, size uintptr, prop *cuda.MemAllocationProp, flags uint64) cuda.Code {
-		gateMu.Lock()
-		g := gate
-		gateMu.Unlock()
-		if g != nil {
-			entered <- struct{}{}
-			<-g
-		}
-		return create(handle, size, prop, flags)
-	}
-	e, err := openEnv(t, envSpec{kind: onCUDA, granule: granule, limit: 3 * blockGranule, cuda: cuda.Options{Driver: drv, High: 16},
-		cfg: kv.Config{Geometry: oneBlock, MaxTokens: 64, Layout: kv.Blocked, BlockTokens: 16, MapAhead: true}})
-	require.NoError(t, err)
-	c, gov, dev, b := e.c, e.gov, e.auth.Device(), e.pool
-	open := true
-	release := func() {
-		gateMu.Lock()
-		if open && gate != nil {
-			close(gate)
-			open = false
-		}
-		gateMu.Unlock()
-	}
-	t.Cleanup(release) // NB: before the env's cleanup closes the cache
-
-	s1, err := c.NewSequence()
-	require.NoError(t, err)
-	s1Open := true
-	t.Cleanup(func() {
-		if s1Open {
-			release()
-			s1.Close()
-		}
-	})
-	require.NoError(t, s1.Append(16)) // one block; its next one is made ahead
-	require.Eventually(t, func() bool { return b.PoolStats().Resident >= blockGranule }, 10*time.Second, time.Millisecond)
-
-	gateMu.Lock()
-	gate = make(chan struct{})
-	gateMu.Unlock()
-	s2, err := c.NewSequence()
-	require.NoError(t, err)
-	require.NoError(t, s2.Append(16)) // takes the granule made ahead; both now ask
-	select {
-	case <-entered: // the worker's prefill of the third granule is in flight, charged
-	case <-time.After(10 * time.Second):
-		t.Fatal("the worker did not start a prefill")
-	}
-	require.Equal(t, int64(0), gov.Available(dev), "the budget is tight: the granule in flight holds the rest")
-	require.True(t, s2.Close().OK()) // its granule goes idle, resident
-	require.GreaterOrEqual(t, b.PoolStats().Resident, blockGranule)
-
-	done := make(chan error, 1)
-	go func() { done <- s1.Append(1) }() // crosses into its second block
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(10 * time.Second):
-		release()
-		<-done
-		t.Fatal("the step waited for a prefill it did not need")
-	}
-	assert.Equal(t, 2*blockGranule, c.Stats().Committed, "its two blocks")
-	release()
-	s1Open = false
-	require.True(t, s1.Close().OK())
 }

@@ -34,7 +34,7 @@ func (c *Cache) Need(batch []Growth) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return max(need-c.idle(), 0), nil
+	return max(need-c.own(), 0), nil
 }
 
 // AppendBatch grows every sequence of the batch by its own count, all or nothing:
@@ -93,6 +93,10 @@ func (c *Cache) check(batch []Growth) (int64, error) {
 	return need, nil
 }
 
+// own returns the bytes the cache holds that any growth may take: the pool's idle
+// granules and the runs committed ahead (see ahead.go).
+func (c *Cache) own() int64 { return c.idle() + c.ahead.own() }
+
 // idle returns the bytes the backing's pool holds idle.
 func (c *Cache) idle() int64 {
 	if c.pool == nil {
@@ -110,7 +114,7 @@ func (c *Cache) idle() int64 {
 func (c *Cache) budget(need, credit int64) *accounting.BudgetError {
 	limit := c.gov.Limit(c.dev)
 	avail := c.gov.Available(c.dev)
-	held := min(c.idle(), need)
+	held := min(c.own(), need)
 	if net := need - held; need > limit || net > avail+credit {
 		return &accounting.BudgetError{Device: c.dev, Requested: net, Available: avail, Limit: limit, Held: held}
 	}
@@ -139,8 +143,14 @@ func (c *Cache) appendBatch(batch []Growth, credit int64) error {
 	if err != nil {
 		return err
 	}
+	crossed := false
 	if need > 0 && c.ahead != nil {
-		defer c.ahead.hold(need, credit)()
+		if need, crossed, err = c.ahead.step(batch, need); err != nil {
+			return err
+		}
+		if need > 0 {
+			defer c.ahead.hold(need, credit)()
+		}
 	}
 	if need > 0 {
 		// Refuse what can not fit before committing any of it: a commit rolled back
@@ -153,7 +163,7 @@ func (c *Cache) appendBatch(batch []Growth, credit int64) error {
 		return c.refused(err)
 	}
 	if c.ahead != nil {
-		c.ahead.after(batch, need > 0)
+		c.ahead.after(batch, crossed)
 	}
 	return nil
 }

@@ -43,15 +43,17 @@ type Config struct {
 	// when the cache's own growth did). nil logs nothing; nothing else is logged on
 	// Append or Truncate.
 	Logger *slog.Logger
-	// MapAhead makes the granules a growing sequence will commit next ready in the
-	// backing's pool (Pool.Prefill) a few tokens before the append that commits
-	// them, on a goroutine of the cache, so that the append moves a granule that
-	// exists rather than making one: a decode step that crosses a block boundary
-	// costs what the others do. The granules are idle pool granules, owned and
-	// charged like any (PoolStats and the governor show them), which Need and
-	// AppendBatch count as the cache's own: map-ahead never makes a growth of this
-	// cache refused. It needs a pooling backing (host.Shared, cuda) and is ignored
-	// on others.
+	// MapAhead commits the granules a growing sequence will commit next into the
+	// sequence's own ranges a few tokens before the append that needs them, on a
+	// goroutine of the cache, so that the append makes no backing call: a decode
+	// step that crosses a block boundary costs what the others do. The granules are
+	// owned and charged like any (PoolStats and the governor show them, and
+	// Stats.Ahead), at most the next block of each growing sequence; Need and
+	// AppendBatch count them as the cache's own, and a growth that needs the budget
+	// takes them back: map-ahead never makes a growth of this cache refused.
+	// Truncate, Close, ForkAt, Freeze and PrefixCache.Insert give a sequence's back
+	// first. It needs a pooling backing (host.Shared, cuda) and is ignored on
+	// others.
 	MapAhead bool
 }
 
@@ -376,6 +378,10 @@ type Stats struct {
 	// hold on its own, so the bytes that sharing saves.
 	Shared int64
 	Waste  int64 // Committed - Used: the partly filled granules
+	// Ahead is the bytes committed ahead into growing sequences' ranges
+	// (Config.MapAhead) that no step has taken yet: owned and charged, in no
+	// sequence's Committed, and taken back by any growth that needs the budget.
+	Ahead int64
 	// Owned and Mapped are the ledger's readings: the physical bytes it owns (under
 	// ByBacking the backing's whole pool, idle granules included; every shared
 	// granule once) and the bytes of every mapping.
@@ -419,6 +425,7 @@ func (c *Cache) Stats() Stats {
 		st.Unreleased += int64(b.Committed())
 	}
 	c.mu.Unlock()
+	st.Ahead = c.ahead.own()
 	if !c.multi {
 		st.Used = st.Tokens * int64(c.bpt)
 	}

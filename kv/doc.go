@@ -151,15 +151,17 @@
 // queue and may succeed ahead of waiters.
 //
 // Map-ahead (Config.MapAhead, on a pooling backing): a sequence within a few tokens
-// of its next commit has the granules of that commit made ready in the backing's
-// pool, resident, by a goroutine of the cache (Pool.Prefill), so that the decode step
-// that crosses into a new block moves a granule that exists instead of creating and
-// populating one on the token path. Those granules are idle granules of the pool,
-// owned and charged like any (the governor and the pool's stats show them), counted
-// by Need and AppendBatch as the cache's own, and the worker stands aside while a
-// step that finds the budget short decides: map-ahead never makes a growth of the
-// cache refused. The pool keeps or gives them back as any idle granule (decay,
-// Trim); Cache.Close stops the goroutine.
+// of its next commit has the granules of that commit committed into its own ranges,
+// past its tokens, by a goroutine of the cache (arena.Buffer.CommitAhead), so that the
+// decode step that crosses into a new block adopts them with no backing call and no
+// lock that a system call holds, instead of mapping a granule on the token path.
+// Those granules are owned and charged like any (the governor, the pool's stats and
+// Stats.Ahead show them), at most the next block of each growing sequence, counted
+// by Need and AppendBatch as the cache's own; a growth that the budget can not hold
+// otherwise takes other sequences' back first, and the worker stands aside while a
+// step that commits decides: map-ahead never makes a growth of the cache refused.
+// Truncate, Close, ForkAt, Freeze and PrefixCache.Insert give a sequence's back to
+// the pool first; Cache.Close stops the goroutine.
 //
 // A Cache is closed with [Cache.Close] once every sequence and prefix is gone (it
 // fails with [ErrBusy] before); Close gives back the range of its FP8 scales too. A
@@ -175,9 +177,12 @@
 // batch step belongs to the goroutine that owns all of its sequences. A Prefix
 // may be used by many goroutines. [Cache.SetScales] must not run while anything reads
 // the same tensor's scales. With Config.MapAhead the cache runs one goroutine of its
-// own, which calls only the backing's Pool methods (never a sequence's ranges) and
+// own, which commits runs ahead into growing sequences' ranges (past their committed
+// bytes, through the arena's one atomic word of a range, never its other fields) and
 // takes no lock of the cache's or a sequence's; its own lock comes after any of those,
-// before the pool's. A prefix cache with an observer runs one goroutine of its own
+// before the pool's, and it holds it across no backing call. A sequence's owner waits
+// for it only when a step crosses into a run the worker is still committing (see
+// kv/ahead.go for the protocol). A prefix cache with an observer runs one goroutine of its own
 // from its first change to Close, which takes only the lock of the events' queue
 // (after the prefix cache's lock, which a change holds while it queues) and calls the
 // observer with no lock held. A prefix cache calls its tiers (PrefixCacheOptions.Tiers)

@@ -42,3 +42,20 @@ func (s Shape) Run(t int) int                          { return s.sh.run(t) }
 func (s Shape) Tensor(layer int, kind Kind) (buf, off int, ok bool) {
 	return s.sh.tensor(layer, kind)
 }
+
+// WaitAhead waits until the cache's map-ahead worker has committed every run asked
+// (or failed to): the tests that compare ledgers then read them at rest.
+func (c *Cache) WaitAhead() {
+	a := c.ahead
+	if a == nil {
+		return
+	}
+	if a.owed.Swap(false) {
+		a.kickNow() // the kick a last crossing step left for the next step
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for (len(a.queue) > 0 || a.busy != nil) && !a.stopped {
+		a.cond.Wait()
+	}
+}

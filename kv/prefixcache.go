@@ -504,6 +504,9 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	if len(tokens) > s.n {
 		return fmt.Errorf("%w: insert of %d tokens from a sequence of %d", ErrRange, len(tokens), s.n)
 	}
+	if err := s.dropAhead(); err != nil {
+		return err
+	}
 	n := len(tokens)
 	frozen := s.frozen // before the entry shares more of s
 	pc.mu.Lock()

@@ -53,7 +53,7 @@ func (pc *PrefixCache) Need(tokens []int32) (int64, error) {
 	}
 	size, _ := backing.AlignUp(c.extent(len(tokens)), c.gran)
 	need := int64(c.nbuf) * int64(size-c.shareable(m))
-	return max(need-c.idle(), 0), nil
+	return max(need-c.own(), 0), nil
 }
 
 // Evict evicts cached prefixes that no live sequence maps and no pin holds, least

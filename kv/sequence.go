@@ -48,10 +48,7 @@ type Sequence struct {
 	// protect, pcLive counts.)
 	guarded bool
 	started backing.MapReport // what the call that made it took on (Started)
-	// asked: the bytes of its next commit that it counts in its cache's map-ahead
-	// (ahead.want), asked for when its first range held askedAt bytes.
-	asked   int64
-	askedAt int
+	ahead   seqAhead          // its run committed ahead (Config.MapAhead; see ahead.go)
 	// gs is what it keeps per layer group in a cache on a Model (Cache.multi); nil in
 	// a one-group cache, whose group's are frozen and pre (see frozenOf).
 	gs []groupState
@@ -177,6 +174,9 @@ func (s *Sequence) Truncate(n int) error {
 		return fmt.Errorf("%w: truncate to %d of %d tokens", ErrRange, n, s.n)
 	}
 	if err := s.windowCheck("truncate", n); err != nil {
+		return err
+	}
+	if err := s.dropAhead(); err != nil {
 		return err
 	}
 	var err error
@@ -340,6 +340,9 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 		return nil, fmt.Errorf("%w: fork at %d of %d tokens", ErrRange, n, s.n)
 	}
 	if err := s.windowCheck("fork", n); err != nil {
+		return nil, err
+	}
+	if err := s.dropAhead(); err != nil {
 		return nil, err
 	}
 	if err := s.c.shareBudget(n); err != nil {
@@ -541,6 +544,9 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 	if p < 0 || p > s.n {
 		return nil, fmt.Errorf("%w: freeze %d of %d tokens", ErrRange, p, s.n)
 	}
+	if err := s.dropAhead(); err != nil {
+		return nil, err
+	}
 	if err := s.c.shareBudget(p); err != nil {
 		return nil, err
 	}
@@ -586,6 +592,9 @@ func (s *Sequence) Close() accounting.ReleaseOutcome {
 	if s.closed {
 		return accounting.FailedRelease(0, fmt.Errorf("%w: sequence %d closed twice", ErrClosed, s.id))
 	}
+	// NB: a run ahead that can not be given back now stays in the ranges, whose
+	// Close tries again.
+	_ = s.dropAhead()
 	bufs := s.bufs
 	h := s.c.hooks()
 	if h != nil {
@@ -593,9 +602,6 @@ func (s *Sequence) Close() accounting.ReleaseOutcome {
 		if old, ok := h.closing(s); ok {
 			bufs = old
 		}
-	}
-	if s.c.ahead != nil {
-		s.c.ahead.forget(s)
 	}
 	out := s.c.release(bufs)
 	s.closed = true

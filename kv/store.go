@@ -14,9 +14,9 @@ import (
 type buffer interface {
 	arena.Memory // Base, Len, HostAccessible
 
+	Start() int
 	Committed() int
 	Shared() int
-	Start() int
 	Resize(n int) error
 	// DecommitBelow and StartAt are arena.Buffer's: a window group gives back the
 	// granules below its first live token, and a fork of one starts there.
@@ -29,6 +29,15 @@ type buffer interface {
 	// buffer at off with access prot (see arena.Buffer.ShareRange). src must come
 	// from the same store.
 	shareRange(src buffer, off, size int, prot backing.Protection) error
+
+	// The run committed ahead (see arena.Buffer.CommitAhead and ahead.go):
+	// CommitAhead, DecommitAhead and Ahead may run on the map-ahead worker,
+	// concurrently with the owner's calls.
+	CommitAhead(off, size int) error
+	AdoptAhead() (int, error)
+	DecommitAhead() (int, error)
+	Ahead() (off, size int)
+
 	// readAt copies len(p) bytes at off into p: directly on the host, through the
 	// backing's Copier elsewhere.
 	readAt(off int, p []byte) error

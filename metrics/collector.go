@@ -156,7 +156,7 @@ type descs struct {
 	poolOwned, poolIdle, poolResident, poolMapped, poolCreated, poolGivenBack *prometheus.Desc
 
 	kvUsage, kvSequences, kvPrefixes, kvTokens, kvUsed, kvCommitted, kvSaved, kvWaits *prometheus.Desc
-	kvRefusals, kvUnreleased                                                          *prometheus.Desc
+	kvRefusals, kvUnreleased, kvAhead                                                 *prometheus.Desc
 
 	pcQueries, pcHits, pcEvictions, pcEvictedBytes, pcCached, pcPinned *prometheus.Desc
 
@@ -201,6 +201,7 @@ func newDescs(ns string) descs {
 		kvWaits:      d("kv_waits_total", "Appends that had to wait for memory.", cache),
 		kvRefusals:   d("kv_refusals_total", "Operations (growths, forks, starts on a prefix, lookups) refused because the memory could not be had (a scheduler's cue to preempt).", cache),
 		kvUnreleased: d("kv_unreleased_bytes", "Bytes failed releases left held: kept for the cache's Close to retry, or quarantined.", cache),
+		kvAhead:      d("kv_ahead_bytes", "Bytes committed ahead into growing sequences' ranges that no step has taken yet (map-ahead): owned, and taken back by any growth that needs the budget.", cache),
 
 		pcQueries:      d("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", cache),
 		pcHits:         d("prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", cache),
@@ -224,7 +225,7 @@ func (d *descs) all() []*prometheus.Desc {
 		d.govWait, d.govRefusals, d.govQuarantines, d.govQuarantinedBytes,
 		d.poolOwned, d.poolIdle, d.poolResident, d.poolMapped, d.poolCreated, d.poolGivenBack,
 		d.kvUsage, d.kvSequences, d.kvPrefixes, d.kvTokens, d.kvUsed, d.kvCommitted, d.kvSaved, d.kvWaits,
-		d.kvRefusals, d.kvUnreleased,
+		d.kvRefusals, d.kvUnreleased, d.kvAhead,
 		d.pcQueries, d.pcHits, d.pcEvictions, d.pcEvictedBytes, d.pcCached, d.pcPinned,
 		d.pcTierHits, d.pcTierMisses, d.pcTierLoaded, d.pcTierStored, d.pcTierDrops, d.pcTierInvalid,
 	}
@@ -337,7 +338,7 @@ func (c *Collector) collectPool(ch chan<- prometheus.Metric, p Pool) {
 
 func (c *Collector) collectCache(ch chan<- prometheus.Metric, k Cache, limits map[accounting.DeviceKey]int64) {
 	s := k.Cache.Stats()
-	var spare int64 // owned but not in use
+	spare := s.Ahead // owned but not in use: runs committed ahead, idle granules, unpinned cache
 	if k.Pool != nil {
 		spare += k.Pool.PoolStats().Idle
 	}
@@ -357,6 +358,7 @@ func (c *Collector) collectCache(ch chan<- prometheus.Metric, k Cache, limits ma
 	counter(ch, c.d.kvWaits, s.Waits, k.Name)
 	counter(ch, c.d.kvRefusals, s.Refusals, k.Name)
 	gauge(ch, c.d.kvUnreleased, float64(s.Unreleased), k.Name)
+	gauge(ch, c.d.kvAhead, float64(s.Ahead), k.Name)
 }
 
 // usage returns kv_cache_usage_perc for inUse bytes held under a budget of limit

@@ -45,7 +45,7 @@ func TestCollectPoolsCachesPrefixCaches(t *testing.T) {
 	}}
 	cache := &statCache{s: kv.Stats{
 		Sequences: 3, Prefixes: 1, Tokens: 1500, Used: 1500 << 10, Committed: 24 << 20,
-		Shared: 8 << 20, Owned: 20 << 20, Mapped: 24 << 20, Waits: 7, Refusals: 5, Unreleased: 2 << 20,
+		Shared: 8 << 20, Owned: 20 << 20, Mapped: 24 << 20, Waits: 7, Refusals: 5, Unreleased: 2 << 20, Ahead: 2 << 20,
 	}}
 	pc := metrics.PrefixCacheFunc(func() kv.PrefixCacheStats {
 		return kv.PrefixCacheStats{Queries: 9000, Hits: 6000, Evictions: 4, EvictedBytes: 6 << 20, CachedBytes: 10 << 20, PinnedBytes: 2 << 20}
@@ -58,11 +58,14 @@ func TestCollectPoolsCachesPrefixCaches(t *testing.T) {
 	})
 	require.NoError(t, err)
 
-	// Usage: (owned 20 MiB - idle 4 MiB) / limit 64 MiB = 0.25.
+	// Usage: (owned 20 MiB - idle 4 MiB - 2 MiB ahead) / limit 64 MiB = 0.21875.
 	const want = `
+# HELP vmarena_kv_ahead_bytes Bytes committed ahead into growing sequences' ranges that no step has taken yet (map-ahead): owned, and taken back by any growth that needs the budget.
+# TYPE vmarena_kv_ahead_bytes gauge
+vmarena_kv_ahead_bytes{cache="llama"} 2.097152e+06
 # HELP vmarena_kv_cache_usage_perc Fraction of the KV budget held by live sequences and prefixes, 0 to 1 (1 means 100 percent).
 # TYPE vmarena_kv_cache_usage_perc gauge
-vmarena_kv_cache_usage_perc{cache="llama"} 0.25
+vmarena_kv_cache_usage_perc{cache="llama"} 0.21875
 # HELP vmarena_kv_committed_bytes Bytes of granules committed in live sequences' ranges, shared mappings included.
 # TYPE vmarena_kv_committed_bytes gauge
 vmarena_kv_committed_bytes{cache="llama"} 2.5165824e+07
@@ -128,7 +131,7 @@ vmarena_prefix_cache_pinned_bytes{cache="llama"} 2.097152e+06
 vmarena_prefix_cache_queries_total{cache="llama"} 9000
 `
 	names := []string{
-		"vmarena_kv_cache_usage_perc", "vmarena_kv_committed_bytes", "vmarena_kv_prefixes",
+		"vmarena_kv_ahead_bytes", "vmarena_kv_cache_usage_perc", "vmarena_kv_committed_bytes", "vmarena_kv_prefixes",
 		"vmarena_kv_saved_by_sharing_bytes", "vmarena_kv_sequences", "vmarena_kv_tokens",
 		"vmarena_kv_used_bytes", "vmarena_kv_waits_total", "vmarena_kv_refusals_total", "vmarena_kv_unreleased_bytes",
 		"vmarena_pool_granules_created_total", "vmarena_pool_granules_given_back_total",

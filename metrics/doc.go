@@ -47,6 +47,7 @@
 //	vmarena_kv_waits_total                        appends that waited for memory
 //	vmarena_kv_refusals_total                     growths, forks, lookups refused for memory
 //	vmarena_kv_unreleased_bytes                   bytes failed releases left held
+//	vmarena_kv_ahead_bytes                        bytes committed ahead, not taken yet (map-ahead)
 //
 // Prefix caches, labelled cache (vLLM's names where the meaning is the same):
 //

@@ -255,7 +255,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.populate, "populate", true, "vmarena: make committed granules resident at commit (fewer page faults)")
 	fs.BoolVar(&c.huge, "huge", true, "vmarena, host backings: transparent huge pages where the system allows them and they pay (false: never)")
 	fs.IntVar(&c.poolLow, "pool-low", 0, "vmarena, shared and cuda backings: idle granules the pool keeps ready, refilled off the token path (0: none)")
-	fs.BoolVar(&c.mapAhead, "map-ahead", true, "vmarena, shared and cuda backings: make the granules a growing sequence commits next ready in the pool ahead of the step (kv.Config.MapAhead)")
+	fs.BoolVar(&c.mapAhead, "map-ahead", true, "vmarena, shared and cuda backings: commit the block a growing sequence needs next into its range ahead of the step, so that the step makes no system call (kv.Config.MapAhead)")
 	fs.IntVar(&c.poolHigh, "pool-high", 0, "vmarena, shared and cuda backings: most idle granules the pool keeps; those above -pool-low go back to the OS by decay once unused (0: as many as -budget holds, so decay decides; without a budget the larger of -pool-low and 64)")
 	fs.Float64Var(&c.promptScale, "prompt-scale", 1, "multiply every request's prompt tokens by this (a replay of long prompts; prompts past -max-tokens are clipped); CSV traces only")
 	fs.DurationVar(&c.idle, "idle", defaultIdle, "after the load stops, keep sampling memory for this much wall-clock time (a pool's decay runs on the real clock), plotted after the last request (0: not at all)")
