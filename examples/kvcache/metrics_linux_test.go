@@ -21,7 +21,7 @@ func TestMetricsPrefixReplay(t *testing.T) {
 	s.maxTokens = w.MaxTokens
 	s.metrics = ms
 	for _, name := range []string{namePrefixOn, namePrefixOff} {
-		st, gov, err := buildPrefix(name, s)
+		st, gov, err := buildPrefixReplica(name, s, 0)
 		require.NoError(t, err)
 		require.NoError(t, ms.watch(name, gov, accounting.HostKey, st))
 		r, err := ReplayPrefix(context.Background(), st, w, func(int) {})

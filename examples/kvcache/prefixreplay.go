@@ -223,13 +223,9 @@ func (p *pagedPrefix) trim() int64 { return 0 } // the pool never shrinks
 
 func (p *pagedPrefix) Close() error { return p.p.Close() }
 
-// buildPrefix makes the prefix strategy called name under s's budget.
-func buildPrefix(name string, s setup) (pstrategy, *accounting.Governor, error) {
-	return buildPrefixReplica(name, s, 0)
-}
-
-// buildPrefixReplica is buildPrefix for one of the replicas of a tiered strategy,
-// numbered from 0, each with a cache and a host tier of its own.
+// buildPrefixReplica makes the prefix strategy called name under s's budget, for
+// one of the replicas of a tiered strategy, numbered from 0 (0 when there is one),
+// each with a cache and a host tier of its own.
 func buildPrefixReplica(name string, s setup, replica int) (pstrategy, *accounting.Governor, error) {
 	switch name {
 	case namePrefixOn, namePrefixOff, namePrefixTiers:

@@ -65,7 +65,7 @@ func TestReplayPrefix(t *testing.T) {
 	s.maxTokens = w.MaxTokens
 	res := map[string]PrefixResult{}
 	for _, name := range prefixStrategies {
-		st, gov, err := buildPrefix(name, s)
+		st, gov, err := buildPrefixReplica(name, s, 0)
 		require.NoError(t, err)
 		r, err := ReplayPrefix(context.Background(), st, w, func(int) {})
 		require.NoError(t, err, name)
@@ -93,12 +93,12 @@ func TestReplayPrefix(t *testing.T) {
 func TestReplayPrefixBadWorkload(t *testing.T) {
 	w := prefixWorkload(t)
 	w.PrefillRate = 0
-	st, _, err := buildPrefix(namePagedPC, testSetup(0))
+	st, _, err := buildPrefixReplica(namePagedPC, testSetup(0), 0)
 	require.NoError(t, err)
 	defer st.Close()
 	_, err = ReplayPrefix(context.Background(), st, w, func(int) {})
 	assert.ErrorContains(t, err, "prefill rate")
-	_, _, err = buildPrefix("nope", testSetup(0))
+	_, _, err = buildPrefixReplica("nope", testSetup(0), 0)
 	assert.ErrorContains(t, err, "unknown prefix-cache strategy")
 }
 
@@ -141,7 +141,7 @@ func TestReplayPrefixLoneRequestThatCanNotDecode(t *testing.T) {
 	s := testSetup(int64(prompt * testModel.BytesPerToken()))
 	s.maxTokens = w.MaxTokens
 	for _, name := range []string{namePrefixOn, namePrefixOff} {
-		st, _, err := buildPrefix(name, s)
+		st, _, err := buildPrefixReplica(name, s, 0)
 		require.NoError(t, err)
 		// Not a timing check: a guard, so that the bug fails the test instead of
 		// hanging it (the replay's model clock runs on with nothing to do).

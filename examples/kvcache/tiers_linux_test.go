@@ -266,7 +266,7 @@ func TestVerifyCatchesWrongBytes(t *testing.T) {
 	s := testSetup(0)
 	s.maxTokens = w.MaxTokens
 	for _, bad := range []bool{false, true} {
-		st, _, err := buildPrefix(namePrefixOn, s)
+		st, _, err := buildPrefixReplica(namePrefixOn, s, 0)
 		require.NoError(t, err)
 		if bad {
 			st = corrupting{st}
