@@ -138,8 +138,10 @@ func (t *tierSetup) connect() error {
 		t.server, t.redisAddr = srv, srv.addr
 	}
 	// The tier counts every failure (a server down is a miss or a dropped store):
-	// go-redis's own lines about them would only interleave with the output.
-	redis.SetLogger(quietRedis{})
+	// go-redis's own lines about them would only interleave with the output. The
+	// logger is go-redis's global, read by every client's pool: set once, before the
+	// first client, never under one that is still dialling.
+	quietRedisOnce.Do(func() { redis.SetLogger(quietRedis{}) })
 	t.client = redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{t.redisAddr},
 		ContextTimeoutEnabled: true, MaxRetries: 1, DialTimeout: time.Second})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -212,6 +214,9 @@ func (t *tierSetup) build(gov *accounting.Governor, replica int) (builtTiers, er
 	b.close = closeAll
 	return b, nil
 }
+
+// quietRedisOnce sets quietRedis as go-redis's logger, once.
+var quietRedisOnce sync.Once
 
 // quietRedis drops go-redis's log lines.
 type quietRedis struct{}
