@@ -21,6 +21,10 @@ type cacheStrategy struct {
 	pool  backing.Pool          // the backing's pool, or nil
 	auth  *accounting.Authority // owns the cache's physical bytes
 	close func() error          // closes the backing, after the cache
+	shape kv.Geometry           // every layer's K and V (the cache's Geometry, or its model's per-layer shape)
+	// groups measures each layer group of a cache on a model of groups; nil for a
+	// Geometry.
+	groups *groupMeter
 
 	mu      sync.Mutex
 	drained *backing.PoolStats         // the pool after the cache closed, before the backing did
@@ -40,7 +44,15 @@ func (s *cacheStrategy) NewSequence() (baseline.Sequence, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &cacheSeq{s: s, q: q}, nil
+	return s.track(&cacheSeq{s: s, q: q}), nil
+}
+
+// track has the group meter, where there is one, follow q until it closes.
+func (s *cacheStrategy) track(q *cacheSeq) *cacheSeq {
+	if s.groups != nil {
+		s.groups.add(q.q)
+	}
+	return q
 }
 
 func (s *cacheStrategy) NewSequenceFrom(p baseline.Prefix) (baseline.Sequence, error) {
@@ -53,7 +65,7 @@ func (s *cacheStrategy) NewSequenceFrom(p baseline.Prefix) (baseline.Sequence, e
 		if err != nil {
 			return nil, err
 		}
-		return &cacheSeq{s: s, q: q}, nil
+		return s.track(&cacheSeq{s: s, q: q}), nil
 	case *copiedPrefix:
 		if p.s != s {
 			break
@@ -65,11 +77,11 @@ func (s *cacheStrategy) NewSequenceFrom(p baseline.Prefix) (baseline.Sequence, e
 		if err != nil {
 			return nil, err
 		}
-		if err := copyTokens(s.c.Config().Geometry, q, p.q, p.q.Len()); err != nil {
+		if err := copyTokens(s.shape, q, p.q, p.q.Len()); err != nil {
 			q.Close()
 			return nil, err
 		}
-		return &cacheSeq{s: s, q: q}, nil
+		return s.track(&cacheSeq{s: s, q: q}), nil
 	}
 	return nil, fmt.Errorf("%w: %T", baseline.ErrForeign, p)
 }
@@ -114,6 +126,15 @@ func (s *cacheStrategy) Stats() baseline.Stats {
 		PeakPhysical: s.auth.Stats().OwnedPeak,
 		Saved:        st.Shared,
 	}
+}
+
+// readGroups measures the layer groups of a cache on a model of groups (groupReader).
+func (s *cacheStrategy) readGroups() (groupUse, bool, error) {
+	if s.groups == nil {
+		return groupUse{}, false, nil
+	}
+	u, err := s.groups.read()
+	return u, true, err
 }
 
 // poolAfterClose returns the backing's pool as the cache's Close left it (every
@@ -183,7 +204,7 @@ func (q *cacheSeq) Freeze(n int) (baseline.Prefix, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := copyTokens(q.s.c.Config().Geometry, held, q.q, n); err != nil {
+	if err := copyTokens(q.s.shape, held, q.q, n); err != nil {
 		held.Close()
 		return nil, err
 	}
@@ -195,6 +216,9 @@ func (q *cacheSeq) Freeze(n int) (baseline.Prefix, error) {
 }
 
 func (q *cacheSeq) Close() error {
+	if q.s.groups != nil {
+		q.s.groups.remove(q.q)
+	}
 	if out := q.q.Close(); !out.OK() {
 		return fmt.Errorf("kv: sequence close: %v", out)
 	}

@@ -120,7 +120,10 @@ type config struct {
 	idealNote   string // how -budget-ideal set the budget, for the header
 	// prefix is set for a trace with token IDs (Mooncake): the prefix-cache replay.
 	prefix bool
-	set    map[string]bool // flags given on the command line
+	// systemDropped is set when a model of layer groups turned the default system
+	// prompt off (dropSystemPrompt).
+	systemDropped bool
+	set           map[string]bool // flags given on the command line
 }
 
 const usageText = `Usage: go run ./examples/kvcache [flags]
@@ -244,7 +247,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.skip, "skip", 0, "skip this many requests at the start of the trace")
 	fs.Float64Var(&c.speed, "speed", 1, "divide the trace's arrival times by this (0: every request arrives at once)")
 	fs.DurationVar(&c.step, "step", 25*time.Millisecond, "simulated model time of one batch iteration (one decode step)")
-	fs.StringVar(&c.model, "model", kv.Llama3_8B.Name, "model geometry: "+modelNames())
+	fs.StringVar(&c.model, "model", kv.Llama3_8B.Name, "model: a geometry (every layer full attention) or a model of layer groups (sliding-window, chunked-local; vmarena alone, on kv.Config.Model): "+modelNames())
 	fs.IntVar(&c.system, "system-prompt", 1024, "tokens of the system prompt every request shares")
 	fs.IntVar(&c.maxTokens, "max-tokens", 8192, "most tokens per sequence (the context window); longer requests are clipped")
 	fs.Var(&c.budget, "budget", "memory budget per strategy, like 4GiB or 512MiB (0: unlimited)")
@@ -286,22 +289,15 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	return c, nil
 }
 
-func modelNames() string {
-	var names []string
-	for _, g := range kv.Presets() {
-		names = append(names, g.Name)
-	}
-	return strings.Join(names, ", ")
-}
-
 // validate checks the flags and turns them into a setup and workload shape.
 func (c *config) validate() (setup, []string, error) {
 	var s setup
-	g, err := kv.Preset(c.model)
+	g, groups, err := lookupModel(c.model)
 	if err != nil {
 		return s, nil, err
 	}
-	s.model = g
+	s.model, s.groups = g, groups
+	c.dropSystemPrompt(groups)
 	switch {
 	case c.requests < 0:
 		return s, nil, fmt.Errorf("-requests %d is negative", c.requests)
@@ -367,6 +363,11 @@ func (c *config) validate() (setup, []string, error) {
 			seen[n] = true
 		}
 	}
+	if groups != nil {
+		if names, s.notes, err = c.groupsOnly(groups, names); err != nil {
+			return s, nil, err
+		}
+	}
 	s.backing, s.granule, s.populate, s.huge = c.backing, int(c.granule), c.populate, c.huge
 	if c.poolLow < 0 {
 		return s, nil, fmt.Errorf("-pool-low %d: must not be negative", c.poolLow)
@@ -411,6 +412,11 @@ func (c *config) validate() (setup, []string, error) {
 	s.maxTokens, s.budget = c.maxTokens, int64(c.budget)
 	if err := s.shape().Validate(); err != nil {
 		return s, nil, fmt.Errorf("-max-tokens %d with %s: %w", c.maxTokens, g.Name, err)
+	}
+	if groups != nil {
+		if err := groups.Validate(c.maxTokens); err != nil {
+			return s, nil, fmt.Errorf("-max-tokens %d with %s: %w", c.maxTokens, g.Name, err)
+		}
 	}
 	return s, names, nil
 }
