@@ -581,6 +581,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintf(stdout, "\nPlot of physical memory over time: %s\n", path)
+	for _, r := range results {
+		if r.GroupPeak == nil {
+			continue
+		}
+		path, err := writeGroupPlot(c.out, c.format, r, s, w)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvcache: plot: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "Plot of each layer group's memory over time: %s\n", path)
+	}
 	if failed {
 		return 1
 	}

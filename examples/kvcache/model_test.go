@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -157,4 +159,33 @@ func TestRunHybridModel(t *testing.T) {
 	assert.Contains(t, out, "the baselines model full attention only")
 	assert.Regexp(t, `sliding-window 128 ×12 +[0-9.]+ [KM]iB`, out)
 	assert.NotContains(t, out, "paged")
+	assert.Contains(t, out, "Plot of each layer group's memory over time: "+filepath.Join(dir, "kvcache-groups.png"))
+	assert.FileExists(t, filepath.Join(dir, "kvcache-groups.png"))
+}
+
+// TestWriteGroupPlot draws a run on layer groups in both formats, and refuses a run
+// without them.
+func TestWriteGroupPlot(t *testing.T) {
+	g, groups, err := lookupModel("gpt-oss-20b")
+	require.NoError(t, err)
+	s := testSetup(0)
+	s.model, s.groups = g, groups
+	r := Result{Strategy: nameCache, GroupPeak: []int64{3 << 20, 9 << 20}, UniformPeak: []int64{9 << 20, 9 << 20}}
+	for i := range 10 {
+		b := int64(i) << 20
+		r.Samples = append(r.Samples, Sample{At: time.Duration(i) * time.Second, Groups: []int64{min(b, 3<<20), b}, Uniform: []int64{b, b}})
+	}
+	r.Samples = append(r.Samples, Sample{At: 11 * time.Second}) // the idle tail has no groups
+	w := Workload{Requests: make([]Request, 2)}
+	for _, format := range []string{"png", "svg"} {
+		path, err := writeGroupPlot(t.TempDir(), format, r, s, w)
+		require.NoError(t, err)
+		data, err := os.ReadFile(path)
+		require.NoError(t, err)
+		if format == "svg" {
+			assert.Contains(t, string(data), "sliding-window 128 ×12: uniform full-attention cache (peak 9 MiB)")
+		}
+	}
+	_, err = writeGroupPlot(t.TempDir(), "png", Result{Strategy: nameCache}, s, w)
+	assert.ErrorContains(t, err, "no layer groups to plot")
 }
