@@ -177,6 +177,17 @@ proportion to the uncached prompt tokens (-prefill-rate). It prints the hit rate
 to an unbounded cache's, time to first token, makespan, memory, and the memory held
 once the load stops, and plots memory and the hit rate over time.
 
+Layer groups: -model gpt-oss-20b (or gpt-oss-120b, gemma-3-27b, gemma-3-12b,
+llama-4-scout: kv.ModelPresets whose layers all keep K and V of one shape) builds
+vmarena's cache on the model's groups (kv.Config.Model): a sliding-window or chunked
+group gives its granules back behind the window. vmarena runs alone there (the
+baselines model full attention only), without map-ahead or a system prompt (kv keeps
+them and Freeze for one-group caches), in the blocked layout; flags that ask for
+what can not run are refused. The report adds each group's committed bytes against a
+uniform full-attention cache of the same sequences (kv.Model.Uniform), and a second
+plot draws them over time. MLA and recurrent models are refused: the replay writes K
+and V into every layer.
+
 Tiers: -tiers host,redis adds vmarena+tiers, the prefix cache with stores below the
 device, in that order: evicted blocks are written down into each and loaded back by a
 lookup that misses on the device. host is kvtier/hosttier under a budget of its own

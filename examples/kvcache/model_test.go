@@ -16,11 +16,7 @@ import (
 
 func TestModelFlagBadInputs(t *testing.T) {
 	hybrid := []string{"-model", "gpt-oss-20b", "-requests", "2", "-idle", "0", "-out", t.TempDir()}
-	tests := []struct {
-		name string
-		args []string
-		msg  string
-	}{
+	tests := []usageCase{
 		{"unknown model lists both kinds", []string{"-model", "gpt-5"}, `unknown model preset "gpt-5" (known: llama3-8b,`},
 		{"MLA", []string{"-model", "deepseek-v3"}, "-model deepseek-v3: group 0 is mla-latent: the replay writes K and V of one shape into every layer"},
 		{"recurrent", []string{"-model", "qwen3-next-80b-a3b"}, "-model qwen3-next-80b-a3b: group 0 is recurrent"},
@@ -33,14 +29,7 @@ func TestModelFlagBadInputs(t *testing.T) {
 		{"fair timing", append(hybrid, "-rounds", "2"), "-rounds reports no layer groups"},
 		{"window past the context", []string{"-model", "gemma-3-27b", "-max-tokens", "1000", "-system-prompt", "0"}, "window of 1024 tokens is larger than MaxTokens 1000"},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			code, out, errOut := runArgs(t, tt.args...)
-			assert.Equal(t, 2, code, errOut)
-			assert.Contains(t, errOut, tt.msg)
-			assert.Empty(t, out, "nothing replayed")
-		})
-	}
+	checkUsage(t, tests)
 }
 
 // TestModelFlagPresets resolves every name -model knows: the geometries as before, the
