@@ -38,8 +38,10 @@ func writeGroupPlot(dir, format string, r Result, s setup, w Workload) (string, 
 	p.Legend.Top = true
 	p.Legend.Left = true
 	p.Add(plotter.NewGrid())
-	for i, g := range s.groups.Groups {
-		for _, uniform := range []bool{false, true} {
+	// The uniform lines last, dashed over vmarena's: a window group's uniform line
+	// is often a full group's vmarena line (the same layers and shape).
+	for _, uniform := range []bool{false, true} {
+		for i, g := range s.groups.Groups {
 			var xy plotter.XYs
 			for _, smp := range r.Samples {
 				if smp.Groups == nil {
