@@ -111,7 +111,7 @@ func printGroups(w io.Writer, rs []Result, s setup) {
 				formatBytes(r.UniformPeak[i]), formatBytes(r.UniformMean[i]), fmtRatio(r.GroupPeak[i], r.UniformPeak[i]))
 			peak, upeak, mean, umean = peak+r.GroupPeak[i], upeak+r.UniformPeak[i], mean+r.GroupMean[i], umean+r.UniformMean[i]
 		}
-		fmt.Fprintf(tw, "all (sum of peaks)\t%s\t%s\t%s\t%s\t%s\t\n", formatBytes(peak), formatBytes(mean), formatBytes(upeak), formatBytes(umean), fmtRatio(peak, upeak))
+		fmt.Fprintf(tw, "all groups (sums)\t%s\t%s\t%s\t%s\t%s\t\n", formatBytes(peak), formatBytes(mean), formatBytes(upeak), formatBytes(umean), fmtRatio(peak, upeak))
 		_ = tw.Flush()
 		fmt.Fprintln(w)
 	}
