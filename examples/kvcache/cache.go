@@ -73,6 +73,13 @@ func (s *cacheStrategy) NewSequenceFrom(p baseline.Prefix) (baseline.Sequence, e
 		if p.released {
 			panic(baseline.PanicPrefixReleased)
 		}
+		if p.forked {
+			q, err := p.q.ForkAt(p.q.Len())
+			if err != nil {
+				return nil, err
+			}
+			return s.track(&cacheSeq{s: s, q: q}), nil
+		}
 		q, err := s.c.NewSequence()
 		if err != nil {
 			return nil, err
@@ -190,6 +197,9 @@ func (q *cacheSeq) ReadToken(layer int, v baseline.Kind, token int, dst []byte) 
 // it can not (host.Private) it copies them into a sequence of their own, which every
 // new sequence copies again: what a server without sharing does.
 func (q *cacheSeq) Freeze(n int) (baseline.Prefix, error) {
+	if q.s.groups != nil {
+		return q.holdPrefix(n)
+	}
 	p, err := q.q.Freeze(n)
 	if err == nil {
 		return &cachePrefix{s: q.s, p: p}, nil
@@ -209,6 +219,35 @@ func (q *cacheSeq) Freeze(n int) (baseline.Prefix, error) {
 		return nil, err
 	}
 	cp := &copiedPrefix{s: q.s, q: held}
+	q.s.mu.Lock()
+	q.s.copies[cp] = struct{}{}
+	q.s.mu.Unlock()
+	return cp, nil
+}
+
+// holdPrefix is Freeze on a cache of layer groups, which kv's Freeze refuses: the
+// prefix is a sequence of its own, forked from q at n where the backing can share
+// (each group forks on its own: a window group keeps the units from its FirstLive(n)
+// on, mapped) and copied where it can not. Every sequence started on it is forked
+// from it, or copied.
+func (q *cacheSeq) holdPrefix(n int) (baseline.Prefix, error) {
+	if n < 0 || n > q.q.Len() {
+		return nil, fmt.Errorf("%w: freeze %d of %d tokens", kv.ErrRange, n, q.q.Len())
+	}
+	held, err := q.q.ForkAt(n)
+	forked := err == nil
+	if errors.Is(err, kv.ErrNoSharing) {
+		if held, err = q.s.c.NewSequence(); err == nil {
+			if err = copyTokens(q.s.shape, held, q.q, n); err != nil {
+				held.Close()
+			}
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	cp := &copiedPrefix{s: q.s, q: held, forked: forked}
+	q.s.groups.setPrefix(held)
 	q.s.mu.Lock()
 	q.s.copies[cp] = struct{}{}
 	q.s.mu.Unlock()
@@ -238,6 +277,7 @@ type copiedPrefix struct {
 	s        *cacheStrategy
 	q        *kv.Sequence
 	released bool
+	forked   bool // every sequence on it forks from q (a cache of layer groups that shares)
 }
 
 func (p *copiedPrefix) Len() int { return p.q.Len() }
@@ -247,6 +287,9 @@ func (p *copiedPrefix) Release() {
 		panic(baseline.PanicPrefixReleased)
 	}
 	p.released = true
+	if p.s.groups != nil {
+		p.s.groups.setPrefix(nil)
+	}
 	p.q.Close()
 	p.s.mu.Lock()
 	delete(p.s.copies, p)

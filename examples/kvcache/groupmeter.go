@@ -21,8 +21,9 @@ type groupMeter struct {
 	first   []int        // a layer of each group, to read its strides and FirstHeld
 	strides []kv.Strides // each group's blocks
 
-	mu   sync.Mutex
-	live map[*kv.Sequence]struct{}
+	mu     sync.Mutex
+	live   map[*kv.Sequence]struct{}
+	prefix *kv.Sequence // the held system prompt every other live sequence starts on, or nil
 }
 
 // newGroupMeter returns the meter of c, a cache in the Blocked layout on m.
@@ -51,6 +52,19 @@ func (gm *groupMeter) add(q *kv.Sequence) {
 	gm.mu.Lock()
 	gm.live[q] = struct{}{}
 	gm.mu.Unlock()
+}
+
+// setPrefix makes q the held system prompt (measured with the others), or forgets
+// the one there is when q is nil.
+func (gm *groupMeter) setPrefix(q *kv.Sequence) {
+	gm.mu.Lock()
+	defer gm.mu.Unlock()
+	if q == nil {
+		delete(gm.live, gm.prefix)
+	} else {
+		gm.live[q] = struct{}{}
+	}
+	gm.prefix = q
 }
 
 func (gm *groupMeter) remove(q *kv.Sequence) {
@@ -89,11 +103,37 @@ func (gm *groupMeter) read() (groupUse, error) {
 		for i, g := range us.Groups {
 			u.Uniform[i] += g.Committed
 		}
-		need, err := gm.model.Size(gm.granule, 1, n)
-		if err != nil {
-			return groupUse{}, err
-		}
-		u.Need += need.Need
 	}
+	u.Need = gm.need()
 	return u, nil
+}
+
+// need returns the bytes of the live tokens, gm.mu held: each group's tokens from its
+// FirstLive on in every sequence, and the system prompt's once. A sequence on the
+// prompt holds its own tokens past it; of the prompt's, a group needs those from the
+// first that the prompt's own next step or any sequence on it still reads.
+func (gm *groupMeter) need() int64 {
+	var need int64
+	p := 0
+	if gm.prefix != nil {
+		p = gm.prefix.Len()
+	}
+	for _, g := range gm.model.Groups {
+		bpt := int64(g.BytesPerToken())
+		from := g.FirstLive(p) // of the prompt's tokens, the first one read
+		for q := range gm.live {
+			if q == gm.prefix {
+				continue
+			}
+			n, own := q.Len(), g.FirstLive(q.Len())
+			if gm.prefix != nil {
+				from, own = min(from, own), max(own, p)
+			}
+			need += int64(n-own) * bpt
+		}
+		if gm.prefix != nil {
+			need += int64(p-from) * bpt
+		}
+	}
+	return need
 }

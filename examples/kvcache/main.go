@@ -120,10 +120,7 @@ type config struct {
 	idealNote   string // how -budget-ideal set the budget, for the header
 	// prefix is set for a trace with token IDs (Mooncake): the prefix-cache replay.
 	prefix bool
-	// systemDropped is set when a model of layer groups turned the default system
-	// prompt off (dropSystemPrompt).
-	systemDropped bool
-	set           map[string]bool // flags given on the command line
+	set    map[string]bool // flags given on the command line
 }
 
 const usageText = `Usage: go run ./examples/kvcache [flags]
@@ -181,11 +178,13 @@ Layer groups: -model gpt-oss-20b (or gpt-oss-120b, gemma-3-27b, gemma-3-12b,
 llama-4-scout: kv.ModelPresets whose layers all keep K and V of one shape) builds
 vmarena's cache on the model's groups (kv.Config.Model): a sliding-window or chunked
 group gives its granules back behind the window. vmarena runs alone there (the
-baselines model full attention only), without map-ahead or a system prompt (kv keeps
-them and Freeze for one-group caches), in the blocked layout; flags that ask for
-what can not run are refused. The report adds each group's committed bytes against a
-uniform full-attention cache of the same sequences (kv.Model.Uniform), and a second
-plot draws them over time. MLA and recurrent models are refused: the replay writes K
+baselines model full attention only), without map-ahead (kv keeps it for one-group
+caches), in the blocked layout; the system prompt is a sequence of its own that
+every request forks (kv.Sequence.ForkAt, per group; Freeze is one-group only), or
+copies where the backing can not share. Flags that ask for what can not run are
+refused. The report adds each group's committed bytes (a mapped granule counted in
+every sequence that maps it) against a uniform full-attention cache of the same
+sequences (kv.Model.Uniform), and a second plot draws them over time. MLA and recurrent models are refused: the replay writes K
 and V into every layer.
 
 Tiers: -tiers host,redis adds vmarena+tiers, the prefix cache with stores below the
@@ -308,7 +307,6 @@ func (c *config) validate() (setup, []string, error) {
 		return s, nil, err
 	}
 	s.model, s.groups = g, groups
-	c.dropSystemPrompt(groups)
 	switch {
 	case c.requests < 0:
 		return s, nil, fmt.Errorf("-requests %d is negative", c.requests)

@@ -61,18 +61,9 @@ func modelNames() string {
 	return strings.Join(names, ", ")
 }
 
-// dropSystemPrompt turns the default system prompt off for a model of layer groups
-// (see groupsOnly), before the flags are checked against it.
-func (c *config) dropSystemPrompt(m *kv.Model) {
-	if m != nil && c.system > 0 && !c.set["system-prompt"] {
-		c.system, c.systemDropped = 0, true
-	}
-}
-
 // groupsOnly checks what the flags ask of a model of layer groups, where kv and the
 // baselines can do less: the baselines model full attention only, and kv keeps
-// map-ahead, Freeze (the shared system prompt) and the prefix cache for one-group
-// caches. A flag left at its default is turned off, and said so in notes; a flag set
+// map-ahead and the prefix cache for one-group caches. A flag left at its default is turned off, and said so in notes; a flag set
 // to what can not run is refused with an error naming the model and what refused it.
 func (c *config) groupsOnly(m *kv.Model, names []string) ([]string, []string, error) {
 	kinds := groupKinds(*m)
@@ -107,10 +98,7 @@ func (c *config) groupsOnly(m *kv.Model, names []string) ([]string, []string, er
 		notes = append(notes, "map-ahead off (kv keeps it for one-group caches)")
 	}
 	if c.system > 0 {
-		return nil, nil, fmt.Errorf("-model %s (%s): -system-prompt %d: vmarena shares the system prompt by Freeze, which kv keeps for one-group caches; use -system-prompt 0", m.Name, kinds, c.system)
-	}
-	if c.systemDropped {
-		notes = append(notes, "no system prompt (kv's Freeze is for one-group caches)")
+		notes = append(notes, "the system prompt is a sequence of its own that every request forks from (kv's Freeze is for one-group caches; ForkAt works per group), copied where the backing can not share")
 	}
 	if c.layout != kv.Blocked.String() {
 		return nil, nil, fmt.Errorf("-model %s (%s): -layout %s: the per-group figures read the Blocked layout's blocks; use -layout %s", m.Name, kinds, c.layout, kv.Blocked)

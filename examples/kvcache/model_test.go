@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -23,7 +25,6 @@ func TestModelFlagBadInputs(t *testing.T) {
 		{"a baseline", append(hybrid, "-strategies", "vmarena,paged"),
 			"-model gpt-oss-20b (2 groups: sliding-window 128 ×12, full ×12): strategy paged models full attention only"},
 		{"map-ahead asked for", append(hybrid, "-map-ahead"), "-model gpt-oss-20b (2 groups: sliding-window 128 ×12, full ×12): -map-ahead"},
-		{"system prompt asked for", append(hybrid, "-system-prompt", "64"), "-system-prompt 64: vmarena shares the system prompt by Freeze"},
 		{"per-layer", append(hybrid, "-layout", "per-layer"), "-layout per-layer: the per-group figures read the Blocked layout's blocks"},
 		{"prefix replay", append(hybrid, "-trace", "mooncake"), "-model gpt-oss-20b (2 groups: sliding-window 128 ×12, full ×12): the prefix-cache replay needs kv.PrefixCache"},
 		{"fair timing", append(hybrid, "-rounds", "2"), "-rounds reports no layer groups"},
@@ -93,11 +94,18 @@ func (m *meteredCache) readGroups() (groupUse, bool, error) {
 // of the length a step grows from), per live sequence, while its full group grows
 // with the tokens as in the uniform cache.
 func TestReplayHybridWindowStaysFlat(t *testing.T) {
+	replayHybrid(t, defaultBacking, 0)
+}
+
+// replayHybrid is TestReplayHybridWindowStaysFlat's replay on backing, with a system
+// prompt of system tokens. The prompt's held sequence is forked (a backing that
+// shares) and keeps a window like the others.
+func replayHybrid(t *testing.T, backing string, system int) {
 	g, groups, err := lookupModel("gpt-oss-20b")
 	require.NoError(t, err)
 	require.NotNil(t, groups)
 	s := testSetup(0)
-	s.model, s.groups, s.maxTokens = g, groups, 1024
+	s.model, s.groups, s.maxTokens, s.backing = g, groups, 1024, backing
 	b, err := build(nameCache, s)
 	require.NoError(t, err)
 	mc := &meteredCache{cacheStrategy: b.st.(*cacheStrategy)}
@@ -105,7 +113,7 @@ func TestReplayHybridWindowStaysFlat(t *testing.T) {
 	for i := range 3 {
 		reqs = append(reqs, Request{ID: i, Arrival: time.Duration(i) * 100 * time.Millisecond, Context: 150 + 40*i, Generated: 200})
 	}
-	w := Workload{Requests: reqs, Speed: 1, Step: 25 * time.Millisecond, Concurrency: 4,
+	w := Workload{Requests: reqs, Speed: 1, Step: 25 * time.Millisecond, Concurrency: 4, SystemPrompt: system,
 		Layers: g.Layers, TokenBytes: g.TokenBytes(), MaxTokens: s.maxTokens}
 	res, err := Replay(context.Background(), mc, w, nil)
 	require.NoError(t, err)
@@ -124,28 +132,36 @@ func TestReplayHybridWindowStaysFlat(t *testing.T) {
 		most, block = max(most, sz.Groups[window].Committed), int64(sz.Groups[window].BlockBytes)
 	}
 	bound := most + block
+	held := int64(0)
+	if system > 0 {
+		held = 1 // the prompt's own sequence
+	}
 	var fullPeak int64
 	for _, smp := range res.Samples {
 		if smp.Live == 0 {
 			continue
 		}
 		require.Len(t, smp.Groups, 2)
-		assert.LessOrEqual(t, smp.Groups[window], int64(smp.Live)*bound, "the window group at %v holds at most a window per sequence", smp.At)
+		assert.LessOrEqual(t, smp.Groups[window], (int64(smp.Live)+held)*bound, "the window group at %v holds at most a window per sequence", smp.At)
 		assert.Equal(t, smp.Uniform[full], smp.Groups[full], "a full group is the uniform cache's")
 		fullPeak = max(fullPeak, smp.Groups[full])
 	}
 	assert.Greater(t, fullPeak, 3*bound, "the full group grew past what the window holds")
 	assert.Greater(t, res.UniformPeak[window], res.GroupPeak[window], "the uniform cache holds every token of the window layers")
 	assert.Equal(t, res.UniformPeak[full], res.GroupPeak[full])
+	if system > 0 {
+		assert.Positive(t, res.MaxSaved, "the requests map the prompt's granules")
+	}
 }
 
 func TestRunHybridModel(t *testing.T) {
 	dir := t.TempDir()
-	code, out, errOut := runArgs(t, "-model", "gpt-oss-20b", "-requests", "4", "-max-tokens", "1024", "-idle", "0",
+	code, out, errOut := runArgs(t, "-model", "gpt-oss-20b", "-requests", "4", "-max-tokens", "1024", "-system-prompt", "200", "-idle", "0",
 		"-progress", "none", "-granule", "64KiB", "-out", dir)
 	require.Equal(t, 0, code, errOut)
 	assert.Contains(t, out, "Groups:  2 groups: sliding-window 128 ×12, full ×12")
 	assert.Contains(t, out, "the baselines model full attention only")
+	assert.Contains(t, out, "the system prompt is a sequence of its own that every request forks from")
 	assert.Regexp(t, `sliding-window 128 ×12 +[0-9.]+ [KM]iB`, out)
 	assert.NotContains(t, out, "paged")
 	assert.Contains(t, out, "Plot of each layer group's memory over time: "+filepath.Join(dir, "kvcache-groups.png"))
@@ -177,4 +193,50 @@ func TestWriteGroupPlot(t *testing.T) {
 	}
 	_, err = writeGroupPlot(t.TempDir(), "png", Result{Strategy: nameCache}, s, w)
 	assert.ErrorContains(t, err, "no layer groups to plot")
+}
+
+// TestGroupMeterNeed counts the live tokens of a prompt and two sequences on it by
+// hand: gpt-oss-20b's window of 128 tokens, a 300-token prompt, sequences of 500 and
+// 350 tokens.
+func TestGroupMeterNeed(t *testing.T) {
+	_, groups, err := lookupModel("gpt-oss-20b")
+	require.NoError(t, err)
+	bk, err := host.NewPrivate(host.PrivateOptions{})
+	require.NoError(t, err)
+	c, err := kv.New(bk, kv.Config{Model: *groups, MaxTokens: 1024, Authority: accounting.NewGovernor().Authority("test", accounting.HostKey)})
+	require.NoError(t, err)
+	defer c.Close()
+	gm, err := newGroupMeter(c, *groups)
+	require.NoError(t, err)
+	seq := func(n int) *kv.Sequence {
+		q, err := c.NewSequence()
+		require.NoError(t, err)
+		require.NoError(t, q.Append(n))
+		return q
+	}
+	prompt, a, b := seq(300), seq(500), seq(350)
+	gm.add(a)
+	gm.add(b)
+	bpt := int64(groups.Groups[0].BytesPerToken())
+	require.Equal(t, bpt, int64(groups.Groups[1].BytesPerToken()))
+	u, err := gm.read()
+	require.NoError(t, err)
+	// No prompt: each sequence's window (127 and 127 tokens) and every token.
+	assert.Equal(t, (127+127+500+350)*bpt, u.Need)
+
+	gm.setPrefix(prompt)
+	u, err = gm.read()
+	require.NoError(t, err)
+	// The window: a reads 373..499 (its own), b 223..349 (its own from 300), the
+	// prompt's tokens from min(173, 373, 223) = 173. The full group: the prompt once.
+	window := (500 - 373) + (350 - 300) + (300 - 173)
+	assert.Equal(t, int64(window+300+200+50)*bpt, u.Need)
+
+	gm.setPrefix(nil)
+	u, err = gm.read()
+	require.NoError(t, err)
+	assert.Equal(t, (127+127+500+350)*bpt, u.Need, "the prompt forgotten")
+	for _, q := range []*kv.Sequence{prompt, a, b} {
+		q.Close()
+	}
 }

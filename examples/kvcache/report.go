@@ -102,7 +102,7 @@ func printGroups(w io.Writer, rs []Result, s setup) {
 		if r.GroupPeak == nil {
 			continue
 		}
-		fmt.Fprintf(w, "Layer groups (%s): committed bytes while requests ran, against a uniform full-attention cache (kv.Model.Uniform) of the same sequences\n", r.Strategy)
+		fmt.Fprintf(w, "Layer groups (%s): committed bytes while requests ran (a mapped granule in every sequence that maps it), against a uniform full-attention cache (kv.Model.Uniform) of the same sequences\n", r.Strategy)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "group\tpeak\tmean\tuniform peak\tuniform mean\tpeak/uniform\t")
 		var peak, upeak, mean, umean int64
