@@ -63,8 +63,9 @@ func modelNames() string {
 
 // groupsOnly checks what the flags ask of a model of layer groups, where kv and the
 // baselines can do less: the baselines model full attention only, and kv keeps
-// map-ahead and the prefix cache for one-group caches. A flag left at its default is turned off, and said so in notes; a flag set
-// to what can not run is refused with an error naming the model and what refused it.
+// map-ahead and the prefix cache for one-group caches. A flag left at its default is
+// turned off, and said so in notes; a flag set to what can not run is refused with an
+// error naming the model and what refused it.
 func (c *config) groupsOnly(m *kv.Model, names []string) ([]string, []string, error) {
 	kinds := groupKinds(*m)
 	switch {
