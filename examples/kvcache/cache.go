@@ -21,6 +21,10 @@ type cacheStrategy struct {
 	pool  backing.Pool          // the backing's pool, or nil
 	auth  *accounting.Authority // owns the cache's physical bytes
 	close func() error          // closes the backing, after the cache
+	shape kv.Geometry           // every layer's K and V (the cache's Geometry, or its model's per-layer shape)
+	// groups measures each layer group of a cache on a model of groups; nil for a
+	// Geometry.
+	groups *groupMeter
 
 	mu      sync.Mutex
 	drained *backing.PoolStats         // the pool after the cache closed, before the backing did
@@ -40,7 +44,15 @@ func (s *cacheStrategy) NewSequence() (baseline.Sequence, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &cacheSeq{s: s, q: q}, nil
+	return s.track(&cacheSeq{s: s, q: q}), nil
+}
+
+// track has the group meter, where there is one, follow q until it closes.
+func (s *cacheStrategy) track(q *cacheSeq) *cacheSeq {
+	if s.groups != nil {
+		s.groups.add(q.q)
+	}
+	return q
 }
 
 func (s *cacheStrategy) NewSequenceFrom(p baseline.Prefix) (baseline.Sequence, error) {
@@ -53,7 +65,7 @@ func (s *cacheStrategy) NewSequenceFrom(p baseline.Prefix) (baseline.Sequence, e
 		if err != nil {
 			return nil, err
 		}
-		return &cacheSeq{s: s, q: q}, nil
+		return s.track(&cacheSeq{s: s, q: q}), nil
 	case *copiedPrefix:
 		if p.s != s {
 			break
@@ -61,15 +73,22 @@ func (s *cacheStrategy) NewSequenceFrom(p baseline.Prefix) (baseline.Sequence, e
 		if p.released {
 			panic(baseline.PanicPrefixReleased)
 		}
+		if p.forked {
+			q, err := p.q.ForkAt(p.q.Len())
+			if err != nil {
+				return nil, err
+			}
+			return s.track(&cacheSeq{s: s, q: q}), nil
+		}
 		q, err := s.c.NewSequence()
 		if err != nil {
 			return nil, err
 		}
-		if err := copyTokens(s.c.Config().Geometry, q, p.q, p.q.Len()); err != nil {
+		if err := copyTokens(s.shape, q, p.q, p.q.Len()); err != nil {
 			q.Close()
 			return nil, err
 		}
-		return &cacheSeq{s: s, q: q}, nil
+		return s.track(&cacheSeq{s: s, q: q}), nil
 	}
 	return nil, fmt.Errorf("%w: %T", baseline.ErrForeign, p)
 }
@@ -114,6 +133,15 @@ func (s *cacheStrategy) Stats() baseline.Stats {
 		PeakPhysical: s.auth.Stats().OwnedPeak,
 		Saved:        st.Shared,
 	}
+}
+
+// readGroups measures the layer groups of a cache on a model of groups (groupReader).
+func (s *cacheStrategy) readGroups() (groupUse, bool, error) {
+	if s.groups == nil {
+		return groupUse{}, false, nil
+	}
+	u, err := s.groups.read()
+	return u, true, err
 }
 
 // poolAfterClose returns the backing's pool as the cache's Close left it (every
@@ -169,6 +197,9 @@ func (q *cacheSeq) ReadToken(layer int, v baseline.Kind, token int, dst []byte) 
 // it can not (host.Private) it copies them into a sequence of their own, which every
 // new sequence copies again: what a server without sharing does.
 func (q *cacheSeq) Freeze(n int) (baseline.Prefix, error) {
+	if q.s.groups != nil {
+		return q.holdPrefix(n)
+	}
 	p, err := q.q.Freeze(n)
 	if err == nil {
 		return &cachePrefix{s: q.s, p: p}, nil
@@ -183,7 +214,7 @@ func (q *cacheSeq) Freeze(n int) (baseline.Prefix, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := copyTokens(q.s.c.Config().Geometry, held, q.q, n); err != nil {
+	if err := copyTokens(q.s.shape, held, q.q, n); err != nil {
 		held.Close()
 		return nil, err
 	}
@@ -194,7 +225,39 @@ func (q *cacheSeq) Freeze(n int) (baseline.Prefix, error) {
 	return cp, nil
 }
 
+// holdPrefix is Freeze on a cache of layer groups, which kv's Freeze refuses: the
+// prefix is a sequence of its own, forked from q at n where the backing can share
+// (each group forks on its own: a window group keeps the units from its FirstLive(n)
+// on, mapped) and copied where it can not. Every sequence started on it is forked
+// from it, or copied.
+func (q *cacheSeq) holdPrefix(n int) (baseline.Prefix, error) {
+	if n < 0 || n > q.q.Len() {
+		return nil, fmt.Errorf("%w: freeze %d of %d tokens", kv.ErrRange, n, q.q.Len())
+	}
+	held, err := q.q.ForkAt(n)
+	forked := err == nil
+	if errors.Is(err, kv.ErrNoSharing) {
+		if held, err = q.s.c.NewSequence(); err == nil {
+			if err = copyTokens(q.s.shape, held, q.q, n); err != nil {
+				held.Close()
+			}
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	cp := &copiedPrefix{s: q.s, q: held, forked: forked}
+	q.s.groups.setPrefix(held)
+	q.s.mu.Lock()
+	q.s.copies[cp] = struct{}{}
+	q.s.mu.Unlock()
+	return cp, nil
+}
+
 func (q *cacheSeq) Close() error {
+	if q.s.groups != nil {
+		q.s.groups.remove(q.q)
+	}
 	if out := q.q.Close(); !out.OK() {
 		return fmt.Errorf("kv: sequence close: %v", out)
 	}
@@ -214,6 +277,7 @@ type copiedPrefix struct {
 	s        *cacheStrategy
 	q        *kv.Sequence
 	released bool
+	forked   bool // every sequence on it forks from q (a cache of layer groups that shares)
 }
 
 func (p *copiedPrefix) Len() int { return p.q.Len() }
@@ -223,6 +287,9 @@ func (p *copiedPrefix) Release() {
 		panic(baseline.PanicPrefixReleased)
 	}
 	p.released = true
+	if p.s.groups != nil {
+		p.s.groups.setPrefix(nil)
+	}
 	p.q.Close()
 	p.s.mu.Lock()
 	delete(p.s.copies, p)

@@ -174,6 +174,19 @@ proportion to the uncached prompt tokens (-prefill-rate). It prints the hit rate
 to an unbounded cache's, time to first token, makespan, memory, and the memory held
 once the load stops, and plots memory and the hit rate over time.
 
+Layer groups: -model gpt-oss-20b (or gpt-oss-120b, gemma-3-27b, gemma-3-12b,
+llama-4-scout: kv.ModelPresets whose layers all keep K and V of one shape) builds
+vmarena's cache on the model's groups (kv.Config.Model): a sliding-window or chunked
+group gives its granules back behind the window. vmarena runs alone there (the
+baselines model full attention only), without map-ahead (kv keeps it for one-group
+caches), in the blocked layout; the system prompt is a sequence of its own that
+every request forks (kv.Sequence.ForkAt, per group; Freeze is one-group only), or
+copies where the backing can not share. Flags that ask for what can not run are
+refused. The report adds each group's committed bytes (a mapped granule counted in
+every sequence that maps it) against a uniform full-attention cache of the same
+sequences (kv.Model.Uniform), and a second plot draws them over time. MLA and recurrent models are refused: the replay writes K
+and V into every layer.
+
 Tiers: -tiers host,redis adds vmarena+tiers, the prefix cache with stores below the
 device, in that order: evicted blocks are written down into each and loaded back by a
 lookup that misses on the device. host is kvtier/hosttier under a budget of its own
@@ -244,7 +257,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.skip, "skip", 0, "skip this many requests at the start of the trace")
 	fs.Float64Var(&c.speed, "speed", 1, "divide the trace's arrival times by this (0: every request arrives at once)")
 	fs.DurationVar(&c.step, "step", 25*time.Millisecond, "simulated model time of one batch iteration (one decode step)")
-	fs.StringVar(&c.model, "model", kv.Llama3_8B.Name, "model geometry: "+modelNames())
+	fs.StringVar(&c.model, "model", kv.Llama3_8B.Name, "model: a geometry (every layer full attention) or a model of layer groups (sliding-window, chunked-local; vmarena alone, on kv.Config.Model): "+modelNames())
 	fs.IntVar(&c.system, "system-prompt", 1024, "tokens of the system prompt every request shares")
 	fs.IntVar(&c.maxTokens, "max-tokens", 8192, "most tokens per sequence (the context window); longer requests are clipped")
 	fs.Var(&c.budget, "budget", "memory budget per strategy, like 4GiB or 512MiB (0: unlimited)")
@@ -286,22 +299,14 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	return c, nil
 }
 
-func modelNames() string {
-	var names []string
-	for _, g := range kv.Presets() {
-		names = append(names, g.Name)
-	}
-	return strings.Join(names, ", ")
-}
-
 // validate checks the flags and turns them into a setup and workload shape.
 func (c *config) validate() (setup, []string, error) {
 	var s setup
-	g, err := kv.Preset(c.model)
+	g, groups, err := lookupModel(c.model)
 	if err != nil {
 		return s, nil, err
 	}
-	s.model = g
+	s.model, s.groups = g, groups
 	switch {
 	case c.requests < 0:
 		return s, nil, fmt.Errorf("-requests %d is negative", c.requests)
@@ -367,6 +372,11 @@ func (c *config) validate() (setup, []string, error) {
 			seen[n] = true
 		}
 	}
+	if groups != nil {
+		if names, s.notes, err = c.groupsOnly(groups, names); err != nil {
+			return s, nil, err
+		}
+	}
 	s.backing, s.granule, s.populate, s.huge = c.backing, int(c.granule), c.populate, c.huge
 	if c.poolLow < 0 {
 		return s, nil, fmt.Errorf("-pool-low %d: must not be negative", c.poolLow)
@@ -411,6 +421,11 @@ func (c *config) validate() (setup, []string, error) {
 	s.maxTokens, s.budget = c.maxTokens, int64(c.budget)
 	if err := s.shape().Validate(); err != nil {
 		return s, nil, fmt.Errorf("-max-tokens %d with %s: %w", c.maxTokens, g.Name, err)
+	}
+	if groups != nil {
+		if err := groups.Validate(c.maxTokens); err != nil {
+			return s, nil, fmt.Errorf("-max-tokens %d with %s: %w", c.maxTokens, g.Name, err)
+		}
 	}
 	return s, names, nil
 }
@@ -575,6 +590,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintf(stdout, "\nPlot of physical memory over time: %s\n", path)
+	for _, r := range results {
+		if r.GroupPeak == nil {
+			continue
+		}
+		path, err := writeGroupPlot(c.out, c.format, r, s, w)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvcache: plot: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "Plot of each layer group's memory over time: %s\n", path)
+	}
 	if failed {
 		return 1
 	}

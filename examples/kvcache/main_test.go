@@ -29,12 +29,28 @@ func small(t *testing.T, extra ...string) []string {
 		"-budget", "0", "-idle", "0", "-out", t.TempDir()}, extra...)
 }
 
+// usageCase is a command line that must be refused as bad usage with msg.
+type usageCase struct {
+	name string
+	args []string
+	msg  string
+}
+
+// checkUsage runs each case: exit status 2, msg on stderr, nothing replayed.
+func checkUsage(t *testing.T, tests []usageCase) {
+	t.Helper()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, out, errOut := runArgs(t, tt.args...)
+			assert.Equal(t, 2, code, errOut)
+			assert.Contains(t, errOut, tt.msg)
+			assert.Empty(t, out, "nothing replayed")
+		})
+	}
+}
+
 func TestRunBadFlags(t *testing.T) {
-	tests := []struct {
-		name string
-		args []string
-		msg  string
-	}{
+	tests := []usageCase{
 		{"unknown flag", []string{"-frobnicate"}, "flag provided but not defined: -frobnicate"},
 		{"not a number", []string{"-requests", "many"}, `invalid value "many" for flag -requests`},
 		{"negative requests", []string{"-requests", "-1"}, "-requests -1 is negative"},
@@ -67,14 +83,7 @@ func TestRunBadFlags(t *testing.T) {
 		{"unknown progress", []string{"-progress", "fancy"}, `-progress "fancy"`},
 		{"stray argument", []string{"trace.csv"}, `unexpected argument "trace.csv"`},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			code, out, errOut := runArgs(t, tt.args...)
-			assert.Equal(t, 2, code)
-			assert.Contains(t, errOut, tt.msg)
-			assert.Empty(t, out, "nothing replayed")
-		})
-	}
+	checkUsage(t, tests)
 }
 
 func TestRunHelp(t *testing.T) {

@@ -69,6 +69,10 @@ type Sample struct {
 	Running  int           // requests in the batch
 	Waiting  int           // requests arrived and not yet admitted
 	Live     int           // live sequences (Stats.Sequences)
+	// Groups is, for vmarena on a model of layer groups, the bytes each group
+	// commits, and Uniform what a uniform full-attention cache of the same model
+	// (kv.Model.Uniform) would commit for each for the same sequences; nil otherwise.
+	Groups, Uniform []int64
 }
 
 // Result is what one strategy did with the workload.
@@ -85,6 +89,10 @@ type Result struct {
 	MaxSaved     int64 // the most bytes sharing spared at once
 	Waste        float64
 	Samples      []Sample
+	// GroupPeak and GroupMean are, on a model of layer groups, each group's highest
+	// and mean committed bytes while requests ran (Sample.Groups), UniformPeak and
+	// UniformMean the uniform cache's (Sample.Uniform); nil otherwise.
+	GroupPeak, GroupMean, UniformPeak, UniformMean []int64
 
 	// Time per decode step of one request spent in the memory layer (Append of one
 	// token and the write of its K and V in every layer), on the wall clock.
@@ -140,6 +148,13 @@ type replayer struct {
 	waits  []time.Duration
 	// progress is called after every completion or rejection with the count so far.
 	progress func(done int, s Sample)
+	gerr     error // the first failure to read the groups
+}
+
+// groupReader is a strategy that measures its layer groups: has is false where it has
+// none (a Geometry).
+type groupReader interface {
+	readGroups() (u groupUse, has bool, err error)
 }
 
 // Replay serves w with st and returns what happened. It stops early with ctx's error.
@@ -157,6 +172,9 @@ func Replay(ctx context.Context, st baseline.Strategy, w Workload, progress func
 	r.res.Requests = len(w.Requests)
 	start := time.Now()
 	err := r.run(ctx)
+	if err == nil {
+		err = r.gerr
+	}
 	r.res.Wall = time.Since(start)
 	r.finish()
 	if err == nil && w.Idle > 0 {
@@ -465,6 +483,16 @@ func (r *replayer) sample(running, waiting int) Sample {
 		Waiting:  waiting,
 		Live:     st.Sequences,
 	}
+	if gr, ok := r.st.(groupReader); ok {
+		u, has, err := gr.readGroups()
+		if err != nil && r.gerr == nil {
+			r.gerr = fmt.Errorf("reading the layer groups: %w", err)
+		}
+		if has {
+			// No prefix on groups: every sequence's tokens are its own.
+			s.Groups, s.Uniform, s.Needed = u.Committed, u.Uniform, u.Need
+		}
+	}
 	r.res.PeakNeeded = max(r.res.PeakNeeded, s.Needed)
 	r.res.MaxSaved = max(r.res.MaxSaved, s.Saved)
 	return s
@@ -477,11 +505,19 @@ func (r *replayer) finish() {
 	res.End = st
 	res.PeakPhysical = st.PeakPhysical
 	var phys, need float64
+	running := 0
 	for _, s := range res.Samples {
 		if s.Running > 0 {
 			phys += float64(s.Physical)
 			need += float64(s.Needed)
+			running++
+			res.GroupPeak, res.GroupMean = addGroups(res.GroupPeak, res.GroupMean, s.Groups)
+			res.UniformPeak, res.UniformMean = addGroups(res.UniformPeak, res.UniformMean, s.Uniform)
 		}
+	}
+	for i := range res.GroupMean {
+		res.GroupMean[i] /= int64(running)
+		res.UniformMean[i] /= int64(running)
 	}
 	if phys > 0 {
 		res.Waste = 100 * (1 - need/phys)
@@ -490,6 +526,21 @@ func (r *replayer) finish() {
 	res.StepP50, res.StepP99, res.StepMax = quantile(r.steps, 0.5), quantile(r.steps, 0.99), quantile(r.steps, 1)
 	res.Waited = len(r.waits)
 	res.WaitP50, res.WaitP99, res.WaitMax = quantile(r.waits, 0.5), quantile(r.waits, 0.99), quantile(r.waits, 1)
+}
+
+// addGroups folds one sample's per-group bytes g into the running peaks and sums.
+func addGroups(peak, sum, g []int64) ([]int64, []int64) {
+	if g == nil {
+		return peak, sum
+	}
+	if peak == nil {
+		peak, sum = make([]int64, len(g)), make([]int64, len(g))
+	}
+	for i, b := range g {
+		peak[i] = max(peak[i], b)
+		sum[i] += b
+	}
+	return peak, sum
 }
 
 // quantile returns the q-quantile of d (nearest rank), sorting d.

@@ -25,6 +25,12 @@ func printHeader(w io.Writer, c *config, s setup, wl Workload, traceName string)
 	fmt.Fprintf(w, "Trace:   %s: %d requests over %v of trace time (%s)\n", traceName, len(wl.Requests), last.Round(time.Second), speed)
 	fmt.Fprintf(w, "Model:   %s, %s of K/V per token; system prompt %d tokens (%s), max %d tokens per sequence\n",
 		s.model.Name, formatBytes(wl.bytesPerToken()), wl.SystemPrompt, formatBytes(int64(wl.SystemPrompt)*wl.bytesPerToken()), wl.MaxTokens)
+	if s.groups != nil {
+		fmt.Fprintf(w, "Groups:  %s; vmarena's cache on them (kv.Config.Model); K/V per token above is every layer's\n", groupKinds(*s.groups))
+		for _, n := range s.notes {
+			fmt.Fprintf(w, "         %s\n", n)
+		}
+	}
 	fmt.Fprintf(w, "Server:  batch of at most %d, %v of model time per step, budget %s per strategy\n", wl.Concurrency, wl.Step, budget)
 	granule := "default granule"
 	if s.granule > 0 {
@@ -43,6 +49,7 @@ func printTable(w io.Writer, rs []Result, s setup) {
 		return []string{r.Strategy, formatBytes(r.PeakPhysical), ratio, fmt.Sprintf("%.1f%%", r.Waste), formatBytes(r.MaxSaved)}
 	})
 	fmt.Fprintln(w)
+	printGroups(w, rs, s)
 	table(w, "Time", []string{"strategy", "step p50", "step p99", "memory", "waited", "refused", "wait p50", "wait p99", "makespan", "done"}, rs, func(r Result) []string {
 		done := fmt.Sprintf("%d/%d", r.Completed, r.Requests)
 		if r.Rejected > 0 {
@@ -82,6 +89,40 @@ func printTable(w io.Writer, rs []Result, s setup) {
 	for _, n := range notes {
 		fmt.Fprintln(w, "Note: "+n)
 	}
+}
+
+// printGroups writes, for a model of layer groups, each group's committed bytes in
+// vmarena at their peak and on average while requests ran, against a uniform
+// full-attention cache of the same model holding the same sequences.
+func printGroups(w io.Writer, rs []Result, s setup) {
+	if s.groups == nil {
+		return
+	}
+	for _, r := range rs {
+		if r.GroupPeak == nil {
+			continue
+		}
+		fmt.Fprintf(w, "Layer groups (%s): committed bytes while requests ran (a mapped granule in every sequence that maps it), against a uniform full-attention cache (kv.Model.Uniform) of the same sequences\n", r.Strategy)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "group\tpeak\tmean\tuniform peak\tuniform mean\tpeak/uniform\t")
+		var peak, upeak, mean, umean int64
+		for i, g := range s.groups.Groups {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", groupName(g), formatBytes(r.GroupPeak[i]), formatBytes(r.GroupMean[i]),
+				formatBytes(r.UniformPeak[i]), formatBytes(r.UniformMean[i]), fmtRatio(r.GroupPeak[i], r.UniformPeak[i]))
+			peak, upeak, mean, umean = peak+r.GroupPeak[i], upeak+r.UniformPeak[i], mean+r.GroupMean[i], umean+r.UniformMean[i]
+		}
+		fmt.Fprintf(tw, "all groups (sums)\t%s\t%s\t%s\t%s\t%s\t\n", formatBytes(peak), formatBytes(mean), formatBytes(upeak), formatBytes(umean), fmtRatio(peak, upeak))
+		_ = tw.Flush()
+		fmt.Fprintln(w)
+	}
+}
+
+// fmtRatio writes a/b as "0.25x", or "-" without a b.
+func fmtRatio(a, b int64) string {
+	if b <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fx", float64(a)/float64(b))
 }
 
 // table writes one right-aligned table with a title.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"strings"
@@ -37,7 +38,11 @@ var defaultBacking = func() string {
 
 // setup is what every strategy is built from.
 type setup struct {
-	model     kv.Geometry
+	model kv.Geometry // the shape of every layer's K and V
+	// groups is, for a model of layer groups (-model gpt-oss-20b), the model vmarena's
+	// cache is built on (kv.Config.Model); nil for a Geometry.
+	groups    *kv.Model
+	notes     []string // what the flags' defaults gave up for groups, for the header
 	backing   string
 	layout    kv.Layout
 	granule   int // 0: the backing's default
@@ -136,6 +141,9 @@ func build(name string, s setup) (*built, error) {
 // differs: the cache names no backing type.
 func (s setup) buildCache(b *built, auth *accounting.Authority) error {
 	cfg := kv.Config{Geometry: s.model, MaxTokens: s.maxTokens, Layout: s.layout, MapAhead: s.mapAhead}
+	if s.groups != nil {
+		cfg.Geometry, cfg.Model = kv.Geometry{}, *s.groups
+	}
 	var (
 		c     *kv.Cache
 		pool  backing.Pool
@@ -172,6 +180,12 @@ func (s setup) buildCache(b *built, auth *accounting.Authority) error {
 		return fmt.Errorf("backing %s: %w", s.backing, err)
 	}
 	cs := newCacheStrategy(nameCache, c, pool, auth, close)
+	cs.shape = s.model
+	if s.groups != nil {
+		if cs.groups, err = newGroupMeter(c, *s.groups); err != nil {
+			return errors.Join(fmt.Errorf("backing %s: %w", s.backing, err), cs.Close())
+		}
+	}
 	b.st, b.pool = cs, cs.poolAfterClose
 	return nil
 }

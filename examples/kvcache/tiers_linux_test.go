@@ -182,11 +182,7 @@ func TestRunTierFlags(t *testing.T) {
 	path := t.TempDir() + "/mooncake.jsonl"
 	require.NoError(t, writeFile(path, prefixTrace))
 	mc := []string{"-trace", path}
-	tests := []struct {
-		name string
-		args []string
-		msg  string
-	}{
+	tests := []usageCase{
 		{"unknown tier", append(mc, "-tiers", "host,disk"), `-tiers "host,disk": unknown tier "disk" (known: host, redis)`},
 		{"tier twice", append(mc, "-tiers", "redis,redis"), `-tiers "redis,redis": redis twice`},
 		{"empty tier", append(mc, "-tiers", "host,"), `unknown tier ""`},
@@ -215,14 +211,7 @@ func TestRunTierFlags(t *testing.T) {
 		{"ideal budget and budget", append(mc, "-budget-ideal", "0.3", "-budget", "1GiB"), "-budget-ideal 0.3 and -budget 1 GiB both set the budget"},
 		{"ideal budget without token IDs", []string{"-budget-ideal", "0.3"}, "-budget-ideal needs a trace with token IDs"},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			code, out, errOut := runArgs(t, tt.args...)
-			assert.Equal(t, 2, code, errOut)
-			assert.Contains(t, errOut, tt.msg)
-			assert.Empty(t, out, "nothing replayed")
-		})
-	}
+	checkUsage(t, tests)
 }
 
 // TestRunTiersNoRedisServer: -tiers redis with no -redis and no redis-server to

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/vmarena/vmarena/kv"
+)
+
+// groupMeter reads what each layer group of a cache on a model of groups commits,
+// and what a uniform full-attention cache of the same model (kv.Model.Uniform)
+// would commit for the same sequences. kv reports a sequence's committed bytes as one
+// figure; in the Blocked layout a group is one range cut into its own blocks, so a
+// group of a sequence of n tokens whose first held token is h (Sequence.FirstHeld)
+// commits the blocks from h's to n's: (ceil(n/BlockTokens) - h/BlockTokens) ×
+// BlockStride. The replay's test checks that these add up to kv's Stats.Committed.
+type groupMeter struct {
+	model   kv.Model
+	uniform kv.Config // the uniform cache, for Config.Size
+	granule int
+	first   []int        // a layer of each group, to read its strides and FirstHeld
+	strides []kv.Strides // each group's blocks
+
+	mu     sync.Mutex
+	live   map[*kv.Sequence]struct{}
+	prefix *kv.Sequence // the held system prompt every other live sequence starts on, or nil
+}
+
+// newGroupMeter returns the meter of c, a cache in the Blocked layout on m.
+func newGroupMeter(c *kv.Cache, m kv.Model) (*groupMeter, error) {
+	cfg := c.Config()
+	if cfg.Layout != kv.Blocked {
+		return nil, fmt.Errorf("the per-group figures need the %v layout, not %v", kv.Blocked, cfg.Layout)
+	}
+	gm := &groupMeter{model: m, granule: c.Granularity(), live: map[*kv.Sequence]struct{}{},
+		uniform: kv.Config{Model: m.Uniform(), MaxTokens: cfg.MaxTokens, Layout: kv.Blocked, BlockTokens: cfg.BlockTokens}}
+	for i, g := range m.Groups {
+		st, err := c.LayerStrides(g.Layers[0])
+		if err != nil {
+			return nil, err
+		}
+		if st.Group != i || st.BlockTokens <= 0 {
+			return nil, fmt.Errorf("layer %d: group %d with blocks of %d tokens, want group %d in blocks", g.Layers[0], st.Group, st.BlockTokens, i)
+		}
+		gm.first = append(gm.first, g.Layers[0])
+		gm.strides = append(gm.strides, st)
+	}
+	return gm, nil
+}
+
+func (gm *groupMeter) add(q *kv.Sequence) {
+	gm.mu.Lock()
+	gm.live[q] = struct{}{}
+	gm.mu.Unlock()
+}
+
+// setPrefix makes q the held system prompt (measured with the others), or forgets
+// the one there is when q is nil.
+func (gm *groupMeter) setPrefix(q *kv.Sequence) {
+	gm.mu.Lock()
+	defer gm.mu.Unlock()
+	if q == nil {
+		delete(gm.live, gm.prefix)
+	} else {
+		gm.live[q] = struct{}{}
+	}
+	gm.prefix = q
+}
+
+func (gm *groupMeter) remove(q *kv.Sequence) {
+	gm.mu.Lock()
+	delete(gm.live, q)
+	gm.mu.Unlock()
+}
+
+// groupUse is one reading of a cache on layer groups: per group, what vmarena commits
+// and what the uniform cache would; and the exact need of the live tokens (each
+// window group's live window, every token of the full groups).
+type groupUse struct {
+	Committed, Uniform []int64
+	Need               int64
+}
+
+// read measures the live sequences now.
+func (gm *groupMeter) read() (groupUse, error) {
+	gm.mu.Lock()
+	defer gm.mu.Unlock()
+	u := groupUse{Committed: make([]int64, len(gm.first)), Uniform: make([]int64, len(gm.first))}
+	for q := range gm.live {
+		n := q.Len()
+		if n == 0 {
+			continue
+		}
+		for i, l := range gm.first {
+			st := gm.strides[i]
+			blocks := (n+st.BlockTokens-1)/st.BlockTokens - q.FirstHeld(l)/st.BlockTokens
+			u.Committed[i] += int64(blocks) * int64(st.BlockStride)
+		}
+		us, err := gm.uniform.Size(gm.granule, n)
+		if err != nil {
+			return groupUse{}, err
+		}
+		for i, g := range us.Groups {
+			u.Uniform[i] += g.Committed
+		}
+	}
+	u.Need = gm.need()
+	return u, nil
+}
+
+// need returns the bytes of the live tokens, gm.mu held: each group's tokens from its
+// FirstLive on in every sequence, and the system prompt's once. A sequence on the
+// prompt holds its own tokens past it; of the prompt's, a group needs those from the
+// first that the prompt's own next step or any sequence on it still reads.
+func (gm *groupMeter) need() int64 {
+	var need int64
+	p := 0
+	if gm.prefix != nil {
+		p = gm.prefix.Len()
+	}
+	for _, g := range gm.model.Groups {
+		bpt := int64(g.BytesPerToken())
+		from := g.FirstLive(p) // of the prompt's tokens, the first one read
+		for q := range gm.live {
+			if q == gm.prefix {
+				continue
+			}
+			n, own := q.Len(), g.FirstLive(q.Len())
+			if gm.prefix != nil {
+				from, own = min(from, own), max(own, p)
+			}
+			need += int64(n-own) * bpt
+		}
+		if gm.prefix != nil {
+			need += int64(p-from) * bpt
+		}
+	}
+	return need
+}

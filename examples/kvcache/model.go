@@ -1,0 +1,125 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/vmarena/vmarena/kv"
+)
+
+// lookupModel resolves -model: one of kv.Presets (a Geometry, as before), or else one
+// of kv.ModelPresets. It returns the per-layer shape every strategy writes (Layers,
+// KV heads, head dim, element type) and, for a model of more than one layer group,
+// the model itself (nil for the one-group presets, which are a Geometry). A model
+// whose layers do not all keep K and V of one shape (an MLA latent, a recurrent
+// state, groups of different shapes) is refused: the replay writes K and V of one
+// shape into every layer. An unknown name lists every known one.
+func lookupModel(name string) (kv.Geometry, *kv.Model, error) {
+	g, gerr := kv.Preset(name)
+	if gerr == nil {
+		return g, nil, nil
+	}
+	m, merr := kv.ModelPreset(name)
+	if merr != nil {
+		if errors.Is(gerr, kv.ErrUnknownModel) && errors.Is(merr, kv.ErrUnknownModel) {
+			return kv.Geometry{}, nil, fmt.Errorf("-model: %w %q (known: %s)", kv.ErrUnknownModel, name, modelNames())
+		}
+		return kv.Geometry{}, nil, fmt.Errorf("-model %s: %w", name, merr)
+	}
+	first := m.Groups[0]
+	for i, gr := range m.Groups {
+		switch gr.Kind {
+		case kv.FullAttention, kv.SlidingWindow, kv.ChunkedLocal:
+		default:
+			return kv.Geometry{}, nil, fmt.Errorf("-model %s: group %d is %v: the replay writes K and V of one shape into every layer, which a %v layer does not have", m.Name, i, gr.Kind, gr.Kind)
+		}
+		if gr.KVHeads != first.KVHeads || gr.HeadDim != first.HeadDim || gr.DType != first.DType || gr.Scales != first.Scales {
+			return kv.Geometry{}, nil, fmt.Errorf("-model %s: groups 0 and %d differ in shape (%d×%d %v, %d×%d %v): the replay writes K and V of one shape into every layer",
+				m.Name, i, first.KVHeads, first.HeadDim, first.DType, gr.KVHeads, gr.HeadDim, gr.DType)
+		}
+	}
+	g = kv.Geometry{Name: m.Name, Layers: m.Layers, KVHeads: first.KVHeads, HeadDim: first.HeadDim, DType: first.DType, Scales: first.Scales}
+	if len(m.Groups) == 1 && first.Kind == kv.FullAttention {
+		return g, nil, nil // the one-group case is a Geometry: every strategy models it
+	}
+	return g, &m, nil
+}
+
+// modelNames lists -model's names: the geometries, then the layer-group models.
+func modelNames() string {
+	var names []string
+	seen := map[string]bool{}
+	for _, g := range kv.Presets() {
+		names, seen[g.Name] = append(names, g.Name), true
+	}
+	for _, m := range kv.ModelPresets() {
+		if !seen[m.Name] {
+			names = append(names, m.Name)
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
+// groupsOnly checks what the flags ask of a model of layer groups, where kv and the
+// baselines can do less: the baselines model full attention only, and kv keeps
+// map-ahead and the prefix cache for one-group caches. A flag left at its default is
+// turned off, and said so in notes; a flag set to what can not run is refused with an
+// error naming the model and what refused it.
+func (c *config) groupsOnly(m *kv.Model, names []string) ([]string, []string, error) {
+	kinds := groupKinds(*m)
+	switch {
+	case c.prefix:
+		return nil, nil, fmt.Errorf("-model %s (%s): the prefix-cache replay needs kv.PrefixCache, which kv keeps for one-group caches", m.Name, kinds)
+	case c.rounds > 0:
+		return nil, nil, fmt.Errorf("-model %s (%s): -rounds reports no layer groups; run without it", m.Name, kinds)
+	}
+	var notes []string
+	var kept []string
+	for _, n := range names {
+		if n == nameCache {
+			kept = append(kept, n)
+			continue
+		}
+		if c.set["strategies"] {
+			return nil, nil, fmt.Errorf("-model %s (%s): strategy %s models full attention only, and would hold every token of the window layers; run -strategies %s", m.Name, kinds, n, nameCache)
+		}
+	}
+	if len(kept) < len(names) {
+		notes = append(notes, "the baselines model full attention only: vmarena alone runs; the uniform full-attention cache of the same model is computed (kv.Model.Uniform)")
+	}
+	if len(kept) == 0 {
+		return nil, nil, fmt.Errorf("-model %s (%s): -strategies %s: none of them can run on layer groups (only %s)", m.Name, kinds, c.strategies, nameCache)
+	}
+	if c.mapAhead {
+		if c.set["map-ahead"] {
+			return nil, nil, fmt.Errorf("-model %s (%s): -map-ahead: kv's map-ahead needs a cache of one full-attention group", m.Name, kinds)
+		}
+		c.mapAhead = false
+		notes = append(notes, "map-ahead off (kv keeps it for one-group caches)")
+	}
+	if c.system > 0 {
+		notes = append(notes, "the system prompt is a sequence of its own that every request forks from (kv's Freeze is for one-group caches; ForkAt works per group), copied where the backing can not share")
+	}
+	if c.layout != kv.Blocked.String() {
+		return nil, nil, fmt.Errorf("-model %s (%s): -layout %s: the per-group figures read the Blocked layout's blocks; use -layout %s", m.Name, kinds, c.layout, kv.Blocked)
+	}
+	return kept, notes, nil
+}
+
+// groupKinds describes m's groups: "2 groups: sliding-window 128 ×12, full ×12".
+func groupKinds(m kv.Model) string {
+	parts := make([]string, len(m.Groups))
+	for i, g := range m.Groups {
+		parts[i] = groupName(g)
+	}
+	return fmt.Sprintf("%d groups: %s", len(m.Groups), strings.Join(parts, ", "))
+}
+
+// groupName names one group for the report and the plot: "sliding-window 128 ×12".
+func groupName(g kv.Group) string {
+	if g.Window > 0 {
+		return fmt.Sprintf("%v %d ×%d", g.Kind, g.Window, len(g.Layers))
+	}
+	return fmt.Sprintf("%v ×%d", g.Kind, len(g.Layers))
+}

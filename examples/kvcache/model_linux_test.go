@@ -1,0 +1,12 @@
+package main
+
+import "testing"
+
+// TestReplayHybridSystemPrompt replays gpt-oss-20b on a system prompt longer than its
+// window, held as a sequence of its own and forked by every request (the shared
+// backing maps it): the groups' figures still add up to the cache's, the window group
+// stays bounded with one more window for the prompt, and the need counts the prompt
+// once.
+func TestReplayHybridSystemPrompt(t *testing.T) {
+	replayHybrid(t, "shared", 300)
+}

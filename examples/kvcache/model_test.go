@@ -1,0 +1,242 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/kv"
+)
+
+func TestModelFlagBadInputs(t *testing.T) {
+	hybrid := []string{"-model", "gpt-oss-20b", "-requests", "2", "-idle", "0", "-out", t.TempDir()}
+	tests := []usageCase{
+		{"unknown model lists both kinds", []string{"-model", "gpt-5"}, `unknown model preset "gpt-5" (known: llama3-8b,`},
+		{"MLA", []string{"-model", "deepseek-v3"}, "-model deepseek-v3: group 0 is mla-latent: the replay writes K and V of one shape into every layer"},
+		{"recurrent", []string{"-model", "qwen3-next-80b-a3b"}, "-model qwen3-next-80b-a3b: group 0 is recurrent"},
+		{"a baseline", append(hybrid, "-strategies", "vmarena,paged"),
+			"-model gpt-oss-20b (2 groups: sliding-window 128 ×12, full ×12): strategy paged models full attention only"},
+		{"map-ahead asked for", append(hybrid, "-map-ahead"), "-model gpt-oss-20b (2 groups: sliding-window 128 ×12, full ×12): -map-ahead"},
+		{"per-layer", append(hybrid, "-layout", "per-layer"), "-layout per-layer: the per-group figures read the Blocked layout's blocks"},
+		{"prefix replay", append(hybrid, "-trace", "mooncake"), "-model gpt-oss-20b (2 groups: sliding-window 128 ×12, full ×12): the prefix-cache replay needs kv.PrefixCache"},
+		{"fair timing", append(hybrid, "-rounds", "2"), "-rounds reports no layer groups"},
+		{"window past the context", []string{"-model", "gemma-3-27b", "-max-tokens", "1000", "-system-prompt", "0"}, "window of 1024 tokens is larger than MaxTokens 1000"},
+	}
+	checkUsage(t, tests)
+}
+
+// TestModelFlagPresets resolves every name -model knows: the geometries as before, the
+// one-group models as a Geometry, the models of window groups as their model, and the
+// rest refused.
+func TestModelFlagPresets(t *testing.T) {
+	for _, g := range kv.Presets() {
+		got, groups, err := lookupModel(g.Name)
+		require.NoError(t, err)
+		assert.Equal(t, g, got)
+		assert.Nil(t, groups, g.Name)
+	}
+	for _, m := range kv.ModelPresets() {
+		t.Run(m.Name, func(t *testing.T) {
+			g, groups, err := lookupModel(m.Name)
+			shaped := true
+			for _, gr := range m.Groups {
+				shaped = shaped && gr.Kind != kv.MLALatent && gr.Kind != kv.Recurrent
+			}
+			if !shaped {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), m.Name)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, m.Name, g.Name)
+			assert.Equal(t, m.Layers, g.Layers)
+			assert.Equal(t, m.BytesPerToken(), 2*g.Layers*g.TokenBytes(), "every layer K and V of the one shape")
+			if len(m.Groups) == 1 {
+				assert.Nil(t, groups, "one full-attention group is a Geometry")
+				return
+			}
+			require.NotNil(t, groups)
+			assert.Equal(t, m, *groups)
+		})
+	}
+}
+
+// meteredCache checks, at every sample, that the group meter's figures add up to
+// what the cache itself reports committed.
+type meteredCache struct {
+	*cacheStrategy
+	mismatch []string
+}
+
+func (m *meteredCache) readGroups() (groupUse, bool, error) {
+	u, has, err := m.cacheStrategy.readGroups()
+	var sum int64
+	for _, b := range u.Committed {
+		sum += b
+	}
+	if got := m.c.Stats().Committed; sum != got && len(m.mismatch) < 3 {
+		m.mismatch = append(m.mismatch, fmt.Sprintf("groups %v sum to %d, the cache committed %d", u.Committed, sum, got))
+	}
+	return u, has, err
+}
+
+// TestReplayHybridWindowStaysFlat replays short requests of gpt-oss-20b: its window
+// group's committed bytes stay within what kv.Config.Size says a sequence's window
+// holds, one block more for the step's give-back lag (kv gives back below FirstLive
+// of the length a step grows from), per live sequence, while its full group grows
+// with the tokens as in the uniform cache.
+func TestReplayHybridWindowStaysFlat(t *testing.T) {
+	replayHybrid(t, defaultBacking, 0)
+}
+
+// replayHybrid is TestReplayHybridWindowStaysFlat's replay on backing, with a system
+// prompt of system tokens. The prompt's held sequence is forked (a backing that
+// shares) and keeps a window like the others.
+func replayHybrid(t *testing.T, backing string, system int) {
+	g, groups, err := lookupModel("gpt-oss-20b")
+	require.NoError(t, err)
+	require.NotNil(t, groups)
+	s := testSetup(0)
+	s.model, s.groups, s.maxTokens, s.backing = g, groups, 1024, backing
+	b, err := build(nameCache, s)
+	require.NoError(t, err)
+	mc := &meteredCache{cacheStrategy: b.st.(*cacheStrategy)}
+	var reqs []Request
+	for i := range 3 {
+		reqs = append(reqs, Request{ID: i, Arrival: time.Duration(i) * 100 * time.Millisecond, Context: 150 + 40*i, Generated: 200})
+	}
+	w := Workload{Requests: reqs, Speed: 1, Step: 25 * time.Millisecond, Concurrency: 4, SystemPrompt: system,
+		Layers: g.Layers, TokenBytes: g.TokenBytes(), MaxTokens: s.maxTokens}
+	res, err := Replay(context.Background(), mc, w, nil)
+	require.NoError(t, err)
+	require.NoError(t, mc.Close())
+	assert.Empty(t, mc.mismatch)
+	assert.Equal(t, 3, res.Completed)
+
+	const window, full = 0, 1
+	require.Equal(t, kv.SlidingWindow, groups.Groups[window].Kind)
+	require.Equal(t, kv.FullAttention, groups.Groups[full].Kind)
+	cfg := kv.Config{Model: *groups, MaxTokens: s.maxTokens}
+	var most, block int64
+	for n := range s.maxTokens + 1 {
+		sz, err := cfg.Size(mc.c.Granularity(), n)
+		require.NoError(t, err)
+		most, block = max(most, sz.Groups[window].Committed), int64(sz.Groups[window].BlockBytes)
+	}
+	bound := most + block
+	held := int64(0)
+	if system > 0 {
+		held = 1 // the prompt's own sequence
+	}
+	var fullPeak int64
+	for _, smp := range res.Samples {
+		if smp.Live == 0 {
+			continue
+		}
+		require.Len(t, smp.Groups, 2)
+		assert.LessOrEqual(t, smp.Groups[window], (int64(smp.Live)+held)*bound, "the window group at %v holds at most a window per sequence", smp.At)
+		assert.Equal(t, smp.Uniform[full], smp.Groups[full], "a full group is the uniform cache's")
+		fullPeak = max(fullPeak, smp.Groups[full])
+	}
+	assert.Greater(t, fullPeak, 3*bound, "the full group grew past what the window holds")
+	assert.Greater(t, res.UniformPeak[window], res.GroupPeak[window], "the uniform cache holds every token of the window layers")
+	assert.Equal(t, res.UniformPeak[full], res.GroupPeak[full])
+	if system > 0 {
+		assert.Positive(t, res.MaxSaved, "the requests map the prompt's granules")
+	}
+}
+
+func TestRunHybridModel(t *testing.T) {
+	dir := t.TempDir()
+	code, out, errOut := runArgs(t, "-model", "gpt-oss-20b", "-requests", "4", "-max-tokens", "1024", "-system-prompt", "200", "-idle", "0",
+		"-progress", "none", "-granule", "64KiB", "-out", dir)
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "Groups:  2 groups: sliding-window 128 ×12, full ×12")
+	assert.Contains(t, out, "the baselines model full attention only")
+	assert.Contains(t, out, "the system prompt is a sequence of its own that every request forks from")
+	assert.Regexp(t, `sliding-window 128 ×12 +[0-9.]+ [KM]iB`, out)
+	assert.NotContains(t, out, "paged")
+	assert.Contains(t, out, "Plot of each layer group's memory over time: "+filepath.Join(dir, "kvcache-groups.png"))
+	assert.FileExists(t, filepath.Join(dir, "kvcache-groups.png"))
+}
+
+// TestWriteGroupPlot draws a run on layer groups in both formats, and refuses a run
+// without them.
+func TestWriteGroupPlot(t *testing.T) {
+	g, groups, err := lookupModel("gpt-oss-20b")
+	require.NoError(t, err)
+	s := testSetup(0)
+	s.model, s.groups = g, groups
+	r := Result{Strategy: nameCache, GroupPeak: []int64{3 << 20, 9 << 20}, UniformPeak: []int64{9 << 20, 9 << 20}}
+	for i := range 10 {
+		b := int64(i) << 20
+		r.Samples = append(r.Samples, Sample{At: time.Duration(i) * time.Second, Groups: []int64{min(b, 3<<20), b}, Uniform: []int64{b, b}})
+	}
+	r.Samples = append(r.Samples, Sample{At: 11 * time.Second}) // the idle tail has no groups
+	w := Workload{Requests: make([]Request, 2)}
+	for _, format := range []string{"png", "svg"} {
+		path, err := writeGroupPlot(t.TempDir(), format, r, s, w)
+		require.NoError(t, err)
+		data, err := os.ReadFile(path)
+		require.NoError(t, err)
+		if format == "svg" {
+			assert.Contains(t, string(data), "sliding-window 128 ×12: uniform full-attention cache (peak 9 MiB)")
+		}
+	}
+	_, err = writeGroupPlot(t.TempDir(), "png", Result{Strategy: nameCache}, s, w)
+	assert.ErrorContains(t, err, "no layer groups to plot")
+}
+
+// TestGroupMeterNeed counts the live tokens of a prompt and two sequences on it by
+// hand: gpt-oss-20b's window of 128 tokens, a 300-token prompt, sequences of 500 and
+// 350 tokens.
+func TestGroupMeterNeed(t *testing.T) {
+	_, groups, err := lookupModel("gpt-oss-20b")
+	require.NoError(t, err)
+	bk, err := host.NewPrivate(host.PrivateOptions{})
+	require.NoError(t, err)
+	c, err := kv.New(bk, kv.Config{Model: *groups, MaxTokens: 1024, Authority: accounting.NewGovernor().Authority("test", accounting.HostKey)})
+	require.NoError(t, err)
+	defer c.Close()
+	gm, err := newGroupMeter(c, *groups)
+	require.NoError(t, err)
+	seq := func(n int) *kv.Sequence {
+		q, err := c.NewSequence()
+		require.NoError(t, err)
+		require.NoError(t, q.Append(n))
+		return q
+	}
+	prompt, a, b := seq(300), seq(500), seq(350)
+	gm.add(a)
+	gm.add(b)
+	bpt := int64(groups.Groups[0].BytesPerToken())
+	require.Equal(t, bpt, int64(groups.Groups[1].BytesPerToken()))
+	u, err := gm.read()
+	require.NoError(t, err)
+	// No prompt: each sequence's window (127 and 127 tokens) and every token.
+	assert.Equal(t, (127+127+500+350)*bpt, u.Need)
+
+	gm.setPrefix(prompt)
+	u, err = gm.read()
+	require.NoError(t, err)
+	// The window: a reads 373..499 (its own), b 223..349 (its own from 300), the
+	// prompt's tokens from min(173, 373, 223) = 173. The full group: the prompt once.
+	window := (500 - 373) + (350 - 300) + (300 - 173)
+	assert.Equal(t, int64(window+300+200+50)*bpt, u.Need)
+
+	gm.setPrefix(nil)
+	u, err = gm.read()
+	require.NoError(t, err)
+	assert.Equal(t, (127+127+500+350)*bpt, u.Need, "the prompt forgotten")
+	for _, q := range []*kv.Sequence{prompt, a, b} {
+		q.Close()
+	}
+}
