@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vmarena/vmarena/accounting"
@@ -70,6 +71,10 @@ type pcTiers struct {
 	// bg counts the write-downs running on goroutines of their own (behind an
 	// Insert or a lookup, a write-through, an origin's close): Close waits for them.
 	bg sync.WaitGroup
+	// owed is the bytes the reclaimer could not give requests that wait for memory
+	// on the device: entries a write-through held busy may give them once their
+	// stores end (repay).
+	owed atomic.Int64
 
 	// Guarded by the prefix cache's lock:
 	// pending is the blocks of lazy entries that eviction took while their origin
@@ -380,7 +385,30 @@ func (t *pcTiers) writeThrough(pc *PrefixCache, e *pcEntry) {
 		if out {
 			e.close()
 		}
+		t.repay(pc)
 	}()
+}
+
+// owe records that the reclaimer gave requests waiting on the device short bytes
+// fewer than they wait for (short <= 0: none).
+func (t *pcTiers) owe(short int64) {
+	if t != nil && short > 0 {
+		t.owed.Add(short)
+	}
+}
+
+// repay, once a write-through's stores ended and its entry can be evicted again,
+// evicts for the requests that still wait for memory on the device what the
+// reclaimer owed them: the governor calls the reclaimer only as a request starts to
+// wait, so that without this a request would wait on for memory the prefix cache
+// could give it now. What it still can not give stays owed while requests wait. No
+// lock is held.
+func (t *pcTiers) repay(pc *PrefixCache) {
+	owed := t.owed.Swap(0)
+	if owed <= 0 || t.c.gov.Stats(t.c.dev).Waiters == 0 {
+		return
+	}
+	t.owe(owed - pc.evictFor(owed, evictForWaiter))
 }
 
 // originHolder, as s (an origin) closes, returns a holder mapping the blocks of s's

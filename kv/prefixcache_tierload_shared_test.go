@@ -3,7 +3,9 @@
 package kv_test
 
 import (
+	"context"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -107,4 +109,55 @@ func idleOf(e *env) int64 {
 	}
 	e.quiet()
 	return e.pool.PoolStats().Idle
+}
+
+// TestPrefixCacheTierWriteThroughWaiter: a request that waits for memory which only
+// an entry held busy by its write-through could give gets it once the entry's stores
+// end: the governor asks the reclaimer only as the request starts to wait, when
+// eviction has to pass the entry over. Before the fix the request waited until its
+// deadline. Its tokens read back, and the ledger balances (the env's cleanup).
+func TestPrefixCacheTierWriteThroughWaiter(t *testing.T) {
+	const gran = 64 << 10
+	for _, kind := range []int{onShared, onCUDA} {
+		t.Run(backingNames[kind], func(t *testing.T) {
+			e, err := openEnv(t, envSpec{kind: kind, granule: gran, limit: 4 * gran, cfg: kv.Config{MaxTokens: 512, Layout: kv.Blocked}})
+			if err != nil {
+				t.Skip(err)
+			}
+			c := e.c
+			tpb, _ := blockTokens(t, c)
+			g := gated{tiertest.NewMap(4 << 20), make(chan struct{})}
+			pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Tiers: []kv.Tier{g}, TierWait: time.Minute, TierWriteThrough: true})
+			require.NoError(t, err)
+			e.onFail(func() { pc.Close() })
+			s, _, err := serve(pc, promptIDs(1, 2*tpb+1))
+			require.NoError(t, err)
+			require.True(t, s.Close().OK()) // its entry's write-through waits at the gate
+			q, err := c.NewSequence()
+			require.NoError(t, err)
+			done := make(chan error, 1)
+			go func() {
+				// A deadline only so that a failure ends: the memory is there at once.
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				done <- q.AppendCtx(ctx, 3*tpb)
+			}()
+			for e.gov.Stats(c.Device()).Waiters == 0 {
+				select {
+				case err := <-done:
+					require.FailNow(t, "the append did not wait", "%v", err)
+				default:
+					runtime.Gosched()
+				}
+			}
+			close(g.open)
+			require.NoError(t, <-done, "served once the write-through ended")
+			require.NoError(t, writeIDs(q, promptIDs(500, 3*tpb), 0, 3*tpb))
+			require.NoError(t, checkIDs(q, promptIDs(500, 3*tpb), 0, 3*tpb))
+			assert.Positive(t, pc.Stats().EvictedBytes, "the entry made room")
+			assert.Equal(t, 2, g.Len(), "its two whole blocks went down first")
+			require.True(t, q.Close().OK())
+			require.NoError(t, pc.Close())
+		})
+	}
 }
