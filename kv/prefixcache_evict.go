@@ -56,7 +56,7 @@ func (pc *PrefixCache) reclaim(need int64) {
 	pc.reclaiming.Add(1)
 	pc.mu.Unlock()
 	defer pc.reclaiming.Done()
-	pc.evictFor(need, evictForWaiter)
+	pc.tiers.owe(need - pc.evictFor(need, evictForWaiter))
 }
 
 // evictLocked evicts granules in mode until need bytes came back (evictFree) or

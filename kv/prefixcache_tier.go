@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/internal/radix"
 	"github.com/vmarena/vmarena/kv/blockhash"
@@ -42,6 +45,10 @@ type TierStats struct {
 	// Invalid counts the values that failed DecodeTierValue's check: misses, never
 	// mapped.
 	Invalid int64
+	// Unfit counts the blocks the tier held, next in a lookup's run, that the device's
+	// budget could not take even after eviction: the lookup loaded the blocks before
+	// them that fit, and asked no tier below for more.
+	Unfit int64
 }
 
 // pcTiers is a prefix cache's tiers: the keys of its blocks, the bound on stores that
@@ -64,6 +71,10 @@ type pcTiers struct {
 	// bg counts the write-downs running on goroutines of their own (behind an
 	// Insert or a lookup, a write-through, an origin's close): Close waits for them.
 	bg sync.WaitGroup
+	// owed is the bytes the reclaimer could not give requests that wait for memory
+	// on the device: entries a write-through held busy may give them once their
+	// stores end (repay).
+	owed atomic.Int64
 
 	// Guarded by the prefix cache's lock:
 	// pending is the blocks of lazy entries that eviction took while their origin
@@ -374,7 +385,30 @@ func (t *pcTiers) writeThrough(pc *PrefixCache, e *pcEntry) {
 		if out {
 			e.close()
 		}
+		t.repay(pc)
 	}()
+}
+
+// owe records that the reclaimer gave requests waiting on the device short bytes
+// fewer than they wait for (short <= 0: none).
+func (t *pcTiers) owe(short int64) {
+	if t != nil && short > 0 {
+		t.owed.Add(short)
+	}
+}
+
+// repay, once a write-through's stores ended and its entry can be evicted again,
+// evicts for the requests that still wait for memory on the device what the
+// reclaimer owed them: the governor calls the reclaimer only as a request starts to
+// wait, so that without this a request would wait on for memory the prefix cache
+// could give it now. What it still can not give stays owed while requests wait. No
+// lock is held.
+func (t *pcTiers) repay(pc *PrefixCache) {
+	owed := t.owed.Swap(0)
+	if owed <= 0 || t.c.gov.Stats(t.c.dev).Waiters == 0 {
+		return
+	}
+	t.owe(owed - pc.evictFor(owed, evictForWaiter))
 }
 
 // originHolder, as s (an origin) closes, returns a holder mapping the blocks of s's
@@ -439,10 +473,10 @@ func (t *pcTiers) truncating(pc *PrefixCache, s *Sequence, n int) {
 
 // load extends s, a lookup's new sequence holding the prompt's first m tokens, by
 // the blocks of tokens that follow which the tiers hold, asking them in order, up to
-// limit tokens, within the wait. Each value is checked against the prompt's tokens
-// before its bytes are copied into s's own fresh granules; the first block that
-// fails ends the run, and s keeps the tokens before it. It returns s's length. No
-// lock is held.
+// limit tokens, within the wait, as far as the device's budget holds them (grow).
+// Each value is checked against the prompt's tokens before its bytes are copied into
+// s's own fresh granules; the first block that fails ends the run, and s keeps the
+// tokens before it. It returns s's length. No lock is held.
 func (t *pcTiers) load(s *Sequence, tokens []int32, m, limit int) int {
 	bt := t.c.tpb
 	if limit/bt*bt <= m {
@@ -456,36 +490,47 @@ func (t *pcTiers) load(s *Sequence, tokens []int32, m, limit int) int {
 		if len(keys) == 0 || ctx.Err() != nil {
 			break
 		}
-		got := t.loadFrom(ctx, i, tier, s, tokens, b, keys)
+		got, full := t.loadFrom(ctx, i, tier, s, tokens, b, keys)
 		if got == 0 {
 			t.count(i, func(st *TierStats) { st.Misses++ })
-			continue
+		} else {
+			n := max(m, (b+got)*bt)
+			t.count(i, func(st *TierStats) { st.Hits += int64(n - m) })
+			m, b, keys = n, b+got, keys[got:]
 		}
-		n := max(m, (b+got)*bt)
-		t.count(i, func(st *TierStats) { st.Hits += int64(n - m) })
-		m, b, keys = n, b+got, keys[got:]
+		if full {
+			break // the budget holds no more blocks, from any tier
+		}
 	}
 	// NB: a Truncate that failed left s fewer tokens, all checked ones.
 	return min(m, s.n)
 }
 
 // loadFrom loads from tier i the longest run of keys it holds, blocks b on, into s,
-// and returns the blocks loaded; s holds them (and nothing past them) on return.
-func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, tokens []int32, b int, keys []TierKey) int {
+// or as much of its start as the device's budget takes (grow), and returns the blocks
+// loaded and whether the budget cut the run; s holds the loaded blocks (and nothing
+// past them) on return.
+func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, tokens []int32, b int, keys []TierKey) (int, bool) {
 	run, err := tier.Contains(ctx, keys)
 	if err != nil || run <= 0 {
 		if err != nil {
 			t.count(i, func(st *TierStats) { st.Drops++ })
 		}
-		return 0
+		return 0, false
 	}
 	run = min(run, len(keys))
 	bt, unit := t.c.tpb, t.c.unit
 	before := s.n
-	if err := s.Append((b+run)*bt - before); err != nil {
-		t.count(i, func(st *TierStats) { st.Drops++ })
-		return 0
+	fit, err := t.grow(s, b, run)
+	short := fit < run
+	if short {
+		t.count(i, func(st *TierStats) { st.Unfit += int64(run - fit) })
 	}
+	if err != nil {
+		t.count(i, func(st *TierStats) { st.Drops++ })
+		return 0, short
+	}
+	run = fit
 	got := 0
 	for ; got < run; got++ {
 		blk := b + got
@@ -517,10 +562,43 @@ func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, t
 		if err := s.Truncate(keep); err != nil {
 			// It left s the whole tokens below a granule it could not keep, all
 			// checked (load takes no more than s holds).
-			return max(s.n/bt-b, 0)
+			return max(s.n/bt-b, 0), short
 		}
 	}
-	return got
+	return got, short
+}
+
+// grow appends to s, which holds the tokens before block b (or part of b), blocks
+// [b, b+run) for a load, or the longest start of them that the device's budget holds,
+// cached prefixes evicted first as for any growth, and returns how many blocks s now
+// holds room for. It sizes the start by Need against Headroom, so that no growth is
+// refused for budget unless the memory went elsewhere meanwhile; then it tries one
+// block fewer at each refusal. An error other than a refusal for budget is returned
+// with 0 blocks, s unchanged. No lock is held.
+func (t *pcTiers) grow(s *Sequence, b, run int) (int, error) {
+	bt := t.c.tpb
+	tokens := func(k int) int { return (b+k)*bt - s.n }
+	fit := func(below int) int {
+		head := t.c.Headroom()
+		// The most blocks, up to below, whose growth needs no more than head.
+		return sort.Search(below+1, func(k int) bool {
+			if k == 0 {
+				return false
+			}
+			need, err := s.Need(tokens(k))
+			return err != nil || need > head
+		}) - 1
+	}
+	for k := fit(run); k > 0; k = fit(k - 1) {
+		err := s.Append(tokens(k))
+		if err == nil {
+			return k, nil
+		}
+		if !errors.Is(err, accounting.ErrBudgetExceeded) {
+			return 0, err
+		}
+	}
+	return 0, nil
 }
 
 // later tells whether the entries in drop, which an eviction to MaxBytes took after an

@@ -160,7 +160,7 @@ type descs struct {
 
 	pcQueries, pcHits, pcEvictions, pcEvictedBytes, pcCached, pcPinned *prometheus.Desc
 
-	pcTierHits, pcTierMisses, pcTierLoaded, pcTierStored, pcTierDrops, pcTierInvalid *prometheus.Desc
+	pcTierHits, pcTierMisses, pcTierLoaded, pcTierStored, pcTierDrops, pcTierInvalid, pcTierUnfit *prometheus.Desc
 }
 
 func newDescs(ns string) descs {
@@ -216,6 +216,7 @@ func newDescs(ns string) descs {
 		pcTierStored:  d("prefix_cache_tier_store_bytes_total", "Bytes of the values the prefix cache wrote down into a tier.", tier),
 		pcTierDrops:   d("prefix_cache_tier_dropped_total", "Blocks not stored into a tier, and loads that failed other than by a value's check: misses, never errors.", tier),
 		pcTierInvalid: d("prefix_cache_tier_invalid_total", "Values from a tier that failed their check (damaged, another namespace, other tokens): misses, never mapped.", tier),
+		pcTierUnfit:   d("prefix_cache_tier_unfit_total", "Blocks a tier held for a lookup that the device's budget could not take even after eviction: the lookup loaded those before them.", tier),
 	}
 }
 
@@ -227,7 +228,7 @@ func (d *descs) all() []*prometheus.Desc {
 		d.kvUsage, d.kvSequences, d.kvPrefixes, d.kvTokens, d.kvUsed, d.kvCommitted, d.kvSaved, d.kvWaits,
 		d.kvRefusals, d.kvUnreleased, d.kvAhead,
 		d.pcQueries, d.pcHits, d.pcEvictions, d.pcEvictedBytes, d.pcCached, d.pcPinned,
-		d.pcTierHits, d.pcTierMisses, d.pcTierLoaded, d.pcTierStored, d.pcTierDrops, d.pcTierInvalid,
+		d.pcTierHits, d.pcTierMisses, d.pcTierLoaded, d.pcTierStored, d.pcTierDrops, d.pcTierInvalid, d.pcTierUnfit,
 	}
 }
 
@@ -268,6 +269,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			counter(ch, c.d.pcTierStored, t.StoreBytes, p.Name, t.Name)
 			counter(ch, c.d.pcTierDrops, t.Drops, p.Name, t.Name)
 			counter(ch, c.d.pcTierInvalid, t.Invalid, p.Name, t.Name)
+			counter(ch, c.d.pcTierUnfit, t.Unfit, p.Name, t.Name)
 		}
 	}
 	for _, p := range c.opts.EventPublishers {

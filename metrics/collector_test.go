@@ -153,7 +153,7 @@ vmarena_prefix_cache_queries_total{cache="llama"} 9000
 func TestCollectPrefixCacheTiers(t *testing.T) {
 	stats := kv.PrefixCacheStats{Tiers: []kv.TierStats{
 		{Name: "host", Hits: 640, Misses: 3, LoadBytes: 40 << 20, StoreBytes: 64 << 20, Drops: 1},
-		{Name: "redis", Hits: 128, Misses: 7, LoadBytes: 8 << 20, StoreBytes: 64 << 20, Drops: 5, Invalid: 2},
+		{Name: "redis", Hits: 128, Misses: 7, LoadBytes: 8 << 20, StoreBytes: 64 << 20, Drops: 5, Invalid: 2, Unfit: 3},
 	}}
 	c, err := metrics.New(metrics.Options{PrefixCaches: []metrics.PrefixCache{
 		{Name: "llama", Source: metrics.PrefixCacheFunc(func() kv.PrefixCacheStats { return stats })},
@@ -185,11 +185,16 @@ vmarena_prefix_cache_tier_dropped_total{cache="llama",tier="redis"} 5
 # TYPE vmarena_prefix_cache_tier_invalid_total counter
 vmarena_prefix_cache_tier_invalid_total{cache="llama",tier="host"} 0
 vmarena_prefix_cache_tier_invalid_total{cache="llama",tier="redis"} 2
+# HELP vmarena_prefix_cache_tier_unfit_total Blocks a tier held for a lookup that the device's budget could not take even after eviction: the lookup loaded those before them.
+# TYPE vmarena_prefix_cache_tier_unfit_total counter
+vmarena_prefix_cache_tier_unfit_total{cache="llama",tier="host"} 0
+vmarena_prefix_cache_tier_unfit_total{cache="llama",tier="redis"} 3
 `
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want),
 		"vmarena_prefix_cache_tier_hits_total", "vmarena_prefix_cache_tier_misses_total",
 		"vmarena_prefix_cache_tier_load_bytes_total", "vmarena_prefix_cache_tier_store_bytes_total",
-		"vmarena_prefix_cache_tier_dropped_total", "vmarena_prefix_cache_tier_invalid_total"))
+		"vmarena_prefix_cache_tier_dropped_total", "vmarena_prefix_cache_tier_invalid_total",
+		"vmarena_prefix_cache_tier_unfit_total"))
 	problems, err := testutil.CollectAndLint(c)
 	require.NoError(t, err)
 	assert.Empty(t, problems, "client_golang's metric lint")

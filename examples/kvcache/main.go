@@ -117,6 +117,8 @@ type config struct {
 	replicas    int
 	budgetIdeal float64
 	tierWait    time.Duration
+	tierThrough bool   // -tier-write-through
+	tierMinHits int    // -tier-min-hits
 	idealNote   string // how -budget-ideal set the budget, for the header
 	// prefix is set for a trace with token IDs (Mooncake): the prefix-cache replay.
 	prefix bool
@@ -197,7 +199,9 @@ tokens up to it and every hit is read back and compared, byte for byte. It print
 where the hits came from (device, host, redis) next to vmarena+prefix-cache, tiers
 off. -replicas 2 replays the requests again on a second replica with a cache and
 host tier of its own, sharing the Redis: what B finds there, A stored.
--redis-kill-at N kills the started server once N requests are done. -budget-ideal F
+-redis-kill-at N kills the started server once N requests are done. Blocks go down as
+they are evicted; -tier-write-through stores them as soon as the cache holds them, and
+-tier-min-hits K only those of entries hit K times. -budget-ideal F
 sets -budget to F times the trace's ideal cache (the distinct prompt tokens an
 unbounded cache's hits read).
 
@@ -287,6 +291,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.redisKillAt, "redis-kill-at", 0, "-tiers redis: kill the redis-server started here once this many requests of "+namePrefixTiers+" are done (0: never)")
 	fs.IntVar(&c.replicas, "replicas", 1, "-tiers redis: replicas of "+namePrefixTiers+", each with its cache and host tier, sharing the Redis; 2: replica B replays the requests after A")
 	fs.DurationVar(&c.tierWait, "tier-wait", 0, "-tiers: how long a lookup waits for the tiers' loads, and a store for its tier, in wall-clock time, then goes on without (0: kv.DefaultTierWait, 100ms)")
+	fs.BoolVar(&c.tierThrough, "tier-write-through", false, "-tiers: store a cached entry's blocks into the tiers as soon as the cache holds them (kv.PrefixCacheOptions.TierWriteThrough), not only as they are evicted")
+	fs.IntVar(&c.tierMinHits, "tier-min-hits", 0, "-tiers: the reuse threshold: store only the blocks of entries lookups hit this many times (kv.PrefixCacheOptions.TierMinHits) (0: every block)")
 	fs.Float64Var(&c.budgetIdeal, "budget-ideal", 0, "prefix-cache replay: set -budget to this fraction of the ideal cache (the distinct prompt tokens an unbounded cache's hits read, from the trace) (0: -budget)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err

@@ -247,7 +247,8 @@ func buildPrefixReplica(name string, s setup, replica int) (pstrategy, *accounti
 			if err != nil {
 				return nil, nil, errors.Join(err, cs.Close())
 			}
-			opts.Tiers, opts.TierWait, k.tiers, k.tierList, k.tierStores = bt.tiers, s.tiers.wait, bt.close, bt.tiers, bt.stores
+			opts = s.tiers.options(bt)
+			k.tiers, k.tierList, k.tierStores = bt.close, bt.tiers, bt.stores
 		}
 		if name != namePrefixOff {
 			if k.pc, err = kv.NewPrefixCache(cs.c, opts); err != nil {

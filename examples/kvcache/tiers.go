@@ -40,7 +40,9 @@ type tierSetup struct {
 	wait       time.Duration // -tier-wait; 0: kv's default
 	redisAddr  string        // -redis, or the address of the server started here
 	replicas   int
-	killAt     int // -redis-kill-at: requests of the first replica done; 0: never
+	killAt     int  // -redis-kill-at: requests of the first replica done; 0: never
+	through    bool // -tier-write-through
+	minHits    int  // -tier-min-hits; 0: every block
 
 	client redis.UniversalClient // nil without the redis tier
 	keys   string                // the Redis keys' prefix: one per run
@@ -61,14 +63,15 @@ func (t *tierSetup) has(tier string) bool {
 // validateTiers checks the tier flags, and sets s.tiers when -tiers is given.
 func (c *config) validateTiers(s *setup) error {
 	if c.tiers == "" {
-		for _, f := range []string{"host-tier-budget", "redis", "redis-kill-at", "replicas", "tier-wait"} {
+		for _, f := range []string{"host-tier-budget", "redis", "redis-kill-at", "replicas", "tier-wait", "tier-write-through", "tier-min-hits"} {
 			if c.set[f] {
 				return fmt.Errorf("-%s needs -tiers", f)
 			}
 		}
 		return nil
 	}
-	t := &tierSetup{hostBudget: int64(c.hostTier), redisAddr: c.redisAddr, replicas: c.replicas, killAt: c.redisKillAt, wait: c.tierWait}
+	t := &tierSetup{hostBudget: int64(c.hostTier), redisAddr: c.redisAddr, replicas: c.replicas, killAt: c.redisKillAt, wait: c.tierWait,
+		through: c.tierThrough, minHits: c.tierMinHits}
 	for _, n := range strings.Split(c.tiers, ",") {
 		n = strings.TrimSpace(n)
 		switch {
@@ -92,6 +95,8 @@ func (c *config) validateTiers(s *setup) error {
 		return fmt.Errorf("-redis needs %s in -tiers", tierRedis)
 	case c.tierWait < 0:
 		return fmt.Errorf("-tier-wait %v is negative", c.tierWait)
+	case c.tierMinHits < 0:
+		return fmt.Errorf("-tier-min-hits %d is negative (0 stores every block)", c.tierMinHits)
 	case c.redisKillAt < 0:
 		return fmt.Errorf("-redis-kill-at %d is negative", c.redisKillAt)
 	case c.redisKillAt > 0 && !t.has(tierRedis):
@@ -167,6 +172,24 @@ func (t *tierSetup) close() error {
 		t.server = nil
 	}
 	return err
+}
+
+// options returns the prefix cache's options for one replica's tiers b: the tiers,
+// the wait and the policy of the flags.
+func (t *tierSetup) options(b builtTiers) kv.PrefixCacheOptions {
+	return kv.PrefixCacheOptions{Tiers: b.tiers, TierWait: t.wait, TierWriteThrough: t.through, TierMinHits: t.minHits}
+}
+
+// policy says when blocks go down, as the flags set it.
+func (t *tierSetup) policy() string {
+	p := "write-back"
+	if t.through {
+		p = "write-through"
+	}
+	if t.minHits > 0 {
+		p += fmt.Sprintf(", entries hit %d times", t.minHits)
+	}
+	return p
 }
 
 // builtTiers are one replica's tiers, in -tiers order.
@@ -424,7 +447,7 @@ func printTierHeader(w io.Writer, t *tierSetup) {
 			parts = append(parts, fmt.Sprintf("redis (kvtier/redistier at %s, %s)", t.redisAddr, how))
 		}
 	}
-	fmt.Fprintf(w, "Tiers:   %s", strings.Join(parts, ", then "))
+	fmt.Fprintf(w, "Tiers:   %s; %s", strings.Join(parts, ", then "), t.policy())
 	if t.replicas > 1 {
 		fmt.Fprintf(w, "; %d replicas share the Redis, B replays the requests after A", t.replicas)
 	}
@@ -441,7 +464,7 @@ func printTierTable(w io.Writer, rs []PrefixResult, t *tierSetup) {
 	for _, n := range t.order {
 		head += n + "\t"
 	}
-	fmt.Fprintln(tw, head+"evicted\twritten down\tloaded\tdropped\tinvalid\tfrom another replica\tchecked\t")
+	fmt.Fprintln(tw, head+"evicted\twritten down\tstored\tloaded\tunfit\tdropped\tinvalid\tfrom another replica\tchecked\t")
 	for _, r := range rs {
 		pct := func(h int64) string {
 			if r.Queries == 0 {
@@ -458,8 +481,8 @@ func printTierTable(w io.Writer, rs []PrefixResult, t *tierSetup) {
 			device -= h
 		}
 		row := fmt.Sprintf("%s\t%s\t%s\t%s\t", r.Strategy, pct(r.Hits), ideal, pct(device))
-		var loaded int64
-		var written, drops, invalid []string
+		var loaded, stored int64
+		var written, unfit, drops, invalid []string
 		for i := range t.order {
 			if i >= len(r.TierHits) {
 				row += "-\t"
@@ -467,7 +490,8 @@ func printTierTable(w io.Writer, rs []PrefixResult, t *tierSetup) {
 			}
 			row += pct(r.TierHits[i]) + "\t"
 			ts := r.Tiers[i]
-			loaded += ts.LoadBytes
+			loaded, stored = loaded+ts.LoadBytes, stored+ts.StoreBytes
+			unfit = append(unfit, fmt.Sprint(ts.Unfit))
 			w := "-"
 			if r.EvictedTokens > 0 {
 				w = fmt.Sprintf("%.0f%%", 100*float64(r.WrittenTokens[i])/float64(r.EvictedTokens))
@@ -488,8 +512,8 @@ func printTierTable(w io.Writer, rs []PrefixResult, t *tierSetup) {
 		if r.TierHits != nil {
 			evicted = fmt.Sprintf("%d tokens", r.EvictedTokens)
 		}
-		fmt.Fprintf(tw, "%s%s\t%s\t%s\t%s\t%s\t%s\t%d tokens\t\n", row, evicted, orDash(written), formatBytes(loaded),
-			orDash(drops), orDash(invalid), foreign, r.Verified)
+		fmt.Fprintf(tw, "%s%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d tokens\t\n", row, evicted, orDash(written), formatBytes(stored),
+			formatBytes(loaded), orDash(unfit), orDash(drops), orDash(invalid), foreign, r.Verified)
 	}
 	tw.Flush()
 	fmt.Fprintln(w, `
@@ -498,7 +522,10 @@ device, host, redis  the hit rate's prompt tokens found on the device, and loade
 evicted    prompt tokens the prefix cache evicted from the device
 written down  tokens of the whole blocks each tier kept, over those evicted (the rest: tails
            short of a block, evictions not written down, stores dropped)
+stored     bytes of the values stored into every tier
 loaded     bytes of the values loaded back from every tier (each checked)
+unfit      per tier: blocks a lookup found that the device's budget could not take, even
+           after eviction (it loaded those before them)
 dropped    per tier: blocks not stored and loads failed (a tier down, a timeout): misses,
            never errors
 invalid    per tier: values that failed their check: misses, never mapped

@@ -1,0 +1,163 @@
+//go:build linux || windows
+
+package kv_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kvtier/hosttier"
+	"github.com/vmarena/vmarena/kvtier/tiertest"
+)
+
+// TestPrefixCacheTierLoadFits: a lookup whose run in a tier is longer than the
+// device's budget can take loads the longest start of it that fits, evicting a cached
+// entry first where there is one (as any growth does), and counts the blocks left in
+// the tier as unfit; the tier below is not asked for them. Every loaded token reads
+// back as written, and the ledgers of the device and of the host tier are exact
+// before and after.
+func TestPrefixCacheTierLoadFits(t *testing.T) {
+	const gran = 64 << 10
+	for _, kind := range []int{onShared, onCUDA} {
+		for _, cached := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/cached=%v", backingNames[kind], cached), func(t *testing.T) {
+				// Five granules: the prompt (four blocks and a tail) fits alone.
+				e, err := openEnv(t, envSpec{kind: kind, granule: gran, limit: 5 * gran, cfg: kv.Config{MaxTokens: 512, Layout: kv.Blocked}})
+				if err != nil {
+					t.Skip(err)
+				}
+				c := e.c
+				tpb, blk := blockTokens(t, c)
+				require.Equal(t, gran, blk, "a block is one granule")
+				hostAuth := accounting.NewGovernor().Authority("host tier", accounting.DeviceKey{Tier: accounting.HostTier})
+				ht, err := hosttier.New(hosttier.Options{Budget: 16 << 20, Authority: hostAuth})
+				require.NoError(t, err)
+				below := tiertest.NewMap(4 << 20)
+				pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Tiers: []kv.Tier{ht, below}, TierPrefix: t.Name(), TierWait: time.Minute})
+				require.NoError(t, err)
+				e.onFail(func() { pc.Close(); ht.Close() })
+
+				ids := promptIDs(31, 4*tpb+1)
+				evictAll(t, pc, ids)
+				require.Equal(t, 4, ht.Stats().Values)
+				// A live sequence holds two granules; with cached, an entry of two
+				// granules (one block and a tail) holds two more, which the lookup's
+				// growth may take back.
+				hog, err := c.NewSequence()
+				require.NoError(t, err)
+				require.NoError(t, hog.Append(2*tpb))
+				free := int64(3 * gran)
+				if cached {
+					s, _, err := serve(pc, promptIDs(9000, tpb+1))
+					require.NoError(t, err)
+					require.True(t, s.Close().OK())
+					require.EqualValues(t, 2*gran, pc.Stats().CachedBytes)
+					free = gran
+				}
+				require.EqualValues(t, free, e.gov.Available(c.Device())+idleOf(e), "the set-up's budget: free or idle in the pool")
+				before := pc.Stats()
+
+				q, m, err := pc.Lookup(ids)
+				require.NoError(t, err)
+				assert.Equal(t, 3*tpb, m, "the three blocks the budget holds, not none")
+				assert.Equal(t, m, q.Len())
+				require.NoError(t, checkIDs(q, ids, 0, m))
+				st := pc.Stats()
+				assert.EqualValues(t, 3*tpb, st.Tiers[0].Hits-before.Tiers[0].Hits)
+				assert.EqualValues(t, 1, st.Tiers[0].Unfit-before.Tiers[0].Unfit, "the fourth block stayed in the tier")
+				assert.Equal(t, before.Tiers[0].Drops, st.Tiers[0].Drops, "nothing failed")
+				assert.Equal(t, before.Tiers[1].Misses, st.Tiers[1].Misses, "the tier below was not asked")
+				assert.EqualValues(t, 3*tpb, st.Hits-before.Hits)
+				assert.Zero(t, st.CachedBytes, "the cached entry made room")
+				assert.Zero(t, c.Stats().Refusals, "sized to the budget, never refused")
+				// The device's books: what the sequences commit and the pool keeps idle
+				// is what the ledger and the governor hold, all of the budget.
+				e.books(t, "after the partial load")
+				assert.Equal(t, committedOf(t, c, hog)+committedOf(t, c, q)+idleOf(e), e.auth.Stats().Owned)
+				assert.Zero(t, e.gov.Available(c.Device())+idleOf(e), "the load took the budget's last granule")
+				// The host tier's: it lent its values and holds what it held.
+				assert.Equal(t, ht.Stats().Held, hostAuth.Stats().Owned)
+
+				// With the live sequence gone the sequence goes on as after a hit.
+				require.True(t, hog.Close().OK())
+				require.NoError(t, q.Append(len(ids)-m))
+				require.NoError(t, writeIDs(q, ids, m, len(ids)))
+				require.NoError(t, checkIDs(q, ids, 0, len(ids)))
+				require.True(t, q.Close().OK())
+				require.NoError(t, pc.Close())
+				require.NoError(t, ht.Close())
+				assert.Zero(t, hostAuth.Stats().Owned, "the host tier's ledger: owned bytes left")
+				assert.Zero(t, hostAuth.Stats().Mapped, "the host tier's ledger: mappings left")
+				e.finish(t)
+			})
+		}
+	}
+}
+
+// idleOf returns the bytes e's pool holds idle (0 without a pool).
+func idleOf(e *env) int64 {
+	if e.pool == nil {
+		return 0
+	}
+	e.quiet()
+	return e.pool.PoolStats().Idle
+}
+
+// TestPrefixCacheTierWriteThroughWaiter: a request that waits for memory which only
+// an entry held busy by its write-through could give gets it once the entry's stores
+// end: the governor asks the reclaimer only as the request starts to wait, when
+// eviction has to pass the entry over. Before the fix the request waited until its
+// deadline. Its tokens read back, and the ledger balances (the env's cleanup).
+func TestPrefixCacheTierWriteThroughWaiter(t *testing.T) {
+	const gran = 64 << 10
+	for _, kind := range []int{onShared, onCUDA} {
+		t.Run(backingNames[kind], func(t *testing.T) {
+			e, err := openEnv(t, envSpec{kind: kind, granule: gran, limit: 4 * gran, cfg: kv.Config{MaxTokens: 512, Layout: kv.Blocked}})
+			if err != nil {
+				t.Skip(err)
+			}
+			c := e.c
+			tpb, _ := blockTokens(t, c)
+			g := gated{tiertest.NewMap(4 << 20), make(chan struct{})}
+			pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Tiers: []kv.Tier{g}, TierWait: time.Minute, TierWriteThrough: true})
+			require.NoError(t, err)
+			e.onFail(func() { pc.Close() })
+			s, _, err := serve(pc, promptIDs(1, 2*tpb+1))
+			require.NoError(t, err)
+			require.True(t, s.Close().OK()) // its entry's write-through waits at the gate
+			q, err := c.NewSequence()
+			require.NoError(t, err)
+			done := make(chan error, 1)
+			go func() {
+				// A deadline only so that a failure ends: the memory is there at once.
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				done <- q.AppendCtx(ctx, 3*tpb)
+			}()
+			for e.gov.Stats(c.Device()).Waiters == 0 {
+				select {
+				case err := <-done:
+					require.FailNow(t, "the append did not wait", "%v", err)
+				default:
+					runtime.Gosched()
+				}
+			}
+			close(g.open)
+			require.NoError(t, <-done, "served once the write-through ended")
+			require.NoError(t, writeIDs(q, promptIDs(500, 3*tpb), 0, 3*tpb))
+			require.NoError(t, checkIDs(q, promptIDs(500, 3*tpb), 0, 3*tpb))
+			assert.Positive(t, pc.Stats().EvictedBytes, "the entry made room")
+			assert.Equal(t, 2, g.Len(), "its two whole blocks went down first")
+			require.True(t, q.Close().OK())
+			require.NoError(t, pc.Close())
+		})
+	}
+}
