@@ -75,10 +75,10 @@ func (p *Prefix) Mapped() int64 {
 }
 
 // Requested returns the bytes of the prefix's tokens before any rounding: Len times
-// the geometry's BytesPerToken.
+// the model's BytesPerToken (a Geometry's, or a Model's).
 func (p *Prefix) Requested() int64 {
 	p.held()
-	return int64(p.tokens) * int64(p.c.cfg.Geometry.BytesPerToken())
+	return int64(p.tokens) * int64(p.c.bpt)
 }
 
 // held panics with PanicPrefixReleased once the creator released p.
