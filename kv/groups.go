@@ -143,11 +143,6 @@ func (cfg Config) model() (m Model, set bool, err error) {
 	if err := cfg.Model.Validate(cfg.MaxTokens); err != nil {
 		return Model{}, true, err
 	}
-	for i, g := range cfg.Model.Groups {
-		if g.Scales != NoScales {
-			return Model{}, true, fmt.Errorf("%w: group %d asks for %v scales: a cache on a Model keeps none yet (use a Geometry)", ErrConfig, i, g.Scales)
-		}
-	}
 	return cfg.Model, true, nil
 }
 

@@ -598,7 +598,9 @@ func TestGroupBadModels(t *testing.T) {
 	}
 	mlaV := kv.DeepSeekV3()
 	mlaV.Groups[0].Tensors = 2
-	fp8 := kv.Model{Name: "fp8", Layers: 1, Groups: []kv.Group{{Kind: kv.FullAttention, Layers: []int{0}, KVHeads: 1, HeadDim: 16, DType: arena.Float8E4M3, Scales: kv.ScalePerTensor}}}
+	fp16Scaled := kv.Model{Name: "fp16", Layers: 1, Groups: []kv.Group{{Kind: kv.FullAttention, Layers: []int{0}, KVHeads: 1, HeadDim: 16, DType: arena.Float16, Scales: kv.ScalePerTensor}}}
+	stateScaled := kv.Model{Name: "state", Layers: 1, Groups: []kv.Group{{Kind: kv.Recurrent, Layers: []int{0}, StateBytes: 64, Scales: kv.ScalePerHead}}}
+	badMode := kv.Model{Name: "mode", Layers: 1, Groups: []kv.Group{{Kind: kv.FullAttention, Layers: []int{0}, KVHeads: 1, HeadDim: 16, DType: arena.Float8E4M3, Scales: kv.ScaleMode(7)}}}
 	for _, tt := range []struct {
 		name string
 		cfg  kv.Config
@@ -609,7 +611,9 @@ func TestGroupBadModels(t *testing.T) {
 		{"MLA with V", kv.Config{Model: mlaV, MaxTokens: 100}, kv.ErrGeometry},
 		{"zero layers", kv.Config{Model: kv.Model{Name: "empty"}, MaxTokens: 100}, kv.ErrGeometry},
 		{"geometry and model", kv.Config{Geometry: kv.Tiny, Model: tinyHybrid, MaxTokens: 100}, kv.ErrConfig},
-		{"scales on a model", kv.Config{Model: fp8, MaxTokens: 100}, kv.ErrConfig},
+		{"scales on an fp16 group", kv.Config{Model: fp16Scaled, MaxTokens: 100}, kv.ErrGeometry},
+		{"scales on a recurrent group", kv.Config{Model: stateScaled, MaxTokens: 100}, kv.ErrGeometry},
+		{"unknown scale mode", kv.Config{Model: badMode, MaxTokens: 100}, kv.ErrGeometry},
 		{"map-ahead on groups", kv.Config{Model: tinyHybrid, MaxTokens: 100, MapAhead: true}, kv.ErrConfig},
 		{"no MaxTokens", kv.Config{Model: tinyHybrid}, kv.ErrConfig},
 	} {

@@ -388,6 +388,8 @@ func TestTierNamespaceModel(t *testing.T) {
 		{"KV heads", with(func(m *kv.Model) { m.Groups[1].KVHeads *= 2 }), gran, "p"},
 		{"head dim", with(func(m *kv.Model) { m.Groups[1].HeadDim *= 2 }), gran, "p"},
 		{"element type", with(func(m *kv.Model) { m.Groups[1].DType = arena.Float8E4M3 }), gran, "p"},
+		{"scales", with(func(m *kv.Model) { m.Groups[1].DType, m.Groups[1].Scales = arena.Float8E4M3, kv.ScalePerHead }), gran, "p"},
+		{"scales per tensor", with(func(m *kv.Model) { m.Groups[1].DType, m.Groups[1].Scales = arena.Float8E4M3, kv.ScalePerTensor }), gran, "p"},
 		{"layout", kv.Config{Model: kv.GPTOSS20B(), Layout: kv.PerLayer}, gran, "p"},
 		{"granule", base, 4 << 20, "p"},
 		{"block tokens", kv.Config{Model: kv.GPTOSS20B(), BlockTokens: 1000}, gran, "p"},
