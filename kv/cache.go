@@ -21,8 +21,8 @@ type Config struct {
 	// Layout, and a window group gives back the granules behind its window (see the
 	// package doc). Each FP8 group may keep scales of its own (Cache.GroupScales). A
 	// cache on a Model of more than one group, or of a group that is not full
-	// attention, has no Freeze or prefix cache, and no MapAhead (New refuses MapAhead
-	// with ErrConfig).
+	// attention, has no prefix cache and no MapAhead (New refuses MapAhead with
+	// ErrConfig), and no Freeze when the model has a recurrent group.
 	Model Model
 	// MaxTokens is the most tokens one sequence may hold. It is reserved as address
 	// space only: a sequence commits memory for the tokens it has.

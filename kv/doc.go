@@ -87,7 +87,10 @@
 // and commits none below. A recurrent state ([Sequence.ReadState],
 // [Sequence.WriteState]) exists from the first token on, is copied on fork, never
 // shared, and kept as it is by a Truncate but to 0; prefix caching of it is out of
-// scope. Freeze, the prefix cache and map-ahead need a one-group cache. Each group
+// scope: [Sequence.Freeze] on a model with a recurrent group is refused with
+// ErrConfig. On the other models it freezes each group as ForkAt forks it (a window
+// group's prefix holds its units from the one with FirstLive on). The prefix cache,
+// its tiers and events, and map-ahead need a one-group cache. Each group
 // of FP8 elements may keep scales of its own ([Group.Scales], [Cache.GroupScales]).
 // groups.go lists the states of a window group's bytes and their transitions.
 //
