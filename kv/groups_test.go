@@ -758,7 +758,17 @@ func TestGroupRefusals(t *testing.T) {
 	assert.ErrorContains(t, err, "5 groups (sliding-window, full, chunked-local, mla-latent, recurrent)")
 	_, err = kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
 	assert.ErrorIs(t, err, kv.ErrConfig)
+	assert.ErrorContains(t, err, "recurrent", "a recurrent group's state is out of prefix caching's scope")
 	require.NoError(t, s.Truncate(2))
+
+	// A model of groups without one has no prefix cache yet either.
+	fx := newGroupFixture(t)
+	w, err := kv.New(fx.fake, kv.Config{Model: tinyWindows, MaxTokens: 100})
+	require.NoError(t, err)
+	defer w.Close()
+	_, err = kv.NewPrefixCache(w, kv.PrefixCacheOptions{})
+	assert.ErrorIs(t, err, kv.ErrConfig)
+	assert.ErrorContains(t, err, "4 groups")
 }
 
 // TestGroupRecurrentForkCopies: a fork copies a recurrent state, so that a write to
