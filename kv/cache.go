@@ -239,11 +239,17 @@ func (c *Cache) newRanges() ([]buffer, error) {
 	if len(c.groups) == 1 {
 		return c.newBuffers(c.capac)
 	}
+	return c.groupRanges(func(g *group) int { return g.capac })
+}
+
+// groupRanges reserves the ranges of every group, all or none, each of capac(its
+// group) bytes.
+func (c *Cache) groupRanges(capac func(g *group) int) ([]buffer, error) {
 	bufs := make([]buffer, 0, c.groups[len(c.groups)-1].first+c.groups[len(c.groups)-1].nbuf)
 	for i := range c.groups {
 		g := &c.groups[i]
 		for range g.nbuf {
-			buf, err := c.st.newBuffer(g.capac, c.cfg.Authority)
+			buf, err := c.st.newBuffer(capac(g), c.cfg.Authority)
 			if err != nil {
 				return nil, errors.Join(err, c.release(bufs).Err)
 			}

@@ -1,7 +1,6 @@
 package kv
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 
@@ -377,19 +376,10 @@ func (c *Cache) prefixRanges(n int) ([]buffer, error) {
 		capacity, _ := backing.AlignUp(c.extent(n), c.gran)
 		return c.newBuffers(max(capacity, c.gran))
 	}
-	bufs := make([]buffer, 0, c.groups[len(c.groups)-1].first+c.groups[len(c.groups)-1].nbuf)
-	for i := range c.groups {
-		g := &c.groups[i]
+	return c.groupRanges(func(g *group) int {
 		capacity, _ := backing.AlignUp(g.extent(n), c.gran)
-		for range g.nbuf {
-			buf, err := c.st.newBuffer(max(capacity, c.gran), c.cfg.Authority)
-			if err != nil {
-				return nil, errors.Join(err, c.release(bufs).Err)
-			}
-			bufs = append(bufs, buf)
-		}
-	}
-	return bufs, nil
+		return max(capacity, c.gran)
+	})
 }
 
 // groupKinds describes m's groups for an error: "2 groups (sliding-window, full)".

@@ -82,12 +82,7 @@ func TestGroupWindowPoolHost(t *testing.T) {
 
 // hostWindows is hostHybrid without its recurrent group (its layer 5 is full
 // attention): a model a prefix can be frozen from.
-var hostWindows = kv.Model{Name: "host-windows", Layers: 6, Groups: []kv.Group{
-	{Kind: kv.SlidingWindow, Window: 5, Layers: []int{0, 3}, KVHeads: 8, HeadDim: 64, DType: arena.Float16},
-	{Kind: kv.FullAttention, Layers: []int{1, 5}, KVHeads: 4, HeadDim: 128, DType: arena.Float16},
-	{Kind: kv.ChunkedLocal, Window: 9, Layers: []int{2}, KVHeads: 8, HeadDim: 64, DType: arena.Float16},
-	{Kind: kv.MLALatent, Layers: []int{4}, KVHeads: 1, HeadDim: 576, DType: arena.Float16},
-}}
+var hostWindows = withoutRecurrent(hostHybrid, "host-windows")
 
 // TestGroupFreezeOpsHost is TestGroupFreezeOps on real shared memory: the sequences
 // started on prefixes read back by copy, View, Run and (PerLayer) Bytes.

@@ -586,12 +586,24 @@ func TestGroupOps(t *testing.T) {
 
 // tinyWindows is tinyHybrid without its recurrent group (its layer 5 is full
 // attention): a model a prefix can be frozen from.
-var tinyWindows = kv.Model{Name: "tiny-windows", Layers: 6, Groups: []kv.Group{
-	{Kind: kv.SlidingWindow, Window: 5, Layers: []int{0, 3}, KVHeads: 1, HeadDim: 16, DType: arena.Float16},
-	{Kind: kv.FullAttention, Layers: []int{1, 5}, KVHeads: 2, HeadDim: 16, DType: arena.Float16},
-	{Kind: kv.ChunkedLocal, Window: 9, Layers: []int{2}, KVHeads: 1, HeadDim: 32, DType: arena.Float16},
-	{Kind: kv.MLALatent, Layers: []int{4}, KVHeads: 1, HeadDim: 24, DType: arena.Float16},
-}}
+var tinyWindows = withoutRecurrent(tinyHybrid, "tiny-windows")
+
+// withoutRecurrent returns m, whose full-attention group is its second, with its
+// recurrent groups' layers moved into that group.
+func withoutRecurrent(m kv.Model, name string) kv.Model {
+	out := kv.Model{Name: name, Layers: m.Layers}
+	var moved []int
+	for _, g := range m.Groups {
+		if g.Kind == kv.Recurrent {
+			moved = append(moved, g.Layers...)
+			continue
+		}
+		g.Layers = slices.Clone(g.Layers)
+		out.Groups = append(out.Groups, g)
+	}
+	out.Groups[1].Layers = append(out.Groups[1].Layers, moved...)
+	return out
+}
 
 // TestGroupFreezeOps: TestGroupOps with prefixes: on a model without recurrent
 // groups, every token of every group of a sequence started on a prefix (NewSequenceFrom)
