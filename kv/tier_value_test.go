@@ -244,12 +244,7 @@ func TestTierNamespace(t *testing.T) {
 		return c
 	}
 	seen := map[uint64]string{ns: "base"}
-	for _, tt := range []struct {
-		name    string
-		cfg     kv.Config
-		granule int
-		prefix  string
-	}{
+	for _, tt := range []namespaceCase{
 		{"name", with(func(g *kv.Geometry) { g.Name = "other" }), gran, "p"},
 		{"layers", with(func(g *kv.Geometry) { g.Layers++ }), gran, "p"},
 		{"KV heads", with(func(g *kv.Geometry) { g.KVHeads *= 2 }), gran, "p"},
@@ -263,13 +258,28 @@ func TestTierNamespace(t *testing.T) {
 		{"empty prefix", base, gran, ""},
 		{"prefix moved into the name", with(func(g *kv.Geometry) { g.Name += "p" }), gran, ""},
 	} {
-		got, err := kv.TierNamespace(tt.cfg, tt.granule, tt.prefix)
-		require.NoError(t, err, tt.name)
-		if prev, dup := seen[got]; dup {
-			t.Errorf("%s: namespace %#x already given to %s", tt.name, got, prev)
-		}
-		seen[got] = tt.name
+		distinctNamespace(t, seen, tt.name, tt.cfg, tt.granule, tt.prefix)
 	}
+}
+
+// namespaceCase is a configuration whose namespace must be its own.
+type namespaceCase struct {
+	name    string
+	cfg     kv.Config
+	granule int
+	prefix  string
+}
+
+// distinctNamespace checks that cfg's namespace is none of those in seen, and adds
+// it under name.
+func distinctNamespace(t *testing.T, seen map[uint64]string, name string, cfg kv.Config, granule int, prefix string) {
+	t.Helper()
+	got, err := kv.TierNamespace(cfg, granule, prefix)
+	require.NoError(t, err, name)
+	if prev, dup := seen[got]; dup {
+		t.Errorf("%s: namespace %#x already given to %s", name, got, prev)
+	}
+	seen[got] = name
 }
 
 func TestTierNamespaceBadInputs(t *testing.T) {
@@ -371,12 +381,7 @@ func TestTierNamespaceModel(t *testing.T) {
 	geo, err := kv.TierNamespace(kv.Config{Geometry: kv.Llama3_8B}, gran, "p")
 	require.NoError(t, err)
 	seen := map[uint64]string{ns: "base", geo: "a Geometry"}
-	for _, tt := range []struct {
-		name    string
-		cfg     kv.Config
-		granule int
-		prefix  string
-	}{
+	for _, tt := range []namespaceCase{
 		{"the Geometry's own model", kv.Config{Model: kv.Llama3_8B.Model()}, gran, "p"},
 		{"name", with(func(m *kv.Model) { m.Name = "other" }), gran, "p"},
 		{"kind", with(func(m *kv.Model) { m.Groups[0].Kind = kv.ChunkedLocal }), gran, "p"},
@@ -403,21 +408,11 @@ func TestTierNamespaceModel(t *testing.T) {
 			m.Groups[0] = kv.Group{Kind: kv.Recurrent, Layers: m.Groups[0].Layers, StateBytes: 2 << 20}
 		}), gran, "p"},
 	} {
-		got, err := kv.TierNamespace(tt.cfg, tt.granule, tt.prefix)
-		require.NoError(t, err, tt.name)
-		if prev, dup := seen[got]; dup {
-			t.Errorf("%s: namespace %#x already given to %s", tt.name, got, prev)
-		}
-		seen[got] = tt.name
+		distinctNamespace(t, seen, tt.name, tt.cfg, tt.granule, tt.prefix)
 	}
 	presets := map[uint64]string{}
 	for _, m := range kv.ModelPresets() {
-		got, err := kv.TierNamespace(kv.Config{Model: m}, gran, "p")
-		require.NoError(t, err, m.Name)
-		if prev, dup := presets[got]; dup {
-			t.Errorf("preset %s: namespace %#x already given to %s", m.Name, got, prev)
-		}
-		presets[got] = m.Name
+		distinctNamespace(t, presets, m.Name, kv.Config{Model: m}, gran, "p")
 	}
 }
 
