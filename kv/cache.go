@@ -19,9 +19,10 @@ type Config struct {
 	// Model, set instead of Geometry, is a model of layer groups (sliding-window,
 	// chunked-local, MLA, recurrent): each group gets ranges of its own, laid out by
 	// Layout, and a window group gives back the granules behind its window (see the
-	// package doc). A cache on a Model of more than one group, or of a group that is
-	// not full attention, has no FP8 scales, no Freeze or prefix cache, and no
-	// MapAhead (New refuses them with ErrConfig).
+	// package doc). Each FP8 group may keep scales of its own (Cache.GroupScales). A
+	// cache on a Model of more than one group, or of a group that is not full
+	// attention, has no prefix cache and no MapAhead (New refuses MapAhead with
+	// ErrConfig), and no Freeze when the model has a recurrent group.
 	Model Model
 	// MaxTokens is the most tokens one sequence may hold. It is reserved as address
 	// space only: a sequence commits memory for the tokens it has.
@@ -115,7 +116,7 @@ type Cache struct {
 // On a Model (Config.Model) it refuses, with an error matching ErrGeometry that says
 // what, a model Model.Validate refuses for MaxTokens (a window larger than MaxTokens,
 // an MLA group with V, no layers, ...), and with ErrConfig what such a cache does not
-// have (scales, MapAhead); it allocates nothing then.
+// have (MapAhead); it allocates nothing then.
 func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	m, set, err := cfg.model()
 	if err != nil {
@@ -238,11 +239,17 @@ func (c *Cache) newRanges() ([]buffer, error) {
 	if len(c.groups) == 1 {
 		return c.newBuffers(c.capac)
 	}
+	return c.groupRanges(func(g *group) int { return g.capac })
+}
+
+// groupRanges reserves the ranges of every group, all or none, each of capac(its
+// group) bytes.
+func (c *Cache) groupRanges(capac func(g *group) int) ([]buffer, error) {
 	bufs := make([]buffer, 0, c.groups[len(c.groups)-1].first+c.groups[len(c.groups)-1].nbuf)
 	for i := range c.groups {
 		g := &c.groups[i]
 		for range g.nbuf {
-			buf, err := c.st.newBuffer(g.capac, c.cfg.Authority)
+			buf, err := c.st.newBuffer(capac(g), c.cfg.Authority)
 			if err != nil {
 				return nil, errors.Join(err, c.release(bufs).Err)
 			}

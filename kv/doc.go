@@ -87,7 +87,11 @@
 // and commits none below. A recurrent state ([Sequence.ReadState],
 // [Sequence.WriteState]) exists from the first token on, is copied on fork, never
 // shared, and kept as it is by a Truncate but to 0; prefix caching of it is out of
-// scope. Freeze, the prefix cache, FP8 scales and map-ahead need a one-group cache.
+// scope: [Sequence.Freeze] on a model with a recurrent group is refused with
+// ErrConfig. On the other models it freezes each group as ForkAt forks it (a window
+// group's prefix holds its units from the one with FirstLive on). The prefix cache,
+// its tiers and events, and map-ahead need a one-group cache. Each group
+// of FP8 elements may keep scales of its own ([Group.Scales], [Cache.GroupScales]).
 // groups.go lists the states of a window group's bytes and their transitions.
 //
 // # Layout
@@ -118,7 +122,10 @@
 // blocks). An FP8 geometry may ask for dequantization scales ([Geometry.Scales]: per
 // tensor or per KV head); the cache keeps them in one range of its own backing from
 // New to Close, at an address a kernel reads ([Cache.Scales]), and [Cache.SetScales]
-// writes them on any backing.
+// writes them on any backing. On a [Model] each FP8 group asks for its own (per
+// tensor or per KV head, [Group.Scales]); they lie in the same range, group after
+// group, and [Cache.GroupScales] gives a kernel each group's, [L, T, H] over the
+// group's layers in its order; SetScales and ReadScales take the model's layer index.
 //
 // # Memory management
 //

@@ -44,3 +44,33 @@ func ExampleCache_Scales() {
 	// head 0: scale 0.5, stored 192, read back 96
 	// head 1: scale 4, stored 24, read back 96
 }
+
+// A hybrid model whose window group is FP8 with a scale per KV head, and whose full
+// group is fp16: the window group's scales are a tensor of their own, over the
+// group's layers in its order, for the kernel that reads that group.
+func ExampleCache_GroupScales() {
+	gov := accounting.NewGovernor()
+	pool, err := host.NewShared(host.SharedOptions{Granularity: 64 << 10, Authority: gov.Authority("kv", accounting.HostKey)})
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	m := kv.Model{Name: "hybrid-fp8", Layers: 3, Groups: []kv.Group{
+		{Kind: kv.SlidingWindow, Window: 64, Layers: []int{0, 2}, KVHeads: 2, HeadDim: 16, DType: arena.Float8E4M3, Scales: kv.ScalePerHead},
+		{Kind: kv.FullAttention, Layers: []int{1}, KVHeads: 2, HeadDim: 16, DType: arena.Float16},
+	}}
+	cache, err := kv.New(pool, kv.Config{Model: m, MaxTokens: 128})
+	if err != nil {
+		panic(err)
+	}
+	defer cache.Close()
+	_ = cache.SetScales(2, kv.V, []float32{0.25, 8}) // layer 2 is the group's second
+
+	w, _ := cache.GroupScales(0)
+	fmt.Println("window group's scales", w.Shape(), "layer 2's V:", w.At(1, int(kv.V), 0), w.At(1, int(kv.V), 1))
+	_, err = cache.GroupScales(1)
+	fmt.Println("full group:", err)
+	// Output:
+	// window group's scales [2 2 2] layer 2's V: 0.25 8
+	// full group: kv: invalid FP8 scales: layer group 1 (full, float16) keeps none (Scales none)
+}

@@ -70,7 +70,7 @@ type Group struct {
 	// block type's scales (Q8_0: 34 bytes per 32 values).
 	DType arena.DType
 	// Scales asks for FP8 dequantization scales, per tensor or per KV head; they are
-	// kept with the cache, not per sequence.
+	// kept with the cache, not per sequence (Cache.GroupScales).
 	Scales ScaleMode
 	// Tensors is the per-token tensors of each layer: 0 means the kind's own (2, K
 	// and V, for the attention kinds; 1, the latent, for MLALatent; none for

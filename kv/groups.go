@@ -3,6 +3,8 @@ package kv
 import (
 	"fmt"
 	"strings"
+
+	"github.com/vmarena/vmarena/backing"
 )
 
 // A cache on a Model (Config.Model) lays each layer group out on ranges of its own,
@@ -54,8 +56,11 @@ import (
 // StateBytes per layer, in one range, from the sequence's first token on; a fork
 // copies it (never shares it), Truncate keeps it as it is (a state is a function of
 // every token, which the cache does not keep: restoring an earlier state is the
-// caller's) but for Truncate(0), which gives it back. The prefix cache, Freeze and
-// map-ahead work on one-group caches only.
+// caller's) but for Truncate(0), which gives it back. Freeze works per group as
+// ForkAt does (the prefix holds what a fork at its length would, and NewSequenceFrom
+// starts a sequence on it as ForkAt would), on a model without recurrent groups; the
+// prefix cache (and with it tiers and events) and map-ahead work on one-group caches
+// only.
 
 // group is where a cache puts one layer group of a sequence: its shape (the layout
 // arithmetic of its ranges), the group it lays out, and where its ranges start among
@@ -142,11 +147,6 @@ func (cfg Config) model() (m Model, set bool, err error) {
 	}
 	if err := cfg.Model.Validate(cfg.MaxTokens); err != nil {
 		return Model{}, true, err
-	}
-	for i, g := range cfg.Model.Groups {
-		if g.Scales != NoScales {
-			return Model{}, true, fmt.Errorf("%w: group %d asks for %v scales: a cache on a Model keeps none yet (use a Geometry)", ErrConfig, i, g.Scales)
-		}
 	}
 	return cfg.Model, true, nil
 }
@@ -355,6 +355,31 @@ func (c *Cache) plainOnly(op string) error {
 		return fmt.Errorf("%w: %s needs a cache of one full-attention group; model %q has %s", ErrConfig, op, c.cfg.Model.Name, groupKinds(c.cfg.Model))
 	}
 	return nil
+}
+
+// prefixable returns an error matching ErrConfig when c is on a Model that has a
+// Recurrent group: a prefix of it (Freeze) would need the state after its own
+// tokens, which the cache does not keep.
+func (c *Cache) prefixable(op string) error {
+	for i := range c.groups {
+		if c.groups[i].spec.Kind == Recurrent {
+			return fmt.Errorf("%w: %s needs a model without recurrent groups (a state is a function of every token, which a prefix can not restore); model %q has %s", ErrConfig, op, c.cfg.Model.Name, groupKinds(c.cfg.Model))
+		}
+	}
+	return nil
+}
+
+// prefixRanges reserves the ranges of a prefix of n tokens, all or none: each of
+// them the whole granules its group's extent of n tokens takes (one at least).
+func (c *Cache) prefixRanges(n int) ([]buffer, error) {
+	if len(c.groups) == 1 {
+		capacity, _ := backing.AlignUp(c.extent(n), c.gran)
+		return c.newBuffers(max(capacity, c.gran))
+	}
+	return c.groupRanges(func(g *group) int {
+		capacity, _ := backing.AlignUp(g.extent(n), c.gran)
+		return max(capacity, c.gran)
+	})
 }
 
 // groupKinds describes m's groups for an error: "2 groups (sliding-window, full)".

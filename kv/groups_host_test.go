@@ -79,3 +79,15 @@ func TestGroupWindowPoolHost(t *testing.T) {
 	assert.Positive(t, b.PoolStats().Idle, "the granules the window left are idle in the pool")
 	assert.LessOrEqual(t, maxIdle, int64(64<<10), "and taken by the next growth: they never pile up")
 }
+
+// hostWindows is hostHybrid without its recurrent group (its layer 5 is full
+// attention): a model a prefix can be frozen from.
+var hostWindows = withoutRecurrent(hostHybrid, "host-windows")
+
+// TestGroupFreezeOpsHost is TestGroupFreezeOps on real shared memory: the sequences
+// started on prefixes read back by copy, View, Run and (PerLayer) Bytes.
+func TestGroupFreezeOpsHost(t *testing.T) {
+	seen := runGroupOps(t, sharedGroupEnv, hostWindows, 1, randomOps(9, 80))
+	assert.Positive(t, seen.frozen)
+	assert.Positive(t, seen.dropped)
+}

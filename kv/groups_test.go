@@ -99,11 +99,14 @@ type groupModel struct {
 	seqs    []*refSeq
 	rnd     *rand.Rand
 	seen    *groupCounts
+	// prefixes are the prefixes frozen so far (on a model without recurrent
+	// groups), held by the test until closeAll.
+	prefixes []*kv.Prefix
 }
 
 // groupCounts is what a run of operations went through, so that a test can tell its
 // operations reached the cases it means to check.
-type groupCounts struct{ forks, refused, dropped, shared int }
+type groupCounts struct{ forks, refused, dropped, shared, frozen int }
 
 // groupEnv makes the cache of one run: on a backing, with its ledger and its count of
 // live granules (nil where a pool hides them).
@@ -236,6 +239,48 @@ func (gm *groupModel) fork(r *refSeq, n int) {
 	gm.seqs = append(gm.seqs, cr)
 }
 
+// freeze makes a prefix of r's first n tokens and starts a new sequence on it: the
+// new sequence holds what a fork at n would, and the prefix each group's units from
+// the one that holds its FirstLive(n) on.
+func (gm *groupModel) freeze(r *refSeq, n int) {
+	t := gm.t
+	ok := gm.allowed(r, n)
+	p, err := r.s.Freeze(n)
+	if !ok {
+		require.ErrorIs(t, err, kv.ErrDropped, "freeze at %d of %d", n, r.s.Len())
+		gm.seen.refused++
+		return
+	}
+	require.NoError(t, err, "freeze at %d", n)
+	gm.prefixes = append(gm.prefixes, p)
+	gm.seen.frozen++
+	require.Equal(t, n, p.Len())
+	require.Equal(t, p.Mapped(), p.Committed(), "a prefix commits what it spans")
+	var want, need int64
+	for _, g := range gm.m.Groups {
+		need += int64(n-g.FirstLive(n)) * int64(g.BytesPerToken())
+	}
+	require.Equal(t, need, p.Requested(), "the live tokens' bytes")
+	if n > 0 {
+		// What the prefix commits is what a sequence of n tokens commits, less the
+		// partly filled unit it copies (the same, Blocked; the last granule,
+		// PerLayer): never more than Size's.
+		sz, err := gm.c.Config().Size(gm.gran, n)
+		require.NoError(t, err)
+		want = sz.Committed
+		require.LessOrEqual(t, p.Committed(), want)
+		require.GreaterOrEqual(t, p.Committed(), p.Requested())
+	}
+	s, err := gm.c.NewSequenceFrom(p)
+	require.NoError(t, err)
+	require.Same(t, p, s.Prefix())
+	cr := &refSeq{s: s, tokens: make([][][]byte, len(gm.tensors)), dropAt: n}
+	for i := range r.tokens {
+		cr.tokens[i] = append([][]byte(nil), r.tokens[i][:n]...)
+	}
+	gm.seqs = append(gm.seqs, cr)
+}
+
 // check reads every token of every tensor of every sequence back against the plain
 // model: the held ones match, the dropped ones fail with ErrDropped; each sequence
 // commits exactly what Config.Size says, and the ledger maps what the sequences do.
@@ -304,8 +349,11 @@ func (gm *groupModel) check(what string) {
 	if cs.Shared > 0 {
 		gm.seen.shared++
 	}
+	for _, p := range gm.prefixes {
+		committed += p.Committed()
+	}
 	l := gm.ledger.Stats()
-	require.Equal(t, committed, l.Mapped, "%s: the ledger maps what the sequences commit", what)
+	require.Equal(t, committed, l.Mapped, "%s: the ledger maps what the sequences and the prefixes commit", what)
 	if gm.live != nil {
 		require.Equal(t, int64(gm.live())*int64(gm.gran), l.Owned, "%s: the ledger owns the live granules", what)
 	}
@@ -437,6 +485,10 @@ func (gm *groupModel) step(op byte) string {
 	case 5:
 		m := n - gm.rnd.IntN(min(n, 4)+1)
 		if len(gm.seqs) < 6 {
+			if len(gm.states) == 0 && gm.rnd.IntN(2) == 0 {
+				gm.freeze(r, m)
+				return fmt.Sprintf("freeze %d at %d", n, m)
+			}
 			gm.fork(r, m)
 		}
 		return fmt.Sprintf("fork %d at %d", n, m)
@@ -484,6 +536,10 @@ func (gm *groupModel) closeAll() {
 		require.True(gm.t, r.s.Close().OK())
 	}
 	gm.seqs = nil
+	for _, p := range gm.prefixes {
+		p.Release()
+	}
+	gm.prefixes = nil
 }
 
 // runGroupOps drives ops against the plain model on each layout, checking after every
@@ -506,6 +562,7 @@ func runGroupOps(t *testing.T, env groupEnv, m kv.Model, seed uint64, ops []byte
 			seen.refused += gm.seen.refused
 			seen.dropped += gm.seen.dropped
 			seen.shared += gm.seen.shared
+			seen.frozen += gm.seen.frozen
 		})
 	}
 	return seen
@@ -523,6 +580,43 @@ func TestGroupOps(t *testing.T) {
 			assert.Positive(t, seen.refused, "truncates and forks refused for dropped tokens")
 			assert.Positive(t, seen.dropped, "reads of dropped tokens")
 			assert.Positive(t, seen.shared, "states with shared granules")
+		})
+	}
+}
+
+// tinyWindows is tinyHybrid without its recurrent group (its layer 5 is full
+// attention): a model a prefix can be frozen from.
+var tinyWindows = withoutRecurrent(tinyHybrid, "tiny-windows")
+
+// withoutRecurrent returns m, whose full-attention group is its second, with its
+// recurrent groups' layers moved into that group.
+func withoutRecurrent(m kv.Model, name string) kv.Model {
+	out := kv.Model{Name: name, Layers: m.Layers}
+	var moved []int
+	for _, g := range m.Groups {
+		if g.Kind == kv.Recurrent {
+			moved = append(moved, g.Layers...)
+			continue
+		}
+		g.Layers = slices.Clone(g.Layers)
+		out.Groups = append(out.Groups, g)
+	}
+	out.Groups[1].Layers = append(out.Groups[1].Layers, moved...)
+	return out
+}
+
+// TestGroupFreezeOps: TestGroupOps with prefixes: on a model without recurrent
+// groups, every token of every group of a sequence started on a prefix (NewSequenceFrom)
+// reads back against the plain model, a freeze the windows can not serve is refused
+// with ErrDropped, and the ledger maps exactly what the sequences and the prefixes
+// commit.
+func TestGroupFreezeOps(t *testing.T) {
+	for seed := range uint64(4) {
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+			seen := runGroupOps(t, fakeGroupEnv, tinyWindows, seed, randomOps(seed, 120))
+			assert.Positive(t, seen.frozen, "prefixes")
+			assert.Positive(t, seen.forks, "forks")
+			assert.Positive(t, seen.refused, "truncates, forks and freezes refused for dropped tokens")
 		})
 	}
 }
@@ -598,7 +692,9 @@ func TestGroupBadModels(t *testing.T) {
 	}
 	mlaV := kv.DeepSeekV3()
 	mlaV.Groups[0].Tensors = 2
-	fp8 := kv.Model{Name: "fp8", Layers: 1, Groups: []kv.Group{{Kind: kv.FullAttention, Layers: []int{0}, KVHeads: 1, HeadDim: 16, DType: arena.Float8E4M3, Scales: kv.ScalePerTensor}}}
+	fp16Scaled := kv.Model{Name: "fp16", Layers: 1, Groups: []kv.Group{{Kind: kv.FullAttention, Layers: []int{0}, KVHeads: 1, HeadDim: 16, DType: arena.Float16, Scales: kv.ScalePerTensor}}}
+	stateScaled := kv.Model{Name: "state", Layers: 1, Groups: []kv.Group{{Kind: kv.Recurrent, Layers: []int{0}, StateBytes: 64, Scales: kv.ScalePerHead}}}
+	badMode := kv.Model{Name: "mode", Layers: 1, Groups: []kv.Group{{Kind: kv.FullAttention, Layers: []int{0}, KVHeads: 1, HeadDim: 16, DType: arena.Float8E4M3, Scales: kv.ScaleMode(7)}}}
 	for _, tt := range []struct {
 		name string
 		cfg  kv.Config
@@ -609,7 +705,9 @@ func TestGroupBadModels(t *testing.T) {
 		{"MLA with V", kv.Config{Model: mlaV, MaxTokens: 100}, kv.ErrGeometry},
 		{"zero layers", kv.Config{Model: kv.Model{Name: "empty"}, MaxTokens: 100}, kv.ErrGeometry},
 		{"geometry and model", kv.Config{Geometry: kv.Tiny, Model: tinyHybrid, MaxTokens: 100}, kv.ErrConfig},
-		{"scales on a model", kv.Config{Model: fp8, MaxTokens: 100}, kv.ErrConfig},
+		{"scales on an fp16 group", kv.Config{Model: fp16Scaled, MaxTokens: 100}, kv.ErrGeometry},
+		{"scales on a recurrent group", kv.Config{Model: stateScaled, MaxTokens: 100}, kv.ErrGeometry},
+		{"unknown scale mode", kv.Config{Model: badMode, MaxTokens: 100}, kv.ErrGeometry},
 		{"map-ahead on groups", kv.Config{Model: tinyHybrid, MaxTokens: 100, MapAhead: true}, kv.ErrConfig},
 		{"no MaxTokens", kv.Config{Model: tinyHybrid}, kv.ErrConfig},
 	} {
@@ -644,7 +742,7 @@ func hybridSequence(t *testing.T, n int) (*kv.Cache, *kv.Sequence) {
 
 // TestGroupRefusals: on a model of groups, an MLA layer's V, a recurrent layer's
 // tokens and a token layer's state are clear errors, and the operations a cache of
-// groups does not have (Freeze, a prefix cache) are refused.
+// groups does not have (Freeze with a recurrent group, a prefix cache) are refused.
 func TestGroupRefusals(t *testing.T) {
 	c, s := hybridSequence(t, 3)
 	var err error
@@ -672,7 +770,17 @@ func TestGroupRefusals(t *testing.T) {
 	assert.ErrorContains(t, err, "5 groups (sliding-window, full, chunked-local, mla-latent, recurrent)")
 	_, err = kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
 	assert.ErrorIs(t, err, kv.ErrConfig)
+	assert.ErrorContains(t, err, "recurrent", "a recurrent group's state is out of prefix caching's scope")
 	require.NoError(t, s.Truncate(2))
+
+	// A model of groups without one has no prefix cache yet either.
+	fx := newGroupFixture(t)
+	w, err := kv.New(fx.fake, kv.Config{Model: tinyWindows, MaxTokens: 100})
+	require.NoError(t, err)
+	defer w.Close()
+	_, err = kv.NewPrefixCache(w, kv.PrefixCacheOptions{})
+	assert.ErrorIs(t, err, kv.ErrConfig)
+	assert.ErrorContains(t, err, "4 groups")
 }
 
 // TestGroupRecurrentForkCopies: a fork copies a recurrent state, so that a write to
@@ -891,4 +999,63 @@ func TestGroupOneFullGroup(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, s.Close().OK())
 	require.NoError(t, pc.Close())
+}
+
+// TestGroupFreeze: on a model of window, full and MLA groups, Freeze shares each
+// group's held units from the one that holds its FirstLive on; a freeze whose next
+// step reads a dropped token is refused with ErrDropped, and one on a model with a
+// recurrent group with ErrConfig, changing nothing; the frozen tokens are read-only
+// in the sequence; everything goes back with the last holder.
+func TestGroupFreeze(t *testing.T) {
+	fx := newGroupFixture(t)
+	c, err := kv.New(fx.fake, kv.Config{Model: tinyWindows, MaxTokens: 100})
+	require.NoError(t, err)
+	defer c.Close()
+	s, err := c.NewSequence()
+	require.NoError(t, err)
+	require.NoError(t, s.Append(30))
+	require.NoError(t, s.Append(10))
+	tok := bytes.Repeat([]byte{5}, 32)
+	for i := 36; i < 40; i++ {
+		require.NoError(t, s.WriteToken(0, kv.K, i, tok))
+	}
+	before := fx.pool.Stats()
+
+	_, err = s.Freeze(20)
+	require.ErrorIs(t, err, kv.ErrDropped, "the window group reads from token 16, dropped at 30")
+	assert.Equal(t, before, fx.pool.Stats(), "a refused freeze changes nothing")
+
+	p, err := s.Freeze(40)
+	require.NoError(t, err)
+	assert.Equal(t, p.Mapped(), p.Committed())
+	// The next step reads from token 36 in the window group (5 tokens; 2 layers × K,V
+	// of 32 bytes) and in the chunked group (chunk 36..44; K,V of 64 bytes), every
+	// token of the full group (2 layers × K,V of 64 bytes) and of the latent (48).
+	want := int64(4*2*2*32 + 4*2*64 + 40*(2*2*64+48))
+	assert.Equal(t, want, p.Requested())
+	assert.ErrorIs(t, s.WriteToken(0, kv.K, 37, tok), kv.ErrReadOnly, "the frozen tokens are shared")
+
+	q, err := c.NewSequenceFrom(p)
+	require.NoError(t, err)
+	assert.Equal(t, 40, q.Len())
+	got := make([]byte, 32)
+	require.NoError(t, q.ReadToken(0, kv.K, 38, got))
+	assert.Equal(t, tok, got)
+	assert.LessOrEqual(t, q.FirstHeld(0), 36, "the new sequence holds the window the next step reads")
+	assert.Greater(t, q.FirstHeld(0), s.FirstHeld(0), "and nothing the prefix did not keep")
+	require.NoError(t, q.Append(20))
+	require.NoError(t, q.Append(1))
+	assert.Greater(t, q.FirstHeld(0), 40, "its window moves on")
+	require.NoError(t, s.ReadToken(0, kv.K, 38, got), "and the prefix's holder keeps its own")
+	assert.Equal(t, tok, got)
+
+	p.Release()
+	require.True(t, q.Close().OK())
+	require.True(t, s.Close().OK())
+	assert.Zero(t, fx.pool.Stats().Owned, "everything went back with the last holder")
+
+	_, h := hybridSequence(t, 3)
+	_, err = h.Freeze(3)
+	require.ErrorIs(t, err, kv.ErrConfig)
+	assert.ErrorContains(t, err, "recurrent")
 }

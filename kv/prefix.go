@@ -68,17 +68,38 @@ func (p *Prefix) Committed() int64 {
 // Mapped returns the granule-rounded bytes the prefix's tokens span, all ranges
 // together: Requested rounded up to whole granules (whole blocks in the Blocked
 // layout) in each range.
+//
+// On a Model a window group's ranges span its units from the one that holds its
+// FirstLive(Len) on, the ones the prefix holds.
 func (p *Prefix) Mapped() int64 {
 	p.held()
-	span, _ := backing.AlignUp(p.c.extent(p.tokens), p.c.gran)
-	return int64(len(p.bufs)) * int64(span)
+	if len(p.c.groups) == 1 {
+		span, _ := backing.AlignUp(p.c.extent(p.tokens), p.c.gran)
+		return int64(len(p.bufs)) * int64(span)
+	}
+	var n int64
+	for gi := range p.c.groups {
+		g := &p.c.groups[gi]
+		span, _ := backing.AlignUp(g.extent(p.tokens), p.c.gran)
+		n += int64(g.nbuf) * int64(span-g.dropOff(p.tokens))
+	}
+	return n
 }
 
 // Requested returns the bytes of the prefix's tokens before any rounding: Len times
-// the geometry's BytesPerToken.
+// the model's BytesPerToken (a Geometry's, or a Model's). On a Model a window group
+// counts its live tokens only, from its FirstLive(Len) on: the ones a prefix keeps.
 func (p *Prefix) Requested() int64 {
 	p.held()
-	return int64(p.tokens) * int64(p.c.cfg.Geometry.BytesPerToken())
+	if !p.c.windows {
+		return int64(p.tokens) * int64(p.c.bpt)
+	}
+	var n int64
+	for gi := range p.c.groups {
+		g := &p.c.groups[gi]
+		n += int64(p.tokens-g.spec.FirstLive(p.tokens)) * int64(g.bpt)
+	}
+	return n
 }
 
 // held panics with PanicPrefixReleased once the creator released p.
@@ -180,14 +201,13 @@ func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 		p.unref()
 		return nil, err
 	}
-	var full int
+	fulls := make([]int, len(c.groups))
 	s, err := evicting(c, func() (*Sequence, error) {
 		s, err := c.newSequence()
 		if err != nil {
 			return nil, err
 		}
-		full, err = c.shareInto(s.bufs, p.bufs, p.tokens)
-		if err != nil {
+		if err := c.shareGroups(s.bufs, p.bufs, p.tokens, fulls); err != nil {
 			return nil, errors.Join(err, c.abandon(s))
 		}
 		return s, nil
@@ -196,11 +216,10 @@ func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 		p.unref()
 		return nil, err
 	}
-	s.n = p.tokens
-	s.frozen = full
+	s.startShared(p.tokens, fulls)
 	s.prefix = p
 	if h := c.hooks(); h != nil {
-		h.startedOn(s, p, full/c.unit)
+		h.startedOn(s, p, fulls[0]/c.unit)
 	}
 	s.publish()
 	c.register(s)

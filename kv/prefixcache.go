@@ -248,12 +248,21 @@ func (s PrefixCacheStats) HitRate() float64 {
 // prefixes no live sequence maps, and so that c's own growth does so before it is
 // refused. c's backing must share memory (host.Shared, cuda), else the error matches
 // ErrNoSharing; a cache has at most one PrefixCache. It MUST be closed before c.
+//
+// A cache on a Model of more than one group, or of a group that is not full
+// attention, has no prefix cache yet: the error matches ErrConfig (Freeze and
+// NewSequenceFrom share such a cache's prefixes). A Model with a Recurrent group
+// will never have one: prefix caching of a state is out of scope, and the error
+// says so.
 func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil cache", ErrConfig)
 	}
 	if !c.sharer {
 		return nil, fmt.Errorf("%w: a prefix cache maps cached prefixes into sequences", ErrNoSharing)
+	}
+	if err := c.prefixable("a prefix cache"); err != nil {
+		return nil, err
 	}
 	if err := c.plainOnly("a prefix cache"); err != nil {
 		return nil, err

@@ -249,3 +249,20 @@ func TestPrefixAccessors(t *testing.T) {
 		}
 	}
 }
+
+// TestPrefixRequestedOnModel: a prefix of a cache built from a one-group Model (no
+// Geometry in its Config) counts the model's bytes per token, as one built from the
+// Geometry does.
+func TestPrefixRequestedOnModel(t *testing.T) {
+	e, err := openEnv(t, envSpec{kind: onFake, cfg: kv.Config{Model: tiny8.Model(), MaxTokens: 64}})
+	require.NoError(t, err)
+	s, err := e.c.NewSequence()
+	require.NoError(t, err)
+	defer s.Close()
+	const n = 13
+	require.NoError(t, s.Append(n))
+	p, err := s.Freeze(n)
+	require.NoError(t, err)
+	defer p.Release()
+	assert.Equal(t, int64(n*tiny8.BytesPerToken()), p.Requested())
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/vmarena/vmarena/arena"
 )
@@ -58,24 +59,43 @@ func (g Geometry) scalesPerTensor() int {
 	return 0
 }
 
+// scalesPerTensor returns the scales of each of g's tensors: 1, KVHeads, or 0
+// without scales.
+func (g Group) scalesPerTensor() int {
+	return Geometry{KVHeads: g.KVHeads, Scales: g.Scales}.scalesPerTensor()
+}
+
 // scales is where a cache keeps its FP8 scales: one range of its backing, committed
 // at New for the cache's life, float32 in the machine's byte order (little-endian on
-// every supported platform), scalesPerTensor of them for each tensor of a sequence's
-// tensor list (shape.places: layer after layer, each layer's kinds in order),
+// every supported platform). Each layer group that asks for scales has its own run
+// of them, group after group in the model's order: scalesPerTensor of them for each
+// tensor of the group, its layers in the group's order, each layer's kinds in order,
 // row-major, so that a layer of one tensor (an MLA latent) needs nothing of its own.
+// A Geometry is the one group, its layers 0 to Layers-1.
 type scales struct {
-	buf buffer // nil without scales
-	per int    // scales per tensor
+	buf    buffer        // nil without scales
+	groups []groupScales // one per layer group; per 0 for a group without scales
+}
+
+// groupScales is where one layer group's scales lie in the scales' range.
+type groupScales struct {
+	off int // bytes from the range's start
+	per int // scales per tensor; 0: the group keeps none
 }
 
 // newScales reserves and commits c's scales and sets every one to 1.
 func (c *Cache) newScales() error {
-	g := c.cfg.Geometry
-	per := g.scalesPerTensor()
-	if per == 0 {
+	gs := make([]groupScales, len(c.groups))
+	n := 0
+	for i := range c.groups {
+		g := &c.groups[i]
+		per := g.spec.scalesPerTensor()
+		gs[i] = groupScales{off: n, per: per}
+		n += len(g.spec.Layers) * len(g.kinds) * per * 4
+	}
+	if n == 0 {
 		return nil
 	}
-	n := len(c.places) * per * 4
 	capac := (n + c.gran - 1) / c.gran * c.gran
 	buf, err := c.st.newBuffer(capac, c.cfg.Authority)
 	if err != nil {
@@ -91,7 +111,7 @@ func (c *Cache) newScales() error {
 	if err != nil {
 		return errors.Join(err, releaseError(buf.Close()))
 	}
-	c.scales = scales{buf: buf, per: per}
+	c.scales = scales{buf: buf, groups: gs}
 	return nil
 }
 
@@ -119,14 +139,49 @@ func (c *Cache) closeScales() error {
 // only that address (for a kernel); on the host its elements may also be read (write
 // them with SetScales, which checks them).
 // A cache without scales fails with ErrScale. The tensor is valid until Close.
+//
+// On a Model it is GroupScales(0) when the model has one group, and fails with
+// ErrScale when it has more: each group's scales are then GroupScales'.
 func (c *Cache) Scales() (arena.Tensor[float32], error) {
+	if len(c.groups) > 1 && !c.isClosed() {
+		return arena.Tensor[float32]{}, fmt.Errorf("%w: model %q has %d layer groups, each with scales of its own (GroupScales)", ErrScale, c.cfg.Model.Name, len(c.groups))
+	}
+	return c.GroupScales(0)
+}
+
+// GroupScales returns the FP8 scales of the cache's layer group gi (an index into
+// Model.Groups; 0 for a Geometry) as a float32 tensor of [L, T, H]: L the group's
+// layers in the group's order (Group.Layers), T its tensors per layer (K before V;
+// an MLA group's latent alone, as K), H = 1 per tensor or KVHeads per head,
+// row-major, at a base address that never changes while the cache is open, as
+// Scales says. A group without scales (a recurrent one, one of another element
+// type, or one that asks for none) fails with ErrScale, and an index outside the
+// model with ErrRange. The tensor is valid until Close.
+func (c *Cache) GroupScales(gi int) (arena.Tensor[float32], error) {
 	if c.isClosed() {
 		return arena.Tensor[float32]{}, ErrClosed
 	}
-	if c.scales.buf == nil {
-		return arena.Tensor[float32]{}, fmt.Errorf("%w: the geometry keeps none (Scales %v)", ErrScale, c.cfg.Geometry.Scales)
+	if uint(gi) >= uint(len(c.groups)) {
+		return arena.Tensor[float32]{}, fmt.Errorf("%w: layer group %d of %d", ErrRange, gi, len(c.groups))
 	}
-	return arena.NewTensor[float32](c.scales.buf, 0, c.cfg.Geometry.Layers, len(c.kinds), c.scales.per)
+	gs, err := c.groupScales(gi)
+	if err != nil {
+		return arena.Tensor[float32]{}, err
+	}
+	g := &c.groups[gi]
+	return arena.NewTensor[float32](c.scales.buf, gs.off, len(g.spec.Layers), len(g.kinds), gs.per)
+}
+
+// groupScales returns where group gi's scales lie, or ErrScale when it keeps none.
+func (c *Cache) groupScales(gi int) (groupScales, error) {
+	if c.scales.buf == nil || c.scales.groups[gi].per == 0 {
+		if len(c.groups) == 1 && c.cfg.Model.Layers == 0 {
+			return groupScales{}, fmt.Errorf("%w: the geometry keeps none (Scales %v)", ErrScale, c.cfg.Geometry.Scales)
+		}
+		g := c.groups[gi].spec
+		return groupScales{}, fmt.Errorf("%w: layer group %d (%v, %v) keeps none (Scales %v)", ErrScale, gi, g.Kind, g.DType, g.Scales)
+	}
+	return c.scales.groups[gi], nil
 }
 
 // SetScales sets the scales of layer's K or V tensor to src: one value per tensor, or
@@ -167,34 +222,30 @@ func (c *Cache) ReadScales(layer int, kind Kind, dst []float32) error {
 
 // scaleRange returns the byte offset of the n scales of layer's K or V tensor.
 func (c *Cache) scaleRange(layer int, kind Kind, n int) (int, error) {
-	g := c.cfg.Geometry
-	switch {
-	case c.isClosed():
+	if c.isClosed() {
 		return 0, ErrClosed
-	case c.scales.buf == nil:
-		return 0, fmt.Errorf("%w: the geometry keeps none (Scales %v)", ErrScale, g.Scales)
 	}
-	i, ok := c.tensorIndex(layer, kind)
-	if !ok {
-		return 0, fmt.Errorf("%w: layer %d %v of %d layers", ErrRange, layer, kind, g.Layers)
-	}
-	if n != c.scales.per {
-		return 0, fmt.Errorf("%w: %d scales for a tensor that has %d (%v)", ErrScale, n, c.scales.per, g.Scales)
-	}
-	return i * c.scales.per * 4, nil
-}
-
-// tensorIndex returns the index in the sequence's tensor list (shape.places) of
-// layer's tensor of kind; ok is false when the geometry has no such layer or kind.
-func (sh *shape) tensorIndex(layer int, kind Kind) (i int, ok bool) {
-	k := len(sh.kinds)
-	if layer < 0 || layer >= len(sh.places)/max(k, 1) {
-		return 0, false
-	}
-	for j, kj := range sh.kinds {
-		if kj == kind {
-			return layer*k + j, true
+	if uint(layer) >= uint(len(c.layers)) {
+		if _, err := c.groupScales(0); err != nil && len(c.groups) == 1 {
+			return 0, err // a one-group cache without scales says so first, as ever
 		}
+		return 0, c.noTensor(layer, kind)
 	}
-	return 0, false
+	r := c.layers[layer]
+	g := &c.groups[r.group]
+	j := slices.Index(g.kinds, kind)
+	if j < 0 && len(c.groups) > 1 {
+		return 0, c.noTensor(layer, kind) // a recurrent layer, an MLA layer's V
+	}
+	gs, err := c.groupScales(r.group)
+	if err != nil {
+		return 0, err
+	}
+	if j < 0 {
+		return 0, c.noTensor(layer, kind)
+	}
+	if n != gs.per {
+		return 0, fmt.Errorf("%w: %d scales for a tensor that has %d (%v)", ErrScale, n, gs.per, g.spec.Scales)
+	}
+	return gs.off + (r.local*len(g.kinds)+j)*gs.per*4, nil
 }

@@ -370,19 +370,26 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	if err != nil {
 		return nil, err
 	}
-	child.n = n
-	for gi := range s.c.groups {
-		*child.frozenOf(gi) = fulls[gi]
-		if g := &s.c.groups[gi]; child.gs != nil && g.windowed() {
-			child.gs[gi].held = g.heldFrom(child.bufs[g.first].Start())
-		}
-	}
+	child.startShared(n, fulls)
 	if h := s.c.hooks(); h != nil {
 		h.forked(s, fulls[0]/s.c.unit, child, nil)
 	}
 	child.publish()
 	s.c.register(child)
 	return child, nil
+}
+
+// startShared records that s, a new sequence, holds n tokens whose first fulls[gi]
+// bytes of each of group gi's ranges are shared (shareGroups' fulls), and where each
+// window group's held tokens start.
+func (s *Sequence) startShared(n int, fulls []int) {
+	s.n = n
+	for gi := range s.c.groups {
+		*s.frozenOf(gi) = fulls[gi]
+		if g := &s.c.groups[gi]; s.gs != nil && g.windowed() {
+			s.gs[gi].held = g.heldFrom(s.bufs[g.first].Start())
+		}
+	}
 }
 
 // readOnly makes [off, off+n) of each range read-only, in order. When one fails it
@@ -529,13 +536,19 @@ func (c *Cache) shareGroups(dst, src []buffer, n int, fulls []int) error {
 // Release it; the prefix's memory is freed with its last user. On error nothing
 // changed, except that what could not be given back is reported in the error and in
 // Stats.Unreleased. Its budget is ForkNeed(p)'s, and it evicts cached prefixes before
-// it refuses for budget, as ForkAt does. A cache on a Model of groups has no prefixes:
-// Freeze fails there with ErrConfig.
+// it refuses for budget, as ForkAt does.
+//
+// On a Model each group freezes on its own, as ForkAt forks it: a full or MLA group
+// keeps the first p tokens, a window group only its units from the one that holds
+// its FirstLive(p) (a freeze whose next step would read a token the window dropped is
+// refused with ErrDropped). A Model with a Recurrent group has no prefixes (a state is
+// a function of every token, which a prefix of fewer tokens can not restore): Freeze
+// fails there with ErrConfig.
 func (s *Sequence) Freeze(p int) (*Prefix, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
 	}
-	if err := s.c.plainOnly("Freeze"); err != nil {
+	if err := s.c.prefixable("Freeze"); err != nil {
 		return nil, err
 	}
 	if !s.c.sharer {
@@ -544,22 +557,24 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 	if p < 0 || p > s.n {
 		return nil, fmt.Errorf("%w: freeze %d of %d tokens", ErrRange, p, s.n)
 	}
+	if err := s.windowCheck("freeze", p); err != nil {
+		return nil, err
+	}
 	if err := s.dropAhead(); err != nil {
 		return nil, err
 	}
 	if err := s.c.shareBudget(p); err != nil {
 		return nil, err
 	}
-	capacity, _ := backing.AlignUp(s.c.extent(p), s.c.gran)
-	var full int
+	fulls := make([]int, len(s.c.groups))
 	bufs, err := evicting(s.c, func() ([]buffer, error) {
-		bufs, err := s.c.newBuffers(max(capacity, s.c.gran))
+		bufs, err := s.c.prefixRanges(p)
 		if err != nil {
 			return nil, err
 		}
-		full, err = s.c.shareInto(bufs, s.bufs, p)
+		err = s.c.shareGroups(bufs, s.bufs, p, fulls)
 		if err == nil {
-			err = s.protect(full)
+			err = s.protectGroups(fulls)
 		}
 		if err != nil {
 			err = errors.Join(err, releaseError(s.c.release(bufs)))
@@ -573,7 +588,7 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 	}
 	pr := &Prefix{c: s.c, bufs: bufs, tokens: p, refs: 1, creator: true}
 	if h := s.c.hooks(); h != nil {
-		h.forked(s, full/s.c.unit, nil, pr)
+		h.forked(s, fulls[0]/s.c.unit, nil, pr)
 	}
 	s.c.mu.Lock()
 	s.c.prefixes[pr] = struct{}{}

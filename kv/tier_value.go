@@ -61,13 +61,22 @@ var tierCRC = crc32.MakeTable(crc32.Castagnoli)
 // other's blocks. A configuration the cache can not be built from is refused with
 // ErrGeometry or ErrConfig.
 //
+// On a Model (Config.Model) the fingerprint covers each of its groups in order: its
+// attention kind, window, layers (their indices), KV heads, head dim, element type,
+// scale mode, state bytes and the block it makes. Two models that differ in any of
+// these, or a Model and a Geometry, never share a namespace.
+//
 // Config's other fields (MaxTokens, the authority, map-ahead) do not change a block's
 // bytes and are not part of it.
 func TierNamespace(cfg Config, granule int, prefix string) (uint64, error) {
-	g := cfg.Geometry
-	if err := g.Validate(); err != nil {
+	m, set, err := cfg.model()
+	if err != nil {
 		return 0, err
 	}
+	if set {
+		return modelNamespace(m, cfg, granule, prefix)
+	}
+	g := cfg.Geometry
 	sh, err := newShape(g, cfg.Layout, granule, cfg.BlockTokens, 0)
 	if err != nil {
 		return 0, err
@@ -78,9 +87,42 @@ func TierNamespace(cfg Config, granule int, prefix string) (uint64, error) {
 	for _, v := range []int{g.Layers, g.KVHeads, g.HeadDim, int(g.DType), int(g.Scales), int(cfg.Layout), granule, sh.tpb, sh.unit} {
 		b = binary.LittleEndian.AppendUint64(b, uint64(v))
 	}
+	return namespaceSum(b, prefix), nil
+}
+
+// modelNamespace is TierNamespace on m, a valid Model: under a header of its own, so
+// that no Model's fingerprint is a Geometry's, and with the count of each list before
+// it, so that no two models encode alike.
+func modelNamespace(m Model, cfg Config, granule int, prefix string) (uint64, error) {
+	groups, _, err := newGroups(m, cfg.Layout, granule, cfg.BlockTokens, 0)
+	if err != nil {
+		return 0, err
+	}
+	b := make([]byte, 0, 128+len(m.Name)+len(prefix)+len(groups)*96+m.Layers*8)
+	b = append(b, "vmarena kv tier namespace model v1\x00"...)
+	b = appendString(b, m.Name)
+	for _, v := range []int{m.Layers, len(groups), int(cfg.Layout), granule} {
+		b = binary.LittleEndian.AppendUint64(b, uint64(v))
+	}
+	for i := range groups {
+		g := &groups[i]
+		s := g.spec
+		for _, v := range []int{int(s.Kind), s.Window, s.KVHeads, s.HeadDim, int(s.DType), int(s.Scales),
+			s.TensorsPerLayer(), s.StateBytes, g.tpb, g.unit, len(s.Layers)} {
+			b = binary.LittleEndian.AppendUint64(b, uint64(v))
+		}
+		for _, l := range s.Layers {
+			b = binary.LittleEndian.AppendUint64(b, uint64(l))
+		}
+	}
+	return namespaceSum(b, prefix), nil
+}
+
+// namespaceSum appends prefix to the fingerprint b and returns its namespace.
+func namespaceSum(b []byte, prefix string) uint64 {
 	b = appendString(b, prefix)
 	sum := sha256.Sum256(b)
-	return binary.LittleEndian.Uint64(sum[:8]), nil
+	return binary.LittleEndian.Uint64(sum[:8])
 }
 
 // appendString appends s with its length first, so that no two lists of strings

@@ -244,12 +244,7 @@ func TestTierNamespace(t *testing.T) {
 		return c
 	}
 	seen := map[uint64]string{ns: "base"}
-	for _, tt := range []struct {
-		name    string
-		cfg     kv.Config
-		granule int
-		prefix  string
-	}{
+	for _, tt := range []namespaceCase{
 		{"name", with(func(g *kv.Geometry) { g.Name = "other" }), gran, "p"},
 		{"layers", with(func(g *kv.Geometry) { g.Layers++ }), gran, "p"},
 		{"KV heads", with(func(g *kv.Geometry) { g.KVHeads *= 2 }), gran, "p"},
@@ -263,13 +258,28 @@ func TestTierNamespace(t *testing.T) {
 		{"empty prefix", base, gran, ""},
 		{"prefix moved into the name", with(func(g *kv.Geometry) { g.Name += "p" }), gran, ""},
 	} {
-		got, err := kv.TierNamespace(tt.cfg, tt.granule, tt.prefix)
-		require.NoError(t, err, tt.name)
-		if prev, dup := seen[got]; dup {
-			t.Errorf("%s: namespace %#x already given to %s", tt.name, got, prev)
-		}
-		seen[got] = tt.name
+		distinctNamespace(t, seen, tt.name, tt.cfg, tt.granule, tt.prefix)
 	}
+}
+
+// namespaceCase is a configuration whose namespace must be its own.
+type namespaceCase struct {
+	name    string
+	cfg     kv.Config
+	granule int
+	prefix  string
+}
+
+// distinctNamespace checks that cfg's namespace is none of those in seen, and adds
+// it under name.
+func distinctNamespace(t *testing.T, seen map[uint64]string, name string, cfg kv.Config, granule int, prefix string) {
+	t.Helper()
+	got, err := kv.TierNamespace(cfg, granule, prefix)
+	require.NoError(t, err, name)
+	if prev, dup := seen[got]; dup {
+		t.Errorf("%s: namespace %#x already given to %s", name, got, prev)
+	}
+	seen[got] = name
 }
 
 func TestTierNamespaceBadInputs(t *testing.T) {
@@ -349,4 +359,79 @@ func ExampleEncodeTierValue() {
 	// the block's K and V <nil>
 	// true
 	// true
+}
+
+// TestTierNamespaceModel: a Model's namespace covers each group's kind, window,
+// layers, heads, dim, element type and scales, so two models that differ in any one
+// of them, or a Model and the Geometry it was made from, never share keys.
+func TestTierNamespaceModel(t *testing.T) {
+	const gran = 2 << 20
+	base := kv.Config{Model: kv.GPTOSS20B()}
+	ns, err := kv.TierNamespace(base, gran, "p")
+	require.NoError(t, err)
+	again, err := kv.TierNamespace(kv.Config{Model: kv.GPTOSS20B(), MaxTokens: 1 << 17}, gran, "p")
+	require.NoError(t, err)
+	assert.Equal(t, ns, again, "MaxTokens does not change a block's bytes")
+
+	with := func(f func(m *kv.Model)) kv.Config {
+		m := kv.GPTOSS20B()
+		f(&m)
+		return kv.Config{Model: m}
+	}
+	geo, err := kv.TierNamespace(kv.Config{Geometry: kv.Llama3_8B}, gran, "p")
+	require.NoError(t, err)
+	seen := map[uint64]string{ns: "base", geo: "a Geometry"}
+	for _, tt := range []namespaceCase{
+		{"the Geometry's own model", kv.Config{Model: kv.Llama3_8B.Model()}, gran, "p"},
+		{"name", with(func(m *kv.Model) { m.Name = "other" }), gran, "p"},
+		{"kind", with(func(m *kv.Model) { m.Groups[0].Kind = kv.ChunkedLocal }), gran, "p"},
+		{"window", with(func(m *kv.Model) { m.Groups[0].Window++ }), gran, "p"},
+		{"layers swapped between groups", with(func(m *kv.Model) {
+			m.Groups[0].Layers[0], m.Groups[1].Layers[0] = m.Groups[1].Layers[0], m.Groups[0].Layers[0]
+		}), gran, "p"},
+		{"groups in another order", with(func(m *kv.Model) { m.Groups[0], m.Groups[1] = m.Groups[1], m.Groups[0] }), gran, "p"},
+		{"KV heads", with(func(m *kv.Model) { m.Groups[1].KVHeads *= 2 }), gran, "p"},
+		{"head dim", with(func(m *kv.Model) { m.Groups[1].HeadDim *= 2 }), gran, "p"},
+		{"element type", with(func(m *kv.Model) { m.Groups[1].DType = arena.Float8E4M3 }), gran, "p"},
+		{"scales", with(func(m *kv.Model) { m.Groups[1].DType, m.Groups[1].Scales = arena.Float8E4M3, kv.ScalePerHead }), gran, "p"},
+		{"scales per tensor", with(func(m *kv.Model) { m.Groups[1].DType, m.Groups[1].Scales = arena.Float8E4M3, kv.ScalePerTensor }), gran, "p"},
+		{"layout", kv.Config{Model: kv.GPTOSS20B(), Layout: kv.PerLayer}, gran, "p"},
+		{"granule", base, 4 << 20, "p"},
+		{"block tokens", kv.Config{Model: kv.GPTOSS20B(), BlockTokens: 1000}, gran, "p"},
+		{"prefix", base, gran, "q"},
+		{"MLA", kv.Config{Model: kv.DeepSeekV3()}, gran, "p"},
+		{"recurrent", kv.Config{Model: kv.Qwen3Next80B()}, gran, "p"},
+		{"state bytes", with(func(m *kv.Model) {
+			m.Groups[0] = kv.Group{Kind: kv.Recurrent, Layers: m.Groups[0].Layers, StateBytes: 1 << 20}
+		}), gran, "p"},
+		{"other state bytes", with(func(m *kv.Model) {
+			m.Groups[0] = kv.Group{Kind: kv.Recurrent, Layers: m.Groups[0].Layers, StateBytes: 2 << 20}
+		}), gran, "p"},
+	} {
+		distinctNamespace(t, seen, tt.name, tt.cfg, tt.granule, tt.prefix)
+	}
+	presets := map[uint64]string{}
+	for _, m := range kv.ModelPresets() {
+		distinctNamespace(t, presets, m.Name, kv.Config{Model: m}, gran, "p")
+	}
+}
+
+func TestTierNamespaceModelBadInputs(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		cfg     kv.Config
+		granule int
+		want    error
+	}{
+		{"Geometry and Model", kv.Config{Geometry: kv.Tiny, Model: kv.GPTOSS20B()}, 2 << 20, kv.ErrConfig},
+		{"no groups", kv.Config{Model: kv.Model{Name: "m", Layers: 2}}, 2 << 20, kv.ErrGeometry},
+		{"a layer in no group", kv.Config{Model: kv.Model{Name: "m", Layers: 2, Groups: []kv.Group{
+			{Kind: kv.FullAttention, Layers: []int{0}, KVHeads: 1, HeadDim: 8, DType: arena.Float16}}}}, 2 << 20, kv.ErrGeometry},
+		{"window larger than MaxTokens", kv.Config{Model: kv.GPTOSS20B(), MaxTokens: 64}, 2 << 20, kv.ErrGeometry},
+		{"granule not a power of two", kv.Config{Model: kv.GPTOSS20B()}, 3 << 20, kv.ErrConfig},
+		{"block tokens outside Blocked", kv.Config{Model: kv.GPTOSS20B(), Layout: kv.PerLayer, BlockTokens: 4}, 2 << 20, kv.ErrConfig},
+	} {
+		_, err := kv.TierNamespace(tt.cfg, tt.granule, "")
+		assert.ErrorIs(t, err, tt.want, tt.name)
+	}
 }
