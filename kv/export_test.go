@@ -55,7 +55,7 @@ func (c *Cache) WaitAhead() {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for (len(a.queue) > 0 || a.busy != nil) && !a.stopped {
+	for (len(a.queue) > 0 || a.busy != nil || a.filling || a.started && !a.parked) && !a.stopped {
 		a.cond.Wait()
 	}
 }
