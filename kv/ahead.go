@@ -155,8 +155,13 @@ type ahead struct {
 	filling     bool        // the worker makes a granule for the pool (fill)
 	holds       int         // steps that keep the worker from starting a run
 	parked      bool        // the worker waits for a kick (see run)
+	noFill      bool        // fill is off (a benchmark's comparison)
 	started     bool
 	stopped     bool
+
+	// Steps that needed their run and found it still queued (they committed it
+	// themselves), or being committed (they waited for it), on mu: a benchmark's figures.
+	missQueued, missInFlight int64
 }
 
 func newAhead(c *Cache) *ahead {
@@ -245,6 +250,14 @@ func (a *ahead) settle(s *Sequence, adopt bool) (bool, error) {
 	}
 	s.ahead.on = false
 	a.mu.Lock()
+	if adopt {
+		switch s.ahead.state {
+		case aheadAsked:
+			a.missQueued++
+		case aheadMapping:
+			a.missInFlight++
+		}
+	}
 	for s.ahead.state == aheadMapping || s.ahead.state == aheadDropping {
 		a.cond.Wait()
 	}
@@ -402,6 +415,9 @@ func (a *ahead) next() bool {
 	}
 	if len(a.queue) == 0 {
 		want := a.nextBytes
+		if a.noFill {
+			want = 0
+		}
 		a.filling = want > 0
 		a.mu.Unlock()
 		if want == 0 {
