@@ -69,6 +69,17 @@ import (
 // aheadTokens straddle a granule boundary), from the step that adopts the last run
 // until its next crossing. A sequence that stops growing keeps its run until it is
 // truncated or closed, or a growth of another sequence needs the budget.
+//
+// Filling the pool (fill): with no run asked, the worker makes the granules of the
+// runs that the mapped ones will ask next (as many as they hold, for the sequences
+// that can grow past them) resident and idle in the pool, one at a time, so that the
+// next run's commit, on the worker or on a step that found the worker behind, takes
+// a granule made already instead of making one: a burst of crossings then costs the
+// worker moves, not new pages, and it keeps its lead. It fills only while the budget
+// has room: the granules so held stay within 1/fillShare of the limit and leave at
+// least 2/fillShare of it free. They are the pool's idle granules (PoolStats shows
+// them; Stats.Ahead does not), which every growth takes first and the pool's decay
+// gives back; a step holds the filling off as it holds the runs (hold).
 
 // aheadTokens is how many tokens before its next commit a sequence asks for it: at
 // one token a step, that many steps of lead for the worker. 16 is a whole block of
@@ -76,6 +87,12 @@ import (
 // as the current one begins): with 8, 0.26% of a long-prompt replay's steps still
 // found no granule made (BENCHMARKS.md, issue 23).
 const aheadTokens = 16
+
+// fillShare bounds the filling of the pool (see above): the granules made ahead of
+// the mapped runs stay within 1/fillShare of the limit, and are made only while
+// more than 2/fillShare of it is free. At 32 they are at most about 3% of the
+// limit, and none once the free budget falls to about 6% of it.
+const fillShare = 32
 
 // aheadState is the state of a sequence's run ahead (see above).
 type aheadState uint8
@@ -97,12 +114,13 @@ type seqAhead struct {
 	size  int      // its bytes in each range
 	bufs  []buffer // the ranges, as the owner asked (the worker's and reclaim's copy)
 	at    int      // its index in ahead.mapped while mapped
+	more  bool     // the sequence may grow past the run: another run follows it
 }
 
 // run returns a copy of the run without its owner's field (on), which only the
 // owner may read: the worker's and reclaim's copy.
 func (r *seqAhead) run() seqAhead {
-	return seqAhead{state: r.state, off: r.off, size: r.size, bufs: r.bufs}
+	return seqAhead{state: r.state, off: r.off, size: r.size, bufs: r.bufs, more: r.more}
 }
 
 // left reports whether any of the run's ranges holds a run ahead.
@@ -132,11 +150,18 @@ type ahead struct {
 	queue       []*Sequence // asked, in order
 	mapped      []*Sequence // mapped, in no order
 	mappedBytes int64       // their bytes
+	nextBytes   int64       // the bytes of the runs that follow them (more)
 	busy        *Sequence   // the run the worker commits, or nil
+	filling     bool        // the worker makes a granule for the pool (fill)
 	holds       int         // steps that keep the worker from starting a run
 	parked      bool        // the worker waits for a kick (see run)
+	noFill      bool        // fill is off (a benchmark's comparison)
 	started     bool
 	stopped     bool
+
+	// Steps that needed their run and found it still queued (they committed it
+	// themselves), or being committed (they waited for it), on mu: a benchmark's figures.
+	missQueued, missInFlight int64
 }
 
 func newAhead(c *Cache) *ahead {
@@ -195,12 +220,13 @@ func (a *ahead) ask(s *Sequence) bool {
 	if !ok || target <= end {
 		return false
 	}
+	last, _ := backing.AlignUp(s.c.extent(s.c.cfg.MaxTokens), s.c.gran)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.stopped {
 		return false
 	}
-	s.ahead = seqAhead{on: true, state: aheadAsked, off: end, size: target - end, bufs: s.bufs}
+	s.ahead = seqAhead{on: true, state: aheadAsked, off: end, size: target - end, bufs: s.bufs, more: target < last}
 	a.queue = append(a.queue, s)
 	if !a.started {
 		a.started = true
@@ -224,6 +250,14 @@ func (a *ahead) settle(s *Sequence, adopt bool) (bool, error) {
 	}
 	s.ahead.on = false
 	a.mu.Lock()
+	if adopt {
+		switch s.ahead.state {
+		case aheadAsked:
+			a.missQueued++
+		case aheadMapping:
+			a.missInFlight++
+		}
+	}
 	for s.ahead.state == aheadMapping || s.ahead.state == aheadDropping {
 		a.cond.Wait()
 	}
@@ -289,6 +323,9 @@ func (a *ahead) unlist(s *Sequence) {
 	a.mapped[last] = nil
 	a.mapped = a.mapped[:last]
 	a.mappedBytes -= s.ahead.bytes()
+	if s.ahead.more {
+		a.nextBytes -= s.ahead.bytes()
+	}
 	a.held.Store(a.mappedBytes)
 }
 
@@ -298,6 +335,9 @@ func (a *ahead) list(s *Sequence) {
 	s.ahead.at = len(a.mapped)
 	a.mapped = append(a.mapped, s)
 	a.mappedBytes += s.ahead.bytes()
+	if s.ahead.more {
+		a.nextBytes += s.ahead.bytes()
+	}
 	a.held.Store(a.mappedBytes)
 }
 
@@ -347,6 +387,9 @@ func (a *ahead) run() {
 		a.mu.Lock()
 		a.parked = len(a.queue) == 0
 		parked := a.parked
+		if parked {
+			a.cond.Broadcast() // for WaitAhead, in tests
+		}
 		a.mu.Unlock()
 		if !parked {
 			continue
@@ -359,15 +402,33 @@ func (a *ahead) run() {
 	}
 }
 
-// next commits the first run asked; it reports whether there may be more.
+// next commits the first run asked, or with none asked makes a granule for the
+// pool (fill); it reports whether there may be more to do.
 func (a *ahead) next() bool {
 	a.mu.Lock()
 	for a.holds > 0 && !a.stopped {
 		a.cond.Wait()
 	}
-	if a.stopped || len(a.queue) == 0 {
+	if a.stopped {
 		a.mu.Unlock()
 		return false
+	}
+	if len(a.queue) == 0 {
+		want := a.nextBytes
+		if a.noFill {
+			want = 0
+		}
+		a.filling = want > 0
+		a.mu.Unlock()
+		if want == 0 {
+			return false
+		}
+		more := a.fill(want)
+		a.mu.Lock()
+		a.filling = false
+		a.cond.Broadcast()
+		a.mu.Unlock()
+		return more
 	}
 	s := a.queue[0]
 	a.queue = a.queue[1:]
@@ -409,6 +470,26 @@ func (a *ahead) commit(r seqAhead) error {
 	return nil
 }
 
+// fill makes one more idle granule resident in the pool, if it holds fewer than want
+// bytes of them and the budget has room (see fillShare); it reports whether it made
+// one. A refusal or failure of the pool leaves the filling to the next run that
+// lands.
+func (a *ahead) fill(want int64) bool {
+	c := a.c
+	g := int64(c.gran)
+	limit := c.gov.Limit(c.dev)
+	want = min(want, limit/fillShare/g*g)
+	have := c.pool.PoolStats().Resident
+	if have >= want || c.gov.Available(c.dev)-g < 2*(limit/fillShare) {
+		return false
+	}
+	if err := c.pool.Prefill(int(have/g) + 1); err != nil {
+		return false
+	}
+	// NB: a step may have taken granules meanwhile; the next call looks again.
+	return c.pool.PoolStats().Resident > have
+}
+
 // errAheadBudget: the worker leaves a run the budget can not hold now.
 var errAheadBudget = errors.New("kv: no budget for a run ahead")
 
@@ -420,21 +501,25 @@ func (a *ahead) own() int64 {
 	return a.held.Load()
 }
 
-// hold keeps the worker from starting a run while a step that needs need bytes of
-// new granules (credit of them waited for already) decides and commits; where the
-// budget is so short that the run in flight could make the step fail, it first waits
-// for that run to land (mapped, where reclaim can take it back). It returns the
+// hold keeps the worker from starting a run or a filling while a step that needs need
+// bytes of new granules (credit of them waited for already) decides and commits;
+// where the budget is so short that the run or granule in flight could make the step
+// fail, it first waits for it to land (mapped, where reclaim can take it back, or
+// idle, where the step takes it). It returns the
 // function that lets the worker go on.
 func (a *ahead) hold(need, credit int64) func() {
 	c := a.c
 	a.mu.Lock()
 	a.holds++
-	if a.busy != nil {
-		margin := a.busy.ahead.bytes()
+	if a.busy != nil || a.filling {
+		margin := int64(c.gran) // a granule the filling charged and has not made idle yet
+		if a.busy != nil {
+			margin = a.busy.ahead.bytes()
+		}
 		a.mu.Unlock()
 		tight := need-c.idle()-a.own()+margin > c.gov.Available(c.dev)+credit
 		a.mu.Lock()
-		for tight && a.busy != nil {
+		for tight && (a.busy != nil || a.filling) {
 			a.cond.Wait()
 		}
 	}

@@ -226,8 +226,13 @@ func p(ds []time.Duration, q float64) time.Duration {
 // adopts the block committed ahead into its range, which is not idle, so those
 // figures split such steps by the pool's state, not by what they did. slept% and paged-slept% are the share of steps in
 // which the replaying thread slept (waited for a lock, in Go or in the kernel): a
-// figure that the machine's load does not make, as it does the p99. ahead=false
-// turns map-ahead off (kv.Config.MapAhead).
+// figure that the machine's load does not make, as it does the p99. With map-ahead,
+// queued% and inflight% are the share of kv's steps that needed their run ahead and
+// found it still queued (they committed their block themselves) or being committed
+// (they waited for it): the steps that make the p99 where the worker falls behind.
+// ahead=false turns map-ahead off (kv.Config.MapAhead); fill=false keeps it on but
+// turns off the worker's filling of the pool for the runs that follow (kv/ahead.go),
+// to compare the two in one binary.
 func BenchmarkLongPromptStep(b *testing.B) {
 	const budget, requests, maxTokens = 1 << 30, 16, 8192
 	g := kv.Llama3_8B
@@ -237,10 +242,15 @@ func BenchmarkLongPromptStep(b *testing.B) {
 		prompts[i], gens[i] = 400+r.IntN(2500), 40+r.IntN(120)
 	}
 	shape := baseline.Shape{Layers: g.Layers, TokenBytes: g.TokenBytes(), MaxTokens: maxTokens}
-	for _, ahead := range []bool{false, true} {
-		b.Run(fmt.Sprintf("ahead=%v", ahead), func(b *testing.B) {
+	for _, v := range []struct{ ahead, fill bool }{{false, false}, {true, true}, {true, false}} {
+		name := fmt.Sprintf("ahead=%v", v.ahead)
+		if v.ahead && !v.fill {
+			name += ",fill=false"
+		}
+		ahead := v.ahead
+		b.Run(name, func(b *testing.B) {
 			var kvP99, pagedP99, kvMem, pagedMem time.Duration
-			var peakNeed, fresh, slept, pagedSlept float64
+			var peakNeed, fresh, slept, pagedSlept, queued, inFlight float64
 			var idleCommit, freshCommit []time.Duration
 			for b.Loop() {
 				gov := accounting.NewGovernor()
@@ -256,10 +266,14 @@ func BenchmarkLongPromptStep(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
+				c.SetAheadFill(v.fill)
 				kres := replayLongPrompts(b, g, prompts, gens, func() (replaySeq, error) {
 					s, err := c.NewSequence()
 					return kvReplaySeq{s}, err
 				}, gov, accounting.HostKey, func() int64 { return pool.PoolStats().Idle }, c.Granularity())
+				q, f := c.AheadMisses()
+				queued += 100 * float64(q) / float64(len(kres.steps))
+				inFlight += 100 * float64(f) / float64(len(kres.steps))
 				if err := c.Close(); err != nil {
 					b.Fatal(err)
 				}
@@ -304,6 +318,10 @@ func BenchmarkLongPromptStep(b *testing.B) {
 			b.ReportMetric(fresh/n, "fresh%")
 			b.ReportMetric(slept/n, "slept%")
 			b.ReportMetric(pagedSlept/n, "paged-slept%")
+			if ahead {
+				b.ReportMetric(queued/n, "queued%")
+				b.ReportMetric(inFlight/n, "inflight%")
+			}
 			// Where the tail comes from: a step that commits a block costs what its
 			// granules cost to come by.
 			if len(idleCommit) > 0 {

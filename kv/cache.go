@@ -51,8 +51,10 @@ type Config struct {
 	// owned and charged like any (PoolStats and the governor show them, and
 	// Stats.Ahead), at most the next block of each growing sequence; Need and
 	// AppendBatch count them as the cache's own, and a growth that needs the budget
-	// takes them back: map-ahead never makes a growth of this cache refused.
-	// Truncate, Close, ForkAt, Freeze and PrefixCache.Insert give a sequence's back
+	// takes them back: map-ahead never makes a growth of this cache refused. While
+	// the budget has room (more than 1/16 of the limit free) it also keeps, idle in
+	// the pool, the granules of the block after that, at most 1/32 of the limit,
+	// which any growth takes first. Truncate, Close, ForkAt, Freeze and PrefixCache.Insert give a sequence's back
 	// first. It needs a pooling backing (host.Shared, cuda) and is ignored on
 	// others.
 	MapAhead bool

@@ -43,6 +43,26 @@ func (s Shape) Tensor(layer int, kind Kind) (buf, off int, ok bool) {
 	return s.sh.tensor(layer, kind)
 }
 
+// AheadMisses returns the steps that needed their run ahead and found it still
+// queued (they committed it themselves) or being committed (they waited for it).
+func (c *Cache) AheadMisses() (queued, inFlight int64) {
+	if c.ahead == nil {
+		return 0, 0
+	}
+	c.ahead.mu.Lock()
+	defer c.ahead.mu.Unlock()
+	return c.ahead.missQueued, c.ahead.missInFlight
+}
+
+// SetAheadFill turns the filling of the pool by the map-ahead worker on or off.
+func (c *Cache) SetAheadFill(on bool) {
+	if c.ahead != nil {
+		c.ahead.mu.Lock()
+		c.ahead.noFill = !on
+		c.ahead.mu.Unlock()
+	}
+}
+
 // WaitAhead waits until the cache's map-ahead worker has committed every run asked
 // (or failed to): the tests that compare ledgers then read them at rest.
 func (c *Cache) WaitAhead() {
@@ -55,7 +75,7 @@ func (c *Cache) WaitAhead() {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for (len(a.queue) > 0 || a.busy != nil) && !a.stopped {
+	for (len(a.queue) > 0 || a.busy != nil || a.filling || a.started && !a.parked) && !a.stopped {
 		a.cond.Wait()
 	}
 }
