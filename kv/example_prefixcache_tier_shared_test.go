@@ -109,6 +109,9 @@ func ExamplePrefixCacheOptions_reuseThreshold() {
 		Tiers:            []kv.Tier{tier},
 		TierMinHits:      1,    // store only what was reused
 		TierWriteThrough: true, // and store it once it is, off the token path
+		// A wait no machine runs out of: a store or load past it is dropped, and the
+		// output below would then depend on the machine's speed.
+		TierWait: 10 * time.Second,
 	}
 	pc, err := kv.NewPrefixCache(cache, opts)
 	if err != nil {

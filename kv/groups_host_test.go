@@ -23,10 +23,11 @@ var hostHybrid = kv.Model{Name: "host-hybrid", Layers: 6, Groups: []kv.Group{
 	{Kind: kv.Recurrent, Layers: []int{5}, StateBytes: 5000},
 }}
 
-// sharedGroupEnv is groupEnv on host.Shared of 4 KiB granules: real shared memory,
-// read by the CPU through views, runs and Bytes too.
+// sharedGroupEnv is groupEnv on host.Shared of the env's granules (4 KiB, or the 64
+// KiB that Windows maps views at): real shared memory, read by the CPU through views,
+// runs and Bytes too.
 func sharedGroupEnv(t *testing.T, cfg kv.Config) (*kv.Cache, *accounting.Authority, func() int) {
-	e, err := openEnv(t, envSpec{kind: onShared, noCache: true, granule: 4 << 10})
+	e, err := openEnv(t, envSpec{kind: onShared, noCache: true})
 	if err != nil {
 		t.Skip(err)
 	}
