@@ -522,13 +522,16 @@ func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, t
 	bt, unit := t.c.tpb, t.c.unit
 	before := s.n
 	fit, err := t.grow(s, b, run)
+	if err != nil {
+		// The growth failed other than for the budget (a commit the backing
+		// refused): a drop of this load, not a budget cut, so the next tier is
+		// asked for the run.
+		t.count(i, func(st *TierStats) { st.Drops++ })
+		return 0, false
+	}
 	short := fit < run
 	if short {
 		t.count(i, func(st *TierStats) { st.Unfit += int64(run - fit) })
-	}
-	if err != nil {
-		t.count(i, func(st *TierStats) { st.Drops++ })
-		return 0, short
 	}
 	run = fit
 	got := 0
