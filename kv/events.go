@@ -92,12 +92,12 @@ const PanicEventsOutOfStep = "kv: prefix cache block events out of step with its
 // withdrawing those no longer so: a withdrawn block's descendants lie on the same
 // path, since no other path shares its last token.
 
-// pcEvents is a prefix cache's announced blocks: a tree of them under root, each
-// found by its parent and its tokens, kept by the events' goroutine (run) from the
-// changes the cache queues (push). NB: what apply computes depends only on the path,
-// how much of it the index held at the change and the announced blocks, so applying
-// the changes later, in order, tells the observer exactly what applying each at once
-// would have.
+// A prefix cache's events keep its announced blocks: a tree of them under
+// evSide.root, each found by its parent and its tokens, kept by the events' goroutine
+// (run) from the changes the cache queues (push). NB: what apply computes depends
+// only on the path, how much of it the index held at the change and the announced
+// blocks, so applying the changes later, in order, tells the observer exactly what
+// applying each at once would have.
 //
 // The cache queues no tokens. Each entry's inserted path has an id (pcEntry.evID),
 // and the events' goroutine keeps a copy of it (paths) from the Insert until the
@@ -109,8 +109,8 @@ const PanicEventsOutOfStep = "kv: prefix cache block events out of step with its
 // applied (the Release in inserted), so the goroutine never reads an array rewritten
 // meanwhile. An eviction names the entry's id and how much of its path the index
 // holds, and whether the entry left the index (its path is then dropped). So what a
-// change costs the cache's call is one append to the queue under mu: no copy, no
-// walk of the tokens, no allocation once the queue has grown, and no wake-up. (A
+// change costs the cache's call is one slot of the queue written under mu: no copy,
+// no walk of the tokens, no allocation once the queue has grown, and no wake-up. (A
 // copy of each path into a log, 32 KiB a request of 4,096 tokens, and a walk of the
 // index after each eviction were what the calls' events still cost before.)
 //
@@ -124,25 +124,39 @@ const PanicEventsOutOfStep = "kv: prefix cache block events out of step with its
 // Locks: the prefix cache's lock is held to queue a change, and the queue's (mu) is
 // taken under it, never the other way round; the events' goroutine takes mu alone,
 // and calls the observer with no lock held.
+//
+// pcEvents is the queue, the part the cache's calls touch: a field of PrefixCache
+// itself, next to the lock the call has just taken, with its first slots inline, so
+// that queueing a change touches no memory of its own but the lines after the cache's
+// lock (after a request's K/V writes the call finds everything out of the CPU caches:
+// the fewer lines and pages, the fewer misses). The rest, evSide, is the goroutine's.
 type pcEvents struct {
-	// What the cache's calls touch, together (after a request's K/V writes they
-	// find it out of the CPU caches: the fewer lines, the fewer misses).
 	mu      sync.Mutex
-	queue   []evChange
-	queued  int64 // changes queued, in all; the goroutine runs from the first on
-	applied int64 // changes applied, in all
-	// The cache's, under its lock and mu: the last path id given, and queued at the
-	// index's last Release.
-	ids     uint64
+	side    *evSide // nil without an observer: no events, at no cost
+	queued  int64   // changes queued, in all; the goroutine runs from the first on
+	applied int64   // changes applied, in all
+	// The cache's, under its lock and mu: queued at the index's last Release.
 	release int64
 	closing bool
+	n       uint8             // changes in first
+	first   [evFirst]evChange // the oldest changes queued, then more
+	more    []evChange        // what first can not hold
+}
 
-	cond  *sync.Cond // on mu: applied moved
-	spare []evChange
+// evFirst is how many changes pcEvents holds inline: a request's calls queue about
+// two (its Insert, an eviction) between two polls of the events' goroutine.
+const evFirst = 4
+
+// evSide is the events' side of a prefix cache: its goroutine (run) and what it keeps.
+type evSide struct {
+	q     *pcEvents     // the cache's queue
+	cond  *sync.Cond    // on q.mu: q.applied moved
+	spare []evChange    // for q.more
 	kick  chan struct{} // wakes the goroutine before its next poll
 	done  chan struct{} // closed when it returns
 
 	// The events' goroutine's alone.
+	taken  []evChange // the inline changes taken
 	obs    BlockEvents
 	h      *blockhash.Hasher
 	bs     int
@@ -169,7 +183,7 @@ const (
 type evChange struct {
 	id, base uint64 // base 0: none
 	tail     []int32
-	n        int
+	n        int32
 	kind     evKind
 	gone     bool
 }
@@ -195,9 +209,9 @@ type evBlock struct {
 	kids int // announced blocks whose parent it is
 }
 
-// newEvents returns the events of a prefix cache over c, or nil when o has no
-// observer.
-func newEvents(c *Cache, o EventOptions) (*pcEvents, error) {
+// newEvents returns the events' side of a prefix cache over c, or nil when o has no
+// observer; attach ties it to the cache's queue.
+func newEvents(c *Cache, o EventOptions) (*evSide, error) {
 	if o.Observer == nil {
 		return nil, nil
 	}
@@ -212,44 +226,60 @@ func newEvents(c *Cache, o EventOptions) (*pcEvents, error) {
 			medium = "GPU"
 		}
 	}
-	ev := &pcEvents{
+	ev := &evSide{
 		obs: o.Observer, h: h, bs: h.BlockSize(), lora: o.Hash.LoRA, medium: medium,
 		blocks: make(map[evKey]*evBlock), paths: make(map[uint64][]int32),
-		key:  make([]byte, 4*h.BlockSize()),
+		key: make([]byte, 4*h.BlockSize()), taken: make([]evChange, 0, evFirst),
 		kick: make(chan struct{}, 1), done: make(chan struct{}),
 	}
-	ev.cond = sync.NewCond(&ev.mu)
 	ev.root.hash = h.Root()
 	return ev, nil
 }
 
-// push queues c, starting the events' goroutine on the first. pc.mu and mu are held.
-// NB: it and the hooks that call it are small enough for the compiler to inline
-// them into the cache's calls: after a request's K/V writes, each function of its
-// own would be code the call finds out of the CPU's caches.
-func (ev *pcEvents) push(c evChange) {
-	if ev.closing || ev.queued == 0 {
-		ev.pushFirst(c)
+// attach makes q the queue of ev's changes (nil ev: no events). Before q's first use.
+func (q *pcEvents) attach(ev *evSide) {
+	if ev == nil {
 		return
 	}
-	ev.queue = append(ev.queue, c)
-	ev.queued++
+	q.side, ev.q = ev, q
+	ev.cond = sync.NewCond(&q.mu)
 }
 
-// pushFirst is push's rare cases: the first change, or one after Close.
-func (ev *pcEvents) pushFirst(c evChange) {
-	if ev.closing {
+// push queues c, starting the events' goroutine on the first. pc.mu and mu are held.
+// Its common case writes one inline slot; the rest lies out of line.
+func (q *pcEvents) push(c evChange) {
+	if q.closing || q.queued == 0 || int(q.n) == len(q.first) {
+		q.pushRare(c)
+		return
+	}
+	q.first[q.n] = c
+	q.n++
+	q.queued++
+}
+
+// pushRare is push's rare cases: the first change, one after Close, or one that the
+// inline slots can not hold.
+func (q *pcEvents) pushRare(c evChange) {
+	if q.closing {
 		panic(PanicEventsOutOfStep) // the index changed after Close
 	}
-	ev.queue = append(ev.queue, c)
-	ev.queued++
-	go ev.run()
+	if int(q.n) < len(q.first) && len(q.more) == 0 {
+		q.first[q.n] = c
+		q.n++
+	} else {
+		q.more = append(q.more, c)
+	}
+	q.queued++
+	if q.queued == 1 {
+		go q.side.run()
+	}
 }
 
 // run applies the queued changes in order, polling the queue, until it applies a
 // clear.
-func (ev *pcEvents) run() {
+func (ev *evSide) run() {
 	defer close(ev.done)
+	q := ev.q
 	t := time.NewTimer(evPoll)
 	defer t.Stop()
 	backoff := poll.Backoff{Interval: evPoll, MaxPolls: evIdlePolls}
@@ -259,30 +289,39 @@ func (ev *pcEvents) run() {
 		case <-ev.kick:
 			t.Stop()
 		}
-		ev.mu.Lock()
-		taken := ev.queue
-		ev.queue = ev.spare
-		ev.mu.Unlock()
+		q.mu.Lock()
+		first := append(ev.taken[:0], q.first[:q.n]...) // the oldest, then more
+		clear(q.first[:q.n])
+		q.n = 0
+		more := q.more
+		q.more = ev.spare
+		q.mu.Unlock()
 		last := false
-		for i := range taken {
-			last = ev.change(&taken[i]) || last
+		for i := range first {
+			last = ev.change(&first[i]) || last
 		}
-		clear(taken) // the edges they name are the index's to reuse
-		ev.mu.Lock()
-		ev.spare = taken[:0]
-		ev.applied += int64(len(taken))
+		for i := range more {
+			last = ev.change(&more[i]) || last
+		}
+		applied := len(first) + len(more)
+		clear(first) // the edges they name are the index's to reuse
+		clear(more)
+		ev.taken = first[:0]
+		q.mu.Lock()
+		ev.spare = more[:0]
+		q.applied += int64(applied)
 		ev.cond.Broadcast()
-		ev.mu.Unlock()
+		q.mu.Unlock()
 		if last {
 			return
 		}
-		t.Reset(backoff.Next(len(taken) > 0))
+		t.Reset(backoff.Next(applied > 0))
 	}
 }
 
 // change applies c and reports whether it was the clear, the last. Events'
 // goroutine.
-func (ev *pcEvents) change(c *evChange) bool {
+func (ev *evSide) change(c *evChange) bool {
 	switch c.kind {
 	case evClear:
 		clear(ev.blocks)
@@ -291,7 +330,7 @@ func (ev *pcEvents) change(c *evChange) bool {
 		ev.obs.AllBlocksCleared()
 		return true
 	case evInsert:
-		m := c.n
+		m := int(c.n)
 		path := make([]int32, m+len(c.tail))
 		if m > 0 {
 			base := ev.paths[c.base]
@@ -305,10 +344,10 @@ func (ev *pcEvents) change(c *evChange) bool {
 		ev.apply(path, len(path))
 	case evCut:
 		path, ok := ev.paths[c.id]
-		if !ok || c.n > len(path) {
+		if !ok || int(c.n) > len(path) {
 			panic(PanicEventsOutOfStep)
 		}
-		ev.apply(path, c.n)
+		ev.apply(path, int(c.n))
 		if c.gone {
 			delete(ev.paths, c.id)
 		}
@@ -319,22 +358,22 @@ func (ev *pcEvents) change(c *evChange) bool {
 }
 
 // flush returns once every change queued so far is applied.
-func (ev *pcEvents) flush() {
-	if ev == nil {
+func (q *pcEvents) flush() {
+	if q.side == nil {
 		return
 	}
-	ev.mu.Lock()
-	defer ev.mu.Unlock()
-	if ev.queued == 0 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.queued == 0 {
 		return
 	}
-	want := ev.queued
+	want := q.queued
 	select {
-	case ev.kick <- struct{}{}:
+	case q.side.kick <- struct{}{}:
 	default:
 	}
-	for ev.applied < want {
-		ev.cond.Wait()
+	for q.applied < want {
+		q.side.cond.Wait()
 	}
 }
 
@@ -347,12 +386,12 @@ func (pc *PrefixCache) FlushEvents() { pc.ev.flush() }
 // tokens the index held before (displacing old, when displaced). It also frees for
 // reuse the index's edge arrays that no queued change names any more (see pcEvents).
 // pc.mu is held.
-func (ev *pcEvents) inserted(t *radix.Tree[*pcEntry], e *pcEntry, m int, old *pcEntry, displaced bool) {
-	if ev == nil {
+func (q *pcEvents) inserted(t *radix.Tree[*pcEntry], e *pcEntry, m int, old *pcEntry, displaced bool) {
+	if q.side == nil {
 		return
 	}
 	leaf := e.leaf
-	c := evChange{kind: evInsert, n: m}
+	c := evChange{kind: evInsert, n: int32(m)}
 	switch {
 	case displaced:
 		c.base = old.evID // its leaf ended at depth m
@@ -366,43 +405,43 @@ func (ev *pcEvents) inserted(t *radix.Tree[*pcEntry], e *pcEntry, m int, old *pc
 	}
 	edge := leaf.Edge()
 	c.tail = edge[len(edge)-(leaf.Depth()-m):]
-	ev.mu.Lock()
-	ev.ids++
-	e.evID, c.id = ev.ids, ev.ids
-	ev.push(c)
-	if ev.applied >= ev.release {
+	q.mu.Lock()
+	e.evID = uint64(q.queued + 1) // the change's number, which no other has: the path's id
+	c.id = e.evID
+	q.push(c)
+	if q.applied >= q.release {
 		// Every change queued before the last Release is applied: the arrays
 		// removed before it are read by none.
 		t.Release()
-		ev.release = ev.queued
+		q.release = q.queued
 	}
-	ev.mu.Unlock()
+	q.mu.Unlock()
 }
 
 // cut queues an eviction's change of e's path, of which the index now holds the
 // first held tokens; gone says that e left the index. pc.mu is held.
-func (ev *pcEvents) cut(e *pcEntry, held int, gone bool) {
-	if ev == nil {
+func (q *pcEvents) cut(e *pcEntry, held int, gone bool) {
+	if q.side == nil {
 		return
 	}
-	ev.mu.Lock()
-	ev.push(evChange{kind: evCut, id: e.evID, n: held, gone: gone})
-	ev.mu.Unlock()
+	q.mu.Lock()
+	q.push(evChange{kind: evCut, id: e.evID, n: int32(held), gone: gone})
+	q.mu.Unlock()
 }
 
 // dropped queues the end of e's path, whose tokens the index still holds (a longer
 // entry displaced it). pc.mu is held.
-func (ev *pcEvents) dropped(e *pcEntry) {
-	if ev == nil {
+func (q *pcEvents) dropped(e *pcEntry) {
+	if q.side == nil {
 		return
 	}
-	ev.mu.Lock()
-	ev.push(evChange{kind: evDrop, id: e.evID})
-	ev.mu.Unlock()
+	q.mu.Lock()
+	q.push(evChange{kind: evDrop, id: e.evID})
+	q.mu.Unlock()
 }
 
 // fill writes block i of path into ev.key.
-func (ev *pcEvents) fill(path []int32, i int) {
+func (ev *evSide) fill(path []int32, i int) {
 	for j, t := range path[i*ev.bs : (i+1)*ev.bs] {
 		binary.LittleEndian.PutUint32(ev.key[4*j:], uint32(t))
 	}
@@ -410,7 +449,7 @@ func (ev *pcEvents) fill(path []int32, i int) {
 
 // apply applies a change along path, of which the index held the first held
 // tokens (see sync).
-func (ev *pcEvents) apply(path []int32, held int) {
+func (ev *evSide) apply(path []int32, held int) {
 	full, n := held/ev.bs, len(path)/ev.bs
 	cur, i := &ev.root, 0
 	for ; i < n; i++ {
@@ -432,7 +471,7 @@ func (ev *pcEvents) apply(path []int32, held int) {
 
 // announce announces blocks [from, to) of path, the block before them being parent.
 // NB: path is the events' side's, dropped with its entry: the observer gets a copy.
-func (ev *pcEvents) announce(parent *evBlock, path []int32, from, to int) {
+func (ev *evSide) announce(parent *evBlock, path []int32, from, to int) {
 	bs := ev.bs
 	st := BlocksStored{
 		Hashes: make([]uint64, 0, to-from), HasParent: parent != &ev.root,
@@ -463,7 +502,7 @@ func (ev *pcEvents) announce(parent *evBlock, path []int32, from, to int) {
 
 // withdraw withdraws block i of path, whose parent is parent, and the announced
 // blocks past it on path: its only descendants, or the events are out of step.
-func (ev *pcEvents) withdraw(parent *evBlock, path []int32, i int) {
+func (ev *evSide) withdraw(parent *evBlock, path []int32, i int) {
 	rm := BlocksRemoved{Medium: ev.medium}
 	first := parent
 	for ; i < len(path)/ev.bs; i++ {
@@ -490,24 +529,25 @@ func (ev *pcEvents) withdraw(parent *evBlock, path []int32, i int) {
 // clear forgets every announced block and says so, once the changes before it are
 // told; it returns when the observer has been told, and the events' goroutine is
 // gone (Close). pc.mu is held.
-func (ev *pcEvents) clear() {
+func (q *pcEvents) clear() {
+	ev := q.side
 	if ev == nil {
 		return
 	}
-	ev.mu.Lock()
-	started := ev.queued > 0
+	q.mu.Lock()
+	started := q.queued > 0
 	if !started {
-		ev.closing = true
+		q.closing = true
 	}
-	ev.mu.Unlock()
+	q.mu.Unlock()
 	if !started {
 		ev.obs.AllBlocksCleared() // nothing was announced, nor queued
 		return
 	}
-	ev.mu.Lock()
-	ev.push(evChange{kind: evClear})
-	ev.closing = true
-	ev.mu.Unlock()
+	q.mu.Lock()
+	q.push(evChange{kind: evClear})
+	q.closing = true
+	q.mu.Unlock()
 	select {
 	case ev.kick <- struct{}{}:
 	default:

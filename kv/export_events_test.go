@@ -21,7 +21,7 @@ func (pc *PrefixCache) IndexPaths() [][]int32 {
 // EventsQueued returns how many changes the prefix cache queued for its events'
 // goroutine, in all (0 without an observer).
 func (pc *PrefixCache) EventsQueued() int64 {
-	if pc.ev == nil {
+	if pc.ev.side == nil {
 		return 0
 	}
 	pc.ev.mu.Lock()
@@ -35,11 +35,11 @@ func (pc *PrefixCache) EventsQueued() int64 {
 func (pc *PrefixCache) EventPaths() (paths, entries int) {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
-	if pc.ev == nil {
+	if pc.ev.side == nil {
 		return 0, 0
 	}
 	pc.ev.flush() // NB: the events' goroutine takes no lock of the cache's
-	return len(pc.ev.paths), pc.entries
+	return len(pc.ev.side.paths), pc.entries
 }
 
 // EventQueueAllocs returns the allocations, on average, of queueing one Insert's and
@@ -58,9 +58,14 @@ func EventQueueAllocs(n int) float64 {
 // the cache's do, and the round puts it back, untimed. before, when not nil, runs
 // before each of the two calls, untimed; then the entry and its leaf are read, as
 // the cache's call has before it queues (before the eviction's Remove), and the
-// clock once.
+// clock once. Each call is made with the prefix cache's lock held, taken untimed
+// after before, as the cache's calls hold it.
 func EventQueueRound(n int, remove bool, before func()) func() time.Duration {
-	ev := &pcEvents{bs: 16, queued: 1} // as if the goroutine ran
+	// The queue as a prefix cache holds it, as if its goroutine ran.
+	pc := &PrefixCache{}
+	ev := &pc.ev
+	ev.attach(&evSide{bs: 16})
+	ev.queued = 1
 	tree := radix.New[*pcEntry]()
 	tree.DeferReuse()
 	path := make([]int32, n)
@@ -76,12 +81,14 @@ func EventQueueRound(n int, remove bool, before func()) func() time.Duration {
 			sink += e.leaf.Depth() + e.leaf.Parent().Depth() + int(e.leaf.Edge()[0]) + int(e.evID)
 			_ = time.Now()
 		}
+		pc.mu.Lock()
 	}
 	return func() time.Duration {
 		prepare()
 		t0 := time.Now()
 		ev.inserted(tree, e, 0, nil, false)
 		d := time.Since(t0)
+		pc.mu.Unlock()
 		held := n
 		prepare()
 		if remove {
@@ -91,13 +98,14 @@ func EventQueueRound(n int, remove bool, before func()) func() time.Duration {
 		t0 = time.Now()
 		ev.cut(e, held, remove)
 		d += time.Since(t0)
+		pc.mu.Unlock()
 		ev.mu.Lock()
-		q := ev.queue
-		if len(q) != 2 || q[0].kind != evInsert || len(q[0].tail) != n || q[1].kind != evCut || q[1].n != held || q[1].id != q[0].id || sink < 0 {
+		q := ev.first[:ev.n]
+		if len(q) != 2 || len(ev.more) != 0 || q[0].kind != evInsert || len(q[0].tail) != n || q[1].kind != evCut || int(q[1].n) != held || q[1].id != q[0].id || sink < 0 {
 			panic("EventQueueRound: not the changes queued")
 		}
-		clear(q)
-		ev.queue = q[:0]
+		clear(ev.first[:])
+		ev.n = 0
 		ev.applied = ev.queued // as the events' goroutine would
 		ev.mu.Unlock()
 		if remove {

@@ -184,14 +184,19 @@ type PrefixCacheOptions struct {
 type PrefixCache struct {
 	_ nocopy.NoCopy
 
+	mu sync.Mutex
+	// ev queues the changes for the events (no observer: ev.side nil), under mu and
+	// its own lock. NB: mu and ev's counters are the struct's first 50 bytes, and its
+	// first slots follow: queueing finds them in or next to the cache line that the
+	// call's lock has just brought in, no memory of the events' own.
+	ev pcEvents
+
 	c      *Cache
 	opts   PrefixCacheOptions
 	gbytes int64                 // physical bytes of one granule index: a granule in each range
 	auth   *accounting.Authority // a ledger of its own, owning nothing, for the reclaimer
-	ev     *pcEvents             // nil without an observer; guarded by mu
 	tiers  *pcTiers              // nil without tiers
 
-	mu     sync.Mutex
 	tree   *radix.Tree[*pcEntry]
 	closed bool
 	// reclaimers, lookups and inserts running: Close waits for them.
@@ -280,8 +285,9 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	}
 	pc := &PrefixCache{
 		c: c, opts: opts, gbytes: int64(c.nbuf) * int64(c.unit),
-		tree: radix.New[*pcEntry](), ev: ev, tiers: tiers,
+		tree: radix.New[*pcEntry](), tiers: tiers,
 	}
+	pc.ev.attach(ev)
 	if ev != nil {
 		pc.tree.DeferReuse() // the events' goroutine reads the edges Insert names
 	}
