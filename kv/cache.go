@@ -102,8 +102,8 @@ type Cache struct {
 
 	// groups is how each layer group lies (one for a Geometry; shape is the first's),
 	// layers where each of the model's layers lies; multi is set for a model of more
-	// than one group or of a group other than full attention, windows when one of
-	// its groups is a window.
+	// than one group or of a group other than full attention or MLA (fullLike),
+	// windows when one of its groups is a window.
 	groups  []group
 	layers  []layerRef
 	multi   bool
@@ -136,8 +136,10 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	if err != nil {
 		return nil, err
 	}
-	multi := len(groups) > 1 || groups[0].spec.Kind != FullAttention
-	if multi && cfg.MapAhead {
+	// NB: one MLA group is laid out as one full group is (a latent in place of K
+	// and V), so it takes the one-group paths, the prefix cache's among them.
+	multi := len(groups) > 1 || !groups[0].fullLike()
+	if cfg.MapAhead && (multi || groups[0].spec.Kind != FullAttention) {
 		return nil, fmt.Errorf("%w: MapAhead needs a cache of one full-attention group; model %q has %s", ErrConfig, m.Name, groupKinds(m))
 	}
 	sh := groups[0].shape

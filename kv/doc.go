@@ -90,7 +90,9 @@
 // scope: [Sequence.Freeze] on a model with a recurrent group is refused with
 // ErrConfig. On the other models it freezes each group as ForkAt forks it (a window
 // group's prefix holds its units from the one with FirstLive on). The prefix cache,
-// its tiers and events, and map-ahead need a one-group cache. Each group
+// with its tiers and events, needs a model of one full-attention or one MLA group
+// (NewPrefixCache says why windows beside full groups are not yet served), and
+// map-ahead one full-attention group. Each group
 // of FP8 elements may keep scales of its own ([Group.Scales], [Cache.GroupScales]).
 // groups.go lists the states of a window group's bytes and their transitions.
 //

@@ -58,9 +58,12 @@ import (
 // every token, which the cache does not keep: restoring an earlier state is the
 // caller's) but for Truncate(0), which gives it back. Freeze works per group as
 // ForkAt does (the prefix holds what a fork at its length would, and NewSequenceFrom
-// starts a sequence on it as ForkAt would), on a model without recurrent groups; the
-// prefix cache (and with it tiers and events) and map-ahead work on one-group caches
-// only.
+// starts a sequence on it as ForkAt would), on a model without recurrent groups.
+// The prefix cache (and with it tiers and events) works on a model of one full or
+// one MLA group (DeepSeek-V3/R1: one latent per layer, laid out as a full group's K
+// and V are, so the one-group paths serve it); map-ahead on one full group only. A
+// model of window groups beside full ones has no prefix cache yet (see
+// NewPrefixCache for why), and one with a Recurrent group never will.
 
 // group is where a cache puts one layer group of a sequence: its shape (the layout
 // arithmetic of its ranges), the group it lays out, and where its ranges start among
@@ -70,6 +73,12 @@ type group struct {
 	spec  Group
 	first int // index of the group's first range among a sequence's ranges
 	bpt   int // spec.BytesPerToken()
+}
+
+// fullLike reports whether g keeps every token in one layout as a full group does:
+// full attention, or MLA (one latent per layer, addressed as K).
+func (g *group) fullLike() bool {
+	return g.spec.Kind == FullAttention || g.spec.Kind == MLALatent
 }
 
 // windowed reports whether g gives back the tokens no later step reads.
@@ -349,10 +358,11 @@ func (s *Sequence) WriteState(layer int, src []byte) error {
 }
 
 // plainOnly returns an error matching ErrConfig when c is on a Model with more than
-// one group or groups other than full attention: what names op is not available there.
+// one group or a group other than full attention or MLA: what names op is not
+// available there.
 func (c *Cache) plainOnly(op string) error {
 	if c.multi {
-		return fmt.Errorf("%w: %s needs a cache of one full-attention group; model %q has %s", ErrConfig, op, c.cfg.Model.Name, groupKinds(c.cfg.Model))
+		return fmt.Errorf("%w: %s needs a cache of one full-attention or MLA group; model %q has %s", ErrConfig, op, c.cfg.Model.Name, groupKinds(c.cfg.Model))
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package kv_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 
@@ -187,6 +188,9 @@ func tryWrite(s *kv.Sequence, w uint64, from, to int) error {
 // with a buffer of one token's bytes, and returns f's first error.
 func eachToken(s *kv.Sequence, from, to int, f func(layer int, kind kv.Kind, tok int, buf []byte) error) error {
 	g := s.Cache().Config().Geometry
+	if g == (kv.Geometry{}) {
+		return eachModelToken(s.Cache().Config().Model, from, to, f)
+	}
 	buf := make([]byte, g.TokenBytes())
 	for layer := range g.Layers {
 		for _, kind := range kv.KindsOf(g) {
@@ -194,6 +198,22 @@ func eachToken(s *kv.Sequence, from, to int, f func(layer int, kind kv.Kind, tok
 				if err := f(layer, kind, tok, buf); err != nil {
 					return err
 				}
+			}
+		}
+	}
+	return nil
+}
+
+// eachModelToken is eachToken on a cache of Model m (of per-token groups): every
+// tensor of tensorsOf(m), in layer order, with its group's token bytes.
+func eachModelToken(m kv.Model, from, to int, f func(layer int, kind kv.Kind, tok int, buf []byte) error) error {
+	tensors, _ := tensorsOf(m)
+	slices.SortStableFunc(tensors, func(a, b tensorRef) int { return a.layer - b.layer })
+	for _, tr := range tensors {
+		buf := make([]byte, tr.group.TokenBytes())
+		for tok := from; tok < to; tok++ {
+			if err := f(tr.layer, tr.kind, tok, buf); err != nil {
+				return err
 			}
 		}
 	}

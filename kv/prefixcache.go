@@ -254,11 +254,17 @@ func (s PrefixCacheStats) HitRate() float64 {
 // refused. c's backing must share memory (host.Shared, cuda), else the error matches
 // ErrNoSharing; a cache has at most one PrefixCache. It MUST be closed before c.
 //
-// A cache on a Model of more than one group, or of a group that is not full
-// attention, has no prefix cache yet: the error matches ErrConfig (Freeze and
-// NewSequenceFrom share such a cache's prefixes). A Model with a Recurrent group
-// will never have one: prefix caching of a state is out of scope, and the error
-// says so.
+// A Model of one MLA group (DeepSeek-V3/R1) has one as a full-attention cache does:
+// its latent is one tensor per layer, every token of it kept. A cache on a Model of
+// more than one group, or of a window group, has no prefix cache yet: the error
+// matches ErrConfig (Freeze and NewSequenceFrom share such a cache's prefixes). NB:
+// the entries' books count granule indexes, each the same tokens in every range,
+// which groups of different rows do not share, and a window group's inserted
+// sequence gives back, as it decodes, granules a lazy entry refers to. A Model with
+// a Recurrent group will never have one: a state is a function of every token
+// before it, so a hit of n tokens would need the state after exactly n, recorded at
+// every point a later prompt may branch; prefix caching of a state is out of scope,
+// and the error says so.
 func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil cache", ErrConfig)
