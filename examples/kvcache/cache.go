@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/vmarena/vmarena/accounting"
@@ -21,7 +22,7 @@ type cacheStrategy struct {
 	pool  backing.Pool          // the backing's pool, or nil
 	auth  *accounting.Authority // owns the cache's physical bytes
 	close func() error          // closes the backing, after the cache
-	shape kv.Geometry           // every layer's K and V (the cache's Geometry, or its model's per-layer shape)
+	model kv.Model              // the cache's groups (a Geometry as its one group)
 	// groups measures each layer group of a cache on a model of groups; nil for a
 	// Geometry.
 	groups *groupMeter
@@ -33,7 +34,11 @@ type cacheStrategy struct {
 }
 
 func newCacheStrategy(name string, c *kv.Cache, pool backing.Pool, auth *accounting.Authority, closeBacking func() error) *cacheStrategy {
-	return &cacheStrategy{name: name, c: c, pool: pool, auth: auth, close: closeBacking,
+	m := c.Config().Model
+	if m.Layers == 0 {
+		m = c.Config().Geometry.Model()
+	}
+	return &cacheStrategy{name: name, c: c, pool: pool, auth: auth, close: closeBacking, model: m,
 		copies: make(map[*copiedPrefix]struct{})}
 }
 
@@ -84,7 +89,7 @@ func (s *cacheStrategy) NewSequenceFrom(p baseline.Prefix) (baseline.Sequence, e
 		if err != nil {
 			return nil, err
 		}
-		if err := copyTokens(s.shape, q, p.q, p.q.Len()); err != nil {
+		if err := copyTokens(s.model, q, p.q, p.q.Len()); err != nil {
 			q.Close()
 			return nil, err
 		}
@@ -93,22 +98,46 @@ func (s *cacheStrategy) NewSequenceFrom(p baseline.Prefix) (baseline.Sequence, e
 	return nil, fmt.Errorf("%w: %T", baseline.ErrForeign, p)
 }
 
-// copyTokens grows dst by n tokens and copies src's first n tokens into them.
-func copyTokens(g kv.Geometry, dst, src *kv.Sequence, n int) error {
+// copyTokens grows dst by n tokens and copies src's first n tokens into them, group
+// by group in m's shapes: each layer's tensors from the first token src still holds
+// (a window group's tokens below it are gone, and no later step reads them), and,
+// where src has them, its recurrent states.
+func copyTokens(m kv.Model, dst, src *kv.Sequence, n int) error {
 	from := dst.Len()
 	if err := dst.Append(n); err != nil {
 		return err
 	}
-	buf := make([]byte, g.TokenBytes())
+	var buf []byte
 	// Layer by layer, as the replay writes (writeLayerMajor).
-	for l := range g.Layers {
-		for t := range n {
-			for _, k := range []kv.Kind{kv.K, kv.V} {
-				if err := src.ReadToken(l, k, t, buf); err != nil {
+	for _, g := range m.Groups {
+		for _, l := range g.Layers {
+			if g.Kind == kv.Recurrent {
+				if src.Len() == 0 || from > 0 {
+					continue // no state yet, or dst's own
+				}
+				buf = slices.Grow(buf[:0], g.StateBytes)[:g.StateBytes]
+				if err := src.ReadState(l, buf); err != nil {
 					return err
 				}
-				if err := dst.WriteToken(l, k, from+t, buf); err != nil {
+				if err := dst.WriteState(l, buf); err != nil {
 					return err
+				}
+				continue
+			}
+			tb := g.TokenBytes()
+			buf = slices.Grow(buf[:0], tb)[:tb]
+			kinds := []kv.Kind{kv.K, kv.V}
+			if g.Kind == kv.MLALatent {
+				kinds = kinds[:1]
+			}
+			for t := src.FirstHeld(l); t < n; t++ {
+				for _, k := range kinds {
+					if err := src.ReadToken(l, k, t, buf); err != nil {
+						return err
+					}
+					if err := dst.WriteToken(l, k, from+t, buf); err != nil {
+						return err
+					}
 				}
 			}
 		}
@@ -193,6 +222,10 @@ func (q *cacheSeq) ReadToken(layer int, v baseline.Kind, token int, dst []byte) 
 	return q.q.ReadToken(layer, kv.Kind(v), token, dst)
 }
 
+// writeState and readState reach a recurrent layer's state (stateHolder).
+func (q *cacheSeq) writeState(layer int, src []byte) error { return q.q.WriteState(layer, src) }
+func (q *cacheSeq) readState(layer int, dst []byte) error  { return q.q.ReadState(layer, dst) }
+
 // Freeze shares the first n tokens where the backing can (host.Shared, cuda); where
 // it can not (host.Private) it copies them into a sequence of their own, which every
 // new sequence copies again: what a server without sharing does.
@@ -214,7 +247,7 @@ func (q *cacheSeq) Freeze(n int) (baseline.Prefix, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := copyTokens(q.s.shape, held, q.q, n); err != nil {
+	if err := copyTokens(q.s.model, held, q.q, n); err != nil {
 		held.Close()
 		return nil, err
 	}
@@ -238,7 +271,7 @@ func (q *cacheSeq) holdPrefix(n int) (baseline.Prefix, error) {
 	forked := err == nil
 	if errors.Is(err, kv.ErrNoSharing) {
 		if held, err = q.s.c.NewSequence(); err == nil {
-			if err = copyTokens(q.s.shape, held, q.q, n); err != nil {
+			if err = copyTokens(q.s.model, held, q.q, n); err != nil {
 				held.Close()
 			}
 		}

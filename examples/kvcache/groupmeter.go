@@ -13,13 +13,16 @@ import (
 // figure; in the Blocked layout a group is one range cut into its own blocks, so a
 // group of a sequence of n tokens whose first held token is h (Sequence.FirstHeld)
 // commits the blocks from h's to n's: (ceil(n/BlockTokens) - h/BlockTokens) ×
-// BlockStride. The replay's test checks that these add up to kv's Stats.Committed.
+// BlockStride. A recurrent group commits its states, rounded up to whole granules
+// (kv.Model.Size's BlockBytes), once a sequence has a token. The replay's test checks
+// that these add up to kv's Stats.Committed.
 type groupMeter struct {
 	model   kv.Model
 	uniform kv.Config // the uniform cache, for Config.Size
 	granule int
 	first   []int        // a layer of each group, to read its strides and FirstHeld
 	strides []kv.Strides // each group's blocks
+	states  []int64      // each recurrent group's committed state per sequence; 0 for the others
 
 	mu     sync.Mutex
 	live   map[*kv.Sequence]struct{}
@@ -34,12 +37,21 @@ func newGroupMeter(c *kv.Cache, m kv.Model) (*groupMeter, error) {
 	}
 	gm := &groupMeter{model: m, granule: c.Granularity(), live: map[*kv.Sequence]struct{}{},
 		uniform: kv.Config{Model: m.Uniform(), MaxTokens: cfg.MaxTokens, Layout: kv.Blocked, BlockTokens: cfg.BlockTokens}}
+	sz, err := m.Size(gm.granule, cfg.BlockTokens, 1)
+	if err != nil {
+		return nil, err
+	}
 	for i, g := range m.Groups {
 		st, err := c.LayerStrides(g.Layers[0])
 		if err != nil {
 			return nil, err
 		}
-		if st.Group != i || st.BlockTokens <= 0 {
+		var state int64
+		if g.Kind == kv.Recurrent {
+			state = sz.Groups[i].Committed
+		}
+		gm.states = append(gm.states, state)
+		if st.Group != i || (st.BlockTokens <= 0 && state == 0) {
 			return nil, fmt.Errorf("layer %d: group %d with blocks of %d tokens, want group %d in blocks", g.Layers[0], st.Group, st.BlockTokens, i)
 		}
 		gm.first = append(gm.first, g.Layers[0])
@@ -92,6 +104,10 @@ func (gm *groupMeter) read() (groupUse, error) {
 			continue
 		}
 		for i, l := range gm.first {
+			if gm.states[i] > 0 {
+				u.Committed[i] += gm.states[i]
+				continue
+			}
 			st := gm.strides[i]
 			blocks := (n+st.BlockTokens-1)/st.BlockTokens - q.FirstHeld(l)/st.BlockTokens
 			u.Committed[i] += int64(blocks) * int64(st.BlockStride)
@@ -109,7 +125,8 @@ func (gm *groupMeter) read() (groupUse, error) {
 }
 
 // need returns the bytes of the live tokens, gm.mu held: each group's tokens from its
-// FirstLive on in every sequence, and the system prompt's once. A sequence on the
+// FirstLive on in every sequence, and the system prompt's once; a recurrent group's
+// state in every sequence with a token, the prompt's own included. A sequence on the
 // prompt holds its own tokens past it; of the prompt's, a group needs those from the
 // first that the prompt's own next step or any sequence on it still reads.
 func (gm *groupMeter) need() int64 {
@@ -119,6 +136,14 @@ func (gm *groupMeter) need() int64 {
 		p = gm.prefix.Len()
 	}
 	for _, g := range gm.model.Groups {
+		if g.Kind == kv.Recurrent {
+			for q := range gm.live {
+				if q.Len() > 0 {
+					need += int64(len(g.Layers)) * int64(g.StateBytes)
+				}
+			}
+			continue
+		}
 		bpt := int64(g.BytesPerToken())
 		from := g.FirstLive(p) // of the prompt's tokens, the first one read
 		for q := range gm.live {

@@ -86,6 +86,8 @@ type config struct {
 	speed       float64
 	step        time.Duration
 	model       string
+	kvDType     string // -kv-dtype: the KV's element type, or kvDTypeDefault
+	verify      bool   // -verify: read every live token back before its sequence closes
 	system      int
 	maxTokens   int
 	budget      sizeFlag
@@ -177,17 +179,25 @@ to an unbounded cache's, time to first token, makespan, memory, and the memory h
 once the load stops, and plots memory and the hit rate over time.
 
 Layer groups: -model gpt-oss-20b (or gpt-oss-120b, gemma-3-27b, gemma-3-12b,
-llama-4-scout: kv.ModelPresets whose layers all keep K and V of one shape) builds
-vmarena's cache on the model's groups (kv.Config.Model): a sliding-window or chunked
-group gives its granules back behind the window. vmarena runs alone there (the
+llama-4-scout, deepseek-v3, deepseek-r1, qwen3-next-80b-a3b: kv.ModelPresets) builds
+vmarena's cache on the model's groups (kv.Config.Model), and the replay writes each
+group in its own shape: K and V of its heads, head dim and element type; an MLA
+group's one latent per layer (no V); a recurrent group's state per sequence and
+layer, written whole at prefill (a step's update of it is the kernel's, in place). A
+sliding-window or chunked group gives its granules back behind the window. vmarena runs alone there (the
 baselines model full attention only), without map-ahead (kv keeps it for one-group
 caches), in the blocked layout; the system prompt is a sequence of its own that
 every request forks (kv.Sequence.ForkAt, per group; Freeze is one-group only), or
 copies where the backing can not share. Flags that ask for what can not run are
 refused. The report adds each group's committed bytes (a mapped granule counted in
 every sequence that maps it) against a uniform full-attention cache of the same
-sequences (kv.Model.Uniform), and a second plot draws them over time. MLA and recurrent models are refused: the replay writes K
-and V into every layer.
+sequences (kv.Model.Uniform), and a second plot draws them over time. -verify reads
+back, before each sequence closes, every token a later step still reads and every
+state, and fails on a wrong byte.
+
+Element types: -kv-dtype fp8 (OCP E4M3; fp8-e5m2, q8_0, fp16, bf16) stores every
+strategy's KV in that type instead of the preset's (a recurrent state keeps the
+model's): the same model at half of fp16's bytes per token.
 
 Tiers: -tiers host,redis adds vmarena+tiers, the prefix cache with stores below the
 device, in that order: evicted blocks are written down into each and loaded back by a
@@ -261,7 +271,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.skip, "skip", 0, "skip this many requests at the start of the trace")
 	fs.Float64Var(&c.speed, "speed", 1, "divide the trace's arrival times by this (0: every request arrives at once)")
 	fs.DurationVar(&c.step, "step", 25*time.Millisecond, "simulated model time of one batch iteration (one decode step)")
-	fs.StringVar(&c.model, "model", kv.Llama3_8B.Name, "model: a geometry (every layer full attention) or a model of layer groups (sliding-window, chunked-local; vmarena alone, on kv.Config.Model): "+modelNames())
+	fs.StringVar(&c.model, "model", kv.Llama3_8B.Name, "model: a geometry (every layer full attention) or a model of layer groups (sliding-window, chunked-local, MLA latent, recurrent state; vmarena alone, on kv.Config.Model): "+modelNames())
+	fs.StringVar(&c.kvDType, "kv-dtype", kvDTypeDefault, "the KV's element type for every strategy: model (the preset's own), fp16, bf16, fp8 (OCP E4M3), fp8-e5m2 or q8_0 (32 int8 values and an f16 scale in 34 bytes); a recurrent state keeps the model's")
+	fs.BoolVar(&c.verify, "verify", false, "read back, before each sequence closes, every token a later step would still read in every layer, and every recurrent state, and fail on a byte other than was written (slows the replay; the prefix-cache replay verifies with -tiers)")
 	fs.IntVar(&c.system, "system-prompt", 1024, "tokens of the system prompt every request shares")
 	fs.IntVar(&c.maxTokens, "max-tokens", 8192, "most tokens per sequence (the context window); longer requests are clipped")
 	fs.Var(&c.budget, "budget", "memory budget per strategy, like 4GiB or 512MiB (0: unlimited)")
@@ -310,6 +322,13 @@ func (c *config) validate() (setup, []string, error) {
 	var s setup
 	g, groups, err := lookupModel(c.model)
 	if err != nil {
+		return s, nil, err
+	}
+	dt, err := parseKVDType(c.kvDType)
+	if err != nil {
+		return s, nil, err
+	}
+	if g, groups, err = withDType(g, groups, dt); err != nil {
 		return s, nil, err
 	}
 	s.model, s.groups = g, groups
@@ -557,10 +576,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		Concurrency:  c.concurrency,
 		SystemPrompt: c.system,
 		Layers:       s.model.Layers,
-		TokenBytes:   s.model.TokenBytes(),
+		Plan:         planLayers(s.groups),
 		MaxTokens:    c.maxTokens,
 		Idle:         c.idle,
+		Verify:       c.verify,
 	}
+	w.TokenBytes = planBytes(w.Plan, s.model.TokenBytes())
 	if err := w.validate(); err != nil {
 		fmt.Fprintf(stderr, "kvcache: %v\n", err)
 		return 2

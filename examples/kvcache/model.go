@@ -9,12 +9,12 @@ import (
 )
 
 // lookupModel resolves -model: one of kv.Presets (a Geometry, as before), or else one
-// of kv.ModelPresets. It returns the per-layer shape every strategy writes (Layers,
-// KV heads, head dim, element type) and, for a model of more than one layer group,
-// the model itself (nil for the one-group presets, which are a Geometry). A model
-// whose layers do not all keep K and V of one shape (an MLA latent, a recurrent
-// state, groups of different shapes) is refused: the replay writes K and V of one
-// shape into every layer. An unknown name lists every known one.
+// of kv.ModelPresets. For a model of one full-attention group it returns that group
+// as a Geometry and a nil model, which every strategy runs. For any other model (window
+// groups, an MLA latent, a recurrent state, groups of different shapes) it returns the
+// model itself, whose every group the replay writes in its own shape (planLayers),
+// and a Geometry of the model's layers in the shape of its largest per-token tensor,
+// which names the model in the report. An unknown name lists every known one.
 func lookupModel(name string) (kv.Geometry, *kv.Model, error) {
 	g, gerr := kv.Preset(name)
 	if gerr == nil {
@@ -27,18 +27,16 @@ func lookupModel(name string) (kv.Geometry, *kv.Model, error) {
 		}
 		return kv.Geometry{}, nil, fmt.Errorf("-model %s: %w", name, merr)
 	}
-	first := m.Groups[0]
+	largest := -1
 	for i, gr := range m.Groups {
-		switch gr.Kind {
-		case kv.FullAttention, kv.SlidingWindow, kv.ChunkedLocal:
-		default:
-			return kv.Geometry{}, nil, fmt.Errorf("-model %s: group %d is %v: the replay writes K and V of one shape into every layer, which a %v layer does not have", m.Name, i, gr.Kind, gr.Kind)
-		}
-		if gr.KVHeads != first.KVHeads || gr.HeadDim != first.HeadDim || gr.DType != first.DType || gr.Scales != first.Scales {
-			return kv.Geometry{}, nil, fmt.Errorf("-model %s: groups 0 and %d differ in shape (%d×%d %v, %d×%d %v): the replay writes K and V of one shape into every layer",
-				m.Name, i, first.KVHeads, first.HeadDim, first.DType, gr.KVHeads, gr.HeadDim, gr.DType)
+		if gr.Kind != kv.Recurrent && (largest < 0 || gr.TokenBytes() > m.Groups[largest].TokenBytes()) {
+			largest = i
 		}
 	}
+	if largest < 0 {
+		return kv.Geometry{}, nil, fmt.Errorf("-model %s: every group is recurrent: the replay needs tokens to write", m.Name)
+	}
+	first := m.Groups[largest]
 	g = kv.Geometry{Name: m.Name, Layers: m.Layers, KVHeads: first.KVHeads, HeadDim: first.HeadDim, DType: first.DType, Scales: first.Scales}
 	if len(m.Groups) == 1 && first.Kind == kv.FullAttention {
 		return g, nil, nil // the one-group case is a Geometry: every strategy models it

@@ -29,6 +29,14 @@ type Workload struct {
 	// Layers and TokenBytes are the model's KV shape; MaxTokens caps one sequence:
 	// longer requests have their prompt clipped from the front, as servers do.
 	Layers, TokenBytes, MaxTokens int
+	// Plan is, layer by layer, what each layer keeps (planLayers: a model of layer
+	// groups, each in its own shape); nil: every layer K and V of TokenBytes, which
+	// is then the largest token or state of the plan.
+	Plan []layerPlan
+	// Verify reads back, before a sequence closes, every token it still holds in every
+	// layer and every recurrent state, and fails the replay on a byte that is not what
+	// was written (checkSequence).
+	Verify bool
 	// Idle is how long, on the wall clock, memory is sampled after the load stopped
 	// (every sequence closed, the prefix released): a pool gives idle granules back
 	// by decay on the real clock. 0: not at all.
@@ -53,12 +61,26 @@ func (w Workload) validate() error {
 		return fmt.Errorf("max tokens %d leaves no room past the %d-token system prompt", w.MaxTokens, w.SystemPrompt)
 	case w.Idle < 0:
 		return fmt.Errorf("idle time %v is negative", w.Idle)
+	case w.Plan != nil && len(w.Plan) != w.Layers:
+		return fmt.Errorf("a layer plan of %d layers for a model of %d", len(w.Plan), w.Layers)
+	case w.Plan != nil && planBytes(w.Plan, 0) > w.TokenBytes:
+		return fmt.Errorf("token bytes %d are less than the plan's largest token or state, %d", w.TokenBytes, planBytes(w.Plan, 0))
 	}
 	return nil
 }
 
-// bytesPerToken is one token of every layer, K and V.
-func (w Workload) bytesPerToken() int64 { return 2 * int64(w.Layers) * int64(w.TokenBytes) }
+// bytesPerToken is one token of every layer's tensors: K and V of TokenBytes in each,
+// or what the plan says.
+func (w Workload) bytesPerToken() int64 {
+	if w.Plan == nil {
+		return 2 * int64(w.Layers) * int64(w.TokenBytes)
+	}
+	var n int64
+	for _, p := range w.Plan {
+		n += int64(len(p.kinds)) * int64(p.tokenBytes)
+	}
+	return n
+}
 
 // Sample is one reading of memory, taken after a batch iteration.
 type Sample struct {
@@ -148,7 +170,10 @@ type replayer struct {
 	waits  []time.Duration
 	// progress is called after every completion or rejection with the count so far.
 	progress func(done int, s Sample)
-	gerr     error // the first failure to read the groups
+	gerr     error  // the first failure to read the groups
+	verr     error  // with Workload.Verify, the first read-back that failed
+	prompt   []byte // the system prompt's fill
+	scratch  []byte // a token's or a state's bytes, for the read-back
 }
 
 // groupReader is a strategy that measures its layer groups: has is false where it has
@@ -168,12 +193,16 @@ func Replay(ctx context.Context, st baseline.Strategy, w Workload, progress func
 		progress = func(int, Sample) {}
 	}
 	r := &replayer{w: w, st: st, bpt: w.bytesPerToken(), progress: progress}
+	r.prompt, r.scratch = r.fillBytes(0xA5), make([]byte, w.TokenBytes)
 	r.res.Strategy = st.Name()
 	r.res.Requests = len(w.Requests)
 	start := time.Now()
 	err := r.run(ctx)
 	if err == nil {
 		err = r.gerr
+	}
+	if err == nil {
+		err = r.verr
 	}
 	r.res.Wall = time.Since(start)
 	r.finish()
@@ -211,17 +240,40 @@ func (r *replayer) idleTail(ctx context.Context) error {
 // fill returns a token's worth of b: the bytes a request writes for every token, so
 // that memory is really written.
 func (r *replayer) fillBytes(b byte) []byte {
-	f := make([]byte, r.w.TokenBytes)
+	f := make([]byte, r.w.TokenBytes) // the largest token or state
 	for i := range f {
 		f[i] = b
 	}
 	return f
 }
 
-// writeTokens writes tokens [from, to) of every layer's K and V, layer by layer as
-// a model's forward pass does (see writeLayerMajor).
+// writeTokens writes tokens [from, to) of every layer's K and V (or what the layer
+// plan says each layer keeps), layer by layer as a model's forward pass does (see
+// writeLayerMajor).
 func (r *replayer) writeTokens(q baseline.Sequence, from, to int, src []byte) error {
-	return writeLayerMajor(q.WriteToken, baseline.K, baseline.V, r.w.Layers, from, to, src)
+	if r.w.Plan == nil {
+		return writeLayerMajor(q.WriteToken, baseline.K, baseline.V, r.w.Layers, from, to, src)
+	}
+	for l, p := range r.w.Plan {
+		part := src[:p.tokenBytes]
+		for t := from; t < to; t++ {
+			for _, k := range p.kinds {
+				if err := q.WriteToken(l, k, t, part); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// prefill writes tokens [from, to) of q and then, where the plan has recurrent
+// layers, their states: the state after the prompt.
+func (r *replayer) prefill(q baseline.Sequence, from, to int, src []byte) error {
+	if err := r.writeTokens(q, from, to, src); err != nil {
+		return err
+	}
+	return writeStates(q, r.w.Plan, src)
 }
 
 // writeLayerMajor writes src into tokens [from, to) of every layer's K and V with
@@ -257,7 +309,7 @@ func (r *replayer) makePrefix() error {
 		_ = root.Close()
 		return fmt.Errorf("system prompt of %d tokens: %w", r.w.SystemPrompt, err)
 	}
-	if err := r.writeTokens(root, 0, r.w.SystemPrompt, r.fillBytes(0xA5)); err != nil {
+	if err := r.prefill(root, 0, r.w.SystemPrompt, r.prompt); err != nil {
 		_ = root.Close()
 		return fmt.Errorf("system prompt: %w", err)
 	}
@@ -296,7 +348,7 @@ func (r *replayer) admit(q *request) error {
 		_ = seq.Close()
 		return err
 	}
-	if err := r.writeTokens(seq, r.w.SystemPrompt, r.w.SystemPrompt+q.ctx, q.fill); err != nil {
+	if err := r.prefill(seq, r.w.SystemPrompt, r.w.SystemPrompt+q.ctx, q.fill); err != nil {
 		_ = seq.Close()
 		return err
 	}
@@ -460,6 +512,11 @@ func (r *replayer) run(ctx context.Context) error {
 }
 
 func (r *replayer) closeSeq(q *request) {
+	if r.w.Verify && r.verr == nil {
+		if err := checkSequence(q.seq, r.w, r.prompt, q.fill, r.scratch); err != nil {
+			r.verr = fmt.Errorf("request %d: read back at %d tokens: %w", q.ID, q.seq.Len(), err)
+		}
+	}
 	t0 := time.Now()
 	_ = q.seq.Close()
 	r.res.MemoryTime += time.Since(t0)

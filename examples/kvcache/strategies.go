@@ -180,7 +180,6 @@ func (s setup) buildCache(b *built, auth *accounting.Authority) error {
 		return fmt.Errorf("backing %s: %w", s.backing, err)
 	}
 	cs := newCacheStrategy(nameCache, c, pool, auth, close)
-	cs.shape = s.model
 	if s.groups != nil {
 		if cs.groups, err = newGroupMeter(c, *s.groups); err != nil {
 			return errors.Join(fmt.Errorf("backing %s: %w", s.backing, err), cs.Close())
