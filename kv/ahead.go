@@ -59,8 +59,9 @@ import (
 // the budget could not hold otherwise gives back other sequences' runs first
 // (reclaim), so map-ahead never makes a growth of this cache refused. A step that
 // commits keeps the worker from the budget it counts on until it has committed
-// (hold): where the pool's idle granules and the free budget hold its need besides
-// the run or granule in flight, it reserves that need, and the worker goes on
+// (hold): where the pool holds no idle granule (the worker would take those first)
+// and the free budget holds its need besides the run or granule in flight, it
+// reserves that need, and the worker goes on
 // meanwhile but starts no run or filling that would leave less than the bytes
 // reserved (so a step that commits a granule itself, or a long prompt's commit, does
 // not stop the worker behind it); otherwise it holds the worker off until it has
@@ -517,8 +518,8 @@ func (a *ahead) own() int64 {
 
 // hold keeps the worker from the budget that a step which needs need bytes of new
 // granules (credit of them waited for already) counts on while it decides and
-// commits, and returns the function that ends the hold. Where the pool's idle
-// granules and the free budget, less what other steps reserved, hold need besides
+// commits, and returns the function that ends the hold. Where the pool holds no idle
+// granule and the free budget, less what other steps reserved, holds need besides
 // the run or granule in flight, it reserves need: the worker goes on, within the
 // rest (see commit and fill). Otherwise it keeps the worker from starting a run or a
 // filling, and where the budget is so short that the run or granule in flight could
@@ -534,10 +535,13 @@ func (a *ahead) hold(need, credit int64) func() {
 	case a.filling:
 		margin = int64(c.gran) // a granule the filling charged and has not made idle yet
 	}
-	// NB: the step's own commit lowers the free budget while its reservation
-	// stands, so the worker sees less room than there is until the step ends: it
-	// errs towards leaving a run to its step, never towards a refusal.
-	if need+margin <= c.idle()+c.gov.Available(c.dev)+credit-a.reserved.Load() {
+	// NB: only with no idle granule: the worker's runs take the pool's idle granules
+	// first, so beside a step that counts on them it would leave the step new ones
+	// to make (BENCHMARKS.md, issue 23: the steps that made a granule doubled). The
+	// step's own commit lowers the free budget while its reservation stands, so the
+	// worker sees less room than there is until the step ends: it errs towards
+	// leaving a run to its step, never towards a refusal.
+	if c.idle() == 0 && need+margin <= c.gov.Available(c.dev)+credit-a.reserved.Load() {
 		a.reserved.Add(need)
 		a.mu.Unlock()
 		return func() { a.reserved.Add(-need) }
