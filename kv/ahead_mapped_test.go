@@ -371,9 +371,9 @@ func TestMapAheadOwedKick(t *testing.T) {
 }
 
 // TestMapAheadGoesOnBesideAStep: while a step commits a granule of its own (here a
-// new sequence's first block) and the budget has room for more, the worker is not
-// held off behind it: a run another sequence asked meanwhile is committed during the
-// step, not after it.
+// new sequence's first block), the pool holds no idle granule and the budget has room
+// for more, the worker is not held off behind it: a run another sequence asked
+// meanwhile is committed during the step, not after it.
 func TestMapAheadGoesOnBesideAStep(t *testing.T) {
 	granule := int(blockGranule)
 	gov := accounting.NewGovernor()
