@@ -58,9 +58,17 @@ import (
 // ahead as the cache's own, like the pool's idle granules (own), and a growth that
 // the budget could not hold otherwise gives back other sequences' runs first
 // (reclaim), so map-ahead never makes a growth of this cache refused. A step that
-// commits holds the worker off (hold) until it has committed, and where the budget
-// is so short that a run in flight could make it fail, first waits for that run to
-// land (mapped, where the step can take it back). ForkAt, Freeze and NewSequenceFrom
+// commits keeps the worker from the budget it counts on until it has committed
+// (hold): where the pool holds no idle granule (the worker would take those first)
+// and the free budget holds its need besides the run or granule in flight, it
+// reserves that need, and the worker goes on
+// meanwhile but starts no run or filling that would leave less than the bytes
+// reserved (so a step that commits a granule itself, or a long prompt's commit, does
+// not stop the worker behind it); otherwise it holds the worker off until it has
+// committed, and where the budget is so short that the run in flight could make it
+// fail, first waits for that run to land (mapped, where the step can take it back).
+// A Truncate that replaces a shared granule by one of its own keeps the worker from
+// it the same way. ForkAt, Freeze and NewSequenceFrom
 // reclaim too but do not hold the worker: a run it starts meanwhile may take the
 // last granule they counted on, which the next try finds mapped and takes back.
 //
@@ -79,7 +87,7 @@ import (
 // has room: the granules so held stay within 1/fillShare of the limit and leave at
 // least 2/fillShare of it free. They are the pool's idle granules (PoolStats shows
 // them; Stats.Ahead does not), which every growth takes first and the pool's decay
-// gives back; a step holds the filling off as it holds the runs (hold).
+// gives back; a step keeps the filling from its budget as it keeps the runs (hold).
 
 // aheadTokens is how many tokens before its next commit a sequence asks for it: at
 // one token a step, that many steps of lead for the worker. 16 is a whole block of
@@ -143,7 +151,14 @@ type ahead struct {
 	stop chan struct{} // closed by close
 	done sync.WaitGroup
 	held atomic.Int64 // bytes of the runs mapped: a copy of mappedBytes for own
-	owed atomic.Bool  // a kick a crossing step left for the next step (see after)
+
+	// reserved is the bytes that steps committing beside the worker count on (hold):
+	// the worker starts no run or filling that would leave less idle and free. It
+	// grows under mu; the worker reads it after marking its run or filling in
+	// flight there, so a step either sees that in flight or the worker sees its
+	// reservation.
+	reserved atomic.Int64
+	owed     atomic.Bool // a kick a crossing step left for the next step (see after)
 
 	mu          sync.Mutex
 	cond        sync.Cond   // on mu: a run left mapping or dropping, or holds went 0
@@ -153,7 +168,7 @@ type ahead struct {
 	nextBytes   int64       // the bytes of the runs that follow them (more)
 	busy        *Sequence   // the run the worker commits, or nil
 	filling     bool        // the worker makes a granule for the pool (fill)
-	holds       int         // steps that keep the worker from starting a run
+	holds       int         // steps that keep the worker from starting a run (hold)
 	parked      bool        // the worker waits for a kick (see run)
 	noFill      bool        // fill is off (a benchmark's comparison)
 	started     bool
@@ -455,7 +470,7 @@ func (a *ahead) next() bool {
 // can hold now is not tried.
 func (a *ahead) commit(r seqAhead) error {
 	c := a.c
-	if r.bytes() > c.idle()+c.gov.Available(c.dev) {
+	if r.bytes() > c.idle()+c.gov.Available(c.dev)-a.reserved.Load() {
 		return errAheadBudget
 	}
 	for i, b := range r.bufs {
@@ -471,8 +486,8 @@ func (a *ahead) commit(r seqAhead) error {
 }
 
 // fill makes one more idle granule resident in the pool, if it holds fewer than want
-// bytes of them and the budget has room (see fillShare); it reports whether it made
-// one. A refusal or failure of the pool leaves the filling to the next run that
+// bytes of them and the budget has room besides what steps reserved (see fillShare
+// and hold); it reports whether it made one. A refusal or failure of the pool leaves the filling to the next run that
 // lands.
 func (a *ahead) fill(want int64) bool {
 	c := a.c
@@ -480,7 +495,7 @@ func (a *ahead) fill(want int64) bool {
 	limit := c.gov.Limit(c.dev)
 	want = min(want, limit/fillShare/g*g)
 	have := c.pool.PoolStats().Resident
-	if have >= want || c.gov.Available(c.dev)-g < 2*(limit/fillShare) {
+	if have >= want || c.gov.Available(c.dev)-a.reserved.Load()-g < 2*(limit/fillShare) {
 		return false
 	}
 	if err := c.pool.Prefill(int(have/g) + 1); err != nil {
@@ -501,27 +516,40 @@ func (a *ahead) own() int64 {
 	return a.held.Load()
 }
 
-// hold keeps the worker from starting a run or a filling while a step that needs need
-// bytes of new granules (credit of them waited for already) decides and commits;
-// where the budget is so short that the run or granule in flight could make the step
-// fail, it first waits for it to land (mapped, where reclaim can take it back, or
-// idle, where the step takes it). It returns the
-// function that lets the worker go on.
+// hold keeps the worker from the budget that a step which needs need bytes of new
+// granules (credit of them waited for already) counts on while it decides and
+// commits, and returns the function that ends the hold. Where the pool holds no idle
+// granule and the free budget, less what other steps reserved, holds need besides
+// the run or granule in flight, it reserves need: the worker goes on, within the
+// rest (see commit and fill). Otherwise it keeps the worker from starting a run or a
+// filling, and where the budget is so short that the run or granule in flight could
+// make the step fail, first waits for it to land (mapped, where reclaim can take it
+// back, or idle, where the step takes it).
 func (a *ahead) hold(need, credit int64) func() {
 	c := a.c
 	a.mu.Lock()
-	a.holds++
-	if a.busy != nil || a.filling {
-		margin := int64(c.gran) // a granule the filling charged and has not made idle yet
-		if a.busy != nil {
-			margin = a.busy.ahead.bytes()
-		}
+	margin := int64(0) // what the worker has in flight and may not have charged yet
+	switch {
+	case a.busy != nil:
+		margin = a.busy.ahead.bytes()
+	case a.filling:
+		margin = int64(c.gran) // a granule the filling charged and has not made idle yet
+	}
+	// NB: only with no idle granule: the worker's runs take the pool's idle granules
+	// first, so beside a step that counts on them it would leave the step new ones
+	// to make (BENCHMARKS.md, issue 23: the steps that made a granule doubled). The
+	// step's own commit lowers the free budget while its reservation stands, so the
+	// worker sees less room than there is until the step ends: it errs towards
+	// leaving a run to its step, never towards a refusal.
+	if c.idle() == 0 && need+margin <= c.gov.Available(c.dev)+credit-a.reserved.Load() {
+		a.reserved.Add(need)
 		a.mu.Unlock()
-		tight := need-c.idle()-a.own()+margin > c.gov.Available(c.dev)+credit
-		a.mu.Lock()
-		for tight && (a.busy != nil || a.filling) {
-			a.cond.Wait()
-		}
+		return func() { a.reserved.Add(-need) }
+	}
+	a.holds++
+	tight := need-c.idle()-a.own()+margin > c.gov.Available(c.dev)+credit
+	for tight && (a.busy != nil || a.filling) {
+		a.cond.Wait()
 	}
 	a.mu.Unlock()
 	return func() {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -367,4 +368,81 @@ func TestMapAheadOwedKick(t *testing.T) {
 				"the step after the crossing one kicked the worker")
 		})
 	}
+}
+
+// TestMapAheadGoesOnBesideAStep: while a step commits a granule of its own (here a
+// new sequence's first block), the pool holds no idle granule and the budget has room
+// for more, the worker is not held off behind it: a run another sequence asked
+// meanwhile is committed during the step, not after it.
+func TestMapAheadGoesOnBesideAStep(t *testing.T) {
+	granule := int(blockGranule)
+	gov := accounting.NewGovernor()
+	dev := accounting.GPU(0)
+	require.NoError(t, gov.SetLimit(dev, 64*blockGranule))
+	f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: granule, Memory: 1 << 30})
+	drv := f.Driver()
+	var armed atomic.Bool
+	blocked := make(chan struct{}, 1) // the step's cuMemCreate waits
+	other := make(chan struct{}, 8)   // a cuMemCreate made while it waits
+	beside := make(chan bool, 1)      // whether one was
+	create := drv.MemCreate
+	drv.MemCreate = func(handle *uint64, size uintptr, prop *cuda.MemAllocationProp, flags uint64) cuda.Code {
+		if armed.CompareAndSwap(true, false) {
+			blocked <- struct{}{}
+			select {
+			case <-other:
+				beside <- true
+			case <-time.After(5 * time.Second):
+				beside <- false
+			}
+		} else {
+			select {
+			case other <- struct{}{}:
+			default:
+			}
+		}
+		return create(handle, size, prop, flags)
+	}
+	b, err := cuda.New(cuda.Options{Authority: gov.Authority("cuda", dev), Driver: drv, High: 16})
+	require.NoError(t, err)
+	c, err := kv.New(b, kv.Config{Geometry: oneBlock, MaxTokens: 64, Layout: kv.Blocked, BlockTokens: 16, MapAhead: true})
+	require.NoError(t, err)
+	c.SetAheadFill(false) // the granules made are the runs' and the steps' alone
+	t.Cleanup(func() {
+		assert.NoError(t, c.Close())
+		assert.NoError(t, b.Close())
+		assert.NoError(t, f.CheckLeaks())
+	})
+	y, err := c.NewSequence()
+	require.NoError(t, err)
+	defer func() { assert.True(t, y.Close().OK()) }()
+	require.NoError(t, y.Append(16))
+	c.WaitAhead() // y's second block is mapped ahead
+	require.NoError(t, y.Append(1))
+	// y crossed into it and asked for its third block; the kick of the parked worker
+	// is owed to the next step (see TestMapAheadOwedKick).
+	for len(other) > 0 {
+		<-other
+	}
+
+	x, err := c.NewSequence()
+	require.NoError(t, err)
+	defer func() { assert.True(t, x.Close().OK()) }()
+	armed.Store(true)
+	done := make(chan error, 1)
+	go func() { done <- x.Append(16) }() // commits x's first block itself
+	select {
+	case <-blocked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the step made no granule")
+	}
+	require.NoError(t, y.Append(1)) // no commit: it pays the kick
+	require.NoError(t, <-done)
+	assert.True(t, <-beside, "the worker committed y's run while x's step committed")
+	c.WaitAhead()
+	st := c.Stats()
+	assert.Equal(t, 3*blockGranule, st.Committed, "x's block and y's two")
+	assert.Equal(t, 2*blockGranule, st.Ahead, "y's third block and x's second")
+	assert.Equal(t, gov.Stats(dev).Used, b.PoolStats().Owned, "the ledger balances")
+	assert.Zero(t, b.PoolStats().Idle)
 }

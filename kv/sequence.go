@@ -237,9 +237,14 @@ func (s *Sequence) truncateGroup(gi, n int) (replaced, kept int, err error) {
 	}
 	// The new frontier lies inside a shared granule: copy its kept part out, unmap it,
 	// commit an own granule and copy back. Cached prefixes go first where the budget
-	// can not hold that granule now, as before any refusal.
+	// can not hold that granule now, as before any refusal, and the runs committed
+	// ahead are kept from it as from a step's (see ahead.go: hold).
 	own, _ := backing.AlignUp(target, s.c.gran)
-	s.c.budgetOrEvict(int64(len(rs))*int64(own-gs), 0)
+	need := int64(len(rs)) * int64(own-gs)
+	if s.c.ahead != nil {
+		defer s.c.ahead.hold(need, 0)()
+	}
+	s.c.budgetOrEvict(need, 0)
 	keep := make([][]byte, len(rs))
 	for i, b := range rs {
 		keep[i] = make([]byte, target-gs)
