@@ -17,7 +17,8 @@ import (
 )
 
 // TestOneKeyNeverTorn: writers store values of one key at once, each its own payload,
-// one of them with a timeout that cuts its SETs off mid-value, while another deletes
+// one of them with a timeout so short that its SETs fail (before or while they send:
+// the test can not tell which), while another deletes
 // the key and readers load it: every value read back passes DecodeTierValue and is
 // one writer's whole payload, or the key is missing. A torn value (a SET cut off, a
 // pooled buffer reused while a SET still sent it) would fail the check.
