@@ -160,8 +160,9 @@ type PrefixCacheOptions struct {
 // of them. PrefixCacheOptions.TierWriteThrough stores an entry's whole blocks as soon
 // as the cache holds them in ranges of its own (its origin closed into it, or was
 // about to change them), on a goroutine of its own with the entry held busy meanwhile
-// (NB: eviction passes it over until its stores end), and eviction then stores only
-// what was not stored.
+// (NB: eviction passes it over until its stores end, but a growth that finds nothing
+// else to evict waits for them and then evicts it, as it would copy a write-back), and
+// eviction then stores only what was not stored.
 // PrefixCacheOptions.TierMinHits is the reuse threshold: only the blocks of entries
 // that lookups hit that many times go down, the count kept per entry (a lookup counts
 // once, for the entry it maps from; a longer entry that displaces one inherits it).

@@ -21,7 +21,11 @@ const (
 
 // evictFor evicts cached granules that give back physical memory, leaf-first and
 // least recently used first, until need bytes came back or none is left to take; it
-// returns the bytes that came back, and logs a summary (see observe.go).
+// returns the bytes that came back, and logs a summary (see observe.go). For a growth
+// (evictForGrowth), an entry that only its write-through holds busy is waited for,
+// least recently used first, and then evicted, as a write-back would copy on this path
+// too: without it a growth would be refused while stores run (a reclaim for a waiter
+// is repaid when they end instead: pcTiers.repay). No lock is held.
 func (pc *PrefixCache) evictFor(need int64, why evictReason) int64 {
 	if need <= 0 {
 		return 0
@@ -29,10 +33,21 @@ func (pc *PrefixCache) evictFor(need int64, why evictReason) int64 {
 	pc.mu.Lock()
 	mark := pc.evictMark()
 	before := pc.evictedBytes
-	drop := pc.evictLocked(need, evictFree)
-	pc.mu.Unlock()
-	for _, e := range drop {
-		e.close()
+	for {
+		drop := pc.evictLocked(need-(pc.evictedBytes-before), evictFree)
+		var wait <-chan struct{}
+		if why == evictForGrowth && pc.evictedBytes-before < need {
+			wait = pc.tiers.storingVictim(pc)
+		}
+		pc.mu.Unlock()
+		for _, e := range drop {
+			e.close()
+		}
+		if wait == nil {
+			break
+		}
+		<-wait
+		pc.mu.Lock()
 	}
 	pc.mu.Lock()
 	got := pc.evictedBytes - before
@@ -112,10 +127,23 @@ func (pc *PrefixCache) evictLocked(need int64, mode evictMode) []*pcEntry {
 // mapped by no live sequence (so that evicting it gives the memory back). nil when
 // there is none. pc.mu is held.
 func (pc *PrefixCache) victim(frees bool) *radix.Node[*pcEntry] {
+	return pc.victimOf(frees, nil)
+}
+
+// victimOf is victim among the leaves whose entries are in storing (a write-through
+// runs), as if their write-through had ended; with storing nil, victim. pc.mu is held.
+func (pc *PrefixCache) victimOf(frees bool, storing map[*pcEntry]chan struct{}) *radix.Node[*pcEntry] {
 	var best *radix.Node[*pcEntry]
 	pc.tree.EachLeaf(func(l *radix.Node[*pcEntry]) bool {
 		e := l.Value()
-		if l.Pinned() || e.busy > 0 || len(e.grefs) == 0 {
+		busy := e.busy
+		if storing != nil {
+			if storing[e] == nil {
+				return true
+			}
+			busy-- // its write-through's
+		}
+		if l.Pinned() || busy > 0 || len(e.grefs) == 0 {
 			return true
 		}
 		i := len(e.grefs) - 1

@@ -85,6 +85,10 @@ type pcTiers struct {
 	// started in the background but parked for Close.
 	sealed bool
 	parked []*pcEntry
+	// storing is the entries whose write-through runs, each with a channel closed
+	// once it ended (and the entry, if it left the index meanwhile, closed): a
+	// growth that finds nothing else to evict waits for one (PrefixCache.evictFor).
+	storing map[*pcEntry]chan struct{}
 
 	mu     sync.Mutex
 	counts []TierStats
@@ -151,7 +155,7 @@ func newTiers(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
 		wait: opts.TierWait, slots: make(chan struct{}, opts.TierStores),
 		through: opts.TierWriteThrough, minHits: int64(opts.TierMinHits),
 		counts: make([]TierStats, len(opts.Tiers)), inProc: make([]bool, len(opts.Tiers)),
-		pending: make(map[*Sequence]*tierPending),
+		pending: make(map[*Sequence]*tierPending), storing: make(map[*pcEntry]chan struct{}),
 	}
 	if t.wait == 0 {
 		t.wait = DefaultTierWait
@@ -362,9 +366,11 @@ func (t *pcTiers) writeBack(ctx context.Context, s *Sequence, w *tierWrite) {
 // own and, under a reuse threshold, was hit often enough (TierWriteThrough), on a
 // goroutine of its own counted in bg: e is busy meanwhile, so that eviction leaves its
 // ranges as they are, and the blocks it stores are not written again when e is
-// evicted. pc.mu is held.
+// evicted. A growth that finds nothing else to evict waits for the store to end
+// (storingVictim) rather than being refused. An entry whose write-through runs starts
+// no second one: eviction writes down what that one did not store. pc.mu is held.
 func (t *pcTiers) writeThrough(pc *PrefixCache, e *pcEntry) {
-	if t == nil || !t.through || t.sealed || e.closed || e.seq == nil || e.seq.err != nil || !t.keep(e) {
+	if t == nil || !t.through || t.sealed || e.closed || e.seq == nil || e.seq.err != nil || !t.keep(e) || t.storing[e] != nil {
 		return
 	}
 	p, ok := t.part(e, e.leaf.Tokens(), e.leaf.Parent().Depth()/t.c.tpb, e.n)
@@ -373,6 +379,8 @@ func (t *pcTiers) writeThrough(pc *PrefixCache, e *pcEntry) {
 	}
 	e.stored = p.last
 	e.busy++
+	done := make(chan struct{})
+	t.storing[e] = done
 	t.bg.Add(1)
 	seq := e.seq // its ranges, which stay as they are while e is busy
 	go func() {
@@ -380,13 +388,28 @@ func (t *pcTiers) writeThrough(pc *PrefixCache, e *pcEntry) {
 		t.writeBack(context.Background(), seq, &tierWrite{t: t, parts: []tierPart{p}})
 		pc.mu.Lock()
 		e.busy--
+		delete(t.storing, e)
 		out := e.state() == entryOut // it left the index meanwhile: ours to close
 		pc.mu.Unlock()
 		if out {
 			e.close()
 		}
+		close(done) // after the close: a growth waiting for it finds the memory back
 		t.repay(pc)
 	}()
+}
+
+// storingVictim returns the channel of the least recently used entry's write-through
+// among the leaves that eviction could take but for it (victim), nil when there is
+// none. pc.mu is held.
+func (t *pcTiers) storingVictim(pc *PrefixCache) <-chan struct{} {
+	if t == nil || len(t.storing) == 0 {
+		return nil
+	}
+	if leaf := pc.victimOf(true, t.storing); leaf != nil {
+		return t.storing[leaf.Value()]
+	}
+	return nil
 }
 
 // owe records that the reclaimer gave requests waiting on the device short bytes

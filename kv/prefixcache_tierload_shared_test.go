@@ -5,7 +5,7 @@ package kv_test
 import (
 	"context"
 	"fmt"
-	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -111,11 +111,10 @@ func idleOf(e *env) int64 {
 	return e.pool.PoolStats().Idle
 }
 
-// TestPrefixCacheTierWriteThroughWaiter: a request that waits for memory which only
-// an entry held busy by its write-through could give gets it once the entry's stores
-// end: the governor asks the reclaimer only as the request starts to wait, when
-// eviction has to pass the entry over. Before the fix the request waited until its
-// deadline. Its tokens read back, and the ledger balances (the env's cleanup).
+// TestPrefixCacheTierWriteThroughWaiter: a request that may wait for memory which
+// only an entry held busy by its write-through could give gets it once the entry's
+// stores end, well before its deadline. Its tokens read back, and the ledger balances
+// (the env's cleanup).
 func TestPrefixCacheTierWriteThroughWaiter(t *testing.T) {
 	const gran = 64 << 10
 	for _, kind := range []int{onShared, onCUDA} {
@@ -142,15 +141,10 @@ func TestPrefixCacheTierWriteThroughWaiter(t *testing.T) {
 				defer cancel()
 				done <- q.AppendCtx(ctx, 3*tpb)
 			}()
-			for e.gov.Stats(c.Device()).Waiters == 0 {
-				select {
-				case err := <-done:
-					require.FailNow(t, "the append did not wait", "%v", err)
-				default:
-					runtime.Gosched()
-				}
-			}
-			close(g.open)
+			// Its growth waits for the write-through (TestPrefixCacheTierWriteThroughGrowth)
+			// before it would wait in the governor: the gate opens on a timer, so that
+			// either wait ends with the store.
+			time.AfterFunc(20*time.Millisecond, func() { close(g.open) })
 			require.NoError(t, <-done, "served once the write-through ended")
 			require.NoError(t, writeIDs(q, promptIDs(500, 3*tpb), 0, 3*tpb))
 			require.NoError(t, checkIDs(q, promptIDs(500, 3*tpb), 0, 3*tpb))
@@ -158,6 +152,56 @@ func TestPrefixCacheTierWriteThroughWaiter(t *testing.T) {
 			assert.Equal(t, 2, g.Len(), "its two whole blocks went down first")
 			require.True(t, q.Close().OK())
 			require.NoError(t, pc.Close())
+		})
+	}
+}
+
+// TestPrefixCacheTierWriteThroughGrowth: a growth that does not wait (Append) and
+// needs memory which only an entry held busy by its write-through could give waits
+// for the entry's stores to end and evicts it, as a write-back copies on the same
+// path: before the fix eviction passed the entry over and the growth was refused (the
+// replay with -tier-write-through refused most of its requests). The blocks go down
+// once, the tokens read back, and the ledger balances (the env's cleanup).
+func TestPrefixCacheTierWriteThroughGrowth(t *testing.T) {
+	const gran = 64 << 10
+	for _, kind := range []int{onShared, onCUDA} {
+		t.Run(backingNames[kind], func(t *testing.T) {
+			e, err := openEnv(t, envSpec{kind: kind, granule: gran, limit: 4 * gran, cfg: kv.Config{MaxTokens: 512, Layout: kv.Blocked}})
+			if err != nil {
+				t.Skip(err)
+			}
+			c := e.c
+			tpb, blk := blockTokens(t, c)
+			g := gated{tiertest.NewMap(4 << 20), make(chan struct{})}
+			pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Tiers: []kv.Tier{g}, TierWait: time.Minute, TierWriteThrough: true})
+			require.NoError(t, err)
+			var once sync.Once
+			open := func() { once.Do(func() { close(g.open) }) }
+			e.onFail(func() { open(); pc.Close() })
+			ids := promptIDs(1, 3*tpb+1)
+			s, _, err := serve(pc, ids)
+			require.NoError(t, err)
+			require.True(t, s.Close().OK()) // its entry's write-through waits at the gate
+			require.EqualValues(t, 4*gran, pc.Stats().CachedBytes, "the entry holds the whole budget")
+			q, err := c.NewSequence()
+			require.NoError(t, err)
+			e.onFail(func() { q.Close() })
+			// Whether the gate opens before the growth asks or while it waits, the
+			// growth must be served; a refusal comes back before it opens.
+			time.AfterFunc(20*time.Millisecond, open)
+			want := promptIDs(500, 3*tpb)
+			require.NoError(t, q.Append(3*tpb), "served once the write-through ended")
+			require.NoError(t, writeIDs(q, want, 0, 3*tpb))
+			require.NoError(t, checkIDs(q, want, 0, 3*tpb))
+			st := pc.Stats()
+			assert.Positive(t, st.EvictedBytes, "the entry made room")
+			assert.Zero(t, c.Stats().Refusals)
+			assert.Equal(t, 3, g.Len(), "its three whole blocks went down")
+			assert.EqualValues(t, 3*kv.TierValueSize(tpb, blk), st.Tiers[0].StoreBytes, "once: the eviction stored none again")
+			require.True(t, q.Close().OK())
+			readBack(t, pc, ids, 3*tpb)
+			require.NoError(t, pc.Close())
+			e.finish(t)
 		})
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/internal/redisup"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/kvtier/hosttier"
 	"github.com/vmarena/vmarena/kvtier/redistier"
@@ -382,25 +383,13 @@ func startRedis() (*redisServer, error) {
 		return nil, errors.Join(fmt.Errorf("redis-server: %w", err), os.RemoveAll(dir))
 	}
 	go func() { _ = r.cmd.Wait(); close(r.done) }()
-	c := redis.NewClient(&redis.Options{Addr: r.addr, MaxRetries: -1})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := c.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return r, nil
-		}
-		select {
-		case <-r.done:
-			return nil, errors.Join(fmt.Errorf("redis-server on %s exited: %s", r.addr, strings.TrimSpace(r.out.String())), os.RemoveAll(dir))
-		default:
-		}
-		if time.Now().After(deadline) {
-			return nil, errors.Join(fmt.Errorf("redis-server on %s did not answer PING: %w", r.addr, err), r.stop())
-		}
-		time.Sleep(20 * time.Millisecond)
+	switch err := redisup.Wait(r.addr, r.done, 10*time.Second); {
+	case err == nil:
+		return r, nil
+	case errors.Is(err, redisup.ErrExited):
+		return nil, errors.Join(fmt.Errorf("redis-server on %s exited: %s", r.addr, strings.TrimSpace(r.out.String())), os.RemoveAll(dir))
+	default:
+		return nil, errors.Join(err, r.stop())
 	}
 }
 

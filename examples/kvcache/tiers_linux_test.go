@@ -105,14 +105,21 @@ func replayTiers(t *testing.T, name string, s setup, w PrefixWorkload, r int) Pr
 	return res
 }
 
+// hostAndRedis returns the tier tests' workload and a set-up of replicas replicas
+// over a host tier and Redis below it; the test is skipped without redis-server.
+func hostAndRedis(t *testing.T, replicas int) (PrefixWorkload, setup) {
+	t.Helper()
+	needRedis(t)
+	w := tierWorkload(t)
+	return w, tierTestSetup(t, w, []string{tierHost, tierRedis}, replicas, 0)
+}
+
 // TestReplayTiers: at a third of the ideal cache the device alone loses hits; with
 // a host tier and Redis below it the cache gets some back, each tier's share
 // counted, and every token read back after a hit from either tier is the one
 // written for it.
 func TestReplayTiers(t *testing.T) {
-	needRedis(t)
-	w := tierWorkload(t)
-	s := tierTestSetup(t, w, []string{tierHost, tierRedis}, 1, 0)
+	w, s := hostAndRedis(t, 1)
 	off := replayTiers(t, namePrefixOn, s, w, 0)
 	on := replayTiers(t, namePrefixTiers, s, w, 0)
 	require.Less(t, off.Hits, off.IdealHits, "the device alone loses hits at this budget")
@@ -197,9 +204,7 @@ func TestRunTierPolicy(t *testing.T) {
 // TestReplayReplicas: replica B, with a cache and a host tier of its own, loads
 // from Redis what replica A stored there.
 func TestReplayReplicas(t *testing.T) {
-	needRedis(t)
-	w := tierWorkload(t)
-	s := tierTestSetup(t, w, []string{tierHost, tierRedis}, 2, 0)
+	w, s := hostAndRedis(t, 2)
 	a := replayTiers(t, namePrefixTiers, s, w, 0)
 	b := replayTiers(t, namePrefixTiers, s, w, 1)
 	assert.Zero(t, a.ForeignLoads, "A is first")

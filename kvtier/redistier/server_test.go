@@ -14,6 +14,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/internal/redisup"
 )
 
 // requireRedisEnv makes the tests that need a real server required (not skipped)
@@ -99,25 +101,8 @@ func (s *server) start() {
 	require.NoError(s.t, s.cmd.Start())
 	s.done = make(chan struct{})
 	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(s.cmd, s.done)
-	c := redis.NewClient(&redis.Options{Addr: s.addr(), MaxRetries: -1})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := c.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return
-		}
-		select {
-		case <-s.done:
-			s.t.Fatalf("redis-server on %s exited: %s", s.addr(), out.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("redis-server on %s did not answer: %v\n%s", s.addr(), err, out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := redisup.Wait(s.addr(), s.done, 10*time.Second); err != nil {
+		s.t.Fatalf("%v\n%s", err, out.String())
 	}
 }
 
