@@ -3,6 +3,7 @@ package kv
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/vmarena/vmarena/backing"
 )
@@ -200,20 +201,30 @@ func (sh *shape) placeOf(i int) place {
 	return place{i, 0}
 }
 
+// tensorIndex returns the index of layer's tensor of kind among the shape's tensors
+// (places: layer after layer, each layer's kinds in order). ok is false when the
+// layer or the kind is not one the geometry has.
+func (sh *shape) tensorIndex(layer int, kind Kind) (i int, ok bool) {
+	k := len(sh.kinds)
+	if layer < 0 || layer >= len(sh.places)/max(k, 1) {
+		return 0, false
+	}
+	j := slices.Index(sh.kinds, kind)
+	if j < 0 {
+		return 0, false
+	}
+	return layer*k + j, true
+}
+
 // tensor returns where layer's tensor of kind lies (see place). ok is false when the
 // layer or the kind is not one the geometry has.
 func (sh *shape) tensor(layer int, kind Kind) (buf, off int, ok bool) {
-	k := len(sh.kinds)
-	if layer < 0 || layer >= len(sh.places)/max(k, 1) {
+	i, ok := sh.tensorIndex(layer, kind)
+	if !ok {
 		return 0, 0, false
 	}
-	for j, kj := range sh.kinds {
-		if kj == kind {
-			p := sh.places[layer*k+j]
-			return p.buf, p.off, true
-		}
-	}
-	return 0, 0, false
+	p := sh.places[i]
+	return p.buf, p.off, true
 }
 
 // offset returns the byte offset of token t of the tensor whose token 0 lies at off.
