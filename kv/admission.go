@@ -2,7 +2,6 @@ package kv
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
@@ -33,24 +32,6 @@ func (c *Cache) Headroom() int64 {
 		h += ph.evictable()
 	}
 	return h
-}
-
-// ForkNeed returns the bytes of budget that ForkAt(n) (and Freeze(n), which copies
-// the same tail) would take now: the granules that hold the tokens past the last
-// whole sharing unit below n (a granule, or a block in the Blocked layout), which are
-// copied, less those the backing's pool holds idle. The whole units are mapped and
-// take nothing. It fails as ForkAt would for a bad n (ErrRange, ErrNoSharing).
-func (s *Sequence) ForkNeed(n int) (int64, error) {
-	if err := s.usable(); err != nil {
-		return 0, err
-	}
-	if !s.c.sharer {
-		return 0, ErrNoSharing
-	}
-	if n < 0 || n > s.n {
-		return 0, fmt.Errorf("%w: fork at %d of %d tokens", ErrRange, n, s.n)
-	}
-	return max(s.c.shareNeed(n)-s.c.own(), 0), nil
 }
 
 // shareNeed returns the bytes of the granules a new holder of the first n tokens of a
@@ -111,4 +92,48 @@ func (c *Cache) budgetOrEvict(need, credit int64) *accounting.BudgetError {
 		c.ahead.reclaim(need, credit) // the runs ahead counted as own
 	}
 	return be
+}
+
+// own returns the bytes the cache holds that any growth may take: the pool's idle
+// granules and the runs committed ahead (see ahead.go).
+func (c *Cache) own() int64 { return c.idle() + c.ahead.own() }
+
+// idle returns the bytes the backing's pool holds idle.
+func (c *Cache) idle() int64 {
+	if c.pool == nil {
+		return 0
+	}
+	return c.pool.PoolStats().Idle
+}
+
+// budget returns a *accounting.BudgetError when need bytes of granules can not be
+// had now: more than the device's whole limit (it matches ErrExceedsLimit then), or,
+// less the pool's idle granules, more than is free under the limit plus credit (bytes
+// already waited for). Its Requested is always the net figure, as Need says it; Held
+// is the idle granules the growth would use. It counts nothing: a caller that refuses
+// on it counts the refusal with refuse.
+func (c *Cache) budget(need, credit int64) *accounting.BudgetError {
+	limit := c.gov.Limit(c.dev)
+	avail := c.gov.Available(c.dev)
+	held := min(c.own(), need)
+	if net := need - held; need > limit || net > avail+credit {
+		return &accounting.BudgetError{Device: c.dev, Requested: net, Available: avail, Limit: limit, Held: held}
+	}
+	return nil
+}
+
+// refuse counts a refusal that budget decided, in the cache's Stats and in the
+// governor's counters (accounting.Governor.Refuse), and returns its error.
+func (c *Cache) refuse(be *accounting.BudgetError) error {
+	c.refusals.Add(1)
+	return c.gov.Refuse(c.dev, be.Requested, be.Held)
+}
+
+// refused counts err in the cache's Stats when it is a refusal for memory that the
+// backing made (the governor counted it already), and returns it.
+func (c *Cache) refused(err error) error {
+	if errors.Is(err, accounting.ErrBudgetExceeded) {
+		c.refusals.Add(1)
+	}
+	return err
 }

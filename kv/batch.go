@@ -93,50 +93,6 @@ func (c *Cache) check(batch []Growth) (int64, error) {
 	return need, nil
 }
 
-// own returns the bytes the cache holds that any growth may take: the pool's idle
-// granules and the runs committed ahead (see ahead.go).
-func (c *Cache) own() int64 { return c.idle() + c.ahead.own() }
-
-// idle returns the bytes the backing's pool holds idle.
-func (c *Cache) idle() int64 {
-	if c.pool == nil {
-		return 0
-	}
-	return c.pool.PoolStats().Idle
-}
-
-// budget returns a *accounting.BudgetError when need bytes of granules can not be
-// had now: more than the device's whole limit (it matches ErrExceedsLimit then), or,
-// less the pool's idle granules, more than is free under the limit plus credit (bytes
-// already waited for). Its Requested is always the net figure, as Need says it; Held
-// is the idle granules the growth would use. It counts nothing: a caller that refuses
-// on it counts the refusal with refuse.
-func (c *Cache) budget(need, credit int64) *accounting.BudgetError {
-	limit := c.gov.Limit(c.dev)
-	avail := c.gov.Available(c.dev)
-	held := min(c.own(), need)
-	if net := need - held; need > limit || net > avail+credit {
-		return &accounting.BudgetError{Device: c.dev, Requested: net, Available: avail, Limit: limit, Held: held}
-	}
-	return nil
-}
-
-// refuse counts a refusal that budget decided, in the cache's Stats and in the
-// governor's counters (accounting.Governor.Refuse), and returns its error.
-func (c *Cache) refuse(be *accounting.BudgetError) error {
-	c.refusals.Add(1)
-	return c.gov.Refuse(c.dev, be.Requested, be.Held)
-}
-
-// refused counts err in the cache's Stats when it is a refusal for memory that the
-// backing made (the governor counted it already), and returns it.
-func (c *Cache) refused(err error) error {
-	if errors.Is(err, accounting.ErrBudgetExceeded) {
-		c.refusals.Add(1)
-	}
-	return err
-}
-
 // appendBatch is AppendBatch with credit bytes already waited for (see wait).
 func (c *Cache) appendBatch(batch []Growth, credit int64) error {
 	need, err := c.check(batch)
@@ -342,4 +298,24 @@ func (c *Cache) watchIdle(ctx context.Context, cancel context.CancelFunc, idle i
 			return
 		}
 	}
+}
+
+// Append grows every K and V tensor of the sequence by n tokens, committing whole
+// granules only where a tensor crosses a granule boundary (in the Blocked layout, a
+// block's granules when its first token arrives). When the memory can not be
+// had now it fails at once with an *accounting.BudgetError (it matches
+// accounting.ErrBudgetExceeded; see AppendBatch for what it carries) and changes
+// nothing; past MaxTokens it fails with ErrTooLong. On a Model, each window group
+// then gives back the whole units below the one that holds its FirstLive of the
+// length it grew from (see the package doc's Layer groups).
+func (s *Sequence) Append(n int) error {
+	g := [1]Growth{{s, n}}
+	return s.c.appendBatch(g[:], 0)
+}
+
+// AppendCtx is Append that, when memory can not be had now, waits for it in the
+// governor's FIFO queue of the device until ctx ends (see AppendBatchCtx). A
+// cancelled wait changes nothing.
+func (s *Sequence) AppendCtx(ctx context.Context, n int) error {
+	return s.c.AppendBatchCtx(ctx, []Growth{{s, n}})
 }

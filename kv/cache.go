@@ -198,21 +198,6 @@ func (c *Cache) NewSequence() (*Sequence, error) {
 	return s, nil
 }
 
-// reuse returns a new, empty sequence on the ranges of es, a prefix cache entry's
-// sequence that left the index (see PrefixCache.spareLocked), with the granules they
-// commit: its first growths need no new granules. es is spent.
-func (c *Cache) reuse(es *Sequence) *Sequence {
-	c.mu.Lock()
-	c.nextID++
-	s := &Sequence{c: c, id: c.nextID, bufs: es.bufs}
-	c.entries--
-	c.seqs[s] = struct{}{}
-	c.mu.Unlock()
-	es.bufs, es.closed = nil, true
-	s.publish()
-	return s
-}
-
 // newSequence reserves a new sequence's ranges. Until register or abandon, the cache
 // counts it in flight and will not close.
 func (c *Cache) newSequence() (*Sequence, error) {
@@ -276,15 +261,6 @@ func (c *Cache) abandon(s *Sequence) error {
 	c.notifyLocked()
 	c.mu.Unlock()
 	return err
-}
-
-// releaseError returns nil for a complete release, else an error that says how many
-// bytes stay held and why.
-func releaseError(out accounting.ReleaseOutcome) error {
-	if out.OK() {
-		return nil
-	}
-	return fmt.Errorf("kv: %d bytes could not be given back (%v): %w", out.Residual, out.Status, out.Err)
 }
 
 // newBuffers reserves c.nbuf ranges of capacity bytes, all or none.
@@ -501,23 +477,22 @@ func (c *Cache) Close() error {
 	return err
 }
 
-// ownEntry moves s from the cache's sequences to its prefix cache's entries: it no
-// longer counts in Stats or SequenceStats, and Close still waits for it.
-func (c *Cache) ownEntry(s *Sequence) {
-	c.mu.Lock()
-	delete(c.seqs, s)
-	c.entries++
-	c.mu.Unlock()
+// startReport returns what s holds on its creation: all of it came with the call that
+// made it, since a new sequence starts empty.
+func (s *Sequence) startReport() backing.MapReport {
+	committed, shared := s.committed.Load(), s.sharedIn.Load()
+	return backing.MapReport{Owned: committed - shared, Mapped: committed, Granules: int(committed / int64(s.c.gran))}
 }
 
-// closeEntry closes a sequence the prefix cache owned (adopted or not) and returns
-// the outcome.
-func (s *Sequence) closeEntry() accounting.ReleaseOutcome {
-	c := s.c
-	c.mu.Lock()
-	if _, ok := c.seqs[s]; !ok {
-		c.entries--
+// prefixRanges reserves the ranges of a prefix of n tokens, all or none: each of
+// them the whole granules its group's extent of n tokens takes (one at least).
+func (c *Cache) prefixRanges(n int) ([]buffer, error) {
+	if len(c.groups) == 1 {
+		capacity, _ := backing.AlignUp(c.extent(n), c.gran)
+		return c.newBuffers(max(capacity, c.gran))
 	}
-	c.mu.Unlock()
-	return s.Close()
+	return c.groupRanges(func(g *group) int {
+		capacity, _ := backing.AlignUp(g.extent(n), c.gran)
+		return max(capacity, c.gran)
+	})
 }

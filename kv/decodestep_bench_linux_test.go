@@ -103,20 +103,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 			c, err := kv.New(p, kv.Config{Geometry: g, MaxTokens: tokens + room, Layout: layout, BlockTokens: blockTokens,
 				Authority: gov.Authority("kv", accounting.HostKey)})
 			require.NoError(b, err)
-			qs := make([]*kv.Sequence, 0, seqs)
-			b.Cleanup(func() {
-				for _, q := range qs {
-					require.True(b, q.Close().OK())
-				}
-				require.NoError(b, c.Close())
-			})
-			for k := range seqs {
-				q, err := c.NewSequence()
-				require.NoError(b, err)
-				qs = append(qs, q)
-				require.NoError(b, q.Append(start(k)))
-			}
-			return qs
+			return benchSequences(b, c, seqs, start)
 		}
 		appendAll := func(b *testing.B, qs []*kv.Sequence) { decodeAppend(b, qs, g, tokens+room, token) }
 		// check fails b unless a layer's read loaded the K and V of every token.
@@ -250,6 +237,25 @@ func BenchmarkDecodeStep(b *testing.B) {
 			report(b)
 		})
 	}
+}
+
+// benchSequences opens n sequences on c, sequence k with start(k) tokens, and closes
+// them and c when b ends.
+func benchSequences(b *testing.B, c *kv.Cache, n int, start func(k int) int) []*kv.Sequence {
+	qs := make([]*kv.Sequence, 0, n)
+	b.Cleanup(func() {
+		for _, q := range qs {
+			require.True(b, q.Close().OK())
+		}
+		require.NoError(b, c.Close())
+	})
+	for k := range n {
+		q, err := c.NewSequence()
+		require.NoError(b, err)
+		qs = append(qs, q)
+		require.NoError(b, q.Append(start(k)))
+	}
+	return qs
 }
 
 // decodeAppend appends one token to each of qs and writes its K and V in every layer

@@ -1,6 +1,11 @@
 package kv
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/vmarena/vmarena/accounting"
+)
 
 var (
 	// ErrGeometry: a geometry with a non-positive dimension, an unknown element type,
@@ -69,3 +74,12 @@ const (
 	// its books went wrong, and going on would free memory something still maps.
 	PanicRefCount = "kv: prefix cache granule count below zero"
 )
+
+// releaseError returns nil for a complete release, else an error that says how many
+// bytes stay held and why.
+func releaseError(out accounting.ReleaseOutcome) error {
+	if out.OK() {
+		return nil
+	}
+	return fmt.Errorf("kv: %d bytes could not be given back (%v): %w", out.Residual, out.Status, out.Err)
+}

@@ -3,8 +3,6 @@ package kv
 import (
 	"fmt"
 	"strings"
-
-	"github.com/vmarena/vmarena/backing"
 )
 
 // A cache on a Model (Config.Model) lays each layer group out on ranges of its own,
@@ -377,19 +375,6 @@ func (c *Cache) prefixable(op string) error {
 		}
 	}
 	return nil
-}
-
-// prefixRanges reserves the ranges of a prefix of n tokens, all or none: each of
-// them the whole granules its group's extent of n tokens takes (one at least).
-func (c *Cache) prefixRanges(n int) ([]buffer, error) {
-	if len(c.groups) == 1 {
-		capacity, _ := backing.AlignUp(c.extent(n), c.gran)
-		return c.newBuffers(max(capacity, c.gran))
-	}
-	return c.groupRanges(func(g *group) int {
-		capacity, _ := backing.AlignUp(g.extent(n), c.gran)
-		return max(capacity, c.gran)
-	})
 }
 
 // groupKinds describes m's groups for an error: "2 groups (sliding-window, full)".

@@ -67,19 +67,9 @@ func BenchmarkDecodeStepGroups(b *testing.B) {
 			cfg.MaxTokens, cfg.Authority = tokens+room, gov.Authority("kv", accounting.HostKey)
 			c, err := kv.New(p, cfg)
 			require.NoError(b, err)
-			qs := make([]*kv.Sequence, 0, seqs)
+			qs := benchSequences(b, c, seqs, func(k int) int { return tc.start(k) - 1 })
 			batch := make([]kv.Growth, 0, seqs)
-			b.Cleanup(func() {
-				for _, q := range qs {
-					require.True(b, q.Close().OK())
-				}
-				require.NoError(b, c.Close())
-			})
-			for k := range seqs {
-				q, err := c.NewSequence()
-				require.NoError(b, err)
-				qs = append(qs, q)
-				require.NoError(b, q.Append(tc.start(k)-1))
+			for _, q := range qs {
 				batch = append(batch, kv.Growth{Seq: q, Tokens: 1})
 			}
 			// The bytes a step loads, at the first step (they grow by the full

@@ -85,7 +85,7 @@ func TestGroupWindowPoolHost(t *testing.T) {
 // attention): a model a prefix can be frozen from.
 var hostWindows = withoutRecurrent(hostHybrid, "host-windows")
 
-// TestGroupFreezeOpsHost is TestGroupFreezeOps on real shared memory: the sequences
+// TestGroupFreezeOpsHost is TestGroupOps on tinyWindows, on real shared memory: the sequences
 // started on prefixes read back by copy, View, Run and (PerLayer) Bytes.
 func TestGroupFreezeOpsHost(t *testing.T) {
 	seen := runGroupOps(t, sharedGroupEnv, hostWindows, 1, randomOps(9, 80))

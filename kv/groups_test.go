@@ -568,22 +568,6 @@ func runGroupOps(t *testing.T, env groupEnv, m kv.Model, seed uint64, ops []byte
 	return seen
 }
 
-// TestGroupOps: every token of every group reads back after random growth, window
-// moves, forks, truncates and batch steps, and every sequence commits exactly what
-// Config.Size says (so the granules a window leaves go back: the ledger owns only
-// the live ones).
-func TestGroupOps(t *testing.T) {
-	for seed := range uint64(4) {
-		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
-			seen := runGroupOps(t, fakeGroupEnv, tinyHybrid, seed, randomOps(seed, 120))
-			assert.Positive(t, seen.forks, "forks")
-			assert.Positive(t, seen.refused, "truncates and forks refused for dropped tokens")
-			assert.Positive(t, seen.dropped, "reads of dropped tokens")
-			assert.Positive(t, seen.shared, "states with shared granules")
-		})
-	}
-}
-
 // tinyWindows is tinyHybrid without its recurrent group (its layer 5 is full
 // attention): a model a prefix can be frozen from.
 var tinyWindows = withoutRecurrent(tinyHybrid, "tiny-windows")
@@ -605,19 +589,36 @@ func withoutRecurrent(m kv.Model, name string) kv.Model {
 	return out
 }
 
-// TestGroupFreezeOps: TestGroupOps with prefixes: on a model without recurrent
-// groups, every token of every group of a sequence started on a prefix (NewSequenceFrom)
-// reads back against the plain model, a freeze the windows can not serve is refused
-// with ErrDropped, and the ledger maps exactly what the sequences and the prefixes
-// commit.
-func TestGroupFreezeOps(t *testing.T) {
-	for seed := range uint64(4) {
-		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
-			seen := runGroupOps(t, fakeGroupEnv, tinyWindows, seed, randomOps(seed, 120))
+// TestGroupOps: every token of every group reads back after random growth, window
+// moves, forks, truncates and batch steps, and every sequence commits exactly what
+// Config.Size says (so the granules a window leaves go back: the ledger owns only
+// the live ones). On tinyWindows, a model without recurrent groups, the runs freeze
+// prefixes too: every token of every group of a sequence started on a prefix
+// (NewSequenceFrom) reads back against the plain model, a freeze the windows can not
+// serve is refused with ErrDropped, and the ledger maps exactly what the sequences
+// and the prefixes commit.
+func TestGroupOps(t *testing.T) {
+	for _, tt := range []struct {
+		m    kv.Model
+		want func(t *testing.T, seen groupCounts)
+	}{
+		{tinyHybrid, func(t *testing.T, seen groupCounts) {
+			assert.Positive(t, seen.forks, "forks")
+			assert.Positive(t, seen.refused, "truncates and forks refused for dropped tokens")
+			assert.Positive(t, seen.dropped, "reads of dropped tokens")
+			assert.Positive(t, seen.shared, "states with shared granules")
+		}},
+		{tinyWindows, func(t *testing.T, seen groupCounts) {
 			assert.Positive(t, seen.frozen, "prefixes")
 			assert.Positive(t, seen.forks, "forks")
 			assert.Positive(t, seen.refused, "truncates, forks and freezes refused for dropped tokens")
-		})
+		}},
+	} {
+		for seed := range uint64(4) {
+			t.Run(fmt.Sprintf("model=%s/seed=%d", tt.m.Name, seed), func(t *testing.T) {
+				tt.want(t, runGroupOps(t, fakeGroupEnv, tt.m, seed, randomOps(seed, 120)))
+			})
+		}
 	}
 }
 

@@ -128,13 +128,6 @@ func (s *Sequence) Started() backing.MapReport {
 	return s.started
 }
 
-// startReport returns what s holds on its creation: all of it came with the call that
-// made it, since a new sequence starts empty.
-func (s *Sequence) startReport() backing.MapReport {
-	committed, shared := s.committed.Load(), s.sharedIn.Load()
-	return backing.MapReport{Owned: committed - shared, Mapped: committed, Granules: int(committed / int64(s.c.gran))}
-}
-
 // Release drops the creator's reference. The prefix's memory is freed now if no
 // sequence started on it is still live, else with the last of them. Releasing twice
 // panics with PanicPrefixReleased.

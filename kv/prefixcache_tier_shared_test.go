@@ -13,35 +13,27 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
-	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/kvtier/hosttier"
 	"github.com/vmarena/vmarena/kvtier/tiertest"
 )
 
-// tierBackend makes a cache of maxTokens tokens for the tier tests.
+// tierBackend is a backing the tier tests run on: host memory the CPU reads, or
+// device memory reached by copies (the CUDA fake), of 64 KiB granules.
 type tierBackend struct {
 	name string
-	make func(t *testing.T, maxTokens int) *kv.Cache
+	kind int // envSpec.kind
 }
 
-var tierBackends = []tierBackend{
-	{"host.Shared", func(t *testing.T, maxTokens int) *kv.Cache {
-		gov := accounting.NewGovernor()
-		auth := gov.Authority("pool", accounting.HostKey)
-		b := sharedPool(t, auth, "kv-pc-tier")
-		c, err := kv.New(b, kv.Config{Geometry: tiny8, MaxTokens: maxTokens})
-		require.NoError(t, err)
-		t.Cleanup(func() { assert.NoError(t, c.Close()) })
-		return c
-	}},
-	{"cuda fake", func(t *testing.T, maxTokens int) *kv.Cache {
-		fake := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: 64 << 10, Memory: 256 << 20})
-		t.Cleanup(func() { assert.NoError(t, fake.CheckLeaks()) })
-		c, err := newCUDACache(t, fake.Driver(), kv.Blocked, tiny8, maxTokens)
-		require.NoError(t, err)
-		return c
-	}},
+var tierBackends = []tierBackend{{"host.Shared", onShared}, {"cuda fake", onCUDA}}
+
+// make returns a cache of maxTokens tiny8 tokens on a fresh env of be's backing,
+// whose ledger the test's cleanup checks.
+func (be tierBackend) make(t *testing.T, maxTokens int) *kv.Cache {
+	t.Helper()
+	e, err := openEnv(t, envSpec{kind: be.kind, granule: 64 << 10, cfg: kv.Config{MaxTokens: maxTokens}})
+	require.NoError(t, err)
+	return e.c
 }
 
 // tierKinds makes the tiers the tests read back from.

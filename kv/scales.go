@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 
 	"github.com/vmarena/vmarena/arena"
 )
@@ -233,19 +232,19 @@ func (c *Cache) scaleRange(layer int, kind Kind, n int) (int, error) {
 	}
 	r := c.layers[layer]
 	g := &c.groups[r.group]
-	j := slices.Index(g.kinds, kind)
-	if j < 0 && len(c.groups) > 1 {
+	i, ok := g.tensorIndex(r.local, kind)
+	if !ok && len(c.groups) > 1 {
 		return 0, c.noTensor(layer, kind) // a recurrent layer, an MLA layer's V
 	}
 	gs, err := c.groupScales(r.group)
 	if err != nil {
 		return 0, err
 	}
-	if j < 0 {
+	if !ok {
 		return 0, c.noTensor(layer, kind)
 	}
 	if n != gs.per {
 		return 0, fmt.Errorf("%w: %d scales for a tensor that has %d (%v)", ErrScale, n, gs.per, g.spec.Scales)
 	}
-	return gs.off + (r.local*len(g.kinds)+j)*gs.per*4, nil
+	return gs.off + i*gs.per*4, nil
 }

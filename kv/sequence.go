@@ -1,7 +1,6 @@
 package kv
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -116,26 +115,6 @@ func (s *Sequence) publish() {
 	s.committed.Store(committed)
 	s.sharedIn.Store(shared)
 	s.used.Store(used)
-}
-
-// Append grows every K and V tensor of the sequence by n tokens, committing whole
-// granules only where a tensor crosses a granule boundary (in the Blocked layout, a
-// block's granules when its first token arrives). When the memory can not be
-// had now it fails at once with an *accounting.BudgetError (it matches
-// accounting.ErrBudgetExceeded; see AppendBatch for what it carries) and changes
-// nothing; past MaxTokens it fails with ErrTooLong. On a Model, each window group
-// then gives back the whole units below the one that holds its FirstLive of the
-// length it grew from (see the package doc's Layer groups).
-func (s *Sequence) Append(n int) error {
-	g := [1]Growth{{s, n}}
-	return s.c.appendBatch(g[:], 0)
-}
-
-// AppendCtx is Append that, when memory can not be had now, waits for it in the
-// governor's FIFO queue of the device until ctx ends (see AppendBatchCtx). A
-// cancelled wait changes nothing.
-func (s *Sequence) AppendCtx(ctx context.Context, n int) error {
-	return s.c.AppendBatchCtx(ctx, []Growth{{s, n}})
 }
 
 // need returns the bytes of the granules s must commit to hold tokens (before a
@@ -654,4 +633,58 @@ func (s *Sequence) Prefix() *Prefix {
 func (s *Sequence) Damaged() bool {
 	s.live()
 	return s.err != nil
+}
+
+// reuse returns a new, empty sequence on the ranges of es, a prefix cache entry's
+// sequence that left the index (see PrefixCache.spareLocked), with the granules they
+// commit: its first growths need no new granules. es is spent.
+func (c *Cache) reuse(es *Sequence) *Sequence {
+	c.mu.Lock()
+	c.nextID++
+	s := &Sequence{c: c, id: c.nextID, bufs: es.bufs}
+	c.entries--
+	c.seqs[s] = struct{}{}
+	c.mu.Unlock()
+	es.bufs, es.closed = nil, true
+	s.publish()
+	return s
+}
+
+// ownEntry moves s from the cache's sequences to its prefix cache's entries: it no
+// longer counts in Stats or SequenceStats, and Close still waits for it.
+func (c *Cache) ownEntry(s *Sequence) {
+	c.mu.Lock()
+	delete(c.seqs, s)
+	c.entries++
+	c.mu.Unlock()
+}
+
+// closeEntry closes a sequence the prefix cache owned (adopted or not) and returns
+// the outcome.
+func (s *Sequence) closeEntry() accounting.ReleaseOutcome {
+	c := s.c
+	c.mu.Lock()
+	if _, ok := c.seqs[s]; !ok {
+		c.entries--
+	}
+	c.mu.Unlock()
+	return s.Close()
+}
+
+// ForkNeed returns the bytes of budget that ForkAt(n) (and Freeze(n), which copies
+// the same tail) would take now: the granules that hold the tokens past the last
+// whole sharing unit below n (a granule, or a block in the Blocked layout), which are
+// copied, less those the backing's pool holds idle. The whole units are mapped and
+// take nothing. It fails as ForkAt would for a bad n (ErrRange, ErrNoSharing).
+func (s *Sequence) ForkNeed(n int) (int64, error) {
+	if err := s.usable(); err != nil {
+		return 0, err
+	}
+	if !s.c.sharer {
+		return 0, ErrNoSharing
+	}
+	if n < 0 || n > s.n {
+		return 0, fmt.Errorf("%w: fork at %d of %d tokens", ErrRange, n, s.n)
+	}
+	return max(s.c.shareNeed(n)-s.c.own(), 0), nil
 }

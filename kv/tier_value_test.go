@@ -297,6 +297,13 @@ func TestTierNamespaceBadInputs(t *testing.T) {
 		{"block tokens outside Blocked", kv.Config{Geometry: kv.Tiny, Layout: kv.PerLayer, BlockTokens: 4}, 4096, kv.ErrConfig},
 		{"unknown layout", kv.Config{Geometry: kv.Tiny, Layout: kv.Layout(9)}, 4096, kv.ErrConfig},
 		{"removed layout", kv.Config{Geometry: kv.Tiny, Layout: kv.Layout(1)}, 4096, kv.ErrConfig},
+		{"model: Geometry and Model", kv.Config{Geometry: kv.Tiny, Model: kv.GPTOSS20B()}, 2 << 20, kv.ErrConfig},
+		{"model: no groups", kv.Config{Model: kv.Model{Name: "m", Layers: 2}}, 2 << 20, kv.ErrGeometry},
+		{"model: a layer in no group", kv.Config{Model: kv.Model{Name: "m", Layers: 2, Groups: []kv.Group{
+			{Kind: kv.FullAttention, Layers: []int{0}, KVHeads: 1, HeadDim: 8, DType: arena.Float16}}}}, 2 << 20, kv.ErrGeometry},
+		{"model: window larger than MaxTokens", kv.Config{Model: kv.GPTOSS20B(), MaxTokens: 64}, 2 << 20, kv.ErrGeometry},
+		{"model: granule not a power of two", kv.Config{Model: kv.GPTOSS20B()}, 3 << 20, kv.ErrConfig},
+		{"model: block tokens outside Blocked", kv.Config{Model: kv.GPTOSS20B(), Layout: kv.PerLayer, BlockTokens: 4}, 2 << 20, kv.ErrConfig},
 	} {
 		_, err := kv.TierNamespace(tt.cfg, tt.granule, "")
 		assert.ErrorIs(t, err, tt.want, tt.name)
@@ -413,25 +420,5 @@ func TestTierNamespaceModel(t *testing.T) {
 	presets := map[uint64]string{}
 	for _, m := range kv.ModelPresets() {
 		distinctNamespace(t, presets, m.Name, kv.Config{Model: m}, gran, "p")
-	}
-}
-
-func TestTierNamespaceModelBadInputs(t *testing.T) {
-	for _, tt := range []struct {
-		name    string
-		cfg     kv.Config
-		granule int
-		want    error
-	}{
-		{"Geometry and Model", kv.Config{Geometry: kv.Tiny, Model: kv.GPTOSS20B()}, 2 << 20, kv.ErrConfig},
-		{"no groups", kv.Config{Model: kv.Model{Name: "m", Layers: 2}}, 2 << 20, kv.ErrGeometry},
-		{"a layer in no group", kv.Config{Model: kv.Model{Name: "m", Layers: 2, Groups: []kv.Group{
-			{Kind: kv.FullAttention, Layers: []int{0}, KVHeads: 1, HeadDim: 8, DType: arena.Float16}}}}, 2 << 20, kv.ErrGeometry},
-		{"window larger than MaxTokens", kv.Config{Model: kv.GPTOSS20B(), MaxTokens: 64}, 2 << 20, kv.ErrGeometry},
-		{"granule not a power of two", kv.Config{Model: kv.GPTOSS20B()}, 3 << 20, kv.ErrConfig},
-		{"block tokens outside Blocked", kv.Config{Model: kv.GPTOSS20B(), Layout: kv.PerLayer, BlockTokens: 4}, 2 << 20, kv.ErrConfig},
-	} {
-		_, err := kv.TierNamespace(tt.cfg, tt.granule, "")
-		assert.ErrorIs(t, err, tt.want, tt.name)
 	}
 }
