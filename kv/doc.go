@@ -192,9 +192,8 @@
 // before the pool's, and it holds it across no backing call. A sequence's owner waits
 // for it only when a step crosses into a run the worker is still committing (see
 // kv/ahead.go for the protocol). A prefix cache with an observer runs one goroutine of its own
-// from its first change to Close, which takes only the lock of the events' queue
-// (after the prefix cache's lock, which a change holds while it queues) and calls the
-// observer with no lock held. A prefix cache calls its tiers (PrefixCacheOptions.Tiers)
+// from its first change to Close, which takes only the prefix cache's lock (holding no
+// other), to take the changes queued under it, and calls the observer with no lock held. A prefix cache calls its tiers (PrefixCacheOptions.Tiers)
 // with none of these locks held; the lock of its tier counts is taken after all of them.
 //
 // The locks, in the order they are taken (a goroutine that holds one takes only those
@@ -205,8 +204,7 @@
 //     map from them; no goroutine holds two);
 //  2. the prefix cache's lock (its index and the counts of its granules);
 //  3. the cache's lock (its sequences, prefixes and counters);
-//  4. the events' queue lock, map-ahead's lock, then the backing's and the
-//     governor's own.
+//  4. map-ahead's lock, then the backing's and the governor's own.
 //
 // A function holds each lock it takes across one stretch of its body and releases it
 // there; none releases a lock its caller took. A lookup takes the prefix cache's lock

@@ -94,7 +94,7 @@ const PanicEventsOutOfStep = "kv: prefix cache block events out of step with its
 
 // A prefix cache's events keep its announced blocks: a tree of them under
 // evSide.root, each found by its parent and its tokens, kept by the events' goroutine
-// (run) from the changes the cache queues (push). NB: what apply computes depends
+// (run) from the changes the cache queues (next). NB: what apply computes depends
 // only on the path, how much of it the index held at the change and the announced
 // blocks, so applying the changes later, in order, tells the observer exactly what
 // applying each at once would have.
@@ -121,9 +121,12 @@ const PanicEventsOutOfStep = "kv: prefix cache block events out of step with its
 // index's edge array it names (a removed one held back from reuse until applied),
 // plus the announced blocks' tree (one evBlock and one map key a block).
 //
-// Locks: the prefix cache's lock is held to queue a change, and the queue's (mu) is
-// taken under it, never the other way round; the events' goroutine takes mu alone,
-// and calls the observer with no lock held.
+// Locks: the queue has no lock of its own. The prefix cache's lock (pc.mu) guards
+// it: a change is queued by a call that holds it already, so queueing takes no lock
+// and no atomic at all; the events' goroutine takes pc.mu, holding nothing else, only
+// to take the queue (a copy of at most evFirst slots and a swap of two slices) and to
+// count what it applied, and calls the observer with no lock held. Close therefore
+// queues the clear under pc.mu and waits for the goroutine after releasing it (wait).
 //
 // pcEvents is the queue, the part the cache's calls touch: a field of PrefixCache
 // itself, next to the lock the call has just taken, with its first slots inline, so
@@ -131,29 +134,35 @@ const PanicEventsOutOfStep = "kv: prefix cache block events out of step with its
 // lock (after a request's K/V writes the call finds everything out of the CPU caches:
 // the fewer lines and pages, the fewer misses). The rest, evSide, is the goroutine's.
 type pcEvents struct {
-	mu      sync.Mutex
-	side    *evSide // nil without an observer: no events, at no cost
-	queued  int64   // changes queued, in all; the goroutine runs from the first on
-	applied int64   // changes applied, in all
-	// The cache's, under its lock and mu: queued at the index's last Release.
-	release int64
+	lock    *sync.Mutex // the prefix cache's: it guards every field below
+	side    *evSide     // nil without an observer: no events, at no cost
+	taken   int64       // changes the goroutine took, in all (queued: count)
+	applied int64       // changes applied, in all
+	release int64       // count at the index's last Release
+	started bool        // the goroutine runs: from the first change on
 	closing bool
-	n       uint8             // changes in first
-	first   [evFirst]evChange // the oldest changes queued, then more
-	more    []evChange        // what first can not hold
+	// lim is how many of first next may fill inline: 0 before the first change
+	// and from Close on, so that next tests one byte for all its rare cases.
+	lim   uint8
+	n     uint8             // changes in first
+	first [evFirst]evChange // the oldest changes queued, then more
+	more  []evChange        // what first can not hold
 }
 
 // evFirst is how many changes pcEvents holds inline: a request's calls queue about
 // two (its Insert, an eviction) between two polls of the events' goroutine.
 const evFirst = 4
 
+var _ [1]struct{} = [evFirst&(evFirst-1) + 1]struct{}{} // evFirst is a power of 2 (next)
+
 // evSide is the events' side of a prefix cache: its goroutine (run) and what it keeps.
 type evSide struct {
 	q     *pcEvents     // the cache's queue
-	cond  *sync.Cond    // on q.mu: q.applied moved
+	cond  *sync.Cond    // on q.lock: q.applied moved
 	spare []evChange    // for q.more
 	kick  chan struct{} // wakes the goroutine before its next poll
 	done  chan struct{} // closed when it returns
+	hold  func()        // nil but in tests: called at each poll, before the queue is taken
 
 	// The events' goroutine's alone.
 	taken  []evChange // the inline changes taken
@@ -236,44 +245,36 @@ func newEvents(c *Cache, o EventOptions) (*evSide, error) {
 	return ev, nil
 }
 
-// attach makes q the queue of ev's changes (nil ev: no events). Before q's first use.
-func (q *pcEvents) attach(ev *evSide) {
+// attach makes q the queue of ev's changes (nil ev: no events), guarded by lock, the
+// prefix cache's. Before q's first use.
+func (q *pcEvents) attach(ev *evSide, lock *sync.Mutex) {
+	q.lock = lock
 	if ev == nil {
 		return
 	}
 	q.side, ev.q = ev, q
-	ev.cond = sync.NewCond(&q.mu)
+	ev.cond = sync.NewCond(lock)
 }
 
-// push queues c, starting the events' goroutine on the first. pc.mu and mu are held.
-// Its common case writes one inline slot; the rest lies out of line.
-func (q *pcEvents) push(c evChange) {
-	if q.closing || q.queued == 0 || int(q.n) == len(q.first) {
-		q.pushRare(c)
-		return
+// next returns the slot of a new change, queued for the hook to write before it
+// releases pc.mu (the goroutine takes the queue under it). pc.mu is held. It is
+// inlined into the hooks: an inline slot, or one appended to more once those are
+// taken. NB: while q.n < evFirst, more is empty (the goroutine takes both at once),
+// so the slot is the newest.
+func (q *pcEvents) next() *evChange {
+	if n := q.n; n < q.lim {
+		q.n = n + 1
+		return &q.first[n&(evFirst-1)] // NB: the mask proves it in range (evFirst a power of 2)
 	}
-	q.first[q.n] = c
-	q.n++
-	q.queued++
-}
-
-// pushRare is push's rare cases: the first change, one after Close, or one that the
-// inline slots can not hold.
-func (q *pcEvents) pushRare(c evChange) {
 	if q.closing {
 		panic(PanicEventsOutOfStep) // the index changed after Close
 	}
-	if int(q.n) < len(q.first) && len(q.more) == 0 {
-		q.first[q.n] = c
-		q.n++
-	} else {
-		q.more = append(q.more, c)
-	}
-	q.queued++
-	if q.queued == 1 {
-		go q.side.run()
-	}
+	q.more = append(q.more, evChange{})
+	return &q.more[len(q.more)-1]
 }
+
+// count returns how many changes were queued, in all. pc.mu is held.
+func (q *pcEvents) count() int64 { return q.taken + int64(q.n) + int64(len(q.more)) }
 
 // run applies the queued changes in order, polling the queue, until it applies a
 // clear.
@@ -289,13 +290,17 @@ func (ev *evSide) run() {
 		case <-ev.kick:
 			t.Stop()
 		}
-		q.mu.Lock()
+		if ev.hold != nil {
+			ev.hold()
+		}
+		q.lock.Lock()
 		first := append(ev.taken[:0], q.first[:q.n]...) // the oldest, then more
 		clear(q.first[:q.n])
+		q.taken += int64(q.n) + int64(len(q.more))
 		q.n = 0
 		more := q.more
 		q.more = ev.spare
-		q.mu.Unlock()
+		q.lock.Unlock()
 		last := false
 		for i := range first {
 			last = ev.change(&first[i]) || last
@@ -306,12 +311,13 @@ func (ev *evSide) run() {
 		applied := len(first) + len(more)
 		clear(first) // the edges they name are the index's to reuse
 		clear(more)
-		ev.taken = first[:0]
-		q.mu.Lock()
-		ev.spare = more[:0]
-		q.applied += int64(applied)
-		ev.cond.Broadcast()
-		q.mu.Unlock()
+		ev.taken, ev.spare = first[:0], more[:0]
+		if applied > 0 {
+			q.lock.Lock()
+			q.applied += int64(applied)
+			ev.cond.Broadcast()
+			q.lock.Unlock()
+		}
 		if last {
 			return
 		}
@@ -357,17 +363,17 @@ func (ev *evSide) change(c *evChange) bool {
 	return false
 }
 
-// flush returns once every change queued so far is applied.
+// flush returns once every change queued so far is applied. pc.mu must not be held.
 func (q *pcEvents) flush() {
 	if q.side == nil {
 		return
 	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.queued == 0 {
+	q.lock.Lock()
+	defer q.lock.Unlock()
+	if !q.started {
 		return
 	}
-	want := q.queued
+	want := q.count()
 	select {
 	case q.side.kick <- struct{}{}:
 	default:
@@ -405,39 +411,36 @@ func (q *pcEvents) inserted(t *radix.Tree[*pcEntry], e *pcEntry, m int, old *pcE
 	}
 	edge := leaf.Edge()
 	c.tail = edge[len(edge)-(leaf.Depth()-m):]
-	q.mu.Lock()
-	e.evID = uint64(q.queued + 1) // the change's number, which no other has: the path's id
+	if !q.started {
+		// The index's first change is always an Insert: the goroutine runs from it.
+		q.started, q.lim = true, evFirst
+		go q.side.run()
+	}
+	e.evID = uint64(q.count() + 1) // the change's number, which no other has: the path's id
 	c.id = e.evID
-	q.push(c)
+	*q.next() = c
 	if q.applied >= q.release {
 		// Every change queued before the last Release is applied: the arrays
 		// removed before it are read by none.
 		t.Release()
-		q.release = q.queued
+		q.release = q.count()
 	}
-	q.mu.Unlock()
 }
 
 // cut queues an eviction's change of e's path, of which the index now holds the
 // first held tokens; gone says that e left the index. pc.mu is held.
 func (q *pcEvents) cut(e *pcEntry, held int, gone bool) {
-	if q.side == nil {
-		return
+	if q.side != nil {
+		*q.next() = evChange{kind: evCut, id: e.evID, n: int32(held), gone: gone}
 	}
-	q.mu.Lock()
-	q.push(evChange{kind: evCut, id: e.evID, n: int32(held), gone: gone})
-	q.mu.Unlock()
 }
 
 // dropped queues the end of e's path, whose tokens the index still holds (a longer
 // entry displaced it). pc.mu is held.
 func (q *pcEvents) dropped(e *pcEntry) {
-	if q.side == nil {
-		return
+	if q.side != nil {
+		*q.next() = evChange{kind: evDrop, id: e.evID}
 	}
-	q.mu.Lock()
-	q.push(evChange{kind: evDrop, id: e.evID})
-	q.mu.Unlock()
 }
 
 // fill writes block i of path into ev.key.
@@ -526,31 +529,32 @@ func (ev *evSide) withdraw(parent *evBlock, path []int32, i int) {
 	ev.obs.BlocksRemoved(rm)
 }
 
-// clear forgets every announced block and says so, once the changes before it are
-// told; it returns when the observer has been told, and the events' goroutine is
-// gone (Close). pc.mu is held.
+// clear queues the end of every announced block, told once the changes before it are
+// (Close; wait waits for it): with nothing queued ever, it tells the observer at
+// once. pc.mu is held.
 func (q *pcEvents) clear() {
 	ev := q.side
 	if ev == nil {
 		return
 	}
-	q.mu.Lock()
-	started := q.queued > 0
-	if !started {
+	if !q.started {
 		q.closing = true
-	}
-	q.mu.Unlock()
-	if !started {
 		ev.obs.AllBlocksCleared() // nothing was announced, nor queued
 		return
 	}
-	q.mu.Lock()
-	q.push(evChange{kind: evClear})
-	q.closing = true
-	q.mu.Unlock()
+	*q.next() = evChange{kind: evClear}
+	q.closing, q.lim = true, 0
 	select {
 	case ev.kick <- struct{}{}:
 	default:
 	}
-	<-ev.done
+}
+
+// wait returns once the observer has been told of the clear, and the events'
+// goroutine is gone. After clear, with pc.mu released: the goroutine takes it to
+// take the clear.
+func (q *pcEvents) wait() {
+	if q.side != nil && q.started {
+		<-q.side.done
+	}
 }

@@ -12,19 +12,19 @@ import (
 func TestEventQueueOverflow(t *testing.T) {
 	var pc PrefixCache
 	q := &pc.ev
-	q.attach(&evSide{bs: 16})
-	q.queued = 1 // as if the goroutine ran
+	q.attach(&evSide{bs: 16}, &pc.mu)
+	q.started, q.lim = true, evFirst // as if the goroutine ran
 	const n = 3*evFirst + 1
 	for i := range n {
-		q.push(evChange{kind: evDrop, id: uint64(i)})
+		*q.next() = evChange{kind: evDrop, id: uint64(i)}
 	}
-	require.Equal(t, int64(n+1), q.queued)
+	require.Equal(t, int64(n), q.count())
 	require.Equal(t, evFirst, int(q.n))
 	require.Len(t, q.more, n-evFirst)
 	got := append(q.first[:q.n:q.n], q.more...)
 	for i, c := range got {
 		assert.Equal(t, uint64(i), c.id)
 	}
-	q.closing = true
-	assert.PanicsWithValue(t, PanicEventsOutOfStep, func() { q.push(evChange{kind: evDrop}) }, "a change after Close")
+	q.closing, q.lim = true, 0
+	assert.PanicsWithValue(t, PanicEventsOutOfStep, func() { *q.next() = evChange{kind: evDrop} }, "a change after Close")
 }

@@ -2,8 +2,10 @@ package kv_test
 
 import (
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -253,6 +255,77 @@ func TestEventQueueAllocatesNothing(t *testing.T) {
 		assert.Zero(t, kv.EventQueueAllocs(n), "%d tokens", n)
 	}
 }
+
+// TestPrefixCacheEventsAllocateNothing: an observer costs the cache's calls no
+// allocation: a request (look up, append, write, an Insert that evicts, close) allocates
+// as much with events as without. The events' goroutine is held off the queue while
+// the request runs, so that what it allocates (its copy of each path, the events) is
+// not counted as the calls'; it applies everything between requests, as it keeps up
+// in a server. Medians of the requests: a stray allocation of another goroutine's
+// can not tip them.
+func TestPrefixCacheEventsAllocateNothing(t *testing.T) {
+	const prompt, rounds = 64, 40
+	probe := newFixture(t, 1<<30)
+	pc, err := kv.NewPrefixCache(probe.cache(t, kv.PerLayer, prompt), kv.PrefixCacheOptions{})
+	require.NoError(t, err)
+	s, _, err := serve(pc, promptIDs(0, prompt))
+	require.NoError(t, err)
+	require.True(t, s.Close().OK())
+	entry := pc.Stats().CachedBytes
+	require.Positive(t, entry)
+	require.NoError(t, pc.Close())
+
+	perRequest := func(obs kv.BlockEvents) (median int64, evicted int64) {
+		fx := newFixture(t, 1<<30)
+		pc, err := kv.NewPrefixCache(fx.cache(t, kv.PerLayer, prompt), kv.PrefixCacheOptions{
+			MaxBytes: 4 * entry, // every Insert past the fourth evicts
+			Events:   kv.EventOptions{Observer: obs, Hash: blockhash.Options{BlockSize: 4}},
+		})
+		require.NoError(t, err)
+		park, resume := pc.HoldEvents()
+		var allocs []int64
+		var before, after runtime.MemStats
+		for r := range rounds + 8 {
+			ids := promptIDs(r*prompt, prompt)
+			pc.FlushEvents()
+			held := park != nil && r > 0 // the goroutine runs from the first change
+			if held {
+				park()
+			}
+			runtime.ReadMemStats(&before)
+			s, _, err := serve(pc, ids)
+			require.NoError(t, err)
+			ok := s.Close().OK()
+			runtime.ReadMemStats(&after)
+			if held {
+				resume()
+			}
+			require.True(t, ok)
+			if r >= 8 { // the queue's and the index's buffers grown
+				allocs = append(allocs, int64(after.Mallocs-before.Mallocs))
+			}
+		}
+		evicted = pc.Stats().EvictedTokens
+		require.NoError(t, pc.Close())
+		slices.Sort(allocs)
+		return allocs[len(allocs)/2], evicted
+	}
+	plain, plainEvicted := perRequest(nil)
+	rec := &countingObserver{}
+	events, evicted := perRequest(rec)
+	require.Positive(t, plainEvicted, "no evictions: not the scenario")
+	require.Equal(t, plainEvicted, evicted)
+	assert.Equal(t, plain, events, "allocations a request: without events, with them")
+	assert.Positive(t, rec.stored.Load(), "the events were told")
+	assert.Positive(t, rec.removed.Load())
+}
+
+// countingObserver counts the blocks it is told of.
+type countingObserver struct{ stored, removed atomic.Int64 }
+
+func (o *countingObserver) BlocksStored(e kv.BlocksStored)   { o.stored.Add(int64(len(e.Hashes))) }
+func (o *countingObserver) BlocksRemoved(e kv.BlocksRemoved) { o.removed.Add(int64(len(e.Hashes))) }
+func (o *countingObserver) AllBlocksCleared()                {}
 
 // BenchmarkEventQueue is what a 4,096-token request's events cost the cache's calls,
 // measured directly: queueing its Insert's and its eviction's change, as the calls

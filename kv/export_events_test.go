@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,21 +25,24 @@ func (pc *PrefixCache) EventsQueued() int64 {
 	if pc.ev.side == nil {
 		return 0
 	}
-	pc.ev.mu.Lock()
-	defer pc.ev.mu.Unlock()
-	return pc.ev.queued
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	return pc.ev.count()
 }
 
 // EventPaths returns, once every change so far is applied, how many inserted paths
 // the events' side keeps and how many entries the index holds (0, 0 without an
 // observer).
 func (pc *PrefixCache) EventPaths() (paths, entries int) {
-	pc.mu.Lock()
-	defer pc.mu.Unlock()
 	if pc.ev.side == nil {
 		return 0, 0
 	}
-	pc.ev.flush() // NB: the events' goroutine takes no lock of the cache's
+	pc.ev.flush() // NB: the events' goroutine takes pc.mu to take the queue
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if pc.ev.applied != pc.ev.count() {
+		panic("EventPaths: a change queued during the flush")
+	}
 	return len(pc.ev.side.paths), pc.entries
 }
 
@@ -64,8 +68,8 @@ func EventQueueRound(n int, remove bool, before func()) func() time.Duration {
 	// The queue as a prefix cache holds it, as if its goroutine ran.
 	pc := &PrefixCache{}
 	ev := &pc.ev
-	ev.attach(&evSide{bs: 16})
-	ev.queued = 1
+	ev.attach(&evSide{bs: 16}, &pc.mu)
+	ev.started, ev.lim = true, evFirst // as if the goroutine ran
 	tree := radix.New[*pcEntry]()
 	tree.DeferReuse()
 	path := make([]int32, n)
@@ -99,18 +103,51 @@ func EventQueueRound(n int, remove bool, before func()) func() time.Duration {
 		ev.cut(e, held, remove)
 		d += time.Since(t0)
 		pc.mu.Unlock()
-		ev.mu.Lock()
+		pc.mu.Lock()
 		q := ev.first[:ev.n]
 		if len(q) != 2 || len(ev.more) != 0 || q[0].kind != evInsert || len(q[0].tail) != n || q[1].kind != evCut || int(q[1].n) != held || q[1].id != q[0].id || sink < 0 {
 			panic("EventQueueRound: not the changes queued")
 		}
 		clear(ev.first[:])
+		ev.taken += int64(ev.n)
 		ev.n = 0
-		ev.applied = ev.queued // as the events' goroutine would
-		ev.mu.Unlock()
+		ev.applied = ev.taken // as the events' goroutine would
+		pc.mu.Unlock()
 		if remove {
 			e.leaf, _, _ = tree.Insert(path, e)
 		}
 		return d
 	}
+}
+
+// HoldEvents returns park, which returns once the events' goroutine waits at a poll
+// before it takes the queue (it allocates nothing meanwhile), and resume, which lets
+// it go on. Before the cache's first change, and park after it (the goroutine runs
+// from it); nil, nil without an observer.
+func (pc *PrefixCache) HoldEvents() (park, resume func()) {
+	ev := pc.ev.side
+	if ev == nil {
+		return nil, nil
+	}
+	var held atomic.Bool
+	parked, cont := make(chan struct{}), make(chan struct{})
+	ev.hold = func() {
+		if held.Load() {
+			parked <- struct{}{}
+			<-cont
+		}
+	}
+	park = func() {
+		held.Store(true)
+		select {
+		case ev.kick <- struct{}{}:
+		default:
+		}
+		<-parked
+	}
+	resume = func() {
+		held.Store(false)
+		cont <- struct{}{}
+	}
+	return park, resume
 }

@@ -186,8 +186,7 @@ type PrefixCache struct {
 	_ nocopy.NoCopy
 
 	mu sync.Mutex
-	// ev queues the changes for the events (no observer: ev.side nil), under mu and
-	// its own lock. NB: mu and ev's counters are the struct's first 50 bytes, and its
+	// ev queues the changes for the events (no observer: ev.side nil), under mu. NB: mu and ev's counters are the struct's first 50 bytes, and its
 	// first slots follow: queueing finds them in or next to the cache line that the
 	// call's lock has just brought in, no memory of the events' own.
 	ev pcEvents
@@ -294,7 +293,7 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 		c: c, opts: opts, gbytes: int64(c.nbuf) * int64(c.unit),
 		tree: radix.New[*pcEntry](), tiers: tiers,
 	}
-	pc.ev.attach(ev)
+	pc.ev.attach(ev, &pc.mu)
 	if ev != nil {
 		pc.tree.DeferReuse() // the events' goroutine reads the edges Insert names
 	}
@@ -683,6 +682,7 @@ func (pc *PrefixCache) Close() error {
 	pc.tree = radix.New[*pcEntry]()
 	pc.ev.clear()
 	pc.mu.Unlock()
+	pc.ev.wait() // the events' goroutine takes pc.mu for the clear
 	var errs []error
 	for _, e := range drop {
 		if e.seq == nil {
