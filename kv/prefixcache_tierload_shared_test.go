@@ -111,6 +111,24 @@ func idleOf(e *env) int64 {
 	return e.pool.PoolStats().Idle
 }
 
+// writeThroughCache opens a Blocked cache of four granules on kind with a
+// write-through PrefixCache over one gated tier, whose stores wait until open is
+// called (once or more; a failure opens it before closing the cache).
+func writeThroughCache(t *testing.T, kind, gran int) (e *env, g gated, pc *kv.PrefixCache, open func()) {
+	t.Helper()
+	e, err := openEnv(t, envSpec{kind: kind, granule: gran, limit: 4 * int64(gran), cfg: kv.Config{MaxTokens: 512, Layout: kv.Blocked}})
+	if err != nil {
+		t.Skip(err)
+	}
+	g = gated{tiertest.NewMap(4 << 20), make(chan struct{})}
+	pc, err = kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{Tiers: []kv.Tier{g}, TierWait: time.Minute, TierWriteThrough: true})
+	require.NoError(t, err)
+	var once sync.Once
+	open = func() { once.Do(func() { close(g.open) }) }
+	e.onFail(func() { open(); pc.Close() })
+	return e, g, pc, open
+}
+
 // TestPrefixCacheTierWriteThroughWaiter: a request that may wait for memory which
 // only an entry held busy by its write-through could give gets it once the entry's
 // stores end, well before its deadline. Its tokens read back, and the ledger balances
@@ -119,16 +137,9 @@ func TestPrefixCacheTierWriteThroughWaiter(t *testing.T) {
 	const gran = 64 << 10
 	for _, kind := range []int{onShared, onCUDA} {
 		t.Run(backingNames[kind], func(t *testing.T) {
-			e, err := openEnv(t, envSpec{kind: kind, granule: gran, limit: 4 * gran, cfg: kv.Config{MaxTokens: 512, Layout: kv.Blocked}})
-			if err != nil {
-				t.Skip(err)
-			}
+			e, g, pc, open := writeThroughCache(t, kind, gran)
 			c := e.c
 			tpb, _ := blockTokens(t, c)
-			g := gated{tiertest.NewMap(4 << 20), make(chan struct{})}
-			pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Tiers: []kv.Tier{g}, TierWait: time.Minute, TierWriteThrough: true})
-			require.NoError(t, err)
-			e.onFail(func() { pc.Close() })
 			s, _, err := serve(pc, promptIDs(1, 2*tpb+1))
 			require.NoError(t, err)
 			require.True(t, s.Close().OK()) // its entry's write-through waits at the gate
@@ -144,7 +155,7 @@ func TestPrefixCacheTierWriteThroughWaiter(t *testing.T) {
 			// Its growth waits for the write-through (TestPrefixCacheTierWriteThroughGrowth)
 			// before it would wait in the governor: the gate opens on a timer, so that
 			// either wait ends with the store.
-			time.AfterFunc(20*time.Millisecond, func() { close(g.open) })
+			time.AfterFunc(20*time.Millisecond, open)
 			require.NoError(t, <-done, "served once the write-through ended")
 			require.NoError(t, writeIDs(q, promptIDs(500, 3*tpb), 0, 3*tpb))
 			require.NoError(t, checkIDs(q, promptIDs(500, 3*tpb), 0, 3*tpb))
@@ -166,18 +177,9 @@ func TestPrefixCacheTierWriteThroughGrowth(t *testing.T) {
 	const gran = 64 << 10
 	for _, kind := range []int{onShared, onCUDA} {
 		t.Run(backingNames[kind], func(t *testing.T) {
-			e, err := openEnv(t, envSpec{kind: kind, granule: gran, limit: 4 * gran, cfg: kv.Config{MaxTokens: 512, Layout: kv.Blocked}})
-			if err != nil {
-				t.Skip(err)
-			}
+			e, g, pc, open := writeThroughCache(t, kind, gran)
 			c := e.c
 			tpb, blk := blockTokens(t, c)
-			g := gated{tiertest.NewMap(4 << 20), make(chan struct{})}
-			pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Tiers: []kv.Tier{g}, TierWait: time.Minute, TierWriteThrough: true})
-			require.NoError(t, err)
-			var once sync.Once
-			open := func() { once.Do(func() { close(g.open) }) }
-			e.onFail(func() { open(); pc.Close() })
 			ids := promptIDs(1, 3*tpb+1)
 			s, _, err := serve(pc, ids)
 			require.NoError(t, err)
