@@ -39,10 +39,11 @@ type Config struct {
 	// (ByBacking: host.Shared, cuda).
 	Authority *accounting.Authority
 	// Logger receives the cache's events: a range whose release failed twice and
-	// that the cache keeps for Close to retry (Warn), and a summary of each eviction
+	// that the cache keeps for Close to retry (Warn), a summary of each eviction
 	// pass of its PrefixCache (Info when a waiter on the device asked for it, Debug
-	// when the cache's own growth did). nil logs nothing; nothing else is logged on
-	// Append or Truncate.
+	// when the cache's own growth did), and a tier's value that failed its check on
+	// a lookup's load, with the check it failed (Warn). nil logs nothing; nothing
+	// else is logged on Append or Truncate.
 	Logger *slog.Logger
 	// MapAhead commits the granules a growing sequence will commit next into the
 	// sequence's own ranges a few tokens before the append that needs them, on a

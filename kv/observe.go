@@ -6,7 +6,8 @@ import (
 )
 
 // What the cache logs (Config.Logger): a range a failed release left with the cache,
-// and a summary of each eviction pass of its prefix cache.
+// a summary of each eviction pass of its prefix cache, and a tier's value that failed
+// its check on a load.
 
 // evictReason says what an eviction pass of the prefix cache was for.
 type evictReason uint8
@@ -56,4 +57,16 @@ func (pc *PrefixCache) logEviction(why evictReason, need int64, done evictTally)
 	}
 	l.Log(context.Background(), level, "kv: prefix cache eviction", "for", why.String(), "need_bytes", need,
 		"tokens", done.tokens, "granules", done.granules, "freed_bytes", done.bytes)
+}
+
+// logInvalidTierValue logs, at Warn, a value tier i returned for block blk that
+// failed DecodeTierValue's check (err wraps ErrTierValue and says which check:
+// truncated, format, checksum, namespace or block, and what differed). It is a miss
+// and counted (TierStats.Invalid); the log says why, which the count can not: a torn
+// store, another geometry, a key clash.
+func logInvalidTierValue(l *slog.Logger, i, blk int, err error) {
+	if l == nil {
+		return
+	}
+	l.Warn("kv: prefix cache tier value failed its check", "tier", i, "block", blk, "err", err)
 }

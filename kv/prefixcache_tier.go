@@ -580,6 +580,9 @@ func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, t
 					st.Drops++
 				}
 			})
+			if invalid {
+				logInvalidTierValue(t.c.cfg.Logger, i, blk, err)
+			}
 			break
 		}
 		t.count(i, func(st *TierStats) { st.LoadBytes += int64(size) })

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/internal/logrec"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/kvtier/hosttier"
 	"github.com/vmarena/vmarena/kvtier/tiertest"
@@ -197,7 +198,10 @@ func TestPrefixCacheTierCorrupt(t *testing.T) {
 		{"header", func(v []byte) []byte { v[kv.TierHeaderSize] ^= 1; return v }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := tierBackends[0].make(t, 512)
+			var rec logrec.Recorder
+			e, err := openEnv(t, envSpec{kind: onShared, granule: 64 << 10, cfg: kv.Config{MaxTokens: 512, Logger: rec.Logger()}})
+			require.NoError(t, err)
+			c := e.c
 			m := tiertest.NewMap(4 << 20)
 			pc := newTierCache(t, c, corrupt{m, tc.damage})
 			s, err := c.NewSequence()
@@ -219,6 +223,12 @@ func TestPrefixCacheTierCorrupt(t *testing.T) {
 			assert.Zero(t, st.Tiers[0].Hits)
 			assert.Zero(t, st.Tiers[0].LoadBytes)
 			assert.Zero(t, st.Hits)
+			logged := rec.Find("kv: prefix cache tier value failed its check")
+			require.Len(t, logged, 1, "the invalid value is logged with its reason")
+			assert.Equal(t, "WARN", logged[0]["level"])
+			assert.Equal(t, float64(0), logged[0]["tier"])
+			assert.Equal(t, float64(0), logged[0]["block"])
+			assert.Contains(t, logged[0]["err"], kv.ErrTierValue.Error())
 		})
 	}
 	t.Run("namespace", func(t *testing.T) {

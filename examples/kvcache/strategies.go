@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"runtime"
 	"strings"
 
@@ -137,10 +139,15 @@ func build(name string, s setup) (*built, error) {
 	return b, nil
 }
 
+// warnings is the caches' logger: what kv logs at Warn (a range it could not give
+// back, a tier's value that failed its check, with why) goes to stderr; its eviction
+// summaries (Info, Debug) are the report's counters already.
+var warnings = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
 // buildCache puts a kv.Cache on the chosen backing. Only the backing's constructor
 // differs: the cache names no backing type.
 func (s setup) buildCache(b *built, auth *accounting.Authority) error {
-	cfg := kv.Config{Geometry: s.model, MaxTokens: s.maxTokens, Layout: s.layout, MapAhead: s.mapAhead}
+	cfg := kv.Config{Geometry: s.model, MaxTokens: s.maxTokens, Layout: s.layout, MapAhead: s.mapAhead, Logger: warnings}
 	if s.groups != nil {
 		cfg.Geometry, cfg.Model = kv.Geometry{}, *s.groups
 	}
