@@ -1,6 +1,11 @@
 package kv
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+
+	"github.com/vmarena/vmarena/backing"
+)
 
 // Sizing is what a configuration needs; see Size.
 type Sizing struct {
@@ -79,4 +84,105 @@ func (cfg Config) Size(granule, tokens int) (Sizing, error) {
 func (g *group) committed(n int) int64 {
 	end := (g.extent(n) + g.unit - 1) / g.unit * g.unit // a unit need not be a power of two
 	return int64(g.nbuf) * int64(end-g.dropOff(n))
+}
+
+// GroupSizing is what one group of one sequence needs; see Model.Size.
+type GroupSizing struct {
+	Kind   Attention
+	Layers int
+	// BytesPerToken is one token across the group's layers and tensors, block
+	// scales included; 0 for a recurrent group.
+	BytesPerToken int
+	// BlockBytes is the group's block: the fewest whole granules that hold the
+	// block tokens asked for (by default one) of each of its layers and tensors (a
+	// recurrent group: its whole state), and BlockTokens the tokens a block holds. The
+	// bytes at a block's end that hold no whole token are waste.
+	BlockBytes  int
+	BlockTokens int
+	// FirstLive is the first token a later step still reads (Group.FirstLive), and
+	// Live the tokens from there on: the ones the group must hold.
+	FirstLive int
+	Live      int
+	// Need is the exact bytes of the live tokens (a recurrent group: its state),
+	// Committed the whole blocks that hold them.
+	Need      int64
+	Committed int64
+	// Packed is the whole granules that hold the live tokens laid end to end, token
+	// after token with no block tails: the floor of any layout of the group in one
+	// range (less than one granule partly dead at the front of a window and one
+	// partly filled at the end). A recurrent group's is its Committed.
+	Packed int64
+}
+
+// ModelSizing is what one sequence of a model needs; see Model.Size.
+type ModelSizing struct {
+	Tokens int
+	Groups []GroupSizing // in the order of Model.Groups
+	// Need, Committed and Packed are the sums over the groups.
+	Need      int64
+	Committed int64
+	Packed    int64
+}
+
+// Size returns what one sequence of tokens tokens needs of each of m's groups, on
+// granules of granule bytes, when each group lies in a range of its own cut into
+// blocks (the fewest whole granules that hold blockTokens tokens of every layer and
+// tensor of the group, as kv's Blocked layout cuts them; 0 means one token) and a
+// window group holds only the blocks from the one with its first live token on. A
+// recurrent group holds its state, rounded up to whole granules, once the sequence
+// has a token. Size allocates nothing and keeps no state: the cache can size each
+// group with it.
+func (m Model) Size(granule, blockTokens, tokens int) (ModelSizing, error) {
+	if err := m.Validate(0); err != nil {
+		return ModelSizing{}, err
+	}
+	if !backing.IsPowerOfTwo(granule) || tokens < 0 || blockTokens < 0 {
+		return ModelSizing{}, fmt.Errorf("%w: granule %d, block tokens %d, tokens %d", ErrConfig, granule, blockTokens, tokens)
+	}
+	s := ModelSizing{Tokens: tokens, Groups: make([]GroupSizing, len(m.Groups))}
+	for i, g := range m.Groups {
+		gs, err := g.size(granule, max(blockTokens, 1), tokens)
+		if err != nil {
+			return ModelSizing{}, fmt.Errorf("group %d: %w", i, err)
+		}
+		s.Groups[i] = gs
+		s.Need += gs.Need
+		s.Committed += gs.Committed
+		s.Packed += gs.Packed
+	}
+	return s, nil
+}
+
+// size is Size for one valid group with blocks of at least bt tokens.
+func (g Group) size(granule, bt, n int) (GroupSizing, error) {
+	gs := GroupSizing{Kind: g.Kind, Layers: len(g.Layers), BytesPerToken: g.BytesPerToken()}
+	if g.Kind == Recurrent {
+		state := len(g.Layers) * g.StateBytes // cannot overflow: validate bounds it
+		gs.BlockBytes, _ = backing.AlignUp(state, granule)
+		if n > 0 {
+			gs.Need, gs.Committed, gs.Packed = int64(state), int64(gs.BlockBytes), int64(gs.BlockBytes)
+		}
+		return gs, nil
+	}
+	bpt := gs.BytesPerToken
+	if bt > (math.MaxInt-granule)/bpt {
+		return GroupSizing{}, fmt.Errorf("%w: blocks of %d tokens of %d bytes overflow", ErrConfig, bt, bpt)
+	}
+	blk, _ := backing.AlignUp(bt*bpt, granule)
+	gs.BlockBytes, gs.BlockTokens = blk, blk/bpt
+	gs.FirstLive = g.FirstLive(n)
+	gs.Live = n - gs.FirstLive
+	if gs.Live == 0 {
+		return gs, nil
+	}
+	blocks := (n-1)/gs.BlockTokens - gs.FirstLive/gs.BlockTokens + 1
+	if int64(blocks) > math.MaxInt64/int64(blk) || int64(n) > math.MaxInt64/int64(bpt)-int64(granule) {
+		return GroupSizing{}, fmt.Errorf("%w: %d tokens in blocks of %d bytes overflow", ErrConfig, n, blk)
+	}
+	gs.Need = int64(gs.Live) * int64(bpt)
+	gs.Committed = int64(blocks) * int64(blk)
+	g64 := int64(granule)
+	end := (int64(n)*int64(bpt) + g64 - 1) / g64 * g64
+	gs.Packed = end - int64(gs.FirstLive)*int64(bpt)/g64*g64
+	return gs, nil
 }
