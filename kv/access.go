@@ -140,3 +140,18 @@ func View[T arena.Elem](s *Sequence, layer int, kind Kind) (arena.Tensor[T], err
 	}
 	return arena.NewTensorStrided[T](layerMemory{buf: s.bufs[i], off: off}, 0, shape, strides)
 }
+
+// FirstHeld returns the first token of layer's tensors that s still holds: 0 but in
+// a SlidingWindow or ChunkedLocal group, whose tokens below it were given back (see
+// the package doc): reading, writing or viewing them fails with ErrDropped. A kernel
+// walks a window group's tensor from there (Base, BlockStride and TokenStride of
+// Cache.LayerStrides). It is at most the group's FirstLive of the length the last
+// append grew from, so at most FirstLive(Len). It panics with
+// PanicLayerRange for a layer the model does not have.
+func (s *Sequence) FirstHeld(layer int) int {
+	s.live()
+	if uint(layer) >= uint(len(s.c.layers)) {
+		panic(PanicLayerRange)
+	}
+	return s.heldOf(s.c.layers[layer].group)
+}

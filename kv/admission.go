@@ -98,14 +98,6 @@ func (c *Cache) budgetOrEvict(need, credit int64) *accounting.BudgetError {
 // granules and the runs committed ahead (see ahead.go).
 func (c *Cache) own() int64 { return c.idle() + c.ahead.own() }
 
-// idle returns the bytes the backing's pool holds idle.
-func (c *Cache) idle() int64 {
-	if c.pool == nil {
-		return 0
-	}
-	return c.pool.PoolStats().Idle
-}
-
 // budget returns a *accounting.BudgetError when need bytes of granules can not be
 // had now: more than the device's whole limit (it matches ErrExceedsLimit then), or,
 // less the pool's idle granules, more than is free under the limit plus credit (bytes

@@ -641,3 +641,11 @@ func (s *Sequence) dropAhead() error {
 	_, err := s.c.ahead.settle(s, false)
 	return err
 }
+
+// idle returns the bytes the backing's pool holds idle.
+func (c *Cache) idle() int64 {
+	if c.pool == nil {
+		return 0
+	}
+	return c.pool.PoolStats().Idle
+}

@@ -3,6 +3,8 @@ package kv
 import (
 	"fmt"
 	"strings"
+
+	"github.com/vmarena/vmarena/backing"
 )
 
 // A cache on a Model (Config.Model) lays each layer group out on ranges of its own,
@@ -265,21 +267,6 @@ func (s *Sequence) windowCheck(op string, n int) error {
 	return nil
 }
 
-// FirstHeld returns the first token of layer's tensors that s still holds: 0 but in
-// a SlidingWindow or ChunkedLocal group, whose tokens below it were given back (see
-// the package doc): reading, writing or viewing them fails with ErrDropped. A kernel
-// walks a window group's tensor from there (Base, BlockStride and TokenStride of
-// Cache.LayerStrides). It is at most the group's FirstLive of the length the last
-// append grew from, so at most FirstLive(Len). It panics with
-// PanicLayerRange for a layer the model does not have.
-func (s *Sequence) FirstHeld(layer int) int {
-	s.live()
-	if uint(layer) >= uint(len(s.c.layers)) {
-		panic(PanicLayerRange)
-	}
-	return s.heldOf(s.c.layers[layer].group)
-}
-
 // Strides is how a layer's tensors lie in a sequence's ranges, for a kernel that
 // walks them from Sequence.Base itself.
 type Strides struct {
@@ -305,54 +292,6 @@ func (c *Cache) LayerStrides(layer int) (Strides, error) {
 	gi := c.layers[layer].group
 	g := &c.groups[gi]
 	return Strides{Group: gi, TokenBytes: g.tb, TokenStride: g.row, BlockTokens: g.tpb, BlockStride: g.blk, StateBytes: g.spec.StateBytes}, nil
-}
-
-// stateAt returns the range and offset of layer's recurrent state in s, checking a
-// buffer of n bytes against it.
-func (s *Sequence) stateAt(layer, n int) (buffer, int, error) {
-	if uint(layer) >= uint(len(s.c.layers)) {
-		return nil, 0, fmt.Errorf("%w: layer %d of %d layers", ErrRange, layer, len(s.c.layers))
-	}
-	r := s.c.layers[layer]
-	g := &s.c.groups[r.group]
-	switch {
-	case g.state == 0:
-		return nil, 0, fmt.Errorf("%w: layer %d is %v, which has tokens and no state", ErrRange, layer, g.spec.Kind)
-	case n != g.spec.StateBytes:
-		return nil, 0, fmt.Errorf("%w: %d bytes for a state of %d", ErrRange, n, g.spec.StateBytes)
-	case s.n == 0:
-		return nil, 0, fmt.Errorf("%w: sequence %d has no tokens, so no state yet", ErrRange, s.id)
-	}
-	return s.bufs[g.first], r.local * g.spec.StateBytes, nil
-}
-
-// ReadState copies recurrent layer's state (StateBytes) into dst, on any backing. The
-// state exists from the sequence's first token on (it commits then, zeroed where the
-// backing's fresh memory is), so an empty sequence has none: ErrRange, as for a layer
-// that is not recurrent or a dst of another length.
-func (s *Sequence) ReadState(layer int, dst []byte) error {
-	if err := s.usable(); err != nil {
-		return err
-	}
-	buf, off, err := s.stateAt(layer, len(dst))
-	if err != nil {
-		return err
-	}
-	return buf.readAt(off, dst)
-}
-
-// WriteState copies src (StateBytes) into recurrent layer's state, with ReadState's
-// errors. A state is the sequence's own: forks copy it, so writing it never reaches
-// another sequence.
-func (s *Sequence) WriteState(layer int, src []byte) error {
-	if err := s.usable(); err != nil {
-		return err
-	}
-	buf, off, err := s.stateAt(layer, len(src))
-	if err != nil {
-		return err
-	}
-	return buf.writeAt(off, src)
 }
 
 // plainOnly returns an error matching ErrConfig when c is on a Model with more than
@@ -384,4 +323,43 @@ func groupKinds(m Model) string {
 		kinds[i] = g.Kind.String()
 	}
 	return fmt.Sprintf("%d groups (%s)", len(m.Groups), strings.Join(kinds, ", "))
+}
+
+// publish updates the readings other goroutines see.
+func (s *Sequence) publish() {
+	var committed, shared, used int64
+	for gi := range s.c.groups {
+		g := &s.c.groups[gi]
+		if s.err != nil || len(s.bufs) == 0 {
+			for _, b := range s.bufs[min(g.first, len(s.bufs)):min(g.first+g.nbuf, len(s.bufs))] {
+				committed += int64(b.Committed())
+				shared += int64(b.Shared())
+			}
+		} else {
+			// NB: the ranges of a group of a sequence that is not damaged are alike
+			// (every operation resizes and shares them all the same, or damages it),
+			// so one stands for all: a batch step then touches each group once.
+			b := s.bufs[g.first]
+			committed += int64(g.nbuf) * int64(b.Committed())
+			shared += int64(g.nbuf) * int64(b.Shared())
+		}
+		used += g.used(s.n, s.heldOf(gi))
+	}
+	s.tokens.Store(int64(s.n))
+	s.committed.Store(committed)
+	s.sharedIn.Store(shared)
+	s.used.Store(used)
+}
+
+// need returns the bytes of the granules s must commit to hold tokens (before a
+// window group gives any back). The sequence must not be damaged: the ranges of each
+// of its groups are then alike (see publish).
+func (s *Sequence) need(tokens int) int64 {
+	var n int64
+	for gi := range s.c.groups {
+		g := &s.c.groups[gi]
+		size, _ := backing.AlignUp(g.extent(tokens), s.c.gran)
+		n += int64(g.nbuf) * int64(max(size-rangeEnd(s.bufs[g.first]), 0))
+	}
+	return n
 }

@@ -112,22 +112,6 @@ func (p *Prefix) held() {
 	}
 }
 
-// Started returns what the call that made s newly took on (a [backing.MapReport]):
-// the bytes of the granules it committed as s's own (the copied tail of a prefix or
-// a fork), the bytes it mapped, own and shared, and how many granules. A prefix's or
-// a parent's shared granules add to Mapped only: they are owned once, already. It is
-// the seed's per-call SharedPrefixCommitInfo (onnx_runtime_memory_api,
-// src/allocator.rs) for NewSequenceFrom, Fork, ForkAt and a PrefixCache Lookup that
-// hits. A new empty sequence (NewSequence, a Lookup that misses) took on nothing,
-// also where a miss took over an evicted entry's granules: those were owned already
-// and change hands. Under ByBacking the ledger's Owned minus the pool's idle
-// granules moves by Owned (the pool may serve the new granules from idle ones it
-// holds), its Mapped by Mapped.
-func (s *Sequence) Started() backing.MapReport {
-	s.live()
-	return s.started
-}
-
 // Release drops the creator's reference. The prefix's memory is freed now if no
 // sequence started on it is still live, else with the last of them. Releasing twice
 // panics with PanicPrefixReleased.

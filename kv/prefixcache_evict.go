@@ -37,7 +37,7 @@ func (pc *PrefixCache) evictFor(need int64, why evictReason) int64 {
 		drop := pc.evictLocked(need-(pc.evictedBytes-before), evictFree)
 		var wait <-chan struct{}
 		if why == evictForGrowth && pc.evictedBytes-before < need {
-			wait = pc.tiers.storingVictim(pc)
+			wait = pc.storingVictim()
 		}
 		pc.mu.Unlock()
 		for _, e := range drop {
@@ -218,6 +218,20 @@ func (pc *PrefixCache) spareLocked(tokens int) (*Sequence, *tierWrite) {
 func (pc *PrefixCache) capLocked() []*pcEntry {
 	if over := pc.cachedGranules*pc.gbytes - pc.opts.MaxBytes; pc.opts.MaxBytes > 0 && over > 0 {
 		return pc.evictLocked(over, evictCap)
+	}
+	return nil
+}
+
+// storingVictim returns the channel of the least recently used entry's write-through
+// among the leaves that eviction could take but for it (victim), nil when there is
+// none. pc.mu is held.
+func (pc *PrefixCache) storingVictim() <-chan struct{} {
+	t := pc.tiers
+	if t == nil || len(t.storing) == 0 {
+		return nil
+	}
+	if leaf := pc.victimOf(true, t.storing); leaf != nil {
+		return t.storing[leaf.Value()]
 	}
 	return nil
 }

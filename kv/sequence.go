@@ -91,45 +91,6 @@ func (s *Sequence) Cache() *Cache {
 	return s.c
 }
 
-// publish updates the readings other goroutines see.
-func (s *Sequence) publish() {
-	var committed, shared, used int64
-	for gi := range s.c.groups {
-		g := &s.c.groups[gi]
-		if s.err != nil || len(s.bufs) == 0 {
-			for _, b := range s.bufs[min(g.first, len(s.bufs)):min(g.first+g.nbuf, len(s.bufs))] {
-				committed += int64(b.Committed())
-				shared += int64(b.Shared())
-			}
-		} else {
-			// NB: the ranges of a group of a sequence that is not damaged are alike
-			// (every operation resizes and shares them all the same, or damages it),
-			// so one stands for all: a batch step then touches each group once.
-			b := s.bufs[g.first]
-			committed += int64(g.nbuf) * int64(b.Committed())
-			shared += int64(g.nbuf) * int64(b.Shared())
-		}
-		used += g.used(s.n, s.heldOf(gi))
-	}
-	s.tokens.Store(int64(s.n))
-	s.committed.Store(committed)
-	s.sharedIn.Store(shared)
-	s.used.Store(used)
-}
-
-// need returns the bytes of the granules s must commit to hold tokens (before a
-// window group gives any back). The sequence must not be damaged: the ranges of each
-// of its groups are then alike (see publish).
-func (s *Sequence) need(tokens int) int64 {
-	var n int64
-	for gi := range s.c.groups {
-		g := &s.c.groups[gi]
-		size, _ := backing.AlignUp(g.extent(tokens), s.c.gran)
-		n += int64(g.nbuf) * int64(max(size-rangeEnd(s.bufs[g.first]), 0))
-	}
-	return n
-}
-
 // Truncate shrinks the sequence to n tokens (rollback after speculative decoding),
 // giving back the granules wholly past n. Truncating into memory shared with a prefix
 // or a fork never writes into it: the partly kept shared granule is replaced by one of
@@ -363,153 +324,6 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	return child, nil
 }
 
-// startShared records that s, a new sequence, holds n tokens whose first fulls[gi]
-// bytes of each of group gi's ranges are shared (shareGroups' fulls), and where each
-// window group's held tokens start.
-func (s *Sequence) startShared(n int, fulls []int) {
-	s.n = n
-	for gi := range s.c.groups {
-		*s.frozenOf(gi) = fulls[gi]
-		if g := &s.c.groups[gi]; s.gs != nil && g.windowed() {
-			s.gs[gi].held = g.heldFrom(s.bufs[g.first].Start())
-		}
-	}
-}
-
-// readOnly makes [off, off+n) of each range read-only, in order. When one fails it
-// gives write access back to those it protected, and returns the failure and what
-// failed to give write access back (nil when each range is as it was).
-func readOnly(bufs []buffer, off, n int) (err, restore error) {
-	for i, b := range bufs {
-		if err := b.protect(off, n, backing.ReadOnly); err != nil {
-			var errs []error
-			for _, q := range bufs[:i] {
-				if rerr := q.protect(off, n, backing.ReadWrite); rerr != nil {
-					errs = append(errs, rerr)
-				}
-			}
-			return err, errors.Join(errs...)
-		}
-	}
-	return nil, nil
-}
-
-// protect makes the first full bytes of each of s's ranges shared: never written
-// from now on, and read-only in s's own mapping where the backing can protect memory
-// in place. On error s is as it was.
-func (s *Sequence) protect(full int) error {
-	if full <= s.frozen {
-		return nil
-	}
-	s.lockRanges()
-	defer s.unlockRanges()
-	return s.protectGroup(0, full)
-}
-
-// protectGroups is protect for each group gi of its first fulls[gi] bytes. On error
-// s is as it was (or damaged, where write access could not be given back).
-func (s *Sequence) protectGroups(fulls []int) error {
-	if len(fulls) == 1 {
-		return s.protect(fulls[0])
-	}
-	s.lockRanges()
-	defer s.unlockRanges()
-	was := make([]int, len(fulls))
-	for gi, full := range fulls {
-		was[gi] = *s.frozenOf(gi)
-		if err := s.protectGroup(gi, full); err != nil {
-			// Give back write access to what the groups before gi protected.
-			for gj := range gi {
-				if from, to := s.protectable(gj, was[gj]), *s.frozenOf(gj); s.c.protector && to > from {
-					if rerr := setAccess(s.c.groups[gj].ranges(s.bufs), from, to-from, backing.ReadWrite); rerr != nil {
-						s.err = rerr
-						return errors.Join(err, fmt.Errorf("%w: restoring write access: %w", ErrDamaged, rerr))
-					}
-				}
-				*s.frozenOf(gj) = was[gj]
-			}
-			return err
-		}
-	}
-	return nil
-}
-
-// protectable returns where protecting group gi's ranges from frozen bytes on starts:
-// at frozen, or at the ranges' Start where a window gave the bytes below back.
-func (s *Sequence) protectable(gi, frozen int) int {
-	return max(frozen, s.bufs[s.c.groups[gi].first].Start())
-}
-
-// protectGroup is protect for group gi's ranges, under the ranges' lock.
-func (s *Sequence) protectGroup(gi, full int) error {
-	frozen := s.frozenOf(gi)
-	if full <= *frozen {
-		return nil
-	}
-	if from := s.protectable(gi, *frozen); s.c.protector && full > from {
-		if err, rerr := readOnly(s.c.groups[gi].ranges(s.bufs), from, full-from); rerr != nil {
-			s.err = rerr
-			return errors.Join(err, fmt.Errorf("%w: restoring write access: %w", ErrDamaged, rerr))
-		} else if err != nil {
-			return err
-		}
-	}
-	*frozen = full
-	s.guarded = s.guarded || s.c.protector
-	return nil
-}
-
-// setAccess sets [off, off+n) of each range to prot, and returns the failures.
-func setAccess(bufs []buffer, off, n int, prot backing.Protection) error {
-	var errs []error
-	for _, b := range bufs {
-		if err := b.protect(off, n, prot); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// shareInto makes each dst range hold the first n tokens of its src range: the whole
-// sharing units (granules, or blocks) mapped read-only, the tokens past them copied.
-// dst ranges must be empty. It returns the shared bytes per range of a one-group
-// cache; on error the dst ranges are left for the caller to close.
-func (c *Cache) shareInto(dst, src []buffer, n int) (int, error) {
-	var full [1]int
-	err := c.shareGroups(dst, src, n, full[:])
-	return full[0], err
-}
-
-// shareGroups is shareInto for every group: fulls[gi] gets the bytes group gi
-// shares per range, counted from 0. A window group's dst ranges start at the unit
-// that holds its FirstLive(n) (dropOff): the parent's whole units from there on are
-// mapped, the ones below never committed.
-func (c *Cache) shareGroups(dst, src []buffer, n int, fulls []int) error {
-	for gi := range c.groups {
-		g := &c.groups[gi]
-		full, size, lo := g.shareable(n), g.extent(n), g.dropOff(n)
-		d, sr := g.ranges(dst), g.ranges(src)
-		for i := range d {
-			if lo > 0 {
-				if err := d[i].StartAt(lo); err != nil {
-					return err
-				}
-			}
-			if err := d[i].shareRange(sr[i], lo, full-lo, backing.ReadOnly); err != nil {
-				return err
-			}
-			if err := d[i].Resize(size); err != nil {
-				return err
-			}
-			if err := g.copyTail(d[i], sr[i], n); err != nil {
-				return err
-			}
-		}
-		fulls[gi] = full
-	}
-	return nil
-}
-
 // Freeze makes the first p tokens of the sequence an immutable, reference-counted
 // Prefix that new sequences can start on (NewSequenceFrom). The full granules (in the
 // Blocked layout, the full blocks) are shared, not copied; the prefix copies the
@@ -687,4 +501,20 @@ func (s *Sequence) ForkNeed(n int) (int64, error) {
 		return 0, fmt.Errorf("%w: fork at %d of %d tokens", ErrRange, n, s.n)
 	}
 	return max(s.c.shareNeed(n)-s.c.own(), 0), nil
+}
+
+// Started returns what the call that made s newly took on (a [backing.MapReport]):
+// the bytes of the granules it committed as s's own (the copied tail of a prefix or
+// a fork), the bytes it mapped, own and shared, and how many granules. A prefix's or
+// a parent's shared granules add to Mapped only: they are owned once, already. It is
+// the seed's per-call SharedPrefixCommitInfo (onnx_runtime_memory_api,
+// src/allocator.rs) for NewSequenceFrom, Fork, ForkAt and a PrefixCache Lookup that
+// hits. A new empty sequence (NewSequence, a Lookup that misses) took on nothing,
+// also where a miss took over an evicted entry's granules: those were owned already
+// and change hands. Under ByBacking the ledger's Owned minus the pool's idle
+// granules moves by Owned (the pool may serve the new granules from idle ones it
+// holds), its Mapped by Mapped.
+func (s *Sequence) Started() backing.MapReport {
+	s.live()
+	return s.started
 }

@@ -160,3 +160,51 @@ func (s *Sequence) ReadToken(layer int, kind Kind, t int, dst []byte) error {
 	at, _ := c.groups[gi].tokenAt(off, t, 0)
 	return s.bufs[i].readAt(at, dst)
 }
+
+// stateAt returns the range and offset of layer's recurrent state in s, checking a
+// buffer of n bytes against it.
+func (s *Sequence) stateAt(layer, n int) (buffer, int, error) {
+	if uint(layer) >= uint(len(s.c.layers)) {
+		return nil, 0, fmt.Errorf("%w: layer %d of %d layers", ErrRange, layer, len(s.c.layers))
+	}
+	r := s.c.layers[layer]
+	g := &s.c.groups[r.group]
+	switch {
+	case g.state == 0:
+		return nil, 0, fmt.Errorf("%w: layer %d is %v, which has tokens and no state", ErrRange, layer, g.spec.Kind)
+	case n != g.spec.StateBytes:
+		return nil, 0, fmt.Errorf("%w: %d bytes for a state of %d", ErrRange, n, g.spec.StateBytes)
+	case s.n == 0:
+		return nil, 0, fmt.Errorf("%w: sequence %d has no tokens, so no state yet", ErrRange, s.id)
+	}
+	return s.bufs[g.first], r.local * g.spec.StateBytes, nil
+}
+
+// ReadState copies recurrent layer's state (StateBytes) into dst, on any backing. The
+// state exists from the sequence's first token on (it commits then, zeroed where the
+// backing's fresh memory is), so an empty sequence has none: ErrRange, as for a layer
+// that is not recurrent or a dst of another length.
+func (s *Sequence) ReadState(layer int, dst []byte) error {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	buf, off, err := s.stateAt(layer, len(dst))
+	if err != nil {
+		return err
+	}
+	return buf.readAt(off, dst)
+}
+
+// WriteState copies src (StateBytes) into recurrent layer's state, with ReadState's
+// errors. A state is the sequence's own: forks copy it, so writing it never reaches
+// another sequence.
+func (s *Sequence) WriteState(layer int, src []byte) error {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	buf, off, err := s.stateAt(layer, len(src))
+	if err != nil {
+		return err
+	}
+	return buf.writeAt(off, src)
+}

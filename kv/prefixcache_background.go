@@ -1,0 +1,167 @@
+package kv
+
+// The tiers' work off the request's path: a write-through's stores, the write-downs of
+// entries an eviction took (later, closeAll), and Close's part (seal, flush). These
+// close entries and evict, so they sit above the index and eviction, which only pick
+// what to write down (prefixcache_tier.go).
+
+import "context"
+
+// writeThrough stores e's whole blocks into the tiers now that e holds ranges of its
+// own and, under a reuse threshold, was hit often enough (TierWriteThrough), on a
+// goroutine of its own counted in bg: e is busy meanwhile, so that eviction leaves its
+// ranges as they are, and the blocks it stores are not written again when e is
+// evicted. A growth that finds nothing else to evict waits for the store to end
+// (storingVictim) rather than being refused. An entry whose write-through runs starts
+// no second one: eviction writes down what that one did not store. pc.mu is held.
+func (t *pcTiers) writeThrough(pc *PrefixCache, e *pcEntry) {
+	if t == nil || !t.through || t.sealed || e.closed || e.seq == nil || e.seq.err != nil || !t.keep(e) || t.storing[e] != nil {
+		return
+	}
+	p, ok := t.part(e, e.leaf.Tokens(), e.leaf.Parent().Depth()/t.c.tpb, e.n)
+	if !ok {
+		return
+	}
+	e.stored = p.last
+	e.busy++
+	done := make(chan struct{})
+	t.storing[e] = done
+	t.bg.Add(1)
+	seq := e.seq // its ranges, which stay as they are while e is busy
+	go func() {
+		defer t.bg.Done()
+		t.writeBack(context.Background(), seq, &tierWrite{t: t, parts: []tierPart{p}})
+		pc.mu.Lock()
+		e.busy--
+		delete(t.storing, e)
+		out := e.state() == entryOut // it left the index meanwhile: ours to close
+		pc.mu.Unlock()
+		if out {
+			e.close()
+		}
+		close(done) // after the close: a growth waiting for it finds the memory back
+		t.repay(pc)
+	}()
+}
+
+// repay, once a write-through's stores ended and its entry can be evicted again,
+// evicts for the requests that still wait for memory on the device what the
+// reclaimer owed them: the governor calls the reclaimer only as a request starts to
+// wait, so that without this a request would wait on for memory the prefix cache
+// could give it now. What it still can not give stays owed while requests wait. No
+// lock is held.
+func (t *pcTiers) repay(pc *PrefixCache) {
+	owed := t.owed.Swap(0)
+	if owed <= 0 || t.c.gov.Stats(t.c.dev).Waiters == 0 {
+		return
+	}
+	t.owe(owed - pc.evictFor(owed, evictForWaiter))
+}
+
+// later tells whether the entries in drop, which an eviction to MaxBytes took after an
+// Insert or a lookup, or an origin's close, have blocks to write down: those are then
+// written, and the entries closed, on a goroutine of their own (closeAll), off the
+// request's path, counted in bg so that Close waits for them. Once Close sealed the
+// tiers, those with blocks to write are parked for Close instead: it returns the
+// entries left for closeAll. pc.mu is held: an Insert holds it from its check that the
+// prefix cache is open, a lookup is counted in pc.working, which Close waits for
+// before it seals, and an origin's close seals nothing.
+func (t *pcTiers) later(drop []*pcEntry) ([]*pcEntry, bool) {
+	if t == nil {
+		return drop, false
+	}
+	if t.sealed {
+		rest := drop[:0]
+		for _, d := range drop {
+			if d.wb != nil {
+				t.parked = append(t.parked, d)
+			} else {
+				rest = append(rest, d)
+			}
+		}
+		return rest, false
+	}
+	for _, d := range drop {
+		if d.wb != nil {
+			t.bg.Add(1)
+			return drop, true
+		}
+	}
+	return drop, false
+}
+
+// closeAll closes the entries in drop, on a goroutine of its own when later said so.
+// No lock is held.
+func (t *pcTiers) closeAll(drop []*pcEntry, later bool) {
+	if !later {
+		for _, d := range drop {
+			d.close()
+		}
+		return
+	}
+	go func() {
+		defer t.bg.Done()
+		for _, d := range drop {
+			d.close()
+		}
+	}()
+}
+
+// seal starts Close's part: write-downs are parked for Close from now on, and those
+// running in the background are waited for.
+func (t *pcTiers) seal(pc *PrefixCache) {
+	if t == nil {
+		return
+	}
+	pc.mu.Lock()
+	t.sealed = true
+	pc.mu.Unlock()
+	t.bg.Wait()
+}
+
+// closeContext returns the context bounding Close's write-downs, all of them together:
+// one TierWait.
+func (t *pcTiers) closeContext() (context.Context, context.CancelFunc) {
+	if t == nil {
+		return context.Background(), func() {}
+	}
+	return context.WithTimeout(context.Background(), t.wait)
+}
+
+// flush writes down, within ctx, what waits in live origins' ranges (pending) and
+// what was parked, for Close, which evicted the index before: each origin's under its
+// ranges lock, so that it can not close meanwhile. No lock is held.
+func (t *pcTiers) flush(ctx context.Context, pc *PrefixCache) []error {
+	if t == nil {
+		return nil
+	}
+	pc.mu.Lock()
+	origins := make([]*Sequence, 0, len(t.pending))
+	ols := make([]*pcLive, 0, len(t.pending))
+	for s, pe := range t.pending {
+		origins, ols = append(origins, s), append(ols, pe.ol)
+	}
+	pc.mu.Unlock()
+	for i, s := range origins {
+		ols[i].mu.Lock()
+		pc.mu.Lock()
+		pe := t.pending[s]
+		delete(t.pending, s)
+		pc.mu.Unlock()
+		if pe != nil && s.err == nil {
+			t.writeBack(ctx, s, &tierWrite{t: t, parts: pe.parts})
+		}
+		ols[i].mu.Unlock()
+	}
+	pc.mu.Lock()
+	parked := t.parked
+	t.parked = nil
+	pc.mu.Unlock()
+	var errs []error
+	for _, d := range parked {
+		if out := d.closeCtx(ctx); out.Err != nil {
+			errs = append(errs, out.Err)
+		}
+	}
+	return errs
+}
