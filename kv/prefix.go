@@ -18,7 +18,7 @@ type Prefix struct {
 	c      *Cache
 	bufs   []buffer
 	tokens int
-	pcl    *pcLive // what it maps of a PrefixCache's granules, or nil
+	pcl    *pcLive // what it maps of a PrefixCache's granules, or nil: the prefix cache's slot, which only its files read or write
 
 	// guarded by c.mu
 	refs    int

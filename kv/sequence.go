@@ -41,7 +41,7 @@ type Sequence struct {
 	grew   bool   // the running batch step resized its ranges (see Cache.grow)
 	pre    int    // while grew: the bytes each range committed before the step
 	closed bool
-	pcl    *pcLive // what it maps of a PrefixCache's granules, or nil
+	pcl    *pcLive // what it maps of a PrefixCache's granules, or nil: the prefix cache's slot, which only its files read or write
 	// guarded: protect made some of its own bytes read-only in its ranges once (a
 	// fork, a freeze), so they may not all be writable. (What prefix cache hits
 	// protect, pcLive counts.)
