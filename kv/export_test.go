@@ -79,3 +79,8 @@ func (c *Cache) WaitAhead() {
 		a.cond.Wait()
 	}
 }
+
+// OnStoringWait has f called each time a growth of pc's cache starts to wait for an
+// entry's write-through (evictFor), with no lock held. pc must have tiers, and f must
+// be set before the growth starts.
+func (pc *PrefixCache) OnStoringWait(f func()) { pc.tiers.onStoringWait = f }

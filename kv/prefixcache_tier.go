@@ -89,6 +89,10 @@ type pcTiers struct {
 	// once it ended (and the entry, if it left the index meanwhile, closed): a
 	// growth that finds nothing else to evict waits for one (PrefixCache.evictFor).
 	storing map[*pcEntry]chan struct{}
+	// onStoringWait, nil outside tests (export_test.go), is called as a growth starts
+	// to wait for a write-through (PrefixCache.evictFor), with no lock held: a test
+	// then knows the growth waits rather than guessing it from a timer.
+	onStoringWait func()
 
 	mu     sync.Mutex
 	counts []TierStats

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -112,9 +113,12 @@ func idleOf(e *env) int64 {
 }
 
 // writeThroughCache opens a Blocked cache of four granules on kind with a
-// write-through PrefixCache over one gated tier, whose stores wait until open is
-// called (once or more; a failure opens it before closing the cache).
-func writeThroughCache(t *testing.T, kind, gran int) (e *env, g gated, pc *kv.PrefixCache, open func()) {
+// write-through PrefixCache over one gated tier, whose stores wait until a growth of
+// the cache starts to wait for one of them (PrefixCache.OnStoringWait; a failure
+// opens the gate before closing the cache). waited reports whether a growth did: a
+// gate on a timer would let a growth that asks only after the store ended pass where
+// it would have been refused.
+func writeThroughCache(t *testing.T, kind, gran int) (e *env, g gated, pc *kv.PrefixCache, waited func() bool) {
 	t.Helper()
 	e, err := openEnv(t, envSpec{kind: kind, granule: gran, limit: 4 * int64(gran), cfg: kv.Config{MaxTokens: 512, Layout: kv.Blocked}})
 	if err != nil {
@@ -124,9 +128,11 @@ func writeThroughCache(t *testing.T, kind, gran int) (e *env, g gated, pc *kv.Pr
 	pc, err = kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{Tiers: []kv.Tier{g}, TierWait: time.Minute, TierWriteThrough: true})
 	require.NoError(t, err)
 	var once sync.Once
-	open = func() { once.Do(func() { close(g.open) }) }
+	var waits atomic.Int32
+	open := func() { once.Do(func() { close(g.open) }) }
+	pc.OnStoringWait(func() { waits.Add(1); open() })
 	e.onFail(func() { open(); pc.Close() })
-	return e, g, pc, open
+	return e, g, pc, func() bool { return waits.Load() > 0 }
 }
 
 // TestPrefixCacheTierWriteThroughWaiter: a request that may wait for memory which
@@ -137,7 +143,7 @@ func TestPrefixCacheTierWriteThroughWaiter(t *testing.T) {
 	const gran = 64 << 10
 	for _, kind := range []int{onShared, onCUDA} {
 		t.Run(backingNames[kind], func(t *testing.T) {
-			e, g, pc, open := writeThroughCache(t, kind, gran)
+			e, g, pc, waited := writeThroughCache(t, kind, gran)
 			c := e.c
 			tpb, _ := blockTokens(t, c)
 			s, _, err := serve(pc, promptIDs(1, 2*tpb+1))
@@ -145,18 +151,14 @@ func TestPrefixCacheTierWriteThroughWaiter(t *testing.T) {
 			require.True(t, s.Close().OK()) // its entry's write-through waits at the gate
 			q, err := c.NewSequence()
 			require.NoError(t, err)
-			done := make(chan error, 1)
-			go func() {
-				// A deadline only so that a failure ends: the memory is there at once.
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				defer cancel()
-				done <- q.AppendCtx(ctx, 3*tpb)
-			}()
-			// Its growth waits for the write-through (TestPrefixCacheTierWriteThroughGrowth)
-			// before it would wait in the governor: the gate opens on a timer, so that
-			// either wait ends with the store.
-			time.AfterFunc(20*time.Millisecond, open)
-			require.NoError(t, <-done, "served once the write-through ended")
+			e.onFail(func() { q.Close() })
+			// A deadline only so that a failure ends: the gate opens as the growth
+			// starts to wait for the write-through, before it would wait in the
+			// governor (TestPrefixCacheTierWriteThroughGrowth).
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			require.NoError(t, q.AppendCtx(ctx, 3*tpb), "served once the write-through ended")
+			assert.True(t, waited(), "the growth waited for the write-through")
 			require.NoError(t, writeIDs(q, promptIDs(500, 3*tpb), 0, 3*tpb))
 			require.NoError(t, checkIDs(q, promptIDs(500, 3*tpb), 0, 3*tpb))
 			assert.Positive(t, pc.Stats().EvictedBytes, "the entry made room")
@@ -177,7 +179,7 @@ func TestPrefixCacheTierWriteThroughGrowth(t *testing.T) {
 	const gran = 64 << 10
 	for _, kind := range []int{onShared, onCUDA} {
 		t.Run(backingNames[kind], func(t *testing.T) {
-			e, g, pc, open := writeThroughCache(t, kind, gran)
+			e, g, pc, waited := writeThroughCache(t, kind, gran)
 			c := e.c
 			tpb, blk := blockTokens(t, c)
 			ids := promptIDs(1, 3*tpb+1)
@@ -188,11 +190,12 @@ func TestPrefixCacheTierWriteThroughGrowth(t *testing.T) {
 			q, err := c.NewSequence()
 			require.NoError(t, err)
 			e.onFail(func() { q.Close() })
-			// Whether the gate opens before the growth asks or while it waits, the
-			// growth must be served; a refusal comes back before it opens.
-			time.AfterFunc(20*time.Millisecond, open)
+			// The gate opens only once the growth waits for the write-through, so
+			// the store cannot end before the growth asks: a growth that passes the
+			// entry over is refused whatever the machine's load.
 			want := promptIDs(500, 3*tpb)
 			require.NoError(t, q.Append(3*tpb), "served once the write-through ended")
+			assert.True(t, waited(), "the growth waited for the write-through")
 			require.NoError(t, writeIDs(q, want, 0, 3*tpb))
 			require.NoError(t, checkIDs(q, want, 0, 3*tpb))
 			st := pc.Stats()
