@@ -84,3 +84,8 @@ func (c *Cache) WaitAhead() {
 // entry's write-through (evictFor), with no lock held. pc must have tiers, and f must
 // be set before the growth starts.
 func (pc *PrefixCache) OnStoringWait(f func()) { pc.tiers.onStoringWait = f }
+
+// OnLoadWait has f called each time a lookup of pc starts to wait for a slot to load
+// from the tiers (TierLoads), with no lock held. pc must have tiers, and f must be
+// set before the lookup starts.
+func (pc *PrefixCache) OnLoadWait(f func()) { pc.tiers.onLoadWait = f }

@@ -339,6 +339,7 @@ func TestPrefixCacheTierOptions(t *testing.T) {
 	for _, o := range []kv.PrefixCacheOptions{
 		{Tiers: []kv.Tier{nil}},
 		{Tiers: []kv.Tier{tiertest.NewMap(0)}, TierStores: -1},
+		{Tiers: []kv.Tier{tiertest.NewMap(0)}, TierLoads: -1},
 		{Tiers: []kv.Tier{tiertest.NewMap(0)}, TierWait: -1},
 		{Tiers: []kv.Tier{tiertest.NewMap(0), tiertest.NewMap(0)}}, // two of one name
 	} {

@@ -5,6 +5,7 @@ package kv_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -209,4 +210,148 @@ func TestPrefixCacheTierWriteThroughGrowth(t *testing.T) {
 			e.finish(t)
 		})
 	}
+}
+
+// loadGate is a tier whose Contains, the first call of a lookup's load from it,
+// waits until open is closed (whatever its context) once shut is set, counting the
+// calls that run at once and the most that ever did.
+type loadGate struct {
+	*tiertest.Map
+	open          chan struct{}
+	shut          atomic.Bool
+	running, most atomic.Int32
+}
+
+func (g *loadGate) Contains(ctx context.Context, keys []kv.TierKey) (int, error) {
+	if !g.shut.Load() {
+		return g.Map.Contains(ctx, keys)
+	}
+	n := g.running.Add(1)
+	defer g.running.Add(-1)
+	for m := g.most.Load(); n > m && !g.most.CompareAndSwap(m, n); m = g.most.Load() {
+	}
+	<-g.open
+	return g.Map.Contains(context.Background(), keys)
+}
+
+// loadGateCache returns a prefix cache of TierLoads slots over one loadGate on
+// host.Shared, the gate's open func and the count of the lookups seen waiting for a
+// slot (PrefixCache.OnLoadWait); the test shuts the gate, and its cleanup opens the
+// gate and closes the cache.
+func loadGateCache(t *testing.T, slots int, wait time.Duration) (*kv.Cache, *loadGate, *kv.PrefixCache, func(), *atomic.Int32) {
+	t.Helper()
+	c := tierBackends[0].make(t, 512)
+	g := &loadGate{Map: tiertest.NewMap(4 << 20), open: make(chan struct{})}
+	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Tiers: []kv.Tier{g}, TierPrefix: t.Name(), TierWait: wait, TierLoads: slots})
+	require.NoError(t, err)
+	var once sync.Once
+	open := func() { once.Do(func() { close(g.open) }) }
+	t.Cleanup(func() { open(); assert.NoError(t, pc.Close()) })
+	var waiting atomic.Int32
+	pc.OnLoadWait(func() { waiting.Add(1) })
+	return c, g, pc, open, &waiting
+}
+
+// TestPrefixCacheTierLoadSlots: at most TierLoads lookups load from the tiers at
+// once; the others wait for a slot, then load too, and every token they read back is
+// the one written. The gate opens only once the lookups beyond the bound are seen
+// waiting for a slot (PrefixCache.OnLoadWait), so that without the bound every lookup
+// reaches the tier's Load before it opens, whatever the machine's load.
+func TestPrefixCacheTierLoadSlots(t *testing.T) {
+	const slots, lookups = 2, 5
+	c, g, pc, open, waiting := loadGateCache(t, slots, time.Minute)
+	tpb, _ := blockTokens(t, c)
+	prompts := make([][]int32, lookups)
+	for i := range prompts {
+		prompts[i] = promptIDs(1000*(i+1), 2*tpb+1)
+		evictAll(t, pc, prompts[i])
+	}
+	g.shut.Store(true)
+	require.Equal(t, 2*lookups, g.Len())
+
+	done := make(chan error, lookups)
+	for _, ids := range prompts {
+		go func() {
+			q, m, err := pc.Lookup(ids)
+			if err == nil && m != 2*tpb {
+				err = fmt.Errorf("loaded %d tokens, want %d", m, 2*tpb)
+			}
+			if err == nil {
+				err = checkIDs(q, ids, 0, m)
+			}
+			if q != nil {
+				q.Close()
+			}
+			done <- err
+		}()
+	}
+	for g.running.Load() < slots || waiting.Load() < lookups-slots {
+		require.LessOrEqual(t, g.running.Load(), int32(slots), "lookups loading at once")
+		select {
+		case err := <-done:
+			require.FailNow(t, "a lookup ended before the gate opened", "%v", err)
+		default:
+			runtime.Gosched()
+		}
+	}
+	require.EqualValues(t, slots, g.running.Load(), "lookups loading at once while the rest wait")
+	open()
+	for range lookups {
+		require.NoError(t, <-done)
+	}
+	assert.EqualValues(t, slots, g.most.Load())
+	st := pc.Stats().Tiers[0]
+	assert.EqualValues(t, 2*tpb*lookups, st.Hits, "every lookup loaded its blocks")
+	assert.Zero(t, st.Drops)
+}
+
+// TestPrefixCacheTierLoadSlotWait: a lookup that finds every load slot taken waits
+// for one only within its TierWait: it then starts on what the device holds (here
+// nothing), and its tier counts a drop; the lookup holding the slot goes on.
+func TestPrefixCacheTierLoadSlotWait(t *testing.T) {
+	c, g, pc, open, waiting := loadGateCache(t, 1, time.Second)
+	tpb, _ := blockTokens(t, c)
+	a, b := promptIDs(100, tpb+1), promptIDs(200, tpb+1)
+	evictAll(t, pc, a)
+	evictAll(t, pc, b)
+	g.shut.Store(true)
+	lookup := func(ids []int32, got chan<- int) chan error {
+		done := make(chan error, 1)
+		go func() {
+			q, m, err := pc.Lookup(ids)
+			if err == nil {
+				got <- m
+				err = checkIDs(q, ids, 0, m)
+				q.Close()
+			}
+			done <- err
+		}()
+		return done
+	}
+	aDone := lookup(a, make(chan int, 1))
+	for g.running.Load() == 0 {
+		select {
+		case err := <-aDone:
+			require.FailNow(t, "the first lookup ended before it asked the tier", "%v", err)
+		default:
+			runtime.Gosched()
+		}
+	}
+	before := pc.Stats().Tiers[0]
+	bGot := make(chan int, 1)
+	bDone := lookup(b, bGot) // the slot is a's until the gate opens
+	select {
+	case err := <-bDone:
+		require.NoError(t, err)
+	case <-time.After(time.Minute):
+		require.FailNow(t, "the second lookup waited past its TierWait")
+	}
+	assert.Zero(t, <-bGot, "no slot within the wait: nothing loaded")
+	assert.EqualValues(t, 1, waiting.Load(), "it waited for the slot")
+	st := pc.Stats().Tiers[0]
+	assert.EqualValues(t, 1, st.Drops-before.Drops, "counted as a drop of the tier")
+	assert.Equal(t, before.Hits, st.Hits)
+	assert.EqualValues(t, 1, g.running.Load(), "the first lookup still holds the slot")
+	open()
+	require.NoError(t, <-aDone)
 }
