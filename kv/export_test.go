@@ -89,3 +89,7 @@ func (pc *PrefixCache) OnStoringWait(f func()) { pc.tiers.onStoringWait = f }
 // from the tiers (TierLoads), with no lock held. pc must have tiers, and f must be
 // set before the lookup starts.
 func (pc *PrefixCache) OnLoadWait(f func()) { pc.tiers.onLoadWait = f }
+
+// TierOwed returns the bytes pc's reclaimer owes requests that wait on the device
+// (pcTiers.owe); pc must have tiers.
+func (pc *PrefixCache) TierOwed() int64 { return pc.tiers.owed.Load() }

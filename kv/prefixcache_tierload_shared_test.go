@@ -113,27 +113,38 @@ func idleOf(e *env) int64 {
 	return e.pool.PoolStats().Idle
 }
 
+// wtGate is the gate of writeThroughCache's tier: its stores wait until open is
+// called (once or more), which a growth of the cache does as it starts to wait for a
+// write-through (PrefixCache.OnStoringWait).
+type wtGate struct {
+	ch    chan struct{}
+	once  sync.Once
+	waits atomic.Int32
+}
+
+func (w *wtGate) open() { w.once.Do(func() { close(w.ch) }) }
+
+// waited reports whether a growth waited for a write-through: a gate on a timer would
+// let a growth that asks only after the store ended pass where it would have been
+// refused.
+func (w *wtGate) waited() bool { return w.waits.Load() > 0 }
+
 // writeThroughCache opens a Blocked cache of four granules on kind with a
-// write-through PrefixCache over one gated tier, whose stores wait until a growth of
-// the cache starts to wait for one of them (PrefixCache.OnStoringWait; a failure
-// opens the gate before closing the cache). waited reports whether a growth did: a
-// gate on a timer would let a growth that asks only after the store ended pass where
-// it would have been refused.
-func writeThroughCache(t *testing.T, kind, gran int) (e *env, g gated, pc *kv.PrefixCache, waited func() bool) {
+// write-through PrefixCache over one gated tier, whose stores wait at the gate w (a
+// failure opens it before closing the cache).
+func writeThroughCache(t *testing.T, kind, gran int) (e *env, g gated, pc *kv.PrefixCache, w *wtGate) {
 	t.Helper()
 	e, err := openEnv(t, envSpec{kind: kind, granule: gran, limit: 4 * int64(gran), cfg: kv.Config{MaxTokens: 512, Layout: kv.Blocked}})
 	if err != nil {
 		t.Skip(err)
 	}
-	g = gated{tiertest.NewMap(4 << 20), make(chan struct{})}
+	w = &wtGate{ch: make(chan struct{})}
+	g = gated{tiertest.NewMap(4 << 20), w.ch}
 	pc, err = kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{Tiers: []kv.Tier{g}, TierWait: time.Minute, TierWriteThrough: true})
 	require.NoError(t, err)
-	var once sync.Once
-	var waits atomic.Int32
-	open := func() { once.Do(func() { close(g.open) }) }
-	pc.OnStoringWait(func() { waits.Add(1); open() })
-	e.onFail(func() { open(); pc.Close() })
-	return e, g, pc, func() bool { return waits.Load() > 0 }
+	pc.OnStoringWait(func() { w.waits.Add(1); w.open() })
+	e.onFail(func() { w.open(); pc.Close() })
+	return e, g, pc, w
 }
 
 // TestPrefixCacheTierWriteThroughWaiter: a request that may wait for memory which
@@ -144,7 +155,7 @@ func TestPrefixCacheTierWriteThroughWaiter(t *testing.T) {
 	const gran = 64 << 10
 	for _, kind := range []int{onShared, onCUDA} {
 		t.Run(backingNames[kind], func(t *testing.T) {
-			e, g, pc, waited := writeThroughCache(t, kind, gran)
+			e, g, pc, w := writeThroughCache(t, kind, gran)
 			c := e.c
 			tpb, _ := blockTokens(t, c)
 			s, _, err := serve(pc, promptIDs(1, 2*tpb+1))
@@ -159,7 +170,7 @@ func TestPrefixCacheTierWriteThroughWaiter(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			require.NoError(t, q.AppendCtx(ctx, 3*tpb), "served once the write-through ended")
-			assert.True(t, waited(), "the growth waited for the write-through")
+			assert.True(t, w.waited(), "the growth waited for the write-through")
 			require.NoError(t, writeIDs(q, promptIDs(500, 3*tpb), 0, 3*tpb))
 			require.NoError(t, checkIDs(q, promptIDs(500, 3*tpb), 0, 3*tpb))
 			assert.Positive(t, pc.Stats().EvictedBytes, "the entry made room")
@@ -180,7 +191,7 @@ func TestPrefixCacheTierWriteThroughGrowth(t *testing.T) {
 	const gran = 64 << 10
 	for _, kind := range []int{onShared, onCUDA} {
 		t.Run(backingNames[kind], func(t *testing.T) {
-			e, g, pc, waited := writeThroughCache(t, kind, gran)
+			e, g, pc, w := writeThroughCache(t, kind, gran)
 			c := e.c
 			tpb, blk := blockTokens(t, c)
 			ids := promptIDs(1, 3*tpb+1)
@@ -196,7 +207,7 @@ func TestPrefixCacheTierWriteThroughGrowth(t *testing.T) {
 			// entry over is refused whatever the machine's load.
 			want := promptIDs(500, 3*tpb)
 			require.NoError(t, q.Append(3*tpb), "served once the write-through ended")
-			assert.True(t, waited(), "the growth waited for the write-through")
+			assert.True(t, w.waited(), "the growth waited for the write-through")
 			require.NoError(t, writeIDs(q, want, 0, 3*tpb))
 			require.NoError(t, checkIDs(q, want, 0, 3*tpb))
 			st := pc.Stats()
@@ -210,6 +221,48 @@ func TestPrefixCacheTierWriteThroughGrowth(t *testing.T) {
 			e.finish(t)
 		})
 	}
+}
+
+// TestPrefixCacheTierWriteThroughRepay: a request of another ledger on the device
+// that waits for memory which only an entry held busy by its write-through could
+// give gets it once the stores end: the reclaimer, asked as the request started to
+// wait, could evict nothing and owed it the bytes, and the write-through's end repays
+// them (pcTiers.repay). Without the repayment the request waits to its deadline.
+func TestPrefixCacheTierWriteThroughRepay(t *testing.T) {
+	const gran = 64 << 10
+	e, g, pc, w := writeThroughCache(t, onFake, gran)
+	c := e.c
+	tpb, _ := blockTokens(t, c)
+	s, _, err := serve(pc, promptIDs(1, 3*tpb+1))
+	require.NoError(t, err)
+	require.True(t, s.Close().OK()) // its entry's write-through waits at the gate
+	require.EqualValues(t, 4*gran, pc.Stats().CachedBytes, "the entry holds the whole budget")
+	other := e.gov.Authority("other", c.Device())
+	done := make(chan error, 1)
+	go func() {
+		// A deadline only so that a failure ends.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		done <- other.Acquire(ctx, gran)
+	}()
+	for pc.TierOwed() == 0 {
+		select {
+		case err := <-done:
+			require.FailNow(t, "the request ended before the reclaimer owed it", "%v", err)
+		default:
+			runtime.Gosched()
+		}
+	}
+	w.open()
+	require.NoError(t, <-done, "served once the write-through ended")
+	assert.False(t, w.waited(), "no growth of the cache's own")
+	assert.Zero(t, pc.TierOwed(), "repaid")
+	assert.Positive(t, pc.Stats().EvictedBytes, "the entry made room")
+	assert.Equal(t, 3, g.Len(), "its three whole blocks went down")
+	other.Release(gran)
+	require.NoError(t, other.Close())
+	require.NoError(t, pc.Close())
+	e.finish(t)
 }
 
 // loadGate is a tier whose Contains, the first call of a lookup's load from it,
