@@ -484,7 +484,7 @@ func (t *pcTiers) load(s *Sequence, tokens []int32, m, limit int) int {
 // loadFrom loads from tier i the longest run of keys it holds, blocks b on, into s,
 // or as much of its start as the device's budget takes (grow), and returns the blocks
 // loaded and whether the budget cut the run; s holds the loaded blocks (and nothing
-// past them) on return.
+// past them) on return. It holds a load slot (takeLoad) meanwhile.
 func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, tokens []int32, b int, keys []TierKey) (int, bool) {
 	if !t.takeLoad(ctx, i) {
 		return 0, false
