@@ -40,6 +40,7 @@ func ExamplePrefixCacheOptions_tiers() {
 		Tiers:      []kv.Tier{tier},
 		TierPrefix: "llama-3.2-1b-instruct rev 1", // what the geometry can not tell
 		TierWait:   10 * time.Second,              // a lookup's longest wait on the tiers
+		TierLoads:  8,                             // lookups that load from the tiers at once
 	})
 	if err != nil {
 		panic(err)

@@ -79,3 +79,17 @@ func (c *Cache) WaitAhead() {
 		a.cond.Wait()
 	}
 }
+
+// OnStoringWait has f called each time a growth of pc's cache starts to wait for an
+// entry's write-through (evictFor), with no lock held. pc must have tiers, and f must
+// be set before the growth starts.
+func (pc *PrefixCache) OnStoringWait(f func()) { pc.tiers.onStoringWait = f }
+
+// OnLoadWait has f called each time a lookup of pc starts to wait for a slot to load
+// from the tiers (TierLoads), with no lock held. pc must have tiers, and f must be
+// set before the lookup starts.
+func (pc *PrefixCache) OnLoadWait(f func()) { pc.tiers.onLoadWait = f }
+
+// TierOwed returns the bytes pc's reclaimer owes requests that wait on the device
+// (pcTiers.owe); pc must have tiers.
+func (pc *PrefixCache) TierOwed() int64 { return pc.tiers.owed.Load() }

@@ -36,6 +36,11 @@ type PrefixCacheOptions struct {
 	// TierStores bounds the stores into tiers that run at once; 0 means
 	// DefaultTierStores.
 	TierStores int
+	// TierLoads bounds the lookups that load from the tiers at once (each asks one
+	// tier at a time, block after block); 0 means DefaultTierLoads. A lookup that
+	// finds every slot taken waits for one within its TierWait, and prefills what it
+	// could not load.
+	TierLoads int
 	// TierWait bounds how long one lookup waits on the tiers, and one store, and all
 	// of Close's stores together; 0 means DefaultTierWait.
 	TierWait time.Duration
@@ -173,13 +178,16 @@ type PrefixCacheOptions struct {
 // commits for them (the block holding the match's last token is loaded whole over
 // its copy). Where the device's budget can not hold the whole run even after
 // eviction (which runs first, as for any growth), the longest start of it that fits
-// is loaded, the rest counted in TierStats.Unfit, and no tier below is asked. Every value is checked by DecodeTierValue against the prompt's own
-// tokens before its bytes are copied, so no stale key, hash collision or other
-// tenant's value maps another prompt's K/V; the first block that fails ends the run
-// (TierStats.Invalid or Drops), the sequence is cut back to the blocks that passed,
-// and the next tier is asked for the rest. The whole wait is bounded by TierWait; a
-// tier's failure is a shorter match, never an error of Lookup. The loaded tokens
-// count in Hits and in their tier's TierStats.Hits.
+// is loaded, the rest counted in TierStats.Unfit, and no tier below is asked. Every
+// value is checked by DecodeTierValue against the prompt's own tokens before its
+// bytes are copied, so no stale key, hash collision or other tenant's value maps
+// another prompt's K/V; the first block that fails ends the run (TierStats.Invalid or
+// Drops), the sequence is cut back to the blocks that passed, and the next tier is
+// asked for the rest. At most TierLoads lookups load at once: a lookup waits for its
+// turn within its wait, and one that gets none is a counted drop of that tier. The
+// whole wait is bounded by TierWait; a tier's failure is a shorter match, never an
+// error of Lookup. The loaded tokens count in Hits and in their tier's
+// TierStats.Hits.
 //
 // Its zero value is not usable; call NewPrefixCache.
 type PrefixCache struct {

@@ -46,6 +46,9 @@ func (pc *PrefixCache) evictFor(need int64, why evictReason) int64 {
 		if wait == nil {
 			break
 		}
+		if f := pc.tiers.onStoringWait; f != nil {
+			f()
+		}
 		<-wait
 		pc.mu.Lock()
 	}

@@ -20,6 +20,9 @@ const (
 	// DefaultTierStores is the stores into tiers that run at once when
 	// PrefixCacheOptions.TierStores is 0.
 	DefaultTierStores = 2
+	// DefaultTierLoads is the lookups that load from the tiers at once when
+	// PrefixCacheOptions.TierLoads is 0.
+	DefaultTierLoads = 16
 	// DefaultTierWait bounds a lookup's wait on the tiers, and one store, when
 	// PrefixCacheOptions.TierWait is 0.
 	DefaultTierWait = 100 * time.Millisecond
@@ -62,6 +65,7 @@ type pcTiers struct {
 	hash    *blockhash.Hasher
 	wait    time.Duration
 	slots   chan struct{} // one token per store running
+	loads   chan struct{} // one token per lookup loading from a tier
 	through bool          // PrefixCacheOptions.TierWriteThrough
 	minHits int64         // PrefixCacheOptions.TierMinHits
 	// inProc[i]: tier i keeps its values in this process's memory (InProcessTier),
@@ -89,6 +93,13 @@ type pcTiers struct {
 	// once it ended (and the entry, if it left the index meanwhile, closed): a
 	// growth that finds nothing else to evict waits for one (PrefixCache.evictFor).
 	storing map[*pcEntry]chan struct{}
+	// onStoringWait, nil outside tests (export_test.go), is called as a growth starts
+	// to wait for a write-through (PrefixCache.evictFor), with no lock held: a test
+	// then knows the growth waits rather than guessing it from a timer.
+	onStoringWait func()
+	// onLoadWait, nil outside tests, is called as a lookup starts to wait for a
+	// load slot (takeLoad), with no lock held.
+	onLoadWait func()
 
 	mu     sync.Mutex
 	counts []TierStats
@@ -120,8 +131,9 @@ type tierPending struct {
 // every layer), a nil tier, two tiers of one name (their counts are told apart by
 // it), a negative bound or threshold, or a tier policy without tiers.
 func newTiers(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
-	if opts.TierStores < 0 || opts.TierWait < 0 || opts.TierMinHits < 0 {
-		return nil, fmt.Errorf("%w: TierStores %d, TierWait %v, TierMinHits %d: none may be negative", ErrConfig, opts.TierStores, opts.TierWait, opts.TierMinHits)
+	if opts.TierStores < 0 || opts.TierLoads < 0 || opts.TierWait < 0 || opts.TierMinHits < 0 {
+		return nil, fmt.Errorf("%w: TierStores %d, TierLoads %d, TierWait %v, TierMinHits %d: none may be negative",
+			ErrConfig, opts.TierStores, opts.TierLoads, opts.TierWait, opts.TierMinHits)
 	}
 	if len(opts.Tiers) == 0 {
 		if opts.TierWriteThrough || opts.TierMinHits > 0 {
@@ -162,6 +174,10 @@ func newTiers(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
 	}
 	if opts.TierStores == 0 {
 		t.slots = make(chan struct{}, DefaultTierStores)
+	}
+	t.loads = make(chan struct{}, opts.TierLoads)
+	if opts.TierLoads == 0 {
+		t.loads = make(chan struct{}, DefaultTierLoads)
 	}
 	for i, tier := range t.tiers {
 		t.counts[i].Name = tier.Name()
@@ -468,8 +484,12 @@ func (t *pcTiers) load(s *Sequence, tokens []int32, m, limit int) int {
 // loadFrom loads from tier i the longest run of keys it holds, blocks b on, into s,
 // or as much of its start as the device's budget takes (grow), and returns the blocks
 // loaded and whether the budget cut the run; s holds the loaded blocks (and nothing
-// past them) on return.
+// past them) on return. It holds a load slot (takeLoad) meanwhile.
 func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, tokens []int32, b int, keys []TierKey) (int, bool) {
+	if !t.takeLoad(ctx, i) {
+		return 0, false
+	}
+	defer func() { <-t.loads }()
 	run, err := tier.Contains(ctx, keys)
 	if err != nil || run <= 0 {
 		if err != nil {
@@ -531,6 +551,28 @@ func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, t
 		}
 	}
 	return got, short
+}
+
+// takeLoad takes one of the slots of the lookups that load from the tiers at once
+// (TierLoads), waiting for one within ctx; false, a drop of tier i (counted), when ctx
+// ended first. The caller gives the slot back once its loads from tier i ended. No
+// lock is held.
+func (t *pcTiers) takeLoad(ctx context.Context, i int) bool {
+	select {
+	case t.loads <- struct{}{}:
+		return true
+	default:
+	}
+	if f := t.onLoadWait; f != nil {
+		f()
+	}
+	select {
+	case t.loads <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		t.count(i, func(st *TierStats) { st.Drops++ })
+		return false
+	}
 }
 
 // grow appends to s, which holds the tokens before block b (or part of b), blocks

@@ -187,7 +187,8 @@ func (failing) Load(context.Context, kv.TierKey, func([]byte) error) error      
 func (failing) Contains(context.Context, []kv.TierKey) (int, error)              { return 0, errTierDown }
 
 // TestPrefixCacheTierCorrupt: a value flipped in one byte, cut short, or written under
-// another namespace is a miss, counted as invalid, and no token of it is mapped.
+// another namespace (another user prefix, another geometry) is a miss, counted as
+// invalid, and no token of it is mapped.
 func TestPrefixCacheTierCorrupt(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -246,6 +247,32 @@ func TestPrefixCacheTierCorrupt(t *testing.T) {
 		evictAll(t, pcA, ids)
 		require.NoError(t, pcA.Close())
 		ns, err := kv.TierNamespace(c.Config(), 64<<10, "a")
+		require.NoError(t, err)
+		pcB := newTierCache(t, c, foreign{m, ns})
+		q, got, err := pcB.Lookup(ids)
+		require.NoError(t, err)
+		assert.Zero(t, got)
+		require.True(t, q.Close().OK())
+		assert.EqualValues(t, 1, pcB.Stats().Tiers[0].Invalid)
+	})
+	t.Run("geometry", func(t *testing.T) {
+		// Another geometry whose blocks have the same tokens and bytes (half the KV
+		// heads, twice the head dim): its value would fit this cache's block, and is
+		// refused by its namespace.
+		other := kv.Geometry{Name: tiny8.Name, Layers: tiny8.Layers, KVHeads: tiny8.KVHeads / 2, HeadDim: 2 * tiny8.HeadDim, DType: tiny8.DType}
+		eA, err := openEnv(t, envSpec{kind: onShared, granule: 64 << 10, cfg: kv.Config{Geometry: other, MaxTokens: 512}})
+		require.NoError(t, err)
+		c := tierBackends[0].make(t, 512)
+		m := tiertest.NewMap(4 << 20)
+		pcA, err := kv.NewPrefixCache(eA.c, kv.PrefixCacheOptions{Tiers: []kv.Tier{m}})
+		require.NoError(t, err)
+		tpbA, blkA := blockTokens(t, eA.c)
+		tpb, blk := blockTokens(t, c)
+		require.Equal(t, []int{tpb, blk}, []int{tpbA, blkA}, "blocks of one shape")
+		ids := promptIDs(5, tpb+1)
+		evictAll(t, pcA, ids)
+		require.NoError(t, pcA.Close())
+		ns, err := kv.TierNamespace(eA.c.Config(), 64<<10, "")
 		require.NoError(t, err)
 		pcB := newTierCache(t, c, foreign{m, ns})
 		q, got, err := pcB.Lookup(ids)
@@ -339,6 +366,7 @@ func TestPrefixCacheTierOptions(t *testing.T) {
 	for _, o := range []kv.PrefixCacheOptions{
 		{Tiers: []kv.Tier{nil}},
 		{Tiers: []kv.Tier{tiertest.NewMap(0)}, TierStores: -1},
+		{Tiers: []kv.Tier{tiertest.NewMap(0)}, TierLoads: -1},
 		{Tiers: []kv.Tier{tiertest.NewMap(0)}, TierWait: -1},
 		{Tiers: []kv.Tier{tiertest.NewMap(0), tiertest.NewMap(0)}}, // two of one name
 	} {

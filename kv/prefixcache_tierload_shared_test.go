@@ -5,7 +5,9 @@ package kv_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -111,22 +113,38 @@ func idleOf(e *env) int64 {
 	return e.pool.PoolStats().Idle
 }
 
+// wtGate is the gate of writeThroughCache's tier: its stores wait until open is
+// called (once or more), which a growth of the cache does as it starts to wait for a
+// write-through (PrefixCache.OnStoringWait).
+type wtGate struct {
+	ch    chan struct{}
+	once  sync.Once
+	waits atomic.Int32
+}
+
+func (w *wtGate) open() { w.once.Do(func() { close(w.ch) }) }
+
+// waited reports whether a growth waited for a write-through: a gate on a timer would
+// let a growth that asks only after the store ended pass where it would have been
+// refused.
+func (w *wtGate) waited() bool { return w.waits.Load() > 0 }
+
 // writeThroughCache opens a Blocked cache of four granules on kind with a
-// write-through PrefixCache over one gated tier, whose stores wait until open is
-// called (once or more; a failure opens it before closing the cache).
-func writeThroughCache(t *testing.T, kind, gran int) (e *env, g gated, pc *kv.PrefixCache, open func()) {
+// write-through PrefixCache over one gated tier, whose stores wait at the gate w (a
+// failure opens it before closing the cache).
+func writeThroughCache(t *testing.T, kind, gran int) (e *env, g gated, pc *kv.PrefixCache, w *wtGate) {
 	t.Helper()
 	e, err := openEnv(t, envSpec{kind: kind, granule: gran, limit: 4 * int64(gran), cfg: kv.Config{MaxTokens: 512, Layout: kv.Blocked}})
 	if err != nil {
 		t.Skip(err)
 	}
-	g = gated{tiertest.NewMap(4 << 20), make(chan struct{})}
+	w = &wtGate{ch: make(chan struct{})}
+	g = gated{tiertest.NewMap(4 << 20), w.ch}
 	pc, err = kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{Tiers: []kv.Tier{g}, TierWait: time.Minute, TierWriteThrough: true})
 	require.NoError(t, err)
-	var once sync.Once
-	open = func() { once.Do(func() { close(g.open) }) }
-	e.onFail(func() { open(); pc.Close() })
-	return e, g, pc, open
+	pc.OnStoringWait(func() { w.waits.Add(1); w.open() })
+	e.onFail(func() { w.open(); pc.Close() })
+	return e, g, pc, w
 }
 
 // TestPrefixCacheTierWriteThroughWaiter: a request that may wait for memory which
@@ -137,7 +155,7 @@ func TestPrefixCacheTierWriteThroughWaiter(t *testing.T) {
 	const gran = 64 << 10
 	for _, kind := range []int{onShared, onCUDA} {
 		t.Run(backingNames[kind], func(t *testing.T) {
-			e, g, pc, open := writeThroughCache(t, kind, gran)
+			e, g, pc, w := writeThroughCache(t, kind, gran)
 			c := e.c
 			tpb, _ := blockTokens(t, c)
 			s, _, err := serve(pc, promptIDs(1, 2*tpb+1))
@@ -145,18 +163,14 @@ func TestPrefixCacheTierWriteThroughWaiter(t *testing.T) {
 			require.True(t, s.Close().OK()) // its entry's write-through waits at the gate
 			q, err := c.NewSequence()
 			require.NoError(t, err)
-			done := make(chan error, 1)
-			go func() {
-				// A deadline only so that a failure ends: the memory is there at once.
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				defer cancel()
-				done <- q.AppendCtx(ctx, 3*tpb)
-			}()
-			// Its growth waits for the write-through (TestPrefixCacheTierWriteThroughGrowth)
-			// before it would wait in the governor: the gate opens on a timer, so that
-			// either wait ends with the store.
-			time.AfterFunc(20*time.Millisecond, open)
-			require.NoError(t, <-done, "served once the write-through ended")
+			e.onFail(func() { q.Close() })
+			// A deadline only so that a failure ends: the gate opens as the growth
+			// starts to wait for the write-through, before it would wait in the
+			// governor (TestPrefixCacheTierWriteThroughGrowth).
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			require.NoError(t, q.AppendCtx(ctx, 3*tpb), "served once the write-through ended")
+			assert.True(t, w.waited(), "the growth waited for the write-through")
 			require.NoError(t, writeIDs(q, promptIDs(500, 3*tpb), 0, 3*tpb))
 			require.NoError(t, checkIDs(q, promptIDs(500, 3*tpb), 0, 3*tpb))
 			assert.Positive(t, pc.Stats().EvictedBytes, "the entry made room")
@@ -177,7 +191,7 @@ func TestPrefixCacheTierWriteThroughGrowth(t *testing.T) {
 	const gran = 64 << 10
 	for _, kind := range []int{onShared, onCUDA} {
 		t.Run(backingNames[kind], func(t *testing.T) {
-			e, g, pc, open := writeThroughCache(t, kind, gran)
+			e, g, pc, w := writeThroughCache(t, kind, gran)
 			c := e.c
 			tpb, blk := blockTokens(t, c)
 			ids := promptIDs(1, 3*tpb+1)
@@ -188,11 +202,12 @@ func TestPrefixCacheTierWriteThroughGrowth(t *testing.T) {
 			q, err := c.NewSequence()
 			require.NoError(t, err)
 			e.onFail(func() { q.Close() })
-			// Whether the gate opens before the growth asks or while it waits, the
-			// growth must be served; a refusal comes back before it opens.
-			time.AfterFunc(20*time.Millisecond, open)
+			// The gate opens only once the growth waits for the write-through, so
+			// the store cannot end before the growth asks: a growth that passes the
+			// entry over is refused whatever the machine's load.
 			want := promptIDs(500, 3*tpb)
 			require.NoError(t, q.Append(3*tpb), "served once the write-through ended")
+			assert.True(t, w.waited(), "the growth waited for the write-through")
 			require.NoError(t, writeIDs(q, want, 0, 3*tpb))
 			require.NoError(t, checkIDs(q, want, 0, 3*tpb))
 			st := pc.Stats()
@@ -206,4 +221,190 @@ func TestPrefixCacheTierWriteThroughGrowth(t *testing.T) {
 			e.finish(t)
 		})
 	}
+}
+
+// TestPrefixCacheTierWriteThroughRepay: a request of another ledger on the device
+// that waits for memory which only an entry held busy by its write-through could
+// give gets it once the stores end: the reclaimer, asked as the request started to
+// wait, could evict nothing and owed it the bytes, and the write-through's end repays
+// them (pcTiers.repay). Without the repayment the request waits to its deadline.
+func TestPrefixCacheTierWriteThroughRepay(t *testing.T) {
+	const gran = 64 << 10
+	e, g, pc, w := writeThroughCache(t, onFake, gran)
+	c := e.c
+	tpb, _ := blockTokens(t, c)
+	s, _, err := serve(pc, promptIDs(1, 3*tpb+1))
+	require.NoError(t, err)
+	require.True(t, s.Close().OK()) // its entry's write-through waits at the gate
+	require.EqualValues(t, 4*gran, pc.Stats().CachedBytes, "the entry holds the whole budget")
+	other := e.gov.Authority("other", c.Device())
+	done := make(chan error, 1)
+	go func() {
+		// A deadline only so that a failure ends.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		done <- other.Acquire(ctx, gran)
+	}()
+	for pc.TierOwed() == 0 {
+		select {
+		case err := <-done:
+			require.FailNow(t, "the request ended before the reclaimer owed it", "%v", err)
+		default:
+			runtime.Gosched()
+		}
+	}
+	w.open()
+	require.NoError(t, <-done, "served once the write-through ended")
+	assert.False(t, w.waited(), "no growth of the cache's own")
+	assert.Zero(t, pc.TierOwed(), "repaid")
+	assert.Positive(t, pc.Stats().EvictedBytes, "the entry made room")
+	assert.Equal(t, 3, g.Len(), "its three whole blocks went down")
+	other.Release(gran)
+	require.NoError(t, other.Close())
+	require.NoError(t, pc.Close())
+	e.finish(t)
+}
+
+// loadGate is a tier whose Contains, the first call of a lookup's load from it,
+// waits until open is closed (whatever its context) once shut is set, counting the
+// calls that run at once and the most that ever did.
+type loadGate struct {
+	*tiertest.Map
+	open          chan struct{}
+	shut          atomic.Bool
+	running, most atomic.Int32
+}
+
+func (g *loadGate) Contains(ctx context.Context, keys []kv.TierKey) (int, error) {
+	if !g.shut.Load() {
+		return g.Map.Contains(ctx, keys)
+	}
+	n := g.running.Add(1)
+	defer g.running.Add(-1)
+	for m := g.most.Load(); n > m && !g.most.CompareAndSwap(m, n); m = g.most.Load() {
+	}
+	<-g.open
+	return g.Map.Contains(context.Background(), keys)
+}
+
+// loadGateCache returns a prefix cache of TierLoads slots over one loadGate on
+// host.Shared, the gate's open func and the count of the lookups seen waiting for a
+// slot (PrefixCache.OnLoadWait); the test shuts the gate, and its cleanup opens the
+// gate and closes the cache.
+func loadGateCache(t *testing.T, slots int, wait time.Duration) (*kv.Cache, *loadGate, *kv.PrefixCache, func(), *atomic.Int32) {
+	t.Helper()
+	c := tierBackends[0].make(t, 512)
+	g := &loadGate{Map: tiertest.NewMap(4 << 20), open: make(chan struct{})}
+	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Tiers: []kv.Tier{g}, TierPrefix: t.Name(), TierWait: wait, TierLoads: slots})
+	require.NoError(t, err)
+	var once sync.Once
+	open := func() { once.Do(func() { close(g.open) }) }
+	t.Cleanup(func() { open(); assert.NoError(t, pc.Close()) })
+	var waiting atomic.Int32
+	pc.OnLoadWait(func() { waiting.Add(1) })
+	return c, g, pc, open, &waiting
+}
+
+// TestPrefixCacheTierLoadSlots: at most TierLoads lookups load from the tiers at
+// once; the others wait for a slot, then load too, and every token they read back is
+// the one written. The gate opens only once the lookups beyond the bound are seen
+// waiting for a slot (PrefixCache.OnLoadWait), so that without the bound every lookup
+// reaches the tier's Load before it opens, whatever the machine's load.
+func TestPrefixCacheTierLoadSlots(t *testing.T) {
+	const slots, lookups = 2, 5
+	c, g, pc, open, waiting := loadGateCache(t, slots, time.Minute)
+	tpb, _ := blockTokens(t, c)
+	prompts := make([][]int32, lookups)
+	for i := range prompts {
+		prompts[i] = promptIDs(1000*(i+1), 2*tpb+1)
+		evictAll(t, pc, prompts[i])
+	}
+	g.shut.Store(true)
+	require.Equal(t, 2*lookups, g.Len())
+
+	done := make(chan error, lookups)
+	for _, ids := range prompts {
+		go func() {
+			q, m, err := pc.Lookup(ids)
+			if err == nil && m != 2*tpb {
+				err = fmt.Errorf("loaded %d tokens, want %d", m, 2*tpb)
+			}
+			if err == nil {
+				err = checkIDs(q, ids, 0, m)
+			}
+			if q != nil {
+				q.Close()
+			}
+			done <- err
+		}()
+	}
+	for g.running.Load() < slots || waiting.Load() < lookups-slots {
+		require.LessOrEqual(t, g.running.Load(), int32(slots), "lookups loading at once")
+		select {
+		case err := <-done:
+			require.FailNow(t, "a lookup ended before the gate opened", "%v", err)
+		default:
+			runtime.Gosched()
+		}
+	}
+	require.EqualValues(t, slots, g.running.Load(), "lookups loading at once while the rest wait")
+	open()
+	for range lookups {
+		require.NoError(t, <-done)
+	}
+	assert.EqualValues(t, slots, g.most.Load())
+	st := pc.Stats().Tiers[0]
+	assert.EqualValues(t, 2*tpb*lookups, st.Hits, "every lookup loaded its blocks")
+	assert.Zero(t, st.Drops)
+}
+
+// TestPrefixCacheTierLoadSlotWait: a lookup that finds every load slot taken waits
+// for one only within its TierWait: it then starts on what the device holds (here
+// nothing), and its tier counts a drop; the lookup holding the slot goes on.
+func TestPrefixCacheTierLoadSlotWait(t *testing.T) {
+	c, g, pc, open, waiting := loadGateCache(t, 1, time.Second)
+	tpb, _ := blockTokens(t, c)
+	a, b := promptIDs(100, tpb+1), promptIDs(200, tpb+1)
+	evictAll(t, pc, a)
+	evictAll(t, pc, b)
+	g.shut.Store(true)
+	lookup := func(ids []int32, got chan<- int) chan error {
+		done := make(chan error, 1)
+		go func() {
+			q, m, err := pc.Lookup(ids)
+			if err == nil {
+				got <- m
+				err = checkIDs(q, ids, 0, m)
+				q.Close()
+			}
+			done <- err
+		}()
+		return done
+	}
+	aDone := lookup(a, make(chan int, 1))
+	for g.running.Load() == 0 {
+		select {
+		case err := <-aDone:
+			require.FailNow(t, "the first lookup ended before it asked the tier", "%v", err)
+		default:
+			runtime.Gosched()
+		}
+	}
+	before := pc.Stats().Tiers[0]
+	bGot := make(chan int, 1)
+	bDone := lookup(b, bGot) // the slot is a's until the gate opens
+	select {
+	case err := <-bDone:
+		require.NoError(t, err)
+	case <-time.After(time.Minute):
+		require.FailNow(t, "the second lookup waited past its TierWait")
+	}
+	assert.Zero(t, <-bGot, "no slot within the wait: nothing loaded")
+	assert.EqualValues(t, 1, waiting.Load(), "it waited for the slot")
+	st := pc.Stats().Tiers[0]
+	assert.EqualValues(t, 1, st.Drops-before.Drops, "counted as a drop of the tier")
+	assert.Equal(t, before.Hits, st.Hits)
+	assert.EqualValues(t, 1, g.running.Load(), "the first lookup still holds the slot")
+	open()
+	require.NoError(t, <-aDone)
 }

@@ -18,6 +18,11 @@ type TierStats struct {
 	StoredBytes   int64 // value bytes of those stores
 	DroppedStores int64 // stores the tier did not keep (down, timed out, refused)
 	Errors        int64 // calls that failed for a reason other than a miss
+	// HeldBytes is the memory the tier holds now and BudgetBytes the most it may
+	// hold (kvtier/hosttier's Stats.Held and Stats.Budget). A tier that can not tell
+	// (a Redis server's memory is the server's) leaves BudgetBytes 0, and neither is
+	// then exported.
+	HeldBytes, BudgetBytes int64
 }
 
 // TierSource is what a KV tier must provide to be collected. metrics imports no
@@ -54,12 +59,14 @@ type Tier struct {
 //	vmarena_kv_tier_loads_total{outcome}          loads: hit, miss
 //	vmarena_kv_tier_stores_total{outcome}         stores: kept, dropped
 //	vmarena_kv_tier_errors_total                  calls failed other than by a miss
+//	vmarena_kv_tier_bytes                         memory the tier holds now (with a budget)
+//	vmarena_kv_tier_budget_bytes                  the most it may hold (when it has one)
 //
 // It is safe for concurrent use; each scrape takes each tier's snapshot once.
 type TierCollector struct {
 	tiers                                        []Tier
 	queries, hits, loaded, stored, loads, stores *prometheus.Desc
-	errors                                       *prometheus.Desc
+	errors, held, budget                         *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*TierCollector)(nil)
@@ -94,12 +101,14 @@ func NewTierCollector(namespace string, tiers ...Tier) (*TierCollector, error) {
 		loads:   d("kv_tier_loads_total", "Block loads from the KV tier, by outcome: hit, miss.", "outcome"),
 		stores:  d("kv_tier_stores_total", "Block stores into the KV tier, by outcome: kept, dropped.", "outcome"),
 		errors:  d("kv_tier_errors_total", "Calls of the KV tier that failed other than by a miss (timeouts, a server down)."),
+		held:    d("kv_tier_bytes", "Bytes of memory the KV tier holds now; only for a tier with a budget of its own."),
+		budget:  d("kv_tier_budget_bytes", "The most bytes of memory the KV tier may hold."),
 	}, nil
 }
 
 // Describe sends the descriptions of every metric.
 func (c *TierCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.queries, c.hits, c.loaded, c.stored, c.loads, c.stores, c.errors} {
+	for _, d := range []*prometheus.Desc{c.queries, c.hits, c.loaded, c.stored, c.loads, c.stores, c.errors, c.held, c.budget} {
 		ch <- d
 	}
 }
@@ -118,5 +127,9 @@ func (c *TierCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(ch, c.stores, s.Stores, t.Name, "kept")
 		counter(ch, c.stores, s.DroppedStores, t.Name, "dropped")
 		counter(ch, c.errors, s.Errors, t.Name)
+		if s.BudgetBytes > 0 {
+			gauge(ch, c.held, float64(s.HeldBytes), t.Name)
+			gauge(ch, c.budget, float64(s.BudgetBytes), t.Name)
+		}
 	}
 }

@@ -58,6 +58,28 @@ vmarena_kv_tier_stores_total{outcome="kept",tier="redis"} 5
 	require.NoError(t, prometheus.NewRegistry().Register(c), "the collector registers")
 }
 
+// TestCollectTierBytes: a tier with a budget of its own (the host tier) exports the
+// bytes it holds and its budget; one that can not tell (Redis) exports neither.
+func TestCollectTierBytes(t *testing.T) {
+	host := metrics.TierFunc(func() metrics.TierStats { return metrics.TierStats{HeldBytes: 3 << 20, BudgetBytes: 64 << 20} })
+	redis := metrics.TierFunc(func() metrics.TierStats { return metrics.TierStats{Stores: 1} })
+	c, err := metrics.NewTierCollector("", metrics.Tier{Name: "host", Source: host, BlockTokens: 16},
+		metrics.Tier{Name: "redis", Source: redis, BlockTokens: 16})
+	require.NoError(t, err)
+	want := `
+# HELP vmarena_kv_tier_budget_bytes The most bytes of memory the KV tier may hold.
+# TYPE vmarena_kv_tier_budget_bytes gauge
+vmarena_kv_tier_budget_bytes{tier="host"} 6.7108864e+07
+# HELP vmarena_kv_tier_bytes Bytes of memory the KV tier holds now; only for a tier with a budget of its own.
+# TYPE vmarena_kv_tier_bytes gauge
+vmarena_kv_tier_bytes{tier="host"} 3.145728e+06
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want), "vmarena_kv_tier_bytes", "vmarena_kv_tier_budget_bytes"))
+	problems, err := testutil.CollectAndLint(c)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+}
+
 func TestTierCollectorBadOptions(t *testing.T) {
 	src := metrics.TierFunc(func() metrics.TierStats { return metrics.TierStats{} })
 	for _, tt := range []struct {
