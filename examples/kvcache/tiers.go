@@ -357,12 +357,24 @@ type redisServer struct {
 }
 
 // startRedis starts redis-server on a free 127.0.0.1 port and waits until it
-// answers PING. The server MUST be stopped.
+// answers PING. A port another process took between the choice and the server's
+// start is given up for another, up to three tries. The server MUST be stopped.
 func startRedis() (*redisServer, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errNoRedisServer, err)
 	}
+	for try := 1; ; try++ {
+		r, err := startRedisOn(bin)
+		if err == nil || !redisup.Retry(err) || try == 3 {
+			return r, err
+		}
+	}
+}
+
+// startRedisOn is one try of startRedis: it returns the server, or the error with
+// the server stopped and its directory removed.
+func startRedisOn(bin string) (*redisServer, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("redis-server: a free port: %w", err)
@@ -383,11 +395,11 @@ func startRedis() (*redisServer, error) {
 		return nil, errors.Join(fmt.Errorf("redis-server: %w", err), os.RemoveAll(dir))
 	}
 	go func() { _ = r.cmd.Wait(); close(r.done) }()
-	switch err := redisup.Wait(r.addr, r.done, 10*time.Second); {
+	switch err := redisup.Wait(r.addr, r.cmd.Process.Pid, r.done, 10*time.Second); {
 	case err == nil:
 		return r, nil
 	case errors.Is(err, redisup.ErrExited):
-		return nil, errors.Join(fmt.Errorf("redis-server on %s exited: %s", r.addr, strings.TrimSpace(r.out.String())), os.RemoveAll(dir))
+		return nil, errors.Join(fmt.Errorf("redis-server on %s exited: %s: %w", r.addr, strings.TrimSpace(r.out.String()), err), os.RemoveAll(dir))
 	default:
 		return nil, errors.Join(err, r.stop())
 	}

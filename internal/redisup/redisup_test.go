@@ -23,13 +23,13 @@ func freeAddr(t *testing.T) string {
 
 func TestWaitBadInput(t *testing.T) {
 	for _, within := range []time.Duration{0, -time.Second} {
-		assert.ErrorIs(t, redisup.Wait(freeAddr(t), nil, within), redisup.ErrWait)
+		assert.ErrorIs(t, redisup.Wait(freeAddr(t), 1, nil, within), redisup.ErrWait)
 	}
 }
 
 func TestWaitNoAnswer(t *testing.T) {
 	start := time.Now()
-	err := redisup.Wait(freeAddr(t), nil, 100*time.Millisecond)
+	err := redisup.Wait(freeAddr(t), 1, nil, 100*time.Millisecond)
 	assert.ErrorIs(t, err, redisup.ErrNoAnswer)
 	assert.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond, "it waited the whole wait")
 }
@@ -37,15 +37,16 @@ func TestWaitNoAnswer(t *testing.T) {
 func TestWaitExited(t *testing.T) {
 	exited := make(chan struct{})
 	close(exited)
-	assert.ErrorIs(t, redisup.Wait(freeAddr(t), exited, time.Minute), redisup.ErrExited)
+	assert.ErrorIs(t, redisup.Wait(freeAddr(t), 1, exited, time.Minute), redisup.ErrExited)
 }
 
-func TestWaitServer(t *testing.T) {
+// startServer starts a redis-server on addr and returns it with the channel closed
+// when it exits; it is killed at cleanup.
+func startServer(t *testing.T, addr string) (*exec.Cmd, <-chan struct{}) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Skip("no redis-server (Debian: apt-get install redis-server)")
 	}
-	addr := freeAddr(t)
 	_, port, err := net.SplitHostPort(addr)
 	require.NoError(t, err)
 	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
@@ -54,5 +55,27 @@ func TestWaitServer(t *testing.T) {
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
 	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
-	require.NoError(t, redisup.Wait(addr, exited, 10*time.Second))
+	return cmd, exited
+}
+
+func TestWaitServer(t *testing.T) {
+	addr := freeAddr(t)
+	cmd, exited := startServer(t, addr)
+	require.NoError(t, redisup.Wait(addr, cmd.Process.Pid, exited, 10*time.Second))
+}
+
+// TestWaitNotOurs: a server started on a port another server took meanwhile is not
+// taken for the caller's. The second server either exits (the port is in use) or,
+// while it starts, the first answers in its place: each is a Retry, never nil.
+func TestWaitNotOurs(t *testing.T) {
+	addr := freeAddr(t)
+	first, firstExited := startServer(t, addr)
+	require.NoError(t, redisup.Wait(addr, first.Process.Pid, firstExited, 10*time.Second))
+	err := redisup.Wait(addr, first.Process.Pid+1, nil, 10*time.Second)
+	require.ErrorIs(t, err, redisup.ErrNotOurs, "a pid that is not the server's")
+	assert.True(t, redisup.Retry(err))
+	second, secondExited := startServer(t, addr)
+	err = redisup.Wait(addr, second.Process.Pid, secondExited, 10*time.Second)
+	require.Error(t, err, "the first server's answer is not the second's")
+	assert.True(t, redisup.Retry(err), "%v", err)
 }

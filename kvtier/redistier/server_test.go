@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -74,19 +75,38 @@ type server struct {
 
 func (s *server) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 
-// startServer starts a redis-server on a free port and stops it at cleanup.
+// startServer starts a redis-server on a free port and stops it at cleanup. A port
+// taken by another process between freePort and the server's start (a test of
+// another package starting its own server, say) is given up for another, up to
+// three tries.
 func startServer(t testing.TB, cluster bool) *server {
 	t.Helper()
 	bin, _ := needRedis(t)
-	s := &server{t: t, bin: bin, port: freePort(t), dir: t.TempDir(), cluster: cluster}
-	s.start()
+	s := &server{t: t, bin: bin, cluster: cluster}
 	t.Cleanup(s.kill)
-	return s
+	for try := 1; ; try++ {
+		s.port, s.dir = freePort(t), t.TempDir()
+		err := s.tryStart()
+		if err == nil {
+			return s
+		}
+		s.kill()
+		if !redisup.Retry(err) || try == 3 {
+			t.Fatal(err)
+		}
+	}
 }
 
-// start runs the server process and waits until it answers PING.
+// start runs the server process on its port and waits until it answers PING.
 func (s *server) start() {
 	s.t.Helper()
+	if err := s.tryStart(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// tryStart is start, which returns what went wrong with the server's output.
+func (s *server) tryStart() error {
 	args := []string{
 		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", s.dir, "--protected-mode", "no", "--daemonize", "no", "--loglevel", "warning",
@@ -96,14 +116,37 @@ func (s *server) start() {
 			"--cluster-node-timeout", "2000")
 	}
 	s.cmd = exec.Command(s.bin, args...)
-	var out strings.Builder
-	s.cmd.Stdout, s.cmd.Stderr = &out, &out
-	require.NoError(s.t, s.cmd.Start())
+	out := new(syncBuffer)
+	s.cmd.Stdout, s.cmd.Stderr = out, out
+	if err := s.cmd.Start(); err != nil {
+		s.cmd = nil
+		return err
+	}
 	s.done = make(chan struct{})
 	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(s.cmd, s.done)
-	if err := redisup.Wait(s.addr(), s.done, 10*time.Second); err != nil {
-		s.t.Fatalf("%v\n%s", err, out.String())
+	if err := redisup.Wait(s.addr(), s.cmd.Process.Pid, s.done, 10*time.Second); err != nil {
+		return fmt.Errorf("%w\n%s", err, out.String())
 	}
+	return nil
+}
+
+// syncBuffer is a strings.Builder that the process's output goroutine and the test
+// may use at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 // kill stops the server at once (SIGKILL) and waits for it to exit; a stopped
