@@ -295,7 +295,7 @@ func (a *ahead) settle(s *Sequence, adopt bool) (bool, error) {
 	s.lockRanges()
 	defer s.unlockRanges()
 	for i, b := range r.bufs {
-		if _, err := b.AdoptAhead(); err != nil {
+		if err := b.AdoptAhead(r.size); err != nil {
 			// NB: it can not fail while the protocol holds; if it did, the ranges
 			// differ from here on.
 			s.err = err
