@@ -112,10 +112,17 @@ func (c *Cache) appendBatch(batch []Growth, credit int64) error {
 		// Refuse what can not fit before committing any of it: a commit rolled back
 		// would leave fresh granules idle in a pool, holding budget.
 		if be := c.budgetOrEvict(need, credit); be != nil {
-			return c.refuse(be)
+			err := c.refuse(be)
+			if crossed {
+				err = joinNonNil(err, c.ahead.unadopt(batch))
+			}
+			return err
 		}
 	}
 	if err := c.grow(batch, need > 0); err != nil {
+		if crossed {
+			err = joinNonNil(err, c.ahead.unadopt(batch))
+		}
 		return c.refused(err)
 	}
 	if c.ahead != nil {
@@ -138,8 +145,10 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 			continue // the granules it holds cover the tokens: nothing to resize
 		}
 		for gi := range c.groups {
-			// the ranges of a group are alike (see publish)
-			*s.preOf(gi) = rangeEnd(s.bufs[c.groups[gi].first])
+			if !s.adopted { // NB: else pre is what they held before adopting
+				// the ranges of a group are alike (see publish)
+				*s.preOf(gi) = rangeEnd(s.bufs[c.groups[gi].first])
+			}
 		}
 		j, err := s.resizeRanges(s.n + g.Tokens)
 		if err != nil {
@@ -153,7 +162,7 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 	// sequence (see dropDead), the others' steps stand.
 	var errs []error
 	for _, g := range batch {
-		g.Seq.grew = false
+		g.Seq.grew, g.Seq.adopted = false, false
 		if c.windows {
 			if err := g.Seq.dropDead(g.Seq.n); err != nil {
 				errs = append(errs, fmt.Errorf("sequence %d: %w", g.Seq.id, err))
