@@ -214,3 +214,44 @@ func TestMapAheadRefusedStepKeepsNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestMapAheadRefusedBatchKeepsNothing: a batch step in which one sequence adopts a
+// run in part and another needs more than the budget holds is refused with the
+// figures Need gave, and the first sequence holds what it held before: the block it
+// adopted and the rest of that run go idle, its other group's run stays mapped.
+func TestMapAheadRefusedBatchKeepsNothing(t *testing.T) {
+	gran := blockGranule
+	for _, name := range aheadBackings {
+		t.Run(name, func(t *testing.T) {
+			e := openAheadOn(t, name, kv.Config{Model: aheadHybrid, MaxTokens: 256, Layout: kv.Blocked, MapAhead: true}, int(gran), 10*gran)
+			a, err := e.c.NewSequence()
+			require.NoError(t, err)
+			b, err := e.c.NewSequence()
+			require.NoError(t, err)
+			require.NoError(t, a.Append(7))
+			e.mappedAhead(t, 3*gran) // the window's block 1, the full group's blocks 1 and 2
+			batch := []kv.Growth{{Seq: a, Tokens: 4}, {Seq: b, Tokens: 40}}
+			need, err := e.c.Need(batch)
+			require.NoError(t, err)
+
+			err = e.c.AppendBatch(batch)
+			require.ErrorIs(t, err, accounting.ErrBudgetExceeded)
+			var be *accounting.BudgetError
+			require.ErrorAs(t, err, &be)
+			assert.Equal(t, need, be.Requested, "the refusal says what Need said")
+			assert.Equal(t, 7, a.Len())
+			assert.Zero(t, b.Len())
+			assert.Equal(t, 4*gran, e.c.Stats().Committed, "a holds its blocks of before")
+			assert.Equal(t, gran, e.c.Stats().Ahead, "the window's run stays")
+			ps := e.pool.PoolStats()
+			assert.Equal(t, 2*gran, ps.Idle, "the full group's run went idle")
+			assert.Equal(t, e.gov.Stats(e.dev).Used, ps.Owned)
+
+			require.NoError(t, a.Append(4), "a grows on")
+			assert.Equal(t, 5*gran, e.c.Stats().Committed)
+			assert.True(t, a.Close().OK())
+			assert.True(t, b.Close().OK())
+			e.finish(t)
+		})
+	}
+}

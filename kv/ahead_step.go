@@ -48,10 +48,10 @@ func (a *ahead) adopt(batch []Growth) (bool, error) {
 
 // unadopt undoes the adoptions of a batch step that was refused or failed: the
 // ranges of each sequence that adopted runs go back to what they committed before
-// (pre), the granules adopted (and the rest of a run adopted in part) going idle to
-// the pool (a backing call each, on a step that fails anyway), so that a refused
-// step leaves no sequence holding more than its tokens need. A range that can not
-// go back damages its sequence.
+// (pre), the granules adopted (and the rest of a run adopted in part, which no
+// longer starts where they end) going idle to the pool (a backing call each, on a
+// step that fails anyway), so that a refused step leaves no sequence holding more
+// than its tokens need. A range that can not go back damages its sequence.
 func (a *ahead) unadopt(batch []Growth) error {
 	if a == nil {
 		return nil
@@ -65,9 +65,12 @@ func (a *ahead) unadopt(batch []Growth) error {
 		s.adopted = false
 		var serrs []error
 		for gi := range s.ahead {
-			// NB: the rest of a run adopted in part lies past what the ranges keep.
-			if _, err := a.settle(s, &s.ahead[gi], -1); err != nil {
-				serrs = append(serrs, err)
+			// NB: the rest of a run adopted in part lies past what the ranges keep;
+			// the other runs start where they end, and stay.
+			if r := &s.ahead[gi]; r.on && r.off != *s.preOf(gi) {
+				if _, err := a.settle(s, r, -1); err != nil {
+					serrs = append(serrs, err)
+				}
 			}
 		}
 		s.lockRanges()
