@@ -104,9 +104,24 @@ func (c *Cache) appendBatch(batch []Growth, credit int64) error {
 		if need, crossed, err = c.ahead.step(batch, need); err != nil {
 			return err
 		}
-		if need > 0 {
-			defer c.ahead.hold(need, credit)()
-		}
+	}
+	if err := c.commitStep(batch, need, credit, crossed); err != nil {
+		return err
+	}
+	if c.ahead != nil {
+		// NB: after the step's hold ended, so that the runs it asks are not held
+		// off by its own reservation (see ahead.go: hold).
+		c.ahead.after(batch, crossed)
+	}
+	return nil
+}
+
+// commitStep commits what a batch step needs beyond the runs it adopted (crossed),
+// need bytes of new granules, keeping the map-ahead worker from the budget it counts
+// on meanwhile; a step refused or failed gives back what it adopted.
+func (c *Cache) commitStep(batch []Growth, need, credit int64, crossed bool) error {
+	if need > 0 && c.ahead != nil {
+		defer c.ahead.hold(need, credit)()
 	}
 	if need > 0 {
 		// Refuse what can not fit before committing any of it: a commit rolled back
@@ -124,9 +139,6 @@ func (c *Cache) appendBatch(batch []Growth, credit int64) error {
 			err = joinNonNil(err, c.ahead.unadopt(batch))
 		}
 		return c.refused(err)
-	}
-	if c.ahead != nil {
-		c.ahead.after(batch, crossed)
 	}
 	return nil
 }
