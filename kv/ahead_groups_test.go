@@ -26,62 +26,78 @@ var aheadHybrid = func() kv.Model {
 }()
 
 // TestMapAheadOnGPTOSS: on gpt-oss-20b (a 128-token sliding window beside full
-// attention, in 2 MiB granules) every step that crosses a block boundary adopts both
-// groups' blocks, mapped ahead, and makes no backing call (the window's give-backs,
-// a decommit each, fall on steps of their own). What the tokens wrote reads back,
-// and the ledger and the governor are exact at every step and after Close.
+// attention), in the Blocked layout at 2 MiB granules and in PerLayer at 64 KiB (24
+// ranges a group), every step that crosses a unit boundary (a block, or a granule of
+// each range) adopts both groups' units, mapped ahead, and makes no backing call (the
+// window's give-backs, a decommit each, fall on steps of their own). What the tokens
+// wrote reads back, and the ledger and the governor are exact at every step and
+// after Close.
 func TestMapAheadOnGPTOSS(t *testing.T) {
-	const granule = 2 << 20
-	for _, name := range aheadBackings {
-		t.Run(name, func(t *testing.T) {
-			e := openAheadOn(t, name, kv.Config{Model: kv.GPTOSS20B(), MaxTokens: 512, MapAhead: true}, granule, 0)
-			win, err := e.c.LayerStrides(0)
-			require.NoError(t, err)
-			full, err := e.c.LayerStrides(1)
-			require.NoError(t, err)
-			require.Equal(t, kv.SlidingWindow, kv.GPTOSS20B().Groups[win.Group].Kind)
-			require.Equal(t, kv.FullAttention, kv.GPTOSS20B().Groups[full.Group].Kind)
-			bt := full.BlockTokens
-			require.Equal(t, bt, win.BlockTokens, "gpt-oss's groups cross together")
-			s, err := e.c.NewSequence()
-			require.NoError(t, err)
-			tok := make([]byte, full.TokenBytes)
-			got := make([]byte, full.TokenBytes)
-			crossings := 0
-			for n := 0; n < 5*bt; n++ {
-				e.c.WaitAhead()
-				if n > 0 && n%bt == 0 {
-					require.Equal(t, int64(2*granule), e.c.Stats().Ahead, "token %d: the next block of each group is mapped ahead", n)
+	m := kv.GPTOSS20B()
+	const window = 128
+	for _, lt := range []struct {
+		layout  kv.Layout
+		granule int
+	}{{kv.Blocked, 2 << 20}, {kv.PerLayer, 64 << 10}} {
+		for _, name := range aheadBackings {
+			t.Run(lt.layout.String()+"/"+name, func(t *testing.T) {
+				e := openAheadOn(t, name, kv.Config{Model: m, MaxTokens: 512, Layout: lt.layout, MapAhead: true}, lt.granule, 0)
+				win, err := e.c.LayerStrides(0)
+				require.NoError(t, err)
+				full, err := e.c.LayerStrides(1)
+				require.NoError(t, err)
+				require.Equal(t, kv.SlidingWindow, m.Groups[win.Group].Kind)
+				require.Equal(t, kv.FullAttention, m.Groups[full.Group].Kind)
+				require.Equal(t, window, m.Groups[win.Group].Window)
+				// unit is the tokens of a block (Blocked) or of a granule of one
+				// range (PerLayer); ranges a group's ranges.
+				unit, ranges := full.BlockTokens, 1
+				if lt.layout == kv.PerLayer {
+					unit, ranges = lt.granule/full.TokenStride, 2*len(m.Groups[full.Group].Layers)
 				}
-				calls := e.calls()
-				require.NoError(t, s.Append(1))
-				if n > 0 && n%bt == 0 {
-					require.Equal(t, calls, e.calls(), "token %d: the step that crossed a block boundary made no backing call", n)
-					crossings++
-				}
-				for _, layer := range []int{0, 1} {
-					for i := range tok {
-						tok[i] = byte(n + layer + i)
+				require.Equal(t, full, kv.Strides{Group: full.Group, TokenBytes: win.TokenBytes, TokenStride: win.TokenStride, BlockTokens: win.BlockTokens, BlockStride: win.BlockStride},
+					"gpt-oss's groups have one shape, and cross together")
+				s, err := e.c.NewSequence()
+				require.NoError(t, err)
+				tok := make([]byte, full.TokenBytes)
+				got := make([]byte, full.TokenBytes)
+				crossings := 0
+				for n := 0; n < 5*unit; n++ {
+					e.c.WaitAhead()
+					if n > 0 && n%unit == 0 {
+						require.Equal(t, int64(2*ranges*lt.granule), e.c.Stats().Ahead, "token %d: the next unit of each group is mapped ahead", n)
 					}
-					require.NoError(t, s.WriteTokens(layer, kv.K, n, n+1, tok))
-					require.NoError(t, s.ReadTokens(layer, kv.K, n, n+1, got))
-					require.Equal(t, tok, got, "token %d layer %d", n, layer)
+					calls := e.calls()
+					require.NoError(t, s.Append(1))
+					if n > 0 && n%unit == 0 {
+						require.Equal(t, calls, e.calls(), "token %d: the step that crossed a unit boundary made no backing call", n)
+						crossings++
+					}
+					for _, layer := range []int{0, 1} {
+						for i := range tok {
+							tok[i] = byte(n + layer + i)
+						}
+						require.NoError(t, s.WriteTokens(layer, kv.K, n, n+1, tok))
+						require.NoError(t, s.ReadTokens(layer, kv.K, n, n+1, got))
+						require.Equal(t, tok, got, "token %d layer %d", n, layer)
+					}
+					e.c.WaitAhead() // NB: the worker charges a granule before the pool shows it
+					st, ps := e.c.Stats(), e.pool.PoolStats()
+					require.Equal(t, e.gov.Stats(e.dev).Used, ps.Owned, "token %d: the governor", n)
+					require.Equal(t, ps.Owned, st.Committed+st.Ahead+ps.Idle, "token %d: every granule is the sequence's, ahead or idle", n)
 				}
-				e.c.WaitAhead() // NB: the worker charges a granule before the pool shows it
-				st, ps := e.c.Stats(), e.pool.PoolStats()
-				require.Equal(t, e.gov.Stats(e.dev).Used, ps.Owned, "token %d: the governor", n)
-				require.Equal(t, ps.Owned, st.Committed+st.Ahead+ps.Idle, "token %d: every granule is the sequence's, ahead or idle", n)
-			}
-			assert.Equal(t, 4, crossings)
-			// The full group holds every block, the window group those from its
-			// FirstLive of the length of the last step on: it gave the others back.
-			e.c.WaitAhead()
-			held := int64((5*bt-1)/bt+1) + int64((5*bt-1)/bt-(5*bt-1-127)/bt+1)
-			assert.Equal(t, held*granule, e.c.Stats().Committed)
-			assert.True(t, s.Close().OK())
-			assert.Zero(t, e.c.Stats().Ahead, "the runs went back with the sequence")
-			e.finish(t)
-		})
+				assert.Equal(t, 4, crossings)
+				// The full group holds every unit, the window group those from its
+				// FirstLive of the length of the last step on: it gave the others back.
+				e.c.WaitAhead()
+				last := 5*unit - 1
+				held := int64(last/unit+1) + int64(last/unit-(last-window+1)/unit+1)
+				assert.Equal(t, held*int64(ranges*lt.granule), e.c.Stats().Committed)
+				assert.True(t, s.Close().OK())
+				assert.Zero(t, e.c.Stats().Ahead, "the runs went back with the sequence")
+				e.finish(t)
+			})
+		}
 	}
 }
 
