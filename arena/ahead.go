@@ -13,7 +13,8 @@ import (
 //  2. Ahead: committed in the backing (owned and charged, mapped at its place in
 //     the reservation) but not part of the buffer: Len, Committed and every view
 //     stay as they were, and Resize may not grow over it.
-//  3. Committed: AdoptAhead makes the run part of the buffer, with no backing call.
+//  3. Committed: AdoptAhead makes the run, or its first granules, part of the
+//     buffer, with no backing call; the rest of a run adopted in part stays Ahead.
 //
 // DecommitAhead takes an Ahead run back to Reserved. A buffer holds at most one run;
 // its state lives in one atomic word, so CommitAhead and DecommitAhead, which touch no
@@ -88,33 +89,46 @@ func (buf *Buffer[R, B]) CommitAhead(off, size int) error {
 	return nil
 }
 
-// AdoptAhead moves the buffer's Ahead run to Committed and sets Len to the run's end,
-// with no backing call: it returns the bytes adopted. The run must start where the
-// committed bytes end (ErrAhead otherwise, and when there is none); it fails with
-// ErrAheadBusy while another goroutine commits or decommits it. Only the owner calls
-// it. On error nothing changed.
-func (buf *Buffer[R, B]) AdoptAhead() (int, error) {
+// AdoptAhead moves the first n bytes of the buffer's Ahead run to Committed and sets
+// Len to their end, with no backing call; the rest of the run, if any, stays Ahead
+// from there on (Ahead then reports it), for a later AdoptAhead or DecommitAhead. n
+// must be a positive multiple of the granule, at most the run's size
+// (ErrInvalidSize otherwise); the run must start where the committed bytes end
+// (ErrAhead otherwise, and when there is none). It fails with ErrAheadBusy while
+// another goroutine commits or decommits the run. Only the owner calls it. On error
+// nothing changed.
+func (buf *Buffer[R, B]) AdoptAhead(n int) error {
 	buf.live()
+	if n <= 0 || n%buf.gran != 0 {
+		return fmt.Errorf("%w: adopt %d bytes ahead (%d-byte granule)", ErrInvalidSize, n, buf.gran)
+	}
 	v := buf.ahead.Load()
 	switch {
 	case v == aheadBusy:
-		return 0, fmt.Errorf("%w: adopt", ErrAheadBusy)
+		return fmt.Errorf("%w: adopt", ErrAheadBusy)
 	case v == 0:
-		return 0, fmt.Errorf("%w: nothing committed ahead to adopt", ErrAhead)
+		return fmt.Errorf("%w: nothing committed ahead to adopt", ErrAhead)
 	}
 	off, size := buf.unpackAhead(v)
-	if off != buf.end {
-		return 0, fmt.Errorf("%w: the run ahead starts at %d, the committed bytes end at %d", ErrAhead, off, buf.end)
+	switch {
+	case n > size:
+		return fmt.Errorf("%w: adopt %d bytes of the %d-byte run ahead", ErrInvalidSize, n, size)
+	case off != buf.end:
+		return fmt.Errorf("%w: the run ahead starts at %d, the committed bytes end at %d", ErrAhead, off, buf.end)
 	}
-	if !buf.ahead.CompareAndSwap(v, 0) {
-		return 0, fmt.Errorf("%w: adopt", ErrAheadBusy)
+	var rest int64 // NB: 0, no run, once it is all adopted
+	if n < size {
+		rest = buf.packAhead(off+n, size-n)
+	}
+	if !buf.ahead.CompareAndSwap(v, rest) {
+		return fmt.Errorf("%w: adopt", ErrAheadBusy)
 	}
 	if buf.end == buf.start {
 		buf.start = off
 	}
-	buf.end = off + size
+	buf.end = off + n
 	buf.length = buf.end
-	return size, nil
+	return nil
 }
 
 // DecommitAhead moves the buffer's Ahead run back to Reserved: its contents are

@@ -33,19 +33,16 @@ func TestBufferCommitAhead(t *testing.T) {
 	assert.ErrorIs(t, buf.CommitAhead(6*g, g), arena.ErrAheadBusy, "one run at a time")
 
 	faults := f.LiveGranules()
-	n, err := buf.AdoptAhead()
-	require.NoError(t, err)
-	assert.Equal(t, 2*g, n)
+	require.NoError(t, buf.AdoptAhead(2*g))
 	assert.Equal(t, 4*g, buf.Len())
 	assert.Equal(t, 4*g, buf.Committed())
 	assert.Equal(t, faults, f.LiveGranules(), "adopting commits nothing")
 	_, size = buf.Ahead()
 	assert.Zero(t, size)
-	_, err = buf.AdoptAhead()
-	assert.ErrorIs(t, err, arena.ErrAhead, "nothing left to adopt")
+	assert.ErrorIs(t, buf.AdoptAhead(g), arena.ErrAhead, "nothing left to adopt")
 
 	require.NoError(t, buf.CommitAhead(4*g, g))
-	n, err = buf.DecommitAhead()
+	n, err := buf.DecommitAhead()
 	require.NoError(t, err)
 	assert.Equal(t, g, n)
 	assert.Equal(t, int64(4*g), a.Stats().Owned, "its charge went back")
@@ -95,8 +92,7 @@ func TestBufferCommitAheadBadInput(t *testing.T) {
 	})
 	t.Run("not at the end", func(t *testing.T) {
 		require.NoError(t, buf.CommitAhead(3*g, g))
-		_, err := buf.AdoptAhead()
-		assert.ErrorIs(t, err, arena.ErrAhead)
+		assert.ErrorIs(t, buf.AdoptAhead(g), arena.ErrAhead)
 		assert.Equal(t, g, buf.Committed())
 		off, size := buf.Ahead()
 		assert.Equal(t, []int{3 * g, g}, []int{off, size}, "the run stays")
@@ -106,9 +102,10 @@ func TestBufferCommitAheadBadInput(t *testing.T) {
 	})
 }
 
-// TestBufferCommitAheadConcurrent: another goroutine commits and gives back runs
-// ahead while the owner grows, adopts, shrinks and reads the buffer (run under
-// -race): the ledger stays exact and the buffer's own fields are the owner's alone.
+// TestBufferCommitAheadConcurrent: another goroutine commits runs ahead while the
+// owner grows, adopts them (whole or in part), gives them back, shrinks and reads
+// the buffer (run under -race): the ledger stays exact and the buffer's own fields
+// are the owner's alone.
 func TestBufferCommitAheadConcurrent(t *testing.T) {
 	f, a := newFake(t, 1<<30)
 	buf, err := arena.NewBuffer(f, 64*g, a)
@@ -119,14 +116,14 @@ func TestBufferCommitAheadConcurrent(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for off := range want {
-			if err := buf.CommitAhead(off, g); err != nil {
+			if err := buf.CommitAhead(off, 2*g); err != nil {
 				t.Errorf("commit ahead at %d: %v", off, err)
 			}
 		}
 	}()
 	for i := range 200 {
 		end := buf.Committed()
-		if end >= 60*g {
+		if end >= 58*g {
 			require.NoError(t, buf.Resize(0))
 			end = 0
 		}
@@ -139,17 +136,30 @@ func TestBufferCommitAheadConcurrent(t *testing.T) {
 				break
 			}
 		}
-		if i%3 == 0 {
+		switch i % 4 {
+		case 0:
 			n, err := buf.DecommitAhead()
 			require.NoError(t, err)
-			require.Equal(t, g, n)
-			require.NoError(t, buf.Resize(end+g))
-		} else {
-			_, err := buf.AdoptAhead()
-			require.NoError(t, err)
+			require.Equal(t, 2*g, n)
+			require.NoError(t, buf.Resize(end+2*g))
+		case 1:
+			require.NoError(t, buf.AdoptAhead(2*g))
+		default:
+			// In part: the rest stays ahead until adopted or given back.
+			require.NoError(t, buf.AdoptAhead(g))
+			off, size := buf.Ahead()
+			require.Equal(t, []int{end + g, g}, []int{off, size})
+			if i%4 == 2 {
+				require.NoError(t, buf.AdoptAhead(g))
+			} else {
+				n, err := buf.DecommitAhead()
+				require.NoError(t, err)
+				require.Equal(t, g, n)
+				require.NoError(t, buf.Resize(end+2*g))
+			}
 		}
-		require.Equal(t, end+g, buf.Committed())
-		require.Equal(t, int64(end+g), a.Stats().Owned)
+		require.Equal(t, end+2*g, buf.Committed())
+		require.Equal(t, int64(end+2*g), a.Stats().Owned)
 	}
 	close(want)
 	wg.Wait()

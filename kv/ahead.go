@@ -15,18 +15,27 @@ import (
 // takes no lock that a system call holds: it adopts them (arena.Buffer.AdoptAhead,
 // which moves a few fields).
 //
-// A sequence's run ahead (the same granules at the same offset in each of its
-// ranges: the granules its next aheadTokens tokens need) is in one of these states,
-// guarded by ahead.mu:
+// A sequence has a run ahead per layer group that holds tokens (full attention, MLA,
+// sliding-window and chunked-local; a recurrent state does not grow): the same
+// granules at the same offset in each of the group's ranges, the granules the
+// group's next aheadTokens tokens need. Groups of other shapes cross their block
+// boundaries at other tokens, so each group's run is asked, committed, adopted and
+// given back on its own. A window group gets its run like a full group: it commits
+// a new block at its front as often as a full group of its shape does (gpt-oss's
+// window and full groups at the same tokens), so leaving it out would leave a
+// backing call on the very step map-ahead empties; the blocks it gives back behind
+// its window go idle in the pool, where the worker's next run takes them. (That
+// give-back, a decommit, stays on the step that moves the window: see
+// Sequence.dropDead.) Each run is in one of these states, guarded by ahead.mu:
 //
 //  1. none: nothing asked.
-//  2. asked: queued for the worker. After an append that leaves the sequence
-//     within aheadTokens of a commit, its owner asks (after), once per run.
+//  2. asked: queued for the worker. After an append that leaves a group of the
+//     sequence within aheadTokens of a commit, its owner asks (after), once per run.
 //  3. mapping: the worker commits the run (arena.Buffer.CommitAhead, range by
 //     range, outside every lock of kv's); a failure (the budget, say) undoes the
-//     ranges done and goes back to none: the step then commits as without
-//     map-ahead.
-//  4. mapped: committed ahead in every range, owned and charged (the governor and
+//     ranges done and goes back to none: the step then commits the group's block
+//     as without map-ahead.
+//  4. mapped: committed ahead in every range of the group, owned and charged (the governor and
 //     PoolStats show it; Stats.Ahead counts it), and listed in ahead.mapped.
 //  5. dropping: being given back (arena.Buffer.DecommitAhead) by a growth of
 //     another sequence that the budget can not hold otherwise (reclaim), outside
@@ -43,6 +52,13 @@ import (
 // fields); Truncate, Close, ForkAt, Freeze and PrefixCache.Insert give it back first,
 // so a run never holds tokens, is never shared or copied, and no range closes with
 // one (the budget it held goes back to the pool, where that operation finds it).
+// A step adopts the runs of the groups it crosses into, the others' stay mapped,
+// and of a run that reaches past the step's tokens it adopts the granules they need
+// (arena.Buffer.AdoptAhead of part): the rest stays mapped, asked still, for the
+// step that crosses into it (the owner holds it off ahead.mapped meanwhile, where no
+// reclaim takes it). A step refused or failed after adopting gives back what it
+// adopted (unadopt, in ahead_step.go), so that a sequence never holds a granule its
+// tokens do not need.
 //
 // The owner waits in two rare cases only: the step crosses into its run while the
 // worker is still committing it (the worker had aheadTokens steps of lead and lost
@@ -72,10 +88,10 @@ import (
 // reclaim too but do not hold the worker: a run it starts meanwhile may take the
 // last granule they counted on, which the next try finds mapped and takes back.
 //
-// What map-ahead holds: at most one run per growing sequence beyond its tokens
-// (one block in the Blocked layout; one granule a range in the others, two where
-// aheadTokens straddle a granule boundary), from the step that adopts the last run
-// until its next crossing. A sequence that stops growing keeps its run until it is
+// What map-ahead holds: at most one run per group of a growing sequence beyond its
+// tokens (one block of the group in the Blocked layout; one granule a range in the
+// others, two where aheadTokens straddle a granule boundary), from the step that
+// adopts the last run until its next crossing. A sequence that stops growing keeps its run until it is
 // truncated or closed, or a growth of another sequence needs the budget.
 //
 // Filling the pool (fill): with no run asked, the worker makes the granules of the
@@ -113,16 +129,16 @@ const (
 	aheadDropping
 )
 
-// seqAhead is a sequence's part of map-ahead. on is its owner's alone; the rest is
-// guarded by the cache's ahead.mu.
+// seqAhead is the run ahead of one layer group of a sequence (Sequence.runs). on is
+// its owner's alone; the rest is guarded by the cache's ahead.mu.
 type seqAhead struct {
 	on    bool // asked, and not settled since: the owner settles before it asks again
 	state aheadState
-	off   int      // where the run starts in each range
+	off   int      // where the run starts in each of the group's ranges
 	size  int      // its bytes in each range
-	bufs  []buffer // the ranges, as the owner asked (the worker's and reclaim's copy)
+	bufs  []buffer // the group's ranges, as the owner asked (the worker's and reclaim's copy)
 	at    int      // its index in ahead.mapped while mapped
-	more  bool     // the sequence may grow past the run: another run follows it
+	more  bool     // the group may grow past the run: another run follows it
 }
 
 // run returns a copy of the run without its owner's field (on), which only the
@@ -162,11 +178,11 @@ type ahead struct {
 
 	mu          sync.Mutex
 	cond        sync.Cond   // on mu: a run left mapping or dropping, or holds went 0
-	queue       []*Sequence // asked, in order
-	mapped      []*Sequence // mapped, in no order
+	queue       []*seqAhead // asked, in order
+	mapped      []*seqAhead // mapped, in no order
 	mappedBytes int64       // their bytes
 	nextBytes   int64       // the bytes of the runs that follow them (more)
-	busy        *Sequence   // the run the worker commits, or nil
+	busy        *seqAhead   // the run the worker commits, or nil
 	filling     bool        // the worker makes a granule for the pool (fill)
 	holds       int         // steps that keep the worker from starting a run (hold)
 	parked      bool        // the worker waits for a kick (see run)
@@ -196,9 +212,7 @@ func newAhead(c *Cache) *ahead {
 func (a *ahead) after(batch []Growth, crossed bool) {
 	kick := false
 	for _, g := range batch {
-		if s := g.Seq; !s.ahead.on {
-			kick = a.ask(s) || kick
-		}
+		kick = a.ask(g.Seq) || kick
 	}
 	switch {
 	case crossed && (kick || a.owed.Load()):
@@ -221,28 +235,45 @@ func (a *ahead) kickNow() {
 	}
 }
 
-// ask queues the run of s's next commit, if it is within aheadTokens: the granules
-// past its committed bytes that its next tokens need. It starts the worker if need
-// be, and reports whether the worker must be kicked (it is parked).
+// ask queues, for each group of s with no run asked, the run of its next commit if
+// it is within aheadTokens: the granules past the group's committed bytes that its
+// next tokens need. It starts the worker if need be, and reports whether the worker
+// must be kicked (it is parked).
 func (a *ahead) ask(s *Sequence) bool {
 	room := s.c.cfg.MaxTokens - s.n
 	if room <= 0 || s.err != nil {
 		return false
 	}
-	b := s.bufs[0] // the ranges are alike (see publish)
-	end := b.Start() + b.Committed()
-	target, ok := backing.AlignUp(s.c.extent(s.n+min(aheadTokens, room)), s.c.gran)
+	kick := false
+	runs := s.runs()
+	for gi := range runs {
+		if r := &runs[gi]; !r.on {
+			kick = a.askGroup(s, gi, r, s.n+min(aheadTokens, room)) || kick
+		}
+	}
+	return kick
+}
+
+// askGroup queues r, the run of group gi of s, when the group's ranges must commit
+// more to hold tokens; it reports whether the worker must be kicked.
+func (a *ahead) askGroup(s *Sequence, gi int, r *seqAhead, tokens int) bool {
+	g := &s.c.groups[gi]
+	if g.spec.Kind == Recurrent {
+		return false // a state does not grow
+	}
+	end := rangeEnd(s.bufs[g.first]) // the ranges of a group are alike (see publish)
+	target, ok := backing.AlignUp(g.extent(tokens), s.c.gran)
 	if !ok || target <= end {
 		return false
 	}
-	last, _ := backing.AlignUp(s.c.extent(s.c.cfg.MaxTokens), s.c.gran)
+	last, _ := backing.AlignUp(g.extent(s.c.cfg.MaxTokens), s.c.gran)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.stopped {
 		return false
 	}
-	s.ahead = seqAhead{on: true, state: aheadAsked, off: end, size: target - end, bufs: s.bufs, more: target < last}
-	a.queue = append(a.queue, s)
+	*r = seqAhead{on: true, state: aheadAsked, off: end, size: target - end, bufs: g.ranges(s.bufs), more: target < last}
+	a.queue = append(a.queue, r)
 	if !a.started {
 		a.started = true
 		a.done.Add(1)
@@ -253,54 +284,93 @@ func (a *ahead) ask(s *Sequence) bool {
 	return kick
 }
 
-// settle ends s's run before its owner changes s's ranges: it adopts the run into
-// them (adopt, for a step that needs it) or gives it back, waiting first while the
-// worker commits it or a reclaim gives it back. It reports whether it adopted a run.
-// On error (a backing call that failed) the ranges may differ: the sequence is
-// damaged, or, where giving back failed, its ranges keep the run for their Close
-// to give back.
-func (a *ahead) settle(s *Sequence, adopt bool) (bool, error) {
-	if !s.ahead.on {
+// runs returns s's runs ahead, one per group of its cache (a recurrent group's is
+// never asked). Only the owner calls it.
+func (s *Sequence) runs() []seqAhead {
+	if s.ahead == nil {
+		if len(s.c.groups) == 1 {
+			s.ahead = s.ahead1[:] // NB: no allocation on a one-group cache's step
+		} else {
+			s.ahead = make([]seqAhead, len(s.c.groups))
+		}
+	}
+	return s.ahead
+}
+
+// settle ends r, a run of s, before its owner changes the ranges of r's group: it
+// gives the run back (upto < 0), or adopts it into them up to offset upto (a step
+// that needs that much), waiting first while the worker commits it or a reclaim
+// gives it back. A run that reaches past upto is adopted in part: its rest stays
+// mapped, asked (on) still, for the step that crosses into it. It reports whether it
+// adopted any. On error (a backing call that failed) the ranges may differ: the
+// sequence is damaged, or, where giving back failed, its ranges keep the run for
+// their Close to give back.
+func (a *ahead) settle(s *Sequence, r *seqAhead, upto int) (bool, error) {
+	if !r.on {
 		return false, nil
 	}
-	s.ahead.on = false
+	adopt := upto >= 0
 	a.mu.Lock()
 	if adopt {
-		switch s.ahead.state {
+		switch r.state {
 		case aheadAsked:
 			a.missQueued++
 		case aheadMapping:
 			a.missInFlight++
 		}
 	}
-	for s.ahead.state == aheadMapping || s.ahead.state == aheadDropping {
+	for r.state == aheadMapping || r.state == aheadDropping {
 		a.cond.Wait()
 	}
-	r := s.ahead
-	switch r.state {
+	cp := *r
+	n := cp.size // the bytes of each range it adopts
+	if adopt {
+		n = min(max(upto-cp.off, 0), cp.size)
+	}
+	switch cp.state {
 	case aheadAsked:
-		a.queue = removeSeq(a.queue, s)
+		a.queue = removeRun(a.queue, r)
 		a.cond.Broadcast()
 	case aheadMapped:
-		a.unlist(s)
+		a.unlist(r)
 	}
-	s.ahead = seqAhead{}
+	part := adopt && cp.state == aheadMapped && 0 < n && n < cp.size
+	if part {
+		// NB: the owner holds the run off the list, where no reclaim takes it,
+		// while it adopts; its rest stays counted as the cache's own.
+		a.count(r.more, int64(len(cp.bufs))*int64(cp.size-n))
+	} else {
+		*r = seqAhead{}
+	}
 	a.mu.Unlock()
-	if r.state != aheadMapped {
+	if cp.state != aheadMapped {
 		return false, nil
 	}
 	if !adopt {
-		return false, dropRun(r.bufs)
+		return false, dropRun(cp.bufs)
 	}
 	s.lockRanges()
 	defer s.unlockRanges()
-	for i, b := range r.bufs {
-		if _, err := b.AdoptAhead(); err != nil {
+	for i, b := range cp.bufs {
+		if err := b.AdoptAhead(n); err != nil {
 			// NB: it can not fail while the protocol holds; if it did, the ranges
 			// differ from here on.
 			s.err = err
-			return false, errors.Join(fmt.Errorf("%w: adopting the run ahead of range %d: %w", ErrDamaged, i, err), dropRun(r.bufs[i:]))
+			if part {
+				a.mu.Lock()
+				a.count(r.more, -int64(len(cp.bufs))*int64(cp.size-n))
+				*r = seqAhead{}
+				a.mu.Unlock()
+			}
+			return false, errors.Join(fmt.Errorf("%w: adopting the run ahead of range %d: %w", ErrDamaged, i, err), dropRun(cp.bufs))
 		}
+	}
+	if part {
+		a.mu.Lock()
+		r.off, r.size = cp.off+n, cp.size-n
+		r.at = len(a.mapped)
+		a.mapped = append(a.mapped, r) // counted already
+		a.mu.Unlock()
 	}
 	return true, nil
 }
@@ -319,77 +389,43 @@ func dropRun(bufs []buffer) error {
 	return nil
 }
 
-// removeSeq removes s from q, keeping the order.
-func removeSeq(q []*Sequence, s *Sequence) []*Sequence {
+// removeRun removes r from q, keeping the order.
+func removeRun(q []*seqAhead, r *seqAhead) []*seqAhead {
 	for i, x := range q {
-		if x == s {
+		if x == r {
 			return append(q[:i], q[i+1:]...)
 		}
 	}
 	return q
 }
 
-// unlist removes s, mapped, from the mapped runs. a.mu must be held.
-func (a *ahead) unlist(s *Sequence) {
+// unlist removes r, mapped, from the mapped runs. a.mu must be held.
+func (a *ahead) unlist(r *seqAhead) {
 	last := len(a.mapped) - 1
-	i := s.ahead.at
+	i := r.at
 	a.mapped[i] = a.mapped[last]
-	a.mapped[i].ahead.at = i
+	a.mapped[i].at = i
 	a.mapped[last] = nil
 	a.mapped = a.mapped[:last]
-	a.mappedBytes -= s.ahead.bytes()
-	if s.ahead.more {
-		a.nextBytes -= s.ahead.bytes()
+	a.count(r.more, -r.bytes())
+}
+
+// list adds r, committed, to the mapped runs. a.mu must be held.
+func (a *ahead) list(r *seqAhead) {
+	r.state = aheadMapped
+	r.at = len(a.mapped)
+	a.mapped = append(a.mapped, r)
+	a.count(r.more, r.bytes())
+}
+
+// count adds bytes to those of the runs mapped (and, more, of the runs that follow
+// them). a.mu must be held.
+func (a *ahead) count(more bool, bytes int64) {
+	a.mappedBytes += bytes
+	if more {
+		a.nextBytes += bytes
 	}
 	a.held.Store(a.mappedBytes)
-}
-
-// list adds s, whose run is committed, to the mapped runs. a.mu must be held.
-func (a *ahead) list(s *Sequence) {
-	s.ahead.state = aheadMapped
-	s.ahead.at = len(a.mapped)
-	a.mapped = append(a.mapped, s)
-	a.mappedBytes += s.ahead.bytes()
-	if s.ahead.more {
-		a.nextBytes += s.ahead.bytes()
-	}
-	a.held.Store(a.mappedBytes)
-}
-
-// adopt settles the runs of the batch's sequences that the step needs (their
-// growth crosses into the run), and returns whether any adopted one.
-func (a *ahead) adopt(batch []Growth) (bool, error) {
-	adopted := false
-	for _, g := range batch {
-		s := g.Seq
-		if !s.ahead.on || s.need(s.n+g.Tokens) == 0 {
-			continue
-		}
-		ok, err := a.settle(s, true)
-		if err != nil {
-			return adopted, err
-		}
-		if ok {
-			adopted = true
-			s.publish()
-		}
-	}
-	return adopted, nil
-}
-
-// step adopts the runs that a batch step crosses into (it needs need bytes of new
-// granules without them) and returns what the step still needs, and whether it
-// adopted any.
-func (a *ahead) step(batch []Growth, need int64) (int64, bool, error) {
-	adopted, err := a.adopt(batch)
-	if err != nil || !adopted {
-		return need, false, err
-	}
-	need = 0
-	for _, g := range batch {
-		need += g.Seq.need(g.Seq.n + g.Tokens)
-	}
-	return need, true, nil
 }
 
 // run is the worker: it commits the runs asked, in order, and parks on a kick when
@@ -445,19 +481,19 @@ func (a *ahead) next() bool {
 		a.mu.Unlock()
 		return more
 	}
-	s := a.queue[0]
+	r := a.queue[0]
 	a.queue = a.queue[1:]
-	s.ahead.state = aheadMapping
-	a.busy = s
-	r := s.ahead.run()
+	r.state = aheadMapping
+	a.busy = r
+	cp := r.run()
 	a.mu.Unlock()
 
-	err := a.commit(r)
+	err := a.commit(cp)
 	a.mu.Lock()
-	if err == nil || r.left() {
-		a.list(s) // NB: left: what a failed undo kept, for the owner to settle
+	if err == nil || cp.left() {
+		a.list(r) // NB: left: what a failed undo kept, for the owner to settle
 	} else {
-		s.ahead.state = aheadNone // the step commits as without map-ahead
+		r.state = aheadNone // the step commits as without map-ahead
 	}
 	a.busy = nil
 	a.cond.Broadcast()
@@ -531,7 +567,7 @@ func (a *ahead) hold(need, credit int64) func() {
 	margin := int64(0) // what the worker has in flight and may not have charged yet
 	switch {
 	case a.busy != nil:
-		margin = a.busy.ahead.bytes()
+		margin = a.busy.bytes()
 	case a.filling:
 		margin = int64(c.gran) // a granule the filling charged and has not made idle yet
 	}
@@ -601,21 +637,21 @@ func (a *ahead) dropLast() int64 {
 		a.mu.Unlock()
 		return 0
 	}
-	s := a.mapped[len(a.mapped)-1]
-	a.unlist(s)
-	s.ahead.state = aheadDropping
-	r := s.ahead.run()
+	r := a.mapped[len(a.mapped)-1]
+	a.unlist(r)
+	r.state = aheadDropping
+	cp := r.run()
 	a.mu.Unlock()
-	err := dropRun(r.bufs)
+	err := dropRun(cp.bufs)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	defer a.cond.Broadcast()
 	if err != nil {
-		a.list(s)
+		a.list(r)
 		return 0
 	}
-	s.ahead.state = aheadNone
-	return r.bytes()
+	r.state = aheadNone
+	return cp.bytes()
 }
 
 // close stops the worker and waits for it.
@@ -632,14 +668,19 @@ func (a *ahead) close() {
 	a.done.Wait()
 }
 
-// dropAhead gives back s's run ahead before its owner changes or shares its ranges
+// dropAhead gives back s's runs ahead before its owner changes or shares its ranges
 // (Truncate, Close, ForkAt, Freeze, PrefixCache.Insert).
 func (s *Sequence) dropAhead() error {
 	if s.c.ahead == nil {
 		return nil
 	}
-	_, err := s.c.ahead.settle(s, false)
-	return err
+	var errs []error
+	for gi := range s.ahead {
+		if _, err := s.c.ahead.settle(s, &s.ahead[gi], -1); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // idle returns the bytes the backing's pool holds idle.

@@ -1,6 +1,8 @@
 package kv_test
 
 import (
+	"errors"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -26,12 +28,20 @@ type aheadEnv struct {
 	dev    accounting.DeviceKey
 	calls  func() int                       // the backing calls so far (backingtest.Faulty)
 	failOp func(backingtest.Op, int, error) // arms a fault (backingtest.Faulty.FailOp)
+	finish func(testing.TB)                 // closes cache and backing, checks the books (env.finish)
 }
 
 func openAhead(t *testing.T, name string, ahead bool, limit int64, maxTokens int) aheadEnv {
 	t.Helper()
-	sp := envSpec{kind: onShared, cfg: kv.Config{Geometry: oneBlock, MaxTokens: maxTokens, Layout: kv.Blocked, BlockTokens: 16, MapAhead: ahead},
-		granule: int(blockGranule), limit: limit, faulty: true, cuda: cuda.Options{High: 16},
+	return openAheadOn(t, name, kv.Config{Geometry: oneBlock, MaxTokens: maxTokens, Layout: kv.Blocked, BlockTokens: 16, MapAhead: ahead}, int(blockGranule), limit)
+}
+
+// openAheadOn is openAhead of the cache cfg on granules of granule bytes.
+func openAheadOn(t *testing.T, name string, cfg kv.Config, granule int, limit int64) aheadEnv {
+	t.Helper()
+	ahead := cfg.MapAhead
+	sp := envSpec{kind: onShared, cfg: cfg,
+		granule: granule, limit: limit, faulty: true, cuda: cuda.Options{High: 16},
 		shared: host.SharedOptions{High: 16, Populate: true, NoPrivateGranules: name == "host.Shared/NoPrivateGranules"}}
 	if name == "cuda" {
 		sp.kind = onCUDA
@@ -54,7 +64,7 @@ func openAhead(t *testing.T, name string, ahead bool, limit int64, maxTokens int
 	if err != nil {
 		t.Skipf("%s: %v", name, err)
 	}
-	return aheadEnv{c: e.c, pool: e.pool, gov: e.gov, dev: e.auth.Device(), calls: e.faults.Calls, failOp: e.faults.FailOp}
+	return aheadEnv{c: e.c, pool: e.pool, gov: e.gov, dev: e.auth.Device(), calls: e.faults.Calls, failOp: e.faults.FailOp, finish: e.finish}
 }
 
 var aheadBackings = []string{"host.Shared", "host.Shared/NoPrivateGranules", "cuda"}
@@ -66,83 +76,115 @@ var aheadBackings = []string{"host.Shared", "host.Shared/NoPrivateGranules", "cu
 // ahead.go), and after each the two hold the same memory in their sequences: the
 // ledger is exact, map-ahead's runs aside.
 func TestMapAheadRefusesNothingMore(t *testing.T) {
+	caches := []struct {
+		name  string
+		cfg   kv.Config
+		limit int64
+	}{
+		{"one-block", kv.Config{Geometry: oneBlock, MaxTokens: 256, Layout: kv.Blocked, BlockTokens: 16}, 6 * blockGranule},
+		// NB: a window group's Truncate and ForkAt may be refused with ErrDropped.
+		{"hybrid", kv.Config{Model: aheadHybrid, MaxTokens: 256, Layout: kv.Blocked}, 20 * blockGranule},
+	}
 	for _, name := range aheadBackings {
-		t.Run(name, func(t *testing.T) {
-			limit := 6 * blockGranule
-			on, off := openAhead(t, name, true, limit, 256), openAhead(t, name, false, limit, 256)
-			var son, soff []*kv.Sequence
-			defer func() {
-				for i := range son {
-					assert.True(t, son[i].Close().OK())
-					assert.True(t, soff[i].Close().OK())
+		for _, cc := range caches {
+			t.Run(name+"/"+cc.name, func(t *testing.T) { refusesNothingMore(t, name, cc.cfg, cc.limit) })
+		}
+	}
+}
+
+// refusesNothingMore is TestMapAheadRefusesNothingMore on caches of cfg on backing
+// name under limit bytes.
+func refusesNothingMore(t *testing.T, name string, cfg kv.Config, limit int64) {
+	cfg.MapAhead = true
+	on := openAheadOn(t, name, cfg, int(blockGranule), limit)
+	cfg.MapAhead = false
+	off := openAheadOn(t, name, cfg, int(blockGranule), limit)
+	var son, soff []*kv.Sequence
+	defer func() {
+		for i := range son {
+			assert.True(t, son[i].Close().OK())
+			assert.True(t, soff[i].Close().OK())
+		}
+	}()
+	r := rand.New(rand.NewPCG(23, uint64(len(name))))
+	refused := 0
+	for op := range 400 {
+		switch k := r.IntN(10); {
+		case k == 0 && len(son) < 4:
+			a, err := on.c.NewSequence()
+			require.NoError(t, err)
+			b, err := off.c.NewSequence()
+			require.NoError(t, err)
+			son, soff = append(son, a), append(soff, b)
+		case k == 1 && len(son) > 0:
+			i := r.IntN(len(son))
+			require.True(t, son[i].Close().OK())
+			require.True(t, soff[i].Close().OK())
+			son, soff = append(son[:i], son[i+1:]...), append(soff[:i], soff[i+1:]...)
+		case k == 3 && len(son) > 0:
+			i := r.IntN(len(son))
+			n := r.IntN(son[i].Len() + 1)
+			// NB: a truncation into a granule shared with a fork needs one of
+			// its own, which the budget may refuse.
+			errOff, errOn := soff[i].Truncate(n), son[i].Truncate(n)
+			sameRefusal(t, errOff, errOn, "op %d: truncate to %d", op, n)
+			require.Equal(t, soff[i].Len(), son[i].Len())
+		case k == 4 && len(son) > 0 && len(son) < 4:
+			i := r.IntN(len(son))
+			n := r.IntN(son[i].Len() + 1)
+			on.c.WaitAhead()
+			fOff, errOff := soff[i].ForkAt(n)
+			fOn, errOn := son[i].ForkAt(n)
+			sameRefusal(t, errOff, errOn, "op %d: fork at %d", op, n)
+			if errOn != nil {
+				if errors.Is(errOn, accounting.ErrBudgetExceeded) {
+					refused++
 				}
-			}()
-			r := rand.New(rand.NewPCG(23, uint64(len(name))))
-			refused := 0
-			for op := range 400 {
-				switch k := r.IntN(10); {
-				case k == 0 && len(son) < 4:
-					a, err := on.c.NewSequence()
-					require.NoError(t, err)
-					b, err := off.c.NewSequence()
-					require.NoError(t, err)
-					son, soff = append(son, a), append(soff, b)
-				case k == 1 && len(son) > 0:
-					i := r.IntN(len(son))
-					require.True(t, son[i].Close().OK())
-					require.True(t, soff[i].Close().OK())
-					son, soff = append(son[:i], son[i+1:]...), append(soff[:i], soff[i+1:]...)
-				case k == 3 && len(son) > 0:
-					i := r.IntN(len(son))
-					n := r.IntN(son[i].Len() + 1)
-					// NB: a truncation into a granule shared with a fork needs one of
-					// its own, which the budget may refuse.
-					errOff, errOn := soff[i].Truncate(n), son[i].Truncate(n)
-					require.Equal(t, errOff == nil, errOn == nil, "op %d: truncate to %d: off %v, on %v", op, n, errOff, errOn)
-					if errOn != nil {
-						require.ErrorIs(t, errOn, accounting.ErrBudgetExceeded)
-						require.Equal(t, soff[i].Len(), son[i].Len())
-					}
-				case k == 4 && len(son) > 0 && len(son) < 4:
-					i := r.IntN(len(son))
-					n := r.IntN(son[i].Len() + 1)
-					on.c.WaitAhead()
-					fOff, errOff := soff[i].ForkAt(n)
-					fOn, errOn := son[i].ForkAt(n)
-					require.Equal(t, errOff == nil, errOn == nil, "op %d: fork at %d: off %v, on %v", op, n, errOff, errOn)
-					if errOn != nil {
-						require.ErrorIs(t, errOn, accounting.ErrBudgetExceeded)
-						refused++
-						break
-					}
-					son, soff = append(son, fOn), append(soff, fOff)
-				case len(son) > 0:
-					i := r.IntN(len(son))
-					n := 1 + r.IntN(12)
-					if k == 2 {
-						n = 16 + r.IntN(20)
-					}
-					n = min(n, 256-son[i].Len())
-					errOff := soff[i].Append(n)
-					errOn := son[i].Append(n)
-					require.Equal(t, errOff == nil, errOn == nil, "op %d: append %d: off %v, on %v", op, n, errOff, errOn)
-					if errOn != nil {
-						require.ErrorIs(t, errOn, accounting.ErrBudgetExceeded)
-						refused++
-					}
-				}
-				st := on.pool.PoolStats()
-				require.LessOrEqual(t, st.Owned, int64(limit))
-				on.c.WaitAhead()
-				stOn, stOff := on.c.Stats(), off.c.Stats()
-				pOn, pOff := on.pool.PoolStats(), off.pool.PoolStats()
-				require.Equal(t, pOff.Owned-pOff.Idle, pOn.Owned-pOn.Idle-stOn.Ahead, "op %d: the sequences hold the same memory", op)
-				require.Equal(t, stOff.Committed, stOn.Committed, "op %d", op)
-				require.Equal(t, on.gov.Stats(on.dev).Used, pOn.Owned, "op %d: what map-ahead holds is charged", op)
+				break
 			}
-			assert.Positive(t, refused, "the budget was tight")
-			assert.Equal(t, on.gov.Stats(on.dev).Used, on.pool.PoolStats().Owned, "what map-ahead holds is charged")
-		})
+			son, soff = append(son, fOn), append(soff, fOff)
+		case len(son) > 0:
+			i := r.IntN(len(son))
+			n := 1 + r.IntN(12)
+			if k == 2 {
+				n = 16 + r.IntN(20)
+			}
+			n = min(n, 256-son[i].Len())
+			errOff := soff[i].Append(n)
+			errOn := son[i].Append(n)
+			sameRefusal(t, errOff, errOn, "op %d: append %d", op, n)
+			if errOn != nil {
+				refused++
+			}
+		}
+		st := on.pool.PoolStats()
+		require.LessOrEqual(t, st.Owned, int64(limit))
+		on.c.WaitAhead()
+		stOn, stOff := on.c.Stats(), off.c.Stats()
+		pOn, pOff := on.pool.PoolStats(), off.pool.PoolStats()
+		require.Equal(t, pOff.Owned-pOff.Idle, pOn.Owned-pOn.Idle-stOn.Ahead, "op %d: the sequences hold the same memory", op)
+		require.Equal(t, stOff.Committed, stOn.Committed, "op %d", op)
+		require.Equal(t, on.gov.Stats(on.dev).Used, pOn.Owned, "op %d: what map-ahead holds is charged", op)
+	}
+	assert.Positive(t, refused, "the budget was tight")
+	assert.Equal(t, on.gov.Stats(on.dev).Used, on.pool.PoolStats().Owned, "what map-ahead holds is charged")
+}
+
+// sameRefusal checks that an operation with map-ahead (errOn) and the same without
+// (errOff) both succeeded, or were both refused alike: for budget, or for a token a
+// window group gave back (ErrDropped).
+func sameRefusal(t *testing.T, errOff, errOn error, format string, args ...any) {
+	t.Helper()
+	what := fmt.Sprintf(format, args...)
+	require.Equal(t, errOff == nil, errOn == nil, "%s: off %v, on %v", what, errOff, errOn)
+	if errOn == nil {
+		return
+	}
+	dropped := errors.Is(errOff, kv.ErrDropped)
+	require.Equal(t, dropped, errors.Is(errOn, kv.ErrDropped), "%s: off %v, on %v", what, errOff, errOn)
+	if !dropped {
+		require.ErrorIs(t, errOff, accounting.ErrBudgetExceeded, what)
+		require.ErrorIs(t, errOn, accounting.ErrBudgetExceeded, what)
 	}
 }
 

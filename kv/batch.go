@@ -104,22 +104,41 @@ func (c *Cache) appendBatch(batch []Growth, credit int64) error {
 		if need, crossed, err = c.ahead.step(batch, need); err != nil {
 			return err
 		}
-		if need > 0 {
-			defer c.ahead.hold(need, credit)()
-		}
+	}
+	if err := c.commitStep(batch, need, credit, crossed); err != nil {
+		return err
+	}
+	if c.ahead != nil {
+		// NB: after the step's hold ended, so that the runs it asks are not held
+		// off by its own reservation (see ahead.go: hold).
+		c.ahead.after(batch, crossed)
+	}
+	return nil
+}
+
+// commitStep commits what a batch step needs beyond the runs it adopted (crossed),
+// need bytes of new granules, keeping the map-ahead worker from the budget it counts
+// on meanwhile; a step refused or failed gives back what it adopted.
+func (c *Cache) commitStep(batch []Growth, need, credit int64, crossed bool) error {
+	if need > 0 && c.ahead != nil {
+		defer c.ahead.hold(need, credit)()
 	}
 	if need > 0 {
 		// Refuse what can not fit before committing any of it: a commit rolled back
 		// would leave fresh granules idle in a pool, holding budget.
 		if be := c.budgetOrEvict(need, credit); be != nil {
-			return c.refuse(be)
+			err := c.refuse(be)
+			if crossed {
+				err = joinNonNil(err, c.ahead.unadopt(batch))
+			}
+			return err
 		}
 	}
 	if err := c.grow(batch, need > 0); err != nil {
+		if crossed {
+			err = joinNonNil(err, c.ahead.unadopt(batch))
+		}
 		return c.refused(err)
-	}
-	if c.ahead != nil {
-		c.ahead.after(batch, crossed)
 	}
 	return nil
 }
@@ -138,8 +157,10 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 			continue // the granules it holds cover the tokens: nothing to resize
 		}
 		for gi := range c.groups {
-			// the ranges of a group are alike (see publish)
-			*s.preOf(gi) = rangeEnd(s.bufs[c.groups[gi].first])
+			if !s.adopted { // NB: else pre is what they held before adopting
+				// the ranges of a group are alike (see publish)
+				*s.preOf(gi) = rangeEnd(s.bufs[c.groups[gi].first])
+			}
 		}
 		j, err := s.resizeRanges(s.n + g.Tokens)
 		if err != nil {
@@ -153,7 +174,7 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 	// sequence (see dropDead), the others' steps stand.
 	var errs []error
 	for _, g := range batch {
-		g.Seq.grew = false
+		g.Seq.grew, g.Seq.adopted = false, false
 		if c.windows {
 			if err := g.Seq.dropDead(g.Seq.n); err != nil {
 				errs = append(errs, fmt.Errorf("sequence %d: %w", g.Seq.id, err))

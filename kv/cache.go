@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -21,9 +22,9 @@ type Config struct {
 	// Layout, and a window group gives back the granules behind its window (see the
 	// package doc). Each FP8 group may keep scales of its own (Cache.GroupScales). A
 	// cache on a Model of more than one group, or of one group that is neither full
-	// attention nor MLA, has no prefix cache (NewPrefixCache); MapAhead needs a Model
-	// of one full-attention group (New refuses it otherwise with ErrConfig); and a
-	// model with a recurrent group has no Freeze.
+	// attention nor MLA, has no prefix cache (NewPrefixCache); MapAhead maps ahead
+	// each group that holds tokens and needs one (New refuses it otherwise with
+	// ErrConfig); and a model with a recurrent group has no Freeze.
 	Model Model
 	// MaxTokens is the most tokens one sequence may hold. It is reserved as address
 	// space only: a sequence commits memory for the tokens it has.
@@ -51,7 +52,8 @@ type Config struct {
 	// goroutine of the cache, so that the append makes no backing call: a decode
 	// step that crosses a block boundary costs what the others do. The granules are
 	// owned and charged like any (PoolStats and the governor show them, and
-	// Stats.Ahead), at most the next block of each growing sequence; Need and
+	// Stats.Ahead), at most the next block of each layer group of each growing
+	// sequence (a recurrent state is not mapped ahead); Need and
 	// AppendBatch count them as the cache's own, and a growth that needs the budget
 	// takes them back: map-ahead never makes a growth of this cache refused. While
 	// the budget has room (more than 1/16 of the limit free) it also keeps, idle in
@@ -141,8 +143,8 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	// NB: one MLA group is laid out as one full group is (a latent in place of K
 	// and V), so it takes the one-group paths, the prefix cache's among them.
 	multi := len(groups) > 1 || !groups[0].fullLike()
-	if cfg.MapAhead && (multi || groups[0].spec.Kind != FullAttention) {
-		return nil, fmt.Errorf("%w: MapAhead needs a cache of one full-attention group; model %q has %s", ErrConfig, m.Name, groupKinds(m))
+	if cfg.MapAhead && !slices.ContainsFunc(groups, func(g group) bool { return g.spec.Kind != Recurrent }) {
+		return nil, fmt.Errorf("%w: MapAhead needs a group that holds tokens; model %q has %s", ErrConfig, m.Name, groupKinds(m))
 	}
 	sh := groups[0].shape
 	acct := b.Accounting()

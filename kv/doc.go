@@ -91,8 +91,9 @@
 // ErrConfig. On the other models it freezes each group as ForkAt forks it (a window
 // group's prefix holds its units from the one with FirstLive on). The prefix cache,
 // with its tiers and events, needs a model of one full-attention or one MLA group
-// (NewPrefixCache says why windows beside full groups are not yet served), and
-// map-ahead one full-attention group. Each group
+// (NewPrefixCache says why windows beside full groups are not yet served).
+// Map-ahead maps each group that holds tokens ahead on its own, a recurrent state
+// never. Each group
 // of FP8 elements may keep scales of its own ([Group.Scales], [Cache.GroupScales]).
 // groups.go lists the states of a window group's bytes and their transitions.
 //
@@ -165,7 +166,8 @@
 // decode step that crosses into a new block adopts them with no backing call and no
 // lock that a system call holds, instead of mapping a granule on the token path.
 // Those granules are owned and charged like any (the governor, the pool's stats and
-// Stats.Ahead show them), at most the next block of each growing sequence, counted
+// Stats.Ahead show them), at most the next block of each layer group of each growing
+// sequence (a step adopts of it what its tokens need), counted
 // by Need and AppendBatch as the cache's own; a growth that the budget can not hold
 // otherwise takes other sequences' back first, and the worker stands aside while a
 // step that commits decides: map-ahead never makes a growth of the cache refused.

@@ -83,3 +83,12 @@ func releaseError(out accounting.ReleaseOutcome) error {
 	}
 	return fmt.Errorf("kv: %d bytes could not be given back (%v): %w", out.Residual, out.Status, out.Err)
 }
+
+// joinNonNil returns err joined with more, or err itself (its type kept) where more
+// is nil.
+func joinNonNil(err, more error) error {
+	if more == nil {
+		return err
+	}
+	return errors.Join(err, more)
+}

@@ -61,7 +61,9 @@ import (
 // starts a sequence on it as ForkAt would), on a model without recurrent groups.
 // The prefix cache (and with it tiers and events) works on a model of one full or
 // one MLA group (DeepSeek-V3/R1: one latent per layer, laid out as a full group's K
-// and V are, so the one-group paths serve it); map-ahead on one full group only. A
+// and V are, so the one-group paths serve it). Map-ahead works on every group that
+// holds tokens, each with a run of its own (see ahead.go), and leaves recurrent
+// states out. A
 // model of window groups beside full ones has no prefix cache yet (see
 // NewPrefixCache for why), and one with a Recurrent group never will.
 
@@ -357,9 +359,15 @@ func (s *Sequence) publish() {
 func (s *Sequence) need(tokens int) int64 {
 	var n int64
 	for gi := range s.c.groups {
-		g := &s.c.groups[gi]
-		size, _ := backing.AlignUp(g.extent(tokens), s.c.gran)
-		n += int64(g.nbuf) * int64(max(size-rangeEnd(s.bufs[g.first]), 0))
+		n += s.groupNeed(gi, tokens)
 	}
 	return n
+}
+
+// groupNeed returns the bytes of the granules the ranges of s's group gi must commit
+// to hold tokens (see need).
+func (s *Sequence) groupNeed(gi, tokens int) int64 {
+	g := &s.c.groups[gi]
+	size, _ := backing.AlignUp(g.extent(tokens), s.c.gran)
+	return int64(g.nbuf) * int64(max(size-rangeEnd(s.bufs[g.first]), 0))
 }

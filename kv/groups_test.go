@@ -695,6 +695,7 @@ func TestGroupBadModels(t *testing.T) {
 	mlaV.Groups[0].Tensors = 2
 	fp16Scaled := kv.Model{Name: "fp16", Layers: 1, Groups: []kv.Group{{Kind: kv.FullAttention, Layers: []int{0}, KVHeads: 1, HeadDim: 16, DType: arena.Float16, Scales: kv.ScalePerTensor}}}
 	stateScaled := kv.Model{Name: "state", Layers: 1, Groups: []kv.Group{{Kind: kv.Recurrent, Layers: []int{0}, StateBytes: 64, Scales: kv.ScalePerHead}}}
+	stateOnly := kv.Model{Name: "state-only", Layers: 1, Groups: []kv.Group{{Kind: kv.Recurrent, Layers: []int{0}, StateBytes: 64}}}
 	badMode := kv.Model{Name: "mode", Layers: 1, Groups: []kv.Group{{Kind: kv.FullAttention, Layers: []int{0}, KVHeads: 1, HeadDim: 16, DType: arena.Float8E4M3, Scales: kv.ScaleMode(7)}}}
 	for _, tt := range []struct {
 		name string
@@ -709,7 +710,7 @@ func TestGroupBadModels(t *testing.T) {
 		{"scales on an fp16 group", kv.Config{Model: fp16Scaled, MaxTokens: 100}, kv.ErrGeometry},
 		{"scales on a recurrent group", kv.Config{Model: stateScaled, MaxTokens: 100}, kv.ErrGeometry},
 		{"unknown scale mode", kv.Config{Model: badMode, MaxTokens: 100}, kv.ErrGeometry},
-		{"map-ahead on groups", kv.Config{Model: tinyHybrid, MaxTokens: 100, MapAhead: true}, kv.ErrConfig},
+		{"map-ahead on states alone", kv.Config{Model: stateOnly, MaxTokens: 100, MapAhead: true}, kv.ErrConfig},
 		{"no MaxTokens", kv.Config{Model: tinyHybrid}, kv.ErrConfig},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -39,15 +39,21 @@ type Sequence struct {
 	err    error  // set when damaged
 	mark   uint64 // the last batch of the cache that named it (see Cache.check)
 	grew   bool   // the running batch step resized its ranges (see Cache.grow)
-	pre    int    // while grew: the bytes each range committed before the step
-	closed bool
-	pcl    *pcLive // what it maps of a PrefixCache's granules, or nil: the prefix cache's slot, which only its files read or write
+	// adopted: the running batch step adopted runs committed ahead into its ranges
+	// (see ahead.adopt); pre is then what they committed before that.
+	adopted bool
+	pre     int // while grew or adopted: the bytes each range committed before the step
+	closed  bool
+	pcl     *pcLive // what it maps of a PrefixCache's granules, or nil: the prefix cache's slot, which only its files read or write
 	// guarded: protect made some of its own bytes read-only in its ranges once (a
 	// fork, a freeze), so they may not all be writable. (What prefix cache hits
 	// protect, pcLive counts.)
 	guarded bool
 	started backing.MapReport // what the call that made it took on (Started)
-	ahead   seqAhead          // its run committed ahead (Config.MapAhead; see ahead.go)
+	// ahead is its runs committed ahead, one per layer group (Config.MapAhead; see
+	// ahead.go: runs), nil until the first is asked; ahead1 holds a one-group cache's.
+	ahead  []seqAhead
+	ahead1 [1]seqAhead
 	// gs is what it keeps per layer group in a cache on a Model (Cache.multi); nil in
 	// a one-group cache, whose group's are frozen and pre (see frozenOf).
 	gs []groupState

@@ -146,8 +146,13 @@ func (c *Cache) shareGroups(dst, src []buffer, n int, fulls []int) error {
 					return err
 				}
 			}
-			if err := d[i].shareRange(sr[i], lo, full-lo, backing.ReadOnly); err != nil {
-				return err
+			// NB: nothing to share (a fork at 0, say) is no share: a window's
+			// source range may start past lo, where the arena refuses even an
+			// empty one.
+			if full > lo {
+				if err := d[i].shareRange(sr[i], lo, full-lo, backing.ReadOnly); err != nil {
+					return err
+				}
 			}
 			if err := d[i].Resize(size); err != nil {
 				return err

@@ -34,7 +34,7 @@ type buffer interface {
 	// CommitAhead, DecommitAhead and Ahead may run on the map-ahead worker,
 	// concurrently with the owner's calls.
 	CommitAhead(off, size int) error
-	AdoptAhead() (int, error)
+	AdoptAhead(n int) error
 	DecommitAhead() (int, error)
 	Ahead() (off, size int)
 

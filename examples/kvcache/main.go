@@ -185,8 +185,8 @@ group in its own shape: K and V of its heads, head dim and element type; an MLA
 group's one latent per layer (no V); a recurrent group's state per sequence and
 layer, written whole at prefill (a step's update of it is the kernel's, in place). A
 sliding-window or chunked group gives its granules back behind the window. vmarena runs alone there (the
-baselines model full attention only), without map-ahead (kv keeps it for one-group
-caches), in the blocked layout; the system prompt is a sequence of its own that
+baselines model full attention only), with map-ahead per group (-map-ahead), in the
+blocked layout; the system prompt is a sequence of its own that
 every request forks (kv.Sequence.ForkAt, per group; Freeze is one-group only), or
 copies where the backing can not share. Flags that ask for what can not run are
 refused. The report adds each group's committed bytes (a mapped granule counted in

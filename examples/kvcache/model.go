@@ -60,8 +60,8 @@ func modelNames() string {
 }
 
 // groupsOnly checks what the flags ask of a model of layer groups, where kv and the
-// baselines can do less: the baselines model full attention only, and kv keeps
-// map-ahead and the prefix cache for one-group caches. A flag left at its default is
+// baselines can do less: the baselines model full attention only, and kv keeps the
+// prefix cache for one-group caches. A flag left at its default is
 // turned off, and said so in notes; a flag set to what can not run is refused with an
 // error naming the model and what refused it.
 func (c *config) groupsOnly(m *kv.Model, names []string) ([]string, []string, error) {
@@ -88,13 +88,6 @@ func (c *config) groupsOnly(m *kv.Model, names []string) ([]string, []string, er
 	}
 	if len(kept) == 0 {
 		return nil, nil, fmt.Errorf("-model %s (%s): -strategies %s: none of them can run on layer groups (only %s)", m.Name, kinds, c.strategies, nameCache)
-	}
-	if c.mapAhead {
-		if c.set["map-ahead"] {
-			return nil, nil, fmt.Errorf("-model %s (%s): -map-ahead: kv's map-ahead needs a cache of one full-attention group", m.Name, kinds)
-		}
-		c.mapAhead = false
-		notes = append(notes, "map-ahead off (kv keeps it for one-group caches)")
 	}
 	if c.system > 0 {
 		notes = append(notes, "the system prompt is a sequence of its own that every request forks from (kv's Freeze is for one-group caches; ForkAt works per group), copied where the backing can not share")

@@ -24,7 +24,6 @@ func TestModelFlagBadInputs(t *testing.T) {
 		{"recurrent with a baseline", []string{"-model", "qwen3-next-80b-a3b", "-strategies", "vmarena,append"}, "strategy append models full attention only"},
 		{"a baseline", append(hybrid, "-strategies", "vmarena,paged"),
 			"-model gpt-oss-20b (2 groups: sliding-window 128 ×12, full ×12): strategy paged models full attention only"},
-		{"map-ahead asked for", append(hybrid, "-map-ahead"), "-model gpt-oss-20b (2 groups: sliding-window 128 ×12, full ×12): -map-ahead"},
 		{"per-layer", append(hybrid, "-layout", "per-layer"), "-layout per-layer: the per-group figures read the Blocked layout's blocks"},
 		{"prefix replay", append(hybrid, "-trace", "mooncake"), "-model gpt-oss-20b (2 groups: sliding-window 128 ×12, full ×12): the prefix-cache replay needs kv.PrefixCache"},
 		{"fair timing", append(hybrid, "-rounds", "2"), "-rounds reports no layer groups"},
@@ -92,18 +91,18 @@ func (m *meteredCache) readGroups() (groupUse, bool, error) {
 // of the length a step grows from), per live sequence, while its full group grows
 // with the tokens as in the uniform cache.
 func TestReplayHybridWindowStaysFlat(t *testing.T) {
-	replayHybrid(t, defaultBacking, 0)
+	replayHybrid(t, defaultBacking, 0, false)
 }
 
 // replayHybrid is TestReplayHybridWindowStaysFlat's replay on backing, with a system
-// prompt of system tokens. The prompt's held sequence is forked (a backing that
-// shares) and keeps a window like the others.
-func replayHybrid(t *testing.T, backing string, system int) {
+// prompt of system tokens, with map-ahead on where ahead is set. The prompt's held
+// sequence is forked (a backing that shares) and keeps a window like the others.
+func replayHybrid(t *testing.T, backing string, system int, ahead bool) {
 	g, groups, err := lookupModel("gpt-oss-20b")
 	require.NoError(t, err)
 	require.NotNil(t, groups)
 	s := testSetup(0)
-	s.model, s.groups, s.maxTokens, s.backing = g, groups, 1024, backing
+	s.model, s.groups, s.maxTokens, s.backing, s.mapAhead = g, groups, 1024, backing, ahead
 	b, err := build(nameCache, s)
 	require.NoError(t, err)
 	mc := &meteredCache{cacheStrategy: b.st.(*cacheStrategy)}
