@@ -194,6 +194,7 @@ type PrefixCache struct {
 	c      *Cache
 	opts   PrefixCacheOptions
 	gbytes int64                 // physical bytes of one granule index: a granule in each range
+	ubytes []int64               // per group, the physical bytes of one of its granuleRefs
 	auth   *accounting.Authority // a ledger of its own, owning nothing, for the reclaimer
 	tiers  *pcTiers              // nil without tiers
 
@@ -203,13 +204,13 @@ type PrefixCache struct {
 	reclaiming sync.WaitGroup
 	working    sync.WaitGroup
 	// guarded by mu
-	cachedGranules int64 // distinct granule indexes held by entries
-	queries, hits  int64
-	inserted       int64
-	evictedTokens  int64
-	evictedBytes   int64
-	evictions      int64
-	entries        int
+	cachedBytes   int64 // physical bytes of the distinct granuleRefs held by entries
+	queries, hits int64
+	inserted      int64
+	evictedTokens int64
+	evictedBytes  int64
+	evictions     int64
+	entries       int
 }
 
 // PrefixCacheStats is a snapshot of a PrefixCache. Counters are in tokens where their
@@ -290,8 +291,11 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 		return nil, err
 	}
 	pc := &PrefixCache{
-		c: c, opts: opts, gbytes: int64(c.nbuf) * int64(c.unit),
+		c: c, opts: opts, gbytes: int64(c.nbuf) * int64(c.unit), ubytes: make([]int64, len(c.groups)),
 		tree: radix.New[*pcEntry](), tiers: tiers,
+	}
+	for gi := range c.groups {
+		pc.ubytes[gi] = int64(c.groups[gi].nbuf) * int64(c.groups[gi].unit)
 	}
 	pc.ev.attach(ev, &pc.mu)
 	if ev != nil {
@@ -642,9 +646,9 @@ func (pc *PrefixCache) Stats() PrefixCacheStats {
 	st := PrefixCacheStats{
 		Queries: pc.queries, Hits: pc.hits, InsertedTokens: pc.inserted,
 		EvictedTokens: pc.evictedTokens, Evictions: pc.evictions, EvictedBytes: pc.evictedBytes,
-		Entries: pc.entries, CachedBytes: pc.cachedGranules * pc.gbytes,
+		Entries: pc.entries, CachedBytes: pc.cachedBytes,
 	}
-	st.PinnedBytes = pc.pinnedLocked() * pc.gbytes
+	st.PinnedBytes = pc.pinnedLocked()
 	st.CachedTokens = pc.tree.Tokens()
 	st.Tiers = pc.tiers.stats()
 	return st

@@ -84,5 +84,5 @@ func (pc *PrefixCache) Evict(bytes int64) (int64, error) {
 func (pc *PrefixCache) evictable() int64 {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
-	return (pc.cachedGranules - pc.pinnedLocked()) * pc.gbytes
+	return pc.cachedBytes - pc.pinnedLocked()
 }

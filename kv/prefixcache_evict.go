@@ -89,7 +89,7 @@ func (pc *PrefixCache) evictLocked(need int64, mode evictMode) []*pcEntry {
 		if leaf == nil {
 			break
 		}
-		cached := pc.cachedGranules
+		cached := pc.cachedBytes
 		// Take as many granules from the leaf's tail as the need asks for in one
 		// resize, as long as each gives memory back and the leaf keeps a token.
 		e, p := leaf.Value(), leaf.Parent()
@@ -116,7 +116,7 @@ func (pc *PrefixCache) evictLocked(need int64, mode evictMode) []*pcEntry {
 		if mode == evictFree {
 			got += freed
 		} else {
-			got += (cached - pc.cachedGranules) * pc.gbytes
+			got += cached - pc.cachedBytes
 		}
 	}
 	return drop
@@ -216,7 +216,7 @@ func (pc *PrefixCache) spareLocked(tokens int) (*Sequence, *tierWrite) {
 
 // capLocked evicts down to MaxBytes and returns the entries to close. pc.mu is held.
 func (pc *PrefixCache) capLocked() []*pcEntry {
-	if over := pc.cachedGranules*pc.gbytes - pc.opts.MaxBytes; pc.opts.MaxBytes > 0 && over > 0 {
+	if over := pc.cachedBytes - pc.opts.MaxBytes; pc.opts.MaxBytes > 0 && over > 0 {
 		return pc.evictLocked(over, evictCap)
 	}
 	return nil

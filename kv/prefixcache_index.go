@@ -39,12 +39,14 @@ import (
 // sequences and prefixes that map it (holders: see prefixcache_holders.go). Both
 // counts change only through ref, which panics with PanicRefCount below zero.
 
-// granuleRef is one granule index's physical memory (a granule in each of a sequence's
-// ranges): the entries that hold it and the live sequences that map it. The prefix
-// cache's lock guards it.
+// granuleRef is one sharing unit's physical memory in one layer group (a granule, or
+// a block, in each of the group's ranges; in a one-group cache, in each of a
+// sequence's ranges): the entries that hold it and the live sequences that map it.
+// The prefix cache's lock guards it.
 type granuleRef struct {
 	entries int32
 	live    int32
+	grp     int32 // the index of its layer group (0 in a one-group cache)
 }
 
 // ref adds d to the count n and returns it, panicking with PanicRefCount when the
@@ -153,7 +155,7 @@ func (pc *PrefixCache) detach(e *pcEntry) []*pcEntry {
 // hold counts g held by one more entry. pc.mu is held.
 func (pc *PrefixCache) hold(g *granuleRef) {
 	if ref(&g.entries, 1) == 1 {
-		pc.cachedGranules++
+		pc.cachedBytes += pc.ubytes[g.grp]
 	}
 }
 
@@ -163,11 +165,11 @@ func (pc *PrefixCache) release(g *granuleRef) int64 {
 	if ref(&g.entries, -1) > 0 {
 		return 0
 	}
-	pc.cachedGranules--
+	pc.cachedBytes -= pc.ubytes[g.grp]
 	if g.live > 0 {
 		return 0
 	}
-	return pc.gbytes
+	return pc.ubytes[g.grp]
 }
 
 // unhold drops every granule e holds from the counts and marks it out of the index.

@@ -48,8 +48,8 @@ func (p *PrefixPin) Release() {
 	}
 }
 
-// pinnedLocked returns the cached granule indexes that eviction can not take now:
-// mapped by a live sequence or under a pin. pc.mu is held.
+// pinnedLocked returns the physical bytes of the cached granuleRefs that eviction can
+// not take now: mapped by a live sequence or under a pin. pc.mu is held.
 func (pc *PrefixCache) pinnedLocked() int64 {
 	pinned := map[*granuleRef]struct{}{}
 	pc.tree.EachLeaf(func(leaf *radix.Node[*pcEntry]) bool {
@@ -69,5 +69,9 @@ func (pc *PrefixCache) pinnedLocked() int64 {
 		}
 		return true
 	})
-	return int64(len(pinned))
+	var bytes int64
+	for g := range pinned {
+		bytes += pc.ubytes[g.grp]
+	}
+	return bytes
 }
