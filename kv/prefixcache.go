@@ -256,16 +256,18 @@ func (s PrefixCacheStats) HitRate() float64 {
 // ErrNoSharing; a cache has at most one PrefixCache. It MUST be closed before c.
 //
 // A Model of one MLA group (DeepSeek-V3/R1) has one as a full-attention cache does:
-// its latent is one tensor per layer, every token of it kept. A cache on a Model of
-// more than one group, or of a window group, has no prefix cache yet: the error
-// matches ErrConfig (Freeze and NewSequenceFrom share such a cache's prefixes). NB:
-// the entries' books count granule indexes, each the same tokens in every range,
-// which groups of different rows do not share, and a window group's inserted
-// sequence gives back, as it decodes, granules a lazy entry refers to. A Model with
-// a Recurrent group will never have one: a state is a function of every token
-// before it, so a hit of n tokens would need the state after exactly n, recorded at
-// every point a later prompt may branch; prefix caching of a state is out of scope,
-// and the error says so.
+// its latent is one tensor per layer, every token of it kept. A Model of window
+// groups beside full or MLA ones (gpt-oss, Gemma-3, Llama-4) has one too, under the
+// hybrid rule (see prefixcache_groups.go): a hit of m tokens needs the full groups'
+// first m tokens and each window group's tokens from its FirstLive(m) to m, all held
+// by one entry; an entry keeps every unit its inserted sequence's windows still held.
+// There Insert is not lazy (it maps the sequence's whole units and copies each
+// group's last partly filled one at once, as ForkAt does), eviction takes whole
+// entries, and tiers and events are refused with ErrConfig (their blocks are one
+// group's). A Model with a Recurrent group will never have one: a state is a function
+// of every token before it, so a hit of n tokens would need the state after exactly
+// n, recorded at every point a later prompt may branch; prefix caching of a state is
+// out of scope, and the error says so.
 func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil cache", ErrConfig)
@@ -276,8 +278,11 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	if err := c.prefixable("a prefix cache"); err != nil {
 		return nil, err
 	}
-	if err := c.plainOnly("a prefix cache"); err != nil {
-		return nil, err
+	if c.multi && len(opts.Tiers) > 0 {
+		return nil, errNoGroupTiers(c, "tiers")
+	}
+	if c.multi && opts.Events.Observer != nil {
+		return nil, errNoGroupTiers(c, "events")
 	}
 	if opts.MaxBytes < 0 {
 		return nil, fmt.Errorf("%w: MaxBytes %d", ErrConfig, opts.MaxBytes)
@@ -394,6 +399,17 @@ func (pc *PrefixCache) find(tokens []int32) (hit, error) {
 		return hit{}, ErrClosed
 	}
 	pc.working.Add(1)
+	if pc.c.multi {
+		m, leaf := pc.hitLocked(tokens[:pc.matchable(tokens)])
+		h := hit{m: m}
+		if leaf != nil {
+			pc.tree.Touch(leaf)
+			h.e = leaf.Value()
+			h.e.busy++
+			h.l = pc.hitLive(h.e, m)
+		}
+		return h, nil
+	}
 	m, node := pc.tree.Match(tokens[:pc.matchable(tokens)])
 	h := hit{m: m}
 	if m == 0 {
@@ -475,9 +491,7 @@ func (pc *PrefixCache) settle(h hit, s *Sequence, err error, queried int) {
 	}
 	switch {
 	case err != nil && h.l != nil:
-		for _, g := range h.l.grefs {
-			g.unmap()
-		}
+		h.l.unmapAll()
 	case err == nil:
 		if h.l != nil {
 			s.pcl = h.l
@@ -515,6 +529,14 @@ var errEntryGone = errors.New("kv: prefix cache entry gone")
 // earlier prefix cache of the same cache, closed since (a hit or an insert there, or a
 // fork or prefix of one), is refused with ErrConfig and nothing changes: this one's
 // books can not tell which of those granules others still map.
+//
+// On a Model of window groups beside full ones, Insert gives the new entry ranges of
+// its own at once (a window that moves on in s afterwards then gives back only s's
+// mappings): it commits each group's partly filled last unit, evicting cached
+// prefixes before it refuses for budget, and the entry keeps each window group's
+// units from the first s still holds. An insert of n tokens that s's windows can no
+// longer serve (a step at n would read a token they gave back) fails with ErrDropped
+// and changes nothing.
 func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	if s == nil {
 		panic(PanicNilSequence)
@@ -533,6 +555,18 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	}
 	if err := s.dropAhead(); err != nil {
 		return err
+	}
+	if pc.c.multi {
+		drop, err := pc.insertGroups(s, tokens)
+		if err != nil {
+			return err
+		}
+		drop = append(drop, pc.capLocked()...)
+		pc.mu.Unlock()
+		for _, d := range drop {
+			d.close()
+		}
+		return nil
 	}
 	n := len(tokens)
 	frozen := s.frozen // before the entry shares more of s

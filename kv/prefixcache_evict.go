@@ -90,6 +90,19 @@ func (pc *PrefixCache) evictLocked(need int64, mode evictMode) []*pcEntry {
 			break
 		}
 		cached := pc.cachedBytes
+		if pc.c.multi {
+			// Several groups: the leaf goes whole (see prefixcache_groups.go).
+			freed, gone := pc.evictLeaf(leaf)
+			if gone != nil {
+				drop = append(drop, gone)
+			}
+			if mode == evictFree {
+				got += freed
+			} else {
+				got += cached - pc.cachedBytes
+			}
+			continue
+		}
 		// Take as many granules from the leaf's tail as the need asks for in one
 		// resize, as long as each gives memory back and the leaf keeps a token.
 		e, p := leaf.Value(), leaf.Parent()
@@ -143,6 +156,12 @@ func (pc *PrefixCache) victimOf(frees bool, storing map[*pcEntry]chan struct{}) 
 			}
 			busy-- // its write-through's
 		}
+		if pc.c.multi {
+			if !l.Pinned() && busy == 0 && pc.wholeGain(l, frees) > 0 && (best == nil || l.Used() < best.Used()) {
+				best = l
+			}
+			return true
+		}
 		if l.Pinned() || busy > 0 || len(e.grefs) == 0 {
 			return true
 		}
@@ -163,6 +182,25 @@ func (pc *PrefixCache) victimOf(frees bool, storing map[*pcEntry]chan struct{}) 
 	return best
 }
 
+// wholeGain returns what evicting leaf whole would take, on a cache of several
+// groups: the bytes of the granules its entry alone holds and, when frees is set, no
+// live sequence maps (those that give memory back). It is 0 for a leaf that is a
+// pinned node's only child, which holds the pinned tokens. pc.mu is held.
+func (pc *PrefixCache) wholeGain(leaf *radix.Node[*pcEntry], frees bool) int64 {
+	if p := leaf.Parent(); p.Parent() != nil && p.Children() == 1 {
+		return 0
+	}
+	var gain int64
+	for _, sg := range leaf.Value().segs {
+		for _, g := range sg.refs {
+			if g.entries == 1 && (!frees || g.live == 0) {
+				gain += pc.ubytes[g.grp]
+			}
+		}
+	}
+	return gain
+}
+
 // spareLocked, on a miss for a prompt of tokens, evicts the least recently used entry
 // whole and returns its sequence, whose ranges the new sequence then takes over with
 // their committed granules, when the budget can not hold the prompt's granules now
@@ -176,8 +214,8 @@ func (pc *PrefixCache) victimOf(frees bool, storing map[*pcEntry]chan struct{}) 
 // what of the entry to write down before the new sequence writes (see pcTiers.pick).
 // pc.mu is held.
 func (pc *PrefixCache) spareLocked(tokens int) (*Sequence, *tierWrite) {
-	if tokens <= 0 {
-		return nil, nil
+	if tokens <= 0 || pc.c.multi {
+		return nil, nil // several groups: their ranges are not taken over
 	}
 	need := int64(pc.c.unitsFor(tokens)) * pc.gbytes
 	if be := pc.c.budget(need, 0); be == nil || errors.Is(be, accounting.ErrExceedsLimit) {

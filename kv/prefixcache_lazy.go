@@ -253,9 +253,14 @@ func (pc *PrefixCache) startFrom(src *Sequence, n int, entry bool) (*Sequence, e
 		return nil, err
 	}
 	return evicting(pc.c, func() (*Sequence, error) {
-		q, err := pc.c.sequenceOn(src, n)
+		// An entry made from an inserted sequence (not entry) keeps every unit of
+		// it a window group still holds; a lookup's sequence, from its window on.
+		q, err := pc.c.sequenceOn(src, n, !entry)
 		if err == nil && !entry {
-			src.frozen = max(src.frozen, q.frozen)
+			for gi := range pc.c.groups {
+				f := src.frozenOf(gi)
+				*f = max(*f, *q.frozenOf(gi))
+			}
 		}
 		return q, err
 	})

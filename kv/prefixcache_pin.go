@@ -58,11 +58,23 @@ func (pc *PrefixCache) pinnedLocked() int64 {
 				pinned[g] = struct{}{}
 			}
 		}
+		for _, sg := range leaf.Value().segs {
+			for _, g := range sg.refs {
+				if g.live > 0 {
+					pinned[g] = struct{}{}
+				}
+			}
+		}
 		// Each pinned node on the leaf's path pins its tokens' granules.
 		for n := leaf; n != nil && n.Parent() != nil; n = n.Parent() {
 			if n.Pinned() {
-				for _, g := range leaf.Value().grefs[:pc.c.unitsFor(n.Depth())] {
+				for _, g := range leaf.Value().grefs[:min(len(leaf.Value().grefs), pc.c.unitsFor(n.Depth()))] {
 					pinned[g] = struct{}{}
+				}
+				for gi, sg := range leaf.Value().segs {
+					for u := sg.from; u < min(sg.end(), pc.c.groups[gi].unitsFor(n.Depth())); u++ {
+						pinned[sg.refs[u-sg.from]] = struct{}{}
+					}
 				}
 				break
 			}
