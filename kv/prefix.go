@@ -208,14 +208,15 @@ func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 // is (an entry is never written, and many lookups read it at once). With held, a
 // window group's new ranges start where src's do (every unit src still holds below
 // n) rather than at the unit that holds FirstLive(n): what a prefix cache entry
-// keeps of an inserted sequence.
-func (c *Cache) sequenceOn(src *Sequence, n int, held bool) (*Sequence, error) {
+// keeps of an inserted sequence; and below, when not nil, gives the whole units
+// under those that another holder of the same tokens holds (shareGroupsFrom).
+func (c *Cache) sequenceOn(src *Sequence, n int, held bool, below *Sequence) (*Sequence, error) {
 	s, err := c.newSequence()
 	if err != nil {
 		return nil, err
 	}
 	fulls := make([]int, len(c.groups))
-	if err := c.shareGroupsFrom(s.bufs, src.bufs, n, fulls, held); err != nil {
+	if err := c.shareGroupsFrom(s.bufs, src.bufs, n, fulls, held, below); err != nil {
 		return nil, errors.Join(err, c.abandon(s))
 	}
 	s.startShared(n, fulls)

@@ -108,39 +108,62 @@ func (pc *PrefixCache) insertGroups(s *Sequence, tokens []int32) ([]*pcEntry, er
 		pc.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if m, node := pc.tree.Peek(tokens); m == n {
+	m, node := pc.tree.Peek(tokens)
+	if m == n {
 		// Every token is in the index already: left as it is, marked used.
 		pc.tree.Touch(node)
 		return nil, nil
+	}
+	// The entry the new one takes the place of (its tokens are the first of these),
+	// if any: its window units under s's go on in the new entry, mapped from its
+	// ranges, which its being busy keeps open meanwhile.
+	var below *pcEntry
+	var bs *Sequence
+	if node.Leaf() && node.Depth() == m {
+		below, bs = node.Value(), node.Value().seq
+		below.busy++
 	}
 	pc.mu.Unlock()
 	frozen := make([]int, len(pc.c.groups)) // before the entry shares more of s
 	for gi := range frozen {
 		frozen[gi] = *s.frozenOf(gi)
 	}
-	es, err := pc.startFrom(s, n, false)
-	if err != nil {
-		return nil, err
+	es, err := pc.startFromBelow(s, n, false, bs)
+	if err == nil {
+		fulls := make([]int, len(pc.c.groups))
+		for gi := range fulls {
+			fulls[gi] = *es.frozenOf(gi)
+		}
+		if err = s.protectGroups(fulls); err != nil {
+			es.Close()
+		}
 	}
-	fulls := make([]int, len(pc.c.groups))
-	for gi := range fulls {
-		fulls[gi] = *es.frozenOf(gi)
+	var drop []*pcEntry
+	pc.mu.Lock()
+	if below != nil {
+		below.busy--
+		if below.state() == entryOut {
+			drop = append(drop, below) // it left the index while es mapped from it
+		}
 	}
-	if err := s.protectGroups(fulls); err != nil {
+	if err == nil && pc.closed {
+		err = ErrClosed
+		pc.mu.Unlock()
 		es.Close()
+		pc.mu.Lock()
+	}
+	if err != nil {
+		pc.mu.Unlock()
+		for _, d := range drop {
+			d.close()
+		}
 		return nil, err
 	}
 	if s.pcl == nil {
 		s.pcl = newLive(pc)
 	}
 	l := s.pcl
-	pc.mu.Lock()
-	if pc.closed {
-		pc.mu.Unlock()
-		es.Close()
-		return nil, ErrClosed
-	}
-	m, _ := pc.tree.Peek(tokens)
+	m, _ = pc.tree.Peek(tokens)
 	e := &pcEntry{seq: es, n: n, segs: make([]unitSeg, len(pc.c.groups))}
 	leaf, old, displaced := pc.tree.Insert(tokens, e)
 	if leaf == nil {
@@ -148,7 +171,7 @@ func (pc *PrefixCache) insertGroups(s *Sequence, tokens []int32) ([]*pcEntry, er
 		pc.mu.Unlock()
 		es.Close()
 		pc.mu.Lock()
-		return nil, nil
+		return drop, nil
 	}
 	e.leaf = leaf
 	pc.c.ownEntry(es)
@@ -160,8 +183,24 @@ func (pc *PrefixCache) insertGroups(s *Sequence, tokens []int32) ([]*pcEntry, er
 		// What s maps of the cache's units is below its frozen bytes; the rest
 		// are s's own, which the entry now maps too.
 		l.trim(gi, 0, frozen[gi]/g.unit)
-		lo, full, k := es.bufs[g.first].Start()/g.unit, g.fullUnits(n), g.unitsFor(n)
-		refs := make([]*granuleRef, 0, k-lo)
+		from, lo := es.bufs[g.first].Start()/g.unit, s.bufs[g.first].Start()/g.unit
+		full, k := g.fullUnits(n), g.unitsFor(n)
+		refs := make([]*granuleRef, 0, k-from)
+		if from < lo {
+			// Mapped from below: by its references while it holds them; else the
+			// new entry's alone once below closes.
+			if below.segs != nil {
+				refs = append(refs, below.segs[gi].slice(from, lo)...)
+			} else {
+				fresh := make([]granuleRef, lo-from)
+				for i := range fresh {
+					fresh[i].grp = int32(gi)
+					refs = append(refs, &fresh[i])
+				}
+			}
+		} else {
+			lo = from
+		}
 		if lo < full {
 			l.cover(gi, lo, full)
 			refs = append(refs, l.segs[gi].slice(lo, full)...)
@@ -170,16 +209,15 @@ func (pc *PrefixCache) insertGroups(s *Sequence, tokens []int32) ([]*pcEntry, er
 			// The partly filled last unit: the entry's own copy.
 			refs = append(refs, &granuleRef{grp: int32(gi)})
 		}
-		e.segs[gi] = unitSeg{from: min(lo, full), refs: refs}
+		e.segs[gi] = unitSeg{from: from, refs: refs}
 		for _, r := range refs {
 			pc.hold(r)
 		}
 	}
-	var drop []*pcEntry
 	if displaced {
-		// The new entry holds the old one's tokens: the old one goes. That is no
-		// eviction: the tokens stay cached (a window group's older units, which
-		// only the old entry held, go with it).
+		// The new entry holds the old one's tokens (and its window units, where
+		// they lay under s's): the old one goes. That is no eviction: the tokens
+		// stay cached.
 		pc.ev.dropped(old)
 		e.hits = old.hits
 		if _, d := pc.unhold(old); d != nil {

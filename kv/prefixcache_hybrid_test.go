@@ -33,9 +33,30 @@ var hybridModels = []kv.Model{tinyOSS, tinyWindows}
 // prefix with an entry that holds them. An insert of tokens that are a prefix of an
 // entry's changes nothing; one that extends entries' tokens takes their place.
 type hybridRef struct {
-	m       kv.Model
-	max     int
+	m   kv.Model
+	max int
+	// whole returns the first token past the whole sharing units that hold a
+	// sequence's first n tokens in layer's ranges: where an entry of n tokens stops
+	// holding whole units.
+	whole   func(layer, n int) int
 	entries []hybridEntry
+}
+
+// wholeOf returns hybridRef.whole for c, from the strides a kernel sees: a block's
+// tokens in the Blocked layout, the granule in PerLayer (whose ranges start on one).
+func wholeOf(c *kv.Cache) func(layer, n int) int {
+	return func(layer, n int) int {
+		st, err := c.LayerStrides(layer)
+		if err != nil {
+			panic(err)
+		}
+		if st.BlockTokens > 0 {
+			return n / st.BlockTokens * st.BlockTokens
+		}
+		g := c.Granularity()
+		whole := n * st.TokenStride / g * g
+		return (whole + st.TokenStride - 1) / st.TokenStride
+	}
 }
 
 type hybridEntry struct {
@@ -76,7 +97,18 @@ func (r *hybridRef) insert(ids []int32, held []int) {
 		}
 	}
 	r.entries = slices.DeleteFunc(r.entries, func(e hybridEntry) bool {
-		return len(e.ids) < len(ids) && slices.Equal(ids[:len(e.ids)], e.ids)
+		if len(e.ids) >= len(ids) || !slices.Equal(ids[:len(e.ids)], e.ids) {
+			return false
+		}
+		// The new entry keeps the old one's window units under its own, where they
+		// reach its own.
+		held = slices.Clone(held)
+		for l := range held {
+			if held[l] <= r.whole(l, len(e.ids)) {
+				held[l] = min(held[l], e.held[l])
+			}
+		}
+		return true
 	})
 	r.entries = append(r.entries, hybridEntry{ids: slices.Clone(ids), held: held})
 }
@@ -206,7 +238,7 @@ func testPrefixCacheHybrid(t *testing.T, e *env, model kv.Model) {
 	pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, pc.Close()) }()
-	ref := hybridRef{m: model, max: 512}
+	ref := hybridRef{m: model, max: 512, whole: wholeOf(e.c)}
 	r := rand.New(rand.NewPCG(25, uint64(e.c.Config().Layout)+uint64(len(model.Groups))))
 	var made [][]int32
 	var queries, hits int64
@@ -372,5 +404,43 @@ func TestGroupForkAtZeroAfterDrop(t *testing.T) {
 		require.True(t, q.Close().OK())
 		p.Release()
 		e.books(t, "after the forks")
+	})
+}
+
+// TestPrefixCacheHybridTurns: a conversation's next turn, inserted after a hit on the
+// whole of the previous one, takes its entry's place and keeps the window units its
+// own sequence never held (it started at its hit's window), so that a later prompt
+// that branches inside the first turn still hits there; and the books stay exact.
+func TestPrefixCacheHybridTurns(t *testing.T) {
+	onEachSharing(t, envSpec{cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}}, func(t *testing.T, e *env) {
+		pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
+		require.NoError(t, err)
+		defer func() { assert.NoError(t, pc.Close()) }()
+		r := rand.New(rand.NewPCG(1, 2))
+		turn1 := make([]int32, 300)
+		for i := range turn1 {
+			turn1[i] = int32(r.IntN(50))
+		}
+		turn2 := append(slices.Clone(turn1), 7, 8, 9, 10, 11)
+		branch := append(slices.Clone(turn1[:100]), 99, 98)
+
+		s, m, _, err := serveHybrid(pc, turn1)
+		require.NoError(t, err)
+		require.Zero(t, m)
+		require.True(t, s.Close().OK())
+		s, m, _, err = serveHybrid(pc, turn2)
+		require.NoError(t, err)
+		require.Equal(t, len(turn1), m, "the next turn hits the whole first")
+		assert.Positive(t, s.FirstHeld(0), "its window starts at its hit's")
+		require.True(t, s.Close().OK())
+		assert.Equal(t, 1, pc.Stats().Entries, "the second turn took the first's place")
+		idleBooks(t, e, pc, "after two turns")
+
+		s, m, _, err = serveHybrid(pc, branch)
+		require.NoError(t, err)
+		assert.Equal(t, 100, m, "a branch inside the first turn hits its window")
+		require.NoError(t, checkHeldIDs(s, branch, 0, len(branch)))
+		require.True(t, s.Close().OK())
+		idleBooks(t, e, pc, "after the branch")
 	})
 }
