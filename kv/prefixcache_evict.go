@@ -157,7 +157,7 @@ func (pc *PrefixCache) victimOf(frees bool, storing map[*pcEntry]chan struct{}) 
 			busy-- // its write-through's
 		}
 		if pc.c.multi {
-			if !l.Pinned() && busy == 0 && pc.wholeGain(l, frees) > 0 && (best == nil || l.Used() < best.Used()) {
+			if busy == 0 && pc.wholeGain(l, frees) > 0 && (best == nil || l.Used() < best.Used()) {
 				best = l
 			}
 			return true
@@ -184,10 +184,10 @@ func (pc *PrefixCache) victimOf(frees bool, storing map[*pcEntry]chan struct{}) 
 
 // wholeGain returns what evicting leaf whole would take, on a cache of several
 // groups: the bytes of the granules its entry alone holds and, when frees is set, no
-// live sequence maps (those that give memory back). It is 0 for a leaf that is a
-// pinned node's only child, which holds the pinned tokens. pc.mu is held.
+// live sequence maps (those that give memory back). It is 0 for a leaf under a pin
+// (see pinnedAbove). pc.mu is held.
 func (pc *PrefixCache) wholeGain(leaf *radix.Node[*pcEntry], frees bool) int64 {
-	if p := leaf.Parent(); p.Parent() != nil && p.Children() == 1 {
+	if pinnedAbove(leaf) {
 		return 0
 	}
 	var gain int64
@@ -199,6 +199,18 @@ func (pc *PrefixCache) wholeGain(leaf *radix.Node[*pcEntry], frees bool) int64 {
 		}
 	}
 	return gain
+}
+
+// pinnedAbove reports whether a pin ends at n or one of its ancestors: on a cache of
+// several groups eviction takes no leaf there, since which of the pinned prefix's
+// leaves holds its window groups' units is each leaf's own.
+func pinnedAbove(n *radix.Node[*pcEntry]) bool {
+	for ; n.Parent() != nil; n = n.Parent() {
+		if n.Pinned() {
+			return true
+		}
+	}
+	return false
 }
 
 // spareLocked, on a miss for a prompt of tokens, evicts the least recently used entry

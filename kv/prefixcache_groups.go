@@ -23,10 +23,14 @@ import (
 // ranges of the entry's own at once and copies each group's partly filled last unit,
 // as ForkAt does (so that a window that moves on in the sequence afterwards gives
 // back only the sequence's mappings, never the entry's), and a window group's entry
-// keeps every unit the sequence still held. Eviction takes whole leaves, page-aware
-// (only a leaf whose eviction gives memory back); a leaf that is the only child of a
-// pinned node is not taken. Tiers and events need one group (NewPrefixCache refuses
-// them here with ErrConfig).
+// keeps every unit the sequence still held, and those of the entry it takes the place
+// of under them. Eviction takes whole leaves, page-aware (only a leaf whose eviction
+// gives memory back, or, for MaxBytes, lowers CachedBytes), never one under a pin.
+// Tiers and events need one group (NewPrefixCache refuses them here with ErrConfig).
+//
+// Not yet: eviction that gives back a leaf's older window units first and keeps the
+// rest (it takes the leaf whole), lazy inserts, a miss taking an evicted entry's
+// ranges over, tiers and events.
 
 // holdsWindow reports whether e holds, in each window group, the tokens a step at m
 // reads (from the unit of its FirstLive(m) on). pc.mu is held.

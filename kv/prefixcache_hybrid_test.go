@@ -206,6 +206,13 @@ func serveHybrid(pc *kv.PrefixCache, ids []int32) (*kv.Sequence, int, []int, err
 // it.
 func idleBooks(t *testing.T, e *env, pc *kv.PrefixCache, what string) {
 	t.Helper()
+	idleBooksPinned(t, e, pc, false, what)
+}
+
+// idleBooksPinned is idleBooks where pinned says whether a pin holds cached
+// granules (PinnedBytes is not 0 then).
+func idleBooksPinned(t *testing.T, e *env, pc *kv.PrefixCache, pinned bool, what string) {
+	t.Helper()
 	e.books(t, what)
 	if e.pool == nil {
 		return
@@ -213,7 +220,9 @@ func idleBooks(t *testing.T, e *env, pc *kv.PrefixCache, what string) {
 	ps := e.pool.PoolStats()
 	st := pc.Stats()
 	assert.Equal(t, ps.Owned-ps.Idle, st.CachedBytes, "%s: cached bytes vs the granules in use", what)
-	assert.Zero(t, st.PinnedBytes, "%s: no live sequence maps a cached granule", what)
+	if !pinned {
+		assert.Zero(t, st.PinnedBytes, "%s: no live sequence maps a cached granule", what)
+	}
 }
 
 // TestPrefixCacheHybrid: on models of window groups beside full (and MLA) ones, on
@@ -442,5 +451,129 @@ func TestPrefixCacheHybridTurns(t *testing.T) {
 		require.NoError(t, checkHeldIDs(s, branch, 0, len(branch)))
 		require.True(t, s.Close().OK())
 		idleBooks(t, e, pc, "after the branch")
+	})
+}
+
+// TestPrefixCacheHybridEvicts: under MaxBytes, and under a budget that the requests'
+// growth must take back from the cache, a cache of window groups evicts whole entries,
+// keeps the cap, never matches more than the unbounded plain model would, reads back
+// every token it finds, and keeps CachedBytes equal to the memory in use; a pinned
+// prefix's entries stay.
+func TestPrefixCacheHybridEvicts(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		cap   bool
+		limit int64
+	}{
+		{"cap", true, 0},
+		{"budget", false, 96 * envGranule},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			onEachSharing(t, envSpec{cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}, limit: tt.limit}, func(t *testing.T, e *env) {
+				var opts kv.PrefixCacheOptions
+				if tt.cap {
+					opts.MaxBytes = 64 * int64(e.c.Granularity())
+				}
+				pc, err := kv.NewPrefixCache(e.c, opts)
+				require.NoError(t, err)
+				defer func() { assert.NoError(t, pc.Close()) }()
+				ref := hybridRef{m: tinyOSS, max: 512, whole: wholeOf(e.c)}
+				r := rand.New(rand.NewPCG(27, uint64(e.c.Config().Layout)))
+				var made [][]int32
+				var hits int64
+				var pin *kv.PrefixPin
+				var pinned []int32
+				for i := range 50 {
+					ids := hybridStream(r, made)
+					ids = ids[:min(len(ids), 200)]
+					s, m, held, err := serveHybrid(pc, ids)
+					require.NoError(t, err)
+					assert.LessOrEqual(t, m, ref.match(ids), "never more than an unbounded cache")
+					hits += int64(m)
+					ref.insert(ids, held)
+					made = append(made, ids)
+					require.NoError(t, checkHeldIDs(s, ids, 0, len(ids)))
+					require.True(t, s.Close().OK())
+					if tt.cap {
+						assert.LessOrEqual(t, pc.Stats().CachedBytes, opts.MaxBytes)
+					}
+					if i == 5 {
+						pinned = ids
+						pin, err = pc.Pin(ids)
+						require.NoError(t, err)
+						require.Equal(t, len(ids), pin.Len())
+					}
+					if pin != nil {
+						assert.Equal(t, len(pinned)-1, pc.Match(pinned), "request %d: the pinned prompt stays whole", i)
+					}
+					idleBooksPinned(t, e, pc, pin != nil, "after a request")
+				}
+				pin.Release()
+				st := pc.Stats()
+				assert.Equal(t, hits, st.Hits)
+				assert.Positive(t, st.Evictions, "it evicted")
+				assert.Positive(t, st.EvictedBytes)
+				assert.Positive(t, st.Hits)
+				idleBooks(t, e, pc, "after the pin's release")
+			})
+		})
+	}
+}
+
+// TestPrefixCacheHybridRefusals: on a model of window groups, an insert of more
+// tokens than the sequence holds, of tokens whose window the sequence gave back, and
+// a sequence of another cache are refused, changing nothing; so are a negative
+// eviction, a prompt longer than MaxTokens, and calls after Close.
+func TestPrefixCacheHybridRefusals(t *testing.T) {
+	onEachSharing(t, envSpec{cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}}, func(t *testing.T, e *env) {
+		pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
+		require.NoError(t, err)
+		ids := make([]int32, 300)
+		for i := range ids {
+			ids[i] = int32(i % 7)
+		}
+		s, _, _, err := serveHybrid(pc, ids[:100])
+		require.NoError(t, err)
+		before := pc.Stats()
+
+		assert.ErrorIs(t, pc.Insert(s, ids[:101]), kv.ErrRange, "more tokens than s holds")
+		require.NoError(t, s.Append(199))
+		require.NoError(t, s.Append(1)) // a step from 299 tokens: the window moves on
+		require.NoError(t, writeHeldIDs(s, ids, 100, 300))
+		require.Positive(t, s.FirstHeld(0))
+		err = pc.Insert(s, ids[:50])
+		assert.ErrorIs(t, err, kv.ErrDropped, "the window gave back what a step at 50 reads")
+		assert.ErrorContains(t, err, "insert at 50 tokens")
+		if e.fake != nil {
+			other, err := kv.New(e.fake, kv.Config{Model: tinyOSS, MaxTokens: 512})
+			require.NoError(t, err)
+			o, err := other.NewSequence()
+			require.NoError(t, err)
+			require.NoError(t, o.Append(10))
+			assert.ErrorIs(t, pc.Insert(o, ids[:10]), kv.ErrConfig, "a sequence of another cache")
+			require.True(t, o.Close().OK())
+			require.NoError(t, other.Close())
+		}
+		after := pc.Stats()
+		assert.Equal(t, before.InsertedTokens, after.InsertedTokens, "refused inserts change nothing")
+		assert.Equal(t, before.Entries, after.Entries)
+		assert.Equal(t, before.CachedBytes, after.CachedBytes)
+
+		_, err = pc.Evict(-1)
+		assert.ErrorIs(t, err, kv.ErrRange)
+		_, err = pc.Need(make([]int32, 513))
+		assert.ErrorIs(t, err, kv.ErrTooLong)
+		require.NoError(t, pc.Insert(s, ids), "the whole sequence")
+		require.True(t, s.Close().OK())
+		idleBooks(t, e, pc, "after the refusals")
+
+		require.NoError(t, pc.Close())
+		_, _, err = pc.Lookup(ids)
+		assert.ErrorIs(t, err, kv.ErrClosed)
+		q, err := e.c.NewSequence()
+		require.NoError(t, err)
+		require.NoError(t, q.Append(5))
+		assert.ErrorIs(t, pc.Insert(q, ids[:5]), kv.ErrClosed)
+		require.True(t, q.Close().OK())
 	})
 }

@@ -15,7 +15,9 @@ type PrefixPin struct {
 func (p *PrefixPin) Len() int { return p.n }
 
 // Pin pins the longest prefix of tokens the cache holds (at most all of it): eviction
-// never takes those tokens' granules until the pin is released. Len says how many
+// never takes those tokens' granules until the pin is released. On a Model of window
+// groups it takes no entry that holds them (which of them holds a window group's
+// units is each one's own). Len says how many
 // tokens that is (0 when none is cached: insert them first).
 func (pc *PrefixCache) Pin(tokens []int32) (*PrefixPin, error) {
 	pc.mu.Lock()
@@ -58,9 +60,10 @@ func (pc *PrefixCache) pinnedLocked() int64 {
 				pinned[g] = struct{}{}
 			}
 		}
+		under := pinnedAbove(leaf) // several groups: the leaf whole (see wholeGain)
 		for _, sg := range leaf.Value().segs {
 			for _, g := range sg.refs {
-				if g.live > 0 {
+				if g.live > 0 || under {
 					pinned[g] = struct{}{}
 				}
 			}
