@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/kv"
 )
@@ -575,5 +576,92 @@ func TestPrefixCacheHybridRefusals(t *testing.T) {
 		require.NoError(t, q.Append(5))
 		assert.ErrorIs(t, pc.Insert(q, ids[:5]), kv.ErrClosed)
 		require.True(t, q.Close().OK())
+	})
+}
+
+// TestPrefixCacheHybridConcurrent: on a model of window groups, many goroutines serve
+// (hits read back whole), decode past their windows, fork, insert again, pin and
+// evict at once under a budget and a cap; afterwards CachedBytes is the memory in use
+// and an eviction of everything gives all of it back.
+func TestPrefixCacheHybridConcurrent(t *testing.T) {
+	onEachSharing(t, envSpec{cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}, limit: 400 * envGranule}, func(t *testing.T, e *env) {
+		pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{MaxBytes: 200 * int64(e.c.Granularity())})
+		require.NoError(t, err)
+		defer func() { assert.NoError(t, pc.Close()) }()
+		var ps sharedStream
+		goWorkers(6, func(w int) error {
+			r := rand.New(rand.NewPCG(uint64(w), 25))
+			for range 25 {
+				ps.mu.Lock()
+				ids := hybridStream(r, ps.made)
+				ids = ids[:min(len(ids), 200)]
+				ps.made = append(ps.made, ids)
+				ps.mu.Unlock()
+				switch r.IntN(10) {
+				case 0:
+					pin, err := pc.Pin(ids)
+					if err != nil {
+						return err
+					}
+					pin.Release()
+					continue
+				case 1:
+					if _, err := pc.Evict(int64(r.IntN(20) * envGranule)); err != nil {
+						return err
+					}
+				}
+				s, _, _, err := serveHybrid(pc, ids)
+				if errors.Is(err, accounting.ErrBudgetExceeded) {
+					continue // live sequences hold the budget: a refusal is honest
+				}
+				if err != nil {
+					return err
+				}
+				out := slices.Clone(ids)
+				for range r.IntN(40) {
+					out = append(out, int32(r.IntN(3)))
+					if err := s.Append(1); err != nil {
+						break
+					}
+					if err := writeHeldIDs(s, out, len(out)-1, len(out)); err != nil {
+						return err
+					}
+				}
+				out = out[:s.Len()]
+				if err := checkHeldIDs(s, out, 0, len(out)); err != nil {
+					return err
+				}
+				if r.IntN(3) == 0 {
+					if at := r.IntN(len(out) + 1); !dropped(s, at) {
+						f, err := s.ForkAt(at)
+						if err == nil {
+							err = checkHeldIDs(f, out, 0, at)
+							f.Close()
+						}
+						if err != nil && !errors.Is(err, accounting.ErrBudgetExceeded) {
+							return err
+						}
+					}
+				}
+				if r.IntN(3) == 0 {
+					if err := pc.Insert(s, out); err != nil && !errors.Is(err, accounting.ErrBudgetExceeded) {
+						return err
+					}
+				}
+				if o := s.Close(); !o.OK() {
+					return o.Err
+				}
+			}
+			return nil
+		})(t)
+		st := pc.Stats()
+		assert.LessOrEqual(t, st.CachedBytes, 200*int64(e.c.Granularity()))
+		assert.Positive(t, st.Hits)
+		idleBooks(t, e, pc, "after the workers")
+		freed, err := pc.Evict(st.CachedBytes)
+		require.NoError(t, err)
+		assert.Equal(t, st.CachedBytes, freed)
+		assert.Zero(t, pc.Stats().CachedBytes)
+		idleBooks(t, e, pc, "after evicting everything")
 	})
 }
