@@ -541,7 +541,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if c.prefix {
 		w := PrefixWorkload{Requests: reqs, Speed: c.speed, Step: c.step, PrefillRate: c.prefillRate,
 			Concurrency: c.concurrency, MaxTokens: c.maxTokens, TokenBytes: s.model.TokenBytes(), Layers: s.model.Layers,
-			Verify: s.tiers != nil}
+			Plan: planLayers(s.groups), Verify: s.tiers != nil}
 		if code := c.prefixBudget(&s, w, stderr); code != 0 {
 			return code
 		}
