@@ -193,7 +193,11 @@ refused. The report adds each group's committed bytes (a mapped granule counted 
 every sequence that maps it) against a uniform full-attention cache of the same
 sequences (kv.Model.Uniform), and a second plot draws them over time. -verify reads
 back, before each sequence closes, every token a later step still reads and every
-state, and fails on a wrong byte.
+state, and fails on a wrong byte. The prefix-cache replay (-trace mooncake) runs on
+models of window groups beside full or MLA ones, under kv's hybrid rule (a hit of n
+tokens needs each window group's last window before n), without tiers; its ideal is
+an unbounded cache's, which the rule does not lower there (kv's entries keep every
+window unit their prompts held).
 
 Element types: -kv-dtype fp8 (OCP E4M3; fp8-e5m2, q8_0, fp16, bf16) stores every
 strategy's KV in that type instead of the preset's (a recurrent state keeps the
