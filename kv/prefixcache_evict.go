@@ -82,17 +82,14 @@ func (pc *PrefixCache) evictLocked(need int64, mode evictMode) []*pcEntry {
 	var drop []*pcEntry
 	var got int64
 	for got < need {
-		leaf := pc.victim(true)
-		if leaf == nil && mode == evictCap {
-			leaf = pc.victim(false)
-		}
-		if leaf == nil {
-			break
-		}
 		cached := pc.cachedBytes
 		if pc.c.multi {
-			// Several groups: the leaf goes whole (see prefixcache_groups.go).
-			freed, gone := pc.evictLeaf(leaf)
+			// Several groups: older window units first, then whole leaves (see
+			// prefixcache_groups.go).
+			freed, gone, ok := pc.evictGroupStep(mode)
+			if !ok {
+				break
+			}
 			if gone != nil {
 				drop = append(drop, gone)
 			}
@@ -102,6 +99,13 @@ func (pc *PrefixCache) evictLocked(need int64, mode evictMode) []*pcEntry {
 				got += cached - pc.cachedBytes
 			}
 			continue
+		}
+		leaf := pc.victim(true)
+		if leaf == nil && mode == evictCap {
+			leaf = pc.victim(false)
+		}
+		if leaf == nil {
+			break
 		}
 		// Take as many granules from the leaf's tail as the need asks for in one
 		// resize, as long as each gives memory back and the leaf keeps a token.
@@ -180,6 +184,117 @@ func (pc *PrefixCache) victimOf(frees bool, storing map[*pcEntry]chan struct{}) 
 		return true
 	})
 	return best
+}
+
+// evictGroupStep is one step of evictLocked on a cache of several groups: the least
+// recently used leaf whose entry holds older window units that give memory back
+// (evictCap: that count in CachedBytes) gives them back (trimWindows); where none
+// does, the least recently used leaf that does goes whole. It returns the bytes that
+// came back, the entry to close, if any, and false when nothing was left to take.
+// pc.mu is held.
+func (pc *PrefixCache) evictGroupStep(mode evictMode) (int64, *pcEntry, bool) {
+	for _, frees := range []bool{true, false} {
+		if !frees && mode != evictCap {
+			break
+		}
+		if leaf := pc.lruOf(func(l *radix.Node[*pcEntry]) bool { return pc.trimGain(l, frees) > 0 }); leaf != nil {
+			freed, gone := pc.trimWindows(leaf, frees)
+			return freed, gone, true
+		}
+	}
+	for _, frees := range []bool{true, false} {
+		if !frees && mode != evictCap {
+			break
+		}
+		if leaf := pc.victim(frees); leaf != nil {
+			freed, gone := pc.evictLeaf(leaf)
+			return freed, gone, true
+		}
+	}
+	return 0, nil, false
+}
+
+// lruOf returns the least recently used leaf, not mapped from now, for which ok
+// holds, or nil. pc.mu is held.
+func (pc *PrefixCache) lruOf(ok func(*radix.Node[*pcEntry]) bool) *radix.Node[*pcEntry] {
+	var best *radix.Node[*pcEntry]
+	pc.tree.EachLeaf(func(l *radix.Node[*pcEntry]) bool {
+		if l.Value().busy == 0 && (best == nil || l.Used() < best.Used()) && ok(l) {
+			best = l
+		}
+		return true
+	})
+	return best
+}
+
+// keepFrom returns the first unit of window group gi that e keeps when it gives back
+// its older ones: those below the unit that holds FirstLive(e.n) (only hits shorter
+// than e need them), from its first on, as long as e alone holds each and, with
+// frees, no live sequence maps it. pc.mu is held.
+func (pc *PrefixCache) keepFrom(e *pcEntry, gi int, frees bool) int {
+	g := &pc.c.groups[gi]
+	sg := e.segs[gi]
+	u := sg.from
+	for end := min(g.dropOff(e.n)/g.unit, sg.end()); u < end; u++ {
+		if r := sg.refs[u-sg.from]; r.entries != 1 || frees && r.live > 0 {
+			break
+		}
+	}
+	return u
+}
+
+// trimGain returns the bytes that leaf's entry would give back by its older window
+// units (keepFrom): 0 under a pin. pc.mu is held.
+func (pc *PrefixCache) trimGain(leaf *radix.Node[*pcEntry], frees bool) int64 {
+	e := leaf.Value()
+	if e.seq == nil || pinnedAbove(leaf) {
+		return 0
+	}
+	var gain int64
+	for gi := range pc.c.groups {
+		if pc.c.groups[gi].windowed() {
+			gain += int64(pc.keepFrom(e, gi, frees)-e.segs[gi].from) * pc.ubytes[gi]
+		}
+	}
+	return gain
+}
+
+// trimWindows gives back leaf's older window units (keepFrom) from its entry's ranges:
+// the entry stays, for the hits whose windows it still holds. It returns the bytes
+// that came back and, where the backing failed, the entry, out of the index, to
+// close. pc.mu is held.
+func (pc *PrefixCache) trimWindows(leaf *radix.Node[*pcEntry], frees bool) (int64, *pcEntry) {
+	e := leaf.Value()
+	es := e.seq
+	var freed int64
+	for gi := range pc.c.groups {
+		g := &pc.c.groups[gi]
+		if !g.windowed() {
+			continue
+		}
+		sg := &e.segs[gi]
+		to := pc.keepFrom(e, gi, frees)
+		if to == sg.from {
+			continue
+		}
+		for _, b := range g.ranges(es.bufs) {
+			if err := b.DecommitBelow(to * g.unit); err != nil {
+				es.err = err
+				pc.evictedTokens += int64(leaf.Depth() - leaf.Parent().Depth())
+				pc.removeDamaged(e)
+				return pc.evict(e)
+			}
+		}
+		for _, r := range sg.refs[:to-sg.from] {
+			freed += pc.release(r)
+		}
+		pc.evictions += int64(to - sg.from)
+		sg.refs, sg.from = sg.refs[to-sg.from:], to
+		es.gs[gi].held = g.heldFrom(to * g.unit)
+	}
+	es.publish()
+	pc.evictedBytes += freed
+	return freed, nil
 }
 
 // wholeGain returns what evicting leaf whole would take, on a cache of several

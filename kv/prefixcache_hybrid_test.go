@@ -665,3 +665,52 @@ func TestPrefixCacheHybridConcurrent(t *testing.T) {
 		idleBooks(t, e, pc, "after evicting everything")
 	})
 }
+
+// TestPrefixCacheHybridTrimsWindows: eviction on a model of window groups gives back
+// an entry's older window units before it takes any entry whole: the entry stays,
+// still hit whole by the next turn, while a branch inside it is cut to what its
+// windows still hold; the bytes that came back are exactly CachedBytes' fall, and
+// the memory in use follows.
+func TestPrefixCacheHybridTrimsWindows(t *testing.T) {
+	onEachSharing(t, envSpec{cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}}, func(t *testing.T, e *env) {
+		pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
+		require.NoError(t, err)
+		defer func() { assert.NoError(t, pc.Close()) }()
+		turn := make([]int32, 400)
+		for i := range turn {
+			turn[i] = int32(i % 11)
+		}
+		s, _, _, err := serveHybrid(pc, turn)
+		require.NoError(t, err)
+		require.True(t, s.Close().OK())
+		next := append(slices.Clone(turn), 1, 2)
+		branch := append(slices.Clone(turn[:200]), 5)
+		require.Equal(t, 400, pc.Match(next))
+		require.Equal(t, 200, pc.Match(branch), "the windows hold every unit before eviction")
+
+		before := pc.Stats()
+		freed, err := pc.Evict(1)
+		require.NoError(t, err)
+		st := pc.Stats()
+		assert.Positive(t, freed)
+		assert.Equal(t, before.CachedBytes-freed, st.CachedBytes, "what came back is what the cache no longer holds")
+		assert.Equal(t, 1, st.Entries, "the entry stays")
+		assert.Equal(t, before.CachedTokens, st.CachedTokens, "every token is still in the index")
+		assert.Equal(t, 400, pc.Match(next), "the next turn still hits the whole entry")
+		assert.Zero(t, pc.Match(branch), "a branch inside it needs window units given back")
+		idleBooks(t, e, pc, "after the window's units went")
+
+		s, m, _, err := serveHybrid(pc, next)
+		require.NoError(t, err)
+		assert.Equal(t, 400, m)
+		require.NoError(t, checkHeldIDs(s, next, 0, len(next)))
+		require.True(t, s.Close().OK())
+
+		// The older units gone, eviction takes entries whole.
+		freed, err = pc.Evict(pc.Stats().CachedBytes)
+		require.NoError(t, err)
+		assert.Zero(t, pc.Stats().CachedBytes)
+		assert.Positive(t, freed)
+		idleBooks(t, e, pc, "after evicting everything")
+	})
+}
