@@ -24,13 +24,18 @@ import (
 // as ForkAt does (so that a window that moves on in the sequence afterwards gives
 // back only the sequence's mappings, never the entry's), and a window group's entry
 // keeps every unit the sequence still held, and those of the entry it takes the place
-// of under them. Eviction takes whole leaves, page-aware (only a leaf whose eviction
-// gives memory back, or, for MaxBytes, lowers CachedBytes), never one under a pin.
-// Tiers and events need one group (NewPrefixCache refuses them here with ErrConfig).
+// of under them.
 //
-// Not yet: eviction that gives back a leaf's older window units first and keeps the
-// rest (it takes the leaf whole), lazy inserts, a miss taking an evicted entry's
-// ranges over, tiers and events.
+// Eviction is page-aware across groups: it first gives back the least recently used
+// entry's older window units (below the unit of its own last window, which only
+// hits shorter than the entry read), from the first on, as long as each gives memory
+// back (for MaxBytes: counts in CachedBytes); the entry stays for the hits whose
+// windows it still holds. Only where no entry has any such unit does it take the
+// least recently used leaf whole. It never takes what a pin holds.
+//
+// Not yet: lazy inserts, a miss taking an evicted entry's ranges over, tiers and
+// events (NewPrefixCache refuses those two with ErrConfig: their blocks are one
+// group's).
 
 // holdsWindow reports whether e holds, in each window group, the tokens a step at m
 // reads (from the unit of its FirstLive(m) on). pc.mu is held.
