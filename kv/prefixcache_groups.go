@@ -123,6 +123,9 @@ func (pc *PrefixCache) insertGroups(s *Sequence, tokens []int32) ([]*pcEntry, er
 		pc.tree.Touch(node)
 		return nil, nil
 	}
+	// Close waits for it: it maps from an entry (below) that Close would close.
+	pc.working.Add(1)
+	defer pc.working.Done()
 	// The entry the new one takes the place of (its tokens are the first of these),
 	// if any: its window units under s's go on in the new entry, mapped from its
 	// ranges, which its being busy keeps open meanwhile.

@@ -714,3 +714,36 @@ func TestPrefixCacheHybridTrimsWindows(t *testing.T) {
 		idleBooks(t, e, pc, "after evicting everything")
 	})
 }
+
+// TestPrefixCacheHybridCloseWhileInserting: Close while an insert maps the window
+// units of the entry it takes the place of: the insert ends first (it is done, or
+// refused with ErrClosed), no range is closed under it, and every byte comes back.
+func TestPrefixCacheHybridCloseWhileInserting(t *testing.T) {
+	onEachSharing(t, envSpec{cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}}, func(t *testing.T, e *env) {
+		turn := make([]int32, 300)
+		for i := range turn {
+			turn[i] = int32(i % 13)
+		}
+		next := append(slices.Clone(turn), 3, 4)
+		for range 20 {
+			pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
+			require.NoError(t, err)
+			s, _, _, err := serveHybrid(pc, turn)
+			require.NoError(t, err)
+			require.True(t, s.Close().OK())
+			q, m, err := pc.Lookup(next)
+			require.NoError(t, err)
+			require.Equal(t, len(turn), m)
+			require.NoError(t, q.Append(len(next)-m))
+			done := make(chan error, 1)
+			go func() { done <- pc.Insert(q, next) }()
+			require.NoError(t, pc.Close())
+			if err := <-done; err != nil {
+				require.ErrorIs(t, err, kv.ErrClosed)
+			}
+			require.True(t, q.Close().OK())
+			e.books(t, "after Close")
+			assert.Zero(t, e.c.Stats().Committed)
+		}
+	})
+}
