@@ -277,7 +277,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.DurationVar(&c.step, "step", 25*time.Millisecond, "simulated model time of one batch iteration (one decode step)")
 	fs.StringVar(&c.model, "model", kv.Llama3_8B.Name, "model: a geometry (every layer full attention) or a model of layer groups (sliding-window, chunked-local, MLA latent, recurrent state; vmarena alone, on kv.Config.Model): "+modelNames())
 	fs.StringVar(&c.kvDType, "kv-dtype", kvDTypeDefault, "the KV's element type for every strategy: model (the preset's own), fp16, bf16, fp8 (OCP E4M3), fp8-e5m2 or q8_0 (32 int8 values and an f16 scale in 34 bytes); a recurrent state keeps the model's")
-	fs.BoolVar(&c.verify, "verify", false, "read back, before each sequence closes, every token a later step would still read in every layer, and every recurrent state, and fail on a byte other than was written (slows the replay; the prefix-cache replay verifies with -tiers)")
+	fs.BoolVar(&c.verify, "verify", false, "read back, before each sequence closes, every token a later step would still read in every layer, and every recurrent state, and fail on a byte other than was written (slows the replay); in the prefix-cache replay, every hit token of every layer a later step reads, against what was written for its prefix (on by default with -tiers)")
 	fs.IntVar(&c.system, "system-prompt", 1024, "tokens of the system prompt every request shares")
 	fs.IntVar(&c.maxTokens, "max-tokens", 8192, "most tokens per sequence (the context window); longer requests are clipped")
 	fs.Var(&c.budget, "budget", "memory budget per strategy, like 4GiB or 512MiB (0: unlimited)")
@@ -545,7 +545,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if c.prefix {
 		w := PrefixWorkload{Requests: reqs, Speed: c.speed, Step: c.step, PrefillRate: c.prefillRate,
 			Concurrency: c.concurrency, MaxTokens: c.maxTokens, TokenBytes: s.model.TokenBytes(), Layers: s.model.Layers,
-			Plan: planLayers(s.groups), Verify: s.tiers != nil}
+			Plan: planLayers(s.groups), Verify: s.tiers != nil || c.verify}
 		if code := c.prefixBudget(&s, w, stderr); code != 0 {
 			return code
 		}

@@ -955,6 +955,11 @@ func runPrefix(ctx context.Context, c *config, s setup, names []string, w Prefix
 	}
 	fmt.Fprintln(stdout)
 	printPrefixTable(stdout, results)
+	if w.Verify && s.tiers == nil {
+		for _, r := range results {
+			fmt.Fprintf(stdout, "%s: %d hit tokens read back in every layer that a later step reads, each as written for its prefix\n", r.Strategy, r.Verified)
+		}
+	}
 	if s.tiers != nil {
 		fmt.Fprintln(stdout)
 		printTierTable(stdout, results, s.tiers)

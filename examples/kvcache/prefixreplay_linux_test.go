@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -198,4 +199,18 @@ func TestReplayPrefixGroups(t *testing.T) {
 			assert.Equal(t, r.Hits, r.Verified, "every hit token was read back")
 		})
 	}
+}
+
+// TestRunPrefixGroups runs the prefix-cache replay from the command line on
+// gpt-oss-20b with no budget: vmarena with its cache finds the unbounded ideal, and
+// -verify reads every hit token back.
+func TestRunPrefixGroups(t *testing.T) {
+	code, out, errOut := runArgs(t, "-trace", "mooncake", "-model", "gpt-oss-20b", "-kv-dtype", "fp8", "-requests", "6",
+		"-max-tokens", "2048", "-budget", "0", "-verify", "-progress", "none", "-out", t.TempDir())
+	require.Equal(t, 0, code, errOut)
+	row := regexp.MustCompile(`(?m)^ *vmarena\+prefix-cache +([0-9.]+%) +([0-9.]+%) .* 6/6 *$`).FindStringSubmatch(out)
+	require.Len(t, row, 3, out)
+	assert.Equal(t, row[2], row[1], "the hit rate is the unbounded cache's")
+	assert.NotEqual(t, "0.00%", row[1], "some prompt was hit")
+	assert.Regexp(t, `vmarena\+prefix-cache: [1-9][0-9]* hit tokens read back`, out)
 }
