@@ -747,3 +747,39 @@ func TestPrefixCacheHybridCloseWhileInserting(t *testing.T) {
 		}
 	})
 }
+
+// TestPrefixCacheHybridNeed: on a model of window groups, Need(tokens) is the bytes
+// Lookup and the prefill of the rest commit, hit or miss, and Match is what Lookup
+// matches.
+func TestPrefixCacheHybridNeed(t *testing.T) {
+	e, err := openEnv(t, envSpec{kind: onFake, cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}})
+	require.NoError(t, err)
+	pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, pc.Close()) }()
+	a := make([]int32, 300)
+	for i := range a {
+		a[i] = int32(i)
+	}
+	hit := append(slices.Clone(a[:250]), 7, 8, 9)
+	short := append(slices.Clone(a[:40]), 7)
+	var keep []*kv.Sequence
+	defer func() {
+		for _, s := range keep {
+			s.Close()
+		}
+	}()
+	for _, ids := range [][]int32{a, hit, short, make([]int32, 90)} {
+		need, err := pc.Need(ids)
+		require.NoError(t, err)
+		m := pc.Match(ids)
+		before := e.auth.Stats().Owned
+		s, got, err := pc.Lookup(ids)
+		require.NoError(t, err)
+		keep = append(keep, s)
+		assert.Equal(t, m, got, "Match is what Lookup matches")
+		require.NoError(t, s.Append(len(ids)-got))
+		assert.Equal(t, need, e.auth.Stats().Owned-before, "a prompt of %d, %d cached", len(ids), got)
+		require.NoError(t, pc.Insert(s, ids))
+	}
+}
