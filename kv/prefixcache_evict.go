@@ -86,7 +86,7 @@ func (pc *PrefixCache) evictLocked(need int64, mode evictMode) []*pcEntry {
 		if pc.c.multi {
 			// Several groups: older window units first, then whole leaves (see
 			// prefixcache_groups.go).
-			freed, gone, ok := pc.evictGroupStep(mode)
+			freed, gone, ok := pc.evictGroupStep(mode, need-got)
 			if !ok {
 				break
 			}
@@ -186,32 +186,134 @@ func (pc *PrefixCache) victimOf(frees bool, storing map[*pcEntry]chan struct{}) 
 	return best
 }
 
-// evictGroupStep is one step of evictLocked on a cache of several groups: the least
-// recently used leaf whose entry holds older window units that give memory back
-// (evictCap: that count in CachedBytes) gives them back (trimWindows); where none
-// does, the least recently used leaf that does goes whole. It returns the bytes that
+// evictGroupStep is one step of evictLocked on a cache of several groups, toward need
+// bytes: the least recently used leaf whose entry holds older window units that give
+// memory back (evictCap: that count in CachedBytes) gives them back (trimWindows);
+// where none does, the least recently used leaf whose last units do gives those back
+// (shrinkGroups), as evictGranules does on one group; failing that, the least
+// recently used leaf that gives anything back goes whole. It returns the bytes that
 // came back, the entry to close, if any, and false when nothing was left to take.
 // pc.mu is held.
-func (pc *PrefixCache) evictGroupStep(mode evictMode) (int64, *pcEntry, bool) {
-	for _, frees := range []bool{true, false} {
-		if !frees && mode != evictCap {
-			break
-		}
+func (pc *PrefixCache) evictGroupStep(mode evictMode, need int64) (int64, *pcEntry, bool) {
+	modes := []bool{true, false} // frees, then (evictCap) counts in CachedBytes
+	if mode != evictCap {
+		modes = modes[:1]
+	}
+	for _, frees := range modes {
 		if leaf := pc.lruOf(func(l *radix.Node[*pcEntry]) bool { return pc.trimGain(l, frees) > 0 }); leaf != nil {
 			freed, gone := pc.trimWindows(leaf, frees)
 			return freed, gone, true
 		}
 	}
-	for _, frees := range []bool{true, false} {
-		if !frees && mode != evictCap {
-			break
+	for _, frees := range modes {
+		if leaf := pc.lruOf(func(l *radix.Node[*pcEntry]) bool { return pc.tailFree(l, frees) }); leaf != nil {
+			freed, gone := pc.shrinkGroups(leaf, need, frees)
+			return freed, gone, true
 		}
+	}
+	for _, frees := range modes {
 		if leaf := pc.victim(frees); leaf != nil {
 			freed, gone := pc.evictLeaf(leaf)
 			return freed, gone, true
 		}
 	}
 	return 0, nil, false
+}
+
+// tailFree reports whether the last unit of each of leaf's entry's groups past the
+// next lower unit boundary (cutTo) may go: held by the entry alone and, with frees,
+// mapped by no live sequence; and not under a pin. pc.mu is held.
+func (pc *PrefixCache) tailFree(leaf *radix.Node[*pcEntry], frees bool) bool {
+	e := leaf.Value()
+	if e.seq == nil || pinnedAbove(leaf) || e.n == 0 {
+		return false
+	}
+	_, ok := pc.cutGain(e, pc.cutTo(e, e.n), e.n, frees)
+	return ok
+}
+
+// cutTo returns the next unit boundary below n tokens of e's groups: the most tokens
+// below n at which some group's last unit holds none.
+func (pc *PrefixCache) cutTo(e *pcEntry, n int) int {
+	nd := 0
+	for gi := range pc.c.groups {
+		g := &pc.c.groups[gi]
+		if k := g.unitsFor(n); k > 0 {
+			nd = max(nd, g.tokensIn(k-1))
+		}
+	}
+	return nd
+}
+
+// cutGain returns the bytes that cutting e from n to nd tokens gives back (frees) or
+// takes out of CachedBytes, and false when one of the units past nd is not e's alone
+// to give (another entry holds it or, with frees, a live sequence maps it) or none
+// would go. pc.mu is held.
+func (pc *PrefixCache) cutGain(e *pcEntry, nd, n int, frees bool) (int64, bool) {
+	var gain int64
+	for gi := range pc.c.groups {
+		g := &pc.c.groups[gi]
+		sg := e.segs[gi]
+		for u := max(g.unitsFor(nd), sg.from); u < min(g.unitsFor(n), sg.end()); u++ {
+			if r := sg.refs[u-sg.from]; r.entries != 1 || frees && r.live > 0 {
+				return 0, false
+			}
+			gain += pc.ubytes[gi]
+		}
+	}
+	return gain, gain > 0
+}
+
+// shrinkGroups takes the last units of leaf's entry, on a cache of several groups:
+// the entry is cut, unit boundary by unit boundary, until need bytes came back or the
+// next unit may not go (cutGain). When no token of its own would be left, or no hit
+// could start on what is left (its windows no longer hold the window before its end),
+// the leaf goes whole. It returns the bytes that came back and the entry to close, if
+// any. pc.mu is held.
+func (pc *PrefixCache) shrinkGroups(leaf *radix.Node[*pcEntry], need int64, frees bool) (int64, *pcEntry) {
+	e, p, n := leaf.Value(), leaf.Parent(), leaf.Value().n
+	nd, got := n, int64(0)
+	for got < need {
+		next := pc.cutTo(e, nd)
+		gain, ok := pc.cutGain(e, next, nd, frees)
+		if !ok {
+			break
+		}
+		nd, got = next, got+gain
+	}
+	if nd == n || nd <= p.Depth() || !pc.holdsWindow(e, nd) {
+		return pc.evictLeaf(leaf)
+	}
+	es := e.seq
+	for gi := range pc.c.groups {
+		g := &pc.c.groups[gi]
+		if err := es.resizeList(g.ranges(es.bufs), max(g.extent(nd), es.bufs[g.first].Start())); err != nil {
+			// NB: the entry leaves the index whole, its ranges as they are.
+			pc.evictedTokens += int64(leaf.Depth() - p.Depth())
+			pc.removeDamaged(e)
+			return pc.evict(e)
+		}
+	}
+	var freed int64
+	for gi := range pc.c.groups {
+		g := &pc.c.groups[gi]
+		sg := &e.segs[gi]
+		k := min(max(g.unitsFor(nd), sg.from), sg.end())
+		for _, r := range sg.refs[k-sg.from:] {
+			freed += pc.release(r)
+		}
+		pc.evictions += int64(sg.end() - k)
+		sg.refs = sg.refs[:k-sg.from]
+		f := es.frozenOf(gi)
+		*f = min(*f, g.extent(nd))
+	}
+	pc.tree.Shorten(leaf, nd)
+	pc.ev.cut(e, nd, false)
+	pc.evictedTokens += int64(n - nd)
+	pc.evictedBytes += freed
+	e.n, es.n = nd, nd
+	es.publish()
+	return freed, nil
 }
 
 // lruOf returns the least recently used leaf, not mapped from now, for which ok

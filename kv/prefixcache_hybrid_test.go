@@ -667,10 +667,10 @@ func TestPrefixCacheHybridConcurrent(t *testing.T) {
 }
 
 // TestPrefixCacheHybridTrimsWindows: eviction on a model of window groups gives back
-// an entry's older window units before it takes any entry whole: the entry stays,
-// still hit whole by the next turn, while a branch inside it is cut to what its
-// windows still hold; the bytes that came back are exactly CachedBytes' fall, and
-// the memory in use follows.
+// an entry's older window units first: the entry stays, still hit whole by the next
+// turn, while a branch inside it is cut to what its windows still hold; then its last
+// units, the entry staying, shorter, for the hits it still holds. The bytes that came
+// back are exactly CachedBytes' fall each time, and the memory in use follows.
 func TestPrefixCacheHybridTrimsWindows(t *testing.T) {
 	onEachSharing(t, envSpec{cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}}, func(t *testing.T, e *env) {
 		pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
@@ -706,7 +706,25 @@ func TestPrefixCacheHybridTrimsWindows(t *testing.T) {
 		require.NoError(t, checkHeldIDs(s, next, 0, len(next)))
 		require.True(t, s.Close().OK())
 
-		// The older units gone, eviction takes entries whole.
+		// The older units gone, eviction takes the entry's last units, as on one
+		// group: it stays, shorter, for the hits it still holds the window of.
+		before = pc.Stats()
+		freed, err = pc.Evict(1)
+		require.NoError(t, err)
+		st = pc.Stats()
+		assert.Positive(t, freed)
+		assert.Equal(t, before.CachedBytes-freed, st.CachedBytes)
+		assert.Equal(t, 1, st.Entries, "the entry stays")
+		assert.Less(t, st.CachedTokens, before.CachedTokens, "shorter")
+		assert.Equal(t, before.CachedTokens-st.CachedTokens, st.EvictedTokens-before.EvictedTokens)
+		held := int(st.CachedTokens)
+		assert.Equal(t, held, pc.Match(next), "a hit of what it still holds")
+		s, m, _, err = serveHybrid(pc, next[:held+1])
+		require.NoError(t, err)
+		assert.Equal(t, held, m)
+		require.True(t, s.Close().OK())
+		idleBooks(t, e, pc, "after the last units went")
+
 		freed, err = pc.Evict(pc.Stats().CachedBytes)
 		require.NoError(t, err)
 		assert.Zero(t, pc.Stats().CachedBytes)
