@@ -870,6 +870,9 @@ func printPrefixHeader(stdout io.Writer, c *config, s setup, reqs []Request, tra
 	}
 	fmt.Fprintf(stdout, "Trace:   %s: %d requests over %v of trace time, prompts with token IDs: prefix-cache replay\n", traceName, len(reqs), last.Round(time.Second))
 	fmt.Fprintf(stdout, "Model:   %s, %s of K/V per token, max %d tokens per sequence\n", s.model.Name, formatBytes(int64(s.model.BytesPerToken())), c.maxTokens)
+	if s.groups != nil {
+		fmt.Fprintf(stdout, "Groups:  %s; vmarena's cache on them (kv.Config.Model), a hit needing each window group's last window before it\n", groupKinds(*s.groups))
+	}
 	fmt.Fprintf(stdout, "Server:  batch of at most %d, %v per decode step, prefill %.0f tokens/s, budget %s per strategy\n", c.concurrency, c.step, c.prefillRate, budget)
 	if c.idealNote != "" {
 		fmt.Fprintf(stdout, "Budget:  %s\n", c.idealNote)

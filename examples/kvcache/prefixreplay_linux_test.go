@@ -213,4 +213,14 @@ func TestRunPrefixGroups(t *testing.T) {
 	assert.Equal(t, row[2], row[1], "the hit rate is the unbounded cache's")
 	assert.NotEqual(t, "0.00%", row[1], "some prompt was hit")
 	assert.Regexp(t, `vmarena\+prefix-cache: [1-9][0-9]* hit tokens read back`, out)
+	assert.Contains(t, out, "Groups:  2 groups: sliding-window 128 ×12, full ×12;")
+
+	// -uniform: the same model with every layer full attention, for comparison.
+	code, out, errOut = runArgs(t, "-trace", "mooncake", "-model", "gpt-oss-20b", "-uniform", "-kv-dtype", "fp8", "-requests", "6",
+		"-max-tokens", "2048", "-budget", "0", "-progress", "none", "-out", t.TempDir())
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "Groups:  2 groups: full ×12, full ×12;")
+	uni := regexp.MustCompile(`(?m)^ *vmarena\+prefix-cache +([0-9.]+%) +([0-9.]+%) .* 6/6 *$`).FindStringSubmatch(out)
+	require.Len(t, uni, 3, out)
+	assert.Equal(t, row[1], uni[1], "unbounded, both find the ideal")
 }
