@@ -160,12 +160,6 @@ func (pc *PrefixCache) victimOf(frees bool, storing map[*pcEntry]chan struct{}) 
 			}
 			busy-- // its write-through's
 		}
-		if pc.c.multi {
-			if busy == 0 && pc.wholeGain(l, frees) > 0 && (best == nil || l.Used() < best.Used()) {
-				best = l
-			}
-			return true
-		}
 		if l.Pinned() || busy > 0 || len(e.grefs) == 0 {
 			return true
 		}
@@ -190,10 +184,13 @@ func (pc *PrefixCache) victimOf(frees bool, storing map[*pcEntry]chan struct{}) 
 // bytes: the least recently used leaf whose entry holds older window units that give
 // memory back (evictCap: that count in CachedBytes) gives them back (trimWindows);
 // where none does, the least recently used leaf whose last units do gives those back
-// (shrinkGroups), as evictGranules does on one group; failing that, the least
-// recently used leaf that gives anything back goes whole. It returns the bytes that
-// came back, the entry to close, if any, and false when nothing was left to take.
-// pc.mu is held.
+// (shrinkGroups), as evictGranules does on one group. NB: as on one group, a leaf
+// whose last units do not give memory back (a live sequence maps them: a hit on the
+// whole entry) is not taken, though units under them might: taking it whole would
+// take its tokens out of the index for little memory, and it was what kept the
+// Mooncake replay under a budget below its ideal. It returns the bytes that came
+// back, the entry to close, if any, and false when nothing was left to take. pc.mu
+// is held.
 func (pc *PrefixCache) evictGroupStep(mode evictMode, need int64) (int64, *pcEntry, bool) {
 	modes := []bool{true, false} // frees, then (evictCap) counts in CachedBytes
 	if mode != evictCap {
@@ -208,12 +205,6 @@ func (pc *PrefixCache) evictGroupStep(mode evictMode, need int64) (int64, *pcEnt
 	for _, frees := range modes {
 		if leaf := pc.lruOf(func(l *radix.Node[*pcEntry]) bool { return pc.tailFree(l, frees) }); leaf != nil {
 			freed, gone := pc.shrinkGroups(leaf, need, frees)
-			return freed, gone, true
-		}
-	}
-	for _, frees := range modes {
-		if leaf := pc.victim(frees); leaf != nil {
-			freed, gone := pc.evictLeaf(leaf)
 			return freed, gone, true
 		}
 	}
@@ -397,25 +388,6 @@ func (pc *PrefixCache) trimWindows(leaf *radix.Node[*pcEntry], frees bool) (int6
 	es.publish()
 	pc.evictedBytes += freed
 	return freed, nil
-}
-
-// wholeGain returns what evicting leaf whole would take, on a cache of several
-// groups: the bytes of the granules its entry alone holds and, when frees is set, no
-// live sequence maps (those that give memory back). It is 0 for a leaf under a pin
-// (see pinnedAbove). pc.mu is held.
-func (pc *PrefixCache) wholeGain(leaf *radix.Node[*pcEntry], frees bool) int64 {
-	if pinnedAbove(leaf) {
-		return 0
-	}
-	var gain int64
-	for _, sg := range leaf.Value().segs {
-		for _, g := range sg.refs {
-			if g.entries == 1 && (!frees || g.live == 0) {
-				gain += pc.ubytes[g.grp]
-			}
-		}
-	}
-	return gain
 }
 
 // pinnedAbove reports whether a pin ends at n or one of its ancestors: on a cache of

@@ -31,7 +31,8 @@ import (
 // hits shorter than the entry read), from the first on, as long as each gives memory
 // back (for MaxBytes: counts in CachedBytes); the entry stays for the hits whose
 // windows it still holds. Only where no entry has any such unit does it take the
-// least recently used leaf whole. It never takes what a pin holds.
+// least recently used entry's last units, as on one group (the leaf goes whole when
+// none of its own tokens would be left). It never takes what a pin holds.
 //
 // Not yet: lazy inserts, a miss taking an evicted entry's ranges over, tiers and
 // events (NewPrefixCache refuses those two with ErrConfig: their blocks are one

@@ -268,3 +268,37 @@ func TestPrefixCacheHybridCloseWhileInserting(t *testing.T) {
 		}
 	})
 }
+
+// TestPrefixCacheHybridKeepsMappedEntry: eviction on a model of window groups does not
+// take an entry whose last whole units a live sequence maps (a hit on all of it), as
+// on one group, even where units under them would give memory back: its tokens stay
+// in the index, and a lookup still hits them.
+func TestPrefixCacheHybridKeepsMappedEntry(t *testing.T) {
+	onEachSharing(t, envSpec{cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}}, func(t *testing.T, e *env) {
+		pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
+		require.NoError(t, err)
+		defer func() { assert.NoError(t, pc.Close()) }()
+		a := make([]int32, 300)
+		for i := range a {
+			a[i] = int32(i % 17)
+		}
+		b := append(slices.Clone(a[:100]), make([]int32, 200)...)
+		for _, ids := range [][]int32{a, b} {
+			s, _, _, err := serveHybrid(pc, ids)
+			require.NoError(t, err)
+			require.True(t, s.Close().OK())
+		}
+		next := append(slices.Clone(a), 1)
+		live, m, err := pc.Lookup(next) // maps a's entry to its end
+		require.NoError(t, err)
+		require.Equal(t, len(a), m)
+		defer live.Close()
+
+		_, err = pc.Evict(pc.Stats().CachedBytes)
+		require.NoError(t, err)
+		// The tokens past a's last whole unit were copied, not mapped: those may go.
+		assert.Greater(t, pc.Match(next), len(a)-32, "a's entry stays: a live sequence maps its units up to the last whole one")
+		assert.Positive(t, pc.Stats().PinnedBytes)
+		e.books(t, "after the eviction")
+	})
+}

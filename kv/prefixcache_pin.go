@@ -60,7 +60,7 @@ func (pc *PrefixCache) pinnedLocked() int64 {
 				pinned[g] = struct{}{}
 			}
 		}
-		under := pinnedAbove(leaf) // several groups: the leaf whole (see wholeGain)
+		under := pinnedAbove(leaf) // several groups: eviction takes no unit of it
 		for _, sg := range leaf.Value().segs {
 			for _, g := range sg.refs {
 				if g.live > 0 || under {
