@@ -21,10 +21,10 @@ type Config struct {
 	// chunked-local, MLA, recurrent): each group gets ranges of its own, laid out by
 	// Layout, and a window group gives back the granules behind its window (see the
 	// package doc). Each FP8 group may keep scales of its own (Cache.GroupScales). A
-	// cache on a Model of more than one group, or of one group that is neither full
-	// attention nor MLA, has no prefix cache (NewPrefixCache); MapAhead maps ahead
-	// each group that holds tokens and needs one (New refuses it otherwise with
-	// ErrConfig); and a model with a recurrent group has no Freeze.
+	// cache on a Model of more than one group has a prefix cache under the hybrid
+	// rule but no tiers or events, and none with a recurrent group (NewPrefixCache);
+	// MapAhead maps ahead each group that holds tokens and needs one (New refuses it
+	// otherwise with ErrConfig); and a model with a recurrent group has no Freeze.
 	Model Model
 	// MaxTokens is the most tokens one sequence may hold. It is reserved as address
 	// space only: a sequence commits memory for the tokens it has.

@@ -89,11 +89,12 @@
 // shared, and kept as it is by a Truncate but to 0; prefix caching of it is out of
 // scope: [Sequence.Freeze] on a model with a recurrent group is refused with
 // ErrConfig. On the other models it freezes each group as ForkAt forks it (a window
-// group's prefix holds its units from the one with FirstLive on). The prefix cache,
-// with its tiers and events, needs a model of one full-attention or one MLA group
-// (NewPrefixCache says why windows beside full groups are not yet served).
-// Map-ahead maps each group that holds tokens ahead on its own, a recurrent state
-// never. Each group
+// group's prefix holds its units from the one with FirstLive on). The prefix cache
+// serves a model of window groups beside full or MLA ones under the hybrid rule (a
+// hit of m tokens needs the full groups' first m and each window group's tokens from
+// its FirstLive(m) on, held by one entry: see NewPrefixCache), with tiers and events
+// only on a model of one full-attention or MLA group. Map-ahead maps each group that
+// holds tokens ahead on its own, a recurrent state never. Each group
 // of FP8 elements may keep scales of its own ([Group.Scales], [Cache.GroupScales]).
 // groups.go lists the states of a window group's bytes and their transitions.
 //

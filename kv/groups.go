@@ -59,13 +59,13 @@ import (
 // caller's) but for Truncate(0), which gives it back. Freeze works per group as
 // ForkAt does (the prefix holds what a fork at its length would, and NewSequenceFrom
 // starts a sequence on it as ForkAt would), on a model without recurrent groups.
-// The prefix cache (and with it tiers and events) works on a model of one full or
-// one MLA group (DeepSeek-V3/R1: one latent per layer, laid out as a full group's K
-// and V are, so the one-group paths serve it). Map-ahead works on every group that
-// holds tokens, each with a run of its own (see ahead.go), and leaves recurrent
-// states out. A
-// model of window groups beside full ones has no prefix cache yet (see
-// NewPrefixCache for why), and one with a Recurrent group never will.
+// The prefix cache works on a model of one full or one MLA group (DeepSeek-V3/R1: one
+// latent per layer, laid out as a full group's K and V are, so the one-group paths
+// serve it) and on one of window groups beside full or MLA ones, by references per
+// group and unit (prefixcache_groups.go), without tiers and events there. Map-ahead
+// works on every group that holds tokens, each with a run of its own (see ahead.go),
+// and leaves recurrent states out. A model with a Recurrent group never will have a
+// prefix cache.
 
 // group is where a cache puts one layer group of a sequence: its shape (the layout
 // arithmetic of its ranges), the group it lays out, and where its ranges start among
@@ -228,6 +228,12 @@ func rangeEnd(b buffer) int { return b.Start() + b.Committed() }
 // that no step of s from n tokens on reads. A failure damages s: its ranges may no
 // longer be alike.
 func (s *Sequence) dropDead(n int) error {
+	gave := false
+	defer func() {
+		if h := s.c.hooks(); gave && h != nil {
+			h.dropped(s) // what s mapped of a prefix cache's units there
+		}
+	}()
 	for gi := range s.c.groups {
 		g := &s.c.groups[gi]
 		if !g.windowed() {
@@ -247,6 +253,7 @@ func (s *Sequence) dropDead(n int) error {
 			}
 		}
 		s.unlockRanges()
+		gave = true
 		s.gs[gi].held = g.heldFrom(rs[0].Start())
 	}
 	return nil
@@ -294,16 +301,6 @@ func (c *Cache) LayerStrides(layer int) (Strides, error) {
 	gi := c.layers[layer].group
 	g := &c.groups[gi]
 	return Strides{Group: gi, TokenBytes: g.tb, TokenStride: g.row, BlockTokens: g.tpb, BlockStride: g.blk, StateBytes: g.spec.StateBytes}, nil
-}
-
-// plainOnly returns an error matching ErrConfig when c is on a Model with more than
-// one group or a group other than full attention or MLA: what names op is not
-// available there.
-func (c *Cache) plainOnly(op string) error {
-	if c.multi {
-		return fmt.Errorf("%w: %s needs a cache of one full-attention or MLA group; model %q has %s", ErrConfig, op, c.cfg.Model.Name, groupKinds(c.cfg.Model))
-	}
-	return nil
 }
 
 // prefixable returns an error matching ErrConfig when c is on a Model that has a

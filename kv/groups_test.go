@@ -775,14 +775,19 @@ func TestGroupRefusals(t *testing.T) {
 	assert.ErrorContains(t, err, "recurrent", "a recurrent group's state is out of prefix caching's scope")
 	require.NoError(t, s.Truncate(2))
 
-	// A model of groups without one has no prefix cache yet either.
+	// A model of groups without one has a prefix cache, but no events or tiers yet:
+	// their blocks are one group's.
 	fx := newGroupFixture(t)
 	w, err := kv.New(fx.fake, kv.Config{Model: tinyWindows, MaxTokens: 100})
 	require.NoError(t, err)
 	defer w.Close()
-	_, err = kv.NewPrefixCache(w, kv.PrefixCacheOptions{})
+	_, err = kv.NewPrefixCache(w, kv.PrefixCacheOptions{Events: kv.EventOptions{Observer: &countingObserver{}}})
 	assert.ErrorIs(t, err, kv.ErrConfig)
+	assert.ErrorContains(t, err, "events need a model of one full-attention or MLA group")
 	assert.ErrorContains(t, err, "4 groups")
+	pc, err := kv.NewPrefixCache(w, kv.PrefixCacheOptions{})
+	require.NoError(t, err, "refused events leave no prefix cache behind")
+	require.NoError(t, pc.Close())
 }
 
 // TestGroupRecurrentForkCopies: a fork copies a recurrent state, so that a write to

@@ -27,11 +27,15 @@ type prefixHooks interface {
 	truncating(s *Sequence, n int, truncate func() (replaced int, err error)) error
 	// beforeWrite: s is about to write its tokens from t on.
 	beforeWrite(s *Sequence, t int)
-	// forked: child (a fork) or pr (a frozen prefix) maps s's first k sharing units
-	// from now on.
-	forked(s *Sequence, k int, child *Sequence, pr *Prefix)
-	// startedOn: s (new) maps p's first k sharing units from now on.
-	startedOn(s *Sequence, p *Prefix, k int)
+	// forked: child (a fork) or pr (a frozen prefix) maps s's first n tokens from
+	// now on: the first fulls[gi] bytes of each of group gi's ranges, a window
+	// group's from its dropOff(n) on (shareGroups).
+	forked(s *Sequence, n int, fulls []int, child *Sequence, pr *Prefix)
+	// startedOn: s (new) maps what p shares from now on: the first fulls[gi] bytes
+	// of each of group gi's ranges, a window group's from its dropOff(p's tokens) on.
+	startedOn(s *Sequence, p *Prefix, fulls []int)
+	// dropped: a window group of s gave back the units below its ranges' Start.
+	dropped(s *Sequence)
 	// closing: s is about to give back its ranges. It returns the ranges to give back
 	// in their place and true when a prefix cache entry took s's over.
 	closing(s *Sequence) ([]buffer, bool)

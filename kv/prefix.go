@@ -196,7 +196,7 @@ func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 	s.startShared(p.tokens, fulls)
 	s.prefix = p
 	if h := c.hooks(); h != nil {
-		h.startedOn(s, p, fulls[0]/c.unit)
+		h.startedOn(s, p, fulls)
 	}
 	s.publish()
 	c.register(s)
@@ -205,18 +205,21 @@ func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 
 // sequenceOn returns a new sequence holding src's first n tokens: the whole granules
 // mapped read-only, the rest copied, as ForkAt does. Unlike ForkAt it leaves src as it
-// is (an entry is never written, and many lookups read it at once).
-func (c *Cache) sequenceOn(src *Sequence, n int) (*Sequence, error) {
+// is (an entry is never written, and many lookups read it at once). With held, a
+// window group's new ranges start where src's do (every unit src still holds below
+// n) rather than at the unit that holds FirstLive(n): what a prefix cache entry
+// keeps of an inserted sequence; and below, when not nil, gives the whole units
+// under those that another holder of the same tokens holds (shareGroupsFrom).
+func (c *Cache) sequenceOn(src *Sequence, n int, held bool, below *Sequence) (*Sequence, error) {
 	s, err := c.newSequence()
 	if err != nil {
 		return nil, err
 	}
-	full, err := c.shareInto(s.bufs, src.bufs, n)
-	if err != nil {
+	fulls := make([]int, len(c.groups))
+	if err := c.shareGroupsFrom(s.bufs, src.bufs, n, fulls, held, below); err != nil {
 		return nil, errors.Join(err, c.abandon(s))
 	}
-	s.n = n
-	s.frozen = full
+	s.startShared(n, fulls)
 	s.publish()
 	c.register(s)
 	return s, nil

@@ -202,6 +202,7 @@ type PrefixCache struct {
 	c      *Cache
 	opts   PrefixCacheOptions
 	gbytes int64                 // physical bytes of one granule index: a granule in each range
+	ubytes []int64               // per group, the physical bytes of one of its granuleRefs
 	auth   *accounting.Authority // a ledger of its own, owning nothing, for the reclaimer
 	tiers  *pcTiers              // nil without tiers
 
@@ -211,13 +212,13 @@ type PrefixCache struct {
 	reclaiming sync.WaitGroup
 	working    sync.WaitGroup
 	// guarded by mu
-	cachedGranules int64 // distinct granule indexes held by entries
-	queries, hits  int64
-	inserted       int64
-	evictedTokens  int64
-	evictedBytes   int64
-	evictions      int64
-	entries        int
+	cachedBytes   int64 // physical bytes of the distinct granuleRefs held by entries
+	queries, hits int64
+	inserted      int64
+	evictedTokens int64
+	evictedBytes  int64
+	evictions     int64
+	entries       int
 }
 
 // PrefixCacheStats is a snapshot of a PrefixCache. Counters are in tokens where their
@@ -263,16 +264,18 @@ func (s PrefixCacheStats) HitRate() float64 {
 // ErrNoSharing; a cache has at most one PrefixCache. It MUST be closed before c.
 //
 // A Model of one MLA group (DeepSeek-V3/R1) has one as a full-attention cache does:
-// its latent is one tensor per layer, every token of it kept. A cache on a Model of
-// more than one group, or of a window group, has no prefix cache yet: the error
-// matches ErrConfig (Freeze and NewSequenceFrom share such a cache's prefixes). NB:
-// the entries' books count granule indexes, each the same tokens in every range,
-// which groups of different rows do not share, and a window group's inserted
-// sequence gives back, as it decodes, granules a lazy entry refers to. A Model with
-// a Recurrent group will never have one: a state is a function of every token
-// before it, so a hit of n tokens would need the state after exactly n, recorded at
-// every point a later prompt may branch; prefix caching of a state is out of scope,
-// and the error says so.
+// its latent is one tensor per layer, every token of it kept. A Model of window
+// groups beside full or MLA ones (gpt-oss, Gemma-3, Llama-4) has one too, under the
+// hybrid rule (see prefixcache_groups.go): a hit of m tokens needs the full groups'
+// first m tokens and each window group's tokens from its FirstLive(m) to m, all held
+// by one entry; an entry keeps every unit its inserted sequence's windows still held.
+// There Insert is not lazy (it maps the sequence's whole units and copies each
+// group's last partly filled one at once, as ForkAt does), eviction gives back older
+// window units first, then entries' last units as on one group, and tiers and events
+// are refused with ErrConfig (their blocks are one group's). A Model with a Recurrent group will never have one: a state is a function
+// of every token before it, so a hit of n tokens would need the state after exactly
+// n, recorded at every point a later prompt may branch; prefix caching of a state is
+// out of scope, and the error says so.
 func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil cache", ErrConfig)
@@ -283,8 +286,11 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	if err := c.prefixable("a prefix cache"); err != nil {
 		return nil, err
 	}
-	if err := c.plainOnly("a prefix cache"); err != nil {
-		return nil, err
+	if c.multi && len(opts.Tiers) > 0 {
+		return nil, errNoGroupTiers(c, "tiers")
+	}
+	if c.multi && opts.Events.Observer != nil {
+		return nil, errNoGroupTiers(c, "events")
 	}
 	if opts.MaxBytes < 0 {
 		return nil, fmt.Errorf("%w: MaxBytes %d", ErrConfig, opts.MaxBytes)
@@ -298,8 +304,11 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 		return nil, err
 	}
 	pc := &PrefixCache{
-		c: c, opts: opts, gbytes: int64(c.nbuf) * int64(c.unit),
+		c: c, opts: opts, gbytes: int64(c.nbuf) * int64(c.unit), ubytes: make([]int64, len(c.groups)),
 		tree: radix.New[*pcEntry](), tiers: tiers,
+	}
+	for gi := range c.groups {
+		pc.ubytes[gi] = int64(c.groups[gi].nbuf) * int64(c.groups[gi].unit)
 	}
 	pc.ev.attach(ev, &pc.mu)
 	if ev != nil {
@@ -398,6 +407,17 @@ func (pc *PrefixCache) find(tokens []int32) (hit, error) {
 		return hit{}, ErrClosed
 	}
 	pc.working.Add(1)
+	if pc.c.multi {
+		m, leaf := pc.hitLocked(tokens[:pc.matchable(tokens)])
+		h := hit{m: m}
+		if leaf != nil {
+			pc.tree.Touch(leaf)
+			h.e = leaf.Value()
+			h.e.busy++
+			h.l = pc.hitLive(h.e, m)
+		}
+		return h, nil
+	}
 	m, node := pc.tree.Match(tokens[:pc.matchable(tokens)])
 	h := hit{m: m}
 	if m == 0 {
@@ -479,9 +499,7 @@ func (pc *PrefixCache) settle(h hit, s *Sequence, err error, queried int) {
 	}
 	switch {
 	case err != nil && h.l != nil:
-		for _, g := range h.l.grefs {
-			g.unmap()
-		}
+		h.l.unmapAll()
 	case err == nil:
 		if h.l != nil {
 			s.pcl = h.l
@@ -519,6 +537,14 @@ var errEntryGone = errors.New("kv: prefix cache entry gone")
 // earlier prefix cache of the same cache, closed since (a hit or an insert there, or a
 // fork or prefix of one), is refused with ErrConfig and nothing changes: this one's
 // books can not tell which of those granules others still map.
+//
+// On a Model of window groups beside full ones, Insert gives the new entry ranges of
+// its own at once (a window that moves on in s afterwards then gives back only s's
+// mappings): it commits each group's partly filled last unit, evicting cached
+// prefixes before it refuses for budget, and the entry keeps each window group's
+// units from the first s still holds. An insert of n tokens that s's windows can no
+// longer serve (a step at n would read a token they gave back) fails with ErrDropped
+// and changes nothing.
 func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	if s == nil {
 		panic(PanicNilSequence)
@@ -537,6 +563,18 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	}
 	if err := s.dropAhead(); err != nil {
 		return err
+	}
+	if pc.c.multi {
+		drop, err := pc.insertGroups(s, tokens)
+		if err != nil {
+			return err
+		}
+		drop = append(drop, pc.capLocked()...)
+		pc.mu.Unlock()
+		for _, d := range drop {
+			d.close()
+		}
+		return nil
 	}
 	n := len(tokens)
 	frozen := s.frozen // before the entry shares more of s
@@ -650,9 +688,9 @@ func (pc *PrefixCache) Stats() PrefixCacheStats {
 	st := PrefixCacheStats{
 		Queries: pc.queries, Hits: pc.hits, InsertedTokens: pc.inserted,
 		EvictedTokens: pc.evictedTokens, Evictions: pc.evictions, EvictedBytes: pc.evictedBytes,
-		Entries: pc.entries, CachedBytes: pc.cachedGranules * pc.gbytes,
+		Entries: pc.entries, CachedBytes: pc.cachedBytes,
 	}
-	st.PinnedBytes = pc.pinnedLocked() * pc.gbytes
+	st.PinnedBytes = pc.pinnedLocked()
 	st.CachedTokens = pc.tree.Tokens()
 	st.Tiers = pc.tiers.stats()
 	return st

@@ -20,6 +20,10 @@ func (pc *PrefixCache) Match(tokens []int32) int {
 	if pc.closed {
 		return 0
 	}
+	if pc.c.multi {
+		m, _ := pc.hitLocked(tokens[:pc.matchable(tokens)])
+		return m
+	}
 	m, _ := pc.tree.Peek(tokens[:pc.matchable(tokens)])
 	return m
 }
@@ -44,12 +48,19 @@ func (pc *PrefixCache) Need(tokens []int32) (int64, error) {
 	pc.mu.Lock()
 	closed := pc.closed
 	var m int
-	if !closed {
+	switch {
+	case closed:
+	case c.multi:
+		m, _ = pc.hitLocked(tokens[:pc.matchable(tokens)])
+	default:
 		m, _ = pc.tree.Peek(tokens[:pc.matchable(tokens)])
 	}
 	pc.mu.Unlock()
 	if closed {
 		return 0, ErrClosed
+	}
+	if c.multi {
+		return max(c.needGroups(len(tokens), m)-c.own(), 0), nil
 	}
 	size, _ := backing.AlignUp(c.extent(len(tokens)), c.gran)
 	need := int64(c.nbuf) * int64(size-c.shareable(m))
@@ -84,5 +95,5 @@ func (pc *PrefixCache) Evict(bytes int64) (int64, error) {
 func (pc *PrefixCache) evictable() int64 {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
-	return (pc.cachedGranules - pc.pinnedLocked()) * pc.gbytes
+	return pc.cachedBytes - pc.pinnedLocked()
 }

@@ -85,6 +85,24 @@ func (pc *PrefixCache) evictLocked(need int64, mode evictMode) []*pcEntry {
 	var drop []*pcEntry
 	var got int64
 	for got < need {
+		cached := pc.cachedBytes
+		if pc.c.multi {
+			// Several groups: older window units first, then whole leaves (see
+			// prefixcache_groups.go).
+			freed, gone, ok := pc.evictGroupStep(mode, need-got)
+			if !ok {
+				break
+			}
+			if gone != nil {
+				drop = append(drop, gone)
+			}
+			if mode == evictFree {
+				got += freed
+			} else {
+				got += cached - pc.cachedBytes
+			}
+			continue
+		}
 		leaf := pc.victim(true)
 		if leaf == nil && mode == evictCap {
 			leaf = pc.victim(false)
@@ -92,7 +110,6 @@ func (pc *PrefixCache) evictLocked(need int64, mode evictMode) []*pcEntry {
 		if leaf == nil {
 			break
 		}
-		cached := pc.cachedGranules
 		// Take as many granules from the leaf's tail as the need asks for in one
 		// resize, as long as each gives memory back and the leaf keeps a token.
 		e, p := leaf.Value(), leaf.Parent()
@@ -119,7 +136,7 @@ func (pc *PrefixCache) evictLocked(need int64, mode evictMode) []*pcEntry {
 		if mode == evictFree {
 			got += freed
 		} else {
-			got += (cached - pc.cachedGranules) * pc.gbytes
+			got += cached - pc.cachedBytes
 		}
 	}
 	return drop
@@ -166,6 +183,228 @@ func (pc *PrefixCache) victimOf(frees bool, storing map[*pcEntry]chan struct{}) 
 	return best
 }
 
+// evictGroupStep is one step of evictLocked on a cache of several groups, toward need
+// bytes: the least recently used leaf whose entry holds older window units that give
+// memory back (evictCap: that count in CachedBytes) gives them back (trimWindows);
+// where none does, the least recently used leaf whose last units do gives those back
+// (shrinkGroups), as evictGranules does on one group. NB: as on one group, a leaf
+// whose last units do not give memory back (a live sequence maps them: a hit on the
+// whole entry) is not taken, though units under them might: taking it whole would
+// take its tokens out of the index for little memory, and it was what kept the
+// Mooncake replay under a budget below its ideal. It returns the bytes that came
+// back, the entry to close, if any, and false when nothing was left to take. pc.mu
+// is held.
+func (pc *PrefixCache) evictGroupStep(mode evictMode, need int64) (int64, *pcEntry, bool) {
+	modes := []bool{true, false} // frees, then (evictCap) counts in CachedBytes
+	if mode != evictCap {
+		modes = modes[:1]
+	}
+	for _, frees := range modes {
+		if leaf := pc.lruOf(func(l *radix.Node[*pcEntry]) bool { return pc.trimGain(l, frees) > 0 }); leaf != nil {
+			freed, gone := pc.trimWindows(leaf, frees)
+			return freed, gone, true
+		}
+	}
+	for _, frees := range modes {
+		if leaf := pc.lruOf(func(l *radix.Node[*pcEntry]) bool { return pc.tailFree(l, frees) }); leaf != nil {
+			freed, gone := pc.shrinkGroups(leaf, need, frees)
+			return freed, gone, true
+		}
+	}
+	return 0, nil, false
+}
+
+// tailFree reports whether the last unit of each of leaf's entry's groups past the
+// next lower unit boundary (cutTo) may go: held by the entry alone and, with frees,
+// mapped by no live sequence; and not under a pin. pc.mu is held.
+func (pc *PrefixCache) tailFree(leaf *radix.Node[*pcEntry], frees bool) bool {
+	e := leaf.Value()
+	if e.seq == nil || pinnedAbove(leaf) || e.n == 0 {
+		return false
+	}
+	_, ok := pc.cutGain(e, pc.cutTo(e, e.n), e.n, frees)
+	return ok
+}
+
+// cutTo returns the next unit boundary below n tokens of e's groups: the most tokens
+// below n at which some group's last unit holds none.
+func (pc *PrefixCache) cutTo(e *pcEntry, n int) int {
+	nd := 0
+	for gi := range pc.c.groups {
+		g := &pc.c.groups[gi]
+		if k := g.unitsFor(n); k > 0 {
+			nd = max(nd, g.tokensIn(k-1))
+		}
+	}
+	return nd
+}
+
+// cutGain returns the bytes that cutting e from n to nd tokens gives back (frees) or
+// takes out of CachedBytes, and false when one of the units past nd is not e's alone
+// to give (another entry holds it or, with frees, a live sequence maps it) or none
+// would go. pc.mu is held.
+func (pc *PrefixCache) cutGain(e *pcEntry, nd, n int, frees bool) (int64, bool) {
+	var gain int64
+	for gi := range pc.c.groups {
+		g := &pc.c.groups[gi]
+		sg := e.segs[gi]
+		for u := max(g.unitsFor(nd), sg.from); u < min(g.unitsFor(n), sg.end()); u++ {
+			if r := sg.refs[u-sg.from]; r.entries != 1 || frees && r.live > 0 {
+				return 0, false
+			}
+			gain += pc.ubytes[gi]
+		}
+	}
+	return gain, gain > 0
+}
+
+// shrinkGroups takes the last units of leaf's entry, on a cache of several groups:
+// the entry is cut, unit boundary by unit boundary, until need bytes came back or the
+// next unit may not go (cutGain). When no token of its own would be left, or no hit
+// could start on what is left (its windows no longer hold the window before its end),
+// the leaf goes whole. It returns the bytes that came back and the entry to close, if
+// any. pc.mu is held.
+func (pc *PrefixCache) shrinkGroups(leaf *radix.Node[*pcEntry], need int64, frees bool) (int64, *pcEntry) {
+	e, p, n := leaf.Value(), leaf.Parent(), leaf.Value().n
+	nd, got := n, int64(0)
+	for got < need {
+		next := pc.cutTo(e, nd)
+		gain, ok := pc.cutGain(e, next, nd, frees)
+		if !ok {
+			break
+		}
+		nd, got = next, got+gain
+	}
+	if nd == n || nd <= p.Depth() || !pc.holdsWindow(e, nd) {
+		return pc.evictLeaf(leaf)
+	}
+	es := e.seq
+	for gi := range pc.c.groups {
+		g := &pc.c.groups[gi]
+		if err := es.resizeList(g.ranges(es.bufs), max(g.extent(nd), es.bufs[g.first].Start())); err != nil {
+			// NB: the entry leaves the index whole, its ranges as they are.
+			pc.evictedTokens += int64(leaf.Depth() - p.Depth())
+			pc.removeDamaged(e)
+			return pc.evict(e)
+		}
+	}
+	var freed int64
+	for gi := range pc.c.groups {
+		g := &pc.c.groups[gi]
+		sg := &e.segs[gi]
+		k := min(max(g.unitsFor(nd), sg.from), sg.end())
+		for _, r := range sg.refs[k-sg.from:] {
+			freed += pc.release(r)
+		}
+		pc.evictions += int64(sg.end() - k)
+		sg.refs = sg.refs[:k-sg.from]
+		f := es.frozenOf(gi)
+		*f = min(*f, g.extent(nd))
+	}
+	pc.tree.Shorten(leaf, nd)
+	pc.ev.cut(e, nd, false)
+	pc.evictedTokens += int64(n - nd)
+	pc.evictedBytes += freed
+	e.n, es.n = nd, nd
+	es.publish()
+	return freed, nil
+}
+
+// lruOf returns the least recently used leaf, not mapped from now, for which ok
+// holds, or nil. pc.mu is held.
+func (pc *PrefixCache) lruOf(ok func(*radix.Node[*pcEntry]) bool) *radix.Node[*pcEntry] {
+	var best *radix.Node[*pcEntry]
+	pc.tree.EachLeaf(func(l *radix.Node[*pcEntry]) bool {
+		if l.Value().busy == 0 && (best == nil || l.Used() < best.Used()) && ok(l) {
+			best = l
+		}
+		return true
+	})
+	return best
+}
+
+// keepFrom returns the first unit of window group gi that e keeps when it gives back
+// its older ones: those below the unit that holds FirstLive(e.n) (only hits shorter
+// than e need them), from its first on, as long as e alone holds each and, with
+// frees, no live sequence maps it. pc.mu is held.
+func (pc *PrefixCache) keepFrom(e *pcEntry, gi int, frees bool) int {
+	g := &pc.c.groups[gi]
+	sg := e.segs[gi]
+	u := sg.from
+	for end := min(g.dropOff(e.n)/g.unit, sg.end()); u < end; u++ {
+		if r := sg.refs[u-sg.from]; r.entries != 1 || frees && r.live > 0 {
+			break
+		}
+	}
+	return u
+}
+
+// trimGain returns the bytes that leaf's entry would give back by its older window
+// units (keepFrom): 0 under a pin. pc.mu is held.
+func (pc *PrefixCache) trimGain(leaf *radix.Node[*pcEntry], frees bool) int64 {
+	e := leaf.Value()
+	if e.seq == nil || pinnedAbove(leaf) {
+		return 0
+	}
+	var gain int64
+	for gi := range pc.c.groups {
+		if pc.c.groups[gi].windowed() {
+			gain += int64(pc.keepFrom(e, gi, frees)-e.segs[gi].from) * pc.ubytes[gi]
+		}
+	}
+	return gain
+}
+
+// trimWindows gives back leaf's older window units (keepFrom) from its entry's ranges:
+// the entry stays, for the hits whose windows it still holds. It returns the bytes
+// that came back and, where the backing failed, the entry, out of the index, to
+// close. pc.mu is held.
+func (pc *PrefixCache) trimWindows(leaf *radix.Node[*pcEntry], frees bool) (int64, *pcEntry) {
+	e := leaf.Value()
+	es := e.seq
+	var freed int64
+	for gi := range pc.c.groups {
+		g := &pc.c.groups[gi]
+		if !g.windowed() {
+			continue
+		}
+		sg := &e.segs[gi]
+		to := pc.keepFrom(e, gi, frees)
+		if to == sg.from {
+			continue
+		}
+		for _, b := range g.ranges(es.bufs) {
+			if err := b.DecommitBelow(to * g.unit); err != nil {
+				es.err = err
+				pc.evictedTokens += int64(leaf.Depth() - leaf.Parent().Depth())
+				pc.removeDamaged(e)
+				return pc.evict(e)
+			}
+		}
+		for _, r := range sg.refs[:to-sg.from] {
+			freed += pc.release(r)
+		}
+		pc.evictions += int64(to - sg.from)
+		sg.refs, sg.from = sg.refs[to-sg.from:], to
+		es.gs[gi].held = g.heldFrom(to * g.unit)
+	}
+	es.publish()
+	pc.evictedBytes += freed
+	return freed, nil
+}
+
+// pinnedAbove reports whether a pin ends at n or one of its ancestors: on a cache of
+// several groups eviction takes no leaf there, since which of the pinned prefix's
+// leaves holds its window groups' units is each leaf's own.
+func pinnedAbove(n *radix.Node[*pcEntry]) bool {
+	for ; n.Parent() != nil; n = n.Parent() {
+		if n.Pinned() {
+			return true
+		}
+	}
+	return false
+}
+
 // spareLocked, on a miss for a prompt of tokens, evicts the least recently used entry
 // whole and returns its sequence, whose ranges the new sequence then takes over with
 // their committed granules, when the budget can not hold the prompt's granules now
@@ -179,8 +418,8 @@ func (pc *PrefixCache) victimOf(frees bool, storing map[*pcEntry]chan struct{}) 
 // what of the entry to write down before the new sequence writes (see pcTiers.pick).
 // pc.mu is held.
 func (pc *PrefixCache) spareLocked(tokens int) (*Sequence, *tierWrite) {
-	if tokens <= 0 {
-		return nil, nil
+	if tokens <= 0 || pc.c.multi {
+		return nil, nil // several groups: their ranges are not taken over
 	}
 	need := int64(pc.c.unitsFor(tokens)) * pc.gbytes
 	if be := pc.c.budget(need, 0); be == nil || errors.Is(be, accounting.ErrExceedsLimit) {
@@ -219,7 +458,7 @@ func (pc *PrefixCache) spareLocked(tokens int) (*Sequence, *tierWrite) {
 
 // capLocked evicts down to MaxBytes and returns the entries to close. pc.mu is held.
 func (pc *PrefixCache) capLocked() []*pcEntry {
-	if over := pc.cachedGranules*pc.gbytes - pc.opts.MaxBytes; pc.opts.MaxBytes > 0 && over > 0 {
+	if over := pc.cachedBytes - pc.opts.MaxBytes; pc.opts.MaxBytes > 0 && over > 0 {
 		return pc.evictLocked(over, evictCap)
 	}
 	return nil

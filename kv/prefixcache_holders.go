@@ -34,6 +34,9 @@ import (
 type pcLive struct {
 	pc    *PrefixCache
 	grefs []*granuleRef
+	// segs is, on a cache of several groups, what it maps of each group (grefs is
+	// nil there): a window group's from the unit its ranges start at.
+	segs  []unitSeg
 	entry *pcEntry // the last entry Insert made from the sequence, or nil (pc.mu)
 	// lazy is the entries that refer to the sequence's ranges (pc.mu; see pcEntry).
 	lazy []*pcEntry
@@ -92,11 +95,135 @@ func (l *pcLive) inherit(s *Sequence, k int) *pcLive {
 // drop forgets what a closing holder mapped.
 func (l *pcLive) drop() {
 	l.pc.mu.Lock()
+	l.unmapAll()
+	l.pc.mu.Unlock()
+}
+
+// unmapAll counts every granule l refers to as mapped by one holder fewer and forgets
+// them. pc.mu is held.
+func (l *pcLive) unmapAll() {
 	for _, g := range l.grefs {
 		g.unmap()
 	}
 	l.grefs = nil
-	l.pc.mu.Unlock()
+	for gi := range l.segs {
+		l.trim(gi, 0, 0)
+	}
+}
+
+// newLive returns an empty pcLive of pc: with a unitSeg per group on a cache of
+// several groups.
+func newLive(pc *PrefixCache) *pcLive {
+	l := &pcLive{pc: pc}
+	if pc.c.multi {
+		l.segs = make([]unitSeg, len(pc.c.groups))
+	}
+	return l
+}
+
+// trim keeps of group gi's references those of units in [lo, hi), each one it drops
+// counted as mapped by one holder fewer. pc.mu is held.
+func (l *pcLive) trim(gi, lo, hi int) {
+	sg := &l.segs[gi]
+	lo, hi = max(lo, sg.from), min(hi, sg.end())
+	if lo >= hi {
+		for _, g := range sg.refs {
+			g.unmap()
+		}
+		*sg = unitSeg{}
+		return
+	}
+	for _, g := range sg.refs[:lo-sg.from] {
+		g.unmap()
+	}
+	for _, g := range sg.refs[hi-sg.from:] {
+		g.unmap()
+	}
+	sg.refs = sg.refs[lo-sg.from : hi-sg.from]
+	sg.from = lo
+}
+
+// cover makes l refer to every unit of group gi in [lo, hi), where the sequence l
+// belongs to holds them: a unit it refers to already keeps its reference, the others
+// (the sequence's own) get new ones, counted as mapped by it. [lo, hi) must not be
+// empty. pc.mu is held.
+func (l *pcLive) cover(gi, lo, hi int) {
+	sg := &l.segs[gi]
+	if len(sg.refs) > 0 {
+		lo, hi = min(lo, sg.from), max(hi, sg.end())
+	}
+	if lo == sg.from && hi == sg.end() {
+		return
+	}
+	refs := make([]*granuleRef, hi-lo)
+	fresh := make([]granuleRef, hi-lo-len(sg.refs)) // one allocation for the new ones
+	for u := lo; u < hi; u++ {
+		if u >= sg.from && u < sg.end() {
+			refs[u-lo] = sg.refs[u-sg.from]
+			continue
+		}
+		g := &fresh[0]
+		fresh = fresh[1:]
+		g.live, g.grp = 1, int32(gi)
+		refs[u-lo] = g
+	}
+	*sg = unitSeg{from: lo, refs: refs}
+}
+
+// inheritSegs returns what a new holder of the first n tokens of the ranges l belongs
+// to maps of the cache's granules (ForkAt's: a window group's from its dropOff(n) on,
+// each group's first fulls[gi] bytes), counted as mapped by one more holder; nil when
+// it maps none. It is inherit on a cache of several groups.
+func (l *pcLive) inheritSegs(n int, fulls []int) *pcLive {
+	pc := l.pc
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	out := newLive(pc)
+	some := false
+	for gi := range pc.c.groups {
+		g := &pc.c.groups[gi]
+		sg := l.segs[gi]
+		lo, hi := max(g.dropOff(n)/g.unit, sg.from), min(fulls[gi]/g.unit, sg.end())
+		if lo >= hi {
+			continue
+		}
+		refs := slices.Clone(sg.slice(lo, hi))
+		for _, r := range refs {
+			r.mapped()
+		}
+		out.segs[gi] = unitSeg{from: lo, refs: refs}
+		some = true
+	}
+	if !some {
+		return nil
+	}
+	return out
+}
+
+// shareSegs is share on a cache of several groups: s's pcLive counts s's mapping of
+// every unit a fork or a frozen prefix of its first n tokens is about to map (each
+// group's first fulls[gi] bytes, a window group's from its dropOff(n) on). Only s's
+// owner calls it, once s shares them.
+func shareSegs(s *Sequence, n int, fulls []int) {
+	pc := s.c.pc.Load()
+	if s.pcl == nil {
+		if pc == nil {
+			return
+		}
+		s.pcl = newLive(pc)
+	}
+	l := s.pcl
+	if l.pc != pc {
+		return // a record of an earlier prefix cache, closed since: Insert refuses s
+	}
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	for gi := range s.c.groups {
+		g := &s.c.groups[gi]
+		if lo, hi := g.dropOff(n)/g.unit, fulls[gi]/g.unit; lo < hi {
+			l.cover(gi, lo, hi)
+		}
+	}
 }
 
 // share readies s, whose first k sharing units a fork or a frozen prefix is about to
@@ -158,6 +285,10 @@ func (l *pcLive) dropPast(s *Sequence) {
 			g.unmap()
 		}
 		l.grefs = l.grefs[:keep]
+	}
+	for gi := range l.segs {
+		g := &s.c.groups[gi]
+		l.trim(gi, 0, *s.frozenOf(gi)/g.unit)
 	}
 	l.pc.mu.Unlock()
 }
@@ -221,12 +352,22 @@ func (h pcHooks) beforeWrite(s *Sequence, t int) {
 	}
 }
 
-func (pcHooks) forked(s *Sequence, k int, child *Sequence, pr *Prefix) {
-	share(s, k)
-	if s.pcl == nil {
-		return
+func (pcHooks) forked(s *Sequence, n int, fulls []int, child *Sequence, pr *Prefix) {
+	var l *pcLive
+	if s.c.multi {
+		shareSegs(s, n, fulls)
+		if s.pcl == nil {
+			return
+		}
+		l = s.pcl.inheritSegs(n, fulls)
+	} else {
+		k := fulls[0] / s.c.unit
+		share(s, k)
+		if s.pcl == nil {
+			return
+		}
+		l = s.pcl.inherit(s, k)
 	}
-	l := s.pcl.inherit(s, k)
 	if child != nil {
 		child.pcl = l
 	} else {
@@ -234,10 +375,30 @@ func (pcHooks) forked(s *Sequence, k int, child *Sequence, pr *Prefix) {
 	}
 }
 
-func (pcHooks) startedOn(s *Sequence, p *Prefix, k int) {
-	if p.pcl != nil {
-		s.pcl = p.pcl.inherit(nil, k)
+func (pcHooks) startedOn(s *Sequence, p *Prefix, fulls []int) {
+	switch {
+	case p.pcl == nil:
+	case s.c.multi:
+		s.pcl = p.pcl.inheritSegs(p.tokens, fulls)
+	default:
+		s.pcl = p.pcl.inherit(nil, fulls[0]/s.c.unit)
 	}
+}
+
+// dropped forgets the units below each window group's ranges' Start that s maps of
+// the cache's granules: the window gave them back, so s no longer maps them.
+func (pcHooks) dropped(s *Sequence) {
+	l := s.pcl
+	if l == nil || l.segs == nil {
+		return
+	}
+	l.pc.mu.Lock()
+	for gi := range s.c.groups {
+		if g := &s.c.groups[gi]; g.windowed() {
+			l.trim(gi, s.bufs[g.first].Start()/g.unit, l.segs[gi].end())
+		}
+	}
+	l.pc.mu.Unlock()
 }
 
 func (pcHooks) closing(s *Sequence) ([]buffer, bool) {

@@ -39,13 +39,29 @@ import (
 // sequences and prefixes that map it (holders: see prefixcache_holders.go). Both
 // counts change only through ref, which panics with PanicRefCount below zero.
 
-// granuleRef is one granule index's physical memory (a granule in each of a sequence's
-// ranges): the entries that hold it and the live sequences that map it. The prefix
-// cache's lock guards it.
+// granuleRef is one sharing unit's physical memory in one layer group (a granule, or
+// a block, in each of the group's ranges; in a one-group cache, in each of a
+// sequence's ranges): the entries that hold it and the live sequences that map it.
+// The prefix cache's lock guards it.
 type granuleRef struct {
 	entries int32
 	live    int32
+	grp     int32 // the index of its layer group (0 in a one-group cache)
 }
+
+// unitSeg is a holder's references to one layer group's sharing units [from, end())
+// on a cache of several groups (pcEntry.segs, pcLive.segs): a window group's units
+// below from are not held (given back by a window, or never mapped).
+type unitSeg struct {
+	from int
+	refs []*granuleRef
+}
+
+// end returns the first unit past the ones sg refers to.
+func (sg unitSeg) end() int { return sg.from + len(sg.refs) }
+
+// slice returns the references to units [lo, hi), which sg must cover.
+func (sg unitSeg) slice(lo, hi int) []*granuleRef { return sg.refs[lo-sg.from : hi-sg.from] }
 
 // ref adds d to the count n and returns it, panicking with PanicRefCount when the
 // count would go below zero: a count that went wrong would free memory something
@@ -86,7 +102,8 @@ type pcEntry struct {
 	origin *Sequence     // Lazy: the sequence whose ranges hold its tokens; else nil
 	ol     *pcLive       // origin's pcLive (its lock outlives origin.pcl)
 	n      int           // tokens
-	grefs  []*granuleRef // one per granule index it holds
+	grefs  []*granuleRef // one per granule index it holds (one group)
+	segs   []unitSeg     // on a cache of several groups, per group, in place of grefs
 	tail   *granuleRef   // Lazy: its last gref, for origin's partly filled granule, or nil
 	busy   int           // lookups mapping from it without the lock
 	leaf   *radix.Node[*pcEntry]
@@ -115,6 +132,15 @@ func (e *pcEntry) state() entryState {
 		return entryOwned
 	}
 	return entryLazy
+}
+
+// refs returns how many granule references e holds.
+func (e *pcEntry) refs() int {
+	n := len(e.grefs)
+	for _, sg := range e.segs {
+		n += len(sg.refs)
+	}
+	return n
 }
 
 // close closes the entry's own ranges, if it has any (a lazy entry has none), after
@@ -153,7 +179,7 @@ func (pc *PrefixCache) detach(e *pcEntry) []*pcEntry {
 // hold counts g held by one more entry. pc.mu is held.
 func (pc *PrefixCache) hold(g *granuleRef) {
 	if ref(&g.entries, 1) == 1 {
-		pc.cachedGranules++
+		pc.cachedBytes += pc.ubytes[g.grp]
 	}
 }
 
@@ -163,11 +189,11 @@ func (pc *PrefixCache) release(g *granuleRef) int64 {
 	if ref(&g.entries, -1) > 0 {
 		return 0
 	}
-	pc.cachedGranules--
+	pc.cachedBytes -= pc.ubytes[g.grp]
 	if g.live > 0 {
 		return 0
 	}
-	return pc.gbytes
+	return pc.ubytes[g.grp]
 }
 
 // unhold drops every granule e holds from the counts and marks it out of the index.
@@ -180,7 +206,12 @@ func (pc *PrefixCache) unhold(e *pcEntry) (int64, *pcEntry) {
 	for _, g := range e.grefs {
 		freed += pc.release(g)
 	}
-	e.grefs = nil
+	for _, sg := range e.segs {
+		for _, g := range sg.refs {
+			freed += pc.release(g)
+		}
+	}
+	e.grefs, e.segs = nil, nil
 	e.closed = true
 	e.origin, e.tail = nil, nil // a lazy entry refers to nothing from now on
 	pc.entries--
@@ -215,12 +246,7 @@ func (pc *PrefixCache) evictGranules(leaf *radix.Node[*pcEntry], k int) (int64, 
 		freed, d := pc.shrink(e, depth, nd)
 		return cutOff(cut, freed, d)
 	case p.Parent() == nil || p.Children() > 1:
-		pc.tiers.pick(e, leaf)
-		pc.tree.Remove(leaf)
-		pc.ev.cut(e, p.Depth(), true)
-		pc.evictedTokens += int64(depth - p.Depth())
-		pc.evictions += int64(len(e.grefs))
-		return pc.evict(e)
+		return pc.evictLeaf(leaf)
 	default:
 		// The parent is pinned and this is its only child: it becomes the leaf.
 		cut := pc.tiers.pickCut(e, leaf, p.Depth())
@@ -231,6 +257,19 @@ func (pc *PrefixCache) evictGranules(leaf *radix.Node[*pcEntry], k int) (int64, 
 		freed, d := pc.shrink(e, depth, p.Depth())
 		return cutOff(cut, freed, d)
 	}
+}
+
+// evictLeaf takes leaf, whose parent is the root or has other children, out of the
+// index with every granule its entry holds. It returns the physical bytes that came
+// back and the entry to close, if any. pc.mu is held.
+func (pc *PrefixCache) evictLeaf(leaf *radix.Node[*pcEntry]) (int64, *pcEntry) {
+	e, p, depth := leaf.Value(), leaf.Parent(), leaf.Depth()
+	pc.tiers.pick(e, leaf)
+	pc.tree.Remove(leaf)
+	pc.ev.cut(e, p.Depth(), true)
+	pc.evictedTokens += int64(depth - p.Depth())
+	pc.evictions += int64(e.refs())
+	return pc.evict(e)
 }
 
 // cutOff returns what a shrink returns, with cut (the holder of the blocks it cut

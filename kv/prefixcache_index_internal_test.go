@@ -17,12 +17,17 @@ func TestRefCount(t *testing.T) {
 	assert.Equal(t, int32(0), g.live)
 	assert.PanicsWithValue(t, PanicRefCount, g.unmap)
 	assert.Equal(t, int32(0), g.live, "a refused change leaves the count as it was")
-	pc := PrefixCache{gbytes: 4096}
+	pc := PrefixCache{gbytes: 4096, ubytes: []int64{4096, 8192}}
 	pc.hold(&g)
-	assert.Equal(t, int64(1), pc.cachedGranules)
+	assert.Equal(t, int64(4096), pc.cachedBytes)
 	assert.Equal(t, int64(4096), pc.release(&g), "the last entry gives the granule back")
-	assert.Equal(t, int64(0), pc.cachedGranules)
+	assert.Equal(t, int64(0), pc.cachedBytes)
 	assert.PanicsWithValue(t, PanicRefCount, func() { pc.release(&g) })
+	// A reference of another group counts that group's bytes.
+	g2 := granuleRef{grp: 1}
+	pc.hold(&g2)
+	assert.Equal(t, int64(8192), pc.cachedBytes)
+	assert.Equal(t, int64(8192), pc.release(&g2))
 }
 
 // TestEntryState checks that an entry's fields name the states the index's doc lists.

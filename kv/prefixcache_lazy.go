@@ -249,13 +249,24 @@ func (l *pcLive) handOver(s *Sequence) ([]buffer, bool) {
 // (shareBudget, evicting). An inserted sequence's shared bytes become frozen (WriteToken
 // refuses them).
 func (pc *PrefixCache) startFrom(src *Sequence, n int, entry bool) (*Sequence, error) {
+	return pc.startFromBelow(src, n, entry, nil)
+}
+
+// startFromBelow is startFrom with the whole window units under src's that below's
+// ranges hold (see shareGroupsFrom), for an entry made from an inserted sequence.
+func (pc *PrefixCache) startFromBelow(src *Sequence, n int, entry bool, below *Sequence) (*Sequence, error) {
 	if err := pc.c.shareBudget(n); err != nil {
 		return nil, err
 	}
 	return evicting(pc.c, func() (*Sequence, error) {
-		q, err := pc.c.sequenceOn(src, n)
+		// An entry made from an inserted sequence (not entry) keeps every unit of
+		// it a window group still holds; a lookup's sequence, from its window on.
+		q, err := pc.c.sequenceOn(src, n, !entry, below)
 		if err == nil && !entry {
-			src.frozen = max(src.frozen, q.frozen)
+			for gi := range pc.c.groups {
+				f := src.frozenOf(gi)
+				*f = max(*f, *q.frozenOf(gi))
+			}
 		}
 		return q, err
 	})

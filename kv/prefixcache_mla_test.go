@@ -9,6 +9,7 @@ import (
 
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kvtier/tiertest"
 )
 
 // tinyMLA is DeepSeek-V3's shape in small: one MLA group, a latent of 256 f16 values
@@ -155,9 +156,9 @@ func TestPrefixCacheMLAEvicts(t *testing.T) {
 }
 
 // TestPrefixCacheGroupsRefused: a model of window groups beside full ones has no
-// prefix cache yet and one with a recurrent group never will: both are refused with
-// ErrConfig, saying what the model has and what a prefix cache needs, and the cache
-// stays usable.
+// tiers or events yet and one with a recurrent group no prefix cache, ever: each is
+// refused with ErrConfig, saying what the model has and what is needed, and the
+// cache stays usable.
 func TestPrefixCacheGroupsRefused(t *testing.T) {
 	hybrid := kv.Model{Name: "tiny-gpt-oss", Layers: 2, Groups: []kv.Group{
 		{Kind: kv.SlidingWindow, Window: 16, Layers: []int{0}, KVHeads: 1, HeadDim: 256, DType: arena.Float16},
@@ -170,17 +171,19 @@ func TestPrefixCacheGroupsRefused(t *testing.T) {
 	for _, tt := range []struct {
 		name string
 		m    kv.Model
+		opts kv.PrefixCacheOptions
 		says string
 	}{
-		{"window beside full", hybrid, "needs a cache of one full-attention or MLA group"},
-		{"recurrent", recurrent, "recurrent"},
+		{"tiers beside windows", hybrid, kv.PrefixCacheOptions{Tiers: []kv.Tier{tiertest.NewMap(1 << 20)}}, "tiers need a model of one full-attention or MLA group"},
+		{"events beside windows", hybrid, kv.PrefixCacheOptions{Events: kv.EventOptions{Observer: &countingObserver{}}}, "events need a model of one full-attention or MLA group"},
+		{"recurrent", recurrent, kv.PrefixCacheOptions{}, "recurrent"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			e, err := openEnv(t, envSpec{kind: onShared, cfg: kv.Config{Model: tt.m, MaxTokens: 256}})
 			if err != nil {
 				t.Skip(err)
 			}
-			_, err = kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
+			_, err = kv.NewPrefixCache(e.c, tt.opts)
 			require.ErrorIs(t, err, kv.ErrConfig)
 			assert.ErrorContains(t, err, tt.says)
 			s, err := e.c.NewSequence()

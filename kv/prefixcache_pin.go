@@ -15,7 +15,9 @@ type PrefixPin struct {
 func (p *PrefixPin) Len() int { return p.n }
 
 // Pin pins the longest prefix of tokens the cache holds (at most all of it): eviction
-// never takes those tokens' granules until the pin is released. Len says how many
+// never takes those tokens' granules until the pin is released. On a Model of window
+// groups it takes no entry that holds them (which of them holds a window group's
+// units is each one's own). Len says how many
 // tokens that is (0 when none is cached: insert them first).
 func (pc *PrefixCache) Pin(tokens []int32) (*PrefixPin, error) {
 	pc.mu.Lock()
@@ -48,8 +50,8 @@ func (p *PrefixPin) Release() {
 	}
 }
 
-// pinnedLocked returns the cached granule indexes that eviction can not take now:
-// mapped by a live sequence or under a pin. pc.mu is held.
+// pinnedLocked returns the physical bytes of the cached granuleRefs that eviction can
+// not take now: mapped by a live sequence or under a pin. pc.mu is held.
 func (pc *PrefixCache) pinnedLocked() int64 {
 	pinned := map[*granuleRef]struct{}{}
 	pc.tree.EachLeaf(func(leaf *radix.Node[*pcEntry]) bool {
@@ -58,16 +60,33 @@ func (pc *PrefixCache) pinnedLocked() int64 {
 				pinned[g] = struct{}{}
 			}
 		}
+		under := pinnedAbove(leaf) // several groups: eviction takes no unit of it
+		for _, sg := range leaf.Value().segs {
+			for _, g := range sg.refs {
+				if g.live > 0 || under {
+					pinned[g] = struct{}{}
+				}
+			}
+		}
 		// Each pinned node on the leaf's path pins its tokens' granules.
 		for n := leaf; n != nil && n.Parent() != nil; n = n.Parent() {
 			if n.Pinned() {
-				for _, g := range leaf.Value().grefs[:pc.c.unitsFor(n.Depth())] {
+				for _, g := range leaf.Value().grefs[:min(len(leaf.Value().grefs), pc.c.unitsFor(n.Depth()))] {
 					pinned[g] = struct{}{}
+				}
+				for gi, sg := range leaf.Value().segs {
+					for u := sg.from; u < min(sg.end(), pc.c.groups[gi].unitsFor(n.Depth())); u++ {
+						pinned[sg.refs[u-sg.from]] = struct{}{}
+					}
 				}
 				break
 			}
 		}
 		return true
 	})
-	return int64(len(pinned))
+	var bytes int64
+	for g := range pinned {
+		bytes += pc.ubytes[g.grp]
+	}
+	return bytes
 }

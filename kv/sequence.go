@@ -323,7 +323,7 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	}
 	child.startShared(n, fulls)
 	if h := s.c.hooks(); h != nil {
-		h.forked(s, fulls[0]/s.c.unit, child, nil)
+		h.forked(s, n, fulls, child, nil)
 	}
 	child.publish()
 	s.c.register(child)
@@ -392,7 +392,7 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 	}
 	pr := &Prefix{c: s.c, bufs: bufs, tokens: p, refs: 1, creator: true}
 	if h := s.c.hooks(); h != nil {
-		h.forked(s, fulls[0]/s.c.unit, nil, pr)
+		h.forked(s, p, fulls, nil, pr)
 	}
 	s.c.mu.Lock()
 	s.c.prefixes[pr] = struct{}{}

@@ -121,34 +121,50 @@ func setAccess(bufs []buffer, off, n int, prot backing.Protection) error {
 	return errors.Join(errs...)
 }
 
-// shareInto makes each dst range hold the first n tokens of its src range: the whole
-// sharing units (granules, or blocks) mapped read-only, the tokens past them copied.
-// dst ranges must be empty. It returns the shared bytes per range of a one-group
-// cache; on error the dst ranges are left for the caller to close.
-func (c *Cache) shareInto(dst, src []buffer, n int) (int, error) {
-	var full [1]int
-	err := c.shareGroups(dst, src, n, full[:])
-	return full[0], err
+// shareGroups makes each dst range hold the first n tokens of its src range: the
+// whole sharing units (granules, or blocks) mapped read-only, the tokens past them
+// copied; dst ranges must be empty, and on error they are left for the caller to
+// close. fulls[gi] gets the bytes group gi shares per range, counted from 0. A window
+// group's dst ranges start at the unit that holds its FirstLive(n) (dropOff): the
+// parent's whole units from there on are mapped, the ones below never committed.
+func (c *Cache) shareGroups(dst, src []buffer, n int, fulls []int) error {
+	return c.shareGroupsFrom(dst, src, n, fulls, false, nil)
 }
 
-// shareGroups is shareInto for every group: fulls[gi] gets the bytes group gi
-// shares per range, counted from 0. A window group's dst ranges start at the unit
-// that holds its FirstLive(n) (dropOff): the parent's whole units from there on are
-// mapped, the ones below never committed.
-func (c *Cache) shareGroups(dst, src []buffer, n int, fulls []int) error {
+// shareGroupsFrom is shareGroups; with held, a window group's dst ranges start where
+// its src ranges do, which must be at or below its dropOff(n), and where below
+// (another holder of src's first below.n tokens, or nil) holds whole units of a
+// window group under that, up to it, those are mapped from below first.
+func (c *Cache) shareGroupsFrom(dst, src []buffer, n int, fulls []int, held bool, below *Sequence) error {
 	for gi := range c.groups {
 		g := &c.groups[gi]
 		full, size, lo := g.shareable(n), g.extent(n), g.dropOff(n)
 		d, sr := g.ranges(dst), g.ranges(src)
+		var bl []buffer
+		if held && g.windowed() {
+			lo = min(lo, sr[0].Start())
+			if below != nil && lo <= g.shareable(below.n) {
+				if bl = g.ranges(below.bufs); bl[0].Start() >= lo {
+					bl = nil
+				}
+			}
+		}
 		for i := range d {
-			if lo > 0 {
+			if bl != nil {
+				b0 := bl[i].Start()
+				if err := d[i].StartAt(b0); err != nil {
+					return err
+				}
+				if err := d[i].shareRange(bl[i], b0, lo-b0, backing.ReadOnly); err != nil {
+					return err
+				}
+			} else if lo > 0 {
 				if err := d[i].StartAt(lo); err != nil {
 					return err
 				}
 			}
-			// NB: nothing to share (a fork at 0, say) is no share: a window's
-			// source range may start past lo, where the arena refuses even an
-			// empty one.
+			// NB: nothing whole to share (n = 0, say) may lie below what a window
+			// of src still holds, which the arena refuses to share from.
 			if full > lo {
 				if err := d[i].shareRange(sr[i], lo, full-lo, backing.ReadOnly); err != nil {
 					return err

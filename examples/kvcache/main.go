@@ -88,6 +88,7 @@ type config struct {
 	model       string
 	kvDType     string // -kv-dtype: the KV's element type, or kvDTypeDefault
 	verify      bool   // -verify: read every live token back before its sequence closes
+	uniform     bool   // -uniform: the model's window groups made full attention
 	system      int
 	maxTokens   int
 	budget      sizeFlag
@@ -193,7 +194,11 @@ refused. The report adds each group's committed bytes (a mapped granule counted 
 every sequence that maps it) against a uniform full-attention cache of the same
 sequences (kv.Model.Uniform), and a second plot draws them over time. -verify reads
 back, before each sequence closes, every token a later step still reads and every
-state, and fails on a wrong byte.
+state, and fails on a wrong byte. The prefix-cache replay (-trace mooncake) runs on
+models of window groups beside full or MLA ones, under kv's hybrid rule (a hit of n
+tokens needs each window group's last window before n), without tiers; its ideal is
+an unbounded cache's, which the rule does not lower there (kv's entries keep every
+window unit their prompts held).
 
 Element types: -kv-dtype fp8 (OCP E4M3; fp8-e5m2, q8_0, fp16, bf16) stores every
 strategy's KV in that type instead of the preset's (a recurrent state keeps the
@@ -273,7 +278,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.DurationVar(&c.step, "step", 25*time.Millisecond, "simulated model time of one batch iteration (one decode step)")
 	fs.StringVar(&c.model, "model", kv.Llama3_8B.Name, "model: a geometry (every layer full attention) or a model of layer groups (sliding-window, chunked-local, MLA latent, recurrent state; vmarena alone, on kv.Config.Model): "+modelNames())
 	fs.StringVar(&c.kvDType, "kv-dtype", kvDTypeDefault, "the KV's element type for every strategy: model (the preset's own), fp16, bf16, fp8 (OCP E4M3), fp8-e5m2 or q8_0 (32 int8 values and an f16 scale in 34 bytes); a recurrent state keeps the model's")
-	fs.BoolVar(&c.verify, "verify", false, "read back, before each sequence closes, every token a later step would still read in every layer, and every recurrent state, and fail on a byte other than was written (slows the replay; the prefix-cache replay verifies with -tiers)")
+	fs.BoolVar(&c.uniform, "uniform", false, "with a model of layer groups: make its sliding-window and chunked-local groups full attention (kv.Model.Uniform), the cache the same model takes when it keeps every token, for comparison")
+	fs.BoolVar(&c.verify, "verify", false, "read back, before each sequence closes, every token a later step would still read in every layer, and every recurrent state, and fail on a byte other than was written (slows the replay); in the prefix-cache replay, every hit token of every layer a later step reads, against what was written for its prefix (on by default with -tiers)")
 	fs.IntVar(&c.system, "system-prompt", 1024, "tokens of the system prompt every request shares")
 	fs.IntVar(&c.maxTokens, "max-tokens", 8192, "most tokens per sequence (the context window); longer requests are clipped")
 	fs.Var(&c.budget, "budget", "memory budget per strategy, like 4GiB or 512MiB (0: unlimited)")
@@ -330,6 +336,13 @@ func (c *config) validate() (setup, []string, error) {
 	}
 	if g, groups, err = withDType(g, groups, dt); err != nil {
 		return s, nil, err
+	}
+	if c.uniform {
+		if groups == nil {
+			return s, nil, fmt.Errorf("-uniform: -model %s is a geometry, every layer full attention already", g.Name)
+		}
+		u := groups.Uniform()
+		groups = &u
 	}
 	s.model, s.groups = g, groups
 	switch {
@@ -541,7 +554,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if c.prefix {
 		w := PrefixWorkload{Requests: reqs, Speed: c.speed, Step: c.step, PrefillRate: c.prefillRate,
 			Concurrency: c.concurrency, MaxTokens: c.maxTokens, TokenBytes: s.model.TokenBytes(), Layers: s.model.Layers,
-			Verify: s.tiers != nil}
+			Plan: planLayers(s.groups), Verify: s.tiers != nil || c.verify}
 		if code := c.prefixBudget(&s, w, stderr); code != 0 {
 			return code
 		}

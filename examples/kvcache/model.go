@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/vmarena/vmarena/kv"
@@ -60,34 +61,36 @@ func modelNames() string {
 }
 
 // groupsOnly checks what the flags ask of a model of layer groups, where kv and the
-// baselines can do less: the baselines model full attention only, and kv keeps the
-// prefix cache for one-group caches. A flag left at its default is
-// turned off, and said so in notes; a flag set to what can not run is refused with an
-// error naming the model and what refused it.
+// baselines can do less: the baselines model full attention only, and kv's prefix
+// cache serves no recurrent group and, beside window groups, no tiers. A flag left at
+// its default is turned off, and said so in notes; a flag set to what can not run is
+// refused with an error naming the model and what refused it.
 func (c *config) groupsOnly(m *kv.Model, names []string) ([]string, []string, error) {
 	kinds := groupKinds(*m)
 	switch {
-	case c.prefix:
-		return nil, nil, fmt.Errorf("-model %s (%s): the prefix-cache replay needs kv.PrefixCache, which kv keeps for one-group caches", m.Name, kinds)
 	case c.rounds > 0:
 		return nil, nil, fmt.Errorf("-model %s (%s): -rounds reports no layer groups; run without it", m.Name, kinds)
+	case c.prefix && slices.ContainsFunc(m.Groups, func(g kv.Group) bool { return g.Kind == kv.Recurrent }):
+		return nil, nil, fmt.Errorf("-model %s (%s): the prefix-cache replay needs kv.PrefixCache, which serves no recurrent group (a state is a function of every token before it)", m.Name, kinds)
+	case c.prefix && c.tiers != "":
+		return nil, nil, fmt.Errorf("-model %s (%s): -tiers: kv's prefix cache keeps tiers for one-group caches (a tier's block is one group's)", m.Name, kinds)
 	}
 	var notes []string
 	var kept []string
 	for _, n := range names {
-		if n == nameCache {
+		if n == nameCache || c.prefix && (n == namePrefixOn || n == namePrefixOff) {
 			kept = append(kept, n)
 			continue
 		}
 		if c.set["strategies"] {
-			return nil, nil, fmt.Errorf("-model %s (%s): strategy %s models full attention only, and would hold every token of the window layers; run -strategies %s", m.Name, kinds, n, nameCache)
+			return nil, nil, fmt.Errorf("-model %s (%s): strategy %s models full attention only, and would hold every token of the window layers; run -strategies %s", m.Name, kinds, n, strings.Join(groupStrategies(c.prefix), ","))
 		}
 	}
 	if len(kept) < len(names) {
 		notes = append(notes, "the baselines model full attention only: vmarena alone runs; the uniform full-attention cache of the same model is computed (kv.Model.Uniform)")
 	}
 	if len(kept) == 0 {
-		return nil, nil, fmt.Errorf("-model %s (%s): -strategies %s: none of them can run on layer groups (only %s)", m.Name, kinds, c.strategies, nameCache)
+		return nil, nil, fmt.Errorf("-model %s (%s): -strategies %s: none of them can run on layer groups (only %s)", m.Name, kinds, c.strategies, strings.Join(groupStrategies(c.prefix), ", "))
 	}
 	if c.system > 0 {
 		notes = append(notes, "the system prompt is a sequence of its own that every request forks from (kv's Freeze is for one-group caches; ForkAt works per group), copied where the backing can not share")
@@ -96,6 +99,15 @@ func (c *config) groupsOnly(m *kv.Model, names []string) ([]string, []string, er
 		return nil, nil, fmt.Errorf("-model %s (%s): -layout %s: the per-group figures read the Blocked layout's blocks; use -layout %s", m.Name, kinds, c.layout, kv.Blocked)
 	}
 	return kept, notes, nil
+}
+
+// groupStrategies returns the strategies that run on a model of layer groups: in the
+// prefix-cache replay (prefix) or the plain one.
+func groupStrategies(prefix bool) []string {
+	if prefix {
+		return []string{namePrefixOn, namePrefixOff}
+	}
+	return []string{nameCache}
 }
 
 // groupKinds describes m's groups: "2 groups: sliding-window 128 ×12, full ×12".

@@ -74,6 +74,10 @@ type kvPrefix struct {
 	cs   *cacheStrategy
 	pc   *kv.PrefixCache // nil: prefix caching off
 	g    kv.Geometry
+	// plan is each layer's tensors on a model of layer groups (planLayers), nil on
+	// a Geometry; bpt the model's bytes per token.
+	plan []layerPlan
+	bpt  int
 	// tiers close the prefix cache's tiers, after it and before the cache (nil
 	// without tiers); tierList are the tiers, tierStores count the values each
 	// kept, each a block of blockTokens tokens.
@@ -108,7 +112,22 @@ func (k *kvPrefix) insert(s pseq, tokens []int32) error {
 }
 
 func (k *kvPrefix) write(s pseq, from, to int, fill []byte) error {
-	return writeLayerMajor(s.(*kv.Sequence).WriteToken, kv.K, kv.V, k.g.Layers, from, to, fill)
+	q := s.(*kv.Sequence)
+	if k.plan == nil {
+		return writeLayerMajor(q.WriteToken, kv.K, kv.V, k.g.Layers, from, to, fill)
+	}
+	for l, p := range k.plan {
+		// A window layer's tokens below FirstHeld were given back (the tokens of a
+		// prefill chunk that its later queries skip): nothing to write there.
+		for t := max(from, q.FirstHeld(l)); t < to; t++ {
+			for _, v := range p.kinds {
+				if err := q.WriteToken(l, kvKind(int(v)), t, fill[:p.tokenBytes]); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
 }
 
 func (k *kvPrefix) writeToken(s pseq, layer, v, token int, src []byte) error {
@@ -144,7 +163,7 @@ func (k *kvPrefix) cached() (int64, int64) {
 		return 0, 0
 	}
 	st := k.pc.Stats()
-	return st.CachedBytes, st.CachedTokens * int64(k.g.BytesPerToken())
+	return st.CachedBytes, st.CachedTokens * int64(k.bpt)
 }
 
 func (k *kvPrefix) trim() int64 {
@@ -237,7 +256,10 @@ func buildPrefixReplica(name string, s setup, replica int) (pstrategy, *accounti
 			return nil, nil, err
 		}
 		cs := b.st.(*cacheStrategy)
-		k := &kvPrefix{name: name, cs: cs, g: s.model}
+		k := &kvPrefix{name: name, cs: cs, g: s.model, plan: planLayers(s.groups), bpt: s.model.BytesPerToken()}
+		if s.groups != nil {
+			k.bpt = s.groups.BytesPerToken()
+		}
 		var opts kv.PrefixCacheOptions
 		if name == namePrefixTiers {
 			if k.blockTokens, err = blockTokens(cs.c); err != nil {
@@ -288,6 +310,9 @@ type PrefixWorkload struct {
 	MaxTokens   int
 	TokenBytes  int
 	Layers      int
+	// Plan is each layer's tensors on a model of layer groups (planLayers); nil on
+	// a Geometry, whose every layer keeps K and V of TokenBytes.
+	Plan []layerPlan
 	// Verify writes every prompt token's K and V as a function of the tokens up to
 	// it (as a model's are), and reads every hit token back and compares: a failure
 	// of the replay if one byte differs.
@@ -501,7 +526,7 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 		lengths[i] = len(q.tokens)
 	}
 	res.IdealHits = IdealHits(w.Requests, lengths)
-	fill := make([]byte, w.TokenBytes)
+	fill := make([]byte, planBytes(w.Plan, w.TokenBytes))
 	for i := range fill {
 		fill[i] = 0x5A
 	}
@@ -550,7 +575,7 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 	}()
 	// admit looks q up, prefills the rest and inserts the prompt; it returns the
 	// prefilled tokens.
-	scratch := make([]byte, w.TokenBytes)
+	scratch := make([]byte, planBytes(w.Plan, w.TokenBytes))
 	tiered, _ := st.(tieredStrategy)
 	if tiered != nil && tiered.tierStats() == nil {
 		tiered = nil
@@ -585,7 +610,7 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 		})
 		if err == nil && w.Verify {
 			// Not timed: the check is the replay's, not the memory layer's.
-			err = verifyHit(st, s, q, m, w.Layers, scratch)
+			err = verifyHit(st, s, q, m, w, scratch)
 			res.Verified += int64(m)
 			if err != nil {
 				_ = st.closeSeq(s)
@@ -845,6 +870,9 @@ func printPrefixHeader(stdout io.Writer, c *config, s setup, reqs []Request, tra
 	}
 	fmt.Fprintf(stdout, "Trace:   %s: %d requests over %v of trace time, prompts with token IDs: prefix-cache replay\n", traceName, len(reqs), last.Round(time.Second))
 	fmt.Fprintf(stdout, "Model:   %s, %s of K/V per token, max %d tokens per sequence\n", s.model.Name, formatBytes(int64(s.model.BytesPerToken())), c.maxTokens)
+	if s.groups != nil {
+		fmt.Fprintf(stdout, "Groups:  %s; vmarena's cache on them (kv.Config.Model), a hit needing each window group's last window before it\n", groupKinds(*s.groups))
+	}
 	fmt.Fprintf(stdout, "Server:  batch of at most %d, %v per decode step, prefill %.0f tokens/s, budget %s per strategy\n", c.concurrency, c.step, c.prefillRate, budget)
 	if c.idealNote != "" {
 		fmt.Fprintf(stdout, "Budget:  %s\n", c.idealNote)
@@ -930,6 +958,11 @@ func runPrefix(ctx context.Context, c *config, s setup, names []string, w Prefix
 	}
 	fmt.Fprintln(stdout)
 	printPrefixTable(stdout, results)
+	if w.Verify && s.tiers == nil {
+		for _, r := range results {
+			fmt.Fprintf(stdout, "%s: %d hit tokens read back in every layer that a later step reads, each as written for its prefix\n", r.Strategy, r.Verified)
+		}
+	}
 	if s.tiers != nil {
 		fmt.Fprintln(stdout)
 		printTierTable(stdout, results, s.tiers)

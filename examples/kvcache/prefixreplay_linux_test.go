@@ -5,12 +5,16 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/kv"
 )
 
 // prefixTrace is a small Mooncake trace whose requests share prefixes: B and C extend
@@ -153,4 +157,70 @@ func TestReplayPrefixLoneRequestThatCanNotDecode(t *testing.T) {
 		assert.Equal(t, 1, res.Rejected, name)
 		assert.Zero(t, res.Completed, name)
 	}
+}
+
+// tinyWindowModel is gpt-oss's pattern in small: sliding-window layers (a window of
+// 128) beside full ones.
+var tinyWindowModel = kv.Model{Name: "tiny-oss", Layers: 4, Groups: []kv.Group{
+	{Kind: kv.SlidingWindow, Window: 128, Layers: []int{0, 2}, KVHeads: 2, HeadDim: 32, DType: arena.Float16},
+	{Kind: kv.FullAttention, Layers: []int{1, 3}, KVHeads: 2, HeadDim: 32, DType: arena.Float16},
+}}
+
+// TestReplayPrefixGroups: on a model of window groups beside full ones, vmarena's
+// prefix cache with no budget finds every hit an unbounded cache finds (its entries
+// keep every window unit their prompts held), every hit token of every layer reads
+// back as written for its prefix (a window layer's from what the step after the hit
+// reads), and under a budget it finds no more; every byte comes back.
+func TestReplayPrefixGroups(t *testing.T) {
+	w := prefixWorkload(t)
+	m := tinyWindowModel
+	w.Plan, w.Layers, w.TokenBytes, w.Verify = planLayers(&m), m.Layers, m.Groups[0].TokenBytes(), true
+	for _, budget := range []int64{0, 4 << 20} {
+		t.Run(fmt.Sprint("budget=", budget), func(t *testing.T) {
+			s := testSetup(budget)
+			s.maxTokens = w.MaxTokens
+			s.model = kv.Geometry{Name: m.Name, Layers: m.Layers, KVHeads: 2, HeadDim: 32, DType: arena.Float16}
+			s.groups = &m
+			st, gov, err := buildPrefixReplica(namePrefixOn, s, 0)
+			require.NoError(t, err)
+			r, err := ReplayPrefix(context.Background(), st, w, func(int) {})
+			require.NoError(t, err)
+			require.NoError(t, st.Close())
+			for _, d := range gov.AllStats() {
+				assert.Zero(t, d.Used, "every byte came back")
+			}
+			assert.Equal(t, len(w.Requests), r.Completed)
+			assert.Equal(t, int64(1024+1100+512+1299), r.IdealHits)
+			if budget == 0 {
+				assert.Equal(t, r.IdealHits, r.Hits, "an unbounded cache under hybrid rules finds the ideal")
+			} else {
+				assert.LessOrEqual(t, r.Hits, r.IdealHits)
+			}
+			assert.Equal(t, r.Hits, r.Verified, "every hit token was read back")
+		})
+	}
+}
+
+// TestRunPrefixGroups runs the prefix-cache replay from the command line on
+// gpt-oss-20b with no budget: vmarena with its cache finds the unbounded ideal, and
+// -verify reads every hit token back.
+func TestRunPrefixGroups(t *testing.T) {
+	code, out, errOut := runArgs(t, "-trace", "mooncake", "-model", "gpt-oss-20b", "-kv-dtype", "fp8", "-requests", "6",
+		"-max-tokens", "2048", "-budget", "0", "-verify", "-progress", "none", "-out", t.TempDir())
+	require.Equal(t, 0, code, errOut)
+	row := regexp.MustCompile(`(?m)^ *vmarena\+prefix-cache +([0-9.]+%) +([0-9.]+%) .* 6/6 *$`).FindStringSubmatch(out)
+	require.Len(t, row, 3, out)
+	assert.Equal(t, row[2], row[1], "the hit rate is the unbounded cache's")
+	assert.NotEqual(t, "0.00%", row[1], "some prompt was hit")
+	assert.Regexp(t, `vmarena\+prefix-cache: [1-9][0-9]* hit tokens read back`, out)
+	assert.Contains(t, out, "Groups:  2 groups: sliding-window 128 ×12, full ×12;")
+
+	// -uniform: the same model with every layer full attention, for comparison.
+	code, out, errOut = runArgs(t, "-trace", "mooncake", "-model", "gpt-oss-20b", "-uniform", "-kv-dtype", "fp8", "-requests", "6",
+		"-max-tokens", "2048", "-budget", "0", "-progress", "none", "-out", t.TempDir())
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "Groups:  2 groups: full ×12, full ×12;")
+	uni := regexp.MustCompile(`(?m)^ *vmarena\+prefix-cache +([0-9.]+%) +([0-9.]+%) .* 6/6 *$`).FindStringSubmatch(out)
+	require.Len(t, uni, 3, out)
+	assert.Equal(t, row[1], uni[1], "unbounded, both find the ideal")
 }

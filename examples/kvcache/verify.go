@@ -5,6 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/vmarena/vmarena/internal/baseline"
+	"github.com/vmarena/vmarena/kv"
 )
 
 // errWrongBytes: a hit read back K/V other than what was written for its tokens.
@@ -56,10 +59,11 @@ func writePrompt(st pstrategy, s pseq, q *preq, m int, fill, scratch []byte, w P
 		q.prefix = prefixHashes(q.tokens)
 	}
 	for l := range w.Layers {
-		for t := m; t < len(q.tokens); t++ {
-			for v := range 2 {
-				tokenBytes(scratch, q.prefix[t], l, v)
-				if err := st.writeToken(s, l, v, t, scratch); err != nil {
+		kinds, tb := layerOf(w.Plan, l, len(scratch))
+		for t := max(m, firstHeld(s, l)); t < len(q.tokens); t++ {
+			for _, v := range kinds {
+				tokenBytes(scratch[:tb], q.prefix[t], l, int(v))
+				if err := st.writeToken(s, l, int(v), t, scratch[:tb]); err != nil {
 					return err
 				}
 			}
@@ -68,10 +72,28 @@ func writePrompt(st pstrategy, s pseq, q *preq, m int, fill, scratch []byte, w P
 	return nil
 }
 
+// layerOf returns the tensors of layer l and their bytes per token: plan's, or K and
+// V of tokenBytes on a Geometry (plan nil).
+func layerOf(plan []layerPlan, l, tokenBytes int) ([]baseline.Kind, int) {
+	if plan == nil {
+		return keyValue, tokenBytes
+	}
+	return plan[l].kinds, plan[l].tokenBytes
+}
+
+// firstHeld returns the first token of layer l that s still holds: a window layer of
+// a kv sequence gives back what no later step reads; every other layer holds all.
+func firstHeld(s pseq, l int) int {
+	if q, ok := s.(*kv.Sequence); ok {
+		return q.FirstHeld(l)
+	}
+	return 0
+}
+
 // verifyHit reads back the first m tokens of s, which a lookup found cached for q,
 // and compares them with what writePrompt wrote for them; buf is scratch of a
 // token's bytes.
-func verifyHit(st pstrategy, s pseq, q *preq, m, layers int, buf []byte) error {
+func verifyHit(st pstrategy, s pseq, q *preq, m int, w PrefixWorkload, buf []byte) error {
 	if m == 0 {
 		return nil
 	}
@@ -79,14 +101,17 @@ func verifyHit(st pstrategy, s pseq, q *preq, m, layers int, buf []byte) error {
 		q.prefix = prefixHashes(q.tokens)
 	}
 	want := make([]byte, len(buf))
-	for l := range layers {
-		for t := range m {
-			for v := range 2 {
-				if err := st.readToken(s, l, v, t, buf); err != nil {
+	for l := range w.Layers {
+		kinds, tb := layerOf(w.Plan, l, len(buf))
+		// A window layer holds, of the hit, what the step after it reads.
+		for t := firstHeld(s, l); t < m; t++ {
+			for _, v := range kinds {
+				got := buf[:tb]
+				if err := st.readToken(s, l, int(v), t, got); err != nil {
 					return fmt.Errorf("request %d: read back token %d: %w", q.ID, t, err)
 				}
-				tokenBytes(want, q.prefix[t], l, v)
-				if !bytes.Equal(buf, want) {
+				tokenBytes(want[:tb], q.prefix[t], l, int(v))
+				if !bytes.Equal(got, want[:tb]) {
 					return fmt.Errorf("request %d: token %d of layer %d (%s) of a %d-token hit: %w", q.ID, t, l, [2]string{"K", "V"}[v], m, errWrongBytes)
 				}
 			}

@@ -167,6 +167,20 @@ func (n *Node[V]) AnyLeaf(not *Node[V]) *Node[V] {
 	return n
 }
 
+// EachLeafBelow calls fn for every leaf at or below n, in no particular order, until
+// fn returns false, and reports whether fn never did. fn must not change the tree.
+func (n *Node[V]) EachLeafBelow(fn func(*Node[V]) bool) bool {
+	if len(n.children) == 0 {
+		return n.parent == nil || fn(n)
+	}
+	for _, c := range n.children {
+		if !c.EachLeafBelow(fn) {
+			return false
+		}
+	}
+	return true
+}
+
 // EachLeaf calls fn for every leaf, in no particular order, until fn returns false.
 // fn must not change the tree.
 func (t *Tree[V]) EachLeaf(fn func(*Node[V]) bool) {

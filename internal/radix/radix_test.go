@@ -301,3 +301,35 @@ func TestAnyLeaf(t *testing.T) {
 	got := tr.Root().AnyLeaf(nil)
 	assert.True(t, got == a || got == b)
 }
+
+// TestEachLeafBelow checks that every leaf under a node, and only those, is visited,
+// against the inserted strings, and that fn's false ends the walk.
+func TestEachLeafBelow(t *testing.T) {
+	tr := New[int]()
+	assert.True(t, tr.Root().EachLeafBelow(func(*Node[int]) bool { t.Fatal("an empty tree has no leaf"); return true }))
+	r := rand.New(rand.NewPCG(7, 25))
+	var made [][]int32
+	for i := range 60 {
+		s := randomStream(r, made)
+		made = append(made, s)
+		tr.Insert(s, i)
+	}
+	for _, q := range made[:20] {
+		m, n := tr.Peek(q)
+		var got []*Node[int]
+		require.True(t, n.EachLeafBelow(func(l *Node[int]) bool { got = append(got, l); return true }))
+		want := 0
+		tr.EachLeaf(func(l *Node[int]) bool {
+			toks := l.Tokens()
+			if len(toks) >= n.Depth() && common(toks, q) >= m && (n.Parent() == nil || slices.Equal(toks[:n.Depth()], n.Tokens())) {
+				want++
+				assert.Contains(t, got, l)
+			}
+			return true
+		})
+		assert.Len(t, got, want, "the leaves below the node of %v", q)
+	}
+	calls := 0
+	assert.False(t, tr.Root().EachLeafBelow(func(*Node[int]) bool { calls++; return false }))
+	assert.Equal(t, 1, calls, "false ends the walk")
+}

@@ -1,0 +1,247 @@
+package kv
+
+import (
+	"fmt"
+
+	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/radix"
+)
+
+// The prefix cache on a model of several layer groups (Cache.multi without a
+// recurrent group: window groups beside full or MLA ones, as gpt-oss, Gemma-3 and
+// Llama-4 have). Each group lies on ranges of its own with sharing units of its own,
+// so an entry, and every live holder, refers to each group's units by references of
+// that group (unitSeg, granuleRef.grp): a window group's from the first unit it holds.
+//
+// The hit rule: a hit of m tokens needs the full groups' first m tokens and each
+// window group's tokens from its FirstLive(m) to m (the last window before m, which
+// the step at m reads), all held by one entry. A lookup takes the longest m for which
+// an entry whose tokens start with the prompt's first m holds them: the longest common
+// prefix with some entry whose window groups still hold the window before it.
+//
+// Entries here are never lazy: Insert maps the inserted sequence's whole units into
+// ranges of the entry's own at once and copies each group's partly filled last unit,
+// as ForkAt does (so that a window that moves on in the sequence afterwards gives
+// back only the sequence's mappings, never the entry's), and a window group's entry
+// keeps every unit the sequence still held, and those of the entry it takes the place
+// of under them.
+//
+// Eviction is page-aware across groups: it first gives back the least recently used
+// entry's older window units (below the unit of its own last window, which only
+// hits shorter than the entry read), from the first on, as long as each gives memory
+// back (for MaxBytes: counts in CachedBytes); the entry stays for the hits whose
+// windows it still holds. Only where no entry has any such unit does it take the
+// least recently used entry's last units, as on one group (the leaf goes whole when
+// none of its own tokens would be left). It never takes what a pin holds.
+//
+// Not yet: lazy inserts, a miss taking an evicted entry's ranges over, tiers and
+// events (NewPrefixCache refuses those two with ErrConfig: their blocks are one
+// group's).
+
+// holdsWindow reports whether e holds, in each window group, the tokens a step at m
+// reads (from the unit of its FirstLive(m) on). pc.mu is held.
+func (pc *PrefixCache) holdsWindow(e *pcEntry, m int) bool {
+	for gi := range pc.c.groups {
+		if g := &pc.c.groups[gi]; g.windowed() && g.dropOff(m)/g.unit < e.segs[gi].from {
+			return false
+		}
+	}
+	return true
+}
+
+// hitLocked returns the longest prefix of tokens that a lookup may start on under the
+// hit rule, and the leaf whose entry holds it (the most recently used of those that
+// do), or 0 and nil. pc.mu is held.
+func (pc *PrefixCache) hitLocked(tokens []int32) (int, *radix.Node[*pcEntry]) {
+	m, x := pc.tree.Peek(tokens)
+	for m > 0 {
+		// Every leaf below x shares exactly m tokens with the prompt (the deeper
+		// ones, tried before, share more and failed with more).
+		var best *radix.Node[*pcEntry]
+		x.EachLeafBelow(func(l *radix.Node[*pcEntry]) bool {
+			if pc.holdsWindow(l.Value(), m) && (best == nil || l.Used() > best.Used()) {
+				best = l
+			}
+			return true
+		})
+		if best != nil {
+			return m, best
+		}
+		x = x.Parent()
+		m = x.Depth()
+	}
+	return 0, nil
+}
+
+// hitLive returns what a sequence that starts on e's first m tokens maps of e's
+// units (each group's whole units below m, a window group's from its dropOff(m)
+// on), counted as mapped by it. pc.mu is held.
+func (pc *PrefixCache) hitLive(e *pcEntry, m int) *pcLive {
+	l := newLive(pc)
+	for gi := range pc.c.groups {
+		g := &pc.c.groups[gi]
+		lo, hi := g.dropOff(m)/g.unit, g.fullUnits(m)
+		if lo >= hi {
+			continue
+		}
+		l.segs[gi] = unitSeg{from: lo, refs: append([]*granuleRef(nil), e.segs[gi].slice(lo, hi)...)}
+		for _, r := range l.segs[gi].refs {
+			r.mapped()
+		}
+	}
+	return l
+}
+
+// needGroups returns the bytes a prompt of n tokens whose first m are a hit commits:
+// Need's on a cache of several groups, before the pool's idle granules.
+func (c *Cache) needGroups(n, m int) int64 {
+	var need int64
+	for gi := range c.groups {
+		g := &c.groups[gi]
+		size, _ := backing.AlignUp(g.extent(n), c.gran)
+		need += int64(g.nbuf) * int64(size-g.shareable(m))
+	}
+	return need
+}
+
+// insertGroups is Insert on a cache of several groups, once s and tokens are checked
+// and s's runs ahead given back: the entry gets ranges of its own at once (see
+// above), and s's whole units below len(tokens) become shared. It returns the entries
+// to close once pc.mu is released, with pc.mu held on return unless err is not nil.
+func (pc *PrefixCache) insertGroups(s *Sequence, tokens []int32) ([]*pcEntry, error) {
+	n := len(tokens)
+	if err := s.windowCheck("insert", n); err != nil {
+		return nil, err
+	}
+	pc.mu.Lock()
+	if pc.closed {
+		pc.mu.Unlock()
+		return nil, ErrClosed
+	}
+	m, node := pc.tree.Peek(tokens)
+	if m == n {
+		// Every token is in the index already: left as it is, marked used.
+		pc.tree.Touch(node)
+		return nil, nil
+	}
+	// Close waits for it: it maps from an entry (below) that Close would close.
+	pc.working.Add(1)
+	defer pc.working.Done()
+	// The entry the new one takes the place of (its tokens are the first of these),
+	// if any: its window units under s's go on in the new entry, mapped from its
+	// ranges, which its being busy keeps open meanwhile.
+	var below *pcEntry
+	var bs *Sequence
+	if node.Leaf() && node.Depth() == m {
+		below, bs = node.Value(), node.Value().seq
+		below.busy++
+	}
+	pc.mu.Unlock()
+	frozen := make([]int, len(pc.c.groups)) // before the entry shares more of s
+	for gi := range frozen {
+		frozen[gi] = *s.frozenOf(gi)
+	}
+	es, err := pc.startFromBelow(s, n, false, bs)
+	if err == nil {
+		fulls := make([]int, len(pc.c.groups))
+		for gi := range fulls {
+			fulls[gi] = *es.frozenOf(gi)
+		}
+		if err = s.protectGroups(fulls); err != nil {
+			es.Close()
+		}
+	}
+	var drop []*pcEntry
+	pc.mu.Lock()
+	if below != nil {
+		below.busy--
+		if below.state() == entryOut {
+			drop = append(drop, below) // it left the index while es mapped from it
+		}
+	}
+	if err == nil && pc.closed {
+		err = ErrClosed
+		pc.mu.Unlock()
+		es.Close()
+		pc.mu.Lock()
+	}
+	if err != nil {
+		pc.mu.Unlock()
+		for _, d := range drop {
+			d.close()
+		}
+		return nil, err
+	}
+	if s.pcl == nil {
+		s.pcl = newLive(pc)
+	}
+	l := s.pcl
+	m, _ = pc.tree.Peek(tokens)
+	e := &pcEntry{seq: es, n: n, segs: make([]unitSeg, len(pc.c.groups))}
+	leaf, old, displaced := pc.tree.Insert(tokens, e)
+	if leaf == nil {
+		// Another insert of the same tokens came first.
+		pc.mu.Unlock()
+		es.Close()
+		pc.mu.Lock()
+		return drop, nil
+	}
+	e.leaf = leaf
+	pc.c.ownEntry(es)
+	pc.ev.inserted(pc.tree, e, m, old, displaced)
+	pc.entries++
+	pc.inserted += int64(n - m)
+	for gi := range pc.c.groups {
+		g := &pc.c.groups[gi]
+		// What s maps of the cache's units is below its frozen bytes; the rest
+		// are s's own, which the entry now maps too.
+		l.trim(gi, 0, frozen[gi]/g.unit)
+		from, lo := es.bufs[g.first].Start()/g.unit, s.bufs[g.first].Start()/g.unit
+		full, k := g.fullUnits(n), g.unitsFor(n)
+		refs := make([]*granuleRef, 0, k-from)
+		if from < lo {
+			// Mapped from below: by its references while it holds them; else the
+			// new entry's alone once below closes.
+			if below.segs != nil {
+				refs = append(refs, below.segs[gi].slice(from, lo)...)
+			} else {
+				fresh := make([]granuleRef, lo-from)
+				for i := range fresh {
+					fresh[i].grp = int32(gi)
+					refs = append(refs, &fresh[i])
+				}
+			}
+		} else {
+			lo = from
+		}
+		if lo < full {
+			l.cover(gi, lo, full)
+			refs = append(refs, l.segs[gi].slice(lo, full)...)
+		}
+		if k > full {
+			// The partly filled last unit: the entry's own copy.
+			refs = append(refs, &granuleRef{grp: int32(gi)})
+		}
+		e.segs[gi] = unitSeg{from: from, refs: refs}
+		for _, r := range refs {
+			pc.hold(r)
+		}
+	}
+	if displaced {
+		// The new entry holds the old one's tokens (and its window units, where
+		// they lay under s's): the old one goes. That is no eviction: the tokens
+		// stay cached.
+		pc.ev.dropped(old)
+		e.hits = old.hits
+		if _, d := pc.unhold(old); d != nil {
+			drop = append(drop, d)
+		}
+	}
+	return drop, nil
+}
+
+// errNoGroupTiers is NewPrefixCache's refusal of tiers or events on a cache of
+// several groups.
+func errNoGroupTiers(c *Cache, what string) error {
+	return fmt.Errorf("%w: %s need a model of one full-attention or MLA group (a block of the tiers and events is one group's); model %q has %s", ErrConfig, what, c.cfg.Model.Name, groupKinds(c.cfg.Model))
+}
