@@ -84,6 +84,18 @@ func (pc *PrefixCache) reclaim(need int64) {
 func (pc *PrefixCache) evictLocked(need int64, mode evictMode) []*pcEntry {
 	var drop []*pcEntry
 	var got int64
+	// took counts one step's eviction: freed bytes given back, gone an entry that
+	// left the index, cached the CachedBytes before the step.
+	took := func(freed int64, gone *pcEntry, cached int64) {
+		if gone != nil {
+			drop = append(drop, gone)
+		}
+		if mode == evictFree {
+			got += freed
+		} else {
+			got += cached - pc.cachedBytes
+		}
+	}
 	for got < need {
 		cached := pc.cachedBytes
 		if pc.c.multi {
@@ -93,14 +105,7 @@ func (pc *PrefixCache) evictLocked(need int64, mode evictMode) []*pcEntry {
 			if !ok {
 				break
 			}
-			if gone != nil {
-				drop = append(drop, gone)
-			}
-			if mode == evictFree {
-				got += freed
-			} else {
-				got += cached - pc.cachedBytes
-			}
+			took(freed, gone, cached)
 			continue
 		}
 		leaf := pc.victim(true)
@@ -130,14 +135,7 @@ func (pc *PrefixCache) evictLocked(need int64, mode evictMode) []*pcEntry {
 			}
 		}
 		freed, gone := pc.evictGranules(leaf, k)
-		if gone != nil {
-			drop = append(drop, gone)
-		}
-		if mode == evictFree {
-			got += freed
-		} else {
-			got += cached - pc.cachedBytes
-		}
+		took(freed, gone, cached)
 	}
 	return drop
 }
