@@ -105,7 +105,14 @@ func (c *Cache) appendBatch(batch []Growth, credit int64) error {
 			return err
 		}
 	}
-	if err := c.commitStep(batch, need, credit, crossed); err != nil {
+	if need == 0 && !crossed {
+		// NB: a decode step's common case, kept one call short of commitStep: no
+		// granule to commit, no run adopted, nothing to hold the worker off for.
+		err = c.refused(c.grow(batch, false))
+	} else {
+		err = c.commitStep(batch, need, credit, crossed)
+	}
+	if err != nil {
 		return err
 	}
 	if c.ahead != nil {
