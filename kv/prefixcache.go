@@ -289,9 +289,6 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	if c.multi && len(opts.Tiers) > 0 {
 		return nil, errNoGroupTiers(c, "tiers")
 	}
-	if c.multi && opts.Events.Observer != nil {
-		return nil, errNoGroupTiers(c, "events")
-	}
 	if opts.MaxBytes < 0 {
 		return nil, fmt.Errorf("%w: MaxBytes %d", ErrConfig, opts.MaxBytes)
 	}

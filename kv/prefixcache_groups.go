@@ -226,6 +226,9 @@ func (pc *PrefixCache) insertGroups(s *Sequence, tokens []int32) ([]*pcEntry, er
 		for _, r := range refs {
 			pc.hold(r)
 		}
+		if g.windowed() {
+			pc.ev.from(e, gi, g.heldFrom(from*g.unit))
+		}
 	}
 	if displaced {
 		// The new entry holds the old one's tokens (and its window units, where
@@ -240,8 +243,7 @@ func (pc *PrefixCache) insertGroups(s *Sequence, tokens []int32) ([]*pcEntry, er
 	return drop, nil
 }
 
-// errNoGroupTiers is NewPrefixCache's refusal of tiers or events on a cache of
-// several groups.
+// errNoGroupTiers is NewPrefixCache's refusal of tiers on a cache of several groups.
 func errNoGroupTiers(c *Cache, what string) error {
-	return fmt.Errorf("%w: %s need a model of one full-attention or MLA group (a block of the tiers and events is one group's); model %q has %s", ErrConfig, what, c.cfg.Model.Name, groupKinds(c.cfg.Model))
+	return fmt.Errorf("%w: %s need a model of one full-attention or MLA group (a tier's block is one group's); model %q has %s", ErrConfig, what, c.cfg.Model.Name, groupKinds(c.cfg.Model))
 }
