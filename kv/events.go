@@ -57,7 +57,9 @@ const PanicEventsOutOfStep = "kv: prefix cache block events out of step with its
 // entry, damaged, taken over, Close): at most 4 × MaxTokens bytes an entry, entries
 // that share a prefix each holding a copy of it; and, for a queued Insert, the
 // index's edge array it names (a removed one held back from reuse until applied),
-// plus the announced blocks' tree (one evBlock and one map key a block).
+// plus the announced blocks' tree (one evBlock and one map key a block); on a model
+// of window groups, per entry the first token each window group holds, and a count
+// per block and window group that an entry holds there (events_groups.go).
 //
 // Locks: the queue has no lock of its own. The prefix cache's lock (pc.mu) guards
 // it: a change is queued by a call that holds it already, so queueing takes no lock

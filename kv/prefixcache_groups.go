@@ -34,9 +34,13 @@ import (
 // least recently used entry's last units, as on one group (the leaf goes whole when
 // none of its own tokens would be left). It never takes what a pin holds.
 //
-// Not yet: lazy inserts, a miss taking an evicted entry's ranges over, tiers and
-// events (NewPrefixCache refuses those two with ErrConfig: their blocks are one
-// group's).
+// Events: Insert queues, after the insert, the first token each window group of the
+// entry holds (pcEvents.from), and trimWindows the new one as it gives older units
+// back, so that a window group's events follow what its entries hold (see
+// events_groups.go).
+//
+// Not yet: lazy inserts, a miss taking an evicted entry's ranges over, tiers
+// (NewPrefixCache refuses them with ErrConfig: a tier's block is one group's).
 
 // holdsWindow reports whether e holds, in each window group, the tokens a step at m
 // reads (from the unit of its FirstLive(m) on). pc.mu is held.
