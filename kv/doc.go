@@ -66,7 +66,12 @@
 // only queue what changed (never a lookup or the token path); a goroutine of the
 // prefix cache's computes the blocks and their hashes from it and tells the observer,
 // in order ([PrefixCache.FlushEvents] waits for it). kv imports no transport: package
-// kvevents puts the events on the wire in vLLM's format.
+// kvevents puts the events on the wire in vLLM's format. On a model of several layer
+// groups each group's blocks are told apart, as vLLM's hybrid KV cache tells them
+// (its group_idx, kind and window: [BlocksStored]): a full or MLA group's are every
+// whole block the index holds, a window group's those an entry holds whole from the
+// first token its window units still hold, withdrawn as eviction gives those units
+// back (events_groups.go).
 //
 // # Layer groups
 //
@@ -92,8 +97,8 @@
 // group's prefix holds its units from the one with FirstLive on). The prefix cache
 // serves a model of window groups beside full or MLA ones under the hybrid rule (a
 // hit of m tokens needs the full groups' first m and each window group's tokens from
-// its FirstLive(m) on, held by one entry: see NewPrefixCache), with tiers and events
-// only on a model of one full-attention or MLA group. Map-ahead maps each group that
+// its FirstLive(m) on, held by one entry: see NewPrefixCache), with events per group,
+// and tiers only on a model of one full-attention or MLA group. Map-ahead maps each group that
 // holds tokens ahead on its own, a recurrent state never. Each group
 // of FP8 elements may keep scales of its own ([Group.Scales], [Cache.GroupScales]).
 // groups.go lists the states of a window group's bytes and their transitions.

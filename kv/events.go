@@ -1,9 +1,7 @@
 package kv
 
 import (
-	"encoding/binary"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -12,66 +10,6 @@ import (
 	"github.com/vmarena/vmarena/internal/radix"
 	"github.com/vmarena/vmarena/kv/blockhash"
 )
-
-// BlockEvents is told what a PrefixCache caches and evicts, in blocks of EventOptions.
-// BlockSize tokens chained by their hashes (package kv/blockhash): what a cluster's
-// router needs to know which replica holds a prefix (vLLM's KV events; the publisher
-// that puts them on the wire lives above kv, in package kvevents).
-//
-// It is told of what Insert, eviction and Close change, never of the token path, and
-// not on the caller's goroutine: the cache queues each change to a goroutine of its
-// own (what it then computes, the block hashes among it, would cost the cache's calls
-// many times their own time), which tells the observer in the order of the changes;
-// PrefixCache.FlushEvents waits for it, and Close returns once AllBlocksCleared has
-// been told. Its calls must not block for long or call back into the cache, and what
-// it is passed is its own to keep (the cache never touches those slices again).
-//
-// NB: the blocks of a prompt it has been told of and not told of again are the whole
-// blocks of the prompt's first Match(prompt plus any one token) tokens: Match never
-// counts a prompt's last token, so the extra token makes it count the whole prompt.
-type BlockEvents interface {
-	BlocksStored(BlocksStored)
-	BlocksRemoved(BlocksRemoved)
-	AllBlocksCleared()
-}
-
-// BlocksStored announces blocks that became fully cached, each once, a chain of them
-// in order: Hashes[i+1] is chained to Hashes[i], and Hashes[0] to Parent.
-type BlocksStored struct {
-	Hashes    []uint64 // chained block hashes, oldest first
-	Parent    uint64   // hash of the block before Hashes[0]; meaningful when HasParent
-	HasParent bool
-	Tokens    []int32 // len(Hashes)*BlockSize token ids
-	BlockSize int
-	LoRA      string // "" for none
-	// ExtraKeys holds, per block of Hashes, the extra keys its hash covers (vLLM's
-	// extra_keys: LoRA name, cache salt), or is nil when no block has any.
-	ExtraKeys [][]any
-	Group     int    // layer group index; 0 until layer groups land
-	Medium    string // "GPU" or "CPU", from the cache's device
-}
-
-// BlocksRemoved names blocks, each announced by an earlier BlocksStored, that the cache
-// no longer holds whole.
-type BlocksRemoved struct {
-	Hashes []uint64
-	Group  int
-	Medium string
-}
-
-// EventOptions configures what a PrefixCache tells a BlockEvents
-// (PrefixCacheOptions.Events).
-type EventOptions struct {
-	// Observer is told what the cache caches and evicts; nil means no events, at no
-	// cost.
-	Observer BlockEvents
-	// Hash sets the blocks: their size (16 tokens when 0), the hash algorithm, its seed,
-	// and the extra keys (LoRA name, cache salt) every hash covers.
-	Hash blockhash.Options
-	// Medium names the cache's memory in events; "" means "GPU" for a device's cache,
-	// "CPU" for the host's.
-	Medium string
-}
 
 // PanicEventsOutOfStep is the panic value when the blocks a prefix cache announced no
 // longer follow its index: a bug in the cache, never the caller's.
@@ -119,7 +57,9 @@ const PanicEventsOutOfStep = "kv: prefix cache block events out of step with its
 // entry, damaged, taken over, Close): at most 4 × MaxTokens bytes an entry, entries
 // that share a prefix each holding a copy of it; and, for a queued Insert, the
 // index's edge array it names (a removed one held back from reuse until applied),
-// plus the announced blocks' tree (one evBlock and one map key a block).
+// plus the announced blocks' tree (one evBlock and one map key a block); on a model
+// of window groups, per entry the first token each window group holds, and a count
+// per block and window group that an entry holds there (events_groups.go).
 //
 // Locks: the queue has no lock of its own. The prefix cache's lock (pc.mu) guards
 // it: a change is queued by a call that holds it already, so queueing takes no lock
@@ -173,8 +113,15 @@ type evSide struct {
 	medium string
 	root   evBlock
 	blocks map[evKey]*evBlock
-	paths  map[uint64][]int32 // by id: the inserted paths of the entries in the index
+	paths  map[uint64]*evPath // by id: the inserted paths of the entries in the index
 	key    []byte             // scratch: a block's tokens as the bytes of an evKey
+	// The layer groups: full and MLA ones (told of the blocks of root's tree) and
+	// window ones (told of the blocks their entries hold: see events_groups.go), and
+	// the slot in wins of each group index (-1: not a window group).
+	full, wins []evGroup
+	winOf      []int
+	held       map[evWinKey]int32 // per window group, the entries that hold each block
+	chain      []*evBlock         // scratch: the announced blocks along a path
 }
 
 // evKind says what a queued change is.
@@ -185,10 +132,11 @@ const (
 	evCut                  // the index holds held tokens of path id now (gone: the entry left it)
 	evDrop                 // path id's entry left the index, its tokens held by another
 	evClear                // the end of the index (Close)
+	evFrom                 // path id's entry holds window group base's tokens from n on
 )
 
-// evChange is a change of the index (see evKind): n is evInsert's m, evCut's held.
-// tail is the index's own array.
+// evChange is a change of the index (see evKind): n is evInsert's m, evCut's held,
+// evFrom's first token. tail is the index's own array.
 type evChange struct {
 	id, base uint64 // base 0: none
 	tail     []int32
@@ -237,11 +185,22 @@ func newEvents(c *Cache, o EventOptions) (*evSide, error) {
 	}
 	ev := &evSide{
 		obs: o.Observer, h: h, bs: h.BlockSize(), lora: o.Hash.LoRA, medium: medium,
-		blocks: make(map[evKey]*evBlock), paths: make(map[uint64][]int32),
+		blocks: make(map[evKey]*evBlock), paths: make(map[uint64]*evPath),
 		key: make([]byte, 4*h.BlockSize()), taken: make([]evChange, 0, evFirst),
 		kick: make(chan struct{}, 1), done: make(chan struct{}),
+		winOf: make([]int, len(c.groups)), held: make(map[evWinKey]int32),
 	}
 	ev.root.hash = h.Root()
+	for gi := range c.groups {
+		g := &c.groups[gi]
+		ev.winOf[gi] = -1
+		if !g.windowed() {
+			ev.full = append(ev.full, evGroup{idx: gi, kind: g.spec.Kind})
+			continue
+		}
+		ev.winOf[gi] = len(ev.wins)
+		ev.wins = append(ev.wins, evGroup{idx: gi, kind: g.spec.Kind, window: g.spec.Window})
+	}
 	return ev, nil
 }
 
@@ -332,6 +291,7 @@ func (ev *evSide) change(c *evChange) bool {
 	case evClear:
 		clear(ev.blocks)
 		clear(ev.paths)
+		clear(ev.held)
 		ev.root.kids = 0
 		ev.obs.AllBlocksCleared()
 		return true
@@ -340,25 +300,56 @@ func (ev *evSide) change(c *evChange) bool {
 		path := make([]int32, m+len(c.tail))
 		if m > 0 {
 			base := ev.paths[c.base]
-			if len(base) < m {
+			if base == nil || len(base.tokens) < m {
 				panic(PanicEventsOutOfStep)
 			}
-			copy(path, base[:m])
+			copy(path, base.tokens[:m])
 		}
 		copy(path[m:], c.tail)
-		ev.paths[c.id] = path
+		p := &evPath{tokens: path, n: len(path)}
+		if len(ev.wins) > 0 {
+			// Its window groups hold nothing until their evFrom.
+			p.from = make([]int, len(ev.wins))
+			for w := range p.from {
+				p.from[w] = len(path)
+			}
+		}
+		ev.paths[c.id] = p
 		ev.apply(path, len(path))
 	case evCut:
-		path, ok := ev.paths[c.id]
-		if !ok || int(c.n) > len(path) {
+		p, ok := ev.paths[c.id]
+		if !ok || int(c.n) > len(p.tokens) {
 			panic(PanicEventsOutOfStep)
 		}
-		ev.apply(path, int(c.n))
+		n := int(c.n)
+		for w := range ev.wins {
+			if c.gone {
+				ev.holdWin(p, w, 0, 0)
+			} else {
+				ev.holdWin(p, w, p.from[w], n)
+			}
+		}
+		p.n = n
+		ev.apply(p.tokens, n)
 		if c.gone {
 			delete(ev.paths, c.id)
 		}
 	case evDrop:
+		p, ok := ev.paths[c.id]
+		if !ok {
+			panic(PanicEventsOutOfStep)
+		}
+		for w := range ev.wins {
+			ev.holdWin(p, w, 0, 0)
+		}
 		delete(ev.paths, c.id)
+	case evFrom:
+		p, ok := ev.paths[c.id]
+		if !ok || c.base >= uint64(len(ev.winOf)) || ev.winOf[c.base] < 0 {
+			panic(PanicEventsOutOfStep)
+		}
+		w := ev.winOf[c.base]
+		ev.holdWin(p, w, int(c.n), p.n)
 	}
 	return false
 }
@@ -435,18 +426,19 @@ func (q *pcEvents) cut(e *pcEntry, held int, gone bool) {
 	}
 }
 
+// from queues that e holds its path's tokens in window group gi from first on (its
+// insert's, or eviction's of older window units). pc.mu is held.
+func (q *pcEvents) from(e *pcEntry, gi, first int) {
+	if q.side != nil {
+		*q.next() = evChange{kind: evFrom, id: e.evID, base: uint64(gi), n: int32(first)}
+	}
+}
+
 // dropped queues the end of e's path, whose tokens the index still holds (a longer
 // entry displaced it). pc.mu is held.
 func (q *pcEvents) dropped(e *pcEntry) {
 	if q.side != nil {
 		*q.next() = evChange{kind: evDrop, id: e.evID}
-	}
-}
-
-// fill writes block i of path into ev.key.
-func (ev *evSide) fill(path []int32, i int) {
-	for j, t := range path[i*ev.bs : (i+1)*ev.bs] {
-		binary.LittleEndian.PutUint32(ev.key[4*j:], uint32(t))
 	}
 }
 
@@ -478,7 +470,7 @@ func (ev *evSide) announce(parent *evBlock, path []int32, from, to int) {
 	bs := ev.bs
 	st := BlocksStored{
 		Hashes: make([]uint64, 0, to-from), HasParent: parent != &ev.root,
-		Tokens: slices.Clone(path[from*bs : to*bs]), BlockSize: bs, LoRA: ev.lora, Medium: ev.medium,
+		Tokens: path[from*bs : to*bs], BlockSize: bs, LoRA: ev.lora, Medium: ev.medium,
 	}
 	if st.HasParent {
 		st.Parent = parent.hash.Uint64()
@@ -500,7 +492,7 @@ func (ev *evSide) announce(parent *evBlock, path []int32, from, to int) {
 		parent = b
 		st.Hashes = append(st.Hashes, hash.Uint64())
 	}
-	ev.obs.BlocksStored(st)
+	ev.tellStored(st)
 }
 
 // withdraw withdraws block i of path, whose parent is parent, and the announced
@@ -515,6 +507,7 @@ func (ev *evSide) withdraw(parent *evBlock, path []int32, i int) {
 		if b == nil {
 			break
 		}
+		ev.unheld(b)
 		delete(ev.blocks, k)
 		parent.kids--
 		if parent != first && parent.kids != 0 {
@@ -526,7 +519,7 @@ func (ev *evSide) withdraw(parent *evBlock, path []int32, i int) {
 	if parent != first && parent.kids != 0 {
 		panic(PanicEventsOutOfStep)
 	}
-	ev.obs.BlocksRemoved(rm)
+	ev.tellRemoved(rm)
 }
 
 // clear queues the end of every announced block, told once the changes before it are

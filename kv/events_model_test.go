@@ -21,10 +21,12 @@ import (
 // The model of a prefix cache's block events (TestPrefixCacheEventsModel,
 // FuzzPrefixCacheEvents): random requests, decoding, rollbacks, closes, pins,
 // eviction (by the budget, by the MaxBytes cap and by the reclaimer for another's
-// waiting request) and Close, each followed by a check that the blocks the events
-// announced and did not withdraw (evRecorder) are exactly the full blocks the index
-// holds, each announced once with the hash recomputed from its tokens and its
-// parent's.
+// waiting request; on a model of window groups, older window units given back too)
+// and Close, each followed by a check that the blocks the events announced and did
+// not withdraw (evRecorder) are exactly, per layer group, the whole blocks the index
+// holds there, each announced once with the hash recomputed from its tokens and its
+// parent's: every whole block of every path in a full or MLA group, and in a window
+// group those each entry's sequence holds from its FirstHeld on.
 
 // evModel drives a prefix cache at random and keeps what it inserted: the cached
 // blocks are those of its inserted prompts that the index holds whole.
@@ -47,11 +49,14 @@ type evModel struct {
 	// the same paths come back step after step, and hashing them again was most of
 	// a step's time.
 	chains map[string][]blockhash.Hash
+	// groups is the model's layer groups (hybrid: several, window ones among them).
+	groups []kv.Group
+	hybrid bool
 }
 
-// blocksOf adds to set the hashes of the full blocks of tokens[:n], from the chain
-// kept for them or, the first time, hashed.
-func (m *evModel) blocksOf(set map[uint64]bool, tokens []int32, n int) {
+// chainOf returns the hashes of the whole blocks of tokens[:n], from the chain kept
+// for them or, the first time, hashed.
+func (m *evModel) chainOf(tokens []int32, n int) []blockhash.Hash {
 	h := m.rec.h
 	n -= n % h.BlockSize()
 	key := make([]byte, 4*n)
@@ -66,8 +71,20 @@ func (m *evModel) blocksOf(set map[uint64]bool, tokens []int32, n int) {
 		}
 		m.chains[string(key)] = chain
 	}
-	for _, b := range chain {
-		set[b.Uint64()] = true
+	return chain
+}
+
+// blocksOf adds to set the whole blocks of tokens[:n] in every group of the model, a
+// window group's from the first token held there (held[g]) on.
+func (m *evModel) blocksOf(set map[recKey]bool, tokens []int32, n int, held []int) {
+	bs := m.rec.h.BlockSize()
+	for i, b := range m.chainOf(tokens, n) {
+		for g, grp := range m.groups {
+			if (grp.Kind == kv.SlidingWindow || grp.Kind == kv.ChunkedLocal) && i*bs < held[g] {
+				continue
+			}
+			set[recKey{g, b.Uint64()}] = true
+		}
 	}
 }
 
@@ -87,13 +104,20 @@ func (m *evModel) check() {
 	for {
 		queued := m.pc.EventsQueued()
 		m.pc.FlushEvents()
-		model := map[uint64]bool{}
-		for _, p := range m.made {
-			m.blocksOf(model, p, heldPrefix(m.pc, p))
+		index := map[recKey]bool{}
+		paths, held := m.pc.IndexEntries()
+		for i, p := range paths {
+			m.blocksOf(index, p, len(p), held[i])
 		}
-		index := map[uint64]bool{}
-		for _, p := range m.pc.IndexPaths() {
-			m.blocksOf(index, p, len(p))
+		// NB: on a model of window groups Match answers the hit rule (the windows
+		// held before the match), not what the index holds: the prompts' view is
+		// one group's.
+		model := index
+		if !m.hybrid {
+			model = map[recKey]bool{}
+			for _, p := range m.made {
+				m.blocksOf(model, p, heldPrefix(m.pc, p), []int{0})
+			}
 		}
 		events, errs := m.rec.set(), m.rec.errors()
 		if m.pc.EventsQueued() != queued {
@@ -102,8 +126,8 @@ func (m *evModel) check() {
 		require.Empty(t, errs, "after %v", m.steps)
 		require.Equal(t, index, model, "the model and the index differ, after %v", m.steps)
 		require.Equal(t, model, events, "the events and the model differ, after %v", m.steps)
-		paths, entries := m.pc.EventPaths()
-		require.Equal(t, entries, paths, "the events keep a path for each entry in the index and no more, after %v", m.steps)
+		kept, entries := m.pc.EventPaths()
+		require.Equal(t, entries, kept, "the events keep a path for each entry in the index and no more, after %v", m.steps)
 		return
 	}
 }
@@ -128,7 +152,13 @@ func (m *evModel) step() {
 	case op < 4: // a request: look up, prefill, insert; maybe keep the sequence open
 		ids := m.stream()
 		m.steps = append(m.steps, fmt.Sprintf("serve %d", len(ids)))
-		s, _, err := serve(m.pc, ids)
+		var s *kv.Sequence
+		var err error
+		if m.hybrid {
+			s, _, _, err = serveHybrid(m.pc, ids)
+		} else {
+			s, _, err = serve(m.pc, ids)
+		}
 		if errors.Is(err, accounting.ErrBudgetExceeded) {
 			return
 		}
@@ -152,8 +182,18 @@ func (m *evModel) step() {
 		for range k {
 			l.ids = append(l.ids, int32(m.r.IntN(3)))
 		}
-		require.NoError(t, writeIDs(l.s, l.ids, len(l.ids)-k, len(l.ids)))
-		require.NoError(t, m.pc.Insert(l.s, l.ids))
+		err := m.write(l.s, l.ids, len(l.ids)-k, len(l.ids))
+		if err == nil {
+			err = m.pc.Insert(l.s, l.ids)
+		}
+		if m.hybrid && errors.Is(err, accounting.ErrBudgetExceeded) {
+			// A write into a unit the cache shares copies it first, and an insert
+			// on a model of window groups copies each group's last unit: the budget
+			// may refuse either. The request ends.
+			m.end(l)
+			return
+		}
+		require.NoError(t, err)
 		m.made = append(m.made, slices.Clone(l.ids))
 	case op == 5 && len(m.live) > 0: // roll back into what was inserted, then rewrite
 		l := m.live[m.r.IntN(len(m.live))]
@@ -161,14 +201,21 @@ func (m *evModel) step() {
 		m.steps = append(m.steps, fmt.Sprintf("truncate %d", n))
 		if err := l.s.Truncate(n); err != nil {
 			// Truncating into a shared granule copies its kept tokens: the budget may
-			// refuse that, leaving the sequence as long as it says.
-			require.ErrorIs(t, err, accounting.ErrBudgetExceeded)
+			// refuse that, leaving the sequence as long as it says; on a model of
+			// window groups, a window may have given back what a step at n reads.
+			if !m.hybrid || !errors.Is(err, kv.ErrDropped) {
+				require.ErrorIs(t, err, accounting.ErrBudgetExceeded)
+			}
 			n = l.s.Len()
 		}
 		l.ids = l.ids[:n]
 		if n > 0 && n-1 >= l.s.Writable() && m.r.IntN(2) == 0 {
 			l.ids[n-1]++ // a changed token: lazy entries of it get ranges of their own first
-			require.NoError(t, writeIDs(l.s, l.ids, n-1, n))
+			if err := m.write(l.s, l.ids, n-1, n); !m.hybrid || !errors.Is(err, accounting.ErrBudgetExceeded) {
+				require.NoError(t, err)
+			} else {
+				m.end(l)
+			}
 		}
 	case op == 6 && len(m.live) > 0: // a request ends
 		i := m.r.IntN(len(m.live))
@@ -219,6 +266,21 @@ func (m *evModel) step() {
 	}
 }
 
+// write writes ids' tokens [from, to) into s: those s holds on a model of window
+// groups.
+func (m *evModel) write(s *kv.Sequence, ids []int32, from, to int) error {
+	if m.hybrid {
+		return writeHeldIDs(s, ids, from, to)
+	}
+	return writeIDs(s, ids, from, to)
+}
+
+// end closes l, a live request, and forgets it.
+func (m *evModel) end(l *liveSeq) {
+	require.True(m.t, l.s.Close().OK())
+	m.live = slices.DeleteFunc(m.live, func(x *liveSeq) bool { return x == l })
+}
+
 func (m *evModel) closeAll() {
 	for _, p := range m.pins {
 		p.Release()
@@ -232,6 +294,7 @@ func (m *evModel) closeAll() {
 
 // evVariant is one configuration of the cache and its events the model runs on.
 type evVariant struct {
+	model    kv.Model // zero: tiny8
 	layout   kv.Layout
 	bs       int
 	algo     blockhash.Algorithm
@@ -241,7 +304,11 @@ type evVariant struct {
 }
 
 func (v evVariant) String() string {
-	return fmt.Sprintf("%v/bs=%d/%v/cap=%t", v.layout, v.bs, v.algo, v.maxBytes > 0)
+	name := "tiny8"
+	if v.model.Name != "" {
+		name = v.model.Name
+	}
+	return fmt.Sprintf("%s/%v/bs=%d/%v/cap=%t", name, v.layout, v.bs, v.algo, v.maxBytes > 0)
 }
 
 // evVariants are every layout with blocks of 1, 3, 8 and 16 tokens, half of them
@@ -261,6 +328,20 @@ func evVariants() []evVariant {
 			out = append(out, v)
 		}
 	}
+	// Models of window groups beside full (and MLA) ones: blocks of 3 and 8
+	// tokens, one of them under a cap.
+	for i, model := range hybridModels {
+		for j, layout := range layouts {
+			v := evVariant{model: model, layout: layout, bs: 3 + 5*j, algo: blockhash.FNV64CBOR}
+			if (i+j)%2 == 1 {
+				v.algo, v.lora, v.salt = blockhash.SHA256CBOR, "lora-a", "salt"
+			}
+			if j == 1 {
+				v.maxBytes = 24 * fakeGranule * int64(model.Layers)
+			}
+			out = append(out, v)
+		}
+	}
 	return out
 }
 
@@ -271,15 +352,28 @@ const evModelMaxTokens = 96
 // from r.
 func newEvModel(t *testing.T, v evVariant, r *rand.Rand) *evModel {
 	fx := newFixture(t, 96*fakeGranule*int64(tiny8.Layers))
-	c := fx.cache(t, v.layout, evModelMaxTokens)
+	hybrid := v.model.Name != ""
+	var c *kv.Cache
+	if hybrid {
+		c = fx.env.cache(t, kv.Config{Model: v.model, MaxTokens: evModelMaxTokens, Layout: v.layout, BlockTokens: blockTokensFor(v.layout)})
+	} else {
+		c = fx.cache(t, v.layout, evModelMaxTokens)
+	}
 	ho := blockhash.Options{BlockSize: v.bs, Algorithm: v.algo, Seed: "s", LoRA: v.lora, CacheSalt: v.salt}
 	h, err := blockhash.New(ho)
 	require.NoError(t, err)
 	rec := newRecorder(h, "CPU")
+	if hybrid {
+		rec.groups = v.model.Groups
+	}
 	opts := kv.PrefixCacheOptions{MaxBytes: v.maxBytes, Events: kv.EventOptions{Observer: rec, Hash: ho}}
 	pc, err := kv.NewPrefixCache(c, opts)
 	require.NoError(t, err)
-	m := &evModel{t: t, r: r, c: c, pc: pc, opts: opts, rec: rec, gov: fx.gov, maxTok: evModelMaxTokens}
+	m := &evModel{t: t, r: r, c: c, pc: pc, opts: opts, rec: rec, gov: fx.gov, maxTok: evModelMaxTokens,
+		groups: []kv.Group{{Kind: kv.FullAttention}}, hybrid: hybrid}
+	if hybrid {
+		m.groups = v.model.Groups
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			m.closeAll()
@@ -313,6 +407,11 @@ func TestPrefixCacheEventsModel(t *testing.T) {
 			assert.Positive(t, m.inserted+st.InsertedTokens)
 			assert.Positive(t, m.rec.events)
 			assert.Positive(t, m.evicted+st.EvictedTokens, "the budget, the cap or the reclaimer evicted")
+			for g, grp := range m.groups {
+				if m.hybrid && (grp.Kind == kv.SlidingWindow || grp.Kind == kv.ChunkedLocal) {
+					assert.Positive(t, m.rec.removedIn[g], "group %d (%v) withdrew blocks", g, grp.Kind)
+				}
+			}
 		})
 	}
 }

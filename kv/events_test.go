@@ -18,17 +18,30 @@ import (
 )
 
 // evRecorder is a subscriber's view of a prefix cache: the blocks its events
-// announced and did not withdraw. It checks each event as it comes: a stored block's
-// hash is the one recomputed from its tokens and its parent (announced before it),
-// announced once; a removed one was announced; the fields carry the cache's options.
+// announced and did not withdraw, per layer group. It checks each event as it comes:
+// a stored block's hash is the one recomputed from its tokens and its parent (in a
+// full or MLA group, announced in that group before it; in a window group, any block
+// of the chain announced in some group once), announced once in its
+// group; a removed one was announced in its group; the fields carry the cache's
+// options and the group's kind and window.
 type evRecorder struct {
 	mu     sync.Mutex // the events come from the prefix cache's goroutine
 	h      *blockhash.Hasher
 	medium string
-	blocks map[uint64]recBlock
+	groups []kv.Group // the model's; nil: one full-attention or MLA group
+	blocks map[recKey]recBlock
+	known  map[uint64]recBlock // every block ever announced, in any group
 	events int
 	stored int // hashes announced
-	errs   []error
+	// removedIn counts the hashes withdrawn, per group.
+	removedIn map[int]int
+	errs      []error
+}
+
+// recKey is an announced block: its group and its hash.
+type recKey struct {
+	group int
+	hash  uint64
 }
 
 // recBlock is an announced block: its full chained hash and its index in its sequence.
@@ -38,11 +51,30 @@ type recBlock struct {
 }
 
 func newRecorder(h *blockhash.Hasher, medium string) *evRecorder {
-	return &evRecorder{h: h, medium: medium, blocks: map[uint64]recBlock{}}
+	return &evRecorder{h: h, medium: medium, blocks: map[recKey]recBlock{}, known: map[uint64]recBlock{}, removedIn: map[int]int{}}
 }
 
 func (r *evRecorder) fail(format string, args ...any) {
 	r.errs = append(r.errs, fmt.Errorf(format, args...))
+}
+
+// windowed reports whether group g of the recorder's model is a window group.
+func (r *evRecorder) windowed(g int) bool {
+	return r.groups != nil && (r.groups[g].Kind == kv.SlidingWindow || r.groups[g].Kind == kv.ChunkedLocal)
+}
+
+// groupOK reports whether a group index, kind and window are the model's.
+func (r *evRecorder) groupOK(g int, a kv.Attention, window int) bool {
+	if r.groups == nil {
+		return g == 0 && (a == kv.FullAttention || a == kv.MLALatent) && window == 0
+	}
+	if g < 0 || g >= len(r.groups) || a != r.groups[g].Kind {
+		return false
+	}
+	if r.windowed(g) {
+		return window == r.groups[g].Window
+	}
+	return window == 0
 }
 
 func (r *evRecorder) BlocksStored(e kv.BlocksStored) {
@@ -54,14 +86,17 @@ func (r *evRecorder) BlocksStored(e kv.BlocksStored) {
 		r.fail("stored: %d hashes, %d tokens, block size %d", len(e.Hashes), len(e.Tokens), e.BlockSize)
 		return
 	}
-	if e.Medium != r.medium || e.Group != 0 || e.LoRA != r.h.Options().LoRA {
-		r.fail("stored: medium %q group %d lora %q", e.Medium, e.Group, e.LoRA)
+	if e.Medium != r.medium || !r.groupOK(e.Group, e.Attention, e.Window) || e.LoRA != r.h.Options().LoRA {
+		r.fail("stored: medium %q group %d (%v, window %d) lora %q", e.Medium, e.Group, e.Attention, e.Window, e.LoRA)
 	}
 	parent, index := r.h.Root(), 0
 	if e.HasParent {
-		p, ok := r.blocks[e.Parent]
+		p, ok := r.blocks[recKey{e.Group, e.Parent}]
+		if !ok && r.windowed(e.Group) {
+			p, ok = r.known[e.Parent]
+		}
 		if !ok {
-			r.fail("stored: parent %x was not announced", e.Parent)
+			r.fail("stored: parent %x was not announced in group %d", e.Parent, e.Group)
 			return
 		}
 		parent, index = p.full, p.index+1
@@ -82,10 +117,12 @@ func (r *evRecorder) BlocksStored(e kv.BlocksStored) {
 		if parent.Uint64() != got {
 			r.fail("stored: block %d's hash %x, recomputed %x", index+i, got, parent.Uint64())
 		}
-		if _, dup := r.blocks[got]; dup {
-			r.fail("stored: block %x announced twice", got)
+		k := recKey{e.Group, got}
+		if _, dup := r.blocks[k]; dup {
+			r.fail("stored: block %x announced twice in group %d", got, e.Group)
 		}
-		r.blocks[got] = recBlock{full: parent, index: index + i}
+		r.blocks[k] = recBlock{full: parent, index: index + i}
+		r.known[got] = r.blocks[k]
 		r.stored++
 	}
 }
@@ -94,14 +131,16 @@ func (r *evRecorder) BlocksRemoved(e kv.BlocksRemoved) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.events++
-	if e.Medium != r.medium || e.Group != 0 || len(e.Hashes) == 0 {
+	if e.Medium != r.medium || (r.groups == nil && e.Group != 0) || e.Group < 0 || (r.groups != nil && e.Group >= len(r.groups)) || len(e.Hashes) == 0 {
 		r.fail("removed: medium %q group %d, %d hashes", e.Medium, e.Group, len(e.Hashes))
 	}
 	for _, h := range e.Hashes {
-		if _, ok := r.blocks[h]; !ok {
-			r.fail("removed: block %x was not announced", h)
+		k := recKey{e.Group, h}
+		if _, ok := r.blocks[k]; !ok {
+			r.fail("removed: block %x was not announced in group %d", h, e.Group)
 		}
-		delete(r.blocks, h)
+		delete(r.blocks, k)
+		r.removedIn[e.Group]++
 	}
 }
 
@@ -112,13 +151,13 @@ func (r *evRecorder) AllBlocksCleared() {
 	clear(r.blocks)
 }
 
-// set returns the hashes the events imply are cached.
-func (r *evRecorder) set() map[uint64]bool {
+// set returns the blocks the events imply are cached, per group.
+func (r *evRecorder) set() map[recKey]bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make(map[uint64]bool, len(r.blocks))
-	for h := range r.blocks {
-		out[h] = true
+	out := make(map[recKey]bool, len(r.blocks))
+	for k := range r.blocks {
+		out[k] = true
 	}
 	return out
 }

@@ -19,6 +19,25 @@ func (pc *PrefixCache) IndexPaths() [][]int32 {
 	return out
 }
 
+// IndexEntries returns, for every leaf of the index, its tokens and, per layer group,
+// the first token its entry's sequence holds there (as FirstHeld reads it).
+func (pc *PrefixCache) IndexEntries() (paths [][]int32, held [][]int) {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	for leaf := range pc.tree.EachLeaf {
+		e := leaf.Value()
+		h := make([]int, len(pc.c.groups))
+		for gi := range h {
+			if e.seq != nil {
+				h[gi] = e.seq.heldOf(gi)
+			}
+		}
+		paths = append(paths, leaf.Tokens())
+		held = append(held, h)
+	}
+	return paths, held
+}
+
 // EventsQueued returns how many changes the prefix cache queued for its events'
 // goroutine, in all (0 without an observer).
 func (pc *PrefixCache) EventsQueued() int64 {

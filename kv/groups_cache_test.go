@@ -14,6 +14,7 @@ import (
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kvtier/tiertest"
 )
 
 // TestGroupWindowGivesBack: as one sequence of a sliding-window model grows, its
@@ -147,18 +148,18 @@ func TestGroupRefusals(t *testing.T) {
 	assert.ErrorContains(t, err, "recurrent", "a recurrent group's state is out of prefix caching's scope")
 	require.NoError(t, s.Truncate(2))
 
-	// A model of groups without one has a prefix cache, but no events or tiers yet:
-	// their blocks are one group's.
+	// A model of groups without one has a prefix cache, with events, but no tiers
+	// yet: a tier's block is one group's.
 	fx := newGroupFixture(t)
 	w, err := kv.New(fx.fake, kv.Config{Model: tinyWindows, MaxTokens: 100})
 	require.NoError(t, err)
 	defer w.Close()
-	_, err = kv.NewPrefixCache(w, kv.PrefixCacheOptions{Events: kv.EventOptions{Observer: &countingObserver{}}})
+	_, err = kv.NewPrefixCache(w, kv.PrefixCacheOptions{Tiers: []kv.Tier{tiertest.NewMap(1 << 20)}})
 	assert.ErrorIs(t, err, kv.ErrConfig)
-	assert.ErrorContains(t, err, "events need a model of one full-attention or MLA group")
+	assert.ErrorContains(t, err, "tiers need a model of one full-attention or MLA group")
 	assert.ErrorContains(t, err, "4 groups")
-	pc, err := kv.NewPrefixCache(w, kv.PrefixCacheOptions{})
-	require.NoError(t, err, "refused events leave no prefix cache behind")
+	pc, err := kv.NewPrefixCache(w, kv.PrefixCacheOptions{Events: kv.EventOptions{Observer: &countingObserver{}}})
+	require.NoError(t, err, "refused tiers leave no prefix cache behind, and events are had")
 	require.NoError(t, pc.Close())
 }
 

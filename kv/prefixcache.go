@@ -271,12 +271,13 @@ func (s PrefixCacheStats) HitRate() float64 {
 // by one entry; an entry keeps every unit its inserted sequence's windows still held.
 // There Insert is not lazy (it maps the sequence's whole units and copies each
 // group's last partly filled one at once, as ForkAt does), eviction gives back older
-// window units first, then entries' last units as on one group, and tiers and events
-// are refused with ErrConfig (their blocks are one group's). A Model with a
-// Recurrent group will never have one: a state is a function of every token before
-// it, so a hit of n tokens would need the state after exactly n, recorded at every
-// point a later prompt may branch; prefix caching of a state is out of scope, and
-// the error says so.
+// window units first, then entries' last units as on one group, events tell each
+// group's blocks apart (a window group's those its entries' window units hold: see
+// BlocksStored and events_groups.go), and tiers are refused with ErrConfig (a tier's
+// block is one group's). A Model with a Recurrent group will never have one: a state
+// is a function of every token before it, so a hit of n tokens would need the state
+// after exactly n, recorded at every point a later prompt may branch; prefix caching
+// of a state is out of scope, and the error says so.
 func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil cache", ErrConfig)
@@ -289,9 +290,6 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	}
 	if c.multi && len(opts.Tiers) > 0 {
 		return nil, errNoGroupTiers(c, "tiers")
-	}
-	if c.multi && opts.Events.Observer != nil {
-		return nil, errNoGroupTiers(c, "events")
 	}
 	if opts.MaxBytes < 0 {
 		return nil, fmt.Errorf("%w: MaxBytes %d", ErrConfig, opts.MaxBytes)

@@ -385,6 +385,7 @@ func (pc *PrefixCache) trimWindows(leaf *radix.Node[*pcEntry], frees bool) (int6
 		pc.evictions += int64(to - sg.from)
 		sg.refs, sg.from = sg.refs[to-sg.from:], to
 		es.gs[gi].held = g.heldFrom(to * g.unit)
+		pc.ev.from(e, gi, es.gs[gi].held)
 	}
 	es.publish()
 	pc.evictedBytes += freed

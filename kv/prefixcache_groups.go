@@ -34,9 +34,13 @@ import (
 // least recently used entry's last units, as on one group (the leaf goes whole when
 // none of its own tokens would be left). It never takes what a pin holds.
 //
-// Not yet: lazy inserts, a miss taking an evicted entry's ranges over, tiers and
-// events (NewPrefixCache refuses those two with ErrConfig: their blocks are one
-// group's).
+// Events: Insert queues, after the insert, the first token each window group of the
+// entry holds (pcEvents.from), and trimWindows the new one as it gives older units
+// back, so that a window group's events follow what its entries hold (see
+// events_groups.go).
+//
+// Not yet: lazy inserts, a miss taking an evicted entry's ranges over, tiers
+// (NewPrefixCache refuses them with ErrConfig: a tier's block is one group's).
 
 // holdsWindow reports whether e holds, in each window group, the tokens a step at m
 // reads (from the unit of its FirstLive(m) on). pc.mu is held.
@@ -226,6 +230,9 @@ func (pc *PrefixCache) insertGroups(s *Sequence, tokens []int32) ([]*pcEntry, er
 		for _, r := range refs {
 			pc.hold(r)
 		}
+		if g.windowed() {
+			pc.ev.from(e, gi, g.heldFrom(from*g.unit))
+		}
 	}
 	if displaced {
 		// The new entry holds the old one's tokens (and its window units, where
@@ -240,8 +247,7 @@ func (pc *PrefixCache) insertGroups(s *Sequence, tokens []int32) ([]*pcEntry, er
 	return drop, nil
 }
 
-// errNoGroupTiers is NewPrefixCache's refusal of tiers or events on a cache of
-// several groups.
+// errNoGroupTiers is NewPrefixCache's refusal of tiers on a cache of several groups.
 func errNoGroupTiers(c *Cache, what string) error {
-	return fmt.Errorf("%w: %s need a model of one full-attention or MLA group (a block of the tiers and events is one group's); model %q has %s", ErrConfig, what, c.cfg.Model.Name, groupKinds(c.cfg.Model))
+	return fmt.Errorf("%w: %s need a model of one full-attention or MLA group (a tier's block is one group's); model %q has %s", ErrConfig, what, c.cfg.Model.Name, groupKinds(c.cfg.Model))
 }

@@ -175,7 +175,6 @@ func TestPrefixCacheGroupsRefused(t *testing.T) {
 		says string
 	}{
 		{"tiers beside windows", hybrid, kv.PrefixCacheOptions{Tiers: []kv.Tier{tiertest.NewMap(1 << 20)}}, "tiers need a model of one full-attention or MLA group"},
-		{"events beside windows", hybrid, kv.PrefixCacheOptions{Events: kv.EventOptions{Observer: &countingObserver{}}}, "events need a model of one full-attention or MLA group"},
 		{"recurrent", recurrent, kv.PrefixCacheOptions{}, "recurrent"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -39,10 +39,18 @@
 //     for a chain's first block), token_ids ([int], len(block_hashes)*block_size of
 //     them), block_size, lora_id (deprecated by vLLM: always nil here), medium ("GPU"
 //     or "CPU"), lora_name (nil for none), then extra_keys (one entry per block, nil
-//     or an array; omitted when no block has any) and group_idx (always sent: a
-//     cache's group is known). kv_cache_spec_kind and kv_cache_spec_sliding_window
-//     are omitted (their default, None) until layer groups give them a value.
-//   - BlockRemoved: type, block_hashes, medium, group_idx.
+//     or an array; omitted when no block has any), group_idx (always sent: the
+//     group's index in the kv.Model), kv_cache_spec_kind and
+//     kv_cache_spec_sliding_window. The kind is named from kv.BlocksStored.Attention
+//     as vLLM's get_kv_cache_spec_kind names a spec (vllm/v1/kv_cache_interface.py):
+//     "full_attention", "mla_attention", "sliding_window", "chunked_local_attention";
+//     omitted when the event has none. The window is sent for a sliding window
+//     alone, as get_kv_cache_spec_sliding_window gives it (a chunked-local group's
+//     chunk is no window): omitted otherwise. vLLM sets both on every BlockStored
+//     (KVCacheManager.take_events, vllm/v1/core/kv_cache_manager.py), and a prefix
+//     cache's events carry them for every group, one-group models included.
+//   - BlockRemoved: type, block_hashes, medium, group_idx (no spec: vLLM's carries
+//     none).
 //   - AllBlocksCleared: type alone.
 //
 // Integers take msgpack's shortest form, as msgspec writes them; a hash of 2^63 or

@@ -10,8 +10,8 @@ import (
 )
 
 // event is one queued kv.BlockEvents call. A BlocksRemoved is kept in the fields of
-// stored it shares (Hashes, Group, Medium): the queue's events stay 144 bytes, since
-// the cache pays for each cache line of the one it writes.
+// stored it shares (Hashes, Group, Medium): the queue's events stay 152 bytes, since
+// the caller pays for each cache line of the one it writes.
 type event struct {
 	kind   eventKind
 	stored kv.BlocksStored
@@ -68,7 +68,14 @@ func (e *encoder) event(ev *event) error {
 	case kindStored:
 		s := &ev.stored
 		n := 9 // type + the 7 fields without a default + group_idx
+		kind, window := specOf(s)
 		if s.ExtraKeys != nil {
+			n++
+		}
+		if kind != "" {
+			n++
+		}
+		if window > 0 {
 			n++
 		}
 		err := w.EncodeMapLen(n)
@@ -101,7 +108,14 @@ func (e *encoder) event(ev *event) error {
 				}
 			}
 		}
-		return firstErr(err, w.EncodeString("group_idx"), w.EncodeInt(int64(s.Group)))
+		err = firstErr(err, w.EncodeString("group_idx"), w.EncodeInt(int64(s.Group)))
+		if kind != "" {
+			err = firstErr(err, w.EncodeString("kv_cache_spec_kind"), w.EncodeString(kind))
+		}
+		if window > 0 {
+			err = firstErr(err, w.EncodeString("kv_cache_spec_sliding_window"), w.EncodeInt(int64(window)))
+		}
+		return err
 	case kindRemoved:
 		r := &ev.stored
 		err := w.EncodeMapLen(4)
@@ -114,6 +128,28 @@ func (e *encoder) event(ev *event) error {
 		return firstErr(err, w.EncodeString("type"), w.EncodeString("AllBlocksCleared"))
 	}
 	panic(fmt.Sprintf("kvevents: event of kind %d", ev.kind))
+}
+
+// specOf returns s's kv_cache_spec_kind and kv_cache_spec_sliding_window, "" and 0
+// for None, as vLLM's get_kv_cache_spec_kind and get_kv_cache_spec_sliding_window
+// (vllm/v1/kv_cache_interface.py) name its group's spec: the window only for a
+// sliding window (a chunked-local group's chunk is none).
+func specOf(s *kv.BlocksStored) (string, int) {
+	switch s.Attention {
+	case kv.FullAttention:
+		return "full_attention", 0
+	case kv.MLALatent:
+		return "mla_attention", 0
+	case kv.SlidingWindow:
+		return "sliding_window", s.Window
+	case kv.ChunkedLocal:
+		return "chunked_local_attention", 0
+	case kv.Recurrent:
+		return "mamba", 0 // vLLM's MambaSpec covers its linear-attention and SSM layers
+	case 0:
+		return "", 0
+	}
+	return "unknown", 0
 }
 
 func (e *encoder) hashes(hs []uint64) error {

@@ -112,6 +112,12 @@ func TestLibzmqSubscriber(t *testing.T) {
 		s := stored(uint64(100*i+1), 1+i%3, uint64(100*i), i%2 == 1)
 		s.Hashes[0] |= uint64(i%4) << 62 // some past int64
 		s.Group = i % 2
+		switch i % 3 { // the group's spec: none, a sliding window, a chunk (no window sent)
+		case 1:
+			s.Attention, s.Window = kv.SlidingWindow, 128
+		case 2:
+			s.Attention, s.Window = kv.ChunkedLocal, 9
+		}
 		if i%5 == 0 {
 			s.LoRA = "lora-x"
 			s.ExtraKeys = make([][]any, len(s.Hashes))
@@ -141,7 +147,14 @@ func TestLibzmqSubscriber(t *testing.T) {
 			}
 			ev = append(ev, pair("extra_keys", extra))
 		}
-		want = append(want, append(ev, pair("group_idx", s.Group)))
+		ev = append(ev, pair("group_idx", s.Group))
+		switch s.Attention {
+		case kv.SlidingWindow:
+			ev = append(ev, pair("kv_cache_spec_kind", "sliding_window"), pair("kv_cache_spec_sliding_window", s.Window))
+		case kv.ChunkedLocal:
+			ev = append(ev, pair("kv_cache_spec_kind", "chunked_local_attention"))
+		}
+		want = append(want, ev)
 		if i%4 == 3 {
 			p.BlocksRemoved(kv.BlocksRemoved{Hashes: s.Hashes, Medium: "GPU", Group: s.Group})
 			want = append(want, []any{pair("type", "BlockRemoved"), pair("block_hashes", hashes(s.Hashes)), pair("medium", "GPU"), pair("group_idx", s.Group)})

@@ -28,11 +28,18 @@ func TestWireFormat(t *testing.T) {
 	first.LoRA = "adapter-a"
 	first.Medium = "GPU"
 	first.ExtraKeys = [][]any{{"adapter-a", "salt"}, nil}
+	first.Attention, first.Window = kv.SlidingWindow, 128
 	big := stored(9, 1, 8, true)
 	big.Hashes[0] = math.MaxUint64 - 1 // past int64: a uint64 on the wire
 	big.Group = 2
+	big.Attention, big.Window = kv.ChunkedLocal, 9 // a chunk is no sliding window
+	plain := stored(11, 1, 0, false)               // no kind: both spec fields omitted
+	mla := stored(12, 1, 0, false)
+	mla.Attention = kv.MLALatent
 	p.BlocksStored(first)
 	p.BlocksStored(big)
+	p.BlocksStored(plain)
+	p.BlocksStored(mla)
 	p.BlocksRemoved(kv.BlocksRemoved{Hashes: []uint64{7, 8}, Medium: "GPU", Group: 1})
 	p.AllBlocksCleared()
 
@@ -40,20 +47,38 @@ func TestWireFormat(t *testing.T) {
 		keys   []string
 		fields map[string]any
 	}{{
-		keys: []string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx"},
+		keys: []string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx",
+			"kv_cache_spec_kind", "kv_cache_spec_sliding_window"},
 		fields: map[string]any{
 			"type": "BlockStored", "block_hashes": []any{int64(7), int64(8)}, "parent_block_hash": nil,
 			"token_ids":  []any{int64(28), int64(29), int64(30), int64(31), int64(32), int64(33), int64(34), int64(35)},
 			"block_size": int64(4), "lora_id": nil, "medium": "GPU", "lora_name": "adapter-a",
 			"extra_keys": []any{[]any{"adapter-a", "salt"}, nil}, "group_idx": int64(0),
+			"kv_cache_spec_kind": "sliding_window", "kv_cache_spec_sliding_window": int64(128),
 		},
 	}, {
-		// No extra keys: the field (default None) is omitted.
-		keys: []string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "group_idx"},
+		// No extra keys, and no window: those fields (default None) are omitted.
+		keys: []string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "group_idx", "kv_cache_spec_kind"},
 		fields: map[string]any{
 			"type": "BlockStored", "block_hashes": []any{uint64(math.MaxUint64 - 1)}, "parent_block_hash": int64(8),
 			"token_ids":  []any{int64(36), int64(37), int64(38), int64(39)},
 			"block_size": int64(4), "lora_id": nil, "medium": "CPU", "lora_name": nil, "group_idx": int64(2),
+			"kv_cache_spec_kind": "chunked_local_attention",
+		},
+	}, {
+		keys: []string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "group_idx"},
+		fields: map[string]any{
+			"type": "BlockStored", "block_hashes": []any{int64(11)}, "parent_block_hash": nil,
+			"token_ids":  []any{int64(44), int64(45), int64(46), int64(47)},
+			"block_size": int64(4), "lora_id": nil, "medium": "CPU", "lora_name": nil, "group_idx": int64(0),
+		},
+	}, {
+		keys: []string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "group_idx", "kv_cache_spec_kind"},
+		fields: map[string]any{
+			"type": "BlockStored", "block_hashes": []any{int64(12)}, "parent_block_hash": nil,
+			"token_ids":  []any{int64(48), int64(49), int64(50), int64(51)},
+			"block_size": int64(4), "lora_id": nil, "medium": "CPU", "lora_name": nil, "group_idx": int64(0),
+			"kv_cache_spec_kind": "mla_attention",
 		},
 	}, {
 		keys:   []string{"type", "block_hashes", "medium", "group_idx"},
@@ -86,9 +111,9 @@ func TestWireFormat(t *testing.T) {
 		}
 	}
 	st := p.Stats()
-	assert.Equal(t, int64(4), st.Events)
-	assert.Equal(t, int64(4), st.Published)
-	assert.Equal(t, int64(4), st.Batches)
+	assert.Equal(t, int64(6), st.Events)
+	assert.Equal(t, int64(6), st.Published)
+	assert.Equal(t, int64(6), st.Batches)
 	assert.Zero(t, st.Dropped)
 }
 

@@ -47,8 +47,9 @@ func TestLateSubscriberCatchesUp(t *testing.T) {
 	p := newPublisher(t, kvevents.Options{Topic: "kv@r0", DataParallelRank: 0})
 	p.BlocksStored(kv.BlocksStored{Hashes: []uint64{1, 1 << 63}, Tokens: []int32{1, 2, 3, 4, 5, 6, 7, 8}, BlockSize: 4, Medium: "CPU",
 		LoRA: "adapter", ExtraKeys: [][]any{{"adapter", "salt"}, {"adapter"}}})
-	p.BlocksStored(kv.BlocksStored{Hashes: []uint64{3}, Parent: 1 << 63, HasParent: true, Tokens: []int32{9, 10, 11, 12}, BlockSize: 4, Medium: "CPU"})
-	p.BlocksRemoved(kv.BlocksRemoved{Hashes: []uint64{3}, Medium: "CPU"})
+	p.BlocksStored(kv.BlocksStored{Hashes: []uint64{3}, Parent: 1 << 63, HasParent: true, Tokens: []int32{9, 10, 11, 12}, BlockSize: 4, Medium: "CPU",
+		Group: 1, Attention: kv.SlidingWindow, Window: 128})
+	p.BlocksRemoved(kv.BlocksRemoved{Hashes: []uint64{3}, Medium: "CPU", Group: 1})
 	require.Eventually(t, func() bool { return p.Stats().Published == 3 }, 5*time.Second, time.Millisecond)
 
 	s, err := kvsub.Dial(kvsub.Options{Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint(), Topic: "kv@", CatchUp: true})
@@ -60,8 +61,8 @@ func TestLateSubscriberCatchesUp(t *testing.T) {
 	assert.Equal(t, kvsub.Event{Kind: kvsub.Stored, Hashes: []uint64{1, 1 << 63}, Tokens: []int32{1, 2, 3, 4, 5, 6, 7, 8}, BlockSize: 4,
 		LoRAName: "adapter", Medium: "CPU", ExtraKeys: [][]any{{"adapter", "salt"}, {"adapter"}}, HasGroup: true}, got[0])
 	assert.Equal(t, kvsub.Event{Kind: kvsub.Stored, Hashes: []uint64{3}, Parent: 1 << 63, HasParent: true, Tokens: []int32{9, 10, 11, 12},
-		BlockSize: 4, Medium: "CPU", HasGroup: true}, got[1])
-	assert.Equal(t, kvsub.Event{Kind: kvsub.Removed, Hashes: []uint64{3}, Medium: "CPU", HasGroup: true}, got[2])
+		BlockSize: 4, Medium: "CPU", Group: 1, HasGroup: true, SpecKind: "sliding_window", Window: 128}, got[1])
+	assert.Equal(t, kvsub.Event{Kind: kvsub.Removed, Hashes: []uint64{3}, Medium: "CPU", Group: 1, HasGroup: true}, got[2])
 	assert.Equal(t, kvsub.Event{Kind: kvsub.Cleared}, got[3])
 	st := s.Stats()
 	assert.Positive(t, st.Replayed)
