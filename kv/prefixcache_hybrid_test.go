@@ -333,14 +333,7 @@ func testPrefixCacheHybrid(t *testing.T, e *env, model kv.Model) {
 		require.True(t, s.Close().OK())
 	}
 
-	cached := pc.Stats().CachedBytes
-	freed, err := pc.Evict(cached)
-	require.NoError(t, err)
-	st = pc.Stats()
-	assert.Equal(t, cached, freed, "no live sequence maps a cached granule")
-	assert.Zero(t, st.CachedBytes)
-	assert.Zero(t, st.Entries)
-	assert.Equal(t, st.InsertedTokens, st.EvictedTokens)
+	evictsAll(t, pc)
 	idleBooks(t, e, pc, "after evicting everything")
 }
 

@@ -95,14 +95,7 @@ func TestPrefixCacheMLA(t *testing.T) {
 			require.True(t, s.Close().OK())
 		}
 
-		cached := pc.Stats().CachedBytes
-		freed, err := pc.Evict(cached)
-		require.NoError(t, err)
-		st = pc.Stats()
-		assert.Equal(t, cached, freed, "no live sequence maps a cached granule")
-		assert.Zero(t, st.CachedBytes)
-		assert.Zero(t, st.Entries)
-		assert.Equal(t, st.InsertedTokens, st.EvictedTokens)
+		evictsAll(t, pc)
 		assert.Zero(t, e.c.Stats().Committed, "every granule is back")
 		e.books(t, "after evicting everything")
 	})
@@ -191,4 +184,18 @@ func TestPrefixCacheGroupsRefused(t *testing.T) {
 			require.True(t, s.Close().OK())
 		})
 	}
+}
+
+// evictsAll evicts every cached byte of pc, with no live sequence left, and checks
+// that all of it came back and the index is empty.
+func evictsAll(t *testing.T, pc *kv.PrefixCache) {
+	t.Helper()
+	cached := pc.Stats().CachedBytes
+	freed, err := pc.Evict(cached)
+	require.NoError(t, err)
+	st := pc.Stats()
+	assert.Equal(t, cached, freed, "no live sequence maps a cached granule")
+	assert.Zero(t, st.CachedBytes)
+	assert.Zero(t, st.Entries)
+	assert.Equal(t, st.InsertedTokens, st.EvictedTokens)
 }
