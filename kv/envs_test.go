@@ -105,6 +105,10 @@ type envSpec struct {
 	shared  host.SharedOptions
 	cuda    cuda.Options
 	private host.PrivateOptions // the env sets Granularity
+	// scaled: where the backing's granule is k times envGranule (host.Shared on
+	// Windows), cfg.Model's head dims and limit are k times larger, so that a granule
+	// holds as many tokens on every backing and the test's token figures hold on each.
+	scaled bool
 }
 
 // env is a cache on one backing, with what tests look at.
@@ -179,6 +183,9 @@ func newEnv(t testing.TB, kind int, layout kv.Layout, blockTokens, maxTokens int
 // registered later: a test may call finish itself to check the books sooner.
 func openEnv(t testing.TB, sp envSpec) (*env, error) {
 	t.Helper()
+	if k := envGranuleOf(sp.kind) / envGranule; sp.scaled && sp.granule == 0 && k > 1 {
+		sp.cfg.Model, sp.limit = scaledModel(sp.cfg.Model, k), sp.limit*int64(k)
+	}
 	e := &env{name: backingNames[sp.kind], kind: sp.kind, auth: sp.auth, quiet: func() {}, leaks: func() error { return nil }, closeBacking: func() error { return nil }}
 	dev := accounting.HostKey
 	if sp.kind == onCUDA {
@@ -365,4 +372,14 @@ func mapsOf(t testing.TB, s string) []string {
 		}
 	}
 	return out
+}
+
+// scaledModel returns m with every group's head dim k times larger (its tokens k
+// times the bytes), on a copy of its groups.
+func scaledModel(m kv.Model, k int) kv.Model {
+	m.Groups = slices.Clone(m.Groups)
+	for i := range m.Groups {
+		m.Groups[i].HeadDim *= k
+	}
+	return m
 }

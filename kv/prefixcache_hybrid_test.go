@@ -236,7 +236,7 @@ func idleBooksPinned(t *testing.T, e *env, pc *kv.PrefixCache, pinned bool, what
 func TestPrefixCacheHybrid(t *testing.T) {
 	for _, model := range hybridModels {
 		t.Run(model.Name, func(t *testing.T) {
-			onEachSharing(t, envSpec{cfg: kv.Config{Model: model, MaxTokens: 512}}, func(t *testing.T, e *env) {
+			onEachSharing(t, envSpec{scaled: true, cfg: kv.Config{Model: model, MaxTokens: 512}}, func(t *testing.T, e *env) {
 				testPrefixCacheHybrid(t, e, model)
 			})
 		})
@@ -386,7 +386,7 @@ func longestCommon(made [][]int32, ids []int32) int {
 // step at 0 reads nothing. It failed in the arena's share of the window group's
 // empty range, below what the parent still holds.
 func TestGroupForkAtZeroAfterDrop(t *testing.T) {
-	onEachSharing(t, envSpec{cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}}, func(t *testing.T, e *env) {
+	onEachSharing(t, envSpec{scaled: true, cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}}, func(t *testing.T, e *env) {
 		s, err := e.c.NewSequence()
 		require.NoError(t, err)
 		defer s.Close()
@@ -414,7 +414,7 @@ func TestGroupForkAtZeroAfterDrop(t *testing.T) {
 // own sequence never held (it started at its hit's window), so that a later prompt
 // that branches inside the first turn still hits there; and the books stay exact.
 func TestPrefixCacheHybridTurns(t *testing.T) {
-	onEachSharing(t, envSpec{cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}}, func(t *testing.T, e *env) {
+	onEachSharing(t, envSpec{scaled: true, cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}}, func(t *testing.T, e *env) {
 		pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
 		require.NoError(t, err)
 		defer func() { assert.NoError(t, pc.Close()) }()
@@ -452,7 +452,7 @@ func TestPrefixCacheHybridTurns(t *testing.T) {
 // a sequence of another cache are refused, changing nothing; so are a negative
 // eviction, a prompt longer than MaxTokens, and calls after Close.
 func TestPrefixCacheHybridRefusals(t *testing.T) {
-	onEachSharing(t, envSpec{cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}}, func(t *testing.T, e *env) {
+	onEachSharing(t, envSpec{scaled: true, cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}}, func(t *testing.T, e *env) {
 		pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
 		require.NoError(t, err)
 		ids := make([]int32, 300)
