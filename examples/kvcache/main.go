@@ -188,7 +188,7 @@ layer, written whole at prefill (a step's update of it is the kernel's, in place
 sliding-window or chunked group gives its granules back behind the window. vmarena runs alone there (the
 baselines model full attention only), with map-ahead per group (-map-ahead), in the
 blocked layout; the system prompt is a sequence of its own that
-every request forks (kv.Sequence.ForkAt, per group; Freeze is one-group only), or
+every request forks (kv.Sequence.ForkAt, per group, which copies a recurrent state that Freeze refuses), or
 copies where the backing can not share. Flags that ask for what can not run are
 refused. The report adds each group's committed bytes (a mapped granule counted in
 every sequence that maps it) against a uniform full-attention cache of the same
