@@ -147,11 +147,7 @@ func TestMapAheadAdoptsTheGroupItCrosses(t *testing.T) {
 			calls = e.calls()
 			require.NoError(t, s.Append(1)) // 65: the latent crosses into its block 1
 			assert.Equal(t, calls, e.calls(), "the latent's crossing step made no backing call")
-			e.c.WaitAhead()
-			ps := e.pool.PoolStats()
-			assert.Equal(t, e.gov.Stats(e.dev).Used, ps.Owned)
-			assert.True(t, s.Close().OK())
-			e.finish(t)
+			closeAhead(t, e, s)
 		})
 	}
 }
@@ -185,11 +181,7 @@ func TestMapAheadAdoptsInPart(t *testing.T) {
 			require.NoError(t, s.Append(1)) // 21: the full group crosses into its block 2
 			assert.Equal(t, calls, e.calls(), "the crossing step made no backing call")
 			assert.Equal(t, 7*gran, e.c.Stats().Committed, "the window's blocks 0-1, the full group's 0-2, the latent's and the state")
-			e.c.WaitAhead()
-			ps := e.pool.PoolStats()
-			assert.Equal(t, e.gov.Stats(e.dev).Used, ps.Owned)
-			assert.True(t, s.Close().OK())
-			e.finish(t)
+			closeAhead(t, e, s)
 		})
 	}
 }
@@ -270,4 +262,14 @@ func TestMapAheadRefusedBatchKeepsNothing(t *testing.T) {
 			e.finish(t)
 		})
 	}
+}
+
+// closeAhead waits for the map-ahead worker, checks that the governor charges what
+// the pool owns (runs ahead included), closes s and finishes e.
+func closeAhead(t *testing.T, e aheadEnv, s *kv.Sequence) {
+	t.Helper()
+	e.c.WaitAhead()
+	assert.Equal(t, e.gov.Stats(e.dev).Used, e.pool.PoolStats().Owned)
+	assert.True(t, s.Close().OK())
+	e.finish(t)
 }
