@@ -31,7 +31,8 @@ type Buffer[R any, B backing.Backing[R]] struct {
 	capacity int
 	length   int
 	// The committed granules are one run [start, end): below start the buffer gave
-	// them back (DecommitBelow), past end it never committed them.
+	// them back (DecommitBelow) or left them behind (LeaveBehind), past end it never
+	// committed them.
 	start, end int
 	shared     []span // the parts of [start, end) that map another buffer's granules, in order
 	host       bool
@@ -40,6 +41,9 @@ type Buffer[R any, B backing.Backing[R]] struct {
 	// adopted (see ahead.go): 0 for none, aheadBusy while a call commits or
 	// decommits it. It is the one field that other goroutines than the owner touch.
 	ahead atomic.Int64
+	// behind is the run of granules below start that LeaveBehind left committed and
+	// DecommitBehind has not given back (see behind.go), packed as ahead is.
+	behind atomic.Int64
 }
 
 // NewBuffer reserves capacity bytes (rounded up to the granule) of b's address space
@@ -182,6 +186,9 @@ func (buf *Buffer[R, B]) resize(ctx context.Context, wait bool, n int) error {
 	need, _ := backing.AlignUp(n, buf.gran) // cannot overflow: n <= capacity
 	if need > buf.end {
 		if err := buf.aheadClear(need); err != nil {
+			return err
+		}
+		if err := buf.behindClear(buf.end, need); err != nil {
 			return err
 		}
 	}
@@ -380,6 +387,9 @@ func (buf *Buffer[R, B]) ShareRange(src *Buffer[R, B], srcOff, dstOff, size int,
 	if size == 0 {
 		return nil
 	}
+	if err := buf.behindClear(dstOff, dstOff+size); err != nil {
+		return err
+	}
 	if err := s.Share(buf.r, dstOff, src.r, srcOff, size, prot); err != nil {
 		return err
 	}
@@ -437,6 +447,9 @@ func (buf *Buffer[R, B]) Protect(off, size int, prot backing.Protection) error {
 func (buf *Buffer[R, B]) Close() accounting.ReleaseOutcome {
 	buf.live()
 	if _, err := buf.DecommitAhead(); err != nil {
+		return accounting.FailedRelease(0, err)
+	}
+	if _, err := buf.DecommitBehind(); err != nil {
 		return accounting.FailedRelease(0, err)
 	}
 	out := buf.b.Unreserve(buf.r)

@@ -27,6 +27,11 @@ var (
 	// ErrAheadBusy: a call commits or decommits the buffer's run ahead right now (or
 	// CommitAhead found one there already).
 	ErrAheadBusy = errors.New("arena: run committed ahead is busy")
+	// ErrBehind: a growth or share over the run left behind (LeaveBehind) that
+	// DecommitBehind has not given back.
+	ErrBehind = errors.New("arena: run left behind")
+	// ErrBehindBusy: a DecommitBehind gives the buffer's run behind back right now.
+	ErrBehindBusy = errors.New("arena: run left behind is busy")
 )
 
 // Misuse panics with these messages.
