@@ -46,12 +46,13 @@ func (buf *Buffer[R, B]) Behind() (off, size int) {
 // DecommitBelow does, with no backing call: Start becomes off rounded down to the
 // granule, and the granules join the buffer's run behind, committed in the backing
 // and charged (under ByBuffer, to the authority) until DecommitBehind gives them
-// back. off must be in [0, Len]. It reports whether the granules are left behind (or
-// there are none: an off at or below Start changes nothing). It leaves nothing and
-// reports false where the granules map another buffer's (shared: what giving them
-// back frees is not the buffer's alone to defer), or where the run behind does not
-// end at Start or is being given back right now: the caller then gives them back
-// with DecommitBelow. Only the owner calls it. On error or false nothing changed.
+// back; granules that map another buffer's (ShareRange) leave Shared and stay mapped
+// until then, and only their mapping goes then, as with DecommitBelow. off must be
+// in [0, Len]. It reports whether the granules are left behind (or there are none:
+// an off at or below Start changes nothing). It leaves nothing and reports false
+// where the run behind does not end at Start or is being given back right now: the
+// caller then gives them back with DecommitBelow. Only the owner calls it. On error
+// or false nothing changed.
 func (buf *Buffer[R, B]) LeaveBehind(off int) (bool, error) {
 	buf.live()
 	if off < 0 || off > buf.length {
@@ -60,9 +61,6 @@ func (buf *Buffer[R, B]) LeaveBehind(off int) (bool, error) {
 	to := off - off%buf.gran
 	if to <= buf.start {
 		return true, nil
-	}
-	if len(buf.shared) > 0 && buf.shared[0].off < to {
-		return false, nil
 	}
 	from := buf.start
 	v := buf.behind.Load()
@@ -80,6 +78,7 @@ func (buf *Buffer[R, B]) LeaveBehind(off int) (bool, error) {
 		return false, nil // NB: DecommitBehind took the run meanwhile
 	}
 	buf.start = to
+	buf.clipShared() // NB: shared granules left behind are unmapped here only, when given back
 	return true, nil
 }
 

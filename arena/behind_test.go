@@ -136,9 +136,10 @@ func TestBufferLeaveBehindCUDAFake(t *testing.T) {
 	assert.NoError(t, fake.CheckLeaks())
 }
 
-// TestBufferLeaveBehindShared: granules that map another buffer's are not left
-// behind (LeaveBehind reports false and changes nothing; DecommitBelow gives them
-// back), and a share over the run behind is refused.
+// TestBufferLeaveBehindShared: granules that map another buffer's are left behind
+// like the buffer's own: they leave Shared, stay mapped (the source's granules live
+// on regardless) until DecommitBehind unmaps them, and a share over the run behind
+// is refused.
 func TestBufferLeaveBehindShared(t *testing.T) {
 	pool := accounting.NewGovernor().Authority("pool", accounting.HostKey)
 	f := backingtest.NewFake(backingtest.FakeOptions{Granularity: g, Authority: pool})
@@ -149,27 +150,39 @@ func TestBufferLeaveBehindShared(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, dst.ShareFrom(src, 2*g, backing.ReadOnly))
 	require.NoError(t, dst.Resize(4*g))
+	require.Equal(t, 2*g, dst.Shared())
+	require.Equal(t, int64(6*g), pool.Stats().Owned)
+	require.Equal(t, int64(8*g), pool.Stats().Mapped)
 
 	left, err := dst.LeaveBehind(3 * g)
 	require.NoError(t, err)
-	assert.False(t, left, "the shared granules are not left behind")
-	assert.Zero(t, dst.Start())
-	_, size := dst.Behind()
-	assert.Zero(t, size)
-	require.NoError(t, dst.DecommitBelow(2*g))
-	left, err = dst.LeaveBehind(3 * g)
-	require.NoError(t, err)
-	assert.True(t, left, "its own granules are")
+	require.True(t, left)
+	assert.Equal(t, 3*g, dst.Start())
+	assert.Zero(t, dst.Shared(), "the shared granules left with the rest")
 	off, size := dst.Behind()
-	assert.Equal(t, []int{2 * g, g}, []int{off, size})
+	assert.Equal(t, []int{0, 3 * g}, []int{off, size})
+	assert.Equal(t, int64(8*g), pool.Stats().Mapped, "mapped until given back")
+	n, err := dst.DecommitBehind()
+	require.NoError(t, err)
+	assert.Equal(t, 3*g, n)
+	assert.Equal(t, int64(5*g), pool.Stats().Owned, "the source keeps its granules; the own one went back")
+	assert.Equal(t, int64(5*g), pool.Stats().Mapped)
 
 	require.NoError(t, dst.Resize(0))
+	left, err = dst.LeaveBehind(0)
+	require.NoError(t, err)
+	assert.True(t, left, "nothing to leave")
+	require.NoError(t, dst.ShareFrom(src, 2*g, backing.ReadOnly))
+	left, err = dst.LeaveBehind(2 * g)
+	require.NoError(t, err)
+	require.True(t, left)
+	require.NoError(t, dst.Resize(0))
 	assert.ErrorIs(t, dst.ShareRange(src, 0, g, 2*g, backing.ReadOnly), arena.ErrBehind, "a share over the run behind")
-	require.NoError(t, dst.ShareRange(src, 0, 0, 2*g, backing.ReadOnly), "a share up to it")
-	require.Equal(t, accounting.Complete, dst.Close().Status)
+	require.Equal(t, accounting.Complete, dst.Close().Status, "Close unmaps the run behind")
 	require.Equal(t, accounting.Complete, src.Close().Status)
 	assert.Zero(t, f.LiveGranules(), "granules leaked")
 	assert.Zero(t, pool.Stats().Owned, "ledger does not balance")
+	assert.Zero(t, pool.Stats().Mapped)
 }
 
 // TestBufferLeaveBehindConcurrent: another goroutine gives back the runs the owner

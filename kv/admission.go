@@ -70,11 +70,14 @@ func evicting[T any](c *Cache, op func() (T, error)) (T, error) {
 	var be *accounting.BudgetError
 	if err != nil && errors.As(err, &be) && !errors.Is(be, accounting.ErrExceedsLimit) {
 		short := max(be.Requested-be.Available, int64(c.gran))
+		// NB: what windows left behind goes first, and counts for nothing: what
+		// giving back a mapping frees is not known here.
+		drained := c.ahead.drainBehind()
 		got := c.ahead.giveBack(short)
 		if got < short {
 			got += c.shortfall(short - got)
 		}
-		if got > 0 {
+		if got > 0 || drained > 0 {
 			v, err = op()
 		}
 	}
@@ -85,6 +88,9 @@ func evicting[T any](c *Cache, op func() (T, error)) (T, error) {
 // sequence maps to make up the shortfall.
 func (c *Cache) budgetOrEvict(need, credit int64) *accounting.BudgetError {
 	be := c.budget(need, credit)
+	if be != nil && !errors.Is(be, accounting.ErrExceedsLimit) && c.ahead.drainBehind() > 0 {
+		be = c.budget(need, credit) // NB: a window's dead granules before cached prefixes
+	}
 	if be != nil && !errors.Is(be, accounting.ErrExceedsLimit) && c.shortfall(be.Requested-be.Available-credit) > 0 {
 		be = c.budget(need, credit)
 	}

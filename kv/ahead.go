@@ -25,8 +25,9 @@ import (
 // window and full groups at the same tokens), so leaving it out would leave a
 // backing call on the very step map-ahead empties; the blocks it gives back behind
 // its window go idle in the pool, where the worker's next run takes them. (That
-// give-back, a decommit, stays on the step that moves the window: see
-// Sequence.dropDead.) Each run is in one of these states, guarded by ahead.mu:
+// give-back is the worker's too: the step that moves the window leaves the blocks
+// behind, with no backing call, and the worker decommits them when it next wakes;
+// see ahead_behind.go.) Each run is in one of these states, guarded by ahead.mu:
 //
 //  1. none: nothing asked.
 //  2. asked: queued for the worker. After an append that leaves a group of the
@@ -175,6 +176,9 @@ type ahead struct {
 	// reservation.
 	reserved atomic.Int64
 	owed     atomic.Bool // a kick a crossing step left for the next step (see after)
+	// behindHeld is the bytes windows left behind for the worker to give back and
+	// not given back yet (ahead_behind.go; Stats.Ahead shows them).
+	behindHeld atomic.Int64
 
 	mu          sync.Mutex
 	cond        sync.Cond   // on mu: a run left mapping or dropping, or holds went 0
@@ -183,12 +187,19 @@ type ahead struct {
 	mappedBytes int64       // their bytes
 	nextBytes   int64       // the bytes of the runs that follow them (more)
 	busy        *seqAhead   // the run the worker commits, or nil
-	filling     bool        // the worker makes a granule for the pool (fill)
-	holds       int         // steps that keep the worker from starting a run (hold)
-	parked      bool        // the worker waits for a kick (see run)
-	noFill      bool        // fill is off (a benchmark's comparison)
-	started     bool
-	stopped     bool
+	// behind is the windows' records of granules left behind, queued in order;
+	// behindOut counts those being given back, behindLanded the bytes given back
+	// by dropBehind so far (see ahead_behind.go).
+	behind       []*seqBehind
+	behindOut    int
+	behindLanded int64
+	filling      bool // the worker makes a granule for the pool (fill)
+	holds        int  // steps that keep the worker from starting a run (hold)
+	parked       bool // the worker waits for a kick (see run)
+	noFill       bool // fill is off (a benchmark's comparison)
+	noLeave      bool // leaving behind is off (a benchmark's comparison)
+	started      bool
+	stopped      bool
 
 	// Steps that needed their run and found it still queued (they committed it
 	// themselves), or being committed (they waited for it), on mu: a benchmark's figures.
@@ -436,7 +447,7 @@ func (a *ahead) run() {
 		for a.next() {
 		}
 		a.mu.Lock()
-		a.parked = len(a.queue) == 0
+		a.parked = len(a.queue) == 0 && len(a.behind) == 0
 		parked := a.parked
 		if parked {
 			a.cond.Broadcast() // for WaitAhead, in tests
@@ -453,8 +464,9 @@ func (a *ahead) run() {
 	}
 }
 
-// next commits the first run asked, or with none asked makes a granule for the
-// pool (fill); it reports whether there may be more to do.
+// next gives back the first record of granules a window left behind, or commits
+// the first run asked, or with neither makes a granule for the pool (fill); it
+// reports whether there may be more to do.
 func (a *ahead) next() bool {
 	a.mu.Lock()
 	for a.holds > 0 && !a.stopped {
@@ -463,6 +475,12 @@ func (a *ahead) next() bool {
 	if a.stopped {
 		a.mu.Unlock()
 		return false
+	}
+	if len(a.behind) > 0 {
+		// NB: what windows left behind first: it gives back what the runs take.
+		a.mu.Unlock()
+		a.dropBehind()
+		return true
 	}
 	if len(a.queue) == 0 {
 		want := a.nextBytes
@@ -677,6 +695,11 @@ func (s *Sequence) dropAhead() error {
 	var errs []error
 	for gi := range s.ahead {
 		if _, err := s.c.ahead.settle(s, &s.ahead[gi], -1); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for gi := range s.gs {
+		if err := s.c.ahead.settleBehind(&s.gs[gi].behind); err != nil {
 			errs = append(errs, err)
 		}
 	}

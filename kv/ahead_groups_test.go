@@ -28,10 +28,10 @@ var aheadHybrid = func() kv.Model {
 // TestMapAheadOnGPTOSS: on gpt-oss-20b (a 128-token sliding window beside full
 // attention), in the Blocked layout at 2 MiB granules and in PerLayer at 64 KiB (24
 // ranges a group), every step that crosses a unit boundary (a block, or a granule of
-// each range) adopts both groups' units, mapped ahead, and makes no backing call (the
-// window's give-backs, a decommit each, fall on steps of their own). What the tokens
-// wrote reads back, and the ledger and the governor are exact at every step and
-// after Close.
+// each range) adopts both groups' units, mapped ahead, and makes no backing call, and
+// so does every step whose window gives a unit back: it leaves the unit behind for
+// the worker. What the tokens wrote reads back, and the ledger and the governor are
+// exact at every step and after Close.
 func TestMapAheadOnGPTOSS(t *testing.T) {
 	m := kv.GPTOSS20B()
 	const window = 128
@@ -61,18 +61,30 @@ func TestMapAheadOnGPTOSS(t *testing.T) {
 				require.NoError(t, err)
 				tok := make([]byte, full.TokenBytes)
 				got := make([]byte, full.TokenBytes)
-				crossings := 0
+				crossings, drops := 0, 0
 				for n := 0; n < 5*unit; n++ {
 					e.c.WaitAhead()
 					if n > 0 && n%unit == 0 {
 						require.Equal(t, int64(2*ranges*lt.granule), e.c.Stats().Ahead, "token %d: the next unit of each group is mapped ahead", n)
 					}
+					held, ahead := s.FirstHeld(0), e.c.Stats().Ahead
+					release := e.c.HoldAhead() // NB: the worker's calls wait: the step's alone are counted
 					calls := e.calls()
 					require.NoError(t, s.Append(1))
 					if n > 0 && n%unit == 0 {
 						require.Equal(t, calls, e.calls(), "token %d: the step that crossed a unit boundary made no backing call", n)
 						crossings++
 					}
+					if s.FirstHeld(0) > held {
+						require.Equal(t, calls, e.calls(), "token %d: the step that gave back the window's unit made no backing call", n)
+						adopted := int64(0)
+						if n%unit == 0 {
+							adopted = int64(2 * ranges * lt.granule)
+						}
+						require.Equal(t, ahead-adopted+int64(ranges*lt.granule), e.c.Stats().Ahead, "token %d: the unit left behind is shown", n)
+						drops++
+					}
+					release()
 					for _, layer := range []int{0, 1} {
 						for i := range tok {
 							tok[i] = byte(n + layer + i)
@@ -87,6 +99,7 @@ func TestMapAheadOnGPTOSS(t *testing.T) {
 					require.Equal(t, ps.Owned, st.Committed+st.Ahead+ps.Idle, "token %d: every granule is the sequence's, ahead or idle", n)
 				}
 				assert.Equal(t, 4, crossings)
+				assert.Equal(t, (5*unit-window)/unit, drops, "the window gave back a unit each unit's tokens past its first")
 				// The full group holds every unit, the window group those from its
 				// FirstLive of the length of the last step on: it gave the others back.
 				e.c.WaitAhead()
@@ -265,6 +278,69 @@ func TestMapAheadRefusedBatchKeepsNothing(t *testing.T) {
 }
 
 // closeAhead waits for the map-ahead worker, checks that the governor charges what
+
+// TestMapAheadLeavesBehind: a step whose window gives units back leaves them behind
+// for the worker, with no backing call, whether they are the sequence's own or map a
+// parent's (a fork's first blocks; what a long prompt's first decode step gives
+// back at once): Stats.Ahead shows the owned ones only. Truncate, ForkAt and Close
+// settle what is still left behind; the ledger is exact once the worker rests and
+// after Close.
+func TestMapAheadLeavesBehind(t *testing.T) {
+	gran := blockGranule
+	for _, name := range aheadBackings {
+		t.Run(name, func(t *testing.T) {
+			e := openAheadOn(t, name, kv.Config{Model: aheadHybrid, MaxTokens: 256, Layout: kv.Blocked, MapAhead: true}, int(gran), 0)
+			// 71 tokens: no group's block starts at 71 or 72 (window 16, full 10,
+			// latent 64 tokens a block), so the next step crosses into none.
+			s, err := e.c.NewSequence()
+			require.NoError(t, err)
+			require.NoError(t, s.Append(71))
+			f, err := s.ForkAt(71) // maps s's whole blocks: the window's 0-3
+			require.NoError(t, err)
+			e.c.WaitAhead()
+			ahead := e.c.Stats().Ahead
+
+			release := e.c.HoldAhead()
+			calls := e.calls()
+			require.NoError(t, f.Append(1)) // FirstLive(71) is 48: window blocks 0-2 go
+			assert.Equal(t, calls, e.calls(), "the step left the shared units behind with no backing call")
+			assert.Equal(t, 48, f.FirstHeld(0))
+			assert.Equal(t, ahead, e.c.Stats().Ahead, "mapped from s: none of them is the cache's own")
+			require.NoError(t, s.Append(1))
+			assert.Equal(t, calls, e.calls(), "and s its own")
+			assert.Equal(t, ahead+3*gran, e.c.Stats().Ahead, "its own units left behind are shown")
+			books := func(what string) {
+				t.Helper()
+				st, ps := e.c.Stats(), e.pool.PoolStats()
+				assert.Equal(t, e.gov.Stats(e.dev).Used, ps.Owned, "%s: the governor", what)
+				assert.Equal(t, ps.Owned, st.Committed-st.Shared+st.Ahead+ps.Idle, "%s: every granule is a sequence's own, ahead or behind, or idle", what)
+			}
+			books("left behind")
+			release()
+			e.c.WaitAhead()
+			books("given back")
+
+			// What is still left behind when the owner changes its ranges is
+			// settled first.
+			require.NoError(t, s.Append(16)) // 88
+			require.NoError(t, f.Append(16)) // 88
+			e.c.WaitAhead()
+			release = e.c.HoldAhead()
+			require.NoError(t, s.Append(16)) // FirstLive(88) is 65: block 3 goes
+			require.NoError(t, f.Append(16)) // and f's, which maps s's
+			require.Equal(t, []int{64, 64}, []int{s.FirstHeld(0), f.FirstHeld(0)})
+			books("left behind again")
+			g, err := s.ForkAt(s.Len())
+			require.NoError(t, err)
+			require.NoError(t, f.Truncate(f.Len()-1))
+			assert.True(t, g.Close().OK())
+			assert.True(t, f.Close().OK())
+			release()
+			closeAhead(t, e, s)
+		})
+	}
+}
+
 // the pool owns (runs ahead included), closes s and finishes e.
 func closeAhead(t *testing.T, e aheadEnv, s *kv.Sequence) {
 	t.Helper()

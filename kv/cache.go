@@ -59,8 +59,11 @@ type Config struct {
 	// the budget has room (more than 1/16 of the limit free) it also keeps, idle in
 	// the pool, the granules of the block after that, at most 1/32 of the limit,
 	// which any growth takes first. Truncate, Close, ForkAt, Freeze and PrefixCache.Insert give a sequence's back
-	// first. It needs a pooling backing (host.Shared, cuda) and is ignored on
-	// others.
+	// first. On a Model with sliding-window or chunked-local groups, the granules a
+	// window gives back are the worker's to decommit too: the step leaves them
+	// behind (Stats.Ahead shows them until then), and a growth that the budget
+	// would refuse has them back first. It needs a pooling backing (host.Shared,
+	// cuda) and is ignored on others.
 	MapAhead bool
 }
 
@@ -369,9 +372,11 @@ type Stats struct {
 	// hold on its own, so the bytes that sharing saves.
 	Shared int64
 	Waste  int64 // Committed - Used: the partly filled granules
-	// Ahead is the bytes committed ahead into growing sequences' ranges
-	// (Config.MapAhead) that no step has taken yet: owned and charged, in no
-	// sequence's Committed, and taken back by any growth that needs the budget.
+	// Ahead is the bytes that map-ahead (Config.MapAhead) holds outside every
+	// sequence's Committed, owned and charged: committed ahead into growing
+	// sequences' ranges and taken by no step yet, and granules that windows left
+	// behind and the worker has not given back yet. A growth that needs the budget
+	// takes both back.
 	Ahead int64
 	// Owned and Mapped are the ledger's readings: the physical bytes it owns (under
 	// ByBacking the backing's whole pool, idle granules included; every shared
@@ -416,7 +421,7 @@ func (c *Cache) Stats() Stats {
 		st.Unreleased += int64(b.Committed())
 	}
 	c.mu.Unlock()
-	st.Ahead = c.ahead.own()
+	st.Ahead = c.ahead.own() + c.ahead.leftBehind()
 	if !c.multi {
 		st.Used = st.Tokens * int64(c.bpt)
 	}

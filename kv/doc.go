@@ -84,7 +84,9 @@
 // sliding-window or chunked-local group gives its granules back as the window moves:
 // an append to a sequence of n tokens gives back the whole units (Blocked: blocks)
 // below the one that holds the group's FirstLive(n) — the first token the step can
-// read — while the group's base and every held token's address stay.
+// read — while the group's base and every held token's address stay. With
+// Config.MapAhead the step leaves them behind and the map-ahead worker decommits
+// them, so that the step makes no backing call (Stats.Ahead counts them until then).
 // [Sequence.FirstHeld] says where a layer's held tokens start; reading, writing or
 // viewing a token below fails with [ErrDropped]. A Truncate or ForkAt whose next step
 // would read a dropped token is refused with ErrDropped (recomputing it is the

@@ -63,8 +63,35 @@ func (c *Cache) SetAheadFill(on bool) {
 	}
 }
 
+// SetLeaveBehind turns leaving a window's granules behind for the worker on (the
+// default) or off: the step then gives them back itself, as without map-ahead.
+func (c *Cache) SetLeaveBehind(on bool) {
+	if c.ahead != nil {
+		c.ahead.mu.Lock()
+		c.ahead.noLeave = !on
+		c.ahead.mu.Unlock()
+	}
+}
+
+// HoldAhead keeps the cache's map-ahead worker from its next run or give-back, as a
+// step's hold does, until release: a test then sees what a step left it.
+func (c *Cache) HoldAhead() (release func()) {
+	a := c.ahead
+	a.mu.Lock()
+	a.holds++
+	a.mu.Unlock()
+	return func() {
+		a.mu.Lock()
+		if a.holds--; a.holds == 0 {
+			a.cond.Broadcast()
+		}
+		a.mu.Unlock()
+	}
+}
+
 // WaitAhead waits until the cache's map-ahead worker has committed every run asked
-// (or failed to): the tests that compare ledgers then read them at rest.
+// (or failed to) and given back what windows left behind: the tests that compare
+// ledgers then read them at rest.
 func (c *Cache) WaitAhead() {
 	a := c.ahead
 	if a == nil {
@@ -75,7 +102,11 @@ func (c *Cache) WaitAhead() {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for (len(a.queue) > 0 || a.busy != nil || a.filling || a.started && !a.parked) && !a.stopped {
+	if len(a.behind) > 0 && a.parked {
+		a.parked = false
+		a.kickNow() // NB: what windows left behind waits for the worker's next wake
+	}
+	for (len(a.queue) > 0 || len(a.behind) > 0 || a.behindOut > 0 || a.busy != nil || a.filling || a.started && !a.parked) && !a.stopped {
 		a.cond.Wait()
 	}
 }

@@ -195,6 +195,9 @@ type groupState struct {
 	frozen int // bytes at the start of each of the group's ranges that other holders may map
 	held   int // the first token the group's ranges still hold (window groups)
 	pre    int // while the running batch step resized them: the bytes committed before
+	// behind is what a window group left behind for the map-ahead worker to give
+	// back (see ahead_behind.go), guarded by the cache's ahead.mu.
+	behind seqBehind
 }
 
 // frozenOf returns where s keeps the frozen bytes of group gi: Sequence.frozen in a
@@ -246,14 +249,21 @@ func (s *Sequence) dropDead(n int) error {
 			continue
 		}
 		s.lockRanges()
-		for _, b := range rs {
-			if err := b.DecommitBelow(off); err != nil {
-				s.unlockRanges()
-				s.err = err
-				return fmt.Errorf("%w: giving back a window's granules: %w", ErrDamaged, err)
+		var err error
+		if s.c.ahead != nil {
+			err = s.c.ahead.leave(s, gi, rs, off)
+		} else {
+			for _, b := range rs {
+				if err = b.DecommitBelow(off); err != nil {
+					break
+				}
 			}
 		}
 		s.unlockRanges()
+		if err != nil {
+			s.err = err
+			return fmt.Errorf("%w: giving back a window's granules: %w", ErrDamaged, err)
+		}
 		gave = true
 		s.gs[gi].held = g.heldFrom(rs[0].Start())
 	}

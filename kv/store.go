@@ -22,6 +22,12 @@ type buffer interface {
 	// granules below its first live token, and a fork of one starts there.
 	DecommitBelow(off int) error
 	StartAt(off int) error
+	// LeaveBehind and DecommitBehind are arena.Buffer's: with map-ahead a window
+	// group leaves those granules behind and the worker gives them back (see
+	// ahead_behind.go); DecommitBehind may run on the worker, concurrently with the
+	// owner's calls.
+	LeaveBehind(off int) (bool, error)
+	DecommitBehind() (int, error)
 	Bytes() []byte
 	Close() accounting.ReleaseOutcome
 

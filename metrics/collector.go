@@ -201,7 +201,7 @@ func newDescs(ns string) descs {
 		kvWaits:      d("kv_waits_total", "Appends that had to wait for memory.", cache),
 		kvRefusals:   d("kv_refusals_total", "Operations (growths, forks, starts on a prefix, lookups) refused because the memory could not be had (a scheduler's cue to preempt).", cache),
 		kvUnreleased: d("kv_unreleased_bytes", "Bytes failed releases left held: kept for the cache's Close to retry, or quarantined.", cache),
-		kvAhead:      d("kv_ahead_bytes", "Bytes committed ahead into growing sequences' ranges that no step has taken yet (map-ahead): owned, and taken back by any growth that needs the budget.", cache),
+		kvAhead:      d("kv_ahead_bytes", "Bytes that map-ahead holds outside every sequence: committed ahead into growing sequences' ranges and taken by no step yet, and granules that windows left behind for the worker to give back. Owned, and taken back by any growth that needs the budget.", cache),
 
 		pcQueries:      d("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", cache),
 		pcHits:         d("prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", cache),

@@ -60,7 +60,7 @@ func TestCollectPoolsCachesPrefixCaches(t *testing.T) {
 
 	// Usage: (owned 20 MiB - idle 4 MiB - 2 MiB ahead) / limit 64 MiB = 0.21875.
 	const want = `
-# HELP vmarena_kv_ahead_bytes Bytes committed ahead into growing sequences' ranges that no step has taken yet (map-ahead): owned, and taken back by any growth that needs the budget.
+# HELP vmarena_kv_ahead_bytes Bytes that map-ahead holds outside every sequence: committed ahead into growing sequences' ranges and taken by no step yet, and granules that windows left behind for the worker to give back. Owned, and taken back by any growth that needs the budget.
 # TYPE vmarena_kv_ahead_bytes gauge
 vmarena_kv_ahead_bytes{cache="llama"} 2.097152e+06
 # HELP vmarena_kv_cache_usage_perc Fraction of the KV budget held by live sequences and prefixes, 0 to 1 (1 means 100 percent).
