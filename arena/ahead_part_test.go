@@ -105,27 +105,37 @@ func testAdoptAheadInPart[R any, B backing.Backing[R]](t *testing.T, b B, auth, 
 	}
 }
 
-func TestBufferAdoptAheadInPartFake(t *testing.T) {
+// bufferTest is a generic Buffer test instantiated for one backing: b, the buffer's
+// authority under ByBuffer (auth, nil where b owns its memory), and ledger, where the
+// granules are charged.
+type bufferTest[R any, B backing.Backing[R]] func(t *testing.T, b B, auth, ledger *accounting.Authority)
+
+// onFakes runs a generic Buffer test on the Fake, ByBuffer and ByBacking, and on the
+// CUDA fake (ByBacking), then checks that each gave everything back.
+func onFakes(t *testing.T, fake bufferTest[*backingtest.FakeReservation, *backingtest.Fake], gpu bufferTest[*cuda.Reservation, *cuda.Backing]) {
 	t.Run("ByBuffer", func(t *testing.T) {
 		f, a := newFake(t, 1<<30)
-		testAdoptAheadInPart(t, f, a, a)
+		fake(t, f, a, a)
 	})
 	t.Run("ByBacking", func(t *testing.T) {
 		pool := accounting.NewGovernor().Authority("pool", accounting.HostKey)
 		f := backingtest.NewFake(backingtest.FakeOptions{Granularity: g, Authority: pool})
-		testAdoptAheadInPart(t, f, nil, pool)
+		fake(t, f, nil, pool)
 		assert.Zero(t, f.LiveGranules(), "granules leaked")
 		assert.Zero(t, pool.Stats().Owned, "ledger does not balance")
 	})
+	t.Run("CUDAFake", func(t *testing.T) {
+		drv := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: g, Memory: 64 << 20})
+		pool := accounting.NewGovernor().Authority("kv", accounting.GPU(0))
+		b, err := cuda.New(cuda.Options{Authority: pool, Driver: drv.Driver()})
+		require.NoError(t, err)
+		gpu(t, b, nil, pool)
+		require.NoError(t, b.Close())
+		assert.Zero(t, pool.Stats().Owned, "ledger does not balance")
+		assert.NoError(t, drv.CheckLeaks())
+	})
 }
 
-func TestBufferAdoptAheadInPartCUDAFake(t *testing.T) {
-	fake := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: g, Memory: 64 << 20})
-	pool := accounting.NewGovernor().Authority("kv", accounting.GPU(0))
-	b, err := cuda.New(cuda.Options{Authority: pool, Driver: fake.Driver()})
-	require.NoError(t, err)
-	testAdoptAheadInPart(t, b, nil, pool)
-	require.NoError(t, b.Close())
-	assert.Zero(t, pool.Stats().Owned, "ledger does not balance")
-	assert.NoError(t, fake.CheckLeaks())
+func TestBufferAdoptAheadInPart(t *testing.T) {
+	onFakes(t, testAdoptAheadInPart[*backingtest.FakeReservation, *backingtest.Fake], testAdoptAheadInPart[*cuda.Reservation, *cuda.Backing])
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/backing/cuda"
-	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 )
 
 // testLeaveBehind: granules left behind leave the buffer with no backing call (b is
@@ -111,29 +110,8 @@ func testLeaveBehind[R any, B backing.Backing[R]](t *testing.T, b B, auth, ledge
 	}
 }
 
-func TestBufferLeaveBehindFake(t *testing.T) {
-	t.Run("ByBuffer", func(t *testing.T) {
-		f, a := newFake(t, 1<<30)
-		testLeaveBehind(t, f, a, a)
-	})
-	t.Run("ByBacking", func(t *testing.T) {
-		pool := accounting.NewGovernor().Authority("pool", accounting.HostKey)
-		f := backingtest.NewFake(backingtest.FakeOptions{Granularity: g, Authority: pool})
-		testLeaveBehind(t, f, nil, pool)
-		assert.Zero(t, f.LiveGranules(), "granules leaked")
-		assert.Zero(t, pool.Stats().Owned, "ledger does not balance")
-	})
-}
-
-func TestBufferLeaveBehindCUDAFake(t *testing.T) {
-	fake := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: g, Memory: 64 << 20})
-	pool := accounting.NewGovernor().Authority("kv", accounting.GPU(0))
-	b, err := cuda.New(cuda.Options{Authority: pool, Driver: fake.Driver()})
-	require.NoError(t, err)
-	testLeaveBehind(t, b, nil, pool)
-	require.NoError(t, b.Close())
-	assert.Zero(t, pool.Stats().Owned, "ledger does not balance")
-	assert.NoError(t, fake.CheckLeaks())
+func TestBufferLeaveBehind(t *testing.T) {
+	onFakes(t, testLeaveBehind[*backingtest.FakeReservation, *backingtest.Fake], testLeaveBehind[*cuda.Reservation, *cuda.Backing])
 }
 
 // TestBufferLeaveBehindShared: granules that map another buffer's are left behind
