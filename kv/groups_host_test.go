@@ -42,6 +42,22 @@ func TestGroupOpsHost(t *testing.T) {
 	assert.Positive(t, seen.dropped)
 }
 
+// TestGroupOpsMapAheadHost is TestGroupOpsHost with map-ahead: runs ahead and what
+// windows leave behind for the worker, the worker held off through about half the
+// ops. After every op the worker is let rest and the ledger maps exactly what the
+// sequences and prefixes commit and the runs ahead.
+func TestGroupOpsMapAheadHost(t *testing.T) {
+	env := func(t *testing.T, cfg kv.Config) (*kv.Cache, *accounting.Authority, func() int) {
+		cfg.MapAhead = true
+		return sharedGroupEnv(t, cfg)
+	}
+	seen := runGroupOps(t, env, hostHybrid, 0, randomOps(11, 80))
+	assert.Positive(t, seen.forks)
+	assert.Positive(t, seen.dropped)
+	seen = runGroupOps(t, env, withoutRecurrent(hostHybrid, "host-windows"), 1, randomOps(12, 80))
+	assert.Positive(t, seen.frozen, "prefixes")
+}
+
 // TestGroupWindowPoolHost: on a pooling backing, the granules a window leaves go
 // idle in the pool, where the next growth takes them: a long sequence of a window
 // model owns no more than a short one, and the ledger stays exact (it owns what the
