@@ -408,11 +408,11 @@ func (buf *Buffer[R, B]) ShareRange(src *Buffer[R, B], srcOff, dstOff, size int,
 // Protect sets the access of the buffer's committed bytes [off, off+size) to prot in
 // place: ReadOnly makes them read-only through this buffer, ReadWrite writable again.
 // off and size must be multiples of the granule and the range must lie within the
-// committed bytes [Start, Start+Committed). The contents stay, and other buffers mapping the same granules (see
-// ShareFrom) keep their own access. A granule this buffer maps by a ReadOnly ShareFrom
-// can not be made ReadWrite: that fails with an error matching backing.ErrReadOnly.
-// Protection lasts until the bytes are decommitted (Resize or DecommitBelow past
-// them); memory committed again is read-write.
+// committed bytes [Start, Start+Committed). The contents stay, and other buffers
+// mapping the same granules (see ShareFrom) keep their own access. A granule this
+// buffer maps by a ReadOnly ShareFrom can not be made ReadWrite: that fails with an
+// error matching backing.ErrReadOnly. Protection lasts until the bytes are decommitted
+// (Resize or DecommitBelow past them); memory committed again is read-write.
 //
 // A write to read-only bytes through the backing's copies fails; a store through
 // Bytes or a host view faults (SIGSEGV, fatal unless the goroutine runs under

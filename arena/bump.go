@@ -17,7 +17,8 @@ const DefaultAlign = 64
 // Reset and aligns typed allocations to DefaultAlign.
 type ArenaOptions struct {
 	// Align is the alignment in bytes of Make and MakeTensor allocations (at least the
-	// element's alignment, its size for a number, is always used); 0 means DefaultAlign. It must be a power of two.
+	// element's alignment, its size for a number, is always used); 0 means
+	// DefaultAlign. It must be a power of two.
 	Align int
 	// DecommitOnReset makes Reset give back the granules past the high-water mark of
 	// the step it ends (the most bytes in use since the previous Reset), so memory
@@ -310,8 +311,9 @@ func (a *Arena[R, B]) Close() accounting.ReleaseOutcome {
 
 // Make returns a slice of n elements of type T from the arena, aligned to
 // ArenaOptions.Align (and at least T's alignment: its size for a number). The
-// elements are NOT zeroed. The arena's memory must be host-accessible (ErrNotHostAccessible); otherwise it fails as Alloc
-// does, and with ErrInvalidSize for a negative or overflowing n.
+// elements are NOT zeroed. The arena's memory must be host-accessible
+// (ErrNotHostAccessible); otherwise it fails as Alloc does, and with ErrInvalidSize for
+// a negative or overflowing n.
 func Make[T Elem, R any, B backing.Backing[R]](a *Arena[R, B], n int) ([]T, error) {
 	a.live()
 	if !a.buf.HostAccessible() {

@@ -83,8 +83,9 @@ func (s *Sequence) BlockStride() int {
 }
 
 // View returns layer's K or V tensor of s as a tensor of T: [Len, KVHeads, HeadDim],
-// contiguous in the PerLayer layout; in the Blocked layout [blocks, BlockTokens, KVHeads, HeadDim] with blocks = ⌈Len /
-// BlockTokens⌉, strided by BlockStride and TokenStride, whose token t is element
+// contiguous in the PerLayer layout; in the Blocked layout [blocks, BlockTokens,
+// KVHeads, HeadDim] with blocks = ⌈Len / BlockTokens⌉, strided by BlockStride and
+// TokenStride, whose token t is element
 // [t / BlockTokens, t % BlockTokens]. NB: in the last block the tokens at or past Len
 // are not the sequence's (free room, or another sequence's tokens copied with a fork
 // or prefix): a kernel masks them out. T must be the geometry's element type

@@ -63,8 +63,8 @@ func (c *Cache) shareBudget(n int) error {
 // evicting runs op and, when the backing refuses it for budget (the memory went to
 // another user of the device since shareBudget, or the backing needs more than the
 // copied tail), runs it once more after the runs committed ahead (see ahead.go) and
-// the prefix cache gave back what the refusal says is missing. op must change nothing when it fails. A refusal that stays is
-// counted in Stats.Refusals.
+// the prefix cache gave back what the refusal says is missing. op must change nothing
+// when it fails. A refusal that stays is counted in Stats.Refusals.
 func evicting[T any](c *Cache, op func() (T, error)) (T, error) {
 	v, err := op()
 	var be *accounting.BudgetError

@@ -92,8 +92,8 @@ import (
 // What map-ahead holds: at most one run per group of a growing sequence beyond its
 // tokens (one block of the group in the Blocked layout; one granule a range in the
 // others, two where aheadTokens straddle a granule boundary), from the step that
-// adopts the last run until its next crossing. A sequence that stops growing keeps its run until it is
-// truncated or closed, or a growth of another sequence needs the budget.
+// adopts the last run until its next crossing. A sequence that stops growing keeps its
+// run until it is truncated or closed, or a growth of another sequence needs the budget.
 //
 // Filling the pool (fill): with no run asked, the worker makes the granules of the
 // runs that the mapped ones will ask next (as many as they hold, for the sequences
@@ -541,8 +541,8 @@ func (a *ahead) commit(r seqAhead) error {
 
 // fill makes one more idle granule resident in the pool, if it holds fewer than want
 // bytes of them and the budget has room besides what steps reserved (see fillShare
-// and hold); it reports whether it made one. A refusal or failure of the pool leaves the filling to the next run that
-// lands.
+// and hold); it reports whether it made one. A refusal or failure of the pool leaves
+// the filling to the next run that lands.
 func (a *ahead) fill(want int64) bool {
 	c := a.c
 	g := int64(c.gran)

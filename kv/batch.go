@@ -221,10 +221,11 @@ func (s *Sequence) resizeRanges(tokens int) (int, error) {
 // sequences of done that it resized (grew) go back to what they committed before the
 // step (pre), which may be more than their tokens take (a sequence that took over an
 // entry's ranges holds granules past its tokens), so that a sequence's ranges stay
-// alike. A range that can not go back damages its sequence (it must be closed). The granules the undone part took went idle in the pool: what
-// the pool did not hold before is given back, so the refusal holds no budget; if the
-// pool can not give them back, the error says so too (they stay idle in the pool,
-// where the next commit or a Trim finds them).
+// alike. A range that can not go back damages its sequence (it must be closed). The
+// granules the undone part took went idle in the pool: what the pool did not hold
+// before is given back, so the refusal holds no budget; if the pool can not give them
+// back, the error says so too (they stay idle in the pool, where the next commit or a
+// Trim finds them).
 func (c *Cache) rollback(done []Growth, s *Sequence, k int, idle int64, commits bool, err error) error {
 	errs := []error{err}
 	// undo gives q's first k ranges back what they held before the step.

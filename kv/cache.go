@@ -58,12 +58,12 @@ type Config struct {
 	// takes them back: map-ahead never makes a growth of this cache refused. While
 	// the budget has room (more than 1/16 of the limit free) it also keeps, idle in
 	// the pool, the granules of the block after that, at most 1/32 of the limit,
-	// which any growth takes first. Truncate, Close, ForkAt, Freeze and PrefixCache.Insert give a sequence's back
-	// first. On a Model with sliding-window or chunked-local groups, the granules a
-	// window gives back are the worker's to decommit too: the step leaves them
-	// behind (Stats.Ahead shows them until then), and a growth that the budget
-	// would refuse has them back first. It needs a pooling backing (host.Shared,
-	// cuda) and is ignored on others.
+	// which any growth takes first. Truncate, Close, ForkAt, Freeze and
+	// PrefixCache.Insert give a sequence's back first. On a Model with sliding-window
+	// or chunked-local groups, the granules a window gives back are the worker's to
+	// decommit too: the step leaves them behind (Stats.Ahead shows them until then),
+	// and a growth that the budget would refuse has them back first. It needs a pooling
+	// backing (host.Shared, cuda) and is ignored on others.
 	MapAhead bool
 }
 

@@ -203,8 +203,9 @@
 // for it only when a step crosses into a run the worker is still committing (see
 // kv/ahead.go for the protocol). A prefix cache with an observer runs one goroutine of its own
 // from its first change to Close, which takes only the prefix cache's lock (holding no
-// other), to take the changes queued under it, and calls the observer with no lock held. A prefix cache calls its tiers (PrefixCacheOptions.Tiers)
-// with none of these locks held; the lock of its tier counts is taken after all of them.
+// other), to take the changes queued under it, and calls the observer with no lock
+// held. A prefix cache calls its tiers (PrefixCacheOptions.Tiers) with none of these
+// locks held; the lock of its tier counts is taken after all of them.
 //
 // The locks, in the order they are taken (a goroutine that holds one takes only those
 // below it):

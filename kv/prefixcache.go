@@ -83,13 +83,13 @@ type PrefixCacheOptions struct {
 // when they were made; NB: one made earlier is not counted, and eviction may count its
 // granules as memory it gives back); eviction takes the last granules of the least
 // recently used leaf (the leaf whole, in one release, when the need covers all of its
-// own), and only ones that give memory back (held by that entry alone, mapped by no live sequence): page-aware,
-// since a granule any other holder maps frees nothing. It runs before any operation
-// that commits granules is refused (an append, a fork, a freeze, a start on a prefix,
-// a lookup's copied tail), whenever a request on the device waits for memory (the
-// prefix cache's reclaimer, see accounting.Authority.SetReclaimer), to keep under
-// PrefixCacheOptions.MaxBytes, and on request ([PrefixCache.Evict]); a [PrefixPin]
-// holds a prefix against all of them. A
+// own), and only ones that give memory back (held by that entry alone, mapped by no
+// live sequence): page-aware, since a granule any other holder maps frees nothing. It
+// runs before any operation that commits granules is refused (an append, a fork, a
+// freeze, a start on a prefix, a lookup's copied tail), whenever a request on the
+// device waits for memory (the prefix cache's reclaimer, see
+// accounting.Authority.SetReclaimer), to keep under PrefixCacheOptions.MaxBytes, and on
+// request ([PrefixCache.Evict]); a [PrefixPin] holds a prefix against all of them. A
 // lookup that misses, for a prompt whose granules the budget can not hold, evicts
 // ahead of that growth: when the least recently used entry fits in the prompt's
 // granules, holds every one of its granules alone (no other entry or live sequence
@@ -194,9 +194,10 @@ type PrefixCache struct {
 	_ nocopy.NoCopy
 
 	mu sync.Mutex
-	// ev queues the changes for the events (no observer: ev.side nil), under mu. NB: mu and ev's counters are the struct's first 50 bytes, and its
-	// first slots follow: queueing finds them in or next to the cache line that the
-	// call's lock has just brought in, no memory of the events' own.
+	// ev queues the changes for the events (no observer: ev.side nil), under mu. NB: mu
+	// and ev's counters are the struct's first 50 bytes, and its first slots follow:
+	// queueing finds them in or next to the cache line that the call's lock has just
+	// brought in, no memory of the events' own.
 	ev pcEvents
 
 	c      *Cache
@@ -521,21 +522,21 @@ func (pc *PrefixCache) settle(h hit, s *Sequence, err error, queried int) {
 var errEntryGone = errors.New("kv: prefix cache entry gone")
 
 // Insert adds the first len(tokens) tokens of s, whose IDs are tokens, to the cache
-// (more tokens than s holds fail with ErrRange and change nothing), so that later lookups can start on them; tokens the cache
-// holds already are left as they are. It is bookkeeping only: the new entry refers to
-// s's granules (see Mechanics on PrefixCache). s's whole granules below
-// them become shared: below s.Writable from then on, refused by WriteToken, and they
-// MUST NOT be written through Bytes or a View (on a backing.Protector the first
-// lookup that maps them makes them read-only in s too); nor may s's tokens past them
-// and below len(tokens) be written through Bytes or a View (WriteToken may: the entry
-// first copies them). When s closes, the entry takes over s's ranges; where s was
-// inserted more than once under tokens that do not extend each other, only the longest
-// of its entries does, and the others leave the index then. s must belong to the
-// prefix cache's cache and stays the caller's, usable and to be closed as before. A
-// cache over MaxBytes afterwards evicts down to it. A sequence that maps granules of an
-// earlier prefix cache of the same cache, closed since (a hit or an insert there, or a
-// fork or prefix of one), is refused with ErrConfig and nothing changes: this one's
-// books can not tell which of those granules others still map.
+// (more tokens than s holds fail with ErrRange and change nothing), so that later
+// lookups can start on them; tokens the cache holds already are left as they are. It is
+// bookkeeping only: the new entry refers to s's granules (see Mechanics on
+// PrefixCache). s's whole granules below them become shared: below s.Writable from then
+// on, refused by WriteToken, and they MUST NOT be written through Bytes or a View (on a
+// backing.Protector the first lookup that maps them makes them read-only in s too); nor
+// may s's tokens past them and below len(tokens) be written through Bytes or a View
+// (WriteToken may: the entry first copies them). When s closes, the entry takes over
+// s's ranges; where s was inserted more than once under tokens that do not extend each
+// other, only the longest of its entries does, and the others leave the index then. s
+// must belong to the prefix cache's cache and stays the caller's, usable and to be
+// closed as before. A cache over MaxBytes afterwards evicts down to it. A sequence that
+// maps granules of an earlier prefix cache of the same cache, closed since (a hit or an
+// insert there, or a fork or prefix of one), is refused with ErrConfig and nothing
+// changes: this one's books can not tell which of those granules others still map.
 //
 // On a Model of window groups beside full ones, Insert gives the new entry ranges of
 // its own at once (a window that moves on in s afterwards then gives back only s's

@@ -267,14 +267,15 @@ func (s *Sequence) Fork() (*Sequence, error) {
 // ForkAt returns a new sequence holding the first n tokens of s (a checkpoint: beam
 // search, speculative decoding): the full granules that hold them (in the Blocked
 // layout, the full blocks) are mapped, not copied, read-only in the new sequence; the
-// tokens past them are copied into the new sequence's own granule (block). From then on the tokens of s below the
-// new sequence's Writable are shared by both: WriteToken refuses them (ErrReadOnly),
-// and on a backing that can protect memory in place (backing.Protector) s's own
-// mapping of them becomes read-only too, so that a stray write through Bytes or a
-// View faults in either rather than reach the other. The new sequence MUST be closed.
-// It fails with ErrRange for n outside [0, Len] and changes nothing on any error;
-// when the copied tail's granules can not be had (ForkNeed says how many bytes they
-// take), it evicts cached prefixes before it refuses with an *accounting.BudgetError.
+// tokens past them are copied into the new sequence's own granule (block). From then on
+// the tokens of s below the new sequence's Writable are shared by both: WriteToken
+// refuses them (ErrReadOnly), and on a backing that can protect memory in place
+// (backing.Protector) s's own mapping of them becomes read-only too, so that a stray
+// write through Bytes or a View faults in either rather than reach the other. The new
+// sequence MUST be closed. It fails with ErrRange for n outside [0, Len] and changes
+// nothing on any error; when the copied tail's granules can not be had (ForkNeed says
+// how many bytes they take), it evicts cached prefixes before it refuses with an
+// *accounting.BudgetError.
 //
 // On a Model each group forks on its own: a window group's new sequence starts at the
 // unit that holds its FirstLive(n) and maps the parent's whole units from there (a
@@ -333,11 +334,11 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 // Freeze makes the first p tokens of the sequence an immutable, reference-counted
 // Prefix that new sequences can start on (NewSequenceFrom). The full granules (in the
 // Blocked layout, the full blocks) are shared, not copied; the prefix copies the
-// tokens past them into a granule (block) of its own. The sequence's tokens below Writable are shared from then on:
-// they MUST NOT be written through Bytes or a View (WriteToken refuses them with
-// ErrReadOnly; on a backing.Protector the sequence's own mapping of them becomes
-// read-only, so a stray write faults). The caller holds one reference and MUST
-// Release it; the prefix's memory is freed with its last user. On error nothing
+// tokens past them into a granule (block) of its own. The sequence's tokens below
+// Writable are shared from then on: they MUST NOT be written through Bytes or a View
+// (WriteToken refuses them with ErrReadOnly; on a backing.Protector the sequence's own
+// mapping of them becomes read-only, so a stray write faults). The caller holds one
+// reference and MUST Release it; the prefix's memory is freed with its last user. On error nothing
 // changed, except that what could not be given back is reported in the error and in
 // Stats.Unreleased. Its budget is ForkNeed(p)'s, and it evicts cached prefixes before
 // it refuses for budget, as ForkAt does.

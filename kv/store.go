@@ -135,8 +135,9 @@ func copyRange(dst, src buffer, off, n int) error {
 	return dst.writeAt(off, tmp)
 }
 
-// layerMemory is the memory of one layer's K or V tensor inside a Blocked range: it starts off bytes into the range, so that an empty sequence still
-// has a view at the tensor's base address.
+// layerMemory is the memory of one layer's K or V tensor inside a Blocked range: it
+// starts off bytes into the range, so that an empty sequence still has a view at the
+// tensor's base address.
 type layerMemory struct {
 	buf buffer
 	off int

@@ -95,10 +95,10 @@ func (s *Sequence) span(layer int, kind Kind, from, to, n int) (int, buffer, int
 
 // Run returns the contiguous run of layer's K or V tensor that starts at token t, as
 // k × KVHeads × HeadDim elements of T for the k >= 1 tokens it holds: up to the end of
-// t's block in the Blocked layout, up to Len in PerLayer. A reader walks a tensor run by run (t += len(run) / (KVHeads ×
-// HeadDim)) rather than element by element through a View. It needs host memory
-// (ErrLayout on a device: use ReadTokens) and the geometry's element type
-// (ErrElemType); t must be below Len (ErrRange). The slice is valid as a View is:
+// t's block in the Blocked layout, up to Len in PerLayer. A reader walks a tensor run
+// by run (t += len(run) / (KVHeads × HeadDim)) rather than element by element through a
+// View. It needs host memory (ErrLayout on a device: use ReadTokens) and the geometry's
+// element type (ErrElemType); t must be below Len (ErrRange). The slice is valid as a View is:
 // until s shrinks below it or closes; its tokens below Writable MUST NOT be written.
 // It allocates nothing.
 func Run[T arena.Elem](s *Sequence, layer int, kind Kind, t int) ([]T, error) {
