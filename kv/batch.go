@@ -57,11 +57,12 @@ func (c *Cache) AppendBatchCtx(ctx context.Context, batch []Growth) error {
 	if ctx == nil {
 		panic(PanicNilContext)
 	}
+	idle := c.idle()
 	err := c.appendBatch(batch, 0)
 	if !accounting.CanWait(err) {
 		return err
 	}
-	return c.wait(ctx, batch, err)
+	return c.wait(ctx, batch, err, idle)
 }
 
 // check validates a batch and returns the bytes of the granules it must commit.
@@ -269,8 +270,10 @@ func (c *Cache) rollback(done []Growth, s *Sequence, k int, idle int64, commits 
 // for the bytes the step needs beyond the pool's idle granules, then steps with them
 // (the governor hands them over as credit: see accounting.Authority.AcquireFor).
 // Memory that comes back to this cache's pool as idle granules, which the governor
-// does not see, also ends a wait; the step is then tried again.
-func (c *Cache) wait(ctx context.Context, batch []Growth, err error) error {
+// does not see, also ends a wait; the step is then tried again. idle is the pool's
+// idle bytes read before the refused try: a wait ends at once where more came back
+// since, however late the refusal saw them.
+func (c *Cache) wait(ctx context.Context, batch []Growth, err error, idle int64) error {
 	c.mu.Lock()
 	c.waits++
 	c.mu.Unlock()
@@ -283,11 +286,15 @@ func (c *Cache) wait(ctx context.Context, batch []Growth, err error) error {
 		// granules counted; wait for a granule at least so that the loop makes
 		// progress only as memory moves.
 		want := max(be.Requested, int64(c.gran))
-		idle := c.idle()
 		wctx, cancel := context.WithCancel(ctx)
+		// NB: idle was read before the try that was refused: granules that came
+		// back while it ran (a sequence's Close half done when it looked, say) end
+		// the wait at once, where a reading taken now would wait for more than
+		// will ever come.
 		go c.watchIdle(wctx, cancel, idle)
 		var stepErr error
 		err = c.auth.AcquireFor(wctx, want, func() error {
+			idle = c.idle()
 			stepErr = c.appendBatch(batch, want)
 			return nil
 		})
@@ -299,6 +306,7 @@ func (c *Cache) wait(ctx context.Context, batch []Growth, err error) error {
 			return ctx.Err()
 		case errors.Is(err, context.Canceled):
 			// Idle granules came back to the pool: try with them.
+			idle = c.idle()
 			err = c.appendBatch(batch, 0)
 		default:
 			return err // the limit shrank below the request, say
