@@ -77,6 +77,9 @@ func (c *Cache) SetLeaveBehind(on bool) {
 // step's hold does, until release: a test then sees what a step left it.
 func (c *Cache) HoldAhead() (release func()) {
 	a := c.ahead
+	if a == nil {
+		return func() {}
+	}
 	a.mu.Lock()
 	a.holds++
 	a.mu.Unlock()
