@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -105,7 +106,10 @@ func refusesNothingMore(t *testing.T, name string, cfg kv.Config, limit int64, h
 	off := openAheadOn(t, name, cfg, int(blockGranule), limit)
 	release := func() {}
 	if held {
-		release = on.c.HoldAhead()
+		var once sync.Once
+		hold := on.c.HoldAhead()
+		release = func() { once.Do(hold) }
+		defer release() // NB: a run that fails midway lets the worker go too
 	}
 	rest := func() { // NB: the worker at rest, where it is not held off
 		if !held {
