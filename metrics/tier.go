@@ -19,9 +19,9 @@ type TierStats struct {
 	DroppedStores int64 // stores the tier did not keep (down, timed out, refused)
 	Errors        int64 // calls that failed for a reason other than a miss
 	// HeldBytes is the memory the tier holds now and BudgetBytes the most it may
-	// hold (kvtier/hosttier's Stats.Held and Stats.Budget). A tier that can not tell
-	// (a Redis server's memory is the server's) leaves BudgetBytes 0, and neither is
-	// then exported.
+	// hold (for kvtier/hosttier, set them from its Stats.Held and Stats.Budget). A
+	// tier that can not tell (a Redis server's memory is the server's) leaves
+	// BudgetBytes 0, and neither is then exported.
 	HeldBytes, BudgetBytes int64
 }
 

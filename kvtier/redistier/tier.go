@@ -47,8 +47,9 @@ type Options struct {
 	TTL time.Duration
 }
 
-// Stats are a Tier's counters since New, one to one with metrics.TierStats (whose
-// TierCollector exports them). vLLM's names where the meaning matches:
+// Stats are a Tier's counters since New, one to one with metrics.TierStats's
+// counters (whose TierCollector exports them; a Redis tier leaves its HeldBytes and
+// BudgetBytes 0). vLLM's names where the meaning matches:
 // BytesStored is kv_offload_store_bytes_total and BytesLoaded
 // kv_offload_load_bytes_total for this tier; Queries and QueryHits are
 // external_prefix_cache_queries_total and external_prefix_cache_hits_total counted
