@@ -58,19 +58,34 @@ func startServer(t *testing.T, addr string) (*exec.Cmd, <-chan struct{}) {
 	return cmd, exited
 }
 
+// ourServer starts a redis-server on a free port and waits for it, on another port
+// when one taken meanwhile answers for it or keeps it from starting (Retry), up to 3
+// tries: other packages' tests start servers at the same time.
+func ourServer(t *testing.T) (string, *exec.Cmd, <-chan struct{}) {
+	var err error
+	for range 3 {
+		addr := freeAddr(t)
+		cmd, exited := startServer(t, addr)
+		if err = redisup.Wait(addr, cmd.Process.Pid, exited, 10*time.Second); err == nil {
+			return addr, cmd, exited
+		}
+		if !redisup.Retry(err) {
+			break
+		}
+	}
+	require.NoError(t, err)
+	return "", nil, nil
+}
+
 func TestWaitServer(t *testing.T) {
-	addr := freeAddr(t)
-	cmd, exited := startServer(t, addr)
-	require.NoError(t, redisup.Wait(addr, cmd.Process.Pid, exited, 10*time.Second))
+	ourServer(t)
 }
 
 // TestWaitNotOurs: a server started on a port another server took meanwhile is not
 // taken for the caller's. The second server either exits (the port is in use) or,
 // while it starts, the first answers in its place: each is a Retry, never nil.
 func TestWaitNotOurs(t *testing.T) {
-	addr := freeAddr(t)
-	first, firstExited := startServer(t, addr)
-	require.NoError(t, redisup.Wait(addr, first.Process.Pid, firstExited, 10*time.Second))
+	addr, first, _ := ourServer(t)
 	err := redisup.Wait(addr, first.Process.Pid+1, nil, 10*time.Second)
 	require.ErrorIs(t, err, redisup.ErrNotOurs, "a pid that is not the server's")
 	assert.True(t, redisup.Retry(err))
