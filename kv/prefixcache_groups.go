@@ -176,6 +176,16 @@ func (pc *PrefixCache) insertGroups(s *Sequence, tokens []int32) ([]*pcEntry, er
 		}
 		return nil, err
 	}
+	if below != nil && below.segs == nil {
+		// below left the index while es mapped from it: an entry that displaced it may
+		// hold the same units by below's references, which are gone, and fresh ones
+		// would count those units twice (freed by evicting either, while the other
+		// maps them). Leave the tokens to a later insert.
+		pc.mu.Unlock()
+		es.Close()
+		pc.mu.Lock()
+		return drop, nil
+	}
 	if s.pcl == nil {
 		s.pcl = newLive(pc)
 	}
@@ -204,17 +214,8 @@ func (pc *PrefixCache) insertGroups(s *Sequence, tokens []int32) ([]*pcEntry, er
 		full, k := g.fullUnits(n), g.unitsFor(n)
 		refs := make([]*granuleRef, 0, k-from)
 		if from < lo {
-			// Mapped from below: by its references while it holds them; else the
-			// new entry's alone once below closes.
-			if below.segs != nil {
-				refs = append(refs, below.segs[gi].slice(from, lo)...)
-			} else {
-				fresh := make([]granuleRef, lo-from)
-				for i := range fresh {
-					fresh[i].grp = int32(gi)
-					refs = append(refs, &fresh[i])
-				}
-			}
+			// Mapped from below, by its references (it is still in the index).
+			refs = append(refs, below.segs[gi].slice(from, lo)...)
 		} else {
 			lo = from
 		}
