@@ -45,7 +45,7 @@ func (c *Cache) Need(batch []Growth) (int64, error) {
 // sequence) and steps again. A batch that names a sequence twice, a nil sequence or
 // one of another cache fails with ErrBatch; a count past MaxTokens with ErrTooLong.
 // The batch's sequences MUST all be owned by the calling goroutine.
-func (c *Cache) AppendBatch(batch []Growth) error { return c.appendBatch(batch, 0) }
+func (c *Cache) AppendBatch(batch []Growth) error { return c.appendBatch(batch, 0, nil) }
 
 // AppendBatchCtx is AppendBatch that, when the memory can not be had now, waits for
 // the whole step's bytes in the governor's FIFO queue of the device, behind every
@@ -57,8 +57,8 @@ func (c *Cache) AppendBatchCtx(ctx context.Context, batch []Growth) error {
 	if ctx == nil {
 		panic(PanicNilContext)
 	}
-	idle := c.idle()
-	err := c.appendBatch(batch, 0)
+	var idle int64
+	err := c.appendBatch(batch, 0, &idle)
 	if !accounting.CanWait(err) {
 		return err
 	}
@@ -94,11 +94,18 @@ func (c *Cache) check(batch []Growth) (int64, error) {
 	return need, nil
 }
 
-// appendBatch is AppendBatch with credit bytes already waited for (see wait).
-func (c *Cache) appendBatch(batch []Growth, credit int64) error {
+// appendBatch is AppendBatch with credit bytes already waited for (see wait). Where
+// idle is not nil and the step needs granules, it first stores there the pool's idle
+// bytes, for a wait after a refusal (see wait); a step that needs none can not be
+// refused for memory, and reads nothing (the pool's lock may be held across a system
+// call).
+func (c *Cache) appendBatch(batch []Growth, credit int64, idle *int64) error {
 	need, err := c.check(batch)
 	if err != nil {
 		return err
+	}
+	if idle != nil && need > 0 {
+		*idle = c.idle()
 	}
 	crossed := false
 	if need > 0 && c.ahead != nil {
@@ -294,8 +301,7 @@ func (c *Cache) wait(ctx context.Context, batch []Growth, err error, idle int64)
 		go c.watchIdle(wctx, cancel, idle)
 		var stepErr error
 		err = c.auth.AcquireFor(wctx, want, func() error {
-			idle = c.idle()
-			stepErr = c.appendBatch(batch, want)
+			stepErr = c.appendBatch(batch, want, &idle)
 			return nil
 		})
 		cancel()
@@ -306,8 +312,7 @@ func (c *Cache) wait(ctx context.Context, batch []Growth, err error, idle int64)
 			return ctx.Err()
 		case errors.Is(err, context.Canceled):
 			// Idle granules came back to the pool: try with them.
-			idle = c.idle()
-			err = c.appendBatch(batch, 0)
+			err = c.appendBatch(batch, 0, &idle)
 		default:
 			return err // the limit shrank below the request, say
 		}
@@ -347,7 +352,7 @@ func (c *Cache) watchIdle(ctx context.Context, cancel context.CancelFunc, idle i
 // length it grew from (see the package doc's Layer groups).
 func (s *Sequence) Append(n int) error {
 	g := [1]Growth{{s, n}}
-	return s.c.appendBatch(g[:], 0)
+	return s.c.appendBatch(g[:], 0, nil)
 }
 
 // AppendCtx is Append that, when memory can not be had now, waits for it in the
