@@ -77,7 +77,7 @@ func evicting[T any](c *Cache, op func() (T, error)) (T, error) {
 		if got < short {
 			got += c.shortfall(short - got)
 		}
-		if got > 0 || drained > 0 {
+		if got > 0 || drained {
 			v, err = op()
 		}
 	}
@@ -88,7 +88,7 @@ func evicting[T any](c *Cache, op func() (T, error)) (T, error) {
 // sequence maps to make up the shortfall.
 func (c *Cache) budgetOrEvict(need, credit int64) *accounting.BudgetError {
 	be := c.budget(need, credit)
-	if be != nil && !errors.Is(be, accounting.ErrExceedsLimit) && c.ahead.drainBehind() > 0 {
+	if be != nil && !errors.Is(be, accounting.ErrExceedsLimit) && c.ahead.drainBehind() {
 		be = c.budget(need, credit) // NB: a window's dead granules before cached prefixes
 	}
 	if be != nil && !errors.Is(be, accounting.ErrExceedsLimit) && c.shortfall(be.Requested-be.Available-credit) > 0 {

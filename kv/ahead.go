@@ -66,7 +66,9 @@ import (
 // them: a loaded machine), or while another goroutine's growth gives it back under
 // a full budget; it then waits for that one backing call, which it would otherwise
 // have made itself. A sequence's owner also takes ahead.mu briefly, once per run,
-// to ask and to settle; neither the worker nor a reclaim holds it across a call. The
+// to ask and to settle (a few times where it adopts a run in part), and on a step
+// that leaves a window's granules behind (ahead_behind.go); neither the worker nor a
+// reclaim holds it across a call. The
 // crossing step makes no futex call either: the kick that a parked worker needs for
 // the run it then asks is left to the cache's next step (after). The first ask of a
 // cache starts the worker.
@@ -176,30 +178,29 @@ type ahead struct {
 	// reservation.
 	reserved atomic.Int64
 	owed     atomic.Bool // a kick a crossing step left for the next step (see after)
-	// behindHeld is the bytes windows left behind for the worker to give back and
-	// not given back yet (ahead_behind.go; Stats.Ahead shows them).
+	// behindHeld is the owned bytes (not mapped from another holder) that windows
+	// left behind for the worker to give back and that are not given back yet
+	// (ahead_behind.go; Stats.Ahead shows them).
 	behindHeld atomic.Int64
 
 	mu          sync.Mutex
-	cond        sync.Cond   // on mu: a run left mapping or dropping, or holds went 0
+	cond        sync.Cond   // on mu: a run, filling or record left behind landed, holds went 0, or the worker parked
 	queue       []*seqAhead // asked, in order
 	mapped      []*seqAhead // mapped, in no order
 	mappedBytes int64       // their bytes
 	nextBytes   int64       // the bytes of the runs that follow them (more)
 	busy        *seqAhead   // the run the worker commits, or nil
 	// behind is the windows' records of granules left behind, queued in order;
-	// behindOut counts those being given back, behindLanded the bytes given back
-	// by dropBehind so far (see ahead_behind.go).
-	behind       []*seqBehind
-	behindOut    int
-	behindLanded int64
-	filling      bool // the worker makes a granule for the pool (fill)
-	holds        int  // steps that keep the worker from starting a run (hold)
-	parked       bool // the worker waits for a kick (see run)
-	noFill       bool // fill is off (a benchmark's comparison)
-	noLeave      bool // leaving behind is off (a benchmark's comparison)
-	started      bool
-	stopped      bool
+	// behindOut counts those being given back (see ahead_behind.go).
+	behind    []*seqBehind
+	behindOut int
+	filling   bool // the worker makes a granule for the pool (fill)
+	holds     int  // steps that keep the worker from starting a run (hold)
+	parked    bool // the worker waits for a kick (see run)
+	noFill    bool // fill is off (a benchmark's comparison)
+	noLeave   bool // leaving behind is off (a benchmark's comparison)
+	started   bool
+	stopped   bool
 
 	// Steps that needed their run and found it still queued (they committed it
 	// themselves), or being committed (they waited for it), on mu: a benchmark's figures.

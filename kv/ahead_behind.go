@@ -125,7 +125,6 @@ func (a *ahead) dropBehind() (int64, bool) {
 	gave, _ := giveBackBehind(bufs) // NB: what failed stays with the record (none)
 	a.mu.Lock()
 	a.gaveBehind(rec, gave)
-	a.behindLanded += gave
 	rec.state = behindNone
 	a.behindOut--
 	a.cond.Broadcast()
@@ -151,30 +150,27 @@ func giveBackBehind(bufs []buffer) (int64, error) {
 }
 
 // drainBehind gives back every record queued and waits for those given back
-// meanwhile: a growth the budget would refuse first has them back. It returns the
-// bytes given back, as dropBehind counts them.
-func (a *ahead) drainBehind() int64 {
+// meanwhile: a growth the budget would refuse first has them back. It reports
+// whether any was given back, by it or meanwhile (what that frees is not known).
+func (a *ahead) drainBehind() bool {
 	if a == nil {
-		return 0
+		return false
 	}
-	var got int64
+	got := false
 	for {
 		n, ok := a.dropBehind()
 		if !ok {
 			break
 		}
-		got += n
+		got = got || n > 0
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.behindOut == 0 {
-		return got
-	}
-	landed := a.behindLanded
 	for a.behindOut > 0 {
+		got = true // NB: a give-back in flight; it lands before the wait ends
 		a.cond.Wait()
 	}
-	return got + a.behindLanded - landed
+	return got
 }
 
 // settleBehind ends rec, a window group's record of s, before its owner changes the

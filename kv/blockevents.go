@@ -18,9 +18,9 @@ import "github.com/vmarena/vmarena/kv/blockhash"
 // been told. Its calls must not block for long or call back into the cache, and what
 // it is passed is its own to keep (the cache never touches those slices again).
 //
-// NB: on a model of one group, the blocks of a prompt it has been told of and not
-// told of again are the whole blocks of the prompt's first Match(prompt plus any one
-// token) tokens: Match never counts a prompt's last token, so the extra token makes
+// NB: on a model of one full-attention or MLA group, the blocks of a prompt it has been
+// told of and not told of again are the whole blocks of the prompt's first Match(prompt
+// plus any one token) tokens: Match never counts a prompt's last token, so the extra token makes
 // it count the whole prompt. On a model of window groups Match answers the hit rule
 // (each window group's blocks before the match held too), which a router applies to
 // the groups' blocks itself, as it does for vLLM's.

@@ -374,8 +374,8 @@ type Stats struct {
 	Waste  int64 // Committed - Used: the partly filled granules
 	// Ahead is the bytes that map-ahead (Config.MapAhead) holds outside every
 	// sequence's Committed, owned and charged: committed ahead into growing
-	// sequences' ranges and taken by no step yet, and granules that windows left
-	// behind and the worker has not given back yet. A growth that needs the budget
+	// sequences' ranges and taken by no step yet, and granules of their own that
+	// windows left behind and the worker has not given back yet. A growth that needs the budget
 	// takes both back.
 	Ahead int64
 	// Owned and Mapped are the ledger's readings: the physical bytes it owns (under

@@ -89,11 +89,11 @@ type PrefixCacheOptions struct {
 // freeze, a start on a prefix, a lookup's copied tail), whenever a request on the
 // device waits for memory (the prefix cache's reclaimer, see
 // accounting.Authority.SetReclaimer), to keep under PrefixCacheOptions.MaxBytes, and on
-// request ([PrefixCache.Evict]); a [PrefixPin] holds a prefix against all of them. A
-// lookup that misses, for a prompt whose granules the budget can not hold, evicts
-// ahead of that growth: when the least recently used entry fits in the prompt's
-// granules, holds every one of its granules alone (no other entry or live sequence
-// maps them) and has no read-only bytes in its ranges (none mapped from elsewhere,
+// request ([PrefixCache.Evict]); a [PrefixPin] holds a prefix against all of them. On a
+// cache of one layer group, a lookup that misses, for a prompt whose granules the
+// budget can not hold, evicts ahead of that growth: when the least recently used entry
+// fits in the prompt's granules, holds every one of its granules alone (no other entry
+// or live sequence maps them) and has no read-only bytes in its ranges (none mapped from elsewhere,
 // none protected by a hit), it leaves the index whole and the new sequence takes
 // over its ranges with their granules committed, so that the prefill commits nothing
 // and no range is unmapped or reserved. It evicts up to that entry's granules beyond
@@ -346,11 +346,11 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 // When the copied tail can not be had within the budget, cached
 // prefixes are evicted first; if still refused, the error matches
 // accounting.ErrBudgetExceeded and nothing changed. On a miss that the budget can not
-// hold the prompt's granules for, the least recently used entry may leave the index
-// whole and hand its ranges to the new sequence, their granules still committed
-// (Len is 0; the first growths up to them commit nothing): the eviction the prompt's
-// growth would make, without unmapping and mapping as many granules again (see
-// Mechanics on PrefixCache). The sequence MUST be closed.
+// hold the prompt's granules for, on a cache of one layer group, the least recently
+// used entry may leave the index whole and hand its ranges to the new sequence, their
+// granules still committed (Len is 0; the first growths up to them commit nothing): the
+// eviction the prompt's growth would make, without unmapping and mapping as many
+// granules again (see Mechanics on PrefixCache). The sequence MUST be closed.
 func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
 	for {
 		s, m, err := pc.lookup(tokens)
