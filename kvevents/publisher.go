@@ -53,6 +53,11 @@ type Options struct {
 	// DataParallelRank is sent in every batch, and added to both endpoints' ports
 	// (not to an ephemeral one), as vLLM does for a data-parallel rank's publisher.
 	DataParallelRank int
+	// VLLM023Events writes each event as a positional array led by its type, the form
+	// of vLLM v0.23.0 and before, for a router that reads no other; the default is a
+	// map led by "type", the form of vLLM v0.26.0. The batch is a positional array in
+	// both (see the package doc, # Wire format).
+	VLLM023Events bool
 
 	QueueEvents     int // events waiting to be encoded; an event that finds the queue full is dropped
 	MaxBatchEvents  int // most events in one message
@@ -296,7 +301,7 @@ func (p *Publisher) enqueue(ev event) {
 // until Close; then it publishes what is left and returns.
 func (p *Publisher) loop() {
 	defer close(p.loopDone)
-	enc := newEncoder()
+	enc := newEncoder(p.opts.VLLM023Events)
 	var spare []event
 	t := time.NewTimer(p.opts.FlushInterval)
 	defer t.Stop()

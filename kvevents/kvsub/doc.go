@@ -1,7 +1,9 @@
 // Package kvsub reads vLLM's KV events, as package kvevents or a vLLM engine publishes
-// them: it subscribes to a ZMQ PUB socket, decodes each batch into typed events (the
-// current map form, and the positional arrays older vLLM sent), tells a gap in the
-// sequence numbers, and fetches what was missed from the publisher's replay socket.
+// them: it subscribes to a ZMQ PUB socket, decodes each batch into typed events (a
+// positional batch whose events are maps, as vLLM v0.26.0 sends, or arrays, as
+// v0.23.0 and before did), refuses a malformed batch rather than read it as empty,
+// tells a gap in the sequence numbers, and fetches what was missed from the
+// publisher's replay socket.
 // It is what a router needs to keep an index of which replica holds which block;
 // llm-d's indexer does the same with cgo ZMQ.
 //
