@@ -20,6 +20,16 @@
 //	defer pub.Close()
 //	// pass pub as the prefix cache's kv.BlockEvents
 //
+// Or, for a router whose SUB socket binds and which every engine's publisher
+// connects to (llm-d's "global socket"), name it in Connect instead of Endpoint:
+//
+//	pub, err := kvevents.New(kvevents.Options{
+//		Connect: "tcp://kv-indexer:5557", // dialled, and dialled again when lost
+//		Topic:   "kv@replica-0@model",
+//	})
+//
+// docs/events.md shows how llm-d and NVIDIA Dynamo are pointed at a replica.
+//
 // # Wire format
 //
 // As vLLM's ZmqEventPublisher sends it (vllm/distributed/kv_events.py). The form of
@@ -91,7 +101,10 @@
 // the event queue (Options.QueueEvents), the replay buffer (ReplayBatches and
 // ReplayBytes), each subscriber's queue (SubscriberQueue), the connections
 // (MaxSubscribers per socket, each closed unless its handshake ends within
-// HandshakeTimeout) and the replays streaming at once (MaxReplays) are all bounded;
+// HandshakeTimeout; with Connect, one dialled connection, each dial and handshake
+// bounded by HandshakeTimeout and the tries spaced by a back-off from
+// ReconnectInterval to MaxReconnect) and the replays streaming at once
+// (MaxReplays) are all bounded;
 // what is read from a peer beyond a small frame is skipped unread into memory. A
 // stalled subscriber fills its own queue and then loses messages (counted in
 // Stats.SubscriberDrops); the others, and the cache, go on. It sees the gap in the

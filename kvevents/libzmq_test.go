@@ -164,6 +164,11 @@ func libzmqScript(t *testing.T, args ...string) (io.Writer, *bufio.Reader, func(
 	var stderr syncBuffer
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the subscriber's stderr: %s", stderr.String())
+		}
+	})
 	lines := bufio.NewReader(stdout)
 	return stdin, lines, func() []byte {
 		out, err := io.ReadAll(lines)
@@ -174,16 +179,18 @@ func libzmqScript(t *testing.T, args ...string) (io.Writer, *bufio.Reader, func(
 }
 
 // checkLibzmqResult compares the Python subscriber's result with what p sent.
-func checkLibzmqResult(t *testing.T, p *kvevents.Publisher, out []byte, n int64, want []any, logs *syncBuffer) {
+func checkLibzmqResult(t *testing.T, p *kvevents.Publisher, out []byte, n int64, topic string, rank int, want []any, logs *syncBuffer) {
 	t.Helper()
 	var got struct {
 		Messages int64
+		Topics   []string
 		Ranks    []int
 		Events   json.RawMessage
 	}
 	require.NoError(t, json.Unmarshal(out, &got), "%s", out)
 	assert.Equal(t, n, got.Messages)
-	assert.Equal(t, []int{2}, got.Ranks)
+	assert.Equal(t, []string{topic}, got.Topics)
+	assert.Equal(t, []int{rank}, got.Ranks)
 	wantJSON, err := json.Marshal(want)
 	require.NoError(t, err)
 	// Compared as json.Numbers, exact (a float64 would round hashes past 2^53).
@@ -225,9 +232,44 @@ func TestLibzmqSubscriber(t *testing.T) {
 			n := p.Stats().Batches
 			_, err = fmt.Fprintf(stdin, "done %d\n", n)
 			require.NoError(t, err)
-			checkLibzmqResult(t, p, wait(), n, want, &logs)
+			checkLibzmqResult(t, p, wait(), n, "kv@replica-1", 2, want, &logs)
 		})
 	}
+}
+
+// TestLibzmqConnect: the publisher, with Connect, dials a SUB on the real libzmq
+// that binds (llm-d's global socket); the SUB reads the live stream and the replay
+// and decodes them with its own definition of vLLM's forms, as above.
+func TestLibzmqConnect(t *testing.T) {
+	requireLibzmq(t)
+	stdin, lines, wait := libzmqScript(t, "bind", "kv@")
+	line, err := lines.ReadString('\n')
+	require.NoError(t, err)
+	endpoint, ok := strings.CutPrefix(strings.TrimSpace(line), "bound ")
+	require.True(t, ok, "%q", line)
+	require.True(t, strings.HasPrefix(endpoint, "tcp://127.0.0.1:"), endpoint)
+	var logs syncBuffer
+	// Rank 0: a rank moves the dialled port as well, as vLLM's offset_endpoint_port
+	// does, and the SUB listens on the one port it printed.
+	p, err := kvevents.New(kvevents.Options{
+		Connect:           endpoint,
+		ReplayEndpoint:    "tcp://127.0.0.1:0",
+		Topic:             "kv@replica-1@model",
+		MaxBatchEvents:    3,
+		ReconnectInterval: time.Millisecond,
+		MaxReconnect:      10 * time.Millisecond,
+		Logger:            slog.New(slog.NewTextHandler(&logs, nil)),
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	require.Eventually(t, func() bool { return p.Subscribed() == 1 }, 10*time.Second, time.Millisecond)
+
+	want := libzmqEvents(p, false)
+	require.Eventually(t, func() bool { return p.Stats().Published == int64(len(want)) }, 10*time.Second, time.Millisecond)
+	n := p.Stats().Batches
+	_, err = fmt.Fprintf(stdin, "done %d %s\n", n, p.ReplayEndpoint())
+	require.NoError(t, err)
+	checkLibzmqResult(t, p, wait(), n, "kv@replica-1@model", 0, want, &logs)
 }
 
 // TestLibzmqGolden: the test's Python decoder reads the golden payloads of both

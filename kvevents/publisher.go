@@ -31,6 +31,8 @@ const (
 	DefaultReplayWriteTimeout = 10 * time.Second
 	DefaultLinger             = time.Second // vLLM's SHUTDOWN_TIMEOUT
 	DefaultFlushInterval      = time.Millisecond
+	DefaultReconnectInterval  = 100 * time.Millisecond // libzmq's ZMQ_RECONNECT_IVL
+	DefaultMaxReconnect       = 5 * time.Second
 )
 
 // maxIdlePolls bounds the publisher's backoff when no events come: it polls its
@@ -42,10 +44,21 @@ const maxIdlePolls = 64
 // replay socket, topic "" and rank 0; every zero size, count or duration means its
 // Default.
 type Options struct {
-	// Endpoint is the PUB socket's tcp://HOST:PORT. HOST is an IP address (IPv6 in
+	// Endpoint is the tcp://HOST:PORT the PUB socket binds, for subscribers that
+	// connect to it (llm-d's pod discovery, Dynamo). HOST is an IP address (IPv6 in
 	// brackets), localhost, * (every interface) or an interface's name; PORT may be *
-	// or 0 for one the system picks (see Publisher.Endpoint).
+	// or 0 for one the system picks (see Publisher.Endpoint). "" means
+	// DefaultEndpoint, unless Connect is set.
 	Endpoint string
+	// Connect is the tcp://HOST:PORT of a SUB socket that binds, which the PUB socket
+	// dials instead of binding Endpoint (llm-d's "global socket", which every
+	// engine's publisher connects to); Endpoint must then be "". HOST is an IP address
+	// (IPv6 in brackets) or a host name, looked up at each dial. The PUB dials again
+	// when the dial, its handshake (HandshakeTimeout) or the connection fails, after
+	// ReconnectInterval, doubling up to MaxReconnect. Publishing never waits for it:
+	// what is published while it is not connected and subscribed reaches no one (as
+	// with libzmq's PUB), and is kept for the replay socket, if any.
+	Connect string
 	// ReplayEndpoint is the ROUTER socket's endpoint, in the same form; "" means none.
 	ReplayEndpoint string
 	// Topic is every message's first frame.
@@ -70,6 +83,8 @@ type Options struct {
 	HandshakeTimeout   time.Duration // a connection that has not finished its ZMTP handshake by then is closed
 	ReplayWriteTimeout time.Duration // a replay client that takes no message for this long is disconnected
 	Linger             time.Duration // how long Close lets subscribers take what is queued for them
+	ReconnectInterval  time.Duration // with Connect: the wait before dialling again after a failure or a loss
+	MaxReconnect       time.Duration // with Connect: the longest such wait, the back-off doubling up to it
 	// FlushInterval is how often the publisher takes what is queued while events come;
 	// after a quiet spell it polls less often, up to 64 intervals apart, so an event
 	// then waits up to that long. The cache never wakes it: waking a goroutine would
@@ -102,6 +117,7 @@ type Stats struct {
 	ReplaysRefused  int64  // well-formed replay requests dropped for MaxReplays, in all
 	BadRequests     int64  // malformed replay requests dropped, in all
 	RefusedConns    int64  // connections closed for MaxSubscribers or a failed handshake, both sockets, in all
+	DialFailures    int64  // with Connect: dials, or handshakes after one, that failed, in all
 }
 
 // Publisher puts a prefix cache's block events on a ZMQ PUB socket in vLLM's wire
@@ -113,7 +129,9 @@ type Publisher struct {
 	router *zmtp.Router
 	topic  []byte
 	replay *replayBuffer
-	slots  chan struct{} // one token per replay streaming now
+	// dialAddr is the host:port dialled with Options.Connect, "" when bound.
+	dialAddr string
+	slots    chan struct{} // one token per replay streaming now
 
 	mu      sync.Mutex
 	pending []event
@@ -130,16 +148,23 @@ type Publisher struct {
 
 var _ kv.BlockEvents = (*Publisher)(nil)
 
-// New returns a publisher bound to opts.Endpoint (and opts.ReplayEndpoint, if any),
-// publishing from a goroutine of its own until Close. It returns an error matching
-// ErrEndpoint for an endpoint it can not parse, ErrListen (and the system's error)
-// for one it can not bind, and ErrOptions for bad Options.
+// New returns a publisher bound to opts.Endpoint, or dialling opts.Connect (and
+// bound to opts.ReplayEndpoint, if any), publishing from a goroutine of its own
+// until Close. It returns an error matching ErrEndpoint for an endpoint it can not
+// parse, ErrListen (and the system's error) for one it can not bind, and ErrOptions
+// for bad Options. It does not wait for Connect's peer: a peer that is not there
+// yet is dialled until it is.
 func New(opts Options) (*Publisher, error) {
 	if err := opts.fill(); err != nil {
 		return nil, err
 	}
-	pubAddr, err := listenAddress(opts.Endpoint, opts.DataParallelRank)
-	if err != nil {
+	var pubAddr, dialAddr string
+	var err error
+	if opts.Connect != "" {
+		if dialAddr, err = dialAddress(opts.Connect, opts.DataParallelRank); err != nil {
+			return nil, err
+		}
+	} else if pubAddr, err = listenAddress(opts.Endpoint, opts.DataParallelRank); err != nil {
 		return nil, err
 	}
 	replayAddr := ""
@@ -160,14 +185,17 @@ func New(opts Options) (*Publisher, error) {
 		stop:     make(chan struct{}),
 		loopDone: make(chan struct{}),
 	}
-	pubLn, err := net.Listen("tcp", pubAddr)
-	if err != nil {
-		return nil, fmt.Errorf("%w on %s: %w", ErrListen, opts.Endpoint, err)
+	var pubLn, replayLn net.Listener
+	if dialAddr == "" {
+		if pubLn, err = net.Listen("tcp", pubAddr); err != nil {
+			return nil, fmt.Errorf("%w on %s: %w", ErrListen, opts.Endpoint, err)
+		}
 	}
-	var replayLn net.Listener
 	if replayAddr != "" {
 		if replayLn, err = net.Listen("tcp", replayAddr); err != nil {
-			_ = pubLn.Close()
+			if pubLn != nil {
+				_ = pubLn.Close()
+			}
 			return nil, fmt.Errorf("%w on %s: %w", ErrListen, opts.ReplayEndpoint, err)
 		}
 	}
@@ -177,11 +205,17 @@ func New(opts Options) (*Publisher, error) {
 		// A subscriber sends subscriptions only; a topic is far below 4 KiB.
 		Limits: zmtp.Limits{MaxFrame: 4096, MaxFrames: 4},
 	}
-	p.pub = zmtp.NewPub(pubLn, zmtp.PubOptions{
+	pubOpts := zmtp.PubOptions{
 		ServerOptions:    server,
 		QueueLen:         opts.SubscriberQueue,
 		MaxSubscriptions: 64,
-	})
+	}
+	if dialAddr != "" {
+		p.dialAddr = dialAddr
+		p.pub = zmtp.NewPubDialer(dialAddr, pubOpts, zmtp.Redial{Min: opts.ReconnectInterval, Max: opts.MaxReconnect})
+	} else {
+		p.pub = zmtp.NewPub(pubLn, pubOpts)
+	}
 	if replayLn != nil {
 		// A request is [empty, 8 bytes]: anything longer is malformed, and skipped.
 		server.Limits = zmtp.Limits{MaxFrame: 64, MaxFrames: 4}
@@ -226,6 +260,8 @@ func (o *Options) fill() error {
 		{"ReplayWriteTimeout", &o.ReplayWriteTimeout, DefaultReplayWriteTimeout},
 		{"Linger", &o.Linger, DefaultLinger},
 		{"FlushInterval", &o.FlushInterval, DefaultFlushInterval},
+		{"ReconnectInterval", &o.ReconnectInterval, DefaultReconnectInterval},
+		{"MaxReconnect", &o.MaxReconnect, DefaultMaxReconnect},
 	} {
 		switch {
 		case *f.v < 0:
@@ -237,7 +273,13 @@ func (o *Options) fill() error {
 	if o.DataParallelRank < 0 {
 		return fmt.Errorf("%w: DataParallelRank is %d", ErrOptions, o.DataParallelRank)
 	}
-	if o.Endpoint == "" {
+	if o.MaxReconnect < o.ReconnectInterval {
+		return fmt.Errorf("%w: MaxReconnect %v is below ReconnectInterval %v", ErrOptions, o.MaxReconnect, o.ReconnectInterval)
+	}
+	switch {
+	case o.Connect != "" && o.Endpoint != "":
+		return fmt.Errorf("%w: Endpoint %q and Connect %q: the PUB socket binds or dials, not both", ErrOptions, o.Endpoint, o.Connect)
+	case o.Endpoint == "" && o.Connect == "":
 		o.Endpoint = DefaultEndpoint
 	}
 	if o.Logger == nil {
@@ -250,8 +292,14 @@ func (o *Options) fill() error {
 }
 
 // Endpoint returns the PUB socket's endpoint as bound, with the port the system
-// picked for an ephemeral one.
-func (p *Publisher) Endpoint() string { return "tcp://" + p.pub.Addr().String() }
+// picked for an ephemeral one; or, with Options.Connect, the endpoint it dials
+// (its port moved up by the data-parallel rank).
+func (p *Publisher) Endpoint() string {
+	if p.dialAddr != "" {
+		return "tcp://" + p.dialAddr
+	}
+	return "tcp://" + p.pub.Addr().String()
+}
 
 // ReplayEndpoint returns the ROUTER socket's endpoint as bound, or "" without one.
 func (p *Publisher) ReplayEndpoint() string {
@@ -379,6 +427,7 @@ func (p *Publisher) Stats() Stats {
 		ReplaysRefused:  p.refused.Load(),
 		BadRequests:     p.bad.Load(),
 		RefusedConns:    refused,
+		DialFailures:    p.pub.DialFailures(),
 	}
 }
 

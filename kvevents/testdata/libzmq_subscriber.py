@@ -6,7 +6,8 @@ vllm/distributed/kv_events.py, and shares nothing with kvevents' encoder.
 
 Usage:
   libzmq_subscriber.py dial PUB_ENDPOINT REPLAY_ENDPOINT TOPIC
-      a SUB that connects to the publisher (the publisher binds); prints
+      a SUB, subscribed to TOPIC (a prefix), that connects to the publisher (the
+      publisher binds); prints
       "subscribed", reads "done N" (N messages were published), checks the live
       stream against the replay socket, prints one JSON line.
   libzmq_subscriber.py bind TOPIC
@@ -19,6 +20,7 @@ Exits 0, or non-zero with the reason on stderr.
 """
 
 import json
+import select
 import sys
 
 import msgpack
@@ -172,7 +174,7 @@ def replay(dealer, start):
 
 
 def collect(sub, topic, n, replay_ep, ctx):
-    live = {}
+    live, topics = {}, set()
     while len(live) < n:
         try:
             frames = sub.recv_multipart()
@@ -180,8 +182,9 @@ def collect(sub, topic, n, replay_ep, ctx):
             fail("live stream: %d of %d messages, then nothing for 10 s" % (len(live), n))
         if len(frames) != 3:
             fail("a message of %d frames, not 3" % len(frames))
-        if frames[0] != topic:
-            fail("topic %r" % frames[0])
+        if not frames[0].startswith(topic):
+            fail("topic %r, not under %r" % (frames[0], topic))
+        topics.add(frames[0].decode())
         if len(frames[1]) != 8:
             fail("a sequence number of %d bytes" % len(frames[1]))
         live[int.from_bytes(frames[1], "big")] = frames[2]
@@ -217,7 +220,7 @@ def collect(sub, topic, n, replay_ep, ctx):
             fail("message %d: %s" % (seq, e))
         ranks.add(rank)
         events.extend(evs)
-    print(json.dumps({"messages": n, "ranks": sorted(ranks), "events": events}), flush=True)
+    print(json.dumps({"messages": n, "topics": sorted(topics), "ranks": sorted(ranks), "events": events}), flush=True)
 
 
 def sub_socket(ctx, topic):
@@ -252,6 +255,11 @@ def main():
         sub = sub_socket(ctx, topic)
         sub.bind("tcp://127.0.0.1:*")
         print("bound " + sub.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
+        # libzmq attaches a connection that came in, and sends it the subscription,
+        # only inside a call on the socket: make them while waiting, as a SUB in a
+        # receive loop does.
+        while not select.select([sys.stdin], [], [], 0.01)[0]:
+            sub.getsockopt(zmq.EVENTS)
         line = sys.stdin.readline().split()
         if len(line) != 3 or line[0] != "done":
             fail("expected 'done N REPLAY_ENDPOINT' on stdin, got %r" % (line,))
