@@ -33,10 +33,10 @@ func listenAddress(endpoint string, rank int) (string, error) {
 		port = p
 	}
 	if port != 0 && rank != 0 {
-		port += rank
-		if port > 65535 {
-			return "", fmt.Errorf("%w %q: port %d + data-parallel rank %d is beyond 65535", ErrEndpoint, endpoint, port-rank, rank)
+		if rank > 65535-port {
+			return "", fmt.Errorf("%w %q: port %d + data-parallel rank %d is beyond 65535", ErrEndpoint, endpoint, port, rank)
 		}
+		port += rank
 	}
 	ip, err := listenIP(host)
 	if err != nil {
@@ -63,7 +63,7 @@ func dialAddress(endpoint string, rank int) (string, error) {
 	if err != nil || p < 1 || p > 65535 || portText != strconv.Itoa(p) {
 		return "", fmt.Errorf("%w %q: port %q is not 1-65535", ErrEndpoint, endpoint, portText)
 	}
-	if p+rank > 65535 {
+	if rank > 65535-p {
 		return "", fmt.Errorf("%w %q: port %d + data-parallel rank %d is beyond 65535", ErrEndpoint, endpoint, p, rank)
 	}
 	if h, ok := strings.CutPrefix(host, "["); ok {

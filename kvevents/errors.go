@@ -14,8 +14,9 @@ var (
 	// such as syscall.EADDRINUSE.
 	ErrListen = errors.New("kvevents: can not listen")
 	// ErrOptions is matched by the error for a negative size, count or duration in
-	// Options, a publish and replay endpoint that are the same, both Endpoint and
-	// Connect set, or a MaxReconnect below ReconnectInterval.
+	// Options, one past its bound (MaxMaxReplays and the like), a publish and
+	// replay endpoint that are the same, both Endpoint and Connect set, or a
+	// MaxReconnect below ReconnectInterval.
 	ErrOptions = errors.New("kvevents: bad options")
 )
 

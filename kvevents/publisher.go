@@ -40,6 +40,15 @@ const (
 // quiet (64 ms by default).
 const maxIdlePolls = 64
 
+// Upper bounds of Options, for what is allocated whole or multiplied: a larger value
+// is refused with ErrOptions.
+const (
+	MaxMaxReplays      = 1 << 10        // MaxReplays: a slot each, allocated by New
+	MaxSubscriberQueue = 1 << 20        // SubscriberQueue: allocated whole for each subscriber
+	MaxFlushInterval   = time.Hour      // FlushInterval: times maxIdlePolls once quiet
+	MaxMaxReconnect    = 24 * time.Hour // MaxReconnect, and so ReconnectInterval
+)
+
 // Options configure a Publisher. The zero value publishes on DefaultEndpoint with no
 // replay socket, topic "" and rank 0; every zero size, count or duration means its
 // Default.
@@ -76,18 +85,18 @@ type Options struct {
 	MaxBatchEvents  int // most events in one message
 	ReplayBatches   int // most messages kept for replay (the oldest go first)
 	ReplayBytes     int // most payload bytes kept for replay
-	SubscriberQueue int // messages queued per subscriber; what finds it full is dropped for that subscriber
+	SubscriberQueue int // messages queued per subscriber (at most MaxSubscriberQueue); what finds it full is dropped for that subscriber
 	MaxSubscribers  int // most connections to each socket at once; more are closed
-	MaxReplays      int // most replays streaming at once; a request beyond is dropped (and counted)
+	MaxReplays      int // most replays streaming at once (at most MaxMaxReplays); a request beyond is dropped (and counted)
 
 	HandshakeTimeout   time.Duration // a connection that has not finished its ZMTP handshake by then is closed
 	ReplayWriteTimeout time.Duration // a replay client that takes no message for this long is disconnected
 	Linger             time.Duration // how long Close lets subscribers take what is queued for them
 	ReconnectInterval  time.Duration // with Connect: the wait before dialling again after a failure or a loss
-	MaxReconnect       time.Duration // with Connect: the longest such wait, the back-off doubling up to it
-	// FlushInterval is how often the publisher takes what is queued while events come;
-	// after a quiet spell it polls less often, up to 64 intervals apart, so an event
-	// then waits up to that long. The cache never wakes it: waking a goroutine would
+	MaxReconnect       time.Duration // with Connect: the longest such wait (at most MaxMaxReconnect), the back-off doubling up to it
+	// FlushInterval is how often the publisher takes what is queued while events
+	// come (at most MaxFlushInterval); after a quiet spell it polls less often, up to
+	// 64 intervals apart, so an event then waits up to that long. The cache never wakes it: waking a goroutine would
 	// cost the caller microseconds, where queueing an event costs tens of nanoseconds.
 	FlushInterval time.Duration
 
@@ -268,6 +277,19 @@ func (o *Options) fill() error {
 			return fmt.Errorf("%w: %s is %v", ErrOptions, f.name, *f.v)
 		case *f.v == 0:
 			*f.v = f.def
+		}
+	}
+	for _, f := range []struct {
+		name     string
+		v, limit int64
+	}{
+		{"MaxReplays", int64(o.MaxReplays), MaxMaxReplays},
+		{"SubscriberQueue", int64(o.SubscriberQueue), MaxSubscriberQueue},
+		{"FlushInterval", int64(o.FlushInterval), int64(MaxFlushInterval)},
+		{"MaxReconnect", int64(o.MaxReconnect), int64(MaxMaxReconnect)},
+	} {
+		if f.v > f.limit {
+			return fmt.Errorf("%w: %s is %d, past its bound %d", ErrOptions, f.name, f.v, f.limit)
 		}
 	}
 	if o.DataParallelRank < 0 {

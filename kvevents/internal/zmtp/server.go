@@ -105,7 +105,11 @@ func (s *server) redial(r Redial) {
 			s.failed.Add(1)
 		}
 		t.Reset(wait)
-		wait = min(2*wait, r.Max)
+		if wait > r.Max/2 { // doubled up to Max, never past it by overflow
+			wait = r.Max
+		} else {
+			wait *= 2
+		}
 	}
 }
 
