@@ -39,7 +39,7 @@
 //   - Each message is three frames: the topic (Options.Topic, UTF-8), the sequence
 //     number as 8 bytes big-endian (0, 1, 2, ... one per message), and the payload.
 //   - The payload is an EventBatch, a msgspec Struct with array_like=True in every
-//     release from v0.9.0 (where kv_events.py first appears) to v0.26.0, so a
+//     release from the file's first (vLLM's PR 16750) to v0.26.0, so a
 //     positional array: [ts (float64 seconds since the Unix epoch), events,
 //     data_parallel_rank]. The rank's default is None, which omit_defaults would leave
 //     out, but vLLM's publisher always sets it, and so does this one: the array always

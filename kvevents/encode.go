@@ -44,7 +44,7 @@ func (e *encoder) batch(ts float64, events []event, rank int) ([]byte, error) {
 	e.buf.Reset()
 	w := e.enc
 	// EventBatch is array_like in every vLLM release (vllm/distributed/kv_events.py,
-	// v0.9.0 through v0.26.0): [ts, events, data_parallel_rank]. The rank's default is
+	// from its first, PR 16750, through v0.26.0): [ts, events, data_parallel_rank]. The rank's default is
 	// None, but vLLM's ZmqEventPublisher.publish always sets it, so it is always sent.
 	err := firstErr(w.EncodeArrayLen(3), w.EncodeFloat64(ts), w.EncodeArrayLen(len(events)))
 	if err != nil {

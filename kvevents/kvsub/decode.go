@@ -122,7 +122,8 @@ var arrayFields = map[Kind][]string{
 }
 
 // required are the fields each event has in every release (those without a default
-// since kv_events.py first appeared, in v0.9.0): an event without one is malformed.
+// since kv_events.py first appeared, vLLM's PR 16750): an event without one is
+// malformed.
 var required = map[Kind][]string{
 	Stored:  {"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id"},
 	Removed: {"block_hashes"},
