@@ -16,6 +16,14 @@
 //		...
 //	}
 //
+// Or bind, for publishers to connect to (llm-d's "global socket"; a
+// kvevents.Publisher with Options.Connect), and read every one's batches under its
+// topic:
+//
+//	l, err := kvsub.Listen(kvsub.Options{Endpoint: "tcp://127.0.0.1:5557", Topic: "kv@"})
+//	...
+//	m, err := l.Next() // m.Topic names the publisher; gaps reported, not filled
+//
 // # Memory management
 //
 // A Batch and its events are the caller's. What a publisher sends is read through
@@ -24,6 +32,6 @@
 //
 // # Concurrency
 //
-// A Subscriber is read by one goroutine at a time; Close may be called from any
-// goroutine and makes a blocked Next return ErrClosed.
+// A Subscriber or Listener is read by one goroutine at a time; Close may be called
+// from any goroutine and makes a blocked Next return ErrClosed.
 package kvsub
