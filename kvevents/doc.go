@@ -20,33 +20,51 @@
 //	defer pub.Close()
 //	// pass pub as the prefix cache's kv.BlockEvents
 //
+// Or, for a router whose SUB socket binds and which every engine's publisher
+// connects to (llm-d's "global socket"), name it in Connect instead of Endpoint:
+//
+//	pub, err := kvevents.New(kvevents.Options{
+//		Connect: "tcp://kv-indexer:5557", // dialled, and dialled again when lost
+//		Topic:   "kv@replica-0@model",
+//	})
+//
+// docs/events.md shows how llm-d and NVIDIA Dynamo are pointed at a replica.
+//
 // # Wire format
 //
-// As vLLM's vllm/distributed/kv_events.py sends it (read at commit
-// 0181ea3173e53eea8cf04a86891488e3dc89bb34 of github.com/vllm-project/vllm):
+// As vLLM's ZmqEventPublisher sends it (vllm/distributed/kv_events.py). The form of
+// the payload changed between vLLM releases; each decision below names the release
+// it follows (docs/events.md lists them, with the routers that read each):
 //
 //   - Each message is three frames: the topic (Options.Topic, UTF-8), the sequence
 //     number as 8 bytes big-endian (0, 1, 2, ... one per message), and the payload.
-//   - The payload is an EventBatch, a msgspec Struct with omit_defaults=True and not
-//     array_like, so a msgpack map: {"ts": float64 seconds since the Unix epoch,
-//     "events": [...], "data_parallel_rank": int}. The rank's default is None, but
-//     vLLM's publisher always sets it, and so does this one.
-//   - Each event is a KVCacheEvent Struct with tag=True and omit_defaults=True: a
-//     map whose first key is "type", the class name, followed by the fields in their
-//     declared order; a field without a default is always present (None as nil), a
-//     field with one is omitted while it holds it. So:
+//   - The payload is an EventBatch, a msgspec Struct with array_like=True in every
+//     release from the file's first (vLLM's PR 16750) to v0.26.0, so a
+//     positional array: [ts (float64 seconds since the Unix epoch), events,
+//     data_parallel_rank]. The rank's default is None, which omit_defaults would leave
+//     out, but vLLM's publisher always sets it, and so does this one: the array always
+//     has 3 elements.
+//   - Each event is a KVCacheEvent Struct with tag=True and omit_defaults=True. In
+//     v0.26.0 (after vLLM's change to map-encoded events) it is not array_like: a map
+//     whose first key is "type", the class name, followed by the fields in their
+//     declared order, a field with a default omitted while it holds it. In v0.23.0 and
+//     before it is array_like too: an array whose first element is the class name,
+//     followed by the fields in their declared order, the defaulted ones that trail
+//     omitted. Options.VLLM023Events picks the older form; the default is v0.26.0's.
+//     A field without a default is always present (None as nil). So:
 //   - BlockStored: type, block_hashes ([uint64]), parent_block_hash (uint64, or nil
 //     for a chain's first block), token_ids ([int], len(block_hashes)*block_size of
 //     them), block_size, lora_id (deprecated by vLLM: always nil here), medium ("GPU"
 //     or "CPU"), lora_name (nil for none), then extra_keys (one entry per block, nil
-//     or an array; omitted when no block has any), group_idx (always sent: the
-//     group's index in the kv.Model), kv_cache_spec_kind and
-//     kv_cache_spec_sliding_window. The kind is named from kv.BlocksStored.Attention
-//     as vLLM's get_kv_cache_spec_kind names a spec (vllm/v1/kv_cache_interface.py):
-//     "full_attention", "mla_attention", "sliding_window", "chunked_local_attention";
-//     omitted when the event has none. The window is sent for a sliding window
-//     alone, as get_kv_cache_spec_sliding_window gives it (a chunked-local group's
-//     chunk is no window): omitted otherwise. vLLM sets both on every BlockStored
+//     or an array; omitted from a map when no block has any, nil in an array),
+//     group_idx (always sent: the group's index in the kv.Model), kv_cache_spec_kind
+//     and kv_cache_spec_sliding_window. The kind is named from
+//     kv.BlocksStored.Attention as vLLM's get_kv_cache_spec_kind names a spec
+//     (vllm/v1/kv_cache_interface.py): "full_attention", "mla_attention",
+//     "sliding_window", "chunked_local_attention"; omitted when the event has none.
+//     The window is sent for a sliding window alone, as
+//     get_kv_cache_spec_sliding_window gives it (a chunked-local group's chunk is no
+//     window): omitted otherwise. vLLM sets both on every BlockStored
 //     (KVCacheManager.take_events, vllm/v1/core/kv_cache_manager.py), and a prefix
 //     cache's events carry them for every group, one-group models included.
 //   - BlockRemoved: type, block_hashes, medium, group_idx (no spec: vLLM's carries
@@ -63,8 +81,9 @@
 // log line; so does this package, and counts it (Stats.BadRequests).
 //
 // Where this package differs from vLLM's publisher, on purpose:
-//   - It always binds. vLLM binds when the endpoint has a "*" or "::" and otherwise
-//     connects out; a publisher that dials out is not supported here.
+//   - Whether it binds or dials out is said by Options (Endpoint or Connect), not
+//     guessed from the endpoint: vLLM binds when the endpoint has a "*" or "::" and
+//     otherwise connects out.
 //   - Nobody gets in by default: the default endpoint is tcp://127.0.0.1:5557, loopback
 //     only, where vLLM's is tcp://*:5557. Name "*" or an interface to be reachable.
 //   - vLLM's queue blocks the engine when full; this one drops the event and counts it
@@ -82,7 +101,10 @@
 // the event queue (Options.QueueEvents), the replay buffer (ReplayBatches and
 // ReplayBytes), each subscriber's queue (SubscriberQueue), the connections
 // (MaxSubscribers per socket, each closed unless its handshake ends within
-// HandshakeTimeout) and the replays streaming at once (MaxReplays) are all bounded;
+// HandshakeTimeout; with Connect, one dialled connection, each dial and handshake
+// bounded by HandshakeTimeout and the tries spaced by a back-off from
+// ReconnectInterval to MaxReconnect) and the replays streaming at once
+// (MaxReplays) are all bounded;
 // what is read from a peer beyond a small frame is skipped unread into memory. A
 // stalled subscriber fills its own queue and then loses messages (counted in
 // Stats.SubscriberDrops); the others, and the cache, go on. It sees the gap in the

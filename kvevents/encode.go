@@ -27,12 +27,13 @@ const (
 
 // encoder writes batches in vLLM's payload form (see the package doc, # Wire format).
 type encoder struct {
-	buf bytes.Buffer
-	enc *msgpack.Encoder
+	buf    bytes.Buffer
+	enc    *msgpack.Encoder
+	arrays bool // each event a positional array, as vLLM v0.23.0 and before (Options.VLLM023Events)
 }
 
-func newEncoder() *encoder {
-	e := &encoder{}
+func newEncoder(arrays bool) *encoder {
+	e := &encoder{arrays: arrays}
 	e.enc = msgpack.NewEncoder(&e.buf)
 	return e
 }
@@ -42,11 +43,10 @@ func newEncoder() *encoder {
 func (e *encoder) batch(ts float64, events []event, rank int) ([]byte, error) {
 	e.buf.Reset()
 	w := e.enc
-	// EventBatch: ts, events, data_parallel_rank. The rank has the default None in
-	// vLLM but its publisher always sets it, so it is always present.
-	err := w.EncodeMapLen(3)
-	err = firstErr(err, w.EncodeString("ts"), w.EncodeFloat64(ts))
-	err = firstErr(err, w.EncodeString("events"), w.EncodeArrayLen(len(events)))
+	// EventBatch is array_like in every vLLM release (vllm/distributed/kv_events.py,
+	// from its first, PR 16750, through v0.26.0): [ts, events, data_parallel_rank]. The rank's default is
+	// None, but vLLM's ZmqEventPublisher.publish always sets it, so it is always sent.
+	err := firstErr(w.EncodeArrayLen(3), w.EncodeFloat64(ts), w.EncodeArrayLen(len(events)))
 	if err != nil {
 		return nil, err
 	}
@@ -55,11 +55,28 @@ func (e *encoder) batch(ts float64, events []event, rank int) ([]byte, error) {
 			return nil, err
 		}
 	}
-	err = firstErr(w.EncodeString("data_parallel_rank"), w.EncodeInt(int64(rank)))
-	if err != nil {
+	if err := w.EncodeInt(int64(rank)); err != nil {
 		return nil, err
 	}
 	return bytes.Clone(e.buf.Bytes()), nil
+}
+
+// head starts an event of n fields besides its tag: a map led by "type" (vLLM
+// v0.26.0: KVCacheEvent has tag=True and is not array_like), or an array led by the
+// tag (vLLM v0.23.0 and before: array_like=True as well).
+func (e *encoder) head(tag string, n int) error {
+	if e.arrays {
+		return firstErr(e.enc.EncodeArrayLen(n+1), e.enc.EncodeString(tag))
+	}
+	return firstErr(e.enc.EncodeMapLen(n+1), e.enc.EncodeString("type"), e.enc.EncodeString(tag))
+}
+
+// key writes a field's name, in the map form only.
+func (e *encoder) key(k string) error {
+	if e.arrays {
+		return nil
+	}
+	return e.enc.EncodeString(k)
 }
 
 func (e *encoder) event(ev *event) error {
@@ -67,9 +84,12 @@ func (e *encoder) event(ev *event) error {
 	switch ev.kind {
 	case kindStored:
 		s := &ev.stored
-		n := 9 // type + the 7 fields without a default + group_idx
 		kind, window := specOf(s)
-		if s.ExtraKeys != nil {
+		// The 7 fields without a default, then group_idx (always sent), then the
+		// defaulted ones that do not hold their default (omit_defaults). A positional
+		// array omits only trailing defaults: extra_keys, before group_idx, is nil there.
+		n := 8
+		if s.ExtraKeys != nil || e.arrays {
 			n++
 		}
 		if kind != "" {
@@ -78,25 +98,25 @@ func (e *encoder) event(ev *event) error {
 		if window > 0 {
 			n++
 		}
-		err := w.EncodeMapLen(n)
-		err = firstErr(err, w.EncodeString("type"), w.EncodeString("BlockStored"))
-		err = firstErr(err, w.EncodeString("block_hashes"), e.hashes(s.Hashes))
-		err = firstErr(err, w.EncodeString("parent_block_hash"))
+		err := e.head("BlockStored", n)
+		err = firstErr(err, e.key("block_hashes"), e.hashes(s.Hashes))
+		err = firstErr(err, e.key("parent_block_hash"))
 		if s.HasParent {
 			err = firstErr(err, w.EncodeUint(s.Parent))
 		} else {
 			err = firstErr(err, w.EncodeNil())
 		}
-		err = firstErr(err, w.EncodeString("token_ids"), w.EncodeArrayLen(len(s.Tokens)))
+		err = firstErr(err, e.key("token_ids"), w.EncodeArrayLen(len(s.Tokens)))
 		for _, t := range s.Tokens {
 			err = firstErr(err, w.EncodeInt(int64(t)))
 		}
-		err = firstErr(err, w.EncodeString("block_size"), w.EncodeInt(int64(s.BlockSize)))
-		err = firstErr(err, w.EncodeString("lora_id"), w.EncodeNil()) // deprecated: lora_name replaces it
-		err = firstErr(err, w.EncodeString("medium"), e.optString(s.Medium))
-		err = firstErr(err, w.EncodeString("lora_name"), e.optString(s.LoRA))
-		if s.ExtraKeys != nil {
-			err = firstErr(err, w.EncodeString("extra_keys"), w.EncodeArrayLen(len(s.ExtraKeys)))
+		err = firstErr(err, e.key("block_size"), w.EncodeInt(int64(s.BlockSize)))
+		err = firstErr(err, e.key("lora_id"), w.EncodeNil()) // deprecated: lora_name replaces it
+		err = firstErr(err, e.key("medium"), e.optString(s.Medium))
+		err = firstErr(err, e.key("lora_name"), e.optString(s.LoRA))
+		switch {
+		case s.ExtraKeys != nil:
+			err = firstErr(err, e.key("extra_keys"), w.EncodeArrayLen(len(s.ExtraKeys)))
 			for _, keys := range s.ExtraKeys {
 				if keys == nil {
 					err = firstErr(err, w.EncodeNil())
@@ -107,25 +127,25 @@ func (e *encoder) event(ev *event) error {
 					err = firstErr(err, w.Encode(k))
 				}
 			}
+		case e.arrays:
+			err = firstErr(err, w.EncodeNil())
 		}
-		err = firstErr(err, w.EncodeString("group_idx"), w.EncodeInt(int64(s.Group)))
+		err = firstErr(err, e.key("group_idx"), w.EncodeInt(int64(s.Group)))
 		if kind != "" {
-			err = firstErr(err, w.EncodeString("kv_cache_spec_kind"), w.EncodeString(kind))
+			err = firstErr(err, e.key("kv_cache_spec_kind"), w.EncodeString(kind))
 		}
 		if window > 0 {
-			err = firstErr(err, w.EncodeString("kv_cache_spec_sliding_window"), w.EncodeInt(int64(window)))
+			err = firstErr(err, e.key("kv_cache_spec_sliding_window"), w.EncodeInt(int64(window)))
 		}
 		return err
 	case kindRemoved:
 		r := &ev.stored
-		err := w.EncodeMapLen(4)
-		err = firstErr(err, w.EncodeString("type"), w.EncodeString("BlockRemoved"))
-		err = firstErr(err, w.EncodeString("block_hashes"), e.hashes(r.Hashes))
-		err = firstErr(err, w.EncodeString("medium"), e.optString(r.Medium))
-		return firstErr(err, w.EncodeString("group_idx"), w.EncodeInt(int64(r.Group)))
+		err := e.head("BlockRemoved", 3)
+		err = firstErr(err, e.key("block_hashes"), e.hashes(r.Hashes))
+		err = firstErr(err, e.key("medium"), e.optString(r.Medium))
+		return firstErr(err, e.key("group_idx"), w.EncodeInt(int64(r.Group)))
 	case kindCleared:
-		err := w.EncodeMapLen(1)
-		return firstErr(err, w.EncodeString("type"), w.EncodeString("AllBlocksCleared"))
+		return e.head("AllBlocksCleared", 0)
 	}
 	panic(fmt.Sprintf("kvevents: event of kind %d", ev.kind))
 }

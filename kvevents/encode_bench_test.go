@@ -18,7 +18,7 @@ func BenchmarkEncodeBatch(b *testing.B) {
 		s.Hashes[i] = 0x9e3779b97f4a7c15 * uint64(i+1)
 	}
 	events := []event{{kind: kindStored, stored: s}, {kind: kindRemoved, stored: kv.BlocksStored{Hashes: s.Hashes, Medium: "CPU"}}}
-	enc := newEncoder()
+	enc := newEncoder(false)
 	var n int
 	for b.Loop() {
 		payload, err := enc.batch(1.7e9, events, 0)

@@ -6,3 +6,6 @@ func (p *Publisher) Subscribed() int { return p.pub.Subscribed() }
 
 // ListenAddress is listenAddress, for the endpoint tests.
 var ListenAddress = listenAddress
+
+// DialAddress is dialAddress, for the endpoint tests.
+var DialAddress = dialAddress

@@ -117,7 +117,6 @@ func readBatches(t testing.TB, sub *zmtp.Conn) [][]any {
 		}
 		v, err := mpDecode(m.Frames[2])
 		require.NoError(t, err)
-		evs, _ := v.(mpMap).get("events")
-		batches = append(batches, evs.([]any))
+		batches = append(batches, v.([]any)[1].([]any))
 	}
 }

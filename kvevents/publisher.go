@@ -31,6 +31,8 @@ const (
 	DefaultReplayWriteTimeout = 10 * time.Second
 	DefaultLinger             = time.Second // vLLM's SHUTDOWN_TIMEOUT
 	DefaultFlushInterval      = time.Millisecond
+	DefaultReconnectInterval  = 100 * time.Millisecond // libzmq's ZMQ_RECONNECT_IVL
+	DefaultMaxReconnect       = 5 * time.Second
 )
 
 // maxIdlePolls bounds the publisher's backoff when no events come: it polls its
@@ -38,14 +40,34 @@ const (
 // quiet (64 ms by default).
 const maxIdlePolls = 64
 
+// Upper bounds of Options, for what is allocated whole or multiplied: a larger value
+// is refused with ErrOptions.
+const (
+	MaxMaxReplays      = 1 << 10        // MaxReplays: a slot each, allocated by New
+	MaxSubscriberQueue = 1 << 20        // SubscriberQueue: allocated whole for each subscriber
+	MaxFlushInterval   = time.Hour      // FlushInterval: times maxIdlePolls once quiet
+	MaxMaxReconnect    = 24 * time.Hour // MaxReconnect, and so ReconnectInterval
+)
+
 // Options configure a Publisher. The zero value publishes on DefaultEndpoint with no
 // replay socket, topic "" and rank 0; every zero size, count or duration means its
 // Default.
 type Options struct {
-	// Endpoint is the PUB socket's tcp://HOST:PORT. HOST is an IP address (IPv6 in
+	// Endpoint is the tcp://HOST:PORT the PUB socket binds, for subscribers that
+	// connect to it (llm-d's pod discovery, Dynamo). HOST is an IP address (IPv6 in
 	// brackets), localhost, * (every interface) or an interface's name; PORT may be *
-	// or 0 for one the system picks (see Publisher.Endpoint).
+	// or 0 for one the system picks (see Publisher.Endpoint). "" means
+	// DefaultEndpoint, unless Connect is set.
 	Endpoint string
+	// Connect is the tcp://HOST:PORT of a SUB socket that binds, which the PUB socket
+	// dials instead of binding Endpoint (llm-d's "global socket", which every
+	// engine's publisher connects to); Endpoint must then be "". HOST is an IP address
+	// (IPv6 in brackets) or a host name, looked up at each dial. The PUB dials again
+	// when the dial, its handshake (HandshakeTimeout) or the connection fails, after
+	// ReconnectInterval, doubling up to MaxReconnect. Publishing never waits for it:
+	// what is published while it is not connected and subscribed reaches no one (as
+	// with libzmq's PUB), and is kept for the replay socket, if any.
+	Connect string
 	// ReplayEndpoint is the ROUTER socket's endpoint, in the same form; "" means none.
 	ReplayEndpoint string
 	// Topic is every message's first frame.
@@ -53,21 +75,28 @@ type Options struct {
 	// DataParallelRank is sent in every batch, and added to both endpoints' ports
 	// (not to an ephemeral one), as vLLM does for a data-parallel rank's publisher.
 	DataParallelRank int
+	// VLLM023Events writes each event as a positional array led by its type, the form
+	// of vLLM v0.23.0 and before, for a router that reads no other; the default is a
+	// map led by "type", the form of vLLM v0.26.0. The batch is a positional array in
+	// both (see the package doc, # Wire format).
+	VLLM023Events bool
 
 	QueueEvents     int // events waiting to be encoded; an event that finds the queue full is dropped
 	MaxBatchEvents  int // most events in one message
 	ReplayBatches   int // most messages kept for replay (the oldest go first)
 	ReplayBytes     int // most payload bytes kept for replay
-	SubscriberQueue int // messages queued per subscriber; what finds it full is dropped for that subscriber
+	SubscriberQueue int // messages queued per subscriber (at most MaxSubscriberQueue); what finds it full is dropped for that subscriber
 	MaxSubscribers  int // most connections to each socket at once; more are closed
-	MaxReplays      int // most replays streaming at once; a request beyond is dropped (and counted)
+	MaxReplays      int // most replays streaming at once (at most MaxMaxReplays); a request beyond is dropped (and counted)
 
 	HandshakeTimeout   time.Duration // a connection that has not finished its ZMTP handshake by then is closed
 	ReplayWriteTimeout time.Duration // a replay client that takes no message for this long is disconnected
 	Linger             time.Duration // how long Close lets subscribers take what is queued for them
-	// FlushInterval is how often the publisher takes what is queued while events come;
-	// after a quiet spell it polls less often, up to 64 intervals apart, so an event
-	// then waits up to that long. The cache never wakes it: waking a goroutine would
+	ReconnectInterval  time.Duration // with Connect: the wait before dialling again after a failure or a loss
+	MaxReconnect       time.Duration // with Connect: the longest such wait (at most MaxMaxReconnect), the back-off doubling up to it
+	// FlushInterval is how often the publisher takes what is queued while events
+	// come (at most MaxFlushInterval); after a quiet spell it polls less often, up to
+	// 64 intervals apart, so an event then waits up to that long. The cache never wakes it: waking a goroutine would
 	// cost the caller microseconds, where queueing an event costs tens of nanoseconds.
 	FlushInterval time.Duration
 
@@ -97,6 +126,7 @@ type Stats struct {
 	ReplaysRefused  int64  // well-formed replay requests dropped for MaxReplays, in all
 	BadRequests     int64  // malformed replay requests dropped, in all
 	RefusedConns    int64  // connections closed for MaxSubscribers or a failed handshake, both sockets, in all
+	DialFailures    int64  // with Connect: dials, or handshakes after one, that failed, in all
 }
 
 // Publisher puts a prefix cache's block events on a ZMQ PUB socket in vLLM's wire
@@ -108,7 +138,9 @@ type Publisher struct {
 	router *zmtp.Router
 	topic  []byte
 	replay *replayBuffer
-	slots  chan struct{} // one token per replay streaming now
+	// dialAddr is the host:port dialled with Options.Connect, "" when bound.
+	dialAddr string
+	slots    chan struct{} // one token per replay streaming now
 
 	mu      sync.Mutex
 	pending []event
@@ -125,16 +157,23 @@ type Publisher struct {
 
 var _ kv.BlockEvents = (*Publisher)(nil)
 
-// New returns a publisher bound to opts.Endpoint (and opts.ReplayEndpoint, if any),
-// publishing from a goroutine of its own until Close. It returns an error matching
-// ErrEndpoint for an endpoint it can not parse, ErrListen (and the system's error)
-// for one it can not bind, and ErrOptions for bad Options.
+// New returns a publisher bound to opts.Endpoint, or dialling opts.Connect (and
+// bound to opts.ReplayEndpoint, if any), publishing from a goroutine of its own
+// until Close. It returns an error matching ErrEndpoint for an endpoint it can not
+// parse, ErrListen (and the system's error) for one it can not bind, and ErrOptions
+// for bad Options. It does not wait for Connect's peer: a peer that is not there
+// yet is dialled until it is.
 func New(opts Options) (*Publisher, error) {
 	if err := opts.fill(); err != nil {
 		return nil, err
 	}
-	pubAddr, err := listenAddress(opts.Endpoint, opts.DataParallelRank)
-	if err != nil {
+	var pubAddr, dialAddr string
+	var err error
+	if opts.Connect != "" {
+		if dialAddr, err = dialAddress(opts.Connect, opts.DataParallelRank); err != nil {
+			return nil, err
+		}
+	} else if pubAddr, err = listenAddress(opts.Endpoint, opts.DataParallelRank); err != nil {
 		return nil, err
 	}
 	replayAddr := ""
@@ -155,14 +194,17 @@ func New(opts Options) (*Publisher, error) {
 		stop:     make(chan struct{}),
 		loopDone: make(chan struct{}),
 	}
-	pubLn, err := net.Listen("tcp", pubAddr)
-	if err != nil {
-		return nil, fmt.Errorf("%w on %s: %w", ErrListen, opts.Endpoint, err)
+	var pubLn, replayLn net.Listener
+	if dialAddr == "" {
+		if pubLn, err = net.Listen("tcp", pubAddr); err != nil {
+			return nil, fmt.Errorf("%w on %s: %w", ErrListen, opts.Endpoint, err)
+		}
 	}
-	var replayLn net.Listener
 	if replayAddr != "" {
 		if replayLn, err = net.Listen("tcp", replayAddr); err != nil {
-			_ = pubLn.Close()
+			if pubLn != nil {
+				_ = pubLn.Close()
+			}
 			return nil, fmt.Errorf("%w on %s: %w", ErrListen, opts.ReplayEndpoint, err)
 		}
 	}
@@ -172,11 +214,17 @@ func New(opts Options) (*Publisher, error) {
 		// A subscriber sends subscriptions only; a topic is far below 4 KiB.
 		Limits: zmtp.Limits{MaxFrame: 4096, MaxFrames: 4},
 	}
-	p.pub = zmtp.NewPub(pubLn, zmtp.PubOptions{
+	pubOpts := zmtp.PubOptions{
 		ServerOptions:    server,
 		QueueLen:         opts.SubscriberQueue,
 		MaxSubscriptions: 64,
-	})
+	}
+	if dialAddr != "" {
+		p.dialAddr = dialAddr
+		p.pub = zmtp.NewPubDialer(dialAddr, pubOpts, zmtp.Redial{Min: opts.ReconnectInterval, Max: opts.MaxReconnect})
+	} else {
+		p.pub = zmtp.NewPub(pubLn, pubOpts)
+	}
 	if replayLn != nil {
 		// A request is [empty, 8 bytes]: anything longer is malformed, and skipped.
 		server.Limits = zmtp.Limits{MaxFrame: 64, MaxFrames: 4}
@@ -221,6 +269,8 @@ func (o *Options) fill() error {
 		{"ReplayWriteTimeout", &o.ReplayWriteTimeout, DefaultReplayWriteTimeout},
 		{"Linger", &o.Linger, DefaultLinger},
 		{"FlushInterval", &o.FlushInterval, DefaultFlushInterval},
+		{"ReconnectInterval", &o.ReconnectInterval, DefaultReconnectInterval},
+		{"MaxReconnect", &o.MaxReconnect, DefaultMaxReconnect},
 	} {
 		switch {
 		case *f.v < 0:
@@ -229,10 +279,29 @@ func (o *Options) fill() error {
 			*f.v = f.def
 		}
 	}
+	for _, f := range []struct {
+		name     string
+		v, limit int64
+	}{
+		{"MaxReplays", int64(o.MaxReplays), MaxMaxReplays},
+		{"SubscriberQueue", int64(o.SubscriberQueue), MaxSubscriberQueue},
+		{"FlushInterval", int64(o.FlushInterval), int64(MaxFlushInterval)},
+		{"MaxReconnect", int64(o.MaxReconnect), int64(MaxMaxReconnect)},
+	} {
+		if f.v > f.limit {
+			return fmt.Errorf("%w: %s is %d, past its bound %d", ErrOptions, f.name, f.v, f.limit)
+		}
+	}
 	if o.DataParallelRank < 0 {
 		return fmt.Errorf("%w: DataParallelRank is %d", ErrOptions, o.DataParallelRank)
 	}
-	if o.Endpoint == "" {
+	if o.MaxReconnect < o.ReconnectInterval {
+		return fmt.Errorf("%w: MaxReconnect %v is below ReconnectInterval %v", ErrOptions, o.MaxReconnect, o.ReconnectInterval)
+	}
+	switch {
+	case o.Connect != "" && o.Endpoint != "":
+		return fmt.Errorf("%w: Endpoint %q and Connect %q: the PUB socket binds or dials, not both", ErrOptions, o.Endpoint, o.Connect)
+	case o.Endpoint == "" && o.Connect == "":
 		o.Endpoint = DefaultEndpoint
 	}
 	if o.Logger == nil {
@@ -245,8 +314,14 @@ func (o *Options) fill() error {
 }
 
 // Endpoint returns the PUB socket's endpoint as bound, with the port the system
-// picked for an ephemeral one.
-func (p *Publisher) Endpoint() string { return "tcp://" + p.pub.Addr().String() }
+// picked for an ephemeral one; or, with Options.Connect, the endpoint it dials
+// (its port moved up by the data-parallel rank).
+func (p *Publisher) Endpoint() string {
+	if p.dialAddr != "" {
+		return "tcp://" + p.dialAddr
+	}
+	return "tcp://" + p.pub.Addr().String()
+}
 
 // ReplayEndpoint returns the ROUTER socket's endpoint as bound, or "" without one.
 func (p *Publisher) ReplayEndpoint() string {
@@ -296,7 +371,7 @@ func (p *Publisher) enqueue(ev event) {
 // until Close; then it publishes what is left and returns.
 func (p *Publisher) loop() {
 	defer close(p.loopDone)
-	enc := newEncoder()
+	enc := newEncoder(p.opts.VLLM023Events)
 	var spare []event
 	t := time.NewTimer(p.opts.FlushInterval)
 	defer t.Stop()
@@ -374,6 +449,7 @@ func (p *Publisher) Stats() Stats {
 		ReplaysRefused:  p.refused.Load(),
 		BadRequests:     p.bad.Load(),
 		RefusedConns:    refused,
+		DialFailures:    p.pub.DialFailures(),
 	}
 }
 

@@ -13,7 +13,8 @@ import (
 )
 
 // TestWireFormat reads each event kind back with the test's own msgpack decoder and
-// checks it field by field, key order included, against vLLM's kv_events.py.
+// checks it field by field, key order included, against vLLM v0.26.0's
+// kv_events.py: a positional batch of map events. (TestGolden checks the bytes.)
 func TestWireFormat(t *testing.T) {
 	clock := time.Unix(1_700_000_000, 250_000_000)
 	p := newPublisher(t, kvevents.Options{
@@ -93,14 +94,12 @@ func TestWireFormat(t *testing.T) {
 		assert.Equal(t, uint64(i), m.seq, "sequence numbers count from 0, one a message")
 		v, err := mpDecode(m.payload)
 		require.NoError(t, err)
-		batch, ok := v.(mpMap)
-		require.True(t, ok, "the batch is a map, not an array: %T", v)
-		assert.Equal(t, []string{"ts", "events", "data_parallel_rank"}, batch.keys())
-		ts, _ := batch.get("ts")
-		assert.Equal(t, mpFloat64(1_700_000_000.25), ts, "ts is a float64 of Unix seconds")
-		rank, _ := batch.get("data_parallel_rank")
-		assert.Equal(t, int64(3), rank)
-		evs, _ := batch.get("events")
+		batch, ok := v.([]any)
+		require.True(t, ok, "the batch is an array (EventBatch is array_like), not a %T", v)
+		require.Len(t, batch, 3, "[ts, events, data_parallel_rank]")
+		assert.Equal(t, mpFloat64(1_700_000_000.25), batch[0], "ts is a float64 of Unix seconds")
+		assert.Equal(t, int64(3), batch[2], "data_parallel_rank")
+		evs := batch[1]
 		require.Len(t, evs, 1)
 		ev, ok := evs.([]any)[0].(mpMap)
 		require.True(t, ok, "an event is a map")

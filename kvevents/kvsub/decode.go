@@ -45,12 +45,19 @@ type Batch struct {
 	Events []Event
 }
 
-// Decode returns the EventBatch payload holds, in the map form vLLM sends now or the
-// positional array form ([ts, events, rank], each event [type, fields...]) it sent
-// before. It fails with ErrPayload, naming what it could not read.
+// Decode returns the EventBatch payload holds. The batch must be vLLM's positional
+// array [ts, events] or [ts, events, data_parallel_rank] (EventBatch is array_like
+// in every release); each event may be a map led by "type" (vLLM v0.26.0) or an
+// array led by its type (v0.23.0 and before), in one batch alike. Anything else,
+// a batch sent as a map included, fails with ErrPayload, naming what it could not
+// read: a malformed batch is never read as an empty one.
 func Decode(payload []byte) (Batch, error) {
-	d := msgpack.NewDecoder(bytes.NewReader(payload))
+	r := bytes.NewReader(payload)
+	d := msgpack.NewDecoder(r)
 	b, err := decodeBatch(d)
+	if err == nil && r.Len() > 0 {
+		err = fmt.Errorf("%d bytes after the batch", r.Len())
+	}
 	if err != nil {
 		return Batch{}, fmt.Errorf("%w: %w", ErrPayload, err)
 	}
@@ -59,56 +66,42 @@ func Decode(payload []byte) (Batch, error) {
 
 func decodeBatch(d *msgpack.Decoder) (Batch, error) {
 	var b Batch
-	if isArray(d) {
-		n, err := d.DecodeArrayLen()
-		if err != nil || n < 2 || n > 3 {
-			return b, fmt.Errorf("batch array of %d: %v", n, err)
-		}
-		if b.TS, err = d.DecodeFloat64(); err != nil {
-			return b, fmt.Errorf("ts: %w", err)
-		}
-		if b.Events, err = decodeEvents(d); err != nil {
-			return b, err
-		}
-		if n == 3 {
-			if b.Rank, err = optInt(d); err != nil {
-				return b, fmt.Errorf("data_parallel_rank: %w", err)
-			}
-		}
-		return b, nil
+	if !isArray(d) {
+		return b, fmt.Errorf("the batch is a %s, not the array [ts, events, data_parallel_rank] vLLM sends", kindOf(d))
 	}
-	n, err := d.DecodeMapLen()
+	n, err := d.DecodeArrayLen()
 	if err != nil {
 		return b, fmt.Errorf("batch: %w", err)
 	}
-	for range n {
-		k, err := d.DecodeString()
-		if err != nil {
-			return b, fmt.Errorf("batch key: %w", err)
-		}
-		switch k {
-		case "ts":
-			b.TS, err = d.DecodeFloat64()
-		case "events":
-			b.Events, err = decodeEvents(d)
-		case "data_parallel_rank":
-			b.Rank, err = optInt(d)
-		default:
-			err = d.Skip()
-		}
-		if err != nil {
-			return b, fmt.Errorf("%s: %w", k, err)
+	if n < 2 || n > 3 {
+		return b, fmt.Errorf("a batch array of %d elements, not 2 or 3 [ts, events, data_parallel_rank]", n)
+	}
+	if !isNumber(d) {
+		return b, fmt.Errorf("ts is a %s, not a number", kindOf(d))
+	}
+	if b.TS, err = d.DecodeFloat64(); err != nil {
+		return b, fmt.Errorf("ts: %w", err)
+	}
+	if b.Events, err = decodeEvents(d); err != nil {
+		return b, err
+	}
+	if n == 3 {
+		if b.Rank, err = optInt(d); err != nil {
+			return b, fmt.Errorf("data_parallel_rank: %w", err)
 		}
 	}
 	return b, nil
 }
 
 func decodeEvents(d *msgpack.Decoder) ([]Event, error) {
+	if !isArray(d) {
+		return nil, fmt.Errorf("events is a %s, not an array", kindOf(d))
+	}
 	n, err := d.DecodeArrayLen()
 	if err != nil {
 		return nil, fmt.Errorf("events: %w", err)
 	}
-	out := make([]Event, 0, max(n, 0))
+	out := make([]Event, 0, min(max(n, 0), 1<<16))
 	for i := range n {
 		e, err := decodeEvent(d)
 		if err != nil {
@@ -120,7 +113,7 @@ func decodeEvents(d *msgpack.Decoder) ([]Event, error) {
 }
 
 // arrayFields are the fields of an event in the positional form, in the order
-// kv_events.py declares them.
+// kv_events.py declares them (vLLM v0.23.0).
 var arrayFields = map[Kind][]string{
 	Stored: {"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
 		"extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"},
@@ -128,12 +121,24 @@ var arrayFields = map[Kind][]string{
 	Cleared: {},
 }
 
+// required are the fields each event has in every release (those without a default
+// since kv_events.py first appeared, vLLM's PR 16750): an event without one is
+// malformed.
+var required = map[Kind][]string{
+	Stored:  {"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id"},
+	Removed: {"block_hashes"},
+	Cleared: {},
+}
+
 func decodeEvent(d *msgpack.Decoder) (Event, error) {
 	var e Event
 	if isArray(d) {
 		n, err := d.DecodeArrayLen()
-		if err != nil || n < 1 {
-			return e, fmt.Errorf("event array of %d: %v", n, err)
+		if err != nil {
+			return e, err
+		}
+		if n < 1 || !isString(d) {
+			return e, fmt.Errorf("an array event not led by its type")
 		}
 		tag, err := d.DecodeString()
 		if err != nil {
@@ -141,26 +146,49 @@ func decodeEvent(d *msgpack.Decoder) (Event, error) {
 		}
 		e.Kind = Kind(tag)
 		fields, ok := arrayFields[e.Kind]
-		if !ok || n-1 > len(fields) {
-			return e, fmt.Errorf("event %q of %d fields", tag, n-1)
+		if !ok {
+			return e, fmt.Errorf("event type %q", tag)
 		}
-		for _, f := range fields[:n-1] {
-			if err := e.field(d, f); err != nil {
-				return e, fmt.Errorf("%s: %w", f, err)
+		if n-1 < len(required[e.Kind]) {
+			return e, fmt.Errorf("%s of %d fields, fewer than the %d it always has", tag, n-1, len(required[e.Kind]))
+		}
+		for i := range n - 1 {
+			if i >= len(fields) { // a field added after the last positional release
+				if err := d.Skip(); err != nil {
+					return e, err
+				}
+				continue
+			}
+			if err := e.field(d, fields[i]); err != nil {
+				return e, fmt.Errorf("%s: %w", fields[i], err)
 			}
 		}
 		return e, nil
+	}
+	if !isMap(d) {
+		return e, fmt.Errorf("an event that is a %s, not a map or an array", kindOf(d))
 	}
 	n, err := d.DecodeMapLen()
 	if err != nil {
 		return e, err
 	}
+	seen := make(map[string]bool, n)
 	for range n {
+		if !isString(d) {
+			return e, fmt.Errorf("a key that is a %s", kindOf(d))
+		}
 		k, err := d.DecodeString()
 		if err != nil {
 			return e, fmt.Errorf("key: %w", err)
 		}
+		if seen[k] {
+			return e, fmt.Errorf("key %q twice", k)
+		}
+		seen[k] = true
 		if k == "type" {
+			if !isString(d) {
+				return e, fmt.Errorf("type is a %s, not a string", kindOf(d))
+			}
 			tag, err := d.DecodeString()
 			if err != nil {
 				return e, fmt.Errorf("type: %w", err)
@@ -172,8 +200,17 @@ func decodeEvent(d *msgpack.Decoder) (Event, error) {
 			return e, fmt.Errorf("%s: %w", k, err)
 		}
 	}
-	if _, ok := arrayFields[e.Kind]; !ok {
+	if !seen["type"] {
+		return e, fmt.Errorf("a map event without a type")
+	}
+	req, ok := required[e.Kind]
+	if !ok {
 		return e, fmt.Errorf("event type %q", e.Kind)
+	}
+	for _, k := range req {
+		if !seen[k] {
+			return e, fmt.Errorf("%s without %s", e.Kind, k)
+		}
 	}
 	return e, nil
 }
@@ -192,6 +229,9 @@ func (e *Event) field(d *msgpack.Decoder, k string) error {
 	case "token_ids":
 		e.Tokens, err = tokens(d)
 	case "block_size":
+		if !isNumber(d) {
+			return fmt.Errorf("a %s, not an integer", kindOf(d))
+		}
 		e.BlockSize, err = d.DecodeInt()
 	case "lora_name":
 		e.LoRAName, err = optString(d)
@@ -220,6 +260,42 @@ func (e *Event) field(d *msgpack.Decoder, k string) error {
 func isArray(d *msgpack.Decoder) bool {
 	c, err := d.PeekCode()
 	return err == nil && (msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32)
+}
+
+func isMap(d *msgpack.Decoder) bool {
+	c, err := d.PeekCode()
+	return err == nil && (msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32)
+}
+
+func isString(d *msgpack.Decoder) bool {
+	c, err := d.PeekCode()
+	return err == nil && (msgpcode.IsFixedString(c) || c == msgpcode.Str8 || c == msgpcode.Str16 || c == msgpcode.Str32)
+}
+
+func isNumber(d *msgpack.Decoder) bool {
+	c, err := d.PeekCode()
+	return err == nil && (msgpcode.IsFixedNum(c) || c == msgpcode.Float || c == msgpcode.Double ||
+		c >= msgpcode.Uint8 && c <= msgpcode.Uint64 || c >= msgpcode.Int8 && c <= msgpcode.Int64)
+}
+
+// kindOf names the next value's msgpack type, for an error.
+func kindOf(d *msgpack.Decoder) string {
+	switch {
+	case isMap(d):
+		return "map"
+	case isArray(d):
+		return "array"
+	case isString(d):
+		return "string"
+	case isNil(d):
+		return "nil"
+	case isNumber(d):
+		return "number"
+	}
+	if _, err := d.PeekCode(); err != nil {
+		return "missing value"
+	}
+	return "value of another type"
 }
 
 func isNil(d *msgpack.Decoder) bool {
@@ -277,11 +353,14 @@ func optHash(d *msgpack.Decoder) ([]uint64, error) {
 }
 
 func hashes(d *msgpack.Decoder) ([]uint64, error) {
+	if !isArray(d) {
+		return nil, fmt.Errorf("a %s, not an array", kindOf(d))
+	}
 	n, err := d.DecodeArrayLen()
 	if err != nil {
 		return nil, err
 	}
-	out := make([]uint64, 0, max(n, 0))
+	out := make([]uint64, 0, min(n, 1<<16))
 	for range n {
 		h, err := hash(d)
 		if err != nil {
@@ -293,11 +372,14 @@ func hashes(d *msgpack.Decoder) ([]uint64, error) {
 }
 
 func tokens(d *msgpack.Decoder) ([]int32, error) {
+	if !isArray(d) {
+		return nil, fmt.Errorf("a %s, not an array", kindOf(d))
+	}
 	n, err := d.DecodeArrayLen()
 	if err != nil {
 		return nil, err
 	}
-	out := make([]int32, 0, max(n, 0))
+	out := make([]int32, 0, min(n, 1<<16))
 	for range n {
 		t, err := d.DecodeInt32()
 		if err != nil {
@@ -316,12 +398,13 @@ func extraKeys(d *msgpack.Decoder) ([][]any, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([][]any, n)
-	for i := range out {
+	out := make([][]any, 0, min(n, 1<<16))
+	for i := range n {
 		if isNil(d) {
 			if err := d.DecodeNil(); err != nil {
 				return nil, err
 			}
+			out = append(out, nil)
 			continue
 		}
 		v, err := d.DecodeInterfaceLoose()
@@ -332,7 +415,7 @@ func extraKeys(d *msgpack.Decoder) ([][]any, error) {
 		if !ok {
 			return nil, fmt.Errorf("extra keys of block %d: %T", i, v)
 		}
-		out[i] = keys
+		out = append(out, keys)
 	}
 	return out, nil
 }

@@ -1,7 +1,9 @@
 // Package kvsub reads vLLM's KV events, as package kvevents or a vLLM engine publishes
-// them: it subscribes to a ZMQ PUB socket, decodes each batch into typed events (the
-// current map form, and the positional arrays older vLLM sent), tells a gap in the
-// sequence numbers, and fetches what was missed from the publisher's replay socket.
+// them: it subscribes to a ZMQ PUB socket, decodes each batch into typed events (a
+// positional batch whose events are maps, as vLLM v0.26.0 sends, or arrays, as
+// v0.23.0 and before did), refuses a malformed batch rather than read it as empty,
+// tells a gap in the sequence numbers, and fetches what was missed from the
+// publisher's replay socket.
 // It is what a router needs to keep an index of which replica holds which block;
 // llm-d's indexer does the same with cgo ZMQ.
 //
@@ -14,6 +16,14 @@
 //		...
 //	}
 //
+// Or bind, for publishers to connect to (llm-d's "global socket"; a
+// kvevents.Publisher with Options.Connect), and read every one's batches under its
+// topic:
+//
+//	l, err := kvsub.Listen(kvsub.Options{Endpoint: "tcp://127.0.0.1:5557", Topic: "kv@"})
+//	...
+//	m, err := l.Next() // m.Topic names the publisher; gaps reported, not filled
+//
 // # Memory management
 //
 // A Batch and its events are the caller's. What a publisher sends is read through
@@ -22,6 +32,6 @@
 //
 // # Concurrency
 //
-// A Subscriber is read by one goroutine at a time; Close may be called from any
-// goroutine and makes a blocked Next return ErrClosed.
+// A Subscriber or Listener is read by one goroutine at a time; Close may be called
+// from any goroutine and makes a blocked Next return ErrClosed.
 package kvsub

@@ -41,6 +41,9 @@ type Options struct {
 	Probe     time.Duration
 	MaxFrame  int // largest frame read; a larger message is skipped (ErrMessage)
 	QueueSize int // live messages read ahead of Next
+	// MaxPublishers bounds the publishers connected to a Listener at once
+	// (DefaultMaxPublishers); Dial ignores it.
+	MaxPublishers int
 }
 
 // Stats is what a Subscriber received.

@@ -1,7 +1,8 @@
 // Package zmtp speaks ZMTP 3.0 (https://rfc.zeromq.org/spec/23/, NULL security) on a
 // TCP connection: the greeting, the READY handshake, and framed multipart messages.
-// It holds the two listening sockets kvevents needs, PUB and ROUTER, and the two
-// dialling ones its tests need, SUB and DEALER. It is not a general ZeroMQ.
+// It holds the sockets kvevents needs, PUB (listening, or dialling a SUB that
+// listens) and ROUTER, and the two dialling ones its tests and kvsub need, SUB and
+// DEALER. It is not a general ZeroMQ.
 //
 // Every limit a peer could push against is explicit: a handshake deadline, a largest
 // frame and a most frames per message read from a peer (larger ones are skipped, not

@@ -15,7 +15,7 @@ type PubOptions struct {
 	MaxSubscriptions int // distinct topic prefixes per subscriber; a subscriber that asks for more is closed
 }
 
-// Pub is a PUB socket on a listener: every message goes to every subscriber whose
+// Pub is a PUB socket on a listener (or dialling one SUB): every message goes to every subscriber whose
 // subscriptions match its first frame, through a bounded queue per subscriber, so a
 // subscriber that stalls loses messages (counted in Drops) and holds up no one.
 type Pub struct {
@@ -49,8 +49,26 @@ func NewPub(ln net.Listener, opts PubOptions) *Pub {
 	return p
 }
 
-// Addr returns the address the socket listens on.
+// NewPubDialer returns a PUB socket that connects to addr (host:port), where a SUB
+// listens, rather than listening itself: it dials, serves the connection as it
+// serves an accepted subscriber, and dials again with back-off r when the dial,
+// the handshake or the connection fails. Messages sent while it is not connected
+// and subscribed reach no one, as with libzmq's PUB.
+func NewPubDialer(addr string, opts PubOptions, r Redial) *Pub {
+	if opts.QueueLen <= 0 || opts.MaxSubscriptions <= 0 {
+		panic("zmtp: PubOptions must all be positive")
+	}
+	p := &Pub{opts: opts, peers: make(map[*pubPeer]struct{})}
+	p.srv = newDialer(addr, TypePub, opts.ServerOptions, r, p.serve)
+	return p
+}
+
+// Addr returns the address the socket listens on, or nil for one that dials.
 func (p *Pub) Addr() net.Addr { return p.srv.Addr() }
+
+// DialFailures returns how many dials, or handshakes after one, failed, in all (a
+// socket that dials only).
+func (p *Pub) DialFailures() int64 { return p.srv.failed.Load() }
 
 // Subscribers returns how many subscribers are connected now.
 func (p *Pub) Subscribers() int {
