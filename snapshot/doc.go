@@ -12,7 +12,9 @@
 // The Store implements, with standard types only, the session-store contract of
 // Kronk (github.com/ardanlabs/kronk, v1.32.6: sdk/kronk/kvstorage.Store), and
 // [FactoryFunc] turns a Factory into its kvstorage.Factory; examples/kronk, a
-// module of its own, plugs it in and runs Kronk's own tests of its RAM store on it.
+// module of its own, plugs it in and runs on it, unchanged, the cases of Kronk's
+// own tests of its RAM store that hold for any store (docs/kronk.md lists the
+// cases about the RAM store's capacity policy, and what a Store does instead).
 // Where Kronk's RAM store (kvstorage/ram) keeps a Go []byte per session that grows
 // by reallocating with a quarter of headroom, never shrinks, and is zeroed on
 // Reset, a Store commits exactly the granules that cover its snapshot and holds

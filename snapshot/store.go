@@ -78,8 +78,15 @@ func (s *Store) syncCap() {
 func (s *Store) Len() int { return int(s.length.Load()) }
 
 // Cap returns the bytes the store holds committed: the granules that cover the
-// last Prepare, or 0 after Reset. It does no I/O and may be called from any
-// goroutine.
+// last Prepare, or 0 after Reset. A Prepare of up to Cap bytes commits nothing
+// more. It does no I/O and may be called from any goroutine.
+//
+// NB: Cap counts whole granules, not the bytes Prepare asked, because that is how
+// Kronk reads it (v1.32.6, sdk/kronk/model): as the memory a session holds.
+// imcSnapshotBytes (caching_imc.go) adds it into the session's snapshot bytes that
+// Kronk's server reports, and the IMC snapshot in batchgen_slot_start.go logs it
+// before and after a Prepare to show whether the staging buffer grew. The
+// granules are also what the budget charges: Stats.Committed is the sum of Cap.
 func (s *Store) Cap() int { return int(s.committed.Load()) }
 
 // Base returns the first address of the store's memory, 0 before its first

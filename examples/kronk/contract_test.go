@@ -46,6 +46,18 @@ func TestFactoryIsKronks(t *testing.T) {
 	require.NoError(t, store.Close())
 }
 
+// TestFactoryCanceledContext: like Kronk's ram.NewFactory, the factory returns a
+// done context's error and makes no store.
+func TestFactoryCanceledContext(t *testing.T) {
+	f := newFactory(t, accounting.Unlimited)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	store, err := kronk.Factory(f)(ctx)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Nil(t, store)
+	assert.Zero(t, f.Stats().Stores)
+}
+
 // countingFactory wraps Factory(f) and counts the stores Kronk asks for.
 func countingFactory(f *snapshot.Factory, n *atomic.Int64) kvstorage.Factory {
 	inner := kronk.Factory(f)

@@ -6,7 +6,9 @@
 //
 // It is a module of its own, so that Kronk's dependency graph and its Go 1.27
 // requirement stay out of vmarena's module: build and test it with
-// GOTOOLCHAIN=go1.27.3 (see README.md). Its tests run Kronk's own tests of its RAM
-// store (sdk/kronk/kvstorage/ram/ram_test.go) on a snapshot.Store, case by case,
-// and its benchmark compares the two stores under an IMC-like load.
+// GOTOOLCHAIN=go1.27.3 (see README.md). Its tests run the cases of Kronk's own
+// tests of its RAM store (sdk/kronk/kvstorage/ram/ram_test.go) that hold for any
+// kvstorage.Store unchanged on a snapshot.Store (kronkram/), replace those about
+// the RAM store's capacity policy with tests of their own names, and its
+// benchmark compares the two stores under an IMC-like load.
 package kronk
