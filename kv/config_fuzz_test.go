@@ -3,6 +3,7 @@ package kv_test
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -11,6 +12,8 @@ import (
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/backingtest"
+	"github.com/vmarena/vmarena/backing/cuda"
+	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/kv/blockhash"
 	"github.com/vmarena/vmarena/kvtier/tiertest"
@@ -105,8 +108,9 @@ func isShortage(err error) bool {
 // field of every Group), the arguments of Config.Size, Model.Size and TierNamespace,
 // and every field of PrefixCacheOptions (and of its EventOptions) to the public
 // calls that take them. Each call either refuses with an error matching ErrConfig or
-// ErrGeometry (ErrNoSharing never, on a Fake that shares), or works: a cache is made
-// under a budget of configLimit bytes on a backingtest.Fake, and a sequence of it
+// ErrGeometry (ErrNoSharing never, on backings that share), or works: a cache is made
+// under a budget of configLimit bytes on a backingtest.Fake (with MapAhead, on cuda's
+// fake driver, a pool that maps ahead), and a sequence of it
 // appends, writes and reads back a token (or a recurrent state), and a prefix cache
 // over it looks a prompt up, inserts it, evicts and closes; a call may then fail only
 // for the budget (or the Fake's address space), never otherwise. Nothing may panic,
@@ -157,7 +161,8 @@ func FuzzConfig(f *testing.F) {
 			granule: granule, tokens: tokens, prefix: prefix, tiers: int(tiers % 4), events: events,
 			opts: kv.PrefixCacheOptions{MaxBytes: maxBytes, TierPrefix: prefix, TierStores: tierStores, TierLoads: tierLoads,
 				TierWait: time.Duration(tierWait), TierWriteThrough: writeThrough, TierMinHits: minHits,
-				Events: kv.EventOptions{Hash: blockhash.Options{BlockSize: evBlock, Algorithm: blockhash.Algorithm(evAlg), Seed: prefix}, Medium: medium}},
+				Events: kv.EventOptions{Hash: blockhash.Options{BlockSize: evBlock, Algorithm: blockhash.Algorithm(evAlg), Seed: prefix,
+					LoRA: medium, CacheSalt: gName}, Medium: medium}},
 		}
 		checkConfig(t, in)
 	})
@@ -188,21 +193,9 @@ func checkConfig(t *testing.T, in configInput) {
 		t.Fatalf("TierNamespace: %v", err)
 	}
 
-	gov := accounting.NewGovernor()
-	if err := gov.SetLimit(accounting.HostKey, configLimit); err != nil {
-		t.Fatal(err)
-	}
-	auth := gov.Authority("fuzz", accounting.HostKey)
-	fake := backingtest.NewFake(backingtest.FakeOptions{Granularity: fakeGranule, Authority: auth})
-	defer func() {
-		if n, r := fake.LiveGranules(), fake.LiveReservations(); n+r > 0 {
-			t.Fatalf("%d granules and %d reservations left", n, r)
-		}
-		if err := auth.Close(); err != nil {
-			t.Fatalf("ledger: %v", err)
-		}
-	}()
-	c, err := kv.New(fake, cfg)
+	fb := newFuzzBacking(t, cfg.MapAhead)
+	defer fb.finish(t)
+	c, err := fb.newCache(cfg)
 	switch {
 	case err == nil:
 	case isConfigError(err), isShortage(err):
@@ -225,6 +218,59 @@ func checkConfig(t *testing.T, in configInput) {
 	n := 1 + (in.tokens&0xff)%min(cfg.MaxTokens, 8)
 	useSequence(t, c, n)
 	usePrefixCache(t, c, in, n)
+}
+
+// fuzzBacking is the backing a fuzzed cache runs on, under a budget of configLimit:
+// a backingtest.Fake, or for MapAhead, which needs a pool, cuda on its fake driver.
+type fuzzBacking struct {
+	auth     *accounting.Authority
+	newCache func(kv.Config) (*kv.Cache, error)
+	leaks    func() error
+	close    func() error
+}
+
+func newFuzzBacking(t *testing.T, pool bool) *fuzzBacking {
+	dev := accounting.HostKey
+	if pool {
+		dev = accounting.GPU(0)
+	}
+	gov := accounting.NewGovernor()
+	if err := gov.SetLimit(dev, configLimit); err != nil {
+		t.Fatal(err)
+	}
+	fb := &fuzzBacking{auth: gov.Authority("fuzz", dev), close: func() error { return nil }}
+	if !pool {
+		fake := backingtest.NewFake(backingtest.FakeOptions{Granularity: fakeGranule, Authority: fb.auth})
+		fb.newCache = func(cfg kv.Config) (*kv.Cache, error) { return kv.New(fake, cfg) }
+		fb.leaks = func() error {
+			if n, r := fake.LiveGranules(), fake.LiveReservations(); n+r > 0 {
+				return fmt.Errorf("%d granules and %d reservations left", n, r)
+			}
+			return nil
+		}
+		return fb
+	}
+	drv := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: fakeGranule, Memory: 1 << 30})
+	b, err := cuda.New(cuda.Options{Authority: fb.auth, Driver: drv.Driver()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fb.newCache = func(cfg kv.Config) (*kv.Cache, error) { return kv.New(b, cfg) }
+	fb.leaks, fb.close = drv.CheckLeaks, b.Close
+	return fb
+}
+
+// finish closes the backing and checks that it and the ledger hold nothing.
+func (fb *fuzzBacking) finish(t *testing.T) {
+	if err := fb.close(); err != nil {
+		t.Fatalf("backing: %v", err)
+	}
+	if err := fb.leaks(); err != nil {
+		t.Fatal(err)
+	}
+	if err := fb.auth.Close(); err != nil {
+		t.Fatalf("ledger: %v", err)
+	}
 }
 
 // checkSize checks Config.Size's answer on one input: a refusal with kv's sentinel,
