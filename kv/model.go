@@ -36,11 +36,12 @@ func (g Geometry) Model() Model {
 }
 
 // Validate reports, with an error matching ErrGeometry that says what, a model with
-// no layers, more than MaxLayers or no groups, a group that is wrong on its own (an unknown kind, no
-// layers, a window missing or larger than maxTokens, an MLA group with V, a
-// recurrent group with tensors, a shape its element type can not hold), a layer index
-// outside the model, a layer listed twice or in no group, or a token size that
-// overflows. maxTokens is the cache's per-sequence maximum; 0 means none is given.
+// no layers, more than MaxLayers or no groups, a group that is wrong on its own (an
+// unknown kind, no layers, a window missing or larger than maxTokens, an MLA group
+// with V, a recurrent group with tensors, a shape its element type can not hold), a
+// layer index outside the model, a layer listed twice or in no group, or a token size
+// that overflows. maxTokens is the cache's per-sequence maximum; 0 means none is
+// given.
 func (m Model) Validate(maxTokens int) error {
 	if m.Layers <= 0 {
 		return fmt.Errorf("%w: model %q has %d layers", ErrGeometry, m.Name, m.Layers)
