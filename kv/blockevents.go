@@ -76,8 +76,10 @@ type EventOptions struct {
 	// Observer is told what the cache caches and evicts; nil means no events, at no
 	// cost.
 	Observer BlockEvents
-	// Hash sets the blocks: their size (16 tokens when 0), the hash algorithm, its seed,
-	// and the extra keys (LoRA name, cache salt) every hash covers.
+	// Hash sets the blocks: their size (16 tokens when 0; more than the cache's
+	// MaxTokens is refused with ErrConfig, since no sequence could hold one whole), the
+	// hash algorithm, its seed, and the extra keys (LoRA name, cache salt) every hash
+	// covers.
 	Hash blockhash.Options
 	// Medium names the cache's memory in events; "" means "GPU" for a device's cache,
 	// "CPU" for the host's.

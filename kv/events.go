@@ -176,6 +176,11 @@ func newEvents(c *Cache, o EventOptions) (*evSide, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: events: %w", ErrConfig, err)
 	}
+	if bs := h.BlockSize(); bs > c.cfg.MaxTokens {
+		// NB: no sequence holds such a block whole, so none would ever be told; and
+		// the block's key is made before the first.
+		return nil, fmt.Errorf("%w: events: blocks of %d tokens, longer than MaxTokens %d", ErrConfig, bs, c.cfg.MaxTokens)
+	}
 	medium := o.Medium
 	if medium == "" {
 		medium = "CPU"

@@ -21,6 +21,11 @@ type Geometry struct {
 	Scales ScaleMode
 }
 
+// MaxLayers is the most layers a Geometry or a Model may have. The deepest models
+// served have a few hundred; the bound keeps what a cache builds per layer (its
+// tensors' places, a PerLayer sequence's ranges) small whatever a Config says.
+const MaxLayers = 1 << 12
+
 // Presets of real models (and a tiny one for tests), fp16.
 var (
 	Llama3_8B  = Geometry{Name: "llama3-8b", Layers: 32, KVHeads: 8, HeadDim: 128, DType: arena.Float16}
@@ -57,12 +62,16 @@ func byName[T any](all []T, name string, nameOf func(T) string) (T, error) {
 	return zero, fmt.Errorf("%w %q (known: %s)", ErrUnknownModel, name, strings.Join(names, ", "))
 }
 
-// Validate reports a geometry with a non-positive dimension, an unknown element type,
-// a head dim that is not a whole number of the element type's blocks (32 values for
-// Q8_0), scales for an element type that is not FP8, or a token size that overflows.
+// Validate reports a geometry with a non-positive dimension, more than MaxLayers
+// layers, an unknown element type, a head dim that is not a whole number of the
+// element type's blocks (32 values for Q8_0), scales for an element type that is not
+// FP8, or a token size that overflows.
 func (g Geometry) Validate() error {
 	if g.Layers <= 0 || g.KVHeads <= 0 || g.HeadDim <= 0 {
 		return fmt.Errorf("%w: layers %d, KV heads %d, head dim %d must be positive", ErrGeometry, g.Layers, g.KVHeads, g.HeadDim)
+	}
+	if g.Layers > MaxLayers {
+		return fmt.Errorf("%w: %d layers, more than MaxLayers (%d)", ErrGeometry, g.Layers, MaxLayers)
 	}
 	if !g.DType.Valid() {
 		return fmt.Errorf("%w: element type %v", ErrGeometry, g.DType)

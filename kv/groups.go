@@ -2,6 +2,7 @@ package kv
 
 import (
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/vmarena/vmarena/backing"
@@ -129,6 +130,7 @@ func newGroups(m Model, layout Layout, granule, blockTokens, maxTokens int) ([]g
 	groups := make([]group, len(m.Groups))
 	layers := make([]layerRef, m.Layers)
 	first := 0
+	var reserved int64 // a sequence's address space, which Size adds up in an int64
 	for i, spec := range m.Groups {
 		bt := blockTokens
 		if spec.Kind == Recurrent {
@@ -138,6 +140,11 @@ func newGroups(m Model, layout Layout, granule, blockTokens, maxTokens int) ([]g
 		if err != nil {
 			return nil, nil, fmt.Errorf("group %d (%v): %w", i, spec.Kind, err)
 		}
+		r := int64(sh.nbuf) * int64(sh.capac) // newGroupShape checked that it fits
+		if reserved > math.MaxInt64-r {
+			return nil, nil, fmt.Errorf("%w: %d tokens of model %q overflow a sequence's address space", ErrConfig, maxTokens, m.Name)
+		}
+		reserved += r
 		groups[i] = group{shape: sh, spec: spec, first: first, bpt: spec.BytesPerToken()}
 		first += sh.nbuf
 		for j, l := range spec.Layers {
@@ -152,7 +159,11 @@ func newGroups(m Model, layout Layout, granule, blockTokens, maxTokens int) ([]g
 func (cfg Config) model() (m Model, set bool, err error) {
 	set = cfg.Model.Layers != 0 || len(cfg.Model.Groups) > 0 || cfg.Model.Name != ""
 	if !set {
-		return cfg.Geometry.Model(), false, cfg.Geometry.Validate()
+		// NB: Validate first: Model makes a slice of Layers.
+		if err := cfg.Geometry.Validate(); err != nil {
+			return Model{}, false, err
+		}
+		return cfg.Geometry.Model(), false, nil
 	}
 	if cfg.Geometry != (Geometry{}) {
 		return Model{}, true, fmt.Errorf("%w: set Geometry or Model, not both (Geometry %q, Model %q)", ErrConfig, cfg.Geometry.Name, cfg.Model.Name)

@@ -20,8 +20,13 @@ type Model struct {
 }
 
 // Model returns g as a one-group model: every layer full attention with g's shape.
+// The group of a geometry with fewer than 1 or more than MaxLayers layers lists none
+// (Model.Validate refuses the model).
 func (g Geometry) Model() Model {
-	layers := make([]int, max(g.Layers, 0))
+	var layers []int
+	if g.Layers > 0 && g.Layers <= MaxLayers {
+		layers = make([]int, g.Layers)
+	}
 	for i := range layers {
 		layers[i] = i
 	}
@@ -31,11 +36,12 @@ func (g Geometry) Model() Model {
 }
 
 // Validate reports, with an error matching ErrGeometry that says what, a model with
-// no layers or no groups, a group that is wrong on its own (an unknown kind, no
-// layers, a window missing or larger than maxTokens, an MLA group with V, a
-// recurrent group with tensors, a shape its element type can not hold), a layer index
-// outside the model, a layer listed twice or in no group, or a token size that
-// overflows. maxTokens is the cache's per-sequence maximum; 0 means none is given.
+// no layers, more than MaxLayers or no groups, a group that is wrong on its own (an
+// unknown kind, no layers, a window missing or larger than maxTokens, an MLA group
+// with V, a recurrent group with tensors, a shape its element type can not hold), a
+// layer index outside the model, a layer listed twice or in no group, or a token size
+// that overflows. maxTokens is the cache's per-sequence maximum; 0 means none is
+// given.
 func (m Model) Validate(maxTokens int) error {
 	if m.Layers <= 0 {
 		return fmt.Errorf("%w: model %q has %d layers", ErrGeometry, m.Name, m.Layers)
@@ -45,6 +51,9 @@ func (m Model) Validate(maxTokens int) error {
 	}
 	if maxTokens < 0 {
 		return fmt.Errorf("%w: max tokens %d", ErrConfig, maxTokens)
+	}
+	if m.Layers > MaxLayers {
+		return fmt.Errorf("%w: model %q has %d layers, more than MaxLayers (%d)", ErrGeometry, m.Name, m.Layers, MaxLayers)
 	}
 	owner := make([]int, m.Layers) // group index + 1 of each layer, 0 while unseen
 	total := 0

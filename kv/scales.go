@@ -100,11 +100,13 @@ func (c *Cache) newScales() error {
 	if err != nil {
 		return err
 	}
-	ones := make([]byte, n)
-	for i := 0; i < n; i += 4 {
-		binary.NativeEndian.PutUint32(ones[i:], math.Float32bits(1))
-	}
+	// NB: commit before making the ones: the budget bounds n, and the heap copy
+	// must not be made for scales the budget refuses.
 	if err = buf.Resize(n); err == nil {
+		ones := make([]byte, n)
+		for i := 0; i < n; i += 4 {
+			binary.NativeEndian.PutUint32(ones[i:], math.Float32bits(1))
+		}
 		err = buf.writeAt(0, ones)
 	}
 	if err != nil {

@@ -5,7 +5,8 @@ import "errors"
 // Errors of a Factory.
 var (
 	// ErrOptions: NewFactory was given options it can not honour (a nil governor, a
-	// negative size or wait, an unknown backing, pool options the factory sets itself).
+	// negative size or wait, an unknown backing, pool options the factory sets itself,
+	// a granule or name the backing refuses).
 	ErrOptions = errors.New("snapshot: invalid factory options")
 	// ErrFactoryClosed: New was called on a closed Factory.
 	ErrFactoryClosed = errors.New("snapshot: factory is closed")

@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -124,9 +125,10 @@ type Factory struct {
 
 // NewFactory returns a Factory whose stores draw from g's host budget through one
 // ledger named opts.Name. It returns an error matching ErrOptions for a nil
-// governor or options out of their domain, and the backing's error (host's
-// ErrPrivateOptions or ErrSharedOptions, errors.ErrUnsupported) when the backing
-// can not be made. The Factory MUST be closed with Close once its stores are.
+// governor or options out of their domain, those the backing refuses included (the
+// error then matches host's ErrPrivateOptions or ErrSharedOptions too), and the
+// backing's error (errors.ErrUnsupported, say) when the backing can not be made
+// otherwise. The Factory MUST be closed with Close once its stores are.
 func NewFactory(g *accounting.Governor, opts Options) (*Factory, error) {
 	switch {
 	case g == nil:
@@ -157,7 +159,7 @@ func NewFactory(g *accounting.Governor, opts Options) (*Factory, error) {
 		p, err := host.NewPrivate(host.PrivateOptions{Granularity: gran, Populate: !opts.NoPopulate, Name: name, NoHugePages: opts.NoHugePages, AlwaysHugePages: !opts.NoHugePages})
 		if err != nil {
 			_ = f.auth.Close() // holds nothing yet
-			return nil, err
+			return nil, optionsError(err)
 		}
 		f.zeroes = p.CommitZeroes()
 		f.reserve = func(size int) (buffer, error) { return arena.NewBuffer(p, size, f.auth) }
@@ -169,13 +171,22 @@ func NewFactory(g *accounting.Governor, opts Options) (*Factory, error) {
 		s, err := host.NewShared(po)
 		if err != nil {
 			_ = f.auth.Close()
-			return nil, err
+			return nil, optionsError(err)
 		}
 		f.pool = s
 		f.zeroes = s.CommitZeroes()
 		f.reserve = func(size int) (buffer, error) { return arena.NewBuffer(s, size, nil) }
 	}
 	return f, nil
+}
+
+// optionsError returns err, the backing's refusal, wrapped in ErrOptions where it
+// refuses options (so that both sentinels match), else as it is.
+func optionsError(err error) error {
+	if errors.Is(err, host.ErrPrivateOptions) || errors.Is(err, host.ErrSharedOptions) {
+		return fmt.Errorf("%w: %w", ErrOptions, err)
+	}
+	return err
 }
 
 func cmpOr(v, def int) int {

@@ -17,5 +17,3 @@ func uintptrOf(b []byte) uintptr {
 func hostSharedWithAuthority(g *accounting.Governor) host.SharedOptions {
 	return host.SharedOptions{Authority: g.Authority("foreign", accounting.HostKey)}
 }
-
-var hostPrivateOptionsErr = host.ErrPrivateOptions

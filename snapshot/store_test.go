@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/snapshot"
 )
 
@@ -194,23 +195,34 @@ func TestBadInput(t *testing.T) {
 
 	t.Run("factory options", func(t *testing.T) {
 		g := accounting.NewGovernor()
+		// The options the backing refuses match ErrOptions and the backing's
+		// sentinel (host, the backing's cause).
 		for _, tt := range []struct {
 			name string
 			g    *accounting.Governor
 			opts snapshot.Options
-			want error
+			host error
 		}{
-			{"nil governor", nil, snapshot.Options{}, snapshot.ErrOptions},
-			{"negative granularity", g, snapshot.Options{Granularity: -1}, snapshot.ErrOptions},
-			{"negative max size", g, snapshot.Options{MaxSize: -1}, snapshot.ErrOptions},
-			{"negative wait", g, snapshot.Options{WaitFor: -time.Second}, snapshot.ErrOptions},
-			{"unknown backing", g, snapshot.Options{Backing: snapshot.Shared + 1}, snapshot.ErrOptions},
-			{"pool authority", g, snapshot.Options{Backing: snapshot.Shared, Pool: hostSharedWithAuthority(accounting.NewGovernor())}, snapshot.ErrOptions},
-			{"granule not a power of two", g, snapshot.Options{Granularity: 3 << 12}, hostPrivateOptionsErr},
+			{"nil governor", nil, snapshot.Options{}, nil},
+			{"negative granularity", g, snapshot.Options{Granularity: -1}, nil},
+			{"negative max size", g, snapshot.Options{MaxSize: -1}, nil},
+			{"negative wait", g, snapshot.Options{WaitFor: -time.Second}, nil},
+			{"unknown backing", g, snapshot.Options{Backing: snapshot.Shared + 1}, nil},
+			{"pool authority", g, snapshot.Options{Backing: snapshot.Shared, Pool: hostSharedWithAuthority(accounting.NewGovernor())}, nil},
+			{"granule not a power of two", g, snapshot.Options{Granularity: 3 << 12}, host.ErrPrivateOptions},
+			{"name the kernel refuses", g, snapshot.Options{Name: "a$b"}, host.ErrPrivateOptions},
+			{"pool granule above 1 GiB", g, snapshot.Options{Backing: snapshot.Shared, Granularity: 1 << 31}, host.ErrSharedOptions},
+			{"pool low above high", g, snapshot.Options{Backing: snapshot.Shared, Pool: host.SharedOptions{Low: 9, High: 2}}, host.ErrSharedOptions},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
 				f, err := snapshot.NewFactory(tt.g, tt.opts)
-				require.ErrorIs(t, err, tt.want)
+				if errors.Is(err, errors.ErrUnsupported) {
+					t.Skipf("backing %v: %v", tt.opts.Backing, err)
+				}
+				require.ErrorIs(t, err, snapshot.ErrOptions)
+				if tt.host != nil {
+					assert.ErrorIs(t, err, tt.host)
+				}
 				assert.Nil(t, f)
 			})
 		}
