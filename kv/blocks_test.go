@@ -1,6 +1,7 @@
 package kv_test
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing/backingtest"
+	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/internal/logrec"
 	"github.com/vmarena/vmarena/kv"
 )
@@ -253,5 +255,42 @@ func TestBlockSmallModelShares(t *testing.T) {
 			}
 			assert.Equal(t, tt.mapped, st.Shared, "the whole blocks are mapped, not copied")
 		})
+	}
+}
+
+// TestBlockSmallModelSharesByDefault: on host.Shared told the model's token size
+// (SharedOptions.ShareUnit) and no granularity, the small model's granule is 128 KiB
+// and its blocks 64 tokens, so a sequence started on a 300-token prefix maps 4 blocks
+// rather than copying the prefix whole, as it does on the 2 MiB granule chosen
+// without it.
+func TestBlockSmallModelSharesByDefault(t *testing.T) {
+	m := smallUniform()
+	gov := accounting.NewGovernor()
+	require.NoError(t, gov.SetLimit(accounting.HostKey, 1<<30))
+	b, err := host.NewShared(host.SharedOptions{Authority: gov.Authority("kv", accounting.HostKey), ShareUnit: m.BytesPerToken()})
+	if errors.Is(err, errors.ErrUnsupported) {
+		t.Skip(err)
+	}
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, b.Close()) }()
+	require.Equal(t, 128<<10, b.Granularity())
+	c, err := kv.New(b, kv.Config{Model: m, MaxTokens: 2048})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, c.Close()) }()
+	s, err := c.NewSequence()
+	require.NoError(t, err)
+	defer s.Close()
+	require.NoError(t, s.Append(300))
+	p, err := s.Freeze(300)
+	require.NoError(t, err)
+	defer p.Release()
+	q, err := c.NewSequenceFrom(p)
+	require.NoError(t, err)
+	defer q.Close()
+	assert.Equal(t, 64, q.BlockTokens())
+	for _, ss := range c.SequenceStats() {
+		if ss.ID == q.ID() {
+			assert.Equal(t, int64(4*(128<<10)), ss.Shared, "4 whole blocks of 64 tokens mapped, 44 tokens copied")
+		}
 	}
 }
