@@ -41,7 +41,7 @@ func TestMapAheadOnGPTOSS(t *testing.T) {
 	}{{kv.Blocked, 2 << 20}, {kv.PerLayer, 64 << 10}} {
 		for _, name := range aheadBackings {
 			t.Run(lt.layout.String()+"/"+name, func(t *testing.T) {
-				e := openAheadOn(t, name, kv.Config{Model: m, MaxTokens: 512, Layout: lt.layout, MapAhead: true}, lt.granule, 0)
+				e := openAheadOn(t, name, kv.Config{Model: m, MaxTokens: 512, Layout: lt.layout, BlockTokens: oldBlock(lt.layout), MapAhead: true}, lt.granule, 0)
 				win, err := e.c.LayerStrides(0)
 				require.NoError(t, err)
 				full, err := e.c.LayerStrides(1)
@@ -122,7 +122,7 @@ func TestMapAheadAdoptsTheGroupItCrosses(t *testing.T) {
 	gran := blockGranule
 	for _, name := range aheadBackings {
 		t.Run(name, func(t *testing.T) {
-			e := openAheadOn(t, name, kv.Config{Model: aheadHybrid, MaxTokens: 256, Layout: kv.Blocked, MapAhead: true}, int(gran), 0)
+			e := openAheadOn(t, name, kv.Config{Model: aheadHybrid, MaxTokens: 256, Layout: kv.Blocked, BlockTokens: 1, MapAhead: true}, int(gran), 0)
 			for layer, want := range map[int]int{0: 16, 1: 10, 5: 64} {
 				st, err := e.c.LayerStrides(layer)
 				require.NoError(t, err)
@@ -173,7 +173,7 @@ func TestMapAheadAdoptsInPart(t *testing.T) {
 	gran := blockGranule
 	for _, name := range aheadBackings {
 		t.Run(name, func(t *testing.T) {
-			e := openAheadOn(t, name, kv.Config{Model: aheadHybrid, MaxTokens: 256, Layout: kv.Blocked, MapAhead: true}, int(gran), 0)
+			e := openAheadOn(t, name, kv.Config{Model: aheadHybrid, MaxTokens: 256, Layout: kv.Blocked, BlockTokens: 1, MapAhead: true}, int(gran), 0)
 			s, err := e.c.NewSequence()
 			require.NoError(t, err)
 			// 7 tokens: each group's block 0 and the state. Ahead: the window's block 1
@@ -244,7 +244,7 @@ func TestMapAheadRefusedBatchKeepsNothing(t *testing.T) {
 	gran := blockGranule
 	for _, name := range aheadBackings {
 		t.Run(name, func(t *testing.T) {
-			e := openAheadOn(t, name, kv.Config{Model: aheadHybrid, MaxTokens: 256, Layout: kv.Blocked, MapAhead: true}, int(gran), 10*gran)
+			e := openAheadOn(t, name, kv.Config{Model: aheadHybrid, MaxTokens: 256, Layout: kv.Blocked, BlockTokens: 1, MapAhead: true}, int(gran), 10*gran)
 			a, err := e.c.NewSequence()
 			require.NoError(t, err)
 			b, err := e.c.NewSequence()
@@ -289,7 +289,7 @@ func TestMapAheadLeavesBehind(t *testing.T) {
 	gran := blockGranule
 	for _, name := range aheadBackings {
 		t.Run(name, func(t *testing.T) {
-			e := openAheadOn(t, name, kv.Config{Model: aheadHybrid, MaxTokens: 256, Layout: kv.Blocked, MapAhead: true}, int(gran), 0)
+			e := openAheadOn(t, name, kv.Config{Model: aheadHybrid, MaxTokens: 256, Layout: kv.Blocked, BlockTokens: 1, MapAhead: true}, int(gran), 0)
 			// 71 tokens: no group's block starts at 71 or 72 (window 16, full 10,
 			// latent 64 tokens a block), so the next step crosses into none.
 			s, err := e.c.NewSequence()

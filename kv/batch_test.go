@@ -106,7 +106,7 @@ func TestAppendBatchFaultInjection(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
 			fx, faulty := faultyFixture(t)
-			c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 256, Layout: layout})
+			c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 256, Layout: layout, BlockTokens: oldBlock(layout)})
 			require.NoError(t, err)
 			defer func() { assert.NoError(t, c.Close()) }()
 			step := func(seqs []*kv.Sequence) error {

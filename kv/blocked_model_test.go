@@ -506,16 +506,20 @@ func TestPresetsAndSizing(t *testing.T) {
 // Blocked's waste is the bytes at each block's end that hold no whole token, plus the
 // free tokens of the last block; BlockTokens asks for larger blocks.
 func TestBlockedSize(t *testing.T) {
-	q := kv.Qwen25_7B // 56 KiB a token: a 2 MiB granule holds 36 of them, 32 KiB free
+	// 56 KiB a token: a 2 MiB granule holds 36 of them, 32 KiB free, and 7 granules
+	// hold 256 with none free (at 64 KiB, 7 granules hold 8), the default's block.
+	q := kv.Qwen25_7B
 	tests := []struct {
 		name                   string
 		granule, block, tokens int
 		blockTokens, committed int
 		reserved               int64
 	}{
-		{"64KiB", 64 << 10, 0, 10, 1, 10 * (64 << 10), 1000 * (64 << 10)},
-		{"2MiB", 2 << 20, 0, 100, 36, 3 * (2 << 20), 28 * (2 << 20)},
-		{"2MiB/exact", 2 << 20, 0, 72, 36, 2 * (2 << 20), 28 * (2 << 20)},
+		{"64KiB", 64 << 10, 0, 10, 8, 2 * 7 * (64 << 10), 125 * 7 * (64 << 10)},
+		{"64KiB/BlockTokens=1", 64 << 10, 1, 10, 1, 10 * (64 << 10), 1000 * (64 << 10)},
+		{"2MiB", 2 << 20, 0, 100, 256, 7 * (2 << 20), 4 * 7 * (2 << 20)},
+		{"2MiB/exact", 2 << 20, 0, 512, 256, 2 * 7 * (2 << 20), 4 * 7 * (2 << 20)},
+		{"2MiB/BlockTokens=1", 2 << 20, 1, 100, 36, 3 * (2 << 20), 28 * (2 << 20)},
 		{"2MiB/BlockTokens=37", 2 << 20, 37, 100, 73, 2 * (4 << 20), 14 * (4 << 20)},
 		{"2MiB/BlockTokens=128", 2 << 20, 128, 1, 146, 8 << 20, 7 * (8 << 20)},
 	}

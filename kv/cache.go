@@ -33,8 +33,13 @@ type Config struct {
 	// BlockTokens asks the Blocked layout for blocks of at least this many tokens
 	// (longer runs per layer, a larger copied tail per fork or prefix): a block is the
 	// fewest whole granules that hold them, and holds as many tokens as fit
-	// (Sequence.BlockTokens). 0, the default, is the smallest block: the fewest
-	// granules that hold one token. It must be 0 in the other layouts.
+	// (Sequence.BlockTokens). One whose block is more than 1/8 bytes that hold no
+	// token is reported (Size's GroupSizing.Block, and a Warn to Logger at New). 0, the default, chooses each group's block:
+	// whole granules that a whole number of tokens fills, with no dead byte, where
+	// such a block holds at most 512 tokens (or one granule's; half the window in a
+	// window group), else the one of fewest dead bytes per byte within that bound
+	// (blocks.go; Size's GroupSizing says which and why). It must be 0 in the other
+	// layouts.
 	BlockTokens int
 	// Authority is charged for committed granules when the backing's accounting is
 	// ByBuffer (host.Private); it must be nil for backings that own their memory
@@ -179,6 +184,7 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	for i := range groups {
 		c.windows = c.windows || groups[i].windowed()
 	}
+	c.warnBlocks()
 	if err := c.newScales(); err != nil {
 		return nil, err
 	}

@@ -110,15 +110,19 @@
 // [Blocked] (the default) puts all layers of a sequence in one range cut into blocks
 // of whole granules; a block holds [Sequence.BlockTokens] tokens of every layer,
 // layer-major inside ([layer][K|V][tokens][KVHeads][HeadDim]), so that a layer's K
-// and V of a block are one contiguous run (64 KiB for Llama-3-8B at 2 MiB granules)
-// while the sequence keeps one growth frontier and at most one partly filled block.
+// and V of a block are one contiguous run (64 KiB for Llama-3-8B at 2 MiB granules).
+// Each group's block is chosen so that a whole number of tokens fills it, with no
+// byte dead, where that takes at most 512 tokens (or one granule's; half a window),
+// else with the fewest dead bytes within that bound (blocks.go; [GroupSizing] says
+// which and why). A sequence keeps one growth frontier and at most one partly filled
+// block.
 // A layer's tensor is then a strided tensor with one more dimension, [blocks,
 // BlockTokens, KVHeads, HeadDim] ([View]; [Sequence.BlockStride] from one block to the
 // next, [Sequence.TokenStride] from one token to the next inside a block); in the last
 // block the tokens at or past Len are not the sequence's. Forks, prefixes and the
 // prefix cache share whole blocks and copy the tokens of the partly filled last one.
-// Config.BlockTokens asks for larger blocks: longer runs, and more tokens copied per
-// fork. [PerLayer] gives each (layer, K|V) tensor its own contiguous range
+// Config.BlockTokens overrides the choice: larger blocks read in longer runs and copy
+// more tokens per fork. [PerLayer] gives each (layer, K|V) tensor its own contiguous range
 // ([Sequence.Bytes]) at the cost of 2 × Layers growth frontiers and up to 2 × Layers
 // partly filled granules per sequence. [Config.Size] computes the cost of
 // each without allocating; BENCHMARKS.md lists them for Llama-3-8B and measures what

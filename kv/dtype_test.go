@@ -89,7 +89,9 @@ func TestViewBlockTypes(t *testing.T) {
 			assert.ErrorIs(t, err, kv.ErrElemType)
 		})
 	}
-	c, err := kv.New(fx.fake, kv.Config{Geometry: q8Tiny, MaxTokens: 256})
+	// NB: blocks of one granule (BlockTokens 1: 2 tokens, 16 bytes dead); the default
+	// block, 128 tokens in 51 granules, holds a whole number of 34-byte blocks.
+	c, err := kv.New(fx.fake, kv.Config{Geometry: q8Tiny, MaxTokens: 256, BlockTokens: 1})
 	require.NoError(t, err)
 	s, err := c.NewSequence()
 	require.NoError(t, err)

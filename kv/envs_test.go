@@ -154,6 +154,9 @@ func onEachSharing(t *testing.T, sp envSpec, run func(t *testing.T, e *env)) {
 			t.Run(sharingNames[kind]+"/"+layout.String(), func(t *testing.T) {
 				sp := sp
 				sp.kind, sp.cfg.Layout = kind, layout
+				if layout != kv.Blocked {
+					sp.cfg.BlockTokens = 0 // a block asked for is the Blocked runs'
+				}
 				e, err := openEnv(t, sp)
 				if err != nil {
 					t.Skip(err)

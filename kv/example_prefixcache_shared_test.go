@@ -112,6 +112,6 @@ func ExamplePrefixCache_slidingWindow() {
 	}
 	// Output:
 	// 0 of 2000 prompt tokens cached; window layer 0 holds from token 0
-	// 2000 of 2003 prompt tokens cached; window layer 0 holds from token 1870
-	// 1500 of 1501 prompt tokens cached; window layer 0 holds from token 1360
+	// 2000 of 2003 prompt tokens cached; window layer 0 holds from token 1856
+	// 1500 of 1501 prompt tokens cached; window layer 0 holds from token 1344
 }

@@ -18,8 +18,11 @@ import (
 // layer run by run (Run): a window layer's last 128 tokens, a full layer's all. The
 // controls are the same step on a one-group cache of full-attention layers of the
 // same shape holding as many live bytes: model=full, 24 layers of about (n + 128) / 2
-// tokens (its blocks hold 42 tokens, half the groups' 85), and model=full12, the
-// full group's 12 layers alone of n + 128 tokens (blocks of 85, as the groups'). Memory is populated on commit (2 MiB granules, 4 KiB pages).
+// tokens (its blocks hold 128 tokens in 3 granules), and model=full12, the full
+// group's 12 layers alone of n + 128 tokens (256 tokens in 3 granules, as the
+// groups' full group; their window group's blocks hold 64 tokens in one granule).
+// model=groups-one-token-blocks is the groups' step on the blocks the default chose
+// before (BlockTokens 1). Memory is populated on commit (2 MiB granules, 4 KiB pages).
 // b.SetBytes is the bytes a step loads, so that benchstat compares time per byte (the
 // issue's target: groups at most 1.05x the full step's).
 func BenchmarkDecodeStepGroups(b *testing.B) {
@@ -47,6 +50,14 @@ func BenchmarkDecodeStepGroups(b *testing.B) {
 	}{
 		{"groups", kv.Config{Model: m}, func(k int) int { return tokens + 1 + 2*k }, func(layer, n int) int {
 			if layer%2 == 0 { // gpt-oss's window layers
+				return max(0, n-window)
+			}
+			return 0
+		}},
+		// The blocks the default chose before blocks were chosen per group (the
+		// fewest granules that hold one token: 85 tokens, 8 KiB dead, in both groups).
+		{"groups-one-token-blocks", kv.Config{Model: m, BlockTokens: 1}, func(k int) int { return tokens + 1 + 2*k }, func(layer, n int) int {
+			if layer%2 == 0 {
 				return max(0, n-window)
 			}
 			return 0

@@ -227,11 +227,12 @@ func TestGroupConfigSize(t *testing.T) {
 	s, err := cfg.Size(groupGranule, 100)
 	require.NoError(t, err)
 	assert.Equal(t, 4+2+2+1+1, s.Buffers)
-	// The window of layers 0 and 3 (32-byte tokens, 8 a granule): tokens 96..99 of 100
-	// lie in granule 12, so each of its 4 ranges commits one.
-	assert.Equal(t, int64(4*groupGranule), s.Groups[0].Committed)
+	// The window of layers 0 and 3 (32-byte tokens, 8 a granule) as the step that
+	// appended token 99 read it: tokens 95..99 of 100 lie in granules 11 and 12, so
+	// each of its 4 ranges commits two.
+	assert.Equal(t, int64(4*2*groupGranule), s.Groups[0].Committed)
 	assert.Zero(t, s.Groups[0].BlockBytes, "PerLayer has no blocks")
-	assert.Equal(t, 4, s.Groups[0].Live)
+	assert.Equal(t, 5, s.Groups[0].Live)
 }
 
 // ExampleConfig_model lays gpt-oss-20b's sliding-window and full layers out in
@@ -265,9 +266,9 @@ func ExampleConfig_model() {
 			n, sz.Groups[0].Committed>>20, s.FirstHeld(0), sz.Groups[1].Committed>>20, c.Stats().Committed>>20)
 	}
 	// Output:
-	//  256 tokens: window group  6 MiB from token   85, full group  8 MiB; committed  14 MiB
-	// 1024 tokens: window group  6 MiB from token  850, full group 26 MiB; committed  32 MiB
-	// 4096 tokens: window group  6 MiB from token 3910, full group 98 MiB; committed 104 MiB
+	//  256 tokens: window group  4 MiB from token  128, full group  6 MiB; committed  10 MiB
+	// 1024 tokens: window group  4 MiB from token  896, full group 24 MiB; committed  28 MiB
+	// 4096 tokens: window group  4 MiB from token 3968, full group 96 MiB; committed 100 MiB
 }
 
 // TestGroupFaults: a backing call that fails anywhere in a fork, truncate and window

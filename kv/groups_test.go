@@ -33,6 +33,16 @@ var tinyHybrid = kv.Model{Name: "tiny-hybrid", Layers: 6, Groups: []kv.Group{
 	{Kind: kv.Recurrent, Layers: []int{5}, StateBytes: 100},
 }}
 
+// tinyDead has 192-byte tokens in every group: on groupGranule granules a full
+// group's default block is 4 tokens in 3 granules, no byte dead, while its window
+// groups (windows of 6) take blocks of 1 token a granule, 64 bytes dead, since half
+// their window bounds their blocks: the default's two cases side by side.
+var tinyDead = kv.Model{Name: "tiny-dead", Layers: 6, Groups: []kv.Group{
+	{Kind: kv.SlidingWindow, Window: 6, Layers: []int{0, 1, 2}, KVHeads: 1, HeadDim: 16, DType: arena.Float16},
+	{Kind: kv.FullAttention, Layers: []int{3, 4}, KVHeads: 1, HeadDim: 24, DType: arena.Float16},
+	{Kind: kv.ChunkedLocal, Window: 6, Layers: []int{5}, KVHeads: 3, HeadDim: 16, DType: arena.Float16},
+}}
+
 const groupMaxTokens = 200
 
 // groupFixture is a sharing Fake (ByBacking) of small granules under one ledger.
@@ -332,8 +342,8 @@ func (gm *groupModel) check(what string) {
 			require.Equal(t, r.states[i], got, "%s: state of layer %d", what, l)
 		}
 		want := gm.committed(r)
-		if r.dropAt == n {
-			// Once the next step starts, the sequence holds what Size says.
+		if r.dropAt == n-1 || n == 0 {
+			// After a step that appended one token, the sequence holds what Size says.
 			sz, err := gm.c.Config().Size(gm.gran, n)
 			require.NoError(t, err)
 			require.Equal(t, sz.Committed, want, "%s: the plain model and Size agree", what)
@@ -632,6 +642,12 @@ func TestGroupOps(t *testing.T) {
 		{tinyHybrid, func(t *testing.T, seen groupCounts) {
 			assert.Positive(t, seen.forks, "forks")
 			assert.Positive(t, seen.refused, "truncates and forks refused for dropped tokens")
+			assert.Positive(t, seen.dropped, "reads of dropped tokens")
+			assert.Positive(t, seen.shared, "states with shared granules")
+		}},
+		{tinyDead, func(t *testing.T, seen groupCounts) {
+			assert.Positive(t, seen.forks, "forks")
+			assert.Positive(t, seen.frozen, "prefixes")
 			assert.Positive(t, seen.dropped, "reads of dropped tokens")
 			assert.Positive(t, seen.shared, "states with shared granules")
 		}},

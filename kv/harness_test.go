@@ -3,6 +3,7 @@ package kv_test
 import (
 	"errors"
 	"fmt"
+	"math/big"
 	"slices"
 	"sync"
 	"testing"
@@ -122,6 +123,17 @@ func (fx *fixture) cache(t *testing.T, layout kv.Layout, maxTokens int) *fakeCac
 // tests (64 KiB granules) and some fuzz inputs keep the default block.
 const testBlockTokens = 4
 
+// oldBlock returns, for layout, the Config.BlockTokens that asks the Blocked layout
+// for the block the default chose before blocks were chosen per group (the fewest
+// granules that hold one token): the tests whose figures were worked out on those
+// blocks ask for them.
+func oldBlock(l kv.Layout) int {
+	if l == kv.Blocked {
+		return 1
+	}
+	return 0
+}
+
 // blockTokensFor returns the Config.BlockTokens the fake-backed tests give layout.
 func blockTokensFor(l kv.Layout) int {
 	if l == kv.Blocked {
@@ -142,8 +154,33 @@ func modelOf(cfg kv.Config, gran int) modelLayout {
 	case kv.PerLayer:
 		return modelLayout{nbuf: nt, nt: nt, row: g.TokenBytes(), gran: gran}
 	}
-	blk := (max(cfg.BlockTokens, 1)*g.BytesPerToken() + gran - 1) / gran * gran
-	return modelLayout{nbuf: 1, nt: nt, row: g.TokenBytes(), tpb: blk / g.BytesPerToken(), blk: blk, gran: gran}
+	tpb, blk := refBlock(g.Model().Groups[0], gran, cfg.BlockTokens)
+	return modelLayout{nbuf: 1, nt: nt, row: g.TokenBytes(), tpb: tpb, blk: blk, gran: gran}
+}
+
+// refBlock is the tests' own account of a group's block (blocks.go's rule), by
+// search: for an override bt, the fewest granules that hold bt tokens, holding as
+// many as fit; by default, of the blocks of t tokens in the fewest granules that hold
+// them, for t up to the bound (512 or one granule's tokens, half a window at most),
+// the one of least dead share, the fewest tokens of those.
+func refBlock(g kv.Group, gran, bt int) (tpb, blk int) {
+	bpt := g.BytesPerToken()
+	if bt > 0 {
+		blk = (bt*bpt + gran - 1) / gran * gran
+		return blk / bpt, blk
+	}
+	bound := max(512, gran/bpt)
+	if g.Kind == kv.SlidingWindow || g.Kind == kv.ChunkedLocal {
+		bound = min(bound, max(1, g.Window/2))
+	}
+	var dead int
+	for t := 1; t <= bound && (blk == 0 || dead > 0); t++ {
+		b := (t*bpt + gran - 1) / gran * gran
+		if d := b - t*bpt; blk == 0 || new(big.Int).Mul(big.NewInt(int64(d)), big.NewInt(int64(blk))).Cmp(new(big.Int).Mul(big.NewInt(int64(dead)), big.NewInt(int64(b)))) < 0 {
+			tpb, blk, dead = t, b, d
+		}
+	}
+	return tpb, blk
 }
 
 // committed returns the bytes of granules n tokens commit, all ranges together.

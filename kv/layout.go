@@ -13,8 +13,8 @@ type Layout uint8
 
 const (
 	// Blocked, the default, puts all layers in one range cut into blocks: a block is
-	// the fewest whole granules that hold Config.BlockTokens tokens (by default one
-	// token) of every layer, and holds as many tokens T as fit, layer-major inside
+	// whole granules that hold T tokens of every layer (chosen per group so that no
+	// byte or few are dead, blocks.go; Config.BlockTokens overrides), layer-major inside
 	// ([layer][K|V][T tokens][KVHeads][HeadDim]). So a sequence has one growth
 	// frontier and at most one partly filled block, a block is committed when its
 	// first token arrives, and each layer's K and V of a block are one contiguous run
@@ -77,8 +77,9 @@ func newShape(g Geometry, layout Layout, granule, blockTokens, maxTokens int) (s
 }
 
 // newGroupShape is newShape for one valid layer group: its layers, in the group's
-// order, are the shape's layers. A recurrent group's shape is one range that holds
-// every layer's state, layer after layer, from the sequence's first token on.
+// order, are the shape's layers, and its blocks are Group.block's (blocks.go). A
+// recurrent group's shape is one range that holds every layer's state, layer after
+// layer, from the sequence's first token on.
 func newGroupShape(g Group, layout Layout, granule, blockTokens, maxTokens int) (shape, error) {
 	if !backing.IsPowerOfTwo(granule) || maxTokens < 0 {
 		return shape{}, fmt.Errorf("%w: granule %d, max tokens %d", ErrConfig, granule, maxTokens)
@@ -96,17 +97,15 @@ func newGroupShape(g Group, layout Layout, granule, blockTokens, maxTokens int) 
 		return sh, nil
 	}
 	nt := len(g.Layers) * len(sh.kinds)
-	bpt := g.BytesPerToken()
 	var extent int
 	switch layout {
 	case Blocked:
-		want := max(blockTokens, 1)
-		if want > math.MaxInt/bpt-granule {
-			return shape{}, fmt.Errorf("%w: blocks of %d tokens of %d bytes overflow", ErrConfig, want, bpt)
+		b, err := g.block(granule, blockTokens)
+		if err != nil {
+			return shape{}, err
 		}
 		sh.nbuf, sh.row = 1, sh.tb
-		sh.blk, _ = backing.AlignUp(want*bpt, granule)
-		sh.tpb, sh.unit = sh.blk/bpt, sh.blk
+		sh.blk, sh.tpb, sh.unit = b.Bytes, b.Tokens, b.Bytes
 		if units := maxTokens/sh.tpb + 1; units > (math.MaxInt-granule)/sh.blk {
 			return shape{}, fmt.Errorf("%w: %d tokens in blocks of %d bytes overflow", ErrConfig, maxTokens, sh.blk)
 		}

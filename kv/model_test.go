@@ -136,12 +136,15 @@ func TestModelSizeModel(t *testing.T) {
 						need, committed, packed = need+gs.Need, committed+gs.Committed, packed+gs.Packed
 						continue
 					}
-					first := firstLive(g, n)
-					require.Equal(t, first, g.FirstLive(n), "%s group %d at %d tokens", m.Name, i, n)
+					require.Equal(t, firstLive(g, n), g.FirstLive(n), "%s group %d at %d tokens", m.Name, i, n)
+					// A sequence of n tokens holds what its last step read: the step
+					// that appended token n-1.
+					first := firstLive(g, max(n-1, 0))
 					bpt := g.BytesPerToken()
-					blk := (max(bt, 1)*bpt + granule - 1) / granule * granule
+					tpb, blk := refBlock(g, granule, bt)
 					require.Equal(t, blk, gs.BlockBytes)
-					require.Equal(t, blk/bpt, gs.BlockTokens)
+					require.Equal(t, tpb, gs.BlockTokens)
+					require.Equal(t, blk-tpb*bpt, gs.DeadBytes)
 					blocks, granules := map[int]bool{}, map[int]bool{}
 					for tok := first; tok < n; tok++ {
 						blocks[tok/gs.BlockTokens] = true
@@ -295,17 +298,20 @@ func TestModelTargetOneBlock(t *testing.T) {
 
 func ExampleModel_Size() {
 	m := kv.GPTOSS20B()
-	s, err := m.Size(2<<20, 0, 128<<10) // 2 MiB granules, blocks of the fewest granules
+	s, err := m.Size(2<<20, 0, 128<<10) // 2 MiB granules, each group's own block
 	if err != nil {
 		panic(err)
 	}
 	for _, g := range s.Groups {
-		fmt.Printf("%v: %d layers, %d B/token, %d tokens per block, %d live, need %d, commit %d, packed %d\n",
-			g.Kind, g.Layers, g.BytesPerToken, g.BlockTokens, g.Live, g.Need, g.Committed, g.Packed)
+		fmt.Printf("%v: %d layers, %d B/token, %d tokens per block of %d bytes, %d dead (%s)\n",
+			g.Kind, g.Layers, g.BytesPerToken, g.BlockTokens, g.BlockBytes, g.DeadBytes, g.Block)
+		fmt.Printf("  %d live, need %d, commit %d, packed %d\n", g.Live, g.Need, g.Committed, g.Packed)
 	}
 	// Output:
-	// sliding-window: 12 layers, 24576 B/token, 85 tokens per block, 127 live, need 3121152, commit 6291456, packed 4194304
-	// full: 12 layers, 24576 B/token, 85 tokens per block, 131072 live, need 3221225472, commit 3235905536, packed 3221225472
+	// sliding-window: 12 layers, 24576 B/token, 64 tokens per block of 2097152 bytes, 524288 dead (the fewest dead bytes per block of 64 tokens at most, half the window (no whole number of tokens fills whole granules within it))
+	//   128 live, need 3145728, commit 4194304, packed 4194304
+	// full: 12 layers, 24576 B/token, 256 tokens per block of 6291456 bytes, 0 dead (256 whole tokens fill 3 whole granules)
+	//   131072 live, need 3221225472, commit 3221225472, packed 3221225472
 }
 
 func ExampleModel_Validate() {

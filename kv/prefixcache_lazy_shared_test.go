@@ -19,7 +19,7 @@ import (
 // openHost); the test's cleanup closes both and checks the ledger.
 func newHostPrefixCache(t *testing.T, name string, layout kv.Layout) (*kv.Cache, *kv.PrefixCache, *hostPool) {
 	t.Helper()
-	e := openHost(t, envSpec{cfg: kv.Config{MaxTokens: 1024, Layout: layout}, name: name})
+	e := openHost(t, envSpec{cfg: kv.Config{MaxTokens: 1024, Layout: layout, BlockTokens: oldBlock(layout)}, name: name})
 	pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, pc.Close()) })

@@ -32,7 +32,7 @@ func TestPrefixCacheTierLoadFits(t *testing.T) {
 		for _, cached := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/cached=%v", backingNames[kind], cached), func(t *testing.T) {
 				// Five granules: the prompt (four blocks and a tail) fits alone.
-				e, err := openEnv(t, envSpec{kind: kind, granule: gran, limit: 5 * gran, cfg: kv.Config{MaxTokens: 512, Layout: kv.Blocked}})
+				e, err := openEnv(t, envSpec{kind: kind, granule: gran, limit: 5 * gran, cfg: kv.Config{MaxTokens: 512, Layout: kv.Blocked, BlockTokens: 1}})
 				if err != nil {
 					t.Skip(err)
 				}
@@ -134,7 +134,7 @@ func (w *wtGate) waited() bool { return w.waits.Load() > 0 }
 // failure opens it before closing the cache).
 func writeThroughCache(t *testing.T, kind, gran int) (e *env, g gated, pc *kv.PrefixCache, w *wtGate) {
 	t.Helper()
-	e, err := openEnv(t, envSpec{kind: kind, granule: gran, limit: 4 * int64(gran), cfg: kv.Config{MaxTokens: 512, Layout: kv.Blocked}})
+	e, err := openEnv(t, envSpec{kind: kind, granule: gran, limit: 4 * int64(gran), cfg: kv.Config{MaxTokens: 512, Layout: kv.Blocked, BlockTokens: 1}})
 	if err != nil {
 		t.Skip(err)
 	}

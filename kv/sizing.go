@@ -24,16 +24,16 @@ type Sizing struct {
 	// Groups is, on a Model, what each group needs, in the order of Model.Groups:
 	// Committed is what the cache's layout commits for the group (in the Blocked
 	// layout, Model.Size's figure), BlockBytes and BlockTokens its blocks (0 in
-	// PerLayer; a recurrent group's BlockBytes is its state's granules). NB: where a
-	// chunk ends at tokens (a ChunkedLocal group with no live token), the cache still
-	// holds the unit that token tokens goes into, which Model.Size does not count. nil
-	// for a Geometry.
+	// PerLayer; a recurrent group's BlockBytes is its state's granules), for a
+	// sequence whose last step appended token tokens-1 (see Model.Size). nil for a
+	// Geometry.
 	Groups []GroupSizing
 }
 
-// Size returns what one sequence of tokens tokens needs under cfg's geometry (or
-// model), layout and block with granule bytes per granule, reserving room for
-// MaxTokens (at least tokens). It allocates nothing.
+// Size returns what one sequence of tokens tokens holds under cfg's geometry (or
+// model), layout and blocks with granule bytes per granule, reserving room for
+// MaxTokens (at least tokens): on a Model, what a cache's sequence holds after the
+// step that appended token tokens-1 (see Model.Size). It allocates nothing.
 func (cfg Config) Size(granule, tokens int) (Sizing, error) {
 	m, set, err := cfg.model()
 	if err != nil {
@@ -60,13 +60,13 @@ func (cfg Config) Size(granule, tokens int) (Sizing, error) {
 			s.Used = int64(tokens) * int64(g.bpt)
 			continue
 		}
-		gs, err := g.spec.size(granule, max(cfg.BlockTokens, 1), tokens)
+		gs, err := g.spec.size(granule, cfg.BlockTokens, tokens)
 		if err != nil {
 			return Sizing{}, fmt.Errorf("group %d: %w", i, err)
 		}
 		gs.Committed = committed
 		if g.layout != Blocked && g.state == 0 {
-			gs.BlockBytes, gs.BlockTokens = 0, 0
+			gs.BlockBytes, gs.BlockTokens, gs.DeadBytes, gs.BoundTokens, gs.Block = 0, 0, 0, 0, ""
 		}
 		s.Groups = append(s.Groups, gs)
 		s.Used += gs.Need
@@ -78,12 +78,13 @@ func (cfg Config) Size(granule, tokens int) (Sizing, error) {
 	return s, nil
 }
 
-// committed returns the bytes g's ranges commit for a sequence of n tokens: from
-// the unit its window starts in (dropOff) to the end of its last token's granule.
-// (A unit is whole granules, and a Blocked extent whole units.)
+// committed returns the bytes g's ranges commit for a sequence of n tokens whose
+// last step appended token n-1 alone: from the unit its window started in when that
+// step began (dropOff(n-1): the step read from there) to the end of its last token's
+// granule. (A unit is whole granules, and a Blocked extent whole units.)
 func (g *group) committed(n int) int64 {
 	end := (g.extent(n) + g.unit - 1) / g.unit * g.unit // a unit need not be a power of two
-	return int64(g.nbuf) * int64(end-g.dropOff(n))
+	return int64(g.nbuf) * int64(end-g.dropOff(max(n-1, 0)))
 }
 
 // GroupSizing is what one group of one sequence needs; see Model.Size.
@@ -93,14 +94,22 @@ type GroupSizing struct {
 	// BytesPerToken is one token across the group's layers and tensors, block
 	// scales included; 0 for a recurrent group.
 	BytesPerToken int
-	// BlockBytes is the group's block: the fewest whole granules that hold the
-	// block tokens asked for (by default one) of each of its layers and tensors (a
-	// recurrent group: its whole state), and BlockTokens the tokens a block holds. The
-	// bytes at a block's end that hold no whole token are waste.
+	// BlockBytes is the group's block, whole granules (a recurrent group: its whole
+	// state), and BlockTokens the tokens of each of its layers and tensors a block
+	// holds: the group's sharing and window granularity (a fork or a prefix maps whole
+	// blocks, a window gives back whole blocks). DeadBytes is a block's bytes that
+	// hold no token (BlockBytes - BlockTokens × BytesPerToken), waste in every block;
+	// BoundTokens the most tokens the default block may hold (0 for an override); and
+	// Block says why this block (see Config.BlockTokens for the rule).
 	BlockBytes  int
 	BlockTokens int
-	// FirstLive is the first token a later step still reads (Group.FirstLive), and
-	// Live the tokens from there on: the ones the group must hold.
+	DeadBytes   int
+	BoundTokens int
+	Block       string
+	// FirstLive is the first token the group holds: the first the sequence's last
+	// step read, the one that appended token n-1 (Group.FirstLive(n-1); 0 for n = 0).
+	// The next step gives back what it no longer reads, from Group.FirstLive(n) on.
+	// Live is the tokens from FirstLive on.
 	FirstLive int
 	Live      int
 	// Need is the exact bytes of the live tokens (a recurrent group: its state),
@@ -124,14 +133,15 @@ type ModelSizing struct {
 	Packed    int64
 }
 
-// Size returns what one sequence of tokens tokens needs of each of m's groups, on
+// Size returns what one sequence of tokens tokens holds of each of m's groups, on
 // granules of granule bytes, when each group lies in a range of its own cut into
-// blocks (the fewest whole granules that hold blockTokens tokens of every layer and
-// tensor of the group, as kv's Blocked layout cuts them; 0 means one token) and a
-// window group holds only the blocks from the one with its first live token on. A
-// recurrent group holds its state, rounded up to whole granules, once the sequence
-// has a token. Size allocates nothing and keeps no state: the cache can size each
-// group with it.
+// blocks as kv's Blocked layout cuts them (blockTokens is Config.BlockTokens: 0
+// chooses each group's block, see there) and a window group holds the blocks from
+// the one with the first token its last step read (a sequence grown one token at a
+// time: the step that appended token tokens-1; ChunkedPeak sizes a prefill in
+// chunks). A recurrent group holds its state, rounded up to whole granules, once the
+// sequence has a token. Size allocates nothing and keeps no state: it is what a
+// cache's sequence of tokens tokens holds, block for block.
 func (m Model) Size(granule, blockTokens, tokens int) (ModelSizing, error) {
 	if err := m.Validate(0); err != nil {
 		return ModelSizing{}, err
@@ -141,7 +151,7 @@ func (m Model) Size(granule, blockTokens, tokens int) (ModelSizing, error) {
 	}
 	s := ModelSizing{Tokens: tokens, Groups: make([]GroupSizing, len(m.Groups))}
 	for i, g := range m.Groups {
-		gs, err := g.size(granule, max(blockTokens, 1), tokens)
+		gs, err := g.size(granule, blockTokens, tokens)
 		if err != nil {
 			return ModelSizing{}, fmt.Errorf("group %d: %w", i, err)
 		}
@@ -153,24 +163,32 @@ func (m Model) Size(granule, blockTokens, tokens int) (ModelSizing, error) {
 	return s, nil
 }
 
-// size is Size for one valid group with blocks of at least bt tokens.
-func (g Group) size(granule, bt, n int) (GroupSizing, error) {
+// size is Size for one valid group with Config.BlockTokens blockTokens.
+func (g Group) size(granule, blockTokens, n int) (GroupSizing, error) {
+	return g.sizeFrom(granule, blockTokens, n, max(n-1, 0))
+}
+
+// sizeFrom is size for a sequence of n tokens whose last step grew it from from
+// tokens (from < n, or both 0): a window group holds from FirstLive(from) on.
+func (g Group) sizeFrom(granule, blockTokens, n, from int) (GroupSizing, error) {
 	gs := GroupSizing{Kind: g.Kind, Layers: len(g.Layers), BytesPerToken: g.BytesPerToken()}
 	if g.Kind == Recurrent {
 		state := len(g.Layers) * g.StateBytes // cannot overflow: validate bounds it
 		gs.BlockBytes, _ = backing.AlignUp(state, granule)
+		gs.Block = "a recurrent state in whole granules"
 		if n > 0 {
 			gs.Need, gs.Committed, gs.Packed = int64(state), int64(gs.BlockBytes), int64(gs.BlockBytes)
 		}
 		return gs, nil
 	}
 	bpt := gs.BytesPerToken
-	if bt > (math.MaxInt-granule)/bpt {
-		return GroupSizing{}, fmt.Errorf("%w: blocks of %d tokens of %d bytes overflow", ErrConfig, bt, bpt)
+	b, err := g.block(granule, blockTokens)
+	if err != nil {
+		return GroupSizing{}, err
 	}
-	blk, _ := backing.AlignUp(bt*bpt, granule)
-	gs.BlockBytes, gs.BlockTokens = blk, blk/bpt
-	gs.FirstLive = g.FirstLive(n)
+	blk := b.Bytes
+	gs.BlockBytes, gs.BlockTokens, gs.DeadBytes, gs.BoundTokens, gs.Block = blk, b.Tokens, b.Dead, b.Bound, b.Why
+	gs.FirstLive = g.FirstLive(from)
 	gs.Live = n - gs.FirstLive
 	if gs.Live == 0 {
 		return gs, nil
@@ -185,4 +203,44 @@ func (g Group) size(granule, bt, n int) (GroupSizing, error) {
 	end := (int64(n)*int64(bpt) + g64 - 1) / g64 * g64
 	gs.Packed = end - int64(gs.FirstLive)*int64(bpt)/g64*g64
 	return gs, nil
+}
+
+// ChunkedPeak returns the most one sequence of m holds while a prompt of tokens
+// tokens is written in chunks of chunk tokens (each step appends chunk tokens, the
+// last the rest), as Size counts it: after the step that grows the sequence from p to
+// e tokens, a window group holds from FirstLive(p) on, so the whole chunk and the
+// window before it. Tokens is the e of the step that holds the most (the first such),
+// and each group's FirstLive and Live are at that step. The peak is at most Size's
+// Need at tokens plus one chunk of each window group and one block per group.
+//
+// NB: within the step, the step's growth is committed (and asked of the governor)
+// before the window gives back what the step no longer reads (see the package doc's
+// Layer groups): a window group then holds, for a moment, from the FirstLive of the
+// length the step before grew from.
+func (m Model) ChunkedPeak(granule, blockTokens, tokens, chunk int) (ModelSizing, error) {
+	if chunk <= 0 {
+		return ModelSizing{}, fmt.Errorf("%w: chunks of %d tokens", ErrConfig, chunk)
+	}
+	peak, err := m.Size(granule, blockTokens, 0) // validates m and the sizes
+	if err != nil {
+		return ModelSizing{}, err
+	}
+	for p, e := 0, 0; p < tokens; p = e {
+		e = p + min(chunk, tokens-p)
+		s := ModelSizing{Tokens: e, Groups: make([]GroupSizing, len(m.Groups))}
+		for i, g := range m.Groups {
+			gs, err := g.sizeFrom(granule, blockTokens, e, p)
+			if err != nil {
+				return ModelSizing{}, fmt.Errorf("group %d: %w", i, err)
+			}
+			s.Groups[i] = gs
+			s.Need += gs.Need
+			s.Committed += gs.Committed
+			s.Packed += gs.Packed
+		}
+		if s.Committed > peak.Committed || peak.Tokens == 0 {
+			peak = s
+		}
+	}
+	return peak, nil
 }

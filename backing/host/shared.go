@@ -24,6 +24,15 @@ type SharedOptions struct {
 	// 64 KiB. On Windows it must be at least 64 KiB, the allocation granularity
 	// (each granule is a section view of its own).
 	Granularity int
+	// ShareUnit, when Granularity is 0, is the bytes the caller maps and shares in
+	// (a KV cache: one token of every layer of a group, kv's Group.BytesPerToken): the
+	// default granule is then the largest power of two from 64 KiB to 2 MiB that holds
+	// at most 64 of them, so that what is shared is not carved coarser than that (a
+	// model of 2 KiB tokens gets 128 KiB granules; one of 128 KiB tokens keeps
+	// 2 MiB). A smaller granule costs more per byte to commit (a mapping per granule;
+	// docs/benchmarks/sizing.md) and gives up huge pages. 0 keeps 2 MiB; it must not
+	// be negative.
+	ShareUnit int
 	// Authority is the ledger the pool charges: it owns every physical byte the pool
 	// holds, mapped or idle (backing.ByBacking). It must take bytes on the host.
 	Authority *accounting.Authority
@@ -84,6 +93,24 @@ const SharedNoPool = -1
 // SharedNoDecay as SharedOptions.Decay turns decay off: idle granules stay until the
 // High water mark, Trim or a waiter takes them.
 const SharedNoDecay = -1
+
+// sharedDefaultGranule returns the default granule for a caller that shares in units
+// of unit bytes (0: none given): the largest power of two from sharedMinShareGranule
+// to sharedDefaultGranularity that holds at most sharedMaxShareUnits units.
+func sharedDefaultGranule(unit int) int {
+	g := sharedDefaultGranularity
+	for unit > 0 && g > sharedMinShareGranule && g/unit > sharedMaxShareUnits {
+		g /= 2
+	}
+	return g
+}
+
+const (
+	// sharedMinShareGranule and sharedMaxShareUnits bound the default granule for
+	// SharedOptions.ShareUnit: 64 KiB, Windows' allocation granularity, and 64 units.
+	sharedMinShareGranule = 64 << 10
+	sharedMaxShareUnits   = 64
+)
 
 const (
 	sharedDefaultGranularity = 2 << 20
@@ -308,8 +335,11 @@ func NewShared(opts SharedOptions) (*Shared, error) {
 
 func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 	page := os.Getpagesize()
+	if opts.ShareUnit < 0 {
+		return nil, fmt.Errorf("%w: share unit %d is negative", ErrSharedOptions, opts.ShareUnit)
+	}
 	if opts.Granularity == 0 {
-		opts.Granularity = max(sharedDefaultGranularity, page)
+		opts.Granularity = max(sharedDefaultGranule(opts.ShareUnit), page)
 	}
 	if opts.High == 0 {
 		opts.High = sharedDefaultHigh
