@@ -111,9 +111,9 @@ func (s *Sequence) Cache() *Cache {
 // window rule: see the package doc) is refused with ErrDropped and changes nothing
 // (recomputing them is the caller's); one that reads none of a window group's (n = 0,
 // a chunk boundary) always works, and the group then holds no token below n. A
-// recurrent state is kept as it is (restoring an earlier one is the
-// caller's) but for n = 0, which gives it back. A failure of the backing midway
-// through the groups damages the sequence.
+// recurrent state is kept as it is (restoring an earlier one is the caller's) but for
+// n = 0, which gives it back. A failure of the backing midway through the groups
+// damages the sequence.
 func (s *Sequence) Truncate(n int) error {
 	if err := s.usable(); err != nil {
 		return err
@@ -386,9 +386,9 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 // On a Model each group freezes on its own, as ForkAt forks it: a full or MLA group
 // keeps the first p tokens, a window group only its units from the one that holds
 // its FirstLive(p) (a freeze whose step at p would read a token the window dropped is
-// refused with ErrDropped: the window rule, see the package doc). A Model with a Recurrent group has no prefixes (a state is
-// a function of every token, which a prefix of fewer tokens can not restore): Freeze
-// fails there with ErrConfig.
+// refused with ErrDropped: the window rule, see the package doc). A Model with a
+// Recurrent group has no prefixes (a state is a function of every token, which a
+// prefix of fewer tokens can not restore): Freeze fails there with ErrConfig.
 func (s *Sequence) Freeze(p int) (*Prefix, error) {
 	if err := s.usable(); err != nil {
 		return nil, err

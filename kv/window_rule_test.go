@@ -344,3 +344,30 @@ func TestWindowRuleEvictable(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefixCacheChunkBoundaryHit: after a 40-token sequence decoded one token a step
+// is inserted (its chunked window holds its last chunk only), a prompt that shares 30
+// of its tokens (a chunk boundary: the step there reads no earlier token of the
+// chunked group) hits all 30, and one that shares 29 the boundary below, 24.
+func TestPrefixCacheChunkBoundaryHit(t *testing.T) {
+	onEachSharing(t, envSpec{scaled: true, cfg: kv.Config{Model: tinyScout, MaxTokens: 64}}, func(t *testing.T, e *env) {
+		pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
+		require.NoError(t, err)
+		defer func() { assert.NoError(t, pc.Close()) }()
+		ids := ruleIDs(40, 1)
+		s := decoded(t, e.c, ids, 1)
+		require.Greater(t, s.FirstHeld(0), 30, "the window gave the first chunks back")
+		require.NoError(t, pc.Insert(s, ids))
+		require.True(t, s.Close().OK())
+		for _, tt := range []struct{ shared, want int }{{30, 30}, {29, 24}, {36, 36}, {5, 0}} {
+			prompt := append(append([]int32(nil), ids[:tt.shared]...), -1)
+			assert.Equal(t, tt.want, pc.Match(prompt), "a prompt sharing %d", tt.shared)
+			q, m, err := pc.Lookup(prompt)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, m)
+			assert.NoError(t, servesStep(q, prompt, m))
+			require.True(t, q.Close().OK())
+		}
+		evictsAll(t, pc)
+	})
+}
