@@ -100,7 +100,9 @@ func (s *Sequence) BlockStride() int {
 // one latent is its K: its V is refused with ErrRange). A window group's view is its
 // held window: it starts at FirstHeld (in the Blocked layout, at FirstHeld's block,
 // a multiple of BlockTokens), so that its element [0] is that token (block), and the
-// dropped tokens below are in no view.
+// dropped tokens below are in no view but, in the Blocked layout, those of
+// FirstHeld's own block below it (a holder of n tokens at a chunk boundary holds
+// none below n, which no step reads).
 func View[T arena.Elem](s *Sequence, layer int, kind Kind) (arena.Tensor[T], error) {
 	if err := s.usable(); err != nil {
 		return arena.Tensor[T]{}, err
@@ -125,7 +127,7 @@ func View[T arena.Elem](s *Sequence, layer int, kind Kind) (arena.Tensor[T], err
 		if gr.blk%size != 0 {
 			return arena.Tensor[T]{}, fmt.Errorf("%w: blocks of %d bytes are not a whole number of %d-byte %v elements; use Base, BlockStride and TokenStride", ErrLayout, gr.blk, size, g.DType)
 		}
-		hb := held / gr.tpb // held is a multiple of the block (dropOff)
+		hb := held / gr.tpb // held's block: held is its first token but after a restart at a chunk boundary
 		off += hb * gr.blk
 		shape = []int{gr.unitsFor(s.n) - hb, gr.tpb, g.KVHeads, hd}
 		strides = []int{gr.blk / size, gr.row / size, hd, 1}

@@ -88,21 +88,29 @@
 // Config.MapAhead the step leaves them behind and the map-ahead worker decommits
 // them, so that the step makes no backing call (Stats.Ahead counts them until then).
 // [Sequence.FirstHeld] says where a layer's held tokens start; reading, writing or
-// viewing a token below fails with [ErrDropped]. A Truncate or ForkAt whose next step
-// would read a dropped token is refused with ErrDropped (recomputing it is the
-// caller's); a fork of a window group maps the parent's units from its own window on
-// and commits none below. A recurrent state ([Sequence.ReadState],
-// [Sequence.WriteState]) exists from the first token on, is copied on fork, never
-// shared, and kept as it is by a Truncate but to 0; prefix caching of it is out of
-// scope: [Sequence.Freeze] on a model with a recurrent group is refused with
-// ErrConfig. On the other models it freezes each group as ForkAt forks it (a window
-// group's prefix holds its units from the one with FirstLive on). The prefix cache
-// serves a model of window groups beside full or MLA ones under the hybrid rule (a
-// hit of m tokens needs the full groups' first m and each window group's tokens from
-// its FirstLive(m) on, held by one entry: see NewPrefixCache), with events per group,
-// and tiers only on a model of one full-attention or MLA group. Map-ahead maps each group that
-// holds tokens ahead on its own, a recurrent state never. Each group
-// of FP8 elements may keep scales of its own ([Group.Scales], [Cache.GroupScales]).
+// viewing a token below fails with [ErrDropped].
+//
+// The window rule: whatever holds a sequence's first n tokens (a truncated sequence,
+// a fork, a prefix, a prefix-cache entry or hit) needs of a window group exactly the
+// tokens the step at n reads, [FirstLive(n), n): none at all where FirstLive(n) is n
+// (a chunk boundary, a sliding window of one token, n = 0). A [Sequence.Truncate],
+// [Sequence.ForkAt], [Sequence.Freeze] or [PrefixCache.Insert] whose holder would need
+// a token the group dropped is refused with ErrDropped (recomputing it is the
+// caller's), and a prefix-cache hit of m tokens needs the full groups' first m tokens
+// and what the rule asks of each window group, held by one entry (see
+// NewPrefixCache). A holder maps the source's units from the one that holds
+// FirstLive(n) on and commits none below; one that needs none of a group's tokens
+// holds none of them (FirstHeld is n), whatever the source had dropped.
+//
+// A recurrent state ([Sequence.ReadState], [Sequence.WriteState]) exists from the
+// first token on, is copied on fork, never shared, and kept as it is by a Truncate
+// but to 0; prefix caching of it is out of scope: [Sequence.Freeze] on a model with a
+// recurrent group is refused with ErrConfig. On the other models it freezes each
+// group as ForkAt forks it. The prefix cache serves a model of window groups beside
+// full or MLA ones under the window rule, with events per group, and tiers only on a
+// model of one full-attention or MLA group. Map-ahead maps each group that holds
+// tokens ahead on its own, a recurrent state never. Each group of FP8 elements may
+// keep scales of its own ([Group.Scales], [Cache.GroupScales]).
 // groups.go lists the states of a window group's bytes and their transitions.
 //
 // # Layout

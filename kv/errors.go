@@ -39,8 +39,9 @@ var (
 	// with a prefix or a fork.
 	ErrReadOnly = errors.New("kv: token is read-only (shared)")
 	// ErrDropped: a token a sliding-window or chunked-local group gave back (below
-	// Sequence.FirstHeld): it can not be read, written or viewed, and a Truncate or
-	// ForkAt whose next step would read it is refused.
+	// Sequence.FirstHeld): it can not be read, written or viewed, and a Truncate,
+	// ForkAt, Freeze or PrefixCache.Insert whose holder the window rule says needs it
+	// (see the package doc) is refused.
 	ErrDropped = errors.New("kv: token dropped by its group's window")
 	// ErrScale: scales asked of a cache that keeps none, the wrong number of them, or
 	// a scale that is not finite and positive.

@@ -21,10 +21,15 @@ import (
 // states, per range:
 //
 //  1. Reserved, never held: past the committed end (tokens not yet appended).
-//  2. Held: committed, from the range's Start on. A held token keeps its address
-//     (the group's base never moves) and is read and written as in a full group.
-//  3. Dropped: below Start, given back to the pool by DecommitBelow. The bytes are
-//     Reserved again; reading, writing or viewing a dropped token fails with
+//  2. Held: committed, from the group's first held token (groupState.held: the
+//     first wholly at or past the range's Start, or later: see 3) on. A held token
+//     keeps its address (the group's base never moves) and is read and written as
+//     in a full group.
+//  3. Dropped: below the first held token. Below Start the bytes were given back to
+//     the pool by DecommitBelow and are Reserved again; the only dropped tokens
+//     past Start are those below n in the unit that a holder of n tokens whose
+//     step reads none of the group's (a chunk boundary) commits for token n's sake,
+//     which are no holder's. Reading, writing or viewing a dropped token fails with
 //     ErrDropped. A dropped token never becomes held again, but for Truncate(0),
 //     which empties the group and starts it over from 0.
 //
@@ -41,15 +46,19 @@ import (
 //     Need counts the step's commits before that give-back (the granules given back
 //     go idle in the pool, where the next step finds them).
 //   - Truncate to n keeps the held tokens below n. It is refused with ErrDropped
-//     when the group has dropped a token the next step at n reads (FirstLive(n)
-//     below the group's first held token, n > 0): the cache can not bring dropped
-//     tokens back, and recomputing them is the caller's. A rollback of a few tokens
-//     within the granule that holds FirstLive works.
+//     when the group has dropped a token the step at n reads (the window rule:
+//     group.serves): the cache can not bring dropped tokens back, and recomputing
+//     them is the caller's. A rollback of a few tokens within the granule that holds
+//     FirstLive works. Where the step at n reads none of the group's tokens (a chunk
+//     boundary) and the group holds none below n, its ranges are emptied and start
+//     over at the unit that holds token n (restartGroup): its tokens there below n
+//     are in state 3 though committed, and FirstHeld is n.
 //   - ForkAt(n) is refused with ErrDropped in the same case. Otherwise the new
 //     sequence's window group starts at the sharing unit (block, or granule) that
 //     holds FirstLive(n): the whole units from there to the last whole one below n
-//     are mapped from the parent (ShareRange of a middle range), the tail copied,
-//     and the units below FirstLive(n) are never committed in the child (StartAt).
+//     are mapped from the parent (ShareRange of a middle range), the tail copied
+//     where the parent still holds it, and the units below FirstLive(n) are never
+//     committed in the child (StartAt). Its first held token is heldOn's.
 //   - Close gives back everything held.
 //
 // A full or MLA group never drops a token. An MLA group has one tensor per layer, the
@@ -276,21 +285,71 @@ func (s *Sequence) dropDead(n int) error {
 			return fmt.Errorf("%w: giving back a window's granules: %w", ErrDamaged, err)
 		}
 		gave = true
-		s.gs[gi].held = g.heldFrom(rs[0].Start())
+		s.gs[gi].held = max(s.gs[gi].held, g.heldFrom(rs[0].Start()))
 	}
 	return nil
 }
 
-// windowCheck returns an ErrDropped error when a sequence of s's with n tokens would
-// need a token a window group has dropped (see the transitions above): op names the
-// operation.
+// serves is the window rule: it reports whether a holder of a sequence's first n
+// tokens whose first held token of g is held has every token of g that the next step,
+// at n, reads: [FirstLive(n), n). That is none at all where FirstLive(n) is n (a chunk
+// boundary, a sliding window of one token, n = 0), which every holder serves,
+// whatever its window gave back; a full or MLA group holds every token. Every fork,
+// freeze, truncate, insert and prefix-cache hit of n tokens asks it (windowCheck,
+// holdsWindow, lastServed), and nothing else states the rule.
+func (g *group) serves(held, n int) bool {
+	first := g.spec.FirstLive(n)
+	return first == n || held <= first
+}
+
+// lastServed returns the most tokens m <= n for which g.serves(held, m). Where the
+// step at n reads a token below held, so does the step at every m below n that reads
+// any (FirstLive never decreases), so m is the last length below n whose step reads
+// none of g's tokens: the chunk that holds n starts there (FirstLive(n), a fixed point
+// of FirstLive), and a sliding window of more than one token has none but 0.
+func (g *group) lastServed(held, n int) int {
+	if g.serves(held, n) {
+		return n
+	}
+	if m := g.spec.FirstLive(n); g.serves(held, m) && g.spec.FirstLive(m) == m {
+		return m
+	}
+	return 0
+}
+
+// heldOn returns the first token of g that a new holder of a source's first n tokens
+// holds, its ranges starting at start bytes, where the source held g's tokens from
+// srcHeld on: those below srcHeld (and so, where srcHeld is past n, every one below n:
+// the step at n reads none of them) are no holder's again, though a unit it commits
+// for token n's sake spans them.
+func (g *group) heldOn(start, srcHeld, n int) int {
+	if !g.windowed() {
+		return 0
+	}
+	return max(g.heldFrom(start), min(srcHeld, n))
+}
+
+// helds returns the first token s holds of each group (nil in a one-group cache).
+func (s *Sequence) helds() []int {
+	if s.gs == nil {
+		return nil
+	}
+	held := make([]int, len(s.gs))
+	for gi := range s.gs {
+		held[gi] = s.gs[gi].held
+	}
+	return held
+}
+
+// windowCheck returns an ErrDropped error when a holder of s's first n tokens would
+// need a token a window group of s has dropped (serves): op names the operation.
 func (s *Sequence) windowCheck(op string, n int) error {
-	if s.gs == nil || n == 0 {
+	if s.gs == nil {
 		return nil
 	}
 	for gi := range s.c.groups {
 		g := &s.c.groups[gi]
-		if held := s.gs[gi].held; g.windowed() && g.spec.FirstLive(n) < held {
+		if held := s.gs[gi].held; !g.serves(held, n) {
 			return fmt.Errorf("%w: %s at %d tokens: group %d (%v, window %d) reads from token %d, but holds only the tokens from %d on",
 				ErrDropped, op, n, gi, g.spec.Kind, g.spec.Window, g.spec.FirstLive(n), held)
 		}

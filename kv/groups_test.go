@@ -189,13 +189,11 @@ func (gm *groupModel) stateBytes(layer int) int {
 }
 
 // allowed reports whether a sequence whose window groups hold r's tokens can be cut
-// (or forked) to n tokens: no window group has dropped a token the next step reads.
+// (or forked) to n tokens: no window group has dropped a token the next step reads
+// (stepReads).
 func (gm *groupModel) allowed(r *refSeq, n int) bool {
-	if n == 0 {
-		return true
-	}
 	for _, tr := range gm.tensors {
-		if tr.group.FirstLive(n) < r.s.FirstHeld(tr.layer) {
+		if from := stepReads(tr.group, n); from < n && r.s.FirstHeld(tr.layer) > from {
 			return false
 		}
 	}

@@ -18,7 +18,10 @@ type Prefix struct {
 	c      *Cache
 	bufs   []buffer
 	tokens int
-	pcl    *pcLive // what it maps of a PrefixCache's granules, or nil: the prefix cache's slot, which only its files read or write
+	// firstHeld is the first token each group's ranges hold (heldOn; nil in a
+	// one-group cache): a sequence started on the prefix holds its tokens from there.
+	firstHeld []int
+	pcl       *pcLive // what it maps of a PrefixCache's granules, or nil: the prefix cache's slot, which only its files read or write
 
 	// guarded by c.mu
 	refs    int
@@ -178,13 +181,13 @@ func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 		p.unref()
 		return nil, err
 	}
-	fulls := make([]int, len(c.groups))
+	fulls, held := make([]int, len(c.groups)), make([]int, len(c.groups))
 	s, err := evicting(c, func() (*Sequence, error) {
 		s, err := c.newSequence()
 		if err != nil {
 			return nil, err
 		}
-		if err := c.shareGroups(s.bufs, p.bufs, p.tokens, fulls); err != nil {
+		if err := c.shareGroups(s.bufs, p.bufs, p.firstHeld, p.tokens, fulls, held); err != nil {
 			return nil, errors.Join(err, c.abandon(s))
 		}
 		return s, nil
@@ -193,7 +196,7 @@ func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 		p.unref()
 		return nil, err
 	}
-	s.startShared(p.tokens, fulls)
+	s.startShared(p.tokens, fulls, held)
 	s.prefix = p
 	if h := c.hooks(); h != nil {
 		h.startedOn(s, p, fulls)
@@ -215,11 +218,11 @@ func (c *Cache) sequenceOn(src *Sequence, n int, held bool, below *Sequence) (*S
 	if err != nil {
 		return nil, err
 	}
-	fulls := make([]int, len(c.groups))
-	if err := c.shareGroupsFrom(s.bufs, src.bufs, n, fulls, held, below); err != nil {
+	fulls, firstHeld := make([]int, len(c.groups)), make([]int, len(c.groups))
+	if err := c.shareGroupsFrom(s.bufs, src.bufs, src.helds(), n, fulls, firstHeld, held, below); err != nil {
 		return nil, errors.Join(err, c.abandon(s))
 	}
-	s.startShared(n, fulls)
+	s.startShared(n, fulls, firstHeld)
 	s.publish()
 	c.register(s)
 	return s, nil

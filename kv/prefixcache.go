@@ -267,9 +267,10 @@ func (s PrefixCacheStats) HitRate() float64 {
 // A Model of one MLA group (DeepSeek-V3/R1) has one as a full-attention cache does:
 // its latent is one tensor per layer, every token of it kept. A Model of window
 // groups beside full or MLA ones (gpt-oss, Gemma-3, Llama-4) has one too, under the
-// hybrid rule (see prefixcache_groups.go): a hit of m tokens needs the full groups'
-// first m tokens and each window group's tokens from its FirstLive(m) to m, all held
-// by one entry; an entry keeps every unit its inserted sequence's windows still held.
+// window rule (see the package doc and prefixcache_groups.go): a hit of m tokens
+// needs the full groups' first m tokens and each window group's tokens that the step
+// at m reads (none at a chunk boundary), all held by one entry; an entry keeps every
+// unit its inserted sequence's windows still held below its tokens.
 // There Insert is not lazy (it maps the sequence's whole units and copies each
 // group's last partly filled one at once, as ForkAt does), eviction gives back older
 // window units first, then entries' last units as on one group, events tell each

@@ -212,16 +212,29 @@ func (pc *PrefixCache) evictGroupStep(mode evictMode, need int64) (int64, *pcEnt
 	return 0, nil, false
 }
 
-// tailFree reports whether the last unit of each of leaf's entry's groups past the
-// next lower unit boundary (cutTo) may go: held by the entry alone and, with frees,
-// mapped by no live sequence; and not under a pin. pc.mu is held.
+// tailFree reports whether cutting leaf's entry unit boundary by unit boundary
+// (cutTo) gives something back before it reaches a unit that may not go: held by the
+// entry alone and, with frees, mapped by no live sequence; and not under a pin. NB: a
+// cut may give nothing back (the units past it are a group's the entry does not hold:
+// a window group's below its first, where the step at the entry's end reads none of
+// its tokens); the cuts go on past it. pc.mu is held.
 func (pc *PrefixCache) tailFree(leaf *radix.Node[*pcEntry], frees bool) bool {
 	e := leaf.Value()
-	if e.seq == nil || pinnedAbove(leaf) || e.n == 0 {
+	if e.seq == nil || pinnedAbove(leaf) {
 		return false
 	}
-	_, ok := pc.cutGain(e, pc.cutTo(e, e.n), e.n, frees)
-	return ok
+	for n := e.n; n > 0; {
+		nd := pc.cutTo(e, n)
+		gain, ok := pc.cutGain(e, nd, n, frees)
+		switch {
+		case !ok:
+			return false
+		case gain > 0:
+			return true
+		}
+		n = nd
+	}
+	return false
 }
 
 // cutTo returns the next unit boundary below n tokens of e's groups: the most tokens
@@ -238,9 +251,9 @@ func (pc *PrefixCache) cutTo(e *pcEntry, n int) int {
 }
 
 // cutGain returns the bytes that cutting e from n to nd tokens gives back (frees) or
-// takes out of CachedBytes, and false when one of the units past nd is not e's alone
-// to give (another entry holds it or, with frees, a live sequence maps it) or none
-// would go. pc.mu is held.
+// takes out of CachedBytes (0 where e holds no unit past nd), and false when one of
+// the units past nd is not e's alone to give (another entry holds it or, with frees,
+// a live sequence maps it). pc.mu is held.
 func (pc *PrefixCache) cutGain(e *pcEntry, nd, n int, frees bool) (int64, bool) {
 	var gain int64
 	for gi := range pc.c.groups {
@@ -253,7 +266,7 @@ func (pc *PrefixCache) cutGain(e *pcEntry, nd, n int, frees bool) (int64, bool) 
 			gain += pc.ubytes[gi]
 		}
 	}
-	return gain, gain > 0
+	return gain, true
 }
 
 // shrinkGroups takes the last units of leaf's entry, on a cache of several groups:
@@ -265,7 +278,8 @@ func (pc *PrefixCache) cutGain(e *pcEntry, nd, n int, frees bool) (int64, bool) 
 func (pc *PrefixCache) shrinkGroups(leaf *radix.Node[*pcEntry], need int64, frees bool) (int64, *pcEntry) {
 	e, p, n := leaf.Value(), leaf.Parent(), leaf.Value().n
 	nd, got := n, int64(0)
-	for got < need {
+	for got < need && nd > 0 {
+		// NB: past cuts that give nothing back too (see tailFree).
 		next := pc.cutTo(e, nd)
 		gain, ok := pc.cutGain(e, next, nd, frees)
 		if !ok {
@@ -322,8 +336,8 @@ func (pc *PrefixCache) lruOf(ok func(*radix.Node[*pcEntry]) bool) *radix.Node[*p
 }
 
 // keepFrom returns the first unit of window group gi that e keeps when it gives back
-// its older ones: those below the unit that holds FirstLive(e.n) (only hits shorter
-// than e need them), from its first on, as long as e alone holds each and, with
+// its older ones: those below the unit that holds FirstLive(e.n) (a hit on all of e
+// needs none of them: the window rule), from its first on, as long as e alone holds each and, with
 // frees, no live sequence maps it. pc.mu is held.
 func (pc *PrefixCache) keepFrom(e *pcEntry, gi int, frees bool) int {
 	g := &pc.c.groups[gi]
@@ -384,7 +398,7 @@ func (pc *PrefixCache) trimWindows(leaf *radix.Node[*pcEntry], frees bool) (int6
 		}
 		pc.evictions += int64(to - sg.from)
 		sg.refs, sg.from = sg.refs[to-sg.from:], to
-		es.gs[gi].held = g.heldFrom(to * g.unit)
+		es.gs[gi].held = max(es.gs[gi].held, g.heldFrom(to*g.unit))
 		pc.ev.from(e, gi, es.gs[gi].held)
 	}
 	es.publish()

@@ -13,11 +13,13 @@ import (
 // so an entry, and every live holder, refers to each group's units by references of
 // that group (unitSeg, granuleRef.grp): a window group's from the first unit it holds.
 //
-// The hit rule: a hit of m tokens needs the full groups' first m tokens and each
-// window group's tokens from its FirstLive(m) to m (the last window before m, which
-// the step at m reads), all held by one entry. A lookup takes the longest m for which
-// an entry whose tokens start with the prompt's first m holds them: the longest common
-// prefix with some entry whose window groups still hold the window before it.
+// The hit rule is the window rule (see the package doc; group.serves): a hit of m
+// tokens needs the full groups' first m tokens and each window group's tokens that
+// the step at m reads, all held by one entry. A lookup takes the longest m for which
+// an entry whose tokens start with the prompt's first m holds them: on each entry
+// that shares k tokens with the prompt, the longest m <= k at which its window groups
+// hold what the step reads (servedBy: k itself, else the last chunk boundary below
+// it, where the step reads none of a chunked group's tokens).
 //
 // Entries here are never lazy: Insert maps the inserted sequence's whole units into
 // ranges of the entry's own at once and copies each group's partly filled last unit,
@@ -43,14 +45,29 @@ import (
 // (NewPrefixCache refuses them with ErrConfig: a tier's block is one group's).
 
 // holdsWindow reports whether e holds, in each window group, the tokens a step at m
-// reads (from the unit of its FirstLive(m) on). pc.mu is held.
+// reads (the window rule: group.serves). pc.mu is held.
 func (pc *PrefixCache) holdsWindow(e *pcEntry, m int) bool {
-	for gi := range pc.c.groups {
-		if g := &pc.c.groups[gi]; g.windowed() && g.dropOff(m)/g.unit < e.segs[gi].from {
-			return false
+	return pc.servedBy(e, m) == m
+}
+
+// servedBy returns the most tokens m' <= m that a hit on e may take under the window
+// rule: every window group of e's holds what a step at m' reads (group.lastServed,
+// group after group until all agree). pc.mu is held.
+func (pc *PrefixCache) servedBy(e *pcEntry, m int) int {
+	if e.seq == nil {
+		return 0
+	}
+	for {
+		was := m
+		for gi := range pc.c.groups {
+			if g := &pc.c.groups[gi]; g.windowed() {
+				m = g.lastServed(e.seq.gs[gi].held, m)
+			}
+		}
+		if m == was {
+			return m
 		}
 	}
-	return true
 }
 
 // hitLocked returns the longest prefix of tokens that a lookup may start on under the
@@ -59,20 +76,27 @@ func (pc *PrefixCache) holdsWindow(e *pcEntry, m int) bool {
 func (pc *PrefixCache) hitLocked(tokens []int32) (int, *radix.Node[*pcEntry]) {
 	m, x := pc.tree.Peek(tokens)
 	for m > 0 {
-		// Every leaf below x shares exactly m tokens with the prompt (the deeper
-		// ones, tried before, share more and failed with more).
+		// Every leaf below x shares at least m tokens with the prompt (the deeper
+		// ones, tried before, share more); the longest hit on one of them that is
+		// longer than x's parent's depth is the longest there is, those below the
+		// parent's other children sharing no more than that depth.
+		floor := 0
+		if p := x.Parent(); p != nil {
+			floor = p.Depth()
+		}
 		var best *radix.Node[*pcEntry]
+		bestM := floor
 		x.EachLeafBelow(func(l *radix.Node[*pcEntry]) bool {
-			if pc.holdsWindow(l.Value(), m) && (best == nil || l.Used() > best.Used()) {
-				best = l
+			if got := pc.servedBy(l.Value(), m); got > bestM || got == bestM && got > floor && l.Used() > best.Used() {
+				best, bestM = l, got
 			}
 			return true
 		})
 		if best != nil {
-			return m, best
+			return bestM, best
 		}
 		x = x.Parent()
-		m = x.Depth()
+		m = floor
 	}
 	return 0, nil
 }
@@ -210,14 +234,15 @@ func (pc *PrefixCache) insertGroups(s *Sequence, tokens []int32) ([]*pcEntry, er
 		// What s maps of the cache's units is below its frozen bytes; the rest
 		// are s's own, which the entry now maps too.
 		l.trim(gi, 0, frozen[gi]/g.unit)
-		from, lo := es.bufs[g.first].Start()/g.unit, s.bufs[g.first].Start()/g.unit
-		full, k := g.fullUnits(n), g.unitsFor(n)
+		from, full, k := es.bufs[g.first].Start()/g.unit, g.fullUnits(n), g.unitsFor(n)
+		// The whole units below s's first are below's, those from it on s's; NB:
+		// where s's window starts past n (the step at n reads none of it), the entry
+		// has no whole unit of a window group (from is full).
+		lo := min(max(from, s.bufs[g.first].Start()/g.unit), full)
 		refs := make([]*granuleRef, 0, k-from)
 		if from < lo {
 			// Mapped from below, by its references (it is still in the index).
 			refs = append(refs, below.segs[gi].slice(from, lo)...)
-		} else {
-			lo = from
 		}
 		if lo < full {
 			l.cover(gi, lo, full)
@@ -232,7 +257,7 @@ func (pc *PrefixCache) insertGroups(s *Sequence, tokens []int32) ([]*pcEntry, er
 			pc.hold(r)
 		}
 		if g.windowed() {
-			pc.ev.from(e, gi, g.heldFrom(from*g.unit))
+			pc.ev.from(e, gi, es.gs[gi].held)
 		}
 	}
 	if displaced {

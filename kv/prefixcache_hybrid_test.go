@@ -29,8 +29,8 @@ var hybridModels = []kv.Model{tinyOSS, tinyWindows}
 // hybridRef is the plain model of a prefix cache under hybrid rules with no memory
 // pressure (unbounded): the inserted prompts, each with the first token each layer
 // of its sequence held at the insert. A hit of m tokens on an entry needs every
-// window layer's tokens from FirstLive(m) on; a lookup takes the longest common
-// prefix with an entry that holds them. An insert of tokens that are a prefix of an
+// window layer's tokens that the step at m reads (mayServe); a lookup takes the
+// longest m, at most the common prefix with an entry, at which that entry holds them. An insert of tokens that are a prefix of an
 // entry's changes nothing; one that extends entries' tokens takes their place.
 type hybridRef struct {
 	m   kv.Model
@@ -64,25 +64,16 @@ type hybridEntry struct {
 	held []int // per layer
 }
 
-// valid reports whether e holds what a step at m reads in every window layer.
-func (r *hybridRef) valid(e hybridEntry, m int) bool {
-	for _, g := range r.m.Groups {
-		for _, l := range g.Layers {
-			if g.FirstLive(m) < e.held[l] {
-				return false
-			}
-		}
-	}
-	return true
-}
-
 // match returns what a lookup of ids matches.
 func (r *hybridRef) match(ids []int32) int {
 	lim := min(max(len(ids)-1, 0), r.max)
 	best := 0
 	for _, e := range r.entries {
-		if n := commonLen(e.ids, ids[:lim]); n > best && r.valid(e, n) {
-			best = n
+		for m := commonLen(e.ids, ids[:lim]); m > best; m-- {
+			if mayServe(r.m, e.held, m) {
+				best = m
+				break
+			}
 		}
 	}
 	return best
@@ -358,17 +349,7 @@ func hybridStream(r *rand.Rand, made [][]int32) []int32 {
 // dropped reports whether a step of s at n reads a token a window layer of s gave
 // back.
 func dropped(s *kv.Sequence, n int) bool {
-	if n == 0 {
-		return false // a step at 0 reads nothing
-	}
-	for _, g := range s.Cache().Config().Model.Groups {
-		for _, l := range g.Layers {
-			if g.FirstLive(n) < s.FirstHeld(l) {
-				return true
-			}
-		}
-	}
-	return false
+	return !mayServe(s.Cache().Config().Model, heldOf(s), n)
 }
 
 // longestCommon returns the longest common prefix of ids with any of made, short

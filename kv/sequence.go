@@ -107,11 +107,13 @@ func (s *Sequence) Cache() *Cache {
 // the granule boundary, the sequence is damaged and must be closed).
 //
 // On a Model, every group is cut to n tokens. A window group can not bring back the
-// tokens it gave back: a truncate whose next step would read one of them is refused
-// with ErrDropped and changes nothing (recomputing them is the caller's); n = 0
-// always works. A recurrent state is kept as it is (restoring an earlier one is the
-// caller's) but for n = 0, which gives it back. A failure of the backing midway
-// through the groups damages the sequence.
+// tokens it gave back: a truncate to n whose step at n would read one of them (the
+// window rule: see the package doc) is refused with ErrDropped and changes nothing
+// (recomputing them is the caller's); one that reads none of a window group's (n = 0,
+// a chunk boundary) always works, and the group then holds no token below n. A
+// recurrent state is kept as it is (restoring an earlier one is the caller's) but for
+// n = 0, which gives it back. A failure of the backing midway through the groups
+// damages the sequence.
 func (s *Sequence) Truncate(n int) error {
 	if err := s.usable(); err != nil {
 		return err
@@ -146,6 +148,12 @@ func (s *Sequence) truncate(n int) (int, error) {
 		return replaced, err
 	}
 	for gi := range s.c.groups {
+		if g := &s.c.groups[gi]; g.windowed() && n > 0 && s.gs[gi].held > n {
+			if err := s.restartGroup(gi, n); err != nil {
+				return -1, err
+			}
+			continue
+		}
 		if _, kept, err := s.truncateGroup(gi, n); err != nil {
 			if (gi > 0 || kept != s.n) && s.err == nil {
 				s.err = err // the groups no longer agree on the tokens
@@ -160,6 +168,37 @@ func (s *Sequence) truncate(n int) (int, error) {
 		}
 	}
 	return -1, nil
+}
+
+// restartGroup cuts window group gi, which holds no token below n (the step at n
+// reads none: windowCheck), to n tokens: its ranges are emptied and start over at the
+// unit that holds token n, as a fork's at n would, committing that unit where n lies
+// inside it (its tokens below n are no holder's). A failure damages s: the group no
+// longer agrees with the others on the tokens.
+func (s *Sequence) restartGroup(gi, n int) error {
+	g := &s.c.groups[gi]
+	rs := g.ranges(s.bufs)
+	lo := g.dropOff(n)
+	for _, b := range rs {
+		if err := b.Resize(0); err != nil {
+			s.err = err
+			return fmt.Errorf("%w: restarting a window at %d tokens: %w", ErrDamaged, n, err)
+		}
+		if err := b.StartAt(lo); err != nil {
+			s.err = err
+			return fmt.Errorf("%w: restarting a window at %d tokens: %w", ErrDamaged, n, err)
+		}
+	}
+	// The granules just given back cover the unit of token n (the group held at
+	// least one unit per range), so this asks the budget for no more than it had.
+	if err := s.resizeList(rs, g.extent(n)); err != nil {
+		s.err = err
+		return fmt.Errorf("%w: restarting a window at %d tokens: %w", ErrDamaged, n, err)
+	}
+	f := s.frozenOf(gi)
+	*f = min(*f, lo)
+	s.gs[gi].held = n
+	return nil
 }
 
 // truncateGroup cuts group gi's ranges to n tokens (see truncate) and returns the
@@ -279,8 +318,9 @@ func (s *Sequence) Fork() (*Sequence, error) {
 //
 // On a Model each group forks on its own: a window group's new sequence starts at the
 // unit that holds its FirstLive(n) and maps the parent's whole units from there (a
-// fork whose next step would read a token the parent's window dropped is refused with
-// ErrDropped); a recurrent state is copied, never shared.
+// fork whose step at n would read a token the parent's window dropped is refused with
+// ErrDropped: the window rule, see the package doc); a recurrent state is copied,
+// never shared.
 func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
@@ -300,17 +340,17 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	if err := s.c.shareBudget(n); err != nil {
 		return nil, err
 	}
-	var one [1]int
-	fulls := one[:]
+	var one, none [1]int
+	fulls, held := one[:], none[:]
 	if len(s.c.groups) > 1 {
-		fulls = make([]int, len(s.c.groups))
+		fulls, held = make([]int, len(s.c.groups)), make([]int, len(s.c.groups))
 	}
 	child, err := evicting(s.c, func() (*Sequence, error) {
 		child, err := s.c.newSequence()
 		if err != nil {
 			return nil, err
 		}
-		err = s.c.shareGroups(child.bufs, s.bufs, n, fulls)
+		err = s.c.shareGroups(child.bufs, s.bufs, s.helds(), n, fulls, held)
 		if err == nil {
 			err = s.protectGroups(fulls)
 		}
@@ -322,7 +362,7 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	if err != nil {
 		return nil, err
 	}
-	child.startShared(n, fulls)
+	child.startShared(n, fulls, held)
 	if h := s.c.hooks(); h != nil {
 		h.forked(s, n, fulls, child, nil)
 	}
@@ -345,10 +385,10 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 //
 // On a Model each group freezes on its own, as ForkAt forks it: a full or MLA group
 // keeps the first p tokens, a window group only its units from the one that holds
-// its FirstLive(p) (a freeze whose next step would read a token the window dropped is
-// refused with ErrDropped). A Model with a Recurrent group has no prefixes (a state is
-// a function of every token, which a prefix of fewer tokens can not restore): Freeze
-// fails there with ErrConfig.
+// its FirstLive(p) (a freeze whose step at p would read a token the window dropped is
+// refused with ErrDropped: the window rule, see the package doc). A Model with a
+// Recurrent group has no prefixes (a state is a function of every token, which a
+// prefix of fewer tokens can not restore): Freeze fails there with ErrConfig.
 func (s *Sequence) Freeze(p int) (*Prefix, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
@@ -371,13 +411,13 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 	if err := s.c.shareBudget(p); err != nil {
 		return nil, err
 	}
-	fulls := make([]int, len(s.c.groups))
+	fulls, held := make([]int, len(s.c.groups)), make([]int, len(s.c.groups))
 	bufs, err := evicting(s.c, func() ([]buffer, error) {
 		bufs, err := s.c.prefixRanges(p)
 		if err != nil {
 			return nil, err
 		}
-		err = s.c.shareGroups(bufs, s.bufs, p, fulls)
+		err = s.c.shareGroups(bufs, s.bufs, s.helds(), p, fulls, held)
 		if err == nil {
 			err = s.protectGroups(fulls)
 		}
@@ -392,6 +432,9 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 		return nil, err
 	}
 	pr := &Prefix{c: s.c, bufs: bufs, tokens: p, refs: 1, creator: true}
+	if s.gs != nil {
+		pr.firstHeld = held
+	}
 	if h := s.c.hooks(); h != nil {
 		h.forked(s, p, fulls, nil, pr)
 	}

@@ -15,14 +15,14 @@ import (
 )
 
 // startShared records that s, a new sequence, holds n tokens whose first fulls[gi]
-// bytes of each of group gi's ranges are shared (shareGroups' fulls), and where each
-// window group's held tokens start.
-func (s *Sequence) startShared(n int, fulls []int) {
+// bytes of each of group gi's ranges are shared and whose window groups hold their
+// tokens from held[gi] on (shareGroups' fulls and held).
+func (s *Sequence) startShared(n int, fulls, held []int) {
 	s.n = n
 	for gi := range s.c.groups {
 		*s.frozenOf(gi) = fulls[gi]
-		if g := &s.c.groups[gi]; s.gs != nil && g.windowed() {
-			s.gs[gi].held = g.heldFrom(s.bufs[g.first].Start())
+		if s.gs != nil {
+			s.gs[gi].held = held[gi]
 		}
 	}
 }
@@ -124,25 +124,33 @@ func setAccess(bufs []buffer, off, n int, prot backing.Protection) error {
 // shareGroups makes each dst range hold the first n tokens of its src range: the
 // whole sharing units (granules, or blocks) mapped read-only, the tokens past them
 // copied; dst ranges must be empty, and on error they are left for the caller to
-// close. fulls[gi] gets the bytes group gi shares per range, counted from 0. A window
+// close. fulls[gi] gets the bytes group gi shares per range, counted from 0, and
+// held[gi], where held is not nil, the first token dst holds of a window group
+// (heldOn), src holding them from srcHeld[gi] on (nil: from 0). A window
 // group's dst ranges start at the unit that holds its FirstLive(n) (dropOff): the
-// parent's whole units from there on are mapped, the ones below never committed.
-func (c *Cache) shareGroups(dst, src []buffer, n int, fulls []int) error {
-	return c.shareGroupsFrom(dst, src, n, fulls, false, nil)
+// parent's whole units from there on are mapped, the ones below never committed. NB:
+// where the step at n reads none of a window group's tokens (serves) src may hold
+// none of them below n: the unit that holds token n is then committed for the step's
+// sake, its tokens below n copied only where src still commits them (the new holder
+// holds none of them: heldOn).
+func (c *Cache) shareGroups(dst, src []buffer, srcHeld []int, n int, fulls, held []int) error {
+	return c.shareGroupsFrom(dst, src, srcHeld, n, fulls, held, false, nil)
 }
 
-// shareGroupsFrom is shareGroups; with held, a window group's dst ranges start where
-// its src ranges do, which must be at or below its dropOff(n), and where below
+// shareGroupsFrom is shareGroups; with keep, a window group's dst ranges start where
+// its src ranges do where that is at or below its dropOff(n), and where below
 // (another holder of src's first below.n tokens, or nil) holds whole units of a
 // window group under that, up to it, those are mapped from below first.
-func (c *Cache) shareGroupsFrom(dst, src []buffer, n int, fulls []int, held bool, below *Sequence) error {
+func (c *Cache) shareGroupsFrom(dst, src []buffer, srcHeld []int, n int, fulls, held []int, keep bool, below *Sequence) error {
 	for gi := range c.groups {
 		g := &c.groups[gi]
 		full, size, lo := g.shareable(n), g.extent(n), g.dropOff(n)
 		d, sr := g.ranges(dst), g.ranges(src)
 		var bl []buffer
-		if held && g.windowed() {
-			lo = min(lo, sr[0].Start())
+		if keep && g.windowed() && sr[0].Start() <= lo {
+			// Where src holds nothing below n that the step at n reads and its window
+			// starts past lo, there is nothing of it to keep.
+			lo = sr[0].Start()
 			if below != nil && lo <= g.shareable(below.n) {
 				if bl = g.ranges(below.bufs); bl[0].Start() >= lo {
 					bl = nil
@@ -173,11 +181,24 @@ func (c *Cache) shareGroupsFrom(dst, src []buffer, n int, fulls []int, held bool
 			if err := d[i].Resize(size); err != nil {
 				return err
 			}
+			if sr[i].Start() > full {
+				continue // src gave the tail's unit back: the step at n reads none of it
+			}
 			if err := g.copyTail(d[i], sr[i], n); err != nil {
 				return err
 			}
 		}
 		fulls[gi] = full
+		if held != nil && g.windowed() {
+			h := 0
+			if srcHeld != nil {
+				h = srcHeld[gi]
+			}
+			if bl != nil && h <= g.heldFrom(lo) {
+				h = below.gs[gi].held // below's units lie under src's first
+			}
+			held[gi] = g.heldOn(d[0].Start(), h, n)
+		}
 	}
 	return nil
 }
