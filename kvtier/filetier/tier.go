@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/vmarena/vmarena/internal/nocopy"
 	"github.com/vmarena/vmarena/kv"
@@ -262,6 +263,9 @@ func (t *Tier) probe(direct bool) error {
 	}
 	if err := try(false); err != nil {
 		_ = os.Remove(name)
+		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+			return fmt.Errorf("%w: %s takes no file: %w", ErrNoSpace, t.dir, err)
+		}
 		return fmt.Errorf("%w: %s takes no file: %w", ErrDir, t.dir, err)
 	}
 	return nil
