@@ -1,0 +1,92 @@
+package filetier_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kvtier/filetier"
+)
+
+// BenchmarkDecodeStep is the token path with the file tier below the cache and
+// without it: one op is a decode step of a batch of 8 sequences (Append of one token
+// each). Every 64 steps one sequence ends and a new request takes its place: a
+// lookup of its 1,024-token prompt (the first 512 shared by every request), its
+// prefill and an insert, which with the file tier writes the prompt's new blocks
+// through to files in the background. Compare the two with benchstat: the tier's
+// stores (copies out, checksums, direct writes) run off the step, on the same CPUs.
+func BenchmarkDecodeStep(b *testing.B) {
+	for _, tier := range []string{"none", "file", "file-buffered"} {
+		b.Run("tier="+tier, func(b *testing.B) {
+			pool, err := host.NewShared(host.SharedOptions{Granularity: 64 << 10,
+				Authority: accounting.NewGovernor().Authority("kv", accounting.HostKey)})
+			require.NoError(b, err)
+			defer pool.Close()
+			cache, err := kv.New(pool, kv.Config{Geometry: kv.Llama32_1B, MaxTokens: 4096})
+			require.NoError(b, err)
+			defer cache.Close()
+			opts := kv.PrefixCacheOptions{}
+			var ft *filetier.Tier
+			if tier != "none" {
+				ft, err = filetier.New(filetier.Options{Dir: benchDir(b), Budget: 1 << 30, Buffered: tier == "file-buffered", Logger: quiet})
+				require.NoError(b, err)
+				defer ft.Close()
+				opts = kv.PrefixCacheOptions{Tiers: []kv.Tier{ft}, TierWriteThrough: true, TierWait: time.Second}
+			}
+			pc, err := kv.NewPrefixCache(cache, opts)
+			require.NoError(b, err)
+			defer pc.Close()
+
+			next := 0
+			admit := func() *kv.Sequence {
+				prompt := make([]int32, 1024)
+				for i := range prompt {
+					prompt[i] = int32(i)
+					if i >= 512 {
+						prompt[i] = int32(next<<16 | i)
+					}
+				}
+				next++
+				s, cached, err := pc.Lookup(prompt)
+				require.NoError(b, err)
+				require.NoError(b, s.Append(len(prompt)-cached))
+				require.NoError(b, pc.Insert(s, prompt))
+				return s
+			}
+			batch := make([]*kv.Sequence, 8)
+			for i := range batch {
+				batch[i] = admit()
+			}
+			step := 0
+			var admitting time.Duration
+			for b.Loop() {
+				for _, s := range batch {
+					if err := s.Append(1); err != nil {
+						b.Fatal(err)
+					}
+				}
+				step++
+				if step%64 == 0 {
+					i := step / 64 % len(batch)
+					t0 := time.Now()
+					batch[i].Close()
+					batch[i] = admit()
+					admitting += time.Since(t0)
+				}
+			}
+			for _, s := range batch {
+				s.Close()
+			}
+			if ft != nil {
+				st := ft.Stats()
+				b.ReportMetric(float64(st.StoredBytes)/float64(b.N), "stored-B/op")
+			}
+			b.ReportMetric(float64(next)/float64(b.N), "requests/op")
+			b.ReportMetric(float64(admitting.Nanoseconds())/float64(b.N), "admit-ns/op")
+		})
+	}
+}
