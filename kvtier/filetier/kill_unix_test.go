@@ -5,6 +5,7 @@ package filetier_test
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
@@ -32,8 +33,20 @@ var soak = flag.Int("filetier.kills", 0, "TestKilledWriter: writers to kill (0: 
 // whole or torn.
 const killEnv = "FILETIER_KILL_DIR"
 
-func killSize(i int) int     { return 256<<10 + (i*37%29)*(64<<10) + i%4093 }
-func killValue(i int) []byte { return value(killSize(i), uint64(i)) }
+func killSize(i int) int { return 64<<10 + (i*37%29)*(32<<10) + i%4093 }
+
+// killBase is the bytes every killValue is a window of: made once, so that neither
+// the writer nor the check spends its time (under -race) making values.
+var killBase = value(2<<20, 7)
+
+// killValue is block i's value: a window of killBase at an offset of its own, its
+// first word i, so that no two blocks are alike.
+func killValue(i int) []byte {
+	off := i * 4099 % (len(killBase) - killSize(i))
+	v := bytes.Clone(killBase[off : off+killSize(i)])
+	binary.LittleEndian.PutUint64(v, uint64(i))
+	return v
+}
 
 func TestMain(m *testing.M) {
 	if dir := os.Getenv(killEnv); dir != "" {
@@ -51,14 +64,21 @@ func killWriter(dir string) {
 		os.Exit(2)
 	}
 	fmt.Println("ready")
+	var stored sync.WaitGroup
+	stored.Add(16)
+	go func() { stored.Wait(); fmt.Println("stored") }()
 	var wg sync.WaitGroup
 	for w := range 4 {
 		wg.Go(func() {
 			r := rand.New(rand.NewPCG(seed, uint64(w)))
+			n := 0 // of this writer's first 4 stores, counted in stored
 			for {
 				i := r.IntN(200)
 				v := killValue(i)
-				_ = tr.Store(bg, key(nsA, i), len(v), func(dst []byte) error { copy(dst, v); return nil })
+				if tr.Store(bg, key(nsA, i), len(v), func(dst []byte) error { copy(dst, v); return nil }) == nil && n < 4 {
+					n++
+					stored.Done()
+				}
 				if r.IntN(8) == 0 {
 					_ = tr.Delete(bg, key(nsA, r.IntN(200)))
 				}
@@ -84,10 +104,15 @@ func TestKilledWriter(t *testing.T) {
 		out, err := cmd.StdoutPipe()
 		require.NoError(t, err)
 		require.NoError(t, cmd.Start())
-		line, err := bufio.NewReader(out).ReadString('\n')
-		require.NoError(t, err)
-		require.Equal(t, "ready\n", line)
-		time.Sleep(time.Duration(10+rand.IntN(100)) * time.Millisecond)
+		// Killed at a random point once the writers have stored 16 blocks, so that
+		// every round has stores to check, however slow the machine.
+		lines := bufio.NewReader(out)
+		for _, want := range []string{"ready\n", "stored\n"} {
+			line, err := lines.ReadString('\n')
+			require.NoError(t, err)
+			require.Equal(t, want, line)
+		}
+		time.Sleep(time.Duration(rand.IntN(50)) * time.Millisecond)
 		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 		_ = cmd.Wait()
 
