@@ -64,8 +64,10 @@
 //     that refuses O_DIRECT (tmpfs answers EINVAL) is found by New's probe: the tier
 //     logs it and goes through the page cache (Stats.IO "buffered").
 //   - macOS: no O_DIRECT; files are opened with F_NOCACHE, the nearest it offers.
-//   - Windows: plain I/O through the cache, with every handle sharing delete so a
-//     block being read can be replaced; the directory lock is LockFileEx.
+//   - Windows: plain I/O through the cache; the directory lock is LockFileEx. Every
+//     handle shares delete, but Windows still refuses to rename over a file a reader
+//     has open: a store of a key being read tries again for up to about 20 ms, then
+//     is a counted drop.
 //   - Other systems: plain I/O, no directory lock, and a Budget is required (the free
 //     space is not asked).
 //

@@ -36,3 +36,7 @@ func noCache(f *os.File) (*os.File, error) {
 	}
 	return f, nil
 }
+
+// renameOver renames tmp to name, replacing it in one step: a reader that has the old
+// file open keeps reading it whole.
+func renameOver(tmp, name string) error { return os.Rename(tmp, name) }

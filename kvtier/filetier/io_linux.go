@@ -29,3 +29,7 @@ func openFile(name string, direct bool) (*os.File, error) {
 	}
 	return os.OpenFile(name, flag, 0)
 }
+
+// renameOver renames tmp to name, replacing it in one step: a reader that has the old
+// file open keeps reading it whole.
+func renameOver(tmp, name string) error { return os.Rename(tmp, name) }

@@ -14,3 +14,7 @@ func createFile(name string, _ bool) (*os.File, error) {
 
 // openFile opens name for reading, through the page cache.
 func openFile(name string, _ bool) (*os.File, error) { return os.Open(name) }
+
+// renameOver renames tmp to name, replacing it in one step: a reader that has the old
+// file open keeps reading it whole.
+func renameOver(tmp, name string) error { return os.Rename(tmp, name) }

@@ -1,7 +1,9 @@
 package filetier
 
 import (
+	"errors"
 	"os"
+	"time"
 
 	"golang.org/x/sys/windows"
 )
@@ -33,4 +35,24 @@ func openShared(name string, access, disposition uint32) (*os.File, error) {
 		return nil, &os.PathError{Op: "open", Path: name, Err: err}
 	}
 	return os.NewFile(uintptr(h), name), nil
+}
+
+// renameOver renames tmp to name, replacing it. NB: Windows refuses to replace (or
+// to take the name of) a file that a reader still has open, sharing delete or not,
+// where POSIX lets the reader keep the old file; a reader holds a block's file for
+// one read, so the rename is tried again for up to about 20 ms before the store is
+// given up (a counted drop).
+func renameOver(tmp, name string) error {
+	var err error
+	for try := 0; try < 40; try++ {
+		if err = os.Rename(tmp, name); err == nil || !busy(err) {
+			return err
+		}
+		time.Sleep(500 * time.Microsecond)
+	}
+	return err
+}
+
+func busy(err error) bool {
+	return errors.Is(err, windows.ERROR_ACCESS_DENIED) || errors.Is(err, windows.ERROR_SHARING_VIOLATION)
 }

@@ -392,15 +392,12 @@ func (t *Tier) Store(ctx context.Context, key kv.TierKey, size int, fill func(ds
 		return t.writeFailed(err)
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	if err := os.Rename(tmp, filepath.Join(dir, hex(key.Hash))); err != nil {
-		_ = os.Remove(tmp)
+	if err := renameOver(tmp, filepath.Join(dir, hex(key.Hash))); err != nil {
 		t.counter.Drops++
 		t.counter.WriteErrors++
+		t.mu.Unlock()
+		_ = os.Remove(tmp)
 		return fmt.Errorf("%w: %w", ErrWrite, err)
-	}
-	if t.sync {
-		syncDir(dir)
 	}
 	if old := t.index[key]; old != nil {
 		t.forget(old) // its file was replaced by the rename
@@ -413,6 +410,10 @@ func (t *Tier) Store(ctx context.Context, key kv.TierKey, size int, fill func(ds
 	kept = true
 	t.counter.Stores++
 	t.counter.StoredBytes += int64(size)
+	t.mu.Unlock()
+	if t.sync {
+		syncDir(dir)
+	}
 	return nil
 }
 
