@@ -122,6 +122,9 @@ type config struct {
 	tierWait    time.Duration
 	tierThrough bool   // -tier-write-through
 	tierMinHits int    // -tier-min-hits
+	fileTier    string // -file-tier (filetier.go)
+	restart     bool   // -restart
+	restartHalf int    // -restart-half (hidden): the child of -restart replays this half
 	idealNote   string // how -budget-ideal set the budget, for the header
 	// prefix is set for a trace with token IDs (Mooncake): the prefix-cache replay.
 	prefix bool
@@ -264,7 +267,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		shown := flag.NewFlagSet("kvcache", flag.ContinueOnError)
 		shown.SetOutput(fs.Output())
 		fs.VisitAll(func(f *flag.Flag) {
-			if f.Name != childFlag {
+			if f.Name != childFlag && f.Name != restartHalfFlag {
 				shown.Var(f.Value, f.Name, f.Usage)
 				shown.Lookup(f.Name).DefValue = f.DefValue
 			}
@@ -303,13 +306,14 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.rounds, "rounds", 0, "fair timing: replay each strategy in a fresh process of this binary, one at a time, this many rounds in alternating order, and report the median and range of each figure and of vmarena's ratio to each other strategy (no plot, no idle tail); 0: every strategy in this process, one after another")
 	fs.BoolVar(&c.child, childFlag, false, "a fair-timing child: replay the one strategy of -strategies and write its result on stdout as JSON (what -rounds runs)")
 	fs.Float64Var(&c.prefillRate, "prefill-rate", DefaultPrefillRate, "prefix-cache replay: prompt tokens prefilled per second of model time (time to first token grows with the uncached tokens)")
-	fs.StringVar(&c.tiers, "tiers", "", "prefix-cache replay: the tiers below the device, in order, comma-separated: host (kvtier/hosttier), redis (kvtier/redistier); adds the strategy "+namePrefixTiers+" (default: none)")
+	fs.StringVar(&c.tiers, "tiers", "", "prefix-cache replay: the tiers below the device, in order, comma-separated: host (kvtier/hosttier), redis (kvtier/redistier), file (kvtier/filetier in -file-tier); adds the strategy "+namePrefixTiers+" (default: none)")
 	fs.Var(&c.hostTier, "host-tier-budget", "-tiers host: the host tier's budget per replica, like 1GiB (default: -budget)")
 	fs.StringVar(&c.redisAddr, "redis", "", "-tiers redis: HOST:PORT of a Redis or Valkey server (default: start redis-server on a free 127.0.0.1 port, and stop it at the end)")
 	fs.IntVar(&c.redisKillAt, "redis-kill-at", 0, "-tiers redis: kill the redis-server started here once this many requests of "+namePrefixTiers+" are done (0: never)")
 	fs.IntVar(&c.replicas, "replicas", 1, "-tiers redis: replicas of "+namePrefixTiers+", each with its cache and host tier, sharing the Redis; 2: replica B replays the requests after A")
 	fs.DurationVar(&c.tierWait, "tier-wait", 0, "-tiers: how long a lookup waits for the tiers' loads, and a store for its tier, in wall-clock time, then goes on without (0: kv.DefaultTierWait, 100ms)")
 	fs.BoolVar(&c.tierThrough, "tier-write-through", false, "-tiers: store a cached entry's blocks into the tiers as soon as the cache holds them (kv.PrefixCacheOptions.TierWriteThrough), not only as they are evicted")
+	fileTierFlags(fs, c)
 	fs.IntVar(&c.tierMinHits, "tier-min-hits", 0, "-tiers: the reuse threshold: store only the blocks of entries lookups hit this many times (kv.PrefixCacheOptions.TierMinHits) (0: every block)")
 	fs.Float64Var(&c.budgetIdeal, "budget-ideal", 0, "prefix-cache replay: set -budget to this fraction of the ideal cache (the distinct prompt tokens an unbounded cache's hits read, from the trace) (0: -budget)")
 	if err := fs.Parse(args); err != nil {
@@ -558,6 +562,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if code := c.prefixBudget(&s, w, stderr); code != 0 {
 			return code
 		}
+		w.Requests = c.restartRequests(w.Requests)
 		if s.tiers != nil {
 			if err := s.tiers.connect(); err != nil {
 				fmt.Fprintf(stderr, "kvcache: %v\n", err)
@@ -579,6 +584,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		case c.rounds > 0:
 			printPrefixHeader(stdout, c, s, reqs, traceName)
 			return runFairHere(ctx, prefixFairReplay, args, names, c, stdout, stderr)
+		case c.restart:
+			return runRestart(ctx, c, s, w, args, traceName, stdout, stderr)
 		}
 		return runPrefix(ctx, c, s, names, w, traceName, stdout, stderr)
 	}

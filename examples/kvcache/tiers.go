@@ -49,6 +49,7 @@ type tierSetup struct {
 	keys   string                // the Redis keys' prefix: one per run
 	server *redisServer          // the one started here, or nil
 	book   *tierBook
+	file   fileTierSetup // -tiers file (filetier.go)
 }
 
 // has reports whether -tiers names tier.
@@ -63,6 +64,9 @@ func (t *tierSetup) has(tier string) bool {
 
 // validateTiers checks the tier flags, and sets s.tiers when -tiers is given.
 func (c *config) validateTiers(s *setup) error {
+	if err := c.validateFileTier(); err != nil {
+		return err
+	}
 	if c.tiers == "" {
 		for _, f := range []string{"host-tier-budget", "redis", "redis-kill-at", "replicas", "tier-wait", "tier-write-through", "tier-min-hits"} {
 			if c.set[f] {
@@ -76,8 +80,8 @@ func (c *config) validateTiers(s *setup) error {
 	for _, n := range strings.Split(c.tiers, ",") {
 		n = strings.TrimSpace(n)
 		switch {
-		case n != tierHost && n != tierRedis:
-			return fmt.Errorf("-tiers %q: unknown tier %q (known: %s, %s)", c.tiers, n, tierHost, tierRedis)
+		case n != tierHost && n != tierRedis && n != tierFile:
+			return fmt.Errorf("-tiers %q: unknown tier %q (known: %s, %s, %s)", c.tiers, n, tierHost, tierRedis, tierFile)
 		case t.has(n):
 			return fmt.Errorf("-tiers %q: %s twice", c.tiers, n)
 		}
@@ -124,6 +128,7 @@ func (c *config) validateTiers(s *setup) error {
 	} else {
 		t.hostBudget = 0
 	}
+	t.file = fileTierSetup{dir: c.fileTier}
 	s.tiers = t
 	return nil
 }
@@ -233,6 +238,13 @@ func (t *tierSetup) build(gov *accounting.Governor, replica int) (builtTiers, er
 			}
 			b.tiers = append(b.tiers, &bookTier{Tier: rt, book: t.book, replica: replica})
 			b.stores = append(b.stores, func() int64 { return rt.Stats().Stores })
+		case tierFile:
+			ft, err := t.file.open()
+			if err != nil {
+				return b, errors.Join(err, closeAll())
+			}
+			b.tiers, closers = append(b.tiers, ft), append(closers, ft.Close)
+			b.stores = append(b.stores, func() int64 { return ft.Stats().Stores })
 		}
 	}
 	b.close = closeAll
@@ -446,6 +458,8 @@ func printTierHeader(w io.Writer, t *tierSetup) {
 				how = "redis-server started here"
 			}
 			parts = append(parts, fmt.Sprintf("redis (kvtier/redistier at %s, %s)", t.redisAddr, how))
+		case tierFile:
+			parts = append(parts, fmt.Sprintf("file (kvtier/filetier in %s)", t.file.dir))
 		}
 	}
 	fmt.Fprintf(w, "Tiers:   %s; %s", strings.Join(parts, ", then "), t.policy())

@@ -251,7 +251,7 @@ func TestRunTierFlags(t *testing.T) {
 	require.NoError(t, writeFile(path, prefixTrace))
 	mc := []string{"-trace", path}
 	tests := []usageCase{
-		{"unknown tier", append(mc, "-tiers", "host,disk"), `-tiers "host,disk": unknown tier "disk" (known: host, redis)`},
+		{"unknown tier", append(mc, "-tiers", "host,disk"), `-tiers "host,disk": unknown tier "disk" (known: host, redis, file)`},
 		{"tier twice", append(mc, "-tiers", "redis,redis"), `-tiers "redis,redis": redis twice`},
 		{"empty tier", append(mc, "-tiers", "host,"), `unknown tier ""`},
 		{"tiers without token IDs", []string{"-tiers", "host"}, "-tiers needs a trace with token IDs (-trace mooncake)"},

@@ -1,0 +1,124 @@
+package filetier_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kvtier/filetier"
+	"github.com/vmarena/vmarena/kvtier/hosttier"
+)
+
+// BenchmarkDecodeStep is the token path with the file tier below the cache, with the
+// host tier, with a tier that only sleeps, and without a tier: one op is a decode step of a batch of 8 sequences
+// (Append of one token each) on 2 MiB granules (a block of Llama-3.2-1B is 64 tokens,
+// 2 MiB). Every 64 steps one sequence ends and a new request takes its place: a lookup
+// of its 1,024-token prompt (the first 512 shared by every request), its prefill and
+// an insert, which with a tier writes the prompt's 8 new blocks through in the
+// background. The admission is timed apart (admit-ns/op); ns/op is the steps', with
+// the stores (copies out, checksums, direct writes) running beside them on the same
+// CPUs. Compare with benchstat -col /tier.
+func BenchmarkDecodeStep(b *testing.B) {
+	for _, tier := range []string{"none", "file", "host", "sleep"} {
+		b.Run("tier="+tier, func(b *testing.B) {
+			pool, err := host.NewShared(host.SharedOptions{Granularity: 2 << 20,
+				Authority: accounting.NewGovernor().Authority("kv", accounting.HostKey)})
+			require.NoError(b, err)
+			defer pool.Close()
+			cache, err := kv.New(pool, kv.Config{Geometry: kv.Llama32_1B, MaxTokens: 4096})
+			require.NoError(b, err)
+			defer cache.Close()
+			opts := kv.PrefixCacheOptions{}
+			var ft *filetier.Tier
+			switch tier {
+			case "file":
+				ft, err = filetier.New(filetier.Options{Dir: benchDir(b), Budget: 1 << 30, Logger: quiet})
+				require.NoError(b, err)
+				defer ft.Close()
+				opts = kv.PrefixCacheOptions{Tiers: []kv.Tier{ft}, TierWriteThrough: true, TierWait: time.Second}
+			case "sleep":
+				// A tier that takes 2 ms per store and keeps nothing, with no copy and
+				// no I/O: what the cache's write-through machinery costs the step alone.
+				opts = kv.PrefixCacheOptions{Tiers: []kv.Tier{sleepTier{}}, TierWriteThrough: true, TierWait: time.Second}
+			case "host":
+				// The same stores into host memory: what the cache's write-through
+				// costs the step whatever the tier.
+				ht, err := hosttier.New(hosttier.Options{Budget: 1 << 30})
+				require.NoError(b, err)
+				defer ht.Close()
+				opts = kv.PrefixCacheOptions{Tiers: []kv.Tier{ht}, TierWriteThrough: true, TierWait: time.Second}
+			}
+			pc, err := kv.NewPrefixCache(cache, opts)
+			require.NoError(b, err)
+			defer pc.Close()
+
+			next := 0
+			admit := func() *kv.Sequence {
+				prompt := make([]int32, 1024)
+				for i := range prompt {
+					prompt[i] = int32(i)
+					if i >= 512 {
+						prompt[i] = int32(next<<16 | i)
+					}
+				}
+				next++
+				s, cached, err := pc.Lookup(prompt)
+				require.NoError(b, err)
+				require.NoError(b, s.Append(len(prompt)-cached))
+				require.NoError(b, pc.Insert(s, prompt))
+				return s
+			}
+			batch := make([]*kv.Sequence, 8)
+			for i := range batch {
+				batch[i] = admit()
+			}
+			step := 0
+			var admitting time.Duration // admissions' wall time, not in ns/op
+			for b.Loop() {
+				for _, s := range batch {
+					if err := s.Append(1); err != nil {
+						b.Fatal(err)
+					}
+				}
+				step++
+				if step%64 == 0 {
+					i := step / 64 % len(batch)
+					t0 := time.Now()
+					batch[i].Close()
+					batch[i] = admit()
+					admitting += time.Since(t0)
+				}
+			}
+			for _, s := range batch {
+				s.Close()
+			}
+			if ts := pc.Stats().Tiers; len(ts) > 0 {
+				b.ReportMetric(float64(ts[0].StoreBytes)/float64(b.N), "stored-B/op")
+				b.ReportMetric(float64(ts[0].Drops)/float64(b.N), "dropped/op")
+			}
+			b.ReportMetric(float64(next)/float64(b.N), "requests/op")
+			b.ReportMetric(float64(admitting.Nanoseconds())/float64(b.N), "admit-ns/op")
+		})
+	}
+}
+
+// sleepTier takes 2 ms per store and refuses it, without calling fill: a tier with no
+// cost of its own on the CPUs.
+type sleepTier struct{}
+
+var errSlept = errors.New("sleepTier: dropped")
+
+func (sleepTier) Name() string { return "sleep" }
+func (sleepTier) Store(context.Context, kv.TierKey, int, func([]byte) error) error {
+	time.Sleep(2 * time.Millisecond)
+	return errSlept
+}
+func (sleepTier) Load(context.Context, kv.TierKey, func([]byte) error) error { return kv.ErrTierMiss }
+func (sleepTier) Contains(context.Context, []kv.TierKey) (int, error)        { return 0, nil }
+func (sleepTier) Delete(context.Context, kv.TierKey) error                   { return nil }
