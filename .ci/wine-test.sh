@@ -104,7 +104,7 @@ in_root "$root" sh -c 'timeout 300 wine wineboot --init && wineserver -w' >"$wor
 # The packages whose tests run under Wine (the CUDA ones need a driver Wine can not
 # provide; examples are covered by their own Linux runs). One go test -c builds them
 # all, in parallel. WINE_PKGS (a space-separated list) runs fewer, for a quick look.
-read -r -a pkgs <<<"${WINE_PKGS:-accounting backing backing/backingtest backing/host arena kv kvtier/hosttier kvtier/tiertest}"
+read -r -a pkgs <<<"${WINE_PKGS:-accounting backing backing/backingtest backing/host arena kv kvtier/hosttier kvtier/tiertest kvtier/filetier}"
 mkdir "$work/bin"
 GOOS=windows GOARCH=amd64 go test -c -o "$work/bin/" "${pkgs[@]/#/./}"
 echo "== test binaries built (${SECONDS}s)"
