@@ -288,60 +288,68 @@ func TestWindowRulePrefixCache(t *testing.T) {
 // Append (it is not refused), and MaxBytes holds after every insert.
 func TestWindowRuleEvictable(t *testing.T) {
 	for _, model := range windowRuleModels {
-		t.Run(model.Name, func(t *testing.T) {
-			// The budget of 16 granules; tinyMixed's 20 PerLayer ranges need more.
-			limit := int64(16 * envGranule)
-			if len(model.Groups) > 2 {
-				limit *= 4
-			}
-			onEachSharing(t, envSpec{scaled: true, cfg: kv.Config{Model: model, MaxTokens: 64}, limit: limit}, func(t *testing.T, e *env) {
-				gran := int64(e.c.Granularity())
-				for _, n := range []int{6, 12, 13, 18, 24, 25} {
-					for _, cap := range []int64{0, 2 * gran} {
-						pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{MaxBytes: cap})
-						require.NoError(t, err)
-						ids := ruleIDs(n, int32(n))
-						s, m, err := pc.Lookup(ids)
-						require.NoError(t, err)
-						require.Zero(t, m)
-						require.NoError(t, s.Append(n))
-						require.NoError(t, writeHeldIDs(s, ids, 0, n))
-						require.NoError(t, pc.Insert(s, ids))
-						require.True(t, s.Close().OK())
-						if cap > 0 {
-							assert.LessOrEqual(t, pc.Stats().CachedBytes, cap, "MaxBytes, an entry of %d", n)
-						}
-						// A request as large as Headroom says fits.
-						room := e.c.Headroom()
-						q, err := e.c.NewSequence()
-						require.NoError(t, err)
-						k := 0
-						for ; k < 64; k++ {
-							need, err := q.Need(k + 1)
-							require.NoError(t, err)
-							if need > room {
-								break
-							}
-						}
-						need, err := q.Need(k)
-						require.NoError(t, err)
-						err = q.Append(k)
-						var be *accounting.BudgetError
-						assert.False(t, errors.As(err, &be), "an Append of %d bytes within Headroom's %d, beside an entry of %d: %v", need, room, n, err)
-						assert.NoError(t, err)
-						require.True(t, q.Close().OK())
-						_, err = pc.Evict(1 << 40)
-						require.NoError(t, err)
-						st := pc.Stats()
-						assert.Zero(t, st.Entries, "an entry of %d with no holder goes", n)
-						assert.Zero(t, st.CachedBytes)
-						assert.Zero(t, st.PinnedBytes)
-						require.NoError(t, pc.Close())
-					}
+		// BlockTokens 1: the repro, one-granule blocks under a budget of 16
+		// granules. 0: the default blocks, which on a window of one token are a token
+		// each, so a prompt takes a granule a token and the budget is four times larger.
+		for _, bt := range []int{1, 0} {
+			t.Run(fmt.Sprintf("%s/blocktokens=%d", model.Name, bt), func(t *testing.T) {
+				// tinyMixed's 20 PerLayer ranges need more.
+				limit := int64(16 * envGranule)
+				if len(model.Groups) > 2 {
+					limit *= 4
 				}
-				e.books(t, "after the entries")
+				if bt == 0 {
+					limit *= 4
+				}
+				onEachSharing(t, envSpec{scaled: true, cfg: kv.Config{Model: model, MaxTokens: 64, BlockTokens: bt}, limit: limit}, func(t *testing.T, e *env) {
+					gran := int64(e.c.Granularity())
+					for _, n := range []int{6, 12, 13, 18, 24, 25} {
+						for _, cap := range []int64{0, 2 * gran} {
+							pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{MaxBytes: cap})
+							require.NoError(t, err)
+							ids := ruleIDs(n, int32(n))
+							s, m, err := pc.Lookup(ids)
+							require.NoError(t, err)
+							require.Zero(t, m)
+							require.NoError(t, s.Append(n))
+							require.NoError(t, writeHeldIDs(s, ids, 0, n))
+							require.NoError(t, pc.Insert(s, ids))
+							require.True(t, s.Close().OK())
+							if cap > 0 {
+								assert.LessOrEqual(t, pc.Stats().CachedBytes, cap, "MaxBytes, an entry of %d", n)
+							}
+							// A request as large as Headroom says fits.
+							room := e.c.Headroom()
+							q, err := e.c.NewSequence()
+							require.NoError(t, err)
+							k := 0
+							for ; k < 64; k++ {
+								need, err := q.Need(k + 1)
+								require.NoError(t, err)
+								if need > room {
+									break
+								}
+							}
+							need, err := q.Need(k)
+							require.NoError(t, err)
+							err = q.Append(k)
+							var be *accounting.BudgetError
+							assert.False(t, errors.As(err, &be), "an Append of %d bytes within Headroom's %d, beside an entry of %d: %v", need, room, n, err)
+							assert.NoError(t, err)
+							require.True(t, q.Close().OK())
+							_, err = pc.Evict(1 << 40)
+							require.NoError(t, err)
+							st := pc.Stats()
+							assert.Zero(t, st.Entries, "an entry of %d with no holder goes", n)
+							assert.Zero(t, st.CachedBytes)
+							assert.Zero(t, st.PinnedBytes)
+							require.NoError(t, pc.Close())
+						}
+					}
+					e.books(t, "after the entries")
+				})
 			})
-		})
+		}
 	}
 }
 
