@@ -68,7 +68,10 @@ type Config struct {
 	// or chunked-local groups, the granules a window gives back are the worker's to
 	// decommit too: the step leaves them behind (Stats.Ahead shows them until then),
 	// and a growth that the budget would refuse has them back first. It needs a pooling
-	// backing (host.Shared, cuda) and is ignored on others.
+	// backing (host.Shared, cuda) and is ignored on others. It is off by default (the
+	// zero value); a server on a pooling backing should turn it on: a step that
+	// crosses into a new block then pays about a twenty-fifth of its commit
+	// (docs/benchmarks/kv.md, "Map-ahead on or off").
 	MapAhead bool
 }
 
@@ -130,7 +133,8 @@ type Cache struct {
 // On a Model (Config.Model) it refuses, with an error matching ErrGeometry that says
 // what, a model Model.Validate refuses for MaxTokens (a window larger than MaxTokens,
 // an MLA group with V, no layers, ...), and with ErrConfig what such a cache does not
-// have (MapAhead); it allocates nothing then.
+// have (MapAhead); it allocates nothing then. It refuses with ErrConfig a device whose
+// budget is 0 bytes (Governor.SetLimit), on which no token could ever be held.
 func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	m, set, err := cfg.model()
 	if err != nil {
@@ -170,6 +174,11 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 		return nil, fmt.Errorf("%w: Authority is on %v, the backing on %v", ErrConfig, cfg.Authority.Device(), b.Device())
 	default:
 		gov = cfg.Authority.Governor()
+	}
+	if gov.Limit(b.Device()) == 0 {
+		// NB: SetLimit takes 0 (a device drained: nothing more admitted until the
+		// limit rises), but a cache made on it could not hold one token.
+		return nil, fmt.Errorf("%w: the budget of %v is 0 bytes, so the first append would be refused; set a limit above 0, or none for no budget", ErrConfig, b.Device())
 	}
 	_, sharer := any(b).(backing.Sharer[R])
 	pool, _ := any(b).(backing.Pool)

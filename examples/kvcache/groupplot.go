@@ -64,8 +64,12 @@ func writeGroupPlot(dir, format string, r Result, s setup, w Workload) (string, 
 			l.Width = vg.Points(1.5)
 			label := fmt.Sprintf("%s: %s (peak %s)", groupName(g), r.Strategy, formatBytes(r.GroupPeak[i]))
 			if uniform {
+				// Each group's dashes in slots of their own: uniform lines often lie on
+				// one another (the same layers and shape), and each stays visible.
+				n := len(s.groups.Groups)
 				l.Width = vg.Points(1)
-				l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+				l.Dashes = []vg.Length{vg.Points(3), vg.Points(float64(3 * max(1, n-1)))}
+				l.DashOffs = vg.Points(float64(3 * i))
 				label = fmt.Sprintf("%s: uniform full-attention cache (peak %s)", groupName(g), formatBytes(r.UniformPeak[i]))
 			}
 			p.Add(l)

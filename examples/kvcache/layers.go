@@ -85,8 +85,10 @@ type tokenReader interface {
 // its group's FirstLive on: the tokens a later step reads), and every recurrent
 // state, and compares them with what the replay wrote: prompt bytes below
 // w.SystemPrompt tokens and fill from there on, fill in the states. buf is scratch of
-// at least a state's or a token's bytes.
-func checkSequence(q baseline.Sequence, w Workload, prompt, fill, buf []byte) error {
+// at least a state's or a token's bytes. It returns how many tokens' K or V (or MLA
+// latents) and states it compared, in all layers.
+func checkSequence(q baseline.Sequence, w Workload, prompt, fill, buf []byte) (Verified, error) {
+	var v Verified
 	plan := w.Plan
 	if plan == nil {
 		plan = make([]layerPlan, w.Layers)
@@ -96,20 +98,21 @@ func checkSequence(q baseline.Sequence, w Workload, prompt, fill, buf []byte) er
 	}
 	rd, ok := q.(tokenReader)
 	if !ok {
-		return fmt.Errorf("a %T can not be read back", q)
+		return v, fmt.Errorf("a %T can not be read back", q)
 	}
 	for l, p := range plan {
 		if p.stateBytes > 0 {
 			sh, ok := q.(stateHolder)
 			if !ok {
-				return fmt.Errorf("layer %d is recurrent, and a %T keeps no state", l, q)
+				return v, fmt.Errorf("layer %d is recurrent, and a %T keeps no state", l, q)
 			}
 			if err := sh.readState(l, buf[:p.stateBytes]); err != nil {
-				return fmt.Errorf("layer %d's state: %w", l, err)
+				return v, fmt.Errorf("layer %d's state: %w", l, err)
 			}
 			if !bytes.Equal(buf[:p.stateBytes], fill[:p.stateBytes]) {
-				return fmt.Errorf("layer %d's state: %w", l, errWrongBytes)
+				return v, fmt.Errorf("layer %d's state: %w", l, errWrongBytes)
 			}
+			v.States++
 		}
 		for t := p.group.FirstLive(q.Len()); t < q.Len(); t++ {
 			want := fill
@@ -119,15 +122,33 @@ func checkSequence(q baseline.Sequence, w Workload, prompt, fill, buf []byte) er
 			for _, k := range p.kinds {
 				got := buf[:p.tokenBytes]
 				if err := rd.ReadToken(l, k, t, got); err != nil {
-					return fmt.Errorf("token %d of layer %d: %w", t, l, err)
+					return v, fmt.Errorf("token %d of layer %d: %w", t, l, err)
 				}
 				if !bytes.Equal(got, want[:p.tokenBytes]) {
-					return fmt.Errorf("token %d of layer %d (%s): %w", t, l, [2]string{"K", "V"}[k], errWrongBytes)
+					return v, fmt.Errorf("token %d of layer %d (%s): %w", t, l, [2]string{"K", "V"}[k], errWrongBytes)
 				}
+				v.Reads++
 			}
 		}
 	}
-	return nil
+	v.Sequences, v.Tokens = 1, int64(q.Len())
+	return v, nil
+}
+
+// Verified counts what -verify read back and found as written.
+type Verified struct {
+	Sequences int64 // sequences read back before they closed
+	Tokens    int64 // their tokens
+	Reads     int64 // token tensors compared: a token's K or V (or latent) in one layer
+	States    int64 // recurrent states compared
+}
+
+// add adds o's counts to v.
+func (v *Verified) add(o Verified) {
+	v.Sequences += o.Sequences
+	v.Tokens += o.Tokens
+	v.Reads += o.Reads
+	v.States += o.States
 }
 
 // planBytes returns the bytes a layer plan needs for one fill buffer: the largest

@@ -20,6 +20,7 @@ import (
 	"math"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
@@ -162,9 +163,9 @@ production conversation service) for Llama-3-8B, 128 KiB of K/V per token, with 
 1,024-token system prompt and an 8,192-token context window, at 1x speed, under a
 3 GiB budget. That is enough load that preallocating the context window (1 GiB per
 sequence) leaves room for two requests at a time while the others wait, and small
-enough that each strategy holds at most about 3 GiB (the Go heap is capped at 4.5 GiB
-for the baselines) and the replays take under a minute on two quiet cores: most of it
-is writing 12 GiB of K/V per strategy (and as much again for eager and append, which
+enough that each strategy holds at most the 3 GiB budget by its own count (the
+process's RSS goes higher in append's replay: the Go heap is capped at 4.5 GiB for the
+baselines, 1.5 times the budget); most of the time is writing 12 GiB of K/V per strategy (and as much again for eager and append, which
 copy the system prompt into every sequence). Each replay then goes on sampling memory
 for -idle (6 s) of wall-clock time without load, so that the plot shows what each
 strategy keeps and what vmarena's pool gives back by decay (5 s unused; it never
@@ -250,7 +251,8 @@ Time:
   refused   of those, requests that memory refused at least once
   wait p50, p99  how much later, in model time
   makespan  model time to serve every request
-and the path of a plot of physical memory over time, one line per strategy: model
+a line on how to read them, and the path of a plot of physical memory over time (in
+-out, by default kvcache-plots/RUN under the current directory), one line per strategy: model
 time while the load runs, then the idle tail's wall-clock time; a run that ends far
 later than the others (eager's) is drawn past a break in the time axis.
 
@@ -298,7 +300,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.Float64Var(&c.promptScale, "prompt-scale", 1, "multiply every request's prompt tokens by this (a replay of long prompts; prompts past -max-tokens are clipped); CSV traces only")
 	fs.DurationVar(&c.idle, "idle", defaultIdle, "after the load stops, keep sampling memory for this much wall-clock time (a pool's decay runs on the real clock), plotted after the last request (0: not at all)")
 	fs.StringVar(&c.strategies, "strategies", strings.Join(allStrategies, ","), "comma-separated strategies to run, in order")
-	fs.StringVar(&c.out, "out", os.TempDir(), "directory for the plot")
+	fs.StringVar(&c.out, "out", "", "directory for the plots, made if missing (default: "+plotsDir+"/RUN under the current directory, RUN naming the trace, the model and the tiers, so that runs of another kind do not overwrite them)")
 	fs.StringVar(&c.format, "format", "png", "plot format: png or svg")
 	fs.StringVar(&c.progress, "progress", "auto", "progress display: auto (a bar on a terminal, lines otherwise), bar, lines or none")
 	fs.StringVar(&c.metrics, "metrics", "", "serve Prometheus metrics of the strategy replaying at http://ADDR/metrics, like 127.0.0.1:9090 (default: none)")
@@ -509,6 +511,30 @@ func (c *config) loadTrace() ([]Request, string, error) {
 	return out, name, nil
 }
 
+// plotsDir is where the plots go unless -out says: a directory under the current one.
+const plotsDir = "kvcache-plots"
+
+// defaultOut returns the plots' directory for a run without -out: plotsDir/RUN, RUN
+// naming the trace, the model (and its KV type when -kv-dtype set it) and the tiers.
+func defaultOut(c *config, s setup) string {
+	trace := "azure-conv"
+	switch c.trace {
+	case "":
+	case mooncakeFlag:
+		trace = mooncakeFlag
+	default:
+		trace = strings.TrimSuffix(filepath.Base(c.trace), filepath.Ext(c.trace))
+	}
+	parts := []string{trace, c.model}
+	if c.set["kv-dtype"] {
+		parts = append(parts, c.kvDType)
+	}
+	if s.tiers != nil {
+		parts = append(parts, "tiers")
+	}
+	return filepath.Join(plotsDir, strings.Join(parts, "-"))
+}
+
 // run is the program: it returns the exit status (0 ok, 1 failure, 2 bad usage).
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := parseFlags(args, stderr)
@@ -532,6 +558,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "kvcache: %v\n", err)
 		return 1
+	}
+	if c.out == "" {
+		c.out = defaultOut(c, s)
 	}
 	if c.cpuprofile != "" {
 		stop, err := startCPUProfile(c.cpuprofile)

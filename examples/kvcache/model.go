@@ -93,7 +93,16 @@ func (c *config) groupsOnly(m *kv.Model, names []string) ([]string, []string, er
 		return nil, nil, fmt.Errorf("-model %s (%s): -strategies %s: none of them can run on layer groups (only %s)", m.Name, kinds, c.strategies, strings.Join(groupStrategies(c.prefix), ", "))
 	}
 	if c.system > 0 {
-		notes = append(notes, "the system prompt is a sequence of its own that every request forks from (ForkAt works per group and copies a recurrent state, which kv's Freeze refuses), copied where the backing can not share")
+		// Each clause only where it applies: a recurrent group, a backing that can not share.
+		n := "the system prompt is a sequence of its own that every request forks from (ForkAt works per group"
+		if slices.ContainsFunc(m.Groups, func(g kv.Group) bool { return g.Kind == kv.Recurrent }) {
+			n += " and copies the recurrent state, which kv's Freeze refuses"
+		}
+		n += ")"
+		if c.backing == "private" {
+			n += ", copied: the private backing can not share granules"
+		}
+		notes = append(notes, n)
 	}
 	if c.layout != kv.Blocked.String() {
 		return nil, nil, fmt.Errorf("-model %s (%s): -layout %s: the per-group figures read the Blocked layout's blocks; use -layout %s", m.Name, kinds, c.layout, kv.Blocked)

@@ -206,7 +206,12 @@ func memoryPanel(rs []Result, s setup, from, to float64, isMain bool) (*plot.Plo
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", r.Strategy, err)
 		}
-		l.Color = strategyColors[r.Strategy]
+		c, ok := strategyColors[r.Strategy]
+		if !ok {
+			// NB: the zero colour is transparent: a line without one would not show.
+			return nil, fmt.Errorf("%s: no colour to draw it in", r.Strategy)
+		}
+		l.Color = c
 		l.Width = vg.Points(1.5)
 		p.Add(l)
 		if isMain {

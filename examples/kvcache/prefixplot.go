@@ -11,11 +11,15 @@ import (
 	"gonum.org/v1/plot/vg"
 )
 
-// prefixColors are colour-blind-safe (Okabe-Ito), one per prefix-cache strategy.
+// prefixColors are colour-blind-safe (Okabe-Ito), one per prefix-cache strategy and
+// per replica of the tiered one (-replicas 2 labels them /A and /B).
 var prefixColors = map[string]color.RGBA{
-	namePrefixOn:  {R: 0, G: 114, B: 178, A: 255},
-	namePrefixOff: {R: 230, G: 159, B: 0, A: 255},
-	namePagedPC:   {R: 0, G: 158, B: 115, A: 255},
+	namePrefixOn:           {R: 0, G: 114, B: 178, A: 255},
+	namePrefixOff:          {R: 230, G: 159, B: 0, A: 255},
+	namePagedPC:            {R: 0, G: 158, B: 115, A: 255},
+	namePrefixTiers:        {R: 204, G: 121, B: 167, A: 255},
+	namePrefixTiers + "/A": {R: 204, G: 121, B: 167, A: 255},
+	namePrefixTiers + "/B": {R: 86, G: 180, B: 233, A: 255},
 }
 
 // writePrefixPlots draws, over model time, each strategy's physical memory (and what
@@ -50,7 +54,11 @@ func writePrefixPlots(dir, format string, rs []PrefixResult, budget int64) ([]st
 			// downsample reads Physical in GiB: a GiB per percent.
 			rate[i] = Sample{At: s.At, Physical: int64(s.HitRate * 100 * (1 << 30))}
 		}
-		c := prefixColors[r.Strategy]
+		c, ok := prefixColors[r.Strategy]
+		if !ok {
+			// NB: the zero colour is transparent: a line without one would not show.
+			return nil, fmt.Errorf("%s: no colour to draw it in", r.Strategy)
+		}
 		for _, line := range []struct {
 			p      *plot.Plot
 			xy     plotter.XYs

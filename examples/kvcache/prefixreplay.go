@@ -861,6 +861,37 @@ after      memory held once every request finished (cached prefixes included; vm
            idle pool given back); /cached floor: over the cached tokens' packed bytes`)
 }
 
+// prefixReadingLine says in one line what the hit rates mean and what to compare them
+// with: the ideal column, an unbounded cache on the same requests, bounds every hit
+// rate, so a low ideal is the trace's (its requests share few prompt blocks) and a
+// gap below it is the budget's; with tiers, a tier's share is the hits the device had
+// evicted. It is empty without a prefix cache's result.
+func prefixReadingLine(rs []PrefixResult, tiers bool) string {
+	for _, r := range rs {
+		if r.Strategy != namePrefixOn || r.Queries == 0 {
+			continue
+		}
+		line := fmt.Sprintf("%s found %.2f%% of the prompt tokens cached; an unbounded cache would find %.2f%% (ideal)",
+			r.Strategy, 100*float64(r.Hits)/float64(r.Queries), 100*float64(r.IdealHits)/float64(r.Queries))
+		if r.IdealHits > 0 {
+			line += fmt.Sprintf(", so the budget cost %.1f%% of the possible hits", 100*(1-float64(r.Hits)/float64(r.IdealHits)))
+		}
+		line += "; the ideal is the trace's: these requests share that much of their prompts with earlier ones (more -requests reach later turns of the same conversations)"
+		if !tiers {
+			return line
+		}
+		for _, t := range rs {
+			if strings.HasPrefix(t.Strategy, namePrefixTiers) && t.Queries > 0 {
+				line += fmt.Sprintf("; %s found %.2f%%: the tiers gave back blocks the device had evicted, each tier only what its own budget kept (the host tier's is -host-tier-budget, by default -budget), so a tier no larger than the device may serve little of it",
+					t.Strategy, 100*float64(t.Hits)/float64(t.Queries))
+				break
+			}
+		}
+		return line
+	}
+	return ""
+}
+
 // printPrefixHeader says what the prefix-cache replay is about to replay.
 func printPrefixHeader(stdout io.Writer, c *config, s setup, reqs []Request, traceName string) {
 	last := reqs[len(reqs)-1].Arrival - reqs[0].Arrival
@@ -871,7 +902,11 @@ func printPrefixHeader(stdout io.Writer, c *config, s setup, reqs []Request, tra
 	fmt.Fprintf(stdout, "Trace:   %s: %d requests over %v of trace time, prompts with token IDs: prefix-cache replay\n", traceName, len(reqs), last.Round(time.Second))
 	fmt.Fprintf(stdout, "Model:   %s, %s of K/V per token, max %d tokens per sequence\n", s.model.Name, formatBytes(int64(s.model.BytesPerToken())), c.maxTokens)
 	if s.groups != nil {
-		fmt.Fprintf(stdout, "Groups:  %s; vmarena's cache on them (kv.Config.Model), a hit needing each window group's last window before it\n", groupKinds(*s.groups))
+		window := ""
+		if slices.ContainsFunc(s.groups.Groups, func(g kv.Group) bool { return g.Window > 0 }) {
+			window = ", a hit needing each window group's last window before it"
+		}
+		fmt.Fprintf(stdout, "Groups:  %s; vmarena's cache on them (kv.Config.Model)%s\n", groupKinds(*s.groups), window)
 	}
 	fmt.Fprintf(stdout, "Server:  batch of at most %d, %v per decode step, prefill %.0f tokens/s, budget %s per strategy\n", c.concurrency, c.step, c.prefillRate, budget)
 	if c.idealNote != "" {
@@ -969,6 +1004,9 @@ func runPrefix(ctx context.Context, c *config, s setup, names []string, w Prefix
 		if t := s.tiers; t.killAt > 0 && t.server != nil && t.server.killed() {
 			fmt.Fprintf(stdout, "\nredis-server was killed once %d requests of %s were done.\n", t.killAt, namePrefixTiers)
 		}
+	}
+	if line := prefixReadingLine(results, s.tiers != nil); line != "" {
+		fmt.Fprintln(stdout, "\nReading: "+line)
 	}
 	paths, err := writePrefixPlots(c.out, c.format, results, s.budget)
 	if err != nil {

@@ -145,6 +145,8 @@ type Result struct {
 	// baselines), and the bytes still charged to the governor.
 	PoolAfter     *backing.PoolStats
 	GovernorAfter int64
+	// Verified is what Workload.Verify read back and found as written.
+	Verified Verified
 }
 
 // request is a request's state during the replay.
@@ -513,7 +515,9 @@ func (r *replayer) run(ctx context.Context) error {
 
 func (r *replayer) closeSeq(q *request) {
 	if r.w.Verify && r.verr == nil {
-		if err := checkSequence(q.seq, r.w, r.prompt, q.fill, r.scratch); err != nil {
+		v, err := checkSequence(q.seq, r.w, r.prompt, q.fill, r.scratch)
+		r.res.Verified.add(v)
+		if err != nil {
 			r.verr = fmt.Errorf("request %d: read back at %d tokens: %w", q.ID, q.seq.Len(), err)
 		}
 	}

@@ -89,6 +89,61 @@ func printTable(w io.Writer, rs []Result, s setup) {
 	for _, n := range notes {
 		fmt.Fprintln(w, "Note: "+n)
 	}
+	for _, r := range rs {
+		if v := r.Verified; v.Sequences > 0 {
+			states := ""
+			if v.States > 0 {
+				states = fmt.Sprintf(" and %d recurrent states", v.States)
+			}
+			fmt.Fprintf(w, "Verified: %s read back %d sequences before each closed, %d tokens: %d token reads (K, V or latent, one layer each)%s, every byte as written\n",
+				r.Strategy, v.Sequences, v.Tokens, v.Reads, states)
+		}
+	}
+	if line := readingLine(rs); line != "" {
+		fmt.Fprintln(w, "Reading: "+line)
+	}
+}
+
+// readingLine says in one line what the tables mean and what to compare: vmarena's
+// memory against the strategy a Go server would use instead, and what each gave back
+// once the load stopped. It is empty when nothing can be compared.
+func readingLine(rs []Result) string {
+	var cache *Result
+	for i := range rs {
+		if rs[i].Strategy == nameCache {
+			cache = &rs[i]
+		}
+	}
+	if cache == nil || cache.PeakNeeded == 0 {
+		return ""
+	}
+	line := fmt.Sprintf("peak /need is memory held over what the live tokens needed (1.00x is exact): vmarena %.2fx", float64(cache.PeakPhysical)/float64(cache.PeakNeeded))
+	why := map[string]string{
+		nameEager:  "a whole window per request",
+		namePaged:  "blocks of a pool it never shrinks",
+		nameAppend: "slices that double and wait for the GC",
+	}
+	for _, r := range rs {
+		if r.Strategy != nameCache && r.PeakNeeded > 0 {
+			line += fmt.Sprintf(", %s %.2fx (%s)", r.Strategy, float64(r.PeakPhysical)/float64(r.PeakNeeded), why[r.Strategy])
+		}
+	}
+	if cache.GroupPeak != nil {
+		var peak, uniform int64
+		for i := range cache.GroupPeak {
+			peak, uniform = peak+cache.GroupPeak[i], uniform+cache.UniformPeak[i]
+		}
+		line += fmt.Sprintf("; on layer groups compare the committed peak with a uniform full-attention cache of the same sequences: %s (window groups give back what their window left; full, MLA and recurrent groups keep what they hold)", fmtRatio(peak, uniform))
+	}
+	if cache.IdleFor > 0 {
+		line += fmt.Sprintf("; once the load stops, vmarena's pool gives idle granules back by decay (%s left after %s)", formatBytes(cache.IdleEnd), fmtDur(cache.IdleFor))
+		for _, r := range rs {
+			if r.Strategy == namePaged && r.IdleFor > 0 {
+				line += fmt.Sprintf(", paged keeps its pool (%s)", formatBytes(r.IdleEnd))
+			}
+		}
+	}
+	return line
 }
 
 // printGroups writes, for a model of layer groups, each group's committed bytes in

@@ -204,4 +204,29 @@ received MiB payload the router read, live and from the replay sockets`)
 		}
 		fmt.Fprintln(w)
 	}
+	if line := readingLine(rs); line != "" {
+		fmt.Fprintln(w, "\nReading: "+line)
+	}
+}
+
+// readingLine says in one line what to compare: routing by prefix against
+// round-robin across the same replicas, and against one cache holding every budget,
+// which no routing can beat on hits. It is empty without those runs.
+func readingLine(rs []runResult) string {
+	rate := map[string]float64{}
+	for _, r := range rs {
+		rate[r.mode] = 100 * r.HitRate()
+	}
+	p, okP := rate[modePrefix]
+	rr, okR := rate[modeRoundRobin]
+	one, okO := rate[modeSingle]
+	if !okP || !okR || !okO {
+		return ""
+	}
+	line := fmt.Sprintf("routing by the replicas' KV events found %.1f%% of prompt tokens cached, round-robin %.1f%%, one cache holding all the budgets %.1f%% (what the replicas would find were they one)",
+		p, rr, one)
+	if one-rr < 1 {
+		return line + ": these requests share too little for routing to matter (more -requests reach later turns of the same conversations)"
+	}
+	return line + ": by prefix should come near the one cache and above round-robin"
 }
