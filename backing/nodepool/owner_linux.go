@@ -1,0 +1,548 @@
+package nodepool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/internal/nocopy"
+)
+
+// Owner owns the node's host budget and every granule of physical memory the attached
+// processes hold. Each granule is a memfd of its own, sealed against growing and
+// shrinking, that the owner keeps open and passes to the one client it was allocated
+// to; a client can map nothing else, whatever it sends. An Owner is safe for
+// concurrent use.
+type Owner struct {
+	_ nocopy.NoCopy
+
+	gov  *accounting.Governor
+	g    int
+	name string
+	path string
+	ln   *net.UnixListener
+	ino  uint64 // the socket file's inode, so Close removes only its own
+	uid  uint32 // the user served (the owner's own)
+
+	mu       sync.Mutex
+	closed   bool
+	clients  map[*ownerConn]struct{}    // attached (past hello)
+	conns    map[*net.UnixConn]struct{} // every accepted connection, attached or not
+	number   uint64                     // last client number given
+	granule  uint64                     // last granule id given
+	detached uint64
+	wg       sync.WaitGroup // the accept loop and every connection
+}
+
+// ownerConn is one attached process.
+type ownerConn struct {
+	o      *Owner
+	c      *net.UnixConn
+	number uint64
+	pid    int32
+	uid    uint32
+	auth   *accounting.Authority
+	wmu    sync.Mutex // one reply at a time
+
+	// guarded by o.mu
+	granules map[uint64]int // id -> the owner's descriptor of the granule's memfd
+	pending  map[uint64]context.CancelFunc
+	gone     bool
+	allocs   sync.WaitGroup
+}
+
+// Listen starts an owner on the Unix socket path: it removes a stale socket a killed
+// owner left there, and fails with ErrOwnerRunning if a live owner answers on it. The
+// socket is made with mode 0600 and only processes of the owner's user may attach
+// (SO_PEERCRED). The Owner MUST be closed with Close, which removes the socket.
+func Listen(path string, opts OwnerOptions) (*Owner, error) {
+	g := opts.Granularity
+	if g == 0 {
+		g = defaultGranularity
+	}
+	if err := checkGranularity(g); err != nil {
+		return nil, err
+	}
+	if path == "" || len(path) > maxSocketPath {
+		return nil, errorf(ErrInvalidOption, "socket path %q: must be 1 to %d bytes", path, maxSocketPath)
+	}
+	name := opts.Name
+	if name == "" {
+		name = defaultName
+	}
+	if len(name) > 249 {
+		return nil, errorf(ErrInvalidOption, "memfd name of %d bytes, more than 249", len(name))
+	}
+	gov := opts.Governor
+	if gov == nil {
+		gov = accounting.NewGovernor()
+	}
+	if err := clearStale(path); err != nil {
+		return nil, err
+	}
+	// Bind under a temporary name, set the mode, then rename into place: nobody can
+	// connect before the mode is 0600 (the uid check would refuse them anyway).
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp"+strconv.Itoa(os.Getpid()))
+	_ = os.Remove(tmp)
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: tmp, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("nodepool: listen on %s: %w", path, err)
+	}
+	ln.SetUnlinkOnClose(false)
+	fail := func(err error) (*Owner, error) {
+		_ = ln.Close()
+		_ = os.Remove(tmp)
+		return nil, err
+	}
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		return fail(fmt.Errorf("nodepool: chmod %s: %w", tmp, err))
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fail(fmt.Errorf("nodepool: rename %s to %s: %w", tmp, path, err))
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return fail(fmt.Errorf("nodepool: stat %s: %w", path, err))
+	}
+	o := &Owner{gov: gov, g: g, name: name, path: path, ln: ln, ino: st.Ino, uid: uint32(os.Getuid()),
+		clients: make(map[*ownerConn]struct{}), conns: make(map[*net.UnixConn]struct{})}
+	o.wg.Add(1)
+	go o.accept()
+	return o, nil
+}
+
+// clearStale removes a socket at path that no owner answers on.
+func clearStale(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("nodepool: %w", err)
+	}
+	if fi.Mode().Type() != os.ModeSocket {
+		return errorf(ErrInvalidOption, "%s exists and is not a socket", path)
+	}
+	c, err := net.DialTimeout("unixpacket", path, time.Second)
+	if err == nil {
+		_ = c.Close()
+		return fmt.Errorf("%w: %s", ErrOwnerRunning, path)
+	}
+	if !errors.Is(err, unix.ECONNREFUSED) {
+		return fmt.Errorf("nodepool: probe %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("nodepool: remove stale socket: %w", err)
+	}
+	return nil
+}
+
+// Governor returns the node's governor: set the node's budget on it
+// (SetLimit(accounting.HostKey, n)).
+func (o *Owner) Governor() *accounting.Governor { return o.gov }
+
+// Path returns the socket path.
+func (o *Owner) Path() string { return o.path }
+
+// Granularity returns the granule size.
+func (o *Owner) Granularity() int { return o.g }
+
+// Stats returns a snapshot of the node's budget and of each attached process.
+func (o *Owner) Stats() NodeStats {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	s := NodeStats{Device: o.gov.Stats(accounting.HostKey), Granule: o.g, Detached: o.detached}
+	for c := range o.clients {
+		cs := ClientStats{Number: c.number, PID: c.pid, UID: c.uid, Granules: len(c.granules),
+			Owned: c.auth.Stats().Owned, Waiting: len(c.pending)}
+		s.Granules += cs.Granules
+		s.Clients = append(s.Clients, cs)
+	}
+	slices.SortFunc(s.Clients, func(a, b ClientStats) int { return int(a.Number - b.Number) })
+	return s
+}
+
+// Close stops accepting, disconnects every client (their granules go back to the
+// budget; what they have mapped stays valid in them until they unmap it), and
+// removes the socket. A second Close does nothing.
+func (o *Owner) Close() error {
+	o.mu.Lock()
+	if o.closed {
+		o.mu.Unlock()
+		return nil
+	}
+	o.closed = true
+	conns := make([]*net.UnixConn, 0, len(o.conns))
+	for c := range o.conns {
+		conns = append(conns, c)
+	}
+	o.mu.Unlock()
+	err := o.ln.Close()
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	o.wg.Wait()
+	var st unix.Stat_t
+	if unix.Stat(o.path, &st) == nil && st.Ino == o.ino {
+		_ = os.Remove(o.path)
+	}
+	return err
+}
+
+func (o *Owner) accept() {
+	defer o.wg.Done()
+	for {
+		c, err := o.ln.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			time.Sleep(10 * time.Millisecond) // EMFILE and the like: do not spin
+			continue
+		}
+		o.mu.Lock()
+		if o.closed {
+			o.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		o.wg.Add(1)
+		o.conns[c] = struct{}{}
+		o.mu.Unlock()
+		go o.serve(c)
+	}
+}
+
+// peer returns the credentials of c's peer.
+func peer(c *net.UnixConn) (*unix.Ucred, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	return cred, cerr
+}
+
+// serve runs one connection until it closes or breaks the protocol, then gives back
+// everything it held.
+func (o *Owner) serve(nc *net.UnixConn) {
+	defer o.wg.Done()
+	defer func() {
+		_ = nc.Close()
+		o.mu.Lock()
+		delete(o.conns, nc)
+		o.mu.Unlock()
+	}()
+	cred, err := peer(nc)
+	if err != nil || cred.Uid != o.uid {
+		// ErrPeerRefused, said before anything is read from the peer.
+		_, _, _ = nc.WriteMsgUnix((&msg{op: opHello | replyBit, code: codeRefused}).encode(nil), nil, nil)
+		return
+	}
+	c := &ownerConn{o: o, c: nc, pid: cred.Pid, uid: cred.Uid,
+		granules: make(map[uint64]int), pending: make(map[uint64]context.CancelFunc)}
+	buf := make([]byte, maxMsg+1)
+	oob := make([]byte, unix.CmsgSpace(4*maxBatch))
+	// The first message must be hello.
+	m, ok := c.read(buf, oob)
+	if !ok {
+		return
+	}
+	if m.op != opHello {
+		c.reply(msg{op: m.op | replyBit, code: codeProtocol, id: m.id})
+		return
+	}
+	if m.a != protocolVersion {
+		c.reply(msg{op: opHello | replyBit, code: codeVersion, id: m.id, a: protocolVersion})
+		return
+	}
+	o.mu.Lock()
+	if o.closed {
+		o.mu.Unlock()
+		c.reply(msg{op: opHello | replyBit, code: codeClosed, id: m.id})
+		return
+	}
+	o.number++
+	c.number = o.number
+	c.auth = o.gov.Authority(fmt.Sprintf("node client %d (pid %d)", c.number, c.pid), accounting.HostKey)
+	o.clients[c] = struct{}{}
+	o.mu.Unlock()
+	defer c.detach()
+	if !c.reply(msg{op: opHello | replyBit, id: m.id, a: uint64(o.g), b: c.number}) {
+		return
+	}
+	for {
+		m, ok := c.read(buf, oob)
+		if !ok || !c.handle(m) {
+			return
+		}
+	}
+}
+
+// read reads one request. It reports false, having replied with codeProtocol where
+// that can still help the peer, when the connection ended or the message was bad;
+// any descriptors that came with it are closed.
+func (c *ownerConn) read(buf, oob []byte) (msg, bool) {
+	n, oobn, flags, _, err := c.c.ReadMsgUnix(buf, oob)
+	if err != nil || (n == 0 && oobn == 0) {
+		return msg{}, false
+	}
+	if oobn > 0 {
+		closeRights(oob[:oobn])
+		return msg{}, false
+	}
+	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || n > maxMsg {
+		return msg{}, false
+	}
+	m, err := decode(buf[:n])
+	if err != nil || m.op&replyBit != 0 {
+		c.reply(msg{op: replyBit, code: codeProtocol, id: m.id})
+		return msg{}, false
+	}
+	return m, true
+}
+
+// closeRights closes every descriptor an SCM_RIGHTS message in oob carried.
+func closeRights(oob []byte) {
+	cms, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return
+	}
+	for _, cm := range cms {
+		if fds, err := unix.ParseUnixRights(&cm); err == nil {
+			for _, fd := range fds {
+				_ = unix.Close(fd)
+			}
+		}
+	}
+}
+
+// reply sends m (and fds); it reports false when the connection is broken.
+func (c *ownerConn) reply(m msg, fds ...int) bool {
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_, _, err := c.c.WriteMsgUnix(m.encode(make([]byte, 0, maxMsg)), oob, nil)
+	return err == nil
+}
+
+// handle serves one request; it reports false when the connection must close.
+func (c *ownerConn) handle(m msg) bool {
+	bad := func() bool {
+		c.reply(msg{op: m.op | replyBit, code: codeProtocol, id: m.id})
+		return false
+	}
+	switch m.op {
+	case opAlloc:
+		if m.a < 1 || m.a > maxBatch || len(m.ids) != 0 {
+			return bad()
+		}
+		return c.alloc(m)
+	case opFree:
+		if len(m.ids) == 0 || m.a != 0 || m.b != 0 || m.c != 0 {
+			return bad()
+		}
+		if !c.free(m.ids) {
+			return bad()
+		}
+		return c.reply(msg{op: opFree | replyBit, id: m.id})
+	case opCancel:
+		if len(m.ids) != 0 {
+			return bad()
+		}
+		c.o.mu.Lock()
+		cancel := c.pending[m.a]
+		c.o.mu.Unlock()
+		if cancel != nil {
+			cancel()
+		}
+		return true // an alloc that has just been served has nothing left to cancel
+	case opStats:
+		if len(m.ids) != 0 {
+			return bad()
+		}
+		c.o.mu.Lock()
+		d := c.o.gov.Stats(accounting.HostKey)
+		c.o.mu.Unlock()
+		return c.reply(msg{op: opStats | replyBit, id: m.id, a: uint64(d.Used), b: uint64(d.Limit), c: uint64(c.auth.Stats().Owned)})
+	}
+	return bad() // hello again
+}
+
+// alloc starts serving an allocation in a goroutine of its own, so that the
+// connection stays readable for a cancel while it waits for the budget.
+func (c *ownerConn) alloc(m msg) bool {
+	ctx, cancel := context.Background(), context.CancelFunc(func() {})
+	switch {
+	case m.b == noDeadline:
+		ctx, cancel = context.WithCancel(ctx)
+	case m.b != 0:
+		if m.b > math.MaxInt64 {
+			return false
+		}
+		ctx, cancel = context.WithDeadline(ctx, time.Unix(0, int64(m.b)))
+	}
+	c.o.mu.Lock()
+	if _, dup := c.pending[m.id]; dup || c.gone {
+		c.o.mu.Unlock()
+		cancel()
+		return false
+	}
+	c.pending[m.id] = cancel
+	c.allocs.Add(1)
+	c.o.mu.Unlock()
+	go func() {
+		defer c.allocs.Done()
+		defer cancel()
+		c.serveAlloc(ctx, m)
+	}()
+	return true
+}
+
+func (c *ownerConn) serveAlloc(ctx context.Context, m msg) {
+	o, n := c.o, int(m.a)
+	size := int64(n) * int64(o.g)
+	done := func(r msg, fds ...int) {
+		r.op, r.id = opAlloc|replyBit, m.id
+		c.reply(r, fds...)
+	}
+	var err error
+	if m.b == 0 {
+		err = c.auth.TryAcquire(size)
+	} else {
+		err = c.auth.Acquire(ctx, size)
+	}
+	c.o.mu.Lock()
+	delete(c.pending, m.id)
+	c.o.mu.Unlock()
+	if err != nil {
+		var be *accounting.BudgetError
+		switch {
+		case errors.As(err, &be):
+			done(msg{code: codeBudget, a: uint64(be.Requested), b: uint64(be.Available), c: uint64(be.Limit)})
+		case errors.Is(err, context.DeadlineExceeded):
+			done(msg{code: codeDeadline})
+		default:
+			done(msg{code: codeCanceled})
+		}
+		return
+	}
+	fds := make([]int, 0, n)
+	for range n {
+		fd, err := newGranule(o.name, o.g)
+		if err != nil {
+			for _, fd := range fds {
+				_ = unix.Close(fd)
+			}
+			c.auth.Release(size)
+			done(msg{code: codeNoMemory})
+			return
+		}
+		fds = append(fds, fd)
+	}
+	ids := make([]uint64, n)
+	o.mu.Lock()
+	if c.gone {
+		o.mu.Unlock()
+		for _, fd := range fds {
+			_ = unix.Close(fd)
+		}
+		c.auth.Release(size)
+		return
+	}
+	for i, fd := range fds {
+		o.granule++
+		ids[i] = o.granule
+		c.granules[ids[i]] = fd
+	}
+	o.mu.Unlock()
+	// NB: the granules are the client's from here: if the reply is lost the
+	// connection is broken and detach gives them back.
+	done(msg{ids: ids}, fds...)
+}
+
+// free gives back the client's granules ids; it reports false, and changes nothing,
+// if one is not the client's or comes twice.
+func (c *ownerConn) free(ids []uint64) bool {
+	o := c.o
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for i, id := range ids {
+		if _, ok := c.granules[id]; !ok || slices.Contains(ids[:i], id) {
+			return false
+		}
+	}
+	for _, id := range ids {
+		_ = unix.Close(c.granules[id])
+		delete(c.granules, id)
+	}
+	c.auth.Release(int64(len(ids)) * int64(o.g))
+	return true
+}
+
+// detach gives back everything the connection held: its waiting allocations end,
+// its granules' descriptors close (the memory lives on only where the client still
+// maps it, which for a dead client is nowhere) and its ledger closes.
+func (c *ownerConn) detach() {
+	o := c.o
+	o.mu.Lock()
+	c.gone = true
+	for _, cancel := range c.pending {
+		cancel()
+	}
+	o.mu.Unlock()
+	c.allocs.Wait()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for id, fd := range c.granules {
+		_ = unix.Close(fd)
+		delete(c.granules, id)
+	}
+	if owned := c.auth.Stats().Owned; owned > 0 {
+		c.auth.Release(owned)
+	}
+	_ = c.auth.Close()
+	delete(o.clients, c)
+	o.detached++
+}
+
+// newGranule creates one granule: a memfd of size g, sealed so that neither side can
+// grow or shrink it (a shrink would SIGBUS the other's mapping) nor unseal it.
+func newGranule(name string, g int) (int, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_NOEXEC_SEAL)
+	if errors.Is(err, unix.EINVAL) {
+		fd, err = unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	}
+	if err != nil {
+		return -1, err
+	}
+	if err := unix.Ftruncate(fd, int64(g)); err != nil {
+		_ = unix.Close(fd)
+		return -1, err
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		_ = unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
