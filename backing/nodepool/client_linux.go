@@ -109,10 +109,9 @@ func Attach(path string, opts ClientOptions) (*Client, error) {
 		return nil, fmt.Errorf("%w: dial %s: %w", ErrOwnerGone, path, err)
 	}
 	hello := msg{op: opHello, id: 0, a: protocolVersion}
-	if _, _, err := conn.WriteMsgUnix(hello.encode(nil), nil, nil); err != nil {
-		_ = conn.Close()
-		return nil, fmt.Errorf("%w: hello: %w", ErrOwnerGone, err)
-	}
+	// NB: an owner that refuses this peer answers before it reads anything and
+	// closes, so the write may fail with the answer waiting to be read.
+	_, _, werr := conn.WriteMsgUnix(hello.encode(nil), nil, nil)
 	buf := make([]byte, maxMsg+1)
 	oob := make([]byte, unix.CmsgSpace(4*maxBatch))
 	n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
@@ -121,7 +120,7 @@ func Attach(path string, opts ClientOptions) (*Client, error) {
 	}
 	if err != nil || n == 0 {
 		_ = conn.Close()
-		return nil, fmt.Errorf("%w: no answer to hello: %v", ErrOwnerGone, err)
+		return nil, fmt.Errorf("%w: no answer to hello: %v", ErrOwnerGone, errors.Join(werr, orEOF(err)))
 	}
 	m, err := decode(buf[:n])
 	fail := func(err error) (*Client, error) { _ = conn.Close(); return nil, err }

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -32,8 +33,8 @@ type Owner struct {
 	name string
 	path string
 	ln   *net.UnixListener
-	ino  uint64 // the socket file's inode, so Close removes only its own
-	uid  uint32 // the user served (the owner's own)
+	ino  uint64        // the socket file's inode, so Close removes only its own
+	uid  atomic.Uint32 // the user served (the owner's own)
 
 	mu       sync.Mutex
 	closed   bool
@@ -115,8 +116,9 @@ func Listen(path string, opts OwnerOptions) (*Owner, error) {
 	if err := unix.Stat(path, &st); err != nil {
 		return fail(fmt.Errorf("nodepool: stat %s: %w", path, err))
 	}
-	o := &Owner{gov: gov, g: g, name: name, path: path, ln: ln, ino: st.Ino, uid: uint32(os.Getuid()),
+	o := &Owner{gov: gov, g: g, name: name, path: path, ln: ln, ino: st.Ino,
 		clients: make(map[*ownerConn]struct{}), conns: make(map[*net.UnixConn]struct{})}
+	o.uid.Store(uint32(os.Getuid()))
 	o.wg.Add(1)
 	go o.accept()
 	return o, nil
@@ -251,8 +253,15 @@ func (o *Owner) serve(nc *net.UnixConn) {
 		o.mu.Unlock()
 	}()
 	cred, err := peer(nc)
-	if err != nil || cred.Uid != o.uid {
-		// ErrPeerRefused, said before anything is read from the peer.
+	if err != nil || cred.Uid != o.uid.Load() {
+		// ErrPeerRefused. NB: the peer's first message is read (a bounded wait, its
+		// contents ignored, descriptors closed) before the answer, since closing a
+		// socket with unread data resets it and the answer would be lost.
+		_ = nc.SetReadDeadline(time.Now().Add(time.Second))
+		b, oob := make([]byte, maxMsg+1), make([]byte, unix.CmsgSpace(4*maxBatch))
+		if _, oobn, _, _, err := nc.ReadMsgUnix(b, oob); err == nil && oobn > 0 {
+			closeRights(oob[:oobn])
+		}
 		_, _, _ = nc.WriteMsgUnix((&msg{op: opHello | replyBit, code: codeRefused}).encode(nil), nil, nil)
 		return
 	}
@@ -296,9 +305,9 @@ func (o *Owner) serve(nc *net.UnixConn) {
 	}
 }
 
-// read reads one request. It reports false, having replied with codeProtocol where
-// that can still help the peer, when the connection ended or the message was bad;
-// any descriptors that came with it are closed.
+// read reads one request. It reports false when the connection ended or the message
+// was bad (answered with codeProtocol where it decoded); any descriptors that came
+// with it are closed.
 func (c *ownerConn) read(buf, oob []byte) (msg, bool) {
 	n, oobn, flags, _, err := c.c.ReadMsgUnix(buf, oob)
 	if err != nil || (n == 0 && oobn == 0) {
@@ -312,8 +321,11 @@ func (c *ownerConn) read(buf, oob []byte) (msg, bool) {
 		return msg{}, false
 	}
 	m, err := decode(buf[:n])
-	if err != nil || m.op&replyBit != 0 {
-		c.reply(msg{op: replyBit, code: codeProtocol, id: m.id})
+	if err != nil {
+		return msg{}, false // nothing to answer to
+	}
+	if m.op&replyBit != 0 {
+		c.reply(msg{op: m.op, code: codeProtocol, id: m.id})
 		return msg{}, false
 	}
 	return m, true
