@@ -2,7 +2,6 @@ package nodepool_test
 
 import (
 	"context"
-	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -477,4 +476,3 @@ func startOwnerAt(t *testing.T, path string) *nodepool.Owner {
 	return o
 }
 
-var _ = errors.Is
