@@ -173,7 +173,7 @@ func (c *Client) read() {
 		c.mu.Unlock()
 		if !ok || ch == nil {
 			closeAll(fds)
-			c.fail(fmt.Errorf("%w: from the owner (op %#x, %d descriptors)", ErrProtocol, m.op, len(fds)))
+			c.fail(fmt.Errorf("%w: from the owner (op %#x, code %d, %d descriptors)", ErrProtocol, m.op, m.code, len(fds)))
 			return
 		}
 		ch <- reply{m: m, fds: fds}
@@ -243,6 +243,19 @@ func (c *Client) send(m msg) (uint64, chan reply, error) {
 		return 0, nil, err
 	}
 	return m.id, ch, nil
+}
+
+// post sends a request that has no reply.
+func (c *Client) post(m msg) error {
+	c.mu.Lock()
+	if c.gone != nil || c.closed {
+		c.mu.Unlock()
+		return ErrOwnerGone
+	}
+	c.nextID++
+	m.id = c.nextID
+	c.mu.Unlock()
+	return c.write(m)
 }
 
 func (c *Client) write(m msg) error {
@@ -373,11 +386,9 @@ func (c *Client) giveBack(grs []*granule) {
 		if len(ids) == 0 {
 			return
 		}
-		if id, ch, err := c.send(msg{op: opFree, ids: ids}); err == nil {
-			if r, err := c.wait(context.Background(), id, ch); err == nil && r.m.code != codeOK {
-				c.fail(fmt.Errorf("%w: the owner refused to take back granules (code %d)", ErrProtocol, r.m.code))
-			}
-		}
+		// NB: no reply comes unless the owner refuses (and then closes): the
+		// socket keeps order, so every later request is served after the free.
+		_ = c.post(msg{op: opFree, ids: ids})
 		ids = ids[:0]
 	}
 	for _, gr := range grs {

@@ -22,7 +22,11 @@ import (
 func runHelper(mode, path string) int {
 	switch mode {
 	case "owner":
-		o, err := nodepool.Listen(path, nodepool.OwnerOptions{Granularity: pg})
+		g := pg
+		if s := os.Getenv(helperGranuleEnv); s != "" {
+			g, _ = strconv.Atoi(s)
+		}
+		o, err := nodepool.Listen(path, nodepool.OwnerOptions{Granularity: g})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -73,12 +77,15 @@ func churn(c *nodepool.Client, rng *rand.Rand) {
 	}
 }
 
+// helperGranuleEnv sets an owner helper's granule size (default 4 KiB).
+const helperGranuleEnv = "NODEPOOL_TEST_GRANULE"
+
 // startHelper starts this test binary as a helper process in mode on path and
 // waits until it says it is ready (unless wait is false).
-func startHelper(t *testing.T, mode, path string, wait bool) *exec.Cmd {
+func startHelper(t testing.TB, mode, path string, wait bool, env ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"="+mode, helperPathEnv+"="+path)
+	cmd.Env = append(append(os.Environ(), helperEnv+"="+mode, helperPathEnv+"="+path), env...)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = os.Stderr
@@ -117,4 +124,3 @@ func soakKills(t *testing.T) int {
 	}
 	return 20
 }
-

@@ -44,7 +44,16 @@ type Owner struct {
 	granule  uint64                     // last granule id given
 	detached uint64
 	wg       sync.WaitGroup // the accept loop and every connection
+
+	fresh chan int      // granules created ahead, mapped nowhere: they hold no memory
+	stop  chan struct{} // closed by Close: the refill ends
 }
+
+// freshGranules is how many empty granules the owner creates ahead of need, so that
+// an allocation only passes descriptors. They hold no memory (a memfd's pages exist
+// once written) and cost a descriptor each. NB: a granule that comes back is never
+// handed out again: its former holder might still map it.
+const freshGranules = 64
 
 // ownerConn is one attached process.
 type ownerConn struct {
@@ -119,8 +128,10 @@ func Listen(path string, opts OwnerOptions) (*Owner, error) {
 	o := &Owner{gov: gov, g: g, name: name, path: path, ln: ln, ino: st.Ino,
 		clients: make(map[*ownerConn]struct{}), conns: make(map[*net.UnixConn]struct{})}
 	o.uid.Store(uint32(os.Getuid()))
-	o.wg.Add(1)
+	o.fresh, o.stop = make(chan int, freshGranules), make(chan struct{})
+	o.wg.Add(2)
 	go o.accept()
+	go o.refill()
 	return o, nil
 }
 
@@ -191,15 +202,51 @@ func (o *Owner) Close() error {
 	}
 	o.mu.Unlock()
 	err := o.ln.Close()
+	close(o.stop)
 	for _, c := range conns {
 		_ = c.Close()
 	}
 	o.wg.Wait()
+	for len(o.fresh) > 0 {
+		_ = unix.Close(<-o.fresh)
+	}
 	var st unix.Stat_t
 	if unix.Stat(o.path, &st) == nil && st.Ino == o.ino {
 		_ = os.Remove(o.path)
 	}
 	return err
+}
+
+// refill keeps o.fresh full until Close.
+func (o *Owner) refill() {
+	defer o.wg.Done()
+	for {
+		fd, err := newGranule(o.name, o.g)
+		if err != nil {
+			select { // EMFILE and the like: allocations create their own
+			case <-o.stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+				continue
+			}
+		}
+		select {
+		case o.fresh <- fd:
+		case <-o.stop:
+			_ = unix.Close(fd)
+			return
+		}
+	}
+}
+
+// newGranule returns a fresh granule, created ahead if one is ready.
+func (o *Owner) newGranule() (int, error) {
+	select {
+	case fd := <-o.fresh:
+		return fd, nil
+	default:
+		return newGranule(o.name, o.g)
+	}
 }
 
 func (o *Owner) accept() {
@@ -377,7 +424,7 @@ func (c *ownerConn) handle(m msg) bool {
 		if !c.free(m.ids) {
 			return bad()
 		}
-		return c.reply(msg{op: opFree | replyBit, id: m.id})
+		return true // no reply: see proto.go
 	case opCancel:
 		if len(m.ids) != 0 {
 			return bad()
@@ -461,7 +508,7 @@ func (c *ownerConn) serveAlloc(ctx context.Context, m msg) {
 	}
 	fds := make([]int, 0, n)
 	for range n {
-		fd, err := newGranule(o.name, o.g)
+		fd, err := o.newGranule()
 		if err != nil {
 			for _, fd := range fds {
 				_ = unix.Close(fd)

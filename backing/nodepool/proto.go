@@ -25,7 +25,9 @@ import (
 //	       b=deadline (unix ns; 0: do not       or codeBudget a=requested, b=available,
 //	       wait; noDeadline: wait until          c=limit; codeCanceled; codeDeadline;
 //	       cancelled)                           codeNoMemory
-//	free   n ids (1..maxBatch)               reply codeOK
+//	free   n ids (1..maxBatch)               no reply; codeProtocol and the end of
+//	                                            the connection if one is not the
+//	                                            sender's or comes twice
 //	cancel a=id of a pending alloc           no reply (the alloc replies)
 //	stats                                    reply a=node used, b=node limit, c=owned
 //
