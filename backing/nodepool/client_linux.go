@@ -370,7 +370,11 @@ func replyError(m msg, ctx context.Context) error {
 	case codeDeadline:
 		return context.DeadlineExceeded
 	case codeNoMemory:
-		return fmt.Errorf("%w: the owner could not create a granule", backing.ErrOutOfMemory)
+		why := unix.Errno(m.a).Error()
+		if unix.Errno(m.a) == unix.EMFILE || unix.Errno(m.a) == unix.ENFILE {
+			why += " (the owner keeps a descriptor per granule: RLIMIT_NOFILE)"
+		}
+		return fmt.Errorf("%w: the owner could not create a granule: %s", backing.ErrOutOfMemory, why)
 	case codeClosed:
 		return fmt.Errorf("%w: the owner is closing", ErrOwnerGone)
 	}

@@ -36,6 +36,7 @@ func TestKillSoak(t *testing.T) {
 	}
 	require.NoError(t, survivor.CopyIn(r, 0, want))
 	base := settle(t, o, n)
+	nodepool.WaitReady(o)
 	fds := openFds(t)
 	kills := soakKills(t)
 	holding := 0 // kills of a client that held granules at the time

@@ -233,6 +233,7 @@ func TestHostile(t *testing.T) {
 		{"free with fields", true, 1, nodepool.Encode(nodepool.OpFree, 0, 3, 1, 0, 0, []uint64{0}), false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			nodepool.WaitReady(o)
 			fds0 := openFds(t)
 			r := dialRaw(t, o, tt.hello)
 			var own []uint64

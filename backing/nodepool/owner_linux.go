@@ -514,7 +514,9 @@ func (c *ownerConn) serveAlloc(ctx context.Context, m msg) {
 				_ = unix.Close(fd)
 			}
 			c.auth.Release(size)
-			done(msg{code: codeNoMemory})
+			var errno unix.Errno
+			_ = errors.As(err, &errno)
+			done(msg{code: codeNoMemory, a: uint64(errno)})
 			return
 		}
 		fds = append(fds, fd)

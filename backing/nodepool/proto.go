@@ -24,7 +24,7 @@ import (
 //	alloc  a=granules (1..maxBatch),         reply n ids and n memfds (SCM_RIGHTS);
 //	       b=deadline (unix ns; 0: do not       or codeBudget a=requested, b=available,
 //	       wait; noDeadline: wait until          c=limit; codeCanceled; codeDeadline;
-//	       cancelled)                           codeNoMemory
+//	       cancelled)                           codeNoMemory a=errno
 //	free   n ids (1..maxBatch)               no reply; codeProtocol and the end of
 //	                                            the connection if one is not the
 //	                                            sender's or comes twice
