@@ -49,7 +49,9 @@ func TestRun(t *testing.T) {
 	ready := make(chan *nodepool.Owner, 1)
 	done := make(chan error, 1)
 	var log bytes.Buffer
-	go func() { done <- run(ctx, []string{"-socket", sock, "-limit", "8KiB", "-granule", "4KiB", "-stats", "1ms"}, &log, ready) }()
+	go func() {
+		done <- run(ctx, []string{"-socket", sock, "-limit", "8KiB", "-granule", "4KiB", "-stats", "1ms"}, &log, ready)
+	}()
 	o := <-ready
 	c, err := nodepool.Attach(sock, nodepool.ClientOptions{})
 	require.NoError(t, err)
