@@ -448,18 +448,23 @@ func (c *ownerConn) handle(m msg) bool {
 	return bad() // hello again
 }
 
-// alloc starts serving an allocation in a goroutine of its own, so that the
+// alloc serves an allocation that may wait in a goroutine of its own, so that the
 // connection stays readable for a cancel while it waits for the budget.
 func (c *ownerConn) alloc(m msg) bool {
-	ctx, cancel := context.Background(), context.CancelFunc(func() {})
+	if m.b == 0 { // no wait: served on the connection's goroutine, one hop fewer
+		c.serveAlloc(context.Background(), m)
+		return true
+	}
+	var ctx context.Context
+	var cancel context.CancelFunc
 	switch {
 	case m.b == noDeadline:
-		ctx, cancel = context.WithCancel(ctx)
-	case m.b != 0:
+		ctx, cancel = context.WithCancel(context.Background())
+	default:
 		if m.b > math.MaxInt64 {
 			return false
 		}
-		ctx, cancel = context.WithDeadline(ctx, time.Unix(0, int64(m.b)))
+		ctx, cancel = context.WithDeadline(context.Background(), time.Unix(0, int64(m.b)))
 	}
 	c.o.mu.Lock()
 	if _, dup := c.pending[m.id]; dup || c.gone {
@@ -491,9 +496,11 @@ func (c *ownerConn) serveAlloc(ctx context.Context, m msg) {
 	} else {
 		err = c.auth.Acquire(ctx, size)
 	}
-	c.o.mu.Lock()
-	delete(c.pending, m.id)
-	c.o.mu.Unlock()
+	if m.b != 0 {
+		c.o.mu.Lock()
+		delete(c.pending, m.id)
+		c.o.mu.Unlock()
+	}
 	if err != nil {
 		var be *accounting.BudgetError
 		switch {
