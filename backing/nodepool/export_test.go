@@ -15,4 +15,5 @@ const (
 	OpHello, OpAlloc, OpFree, OpCancel, OpStats, ReplyBit = opHello, opAlloc, opFree, opCancel, opStats, replyBit
 	CodeOK, CodeProtocol                                  = codeOK, codeProtocol
 	MaxBatch, MaxMsg, HeaderLen, ProtocolVersion          = maxBatch, maxMsg, headerLen, protocolVersion
+	MaxPending                                            = maxPending
 )

@@ -333,6 +333,35 @@ func TestGranuleSealed(t *testing.T) {
 	settle(t, o, 0)
 }
 
+// TestTooManyWaiting checks the bound on one client's waiting allocations: the one
+// past it closes the connection, and every wait it had goes with it.
+func TestTooManyWaiting(t *testing.T) {
+	o := startOwner(t, nodepool.OwnerOptions{Granularity: pg})
+	require.NoError(t, o.Governor().SetLimit(accounting.HostKey, pg))
+	holder := attach(t, o)
+	hr, err := holder.Reserve(pg)
+	require.NoError(t, err)
+	defer holder.Unreserve(hr)
+	require.NoError(t, holder.Commit(hr, 0, pg))
+	r := dialRaw(t, o, true)
+	for i := range nodepool.MaxPending {
+		r.send(nodepool.Encode(nodepool.OpAlloc, 0, uint64(10+i), 1, ^uint64(0), 0, nil))
+	}
+	waitWaiters(t, o, nodepool.MaxPending)
+	r.send(nodepool.Encode(nodepool.OpAlloc, 0, 9, 1, ^uint64(0), 0, nil))
+	for { // the waits end cancelled, then the connection
+		_, code, _, fds, ok := r.recv()
+		require.Empty(t, fds)
+		if !ok {
+			break
+		}
+		assert.NotEqual(t, nodepool.CodeOK, code)
+	}
+	waitWaiters(t, o, 0)
+	s := settle(t, o, 1)
+	assert.Equal(t, int64(pg), s.Device.Used, "only the holder's granule")
+}
+
 func TestNodeBudget(t *testing.T) {
 	o := startOwner(t, nodepool.OwnerOptions{Granularity: pg})
 	require.NoError(t, o.Governor().SetLimit(accounting.HostKey, 2*pg))

@@ -55,6 +55,10 @@ type Owner struct {
 // handed out again: its former holder might still map it.
 const freshGranules = 64
 
+// maxPending bounds the allocations one client may have waiting at once: each is a
+// goroutine and a queue entry in the owner. One more is a protocol violation.
+const maxPending = 64
+
 // ownerConn is one attached process.
 type ownerConn struct {
 	o      *Owner
@@ -467,7 +471,7 @@ func (c *ownerConn) alloc(m msg) bool {
 		ctx, cancel = context.WithDeadline(context.Background(), time.Unix(0, int64(m.b)))
 	}
 	c.o.mu.Lock()
-	if _, dup := c.pending[m.id]; dup || c.gone {
+	if _, dup := c.pending[m.id]; dup || c.gone || len(c.pending) >= maxPending {
 		c.o.mu.Unlock()
 		cancel()
 		return false

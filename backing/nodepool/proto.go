@@ -31,7 +31,8 @@ import (
 //	cancel a=id of a pending alloc           no reply (the alloc replies)
 //	stats                                    reply a=node used, b=node limit, c=owned
 //
-// Only alloc replies carry descriptors; a request that carries any is a protocol
+// A client may have at most maxPending (64) allocs waiting at once. Only alloc
+// replies carry descriptors; a request that carries any is a protocol
 // violation (the owner closes what arrived, then the connection).
 const (
 	protocolVersion = 1
