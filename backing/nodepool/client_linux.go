@@ -95,15 +95,11 @@ type mapping struct {
 // Attach connects this process to the owner listening on path. The Client MUST be
 // closed with Close once every reservation is unreserved.
 func Attach(path string, opts ClientOptions) (*Client, error) {
-	if path == "" || len(path) > maxSocketPath {
-		return nil, errorf(ErrInvalidOption, "socket path %q: must be 1 to %d bytes", path, maxSocketPath)
+	opts, err := attachOptions(path, opts)
+	if err != nil {
+		return nil, err
 	}
 	auth := opts.Authority
-	if auth == nil {
-		auth = accounting.NewGovernor().Authority("node client", accounting.HostKey)
-	} else if auth.Device() != accounting.HostKey {
-		return nil, errorf(ErrInvalidOption, "authority on %v, not the host", auth.Device())
-	}
 	conn, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
 		return nil, fmt.Errorf("%w: dial %s: %w", ErrOwnerGone, path, err)

@@ -21,11 +21,23 @@ type Reservation struct{}
 
 var errUnsupported = fmt.Errorf("nodepool: a node pool needs memfd (Linux): %w", backing.ErrUnsupported)
 
-// Listen returns an error wrapping errors.ErrUnsupported: a node pool needs Linux.
-func Listen(path string, opts OwnerOptions) (*Owner, error) { return nil, errUnsupported }
+// Listen validates its arguments, then returns an error wrapping
+// errors.ErrUnsupported: a node pool needs Linux.
+func Listen(path string, opts OwnerOptions) (*Owner, error) {
+	if _, err := listenOptions(path, opts); err != nil {
+		return nil, err
+	}
+	return nil, errUnsupported
+}
 
-// Attach returns an error wrapping errors.ErrUnsupported: a node pool needs Linux.
-func Attach(path string, opts ClientOptions) (*Client, error) { return nil, errUnsupported }
+// Attach validates its arguments, then returns an error wrapping
+// errors.ErrUnsupported: a node pool needs Linux.
+func Attach(path string, opts ClientOptions) (*Client, error) {
+	if _, err := attachOptions(path, opts); err != nil {
+		return nil, err
+	}
+	return nil, errUnsupported
+}
 
 func (o *Owner) Governor() *accounting.Governor { return nil }
 func (o *Owner) Path() string                   { return "" }

@@ -70,3 +70,46 @@ type Usage struct {
 	NodeLimit int64 // the node's budget (accounting.Unlimited if never set)
 	Owned     int64 // bytes this process holds, as the owner counts them
 }
+
+// listenOptions validates Listen's arguments and fills in the defaults.
+func listenOptions(path string, opts OwnerOptions) (OwnerOptions, error) {
+	if opts.Granularity == 0 {
+		opts.Granularity = defaultGranularity
+	}
+	if err := checkGranularity(opts.Granularity); err != nil {
+		return opts, err
+	}
+	if err := checkPath(path); err != nil {
+		return opts, err
+	}
+	if opts.Name == "" {
+		opts.Name = defaultName
+	}
+	if len(opts.Name) > 249 { // memfd_create(2): longer names fail with EINVAL
+		return opts, errorf(ErrInvalidOption, "memfd name of %d bytes, more than 249", len(opts.Name))
+	}
+	if opts.Governor == nil {
+		opts.Governor = accounting.NewGovernor()
+	}
+	return opts, nil
+}
+
+// attachOptions validates Attach's arguments and fills in the defaults.
+func attachOptions(path string, opts ClientOptions) (ClientOptions, error) {
+	if err := checkPath(path); err != nil {
+		return opts, err
+	}
+	if opts.Authority == nil {
+		opts.Authority = accounting.NewGovernor().Authority("node client", accounting.HostKey)
+	} else if opts.Authority.Device() != accounting.HostKey {
+		return opts, errorf(ErrInvalidOption, "authority on %v, not the host", opts.Authority.Device())
+	}
+	return opts, nil
+}
+
+func checkPath(path string) error {
+	if path == "" || len(path) > maxSocketPath {
+		return errorf(ErrInvalidOption, "socket path %q: must be 1 to %d bytes", path, maxSocketPath)
+	}
+	return nil
+}

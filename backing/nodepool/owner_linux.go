@@ -55,10 +55,6 @@ type Owner struct {
 // handed out again: its former holder might still map it.
 const freshGranules = 64
 
-// maxPending bounds the allocations one client may have waiting at once: each is a
-// goroutine and a queue entry in the owner. One more is a protocol violation.
-const maxPending = 64
-
 // ownerConn is one attached process.
 type ownerConn struct {
 	o      *Owner
@@ -81,27 +77,11 @@ type ownerConn struct {
 // socket is made with mode 0600 and only processes of the owner's user may attach
 // (SO_PEERCRED). The Owner MUST be closed with Close, which removes the socket.
 func Listen(path string, opts OwnerOptions) (*Owner, error) {
-	g := opts.Granularity
-	if g == 0 {
-		g = defaultGranularity
-	}
-	if err := checkGranularity(g); err != nil {
+	opts, err := listenOptions(path, opts)
+	if err != nil {
 		return nil, err
 	}
-	if path == "" || len(path) > maxSocketPath {
-		return nil, errorf(ErrInvalidOption, "socket path %q: must be 1 to %d bytes", path, maxSocketPath)
-	}
-	name := opts.Name
-	if name == "" {
-		name = defaultName
-	}
-	if len(name) > 249 {
-		return nil, errorf(ErrInvalidOption, "memfd name of %d bytes, more than 249", len(name))
-	}
-	gov := opts.Governor
-	if gov == nil {
-		gov = accounting.NewGovernor()
-	}
+	g, name, gov := opts.Granularity, opts.Name, opts.Governor
 	if err := clearStale(path); err != nil {
 		return nil, err
 	}

@@ -40,6 +40,9 @@ const (
 	maxBatch        = 64 // granules per alloc or free message; under SCM_MAX_FD (253)
 	maxMsg          = headerLen + 8*maxBatch
 	noDeadline      = ^uint64(0)
+	// maxPending bounds the allocs one client may have waiting at once: each is a
+	// goroutine and a queue entry in the owner. One more is a protocol violation.
+	maxPending = 64
 )
 
 const (
