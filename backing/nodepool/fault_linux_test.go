@@ -11,12 +11,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/nodepool"
 )
 
 // TestKillSoak kills client processes with SIGKILL at random points of their work
-// (before, during and after attaching, mid-commit, mid-share, holding shared
-// granules) while a surviving client in this process holds marked memory. After each
+// (before, during and after attaching, mid-commit, waiting for the node's budget,
+// mid-share, holding shared granules) while a surviving client in this process holds marked memory. After each
 // kill the owner's ledger is exact (only the survivor's granules, the node's used
 // bytes equal to them), no descriptor is left in the owner and the survivor's
 // memory is bit-exact. NODEPOOL_SOAK_KILLS sets the number of kills (20; 5 with
@@ -25,6 +26,9 @@ func TestKillSoak(t *testing.T) {
 	o := startOwner(t, nodepool.OwnerOptions{Granularity: pg})
 	survivor := attach(t, o)
 	const n = 16
+	// Room for 12 granules beside the survivor's: the two helpers (up to 32 each)
+	// contend, and some of their commits wait in the owner's queue when killed.
+	require.NoError(t, o.Governor().SetLimit(accounting.HostKey, (n+12)*pg))
 	r, err := survivor.Reserve(n * pg)
 	require.NoError(t, err)
 	defer survivor.Unreserve(r)
@@ -40,6 +44,7 @@ func TestKillSoak(t *testing.T) {
 	fds := openFds(t)
 	kills := soakKills(t)
 	holding := 0 // kills of a client that held granules at the time
+	waiting := 0 // rounds where a helper waited for the budget when the first died
 	for k := range kills {
 		// Two at a time, so that the owner serves and loses clients concurrently.
 		a := startHelper(t, "client", o.Path(), rng.IntN(4) != 0)
@@ -48,6 +53,9 @@ func TestKillSoak(t *testing.T) {
 		for _, c := range o.Stats().Clients {
 			if c.Number != survivor.Number() && c.Granules > 0 {
 				holding++
+			}
+			if c.Waiting > 0 {
+				waiting++
 			}
 		}
 		kill(t, a)
@@ -70,7 +78,8 @@ func TestKillSoak(t *testing.T) {
 	}
 	s := o.Stats()
 	assert.GreaterOrEqual(t, s.Detached, uint64(kills), "clients that came and went")
-	t.Logf("%d kills, %d clients detached (%d holding granules when the first of two died), ledger exact after each", kills, s.Detached, holding)
+	t.Logf("%d kills, %d clients detached (%d holding granules and %d waiting for the budget when the first of two died), ledger exact after each",
+		kills, s.Detached, holding, waiting)
 	if kills >= 20 {
 		assert.Positive(t, holding, "some kills must find clients holding granules, or the soak tests nothing")
 	}

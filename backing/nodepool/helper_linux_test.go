@@ -2,6 +2,7 @@ package nodepool_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -46,7 +48,8 @@ func runHelper(mode, path string) int {
 	return 2
 }
 
-// churn drives c at random for ever; it ignores budget refusals.
+// churn drives c at random for ever; it ignores budget refusals and waits that
+// time out.
 func churn(c *nodepool.Client, rng *rand.Rand) {
 	const n = 8
 	var rs []*nodepool.Reservation
@@ -59,7 +62,18 @@ func churn(c *nodepool.Client, rng *rand.Rand) {
 		case op < 5 && len(rs) > 0:
 			r := rs[rng.IntN(len(rs))]
 			i, k := rng.IntN(n), 1+rng.IntN(3)
-			if i+k <= n && c.Commit(r, i*pg, k*pg) == nil {
+			if i+k > n {
+				break
+			}
+			var err error
+			if rng.IntN(2) == 0 { // waits in the owner's queue when the node is full
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rng.IntN(5000))*time.Microsecond)
+				err = c.CommitCtx(ctx, r, i*pg, k*pg)
+				cancel()
+			} else {
+				err = c.Commit(r, i*pg, k*pg)
+			}
+			if err == nil {
 				_ = c.CopyIn(r, i*pg, []byte{byte(i)})
 			}
 		case op < 6 && len(rs) > 1:
