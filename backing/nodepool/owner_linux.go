@@ -514,12 +514,18 @@ func (c *ownerConn) serveAlloc(ctx context.Context, m msg) {
 	}
 	ids := make([]uint64, n)
 	o.mu.Lock()
-	if c.gone {
+	if c.gone || o.closed {
+		// NB: a closing owner grants nothing more, also to a waiter that the
+		// budget another client's detach freed has just admitted.
+		closing := !c.gone
 		o.mu.Unlock()
 		for _, fd := range fds {
 			_ = unix.Close(fd)
 		}
 		c.auth.Release(size)
+		if closing {
+			done(msg{code: codeClosed})
+		}
 		return
 	}
 	for i, fd := range fds {
