@@ -52,9 +52,10 @@ type reply struct {
 // granule is one granule this process holds: the owner's id and this process's
 // descriptor of its memfd.
 type granule struct {
-	id   uint64
-	fd   int
-	refs int32 // mappings in this process; guarded by Client.mu
+	id       uint64
+	fd       int
+	refs     int32 // mappings in this process; guarded by Client.mu
+	borrowed bool  // lent by another process: read-only, owned (charged) there
 }
 
 // Reservation is a reserved address range of a Client. It is a handle: the Client
@@ -158,7 +159,7 @@ func (c *Client) read() {
 		}
 		m, err := decode(buf[:n])
 		ok := err == nil && flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) == 0 && m.op&replyBit != 0
-		if m.op == opAlloc|replyBit && m.code == codeOK {
+		if (m.op == opAlloc|replyBit || m.op == opBorrow|replyBit) && m.code == codeOK {
 			ok = ok && len(m.ids) > 0 && len(fds) == len(m.ids)
 		} else {
 			ok = ok && len(fds) == 0
@@ -617,6 +618,9 @@ func (c *Client) commit(ctx context.Context, r *Reservation, off, size int, wait
 
 // Decommit moves [off, off+size) of r from Committed to Reserved: the contents are
 // forfeit; a granule mapped nowhere else in this process goes back to the owner.
+// NB: the owner takes it back after Decommit returns (the free is sent, not
+// answered): this process's later requests see it done, another process's commit
+// may not yet, and should wait for the budget (CommitCtx) rather than race it.
 func (c *Client) Decommit(r *Reservation, off, size int) error {
 	alive(r)
 	c.mu.Lock()
@@ -648,6 +652,7 @@ func (c *Client) Decommit(r *Reservation, off, size int) error {
 // returns the granules that were mapped nowhere else. c.mu must be held.
 func (c *Client) drop(r *Reservation, first, n int) []*granule {
 	var free []*granule
+	owned := 0 // of free, the granules this process was charged for
 	for i := first; i < first+n; i++ {
 		gr := r.m(i).gr
 		if gr == nil {
@@ -659,13 +664,16 @@ func (c *Client) drop(r *Reservation, first, n int) []*granule {
 		switch {
 		case gr.refs == 0:
 			free = append(free, gr)
+			if !gr.borrowed {
+				owned++
+			}
 		case gr.refs < 0:
 			panic("nodepool: granule mapping count below zero")
 		}
 		c.auth.Unmap(int64(c.g))
 	}
-	if len(free) > 0 {
-		c.auth.Release(int64(len(free) * c.g))
+	if owned > 0 {
+		c.auth.Release(int64(owned * c.g))
 	}
 	return free
 }
@@ -882,4 +890,144 @@ func protect(at unsafe.Pointer, n int, ro bool) error {
 		prot = unix.PROT_READ
 	}
 	return unix.Mprotect(bytesAt(at, 0, n), prot)
+}
+
+// Lend lets the attached process numbered to (its Client.Number) borrow the
+// granules committed at [off, off+size) of r, and returns their ids for it to
+// pass to Borrow. The granules must be ones this process committed, not borrowed
+// ones. They stay charged to this process (owned once, mapped by many) until every
+// borrower has given them back, also after this process decommits them or ends.
+// The ids mean nothing to anyone else: the owner checks every borrow.
+func (c *Client) Lend(r *Reservation, off, size int, to uint64) ([]uint64, error) {
+	alive(r)
+	c.mu.Lock()
+	if err := c.check("lend", r, off, size); err != nil {
+		c.mu.Unlock()
+		return nil, err
+	}
+	ids := make([]uint64, 0, size/c.g)
+	for i := off / c.g; i < (off+size)/c.g; i++ {
+		m := r.m(i)
+		if m.gr == nil || m.busy {
+			c.mu.Unlock()
+			return nil, &backing.OpError{Op: "lend", Offset: off, Size: size, Kind: backing.ErrNotCommitted,
+				Err: fmt.Errorf("granule at %#x", i*c.g)}
+		}
+		if m.gr.borrowed {
+			c.mu.Unlock()
+			return nil, &backing.OpError{Op: "lend", Offset: off, Size: size, Kind: backing.ErrReadOnly,
+				Err: fmt.Errorf("granule at %#x is borrowed: only its lender lends it", i*c.g)}
+		}
+		ids = append(ids, m.gr.id)
+	}
+	c.mu.Unlock()
+	for k := 0; k < len(ids); k += maxBatch {
+		batch := ids[k:min(k+maxBatch, len(ids))]
+		id, ch, err := c.send(msg{op: opLend, a: to, ids: batch})
+		if err != nil {
+			return nil, &backing.OpError{Op: "lend", Offset: off, Size: size, Err: err}
+		}
+		rep, err := c.wait(context.Background(), id, ch)
+		if err == nil && rep.m.code != codeOK {
+			err = replyError(rep.m, context.Background())
+		}
+		if err != nil {
+			return nil, &backing.OpError{Op: "lend", Offset: off, Size: size, Err: err}
+		}
+	}
+	return ids, nil
+}
+
+// Borrow moves [off, off+len(ids)×granule) of dst from Reserved to Committed by
+// mapping, read-only, granules another process lent to this one (Lend): the same
+// physical memory, no copy. The owner passes each as a descriptor opened read-only,
+// so no call can make the mapping writable; Protect and Share ask nothing more of
+// them than of a granule shared ReadOnly. Borrowed granules add to this process's
+// Mapped, not to its Owned: the lender is charged. A granule can be borrowed once
+// per process; map it again with Share. On error nothing changed.
+func (c *Client) Borrow(dst *Reservation, off int, ids []uint64) error {
+	alive(dst)
+	size := len(ids) * c.g
+	c.mu.Lock()
+	if err := c.check("borrow", dst, off, size); err != nil {
+		c.mu.Unlock()
+		return err
+	}
+	first, n := off/c.g, len(ids)
+	for i := first; i < first+n; i++ {
+		if m := dst.m(i); m.gr != nil || m.busy {
+			c.mu.Unlock()
+			return &backing.OpError{Op: "borrow", Offset: off, Size: size, Kind: backing.ErrCommitted,
+				Err: fmt.Errorf("granule at %#x", i*c.g)}
+		}
+	}
+	for i := first; i < first+n; i++ {
+		dst.m(i).busy = true
+	}
+	c.mu.Unlock()
+	opErr := func(kind, err error) error {
+		return &backing.OpError{Op: "borrow", Offset: off, Size: size, Kind: kind, Err: err}
+	}
+	grs := make([]*granule, 0, n)
+	var err error
+	for k := 0; k < n && err == nil; k += maxBatch {
+		batch := ids[k:min(k+maxBatch, n)]
+		var id uint64
+		var ch chan reply
+		if id, ch, err = c.send(msg{op: opBorrow, ids: batch}); err != nil {
+			break
+		}
+		var rep reply
+		if rep, err = c.wait(context.Background(), id, ch); err != nil {
+			break
+		}
+		if rep.m.code != codeOK {
+			err = replyError(rep.m, context.Background())
+			break
+		}
+		if len(rep.fds) != len(batch) {
+			closeAll(rep.fds)
+			err = fmt.Errorf("%w: %d descriptors for %d granules", ErrProtocol, len(rep.fds), len(batch))
+			break
+		}
+		for i, fd := range rep.fds {
+			grs = append(grs, &granule{id: rep.m.ids[i], fd: fd, borrowed: true})
+		}
+	}
+	c.mu.Lock()
+	mapped := 0
+	if err == nil {
+		for ; mapped < n; mapped++ {
+			if dst.gone.Load() {
+				err = errors.New("nodepool: reservation unreserved during the borrow")
+				break
+			}
+			if err = mapGranule(addr(dst.base, off+mapped*c.g), c.g, grs[mapped].fd, true); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		if mapped > 0 {
+			_ = unmapTo(addr(dst.base, off), mapped*c.g)
+		}
+		for i := first; i < first+n; i++ {
+			dst.m(i).busy = false
+		}
+		c.mu.Unlock()
+		c.giveBack(grs)
+		kind := error(nil)
+		if errors.Is(err, unix.ENOMEM) {
+			kind = backing.ErrMapLimit
+		}
+		return opErr(kind, err)
+	}
+	for i, gr := range grs {
+		gr.refs = 1
+		*dst.m(first + i) = mapping{gr: gr, ro: true, sharedRO: true}
+	}
+	dst.count += n
+	c.auth.Map(int64(size))
+	c.mu.Unlock()
+	return nil
 }

@@ -1,10 +1,12 @@
 package nodepool_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/nodepool"
@@ -12,7 +14,7 @@ import (
 
 // An owner holds a node's budget of 2 granules; two clients (in one process here,
 // in two in real use) commit against it, and the second is refused until the first
-// gives a granule back.
+// gives a granule back, then waits for it.
 func Example() {
 	dir, _ := os.MkdirTemp("", "node")
 	defer os.RemoveAll(dir)
@@ -37,7 +39,11 @@ func Example() {
 	fmt.Println("b is refused:", errors.Is(err, accounting.ErrBudgetExceeded))
 	_ = a.CopyIn(ra, 0, []byte("hello"))
 	fmt.Println("a decommits one:", a.Decommit(ra, 1<<16, 1<<16))
-	fmt.Println("b commits:", b.Commit(rb, 0, 1<<16))
+	// NB: a's granule reaches the owner after Decommit returns (a free needs no
+	// answer), so b waits for it in the node's queue rather than racing it.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	fmt.Println("b commits:", b.CommitCtx(ctx, rb, 0, 1<<16))
 	u, _ := b.Usage()
 	fmt.Printf("node: %d of %d bytes used, b holds %d\n", u.NodeUsed, u.NodeLimit, u.Owned)
 	fmt.Println("a unreserves:", a.Unreserve(ra))

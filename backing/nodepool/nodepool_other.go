@@ -73,3 +73,8 @@ func (c *Client) Protect(r *Reservation, off, size int, prot backing.Protection)
 }
 func (c *Client) CopyIn(r *Reservation, off int, src []byte) error  { return errUnsupported }
 func (c *Client) CopyOut(dst []byte, r *Reservation, off int) error { return errUnsupported }
+
+func (c *Client) Lend(r *Reservation, off, size int, to uint64) ([]uint64, error) {
+	return nil, errUnsupported
+}
+func (c *Client) Borrow(dst *Reservation, off int, ids []uint64) error { return errUnsupported }

@@ -38,6 +38,7 @@ type ClientStats struct {
 	PID      int32  // the peer's process id (SO_PEERCRED)
 	UID      uint32 // the peer's user id
 	Granules int    // granules the client holds
+	Borrowed int    // granules other clients lent it that it maps
 	Owned    int64  // their bytes, charged to the client's authority
 	Waiting  int    // allocations queued on the budget
 }
@@ -46,7 +47,7 @@ type ClientStats struct {
 type NodeStats struct {
 	Device   accounting.DeviceStats // the node's host budget
 	Granule  int                    // granule size
-	Granules int                    // granules held by all clients
+	Granules int                    // live granules: held, or borrowed after their holder let go
 	Clients  []ClientStats          // by client number
 	Detached uint64                 // clients that have come and gone
 }

@@ -43,7 +43,8 @@ type Owner struct {
 	number   uint64                     // last client number given
 	granule  uint64                     // last granule id given
 	detached uint64
-	wg       sync.WaitGroup // the accept loop and every connection
+	wg       sync.WaitGroup           // the accept loop and every connection
+	table    map[uint64]*ownerGranule // every live granule, by id
 
 	fresh chan int      // granules created ahead, mapped nowhere: they hold no memory
 	stop  chan struct{} // closed by Close: the refill ends
@@ -54,6 +55,20 @@ type Owner struct {
 // once written) and cost a descriptor each. NB: a granule that comes back is never
 // handed out again: its former holder might still map it.
 const freshGranules = 64
+
+// ownerGranule is one live granule. It lives while its holder holds it or any
+// borrower does, and stays charged to its lender (the client that allocated it)
+// all that time: owned once, mapped by many.
+type ownerGranule struct {
+	fd        int        // the owner's read-write descriptor
+	lender    *ownerConn // charged for it
+	held      bool       // the lender still holds it
+	lentTo    []uint64   // client numbers that may borrow it (at most maxLend)
+	borrowers int        // clients that borrowed it and have not given it back
+}
+
+// maxLend bounds the clients one granule may be lent to.
+const maxLend = 64
 
 // ownerConn is one attached process.
 type ownerConn struct {
@@ -66,7 +81,8 @@ type ownerConn struct {
 	wmu    sync.Mutex // one reply at a time
 
 	// guarded by o.mu
-	granules map[uint64]int // id -> the owner's descriptor of the granule's memfd
+	granules map[uint64]struct{} // granules it allocated and still holds
+	borrowed map[uint64]struct{} // granules lent to it that it borrowed
 	pending  map[uint64]context.CancelFunc
 	gone     bool
 	allocs   sync.WaitGroup
@@ -110,7 +126,8 @@ func Listen(path string, opts OwnerOptions) (*Owner, error) {
 		return fail(fmt.Errorf("nodepool: stat %s: %w", path, err))
 	}
 	o := &Owner{gov: gov, g: g, name: name, path: path, ln: ln, ino: st.Ino,
-		clients: make(map[*ownerConn]struct{}), conns: make(map[*net.UnixConn]struct{})}
+		clients: make(map[*ownerConn]struct{}), conns: make(map[*net.UnixConn]struct{}),
+		table: make(map[uint64]*ownerGranule)}
 	o.uid.Store(uint32(os.Getuid()))
 	o.fresh, o.stop = make(chan int, freshGranules), make(chan struct{})
 	o.wg.Add(2)
@@ -162,10 +179,10 @@ func (o *Owner) Stats() NodeStats {
 	s := NodeStats{Device: o.gov.Stats(accounting.HostKey), Granule: o.g, Detached: o.detached}
 	for c := range o.clients {
 		cs := ClientStats{Number: c.number, PID: c.pid, UID: c.uid, Granules: len(c.granules),
-			Owned: c.auth.Stats().Owned, Waiting: len(c.pending)}
-		s.Granules += cs.Granules
+			Borrowed: len(c.borrowed), Owned: c.auth.Stats().Owned, Waiting: len(c.pending)}
 		s.Clients = append(s.Clients, cs)
 	}
+	s.Granules = len(o.table)
 	slices.SortFunc(s.Clients, func(a, b ClientStats) int { return int(a.Number - b.Number) })
 	return s
 }
@@ -297,7 +314,8 @@ func (o *Owner) serve(nc *net.UnixConn) {
 		return
 	}
 	c := &ownerConn{o: o, c: nc, pid: cred.Pid, uid: cred.Uid,
-		granules: make(map[uint64]int), pending: make(map[uint64]context.CancelFunc)}
+		granules: make(map[uint64]struct{}), borrowed: make(map[uint64]struct{}),
+		pending: make(map[uint64]context.CancelFunc)}
 	buf := make([]byte, maxMsg+1)
 	oob := make([]byte, unix.CmsgSpace(4*maxBatch))
 	// The first message must be hello.
@@ -409,6 +427,16 @@ func (c *ownerConn) handle(m msg) bool {
 			return bad()
 		}
 		return true // no reply: see proto.go
+	case opLend:
+		if len(m.ids) == 0 || m.b != 0 || m.c != 0 || !c.lend(m.a, m.ids) {
+			return bad()
+		}
+		return c.reply(msg{op: opLend | replyBit, id: m.id})
+	case opBorrow:
+		if len(m.ids) == 0 || m.a != 0 || m.b != 0 || m.c != 0 || !c.borrow(m) {
+			return bad()
+		}
+		return true
 	case opCancel:
 		if len(m.ids) != 0 {
 			return bad()
@@ -531,7 +559,8 @@ func (c *ownerConn) serveAlloc(ctx context.Context, m msg) {
 	for i, fd := range fds {
 		o.granule++
 		ids[i] = o.granule
-		c.granules[ids[i]] = fd
+		c.granules[ids[i]] = struct{}{}
+		o.table[ids[i]] = &ownerGranule{fd: fd, lender: c, held: true}
 	}
 	o.mu.Unlock()
 	// NB: the granules are the client's from here: if the reply is lost the
@@ -539,28 +568,121 @@ func (c *ownerConn) serveAlloc(ctx context.Context, m msg) {
 	done(msg{ids: ids}, fds...)
 }
 
-// free gives back the client's granules ids; it reports false, and changes nothing,
-// if one is not the client's or comes twice.
+// free gives back granules ids the client holds or borrowed; it reports false,
+// and changes nothing, if one is neither or comes twice.
 func (c *ownerConn) free(ids []uint64) bool {
 	o := c.o
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for i, id := range ids {
-		if _, ok := c.granules[id]; !ok || slices.Contains(ids[:i], id) {
+		_, held := c.granules[id]
+		_, borrowed := c.borrowed[id]
+		if !held && !borrowed || slices.Contains(ids[:i], id) {
 			return false
 		}
 	}
 	for _, id := range ids {
-		_ = unix.Close(c.granules[id])
-		delete(c.granules, id)
+		c.drop(id)
 	}
-	c.auth.Release(int64(len(ids)) * int64(o.g))
 	return true
+}
+
+// drop gives back one granule c holds or borrowed; the granule goes when nobody
+// holds it any more. o.mu must be held.
+func (c *ownerConn) drop(id uint64) {
+	o, gr := c.o, c.o.table[id]
+	if _, held := c.granules[id]; held {
+		delete(c.granules, id)
+		gr.held = false
+	} else {
+		delete(c.borrowed, id)
+		if gr.borrowers--; gr.borrowers < 0 {
+			panic("nodepool: granule borrowers below zero")
+		}
+	}
+	if gr.held || gr.borrowers > 0 {
+		return
+	}
+	_ = unix.Close(gr.fd)
+	delete(o.table, id)
+	l := gr.lender
+	l.auth.Release(int64(o.g))
+	if l.gone && l.auth.Stats().Owned == 0 {
+		_ = l.auth.Close() // the lender detached while its granules were borrowed
+	}
+}
+
+// lend lets client number to borrow granules ids, which c must hold; it reports
+// false, and changes nothing, if c does not hold one or one comes twice, or a
+// granule would be lent to more than maxLend clients.
+func (c *ownerConn) lend(to uint64, ids []uint64) bool {
+	o := c.o
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for i, id := range ids {
+		if _, held := c.granules[id]; !held || slices.Contains(ids[:i], id) {
+			return false
+		}
+		if gr := o.table[id]; !slices.Contains(gr.lentTo, to) && len(gr.lentTo) >= maxLend {
+			return false
+		}
+	}
+	for _, id := range ids {
+		if gr := o.table[id]; !slices.Contains(gr.lentTo, to) {
+			gr.lentTo = append(gr.lentTo, to)
+		}
+	}
+	return true
+}
+
+// borrow serves a borrow of granules ids, which must have been lent to c and not
+// be c's own or borrowed by it already: each is passed as a new read-only
+// descriptor of its memfd (opened through /proc/self/fd), so that c can map it
+// only for reading. It reports false when the request broke the protocol.
+func (c *ownerConn) borrow(m msg) bool {
+	o := c.o
+	o.mu.Lock()
+	for i, id := range m.ids {
+		gr := o.table[id]
+		_, own := c.granules[id]
+		_, again := c.borrowed[id]
+		if gr == nil || !slices.Contains(gr.lentTo, c.number) || own || again || slices.Contains(m.ids[:i], id) {
+			o.mu.Unlock()
+			return false
+		}
+	}
+	fds := make([]int, 0, len(m.ids))
+	for _, id := range m.ids {
+		fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(o.table[id].fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			o.mu.Unlock()
+			for _, fd := range fds {
+				_ = unix.Close(fd)
+			}
+			var errno unix.Errno
+			_ = errors.As(err, &errno)
+			return c.reply(msg{op: opBorrow | replyBit, code: codeNoMemory, id: m.id, a: uint64(errno)})
+		}
+		fds = append(fds, fd)
+	}
+	for _, id := range m.ids {
+		c.borrowed[id] = struct{}{}
+		o.table[id].borrowers++
+	}
+	o.mu.Unlock()
+	// NB: the owner keeps only its read-write descriptor; if the reply is lost the
+	// connection is broken and detach gives the borrowed granules back.
+	ok := c.reply(msg{op: opBorrow | replyBit, id: m.id, ids: m.ids}, fds...)
+	for _, fd := range fds {
+		_ = unix.Close(fd)
+	}
+	return ok
 }
 
 // detach gives back everything the connection held: its waiting allocations end,
 // its granules' descriptors close (the memory lives on only where the client still
-// maps it, which for a dead client is nowhere) and its ledger closes.
+// maps it, which for a dead client is nowhere), unless another client borrowed
+// them, and its ledger closes once nothing is charged to it.
 func (c *ownerConn) detach() {
 	o := c.o
 	o.mu.Lock()
@@ -572,14 +694,17 @@ func (c *ownerConn) detach() {
 	c.allocs.Wait()
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	for id, fd := range c.granules {
-		_ = unix.Close(fd)
-		delete(c.granules, id)
+	for id := range c.granules {
+		c.drop(id)
 	}
-	if owned := c.auth.Stats().Owned; owned > 0 {
-		c.auth.Release(owned)
+	for id := range c.borrowed {
+		c.drop(id)
 	}
-	_ = c.auth.Close()
+	// NB: granules it lent and others still borrow stay charged to its ledger,
+	// which closes when the last of them goes (drop).
+	if c.auth.Stats().Owned == 0 {
+		_ = c.auth.Close()
+	}
 	delete(o.clients, c)
 	o.detached++
 }

@@ -30,6 +30,10 @@ import (
 //	                                            sender's or comes twice
 //	cancel a=id of a pending alloc           no reply (the alloc replies)
 //	stats                                    reply a=node used, b=node limit, c=owned
+//	lend   a=client number, n ids it holds   reply codeOK: that client may borrow them
+//	borrow n ids lent to the sender          reply the n ids and n read-only memfds
+//	                                            (opened anew, O_RDONLY); or
+//	                                            codeNoMemory a=errno
 //
 // A client may have at most maxPending (64) allocs waiting at once. Only alloc
 // replies carry descriptors; a request that carries any is a protocol
@@ -51,6 +55,8 @@ const (
 	opFree   uint8 = 3
 	opCancel uint8 = 4
 	opStats  uint8 = 5
+	opLend   uint8 = 6
+	opBorrow uint8 = 7
 	replyBit uint8 = 0x80
 )
 
@@ -102,7 +108,7 @@ func decode(p []byte) (msg, error) {
 	if p[2] != 0 || p[3] != 0 {
 		return msg{}, fmt.Errorf("%w: reserved header bytes are not zero", ErrProtocol)
 	}
-	if op := m.op &^ replyBit; op < opHello || op > opStats {
+	if op := m.op &^ replyBit; op < opHello || op > opBorrow {
 		return msg{}, fmt.Errorf("%w: unknown operation %#x", ErrProtocol, m.op)
 	}
 	if m.code > maxCode || (m.op&replyBit == 0 && m.code != 0) {
