@@ -2,9 +2,11 @@ package nodepool_test
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,7 +19,7 @@ import (
 
 // TestKillSoak kills client processes with SIGKILL at random points of their work
 // (before, during and after attaching, mid-commit, waiting for the node's budget,
-// mid-share, holding shared granules) while a surviving client in this process holds marked memory. After each
+// mid-share, holding shared granules, borrowing the survivor's granules) while a surviving client in this process holds marked memory. After each
 // kill the owner's ledger is exact (only the survivor's granules, the node's used
 // bytes equal to them), no descriptor is left in the owner and the survivor's
 // memory is bit-exact. NODEPOOL_SOAK_KILLS sets the number of kills (20; 5 with
@@ -43,12 +45,19 @@ func TestKillSoak(t *testing.T) {
 	nodepool.WaitReady(o)
 	fds := openFds(t)
 	kills := soakKills(t)
-	holding := 0 // kills of a client that held granules at the time
-	waiting := 0 // rounds where a helper waited for the budget when the first died
+	holding := 0   // kills of a client that held granules at the time
+	waiting := 0   // rounds where a helper waited for the budget when the first died
+	borrowing := 0 // rounds where a helper mapped the survivor's granules then
 	for k := range kills {
 		// Two at a time, so that the owner serves and loses clients concurrently.
 		a := startHelper(t, "client", o.Path(), rng.IntN(4) != 0)
-		b := startHelper(t, "client", o.Path(), true)
+		// b borrows 4 of the survivor's granules first: killing it must leave the
+		// lender's memory and ledger as they were.
+		b, number, in := startHelperIO(t, "client", o.Path(), true, helperBorrowEnv+"=1")
+		ids, err := survivor.Lend(r, 4*pg, 4*pg, number)
+		require.NoError(t, err)
+		_, err = fmt.Fprintln(in, strings.Trim(fmt.Sprint(ids), "[]"))
+		require.NoError(t, err)
 		time.Sleep(time.Duration(rng.IntN(20_000)) * time.Microsecond)
 		for _, c := range o.Stats().Clients {
 			if c.Number != survivor.Number() && c.Granules > 0 {
@@ -56,6 +65,9 @@ func TestKillSoak(t *testing.T) {
 			}
 			if c.Waiting > 0 {
 				waiting++
+			}
+			if c.Borrowed > 0 {
+				borrowing++
 			}
 		}
 		kill(t, a)
@@ -78,8 +90,8 @@ func TestKillSoak(t *testing.T) {
 	}
 	s := o.Stats()
 	assert.GreaterOrEqual(t, s.Detached, uint64(kills), "clients that came and went")
-	t.Logf("%d kills, %d clients detached (%d holding granules and %d waiting for the budget when the first of two died), ledger exact after each",
-		kills, s.Detached, holding, waiting)
+	t.Logf("%d kills, %d clients detached (when the first of two died: %d holding granules, %d waiting for the budget, %d borrowing the survivor's), ledger exact after each",
+		kills, s.Detached, holding, waiting, borrowing)
 	if kills >= 20 {
 		assert.Positive(t, holding, "some kills must find clients holding granules, or the soak tests nothing")
 	}

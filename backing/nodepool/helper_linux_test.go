@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -42,7 +44,27 @@ func runHelper(mode, path string) int {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		fmt.Println("ready")
+		fmt.Printf("ready %d\n", c.Number())
+		if os.Getenv(helperBorrowEnv) != "" {
+			// The test lends it granules: borrow them into a reservation it keeps.
+			line, err := bufio.NewReader(os.Stdin).ReadString('\n')
+			if err != nil {
+				return 1
+			}
+			var ids []uint64
+			for _, f := range strings.Fields(line) {
+				id, err := strconv.ParseUint(f, 10, 64)
+				if err != nil {
+					return 1
+				}
+				ids = append(ids, id)
+			}
+			r, err := c.Reserve(len(ids) * pg)
+			if err != nil || c.Borrow(r, 0, ids) != nil {
+				fmt.Fprintln(os.Stderr, "borrow:", err)
+				return 1
+			}
+		}
 		churn(c, rand.New(rand.NewPCG(uint64(os.Getpid()), 1)))
 	}
 	return 2
@@ -94,12 +116,25 @@ func churn(c *nodepool.Client, rng *rand.Rand) {
 // helperGranuleEnv sets an owner helper's granule size (default 4 KiB).
 const helperGranuleEnv = "NODEPOOL_TEST_GRANULE"
 
+// helperBorrowEnv makes a client helper read granule ids from stdin and borrow
+// them before it churns.
+const helperBorrowEnv = "NODEPOOL_TEST_BORROW"
+
 // startHelper starts this test binary as a helper process in mode on path and
 // waits until it says it is ready (unless wait is false).
 func startHelper(t testing.TB, mode, path string, wait bool, env ...string) *exec.Cmd {
+	cmd, _, _ := startHelperIO(t, mode, path, wait, env...)
+	return cmd
+}
+
+// startHelperIO is startHelper that also returns the client number a client helper
+// reported and its stdin.
+func startHelperIO(t testing.TB, mode, path string, wait bool, env ...string) (*exec.Cmd, uint64, io.WriteCloser) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(append(os.Environ(), helperEnv+"="+mode, helperPathEnv+"="+path), env...)
+	in, err := cmd.StdinPipe()
+	require.NoError(t, err)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = os.Stderr
@@ -108,12 +143,17 @@ func startHelper(t testing.TB, mode, path string, wait bool, env ...string) *exe
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
+	var number uint64
 	if wait {
 		line, err := bufio.NewReader(out).ReadString('\n')
 		require.NoError(t, err, "the %s helper says ready", mode)
-		require.Equal(t, "ready\n", line)
+		require.True(t, strings.HasPrefix(line, "ready"), "the %s helper says %q", mode, line)
+		if f := strings.Fields(line); len(f) == 2 {
+			number, err = strconv.ParseUint(f[1], 10, 64)
+			require.NoError(t, err)
+		}
 	}
-	return cmd
+	return cmd, number, in
 }
 
 // kill kills the helper with SIGKILL and reaps it.

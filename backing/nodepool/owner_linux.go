@@ -700,6 +700,13 @@ func (c *ownerConn) detach() {
 	for id := range c.borrowed {
 		c.drop(id)
 	}
+	// Its number is never given again, but the lists of who may borrow stay short:
+	// NB: one pass over the node's granules per detach.
+	for _, gr := range o.table {
+		if i := slices.Index(gr.lentTo, c.number); i >= 0 {
+			gr.lentTo = slices.Delete(gr.lentTo, i, i+1)
+		}
+	}
 	// NB: granules it lent and others still borrow stay charged to its ledger,
 	// which closes when the last of them goes (drop).
 	if c.auth.Stats().Owned == 0 {
