@@ -13,7 +13,10 @@
 // was given: there is no pool descriptor to map at another offset, and the owner
 // checks every granule id a client names against the granules that client holds.
 // Each process keeps its own reserved ranges and stable bases; only the physical
-// memory is the node's. cmd/vmarena-node runs an owner as a daemon.
+// memory is the node's. A process may lend granules it committed to another
+// attached process ([Client.Lend]), which maps them read-only with no copy
+// ([Client.Borrow]) through a descriptor the owner opens read-only for it.
+// cmd/vmarena-node runs an owner as a daemon.
 //
 // The protocol (proto.go) is one SOCK_SEQPACKET record per message: a 40-byte header
 // and at most 64 granule ids. The owner reads each record into a buffer one byte
@@ -29,9 +32,10 @@
 // commit waits for the node's budget in the governor's one FIFO queue, with its
 // context's deadline carried across the socket and a cancel message when the context
 // ends first. A client also keeps its own ledger ([ClientOptions].Authority, under
-// backing.ByBacking): Owned is the granules it holds, Mapped its mappings; a limit
-// set on its governor caps the process below the node's budget, and is waited on
-// first.
+// backing.ByBacking): Owned is the granules it committed, Mapped its mappings
+// (borrowed granules included); a limit set on its governor caps the process below
+// the node's budget, and is waited on first. A lent granule stays charged to its
+// lender until its last borrower gives it back: owned once, mapped by many.
 //
 // # Memory management
 //
