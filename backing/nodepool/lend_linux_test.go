@@ -146,3 +146,41 @@ func TestBorrowReadOnlyDescriptor(t *testing.T) {
 	require.NoError(t, unix.Munmap(b))
 	assert.ErrorIs(t, unix.Ftruncate(fds[0], 0), unix.EINVAL, "truncated (not open for writing)")
 }
+
+func TestLendBorrowBadInput(t *testing.T) {
+	o := startOwner(t, nodepool.OwnerOptions{Granularity: pg})
+	w, rd := attach(t, o), attach(t, o)
+	wr, err := w.Reserve(2 * pg)
+	require.NoError(t, err)
+	defer w.Unreserve(wr)
+	require.NoError(t, w.Commit(wr, 0, pg))
+	rr, err := rd.Reserve(2 * pg)
+	require.NoError(t, err)
+	defer rd.Unreserve(rr)
+	ids, err := w.Lend(wr, 0, pg, rd.Number())
+	require.NoError(t, err)
+	for _, tt := range []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"Lend of an uncommitted granule", func() error { _, err := w.Lend(wr, pg, pg, rd.Number()); return err }(), backing.ErrNotCommitted},
+		{"Lend misaligned", func() error { _, err := w.Lend(wr, 1, pg, rd.Number()); return err }(), backing.ErrInvalidRange},
+		{"Lend out of range", func() error { _, err := w.Lend(wr, 0, 3*pg, rd.Number()); return err }(), backing.ErrOutOfRange},
+		{"Lend of a foreign reservation", func() error { _, err := w.Lend(rr, 0, pg, rd.Number()); return err }(), backing.ErrForeignReservation},
+		{"Borrow out of range", rd.Borrow(rr, 2*pg, ids), backing.ErrOutOfRange},
+		{"Borrow misaligned", rd.Borrow(rr, 1, ids), backing.ErrInvalidRange},
+		{"Borrow into a foreign reservation", rd.Borrow(wr, pg, ids), backing.ErrForeignReservation},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.ErrorIs(t, tt.err, tt.want)
+			var op *backing.OpError
+			assert.ErrorAs(t, tt.err, &op)
+		})
+	}
+	require.NoError(t, rd.Borrow(rr, 0, ids))
+	assert.ErrorIs(t, rd.Borrow(rr, 0, ids), backing.ErrCommitted, "Borrow onto a committed granule")
+	assert.Equal(t, int64(pg), o.Governor().Stats(accounting.HostKey).Used, "refused calls changed nothing")
+	_, err = rd.Usage()
+	assert.NoError(t, err, "refused calls keep the connection")
+}
