@@ -1,0 +1,82 @@
+// Package nodepool is one pool of host memory for every process on a node: one
+// process, the [Owner], holds the node's budget (an accounting.Governor) and every
+// physical granule; other processes [Attach] to it over a Unix domain socket and
+// commit granules into address ranges of their own through a [Client], a
+// backing.Backing. A process that does not attach works as before, on its own
+// backings and governor.
+//
+// # Design
+//
+// Each granule is a memfd of its own, sealed against growing and shrinking
+// (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL), that the owner creates when a client
+// commits and passes to that client alone by SCM_RIGHTS. A client maps only what it
+// was given: there is no pool descriptor to map at another offset, and the owner
+// checks every granule id a client names against the granules that client holds.
+// Each process keeps its own reserved ranges and stable bases; only the physical
+// memory is the node's. A process may lend granules it committed to another
+// attached process ([Client.Lend]), which maps them read-only with no copy
+// ([Client.Borrow]) through a descriptor the owner opens read-only for it.
+// cmd/vmarena-node runs an owner as a daemon.
+//
+// The protocol (proto.go) is one SOCK_SEQPACKET record per message: a 40-byte header
+// and at most 64 granule ids. The owner reads each record into a buffer one byte
+// larger than the largest message and closes the connection at the first message it
+// can not accept (truncated, unknown, out of bounds, a granule not the sender's,
+// descriptors where none belong, which it closes).
+//
+// # Accounting
+//
+// The owner charges each client's granules to an accounting.Authority of its own on
+// the node's governor (accounting.HostKey), named after the client's number and pid;
+// [Owner.Stats] lists them, and the governor's Stats are the node's. A client's
+// commit waits for the node's budget in the governor's one FIFO queue, with its
+// context's deadline carried across the socket and a cancel message when the context
+// ends first. A client also keeps its own ledger ([ClientOptions].Authority, under
+// backing.ByBacking): Owned is the granules it committed, Mapped its mappings
+// (borrowed granules included); a limit set on its governor caps the process below
+// the node's budget, and is waited on first. A lent granule stays charged to its
+// lender until its last borrower gives it back: owned once, mapped by many.
+//
+// # Memory management
+//
+// A client's reservations MUST be given back with Unreserve and the Client with
+// Close; the Owner MUST be closed with Close, which removes its socket. A granule's
+// memory lives while any descriptor or mapping of it does: the owner's descriptor
+// and the client's go when the client gives it back (its last mapping in the client
+// decommitted) or when its connection closes. So a killed client's granules go back
+// to the budget as soon as the owner reads the end of its connection, and a killed
+// owner leaves every client's mapped memory valid (no SIGBUS: the memfd is sealed
+// against shrinking) until the client unmaps it; the client's next call that needs
+// the owner fails with an error wrapping ErrOwnerGone, and a new owner may start on
+// the same path (Listen removes a socket nobody answers on). Nothing is ever on
+// disk or in /dev/shm: a memfd has no path.
+//
+// # Trust
+//
+// The socket is made with mode 0600 and the owner serves only peers of its own uid
+// (SO_PEERCRED). A process of the same uid can still read another's memory through
+// /proc/<pid>/mem or /proc/<pid>/fd unless the processes are undumpable
+// (prctl(PR_SET_DUMPABLE, 0), which cmd/vmarena-node sets for the owner); the
+// per-granule memfds keep a client from reaching other processes' granules through
+// the owner, not from the kernel's own same-user access. A client that keeps a
+// granule mapped after giving it back keeps its memory alive beyond the ledger: the
+// owner can count what it hands out, not what a misbehaving peer unmaps.
+//
+// # Limits
+//
+// A granule costs one descriptor in the owner and one in its holder (RLIMIT_NOFILE,
+// which Go raises to the hard limit at start) and one kernel mapping per place it is
+// mapped (vm.max_map_count, 65,530 by default): at 2 MiB granules a process maps at
+// most about 128 GiB of them. docs/node.md has the figures.
+//
+// # Concurrency
+//
+// Owner and Client are safe for concurrent use. The owner runs a goroutine per
+// connection and one per allocation in flight; its lock (Owner.mu) is taken before
+// the governor's. A Client's lock guards its reservations and is held across the
+// mapping system calls, never across a request to the owner; replies are read by
+// one goroutine per Client and matched to their requests by id.
+//
+// Linux only: elsewhere Listen and Attach return errors wrapping
+// errors.ErrUnsupported.
+package nodepool

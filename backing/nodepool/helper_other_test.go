@@ -1,0 +1,5 @@
+//go:build !linux
+
+package nodepool_test
+
+func runHelper(mode, path string) int { return 2 }

@@ -1,0 +1,116 @@
+package nodepool
+
+import (
+	"os"
+
+	"github.com/vmarena/vmarena/accounting"
+)
+
+// OwnerOptions configures an [Owner].
+type OwnerOptions struct {
+	// Governor holds the node's budget: the owner charges each attached process's
+	// granules to an authority of its own on it, on accounting.HostKey. nil makes a
+	// fresh governor, Unlimited until its limit is set (Owner.Governor).
+	Governor *accounting.Governor
+	// Granularity is the granule size in bytes: a power of two and a multiple of the
+	// page size. 0 means 2 MiB. Each granule is one memfd, one descriptor in the owner
+	// and in its holder, and one mapping per place it is mapped (see the package
+	// documentation, "Limits").
+	Granularity int
+	// Name is the memfds' name, shown in /proc/<pid>/maps as /memfd:Name. "" means
+	// "vmarena-node".
+	Name string
+}
+
+// ClientOptions configures a [Client].
+type ClientOptions struct {
+	// Authority is the process's own ledger of what it holds from the node, on
+	// accounting.HostKey: Owned is its granules, Mapped its mappings. Its governor's
+	// limit, if set, caps this process below the node's budget, and a commit waits
+	// in its FIFO queue first, then in the owner's. nil makes one on a fresh
+	// governor, Unlimited.
+	Authority *accounting.Authority
+}
+
+// ClientStats is what the owner holds for one attached process.
+type ClientStats struct {
+	Number   uint64 // the client's number on this owner, from 1
+	PID      int32  // the peer's process id (SO_PEERCRED)
+	UID      uint32 // the peer's user id
+	Granules int    // granules the client holds
+	Borrowed int    // granules other clients lent it that it maps
+	Owned    int64  // their bytes, charged to the client's authority
+	Waiting  int    // allocations queued on the budget
+}
+
+// NodeStats is a snapshot of the node: its budget and each attached process.
+type NodeStats struct {
+	Device   accounting.DeviceStats // the node's host budget
+	Granule  int                    // granule size
+	Granules int                    // live granules: held, or borrowed after their holder let go
+	Clients  []ClientStats          // by client number
+	Detached uint64                 // clients that have come and gone
+}
+
+const (
+	defaultGranularity = 2 << 20
+	defaultName        = "vmarena-node"
+	maxSocketPath      = 107 // sun_path holds 108 bytes with its NUL
+)
+
+func checkGranularity(g int) error {
+	if g <= 0 || g&(g-1) != 0 || g%os.Getpagesize() != 0 {
+		return errorf(ErrInvalidOption, "granularity %d is not a power of two multiple of the %d-byte page", g, os.Getpagesize())
+	}
+	return nil
+}
+
+// Usage is what the owner says of the node and of this process.
+type Usage struct {
+	NodeUsed  int64 // bytes every attached process holds
+	NodeLimit int64 // the node's budget (accounting.Unlimited if never set)
+	Owned     int64 // bytes this process holds, as the owner counts them
+}
+
+// listenOptions validates Listen's arguments and fills in the defaults.
+func listenOptions(path string, opts OwnerOptions) (OwnerOptions, error) {
+	if opts.Granularity == 0 {
+		opts.Granularity = defaultGranularity
+	}
+	if err := checkGranularity(opts.Granularity); err != nil {
+		return opts, err
+	}
+	if err := checkPath(path); err != nil {
+		return opts, err
+	}
+	if opts.Name == "" {
+		opts.Name = defaultName
+	}
+	if len(opts.Name) > 249 { // memfd_create(2): longer names fail with EINVAL
+		return opts, errorf(ErrInvalidOption, "memfd name of %d bytes, more than 249", len(opts.Name))
+	}
+	if opts.Governor == nil {
+		opts.Governor = accounting.NewGovernor()
+	}
+	return opts, nil
+}
+
+// attachOptions validates Attach's arguments and fills in the defaults.
+func attachOptions(path string, opts ClientOptions) (ClientOptions, error) {
+	if err := checkPath(path); err != nil {
+		return opts, err
+	}
+	if opts.Authority == nil {
+		opts.Authority = accounting.NewGovernor().Authority("node client", accounting.HostKey)
+	} else if opts.Authority.Device() != accounting.HostKey {
+		return opts, errorf(ErrInvalidOption, "authority on %v, not the host", opts.Authority.Device())
+	}
+	return opts, nil
+}
+
+func checkPath(path string) error {
+	if path == "" || len(path) > maxSocketPath {
+		return errorf(ErrInvalidOption, "socket path %q: must be 1 to %d bytes", path, maxSocketPath)
+	}
+	return nil
+}

@@ -1,0 +1,93 @@
+package nodepool_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/backing/backingtest"
+	"github.com/vmarena/vmarena/backing/nodepool"
+)
+
+// sockPath returns a socket path in a fresh directory, short enough for sun_path.
+func sockPath(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "np")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return filepath.Join(dir, "node.sock")
+}
+
+// startOwner starts an owner that the test closes; at cleanup it checks that no
+// granule is left.
+func startOwner(t testing.TB, opts nodepool.OwnerOptions) *nodepool.Owner {
+	t.Helper()
+	o, err := nodepool.Listen(sockPath(t), opts)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		settle(t, o, 0)
+		assert.Zero(t, o.Governor().Stats(accounting.HostKey).Used, "the node's used bytes")
+		assert.NoError(t, o.Close())
+		_, err := os.Lstat(o.Path())
+		assert.ErrorIs(t, err, os.ErrNotExist, "Close removes the socket")
+	})
+	return o
+}
+
+// settle waits until the owner holds granules granules and no client is waiting
+// (a detach is noticed on the owner's goroutine).
+func settle(t testing.TB, o *nodepool.Owner, granules int) nodepool.NodeStats {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s := o.Stats()
+		if s.Granules == granules || time.Now().After(deadline) {
+			require.Equal(t, granules, s.Granules, "granules the owner holds")
+			return s
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// attach attaches a client with an authority of its own and closes it at cleanup.
+func attach(t testing.TB, o *nodepool.Owner) *nodepool.Client {
+	t.Helper()
+	c, err := nodepool.Attach(o.Path(), nodepool.ClientOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		assert.NoError(t, c.Close())
+		a := c.Accounting().Authority()
+		assert.Zero(t, a.Stats().Owned, "the client's owned bytes")
+		assert.Zero(t, a.Stats().Mapped, "the client's mapped bytes")
+	})
+	return c
+}
+
+func TestRunSuite(t *testing.T) {
+	for _, g := range []int{os.Getpagesize(), 2 << 20} {
+		t.Run(backingtestName(g), func(t *testing.T) {
+			o := startOwner(t, nodepool.OwnerOptions{Granularity: g})
+			backingtest.Run(t, func(t *testing.T) backing.Backing[*nodepool.Reservation] { return attach(t, o) })
+		})
+	}
+}
+
+func backingtestName(g int) string {
+	if g >= 1<<20 {
+		return "granule=" + itoa(g>>20) + "MiB"
+	}
+	return "granule=" + itoa(g>>10) + "KiB"
+}
+
+func itoa(n int) string {
+	if n < 10 {
+		return string(rune('0' + n))
+	}
+	return itoa(n/10) + string(rune('0'+n%10))
+}
