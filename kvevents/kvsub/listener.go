@@ -55,15 +55,7 @@ type listenMsg struct {
 // not parse, and with the system's error for one it can not bind. CatchUp and
 // ReplayEndpoint do not apply.
 func Listen(o Options) (*Listener, error) {
-	if o.Timeout <= 0 {
-		o.Timeout = DefaultTimeout
-	}
-	if o.MaxFrame <= 0 {
-		o.MaxFrame = DefaultMaxFrame
-	}
-	if o.QueueSize <= 0 {
-		o.QueueSize = DefaultQueueSize
-	}
+	o.defaults()
 	if o.MaxPublishers <= 0 {
 		o.MaxPublishers = DefaultMaxPublishers
 	}

@@ -78,6 +78,20 @@ type liveMsg struct {
 }
 
 // address returns the host:port of a tcp:// endpoint.
+// defaults gives the options a Subscriber and a Listener share their defaults where
+// they are unset.
+func (o *Options) defaults() {
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.MaxFrame <= 0 {
+		o.MaxFrame = DefaultMaxFrame
+	}
+	if o.QueueSize <= 0 {
+		o.QueueSize = DefaultQueueSize
+	}
+}
+
 func address(endpoint string) (string, error) {
 	rest, ok := strings.CutPrefix(endpoint, "tcp://")
 	if !ok {
@@ -94,17 +108,9 @@ func address(endpoint string) (string, error) {
 // an endpoint it can not parse, and with the network's error for one it can not
 // reach.
 func Dial(o Options) (*Subscriber, error) {
-	if o.Timeout <= 0 {
-		o.Timeout = DefaultTimeout
-	}
+	o.defaults()
 	if o.Probe <= 0 {
 		o.Probe = DefaultProbe
-	}
-	if o.MaxFrame <= 0 {
-		o.MaxFrame = DefaultMaxFrame
-	}
-	if o.QueueSize <= 0 {
-		o.QueueSize = DefaultQueueSize
 	}
 	addr, err := address(o.Endpoint)
 	if err != nil {
