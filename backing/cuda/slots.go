@@ -12,10 +12,11 @@ const (
 	chunkShift = 9
 	chunkSlots = 1 << chunkShift // granules per chunk (1 GiB at 2 MiB granules)
 
-	// maxChunks bounds a reservation's top-level table (8 MiB of pointers): beyond it
-	// the address space asked for is past any device's (2^29 granules of 2 MiB is a
-	// pebibyte), and Reserve refuses it before asking the driver.
-	maxChunks = 1 << 20
+	// maxChunks bounds a reservation's top-level table (2 MiB of pointers): beyond it
+	// the address space asked for is past what the driver hands out (2^27 granules of
+	// 2 MiB is 256 TiB, twice the 47-bit user address space unified addressing
+	// shares), and Reserve refuses it before asking the driver.
+	maxChunks = 1 << 18
 )
 
 // slotChunk holds the slots of chunkSlots consecutive granules.

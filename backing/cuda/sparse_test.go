@@ -96,7 +96,7 @@ func TestReservePastAddressSpace(t *testing.T) {
 	}{
 		{"past the default 128 TiB", 0, []int{1 << 48}, true},
 		{"what is left", 1 << 40, []int{1 << 39, 1 << 38, 1 << 39}, true},
-		{"past any device", 0, []int{1 << 51}, false},
+		{"past any device", 0, []int{1 << 49}, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			x := fakeBacking(t, cudatest.FakeDriverOptions{AddressSpace: tt.space}, cuda.Options{})
