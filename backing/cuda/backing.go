@@ -315,7 +315,10 @@ func (b *Backing) use(op string, r *Reservation) error {
 
 // Reserve moves size bytes of device address space from Unreserved to Reserved,
 // aligned to the granularity (cuMemAddressReserve). The reservation MUST be given back
-// with Unreserve.
+// with Unreserve. What it costs the heap grows with what is committed in it, not with
+// its size. Where the driver's address space is short it answers
+// CUDA_ERROR_OUT_OF_MEMORY, which matches backing.ErrOutOfMemory; a size past 2^27
+// granules (256 TiB at 2 MiB) gets that error before the driver is asked.
 func (b *Backing) Reserve(size int) (*Reservation, error) {
 	b.live()
 	if err := backing.CheckReserve(size, b.gran); err != nil {
