@@ -6,7 +6,7 @@ package cuda
 // costs on the heap is thus proportional to what is committed in it, plus a pointer
 // per chunk reserved: a sequence may reserve far more address space than it ever
 // maps (the point of reserving), and 128 TiB reserved at 2 MiB granules is 512 KiB of
-// pointers, not a gibibyte of slots.
+// pointers, not a gibibyte of slots (and one chunk kept spare, see cleared).
 
 const (
 	chunkShift = 9
@@ -27,8 +27,9 @@ type slotChunk struct {
 
 // slotTable maps granule indexes to slots; an absent chunk reads as all Reserved.
 type slotTable struct {
-	c []*slotChunk
-	n int // granules
+	c     []*slotChunk
+	n     int        // granules
+	spare *slotChunk // the last chunk dropped, all Reserved: the next one made
 }
 
 // newSlotTable returns the table for n granules (n at most maxChunks*chunkSlots).
@@ -70,7 +71,11 @@ func (t *slotTable) set(first int, hs []*handle, ro bool) {
 		i := first + k
 		c := t.c[i>>chunkShift]
 		if c == nil {
-			c = new(slotChunk)
+			if c = t.spare; c != nil {
+				t.spare = nil
+			} else {
+				c = new(slotChunk)
+			}
 			t.c[i>>chunkShift] = c
 		}
 		lo := i & (chunkSlots - 1)
@@ -84,11 +89,16 @@ func (t *slotTable) set(first int, hs []*handle, ro bool) {
 }
 
 // cleared notes that the m slots from granule i on, in one chunk, each mapped until
-// now, were cleared, and drops the chunk when that was its last mapping.
+// now, were cleared, and drops the chunk when that was its last mapping. It keeps
+// one dropped chunk for the next: a granule committed and decommitted in turn (a
+// sequence's growth at a block boundary) must not make and drop a chunk each time.
 func (t *slotTable) cleared(i, m int) {
 	c := t.c[i>>chunkShift]
 	if c.n -= m; c.n == 0 {
 		t.c[i>>chunkShift] = nil
+		if t.spare == nil {
+			t.spare = c
+		}
 	}
 }
 
