@@ -32,10 +32,6 @@ type configInput struct {
 	events  bool
 }
 
-// poolReserve is the most address space a sequence of a fuzzed cache on cuda's fake
-// driver reserves (see checkConfig).
-const poolReserve = 1 << 30
-
 // configLimit is the budget a fuzzed cache runs under: a valid config that needs more
 // than this must be refused with the governor's error, never allocate it.
 const configLimit = 1 << 20
@@ -114,9 +110,9 @@ func isShortage(err error) bool {
 // calls that take them. Each call either refuses with an error matching ErrConfig or
 // ErrGeometry (ErrNoSharing never, on backings that share), or works: a cache is made
 // under a budget of configLimit bytes on a backingtest.Fake (with MapAhead, on cuda's
-// fake driver, a pool that maps ahead, up to poolReserve), a sequence of it appends,
-// writes and reads back a token (or a recurrent state), and a prefix cache over it
-// looks a prompt up, inserts it, evicts and closes; a call may then fail only for the
+// fake driver, a pool that maps ahead), a sequence of it appends, writes and reads
+// back a token (or a recurrent state), and a prefix cache over it looks a prompt up,
+// inserts it, evicts and closes; a call may then fail only for the
 // budget (or the address space), never otherwise. Nothing may panic, and nothing may
 // allocate what the budget would not allow.
 func FuzzConfig(f *testing.F) {
@@ -132,6 +128,11 @@ func FuzzConfig(f *testing.F) {
 	add(configInput{cfg: kv.Config{Geometry: kv.Tiny, MaxTokens: 32, Layout: kv.PerLayer, MapAhead: true}, granule: fakeGranule, tokens: 3, events: true})
 	add(configInput{cfg: kv.Config{Geometry: kv.Tiny, MaxTokens: 40, BlockTokens: 4}, granule: fakeGranule, tokens: 40, tiers: 2,
 		opts: kv.PrefixCacheOptions{MaxBytes: 1 << 16, TierWriteThrough: true, TierMinHits: 1, TierStores: 2, TierLoads: 1, TierWait: time.Second}})
+	// Map-ahead on cuda's fake driver, each sequence reserving from a few mebibytes to
+	// past the driver's address space (2^45 tokens of Tiny is 2^53 bytes).
+	for _, maxTokens := range []int{1 << 16, 1 << 30, 1 << 36, 1 << 45} {
+		add(configInput{cfg: kv.Config{Geometry: kv.Tiny, MaxTokens: maxTokens, MapAhead: true}, granule: fakeGranule, tokens: 5})
+	}
 	add(configInput{cfg: kv.Config{Geometry: kv.Geometry{Layers: 1 << 62, KVHeads: 1, HeadDim: 1, DType: arena.Float8E4M3}, MaxTokens: 8}, granule: fakeGranule})
 	add(configInput{cfg: kv.Config{Geometry: kv.Geometry{Layers: 2, KVHeads: 1 << 20, HeadDim: 32, DType: arena.Float8E4M3, Scales: kv.ScalePerHead}, MaxTokens: 8}, granule: fakeGranule, tokens: 1})
 	small := func(m kv.Model) kv.Model { // the preset's groups on its first 6 layers
@@ -197,15 +198,10 @@ func checkConfig(t *testing.T, in configInput) {
 		t.Fatalf("TierNamespace: %v", err)
 	}
 
-	// NB: cuda's Reserve keeps a slot per granule of a reservation, made at once, so
-	// that a sequence's address space of 2^55 bytes (valid, and free on the Fake)
-	// asks the heap for terabytes: map-ahead runs on cuda only where a sequence
-	// reserves at most poolReserve bytes, else on the Fake, which ignores it.
-	pool := cfg.MapAhead
-	if sz, err := cfg.Size(fakeGranule, 0); err != nil || sz.Reserved > poolReserve {
-		pool = false
-	}
-	fb := newFuzzBacking(t, pool)
+	// A sequence's address space may be 2^55 bytes (valid, and free on the Fake):
+	// cuda's fake driver refuses a reservation past its 128 TiB as the driver does,
+	// with backing.ErrOutOfMemory, a shortage.
+	fb := newFuzzBacking(t, cfg.MapAhead)
 	defer fb.finish(t)
 	c, err := fb.newCache(cfg)
 	switch {

@@ -116,7 +116,7 @@ type Reservation struct {
 	dead atomic.Bool // Unreserve gave the range back (or quarantined it)
 
 	mu    sync.Mutex
-	slots []slot // one per granule; h nil: Reserved
+	slots slotTable // one slot per granule, h nil: Reserved (slots.go)
 }
 
 type slot struct {
@@ -315,11 +315,18 @@ func (b *Backing) use(op string, r *Reservation) error {
 
 // Reserve moves size bytes of device address space from Unreserved to Reserved,
 // aligned to the granularity (cuMemAddressReserve). The reservation MUST be given back
-// with Unreserve.
+// with Unreserve. What it costs the heap grows with what is committed in it, not with
+// its size. Where the driver's address space is short it answers
+// CUDA_ERROR_OUT_OF_MEMORY, which matches backing.ErrOutOfMemory; a size past 2^27
+// granules (256 TiB at 2 MiB) gets that error before the driver is asked.
 func (b *Backing) Reserve(size int) (*Reservation, error) {
 	b.live()
 	if err := backing.CheckReserve(size, b.gran); err != nil {
 		return nil, err
+	}
+	if n := size / b.gran; n > maxChunks*chunkSlots {
+		return nil, &backing.OpError{Op: "reserve", Size: size, Kind: backing.ErrOutOfMemory,
+			Err: fmt.Errorf("cuda: %d granules is past any device's address space (at most %d)", n, maxChunks*chunkSlots)}
 	}
 	r := &Reservation{b: b, size: size}
 	if size > 0 {
@@ -337,7 +344,7 @@ func (b *Backing) Reserve(size int) (*Reservation, error) {
 			return nil, opError("reserve", 0, size, errors.Join(
 				fmt.Errorf("cuda: driver returned %#x, not aligned to %d", r.base, b.gran), ferr))
 		}
-		r.slots = make([]slot, size/b.gran)
+		r.slots = newSlotTable(size / b.gran)
 	}
 	b.mu.Lock()
 	b.nres++
@@ -381,16 +388,30 @@ func (b *Backing) check(op string, r *Reservation, off, size int) error {
 // true) or reserved (want false). r.mu must be held.
 func (r *Reservation) state(op string, off, size int, want bool) error {
 	g := r.b.gran
-	for i := off / g; i < (off+size)/g; i++ {
-		if (r.slots[i].h != nil) != want {
-			kind := backing.ErrCommitted
-			if want {
-				kind = backing.ErrNotCommitted
+	bad := -1
+	for i, end := off/g, (off+size)/g; i < end && bad < 0; {
+		s, next := r.slots.run(i, end)
+		switch {
+		case s == nil && want:
+			bad = i
+		case s != nil:
+			for k := range s {
+				if (s[k].h != nil) != want {
+					bad = i + k
+					break
+				}
 			}
-			return &backing.OpError{Op: op, Offset: off, Size: size, Kind: kind, Err: fmt.Errorf("granule at %#x", i*g)}
 		}
+		i = next
 	}
-	return nil
+	if bad < 0 {
+		return nil
+	}
+	kind := backing.ErrCommitted
+	if want {
+		kind = backing.ErrNotCommitted
+	}
+	return &backing.OpError{Op: op, Offset: off, Size: size, Kind: kind, Err: fmt.Errorf("granule at %#x", bad*g)}
 }
 
 // Commit moves [off, off+size) from Reserved to Committed: it maps one pooled handle
@@ -525,10 +546,7 @@ func (b *Backing) rollback(r *Reservation, off int, hs []*handle) error {
 
 // record notes hs as mapped at off of r. r.mu must be held.
 func (b *Backing) record(r *Reservation, off int, hs []*handle, ro bool) {
-	first := off / b.gran
-	for i, h := range hs {
-		r.slots[first+i] = slot{h: h, ro: ro, shared: ro}
-	}
+	r.slots.set(off/b.gran, hs, ro)
 	n := int64(len(hs)) * int64(b.gran)
 	b.mu.Lock()
 	for _, h := range hs {
@@ -587,17 +605,22 @@ func (b *Backing) Decommit(r *Reservation, off, size int) error {
 func (b *Backing) drop(r *Reservation, first, n int) {
 	var free []*handle
 	b.mu.Lock()
-	for i := first; i < first+n; i++ {
-		h := r.slots[i].h
-		r.slots[i] = slot{}
-		if h.refs <= 0 {
-			b.mu.Unlock()
-			panic(PanicHandleRefs)
+	for i := first; i < first+n; {
+		s, next := r.slots.run(i, first+n)
+		for k := range s {
+			h := s[k].h
+			s[k] = slot{}
+			if h.refs <= 0 {
+				b.mu.Unlock()
+				panic(PanicHandleRefs)
+			}
+			h.refs--
+			if h.refs == 0 {
+				free = append(free, h)
+			}
 		}
-		h.refs--
-		if h.refs == 0 {
-			free = append(free, h)
-		}
+		r.slots.cleared(i, len(s))
+		i = next
 	}
 	bytes := int64(n) * int64(b.gran)
 	b.mapped -= bytes
@@ -624,9 +647,9 @@ func (b *Backing) Unreserve(r *Reservation) accounting.ReleaseOutcome {
 	}
 	g := b.gran
 	var held int64
-	for _, s := range r.slots {
-		if s.h != nil {
-			held += int64(g)
+	for _, c := range r.slots.c {
+		if c != nil {
+			held += int64(c.n) * int64(g)
 		}
 	}
 	if r.size > 0 {
@@ -639,14 +662,10 @@ func (b *Backing) Unreserve(r *Reservation) accounting.ReleaseOutcome {
 	d := b.drv
 	var unmapped int64
 	var errs []error
-	for i := 0; i < len(r.slots); {
-		if r.slots[i].h == nil {
-			i++
-			continue
-		}
-		j := i
-		for j < len(r.slots) && r.slots[j].h != nil {
-			j++
+	for from := 0; from < r.slots.n; {
+		i, j := r.slots.nextMapped(from)
+		if i == j {
+			break
 		}
 		if d.MemUnmap(r.base+uint64(i*g), uintptr((j-i)*g)) == Success {
 			b.drop(r, i, j-i)
@@ -662,7 +681,7 @@ func (b *Backing) Unreserve(r *Reservation) accounting.ReleaseOutcome {
 				unmapped += int64(g)
 			}
 		}
-		i = j
+		from = j
 	}
 	residual := held - unmapped
 	if residual == 0 && r.size > 0 {
@@ -726,17 +745,17 @@ func (b *Backing) Share(dst *Reservation, dstOff int, src *Reservation, srcOff, 
 		return err
 	}
 	first := srcOff / b.gran
-	if prot == backing.ReadWrite {
-		for i := first; i < first+size/b.gran; i++ {
-			if src.slots[i].ro {
+	hs := make([]*handle, 0, size/b.gran)
+	for i, end := first, first+size/b.gran; i < end; {
+		s, next := src.slots.run(i, end) // committed: never nil
+		for k := range s {
+			if prot == backing.ReadWrite && s[k].ro {
 				return &backing.OpError{Op: op, Offset: dstOff, Size: size, Kind: backing.ErrReadOnly,
-					Err: fmt.Errorf("%w: source granule at %#x is read-only in its reservation", ErrReadOnly, i*b.gran)}
+					Err: fmt.Errorf("%w: source granule at %#x is read-only in its reservation", ErrReadOnly, (i+k)*b.gran)}
 			}
+			hs = append(hs, s[k].h)
 		}
-	}
-	hs := make([]*handle, size/b.gran)
-	for i := range hs {
-		hs[i] = src.slots[first+i].h
+		i = next
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -801,13 +820,16 @@ func (b *Backing) Protect(r *Reservation, off, size int, prot backing.Protection
 	ro := prot == backing.ReadOnly
 	first, n := off/g, size/g
 	same := true
-	for i := first; i < first+n; i++ {
-		s := r.slots[i]
-		if !ro && s.shared {
-			return &backing.OpError{Op: op, Offset: off, Size: size, Kind: backing.ErrReadOnly,
-				Err: fmt.Errorf("%w: granule at %#x is shared read-only into this reservation", ErrReadOnly, i*g)}
+	for i := first; i < first+n; {
+		s, next := r.slots.run(i, first+n) // committed: never nil
+		for k := range s {
+			if !ro && s[k].shared {
+				return &backing.OpError{Op: op, Offset: off, Size: size, Kind: backing.ErrReadOnly,
+					Err: fmt.Errorf("%w: granule at %#x is shared read-only into this reservation", ErrReadOnly, (i+k)*g)}
+			}
+			same = same && s[k].ro == ro
 		}
-		same = same && s.ro == ro
+		i = next
 	}
 	if same {
 		return nil
@@ -822,14 +844,13 @@ func (b *Backing) Protect(r *Reservation, off, size int, prot backing.Protection
 		// NB: the driver does not say whether a failed call changed part of the
 		// range: give each run its old access back.
 		for i := first; i < first+n; {
+			was := r.slots.at(i).ro
 			j := i + 1
-			for j < first+n && r.slots[j].ro == r.slots[i].ro {
+			for j < first+n && r.slots.at(j).ro == was {
 				j++
 			}
-			if rerr := b.setAccess(r.base+uint64(i*g), (j-i)*g, r.slots[i].ro); rerr != nil {
-				for k := i; k < j; k++ {
-					r.slots[k].ro = true
-				}
+			if rerr := b.setAccess(r.base+uint64(i*g), (j-i)*g, was); rerr != nil {
+				r.slots.setReadOnly(i, j, true)
 				err = fmt.Errorf("%w; restoring the access of [%#x, +%#x) failed, it is recorded read-only: %w",
 					err, i*g, (j-i)*g, opError(op, i*g, (j-i)*g, rerr))
 			}
@@ -837,9 +858,7 @@ func (b *Backing) Protect(r *Reservation, off, size int, prot backing.Protection
 		}
 		return err
 	}
-	for i := first; i < first+n; i++ {
-		r.slots[i].ro = ro
-	}
+	r.slots.setReadOnly(first, first+n, ro)
 	return nil
 }
 

@@ -27,7 +27,7 @@ func (b *Backing) span(op string, r *Reservation, off, n int, write bool) error 
 	}
 	g := b.gran
 	for i := off / g; i <= (off+n-1)/g; i++ {
-		s := r.slots[i]
+		s := r.slots.at(i)
 		if s.h == nil {
 			return &backing.OpError{Op: op, Offset: off, Size: n, Kind: backing.ErrNotCommitted, Err: fmt.Errorf("granule at %#x", i*g)}
 		}

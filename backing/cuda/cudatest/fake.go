@@ -28,6 +28,12 @@ type FakeDriverOptions struct {
 	// MaxHostRegister is the largest range one cuMemHostRegister accepts; 0 means
 	// 64 GiB. Larger ones fail with CUDA_ERROR_OUT_OF_MEMORY (see fake_host.go).
 	MaxHostRegister int64
+	// AddressSpace is the device virtual address space cuMemAddressReserve hands out,
+	// in bytes; 0 means 2^47 (128 TiB, the user half of x86-64's 48-bit addresses,
+	// which unified addressing shares with the host). A reservation past what is
+	// left fails with CUDA_ERROR_OUT_OF_MEMORY, as the driver's does; freed ranges
+	// are not handed out again.
+	AddressSpace int64
 }
 
 // FakeDriver is an in-memory model of the CUDA driver's VMM API that enforces the
@@ -42,7 +48,8 @@ type FakeDriverOptions struct {
 //     READ (to read) on every byte they touch;
 //   - cuMemAddressFree only of an exact reservation with no live mapping;
 //   - a handle lives until it is released and its last mapping is gone; releasing
-//     it twice fails; memory is limited (CUDA_ERROR_OUT_OF_MEMORY beyond it).
+//     it twice fails; memory is limited (CUDA_ERROR_OUT_OF_MEMORY beyond it), and so
+//     is the address space reservations take (FakeDriverOptions.AddressSpace).
 //
 // A handle's contents are one Go byte slice shared by all its mappings, so a write
 // through one mapping reads back through every other (the shared-prefix aliasing).
@@ -119,6 +126,9 @@ func NewFakeDriver(opts FakeDriverOptions) *FakeDriver {
 	}
 	if opts.Version == 0 {
 		opts.Version = fakeVersion
+	}
+	if opts.AddressSpace <= 0 {
+		opts.AddressSpace = 1 << 47
 	}
 	f := &FakeDriver{
 		opts:       opts,
@@ -540,7 +550,7 @@ func (f *FakeDriver) memAddressReserve(ptr *uint64, size, align uintptr, addr ui
 	}
 	a := uint64(max(align, g))
 	base := (f.nextVA + a - 1) &^ (a - 1)
-	if base+uint64(size) < base {
+	if end := fakeVABase + uint64(f.opts.AddressSpace); base+uint64(size) < base || base+uint64(size) > end {
 		return cuda.CodeOutOfMemory // address space exhausted
 	}
 	f.nextVA = base + uint64(size)
