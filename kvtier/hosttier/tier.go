@@ -41,12 +41,6 @@ const (
 	defaultGranule  = 64 << 10
 	defaultPinChunk = 1 << 30
 	tierName        = "host"
-	// populateChunk is the most bytes one populate call makes resident (rounded up to
-	// the granule). MADV_POPULATE_WRITE holds the process's memory-map lock while it
-	// zeroes what it populates, and every mmap, munmap and mprotect of the process (a
-	// cache committing its next granule on the token path) waits for it: populating a
-	// 2 MiB block at once held them ~0.6 ms, 64 KiB at a time holds them ~20 us.
-	populateChunk = 64 << 10
 )
 
 // Options configure a Tier.
@@ -100,7 +94,6 @@ type Tier struct {
 	region int64
 	auth   *accounting.Authority
 	evict  bool
-	chunk  int          // populate this many bytes at a time; 0: do not populate
 	pin    *pinner      // nil without CUDA
 	stream *cuda.Stream // nil without CUDA
 
@@ -184,26 +177,24 @@ func New(opts Options) (*Tier, error) {
 		}
 		auth = g.Authority("hosttier", dev)
 	}
+	// Commits do not populate their pages: a store's fill faults them in by its copy
+	// (one fault per huge page where the region takes them, else per 4 KiB page).
+	// MADV_POPULATE_WRITE would be cheaper (~4.5x at 4 KiB pages, on a store's first
+	// use of a granule only: later stores reuse resident granules), but it holds the
+	// process's memory-map lock while it zeroes, and every mmap, munmap and mprotect
+	// of the process, a cache committing its next granule on the token path among
+	// them, waits for it (even 64 KiB at a time: docs/filetier.md); a fault holds
+	// only the lock of the tier's own mapping. A CUDA tier's pinning, in the
+	// background, makes its pages resident.
 	priv, err := host.NewPrivate(host.PrivateOptions{Granularity: opts.Granule, Name: "vmarena-hosttier"})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadOptions, err)
-	}
-	// A store populates the pages it commits (MADV_POPULATE_WRITE: ~4.5x cheaper than
-	// faulting 4 KiB pages), a chunk at a time (populateChunk) so that the cache's
-	// commits on the token path wait for one chunk at most, not for a whole block.
-	// Not where the region takes huge pages: there the fill's copy faults one huge
-	// page per 2 MiB, which costs what populating it would, under the lock of the
-	// tier's own mapping only. Nor a CUDA tier's one commit of its whole region: there
-	// the pinning, in the background, makes the pages resident, and New stays quick.
-	chunk := max(populateChunk, opts.Granule)
-	if opts.CUDA != nil || priv.Stats().HugePages {
-		chunk = 0
 	}
 	res, err := priv.Reserve(int(region))
 	if err != nil {
 		return nil, err
 	}
-	t := &Tier{priv: priv, res: res, base: priv.Base(res), gran: opts.Granule, region: region, auth: auth, chunk: chunk,
+	t := &Tier{priv: priv, res: res, base: priv.Base(res), gran: opts.Granule, region: region, auth: auth,
 		evict: !opts.NoEvict, index: make(map[kv.TierKey]*entry), sp: newSpace(int(region / int64(opts.Granule)))}
 	t.idle.L = &t.mu
 	t.lru.next, t.lru.prev = &t.lru, &t.lru
@@ -346,8 +337,8 @@ func (t *Tier) evictOne() bool {
 	return false
 }
 
-// commit commits the cold runs of e's run, which room charged, and populates them a
-// chunk at a time; on error it gives the charge of what it did not commit back. Called without t.mu: the run is e's alone.
+// commit commits the cold runs of e's run, which room charged; on error it gives the
+// charge of what it did not commit back. Called without t.mu: the run is e's alone.
 func (t *Tier) commit(e *entry, cold []run) error {
 	for i, c := range cold {
 		if err := t.priv.Commit(t.res, c.off*t.gran, c.n*t.gran); err != nil {
@@ -371,16 +362,6 @@ func (t *Tier) commit(e *entry, cold []run) error {
 			t.sp.setCommitted(c, true)
 		}
 		t.mu.Unlock()
-	}
-	if t.chunk == 0 {
-		return nil
-	}
-	for _, c := range cold {
-		for off, end := c.off*t.gran, (c.off+c.n)*t.gran; off < end; off += t.chunk {
-			if err := t.priv.Populate(t.res, off, min(t.chunk, end-off)); err != nil {
-				return err
-			}
-		}
 	}
 	return nil
 }
