@@ -46,8 +46,11 @@ type PrefixCacheOptions struct {
 	TierWait time.Duration
 	// TierWriteThrough, when set, stores an entry's whole blocks into the tiers as
 	// soon as the cache holds them in ranges of its own (the inserted sequence
-	// closed, or was about to change them), off the token path, at most TierStores
-	// at once; eviction then writes down only what was not stored. The default,
+	// closed, or was about to change them), off the token path, on TierStores
+	// workers; eviction then writes down only what was not stored. When stores fall
+	// behind, so that TierThroughQueue write-throughs per worker wait already, the
+	// next is deferred (TierStats.Deferred): its blocks go down as they are
+	// evicted, as without write-through. The default,
 	// false, is write-back only: blocks go down as they leave the device. It
 	// requires Tiers (ErrConfig otherwise).
 	TierWriteThrough bool
@@ -164,10 +167,11 @@ type PrefixCacheOptions struct {
 // Policy: by default blocks go down as they leave the device (write-back), every one
 // of them. PrefixCacheOptions.TierWriteThrough stores an entry's whole blocks as soon
 // as the cache holds them in ranges of its own (its origin closed into it, or was
-// about to change them), on a goroutine of its own with the entry held busy meanwhile
+// about to change them), on one of TierStores workers with the entry held busy meanwhile
 // (NB: eviction passes it over until its stores end, but a growth that finds nothing
 // else to evict waits for them and then evicts it, as it would copy a write-back), and
-// eviction then stores only what was not stored.
+// eviction then stores only what was not stored; a write-through that finds the
+// workers' bounded queue full is deferred to eviction (TierStats.Deferred).
 // PrefixCacheOptions.TierMinHits is the reuse threshold: only the blocks of entries
 // that lookups hit that many times go down, the count kept per entry (a lookup counts
 // once, for the entry it maps from; a longer entry that displaces one inherits it).

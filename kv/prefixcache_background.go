@@ -8,12 +8,14 @@ package kv
 import "context"
 
 // writeThrough stores e's whole blocks into the tiers now that e holds ranges of its
-// own and, under a reuse threshold, was hit often enough (TierWriteThrough), on a
-// goroutine of its own counted in bg: e is busy meanwhile, so that eviction leaves its
-// ranges as they are, and the blocks it stores are not written again when e is
+// own and, under a reuse threshold, was hit often enough (TierWriteThrough), on one
+// of the store workers, counted in bg: e is busy meanwhile, so that eviction leaves
+// its ranges as they are, and the blocks it stores are not written again when e is
 // evicted. A growth that finds nothing else to evict waits for the store to end
 // (storingVictim) rather than being refused. An entry whose write-through runs starts
-// no second one: eviction writes down what that one did not store. pc.mu is held.
+// no second one: eviction writes down what that one did not store. When the workers'
+// queue is full the write-through is deferred (TierStats.Deferred): e stays as it
+// was, and its blocks go down as it is evicted. pc.mu is held.
 func (t *pcTiers) writeThrough(pc *PrefixCache, e *pcEntry) {
 	if t == nil || !t.through || t.sealed || e.closed || e.seq == nil || e.seq.err != nil || !t.keep(e) || t.storing[e] != nil {
 		return
@@ -22,26 +24,67 @@ func (t *pcTiers) writeThrough(pc *PrefixCache, e *pcEntry) {
 	if !ok {
 		return
 	}
+	if len(t.queue) == cap(t.queue) {
+		t.deferred(p.last - p.first)
+		return
+	}
+	if !t.working {
+		t.working = true
+		for range cap(t.slots) {
+			go t.storeWorker()
+		}
+	}
 	e.stored = p.last
 	e.busy++
 	done := make(chan struct{})
 	t.storing[e] = done
 	t.bg.Add(1)
-	seq := e.seq // its ranges, which stay as they are while e is busy
-	go func() {
-		defer t.bg.Done()
-		t.writeBack(context.Background(), seq, &tierWrite{t: t, parts: []tierPart{p}})
-		pc.mu.Lock()
-		e.busy--
-		delete(t.storing, e)
-		out := e.state() == entryOut // it left the index meanwhile: ours to close
-		pc.mu.Unlock()
-		if out {
-			e.close()
-		}
-		close(done) // after the close: a growth waiting for it finds the memory back
-		t.repay(pc)
-	}()
+	// e.seq's ranges stay as they are while e is busy. The send does not block: only
+	// writeThrough sends, under pc.mu, and the queue had room.
+	t.queue <- throughJob{pc: pc, e: e, seq: e.seq, p: p, done: done}
+}
+
+// throughJob is one write-through for a store worker: the part p of e's blocks, in
+// seq's ranges, and the channel to close once it ended.
+type throughJob struct {
+	pc   *PrefixCache
+	e    *pcEntry
+	seq  *Sequence
+	p    tierPart
+	done chan struct{}
+}
+
+// storeWorker runs the write-throughs of the queue until seal closes it. No lock is
+// held.
+func (t *pcTiers) storeWorker() {
+	for j := range t.queue {
+		t.through1(j)
+	}
+}
+
+// through1 runs one write-through, then gives its entry back to eviction (closing it
+// if it left the index meanwhile). No lock is held.
+func (t *pcTiers) through1(j throughJob) {
+	defer t.bg.Done()
+	pc, e := j.pc, j.e
+	t.writeBack(context.Background(), j.seq, &tierWrite{t: t, parts: []tierPart{j.p}})
+	pc.mu.Lock()
+	e.busy--
+	delete(t.storing, e)
+	out := e.state() == entryOut // it left the index meanwhile: ours to close
+	pc.mu.Unlock()
+	if out {
+		e.close()
+	}
+	close(j.done) // after the close: a growth waiting for it finds the memory back
+	t.repay(pc)
+}
+
+// deferred counts blocks whose write-through the full queue deferred, in every tier.
+func (t *pcTiers) deferred(blocks int) {
+	for i := range t.tiers {
+		t.count(i, func(st *TierStats) { st.Deferred += int64(blocks) })
+	}
 }
 
 // repay, once a write-through's stores ended and its entry can be evicted again,
@@ -115,6 +158,9 @@ func (t *pcTiers) seal(pc *PrefixCache) {
 	}
 	pc.mu.Lock()
 	t.sealed = true
+	if t.working {
+		close(t.queue) // nothing is sent once sealed; the workers drain it and end
+	}
 	pc.mu.Unlock()
 	t.bg.Wait()
 }

@@ -26,6 +26,11 @@ const (
 	// DefaultTierWait bounds a lookup's wait on the tiers, and one store, when
 	// PrefixCacheOptions.TierWait is 0.
 	DefaultTierWait = 100 * time.Millisecond
+	// TierThroughQueue is the write-throughs that wait for a store worker, per
+	// worker (PrefixCacheOptions.TierStores of them): one that finds the queue full
+	// is deferred (TierStats.Deferred), its blocks left to go down as the entry is
+	// evicted, rather than a goroutine that waits holding its entry busy.
+	TierThroughQueue = 8
 )
 
 // TierStats counts what a prefix cache did with one of its tiers.
@@ -45,6 +50,11 @@ type TierStats struct {
 	// that failed other than by a value's check: each a miss, never an error of the
 	// caller.
 	Drops int64
+	// Deferred counts the blocks whose write-through found the queue of the store
+	// workers full (TierThroughQueue), so that stores fell behind the inserts: they
+	// were not stored then, and go down as their entry is evicted (write-back), as
+	// without TierWriteThrough. Not drops: nothing is lost unless that fails too.
+	Deferred int64
 	// Invalid counts the values that failed DecodeTierValue's check: misses, never
 	// mapped.
 	Invalid int64
@@ -89,6 +99,12 @@ type pcTiers struct {
 	// started in the background but parked for Close.
 	sealed bool
 	parked []*pcEntry
+	// queue feeds the write-throughs to the store workers, TierStores of them,
+	// started with the first (working); at most TierThroughQueue per worker wait in
+	// it. Only writeThrough sends, pc.mu held and the tiers not sealed; seal closes
+	// it, and the workers end once it is drained.
+	queue   chan throughJob
+	working bool
 	// storing is the entries whose write-through runs, each with a channel closed
 	// once it ended (and the entry, if it left the index meanwhile, closed): a
 	// growth that finds nothing else to evict waits for one (PrefixCache.evictFor).
@@ -174,6 +190,9 @@ func newTiers(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
 	}
 	if opts.TierStores == 0 {
 		t.slots = make(chan struct{}, DefaultTierStores)
+	}
+	if t.through {
+		t.queue = make(chan throughJob, TierThroughQueue*cap(t.slots))
 	}
 	t.loads = make(chan struct{}, opts.TierLoads)
 	if opts.TierLoads == 0 {

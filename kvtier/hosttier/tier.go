@@ -177,10 +177,17 @@ func New(opts Options) (*Tier, error) {
 		}
 		auth = g.Authority("hosttier", dev)
 	}
-	// Commits populate their pages (MADV_POPULATE_WRITE: ~4.5x cheaper than faulting),
-	// except a CUDA tier's one commit of its whole region: there the pinning, in the
-	// background, makes the pages resident, and New stays quick.
-	priv, err := host.NewPrivate(host.PrivateOptions{Granularity: opts.Granule, Populate: opts.CUDA == nil, Name: "vmarena-hosttier"})
+	// Commits do not populate their pages: a store's fill faults them in by its copy
+	// (one fault per huge page where the region takes them, else per 4 KiB page).
+	// MADV_POPULATE_WRITE makes a store's first use of a granule cheaper (here 0.57
+	// ms against 0.97 ms per 2 MiB, BenchmarkColdStore; later stores reuse resident
+	// granules), but it holds the process's memory-map lock while it zeroes, and
+	// every mmap, munmap and mprotect of the process, a cache committing its next
+	// granule on the token path among them, waits for it, even when it populates 64
+	// KiB at a time (kvtier/filetier's BenchmarkDecodeStep, tier=host, grow-ns/op:
+	// -71% without it); a fault holds only the lock of the tier's own mapping. A
+	// CUDA tier's pinning, in the background, makes its pages resident.
+	priv, err := host.NewPrivate(host.PrivateOptions{Granularity: opts.Granule, Name: "vmarena-hosttier"})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadOptions, err)
 	}
