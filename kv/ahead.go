@@ -112,7 +112,7 @@ import (
 // one token a step, that many steps of lead for the worker. 16 is a whole block of
 // the default layout at 2 MiB granules for Llama-3-8B (the next block is asked for
 // as the current one begins): with 8, 0.26% of a long-prompt replay's steps still
-// found no granule made (BENCHMARKS.md, issue 23).
+// found no granule made (docs/benchmarks/kv.md, map-ahead).
 const aheadTokens = 16
 
 // fillShare bounds the filling of the pool (see above): the granules made ahead of
@@ -592,7 +592,7 @@ func (a *ahead) hold(need, credit int64) func() {
 	}
 	// NB: only with no idle granule: the worker's runs take the pool's idle granules
 	// first, so beside a step that counts on them it would leave the step new ones
-	// to make (BENCHMARKS.md, issue 23: the steps that made a granule doubled). The
+	// to make (docs/benchmarks/kv.md, map-ahead: the steps that made a granule doubled). The
 	// step's own commit lowers the free budget while its reservation stands, so the
 	// worker sees less room than there is until the step ends: it errs towards
 	// leaving a run to its step, never towards a refusal.

@@ -143,8 +143,8 @@ func TestReplayTiers(t *testing.T) {
 // twice, fewer than write-back stores; each policy's every hit token reads back right
 // and its ledgers are exact (replayTiers). NB: write-through runs in TestRunTierPolicy
 // only: entries held busy by their background stores can not be evicted for a lone
-// request's step, which the replay then refuses (see BENCHMARKS.md, issue 28, the
-// tier policies), so that its requests do not all complete.
+// request's step, which the replay then refuses (docs/benchmarks/tiers.md: write-back,
+// write-through and the reuse threshold), so that its requests do not all complete.
 func TestReplayTierPolicies(t *testing.T) {
 	w := tierWorkload(t)
 	s := tierTestSetup(t, w, []string{tierHost}, 1, 0)
