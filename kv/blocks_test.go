@@ -237,23 +237,8 @@ func TestBlockSmallModelShares(t *testing.T) {
 				t.Skip(err)
 			}
 			c := e.cache(t, kv.Config{Model: smallUniform(), MaxTokens: 2048})
-			s, err := c.NewSequence()
-			require.NoError(t, err)
-			defer s.Close()
-			require.NoError(t, s.Append(300))
-			p, err := s.Freeze(300)
-			require.NoError(t, err)
-			defer p.Release()
-			q, err := c.NewSequenceFrom(p)
-			require.NoError(t, err)
-			defer q.Close()
-			var st kv.SequenceStats
-			for _, ss := range c.SequenceStats() {
-				if ss.ID == q.ID() {
-					st = ss
-				}
-			}
-			assert.Equal(t, tt.mapped, st.Shared, "the whole blocks are mapped, not copied")
+			shared, _ := sharedOnPrefix(t, c, 300)
+			assert.Equal(t, tt.mapped, shared, "the whole blocks are mapped, not copied")
 		})
 	}
 }
@@ -277,20 +262,32 @@ func TestBlockSmallModelSharesByDefault(t *testing.T) {
 	c, err := kv.New(b, kv.Config{Model: m, MaxTokens: 2048})
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, c.Close()) }()
+	shared, blockTokens := sharedOnPrefix(t, c, 300)
+	assert.Equal(t, 64, blockTokens)
+	assert.Equal(t, int64(4*(128<<10)), shared, "4 whole blocks of 64 tokens mapped, 44 tokens copied")
+}
+
+// sharedOnPrefix freezes the first n tokens of a new sequence of c, starts a second
+// sequence on that prefix and returns the bytes the second maps from it (its
+// SequenceStats.Shared) and its block's tokens. Everything is closed on return.
+func sharedOnPrefix(t *testing.T, c *kv.Cache, n int) (shared int64, blockTokens int) {
+	t.Helper()
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	defer s.Close()
-	require.NoError(t, s.Append(300))
-	p, err := s.Freeze(300)
+	require.NoError(t, s.Append(n))
+	p, err := s.Freeze(n)
 	require.NoError(t, err)
 	defer p.Release()
 	q, err := c.NewSequenceFrom(p)
 	require.NoError(t, err)
 	defer q.Close()
-	assert.Equal(t, 64, q.BlockTokens())
+	found := false
 	for _, ss := range c.SequenceStats() {
 		if ss.ID == q.ID() {
-			assert.Equal(t, int64(4*(128<<10)), ss.Shared, "4 whole blocks of 64 tokens mapped, 44 tokens copied")
+			shared, found = ss.Shared, true
 		}
 	}
+	require.True(t, found, "the sequence on the prefix is in SequenceStats")
+	return shared, q.BlockTokens()
 }
