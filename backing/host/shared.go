@@ -130,11 +130,13 @@ const (
 // last one. Protect makes a reservation's committed granules read-only, or writable
 // again, in place (mprotect).
 //
-// A slot is Free, Idle or Live; idle granules wait in the park, and new ones may be
-// private huge pages: the package documentation describes the slots, new granules
-// and huge pages, the park, memory management, limits and concurrency of a Shared
-// (the sections headed "Shared:"). A Shared is safe for concurrent use; Close must
-// not run concurrently with any other call.
+// A slot is Free, Idle or Live (shared_pool.go); idle granules wait in the park
+// (shared_park.go), and new ones may be private huge pages (shared_priv.go). A Shared
+// is safe for concurrent use; Close must not run concurrently with any other call.
+// Its bookkeeping is under one mutex, held across mmap and mremap (which the kernel
+// serializes per process anyway) but not across page population or fallocate, which
+// run outside it on slots marked busy. It costs 12 bytes per reserved granule and a
+// few bytes per slot of the file, which only grows (sparse: holes cost nothing).
 type Shared struct {
 	_ nocopy.NoCopy
 
