@@ -469,8 +469,8 @@ func (c *Cache) SequenceStats() []SequenceStats {
 // Close closes the cache. Every sequence and prefix MUST have been closed and
 // released first: while any is live Close fails with an error matching ErrBusy and
 // closes nothing. It retries giving back any range whose release failed earlier and
-// reports what still fails, and gives back the range of the FP8 scales. A second
-// Close changes nothing and returns an error matching ErrClosed.
+// reports what still fails. A second Close changes nothing and returns an error
+// matching ErrClosed.
 func (c *Cache) Close() error {
 	c.mu.Lock()
 	if c.closed {

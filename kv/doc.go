@@ -37,9 +37,10 @@
 //     ForkAt, Freeze, Close), prefix.go, batch.go (growth and its waits),
 //     admission.go (what a scheduler asks first), tokens.go and access.go (reaching
 //     tokens, the strides), share.go (how a new holder maps shared units).
-//   - The shape: model*.go, group*.go (the groups, the window rule, the states of a
-//     window's bytes), layout.go, blocks.go (how a block is chosen), sizing.go (what a
-//     configuration costs), scales.go (FP8 scales).
+//   - The shape: model*.go, group*.go and window*.go (the groups and how they lie on
+//     ranges, the window rule, the states of a window group's bytes), layout.go,
+//     blocks.go (how a block is chosen), sizing.go (what a configuration costs),
+//     scales.go (FP8 scales).
 //   - Map-ahead: ahead*.go, its worker and the window's give-back off the token path.
 //   - The prefix cache: prefixcache*.go, its API and options (prefixcache.go), index
 //     and counts (_index), eviction (_evict), lazy entries (_lazy), live holders of
