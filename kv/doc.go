@@ -85,13 +85,13 @@
 // A Cache is safe for concurrent use. A Sequence is used by one goroutine at a time
 // (Fork and Freeze read it, so they are its owner's too, and a batch step belongs to
 // the owner of all its sequences); a Prefix by many. [Cache.SetScales] must not run
-// while anything reads that tensor's scales. The cache runs two goroutines of its
-// own: the map-ahead worker, which touches a sequence only through its ranges' runs
-// ahead and takes no lock of the cache's or a sequence's (ahead.go), and a prefix
-// cache's events goroutine, which takes only the prefix cache's lock and calls the
-// observer with none held. Tiers are called with none of these locks held; the lock
-// of their counts is taken after all of them. The locks, in the order they are taken
-// (a goroutine that holds one takes only those below it):
+// while anything reads that tensor's scales. Goroutines of the package's own: the
+// map-ahead worker, which touches a sequence only through its ranges' runs ahead and
+// takes no lock of the cache's or a sequence's (ahead.go); a prefix cache's events
+// goroutine, which takes only the prefix cache's lock and calls the observer with
+// none held; and its tiers' stores. Tiers are called with none of these locks held;
+// the lock of their counts is taken after all of them. The locks, in the order they
+// are taken (a goroutine that holds one takes only those below it):
 //
 //  1. an origin's ranges lock (one sequence's: taken to resize or protect ranges that
 //     a prefix cache entry referred to, and by a lookup that maps from them; no
