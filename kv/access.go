@@ -9,6 +9,21 @@ import (
 // Writable returns the first token that may be written: tokens below it lie in
 // granules shared with a prefix or a fork and are read-only. On a Model it is the
 // first that may be written in every group that has tokens.
+//
+// WriteTokens refuses a token below it with ErrReadOnly, and a Truncate into a shared
+// granule replaces it with a private copy of the kept tokens rather than write into
+// it. The sharers map shared granules read-only; on a backing that can change access
+// in place (backing.Protector: host.Shared, cuda) the origin's own mapping of them
+// becomes read-only too when it is frozen or forked. Where the backing can not, the
+// origin's mapping stays writable and its code MUST NOT write below Writable.
+//
+// A stray CPU store into read-only memory through Bytes or a host View is a hardware
+// fault (SIGSEGV), which the Go runtime reports as "fatal error: fault" and ends the
+// process. A goroutine that would rather recover it calls
+// runtime/debug.SetPanicOnFault(true) first: the fault then becomes a Go panic (a
+// runtime.Error whose Addr method gives the address) that a deferred recover can turn
+// into an error. On a GPU a kernel's write into read-only memory is a fault of the
+// CUDA context, where the driver grants read-only access at all.
 func (s *Sequence) Writable() int {
 	s.live()
 	w := 0
@@ -25,7 +40,7 @@ func (s *Sequence) Writable() int {
 // Bytes below Writable() × TokenBytes are shared with a prefix or a fork and MUST NOT
 // be written: in a sequence started on a prefix or forked they are mapped read-only,
 // and so are they in the sequence a prefix or fork was made from on a backing that
-// can protect memory in place (a write faults: see the package doc); elsewhere the
+// can protect memory in place (a write faults: see Writable); elsewhere the
 // origin's are not, and a write there would reach every sharer. In a window group the
 // slice holds the tokens from FirstHeld on: (Len - FirstHeld) × TokenBytes bytes.
 func (s *Sequence) Bytes(layer int, kind Kind) ([]byte, error) {

@@ -9,8 +9,8 @@ import (
 
 // What a scheduler asks before it admits, forks or steps: what an operation would
 // take from the budget now (Need, ForkNeed), what the budget could give now
-// (Headroom), and where the cache's memory is (Device, Pool). Every operation that
-// commits granules evicts cached prefixes before it refuses for budget.
+// (Headroom), and where the cache's memory is (Device, Pool). What evicts cached
+// prefixes, and when, is the package doc's memory rules.
 
 // Device returns the device whose budget the cache's memory takes (the backing's).
 func (c *Cache) Device() accounting.DeviceKey { return c.dev }

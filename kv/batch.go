@@ -184,7 +184,7 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 		s.grew = true
 	}
 	// NB: the windows give back what no step from the sequence's length on reads
-	// (see the package doc's layer groups) only once every growth is committed, so
+	// (see the states of a window group's bytes) only once every growth is committed, so
 	// that a refused step changes nothing; a give-back the backing fails damages its
 	// sequence (see dropDead), the others' steps stand.
 	var errs []error
@@ -349,7 +349,7 @@ func (c *Cache) watchIdle(ctx context.Context, cancel context.CancelFunc, idle i
 // accounting.ErrBudgetExceeded; see AppendBatch for what it carries) and changes
 // nothing; past MaxTokens it fails with ErrTooLong. On a Model, each window group
 // then gives back the whole units below the one that holds its FirstLive of the
-// length it grew from (see the package doc's Layer groups).
+// length it grew from (see the states of a window group's bytes).
 func (s *Sequence) Append(n int) error {
 	g := [1]Growth{{s, n}}
 	return s.c.appendBatch(g[:], 0, nil)

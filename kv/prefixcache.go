@@ -25,7 +25,7 @@ type PrefixCacheOptions struct {
 	// Tiers, when set, are the stores below the device, in order (host memory first,
 	// then a shared store, say): eviction writes an entry's whole blocks down into
 	// each, and a lookup that does not find all of a prompt locally asks them for the
-	// blocks that follow (see prefixcache_tier.go and PrefixCache's Tiers section).
+	// blocks that follow (see prefixcache_tier.go and docs/tiers.md).
 	// Only the Blocked layout has blocks that are one contiguous unit; another is
 	// refused with ErrConfig, as are two tiers of one Name (their counts, in Stats
 	// and in metrics, are told apart by it).
@@ -70,128 +70,25 @@ type PrefixCacheOptions struct {
 // An entry of the cache is a sequence the cache owns, holding one path of the index
 // from its first token: whole granules mapped from the sequence that was inserted, the
 // partly filled last granule copied. A prefix's physical granules are owned once
-// however many entries and live sequences map them. The cache's memory is the
-// governor's to take back: see Mechanics below.
+// however many entries and live sequences map them. The index is a radix tree of
+// token IDs: a match is exact to the token, and equal keys are equal tokens, with no
+// hash whose collision would map another prompt's K/V.
 //
-// # Mechanics
+// Insert is bookkeeping only, so that a cache that is never hit costs no system call:
+// the entry refers to the inserted sequence's granules until that sequence closes and
+// hands its ranges over, or is about to change the cached tokens (Insert says what it
+// may still write meanwhile).
 //
-// The index is a radix tree of token IDs, not vLLM's chain of block hashes: a match
-// is exact to the token (the partial tail is copied anyway, so there is nothing to
-// gain from rounding to blocks), equal keys are equal tokens by construction (no hash
-// whose collisions would map another prompt's K/V), and a lookup compares tokens once
-// where the hash chain hashes them and then compares them too — BENCHMARKS.md has the
-// figures. Cached prefixes are memory the governor can take back. Each granule is
-// counted by the entries that hold it and the live sequences and prefixes that map it
-// (forks and frozen prefixes made before the insert too, where the PrefixCache existed
-// when they were made; NB: one made earlier is not counted, and eviction may count its
-// granules as memory it gives back); eviction takes the last granules of the least
-// recently used leaf (the leaf whole, in one release, when the need covers all of its
-// own), and only ones that give memory back (held by that entry alone, mapped by no
-// live sequence): page-aware, since a granule any other holder maps frees nothing. It
-// runs before any operation that commits granules is refused (an append, a fork, a
-// freeze, a start on a prefix, a lookup's copied tail), whenever a request on the
-// device waits for memory (the prefix cache's reclaimer, see
-// accounting.Authority.SetReclaimer), to keep under PrefixCacheOptions.MaxBytes, and on
-// request ([PrefixCache.Evict]); a [PrefixPin] holds a prefix against all of them. On a
-// cache of one layer group, a lookup that misses, for a prompt whose granules the
-// budget can not hold, evicts ahead of that growth: when the least recently used entry
-// fits in the prompt's granules, holds every one of its granules alone (no other entry
-// or live sequence maps them) and has no read-only bytes in its ranges (none mapped from elsewhere,
-// none protected by a hit), it leaves the index whole and the new sequence takes
-// over its ranges with their granules committed, so that the prefill commits nothing
-// and no range is unmapped or reserved. It evicts up to that entry's granules beyond
-// the shortfall, all of which the new sequence's prompt then fills.
+// The cache's memory is the budget's to take back (see the package doc's memory
+// rules): eviction takes the least recently used leaf's granules that give memory
+// back, and a [PrefixPin] holds a prefix against it. With PrefixCacheOptions.Tiers,
+// the blocks that leave the device are written down into the tiers, and a lookup asks
+// them for the blocks past its local match (docs/tiers.md).
 //
-// Insert is bookkeeping only: the entry records the tokens and refers to the inserted
-// sequence's granules (it is lazy), so that a cache that is never hit costs no system
-// call. When that sequence closes, the entry takes over its ranges as they are (their
-// page tables too, so that a granule eviction later returns to the pool's park is
-// still warm). It gets ranges of its own (whole granules mapped, the tail copied)
-// only when the sequence is about to change what was cached: a Truncate below the
-// inserted tokens, or a WriteToken into the partly filled granule past the last whole
-// one. A lookup that hits a lazy entry maps from the live sequence's ranges under a
-// lock that the sequence's own resizing calls take too. Protection is lazy as well:
-// like ForkAt on a backing.Protector, the hit first makes the inserted sequence's own
-// mapping of the granules it maps read-only (one call per range), so that from then
-// on a stray store through the sequence's Bytes or View faults. NB: until that first
-// hit, those granules stay writable in the inserted sequence (WriteToken refuses
-// them; a store through Bytes or a View would change what the cache holds), and so
-// do, until the sequence closes, its tokens past the last whole granule below the
-// inserted length, which Bytes and Views MUST NOT rewrite. The index lives in package
-// kv, not beside it, because eviction shrinks the cache's own sequences without the
-// copy Truncate makes and runs inside the cache's budget check, and because a closing
-// sequence hands its ranges to its entry.
-//
-// # Tiers
-//
-// With PrefixCacheOptions.Tiers, a cached block leaves the device for the tiers
-// below it rather than for nowhere (see prefixcache_tier.go). A block is a sharing
-// unit of the Blocked layout (Config.BlockTokens tokens of every layer, one
-// contiguous run of whole granules); its key is the kv/blockhash chain (FNV64CBOR,
-// no seed) of the prompt's blocks up to it, under TierNamespace(the cache's Config,
-// its granule, TierPrefix). Other layouts are refused: their block is not one unit.
-//
-// Write-down: every block that leaves the device goes down into every tier, in order,
-// by one rule: what leaves is picked under the locks, its bytes are copied out with no
-// lock held, and its granules come back only after that (CachedBytes and EvictedBytes
-// count them at the pick, as without tiers). The cases:
-//
-//   - A leaf evicted whole (with tiers, eviction takes a leaf whole where every granule
-//     of its own gives memory back): its whole blocks from the one that holds its
-//     parent's last token on, copied out of its ranges before they close.
-//   - A leaf only shortened (a granule of it mapped elsewhere, or a pinned parent
-//     taking its place): the whole blocks cut off, which a holder of the cache's own
-//     maps (no copy) before the entry's ranges shrink; the copies are made from it,
-//     and it closes after them.
-//   - A lazy entry evicted while its inserted sequence (origin) lives: its memory does
-//     not come back then, so its blocks wait in the origin's ranges. They go down when
-//     it does come back: the origin closes (a holder maps them and they are copied on
-//     a goroutine of their own, off the origin's Close), or truncates below them
-//     (copied first, in the Truncate: the only copy a token path makes).
-//   - An entry whose ranges a miss takes over: copied out before the lookup returns
-//     the new sequence, which writes over them.
-//   - Close: every entry it evicts, each block of the index once (from one of the
-//     entries that hold it), and the blocks still waiting in origins' ranges, copied
-//     under each origin's ranges lock so that it can not close meanwhile; all of
-//     Close's stores together within one TierWait, so that Close finishes.
-//
-// An eviction down to MaxBytes after an Insert or a lookup copies on a goroutine of
-// its own, off the request's path (Close waits for it); one for a growth, a waiting
-// request or Evict copies in the goroutine that evicts, since it needs the memory the
-// copies give back. At most TierStores stores run at once, each within TierWait; a
-// failed store (or a holder that could not be mapped) is a counted drop
-// (TierStats.Drops). Blocks waiting in an origin's ranges go down from a holder also
-// when it closes into another of its entries (a shorter lazy one, which keeps only its
-// own); a damaged entry's or origin's blocks never go down.
-//
-// Policy: by default blocks go down as they leave the device (write-back), every one
-// of them. PrefixCacheOptions.TierWriteThrough stores an entry's whole blocks as soon
-// as the cache holds them in ranges of its own (its origin closed into it, or was
-// about to change them), on one of TierStores workers with the entry held busy meanwhile
-// (NB: eviction passes it over until its stores end, but a growth that finds nothing
-// else to evict waits for them and then evicts it, as it would copy a write-back), and
-// eviction then stores only what was not stored; a write-through that finds the
-// workers' bounded queue full is deferred to eviction (TierStats.Deferred).
-// PrefixCacheOptions.TierMinHits is the reuse threshold: only the blocks of entries
-// that lookups hit that many times go down, the count kept per entry (a lookup counts
-// once, for the entry it maps from; a longer entry that displaces one inherits it).
-//
-// Lookup: past the local match (a miss, or a partial hit), the tiers are asked in
-// order for the whole blocks that follow, up to the last token, which is never
-// matched: Contains, then Load of the run it reports, into granules the new sequence
-// commits for them (the block holding the match's last token is loaded whole over
-// its copy). Where the device's budget can not hold the whole run even after
-// eviction (which runs first, as for any growth), the longest start of it that fits
-// is loaded, the rest counted in TierStats.Unfit, and no tier below is asked. Every
-// value is checked by DecodeTierValue against the prompt's own tokens before its
-// bytes are copied, so no stale key, hash collision or other tenant's value maps
-// another prompt's K/V; the first block that fails ends the run (TierStats.Invalid or
-// Drops), the sequence is cut back to the blocks that passed, and the next tier is
-// asked for the rest. At most TierLoads lookups load at once: a lookup waits for its
-// turn within its wait, and one that gets none is a counted drop of that tier. The
-// whole wait is bounded by TierWait; a tier's failure is a shorter match, never an
-// error of Lookup. The loaded tokens count in Hits and in their tier's
-// TierStats.Hits.
+// The mechanisms are told beside their code: the index and its counts in
+// prefixcache_index.go, eviction in prefixcache_evict.go, lazy entries in
+// prefixcache_lazy.go, tiers in prefixcache_tier.go, layer groups in
+// prefixcache_groups.go.
 //
 // Its zero value is not usable; call NewPrefixCache.
 type PrefixCache struct {
@@ -263,10 +160,10 @@ func (s PrefixCacheStats) HitRate() float64 {
 }
 
 // NewPrefixCache returns an empty prefix cache over c, registered with the governor
-// so that a request on c's device that waits for memory first takes back cached
-// prefixes no live sequence maps, and so that c's own growth does so before it is
-// refused. c's backing must share memory (host.Shared, cuda), else the error matches
-// ErrNoSharing; a cache has at most one PrefixCache. It MUST be closed before c.
+// (its reclaimer) and with c, so that they take cached prefixes back as the package
+// doc's memory rules say. c's backing must share memory (host.Shared, cuda), else
+// the error matches ErrNoSharing; a cache has at most one PrefixCache. It MUST be
+// closed before c.
 //
 // A Model of one MLA group (DeepSeek-V3/R1) has one as a full-attention cache does:
 // its latent is one tensor per layer, every token of it kept. A Model of window
@@ -355,7 +252,7 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 // used entry may leave the index whole and hand its ranges to the new sequence, their
 // granules still committed (Len is 0; the first growths up to them commit nothing): the
 // eviction the prompt's growth would make, without unmapping and mapping as many
-// granules again (see Mechanics on PrefixCache). The sequence MUST be closed.
+// granules again (see prefixcache_evict.go). The sequence MUST be closed.
 func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
 	for {
 		s, m, err := pc.lookup(tokens)
@@ -453,7 +350,7 @@ func (pc *PrefixCache) start(h hit) (*Sequence, error) {
 	case h.spare != nil:
 		if h.sparWB != nil {
 			// Before the new sequence writes over them, in this goroutine: a growth
-			// would copy them out here too (see PrefixCache's Tiers).
+			// would copy them out here too (see prefixcache_tier.go).
 			h.sparWB.t.writeBack(context.Background(), h.spare, h.sparWB)
 		}
 		s := pc.c.reuse(h.spare)
@@ -529,9 +426,9 @@ var errEntryGone = errors.New("kv: prefix cache entry gone")
 // Insert adds the first len(tokens) tokens of s, whose IDs are tokens, to the cache
 // (more tokens than s holds fail with ErrRange and change nothing), so that later
 // lookups can start on them; tokens the cache holds already are left as they are. It is
-// bookkeeping only: the new entry refers to s's granules (see Mechanics on
-// PrefixCache). s's whole granules below them become shared: below s.Writable from then
-// on, refused by WriteToken, and they MUST NOT be written through Bytes or a View (on a
+// bookkeeping only: the new entry refers to s's granules (see prefixcache_lazy.go).
+// s's whole granules below them become shared: below s.Writable from then on,
+// refused by WriteToken, and they MUST NOT be written through Bytes or a View (on a
 // backing.Protector the first lookup that maps them makes them read-only in s too); nor
 // may s's tokens past them and below len(tokens) be written through Bytes or a View
 // (WriteToken may: the entry first copies them). When s closes, the entry takes over

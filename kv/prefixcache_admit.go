@@ -71,10 +71,9 @@ func (pc *PrefixCache) Need(tokens []int32) (int64, error) {
 // recently used first, until bytes of physical memory came back (to the backing's
 // pool) or none is left to take, and returns the bytes that came back: what a
 // scheduler asks for before an operation that Cache.Headroom says needs it, or to
-// give memory to another user of the device. Every operation of the cache already
-// evicts before it refuses for budget, and the governor's reclaimer before a request
-// on the device waits. A negative bytes fails with ErrRange; a closed prefix cache
-// with ErrClosed.
+// give memory to another user of the device; the cache evicts without it where the
+// package doc's memory rules say. A negative bytes fails with ErrRange; a closed
+// prefix cache with ErrClosed.
 func (pc *PrefixCache) Evict(bytes int64) (int64, error) {
 	if bytes < 0 {
 		return 0, fmt.Errorf("%w: evict %d bytes", ErrRange, bytes)

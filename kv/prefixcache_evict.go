@@ -7,6 +7,24 @@ import (
 	"github.com/vmarena/vmarena/internal/radix"
 )
 
+// Eviction: which cached granules go back, and how. It takes the last granules of the
+// least recently used leaf (the leaf whole, in one release, when the need covers all
+// of its own, or with tiers: see prefixcache_tier.go), and only ones that give
+// memory back (held by that entry alone, mapped by no live sequence): page-aware,
+// since a granule any other holder maps frees nothing. When it runs is the package
+// doc's memory rule; the governor's way in is the reclaimer
+// (accounting.Authority.SetReclaimer).
+//
+// On a cache of one layer group, a lookup that misses, for a prompt whose granules
+// the budget can not hold, evicts ahead of that growth (spareLocked): when the least
+// recently used entry fits in the prompt's granules, holds every one of its granules
+// alone (no other entry or live sequence maps them) and has no read-only bytes in its
+// ranges (none mapped from elsewhere, none protected by a hit), it leaves the index
+// whole and the new sequence takes over its ranges with their granules committed, so
+// that the prefill commits nothing and no range is unmapped or reserved. It evicts up
+// to that entry's granules beyond the shortfall, all of which the new sequence's
+// prompt then fills.
+
 // evictMode says which granules an eviction is after.
 type evictMode uint8
 
@@ -120,7 +138,7 @@ func (pc *PrefixCache) evictLocked(need int64, mode evictMode) []*pcEntry {
 		e, p := leaf.Value(), leaf.Parent()
 		k := 1
 		// With tiers the leaf goes whole where it can, so that its blocks are
-		// written down before its ranges close (see PrefixCache's Tiers).
+		// written down before its ranges close (see prefixcache_tier.go).
 		for ; k < len(e.grefs) && (pc.tiers != nil || got+int64(k)*pc.gbytes < need); k++ {
 			g := e.grefs[len(e.grefs)-1-k]
 			if g.entries != 1 || g.live > 0 {

@@ -36,8 +36,21 @@ import (
 //     when the last of those lookups ends (Lookup closes it).
 //
 // A granule index (granuleRef) counts the entries that hold it and the live
-// sequences and prefixes that map it (holders: see prefixcache_holders.go). Both
-// counts change only through ref, which panics with PanicRefCount below zero.
+// sequences and prefixes that map it (holders: see prefixcache_holders.go), forks and
+// frozen prefixes made before the insert too, where the PrefixCache existed when they
+// were made. NB: one made earlier is not counted, and eviction may count its granules
+// as memory it gives back. Both counts change only through ref, which panics with
+// PanicRefCount below zero.
+//
+// The tree is a radix tree of token IDs, not vLLM's chain of block hashes: a match is
+// exact to the token (the partial tail is copied anyway, so there is nothing to gain
+// from rounding to blocks), equal keys are equal tokens by construction (no hash whose
+// collisions would map another prompt's K/V), and a lookup compares tokens once where
+// the hash chain hashes them and then compares them too (docs/benchmarks/prefix-cache.md
+// has the figures). The index lives in package kv, not beside it, because eviction
+// shrinks the cache's own sequences without the copy Truncate makes and runs inside
+// the cache's budget check, and because a closing sequence hands its ranges to its
+// entry.
 
 // granuleRef is one sharing unit's physical memory in one layer group (a granule, or
 // a block, in each of the group's ranges; in a one-group cache, in each of a

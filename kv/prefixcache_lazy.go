@@ -8,6 +8,22 @@ import "slices"
 // of its own first), or leaves the index (detach). The origin's owner calls these
 // through the prefix hooks (see hooks.go), under the origin's ranges lock where they
 // change what a lookup maps from.
+//
+// Insert is lazy so that a cache that is never hit costs no system call. When the
+// origin closes, the entry takes over its ranges as they are (their page tables too,
+// so that a granule eviction later returns to the pool's park is still warm). It gets
+// ranges of its own (whole granules mapped, the tail copied) only when the origin is
+// about to change what was cached: a Truncate below the inserted tokens, or a
+// WriteToken into the partly filled granule past the last whole one. A lookup that
+// hits a lazy entry maps from the origin's ranges under that lock, which the origin's
+// own resizing calls take too. Protection is lazy as well: like ForkAt on a
+// backing.Protector, the hit first makes the origin's own mapping of the granules it
+// maps read-only (one call per range: pcLive.protectFrom), so that from then on a
+// stray store through the origin's Bytes or View faults. NB: until that first hit,
+// those granules stay writable in the origin (WriteToken refuses them; a store through
+// Bytes or a View would change what the cache holds), and so do, until the origin
+// closes, its tokens past the last whole granule below the inserted length, which
+// Bytes and Views MUST NOT rewrite (Insert says so to the caller).
 
 // lazyTail reports whether e, lazy, holds s's partly filled last granule. pc.mu is
 // held.

@@ -15,6 +15,75 @@ import (
 	"github.com/vmarena/vmarena/kv/blockhash"
 )
 
+// The tiers of a prefix cache (PrefixCacheOptions.Tiers): a cached block leaves the
+// device for the tiers below it rather than for nowhere. A block is a sharing
+// unit of the Blocked layout (Config.BlockTokens tokens of every layer, one
+// contiguous run of whole granules); its key is the kv/blockhash chain (FNV64CBOR,
+// no seed) of the prompt's blocks up to it, under TierNamespace(the cache's Config,
+// its granule, TierPrefix). Other layouts are refused: their block is not one unit.
+//
+// Write-down: every block that leaves the device goes down into every tier, in order,
+// by one rule: what leaves is picked under the locks, its bytes are copied out with no
+// lock held, and its granules come back only after that (CachedBytes and EvictedBytes
+// count them at the pick, as without tiers). The cases:
+//
+//   - A leaf evicted whole (with tiers, eviction takes a leaf whole where every granule
+//     of its own gives memory back): its whole blocks from the one that holds its
+//     parent's last token on, copied out of its ranges before they close.
+//   - A leaf only shortened (a granule of it mapped elsewhere, or a pinned parent
+//     taking its place): the whole blocks cut off, which a holder of the cache's own
+//     maps (no copy) before the entry's ranges shrink; the copies are made from it,
+//     and it closes after them.
+//   - A lazy entry evicted while its inserted sequence (origin) lives: its memory does
+//     not come back then, so its blocks wait in the origin's ranges. They go down when
+//     it does come back: the origin closes (a holder maps them and they are copied on
+//     a goroutine of their own, off the origin's Close), or truncates below them
+//     (copied first, in the Truncate: the only copy a token path makes).
+//   - An entry whose ranges a miss takes over: copied out before the lookup returns
+//     the new sequence, which writes over them.
+//   - Close: every entry it evicts, each block of the index once (from one of the
+//     entries that hold it), and the blocks still waiting in origins' ranges, copied
+//     under each origin's ranges lock so that it can not close meanwhile; all of
+//     Close's stores together within one TierWait, so that Close finishes.
+//
+// An eviction down to MaxBytes after an Insert or a lookup copies on a goroutine of
+// its own, off the request's path (Close waits for it); one for a growth, a waiting
+// request or Evict copies in the goroutine that evicts, since it needs the memory the
+// copies give back. At most TierStores stores run at once, each within TierWait; a
+// failed store (or a holder that could not be mapped) is a counted drop
+// (TierStats.Drops). Blocks waiting in an origin's ranges go down from a holder also
+// when it closes into another of its entries (a shorter lazy one, which keeps only its
+// own); a damaged entry's or origin's blocks never go down.
+//
+// Policy: by default blocks go down as they leave the device (write-back), every one
+// of them. PrefixCacheOptions.TierWriteThrough stores an entry's whole blocks as soon
+// as the cache holds them in ranges of its own (its origin closed into it, or was
+// about to change them), on one of TierStores workers with the entry held busy meanwhile
+// (NB: eviction passes it over until its stores end, but a growth that finds nothing
+// else to evict waits for them and then evicts it, as it would copy a write-back), and
+// eviction then stores only what was not stored; a write-through that finds the
+// workers' bounded queue full is deferred to eviction (TierStats.Deferred).
+// PrefixCacheOptions.TierMinHits is the reuse threshold: only the blocks of entries
+// that lookups hit that many times go down, the count kept per entry (a lookup counts
+// once, for the entry it maps from; a longer entry that displaces one inherits it).
+//
+// Lookup: past the local match (a miss, or a partial hit), the tiers are asked in
+// order for the whole blocks that follow, up to the last token, which is never
+// matched: Contains, then Load of the run it reports, into granules the new sequence
+// commits for them (the block holding the match's last token is loaded whole over
+// its copy). Where the device's budget can not hold the whole run even after
+// eviction (which runs first, as for any growth), the longest start of it that fits
+// is loaded, the rest counted in TierStats.Unfit, and no tier below is asked. Every
+// value is checked by DecodeTierValue against the prompt's own tokens before its
+// bytes are copied, so no stale key, hash collision or other tenant's value maps
+// another prompt's K/V; the first block that fails ends the run (TierStats.Invalid or
+// Drops), the sequence is cut back to the blocks that passed, and the next tier is
+// asked for the rest. At most TierLoads lookups load at once: a lookup waits for its
+// turn within its wait, and one that gets none is a counted drop of that tier. The
+// whole wait is bounded by TierWait; a tier's failure is a shorter match, never an
+// error of Lookup. The loaded tokens count in Hits and in their tier's
+// TierStats.Hits.
+
 // Defaults of PrefixCacheOptions' tier fields.
 const (
 	// DefaultTierStores is the stores into tiers that run at once when

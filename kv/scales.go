@@ -157,7 +157,9 @@ func (c *Cache) Scales() (arena.Tensor[float32], error) {
 // row-major, at a base address that never changes while the cache is open, as
 // Scales says. A group without scales (a recurrent one, one of another element
 // type, or one that asks for none) fails with ErrScale, and an index outside the
-// model with ErrRange. The tensor is valid until Close.
+// model with ErrRange. The tensor is valid until Close. Every group's scales lie in
+// the cache's one range of scales (of its own backing, from New to Close), group
+// after group.
 func (c *Cache) GroupScales(gi int) (arena.Tensor[float32], error) {
 	if c.isClosed() {
 		return arena.Tensor[float32]{}, ErrClosed
@@ -186,9 +188,10 @@ func (c *Cache) groupScales(gi int) (groupScales, error) {
 }
 
 // SetScales sets the scales of layer's K or V tensor to src: one value per tensor, or
-// KVHeads per head. Each must be finite and positive. It works on any backing (through
-// the backing's copier on a device). It must not run while a kernel or a reader uses
-// that tensor's scales; for different tensors it may run concurrently.
+// KVHeads per head; layer is the model's layer index, on a Model too. Each must be
+// finite and positive. It works on any backing (through the backing's copier on a
+// device). It must not run while a kernel or a reader uses that tensor's scales; for
+// different tensors it may run concurrently.
 func (c *Cache) SetScales(layer int, kind Kind, src []float32) error {
 	off, err := c.scaleRange(layer, kind, len(src))
 	if err != nil {

@@ -539,7 +539,10 @@ func (s *Sequence) closeEntry() accounting.ReleaseOutcome {
 // the same tail) would take now: the granules that hold the tokens past the last
 // whole sharing unit below n (a granule, or a block in the Blocked layout), which are
 // copied, less those the backing's pool holds idle. The whole units are mapped and
-// take nothing. It fails as ForkAt would for a bad n (ErrRange, ErrNoSharing).
+// take no net memory, so a fork, a freeze or a prefix-cache hit is refused for their
+// sake only where not one granule is free: on host.Shared a granule the sequence made
+// private first moves into the shared memfd (a copy, once), one granule at a time. It
+// fails as ForkAt would for a bad n (ErrRange, ErrNoSharing).
 func (s *Sequence) ForkNeed(n int) (int64, error) {
 	if err := s.usable(); err != nil {
 		return 0, err

@@ -214,8 +214,8 @@ func (g Group) sizeFrom(granule, blockTokens, n, from int) (GroupSizing, error) 
 // Need at tokens plus one chunk of each window group and one block per group.
 //
 // NB: within the step, the step's growth is committed (and asked of the governor)
-// before the window gives back what the step no longer reads (see the package doc's
-// Layer groups): a window group then holds, for a moment, from the FirstLive of the
+// before the window gives back what the step no longer reads (see the states of a
+// window group's bytes): a window group then holds, for a moment, from the FirstLive of the
 // length the step before grew from.
 func (m Model) ChunkedPeak(granule, blockTokens, tokens, chunk int) (ModelSizing, error) {
 	if chunk <= 0 {

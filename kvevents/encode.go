@@ -9,6 +9,49 @@ import (
 	"github.com/vmarena/vmarena/kv"
 )
 
+// The wire format, as vLLM's ZmqEventPublisher sends it
+// (vllm/distributed/kv_events.py). The form of the payload changed between vLLM
+// releases; each decision below names the release it follows (docs/events.md lists
+// them, with the routers that read each):
+//
+//   - Each message is three frames: the topic (Options.Topic, UTF-8), the sequence
+//     number as 8 bytes big-endian (0, 1, 2, ... one per message), and the payload.
+//   - The payload is an EventBatch, a msgspec Struct with array_like=True in every
+//     release from the file's first (vLLM's PR 16750) to v0.26.0, so a
+//     positional array: [ts (float64 seconds since the Unix epoch), events,
+//     data_parallel_rank]. The rank's default is None, which omit_defaults would leave
+//     out, but vLLM's publisher always sets it, and so does this one: the array always
+//     has 3 elements.
+//   - Each event is a KVCacheEvent Struct with tag=True and omit_defaults=True. In
+//     v0.26.0 (after vLLM's change to map-encoded events) it is not array_like: a map
+//     whose first key is "type", the class name, followed by the fields in their
+//     declared order, a field with a default omitted while it holds it. In v0.23.0 and
+//     before it is array_like too: an array whose first element is the class name,
+//     followed by the fields in their declared order, the defaulted ones that trail
+//     omitted. Options.VLLM023Events picks the older form; the default is v0.26.0's.
+//     A field without a default is always present (None as nil). So:
+//   - BlockStored: type, block_hashes ([uint64]), parent_block_hash (uint64, or nil
+//     for a chain's first block), token_ids ([int], len(block_hashes)*block_size of
+//     them), block_size, lora_id (deprecated by vLLM: always nil here), medium ("GPU"
+//     or "CPU"), lora_name (nil for none), then extra_keys (one entry per block, nil
+//     or an array; omitted from a map when no block has any, nil in an array),
+//     group_idx (always sent: the group's index in the kv.Model), kv_cache_spec_kind
+//     and kv_cache_spec_sliding_window. The kind is named from
+//     kv.BlocksStored.Attention as vLLM's get_kv_cache_spec_kind names a spec
+//     (vllm/v1/kv_cache_interface.py): "full_attention", "mla_attention",
+//     "sliding_window", "chunked_local_attention"; omitted when the event has none.
+//     The window is sent for a sliding window alone, as
+//     get_kv_cache_spec_sliding_window gives it (a chunked-local group's chunk is no
+//     window): omitted otherwise. vLLM sets both on every BlockStored
+//     (KVCacheManager.take_events, vllm/v1/core/kv_cache_manager.py), and a prefix
+//     cache's events carry them for every group, one-group models included.
+//   - BlockRemoved: type, block_hashes, medium, group_idx (no spec: vLLM's carries
+//     none).
+//   - AllBlocksCleared: type alone.
+//
+// Integers take msgpack's shortest form, as msgspec writes them; a hash of 2^63 or
+// more is a uint64.
+
 // event is one queued kv.BlockEvents call. A BlocksRemoved is kept in the fields of
 // stored it shares (Hashes, Group, Medium): the queue's events stay 152 bytes, since
 // the caller pays for each cache line of the one it writes.
@@ -25,7 +68,7 @@ const (
 	kindCleared
 )
 
-// encoder writes batches in vLLM's payload form (see the package doc, # Wire format).
+// encoder writes batches in vLLM's payload form (see the top of this file).
 type encoder struct {
 	buf    bytes.Buffer
 	enc    *msgpack.Encoder

@@ -78,7 +78,7 @@ type Options struct {
 	// VLLM023Events writes each event as a positional array led by its type, the form
 	// of vLLM v0.23.0 and before, for a router that reads no other; the default is a
 	// map led by "type", the form of vLLM v0.26.0. The batch is a positional array in
-	// both (see the package doc, # Wire format).
+	// both (see encode.go).
 	VLLM023Events bool
 
 	QueueEvents     int // events waiting to be encoded; an event that finds the queue full is dropped

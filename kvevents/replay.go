@@ -9,6 +9,12 @@ import (
 	"github.com/vmarena/vmarena/kvevents/internal/zmtp"
 )
 
+// The replay: the ROUTER socket takes a request [empty frame, start sequence number as
+// 8 bytes big-endian] from a DEALER and answers with every kept message from that
+// number on, each as [empty, seq, payload], then the end marker [empty, -1 as 8
+// signed big-endian bytes, empty]. vLLM drops a request of another shape with a
+// log line; so does this package, and counts it (Stats.BadRequests).
+
 // endSeq is the replay's end marker: -1 as 8 signed big-endian bytes (vLLM's END_SEQ).
 var endSeq = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 

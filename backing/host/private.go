@@ -61,6 +61,14 @@ type PrivateOptions struct {
 // writable, Decommit gives their pages back to the OS and takes the access away again.
 // Pages are faulted in on first touch, or at Commit with PrivateOptions.Populate.
 //
+// Reserve is mmap(PROT_NONE, MAP_NORESERVE) (VirtualAlloc MEM_RESERVE on Windows),
+// Commit mprotect to read-write (MEM_COMMIT), and Decommit MADV_DONTNEED then
+// PROT_NONE (a fresh inaccessible mapping on Darwin; MEM_DECOMMIT on Windows), so that
+// the pages go back to the OS and a touch faults. Committing costs a syscall; the
+// pages cost their first-touch faults, which Populate moves into Commit
+// (MADV_POPULATE_WRITE where the kernel has it). On Linux its mappings can be named
+// (PrivateOptions.Name).
+//
 // Private implements [backing.Backing][*PrivateReservation] with ByBuffer accounting
 // on the host, and [backing.HostAccessible] (true), [backing.Copier],
 // [backing.Populator] and [backing.Zeroer] (true: a recommitted granule reads as

@@ -46,19 +46,19 @@ type SharedOptions struct {
 	// Populate makes Commit populate the granules it creates (MADV_POPULATE_WRITE, or
 	// a touch per page where the kernel lacks it), so that the first touch takes no
 	// fault. Pooled granules are not populated again: they come out of the park with
-	// the page tables they went in with (see the package documentation).
+	// the page tables they went in with (see shared_park.go).
 	Populate bool
 	// Name is the memfd's name, shown in /proc/self/maps as /memfd:Name. "" means
 	// "vmarena". Windows sections have no name.
 	Name string
 	// Decay is how long an idle granule may stay unused before the pool gives it
 	// back to the OS: idle granules above Low leave gradually, the longest idle
-	// first, all of them by Decay after the load stops (see the package documentation). 0 means 5 s;
+	// first, all of them by Decay after the load stops (see shared_decay.go). 0 means 5 s;
 	// SharedNoDecay (any negative value) keeps idle granules up to High for good.
 	Decay time.Duration
 	// NoHugePages turns huge pages off: granules take small pages. Otherwise, with
 	// granules a multiple of the huge page (2 MiB on x86-64), the backing takes the
-	// fastest new memory the system allows (see the package documentation): memfd
+	// fastest new memory the system allows (see shared_priv.go): memfd
 	// huge pages where shmem_enabled allows them, else anonymous huge pages for the
 	// granules a reservation commits for itself. SharedStats says which, and why.
 	NoHugePages bool
@@ -66,7 +66,7 @@ type SharedOptions struct {
 	// Windows. Otherwise (on Linux, unless memfd huge pages are used) a granule a
 	// reservation commits for itself is private anonymous memory, small pages or
 	// huge, and moves into the memfd only when Share shares it, at the cost of a
-	// copy (see the package documentation). A workload that shares most of what it
+	// copy (see shared_priv.go). A workload that shares most of what it
 	// commits (every sequence forked or frozen soon after it is written) pays that
 	// copy on most granules and may want memfd granules from the start; so may a
 	// process short of mappings (vm.max_map_count), since a new memfd granule
@@ -130,11 +130,13 @@ const (
 // last one. Protect makes a reservation's committed granules read-only, or writable
 // again, in place (mprotect).
 //
-// A slot is Free, Idle or Live; idle granules wait in the park, and new ones may be
-// private huge pages: the package documentation describes the slots, new granules
-// and huge pages, the park, memory management, limits and concurrency of a Shared
-// (the sections headed "Shared:"). A Shared is safe for concurrent use; Close must
-// not run concurrently with any other call.
+// A slot is Free, Idle or Live (shared_pool.go); idle granules wait in the park
+// (shared_park.go), and new ones may be private huge pages (shared_priv.go). A Shared
+// is safe for concurrent use; Close must not run concurrently with any other call.
+// Its bookkeeping is under one mutex, held across mmap and mremap (which the kernel
+// serializes per process anyway) but not across page population or fallocate, which
+// run outside it on slots marked busy. It costs 12 bytes per reserved granule and a
+// few bytes per slot of the file, which only grows (sparse: holes cost nothing).
 type Shared struct {
 	_ nocopy.NoCopy
 
@@ -166,7 +168,7 @@ type Shared struct {
 	resv      map[*SharedReservation]struct{}
 	park      []sharedChunk  // see shared_park.go
 	park0     int            // slots in the park's first chunk
-	nPriv     int            // private granules (see the package documentation)
+	nPriv     int            // private granules (see shared_priv.go)
 	apark     unsafe.Pointer // the private park (shared_priv.go): High granules
 	aparkRaw  unsafe.Pointer
 	aparkN    int
@@ -279,8 +281,8 @@ type SharedStats struct {
 	// Adopted counts the private granules that Share moved into the memfd.
 	Adopted int64
 	// HugeRefused counts the MADV_HUGEPAGE calls the kernel refused (the memory
-	// then has small pages), and the MADV_NOHUGEPAGE calls it refused (see the
-	// package documentation: the memory may then get huge pages).
+	// then has small pages), and the MADV_NOHUGEPAGE calls it refused (see
+	// shared_priv.go: the memory may then get huge pages).
 	HugeRefused int64
 }
 
@@ -564,7 +566,7 @@ func (s *Shared) CommitZeroes() bool { return false }
 
 // Reserve moves size bytes of address space from Unreserved to Reserved (mmap
 // PROT_NONE, MAP_NORESERVE) and commits nothing. With granules of 2 MiB or more the
-// base is 2 MiB-aligned (see the package documentation). The reservation MUST be given
+// base is 2 MiB-aligned (see shared_park.go). The reservation MUST be given
 // back with Unreserve.
 func (s *Shared) Reserve(size int) (*SharedReservation, error) {
 	if err := backing.CheckReserve(size, s.g); err != nil {
@@ -715,9 +717,9 @@ const sharedMapSlack = 64
 // Decommit moves [off, off+size) of r from Committed to Reserved by mapping fresh
 // PROT_NONE anonymous memory over it (the range stays reserved), and drops one
 // reference per physical granule: a granule whose last mapping went returns to the
-// pool, or to the OS (see the package documentation). A read-write last mapping that
-// the pool keeps is first moved into the park with its page tables (see the package
-// documentation). The contents seen through r are forfeit; other mappings of the
+// pool, or to the OS (see shared_pool.go). A read-write last mapping that the pool
+// keeps is first moved into the park with its page tables (see shared_park.go). The
+// contents seen through r are forfeit; other mappings of the
 // granules keep them. On error nothing changed (but where page tables wait).
 func (s *Shared) Decommit(r *SharedReservation, off, size int) error {
 	if err := s.lockRange("decommit", r, off, size, true); err != nil {
@@ -858,7 +860,7 @@ func (s *Shared) forget(r *SharedReservation, state sharedState) {
 // range raises SIGSEGV: the process dies unless the goroutine runs under
 // runtime/debug.SetPanicOnFault(true), where it becomes a recoverable panic; CopyIn
 // refuses instead. The access lasts until the granule is decommitted; a read-only last
-// mapping goes idle without its page tables (see the package documentation). On error
+// mapping goes idle without its page tables (see shared_park.go). On error
 // nothing changed, but where mprotect failed midway and restoring a run's old access
 // failed too: that run is then recorded read-only, which CopyIn honours, and the error
 // says so.

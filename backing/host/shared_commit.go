@@ -12,6 +12,13 @@ import (
 // The commit transaction of a Shared backing: choose the granules (idle ones first),
 // charge the new ones (waiting for the budget in CommitCtx), create and map them,
 // populate them, and record them; a failed step undoes the steps before it.
+//
+// A commit takes idle slots first and creates new ones (Free to Live, or private) only
+// for the rest, charging the authority for all of them at once before anything is
+// touched. It places the granules of one commit, and a granule after its predecessor
+// in the reservation, at consecutive file offsets where it can, and maps each
+// consecutive run with one call, so that the kernel merges them into one mapping and
+// the process's count of mappings (vm.max_map_count) stays low.
 
 // Commit moves [off, off+size) of r from Reserved to Committed: idle pooled granules
 // first, new ones for the rest. New granules are charged to the authority all at once

@@ -21,11 +21,22 @@ import (
 // since what comes back maps the same file offsets; and nothing is ever left
 // unmapped, so no other mmap can land in a reservation or in the park.
 //
+// An idle granule thus waits with the page tables its last mapping built, all of them
+// after Prefill, or after a sequence wrote every page: the commit that takes it costs
+// a few µs and its first touch takes no fault. Granules whose last mapping was
+// read-only, or that a move could not take (the kernel refuses MREMAP_DONTUNMAP of
+// shared mappings before 5.13), go idle without page tables and are mapped afresh.
+//
 // The park is a list of chunks, each mapping a range of slots in one mapping:
 // chunk k maps park0<<k slots from slot park0*(2^k-1) on, so that the park's
 // address space stays within twice the file's size and a run of slots rarely spans
 // two chunks. A chunk maps its whole range of the file at once, also beyond the
-// file's end (nothing touches a slot before the file covers it).
+// file's end (nothing touches a slot before the file covers it). The park costs
+// address space, not memory, and its idle granules cost no vm.max_map_count entries
+// of their own: it stays one mapping per chunk (up to three with alignment padding).
+// With granules of 2 MiB or more, reservations and chunks are aligned to 2 MiB
+// (sharedMoveAlign), so a reservation may use up to 2 MiB of address space more than
+// its size.
 
 const (
 	// sharedParkFirst is the address space of the first chunk of the park.

@@ -9,6 +9,35 @@ import (
 )
 
 // The pool: how slots are chosen for a commit, go idle, and go back to the OS.
+//
+// A slot is a granule-sized, granule-aligned offset of the memfd (a physical
+// granule), in one of three states:
+//
+//  1. Free: not ours. The file has a hole there (or ends before it); it holds no
+//     memory and is charged nothing.
+//  2. Idle: owned and charged, mapped in no reservation, kept in the pool for the
+//     next commit. It is Resident when its pages are known to exist (Prefill,
+//     Populate, SharedOptions.Populate).
+//  3. Live: owned and charged, mapped in a reservation at least once.
+//
+// The pool gives idle granules back to the OS (fallocate PUNCH_HOLE; a private one by
+// mapping reserved memory over its place in the private park) by decay: those above
+// Low leave gradually once unused, all of them within SharedOptions.Decay (5 s by
+// default) after the load stops, while a busy pool keeps its working set (see
+// shared_decay.go). Idle time is measured on the monotonic clock: a step of the wall
+// clock changes no granule's age. It also gives them back above the High water mark,
+// on Trim, and, while another owner's request waits for host memory, at once as they
+// go idle, so that memory kept for this pool's future commits is not held against a
+// caller that needs it now; each time such a request starts to wait, the pool's
+// reclaimer (see accounting.Authority.SetReclaimer) gives back every granule already
+// idle. While only this pool's own commits wait (CommitCtx), granules that go idle
+// are handed to them instead, in the order they came, rather than given to the OS to
+// be made again. A granule that can not be given back (the punch fails) stays idle
+// and owned; the next Trim tries again.
+//
+// Granules shared piecemeal or recycled from a fragmented pool do not merge into one
+// kernel mapping: each run of slots mapped at consecutive addresses and file offsets
+// is one, and a process has at most vm.max_map_count of them (65530 by default).
 
 // pickIdle takes k idle slots (k <= nIdle) for a commit: the run at hint when it is
 // all idle, else the first run of k idle slots, else the lowest k. s.mu must be held.

@@ -11,7 +11,43 @@ import (
 	"github.com/vmarena/vmarena/backing"
 )
 
-// Private granules (see Shared) and the private park, where idle ones wait.
+// Private granules and the private park, where idle ones wait.
+//
+// Which granules a commit creates: a new granule costs its page population, about
+// 0.6 ms per 2 MiB of 4 KiB anonymous pages, twice that of 4 KiB shmem pages
+// (fallocate and populate, then the punch), 0.06 ms as one anonymous transparent huge
+// page. So, once at NewShared, from the system's settings then (SharedStats says which
+// and, where it falls back, why):
+//
+//   - where shmem huge pages are allowed (/sys/kernel/mm/transparent_hugepage/
+//     shmem_enabled is always, within_size, advise or force; never is the common
+//     default), the granule is a multiple of the huge page and
+//     SharedOptions.NoHugePages is not set, the park and every mapping of the memfd
+//     ask for them (MADV_HUGEPAGE), and granules are memfd granules;
+//   - else (on Linux, unless SharedOptions.NoPrivateGranules is set) a commit that
+//     must create granules makes them private: anonymous memory of that reservation
+//     alone (mprotect read-write), owned and charged like any granule, mapped once.
+//     They are anonymous huge pages (MADV_HUGEPAGE) where those are allowed
+//     (.../enabled is always or madvise), the granule is a multiple of the huge page
+//     and NoHugePages is not set, and small pages otherwise; where the system would
+//     give huge pages unasked (enabled is always) they refuse them (MADV_NOHUGEPAGE),
+//     so that what SharedStats says is what the kernel does. On a virtual machine
+//     that reports free memory in huge-page blocks they are small pages unless
+//     SharedOptions.AlwaysHugePages is set (a fresh huge page takes host faults there);
+//   - else (NoPrivateGranules, or Windows) granules are memfd granules of small
+//     pages. A workload that shares most of what it commits, or that is short of
+//     mappings, may prefer these (see SharedOptions.NoPrivateGranules).
+//
+// Only a private granule that becomes shared moves into the memfd: Share first copies
+// it into a memfd granule (an idle one when the pool has one) and moves that over the
+// same address (mremap), so that the source keeps its base and its contents and the
+// granule is owned once, whatever maps it. The move takes no net memory: granules
+// without an idle memfd granule to go to move one at a time, each private granule
+// given back as soon as its copy replaced it, so that a Share is refused for budget
+// only where not even one granule of it is free, and holds at most one granule more
+// while it runs. NB: the copy runs outside the lock, so the source range must not be
+// written while a Share from it runs (a write may be lost); a second Share of a
+// granule being moved waits for the first.
 //
 // A private granule is anonymous memory: its pages belong to the mapping, not to a
 // file, so it can not be mapped twice, but it can move. An idle one waits in the

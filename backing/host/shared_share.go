@@ -20,8 +20,9 @@ import (
 // read-only in src, shared so or protected: read-only memory never yields a writable
 // mapping. A private source granule is first moved into the memfd, which copies
 // it, one granule at a time where the pool has no idle memfd granule for it, so
-// that the move holds at most one granule more than before (see the package
-// documentation): the source range must not be written meanwhile, and a Share that finds a granule being moved by another waits for it.
+// that the move holds at most one granule more than before (see shared_priv.go):
+// the source range must not be written meanwhile, and a Share that finds a granule
+// being moved by another waits for it.
 // On error nothing changed.
 func (s *Shared) Share(dst *SharedReservation, dstOff int, src *SharedReservation, srcOff, size int, prot backing.Protection) error {
 	const op = "share"

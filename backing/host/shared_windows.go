@@ -22,7 +22,9 @@ import (
 //
 // Each owned granule costs a section handle and each mapping a view; Windows sets
 // no count like vm.max_map_count, so mapCount reports none and an out-of-memory
-// error is never blamed on a mapping limit.
+// error is never blamed on a mapping limit. Granules are 64 KiB (the allocation
+// granularity) or larger; giving one back closes its section. Otherwise the same
+// capabilities, errors and accounting hold as on Linux.
 
 const (
 	sharedSupported = true

@@ -7,22 +7,17 @@
 //
 // # Design
 //
-// Each granule is a memfd of its own, sealed against growing and shrinking
-// (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL), that the owner creates when a client
-// commits and passes to that client alone by SCM_RIGHTS. A client maps only what it
-// was given: there is no pool descriptor to map at another offset, and the owner
-// checks every granule id a client names against the granules that client holds.
-// Each process keeps its own reserved ranges and stable bases; only the physical
-// memory is the node's. A process may lend granules it committed to another
-// attached process ([Client.Lend]), which maps them read-only with no copy
-// ([Client.Borrow]) through a descriptor the owner opens read-only for it.
+// Each granule is a memfd of its own, sealed against growing and shrinking, that the
+// owner passes to the client it was allocated to alone (SCM_RIGHTS), checking every
+// granule id a client names against the granules that client holds. Each process
+// keeps its own reserved ranges and stable bases; only the physical memory is the
+// node's. A process may lend granules it committed to another attached process
+// ([Client.Lend]), which maps them read-only with no copy ([Client.Borrow]).
 // cmd/vmarena-node runs an owner as a daemon.
 //
-// The protocol (proto.go) is one SOCK_SEQPACKET record per message: a 40-byte header
-// and at most 64 granule ids. The owner reads each record into a buffer one byte
-// larger than the largest message and closes the connection at the first message it
-// can not accept (truncated, unknown, out of bounds, a granule not the sender's,
-// descriptors where none belong, which it closes).
+// The protocol is one SOCK_SEQPACKET record per message (proto.go); the owner closes
+// the connection at the first message it can not accept. docs/node.md tells the
+// design, the protocol, who counts what, the faults and the figures.
 //
 // # Accounting
 //
@@ -51,23 +46,15 @@
 // the same path (Listen removes a socket nobody answers on). Nothing is ever on
 // disk or in /dev/shm: a memfd has no path.
 //
-// # Trust
+// # Trust and limits
 //
 // The socket is made with mode 0600 and the owner serves only peers of its own uid
-// (SO_PEERCRED). A process of the same uid can still read another's memory through
-// /proc/<pid>/mem or /proc/<pid>/fd unless the processes are undumpable
-// (prctl(PR_SET_DUMPABLE, 0), which cmd/vmarena-node sets for the owner); the
-// per-granule memfds keep a client from reaching other processes' granules through
-// the owner, not from the kernel's own same-user access. A client that keeps a
-// granule mapped after giving it back keeps its memory alive beyond the ledger: the
-// owner can count what it hands out, not what a misbehaving peer unmaps.
-//
-// # Limits
-//
-// A granule costs one descriptor in the owner and one in its holder (RLIMIT_NOFILE,
-// which Go raises to the hard limit at start) and one kernel mapping per place it is
-// mapped (vm.max_map_count, 65,530 by default): at 2 MiB granules a process maps at
-// most about 128 GiB of them. docs/node.md has the figures.
+// (SO_PEERCRED); the per-granule memfds keep a client from reaching other processes'
+// granules through the owner, not from the kernel's own same-user access
+// (/proc/<pid>/mem, unless the process is undumpable: docs/node.md). A granule costs
+// one descriptor in the owner and one in its holder (RLIMIT_NOFILE) and one kernel
+// mapping per place it is mapped (vm.max_map_count): at 2 MiB granules a process maps
+// at most about 128 GiB of them.
 //
 // # Concurrency
 //
