@@ -24,6 +24,7 @@ import (
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/internal/testutil"
 )
 
 const kib64 = 64 << 10
@@ -736,18 +737,6 @@ func testSharedBudget(t *testing.T, m sharedMode) {
 	assert.ErrorIs(t, err, accounting.ErrExceedsLimit)
 }
 
-// waitFor polls cond until it holds (the governor has no notification for queueing).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // TestSharedCommitCtxFIFO: commits that wait for the budget are served in arrival
 // order, as granules other commits give up go back to the OS at once.
 func TestSharedCommitCtxFIFO(t *testing.T) { forModes(t, testSharedCommitCtxFIFO) }
@@ -768,7 +757,7 @@ func testSharedCommitCtxFIFO(t *testing.T, m sharedMode) {
 			errs <- err
 			served <- name
 		}()
-		waitFor(t, name+" to queue", func() bool { return waiters() == i+1 })
+		testutil.WaitFor(t, name+" to queue", func() bool { return waiters() == i+1 })
 	}
 	// Someone else's TryAcquire does not jump the queue.
 	other := e.gov.Authority("other", accounting.HostKey)
@@ -814,7 +803,7 @@ func testSharedCommitCtxCancel(t *testing.T, m sharedMode) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errs := make(chan error, 1)
 	go func() { errs <- e.s.CommitCtx(ctx, y, 0, 2*e.g) }()
-	waitFor(t, "the commit to queue", func() bool { return waiters() == 1 })
+	testutil.WaitFor(t, "the commit to queue", func() bool { return waiters() == 1 })
 	p := e.pool()
 	assert.Equal(t, int64(e.g), p.Idle, "the waiting commit put the idle granule back in the pool")
 	assert.Equal(t, int64(2*e.g), p.Owned, "and holds nothing itself while it waits")
@@ -835,7 +824,7 @@ func testSharedCommitCtxCancel(t *testing.T, m sharedMode) {
 	// Served: x's last granule goes idle, and the commit takes both idle granules.
 	e.f.Fail(func(int, string) bool { return false }, nil) // log the calls from here
 	go func() { errs <- e.s.CommitCtx(context.Background(), y, 0, 2*e.g) }()
-	waitFor(t, "the commit to queue", func() bool { return waiters() == 1 })
+	testutil.WaitFor(t, "the commit to queue", func() bool { return waiters() == 1 })
 	e.tag(x, 0, 5)
 	e.decommit(x, 0, 1)
 	require.NoError(t, <-errs)
@@ -865,7 +854,7 @@ func testSharedCommitCtxIdlePlusReleased(t *testing.T, m sharedMode) {
 	y := e.reserve(3)
 	errs := make(chan error, 1)
 	go func() { errs <- e.s.CommitCtx(context.Background(), y, 0, 3*e.g) }()
-	waitFor(t, "the commit to queue", func() bool { return e.gov.Stats(accounting.HostKey).Waiters == 1 })
+	testutil.WaitFor(t, "the commit to queue", func() bool { return e.gov.Stats(accounting.HostKey).Waiters == 1 })
 	other.Release(int64(e.g)) // two idle and one free granule now cover the commit
 	require.NoError(t, <-errs)
 	assert.Equal(t, int64(3*e.g), e.auth.Stats().Owned)
@@ -1310,7 +1299,7 @@ func TestSharedUnreservedWhileCommitting(t *testing.T) {
 				go func() {
 					panicked <- panicOf(func() { _ = e.s.CommitCtx(context.Background(), y, 0, 2*e.g) })
 				}()
-				waitFor(t, "the commit to queue", func() bool { return e.gov.Stats(accounting.HostKey).Waiters == 1 })
+				testutil.WaitFor(t, "the commit to queue", func() bool { return e.gov.Stats(accounting.HostKey).Waiters == 1 })
 				e.unreserve(y)
 				peak := 2 * g
 				if wake == "budget" {
