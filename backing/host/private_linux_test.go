@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,32 +18,8 @@ import (
 
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/internal/testutil"
 )
-
-// touch reads or writes the byte at addr and returns the fault it took, if any.
-func touch(addr uintptr, write bool) (fault error) {
-	old := debug.SetPanicOnFault(true)
-	defer debug.SetPanicOnFault(old)
-	defer func() {
-		if v := recover(); v != nil {
-			err, ok := v.(runtime.Error)
-			if !ok {
-				panic(v)
-			}
-			fault = err
-		}
-	}()
-	b := host.PrivateBytes(addr, 1)
-	if write {
-		b[0] = 1
-	} else {
-		sink = b[0]
-	}
-	return nil
-}
-
-// sink keeps a read from being optimized away.
-var sink byte
 
 // faultAddr returns the address a fault reports.
 func faultAddr(err error) uintptr {
@@ -64,20 +39,20 @@ func TestPrivateTouchFaults(t *testing.T) {
 	base := p.Base(r)
 
 	for _, write := range []bool{false, true} {
-		err := touch(base+uintptr(g)+7, write)
+		err := testutil.Touch(base+uintptr(g)+7, write)
 		if assert.Error(t, err, "touching a reserved granule (write=%v) must fault", write) {
 			assert.Equal(t, base+uintptr(g)+7, faultAddr(err), "fault address")
 		}
 	}
 	require.NoError(t, p.Commit(r, g, g))
-	assert.NoError(t, touch(base+uintptr(g)+7, true), "a committed granule is writable")
-	assert.NoError(t, touch(base+uintptr(2*g)-1, false), "to its last byte")
-	assert.Error(t, touch(base+uintptr(2*g), false), "the granule after it is still reserved")
-	assert.Error(t, touch(base+uintptr(g)-1, false), "the granule before it is still reserved")
+	assert.NoError(t, testutil.Touch(base+uintptr(g)+7, true), "a committed granule is writable")
+	assert.NoError(t, testutil.Touch(base+uintptr(2*g)-1, false), "to its last byte")
+	assert.Error(t, testutil.Touch(base+uintptr(2*g), false), "the granule after it is still reserved")
+	assert.Error(t, testutil.Touch(base+uintptr(g)-1, false), "the granule before it is still reserved")
 
 	require.NoError(t, p.Decommit(r, g, g))
 	for _, write := range []bool{false, true} {
-		assert.Error(t, touch(base+uintptr(g)+7, write), "touching a decommitted granule (write=%v) must fault", write)
+		assert.Error(t, testutil.Touch(base+uintptr(g)+7, write), "touching a decommitted granule (write=%v) must fault", write)
 	}
 	// Recommitted, the old byte is gone.
 	require.NoError(t, p.Commit(r, g, g))
