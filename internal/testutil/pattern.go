@@ -17,7 +17,7 @@ func Pattern(n int, seed byte) []byte {
 
 // TokenByte is the byte at index i of token of (layer, kind) written by writer w: a
 // cache test writes it and reads it back, and a byte of another writer, layer, kind,
-// token or index reads wrong (kind is the package's own K or V, as an int).
-func TokenByte(w uint64, layer, kind, token, i int) byte {
+// token or index reads wrong. Kind is the cache's own K or V type.
+func TokenByte[Kind ~uint8](w uint64, layer int, kind Kind, token, i int) byte {
 	return byte(w*131 + uint64(layer)*31 + uint64(kind)*17 + uint64(token)*7 + uint64(i)*3)
 }

@@ -88,13 +88,13 @@ func TestPattern(t *testing.T) {
 // Every argument of TokenByte changes the byte: a byte written for another writer,
 // layer, kind, token or index reads wrong.
 func TestTokenByte(t *testing.T) {
-	base := testutil.TokenByte(5, 3, 1, 7, 11)
+	base := testutil.TokenByte(5, 3, uint8(1), 7, 11)
 	for name, b := range map[string]byte{
-		"writer": testutil.TokenByte(6, 3, 1, 7, 11),
-		"layer":  testutil.TokenByte(5, 4, 1, 7, 11),
-		"kind":   testutil.TokenByte(5, 3, 0, 7, 11),
-		"token":  testutil.TokenByte(5, 3, 1, 8, 11),
-		"index":  testutil.TokenByte(5, 3, 1, 7, 12),
+		"writer": testutil.TokenByte(6, 3, uint8(1), 7, 11),
+		"layer":  testutil.TokenByte(5, 4, uint8(1), 7, 11),
+		"kind":   testutil.TokenByte(5, 3, uint8(0), 7, 11),
+		"token":  testutil.TokenByte(5, 3, uint8(1), 8, 11),
+		"index":  testutil.TokenByte(5, 3, uint8(1), 7, 12),
 	} {
 		assert.NotEqual(t, base, b, name)
 	}
