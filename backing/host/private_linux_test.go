@@ -1,7 +1,6 @@
 package host_test
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -62,20 +61,9 @@ func TestPrivateTouchFaults(t *testing.T) {
 // mapsLine returns the /proc/self/maps line of the mapping that contains addr.
 func mapsLine(t *testing.T, addr uintptr) string {
 	t.Helper()
-	f, err := os.Open("/proc/self/maps")
-	require.NoError(t, err)
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		line := s.Text()
-		var lo, hi uint64
-		if _, err := fmt.Sscanf(line, "%x-%x", &lo, &hi); err == nil && uint64(addr) >= lo && uint64(addr) < hi {
-			return line
-		}
-	}
-	require.NoError(t, s.Err())
-	t.Fatalf("no mapping contains %#x", addr)
-	return ""
+	ms := testutil.Overlapping(testutil.Maps(t), addr, addr+1)
+	require.Len(t, ms, 1, "the mappings that contain %#x", addr)
+	return ms[0].Line
 }
 
 func TestPrivateNamesMappings(t *testing.T) {
@@ -349,29 +337,10 @@ func TestPrivateHugePagesBadInput(t *testing.T) {
 // MADV_NOHUGEPAGE, "hg": MADV_HUGEPAGE).
 func vmFlags(t *testing.T, addr uintptr) []string {
 	t.Helper()
-	f, err := os.Open("/proc/self/smaps")
-	require.NoError(t, err)
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	in := false
-	for sc.Scan() {
-		line := sc.Text()
-		if lo, rest, ok := strings.Cut(line, "-"); ok && !strings.Contains(lo, " ") && !strings.Contains(lo, ":") {
-			hi, _, _ := strings.Cut(rest, " ")
-			start, err1 := strconv.ParseUint(lo, 16, 64)
-			end, err2 := strconv.ParseUint(hi, 16, 64)
-			if err1 == nil && err2 == nil {
-				in = uintptr(start) <= addr && addr < uintptr(end)
-				continue
-			}
-		}
-		if flags, ok := strings.CutPrefix(line, "VmFlags:"); ok && in {
-			return strings.Fields(flags)
-		}
-	}
-	require.NoError(t, sc.Err())
-	t.Fatalf("no mapping with VmFlags at %#x", addr)
-	return nil
+	ms := testutil.Overlapping(testutil.Smaps(t), addr, addr+1)
+	require.Len(t, ms, 1, "the mappings that contain %#x", addr)
+	require.NotEmpty(t, ms[0].VmFlags, "VmFlags of the mapping at %#x", addr)
+	return ms[0].VmFlags
 }
 
 // TestPrivateSmallRefusesHuge: a Private backing that does not ask for huge pages

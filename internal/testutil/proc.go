@@ -45,17 +45,32 @@ func Overlapping(ms []Mapping, lo, hi uintptr) []Mapping {
 // nil where the system has no /proc (not Linux). Any other error fails tb.
 func Maps(tb testing.TB) []Mapping {
 	tb.Helper()
-	return readProc(tb, "/proc/self/maps")
+	return readProc(tb, "/proc/self/maps", false)
+}
+
+// MapsWith returns the lines of /proc/self/maps that contain s (a memfd's name, say),
+// or nil where the system has no /proc (not Linux).
+func MapsWith(tb testing.TB, s string) []string {
+	tb.Helper()
+	var out []string
+	for _, m := range Maps(tb) {
+		if strings.Contains(m.Line, s) {
+			out = append(out, m.Line)
+		}
+	}
+	return out
 }
 
 // Smaps returns this process's mappings from /proc/self/smaps, with their sizes and
 // VmFlags, or nil where the system has no /proc (not Linux).
 func Smaps(tb testing.TB) []Mapping {
 	tb.Helper()
-	return readProc(tb, "/proc/self/smaps")
+	return readProc(tb, "/proc/self/smaps", true)
 }
 
-func readProc(tb testing.TB, path string) []Mapping {
+// readProc reads path, a maps file (every line a mapping) or an smaps file (each
+// mapping's line followed by its fields).
+func readProc(tb testing.TB, path string, smaps bool) []Mapping {
 	tb.Helper()
 	raw, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) && runtime.GOOS != "linux" {
@@ -76,8 +91,8 @@ func readProc(tb testing.TB, path string) []Mapping {
 			out = append(out, m)
 			continue
 		}
-		if len(out) == 0 {
-			tb.Fatalf("%s: %q before any mapping", path, line)
+		if !smaps || len(out) == 0 {
+			tb.Fatalf("%s: %q is not a mapping", path, line)
 		}
 		m := &out[len(out)-1]
 		if flags, ok := strings.CutPrefix(line, "VmFlags:"); ok {

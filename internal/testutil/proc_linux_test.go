@@ -2,6 +2,7 @@ package testutil_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"testing"
@@ -40,6 +41,19 @@ func TestMaps(t *testing.T) {
 	assert.Contains(t, ms[1].Line, "r--p")
 	assert.True(t, ms[1].Overlaps(base+uintptr(page), base+uintptr(page)+1))
 	assert.False(t, ms[1].Overlaps(base, base+uintptr(page)), "[Lo, Hi) is half open")
+
+	name := fmt.Sprintf("testutil-%d", os.Getpid())
+	fd, err := unix.MemfdCreate(name, 0)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	require.NoError(t, unix.Ftruncate(fd, int64(page)))
+	assert.Empty(t, testutil.MapsWith(t, "/memfd:"+name+" "))
+	b, err := unix.Mmap(fd, 0, page, unix.PROT_READ, unix.MAP_SHARED)
+	require.NoError(t, err)
+	lines := testutil.MapsWith(t, "/memfd:"+name+" ")
+	require.NoError(t, unix.Munmap(b))
+	require.Len(t, lines, 1, "the memfd's one mapping")
+	assert.Contains(t, lines[0], " r--s ")
 
 	exe, err := os.Executable()
 	require.NoError(t, err)
