@@ -3,6 +3,7 @@ package testutil
 import (
 	"runtime"
 	"runtime/debug"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -36,10 +37,10 @@ func Touch(addr uintptr, write bool) error {
 		if write {
 			*p = 1
 		} else {
-			sink = *p
+			sink.Store(uint32(*p))
 		}
 	})
 }
 
 // sink keeps Touch's read from being optimized away.
-var sink byte
+var sink atomic.Uint32
