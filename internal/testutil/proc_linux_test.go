@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/assert"
@@ -90,4 +92,18 @@ func TestStatus(t *testing.T) {
 	r := &recorder{TB: t}
 	assert.Zero(t, testutil.Status(r, "VmNoSuchField"))
 	assert.Equal(t, []string{"Fatalf: no VmNoSuchField in /proc/self/status"}, r.calls)
+}
+
+// ThreadCPU counts this thread's work, and not its sleep.
+func TestThreadCPU(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	const work = 20 * time.Millisecond
+	t0 := testutil.ThreadCPU(t)
+	time.Sleep(50 * time.Millisecond)
+	assert.Less(t, testutil.ThreadCPU(t)-t0, work.Nanoseconds(), "a sleep takes (almost) no CPU time")
+	t1 := testutil.ThreadCPU(t)
+	for start := time.Now(); testutil.ThreadCPU(t)-t1 < work.Nanoseconds(); {
+		require.Less(t, time.Since(start), testutil.Timeout, "spinning never took %v of CPU time", work)
+	}
 }
