@@ -3,9 +3,7 @@
 package arena_test
 
 import (
-	"runtime/debug"
 	"testing"
-	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -13,6 +11,7 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/internal/testutil"
 )
 
 func newHostBuffer(t *testing.T, capacity int) (*arena.Buffer[*host.PrivateReservation, *host.Private], *accounting.Authority) {
@@ -23,20 +22,6 @@ func newHostBuffer(t *testing.T, capacity int) (*arena.Buffer[*host.PrivateReser
 	buf, err := arena.NewBuffer(p, capacity, a)
 	require.NoError(t, err)
 	return buf, a
-}
-
-// touch writes one byte at addr and reports whether the write faulted.
-func touch(addr uintptr) (faulted bool) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if recover() != nil {
-			faulted = true
-		}
-	}()
-	// NB: the bits of addr are read as a pointer: a pointer made with unsafe.Add(nil,
-	// addr) faults as a nil dereference, which SetPanicOnFault does not recover.
-	*(*byte)(*(*unsafe.Pointer)(unsafe.Pointer(&addr))) = 1
-	return false
 }
 
 func TestHostBufferBytesAndFaults(t *testing.T) {
@@ -52,9 +37,9 @@ func TestHostBufferBytesAndFaults(t *testing.T) {
 	base := buf.Base()
 
 	// The rest of the committed granule may be touched; past it, the memory faults.
-	assert.False(t, touch(base+uintptr(2*g-1)), "inside the last committed granule")
-	assert.True(t, touch(base+uintptr(2*g)), "past the committed part")
-	assert.True(t, touch(base+uintptr(buf.Capacity()-1)), "at the end of the reservation")
+	assert.NoError(t, testutil.Touch(base+uintptr(2*g-1), true), "inside the last committed granule")
+	assert.Error(t, testutil.Touch(base+uintptr(2*g), true), "past the committed part")
+	assert.Error(t, testutil.Touch(base+uintptr(buf.Capacity()-1), true), "at the end of the reservation")
 
 	// Growth keeps the bytes and the base.
 	require.NoError(t, buf.Resize(8*g))
@@ -67,7 +52,7 @@ func TestHostBufferBytesAndFaults(t *testing.T) {
 	}
 	// Shrinking decommits: the contents are forfeit and a touch faults.
 	require.NoError(t, buf.Resize(g))
-	assert.True(t, touch(base+uintptr(g)), "decommitted memory faults")
+	assert.Error(t, testutil.Touch(base+uintptr(g), true), "decommitted memory faults")
 	assert.Equal(t, int64(g), a.Stats().Owned)
 	require.NoError(t, buf.Resize(2*g))
 	assert.Equal(t, byte(0), buf.Bytes()[g+1], "recommitted private memory reads zero")

@@ -14,6 +14,7 @@ import (
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/internal/testutil"
 )
 
 // TestBufferProtectHostFaults stores through the buffers' host memory: after Protect
@@ -32,14 +33,14 @@ func TestBufferProtectHostFaults(t *testing.T) {
 	defer fork.Close()
 	require.NoError(t, fork.ShareFrom(origin, 2*g, backing.ReadOnly))
 
-	assert.True(t, touch(fork.Base()+g), "the sharer's store faults")
-	assert.False(t, touch(origin.Base()+g), "the origin's store lands, before Protect")
+	assert.Error(t, testutil.Touch(fork.Base()+g, true), "the sharer's store faults")
+	assert.NoError(t, testutil.Touch(origin.Base()+g, true), "the origin's store lands, before Protect")
 	assert.Equal(t, byte(1), fork.Bytes()[g], "and the sharer reads it")
 	require.NoError(t, origin.Protect(0, 2*g, backing.ReadOnly))
-	assert.True(t, touch(origin.Base()+g+1), "after Protect the origin's store faults too")
+	assert.Error(t, testutil.Touch(origin.Base()+g+1, true), "after Protect the origin's store faults too")
 	assert.Zero(t, fork.Bytes()[g+1], "and wrote nothing")
 	require.NoError(t, origin.Protect(0, 2*g, backing.ReadWrite))
-	assert.False(t, touch(origin.Base()+g+1), "the owner writes again")
+	assert.NoError(t, testutil.Touch(origin.Base()+g+1, true), "the owner writes again")
 	assert.Equal(t, byte(1), fork.Bytes()[g+1])
 }
 

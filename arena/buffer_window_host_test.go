@@ -12,6 +12,7 @@ import (
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/internal/testutil"
 )
 
 func TestBufferWindowHost(t *testing.T) {
@@ -48,10 +49,10 @@ func TestBufferWindowHostFaults(t *testing.T) {
 	require.NoError(t, err)
 	defer seq.Close()
 	require.NoError(t, seq.Resize(4*g))
-	assert.False(t, touch(seq.Base()+g), "committed: the store lands")
+	assert.NoError(t, testutil.Touch(seq.Base()+g, true), "committed: the store lands")
 	require.NoError(t, seq.DecommitBelow(2*g))
-	assert.True(t, touch(seq.Base()+g), "below Start the store faults")
-	assert.False(t, touch(seq.Base()+2*g), "the window stays writable")
+	assert.Error(t, testutil.Touch(seq.Base()+g, true), "below Start the store faults")
+	assert.NoError(t, testutil.Touch(seq.Base()+2*g, true), "the window stays writable")
 	assert.Equal(t, byte(1), seq.Bytes()[2*g])
 
 	fork, err := arena.NewBuffer(mem, 8*g, nil)
@@ -59,7 +60,7 @@ func TestBufferWindowHostFaults(t *testing.T) {
 	defer fork.Close()
 	require.NoError(t, fork.ShareRange(seq, 2*g, 2*g, 2*g, backing.ReadWrite))
 	assert.Equal(t, byte(1), fork.Bytes()[2*g], "the fork reads the window's bytes at the same offset")
-	assert.True(t, touch(fork.Base()+g), "below the shared range the fork faults")
-	assert.False(t, touch(fork.Base()+3*g))
+	assert.Error(t, testutil.Touch(fork.Base()+g, true), "below the shared range the fork faults")
+	assert.NoError(t, testutil.Touch(fork.Base()+3*g, true))
 	assert.Equal(t, byte(1), seq.Bytes()[3*g], "a read-write share writes the same granule")
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/internal/testutil"
 )
 
 const exhaustEnv = "VMARENA_ARENA_EXHAUST_CHILD"
@@ -51,7 +51,7 @@ func TestBufferOutOfMemoryRlimit(t *testing.T) {
 
 	var old unix.Rlimit
 	require.NoError(t, unix.Getrlimit(unix.RLIMIT_DATA, &old))
-	limit := vmData(t) + 512<<20 // what the runtime may still map meanwhile
+	limit := testutil.Status(t, "VmData") + 512<<20 // what the runtime may still map meanwhile
 	require.Less(t, limit, old.Cur)
 	require.NoError(t, unix.Setrlimit(unix.RLIMIT_DATA, &unix.Rlimit{Cur: limit, Max: old.Max}))
 	err = buf.Resize(2 << 30)
@@ -71,20 +71,4 @@ func TestBufferOutOfMemoryRlimit(t *testing.T) {
 	o := buf.Close()
 	assert.True(t, o.OK(), "%v", o)
 	assert.Zero(t, auth.Stats().Owned)
-}
-
-// vmData returns the process's private writable memory (VmData), in bytes.
-func vmData(t *testing.T) uint64 {
-	t.Helper()
-	raw, err := os.ReadFile("/proc/self/status")
-	require.NoError(t, err)
-	for _, line := range strings.Split(string(raw), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmData:"); ok {
-			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			require.NoError(t, err, line)
-			return kb << 10
-		}
-	}
-	t.Fatal("no VmData in /proc/self/status")
-	return 0
 }

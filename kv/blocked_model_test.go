@@ -15,6 +15,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -395,7 +396,7 @@ func (m *blockedModel) views(s *bseq) {
 				for h := range g.KVHeads {
 					for d := range g.HeadDim {
 						i := 2 * (h*g.HeadDim + d)
-						want := arena.F16(pattern(w, layer, kind, tok, i)) | arena.F16(pattern(w, layer, kind, tok, i+1))<<8
+						want := arena.F16(testutil.TokenByte(w, layer, kind, tok, i)) | arena.F16(testutil.TokenByte(w, layer, kind, tok, i+1))<<8
 						if got := v.At(tok/tpb, tok%tpb, h, d); got != want {
 							require.Failf(t, "a view reads another token", "%s: layer %d %v token %d [%d %d]: got %#x, want %#x", m.step, layer, kind, tok, h, d, got, want)
 						}

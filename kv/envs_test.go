@@ -19,6 +19,7 @@ import (
 	"github.com/vmarena/vmarena/backing/cuda"
 	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -220,7 +221,7 @@ func openEnv(t testing.TB, sp envSpec) (*env, error) {
 		require.NoError(t, err)
 		e.pool, e.shared, e.closeBacking = b, b, b.Close
 		e.leaks = func() error {
-			if m := mapsOf(t, "/memfd:"+e.memfd+" "); len(m) > 0 {
+			if m := testutil.MapsWith(t, "/memfd:"+e.memfd+" "); len(m) > 0 {
 				return fmt.Errorf("%d mappings of the memfd left: %s", len(m), m[0])
 			}
 			return nil
@@ -358,23 +359,6 @@ func (e *env) finish(t testing.TB) {
 		assert.Zero(t, e.gov.Stats(e.auth.Device()).Used, "%s: governor", e.name)
 	}
 	assert.NoError(t, e.leaks(), e.name)
-}
-
-// mapsOf returns the lines of /proc/self/maps that contain s.
-func mapsOf(t testing.TB, s string) []string {
-	t.Helper()
-	raw, err := os.ReadFile("/proc/self/maps")
-	if errors.Is(err, os.ErrNotExist) {
-		return nil // no /proc: nothing to check here
-	}
-	require.NoError(t, err)
-	var out []string
-	for _, line := range strings.Split(string(raw), "\n") {
-		if strings.Contains(line, s) {
-			out = append(out, line)
-		}
-	}
-	return out
 }
 
 // scaledModel returns m with every group's head dim k times larger (its tokens k

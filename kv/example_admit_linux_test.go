@@ -41,7 +41,11 @@ func ExamplePrefixCache_Match() {
 	}
 	// admit serves a prompt if it fits now: Match, Need and Headroom change nothing.
 	admit := func(ids []int32) {
-		m, need := pc.Match(ids), must(pc.Need(ids))
+		m := pc.Match(ids)
+		need, err := pc.Need(ids)
+		if err != nil {
+			panic(err)
+		}
 		if need > cache.Headroom() {
 			fmt.Printf("%d tokens: match %d, need %d KiB, headroom %d KiB: wait\n", len(ids), m, need>>10, cache.Headroom()>>10)
 			return
@@ -71,12 +75,4 @@ func ExamplePrefixCache_Match() {
 	// 3328 tokens: match 0, need 832 KiB, headroom 768 KiB: wait
 	// 2048 tokens: match 0, need 512 KiB: served
 	// hit rate 0.167 over 6144 admitted prompt tokens
-}
-
-// must returns v, panicking on err.
-func must[T any](v T, err error) T {
-	if err != nil {
-		panic(err)
-	}
-	return v
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -314,9 +315,9 @@ func (m *cacheModel) check() {
 				for _, kind := range kv.KindsOf(g) {
 					require.NoError(t, s.s.ReadToken(layer, kind, tok, buf))
 					for i := range buf {
-						if buf[i] != pattern(w, layer, kind, tok, i) {
+						if buf[i] != testutil.TokenByte(w, layer, kind, tok, i) {
 							require.Failf(t, "a token lost its bytes", "seq %d token %d layer %d %v byte %d: got %d, want %d (writer %d)",
-								s.s.ID(), tok, layer, kind, i, buf[i], pattern(w, layer, kind, tok, i), w)
+								s.s.ID(), tok, layer, kind, i, buf[i], testutil.TokenByte(w, layer, kind, tok, i), w)
 						}
 					}
 				}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/backingtest"
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -200,11 +201,6 @@ func (m modelLayout) kept(n int) int {
 	return n * m.row / m.gran * m.gran / m.row
 }
 
-// pattern is the byte at index i of token t of (layer, kind) written by writer w.
-func pattern(w uint64, layer int, kind kv.Kind, t, i int) byte {
-	return byte(w*131 + uint64(layer)*31 + uint64(kind)*17 + uint64(t)*7 + uint64(i)*3)
-}
-
 // writeTokens writes tokens [from, to) of every tensor of s as writer w.
 func writeTokens(t *testing.T, s *kv.Sequence, w uint64, from, to int) {
 	t.Helper()
@@ -215,7 +211,7 @@ func writeTokens(t *testing.T, s *kv.Sequence, w uint64, from, to int) {
 func tryWrite(s *kv.Sequence, w uint64, from, to int) error {
 	return eachToken(s, from, to, func(layer int, kind kv.Kind, tok int, buf []byte) error {
 		for i := range buf {
-			buf[i] = pattern(w, layer, kind, tok, i)
+			buf[i] = testutil.TokenByte(w, layer, kind, tok, i)
 		}
 		return s.WriteToken(layer, kind, tok, buf)
 	})
@@ -263,7 +259,7 @@ func writeOrRefuse(t *testing.T, s *kv.Sequence, tok int, w uint64, refuse bool,
 	t.Helper()
 	_ = eachToken(s, tok, tok+1, func(layer int, kind kv.Kind, _ int, buf []byte) error {
 		for i := range buf {
-			buf[i] = pattern(w, layer, kind, tok, i)
+			buf[i] = testutil.TokenByte(w, layer, kind, tok, i)
 		}
 		err := s.WriteToken(layer, kind, tok, buf)
 		if refuse {
@@ -290,8 +286,8 @@ func tryCheck(s *kv.Sequence, w uint64, from, to int) error {
 			return err
 		}
 		for i := range buf {
-			if buf[i] != pattern(w, layer, kind, tok, i) {
-				return fmt.Errorf("%w: seq %d layer %d %v token %d byte %d: got %d, want %d (writer %d)", errCorrupt, s.ID(), layer, kind, tok, i, buf[i], pattern(w, layer, kind, tok, i), w)
+			if buf[i] != testutil.TokenByte(w, layer, kind, tok, i) {
+				return fmt.Errorf("%w: seq %d layer %d %v token %d byte %d: got %d, want %d (writer %d)", errCorrupt, s.ID(), layer, kind, tok, i, buf[i], testutil.TokenByte(w, layer, kind, tok, i), w)
 			}
 		}
 		return nil

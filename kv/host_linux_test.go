@@ -1,15 +1,13 @@
 package kv_test
 
 import (
-	"bufio"
-	"os"
-	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -20,29 +18,14 @@ import (
 // part of it.
 func pssOf(t *testing.T, name string) (pss, hi int64) {
 	t.Helper()
-	f, err := os.Open("/proc/self/smaps")
-	require.NoError(t, err)
-	defer f.Close()
-	var total int64
-	n := int64(0) // mappings counted
-	in := false
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := sc.Text()
-		fields := strings.Fields(line)
-		if len(fields) > 0 && strings.Contains(fields[0], "-") && !strings.HasSuffix(fields[0], ":") {
-			in = strings.Contains(line, "/memfd:"+name)
-			continue
-		}
-		if in && len(fields) == 3 && fields[0] == "Pss:" {
-			kb, err := strconv.ParseInt(fields[1], 10, 64)
-			require.NoError(t, err)
-			total += kb << 10
+	var n int64 // mappings counted
+	for _, m := range testutil.Smaps(t) {
+		if p, ok := m.Sizes["Pss"]; ok && strings.Contains(m.Line, "/memfd:"+name) {
+			pss += p
 			n++
 		}
 	}
-	require.NoError(t, sc.Err())
-	return total, total + n<<10
+	return pss, pss + n<<10
 }
 
 // touchPages reads every page of every tensor of a PerLayer sequence s of tiny8
@@ -75,7 +58,7 @@ func TestPrefixOwnedOnceByPss(t *testing.T) {
 			b, err := src.Bytes(layer, kind)
 			require.NoError(t, err)
 			for i := range b {
-				b[i] = pattern(1, layer, kind, i/tiny8.TokenBytes(), i%tiny8.TokenBytes())
+				b[i] = testutil.TokenByte(1, layer, kind, i/tiny8.TokenBytes(), i%tiny8.TokenBytes())
 			}
 		}
 	}

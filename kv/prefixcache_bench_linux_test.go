@@ -6,10 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -58,13 +57,7 @@ func BenchmarkPrefixCacheMiss(b *testing.B) {
 			// NB: the thread's CPU clock counts only while the goroutine stays on it.
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
-			thread := func() int64 {
-				var ts unix.Timespec
-				if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
-					b.Fatal(err)
-				}
-				return ts.Nano()
-			}
+			thread := func() int64 { return testutil.ThreadCPU(b) }
 			serve := func() {
 				for i := range ids {
 					ids[i] = next // never seen before: a 0% hit rate

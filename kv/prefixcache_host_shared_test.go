@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -40,7 +41,7 @@ func TestPrefixCacheCloseKeepsSharedTail(t *testing.T) {
 	pr, err := s.Freeze(tpb)
 	require.NoError(t, err)
 	defer pr.Release()
-	require.NoError(t, faults(func() { require.True(t, s.Close().OK()) }), "Close wrote into a read-only block")
+	require.NoError(t, testutil.Fault(func() { require.True(t, s.Close().OK()) }), "Close wrote into a read-only block")
 
 	f, err := c.NewSequenceFrom(pr)
 	require.NoError(t, err)

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -132,7 +133,7 @@ func eachHeld(s *kv.Sequence, from, to int, f func(layer int, kind kv.Kind, tok 
 func writeHeldIDs(s *kv.Sequence, ids []int32, from, to int) error {
 	return eachHeld(s, from, to, func(layer int, kind kv.Kind, tok int, buf []byte) error {
 		for i := range buf {
-			buf[i] = pattern(uint64(ids[tok]), layer, kind, tok, i)
+			buf[i] = testutil.TokenByte(uint64(ids[tok]), layer, kind, tok, i)
 		}
 		return s.WriteToken(layer, kind, tok, buf)
 	})
@@ -146,7 +147,7 @@ func checkHeldIDs(s *kv.Sequence, ids []int32, from, to int) error {
 			return err
 		}
 		for i := range buf {
-			if buf[i] != pattern(uint64(ids[tok]), layer, kind, tok, i) {
+			if buf[i] != testutil.TokenByte(uint64(ids[tok]), layer, kind, tok, i) {
 				return fmt.Errorf("%w: layer %d %v token %d byte %d", errCorrupt, layer, kind, tok, i)
 			}
 		}

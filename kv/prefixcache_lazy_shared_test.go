@@ -12,6 +12,7 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -108,7 +109,7 @@ func TestPrefixCacheHitProtectsOrigin(t *testing.T) {
 			require.NoError(t, err)
 			// NB: storing what is there already changes nothing the cache holds.
 			same := v.At(viewIndex(s, 0, 1, 2)...)
-			assert.NoError(t, faults(func() { v.Set(same, viewIndex(s, 0, 1, 2)...) }), "no hit yet: the origin's mapping is still writable")
+			assert.NoError(t, testutil.Fault(func() { v.Set(same, viewIndex(s, 0, 1, 2)...) }), "no hit yet: the origin's mapping is still writable")
 
 			q, m, err := pc.Lookup(append(ids[:300:300], -1))
 			require.NoError(t, err)
@@ -116,14 +117,14 @@ func TestPrefixCacheHitProtectsOrigin(t *testing.T) {
 			for _, seq := range []*kv.Sequence{s, q} {
 				qv, err := kv.View[arena.F16](seq, 0, kv.K)
 				require.NoError(t, err)
-				assert.Error(t, faults(func() { qv.Set(arena.F16FromFloat32(9), viewIndex(seq, w-1, 0, 0)...) }), "a store below Writable faults")
-				assert.Error(t, faults(func() { qv.Set(arena.F16FromFloat32(9), viewIndex(seq, 0, 1, 2)...) }), "a store below Writable faults")
+				assert.Error(t, testutil.Fault(func() { qv.Set(arena.F16FromFloat32(9), viewIndex(seq, w-1, 0, 0)...) }), "a store below Writable faults")
+				assert.Error(t, testutil.Fault(func() { qv.Set(arena.F16FromFloat32(9), viewIndex(seq, 0, 1, 2)...) }), "a store below Writable faults")
 			}
 			require.NoError(t, checkIDs(s, ids, 0, 300))
 			require.NoError(t, checkIDs(q, ids, 0, 300))
 			tail, err := kv.View[arena.F16](s, tiny8.Layers-1, kv.V)
 			require.NoError(t, err)
-			assert.NoError(t, faults(func() { tail.Set(arena.F16FromFloat32(9), viewIndex(s, 299, 0, 0)...) }), "the origin's tail stays writable")
+			assert.NoError(t, testutil.Fault(func() { tail.Set(arena.F16FromFloat32(9), viewIndex(s, 299, 0, 0)...) }), "the origin's tail stays writable")
 			// A second hit protects nothing more and maps the same.
 			r, m, err := pc.Lookup(append(ids[:300:300], -2))
 			require.NoError(t, err)

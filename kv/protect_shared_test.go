@@ -3,33 +3,15 @@
 package kv_test
 
 import (
-	"runtime"
-	"runtime/debug"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
 )
-
-// faults runs store with faults turned into Go panics and returns the fault, or nil.
-func faults(store func()) (fault error) {
-	old := debug.SetPanicOnFault(true)
-	defer debug.SetPanicOnFault(old)
-	defer func() {
-		if v := recover(); v != nil {
-			err, ok := v.(runtime.Error)
-			if !ok {
-				panic(v)
-			}
-			fault = err
-		}
-	}()
-	store()
-	return nil
-}
 
 // After Fork, ForkAt and Freeze the origin's own mapping of the shared granules is
 // read-only on host.Shared, as the sharers' are: a stray store through its View
@@ -65,14 +47,14 @@ func TestOriginWriteFaultsOnShared(t *testing.T) {
 				for _, q := range []*kv.Sequence{s, sharer} {
 					v, err := kv.View[arena.F16](q, 0, kv.K)
 					require.NoError(t, err)
-					assert.Error(t, faults(func() { v.Set(arena.F16FromFloat32(9), viewIndex(q, w-1, 0, 0)...) }), "a store below Writable faults")
-					assert.Error(t, faults(func() { v.Set(arena.F16FromFloat32(9), viewIndex(q, 0, 1, 2)...) }), "a store below Writable faults")
+					assert.Error(t, testutil.Fault(func() { v.Set(arena.F16FromFloat32(9), viewIndex(q, w-1, 0, 0)...) }), "a store below Writable faults")
+					assert.Error(t, testutil.Fault(func() { v.Set(arena.F16FromFloat32(9), viewIndex(q, 0, 1, 2)...) }), "a store below Writable faults")
 				}
 				checkTokens(t, s, 1, 0, 300)
 				checkTokens(t, sharer, 1, 0, sharer.Len())
 				v, err := kv.View[arena.F16](s, tiny8.Layers-1, kv.V)
 				require.NoError(t, err)
-				assert.NoError(t, faults(func() { v.Set(arena.F16FromFloat32(9), viewIndex(s, 299, 0, 0)...) }), "the origin's tail stays writable")
+				assert.NoError(t, testutil.Fault(func() { v.Set(arena.F16FromFloat32(9), viewIndex(s, 299, 0, 0)...) }), "the origin's tail stays writable")
 				assert.True(t, sharer.Close().OK())
 				assert.True(t, s.Close().OK())
 			})

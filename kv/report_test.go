@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -227,8 +228,8 @@ func TestPrefixAccessors(t *testing.T) {
 							// tensor, TokenBytes long; the bits are read as a pointer.
 							got := unsafe.Slice((*byte)(*(*unsafe.Pointer)(unsafe.Pointer(&base))), tiny8.TokenBytes())
 							for i, b := range got {
-								if b != pattern(5, layer, k, 0, i) {
-									t.Fatalf("layer %d %v byte %d at Base: %#x, want %#x", layer, k, i, b, pattern(5, layer, k, 0, i))
+								if b != testutil.TokenByte(5, layer, k, 0, i) {
+									t.Fatalf("layer %d %v byte %d at Base: %#x, want %#x", layer, k, i, b, testutil.TokenByte(5, layer, k, 0, i))
 								}
 							}
 						}

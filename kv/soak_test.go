@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -287,7 +288,7 @@ func (r *soakRequest) write(s *kv.Sequence, toks []uint64, from int) {
 		for layer := range g.Layers {
 			for _, kind := range kv.KindsOf(g) {
 				for i := range buf {
-					buf[i] = pattern(r.writer, layer, kind, tok, i)
+					buf[i] = testutil.TokenByte(r.writer, layer, kind, tok, i)
 				}
 				if !r.allowed(s.WriteToken(layer, kind, tok, buf), "write", false) {
 					toks[tok] = 0 // partly written
@@ -359,9 +360,9 @@ func (r *soakRequest) check(s *kv.Sequence, toks []uint64) {
 					continue
 				}
 				for i := range buf {
-					if buf[i] != pattern(w, layer, kind, tok, i) {
+					if buf[i] != testutil.TokenByte(w, layer, kind, tok, i) {
 						assert.Failf(t, "a token lost its bytes", "sequence %d token %d layer %d %v byte %d: got %d, want %d (writer %#x)",
-							s.ID(), tok, layer, kind, i, buf[i], pattern(w, layer, kind, tok, i), w)
+							s.ID(), tok, layer, kind, i, buf[i], testutil.TokenByte(w, layer, kind, tok, i), w)
 						return
 					}
 				}

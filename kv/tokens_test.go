@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -32,7 +33,7 @@ func tokenBytes(w uint64, layer int, kind kv.Kind, from, to, tb int) []byte {
 	out := make([]byte, (to-from)*tb)
 	for tok := from; tok < to; tok++ {
 		for i := range tb {
-			out[(tok-from)*tb+i] = pattern(w, layer, kind, tok, i)
+			out[(tok-from)*tb+i] = testutil.TokenByte(w, layer, kind, tok, i)
 		}
 	}
 	return out

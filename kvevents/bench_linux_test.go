@@ -12,6 +12,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/kv/blockhash"
 	"github.com/vmarena/vmarena/kvevents"
@@ -84,7 +85,7 @@ func BenchmarkPublishCost(b *testing.B) {
 			var hashingCPU int64
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
-			thread := func() int64 { return threadCPU(b) }
+			thread := func() int64 { return testutil.ThreadCPU(b) }
 			serve := func() {
 				for i := range ids {
 					ids[i] = next
@@ -261,15 +262,6 @@ func costCache(b *testing.B, obs kv.BlockEvents) *kv.PrefixCache {
 	return pc
 }
 
-// threadCPU returns the calling thread's CPU time (a system call).
-func threadCPU(b *testing.B) int64 {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
-		b.Fatal(err)
-	}
-	return ts.Nano()
-}
-
 // closeChecked closes pub and fails b if it dropped anything: the publisher did not
 // keep up, and what was timed is not the scenario. It returns pub's last Stats.
 func closeChecked(b *testing.B, pub *kvevents.Publisher) kvevents.Stats {
@@ -336,7 +328,7 @@ func publishShare(b *testing.B, events bool) {
 			ids[i] = next
 			next++
 		}
-		c0 := threadCPU(b)
+		c0 := testutil.ThreadCPU(b)
 		s, _, err := pc.Lookup(ids)
 		if err != nil {
 			b.Fatal(err)
@@ -344,19 +336,19 @@ func publishShare(b *testing.B, events bool) {
 		if err := s.Append(costPrompt); err != nil {
 			b.Fatal(err)
 		}
-		cpu := threadCPU(b) - c0
+		cpu := testutil.ThreadCPU(b) - c0
 		for t := range costPrompt {
 			for l := range g.Layers {
 				_ = s.WriteToken(l, kv.K, t, data)
 				_ = s.WriteToken(l, kv.V, t, data)
 			}
 		}
-		c0 = threadCPU(b)
+		c0 = testutil.ThreadCPU(b)
 		if err := pc.Insert(s, ids); err != nil {
 			b.Fatal(err)
 		}
 		s.Close()
-		return cpu + threadCPU(b) - c0
+		return cpu + testutil.ThreadCPU(b) - c0
 	}
 	for range 2 * costBudget / (costPrompt * g.BytesPerToken()) {
 		for _, pc := range caches {

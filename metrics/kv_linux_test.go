@@ -1,8 +1,6 @@
 package metrics_test
 
 import (
-	"sort"
-	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,38 +11,10 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/internal/testutil/promtest"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/metrics"
 )
-
-// scrape gathers reg and returns every sample by its series, "name{k=v,...}" with the
-// labels in order; a histogram gives its _count and _sum.
-func scrape(t testing.TB, reg prometheus.Gatherer) map[string]float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			var ls []string
-			for _, l := range m.GetLabel() {
-				ls = append(ls, l.GetName()+"="+l.GetValue())
-			}
-			sort.Strings(ls)
-			key := mf.GetName() + "{" + strings.Join(ls, ",") + "}"
-			switch {
-			case m.Gauge != nil:
-				out[key] = m.GetGauge().GetValue()
-			case m.Counter != nil:
-				out[key] = m.GetCounter().GetValue()
-			case m.Histogram != nil:
-				out[strings.Replace(key, "{", "_count{", 1)] = float64(m.GetHistogram().GetSampleCount())
-				out[strings.Replace(key, "{", "_sum{", 1)] = m.GetHistogram().GetSampleSum()
-			}
-		}
-	}
-	return out
-}
 
 // TestCollectRealCache reads a real cache on a memfd pool: three sequences, two of
 // them started on a shared prefix.
@@ -86,7 +56,7 @@ func TestCollectRealCache(t *testing.T) {
 	require.NoError(t, err)
 	reg := prometheus.NewPedanticRegistry()
 	require.NoError(t, reg.Register(c))
-	got := scrape(t, reg)
+	got := promtest.Gather(t, reg)
 
 	tokens := 600 + 522 + 512
 	assert.Equal(t, float64(3), got["vmarena_kv_sequences{cache=tiny}"])
@@ -116,7 +86,7 @@ func TestCollectRealCache(t *testing.T) {
 	require.NoError(t, err)
 	require.ErrorIs(t, big.Append(4096), accounting.ErrBudgetExceeded)
 	require.True(t, big.Close().OK())
-	got = scrape(t, reg)
+	got = promtest.Gather(t, reg)
 	assert.Equal(t, float64(1), got["vmarena_kv_refusals_total{cache=tiny}"])
 	assert.Equal(t, float64(1), got["vmarena_governor_refusals_total{device=host:0}"], "the governor counts the cache's refusal")
 
@@ -170,7 +140,7 @@ func TestCollectRealPrefixCache(t *testing.T) {
 		live = append(live, s)
 	}
 	check := func(what string) map[string]float64 {
-		got := scrape(t, reg)
+		got := promtest.Gather(t, reg)
 		st := pc.Stats()
 		assert.Equal(t, float64(st.Queries), got["vmarena_prefix_cache_queries_total{cache=tiny}"], what)
 		assert.Equal(t, float64(st.Hits), got["vmarena_prefix_cache_hits_total{cache=tiny}"], what)

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/snapshot"
 )
 
@@ -31,7 +32,7 @@ func imcSnapshot(ctx context.Context, store sessionStore, size int, seed byte) (
 	}
 	extracted := 0
 	if err == nil {
-		fill(buf, seed)
+		testutil.Fill(buf, seed)
 		extracted = size
 	}
 	ok = err == nil && size > 0 && extracted == size
@@ -80,7 +81,7 @@ func TestRefusalCostsOnlyTheSnapshot(t *testing.T) {
 			b2, err := b.Bytes(ctx)
 			require.NoError(t, err)
 			assert.Nil(t, b2)
-			assert.Equal(t, pattern(6*gran, 1), bytesOf(t, a), "the other session's snapshot is untouched")
+			assert.Equal(t, testutil.Pattern(6*gran, 1), bytesOf(t, a), "the other session's snapshot is untouched")
 			assert.Equal(t, int64(6*gran), g.Stats(accounting.HostKey).Used, "b's granules went back to the budget")
 			assert.Equal(t, int64(1), f.Stats().Refusals)
 
@@ -88,14 +89,14 @@ func TestRefusalCostsOnlyTheSnapshot(t *testing.T) {
 			ok, err = imcSnapshot(ctx, b, 4*gran, 4)
 			require.NoError(t, err)
 			assert.True(t, ok)
-			assert.Equal(t, pattern(4*gran, 4), bytesOf(t, b))
+			assert.Equal(t, testutil.Pattern(4*gran, 4), bytesOf(t, b))
 
 			// a's conversation ends: its reset lets b grow to what was refused.
 			require.NoError(t, a.Reset(ctx))
 			ok, err = imcSnapshot(ctx, b, 6*gran, 5)
 			require.NoError(t, err)
 			assert.True(t, ok)
-			assert.Equal(t, pattern(6*gran, 5), bytesOf(t, b))
+			assert.Equal(t, testutil.Pattern(6*gran, 5), bytesOf(t, b))
 			assert.LessOrEqual(t, g.Stats(accounting.HostKey).Peak, int64(limit), "the total never exceeded the budget")
 		})
 	}
@@ -113,7 +114,7 @@ func TestRefusalAtFirstPrepare(t *testing.T) {
 	assert.Zero(t, s.Len())
 	assert.Zero(t, s.Cap())
 	snap(t, s, 2*gran, 7)
-	assert.Equal(t, pattern(2*gran, 7), bytesOf(t, s))
+	assert.Equal(t, testutil.Pattern(2*gran, 7), bytesOf(t, s))
 }
 
 // TestWaitFor: with Options.WaitFor a refused Prepare waits in the governor's queue:
@@ -241,7 +242,7 @@ func session(f *snapshot.Factory, id, turns int, played *sync.WaitGroup) (err er
 			if err != nil {
 				return err
 			}
-			if string(got) != string(pattern(size, seed)) {
+			if string(got) != string(testutil.Pattern(size, seed)) {
 				return fmt.Errorf("session %d turn %d: snapshot of %d bytes is wrong", id, turn, size)
 			}
 		case errors.Is(err, accounting.ErrBudgetExceeded):

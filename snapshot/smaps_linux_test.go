@@ -1,17 +1,14 @@
 package snapshot_test
 
 import (
-	"bufio"
 	"context"
-	"os"
-	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/snapshot"
 )
 
@@ -20,32 +17,10 @@ import (
 // must be one the caller reserved alone.
 func rssIn(t *testing.T, lo, hi uintptr) int64 {
 	t.Helper()
-	f, err := os.Open("/proc/self/smaps")
-	require.NoError(t, err)
-	defer f.Close()
 	var rss int64
-	in := false
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) == 0 {
-			continue
-		}
-		if start, end, ok := strings.Cut(fields[0], "-"); ok && !strings.HasSuffix(fields[0], ":") {
-			s, err1 := strconv.ParseUint(start, 16, 64)
-			e, err2 := strconv.ParseUint(end, 16, 64)
-			if err1 == nil && err2 == nil {
-				in = uintptr(s) < hi && uintptr(e) > lo
-				continue
-			}
-		}
-		if in && len(fields) == 3 && fields[0] == "Rss:" {
-			kb, err := strconv.ParseInt(fields[1], 10, 64)
-			require.NoError(t, err)
-			rss += kb << 10
-		}
+	for _, m := range testutil.Overlapping(testutil.Smaps(t), lo, hi) {
+		rss += m.Sizes["Rss"]
 	}
-	require.NoError(t, sc.Err())
 	return rss
 }
 

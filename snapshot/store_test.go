@@ -12,6 +12,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/snapshot"
 )
 
@@ -53,27 +54,13 @@ func newStore(t *testing.T, f *snapshot.Factory) *snapshot.Store {
 	return s
 }
 
-// fill writes a pattern of seed into b.
-func fill(b []byte, seed byte) {
-	for i := range b {
-		b[i] = seed + byte(i*7)
-	}
-}
-
-// pattern returns n bytes of fill's pattern for seed.
-func pattern(n int, seed byte) []byte {
-	b := make([]byte, n)
-	fill(b, seed)
-	return b
-}
-
 // snap prepares, fills and commits n bytes with seed's pattern.
 func snap(t *testing.T, s *snapshot.Store, n int, seed byte) {
 	t.Helper()
 	buf, err := s.Prepare(context.Background(), n)
 	require.NoError(t, err)
 	require.Len(t, buf, n)
-	fill(buf, seed)
+	testutil.Fill(buf, seed)
 	require.NoError(t, s.Commit(context.Background(), n))
 }
 
@@ -109,9 +96,9 @@ func TestStableBaseAcrossGrowth(t *testing.T) {
 				}
 				require.Equal(t, base, s.Base(), "turn %d moved the base", turn)
 				require.Equal(t, base, uintptrOf(buf), "turn %d: the slice starts at the base", turn)
-				assert.True(t, bytes.Equal(pattern(prev, byte(turn-1)), buf[:prev]), "turn %d: the last snapshot's bytes were not kept in place", turn)
+				assert.True(t, bytes.Equal(testutil.Pattern(prev, byte(turn-1)), buf[:prev]), "turn %d: the last snapshot's bytes were not kept in place", turn)
 				assert.Zero(t, s.Len(), "Len before Commit")
-				fill(buf, byte(turn))
+				testutil.Fill(buf, byte(turn))
 				require.NoError(t, s.Commit(context.Background(), n))
 				want := (n + gran - 1) / gran * gran
 				assert.Equal(t, want, s.Cap())
@@ -119,7 +106,7 @@ func TestStableBaseAcrossGrowth(t *testing.T) {
 				if kind == snapshot.Private {
 					assert.Equal(t, int64(want), f.Authority().Stats().Owned, "the ledger holds what the store holds")
 				}
-				assert.True(t, bytes.Equal(pattern(n, byte(turn)), bytesOf(t, s)))
+				assert.True(t, bytes.Equal(testutil.Pattern(n, byte(turn)), bytesOf(t, s)))
 				prev = n
 			}
 		})
@@ -157,7 +144,7 @@ func TestPrepareShrinkGivesBack(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 3*gran, s.Cap())
 	assert.Equal(t, int64(3*gran), f.Authority().Stats().Owned)
-	assert.Equal(t, pattern(2*gran+1, 3), buf, "the kept granules keep their bytes")
+	assert.Equal(t, testutil.Pattern(2*gran+1, 3), buf, "the kept granules keep their bytes")
 }
 
 // TestCommitPublishesExactly: every Bytes after Commit(n) is the n bytes written,
@@ -168,10 +155,10 @@ func TestCommitPublishesExactly(t *testing.T) {
 	ctx := context.Background()
 	buf, err := s.Prepare(ctx, 3*gran)
 	require.NoError(t, err)
-	fill(buf, 9)
+	testutil.Fill(buf, 9)
 	require.NoError(t, s.Commit(ctx, gran+5))
 	assert.Equal(t, gran+5, s.Len())
-	assert.Equal(t, pattern(gran+5, 9), bytesOf(t, s))
+	assert.Equal(t, testutil.Pattern(gran+5, 9), bytesOf(t, s))
 	assert.Equal(t, 3*gran, s.Cap(), "Commit keeps the granules until the next Prepare or Reset")
 
 	// The prepared slice is spent: a second Commit of anything but 0 is out of range.
@@ -248,7 +235,7 @@ func TestBadInput(t *testing.T) {
 				require.ErrorIs(t, err, tt.want)
 				assert.Nil(t, buf)
 				assert.Equal(t, 100, s.Len(), "a bad argument changes nothing")
-				assert.Equal(t, pattern(100, 1), bytesOf(t, s))
+				assert.Equal(t, testutil.Pattern(100, 1), bytesOf(t, s))
 				assert.Equal(t, gran, s.Cap())
 			})
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/cuda"
 	"github.com/vmarena/vmarena/backing/cuda/cudatest"
+	"github.com/vmarena/vmarena/internal/testutil"
 )
 
 // Benchmarks run on three drivers:
@@ -110,13 +111,6 @@ func (l latencies) report(b *testing.B) {
 	}
 }
 
-func must(b *testing.B, err error) {
-	if err != nil {
-		b.Helper()
-		b.Fatal(err)
-	}
-}
-
 // BenchmarkCommit commits granules on a reservation and decommits them again:
 // handle=pooled maps handles from the pool (map + access), handle=new creates them
 // first (create + map + access) and releases them after.
@@ -127,14 +121,14 @@ func BenchmarkCommit(b *testing.B) {
 				bk := benchBacking(b, kind, cuda.Options{})
 				g := bk.Granularity()
 				r, err := bk.Reserve(n * g)
-				must(b, err)
+				testutil.NoError(b, err)
 				defer bk.Unreserve(r)
-				must(b, bk.Prefill(n))
+				testutil.NoError(b, bk.Prefill(n))
 				b.ReportAllocs()
 				lat := latencies{}
 				for b.Loop() {
-					lat.time("commit", func() { must(b, bk.Commit(r, 0, n*g)) })
-					lat.time("decommit", func() { must(b, bk.Decommit(r, 0, n*g)) })
+					lat.time("commit", func() { testutil.NoError(b, bk.Commit(r, 0, n*g)) })
+					lat.time("decommit", func() { testutil.NoError(b, bk.Decommit(r, 0, n*g)) })
 				}
 				lat.report(b)
 			})
@@ -143,13 +137,13 @@ func BenchmarkCommit(b *testing.B) {
 			bk := benchBacking(b, kind, cuda.Options{})
 			g := bk.Granularity()
 			r, err := bk.Reserve(g)
-			must(b, err)
+			testutil.NoError(b, err)
 			defer bk.Unreserve(r)
 			b.ReportAllocs()
 			lat := latencies{}
 			for b.Loop() {
-				lat.time("commit", func() { must(b, bk.Commit(r, 0, g)) })
-				must(b, bk.Decommit(r, 0, g))
+				lat.time("commit", func() { testutil.NoError(b, bk.Commit(r, 0, g)) })
+				testutil.NoError(b, bk.Decommit(r, 0, g))
 				lat.time("release", func() {
 					if _, err := bk.Trim(0); err != nil {
 						b.Fatal(err)
@@ -170,17 +164,17 @@ func BenchmarkShare(b *testing.B) {
 			bk := benchBacking(b, kind, cuda.Options{})
 			g := bk.Granularity()
 			src, err := bk.Reserve(g)
-			must(b, err)
+			testutil.NoError(b, err)
 			defer bk.Unreserve(src)
 			dst, err := bk.Reserve(g)
-			must(b, err)
+			testutil.NoError(b, err)
 			defer bk.Unreserve(dst)
-			must(b, bk.Commit(src, 0, g))
+			testutil.NoError(b, bk.Commit(src, 0, g))
 			b.ReportAllocs()
 			lat := latencies{}
 			for b.Loop() {
-				lat.time("share", func() { must(b, bk.Share(dst, 0, src, 0, g, backing.ReadOnly)) })
-				lat.time("unshare", func() { must(b, bk.Decommit(dst, 0, g)) })
+				lat.time("share", func() { testutil.NoError(b, bk.Share(dst, 0, src, 0, g, backing.ReadOnly)) })
+				lat.time("unshare", func() { testutil.NoError(b, bk.Decommit(dst, 0, g)) })
 			}
 			lat.report(b)
 		})
@@ -202,9 +196,9 @@ func BenchmarkGrowTensor(b *testing.B) {
 				g := bk.Granularity()
 				size, _ := backing.AlignUp(tokens*perToken, g)
 				r, err := bk.Reserve(size)
-				must(b, err)
+				testutil.NoError(b, err)
 				defer bk.Unreserve(r)
-				must(b, bk.Prefill(size/g))
+				testutil.NoError(b, bk.Prefill(size/g))
 				token := make([]byte, perToken)
 				if write {
 					b.SetBytes(tokens * perToken) // bytes copied in per grow
@@ -219,20 +213,20 @@ func BenchmarkGrowTensor(b *testing.B) {
 						for t := range tokens {
 							end := (t + 1) * perToken
 							if end > committed {
-								must(b, bk.Commit(r, committed, g))
+								testutil.NoError(b, bk.Commit(r, committed, g))
 								committed += g
 								steps++
 							}
 							if write {
 								token[0] = byte(t)
-								must(b, bk.CopyIn(r, t*perToken, token))
+								testutil.NoError(b, bk.CopyIn(r, t*perToken, token))
 							}
 						}
 						if write {
-							must(b, bk.Synchronize())
+							testutil.NoError(b, bk.Synchronize())
 						}
 					})
-					lat.time("shrink", func() { must(b, bk.Decommit(r, 0, committed)) })
+					lat.time("shrink", func() { testutil.NoError(b, bk.Decommit(r, 0, committed)) })
 				}
 				lat.report(b)
 				b.ReportMetric(float64(steps), "granule-steps/grow")

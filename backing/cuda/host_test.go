@@ -12,6 +12,7 @@ import (
 	"github.com/vmarena/vmarena/backing/cuda"
 	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/internal/testutil"
 )
 
 func TestHostSymbols(t *testing.T) {
@@ -109,18 +110,10 @@ func streamFx(t *testing.T) (*fx, *cuda.Reservation, *cuda.Stream) {
 	return x, r, s
 }
 
-func pattern(n int, seed byte) []byte {
-	p := make([]byte, n)
-	for i := range p {
-		p[i] = byte(i*7) ^ seed
-	}
-	return p
-}
-
 func TestStreamRoundTripPinned(t *testing.T) {
 	x, r, s := streamFx(t)
 	n := 2*x.g - 100 // not granule-aligned, across both granules
-	src := pattern(n, 0x5a)
+	src := testutil.Pattern(n, 0x5a)
 	hostIn := bytes.Clone(src)
 	require.NoError(t, x.b.PinHost(hostIn))
 	t.Cleanup(func() { require.NoError(t, x.b.UnpinHost(hostIn)) })
@@ -144,7 +137,7 @@ func TestStreamRoundTripPinned(t *testing.T) {
 // Copies from and to memory that is not pinned still work: the driver stages them.
 func TestStreamRoundTripPageable(t *testing.T) {
 	x, r, s := streamFx(t)
-	src := pattern(x.g, 3)
+	src := testutil.Pattern(x.g, 3)
 	require.NoError(t, s.CopyInAsync(r, x.g, src))
 	dst := make([]byte, x.g)
 	require.NoError(t, s.CopyOutAsync(dst, r, x.g))

@@ -17,6 +17,7 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/internal/testutil"
 )
 
 // Exhaustion: the OS refuses memory (a resource limit) or mappings (vm.max_map_count)
@@ -44,22 +45,6 @@ func inChild(t *testing.T) bool {
 		}
 	}
 	return false
-}
-
-// procStatus returns a "Vm..." field of /proc/self/status in bytes.
-func procStatus(t *testing.T, field string) uint64 {
-	t.Helper()
-	raw, err := os.ReadFile("/proc/self/status")
-	require.NoError(t, err)
-	for _, line := range strings.Split(string(raw), "\n") {
-		if rest, ok := strings.CutPrefix(line, field+":"); ok {
-			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			require.NoError(t, err, line)
-			return kb << 10
-		}
-	}
-	t.Fatalf("no %s in /proc/self/status", field)
-	return 0
 }
 
 // lowerLimit sets the soft limit of resource to cur, keeping the hard limit, and
@@ -93,7 +78,7 @@ func TestPrivateOutOfMemoryRlimit(t *testing.T) {
 	mark := bytes.Repeat([]byte("kept"), 1024)
 	require.NoError(t, p.CopyIn(r, 16*mib-len(mark), mark))
 
-	restore := lowerLimit(t, unix.RLIMIT_DATA, procStatus(t, "VmData")+exhaustSlack)
+	restore := lowerLimit(t, unix.RLIMIT_DATA, testutil.Status(t, "VmData")+exhaustSlack)
 	err = p.Commit(r, 16*mib, 2<<30)
 	restore()
 	require.Error(t, err, "2 GiB more writable memory than RLIMIT_DATA allows")
@@ -113,7 +98,7 @@ func TestPrivateOutOfMemoryRlimit(t *testing.T) {
 	assert.Equal(t, mark, got, "what was committed before is intact")
 	require.NoError(t, p.Commit(r, 16*mib, 2<<30), "the same commit within the limit")
 
-	restore = lowerLimit(t, unix.RLIMIT_AS, procStatus(t, "VmSize")+exhaustSlack)
+	restore = lowerLimit(t, unix.RLIMIT_AS, testutil.Status(t, "VmSize")+exhaustSlack)
 	r2, err := p.Reserve(4 << 30)
 	restore()
 	if !assert.Error(t, err, "4 GiB more address space than RLIMIT_AS allows") {
@@ -165,7 +150,7 @@ func TestSharedOutOfMemoryRlimit(t *testing.T) {
 	}
 	books("before", 8*g, 8*g)
 
-	restore := lowerLimit(t, unix.RLIMIT_AS, procStatus(t, "VmSize")+exhaustSlack)
+	restore := lowerLimit(t, unix.RLIMIT_AS, testutil.Status(t, "VmSize")+exhaustSlack)
 	err = s.Commit(b, 0, big)
 	restore()
 	require.Error(t, err, "a 4 GiB commit needs more address space than RLIMIT_AS leaves")
@@ -192,7 +177,7 @@ func TestSharedOutOfMemoryRlimit(t *testing.T) {
 	assert.True(t, s.Unreserve(a).OK())
 	require.NoError(t, s.Close())
 	books("closed", 0, 0)
-	assert.Empty(t, mapsNamed(t, "memfd:"+name+" "), "no mapping left")
+	assert.Empty(t, testutil.MapsWith(t, "memfd:"+name+" "), "no mapping left")
 }
 
 // quietRuntime readies the process for its mapping limit, where any mapping the
@@ -231,20 +216,6 @@ func growStack(n int) byte {
 		return growStack(n-1) + frame[n]
 	}
 	return frame[0]
-}
-
-// mapsNamed returns the lines of /proc/self/maps that contain name.
-func mapsNamed(t *testing.T, name string) []string {
-	t.Helper()
-	raw, err := os.ReadFile("/proc/self/maps")
-	require.NoError(t, err)
-	var out []string
-	for _, line := range strings.Split(string(raw), "\n") {
-		if strings.Contains(line, name) {
-			out = append(out, line)
-		}
-	}
-	return out
 }
 
 // Shared at the real vm.max_map_count: committing every other granule splits the
@@ -314,5 +285,5 @@ func TestSharedMapLimitReal(t *testing.T) {
 	assert.Equal(t, int64(committed*g), o.Unmapped)
 	require.NoError(t, s.Close())
 	assert.Zero(t, auth.Stats().Owned)
-	assert.Empty(t, mapsNamed(t, "memfd:"+name+" "), "no mapping left")
+	assert.Empty(t, testutil.MapsWith(t, "memfd:"+name+" "), "no mapping left")
 }

@@ -1,13 +1,11 @@
 package host_test
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"runtime"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,32 +17,8 @@ import (
 
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/internal/testutil"
 )
-
-// touch reads or writes the byte at addr and returns the fault it took, if any.
-func touch(addr uintptr, write bool) (fault error) {
-	old := debug.SetPanicOnFault(true)
-	defer debug.SetPanicOnFault(old)
-	defer func() {
-		if v := recover(); v != nil {
-			err, ok := v.(runtime.Error)
-			if !ok {
-				panic(v)
-			}
-			fault = err
-		}
-	}()
-	b := host.PrivateBytes(addr, 1)
-	if write {
-		b[0] = 1
-	} else {
-		sink = b[0]
-	}
-	return nil
-}
-
-// sink keeps a read from being optimized away.
-var sink byte
 
 // faultAddr returns the address a fault reports.
 func faultAddr(err error) uintptr {
@@ -64,20 +38,20 @@ func TestPrivateTouchFaults(t *testing.T) {
 	base := p.Base(r)
 
 	for _, write := range []bool{false, true} {
-		err := touch(base+uintptr(g)+7, write)
+		err := testutil.Touch(base+uintptr(g)+7, write)
 		if assert.Error(t, err, "touching a reserved granule (write=%v) must fault", write) {
 			assert.Equal(t, base+uintptr(g)+7, faultAddr(err), "fault address")
 		}
 	}
 	require.NoError(t, p.Commit(r, g, g))
-	assert.NoError(t, touch(base+uintptr(g)+7, true), "a committed granule is writable")
-	assert.NoError(t, touch(base+uintptr(2*g)-1, false), "to its last byte")
-	assert.Error(t, touch(base+uintptr(2*g), false), "the granule after it is still reserved")
-	assert.Error(t, touch(base+uintptr(g)-1, false), "the granule before it is still reserved")
+	assert.NoError(t, testutil.Touch(base+uintptr(g)+7, true), "a committed granule is writable")
+	assert.NoError(t, testutil.Touch(base+uintptr(2*g)-1, false), "to its last byte")
+	assert.Error(t, testutil.Touch(base+uintptr(2*g), false), "the granule after it is still reserved")
+	assert.Error(t, testutil.Touch(base+uintptr(g)-1, false), "the granule before it is still reserved")
 
 	require.NoError(t, p.Decommit(r, g, g))
 	for _, write := range []bool{false, true} {
-		assert.Error(t, touch(base+uintptr(g)+7, write), "touching a decommitted granule (write=%v) must fault", write)
+		assert.Error(t, testutil.Touch(base+uintptr(g)+7, write), "touching a decommitted granule (write=%v) must fault", write)
 	}
 	// Recommitted, the old byte is gone.
 	require.NoError(t, p.Commit(r, g, g))
@@ -87,20 +61,9 @@ func TestPrivateTouchFaults(t *testing.T) {
 // mapsLine returns the /proc/self/maps line of the mapping that contains addr.
 func mapsLine(t *testing.T, addr uintptr) string {
 	t.Helper()
-	f, err := os.Open("/proc/self/maps")
-	require.NoError(t, err)
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		line := s.Text()
-		var lo, hi uint64
-		if _, err := fmt.Sscanf(line, "%x-%x", &lo, &hi); err == nil && uint64(addr) >= lo && uint64(addr) < hi {
-			return line
-		}
-	}
-	require.NoError(t, s.Err())
-	t.Fatalf("no mapping contains %#x", addr)
-	return ""
+	ms := testutil.Overlapping(testutil.Maps(t), addr, addr+1)
+	require.Len(t, ms, 1, "the mappings that contain %#x", addr)
+	return ms[0].Line
 }
 
 func TestPrivateNamesMappings(t *testing.T) {
@@ -374,29 +337,10 @@ func TestPrivateHugePagesBadInput(t *testing.T) {
 // MADV_NOHUGEPAGE, "hg": MADV_HUGEPAGE).
 func vmFlags(t *testing.T, addr uintptr) []string {
 	t.Helper()
-	f, err := os.Open("/proc/self/smaps")
-	require.NoError(t, err)
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	in := false
-	for sc.Scan() {
-		line := sc.Text()
-		if lo, rest, ok := strings.Cut(line, "-"); ok && !strings.Contains(lo, " ") && !strings.Contains(lo, ":") {
-			hi, _, _ := strings.Cut(rest, " ")
-			start, err1 := strconv.ParseUint(lo, 16, 64)
-			end, err2 := strconv.ParseUint(hi, 16, 64)
-			if err1 == nil && err2 == nil {
-				in = uintptr(start) <= addr && addr < uintptr(end)
-				continue
-			}
-		}
-		if flags, ok := strings.CutPrefix(line, "VmFlags:"); ok && in {
-			return strings.Fields(flags)
-		}
-	}
-	require.NoError(t, sc.Err())
-	t.Fatalf("no mapping with VmFlags at %#x", addr)
-	return nil
+	ms := testutil.Overlapping(testutil.Smaps(t), addr, addr+1)
+	require.Len(t, ms, 1, "the mappings that contain %#x", addr)
+	require.NotEmpty(t, ms[0].VmFlags, "VmFlags of the mapping at %#x", addr)
+	return ms[0].VmFlags
 }
 
 // TestPrivateSmallRefusesHuge: a Private backing that does not ask for huge pages

@@ -1,7 +1,6 @@
 package host_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
@@ -24,6 +23,7 @@ import (
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/internal/testutil"
 )
 
 const kib64 = 64 << 10
@@ -252,96 +252,53 @@ func (e *sharedEnv) tagOf(r *host.SharedReservation, gi int) uint64 {
 
 func (e *sharedEnv) pool() backing.PoolStats { return e.s.PoolStats() }
 
-// vma is one line of /proc/self/maps.
-type vma struct {
-	start, end uintptr
-	perms      string
-	off        uint64
-	inode      uint64
-	path       string
-}
-
-func readMaps(t *testing.T) []vma {
-	t.Helper()
-	raw, err := os.ReadFile("/proc/self/maps")
-	require.NoError(t, err)
-	var out []vma
-	for line := range strings.Lines(string(raw)) {
-		f := strings.Fields(line)
-		require.GreaterOrEqual(t, len(f), 5, "maps line %q", line)
-		lo, hi, _ := strings.Cut(f[0], "-")
-		start, err1 := strconv.ParseUint(lo, 16, 64)
-		end, err2 := strconv.ParseUint(hi, 16, 64)
-		off, err3 := strconv.ParseUint(f[2], 16, 64)
-		inode, err4 := strconv.ParseUint(f[4], 10, 64)
-		require.NoError(t, errors.Join(err1, err2, err3, err4), "maps line %q", line)
-		v := vma{start: uintptr(start), end: uintptr(end), perms: f[1], off: off, inode: inode}
-		if len(f) > 5 {
-			v.path = strings.Join(f[5:], " ")
-		}
-		out = append(out, v)
-	}
-	return out
-}
-
-// overlapping returns the mappings that overlap [a, a+n).
-func overlapping(maps []vma, a uintptr, n int) []vma {
-	var out []vma
-	for _, v := range maps {
-		if v.start < a+uintptr(n) && v.end > a {
-			out = append(out, v)
-		}
-	}
-	return out
-}
-
 // checkMaps checks that the kernel's mappings of [base, base+size) are what the
 // backing's bookkeeping of r says: each committed granule a MAP_SHARED mapping of
 // its slot of this backing's memfd (read-only where shared so), each reserved one
 // PROT_NONE private anonymous memory.
 func (e *sharedEnv) checkMaps(r *host.SharedReservation, base uintptr, size int) {
 	e.t.Helper()
-	maps := readMaps(e.t)
+	maps := testutil.Maps(e.t)
 	slots, ro := host.SharedSlots(r)
 	priv := host.SharedPrivate(r)
 	require.Len(e.t, slots, size/e.g)
 	memfd := "/memfd:" + e.name + " "
 	for i, slot := range slots {
 		a := base + uintptr(i*e.g)
-		vs := overlapping(maps, a, e.g)
+		vs := testutil.Overlapping(maps, a, a+uintptr(e.g))
 		if !assert.NotEmpty(e.t, vs, "granule %d at %#x is not mapped at all", i, a) {
 			continue
 		}
-		assert.LessOrEqual(e.t, vs[0].start, a, "granule %d: a hole at its start", i)
-		assert.GreaterOrEqual(e.t, vs[len(vs)-1].end, a+uintptr(e.g), "granule %d: a hole at its end", i)
+		assert.LessOrEqual(e.t, vs[0].Lo, a, "granule %d: a hole at its start", i)
+		assert.GreaterOrEqual(e.t, vs[len(vs)-1].Hi, a+uintptr(e.g), "granule %d: a hole at its end", i)
 		for k, v := range vs {
 			if k > 0 {
-				assert.Equal(e.t, vs[k-1].end, v.start, "granule %d: a hole inside", i)
+				assert.Equal(e.t, vs[k-1].Hi, v.Lo, "granule %d: a hole inside", i)
 			}
 			if slot < 0 && priv[i] {
 				want := "rw-p"
 				if ro[i] {
 					want = "r--p"
 				}
-				assert.Equal(e.t, want, v.perms, "private granule %d", i)
-				assert.Zero(e.t, v.inode, "private granule %d is anonymous", i)
-				assert.Empty(e.t, v.path, "private granule %d is anonymous", i)
+				assert.Equal(e.t, want, v.Perms, "private granule %d", i)
+				assert.Zero(e.t, v.Inode, "private granule %d is anonymous", i)
+				assert.Empty(e.t, v.Path, "private granule %d is anonymous", i)
 				continue
 			}
 			if slot < 0 {
-				assert.Equal(e.t, "---p", v.perms, "reserved granule %d", i)
-				assert.Zero(e.t, v.inode, "reserved granule %d is anonymous", i)
-				assert.Empty(e.t, v.path, "reserved granule %d is anonymous", i)
+				assert.Equal(e.t, "---p", v.Perms, "reserved granule %d", i)
+				assert.Zero(e.t, v.Inode, "reserved granule %d is anonymous", i)
+				assert.Empty(e.t, v.Path, "reserved granule %d is anonymous", i)
 				continue
 			}
 			want := "rw-s"
 			if ro[i] {
 				want = "r--s"
 			}
-			assert.Equal(e.t, want, v.perms, "committed granule %d", i)
-			assert.True(e.t, strings.HasPrefix(v.path+" ", memfd), "granule %d maps %q, not %s", i, v.path, memfd)
-			from := max(a, v.start)
-			assert.Equal(e.t, uint64(slot*e.g)+uint64(from-a), v.off+uint64(from-v.start),
+			assert.Equal(e.t, want, v.Perms, "committed granule %d", i)
+			assert.True(e.t, strings.HasPrefix(v.Path+" ", memfd), "granule %d maps %q, not %s", i, v.Path, memfd)
+			from := max(a, v.Lo)
+			assert.Equal(e.t, uint64(slot*e.g)+uint64(from-a), v.Offset+uint64(from-v.Lo),
 				"granule %d maps the wrong file offset", i)
 		}
 	}
@@ -352,33 +309,35 @@ func (e *sharedEnv) checkMaps(r *host.SharedReservation, base uintptr, size int)
 // costs one of the process's vm.max_map_count mappings per chunk.
 func (e *sharedEnv) checkPark() {
 	e.t.Helper()
-	maps := readMaps(e.t)
+	maps := testutil.Maps(e.t)
 	memfd := "/memfd:" + e.name + " "
 	for k, c := range host.SharedPark(e.s) {
 		size := c.Slots * e.g
-		vs := overlapping(maps, c.Base, size)
+		vs := testutil.Overlapping(maps, c.Base, c.Base+uintptr(size))
 		if !assert.Len(e.t, vs, 1, "park chunk %d at %#x is one mapping", k, c.Base) {
 			continue
 		}
 		v := vs[0]
-		assert.LessOrEqual(e.t, v.start, c.Base, "park chunk %d", k)
-		assert.GreaterOrEqual(e.t, v.end, c.Base+uintptr(size), "park chunk %d", k)
-		assert.Equal(e.t, "rw-s", v.perms, "park chunk %d", k)
-		assert.True(e.t, strings.HasPrefix(v.path+" ", memfd), "park chunk %d maps %q", k, v.path)
-		assert.Equal(e.t, uint64(c.First*e.g), v.off+uint64(c.Base-v.start), "park chunk %d maps the wrong offset", k)
+		assert.LessOrEqual(e.t, v.Lo, c.Base, "park chunk %d", k)
+		assert.GreaterOrEqual(e.t, v.Hi, c.Base+uintptr(size), "park chunk %d", k)
+		assert.Equal(e.t, "rw-s", v.Perms, "park chunk %d", k)
+		assert.True(e.t, strings.HasPrefix(v.Path+" ", memfd), "park chunk %d maps %q", k, v.Path)
+		assert.Equal(e.t, uint64(c.First*e.g), v.Offset+uint64(c.Base-v.Lo), "park chunk %d maps the wrong offset", k)
 	}
 }
 
 // checkGone checks that nothing of [base, base+size) maps this backing's memfd.
 func (e *sharedEnv) checkGone(base uintptr, size int) {
 	e.t.Helper()
-	for _, v := range overlapping(readMaps(e.t), base, size) {
-		assert.NotContains(e.t, v.path, "/memfd:"+e.name+" ", "unreserved range still maps the memfd at %#x", v.start)
+	for _, v := range testutil.Overlapping(testutil.Maps(e.t), base, base+uintptr(size)) {
+		assert.NotContains(e.t, v.Path, "/memfd:"+e.name+" ", "unreserved range still maps the memfd at %#x", v.Lo)
 	}
 }
 
 // vmas returns how many kernel mappings cover [base, base+size).
-func vmas(t *testing.T, base uintptr, size int) int { return len(overlapping(readMaps(t), base, size)) }
+func vmas(t *testing.T, base uintptr, size int) int {
+	return len(testutil.Overlapping(testutil.Maps(t), base, base+uintptr(size)))
+}
 
 func TestSharedConformance(t *testing.T) {
 	forModes(t, func(t *testing.T, m sharedMode) {
@@ -457,51 +416,16 @@ func testShared64Reservations(t *testing.T, m sharedMode) {
 // smaps sums Rss and Pss (bytes) of the mappings that cover the reservations.
 func smaps(t *testing.T, rs []*host.SharedReservation, s *host.Shared) (rss, pss int64) {
 	t.Helper()
-	type span struct{ lo, hi uintptr }
-	var spans []span
+	ms := testutil.Smaps(t)
 	for _, r := range rs {
-		b := s.Base(r)
-		spans = append(spans, span{b, b + uintptr(s.Size(r))})
-	}
-	f, err := os.Open("/proc/self/smaps")
-	require.NoError(t, err)
-	defer f.Close()
-	in := false
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := sc.Text()
-		fields := strings.Fields(line)
-		if len(fields) == 0 {
-			continue
-		}
-		if lo, hi, ok := strings.Cut(fields[0], "-"); ok && !strings.HasSuffix(fields[0], ":") {
-			a, err1 := strconv.ParseUint(lo, 16, 64)
-			b, err2 := strconv.ParseUint(hi, 16, 64)
-			if err1 == nil && err2 == nil {
-				in = false
-				for _, sp := range spans {
-					if uintptr(a) < sp.hi && uintptr(b) > sp.lo {
-						require.True(t, uintptr(a) >= sp.lo && uintptr(b) <= sp.hi,
-							"mapping %s reaches outside the reservation", fields[0])
-						in = true
-					}
-				}
-				continue
-			}
-		}
-		if !in || len(fields) < 3 || fields[2] != "kB" {
-			continue
-		}
-		v, err := strconv.ParseInt(fields[1], 10, 64)
-		require.NoError(t, err)
-		switch fields[0] {
-		case "Rss:":
-			rss += v << 10
-		case "Pss:":
-			pss += v << 10
+		lo := s.Base(r)
+		hi := lo + uintptr(s.Size(r))
+		for _, m := range testutil.Overlapping(ms, lo, hi) {
+			require.True(t, m.Lo >= lo && m.Hi <= hi, "mapping %#x-%#x reaches outside the reservation", m.Lo, m.Hi)
+			rss += m.Sizes["Rss"]
+			pss += m.Sizes["Pss"]
 		}
 	}
-	require.NoError(t, sc.Err())
 	return rss, pss
 }
 
@@ -736,18 +660,6 @@ func testSharedBudget(t *testing.T, m sharedMode) {
 	assert.ErrorIs(t, err, accounting.ErrExceedsLimit)
 }
 
-// waitFor polls cond until it holds (the governor has no notification for queueing).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // TestSharedCommitCtxFIFO: commits that wait for the budget are served in arrival
 // order, as granules other commits give up go back to the OS at once.
 func TestSharedCommitCtxFIFO(t *testing.T) { forModes(t, testSharedCommitCtxFIFO) }
@@ -768,7 +680,7 @@ func testSharedCommitCtxFIFO(t *testing.T, m sharedMode) {
 			errs <- err
 			served <- name
 		}()
-		waitFor(t, name+" to queue", func() bool { return waiters() == i+1 })
+		testutil.WaitFor(t, name+" to queue", func() bool { return waiters() == i+1 })
 	}
 	// Someone else's TryAcquire does not jump the queue.
 	other := e.gov.Authority("other", accounting.HostKey)
@@ -814,7 +726,7 @@ func testSharedCommitCtxCancel(t *testing.T, m sharedMode) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errs := make(chan error, 1)
 	go func() { errs <- e.s.CommitCtx(ctx, y, 0, 2*e.g) }()
-	waitFor(t, "the commit to queue", func() bool { return waiters() == 1 })
+	testutil.WaitFor(t, "the commit to queue", func() bool { return waiters() == 1 })
 	p := e.pool()
 	assert.Equal(t, int64(e.g), p.Idle, "the waiting commit put the idle granule back in the pool")
 	assert.Equal(t, int64(2*e.g), p.Owned, "and holds nothing itself while it waits")
@@ -835,7 +747,7 @@ func testSharedCommitCtxCancel(t *testing.T, m sharedMode) {
 	// Served: x's last granule goes idle, and the commit takes both idle granules.
 	e.f.Fail(func(int, string) bool { return false }, nil) // log the calls from here
 	go func() { errs <- e.s.CommitCtx(context.Background(), y, 0, 2*e.g) }()
-	waitFor(t, "the commit to queue", func() bool { return waiters() == 1 })
+	testutil.WaitFor(t, "the commit to queue", func() bool { return waiters() == 1 })
 	e.tag(x, 0, 5)
 	e.decommit(x, 0, 1)
 	require.NoError(t, <-errs)
@@ -865,7 +777,7 @@ func testSharedCommitCtxIdlePlusReleased(t *testing.T, m sharedMode) {
 	y := e.reserve(3)
 	errs := make(chan error, 1)
 	go func() { errs <- e.s.CommitCtx(context.Background(), y, 0, 3*e.g) }()
-	waitFor(t, "the commit to queue", func() bool { return e.gov.Stats(accounting.HostKey).Waiters == 1 })
+	testutil.WaitFor(t, "the commit to queue", func() bool { return e.gov.Stats(accounting.HostKey).Waiters == 1 })
 	other.Release(int64(e.g)) // two idle and one free granule now cover the commit
 	require.NoError(t, <-errs)
 	assert.Equal(t, int64(3*e.g), e.auth.Stats().Owned)
@@ -1310,7 +1222,7 @@ func TestSharedUnreservedWhileCommitting(t *testing.T) {
 				go func() {
 					panicked <- panicOf(func() { _ = e.s.CommitCtx(context.Background(), y, 0, 2*e.g) })
 				}()
-				waitFor(t, "the commit to queue", func() bool { return e.gov.Stats(accounting.HostKey).Waiters == 1 })
+				testutil.WaitFor(t, "the commit to queue", func() bool { return e.gov.Stats(accounting.HostKey).Waiters == 1 })
 				e.unreserve(y)
 				peak := 2 * g
 				if wake == "budget" {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/internal/testutil"
 )
 
 // TestSharedProtect checks what the kernel maps after each Protect: read-only
@@ -74,19 +75,19 @@ func TestSharedProtectWriteFaults(t *testing.T) {
 	}{{"origin", a}, {"read-only sharer", b}} {
 		t.Run(tt.name, func(t *testing.T) {
 			at := e.s.Base(tt.r) + uintptr(e.g) + 3
-			err := touch(at, true)
+			err := testutil.Touch(at, true)
 			require.Error(t, err, "a store into a read-only range must fault")
 			assert.Equal(t, at, faultAddr(err), "the fault's address")
-			assert.NoError(t, touch(at, false), "reading is fine")
+			assert.NoError(t, testutil.Touch(at, false), "reading is fine")
 			assert.Equal(t, uint64(7), e.tagOf(a, 1), "the faulting store wrote nothing")
 		})
 	}
 	e.protect(a, 0, 2, backing.ReadWrite)
-	require.NoError(t, touch(e.s.Base(a)+uintptr(e.g)+3, true), "the owner writes again after ReadWrite")
+	require.NoError(t, testutil.Touch(e.s.Base(a)+uintptr(e.g)+3, true), "the owner writes again after ReadWrite")
 	got := make([]byte, 1)
 	require.NoError(t, e.s.CopyOut(got, b, e.g+3))
 	assert.Equal(t, byte(1), got[0], "the byte landed, and the sharer reads it")
-	assert.Error(t, touch(e.s.Base(b)+uintptr(e.g)+3, true), "its read-only sharer still faults")
+	assert.Error(t, testutil.Touch(e.s.Base(b)+uintptr(e.g)+3, true), "its read-only sharer still faults")
 }
 
 // TestSharedProtectRestoreFails: when mprotect fails and so does restoring the old

@@ -2,7 +2,6 @@ package nodepool_test
 
 import (
 	"bytes"
-	"errors"
 	"os"
 	"strconv"
 	"testing"
@@ -13,30 +12,8 @@ import (
 
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/nodepool"
+	"github.com/vmarena/vmarena/internal/testutil"
 )
-
-// mapsIn counts this process's mappings that overlap [lo, hi) (a reserved range may
-// have merged with a neighbour; it still counts once).
-func mapsIn(t *testing.T, lo, hi uintptr) int {
-	t.Helper()
-	b, err := os.ReadFile("/proc/self/maps")
-	require.NoError(t, err)
-	n := 0
-	for _, line := range bytes.Split(b, []byte("\n")) {
-		rng, _, ok := bytes.Cut(line, []byte(" "))
-		from, to, ok2 := bytes.Cut(rng, []byte("-"))
-		if !ok || !ok2 {
-			continue
-		}
-		f, err1 := strconv.ParseUint(string(from), 16, 64)
-		e, err2 := strconv.ParseUint(string(to), 16, 64)
-		require.NoError(t, errors.Join(err1, err2))
-		if uintptr(f) < hi && uintptr(e) > lo {
-			n++
-		}
-	}
-	return n
-}
 
 // TestCostPerGranule measures what a granule costs: a descriptor in its holder and
 // one in the owner, and a kernel mapping per place it is mapped, so that a process
@@ -53,7 +30,9 @@ func TestCostPerGranule(t *testing.T) {
 	require.NoError(t, err)
 	nodepool.WaitReady(o)
 	fds0 := openFds(t)
-	in := func(r *nodepool.Reservation) int { return mapsIn(t, c.Base(r), c.Base(r)+k*pg) }
+	in := func(r *nodepool.Reservation) int {
+		return len(testutil.Overlapping(testutil.Maps(t), c.Base(r), c.Base(r)+k*pg))
+	}
 	assert.Equal(t, 1, in(a), "a reservation is one mapping")
 	require.NoError(t, c.Commit(a, 0, k*pg))
 	settleFds(t, fds0+2*k) // after the owner's ready granules are made again

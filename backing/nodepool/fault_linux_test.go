@@ -15,6 +15,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/nodepool"
+	"github.com/vmarena/vmarena/internal/testutil"
 )
 
 // TestKillSoak kills client processes with SIGKILL at random points of their work
@@ -74,11 +75,7 @@ func TestKillSoak(t *testing.T) {
 		time.Sleep(time.Duration(rng.IntN(5_000)) * time.Microsecond)
 		kill(t, b)
 		s := settle(t, o, n)
-		deadline := time.Now().Add(10 * time.Second)
-		for len(s.Clients) != 1 && time.Now().Before(deadline) {
-			time.Sleep(time.Millisecond)
-			s = o.Stats()
-		}
+		testutil.Await(func() bool { s = o.Stats(); return len(s.Clients) == 1 })
 		require.Len(t, s.Clients, 1, "kill %d: only the survivor is attached", k)
 		require.Equal(t, base.Device.Used, s.Device.Used, "kill %d: the node's used bytes", k)
 		require.Equal(t, int64(n*pg), s.Clients[0].Owned, "kill %d: the survivor's ledger", k)
@@ -116,10 +113,7 @@ func TestOwnerKilled(t *testing.T) {
 	require.NoError(t, c.Share(r2, 0, r, 0, 2*pg, 1))
 
 	kill(t, owner)
-	deadline := time.Now().Add(10 * time.Second)
-	for c.Err() == nil && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Await(func() bool { return c.Err() != nil })
 	assert.ErrorIs(t, c.Err(), nodepool.ErrOwnerGone)
 	assert.ErrorIs(t, c.Commit(r, 2*pg, pg), nodepool.ErrOwnerGone, "the next commit")
 	_, err = c.Usage()

@@ -2,6 +2,7 @@ package nodepool_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/nodepool"
+	"github.com/vmarena/vmarena/internal/testutil"
 )
 
 const pg = 4096
@@ -171,10 +173,7 @@ func openFds(t testing.TB) int {
 // connection's end on its own goroutine).
 func settleFds(t *testing.T, n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for openFds(t) != n && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Await(func() bool { return openFds(t) == n })
 	assert.Equal(t, n, openFds(t), "descriptors open in this process (owner and clients)")
 }
 
@@ -433,13 +432,9 @@ func TestNodeBudget(t *testing.T) {
 // waitWaiters polls until n requests wait on the node's budget.
 func waitWaiters(t *testing.T, o *nodepool.Owner, n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for o.Governor().Stats(accounting.HostKey).Waiters != n {
-		if time.Now().After(deadline) {
-			require.FailNow(t, "gave up waiting", "for %d waiters on the node's budget", n)
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
+	testutil.WaitFor(t, fmt.Sprintf("%d waiters on the node's budget", n), func() bool {
+		return o.Governor().Stats(accounting.HostKey).Waiters == n
+	})
 }
 
 func TestClientClose(t *testing.T) {
@@ -476,10 +471,7 @@ func TestOwnerClose(t *testing.T) {
 	require.NoError(t, o.Close())
 	assert.Zero(t, o.Governor().Stats(accounting.HostKey).Used, "the owner's ledger after Close")
 
-	deadline := time.Now().Add(10 * time.Second)
-	for c.Err() == nil && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Await(func() bool { return c.Err() != nil })
 	assert.ErrorIs(t, c.Err(), nodepool.ErrOwnerGone)
 	assert.ErrorIs(t, c.Commit(r, 2*pg, pg), nodepool.ErrOwnerGone)
 	got := make([]byte, 4)

@@ -4,7 +4,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -13,6 +12,7 @@ import (
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/backing/nodepool"
+	"github.com/vmarena/vmarena/internal/testutil"
 )
 
 // sockPath returns a socket path in a fresh directory, short enough for sun_path.
@@ -44,15 +44,10 @@ func startOwner(t testing.TB, opts nodepool.OwnerOptions) *nodepool.Owner {
 // (a detach is noticed on the owner's goroutine).
 func settle(t testing.TB, o *nodepool.Owner, granules int) nodepool.NodeStats {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		s := o.Stats()
-		if s.Granules == granules || time.Now().After(deadline) {
-			require.Equal(t, granules, s.Granules, "granules the owner holds")
-			return s
-		}
-		time.Sleep(time.Millisecond)
-	}
+	var s nodepool.NodeStats
+	testutil.Await(func() bool { s = o.Stats(); return s.Granules == granules })
+	require.Equal(t, granules, s.Granules, "granules the owner holds")
+	return s
 }
 
 // attach attaches a client with an authority of its own and closes it at cleanup.

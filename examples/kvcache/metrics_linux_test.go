@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/internal/testutil/promtest"
 )
 
 // TestMetricsPrefixReplay scrapes the prefix-cache replay: vLLM's token counters read
@@ -26,7 +27,7 @@ func TestMetricsPrefixReplay(t *testing.T) {
 		require.NoError(t, ms.watch(name, gov, accounting.HostKey, st))
 		r, err := ReplayPrefix(context.Background(), st, w, func(int) {})
 		require.NoError(t, err, name)
-		got := scrapeHTTP(t, "http://"+ms.Addr()+"/metrics")
+		got := promtest.Scrape(t, "http://"+ms.Addr()+"/metrics")
 		require.NoError(t, st.Close())
 		cache := "cache=" + name + ",strategy=" + name
 		q, hasPC := got["vmarena_prefix_cache_queries_total{"+cache+"}"]

@@ -3,51 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
-	"net/http"
-	"sort"
 	"strings"
 	"testing"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/internal/baseline"
+	"github.com/vmarena/vmarena/internal/testutil/promtest"
 )
-
-// scrapeHTTP gets url and returns every gauge and counter by its series,
-// "name{k=v,...}" with the labels in order.
-func scrapeHTTP(t *testing.T, url string) map[string]float64 {
-	t.Helper()
-	resp, err := http.Get(url)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := p.TextToMetricFamilies(resp.Body)
-	require.NoError(t, err)
-	out := map[string]float64{}
-	for name, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			var ls []string
-			for _, l := range m.GetLabel() {
-				ls = append(ls, l.GetName()+"="+l.GetValue())
-			}
-			sort.Strings(ls)
-			key := name + "{" + strings.Join(ls, ",") + "}"
-			switch {
-			case m.Gauge != nil:
-				out[key] = m.GetGauge().GetValue()
-			case m.Counter != nil:
-				out[key] = m.GetCounter().GetValue()
-			case m.Histogram != nil:
-				out[name+"_count{"+strings.Join(ls, ",")+"}"] = float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return out
-}
 
 // TestMetricsDuringReplay scrapes /metrics over localhost at every progress report of
 // a replay under a budget, and after it, and checks what it reads against the
@@ -67,7 +31,7 @@ func TestMetricsDuringReplay(t *testing.T) {
 	for _, name := range []string{nameCache, namePaged} {
 		scrapes := 0
 		watch := func(st baseline.Strategy, smp Sample) {
-			got := scrapeHTTP(t, url)
+			got := promtest.Scrape(t, url)
 			scrapes++
 			dev := "device=host:0,strategy=" + name
 			assert.Equal(t, float64(budget), got["vmarena_governor_limit_bytes{"+dev+"}"], name)
@@ -90,7 +54,7 @@ func TestMetricsDuringReplay(t *testing.T) {
 		assert.Equal(t, r.Requests, scrapes, "one scrape per progress report: per request done")
 
 		// After the run the strategy's series stay: they say how it ended.
-		got := scrapeHTTP(t, url)
+		got := promtest.Scrape(t, url)
 		dev := "device=host:0,strategy=" + name
 		assert.Equal(t, float64(r.PeakPhysical), got["vmarena_governor_peak_bytes{"+dev+"}"], "%s: peak = the table's", name)
 		assert.Equal(t, float64(r.GovernorAfter), got["vmarena_governor_used_bytes{"+dev+"}"], name)

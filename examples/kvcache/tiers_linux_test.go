@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -13,25 +11,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
 )
-
-// requireRedisEnv makes the tests that need a redis-server fail rather than skip
-// when it is missing; CI sets it.
-const requireRedisEnv = "VMARENA_REQUIRE_REDIS"
-
-// needRedis skips the test when redis-server is not installed, unless the
-// environment requires it.
-func needRedis(t *testing.T) {
-	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err == nil {
-		return
-	}
-	if v := os.Getenv(requireRedisEnv); v != "" && v != "0" {
-		t.Fatalf("%s is set but redis-server is not installed (apt-get install redis-server)", requireRedisEnv)
-	}
-	t.Skipf("redis-server not installed (apt-get install redis-server); set %s=1 to require it", requireRedisEnv)
-}
 
 // conversationTrace is a Mooncake trace of convs conversations of turns turns each,
 // interleaved: turn k of a conversation repeats its k+1 blocks of the turn before
@@ -109,7 +91,7 @@ func replayTiers(t *testing.T, name string, s setup, w PrefixWorkload, r int) Pr
 // over a host tier and Redis below it; the test is skipped without redis-server.
 func hostAndRedis(t *testing.T, replicas int) (PrefixWorkload, setup) {
 	t.Helper()
-	needRedis(t)
+	testutil.NeedRedis(t)
 	w := tierWorkload(t)
 	return w, tierTestSetup(t, w, []string{tierHost, tierRedis}, replicas, 0)
 }
@@ -217,7 +199,7 @@ func TestReplayReplicas(t *testing.T) {
 // request fails, no byte read back is wrong, the stores after it are dropped and
 // counted, and the ledgers are exact at the end.
 func TestReplayRedisKilled(t *testing.T) {
-	needRedis(t)
+	testutil.NeedRedis(t)
 	w := tierWorkload(t)
 	killAt := len(w.Requests) / 2
 	s := tierTestSetup(t, w, []string{tierRedis}, 1, killAt)
@@ -231,7 +213,7 @@ func TestReplayRedisKilled(t *testing.T) {
 // TestRunTiers runs -tiers through the command line: both replicas, the tier table,
 // and a redis-server started and stopped by the example.
 func TestRunTiers(t *testing.T) {
-	needRedis(t)
+	testutil.NeedRedis(t)
 	path := t.TempDir() + "/conv.jsonl"
 	require.NoError(t, writeFile(path, conversationTrace(4, 4)))
 	code, out, errOut := runArgs(t, "-trace", path, "-model", "tiny", "-granule", "64KiB", "-max-tokens", "4096",

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/internal/baseline"
+	"github.com/vmarena/vmarena/internal/testutil"
 )
 
 // testShape is small enough for -race and has an odd token size so that offsets that
@@ -56,7 +57,7 @@ func newAuthority(limit int64) (*accounting.Governor, *accounting.Authority) {
 func pattern(s baseline.Shape, seq, layer int, v baseline.Kind, token int) []byte {
 	b := make([]byte, s.TokenBytes)
 	for i := range b {
-		b[i] = byte(seq*131 + layer*31 + int(v)*17 + token*7 + i)
+		b[i] = testutil.TokenByte(uint64(seq), layer, v, token, i)
 	}
 	return b
 }

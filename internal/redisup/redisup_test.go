@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/internal/redisup"
+	"github.com/vmarena/vmarena/internal/testutil"
 )
 
 // freeAddr returns a 127.0.0.1 address no one listens on (just now).
@@ -43,10 +44,7 @@ func TestWaitExited(t *testing.T) {
 // startServer starts a redis-server on addr and returns it with the channel closed
 // when it exits; it is killed at cleanup.
 func startServer(t *testing.T, addr string) (*exec.Cmd, <-chan struct{}) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("no redis-server (Debian: apt-get install redis-server)")
-	}
+	bin, _ := testutil.NeedRedis(t)
 	_, port, err := net.SplitHostPort(addr)
 	require.NoError(t, err)
 	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",

@@ -5,6 +5,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kvtier/hosttier"
 )
 
@@ -27,11 +28,11 @@ func BenchmarkColdStore(b *testing.B) {
 			b.SetBytes(block)
 			for b.Loop() {
 				b.StopTimer()
-				must(b, tr.Delete(bg, key(0)))
+				testutil.NoError(b, tr.Delete(bg, key(0)))
 				_, err := tr.Trim()
-				must(b, err)
+				testutil.NoError(b, err)
 				b.StartTimer()
-				must(b, tr.Store(bg, key(0), block, fill))
+				testutil.NoError(b, tr.Store(bg, key(0), block, fill))
 			}
 		})
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/vmarena/vmarena/backing/cuda"
 	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kvtier/hosttier"
 )
 
@@ -56,7 +57,7 @@ func BenchmarkBlock(b *testing.B) {
 			// Untimed: every granule the loop will use is committed and resident first,
 			// so the loop measures the steady state (a commit is a one-time cost).
 			for i := range keys + 32 {
-				must(b, tr.Store(bg, key(i%keys), block, fill))
+				testutil.NoError(b, tr.Store(bg, key(i%keys), block, fill))
 			}
 			evicted := tr.Stats().Evictions
 			c := clock{}
@@ -66,8 +67,8 @@ func BenchmarkBlock(b *testing.B) {
 				k := key(n % keys)
 				mid := mids[n%len(mids)]
 				n++
-				c.time("store", func() { must(b, tr.Store(bg, k, block, fill)) })
-				c.time("load", func() { must(b, tr.Load(bg, k, use)) })
+				c.time("store", func() { testutil.NoError(b, tr.Store(bg, k, block, fill)) })
+				c.time("load", func() { testutil.NoError(b, tr.Load(bg, k, use)) })
 				c.time("copyin", func() { copy(mid, src) })
 				c.time("copyout", func() { copy(out, mid) })
 			}
@@ -82,12 +83,6 @@ func BenchmarkBlock(b *testing.B) {
 				b.ReportMetric(float64(tr.Stats().Evictions-evicted)/float64(n), "evictions/store")
 			}
 		})
-	}
-}
-
-func must(b *testing.B, err error) {
-	if err != nil {
-		b.Fatal(err)
 	}
 }
 
@@ -155,10 +150,10 @@ func benchCUDATier(b *testing.B, drv, dir string) {
 		}
 		return s.Synchronize()
 	}
-	rawOut := func() { must(b, rs.CopyOutAsync(raw, r, 0)); must(b, rs.Synchronize()) }
-	rawIn := func() { must(b, rs.CopyInAsync(r, 0, raw)); must(b, rs.Synchronize()) }
+	rawOut := func() { testutil.NoError(b, rs.CopyOutAsync(raw, r, 0)); testutil.NoError(b, rs.Synchronize()) }
+	rawIn := func() { testutil.NoError(b, rs.CopyInAsync(r, 0, raw)); testutil.NoError(b, rs.Synchronize()) }
 	k := key(1)
-	must(b, tr.Store(bg, k, block, fill))
+	testutil.NoError(b, tr.Store(bg, k, block, fill))
 	c := clock{}
 	iters := 0
 	moved := int64(block)
@@ -170,13 +165,13 @@ func benchCUDATier(b *testing.B, drv, dir string) {
 		iters++
 		switch dir {
 		case "dtoh":
-			c.time("tier", func() { must(b, tr.Store(bg, k, block, fill)) })
+			c.time("tier", func() { testutil.NoError(b, tr.Store(bg, k, block, fill)) })
 			c.time("raw", rawOut)
 		case "htod":
-			c.time("tier", func() { must(b, tr.Load(bg, k, use)) })
+			c.time("tier", func() { testutil.NoError(b, tr.Load(bg, k, use)) })
 			c.time("raw", rawIn)
 		case "both":
-			c.time("tier", func() { must(b, tr.Store(bg, k, block, fill)); must(b, tr.Load(bg, k, use)) })
+			c.time("tier", func() { testutil.NoError(b, tr.Store(bg, k, block, fill)); testutil.NoError(b, tr.Load(bg, k, use)) })
 			c.time("raw", func() { rawOut(); rawIn() })
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/kvtier/redistier"
 )
@@ -97,11 +98,11 @@ func TestServerKilled(t *testing.T) {
 	before := tier.Stats()
 	s.kill()
 	phase.Store(1)
-	waitFor(t, func() bool { return failedWhileDown.Load() >= 20 && unavailable.Load() > 0 }, "calls failing while the server is down")
+	testutil.WaitFor(t, "calls failing while the server is down", func() bool { return failedWhileDown.Load() >= 20 && unavailable.Load() > 0 })
 	down := tier.Stats()
 	s.start()
 	phase.Store(2)
-	waitFor(t, func() bool { return okAfter.Load() >= 20 }, "calls served after the restart")
+	testutil.WaitFor(t, "calls served after the restart", func() bool { return okAfter.Load() >= 20 })
 	close(stop)
 	wg.Wait()
 	after := tier.Stats()
@@ -159,16 +160,4 @@ func TestBackoff(t *testing.T) {
 		require.NotErrorIs(t, err, redistier.ErrUnavailable)
 	}
 	assert.Zero(t, never.Stats().Backoffs)
-}
-
-// waitFor polls cond for up to 10 s.
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }

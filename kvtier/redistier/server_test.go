@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -17,27 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/internal/redisup"
+	"github.com/vmarena/vmarena/internal/testutil"
 )
-
-// requireRedisEnv makes the tests that need a real server required (not skipped)
-// when set to anything but "" or "0"; CI sets it.
-const requireRedisEnv = "VMARENA_REQUIRE_REDIS"
-
-// needRedis returns the paths of redis-server and redis-cli, or skips the test when
-// they are absent and the environment does not require them.
-func needRedis(t testing.TB) (server, cli string) {
-	t.Helper()
-	server, err1 := exec.LookPath("redis-server")
-	cli, err2 := exec.LookPath("redis-cli")
-	if err1 == nil && err2 == nil {
-		return server, cli
-	}
-	if v := os.Getenv(requireRedisEnv); v != "" && v != "0" {
-		t.Fatalf("%s is set but redis-server or redis-cli is not installed (apt-get install redis-server redis-tools)", requireRedisEnv)
-	}
-	t.Skipf("redis-server or redis-cli not installed (apt-get install redis-server redis-tools); set %s=1 to require them", requireRedisEnv)
-	return "", ""
-}
 
 // freePort returns a 127.0.0.1 port nothing listens on now, and whose cluster bus
 // port (port + 10000) is free too.
@@ -81,7 +61,7 @@ func (s *server) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 // three tries.
 func startServer(t testing.TB, cluster bool) *server {
 	t.Helper()
-	bin, _ := needRedis(t)
+	bin, _ := testutil.NeedRedis(t)
 	s := &server{t: t, bin: bin, cluster: cluster}
 	t.Cleanup(s.kill)
 	for try := 1; ; try++ {
@@ -164,7 +144,7 @@ func (s *server) kill() {
 // 127.0.0.1 and waits until every node says the cluster is ok.
 func startCluster(t testing.TB) []*server {
 	t.Helper()
-	_, cli := needRedis(t)
+	_, cli := testutil.NeedRedis(t)
 	nodes := make([]*server, 3)
 	args := []string{"--cluster", "create"}
 	for i := range nodes {
