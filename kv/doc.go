@@ -2,7 +2,7 @@
 // by token in granule steps on base addresses that never move, and a shared prompt
 // prefix is physical memory owned once and mapped into every sequence that uses it.
 //
-// A [Cache] is built from a model [Geometry], a backing, and a per-sequence maximum
+// A [Cache] is built from a model's shape ([Model]), a backing, and a per-sequence maximum
 // length that is reserved as address space only. [Cache.NewSequence] starts an empty
 // [Sequence]; [Sequence.Append] grows it, committing a granule only when a tensor
 // crosses a granule boundary; [Sequence.Truncate] rolls it back (speculative decoding).
@@ -75,7 +75,7 @@
 //
 // # Layer groups
 //
-// A [Model] (Config.Model, in place of a Geometry) is a list of layer groups, each
+// A [Model] (Config.Model; [Uniform] makes the one-group case) is a list of layer groups, each
 // with its attention kind, tensors and element type: full attention, a sliding
 // window, chunked-local attention, an MLA latent (one tensor per layer, addressed as
 // K, no V) or a recurrent state (StateBytes per sequence and layer, whatever its
@@ -138,11 +138,11 @@
 //
 // # Element types and scales
 //
-// A geometry's element type sets a token's bytes ([Geometry.TokenBytes] counts them
+// A group's element type sets a token's bytes ([Group.TokenBytes] counts them
 // with arena.DType.Bytes): fp16 and bf16, the OCP FP8 formats (half of fp16), or
 // llama.cpp's Q8_0, whose blocks of 32 values carry their own F16 scale (34 bytes a
 // block, so a head must be a whole number of blocks and a view's last dimension counts
-// blocks). An FP8 geometry may ask for dequantization scales ([Geometry.Scales]: per
+// blocks). An FP8 group may ask for dequantization scales ([Group.Scales]: per
 // tensor or per KV head); the cache keeps them in one range of its own backing from
 // New to Close, at an address a kernel reads ([Cache.Scales]), and [Cache.SetScales]
 // writes them on any backing. On a [Model] each FP8 group asks for its own (per
