@@ -103,7 +103,7 @@ func (s *Sequence) BlockStride() int {
 // TokenStride, whose token t is element
 // [t / BlockTokens, t % BlockTokens]. NB: in the last block the tokens at or past Len
 // are not the sequence's (free room, or another sequence's tokens copied with a fork
-// or prefix): a kernel masks them out. T must be the geometry's element type
+// or prefix): a kernel masks them out. T must be the layer group's element type
 // (ErrElemType otherwise). On a host backing the tensor's elements may be read and
 // written (tokens below Writable are read-only); on a device it carries only the
 // address. The view is valid until s shrinks below it or closes. For Q8_0 the last

@@ -80,8 +80,8 @@ func voluntarySwitches(b *testing.B) int64 {
 // finished is closed, and a step that can not grow any running request preempts the
 // youngest. start makes a sequence; used reads the device's use and idle the pool's
 // idle bytes (nil for the baseline).
-func replayLongPrompts(b *testing.B, g kv.Geometry, prompts, gens []int, start func() (replaySeq, error), gov *accounting.Governor, dev accounting.DeviceKey, idle func() int64, gran int) replayResult {
-	tok := make([]byte, g.TokenBytes())
+func replayLongPrompts(b *testing.B, g kv.Model, prompts, gens []int, start func() (replaySeq, error), gov *accounting.Governor, dev accounting.DeviceKey, idle func() int64, gran int) replayResult {
+	tok := make([]byte, g.Groups[0].TokenBytes())
 	var res replayResult
 	// One thread for the whole replay, so that its context switches are the steps'.
 	runtime.LockOSThread()
@@ -235,13 +235,13 @@ func p(ds []time.Duration, q float64) time.Duration {
 // to compare the two in one binary.
 func BenchmarkLongPromptStep(b *testing.B) {
 	const budget, requests, maxTokens = 1 << 30, 16, 8192
-	g := kv.Llama3_8B
+	g := kv.Llama3_8B()
 	r := rand.New(rand.NewPCG(23, 4))
 	prompts, gens := make([]int, requests), make([]int, requests)
 	for i := range prompts {
 		prompts[i], gens[i] = 400+r.IntN(2500), 40+r.IntN(120)
 	}
-	shape := baseline.Shape{Layers: g.Layers, TokenBytes: g.TokenBytes(), MaxTokens: maxTokens}
+	shape := baseline.Shape{Layers: g.Layers, TokenBytes: g.Groups[0].TokenBytes(), MaxTokens: maxTokens}
 	for _, v := range []struct{ ahead, fill bool }{{false, false}, {true, true}, {true, false}} {
 		name := fmt.Sprintf("ahead=%v", v.ahead)
 		if v.ahead && !v.fill {
@@ -262,7 +262,7 @@ func BenchmarkLongPromptStep(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				c, err := kv.New(pool, kv.Config{Geometry: g, MaxTokens: maxTokens, MapAhead: ahead})
+				c, err := kv.New(pool, kv.Config{Model: g, MaxTokens: maxTokens, MapAhead: ahead})
 				if err != nil {
 					b.Fatal(err)
 				}

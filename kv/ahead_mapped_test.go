@@ -53,7 +53,7 @@ func TestMapAheadMapsIntoTheSequence(t *testing.T) {
 			assert.Zero(t, st.Ahead)
 			assert.Equal(t, 2*blockGranule, e.pool.PoolStats().Owned, "nothing more was made")
 			// The adopted block is the sequence's: its tokens read back what was written.
-			tok := make([]byte, oneBlock.TokenBytes())
+			tok := make([]byte, oneBlock.Groups[0].TokenBytes())
 			for i := range tok {
 				tok[i] = byte(i)
 			}
@@ -199,7 +199,7 @@ func TestMapAheadStepWaitsForRunInFlight(t *testing.T) {
 	}
 	b, err := cuda.New(cuda.Options{Authority: gov.Authority("cuda", dev), Driver: drv, High: 16})
 	require.NoError(t, err)
-	c, err := kv.New(b, kv.Config{Geometry: oneBlock, MaxTokens: 32, Layout: kv.Blocked, BlockTokens: 16, MapAhead: true})
+	c, err := kv.New(b, kv.Config{Model: oneBlock, MaxTokens: 32, Layout: kv.Blocked, BlockTokens: 16, MapAhead: true})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		release()
@@ -236,7 +236,7 @@ func TestMapAheadConcurrentOwners(t *testing.T) {
 		cfg   kv.Config
 		layer int // the full-attention layer each owner writes and reads
 	}{
-		{"one-block", kv.Config{Geometry: oneBlock, MaxTokens: 96, Layout: kv.Blocked, BlockTokens: 16}, 0},
+		{"one-block", kv.Config{Model: oneBlock, MaxTokens: 96, Layout: kv.Blocked, BlockTokens: 16}, 0},
 		{"hybrid", kv.Config{Model: aheadHybrid, MaxTokens: 96, Layout: kv.Blocked}, 1},
 	}
 	for _, name := range aheadBackings {
@@ -430,7 +430,7 @@ func TestMapAheadGoesOnBesideAStep(t *testing.T) {
 	}
 	b, err := cuda.New(cuda.Options{Authority: gov.Authority("cuda", dev), Driver: drv, High: 16})
 	require.NoError(t, err)
-	c, err := kv.New(b, kv.Config{Geometry: oneBlock, MaxTokens: 64, Layout: kv.Blocked, BlockTokens: 16, MapAhead: true})
+	c, err := kv.New(b, kv.Config{Model: oneBlock, MaxTokens: 64, Layout: kv.Blocked, BlockTokens: 16, MapAhead: true})
 	require.NoError(t, err)
 	c.SetAheadFill(false) // the granules made are the runs' and the steps' alone
 	t.Cleanup(func() {

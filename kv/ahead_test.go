@@ -34,7 +34,7 @@ type aheadEnv struct {
 
 func openAhead(t *testing.T, name string, ahead bool, limit int64, maxTokens int) aheadEnv {
 	t.Helper()
-	return openAheadOn(t, name, kv.Config{Geometry: oneBlock, MaxTokens: maxTokens, Layout: kv.Blocked, BlockTokens: 16, MapAhead: ahead}, int(blockGranule), limit)
+	return openAheadOn(t, name, kv.Config{Model: oneBlock, MaxTokens: maxTokens, Layout: kv.Blocked, BlockTokens: 16, MapAhead: ahead}, int(blockGranule), limit)
 }
 
 // openAheadOn is openAhead of the cache cfg on granules of granule bytes.
@@ -85,7 +85,7 @@ func TestMapAheadRefusesNothingMore(t *testing.T) {
 		cfg   kv.Config
 		limit int64
 	}{
-		{"one-block", kv.Config{Geometry: oneBlock, MaxTokens: 256, Layout: kv.Blocked, BlockTokens: 16}, 6 * blockGranule},
+		{"one-block", kv.Config{Model: oneBlock, MaxTokens: 256, Layout: kv.Blocked, BlockTokens: 16}, 6 * blockGranule},
 		// NB: a window group's Truncate and ForkAt may be refused with ErrDropped.
 		{"hybrid", kv.Config{Model: aheadHybrid, MaxTokens: 256, Layout: kv.Blocked}, 20 * blockGranule},
 	}
@@ -235,7 +235,7 @@ func TestMapAheadOff(t *testing.T) {
 // cache grows as without it and starts no goroutine (TestMain's leak check).
 func TestMapAheadWithoutPool(t *testing.T) {
 	e, err := openEnv(t, envSpec{kind: onPrivate, granule: int(blockGranule), limit: 2 * blockGranule,
-		cfg: kv.Config{Geometry: oneBlock, MaxTokens: 64, Layout: kv.Blocked, BlockTokens: 16, MapAhead: true}})
+		cfg: kv.Config{Model: oneBlock, MaxTokens: 64, Layout: kv.Blocked, BlockTokens: 16, MapAhead: true}})
 	if err != nil {
 		t.Skip(err)
 	}

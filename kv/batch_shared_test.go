@@ -30,7 +30,7 @@ func TestAppendBatchRollbackTrimFails(t *testing.T) {
 	b, pool := e.shared, e.auth
 	faulty := backingtest.NewFaulty[*host.SharedReservation](b)
 	errTrim := errors.New("trim refused")
-	c, err := kv.New(trimFailing[*host.SharedReservation]{faulty, errTrim}, kv.Config{Geometry: tiny8, MaxTokens: 1024, BlockTokens: 1})
+	c, err := kv.New(trimFailing[*host.SharedReservation]{faulty, errTrim}, kv.Config{Model: tiny8, MaxTokens: 1024, BlockTokens: 1})
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, c.Close()) }()
 	pair := func() []*kv.Sequence {

@@ -106,7 +106,7 @@ func TestAppendBatchFaultInjection(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
 			fx, faulty := faultyFixture(t)
-			c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 256, Layout: layout, BlockTokens: oldBlock(layout)})
+			c, err := kv.New(faulty, kv.Config{Model: tiny8, MaxTokens: 256, Layout: layout, BlockTokens: oldBlock(layout)})
 			require.NoError(t, err)
 			defer func() { assert.NoError(t, c.Close()) }()
 			step := func(seqs []*kv.Sequence) error {
@@ -308,7 +308,7 @@ func TestForkAtIsolation(t *testing.T) {
 			checkTokens(t, f, 2, f.Writable(), 40)
 			checkTokens(t, s, 1, 0, s.Writable())
 			checkTokens(t, s, 3, s.Writable(), 40)
-			tok := make([]byte, tiny8.TokenBytes())
+			tok := make([]byte, tiny8.Groups[0].TokenBytes())
 			if w := s.Writable(); w > 0 {
 				assert.ErrorIs(t, s.WriteToken(0, kv.K, w-1, tok), kv.ErrReadOnly)
 				assert.ErrorIs(t, f.WriteToken(0, kv.K, w-1, tok), kv.ErrReadOnly)
@@ -338,7 +338,7 @@ func TestForkAtIsolation(t *testing.T) {
 func TestWriteTokenStraddlingSharedBoundary(t *testing.T) {
 	fx := newFixture(t, 1<<30)
 	// Q8_0 tokens of 272 bytes: token 15 spans the first 4 KiB granule's end.
-	c, err := kv.New(fx.fake, kv.Config{Geometry: q8Tiny, MaxTokens: 64, Layout: kv.PerLayer})
+	c, err := kv.New(fx.fake, kv.Config{Model: q8Tiny, MaxTokens: 64, Layout: kv.PerLayer})
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, c.Close()) }()
 	s, err := c.NewSequence()
@@ -347,7 +347,7 @@ func TestWriteTokenStraddlingSharedBoundary(t *testing.T) {
 	f, err := s.ForkAt(20)
 	require.NoError(t, err)
 	require.Equal(t, 16, f.Writable(), "token 15 lies partly in the shared granule")
-	tok := make([]byte, q8Tiny.TokenBytes())
+	tok := make([]byte, q8Tiny.Groups[0].TokenBytes())
 	for layer := range q8Tiny.Layers {
 		for _, kind := range kv.KindsOf(q8Tiny) {
 			assert.ErrorIs(t, f.WriteToken(layer, kind, 15, tok), kv.ErrReadOnly, "fork layer %d %v", layer, kind)
@@ -365,15 +365,15 @@ func TestViewOfEmptySequence(t *testing.T) {
 	for _, layout := range []kv.Layout{kv.PerLayer, kv.Blocked} {
 		t.Run(layout.String(), func(t *testing.T) {
 			fx := newFixture(t, 1<<30)
-			c, err := kv.New(fx.fake, kv.Config{Geometry: kv.Tiny, MaxTokens: 64, Layout: layout})
+			c, err := kv.New(fx.fake, kv.Config{Model: kv.Tiny(), MaxTokens: 64, Layout: layout})
 			require.NoError(t, err)
 			defer func() { assert.NoError(t, c.Close()) }()
 			s, err := c.NewSequence()
 			require.NoError(t, err)
 			defer closeAll(t, s)
 			check := func(when string) {
-				for layer := range kv.Tiny.Layers {
-					for _, kind := range kv.KindsOf(kv.Tiny) {
+				for layer := range kv.Tiny().Layers {
+					for _, kind := range kv.KindsOf(kv.Tiny()) {
 						v, err := kv.View[arena.F16](s, layer, kind)
 						require.NoError(t, err, "%s: layer %d %v", when, layer, kind)
 						assert.Equal(t, viewShape(s), v.Shape())
@@ -412,7 +412,7 @@ func TestFailedUndoIsReported(t *testing.T) {
 	for _, op := range ops {
 		t.Run(op.name, func(t *testing.T) {
 			_, faulty := faultyFixture(t)
-			c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 64, Layout: kv.PerLayer})
+			c, err := kv.New(faulty, kv.Config{Model: tiny8, MaxTokens: 64, Layout: kv.PerLayer})
 			require.NoError(t, err)
 			s, err := c.NewSequence()
 			require.NoError(t, err)
@@ -440,7 +440,7 @@ func TestFailedUndoIsReported(t *testing.T) {
 
 func TestLifecycle(t *testing.T) {
 	fx := newFixture(t, 1<<30)
-	c, err := kv.New(fx.fake, kv.Config{Geometry: tiny8, MaxTokens: 64})
+	c, err := kv.New(fx.fake, kv.Config{Model: tiny8, MaxTokens: 64})
 	require.NoError(t, err)
 	s, err := c.NewSequence()
 	require.NoError(t, err)

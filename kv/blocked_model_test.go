@@ -89,7 +89,7 @@ func TestBlockedModel(t *testing.T) {
 			for seed := range 3 {
 				name := fmt.Sprintf("%s/BlockTokens=%d/seed=%d", sharingNames[kind], bt, seed)
 				t.Run(name, func(t *testing.T) {
-					cfg := kv.Config{Geometry: tiny8, MaxTokens: maxTokens, Layout: kv.Blocked, BlockTokens: bt}
+					cfg := kv.Config{Model: tiny8, MaxTokens: maxTokens, Layout: kv.Blocked, BlockTokens: bt}
 					g := envGranuleOf(kind)
 					ml := modelOf(cfg, g)
 					limit := int64(0)
@@ -385,7 +385,7 @@ func (m *blockedModel) views(s *bseq) {
 		for _, kind := range kv.KindsOf(g) {
 			v, err := kv.View[arena.F16](s.s, layer, kind)
 			require.NoError(t, err)
-			require.Equal(t, []int{(len(s.toks) + tpb - 1) / tpb, tpb, g.KVHeads, g.HeadDim}, v.Shape(), m.step)
+			require.Equal(t, []int{(len(s.toks) + tpb - 1) / tpb, tpb, g.Groups[0].KVHeads, g.Groups[0].HeadDim}, v.Shape(), m.step)
 			if !v.HostAccessible() {
 				continue
 			}
@@ -393,9 +393,9 @@ func (m *blockedModel) views(s *bseq) {
 				if w == 0 {
 					continue
 				}
-				for h := range g.KVHeads {
-					for d := range g.HeadDim {
-						i := 2 * (h*g.HeadDim + d)
+				for h := range g.Groups[0].KVHeads {
+					for d := range g.Groups[0].HeadDim {
+						i := 2 * (h*g.Groups[0].HeadDim + d)
 						want := arena.F16(testutil.TokenByte(w, layer, kind, tok, i)) | arena.F16(testutil.TokenByte(w, layer, kind, tok, i+1))<<8
 						if got := v.At(tok/tpb, tok%tpb, h, d); got != want {
 							require.Failf(t, "a view reads another token", "%s: layer %d %v token %d [%d %d]: got %#x, want %#x", m.step, layer, kind, tok, h, d, got, want)
@@ -449,26 +449,26 @@ func (m *blockedModel) check() {
 }
 
 func TestSizeOverflow(t *testing.T) {
-	g := kv.Geometry{Name: "wide", Layers: 1024, KVHeads: 1, HeadDim: 1, DType: kv.Tiny.DType}
-	_, err := kv.Config{Geometry: g, Layout: kv.PerLayer, MaxTokens: math.MaxInt/2 - 4096 - 1}.Size(4096, 0)
+	g := kv.Uniform("wide", 1024, 1, 1, arena.Float16)
+	_, err := kv.Config{Model: g, Layout: kv.PerLayer, MaxTokens: math.MaxInt/2 - 4096 - 1}.Size(4096, 0)
 	assert.ErrorIs(t, err, kv.ErrConfig)
 }
 
 func TestPresetsAndSizing(t *testing.T) {
-	assert.Equal(t, 2048, kv.Llama3_8B.TokenBytes())
-	assert.Equal(t, 128<<10, kv.Llama3_8B.BytesPerToken())
+	assert.Equal(t, 2048, kv.Llama3_8B().Groups[0].TokenBytes())
+	assert.Equal(t, 128<<10, kv.Llama3_8B().BytesPerToken())
 	g, err := kv.Preset("LLAMA3-8B")
 	require.NoError(t, err)
-	assert.Equal(t, kv.Llama3_8B, g)
+	assert.Equal(t, kv.Llama3_8B(), g)
 	_, err = kv.Preset("gpt-9")
 	assert.ErrorIs(t, err, kv.ErrUnknownModel)
 	assert.Contains(t, err.Error(), "llama3-70b")
 	for _, p := range kv.Presets() {
-		assert.NoError(t, p.Validate(), p.Name)
+		assert.NoError(t, p.Validate(0), p.Name)
 	}
-	bad := []kv.Geometry{{Layers: 0, KVHeads: 1, HeadDim: 1, DType: kv.Tiny.DType}, {Layers: 1, KVHeads: -1, HeadDim: 1, DType: kv.Tiny.DType}, {Layers: 1, KVHeads: 1, HeadDim: 1}, {Layers: 1 << 30, KVHeads: 1 << 20, HeadDim: 1 << 20, DType: kv.Tiny.DType}}
+	bad := []kv.Model{kv.Uniform("", 0, 1, 1, arena.Float16), kv.Uniform("", 1, -1, 1, arena.Float16), kv.Uniform("", 1, 1, 1, 0), kv.Uniform("", 1<<30, 1<<20, 1<<20, arena.Float16)}
 	for _, b := range bad {
-		assert.ErrorIs(t, b.Validate(), kv.ErrGeometry, "%+v", b)
+		assert.ErrorIs(t, b.Validate(0), kv.ErrGeometry, "%+v", b)
 	}
 
 	// Llama-3-8B at 1,000 tokens: per-layer waste is up to one granule per tensor.
@@ -484,7 +484,7 @@ func TestPresetsAndSizing(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%v/granule=%dKiB", tt.layout, tt.granule>>10), func(t *testing.T) {
-			s, err := kv.Config{Geometry: kv.Llama3_8B, Layout: tt.layout, MaxTokens: 2048}.Size(tt.granule, 1000)
+			s, err := kv.Config{Model: kv.Llama3_8B(), Layout: tt.layout, MaxTokens: 2048}.Size(tt.granule, 1000)
 			require.NoError(t, err)
 			assert.Equal(t, int64(1000*(128<<10)), s.Used)
 			assert.Equal(t, tt.committed, s.Committed)
@@ -492,15 +492,15 @@ func TestPresetsAndSizing(t *testing.T) {
 			assert.Equal(t, int64(2048*(128<<10)), s.Reserved)
 		})
 	}
-	_, err = kv.Config{Geometry: kv.Llama3_8B, Layout: kv.PerLayer, MaxTokens: 2}.Size(3, 1)
+	_, err = kv.Config{Model: kv.Llama3_8B(), Layout: kv.PerLayer, MaxTokens: 2}.Size(3, 1)
 	assert.ErrorIs(t, err, kv.ErrConfig)
-	_, err = kv.Config{Geometry: kv.Llama3_8B, Layout: kv.Blocked, MaxTokens: 2}.Size(3, 1)
+	_, err = kv.Config{Model: kv.Llama3_8B(), Layout: kv.Blocked, MaxTokens: 2}.Size(3, 1)
 	assert.ErrorIs(t, err, kv.ErrConfig)
-	_, err = kv.Config{Geometry: kv.Llama3_8B, Layout: kv.Layout(9), MaxTokens: 2}.Size(4096, 1)
+	_, err = kv.Config{Model: kv.Llama3_8B(), Layout: kv.Layout(9), MaxTokens: 2}.Size(4096, 1)
 	assert.ErrorIs(t, err, kv.ErrConfig)
-	_, err = kv.Config{Geometry: kv.Llama3_8B, Layout: kv.PerLayer, MaxTokens: 2}.Size(4096, 3)
+	_, err = kv.Config{Model: kv.Llama3_8B(), Layout: kv.PerLayer, MaxTokens: 2}.Size(4096, 3)
 	assert.ErrorIs(t, err, kv.ErrConfig)
-	_, err = kv.Config{Geometry: kv.Geometry{}, Layout: kv.PerLayer, MaxTokens: 2}.Size(4096, 1)
+	_, err = kv.Config{Model: kv.Model{}, Layout: kv.PerLayer, MaxTokens: 2}.Size(4096, 1)
 	assert.ErrorIs(t, err, kv.ErrGeometry)
 }
 
@@ -509,7 +509,7 @@ func TestPresetsAndSizing(t *testing.T) {
 func TestBlockedSize(t *testing.T) {
 	// 56 KiB a token: a 2 MiB granule holds 36 of them, 32 KiB free, and 7 granules
 	// hold 256 with none free (at 64 KiB, 7 granules hold 8), the default's block.
-	q := kv.Qwen25_7B
+	q := kv.Qwen25_7B()
 	tests := []struct {
 		name                   string
 		granule, block, tokens int
@@ -526,7 +526,7 @@ func TestBlockedSize(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg := kv.Config{Geometry: q, Layout: kv.Blocked, BlockTokens: tt.block, MaxTokens: 1000}
+			cfg := kv.Config{Model: q, Layout: kv.Blocked, BlockTokens: tt.block, MaxTokens: 1000}
 			s, err := cfg.Size(tt.granule, tt.tokens)
 			require.NoError(t, err)
 			assert.Equal(t, tt.blockTokens, s.BlockTokens)
@@ -538,12 +538,12 @@ func TestBlockedSize(t *testing.T) {
 		})
 	}
 	for _, cfg := range []kv.Config{
-		{Geometry: q, Layout: kv.Blocked, BlockTokens: -1, MaxTokens: 10},
-		{Geometry: q, Layout: kv.Layout(1), MaxTokens: 10}, // the removed token-major layout
-		{Geometry: q, Layout: kv.PerLayer, BlockTokens: 4, MaxTokens: 10},
-		{Geometry: q, Layout: kv.Blocked, BlockTokens: math.MaxInt / 2, MaxTokens: 10},
-		{Geometry: q, Layout: kv.Blocked, MaxTokens: math.MaxInt / 2},
-		{Geometry: q, Layout: kv.Blocked, MaxTokens: 1},
+		{Model: q, Layout: kv.Blocked, BlockTokens: -1, MaxTokens: 10},
+		{Model: q, Layout: kv.Layout(1), MaxTokens: 10}, // the removed token-major layout
+		{Model: q, Layout: kv.PerLayer, BlockTokens: 4, MaxTokens: 10},
+		{Model: q, Layout: kv.Blocked, BlockTokens: math.MaxInt / 2, MaxTokens: 10},
+		{Model: q, Layout: kv.Blocked, MaxTokens: math.MaxInt / 2},
+		{Model: q, Layout: kv.Blocked, MaxTokens: 1},
 	} {
 		_, err := cfg.Size(2<<20, 2)
 		assert.ErrorIs(t, err, kv.ErrConfig, "%+v", cfg)
@@ -560,8 +560,8 @@ func TestBlockedSize(t *testing.T) {
 // tokens of the partly filled last one.
 func TestBlockedAddresses(t *testing.T) {
 	fx := newFixture(t, 1<<30)
-	g := kv.Tiny // 256 bytes a token: a 4 KiB granule is a block of 16 tokens
-	c, err := kv.New(fx.fake, kv.Config{Geometry: g, MaxTokens: 256})
+	g := kv.Tiny() // 256 bytes a token: a 4 KiB granule is a block of 16 tokens
+	c, err := kv.New(fx.fake, kv.Config{Model: g, MaxTokens: 256})
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, c.Close()) }()
 	require.Equal(t, kv.Blocked, c.Config().Layout, "the default layout")
@@ -569,10 +569,10 @@ func TestBlockedAddresses(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 16, s.BlockTokens())
 	assert.Equal(t, fakeGranule, s.BlockStride())
-	assert.Equal(t, g.TokenBytes(), s.TokenStride())
+	assert.Equal(t, g.Groups[0].TokenBytes(), s.TokenStride())
 	for l := range g.Layers {
 		for _, k := range kv.KindsOf(g) {
-			assert.Equal(t, uintptr((2*l+int(k))*16*g.TokenBytes()), s.Base(l, k)-s.Base(0, kv.K), "layer %d %v", l, k)
+			assert.Equal(t, uintptr((2*l+int(k))*16*g.Groups[0].TokenBytes()), s.Base(l, k)-s.Base(0, kv.K), "layer %d %v", l, k)
 		}
 	}
 	_, err = s.Bytes(0, kv.K)
@@ -586,11 +586,11 @@ func TestBlockedAddresses(t *testing.T) {
 	// The view addresses token t where the formula puts it.
 	v, err := kv.View[arena.F16](s, 1, kv.V)
 	require.NoError(t, err)
-	assert.Equal(t, []int{3, 16, g.KVHeads, g.HeadDim}, v.Shape())
-	assert.Equal(t, []int{fakeGranule / 2, g.TokenBytes() / 2, g.HeadDim, 1}, v.Strides())
+	assert.Equal(t, []int{3, 16, g.Groups[0].KVHeads, g.Groups[0].HeadDim}, v.Shape())
+	assert.Equal(t, []int{fakeGranule / 2, g.Groups[0].TokenBytes() / 2, g.Groups[0].HeadDim, 1}, v.Strides())
 	assert.Equal(t, s.Base(1, kv.V), v.DevicePtr())
 	for _, tok := range []int{0, 15, 16, 39} {
-		want := s.Base(0, kv.K) + uintptr(tok/16*fakeGranule+(3*16+tok%16)*g.TokenBytes())
+		want := s.Base(0, kv.K) + uintptr(tok/16*fakeGranule+(3*16+tok%16)*g.Groups[0].TokenBytes())
 		assert.Equal(t, want, tokenAddr(s, 1, kv.V, tok), "token %d", tok)
 	}
 
@@ -603,7 +603,7 @@ func TestBlockedAddresses(t *testing.T) {
 	writeTokens(t, s, 2, 16, 40) // the origin's own block: the fork's copy keeps writer 1
 	checkTokens(t, f, 1, 0, 20)
 	checkTokens(t, s, 2, 16, 40)
-	assert.ErrorIs(t, f.WriteToken(0, kv.K, 15, make([]byte, g.TokenBytes())), kv.ErrReadOnly)
+	assert.ErrorIs(t, f.WriteToken(0, kv.K, 15, make([]byte, g.Groups[0].TokenBytes())), kv.ErrReadOnly)
 	require.NoError(t, f.Append(10))
 	writeTokens(t, f, 3, 20, 30)
 	checkTokens(t, f, 1, 0, 20)

@@ -21,14 +21,14 @@ import (
 // smallUniform is the small uniform model: 4 layers × 2 KV heads × 64, bf16
 // (2 KiB a token: a 2 MiB granule holds 1,024 tokens).
 func smallUniform() kv.Model {
-	return kv.Geometry{Name: "small", Layers: 4, KVHeads: 2, HeadDim: 64, DType: arena.BFloat16}.Model()
+	return kv.Uniform("small", 4, 2, 64, arena.BFloat16)
 }
 
 // TestBlockChoice: each token group's default block is whole granules, holds at most
 // its bound of tokens, has no dead byte where a whole number of tokens fills whole
 // granules within the bound, and is the tests' own search's block (refBlock).
 func TestBlockChoice(t *testing.T) {
-	models := append(kv.ModelPresets(), smallUniform(), hybrid())
+	models := append(kv.Presets(), smallUniform(), hybrid())
 	for _, m := range models {
 		for _, granule := range []int{4 << 10, 64 << 10, 2 << 20} {
 			s, err := m.Size(granule, 0, 1000)
@@ -109,7 +109,7 @@ func TestBlockBadSizes(t *testing.T) {
 	b := backingtest.NewFake(backingtest.FakeOptions{Granularity: 64 << 10, Authority: auth})
 	for _, bt := range []int{-1, -4096, math.MaxInt / 2, math.MaxInt} {
 		for _, cfg := range []kv.Config{
-			{Geometry: kv.Llama3_8B, MaxTokens: 100, BlockTokens: bt},
+			{Model: kv.Llama3_8B(), MaxTokens: 100, BlockTokens: bt},
 			{Model: kv.Gemma3_27B(), MaxTokens: 2048, BlockTokens: bt},
 		} {
 			_, err := cfg.Size(64<<10, 10)
@@ -138,7 +138,7 @@ func sizingTable(t *testing.T) []string {
 		"| model | granule | tokens | need MiB | committed MiB | over (granules/group) | blocks (tokens × granules, dead) | before: committed MiB |",
 		"|---|---|---:|---:|---:|---:|---|---:|",
 	}
-	models := append(kv.ModelPresets(), smallUniform())
+	models := append(kv.Presets(), smallUniform())
 	for _, m := range models {
 		for _, granule := range []int{2 << 20, 64 << 10} {
 			for _, n := range []int{8 << 10, 32 << 10, 128 << 10} {
@@ -200,7 +200,7 @@ func sizingTable(t *testing.T) []string {
 // one token did, for every model, granule and length of the table, and no more on the
 // mean over lengths, and prints the table with -v (docs/benchmarks/sizing.md).
 func TestSizingTable(t *testing.T) {
-	for _, m := range append(kv.ModelPresets(), smallUniform()) {
+	for _, m := range append(kv.Presets(), smallUniform()) {
 		for _, granule := range []int{2 << 20, 64 << 10} {
 			for _, n := range []int{8 << 10, 32 << 10, 128 << 10} {
 				s, err := m.Size(granule, 0, n)

@@ -30,7 +30,7 @@ func TestNewRefusesZeroBudget(t *testing.T) {
 				require.NoError(t, gov.SetLimit(accounting.HostKey, tt.limit))
 			}
 			auth := gov.Authority("kv", accounting.HostKey)
-			c, err := kv.New(backingtest.NewFake(backingtest.FakeOptions{Granularity: 4096}), kv.Config{Geometry: kv.Tiny, MaxTokens: 64, Authority: auth})
+			c, err := kv.New(backingtest.NewFake(backingtest.FakeOptions{Granularity: 4096}), kv.Config{Model: kv.Tiny(), MaxTokens: 64, Authority: auth})
 			if tt.refuse {
 				require.ErrorIs(t, err, kv.ErrConfig)
 				assert.ErrorContains(t, err, "budget of host:0 is 0 bytes")

@@ -15,16 +15,16 @@ import (
 
 // Config says what a Cache holds and how.
 type Config struct {
-	// Geometry is the model's shape when every layer is full attention of one shape.
-	Geometry Geometry
-	// Model, set instead of Geometry, is a model of layer groups (sliding-window,
-	// chunked-local, MLA, recurrent): each group gets ranges of its own, laid out by
-	// Layout, and a window group gives back the granules behind its window (see the
-	// package doc). Each FP8 group may keep scales of its own (Cache.GroupScales). A
-	// cache on a Model of more than one group has a prefix cache under the hybrid
-	// rule but no tiers or events, and none with a recurrent group (NewPrefixCache);
-	// MapAhead maps ahead each group that holds tokens and needs one (New refuses it
-	// otherwise with ErrConfig); and a model with a recurrent group has no Freeze.
+	// Model is the model's shape: one group when every layer is full attention of one
+	// shape (Uniform, or a preset such as Llama3_8B), else layer groups
+	// (sliding-window, chunked-local, MLA, recurrent): each group gets ranges of its
+	// own, laid out by Layout, and a window group gives back the granules behind its
+	// window (see the package doc). Each FP8 group may keep scales of its own
+	// (Cache.GroupScales). A cache on a Model of more than one group has a prefix
+	// cache under the hybrid rule but no tiers or events, and none with a recurrent
+	// group (NewPrefixCache); MapAhead maps ahead each group that holds tokens and
+	// needs one (New refuses it otherwise with ErrConfig); and a model with a
+	// recurrent group has no Freeze.
 	Model Model
 	// MaxTokens is the most tokens one sequence may hold. It is reserved as address
 	// space only: a sequence commits memory for the tokens it has.
@@ -115,7 +115,7 @@ type Cache struct {
 	scales scales // the FP8 scales, made by New and given back by Close
 	ahead  *ahead // nil unless Config.MapAhead on a pool
 
-	// groups is how each layer group lies (one for a Geometry; shape is the first's),
+	// groups is how each layer group lies (shape is the first's),
 	// layers where each of the model's layers lies; multi is set for a model of more
 	// than one group or of a group other than full attention or MLA (fullLike),
 	// windows when one of its groups is a window.
@@ -130,20 +130,18 @@ type Cache struct {
 // The backing's type is inferred from b and hidden behind the Cache, which names no
 // backing type: a server holds a *Cache whatever memory it runs on.
 //
-// On a Model (Config.Model) it refuses, with an error matching ErrGeometry that says
-// what, a model Model.Validate refuses for MaxTokens (a window larger than MaxTokens,
-// an MLA group with V, no layers, ...), and with ErrConfig what such a cache does not
-// have (MapAhead); it allocates nothing then. It refuses with ErrConfig a device whose
+// It refuses, with an error matching ErrGeometry that says what, a model Model.Validate
+// refuses for MaxTokens (a window larger than MaxTokens, an MLA group with V, no
+// layers, ...), and with ErrConfig what such a cache does not have (MapAhead); it
+// allocates nothing then. It refuses with ErrConfig a device whose
 // budget is 0 bytes (Governor.SetLimit), on which no token could ever be held.
 func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
-	m, set, err := cfg.model()
+	m, err := cfg.model()
 	if err != nil {
 		return nil, err
 	}
-	if set {
-		m = m.clone() // the caller's slices are the caller's to change
-		cfg.Model = m
-	}
+	m = m.clone() // the caller's slices are the caller's to change
+	cfg.Model = m
 	if cfg.MaxTokens <= 0 {
 		return nil, fmt.Errorf("%w: MaxTokens %d", ErrConfig, cfg.MaxTokens)
 	}
@@ -203,8 +201,13 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	return c, nil
 }
 
-// Config returns the cache's configuration.
-func (c *Cache) Config() Config { return c.cfg }
+// Config returns the cache's configuration. Its Model is a copy: a caller that changes
+// it changes nothing of the cache's.
+func (c *Cache) Config() Config {
+	cfg := c.cfg
+	cfg.Model = cfg.Model.clone()
+	return cfg
+}
 
 // Granularity returns the backing's granule size.
 func (c *Cache) Granularity() int { return c.gran }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -19,8 +20,8 @@ import (
 	"github.com/vmarena/vmarena/kvtier/tiertest"
 )
 
-// configInput is what FuzzConfig decodes: every field of a Config, its Geometry or
-// Model (the groups from bytes, groupsOf), what Size and TierNamespace are asked, and
+// configInput is what FuzzConfig decodes: every field of a Config, its Model (a
+// uniform one from its shape, kv.Uniform, or any other from bytes, groupsOf), what Size and TierNamespace are asked, and
 // a PrefixCacheOptions.
 type configInput struct {
 	cfg     kv.Config
@@ -77,6 +78,17 @@ func groupsOf(b []byte) []kv.Group {
 	return gs
 }
 
+// isUniform reports whether m is what kv.Uniform makes (with its group's Scales set):
+// one full-attention group of layers 0 to Layers-1 (none when Layers is out of range)
+// and nothing else.
+func isUniform(m kv.Model) bool {
+	if len(m.Groups) != 1 {
+		return false
+	}
+	g := m.Groups[0]
+	return reflect.DeepEqual(withScales(kv.Uniform(m.Name, m.Layers, g.KVHeads, g.HeadDim, g.DType), g.Scales), m)
+}
+
 // groupBytes is groupsOf's inverse, for the seeds.
 func groupBytes(gs []kv.Group) []byte {
 	var b []byte
@@ -104,7 +116,7 @@ func isShortage(err error) bool {
 	return errors.Is(err, accounting.ErrBudgetExceeded) || errors.Is(err, backing.ErrOutOfMemory)
 }
 
-// FuzzConfig feeds every field of Config (its Geometry, or its Model with every
+// FuzzConfig feeds every field of Config (its Model: a uniform one's shape, or every
 // field of every Group), the arguments of Config.Size, Model.Size and TierNamespace,
 // and every field of PrefixCacheOptions (and of its EventOptions) to the public
 // calls that take them. Each call either refuses with an error matching ErrConfig or
@@ -118,23 +130,30 @@ func isShortage(err error) bool {
 func FuzzConfig(f *testing.F) {
 	add := func(in configInput) {
 		c := in.cfg
-		f.Add(c.Geometry.Name, c.Geometry.Layers, c.Geometry.KVHeads, c.Geometry.HeadDim, byte(c.Geometry.DType), byte(c.Geometry.Scales),
-			c.Model.Name, c.Model.Layers, groupBytes(c.Model.Groups),
+		// A uniform model goes in as its shape (the first six arguments), any other
+		// as its groups.
+		var u kv.Group
+		name, layers, m := "", 0, c.Model
+		if isUniform(m) {
+			u, name, layers, m = m.Groups[0], m.Name, m.Layers, kv.Model{}
+		}
+		f.Add(name, layers, u.KVHeads, u.HeadDim, byte(u.DType), byte(u.Scales),
+			m.Name, m.Layers, groupBytes(m.Groups),
 			c.MaxTokens, byte(c.Layout), c.BlockTokens, c.MapAhead, in.granule, in.tokens, in.prefix,
 			in.opts.MaxBytes, in.opts.TierStores, in.opts.TierLoads, int64(in.opts.TierWait), in.opts.TierWriteThrough, in.opts.TierMinHits,
 			byte(in.tiers), in.events, in.opts.Events.Hash.BlockSize, byte(in.opts.Events.Hash.Algorithm), in.opts.Events.Medium)
 	}
-	add(configInput{cfg: kv.Config{Geometry: tiny8, MaxTokens: 64}, granule: fakeGranule, tokens: 10})
-	add(configInput{cfg: kv.Config{Geometry: kv.Tiny, MaxTokens: 32, Layout: kv.PerLayer, MapAhead: true}, granule: fakeGranule, tokens: 3, events: true})
-	add(configInput{cfg: kv.Config{Geometry: kv.Tiny, MaxTokens: 40, BlockTokens: 4}, granule: fakeGranule, tokens: 40, tiers: 2,
+	add(configInput{cfg: kv.Config{Model: tiny8, MaxTokens: 64}, granule: fakeGranule, tokens: 10})
+	add(configInput{cfg: kv.Config{Model: kv.Tiny(), MaxTokens: 32, Layout: kv.PerLayer, MapAhead: true}, granule: fakeGranule, tokens: 3, events: true})
+	add(configInput{cfg: kv.Config{Model: kv.Tiny(), MaxTokens: 40, BlockTokens: 4}, granule: fakeGranule, tokens: 40, tiers: 2,
 		opts: kv.PrefixCacheOptions{MaxBytes: 1 << 16, TierWriteThrough: true, TierMinHits: 1, TierStores: 2, TierLoads: 1, TierWait: time.Second}})
 	// Map-ahead on cuda's fake driver, each sequence reserving from a few mebibytes to
 	// past the driver's address space (2^45 tokens of Tiny is 2^53 bytes).
 	for _, maxTokens := range []int{1 << 16, 1 << 30, 1 << 36, 1 << 45} {
-		add(configInput{cfg: kv.Config{Geometry: kv.Tiny, MaxTokens: maxTokens, MapAhead: true}, granule: fakeGranule, tokens: 5})
+		add(configInput{cfg: kv.Config{Model: kv.Tiny(), MaxTokens: maxTokens, MapAhead: true}, granule: fakeGranule, tokens: 5})
 	}
-	add(configInput{cfg: kv.Config{Geometry: kv.Geometry{Layers: 1 << 62, KVHeads: 1, HeadDim: 1, DType: arena.Float8E4M3}, MaxTokens: 8}, granule: fakeGranule})
-	add(configInput{cfg: kv.Config{Geometry: kv.Geometry{Layers: 2, KVHeads: 1 << 20, HeadDim: 32, DType: arena.Float8E4M3, Scales: kv.ScalePerHead}, MaxTokens: 8}, granule: fakeGranule, tokens: 1})
+	add(configInput{cfg: kv.Config{Model: kv.Uniform("", 1<<62, 1, 1, arena.Float8E4M3), MaxTokens: 8}, granule: fakeGranule})
+	add(configInput{cfg: kv.Config{Model: withScales(kv.Uniform("", 2, 1<<20, 32, arena.Float8E4M3), kv.ScalePerHead), MaxTokens: 8}, granule: fakeGranule, tokens: 1})
 	small := func(m kv.Model) kv.Model { // the preset's groups on its first 6 layers
 		out := kv.Model{Name: m.Name, Layers: 6}
 		for _, g := range m.Groups {
@@ -148,7 +167,7 @@ func FuzzConfig(f *testing.F) {
 		}
 		return out
 	}
-	for _, m := range kv.ModelPresets() {
+	for _, m := range kv.Presets() {
 		add(configInput{cfg: kv.Config{Model: small(m), MaxTokens: 24}, granule: fakeGranule, tokens: 13, events: true})
 		add(configInput{cfg: kv.Config{Model: small(m), MaxTokens: 24, Layout: kv.PerLayer, MapAhead: true}, granule: fakeGranule, tokens: 7})
 	}
@@ -157,10 +176,13 @@ func FuzzConfig(f *testing.F) {
 		maxTokens int, layout byte, blockTokens int, mapAhead bool, granule, tokens int, prefix string,
 		maxBytes int64, tierStores, tierLoads int, tierWait int64, writeThrough bool, minHits int,
 		tiers byte, events bool, evBlock int, evAlg byte, medium string) {
+		m := kv.Model{Name: mName, Layers: mLayers, Groups: groupsOf(groups)}
+		if mName == "" && mLayers == 0 && len(m.Groups) == 0 {
+			m = withScales(kv.Uniform(gName, gLayers, gHeads, gDim, arena.DType(gDType)), kv.ScaleMode(gScales))
+		}
 		in := configInput{
 			cfg: kv.Config{
-				Geometry:  kv.Geometry{Name: gName, Layers: gLayers, KVHeads: gHeads, HeadDim: gDim, DType: arena.DType(gDType), Scales: kv.ScaleMode(gScales)},
-				Model:     kv.Model{Name: mName, Layers: mLayers, Groups: groupsOf(groups)},
+				Model:     m,
 				MaxTokens: maxTokens, Layout: kv.Layout(layout), BlockTokens: blockTokens, MapAhead: mapAhead,
 			},
 			granule: granule, tokens: tokens, prefix: prefix, tiers: int(tiers % 4), events: events,
@@ -177,11 +199,9 @@ func FuzzConfig(f *testing.F) {
 func checkConfig(t *testing.T, in configInput) {
 	cfg := in.cfg
 	// The pure calls: each refuses with kv's sentinel or answers.
-	_ = cfg.Geometry.String()
-	if err := cfg.Geometry.Validate(); err != nil && !isConfigError(err) {
-		t.Fatalf("Geometry.Validate: %v", err)
+	if err := cfg.Model.Validate(0); err != nil && !isConfigError(err) {
+		t.Fatalf("Model.Validate(0): %v", err)
 	}
-	_ = cfg.Geometry.Model()
 	if err := cfg.Model.Validate(cfg.MaxTokens); err != nil && !isConfigError(err) {
 		t.Fatalf("Model.Validate: %v", err)
 	}
@@ -319,9 +339,6 @@ func useSequence(t *testing.T, c *kv.Cache, n int) {
 		t.Fatalf("Append(%d): %v", n, err)
 	}
 	m := c.Config().Model
-	if len(m.Groups) == 0 {
-		m = c.Config().Geometry.Model()
-	}
 	for gi, g := range m.Groups {
 		l := g.Layers[len(g.Layers)-1]
 		size := g.TokenBytes()

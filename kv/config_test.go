@@ -15,11 +15,11 @@ import (
 // TestConfigBadInputsEveryEntry: a Config whose field is out of its domain is refused
 // with kv's sentinel, naming the field's value, by every public call that takes a
 // Config (New, Config.Size, TierNamespace), and none of them panics or allocates by
-// it. The first rows are the inputs that once panicked (makeslice in Geometry.Model
+// it. The first rows are the inputs that once panicked (makeslice in Uniform
 // and Model.Validate, before anything validated the layers).
 func TestConfigBadInputsEveryEntry(t *testing.T) {
-	fp16 := func(layers, heads, dim int) kv.Geometry {
-		return kv.Geometry{Name: "g", Layers: layers, KVHeads: heads, HeadDim: dim, DType: arena.Float16}
+	fp16 := func(layers, heads, dim int) kv.Model {
+		return kv.Uniform("g", layers, heads, dim, arena.Float16)
 	}
 	full := func(layers ...int) kv.Group {
 		return kv.Group{Kind: kv.FullAttention, Layers: layers, KVHeads: 1, HeadDim: 16, DType: arena.Float16}
@@ -32,13 +32,13 @@ func TestConfigBadInputsEveryEntry(t *testing.T) {
 		// namespace is whether TierNamespace, which takes no MaxTokens, accepts it.
 		namespace bool
 	}{
-		{"Geometry.Layers MaxInt", kv.Config{Geometry: fp16(math.MaxInt, 1, 16), MaxTokens: 8}, kv.ErrGeometry, "more than MaxLayers", false},
-		{"Geometry.Layers MaxLayers+1", kv.Config{Geometry: fp16(kv.MaxLayers+1, 1, 16), MaxTokens: 8}, kv.ErrGeometry, "more than MaxLayers", false},
-		{"Geometry.Layers MinInt", kv.Config{Geometry: fp16(math.MinInt, 1, 16), MaxTokens: 8}, kv.ErrGeometry, "must be positive", false},
-		{"Geometry.KVHeads MaxInt", kv.Config{Geometry: fp16(2, math.MaxInt, 16), MaxTokens: 8}, kv.ErrGeometry, "too large", false},
-		{"Geometry.HeadDim MaxInt", kv.Config{Geometry: fp16(2, 1, math.MaxInt), MaxTokens: 8}, kv.ErrGeometry, "head dim", false},
-		{"Geometry.DType unknown", kv.Config{Geometry: kv.Geometry{Layers: 2, KVHeads: 1, HeadDim: 16, DType: 200}, MaxTokens: 8}, kv.ErrGeometry, "element type", false},
-		{"Geometry.Scales unknown", kv.Config{Geometry: kv.Geometry{Layers: 2, KVHeads: 1, HeadDim: 16, DType: arena.Float8E4M3, Scales: 9}, MaxTokens: 8}, kv.ErrGeometry, "scale mode", false},
+		{"Uniform.Layers MaxInt", kv.Config{Model: fp16(math.MaxInt, 1, 16), MaxTokens: 8}, kv.ErrGeometry, "more than MaxLayers", false},
+		{"Uniform.Layers MaxLayers+1", kv.Config{Model: fp16(kv.MaxLayers+1, 1, 16), MaxTokens: 8}, kv.ErrGeometry, "more than MaxLayers", false},
+		{"Uniform.Layers MinInt", kv.Config{Model: fp16(math.MinInt, 1, 16), MaxTokens: 8}, kv.ErrGeometry, "must be positive", false},
+		{"Uniform.KVHeads MaxInt", kv.Config{Model: fp16(2, math.MaxInt, 16), MaxTokens: 8}, kv.ErrGeometry, "too large", false},
+		{"Uniform.HeadDim MaxInt", kv.Config{Model: fp16(2, 1, math.MaxInt), MaxTokens: 8}, kv.ErrGeometry, "head dim", false},
+		{"Uniform.DType unknown", kv.Config{Model: kv.Uniform("", 2, 1, 16, 200), MaxTokens: 8}, kv.ErrGeometry, "element type", false},
+		{"Uniform.Scales unknown", kv.Config{Model: withScales(kv.Uniform("", 2, 1, 16, arena.Float8E4M3), 9), MaxTokens: 8}, kv.ErrGeometry, "scale mode", false},
 		{"Model.Layers MaxInt", kv.Config{Model: kv.Model{Name: "m", Layers: math.MaxInt, Groups: []kv.Group{full(0)}}, MaxTokens: 8}, kv.ErrGeometry, "more than MaxLayers", false},
 		{"Model.Layers MaxLayers+1", kv.Config{Model: kv.Model{Name: "m", Layers: kv.MaxLayers + 1, Groups: []kv.Group{full(0)}}, MaxTokens: 8}, kv.ErrGeometry, "more than MaxLayers", false},
 		{"Group.Layers MaxInt", kv.Config{Model: kv.Model{Name: "m", Layers: 1, Groups: []kv.Group{full(math.MaxInt)}}, MaxTokens: 8}, kv.ErrGeometry, "lists layer", false},
@@ -48,11 +48,11 @@ func TestConfigBadInputsEveryEntry(t *testing.T) {
 			{Kind: kv.Recurrent, Layers: []int{0}, StateBytes: math.MaxInt}}}, MaxTokens: 8}, kv.ErrGeometry, "too large", false},
 		{"Group.KVHeads MaxInt", kv.Config{Model: kv.Model{Name: "m", Layers: 1, Groups: []kv.Group{
 			{Kind: kv.FullAttention, Layers: []int{0}, KVHeads: math.MaxInt, HeadDim: 16, DType: arena.Float16}}}, MaxTokens: 8}, kv.ErrGeometry, "too large", false},
-		{"MaxTokens MaxInt", kv.Config{Geometry: fp16(2, 1, 16), MaxTokens: math.MaxInt}, kv.ErrConfig, "overflow", true},
-		{"MaxTokens MaxInt PerLayer", kv.Config{Geometry: fp16(2, 1, 16), MaxTokens: math.MaxInt, Layout: kv.PerLayer}, kv.ErrConfig, "overflow", true},
-		{"BlockTokens MaxInt", kv.Config{Geometry: fp16(2, 1, 16), MaxTokens: 8, BlockTokens: math.MaxInt}, kv.ErrConfig, "overflow", false},
-		{"BlockTokens negative", kv.Config{Geometry: fp16(2, 1, 16), MaxTokens: 8, BlockTokens: math.MinInt}, kv.ErrConfig, "BlockTokens", false},
-		{"Layout unknown", kv.Config{Geometry: fp16(2, 1, 16), MaxTokens: 8, Layout: 77}, kv.ErrConfig, "layout", false},
+		{"MaxTokens MaxInt", kv.Config{Model: fp16(2, 1, 16), MaxTokens: math.MaxInt}, kv.ErrConfig, "overflow", true},
+		{"MaxTokens MaxInt PerLayer", kv.Config{Model: fp16(2, 1, 16), MaxTokens: math.MaxInt, Layout: kv.PerLayer}, kv.ErrConfig, "overflow", true},
+		{"BlockTokens MaxInt", kv.Config{Model: fp16(2, 1, 16), MaxTokens: 8, BlockTokens: math.MaxInt}, kv.ErrConfig, "overflow", false},
+		{"BlockTokens negative", kv.Config{Model: fp16(2, 1, 16), MaxTokens: 8, BlockTokens: math.MinInt}, kv.ErrConfig, "BlockTokens", false},
+		{"Layout unknown", kv.Config{Model: fp16(2, 1, 16), MaxTokens: 8, Layout: 77}, kv.ErrConfig, "layout", false},
 		// Each group's ranges fit an int64; the two groups' together do not.
 		{"MaxTokens over two groups", kv.Config{Model: kv.Model{Name: "m", Layers: 2, Groups: []kv.Group{
 			{Kind: kv.FullAttention, Layers: []int{0}, KVHeads: 1, HeadDim: 1024, DType: arena.Float16},
@@ -80,17 +80,16 @@ func TestConfigBadInputsEveryEntry(t *testing.T) {
 	}
 }
 
-// TestGeometryModelOutOfRange: Geometry.Model of a geometry of too many or too few
-// layers answers a model that Validate refuses, without making a slice of its layers.
-func TestGeometryModelOutOfRange(t *testing.T) {
+// TestUniformOutOfRange: Uniform of too many or too few layers answers a model that
+// Validate refuses, without making a slice of its layers.
+func TestUniformOutOfRange(t *testing.T) {
 	for _, layers := range []int{math.MaxInt, kv.MaxLayers + 1, 0, -1, math.MinInt} {
-		g := kv.Geometry{Layers: layers, KVHeads: 1, HeadDim: 16, DType: arena.Float16}
-		m := g.Model()
+		m := kv.Uniform("", layers, 1, 16, arena.Float16)
 		require.Len(t, m.Groups, 1)
 		assert.Empty(t, m.Groups[0].Layers, "layers %d", layers)
 		assert.ErrorIs(t, m.Validate(0), kv.ErrGeometry, "layers %d", layers)
 	}
-	m := kv.Geometry{Layers: kv.MaxLayers, KVHeads: 1, HeadDim: 16, DType: arena.Float16}.Model()
+	m := kv.Uniform("", kv.MaxLayers, 1, 16, arena.Float16)
 	assert.Len(t, m.Groups[0].Layers, kv.MaxLayers)
 	assert.NoError(t, m.Validate(0), "MaxLayers itself is a model")
 }

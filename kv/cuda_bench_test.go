@@ -60,7 +60,7 @@ func BenchmarkCUDAAppendStep(b *testing.B) {
 				}
 				require.NoError(b, err)
 				b.Cleanup(func() { require.NoError(b, bk.Close()) })
-				c, err := kv.New(bk, kv.Config{Geometry: kv.Llama3_8B, MaxTokens: 2 * steps, Layout: layout})
+				c, err := kv.New(bk, kv.Config{Model: kv.Llama3_8B(), MaxTokens: 2 * steps, Layout: layout})
 				require.NoError(b, err)
 				b.Cleanup(func() { require.NoError(b, c.Close()) })
 				start := func(k int) int { return k*steps/seqs + 2*k + 1 }

@@ -19,9 +19,9 @@ import (
 
 // newCUDACache returns a cache on GPU 0 of drv (openEnv); the granule is the driver's.
 // It returns cuda.New's error where drv has no usable GPU, so a test can skip.
-func newCUDACache(t *testing.T, drv *cuda.Driver, layout kv.Layout, g kv.Geometry, maxTokens int) (*kv.Cache, error) {
+func newCUDACache(t *testing.T, drv *cuda.Driver, layout kv.Layout, g kv.Model, maxTokens int) (*kv.Cache, error) {
 	t.Helper()
-	e, err := openEnv(t, envSpec{kind: onCUDA, cfg: kv.Config{Geometry: g, MaxTokens: maxTokens, Layout: layout}, cuda: cuda.Options{Driver: drv}})
+	e, err := openEnv(t, envSpec{kind: onCUDA, cfg: kv.Config{Model: g, MaxTokens: maxTokens, Layout: layout}, cuda: cuda.Options{Driver: drv}})
 	if err != nil {
 		return nil, err
 	}
@@ -60,14 +60,14 @@ func TestCUDAFakeDriverLlama(t *testing.T) {
 // a prefix shorter than that shares nothing.
 func llamaShareForkTruncate(t *testing.T, drv *cuda.Driver, layout kv.Layout) {
 	t.Helper()
-	g := kv.Llama3_8B
-	g.Layers = 4
+	l := kv.Llama3_8B().Groups[0]
+	g := kv.Uniform("llama3-8b-4", 4, l.KVHeads, l.HeadDim, l.DType)
 	c, err := newCUDACache(t, drv, layout, g, 4096)
 	if errors.Is(err, backing.ErrUnsupported) {
 		t.Skipf("no usable GPU: %v", err)
 	}
 	require.NoError(t, err)
-	perTensor := c.Granularity() / g.TokenBytes()
+	perTensor := c.Granularity() / g.Groups[0].TokenBytes()
 	shareForkTruncateN(t, c, (perTensor+127)/128)
 }
 
@@ -132,7 +132,7 @@ func TestCUDAOriginProtected(t *testing.T) {
 				got, ok = fake.MappingAccess(tail)
 				require.True(t, ok)
 				assert.Equal(t, int32(cuda.AccessReadWrite), got)
-				tok := make([]byte, tiny8.TokenBytes())
+				tok := make([]byte, tiny8.Groups[0].TokenBytes())
 				assert.ErrorIs(t, s.WriteToken(0, kv.K, 0, tok), kv.ErrReadOnly)
 				require.NoError(t, s.WriteToken(0, kv.K, 299, tok))
 				checkTokens(t, f, 1, 0, f.Len())

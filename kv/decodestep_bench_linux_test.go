@@ -48,8 +48,8 @@ func BenchmarkDecodeStep(b *testing.B) {
 		granule = 2 << 20
 		block   = 16 // tokens per block (paged)
 	)
-	g := kv.Llama3_8B
-	tb := g.TokenBytes()
+	g := kv.Llama3_8B()
+	tb := g.Groups[0].TokenBytes()
 	kinds := 2 * g.Layers                                // (layer, K|V) tensors
 	start := func(k int) int { return tokens + 1 + 2*k } // sequence k's first length
 	total := 0                                           // tokens of the batch at the start
@@ -100,7 +100,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 			p, err := host.NewPrivate(host.PrivateOptions{Granularity: granule, Populate: true, NoHugePages: !huge, AlwaysHugePages: huge})
 			require.NoError(b, err)
 			gov := accounting.NewGovernor()
-			c, err := kv.New(p, kv.Config{Geometry: g, MaxTokens: tokens + room, Layout: layout, BlockTokens: blockTokens,
+			c, err := kv.New(p, kv.Config{Model: g, MaxTokens: tokens + room, Layout: layout, BlockTokens: blockTokens,
 				Authority: gov.Authority("kv", accounting.HostKey)})
 			require.NoError(b, err)
 			return benchSequences(b, c, seqs, start)
@@ -260,7 +260,7 @@ func benchSequences(b *testing.B, c *kv.Cache, n int, start func(k int) int) []*
 
 // decodeAppend appends one token to each of qs and writes its K and V in every layer
 // of g, as a decode step does; it fails b when a sequence would pass limit tokens.
-func decodeAppend(b *testing.B, qs []*kv.Sequence, g kv.Geometry, limit int, token []byte) {
+func decodeAppend(b *testing.B, qs []*kv.Sequence, g kv.Model, limit int, token []byte) {
 	for _, q := range qs {
 		t := q.Len()
 		if t == limit {

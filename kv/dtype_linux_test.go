@@ -29,7 +29,7 @@ func TestQ8_0TokensThroughViews(t *testing.T) {
 	g := q8Tiny
 	for _, layout := range []kv.Layout{kv.PerLayer} {
 		t.Run(layout.String(), func(t *testing.T) {
-			c, _ := hostCacheOf(t, "kv-q8-test", kv.Config{Geometry: g, MaxTokens: 512, Layout: layout})
+			c, _ := hostCacheOf(t, "kv-q8-test", kv.Config{Model: g, MaxTokens: 512, Layout: layout})
 			s, err := c.NewSequence()
 			require.NoError(t, err)
 			const n = 120
@@ -38,14 +38,14 @@ func TestQ8_0TokensThroughViews(t *testing.T) {
 			value := func(layer int, kind kv.Kind, tok, h, d int) float32 {
 				return float32(math.Sin(float64(layer*7919+int(kind)*613+tok*31+h*7+d))) * float32(1+tok%5)
 			}
-			head := make([]float32, g.HeadDim)
-			blocks := make([]arena.BlockQ8_0, g.HeadDim/arena.Q8_0BlockValues)
+			head := make([]float32, g.Groups[0].HeadDim)
+			blocks := make([]arena.BlockQ8_0, g.Groups[0].HeadDim/arena.Q8_0BlockValues)
 			for layer := range g.Layers {
 				for _, kind := range kv.KindsOf(g) {
 					v, err := kv.View[arena.BlockQ8_0](s, layer, kind)
 					require.NoError(t, err)
 					for tok := range n {
-						for h := range g.KVHeads {
+						for h := range g.Groups[0].KVHeads {
 							for d := range head {
 								head[d] = value(layer, kind, tok, h, d)
 							}
@@ -62,8 +62,8 @@ func TestQ8_0TokensThroughViews(t *testing.T) {
 			require.NoError(t, err)
 			defer f.Close()
 
-			tok := make([]byte, g.TokenBytes())
-			got := make([]float32, g.HeadDim)
+			tok := make([]byte, g.Groups[0].TokenBytes())
+			got := make([]float32, g.Groups[0].HeadDim)
 			for _, q := range []*kv.Sequence{s, f} {
 				for layer := range g.Layers {
 					for _, kind := range kv.KindsOf(g) {
@@ -71,7 +71,7 @@ func TestQ8_0TokensThroughViews(t *testing.T) {
 							require.NoError(t, q.ReadToken(layer, kind, tk, tok))
 							// The token's bytes are KVHeads heads of HeadDim/32 blocks.
 							bs := unsafe.Slice((*arena.BlockQ8_0)(unsafe.Pointer(&tok[0])), len(tok)/34)
-							for h := range g.KVHeads {
+							for h := range g.Groups[0].KVHeads {
 								for d := range head {
 									head[d] = value(layer, kind, tk, h, d)
 								}
@@ -98,7 +98,7 @@ func TestQ8_0TokensThroughViews(t *testing.T) {
 // reads them back as the token's bytes.
 func TestFP8TokensThroughViews(t *testing.T) {
 	g := fp8Tiny
-	c, _ := hostCacheOf(t, "kv-fp8-test", kv.Config{Geometry: g, MaxTokens: 512})
+	c, _ := hostCacheOf(t, "kv-fp8-test", kv.Config{Model: g, MaxTokens: 512})
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	const n = 100
@@ -111,20 +111,20 @@ func TestFP8TokensThroughViews(t *testing.T) {
 		v, err := kv.View[arena.F8E4M3](s, layer, kv.V)
 		require.NoError(t, err)
 		for tok := range n {
-			for h := range g.KVHeads {
-				for d := range g.HeadDim {
+			for h := range g.Groups[0].KVHeads {
+				for d := range g.Groups[0].HeadDim {
 					v.Set(val(layer, tok, h, d), tok/bt, tok%bt, h, d)
 				}
 			}
 		}
 	}
-	tb := make([]byte, g.TokenBytes())
+	tb := make([]byte, g.Groups[0].TokenBytes())
 	for layer := range g.Layers {
 		for tok := range n {
 			require.NoError(t, s.ReadToken(layer, kv.V, tok, tb))
-			for h := range g.KVHeads {
-				for d := range g.HeadDim {
-					require.Equal(t, uint8(val(layer, tok, h, d)), tb[h*g.HeadDim+d], "layer %d token %d [%d,%d]", layer, tok, h, d)
+			for h := range g.Groups[0].KVHeads {
+				for d := range g.Groups[0].HeadDim {
+					require.Equal(t, uint8(val(layer, tok, h, d)), tb[h*g.Groups[0].HeadDim+d], "layer %d token %d [%d,%d]", layer, tok, h, d)
 				}
 			}
 		}
@@ -135,9 +135,8 @@ func TestFP8TokensThroughViews(t *testing.T) {
 // TestScalesOnHost: on host memory the scales tensor's elements are the scales, and
 // the ledger holds their granule until Close.
 func TestScalesOnHost(t *testing.T) {
-	g := fp8Tiny
-	g.Scales = kv.ScalePerHead
-	c, pool := hostCacheOf(t, "kv-scales-test", kv.Config{Geometry: g, MaxTokens: 64})
+	g := withScales(fp8Tiny, kv.ScalePerHead)
+	c, pool := hostCacheOf(t, "kv-scales-test", kv.Config{Model: g, MaxTokens: 64})
 	v, err := c.Scales()
 	require.NoError(t, err)
 	require.True(t, v.HostAccessible())

@@ -12,49 +12,49 @@ import (
 
 // q8Tiny and fp8Tiny are tiny8's shape in Q8_0 (two 34-byte blocks a head) and E4M3.
 var (
-	q8Tiny  = kv.Geometry{Name: "tiny8-q8_0", Layers: 3, KVHeads: 4, HeadDim: 64, DType: arena.Q8_0}
-	fp8Tiny = kv.Geometry{Name: "tiny8-e4m3", Layers: 3, KVHeads: 4, HeadDim: 64, DType: arena.Float8E4M3}
+	q8Tiny  = kv.Uniform("tiny8-q8_0", 3, 4, 64, arena.Q8_0)
+	fp8Tiny = kv.Uniform("tiny8-e4m3", 3, 4, 64, arena.Float8E4M3)
 )
 
-// TestGeometryElementTypes: a token's bytes are counted by the element type, scales
+// TestUniformElementTypes: a token's bytes are counted by the element type, scales
 // included, and a head that is not a whole number of blocks is refused.
-func TestGeometryElementTypes(t *testing.T) {
-	q := kv.Geometry{Name: "q8", Layers: 32, KVHeads: 8, HeadDim: 128, DType: arena.Q8_0}
-	require.NoError(t, q.Validate())
-	assert.Equal(t, 8*4*34, q.TokenBytes(), "8 heads of 4 blocks of 34 bytes")
+func TestUniformElementTypes(t *testing.T) {
+	q := kv.Uniform("q8", 32, 8, 128, arena.Q8_0)
+	require.NoError(t, q.Validate(0))
+	assert.Equal(t, 8*4*34, q.Groups[0].TokenBytes(), "8 heads of 4 blocks of 34 bytes")
 	assert.Equal(t, 2*32*8*4*34, q.BytesPerToken())
-	f := q
-	f.DType = arena.Float8E4M3
-	require.NoError(t, f.Validate())
-	assert.Equal(t, kv.Llama3_8B.TokenBytes()/2, f.TokenBytes(), "FP8 is half of fp16")
-	f.DType = arena.Float8E5M2
-	assert.Equal(t, 1024, f.TokenBytes())
-	assert.Equal(t, 4*2*34, q8Tiny.TokenBytes())
+	f := cloned(q)
+	f.Groups[0].DType = arena.Float8E4M3
+	require.NoError(t, f.Validate(0))
+	assert.Equal(t, kv.Llama3_8B().Groups[0].TokenBytes()/2, f.Groups[0].TokenBytes(), "FP8 is half of fp16")
+	f.Groups[0].DType = arena.Float8E5M2
+	assert.Equal(t, 1024, f.Groups[0].TokenBytes())
+	assert.Equal(t, 4*2*34, q8Tiny.Groups[0].TokenBytes())
 
 	for _, hd := range []int{16, 48, 100, 1} {
-		b := q
-		b.HeadDim = hd
-		err := b.Validate()
+		b := cloned(q)
+		b.Groups[0].HeadDim = hd
+		err := b.Validate(0)
 		assert.ErrorIs(t, err, kv.ErrGeometry, "head dim %d", hd)
 		assert.ErrorIs(t, err, arena.ErrPartialBlock, "head dim %d", hd)
 		assert.Contains(t, err.Error(), "blocks of 32")
-		assert.Zero(t, b.TokenBytes())
-		_, err = kv.Config{Geometry: b, Layout: kv.Blocked, MaxTokens: 100}.Size(2<<20, 10)
+		assert.Zero(t, b.Groups[0].TokenBytes())
+		_, err = kv.Config{Model: b, Layout: kv.Blocked, MaxTokens: 100}.Size(2<<20, 10)
 		assert.ErrorIs(t, err, kv.ErrGeometry)
-		// Nothing is reserved or committed for a geometry that is refused.
+		// Nothing is reserved or committed for a model that is refused.
 		fx := newFixture(t, 1<<30)
-		_, err = kv.New(fx.fake, kv.Config{Geometry: b, MaxTokens: 64})
+		_, err = kv.New(fx.fake, kv.Config{Model: b, MaxTokens: 64})
 		assert.ErrorIs(t, err, kv.ErrGeometry)
 	}
 	// 4 heads of 8 values hold a whole block between them, but not per head.
-	assert.ErrorIs(t, kv.Geometry{Layers: 1, KVHeads: 4, HeadDim: 8, DType: arena.Q8_0}.Validate(), arena.ErrPartialBlock)
-	big := kv.Geometry{Layers: 1 << 20, KVHeads: 1 << 10, HeadDim: 1 << 10, DType: arena.Q8_0}
-	assert.ErrorIs(t, big.Validate(), kv.ErrGeometry, "a token too large")
+	assert.ErrorIs(t, kv.Uniform("", 1, 4, 8, arena.Q8_0).Validate(0), arena.ErrPartialBlock)
+	big := kv.Uniform("", 1<<20, 1<<10, 1<<10, arena.Q8_0)
+	assert.ErrorIs(t, big.Validate(0), kv.ErrGeometry, "a token too large")
 
 	// Size counts the scales: Q8_0 takes 34/64 of fp16's bytes.
-	s16, err := kv.Config{Geometry: kv.Llama3_8B, Layout: kv.PerLayer, MaxTokens: 2048}.Size(64<<10, 1000)
+	s16, err := kv.Config{Model: kv.Llama3_8B(), Layout: kv.PerLayer, MaxTokens: 2048}.Size(64<<10, 1000)
 	require.NoError(t, err)
-	sq, err := kv.Config{Geometry: q, Layout: kv.PerLayer, MaxTokens: 2048}.Size(64<<10, 1000)
+	sq, err := kv.Config{Model: q, Layout: kv.PerLayer, MaxTokens: 2048}.Size(64<<10, 1000)
 	require.NoError(t, err)
 	assert.Equal(t, s16.Used*34/64, sq.Used)
 	assert.Equal(t, int64(1000*2*32*1088), sq.Used)
@@ -71,7 +71,7 @@ func TestViewBlockTypes(t *testing.T) {
 		{kv.PerLayer, []int{4 * 2, 2, 1}},
 	} {
 		t.Run(tt.layout.String(), func(t *testing.T) {
-			c, err := kv.New(fx.fake, kv.Config{Geometry: q8Tiny, MaxTokens: 256, Layout: tt.layout})
+			c, err := kv.New(fx.fake, kv.Config{Model: q8Tiny, MaxTokens: 256, Layout: tt.layout})
 			require.NoError(t, err)
 			defer func() { assert.NoError(t, c.Close()) }()
 			s, err := c.NewSequence()
@@ -91,7 +91,7 @@ func TestViewBlockTypes(t *testing.T) {
 	}
 	// NB: blocks of one granule (BlockTokens 1: 2 tokens, 16 bytes dead); the default
 	// block, 128 tokens in 51 granules, holds a whole number of 34-byte blocks.
-	c, err := kv.New(fx.fake, kv.Config{Geometry: q8Tiny, MaxTokens: 256, BlockTokens: 1})
+	c, err := kv.New(fx.fake, kv.Config{Model: q8Tiny, MaxTokens: 256, BlockTokens: 1})
 	require.NoError(t, err)
 	s, err := c.NewSequence()
 	require.NoError(t, err)
@@ -99,12 +99,12 @@ func TestViewBlockTypes(t *testing.T) {
 	_, err = kv.View[arena.BlockQ8_0](s, 0, kv.K)
 	assert.ErrorIs(t, err, kv.ErrLayout)
 	// The kernel's addressing still holds: token t is at its block and row.
-	assert.Equal(t, q8Tiny.TokenBytes(), s.TokenStride())
+	assert.Equal(t, q8Tiny.Groups[0].TokenBytes(), s.TokenStride())
 	require.True(t, s.Close().OK())
 	require.NoError(t, c.Close())
 
 	// FP8 elements are one byte: every layout has a view, strided in bytes.
-	c, err = kv.New(fx.fake, kv.Config{Geometry: fp8Tiny, MaxTokens: 256, BlockTokens: 4})
+	c, err = kv.New(fx.fake, kv.Config{Model: fp8Tiny, MaxTokens: 256, BlockTokens: 4})
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, c.Close()) }()
 	s, err = c.NewSequence()
@@ -114,5 +114,5 @@ func TestViewBlockTypes(t *testing.T) {
 	v, err := kv.View[arena.F8E4M3](s, 1, kv.K)
 	require.NoError(t, err)
 	assert.Equal(t, []int{(9 + s.BlockTokens() - 1) / s.BlockTokens(), s.BlockTokens(), 4, 64}, v.Shape())
-	assert.Equal(t, []int{s.BlockStride(), fp8Tiny.TokenBytes(), 64, 1}, v.Strides())
+	assert.Equal(t, []int{s.BlockStride(), fp8Tiny.Groups[0].TokenBytes(), 64, 1}, v.Strides())
 }

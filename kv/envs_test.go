@@ -90,7 +90,7 @@ type faultInjector interface {
 // cache of cfg on it. Only kind is needed; every other zero field takes a default.
 type envSpec struct {
 	kind int       // onShared, onCUDA, onFake or onPrivate
-	cfg  kv.Config // the cache's; a zero Geometry is tiny8, and onPrivate's Authority is the env's
+	cfg  kv.Config // the cache's; a zero Model is tiny8, and onPrivate's Authority is the env's
 	// noCache builds the backing alone: the test makes its caches with env.cache.
 	noCache bool
 	granule int   // the backing's granule; 0: envGranuleOf(kind), or a given driver's
@@ -296,15 +296,15 @@ func openEnv(t testing.TB, sp envSpec) (*env, error) {
 	return e, nil
 }
 
-// withTiny8 returns cfg with tiny8 for a zero Geometry, unless cfg is of a Model.
+// withTiny8 returns cfg with tiny8 for a zero Model.
 func withTiny8(cfg kv.Config) kv.Config {
-	if cfg.Geometry == (kv.Geometry{}) && cfg.Model.Groups == nil {
-		cfg.Geometry = tiny8
+	if cfg.Model.Name == "" && cfg.Model.Layers == 0 && cfg.Model.Groups == nil {
+		cfg.Model = tiny8
 	}
 	return cfg
 }
 
-// cache returns another cache of cfg (a zero Geometry is tiny8) on e's backing; the
+// cache returns another cache of cfg (a zero Model is tiny8) on e's backing; the
 // test's cleanup closes it before e's finish.
 func (e *env) cache(t testing.TB, cfg kv.Config) *kv.Cache {
 	t.Helper()

@@ -8,19 +8,20 @@ import (
 )
 
 var (
-	// ErrGeometry: a geometry with a non-positive dimension, an unknown element type,
-	// a head dim that is not a whole number of its type's blocks, or scales its type
-	// can not have; or a model whose layer groups are not valid (see Model.Validate).
+	// ErrGeometry: a model whose shape is not valid (see Model.Validate): a group with
+	// a non-positive dimension, an unknown element type, a head dim that is not a
+	// whole number of its type's blocks, or scales its type can not have; layers in
+	// no group or in two.
 	ErrGeometry = errors.New("kv: invalid geometry")
 	// ErrConfig: a configuration the cache can not be built from.
 	ErrConfig = errors.New("kv: invalid configuration")
-	// ErrUnknownModel: Preset or ModelPreset was asked for a name it does not know.
+	// ErrUnknownModel: Preset was asked for a name it does not know.
 	ErrUnknownModel = errors.New("kv: unknown model preset")
 	// ErrTooLong: a sequence would grow past the cache's MaxTokens.
 	ErrTooLong = errors.New("kv: sequence exceeds MaxTokens")
 	// ErrRange: a token, layer or length outside what the sequence holds.
 	ErrRange = errors.New("kv: out of range")
-	// ErrElemType: a typed view whose element type is not the geometry's.
+	// ErrElemType: a typed view whose element type is not its layer group's.
 	ErrElemType = errors.New("kv: element type does not match the geometry")
 	// ErrLayout: an operation the cache's layout can not serve (a contiguous per-layer
 	// slice of a blocked layout, say).

@@ -20,8 +20,8 @@ func ExamplePrefixCache_Match() {
 		panic(err)
 	}
 	defer pool.Close()
-	// kv.Tiny's tokens take 256 bytes in all: a 64 KiB block holds 256 of them.
-	cache, err := kv.New(pool, kv.Config{Geometry: kv.Tiny, MaxTokens: 4096})
+	// kv.Tiny()'s tokens take 256 bytes in all: a 64 KiB block holds 256 of them.
+	cache, err := kv.New(pool, kv.Config{Model: kv.Tiny(), MaxTokens: 4096})
 	if err != nil {
 		panic(err)
 	}

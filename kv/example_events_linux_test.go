@@ -34,7 +34,7 @@ func ExampleEventOptions() {
 		panic(err)
 	}
 	defer pool.Close()
-	cache, err := kv.New(pool, kv.Config{Geometry: kv.Llama3_8B, MaxTokens: 4096})
+	cache, err := kv.New(pool, kv.Config{Model: kv.Llama3_8B(), MaxTokens: 4096})
 	if err != nil {
 		panic(err)
 	}

@@ -16,14 +16,14 @@ import (
 func ExampleSequence_ForkAt() {
 	gov := accounting.NewGovernor()
 	pool, err := host.NewShared(host.SharedOptions{
-		Granularity: 64 << 10, // 1,024 tokens of one kv.Tiny tensor per granule
+		Granularity: 64 << 10, // 1,024 tokens of one kv.Tiny() tensor per granule
 		Authority:   gov.Authority("kv", accounting.HostKey),
 	})
 	if err != nil {
 		panic(err)
 	}
 	defer pool.Close()
-	cache, err := kv.New(pool, kv.Config{Geometry: kv.Tiny, MaxTokens: 4096, Layout: kv.PerLayer})
+	cache, err := kv.New(pool, kv.Config{Model: kv.Tiny(), MaxTokens: 4096, Layout: kv.PerLayer})
 	if err != nil {
 		panic(err)
 	}

@@ -23,7 +23,7 @@ func ExamplePrefixCache() {
 		panic(err)
 	}
 	defer pool.Close()
-	cache, err := kv.New(pool, kv.Config{Geometry: kv.Llama32_1B, MaxTokens: 4096})
+	cache, err := kv.New(pool, kv.Config{Model: kv.Llama32_1B(), MaxTokens: 4096})
 	if err != nil {
 		panic(err)
 	}

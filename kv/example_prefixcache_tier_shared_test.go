@@ -26,7 +26,7 @@ func ExamplePrefixCacheOptions_tiers() {
 		panic(err)
 	}
 	defer pool.Close()
-	cache, err := kv.New(pool, kv.Config{Geometry: kv.Llama32_1B, MaxTokens: 4096})
+	cache, err := kv.New(pool, kv.Config{Model: kv.Llama32_1B(), MaxTokens: 4096})
 	if err != nil {
 		panic(err)
 	}
@@ -96,7 +96,7 @@ func ExamplePrefixCacheOptions_reuseThreshold() {
 		panic(err)
 	}
 	defer pool.Close()
-	cache, err := kv.New(pool, kv.Config{Geometry: kv.Llama32_1B, MaxTokens: 4096})
+	cache, err := kv.New(pool, kv.Config{Model: kv.Llama32_1B(), MaxTokens: 4096})
 	if err != nil {
 		panic(err)
 	}

@@ -31,18 +31,19 @@ func Example_quickStart() {
 		Authority:   gov.Authority("kv", accounting.HostKey),
 	})
 	check(err)
-	geom, err := kv.Preset("llama3-8b") // 128 KiB of K and V a token
+	model, err := kv.Preset("llama3-8b") // 128 KiB of K and V a token
 	check(err)
-	cache, err := kv.New(pool, kv.Config{Geometry: geom, MaxTokens: 8192})
+	cache, err := kv.New(pool, kv.Config{Model: model, MaxTokens: 8192})
 	check(err)
+	tb := model.Groups[0].TokenBytes() // one token of one layer's K (or V)
 
 	// Prefill a prompt once: append its tokens, write each layer's K and V, freeze it.
 	const prompt = 100
-	kvOut := bytes.Repeat([]byte{7}, prompt*geom.TokenBytes()) // what the model computed
+	kvOut := bytes.Repeat([]byte{7}, prompt*tb) // what the model computed
 	sys, err := cache.NewSequence()
 	check(err)
 	check(sys.Append(prompt))
-	for layer := range geom.Layers {
+	for layer := range model.Layers {
 		check(sys.WriteTokens(layer, kv.K, 0, prompt, kvOut))
 		check(sys.WriteTokens(layer, kv.V, 0, prompt, kvOut))
 	}
@@ -60,18 +61,18 @@ func Example_quickStart() {
 	prefix.Release() // the requests hold it now
 
 	// A decode step appends a token to each and writes its K and V in every layer.
-	tok := bytes.Repeat([]byte{9}, geom.TokenBytes())
+	tok := bytes.Repeat([]byte{9}, tb)
 	for _, s := range reqs {
 		check(s.Append(1))
 		t := s.Len() - 1
-		for layer := range geom.Layers {
+		for layer := range model.Layers {
 			check(s.WriteTokens(layer, kv.K, t, t+1, tok))
 			check(s.WriteTokens(layer, kv.V, t, t+1, tok))
 		}
 	}
-	got := make([]byte, 2*geom.TokenBytes()) // the last prompt token and the new one
+	got := make([]byte, 2*tb) // the last prompt token and the new one
 	check(reqs[1].ReadTokens(31, kv.V, prompt-1, prompt+1, got))
-	fmt.Println("read back:", bytes.Equal(got, append(kvOut[:geom.TokenBytes()], tok...)))
+	fmt.Println("read back:", bytes.Equal(got, append(kvOut[:tb], tok...)))
 
 	// A growth the budget can not cover is refused, and nothing is held for it:
 	// preempt a request, or wait (AppendCtx), and step again.

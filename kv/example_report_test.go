@@ -14,7 +14,7 @@ import (
 func ExampleSequence_Started() {
 	ledger := accounting.NewGovernor().Authority("kv", accounting.HostKey)
 	mem := backingtest.NewFake(backingtest.FakeOptions{Authority: ledger}) // 64 KiB granules, sharing
-	cache, err := kv.New(mem, kv.Config{Geometry: kv.Llama32_1B, MaxTokens: 4096})
+	cache, err := kv.New(mem, kv.Config{Model: kv.Llama32_1B(), MaxTokens: 4096})
 	if err != nil {
 		panic(err)
 	}

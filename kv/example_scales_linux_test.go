@@ -18,8 +18,8 @@ func ExampleCache_Scales() {
 		panic(err)
 	}
 	defer pool.Close()
-	g := kv.Geometry{Name: "fp8", Layers: 2, KVHeads: 2, HeadDim: 4, DType: arena.Float8E4M3, Scales: kv.ScalePerHead}
-	cache, err := kv.New(pool, kv.Config{Geometry: g, MaxTokens: 128, Layout: kv.PerLayer})
+	g := withScales(kv.Uniform("fp8", 2, 2, 4, arena.Float8E4M3), kv.ScalePerHead)
+	cache, err := kv.New(pool, kv.Config{Model: g, MaxTokens: 128, Layout: kv.PerLayer})
 	if err != nil {
 		panic(err)
 	}
@@ -33,7 +33,7 @@ func ExampleCache_Scales() {
 	defer s.Close()
 	_ = s.Append(1)
 	k, _ := kv.View[arena.F8E4M3](s, 1, kv.K)
-	for h := range g.KVHeads {
+	for h := range g.Groups[0].KVHeads {
 		scale := scales.At(1, int(kv.K), h)
 		x := float32(100) // the value to store in dimension 0 of head h
 		k.Set(arena.F8E4M3FromFloat32Sat(x/scale), 0, h, 0)

@@ -100,9 +100,9 @@ func ExampleCache_AppendBatch() {
 	if err != nil {
 		panic(err)
 	}
-	// kv.Tiny's tokens take 256 bytes in all: a 64 KiB granule holds 256 of them.
+	// kv.Tiny()'s tokens take 256 bytes in all: a 64 KiB granule holds 256 of them.
 	cache, err := kv.New(mem, kv.Config{
-		Geometry:  kv.Tiny,
+		Model:     kv.Tiny(),
 		MaxTokens: 4096,
 		Authority: gov.Authority("kv", accounting.HostKey),
 	})

@@ -14,14 +14,14 @@ func ExampleConfig_Size() {
 		for _, layout := range []kv.Layout{kv.Blocked, kv.PerLayer} {
 			var worst, sum int64
 			for tokens := 1; tokens <= 2048; tokens++ {
-				s, err := kv.Config{Geometry: kv.Llama3_8B, Layout: layout, MaxTokens: 2048}.Size(granule, tokens)
+				s, err := kv.Config{Model: kv.Llama3_8B(), Layout: layout, MaxTokens: 2048}.Size(granule, tokens)
 				if err != nil {
 					panic(err)
 				}
 				worst = max(worst, s.Waste)
 				sum += s.Waste
 			}
-			s, _ := kv.Config{Geometry: kv.Llama3_8B, Layout: layout, MaxTokens: 2048}.Size(granule, 1000)
+			s, _ := kv.Config{Model: kv.Llama3_8B(), Layout: layout, MaxTokens: 2048}.Size(granule, 1000)
 			fmt.Printf("granule %4d KiB %-9v ranges %2d  at 1,000 tokens: %5.1f MiB waste (%4.1f%%)  worst %5.1f MiB, mean %5.1f MiB\n",
 				granule>>10, layout, s.Buffers, float64(s.Waste)/(1<<20), s.WastePercent,
 				float64(worst)/(1<<20), float64(sum)/2048/(1<<20))

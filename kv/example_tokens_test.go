@@ -18,9 +18,9 @@ func ExampleSequence_WriteTokens() {
 	if err != nil {
 		panic(err)
 	}
-	// kv.Tiny: 2 layers, 2 KV heads of 16 float16s: 64 bytes a token and tensor. A
+	// kv.Tiny(): 2 layers, 2 KV heads of 16 float16s: 64 bytes a token and tensor. A
 	// 64 KiB block holds 256 tokens of every layer.
-	cache, err := kv.New(mem, kv.Config{Geometry: kv.Tiny, MaxTokens: 1024, Authority: gov.Authority("kv", accounting.HostKey)})
+	cache, err := kv.New(mem, kv.Config{Model: kv.Tiny(), MaxTokens: 1024, Authority: gov.Authority("kv", accounting.HostKey)})
 	if err != nil {
 		panic(err)
 	}

@@ -1,16 +1,20 @@
 package kv
 
-// KindsOf returns the tensors each layer of g has, in order, for tests that walk every
-// tensor of a sequence without assuming a K and a V per layer.
-func KindsOf(g Geometry) []Kind { return g.kinds() }
+// KindsOf returns the tensors each layer of m's first group has, in order, for tests
+// that walk every tensor of a sequence of a uniform model without assuming a K and a
+// V per layer.
+func KindsOf(m Model) []Kind { return m.Groups[0].kinds() }
 
 // Shape is the layout's arithmetic (layout.go) for the tests' own model of it to
 // check directly, function by function.
 type Shape struct{ sh shape }
 
-// NewShape is newShape.
-func NewShape(g Geometry, layout Layout, granule, blockTokens, maxTokens int) (Shape, error) {
-	sh, err := newShape(g, layout, granule, blockTokens, maxTokens)
+// NewShape is newGroupShape of m's one group, once Model.Validate takes m.
+func NewShape(m Model, layout Layout, granule, blockTokens, maxTokens int) (Shape, error) {
+	if err := m.Validate(0); err != nil {
+		return Shape{}, err
+	}
+	sh, err := newGroupShape(m.Groups[0], layout, granule, blockTokens, maxTokens)
 	return Shape{sh}, err
 }
 

@@ -300,7 +300,7 @@ func (m *cacheModel) check() {
 	for _, ss := range c.SequenceStats() {
 		byID[ss.ID] = ss
 	}
-	buf := make([]byte, g.TokenBytes())
+	buf := make([]byte, g.Groups[0].TokenBytes())
 	for _, s := range m.seqs {
 		require.Equal(t, len(s.toks), s.s.Len(), "seq %d: length", s.s.ID())
 		assert.LessOrEqual(t, s.s.Writable(), max(s.s.Len(), 0)+1, "seq %d: Writable", s.s.ID())

@@ -106,6 +106,9 @@ func (g Group) kinds() []Kind {
 	return keyValue
 }
 
+// keyValue is the kinds of a layer with a K and a V tensor.
+var keyValue = []Kind{K, V}
+
 // latentOnly is the kinds of an MLA layer: its one latent tensor, addressed as K.
 var latentOnly = []Kind{K}
 
@@ -190,9 +193,36 @@ func (g Group) validate(i, maxTokens int) error {
 		}
 		return bad("%d tensors per layer: attention keeps K and V", g.Tensors)
 	}
-	geo := Geometry{Layers: len(g.Layers), KVHeads: g.KVHeads, HeadDim: g.HeadDim, DType: g.DType, Scales: g.Scales}
-	if err := geo.Validate(); err != nil {
+	if err := g.validateShape(); err != nil {
 		return fmt.Errorf("group %d (%v): %w", i, g.Kind, err)
+	}
+	return nil
+}
+
+// validateShape reports, with an error matching ErrGeometry, a group of tokens with a
+// non-positive dimension, more than MaxLayers layers, an unknown element type, a head
+// dim that is not a whole number of the element type's blocks (32 values for Q8_0),
+// scales for an element type that is not FP8, or a token size that overflows.
+func (g Group) validateShape() error {
+	layers := len(g.Layers)
+	if layers <= 0 || g.KVHeads <= 0 || g.HeadDim <= 0 {
+		return fmt.Errorf("%w: layers %d, KV heads %d, head dim %d must be positive", ErrGeometry, layers, g.KVHeads, g.HeadDim)
+	}
+	if layers > MaxLayers {
+		return fmt.Errorf("%w: %d layers, more than MaxLayers (%d)", ErrGeometry, layers, MaxLayers)
+	}
+	if !g.DType.Valid() {
+		return fmt.Errorf("%w: element type %v", ErrGeometry, g.DType)
+	}
+	hb, err := g.DType.Bytes(g.HeadDim)
+	if err != nil {
+		return fmt.Errorf("%w: head dim %d of %v: %w", ErrGeometry, g.HeadDim, g.DType, err)
+	}
+	if err := g.Scales.validate(g.DType); err != nil {
+		return err
+	}
+	if g.KVHeads > math.MaxInt32/hb/2/layers {
+		return fmt.Errorf("%w: a token of %d layers × %d KV heads × %d bytes is too large", ErrGeometry, layers, g.KVHeads, hb)
 	}
 	return nil
 }

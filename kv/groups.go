@@ -163,24 +163,12 @@ func newGroups(m Model, layout Layout, granule, blockTokens, maxTokens int) ([]g
 	return groups, layers, nil
 }
 
-// model returns the model cfg describes: Model when set, else Geometry as one group;
-// set is whether cfg names a Model. It fails with ErrConfig when both are set.
-func (cfg Config) model() (m Model, set bool, err error) {
-	set = cfg.Model.Layers != 0 || len(cfg.Model.Groups) > 0 || cfg.Model.Name != ""
-	if !set {
-		// NB: Validate first: Model makes a slice of Layers.
-		if err := cfg.Geometry.Validate(); err != nil {
-			return Model{}, false, err
-		}
-		return cfg.Geometry.Model(), false, nil
-	}
-	if cfg.Geometry != (Geometry{}) {
-		return Model{}, true, fmt.Errorf("%w: set Geometry or Model, not both (Geometry %q, Model %q)", ErrConfig, cfg.Geometry.Name, cfg.Model.Name)
-	}
+// model returns cfg's Model once Model.Validate takes it for MaxTokens.
+func (cfg Config) model() (Model, error) {
 	if err := cfg.Model.Validate(cfg.MaxTokens); err != nil {
-		return Model{}, true, err
+		return Model{}, err
 	}
-	return cfg.Model, true, nil
+	return cfg.Model, nil
 }
 
 // where returns where layer's tensor of kind lies: the index of its group, the index

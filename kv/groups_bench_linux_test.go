@@ -34,11 +34,11 @@ func BenchmarkDecodeStepGroups(b *testing.B) {
 	)
 	m := kv.GPTOSS20B()
 	window := m.Groups[0].Window
-	shape := kv.Geometry{Name: "gpt-oss-20b-full", Layers: m.Layers, KVHeads: 8, HeadDim: 64, DType: arena.BFloat16}
+	shape := kv.Uniform("gpt-oss-20b-full", m.Layers, 8, 64, arena.BFloat16)
 	half := shape // the full group's shape alone: its blocks hold as many tokens
 	half.Name, half.Layers = "gpt-oss-20b-full12", m.Layers/2
-	elems := shape.KVHeads * shape.HeadDim
-	token := make([]byte, shape.TokenBytes())
+	elems := shape.Groups[0].KVHeads * shape.Groups[0].HeadDim
+	token := make([]byte, shape.Groups[0].TokenBytes())
 	for i := range token {
 		token[i] = byte(i)
 	}
@@ -62,8 +62,8 @@ func BenchmarkDecodeStepGroups(b *testing.B) {
 			}
 			return 0
 		}},
-		{"full", kv.Config{Geometry: shape}, func(k int) int { return (tokens + 1 + 2*k + window) / 2 }, func(int, int) int { return 0 }},
-		{"full12", kv.Config{Geometry: half}, func(k int) int { return tokens + 1 + 2*k + window }, func(int, int) int { return 0 }},
+		{"full", kv.Config{Model: shape}, func(k int) int { return (tokens + 1 + 2*k + window) / 2 }, func(int, int) int { return 0 }},
+		{"full12", kv.Config{Model: half}, func(k int) int { return tokens + 1 + 2*k + window }, func(int, int) int { return 0 }},
 	}
 	for _, tc := range cases {
 		b.Run("model="+tc.name, func(b *testing.B) {
@@ -72,8 +72,8 @@ func BenchmarkDecodeStepGroups(b *testing.B) {
 			gov := accounting.NewGovernor()
 			cfg := tc.cfg
 			layers := m.Layers
-			if cfg.Geometry.Layers > 0 {
-				layers = cfg.Geometry.Layers
+			if cfg.Model.Layers > 0 {
+				layers = cfg.Model.Layers
 			}
 			cfg.MaxTokens, cfg.Authority = tokens+room, gov.Authority("kv", accounting.HostKey)
 			c, err := kv.New(p, cfg)

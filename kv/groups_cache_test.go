@@ -79,7 +79,6 @@ func TestGroupBadModels(t *testing.T) {
 		{"no window", kv.Config{Model: window(0), MaxTokens: 100}, kv.ErrGeometry},
 		{"MLA with V", kv.Config{Model: mlaV, MaxTokens: 100}, kv.ErrGeometry},
 		{"zero layers", kv.Config{Model: kv.Model{Name: "empty"}, MaxTokens: 100}, kv.ErrGeometry},
-		{"geometry and model", kv.Config{Geometry: kv.Tiny, Model: tinyHybrid, MaxTokens: 100}, kv.ErrConfig},
 		{"scales on an fp16 group", kv.Config{Model: fp16Scaled, MaxTokens: 100}, kv.ErrGeometry},
 		{"scales on a recurrent group", kv.Config{Model: stateScaled, MaxTokens: 100}, kv.ErrGeometry},
 		{"unknown scale mode", kv.Config{Model: badMode, MaxTokens: 100}, kv.ErrGeometry},
@@ -187,7 +186,7 @@ func TestGroupRecurrentForkCopies(t *testing.T) {
 // TestGroupConfigSize: on a Model, Config.Size reports each group, and in the
 // Blocked layout its figures are Model.Size's (two computations of one layout).
 func TestGroupConfigSize(t *testing.T) {
-	for _, m := range append(kv.ModelPresets(), tinyHybrid) {
+	for _, m := range append(kv.Presets(), tinyHybrid) {
 		for _, granule := range []int{256, 64 << 10, 2 << 20} {
 			for _, bt := range []int{0, 16} {
 				for _, n := range []int{0, 1, 127, 128, 1025, 8192, 100_003} {
@@ -340,8 +339,9 @@ func TestGroupFaults(t *testing.T) {
 	assert.Positive(t, damaged, "some leave a sequence damaged (a window's give-back, a truncate midway)")
 }
 
-// TestGroupModelCopied: the cache keeps a copy of the Model it was made from, so
-// that a caller changing its own slices afterwards changes nothing of the cache's.
+// TestGroupModelCopied: the cache keeps a copy of the Model it was made from, and
+// Config answers a copy of its own, so that a caller changing either model's slices
+// afterwards changes nothing of the cache's.
 func TestGroupModelCopied(t *testing.T) {
 	fx := newGroupFixture(t)
 	m := tinyHybrid.Uniform()
@@ -354,22 +354,29 @@ func TestGroupModelCopied(t *testing.T) {
 	m.Groups[0].KVHeads = 7
 	assert.Equal(t, []int{0, 3}, c.Config().Model.Groups[0].Layers)
 	assert.Equal(t, 1, c.Config().Model.Groups[0].KVHeads)
+	got := c.Config().Model
+	got.Groups[0].Layers[1], got.Groups[0].KVHeads = 5, 7
+	assert.Equal(t, []int{0, 3}, c.Config().Model.Groups[0].Layers)
+	assert.Equal(t, 1, c.Config().Model.Groups[0].KVHeads)
 	_, err = c.Config().Size(groupGranule, 10)
 	assert.NoError(t, err)
 }
 
-// TestGroupOneFullGroup: a Model of one full-attention group is a Geometry's cache:
-// Freeze and a prefix cache work on it, and it commits what the Geometry's does.
+// TestGroupOneFullGroup: a model of one full-attention group whose layers are listed
+// in another order than Uniform's commits what the uniform model does, and Freeze and
+// a prefix cache work on it.
 func TestGroupOneFullGroup(t *testing.T) {
 	fx := newGroupFixture(t)
-	g := kv.Geometry{Name: "one", Layers: 2, KVHeads: 2, HeadDim: 16, DType: arena.Float16}
-	c, err := kv.New(fx.fake, kv.Config{Model: g.Model(), MaxTokens: 100})
+	g := kv.Uniform("one", 2, 2, 16, arena.Float16)
+	rev := cloned(g)
+	slices.Reverse(rev.Groups[0].Layers)
+	c, err := kv.New(fx.fake, kv.Config{Model: rev, MaxTokens: 100})
 	require.NoError(t, err)
 	defer c.Close()
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	require.NoError(t, s.Append(37))
-	want, err := kv.Config{Geometry: g, MaxTokens: 100}.Size(groupGranule, 37)
+	want, err := kv.Config{Model: g, MaxTokens: 100}.Size(groupGranule, 37)
 	require.NoError(t, err)
 	assert.Equal(t, want.Committed, c.Stats().Committed)
 	assert.Equal(t, want.Used, c.Stats().Used)

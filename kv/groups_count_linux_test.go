@@ -29,7 +29,7 @@ var boundTargets = map[string]bool{"gpt-oss-20b": true, "gemma-3-27b": true, "ll
 // granules has no such block either). host.Private reserves and commits address space without
 // touching it, so the 9 to 34 GB of a full cache never become resident.
 func TestGroupExactCount(t *testing.T) {
-	models := append(kv.ModelPresets(), smallUniform())
+	models := append(kv.Presets(), smallUniform())
 	for _, granule := range []int{64 << 10, 2 << 20} {
 		for _, m := range models {
 			t.Run(fmt.Sprintf("%s/granule=%d", m.Name, granule), func(t *testing.T) {
@@ -98,7 +98,7 @@ func TestGroupExactCount(t *testing.T) {
 // need at that length plus one chunk of each window group and one block per group.
 func TestGroupChunkedPeak(t *testing.T) {
 	const granule, tokens = 64 << 10, 20_000
-	for _, m := range append(kv.ModelPresets(), smallUniform()) {
+	for _, m := range append(kv.Presets(), smallUniform()) {
 		for _, chunk := range []int{512, 2048, 8192} {
 			t.Run(fmt.Sprintf("%s/chunk=%d", m.Name, chunk), func(t *testing.T) {
 				e, err := openEnv(t, envSpec{kind: onPrivate, noCache: true, granule: granule, limit: 1 << 40,

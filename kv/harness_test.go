@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
@@ -19,7 +20,7 @@ import (
 
 // tiny8 has 8-head tokens of 512 bytes: a 4 KiB granule holds 8 tokens, so tests cross
 // many granule boundaries with little memory.
-var tiny8 = kv.Geometry{Name: "tiny8", Layers: 3, KVHeads: 4, HeadDim: 64, DType: kv.Tiny.DType}
+var tiny8 = kv.Uniform("tiny8", 3, 4, 64, arena.Float16)
 
 const fakeGranule = 4 << 10
 
@@ -149,14 +150,14 @@ func blockTokensFor(l kv.Layout) int {
 type modelLayout struct{ nbuf, nt, row, tpb, blk, gran int }
 
 func modelOf(cfg kv.Config, gran int) modelLayout {
-	g := cfg.Geometry
+	g := cfg.Model
 	nt := g.Layers * len(kv.KindsOf(g))
 	switch cfg.Layout {
 	case kv.PerLayer:
-		return modelLayout{nbuf: nt, nt: nt, row: g.TokenBytes(), gran: gran}
+		return modelLayout{nbuf: nt, nt: nt, row: g.Groups[0].TokenBytes(), gran: gran}
 	}
-	tpb, blk := refBlock(g.Model().Groups[0], gran, cfg.BlockTokens)
-	return modelLayout{nbuf: 1, nt: nt, row: g.TokenBytes(), tpb: tpb, blk: blk, gran: gran}
+	tpb, blk := refBlock(g.Groups[0], gran, cfg.BlockTokens)
+	return modelLayout{nbuf: 1, nt: nt, row: g.Groups[0].TokenBytes(), tpb: tpb, blk: blk, gran: gran}
 }
 
 // refBlock is the tests' own account of a group's block (blocks.go's rule), by
@@ -220,11 +221,11 @@ func tryWrite(s *kv.Sequence, w uint64, from, to int) error {
 // eachToken calls f on tokens [from, to) of every tensor of s, layer after layer,
 // with a buffer of one token's bytes, and returns f's first error.
 func eachToken(s *kv.Sequence, from, to int, f func(layer int, kind kv.Kind, tok int, buf []byte) error) error {
-	g := s.Cache().Config().Geometry
-	if g == (kv.Geometry{}) {
-		return eachModelToken(s.Cache().Config().Model, from, to, f)
+	g := s.Cache().Config().Model
+	if !isUniform(g) {
+		return eachModelToken(g, from, to, f)
 	}
-	buf := make([]byte, g.TokenBytes())
+	buf := make([]byte, g.Groups[0].TokenBytes())
 	for layer := range g.Layers {
 		for _, kind := range kv.KindsOf(g) {
 			for tok := from; tok < to; tok++ {
@@ -306,16 +307,16 @@ func tokenAddr(s *kv.Sequence, layer int, kind kv.Kind, tok int) uintptr {
 
 // viewShape returns the shape of a layer's view of s.
 func viewShape(s *kv.Sequence) []int {
-	g := s.Cache().Config().Geometry
+	g := s.Cache().Config().Model
 	if bt := s.BlockTokens(); bt > 0 {
-		return []int{(s.Len() + bt - 1) / bt, bt, g.KVHeads, g.HeadDim}
+		return []int{(s.Len() + bt - 1) / bt, bt, g.Groups[0].KVHeads, g.Groups[0].HeadDim}
 	}
-	return []int{s.Len(), g.KVHeads, g.HeadDim}
+	return []int{s.Len(), g.Groups[0].KVHeads, g.Groups[0].HeadDim}
 }
 
 func bases(s *kv.Sequence) []uintptr {
 	var out []uintptr
-	for layer := range s.Cache().Config().Geometry.Layers {
+	for layer := range s.Cache().Config().Model.Layers {
 		out = append(out, s.Base(layer, kv.K), s.Base(layer, kv.V))
 	}
 	return out

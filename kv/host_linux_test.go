@@ -58,7 +58,7 @@ func TestPrefixOwnedOnceByPss(t *testing.T) {
 			b, err := src.Bytes(layer, kind)
 			require.NoError(t, err)
 			for i := range b {
-				b[i] = testutil.TokenByte(1, layer, kind, i/tiny8.TokenBytes(), i%tiny8.TokenBytes())
+				b[i] = testutil.TokenByte(1, layer, kind, i/tiny8.Groups[0].TokenBytes(), i%tiny8.Groups[0].TokenBytes())
 			}
 		}
 	}

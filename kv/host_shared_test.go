@@ -78,8 +78,8 @@ func eachElem(t *testing.T, s *hostSeq, from, to int, f func(v arena.Tensor[aren
 			require.NoError(t, err)
 			require.Equal(t, viewShape(s), v.Shape())
 			for tok := from; tok < to; tok++ {
-				for h := range tiny8.KVHeads {
-					for d := range tiny8.HeadDim {
+				for h := range tiny8.Groups[0].KVHeads {
+					for d := range tiny8.Groups[0].HeadDim {
 						f(v, layer, kind, tok, h, d)
 					}
 				}

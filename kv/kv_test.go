@@ -125,7 +125,7 @@ func TestSharedMemoryIsOwnedOnce(t *testing.T) {
 	p, err := src.Freeze(1024)
 	require.NoError(t, err)
 	assert.True(t, src.Close().OK())
-	perTensor := int64(1024 * tiny8.TokenBytes())
+	perTensor := int64(1024 * tiny8.Groups[0].TokenBytes())
 	prefixBytes := perTensor * int64(2*tiny8.Layers)
 	assert.Equal(t, prefixBytes, fx.pool.Stats().Owned)
 
@@ -201,27 +201,27 @@ func TestBudgetRefusesWaitsAdmitsFIFO(t *testing.T) {
 
 func TestBadInputs(t *testing.T) {
 	fx := newFixture(t, 1<<30)
-	_, err := kv.New(fx.fake, kv.Config{Geometry: kv.Geometry{}, MaxTokens: 8})
+	_, err := kv.New(fx.fake, kv.Config{Model: kv.Model{}, MaxTokens: 8})
 	assert.ErrorIs(t, err, kv.ErrGeometry)
-	_, err = kv.New(fx.fake, kv.Config{Geometry: tiny8, MaxTokens: 0})
+	_, err = kv.New(fx.fake, kv.Config{Model: tiny8, MaxTokens: 0})
 	assert.ErrorIs(t, err, kv.ErrConfig)
-	_, err = kv.New(fx.fake, kv.Config{Geometry: tiny8, MaxTokens: 1 << 62})
+	_, err = kv.New(fx.fake, kv.Config{Model: tiny8, MaxTokens: 1 << 62})
 	assert.ErrorIs(t, err, kv.ErrConfig, "overflowing reservation")
 	// 1 was the token-major layout, removed: a Config that still names it is refused
 	// like any other unknown layout, never read as another.
 	for _, l := range []kv.Layout{1, 3, 9} {
-		_, err = kv.New(fx.fake, kv.Config{Geometry: tiny8, MaxTokens: 8, Layout: l})
+		_, err = kv.New(fx.fake, kv.Config{Model: tiny8, MaxTokens: 8, Layout: l})
 		assert.ErrorIs(t, err, kv.ErrConfig, "layout %d", l)
-		_, err = kv.Config{Geometry: tiny8, MaxTokens: 8, Layout: l}.Size(fakeGranule, 1)
+		_, err = kv.Config{Model: tiny8, MaxTokens: 8, Layout: l}.Size(fakeGranule, 1)
 		assert.ErrorIs(t, err, kv.ErrConfig, "layout %d", l)
 		assert.Equal(t, fmt.Sprintf("Layout(%d)", l), l.String())
 	}
 	assert.Equal(t, kv.Layout(0), kv.Blocked, "Blocked is the zero value")
 	assert.Equal(t, kv.Layout(2), kv.PerLayer, "PerLayer keeps its number")
-	_, err = kv.New(fx.fake, kv.Config{Geometry: tiny8, MaxTokens: 8, Authority: fx.pool})
+	_, err = kv.New(fx.fake, kv.Config{Model: tiny8, MaxTokens: 8, Authority: fx.pool})
 	assert.ErrorIs(t, err, kv.ErrConfig, "a ByBacking backing must not be charged twice")
 	private := backingtest.NewFake(backingtest.FakeOptions{Granularity: fakeGranule})
-	_, err = kv.New(private, kv.Config{Geometry: tiny8, MaxTokens: 8})
+	_, err = kv.New(private, kv.Config{Model: tiny8, MaxTokens: 8})
 	assert.ErrorIs(t, err, kv.ErrConfig, "a ByBuffer backing needs an authority")
 
 	c := fx.cache(t, kv.PerLayer, 16)
@@ -234,7 +234,7 @@ func TestBadInputs(t *testing.T) {
 	assert.ErrorIs(t, s.Truncate(-1), kv.ErrRange)
 	_, err = s.Freeze(5)
 	assert.ErrorIs(t, err, kv.ErrRange)
-	tok := make([]byte, tiny8.TokenBytes())
+	tok := make([]byte, tiny8.Groups[0].TokenBytes())
 	assert.ErrorIs(t, s.WriteToken(0, kv.K, 4, tok), kv.ErrRange, "past Len")
 	assert.ErrorIs(t, s.WriteToken(3, kv.K, 0, tok), kv.ErrRange, "no such layer")
 	assert.ErrorIs(t, s.WriteToken(0, kv.Kind(2), 0, tok), kv.ErrRange)
@@ -260,7 +260,7 @@ func TestBadInputs(t *testing.T) {
 
 	// Without sharing, prefixes and forks are refused clearly.
 	gov := accounting.NewGovernor()
-	pc, err := kv.New(private, kv.Config{Geometry: tiny8, MaxTokens: 8, Authority: gov.Authority("kv", accounting.HostKey)})
+	pc, err := kv.New(private, kv.Config{Model: tiny8, MaxTokens: 8, Authority: gov.Authority("kv", accounting.HostKey)})
 	require.NoError(t, err)
 	ps, err := pc.NewSequence()
 	require.NoError(t, err)

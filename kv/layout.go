@@ -70,14 +70,10 @@ type shape struct {
 	state int
 }
 
-// newShape returns the shape of layout on granules of granule bytes with blocks of at
-// least blockTokens tokens (0: the default), reserving maxTokens per sequence.
-func newShape(g Geometry, layout Layout, granule, blockTokens, maxTokens int) (shape, error) {
-	return newGroupShape(g.Model().Groups[0], layout, granule, blockTokens, maxTokens)
-}
-
-// newGroupShape is newShape for one valid layer group: its layers, in the group's
-// order, are the shape's layers, and its blocks are Group.block's (blocks.go). A
+// newGroupShape returns the shape of one valid layer group in layout on granules of
+// granule bytes with blocks of at least blockTokens tokens (0: the default),
+// reserving maxTokens per sequence: its layers, in the group's order, are the shape's
+// layers, and its blocks are Group.block's (blocks.go). A
 // recurrent group's shape is one range that holds every layer's state, layer after
 // layer, from the sequence's first token on.
 func newGroupShape(g Group, layout Layout, granule, blockTokens, maxTokens int) (shape, error) {

@@ -9,18 +9,18 @@ import (
 // TestTokenAtIsOffsetAndWritable checks the one-division arithmetic of the token
 // path against the two functions it stands for, for every token and every frozen
 // byte count of a few shapes in each layout: the offset is offset's, and shared is
-// exactly t < writableFrom(frozen). The Q8_0 geometry's 34-byte tokens straddle
+// exactly t < writableFrom(frozen). The Q8_0 model's 34-byte tokens straddle
 // granule boundaries in PerLayer, as the fp16 one's never do.
 func TestTokenAtIsOffsetAndWritable(t *testing.T) {
-	for _, g := range []Geometry{
-		{Name: "t", Layers: 3, KVHeads: 2, HeadDim: 8, DType: arena.Float16},
-		{Name: "q", Layers: 3, KVHeads: 1, HeadDim: 32, DType: arena.Q8_0},
+	for _, g := range []Model{
+		Uniform("t", 3, 2, 8, arena.Float16),
+		Uniform("q", 3, 1, 32, arena.Q8_0),
 	} {
 		tokenAtCases(t, g)
 	}
 }
 
-func tokenAtCases(t *testing.T, g Geometry) {
+func tokenAtCases(t *testing.T, g Model) {
 	for _, layout := range []Layout{Blocked, PerLayer} {
 		for _, granule := range []int{64, 256, 4096} {
 			for _, bt := range []int{0, 1, 3, 16} {
@@ -28,7 +28,7 @@ func tokenAtCases(t *testing.T, g Geometry) {
 					continue
 				}
 				const maxTokens = 40
-				sh, err := newShape(g, layout, granule, bt, maxTokens)
+				sh, err := newGroupShape(g.Groups[0], layout, granule, bt, maxTokens)
 				if err != nil {
 					continue // a granule too small for the layout's unit
 				}

@@ -131,15 +131,15 @@ func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
 // TestLayoutArithmeticAgainstModel checks each of the layout's functions (layout.go)
 // against the tests' own model, for every token count, byte count and frozen prefix
-// of geometries with 1, 2 and 3 layers, fp16 and Q8_0 tokens (whose 34-byte blocks
+// of models with 1, 2 and 3 layers, fp16 and Q8_0 tokens (whose 34-byte blocks
 // straddle granules), granules from 64 bytes to 2 MiB and blocks of 0 to 37 tokens in
 // both layouts; and that no two tokens of a sequence overlap or pass the reservation.
 func TestLayoutArithmeticAgainstModel(t *testing.T) {
-	geoms := []kv.Geometry{
-		{Name: "one", Layers: 1, KVHeads: 1, HeadDim: 8, DType: arena.Float16},
+	geoms := []kv.Model{
+		kv.Uniform("one", 1, 1, 8, arena.Float16),
 		tiny8,
-		{Name: "q8", Layers: 3, KVHeads: 1, HeadDim: 32, DType: arena.Q8_0},
-		{Name: "odd", Layers: 2, KVHeads: 3, HeadDim: 5, DType: arena.Float16},
+		kv.Uniform("q8", 3, 1, 32, arena.Q8_0),
+		kv.Uniform("odd", 2, 3, 5, arena.Float16),
 	}
 	const maxTokens = 48
 	for _, g := range geoms {
@@ -151,7 +151,7 @@ func TestLayoutArithmeticAgainstModel(t *testing.T) {
 					}
 					name := fmt.Sprintf("%s/%v/granule=%d/BlockTokens=%d", g.Name, layout, gran, bt)
 					t.Run(name, func(t *testing.T) {
-						cfg := kv.Config{Geometry: g, Layout: layout, BlockTokens: bt, MaxTokens: maxTokens}
+						cfg := kv.Config{Model: g, Layout: layout, BlockTokens: bt, MaxTokens: maxTokens}
 						sh, err := kv.NewShape(g, layout, gran, bt, maxTokens)
 						require.NoError(t, err)
 						checkShape(t, sh, modelOf(cfg, gran), cfg, gran)
@@ -163,7 +163,7 @@ func TestLayoutArithmeticAgainstModel(t *testing.T) {
 }
 
 func checkShape(t *testing.T, sh kv.Shape, m modelLayout, cfg kv.Config, gran int) {
-	g := cfg.Geometry
+	g := cfg.Model
 	require.Equal(t, m.nbuf, sh.Ranges(), "ranges")
 	require.Equal(t, m.nt, sh.Tensors(), "tensors")
 	require.Equal(t, m.row, sh.Row(), "row")
@@ -186,7 +186,7 @@ func checkShape(t *testing.T, sh kv.Shape, m modelLayout, cfg kv.Config, gran in
 	_, _, ok = sh.Tensor(-1, kv.K)
 	require.False(t, ok, "layer -1")
 	_, _, ok = sh.Tensor(0, kv.V+1)
-	require.False(t, ok, "a kind the geometry has not")
+	require.False(t, ok, "a kind the model has not")
 
 	for n := 0; n <= cfg.MaxTokens; n++ {
 		require.Equal(t, m.extent(n), sh.Extent(n), "extent(%d)", n)

@@ -29,7 +29,7 @@ func (s *slowReserve) Reserve(size int) (*backingtest.FakeReservation, error) {
 func TestCloseWhileNewSequence(t *testing.T) {
 	fx := newFixture(t, 1<<30)
 	sr := &slowReserve{Fake: fx.fake, entered: make(chan struct{}), proceed: make(chan struct{})}
-	c, err := kv.New(sr, kv.Config{Geometry: tiny8, MaxTokens: 64})
+	c, err := kv.New(sr, kv.Config{Model: tiny8, MaxTokens: 64})
 	require.NoError(t, err)
 	got := make(chan *kv.Sequence)
 	go func() {
@@ -67,7 +67,7 @@ func (s *slowUnreserve) Unreserve(r *backingtest.FakeReservation) accounting.Rel
 func TestCloseWhilePrefixRelease(t *testing.T) {
 	fx := newFixture(t, 1<<30)
 	sb := &slowUnreserve{Fake: fx.fake, entered: make(chan struct{}), proceed: make(chan struct{})}
-	c, err := kv.New(sb, kv.Config{Geometry: tiny8, MaxTokens: 64})
+	c, err := kv.New(sb, kv.Config{Model: tiny8, MaxTokens: 64})
 	require.NoError(t, err)
 	s, err := c.NewSequence()
 	require.NoError(t, err)
@@ -105,7 +105,7 @@ func TestForeignAndNilPrefix(t *testing.T) {
 
 	other := accounting.NewGovernor().Authority("gpu", accounting.GPU(0))
 	private := backingtest.NewFake(backingtest.FakeOptions{Granularity: fakeGranule})
-	_, err = kv.New(private, kv.Config{Geometry: tiny8, MaxTokens: 8, Authority: other})
+	_, err = kv.New(private, kv.Config{Model: tiny8, MaxTokens: 8, Authority: other})
 	assert.ErrorIs(t, err, kv.ErrConfig, "authority on another device")
 }
 
@@ -113,7 +113,7 @@ func TestForeignAndNilPrefix(t *testing.T) {
 // its prefix reference went), never Failed; Cache.Close retries what was kept.
 func TestCloseFailureIsQuarantined(t *testing.T) {
 	_, faulty := faultyFixture(t)
-	c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 64})
+	c, err := kv.New(faulty, kv.Config{Model: tiny8, MaxTokens: 64})
 	require.NoError(t, err)
 	root, err := c.NewSequence()
 	require.NoError(t, err)
@@ -144,7 +144,7 @@ func TestCloseFailureIsQuarantined(t *testing.T) {
 // token it can not write. Q8_0 tokens of 272 bytes straddle PerLayer's 4 KiB granules.
 func TestTruncateFailureStraddle(t *testing.T) {
 	_, faulty := faultyFixture(t)
-	c, err := kv.New(faulty, kv.Config{Geometry: q8Tiny, MaxTokens: 64, Layout: kv.PerLayer})
+	c, err := kv.New(faulty, kv.Config{Model: q8Tiny, MaxTokens: 64, Layout: kv.PerLayer})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, c.Close()) }()
 	parent, err := c.NewSequence()
@@ -253,7 +253,7 @@ func TestFaultInjectionAtEveryBackingCall(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
 			fx, faulty := faultyFixture(t)
-			c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 64, Layout: layout})
+			c, err := kv.New(faulty, kv.Config{Model: tiny8, MaxTokens: 64, Layout: layout})
 			require.NoError(t, err)
 			require.NoError(t, scenario(c))
 			calls := faulty.Calls()

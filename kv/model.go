@@ -4,11 +4,15 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
+
+	"github.com/vmarena/vmarena/arena"
 )
 
 // Model is the shape of a model's KV cache as a list of layer groups: each of its
 // layers is in exactly one group, and each group has its own attention kind, tensors
-// and element type. A Geometry is the one-group case (Geometry.Model).
+// and element type. A model whose every layer is full attention of one shape is one
+// group (Uniform).
 //
 // A Model is pure description: Validate and Size allocate nothing, and the cache is
 // meant to lay each group out in ranges of its own (so groups need no common page
@@ -19,20 +23,43 @@ type Model struct {
 	Groups []Group
 }
 
-// Model returns g as a one-group model: every layer full attention with g's shape.
-// The group of a geometry with fewer than 1 or more than MaxLayers layers lists none
+// MaxLayers is the most layers a Model may have. The deepest models served have a few
+// hundred; the bound keeps what a cache builds per layer (its tensors' places, a
+// PerLayer sequence's ranges) small whatever a Config says.
+const MaxLayers = 1 << 12
+
+// Uniform returns the model of layers layers, each full attention with one K and one V
+// tensor of kvHeads heads of headDim values of dt per token: one FullAttention group
+// of layers 0 to layers-1, in order. Set the group's Scales to keep FP8 scales. The
+// group of a model with fewer than 1 or more than MaxLayers layers lists none
 // (Model.Validate refuses the model).
-func (g Geometry) Model() Model {
-	var layers []int
-	if g.Layers > 0 && g.Layers <= MaxLayers {
-		layers = make([]int, g.Layers)
+func Uniform(name string, layers, kvHeads, headDim int, dt arena.DType) Model {
+	var ls []int
+	if layers > 0 && layers <= MaxLayers {
+		ls = make([]int, layers)
 	}
-	for i := range layers {
-		layers[i] = i
+	for i := range ls {
+		ls[i] = i
 	}
-	return Model{Name: g.Name, Layers: g.Layers, Groups: []Group{{
-		Kind: FullAttention, Layers: layers, KVHeads: g.KVHeads, HeadDim: g.HeadDim, DType: g.DType, Scales: g.Scales,
+	return Model{Name: name, Layers: layers, Groups: []Group{{
+		Kind: FullAttention, Layers: ls, KVHeads: kvHeads, HeadDim: headDim, DType: dt,
 	}}}
+}
+
+// uniform reports whether m, a valid model, is one full-attention group of layers 0 to
+// Layers-1 in order: the shape Uniform makes, whose one group's token size and blocks
+// Size reports on their own and whose tier namespace is the one such a model has
+// always had (TierNamespace).
+func (m Model) uniform() bool {
+	if len(m.Groups) != 1 || m.Groups[0].Kind != FullAttention {
+		return false
+	}
+	for i, l := range m.Groups[0].Layers {
+		if l != i {
+			return false
+		}
+	}
+	return true
 }
 
 // Validate reports, with an error matching ErrGeometry that says what, a model with
@@ -44,7 +71,7 @@ func (g Geometry) Model() Model {
 // given.
 func (m Model) Validate(maxTokens int) error {
 	if m.Layers <= 0 {
-		return fmt.Errorf("%w: model %q has %d layers", ErrGeometry, m.Name, m.Layers)
+		return fmt.Errorf("%w: model %q has %d layers (must be positive)", ErrGeometry, m.Name, m.Layers)
 	}
 	if len(m.Groups) == 0 {
 		return fmt.Errorf("%w: model %q has no layer groups", ErrGeometry, m.Name)
@@ -110,4 +137,17 @@ func (m Model) Uniform() Model {
 		}
 	}
 	return u
+}
+
+// byName returns the preset of all whose name is name (case-insensitive), or an error
+// matching ErrUnknownModel that lists the names it knows.
+func byName(all []Model, name string) (Model, error) {
+	names := make([]string, 0, len(all))
+	for _, m := range all {
+		if strings.EqualFold(m.Name, name) {
+			return m, nil
+		}
+		names = append(names, m.Name)
+	}
+	return Model{}, fmt.Errorf("%w %q (known: %s)", ErrUnknownModel, name, strings.Join(names, ", "))
 }

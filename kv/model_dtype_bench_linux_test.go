@@ -26,13 +26,13 @@ func decodeStepDType[T arena.Elem](b *testing.B, dt arena.DType) {
 		seqs, tokens, room = 8, 1024, 256
 		granule            = 2 << 20
 	)
-	g := kv.Llama3_8B
-	g.DType = dt
+	g := kv.Llama3_8B()
+	g.Groups[0].DType = dt
 	p, err := host.NewPrivate(host.PrivateOptions{Granularity: granule, Populate: true, NoHugePages: true})
 	if err != nil {
 		b.Fatal(err)
 	}
-	c, err := kv.New(p, kv.Config{Geometry: g, MaxTokens: tokens + room, Layout: kv.Blocked,
+	c, err := kv.New(p, kv.Config{Model: g, MaxTokens: tokens + room, Layout: kv.Blocked,
 		Authority: accounting.NewGovernor().Authority("kv", accounting.HostKey)})
 	if err != nil {
 		b.Fatal(err)
@@ -56,7 +56,7 @@ func decodeStepDType[T arena.Elem](b *testing.B, dt arena.DType) {
 			b.Fatal(err)
 		}
 	}
-	tb := g.TokenBytes()
+	tb := g.Groups[0].TokenBytes()
 	token := make([]byte, tb)
 	for i := range token {
 		token[i] = byte(i % 7) // finite in both formats
@@ -71,9 +71,9 @@ func decodeStepDType[T arena.Elem](b *testing.B, dt arena.DType) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			r = r[:min(len(r), (q.Len()-t)*g.KVHeads*g.HeadDim)]
+			r = r[:min(len(r), (q.Len()-t)*g.Groups[0].KVHeads*g.Groups[0].HeadDim)]
 			out = append(out, r)
-			t += len(r) / (g.KVHeads * g.HeadDim)
+			t += len(r) / (g.Groups[0].KVHeads * g.Groups[0].HeadDim)
 		}
 		return out
 	}

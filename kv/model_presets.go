@@ -2,7 +2,29 @@ package kv
 
 import "github.com/vmarena/vmarena/arena"
 
-// The figures of the model presets come from each model's config.json on Hugging Face
+// Presets of dense models of full attention (and a tiny one for tests), fp16: one
+// group each (Uniform).
+
+// Llama3_8B returns llama3-8b: 32 layers, 8 KV heads × 128, fp16.
+func Llama3_8B() Model { return Uniform("llama3-8b", 32, 8, 128, arena.Float16) }
+
+// Llama3_70B returns llama3-70b: 80 layers, 8 KV heads × 128, fp16.
+func Llama3_70B() Model { return Uniform("llama3-70b", 80, 8, 128, arena.Float16) }
+
+// Qwen25_7B returns qwen2.5-7b: 28 layers, 4 KV heads × 128, fp16.
+func Qwen25_7B() Model { return Uniform("qwen2.5-7b", 28, 4, 128, arena.Float16) }
+
+// Llama32_1B returns llama3.2-1b: 16 layers, 8 KV heads × 64, fp16; a small model, for
+// replaying long prompts within a small machine.
+func Llama32_1B() Model { return Uniform("llama3.2-1b", 16, 8, 64, arena.Float16) }
+
+// Qwen25_05B returns qwen2.5-0.5b: 24 layers, 2 KV heads × 64, fp16; a small model.
+func Qwen25_05B() Model { return Uniform("qwen2.5-0.5b", 24, 2, 64, arena.Float16) }
+
+// Tiny returns tiny: 2 layers, 2 KV heads × 16, fp16; for tests.
+func Tiny() Model { return Uniform("tiny", 2, 2, 16, arena.Float16) }
+
+// The figures of the layer-group presets below come from each model's config.json on Hugging Face
 // (named with each function). That site could not be reached from the machine the
 // presets were written on, so each figure was checked against a copy of the file or of
 // the code that encodes it, found in public repositories and named below; a figure that
@@ -110,18 +132,14 @@ func deepSeek(name string) Model {
 // Source: huggingface.co/Qwen/Qwen3-8B, config.json (num_hidden_layers 36,
 // num_key_value_heads 8, head_dim 128). Not checked against a copy here: the issue's
 // figures.
-func Qwen3_8B() Model { return uniform("qwen3-8b", 36, 8, 128) }
+func Qwen3_8B() Model { return Uniform("qwen3-8b", 36, 8, 128, arena.BFloat16) }
 
 // Qwen3_32B returns Qwen3-32B: 64 full-attention layers, 8 KV heads × 128, bf16.
 //
 // Source: huggingface.co/Qwen/Qwen3-32B, config.json (num_hidden_layers 64,
 // num_key_value_heads 8, head_dim 128). Not checked against a copy here: the issue's
 // figures.
-func Qwen3_32B() Model { return uniform("qwen3-32b", 64, 8, 128) }
-
-func uniform(name string, layers, heads, dim int) Model {
-	return Geometry{Name: name, Layers: layers, KVHeads: heads, HeadDim: dim, DType: arena.BFloat16}.Model()
-}
+func Qwen3_32B() Model { return Uniform("qwen3-32b", 64, 8, 128, arena.BFloat16) }
 
 // Qwen3Next80B returns Qwen3-Next-80B-A3B: 48 layers, every fourth (3, 7, …, 47) full
 // attention with 2 KV heads × 256, the other 36 Gated DeltaNet linear attention, whose
@@ -157,16 +175,17 @@ func every(n int, keep func(int) bool) []int {
 	return ls
 }
 
-// ModelPresets returns the layer-group presets, each a fresh value: gpt-oss-20b and
-// -120b, gemma-3-27b and -12b, llama-4-scout, deepseek-v3 and -r1, qwen3-8b and -32b,
+// Presets returns the presets, each a fresh value that the caller may change: the
+// fp16 full-attention models llama3-8b, llama3-70b, qwen2.5-7b, llama3.2-1b,
+// qwen2.5-0.5b and tiny, then the layer-group models gpt-oss-20b and -120b,
+// gemma-3-27b and -12b, llama-4-scout, deepseek-v3 and -r1, qwen3-8b and -32b,
 // qwen3-next-80b-a3b.
-func ModelPresets() []Model {
-	return []Model{GPTOSS20B(), GPTOSS120B(), Gemma3_27B(), Gemma3_12B(), Llama4Scout(),
+func Presets() []Model {
+	return []Model{Llama3_8B(), Llama3_70B(), Qwen25_7B(), Llama32_1B(), Qwen25_05B(), Tiny(),
+		GPTOSS20B(), GPTOSS120B(), Gemma3_27B(), Gemma3_12B(), Llama4Scout(),
 		DeepSeekV3(), DeepSeekR1(), Qwen3_8B(), Qwen3_32B(), Qwen3Next80B()}
 }
 
-// ModelPreset returns the layer-group preset named name (case-insensitive), or an
-// error matching ErrUnknownModel that lists the names it knows.
-func ModelPreset(name string) (Model, error) {
-	return byName(ModelPresets(), name, func(m Model) string { return m.Name })
-}
+// Preset returns a fresh copy of the preset named name (case-insensitive), or an error
+// matching ErrUnknownModel that lists the names it knows.
+func Preset(name string) (Model, error) { return byName(Presets(), name) }

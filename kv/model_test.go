@@ -3,6 +3,7 @@ package kv_test
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -114,7 +115,7 @@ func firstLive(g kv.Group, n int) int {
 // token, counted one token at a time.
 func TestModelSizeModel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(25, 1))
-	models := append(kv.ModelPresets(), hybrid())
+	models := append(kv.Presets(), hybrid())
 	for _, m := range models {
 		for _, granule := range []int{4 << 10, 2 << 20} {
 			for range 8 {
@@ -171,17 +172,20 @@ func TestModelSizeModel(t *testing.T) {
 	}
 }
 
-// TestModelSizeMatchesGeometry: a Geometry's one-group model commits what kv.Size says
-// the Blocked layout commits.
-func TestModelSizeMatchesGeometry(t *testing.T) {
+// TestModelSizeMatchesConfigSize: Model.Size of a uniform preset commits what
+// Config.Size says the Blocked layout commits, and Config.Size gives its one group's
+// blocks.
+func TestModelSizeMatchesConfigSize(t *testing.T) {
 	for _, g := range kv.Presets() {
-		m := g.Model()
+		if !isUniform(g) {
+			continue
+		}
+		m := g
 		require.NoError(t, m.Validate(0))
-		assert.Equal(t, g.BytesPerToken(), m.BytesPerToken(), g.Name)
 		for _, granule := range []int{64 << 10, 2 << 20} {
 			for _, n := range []int{0, 1, 17, 1000, 8191, 32768} {
 				for _, bt := range []int{0, 5, 64} {
-					want, err := kv.Config{Geometry: g, Layout: kv.Blocked, BlockTokens: bt, MaxTokens: 32768}.Size(granule, n)
+					want, err := kv.Config{Model: g, Layout: kv.Blocked, BlockTokens: bt, MaxTokens: 32768}.Size(granule, n)
 					require.NoError(t, err)
 					got, err := m.Size(granule, bt, n)
 					require.NoError(t, err)
@@ -194,10 +198,16 @@ func TestModelSizeMatchesGeometry(t *testing.T) {
 	}
 }
 
-// TestModelPresets checks the presets' layer groups against the patterns their
+// TestPresets checks the presets' layer groups against the patterns their
 // configs state.
-func TestModelPresets(t *testing.T) {
+func TestPresets(t *testing.T) {
 	want := map[string][][2]int{ // per group: kind, layers
+		"llama3-8b":          {{int(kv.FullAttention), 32}},
+		"llama3-70b":         {{int(kv.FullAttention), 80}},
+		"qwen2.5-7b":         {{int(kv.FullAttention), 28}},
+		"llama3.2-1b":        {{int(kv.FullAttention), 16}},
+		"qwen2.5-0.5b":       {{int(kv.FullAttention), 24}},
+		"tiny":               {{int(kv.FullAttention), 2}},
 		"gpt-oss-20b":        {{int(kv.SlidingWindow), 12}, {int(kv.FullAttention), 12}},
 		"gpt-oss-120b":       {{int(kv.SlidingWindow), 18}, {int(kv.FullAttention), 18}},
 		"gemma-3-27b":        {{int(kv.SlidingWindow), 52}, {int(kv.FullAttention), 10}},
@@ -209,7 +219,7 @@ func TestModelPresets(t *testing.T) {
 		"qwen3-32b":          {{int(kv.FullAttention), 64}},
 		"qwen3-next-80b-a3b": {{int(kv.Recurrent), 36}, {int(kv.FullAttention), 12}},
 	}
-	presets := kv.ModelPresets()
+	presets := kv.Presets()
 	require.Len(t, presets, len(want))
 	for _, m := range presets {
 		require.NoError(t, m.Validate(128<<10), m.Name)
@@ -220,9 +230,16 @@ func TestModelPresets(t *testing.T) {
 			assert.Equal(t, kv.Attention(groups[i][0]), g.Kind, "%s group %d", m.Name, i)
 			assert.Len(t, g.Layers, groups[i][1], "%s group %d", m.Name, i)
 		}
-		got, err := kv.ModelPreset(m.Name)
+		got, err := kv.Preset(m.Name)
 		require.NoError(t, err)
 		assert.Equal(t, m, got)
+		// Each call answers a fresh value: a caller that changes one changes no
+		// other caller's.
+		got.Name, got.Groups[0].KVHeads, got.Groups[0].Layers[0] = "changed", 99, -1
+		again, err := kv.Preset(m.Name)
+		require.NoError(t, err)
+		assert.Equal(t, m, again, "a changed preset is the caller's")
+		assert.Equal(t, m, kv.Presets()[slices.IndexFunc(presets, func(p kv.Model) bool { return p.Name == m.Name })])
 	}
 	// The figures the issue states, from the configs.
 	assert.Equal(t, 576, kv.DeepSeekV3().Groups[0].HeadDim, "kv_lora_rank 512 + rope 64")
@@ -231,7 +248,7 @@ func TestModelPresets(t *testing.T) {
 	assert.Equal(t, []int{3, 7, 11, 15, 19, 23, 27, 31, 35, 39, 43, 47}, kv.Llama4Scout().Groups[1].Layers)
 	assert.Equal(t, 1_097_728, kv.Qwen3Next80B().Groups[0].StateBytes)
 
-	_, err := kv.ModelPreset("gpt-5")
+	_, err := kv.Preset("gpt-5")
 	assert.ErrorIs(t, err, kv.ErrUnknownModel)
 	assert.Contains(t, err.Error(), "gemma-3-27b")
 
@@ -263,7 +280,7 @@ func TestModelUniform(t *testing.T) {
 func TestModelTargetOneBlock(t *testing.T) {
 	const granule = 2 << 20
 	straddles := false
-	for _, m := range kv.ModelPresets() {
+	for _, m := range kv.Presets() {
 		for _, n := range []int{128 << 10, 128<<10 + 1, 128<<10 - 1, 100_003} {
 			s, err := m.Size(granule, 0, n)
 			require.NoError(t, err)
@@ -320,9 +337,51 @@ func ExampleModel_Validate() {
 	fmt.Println(m.Validate(128 << 10))
 	g := kv.Gemma3_27B()
 	fmt.Println(g.Validate(512))
-	fmt.Println(kv.Llama3_8B.Model().Validate(8192))
+	fmt.Println(kv.Llama3_8B().Validate(8192))
 	// Output:
 	// kv: invalid geometry: group 0 (mla-latent): 2 tensors per layer: an MLA group keeps one latent and no V
 	// kv: invalid geometry: group 0 (sliding-window): window of 1024 tokens is larger than MaxTokens 512
 	// <nil>
+}
+
+// withScales returns a copy of m (cloned) with every group's Scales set to s.
+func withScales(m kv.Model, s kv.ScaleMode) kv.Model {
+	m = cloned(m)
+	for i := range m.Groups {
+		m.Groups[i].Scales = s
+	}
+	return m
+}
+
+// cloned returns a copy of m that shares no slice with it: a test changes the copy's
+// groups without changing a model other tests read.
+func cloned(m kv.Model) kv.Model {
+	m.Groups = slices.Clone(m.Groups)
+	for i := range m.Groups {
+		m.Groups[i].Layers = slices.Clone(m.Groups[i].Layers)
+	}
+	return m
+}
+
+// TestUniformTierNamespaceKept: a uniform model's tier namespace is the one the same
+// shape had before Model described every cache (as a Geometry, the first version's
+// encoding), so that blocks a tier stored then are found now; a model of groups keeps
+// its own. The figures are TierNamespace's answers on the tree before the change.
+func TestUniformTierNamespaceKept(t *testing.T) {
+	fp8 := withScales(kv.Uniform("fp8", 3, 4, 64, arena.Float8E4M3), kv.ScalePerHead)
+	for _, tt := range []struct {
+		cfg     kv.Config
+		granule int
+		prefix  string
+		want    uint64
+	}{
+		{kv.Config{Model: kv.Llama3_8B()}, 2 << 20, "", 0x1f9c1be504898016},
+		{kv.Config{Model: kv.Tiny(), Layout: kv.PerLayer}, 64 << 10, "tenant", 0xd58684cb973a0d69},
+		{kv.Config{Model: fp8, BlockTokens: 16}, 64 << 10, "p", 0x461bb1804108110e},
+		{kv.Config{Model: kv.GPTOSS20B()}, 2 << 20, "p", 0x1558ab45bdeef5eb},
+	} {
+		got, err := kv.TierNamespace(tt.cfg, tt.granule, tt.prefix)
+		require.NoError(t, err)
+		assert.Equal(t, tt.want, got, "%s", tt.cfg.Model.Name)
+	}
 }

@@ -20,7 +20,7 @@ import (
 func TestLogsKeptRange(t *testing.T) {
 	var rec logrec.Recorder
 	_, faulty := faultyFixture(t)
-	c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 64, Logger: rec.Logger()})
+	c, err := kv.New(faulty, kv.Config{Model: tiny8, MaxTokens: 64, Logger: rec.Logger()})
 	require.NoError(t, err)
 	s, err := c.NewSequence()
 	require.NoError(t, err)
@@ -71,7 +71,7 @@ func TestLogsEvictions(t *testing.T) {
 	var rec logrec.Recorder
 	const limit = 256 * fakeGranule
 	fx := newFixture(t, limit)
-	c, err := kv.New(fx.fake, kv.Config{Geometry: tiny8, MaxTokens: 256, BlockTokens: testBlockTokens, Logger: rec.Logger()})
+	c, err := kv.New(fx.fake, kv.Config{Model: tiny8, MaxTokens: 256, BlockTokens: testBlockTokens, Logger: rec.Logger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, c.Close()) })
 	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{})

@@ -90,7 +90,7 @@ func (p *Prefix) Mapped() int64 {
 }
 
 // Requested returns the bytes of the prefix's tokens before any rounding: Len times
-// the model's BytesPerToken (a Geometry's, or a Model's). On a Model a window group
+// the model's BytesPerToken. On a model with window groups a window group
 // counts its live tokens only, from its FirstLive(Len) on: the ones a prefix keeps.
 func (p *Prefix) Requested() int64 {
 	p.held()

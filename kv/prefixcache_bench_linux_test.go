@@ -25,8 +25,8 @@ import (
 // most 1% slower.
 func BenchmarkPrefixCacheMiss(b *testing.B) {
 	const prompt, budget = 4096, 512 << 20
-	g := kv.Qwen25_05B
-	data := make([]byte, g.TokenBytes())
+	g := kv.Qwen25_05B()
+	data := make([]byte, g.Groups[0].TokenBytes())
 	for _, on := range []bool{false, true} {
 		b.Run(fmt.Sprintf("prefix-cache=%v", on), func(b *testing.B) {
 			gov := accounting.NewGovernor()
@@ -38,7 +38,7 @@ func BenchmarkPrefixCacheMiss(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer pool.Close()
-			c, err := kv.New(pool, kv.Config{Geometry: g, MaxTokens: prompt})
+			c, err := kv.New(pool, kv.Config{Model: g, MaxTokens: prompt})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -83,7 +83,7 @@ func ownTail(c *kv.Cache, n int) int64 {
 	g := c.Granularity()
 	ranges, row := 1, tiny8.BytesPerToken()
 	if c.Config().Layout == kv.PerLayer {
-		ranges, row = 2*tiny8.Layers, tiny8.TokenBytes()
+		ranges, row = 2*tiny8.Layers, tiny8.Groups[0].TokenBytes()
 	}
 	if n*row%g == 0 {
 		return 0

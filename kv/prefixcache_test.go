@@ -298,7 +298,7 @@ func TestPrefixCacheBadInputs(t *testing.T) {
 	gov := accounting.NewGovernor()
 	auth := gov.Authority("buffers", accounting.HostKey)
 	f := backingtest.NewFake(backingtest.FakeOptions{Granularity: fakeGranule})
-	private, err := kv.New(f, kv.Config{Geometry: tiny8, MaxTokens: 64, Authority: auth})
+	private, err := kv.New(f, kv.Config{Model: tiny8, MaxTokens: 64, Authority: auth})
 	require.NoError(t, err)
 	_, err = kv.NewPrefixCache(private, kv.PrefixCacheOptions{})
 	assert.ErrorIs(t, err, kv.ErrNoSharing, "a backing that can not share is refused at construction")
@@ -442,7 +442,7 @@ func TestPrefixCacheFaultInjection(t *testing.T) {
 			fx, faulty := faultyFixture(t)
 			row := int64(tiny8.BytesPerToken())
 			run := func() error {
-				c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 64, Layout: layout})
+				c, err := kv.New(faulty, kv.Config{Model: tiny8, MaxTokens: 64, Layout: layout})
 				if err != nil {
 					return err
 				}

@@ -17,14 +17,14 @@ import (
 // the same run: the target is a load at most 1.2× its time. B/s is the
 // blocks' bytes.
 func BenchmarkPrefixCacheTierLoad(b *testing.B) {
-	g := kv.Llama32_1B
+	g := kv.Llama32_1B()
 	gov := accounting.NewGovernor()
 	pool, err := host.NewShared(host.SharedOptions{Granularity: 2 << 20, Authority: gov.Authority("kv", accounting.HostKey), Populate: true, Name: "kv-bench-tier"})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer pool.Close()
-	c, err := kv.New(pool, kv.Config{Geometry: g, MaxTokens: 4096})
+	c, err := kv.New(pool, kv.Config{Model: g, MaxTokens: 4096})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -259,8 +259,8 @@ func TestPrefixCacheTierCorrupt(t *testing.T) {
 		// Another geometry whose blocks have the same tokens and bytes (half the KV
 		// heads, twice the head dim): its value would fit this cache's block, and is
 		// refused by its namespace.
-		other := kv.Geometry{Name: tiny8.Name, Layers: tiny8.Layers, KVHeads: tiny8.KVHeads / 2, HeadDim: 2 * tiny8.HeadDim, DType: tiny8.DType}
-		eA, err := openEnv(t, envSpec{kind: onShared, granule: 64 << 10, cfg: kv.Config{Geometry: other, MaxTokens: 512}})
+		other := kv.Uniform(tiny8.Name, tiny8.Layers, tiny8.Groups[0].KVHeads/2, 2*tiny8.Groups[0].HeadDim, tiny8.Groups[0].DType)
+		eA, err := openEnv(t, envSpec{kind: onShared, granule: 64 << 10, cfg: kv.Config{Model: other, MaxTokens: 512}})
 		require.NoError(t, err)
 		c := tierBackends[0].make(t, 512)
 		m := tiertest.NewMap(4 << 20)
@@ -375,7 +375,7 @@ func TestPrefixCacheTierOptions(t *testing.T) {
 	}
 	gov := accounting.NewGovernor()
 	auth := gov.Authority("pool", accounting.HostKey)
-	pl, err := kv.New(sharedPool(t, auth, "kv-pc-tier-pl"), kv.Config{Geometry: tiny8, MaxTokens: 64, Layout: kv.PerLayer})
+	pl, err := kv.New(sharedPool(t, auth, "kv-pc-tier-pl"), kv.Config{Model: tiny8, MaxTokens: 64, Layout: kv.PerLayer})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, pl.Close()) })
 	_, err = kv.NewPrefixCache(pl, kv.PrefixCacheOptions{Tiers: []kv.Tier{tiertest.NewMap(0)}})

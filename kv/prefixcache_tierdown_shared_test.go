@@ -183,10 +183,10 @@ func TestPrefixCacheTierTakenOver(t *testing.T) {
 		make func(t *testing.T, limit int64) *kv.Cache
 	}{
 		{"host.Shared", func(t *testing.T, limit int64) *kv.Cache {
-			return openHost(t, envSpec{limit: limit, cfg: kv.Config{Geometry: tiny8, MaxTokens: 512}}).c
+			return openHost(t, envSpec{limit: limit, cfg: kv.Config{Model: tiny8, MaxTokens: 512}}).c
 		}},
 		{"cuda fake", func(t *testing.T, limit int64) *kv.Cache {
-			e, err := openEnv(t, envSpec{kind: onCUDA, granule: 64 << 10, limit: limit, cfg: kv.Config{Geometry: tiny8, MaxTokens: 512, Layout: kv.Blocked}})
+			e, err := openEnv(t, envSpec{kind: onCUDA, granule: 64 << 10, limit: limit, cfg: kv.Config{Model: tiny8, MaxTokens: 512, Layout: kv.Blocked}})
 			require.NoError(t, err)
 			return e.c
 		}},
@@ -506,7 +506,7 @@ func TestPrefixCacheTierHolderFails(t *testing.T) {
 		t.Run(op.String(), func(t *testing.T) {
 			fx := newFixture(t, 1<<30)
 			faulty := backingtest.NewFaulty[*backingtest.FakeReservation](fx.fake)
-			c, err := kv.New(faulty, kv.Config{Geometry: tiny8, MaxTokens: 512, Layout: kv.Blocked})
+			c, err := kv.New(faulty, kv.Config{Model: tiny8, MaxTokens: 512, Layout: kv.Blocked})
 			require.NoError(t, err)
 			t.Cleanup(func() { assert.NoError(t, c.Close()) })
 			tier := tiertest.NewMap(4 << 20)

@@ -47,8 +47,8 @@ func BenchmarkReadLayer(b *testing.B) {
 		granule = 2 << 20
 		block   = 16 // tokens per block (paged)
 	)
-	g := kv.Llama3_8B
-	tb := g.TokenBytes()
+	g := kv.Llama3_8B()
+	tb := g.Groups[0].TokenBytes()
 	layerBytes := seqs * tokens * tb // one tensor (K or V) of every sequence
 	layer := func(i int) int { return i * 13 % g.Layers }
 	reads := []struct {
@@ -83,7 +83,7 @@ func BenchmarkReadLayer(b *testing.B) {
 		}
 		cache := func(b *testing.B, layout kv.Layout, blockTokens int) []*kv.Sequence {
 			gov := accounting.NewGovernor()
-			c, err := kv.New(newMem(b), kv.Config{Geometry: g, MaxTokens: tokens, Layout: layout, BlockTokens: blockTokens,
+			c, err := kv.New(newMem(b), kv.Config{Model: g, MaxTokens: tokens, Layout: layout, BlockTokens: blockTokens,
 				Authority: gov.Authority("kv", accounting.HostKey)})
 			require.NoError(b, err)
 			qs := make([]*kv.Sequence, 0, seqs)

@@ -40,7 +40,7 @@ func TestStartedReportsMatchLedger(t *testing.T) {
 				g := envGranuleOf(kind)
 				// NB: sequences as long as three granules of a PerLayer tensor (tiny8's
 				// TokenBytes), so that there are full granules to share on any granule.
-				maxTokens := max(48, 3*g/tiny8.TokenBytes())
+				maxTokens := max(48, 3*g/tiny8.Groups[0].TokenBytes())
 				e, ok := newEnv(t, kind, layout, blockTokensFor(layout), maxTokens, 0, false)
 				if !ok {
 					t.Skipf("%s does not exist on this system", sharingNames[kind])
@@ -175,7 +175,7 @@ func TestPrefixAccessors(t *testing.T) {
 					t.Skipf("%s does not exist on this system", sharingNames[kind])
 				}
 				g := envGranuleOf(kind)
-				cfg := kv.Config{Geometry: tiny8, MaxTokens: 64, Layout: layout, BlockTokens: blockTokensFor(layout)}
+				cfg := kv.Config{Model: tiny8, MaxTokens: 64, Layout: layout, BlockTokens: blockTokensFor(layout)}
 				ml := modelOf(cfg, g)
 				if ml.blk > 0 {
 					// The env's cache chose its block on its own granule: read it back.
@@ -226,7 +226,7 @@ func TestPrefixAccessors(t *testing.T) {
 						if kind == onShared {
 							// Safety: base is the host address of token 0 of a live prefix's
 							// tensor, TokenBytes long; the bits are read as a pointer.
-							got := unsafe.Slice((*byte)(*(*unsafe.Pointer)(unsafe.Pointer(&base))), tiny8.TokenBytes())
+							got := unsafe.Slice((*byte)(*(*unsafe.Pointer)(unsafe.Pointer(&base))), tiny8.Groups[0].TokenBytes())
 							for i, b := range got {
 								if b != testutil.TokenByte(5, layer, k, 0, i) {
 									t.Fatalf("layer %d %v byte %d at Base: %#x, want %#x", layer, k, i, b, testutil.TokenByte(5, layer, k, 0, i))
@@ -251,11 +251,10 @@ func TestPrefixAccessors(t *testing.T) {
 	}
 }
 
-// TestPrefixRequestedOnModel: a prefix of a cache built from a one-group Model (no
-// Geometry in its Config) counts the model's bytes per token, as one built from the
-// Geometry does.
+// TestPrefixRequestedOnModel: a prefix of a cache of a one-group model counts the
+// model's bytes per token.
 func TestPrefixRequestedOnModel(t *testing.T) {
-	e, err := openEnv(t, envSpec{kind: onFake, cfg: kv.Config{Model: tiny8.Model(), MaxTokens: 64}})
+	e, err := openEnv(t, envSpec{kind: onFake, cfg: kv.Config{Model: tiny8, MaxTokens: 64}})
 	require.NoError(t, err)
 	s, err := e.c.NewSequence()
 	require.NoError(t, err)

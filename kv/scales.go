@@ -47,8 +47,9 @@ func (m ScaleMode) validate(dt arena.DType) error {
 	return nil
 }
 
-// scalesPerTensor returns the scales of each tensor: 1, KVHeads, or 0 without scales.
-func (g Geometry) scalesPerTensor() int {
+// scalesPerTensor returns the scales of each of g's tensors: 1, KVHeads, or 0
+// without scales.
+func (g Group) scalesPerTensor() int {
 	switch g.Scales {
 	case ScalePerTensor:
 		return 1
@@ -58,19 +59,12 @@ func (g Geometry) scalesPerTensor() int {
 	return 0
 }
 
-// scalesPerTensor returns the scales of each of g's tensors: 1, KVHeads, or 0
-// without scales.
-func (g Group) scalesPerTensor() int {
-	return Geometry{KVHeads: g.KVHeads, Scales: g.Scales}.scalesPerTensor()
-}
-
 // scales is where a cache keeps its FP8 scales: one range of its backing, committed
 // at New for the cache's life, float32 in the machine's byte order (little-endian on
 // every supported platform). Each layer group that asks for scales has its own run
 // of them, group after group in the model's order: scalesPerTensor of them for each
 // tensor of the group, its layers in the group's order, each layer's kinds in order,
 // row-major, so that a layer of one tensor (an MLA latent) needs nothing of its own.
-// A Geometry is the one group, its layers 0 to Layers-1.
 type scales struct {
 	buf    buffer        // nil without scales
 	groups []groupScales // one per layer group; per 0 for a group without scales
@@ -141,8 +135,8 @@ func (c *Cache) closeScales() error {
 // them with SetScales, which checks them).
 // A cache without scales fails with ErrScale. The tensor is valid until Close.
 //
-// On a Model it is GroupScales(0) when the model has one group, and fails with
-// ErrScale when it has more: each group's scales are then GroupScales'.
+// It is GroupScales(0) on a model of one group, and fails with ErrScale on a model of
+// more: each group's scales are then GroupScales'.
 func (c *Cache) Scales() (arena.Tensor[float32], error) {
 	if len(c.groups) > 1 && !c.isClosed() {
 		return arena.Tensor[float32]{}, fmt.Errorf("%w: model %q has %d layer groups, each with scales of its own (GroupScales)", ErrScale, c.cfg.Model.Name, len(c.groups))
@@ -151,7 +145,7 @@ func (c *Cache) Scales() (arena.Tensor[float32], error) {
 }
 
 // GroupScales returns the FP8 scales of the cache's layer group gi (an index into
-// Model.Groups; 0 for a Geometry) as a float32 tensor of [L, T, H]: L the group's
+// Model.Groups; 0 for a one-group model) as a float32 tensor of [L, T, H]: L the group's
 // layers in the group's order (Group.Layers), T its tensors per layer (K before V;
 // an MLA group's latent alone, as K), H = 1 per tensor or KVHeads per head,
 // row-major, at a base address that never changes while the cache is open, as
@@ -178,8 +172,8 @@ func (c *Cache) GroupScales(gi int) (arena.Tensor[float32], error) {
 // groupScales returns where group gi's scales lie, or ErrScale when it keeps none.
 func (c *Cache) groupScales(gi int) (groupScales, error) {
 	if c.scales.buf == nil || c.scales.groups[gi].per == 0 {
-		if len(c.groups) == 1 && c.cfg.Model.Layers == 0 {
-			return groupScales{}, fmt.Errorf("%w: the geometry keeps none (Scales %v)", ErrScale, c.cfg.Geometry.Scales)
+		if c.cfg.Model.uniform() {
+			return groupScales{}, fmt.Errorf("%w: model %q keeps none (Scales %v)", ErrScale, c.cfg.Model.Name, c.cfg.Model.Groups[0].Scales)
 		}
 		g := c.groups[gi].spec
 		return groupScales{}, fmt.Errorf("%w: layer group %d (%v, %v) keeps none (Scales %v)", ErrScale, gi, g.Kind, g.DType, g.Scales)

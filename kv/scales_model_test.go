@@ -142,22 +142,21 @@ func TestScalesOnModel(t *testing.T) {
 	}
 }
 
-// TestScalesOnOneGroupModel: a Model of one FP8 group keeps its scales as a
-// Geometry does, and Scales gives them.
+// TestScalesOnOneGroupModel: a Model of one FP8 group keeps its scales, and Scales
+// gives them.
 func TestScalesOnOneGroupModel(t *testing.T) {
-	g := fp8Tiny
-	g.Scales = kv.ScalePerHead
-	e, err := openEnv(t, envSpec{kind: onFake, cfg: kv.Config{Model: g.Model(), MaxTokens: 64}})
+	g := withScales(fp8Tiny, kv.ScalePerHead)
+	e, err := openEnv(t, envSpec{kind: onFake, cfg: kv.Config{Model: g, MaxTokens: 64}})
 	require.NoError(t, err)
 	v, err := e.c.Scales()
 	require.NoError(t, err)
-	assert.Equal(t, []int{g.Layers, 2, g.KVHeads}, v.Shape())
+	assert.Equal(t, []int{g.Layers, 2, g.Groups[0].KVHeads}, v.Shape())
 	w, err := e.c.GroupScales(0)
 	require.NoError(t, err)
 	assert.Equal(t, v.DevicePtr(), w.DevicePtr())
-	src := fill(g.KVHeads, 3)
+	src := fill(g.Groups[0].KVHeads, 3)
 	require.NoError(t, e.c.SetScales(g.Layers-1, kv.V, src))
-	got := make([]float32, g.KVHeads)
+	got := make([]float32, g.Groups[0].KVHeads)
 	require.NoError(t, e.c.ReadScales(g.Layers-1, kv.V, got))
 	assert.Equal(t, src, got)
 }

@@ -23,13 +23,12 @@ func TestScalesOnDevice(t *testing.T) {
 		per  int
 	}{
 		{kv.ScalePerTensor, 1},
-		{kv.ScalePerHead, fp8Tiny.KVHeads},
+		{kv.ScalePerHead, fp8Tiny.Groups[0].KVHeads},
 	} {
 		t.Run(tt.mode.String(), func(t *testing.T) {
 			fx := newFixture(t, 1<<30)
-			g := fp8Tiny
-			g.Scales = tt.mode
-			c, err := kv.New(fx.fake, kv.Config{Geometry: g, MaxTokens: 64})
+			g := withScales(fp8Tiny, tt.mode)
+			c, err := kv.New(fx.fake, kv.Config{Model: g, MaxTokens: 64})
 			require.NoError(t, err)
 			assert.Equal(t, int64(fakeGranule), fx.pool.Stats().Owned, "one granule holds the scales")
 			v, err := c.Scales()
@@ -117,28 +116,27 @@ func fill(n int, v float32) []float32 {
 
 func TestScalesRefused(t *testing.T) {
 	// Scales are for FP8 element types only, and the mode must be one of the three.
-	for _, g := range []kv.Geometry{
-		{Layers: 1, KVHeads: 1, HeadDim: 32, DType: arena.Float16, Scales: kv.ScalePerTensor},
-		{Layers: 1, KVHeads: 1, HeadDim: 32, DType: arena.Q8_0, Scales: kv.ScalePerHead},
-		{Layers: 1, KVHeads: 1, HeadDim: 32, DType: arena.Float8E4M3, Scales: kv.ScalePerHead + 1},
+	for _, g := range []kv.Model{
+		withScales(kv.Uniform("", 1, 1, 32, arena.Float16), kv.ScalePerTensor),
+		withScales(kv.Uniform("", 1, 1, 32, arena.Q8_0), kv.ScalePerHead),
+		withScales(kv.Uniform("", 1, 1, 32, arena.Float8E4M3), kv.ScalePerHead+1),
 	} {
-		err := g.Validate()
+		err := g.Validate(0)
 		assert.ErrorIs(t, err, kv.ErrGeometry, "%+v", g)
 		fx := newFixture(t, 1<<30)
-		_, err = kv.New(fx.fake, kv.Config{Geometry: g, MaxTokens: 8})
+		_, err = kv.New(fx.fake, kv.Config{Model: g, MaxTokens: 8})
 		assert.ErrorIs(t, err, kv.ErrGeometry)
 	}
-	g := fp8Tiny
-	g.Scales = kv.ScalePerTensor
-	require.NoError(t, g.Validate())
-	g.DType = arena.Float8E5M2
-	require.NoError(t, g.Validate())
+	g := withScales(fp8Tiny, kv.ScalePerTensor)
+	require.NoError(t, g.Validate(0))
+	g.Groups[0].DType = arena.Float8E5M2
+	require.NoError(t, g.Validate(0))
 	assert.Equal(t, "ScaleMode(3)", kv.ScaleMode(3).String())
 	assert.Equal(t, "none", kv.NoScales.String())
 
 	// A cache without scales has none to give.
 	fx := newFixture(t, 1<<30)
-	c, err := kv.New(fx.fake, kv.Config{Geometry: fp8Tiny, MaxTokens: 8})
+	c, err := kv.New(fx.fake, kv.Config{Model: fp8Tiny, MaxTokens: 8})
 	require.NoError(t, err)
 	assert.Zero(t, fx.pool.Stats().Owned, "no scales, no memory")
 	_, err = c.Scales()
@@ -152,13 +150,13 @@ func TestScalesRefused(t *testing.T) {
 	f := backingtest.NewFaulty(fx.fake)
 	boom := errors.New("boom")
 	f.FailOp(backingtest.OpCopyIn, 1, boom)
-	_, err = kv.New(f, kv.Config{Geometry: g, MaxTokens: 8})
+	_, err = kv.New(f, kv.Config{Model: g, MaxTokens: 8})
 	assert.ErrorIs(t, err, boom)
 	assert.Zero(t, fx.pool.Stats().Owned)
 	assert.Zero(t, fx.fake.LiveReservations())
 	// And one that can not commit them.
 	fx = newFixture(t, 1<<12-1)
-	_, err = kv.New(fx.fake, kv.Config{Geometry: g, MaxTokens: 8})
+	_, err = kv.New(fx.fake, kv.Config{Model: g, MaxTokens: 8})
 	assert.Error(t, err)
 	assert.Zero(t, fx.fake.LiveReservations())
 }

@@ -24,10 +24,10 @@ var blockGranule = func() int64 {
 	return 4 << 10
 }()
 
-// oneBlock is a geometry whose token takes blockGranule/16 bytes in all (one layer, K
+// oneBlock is a model whose token takes blockGranule/16 bytes in all (one layer, K
 // and V of blockGranule/64 fp16 elements each): a Blocked block of 16 tokens is one
 // granule.
-var oneBlock = kv.Geometry{Name: "one-block", Layers: 1, KVHeads: int(blockGranule / 4096), HeadDim: 64, DType: arena.Float16}
+var oneBlock = kv.Uniform("one-block", 1, int(blockGranule/4096), 64, arena.Float16)
 
 // shareBudgetEnv is a Blocked cache of oneBlock tokens (16 a granule of blockGranule) on one of
 // the backings that share, under a limit of limit bytes, with the governor's ledger
@@ -40,7 +40,7 @@ type shareBudgetEnv struct {
 
 func (e shareBudgetEnv) open(t *testing.T, limit int64) (*kv.Cache, *accounting.Governor, accounting.DeviceKey, func()) {
 	t.Helper()
-	sp := envSpec{kind: onShared, cfg: kv.Config{Geometry: oneBlock, MaxTokens: 1024, Layout: kv.Blocked, BlockTokens: 16},
+	sp := envSpec{kind: onShared, cfg: kv.Config{Model: oneBlock, MaxTokens: 1024, Layout: kv.Blocked, BlockTokens: 16},
 		granule: int(blockGranule), limit: limit, shared: e.opts, cuda: cuda.Options{High: 16}}
 	sp.shared.High = 16
 	if e.cuda {
@@ -119,7 +119,7 @@ func TestShareWholeGranulesTakesNoNetMemory(t *testing.T) {
 					require.NoError(t, err)
 					defer func() { assert.True(t, s.Close().OK()) }()
 					require.NoError(t, s.Append(64))
-					tok := make([]byte, oneBlock.TokenBytes())
+					tok := make([]byte, oneBlock.Groups[0].TokenBytes())
 					for i := range 64 {
 						tok[0] = byte(i)
 						require.NoError(t, s.WriteToken(0, kv.K, i, tok))
@@ -129,7 +129,7 @@ func TestShareWholeGranulesTakesNoNetMemory(t *testing.T) {
 					gov.ResetPeak(key)
 					require.NoError(t, op.do(t, c, s), "whole granules are mapped: no net memory")
 					assert.LessOrEqual(t, gov.Stats(key).Peak, before+granule, "the move holds at most one granule more")
-					got := make([]byte, oneBlock.TokenBytes())
+					got := make([]byte, oneBlock.Groups[0].TokenBytes())
 					for i := range 64 {
 						require.NoError(t, s.ReadToken(0, kv.K, i, got))
 						require.Equal(t, byte(i), got[0], "token %d", i)

@@ -9,33 +9,33 @@ import (
 
 // Sizing is what a configuration needs; see Size.
 type Sizing struct {
-	TokenBytes    int   // one token of one layer's K or V (a Geometry's; 0 on a Model)
+	TokenBytes    int   // one token of one layer's K or V (a uniform model's; else 0)
 	BytesPerToken int   // one token, all layers, K and V
 	Buffers       int   // address ranges per sequence
-	BlockTokens   int   // tokens per block in the Blocked layout, else 0 (0 on a Model)
-	Used          int64 // bytes of the tokens themselves (on a Model: the groups' Need)
+	BlockTokens   int   // tokens per block in the Blocked layout (a uniform model's; else 0)
+	Used          int64 // bytes of the tokens themselves (the groups' Need)
 	Committed     int64 // bytes of the granules that hold them
 	// Waste is Committed - Used: partly filled granules, and in the Blocked layout the
 	// bytes at each block's end that hold no whole token and the free tokens of the
-	// last block (on a Model, a window's dead tokens in its first block too).
+	// last block (a window's dead tokens in its first block too).
 	Waste        int64
 	WastePercent float64 // Waste as a share of Committed
 	Reserved     int64   // address space reserved per sequence (MaxTokens)
-	// Groups is, on a Model, what each group needs, in the order of Model.Groups:
-	// Committed is what the cache's layout commits for the group (in the Blocked
-	// layout, Model.Size's figure), BlockBytes and BlockTokens its blocks (0 in
-	// PerLayer; a recurrent group's BlockBytes is its state's granules), for a
-	// sequence whose last step appended token tokens-1 (see Model.Size). nil for a
-	// Geometry.
+	// Groups is what each group needs, in the order of Model.Groups: Committed is
+	// what the cache's layout commits for the group (in the Blocked layout,
+	// Model.Size's figure), BlockBytes and BlockTokens its blocks (0 in PerLayer; a
+	// recurrent group's BlockBytes is its state's granules), for a sequence whose
+	// last step appended token tokens-1 (see Model.Size).
 	Groups []GroupSizing
 }
 
-// Size returns what one sequence of tokens tokens holds under cfg's geometry (or
-// model), layout and blocks with granule bytes per granule, reserving room for
-// MaxTokens (at least tokens): on a Model, what a cache's sequence holds after the
-// step that appended token tokens-1 (see Model.Size). It allocates nothing.
+// Size returns what one sequence of tokens tokens holds under cfg's model, layout and
+// blocks with granule bytes per granule, reserving room for MaxTokens (at least
+// tokens): what a cache's sequence holds after the step that appended token tokens-1
+// (see Model.Size). A uniform model (Uniform: one full-attention group of every layer
+// in order) also has its group's TokenBytes and BlockTokens. It allocates nothing.
 func (cfg Config) Size(granule, tokens int) (Sizing, error) {
-	m, set, err := cfg.model()
+	m, err := cfg.model()
 	if err != nil {
 		return Sizing{}, err
 	}
@@ -47,7 +47,7 @@ func (cfg Config) Size(granule, tokens int) (Sizing, error) {
 		return Sizing{}, err
 	}
 	s := Sizing{BytesPerToken: m.BytesPerToken()}
-	if !set {
+	if m.uniform() {
 		s.TokenBytes, s.BlockTokens = groups[0].tb, groups[0].tpb
 	}
 	for i := range groups {
@@ -56,10 +56,6 @@ func (cfg Config) Size(granule, tokens int) (Sizing, error) {
 		s.Buffers += g.nbuf
 		s.Committed += committed
 		s.Reserved += int64(g.nbuf) * int64(g.capac)
-		if !set {
-			s.Used = int64(tokens) * int64(g.bpt)
-			continue
-		}
 		gs, err := g.spec.size(granule, cfg.BlockTokens, tokens)
 		if err != nil {
 			return Sizing{}, fmt.Errorf("group %d: %w", i, err)

@@ -83,7 +83,7 @@ var soakPrefixTokens = []int{5, 9}
 // count: on a 64 KiB granule (host.Shared on Windows) each PerLayer prefix holds as
 // much as a whole sequence.
 func soakLimit(kind int, layout kv.Layout) int64 {
-	cfg := kv.Config{Geometry: tiny8, Layout: layout, BlockTokens: blockTokensFor(layout), MaxTokens: soakMaxTokens}
+	cfg := kv.Config{Model: tiny8, Layout: layout, BlockTokens: blockTokensFor(layout), MaxTokens: soakMaxTokens}
 	committed := func(n int) int64 {
 		s, err := cfg.Size(envGranuleOf(kind), n)
 		if err != nil {
@@ -281,7 +281,7 @@ func (r *soakRequest) appendCtx() {
 // write writes tokens [from, len(toks)) of s as this request's writer.
 func (r *soakRequest) write(s *kv.Sequence, toks []uint64, from int) {
 	g := tiny8
-	buf := make([]byte, g.TokenBytes())
+	buf := make([]byte, g.Groups[0].TokenBytes())
 	r.writer++
 	for tok := from; tok < len(toks); tok++ {
 		toks[tok] = r.writer
@@ -349,7 +349,7 @@ func (r *soakRequest) check(s *kv.Sequence, toks []uint64) {
 		return
 	}
 	g := tiny8
-	buf := make([]byte, g.TokenBytes())
+	buf := make([]byte, g.Groups[0].TokenBytes())
 	for tok, w := range toks {
 		if w == 0 {
 			continue

@@ -53,46 +53,48 @@ const (
 var tierCRC = crc32.MakeTable(crc32.Castagnoli)
 
 // TierNamespace returns the namespace of a cache's blocks in a tier: a fingerprint of
-// everything that gives a block's bytes their meaning. That is the model's geometry
-// (its name, layers, KV heads, head dim, element type and scale mode), the layout,
-// the granule size and the block it makes (tokens and bytes a block), and prefix,
-// which the user chooses to tell apart what the geometry can not: the model's weights
-// or revision, an adapter, a tenant. Caches whose namespaces agree may read each
-// other's blocks. A configuration the cache can not be built from is refused with
-// ErrGeometry or ErrConfig.
+// everything that gives a block's bytes their meaning. That is the model's shape,
+// the layout, the granule size and the block it makes (tokens and bytes a block), and
+// prefix, which the user chooses to tell apart what the shape can not: the model's
+// weights or revision, an adapter, a tenant. Caches whose namespaces agree may read
+// each other's blocks. A configuration the cache can not be built from is refused
+// with ErrGeometry or ErrConfig.
 //
-// On a Model (Config.Model) the fingerprint covers each of its groups in order: its
-// attention kind, window, layers (their indices), KV heads, head dim, element type,
-// scale mode, state bytes and the block it makes. Two models that differ in any of
-// these, or a Model and a Geometry, never share a namespace.
+// A uniform model (Uniform: one full-attention group of every layer in order) is
+// fingerprinted by its name, layers, KV heads, head dim, element type and scale mode,
+// as it has been since the first version (v1), so that its stored blocks stay
+// readable. Any other model's fingerprint, under a header of its own, covers each of
+// its groups in order: its attention kind, window, layers (their indices), KV heads,
+// head dim, element type, scale mode, state bytes and the block it makes. Two models
+// that differ in any of these never share a namespace.
 //
 // Config's other fields (MaxTokens, the authority, map-ahead) do not change a block's
 // bytes and are not part of it.
 func TierNamespace(cfg Config, granule int, prefix string) (uint64, error) {
-	m, set, err := cfg.model()
+	m, err := cfg.model()
 	if err != nil {
 		return 0, err
 	}
-	if set {
+	if !m.uniform() {
 		return modelNamespace(m, cfg, granule, prefix)
 	}
-	g := cfg.Geometry
-	sh, err := newShape(g, cfg.Layout, granule, cfg.BlockTokens, 0)
+	g := m.Groups[0]
+	sh, err := newGroupShape(g, cfg.Layout, granule, cfg.BlockTokens, 0)
 	if err != nil {
 		return 0, err
 	}
-	b := make([]byte, 0, 128+len(g.Name)+len(prefix))
+	b := make([]byte, 0, 128+len(m.Name)+len(prefix))
 	b = append(b, "vmarena kv tier namespace v1\x00"...)
-	b = appendString(b, g.Name)
-	for _, v := range []int{g.Layers, g.KVHeads, g.HeadDim, int(g.DType), int(g.Scales), int(cfg.Layout), granule, sh.tpb, sh.unit} {
+	b = appendString(b, m.Name)
+	for _, v := range []int{m.Layers, g.KVHeads, g.HeadDim, int(g.DType), int(g.Scales), int(cfg.Layout), granule, sh.tpb, sh.unit} {
 		b = binary.LittleEndian.AppendUint64(b, uint64(v))
 	}
 	return namespaceSum(b, prefix), nil
 }
 
-// modelNamespace is TierNamespace on m, a valid Model: under a header of its own, so
-// that no Model's fingerprint is a Geometry's, and with the count of each list before
-// it, so that no two models encode alike.
+// modelNamespace is TierNamespace on m, a valid model that is not uniform: under a
+// header of its own, so that no such model's fingerprint is a uniform one's, and with
+// the count of each list before it, so that no two models encode alike.
 func modelNamespace(m Model, cfg Config, granule int, prefix string) (uint64, error) {
 	groups, _, err := newGroups(m, cfg.Layout, granule, cfg.BlockTokens, 0)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -150,16 +151,16 @@ func TestTierValueTruncated(t *testing.T) {
 	requireRefused(t, err, kv.ErrTierTruncated, "nil")
 }
 
-func TestTierValueOtherGeometry(t *testing.T) {
-	mine, err := kv.TierNamespace(kv.Config{Geometry: kv.Llama3_8B}, 2<<20, "tenant-a")
+func TestTierValueOtherModel(t *testing.T) {
+	mine, err := kv.TierNamespace(kv.Config{Model: kv.Llama3_8B()}, 2<<20, "tenant-a")
 	require.NoError(t, err)
-	other, err := kv.TierNamespace(kv.Config{Geometry: kv.Llama3_70B}, 2<<20, "tenant-a")
+	other, err := kv.TierNamespace(kv.Config{Model: kv.Llama3_70B()}, 2<<20, "tenant-a")
 	require.NoError(t, err)
 	require.NotEqual(t, mine, other)
 	toks, payload := tierTokens(8, 5), tierPayload(64, 5)
 	v := encodeTierValue(t, kv.TierKey{Namespace: other, Hash: 9}, toks, payload)
 	_, err = kv.DecodeTierValue(v, kv.TierKey{Namespace: mine, Hash: 9}, toks, len(payload))
-	requireRefused(t, err, kv.ErrTierNamespace, "a value of another geometry")
+	requireRefused(t, err, kv.ErrTierNamespace, "a value of another model")
 }
 
 func TestTierValueOtherBlock(t *testing.T) {
@@ -221,42 +222,45 @@ func TestTierValueSize(t *testing.T) {
 }
 
 func TestTierNamespace(t *testing.T) {
-	base := kv.Config{Geometry: kv.Llama3_8B, BlockTokens: 16}
+	base := kv.Config{Model: kv.Llama3_8B(), BlockTokens: 16}
 	const gran = 2 << 20
 	ns, err := kv.TierNamespace(base, gran, "p")
 	require.NoError(t, err)
-	again, err := kv.TierNamespace(kv.Config{Geometry: kv.Llama3_8B, BlockTokens: 16, MaxTokens: 1 << 20, MapAhead: true}, gran, "p")
+	again, err := kv.TierNamespace(kv.Config{Model: kv.Llama3_8B(), BlockTokens: 16, MaxTokens: 1 << 20, MapAhead: true}, gran, "p")
 	require.NoError(t, err)
 	assert.Equal(t, ns, again, "MaxTokens and MapAhead do not change a block's bytes")
 	// Llama-3-8B's token of all layers is 128 KiB, so 16 tokens fill one 2 MiB block
 	// exactly, as does any BlockTokens from 1 to 16.
-	one, err := kv.TierNamespace(kv.Config{Geometry: kv.Llama3_8B, BlockTokens: 1}, gran, "p")
+	one, err := kv.TierNamespace(kv.Config{Model: kv.Llama3_8B(), BlockTokens: 1}, gran, "p")
 	require.NoError(t, err)
 	assert.Equal(t, ns, one, "two BlockTokens that make the same block")
 
-	fp8 := kv.Llama3_8B
-	fp8.DType = arena.Float8E4M3
-	fp8Scaled := fp8
-	fp8Scaled.Scales = kv.ScalePerTensor
-	with := func(f func(g *kv.Geometry)) kv.Config {
+	fp8 := kv.Llama3_8B()
+	fp8.Groups[0].DType = arena.Float8E4M3
+	fp8Scaled := withScales(fp8, kv.ScalePerTensor)
+	with := func(f func(g *kv.Model)) kv.Config {
 		c := base
-		f(&c.Geometry)
+		c.Model = cloned(c.Model)
+		f(&c.Model)
 		return c
 	}
 	seen := map[uint64]string{ns: "base"}
 	for _, tt := range []namespaceCase{
-		{"name", with(func(g *kv.Geometry) { g.Name = "other" }), gran, "p"},
-		{"layers", with(func(g *kv.Geometry) { g.Layers++ }), gran, "p"},
-		{"KV heads", with(func(g *kv.Geometry) { g.KVHeads *= 2 }), gran, "p"},
-		{"head dim", with(func(g *kv.Geometry) { g.HeadDim = 64 }), gran, "p"},
-		{"element type", kv.Config{Geometry: fp8, BlockTokens: 16}, gran, "p"},
-		{"scales", kv.Config{Geometry: fp8Scaled, BlockTokens: 16}, gran, "p"},
-		{"layout", kv.Config{Geometry: kv.Llama3_8B, Layout: kv.PerLayer}, gran, "p"},
+		{"name", with(func(g *kv.Model) { g.Name = "other" }), gran, "p"},
+		{"layers", with(func(g *kv.Model) {
+			u := g.Groups[0]
+			*g = kv.Uniform(g.Name, g.Layers+1, u.KVHeads, u.HeadDim, u.DType)
+		}), gran, "p"},
+		{"KV heads", with(func(g *kv.Model) { g.Groups[0].KVHeads *= 2 }), gran, "p"},
+		{"head dim", with(func(g *kv.Model) { g.Groups[0].HeadDim = 64 }), gran, "p"},
+		{"element type", kv.Config{Model: fp8, BlockTokens: 16}, gran, "p"},
+		{"scales", kv.Config{Model: fp8Scaled, BlockTokens: 16}, gran, "p"},
+		{"layout", kv.Config{Model: kv.Llama3_8B(), Layout: kv.PerLayer}, gran, "p"},
 		{"granule", base, 4 << 20, "p"},
-		{"block tokens", kv.Config{Geometry: kv.Llama3_8B, BlockTokens: 17}, gran, "p"},
+		{"block tokens", kv.Config{Model: kv.Llama3_8B(), BlockTokens: 17}, gran, "p"},
 		{"prefix", base, gran, "q"},
 		{"empty prefix", base, gran, ""},
-		{"prefix moved into the name", with(func(g *kv.Geometry) { g.Name += "p" }), gran, ""},
+		{"prefix moved into the name", with(func(g *kv.Model) { g.Name += "p" }), gran, ""},
 	} {
 		distinctNamespace(t, seen, tt.name, tt.cfg, tt.granule, tt.prefix)
 	}
@@ -289,15 +293,14 @@ func TestTierNamespaceBadInputs(t *testing.T) {
 		granule int
 		want    error
 	}{
-		{"no geometry", kv.Config{}, 2 << 20, kv.ErrGeometry},
-		{"no layers", kv.Config{Geometry: kv.Geometry{KVHeads: 1, HeadDim: 8, DType: arena.Float16}}, 2 << 20, kv.ErrGeometry},
-		{"granule not a power of two", kv.Config{Geometry: kv.Tiny}, 3 << 20, kv.ErrConfig},
-		{"granule 0", kv.Config{Geometry: kv.Tiny}, 0, kv.ErrConfig},
-		{"negative block tokens", kv.Config{Geometry: kv.Tiny, BlockTokens: -1}, 4096, kv.ErrConfig},
-		{"block tokens outside Blocked", kv.Config{Geometry: kv.Tiny, Layout: kv.PerLayer, BlockTokens: 4}, 4096, kv.ErrConfig},
-		{"unknown layout", kv.Config{Geometry: kv.Tiny, Layout: kv.Layout(9)}, 4096, kv.ErrConfig},
-		{"removed layout", kv.Config{Geometry: kv.Tiny, Layout: kv.Layout(1)}, 4096, kv.ErrConfig},
-		{"model: Geometry and Model", kv.Config{Geometry: kv.Tiny, Model: kv.GPTOSS20B()}, 2 << 20, kv.ErrConfig},
+		{"no model", kv.Config{}, 2 << 20, kv.ErrGeometry},
+		{"no layers", kv.Config{Model: kv.Uniform("", 0, 1, 8, arena.Float16)}, 2 << 20, kv.ErrGeometry},
+		{"granule not a power of two", kv.Config{Model: kv.Tiny()}, 3 << 20, kv.ErrConfig},
+		{"granule 0", kv.Config{Model: kv.Tiny()}, 0, kv.ErrConfig},
+		{"negative block tokens", kv.Config{Model: kv.Tiny(), BlockTokens: -1}, 4096, kv.ErrConfig},
+		{"block tokens outside Blocked", kv.Config{Model: kv.Tiny(), Layout: kv.PerLayer, BlockTokens: 4}, 4096, kv.ErrConfig},
+		{"unknown layout", kv.Config{Model: kv.Tiny(), Layout: kv.Layout(9)}, 4096, kv.ErrConfig},
+		{"removed layout", kv.Config{Model: kv.Tiny(), Layout: kv.Layout(1)}, 4096, kv.ErrConfig},
 		{"model: no groups", kv.Config{Model: kv.Model{Name: "m", Layers: 2}}, 2 << 20, kv.ErrGeometry},
 		{"model: a layer in no group", kv.Config{Model: kv.Model{Name: "m", Layers: 2, Groups: []kv.Group{
 			{Kind: kv.FullAttention, Layers: []int{0}, KVHeads: 1, HeadDim: 8, DType: arena.Float16}}}}, 2 << 20, kv.ErrGeometry},
@@ -344,7 +347,7 @@ func FuzzDecodeTierValue(f *testing.F) {
 // ExampleEncodeTierValue writes a block's value as a tier's Store would hand the
 // cache its memory, and checks it as a Load would.
 func ExampleEncodeTierValue() {
-	ns, _ := kv.TierNamespace(kv.Config{Geometry: kv.Tiny}, 4096, "example")
+	ns, _ := kv.TierNamespace(kv.Config{Model: kv.Tiny()}, 4096, "example")
 	key := kv.TierKey{Namespace: ns, Hash: 42}
 	tokens := []int32{101, 102, 103}
 	block := []byte("the block's K and V")
@@ -370,7 +373,8 @@ func ExampleEncodeTierValue() {
 
 // TestTierNamespaceModel: a Model's namespace covers each group's kind, window,
 // layers, heads, dim, element type and scales, so two models that differ in any one
-// of them, or a Model and the Geometry it was made from, never share keys.
+// of them, a uniform model among them (one full-attention group of every layer in
+// order), never share keys.
 func TestTierNamespaceModel(t *testing.T) {
 	const gran = 2 << 20
 	base := kv.Config{Model: kv.GPTOSS20B()}
@@ -385,11 +389,13 @@ func TestTierNamespaceModel(t *testing.T) {
 		f(&m)
 		return kv.Config{Model: m}
 	}
-	geo, err := kv.TierNamespace(kv.Config{Geometry: kv.Llama3_8B}, gran, "p")
+	uniform, err := kv.TierNamespace(kv.Config{Model: kv.Llama3_8B()}, gran, "p")
 	require.NoError(t, err)
-	seen := map[uint64]string{ns: "base", geo: "a Geometry"}
+	reversed := kv.Llama3_8B()
+	slices.Reverse(reversed.Groups[0].Layers)
+	seen := map[uint64]string{ns: "base", uniform: "a uniform model"}
 	for _, tt := range []namespaceCase{
-		{"the Geometry's own model", kv.Config{Model: kv.Llama3_8B.Model()}, gran, "p"},
+		{"a uniform model's layers in another order", kv.Config{Model: reversed}, gran, "p"},
 		{"name", with(func(m *kv.Model) { m.Name = "other" }), gran, "p"},
 		{"kind", with(func(m *kv.Model) { m.Groups[0].Kind = kv.ChunkedLocal }), gran, "p"},
 		{"window", with(func(m *kv.Model) { m.Groups[0].Window++ }), gran, "p"},
@@ -418,7 +424,7 @@ func TestTierNamespaceModel(t *testing.T) {
 		distinctNamespace(t, seen, tt.name, tt.cfg, tt.granule, tt.prefix)
 	}
 	presets := map[uint64]string{}
-	for _, m := range kv.ModelPresets() {
+	for _, m := range kv.Presets() {
 		distinctNamespace(t, presets, m.Name, kv.Config{Model: m}, gran, "p")
 	}
 }

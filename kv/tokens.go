@@ -97,7 +97,7 @@ func (s *Sequence) span(layer int, kind Kind, from, to, n int) (int, buffer, int
 // k × KVHeads × HeadDim elements of T for the k >= 1 tokens it holds: up to the end of
 // t's block in the Blocked layout, up to Len in PerLayer. A reader walks a tensor run
 // by run (t += len(run) / (KVHeads × HeadDim)) rather than element by element through a
-// View. It needs host memory (ErrLayout on a device: use ReadTokens) and the geometry's
+// View. It needs host memory (ErrLayout on a device: use ReadTokens) and the layer group's
 // element type (ErrElemType); t must be below Len (ErrRange). The slice is valid as a View is:
 // until s shrinks below it or closes; its tokens below Writable MUST NOT be written.
 // It allocates nothing.

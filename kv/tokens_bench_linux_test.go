@@ -20,18 +20,18 @@ import (
 // block, so a run of K is 16 tokens).
 func BenchmarkTokenRead(b *testing.B) {
 	const tokens = 256
-	g := kv.Llama3_8B
-	per := g.KVHeads * g.HeadDim
+	g := kv.Llama3_8B()
+	per := g.Groups[0].KVHeads * g.Groups[0].HeadDim
 	for _, layout := range []kv.Layout{kv.Blocked, kv.PerLayer} {
 		gov := accounting.NewGovernor()
 		mem, err := host.NewPrivate(host.PrivateOptions{Granularity: 2 << 20, Populate: true})
 		require.NoError(b, err)
-		c, err := kv.New(mem, kv.Config{Geometry: g, MaxTokens: tokens, Layout: layout, Authority: gov.Authority("kv", accounting.HostKey)})
+		c, err := kv.New(mem, kv.Config{Model: g, MaxTokens: tokens, Layout: layout, Authority: gov.Authority("kv", accounting.HostKey)})
 		require.NoError(b, err)
 		s, err := c.NewSequence()
 		require.NoError(b, err)
 		require.NoError(b, s.Append(tokens))
-		src := make([]byte, tokens*g.TokenBytes())
+		src := make([]byte, tokens*g.Groups[0].TokenBytes())
 		for i := range src {
 			src[i] = byte(i * 7)
 		}
@@ -56,8 +56,8 @@ func BenchmarkTokenRead(b *testing.B) {
 				}
 				bt := s.BlockTokens()
 				for t := range tokens {
-					for h := range g.KVHeads {
-						for d := range g.HeadDim {
+					for h := range g.Groups[0].KVHeads {
+						for d := range g.Groups[0].HeadDim {
 							if bt > 0 {
 								sum += uint64(v.At(t/bt, t%bt, h, d))
 							} else {
@@ -111,8 +111,8 @@ func BenchmarkTokenRead(b *testing.B) {
 // copy of the token's 2 KiB is common to both; the rest is each one's path to it.
 func BenchmarkTokenWrite(b *testing.B) {
 	const prefix, tokens = 64, 256
-	g := kv.Llama3_8B
-	src := make([]byte, g.TokenBytes())
+	g := kv.Llama3_8B()
+	src := make([]byte, g.Groups[0].TokenBytes())
 	for i := range src {
 		src[i] = byte(i)
 	}
@@ -136,7 +136,7 @@ func BenchmarkTokenWrite(b *testing.B) {
 		mem, err := host.NewShared(host.SharedOptions{Granularity: 2 << 20, Authority: gov.Authority("kv", accounting.HostKey)})
 		require.NoError(b, err)
 		defer mem.Close()
-		c, err := kv.New(mem, kv.Config{Geometry: g, MaxTokens: tokens})
+		c, err := kv.New(mem, kv.Config{Model: g, MaxTokens: tokens})
 		require.NoError(b, err)
 		defer c.Close()
 		first, err := c.NewSequence()
@@ -154,7 +154,7 @@ func BenchmarkTokenWrite(b *testing.B) {
 		require.True(b, s.Close().OK())
 	})
 	b.Run("impl=paged", func(b *testing.B) {
-		st, err := baseline.NewPaged(baseline.Shape{Layers: g.Layers, TokenBytes: g.TokenBytes(), MaxTokens: tokens}, baseline.PagedOptions{})
+		st, err := baseline.NewPaged(baseline.Shape{Layers: g.Layers, TokenBytes: g.Groups[0].TokenBytes(), MaxTokens: tokens}, baseline.PagedOptions{})
 		require.NoError(b, err)
 		defer st.Close()
 		first, err := st.NewSequence()

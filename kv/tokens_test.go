@@ -49,7 +49,7 @@ func TestReadWriteTokens(t *testing.T) {
 		for _, layout := range layouts {
 			t.Run(fmt.Sprintf("%s/%v", sharingNames[kind], layout), func(t *testing.T) {
 				s := seqOn(t, kind, layout, n)
-				tb := tiny8.TokenBytes()
+				tb := tiny8.Groups[0].TokenBytes()
 				for layer := range tiny8.Layers {
 					for _, k := range kv.KindsOf(tiny8) {
 						require.NoError(t, s.WriteTokens(layer, k, 0, n, tokenBytes(7, layer, k, 0, n, tb)))
@@ -73,7 +73,7 @@ func TestReadWriteTokens(t *testing.T) {
 					want := tokenBytes(7, 2, kv.V, 0, n, tb)
 					for tok := range n {
 						h := v.At(viewIndex(s, tok, 1, 3)...)
-						off := tok*tb + (1*tiny8.HeadDim+3)*2
+						off := tok*tb + (1*tiny8.Groups[0].HeadDim+3)*2
 						assert.Equal(t, arena.F16(uint16(want[off])|uint16(want[off+1])<<8), h, "token %d", tok)
 					}
 				}
@@ -90,7 +90,7 @@ func TestReadWriteTokensBadInput(t *testing.T) {
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	require.NoError(t, s.Append(10))
-	tb := tiny8.TokenBytes()
+	tb := tiny8.Groups[0].TokenBytes()
 	buf := make([]byte, 2*tb)
 	for _, tt := range []struct {
 		name            string
@@ -143,7 +143,7 @@ func TestRun(t *testing.T) {
 		t.Run(layout.String(), func(t *testing.T) {
 			s := seqOn(t, onShared, layout, n)
 			writeTokens(t, s, 3, 0, n)
-			tb, per := tiny8.TokenBytes(), tiny8.KVHeads*tiny8.HeadDim
+			tb, per := tiny8.Groups[0].TokenBytes(), tiny8.Groups[0].KVHeads*tiny8.Groups[0].HeadDim
 			for layer := range tiny8.Layers {
 				for _, k := range kv.KindsOf(tiny8) {
 					var got []byte

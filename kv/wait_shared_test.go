@@ -63,7 +63,7 @@ func TestWaiterUsesIdleGranules(t *testing.T) {
 
 	// The six reused granules still hold a's token 0; the six new ones read zero.
 	reused := 0
-	buf := make([]byte, tiny8.TokenBytes())
+	buf := make([]byte, tiny8.Groups[0].TokenBytes())
 	zero := make([]byte, len(buf))
 	for layer := range tiny8.Layers {
 		for _, kind := range kv.KindsOf(tiny8) {
@@ -80,7 +80,7 @@ func TestWaiterUsesIdleGranules(t *testing.T) {
 
 // perLayer1024 is the PerLayer cache of tiny8 tokens that the wait tests make: 6
 // granules a token, one per tensor.
-var perLayer1024 = kv.Config{Geometry: tiny8, MaxTokens: 1024, Layout: kv.PerLayer}
+var perLayer1024 = kv.Config{Model: tiny8, MaxTokens: 1024, Layout: kv.PerLayer}
 
 // A refused Append on a pooled backing holds no budget afterwards.
 func TestRefusedAppendHoldsNoBudget(t *testing.T) {

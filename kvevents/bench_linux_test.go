@@ -53,8 +53,8 @@ import (
 // cache's announced-block index included (benchstat -col /events).
 func BenchmarkPublishCost(b *testing.B) {
 	const prompt, budget, block = costPrompt, costBudget, 16
-	g := costGeometry
-	data := make([]byte, g.TokenBytes())
+	g := costModel
+	data := make([]byte, g.Groups[0].TokenBytes())
 	for _, mode := range []string{"false", "true", "prefix-cache"} {
 		on, inCache := mode == "true", mode == "prefix-cache"
 		b.Run("events="+mode, func(b *testing.B) {
@@ -212,10 +212,10 @@ func BenchmarkPublishCost(b *testing.B) {
 }
 
 // The scenario of BenchmarkPublishCost and BenchmarkPublishShare: requests of
-// costPrompt unique tokens on costGeometry, the prefix cache full within costBudget.
+// costPrompt unique tokens on costModel, the prefix cache full within costBudget.
 const costPrompt, costBudget = 4096, 512 << 20
 
-var costGeometry = kv.Qwen25_05B
+var costModel = kv.Qwen25_05B()
 
 // costPublisher returns a publisher at its default settings on an ephemeral loopback
 // port, with one subscriber reading all it sends. The caller closes it
@@ -249,7 +249,7 @@ func costCache(b *testing.B, obs kv.BlockEvents) *kv.PrefixCache {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { pool.Close() })
-	c, err := kv.New(pool, kv.Config{Geometry: costGeometry, MaxTokens: costPrompt})
+	c, err := kv.New(pool, kv.Config{Model: costModel, MaxTokens: costPrompt})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -309,8 +309,8 @@ func BenchmarkPublishShare(b *testing.B) {
 // publishShare is BenchmarkPublishShare with events on the second cache, or, without,
 // its control: two caches alike, whose share-% must come out within its error of 0.
 func publishShare(b *testing.B, events bool) {
-	g := costGeometry
-	data := make([]byte, g.TokenBytes())
+	g := costModel
+	data := make([]byte, g.Groups[0].TokenBytes())
 	var pub *kvevents.Publisher
 	var obs kv.BlockEvents
 	if events {

@@ -43,7 +43,7 @@ func newBenchServer(b *testing.B) *benchServer {
 	if err != nil {
 		b.Fatal(err)
 	}
-	cache, err := kv.New(pool, kv.Config{Geometry: kv.Tiny, MaxTokens: benchMax})
+	cache, err := kv.New(pool, kv.Config{Model: kv.Tiny(), MaxTokens: benchMax})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -410,7 +410,7 @@ func TestCacheOf(t *testing.T) {
 	gov := accounting.NewGovernor()
 	mem, err := host.NewPrivate(host.PrivateOptions{})
 	require.NoError(t, err)
-	cache, err := kv.New(mem, kv.Config{Geometry: kv.Tiny, MaxTokens: 64, Authority: gov.Authority("kv", accounting.HostKey)})
+	cache, err := kv.New(mem, kv.Config{Model: kv.Tiny(), MaxTokens: 64, Authority: gov.Authority("kv", accounting.HostKey)})
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, cache.Close()) }()
 	got := metrics.CacheOf("tiny", cache, nil)

@@ -24,7 +24,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	cache, err := kv.New(mem, kv.Config{Geometry: kv.Tiny, MaxTokens: 4096, Authority: auth})
+	cache, err := kv.New(mem, kv.Config{Model: kv.Tiny(), MaxTokens: 4096, Authority: auth})
 	if err != nil {
 		panic(err)
 	}

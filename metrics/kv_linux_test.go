@@ -26,10 +26,10 @@ func TestCollectRealCache(t *testing.T) {
 	pool, err := host.NewShared(host.SharedOptions{Granularity: gran, Authority: auth, Name: "vmarena-metrics-test"})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, pool.Close()) })
-	cache, err := kv.New(pool, kv.Config{Geometry: kv.Tiny, MaxTokens: 4096})
+	cache, err := kv.New(pool, kv.Config{Model: kv.Tiny(), MaxTokens: 4096})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, cache.Close()) })
-	bpt := kv.Tiny.BytesPerToken() // 256: a 64 KiB granule holds 256 tokens
+	bpt := kv.Tiny().BytesPerToken() // 256: a 64 KiB granule holds 256 tokens
 
 	origin, err := cache.NewSequence()
 	require.NoError(t, err)
@@ -105,7 +105,7 @@ func TestCollectRealPrefixCache(t *testing.T) {
 	pool, err := host.NewShared(host.SharedOptions{Granularity: 64 << 10, Authority: auth, Name: "vmarena-metrics-test"})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, pool.Close()) })
-	cache, err := kv.New(pool, kv.Config{Geometry: kv.Tiny, MaxTokens: 4096})
+	cache, err := kv.New(pool, kv.Config{Model: kv.Tiny(), MaxTokens: 4096})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, cache.Close()) })
 	pc, err := kv.NewPrefixCache(cache, kv.PrefixCacheOptions{})

@@ -22,9 +22,9 @@ type cacheStrategy struct {
 	pool  backing.Pool          // the backing's pool, or nil
 	auth  *accounting.Authority // owns the cache's physical bytes
 	close func() error          // closes the backing, after the cache
-	model kv.Model              // the cache's groups (a Geometry as its one group)
+	model kv.Model              // the cache's groups
 	// groups measures each layer group of a cache on a model of groups; nil for a
-	// Geometry.
+	// uniform model.
 	groups *groupMeter
 
 	mu      sync.Mutex
@@ -35,9 +35,6 @@ type cacheStrategy struct {
 
 func newCacheStrategy(name string, c *kv.Cache, pool backing.Pool, auth *accounting.Authority, closeBacking func() error) *cacheStrategy {
 	m := c.Config().Model
-	if m.Layers == 0 {
-		m = c.Config().Geometry.Model()
-	}
 	return &cacheStrategy{name: name, c: c, pool: pool, auth: auth, close: closeBacking, model: m,
 		copies: make(map[*copiedPrefix]struct{})}
 }

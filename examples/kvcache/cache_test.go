@@ -26,7 +26,7 @@ func TestCacheAdapter(t *testing.T) {
 			require.NoError(t, err)
 			st := b.st
 			assert.Equal(t, nameCache, st.Name())
-			tb := testModel.TokenBytes()
+			tb := testModel.Groups[0].TokenBytes()
 			token := func(v byte) []byte { return bytes.Repeat([]byte{v}, tb) }
 
 			root, err := st.NewSequence()

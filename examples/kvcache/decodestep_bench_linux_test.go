@@ -28,7 +28,7 @@ func BenchmarkDecodeStepDType(b *testing.B) {
 			if plan == nil {
 				plan = make([]layerPlan, g.Layers)
 				for l := range plan {
-					plan[l] = layerPlan{kinds: keyValue, tokenBytes: g.TokenBytes()}
+					plan[l] = layerPlan{kinds: keyValue, tokenBytes: g.Groups[0].TokenBytes()}
 				}
 			}
 			stepBytes := 0

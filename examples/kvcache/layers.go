@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/vmarena/vmarena/arena"
@@ -195,12 +196,13 @@ func parseKVDType(name string) (arena.DType, error) {
 // group's tensors but the recurrent states, whose element type the model's state
 // update fixes. It fails where a head of the model does not fit whole blocks of dt
 // (Q8_0's 32 values).
-func withDType(g kv.Geometry, m *kv.Model, dt arena.DType) (kv.Geometry, *kv.Model, error) {
+func withDType(g kv.Model, m *kv.Model, dt arena.DType) (kv.Model, *kv.Model, error) {
 	if dt == 0 {
 		return g, m, nil
 	}
-	g.DType = dt
-	if err := g.Validate(); err != nil {
+	g.Groups = slices.Clone(g.Groups) // the caller's model is the caller's
+	g.Groups[0].DType = dt
+	if err := g.Validate(0); err != nil {
 		return g, m, fmt.Errorf("-kv-dtype %v with %s: %w", dt, g.Name, err)
 	}
 	if m == nil {

@@ -15,14 +15,14 @@ import (
 
 // groupWorkload is a few short requests on a model of groups, with Verify on:
 // prompts of ctx tokens, gen generated, on a system prompt of system tokens.
-func groupWorkload(g kv.Geometry, groups *kv.Model, maxTokens, system, ctx, gen int) Workload {
+func groupWorkload(g kv.Model, groups *kv.Model, maxTokens, system, ctx, gen int) Workload {
 	var reqs []Request
 	for i := range 3 {
 		reqs = append(reqs, Request{ID: i, Arrival: time.Duration(i) * 50 * time.Millisecond, Context: ctx + 7*i, Generated: gen})
 	}
 	plan := planLayers(groups)
 	return Workload{Requests: reqs, Speed: 1, Step: 25 * time.Millisecond, Concurrency: 4, SystemPrompt: system,
-		Layers: g.Layers, Plan: plan, TokenBytes: planBytes(plan, g.TokenBytes()), MaxTokens: maxTokens, Verify: true}
+		Layers: g.Layers, Plan: plan, TokenBytes: planBytes(plan, g.Groups[0].TokenBytes()), MaxTokens: maxTokens, Verify: true}
 }
 
 // TestReplayEveryGroupKind replays, with every live token and state read back, the
@@ -154,7 +154,7 @@ func TestKVDTypeFlag(t *testing.T) {
 			require.NoError(t, err)
 			g8, m8, err := withDType(g, groups, arena.Float8E4M3)
 			require.NoError(t, err)
-			assert.Equal(t, 2*g8.TokenBytes(), g16.TokenBytes())
+			assert.Equal(t, 2*g8.Groups[0].TokenBytes(), g16.Groups[0].TokenBytes())
 			if groups == nil {
 				return
 			}
@@ -172,9 +172,9 @@ func TestKVDTypeFlag(t *testing.T) {
 	dt, err := parseKVDType(kvDTypeDefault)
 	require.NoError(t, err)
 	assert.Zero(t, dt, "the model's own")
-	g, groups, err := withDType(kv.Llama3_8B, nil, dt)
+	g, groups, err := withDType(kv.Llama3_8B(), nil, dt)
 	require.NoError(t, err)
-	assert.Equal(t, kv.Llama3_8B, g)
+	assert.Equal(t, kv.Llama3_8B(), g)
 	assert.Nil(t, groups)
 }
 
@@ -182,7 +182,7 @@ func TestKVDTypeFlagBadInputs(t *testing.T) {
 	checkUsage(t, []usageCase{
 		{"unknown type", []string{"-kv-dtype", "fp4"}, `-kv-dtype "fp4": want one of model, fp16, bf16, fp8, fp8-e5m2, q8_0`},
 		{"empty", []string{"-kv-dtype", ""}, `-kv-dtype "": want one of`},
-		{"q8_0 on a head of 16", []string{"-model", "tiny", "-kv-dtype", "q8_0"}, "-kv-dtype q8_0 with tiny: kv: invalid geometry: head dim 16 of q8_0"},
+		{"q8_0 on a head of 16", []string{"-model", "tiny", "-kv-dtype", "q8_0"}, "-kv-dtype q8_0 with tiny: group 0 (full): kv: invalid geometry: head dim 16 of q8_0"},
 	})
 }
 
@@ -209,7 +209,7 @@ func TestWorkloadPlanBadInputs(t *testing.T) {
 	short.Plan = short.Plan[:3]
 	assert.ErrorContains(t, short.validate(), "a layer plan of 3 layers for a model of 48")
 	small := w
-	small.TokenBytes = g.TokenBytes()
+	small.TokenBytes = g.Groups[0].TokenBytes()
 	assert.ErrorContains(t, small.validate(), "less than the plan's largest token or state, 1097728")
 	require.NoError(t, w.validate())
 }

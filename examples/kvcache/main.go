@@ -184,7 +184,7 @@ to an unbounded cache's, time to first token, makespan, memory, and the memory h
 once the load stops, and plots memory and the hit rate over time.
 
 Layer groups: -model gpt-oss-20b (or gpt-oss-120b, gemma-3-27b, gemma-3-12b,
-llama-4-scout, deepseek-v3, deepseek-r1, qwen3-next-80b-a3b: kv.ModelPresets) builds
+llama-4-scout, deepseek-v3, deepseek-r1, qwen3-next-80b-a3b: kv.Presets) builds
 vmarena's cache on the model's groups (kv.Config.Model), and the replay writes each
 group in its own shape: K and V of its heads, head dim and element type; an MLA
 group's one latent per layer (no V); a recurrent group's state per sequence and
@@ -281,7 +281,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.skip, "skip", 0, "skip this many requests at the start of the trace")
 	fs.Float64Var(&c.speed, "speed", 1, "divide the trace's arrival times by this (0: every request arrives at once)")
 	fs.DurationVar(&c.step, "step", 25*time.Millisecond, "simulated model time of one batch iteration (one decode step)")
-	fs.StringVar(&c.model, "model", kv.Llama3_8B.Name, "model: a geometry (every layer full attention) or a model of layer groups (sliding-window, chunked-local, MLA latent, recurrent state; vmarena alone, on kv.Config.Model): "+modelNames())
+	fs.StringVar(&c.model, "model", kv.Llama3_8B().Name, "model: a uniform model (every layer full attention) or a model of layer groups (sliding-window, chunked-local, MLA latent, recurrent state; vmarena alone, on kv.Config.Model): "+modelNames())
 	fs.StringVar(&c.kvDType, "kv-dtype", kvDTypeDefault, "the KV's element type for every strategy: model (the preset's own), fp16, bf16, fp8 (OCP E4M3), fp8-e5m2 or q8_0 (32 int8 values and an f16 scale in 34 bytes); a recurrent state keeps the model's")
 	fs.BoolVar(&c.uniform, "uniform", false, "with a model of layer groups: make its sliding-window and chunked-local groups full attention (kv.Model.Uniform), the cache the same model takes when it keeps every token, for comparison")
 	fs.BoolVar(&c.verify, "verify", false, "read back, before each sequence closes, every token a later step would still read in every layer, and every recurrent state, and fail on a byte other than was written (slows the replay); in the prefix-cache replay, every hit token of every layer a later step reads, against what was written for its prefix (always with -tiers)")
@@ -345,7 +345,7 @@ func (c *config) validate() (setup, []string, error) {
 	}
 	if c.uniform {
 		if groups == nil {
-			return s, nil, fmt.Errorf("-uniform: -model %s is a geometry, every layer full attention already", g.Name)
+			return s, nil, fmt.Errorf("-uniform: -model %s is uniform, every layer full attention already", g.Name)
 		}
 		u := groups.Uniform()
 		groups = &u
@@ -586,7 +586,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if c.prefix {
 		w := PrefixWorkload{Requests: reqs, Speed: c.speed, Step: c.step, PrefillRate: c.prefillRate,
-			Concurrency: c.concurrency, MaxTokens: c.maxTokens, TokenBytes: s.model.TokenBytes(), Layers: s.model.Layers,
+			Concurrency: c.concurrency, MaxTokens: c.maxTokens, TokenBytes: s.model.Groups[0].TokenBytes(), Layers: s.model.Layers,
 			Plan: planLayers(s.groups), Verify: s.tiers != nil || c.verify}
 		if code := c.prefixBudget(&s, w, stderr); code != 0 {
 			return code
@@ -630,7 +630,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		Idle:         c.idle,
 		Verify:       c.verify,
 	}
-	w.TokenBytes = planBytes(w.Plan, s.model.TokenBytes())
+	w.TokenBytes = planBytes(w.Plan, s.model.Groups[0].TokenBytes())
 	if err := w.validate(); err != nil {
 		fmt.Fprintf(stderr, "kvcache: %v\n", err)
 		return 2

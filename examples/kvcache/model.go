@@ -9,24 +9,20 @@ import (
 	"github.com/vmarena/vmarena/kv"
 )
 
-// lookupModel resolves -model: one of kv.Presets (a Geometry, as before), or else one
-// of kv.ModelPresets. For a model of one full-attention group it returns that group
-// as a Geometry and a nil model, which every strategy runs. For any other model (window
-// groups, an MLA latent, a recurrent state, groups of different shapes) it returns the
-// model itself, whose every group the replay writes in its own shape (planLayers),
-// and a Geometry of the model's layers in the shape of its largest per-token tensor,
-// which names the model in the report. An unknown name lists every known one.
-func lookupModel(name string) (kv.Geometry, *kv.Model, error) {
-	g, gerr := kv.Preset(name)
-	if gerr == nil {
-		return g, nil, nil
-	}
-	m, merr := kv.ModelPreset(name)
-	if merr != nil {
-		if errors.Is(gerr, kv.ErrUnknownModel) && errors.Is(merr, kv.ErrUnknownModel) {
-			return kv.Geometry{}, nil, fmt.Errorf("-model: %w %q (known: %s)", kv.ErrUnknownModel, name, modelNames())
+// lookupModel resolves -model: one of kv.Presets. For a model of one full-attention
+// group it returns that model and a nil model of groups, which every strategy runs.
+// For any other model (window groups, an MLA latent, a recurrent state, groups of
+// different shapes) it returns the model itself as the second result, whose every
+// group the replay writes in its own shape (planLayers), and as the first a uniform
+// model of its layers in the shape of its largest per-token tensor (kv.Uniform), which
+// names the model in the report. An unknown name lists every known one.
+func lookupModel(name string) (kv.Model, *kv.Model, error) {
+	m, err := kv.Preset(name)
+	if err != nil {
+		if errors.Is(err, kv.ErrUnknownModel) {
+			return kv.Model{}, nil, fmt.Errorf("-model: %w %q (known: %s)", kv.ErrUnknownModel, name, modelNames())
 		}
-		return kv.Geometry{}, nil, fmt.Errorf("-model %s: %w", name, merr)
+		return kv.Model{}, nil, fmt.Errorf("-model %s: %w", name, err)
 	}
 	largest := -1
 	for i, gr := range m.Groups {
@@ -35,27 +31,22 @@ func lookupModel(name string) (kv.Geometry, *kv.Model, error) {
 		}
 	}
 	if largest < 0 {
-		return kv.Geometry{}, nil, fmt.Errorf("-model %s: every group is recurrent: the replay needs tokens to write", m.Name)
+		return kv.Model{}, nil, fmt.Errorf("-model %s: every group is recurrent: the replay needs tokens to write", m.Name)
+	}
+	if len(m.Groups) == 1 && m.Groups[0].Kind == kv.FullAttention {
+		return m, nil, nil // one full-attention group: every strategy models it
 	}
 	first := m.Groups[largest]
-	g = kv.Geometry{Name: m.Name, Layers: m.Layers, KVHeads: first.KVHeads, HeadDim: first.HeadDim, DType: first.DType, Scales: first.Scales}
-	if len(m.Groups) == 1 && first.Kind == kv.FullAttention {
-		return g, nil, nil // the one-group case is a Geometry: every strategy models it
-	}
+	g := kv.Uniform(m.Name, m.Layers, first.KVHeads, first.HeadDim, first.DType)
+	g.Groups[0].Scales = first.Scales
 	return g, &m, nil
 }
 
-// modelNames lists -model's names: the geometries, then the layer-group models.
+// modelNames lists -model's names.
 func modelNames() string {
 	var names []string
-	seen := map[string]bool{}
-	for _, g := range kv.Presets() {
-		names, seen[g.Name] = append(names, g.Name), true
-	}
-	for _, m := range kv.ModelPresets() {
-		if !seen[m.Name] {
-			names = append(names, m.Name)
-		}
+	for _, m := range kv.Presets() {
+		names = append(names, m.Name)
 	}
 	return strings.Join(names, ", ")
 }

@@ -29,31 +29,25 @@ func TestModelFlagBadInputs(t *testing.T) {
 		{"prefix replay with paged", append(hybrid, "-trace", "mooncake", "-strategies", "vmarena+prefix-cache,paged+prefix-cache"),
 			"strategy paged+prefix-cache models full attention only, and would hold every token of the window layers; run -strategies vmarena+prefix-cache,vmarena"},
 		{"prefix replay with tiers", append(hybrid, "-trace", "mooncake", "-tiers", "host"), "-tiers: kv's prefix cache keeps tiers for one-group caches"},
-		{"uniform of a geometry", []string{"-model", "llama3-8b", "-uniform"}, "-uniform: -model llama3-8b is a geometry, every layer full attention already"},
+		{"uniform of a uniform model", []string{"-model", "llama3-8b", "-uniform"}, "-uniform: -model llama3-8b is uniform, every layer full attention already"},
 		{"fair timing", append(hybrid, "-rounds", "2"), "-rounds reports no layer groups"},
 		{"window past the context", []string{"-model", "gemma-3-27b", "-max-tokens", "1000", "-system-prompt", "0"}, "window of 1024 tokens is larger than MaxTokens 1000"},
 	}
 	checkUsage(t, tests)
 }
 
-// TestModelFlagPresets resolves every name -model knows: the geometries as before, the
-// one-group full-attention models as a Geometry, every other model as itself, with a
-// Geometry in the shape of its largest per-token tensor.
+// TestModelFlagPresets resolves every name -model knows: the one-group full-attention
+// models as themselves, every other model as itself beside a uniform model in the
+// shape of its largest per-token tensor.
 func TestModelFlagPresets(t *testing.T) {
-	for _, g := range kv.Presets() {
-		got, groups, err := lookupModel(g.Name)
-		require.NoError(t, err)
-		assert.Equal(t, g, got)
-		assert.Nil(t, groups, g.Name)
-	}
-	for _, m := range kv.ModelPresets() {
+	for _, m := range kv.Presets() {
 		t.Run(m.Name, func(t *testing.T) {
 			g, groups, err := lookupModel(m.Name)
 			require.NoError(t, err)
 			assert.Equal(t, m.Name, g.Name)
 			assert.Equal(t, m.Layers, g.Layers)
 			for _, gr := range m.Groups {
-				assert.LessOrEqual(t, gr.TokenBytes(), g.TokenBytes(), "the Geometry has the largest token")
+				assert.LessOrEqual(t, gr.TokenBytes(), g.Groups[0].TokenBytes(), "the uniform model has the largest token")
 			}
 			var plan int64
 			for _, p := range planLayers(&m) {
@@ -61,7 +55,8 @@ func TestModelFlagPresets(t *testing.T) {
 			}
 			assert.Equal(t, int64(m.BytesPerToken()), plan, "the plan writes every group's bytes per token")
 			if len(m.Groups) == 1 && m.Groups[0].Kind == kv.FullAttention {
-				assert.Nil(t, groups, "one full-attention group is a Geometry")
+				assert.Equal(t, m, g)
+				assert.Nil(t, groups, "one full-attention group is uniform")
 				return
 			}
 			require.NotNil(t, groups)
@@ -115,7 +110,7 @@ func replayHybrid(t *testing.T, backing string, system int, ahead bool) {
 		reqs = append(reqs, Request{ID: i, Arrival: time.Duration(i) * 100 * time.Millisecond, Context: 150 + 40*i, Generated: 200})
 	}
 	w := Workload{Requests: reqs, Speed: 1, Step: 25 * time.Millisecond, Concurrency: 4, SystemPrompt: system,
-		Layers: g.Layers, TokenBytes: g.TokenBytes(), MaxTokens: s.maxTokens}
+		Layers: g.Layers, TokenBytes: g.Groups[0].TokenBytes(), MaxTokens: s.maxTokens}
 	res, err := Replay(context.Background(), mc, w, nil)
 	require.NoError(t, err)
 	require.NoError(t, mc.Close())

@@ -73,9 +73,9 @@ type kvPrefix struct {
 	name string
 	cs   *cacheStrategy
 	pc   *kv.PrefixCache // nil: prefix caching off
-	g    kv.Geometry
+	g    kv.Model
 	// plan is each layer's tensors on a model of layer groups (planLayers), nil on
-	// a Geometry; bpt the model's bytes per token.
+	// a uniform model; bpt the model's bytes per token.
 	plan []layerPlan
 	bpt  int
 	// tiers close the prefix cache's tiers, after it and before the cache (nil
@@ -311,7 +311,7 @@ type PrefixWorkload struct {
 	TokenBytes  int
 	Layers      int
 	// Plan is each layer's tensors on a model of layer groups (planLayers); nil on
-	// a Geometry, whose every layer keeps K and V of TokenBytes.
+	// a uniform model, whose every layer keeps K and V of TokenBytes.
 	Plan []layerPlan
 	// Verify writes every prompt token's K and V as a function of the tokens up to
 	// it (as a model's are), and reads every hit token back and compares: a failure

@@ -30,7 +30,7 @@ func prefixWorkload(t *testing.T) PrefixWorkload {
 	reqs, err := ReadAnyTrace([]byte(prefixTrace))
 	require.NoError(t, err)
 	return PrefixWorkload{Requests: reqs, Speed: 1, Step: 25 * time.Millisecond, PrefillRate: DefaultPrefillRate,
-		Concurrency: 8, MaxTokens: 4096, TokenBytes: testModel.TokenBytes(), Layers: testModel.Layers}
+		Concurrency: 8, MaxTokens: 4096, TokenBytes: testModel.Groups[0].TokenBytes(), Layers: testModel.Layers}
 }
 
 func TestIdealHits(t *testing.T) {
@@ -141,7 +141,7 @@ func TestReplayPrefixLoneRequestThatCanNotDecode(t *testing.T) {
 	reqs, err := ReadAnyTrace([]byte(fmt.Sprintf(`{"timestamp": 0, "input_length": %d, "output_length": 3, "hash_ids": [1, 2]}`+"\n", prompt)))
 	require.NoError(t, err)
 	w := PrefixWorkload{Requests: reqs, Speed: 1, Step: 25 * time.Millisecond, PrefillRate: DefaultPrefillRate,
-		Concurrency: 4, MaxTokens: 4096, TokenBytes: testModel.TokenBytes(), Layers: testModel.Layers}
+		Concurrency: 4, MaxTokens: 4096, TokenBytes: testModel.Groups[0].TokenBytes(), Layers: testModel.Layers}
 	s := testSetup(int64(prompt * testModel.BytesPerToken()))
 	s.maxTokens = w.MaxTokens
 	for _, name := range []string{namePrefixOn, namePrefixOff} {
@@ -179,7 +179,7 @@ func TestReplayPrefixGroups(t *testing.T) {
 		t.Run(fmt.Sprint("budget=", budget), func(t *testing.T) {
 			s := testSetup(budget)
 			s.maxTokens = w.MaxTokens
-			s.model = kv.Geometry{Name: m.Name, Layers: m.Layers, KVHeads: 2, HeadDim: 32, DType: arena.Float16}
+			s.model = kv.Uniform(m.Name, m.Layers, 2, 32, arena.Float16)
 			s.groups = &m
 			st, gov, err := buildPrefixReplica(namePrefixOn, s, 0)
 			require.NoError(t, err)

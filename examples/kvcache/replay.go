@@ -179,7 +179,7 @@ type replayer struct {
 }
 
 // groupReader is a strategy that measures its layer groups: has is false where it has
-// none (a Geometry).
+// none (a uniform model).
 type groupReader interface {
 	readGroups() (u groupUse, has bool, err error)
 }

@@ -17,11 +17,7 @@ import (
 // testModel is small enough for -race: 2 KiB of K/V per token, so a Blocked block of
 // one 64 KiB granule holds 32 tokens and no free bytes.
 // It is the tiny preset's element type with a few more layers and dimensions.
-var testModel = func() kv.Geometry {
-	g := kv.Tiny
-	g.Name, g.Layers, g.KVHeads, g.HeadDim = "test", 4, 2, 64
-	return g
-}()
+var testModel = kv.Uniform("test", 4, 2, 64, kv.Tiny().Groups[0].DType)
 
 const (
 	testGranule = 64 << 10
@@ -45,7 +41,7 @@ func testWorkload(t *testing.T, n int) Workload {
 		Concurrency:  16,
 		SystemPrompt: testSystem,
 		Layers:       testModel.Layers,
-		TokenBytes:   testModel.TokenBytes(),
+		TokenBytes:   testModel.Groups[0].TokenBytes(),
 		MaxTokens:    4096,
 	}
 }

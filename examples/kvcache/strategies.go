@@ -40,9 +40,9 @@ var defaultBacking = func() string {
 
 // setup is what every strategy is built from.
 type setup struct {
-	model kv.Geometry // the shape of every layer's K and V
+	model kv.Model // a uniform model: the shape of every layer's K and V
 	// groups is, for a model of layer groups (-model gpt-oss-20b), the model vmarena's
-	// cache is built on (kv.Config.Model); nil for a Geometry.
+	// cache is built on (kv.Config.Model); nil for a uniform model.
 	groups    *kv.Model
 	notes     []string // what the flags' defaults gave up for groups, for the header
 	backing   string
@@ -79,7 +79,7 @@ func (s setup) high() int {
 }
 
 func (s setup) shape() baseline.Shape {
-	return baseline.Shape{Layers: s.model.Layers, TokenBytes: s.model.TokenBytes(), MaxTokens: s.maxTokens}
+	return baseline.Shape{Layers: s.model.Layers, TokenBytes: s.model.Groups[0].TokenBytes(), MaxTokens: s.maxTokens}
 }
 
 // built is a strategy ready to replay, with the governor that bounds it.
@@ -147,9 +147,9 @@ var warnings = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Leve
 // buildCache puts a kv.Cache on the chosen backing. Only the backing's constructor
 // differs: the cache names no backing type.
 func (s setup) buildCache(b *built, auth *accounting.Authority) error {
-	cfg := kv.Config{Geometry: s.model, MaxTokens: s.maxTokens, Layout: s.layout, MapAhead: s.mapAhead, Logger: warnings}
+	cfg := kv.Config{Model: s.model, MaxTokens: s.maxTokens, Layout: s.layout, MapAhead: s.mapAhead, Logger: warnings}
 	if s.groups != nil {
-		cfg.Geometry, cfg.Model = kv.Geometry{}, *s.groups
+		cfg.Model = *s.groups
 	}
 	var (
 		c     *kv.Cache

@@ -38,18 +38,14 @@ func conversationTrace(convs, turns int) string {
 
 // tierModel is the test model with two layers: every token is written and every
 // hit read back token by token, which -race makes slow.
-var tierModel = func() kv.Geometry {
-	g := testModel
-	g.Layers = 2
-	return g
-}()
+var tierModel = kv.Uniform(testModel.Name, 2, testModel.Groups[0].KVHeads, testModel.Groups[0].HeadDim, testModel.Groups[0].DType)
 
 // tierWorkload is conversationTrace(4, 4) on tierModel.
 func tierWorkload(t *testing.T) PrefixWorkload {
 	reqs, err := ReadAnyTrace([]byte(conversationTrace(4, 4)))
 	require.NoError(t, err)
 	return PrefixWorkload{Requests: reqs, Speed: 1, Step: 25 * time.Millisecond, PrefillRate: DefaultPrefillRate,
-		Concurrency: 4, MaxTokens: 4096, TokenBytes: tierModel.TokenBytes(), Layers: tierModel.Layers, Verify: true}
+		Concurrency: 4, MaxTokens: 4096, TokenBytes: tierModel.Groups[0].TokenBytes(), Layers: tierModel.Layers, Verify: true}
 }
 
 // tierTestSetup is the test setup at a third of w's ideal cache, with tiers (a

@@ -73,7 +73,7 @@ func writePrompt(st pstrategy, s pseq, q *preq, m int, fill, scratch []byte, w P
 }
 
 // layerOf returns the tensors of layer l and their bytes per token: plan's, or K and
-// V of tokenBytes on a Geometry (plan nil).
+// V of tokenBytes on a uniform model (plan nil).
 func layerOf(plan []layerPlan, l, tokenBytes int) ([]baseline.Kind, int) {
 	if plan == nil {
 		return keyValue, tokenBytes

@@ -14,9 +14,9 @@ import (
 	"github.com/vmarena/vmarena/kv/blockhash"
 )
 
-// geometry is the replicas' model: small, so that a replay of thousands of Mooncake
+// replicaModel is the replicas' model: small, so that a replay of thousands of Mooncake
 // prompts (12,000 tokens on average) fits a development machine: 32 bytes a token.
-var geometry = kv.Geometry{Name: "router-tiny", Layers: 1, KVHeads: 1, HeadDim: 8, DType: arena.Float16}
+var replicaModel = kv.Uniform("router-tiny", 1, 1, 8, arena.Float16)
 
 // simConfig is a cluster's shape and its servers' speed (in model time).
 type simConfig struct {
@@ -68,7 +68,7 @@ func newReplica(id int, cfg simConfig, obs kv.BlockEvents) (*replica, error) {
 	if err != nil {
 		return nil, err
 	}
-	cache, err := kv.New(pool, kv.Config{Geometry: geometry, MaxTokens: cfg.MaxTokens})
+	cache, err := kv.New(pool, kv.Config{Model: replicaModel, MaxTokens: cfg.MaxTokens})
 	if err != nil {
 		return nil, errors.Join(err, pool.Close())
 	}

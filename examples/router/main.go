@@ -100,7 +100,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		PrefillRate: o.prefillRate, Step: o.step, MaxTokens: o.maxTokens, BlockSize: o.blockSize}
 	fmt.Fprintf(stdout, "Trace:   %d requests of %s over %v\n", len(reqs), o.trace, reqs[len(reqs)-1].arrival)
 	fmt.Fprintf(stdout, "Cluster: %d replicas of %d MiB each (%s, %d B a token), batch of %d, %v a decode step, prefill %.0f tokens/s\n\n",
-		o.replicas, cfg.Budget>>20, geometry.Name, geometry.BytesPerToken(), o.concurrency, o.step, o.prefillRate)
+		o.replicas, cfg.Budget>>20, replicaModel.Name, replicaModel.BytesPerToken(), o.concurrency, o.step, o.prefillRate)
 	var results []runResult
 	for _, mode := range []string{modePrefix, modeRoundRobin, modeSingle} {
 		r, err := runMode(reqs, cfg, mode, o)

@@ -36,7 +36,7 @@ func Example_restart() {
 			panic(err)
 		}
 		defer pool.Close()
-		cfg := kv.Config{Geometry: kv.Llama32_1B, MaxTokens: 4096}
+		cfg := kv.Config{Model: kv.Llama32_1B(), MaxTokens: 4096}
 		cache, err := kv.New(pool, cfg)
 		if err != nil {
 			panic(err)

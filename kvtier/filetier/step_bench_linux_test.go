@@ -34,7 +34,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 				Authority: accounting.NewGovernor().Authority("kv", accounting.HostKey)})
 			require.NoError(b, err)
 			defer pool.Close()
-			cache, err := kv.New(pool, kv.Config{Geometry: kv.Llama32_1B, MaxTokens: 4096})
+			cache, err := kv.New(pool, kv.Config{Model: kv.Llama32_1B(), MaxTokens: 4096})
 			require.NoError(b, err)
 			defer cache.Close()
 			opts := kv.PrefixCacheOptions{}

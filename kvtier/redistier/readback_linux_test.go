@@ -17,13 +17,13 @@ import (
 	"github.com/vmarena/vmarena/kvtier/redistier"
 )
 
-// readBackCache returns a Blocked cache of soakGeometry on a backing of 64 KiB
+// readBackCache returns a Blocked cache of soakModel on a backing of 64 KiB
 // granules (host.Shared, or cuda over the fake driver), its ledger, and a check of
 // what the backing still holds once the cache is closed.
 func readBackCache(t *testing.T, onCUDA bool) (*kv.Cache, *accounting.Authority, func() error) {
 	t.Helper()
 	const gran = 64 << 10
-	cfg := kv.Config{Geometry: soakGeometry, MaxTokens: 512, Layout: kv.Blocked}
+	cfg := kv.Config{Model: soakModel, MaxTokens: 512, Layout: kv.Blocked}
 	gov := accounting.NewGovernor()
 	if onCUDA {
 		auth := gov.Authority("gpu", accounting.GPU(0))

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/kvtier/hosttier"
@@ -25,8 +26,8 @@ var soakRequests = flag.Int("soak.requests", 240, "requests of TestPrefixCacheSo
 
 var errInjected = errors.New("injected fault")
 
-// soakGeometry is a small model: a block of 4 KiB granules.
-var soakGeometry = kv.Geometry{Name: "soak", Layers: 3, KVHeads: 4, HeadDim: 64, DType: kv.Tiny.DType}
+// soakModel is a small model: a block of 4 KiB granules.
+var soakModel = kv.Uniform("soak", 3, 4, 64, arena.Float16)
 
 // soakByte is the byte i of token pos (ID id) of layer's kind tensor: K and V depend
 // on the token's ID and position, as a model's do on the prefix.
@@ -36,8 +37,8 @@ func soakByte(id int32, layer int, kind kv.Kind, pos, i int) byte {
 
 // soakWrite writes tokens [from, to) of s with ids' patterns.
 func soakWrite(s *kv.Sequence, ids []int32, from, to int) error {
-	buf := make([]byte, soakGeometry.TokenBytes())
-	for layer := range soakGeometry.Layers {
+	buf := make([]byte, soakModel.Groups[0].TokenBytes())
+	for layer := range soakModel.Layers {
 		for _, kind := range []kv.Kind{kv.K, kv.V} {
 			for p := from; p < to; p++ {
 				for i := range buf {
@@ -54,8 +55,8 @@ func soakWrite(s *kv.Sequence, ids []int32, from, to int) error {
 
 // soakCheck checks tokens [from, to) of s against ids' patterns.
 func soakCheck(s *kv.Sequence, ids []int32, from, to int) error {
-	buf := make([]byte, soakGeometry.TokenBytes())
-	for layer := range soakGeometry.Layers {
+	buf := make([]byte, soakModel.Groups[0].TokenBytes())
+	for layer := range soakModel.Layers {
 		for _, kind := range []kv.Kind{kv.K, kv.V} {
 			for p := from; p < to; p++ {
 				if err := s.ReadToken(layer, kind, p, buf); err != nil {
@@ -86,7 +87,7 @@ func TestPrefixCacheSoak(t *testing.T) {
 	pool := gov.Authority("pool", accounting.HostKey)
 	fake := backingtest.NewFake(backingtest.FakeOptions{Granularity: 4 << 10, Authority: pool})
 	faulty := backingtest.NewFaulty(fake)
-	c, err := kv.New(faulty, kv.Config{Geometry: soakGeometry, MaxTokens: 512, Layout: kv.Blocked})
+	c, err := kv.New(faulty, kv.Config{Model: soakModel, MaxTokens: 512, Layout: kv.Blocked})
 	require.NoError(t, err)
 	s0, err := c.NewSequence()
 	require.NoError(t, err)
