@@ -173,7 +173,7 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 		}
 		for gi := range c.groups {
 			if !s.adopted { // NB: else pre is what they held before adopting
-				// the ranges of a group are alike (see publish)
+				// the ranges of a group are alike (see refreshStats)
 				*s.preOf(gi) = rangeEnd(s.bufs[c.groups[gi].first])
 			}
 		}
@@ -197,7 +197,7 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 		}
 		g.Seq.n += g.Tokens
 		if commits || c.multi {
-			g.Seq.publish()
+			g.Seq.refreshStats()
 		} else {
 			g.Seq.tokens.Store(int64(g.Seq.n)) // nothing else moved
 		}
@@ -256,7 +256,7 @@ func (c *Cache) rollback(done []Growth, s *Sequence, k int, idle int64, commits 
 			q.err = rerr
 			errs = append(errs, fmt.Errorf("%w: sequence %d: rolling back: %w", ErrDamaged, q.id, rerr))
 		}
-		q.publish()
+		q.refreshStats()
 	}
 	undo(s, k)
 	for _, g := range done {

@@ -439,9 +439,9 @@ func (q *pcEvents) from(e *pcEntry, gi, first int) {
 	}
 }
 
-// dropped queues the end of e's path, whose tokens the index still holds (a longer
+// displaced queues the end of e's path, whose tokens the index still holds (a longer
 // entry displaced it). pc.mu is held.
-func (q *pcEvents) dropped(e *pcEntry) {
+func (q *pcEvents) displaced(e *pcEntry) {
 	if q.side != nil {
 		*q.next() = evChange{kind: evDrop, id: e.evID}
 	}

@@ -255,7 +255,7 @@ func (s *Sequence) dropDead(n int) error {
 	gave := false
 	defer func() {
 		if h := s.c.hooks(); gave && h != nil {
-			h.dropped(s) // what s mapped of a prefix cache's units there
+			h.windowGaveBack(s) // what s mapped of a prefix cache's units there
 		}
 	}()
 	for gi := range s.c.groups {
@@ -405,8 +405,8 @@ func groupKinds(m Model) string {
 	return fmt.Sprintf("%d groups (%s)", len(m.Groups), strings.Join(kinds, ", "))
 }
 
-// publish updates the readings other goroutines see.
-func (s *Sequence) publish() {
+// refreshStats updates the readings other goroutines see (SequenceStats, Cache.Stats).
+func (s *Sequence) refreshStats() {
 	var committed, shared, used int64
 	for gi := range s.c.groups {
 		g := &s.c.groups[gi]
@@ -433,7 +433,7 @@ func (s *Sequence) publish() {
 
 // need returns the bytes of the granules s must commit to hold tokens (before a
 // window group gives any back). The sequence must not be damaged: the ranges of each
-// of its groups are then alike (see publish).
+// of its groups are then alike (see refreshStats).
 func (s *Sequence) need(tokens int) int64 {
 	var n int64
 	for gi := range s.c.groups {

@@ -201,7 +201,7 @@ func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 	if h := c.hooks(); h != nil {
 		h.startedOn(s, p, fulls)
 	}
-	s.publish()
+	s.refreshStats()
 	c.register(s)
 	return s, nil
 }
@@ -223,7 +223,7 @@ func (c *Cache) sequenceOn(src *Sequence, n int, held bool, below *Sequence) (*S
 		return nil, errors.Join(err, c.abandon(s))
 	}
 	s.startShared(n, fulls, firstHeld)
-	s.publish()
+	s.refreshStats()
 	c.register(s)
 	return s, nil
 }

@@ -654,7 +654,7 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 		// The new entry holds the old one's tokens (and maps its granules, where s
 		// did): the old one goes, giving back only its own tail. That is no
 		// eviction: the tokens stay cached.
-		pc.ev.dropped(old)
+		pc.ev.displaced(old)
 		e.hits, e.stored = old.hits, old.stored
 		if _, d := pc.unhold(old); d != nil {
 			drop = append(drop, d)

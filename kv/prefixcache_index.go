@@ -303,7 +303,7 @@ func (pc *PrefixCache) shrink(e *pcEntry, depth, n int) (int64, *pcEntry) {
 	if e.seq != nil {
 		e.n, e.seq.n = n, n
 		e.seq.frozen = min(e.seq.frozen, pc.c.extent(n))
-		e.seq.publish()
+		e.seq.refreshStats()
 	}
 	pc.evictions += int64(len(e.grefs) - k)
 	var freed int64

@@ -328,7 +328,7 @@ func (t *pcTiers) pickCut(e *pcEntry, leaf *radix.Node[*pcEntry], n int) *pcEntr
 func (t *pcTiers) holder(src *Sequence, first, last int) *Sequence {
 	c, unit := t.c, t.c.unit
 	if c.unitsFor(src.n) < last {
-		t.dropped(last - first)
+		t.countDrops(last - first)
 		return nil
 	}
 	bufs, err := c.newBuffers(c.capac)
@@ -341,7 +341,7 @@ func (t *pcTiers) holder(src *Sequence, first, last int) *Sequence {
 	}
 	if err != nil {
 		c.release(bufs)
-		t.dropped(last - first)
+		t.countDrops(last - first)
 		return nil
 	}
 	c.mu.Lock()
@@ -350,8 +350,8 @@ func (t *pcTiers) holder(src *Sequence, first, last int) *Sequence {
 	return &Sequence{c: c, bufs: bufs, n: last * c.tpb}
 }
 
-// dropped counts blocks that were not written down into any tier as drops.
-func (t *pcTiers) dropped(blocks int) {
+// countDrops counts blocks that were not written down into any tier as drops.
+func (t *pcTiers) countDrops(blocks int) {
 	for i := range t.tiers {
 		t.count(i, func(st *TierStats) { st.Drops += int64(blocks) })
 	}

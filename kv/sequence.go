@@ -133,7 +133,7 @@ func (s *Sequence) Truncate(n int) error {
 	} else {
 		_, err = s.truncate(n)
 	}
-	s.publish()
+	s.refreshStats()
 	s.c.notify()
 	return err
 }
@@ -366,7 +366,7 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	if h := s.c.hooks(); h != nil {
 		h.forked(s, n, fulls, child, nil)
 	}
-	child.publish()
+	child.refreshStats()
 	s.c.register(child)
 	return child, nil
 }
@@ -510,7 +510,7 @@ func (c *Cache) reuse(es *Sequence) *Sequence {
 	c.seqs[s] = struct{}{}
 	c.mu.Unlock()
 	es.bufs, es.closed = nil, true
-	s.publish()
+	s.refreshStats()
 	return s
 }
 
