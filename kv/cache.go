@@ -466,6 +466,32 @@ func (c *Cache) SequenceStats() []SequenceStats {
 	return out
 }
 
+// refreshStats updates the readings other goroutines see (SequenceStats, Cache.Stats).
+func (s *Sequence) refreshStats() {
+	var committed, shared, used int64
+	for gi := range s.c.groups {
+		g := &s.c.groups[gi]
+		if s.err != nil || len(s.bufs) == 0 {
+			for _, b := range s.bufs[min(g.first, len(s.bufs)):min(g.first+g.nbuf, len(s.bufs))] {
+				committed += int64(b.Committed())
+				shared += int64(b.Shared())
+			}
+		} else {
+			// NB: the ranges of a group of a sequence that is not damaged are alike
+			// (every operation resizes and shares them all the same, or damages it),
+			// so one stands for all: a batch step then touches each group once.
+			b := s.bufs[g.first]
+			committed += int64(g.nbuf) * int64(b.Committed())
+			shared += int64(g.nbuf) * int64(b.Shared())
+		}
+		used += g.used(s.n, s.heldOf(gi))
+	}
+	s.tokens.Store(int64(s.n))
+	s.committed.Store(committed)
+	s.sharedIn.Store(shared)
+	s.used.Store(used)
+}
+
 // Close closes the cache. Every sequence and prefix MUST have been closed and
 // released first: while any is live Close fails with an error matching ErrBusy and
 // closes nothing. It retries giving back any range whose release failed earlier and

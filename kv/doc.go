@@ -111,7 +111,7 @@
 // model of one full-attention or MLA group. Map-ahead maps each group that holds
 // tokens ahead on its own, a recurrent state never. Each group of FP8 elements may
 // keep scales of its own ([Group.Scales], [Cache.GroupScales]).
-// groups.go lists the states of a window group's bytes and their transitions.
+// window.go lists the states of a window group's bytes and their transitions.
 //
 // # Layout
 //

@@ -227,3 +227,15 @@ func (c *Cache) sequenceOn(src *Sequence, n int, held bool, below *Sequence) (*S
 	c.register(s)
 	return s, nil
 }
+
+// prefixable returns an error matching ErrConfig when c is on a Model that has a
+// Recurrent group: a prefix of it (Freeze) would need the state after its own
+// tokens, which the cache does not keep.
+func (c *Cache) prefixable(op string) error {
+	for i := range c.groups {
+		if c.groups[i].spec.Kind == Recurrent {
+			return fmt.Errorf("%w: %s needs a model without recurrent groups (a state is a function of every token, which a prefix can not restore); model %q has %s", ErrConfig, op, c.cfg.Model.Name, groupKinds(c.cfg.Model))
+		}
+	}
+	return nil
+}
