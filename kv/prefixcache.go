@@ -183,7 +183,7 @@ type PrefixCacheOptions struct {
 // its copy). Where the device's budget can not hold the whole run even after
 // eviction (which runs first, as for any growth), the longest start of it that fits
 // is loaded, the rest counted in TierStats.Unfit, and no tier below is asked. Every
-// value is checked by DecodeTierValue against the prompt's own tokens before its
+// value is checked by tierval.Decode against the prompt's own tokens before its
 // bytes are copied, so no stale key, hash collision or other tenant's value maps
 // another prompt's K/V; the first block that fails ends the run (TierStats.Invalid or
 // Drops), the sequence is cut back to the blocks that passed, and the next tier is

@@ -13,6 +13,7 @@ import (
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/internal/radix"
 	"github.com/vmarena/vmarena/kv/blockhash"
+	"github.com/vmarena/vmarena/kv/tierval"
 )
 
 // Defaults of PrefixCacheOptions' tier fields.
@@ -55,7 +56,7 @@ type TierStats struct {
 	// were not stored then, and go down as their entry is evicted (write-back), as
 	// without TierWriteThrough. Not drops: nothing is lost unless that fails too.
 	Deferred int64
-	// Invalid counts the values that failed DecodeTierValue's check: misses, never
+	// Invalid counts the values that failed tierval.Decode's check: misses, never
 	// mapped.
 	Invalid int64
 	// Unfit counts the blocks the tier held, next in a lookup's run, that the device's
@@ -223,14 +224,14 @@ func (t *pcTiers) count(i int, f func(*TierStats)) {
 }
 
 // keys returns the keys of the whole blocks of tokens from block first on.
-func (t *pcTiers) keys(tokens []int32, first int) []TierKey {
+func (t *pcTiers) keys(tokens []int32, first int) []tierval.Key {
 	hs := t.hash.Chain(nil, t.hash.Root(), 0, tokens)
 	if first >= len(hs) {
 		return nil
 	}
-	keys := make([]TierKey, 0, len(hs)-first)
+	keys := make([]tierval.Key, 0, len(hs)-first)
 	for _, h := range hs[first:] {
-		keys = append(keys, TierKey{Namespace: t.ns, Hash: h.Uint64()})
+		keys = append(keys, tierval.Key{Namespace: t.ns, Hash: h.Uint64()})
 	}
 	return keys
 }
@@ -370,18 +371,18 @@ func (t *pcTiers) writeBack(ctx context.Context, s *Sequence, w *tierWrite) {
 		for j, key := range keys {
 			b := p.first + j
 			tokens := p.tokens[b*bt : (b+1)*bt]
-			size := TierValueSize(len(tokens), unit)
+			size := tierval.Size(len(tokens), unit)
 			for i, tier := range t.tiers {
 				t.slots <- struct{}{}
 				sctx, cancel := context.WithTimeout(ctx, t.wait)
-				var flags uint16
+				encode := tierval.Encode
 				if t.inProc[i] {
-					flags = tierPayloadUnsummed
+					encode = tierval.EncodeInProcess
 				}
 				err := tier.Store(sctx, key, size, func(dst []byte) error {
-					return encodeTierValue(dst, key, tokens, unit, func(p []byte) error {
+					return encode(dst, key, tokens, unit, func(p []byte) error {
 						return buf.readAt(b*unit, p)
-					}, flags)
+					})
 				})
 				cancel()
 				<-t.slots
@@ -504,7 +505,7 @@ func (t *pcTiers) load(s *Sequence, tokens []int32, m, limit int) int {
 // or as much of its start as the device's budget takes (grow), and returns the blocks
 // loaded and whether the budget cut the run; s holds the loaded blocks (and nothing
 // past them) on return. It holds a load slot (takeLoad) meanwhile.
-func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, tokens []int32, b int, keys []TierKey) (int, bool) {
+func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, tokens []int32, b int, keys []tierval.Key) (int, bool) {
 	if !t.takeLoad(ctx, i) {
 		return 0, false
 	}
@@ -532,6 +533,10 @@ func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, t
 		t.count(i, func(st *TierStats) { st.Unfit += int64(run - fit) })
 	}
 	run = fit
+	decode := tierval.Decode
+	if t.inProc[i] {
+		decode = tierval.DecodeInProcess
+	}
 	got := 0
 	for ; got < run; got++ {
 		blk := b + got
@@ -539,7 +544,7 @@ func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, t
 		var invalid bool
 		var size int
 		err := tier.Load(ctx, keys[got], func(src []byte) error {
-			payload, err := decodeTierValue(src, keys[got], want, unit, t.inProc[i])
+			payload, err := decode(src, keys[got], want, unit)
 			if err != nil {
 				invalid = true
 				return err

@@ -29,7 +29,7 @@
 // namespace other than its name says: two files swapped, a block of another model
 // copied in) is refused with [ErrCorrupt], counted in Stats.Corrupt and removed; it
 // is never handed to the use func. The value inside is the cache's own self-checking
-// format (kv.EncodeTierValue), which the cache checks again against its tokens.
+// format (tierval.Encode), which the cache checks again against its tokens.
 //
 // # Namespaces and warm start
 //
