@@ -703,8 +703,8 @@ func (t *Tier) Delete(ctx context.Context, key tierval.Key) error {
 }
 
 // Close waits for the calls in progress and releases the directory's lock. The
-// blocks stay on disk for the next New on the directory. A second Close is
-// ErrClosed.
+// blocks stay on disk for the next New on the directory. A second Close changes
+// nothing and returns ErrClosed (docs/server.md, "A second Close").
 func (t *Tier) Close() error {
 	t.mu.Lock()
 	if t.closed {

@@ -537,7 +537,8 @@ func (t *Tier) Trim() (int64, error) {
 
 // Close waits for the calls in progress, stops the pinning, closes the stream,
 // unpins and gives the whole region back to the OS and its bytes back to the ledger.
-// Every value is forfeit. A second Close returns ErrClosed.
+// Every value is forfeit. A second Close changes nothing and returns ErrClosed
+// (docs/server.md, "A second Close").
 func (t *Tier) Close() error {
 	t.mu.Lock()
 	if t.closed {
