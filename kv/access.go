@@ -149,12 +149,12 @@ func View[T arena.Elem](s *Sequence, layer int, kind Kind) (arena.Tensor[T], err
 // the package doc): reading, writing or viewing them fails with ErrDropped. A kernel
 // walks a window group's tensor from there (Base, BlockStride and TokenStride of
 // Cache.LayerStrides). It is at most the group's FirstLive of the length the last
-// append grew from, so at most FirstLive(Len). It panics with
-// PanicLayerRange for a layer the model does not have.
+// append grew from, so at most FirstLive(Len). It panics ("kv: layer or kind out of
+// range") for a layer the model does not have.
 func (s *Sequence) FirstHeld(layer int) int {
 	s.live()
 	if uint(layer) >= uint(len(s.c.layers)) {
-		panic(PanicLayerRange)
+		panic(panicLayerRange)
 	}
 	return s.heldOf(s.c.layers[layer].group)
 }

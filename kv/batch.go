@@ -9,7 +9,8 @@ import (
 	"github.com/vmarena/vmarena/backing"
 )
 
-// Growth is one sequence's part of a batch step: Seq grows by Tokens.
+// Growth is one sequence's part of a batch step: Seq grows by Tokens. A server
+// passes one per sequence of a step to Cache.Need, AppendBatch or AppendBatchCtx.
 type Growth struct {
 	Seq    *Sequence
 	Tokens int
@@ -55,7 +56,7 @@ func (c *Cache) AppendBatch(batch []Growth) error { return c.appendBatch(batch, 
 // a cancelled wait returns ctx.Err() and changes nothing.
 func (c *Cache) AppendBatchCtx(ctx context.Context, batch []Growth) error {
 	if ctx == nil {
-		panic(PanicNilContext)
+		panic(panicNilContext)
 	}
 	var idle int64
 	err := c.appendBatch(batch, 0, &idle)

@@ -13,7 +13,8 @@ import (
 	"github.com/vmarena/vmarena/backing"
 )
 
-// Config says what a Cache holds and how.
+// Config says what a Cache holds and how: the argument of New, and of Config.Size and
+// TierNamespace, which answer for a cache before it is made.
 type Config struct {
 	// Geometry is the model's shape when every layer is full attention of one shape.
 	Geometry Geometry
@@ -76,7 +77,8 @@ type Config struct {
 }
 
 // Cache holds the K and V tensors of many sequences on one backing. Its zero value is
-// not usable; call New.
+// not usable; call New. A server makes one per model and backing and keeps it for
+// its life, closing it last (docs/server.md).
 type Cache struct {
 	st     store
 	pool   backing.Pool          // the backing's pool, or nil
@@ -371,7 +373,7 @@ func (c *Cache) changedChan() <-chan struct{} {
 	return c.changed
 }
 
-// Stats is a snapshot of a cache.
+// Stats is a snapshot of a cache, for metrics and logs (package metrics reads it).
 type Stats struct {
 	Sequences int   // live sequences
 	Prefixes  int   // live prefixes
@@ -446,7 +448,8 @@ func (c *Cache) Stats() Stats {
 	return st
 }
 
-// SequenceStats is a snapshot of one sequence.
+// SequenceStats is a snapshot of one sequence, for a scheduler that weighs which
+// sequence to preempt, or for logs.
 type SequenceStats struct {
 	ID        uint64
 	Tokens    int
@@ -496,7 +499,7 @@ func (s *Sequence) refreshStats() {
 // released first: while any is live Close fails with an error matching ErrBusy and
 // closes nothing. It retries giving back any range whose release failed earlier and
 // reports what still fails. A second Close changes nothing and returns an error
-// matching ErrClosed.
+// matching ErrClosed (docs/server.md, "A second Close").
 func (c *Cache) Close() error {
 	c.mu.Lock()
 	if c.closed {

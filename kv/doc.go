@@ -197,8 +197,8 @@
 // A Cache is closed with [Cache.Close] once every sequence and prefix is gone (it
 // fails with [ErrBusy] before); Close gives back the range of its FP8 scales too. A
 // second [Sequence.Close] changes nothing and returns a Failed outcome matching
-// [ErrClosed]; every other method of a closed sequence panics with
-// [PanicSequenceClosed].
+// [ErrClosed]; every other method of a closed sequence panics ("kv: Sequence used
+// after Close").
 //
 // # Concurrency
 //

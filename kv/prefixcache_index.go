@@ -37,7 +37,7 @@ import (
 //
 // A granule index (granuleRef) counts the entries that hold it and the live
 // sequences and prefixes that map it (holders: see prefixcache_holders.go). Both
-// counts change only through ref, which panics with PanicRefCount below zero.
+// counts change only through ref, which panics with panicRefCount below zero.
 
 // granuleRef is one sharing unit's physical memory in one layer group (a granule, or
 // a block, in each of the group's ranges; in a one-group cache, in each of a
@@ -63,12 +63,12 @@ func (sg unitSeg) end() int { return sg.from + len(sg.refs) }
 // slice returns the references to units [lo, hi), which sg must cover.
 func (sg unitSeg) slice(lo, hi int) []*granuleRef { return sg.refs[lo-sg.from : hi-sg.from] }
 
-// ref adds d to the count n and returns it, panicking with PanicRefCount when the
+// ref adds d to the count n and returns it, panicking with panicRefCount when the
 // count would go below zero: a count that went wrong would free memory something
 // still maps.
 func ref(n *int32, d int32) int32 {
 	if *n+d < 0 {
-		panic(PanicRefCount)
+		panic(panicRefCount)
 	}
 	*n += d
 	return *n

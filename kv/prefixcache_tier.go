@@ -18,23 +18,24 @@ import (
 
 // Defaults of PrefixCacheOptions' tier fields.
 const (
-	// DefaultTierStores is the stores into tiers that run at once when
+	// defaultTierStores is the stores into tiers that run at once when
 	// PrefixCacheOptions.TierStores is 0.
-	DefaultTierStores = 2
-	// DefaultTierLoads is the lookups that load from the tiers at once when
+	defaultTierStores = 2
+	// defaultTierLoads is the lookups that load from the tiers at once when
 	// PrefixCacheOptions.TierLoads is 0.
-	DefaultTierLoads = 16
-	// DefaultTierWait bounds a lookup's wait on the tiers, and one store, when
+	defaultTierLoads = 16
+	// defaultTierWait bounds a lookup's wait on the tiers, and one store, when
 	// PrefixCacheOptions.TierWait is 0.
-	DefaultTierWait = 100 * time.Millisecond
-	// TierThroughQueue is the write-throughs that wait for a store worker, per
+	defaultTierWait = 100 * time.Millisecond
+	// tierThroughQueue is the write-throughs that wait for a store worker, per
 	// worker (PrefixCacheOptions.TierStores of them): one that finds the queue full
 	// is deferred (TierStats.Deferred), its blocks left to go down as the entry is
 	// evicted, rather than a goroutine that waits holding its entry busy.
-	TierThroughQueue = 8
+	tierThroughQueue = 8
 )
 
-// TierStats counts what a prefix cache did with one of its tiers.
+// TierStats counts what a prefix cache did with one of its tiers
+// (PrefixCacheStats.Tiers), for metrics and logs.
 type TierStats struct {
 	Name string // the tier's Name
 	// Hits is the prompt tokens lookups found in the tier and loaded (they count in
@@ -52,7 +53,7 @@ type TierStats struct {
 	// caller.
 	Drops int64
 	// Deferred counts the blocks whose write-through found the queue of the store
-	// workers full (TierThroughQueue), so that stores fell behind the inserts: they
+	// workers full (8 waiting per worker), so that stores fell behind the inserts: they
 	// were not stored then, and go down as their entry is evicted (write-back), as
 	// without TierWriteThrough. Not drops: nothing is lost unless that fails too.
 	Deferred int64
@@ -101,7 +102,7 @@ type pcTiers struct {
 	sealed bool
 	parked []*pcEntry
 	// queue feeds the write-throughs to the store workers, TierStores of them,
-	// started with the first (working); at most TierThroughQueue per worker wait in
+	// started with the first (working); at most tierThroughQueue per worker wait in
 	// it. Only writeThrough sends, pc.mu held and the tiers not sealed; seal closes
 	// it, and the workers end once it is drained.
 	queue   chan throughJob
@@ -187,17 +188,17 @@ func newTiers(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
 		pending: make(map[*Sequence]*tierPending), storing: make(map[*pcEntry]chan struct{}),
 	}
 	if t.wait == 0 {
-		t.wait = DefaultTierWait
+		t.wait = defaultTierWait
 	}
 	if opts.TierStores == 0 {
-		t.slots = make(chan struct{}, DefaultTierStores)
+		t.slots = make(chan struct{}, defaultTierStores)
 	}
 	if t.through {
-		t.queue = make(chan throughJob, TierThroughQueue*cap(t.slots))
+		t.queue = make(chan throughJob, tierThroughQueue*cap(t.slots))
 	}
 	t.loads = make(chan struct{}, opts.TierLoads)
 	if opts.TierLoads == 0 {
-		t.loads = make(chan struct{}, DefaultTierLoads)
+		t.loads = make(chan struct{}, defaultTierLoads)
 	}
 	for i, tier := range t.tiers {
 		t.counts[i].Name = tier.Name()

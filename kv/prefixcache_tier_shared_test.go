@@ -58,7 +58,7 @@ func newTierCache(t *testing.T, c *kv.Cache, tiers ...kv.Tier) *kv.PrefixCache {
 	// A wait no loaded machine reaches: TestPrefixCacheTierWait tests the wait.
 	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Tiers: tiers, TierPrefix: t.Name(), TierWait: time.Minute})
 	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, pc.Close()) })
+	closeAtCleanup(t, pc)
 	return pc
 }
 

@@ -10,7 +10,8 @@ import (
 	"github.com/vmarena/vmarena/internal/nocopy"
 )
 
-// Kind selects a layer's K or V tensor.
+// Kind selects a layer's K or V tensor, in every call that reads, writes or views
+// one.
 type Kind uint8
 
 const (
@@ -26,7 +27,9 @@ func (k Kind) String() string {
 }
 
 // Sequence is one request's K and V tensors, growing token by token on base addresses
-// that never change from creation to Close.
+// that never change from creation to Close. A server makes one per request
+// (Cache.NewSequence, NewSequenceFrom, PrefixCache.Lookup) and closes it when the
+// request ends.
 type Sequence struct {
 	_ nocopy.NoCopy
 
@@ -67,7 +70,7 @@ type Sequence struct {
 
 func (s *Sequence) live() {
 	if s.closed {
-		panic(PanicSequenceClosed)
+		panic(panicSequenceClosed)
 	}
 }
 
@@ -450,7 +453,7 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 // the outcome; ranges whose release failed are kept by the cache, reported as
 // residual, and retried by Cache.Close. A second Close changes nothing and returns a
 // Failed outcome whose error matches ErrClosed, so that a deferred Close may follow
-// an explicit one.
+// an explicit one (docs/server.md, "A second Close").
 func (s *Sequence) Close() accounting.ReleaseOutcome {
 	if s.closed {
 		return accounting.FailedRelease(0, fmt.Errorf("%w: sequence %d closed twice", ErrClosed, s.id))
