@@ -205,10 +205,12 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	return c, nil
 }
 
-// Config returns the cache's configuration.
+// Config returns the cache's configuration, for a caller that sizes or names what
+// the cache holds (Config.Size, TierNamespace).
 func (c *Cache) Config() Config { return c.cfg }
 
-// Granularity returns the backing's granule size.
+// Granularity returns the backing's granule size: the granule argument of
+// Config.Size and TierNamespace for a cache like this one.
 func (c *Cache) Granularity() int { return c.gran }
 
 // NewSequence returns an empty sequence. It reserves address space for MaxTokens and
@@ -419,7 +421,7 @@ type Stats struct {
 // ledger returns the authority that owns the cache's physical memory.
 func (c *Cache) ledger() *accounting.Authority { return c.auth }
 
-// Stats returns a snapshot of the cache.
+// Stats returns a snapshot of the cache (see Stats): a metrics collector's call.
 func (c *Cache) Stats() Stats {
 	var st Stats
 	c.mu.Lock()
@@ -457,7 +459,8 @@ type SequenceStats struct {
 	Shared    int64 // of which mapped from a prefix or a parent
 }
 
-// SequenceStats returns a snapshot of every live sequence, ordered by ID.
+// SequenceStats returns a snapshot of every live sequence, ordered by ID (see
+// SequenceStats).
 func (c *Cache) SequenceStats() []SequenceStats {
 	c.mu.Lock()
 	out := make([]SequenceStats, 0, len(c.seqs))

@@ -686,7 +686,8 @@ func (pc *PrefixCache) closeFirst(leaf *radix.Node[*pcEntry], claimed map[*radix
 	return n.Depth() / pc.c.tpb
 }
 
-// Stats returns a snapshot of the prefix cache.
+// Stats returns a snapshot of the prefix cache (see PrefixCacheStats): a metrics
+// collector's call.
 func (pc *PrefixCache) Stats() PrefixCacheStats {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()

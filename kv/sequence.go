@@ -94,7 +94,7 @@ func (s *Sequence) Len() int {
 	return s.n
 }
 
-// Cache returns the sequence's cache.
+// Cache returns the sequence's cache, for code handed only the sequence.
 func (s *Sequence) Cache() *Cache {
 	s.live()
 	return s.c
@@ -489,14 +489,17 @@ func (s *Sequence) Close() accounting.ReleaseOutcome {
 	return out
 }
 
-// Prefix returns the prefix the sequence started on, or nil.
+// Prefix returns the prefix the sequence started on, or nil: to tell which requests
+// share a prefix, for logs or for a scheduler that groups them.
 func (s *Sequence) Prefix() *Prefix {
 	s.live()
 	return s.prefix
 }
 
 // Damaged reports whether a failed backing call left the sequence unusable; it must
-// then be closed.
+// then be closed. A scheduler that keeps sequences across steps asks it after an
+// operation's error, to tell a sequence it must close (ErrDamaged) from one that may
+// go on.
 func (s *Sequence) Damaged() bool {
 	s.live()
 	return s.err != nil
