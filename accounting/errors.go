@@ -19,6 +19,8 @@ var (
 	// ErrAuthorityBusy: Authority.Close was called on a ledger that still owns or
 	// maps bytes, or waits for some.
 	ErrAuthorityBusy = errors.New("accounting: authority still holds or waits for bytes")
+	// ErrAuthorityClosed: Authority.Close was called on a ledger closed already.
+	ErrAuthorityClosed = errors.New("accounting: authority closed")
 )
 
 // BudgetError reports a request the device's budget cannot cover.

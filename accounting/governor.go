@@ -205,12 +205,13 @@ func (a *Authority) live() {
 // It fails with an error matching ErrAuthorityBusy, and changes nothing, while the
 // ledger owns or maps bytes, holds bytes waited for by AcquireFor, or has an Acquire
 // queued. A closed ledger that is asked to take or map bytes panics with
-// PanicAuthorityClosed; its Stats stay readable. A second Close does nothing.
+// PanicAuthorityClosed; its Stats stay readable. A second Close changes nothing and
+// returns ErrAuthorityClosed (docs/server.md, "A second Close").
 func (a *Authority) Close() error {
 	a.g.mu.Lock()
 	defer a.g.mu.Unlock()
 	if a.closed {
-		return nil
+		return ErrAuthorityClosed
 	}
 	if a.owned != 0 || a.mapped != 0 || a.credit != 0 || a.waiting != 0 {
 		return fmt.Errorf("%w: %q owns %d bytes, maps %d, holds %d waited for and has %d requests queued",

@@ -482,9 +482,9 @@ func TestAuthorityClose(t *testing.T) {
 	keep.Release(10)
 	assert.Equal(t, []string{"keep", "a"}, names(), "refused closes changed nothing")
 
-	// Idle: it closes, leaves the device's list, and a second Close does nothing.
+	// Idle: it closes, leaves the device's list, and a second Close changes nothing.
 	require.NoError(t, a.Close())
-	require.NoError(t, a.Close())
+	require.ErrorIs(t, a.Close(), accounting.ErrAuthorityClosed)
 	assert.Equal(t, []string{"keep"}, names())
 	assert.Equal(t, accounting.AuthorityStats{Name: "a", Device: accounting.HostKey, OwnedPeak: 4}, a.Stats())
 

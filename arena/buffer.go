@@ -443,9 +443,13 @@ func (buf *Buffer[R, B]) Protect(off, size int, prot backing.Protection) error {
 // Close decommits everything and gives back the address range. The outcome is honest:
 // Complete; Failed when nothing changed (the buffer is still usable and Close may be
 // called again); Quarantined when the backing failed midway (the buffer is unusable;
-// Residual bytes stay charged because they are still held).
+// Residual bytes stay charged because they are still held). A second Close changes
+// nothing and returns a Failed outcome whose error matches ErrClosed
+// (docs/server.md, "A second Close").
 func (buf *Buffer[R, B]) Close() accounting.ReleaseOutcome {
-	buf.live()
+	if buf.closed {
+		return accounting.FailedRelease(0, fmt.Errorf("%w: Buffer closed twice", ErrClosed))
+	}
 	if _, err := buf.DecommitAhead(); err != nil {
 		return accounting.FailedRelease(0, err)
 	}

@@ -55,7 +55,9 @@ func TestBufferGrowShrink(t *testing.T) {
 	assert.Equal(t, accounting.Complete, out.Status)
 	assert.Equal(t, accounting.AuthorityStats{Name: "buf", Device: accounting.HostKey, OwnedPeak: 10 * g}, a.Stats())
 	assert.PanicsWithValue(t, arena.PanicClosed, func() { _ = buf.Resize(1) })
-	assert.PanicsWithValue(t, arena.PanicClosed, func() { buf.Close() })
+	again := buf.Close()
+	assert.Equal(t, accounting.Failed, again.Status, "a second Close changes nothing")
+	assert.ErrorIs(t, again.Err, arena.ErrClosed)
 }
 
 func TestBufferBadInputs(t *testing.T) {

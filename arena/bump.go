@@ -297,9 +297,13 @@ func (a *Arena[R, B]) trim(keep int) error {
 
 // Close closes the arena and its buffer and returns the buffer's release outcome.
 // When it is Failed nothing changed and Close may be called again; otherwise any later
-// use of the arena panics with PanicArenaClosed.
+// use of the arena panics with PanicArenaClosed, but a second Close, which changes
+// nothing and returns a Failed outcome whose error matches ErrClosed
+// (docs/server.md, "A second Close").
 func (a *Arena[R, B]) Close() accounting.ReleaseOutcome {
-	a.live()
+	if a.closed {
+		return accounting.FailedRelease(0, fmt.Errorf("%w: Arena closed twice", ErrClosed))
+	}
 	out := a.buf.Close()
 	if out.Status != accounting.Failed {
 		a.closed = true

@@ -444,10 +444,12 @@ func TestArenaClose(t *testing.T) {
 		"Reset":      func() { _ = a.Reset() },
 		"Trim":       func() { _ = a.Trim(0) },
 		"Release":    func() { a.Release(arena.Allocation{}) },
-		"Close":      func() { a.Close() },
 	} {
 		assert.PanicsWithValue(t, arena.PanicArenaClosed, use, name)
 	}
+	again := a.Close()
+	assert.Equal(t, accounting.Failed, again.Status, "a second Close changes nothing")
+	assert.ErrorIs(t, again.Err, arena.ErrClosed)
 }
 
 // TestArenaStepAllocsNothing: a step of tensors from the arena and a Reset make no

@@ -32,11 +32,14 @@ var (
 	ErrBehind = errors.New("arena: run left behind")
 	// ErrBehindBusy: a DecommitBehind gives the buffer's run behind back right now.
 	ErrBehindBusy = errors.New("arena: run left behind is busy")
+	// ErrClosed: Close was called on a Buffer or Arena closed already.
+	ErrClosed = errors.New("arena: closed")
 )
 
 // Misuse panics with these messages.
 const (
-	// PanicClosed is the panic value for any use of a Buffer after Close.
+	// PanicClosed is the panic value for any use of a Buffer after Close but a
+	// second Close (ErrClosed).
 	PanicClosed = "arena: Buffer used after Close"
 	// PanicDeviceBytes is the panic value for Bytes on a buffer whose memory the CPU
 	// must not touch.
@@ -88,7 +91,8 @@ const (
 	// PanicForeignAllocation is the panic value for releasing an Allocation to an
 	// allocator that did not make it.
 	PanicForeignAllocation = "arena: Release of another allocator's allocation"
-	// PanicArenaClosed is the panic value for any use of an Arena after Close.
+	// PanicArenaClosed is the panic value for any use of an Arena after Close but a
+	// second Close (ErrClosed).
 	PanicArenaClosed = "arena: Arena used after Close"
 	// PanicReleased is the panic value for releasing, or asking the bytes of, an Eager
 	// allocation that was already given back.

@@ -164,12 +164,39 @@ func View[T arena.Elem](s *Sequence, layer int, kind Kind) (arena.Tensor[T], err
 // the package doc): reading, writing or viewing them fails with ErrDropped. A kernel
 // walks a window group's tensor from there (Base, BlockStride and TokenStride of
 // Cache.LayerStrides). It is at most the group's FirstLive of the length the last
-// append grew from, so at most FirstLive(Len). It panics with
-// PanicLayerRange for a layer the model does not have.
+// append grew from, so at most FirstLive(Len). It panics ("kv: layer or kind out of
+// range") for a layer the model does not have.
 func (s *Sequence) FirstHeld(layer int) int {
 	s.live()
 	if uint(layer) >= uint(len(s.c.layers)) {
-		panic(PanicLayerRange)
+		panic(panicLayerRange)
 	}
 	return s.heldOf(s.c.layers[layer].group)
+}
+
+// Strides is how a layer's tensors lie in a sequence's ranges, for a kernel that
+// walks them from Sequence.Base itself.
+type Strides struct {
+	Group       int // the index of the layer's group in the model
+	TokenBytes  int // one token of one of the layer's tensors, block scales included
+	TokenStride int // bytes from one token to the next within a run
+	// BlockTokens and BlockStride are the tokens of a block and the bytes from one
+	// block to the next in the Blocked layout; 0 in PerLayer.
+	BlockTokens int
+	BlockStride int
+	// StateBytes is a recurrent layer's state; 0 for the others, which have tokens.
+	StateBytes int
+}
+
+// LayerStrides returns how layer's tensors lie (see Strides). In a one-group cache
+// every layer's are Sequence.TokenStride's, BlockTokens' and BlockStride's; on a
+// Model each group has its own. It fails with ErrRange for a layer the model does not
+// have.
+func (c *Cache) LayerStrides(layer int) (Strides, error) {
+	if uint(layer) >= uint(len(c.layers)) {
+		return Strides{}, fmt.Errorf("%w: layer %d of %d layers", ErrRange, layer, len(c.layers))
+	}
+	gi := c.layers[layer].group
+	g := &c.groups[gi]
+	return Strides{Group: gi, TokenBytes: g.tb, TokenStride: g.row, BlockTokens: g.tpb, BlockStride: g.blk, StateBytes: g.spec.StateBytes}, nil
 }

@@ -135,3 +135,22 @@ func (c *Cache) refused(err error) error {
 	}
 	return err
 }
+
+// need returns the bytes of the granules s must commit to hold tokens (before a
+// window group gives any back). The sequence must not be damaged: the ranges of each
+// of its groups are then alike (see refreshStats).
+func (s *Sequence) need(tokens int) int64 {
+	var n int64
+	for gi := range s.c.groups {
+		n += s.groupNeed(gi, tokens)
+	}
+	return n
+}
+
+// groupNeed returns the bytes of the granules the ranges of s's group gi must commit
+// to hold tokens (see need).
+func (s *Sequence) groupNeed(gi, tokens int) int64 {
+	g := &s.c.groups[gi]
+	size, _ := backing.AlignUp(g.extent(tokens), s.c.gran)
+	return int64(g.nbuf) * int64(max(size-rangeEnd(s.bufs[g.first]), 0))
+}

@@ -273,7 +273,7 @@ func (a *ahead) askGroup(s *Sequence, gi int, r *seqAhead, tokens int) bool {
 	if g.spec.Kind == Recurrent {
 		return false // a state does not grow
 	}
-	end := rangeEnd(s.bufs[g.first]) // the ranges of a group are alike (see publish)
+	end := rangeEnd(s.bufs[g.first]) // the ranges of a group are alike (see refreshStats)
 	target, ok := backing.AlignUp(g.extent(tokens), s.c.gran)
 	if !ok || target <= end {
 		return false

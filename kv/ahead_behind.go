@@ -14,7 +14,7 @@ import (
 // gives back itself, as without map-ahead, what LeaveBehind declines (a run the
 // worker is giving back right now) and the granules of a sequence that maps a prefix
 // cache's units: the cache's eviction counts on their mappings going when it is told
-// they went (the dropped hook).
+// they went (the windowGaveBack hook).
 //
 // A window group of a sequence has one record of what it left behind (seqBehind,
 // in groupState), in one of these states, guarded by ahead.mu:

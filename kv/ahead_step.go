@@ -40,7 +40,7 @@ func (a *ahead) adopt(batch []Growth) (bool, error) {
 		}
 		if got {
 			adopted = true
-			s.publish()
+			s.refreshStats()
 		}
 	}
 	return adopted, nil
@@ -90,7 +90,7 @@ func (a *ahead) unadopt(batch []Growth) error {
 			s.err = err
 			errs = append(errs, fmt.Errorf("%w: sequence %d: giving back the runs it adopted: %w", ErrDamaged, s.id, err))
 		}
-		s.publish()
+		s.refreshStats()
 	}
 	return errors.Join(errs...)
 }

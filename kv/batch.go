@@ -9,7 +9,8 @@ import (
 	"github.com/vmarena/vmarena/backing"
 )
 
-// Growth is one sequence's part of a batch step: Seq grows by Tokens.
+// Growth is one sequence's part of a batch step: Seq grows by Tokens. A server
+// passes one per sequence of a step to Cache.Need, AppendBatch or AppendBatchCtx.
 type Growth struct {
 	Seq    *Sequence
 	Tokens int
@@ -55,7 +56,7 @@ func (c *Cache) AppendBatch(batch []Growth) error { return c.appendBatch(batch, 
 // a cancelled wait returns ctx.Err() and changes nothing.
 func (c *Cache) AppendBatchCtx(ctx context.Context, batch []Growth) error {
 	if ctx == nil {
-		panic(PanicNilContext)
+		panic(panicNilContext)
 	}
 	var idle int64
 	err := c.appendBatch(batch, 0, &idle)
@@ -173,7 +174,7 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 		}
 		for gi := range c.groups {
 			if !s.adopted { // NB: else pre is what they held before adopting
-				// the ranges of a group are alike (see publish)
+				// the ranges of a group are alike (see refreshStats)
 				*s.preOf(gi) = rangeEnd(s.bufs[c.groups[gi].first])
 			}
 		}
@@ -197,7 +198,7 @@ func (c *Cache) grow(batch []Growth, commits bool) error {
 		}
 		g.Seq.n += g.Tokens
 		if commits || c.multi {
-			g.Seq.publish()
+			g.Seq.refreshStats()
 		} else {
 			g.Seq.tokens.Store(int64(g.Seq.n)) // nothing else moved
 		}
@@ -256,7 +257,7 @@ func (c *Cache) rollback(done []Growth, s *Sequence, k int, idle int64, commits 
 			q.err = rerr
 			errs = append(errs, fmt.Errorf("%w: sequence %d: rolling back: %w", ErrDamaged, q.id, rerr))
 		}
-		q.publish()
+		q.refreshStats()
 	}
 	undo(s, k)
 	for _, g := range done {

@@ -71,7 +71,8 @@ type BlocksRemoved struct {
 }
 
 // EventOptions configures what a PrefixCache tells a BlockEvents
-// (PrefixCacheOptions.Events).
+// (PrefixCacheOptions.Events). Set it when a router reads the cache's block events
+// (kvevents); a cache without an observer needs none.
 type EventOptions struct {
 	// Observer is told what the cache caches and evicts; nil means no events, at no
 	// cost.

@@ -13,7 +13,8 @@ import (
 	"github.com/vmarena/vmarena/backing"
 )
 
-// Config says what a Cache holds and how.
+// Config says what a Cache holds and how: the argument of New, and of Config.Size and
+// TierNamespace, which answer for a cache before it is made.
 type Config struct {
 	// Model is the model's shape: one group when every layer is full attention of one
 	// shape (Uniform, or a preset such as Llama3_8B), else layer groups
@@ -76,7 +77,8 @@ type Config struct {
 }
 
 // Cache holds the K and V tensors of many sequences on one backing. Its zero value is
-// not usable; call New.
+// not usable; call New. A server makes one per model and backing and keeps it for
+// its life, closing it last (docs/server.md).
 type Cache struct {
 	st     store
 	pool   backing.Pool          // the backing's pool, or nil
@@ -201,15 +203,17 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	return c, nil
 }
 
-// Config returns the cache's configuration. Its Model is a copy: a caller that changes
-// it changes nothing of the cache's.
+// Config returns the cache's configuration, for a caller that sizes or names what
+// the cache holds (Config.Size, TierNamespace). Its Model is a copy: a caller that
+// changes it changes nothing of the cache's.
 func (c *Cache) Config() Config {
 	cfg := c.cfg
 	cfg.Model = cfg.Model.clone()
 	return cfg
 }
 
-// Granularity returns the backing's granule size.
+// Granularity returns the backing's granule size: the granule argument of
+// Config.Size and TierNamespace for a cache like this one.
 func (c *Cache) Granularity() int { return c.gran }
 
 // NewSequence returns an empty sequence. It reserves address space for MaxTokens and
@@ -374,7 +378,7 @@ func (c *Cache) changedChan() <-chan struct{} {
 	return c.changed
 }
 
-// Stats is a snapshot of a cache.
+// Stats is a snapshot of a cache, for metrics and logs (package metrics reads it).
 type Stats struct {
 	Sequences int   // live sequences
 	Prefixes  int   // live prefixes
@@ -420,7 +424,7 @@ type Stats struct {
 // ledger returns the authority that owns the cache's physical memory.
 func (c *Cache) ledger() *accounting.Authority { return c.auth }
 
-// Stats returns a snapshot of the cache.
+// Stats returns a snapshot of the cache (see Stats): a metrics collector's call.
 func (c *Cache) Stats() Stats {
 	var st Stats
 	c.mu.Lock()
@@ -449,7 +453,8 @@ func (c *Cache) Stats() Stats {
 	return st
 }
 
-// SequenceStats is a snapshot of one sequence.
+// SequenceStats is a snapshot of one sequence, for a scheduler that weighs which
+// sequence to preempt, or for logs.
 type SequenceStats struct {
 	ID        uint64
 	Tokens    int
@@ -457,7 +462,8 @@ type SequenceStats struct {
 	Shared    int64 // of which mapped from a prefix or a parent
 }
 
-// SequenceStats returns a snapshot of every live sequence, ordered by ID.
+// SequenceStats returns a snapshot of every live sequence, ordered by ID (see
+// SequenceStats).
 func (c *Cache) SequenceStats() []SequenceStats {
 	c.mu.Lock()
 	out := make([]SequenceStats, 0, len(c.seqs))
@@ -469,11 +475,37 @@ func (c *Cache) SequenceStats() []SequenceStats {
 	return out
 }
 
+// refreshStats updates the readings other goroutines see (SequenceStats, Cache.Stats).
+func (s *Sequence) refreshStats() {
+	var committed, shared, used int64
+	for gi := range s.c.groups {
+		g := &s.c.groups[gi]
+		if s.err != nil || len(s.bufs) == 0 {
+			for _, b := range s.bufs[min(g.first, len(s.bufs)):min(g.first+g.nbuf, len(s.bufs))] {
+				committed += int64(b.Committed())
+				shared += int64(b.Shared())
+			}
+		} else {
+			// NB: the ranges of a group of a sequence that is not damaged are alike
+			// (every operation resizes and shares them all the same, or damages it),
+			// so one stands for all: a batch step then touches each group once.
+			b := s.bufs[g.first]
+			committed += int64(g.nbuf) * int64(b.Committed())
+			shared += int64(g.nbuf) * int64(b.Shared())
+		}
+		used += g.used(s.n, s.heldOf(gi))
+	}
+	s.tokens.Store(int64(s.n))
+	s.committed.Store(committed)
+	s.sharedIn.Store(shared)
+	s.used.Store(used)
+}
+
 // Close closes the cache. Every sequence and prefix MUST have been closed and
 // released first: while any is live Close fails with an error matching ErrBusy and
 // closes nothing. It retries giving back any range whose release failed earlier and
 // reports what still fails. A second Close changes nothing and returns an error
-// matching ErrClosed.
+// matching ErrClosed (docs/server.md, "A second Close").
 func (c *Cache) Close() error {
 	c.mu.Lock()
 	if c.closed {

@@ -32,7 +32,8 @@ var (
 	// be undone; the sequence must be closed (Close still gives back everything it
 	// holds).
 	ErrDamaged = errors.New("kv: sequence damaged by a failed backing call")
-	// ErrClosed: the cache is closed, or a sequence was closed a second time.
+	// ErrClosed: the cache or prefix cache is closed, or a sequence was closed a
+	// second time.
 	ErrClosed = errors.New("kv: closed")
 	// ErrBusy: the cache still has live sequences or prefixes and can not close.
 	ErrBusy = errors.New("kv: cache has live sequences or prefixes")
@@ -54,27 +55,27 @@ var (
 
 // Misuse panics with these messages.
 const (
-	// PanicSequenceClosed is the panic value for any use of a Sequence after Close.
-	PanicSequenceClosed = "kv: Sequence used after Close"
-	// PanicPrefixReleased is the panic value for using or releasing a Prefix whose
+	// panicSequenceClosed is the panic value for any use of a Sequence after Close.
+	panicSequenceClosed = "kv: Sequence used after Close"
+	// panicPrefixReleased is the panic value for using or releasing a Prefix whose
 	// creator's reference was already released.
-	PanicPrefixReleased = "kv: Prefix used after Release"
-	// PanicNilContext is the panic value for AppendCtx or AppendBatchCtx with a nil
+	panicPrefixReleased = "kv: Prefix used after Release"
+	// panicNilContext is the panic value for AppendCtx or AppendBatchCtx with a nil
 	// context.
-	PanicNilContext = "kv: nil context"
-	// PanicNilPrefix is the panic value for NewSequenceFrom(nil).
-	PanicNilPrefix = "kv: NewSequenceFrom with a nil prefix"
-	// PanicNilSequence is the panic value for PrefixCache.Insert(nil, ...).
-	PanicNilSequence = "kv: PrefixCache.Insert with a nil sequence"
-	// PanicPinReleased is the panic value for releasing a PrefixPin twice.
-	PanicPinReleased = "kv: PrefixPin released twice"
-	// PanicLayerRange is the panic value for Base of a layer or kind that does not
+	panicNilContext = "kv: nil context"
+	// panicNilPrefix is the panic value for NewSequenceFrom(nil).
+	panicNilPrefix = "kv: NewSequenceFrom with a nil prefix"
+	// panicNilSequence is the panic value for PrefixCache.Insert(nil, ...).
+	panicNilSequence = "kv: PrefixCache.Insert with a nil sequence"
+	// panicPinReleased is the panic value for releasing a PrefixPin twice.
+	panicPinReleased = "kv: PrefixPin released twice"
+	// panicLayerRange is the panic value for Base of a layer or kind that does not
 	// exist.
-	PanicLayerRange = "kv: layer or kind out of range"
-	// PanicRefCount is the panic value when a prefix cache's count of the entries
+	panicLayerRange = "kv: layer or kind out of range"
+	// panicRefCount is the panic value when a prefix cache's count of the entries
 	// that hold a granule, or of the live sequences that map it, would go below zero:
 	// its books went wrong, and going on would free memory something still maps.
-	PanicRefCount = "kv: prefix cache granule count below zero"
+	panicRefCount = "kv: prefix cache granule count below zero"
 )
 
 // releaseError returns nil for a complete release, else an error that says how many

@@ -11,9 +11,9 @@ import (
 	"github.com/vmarena/vmarena/kv/blockhash"
 )
 
-// PanicEventsOutOfStep is the panic value when the blocks a prefix cache announced no
+// panicEventsOutOfStep is the panic value when the blocks a prefix cache announced no
 // longer follow its index: a bug in the cache, never the caller's.
-const PanicEventsOutOfStep = "kv: prefix cache block events out of step with its index"
+const panicEventsOutOfStep = "kv: prefix cache block events out of step with its index"
 
 // The blocks a prefix cache announced, and how they follow its index.
 //
@@ -231,7 +231,7 @@ func (q *pcEvents) next() *evChange {
 		return &q.first[n&(evFirst-1)] // NB: the mask proves it in range (evFirst a power of 2)
 	}
 	if q.closing {
-		panic(PanicEventsOutOfStep) // the index changed after Close
+		panic(panicEventsOutOfStep) // the index changed after Close
 	}
 	q.more = append(q.more, evChange{})
 	return &q.more[len(q.more)-1]
@@ -306,7 +306,7 @@ func (ev *evSide) change(c *evChange) bool {
 		if m > 0 {
 			base := ev.paths[c.base]
 			if base == nil || len(base.tokens) < m {
-				panic(PanicEventsOutOfStep)
+				panic(panicEventsOutOfStep)
 			}
 			copy(path, base.tokens[:m])
 		}
@@ -324,7 +324,7 @@ func (ev *evSide) change(c *evChange) bool {
 	case evCut:
 		p, ok := ev.paths[c.id]
 		if !ok || int(c.n) > len(p.tokens) {
-			panic(PanicEventsOutOfStep)
+			panic(panicEventsOutOfStep)
 		}
 		n := int(c.n)
 		for w := range ev.wins {
@@ -342,7 +342,7 @@ func (ev *evSide) change(c *evChange) bool {
 	case evDrop:
 		p, ok := ev.paths[c.id]
 		if !ok {
-			panic(PanicEventsOutOfStep)
+			panic(panicEventsOutOfStep)
 		}
 		for w := range ev.wins {
 			ev.holdWin(p, w, 0, 0)
@@ -351,7 +351,7 @@ func (ev *evSide) change(c *evChange) bool {
 	case evFrom:
 		p, ok := ev.paths[c.id]
 		if !ok || c.base >= uint64(len(ev.winOf)) || ev.winOf[c.base] < 0 {
-			panic(PanicEventsOutOfStep)
+			panic(panicEventsOutOfStep)
 		}
 		w := ev.winOf[c.base]
 		ev.holdWin(p, w, int(c.n), p.n)
@@ -401,7 +401,7 @@ func (q *pcEvents) inserted(t *radix.Tree[*pcEntry], e *pcEntry, m int, old *pcE
 		// Any other leaf below the new leaf's parent, which ends at depth m.
 		other := leaf.Parent().AnyLeaf(leaf)
 		if other == nil {
-			panic(PanicEventsOutOfStep)
+			panic(panicEventsOutOfStep)
 		}
 		c.base = other.Value().evID
 	}
@@ -439,9 +439,9 @@ func (q *pcEvents) from(e *pcEntry, gi, first int) {
 	}
 }
 
-// dropped queues the end of e's path, whose tokens the index still holds (a longer
+// displaced queues the end of e's path, whose tokens the index still holds (a longer
 // entry displaced it). pc.mu is held.
-func (q *pcEvents) dropped(e *pcEntry) {
+func (q *pcEvents) displaced(e *pcEntry) {
 	if q.side != nil {
 		*q.next() = evChange{kind: evDrop, id: e.evID}
 	}
@@ -516,13 +516,13 @@ func (ev *evSide) withdraw(parent *evBlock, path []int32, i int) {
 		delete(ev.blocks, k)
 		parent.kids--
 		if parent != first && parent.kids != 0 {
-			panic(PanicEventsOutOfStep)
+			panic(panicEventsOutOfStep)
 		}
 		rm.Hashes = append(rm.Hashes, b.hash.Uint64())
 		parent = b
 	}
 	if parent != first && parent.kids != 0 {
-		panic(PanicEventsOutOfStep)
+		panic(panicEventsOutOfStep)
 	}
 	ev.tellRemoved(rm)
 }

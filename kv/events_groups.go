@@ -105,7 +105,7 @@ func (ev *evSide) unheld(b *evBlock) {
 	}
 	for w := range ev.wins {
 		if ev.held[evWinKey{b, w}] != 0 {
-			panic(PanicEventsOutOfStep)
+			panic(panicEventsOutOfStep)
 		}
 	}
 }
@@ -118,7 +118,7 @@ func (ev *evSide) along(path []int32, n int) []*evBlock {
 		ev.fill(path, i)
 		b := ev.blocks[evKey{cur, string(ev.key)}]
 		if b == nil {
-			panic(PanicEventsOutOfStep) // a window holds what the index does not
+			panic(panicEventsOutOfStep) // a window holds what the index does not
 		}
 		chain = append(chain, b)
 		cur = b
@@ -158,7 +158,7 @@ func (ev *evSide) holdWin(p *evPath, w, from, n int) {
 		k := evWinKey{chain[i], w}
 		switch c := ev.held[k]; {
 		case c <= 0:
-			panic(PanicEventsOutOfStep)
+			panic(panicEventsOutOfStep)
 		case c == 1:
 			delete(ev.held, k)
 			gone = append(gone, chain[i].hash.Uint64())

@@ -34,8 +34,8 @@ type prefixHooks interface {
 	// startedOn: s (new) maps what p shares from now on: the first fulls[gi] bytes
 	// of each of group gi's ranges, a window group's from its dropOff(p's tokens) on.
 	startedOn(s *Sequence, p *Prefix, fulls []int)
-	// dropped: a window group of s gave back the units below its ranges' Start.
-	dropped(s *Sequence)
+	// windowGaveBack: a window group of s gave back the units below its ranges' Start.
+	windowGaveBack(s *Sequence)
 	// closing: s is about to give back its ranges. It returns the ranges to give back
 	// in their place and true when a prefix cache entry took s's over.
 	closing(s *Sequence) ([]buffer, bool)

@@ -8,7 +8,8 @@ import (
 	"github.com/vmarena/vmarena/backing"
 )
 
-// Layout says how a sequence's K and V tensors lie in address space.
+// Layout says how a sequence's K and V tensors lie in address space (Config.Layout):
+// pick the one the attention kernel reads.
 type Layout uint8
 
 const (

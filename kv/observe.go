@@ -60,7 +60,7 @@ func (pc *PrefixCache) logEviction(why evictReason, need int64, done evictTally)
 }
 
 // logInvalidTierValue logs, at Warn, a value tier i returned for block blk that
-// failed DecodeTierValue's check (err wraps ErrTierValue and says which check:
+// failed tierval.Decode's check (err wraps tierval.ErrValue and says which check:
 // truncated, format, checksum, namespace or block, and what differed). It is a miss
 // and counted (TierStats.Invalid); the log says why, which the count can not: a torn
 // store, another geometry, a key clash.

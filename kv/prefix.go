@@ -33,24 +33,24 @@ func (p *Prefix) Len() int { return p.tokens }
 
 // The accessors below mirror the seed's SharedDevicePrefix (onnx_runtime_memory_api,
 // src/allocator.rs: device_ptr, committed_physical_bytes, mapped_bytes,
-// requested_bytes). Each panics with PanicPrefixReleased once the creator released p.
+// requested_bytes). Each panics ("kv: Prefix used after Release") once the creator released p.
 
 // Base returns the first address of layer's K or V tensor in the prefix's own ranges
 // (its token 0): where the prefix's K and V lie, written once when it was frozen and
 // never again. It does not change while the prefix lives. On a device it must not be
-// dereferenced by the CPU. It panics with PanicLayerRange for a layer or kind that
-// does not exist.
+// dereferenced by the CPU. It panics ("kv: layer or kind out of range") for a layer or
+// kind that does not exist.
 func (p *Prefix) Base(layer int, kind Kind) uintptr {
 	p.held()
 	return p.c.tensorBase(p.bufs, layer, kind)
 }
 
 // tensorBase returns the first address of layer's K or V tensor in the ranges bufs of
-// a sequence or a prefix, panicking with PanicLayerRange for one that does not exist.
+// a sequence or a prefix, panicking with panicLayerRange for one that does not exist.
 func (c *Cache) tensorBase(bufs []buffer, layer int, kind Kind) uintptr {
 	_, i, off, ok := c.where(layer, kind)
 	if !ok {
-		panic(PanicLayerRange)
+		panic(panicLayerRange)
 	}
 	return bufs[i].Base() + uintptr(off)
 }
@@ -105,24 +105,24 @@ func (p *Prefix) Requested() int64 {
 	return n
 }
 
-// held panics with PanicPrefixReleased once the creator released p.
+// held panics with panicPrefixReleased once the creator released p.
 func (p *Prefix) held() {
 	p.c.mu.Lock()
 	ok := p.creator
 	p.c.mu.Unlock()
 	if !ok {
-		panic(PanicPrefixReleased)
+		panic(panicPrefixReleased)
 	}
 }
 
 // Release drops the creator's reference. The prefix's memory is freed now if no
 // sequence started on it is still live, else with the last of them. Releasing twice
-// panics with PanicPrefixReleased.
+// panics ("kv: Prefix used after Release").
 func (p *Prefix) Release() {
 	p.c.mu.Lock()
 	if !p.creator {
 		p.c.mu.Unlock()
-		panic(PanicPrefixReleased)
+		panic(panicPrefixReleased)
 	}
 	p.creator = false
 	p.c.mu.Unlock()
@@ -169,13 +169,13 @@ func (p *Prefix) unref() {
 // refuses with an *accounting.BudgetError, as ForkAt does.
 func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 	if p == nil {
-		panic(PanicNilPrefix)
+		panic(panicNilPrefix)
 	}
 	if p.c != c {
 		return nil, fmt.Errorf("%w: the prefix belongs to another cache", ErrConfig)
 	}
 	if !p.ref() {
-		panic(PanicPrefixReleased)
+		panic(panicPrefixReleased)
 	}
 	if err := c.shareBudget(p.tokens); err != nil {
 		p.unref()
@@ -201,7 +201,7 @@ func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 	if h := c.hooks(); h != nil {
 		h.startedOn(s, p, fulls)
 	}
-	s.publish()
+	s.refreshStats()
 	c.register(s)
 	return s, nil
 }
@@ -223,7 +223,19 @@ func (c *Cache) sequenceOn(src *Sequence, n int, held bool, below *Sequence) (*S
 		return nil, errors.Join(err, c.abandon(s))
 	}
 	s.startShared(n, fulls, firstHeld)
-	s.publish()
+	s.refreshStats()
 	c.register(s)
 	return s, nil
+}
+
+// prefixable returns an error matching ErrConfig when c is on a Model that has a
+// Recurrent group: a prefix of it (Freeze) would need the state after its own
+// tokens, which the cache does not keep.
+func (c *Cache) prefixable(op string) error {
+	for i := range c.groups {
+		if c.groups[i].spec.Kind == Recurrent {
+			return fmt.Errorf("%w: %s needs a model without recurrent groups (a state is a function of every token, which a prefix can not restore); model %q has %s", ErrConfig, op, c.cfg.Model.Name, groupKinds(c.cfg.Model))
+		}
+	}
+	return nil
 }

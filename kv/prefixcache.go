@@ -13,7 +13,8 @@ import (
 	"github.com/vmarena/vmarena/internal/radix"
 )
 
-// PrefixCacheOptions configures a PrefixCache.
+// PrefixCacheOptions configures a PrefixCache: the argument of NewPrefixCache, whose
+// zero value is a prefix cache without a byte bound, tiers or events.
 type PrefixCacheOptions struct {
 	// MaxBytes caps the physical bytes the cache's entries hold (CachedBytes); 0 means
 	// no cap other than the governor's budget, which takes cached prefixes back when
@@ -33,22 +34,21 @@ type PrefixCacheOptions struct {
 	// TierPrefix is the user's part of the tiers' namespace (TierNamespace): the
 	// model's weights or revision, an adapter, a tenant.
 	TierPrefix string
-	// TierStores bounds the stores into tiers that run at once; 0 means
-	// DefaultTierStores.
+	// TierStores bounds the stores into tiers that run at once; 0 means 2.
 	TierStores int
 	// TierLoads bounds the lookups that load from the tiers at once (each asks one
-	// tier at a time, block after block); 0 means DefaultTierLoads. A lookup that
-	// finds every slot taken waits for one within its TierWait, and prefills what it
-	// could not load.
+	// tier at a time, block after block); 0 means 16. A lookup that finds every
+	// slot taken waits for one within its TierWait, and prefills what it could not
+	// load.
 	TierLoads int
 	// TierWait bounds how long one lookup waits on the tiers, and one store, and all
-	// of Close's stores together; 0 means DefaultTierWait.
+	// of Close's stores together; 0 means 100ms.
 	TierWait time.Duration
 	// TierWriteThrough, when set, stores an entry's whole blocks into the tiers as
 	// soon as the cache holds them in ranges of its own (the inserted sequence
 	// closed, or was about to change them), off the token path, on TierStores
 	// workers; eviction then writes down only what was not stored. When stores fall
-	// behind, so that TierThroughQueue write-throughs per worker wait already, the
+	// behind, so that 8 write-throughs per worker wait already, the
 	// next is deferred (TierStats.Deferred): its blocks go down as they are
 	// evicted, as without write-through. The default,
 	// false, is write-back only: blocks go down as they leave the device. It
@@ -125,7 +125,7 @@ type PrefixCache struct {
 
 // PrefixCacheStats is a snapshot of a PrefixCache. Counters are in tokens where their
 // names say so; where a meaning matches vLLM's metric of the same name (queries,
-// hits), it is the same.
+// hits), it is the same. Read it for metrics and logs (package metrics reads it).
 type PrefixCacheStats struct {
 	Queries int64 // prefix_cache_queries: prompt tokens passed to Lookup
 	Hits    int64 // prefix_cache_hits: of which found cached
@@ -449,7 +449,7 @@ var errEntryGone = errors.New("kv: prefix cache entry gone")
 // and changes nothing.
 func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	if s == nil {
-		panic(PanicNilSequence)
+		panic(panicNilSequence)
 	}
 	if err := s.usable(); err != nil {
 		return err
@@ -551,7 +551,7 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 		// The new entry holds the old one's tokens (and maps its granules, where s
 		// did): the old one goes, giving back only its own tail. That is no
 		// eviction: the tokens stay cached.
-		pc.ev.dropped(old)
+		pc.ev.displaced(old)
 		e.hits, e.stored = old.hits, old.stored
 		if _, d := pc.unhold(old); d != nil {
 			drop = append(drop, d)
@@ -583,7 +583,8 @@ func (pc *PrefixCache) closeFirst(leaf *radix.Node[*pcEntry], claimed map[*radix
 	return n.Depth() / pc.c.tpb
 }
 
-// Stats returns a snapshot of the prefix cache.
+// Stats returns a snapshot of the prefix cache (see PrefixCacheStats): a metrics
+// collector's call.
 func (pc *PrefixCache) Stats() PrefixCacheStats {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
@@ -601,12 +602,13 @@ func (pc *PrefixCache) Stats() PrefixCacheStats {
 // Close evicts every entry, pins or not, and detaches the prefix cache from its cache
 // and the governor (its ledger leaves the governor's list). Sequences started by
 // Lookup stay valid (they map what they use). Close waits for a reclaimer that is
-// running; a second Close does nothing.
+// running. A second Close changes nothing and returns an error matching ErrClosed
+// (docs/server.md, "A second Close").
 func (pc *PrefixCache) Close() error {
 	pc.mu.Lock()
 	if pc.closed {
 		pc.mu.Unlock()
-		return nil
+		return fmt.Errorf("%w: PrefixCache closed twice", ErrClosed)
 	}
 	pc.closed = true
 	pc.mu.Unlock()

@@ -336,7 +336,7 @@ func (pc *PrefixCache) shrinkGroups(leaf *radix.Node[*pcEntry], need int64, free
 	pc.evictedTokens += int64(n - nd)
 	pc.evictedBytes += freed
 	e.n, es.n = nd, nd
-	es.publish()
+	es.refreshStats()
 	return freed, nil
 }
 
@@ -419,7 +419,7 @@ func (pc *PrefixCache) trimWindows(leaf *radix.Node[*pcEntry], frees bool) (int6
 		es.gs[gi].held = max(es.gs[gi].held, g.heldFrom(to*g.unit))
 		pc.ev.from(e, gi, es.gs[gi].held)
 	}
-	es.publish()
+	es.refreshStats()
 	pc.evictedBytes += freed
 	return freed, nil
 }

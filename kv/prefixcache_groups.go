@@ -264,7 +264,7 @@ func (pc *PrefixCache) insertGroups(s *Sequence, tokens []int32) ([]*pcEntry, er
 		// The new entry holds the old one's tokens (and its window units, where
 		// they lay under s's): the old one goes. That is no eviction: the tokens
 		// stay cached.
-		pc.ev.dropped(old)
+		pc.ev.displaced(old)
 		e.hits = old.hits
 		if _, d := pc.unhold(old); d != nil {
 			drop = append(drop, d)

@@ -385,9 +385,9 @@ func (pcHooks) startedOn(s *Sequence, p *Prefix, fulls []int) {
 	}
 }
 
-// dropped forgets the units below each window group's ranges' Start that s maps of
+// windowGaveBack forgets the units below each window group's ranges' Start that s maps of
 // the cache's granules: the window gave them back, so s no longer maps them.
-func (pcHooks) dropped(s *Sequence) {
+func (pcHooks) windowGaveBack(s *Sequence) {
 	l := s.pcl
 	if l == nil || l.segs == nil {
 		return

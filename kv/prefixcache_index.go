@@ -40,7 +40,7 @@ import (
 // frozen prefixes made before the insert too, where the PrefixCache existed when they
 // were made. NB: one made earlier is not counted, and eviction may count its granules
 // as memory it gives back. Both counts change only through ref, which panics with
-// PanicRefCount below zero.
+// panicRefCount below zero.
 //
 // The tree is a radix tree of token IDs, not vLLM's chain of block hashes: a match is
 // exact to the token (the partial tail is copied anyway, so there is nothing to gain
@@ -76,12 +76,12 @@ func (sg unitSeg) end() int { return sg.from + len(sg.refs) }
 // slice returns the references to units [lo, hi), which sg must cover.
 func (sg unitSeg) slice(lo, hi int) []*granuleRef { return sg.refs[lo-sg.from : hi-sg.from] }
 
-// ref adds d to the count n and returns it, panicking with PanicRefCount when the
+// ref adds d to the count n and returns it, panicking with panicRefCount when the
 // count would go below zero: a count that went wrong would free memory something
 // still maps.
 func ref(n *int32, d int32) int32 {
 	if *n+d < 0 {
-		panic(PanicRefCount)
+		panic(panicRefCount)
 	}
 	*n += d
 	return *n
@@ -316,7 +316,7 @@ func (pc *PrefixCache) shrink(e *pcEntry, depth, n int) (int64, *pcEntry) {
 	if e.seq != nil {
 		e.n, e.seq.n = n, n
 		e.seq.frozen = min(e.seq.frozen, pc.c.extent(n))
-		e.seq.publish()
+		e.seq.refreshStats()
 	}
 	pc.evictions += int64(len(e.grefs) - k)
 	var freed int64

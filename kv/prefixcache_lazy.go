@@ -206,7 +206,7 @@ func (l *pcLive) handOver(s *Sequence) ([]buffer, bool) {
 		}
 		es := &Sequence{c: c, id: s.id, bufs: s.bufs, n: take.n, frozen: s.frozen, guarded: s.guarded || l.protected > 0}
 		es.frozen = min(es.frozen, c.shareable(take.n))
-		es.publish()
+		es.refreshStats()
 		s.bufs = nil
 		take.seq, take.origin = es, nil
 		if take.tail != nil {
@@ -249,7 +249,7 @@ func (l *pcLive) handOver(s *Sequence) ([]buffer, bool) {
 	}
 	e.seq.bufs, s.bufs = s.bufs, nil
 	e.seq.frozen, e.seq.guarded = full, s.guarded || l.protected > 0
-	e.seq.publish()
+	e.seq.refreshStats()
 	if k := full / c.unit; k < len(e.grefs) {
 		// The entry's copy of the partly filled last granule gives way to s's.
 		pc.release(e.grefs[k])

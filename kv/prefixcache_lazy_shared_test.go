@@ -23,7 +23,7 @@ func newHostPrefixCache(t *testing.T, name string, layout kv.Layout) (*kv.Cache,
 	e := openHost(t, envSpec{cfg: kv.Config{MaxTokens: 1024, Layout: layout, BlockTokens: oldBlock(layout)}, name: name})
 	pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
 	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, pc.Close()) })
+	closeAtCleanup(t, pc)
 	return e.c, pc, &hostPool{e.auth, e.shared}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/kv/blockhash"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/tiertest"
 )
 
@@ -58,7 +59,7 @@ func TestPrefixCacheMLATiersAndEvents(t *testing.T) {
 			assert.Empty(t, rec.set(), "every block withdrawn with the entry")
 			st := pc.Stats().Tiers
 			require.Len(t, st, 1)
-			assert.EqualValues(t, 3*kv.TierValueSize(tpb, blk), st[0].StoreBytes, "three whole blocks went down")
+			assert.EqualValues(t, 3*tierval.Size(tpb, blk), st[0].StoreBytes, "three whole blocks went down")
 
 			q, m, err := pc.Lookup(ids)
 			require.NoError(t, err)

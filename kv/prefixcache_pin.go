@@ -2,8 +2,9 @@ package kv
 
 import "github.com/vmarena/vmarena/internal/radix"
 
-// PrefixPin holds a cached prefix against eviction (a system prompt). It MUST be
-// released.
+// PrefixPin holds a cached prefix against eviction (a system prompt): take one
+// (PrefixCache.Pin) for a prefix every request shares and eviction must not take. It
+// MUST be released.
 type PrefixPin struct {
 	pc   *PrefixCache
 	node *radix.Node[*pcEntry]
@@ -30,13 +31,13 @@ func (pc *PrefixCache) Pin(tokens []int32) (*PrefixPin, error) {
 }
 
 // Release drops the pin; a cache over MaxBytes then evicts down to it. Releasing
-// twice panics with PanicPinReleased.
+// twice panics ("kv: PrefixPin released twice").
 func (p *PrefixPin) Release() {
 	pc := p.pc
 	pc.mu.Lock()
 	if p.done {
 		pc.mu.Unlock()
-		panic(PanicPinReleased)
+		panic(panicPinReleased)
 	}
 	p.done = true
 	var drop []*pcEntry

@@ -13,6 +13,7 @@ import (
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/internal/radix"
 	"github.com/vmarena/vmarena/kv/blockhash"
+	"github.com/vmarena/vmarena/kv/tierval"
 )
 
 // The tiers of a prefix cache (PrefixCacheOptions.Tiers): a cached block leaves the
@@ -86,23 +87,24 @@ import (
 
 // Defaults of PrefixCacheOptions' tier fields.
 const (
-	// DefaultTierStores is the stores into tiers that run at once when
+	// defaultTierStores is the stores into tiers that run at once when
 	// PrefixCacheOptions.TierStores is 0.
-	DefaultTierStores = 2
-	// DefaultTierLoads is the lookups that load from the tiers at once when
+	defaultTierStores = 2
+	// defaultTierLoads is the lookups that load from the tiers at once when
 	// PrefixCacheOptions.TierLoads is 0.
-	DefaultTierLoads = 16
-	// DefaultTierWait bounds a lookup's wait on the tiers, and one store, when
+	defaultTierLoads = 16
+	// defaultTierWait bounds a lookup's wait on the tiers, and one store, when
 	// PrefixCacheOptions.TierWait is 0.
-	DefaultTierWait = 100 * time.Millisecond
-	// TierThroughQueue is the write-throughs that wait for a store worker, per
+	defaultTierWait = 100 * time.Millisecond
+	// tierThroughQueue is the write-throughs that wait for a store worker, per
 	// worker (PrefixCacheOptions.TierStores of them): one that finds the queue full
 	// is deferred (TierStats.Deferred), its blocks left to go down as the entry is
 	// evicted, rather than a goroutine that waits holding its entry busy.
-	TierThroughQueue = 8
+	tierThroughQueue = 8
 )
 
-// TierStats counts what a prefix cache did with one of its tiers.
+// TierStats counts what a prefix cache did with one of its tiers
+// (PrefixCacheStats.Tiers), for metrics and logs.
 type TierStats struct {
 	Name string // the tier's Name
 	// Hits is the prompt tokens lookups found in the tier and loaded (they count in
@@ -120,11 +122,11 @@ type TierStats struct {
 	// caller.
 	Drops int64
 	// Deferred counts the blocks whose write-through found the queue of the store
-	// workers full (TierThroughQueue), so that stores fell behind the inserts: they
+	// workers full (8 waiting per worker), so that stores fell behind the inserts: they
 	// were not stored then, and go down as their entry is evicted (write-back), as
 	// without TierWriteThrough. Not drops: nothing is lost unless that fails too.
 	Deferred int64
-	// Invalid counts the values that failed DecodeTierValue's check: misses, never
+	// Invalid counts the values that failed tierval.Decode's check: misses, never
 	// mapped.
 	Invalid int64
 	// Unfit counts the blocks the tier held, next in a lookup's run, that the device's
@@ -169,7 +171,7 @@ type pcTiers struct {
 	sealed bool
 	parked []*pcEntry
 	// queue feeds the write-throughs to the store workers, TierStores of them,
-	// started with the first (working); at most TierThroughQueue per worker wait in
+	// started with the first (working); at most tierThroughQueue per worker wait in
 	// it. Only writeThrough sends, pc.mu held and the tiers not sealed; seal closes
 	// it, and the workers end once it is drained.
 	queue   chan throughJob
@@ -255,17 +257,17 @@ func newTiers(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
 		pending: make(map[*Sequence]*tierPending), storing: make(map[*pcEntry]chan struct{}),
 	}
 	if t.wait == 0 {
-		t.wait = DefaultTierWait
+		t.wait = defaultTierWait
 	}
 	if opts.TierStores == 0 {
-		t.slots = make(chan struct{}, DefaultTierStores)
+		t.slots = make(chan struct{}, defaultTierStores)
 	}
 	if t.through {
-		t.queue = make(chan throughJob, TierThroughQueue*cap(t.slots))
+		t.queue = make(chan throughJob, tierThroughQueue*cap(t.slots))
 	}
 	t.loads = make(chan struct{}, opts.TierLoads)
 	if opts.TierLoads == 0 {
-		t.loads = make(chan struct{}, DefaultTierLoads)
+		t.loads = make(chan struct{}, defaultTierLoads)
 	}
 	for i, tier := range t.tiers {
 		t.counts[i].Name = tier.Name()
@@ -292,14 +294,14 @@ func (t *pcTiers) count(i int, f func(*TierStats)) {
 }
 
 // keys returns the keys of the whole blocks of tokens from block first on.
-func (t *pcTiers) keys(tokens []int32, first int) []TierKey {
+func (t *pcTiers) keys(tokens []int32, first int) []tierval.Key {
 	hs := t.hash.Chain(nil, t.hash.Root(), 0, tokens)
 	if first >= len(hs) {
 		return nil
 	}
-	keys := make([]TierKey, 0, len(hs)-first)
+	keys := make([]tierval.Key, 0, len(hs)-first)
 	for _, h := range hs[first:] {
-		keys = append(keys, TierKey{Namespace: t.ns, Hash: h.Uint64()})
+		keys = append(keys, tierval.Key{Namespace: t.ns, Hash: h.Uint64()})
 	}
 	return keys
 }
@@ -397,7 +399,7 @@ func (t *pcTiers) pickCut(e *pcEntry, leaf *radix.Node[*pcEntry], n int) *pcEntr
 func (t *pcTiers) holder(src *Sequence, first, last int) *Sequence {
 	c, unit := t.c, t.c.unit
 	if c.unitsFor(src.n) < last {
-		t.dropped(last - first)
+		t.countDrops(last - first)
 		return nil
 	}
 	bufs, err := c.newBuffers(c.capac)
@@ -410,7 +412,7 @@ func (t *pcTiers) holder(src *Sequence, first, last int) *Sequence {
 	}
 	if err != nil {
 		c.release(bufs)
-		t.dropped(last - first)
+		t.countDrops(last - first)
 		return nil
 	}
 	c.mu.Lock()
@@ -419,8 +421,8 @@ func (t *pcTiers) holder(src *Sequence, first, last int) *Sequence {
 	return &Sequence{c: c, bufs: bufs, n: last * c.tpb}
 }
 
-// dropped counts blocks that were not written down into any tier as drops.
-func (t *pcTiers) dropped(blocks int) {
+// countDrops counts blocks that were not written down into any tier as drops.
+func (t *pcTiers) countDrops(blocks int) {
 	for i := range t.tiers {
 		t.count(i, func(st *TierStats) { st.Drops += int64(blocks) })
 	}
@@ -439,18 +441,18 @@ func (t *pcTiers) writeBack(ctx context.Context, s *Sequence, w *tierWrite) {
 		for j, key := range keys {
 			b := p.first + j
 			tokens := p.tokens[b*bt : (b+1)*bt]
-			size := TierValueSize(len(tokens), unit)
+			size := tierval.Size(len(tokens), unit)
 			for i, tier := range t.tiers {
 				t.slots <- struct{}{}
 				sctx, cancel := context.WithTimeout(ctx, t.wait)
-				var flags uint16
+				encode := tierval.Encode
 				if t.inProc[i] {
-					flags = tierPayloadUnsummed
+					encode = tierval.EncodeInProcess
 				}
 				err := tier.Store(sctx, key, size, func(dst []byte) error {
-					return encodeTierValue(dst, key, tokens, unit, func(p []byte) error {
+					return encode(dst, key, tokens, unit, func(p []byte) error {
 						return buf.readAt(b*unit, p)
-					}, flags)
+					})
 				})
 				cancel()
 				<-t.slots
@@ -573,7 +575,7 @@ func (t *pcTiers) load(s *Sequence, tokens []int32, m, limit int) int {
 // or as much of its start as the device's budget takes (grow), and returns the blocks
 // loaded and whether the budget cut the run; s holds the loaded blocks (and nothing
 // past them) on return. It holds a load slot (takeLoad) meanwhile.
-func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, tokens []int32, b int, keys []TierKey) (int, bool) {
+func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, tokens []int32, b int, keys []tierval.Key) (int, bool) {
 	if !t.takeLoad(ctx, i) {
 		return 0, false
 	}
@@ -601,6 +603,10 @@ func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, t
 		t.count(i, func(st *TierStats) { st.Unfit += int64(run - fit) })
 	}
 	run = fit
+	decode := tierval.Decode
+	if t.inProc[i] {
+		decode = tierval.DecodeInProcess
+	}
 	got := 0
 	for ; got < run; got++ {
 		blk := b + got
@@ -608,7 +614,7 @@ func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, t
 		var invalid bool
 		var size int
 		err := tier.Load(ctx, keys[got], func(src []byte) error {
-			payload, err := decodeTierValue(src, keys[got], want, unit, t.inProc[i])
+			payload, err := decode(src, keys[got], want, unit)
 			if err != nil {
 				invalid = true
 				return err

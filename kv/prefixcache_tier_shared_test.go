@@ -15,6 +15,7 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/internal/logrec"
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/hosttier"
 	"github.com/vmarena/vmarena/kvtier/tiertest"
 )
@@ -57,7 +58,7 @@ func newTierCache(t *testing.T, c *kv.Cache, tiers ...kv.Tier) *kv.PrefixCache {
 	// A wait no loaded machine reaches: TestPrefixCacheTierWait tests the wait.
 	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Tiers: tiers, TierPrefix: t.Name(), TierWait: time.Minute})
 	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, pc.Close()) })
+	closeAtCleanup(t, pc)
 	return pc
 }
 
@@ -93,7 +94,7 @@ func TestPrefixCacheTierReadBack(t *testing.T) {
 				st := pc.Stats().Tiers
 				require.Len(t, st, 1)
 				assert.Equal(t, tier.Name(), st[0].Name)
-				assert.EqualValues(t, 3*kv.TierValueSize(tpb, blk), st[0].StoreBytes, "three whole blocks went down")
+				assert.EqualValues(t, 3*tierval.Size(tpb, blk), st[0].StoreBytes, "three whole blocks went down")
 				assert.Zero(t, st[0].Drops)
 
 				q, m, err := pc.Lookup(ids)
@@ -171,7 +172,7 @@ type corrupt struct {
 	damage func(v []byte) []byte
 }
 
-func (c corrupt) Load(ctx context.Context, key kv.TierKey, use func(src []byte) error) error {
+func (c corrupt) Load(ctx context.Context, key tierval.Key, use func(src []byte) error) error {
 	return c.Tier.Load(ctx, key, func(src []byte) error {
 		return use(c.damage(append([]byte(nil), src...)))
 	})
@@ -182,9 +183,9 @@ type failing struct{ kv.Tier }
 
 var errTierDown = errors.New("tier down")
 
-func (failing) Store(context.Context, kv.TierKey, int, func([]byte) error) error { return errTierDown }
-func (failing) Load(context.Context, kv.TierKey, func([]byte) error) error       { return errTierDown }
-func (failing) Contains(context.Context, []kv.TierKey) (int, error)              { return 0, errTierDown }
+func (failing) Store(context.Context, tierval.Key, int, func([]byte) error) error { return errTierDown }
+func (failing) Load(context.Context, tierval.Key, func([]byte) error) error       { return errTierDown }
+func (failing) Contains(context.Context, []tierval.Key) (int, error)              { return 0, errTierDown }
 
 // TestPrefixCacheTierCorrupt: a value flipped in one byte, cut short, or written under
 // another namespace (another user prefix, another geometry) is a miss, counted as
@@ -196,7 +197,7 @@ func TestPrefixCacheTierCorrupt(t *testing.T) {
 	}{
 		{"flip", func(v []byte) []byte { v[len(v)/2] ^= 0x10; return v }},
 		{"truncate", func(v []byte) []byte { return v[:len(v)-1] }},
-		{"header", func(v []byte) []byte { v[kv.TierHeaderSize] ^= 1; return v }},
+		{"header", func(v []byte) []byte { v[tierval.HeaderSize] ^= 1; return v }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var rec logrec.Recorder
@@ -229,7 +230,7 @@ func TestPrefixCacheTierCorrupt(t *testing.T) {
 			assert.Equal(t, "WARN", logged[0]["level"])
 			assert.Equal(t, float64(0), logged[0]["tier"])
 			assert.Equal(t, float64(0), logged[0]["block"])
-			assert.Contains(t, logged[0]["err"], kv.ErrTierValue.Error())
+			assert.Contains(t, logged[0]["err"], tierval.ErrValue.Error())
 		})
 	}
 	t.Run("namespace", func(t *testing.T) {
@@ -290,16 +291,16 @@ type foreign struct {
 	ns uint64
 }
 
-func (f foreign) Contains(ctx context.Context, keys []kv.TierKey) (int, error) {
-	moved := make([]kv.TierKey, len(keys))
+func (f foreign) Contains(ctx context.Context, keys []tierval.Key) (int, error) {
+	moved := make([]tierval.Key, len(keys))
 	for i, k := range keys {
-		moved[i] = kv.TierKey{Namespace: f.ns, Hash: k.Hash}
+		moved[i] = tierval.Key{Namespace: f.ns, Hash: k.Hash}
 	}
 	return f.Map.Contains(ctx, moved)
 }
 
-func (f foreign) Load(ctx context.Context, key kv.TierKey, use func([]byte) error) error {
-	return f.Map.Load(ctx, kv.TierKey{Namespace: f.ns, Hash: key.Hash}, use)
+func (f foreign) Load(ctx context.Context, key tierval.Key, use func([]byte) error) error {
+	return f.Map.Load(ctx, tierval.Key{Namespace: f.ns, Hash: key.Hash}, use)
 }
 
 // TestPrefixCacheTierFailing: a tier that fails every call never fails a lookup or an
@@ -328,7 +329,7 @@ func TestPrefixCacheTierFailing(t *testing.T) {
 // stalled is a tier whose loads wait until their context ends.
 type stalled struct{ *tiertest.Map }
 
-func (stalled) Load(ctx context.Context, _ kv.TierKey, _ func([]byte) error) error {
+func (stalled) Load(ctx context.Context, _ tierval.Key, _ func([]byte) error) error {
 	<-ctx.Done()
 	return ctx.Err()
 }
@@ -417,7 +418,7 @@ type gated struct {
 	open chan struct{}
 }
 
-func (g gated) Store(ctx context.Context, key kv.TierKey, size int, fill func([]byte) error) error {
+func (g gated) Store(ctx context.Context, key tierval.Key, size int, fill func([]byte) error) error {
 	<-g.open
 	return g.Map.Store(ctx, key, size, fill)
 }

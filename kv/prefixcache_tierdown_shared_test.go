@@ -17,6 +17,7 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/hosttier"
 	"github.com/vmarena/vmarena/kvtier/tiertest"
 )
@@ -88,7 +89,7 @@ func TestPrefixCacheTierShortenedLeaf(t *testing.T) {
 		assert.EqualValues(t, 2*tpb, pc.Stats().CachedTokens, "shortened to what the live hit maps")
 		assert.Equal(t, 2, tierValues(t, tier), "the two whole blocks cut off")
 		st := pc.Stats().Tiers[0]
-		assert.EqualValues(t, 2*kv.TierValueSize(tpb, blk), st.StoreBytes)
+		assert.EqualValues(t, 2*tierval.Size(tpb, blk), st.StoreBytes)
 		assert.Zero(t, st.Drops)
 		require.NoError(t, checkIDs(live, ids, 0, m), "the live hit's tokens are as written")
 		require.True(t, live.Close().OK())
@@ -282,7 +283,7 @@ func TestPrefixCacheTierCloseBounded(t *testing.T) {
 // stalledStores is a tier whose stores wait until their context ends.
 type stalledStores struct{ *tiertest.Map }
 
-func (stalledStores) Store(ctx context.Context, _ kv.TierKey, _ int, _ func([]byte) error) error {
+func (stalledStores) Store(ctx context.Context, _ tierval.Key, _ int, _ func([]byte) error) error {
 	<-ctx.Done()
 	return ctx.Err()
 }
@@ -305,7 +306,7 @@ func TestPrefixCacheTierWriteThrough(t *testing.T) {
 		require.True(t, s.Close().OK())
 		// A store is counted once it returned, a moment after the tier holds its
 		// value: wait for both, or the count read may miss the last store.
-		size := int64(kv.TierValueSize(tpb, blk))
+		size := int64(tierval.Size(tpb, blk))
 		require.Eventually(t, func() bool {
 			return tierValues(t, tier) == 3 && pc.Stats().Tiers[0].StoreBytes >= 3*size
 		}, time.Minute, time.Millisecond)

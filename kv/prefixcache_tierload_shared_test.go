@@ -16,6 +16,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/hosttier"
 	"github.com/vmarena/vmarena/kvtier/tiertest"
 )
@@ -214,7 +215,7 @@ func TestPrefixCacheTierWriteThroughGrowth(t *testing.T) {
 			assert.Positive(t, st.EvictedBytes, "the entry made room")
 			assert.Zero(t, c.Stats().Refusals)
 			assert.Equal(t, 3, g.Len(), "its three whole blocks went down")
-			assert.EqualValues(t, 3*kv.TierValueSize(tpb, blk), st.Tiers[0].StoreBytes, "once: the eviction stored none again")
+			assert.EqualValues(t, 3*tierval.Size(tpb, blk), st.Tiers[0].StoreBytes, "once: the eviction stored none again")
 			require.True(t, q.Close().OK())
 			readBack(t, pc, ids, 3*tpb)
 			require.NoError(t, pc.Close())
@@ -275,7 +276,7 @@ type loadGate struct {
 	running, most atomic.Int32
 }
 
-func (g *loadGate) Contains(ctx context.Context, keys []kv.TierKey) (int, error) {
+func (g *loadGate) Contains(ctx context.Context, keys []tierval.Key) (int, error) {
 	if !g.shut.Load() {
 		return g.Map.Contains(ctx, keys)
 	}

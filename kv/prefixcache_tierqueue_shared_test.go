@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/tiertest"
 )
 
@@ -24,7 +25,7 @@ type slowStores struct {
 	waiting atomic.Int64
 }
 
-func (h *slowStores) Store(ctx context.Context, key kv.TierKey, size int, fill func([]byte) error) error {
+func (h *slowStores) Store(ctx context.Context, key tierval.Key, size int, fill func([]byte) error) error {
 	h.waiting.Add(1)
 	defer h.waiting.Add(-1)
 	select {

@@ -10,7 +10,8 @@ import (
 	"github.com/vmarena/vmarena/internal/nocopy"
 )
 
-// Kind selects a layer's K or V tensor.
+// Kind selects a layer's K or V tensor, in every call that reads, writes or views
+// one.
 type Kind uint8
 
 const (
@@ -26,7 +27,9 @@ func (k Kind) String() string {
 }
 
 // Sequence is one request's K and V tensors, growing token by token on base addresses
-// that never change from creation to Close.
+// that never change from creation to Close. A server makes one per request
+// (Cache.NewSequence, NewSequenceFrom, PrefixCache.Lookup) and closes it when the
+// request ends.
 type Sequence struct {
 	_ nocopy.NoCopy
 
@@ -67,7 +70,7 @@ type Sequence struct {
 
 func (s *Sequence) live() {
 	if s.closed {
-		panic(PanicSequenceClosed)
+		panic(panicSequenceClosed)
 	}
 }
 
@@ -91,7 +94,7 @@ func (s *Sequence) Len() int {
 	return s.n
 }
 
-// Cache returns the sequence's cache.
+// Cache returns the sequence's cache, for code handed only the sequence.
 func (s *Sequence) Cache() *Cache {
 	s.live()
 	return s.c
@@ -133,7 +136,7 @@ func (s *Sequence) Truncate(n int) error {
 	} else {
 		_, err = s.truncate(n)
 	}
-	s.publish()
+	s.refreshStats()
 	s.c.notify()
 	return err
 }
@@ -366,7 +369,7 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 	if h := s.c.hooks(); h != nil {
 		h.forked(s, n, fulls, child, nil)
 	}
-	child.publish()
+	child.refreshStats()
 	s.c.register(child)
 	return child, nil
 }
@@ -450,7 +453,7 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 // the outcome; ranges whose release failed are kept by the cache, reported as
 // residual, and retried by Cache.Close. A second Close changes nothing and returns a
 // Failed outcome whose error matches ErrClosed, so that a deferred Close may follow
-// an explicit one.
+// an explicit one (docs/server.md, "A second Close").
 func (s *Sequence) Close() accounting.ReleaseOutcome {
 	if s.closed {
 		return accounting.FailedRelease(0, fmt.Errorf("%w: sequence %d closed twice", ErrClosed, s.id))
@@ -486,14 +489,17 @@ func (s *Sequence) Close() accounting.ReleaseOutcome {
 	return out
 }
 
-// Prefix returns the prefix the sequence started on, or nil.
+// Prefix returns the prefix the sequence started on, or nil: to tell which requests
+// share a prefix, for logs or for a scheduler that groups them.
 func (s *Sequence) Prefix() *Prefix {
 	s.live()
 	return s.prefix
 }
 
 // Damaged reports whether a failed backing call left the sequence unusable; it must
-// then be closed.
+// then be closed. A scheduler that keeps sequences across steps asks it after an
+// operation's error, to tell a sequence it must close (ErrDamaged) from one that may
+// go on.
 func (s *Sequence) Damaged() bool {
 	s.live()
 	return s.err != nil
@@ -510,7 +516,7 @@ func (c *Cache) reuse(es *Sequence) *Sequence {
 	c.seqs[s] = struct{}{}
 	c.mu.Unlock()
 	es.bufs, es.closed = nil, true
-	s.publish()
+	s.refreshStats()
 	return s
 }
 

@@ -3,6 +3,8 @@ package kv
 import (
 	"context"
 	"errors"
+
+	"github.com/vmarena/vmarena/kv/tierval"
 )
 
 // ErrTierMiss: a tier does not hold the key asked of it. Every other failure of a tier
@@ -10,24 +12,16 @@ import (
 // a miss too, never as an error on the token path.
 var ErrTierMiss = errors.New("kv: tier does not hold the block")
 
-// TierKey names one block of a cached prefix in a tier below the device: the chained
-// 64-bit hash of the block's tokens (package kv/blockhash), under a namespace that
-// fingerprints what the block's bytes mean (the model, its layer groups, the element
-// type, the layout, and a prefix the user chooses). Two caches that agree on all of
-// them may read each other's blocks; any difference gives another Namespace.
-type TierKey struct {
-	Namespace uint64
-	Hash      uint64
-}
-
 // Tier is a store of whole blocks below the device's memory: pinned host memory, a
-// shared Redis or Valkey, or one a user writes. It is implemented outside kv; the
-// cache calls it off the token path, from its own goroutines, with bounded
-// concurrency, and never under its locks.
+// shared Redis or Valkey, or one a user writes. Implement it to give a PrefixCache a
+// store of your own (PrefixCacheOptions.Tiers); kvtier has the ones this module
+// offers. The cache calls it off the token path, from its own goroutines, with
+// bounded concurrency, and never under its locks.
 //
 // A value is opaque to the tier: the cache writes a self-checking value (a header, the
-// tokens it was made for, the block's bytes) and checks it again on load before it
-// maps anything, so a tier needs no checksum of its own. A tier may be called from
+// tokens it was made for, the block's bytes: package kv/tierval) under its key
+// (tierval.Key) and checks it again on load before it maps anything, so a tier needs
+// no checksum of its own. A tier may be called from
 // several goroutines at once.
 //
 // Every method honours its context: one already done is refused with an error wrapping
@@ -42,20 +36,20 @@ type Tier interface {
 	// for a device cache, so that the device copies straight into it) and keeps them
 	// only if fill returns nil; fill's error is Store's. A failed Store never leaves
 	// a partial value: the key then holds its old value or nothing. A size below 0 or
-	// above what the tier holds is refused with an error wrapping ErrTierValueSize
+	// above what the tier holds is refused with an error wrapping tierval.ErrSize
 	// before fill is called. A tier that is full may evict what it likes, or refuse
 	// with an error; either way it stays consistent. dst must not be used after fill
 	// returns.
-	Store(ctx context.Context, key TierKey, size int, fill func(dst []byte) error) error
+	Store(ctx context.Context, key tierval.Key, size int, fill func(dst []byte) error) error
 	// Load calls use once with the value stored under key; src is valid only during
 	// the call and must not be written. A key the tier does not hold is ErrTierMiss
 	// (use is not called); use's error is Load's, and the value stays stored.
-	Load(ctx context.Context, key TierKey, use func(src []byte) error) error
+	Load(ctx context.Context, key tierval.Key, use func(src []byte) error) error
 	// Contains returns how many of keys, from the first, the tier holds: the length
 	// of the longest run it could load.
-	Contains(ctx context.Context, keys []TierKey) (int, error)
+	Contains(ctx context.Context, keys []tierval.Key) (int, error)
 	// Delete forgets key; a key not held is not an error.
-	Delete(ctx context.Context, key TierKey) error
+	Delete(ctx context.Context, key tierval.Key) error
 }
 
 // InProcessTier is implemented by tiers that keep their values in this process's own

@@ -455,7 +455,7 @@ func (p *Publisher) Stats() Stats {
 
 // Close publishes what is queued, gives subscribers up to Options.Linger to take it,
 // and closes both sockets. Events after Close are dropped (and counted). A second
-// Close returns ErrClosed.
+// Close changes nothing and returns ErrClosed (docs/server.md, "A second Close").
 func (p *Publisher) Close() error {
 	p.mu.Lock()
 	if p.closed {

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/redistier"
 	"github.com/vmarena/vmarena/metrics"
 )
@@ -106,8 +106,8 @@ func ExampleNewTierCollector() {
 	defer client.Close()
 	tier, _ := redistier.New(client, redistier.Options{Timeout: 200 * time.Millisecond, Backoff: time.Minute})
 	ctx := context.Background()
-	_ = tier.Load(ctx, kv.TierKey{Hash: 1}, func([]byte) error { return nil })
-	_ = tier.Store(ctx, kv.TierKey{Hash: 1}, 8, func([]byte) error { return nil })
+	_ = tier.Load(ctx, tierval.Key{Hash: 1}, func([]byte) error { return nil })
+	_ = tier.Store(ctx, tierval.Key{Hash: 1}, 8, func([]byte) error { return nil })
 
 	c, _ := metrics.NewTierCollector("", metrics.Tier{Name: tier.Name(), BlockTokens: 16, Source: metrics.TierFunc(func() metrics.TierStats {
 		s := tier.Stats()

@@ -8,7 +8,7 @@ var (
 	// negative size or wait, an unknown backing, pool options the factory sets itself,
 	// a granule or name the backing refuses).
 	ErrOptions = errors.New("snapshot: invalid factory options")
-	// ErrFactoryClosed: New was called on a closed Factory.
+	// ErrFactoryClosed: New or Close was called on a closed Factory.
 	ErrFactoryClosed = errors.New("snapshot: factory is closed")
 	// ErrFactoryBusy: Close was called on a Factory whose stores are not all closed.
 	ErrFactoryBusy = errors.New("snapshot: factory still has open stores")

@@ -225,14 +225,14 @@ func (f *Factory) storeClosed() {
 
 // Close gives back what the factory holds of its own (a Shared pool's idle
 // granules and memfd) and retires its ledger. It returns an error matching
-// ErrFactoryBusy, and changes nothing, while a store is open. A second Close does
-// nothing.
+// ErrFactoryBusy, and changes nothing, while a store is open. A second Close changes
+// nothing and returns ErrFactoryClosed (docs/server.md, "A second Close").
 func (f *Factory) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch {
 	case f.closed:
-		return nil
+		return ErrFactoryClosed
 	case f.open > 0:
 		return fmt.Errorf("%w: %d open", ErrFactoryBusy, f.open)
 	}

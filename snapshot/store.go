@@ -234,10 +234,11 @@ func (s *Store) Reset(ctx context.Context) error {
 }
 
 // Close gives back everything the store holds, memory and address range. Any later
-// call returns ErrClosed, a second Close included. When the backing fails and
-// nothing changed, Close returns an error matching ErrRelease and the store stays
-// open (Close may be tried again); when it fails midway the store is closed, the
-// bytes the backing could not give back stay charged, and the error says so.
+// call returns ErrClosed, a second Close included (docs/server.md, "A second
+// Close"). When the backing fails and nothing changed, Close returns an error
+// matching ErrRelease and the store stays open (Close may be tried again); when it
+// fails midway the store is closed, the bytes the backing could not give back stay
+// charged, and the error says so.
 func (s *Store) Close() error {
 	if s.closed {
 		return ErrClosed

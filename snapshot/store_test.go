@@ -317,7 +317,7 @@ func TestBadInput(t *testing.T) {
 		f, err := snapshot.NewFactory(g, snapshot.Options{Granularity: gran})
 		require.NoError(t, err)
 		require.NoError(t, f.Close())
-		require.NoError(t, f.Close(), "a second Close does nothing")
+		require.ErrorIs(t, f.Close(), snapshot.ErrFactoryClosed, "a second Close changes nothing")
 		_, err = f.New(ctx)
 		require.ErrorIs(t, err, snapshot.ErrFactoryClosed)
 		assert.Empty(t, g.Stats(accounting.HostKey).Authorities, "Close retired the ledger")

@@ -40,11 +40,14 @@ var (
 	ErrReadOnly = fmt.Errorf("cuda: range is mapped read-only: %w", backing.ErrReadOnly)
 	// ErrBusy: Close was called while reservations are still live.
 	ErrBusy = errors.New("cuda: backing still has live reservations")
+	// ErrClosed: Close was called on a Backing closed already.
+	ErrClosed = errors.New("cuda: backing closed")
 )
 
 // Misuse panics with these messages.
 const (
-	// PanicClosed is the panic value for any use of a Backing after Close.
+	// PanicClosed is the panic value for any use of a Backing after Close but a
+	// second Close (ErrClosed).
 	PanicClosed = "cuda: backing used after Close"
 	// PanicNilReservation is the panic value for Base or Size of a nil reservation.
 	PanicNilReservation = "cuda: nil reservation"

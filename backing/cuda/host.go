@@ -254,7 +254,7 @@ func (s *Stream) sync() error {
 }
 
 // Close waits for the stream's copies and destroys it (cuStreamDestroy_v2). A second
-// Close returns ErrStreamClosed.
+// Close changes nothing and returns ErrStreamClosed (docs/server.md, "A second Close").
 func (s *Stream) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -136,7 +136,6 @@ func TestClose(t *testing.T) {
 	require.NoError(t, x.b.Close())
 	x.checkClosed(t)
 	for name, fn := range map[string]func(){
-		"Close":     func() { _ = x.b.Close() },
 		"Reserve":   func() { _, _ = x.b.Reserve(x.g) },
 		"Commit":    func() { _ = x.b.Commit(r, 0, x.g) },
 		"Prefill":   func() { _ = x.b.Prefill(1) },
@@ -148,6 +147,7 @@ func TestClose(t *testing.T) {
 	} {
 		assert.PanicsWithValue(t, cuda.PanicClosed, fn, name)
 	}
+	assert.ErrorIs(t, x.b.Close(), cuda.ErrClosed, "a second Close changes nothing")
 	assert.PanicsWithValue(t, cuda.PanicNilReservation, func() { x.b.Base(nil) })
 	assert.PanicsWithValue(t, cuda.PanicNilReservation, func() { x.b.Size(nil) })
 }

@@ -434,10 +434,14 @@ func (b *Backing) PoolStats() backing.PoolStats {
 // context. It fails with ErrBusy, changing nothing, while reservations are live:
 // Unreserve them first. Handles still mapped by quarantined reservations can not be
 // released; they stay charged to the authority and Close reports them. Any use of b
-// after Close panics with PanicClosed.
+// after Close panics with PanicClosed, but a second Close, which changes nothing and
+// returns ErrClosed (docs/server.md, "A second Close").
 func (b *Backing) Close() error {
-	b.live()
 	b.mu.Lock()
+	if b.closed.Load() {
+		b.mu.Unlock()
+		return ErrClosed
+	}
 	if b.nres > 0 {
 		n := b.nres
 		b.mu.Unlock()
@@ -446,10 +450,7 @@ func (b *Backing) Close() error {
 	// NB: closed is set under mu, where reclaim reads it: a reclaimer that saw it
 	// false has counted itself in b.reclaims already, and a later one sees it true and
 	// does nothing, so the Wait below misses none.
-	if !b.closed.CompareAndSwap(false, true) {
-		b.mu.Unlock()
-		panic(PanicClosed)
-	}
+	b.closed.Store(true)
 	b.mu.Unlock()
 	b.auth.SetReclaimer(nil)
 	b.reclaims.Wait()

@@ -63,6 +63,8 @@ var (
 	ErrSharedReadOnly = fmt.Errorf("host: write to a read-only mapping: %w", backing.ErrReadOnly)
 	// ErrSharedInUse: Close was called while reservations are still live.
 	ErrSharedInUse = errors.New("host: shared backing still has live reservations")
+	// ErrSharedClosed: Close was called on a Shared backing closed already.
+	ErrSharedClosed = errors.New("host: shared backing closed")
 )
 
 // errSharedGone says that a reservation was unreserved while a call on it had
@@ -71,6 +73,6 @@ var (
 // caller.
 var errSharedGone = errors.New("host: reservation unreserved during the call")
 
-// PanicSharedClosed is the panic value for using a Shared backing after Close
-// (Close again included).
+// PanicSharedClosed is the panic value for using a Shared backing after Close (but
+// for a second Close: ErrSharedClosed).
 const PanicSharedClosed = "host: shared backing used after Close"

@@ -1028,9 +1028,14 @@ func (s *Shared) CopyOut(dst []byte, r *SharedReservation, off int) error {
 // otherwise Close returns an error wrapping ErrSharedInUse and changes nothing.
 // Granules still mapped by Quarantined reservations stay owned, mapped and charged:
 // they are still held. Any use of s after Close panics with PanicSharedClosed, except
-// PoolStats and the constant accessors.
+// PoolStats, the constant accessors and a second Close, which changes nothing and
+// returns ErrSharedClosed (docs/server.md, "A second Close").
 func (s *Shared) Close() error {
-	s.lock()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrSharedClosed
+	}
 	if s.live > 0 {
 		n := s.live
 		s.mu.Unlock()

@@ -896,13 +896,13 @@ func TestSharedClose(t *testing.T) {
 		name string
 		fn   func()
 	}{
-		{"Close", func() { _ = s.Close() }},
 		{"Reserve", func() { _, _ = s.Reserve(kib64) }},
 		{"Prefill", func() { _ = s.Prefill(1) }},
 		{"Trim", func() { _, _ = s.Trim(0) }},
 	} {
 		t.Run(c.name, func(t *testing.T) { assert.PanicsWithValue(t, host.PanicSharedClosed, c.fn) })
 	}
+	assert.ErrorIs(t, s.Close(), host.ErrSharedClosed, "a second Close changes nothing")
 }
 
 func TestSharedBadOptions(t *testing.T) {

@@ -422,13 +422,13 @@ func (c *Client) Usage() (Usage, error) {
 func (c *Client) Number() uint64 { return c.number }
 
 // Close detaches from the owner. Every reservation must have been unreserved:
-// otherwise Close fails with ErrBusy and changes nothing. A second Close does
-// nothing.
+// otherwise Close fails with ErrBusy and changes nothing. A second Close changes
+// nothing and returns ErrClosed (docs/server.md, "A second Close").
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return nil
+		return ErrClosed
 	}
 	if c.live > 0 {
 		n := c.live

@@ -447,7 +447,7 @@ func TestClientClose(t *testing.T) {
 	assert.ErrorIs(t, c.Close(), nodepool.ErrBusy, "Close with a live reservation")
 	require.True(t, c.Unreserve(r).OK())
 	require.NoError(t, c.Close())
-	require.NoError(t, c.Close(), "a second Close")
+	require.ErrorIs(t, c.Close(), nodepool.ErrClosed, "a second Close changes nothing")
 	_, err = c.Reserve(pg)
 	assert.ErrorIs(t, err, nodepool.ErrClosed)
 	_, err = c.Usage()
@@ -470,6 +470,7 @@ func TestOwnerClose(t *testing.T) {
 	require.NoError(t, c.CopyIn(r, pg+5, []byte("kept")))
 	require.NoError(t, o.Close())
 	assert.Zero(t, o.Governor().Stats(accounting.HostKey).Used, "the owner's ledger after Close")
+	assert.ErrorIs(t, o.Close(), nodepool.ErrClosed, "a second Close changes nothing")
 
 	testutil.Await(func() bool { return c.Err() != nil })
 	assert.ErrorIs(t, c.Err(), nodepool.ErrOwnerGone)

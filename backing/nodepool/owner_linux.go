@@ -189,12 +189,13 @@ func (o *Owner) Stats() NodeStats {
 
 // Close stops accepting, disconnects every client (their granules go back to the
 // budget; what they have mapped stays valid in them until they unmap it), and
-// removes the socket. A second Close does nothing.
+// removes the socket. A second Close changes nothing and returns ErrClosed
+// (docs/server.md, "A second Close").
 func (o *Owner) Close() error {
 	o.mu.Lock()
 	if o.closed {
 		o.mu.Unlock()
-		return nil
+		return ErrClosed
 	}
 	o.closed = true
 	conns := make([]*net.UnixConn, 0, len(o.conns))

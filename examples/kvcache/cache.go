@@ -184,7 +184,7 @@ func (s *cacheStrategy) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil
+		return baseline.ErrClosed
 	}
 	if len(s.copies) > 0 {
 		return fmt.Errorf("%w: %d prefixes", baseline.ErrBusy, len(s.copies))
@@ -289,6 +289,9 @@ func (q *cacheSeq) Close() error {
 		q.s.groups.remove(q.q)
 	}
 	if out := q.q.Close(); !out.OK() {
+		if errors.Is(out.Err, kv.ErrClosed) {
+			return fmt.Errorf("%w: %v", baseline.ErrClosed, out)
+		}
 		return fmt.Errorf("kv: sequence close: %v", out)
 	}
 	return nil

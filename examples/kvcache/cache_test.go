@@ -89,7 +89,7 @@ func TestCacheAdapter(t *testing.T) {
 			p.Release()
 			assert.Panics(t, p.Release)
 			require.NoError(t, st.Close())
-			require.NoError(t, st.Close(), "Close is idempotent")
+			require.ErrorIs(t, st.Close(), baseline.ErrClosed, "a second Close changes nothing")
 			assert.Zero(t, b.gov.Stats(b.dev).Used, "governor at zero")
 			if bk == "shared" {
 				ps := b.pool()

@@ -313,7 +313,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.redisAddr, "redis", "", "-tiers redis: HOST:PORT of a Redis or Valkey server (default: start redis-server on a free 127.0.0.1 port, and stop it at the end)")
 	fs.IntVar(&c.redisKillAt, "redis-kill-at", 0, "-tiers redis: kill the redis-server started here once this many requests of "+namePrefixTiers+" are done (0: never)")
 	fs.IntVar(&c.replicas, "replicas", 1, "-tiers redis: replicas of "+namePrefixTiers+", each with its cache and host tier, sharing the Redis; 2: replica B replays the requests after A")
-	fs.DurationVar(&c.tierWait, "tier-wait", 0, "-tiers: how long a lookup waits for the tiers' loads, and a store for its tier, in wall-clock time, then goes on without (0: kv.DefaultTierWait, 100ms)")
+	fs.DurationVar(&c.tierWait, "tier-wait", 0, "-tiers: how long a lookup waits for the tiers' loads, and a store for its tier, in wall-clock time, then goes on without (0: the cache's default, 100ms)")
 	fs.BoolVar(&c.tierThrough, "tier-write-through", false, "-tiers: store a cached entry's blocks into the tiers as soon as the cache holds them (kv.PrefixCacheOptions.TierWriteThrough), not only as they are evicted")
 	fileTierFlags(fs, c)
 	fs.IntVar(&c.tierMinHits, "tier-min-hits", 0, "-tiers: the reuse threshold: store only the blocks of entries lookups hit this many times (kv.PrefixCacheOptions.TierMinHits) (0: every block)")

@@ -21,6 +21,7 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/internal/redisup"
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/hosttier"
 	"github.com/vmarena/vmarena/kvtier/redistier"
 )
@@ -303,10 +304,10 @@ func (k *kvPrefix) foreignLoads() int64 {
 // replica's loads of another's blocks can be told from loads of its own.
 type tierBook struct {
 	mu     sync.Mutex
-	stored map[kv.TierKey]uint64 // a bit per replica
+	stored map[tierval.Key]uint64 // a bit per replica
 }
 
-func newTierBook() *tierBook { return &tierBook{stored: map[kv.TierKey]uint64{}} }
+func newTierBook() *tierBook { return &tierBook{stored: map[tierval.Key]uint64{}} }
 
 // bookTier is a shared tier that writes its replica's stores in the book.
 type bookTier struct {
@@ -316,7 +317,7 @@ type bookTier struct {
 	foreign atomic.Int64 // loads of keys only other replicas stored
 }
 
-func (b *bookTier) Store(ctx context.Context, key kv.TierKey, size int, fill func(dst []byte) error) error {
+func (b *bookTier) Store(ctx context.Context, key tierval.Key, size int, fill func(dst []byte) error) error {
 	err := b.Tier.Store(ctx, key, size, fill)
 	if err == nil {
 		b.book.mu.Lock()
@@ -326,7 +327,7 @@ func (b *bookTier) Store(ctx context.Context, key kv.TierKey, size int, fill fun
 	return err
 }
 
-func (b *bookTier) Load(ctx context.Context, key kv.TierKey, use func(src []byte) error) error {
+func (b *bookTier) Load(ctx context.Context, key tierval.Key, use func(src []byte) error) error {
 	used := false
 	err := b.Tier.Load(ctx, key, func(src []byte) error {
 		err := use(src)
@@ -344,7 +345,7 @@ func (b *bookTier) Load(ctx context.Context, key kv.TierKey, use func(src []byte
 	return err
 }
 
-func (b *bookTier) Delete(ctx context.Context, key kv.TierKey) error {
+func (b *bookTier) Delete(ctx context.Context, key tierval.Key) error {
 	err := b.Tier.Delete(ctx, key)
 	if err == nil {
 		b.book.mu.Lock()

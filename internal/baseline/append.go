@@ -88,6 +88,9 @@ func (a *Append) Stats() Stats {
 func (a *Append) Close() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.closed {
+		return ErrClosed
+	}
 	if a.seqs > 0 || a.prefixes > 0 {
 		return fmt.Errorf("%w: %d sequences, %d prefixes", ErrBusy, a.seqs, a.prefixes)
 	}
@@ -199,7 +202,9 @@ func (q *appendSeq) Freeze(n int) (Prefix, error) {
 
 // Close drops the sequence's slices (the garbage collector frees them).
 func (q *appendSeq) Close() error {
-	q.live()
+	if q.closed {
+		return fmt.Errorf("%w: sequence closed twice", ErrClosed)
+	}
 	q.closed = true
 	a := q.a
 	var held int64

@@ -69,7 +69,8 @@ type Strategy interface {
 	// Stats returns a snapshot of what the strategy holds.
 	Stats() Stats
 	// Close gives back everything the strategy holds. It fails with ErrBusy, changing
-	// nothing, while sequences or prefixes are live.
+	// nothing, while sequences or prefixes are live. A second Close changes nothing
+	// and returns ErrClosed (docs/server.md, "A second Close").
 	Close() error
 }
 
@@ -89,7 +90,8 @@ type Sequence interface {
 	// sequences can start from. The prefix MUST be released.
 	Freeze(n int) (Prefix, error)
 	// Close gives back what the sequence holds (to the strategy's pool, where it has
-	// one). Using the sequence afterwards panics with PanicSequenceClosed.
+	// one). Using the sequence afterwards panics with PanicSequenceClosed, but for a
+	// second Close, which changes nothing and returns ErrClosed.
 	Close() error
 }
 

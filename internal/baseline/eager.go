@@ -133,7 +133,7 @@ func (e *Eager) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		return nil
+		return ErrClosed
 	}
 	if e.seqs > 0 || e.prefixes > 0 {
 		return fmt.Errorf("%w: %d sequences, %d prefixes", ErrBusy, e.seqs, e.prefixes)
@@ -267,7 +267,9 @@ func (q *eagerSeq) Freeze(n int) (Prefix, error) {
 
 // Close puts the slot back for the next sequence; it stays resident.
 func (q *eagerSeq) Close() error {
-	q.live()
+	if q.closed {
+		return fmt.Errorf("%w: sequence closed twice", ErrClosed)
+	}
 	q.closed = true
 	e := q.e
 	e.mu.Lock()

@@ -18,8 +18,9 @@ var (
 	ErrForeign = errors.New("baseline: prefix from another strategy")
 	// ErrBusy: Close while sequences or prefixes are still live.
 	ErrBusy = errors.New("baseline: strategy still has live sequences or prefixes")
-	// ErrClosed: the strategy is closed.
-	ErrClosed = errors.New("baseline: strategy is closed")
+	// ErrClosed: the strategy is closed, or a strategy or sequence was closed a
+	// second time.
+	ErrClosed = errors.New("baseline: closed")
 )
 
 // Misuse panics with these messages.

@@ -274,7 +274,7 @@ func (p *Paged) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return nil
+		return ErrClosed
 	}
 	if p.seqs > 0 || p.prefixes > 0 {
 		return fmt.Errorf("%w: %d sequences, %d prefixes", ErrBusy, p.seqs, p.prefixes)
@@ -413,7 +413,9 @@ func (q *pagedSeq) Freeze(n int) (Prefix, error) {
 // Close returns the sequence's blocks to the free list (those it shares stay with
 // their other users).
 func (q *pagedSeq) Close() error {
-	q.live()
+	if q.closed {
+		return fmt.Errorf("%w: sequence closed twice", ErrClosed)
+	}
 	q.closed = true
 	p := q.p
 	p.mu.Lock()

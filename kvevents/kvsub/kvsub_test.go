@@ -71,7 +71,7 @@ func TestLateSubscriberCatchesUp(t *testing.T) {
 	require.NoError(t, s.Close())
 	_, err = s.Next()
 	assert.ErrorIs(t, err, kvsub.ErrClosed)
-	assert.NoError(t, s.Close(), "a second Close does nothing")
+	assert.ErrorIs(t, s.Close(), kvsub.ErrClosed, "a second Close changes nothing")
 }
 
 // TestSlowSubscriberFillsGaps: a subscriber that reads slowly loses live messages

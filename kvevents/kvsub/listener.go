@@ -197,9 +197,10 @@ func (l *Listener) Stats() ListenStats {
 }
 
 // Close stops listening and disconnects every publisher; a Next waiting returns
-// ErrClosed. A second Close does nothing.
+// ErrClosed. A second Close changes nothing and returns ErrClosed (docs/server.md,
+// "A second Close").
 func (l *Listener) Close() error {
-	var err error
+	err := ErrClosed
 	l.close.Do(func() {
 		close(l.done)
 		err = l.ln.Close()

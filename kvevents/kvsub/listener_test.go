@@ -74,7 +74,7 @@ func TestListen(t *testing.T) {
 	require.NoError(t, l.Close())
 	_, err = l.Next()
 	assert.ErrorIs(t, err, kvsub.ErrClosed)
-	assert.NoError(t, l.Close(), "a second Close does nothing")
+	assert.ErrorIs(t, l.Close(), kvsub.ErrClosed, "a second Close changes nothing")
 }
 
 // TestListenOptions: a Listener's endpoint is checked, and the options it can not

@@ -323,9 +323,10 @@ func (s *Subscriber) Stats() Stats {
 		Duplicates: s.dups.Load(), Missed: s.missed.Load(), Replays: s.replays.Load()}
 }
 
-// Close disconnects s; a Next waiting returns ErrClosed. A second Close does nothing.
+// Close disconnects s; a Next waiting returns ErrClosed. A second Close changes
+// nothing and returns ErrClosed (docs/server.md, "A second Close").
 func (s *Subscriber) Close() error {
-	var err error
+	err := ErrClosed
 	s.closed.Do(func() {
 		close(s.done)
 		err = s.sub.Close()

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 )
 
 // Errors of opening a tier. Each names the directory and wraps the OS's error where
@@ -29,11 +29,11 @@ var (
 // value the tier held before, except those it evicted to make room; it is counted in
 // Stats.Drops.
 var (
-	// ErrBadSize: Store was given a negative size. It matches kv.ErrTierValueSize.
-	ErrBadSize = fmt.Errorf("filetier: negative value size: %w", kv.ErrTierValueSize)
+	// ErrBadSize: Store was given a negative size. It matches tierval.ErrSize.
+	ErrBadSize = fmt.Errorf("filetier: negative value size: %w", tierval.ErrSize)
 	// ErrTooLarge: the value is larger than MaxValueSize. It matches
-	// kv.ErrTierValueSize.
-	ErrTooLarge = fmt.Errorf("filetier: value larger than MaxValueSize: %w", kv.ErrTierValueSize)
+	// tierval.ErrSize.
+	ErrTooLarge = fmt.Errorf("filetier: value larger than MaxValueSize: %w", tierval.ErrSize)
 	// ErrFull: there is no room within the budget and nothing may be evicted (every
 	// other byte is being written).
 	ErrFull = errors.New("filetier: tier is full")

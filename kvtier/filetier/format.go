@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"hash/crc32"
 
-	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 )
 
 // The block file format: one file per block, named by its key (see tier.go), of
@@ -49,7 +49,7 @@ func roundUp(n, align int) int { return (n + align - 1) / align * align }
 
 // seal writes the header of the value in b[headerSize:headerSize+n] under key, zeroes
 // the padding after it, and sums it. b is the whole file: fileSize(n, align) bytes.
-func seal(b []byte, key kv.TierKey, n, align int) {
+func seal(b []byte, key tierval.Key, n, align int) {
 	h := b[:headerSize]
 	copy(h, fileMagic)
 	binary.LittleEndian.PutUint16(h[4:], fileVersion)
@@ -74,7 +74,7 @@ func checksum(b []byte, n int) uint32 {
 // open checks that b, the whole of a file read back, is the block of key padded to
 // align, and returns its value: a sub-slice of b. A file that fails any check is
 // refused with an error wrapping ErrCorrupt that says which.
-func open(b []byte, key kv.TierKey, align int) ([]byte, error) {
+func open(b []byte, key tierval.Key, align int) ([]byte, error) {
 	if len(b) < headerSize {
 		return nil, corrupt("%d bytes, a header is %d", len(b), headerSize)
 	}

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 )
 
 // scan is a warm start: it indexes the blocks a previous run left in the directory,
@@ -33,7 +33,7 @@ func (t *Tier) scan() error {
 		return errors.Join(ErrDir, err)
 	}
 	type found struct {
-		key  kv.TierKey
+		key  tierval.Key
 		size int64
 		mod  time.Time
 	}
@@ -78,7 +78,7 @@ func (t *Tier) scan() error {
 				_ = os.Remove(filepath.Join(dir, name))
 				continue
 			}
-			blocks = append(blocks, found{kv.TierKey{Namespace: ns, Hash: hash}, info.Size(), info.ModTime()})
+			blocks = append(blocks, found{tierval.Key{Namespace: ns, Hash: hash}, info.Size(), info.ModTime()})
 		}
 	}
 	// The probe's own leftovers, from a killed New.

@@ -11,6 +11,7 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/filetier"
 	"github.com/vmarena/vmarena/kvtier/hosttier"
 )
@@ -133,10 +134,10 @@ type sleepTier struct{}
 var errSlept = errors.New("sleepTier: dropped")
 
 func (sleepTier) Name() string { return "sleep" }
-func (sleepTier) Store(context.Context, kv.TierKey, int, func([]byte) error) error {
+func (sleepTier) Store(context.Context, tierval.Key, int, func([]byte) error) error {
 	time.Sleep(2 * time.Millisecond)
 	return errSlept
 }
-func (sleepTier) Load(context.Context, kv.TierKey, func([]byte) error) error { return kv.ErrTierMiss }
-func (sleepTier) Contains(context.Context, []kv.TierKey) (int, error)        { return 0, nil }
-func (sleepTier) Delete(context.Context, kv.TierKey) error                   { return nil }
+func (sleepTier) Load(context.Context, tierval.Key, func([]byte) error) error { return kv.ErrTierMiss }
+func (sleepTier) Contains(context.Context, []tierval.Key) (int, error)        { return 0, nil }
+func (sleepTier) Delete(context.Context, tierval.Key) error                   { return nil }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/vmarena/vmarena/internal/nocopy"
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 )
 
 // A block's life cycle, as the file system and the index see it:
@@ -148,7 +149,7 @@ type Tier struct {
 	closed  bool
 	ops     int       // calls in progress
 	idle    sync.Cond // on mu: signalled when ops drops to 0 during Close
-	index   map[kv.TierKey]*entry
+	index   map[tierval.Key]*entry
 	lru     entry // sentinel: lru.next is the most recently used
 	nsDirs  map[uint64]bool
 	held    int64 // bytes of Held files
@@ -158,7 +159,7 @@ type Tier struct {
 
 // entry is one Held block.
 type entry struct {
-	key        kv.TierKey
+	key        tierval.Key
 	size       int64 // the file's bytes
 	prev, next *entry
 }
@@ -183,7 +184,7 @@ func New(opts Options) (*Tier, error) {
 		return nil, fmt.Errorf("%w: Loads %d, Stores %d: neither may be negative", ErrBadOptions, opts.Loads, opts.Stores)
 	}
 	t := &Tier{dir: opts.Dir, ns: opts.Namespace, align: DefaultAlign, sync: opts.Sync, log: opts.Logger,
-		index: make(map[kv.TierKey]*entry), nsDirs: make(map[uint64]bool)}
+		index: make(map[tierval.Key]*entry), nsDirs: make(map[uint64]bool)}
 	if t.log == nil {
 		t.log = slog.Default()
 	}
@@ -343,7 +344,7 @@ func (t *Tier) Stats() Stats {
 // kept. dst's contents are unspecified (a recycled buffer): fill must write all of
 // it, and must not keep it. A full budget evicts the least recently used blocks; a
 // file system that refuses the write (full, read-only) is ErrWrite, counted.
-func (t *Tier) Store(ctx context.Context, key kv.TierKey, size int, fill func(dst []byte) error) error {
+func (t *Tier) Store(ctx context.Context, key tierval.Key, size int, fill func(dst []byte) error) error {
 	if fill == nil {
 		panic(PanicNilFunc)
 	}
@@ -563,14 +564,14 @@ func (t *Tier) nsDir(ns uint64) (string, error) {
 }
 
 // path returns the name of key's file.
-func (t *Tier) path(key kv.TierKey) string {
+func (t *Tier) path(key tierval.Key) string {
 	return filepath.Join(t.dir, hex(key.Namespace), hex(key.Hash))
 }
 
 // Load reads key's block and calls use with its value, once every check passed. A
 // key the tier does not hold is kv.ErrTierMiss. A block that fails a check is
 // ErrCorrupt: counted, removed, never handed to use.
-func (t *Tier) Load(ctx context.Context, key kv.TierKey, use func(src []byte) error) error {
+func (t *Tier) Load(ctx context.Context, key tierval.Key, use func(src []byte) error) error {
 	if use == nil {
 		panic(PanicNilFunc)
 	}
@@ -607,7 +608,7 @@ func (t *Tier) Load(ctx context.Context, key kv.TierKey, use func(src []byte) er
 // read reads and checks key's file into a buffer of the pool and returns its value
 // and the buffer, which the caller MUST give back with putBuffer once it is done
 // with the value.
-func (t *Tier) read(key kv.TierKey) ([]byte, *[]byte, error) {
+func (t *Tier) read(key tierval.Key) ([]byte, *[]byte, error) {
 	name := t.path(key)
 	f, err := openFile(name, t.direct)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -656,7 +657,7 @@ func (t *Tier) readFailed(err error) error {
 
 // refuse counts a corrupt block and forgets it, if the file under its name is still
 // the one that failed (not a block stored since), and returns err.
-func (t *Tier) refuse(key kv.TierKey, bad os.FileInfo, err error) error {
+func (t *Tier) refuse(key tierval.Key, bad os.FileInfo, err error) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.counter.Corrupt++
@@ -670,7 +671,7 @@ func (t *Tier) refuse(key kv.TierKey, bad os.FileInfo, err error) error {
 
 // Contains returns how many of keys, from the first, the index holds. It reads no
 // file: a block found corrupt is refused by the Load that reads it.
-func (t *Tier) Contains(ctx context.Context, keys []kv.TierKey) (int, error) {
+func (t *Tier) Contains(ctx context.Context, keys []tierval.Key) (int, error) {
 	t.enter()
 	defer t.leave()
 	if err := ctx.Err(); err != nil {
@@ -687,7 +688,7 @@ func (t *Tier) Contains(ctx context.Context, keys []kv.TierKey) (int, error) {
 }
 
 // Delete forgets key and removes its file; a key not held is not an error.
-func (t *Tier) Delete(ctx context.Context, key kv.TierKey) error {
+func (t *Tier) Delete(ctx context.Context, key tierval.Key) error {
 	t.enter()
 	defer t.leave()
 	if err := ctx.Err(); err != nil {
@@ -702,8 +703,8 @@ func (t *Tier) Delete(ctx context.Context, key kv.TierKey) error {
 }
 
 // Close waits for the calls in progress and releases the directory's lock. The
-// blocks stay on disk for the next New on the directory. A second Close is
-// ErrClosed.
+// blocks stay on disk for the next New on the directory. A second Close changes
+// nothing and returns ErrClosed (docs/server.md, "A second Close").
 func (t *Tier) Close() error {
 	t.mu.Lock()
 	if t.closed {

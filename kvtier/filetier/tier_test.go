@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/filetier"
 )
 
@@ -40,24 +41,24 @@ func value(n int, seed uint64) []byte {
 	return b[:n:n]
 }
 
-func key(ns uint64, i int) kv.TierKey {
-	return kv.TierKey{Namespace: ns, Hash: uint64(i+1) * 0x9e3779b97f4a7c15}
+func key(ns uint64, i int) tierval.Key {
+	return tierval.Key{Namespace: ns, Hash: uint64(i+1) * 0x9e3779b97f4a7c15}
 }
 
-func store(t *testing.T, tr kv.Tier, k kv.TierKey, v []byte) {
+func store(t *testing.T, tr kv.Tier, k tierval.Key, v []byte) {
 	t.Helper()
 	require.NoError(t, tr.Store(bg, k, len(v), func(dst []byte) error { copy(dst, v); return nil }))
 }
 
 // load returns the value under k, or the error; a use func never called returns nil.
-func load(tr kv.Tier, k kv.TierKey) ([]byte, error) {
+func load(tr kv.Tier, k tierval.Key) ([]byte, error) {
 	var got []byte
 	err := tr.Load(bg, k, func(src []byte) error { got = bytes.Clone(src); return nil })
 	return got, err
 }
 
 // path returns the file of k under dir.
-func path(dir string, k kv.TierKey) string {
+func path(dir string, k tierval.Key) string {
 	return filepath.Join(dir, fmt.Sprintf("%016x", k.Namespace), fmt.Sprintf("%016x", k.Hash))
 }
 
@@ -98,7 +99,7 @@ func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 // exact, and counts them as warm.
 func TestWarmStart(t *testing.T) {
 	tr := newTier(t, filetier.Options{Budget: 64 << 20, Namespace: nsA})
-	want := map[kv.TierKey][]byte{}
+	want := map[tierval.Key][]byte{}
 	for i := range 10 {
 		k, v := key(nsA, i), value(1000+i*4099, uint64(i))
 		store(t, tr, k, v)
@@ -113,7 +114,7 @@ func TestWarmStart(t *testing.T) {
 	assert.EqualValues(t, 9, st.Warm)
 	assert.Equal(t, 9, st.Blocks)
 	assert.Contains(t, log.String(), "warm start")
-	keys := make([]kv.TierKey, 9)
+	keys := make([]tierval.Key, 9)
 	for i := range keys {
 		keys[i] = key(nsA, i)
 	}
@@ -145,7 +146,7 @@ func TestWarmStartOtherNamespace(t *testing.T) {
 	assert.Contains(t, log.String(), "another namespace")
 	_, err := load(tr, key(nsA, 0))
 	assert.ErrorIs(t, err, kv.ErrTierMiss, "a block of the other namespace")
-	n, err := tr.Contains(bg, []kv.TierKey{key(nsA, 0)})
+	n, err := tr.Contains(bg, []tierval.Key{key(nsA, 0)})
 	require.NoError(t, err)
 	assert.Zero(t, n)
 	err = tr.Store(bg, key(nsA, 2), 10, func([]byte) error { return nil })
@@ -160,8 +161,8 @@ func TestWarmStartOtherNamespace(t *testing.T) {
 // Every damage to a block's file is refused, counted and removed; the use func
 // never sees it; an undamaged neighbour is still served.
 func TestCorruption(t *testing.T) {
-	flip := func(off int) func(t *testing.T, dir string, k, other kv.TierKey) {
-		return func(t *testing.T, dir string, k, _ kv.TierKey) {
+	flip := func(off int) func(t *testing.T, dir string, k, other tierval.Key) {
+		return func(t *testing.T, dir string, k, _ tierval.Key) {
 			f, err := os.OpenFile(path(dir, k), os.O_RDWR, 0)
 			require.NoError(t, err)
 			defer f.Close()
@@ -173,15 +174,15 @@ func TestCorruption(t *testing.T) {
 			require.NoError(t, err)
 		}
 	}
-	truncate := func(size int64) func(t *testing.T, dir string, k, other kv.TierKey) {
-		return func(t *testing.T, dir string, k, _ kv.TierKey) {
+	truncate := func(size int64) func(t *testing.T, dir string, k, other tierval.Key) {
+		return func(t *testing.T, dir string, k, _ tierval.Key) {
 			require.NoError(t, os.Truncate(path(dir, k), size))
 		}
 	}
 	size := 3 * 4096 // the value: its file is four units
 	for _, tt := range []struct {
 		name   string
-		damage func(t *testing.T, dir string, k, other kv.TierKey)
+		damage func(t *testing.T, dir string, k, other tierval.Key)
 	}{
 		{"flip a byte of the value", flip(filetier.HeaderSize + 100)},
 		{"flip the last byte of the value", flip(filetier.HeaderSize + size - 1)},
@@ -193,16 +194,16 @@ func TestCorruption(t *testing.T) {
 		{"truncate mid-unit", truncate(5000)},
 		{"truncate to nothing", truncate(0)},
 		{"grow by a unit", truncate(5 * 4096)},
-		{"swap two files", func(t *testing.T, dir string, k, other kv.TierKey) {
+		{"swap two files", func(t *testing.T, dir string, k, other tierval.Key) {
 			tmp := path(dir, k) + ".swap"
 			require.NoError(t, os.Rename(path(dir, k), tmp))
 			require.NoError(t, os.Rename(path(dir, other), path(dir, k)))
 			require.NoError(t, os.Rename(tmp, path(dir, other)))
 		}},
-		{"another model's block under this name", func(t *testing.T, dir string, k, _ kv.TierKey) {
+		{"another model's block under this name", func(t *testing.T, dir string, k, _ tierval.Key) {
 			// A block of namespace B, with k's hash, copied over k's file.
 			tb := newTier(t, filetier.Options{Budget: 64 << 20})
-			kb := kv.TierKey{Namespace: nsB, Hash: k.Hash}
+			kb := tierval.Key{Namespace: nsB, Hash: k.Hash}
 			store(t, tb, kb, value(size, 99))
 			b, err := os.ReadFile(path(tb.Dir(), kb))
 			require.NoError(t, err)
@@ -213,7 +214,7 @@ func TestCorruption(t *testing.T) {
 			tr := newTier(t, filetier.Options{Budget: 64 << 20})
 			k, other, fine := key(nsA, 0), key(nsA, 1), key(nsA, 2)
 			for _, restart := range []bool{false, true} {
-				for i, kk := range []kv.TierKey{k, other, fine} {
+				for i, kk := range []tierval.Key{k, other, fine} {
 					store(t, tr, kk, value(size, uint64(i)))
 				}
 				tt.damage(t, tr.Dir(), k, other)
@@ -365,7 +366,7 @@ func TestMisuse(t *testing.T) {
 	assert.PanicsWithValue(t, filetier.PanicNilFunc, func() { _ = tr.Load(bg, key(nsA, 0), nil) })
 	err := tr.Store(bg, key(nsA, 0), tr.MaxValueSize()+1, func([]byte) error { return nil })
 	assert.ErrorIs(t, err, filetier.ErrTooLarge)
-	assert.ErrorIs(t, err, kv.ErrTierValueSize)
+	assert.ErrorIs(t, err, tierval.ErrSize)
 	err = tr.Store(bg, key(nsA, 0), -1, func([]byte) error { return nil })
 	assert.ErrorIs(t, err, filetier.ErrBadSize)
 	n, err := tr.Contains(bg, nil)

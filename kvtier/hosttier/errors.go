@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 )
 
 // Errors of making a tier.
@@ -25,11 +25,11 @@ var (
 // Errors of storing a value. A store that fails keeps nothing and changes no value
 // the tier held before, except those it evicted to make room.
 var (
-	// ErrBadSize: Store was given a negative size. It matches kv.ErrTierValueSize.
-	ErrBadSize = fmt.Errorf("hosttier: negative value size: %w", kv.ErrTierValueSize)
+	// ErrBadSize: Store was given a negative size. It matches tierval.ErrSize.
+	ErrBadSize = fmt.Errorf("hosttier: negative value size: %w", tierval.ErrSize)
 	// ErrTooLarge: the value is larger than the whole tier (MaxValueSize). It matches
-	// kv.ErrTierValueSize.
-	ErrTooLarge = fmt.Errorf("hosttier: value larger than the tier: %w", kv.ErrTierValueSize)
+	// tierval.ErrSize.
+	ErrTooLarge = fmt.Errorf("hosttier: value larger than the tier: %w", tierval.ErrSize)
 	// ErrFull: there is no room and nothing may be evicted (Options.NoEvict, or every
 	// value is being read).
 	ErrFull = errors.New("hosttier: tier is full")

@@ -7,7 +7,7 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/cuda"
 	"github.com/vmarena/vmarena/backing/cuda/cudatest"
-	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/hosttier"
 )
 
@@ -33,7 +33,7 @@ func Example_cuda() {
 	ctx := context.Background()
 	_ = tier.WaitPinned(ctx) // or not: memory not pinned yet works, staged
 	s := tier.Stream()
-	key := kv.TierKey{Namespace: 1, Hash: 42}
+	key := tierval.Key{Namespace: 1, Hash: 42}
 
 	// Evicting the block: DtoH into the tier's memory.
 	err = tier.Store(ctx, key, 2<<20, func(dst []byte) error {

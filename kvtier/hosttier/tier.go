@@ -11,6 +11,7 @@ import (
 	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/internal/nocopy"
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 )
 
 // A value's life cycle. Every value owns one run of granules of the region (none when
@@ -101,7 +102,7 @@ type Tier struct {
 	closed  bool
 	ops     int       // Store, Load, Contains and Delete calls in progress
 	idle    sync.Cond // on mu: signalled when ops drops to 0 during Close
-	index   map[kv.TierKey]*entry
+	index   map[tierval.Key]*entry
 	lru     entry // sentinel: lru.next is the most recently used
 	sp      space
 	held    int64 // committed bytes, charged to auth
@@ -112,7 +113,7 @@ type Tier struct {
 
 // entry is one value: see the life cycle above.
 type entry struct {
-	key        kv.TierKey
+	key        tierval.Key
 	r          run
 	size       int
 	st         state
@@ -196,7 +197,7 @@ func New(opts Options) (*Tier, error) {
 		return nil, err
 	}
 	t := &Tier{priv: priv, res: res, base: priv.Base(res), gran: opts.Granule, region: region, auth: auth,
-		evict: !opts.NoEvict, index: make(map[kv.TierKey]*entry), sp: newSpace(int(region / int64(opts.Granule)))}
+		evict: !opts.NoEvict, index: make(map[tierval.Key]*entry), sp: newSpace(int(region / int64(opts.Granule)))}
 	t.idle.L = &t.mu
 	t.lru.next, t.lru.prev = &t.lru, &t.lru
 	if opts.CUDA != nil {
@@ -245,7 +246,7 @@ func (t *Tier) leave() {
 // NoEvict, or when none can go, Store fails with ErrFull). A value larger than the
 // tier is ErrTooLarge, a negative size ErrBadSize, and a refusal of the ledger a
 // *accounting.BudgetError; each is counted in Stats.Refusals.
-func (t *Tier) Store(ctx context.Context, key kv.TierKey, size int, fill func(dst []byte) error) error {
+func (t *Tier) Store(ctx context.Context, key tierval.Key, size int, fill func(dst []byte) error) error {
 	if fill == nil {
 		panic(PanicNilFunc)
 	}
@@ -290,7 +291,7 @@ func (t *Tier) Store(ctx context.Context, key kv.TierKey, size int, fill func(ds
 // room takes a run for a value of size bytes, evicting as needed, and charges the
 // granules of it that are not committed (cold, returned to be committed by the
 // caller). t.mu must be held.
-func (t *Tier) room(key kv.TierKey, size int) (*entry, []run, error) {
+func (t *Tier) room(key tierval.Key, size int) (*entry, []run, error) {
 	n := (size + t.gran - 1) / t.gran
 	if int64(n)*int64(t.gran) > t.region {
 		return nil, nil, fmt.Errorf("%w: %d bytes, the tier holds %d", ErrTooLarge, size, t.region)
@@ -418,7 +419,7 @@ func (t *Tier) bytes(e *entry) []byte {
 // is valid only during the call and must not be written. The value becomes the most
 // recently used. A key the tier does not hold is kv.ErrTierMiss; use's error is
 // Load's.
-func (t *Tier) Load(ctx context.Context, key kv.TierKey, use func(src []byte) error) error {
+func (t *Tier) Load(ctx context.Context, key tierval.Key, use func(src []byte) error) error {
 	if use == nil {
 		panic(PanicNilFunc)
 	}
@@ -462,7 +463,7 @@ func (t *Tier) release1(e *entry) {
 }
 
 // Contains returns how many of keys, from the first, the tier holds.
-func (t *Tier) Contains(ctx context.Context, keys []kv.TierKey) (int, error) {
+func (t *Tier) Contains(ctx context.Context, keys []tierval.Key) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -480,7 +481,7 @@ func (t *Tier) Contains(ctx context.Context, keys []kv.TierKey) (int, error) {
 
 // Delete forgets key; its memory is free for other values once no Load reads it. A
 // key not held is not an error.
-func (t *Tier) Delete(ctx context.Context, key kv.TierKey) error {
+func (t *Tier) Delete(ctx context.Context, key tierval.Key) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -536,7 +537,8 @@ func (t *Tier) Trim() (int64, error) {
 
 // Close waits for the calls in progress, stops the pinning, closes the stream,
 // unpins and gives the whole region back to the OS and its bytes back to the ledger.
-// Every value is forfeit. A second Close returns ErrClosed.
+// Every value is forfeit. A second Close changes nothing and returns ErrClosed
+// (docs/server.md, "A second Close").
 func (t *Tier) Close() error {
 	t.mu.Lock()
 	if t.closed {

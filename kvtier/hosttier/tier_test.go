@@ -15,6 +15,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/hosttier"
 )
 
@@ -22,7 +23,7 @@ const gran = 64 << 10
 
 var bg = context.Background()
 
-func key(i int) kv.TierKey { return kv.TierKey{Namespace: 0xfeed, Hash: uint64(i)} }
+func key(i int) tierval.Key { return tierval.Key{Namespace: 0xfeed, Hash: uint64(i)} }
 
 // content returns the bytes of value i of size n: different for every key and size.
 func content(i, n int) []byte {
@@ -124,7 +125,7 @@ func TestMissContainsDelete(t *testing.T) {
 	for i := range 3 {
 		store(t, tr, i, 100)
 	}
-	n, err := tr.Contains(bg, []kv.TierKey{key(0), key(1), key(2), key(3), key(0)})
+	n, err := tr.Contains(bg, []tierval.Key{key(0), key(1), key(2), key(3), key(0)})
 	require.NoError(t, err)
 	assert.Equal(t, 3, n, "the run stops at the first key not held")
 	n, err = tr.Contains(bg, nil)
@@ -133,7 +134,7 @@ func TestMissContainsDelete(t *testing.T) {
 
 	require.NoError(t, tr.Delete(bg, key(1)))
 	require.NoError(t, tr.Delete(bg, key(1)), "deleting what is not held is no error")
-	n, err = tr.Contains(bg, []kv.TierKey{key(0), key(1), key(2)})
+	n, err = tr.Contains(bg, []tierval.Key{key(0), key(1), key(2)})
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
 	_, err = load(tr, 1)
@@ -208,7 +209,7 @@ func TestEvictLRU(t *testing.T) {
 	// frees granules that are not adjacent, so 3 goes too. Mixed sizes can evict more
 	// than they need; a cache's blocks are one size.
 	store(t, tr, 5, 2*gran)
-	n, err := tr.Contains(bg, []kv.TierKey{key(4), key(5)})
+	n, err := tr.Contains(bg, []tierval.Key{key(4), key(5)})
 	require.NoError(t, err)
 	assert.Equal(t, 2, n)
 	s := tr.Stats()
@@ -350,7 +351,7 @@ func TestMisuse(t *testing.T) {
 	cancel()
 	assert.ErrorIs(t, tr.Store(ctx, key(0), 1, func([]byte) error { return nil }), context.Canceled)
 	assert.ErrorIs(t, tr.Load(ctx, key(0), func([]byte) error { return nil }), context.Canceled)
-	_, err = tr.Contains(ctx, []kv.TierKey{key(0)})
+	_, err = tr.Contains(ctx, []tierval.Key{key(0)})
 	assert.ErrorIs(t, err, context.Canceled)
 	assert.ErrorIs(t, tr.Delete(ctx, key(0)), context.Canceled)
 
@@ -489,7 +490,7 @@ func ExampleTier() {
 		panic(err)
 	}
 	defer tier.Close()
-	block := kv.TierKey{Namespace: 1, Hash: 0xabc}
+	block := tierval.Key{Namespace: 1, Hash: 0xabc}
 	ctx := context.Background()
 	// Store hands the tier's own memory to fill: the block is copied once, into place.
 	err = tier.Store(ctx, block, 2<<20, func(dst []byte) error {
@@ -499,7 +500,7 @@ func ExampleTier() {
 	if err != nil {
 		panic(err)
 	}
-	n, _ := tier.Contains(ctx, []kv.TierKey{block, {Namespace: 1, Hash: 0xdef}})
+	n, _ := tier.Contains(ctx, []tierval.Key{block, {Namespace: 1, Hash: 0xdef}})
 	_ = tier.Load(ctx, block, func(src []byte) error {
 		fmt.Printf("%d of 2 keys held; %q\n", n, src[:13])
 		return nil

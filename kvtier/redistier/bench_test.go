@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/redistier"
 )
 
@@ -29,7 +29,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		blk[i] = byte(i * 7)
 	}
 	out := make([]byte, size)
-	key := kv.TierKey{Namespace: 1, Hash: 2}
+	key := tierval.Key{Namespace: 1, Hash: 2}
 	plainKey := "plain:block"
 	viaTier := func() {
 		if err := tier.Store(ctx, key, size, func(dst []byte) error { copy(dst, blk); return nil }); err != nil {

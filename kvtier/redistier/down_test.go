@@ -15,13 +15,14 @@ import (
 
 	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/redistier"
 )
 
 // block is what the workers of TestServerKilled store: a value in the tier value
 // format, so that a Load that returns anything but the block's own bytes is caught.
-func block(i int) (kv.TierKey, []int32, []byte) {
-	key := kv.TierKey{Namespace: 99, Hash: uint64(i)*0x9e3779b97f4a7c15 + 1}
+func block(i int) (tierval.Key, []int32, []byte) {
+	key := tierval.Key{Namespace: 99, Hash: uint64(i)*0x9e3779b97f4a7c15 + 1}
 	tokens := []int32{int32(i), int32(i + 1), int32(i + 2)}
 	payload := bytes.Repeat([]byte{byte(i), byte(i >> 8)}, 2048+i%7)
 	return key, tokens, payload
@@ -29,8 +30,8 @@ func block(i int) (kv.TierKey, []int32, []byte) {
 
 func storeBlock(ctx context.Context, tier kv.Tier, i int) error {
 	key, tokens, payload := block(i)
-	return tier.Store(ctx, key, kv.TierValueSize(len(tokens), len(payload)), func(dst []byte) error {
-		return kv.EncodeTierValue(dst, key, tokens, len(payload), func(p []byte) error { copy(p, payload); return nil })
+	return tier.Store(ctx, key, tierval.Size(len(tokens), len(payload)), func(dst []byte) error {
+		return tierval.Encode(dst, key, tokens, len(payload), func(p []byte) error { copy(p, payload); return nil })
 	})
 }
 
@@ -38,7 +39,7 @@ func storeBlock(ctx context.Context, tier kv.Tier, i int) error {
 func loadBlock(ctx context.Context, tier kv.Tier, i int) error {
 	key, tokens, payload := block(i)
 	return tier.Load(ctx, key, func(src []byte) error {
-		got, err := kv.DecodeTierValue(src, key, tokens, len(payload))
+		got, err := tierval.Decode(src, key, tokens, len(payload))
 		if err != nil || !bytes.Equal(got, payload) {
 			return fmt.Errorf("%w: block %d: %v", errWrong, i, err)
 		}
@@ -124,7 +125,7 @@ func TestServerKilled(t *testing.T) {
 	}
 }
 
-func block0Key(i int) kv.TierKey { k, _, _ := block(i); return k }
+func block0Key(i int) tierval.Key { k, _, _ := block(i); return k }
 
 // TestBackoff checks the back-off on its own: after a refused connection every call
 // fails at once with ErrUnavailable and is counted, and once the back-off ends the
@@ -133,7 +134,7 @@ func TestBackoff(t *testing.T) {
 	s := startServer(t, false)
 	tier := newTier(t, newClient(t, s.addr()), redistier.Options{Timeout: 300 * time.Millisecond, Backoff: time.Hour})
 	ctx := context.Background()
-	key := kv.TierKey{Hash: 7}
+	key := tierval.Key{Hash: 7}
 	s.kill()
 	err := tier.Load(ctx, key, func([]byte) error { return nil })
 	require.Error(t, err)
@@ -143,7 +144,7 @@ func TestBackoff(t *testing.T) {
 	assert.ErrorIs(t, tier.Load(ctx, key, func([]byte) error { used = true; return nil }), redistier.ErrUnavailable)
 	assert.False(t, used)
 	assert.ErrorIs(t, tier.Store(ctx, key, 1, func([]byte) error { return nil }), redistier.ErrUnavailable)
-	_, err = tier.Contains(ctx, []kv.TierKey{key})
+	_, err = tier.Contains(ctx, []tierval.Key{key})
 	assert.ErrorIs(t, err, redistier.ErrUnavailable)
 	assert.ErrorIs(t, tier.Delete(ctx, key), redistier.ErrUnavailable)
 	st := tier.Stats()

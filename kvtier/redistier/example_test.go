@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/redistier"
 )
 
@@ -29,7 +30,7 @@ func ExampleNew() {
 		return
 	}
 	ctx := context.Background()
-	key := kv.TierKey{Namespace: 1, Hash: 2}
+	key := tierval.Key{Namespace: 1, Hash: 2}
 	fmt.Println(tier.Key(key))
 
 	err = tier.Load(ctx, key, func([]byte) error { return nil })

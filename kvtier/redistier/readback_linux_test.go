@@ -14,6 +14,7 @@ import (
 	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/redistier"
 )
 
@@ -73,7 +74,7 @@ func TestPrefixCacheReadBack(t *testing.T) {
 			require.NoError(t, err)
 			require.Zero(t, pc.Stats().CachedTokens, "the entry left the device")
 			st := pc.Stats().Tiers[0]
-			require.EqualValues(t, 3*kv.TierValueSize(tpb, blk), st.StoreBytes, "three whole blocks went down")
+			require.EqualValues(t, 3*tierval.Size(tpb, blk), st.StoreBytes, "three whole blocks went down")
 			require.Zero(t, st.Drops)
 			require.Equal(t, []int64{3}, dbsize(t, srv), "one key a block")
 

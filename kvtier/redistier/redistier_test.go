@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/redistier"
 	"github.com/vmarena/vmarena/kvtier/tiertest"
 )
@@ -49,9 +50,9 @@ func TestClusterSpreadsKeys(t *testing.T) {
 	c := newClient(t, nodes[0].addr(), nodes[1].addr(), nodes[2].addr())
 	tier := newTier(t, c, redistier.Options{Timeout: slow})
 	ctx := context.Background()
-	keys := make([]kv.TierKey, 60)
+	keys := make([]tierval.Key, 60)
 	for i := range keys {
-		keys[i] = kv.TierKey{Namespace: 77, Hash: uint64(i+1) * 0x9e3779b97f4a7c15}
+		keys[i] = tierval.Key{Namespace: 77, Hash: uint64(i+1) * 0x9e3779b97f4a7c15}
 		require.NoError(t, tier.Store(ctx, keys[i], 8, func(dst []byte) error { copy(dst, "block..."); return nil }))
 	}
 	for i, n := range dbsize(t, nodes...) {
@@ -73,15 +74,15 @@ func TestStats(t *testing.T) {
 	s := startServer(t, false)
 	tier := newTier(t, newClient(t, s.addr()), redistier.Options{Timeout: slow})
 	ctx := context.Background()
-	a, b := kv.TierKey{Namespace: 1, Hash: 1}, kv.TierKey{Namespace: 1, Hash: 2}
+	a, b := tierval.Key{Namespace: 1, Hash: 1}, tierval.Key{Namespace: 1, Hash: 2}
 	require.NoError(t, tier.Store(ctx, a, 1000, func([]byte) error { return nil }))
 	require.NoError(t, tier.Store(ctx, b, 24, func([]byte) error { return nil }))
 	boom := errors.New("fill failed")
 	require.ErrorIs(t, tier.Store(ctx, a, 10, func([]byte) error { return boom }), boom)
-	require.ErrorIs(t, tier.Store(ctx, a, tier.MaxValueSize()+1, nil), kv.ErrTierValueSize)
+	require.ErrorIs(t, tier.Store(ctx, a, tier.MaxValueSize()+1, nil), tierval.ErrSize)
 	require.NoError(t, tier.Load(ctx, a, func([]byte) error { return nil }))
-	require.ErrorIs(t, tier.Load(ctx, kv.TierKey{Hash: 3}, nil), kv.ErrTierMiss)
-	n, err := tier.Contains(ctx, []kv.TierKey{a, b, {Hash: 3}, a})
+	require.ErrorIs(t, tier.Load(ctx, tierval.Key{Hash: 3}, nil), kv.ErrTierMiss)
+	n, err := tier.Contains(ctx, []tierval.Key{a, b, {Hash: 3}, a})
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 	cancelled, cancel := context.WithCancel(ctx)
@@ -103,16 +104,16 @@ func TestCorruptValueIsRefused(t *testing.T) {
 	c := newClient(t, s.addr())
 	tier := newTier(t, c, redistier.Options{Timeout: slow})
 	ctx := context.Background()
-	key := kv.TierKey{Namespace: 5, Hash: 6}
+	key := tierval.Key{Namespace: 5, Hash: 6}
 	tokens := []int32{1, 2, 3, 4}
 	block := bytes.Repeat([]byte("kv"), 5000)
-	size := kv.TierValueSize(len(tokens), len(block))
+	size := tierval.Size(len(tokens), len(block))
 	require.NoError(t, tier.Store(ctx, key, size, func(dst []byte) error {
-		return kv.EncodeTierValue(dst, key, tokens, len(block), func(p []byte) error { copy(p, block); return nil })
+		return tierval.Encode(dst, key, tokens, len(block), func(p []byte) error { copy(p, block); return nil })
 	}))
 	check := func() error {
 		return tier.Load(ctx, key, func(src []byte) error {
-			got, err := kv.DecodeTierValue(src, key, tokens, len(block))
+			got, err := tierval.Decode(src, key, tokens, len(block))
 			if err == nil && !bytes.Equal(got, block) {
 				return fmt.Errorf("decoded other bytes")
 			}
@@ -121,9 +122,9 @@ func TestCorruptValueIsRefused(t *testing.T) {
 	}
 	require.NoError(t, check())
 	require.NoError(t, c.SetRange(ctx, tier.Key(key), int64(size-7), "X").Err())
-	assert.ErrorIs(t, check(), kv.ErrTierChecksum, "a byte changed on the server")
+	assert.ErrorIs(t, check(), tierval.ErrChecksum, "a byte changed on the server")
 	require.NoError(t, c.Set(ctx, tier.Key(key), "short", 0).Err())
-	assert.ErrorIs(t, check(), kv.ErrTierTruncated, "a value cut short on the server")
+	assert.ErrorIs(t, check(), tierval.ErrTruncated, "a value cut short on the server")
 	require.NoError(t, tier.Delete(ctx, key))
 }
 
@@ -148,7 +149,7 @@ func TestNewBadInputs(t *testing.T) {
 	tier, err := redistier.New(c, redistier.Options{})
 	require.NoError(t, err)
 	assert.Equal(t, redistier.DefaultMaxValueSize, tier.MaxValueSize())
-	assert.Equal(t, "vmkv:0000000000000001:00000000000000ff", tier.Key(kv.TierKey{Namespace: 1, Hash: 255}))
+	assert.Equal(t, "vmkv:0000000000000001:00000000000000ff", tier.Key(tierval.Key{Namespace: 1, Hash: 255}))
 }
 
 func TestTTL(t *testing.T) {
@@ -156,7 +157,7 @@ func TestTTL(t *testing.T) {
 	c := newClient(t, s.addr())
 	tier := newTier(t, c, redistier.Options{TTL: time.Hour, Timeout: slow})
 	ctx := context.Background()
-	key := kv.TierKey{Hash: 1}
+	key := tierval.Key{Hash: 1}
 	require.NoError(t, tier.Store(ctx, key, 1, func(dst []byte) error { dst[0] = 1; return nil }))
 	ttl, err := c.TTL(ctx, tier.Key(key)).Result()
 	require.NoError(t, err)

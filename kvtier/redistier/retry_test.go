@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/redistier"
 )
 
@@ -169,15 +169,15 @@ func setCalls(t *testing.T, c *redis.Client) int {
 // Set has not returned. A first SET cut off mid-value is never run (the server drops
 // an unfinished command with its connection), and one that landed whole but whose
 // reply was lost runs twice, with the same bytes. Either way the key holds the
-// writer's whole value, which passes DecodeTierValue: a retry tears no value (a byte
+// writer's whole value, which passes tierval.Decode: a retry tears no value (a byte
 // changed on the second connection fails this test with a checksum mismatch).
 func TestRetriedSetLandsWhole(t *testing.T) {
 	const payload = 1 << 20
 	tokens := []int32{5, 6, 7, 8}
-	size := kv.TierValueSize(len(tokens), payload)
-	fill := func(key kv.TierKey, w byte) func(dst []byte) error {
+	size := tierval.Size(len(tokens), payload)
+	fill := func(key tierval.Key, w byte) func(dst []byte) error {
 		return func(dst []byte) error {
-			return kv.EncodeTierValue(dst, key, tokens, payload, func(p []byte) error {
+			return tierval.Encode(dst, key, tokens, payload, func(p []byte) error {
 				for i := range p {
 					p[i] = w + byte(i%251)
 				}
@@ -206,11 +206,11 @@ func TestRetriedSetLandsWhole(t *testing.T) {
 			t.Cleanup(func() { _ = c.Close() })
 			tier := newTier(t, c, redistier.Options{Timeout: 4 * slow, Backoff: -1})
 
-			key := kv.TierKey{Namespace: 3, Hash: 0xc0ffee}
+			key := tierval.Key{Namespace: 3, Hash: 0xc0ffee}
 			require.NoError(t, tier.Store(context.Background(), key, size, fill(key, 1)), "the retry landed")
 			assert.EqualValues(t, 2, p.conns.Load(), "the first SET timed out and went again on a second connection")
 			// The Store's buffer goes back to the pool: another Store refills it.
-			other := kv.TierKey{Namespace: 3, Hash: 0xbeef}
+			other := tierval.Key{Namespace: 3, Hash: 0xbeef}
 			require.NoError(t, tier.Store(context.Background(), other, size, fill(other, 2)))
 
 			assert.Equal(t, tt.calls, setCalls(t, direct)-1, "SETs the server ran for the first key")
@@ -218,12 +218,12 @@ func TestRetriedSetLandsWhole(t *testing.T) {
 			require.NoError(t, err)
 			assert.EqualValues(t, 2, n, "the cut SET left no key of its own")
 			for _, k := range []struct {
-				key kv.TierKey
+				key tierval.Key
 				w   byte
 			}{{key, 1}, {other, 2}} {
 				v, err := direct.Get(context.Background(), tier.Key(k.key)).Bytes()
 				require.NoError(t, err)
-				got, err := kv.DecodeTierValue(v, k.key, tokens, payload)
+				got, err := tierval.Decode(v, k.key, tokens, payload)
 				require.NoError(t, err, "the value passes its check")
 				want := make([]byte, payload)
 				for i := range want {

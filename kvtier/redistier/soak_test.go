@@ -15,6 +15,7 @@ import (
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/hosttier"
 	"github.com/vmarena/vmarena/kvtier/redistier"
 )
@@ -96,7 +97,7 @@ func TestPrefixCacheSoak(t *testing.T) {
 
 	hostAuth := gov.Authority("host tier", accounting.DeviceKey{Tier: accounting.HostTier})
 	// Room for a few prompts only: the rest is found in Redis.
-	ht, err := hosttier.New(hosttier.Options{Budget: 8 * int64(kv.TierValueSize(tpb, blk)), Granule: 4 << 10, Authority: hostAuth})
+	ht, err := hosttier.New(hosttier.Options{Budget: 8 * int64(tierval.Size(tpb, blk)), Granule: 4 << 10, Authority: hostAuth})
 	require.NoError(t, err)
 	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{
 		Tiers: []kv.Tier{ht, rt}, TierPrefix: t.Name(), MaxBytes: 6 * int64(blk), TierWait: 2 * time.Second,

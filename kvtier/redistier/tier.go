@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 )
 
 // Defaults of Options' zero fields.
@@ -146,7 +147,7 @@ func (t *Tier) Stats() Stats {
 
 // Key returns the Redis key a block is stored under: the prefix, then the namespace
 // and the hash in 16 hex digits each.
-func (t *Tier) Key(key kv.TierKey) string {
+func (t *Tier) Key(key tierval.Key) string {
 	b := make([]byte, 0, len(t.prefix)+33)
 	b = append(b, t.prefix...)
 	b = appendHex(b, key.Namespace)
@@ -166,10 +167,10 @@ func appendHex(b []byte, v uint64) []byte {
 // Store fills a buffer of size bytes and SETs it under key (with the TTL, if any).
 // fill's error is Store's and nothing is sent. dst's contents are unspecified (a
 // recycled buffer): fill must write all of it, and must not keep it.
-func (t *Tier) Store(ctx context.Context, key kv.TierKey, size int, fill func(dst []byte) error) error {
+func (t *Tier) Store(ctx context.Context, key tierval.Key, size int, fill func(dst []byte) error) error {
 	if size < 0 || size > t.max {
 		t.droppedStore.Add(1)
-		return fmt.Errorf("%w: %d bytes (at most %d)", kv.ErrTierValueSize, size, t.max)
+		return fmt.Errorf("%w: %d bytes (at most %d)", tierval.ErrSize, size, t.max)
 	}
 	c, cancel, err := t.begin(ctx)
 	if err != nil {
@@ -193,7 +194,7 @@ func (t *Tier) Store(ctx context.Context, key kv.TierKey, size int, fill func(ds
 
 // Load GETs key and calls use with the value. A key the server does not hold is
 // kv.ErrTierMiss; every other failure is an error (see the package doc).
-func (t *Tier) Load(ctx context.Context, key kv.TierKey, use func(src []byte) error) error {
+func (t *Tier) Load(ctx context.Context, key tierval.Key, use func(src []byte) error) error {
 	c, cancel, err := t.begin(ctx)
 	if err != nil {
 		return err
@@ -214,7 +215,7 @@ func (t *Tier) Load(ctx context.Context, key kv.TierKey, use func(src []byte) er
 
 // Contains asks EXISTS of every key in one pipeline and returns the length of the
 // run of held keys from the first.
-func (t *Tier) Contains(ctx context.Context, keys []kv.TierKey) (int, error) {
+func (t *Tier) Contains(ctx context.Context, keys []tierval.Key) (int, error) {
 	c, cancel, err := t.begin(ctx)
 	if err != nil {
 		return 0, err
@@ -247,7 +248,7 @@ func (t *Tier) Contains(ctx context.Context, keys []kv.TierKey) (int, error) {
 }
 
 // Delete DELs key.
-func (t *Tier) Delete(ctx context.Context, key kv.TierKey) error {
+func (t *Tier) Delete(ctx context.Context, key tierval.Key) error {
 	c, cancel, err := t.begin(ctx)
 	if err != nil {
 		return err

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/redistier"
 )
 
@@ -58,7 +59,7 @@ func TestTimeout(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
 	ctx := context.Background()
-	key := kv.TierKey{Hash: 1}
+	key := tierval.Key{Hash: 1}
 
 	caller := newTier(t, c, redistier.Options{Timeout: time.Minute, Backoff: time.Hour})
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)

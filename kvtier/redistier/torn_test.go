@@ -13,13 +13,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/redistier"
 )
 
 // TestOneKeyNeverTorn: writers store values of one key at once, each its own payload,
 // one of them with a timeout so short that its SETs fail (before or while they send:
 // the test can not tell which), while another deletes
-// the key and readers load it: every value read back passes DecodeTierValue and is
+// the key and readers load it: every value read back passes tierval.Decode and is
 // one writer's whole payload, or the key is missing. A torn value (a SET cut off, a
 // pooled buffer reused while a SET still sent it) would fail the check.
 func TestOneKeyNeverTorn(t *testing.T) {
@@ -28,12 +29,12 @@ func TestOneKeyNeverTorn(t *testing.T) {
 	tier := newTier(t, c, redistier.Options{Timeout: slow, Backoff: -1})
 	hasty := newTier(t, c, redistier.Options{Timeout: 50 * time.Microsecond, Backoff: -1})
 	const payload, writers, rounds = 1 << 20, 3, 20
-	key := kv.TierKey{Namespace: 9, Hash: 0xfeed}
+	key := tierval.Key{Namespace: 9, Hash: 0xfeed}
 	tokens := []int32{1, 2, 3, 4}
-	size := kv.TierValueSize(len(tokens), payload)
+	size := tierval.Size(len(tokens), payload)
 	store := func(tr *redistier.Tier, w int) error {
 		return tr.Store(context.Background(), key, size, func(dst []byte) error {
-			return kv.EncodeTierValue(dst, key, tokens, payload, func(p []byte) error {
+			return tierval.Encode(dst, key, tokens, payload, func(p []byte) error {
 				for i := 0; i+8 <= len(p); i += 8 {
 					binary.LittleEndian.PutUint64(p[i:], uint64(w)<<32|uint64(i))
 				}
@@ -69,7 +70,7 @@ func TestOneKeyNeverTorn(t *testing.T) {
 	var loads, misses int
 	check := func() {
 		err := tier.Load(context.Background(), key, func(src []byte) error {
-			p, err := kv.DecodeTierValue(src, key, tokens, payload)
+			p, err := tierval.Decode(src, key, tokens, payload)
 			if err != nil {
 				return err
 			}

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 )
 
 // Map is a [kv.Tier] on Go-heap memory, for tests of code above the tiers. Its zero
@@ -14,7 +15,7 @@ type Map struct {
 	max int
 
 	mu     sync.Mutex
-	values map[kv.TierKey][]byte
+	values map[tierval.Key][]byte
 	bytes  int
 }
 
@@ -24,7 +25,7 @@ func NewMap(maxValue int) *Map {
 	if maxValue <= 0 {
 		maxValue = MinValueSize
 	}
-	return &Map{max: maxValue, values: map[kv.TierKey][]byte{}}
+	return &Map{max: maxValue, values: map[tierval.Key][]byte{}}
 }
 
 // Name returns "map".
@@ -35,9 +36,9 @@ func (m *Map) MaxValueSize() int { return m.max }
 
 // Store keeps the size bytes fill writes under key, replacing any value held there.
 // fill writes into a fresh slice, so a failed fill leaves the old value untouched.
-func (m *Map) Store(ctx context.Context, key kv.TierKey, size int, fill func(dst []byte) error) error {
+func (m *Map) Store(ctx context.Context, key tierval.Key, size int, fill func(dst []byte) error) error {
 	if size < 0 || size > m.max {
-		return fmt.Errorf("%w: %d bytes (at most %d)", kv.ErrTierValueSize, size, m.max)
+		return fmt.Errorf("%w: %d bytes (at most %d)", tierval.ErrSize, size, m.max)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -58,7 +59,7 @@ func (m *Map) Store(ctx context.Context, key kv.TierKey, size int, fill func(dst
 
 // Load calls use with the value under key. Values are never written after Store, so
 // use reads it without the lock held, and may call the Map itself.
-func (m *Map) Load(ctx context.Context, key kv.TierKey, use func(src []byte) error) error {
+func (m *Map) Load(ctx context.Context, key tierval.Key, use func(src []byte) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -72,7 +73,7 @@ func (m *Map) Load(ctx context.Context, key kv.TierKey, use func(src []byte) err
 }
 
 // Contains returns how many of keys, from the first, the Map holds.
-func (m *Map) Contains(ctx context.Context, keys []kv.TierKey) (int, error) {
+func (m *Map) Contains(ctx context.Context, keys []tierval.Key) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -87,7 +88,7 @@ func (m *Map) Contains(ctx context.Context, keys []kv.TierKey) (int, error) {
 }
 
 // Delete forgets key.
-func (m *Map) Delete(ctx context.Context, key kv.TierKey) error {
+func (m *Map) Delete(ctx context.Context, key tierval.Key) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/vmarena/vmarena/internal/mutanttest"
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/tiertest"
 )
 
@@ -21,7 +22,7 @@ func (noName) Name() string { return "" }
 
 type missIsNil struct{ *tiertest.Map }
 
-func (m missIsNil) Load(ctx context.Context, k kv.TierKey, use func([]byte) error) error {
+func (m missIsNil) Load(ctx context.Context, k tierval.Key, use func([]byte) error) error {
 	if err := m.Map.Load(ctx, k, use); !errors.Is(err, kv.ErrTierMiss) {
 		return err
 	}
@@ -30,7 +31,7 @@ func (m missIsNil) Load(ctx context.Context, k kv.TierKey, use func([]byte) erro
 
 type shortFill struct{ *tiertest.Map }
 
-func (m shortFill) Store(ctx context.Context, k kv.TierKey, size int, fill func([]byte) error) error {
+func (m shortFill) Store(ctx context.Context, k tierval.Key, size int, fill func([]byte) error) error {
 	if size < 2 {
 		return m.Map.Store(ctx, k, size, fill)
 	}
@@ -39,7 +40,7 @@ func (m shortFill) Store(ctx context.Context, k kv.TierKey, size int, fill func(
 
 type keepsFailedFill struct{ *tiertest.Map }
 
-func (m keepsFailedFill) Store(ctx context.Context, k kv.TierKey, size int, fill func([]byte) error) error {
+func (m keepsFailedFill) Store(ctx context.Context, k tierval.Key, size int, fill func([]byte) error) error {
 	var ferr error
 	err := m.Map.Store(ctx, k, size, func(dst []byte) error { ferr = fill(dst); return nil })
 	return errors.Join(err, ferr)
@@ -48,7 +49,7 @@ func (m keepsFailedFill) Store(ctx context.Context, k kv.TierKey, size int, fill
 // inPlace writes a replacement of the same size into the held value itself.
 type inPlace struct{ *tiertest.Map }
 
-func (m inPlace) Store(ctx context.Context, k kv.TierKey, size int, fill func([]byte) error) error {
+func (m inPlace) Store(ctx context.Context, k tierval.Key, size int, fill func([]byte) error) error {
 	var held []byte
 	if m.Map.Load(ctx, k, func(src []byte) error { held = src; return nil }) == nil && len(held) == size {
 		return fill(held)
@@ -58,7 +59,7 @@ func (m inPlace) Store(ctx context.Context, k kv.TierKey, size int, fill func([]
 
 type useErrorDeletes struct{ *tiertest.Map }
 
-func (m useErrorDeletes) Load(ctx context.Context, k kv.TierKey, use func([]byte) error) error {
+func (m useErrorDeletes) Load(ctx context.Context, k tierval.Key, use func([]byte) error) error {
 	err := m.Map.Load(ctx, k, use)
 	if err != nil && !errors.Is(err, kv.ErrTierMiss) {
 		_ = m.Map.Delete(ctx, k)
@@ -69,31 +70,31 @@ func (m useErrorDeletes) Load(ctx context.Context, k kv.TierKey, use func([]byte
 // hashOnly keys its values by Hash alone.
 type hashOnly struct{ *tiertest.Map }
 
-func (m hashOnly) strip(k kv.TierKey) kv.TierKey { return kv.TierKey{Hash: k.Hash} }
-func (m hashOnly) Store(ctx context.Context, k kv.TierKey, size int, fill func([]byte) error) error {
+func (m hashOnly) strip(k tierval.Key) tierval.Key { return tierval.Key{Hash: k.Hash} }
+func (m hashOnly) Store(ctx context.Context, k tierval.Key, size int, fill func([]byte) error) error {
 	return m.Map.Store(ctx, m.strip(k), size, fill)
 }
-func (m hashOnly) Load(ctx context.Context, k kv.TierKey, use func([]byte) error) error {
+func (m hashOnly) Load(ctx context.Context, k tierval.Key, use func([]byte) error) error {
 	return m.Map.Load(ctx, m.strip(k), use)
 }
-func (m hashOnly) Contains(ctx context.Context, keys []kv.TierKey) (int, error) {
-	s := make([]kv.TierKey, len(keys))
+func (m hashOnly) Contains(ctx context.Context, keys []tierval.Key) (int, error) {
+	s := make([]tierval.Key, len(keys))
 	for i, k := range keys {
 		s[i] = m.strip(k)
 	}
 	return m.Map.Contains(ctx, s)
 }
-func (m hashOnly) Delete(ctx context.Context, k kv.TierKey) error {
+func (m hashOnly) Delete(ctx context.Context, k tierval.Key) error {
 	return m.Map.Delete(ctx, m.strip(k))
 }
 
 // countsAll counts every held key, not the run up to the first gap.
 type countsAll struct{ *tiertest.Map }
 
-func (m countsAll) Contains(ctx context.Context, keys []kv.TierKey) (int, error) {
+func (m countsAll) Contains(ctx context.Context, keys []tierval.Key) (int, error) {
 	n := 0
 	for _, k := range keys {
-		if c, err := m.Map.Contains(ctx, []kv.TierKey{k}); err != nil {
+		if c, err := m.Map.Contains(ctx, []tierval.Key{k}); err != nil {
 			return 0, err
 		} else {
 			n += c
@@ -104,8 +105,8 @@ func (m countsAll) Contains(ctx context.Context, keys []kv.TierKey) (int, error)
 
 type deleteMissErr struct{ *tiertest.Map }
 
-func (m deleteMissErr) Delete(ctx context.Context, k kv.TierKey) error {
-	if n, _ := m.Map.Contains(ctx, []kv.TierKey{k}); n == 0 {
+func (m deleteMissErr) Delete(ctx context.Context, k tierval.Key) error {
+	if n, _ := m.Map.Contains(ctx, []tierval.Key{k}); n == 0 {
 		return kv.ErrTierMiss
 	}
 	return m.Map.Delete(ctx, k)
@@ -114,16 +115,16 @@ func (m deleteMissErr) Delete(ctx context.Context, k kv.TierKey) error {
 // ignoresCtx serves every call with a context of its own.
 type ignoresCtx struct{ *tiertest.Map }
 
-func (m ignoresCtx) Store(_ context.Context, k kv.TierKey, size int, fill func([]byte) error) error {
+func (m ignoresCtx) Store(_ context.Context, k tierval.Key, size int, fill func([]byte) error) error {
 	return m.Map.Store(context.Background(), k, size, fill)
 }
-func (m ignoresCtx) Load(_ context.Context, k kv.TierKey, use func([]byte) error) error {
+func (m ignoresCtx) Load(_ context.Context, k tierval.Key, use func([]byte) error) error {
 	return m.Map.Load(context.Background(), k, use)
 }
 
 type negativeIsEmpty struct{ *tiertest.Map }
 
-func (m negativeIsEmpty) Store(ctx context.Context, k kv.TierKey, size int, fill func([]byte) error) error {
+func (m negativeIsEmpty) Store(ctx context.Context, k tierval.Key, size int, fill func([]byte) error) error {
 	return m.Map.Store(ctx, k, max(size, 0), fill)
 }
 
@@ -135,7 +136,7 @@ type lastValue struct {
 	last *[]byte
 }
 
-func (m lastValue) Store(ctx context.Context, k kv.TierKey, size int, fill func([]byte) error) error {
+func (m lastValue) Store(ctx context.Context, k tierval.Key, size int, fill func([]byte) error) error {
 	return m.Map.Store(ctx, k, size, func(dst []byte) error {
 		err := fill(dst)
 		m.mu.Lock()
@@ -144,7 +145,7 @@ func (m lastValue) Store(ctx context.Context, k kv.TierKey, size int, fill func(
 		return err
 	})
 }
-func (m lastValue) Load(ctx context.Context, k kv.TierKey, use func([]byte) error) error {
+func (m lastValue) Load(ctx context.Context, k tierval.Key, use func([]byte) error) error {
 	return m.Map.Load(ctx, k, func(src []byte) error {
 		m.mu.Lock()
 		l := *m.last

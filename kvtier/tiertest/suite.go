@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 )
 
 // MinValueSize is the least value size a tier must hold: a 2 MiB block (one granule
@@ -38,7 +39,7 @@ const MinValueSize = 2<<20 + 64<<10
 // value; a context already cancelled or past its deadline is refused by every method
 // with an error wrapping ctx.Err() and changes nothing; a negative size, and a size
 // above MaxValueSize when the tier has that method, is refused with
-// [kv.ErrTierValueSize] before fill is called.
+// [tierval.ErrSize] before fill is called.
 func Run(t *testing.T, newTier func(t *testing.T) kv.Tier) {
 	t.Helper()
 	props := []struct {
@@ -79,20 +80,20 @@ type env struct {
 	ns   uint64
 
 	mu     sync.Mutex
-	stored map[kv.TierKey]bool
+	stored map[tierval.Key]bool
 }
 
 // key returns the property's i-th key. The hash spreads i over 64 bits, as a chained
 // block hash would, so that a tier that shards by key sees many shards.
-func (e *env) key(i int) kv.TierKey {
-	return kv.TierKey{Namespace: e.ns, Hash: uint64(i+1) * 0x9e3779b97f4a7c15}
+func (e *env) key(i int) tierval.Key {
+	return tierval.Key{Namespace: e.ns, Hash: uint64(i+1) * 0x9e3779b97f4a7c15}
 }
 
-func (e *env) remember(k kv.TierKey) {
+func (e *env) remember(k tierval.Key) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.stored == nil {
-		e.stored = map[kv.TierKey]bool{}
+		e.stored = map[tierval.Key]bool{}
 	}
 	e.stored[k] = true
 }
@@ -110,7 +111,7 @@ func (e *env) cleanup() {
 
 // store stores data under k and checks that fill was called once with exactly
 // len(data) bytes.
-func (e *env) store(ctx context.Context, k kv.TierKey, data []byte) error {
+func (e *env) store(ctx context.Context, k tierval.Key, data []byte) error {
 	e.t.Helper()
 	e.remember(k)
 	calls := 0
@@ -131,13 +132,13 @@ func (e *env) store(ctx context.Context, k kv.TierKey, data []byte) error {
 }
 
 // mustStore stores data under k and fails the property if that fails.
-func (e *env) mustStore(k kv.TierKey, data []byte) {
+func (e *env) mustStore(k tierval.Key, data []byte) {
 	e.t.Helper()
 	require.NoError(e.t, e.store(context.Background(), k, data), "Store(%v, %d bytes)", k, len(data))
 }
 
 // load returns a copy of the value under k, checking that use was called once.
-func (e *env) load(ctx context.Context, k kv.TierKey) ([]byte, error) {
+func (e *env) load(ctx context.Context, k tierval.Key) ([]byte, error) {
 	e.t.Helper()
 	var got []byte
 	calls := 0
@@ -160,7 +161,7 @@ func (e *env) load(ctx context.Context, k kv.TierKey) ([]byte, error) {
 }
 
 // mustLoad checks that k holds want.
-func (e *env) mustLoad(k kv.TierKey, want []byte, msg string) {
+func (e *env) mustLoad(k tierval.Key, want []byte, msg string) {
 	e.t.Helper()
 	got, err := e.load(context.Background(), k)
 	require.NoError(e.t, err, "Load(%v): %s", k, msg)
@@ -170,13 +171,13 @@ func (e *env) mustLoad(k kv.TierKey, want []byte, msg string) {
 }
 
 // mustMiss checks that k is a miss.
-func (e *env) mustMiss(k kv.TierKey, msg string) {
+func (e *env) mustMiss(k tierval.Key, msg string) {
 	e.t.Helper()
 	got, err := e.load(context.Background(), k)
 	require.ErrorIs(e.t, err, kv.ErrTierMiss, "Load(%v): %s (got %s)", k, msg, describe(got))
 }
 
-func (e *env) contains(keys []kv.TierKey) int {
+func (e *env) contains(keys []tierval.Key) int {
 	e.t.Helper()
 	n, err := e.tier.Contains(context.Background(), keys)
 	require.NoError(e.t, err, "Contains")
@@ -259,7 +260,7 @@ func testDelete(e *env) {
 	e.mustStore(other, pattern(100, 2))
 	require.NoError(e.t, e.tier.Delete(ctx, k))
 	e.mustMiss(k, "after Delete")
-	assert.Zero(e.t, e.contains([]kv.TierKey{k}), "Contains after Delete")
+	assert.Zero(e.t, e.contains([]tierval.Key{k}), "Contains after Delete")
 	e.mustLoad(other, pattern(100, 2), "another key after Delete")
 	assert.NoError(e.t, e.tier.Delete(ctx, k), "deleting a deleted key")
 	assert.NoError(e.t, e.tier.Delete(ctx, e.key(2)), "deleting a key never stored")
@@ -269,11 +270,11 @@ func testDelete(e *env) {
 
 func testNamespaceDistinct(e *env) {
 	k := e.key(0)
-	other := kv.TierKey{Namespace: e.ns ^ 0x8000_0000_0000_0000, Hash: k.Hash}
+	other := tierval.Key{Namespace: e.ns ^ 0x8000_0000_0000_0000, Hash: k.Hash}
 	e.remember(other)
 	e.mustStore(k, pattern(64, 1))
 	e.mustMiss(other, "same hash, other namespace")
-	assert.Zero(e.t, e.contains([]kv.TierKey{other}), "Contains of the same hash in another namespace")
+	assert.Zero(e.t, e.contains([]tierval.Key{other}), "Contains of the same hash in another namespace")
 	e.mustStore(other, pattern(64, 2))
 	e.mustLoad(k, pattern(64, 1), "the first namespace's value")
 	e.mustLoad(other, pattern(64, 2), "the second namespace's value")
@@ -289,7 +290,7 @@ func testFillError(e *env) {
 	})
 	require.ErrorIs(e.t, err, boom, "fill's error is Store's")
 	e.mustMiss(k, "after a failed fill")
-	assert.Zero(e.t, e.contains([]kv.TierKey{k}), "Contains after a failed fill")
+	assert.Zero(e.t, e.contains([]tierval.Key{k}), "Contains after a failed fill")
 }
 
 func testFillErrorHeld(e *env) {
@@ -346,12 +347,12 @@ func testSourceNotRetained(e *env) {
 }
 
 func testContains(e *env) {
-	keys := make([]kv.TierKey, 6)
+	keys := make([]tierval.Key, 6)
 	for i := range keys {
 		keys[i] = e.key(i)
 	}
 	assert.Zero(e.t, e.contains(nil), "Contains(nil)")
-	assert.Zero(e.t, e.contains([]kv.TierKey{}), "Contains of no keys")
+	assert.Zero(e.t, e.contains([]tierval.Key{}), "Contains of no keys")
 	assert.Zero(e.t, e.contains(keys), "Contains before any Store")
 	for _, i := range []int{0, 1, 2, 4, 5} { // a gap at 3
 		e.mustStore(keys[i], pattern(10+i, uint64(i)))
@@ -360,13 +361,13 @@ func testContains(e *env) {
 	assert.Equal(e.t, 0, e.contains(keys[3:]), "Contains from the gap")
 	assert.Equal(e.t, 2, e.contains(keys[4:]), "Contains past the gap")
 	assert.Equal(e.t, 1, e.contains(keys[2:3]), "Contains of one held key")
-	assert.Equal(e.t, 2, e.contains([]kv.TierKey{keys[5], keys[0], keys[3], keys[1]}), "Contains in the caller's order")
+	assert.Equal(e.t, 2, e.contains([]tierval.Key{keys[5], keys[0], keys[3], keys[1]}), "Contains in the caller's order")
 	require.NoError(e.t, e.tier.Delete(context.Background(), keys[1]))
 	assert.Equal(e.t, 1, e.contains(keys), "Contains after deleting the second key")
 	e.mustStore(keys[1], pattern(1, 9))
 	e.mustStore(keys[3], pattern(1, 9))
 	assert.Equal(e.t, 6, e.contains(keys), "Contains once the gaps are filled")
-	many := make([]kv.TierKey, 300)
+	many := make([]tierval.Key, 300)
 	for i := range many {
 		many[i] = e.key(100 + i)
 	}
@@ -414,7 +415,7 @@ func testConcurrent(e *env) {
 				case len(got) < 2 || !bytes.Equal(got, sharedValue(int(got[0]), int(got[1]))):
 					errs <- fmt.Errorf("worker %d: the shared key holds a mixed value: %s", w, describe(got))
 				}
-				if n, err := e.tier.Contains(ctx, []kv.TierKey{k}); err != nil || n != 1 {
+				if n, err := e.tier.Contains(ctx, []tierval.Key{k}); err != nil || n != 1 {
 					errs <- fmt.Errorf("worker %d: Contains of its own key: %d, err %v", w, n, err)
 				}
 				if r%3 == 0 {
@@ -461,7 +462,7 @@ func testCancelled(e *env) {
 		err = e.tier.Load(c.ctx, held, func([]byte) error { used = true; return nil })
 		assert.ErrorIs(e.t, err, c.want, "Load with a context %s", c.name)
 		assert.False(e.t, used, "Load with a context %s called use", c.name)
-		_, err = e.tier.Contains(c.ctx, []kv.TierKey{held})
+		_, err = e.tier.Contains(c.ctx, []tierval.Key{held})
 		assert.ErrorIs(e.t, err, c.want, "Contains with a context %s", c.name)
 		err = e.tier.Delete(c.ctx, held)
 		assert.ErrorIs(e.t, err, c.want, "Delete with a context %s", c.name)
@@ -476,11 +477,11 @@ func testBadSize(e *env) {
 	filled := false
 	fill := func([]byte) error { filled = true; return nil }
 	err := e.tier.Store(context.Background(), k, -1, fill)
-	assert.ErrorIs(e.t, err, kv.ErrTierValueSize, "Store of size -1")
+	assert.ErrorIs(e.t, err, tierval.ErrSize, "Store of size -1")
 	assert.False(e.t, filled, "Store of size -1 called fill")
 	if m, ok := e.tier.(interface{ MaxValueSize() int }); ok {
 		err = e.tier.Store(context.Background(), k, m.MaxValueSize()+1, fill)
-		assert.ErrorIs(e.t, err, kv.ErrTierValueSize, "Store of MaxValueSize()+1 bytes")
+		assert.ErrorIs(e.t, err, tierval.ErrSize, "Store of MaxValueSize()+1 bytes")
 		assert.False(e.t, filled, "Store above MaxValueSize called fill")
 	}
 	e.mustMiss(k, "after refused Stores")

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/tiertest"
 )
 
@@ -36,10 +37,10 @@ func TestMapCounts(t *testing.T) {
 	ctx := context.Background()
 	m := tiertest.NewMap(100)
 	assert.Equal(t, 100, m.MaxValueSize())
-	k := kv.TierKey{Namespace: 1, Hash: 2}
+	k := tierval.Key{Namespace: 1, Hash: 2}
 	fill := func(dst []byte) error { return nil }
 	require.NoError(t, m.Store(ctx, k, 60, fill))
-	require.NoError(t, m.Store(ctx, kv.TierKey{Namespace: 1, Hash: 3}, 40, fill))
+	require.NoError(t, m.Store(ctx, tierval.Key{Namespace: 1, Hash: 3}, 40, fill))
 	assert.Equal(t, 2, m.Len())
 	assert.Equal(t, 100, m.Bytes())
 	require.NoError(t, m.Store(ctx, k, 10, fill))
@@ -54,10 +55,10 @@ func TestMapBadInputs(t *testing.T) {
 	ctx := context.Background()
 	m := tiertest.NewMap(-5)
 	assert.Equal(t, tiertest.MinValueSize, m.MaxValueSize(), "a bound below 1 means MinValueSize")
-	k := kv.TierKey{Hash: 1}
+	k := tierval.Key{Hash: 1}
 	for _, size := range []int{-1, -1 << 40, tiertest.MinValueSize + 1} {
 		err := m.Store(ctx, k, size, func([]byte) error { t.Fatal("fill called"); return nil })
-		assert.ErrorIs(t, err, kv.ErrTierValueSize, "size %d", size)
+		assert.ErrorIs(t, err, tierval.ErrSize, "size %d", size)
 	}
 	assert.Zero(t, m.Len())
 }
@@ -65,7 +66,7 @@ func TestMapBadInputs(t *testing.T) {
 func ExampleMap() {
 	ctx := context.Background()
 	m := tiertest.NewMap(0)
-	k := kv.TierKey{Namespace: 7, Hash: 42}
+	k := tierval.Key{Namespace: 7, Hash: 42}
 	_ = m.Store(ctx, k, 5, func(dst []byte) error {
 		copy(dst, "block")
 		return nil
@@ -74,9 +75,9 @@ func ExampleMap() {
 		fmt.Printf("%s\n", src)
 		return nil
 	})
-	n, _ := m.Contains(ctx, []kv.TierKey{k, {Namespace: 7, Hash: 43}})
+	n, _ := m.Contains(ctx, []tierval.Key{k, {Namespace: 7, Hash: 43}})
 	fmt.Println("run:", n)
-	err := m.Load(ctx, kv.TierKey{Namespace: 8, Hash: 42}, func([]byte) error { return nil })
+	err := m.Load(ctx, tierval.Key{Namespace: 8, Hash: 42}, func([]byte) error { return nil })
 	fmt.Println(errors.Is(err, kv.ErrTierMiss))
 	// Output:
 	// block

@@ -1,10 +1,10 @@
-package kv_test
+package tierval_test
 
 import (
 	"hash/crc32"
 	"testing"
 
-	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
 )
 
 // BenchmarkTierValue measures the tier value format on a 2 MiB block of 1,024 tokens
@@ -13,12 +13,12 @@ import (
 // of a value read back (no copy), op=crc32c the checksum alone.
 func BenchmarkTierValue(b *testing.B) {
 	const payload = 2 << 20
-	key := kv.TierKey{Namespace: 1, Hash: 2}
+	key := tierval.Key{Namespace: 1, Hash: 2}
 	toks := tierTokens(1024, 1)
 	block := tierPayload(payload, 1)
-	value := make([]byte, kv.TierValueSize(len(toks), payload))
+	value := make([]byte, tierval.Size(len(toks), payload))
 	fill := func(p []byte) error { copy(p, block); return nil }
-	if err := kv.EncodeTierValue(value, key, toks, payload, fill); err != nil {
+	if err := tierval.Encode(value, key, toks, payload, fill); err != nil {
 		b.Fatal(err)
 	}
 	dst := make([]byte, payload)
@@ -38,7 +38,7 @@ func BenchmarkTierValue(b *testing.B) {
 	b.Run("op=encode", func(b *testing.B) {
 		b.SetBytes(payload)
 		for b.Loop() {
-			if err := kv.EncodeTierValue(value, key, toks, payload, fill); err != nil {
+			if err := tierval.Encode(value, key, toks, payload, fill); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -46,7 +46,7 @@ func BenchmarkTierValue(b *testing.B) {
 	b.Run("op=decode", func(b *testing.B) {
 		b.SetBytes(payload)
 		for b.Loop() {
-			if _, err := kv.DecodeTierValue(value, key, toks, payload); err != nil {
+			if _, err := tierval.Decode(value, key, toks, payload); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -1,24 +1,9 @@
 package kv
 
-import (
-	"fmt"
-	"math"
-	"strings"
+import "fmt"
 
-	"github.com/vmarena/vmarena/backing"
-)
-
-// A cache on a Model (Config.Model) lays each layer group out on ranges of its own,
-// as a one-group cache lays out its geometry: Blocked, one range per group cut into
-// the group's own blocks; PerLayer, one range per tensor of the group. The groups
-// need no common page size and no padding, since each one's blocks are whole
-// granules of the one pool. A sequence's ranges are the groups' ranges, group after
-// group (group.first says where each group's start).
-//
-// # The states of a window group's bytes
-//
-// In a SlidingWindow or ChunkedLocal group a token's bytes are in one of three
-// states, per range:
+// The states of a window group's bytes. In a SlidingWindow or ChunkedLocal group a
+// token's bytes are in one of three states, per range:
 //
 //  1. Reserved, never held: past the committed end (tokens not yet appended).
 //  2. Held: committed, from the group's first held token (groupState.held: the
@@ -78,30 +63,6 @@ import (
 // and leaves recurrent states out. A model with a Recurrent group never will have a
 // prefix cache.
 
-// group is where a cache puts one layer group of a sequence: its shape (the layout
-// arithmetic of its ranges), the group it lays out, and where its ranges start among
-// a sequence's.
-type group struct {
-	shape
-	spec  Group
-	first int // index of the group's first range among a sequence's ranges
-	bpt   int // spec.BytesPerToken()
-}
-
-// fullLike reports whether g keeps every token in one layout as a full group does:
-// full attention, or MLA (one latent per layer, addressed as K).
-func (g *group) fullLike() bool {
-	return g.spec.Kind == FullAttention || g.spec.Kind == MLALatent
-}
-
-// windowed reports whether g gives back the tokens no later step reads.
-func (g *group) windowed() bool {
-	return g.spec.Kind == SlidingWindow || g.spec.Kind == ChunkedLocal
-}
-
-// ranges returns g's ranges among a sequence's ranges bufs.
-func (g *group) ranges(bufs []buffer) []buffer { return bufs[g.first : g.first+g.nbuf] }
-
 // dropOff returns the byte offset below which g's ranges hold only tokens a sequence
 // of n tokens no longer reads: the start of the sharing unit (block, or granule)
 // that holds FirstLive(n). It is 0 for a group that reads every token.
@@ -119,84 +80,6 @@ func (g *group) dropOff(n int) int {
 // heldFrom returns the first token that lies wholly at or past start bytes: the first
 // a range with that Start still holds.
 func (g *group) heldFrom(start int) int { return g.writableFrom(start) }
-
-// used returns the bytes of what a sequence of n tokens whose first held token is
-// held keeps in g: its held tokens, or its state.
-func (g *group) used(n, held int) int64 {
-	if g.state > 0 {
-		return int64(g.extent(n))
-	}
-	return int64(n-held) * int64(g.bpt)
-}
-
-// layerRef is where a model's layer lies: its group and its index among the group's
-// layers.
-type layerRef struct{ group, local int }
-
-// newGroups returns the groups of a cache on m (which must be valid) and where each
-// of m's layers lies.
-func newGroups(m Model, layout Layout, granule, blockTokens, maxTokens int) ([]group, []layerRef, error) {
-	groups := make([]group, len(m.Groups))
-	layers := make([]layerRef, m.Layers)
-	first := 0
-	var reserved int64 // a sequence's address space, which Size adds up in an int64
-	for i, spec := range m.Groups {
-		bt := blockTokens
-		if spec.Kind == Recurrent {
-			bt = 0 // a state has no blocks
-		}
-		sh, err := newGroupShape(spec, layout, granule, bt, maxTokens)
-		if err != nil {
-			return nil, nil, fmt.Errorf("group %d (%v): %w", i, spec.Kind, err)
-		}
-		r := int64(sh.nbuf) * int64(sh.capac) // newGroupShape checked that it fits
-		if reserved > math.MaxInt64-r {
-			return nil, nil, fmt.Errorf("%w: %d tokens of model %q overflow a sequence's address space", ErrConfig, maxTokens, m.Name)
-		}
-		reserved += r
-		groups[i] = group{shape: sh, spec: spec, first: first, bpt: spec.BytesPerToken()}
-		first += sh.nbuf
-		for j, l := range spec.Layers {
-			layers[l] = layerRef{i, j}
-		}
-	}
-	return groups, layers, nil
-}
-
-// model returns cfg's Model once Model.Validate takes it for MaxTokens.
-func (cfg Config) model() (Model, error) {
-	if err := cfg.Model.Validate(cfg.MaxTokens); err != nil {
-		return Model{}, err
-	}
-	return cfg.Model, nil
-}
-
-// where returns where layer's tensor of kind lies: the index of its group, the index
-// of its range among a sequence's ranges and the offset of its token 0 there. ok is
-// false for a layer the model does not have, a V of an MLA group, or a recurrent
-// layer.
-func (c *Cache) where(layer int, kind Kind) (gi, buf, off int, ok bool) {
-	if uint(layer) >= uint(len(c.layers)) {
-		return 0, 0, 0, false
-	}
-	r := c.layers[layer]
-	g := &c.groups[r.group]
-	i, off, ok := g.tensor(r.local, kind)
-	return r.group, g.first + i, off, ok
-}
-
-// noTensor returns the error for a layer's tensor that does not exist.
-func (c *Cache) noTensor(layer int, kind Kind) error {
-	if uint(layer) < uint(len(c.layers)) {
-		switch g := &c.groups[c.layers[layer].group]; g.spec.Kind {
-		case MLALatent:
-			return fmt.Errorf("%w: layer %d is in an MLA group, which keeps one latent per layer (K) and no V", ErrRange, layer)
-		case Recurrent:
-			return fmt.Errorf("%w: layer %d is recurrent: it has a state (ReadState, WriteState), no tensors", ErrRange, layer)
-		}
-	}
-	return fmt.Errorf("%w: layer %d %v of %d layers", ErrRange, layer, kind, len(c.layers))
-}
 
 // groupState is what a sequence of a cache on a Model keeps per group.
 type groupState struct {
@@ -243,7 +126,7 @@ func (s *Sequence) dropDead(n int) error {
 	gave := false
 	defer func() {
 		if h := s.c.hooks(); gave && h != nil {
-			h.dropped(s) // what s mapped of a prefix cache's units there
+			h.windowGaveBack(s) // what s mapped of a prefix cache's units there
 		}
 	}()
 	for gi := range s.c.groups {
@@ -343,97 +226,4 @@ func (s *Sequence) windowCheck(op string, n int) error {
 		}
 	}
 	return nil
-}
-
-// Strides is how a layer's tensors lie in a sequence's ranges, for a kernel that
-// walks them from Sequence.Base itself.
-type Strides struct {
-	Group       int // the index of the layer's group in the model
-	TokenBytes  int // one token of one of the layer's tensors, block scales included
-	TokenStride int // bytes from one token to the next within a run
-	// BlockTokens and BlockStride are the tokens of a block and the bytes from one
-	// block to the next in the Blocked layout; 0 in PerLayer.
-	BlockTokens int
-	BlockStride int
-	// StateBytes is a recurrent layer's state; 0 for the others, which have tokens.
-	StateBytes int
-}
-
-// LayerStrides returns how layer's tensors lie (see Strides). In a one-group cache
-// every layer's are Sequence.TokenStride's, BlockTokens' and BlockStride's; on a
-// Model each group has its own. It fails with ErrRange for a layer the model does not
-// have.
-func (c *Cache) LayerStrides(layer int) (Strides, error) {
-	if uint(layer) >= uint(len(c.layers)) {
-		return Strides{}, fmt.Errorf("%w: layer %d of %d layers", ErrRange, layer, len(c.layers))
-	}
-	gi := c.layers[layer].group
-	g := &c.groups[gi]
-	return Strides{Group: gi, TokenBytes: g.tb, TokenStride: g.row, BlockTokens: g.tpb, BlockStride: g.blk, StateBytes: g.spec.StateBytes}, nil
-}
-
-// prefixable returns an error matching ErrConfig when c is on a Model that has a
-// Recurrent group: a prefix of it (Freeze) would need the state after its own
-// tokens, which the cache does not keep.
-func (c *Cache) prefixable(op string) error {
-	for i := range c.groups {
-		if c.groups[i].spec.Kind == Recurrent {
-			return fmt.Errorf("%w: %s needs a model without recurrent groups (a state is a function of every token, which a prefix can not restore); model %q has %s", ErrConfig, op, c.cfg.Model.Name, groupKinds(c.cfg.Model))
-		}
-	}
-	return nil
-}
-
-// groupKinds describes m's groups for an error: "2 groups (sliding-window, full)".
-func groupKinds(m Model) string {
-	kinds := make([]string, len(m.Groups))
-	for i, g := range m.Groups {
-		kinds[i] = g.Kind.String()
-	}
-	return fmt.Sprintf("%d groups (%s)", len(m.Groups), strings.Join(kinds, ", "))
-}
-
-// publish updates the readings other goroutines see.
-func (s *Sequence) publish() {
-	var committed, shared, used int64
-	for gi := range s.c.groups {
-		g := &s.c.groups[gi]
-		if s.err != nil || len(s.bufs) == 0 {
-			for _, b := range s.bufs[min(g.first, len(s.bufs)):min(g.first+g.nbuf, len(s.bufs))] {
-				committed += int64(b.Committed())
-				shared += int64(b.Shared())
-			}
-		} else {
-			// NB: the ranges of a group of a sequence that is not damaged are alike
-			// (every operation resizes and shares them all the same, or damages it),
-			// so one stands for all: a batch step then touches each group once.
-			b := s.bufs[g.first]
-			committed += int64(g.nbuf) * int64(b.Committed())
-			shared += int64(g.nbuf) * int64(b.Shared())
-		}
-		used += g.used(s.n, s.heldOf(gi))
-	}
-	s.tokens.Store(int64(s.n))
-	s.committed.Store(committed)
-	s.sharedIn.Store(shared)
-	s.used.Store(used)
-}
-
-// need returns the bytes of the granules s must commit to hold tokens (before a
-// window group gives any back). The sequence must not be damaged: the ranges of each
-// of its groups are then alike (see publish).
-func (s *Sequence) need(tokens int) int64 {
-	var n int64
-	for gi := range s.c.groups {
-		n += s.groupNeed(gi, tokens)
-	}
-	return n
-}
-
-// groupNeed returns the bytes of the granules the ranges of s's group gi must commit
-// to hold tokens (see need).
-func (s *Sequence) groupNeed(gi, tokens int) int64 {
-	g := &s.c.groups[gi]
-	size, _ := backing.AlignUp(g.extent(tokens), s.c.gran)
-	return int64(g.nbuf) * int64(max(size-rangeEnd(s.bufs[g.first]), 0))
 }
