@@ -339,17 +339,22 @@ func (stalled) Load(ctx context.Context, _ tierval.Key, _ func([]byte) error) er
 func TestPrefixCacheTierWait(t *testing.T) {
 	c := tierBackends[0].make(t, 512)
 	m := tiertest.NewMap(4 << 20)
-	const wait = 20 * time.Millisecond
-	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Tiers: []kv.Tier{stalled{m}}, TierWait: wait})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, pc.Close()) })
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	tpb := s.BlockTokens()
 	require.True(t, s.Close().OK())
 	ids := promptIDs(2, 2*tpb+1)
-	evictAll(t, pc, ids)
+	// The blocks go down through a prefix cache with a wait no loaded machine reaches,
+	// so that only the lookup below meets the short one.
+	fill, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Tiers: []kv.Tier{m}, TierWait: time.Minute})
+	require.NoError(t, err)
+	evictAll(t, fill, ids)
+	require.NoError(t, fill.Close())
 	require.Equal(t, 2, m.Len())
+	const wait = 20 * time.Millisecond
+	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Tiers: []kv.Tier{stalled{m}}, TierWait: wait})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pc.Close()) })
 	drops := pc.Stats().Tiers[0].Drops
 	start := time.Now()
 	q, got, err := pc.Lookup(ids)
