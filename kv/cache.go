@@ -11,6 +11,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/invariants"
 )
 
 // Config says what a Cache holds and how.
@@ -280,6 +281,9 @@ func (c *Cache) abandon(s *Sequence) error {
 	}
 	c.mu.Lock()
 	c.inflight--
+	if invariants.Enabled {
+		c.checkCountsLocked()
+	}
 	c.notifyLocked()
 	c.mu.Unlock()
 	return err
@@ -341,9 +345,13 @@ func (c *Cache) release(bufs []buffer) accounting.ReleaseOutcome {
 
 func (c *Cache) register(s *Sequence) {
 	s.started = s.startReport()
+	invariants.Track(&s.leak, s, "kv.Sequence")
 	c.mu.Lock()
 	c.seqs[s] = struct{}{}
 	c.inflight--
+	if invariants.Enabled {
+		c.checkCountsLocked()
+	}
 	c.mu.Unlock()
 }
 

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/invariants"
 )
 
 // A cache on a Model (Config.Model) lays each layer group out on ranges of its own,
@@ -424,6 +425,9 @@ func (s *Sequence) publish() {
 			shared += int64(g.nbuf) * int64(b.Shared())
 		}
 		used += g.used(s.n, s.heldOf(gi))
+	}
+	if invariants.Enabled {
+		s.checkAlike()
 	}
 	s.tokens.Store(int64(s.n))
 	s.committed.Store(committed)

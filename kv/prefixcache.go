@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/nocopy"
 	"github.com/vmarena/vmarena/internal/radix"
 )
@@ -205,6 +206,7 @@ type PrefixCache struct {
 	ev pcEvents
 
 	c      *Cache
+	leak   invariants.Tracker // reports it collected unclosed in the invariants build
 	opts   PrefixCacheOptions
 	gbytes int64                 // physical bytes of one granule index: a granule in each range
 	ubytes []int64               // per group, the physical bytes of one of its granuleRefs
@@ -336,6 +338,7 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	c.mu.Unlock()
 	pc.auth = c.gov.Authority("kv prefix cache", c.dev)
 	pc.auth.SetReclaimer(pc.reclaim)
+	invariants.Track(&pc.leak, pc, "kv.PrefixCache")
 	return pc, nil
 }
 
@@ -713,6 +716,7 @@ func (pc *PrefixCache) Close() error {
 	}
 	pc.closed = true
 	pc.mu.Unlock()
+	pc.leak.Close()
 	pc.auth.SetReclaimer(nil)
 	pc.reclaiming.Wait()
 	pc.working.Wait()
@@ -729,6 +733,9 @@ func (pc *PrefixCache) Close() error {
 	})
 	for _, e := range drop {
 		pc.evict(e)
+	}
+	if invariants.Enabled {
+		pc.checkEmptyLocked()
 	}
 	pc.tree = radix.New[*pcEntry]()
 	pc.ev.clear()

@@ -7,6 +7,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/nocopy"
 )
 
@@ -31,6 +32,7 @@ type Sequence struct {
 	_ nocopy.NoCopy
 
 	c      *Cache
+	leak   invariants.Tracker // reports it collected unclosed in the invariants build
 	id     uint64
 	bufs   []buffer // PerLayer: one a tensor, in the order of shape.places; Blocked: one
 	n      int      // tokens
@@ -432,6 +434,7 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 		return nil, err
 	}
 	pr := &Prefix{c: s.c, bufs: bufs, tokens: p, refs: 1, creator: true}
+	invariants.Track(&pr.leak, pr, "kv.Prefix")
 	if s.gs != nil {
 		pr.firstHeld = held
 	}
@@ -476,6 +479,7 @@ func (s *Sequence) Close() accounting.ReleaseOutcome {
 	c.mu.Lock()
 	delete(c.seqs, s)
 	c.mu.Unlock()
+	s.leak.Close()
 	if s.prefix != nil {
 		s.prefix.unref()
 	}
@@ -510,6 +514,7 @@ func (c *Cache) reuse(es *Sequence) *Sequence {
 	c.seqs[s] = struct{}{}
 	c.mu.Unlock()
 	es.bufs, es.closed = nil, true
+	invariants.Track(&s.leak, s, "kv.Sequence")
 	s.publish()
 	return s
 }
@@ -521,6 +526,7 @@ func (c *Cache) ownEntry(s *Sequence) {
 	delete(c.seqs, s)
 	c.entries++
 	c.mu.Unlock()
+	s.leak.Close() // the prefix cache owns it now
 }
 
 // closeEntry closes a sequence the prefix cache owned (adopted or not) and returns
@@ -530,6 +536,9 @@ func (s *Sequence) closeEntry() accounting.ReleaseOutcome {
 	c.mu.Lock()
 	if _, ok := c.seqs[s]; !ok {
 		c.entries--
+	}
+	if invariants.Enabled {
+		c.checkCountsLocked()
 	}
 	c.mu.Unlock()
 	return s.Close()
