@@ -202,7 +202,7 @@ type PrefixCache struct {
 	// ev queues the changes for the events (no observer: ev.side nil), under mu. NB: mu
 	// and ev's counters are the struct's first 50 bytes, and its first slots follow:
 	// queueing finds them in or next to the cache line that the call's lock has just
-	// brought in, no memory of the events' own.
+	// brought in, no memory of the events' own. (unsafe.go checks this layout.)
 	ev pcEvents
 
 	c      *Cache
