@@ -350,6 +350,9 @@ func (b *Backing) Reserve(size int) (*Reservation, error) {
 	}
 	b.mu.Lock()
 	b.nres++
+	if invariants.Enabled {
+		b.checkCountsLocked()
+	}
 	b.mu.Unlock()
 	invariants.Track(&r.leak, r, "cuda.Reservation")
 	return r, nil
@@ -705,6 +708,9 @@ func (b *Backing) Unreserve(r *Reservation) accounting.ReleaseOutcome {
 		r.leak.Close()
 		b.mu.Lock()
 		b.nres--
+		if invariants.Enabled {
+			b.checkCountsLocked()
+		}
 		b.mu.Unlock()
 	}
 	return out
