@@ -10,6 +10,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/vmarena/vmarena/internal/invariants"
 )
 
 // Unlimited is the limit of a device whose budget was never set.
@@ -137,6 +139,9 @@ func (d *device) admit() {
 	if d.notify != nil {
 		close(d.notify)
 		d.notify = nil
+	}
+	if invariants.Enabled {
+		d.checkLedger()
 	}
 }
 
@@ -390,6 +395,9 @@ func (a *Authority) own(n int64) {
 	a.owned += n
 	if a.owned > a.ownedPeak {
 		a.ownedPeak = a.owned
+	}
+	if invariants.Enabled {
+		a.d.checkLedger()
 	}
 }
 

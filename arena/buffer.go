@@ -8,6 +8,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/nocopy"
 )
 
@@ -24,6 +25,7 @@ type Buffer[R any, B backing.Backing[R]] struct {
 	_ nocopy.NoCopy
 
 	b        B
+	leak     invariants.Tracker // reports it collected unclosed in the invariants build
 	r        R
 	auth     *accounting.Authority // charged per granule under ByBuffer; nil under ByBacking
 	base     uintptr
@@ -63,7 +65,7 @@ func NewBuffer[R any, B backing.Backing[R]](b B, capacity int, auth *accounting.
 	if err != nil {
 		return nil, err
 	}
-	return &Buffer[R, B]{
+	buf := &Buffer[R, B]{
 		b:        b,
 		r:        r,
 		auth:     auth,
@@ -71,7 +73,9 @@ func NewBuffer[R any, B backing.Backing[R]](b B, capacity int, auth *accounting.
 		gran:     g,
 		capacity: size,
 		host:     backing.IsHostAccessible(b),
-	}, nil
+	}
+	invariants.Track(&buf.leak, buf, "arena.Buffer")
+	return buf, nil
 }
 
 // checkAuthority returns an ErrAuthority error unless auth fits b's accounting: an
@@ -92,6 +96,9 @@ func checkAuthority[R any, B backing.Backing[R]](b B, auth *accounting.Authority
 func (buf *Buffer[R, B]) live() {
 	if buf.closed {
 		panic(PanicClosed)
+	}
+	if invariants.Enabled {
+		buf.checkBooks()
 	}
 }
 
@@ -472,6 +479,7 @@ func (buf *Buffer[R, B]) Close() accounting.ReleaseOutcome {
 		buf.auth.Release(freed)
 	}
 	buf.closed = true
+	buf.leak.Close()
 	buf.length, buf.start, buf.end, buf.shared = 0, 0, 0, nil
 	return out
 }

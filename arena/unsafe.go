@@ -42,3 +42,13 @@ func alignOf[T Elem]() int {
 	size := sizeOf[T]()
 	return size & -size
 }
+
+// Layout claims, checked at compile time in every build: each line fails to compile
+// when the claim its comment quotes stops being true.
+
+// "blocks of 32 values in 34 bytes" (Q8_0, BlockQ8_0): the scale, then the quants,
+// with no padding.
+var (
+	_ [1]struct{} = [unsafe.Sizeof(BlockQ8_0{}) - 34 + 1]struct{}{}
+	_ [1]struct{} = [unsafe.Offsetof(BlockQ8_0{}.Qs) - 2 + 1]struct{}{}
+)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/invariants"
 )
 
 // Config says what a Cache holds and how: the argument of New, and of Config.Size and
@@ -287,6 +288,9 @@ func (c *Cache) abandon(s *Sequence) error {
 	}
 	c.mu.Lock()
 	c.inflight--
+	if invariants.Enabled {
+		c.checkCountsLocked()
+	}
 	c.notifyLocked()
 	c.mu.Unlock()
 	return err
@@ -348,9 +352,13 @@ func (c *Cache) release(bufs []buffer) accounting.ReleaseOutcome {
 
 func (c *Cache) register(s *Sequence) {
 	s.started = s.startReport()
+	invariants.Track(&s.leak, s, "kv.Sequence")
 	c.mu.Lock()
 	c.seqs[s] = struct{}{}
 	c.inflight--
+	if invariants.Enabled {
+		c.checkCountsLocked()
+	}
 	c.mu.Unlock()
 }
 
@@ -494,6 +502,9 @@ func (s *Sequence) refreshStats() {
 			shared += int64(g.nbuf) * int64(b.Shared())
 		}
 		used += g.used(s.n, s.heldOf(gi))
+	}
+	if invariants.Enabled {
+		s.checkAlike()
 	}
 	s.tokens.Store(int64(s.n))
 	s.committed.Store(committed)

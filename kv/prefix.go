@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/nocopy"
 )
 
@@ -16,6 +17,7 @@ type Prefix struct {
 	_ nocopy.NoCopy
 
 	c      *Cache
+	leak   invariants.Tracker // reports it collected unclosed in the invariants build
 	bufs   []buffer
 	tokens int
 	// firstHeld is the first token each group's ranges hold (heldOn; nil in a
@@ -126,6 +128,7 @@ func (p *Prefix) Release() {
 	}
 	p.creator = false
 	p.c.mu.Unlock()
+	p.leak.Close()
 	p.unref()
 }
 
@@ -144,6 +147,9 @@ func (p *Prefix) ref() bool {
 func (p *Prefix) unref() {
 	p.c.mu.Lock()
 	p.refs--
+	if invariants.Enabled {
+		p.checkRefs()
+	}
 	last := p.refs == 0
 	p.c.mu.Unlock()
 	if last {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/nocopy"
 	"github.com/vmarena/vmarena/internal/radix"
 )
@@ -98,10 +99,11 @@ type PrefixCache struct {
 	// ev queues the changes for the events (no observer: ev.side nil), under mu. NB: mu
 	// and ev's counters are the struct's first 50 bytes, and its first slots follow:
 	// queueing finds them in or next to the cache line that the call's lock has just
-	// brought in, no memory of the events' own.
+	// brought in, no memory of the events' own. (unsafe.go checks this layout.)
 	ev pcEvents
 
 	c      *Cache
+	leak   invariants.Tracker // reports it collected unclosed in the invariants build
 	opts   PrefixCacheOptions
 	gbytes int64                 // physical bytes of one granule index: a granule in each range
 	ubytes []int64               // per group, the physical bytes of one of its granuleRefs
@@ -233,6 +235,7 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	c.mu.Unlock()
 	pc.auth = c.gov.Authority("kv prefix cache", c.dev)
 	pc.auth.SetReclaimer(pc.reclaim)
+	invariants.Track(&pc.leak, pc, "kv.PrefixCache")
 	return pc, nil
 }
 
@@ -612,6 +615,7 @@ func (pc *PrefixCache) Close() error {
 	}
 	pc.closed = true
 	pc.mu.Unlock()
+	pc.leak.Close()
 	pc.auth.SetReclaimer(nil)
 	pc.reclaiming.Wait()
 	pc.working.Wait()
@@ -628,6 +632,9 @@ func (pc *PrefixCache) Close() error {
 	})
 	for _, e := range drop {
 		pc.evict(e)
+	}
+	if invariants.Enabled {
+		pc.checkEmptyLocked()
 	}
 	pc.tree = radix.New[*pcEntry]()
 	pc.ev.clear()

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/radix"
 )
 
@@ -228,6 +229,9 @@ func (pc *PrefixCache) unhold(e *pcEntry) (int64, *pcEntry) {
 	e.closed = true
 	e.origin, e.tail = nil, nil // a lazy entry refers to nothing from now on
 	pc.entries--
+	if invariants.Enabled {
+		pc.checkCountsLocked()
+	}
 	if e.busy > 0 {
 		return freed, nil
 	}

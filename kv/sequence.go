@@ -7,6 +7,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/nocopy"
 )
 
@@ -34,6 +35,7 @@ type Sequence struct {
 	_ nocopy.NoCopy
 
 	c      *Cache
+	leak   invariants.Tracker // reports it collected unclosed in the invariants build
 	id     uint64
 	bufs   []buffer // PerLayer: one a tensor, in the order of shape.places; Blocked: one
 	n      int      // tokens
@@ -435,6 +437,7 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 		return nil, err
 	}
 	pr := &Prefix{c: s.c, bufs: bufs, tokens: p, refs: 1, creator: true}
+	invariants.Track(&pr.leak, pr, "kv.Prefix")
 	if s.gs != nil {
 		pr.firstHeld = held
 	}
@@ -479,6 +482,7 @@ func (s *Sequence) Close() accounting.ReleaseOutcome {
 	c.mu.Lock()
 	delete(c.seqs, s)
 	c.mu.Unlock()
+	s.leak.Close()
 	if s.prefix != nil {
 		s.prefix.unref()
 	}
@@ -516,6 +520,7 @@ func (c *Cache) reuse(es *Sequence) *Sequence {
 	c.seqs[s] = struct{}{}
 	c.mu.Unlock()
 	es.bufs, es.closed = nil, true
+	invariants.Track(&s.leak, s, "kv.Sequence")
 	s.refreshStats()
 	return s
 }
@@ -527,6 +532,7 @@ func (c *Cache) ownEntry(s *Sequence) {
 	delete(c.seqs, s)
 	c.entries++
 	c.mu.Unlock()
+	s.leak.Close() // the prefix cache owns it now
 }
 
 // closeEntry closes a sequence the prefix cache owned (adopted or not) and returns
@@ -536,6 +542,9 @@ func (s *Sequence) closeEntry() accounting.ReleaseOutcome {
 	c.mu.Lock()
 	if _, ok := c.seqs[s]; !ok {
 		c.entries--
+	}
+	if invariants.Enabled {
+		c.checkCountsLocked()
 	}
 	c.mu.Unlock()
 	return s.Close()

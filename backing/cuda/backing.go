@@ -11,6 +11,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/nocopy"
 )
 
@@ -111,6 +112,7 @@ type handle struct {
 // it. Its zero value is not a reservation; only Reserve makes one.
 type Reservation struct {
 	b    *Backing
+	leak invariants.Tracker // reports it collected unclosed in the invariants build
 	base uint64
 	size int
 	dead atomic.Bool // Unreserve gave the range back (or quarantined it)
@@ -348,7 +350,11 @@ func (b *Backing) Reserve(size int) (*Reservation, error) {
 	}
 	b.mu.Lock()
 	b.nres++
+	if invariants.Enabled {
+		b.checkCountsLocked()
+	}
 	b.mu.Unlock()
+	invariants.Track(&r.leak, r, "cuda.Reservation")
 	return r, nil
 }
 
@@ -699,8 +705,12 @@ func (b *Backing) Unreserve(r *Reservation) accounting.ReleaseOutcome {
 	}
 	if out.Status != accounting.Failed {
 		r.dead.Store(true)
+		r.leak.Close()
 		b.mu.Lock()
 		b.nres--
+		if invariants.Enabled {
+			b.checkCountsLocked()
+		}
 		b.mu.Unlock()
 	}
 	return out

@@ -1,6 +1,10 @@
 package cuda
 
-import "unsafe"
+import (
+	"unsafe"
+
+	"github.com/vmarena/vmarena/internal/invariants"
+)
 
 // All pointer conversions of the package live here.
 
@@ -30,3 +34,16 @@ func sliceAddr(p []byte) uintptr {
 	// Safety: only the address is taken; no pointer is made from it again.
 	return uintptr(unsafe.Pointer(unsafe.SliceData(p)))
 }
+
+// Layout claims, checked at compile time in every build (types.go's, which
+// types_test.go checks field by field): each line fails to compile when the claim its
+// comment quotes stops being true. The layouts are the driver's on 64-bit platforms.
+
+// "MemLocation mirrors CUmemLocation: 8 bytes", "MemAllocationProp mirrors
+// CUmemAllocationProp: 32 bytes, no padding", "MemAccessDesc mirrors
+// CUmemAccessDesc: 12 bytes".
+var (
+	_ [1]struct{} = [unsafe.Sizeof(MemLocation{}) - 8 + 1]struct{}{}
+	_ [1]struct{} = [(int(unsafe.Sizeof(MemAllocationProp{}))-32)*invariants.On64Bit + 1]struct{}{}
+	_ [1]struct{} = [unsafe.Sizeof(MemAccessDesc{}) - 12 + 1]struct{}{}
+)

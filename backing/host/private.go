@@ -9,6 +9,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/invariants"
 )
 
 // privateDefaultGranularity is the granule of a Private backing whose options leave
@@ -106,6 +107,7 @@ type PrivateStats struct {
 // private backing's R. It must be given back with Private.Unreserve.
 type PrivateReservation struct {
 	p    *Private
+	leak invariants.Tracker // reports it collected unclosed in the invariants build
 	base uintptr
 	size int
 
@@ -230,6 +232,7 @@ func (p *Private) Reserve(size int) (*PrivateReservation, error) {
 	}
 	r.base = base
 	r.committed = newBitset(size / p.gran)
+	invariants.Track(&r.leak, r, "host.PrivateReservation")
 	return r, nil
 }
 
@@ -367,6 +370,7 @@ func (p *Private) Unreserve(r *PrivateReservation) accounting.ReleaseOutcome {
 		}
 	}
 	r.gone = true
+	r.leak.Close()
 	r.committed = nil
 	return accounting.Released(committed)
 }

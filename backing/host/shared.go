@@ -12,6 +12,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/nocopy"
 )
 
@@ -208,6 +209,7 @@ type sharedSlot struct {
 // the backing owns what it points to. Its zero value is not a reservation.
 type SharedReservation struct {
 	s    *Shared
+	leak invariants.Tracker // reports it collected unclosed in the invariants build
 	base unsafe.Pointer
 	size int
 	raw  unsafe.Pointer // as reserved, before alignment: what Unreserve unmaps
@@ -598,6 +600,7 @@ func (s *Shared) Reserve(size int) (*SharedReservation, error) {
 	}
 	s.resv[r] = struct{}{}
 	s.live++
+	invariants.Track(&r.leak, r, "host.SharedReservation")
 	return r, nil
 }
 
@@ -633,6 +636,9 @@ func (s *Shared) lock() {
 		s.mu.Unlock()
 		panic(PanicSharedClosed)
 	}
+	if invariants.Enabled {
+		s.checkCountsLocked()
+	}
 }
 
 // lockUse takes s.mu for a call of op on rs, which must be reservations of s: a
@@ -641,6 +647,9 @@ func (s *Shared) lock() {
 // s.mu again first. On a nil error the caller holds s.mu.
 func (s *Shared) lockUse(op string, rs ...*SharedReservation) error {
 	s.mu.Lock()
+	if invariants.Enabled {
+		s.checkCountsLocked()
+	}
 	for _, r := range rs {
 		if r == nil || r.s != s {
 			s.mu.Unlock()
@@ -842,6 +851,7 @@ func (s *Shared) quarantine(r *SharedReservation, unmapped, held int64, err erro
 	}
 	s.live--
 	r.state = sharedQuarantined
+	r.leak.Close() // unreserved as far as its owner goes
 	return accounting.Outcome(unmapped, held-unmapped, true, err)
 }
 
@@ -850,6 +860,7 @@ func (s *Shared) forget(r *SharedReservation, state sharedState) {
 	r.state = state
 	s.live--
 	delete(s.resv, r)
+	r.leak.Close()
 }
 
 // Protect sets the access of the committed range [off, off+size) of r to prot with one

@@ -66,3 +66,10 @@ func touch(p unsafe.Pointer, n, page int, write bool) {
 		}
 	}
 }
+
+// Layout claims, checked at compile time in every build: each line fails to compile
+// when the claim its comment quotes stops being true.
+
+// "12 bytes of bookkeeping per reserved granule" (SharedReservation.maps, and the
+// package doc's Bookkeeping): a sharedMap is 12 bytes.
+var _ [1]struct{} = [unsafe.Sizeof(sharedMap{}) - 12 + 1]struct{}{}

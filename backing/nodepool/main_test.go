@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/vmarena/vmarena/internal/invariants"
 )
 
 // helperEnv, when set, makes the test binary a helper process (see
@@ -18,7 +20,7 @@ func TestMain(m *testing.M) {
 	if mode := os.Getenv(helperEnv); mode != "" {
 		os.Exit(runHelper(mode, os.Getenv(helperPathEnv)))
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(invariants.Exit))
 }
 
 const helperPathEnv = "NODEPOOL_TEST_SOCKET"

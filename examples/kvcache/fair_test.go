@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/internal/invariants"
 )
 
 // asProgramEnv makes this test binary, run again by fair timing (which runs its own
@@ -30,7 +32,7 @@ func TestMain(m *testing.M) {
 	if err := os.Setenv(asProgramEnv, "run"); err != nil {
 		panic(err)
 	}
-	os.Exit(m.Run())
+	invariants.Exit(m.Run())
 }
 
 func asProgram(mode string, args []string) int {

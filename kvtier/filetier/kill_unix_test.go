@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/kvtier/filetier"
 )
@@ -53,7 +54,7 @@ func TestMain(m *testing.M) {
 		killWriter(dir)
 		return
 	}
-	os.Exit(m.Run())
+	invariants.Exit(m.Run())
 }
 
 func killWriter(dir string) {

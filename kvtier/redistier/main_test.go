@@ -6,6 +6,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
+
+	"github.com/vmarena/vmarena/internal/invariants"
 )
 
 // quiet drops go-redis's own log lines (a dial refused while a test has the server
@@ -18,5 +20,5 @@ func (quiet) Printf(context.Context, string, ...any) {}
 // the tests make is closed at cleanup.
 func TestMain(m *testing.M) {
 	redis.SetLogger(quiet{})
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(invariants.Exit))
 }
