@@ -18,7 +18,7 @@ func (c *Cache) checkCountsLocked() {
 
 // checkAlike panics when the ranges of one layer group of a sequence that is not
 // damaged differ in what they commit, share or start at: every operation resizes and
-// shares them all the same, and publish reads one range for all of its group's.
+// shares them all the same, and refreshStats reads one range for all of its group's.
 func (s *Sequence) checkAlike() {
 	if s.err != nil || len(s.bufs) == 0 {
 		return
