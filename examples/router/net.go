@@ -33,7 +33,11 @@ type subscription struct {
 // the replay socket keeps when catchUp is set, else from the next one published.
 func subscribe(x *Index, r int, pub *kvevents.Publisher, catchUp bool) (*subscription, error) {
 	sub, err := kvsub.Dial(kvsub.Options{Endpoint: pub.Endpoint(), ReplayEndpoint: pub.ReplayEndpoint(),
-		Topic: fmt.Sprintf("kv@replica-%d", r), CatchUp: catchUp})
+		Topic: fmt.Sprintf("kv@replica-%d", r), CatchUp: catchUp,
+		// A catch-up replays every batch a replica kept: bounded by the time the
+		// router gives its subscriptions to catch up, not by the 5 s default that a
+		// loaded machine passed in the middle of a replay.
+		Timeout: syncTimeout})
 	if err != nil {
 		return nil, err
 	}
