@@ -96,12 +96,11 @@ type Cache struct {
 	prefixes map[*Prefix]struct{}
 	nextID   uint64
 	closed   bool
-	inflight int           // sequences being made: Close must wait for them
-	changed  chan struct{} // closed when memory comes back to this cache
-	waits    int64         // waiting appends that had to wait
-	orphans  []buffer      // buffers whose Close failed; retried by Close
-	lost     int64         // bytes that quarantined releases left held for good
-	entries  int           // sequences a PrefixCache owns: Close waits for them
+	inflight int      // sequences being made: Close must wait for them
+	waits    int64    // waiting appends that had to wait
+	orphans  []buffer // buffers whose Close failed; retried by Close
+	lost     int64    // bytes that quarantined releases left held for good
+	entries  int      // sequences a PrefixCache owns: Close waits for them
 
 	// batch numbers the batches of the cache, so that a sequence can tell it was
 	// already seen in the one being checked.
@@ -280,7 +279,6 @@ func (c *Cache) abandon(s *Sequence) error {
 	}
 	c.mu.Lock()
 	c.inflight--
-	c.notifyLocked()
 	c.mu.Unlock()
 	return err
 }
@@ -345,30 +343,6 @@ func (c *Cache) register(s *Sequence) {
 	c.seqs[s] = struct{}{}
 	c.inflight--
 	c.mu.Unlock()
-}
-
-// notify wakes waiting appends: memory came back to this cache.
-func (c *Cache) notify() {
-	c.mu.Lock()
-	c.notifyLocked()
-	c.mu.Unlock()
-}
-
-func (c *Cache) notifyLocked() {
-	if c.changed != nil {
-		close(c.changed)
-		c.changed = nil
-	}
-}
-
-// changedChan returns a channel closed the next time memory comes back to this cache.
-func (c *Cache) changedChan() <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.changed == nil {
-		c.changed = make(chan struct{})
-	}
-	return c.changed
 }
 
 // Stats is a snapshot of a cache.

@@ -134,7 +134,6 @@ func (s *Sequence) Truncate(n int) error {
 		_, err = s.truncate(n)
 	}
 	s.publish()
-	s.c.notify()
 	return err
 }
 
@@ -423,7 +422,6 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 		}
 		if err != nil {
 			err = errors.Join(err, releaseError(s.c.release(bufs)))
-			s.c.notify()
 			return nil, err
 		}
 		return bufs, nil
@@ -482,7 +480,6 @@ func (s *Sequence) Close() accounting.ReleaseOutcome {
 	if h != nil {
 		h.closed(s)
 	}
-	c.notify()
 	return out
 }
 

@@ -185,10 +185,14 @@
 // so that memory kept for this pool's future commits is not held against a caller
 // that needs it now; each time such a request starts to wait, the pool's reclaimer
 // (see accounting.Authority.SetReclaimer) gives back every granule already idle.
-// While only this pool's own commits wait (CommitCtx), granules that go idle are
-// handed to them instead, in the order they came, rather than given to the OS to be
-// made again. A granule that can not be given back (the punch fails) stays idle and
-// owned; the next Trim tries again.
+// While only this pool's own requests wait (CommitCtx, or a caller's
+// Authority.AcquireFor), granules that go idle are handed to them instead, rather
+// than given to the OS to be made again: the pool puts every idle granule's bytes
+// idle on its authority (accounting.Authority.PutIdle), and the governor's FIFO queue
+// serves them from those as from free budget, in the order they came; the pool takes
+// an idle granule out for anything else only through Authority.TakeIdle. A granule
+// that can not be given back (the punch fails) stays idle and owned; the next Trim
+// tries again.
 //
 // Pooled granules keep their old contents: CommitZeroes is false, and a recommitted
 // or shared range reads whatever was last written there. Granules new to the file
@@ -225,5 +229,7 @@
 // Share) must be serialized by the caller. Bookkeeping is under one mutex, held
 // across mmap and mremap (which the kernel serializes per process anyway) but not
 // across page population or fallocate, which run outside it on slots marked busy.
-// Close must not run concurrently with any other call.
+// The lock order is that mutex, then the governor's (the pool charges, maps and puts
+// idle on its authority while it holds its own); a waiting commit holds neither while
+// it waits. Close must not run concurrently with any other call.
 package host

@@ -117,7 +117,8 @@ func (s *Shared) unpick(picks []sharedPick) {
 	}
 }
 
-// toIdle puts an owned, unmapped slot in the pool. s.mu must be held.
+// toIdle puts an owned, unmapped slot in the pool, and its bytes idle on the
+// authority, where they serve the next waiting commit. s.mu must be held.
 func (s *Shared) toIdle(i int) {
 	sl := &s.slots[i]
 	sl.busy = false
@@ -128,7 +129,21 @@ func (s *Shared) toIdle(i int) {
 	}
 	sl.since = s.elapsed()
 	s.startDecay()
-	s.signal()
+	s.auth.PutIdle(int64(s.g))
+}
+
+// claim asks the governor for k of the pool's idle granules and returns how many the
+// caller may take out of the pool (pickIdle, victims, takePrivIdle): the idle granules
+// that the governor served a waiting commit from are that commit's (see charge).
+// Every granule that goes idle is put idle on the authority (toIdle, untakePrivIdle,
+// putParked), and every one taken out of the pool but for a waiting commit's is
+// claimed first, so that the pool holds at least the authority's idle bytes. s.mu
+// must be held.
+func (s *Shared) claim(k int) int {
+	if k <= 0 {
+		return 0
+	}
+	return int(s.auth.TakeIdle(int64(k)<<s.shift) >> s.shift)
 }
 
 // drop unmaps granules [gi, gi+n) of r from the bookkeeping (the caller unmapped
@@ -157,7 +172,7 @@ func (s *Shared) drop(r *SharedReservation, gi, n int) []int {
 		}
 		if waiters < 0 {
 			waiters = 0
-			if s.othersWait() {
+			if s.auth.OthersWait() {
 				waiters = 1
 			}
 		}
@@ -306,6 +321,9 @@ func (s *Shared) prefillOne(n int, background bool) (bool, error) {
 			break
 		}
 	}
+	if slot >= 0 && s.claim(1) == 0 {
+		slot = -1 // the idle granules are a waiting commit's
+	}
 	if slot >= 0 {
 		s.takeIdle(slot)
 	} else {
@@ -395,7 +413,7 @@ func (s *Shared) Trim(keep int) (int64, error) {
 			Err: fmt.Errorf("host: negative granule count %d", keep)}
 	}
 	s.lock()
-	k := max(s.nIdle+s.nPrivIdle-keep, 0)
+	k := s.claim(max(s.nIdle+s.nPrivIdle-keep, 0))
 	pos := s.takePrivIdle(min(k, s.nPrivIdle)) // the cheapest to make again
 	n, err := s.givePriv(pos)
 	victims := s.victims(k - len(pos))
