@@ -269,9 +269,9 @@ func (c *Cache) groupRanges(capac func(g *group) int) ([]buffer, error) {
 	return bufs, nil
 }
 
-// abandon gives back the ranges of a sequence that was never registered, wakes
-// waiters, since its memory came back, and returns what the release could not give
-// back as an error (nil when it gave back everything).
+// abandon gives back the ranges of a sequence that was never registered and returns
+// what the release could not give back as an error (nil when it gave back
+// everything).
 func (c *Cache) abandon(s *Sequence) error {
 	var err error
 	if s != nil {
