@@ -9,6 +9,13 @@
 // waits for memory: [Authority.AcquireFor] waits there and hands the bytes to the
 // commit it then makes, so that a waiter served is not refused by the queue behind it.
 //
+// An owner that keeps memory for reuse (a pool's idle granules: owned and charged,
+// used by nothing) tells its ledger so with [Authority.PutIdle] and takes it back with
+// [Authority.TakeIdle]. The queue serves a request of that ledger
+// ([Authority.AcquireIdle], [Authority.AcquireFor]) from those idle bytes as from free
+// budget, in the same FIFO order, so that memory coming back to a pool wakes its
+// waiters as memory coming back to the governor does.
+//
 // Every ledger has two axes:
 //
 //   - owned bytes: physical memory the ledger holds. Owned bytes consume budget.
@@ -39,5 +46,8 @@
 //
 // A Governor and its Authorities are safe for concurrent use by many goroutines.
 // Waiters are served strictly in arrival order per device: a small request does not
-// overtake a large one queued before it.
+// overtake a large one queued before it. The governor has one lock, taken last: an
+// owner may call it holding its own locks (a pool reports idle bytes under its lock),
+// and it calls no owner back while it holds it (reclaimers run on goroutines of their
+// own).
 package accounting

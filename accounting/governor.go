@@ -33,14 +33,16 @@ type device struct {
 	used    int64 // owned bytes of all authorities on this device
 	peak    int64
 	waiters list.List // of *waiter, FIFO
-	notify  chan struct{}
 	auths   []*Authority
 
 	counters DeviceCounters
 }
 
 type waiter struct {
+	a         *Authority
 	n         int64
+	useIdle   bool          // may be served from a's idle bytes (AcquireIdle)
+	idle      int64         // set when granted: the part of n served from a's idle bytes
 	ready     chan struct{} // closed when the waiter was granted or dismissed
 	dismissed bool          // set (under g.mu) when the limit shrank below n
 }
@@ -112,37 +114,34 @@ func (g *Governor) Authority(name string, k DeviceKey) *Authority {
 	return a
 }
 
-// Released returns a channel that is closed the next time bytes are released on
-// device k or its limit changes. Callers that retry a refused operation wait on it.
-func (g *Governor) Released(k DeviceKey) <-chan struct{} {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	d := g.dev(k)
-	if d.notify == nil {
-		d.notify = make(chan struct{})
-	}
-	return d.notify
-}
-
-// admit grants queued requests in FIFO order while they fit, and wakes Released
-// watchers. g.mu must be held.
+// admit grants queued requests in FIFO order while they fit: in free budget, or, for
+// a request that may use them (AcquireIdle, AcquireFor), in its ledger's idle bytes
+// first and free budget for the rest. g.mu must be held.
 func (d *device) admit() {
 	for e := d.waiters.Front(); e != nil; e = d.waiters.Front() {
 		w := e.Value.(*waiter)
-		if d.limit-d.used < w.n {
+		idle := w.a.idleFor(w.n, w.useIdle)
+		if d.limit-d.used < w.n-idle {
 			break
 		}
-		d.take(w.n)
+		w.a.idle -= idle
+		w.idle = idle
+		d.take(w.n - idle)
 		close(w.ready)
 		d.waiters.Remove(e)
-	}
-	if d.notify != nil {
-		close(d.notify)
-		d.notify = nil
 	}
 	if invariants.Enabled {
 		d.checkLedger()
 	}
+}
+
+// idleFor returns the part of a request of n bytes that a's idle bytes serve: none
+// unless useIdle. a.g.mu must be held.
+func (a *Authority) idleFor(n int64, useIdle bool) int64 {
+	if !useIdle {
+		return 0
+	}
+	return min(a.idle, n)
 }
 
 func (d *device) take(n int64) {
@@ -191,6 +190,8 @@ type Authority struct {
 	owned, ownedPeak int64
 	mapped           int64
 	credit           int64 // owned bytes waited for by AcquireFor, not yet taken
+	idle             int64 // owned bytes its owner holds idle (PutIdle), not handed out
+	idleCredit       int64 // idle bytes waited for by AcquireFor, not yet taken back
 	reclaim          func(need int64)
 	waiting          int  // Acquire calls of this ledger in the device's queue
 	closed           bool // retired by Close: out of the device's list
@@ -219,6 +220,7 @@ func (a *Authority) Close() error {
 		return ErrAuthorityClosed
 	}
 	if a.owned != 0 || a.mapped != 0 || a.credit != 0 || a.waiting != 0 {
+		// NB: idle bytes are owned: a ledger that holds some is busy too.
 		return fmt.Errorf("%w: %q owns %d bytes, maps %d, holds %d waited for and has %d requests queued",
 			ErrAuthorityBusy, a.name, a.owned, a.mapped, a.credit, a.waiting)
 	}
@@ -230,8 +232,8 @@ func (a *Authority) Close() error {
 
 // SetReclaimer registers fn to be called, on a goroutine of its own, each time a
 // request on another ledger of the device starts to wait (Acquire queues it; a
-// request on this ledger is its owner's own, which uses its spare memory itself
-// rather than giving it back first): an owner that
+// request on this ledger is its owner's own, which the queue serves from the
+// ledger's idle bytes rather than have them given back first): an owner that
 // holds memory it can spare (a pool's idle granules) gives it back so the waiter can
 // be served. fn receives the bytes the queued request asked for and must not block for
 // long. A nil fn removes the reclaimer; fn may still be running when SetReclaimer
@@ -284,40 +286,68 @@ func (a *Authority) TryAcquire(n int64) error {
 	return nil
 }
 
-// AcquireFor waits as Acquire does for n bytes (in FIFO order with every other
-// waiter of the device), then calls fn while holding them as the ledger's credit:
-// TryAcquire on this ledger, from fn or from whoever charges it (a backing that owns
-// its memory), takes from the credit first, ahead of any queue, so that what fn
-// commits is charged against the bytes waited for. When fn returns the credit left is
-// released. It returns fn's error, or the wait's (fn is then not called).
+// AcquireFor waits for n bytes as AcquireIdle does (in FIFO order with every other
+// waiter of the device, served from the ledger's idle bytes first), then calls fn
+// while holding them as the ledger's credit, telling it the part served from idle
+// bytes: TryAcquire on this ledger, from fn or from whoever charges it (a backing
+// that owns its memory), takes from the fresh credit first, ahead of any queue, and
+// TakeIdle from the idle credit first, so that what fn commits is charged against
+// the bytes waited for. When fn returns the credit left is released and the idle
+// credit left is idle again. It returns fn's error, or the wait's (fn is then not
+// called).
 //
 // NB: the credit is the ledger's, not the caller's: another taker on the same ledger
 // while fn runs may use it, and fn then finds less than it waited for. Callers retry.
-func (a *Authority) AcquireFor(ctx context.Context, n int64, fn func() error) error {
-	if err := a.Acquire(ctx, n); err != nil {
+func (a *Authority) AcquireFor(ctx context.Context, n int64, fn func(idle int64) error) error {
+	idle, err := a.acquire(ctx, n, true)
+	if err != nil {
 		return err
 	}
 	a.g.mu.Lock()
-	a.credit += n
+	a.credit += n - idle
+	a.idleCredit += idle
 	a.g.mu.Unlock()
 	defer func() {
 		a.g.mu.Lock()
-		left := min(a.credit, n)
+		left := min(a.credit, n-idle)
 		a.credit -= left
 		a.owned -= left
 		a.d.used -= left
+		back := min(a.idleCredit, idle)
+		a.idleCredit -= back
+		a.idle += back
 		a.d.admit()
 		a.g.mu.Unlock()
 	}()
-	return fn()
+	return fn(idle)
 }
 
 // Acquire takes n owned bytes, waiting in FIFO order until the budget covers them or
 // ctx ends. A request larger than the device's limit fails at once with a *BudgetError
 // matching ErrExceedsLimit. When ctx ends first it returns ctx.Err() and takes nothing.
-func (a *Authority) Acquire(ctx context.Context, n int64) (err error) {
+// It is not served from the ledger's idle bytes (see AcquireIdle).
+func (a *Authority) Acquire(ctx context.Context, n int64) error {
+	_, err := a.acquire(ctx, n, false)
+	return err
+}
+
+// AcquireIdle is Acquire for an owner that holds idle bytes on the ledger (PutIdle):
+// it waits in the same FIFO queue until the ledger's idle bytes and the free budget
+// together cover n bytes, and serves it from the idle ones first. It returns the part
+// of n served from idle bytes, which the caller now holds as its own (it uses them,
+// or returns them with PutIdle); the rest, n - idle, is newly owned. Idle bytes are
+// the queue's: while one of the ledger's requests waits for more, those that come
+// idle are kept for it, in arrival order, not taken by the requests behind it. On
+// error it takes nothing.
+func (a *Authority) AcquireIdle(ctx context.Context, n int64) (idle int64, err error) {
+	return a.acquire(ctx, n, true)
+}
+
+// acquire is Acquire, served from the ledger's idle bytes too when useIdle is set;
+// it returns the part that was.
+func (a *Authority) acquire(ctx context.Context, n int64, useIdle bool) (idle int64, err error) {
 	if err := checkSize(n); err != nil {
-		return err
+		return 0, err
 	}
 	a.g.mu.Lock()
 	if a.closed {
@@ -328,20 +358,21 @@ func (a *Authority) Acquire(ctx context.Context, n int64) (err error) {
 	if n > d.limit {
 		err := d.budgetError(n)
 		a.g.mu.Unlock()
-		return err
+		return 0, err
 	}
-	if d.waiters.Len() == 0 && d.limit-d.used >= n {
-		d.take(n)
-		a.own(n)
+	if idle := a.idleFor(n, useIdle); d.waiters.Len() == 0 && d.limit-d.used >= n-idle {
+		a.idle -= idle
+		d.take(n - idle)
+		a.own(n - idle)
 		a.g.mu.Unlock()
-		return nil
+		return idle, nil
 	}
 	if err := ctx.Err(); err != nil {
 		a.g.mu.Unlock()
-		return err
+		return 0, err
 	}
 	ready := make(chan struct{})
-	w := &waiter{n: n, ready: ready}
+	w := &waiter{a: a, n: n, useIdle: useIdle, ready: ready}
 	elem := d.waiters.PushBack(w)
 	a.waiting++
 	var reclaimers []func(int64)
@@ -363,10 +394,10 @@ func (a *Authority) Acquire(ctx context.Context, n int64) (err error) {
 		defer a.g.mu.Unlock()
 		a.waiting--
 		if w.dismissed {
-			return d.budgetError(n)
+			return 0, d.budgetError(n)
 		}
-		a.own(n)
-		return nil
+		a.own(n - w.idle)
+		return w.idle, nil
 	case <-ctx.Done():
 		a.g.mu.Lock()
 		defer a.g.mu.Unlock()
@@ -374,10 +405,11 @@ func (a *Authority) Acquire(ctx context.Context, n int64) (err error) {
 		select {
 		case <-ready:
 			if w.dismissed {
-				return ctx.Err()
+				return 0, ctx.Err()
 			}
 			// Granted just as ctx ended: give it back so no byte leaks.
-			d.used -= n
+			d.used -= n - w.idle
+			a.idle += w.idle
 			d.admit()
 		default:
 			isFront := d.waiters.Front() == elem
@@ -387,8 +419,58 @@ func (a *Authority) Acquire(ctx context.Context, n int64) (err error) {
 				d.admit()
 			}
 		}
-		return ctx.Err()
+		return 0, ctx.Err()
 	}
+}
+
+// PutIdle marks n of the ledger's owned bytes idle: its owner keeps them for reuse
+// (a pool's idle granules) and nothing uses them. They stay owned and charged, but a
+// request of this ledger that waits (AcquireIdle, AcquireFor) is served from them as
+// from free budget, in FIFO order, at once. Marking more than the ledger owns and
+// does not hold idle already panics: the ledger would lie; so does a closed ledger
+// (PanicAuthorityClosed).
+func (a *Authority) PutIdle(n int64) {
+	if n < 0 {
+		panic(fmt.Sprintf("accounting: PutIdle of negative size %d", n))
+	}
+	a.g.mu.Lock()
+	defer a.g.mu.Unlock()
+	a.live()
+	if n > a.owned-a.idle-a.idleCredit {
+		panic(fmt.Sprintf("accounting: %q puts %d bytes idle but owns %d, %d of them idle", a.name, n, a.owned, a.idle+a.idleCredit))
+	}
+	a.idle += n
+	a.d.admit()
+}
+
+// TakeIdle takes up to n of the ledger's idle bytes back into use (a commit that
+// reuses idle granules, or a trim that gives them back) and returns how many it took:
+// the owner may take that many out of its pool, and no more. Bytes a waiting request
+// was served from are not the pool's to take any more. Inside AcquireFor it takes
+// from the idle bytes waited for first.
+//
+// NB: it does not queue: an owner reuses what it holds idle ahead of the requests
+// that wait for more than that, as a step that needs no new memory does not wait.
+func (a *Authority) TakeIdle(n int64) int64 {
+	if n < 0 {
+		panic(fmt.Sprintf("accounting: TakeIdle of negative size %d", n))
+	}
+	a.g.mu.Lock()
+	defer a.g.mu.Unlock()
+	c := min(a.idleCredit, n)
+	a.idleCredit -= c
+	t := min(a.idle, n-c)
+	a.idle -= t
+	return c + t
+}
+
+// OthersWait reports whether a request of another ledger waits on the device: an
+// owner that holds idle bytes gives them back rather than keep them (only the
+// ledger's own requests are served from its idle bytes).
+func (a *Authority) OthersWait() bool {
+	a.g.mu.Lock()
+	defer a.g.mu.Unlock()
+	return a.d.waiters.Len() > a.waiting
 }
 
 func (a *Authority) own(n int64) {
@@ -401,16 +483,20 @@ func (a *Authority) own(n int64) {
 	}
 }
 
-// Release gives back n owned bytes and admits waiters that now fit.
-// Releasing more than the ledger owns panics: the ledger would lie.
+// Release gives back n owned bytes and admits waiters that now fit. The bytes must
+// be in use, not idle (TakeIdle them first). Releasing more than the ledger owns and
+// holds in use panics: the ledger would lie.
 func (a *Authority) Release(n int64) {
 	if n < 0 {
 		panic(fmt.Sprintf("accounting: Release of negative size %d", n))
 	}
 	a.g.mu.Lock()
 	defer a.g.mu.Unlock()
-	if n > a.owned {
-		panic(fmt.Sprintf("accounting: %q releases %d bytes but owns %d", a.name, n, a.owned))
+	if idle := a.idle + a.idleCredit; n > a.owned-idle {
+		if idle == 0 {
+			panic(fmt.Sprintf("accounting: %q releases %d bytes but owns %d", a.name, n, a.owned))
+		}
+		panic(fmt.Sprintf("accounting: %q releases %d bytes but owns %d, %d of them idle", a.name, n, a.owned, idle))
 	}
 	a.owned -= n
 	a.d.used -= n
@@ -449,6 +535,9 @@ type AuthorityStats struct {
 	Owned     int64 // physical bytes held (consume budget)
 	OwnedPeak int64
 	Mapped    int64 // bytes mapped (attribution only)
+	// Idle is the part of Owned its owner holds idle (PutIdle) that no waiting
+	// request was served from yet.
+	Idle int64
 }
 
 // Stats returns a snapshot of the ledger.
@@ -459,7 +548,7 @@ func (a *Authority) Stats() AuthorityStats {
 }
 
 func (a *Authority) stats() AuthorityStats {
-	return AuthorityStats{Name: a.name, Device: a.d.key, Owned: a.owned, OwnedPeak: a.ownedPeak, Mapped: a.mapped}
+	return AuthorityStats{Name: a.name, Device: a.d.key, Owned: a.owned, OwnedPeak: a.ownedPeak, Mapped: a.mapped, Idle: a.idle + a.idleCredit}
 }
 
 // DeviceStats is a snapshot of one device's budget.

@@ -223,24 +223,6 @@ func TestSetLimitAdmitsAndDismisses(t *testing.T) {
 	a.Release(15)
 }
 
-func TestReleasedNotifies(t *testing.T) {
-	g := accounting.NewGovernor()
-	a := g.Authority("a", accounting.HostKey)
-	require.NoError(t, a.TryAcquire(10))
-	ch := g.Released(accounting.HostKey)
-	select {
-	case <-ch:
-		t.Fatal("notified before any release")
-	default:
-	}
-	a.Release(10)
-	select {
-	case <-ch:
-	case <-time.After(5 * time.Second):
-		t.Fatal("not notified of a release")
-	}
-}
-
 func TestConcurrentAcquireRelease(t *testing.T) {
 	g := accounting.NewGovernor()
 	const limit = 1000
@@ -397,7 +379,7 @@ func TestAcquireForCredit(t *testing.T) {
 
 	got := make(chan error, 1)
 	go func() {
-		got <- a.AcquireFor(context.Background(), 6, func() error {
+		got <- a.AcquireFor(context.Background(), 6, func(int64) error {
 			// Someone queued behind: a plain TryAcquire would be refused.
 			if err := a.TryAcquire(4); err != nil {
 				return err
@@ -422,10 +404,10 @@ func TestAcquireForCredit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
 	called := false
-	assert.ErrorIs(t, a.AcquireFor(ctx, 1, func() error { called = true; return nil }), context.DeadlineExceeded)
+	assert.ErrorIs(t, a.AcquireFor(ctx, 1, func(int64) error { called = true; return nil }), context.DeadlineExceeded)
 	assert.False(t, called)
-	assert.ErrorIs(t, a.AcquireFor(context.Background(), -1, func() error { called = true; return nil }), accounting.ErrInvalidRequest)
-	assert.ErrorIs(t, a.AcquireFor(context.Background(), 11, func() error { called = true; return nil }), accounting.ErrExceedsLimit)
+	assert.ErrorIs(t, a.AcquireFor(context.Background(), -1, func(int64) error { called = true; return nil }), accounting.ErrInvalidRequest)
+	assert.ErrorIs(t, a.AcquireFor(context.Background(), 11, func(int64) error { called = true; return nil }), accounting.ErrExceedsLimit)
 	assert.False(t, called)
 	assert.Zero(t, a.Stats().Owned)
 	b.Release(10)
@@ -492,8 +474,10 @@ func TestAuthorityClose(t *testing.T) {
 	assert.PanicsWithValue(t, accounting.PanicAuthorityClosed, func() { _ = a.TryAcquire(1) })
 	assert.PanicsWithValue(t, accounting.PanicAuthorityClosed, func() { _ = a.Acquire(context.Background(), 1) })
 	assert.PanicsWithValue(t, accounting.PanicAuthorityClosed, func() {
-		_ = a.AcquireFor(context.Background(), 1, func() error { return nil })
+		_ = a.AcquireFor(context.Background(), 1, func(int64) error { return nil })
 	})
+	assert.PanicsWithValue(t, accounting.PanicAuthorityClosed, func() { _, _ = a.AcquireIdle(context.Background(), 1) })
+	assert.PanicsWithValue(t, accounting.PanicAuthorityClosed, func() { a.PutIdle(0) })
 	assert.PanicsWithValue(t, accounting.PanicAuthorityClosed, func() { a.Map(1) })
 	assert.Equal(t, int64(0), g.Stats(accounting.HostKey).Used)
 }

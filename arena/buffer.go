@@ -344,7 +344,7 @@ func (buf *Buffer[R, B]) commitRetry(ctx context.Context, wait bool, off, size i
 		if !errors.As(err, &refused) {
 			return err
 		}
-		if werr := auth.AcquireFor(ctx, refused.Requested, func() error {
+		if werr := auth.AcquireFor(ctx, refused.Requested, func(int64) error {
 			err = buf.b.Commit(buf.r, off, size)
 			return nil
 		}); werr != nil {

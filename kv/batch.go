@@ -46,24 +46,24 @@ func (c *Cache) Need(batch []Growth) (int64, error) {
 // sequence) and steps again. A batch that names a sequence twice, a nil sequence or
 // one of another cache fails with ErrBatch; a count past MaxTokens with ErrTooLong.
 // The batch's sequences MUST all be owned by the calling goroutine.
-func (c *Cache) AppendBatch(batch []Growth) error { return c.appendBatch(batch, 0, nil) }
+func (c *Cache) AppendBatch(batch []Growth) error { return c.appendBatch(batch, 0) }
 
 // AppendBatchCtx is AppendBatch that, when the memory can not be had now, waits for
 // the whole step's bytes in the governor's FIFO queue of the device, behind every
 // request (of this cache or any other user of the device) that queued before it, until
-// ctx ends. It holds nothing while it waits, so waiting steps can not deadlock each
-// other. A step larger than the device's whole limit fails at once (ErrExceedsLimit);
-// a cancelled wait returns ctx.Err() and changes nothing.
+// ctx ends; the queue serves it from the pool's idle granules as from free budget. It
+// holds nothing while it waits, so waiting steps can not deadlock each other. A step
+// larger than the device's whole limit fails at once (ErrExceedsLimit); a cancelled
+// wait returns ctx.Err() and changes nothing.
 func (c *Cache) AppendBatchCtx(ctx context.Context, batch []Growth) error {
 	if ctx == nil {
 		panic(panicNilContext)
 	}
-	var idle int64
-	err := c.appendBatch(batch, 0, &idle)
+	err := c.appendBatch(batch, 0)
 	if !accounting.CanWait(err) {
 		return err
 	}
-	return c.wait(ctx, batch, err, idle)
+	return c.wait(ctx, batch, err)
 }
 
 // check validates a batch and returns the bytes of the granules it must commit.
@@ -95,18 +95,11 @@ func (c *Cache) check(batch []Growth) (int64, error) {
 	return need, nil
 }
 
-// appendBatch is AppendBatch with credit bytes already waited for (see wait). Where
-// idle is not nil and the step needs granules, it first stores there the pool's idle
-// bytes, for a wait after a refusal (see wait); a step that needs none can not be
-// refused for memory, and reads nothing (the pool's lock may be held across a system
-// call).
-func (c *Cache) appendBatch(batch []Growth, credit int64, idle *int64) error {
+// appendBatch is AppendBatch with credit bytes already waited for (see wait).
+func (c *Cache) appendBatch(batch []Growth, credit int64) error {
 	need, err := c.check(batch)
 	if err != nil {
 		return err
-	}
-	if idle != nil && need > 0 {
-		*idle = c.idle()
 	}
 	crossed := false
 	if need > 0 && c.ahead != nil {
@@ -275,13 +268,11 @@ func (c *Cache) rollback(done []Growth, s *Sequence, k int, idle int64, commits 
 }
 
 // wait is AppendBatchCtx after a refusal err: it waits in the governor's FIFO queue
-// for the bytes the step needs beyond the pool's idle granules, then steps with them
-// (the governor hands them over as credit: see accounting.Authority.AcquireFor).
-// Memory that comes back to this cache's pool as idle granules, which the governor
-// does not see, also ends a wait; the step is then tried again. idle is the pool's
-// idle bytes read before the refused try: a wait ends at once where more came back
-// since, however late the refusal saw them.
-func (c *Cache) wait(ctx context.Context, batch []Growth, err error, idle int64) error {
+// for the bytes the step needs beyond the runs map-ahead holds, which the queue
+// serves from the pool's idle granules as from free budget, then steps with them (the
+// governor hands them over as credit: see accounting.Authority.AcquireFor; the pool's
+// commit takes the idle granules waited for first).
+func (c *Cache) wait(ctx context.Context, batch []Growth, err error) error {
 	c.mu.Lock()
 	c.waits++
 	c.mu.Unlock()
@@ -290,55 +281,26 @@ func (c *Cache) wait(ctx context.Context, batch []Growth, err error, idle int64)
 		if !errors.As(err, &be) {
 			return err
 		}
-		// NB: a refusal may race a concurrent user of the pool that took the idle
-		// granules counted; wait for a granule at least so that the loop makes
-		// progress only as memory moves.
-		want := max(be.Requested, int64(c.gran))
-		wctx, cancel := context.WithCancel(ctx)
-		// NB: idle was read before the try that was refused: granules that came
-		// back while it ran (a sequence's Close half done when it looked, say) end
-		// the wait at once, where a reading taken now would wait for more than
-		// will ever come.
-		go c.watchIdle(wctx, cancel, idle)
+		// The idle granules the refused step counted as held are the queue's to hand
+		// out: wait for them with the rest. NB: a refusal may race a concurrent user
+		// of the pool that took the idle granules counted; wait for a granule at
+		// least so that the loop makes progress only as memory moves.
+		want := max(be.Requested+min(be.Held, c.idle()), int64(c.gran))
 		var stepErr error
-		err = c.auth.AcquireFor(wctx, want, func() error {
-			stepErr = c.appendBatch(batch, want, &idle)
+		err = c.auth.AcquireFor(ctx, want, func(idle int64) error {
+			stepErr = c.appendBatch(batch, want-idle)
 			return nil
 		})
-		cancel()
 		switch {
 		case err == nil:
 			err = stepErr
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case errors.Is(err, context.Canceled):
-			// Idle granules came back to the pool: try with them.
-			err = c.appendBatch(batch, 0, &idle)
 		default:
 			return err // the limit shrank below the request, say
 		}
 		if !accounting.CanWait(err) {
 			return err
-		}
-	}
-}
-
-// watchIdle cancels a wait when the pool's idle bytes grow past idle: memory came
-// back to the pool, not to the governor, which would not wake the waiter for it.
-func (c *Cache) watchIdle(ctx context.Context, cancel context.CancelFunc, idle int64) {
-	if c.pool == nil {
-		return
-	}
-	for {
-		ch := c.changedChan()
-		if c.idle() > idle {
-			cancel()
-			return
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return
 		}
 	}
 }
@@ -353,7 +315,7 @@ func (c *Cache) watchIdle(ctx context.Context, cancel context.CancelFunc, idle i
 // length it grew from (see the states of a window group's bytes).
 func (s *Sequence) Append(n int) error {
 	g := [1]Growth{{s, n}}
-	return s.c.appendBatch(g[:], 0, nil)
+	return s.c.appendBatch(g[:], 0)
 }
 
 // AppendCtx is Append that, when memory can not be had now, waits for it in the

@@ -99,12 +99,11 @@ type Cache struct {
 	prefixes map[*Prefix]struct{}
 	nextID   uint64
 	closed   bool
-	inflight int           // sequences being made: Close must wait for them
-	changed  chan struct{} // closed when memory comes back to this cache
-	waits    int64         // waiting appends that had to wait
-	orphans  []buffer      // buffers whose Close failed; retried by Close
-	lost     int64         // bytes that quarantined releases left held for good
-	entries  int           // sequences a PrefixCache owns: Close waits for them
+	inflight int      // sequences being made: Close must wait for them
+	waits    int64    // waiting appends that had to wait
+	orphans  []buffer // buffers whose Close failed; retried by Close
+	lost     int64    // bytes that quarantined releases left held for good
+	entries  int      // sequences a PrefixCache owns: Close waits for them
 
 	// batch numbers the batches of the cache, so that a sequence can tell it was
 	// already seen in the one being checked.
@@ -278,9 +277,9 @@ func (c *Cache) groupRanges(capac func(g *group) int) ([]buffer, error) {
 	return bufs, nil
 }
 
-// abandon gives back the ranges of a sequence that was never registered, wakes
-// waiters, since its memory came back, and returns what the release could not give
-// back as an error (nil when it gave back everything).
+// abandon gives back the ranges of a sequence that was never registered and returns
+// what the release could not give back as an error (nil when it gave back
+// everything).
 func (c *Cache) abandon(s *Sequence) error {
 	var err error
 	if s != nil {
@@ -291,7 +290,6 @@ func (c *Cache) abandon(s *Sequence) error {
 	if invariants.Enabled {
 		c.checkCountsLocked()
 	}
-	c.notifyLocked()
 	c.mu.Unlock()
 	return err
 }
@@ -360,30 +358,6 @@ func (c *Cache) register(s *Sequence) {
 		c.checkCountsLocked()
 	}
 	c.mu.Unlock()
-}
-
-// notify wakes waiting appends: memory came back to this cache.
-func (c *Cache) notify() {
-	c.mu.Lock()
-	c.notifyLocked()
-	c.mu.Unlock()
-}
-
-func (c *Cache) notifyLocked() {
-	if c.changed != nil {
-		close(c.changed)
-		c.changed = nil
-	}
-}
-
-// changedChan returns a channel closed the next time memory comes back to this cache.
-func (c *Cache) changedChan() <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.changed == nil {
-		c.changed = make(chan struct{})
-	}
-	return c.changed
 }
 
 // Stats is a snapshot of a cache, for metrics and logs (package metrics reads it).

@@ -162,7 +162,6 @@ func (p *Prefix) unref() {
 		}
 		p.c.mu.Lock()
 		delete(p.c.prefixes, p)
-		p.c.notifyLocked()
 		p.c.mu.Unlock()
 	}
 }

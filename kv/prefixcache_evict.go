@@ -75,9 +75,6 @@ func (pc *PrefixCache) evictFor(need int64, why evictReason) int64 {
 	done := pc.evictMark().minus(mark)
 	pc.mu.Unlock()
 	pc.logEviction(why, need, done)
-	if got > 0 {
-		pc.c.notify() // memory came back to the cache's pool
-	}
 	return got
 }
 

@@ -139,7 +139,6 @@ func (s *Sequence) Truncate(n int) error {
 		_, err = s.truncate(n)
 	}
 	s.refreshStats()
-	s.c.notify()
 	return err
 }
 
@@ -428,7 +427,6 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 		}
 		if err != nil {
 			err = errors.Join(err, releaseError(s.c.release(bufs)))
-			s.c.notify()
 			return nil, err
 		}
 		return bufs, nil
@@ -489,7 +487,6 @@ func (s *Sequence) Close() accounting.ReleaseOutcome {
 	if h != nil {
 		h.closed(s)
 	}
-	c.notify()
 	return out
 }
 

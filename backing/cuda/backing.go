@@ -80,18 +80,16 @@ type Backing struct {
 	log        *slog.Logger // nil logs nothing
 
 	mu         sync.Mutex
-	idle       []*handle     // pooled, mapped nowhere; the most recently used last
-	stuck      []*handle     // idle handles cuMemRelease refused: still owned
-	owned      int           // handles held: idle, mapped, stuck, being handed out
-	created    int64         // handles ever made (PoolStats.Created)
-	creating   int           // handles the refill is creating now
-	reclaiming int           // reclaims running now
-	settled    sync.Cond     // on mu: signalled when creating or reclaiming drops
-	held       bool          // Trim or Quiesce paused the background refill until the next commit
-	mapped     int64         // bytes of mappings (a handle mapped twice counts twice)
-	nres       int           // reservations not yet unreserved
-	idleNote   chan struct{} // closed when handles return idle; nil when nobody waits
-	gate       chan struct{} // one waiting commit at a time (capacity 1)
+	idle       []*handle // pooled, mapped nowhere; the most recently used last
+	stuck      []*handle // idle handles cuMemRelease refused: still owned
+	owned      int       // handles held: idle, mapped, stuck, being handed out
+	created    int64     // handles ever made (PoolStats.Created)
+	creating   int       // handles the refill is creating now
+	reclaiming int       // reclaims running now
+	settled    sync.Cond // on mu: signalled when creating or reclaiming drops
+	held       bool      // Trim or Quiesce paused the background refill until the next commit
+	mapped     int64     // bytes of mappings (a handle mapped twice counts twice)
+	nres       int       // reservations not yet unreserved
 
 	refill chan struct{} // nudges the background refill; nil without Background
 	stop   chan struct{}
@@ -171,7 +169,7 @@ func New(opts Options) (*Backing, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	b := &Backing{drv: drv, ordinal: opts.Device, auth: opts.Authority, low: opts.Low, high: opts.High,
-		gate: make(chan struct{}, 1), log: opts.Logger}
+		log: opts.Logger}
 	b.settled.L = &b.mu
 	if err := b.open(); err != nil {
 		return nil, err
@@ -432,8 +430,9 @@ func (b *Backing) Commit(r *Reservation, off, size int) error {
 }
 
 // CommitCtx is Commit that, when the budget can not cover the handles it must create,
-// waits in FIFO order on the authority (or for handles to come back to the pool) until
-// ctx ends. A cancelled wait returns ctx's error and changes nothing.
+// waits in FIFO order on the authority (Authority.AcquireIdle: handles that come back
+// to the pool serve it as free budget does) until ctx ends. A cancelled wait returns
+// ctx's error and changes nothing.
 func (b *Backing) CommitCtx(ctx context.Context, r *Reservation, off, size int) error {
 	if ctx == nil {
 		panic("cuda: CommitCtx with a nil context")

@@ -50,8 +50,9 @@
 // A Backing is safe for concurrent use, and so is a Stream (its copies are queued in
 // call order; Synchronize waits for all of them). Operations on one reservation are serialized
 // by its lock (distinct ranges may be used from several goroutines); the pool's lock
-// is never held across a driver call, and CommitCtx waits for budget without holding
-// the reservation. The CUDA context is per OS thread: every operation locks its
+// is never held across a driver call, and comes before the governor's (the pool puts
+// its idle handles' bytes idle on its authority under it); CommitCtx waits for budget
+// in the governor's queue without holding the reservation or any handle. The CUDA context is per OS thread: every operation locks its
 // goroutine to the thread (runtime.LockOSThread), makes the device's primary context
 // current, calls the driver and unlocks in a defer. Nothing is locked in init. With
 // Options.Background one goroutine refills the pool; Close stops it. The pool charges

@@ -12,10 +12,10 @@ import (
 
 // getHandles returns n handles mapped nowhere: idle ones from the pool first, then new
 // ones, charged to the authority before they are created. Unless wait is set a
-// budget refusal fails at once. Otherwise the caller waits, behind the other waiting commits
-// of this backing, until the budget covers the rest, handles return to the pool, or
-// ctx ends. On error it holds nothing new: taken handles are back in the pool. The
-// thread must be bound.
+// budget refusal fails at once. Otherwise the caller waits in the governor's FIFO
+// queue of the device, which serves it from the pool's idle handles as from free
+// budget, until the budget and idle handles cover all n or ctx ends. On error it holds
+// nothing new: taken handles are back in the pool. The thread must be bound.
 func (b *Backing) getHandles(ctx context.Context, wait bool, n int) ([]*handle, error) {
 	hs, charged, err := b.tryHandles(nil, n)
 	if wait && accounting.CanWait(err) {
@@ -41,7 +41,7 @@ func (b *Backing) getHandles(ctx context.Context, wait bool, n int) ([]*handle, 
 // without waiting. It returns the handles and how many more to create.
 func (b *Backing) tryHandles(hs []*handle, n int) ([]*handle, int, error) {
 	b.mu.Lock()
-	hs = b.takeIdle(hs, n)
+	hs = b.takeIdle(hs, b.claim(min(n-len(hs), len(b.idle))))
 	b.mu.Unlock()
 	need := n - len(hs)
 	if need == 0 {
@@ -53,74 +53,40 @@ func (b *Backing) tryHandles(hs []*handle, n int) ([]*handle, int, error) {
 	return hs, need, nil
 }
 
-// waitHandles is tryHandles that waits. Waiting commits go one at a time through
-// b.gate, in arrival order: only the one at the gate holds handles while it waits, so
-// two commits can never each hold part of what the other needs.
+// waitHandles is tryHandles that waits, holding nothing meanwhile: it waits for all n
+// handles' bytes at once (Authority.AcquireIdle), so that waiting commits can not
+// each hold part of what another needs. The governor serves it from the pool's idle
+// handles first (they are this commit's then) and free budget for the rest, which it
+// returns the count of to create.
 func (b *Backing) waitHandles(ctx context.Context, n int) ([]*handle, int, error) {
 	g := int64(b.gran)
-	// Handles the pool holds count against the budget like any others, so a commit
-	// larger than the whole limit can never be served: say so now.
-	if limit := b.auth.Governor().Limit(b.auth.Device()); int64(n)*g > limit {
-		return nil, 0, &accounting.BudgetError{Device: b.auth.Device(), Requested: int64(n) * g, Limit: limit}
+	idle, err := b.auth.AcquireIdle(ctx, int64(n)*g)
+	if err != nil {
+		return nil, 0, err
 	}
-	select {
-	case b.gate <- struct{}{}:
-	case <-ctx.Done():
-		return nil, 0, ctx.Err()
-	}
-	defer func() { <-b.gate }()
-	var hs []*handle
-	for {
-		var need int
-		var err error
-		hs, need, err = b.tryHandles(hs, n)
-		if err == nil {
-			return hs, need, nil
-		}
-		if !accounting.CanWait(err) {
-			return hs, 0, err
-		}
-		// Wait for the budget, or for handles that come back idle: a decommit
-		// returns them to the pool, not to the governor, so the authority alone
-		// would never wake us for them.
-		b.mu.Lock()
-		hs = b.takeIdle(hs, n)
-		if len(hs) == n {
-			b.mu.Unlock()
-			return hs, 0, nil
-		}
-		need = n - len(hs)
-		if b.idleNote == nil {
-			b.idleNote = make(chan struct{})
-		}
-		note := b.idleNote
-		b.mu.Unlock()
-		wctx, cancel := context.WithCancel(ctx)
-		go func() {
-			select {
-			case <-note:
-				cancel()
-			case <-wctx.Done():
-			}
-		}()
-		err = b.auth.Acquire(wctx, int64(need)*g)
-		cancel()
-		switch {
-		case err == nil:
-			return hs, need, nil
-		case ctx.Err() != nil:
-			return hs, 0, ctx.Err()
-		case !errors.Is(err, context.Canceled):
-			return hs, 0, err
-		}
-		// Handles came back: take them and try again.
-	}
+	b.mu.Lock()
+	hs := b.takeIdle(nil, int(idle/g))
+	b.mu.Unlock()
+	return hs, n - len(hs), nil
 }
 
-// takeIdle appends up to n-len(hs) idle handles to hs, the most recently used first.
-// b.mu must be held.
-func (b *Backing) takeIdle(hs []*handle, n int) []*handle {
-	k := min(n-len(hs), len(b.idle))
+// claim asks the governor for k of the pool's idle handles and returns how many the
+// caller may take out of the pool (takeIdle): the idle handles that the governor
+// served a waiting commit from are that commit's (see waitHandles). Every handle that
+// goes idle is put idle on the authority (addIdle), and every one taken out but for a
+// waiting commit's is claimed first, so that the pool holds at least the authority's
+// idle bytes. b.mu must be held.
+func (b *Backing) claim(k int) int {
+	if k <= 0 {
+		return 0
+	}
+	g := int64(b.gran)
+	return int(b.auth.TakeIdle(int64(k)*g) / g)
+}
+
+// takeIdle appends k idle handles to hs (k <= len(b.idle)), the most recently used
+// first. b.mu must be held.
+func (b *Backing) takeIdle(hs []*handle, k int) []*handle {
 	if k <= 0 {
 		return hs
 	}
@@ -155,9 +121,9 @@ func (b *Backing) create(n int) ([]*handle, error) {
 	return hs, err
 }
 
-// putIdle returns handles mapped nowhere to the pool, wakes commits waiting for them,
-// and releases the oldest idle handles beyond the High mark. The thread must be bound
-// when a High mark is set.
+// putIdle returns handles mapped nowhere to the pool, puts their bytes idle on the
+// authority, where they serve the next waiting commit, and releases the oldest idle
+// handles beyond the High mark. The thread must be bound when a High mark is set.
 func (b *Backing) putIdle(hs []*handle) { b.addIdle(hs, true) }
 
 // addIdle is putIdle; trim false keeps every handle (Prefill asked for them).
@@ -167,15 +133,12 @@ func (b *Backing) addIdle(hs []*handle, trim bool) {
 	}
 	b.mu.Lock()
 	b.idle = append(b.idle, hs...)
+	b.auth.PutIdle(int64(len(hs)) * int64(b.gran))
 	var extra []*handle
 	if trim && b.high > 0 && len(b.idle) > b.high {
-		k := len(b.idle) - b.high
+		k := b.claim(len(b.idle) - b.high)
 		extra = append(extra, b.idle[:k]...)
 		b.idle = append(b.idle[:0], b.idle[k:]...)
-	}
-	if b.idleNote != nil {
-		close(b.idleNote)
-		b.idleNote = nil
 	}
 	b.mu.Unlock()
 	if len(extra) > 0 {
@@ -215,7 +178,7 @@ func (b *Backing) release(hs []*handle) (int64, error) {
 func (b *Backing) releaseIdle(keep int) (int64, error) {
 	b.mu.Lock()
 	var hs []*handle
-	if k := len(b.idle) - keep; k > 0 {
+	if k := b.claim(len(b.idle) - keep); k > 0 {
 		hs = append(hs, b.idle[:k]...)
 		b.idle = append(b.idle[:0], b.idle[k:]...)
 	}

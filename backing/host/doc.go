@@ -61,7 +61,11 @@
 // of one reservation, may be committed and decommitted from several goroutines at
 // once. Calls on overlapping ranges (of one reservation, or the source and destination
 // of a Share), and copies from a range being decommitted, must be serialized by the
-// caller. Close must not run concurrently with any other call.
+// caller. Close must not run concurrently with any other call. Shared's bookkeeping
+// is under one mutex, held across mmap and mremap but not across page population or
+// fallocate; the lock order is that mutex, then the governor's (the pool charges, maps
+// and puts idle on its authority while it holds its own), and a waiting commit holds
+// neither while it waits.
 //
 // Each file's first comment tells the mechanism it holds: shared_commit.go, the pool's
 // slots and how idle ones leave (shared_pool.go, shared_decay.go), the park

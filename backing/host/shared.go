@@ -179,11 +179,10 @@ type Shared struct {
 	asince    []time.Duration // per position, when its granule went idle (since epoch)
 	nPrivIdle int
 	clock     func() time.Time
-	epoch     time.Time       // the clock at construction: idle times are clock().Sub(epoch)
-	decay     time.Duration   // 0: off
-	decaying  bool            // the scavenger runs
-	stop      chan struct{}   // closed by Close
-	waitq     []*sharedWaiter // this pool's commits waiting for the budget, first first
+	epoch     time.Time     // the clock at construction: idle times are clock().Sub(epoch)
+	decay     time.Duration // 0: off
+	decaying  bool          // the scavenger runs
+	stop      chan struct{} // closed by Close
 	scav      sync.WaitGroup
 	adopted   int64        // private granules moved into the memfd by Share
 	adoptDone sync.Cond    // on mu: an adoption ended (see sharedMap.adopting)
@@ -534,14 +533,16 @@ func (s *Shared) adviseFile(at unsafe.Pointer, n int) {
 // another pool's user, can not otherwise have. s.mu must not be held.
 func (s *Shared) reclaim(need int64) {
 	s.mu.Lock()
-	if s.closed || !s.othersWait() {
-		s.mu.Unlock() // only this pool's commits wait: they take the idle granules
+	if s.closed || !s.auth.OthersWait() {
+		s.mu.Unlock() // only this pool's requests wait: the idle granules serve them
 		return
 	}
 	// Close waits for this like for a refill, so the memfd outlives the give-back.
 	s.refill.Add(1)
-	m, _ := s.givePriv(s.takePrivIdle(s.nPrivIdle))
-	victims := s.victims(s.nIdle)
+	k := s.claim(s.nIdle + s.nPrivIdle)
+	pos := s.takePrivIdle(min(k, s.nPrivIdle))
+	m, _ := s.givePriv(pos)
+	victims := s.victims(k - len(pos))
 	s.mu.Unlock()
 	defer s.refill.Done()
 	n, err := s.giveBack(victims)
@@ -755,6 +756,7 @@ func (s *Shared) Decommit(r *SharedReservation, off, size int) error {
 		s.mu.Unlock()
 		return err
 	}
+	s.putParked(parked)
 	give := s.drop(r, off>>s.shift, size>>s.shift)
 	s.mu.Unlock()
 	s.giveBack(give) // a failed punch keeps the granule in the pool, which is no error of Decommit
@@ -788,6 +790,7 @@ func (s *Shared) Unreserve(r *SharedReservation) accounting.ReleaseOutcome {
 	parked := s.parkPriv(r, 0, n)
 	err := s.sys.release(r.raw, r.rawN)
 	if err == nil {
+		s.putParked(parked)
 		give := s.drop(r, 0, n)
 		s.forget(r, sharedGone)
 		s.mu.Unlock()
@@ -1060,7 +1063,7 @@ func (s *Shared) Close() error {
 	s.scav.Wait()
 
 	s.mu.Lock()
-	_, err := s.givePriv(s.takePrivIdle(s.nPrivIdle))
+	_, err := s.givePriv(s.takePrivIdle(s.claim(s.nPrivIdle)))
 	if s.apark != nil {
 		s.stray = append(s.stray, sharedSpan{s.aparkRaw, s.aparkN})
 		s.apark = nil
@@ -1078,7 +1081,7 @@ func (s *Shared) Close() error {
 		// The quarantined mappings (or the park, if it could not be unmapped) keep
 		// the file alive, and with it every page in it: punch the idle ones out
 		// explicitly.
-		victims := s.victims(s.nIdle)
+		victims := s.victims(s.claim(s.nIdle))
 		s.mu.Unlock()
 		_, gerr := s.giveBack(victims)
 		err = errors.Join(err, gerr)
@@ -1086,6 +1089,7 @@ func (s *Shared) Close() error {
 	}
 	if !stranded {
 		// Closing the last reference to the file frees all its pages at once.
+		s.claim(s.nIdle) // NB: all of them: no commit waits once every reservation is gone
 		var idle int64
 		for i := s.idle.next(0, len(s.slots)); i < len(s.slots); i = s.idle.next(i+1, len(s.slots)) {
 			s.idle.clear(i)

@@ -30,14 +30,15 @@ func (s *Shared) Commit(r *SharedReservation, off, size int) error {
 }
 
 // CommitCtx is Commit that, when the budget refuses the new granules, waits in FIFO
-// order with the device's other waiters (Authority.Acquire) until ctx ends, then
+// order with the device's other waiters (Authority.AcquireIdle) until ctx ends, then
 // commits with the bytes it waited for. It holds nothing while it waits: the idle
 // granules it would have taken stay in the pool, and it waits for the bytes of the
-// whole range, so that waiting commits can not hold pieces each of them needs. A
-// granule that goes idle meanwhile is handed to the waiting commits of this pool
-// (they try again with it) rather than given to the OS and made again; only when
-// another owner's request waits too do idle granules go back to the OS at once. When
-// ctx ends first it returns ctx.Err() (wrapped) and the range is as it was.
+// whole range, so that waiting commits can not hold pieces each of them needs. The
+// governor serves it from this pool's idle granules as from free budget: a granule
+// that goes idle meanwhile is handed to the first waiting request of this pool rather
+// than given to the OS and made again; only when another owner's request waits too
+// do idle granules go back to the OS at once. When ctx ends first it returns
+// ctx.Err() (wrapped) and the range is as it was.
 func (s *Shared) CommitCtx(ctx context.Context, r *SharedReservation, off, size int) error {
 	return s.commit(ctx, r, off, size, true)
 }
@@ -69,10 +70,11 @@ func (s *Shared) commit(ctx context.Context, r *SharedReservation, off, size int
 	// Idle private granules first (only a backing that makes them has any), then
 	// idle memfd granules, then new ones.
 	var pos []int
+	k := s.claim(min(n, s.nIdle+s.nPrivIdle))
 	if s.nPrivIdle > 0 {
-		pos = s.takePrivIdle(min(n, s.nPrivIdle))
+		pos = s.takePrivIdle(min(k, s.nPrivIdle))
 	}
-	picks := s.pickIdle(min(n-len(pos), s.nIdle), hint)
+	picks := s.pickIdle(k-len(pos), hint)
 	if len(pos)+len(picks) < n {
 		var fresh int
 		var err error
@@ -210,6 +212,7 @@ func (s *Shared) populatePriv(op string, r *SharedReservation, gi, n, priv int) 
 		return fmt.Errorf("%w; undoing the commit failed, [%#x, +%#x) is left committed: %w",
 			err, off, size, s.opErr(op, off, size, uerr, true))
 	}
+	s.putParked(parked)
 	give := s.drop(r, gi, n)
 	s.mu.Unlock()
 	_, gerr := s.giveBack(give)
@@ -227,12 +230,11 @@ func (s *Shared) populatePriv(op string, r *SharedReservation, gi, n, priv int) 
 //
 // NB: a commit holds nothing while it waits. Holding its idle granules while waiting
 // for the rest would let commits that each hold some wait for each other forever; so
-// it puts them back in the pool and waits for all n granules at once. While only
-// this pool's commits wait, granules that go idle stay in the pool (see drop) and
-// wake the waiters, which try again with them: idle granules are handed to the
-// waiting commits, not first given to the OS to be made again. Where the pool holds
-// idle granules, a release on the device wakes the waiter too: those granules and
-// the freed bytes may serve it together, which the governor can not see.
+// it puts them back in the pool and waits for all n granules at once
+// (Authority.AcquireIdle). The governor serves it from the pool's idle granules as
+// from free budget, in its FIFO order: granules that go idle meanwhile are handed to
+// the waiting commits, not first given to the OS to be made again, and idle granules
+// and bytes another owner gives back serve it together.
 func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, off, size, n int, picks []sharedPick, pos *[]int, wait bool) ([]sharedPick, int, error) {
 	fresh := n - len(picks) - len(*pos)
 	err := s.auth.TryAcquire(int64(fresh) << s.shift)
@@ -241,125 +243,32 @@ func (s *Shared) charge(ctx context.Context, op string, r *SharedReservation, of
 		s.created += int64(fresh)
 		return picks, fresh, nil
 	}
+	s.unpick(picks)
+	s.untakePrivIdle(*pos)
+	*pos = nil
 	if !wait || !accounting.CanWait(err) {
-		s.unpick(picks)
-		s.untakePrivIdle(*pos)
-		*pos = nil
 		return nil, 0, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
 	}
-	bytes := int64(n) << s.shift
-	w := &sharedWaiter{wake: make(chan struct{})}
-	s.waitq = append(s.waitq, w)
-	for {
-		s.unpick(picks)
-		s.untakePrivIdle(*pos)
-		*pos = nil
-		w.reset() // what it put back woke nobody but itself
-		wake := w.wake
-		// NB: idle granules are charged too, so the governor can not see that they
-		// and a few freed bytes together would serve this commit: where the pool
-		// holds some, a release on the device also wakes it to try.
-		var released <-chan struct{}
-		if s.nIdle+s.nPrivIdle > 0 {
-			released = s.auth.Governor().Released(s.auth.Device())
-		}
-		s.mu.Unlock()
-		wctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		woke := make(chan bool, 1) // whether a release (not a signal) woke it
-		go func() {
-			select {
-			case <-wake:
-				cancel()
-				woke <- false
-			case <-released:
-				cancel()
-				woke <- true
-			case <-done:
-				woke <- false
-			}
-		}()
-		err := s.auth.Acquire(wctx, bytes)
-		close(done)
-		cancel()
-		byRelease := <-woke
-		s.mu.Lock()
-		if r.state != sharedLive {
-			s.unwait(w)
-			if err == nil {
-				s.auth.Release(bytes)
-			}
-			return nil, 0, errSharedGone
-		}
-		if err == nil {
-			s.unwait(w)
-			s.owned += bytes
-			s.created += int64(n)
-			return nil, n, nil
-		}
-		if (!w.signaled && !byRelease) || ctx.Err() != nil {
-			s.unwait(w)
-			if ctx.Err() != nil {
-				err = fmt.Errorf("%w", ctx.Err()) // NB: not wctx's: the caller's ctx ended
-			}
-			return nil, 0, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
-		}
-		// Granules went idle: take them, and what the budget gives for the rest.
-		if s.nPrivIdle > 0 {
-			*pos = s.takePrivIdle(min(n, s.nPrivIdle))
-		}
-		picks = s.pickIdle(min(n-len(*pos), s.nIdle), -1)
-		fresh = n - len(picks) - len(*pos)
-		// NB: not TryAcquire(0), which the governor refuses while anyone waits.
-		if fresh == 0 || s.auth.TryAcquire(int64(fresh)<<s.shift) == nil {
-			s.unwait(w)
-			s.owned += int64(fresh) << s.shift
-			s.created += int64(fresh)
-			return picks, fresh, nil
-		}
-		// Not enough yet: wait again, first in line still.
+	s.mu.Unlock()
+	idle, err := s.auth.AcquireIdle(ctx, int64(n)<<s.shift)
+	s.mu.Lock()
+	if err != nil {
+		return nil, 0, &backing.OpError{Op: op, Offset: off, Size: size, Err: err}
 	}
-}
-
-// sharedWaiter is a commit of this pool that waits for the budget.
-type sharedWaiter struct {
-	wake     chan struct{} // closed by signal
-	signaled bool
-}
-
-// reset makes w wait for the next signal.
-func (w *sharedWaiter) reset() {
-	if w.signaled {
-		w.wake, w.signaled = make(chan struct{}), false
+	k := int(idle >> s.shift) // idle granules of the pool that are this commit's now
+	fresh = n - k
+	if r.state != sharedLive {
+		s.auth.PutIdle(idle)
+		s.auth.Release(int64(fresh) << s.shift)
+		return nil, 0, errSharedGone
 	}
-}
-
-// signal wakes the first of this pool's commits that wait for the budget, in the
-// order they came: a granule went idle that it can take. (Waking them all would let
-// a later one take what the first needs.) s.mu must be held.
-func (s *Shared) signal() {
-	if len(s.waitq) > 0 && !s.waitq[0].signaled {
-		s.waitq[0].signaled = true
-		close(s.waitq[0].wake)
+	if s.nPrivIdle > 0 {
+		*pos = s.takePrivIdle(min(k, s.nPrivIdle))
 	}
-}
-
-// unwait takes w out of the line of waiting commits; if idle granules remain, the
-// next in line is woken for them. s.mu must be held.
-func (s *Shared) unwait(w *sharedWaiter) {
-	if i := slices.Index(s.waitq, w); i >= 0 {
-		s.waitq = slices.Delete(s.waitq, i, i+1)
-	}
-	if s.nIdle+s.nPrivIdle > 0 {
-		s.signal()
-	}
-}
-
-// othersWait reports whether requests other than this pool's own waiting commits
-// wait for host memory: only then do idle granules go back to the OS at once, since
-// only through the OS can another owner have their bytes. s.mu must be held.
-func (s *Shared) othersWait() bool {
-	return s.auth.Governor().Stats(s.auth.Device()).Waiters > len(s.waitq)
+	picks = s.pickIdle(k-len(*pos), -1)
+	s.owned += int64(fresh) << s.shift
+	s.created += int64(fresh)
+	return picks, fresh, nil
 }
 
 // allocateNew allocates the pages of the new slots more (one run) in the file before

@@ -97,7 +97,7 @@ func (s *Shared) decayPass(now time.Time) bool {
 		all = append(all, idler{since, -1 - p})
 	}
 	keep := max(s.low, int(math.Ceil(w-1e-9)))
-	if k := len(all) - keep; k > 0 {
+	if k := s.claim(len(all) - keep); k > 0 {
 		slices.SortFunc(all, func(a, b idler) int { return cmp.Compare(a.since, b.since) })
 		var slots, pos []int
 		for _, v := range all[:k] {

@@ -707,6 +707,63 @@ func testSharedCommitCtxFIFO(t *testing.T, m sharedMode) {
 	assert.Equal(t, int64(e.g), e.pool().Idle)
 }
 
+// TestSharedCommitCtxIdleFIFO: on a full budget, waiting commits are served from the
+// granules that go idle in their pool, in the order they queued, through the
+// governor's queue alone: a small commit behind a large one does not take the first
+// idle granule, nothing is charged anew, and no granule goes to the OS to be made
+// again.
+func TestSharedCommitCtxIdleFIFO(t *testing.T) { forModes(t, testSharedCommitCtxIdleFIFO) }
+
+func testSharedCommitCtxIdleFIFO(t *testing.T, m sharedMode) {
+	e := m.env(t, host.SharedOptions{Granularity: kib64, Decay: host.SharedNoDecay}, true)
+	require.NoError(t, e.gov.SetLimit(accounting.HostKey, int64(3*e.g)))
+	x := e.reserve(3)
+	e.commit(x, 0, 3) // the whole budget
+	e.tag(x, 0, 1)
+	e.tag(x, 1, 2)
+	e.tag(x, 2, 3)
+	created := e.pool().Created
+	waiters := func() int { return e.gov.Stats(accounting.HostKey).Waiters }
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	type result struct {
+		name string
+		err  error
+	}
+	served := make(chan result, 2)
+	big, small := e.reserve(2), e.reserve(1)
+	go func() { served <- result{"big", e.s.CommitCtx(ctx, big, 0, 2*e.g)} }()
+	testutil.WaitFor(t, "the big commit to queue", func() bool { return waiters() == 1 })
+	go func() { served <- result{"small", e.s.CommitCtx(ctx, small, 0, e.g)} }()
+	testutil.WaitFor(t, "the small commit to queue", func() bool { return waiters() == 2 })
+	e.f.Fail(func(int, string) bool { return false }, nil) // log the calls from here
+
+	e.decommit(x, 0, 1)
+	assert.Equal(t, 2, waiters(), "one idle granule serves neither: the small commit does not overtake")
+	assert.Equal(t, int64(e.g), e.pool().Idle, "the pool keeps it for its waiters")
+	e.decommit(x, 1, 1)
+	first := <-served
+	require.NoError(t, first.err)
+	assert.Equal(t, "big", first.name, "served first, from the two idle granules")
+	assert.Equal(t, 1, waiters())
+	e.decommit(x, 2, 1)
+	second := <-served
+	require.NoError(t, second.err)
+	assert.Equal(t, "small", second.name)
+
+	assert.Zero(t, waiters())
+	assert.NotContains(t, e.f.Log(), "punch", "an idle granule went to the OS while its pool's commits waited")
+	p := e.pool()
+	assert.Equal(t, created, p.Created, "no granule was made anew")
+	assert.Zero(t, p.Idle)
+	assert.Equal(t, int64(3*e.g), e.auth.Stats().OwnedPeak, "never charged twice")
+	assert.ElementsMatch(t, []uint64{1, 2}, []uint64{e.tagOf(big, 0), e.tagOf(big, 1)}, "the big commit got x's first granules")
+	assert.Equal(t, uint64(3), e.tagOf(small, 0))
+	e.checkMaps(big, e.s.Base(big), 2*e.g)
+	e.checkMaps(small, e.s.Base(small), e.g)
+}
+
 // TestSharedCommitCtxCancel: a commit that must wait holds nothing meanwhile (it puts
 // the idle granules it could have used back in the pool, and waits for all it
 // needs), so a cancelled wait leaks nothing; a served one commits all it asked
@@ -1205,8 +1262,8 @@ func panicOf(f func()) (v any) {
 
 // TestSharedUnreservedWhileCommitting: a reservation unreserved while a commit on
 // it waits for the budget (CommitCtx) makes the commit panic with
-// backing.PanicUseAfterUnreserve once it wakes, whether a granule going idle or the
-// budget woke it, having taken nothing: the bytes it waited for go back, it leaves
+// backing.PanicUseAfterUnreserve once it wakes, whether granules going idle or the
+// budget served it, having taken nothing: the bytes it waited for go back, it leaves
 // the line, and the books agree.
 func TestSharedUnreservedWhileCommitting(t *testing.T) {
 	forModes(t, func(t *testing.T, m sharedMode) {
@@ -1229,7 +1286,7 @@ func TestSharedUnreservedWhileCommitting(t *testing.T) {
 					require.NoError(t, e.gov.SetLimit(accounting.HostKey, 4*g)) // the commit gets its bytes
 					peak = 4 * g
 				} else {
-					e.decommit(x, 0, 1) // it is handed the idle granule
+					e.decommit(x, 0, 2) // it is handed the idle granules
 				}
 				assert.Equal(t, backing.PanicUseAfterUnreserve, <-panicked)
 				assert.Zero(t, e.gov.Stats(accounting.HostKey).Waiters, "it left the line")

@@ -182,7 +182,7 @@ func (s *Shared) parkable(m sharedMap) bool {
 // page tables go with the unmap; the granules still go idle. s.mu must be held.
 func (s *Shared) parkLast(r *SharedReservation, gi, n int) {
 	room := s.high - s.nIdle - s.nPrivIdle
-	if room <= 0 || s.othersWait() {
+	if room <= 0 || s.auth.OthersWait() {
 		return // drop gives them all back
 	}
 	for i := gi; i < gi+n && room > 0; {

@@ -30,9 +30,12 @@ import (
 // go idle, so that memory kept for this pool's future commits is not held against a
 // caller that needs it now; each time such a request starts to wait, the pool's
 // reclaimer (see accounting.Authority.SetReclaimer) gives back every granule already
-// idle. While only this pool's own commits wait (CommitCtx), granules that go idle
-// are handed to them instead, in the order they came, rather than given to the OS to
-// be made again. A granule that can not be given back (the punch fails) stays idle
+// idle. While only this pool's own requests wait (CommitCtx, or a caller's
+// Authority.AcquireFor), granules that go idle are handed to them instead, rather
+// than given to the OS to be made again: the pool puts every idle granule's bytes
+// idle on its authority (accounting.Authority.PutIdle), and the governor's FIFO queue
+// serves them from those as from free budget, in the order they came; the pool takes
+// an idle granule out for anything else only through Authority.TakeIdle. A granule that can not be given back (the punch fails) stays idle
 // and owned; the next Trim tries again.
 //
 // Granules shared piecemeal or recycled from a fragmented pool do not merge into one
@@ -146,7 +149,8 @@ func (s *Shared) unpick(picks []sharedPick) {
 	}
 }
 
-// toIdle puts an owned, unmapped slot in the pool. s.mu must be held.
+// toIdle puts an owned, unmapped slot in the pool, and its bytes idle on the
+// authority, where they serve the next waiting commit. s.mu must be held.
 func (s *Shared) toIdle(i int) {
 	sl := &s.slots[i]
 	sl.busy = false
@@ -157,7 +161,21 @@ func (s *Shared) toIdle(i int) {
 	}
 	sl.since = s.elapsed()
 	s.startDecay()
-	s.signal()
+	s.auth.PutIdle(int64(s.g))
+}
+
+// claim asks the governor for k of the pool's idle granules and returns how many the
+// caller may take out of the pool (pickIdle, victims, takePrivIdle): the idle granules
+// that the governor served a waiting commit from are that commit's (see charge).
+// Every granule that goes idle is put idle on the authority (toIdle, untakePrivIdle,
+// putParked), and every one taken out of the pool but for a waiting commit's is
+// claimed first, so that the pool holds at least the authority's idle bytes. s.mu
+// must be held.
+func (s *Shared) claim(k int) int {
+	if k <= 0 {
+		return 0
+	}
+	return int(s.auth.TakeIdle(int64(k)<<s.shift) >> s.shift)
 }
 
 // drop unmaps granules [gi, gi+n) of r from the bookkeeping (the caller unmapped
@@ -186,7 +204,7 @@ func (s *Shared) drop(r *SharedReservation, gi, n int) []int {
 		}
 		if waiters < 0 {
 			waiters = 0
-			if s.othersWait() {
+			if s.auth.OthersWait() {
 				waiters = 1
 			}
 		}
@@ -335,6 +353,9 @@ func (s *Shared) prefillOne(n int, background bool) (bool, error) {
 			break
 		}
 	}
+	if slot >= 0 && s.claim(1) == 0 {
+		slot = -1 // the idle granules are a waiting commit's
+	}
 	if slot >= 0 {
 		s.takeIdle(slot)
 	} else {
@@ -424,7 +445,7 @@ func (s *Shared) Trim(keep int) (int64, error) {
 			Err: fmt.Errorf("host: negative granule count %d", keep)}
 	}
 	s.lock()
-	k := max(s.nIdle+s.nPrivIdle-keep, 0)
+	k := s.claim(max(s.nIdle+s.nPrivIdle-keep, 0))
 	pos := s.takePrivIdle(min(k, s.nPrivIdle)) // the cheapest to make again
 	n, err := s.givePriv(pos)
 	victims := s.victims(k - len(pos))

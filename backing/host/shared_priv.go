@@ -123,7 +123,18 @@ func (s *Shared) untakePrivIdle(pos []int) {
 		s.asince[p] = s.elapsed()
 	}
 	s.startDecay()
-	s.signal()
+	if len(pos) > 0 {
+		s.auth.PutIdle(int64(len(pos)) << s.shift)
+	}
+}
+
+// putParked puts the private granules that parkPriv parked idle on the authority,
+// once the unmap that follows it succeeded (until then unpark may take them back).
+// s.mu must be held.
+func (s *Shared) putParked(parked [][2]int) {
+	if len(parked) > 0 {
+		s.auth.PutIdle(int64(len(parked)) << s.shift)
+	}
 }
 
 // parkPriv moves into the private park the private granules of [gi, gi+n) of r that
@@ -148,7 +159,7 @@ func (s *Shared) untakePrivIdle(pos []int) {
 // such a move loses them); where moving one again fails too, pages it left in a
 // free place stay there, uncharged, until that place is used again.
 func (s *Shared) parkPriv(r *SharedReservation, gi, n int) (parked [][2]int) {
-	if s.nPriv == 0 || s.nIdle+s.nPrivIdle >= s.high || s.othersWait() {
+	if s.nPriv == 0 || s.nIdle+s.nPrivIdle >= s.high || s.auth.OthersWait() {
 		return nil
 	}
 	if s.privPark() != nil {
@@ -208,7 +219,6 @@ func (s *Shared) parked(r *SharedReservation, i, p int, res bool) {
 	s.nPrivIdle++
 	s.asince[p] = s.elapsed()
 	s.startDecay()
-	s.signal()
 	r.maps[i] = sharedMap{}
 	r.count--
 	s.nPriv--
@@ -252,6 +262,7 @@ func (s *Shared) unpark(r *SharedReservation, parked [][2]int) error {
 			s.recordPriv(r, i, 1, true) // the copy wrote every page
 			continue
 		}
+		s.auth.PutIdle(int64(s.g)) // it stays in the park (see putParked)
 		if aerr := s.auth.TryAcquire(int64(s.g)); aerr != nil {
 			if err == nil {
 				err = fmt.Errorf("host: granule at %#x is parked, its contents safe, but its place is left mapped, holding a copy: %w", i<<s.shift, aerr)
@@ -340,6 +351,7 @@ func (s *Shared) commitPriv(op string, r *SharedReservation, gi, n int, picks []
 			return nil, fmt.Errorf("%w; undoing the commit failed, [%#x, +%#x) is left committed: %w",
 				err, off, size, s.opErr(op, off, size, uerr, true))
 		}
+		s.putParked(parked)
 		return s.drop(r, gi, n), err
 	}
 	at := gi + len(picks)
@@ -614,7 +626,7 @@ func (s *Shared) populatePrivIdle() (bool, error) {
 			break
 		}
 	}
-	if p < 0 || p >= s.high {
+	if p < 0 || p >= s.high || s.claim(1) == 0 {
 		return false, nil
 	}
 	s.aidle.clear(p) // taken: no commit, trim or decay takes it meanwhile

@@ -171,7 +171,7 @@ func (s *Shared) adopt(op string, r *SharedReservation, i, j int) (sharedAdoptio
 func (s *Shared) adoptRun(op string, r *SharedReservation, i, j int) (sharedAdoption, []int, error) {
 	k := j - i
 	off, size := i<<s.shift, k<<s.shift
-	picks := s.pickIdle(min(k, s.nIdle), -1)
+	picks := s.pickIdle(s.claim(min(k, s.nIdle)), -1)
 	if fresh := k - len(picks); fresh > 0 {
 		b := int64(fresh) << s.shift
 		err := s.auth.TryAcquire(b)
@@ -179,7 +179,7 @@ func (s *Shared) adoptRun(op string, r *SharedReservation, i, j int) (sharedAdop
 			// NB: idle private granules can not become memfd granules: where they
 			// hold the budget the move needs, they go back to the OS for it (a
 			// commit would have taken them; the Share can not).
-			if n, _ := s.givePriv(s.takePrivIdle(min(fresh, s.nPrivIdle))); n > 0 {
+			if n, _ := s.givePriv(s.takePrivIdle(s.claim(min(fresh, s.nPrivIdle)))); n > 0 {
 				err = s.auth.TryAcquire(b)
 			}
 		}
