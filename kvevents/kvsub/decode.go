@@ -172,7 +172,9 @@ func decodeEvent(d *msgpack.Decoder) (Event, error) {
 	if err != nil {
 		return e, err
 	}
-	seen := make(map[string]bool, n)
+	// NB: n is the payload's claim, up to 2^32-1: the map grows as keys come,
+	// from room for the fields an event has.
+	seen := make(map[string]bool, min(max(n, 0), 16))
 	for range n {
 		if !isString(d) {
 			return e, fmt.Errorf("a key that is a %s", kindOf(d))
