@@ -298,9 +298,7 @@ func eachModelToken(m kv.Model, from, to int, f func(layer int, kind kv.Kind, to
 func writeOrRefuse(t *testing.T, s *kv.Sequence, tok int, w uint64, refuse bool, where string) {
 	t.Helper()
 	_ = eachToken(s, tok, tok+1, func(layer int, kind kv.Kind, _ int, buf []byte) error {
-		for i := range buf {
-			buf[i] = pattern(w, layer, kind, tok, i)
-		}
+		fillPattern(buf, w, layer, kind, tok)
 		err := s.WriteToken(layer, kind, tok, buf)
 		if refuse {
 			require.ErrorIs(t, err, kv.ErrReadOnly, "%s: token %d layer %d %v", where, tok, layer, kind)
