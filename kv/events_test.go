@@ -162,6 +162,21 @@ func (r *evRecorder) set() map[recKey]bool {
 	return out
 }
 
+// holds reports whether the blocks announced and not withdrawn are exactly set's.
+func (r *evRecorder) holds(set map[recKey]bool) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.blocks) != len(set) {
+		return false
+	}
+	for k := range set {
+		if _, ok := r.blocks[k]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
 // heldPrefix returns how many leading tokens of tokens the cache holds, the last
 // included: what BlockEvents' doc says to ask Match.
 func heldPrefix(pc *kv.PrefixCache, tokens []int32) int {

@@ -170,3 +170,12 @@ func (pc *PrefixCache) HoldEvents() (park, resume func()) {
 	}
 	return park, resume
 }
+
+// OnReclaimed makes fn called as each of the prefix cache's reclaims returns (each
+// starts on a goroutine of its own when a request on another ledger of the device
+// starts to wait); nil: none.
+func (pc *PrefixCache) OnReclaimed(fn func()) {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	pc.reclaimed = fn
+}

@@ -314,11 +314,9 @@ func (m *cacheModel) check() {
 			for layer := range g.Layers {
 				for _, kind := range kv.KindsOf(g) {
 					require.NoError(t, s.s.ReadToken(layer, kind, tok, buf))
-					for i := range buf {
-						if buf[i] != testutil.TokenByte(w, layer, kind, tok, i) {
-							require.Failf(t, "a token lost its bytes", "seq %d token %d layer %d %v byte %d: got %d, want %d (writer %d)",
-								s.s.ID(), tok, layer, kind, i, buf[i], testutil.TokenByte(w, layer, kind, tok, i), w)
-						}
+					if i := testutil.TokenAt(buf, w, layer, kind, tok); i >= 0 {
+						require.Failf(t, "a token lost its bytes", "seq %d token %d layer %d %v byte %d: got %d, want %d (writer %d)",
+							s.s.ID(), tok, layer, kind, i, buf[i], testutil.TokenByte(w, layer, kind, tok, i), w)
 					}
 				}
 			}

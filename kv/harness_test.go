@@ -211,9 +211,7 @@ func writeTokens(t *testing.T, s *kv.Sequence, w uint64, from, to int) {
 // tryWrite is writeTokens that returns the first error.
 func tryWrite(s *kv.Sequence, w uint64, from, to int) error {
 	return eachToken(s, from, to, func(layer int, kind kv.Kind, tok int, buf []byte) error {
-		for i := range buf {
-			buf[i] = testutil.TokenByte(w, layer, kind, tok, i)
-		}
+		testutil.FillToken(buf, w, layer, kind, tok)
 		return s.WriteToken(layer, kind, tok, buf)
 	})
 }
@@ -259,9 +257,7 @@ func eachModelToken(m kv.Model, from, to int, f func(layer int, kind kv.Kind, to
 func writeOrRefuse(t *testing.T, s *kv.Sequence, tok int, w uint64, refuse bool, where string) {
 	t.Helper()
 	_ = eachToken(s, tok, tok+1, func(layer int, kind kv.Kind, _ int, buf []byte) error {
-		for i := range buf {
-			buf[i] = testutil.TokenByte(w, layer, kind, tok, i)
-		}
+		testutil.FillToken(buf, w, layer, kind, tok)
 		err := s.WriteToken(layer, kind, tok, buf)
 		if refuse {
 			require.ErrorIs(t, err, kv.ErrReadOnly, "%s: token %d layer %d %v", where, tok, layer, kind)
@@ -286,10 +282,8 @@ func tryCheck(s *kv.Sequence, w uint64, from, to int) error {
 		if err := s.ReadToken(layer, kind, tok, buf); err != nil {
 			return err
 		}
-		for i := range buf {
-			if buf[i] != testutil.TokenByte(w, layer, kind, tok, i) {
-				return fmt.Errorf("%w: seq %d layer %d %v token %d byte %d: got %d, want %d (writer %d)", errCorrupt, s.ID(), layer, kind, tok, i, buf[i], testutil.TokenByte(w, layer, kind, tok, i), w)
-			}
+		if i := testutil.TokenAt(buf, w, layer, kind, tok); i >= 0 {
+			return fmt.Errorf("%w: seq %d layer %d %v token %d byte %d: got %d, want %d (writer %d)", errCorrupt, s.ID(), layer, kind, tok, i, buf[i], testutil.TokenByte(w, layer, kind, tok, i), w)
 		}
 		return nil
 	})

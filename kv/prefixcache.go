@@ -115,6 +115,9 @@ type PrefixCache struct {
 	// reclaimers, lookups and inserts running: Close waits for them.
 	reclaiming sync.WaitGroup
 	working    sync.WaitGroup
+	// reclaimed, when not nil, is called as each reclaim returns: a test's hook
+	// (export_events_test.go), set under mu.
+	reclaimed func()
 	// guarded by mu
 	cachedBytes   int64 // physical bytes of the distinct granuleRefs held by entries
 	queries, hits int64

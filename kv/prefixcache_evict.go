@@ -82,6 +82,9 @@ func (pc *PrefixCache) evictFor(need int64, why evictReason) int64 {
 // request on the device started to wait for need bytes.
 func (pc *PrefixCache) reclaim(need int64) {
 	pc.mu.Lock()
+	if hook := pc.reclaimed; hook != nil {
+		defer hook()
+	}
 	if pc.closed {
 		pc.mu.Unlock()
 		return

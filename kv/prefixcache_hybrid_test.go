@@ -132,9 +132,7 @@ func eachHeld(s *kv.Sequence, from, to int, f func(layer int, kind kv.Kind, tok 
 // writeHeldIDs is writeIDs for the tokens s holds.
 func writeHeldIDs(s *kv.Sequence, ids []int32, from, to int) error {
 	return eachHeld(s, from, to, func(layer int, kind kv.Kind, tok int, buf []byte) error {
-		for i := range buf {
-			buf[i] = testutil.TokenByte(uint64(ids[tok]), layer, kind, tok, i)
-		}
+		testutil.FillToken(buf, uint64(ids[tok]), layer, kind, tok)
 		return s.WriteToken(layer, kind, tok, buf)
 	})
 }
@@ -146,10 +144,8 @@ func checkHeldIDs(s *kv.Sequence, ids []int32, from, to int) error {
 		if err := s.ReadToken(layer, kind, tok, buf); err != nil {
 			return err
 		}
-		for i := range buf {
-			if buf[i] != testutil.TokenByte(uint64(ids[tok]), layer, kind, tok, i) {
-				return fmt.Errorf("%w: layer %d %v token %d byte %d", errCorrupt, layer, kind, tok, i)
-			}
+		if i := testutil.TokenAt(buf, uint64(ids[tok]), layer, kind, tok); i >= 0 {
+			return fmt.Errorf("%w: layer %d %v token %d byte %d", errCorrupt, layer, kind, tok, i)
 		}
 		return nil
 	})

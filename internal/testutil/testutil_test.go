@@ -99,3 +99,24 @@ func TestTokenByte(t *testing.T) {
 		assert.NotEqual(t, base, b, name)
 	}
 }
+
+// FillToken writes TokenByte's bytes and TokenAt finds the first that differs, for
+// every start of the pattern and lengths across the 256-byte runs they copy.
+func TestFillTokenAt(t *testing.T) {
+	for w := range uint64(256) {
+		for _, n := range []int{0, 1, 255, 256, 257, 700} {
+			buf := make([]byte, n)
+			testutil.FillToken(buf, w, 2, uint8(1), 9)
+			for i := range buf {
+				require.Equal(t, testutil.TokenByte(w, 2, uint8(1), 9, i), buf[i], "writer %d byte %d of %d", w, i, n)
+			}
+			require.Equal(t, -1, testutil.TokenAt(buf, w, 2, uint8(1), 9))
+			if n > 0 {
+				at := (int(w) * 37) % n
+				buf[at]++
+				require.Equal(t, at, testutil.TokenAt(buf, w, 2, uint8(1), 9), "writer %d, %d bytes", w, n)
+				require.Equal(t, 0, testutil.TokenAt(buf, w+1, 2, uint8(1), 9), "another writer's bytes")
+			}
+		}
+	}
+}

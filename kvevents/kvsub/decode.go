@@ -172,7 +172,9 @@ func decodeEvent(d *msgpack.Decoder) (Event, error) {
 	if err != nil {
 		return e, err
 	}
-	seen := make(map[string]bool, n)
+	// NB: n is the payload's claim, up to 2^32-1: the map grows as keys come,
+	// from room for the fields an event has.
+	seen := make(map[string]bool, min(max(n, 0), 16))
 	for range n {
 		if !isString(d) {
 			return e, fmt.Errorf("a key that is a %s", kindOf(d))
@@ -320,6 +322,11 @@ func optInt(d *msgpack.Decoder) (int, error) {
 // hash reads one block hash: an integer, or bytes reduced to their last 8 as vLLM
 // reduces a digest (int.from_bytes(digest, "big") & (2**64-1)).
 func hash(d *msgpack.Decoder) (uint64, error) {
+	if c, err := d.PeekCode(); err == nil && !isNumber(d) && !isString(d) && !msgpcode.IsBin(c) {
+		// NB: not decoded to name its type: a map or array claims its length, up
+		// to 2^32-1, and the decoder sizes what it makes by the claim.
+		return 0, fmt.Errorf("a hash that is a %s", kindOf(d))
+	}
 	v, err := d.DecodeInterfaceLoose()
 	if err != nil {
 		return 0, err
@@ -407,15 +414,46 @@ func extraKeys(d *msgpack.Decoder) ([][]any, error) {
 			out = append(out, nil)
 			continue
 		}
-		v, err := d.DecodeInterfaceLoose()
+		if !isArray(d) {
+			return nil, fmt.Errorf("extra keys of block %d: a %s, not an array", i, kindOf(d))
+		}
+		v, err := extraKey(d, 0)
+		if err != nil {
+			return nil, fmt.Errorf("extra keys of block %d: %w", i, err)
+		}
+		out = append(out, v.([]any))
+	}
+	return out, nil
+}
+
+// maxExtraDepth is how deep extra keys' arrays may nest (vLLM's are a tuple of
+// strings and bytes, whose entries may be tuples).
+const maxExtraDepth = 8
+
+// extraKey reads one value of extra keys: a scalar, or an array of them (nested at
+// most maxExtraDepth deep). A map is refused. NB: not DecodeInterfaceLoose, which sizes
+// each map and array by its claimed length, up to 2^32-1, before reading any of it:
+// here an array grows as its values come, each at least a byte of the payload.
+func extraKey(d *msgpack.Decoder, depth int) (any, error) {
+	switch {
+	case isMap(d):
+		return nil, fmt.Errorf("a map")
+	case !isArray(d):
+		return d.DecodeInterfaceLoose()
+	case depth == maxExtraDepth:
+		return nil, fmt.Errorf("arrays nested deeper than %d", maxExtraDepth)
+	}
+	n, err := d.DecodeArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]any, 0, min(max(n, 0), 16))
+	for range n {
+		v, err := extraKey(d, depth+1)
 		if err != nil {
 			return nil, err
 		}
-		keys, ok := v.([]any)
-		if !ok {
-			return nil, fmt.Errorf("extra keys of block %d: %T", i, v)
-		}
-		out = append(out, keys)
+		out = append(out, v)
 	}
 	return out, nil
 }
