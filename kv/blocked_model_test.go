@@ -468,7 +468,7 @@ func TestPresetsAndSizing(t *testing.T) {
 	}
 	bad := []kv.Model{kv.Uniform("", 0, 1, 1, arena.Float16), kv.Uniform("", 1, -1, 1, arena.Float16), kv.Uniform("", 1, 1, 1, 0), kv.Uniform("", 1<<30, 1<<20, 1<<20, arena.Float16)}
 	for _, b := range bad {
-		assert.ErrorIs(t, b.Validate(0), kv.ErrGeometry, "%+v", b)
+		assert.ErrorIs(t, b.Validate(0), kv.ErrModel, "%+v", b)
 	}
 
 	// Llama-3-8B at 1,000 tokens: per-layer waste is up to one granule per tensor.
@@ -501,7 +501,7 @@ func TestPresetsAndSizing(t *testing.T) {
 	_, err = kv.Config{Model: kv.Llama3_8B(), Layout: kv.PerLayer, MaxTokens: 2}.Size(4096, 3)
 	assert.ErrorIs(t, err, kv.ErrConfig)
 	_, err = kv.Config{Model: kv.Model{}, Layout: kv.PerLayer, MaxTokens: 2}.Size(4096, 1)
-	assert.ErrorIs(t, err, kv.ErrGeometry)
+	assert.ErrorIs(t, err, kv.ErrModel)
 }
 
 // Blocked's waste is the bytes at each block's end that hold no whole token, plus the

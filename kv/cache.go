@@ -132,7 +132,7 @@ type Cache struct {
 // The backing's type is inferred from b and hidden behind the Cache, which names no
 // backing type: a server holds a *Cache whatever memory it runs on.
 //
-// It refuses, with an error matching ErrGeometry that says what, a model Model.Validate
+// It refuses, with an error matching ErrModel that says what, a model Model.Validate
 // refuses for MaxTokens (a window larger than MaxTokens, an MLA group with V, no
 // layers, ...), and with ErrConfig what such a cache does not have (MapAhead); it
 // allocates nothing then. It refuses with ErrConfig a device whose

@@ -107,7 +107,7 @@ func groupBytes(gs []kv.Group) []byte {
 
 // isConfigError reports whether err is one of kv's refusals of a bad configuration.
 func isConfigError(err error) bool {
-	return errors.Is(err, kv.ErrConfig) || errors.Is(err, kv.ErrGeometry) || errors.Is(err, kv.ErrNoSharing)
+	return errors.Is(err, kv.ErrConfig) || errors.Is(err, kv.ErrModel) || errors.Is(err, kv.ErrNoSharing)
 }
 
 // isShortage reports whether err is a refusal for memory: what a valid config that
@@ -120,7 +120,7 @@ func isShortage(err error) bool {
 // field of every Group), the arguments of Config.Size, Model.Size and TierNamespace,
 // and every field of PrefixCacheOptions (and of its EventOptions) to the public
 // calls that take them. Each call either refuses with an error matching ErrConfig or
-// ErrGeometry (ErrNoSharing never, on backings that share), or works: a cache is made
+// ErrModel (ErrNoSharing never, on backings that share), or works: a cache is made
 // under a budget of configLimit bytes on a backingtest.Fake (with MapAhead, on cuda's
 // fake driver, a pool that maps ahead), a sequence of it appends, writes and reads
 // back a token (or a recurrent state), and a prefix cache over it looks a prompt up,

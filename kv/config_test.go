@@ -32,22 +32,22 @@ func TestConfigBadInputsEveryEntry(t *testing.T) {
 		// namespace is whether TierNamespace, which takes no MaxTokens, accepts it.
 		namespace bool
 	}{
-		{"Uniform.Layers MaxInt", kv.Config{Model: fp16(math.MaxInt, 1, 16), MaxTokens: 8}, kv.ErrGeometry, "more than MaxLayers", false},
-		{"Uniform.Layers MaxLayers+1", kv.Config{Model: fp16(kv.MaxLayers+1, 1, 16), MaxTokens: 8}, kv.ErrGeometry, "more than MaxLayers", false},
-		{"Uniform.Layers MinInt", kv.Config{Model: fp16(math.MinInt, 1, 16), MaxTokens: 8}, kv.ErrGeometry, "must be positive", false},
-		{"Uniform.KVHeads MaxInt", kv.Config{Model: fp16(2, math.MaxInt, 16), MaxTokens: 8}, kv.ErrGeometry, "too large", false},
-		{"Uniform.HeadDim MaxInt", kv.Config{Model: fp16(2, 1, math.MaxInt), MaxTokens: 8}, kv.ErrGeometry, "head dim", false},
-		{"Uniform.DType unknown", kv.Config{Model: kv.Uniform("", 2, 1, 16, 200), MaxTokens: 8}, kv.ErrGeometry, "element type", false},
-		{"Uniform.Scales unknown", kv.Config{Model: withScales(kv.Uniform("", 2, 1, 16, arena.Float8E4M3), 9), MaxTokens: 8}, kv.ErrGeometry, "scale mode", false},
-		{"Model.Layers MaxInt", kv.Config{Model: kv.Model{Name: "m", Layers: math.MaxInt, Groups: []kv.Group{full(0)}}, MaxTokens: 8}, kv.ErrGeometry, "more than MaxLayers", false},
-		{"Model.Layers MaxLayers+1", kv.Config{Model: kv.Model{Name: "m", Layers: kv.MaxLayers + 1, Groups: []kv.Group{full(0)}}, MaxTokens: 8}, kv.ErrGeometry, "more than MaxLayers", false},
-		{"Group.Layers MaxInt", kv.Config{Model: kv.Model{Name: "m", Layers: 1, Groups: []kv.Group{full(math.MaxInt)}}, MaxTokens: 8}, kv.ErrGeometry, "lists layer", false},
+		{"Uniform.Layers MaxInt", kv.Config{Model: fp16(math.MaxInt, 1, 16), MaxTokens: 8}, kv.ErrModel, "more than MaxLayers", false},
+		{"Uniform.Layers MaxLayers+1", kv.Config{Model: fp16(kv.MaxLayers+1, 1, 16), MaxTokens: 8}, kv.ErrModel, "more than MaxLayers", false},
+		{"Uniform.Layers MinInt", kv.Config{Model: fp16(math.MinInt, 1, 16), MaxTokens: 8}, kv.ErrModel, "must be positive", false},
+		{"Uniform.KVHeads MaxInt", kv.Config{Model: fp16(2, math.MaxInt, 16), MaxTokens: 8}, kv.ErrModel, "too large", false},
+		{"Uniform.HeadDim MaxInt", kv.Config{Model: fp16(2, 1, math.MaxInt), MaxTokens: 8}, kv.ErrModel, "head dim", false},
+		{"Uniform.DType unknown", kv.Config{Model: kv.Uniform("", 2, 1, 16, 200), MaxTokens: 8}, kv.ErrModel, "element type", false},
+		{"Uniform.Scales unknown", kv.Config{Model: withScales(kv.Uniform("", 2, 1, 16, arena.Float8E4M3), 9), MaxTokens: 8}, kv.ErrModel, "scale mode", false},
+		{"Model.Layers MaxInt", kv.Config{Model: kv.Model{Name: "m", Layers: math.MaxInt, Groups: []kv.Group{full(0)}}, MaxTokens: 8}, kv.ErrModel, "more than MaxLayers", false},
+		{"Model.Layers MaxLayers+1", kv.Config{Model: kv.Model{Name: "m", Layers: kv.MaxLayers + 1, Groups: []kv.Group{full(0)}}, MaxTokens: 8}, kv.ErrModel, "more than MaxLayers", false},
+		{"Group.Layers MaxInt", kv.Config{Model: kv.Model{Name: "m", Layers: 1, Groups: []kv.Group{full(math.MaxInt)}}, MaxTokens: 8}, kv.ErrModel, "lists layer", false},
 		{"Group.Window MaxInt", kv.Config{Model: kv.Model{Name: "m", Layers: 1, Groups: []kv.Group{
-			{Kind: kv.SlidingWindow, Window: math.MaxInt, Layers: []int{0}, KVHeads: 1, HeadDim: 16, DType: arena.Float16}}}, MaxTokens: 8}, kv.ErrGeometry, "larger than MaxTokens", false},
+			{Kind: kv.SlidingWindow, Window: math.MaxInt, Layers: []int{0}, KVHeads: 1, HeadDim: 16, DType: arena.Float16}}}, MaxTokens: 8}, kv.ErrModel, "larger than MaxTokens", false},
 		{"Group.StateBytes MaxInt", kv.Config{Model: kv.Model{Name: "m", Layers: 1, Groups: []kv.Group{
-			{Kind: kv.Recurrent, Layers: []int{0}, StateBytes: math.MaxInt}}}, MaxTokens: 8}, kv.ErrGeometry, "too large", false},
+			{Kind: kv.Recurrent, Layers: []int{0}, StateBytes: math.MaxInt}}}, MaxTokens: 8}, kv.ErrModel, "too large", false},
 		{"Group.KVHeads MaxInt", kv.Config{Model: kv.Model{Name: "m", Layers: 1, Groups: []kv.Group{
-			{Kind: kv.FullAttention, Layers: []int{0}, KVHeads: math.MaxInt, HeadDim: 16, DType: arena.Float16}}}, MaxTokens: 8}, kv.ErrGeometry, "too large", false},
+			{Kind: kv.FullAttention, Layers: []int{0}, KVHeads: math.MaxInt, HeadDim: 16, DType: arena.Float16}}}, MaxTokens: 8}, kv.ErrModel, "too large", false},
 		{"MaxTokens MaxInt", kv.Config{Model: fp16(2, 1, 16), MaxTokens: math.MaxInt}, kv.ErrConfig, "overflow", true},
 		{"MaxTokens MaxInt PerLayer", kv.Config{Model: fp16(2, 1, 16), MaxTokens: math.MaxInt, Layout: kv.PerLayer}, kv.ErrConfig, "overflow", true},
 		{"BlockTokens MaxInt", kv.Config{Model: fp16(2, 1, 16), MaxTokens: 8, BlockTokens: math.MaxInt}, kv.ErrConfig, "overflow", false},
@@ -87,7 +87,7 @@ func TestUniformOutOfRange(t *testing.T) {
 		m := kv.Uniform("", layers, 1, 16, arena.Float16)
 		require.Len(t, m.Groups, 1)
 		assert.Empty(t, m.Groups[0].Layers, "layers %d", layers)
-		assert.ErrorIs(t, m.Validate(0), kv.ErrGeometry, "layers %d", layers)
+		assert.ErrorIs(t, m.Validate(0), kv.ErrModel, "layers %d", layers)
 	}
 	m := kv.Uniform("", kv.MaxLayers, 1, 16, arena.Float16)
 	assert.Len(t, m.Groups[0].Layers, kv.MaxLayers)

@@ -35,21 +35,21 @@ func TestUniformElementTypes(t *testing.T) {
 		b := cloned(q)
 		b.Groups[0].HeadDim = hd
 		err := b.Validate(0)
-		assert.ErrorIs(t, err, kv.ErrGeometry, "head dim %d", hd)
+		assert.ErrorIs(t, err, kv.ErrModel, "head dim %d", hd)
 		assert.ErrorIs(t, err, arena.ErrPartialBlock, "head dim %d", hd)
 		assert.Contains(t, err.Error(), "blocks of 32")
 		assert.Zero(t, b.Groups[0].TokenBytes())
 		_, err = kv.Config{Model: b, Layout: kv.Blocked, MaxTokens: 100}.Size(2<<20, 10)
-		assert.ErrorIs(t, err, kv.ErrGeometry)
+		assert.ErrorIs(t, err, kv.ErrModel)
 		// Nothing is reserved or committed for a model that is refused.
 		fx := newFixture(t, 1<<30)
 		_, err = kv.New(fx.fake, kv.Config{Model: b, MaxTokens: 64})
-		assert.ErrorIs(t, err, kv.ErrGeometry)
+		assert.ErrorIs(t, err, kv.ErrModel)
 	}
 	// 4 heads of 8 values hold a whole block between them, but not per head.
 	assert.ErrorIs(t, kv.Uniform("", 1, 4, 8, arena.Q8_0).Validate(0), arena.ErrPartialBlock)
 	big := kv.Uniform("", 1<<20, 1<<10, 1<<10, arena.Q8_0)
-	assert.ErrorIs(t, big.Validate(0), kv.ErrGeometry, "a token too large")
+	assert.ErrorIs(t, big.Validate(0), kv.ErrModel, "a token too large")
 
 	// Size counts the scales: Q8_0 takes 34/64 of fp16's bytes.
 	s16, err := kv.Config{Model: kv.Llama3_8B(), Layout: kv.PerLayer, MaxTokens: 2048}.Size(64<<10, 1000)

@@ -8,11 +8,11 @@ import (
 )
 
 var (
-	// ErrGeometry: a model whose shape is not valid (see Model.Validate): a group with
+	// ErrModel: a model whose shape is not valid (see Model.Validate): a group with
 	// a non-positive dimension, an unknown element type, a head dim that is not a
 	// whole number of its type's blocks, or scales its type can not have; layers in
 	// no group or in two.
-	ErrGeometry = errors.New("kv: invalid geometry")
+	ErrModel = errors.New("kv: invalid model")
 	// ErrConfig: a configuration the cache can not be built from.
 	ErrConfig = errors.New("kv: invalid configuration")
 	// ErrUnknownModel: Preset was asked for a name it does not know.

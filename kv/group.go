@@ -152,7 +152,7 @@ func (g Group) FirstLive(n int) int {
 // checks the layer indices across groups.
 func (g Group) validate(i, maxTokens int) error {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: group %d (%v): %s", ErrGeometry, i, g.Kind, fmt.Sprintf(format, args...))
+		return fmt.Errorf("%w: group %d (%v): %s", ErrModel, i, g.Kind, fmt.Sprintf(format, args...))
 	}
 	if g.Kind == 0 || g.Kind >= numAttention {
 		return bad("unknown attention kind")
@@ -199,30 +199,30 @@ func (g Group) validate(i, maxTokens int) error {
 	return nil
 }
 
-// validateShape reports, with an error matching ErrGeometry, a group of tokens with a
+// validateShape reports, with an error matching ErrModel, a group of tokens with a
 // non-positive dimension, more than MaxLayers layers, an unknown element type, a head
 // dim that is not a whole number of the element type's blocks (32 values for Q8_0),
 // scales for an element type that is not FP8, or a token size that overflows.
 func (g Group) validateShape() error {
 	layers := len(g.Layers)
 	if layers <= 0 || g.KVHeads <= 0 || g.HeadDim <= 0 {
-		return fmt.Errorf("%w: layers %d, KV heads %d, head dim %d must be positive", ErrGeometry, layers, g.KVHeads, g.HeadDim)
+		return fmt.Errorf("%w: layers %d, KV heads %d, head dim %d must be positive", ErrModel, layers, g.KVHeads, g.HeadDim)
 	}
 	if layers > MaxLayers {
-		return fmt.Errorf("%w: %d layers, more than MaxLayers (%d)", ErrGeometry, layers, MaxLayers)
+		return fmt.Errorf("%w: %d layers, more than MaxLayers (%d)", ErrModel, layers, MaxLayers)
 	}
 	if !g.DType.Valid() {
-		return fmt.Errorf("%w: element type %v", ErrGeometry, g.DType)
+		return fmt.Errorf("%w: element type %v", ErrModel, g.DType)
 	}
 	hb, err := g.DType.Bytes(g.HeadDim)
 	if err != nil {
-		return fmt.Errorf("%w: head dim %d of %v: %w", ErrGeometry, g.HeadDim, g.DType, err)
+		return fmt.Errorf("%w: head dim %d of %v: %w", ErrModel, g.HeadDim, g.DType, err)
 	}
 	if err := g.Scales.validate(g.DType); err != nil {
 		return err
 	}
 	if g.KVHeads > math.MaxInt32/hb/2/layers {
-		return fmt.Errorf("%w: a token of %d layers × %d KV heads × %d bytes is too large", ErrGeometry, layers, g.KVHeads, hb)
+		return fmt.Errorf("%w: a token of %d layers × %d KV heads × %d bytes is too large", ErrModel, layers, g.KVHeads, hb)
 	}
 	return nil
 }

@@ -75,13 +75,13 @@ func TestGroupBadModels(t *testing.T) {
 		cfg  kv.Config
 		want error
 	}{
-		{"window larger than MaxTokens", kv.Config{Model: window(101), MaxTokens: 100}, kv.ErrGeometry},
-		{"no window", kv.Config{Model: window(0), MaxTokens: 100}, kv.ErrGeometry},
-		{"MLA with V", kv.Config{Model: mlaV, MaxTokens: 100}, kv.ErrGeometry},
-		{"zero layers", kv.Config{Model: kv.Model{Name: "empty"}, MaxTokens: 100}, kv.ErrGeometry},
-		{"scales on an fp16 group", kv.Config{Model: fp16Scaled, MaxTokens: 100}, kv.ErrGeometry},
-		{"scales on a recurrent group", kv.Config{Model: stateScaled, MaxTokens: 100}, kv.ErrGeometry},
-		{"unknown scale mode", kv.Config{Model: badMode, MaxTokens: 100}, kv.ErrGeometry},
+		{"window larger than MaxTokens", kv.Config{Model: window(101), MaxTokens: 100}, kv.ErrModel},
+		{"no window", kv.Config{Model: window(0), MaxTokens: 100}, kv.ErrModel},
+		{"MLA with V", kv.Config{Model: mlaV, MaxTokens: 100}, kv.ErrModel},
+		{"zero layers", kv.Config{Model: kv.Model{Name: "empty"}, MaxTokens: 100}, kv.ErrModel},
+		{"scales on an fp16 group", kv.Config{Model: fp16Scaled, MaxTokens: 100}, kv.ErrModel},
+		{"scales on a recurrent group", kv.Config{Model: stateScaled, MaxTokens: 100}, kv.ErrModel},
+		{"unknown scale mode", kv.Config{Model: badMode, MaxTokens: 100}, kv.ErrModel},
 		{"map-ahead on states alone", kv.Config{Model: stateOnly, MaxTokens: 100, MapAhead: true}, kv.ErrConfig},
 		{"no MaxTokens", kv.Config{Model: tinyHybrid}, kv.ErrConfig},
 	} {

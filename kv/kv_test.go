@@ -202,7 +202,7 @@ func TestBudgetRefusesWaitsAdmitsFIFO(t *testing.T) {
 func TestBadInputs(t *testing.T) {
 	fx := newFixture(t, 1<<30)
 	_, err := kv.New(fx.fake, kv.Config{Model: kv.Model{}, MaxTokens: 8})
-	assert.ErrorIs(t, err, kv.ErrGeometry)
+	assert.ErrorIs(t, err, kv.ErrModel)
 	_, err = kv.New(fx.fake, kv.Config{Model: tiny8, MaxTokens: 0})
 	assert.ErrorIs(t, err, kv.ErrConfig)
 	_, err = kv.New(fx.fake, kv.Config{Model: tiny8, MaxTokens: 1 << 62})

@@ -62,7 +62,7 @@ func (m Model) uniform() bool {
 	return true
 }
 
-// Validate reports, with an error matching ErrGeometry that says what, a model with
+// Validate reports, with an error matching ErrModel that says what, a model with
 // no layers, more than MaxLayers or no groups, a group that is wrong on its own (an
 // unknown kind, no layers, a window missing or larger than maxTokens, an MLA group
 // with V, a recurrent group with tensors, a shape its element type can not hold), a
@@ -71,16 +71,16 @@ func (m Model) uniform() bool {
 // given.
 func (m Model) Validate(maxTokens int) error {
 	if m.Layers <= 0 {
-		return fmt.Errorf("%w: model %q has %d layers (must be positive)", ErrGeometry, m.Name, m.Layers)
+		return fmt.Errorf("%w: model %q has %d layers (must be positive)", ErrModel, m.Name, m.Layers)
 	}
 	if len(m.Groups) == 0 {
-		return fmt.Errorf("%w: model %q has no layer groups", ErrGeometry, m.Name)
+		return fmt.Errorf("%w: model %q has no layer groups", ErrModel, m.Name)
 	}
 	if maxTokens < 0 {
 		return fmt.Errorf("%w: max tokens %d", ErrConfig, maxTokens)
 	}
 	if m.Layers > MaxLayers {
-		return fmt.Errorf("%w: model %q has %d layers, more than MaxLayers (%d)", ErrGeometry, m.Name, m.Layers, MaxLayers)
+		return fmt.Errorf("%w: model %q has %d layers, more than MaxLayers (%d)", ErrModel, m.Name, m.Layers, MaxLayers)
 	}
 	owner := make([]int, m.Layers) // group index + 1 of each layer, 0 while unseen
 	total := 0
@@ -91,19 +91,19 @@ func (m Model) Validate(maxTokens int) error {
 		for _, l := range g.Layers {
 			switch {
 			case l < 0 || l >= m.Layers:
-				return fmt.Errorf("%w: group %d lists layer %d of a %d-layer model", ErrGeometry, i, l, m.Layers)
+				return fmt.Errorf("%w: group %d lists layer %d of a %d-layer model", ErrModel, i, l, m.Layers)
 			case owner[l] != 0:
-				return fmt.Errorf("%w: layer %d is listed twice (groups %d and %d)", ErrGeometry, l, owner[l]-1, i)
+				return fmt.Errorf("%w: layer %d is listed twice (groups %d and %d)", ErrModel, l, owner[l]-1, i)
 			}
 			owner[l] = i + 1
 		}
 		if bpt := g.BytesPerToken(); total > math.MaxInt32-bpt {
-			return fmt.Errorf("%w: a token of model %q is too large", ErrGeometry, m.Name)
+			return fmt.Errorf("%w: a token of model %q is too large", ErrModel, m.Name)
 		}
 		total += g.BytesPerToken()
 	}
 	if l := slices.Index(owner, 0); l >= 0 {
-		return fmt.Errorf("%w: layer %d of model %q is in no group", ErrGeometry, l, m.Name)
+		return fmt.Errorf("%w: layer %d of model %q is in no group", ErrModel, l, m.Name)
 	}
 	return nil
 }

@@ -61,11 +61,11 @@ func TestModelValidateBadInputs(t *testing.T) {
 			m := hybrid()
 			tt.edit(&m)
 			err := m.Validate(tt.max)
-			require.ErrorIs(t, err, kv.ErrGeometry)
+			require.ErrorIs(t, err, kv.ErrModel)
 			assert.Contains(t, err.Error(), tt.words)
 			_, err = m.Size(64<<10, 0, 10)
 			if tt.max == 0 {
-				assert.ErrorIs(t, err, kv.ErrGeometry, "Size validates too")
+				assert.ErrorIs(t, err, kv.ErrModel, "Size validates too")
 			}
 		})
 	}
@@ -339,8 +339,8 @@ func ExampleModel_Validate() {
 	fmt.Println(g.Validate(512))
 	fmt.Println(kv.Llama3_8B().Validate(8192))
 	// Output:
-	// kv: invalid geometry: group 0 (mla-latent): 2 tensors per layer: an MLA group keeps one latent and no V
-	// kv: invalid geometry: group 0 (sliding-window): window of 1024 tokens is larger than MaxTokens 512
+	// kv: invalid model: group 0 (mla-latent): 2 tensors per layer: an MLA group keeps one latent and no V
+	// kv: invalid model: group 0 (sliding-window): window of 1024 tokens is larger than MaxTokens 512
 	// <nil>
 }
 

@@ -167,7 +167,7 @@ func TestVLLMBytes(t *testing.T) {
 	_, err = vllmBytes(bad, 16, 10)
 	assert.Error(t, err)
 	_, err = vllmBytes(kv.Model{}, 16, 10)
-	assert.ErrorIs(t, err, kv.ErrGeometry)
+	assert.ErrorIs(t, err, kv.ErrModel)
 }
 
 // tableModels returns the presets of memoryTable: the models of layer groups, and the

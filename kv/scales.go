@@ -40,9 +40,9 @@ func (m ScaleMode) String() string {
 func (m ScaleMode) validate(dt arena.DType) error {
 	switch {
 	case m > ScalePerHead:
-		return fmt.Errorf("%w: scale mode %v", ErrGeometry, m)
+		return fmt.Errorf("%w: scale mode %v", ErrModel, m)
 	case m != NoScales && dt != arena.Float8E4M3 && dt != arena.Float8E5M2:
-		return fmt.Errorf("%w: %v scales are for FP8 element types, not %v", ErrGeometry, m, dt)
+		return fmt.Errorf("%w: %v scales are for FP8 element types, not %v", ErrModel, m, dt)
 	}
 	return nil
 }

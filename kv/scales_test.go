@@ -122,10 +122,10 @@ func TestScalesRefused(t *testing.T) {
 		withScales(kv.Uniform("", 1, 1, 32, arena.Float8E4M3), kv.ScalePerHead+1),
 	} {
 		err := g.Validate(0)
-		assert.ErrorIs(t, err, kv.ErrGeometry, "%+v", g)
+		assert.ErrorIs(t, err, kv.ErrModel, "%+v", g)
 		fx := newFixture(t, 1<<30)
 		_, err = kv.New(fx.fake, kv.Config{Model: g, MaxTokens: 8})
-		assert.ErrorIs(t, err, kv.ErrGeometry)
+		assert.ErrorIs(t, err, kv.ErrModel)
 	}
 	g := withScales(fp8Tiny, kv.ScalePerTensor)
 	require.NoError(t, g.Validate(0))

@@ -11,7 +11,7 @@ import (
 // prefix, which the user chooses to tell apart what the shape can not: the model's
 // weights or revision, an adapter, a tenant. Caches whose namespaces agree may read
 // each other's blocks. A configuration the cache can not be built from is refused
-// with ErrGeometry or ErrConfig.
+// with ErrModel or ErrConfig.
 //
 // A uniform model (Uniform: one full-attention group of every layer in order) is
 // fingerprinted by its name, layers, KV heads, head dim, element type and scale mode,

@@ -85,18 +85,18 @@ func TestTierNamespaceBadInputs(t *testing.T) {
 		granule int
 		want    error
 	}{
-		{"no model", kv.Config{}, 2 << 20, kv.ErrGeometry},
-		{"no layers", kv.Config{Model: kv.Uniform("", 0, 1, 8, arena.Float16)}, 2 << 20, kv.ErrGeometry},
+		{"no model", kv.Config{}, 2 << 20, kv.ErrModel},
+		{"no layers", kv.Config{Model: kv.Uniform("", 0, 1, 8, arena.Float16)}, 2 << 20, kv.ErrModel},
 		{"granule not a power of two", kv.Config{Model: kv.Tiny()}, 3 << 20, kv.ErrConfig},
 		{"granule 0", kv.Config{Model: kv.Tiny()}, 0, kv.ErrConfig},
 		{"negative block tokens", kv.Config{Model: kv.Tiny(), BlockTokens: -1}, 4096, kv.ErrConfig},
 		{"block tokens outside Blocked", kv.Config{Model: kv.Tiny(), Layout: kv.PerLayer, BlockTokens: 4}, 4096, kv.ErrConfig},
 		{"unknown layout", kv.Config{Model: kv.Tiny(), Layout: kv.Layout(9)}, 4096, kv.ErrConfig},
 		{"removed layout", kv.Config{Model: kv.Tiny(), Layout: kv.Layout(1)}, 4096, kv.ErrConfig},
-		{"model: no groups", kv.Config{Model: kv.Model{Name: "m", Layers: 2}}, 2 << 20, kv.ErrGeometry},
+		{"model: no groups", kv.Config{Model: kv.Model{Name: "m", Layers: 2}}, 2 << 20, kv.ErrModel},
 		{"model: a layer in no group", kv.Config{Model: kv.Model{Name: "m", Layers: 2, Groups: []kv.Group{
-			{Kind: kv.FullAttention, Layers: []int{0}, KVHeads: 1, HeadDim: 8, DType: arena.Float16}}}}, 2 << 20, kv.ErrGeometry},
-		{"model: window larger than MaxTokens", kv.Config{Model: kv.GPTOSS20B(), MaxTokens: 64}, 2 << 20, kv.ErrGeometry},
+			{Kind: kv.FullAttention, Layers: []int{0}, KVHeads: 1, HeadDim: 8, DType: arena.Float16}}}}, 2 << 20, kv.ErrModel},
+		{"model: window larger than MaxTokens", kv.Config{Model: kv.GPTOSS20B(), MaxTokens: 64}, 2 << 20, kv.ErrModel},
 		{"model: granule not a power of two", kv.Config{Model: kv.GPTOSS20B()}, 3 << 20, kv.ErrConfig},
 		{"model: block tokens outside Blocked", kv.Config{Model: kv.GPTOSS20B(), Layout: kv.PerLayer, BlockTokens: 4}, 2 << 20, kv.ErrConfig},
 	} {

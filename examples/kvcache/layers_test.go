@@ -182,7 +182,7 @@ func TestKVDTypeFlagBadInputs(t *testing.T) {
 	checkUsage(t, []usageCase{
 		{"unknown type", []string{"-kv-dtype", "fp4"}, `-kv-dtype "fp4": want one of model, fp16, bf16, fp8, fp8-e5m2, q8_0`},
 		{"empty", []string{"-kv-dtype", ""}, `-kv-dtype "": want one of`},
-		{"q8_0 on a head of 16", []string{"-model", "tiny", "-kv-dtype", "q8_0"}, "-kv-dtype q8_0 with tiny: group 0 (full): kv: invalid geometry: head dim 16 of q8_0"},
+		{"q8_0 on a head of 16", []string{"-model", "tiny", "-kv-dtype", "q8_0"}, "-kv-dtype q8_0 with tiny: group 0 (full): kv: invalid model: head dim 16 of q8_0"},
 	})
 }
 
