@@ -20,9 +20,16 @@ const (
 	benchMaxTokens = 2048
 )
 
+// benchModel is the scenario's model, made once: a preset is a function that builds a
+// fresh Model, which the token loops must not pay for.
+var (
+	benchModel = kv.Llama3_8B()
+	benchKinds = kv.KindsOf(benchModel)
+)
+
 // benchNeed is the exact memory the scenario needs at its peak, the prefix counted
 // once.
-var benchNeed = int64(benchPrefix+benchSeqs*(benchFinal-benchPrefix)) * int64(kv.Llama3_8B().BytesPerToken())
+var benchNeed = int64(benchPrefix+benchSeqs*(benchFinal-benchPrefix)) * int64(benchModel.BytesPerToken())
 
 // benchAppended is the tokens one run appends: the prefix's prefill and every decode.
 const benchAppended = benchPrefix + benchSeqs*(benchFinal-benchPrefix)
@@ -37,7 +44,7 @@ func reportScenario(b *testing.B, peak int64) {
 
 // tokenData is one token of one tensor's K or V.
 var tokenData = func() []byte {
-	b := make([]byte, kv.Llama3_8B().Groups[0].TokenBytes())
+	b := make([]byte, benchModel.Groups[0].TokenBytes())
 	for i := range b {
 		b[i] = byte(i * 7)
 	}
@@ -49,8 +56,8 @@ type hostCache = kv.Cache
 // writeLast writes the K and V of s's last token in every layer.
 func writeLast(b *testing.B, s *kv.Sequence) {
 	t := s.Len() - 1
-	for layer := range kv.Llama3_8B().Layers {
-		for _, kind := range kv.KindsOf(kv.Llama3_8B()) {
+	for layer := range benchModel.Layers {
+		for _, kind := range benchKinds {
 			if err := s.WriteToken(layer, kind, t, tokenData); err != nil {
 				b.Fatal(err)
 			}
@@ -101,7 +108,7 @@ func runCache(b *testing.B, c *hostCache) {
 func runStrategy(b *testing.B, st baseline.Strategy) {
 	write := func(s baseline.Sequence) {
 		t := s.Len() - 1
-		for layer := range kv.Llama3_8B().Layers {
+		for layer := range benchModel.Layers {
 			for _, kind := range []baseline.Kind{baseline.K, baseline.V} {
 				if err := s.WriteToken(layer, kind, t, tokenData); err != nil {
 					b.Fatal(err)
@@ -154,7 +161,7 @@ func runStrategy(b *testing.B, st baseline.Strategy) {
 // kept for reuse counts: each strategy is warm, as a server is after its first
 // requests, so the timed runs measure the token path.
 func BenchmarkServe(b *testing.B) {
-	shape := baseline.Shape{Layers: kv.Llama3_8B().Layers, TokenBytes: kv.Llama3_8B().Groups[0].TokenBytes(), MaxTokens: benchMaxTokens}
+	shape := baseline.Shape{Layers: benchModel.Layers, TokenBytes: benchModel.Groups[0].TokenBytes(), MaxTokens: benchMaxTokens}
 	for _, cfg := range []struct {
 		layout  kv.Layout
 		granule int
@@ -235,9 +242,9 @@ func BenchmarkStep(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer c.Close()
-				row := kv.Llama3_8B().BytesPerToken() // Blocked: a 2 MiB block holds 16 tokens
+				row := benchModel.BytesPerToken() // Blocked: a 2 MiB block holds 16 tokens
 				if layout == kv.PerLayer {
-					row = kv.Llama3_8B().Groups[0].TokenBytes()
+					row = benchModel.Groups[0].TokenBytes()
 				}
 				perGranule := (2 << 20) / row
 				batch := make([]kv.Growth, n)
