@@ -35,8 +35,9 @@ import (
 // than given to the OS to be made again: the pool puts every idle granule's bytes
 // idle on its authority (accounting.Authority.PutIdle), and the governor's FIFO queue
 // serves them from those as from free budget, in the order they came; the pool takes
-// an idle granule out for anything else only through Authority.TakeIdle. A granule that can not be given back (the punch fails) stays idle
-// and owned; the next Trim tries again.
+// an idle granule out for anything else only through Authority.TakeIdle. A granule
+// that can not be given back (the punch fails) stays idle and owned; the next Trim
+// tries again.
 //
 // Granules shared piecemeal or recycled from a fragmented pool do not merge into one
 // kernel mapping: each run of slots mapped at consecutive addresses and file offsets
