@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/internal/testutil"
 )
 
 // TestLedgerChecked checks that, in the invariants build, the next transition of a
@@ -28,19 +30,8 @@ func TestLedgerChecked(t *testing.T) {
 			g.mu.Lock()
 			tt.corrupt(a)
 			g.mu.Unlock()
-			assert.Contains(t, panicOf(func() { _ = a.TryAcquire(1) }), "accounting: invariant: ", "a take")
-			assert.Contains(t, panicOf(func() { a.Release(1) }), "accounting: invariant: ", "a release")
+			assert.Contains(t, testutil.PanicOf(func() { _ = a.TryAcquire(1) }), "accounting: invariant: ", "a take")
+			assert.Contains(t, testutil.PanicOf(func() { a.Release(1) }), "accounting: invariant: ", "a release")
 		})
 	}
-}
-
-// panicOf returns what fn panics with, as a string ("" for no panic).
-func panicOf(fn func()) (v string) {
-	defer func() {
-		if r := recover(); r != nil {
-			v, _ = r.(string)
-		}
-	}()
-	fn()
-	return ""
 }

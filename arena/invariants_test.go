@@ -3,7 +3,6 @@
 package arena
 
 import (
-	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/backingtest"
+	"github.com/vmarena/vmarena/internal/testutil"
 )
 
 // TestBooksChecked checks that, in the invariants build, the next call on a buffer
@@ -37,20 +37,9 @@ func TestBooksChecked(t *testing.T) {
 			require.NoError(t, buf.Resize(g+1))
 			start, end, length := buf.start, buf.end, buf.length
 			tt.corrupt(buf)
-			assert.Contains(t, panicOf(func() { _ = buf.Resize(1) }), "arena: invariant: ")
+			assert.Contains(t, testutil.PanicOf(func() { _ = buf.Resize(1) }), "arena: invariant: ")
 			buf.start, buf.end, buf.length, buf.shared = start, end, length, nil
 			require.True(t, buf.Close().OK())
 		})
 	}
-}
-
-// panicOf returns what fn panics with, formatted ("" for no panic).
-func panicOf(fn func()) (v string) {
-	defer func() {
-		if r := recover(); r != nil {
-			v = fmt.Sprint(r)
-		}
-	}()
-	fn()
-	return ""
 }

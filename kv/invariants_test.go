@@ -3,10 +3,11 @@
 package kv
 
 import (
-	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/vmarena/vmarena/internal/testutil"
 )
 
 // TestCountsChecked checks that kv's invariant checks panic, with a message that
@@ -28,7 +29,7 @@ func TestCountsChecked(t *testing.T) {
 		{"cache entries below zero", (&Cache{entries: -1}).checkCountsLocked, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			got := panicOf(tt.check)
+			got := testutil.PanicOf(tt.check)
 			if tt.bad {
 				assert.Contains(t, got, "kv: invariant: ")
 			} else {
@@ -36,15 +37,4 @@ func TestCountsChecked(t *testing.T) {
 			}
 		})
 	}
-}
-
-// panicOf returns what fn panics with, formatted ("" for no panic).
-func panicOf(fn func()) (v string) {
-	defer func() {
-		if r := recover(); r != nil {
-			v = fmt.Sprint(r)
-		}
-	}()
-	fn()
-	return ""
 }

@@ -3,10 +3,11 @@
 package cuda
 
 import (
-	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/vmarena/vmarena/internal/testutil"
 )
 
 // TestCountsChecked checks that the backing's invariant check panics, with a message
@@ -25,7 +26,7 @@ func TestCountsChecked(t *testing.T) {
 		{"mapped not whole granules", &Backing{gran: g, mapped: g + 1}, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			got := panicOf(tt.b.checkCountsLocked)
+			got := testutil.PanicOf(tt.b.checkCountsLocked)
 			if tt.bad {
 				assert.Contains(t, got, "cuda: invariant: ")
 			} else {
@@ -33,15 +34,4 @@ func TestCountsChecked(t *testing.T) {
 			}
 		})
 	}
-}
-
-// panicOf returns what fn panics with, formatted ("" for no panic).
-func panicOf(fn func()) (v string) {
-	defer func() {
-		if r := recover(); r != nil {
-			v = fmt.Sprint(r)
-		}
-	}()
-	fn()
-	return ""
 }

@@ -3,10 +3,11 @@
 package host
 
 import (
-	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/vmarena/vmarena/internal/testutil"
 )
 
 // TestCountsChecked checks that the pool's invariant check panics, with a message
@@ -27,7 +28,7 @@ func TestCountsChecked(t *testing.T) {
 		{"live past the reservations", &Shared{g: g, live: 1}, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			got := panicOf(tt.s.checkCountsLocked)
+			got := testutil.PanicOf(tt.s.checkCountsLocked)
 			if tt.bad {
 				assert.Contains(t, got, "host: invariant: ")
 			} else {
@@ -35,15 +36,4 @@ func TestCountsChecked(t *testing.T) {
 			}
 		})
 	}
-}
-
-// panicOf returns what fn panics with, formatted ("" for no panic).
-func panicOf(fn func()) (v string) {
-	defer func() {
-		if r := recover(); r != nil {
-			v = fmt.Sprint(r)
-		}
-	}()
-	fn()
-	return ""
 }

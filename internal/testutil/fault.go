@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"fmt"
 	"runtime"
 	"runtime/debug"
 	"sync/atomic"
@@ -44,3 +45,15 @@ func Touch(addr uintptr, write bool) error {
 
 // sink keeps Touch's read from being optimized away.
 var sink atomic.Uint32
+
+// PanicOf returns what f panics with, formatted by fmt.Sprint, or "" when it returns:
+// for a test that expects a named panic (the invariants build's checks, misuse).
+func PanicOf(f func()) (v string) {
+	defer func() {
+		if r := recover(); r != nil {
+			v = fmt.Sprint(r)
+		}
+	}()
+	f()
+	return ""
+}

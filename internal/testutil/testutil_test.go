@@ -120,3 +120,9 @@ func TestFillTokenAt(t *testing.T) {
 		}
 	}
 }
+
+func TestPanicOf(t *testing.T) {
+	assert.Empty(t, testutil.PanicOf(func() {}))
+	assert.Equal(t, "pkg: invariant: x", testutil.PanicOf(func() { panic("pkg: invariant: x") }))
+	assert.Equal(t, "an error", testutil.PanicOf(func() { panic(fmt.Errorf("an error")) }))
+}
