@@ -3,7 +3,6 @@
 package kv_test
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -41,28 +40,14 @@ func TestLeakedPrefixReported(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, s.Close().OK())
 	}()
-	ours := func(l invariants.Leak) bool {
-		return strings.Contains(l.Stack, "kv_test.TestLeakedPrefixReported")
-	}
-	count := map[string]int{}
-	// As in TestLeakedSequenceReported: a few collections at most, each Leaks one.
-	for range 20 {
-		for _, l := range invariants.Leaks(ours) {
-			count[l.What]++
-			switch l.What {
-			case "kv.Prefix":
-				assert.Contains(t, l.Stack, "kv.(*Sequence).Freeze", "the report names the constructor")
-			case "kv.PrefixCache":
-				assert.Contains(t, l.Stack, "kv.NewPrefixCache", "the report names the constructor")
-			}
+	count := leaksOf(t, "kv_test.TestLeakedPrefixReported", []string{"kv.Prefix", "kv.PrefixCache"}, func(l invariants.Leak) {
+		switch l.What {
+		case "kv.Prefix":
+			assert.Contains(t, l.Stack, "kv.(*Sequence).Freeze", "the report names the constructor")
+		case "kv.PrefixCache":
+			assert.Contains(t, l.Stack, "kv.NewPrefixCache", "the report names the constructor")
 		}
-		if count["kv.Prefix"] > 0 && count["kv.PrefixCache"] > 0 {
-			break
-		}
-	}
-	for _, l := range invariants.Leaks(ours) {
-		count[l.What]++
-	}
+	})
 	assert.Equal(t, 1, count["kv.Prefix"], "the leaked prefix is reported once")
 	assert.Equal(t, 1, count["kv.PrefixCache"], "the leaked prefix cache is reported once")
 	assert.Zero(t, count["kv.Sequence"], "the closed sequence is not reported")
