@@ -63,7 +63,7 @@ func modelNamespace(m Model, cfg Config, granule int, prefix string) (uint64, er
 		g := &groups[i]
 		s := g.spec
 		for _, v := range []int{int(s.Kind), s.Window, s.KVHeads, s.HeadDim, int(s.DType), int(s.Scales),
-			s.TensorsPerLayer(), s.StateBytes, g.tpb, g.unit, len(s.Layers)} {
+			s.tensorsPerLayer(), s.StateBytes, g.tpb, g.unit, len(s.Layers)} {
 			b = binary.LittleEndian.AppendUint64(b, uint64(v))
 		}
 		for _, l := range s.Layers {
