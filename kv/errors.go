@@ -51,7 +51,7 @@ var (
 	// ErrDropped: a token a sliding-window or chunked-local group gave back (below
 	// Sequence.FirstHeld): it can not be read, written or viewed, and a Truncate,
 	// ForkAt, Freeze or PrefixCache.Insert whose holder the window rule says needs it
-	// (see the package doc) is refused.
+	// (see the package doc) is refused. It is no shortage: waiting does not help.
 	ErrDropped = errors.New("kv: token dropped by its group's window")
 	// ErrScale: scales asked of a cache that keeps none, the wrong number of them, or
 	// a scale that is not finite and positive: a bug in how the server calls

@@ -14,11 +14,12 @@ type Attention uint8
 
 // The attention kinds. The zero value is none of them, so a Group must name its kind.
 const (
-	// FullAttention keeps every token: each step reads all of them.
+	// FullAttention keeps every token: each step reads all of them. Most models'
+	// layers are of this kind; a model of nothing else is Uniform.
 	FullAttention Attention = iota + 1
 	// SlidingWindow keeps the last Window tokens: a token at position p reads the
 	// keys at p-Window+1 .. p (itself included), as Hugging Face's sliding_window
-	// and vLLM's SlidingWindowSpec count it.
+	// and vLLM's SlidingWindowSpec count it: the local layers of gpt-oss and Gemma 3.
 	SlidingWindow
 	// ChunkedLocal splits the sequence into chunks of Window tokens from position 0:
 	// a token reads the earlier tokens of its own chunk only (Llama 4's

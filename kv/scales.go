@@ -17,11 +17,14 @@ import (
 type ScaleMode uint8
 
 const (
-	// NoScales, the zero value, keeps none: values are stored as they are.
+	// NoScales, the zero value, keeps none: values are stored as they are. Every
+	// element type but FP8 has this mode only.
 	NoScales ScaleMode = iota
-	// ScalePerTensor keeps one float32 per layer's K or V tensor.
+	// ScalePerTensor keeps one float32 per layer's K or V tensor: for a checkpoint
+	// with one k_scale and one v_scale per layer.
 	ScalePerTensor
-	// ScalePerHead keeps one float32 per KV head of each layer's K or V tensor.
+	// ScalePerHead keeps one float32 per KV head of each layer's K or V tensor: for
+	// kernels that quantize each head with a scale of its own.
 	ScalePerHead
 )
 

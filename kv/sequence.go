@@ -16,7 +16,7 @@ import (
 type Kind uint8
 
 const (
-	K Kind = iota // the key tensor
+	K Kind = iota // the key tensor (an MLA layer's one latent)
 	V             // the value tensor
 )
 

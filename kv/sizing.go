@@ -210,10 +210,11 @@ func (g Group) sizeFrom(granule, blockTokens, n, from int) (GroupSizing, error) 
 }
 
 // ChunkedPeak returns the most one sequence of m holds while a prompt of tokens
-// tokens is written in chunks of chunk tokens (each step appends chunk tokens, the
-// last the rest), as Size counts it: after the step that grows the sequence from p to
-// e tokens, a window group holds from FirstLive(p) on, so the whole chunk and the
-// window before it. Tokens is the e of the step that holds the most (the first such),
+// tokens is written in chunks of chunk tokens, each step appending chunk tokens (the
+// last the rest), as Size counts it: for a server that prefills in chunks and
+// budgets the peak, which Size at tokens does not show. After the step that grows
+// the sequence from p to e tokens, a window group holds from FirstLive(p) on, so the
+// whole chunk and the window before it. Tokens is the e of the step that holds the most (the first such),
 // and each group's FirstLive and Live are at that step. The peak is at most Size's
 // Need at tokens plus one chunk of each window group and one block per group.
 //
