@@ -42,8 +42,8 @@ func (p *Prefix) Len() int { return p.tokens }
 
 // Base returns the first address of layer's K or V tensor in the prefix's own ranges
 // (its token 0): where the prefix's K and V lie, written once when it was frozen and
-// never again: for a kernel that reads the shared prefix once for every sequence on
-// it. It does not change while the prefix lives. On a device it must not be
+// never again. A kernel that reads the shared prefix once for all the sequences on it
+// starts there. It does not change while the prefix lives. On a device it must not be
 // dereferenced by the CPU. It panics ("kv: layer or kind out of range") for a layer or
 // kind that does not exist.
 func (p *Prefix) Base(layer int, kind Kind) uintptr {

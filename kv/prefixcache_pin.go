@@ -12,8 +12,8 @@ type PrefixPin struct {
 	done bool
 }
 
-// Len returns the pinned tokens: a server checks it after Pin, since a prefix not
-// yet cached pins nothing (0) and must be inserted, then pinned again.
+// Len returns the pinned tokens: a server checks it after Pin, since a prefix the
+// cache holds only in part pins fewer tokens than asked, or none (0).
 func (p *PrefixPin) Len() int { return p.n }
 
 // Pin pins the longest prefix of tokens the cache holds (at most all of it): eviction
