@@ -8,8 +8,9 @@ import (
 
 // Writable returns the first token that may be written: tokens below it lie in
 // granules shared with a prefix or a fork and are read-only. On a Model it is the
-// first that may be written in every group that has tokens. A server's kernel that
-// writes K and V in place (after Lookup, NewSequenceFrom or ForkAt) starts there.
+// first that may be written in every group that has tokens. A server whose kernels
+// write K and V in place writes no token below it (after Lookup, NewSequenceFrom,
+// ForkAt, Freeze or an Insert of the sequence).
 //
 // WriteTokens refuses a token below it with ErrReadOnly, and a Truncate into a shared
 // granule replaces it with a private copy of the kept tokens rather than write into

@@ -58,9 +58,9 @@ func (c *Cache) AppendBatch(batch []Growth) error { return c.appendBatch(batch, 
 // ctx ends; the queue serves it from the pool's idle granules as from free budget. It
 // holds nothing while it waits, so waiting steps can not deadlock each other. A step
 // larger than the device's whole limit fails at once (ErrExceedsLimit); a cancelled
-// wait returns ctx.Err() and changes nothing. A server uses it when other requests
-// will finish and free memory soon enough to wait for (a step can wait no longer than
-// its request's deadline).
+// wait returns ctx.Err() and changes nothing. A server uses it when it would rather
+// wait for other requests to finish and free memory than preempt; ctx bounds the
+// wait.
 func (c *Cache) AppendBatchCtx(ctx context.Context, batch []Growth) error {
 	if ctx == nil {
 		panic(panicNilContext)

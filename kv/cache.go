@@ -16,8 +16,8 @@ import (
 
 // Config says what a Cache holds and how: the argument of New, and of Config.Size and
 // TierNamespace, which answer for a cache before it is made. A server fills one at
-// start-up: Model and MaxTokens always, MapAhead on a pooling backing, the rest
-// rarely.
+// start-up: Model and MaxTokens always, Authority on a backing charged by buffer
+// (host.Private), MapAhead on a pooling one (host.Shared, cuda).
 type Config struct {
 	// Model is the model's shape: one group when every layer is full attention of one
 	// shape (Uniform, or a preset such as Llama3_8B), else layer groups

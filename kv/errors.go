@@ -37,7 +37,7 @@ var (
 	ErrNoSharing = errors.New("kv: backing does not share memory")
 	// ErrDamaged: a backing call failed midway through an operation that could not
 	// be undone; the sequence must be closed (Close still gives back everything it
-	// holds). A scheduler ends that request; the cache and other sequences are sound.
+	// holds). A scheduler closes that sequence and ends its request (Sequence.Damaged).
 	ErrDamaged = errors.New("kv: sequence damaged by a failed backing call")
 	// ErrClosed: the cache or prefix cache is closed, or a sequence was closed a
 	// second time: a server sees it during shutdown, or from a double Close.

@@ -92,8 +92,7 @@ func (s *Sequence) ID() uint64 {
 	return s.id
 }
 
-// Len returns the tokens the sequence holds: the position of the next token a
-// server's step writes.
+// Len returns the tokens the sequence holds: the next appended token's position.
 func (s *Sequence) Len() int {
 	s.live()
 	return s.n
@@ -382,8 +381,8 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 
 // Freeze makes the first p tokens of the sequence an immutable, reference-counted
 // Prefix that new sequences can start on (NewSequenceFrom): for a prefix a server
-// knows of in advance (a system prompt); a PrefixCache finds shared prefixes itself
-// (and has no Freeze to call). The full granules (in the
+// knows of in advance (a system prompt); a PrefixCache finds shared prefixes itself.
+// The full granules (in the
 // Blocked layout, the full blocks) are shared, not copied; the prefix copies the
 // tokens past them into a granule (block) of its own. The sequence's tokens below
 // Writable are shared from then on: they MUST NOT be written through Bytes or a View
