@@ -8,7 +8,9 @@ import (
 
 // Writable returns the first token that may be written: tokens below it lie in
 // granules shared with a prefix or a fork and are read-only. On a Model it is the
-// first that may be written in every group that has tokens.
+// first that may be written in every group that has tokens. A server whose kernels
+// write K and V in place writes no token below it (after Lookup, NewSequenceFrom,
+// ForkAt, Freeze or an Insert of the sequence).
 //
 // WriteTokens refuses a token below it with ErrReadOnly, and a Truncate into a shared
 // granule replaces it with a private copy of the kept tokens rather than write into
@@ -36,7 +38,8 @@ func (s *Sequence) Writable() int {
 }
 
 // Bytes returns the Len × TokenBytes bytes of layer's K or V tensor in the PerLayer
-// layout on a host backing. The slice is valid until the sequence shrinks or closes.
+// layout on a host backing, for CPU code that wants the tensor as one slice (View and
+// Run serve every layout). The slice is valid until the sequence shrinks or closes.
 // Bytes below Writable() × TokenBytes are shared with a prefix or a fork and MUST NOT
 // be written: in a sequence started on a prefix or forked they are mapped read-only,
 // and so are they in the sequence a prefix or fork was made from on a backing that
@@ -72,8 +75,9 @@ func (s *Sequence) Base(layer int, kind Kind) uintptr {
 	return s.c.tensorBase(s.bufs, layer, kind)
 }
 
-// TokenStride returns, for a kernel (see Base), the bytes from one token to the next
-// within a layer's K or V tensor: TokenBytes in both layouts (within a block in
+// TokenStride returns, for a kernel of a one-group model (see Base; LayerStrides
+// serves every model), the bytes from one token to the next within a layer's K or V
+// tensor: TokenBytes in both layouts (within a block in
 // Blocked, BlockStride from one block to the next). On a Model it is the first
 // group's, and BlockTokens' and BlockStride's too: each group has its own
 // (Cache.LayerStrides).
@@ -84,20 +88,24 @@ func (s *Sequence) TokenStride() int {
 
 // BlockTokens returns the tokens of each block in the Blocked layout (token t of a
 // tensor is token t % BlockTokens of block t / BlockTokens), and 0 in the others,
-// whose tensors have no blocks. It is at least Config.BlockTokens.
+// whose tensors have no blocks: what a kernel of a one-group model needs to find a
+// token (LayerStrides serves every model). It is at least Config.BlockTokens.
 func (s *Sequence) BlockTokens() int {
 	s.live()
 	return s.c.tpb
 }
 
-// BlockStride returns, for a kernel (see Base), the bytes from a block to the next
-// (whole granules) in the Blocked layout, and 0 in the others.
+// BlockStride returns, for a kernel of a one-group model (see Base; LayerStrides
+// serves every model), the bytes from a block to the next (whole granules) in the
+// Blocked layout, and 0 in the others.
 func (s *Sequence) BlockStride() int {
 	s.live()
 	return s.c.blk
 }
 
-// View returns layer's K or V tensor of s as a tensor of T: [Len, KVHeads, HeadDim],
+// View returns layer's K or V tensor of s as a tensor of T, for host code (a CPU
+// kernel, a check) that reads or writes elements in place, or a kernel handed a
+// tensor: [Len, KVHeads, HeadDim],
 // contiguous in the PerLayer layout; in the Blocked layout [blocks, BlockTokens,
 // KVHeads, HeadDim] with blocks = ⌈Len / BlockTokens⌉, strided by BlockStride and
 // TokenStride, whose token t is element
@@ -188,7 +196,8 @@ type Strides struct {
 	StateBytes int
 }
 
-// LayerStrides returns how layer's tensors lie (see Strides). In a one-group cache
+// LayerStrides returns how layer's tensors lie (see Strides): what a server hands
+// its kernels for each layer, once, since it never changes. In a one-group cache
 // every layer's are Sequence.TokenStride's, BlockTokens' and BlockStride's; on a
 // Model each group has its own. It fails with ErrRange for a layer the model does not
 // have.

@@ -12,14 +12,17 @@ import (
 // (Headroom), and where the cache's memory is (Device, Pool). What evicts cached
 // prefixes, and when, is the package doc's memory rules.
 
-// Device returns the device whose budget the cache's memory takes (the backing's).
+// Device returns the device whose budget the cache's memory takes (the backing's):
+// the key a server or a metrics collector passes to the governor about this cache.
 func (c *Cache) Device() accounting.DeviceKey { return c.dev }
 
 // Pool returns the backing's pool of physical granules (host.Shared, cuda), whose
-// idle granules Need counts as owned already, or nil when the backing pools none.
+// idle granules Need counts as owned already, or nil when the backing pools none:
+// for a metrics collector that reads the pool's stats (package metrics does).
 func (c *Cache) Pool() backing.Pool { return c.pool }
 
-// Headroom returns the bytes of budget the cache's operations can have now: what
+// Headroom returns the bytes of budget the cache's operations can have now, for a
+// scheduler deciding whether to admit, fork or step: what
 // the governor has free on the device plus what its prefix cache could give back by
 // eviction (cached granules that no live sequence maps and no pin holds), which every
 // operation evicts before it refuses. It is the one figure to compare with Need and

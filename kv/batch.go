@@ -21,7 +21,8 @@ type Growth struct {
 // already). Zero means the growth fits in granules the sequence or the pool holds.
 // It fails as Append would for a bad n. On a Model it counts what the growth commits
 // before a window group gives any granule back (those go idle in a pooling backing,
-// where the next growth finds them).
+// where the next growth finds them). A scheduler compares it with Headroom before it
+// grows one sequence (a prefill chunk); Cache.Need does a whole step.
 func (s *Sequence) Need(n int) (int64, error) {
 	g := [1]Growth{{s, n}}
 	return s.c.Need(g[:])
@@ -29,7 +30,8 @@ func (s *Sequence) Need(n int) (int64, error) {
 
 // Need returns the bytes of budget that the batch step would take now (see
 // Sequence.Need): what AppendBatch compares with the governor's available bytes. It
-// fails as AppendBatch would for a bad batch.
+// fails as AppendBatch would for a bad batch. A scheduler compares it with Headroom
+// to choose a step that fits before it calls AppendBatch.
 func (c *Cache) Need(batch []Growth) (int64, error) {
 	need, err := c.check(batch)
 	if err != nil {
@@ -45,7 +47,9 @@ func (c *Cache) Need(batch []Growth) (int64, error) {
 // free and its limit: a scheduler frees Requested - Available bytes (preempts a
 // sequence) and steps again. A batch that names a sequence twice, a nil sequence or
 // one of another cache fails with ErrBatch; a count past MaxTokens with ErrTooLong.
-// The batch's sequences MUST all be owned by the calling goroutine.
+// The batch's sequences MUST all be owned by the calling goroutine. A server calls it
+// once per decode step, for every sequence the step grows, when it would rather
+// preempt than wait; AppendBatchCtx waits.
 func (c *Cache) AppendBatch(batch []Growth) error { return c.appendBatch(batch, 0) }
 
 // AppendBatchCtx is AppendBatch that, when the memory can not be had now, waits for
@@ -54,7 +58,9 @@ func (c *Cache) AppendBatch(batch []Growth) error { return c.appendBatch(batch, 
 // ctx ends; the queue serves it from the pool's idle granules as from free budget. It
 // holds nothing while it waits, so waiting steps can not deadlock each other. A step
 // larger than the device's whole limit fails at once (ErrExceedsLimit); a cancelled
-// wait returns ctx.Err() and changes nothing.
+// wait returns ctx.Err() and changes nothing. A server uses it when it would rather
+// wait for other requests to finish and free memory than preempt; ctx bounds the
+// wait.
 func (c *Cache) AppendBatchCtx(ctx context.Context, batch []Growth) error {
 	if ctx == nil {
 		panic(panicNilContext)
@@ -312,7 +318,8 @@ func (c *Cache) wait(ctx context.Context, batch []Growth, err error) error {
 // accounting.ErrBudgetExceeded; see AppendBatch for what it carries) and changes
 // nothing; past MaxTokens it fails with ErrTooLong. On a Model, each window group
 // then gives back the whole units below the one that holds its FirstLive of the
-// length it grew from (see the states of a window group's bytes).
+// length it grew from (see the states of a window group's bytes). A server calls it
+// for one sequence's growth (a prompt's prefill); a step of many is AppendBatch.
 func (s *Sequence) Append(n int) error {
 	g := [1]Growth{{s, n}}
 	return s.c.appendBatch(g[:], 0)
@@ -320,7 +327,8 @@ func (s *Sequence) Append(n int) error {
 
 // AppendCtx is Append that, when memory can not be had now, waits for it in the
 // governor's FIFO queue of the device until ctx ends (see AppendBatchCtx). A
-// cancelled wait changes nothing.
+// cancelled wait changes nothing. A server uses it for one sequence's growth when it
+// would rather wait than fail.
 func (s *Sequence) AppendCtx(ctx context.Context, n int) error {
 	return s.c.AppendBatchCtx(ctx, []Growth{{s, n}})
 }

@@ -8,7 +8,9 @@ import "github.com/vmarena/vmarena/kv/blockhash"
 // BlockEvents is told what a PrefixCache caches and evicts, in blocks of EventOptions.
 // BlockSize tokens chained by their hashes (package kv/blockhash): what a cluster's
 // router needs to know which replica holds a prefix (vLLM's KV events; the publisher
-// that puts them on the wire lives above kv, in package kvevents).
+// that puts them on the wire lives above kv, in package kvevents). A server passes
+// kvevents' Publisher; it implements this itself only to read the events in its own
+// process (a router in the same binary, a test).
 //
 // It is told of what Insert, eviction and Close change, never of the token path, and
 // not on the caller's goroutine: the cache queues each change to a goroutine of its
@@ -32,7 +34,7 @@ type BlockEvents interface {
 
 // BlocksStored announces blocks that became fully cached in one layer group, each
 // once, a chain of them in order: Hashes[i+1] is chained to Hashes[i], and Hashes[0]
-// to Parent.
+// to Parent. An observer (BlockEvents) reads it; a server never makes one.
 //
 // On a model of several groups each group's blocks are announced apart, with its
 // index in Model.Groups (vLLM's group_idx), its attention kind and its window: a full
@@ -63,7 +65,8 @@ type BlocksStored struct {
 }
 
 // BlocksRemoved names blocks, each announced by an earlier BlocksStored of the same
-// Group, that the cache no longer holds whole in that group.
+// Group, that the cache no longer holds whole in that group. An observer (BlockEvents)
+// reads it; a server never makes one.
 type BlocksRemoved struct {
 	Hashes []uint64
 	Group  int

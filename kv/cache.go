@@ -15,7 +15,9 @@ import (
 )
 
 // Config says what a Cache holds and how: the argument of New, and of Config.Size and
-// TierNamespace, which answer for a cache before it is made.
+// TierNamespace, which answer for a cache before it is made. A server fills one at
+// start-up: Model and MaxTokens always, Authority on a backing charged by buffer
+// (host.Private), MapAhead on a pooling one (host.Shared, cuda).
 type Config struct {
 	// Model is the model's shape: one group when every layer is full attention of one
 	// shape (Uniform, or a preset such as Llama3_8B), else layer groups
@@ -130,7 +132,8 @@ type Cache struct {
 
 // New returns a cache of sequences on b. It reserves nothing until sequences are made.
 // The backing's type is inferred from b and hidden behind the Cache, which names no
-// backing type: a server holds a *Cache whatever memory it runs on.
+// backing type: a server holds a *Cache whatever memory it runs on. A server calls it
+// once per model and backing, at start-up.
 //
 // It refuses, with an error matching ErrModel that says what, a model Model.Validate
 // refuses for MaxTokens (a window larger than MaxTokens, an MLA group with V, no
@@ -216,8 +219,9 @@ func (c *Cache) Config() Config {
 // Config.Size and TierNamespace for a cache like this one.
 func (c *Cache) Granularity() int { return c.gran }
 
-// NewSequence returns an empty sequence. It reserves address space for MaxTokens and
-// commits nothing. The sequence MUST be closed.
+// NewSequence returns an empty sequence, for a request that starts on no shared
+// prefix (a server with a PrefixCache calls Lookup instead). It reserves address
+// space for MaxTokens and commits nothing. The sequence MUST be closed.
 func (c *Cache) NewSequence() (*Sequence, error) {
 	s, err := c.newSequence()
 	if err != nil {
@@ -490,7 +494,8 @@ func (s *Sequence) refreshStats() {
 // released first: while any is live Close fails with an error matching ErrBusy and
 // closes nothing. It retries giving back any range whose release failed earlier and
 // reports what still fails. A second Close changes nothing and returns an error
-// matching ErrClosed (docs/server.md, "A second Close").
+// matching ErrClosed (docs/server.md, "A second Close"). A server calls it last at
+// shutdown, after its PrefixCache's Close.
 func (c *Cache) Close() error {
 	c.mu.Lock()
 	if c.closed {

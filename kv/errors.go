@@ -11,45 +11,54 @@ var (
 	// ErrModel: a model whose shape is not valid (see Model.Validate): a group with
 	// a non-positive dimension, an unknown element type, a head dim that is not a
 	// whole number of its type's blocks, or scales its type can not have; layers in
-	// no group or in two.
+	// no group or in two. A server sees it at start-up, from New or Validate.
 	ErrModel = errors.New("kv: invalid model")
-	// ErrConfig: a configuration the cache can not be built from.
+	// ErrConfig: a configuration the cache can not be built from. A server sees it at
+	// start-up, from New, NewPrefixCache or a Size; the error says which field.
 	ErrConfig = errors.New("kv: invalid configuration")
-	// ErrUnknownModel: Preset was asked for a name it does not know.
+	// ErrUnknownModel: Preset was asked for a name it does not know; the error lists
+	// the names it does, for a command-line flag's message.
 	ErrUnknownModel = errors.New("kv: unknown model preset")
-	// ErrTooLong: a sequence would grow past the cache's MaxTokens.
+	// ErrTooLong: a sequence would grow past the cache's MaxTokens. A server ends
+	// that request (or truncates it); waiting for memory does not help.
 	ErrTooLong = errors.New("kv: sequence exceeds MaxTokens")
-	// ErrRange: a token, layer or length outside what the sequence holds.
+	// ErrRange: a token, layer or length outside what the sequence holds: a bug in
+	// the caller's indices, not a shortage.
 	ErrRange = errors.New("kv: out of range")
-	// ErrElemType: a typed view whose element type is not its layer group's.
+	// ErrElemType: a typed view whose element type is not its layer group's: View or
+	// Run was instantiated with the wrong T.
 	ErrElemType = errors.New("kv: element type does not match the geometry")
-	// ErrLayout: an operation the cache's layout can not serve (a contiguous per-layer
-	// slice of a blocked layout, say).
+	// ErrLayout: an operation the cache's layout or memory can not serve (a contiguous
+	// per-layer slice of a blocked layout, a CPU slice of device memory): use
+	// ReadTokens and WriteTokens, which serve every layout and backing.
 	ErrLayout = errors.New("kv: not available in this layout")
-	// ErrNoSharing: prefixes and forks need a backing that shares physical memory.
+	// ErrNoSharing: prefixes and forks need a backing that shares physical memory
+	// (host.Shared, cuda); a server on a private backing serves without them.
 	ErrNoSharing = errors.New("kv: backing does not share memory")
 	// ErrDamaged: a backing call failed midway through an operation that could not
 	// be undone; the sequence must be closed (Close still gives back everything it
-	// holds).
+	// holds). A scheduler closes that sequence and ends its request (Sequence.Damaged).
 	ErrDamaged = errors.New("kv: sequence damaged by a failed backing call")
 	// ErrClosed: the cache or prefix cache is closed, or a sequence was closed a
-	// second time.
+	// second time: a server sees it during shutdown, or from a double Close.
 	ErrClosed = errors.New("kv: closed")
-	// ErrBusy: the cache still has live sequences or prefixes and can not close.
+	// ErrBusy: the cache still has live sequences or prefixes (or an open
+	// PrefixCache) and can not close: close those first, then the cache.
 	ErrBusy = errors.New("kv: cache has live sequences or prefixes")
 	// ErrReadOnly: a write to a token below Writable, which lies in memory shared
-	// with a prefix or a fork.
+	// with a prefix or a fork: write from Writable on.
 	ErrReadOnly = errors.New("kv: token is read-only (shared)")
 	// ErrDropped: a token a sliding-window or chunked-local group gave back (below
 	// Sequence.FirstHeld): it can not be read, written or viewed, and a Truncate,
 	// ForkAt, Freeze or PrefixCache.Insert whose holder the window rule says needs it
-	// (see the package doc) is refused.
+	// (see the package doc) is refused. It is no shortage: waiting does not help.
 	ErrDropped = errors.New("kv: token dropped by its group's window")
 	// ErrScale: scales asked of a cache that keeps none, the wrong number of them, or
-	// a scale that is not finite and positive.
+	// a scale that is not finite and positive: a bug in how the server calls
+	// SetScales, Scales or GroupScales.
 	ErrScale = errors.New("kv: invalid FP8 scales")
 	// ErrBatch: a batch that names a sequence twice, a nil sequence, or a sequence of
-	// another cache.
+	// another cache: a scheduler bug; the step changed nothing.
 	ErrBatch = errors.New("kv: invalid batch")
 )
 

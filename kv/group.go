@@ -8,16 +8,18 @@ import (
 )
 
 // Attention is the kind of a layer group's attention: what its KV holds per token and
-// which of a sequence's tokens the next step reads.
+// which of a sequence's tokens the next step reads. A server names one in Group.Kind
+// when it describes a model no preset covers.
 type Attention uint8
 
 // The attention kinds. The zero value is none of them, so a Group must name its kind.
 const (
-	// FullAttention keeps every token: each step reads all of them.
+	// FullAttention keeps every token: each step reads all of them. Most models'
+	// layers are of this kind; a model of nothing else is Uniform.
 	FullAttention Attention = iota + 1
 	// SlidingWindow keeps the last Window tokens: a token at position p reads the
 	// keys at p-Window+1 .. p (itself included), as Hugging Face's sliding_window
-	// and vLLM's SlidingWindowSpec count it.
+	// and vLLM's SlidingWindowSpec count it: the local layers of gpt-oss and Gemma 3.
 	SlidingWindow
 	// ChunkedLocal splits the sequence into chunks of Window tokens from position 0:
 	// a token reads the earlier tokens of its own chunk only (Llama 4's
@@ -35,6 +37,7 @@ const (
 	numAttention
 )
 
+// String returns the kind's name as logs and errors print it ("sliding-window").
 func (a Attention) String() string {
 	switch a {
 	case FullAttention:
@@ -52,7 +55,8 @@ func (a Attention) String() string {
 }
 
 // Group is a set of a model's layers that share one KV shape: their attention kind,
-// per-token tensors and element type. A Model is a list of groups.
+// per-token tensors and element type. A Model is a list of groups. A server writes
+// groups only for a model no preset (Presets) or Uniform describes.
 type Group struct {
 	Kind Attention
 	// Layers are the indices of the model's layers in this group, each in [0,
@@ -81,9 +85,9 @@ type Group struct {
 	StateBytes int
 }
 
-// TensorsPerLayer returns the per-token tensors of each of g's layers: 2 (K and V),
+// tensorsPerLayer returns the per-token tensors of each of g's layers: 2 (K and V),
 // 1 for an MLA latent, 0 for a recurrent state.
-func (g Group) TensorsPerLayer() int {
+func (g Group) tensorsPerLayer() int {
 	switch g.Kind {
 	case MLALatent:
 		return 1
@@ -114,7 +118,8 @@ var latentOnly = []Kind{K}
 
 // TokenBytes returns the bytes of one token of one of g's per-token tensors: KVHeads
 // heads of HeadDim values counted by the element type, block scales included. It is 0
-// for a Recurrent group and for a shape its element type can not hold.
+// for a Recurrent group and for a shape its element type can not hold. It is the
+// length of the buffer ReadToken and WriteToken take for a layer of g.
 func (g Group) TokenBytes() int {
 	if g.Kind == Recurrent {
 		return 0
@@ -127,11 +132,13 @@ func (g Group) TokenBytes() int {
 }
 
 // BytesPerToken returns the bytes of one token across all of g's layers and
-// tensors; 0 for a Recurrent group, whose state does not grow with tokens.
-func (g Group) BytesPerToken() int { return len(g.Layers) * g.TensorsPerLayer() * g.TokenBytes() }
+// tensors; 0 for a Recurrent group, whose state does not grow with tokens. Use it to
+// weigh a group's share of a model's memory; Model.Size counts granules and blocks.
+func (g Group) BytesPerToken() int { return len(g.Layers) * g.tensorsPerLayer() * g.TokenBytes() }
 
 // FirstLive returns the first token of a sequence of n tokens that a later step can
-// still read: the tokens below it can be given back. It is 0 for the kinds that read
+// still read: the tokens below it can be given back. A server's attention kernel
+// reads from it on; Sequence.FirstHeld says what a live sequence still holds. It is 0 for the kinds that read
 // every token (and for Recurrent, which keeps none); for SlidingWindow it is
 // max(0, n-Window+1), for ChunkedLocal the start of the chunk the next token falls in,
 // n rounded down to a multiple of Window. These are vLLM's
@@ -187,7 +194,7 @@ func (g Group) validate(i, maxTokens int) error {
 	if g.StateBytes != 0 {
 		return bad("state bytes %d are only for recurrent groups", g.StateBytes)
 	}
-	if g.Tensors != 0 && g.Tensors != g.TensorsPerLayer() {
+	if g.Tensors != 0 && g.Tensors != g.tensorsPerLayer() {
 		if g.Kind == MLALatent {
 			return bad("%d tensors per layer: an MLA group keeps one latent and no V", g.Tensors)
 		}

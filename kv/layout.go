@@ -9,11 +9,13 @@ import (
 )
 
 // Layout says how a sequence's K and V tensors lie in address space (Config.Layout):
-// pick the one the attention kernel reads.
+// pick the one the attention kernel reads. Leave it Blocked unless the kernel needs
+// each layer's tensor contiguous.
 type Layout uint8
 
 const (
-	// Blocked, the default, puts all layers in one range cut into blocks: a block is
+	// Blocked, the default, for a kernel that reads a layer block by block, puts all
+	// layers in one range cut into blocks: a block is
 	// whole granules that hold T tokens of every layer (chosen per group so that no
 	// byte or few are dead, blocks.go; Config.BlockTokens overrides), layer-major inside
 	// ([layer][K|V][T tokens][KVHeads][HeadDim]). So a sequence has one growth
@@ -25,10 +27,10 @@ const (
 	// tensor is a strided tensor of [blocks, T, KVHeads, HeadDim] (View); the bytes
 	// at a block's end that hold no whole token are waste (Config.Size).
 	Blocked Layout = 0
-	// PerLayer gives every (layer, K|V) tensor its own range: each tensor is
-	// contiguous (Sequence.Bytes), and a sequence has 2 × Layers growth frontiers, so
-	// up to 2 × Layers partly filled granules: up to 128 MiB per sequence for
-	// Llama-3-8B at 2 MiB granules, 4 MiB at 64 KiB.
+	// PerLayer, for a kernel that needs each tensor contiguous, gives every (layer,
+	// K|V) tensor its own range (Sequence.Bytes); a sequence has 2 × Layers growth
+	// frontiers, so up to 2 × Layers partly filled granules: up to 128 MiB per
+	// sequence for Llama-3-8B at 2 MiB granules, 4 MiB at 64 KiB.
 	//
 	// NB: 1 was a token-major layout (all layers of a token together), removed
 	// because it read slowest everywhere (BENCHMARKS.md); PerLayer keeps its value,
@@ -36,6 +38,7 @@ const (
 	PerLayer Layout = 2
 )
 
+// String returns the layout's name as logs and flags print it ("blocked").
 func (l Layout) String() string {
 	switch l {
 	case Blocked:

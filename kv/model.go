@@ -12,7 +12,8 @@ import (
 // Model is the shape of a model's KV cache as a list of layer groups: each of its
 // layers is in exactly one group, and each group has its own attention kind, tensors
 // and element type. A model whose every layer is full attention of one shape is one
-// group (Uniform).
+// group (Uniform). A server takes one from Preset or a preset function, or builds one
+// for a model none covers, and puts it in Config.Model.
 //
 // A Model is pure description: Validate and Size allocate nothing, and the cache is
 // meant to lay each group out in ranges of its own (so groups need no common page
@@ -23,14 +24,16 @@ type Model struct {
 	Groups []Group
 }
 
-// MaxLayers is the most layers a Model may have. The deepest models served have a few
-// hundred; the bound keeps what a cache builds per layer (its tensors' places, a
-// PerLayer sequence's ranges) small whatever a Config says.
+// MaxLayers is the most layers a Model may have (Validate refuses more): a bound a
+// server reading a model's shape from a file may check first. The deepest models
+// served have a few hundred; the bound keeps what a cache builds per layer (its
+// tensors' places, a PerLayer sequence's ranges) small whatever a Config says.
 const MaxLayers = 1 << 12
 
 // Uniform returns the model of layers layers, each full attention with one K and one V
 // tensor of kvHeads heads of headDim values of dt per token: one FullAttention group
-// of layers 0 to layers-1, in order. Set the group's Scales to keep FP8 scales. The
+// of layers 0 to layers-1, in order: the model to write for a dense transformer no
+// preset names. Set the group's Scales to keep FP8 scales. The
 // group of a model with fewer than 1 or more than MaxLayers layers lists none
 // (Model.Validate refuses the model).
 func Uniform(name string, layers, kvHeads, headDim int, dt arena.DType) Model {
@@ -68,7 +71,7 @@ func (m Model) uniform() bool {
 // with V, a recurrent group with tensors, a shape its element type can not hold), a
 // layer index outside the model, a layer listed twice or in no group, or a token size
 // that overflows. maxTokens is the cache's per-sequence maximum; 0 means none is
-// given.
+// given. New calls it; a server calls it itself on a model it built, before sizing it.
 func (m Model) Validate(maxTokens int) error {
 	if m.Layers <= 0 {
 		return fmt.Errorf("%w: model %q has %d layers (must be positive)", ErrModel, m.Name, m.Layers)
@@ -118,7 +121,8 @@ func (m Model) clone() Model {
 }
 
 // BytesPerToken returns the bytes one token adds across all groups, block scales
-// included: the recurrent groups add none.
+// included: the recurrent groups add none. It is the quick figure for a budget;
+// Size adds what granules, blocks and windows make of it.
 func (m Model) BytesPerToken() int {
 	n := 0
 	for _, g := range m.Groups {

@@ -3,25 +3,31 @@ package kv
 import "github.com/vmarena/vmarena/arena"
 
 // Presets of dense models of full attention (and a tiny one for tests), fp16: one
-// group each (Uniform).
+// group each (Uniform). A server that serves one of these models puts its preset in
+// Config.Model; one that takes the model by name calls Preset.
 
-// Llama3_8B returns llama3-8b: 32 layers, 8 KV heads × 128, fp16.
+// Llama3_8B returns llama3-8b: 32 layers, 8 KV heads × 128, fp16: the Config.Model of
+// a server that serves it, and the model examples/kvcache serves by default.
 func Llama3_8B() Model { return Uniform("llama3-8b", 32, 8, 128, arena.Float16) }
 
-// Llama3_70B returns llama3-70b: 80 layers, 8 KV heads × 128, fp16.
+// Llama3_70B returns llama3-70b: 80 layers, 8 KV heads × 128, fp16: the Config.Model
+// of a server that serves it.
 func Llama3_70B() Model { return Uniform("llama3-70b", 80, 8, 128, arena.Float16) }
 
-// Qwen25_7B returns qwen2.5-7b: 28 layers, 4 KV heads × 128, fp16.
+// Qwen25_7B returns qwen2.5-7b: 28 layers, 4 KV heads × 128, fp16: the Config.Model
+// of a server that serves it.
 func Qwen25_7B() Model { return Uniform("qwen2.5-7b", 28, 4, 128, arena.Float16) }
 
 // Llama32_1B returns llama3.2-1b: 16 layers, 8 KV heads × 64, fp16; a small model, for
 // replaying long prompts within a small machine.
 func Llama32_1B() Model { return Uniform("llama3.2-1b", 16, 8, 64, arena.Float16) }
 
-// Qwen25_05B returns qwen2.5-0.5b: 24 layers, 2 KV heads × 64, fp16; a small model.
+// Qwen25_05B returns qwen2.5-0.5b: 24 layers, 2 KV heads × 64, fp16; a small model,
+// for a server tried on a laptop.
 func Qwen25_05B() Model { return Uniform("qwen2.5-0.5b", 24, 2, 64, arena.Float16) }
 
-// Tiny returns tiny: 2 layers, 2 KV heads × 16, fp16; for tests.
+// Tiny returns tiny: 2 layers, 2 KV heads × 16, fp16; for tests and examples, never
+// a real model.
 func Tiny() Model { return Uniform("tiny", 2, 2, 16, arena.Float16) }
 
 // The figures of the layer-group presets below come from each model's config.json on Hugging Face
@@ -175,7 +181,8 @@ func every(n int, keep func(int) bool) []int {
 	return ls
 }
 
-// Presets returns the presets, each a fresh value that the caller may change: the
+// Presets returns the presets, for a server that lists the models it knows (a flag's
+// help), each a fresh value that the caller may change: the
 // fp16 full-attention models llama3-8b, llama3-70b, qwen2.5-7b, llama3.2-1b,
 // qwen2.5-0.5b and tiny, then the layer-group models gpt-oss-20b and -120b,
 // gemma-3-27b and -12b, llama-4-scout, deepseek-v3 and -r1, qwen3-8b and -32b,
@@ -187,5 +194,6 @@ func Presets() []Model {
 }
 
 // Preset returns a fresh copy of the preset named name (case-insensitive), or an error
-// matching ErrUnknownModel that lists the names it knows.
+// matching ErrUnknownModel that lists the names it knows: for a server that takes its
+// model by name, from a flag or a configuration file.
 func Preset(name string) (Model, error) { return byName(Presets(), name) }

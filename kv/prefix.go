@@ -12,7 +12,9 @@ import (
 // Prefix is the immutable K and V of a sequence's first tokens (a system prompt, a
 // few-shot header), shared by mapping its physical granules into every sequence that
 // starts on it. It is reference-counted: its creator holds one reference, each
-// sequence started on it another; it is freed with the last.
+// sequence started on it another; it is freed with the last. A server makes one
+// (Sequence.Freeze) for a prefix it knows many requests share; a PrefixCache manages
+// its shared prefixes without one.
 type Prefix struct {
 	_ nocopy.NoCopy
 
@@ -30,7 +32,8 @@ type Prefix struct {
 	creator bool // the creator's reference is still held
 }
 
-// Len returns the prefix's tokens.
+// Len returns the prefix's tokens: a request's tokens from there on are its own, to
+// append to a sequence started on the prefix.
 func (p *Prefix) Len() int { return p.tokens }
 
 // The accessors below mirror the seed's SharedDevicePrefix (onnx_runtime_memory_api,
@@ -39,7 +42,8 @@ func (p *Prefix) Len() int { return p.tokens }
 
 // Base returns the first address of layer's K or V tensor in the prefix's own ranges
 // (its token 0): where the prefix's K and V lie, written once when it was frozen and
-// never again. It does not change while the prefix lives. On a device it must not be
+// never again. A kernel that reads the shared prefix once for all the sequences on it
+// starts there. It does not change while the prefix lives. On a device it must not be
 // dereferenced by the CPU. It panics ("kv: layer or kind out of range") for a layer or
 // kind that does not exist.
 func (p *Prefix) Base(layer int, kind Kind) uintptr {
@@ -60,7 +64,7 @@ func (c *Cache) tensorBase(bufs []buffer, layer int, kind Kind) uintptr {
 // Committed returns the physical bytes the prefix holds, all ranges together: the
 // granules its tokens occupy, counted once however many sequences map them (the
 // cache's ledger owns them once). It is the prefix's physical cost, never its
-// tokens' bytes.
+// tokens' bytes: what a server logs or weighs when it decides to keep the prefix.
 func (p *Prefix) Committed() int64 {
 	p.held()
 	var n int64
@@ -72,7 +76,7 @@ func (p *Prefix) Committed() int64 {
 
 // Mapped returns the granule-rounded bytes the prefix's tokens span, all ranges
 // together: Requested rounded up to whole granules (whole blocks in the Blocked
-// layout) in each range.
+// layout) in each range: what each sequence on it maps, for logs.
 //
 // On a Model a window group's ranges span its units from the one that holds its
 // FirstLive(Len) on, the ones the prefix holds.
@@ -94,6 +98,7 @@ func (p *Prefix) Mapped() int64 {
 // Requested returns the bytes of the prefix's tokens before any rounding: Len times
 // the model's BytesPerToken. On a model with window groups a window group
 // counts its live tokens only, from its FirstLive(Len) on: the ones a prefix keeps.
+// Against Mapped, it says what rounding to granules costs, for logs.
 func (p *Prefix) Requested() int64 {
 	p.held()
 	if !p.c.windows {
@@ -118,8 +123,9 @@ func (p *Prefix) held() {
 }
 
 // Release drops the creator's reference. The prefix's memory is freed now if no
-// sequence started on it is still live, else with the last of them. Releasing twice
-// panics ("kv: Prefix used after Release").
+// sequence started on it is still live, else with the last of them: a server
+// releases it when no new request will start on it (the system prompt changed, or
+// shutdown). Releasing twice panics ("kv: Prefix used after Release").
 func (p *Prefix) Release() {
 	p.c.mu.Lock()
 	if !p.creator {
@@ -166,7 +172,8 @@ func (p *Prefix) unref() {
 	}
 }
 
-// NewSequenceFrom returns a sequence that starts on prefix p: p's full granules (full
+// NewSequenceFrom returns a sequence that starts on prefix p, for a request whose
+// prompt starts with p's tokens: p's full granules (full
 // blocks in the Blocked layout) are mapped read-only into it (owned once, whatever
 // maps them), and the tokens past them are copied into the sequence's own granule
 // (block). The sequence holds a reference to p until it is closed. It MUST be closed.

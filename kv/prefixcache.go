@@ -15,7 +15,8 @@ import (
 )
 
 // PrefixCacheOptions configures a PrefixCache: the argument of NewPrefixCache, whose
-// zero value is a prefix cache without a byte bound, tiers or events.
+// zero value is a prefix cache without a byte bound, tiers or events: what most
+// servers want until they add a tier or a router.
 type PrefixCacheOptions struct {
 	// MaxBytes caps the physical bytes the cache's entries hold (CachedBytes); 0 means
 	// no cap other than the governor's budget, which takes cached prefixes back when
@@ -156,7 +157,8 @@ type PrefixCacheStats struct {
 	Tiers []TierStats
 }
 
-// HitRate returns Hits over Queries (0 before any query).
+// HitRate returns Hits over Queries (0 before any query), in tokens: the figure a
+// server logs to tell whether its prefix cache earns its memory.
 func (s PrefixCacheStats) HitRate() float64 {
 	if s.Queries == 0 {
 		return 0
@@ -168,7 +170,8 @@ func (s PrefixCacheStats) HitRate() float64 {
 // (its reclaimer) and with c, so that they take cached prefixes back as the package
 // doc's memory rules say. c's backing must share memory (host.Shared, cuda), else
 // the error matches ErrNoSharing; a cache has at most one PrefixCache. It MUST be
-// closed before c.
+// closed before c. A server makes one at start-up, after New, when its requests
+// share prompt prefixes (a system prompt, a conversation's earlier turns).
 //
 // A Model of one MLA group (DeepSeek-V3/R1) has one as a full-attention cache does:
 // its latent is one tensor per layer, every token of it kept. A Model of window
@@ -431,7 +434,8 @@ var errEntryGone = errors.New("kv: prefix cache entry gone")
 
 // Insert adds the first len(tokens) tokens of s, whose IDs are tokens, to the cache
 // (more tokens than s holds fail with ErrRange and change nothing), so that later
-// lookups can start on them; tokens the cache holds already are left as they are. It is
+// lookups can start on them: a server calls it after a request's prefill (and,
+// optionally, when it ends); tokens the cache holds already are left as they are. It is
 // bookkeeping only: the new entry refers to s's granules (see prefixcache_lazy.go).
 // s's whole granules below them become shared: below s.Writable from then on,
 // refused by WriteToken, and they MUST NOT be written through Bytes or a View (on a
@@ -609,7 +613,8 @@ func (pc *PrefixCache) Stats() PrefixCacheStats {
 // and the governor (its ledger leaves the governor's list). Sequences started by
 // Lookup stay valid (they map what they use). Close waits for a reclaimer that is
 // running. A second Close changes nothing and returns an error matching ErrClosed
-// (docs/server.md, "A second Close").
+// (docs/server.md, "A second Close"). A server closes it at shutdown, before
+// Cache.Close.
 func (pc *PrefixCache) Close() error {
 	pc.mu.Lock()
 	if pc.closed {

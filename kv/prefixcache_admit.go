@@ -36,7 +36,8 @@ func (pc *PrefixCache) matchable(tokens []int32) int {
 
 // Need returns the bytes of budget that serving the prompt tokens would take now:
 // Lookup(tokens), then the Append of the tokens past the match, less the pool's idle
-// granules. The whole units of the match are mapped from the cache and take nothing;
+// granules: what a scheduler compares with Cache.Headroom before it admits a
+// request. The whole units of the match are mapped from the cache and take nothing;
 // a miss that takes over an evicted entry's ranges may take less. It changes nothing
 // (as Match), and fails with ErrTooLong for a prompt longer than MaxTokens and
 // ErrClosed once the prefix cache is closed.

@@ -12,11 +12,14 @@ type PrefixPin struct {
 	done bool
 }
 
-// Len returns the pinned tokens.
+// Len returns the pinned tokens: a server checks it after Pin, since a prefix the
+// cache holds only in part pins fewer tokens than asked, or none (0).
 func (p *PrefixPin) Len() int { return p.n }
 
 // Pin pins the longest prefix of tokens the cache holds (at most all of it): eviction
-// never takes those tokens' granules until the pin is released. On a Model of window
+// never takes those tokens' granules until the pin is released. A server pins a
+// prefix every request shares (its system prompt) once it is inserted, so that a
+// burst of other prompts can not evict it. On a Model of window
 // groups it takes no entry that holds them (which of them holds a window group's
 // units is each one's own). Len says how many
 // tokens that is (0 when none is cached: insert them first).
@@ -30,8 +33,9 @@ func (pc *PrefixCache) Pin(tokens []int32) (*PrefixPin, error) {
 	return &PrefixPin{pc: pc, node: n, n: n.Depth()}, nil
 }
 
-// Release drops the pin; a cache over MaxBytes then evicts down to it. Releasing
-// twice panics ("kv: PrefixPin released twice").
+// Release drops the pin, when the prefix stops being shared by every request (the
+// system prompt changed) or at shutdown; a cache over MaxBytes then evicts down to
+// it. Releasing twice panics ("kv: PrefixPin released twice").
 func (p *PrefixPin) Release() {
 	pc := p.pc
 	pc.mu.Lock()

@@ -104,7 +104,8 @@ const (
 )
 
 // TierStats counts what a prefix cache did with one of its tiers
-// (PrefixCacheStats.Tiers), for metrics and logs.
+// (PrefixCacheStats.Tiers), for metrics and logs: a server reads Hits against
+// Misses and Drops to tell whether a tier earns its cost.
 type TierStats struct {
 	Name string // the tier's Name
 	// Hits is the prompt tokens lookups found in the tier and loaded (they count in

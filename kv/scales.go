@@ -12,18 +12,23 @@ import (
 // ScaleMode says whether a cache of FP8 elements keeps dequantization scales, and how
 // many: a stored value x stands for x.Float32() × scale, so a kernel that writes K or
 // V divides by the scale before narrowing and multiplies after widening. vLLM's FP8 KV
-// cache keeps such a scale per layer's K and V ("k_scale", "v_scale").
+// cache keeps such a scale per layer's K and V ("k_scale", "v_scale"). A server sets
+// it in Group.Scales when its kernels quantize K and V to FP8 with scales.
 type ScaleMode uint8
 
 const (
-	// NoScales, the zero value, keeps none: values are stored as they are.
+	// NoScales, the zero value, keeps none: values are stored as they are. Every
+	// element type but FP8 has this mode only.
 	NoScales ScaleMode = iota
-	// ScalePerTensor keeps one float32 per layer's K or V tensor.
+	// ScalePerTensor keeps one float32 per layer's K or V tensor: for a checkpoint
+	// with one k_scale and one v_scale per layer.
 	ScalePerTensor
-	// ScalePerHead keeps one float32 per KV head of each layer's K or V tensor.
+	// ScalePerHead keeps one float32 per KV head of each layer's K or V tensor: for
+	// kernels that quantize each head with a scale of its own.
 	ScalePerHead
 )
 
+// String returns the mode's name as logs print it ("per-head").
 func (m ScaleMode) String() string {
 	switch m {
 	case NoScales:
@@ -134,6 +139,7 @@ func (c *Cache) closeScales() error {
 // only that address (for a kernel); on the host its elements may also be read (write
 // them with SetScales, which checks them).
 // A cache without scales fails with ErrScale. The tensor is valid until Close.
+// A server hands it to the kernels of a one-group model, which read the scales in place.
 //
 // It is GroupScales(0) on a model of one group, and fails with ErrScale on a model of
 // more: each group's scales are then GroupScales'.
@@ -151,7 +157,8 @@ func (c *Cache) Scales() (arena.Tensor[float32], error) {
 // row-major, at a base address that never changes while the cache is open, as
 // Scales says. A group without scales (a recurrent one, one of another element
 // type, or one that asks for none) fails with ErrScale, and an index outside the
-// model with ErrRange. The tensor is valid until Close. Every group's scales lie in
+// model with ErrRange. The tensor is valid until Close. It is Scales for a model of
+// layer groups: a server hands each group's to that group's kernels. Every group's scales lie in
 // the cache's one range of scales (of its own backing, from New to Close), group
 // after group.
 func (c *Cache) GroupScales(gi int) (arena.Tensor[float32], error) {
@@ -183,8 +190,9 @@ func (c *Cache) groupScales(gi int) (groupScales, error) {
 
 // SetScales sets the scales of layer's K or V tensor to src: one value per tensor, or
 // KVHeads per head; layer is the model's layer index, on a Model too. Each must be
-// finite and positive. It works on any backing (through the backing's copier on a
-// device). It must not run while a kernel or a reader uses that tensor's scales; for
+// finite and positive. A server calls it once the model's scales are known (a
+// checkpoint's k_scale and v_scale), before the kernels read them. It works on any
+// backing (through the backing's copier on a device). It must not run while a kernel or a reader uses that tensor's scales; for
 // different tensors it may run concurrently.
 func (c *Cache) SetScales(layer int, kind Kind, src []float32) error {
 	off, err := c.scaleRange(layer, kind, len(src))
@@ -202,7 +210,8 @@ func (c *Cache) SetScales(layer int, kind Kind, src []float32) error {
 }
 
 // ReadScales copies the scales of layer's K or V tensor into dst, which must hold one
-// value per tensor, or KVHeads per head. It works on any backing.
+// value per tensor, or KVHeads per head: to check or log them (kernels read them in
+// place, through Scales or GroupScales). It works on any backing.
 func (c *Cache) ReadScales(layer int, kind Kind, dst []float32) error {
 	off, err := c.scaleRange(layer, kind, len(dst))
 	if err != nil {

@@ -12,14 +12,15 @@ import (
 )
 
 // Kind selects a layer's K or V tensor, in every call that reads, writes or views
-// one.
+// one: K or V (an MLA layer's one latent is K).
 type Kind uint8
 
 const (
-	K Kind = iota // the key tensor
+	K Kind = iota // the key tensor (an MLA layer's one latent)
 	V             // the value tensor
 )
 
+// String returns "K" or "V", as logs and errors print a tensor.
 func (k Kind) String() string {
 	if k == V {
 		return "V"
@@ -84,19 +85,21 @@ func (s *Sequence) usable() error {
 	return nil
 }
 
-// ID returns the sequence's number, unique within its cache.
+// ID returns the sequence's number, unique within its cache: the key a server's logs
+// and SequenceStats use for it.
 func (s *Sequence) ID() uint64 {
 	s.live()
 	return s.id
 }
 
-// Len returns the tokens the sequence holds.
+// Len returns the tokens the sequence holds: the next appended token's position.
 func (s *Sequence) Len() int {
 	s.live()
 	return s.n
 }
 
-// Cache returns the sequence's cache, for code handed only the sequence.
+// Cache returns the sequence's cache, for code handed only the sequence (a kernel
+// wrapper that needs LayerStrides or Scales).
 func (s *Sequence) Cache() *Cache {
 	s.live()
 	return s.c
@@ -300,8 +303,9 @@ func (s *Sequence) resizeList(rs []buffer, size int) error {
 	return nil
 }
 
-// Fork returns a new sequence holding the same tokens (parallel sampling, beam
-// search): ForkAt(Len()).
+// Fork returns a new sequence holding the same tokens: ForkAt(Len()). A server calls
+// it for each further sample of a request that asks for several (parallel sampling,
+// beam search).
 func (s *Sequence) Fork() (*Sequence, error) {
 	s.live()
 	return s.ForkAt(s.n)
@@ -376,7 +380,9 @@ func (s *Sequence) ForkAt(n int) (*Sequence, error) {
 }
 
 // Freeze makes the first p tokens of the sequence an immutable, reference-counted
-// Prefix that new sequences can start on (NewSequenceFrom). The full granules (in the
+// Prefix that new sequences can start on (NewSequenceFrom): for a prefix a server
+// knows of in advance (a system prompt); a PrefixCache finds shared prefixes itself.
+// The full granules (in the
 // Blocked layout, the full blocks) are shared, not copied; the prefix copies the
 // tokens past them into a granule (block) of its own. The sequence's tokens below
 // Writable are shared from then on: they MUST NOT be written through Bytes or a View
@@ -449,7 +455,8 @@ func (s *Sequence) Freeze(p int) (*Prefix, error) {
 }
 
 // Close gives back every granule the sequence holds (to the pool, or the OS) and its
-// address space, and drops its reference to the prefix it started on. The outcome is
+// address space, and drops its reference to the prefix it started on: a server calls
+// it when the request ends (or is preempted), after its last step. The outcome is
 // honest: see accounting.ReleaseOutcome. A sequence is unusable after Close whatever
 // the outcome; ranges whose release failed are kept by the cache, reported as
 // residual, and retried by Cache.Close. A second Close changes nothing and returns a
@@ -490,8 +497,8 @@ func (s *Sequence) Close() accounting.ReleaseOutcome {
 	return out
 }
 
-// Prefix returns the prefix the sequence started on, or nil: to tell which requests
-// share a prefix, for logs or for a scheduler that groups them.
+// Prefix returns the prefix the sequence started on (NewSequenceFrom), or nil: to
+// tell which requests share a prefix, for logs or for a scheduler that groups them.
 func (s *Sequence) Prefix() *Prefix {
 	s.live()
 	return s.prefix
@@ -554,7 +561,8 @@ func (s *Sequence) closeEntry() accounting.ReleaseOutcome {
 // take no net memory, so a fork, a freeze or a prefix-cache hit is refused for their
 // sake only where not one granule is free: on host.Shared a granule the sequence made
 // private first moves into the shared memfd (a copy, once), one granule at a time. It
-// fails as ForkAt would for a bad n (ErrRange, ErrNoSharing).
+// fails as ForkAt would for a bad n (ErrRange, ErrNoSharing). A scheduler compares
+// it with Headroom before a ForkAt or Freeze.
 func (s *Sequence) ForkNeed(n int) (int64, error) {
 	if err := s.usable(); err != nil {
 		return 0, err
@@ -578,7 +586,8 @@ func (s *Sequence) ForkNeed(n int) (int64, error) {
 // also where a miss took over an evicted entry's granules: those were owned already
 // and change hands. Under ByBacking the ledger's Owned minus the pool's idle
 // granules moves by Owned (the pool may serve the new granules from idle ones it
-// holds), its Mapped by Mapped.
+// holds), its Mapped by Mapped. A server reads it to log what a request's start
+// cost and what sharing saved it.
 func (s *Sequence) Started() backing.MapReport {
 	s.live()
 	return s.started

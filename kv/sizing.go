@@ -7,7 +7,8 @@ import (
 	"github.com/vmarena/vmarena/backing"
 )
 
-// Sizing is what a configuration needs; see Size.
+// Sizing is what one sequence of a configuration needs; see Config.Size. A server
+// reads it before New, to choose MaxTokens, the granule and the budget.
 type Sizing struct {
 	TokenBytes    int   // one token of one layer's K or V (a uniform model's; else 0)
 	BytesPerToken int   // one token, all layers, K and V
@@ -33,7 +34,9 @@ type Sizing struct {
 // blocks with granule bytes per granule, reserving room for MaxTokens (at least
 // tokens): what a cache's sequence holds after the step that appended token tokens-1
 // (see Model.Size). A uniform model (Uniform: one full-attention group of every layer
-// in order) also has its group's TokenBytes and BlockTokens. It allocates nothing.
+// in order) also has its group's TokenBytes and BlockTokens. It allocates nothing: a
+// server calls it at start-up (or a capacity plan) to learn what a sequence of a
+// typical length costs and wastes on its backing's granule.
 func (cfg Config) Size(granule, tokens int) (Sizing, error) {
 	m, err := cfg.model()
 	if err != nil {
@@ -83,7 +86,9 @@ func (g *group) committed(n int) int64 {
 	return int64(g.nbuf) * int64(end-g.dropOff(max(n-1, 0)))
 }
 
-// GroupSizing is what one group of one sequence needs; see Model.Size.
+// GroupSizing is what one group of one sequence needs; see Model.Size. Read it to
+// see which group of a model of layer groups holds the memory, and why its block is
+// the size it is.
 type GroupSizing struct {
 	Kind   Attention
 	Layers int
@@ -119,7 +124,8 @@ type GroupSizing struct {
 	Packed int64
 }
 
-// ModelSizing is what one sequence of a model needs; see Model.Size.
+// ModelSizing is what one sequence of a model needs, group by group; see Model.Size
+// and ChunkedPeak.
 type ModelSizing struct {
 	Tokens int
 	Groups []GroupSizing // in the order of Model.Groups
@@ -137,7 +143,9 @@ type ModelSizing struct {
 // time: the step that appended token tokens-1; ChunkedPeak sizes a prefill in
 // chunks). A recurrent group holds its state, rounded up to whole granules, once the
 // sequence has a token. Size allocates nothing and keeps no state: it is what a
-// cache's sequence of tokens tokens holds, block for block.
+// cache's sequence of tokens tokens holds, block for block. Config.Size answers for a
+// whole configuration; call this for the group-by-group detail of a model of layer
+// groups.
 func (m Model) Size(granule, blockTokens, tokens int) (ModelSizing, error) {
 	if err := m.Validate(0); err != nil {
 		return ModelSizing{}, err
@@ -202,10 +210,11 @@ func (g Group) sizeFrom(granule, blockTokens, n, from int) (GroupSizing, error) 
 }
 
 // ChunkedPeak returns the most one sequence of m holds while a prompt of tokens
-// tokens is written in chunks of chunk tokens (each step appends chunk tokens, the
-// last the rest), as Size counts it: after the step that grows the sequence from p to
-// e tokens, a window group holds from FirstLive(p) on, so the whole chunk and the
-// window before it. Tokens is the e of the step that holds the most (the first such),
+// tokens is written in chunks of chunk tokens, each step appending chunk tokens (the
+// last the rest), as Size counts it: for a server that prefills in chunks and
+// budgets the peak, which Size at tokens does not show. After the step that grows
+// the sequence from p to e tokens, a window group holds from FirstLive(p) on, so the
+// whole chunk and the window before it. Tokens is the e of the step that holds the most (the first such),
 // and each group's FirstLive and Live are at that step. The peak is at most Size's
 // Need at tokens plus one chunk of each window group and one block per group.
 //

@@ -7,9 +7,10 @@ import (
 	"github.com/vmarena/vmarena/kv/tierval"
 )
 
-// ErrTierMiss: a tier does not hold the key asked of it. Every other failure of a tier
-// (a timeout, a server gone, a value that fails its check) is reported by the cache as
-// a miss too, never as an error on the token path.
+// ErrTierMiss: a tier does not hold the key asked of it. A Tier's Load returns it
+// (wrapped or not) for such a key. Every other failure of a tier (a timeout, a server
+// gone, a value that fails its check) is reported by the cache as a miss too, never as
+// an error on the token path.
 var ErrTierMiss = errors.New("kv: tier does not hold the block")
 
 // Tier is a store of whole blocks below the device's memory: pinned host memory, a
@@ -53,7 +54,7 @@ type Tier interface {
 }
 
 // InProcessTier is implemented by tiers that keep their values in this process's own
-// memory (kvtier/hosttier): nothing outside the process can damage a value there, so
+// memory (kvtier/hosttier); implement it only for such a tier, returning true: nothing outside the process can damage a value there, so
 // the cache leaves the block's bytes out of its checksum when it writes one (summing
 // 2 MiB costs about what copying it does) and checks only the header and the tokens
 // when it reads one back. A value with the payload left out is accepted only from a

@@ -11,7 +11,9 @@ import (
 // prefix, which the user chooses to tell apart what the shape can not: the model's
 // weights or revision, an adapter, a tenant. Caches whose namespaces agree may read
 // each other's blocks. A configuration the cache can not be built from is refused
-// with ErrModel or ErrConfig.
+// with ErrModel or ErrConfig. The cache computes its own, with
+// PrefixCacheOptions.TierPrefix as prefix; a server calls it to tell a tier that
+// keeps blocks across restarts (kvtier/filetier) which namespace is its.
 //
 // A uniform model (Uniform: one full-attention group of every layer in order) is
 // fingerprinted by its name, layers, KV heads, head dim, element type and scale mode,
@@ -63,7 +65,7 @@ func modelNamespace(m Model, cfg Config, granule int, prefix string) (uint64, er
 		g := &groups[i]
 		s := g.spec
 		for _, v := range []int{int(s.Kind), s.Window, s.KVHeads, s.HeadDim, int(s.DType), int(s.Scales),
-			s.TensorsPerLayer(), s.StateBytes, g.tpb, g.unit, len(s.Layers)} {
+			s.tensorsPerLayer(), s.StateBytes, g.tpb, g.unit, len(s.Layers)} {
 			b = binary.LittleEndian.AppendUint64(b, uint64(v))
 		}
 		for _, l := range s.Layers {

@@ -33,7 +33,9 @@ func (s *Sequence) ReadTokens(layer int, kind Kind, from, to int, dst []byte) er
 // tokens [from, to) of layer's K or V tensor, on any backing and layout, one copy per
 // contiguous run as ReadTokens does. Tokens below Writable lie (wholly or in part) in
 // memory shared with a prefix or a fork: a range that starts below it is refused with
-// ErrReadOnly and nothing is written. It fails with ErrRange as ReadTokens does.
+// ErrReadOnly and nothing is written. It fails with ErrRange as ReadTokens does. A
+// server whose kernels do not write the cache in place stores a prefill chunk's K and
+// V with it.
 func (s *Sequence) WriteTokens(layer int, kind Kind, from, to int, src []byte) error {
 	if err := s.usable(); err != nil {
 		return err
@@ -95,7 +97,8 @@ func (s *Sequence) span(layer int, kind Kind, from, to, n int) (int, buffer, int
 
 // Run returns the contiguous run of layer's K or V tensor that starts at token t, as
 // k × KVHeads × HeadDim elements of T for the k >= 1 tokens it holds: up to the end of
-// t's block in the Blocked layout, up to Len in PerLayer. A reader walks a tensor run
+// t's block in the Blocked layout, up to Len in PerLayer: for CPU attention, which
+// reads a tensor in place, in any layout. A reader walks a tensor run
 // by run (t += len(run) / (KVHeads × HeadDim)) rather than element by element through a
 // View. It needs host memory (ErrLayout on a device: use ReadTokens) and the layer group's
 // element type (ErrElemType); t must be below Len (ErrRange). The slice is valid as a View is:
@@ -149,7 +152,7 @@ func (s *Sequence) WriteToken(layer int, kind Kind, t int, src []byte) error {
 
 // ReadToken copies token t of layer's K or V tensor into dst (TokenBytes long):
 // ReadTokens(layer, kind, t, t+1, dst), with the same errors, on the short path
-// WriteToken takes.
+// WriteToken takes: for host code that reads one token of a step's layer.
 func (s *Sequence) ReadToken(layer int, kind Kind, t int, dst []byte) error {
 	s.live()
 	c := s.c
@@ -180,7 +183,8 @@ func (s *Sequence) stateAt(layer, n int) (buffer, int, error) {
 	return s.bufs[g.first], r.local * g.spec.StateBytes, nil
 }
 
-// ReadState copies recurrent layer's state (StateBytes) into dst, on any backing. The
+// ReadState copies recurrent layer's state (StateBytes) into dst, on any backing:
+// for host code that runs a recurrent layer's step (read the state, step, WriteState). The
 // state exists from the sequence's first token on (it commits then, zeroed where the
 // backing's fresh memory is), so an empty sequence has none: ErrRange, as for a layer
 // that is not recurrent or a dst of another length.
@@ -196,7 +200,7 @@ func (s *Sequence) ReadState(layer int, dst []byte) error {
 }
 
 // WriteState copies src (StateBytes) into recurrent layer's state, with ReadState's
-// errors. A state is the sequence's own: forks copy it, so writing it never reaches
+// errors: the state a recurrent layer's step computed. A state is the sequence's own: forks copy it, so writing it never reaches
 // another sequence.
 func (s *Sequence) WriteState(layer int, src []byte) error {
 	if err := s.usable(); err != nil {

@@ -6,16 +6,20 @@ import (
 	"fmt"
 )
 
-// Algorithm says how a block's hash is computed (see the package doc).
+// Algorithm says how a block's hash is computed (see the package doc): every replica
+// and router of a cluster must use the same one.
 type Algorithm uint8
 
 const (
-	// FNV64CBOR is FNV-1a 64 over canonical CBOR of [parent, tokens, extra].
+	// FNV64CBOR is FNV-1a 64 over canonical CBOR of [parent, tokens, extra]: the
+	// default, for a cluster of vmarena replicas and their router.
 	FNV64CBOR Algorithm = iota
-	// SHA256CBOR is vLLM's sha256_cbor chain.
+	// SHA256CBOR is vLLM's sha256_cbor chain: for a router that also reads vLLM
+	// engines' events, whose hashes it must equal.
 	SHA256CBOR
 )
 
+// String returns the algorithm's name as flags and logs spell it ("sha256_cbor").
 func (a Algorithm) String() string {
 	switch a {
 	case FNV64CBOR:
@@ -31,11 +35,12 @@ const DefaultBlockSize = 16
 
 // VLLMSeed is the seed vLLM derives NONE_HASH from for a cryptographic hash when
 // PYTHONHASHSEED is not set (DEFAULT_NONE_HASH_SEED in kv_cache_utils.py); SHA256CBOR
-// uses it when Options.Seed is empty.
+// uses it when Options.Seed is empty, so a caller names it only to log or compare it.
 const VLLMSeed = "vllm-none-hash"
 
 // Options configures a Hasher. Its zero value is FNV64CBOR over 16-token blocks with an
-// empty seed and no extra keys.
+// empty seed and no extra keys. A router and the caches whose events it reads
+// (kv.EventOptions.Hash) must use equal Options, or their hashes never meet.
 type Options struct {
 	BlockSize int // tokens a block; 0 means DefaultBlockSize
 	Algorithm Algorithm
@@ -55,11 +60,11 @@ type Options struct {
 type Hash [32]byte
 
 // Uint64 returns the 64-bit hash a KV event publishes: the last 8 bytes, big-endian
-// (vLLM's maybe_convert_block_hash).
+// (vLLM's maybe_convert_block_hash): what a router compares with the events' hashes.
 func (h Hash) Uint64() uint64 { return binary.BigEndian.Uint64(h[24:]) }
 
-// Hasher computes block hashes under one Options. Its zero value is not usable; call
-// New.
+// Hasher computes block hashes under one Options: a router makes one to hash a
+// prompt as the caches' events hash it. Its zero value is not usable; call New.
 type Hasher struct {
 	opts Options
 	root Hash
@@ -90,17 +95,20 @@ func New(o Options) (*Hasher, error) {
 	return h, nil
 }
 
-// Options returns the options the Hasher was made with, BlockSize filled in.
+// Options returns the options the Hasher was made with, BlockSize filled in: for
+// logs, or to make a matching Hasher elsewhere.
 func (h *Hasher) Options() Options { return h.opts }
 
-// BlockSize returns the tokens of a block.
+// BlockSize returns the tokens of a block: a prompt shorter than it has no hash.
 func (h *Hasher) BlockSize() int { return h.opts.BlockSize }
 
-// Root returns the parent of a sequence's first block (vLLM's NONE_HASH).
+// Root returns the parent of a sequence's first block (vLLM's NONE_HASH): the parent
+// to pass to Chain for a whole prompt.
 func (h *Hasher) Root() Hash { return h.root }
 
 // ExtraKeys returns the extra keys of a sequence's block i, in vLLM's order (the LoRA
-// name, then the cache salt on block 0), or nil when it has none.
+// name, then the cache salt on block 0), or nil when it has none: the extra argument
+// of Block for a caller that hashes block by block as Chain does.
 func (h *Hasher) ExtraKeys(i int) []any {
 	var keys []any
 	if h.opts.LoRA != "" {
@@ -115,7 +123,8 @@ func (h *Hasher) ExtraKeys(i int) []any {
 // Block returns the hash of a block of tokens after parent, with extra keys extra (nil
 // for none). tokens must hold BlockSize tokens, else it panics with PanicBlockLength;
 // an extra key of another type than nil, bool, string, []byte, an integer or []any of
-// them panics with PanicExtraKey.
+// them panics with PanicExtraKey. Chain is the usual call; Block is for a caller that
+// hashes blocks as they fill (a decode stream).
 func (h *Hasher) Block(parent Hash, tokens []int32, extra []any) Hash {
 	if len(tokens) != h.opts.BlockSize {
 		panic(PanicBlockLength)
@@ -131,6 +140,7 @@ func (h *Hasher) Block(parent Hash, tokens []int32, extra []any) Hash {
 // Chain appends to dst the hashes of the full blocks of tokens, which start at block
 // index first of their sequence (0 for a whole sequence), after parent (Root for
 // block 0), and returns the extended slice. A last block that is not full has no hash.
+// A router calls it on a prompt to get the hashes it looks up.
 func (h *Hasher) Chain(dst []Hash, parent Hash, first int, tokens []int32) []Hash {
 	bs := h.opts.BlockSize
 	for i := 0; (i+1)*bs <= len(tokens); i++ {

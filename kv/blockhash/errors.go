@@ -2,7 +2,8 @@ package blockhash
 
 import "errors"
 
-// ErrConfig is returned by New for options it can not use.
+// ErrConfig is returned by New for options it can not use: a server sees it at
+// start-up, from a bad flag or configuration.
 var ErrConfig = errors.New("blockhash: bad options")
 
 // Panics on misuse.

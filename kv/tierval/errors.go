@@ -7,7 +7,8 @@ import "errors"
 // that the cache can count each kind; all of them are misses to the cache.
 var (
 	// ErrSize: a value whose size is negative or above what a tier holds (a Store),
-	// or a destination that is not Size bytes (Encode).
+	// or a destination that is not Size bytes (Encode). A Tier's Store wraps it when
+	// it refuses a size.
 	ErrSize = errors.New("tierval: value size out of range")
 
 	// ErrValue: a value read from a tier that is not a block this cache may use.
@@ -27,5 +28,6 @@ var (
 	ErrBlock = errors.New("tierval: value of another block")
 )
 
-// PanicNilFill is the panic value for Encode with a nil fill.
+// PanicNilFill is the panic value for Encode with a nil fill, named so that a test
+// can assert it.
 const PanicNilFill = "tierval: Encode with a nil fill"

@@ -31,9 +31,11 @@ import (
 // changes it; a value that an adversary forges is not its concern: the tokens are
 // compared in full, so a forged value can only claim its own tokens.
 const (
-	// Version is the format version this build writes and reads.
+	// Version is the format version this build writes and reads: for a tool that
+	// reads values itself, which refuses another.
 	Version = 1
-	// HeaderSize is the bytes of a value's header, before its tokens.
+	// HeaderSize is the bytes of a value's header, before its tokens: for a tool
+	// that reads values itself (Size is what a writer needs).
 	HeaderSize = 48
 
 	magic     = "VMKV"
@@ -82,14 +84,16 @@ func Size(tokens, payload int) int {
 // tokens and seals the value with its checksum. dst must be exactly
 // Size(len(tokens), payload) bytes (a tier's Store hands over such a slice); another
 // length is refused with ErrSize before fill is called. fill's error is Encode's, and
-// dst is then no value. Use it for a value any tier may hold; Decode checks it.
+// dst is then no value. Use it for a value any tier may hold; Decode checks it. The
+// cache calls it; a tier never needs to, only a tool or test that writes values.
 func Encode(dst []byte, key Key, tokens []int32, payload int, fill func(payload []byte) error) error {
 	return encode(dst, key, tokens, payload, fill, 0)
 }
 
 // EncodeInProcess is Encode for a value that stays in this process's memory (a
 // kv.InProcessTier's): its payload is left out of the checksum, and only
-// DecodeInProcess accepts it.
+// DecodeInProcess accepts it. The cache calls it for such a tier; nothing else needs
+// to.
 func EncodeInProcess(dst []byte, key Key, tokens []int32, payload int, fill func(payload []byte) error) error {
 	return encode(dst, key, tokens, payload, fill, payloadUnsummed)
 }
@@ -143,14 +147,16 @@ func checksum(v []byte, flags uint16, n int) uint32 {
 // ErrChecksum, ErrNamespace (written under another namespace) or ErrBlock (another
 // hash, token count, payload length or tokens). The checks run in that order, so a
 // value damaged in transit is a checksum failure, not a claim about its contents. Use
-// it on a value read from any tier.
+// it on a value read from any tier: the cache does, and so does a tool that checks
+// what a tier holds.
 func Decode(src []byte, key Key, tokens []int32, payload int) ([]byte, error) {
 	return decode(src, key, tokens, payload, false)
 }
 
 // DecodeInProcess is Decode for a value read from a tier in this process's memory (a
 // kv.InProcessTier's): it also accepts a value EncodeInProcess wrote, whose payload is
-// not summed, and checks the rest of it as Decode does.
+// not summed, and checks the rest of it as Decode does. The cache calls it for such a
+// tier; a tool calls Decode.
 func DecodeInProcess(src []byte, key Key, tokens []int32, payload int) ([]byte, error) {
 	return decode(src, key, tokens, payload, true)
 }
