@@ -1,3 +1,5 @@
+//go:build linux || windows
+
 package host_test
 
 import (
@@ -37,7 +39,7 @@ func TestSharedChooseGranule(t *testing.T) {
 		{name: "Stats first", first: func(s *host.Shared) { s.Stats() }, want: 2 << 20},
 		{name: "Prefill first", first: func(s *host.Shared) { require.NoError(t, s.Prefill(0)) }, want: 2 << 20},
 		{name: "Trim first", first: func(s *host.Shared) { _, err := s.Trim(0); require.NoError(t, err) }, want: 2 << 20},
-		{name: "Granularity given", opts: host.SharedOptions{Granularity: 4 << 10}, want: 4 << 10},
+		{name: "Granularity given", opts: host.SharedOptions{Granularity: 64 << 10}, want: 64 << 10},
 		{name: "ShareUnit given", opts: host.SharedOptions{ShareUnit: 24 << 10}, want: 1 << 20},
 		{name: "Low given", opts: host.SharedOptions{Low: 1}, want: 2 << 20},
 	} {
