@@ -11,8 +11,9 @@ import (
 // range plus whatever the backing must remember about it. R values are handles; the
 // backing owns what they point to.
 type Backing[R any] interface {
-	// Granularity returns the granule size in bytes: a constant power of two. Offsets
-	// and sizes passed to Commit and Decommit must be multiples of it.
+	// Granularity returns the granule size in bytes: a constant power of two (a
+	// GranuleChooser's from its first call on). Offsets and sizes passed to Commit
+	// and Decommit must be multiples of it.
 	Granularity() int
 
 	// Device returns which memory this backing commits.
@@ -93,6 +94,19 @@ type HostAccessible interface {
 func IsHostAccessible(b any) bool {
 	h, ok := b.(HostAccessible)
 	return ok && h.HostAccessible()
+}
+
+// GranuleChooser is implemented by backings whose granule may be left to their
+// first user (host.Shared made with neither Granularity nor ShareUnit): a user that
+// maps and shares in units smaller than a granule (a KV cache: one token of every
+// layer) asks for a granule that does not carve what it shares coarser than that.
+type GranuleChooser interface {
+	// ChooseGranule fixes the granule for a user that maps and shares in units of
+	// unit bytes, if it is not fixed yet, and returns the granule in force, which
+	// Granularity returns from then on. The first of ChooseGranule, Granularity,
+	// Reserve and the backing's other entry points fixes it; later calls change
+	// nothing. unit must not be negative; 0 asks for the backing's default.
+	ChooseGranule(unit int) int
 }
 
 // Copier is implemented by backings that can copy bytes into and out of committed

@@ -140,6 +140,11 @@ type Cache struct {
 // layers, ...), and with ErrConfig what such a cache does not have (MapAhead); it
 // allocates nothing then. It refuses with ErrConfig a device whose
 // budget is 0 bytes (Governor.SetLimit), on which no token could ever be held.
+//
+// On a backing that leaves its granule to its user (backing.GranuleChooser:
+// host.Shared made with neither Granularity nor ShareUnit), New chooses it for the
+// model's smallest token (shareUnit), so that a shared prompt is not carved coarser
+// than about 64 tokens; a refused New may have fixed it too.
 func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	m, err := cfg.model()
 	if err != nil {
@@ -149,6 +154,9 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	cfg.Model = m
 	if cfg.MaxTokens <= 0 {
 		return nil, fmt.Errorf("%w: MaxTokens %d", ErrConfig, cfg.MaxTokens)
+	}
+	if gc, ok := any(b).(backing.GranuleChooser); ok {
+		gc.ChooseGranule(shareUnit(m, cfg.Layout))
 	}
 	g := b.Granularity()
 	groups, layers, err := newGroups(m, cfg.Layout, g, cfg.BlockTokens, cfg.MaxTokens)
@@ -204,6 +212,24 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 		c.ahead = newAhead(c)
 	}
 	return c, nil
+}
+
+// shareUnit returns the bytes a cache on m in layout maps and shares in, per token:
+// the least of its token groups' (one token of every layer in Blocked, of one tensor
+// in PerLayer), or 0 for a model of recurrent groups alone. kv.New passes it to a
+// backing whose granule is left to its user (backing.GranuleChooser).
+func shareUnit(m Model, layout Layout) int {
+	unit := 0
+	for _, g := range m.Groups {
+		u := g.BytesPerToken()
+		if layout == PerLayer {
+			u = g.TokenBytes()
+		}
+		if u > 0 && (unit == 0 || u < unit) {
+			unit = u
+		}
+	}
+	return unit
 }
 
 // Config returns the cache's configuration, for a caller that sizes or names what

@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -19,7 +20,7 @@ import (
 // SharedOptions configures a [Shared] backing. Only Authority is required.
 type SharedOptions struct {
 	// Granularity is the granule size in bytes: a power of two and a multiple of the
-	// page size. 0 means 2 MiB. Every memfd granule mapped at a scattered file offset
+	// page size. 0 means 2 MiB, or the granule ShareUnit picks (see there). Every memfd granule mapped at a scattered file offset
 	// costs one kernel mapping (vm.max_map_count), so small granules bound the
 	// process's shared memory early: 64k mappings are 128 GiB at 2 MiB, 4 GiB at
 	// 64 KiB. On Windows it must be at least 64 KiB, the allocation granularity
@@ -31,8 +32,13 @@ type SharedOptions struct {
 	// at most 64 of them, so that what is shared is not carved coarser than that (a
 	// model of 2 KiB tokens gets 128 KiB granules; one of 128 KiB tokens keeps
 	// 2 MiB). A smaller granule costs more per byte to commit (a mapping per granule;
-	// docs/benchmarks/sizing.md) and gives up huge pages. 0 keeps 2 MiB; it must not
-	// be negative.
+	// docs/benchmarks/sizing.md) and gives up huge pages. It must not be negative.
+	//
+	// With neither Granularity nor ShareUnit (nor Low, whose refill at start makes
+	// granules), the granule is left to the backing's first user: a kv cache made on
+	// it (kv.New) passes its model's unit (ChooseGranule), so a caller need not. The
+	// first of ChooseGranule, Granularity, Reserve, Prefill, Trim, PoolStats and Stats
+	// fixes it, to 2 MiB where no unit was given.
 	ShareUnit int
 	// Authority is the ledger the pool charges: it owns every physical byte the pool
 	// holds, mapped or idle (backing.ByBacking). It must take bytes on the host.
@@ -141,8 +147,13 @@ const (
 type Shared struct {
 	_ nocopy.NoCopy
 
-	g        int // granule size
-	shift    int // log2(g)
+	g     int // granule size
+	shift int // log2(g)
+	// open is set while the granule may still be chosen (ChooseGranule): g,
+	// shift and what depends on them change only under mu while it is set, and
+	// it is cleared after they are final.
+	open     atomic.Bool
+	opts     SharedOptions // as given, for a granule chosen later
 	auth     *accounting.Authority
 	low      int
 	high     int // 0 when SharedNoPool
@@ -322,6 +333,7 @@ var (
 	_ backing.Pool                          = (*Shared)(nil)
 	_ backing.HostAccessible                = (*Shared)(nil)
 	_ backing.Zeroer                        = (*Shared)(nil)
+	_ backing.GranuleChooser                = (*Shared)(nil)
 )
 
 // NewShared returns a Shared backing with an empty pool and an empty memfd. The
@@ -341,6 +353,8 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 	if opts.ShareUnit < 0 {
 		return nil, fmt.Errorf("%w: share unit %d is negative", ErrSharedOptions, opts.ShareUnit)
 	}
+	// NB: Low refills at start, in granules of the granule fixed here.
+	open := opts.Granularity == 0 && opts.ShareUnit == 0 && opts.Low == 0
 	if opts.Granularity == 0 {
 		opts.Granularity = max(sharedDefaultGranule(opts.ShareUnit), page)
 	}
@@ -410,16 +424,27 @@ func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
 		park0:    max(sharedParkFirst>>backing.Log2(opts.Granularity), 1),
 	}
 	s.adoptDone.L = &s.mu
+	s.opts = opts
 	s.mu.Lock()
 	s.kick()
 	s.mu.Unlock()
 	opts.Authority.SetReclaimer(s.reclaim)
+	if open {
+		s.open.Store(true) // the fallbacks are noted when it is fixed
+		return s, nil
+	}
+	s.noteFallbacks()
+	return s, nil
+}
+
+// noteFallbacks logs what the system forces on the backing's granules (see
+// SharedOptions.Logger).
+func (s *Shared) noteFallbacks() {
 	noHuge := s.hugeWhy
-	if opts.NoHugePages {
+	if s.opts.NoHugePages {
 		noHuge = "" // the caller's choice, not a fallback
 	}
 	noteFallbacks(s.log, "shared", s.populate || s.low > 0, s.g, noHuge) // the refill populates too
-	return s, nil
 }
 
 // sharedHugeMode picks how a backing with opts gets its new granules: memfd or
@@ -468,6 +493,7 @@ func sharedHugeModeOf(opts SharedOptions, shmem, anon hugeMode, reporting func()
 // Stats describes how the backing gets its memory; see SharedStats. It may be
 // called after Close.
 func (s *Shared) Stats() SharedStats {
+	s.fixGranule(0)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := SharedStats{NoHugePages: s.hugeWhy, PrivateGranules: s.huge.private(), NoPrivateGranules: s.privWhy,
@@ -552,8 +578,53 @@ func (s *Shared) reclaim(need int64) {
 	}
 }
 
-// Granularity returns the granule size in bytes.
-func (s *Shared) Granularity() int { return s.g }
+// Granularity returns the granule size in bytes, fixing it if it was left open (see
+// SharedOptions.ShareUnit).
+func (s *Shared) Granularity() int {
+	s.fixGranule(0)
+	return s.g
+}
+
+// ChooseGranule fixes the granule, if the options left it open (see
+// SharedOptions.ShareUnit), to the one ShareUnit unit picks, and returns the granule
+// in force. unit must not be negative; 0 keeps 2 MiB.
+func (s *Shared) ChooseGranule(unit int) int {
+	if unit < 0 {
+		panic(fmt.Sprintf("host: ChooseGranule of a %d-byte unit", unit))
+	}
+	s.fixGranule(unit)
+	return s.g
+}
+
+// fixGranule fixes the granule if it is still open: to the one SharedOptions.ShareUnit
+// unit picks (0: the default, already in place). Every entry point that reads the
+// granule without a reservation of the backing calls it first (one with a
+// reservation comes after Reserve's). s.mu must not be held.
+func (s *Shared) fixGranule(unit int) {
+	if !s.open.Load() {
+		return
+	}
+	s.mu.Lock()
+	if !s.open.Load() {
+		s.mu.Unlock()
+		return
+	}
+	if g := max(sharedDefaultGranule(unit), os.Getpagesize()); g != s.g {
+		// Nothing is reserved and no granule made yet (Low is 0, and Reserve and
+		// Prefill fix the granule first), so nothing depends on the old one.
+		s.opts.Granularity = g
+		s.g, s.shift = g, backing.Log2(g)
+		s.huge, s.hugeWhy, s.privWhy = sharedHugeMode(s.opts)
+		s.smallTHP = s.huge == sharedPrivSmall && hugeAnon().mode == "always"
+		s.park0 = max(sharedParkFirst>>s.shift, 1)
+		if s.sys.granule != nil {
+			s.sys.granule(s.fd, g)
+		}
+	}
+	s.open.Store(false)
+	s.mu.Unlock()
+	s.noteFallbacks()
+}
 
 // Device returns the host.
 func (s *Shared) Device() accounting.DeviceKey { return accounting.HostKey }
@@ -572,6 +643,7 @@ func (s *Shared) CommitZeroes() bool { return false }
 // base is 2 MiB-aligned (see shared_park.go). The reservation MUST be given
 // back with Unreserve.
 func (s *Shared) Reserve(size int) (*SharedReservation, error) {
+	s.fixGranule(0)
 	if err := backing.CheckReserve(size, s.g); err != nil {
 		return nil, err
 	}

@@ -304,6 +304,7 @@ func (s *Shared) Prefill(n int) error {
 		return &backing.OpError{Op: "prefill", Size: n, Kind: backing.ErrInvalidRange,
 			Err: fmt.Errorf("host: negative granule count %d", n)}
 	}
+	s.fixGranule(0)
 	for {
 		more, err := s.prefillOne(n, false)
 		if err != nil || !more {
@@ -445,6 +446,7 @@ func (s *Shared) Trim(keep int) (int64, error) {
 		return 0, &backing.OpError{Op: "trim", Size: keep, Kind: backing.ErrInvalidRange,
 			Err: fmt.Errorf("host: negative granule count %d", keep)}
 	}
+	s.fixGranule(0)
 	s.lock()
 	k := s.claim(max(s.nIdle+s.nPrivIdle-keep, 0))
 	pos := s.takePrivIdle(min(k, s.nPrivIdle)) // the cheapest to make again
@@ -480,6 +482,7 @@ func (s *Shared) victims(k int) []int {
 // granule waits in the park; Resident counts those whose pages are known to exist,
 // which hold the page tables their last mapping built (all of them after Prefill).
 func (s *Shared) PoolStats() backing.PoolStats {
+	s.fixGranule(0)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return backing.PoolStats{
