@@ -132,7 +132,7 @@ func TestForkNeedBadInput(t *testing.T) {
 	require.True(t, s.Close().OK())
 	assert.PanicsWithValue(t, kv.PanicSequenceClosed, func() { _, _ = s.ForkNeed(0) })
 
-	priv := newPrivateCache(t)
+	priv := openEnv(t, onPrivate, withConfig(kv.Config{MaxTokens: 64})).c
 	q, err := priv.NewSequence()
 	require.NoError(t, err)
 	defer q.Close()
@@ -260,21 +260,13 @@ func TestPrefixCacheEvict(t *testing.T) {
 	assert.ErrorIs(t, err, kv.ErrClosed)
 }
 
-// newPrivateCache returns a cache on host.Private (openEnv), which charges by buffer:
-// it can not share.
-func newPrivateCache(t *testing.T) *kv.Cache {
-	t.Helper()
-	e := openEnv(t, onPrivate, withConfig(kv.Config{MaxTokens: 64}))
-	return e.c
-}
-
 // TestDeviceAndPool: the cache says where its memory is and which pool holds it.
 func TestDeviceAndPool(t *testing.T) {
 	e := openEnv(t, onCUDA, pooled, withConfig(kv.Config{MaxTokens: 64, Layout: kv.Blocked}))
 	defer e.finish(t)
 	assert.Equal(t, accounting.GPU(0), e.c.Device())
 	assert.Equal(t, e.pool, e.c.Pool())
-	priv := newPrivateCache(t)
+	priv := openEnv(t, onPrivate, withConfig(kv.Config{MaxTokens: 64})).c
 	assert.Equal(t, accounting.HostKey, priv.Device())
 	assert.Nil(t, priv.Pool(), "a backing without a pool")
 	assert.Equal(t, priv.Headroom(), int64(accounting.Unlimited))

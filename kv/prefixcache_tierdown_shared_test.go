@@ -500,7 +500,7 @@ func tierWorkers(t *testing.T, pc *kv.PrefixCache, prompts [][]int32, rounds int
 // TestPrefixCacheTierHolderFails: when the granules of blocks a shortened leaf cuts
 // off can not be mapped for their copy (a backing fault), those blocks are counted
 // drops, the shrink goes on, the kept blocks still serve lookups, and the ledger
-// balances (the fixture's cleanup).
+// balances (the env's cleanup).
 func TestPrefixCacheTierHolderFails(t *testing.T) {
 	for _, op := range []backingtest.Op{backingtest.OpReserve, backingtest.OpShare} {
 		t.Run(op.String(), func(t *testing.T) {

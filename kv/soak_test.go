@@ -58,7 +58,7 @@ func TestSoakUnderFaults(t *testing.T) {
 	for kind := range sharingBackings {
 		for _, layout := range layouts {
 			t.Run(fmt.Sprintf("%s/%v", sharingNames[kind], layout), func(t *testing.T) {
-				// NB: a cleanup, not a defer: it must run after newEnv's, which closes
+				// NB: a cleanup, not a defer: it must run after openEnv's, which closes
 				// the backing (and so stops its goroutines) when the soak fails.
 				opt := goleak.IgnoreCurrent()
 				t.Cleanup(func() { goleak.VerifyNone(t, opt) })
