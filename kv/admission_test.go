@@ -14,13 +14,14 @@ import (
 // eviction can give back: s holds 5 tokens (a tail past its whole blocks) and p is a
 // prefix of them. tiny8 takes blocks of 4 tokens in 3 granules of 4 KiB here
 // (testBlockTokens), so the copied tail of a share is a block of 3 granules.
-func shareScene(t *testing.T) (*fixture, *kv.Cache, *kv.PrefixCache, *kv.Sequence, *kv.Prefix) {
+func shareScene(t *testing.T) (*env, *kv.Cache, *kv.PrefixCache, *kv.Sequence, *kv.Prefix) {
 	t.Helper()
 	const entry, seq, prefix = 6, 6, 3 // granules
-	fx, c, pc := newPrefixCache(t, (entry+seq+prefix)*fakeGranule, kv.Blocked, 64, kv.PrefixCacheOptions{})
-	e, err := serveN(pc, promptIDs(1000, 8))
+	e := openEnv(t, withLimit((entry+seq+prefix)*fakeGranule), withConfig(kv.Config{MaxTokens: 64, Layout: kv.Blocked, BlockTokens: testBlockTokens}), withPrefixCache(kv.PrefixCacheOptions{}))
+	c, pc := e.c, e.pc
+	served, err := serveN(pc, promptIDs(1000, 8))
 	require.NoError(t, err)
-	require.True(t, e.Close().OK())
+	require.True(t, served.Close().OK())
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
@@ -28,8 +29,8 @@ func shareScene(t *testing.T) (*fixture, *kv.Cache, *kv.PrefixCache, *kv.Sequenc
 	p, err := s.Freeze(5)
 	require.NoError(t, err)
 	t.Cleanup(p.Release)
-	require.Zero(t, fx.gov.Available(accounting.HostKey), "the budget is spent")
-	return fx, c, pc, s, p
+	require.Zero(t, e.gov.Available(accounting.HostKey), "the budget is spent")
+	return e, c, pc, s, p
 }
 
 // TestEvictsBeforeRefusingShares: ForkAt, Freeze and NewSequenceFrom, whose copied
@@ -75,10 +76,11 @@ func TestEvictsBeforeRefusingShares(t *testing.T) {
 // sequence shorter than asked.
 func TestTruncateIntoSharedEvicts(t *testing.T) {
 	const entry, seq = 6, 3 // granules
-	fx, c, pc := newPrefixCache(t, (entry+seq)*fakeGranule, kv.Blocked, 64, kv.PrefixCacheOptions{})
-	e, err := serveN(pc, promptIDs(1000, 8))
+	e := openEnv(t, withLimit((entry+seq)*fakeGranule), withConfig(kv.Config{MaxTokens: 64, Layout: kv.Blocked, BlockTokens: testBlockTokens}), withPrefixCache(kv.PrefixCacheOptions{}))
+	c, pc := e.c, e.pc
+	served, err := serveN(pc, promptIDs(1000, 8))
 	require.NoError(t, err)
-	require.True(t, e.Close().OK())
+	require.True(t, served.Close().OK())
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	defer s.Close()
@@ -86,7 +88,7 @@ func TestTruncateIntoSharedEvicts(t *testing.T) {
 	p, err := s.Freeze(4)           // shares all 3
 	require.NoError(t, err)
 	defer p.Release()
-	require.Zero(t, fx.gov.Available(accounting.HostKey))
+	require.Zero(t, e.gov.Available(accounting.HostKey))
 	require.NoError(t, s.Truncate(2)) // the kept tokens lie in the shared block: 3 granules to replace
 	assert.Equal(t, 2, s.Len())
 	assert.Positive(t, pc.Stats().EvictedBytes)
@@ -95,7 +97,7 @@ func TestTruncateIntoSharedEvicts(t *testing.T) {
 // TestShareRefusalCounted: with nothing to evict, the share is refused with the
 // ForkNeed figure and counted by the cache and the governor alike.
 func TestShareRefusalCounted(t *testing.T) {
-	fx, c, pc, s, _ := shareScene(t)
+	e, c, pc, s, _ := shareScene(t)
 	pin, err := pc.Pin(promptIDs(1000, 8))
 	require.NoError(t, err)
 	defer pin.Release()
@@ -107,12 +109,12 @@ func TestShareRefusalCounted(t *testing.T) {
 	require.ErrorAs(t, err, &be)
 	assert.Equal(t, need, be.Requested)
 	assert.Equal(t, int64(1), c.Stats().Refusals)
-	assert.Equal(t, int64(1), fx.gov.Stats(accounting.HostKey).Counters.Refusals)
+	assert.Equal(t, int64(1), e.gov.Stats(accounting.HostKey).Counters.Refusals)
 }
 
 func TestForkNeedBadInput(t *testing.T) {
-	fx := newFixture(t, 1<<30)
-	c := fx.cache(t, kv.Blocked, 64)
+	e := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 64, Layout: kv.Blocked, BlockTokens: testBlockTokens}))
+	c := e.c
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	require.NoError(t, s.Append(6))
@@ -122,15 +124,15 @@ func TestForkNeedBadInput(t *testing.T) {
 	}
 	need, err := s.ForkNeed(6) // a block of 4 tokens mapped, 2 copied into a block
 	require.NoError(t, err)
-	before := fx.pool.Stats().Owned
+	before := e.auth.Stats().Owned
 	f, err := s.ForkAt(6)
 	require.NoError(t, err)
-	assert.Equal(t, need, fx.pool.Stats().Owned-before, "ForkNeed is what ForkAt took")
+	assert.Equal(t, need, e.auth.Stats().Owned-before, "ForkNeed is what ForkAt took")
 	require.True(t, f.Close().OK())
 	require.True(t, s.Close().OK())
 	assert.PanicsWithValue(t, kv.PanicSequenceClosed, func() { _, _ = s.ForkNeed(0) })
 
-	priv := newPrivateCache(t)
+	priv := openEnv(t, onPrivate, withConfig(kv.Config{MaxTokens: 64})).c
 	q, err := priv.NewSequence()
 	require.NoError(t, err)
 	defer q.Close()
@@ -142,7 +144,8 @@ func TestForkNeedBadInput(t *testing.T) {
 // maps or a pin holds are not headroom; the rest is, with the governor's free bytes.
 func TestHeadroomLeavesOutWhatEvictionCanNotTake(t *testing.T) {
 	const limit = 64 * fakeGranule
-	fx, c, pc := newPrefixCache(t, limit, kv.Blocked, 64, kv.PrefixCacheOptions{})
+	e := openEnv(t, withLimit(limit), withConfig(kv.Config{MaxTokens: 64, Layout: kv.Blocked, BlockTokens: testBlockTokens}), withPrefixCache(kv.PrefixCacheOptions{}))
+	c, pc := e.c, e.pc
 	assert.Equal(t, int64(limit), c.Headroom())
 	a, b := promptIDs(0, 8), promptIDs(100, 8)
 	for _, ids := range [][]int32{a, b} {
@@ -151,7 +154,7 @@ func TestHeadroomLeavesOutWhatEvictionCanNotTake(t *testing.T) {
 		require.True(t, s.Close().OK())
 	}
 	entry := pc.Stats().CachedBytes / 2
-	avail := fx.gov.Available(accounting.HostKey)
+	avail := e.gov.Available(accounting.HostKey)
 	assert.Equal(t, avail+2*entry, c.Headroom())
 	pin, err := pc.Pin(a)
 	require.NoError(t, err)
@@ -159,10 +162,10 @@ func TestHeadroomLeavesOutWhatEvictionCanNotTake(t *testing.T) {
 	q, m, err := pc.Lookup(append(b[:8:8], -1))
 	require.NoError(t, err)
 	require.Equal(t, 8, m)
-	assert.Equal(t, fx.gov.Available(accounting.HostKey), c.Headroom(), "a is pinned, b mapped by a live sequence")
+	assert.Equal(t, e.gov.Available(accounting.HostKey), c.Headroom(), "a is pinned, b mapped by a live sequence")
 	require.True(t, q.Close().OK())
 	pin.Release()
-	assert.Equal(t, fx.gov.Available(accounting.HostKey)+2*entry, c.Headroom())
+	assert.Equal(t, e.gov.Available(accounting.HostKey)+2*entry, c.Headroom())
 }
 
 // TestMatchChangesNothing: Match says what Lookup would match and changes nothing: no
@@ -170,7 +173,8 @@ func TestHeadroomLeavesOutWhatEvictionCanNotTake(t *testing.T) {
 func TestMatchChangesNothing(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			_, c, pc := newPrefixCache(t, 1<<30, layout, 64, kv.PrefixCacheOptions{})
+			e := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 64, Layout: layout, BlockTokens: blockTokensFor(layout)}), withPrefixCache(kv.PrefixCacheOptions{}))
+			c, pc := e.c, e.pc
 			a, b := promptIDs(0, 12), promptIDs(100, 12)
 			for _, ids := range [][]int32{a, b} {
 				s, err := serveN(pc, ids)
@@ -207,17 +211,18 @@ func TestMatchChangesNothing(t *testing.T) {
 func TestPrefixCacheNeedIsWhatServingTakes(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			fx, _, pc := newPrefixCache(t, 1<<30, layout, 64, kv.PrefixCacheOptions{})
+			e := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 64, Layout: layout, BlockTokens: blockTokensFor(layout)}), withPrefixCache(kv.PrefixCacheOptions{}))
+			pc := e.pc
 			a := promptIDs(0, 21)
 			hit := append(a[:13:13], promptIDs(200, 10)...)
 			var keep []*kv.Sequence
 			for _, ids := range [][]int32{a, hit, promptIDs(500, 30)} {
 				need, err := pc.Need(ids)
 				require.NoError(t, err)
-				before := fx.pool.Stats().Owned
+				before := e.auth.Stats().Owned
 				s, err := serveN(pc, ids)
 				require.NoError(t, err)
-				assert.Equal(t, need, fx.pool.Stats().Owned-before, "prompt of %d", len(ids))
+				assert.Equal(t, need, e.auth.Stats().Owned-before, "prompt of %d", len(ids))
 				keep = append(keep, s)
 			}
 			_, err := pc.Need(promptIDs(0, 65))
@@ -233,7 +238,7 @@ func TestPrefixCacheNeedIsWhatServingTakes(t *testing.T) {
 }
 
 func TestPrefixCacheEvict(t *testing.T) {
-	_, _, pc := newPrefixCache(t, 1<<30, kv.Blocked, 64, kv.PrefixCacheOptions{})
+	pc := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 64, Layout: kv.Blocked, BlockTokens: testBlockTokens}), withPrefixCache(kv.PrefixCacheOptions{})).pc
 	s, err := serveN(pc, promptIDs(0, 8))
 	require.NoError(t, err)
 	got, err := pc.Evict(1 << 20)
@@ -255,25 +260,13 @@ func TestPrefixCacheEvict(t *testing.T) {
 	assert.ErrorIs(t, err, kv.ErrClosed)
 }
 
-// newPrivateCache returns a cache on host.Private (openEnv), which charges by buffer:
-// it can not share.
-func newPrivateCache(t *testing.T) *kv.Cache {
-	t.Helper()
-	e, err := openEnv(t, envSpec{kind: onPrivate, cfg: kv.Config{MaxTokens: 64}})
-	if err != nil {
-		t.Skip(err)
-	}
-	return e.c
-}
-
 // TestDeviceAndPool: the cache says where its memory is and which pool holds it.
 func TestDeviceAndPool(t *testing.T) {
-	e, ok := newEnv(t, onCUDA, kv.Blocked, 0, 64, 0, false)
-	require.True(t, ok)
+	e := openEnv(t, onCUDA, pooled, withConfig(kv.Config{MaxTokens: 64, Layout: kv.Blocked}))
 	defer e.finish(t)
 	assert.Equal(t, accounting.GPU(0), e.c.Device())
 	assert.Equal(t, e.pool, e.c.Pool())
-	priv := newPrivateCache(t)
+	priv := openEnv(t, onPrivate, withConfig(kv.Config{MaxTokens: 64})).c
 	assert.Equal(t, accounting.HostKey, priv.Device())
 	assert.Nil(t, priv.Pool(), "a backing without a pool")
 	assert.Equal(t, priv.Headroom(), int64(accounting.Unlimited))

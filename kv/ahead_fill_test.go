@@ -14,7 +14,7 @@ import (
 func TestMapAheadFillsThePool(t *testing.T) {
 	for _, name := range aheadBackings {
 		t.Run(name, func(t *testing.T) {
-			e := openAhead(t, name, true, 0, 256)
+			e := openEnv(t, withGranule(int(blockGranule)), withConfig(oneBlockConfig(256, true)), aheadBacking(t, name))
 			s, err := e.c.NewSequence()
 			require.NoError(t, err)
 			defer func() { assert.True(t, s.Close().OK()) }()
@@ -24,12 +24,12 @@ func TestMapAheadFillsThePool(t *testing.T) {
 			assert.Equal(t, blockGranule, ps.Resident, "the next run's granule, resident and idle")
 			assert.Equal(t, blockGranule, ps.Idle)
 			assert.Equal(t, 3*blockGranule, ps.Owned, "the block, its run ahead and the granule for the next")
-			assert.Equal(t, e.gov.Stats(e.dev).Used, ps.Owned, "charged")
+			assert.Equal(t, e.gov.Stats(e.auth.Device()).Used, ps.Owned, "charged")
 			assert.Equal(t, blockGranule, e.c.Stats().Ahead, "Ahead counts the mapped run only: the pool shows the rest")
 
-			calls := e.calls()
+			calls := e.faults.Calls()
 			require.NoError(t, s.Append(1)) // crosses: adopts, asks the third block
-			assert.Equal(t, calls, e.calls(), "the crossing step made no backing call")
+			assert.Equal(t, calls, e.faults.Calls(), "the crossing step made no backing call")
 			created := ps.Created
 			e.mappedAhead(t, blockGranule)
 			ps = e.pool.PoolStats()
@@ -54,7 +54,7 @@ func TestMapAheadFillsWithinRoom(t *testing.T) {
 				{"tight budget", 16 * blockGranule, 256, 16},
 				{"last run", 0, 32, 16},
 			} {
-				e := openAhead(t, name, true, tt.limit, tt.maxTokens)
+				e := openEnv(t, withGranule(int(blockGranule)), withLimit(tt.limit), withConfig(oneBlockConfig(tt.maxTokens, true)), aheadBacking(t, name))
 				s, err := e.c.NewSequence()
 				require.NoError(t, err)
 				require.NoError(t, s.Append(tt.start))

@@ -41,7 +41,7 @@ func TestMapAheadOnGPTOSS(t *testing.T) {
 	}{{kv.Blocked, 2 << 20}, {kv.PerLayer, 64 << 10}} {
 		for _, name := range aheadBackings {
 			t.Run(lt.layout.String()+"/"+name, func(t *testing.T) {
-				e := openAheadOn(t, name, kv.Config{Model: m, MaxTokens: 512, Layout: lt.layout, BlockTokens: oldBlock(lt.layout), MapAhead: true}, lt.granule, 0)
+				e := openEnv(t, withGranule(lt.granule), withConfig(kv.Config{Model: m, MaxTokens: 512, Layout: lt.layout, BlockTokens: oldBlock(lt.layout), MapAhead: true}), aheadBacking(t, name))
 				win, err := e.c.LayerStrides(0)
 				require.NoError(t, err)
 				full, err := e.c.LayerStrides(1)
@@ -69,14 +69,14 @@ func TestMapAheadOnGPTOSS(t *testing.T) {
 					}
 					held, ahead := s.FirstHeld(0), e.c.Stats().Ahead
 					release := e.c.HoldAhead() // NB: the worker's calls wait: the step's alone are counted
-					calls := e.calls()
+					calls := e.faults.Calls()
 					require.NoError(t, s.Append(1))
 					if n > 0 && n%unit == 0 {
-						require.Equal(t, calls, e.calls(), "token %d: the step that crossed a unit boundary made no backing call", n)
+						require.Equal(t, calls, e.faults.Calls(), "token %d: the step that crossed a unit boundary made no backing call", n)
 						crossings++
 					}
 					if s.FirstHeld(0) > held {
-						require.Equal(t, calls, e.calls(), "token %d: the step that gave back the window's unit made no backing call", n)
+						require.Equal(t, calls, e.faults.Calls(), "token %d: the step that gave back the window's unit made no backing call", n)
 						adopted := int64(0)
 						if n%unit == 0 {
 							adopted = int64(2 * ranges * lt.granule)
@@ -95,7 +95,7 @@ func TestMapAheadOnGPTOSS(t *testing.T) {
 					}
 					e.c.WaitAhead() // NB: the worker charges a granule before the pool shows it
 					st, ps := e.c.Stats(), e.pool.PoolStats()
-					require.Equal(t, e.gov.Stats(e.dev).Used, ps.Owned, "token %d: the governor", n)
+					require.Equal(t, e.gov.Stats(e.auth.Device()).Used, ps.Owned, "token %d: the governor", n)
 					require.Equal(t, ps.Owned, st.Committed+st.Ahead+ps.Idle, "token %d: every granule is the sequence's, ahead or idle", n)
 				}
 				assert.Equal(t, 4, crossings)
@@ -122,7 +122,7 @@ func TestMapAheadAdoptsTheGroupItCrosses(t *testing.T) {
 	gran := blockGranule
 	for _, name := range aheadBackings {
 		t.Run(name, func(t *testing.T) {
-			e := openAheadOn(t, name, kv.Config{Model: aheadHybrid, MaxTokens: 256, Layout: kv.Blocked, BlockTokens: 1, MapAhead: true}, int(gran), 0)
+			e := openEnv(t, withGranule(int(gran)), withConfig(kv.Config{Model: aheadHybrid, MaxTokens: 256, Layout: kv.Blocked, BlockTokens: 1, MapAhead: true}), aheadBacking(t, name))
 			for layer, want := range map[int]int{0: 16, 1: 10, 5: 64} {
 				st, err := e.c.LayerStrides(layer)
 				require.NoError(t, err)
@@ -139,17 +139,17 @@ func TestMapAheadAdoptsTheGroupItCrosses(t *testing.T) {
 			require.NoError(t, s.Append(4)) // 16: no group crosses
 			e.c.WaitAhead()
 
-			calls := e.calls()
+			calls := e.faults.Calls()
 			require.NoError(t, s.Append(1)) // the window crosses into its block 1
-			assert.Equal(t, calls, e.calls(), "the crossing step made no backing call")
+			assert.Equal(t, calls, e.faults.Calls(), "the crossing step made no backing call")
 			assert.Equal(t, 6*gran, e.c.Stats().Committed, "the window's run adopted")
 			assert.Equal(t, gran, e.c.Stats().Ahead, "the full group's run stays mapped")
 
 			require.NoError(t, s.Append(3)) // 20: pays the kick; no group crosses
 			e.mappedAhead(t, 2*gran)        // the window's block 2 too
-			calls = e.calls()
+			calls = e.faults.Calls()
 			require.NoError(t, s.Append(1)) // the full group crosses into its block 2
-			assert.Equal(t, calls, e.calls(), "the crossing step made no backing call")
+			assert.Equal(t, calls, e.faults.Calls(), "the crossing step made no backing call")
 			assert.Equal(t, 7*gran, e.c.Stats().Committed, "the full group's run adopted")
 			assert.Equal(t, gran, e.c.Stats().Ahead, "the window's run stays mapped")
 
@@ -157,9 +157,9 @@ func TestMapAheadAdoptsTheGroupItCrosses(t *testing.T) {
 				require.NoError(t, s.Append(1))
 			}
 			e.c.WaitAhead()
-			calls = e.calls()
+			calls = e.faults.Calls()
 			require.NoError(t, s.Append(1)) // 65: the latent crosses into its block 1
-			assert.Equal(t, calls, e.calls(), "the latent's crossing step made no backing call")
+			assert.Equal(t, calls, e.faults.Calls(), "the latent's crossing step made no backing call")
 			closeAhead(t, e, s)
 		})
 	}
@@ -173,7 +173,7 @@ func TestMapAheadAdoptsInPart(t *testing.T) {
 	gran := blockGranule
 	for _, name := range aheadBackings {
 		t.Run(name, func(t *testing.T) {
-			e := openAheadOn(t, name, kv.Config{Model: aheadHybrid, MaxTokens: 256, Layout: kv.Blocked, BlockTokens: 1, MapAhead: true}, int(gran), 0)
+			e := openEnv(t, withGranule(int(gran)), withConfig(kv.Config{Model: aheadHybrid, MaxTokens: 256, Layout: kv.Blocked, BlockTokens: 1, MapAhead: true}), aheadBacking(t, name))
 			s, err := e.c.NewSequence()
 			require.NoError(t, err)
 			// 7 tokens: each group's block 0 and the state. Ahead: the window's block 1
@@ -182,17 +182,17 @@ func TestMapAheadAdoptsInPart(t *testing.T) {
 			e.mappedAhead(t, 3*gran)
 			require.Equal(t, 4*gran, e.c.Stats().Committed)
 
-			calls := e.calls()
+			calls := e.faults.Calls()
 			require.NoError(t, s.Append(4)) // 11: the full group crosses into its block 1
-			assert.Equal(t, calls, e.calls(), "the crossing step made no backing call")
+			assert.Equal(t, calls, e.faults.Calls(), "the crossing step made no backing call")
 			assert.Equal(t, 5*gran, e.c.Stats().Committed, "one block of the full group's run adopted")
 			assert.Equal(t, 2*gran, e.c.Stats().Ahead, "its block 2 and the window's block 1 stay mapped")
 
 			require.NoError(t, s.Append(9)) // 20: the window crosses into its block 1
 			e.c.WaitAhead()
-			calls = e.calls()
+			calls = e.faults.Calls()
 			require.NoError(t, s.Append(1)) // 21: the full group crosses into its block 2
-			assert.Equal(t, calls, e.calls(), "the crossing step made no backing call")
+			assert.Equal(t, calls, e.faults.Calls(), "the crossing step made no backing call")
 			assert.Equal(t, 7*gran, e.c.Stats().Committed, "the window's blocks 0-1, the full group's 0-2, the latent's and the state")
 			closeAhead(t, e, s)
 		})
@@ -207,7 +207,7 @@ func TestMapAheadRefusedStepKeepsNothing(t *testing.T) {
 	gran := blockGranule
 	for _, name := range aheadBackings {
 		t.Run(name, func(t *testing.T) {
-			e := openAhead(t, name, true, 3*gran, 256)
+			e := openEnv(t, withGranule(int(blockGranule)), withLimit(3*gran), withConfig(oneBlockConfig(256, true)), aheadBacking(t, name))
 			s, err := e.c.NewSequence()
 			require.NoError(t, err)
 			require.NoError(t, s.Append(16))
@@ -226,7 +226,7 @@ func TestMapAheadRefusedStepKeepsNothing(t *testing.T) {
 			assert.Zero(t, e.c.Stats().Ahead)
 			ps := e.pool.PoolStats()
 			assert.Equal(t, gran, ps.Idle, "the run went idle")
-			assert.Equal(t, e.gov.Stats(e.dev).Used, ps.Owned)
+			assert.Equal(t, e.gov.Stats(e.auth.Device()).Used, ps.Owned)
 
 			require.NoError(t, s.Append(1), "the next step takes the idle granule")
 			assert.Equal(t, 2*gran, e.c.Stats().Committed)
@@ -244,7 +244,7 @@ func TestMapAheadRefusedBatchKeepsNothing(t *testing.T) {
 	gran := blockGranule
 	for _, name := range aheadBackings {
 		t.Run(name, func(t *testing.T) {
-			e := openAheadOn(t, name, kv.Config{Model: aheadHybrid, MaxTokens: 256, Layout: kv.Blocked, BlockTokens: 1, MapAhead: true}, int(gran), 10*gran)
+			e := openEnv(t, withGranule(int(gran)), withLimit(10*gran), withConfig(kv.Config{Model: aheadHybrid, MaxTokens: 256, Layout: kv.Blocked, BlockTokens: 1, MapAhead: true}), aheadBacking(t, name))
 			a, err := e.c.NewSequence()
 			require.NoError(t, err)
 			b, err := e.c.NewSequence()
@@ -266,7 +266,7 @@ func TestMapAheadRefusedBatchKeepsNothing(t *testing.T) {
 			assert.Equal(t, gran, e.c.Stats().Ahead, "the window's run stays")
 			ps := e.pool.PoolStats()
 			assert.Equal(t, 2*gran, ps.Idle, "the full group's run went idle")
-			assert.Equal(t, e.gov.Stats(e.dev).Used, ps.Owned)
+			assert.Equal(t, e.gov.Stats(e.auth.Device()).Used, ps.Owned)
 
 			require.NoError(t, a.Append(4), "a grows on")
 			assert.Equal(t, 5*gran, e.c.Stats().Committed)
@@ -289,7 +289,7 @@ func TestMapAheadLeavesBehind(t *testing.T) {
 	gran := blockGranule
 	for _, name := range aheadBackings {
 		t.Run(name, func(t *testing.T) {
-			e := openAheadOn(t, name, kv.Config{Model: aheadHybrid, MaxTokens: 256, Layout: kv.Blocked, BlockTokens: 1, MapAhead: true}, int(gran), 0)
+			e := openEnv(t, withGranule(int(gran)), withConfig(kv.Config{Model: aheadHybrid, MaxTokens: 256, Layout: kv.Blocked, BlockTokens: 1, MapAhead: true}), aheadBacking(t, name))
 			// 71 tokens: no group's block starts at 71 or 72 (window 16, full 10,
 			// latent 64 tokens a block), so the next step crosses into none.
 			s, err := e.c.NewSequence()
@@ -301,18 +301,18 @@ func TestMapAheadLeavesBehind(t *testing.T) {
 			ahead := e.c.Stats().Ahead
 
 			release := e.c.HoldAhead()
-			calls := e.calls()
+			calls := e.faults.Calls()
 			require.NoError(t, f.Append(1)) // FirstLive(71) is 48: window blocks 0-2 go
-			assert.Equal(t, calls, e.calls(), "the step left the shared units behind with no backing call")
+			assert.Equal(t, calls, e.faults.Calls(), "the step left the shared units behind with no backing call")
 			assert.Equal(t, 48, f.FirstHeld(0))
 			assert.Equal(t, ahead, e.c.Stats().Ahead, "mapped from s: none of them is the cache's own")
 			require.NoError(t, s.Append(1))
-			assert.Equal(t, calls, e.calls(), "and s its own")
+			assert.Equal(t, calls, e.faults.Calls(), "and s its own")
 			assert.Equal(t, ahead+3*gran, e.c.Stats().Ahead, "its own units left behind are shown")
 			books := func(what string) {
 				t.Helper()
 				st, ps := e.c.Stats(), e.pool.PoolStats()
-				assert.Equal(t, e.gov.Stats(e.dev).Used, ps.Owned, "%s: the governor", what)
+				assert.Equal(t, e.gov.Stats(e.auth.Device()).Used, ps.Owned, "%s: the governor", what)
 				assert.Equal(t, ps.Owned, st.Committed-st.Shared+st.Ahead+ps.Idle, "%s: every granule is a sequence's own, ahead or behind, or idle", what)
 			}
 			books("left behind")
@@ -342,10 +342,10 @@ func TestMapAheadLeavesBehind(t *testing.T) {
 }
 
 // the pool owns (runs ahead included), closes s and finishes e.
-func closeAhead(t *testing.T, e aheadEnv, s *kv.Sequence) {
+func closeAhead(t *testing.T, e *env, s *kv.Sequence) {
 	t.Helper()
 	e.c.WaitAhead()
-	assert.Equal(t, e.gov.Stats(e.dev).Used, e.pool.PoolStats().Owned)
+	assert.Equal(t, e.gov.Stats(e.auth.Device()).Used, e.pool.PoolStats().Owned)
 	assert.True(t, s.Close().OK())
 	e.finish(t)
 }

@@ -20,7 +20,7 @@ import (
 )
 
 // mappedAhead waits until the cache holds want bytes committed ahead.
-func (e aheadEnv) mappedAhead(t *testing.T, want int64) {
+func (e *env) mappedAhead(t *testing.T, want int64) {
 	t.Helper()
 	e.c.WaitAhead()
 	require.Equal(t, want, e.c.Stats().Ahead, "bytes committed ahead")
@@ -33,7 +33,7 @@ func TestMapAheadMapsIntoTheSequence(t *testing.T) {
 	for _, name := range aheadBackings {
 		t.Run(name, func(t *testing.T) {
 			// Two blocks at most: once the second is taken nothing more is asked.
-			e := openAhead(t, name, true, 0, 32)
+			e := openEnv(t, withGranule(int(blockGranule)), withConfig(oneBlockConfig(32, true)), aheadBacking(t, name))
 			s, err := e.c.NewSequence()
 			require.NoError(t, err)
 			defer func() { assert.True(t, s.Close().OK()) }()
@@ -42,12 +42,12 @@ func TestMapAheadMapsIntoTheSequence(t *testing.T) {
 			st := e.c.Stats()
 			assert.Equal(t, blockGranule, st.Committed, "the run is no part of the sequence yet")
 			assert.Equal(t, 2*blockGranule, e.pool.PoolStats().Owned, "the block's granule and the one ahead")
-			assert.Equal(t, e.gov.Stats(e.dev).Used, e.pool.PoolStats().Owned, "the governor shows it")
+			assert.Equal(t, e.gov.Stats(e.auth.Device()).Used, e.pool.PoolStats().Owned, "the governor shows it")
 			assert.Zero(t, e.pool.PoolStats().Idle, "it is mapped, not idle")
 
-			calls := e.calls()
+			calls := e.faults.Calls()
 			require.NoError(t, s.Append(1))
-			assert.Equal(t, calls, e.calls(), "the step that crossed the boundary made no backing call")
+			assert.Equal(t, calls, e.faults.Calls(), "the step that crossed the boundary made no backing call")
 			st = e.c.Stats()
 			assert.Equal(t, 2*blockGranule, st.Committed)
 			assert.Zero(t, st.Ahead)
@@ -72,21 +72,21 @@ func TestMapAheadMapsIntoTheSequence(t *testing.T) {
 func TestMapAheadGivesBack(t *testing.T) {
 	ops := []struct {
 		name string
-		op   func(t *testing.T, e aheadEnv, s *kv.Sequence)
+		op   func(t *testing.T, e *env, s *kv.Sequence)
 	}{
-		{"Truncate", func(t *testing.T, e aheadEnv, s *kv.Sequence) { require.NoError(t, s.Truncate(20)) }},
-		{"ForkAt", func(t *testing.T, e aheadEnv, s *kv.Sequence) {
+		{"Truncate", func(t *testing.T, e *env, s *kv.Sequence) { require.NoError(t, s.Truncate(20)) }},
+		{"ForkAt", func(t *testing.T, e *env, s *kv.Sequence) {
 			f, err := s.ForkAt(20)
 			require.NoError(t, err)
 			assert.Equal(t, 2*blockGranule, e.c.SequenceStats()[1].Committed, "the fork holds the tokens' blocks only")
 			assert.True(t, f.Close().OK())
 		}},
-		{"Freeze", func(t *testing.T, e aheadEnv, s *kv.Sequence) {
+		{"Freeze", func(t *testing.T, e *env, s *kv.Sequence) {
 			p, err := s.Freeze(20)
 			require.NoError(t, err)
 			p.Release()
 		}},
-		{"Insert", func(t *testing.T, e aheadEnv, s *kv.Sequence) {
+		{"Insert", func(t *testing.T, e *env, s *kv.Sequence) {
 			pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
 			require.NoError(t, err)
 			ids := make([]int32, 20)
@@ -102,7 +102,7 @@ func TestMapAheadGivesBack(t *testing.T) {
 	for _, name := range aheadBackings {
 		for _, tt := range ops {
 			t.Run(name+"/"+tt.name, func(t *testing.T) {
-				e := openAhead(t, name, true, 0, 256)
+				e := openEnv(t, withGranule(int(blockGranule)), withConfig(oneBlockConfig(256, true)), aheadBacking(t, name))
 				s, err := e.c.NewSequence()
 				require.NoError(t, err)
 				require.NoError(t, s.Append(20)) // two blocks, the third ahead
@@ -114,12 +114,12 @@ func TestMapAheadGivesBack(t *testing.T) {
 					assert.GreaterOrEqual(t, e.pool.PoolStats().Idle, blockGranule, "it is idle in the pool")
 					assert.True(t, s.Close().OK())
 				}
-				assert.Equal(t, e.gov.Stats(e.dev).Used, e.pool.PoolStats().Owned)
+				assert.Equal(t, e.gov.Stats(e.auth.Device()).Used, e.pool.PoolStats().Owned)
 				assert.Equal(t, e.pool.PoolStats().Owned, e.pool.PoolStats().Idle, "all closed: only idle granules are left")
 			})
 		}
 		t.Run(name+"/Close", func(t *testing.T) {
-			e := openAhead(t, name, true, 0, 256)
+			e := openEnv(t, withGranule(int(blockGranule)), withConfig(oneBlockConfig(256, true)), aheadBacking(t, name))
 			s, err := e.c.NewSequence()
 			require.NoError(t, err)
 			require.NoError(t, s.Append(20))
@@ -129,7 +129,7 @@ func TestMapAheadGivesBack(t *testing.T) {
 			require.True(t, s.Close().OK())
 			assert.Zero(t, e.c.Stats().Ahead)
 			assert.Equal(t, filled+3*blockGranule, e.pool.PoolStats().Idle, "its blocks and its run went idle")
-			assert.Equal(t, e.gov.Stats(e.dev).Used, e.pool.PoolStats().Owned)
+			assert.Equal(t, e.gov.Stats(e.auth.Device()).Used, e.pool.PoolStats().Owned)
 		})
 	}
 }
@@ -140,24 +140,24 @@ func TestMapAheadGivesBack(t *testing.T) {
 func TestMapAheadWorkerFails(t *testing.T) {
 	for _, name := range aheadBackings {
 		t.Run(name+"/fault", func(t *testing.T) {
-			e := openAhead(t, name, true, 0, 32)
+			e := openEnv(t, withGranule(int(blockGranule)), withConfig(oneBlockConfig(32, true)), aheadBacking(t, name))
 			s, err := e.c.NewSequence()
 			require.NoError(t, err)
 			defer func() { assert.True(t, s.Close().OK()) }()
 			boom := errors.New("injected")
-			e.failOp(backingtest.OpCommit, 2, boom) // the step's commit, then the worker's
-			calls := e.calls()
+			e.faults.FailOp(backingtest.OpCommit, 2, boom) // the step's commit, then the worker's
+			calls := e.faults.Calls()
 			require.NoError(t, s.Append(16))
 			e.mappedAhead(t, 0)
-			assert.Equal(t, calls+2, e.calls(), "the worker tried")
+			assert.Equal(t, calls+2, e.faults.Calls(), "the worker tried")
 			require.NoError(t, s.Append(1))
-			assert.Equal(t, calls+3, e.calls(), "the step committed its block itself")
+			assert.Equal(t, calls+3, e.faults.Calls(), "the step committed its block itself")
 			assert.Equal(t, 2*blockGranule, e.c.Stats().Committed)
-			assert.Equal(t, e.gov.Stats(e.dev).Used, e.pool.PoolStats().Owned)
+			assert.Equal(t, e.gov.Stats(e.auth.Device()).Used, e.pool.PoolStats().Owned)
 			assert.Equal(t, 2*blockGranule, e.pool.PoolStats().Owned-e.pool.PoolStats().Idle)
 		})
 		t.Run(name+"/budget", func(t *testing.T) {
-			e := openAhead(t, name, true, blockGranule, 32)
+			e := openEnv(t, withGranule(int(blockGranule)), withLimit(blockGranule), withConfig(oneBlockConfig(32, true)), aheadBacking(t, name))
 			s, err := e.c.NewSequence()
 			require.NoError(t, err)
 			defer func() { assert.True(t, s.Close().OK()) }()
@@ -169,7 +169,7 @@ func TestMapAheadWorkerFails(t *testing.T) {
 			require.ErrorAs(t, err, &be)
 			assert.Equal(t, blockGranule, be.Requested)
 			assert.Equal(t, blockGranule, e.c.Stats().Committed)
-			assert.Equal(t, blockGranule, e.gov.Stats(e.dev).Used)
+			assert.Equal(t, blockGranule, e.gov.Stats(e.auth.Device()).Used)
 		})
 	}
 }
@@ -179,8 +179,6 @@ func TestMapAheadWorkerFails(t *testing.T) {
 // it makes no granule of its own.
 func TestMapAheadStepWaitsForRunInFlight(t *testing.T) {
 	granule := int(blockGranule)
-	gov := accounting.NewGovernor()
-	dev := accounting.GPU(0)
 	f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: granule, Memory: 1 << 30})
 	drv := f.Driver()
 	gate := make(chan struct{})
@@ -197,16 +195,10 @@ func TestMapAheadStepWaitsForRunInFlight(t *testing.T) {
 		}
 		return create(handle, size, prop, flags)
 	}
-	b, err := cuda.New(cuda.Options{Authority: gov.Authority("cuda", dev), Driver: drv, High: 16})
-	require.NoError(t, err)
-	c, err := kv.New(b, kv.Config{Model: oneBlock, MaxTokens: 32, Layout: kv.Blocked, BlockTokens: 16, MapAhead: true})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		release()
-		assert.NoError(t, c.Close())
-		assert.NoError(t, b.Close())
-		assert.NoError(t, f.CheckLeaks())
-	})
+	t.Cleanup(func() { assert.NoError(t, f.CheckLeaks()) }) // NB: after the env's cleanup, which closes the backing
+	e := openEnv(t, onCUDA, withGranule(granule), withCUDA(cuda.Options{Driver: drv, High: 16}), withConfig(oneBlockConfig(32, true)))
+	e.onFail(release)
+	c := e.c
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	require.NoError(t, s.Append(16))
@@ -244,7 +236,7 @@ func TestMapAheadConcurrentOwners(t *testing.T) {
 			t.Run(name+"/"+cc.name, func(t *testing.T) {
 				cfg := cc.cfg
 				cfg.MapAhead = true
-				e := openAheadOn(t, name, cfg, int(blockGranule), 24*blockGranule)
+				e := openEnv(t, withGranule(int(blockGranule)), withLimit(24*blockGranule), withConfig(cfg), aheadBacking(t, name))
 				st, err := e.c.LayerStrides(cc.layer)
 				require.NoError(t, err)
 				const owners = 4
@@ -265,7 +257,7 @@ func TestMapAheadConcurrentOwners(t *testing.T) {
 				assert.Zero(t, cst.Ahead, "every run went back with its sequence")
 				assert.Zero(t, cst.Committed)
 				ps := e.pool.PoolStats()
-				assert.Equal(t, e.gov.Stats(e.dev).Used, ps.Owned)
+				assert.Equal(t, e.gov.Stats(e.auth.Device()).Used, ps.Owned)
 				assert.Equal(t, ps.Owned, ps.Idle, "only idle granules are left")
 			})
 		}
@@ -379,15 +371,15 @@ func aheadOwner(c *kv.Cache, r *rand.Rand, layer, tokenBytes int) error {
 func TestMapAheadOwedKick(t *testing.T) {
 	for _, name := range aheadBackings {
 		t.Run(name, func(t *testing.T) {
-			e := openAhead(t, name, true, 0, 64)
+			e := openEnv(t, withGranule(int(blockGranule)), withConfig(oneBlockConfig(64, true)), aheadBacking(t, name))
 			s, err := e.c.NewSequence()
 			require.NoError(t, err)
 			defer func() { assert.True(t, s.Close().OK()) }()
 			require.NoError(t, s.Append(16))
 			e.mappedAhead(t, blockGranule) // the worker parks after this run
-			calls := e.calls()
+			calls := e.faults.Calls()
 			require.NoError(t, s.Append(1)) // crosses, asks for the third block
-			assert.Equal(t, calls, e.calls(), "the crossing step made no backing call")
+			assert.Equal(t, calls, e.faults.Calls(), "the crossing step made no backing call")
 			require.NoError(t, s.Append(1)) // pays the kick
 			require.Eventually(t, func() bool { return e.c.Stats().Ahead == blockGranule }, 10*time.Second, time.Millisecond,
 				"the step after the crossing one kicked the worker")
@@ -401,9 +393,6 @@ func TestMapAheadOwedKick(t *testing.T) {
 // meanwhile is committed during the step, not after it.
 func TestMapAheadGoesOnBesideAStep(t *testing.T) {
 	granule := int(blockGranule)
-	gov := accounting.NewGovernor()
-	dev := accounting.GPU(0)
-	require.NoError(t, gov.SetLimit(dev, 64*blockGranule))
 	f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: granule, Memory: 1 << 30})
 	drv := f.Driver()
 	var armed atomic.Bool
@@ -428,16 +417,10 @@ func TestMapAheadGoesOnBesideAStep(t *testing.T) {
 		}
 		return create(handle, size, prop, flags)
 	}
-	b, err := cuda.New(cuda.Options{Authority: gov.Authority("cuda", dev), Driver: drv, High: 16})
-	require.NoError(t, err)
-	c, err := kv.New(b, kv.Config{Model: oneBlock, MaxTokens: 64, Layout: kv.Blocked, BlockTokens: 16, MapAhead: true})
-	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, f.CheckLeaks()) }) // NB: after the env's cleanup, which closes the backing
+	e := openEnv(t, onCUDA, withGranule(granule), withLimit(64*blockGranule), withCUDA(cuda.Options{Driver: drv, High: 16}), withConfig(oneBlockConfig(64, true)))
+	c, b := e.c, e.pool
 	c.SetAheadFill(false) // the granules made are the runs' and the steps' alone
-	t.Cleanup(func() {
-		assert.NoError(t, c.Close())
-		assert.NoError(t, b.Close())
-		assert.NoError(t, f.CheckLeaks())
-	})
 	y, err := c.NewSequence()
 	require.NoError(t, err)
 	defer func() { assert.True(t, y.Close().OK()) }()
@@ -468,6 +451,6 @@ func TestMapAheadGoesOnBesideAStep(t *testing.T) {
 	st := c.Stats()
 	assert.Equal(t, 3*blockGranule, st.Committed, "x's block and y's two")
 	assert.Equal(t, 2*blockGranule, st.Ahead, "y's third block and x's second")
-	assert.Equal(t, gov.Stats(dev).Used, b.PoolStats().Owned, "the ledger balances")
+	assert.Equal(t, e.gov.Stats(e.auth.Device()).Used, b.PoolStats().Owned, "the ledger balances")
 	assert.Zero(t, b.PoolStats().Idle)
 }

@@ -12,44 +12,34 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
-	"github.com/vmarena/vmarena/backing"
-	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/backing/cuda"
 	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
 )
 
-// aheadEnv is a Blocked cache of oneBlock tokens (16 a granule of blockGranule) on a pooling
-// backing, MapAhead on or off, under limit bytes.
-type aheadEnv struct {
-	c      *kv.Cache
-	pool   backing.Pool
-	gov    *accounting.Governor
-	dev    accounting.DeviceKey
-	calls  func() int                       // the backing calls so far (backingtest.Faulty)
-	failOp func(backingtest.Op, int, error) // arms a fault (backingtest.Faulty.FailOp)
-	finish func(testing.TB)                 // closes cache and backing, checks the books (env.finish)
+// oneBlockConfig is a Blocked cache of maxTokens oneBlock tokens, 16 a granule of
+// blockGranule, with MapAhead on or off.
+func oneBlockConfig(maxTokens int, ahead bool) kv.Config {
+	return kv.Config{Model: oneBlock, MaxTokens: maxTokens, Layout: kv.Blocked, BlockTokens: 16, MapAhead: ahead}
 }
 
-func openAhead(t *testing.T, name string, ahead bool, limit int64, maxTokens int) aheadEnv {
-	t.Helper()
-	return openAheadOn(t, name, kv.Config{Model: oneBlock, MaxTokens: maxTokens, Layout: kv.Blocked, BlockTokens: 16, MapAhead: ahead}, int(blockGranule), limit)
-}
-
-// openAheadOn is openAhead of the cache cfg on granules of granule bytes.
-func openAheadOn(t *testing.T, name string, cfg kv.Config, granule int, limit int64) aheadEnv {
-	t.Helper()
-	ahead := cfg.MapAhead
-	sp := envSpec{kind: onShared, cfg: cfg,
-		granule: granule, limit: limit, faulty: true, cuda: cuda.Options{High: 16},
-		shared: host.SharedOptions{High: 16, Populate: true, NoPrivateGranules: name == "host.Shared/NoPrivateGranules"}}
-	if name == "cuda" {
+// aheadBacking is the envOption of a map-ahead test's backing (one of
+// aheadBackings), a pool of up to 16 idle granules behind a backingtest.Faulty
+// (env.faults). It reads the granule and Config.MapAhead set so far, so it MUST
+// come after withGranule and withConfig.
+func aheadBacking(t *testing.T, name string) envOption {
+	return envFunc(func(sp *envSpec) {
+		sp.kind, sp.faulty = onShared, true
+		sp.shared = host.SharedOptions{High: 16, Populate: true, NoPrivateGranules: name == "host.Shared/NoPrivateGranules"}
+		if name != "cuda" {
+			return
+		}
 		sp.kind = onCUDA
 		f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: sp.granule, Memory: 1 << 30})
 		t.Cleanup(func() { assert.NoError(t, f.CheckLeaks()) }) // NB: after the env's cleanup, which closes the backing
 		drv := f.Driver()
-		if ahead {
+		if sp.cfg.MapAhead {
 			// A slow cuMemCreate: the worker's granule is charged long before it
 			// lands in the pool, the window in which a step could find the budget
 			// short because of it.
@@ -59,13 +49,8 @@ func openAheadOn(t *testing.T, name string, cfg kv.Config, granule int, limit in
 				return create(handle, size, prop, flags)
 			}
 		}
-		sp.cuda.Driver = drv
-	}
-	e, err := openEnv(t, sp)
-	if err != nil {
-		t.Skipf("%s: %v", name, err)
-	}
-	return aheadEnv{c: e.c, pool: e.pool, gov: e.gov, dev: e.auth.Device(), calls: e.faults.Calls, failOp: e.faults.FailOp, finish: e.finish}
+		sp.cuda = cuda.Options{High: 16, Driver: drv}
+	})
 }
 
 var aheadBackings = []string{"host.Shared", "host.Shared/NoPrivateGranules", "cuda"}
@@ -101,9 +86,9 @@ func TestMapAheadRefusesNothingMore(t *testing.T) {
 // name under limit bytes, with the worker held off throughout where held is set.
 func refusesNothingMore(t *testing.T, name string, cfg kv.Config, limit int64, held bool) {
 	cfg.MapAhead = true
-	on := openAheadOn(t, name, cfg, int(blockGranule), limit)
+	on := openEnv(t, withGranule(int(blockGranule)), withLimit(limit), withConfig(cfg), aheadBacking(t, name))
 	cfg.MapAhead = false
-	off := openAheadOn(t, name, cfg, int(blockGranule), limit)
+	off := openEnv(t, withGranule(int(blockGranule)), withLimit(limit), withConfig(cfg), aheadBacking(t, name))
 	release := func() {}
 	if held {
 		var once sync.Once
@@ -181,7 +166,7 @@ func refusesNothingMore(t *testing.T, name string, cfg kv.Config, limit int64, h
 		stOn, stOff := on.c.Stats(), off.c.Stats()
 		pOn, pOff := on.pool.PoolStats(), off.pool.PoolStats()
 		require.Equal(t, stOff.Committed, stOn.Committed, "op %d", op)
-		require.Equal(t, on.gov.Stats(on.dev).Used, pOn.Owned, "op %d: what map-ahead holds is charged", op)
+		require.Equal(t, on.gov.Stats(on.auth.Device()).Used, pOn.Owned, "op %d: what map-ahead holds is charged", op)
 		if held {
 			// NB: a granule left behind that mapped a closed parent's is the
 			// cache's until given back, and no figure of Stats shows it.
@@ -199,7 +184,7 @@ func refusesNothingMore(t *testing.T, name string, cfg kv.Config, limit int64, h
 		assert.True(t, left, "windows left granules behind")
 	}
 	assert.Positive(t, refused, "the budget was tight")
-	assert.Equal(t, on.gov.Stats(on.dev).Used, on.pool.PoolStats().Owned, "what map-ahead holds is charged")
+	assert.Equal(t, on.gov.Stats(on.auth.Device()).Used, on.pool.PoolStats().Owned, "what map-ahead holds is charged")
 }
 
 // sameRefusal checks that an operation with map-ahead (errOn) and the same without
@@ -222,7 +207,7 @@ func sameRefusal(t *testing.T, errOff, errOn error, format string, args ...any) 
 
 // TestMapAheadOff: without MapAhead nothing is made ahead.
 func TestMapAheadOff(t *testing.T) {
-	e := openAhead(t, "cuda", false, 0, 256)
+	e := openEnv(t, withGranule(int(blockGranule)), withConfig(oneBlockConfig(256, false)), aheadBacking(t, "cuda"))
 	s, err := e.c.NewSequence()
 	require.NoError(t, err)
 	require.NoError(t, s.Append(16))
@@ -234,11 +219,7 @@ func TestMapAheadOff(t *testing.T) {
 // TestMapAheadWithoutPool: on a backing without a pool MapAhead is ignored: the
 // cache grows as without it and starts no goroutine (TestMain's leak check).
 func TestMapAheadWithoutPool(t *testing.T) {
-	e, err := openEnv(t, envSpec{kind: onPrivate, granule: int(blockGranule), limit: 2 * blockGranule,
-		cfg: kv.Config{Model: oneBlock, MaxTokens: 64, Layout: kv.Blocked, BlockTokens: 16, MapAhead: true}})
-	if err != nil {
-		t.Skip(err)
-	}
+	e := openEnv(t, onPrivate, withGranule(int(blockGranule)), withLimit(2*blockGranule), withConfig(oneBlockConfig(64, true)))
 	s, err := e.c.NewSequence()
 	require.NoError(t, err)
 	require.NoError(t, s.Append(32))

@@ -26,7 +26,7 @@ func (f trimFailing[R]) Trim(int) (int64, error) { return 0, f.err }
 // took says so next to the step's own error; the sequences are as before and whole,
 // and the granules wait idle in the pool for a Trim that works.
 func TestAppendBatchRollbackTrimFails(t *testing.T) {
-	e := openHost(t, envSpec{noCache: true, name: "kv-rollback-trim"})
+	e := openEnv(t, onShared, withGranule(64<<10), noCache, withName("kv-rollback-trim"))
 	b, pool := e.shared, e.auth
 	faulty := backingtest.NewFaulty[*host.SharedReservation](b)
 	errTrim := errors.New("trim refused")

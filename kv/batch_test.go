@@ -48,8 +48,8 @@ func lens(seqs []*kv.Sequence) []int {
 
 func TestAppendBatchAllOrNothing(t *testing.T) {
 	// Room for 5 granules per tensor in all: 40 tokens of one sequence.
-	fx := newFixture(t, 5*perTensorGranule)
-	c := fx.cache(t, kv.PerLayer, 256)
+	e := openEnv(t, withLimit(5*perTensorGranule), withConfig(kv.Config{MaxTokens: 256, Layout: kv.PerLayer}))
+	c := e.c
 	seqs := newSeqs(t, c, 3)
 
 	batch := []kv.Growth{{seqs[0], 8}, {seqs[1], 9}, {seqs[2], 1}} // 1 + 2 + 1 granules per tensor
@@ -70,7 +70,7 @@ func TestAppendBatchAllOrNothing(t *testing.T) {
 
 	// 3 more granules per tensor where 1 is free: refused whole, with the figures a
 	// scheduler acts on.
-	owned := fx.pool.Stats().Owned
+	owned := e.auth.Stats().Owned
 	batch = []kv.Growth{{seqs[0], 1}, {seqs[1], 1}, {seqs[2], 1}}
 	err = c.AppendBatch(batch)
 	var be *accounting.BudgetError
@@ -80,7 +80,7 @@ func TestAppendBatchAllOrNothing(t *testing.T) {
 	assert.Equal(t, perTensorGranule, be.Available)
 	assert.Equal(t, 5*perTensorGranule, be.Limit)
 	assert.Equal(t, []int{8, 16, 8}, lens(seqs), "no sequence grew")
-	assert.Equal(t, owned, fx.pool.Stats().Owned, "nothing held")
+	assert.Equal(t, owned, e.auth.Stats().Owned, "nothing held")
 	checkTokens(t, seqs[1], 7, 0, 9)
 
 	// Preempt: free what the refusal said is missing, and step again.
@@ -88,7 +88,7 @@ func TestAppendBatchAllOrNothing(t *testing.T) {
 	batch = []kv.Growth{{seqs[1], 1}, {seqs[2], 1}}
 	need, err = c.Need(batch)
 	require.NoError(t, err)
-	assert.LessOrEqual(t, need, fx.gov.Available(accounting.HostKey))
+	assert.LessOrEqual(t, need, e.gov.Available(accounting.HostKey))
 	require.NoError(t, c.AppendBatch(batch))
 	assert.Equal(t, 17, seqs[1].Len())
 	seqs = seqs[1:]
@@ -105,10 +105,8 @@ func TestAppendBatchAllOrNothing(t *testing.T) {
 func TestAppendBatchFaultInjection(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			fx, faulty := faultyFixture(t)
-			c, err := kv.New(faulty, kv.Config{Model: tiny8, MaxTokens: 256, Layout: layout, BlockTokens: oldBlock(layout)})
-			require.NoError(t, err)
-			defer func() { assert.NoError(t, c.Close()) }()
+			e := openEnv(t, noCache, withLimit(1<<30), withFaults)
+			c := e.cache(t, kv.Config{Model: tiny8, MaxTokens: 256, Layout: layout, BlockTokens: oldBlock(layout)})
 			step := func(seqs []*kv.Sequence) error {
 				return c.AppendBatch([]kv.Growth{{seqs[0], 3}, {seqs[1], 20}, {seqs[2], 0}, {seqs[3], 9}})
 			}
@@ -121,9 +119,9 @@ func TestAppendBatchFaultInjection(t *testing.T) {
 				return seqs
 			}
 			seqs := setup()
-			faulty.Reset()
+			e.faults.Reset()
 			require.NoError(t, step(seqs))
-			calls := faulty.Calls()
+			calls := e.faults.Calls()
 			require.GreaterOrEqual(t, calls, 3, "the step commits in several ranges")
 			closeAll(t, seqs...)
 
@@ -131,16 +129,16 @@ func TestAppendBatchFaultInjection(t *testing.T) {
 			for n := 1; n <= calls; n++ {
 				for _, undo := range []bool{false, true} {
 					seqs := setup()
-					owned := fx.pool.Stats().Owned
+					owned := e.auth.Stats().Owned
 					before := lens(seqs)
-					faulty.Reset()
-					faulty.FailAt(n, boom)
+					e.faults.Reset()
+					e.faults.FailAt(n, boom)
 					if undo {
-						faulty.FailOp(backingtest.OpDecommit, 1, boom) // the rollback fails too
+						e.faults.FailOp(backingtest.OpDecommit, 1, boom) // the rollback fails too
 					}
 					err := step(seqs)
 					require.ErrorIs(t, err, boom, "call %d", n)
-					faulty.Reset()
+					e.faults.Reset()
 					damaged := 0
 					for i, s := range seqs {
 						if s.Damaged() {
@@ -151,7 +149,7 @@ func TestAppendBatchFaultInjection(t *testing.T) {
 						checkTokens(t, s, uint64(i), 0, s.Len())
 					}
 					if damaged == 0 {
-						assert.Equal(t, owned, fx.pool.Stats().Owned, "call %d: the refusal holds nothing", n)
+						assert.Equal(t, owned, e.auth.Stats().Owned, "call %d: the refusal holds nothing", n)
 					} else {
 						assert.ErrorIs(t, err, kv.ErrDamaged, "call %d", n)
 					}
@@ -159,8 +157,8 @@ func TestAppendBatchFaultInjection(t *testing.T) {
 						assert.Zero(t, damaged, "call %d: a rollback that works damages nothing", n)
 					}
 					closeAll(t, seqs...)
-					assert.Zero(t, fx.pool.Stats().Owned, "call %d", n)
-					assert.Zero(t, fx.pool.Stats().Mapped, "call %d", n)
+					assert.Zero(t, e.auth.Stats().Owned, "call %d", n)
+					assert.Zero(t, e.auth.Stats().Mapped, "call %d", n)
 					assert.Equal(t, kv.Stats{}, holdings(c), "call %d", n)
 				}
 			}
@@ -169,9 +167,9 @@ func TestAppendBatchFaultInjection(t *testing.T) {
 }
 
 func TestBatchBadInputs(t *testing.T) {
-	fx := newFixture(t, 1<<30)
-	c := fx.cache(t, kv.PerLayer, 16)
-	other := fx.cache(t, kv.PerLayer, 16)
+	e := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 16, Layout: kv.PerLayer}))
+	c := e.c
+	other := e.cache(t, kv.Config{MaxTokens: 16, Layout: kv.PerLayer})
 	seqs := newSeqs(t, c, 2)
 	foreign, err := other.NewSequence()
 	require.NoError(t, err)
@@ -220,8 +218,8 @@ func TestBatchBadInputs(t *testing.T) {
 // Batch and single waiters are served in the order they queued, whichever kind.
 func TestBatchAndSingleWaitersFIFO(t *testing.T) {
 	// Room for exactly 4 granules per tensor.
-	fx := newFixture(t, 4*perTensorGranule)
-	c := fx.cache(t, kv.PerLayer, 64)
+	e := openEnv(t, withLimit(4*perTensorGranule), withConfig(kv.Config{MaxTokens: 64, Layout: kv.PerLayer}))
+	c := e.c
 	hold := newSeqs(t, c, 4)
 	for _, s := range hold {
 		require.NoError(t, s.Append(8))
@@ -234,13 +232,13 @@ func TestBatchAndSingleWaitersFIFO(t *testing.T) {
 	var wg sync.WaitGroup
 	start := func(name string, fn func() error) {
 		wg.Add(1)
-		before := fx.gov.Stats(accounting.HostKey).Waiters
+		before := e.gov.Stats(accounting.HostKey).Waiters
 		go func() {
 			defer wg.Done()
 			assert.NoError(t, fn())
 			order <- name
 		}()
-		require.Eventually(t, func() bool { return fx.gov.Stats(accounting.HostKey).Waiters == before+1 }, 5*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return e.gov.Stats(accounting.HostKey).Waiters == before+1 }, 5*time.Second, time.Millisecond)
 	}
 	ctx := context.Background()
 	start("single-0", func() error { return single[0].AppendCtx(ctx, 8) })
@@ -268,8 +266,8 @@ func TestBatchAndSingleWaitersFIFO(t *testing.T) {
 
 // A cancelled batch wait changes nothing and holds nothing.
 func TestAppendBatchCtxCancelled(t *testing.T) {
-	fx := newFixture(t, 2*perTensorGranule)
-	c := fx.cache(t, kv.PerLayer, 64)
+	e := openEnv(t, withLimit(2*perTensorGranule), withConfig(kv.Config{MaxTokens: 64, Layout: kv.PerLayer}))
+	c := e.c
 	seqs := newSeqs(t, c, 3)
 	defer closeAll(t, seqs...)
 	require.NoError(t, seqs[0].Append(16))
@@ -278,15 +276,15 @@ func TestAppendBatchCtxCancelled(t *testing.T) {
 	err := c.AppendBatchCtx(ctx, []kv.Growth{{seqs[1], 1}, {seqs[2], 1}})
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.Equal(t, []int{16, 0, 0}, lens(seqs))
-	assert.Equal(t, 2*perTensorGranule, fx.pool.Stats().Owned)
-	assert.Zero(t, fx.gov.Stats(accounting.HostKey).Waiters)
+	assert.Equal(t, 2*perTensorGranule, e.auth.Stats().Owned)
+	assert.Zero(t, e.gov.Stats(accounting.HostKey).Waiters)
 }
 
 func TestForkAtIsolation(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			fx := newFixture(t, 1<<30)
-			c := fx.cache(t, layout, 256)
+			e := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 256, Layout: layout, BlockTokens: blockTokensFor(layout)}))
+			c := e.c
 			s, err := c.NewSequence()
 			require.NoError(t, err)
 			require.NoError(t, s.Append(40))
@@ -336,11 +334,9 @@ func TestForkAtIsolation(t *testing.T) {
 // Writable and refused in every layer, although its last bytes lie past the shared
 // ones, and the token after it is not.
 func TestWriteTokenStraddlingSharedBoundary(t *testing.T) {
-	fx := newFixture(t, 1<<30)
+	e := openEnv(t, noCache, withLimit(1<<30))
 	// Q8_0 tokens of 272 bytes: token 15 spans the first 4 KiB granule's end.
-	c, err := kv.New(fx.fake, kv.Config{Model: q8Tiny, MaxTokens: 64, Layout: kv.PerLayer})
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, c.Close()) }()
+	c := e.cache(t, kv.Config{Model: q8Tiny, MaxTokens: 64, Layout: kv.PerLayer})
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	require.NoError(t, s.Append(40))
@@ -364,10 +360,8 @@ func TestWriteTokenStraddlingSharedBoundary(t *testing.T) {
 func TestViewOfEmptySequence(t *testing.T) {
 	for _, layout := range []kv.Layout{kv.PerLayer, kv.Blocked} {
 		t.Run(layout.String(), func(t *testing.T) {
-			fx := newFixture(t, 1<<30)
-			c, err := kv.New(fx.fake, kv.Config{Model: kv.Tiny(), MaxTokens: 64, Layout: layout})
-			require.NoError(t, err)
-			defer func() { assert.NoError(t, c.Close()) }()
+			e := openEnv(t, noCache, withLimit(1<<30))
+			c := e.cache(t, kv.Config{Model: kv.Tiny(), MaxTokens: 64, Layout: layout})
 			s, err := c.NewSequence()
 			require.NoError(t, err)
 			defer closeAll(t, s)
@@ -411,8 +405,8 @@ func TestFailedUndoIsReported(t *testing.T) {
 	}
 	for _, op := range ops {
 		t.Run(op.name, func(t *testing.T) {
-			_, faulty := faultyFixture(t)
-			c, err := kv.New(faulty, kv.Config{Model: tiny8, MaxTokens: 64, Layout: kv.PerLayer})
+			e := openEnv(t, noCache, withLimit(1<<30), withFaults)
+			c, err := e.tryCache(kv.Config{Model: tiny8, MaxTokens: 64, Layout: kv.PerLayer})
 			require.NoError(t, err)
 			s, err := c.NewSequence()
 			require.NoError(t, err)
@@ -421,13 +415,13 @@ func TestFailedUndoIsReported(t *testing.T) {
 			require.NoError(t, err)
 			boom := errors.New("injected")
 			// The third range's share fails; giving back the first two fails too.
-			faulty.FailOp(backingtest.OpShare, 3, boom)
-			faulty.FailOp(backingtest.OpUnreserve, 1, boom)
-			faulty.FailOp(backingtest.OpUnreserve, 2, boom)
+			e.faults.FailOp(backingtest.OpShare, 3, boom)
+			e.faults.FailOp(backingtest.OpUnreserve, 1, boom)
+			e.faults.FailOp(backingtest.OpUnreserve, 2, boom)
 			err = op.run(s, p)
 			require.ErrorIs(t, err, boom)
 			assert.Contains(t, err.Error(), "could not be given back")
-			faulty.Reset()
+			e.faults.Reset()
 			st := c.Stats()
 			assert.Positive(t, st.Unreleased, "Stats reports what stays held")
 			assert.Equal(t, 1, st.Sequences, "no sequence was made")
@@ -439,8 +433,8 @@ func TestFailedUndoIsReported(t *testing.T) {
 }
 
 func TestLifecycle(t *testing.T) {
-	fx := newFixture(t, 1<<30)
-	c, err := kv.New(fx.fake, kv.Config{Model: tiny8, MaxTokens: 64})
+	e := openEnv(t, noCache, withLimit(1<<30))
+	c, err := e.tryCache(kv.Config{Model: tiny8, MaxTokens: 64})
 	require.NoError(t, err)
 	s, err := c.NewSequence()
 	require.NoError(t, err)
@@ -475,8 +469,8 @@ func TestLifecycle(t *testing.T) {
 
 // An append that can never fit the limit fails at once, waiting or not.
 func TestAppendNeverFits(t *testing.T) {
-	fx := newFixture(t, 4*fakeGranule) // one token in each of tiny8's 6 tensors needs 6
-	c := fx.cache(t, kv.PerLayer, 64)
+	e := openEnv(t, withLimit(4*fakeGranule), withConfig(kv.Config{MaxTokens: 64, Layout: kv.PerLayer})) // one token in each of tiny8's 6 tensors needs 6
+	c := e.c
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	defer s.Close()

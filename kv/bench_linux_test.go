@@ -172,19 +172,10 @@ func BenchmarkServe(b *testing.B) {
 		{kv.Blocked, 2 << 20},
 	} {
 		b.Run(fmt.Sprintf("impl=vmarena/layout=%v/granule=%dKiB", cfg.layout, cfg.granule>>10), func(b *testing.B) {
-			gov := accounting.NewGovernor()
-			pool := gov.Authority("kv", accounting.HostKey)
 			// A pool that keeps the whole working set, as a warm server does.
-			shared, err := host.NewShared(host.SharedOptions{Granularity: cfg.granule, Authority: pool, High: int(2*benchNeed) / cfg.granule})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer shared.Close()
-			c, err := kv.New(shared, kv.Config{Model: kv.Llama3_8B(), MaxTokens: benchMaxTokens, Layout: cfg.layout})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer c.Close()
+			e := openEnv(b, onShared, withGranule(cfg.granule), withShared(host.SharedOptions{High: int(2*benchNeed) / cfg.granule}),
+				withConfig(kv.Config{Model: kv.Llama3_8B(), MaxTokens: benchMaxTokens, Layout: cfg.layout}))
+			c, gov := e.c, e.gov
 			runCache(b, c) // warm the pool
 			gov.ResetPeak(accounting.HostKey)
 			for b.Loop() {
@@ -231,17 +222,7 @@ func BenchmarkStep(b *testing.B) {
 				name = fmt.Sprintf("op=batch/seqs=%d", n)
 			}
 			b.Run(fmt.Sprintf("layout=%v/%s", layout, name), func(b *testing.B) {
-				gov := accounting.NewGovernor()
-				shared, err := host.NewShared(host.SharedOptions{Granularity: 2 << 20, Authority: gov.Authority("kv", accounting.HostKey)})
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer shared.Close()
-				c, err := kv.New(shared, kv.Config{Model: kv.Llama3_8B(), MaxTokens: benchMaxTokens, Layout: layout})
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer c.Close()
+				c := openEnv(b, onShared, withGranule(2<<20), withConfig(kv.Config{Model: kv.Llama3_8B(), MaxTokens: benchMaxTokens, Layout: layout})).c
 				row := benchModel.BytesPerToken() // Blocked: a 2 MiB block holds 16 tokens
 				if layout == kv.PerLayer {
 					row = benchModel.Groups[0].TokenBytes()

@@ -96,10 +96,7 @@ func TestBlockedModel(t *testing.T) {
 					if seed%2 == 1 {
 						limit = int64(8*ml.blk + 16*g) // the pools keep up to 16 idle granules
 					}
-					e, ok := newEnv(t, kind, kv.Blocked, bt, maxTokens, limit, false)
-					if !ok {
-						t.Skipf("%s does not exist on this system", sharingNames[kind])
-					}
+					e := openEnv(t, kind, pooled, withConfig(kv.Config{MaxTokens: maxTokens, Layout: kv.Blocked, BlockTokens: bt}), withLimit(limit))
 					pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
 					require.NoError(t, err)
 					m := &blockedModel{t: t, e: e, pc: pc, ml: ml, r: rand.New(rand.NewPCG(uint64(seed), uint64(bt)))}
@@ -547,8 +544,8 @@ func TestBlockedSize(t *testing.T) {
 	} {
 		_, err := cfg.Size(2<<20, 2)
 		assert.ErrorIs(t, err, kv.ErrConfig, "%+v", cfg)
-		fx := newFixture(t, 1<<30)
-		_, err = kv.New(fx.fake, cfg)
+		e := openEnv(t, noCache, withLimit(1<<30))
+		_, err = kv.New(e.fake, cfg)
 		if cfg.MaxTokens > 1 {
 			assert.ErrorIs(t, err, kv.ErrConfig, "New(%+v)", cfg)
 		}
@@ -559,11 +556,9 @@ func TestBlockedSize(t *testing.T) {
 // t%T)·TokenBytes of the sequence's range; forks share whole blocks only and copy the
 // tokens of the partly filled last one.
 func TestBlockedAddresses(t *testing.T) {
-	fx := newFixture(t, 1<<30)
+	e := openEnv(t, noCache, withLimit(1<<30))
 	g := kv.Tiny() // 256 bytes a token: a 4 KiB granule is a block of 16 tokens
-	c, err := kv.New(fx.fake, kv.Config{Model: g, MaxTokens: 256})
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, c.Close()) }()
+	c := e.cache(t, kv.Config{Model: g, MaxTokens: 256})
 	require.Equal(t, kv.Blocked, c.Config().Layout, "the default layout")
 	s, err := c.NewSequence()
 	require.NoError(t, err)

@@ -12,7 +12,6 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
-	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/internal/logrec"
 	"github.com/vmarena/vmarena/kv"
@@ -75,12 +74,10 @@ func TestBlockOverride(t *testing.T) {
 	assert.Contains(t, gs.Block, "more than 1/8")
 	assert.Contains(t, gs.Block, "the default's block: 512 tokens")
 
-	gov := accounting.NewGovernor()
-	require.NoError(t, gov.SetLimit(accounting.HostKey, 1<<30))
-	b := backingtest.NewFake(backingtest.FakeOptions{Granularity: 64 << 10, Authority: gov.Authority("kv", accounting.HostKey)})
+	e := openEnv(t, noCache, withGranule(64<<10), withLimit(1<<30))
 	var rec logrec.Recorder
 	cfg.Logger = rec.Logger()
-	c, err := kv.New(b, cfg)
+	c, err := e.tryCache(cfg)
 	require.NoError(t, err)
 	require.NoError(t, c.Close())
 	warned := rec.Find("kv: Config.BlockTokens makes blocks of dead bytes")
@@ -94,7 +91,7 @@ func TestBlockOverride(t *testing.T) {
 	s, err = cfg.Size(64<<10, 100)
 	require.NoError(t, err)
 	assert.NotContains(t, s.Groups[0].Block, "more than")
-	c, err = kv.New(b, cfg)
+	c, err = e.tryCache(cfg)
 	require.NoError(t, err)
 	require.NoError(t, c.Close())
 	assert.Empty(t, quiet.Records())
@@ -103,10 +100,8 @@ func TestBlockOverride(t *testing.T) {
 // TestBlockBadSizes: a negative block, or one whose bytes overflow, is refused with
 // ErrConfig by Size, Model.Size and New, and New allocates nothing.
 func TestBlockBadSizes(t *testing.T) {
-	gov := accounting.NewGovernor()
-	require.NoError(t, gov.SetLimit(accounting.HostKey, 1<<30))
-	auth := gov.Authority("kv", accounting.HostKey)
-	b := backingtest.NewFake(backingtest.FakeOptions{Granularity: 64 << 10, Authority: auth})
+	e := openEnv(t, noCache, withGranule(64<<10), withLimit(1<<30))
+	auth, b := e.auth, e.fake
 	for _, bt := range []int{-1, -4096, math.MaxInt / 2, math.MaxInt} {
 		for _, cfg := range []kv.Config{
 			{Model: kv.Llama3_8B(), MaxTokens: 100, BlockTokens: bt},
@@ -232,10 +227,7 @@ func TestBlockSmallModelShares(t *testing.T) {
 		{2 << 20, 0},
 	} {
 		t.Run(fmt.Sprintf("granule=%d", tt.granule), func(t *testing.T) {
-			e, err := openEnv(t, envSpec{kind: onShared, noCache: true, granule: tt.granule, limit: 1 << 30})
-			if err != nil {
-				t.Skip(err)
-			}
+			e := openEnv(t, onShared, noCache, withGranule(tt.granule), withLimit(1<<30))
 			c := e.cache(t, kv.Config{Model: smallUniform(), MaxTokens: 2048})
 			shared, _ := sharedOnPrefix(t, c, 300)
 			assert.Equal(t, tt.mapped, shared, "the whole blocks are mapped, not copied")

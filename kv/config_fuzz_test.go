@@ -3,7 +3,6 @@ package kv_test
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"reflect"
 	"slices"
 	"testing"
@@ -12,9 +11,6 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing"
-	"github.com/vmarena/vmarena/backing/backingtest"
-	"github.com/vmarena/vmarena/backing/cuda"
-	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/kv/blockhash"
 	"github.com/vmarena/vmarena/kvtier/tiertest"
@@ -221,9 +217,18 @@ func checkConfig(t *testing.T, in configInput) {
 	// A sequence's address space may be 2^55 bytes (valid, and free on the Fake):
 	// cuda's fake driver refuses a reservation past its 128 TiB as the driver does,
 	// with backing.ErrOutOfMemory, a shortage.
-	fb := newFuzzBacking(t, cfg.MapAhead)
-	defer fb.finish(t)
-	c, err := fb.newCache(cfg)
+	kind := onFake
+	if cfg.MapAhead {
+		kind = onCUDA // MapAhead needs a pool: cuda on its fake driver
+	}
+	e := openEnv(t, kind, noCache, withLimit(configLimit))
+	defer func() {
+		e.finish(t)
+		if err := e.auth.Close(); err != nil {
+			t.Fatalf("ledger: %v", err)
+		}
+	}()
+	c, err := e.mk(cfg) // NB: not tryCache, which would give a zero Model tiny8
 	switch {
 	case err == nil:
 	case isConfigError(err), isShortage(err):
@@ -246,59 +251,6 @@ func checkConfig(t *testing.T, in configInput) {
 	n := 1 + (in.tokens&0xff)%min(cfg.MaxTokens, 8)
 	useSequence(t, c, n)
 	usePrefixCache(t, c, in, n)
-}
-
-// fuzzBacking is the backing a fuzzed cache runs on, under a budget of configLimit:
-// a backingtest.Fake, or for MapAhead, which needs a pool, cuda on its fake driver.
-type fuzzBacking struct {
-	auth     *accounting.Authority
-	newCache func(kv.Config) (*kv.Cache, error)
-	leaks    func() error
-	close    func() error
-}
-
-func newFuzzBacking(t *testing.T, pool bool) *fuzzBacking {
-	dev := accounting.HostKey
-	if pool {
-		dev = accounting.GPU(0)
-	}
-	gov := accounting.NewGovernor()
-	if err := gov.SetLimit(dev, configLimit); err != nil {
-		t.Fatal(err)
-	}
-	fb := &fuzzBacking{auth: gov.Authority("fuzz", dev), close: func() error { return nil }}
-	if !pool {
-		fake := backingtest.NewFake(backingtest.FakeOptions{Granularity: fakeGranule, Authority: fb.auth})
-		fb.newCache = func(cfg kv.Config) (*kv.Cache, error) { return kv.New(fake, cfg) }
-		fb.leaks = func() error {
-			if n, r := fake.LiveGranules(), fake.LiveReservations(); n+r > 0 {
-				return fmt.Errorf("%d granules and %d reservations left", n, r)
-			}
-			return nil
-		}
-		return fb
-	}
-	drv := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: fakeGranule, Memory: 1 << 30})
-	b, err := cuda.New(cuda.Options{Authority: fb.auth, Driver: drv.Driver()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fb.newCache = func(cfg kv.Config) (*kv.Cache, error) { return kv.New(b, cfg) }
-	fb.leaks, fb.close = drv.CheckLeaks, b.Close
-	return fb
-}
-
-// finish closes the backing and checks that it and the ledger hold nothing.
-func (fb *fuzzBacking) finish(t *testing.T) {
-	if err := fb.close(); err != nil {
-		t.Fatalf("backing: %v", err)
-	}
-	if err := fb.leaks(); err != nil {
-		t.Fatal(err)
-	}
-	if err := fb.auth.Close(); err != nil {
-		t.Fatalf("ledger: %v", err)
-	}
 }
 
 // checkSize checks Config.Size's answer on one input: a refusal with kv's sentinel,

@@ -59,10 +59,10 @@ func TestConfigBadInputsEveryEntry(t *testing.T) {
 			{Kind: kv.FullAttention, Layers: []int{1}, KVHeads: 1, HeadDim: 1024, DType: arena.Float16}}},
 			MaxTokens: 1 << 50}, kv.ErrConfig, "overflow a sequence's address space", true},
 	}
-	fx := newFixture(t, 1<<30)
+	e := openEnv(t, noCache, withLimit(1<<30))
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := kv.New(fx.fake, tt.cfg)
+			_, err := kv.New(e.fake, tt.cfg)
 			require.ErrorIs(t, err, tt.want, "New")
 			assert.ErrorContains(t, err, tt.words, "New")
 			_, err = tt.cfg.Size(fakeGranule, 1)
@@ -75,7 +75,7 @@ func TestConfigBadInputsEveryEntry(t *testing.T) {
 				require.ErrorIs(t, err, tt.want, "TierNamespace")
 				assert.ErrorContains(t, err, tt.words, "TierNamespace")
 			}
-			assert.Zero(t, fx.fake.LiveReservations(), "a refused config reserves nothing")
+			assert.Zero(t, e.fake.LiveReservations(), "a refused config reserves nothing")
 		})
 	}
 }
@@ -98,8 +98,8 @@ func TestUniformOutOfRange(t *testing.T) {
 // MaxTokens are refused with ErrConfig (no sequence could hold one whole), as is a
 // size whose key would not fit in memory; a block of MaxTokens is accepted.
 func TestPrefixCacheEventsBlockPastMaxTokens(t *testing.T) {
-	fx := newFixture(t, 1<<30)
-	c := fx.cache(t, kv.Blocked, 32)
+	e := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 32, Layout: kv.Blocked, BlockTokens: testBlockTokens}))
+	c := e.c
 	for _, bs := range []int{33, 1 << 40, 1 << 62, math.MaxInt} {
 		_, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Events: kv.EventOptions{Observer: nopEvents{}, Hash: blockhash.Options{BlockSize: bs}}})
 		require.ErrorIs(t, err, kv.ErrConfig, "block size %d", bs)

@@ -1,7 +1,6 @@
 package kv_test
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -9,8 +8,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/vmarena/vmarena/accounting"
-	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/cuda"
 	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 	"github.com/vmarena/vmarena/kv"
@@ -53,16 +50,7 @@ func BenchmarkCUDAAppendStep(b *testing.B) {
 						b.Skipf("no CUDA driver: %v", err)
 					}
 				}
-				gov := accounting.NewGovernor()
-				bk, err := cuda.New(cuda.Options{Authority: gov.Authority("kv", accounting.GPU(0)), Driver: d})
-				if errors.Is(err, backing.ErrUnsupported) {
-					b.Skipf("no usable GPU: %v", err)
-				}
-				require.NoError(b, err)
-				b.Cleanup(func() { require.NoError(b, bk.Close()) })
-				c, err := kv.New(bk, kv.Config{Model: kv.Llama3_8B(), MaxTokens: 2 * steps, Layout: layout})
-				require.NoError(b, err)
-				b.Cleanup(func() { require.NoError(b, c.Close()) })
+				c := openEnv(b, onCUDA, withCUDA(cuda.Options{Driver: d}), withConfig(kv.Config{Model: kv.Llama3_8B(), MaxTokens: 2 * steps, Layout: layout})).c // NB: skips where d has no usable GPU
 				start := func(k int) int { return k*steps/seqs + 2*k + 1 }
 				batch := make([]kv.Growth, seqs)
 				for k := range batch {

@@ -2,7 +2,6 @@ package kv_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -11,22 +10,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/accounting"
-	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/cuda"
 	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 	"github.com/vmarena/vmarena/kv"
 )
-
-// newCUDACache returns a cache on GPU 0 of drv (openEnv); the granule is the driver's.
-// It returns cuda.New's error where drv has no usable GPU, so a test can skip.
-func newCUDACache(t *testing.T, drv *cuda.Driver, layout kv.Layout, g kv.Model, maxTokens int) (*kv.Cache, error) {
-	t.Helper()
-	e, err := openEnv(t, envSpec{kind: onCUDA, cfg: kv.Config{Model: g, MaxTokens: maxTokens, Layout: layout}, cuda: cuda.Options{Driver: drv}})
-	if err != nil {
-		return nil, err
-	}
-	return e.c, nil
-}
 
 // TestGPUCache runs the same checks on a real GPU, with Llama-3-8B's token size and the
 // driver's granule. It skips itself where no CUDA driver or device is present.
@@ -62,11 +49,7 @@ func llamaShareForkTruncate(t *testing.T, drv *cuda.Driver, layout kv.Layout) {
 	t.Helper()
 	l := kv.Llama3_8B().Groups[0]
 	g := kv.Uniform("llama3-8b-4", 4, l.KVHeads, l.HeadDim, l.DType)
-	c, err := newCUDACache(t, drv, layout, g, 4096)
-	if errors.Is(err, backing.ErrUnsupported) {
-		t.Skipf("no usable GPU: %v", err)
-	}
-	require.NoError(t, err)
+	c := openEnv(t, onCUDA, withCUDA(cuda.Options{Driver: drv}), withConfig(kv.Config{Model: g, MaxTokens: 4096, Layout: layout})).c // NB: skips where drv has no usable GPU
 	perTensor := c.Granularity() / g.Groups[0].TokenBytes()
 	shareForkTruncateN(t, c, (perTensor+127)/128)
 }
@@ -76,8 +59,7 @@ func llamaShareForkTruncate(t *testing.T, drv *cuda.Driver, layout kv.Layout) {
 // takes them.
 func TestCUDAWaitWokenByIdleHandles(t *testing.T) {
 	const g = 64 << 10 // 128 tiny8 tokens per tensor
-	e, err := openEnv(t, envSpec{kind: onCUDA, granule: g, limit: 12 * g, cfg: kv.Config{MaxTokens: 512, Layout: kv.PerLayer}})
-	require.NoError(t, err)
+	e := openEnv(t, onCUDA, withGranule(g), withLimit(12*g), withConfig(kv.Config{MaxTokens: 512, Layout: kv.PerLayer}))
 	c, gov, pool := e.c, e.gov, e.auth
 	a, err := c.NewSequence()
 	require.NoError(t, err)
@@ -108,8 +90,7 @@ func TestCUDAOriginProtected(t *testing.T) {
 				const g = 64 << 10
 				fake := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: g, Memory: 256 << 20, NoReadOnly: noRO})
 				t.Cleanup(func() { assert.NoError(t, fake.CheckLeaks()) })
-				c, err := newCUDACache(t, fake.Driver(), layout, tiny8, 1024)
-				require.NoError(t, err)
+				c := openEnv(t, onCUDA, withCUDA(cuda.Options{Driver: fake.Driver()}), withConfig(kv.Config{Model: tiny8, MaxTokens: 1024, Layout: layout})).c
 				s, err := c.NewSequence()
 				require.NoError(t, err)
 				require.NoError(t, s.Append(300))

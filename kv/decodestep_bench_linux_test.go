@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
@@ -97,13 +96,9 @@ func BenchmarkDecodeStep(b *testing.B) {
 			require.NoError(b, unix.Madvise(mem, unix.MADV_POPULATE_WRITE))
 		}
 		cache := func(b *testing.B, layout kv.Layout, blockTokens int) []*kv.Sequence {
-			p, err := host.NewPrivate(host.PrivateOptions{Granularity: granule, Populate: true, NoHugePages: !huge, AlwaysHugePages: huge})
-			require.NoError(b, err)
-			gov := accounting.NewGovernor()
-			c, err := kv.New(p, kv.Config{Model: g, MaxTokens: tokens + room, Layout: layout, BlockTokens: blockTokens,
-				Authority: gov.Authority("kv", accounting.HostKey)})
-			require.NoError(b, err)
-			return benchSequences(b, c, seqs, start)
+			e := openEnv(b, onPrivate, withGranule(granule), withPrivate(host.PrivateOptions{Populate: true, NoHugePages: !huge, AlwaysHugePages: huge}),
+				withConfig(kv.Config{Model: g, MaxTokens: tokens + room, Layout: layout, BlockTokens: blockTokens}))
+			return benchSequences(b, e.c, seqs, start)
 		}
 		appendAll := func(b *testing.B, qs []*kv.Sequence) { decodeAppend(b, qs, g, tokens+room, token) }
 		// check fails b unless a layer's read loaded the K and V of every token.

@@ -8,18 +8,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/kv"
 )
-
-// hostCacheOf returns a cache of cfg on a fresh memfd pool (openHost) and the ledger
-// it charges; the test's cleanup closes it and checks the ledger.
-func hostCacheOf(t *testing.T, name string, cfg kv.Config) (*kv.Cache, *accounting.Authority) {
-	t.Helper()
-	e := openHost(t, envSpec{cfg: cfg, name: name})
-	return e.c, e.auth
-}
 
 // TestQ8_0TokensThroughViews quantizes every head of every token into a Q8_0 cache
 // through the typed views, in the layout that has them (PerLayer: Blocked's blocks of
@@ -29,7 +20,8 @@ func TestQ8_0TokensThroughViews(t *testing.T) {
 	g := q8Tiny
 	for _, layout := range []kv.Layout{kv.PerLayer} {
 		t.Run(layout.String(), func(t *testing.T) {
-			c, _ := hostCacheOf(t, "kv-q8-test", kv.Config{Model: g, MaxTokens: 512, Layout: layout})
+			e := openEnv(t, onShared, withGranule(64<<10), withName("kv-q8-test"), withConfig(kv.Config{Model: g, MaxTokens: 512, Layout: layout}))
+			c := e.c
 			s, err := c.NewSequence()
 			require.NoError(t, err)
 			const n = 120
@@ -98,7 +90,8 @@ func TestQ8_0TokensThroughViews(t *testing.T) {
 // reads them back as the token's bytes.
 func TestFP8TokensThroughViews(t *testing.T) {
 	g := fp8Tiny
-	c, _ := hostCacheOf(t, "kv-fp8-test", kv.Config{Model: g, MaxTokens: 512})
+	e := openEnv(t, onShared, withGranule(64<<10), withName("kv-fp8-test"), withConfig(kv.Config{Model: g, MaxTokens: 512}))
+	c := e.c
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	const n = 100
@@ -136,7 +129,8 @@ func TestFP8TokensThroughViews(t *testing.T) {
 // the ledger holds their granule until Close.
 func TestScalesOnHost(t *testing.T) {
 	g := withScales(fp8Tiny, kv.ScalePerHead)
-	c, pool := hostCacheOf(t, "kv-scales-test", kv.Config{Model: g, MaxTokens: 64})
+	e := openEnv(t, onShared, withGranule(64<<10), withName("kv-scales-test"), withConfig(kv.Config{Model: g, MaxTokens: 64}))
+	c, pool := e.c, e.auth
 	v, err := c.Scales()
 	require.NoError(t, err)
 	require.True(t, v.HostAccessible())

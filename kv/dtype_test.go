@@ -42,8 +42,8 @@ func TestUniformElementTypes(t *testing.T) {
 		_, err = kv.Config{Model: b, Layout: kv.Blocked, MaxTokens: 100}.Size(2<<20, 10)
 		assert.ErrorIs(t, err, kv.ErrModel)
 		// Nothing is reserved or committed for a model that is refused.
-		fx := newFixture(t, 1<<30)
-		_, err = kv.New(fx.fake, kv.Config{Model: b, MaxTokens: 64})
+		e := openEnv(t, noCache, withLimit(1<<30))
+		_, err = kv.New(e.fake, kv.Config{Model: b, MaxTokens: 64})
 		assert.ErrorIs(t, err, kv.ErrModel)
 	}
 	// 4 heads of 8 values hold a whole block between them, but not per head.
@@ -63,7 +63,7 @@ func TestUniformElementTypes(t *testing.T) {
 // TestViewBlockTypes: a Q8_0 view counts blocks in its last dimension; the Blocked
 // layout, whose blocks of granules hold no whole number of 34-byte blocks, has none.
 func TestViewBlockTypes(t *testing.T) {
-	fx := newFixture(t, 1<<30)
+	e := openEnv(t, noCache, withLimit(1<<30))
 	for _, tt := range []struct {
 		layout  kv.Layout
 		strides []int
@@ -71,9 +71,7 @@ func TestViewBlockTypes(t *testing.T) {
 		{kv.PerLayer, []int{4 * 2, 2, 1}},
 	} {
 		t.Run(tt.layout.String(), func(t *testing.T) {
-			c, err := kv.New(fx.fake, kv.Config{Model: q8Tiny, MaxTokens: 256, Layout: tt.layout})
-			require.NoError(t, err)
-			defer func() { assert.NoError(t, c.Close()) }()
+			c := e.cache(t, kv.Config{Model: q8Tiny, MaxTokens: 256, Layout: tt.layout})
 			s, err := c.NewSequence()
 			require.NoError(t, err)
 			defer s.Close()
@@ -91,7 +89,7 @@ func TestViewBlockTypes(t *testing.T) {
 	}
 	// NB: blocks of one granule (BlockTokens 1: 2 tokens, 16 bytes dead); the default
 	// block, 128 tokens in 51 granules, holds a whole number of 34-byte blocks.
-	c, err := kv.New(fx.fake, kv.Config{Model: q8Tiny, MaxTokens: 256, BlockTokens: 1})
+	c, err := e.tryCache(kv.Config{Model: q8Tiny, MaxTokens: 256, BlockTokens: 1})
 	require.NoError(t, err)
 	s, err := c.NewSequence()
 	require.NoError(t, err)
@@ -104,7 +102,7 @@ func TestViewBlockTypes(t *testing.T) {
 	require.NoError(t, c.Close())
 
 	// FP8 elements are one byte: every layout has a view, strided in bytes.
-	c, err = kv.New(fx.fake, kv.Config{Model: fp8Tiny, MaxTokens: 256, BlockTokens: 4})
+	c, err = e.tryCache(kv.Config{Model: fp8Tiny, MaxTokens: 256, BlockTokens: 4})
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, c.Close()) }()
 	s, err = c.NewSequence()

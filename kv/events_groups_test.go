@@ -53,7 +53,7 @@ func hashesOf(chain []blockhash.Hash, from, to int) []uint64 {
 // entry's last units withdraws them in both groups; Close clears all. It was refused
 // with ErrConfig before events had groups.
 func TestPrefixCacheEventsWindowTrim(t *testing.T) {
-	onEachSharing(t, envSpec{scaled: true, cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}}, func(t *testing.T, e *env) {
+	onEachSharing(t, []envOption{scaled, withConfig(kv.Config{Model: tinyOSS, MaxTokens: 512})}, func(t *testing.T, e *env) {
 		const bs = 4
 		ho := blockhash.Options{BlockSize: bs}
 		h, err := blockhash.New(ho)

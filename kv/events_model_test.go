@@ -389,13 +389,13 @@ const evModelMaxTokens = 96
 // newEvModel returns the model on a fresh cache of variant v, drawing its choices
 // from r.
 func newEvModel(t *testing.T, v evVariant, r *rand.Rand) *evModel {
-	fx := newFixture(t, 96*fakeGranule*int64(tiny8.Layers))
+	e := openEnv(t, noCache, withLimit(96*fakeGranule*int64(tiny8.Layers)))
 	hybrid := v.model.Name != ""
 	var c *kv.Cache
 	if hybrid {
-		c = fx.env.cache(t, kv.Config{Model: v.model, MaxTokens: evModelMaxTokens, Layout: v.layout, BlockTokens: blockTokensFor(v.layout)})
+		c = e.cache(t, kv.Config{Model: v.model, MaxTokens: evModelMaxTokens, Layout: v.layout, BlockTokens: blockTokensFor(v.layout)})
 	} else {
-		c = fx.cache(t, v.layout, evModelMaxTokens)
+		c = e.cache(t, kv.Config{MaxTokens: evModelMaxTokens, Layout: v.layout, BlockTokens: blockTokensFor(v.layout)})
 	}
 	ho := blockhash.Options{BlockSize: v.bs, Algorithm: v.algo, Seed: "s", LoRA: v.lora, CacheSalt: v.salt}
 	h, err := blockhash.New(ho)
@@ -407,7 +407,7 @@ func newEvModel(t *testing.T, v evVariant, r *rand.Rand) *evModel {
 	opts := kv.PrefixCacheOptions{MaxBytes: v.maxBytes, Events: kv.EventOptions{Observer: rec, Hash: ho}}
 	pc, err := kv.NewPrefixCache(c, opts)
 	require.NoError(t, err)
-	m := &evModel{t: t, r: r, c: c, pc: pc, opts: opts, rec: rec, gov: fx.gov, maxTok: evModelMaxTokens,
+	m := &evModel{t: t, r: r, c: c, pc: pc, opts: opts, rec: rec, gov: e.gov, maxTok: evModelMaxTokens,
 		groups: []kv.Group{{Kind: kv.FullAttention}}, hybrid: hybrid}
 	if hybrid {
 		m.groups = v.model.Groups

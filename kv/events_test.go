@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/backing/cuda"
 	"github.com/vmarena/vmarena/backing/cuda/cudatest"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/kv/blockhash"
@@ -194,8 +195,8 @@ func (r *evRecorder) errors() []error {
 // medium follows the cache's device unless named, and a cache without an observer
 // still works.
 func TestPrefixCacheEventsOptions(t *testing.T) {
-	fx := newFixture(t, 1<<30)
-	c := fx.cache(t, kv.PerLayer, 64)
+	e := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 64, Layout: kv.PerLayer}))
+	c := e.c
 	rec := newRecorder(nil, "")
 	for _, o := range []blockhash.Options{{BlockSize: -1}, {Algorithm: 7}} {
 		_, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Events: kv.EventOptions{Observer: rec, Hash: o}})
@@ -227,8 +228,7 @@ func TestPrefixCacheEventsOptions(t *testing.T) {
 
 	fake := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{Granularity: 64 << 10, Memory: 64 << 20})
 	t.Cleanup(func() { assert.NoError(t, fake.CheckLeaks()) })
-	gc, err := newCUDACache(t, fake.Driver(), kv.PerLayer, tiny8, 64)
-	require.NoError(t, err)
+	gc := openEnv(t, onCUDA, withCUDA(cuda.Options{Driver: fake.Driver()}), withConfig(kv.Config{Model: tiny8, MaxTokens: 64, Layout: kv.PerLayer})).c
 	grec := newRecorder(h, "GPU")
 	pc, err := kv.NewPrefixCache(gc, kv.PrefixCacheOptions{Events: kv.EventOptions{Observer: grec, Hash: blockhash.Options{BlockSize: 4}}})
 	require.NoError(t, err)
@@ -265,8 +265,8 @@ func (o *blockingObserver) AllBlocksCleared()              {}
 // is slow does not hold them up; FlushEvents waits until the observer has been told
 // everything before it, and returns at once without an observer or after Close.
 func TestFlushEvents(t *testing.T) {
-	fx := newFixture(t, 1<<30)
-	c := fx.cache(t, kv.PerLayer, 64)
+	e := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 64, Layout: kv.PerLayer}))
+	c := e.c
 	obs := &blockingObserver{entered: make(chan struct{}), release: make(chan struct{})}
 	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Events: kv.EventOptions{Observer: obs, Hash: blockhash.Options{BlockSize: 4}}})
 	require.NoError(t, err)
@@ -295,7 +295,7 @@ func TestFlushEvents(t *testing.T) {
 	require.NoError(t, pc.Close())
 	pc.FlushEvents()
 
-	plain, err := kv.NewPrefixCache(fx.cache(t, kv.PerLayer, 64), kv.PrefixCacheOptions{})
+	plain, err := kv.NewPrefixCache(e.cache(t, kv.Config{MaxTokens: 64, Layout: kv.PerLayer}), kv.PrefixCacheOptions{})
 	require.NoError(t, err)
 	plain.FlushEvents()
 	require.NoError(t, plain.Close())
@@ -319,8 +319,8 @@ func TestEventQueueAllocatesNothing(t *testing.T) {
 // can not tip them.
 func TestPrefixCacheEventsAllocateNothing(t *testing.T) {
 	const prompt, rounds = 64, 40
-	probe := newFixture(t, 1<<30)
-	pc, err := kv.NewPrefixCache(probe.cache(t, kv.PerLayer, prompt), kv.PrefixCacheOptions{})
+	probe := openEnv(t, noCache, withLimit(1<<30))
+	pc, err := kv.NewPrefixCache(probe.cache(t, kv.Config{MaxTokens: prompt, Layout: kv.PerLayer}), kv.PrefixCacheOptions{})
 	require.NoError(t, err)
 	s, _, err := serve(pc, promptIDs(0, prompt))
 	require.NoError(t, err)
@@ -330,8 +330,8 @@ func TestPrefixCacheEventsAllocateNothing(t *testing.T) {
 	require.NoError(t, pc.Close())
 
 	perRequest := func(obs kv.BlockEvents) (median int64, evicted int64) {
-		fx := newFixture(t, 1<<30)
-		pc, err := kv.NewPrefixCache(fx.cache(t, kv.PerLayer, prompt), kv.PrefixCacheOptions{
+		e := openEnv(t, noCache, withLimit(1<<30))
+		pc, err := kv.NewPrefixCache(e.cache(t, kv.Config{MaxTokens: prompt, Layout: kv.PerLayer}), kv.PrefixCacheOptions{
 			MaxBytes: 4 * entry, // every Insert past the fourth evicts
 			Events:   kv.EventOptions{Observer: obs, Hash: blockhash.Options{BlockSize: 4}},
 		})

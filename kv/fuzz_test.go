@@ -75,7 +75,7 @@ type cacheModel struct {
 func FuzzCacheOps(f *testing.F) {
 	for kind := range sharingBackings {
 		for layout := range len(fuzzLayouts) {
-			cfg := byte(kind*len(fuzzLayouts) + layout)
+			cfg := byte(int(kind)*len(fuzzLayouts) + layout)
 			f.Add([]byte{cfg,
 				opNew, 0, opAppend, 19, opFreeze, 17, opFrom, 0, opAppend, 9, opWrite, 20,
 				opFork, 1, opTruncate, 11, opAppend, 5, opWrite, 3, opRelease, 0, opClose, 0,
@@ -91,12 +91,9 @@ func FuzzCacheOps(f *testing.F) {
 		if len(ops) == 0 {
 			return
 		}
-		kind, fl := int(ops[0])/len(fuzzLayouts)%sharingBackings, fuzzLayouts[int(ops[0])%len(fuzzLayouts)]
+		kind, fl := backingKind(int(ops[0])/len(fuzzLayouts))%sharingBackings, fuzzLayouts[int(ops[0])%len(fuzzLayouts)]
 		layout := fl.layout
-		e, ok := newEnv(t, kind, layout, fl.blockTokens, fuzzMaxTokens, 0, false)
-		if !ok {
-			t.Skipf("%s does not exist on this system", sharingNames[kind])
-		}
+		e := openEnv(t, kind, pooled, withConfig(kv.Config{MaxTokens: fuzzMaxTokens, Layout: layout, BlockTokens: fl.blockTokens}))
 		m := &cacheModel{t: t, e: e}
 		ops = ops[1:]
 		for i := 0; i+1 < len(ops) && i < 2*fuzzMaxOps; i += 2 {

@@ -3,9 +3,6 @@ package kv_test
 import (
 	"testing"
 
-	"github.com/stretchr/testify/require"
-
-	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
@@ -67,17 +64,13 @@ func BenchmarkDecodeStepGroups(b *testing.B) {
 	}
 	for _, tc := range cases {
 		b.Run("model="+tc.name, func(b *testing.B) {
-			p, err := host.NewPrivate(host.PrivateOptions{Granularity: granule, Populate: true, NoHugePages: true})
-			require.NoError(b, err)
-			gov := accounting.NewGovernor()
 			cfg := tc.cfg
 			layers := m.Layers
 			if cfg.Model.Layers > 0 {
 				layers = cfg.Model.Layers
 			}
-			cfg.MaxTokens, cfg.Authority = tokens+room, gov.Authority("kv", accounting.HostKey)
-			c, err := kv.New(p, cfg)
-			require.NoError(b, err)
+			cfg.MaxTokens = tokens + room
+			c := openEnv(b, onPrivate, withGranule(granule), withPrivate(host.PrivateOptions{Populate: true, NoHugePages: true}), withConfig(cfg)).c
 			qs := benchSequences(b, c, seqs, func(k int) int { return tc.start(k) - 1 })
 			batch := make([]kv.Growth, 0, seqs)
 			for _, q := range qs {

@@ -21,11 +21,9 @@ import (
 // window's granules go back to the pool: the ledger owns the same bytes at 1,000
 // tokens as at 100, and the dropped tokens can not be read.
 func TestGroupWindowGivesBack(t *testing.T) {
-	fx := newGroupFixture(t)
+	e := openEnv(t, noCache, withGranule(groupGranule), withLimit(1<<30))
 	m := kv.Model{Name: "window", Layers: 1, Groups: []kv.Group{{Kind: kv.SlidingWindow, Window: 16, Layers: []int{0}, KVHeads: 1, HeadDim: 16, DType: arena.Float16}}}
-	c, err := kv.New(fx.fake, kv.Config{Model: m, MaxTokens: 1000})
-	require.NoError(t, err)
-	defer c.Close()
+	c := e.cache(t, kv.Config{Model: m, MaxTokens: 1000})
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	defer s.Close()
@@ -34,7 +32,7 @@ func TestGroupWindowGivesBack(t *testing.T) {
 	for n := 1; n <= 1000; n++ {
 		require.NoError(t, s.Append(1))
 		if n%100 == 0 {
-			owned = append(owned, fx.pool.Stats().Owned)
+			owned = append(owned, e.auth.Stats().Owned)
 		}
 		assert.Equal(t, base, s.Base(0, kv.K), "the base stays")
 	}
@@ -55,7 +53,7 @@ func TestGroupWindowGivesBack(t *testing.T) {
 	require.NoError(t, s.Truncate(999), "a rollback within the held window works")
 	require.NoError(t, s.Truncate(0), "an empty sequence needs nothing")
 	assert.Zero(t, s.FirstHeld(0))
-	assert.Zero(t, fx.pool.Stats().Owned)
+	assert.Zero(t, e.auth.Stats().Owned)
 }
 
 // TestGroupBadModels: New refuses a bad model, or one the cache can not serve, with
@@ -86,12 +84,12 @@ func TestGroupBadModels(t *testing.T) {
 		{"no MaxTokens", kv.Config{Model: tinyHybrid}, kv.ErrConfig},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			fx := newGroupFixture(t)
-			c, err := kv.New(fx.fake, tt.cfg)
+			e := openEnv(t, noCache, withGranule(groupGranule), withLimit(1<<30))
+			c, err := kv.New(e.fake, tt.cfg)
 			require.ErrorIs(t, err, tt.want)
 			assert.Nil(t, c)
-			assert.Zero(t, fx.fake.LiveReservations(), "nothing reserved")
-			assert.Zero(t, fx.pool.Stats().Owned, "nothing committed")
+			assert.Zero(t, e.fake.LiveReservations(), "nothing reserved")
+			assert.Zero(t, e.auth.Stats().Owned, "nothing committed")
 			if tt.cfg.MaxTokens > 0 && !tt.cfg.MapAhead {
 				_, err = tt.cfg.Size(groupGranule, 0)
 				assert.ErrorIs(t, err, tt.want, "Size refuses the model too")
@@ -103,10 +101,8 @@ func TestGroupBadModels(t *testing.T) {
 // hybridSequence returns a cache of tinyHybrid on a Fake and a sequence of n tokens
 // in it, both closed by the test's cleanup.
 func hybridSequence(t *testing.T, n int) (*kv.Cache, *kv.Sequence) {
-	fx := newGroupFixture(t)
-	c, err := kv.New(fx.fake, kv.Config{Model: tinyHybrid, MaxTokens: 100})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, c.Close()) })
+	e := openEnv(t, noCache, withGranule(groupGranule), withLimit(1<<30))
+	c := e.cache(t, kv.Config{Model: tinyHybrid, MaxTokens: 100})
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
@@ -149,10 +145,8 @@ func TestGroupRefusals(t *testing.T) {
 
 	// A model of groups without one has a prefix cache, with events, but no tiers
 	// yet: a tier's block is one group's.
-	fx := newGroupFixture(t)
-	w, err := kv.New(fx.fake, kv.Config{Model: tinyWindows, MaxTokens: 100})
-	require.NoError(t, err)
-	defer w.Close()
+	e := openEnv(t, noCache, withGranule(groupGranule), withLimit(1<<30))
+	w := e.cache(t, kv.Config{Model: tinyWindows, MaxTokens: 100})
 	_, err = kv.NewPrefixCache(w, kv.PrefixCacheOptions{Tiers: []kv.Tier{tiertest.NewMap(1 << 20)}})
 	assert.ErrorIs(t, err, kv.ErrConfig)
 	assert.ErrorContains(t, err, "tiers need a model of one full-attention or MLA group")
@@ -308,9 +302,9 @@ func TestGroupFaults(t *testing.T) {
 	}
 	failed, damaged := 0, 0
 	for n := 1; ; n++ {
-		fx := newGroupFixture(t)
-		faulty := backingtest.NewFaulty[*backingtest.FakeReservation](fx.fake)
-		c, err := kv.New(faulty, kv.Config{Model: tinyHybrid, MaxTokens: 100})
+		e := openEnv(t, noCache, withGranule(groupGranule), withLimit(1<<30), withFaults)
+		faulty := e.faults
+		c, err := e.tryCache(kv.Config{Model: tinyHybrid, MaxTokens: 100})
 		require.NoError(t, err)
 		faulty.FailAt(n, boom)
 		var open []*kv.Sequence
@@ -328,9 +322,9 @@ func TestGroupFaults(t *testing.T) {
 			s.Close()
 		}
 		require.NoError(t, c.Close())
-		assert.Zero(t, fx.fake.LiveGranules(), "call %d: granules left", n)
-		assert.Zero(t, fx.fake.LiveReservations(), "call %d: reservations left", n)
-		assert.Zero(t, fx.pool.Stats().Owned, "call %d", n)
+		assert.Zero(t, e.fake.LiveGranules(), "call %d: granules left", n)
+		assert.Zero(t, e.fake.LiveReservations(), "call %d: reservations left", n)
+		assert.Zero(t, e.auth.Stats().Owned, "call %d", n)
 		if err == nil && calls < n {
 			break // the fault was past the scenario's last call
 		}
@@ -343,13 +337,11 @@ func TestGroupFaults(t *testing.T) {
 // Config answers a copy of its own, so that a caller changing either model's slices
 // afterwards changes nothing of the cache's.
 func TestGroupModelCopied(t *testing.T) {
-	fx := newGroupFixture(t)
+	e := openEnv(t, noCache, withGranule(groupGranule), withLimit(1<<30))
 	m := tinyHybrid.Uniform()
 	m.Groups = slices.Clone(m.Groups)
 	m.Groups[0].Layers = []int{0, 3}
-	c, err := kv.New(fx.fake, kv.Config{Model: m, MaxTokens: 100})
-	require.NoError(t, err)
-	defer c.Close()
+	c := e.cache(t, kv.Config{Model: m, MaxTokens: 100})
 	m.Groups[0].Layers[1] = 5
 	m.Groups[0].KVHeads = 7
 	assert.Equal(t, []int{0, 3}, c.Config().Model.Groups[0].Layers)
@@ -358,7 +350,7 @@ func TestGroupModelCopied(t *testing.T) {
 	got.Groups[0].Layers[1], got.Groups[0].KVHeads = 5, 7
 	assert.Equal(t, []int{0, 3}, c.Config().Model.Groups[0].Layers)
 	assert.Equal(t, 1, c.Config().Model.Groups[0].KVHeads)
-	_, err = c.Config().Size(groupGranule, 10)
+	_, err := c.Config().Size(groupGranule, 10)
 	assert.NoError(t, err)
 }
 
@@ -366,13 +358,11 @@ func TestGroupModelCopied(t *testing.T) {
 // in another order than Uniform's commits what the uniform model does, and Freeze and
 // a prefix cache work on it.
 func TestGroupOneFullGroup(t *testing.T) {
-	fx := newGroupFixture(t)
+	e := openEnv(t, noCache, withGranule(groupGranule), withLimit(1<<30))
 	g := kv.Uniform("one", 2, 2, 16, arena.Float16)
 	rev := cloned(g)
 	slices.Reverse(rev.Groups[0].Layers)
-	c, err := kv.New(fx.fake, kv.Config{Model: rev, MaxTokens: 100})
-	require.NoError(t, err)
-	defer c.Close()
+	c := e.cache(t, kv.Config{Model: rev, MaxTokens: 100})
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	require.NoError(t, s.Append(37))
@@ -395,10 +385,8 @@ func TestGroupOneFullGroup(t *testing.T) {
 // recurrent group with ErrConfig, changing nothing; the frozen tokens are read-only
 // in the sequence; everything goes back with the last holder.
 func TestGroupFreeze(t *testing.T) {
-	fx := newGroupFixture(t)
-	c, err := kv.New(fx.fake, kv.Config{Model: tinyWindows, MaxTokens: 100})
-	require.NoError(t, err)
-	defer c.Close()
+	e := openEnv(t, noCache, withGranule(groupGranule), withLimit(1<<30))
+	c := e.cache(t, kv.Config{Model: tinyWindows, MaxTokens: 100})
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	require.NoError(t, s.Append(30))
@@ -407,11 +395,11 @@ func TestGroupFreeze(t *testing.T) {
 	for i := 36; i < 40; i++ {
 		require.NoError(t, s.WriteToken(0, kv.K, i, tok))
 	}
-	before := fx.pool.Stats()
+	before := e.auth.Stats()
 
 	_, err = s.Freeze(20)
 	require.ErrorIs(t, err, kv.ErrDropped, "the window group reads from token 16, dropped at 30")
-	assert.Equal(t, before, fx.pool.Stats(), "a refused freeze changes nothing")
+	assert.Equal(t, before, e.auth.Stats(), "a refused freeze changes nothing")
 
 	p, err := s.Freeze(40)
 	require.NoError(t, err)
@@ -440,7 +428,7 @@ func TestGroupFreeze(t *testing.T) {
 	p.Release()
 	require.True(t, q.Close().OK())
 	require.True(t, s.Close().OK())
-	assert.Zero(t, fx.pool.Stats().Owned, "everything went back with the last holder")
+	assert.Zero(t, e.auth.Stats().Owned, "everything went back with the last holder")
 
 	_, h := hybridSequence(t, 3)
 	_, err = h.Freeze(3)

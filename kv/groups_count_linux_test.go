@@ -33,9 +33,7 @@ func TestGroupExactCount(t *testing.T) {
 	for _, granule := range []int{64 << 10, 2 << 20} {
 		for _, m := range models {
 			t.Run(fmt.Sprintf("%s/granule=%d", m.Name, granule), func(t *testing.T) {
-				e, err := openEnv(t, envSpec{kind: onPrivate, noCache: true, granule: granule, limit: 1 << 40,
-					private: host.PrivateOptions{NoHugePages: true}})
-				require.NoError(t, err)
+				e := openEnv(t, onPrivate, noCache, withGranule(granule), withLimit(1<<40), withPrivate(host.PrivateOptions{NoHugePages: true}))
 				cfg := kv.Config{Model: m, MaxTokens: 128 << 10}
 				c := e.cache(t, cfg)
 				s, err := c.NewSequence()
@@ -101,9 +99,7 @@ func TestGroupChunkedPeak(t *testing.T) {
 	for _, m := range append(kv.Presets(), smallUniform()) {
 		for _, chunk := range []int{512, 2048, 8192} {
 			t.Run(fmt.Sprintf("%s/chunk=%d", m.Name, chunk), func(t *testing.T) {
-				e, err := openEnv(t, envSpec{kind: onPrivate, noCache: true, granule: granule, limit: 1 << 40,
-					private: host.PrivateOptions{NoHugePages: true}})
-				require.NoError(t, err)
+				e := openEnv(t, onPrivate, noCache, withGranule(granule), withLimit(1<<40), withPrivate(host.PrivateOptions{NoHugePages: true}))
 				c := e.cache(t, kv.Config{Model: m, MaxTokens: tokens})
 				s, err := c.NewSequence()
 				require.NoError(t, err)

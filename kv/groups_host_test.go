@@ -23,21 +23,15 @@ var hostHybrid = kv.Model{Name: "host-hybrid", Layers: 6, Groups: []kv.Group{
 	{Kind: kv.Recurrent, Layers: []int{5}, StateBytes: 5000},
 }}
 
-// sharedGroupEnv is groupEnv on host.Shared of the env's granules (4 KiB, or the 64
-// KiB that Windows maps views at): real shared memory, read by the CPU through views,
-// runs and Bytes too.
-func sharedGroupEnv(t *testing.T, cfg kv.Config) (*kv.Cache, *accounting.Authority, func() int) {
-	e, err := openEnv(t, envSpec{kind: onShared, noCache: true})
-	if err != nil {
-		t.Skip(err)
-	}
-	return e.cache(t, cfg), e.auth, nil
-}
+// sharedGroups are the options of the group tests' env on host.Shared of the env's
+// granules (4 KiB, or the 64 KiB that Windows maps views at): real shared memory,
+// read by the CPU through views, runs and Bytes too.
+var sharedGroups = []envOption{onShared}
 
 // TestGroupOpsHost is TestGroupOps on real shared memory, every held token read
 // back by copy, View, Run and (PerLayer) Bytes.
 func TestGroupOpsHost(t *testing.T) {
-	seen := runGroupOps(t, sharedGroupEnv, hostHybrid, 0, randomOps(7, 80))
+	seen := runGroupOps(t, sharedGroups, hostHybrid, 0, randomOps(7, 80))
 	assert.Positive(t, seen.forks)
 	assert.Positive(t, seen.dropped)
 }
@@ -47,10 +41,7 @@ func TestGroupOpsHost(t *testing.T) {
 // ops. After every op the worker is let rest and the ledger maps exactly what the
 // sequences and prefixes commit and the runs ahead.
 func TestGroupOpsMapAheadHost(t *testing.T) {
-	env := func(t *testing.T, cfg kv.Config) (*kv.Cache, *accounting.Authority, func() int) {
-		cfg.MapAhead = true
-		return sharedGroupEnv(t, cfg)
-	}
+	env := []envOption{onShared, envFunc(func(sp *envSpec) { sp.cfg.MapAhead = true })}
 	seen := runGroupOps(t, env, hostHybrid, 0, randomOps(11, 80))
 	assert.Positive(t, seen.forks)
 	assert.Positive(t, seen.dropped)
@@ -64,14 +55,13 @@ func TestGroupOpsMapAheadHost(t *testing.T) {
 // sequence maps plus the pool's idle granules).
 func TestGroupWindowPoolHost(t *testing.T) {
 	pool := accounting.NewGovernor().Authority("pool", accounting.HostKey)
-	b := sharedPool(t, pool, "kv-window")
+	e := openEnv(t, onShared, withGranule(64<<10), withAuthority(pool), withName("kv-window"), noCache)
+	b := e.shared
 	m := kv.Model{Name: "window", Layers: 2, Groups: []kv.Group{
 		{Kind: kv.SlidingWindow, Window: 64, Layers: []int{0}, KVHeads: 8, HeadDim: 64, DType: arena.Float16},
 		{Kind: kv.MLALatent, Layers: []int{1}, KVHeads: 1, HeadDim: 64, DType: arena.Float16},
 	}}
-	c, err := kv.New(b, kv.Config{Model: m, MaxTokens: 4096})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, c.Close()) })
+	c := e.cache(t, kv.Config{Model: m, MaxTokens: 4096})
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	defer s.Close()
@@ -104,7 +94,7 @@ var hostWindows = withoutRecurrent(hostHybrid, "host-windows")
 // TestGroupFreezeOpsHost is TestGroupOps on tinyWindows, on real shared memory: the sequences
 // started on prefixes read back by copy, View, Run and (PerLayer) Bytes.
 func TestGroupFreezeOpsHost(t *testing.T) {
-	seen := runGroupOps(t, sharedGroupEnv, hostWindows, 1, randomOps(9, 80))
+	seen := runGroupOps(t, sharedGroups, hostWindows, 1, randomOps(9, 80))
 	assert.Positive(t, seen.frozen)
 	assert.Positive(t, seen.dropped)
 }

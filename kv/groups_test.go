@@ -13,7 +13,6 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
-	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -44,19 +43,6 @@ var tinyDead = kv.Model{Name: "tiny-dead", Layers: 6, Groups: []kv.Group{
 }}
 
 const groupMaxTokens = 200
-
-// groupFixture is a sharing Fake (ByBacking) of small granules under one ledger.
-type groupFixture struct {
-	pool *accounting.Authority
-	fake *backingtest.Fake
-}
-
-func newGroupFixture(t *testing.T) *groupFixture {
-	t.Helper()
-	e, err := openEnv(t, envSpec{kind: onFake, noCache: true, granule: groupGranule, limit: 1 << 30})
-	require.NoError(t, err)
-	return &groupFixture{pool: e.auth, fake: e.fake}
-}
 
 // tensorRef is one per-token tensor of a model: a layer, its kind and its group.
 type tensorRef struct {
@@ -118,23 +104,22 @@ type groupModel struct {
 // operations reached the cases it means to check.
 type groupCounts struct{ forks, refused, dropped, shared, frozen int }
 
-// groupEnv makes the cache of one run: on a backing, with its ledger and its count of
-// live granules (nil where a pool hides them).
-type groupEnv func(t *testing.T, cfg kv.Config) (c *kv.Cache, ledger *accounting.Authority, live func() int)
+// fakeGroups are the options of the group tests' env: a sharing Fake of
+// groupGranule granules.
+var fakeGroups = []envOption{withGranule(groupGranule), withLimit(1 << 30)}
 
-// fakeGroupEnv is groupEnv on a sharing Fake of groupGranule granules.
-func fakeGroupEnv(t *testing.T, cfg kv.Config) (*kv.Cache, *accounting.Authority, func() int) {
-	fx := newGroupFixture(t)
-	c, err := kv.New(fx.fake, cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, c.Close()) })
-	return c, fx.pool, fx.fake.LiveGranules
-}
-
-func newGroupModel(t *testing.T, env groupEnv, m kv.Model, layout kv.Layout, bt int, seed uint64) *groupModel {
-	c, ledger, live := env(t, kv.Config{Model: m, Layout: layout, BlockTokens: bt, MaxTokens: groupMaxTokens})
+// newGroupModel returns the model of a run on a cache of m in layout with blocks of
+// bt tokens, on a fresh env of opts; it counts live granules where the backing is a
+// Fake (a pool's idle granules hide them elsewhere).
+func newGroupModel(t *testing.T, opts []envOption, m kv.Model, layout kv.Layout, bt int, seed uint64) *groupModel {
+	cfg := kv.Config{Model: m, Layout: layout, BlockTokens: bt, MaxTokens: groupMaxTokens}
+	e := openEnv(t, append([]envOption{withConfig(cfg)}, opts...)...)
+	var live func() int
+	if e.fake != nil {
+		live = e.fake.LiveGranules
+	}
 	tensors, states := tensorsOf(m)
-	return &groupModel{t: t, gran: c.Granularity(), ledger: ledger, live: live, c: c, m: m, tensors: tensors, states: states,
+	return &groupModel{t: t, gran: e.c.Granularity(), ledger: e.auth, live: live, c: e.c, m: m, tensors: tensors, states: states,
 		rnd: rand.New(rand.NewPCG(seed, 25)), seen: &groupCounts{}}
 }
 
@@ -564,14 +549,14 @@ func (gm *groupModel) closeAll() {
 
 // runGroupOps drives ops against the plain model on each layout, checking after every
 // operation.
-func runGroupOps(t *testing.T, env groupEnv, m kv.Model, seed uint64, ops []byte) groupCounts {
+func runGroupOps(t *testing.T, opts []envOption, m kv.Model, seed uint64, ops []byte) groupCounts {
 	var seen groupCounts
 	for _, lay := range []struct {
 		layout kv.Layout
 		bt     int
 	}{{kv.Blocked, 0}, {kv.Blocked, 3}, {kv.PerLayer, 0}} {
 		t.Run(fmt.Sprintf("%v/bt=%d", lay.layout, lay.bt), func(t *testing.T) {
-			gm := newGroupModel(t, env, m, lay.layout, lay.bt, seed)
+			gm := newGroupModel(t, opts, m, lay.layout, lay.bt, seed)
 			var release func()
 			for i, op := range ops {
 				if gm.ahead() && op&0x80 != 0 && release == nil {
@@ -657,7 +642,7 @@ func TestGroupOps(t *testing.T) {
 	} {
 		for seed := range uint64(4) {
 			t.Run(fmt.Sprintf("model=%s/seed=%d", tt.m.Name, seed), func(t *testing.T) {
-				tt.want(t, runGroupOps(t, fakeGroupEnv, tt.m, seed, randomOps(seed, 120)))
+				tt.want(t, runGroupOps(t, fakeGroups, tt.m, seed, randomOps(seed, 120)))
 			})
 		}
 	}
@@ -681,6 +666,6 @@ func FuzzGroupOps(f *testing.F) {
 		if len(ops) > 200 {
 			ops = ops[:200]
 		}
-		runGroupOps(t, fakeGroupEnv, tinyHybrid, seed, ops)
+		runGroupOps(t, fakeGroups, tinyHybrid, seed, ops)
 	})
 }

@@ -11,9 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
-	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
 )
@@ -22,49 +20,32 @@ import (
 // many granule boundaries with little memory.
 var tiny8 = kv.Uniform("tiny8", 3, 4, 64, arena.Float16)
 
-const fakeGranule = 4 << 10
-
-// fixture is a backingtest.Fake of fakeGranule granules under a governor limit: an
-// env without a cache of its own, for tests that make caches of their own configs on
-// it (fx.cache, env.cache, or kv.New on fx.fake).
-type fixture struct {
-	env  *env
-	gov  *accounting.Governor
-	pool *accounting.Authority // the Fake's ledger
-	fake *backingtest.Fake
-}
-
-// newFixture returns a fixture under limit bytes, whose books the test's cleanup
-// checks (openEnv).
-func newFixture(t *testing.T, limit int64) *fixture {
-	t.Helper()
-	e, err := openEnv(t, envSpec{kind: onFake, noCache: true, granule: fakeGranule, limit: limit})
-	require.NoError(t, err)
-	return &fixture{env: e, gov: e.gov, pool: e.auth, fake: e.fake}
-}
+// fakeGranule is the granule of the tests' backingtest.Fake: envGranule.
+const fakeGranule = envGranule
 
 // atEveryCall runs run once for each of its first calls backing calls, with a fault
-// injected at that call, and returns how many runs failed. A run that fails must fail
-// with the injected error, never with corrupt data; after each, the fixture's backing
-// and ledger must hold nothing, and after(n), when not nil, checks more.
-func (fx *fixture) atEveryCall(t *testing.T, faulty faultInjector, calls int, run func() error, after func(n int)) int {
+// injected at that call (e.faults: the env needs withFaults), and returns how many
+// runs failed. A run that fails must fail with the injected error, never with
+// corrupt data; after each, e's backing (a backingtest.Fake) and ledger must hold
+// nothing, and after(n), when not nil, checks more.
+func (e *env) atEveryCall(t *testing.T, calls int, run func() error, after func(n int)) int {
 	t.Helper()
 	boom := errors.New("injected")
 	failed := 0
 	for n := 1; n <= calls; n++ {
-		faulty.Reset()
-		faulty.FailAt(n, boom)
+		e.faults.Reset()
+		e.faults.FailAt(n, boom)
 		if err := run(); err != nil {
 			failed++
 			require.ErrorIs(t, err, boom, "call %d", n)
 			require.NotErrorIs(t, err, errCorrupt, "call %d", n)
 		}
-		faulty.Reset()
+		e.faults.Reset()
 		// The ledger balances and nothing is left mapped after every failure.
-		assert.Zero(t, fx.fake.LiveGranules(), "call %d: granules left", n)
-		assert.Zero(t, fx.fake.LiveReservations(), "call %d: reservations left", n)
-		assert.Zero(t, fx.pool.Stats().Owned, "call %d", n)
-		assert.Zero(t, fx.pool.Stats().Mapped, "call %d", n)
+		assert.Zero(t, e.fake.LiveGranules(), "call %d: granules left", n)
+		assert.Zero(t, e.fake.LiveReservations(), "call %d: reservations left", n)
+		assert.Zero(t, e.auth.Stats().Owned, "call %d", n)
+		assert.Zero(t, e.auth.Stats().Mapped, "call %d", n)
 		if after != nil {
 			after(n)
 		}
@@ -101,21 +82,6 @@ func waitAll(t *testing.T, wg *sync.WaitGroup, errs chan error) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
-}
-
-// faultyFixture returns a fixture of 1 GiB and a fault injector over its Fake, for
-// the caches a test makes with kv.New(faulty, ...).
-func faultyFixture(t *testing.T) (*fixture, *backingtest.Faulty[*backingtest.FakeReservation]) {
-	t.Helper()
-	fx := newFixture(t, 1<<30)
-	return fx, backingtest.NewFaulty[*backingtest.FakeReservation](fx.fake)
-}
-
-// cache returns a cache of tiny8 tokens in layout on the fixture's backing, with the
-// fake-backed tests' block (blockTokensFor); the test's cleanup closes it.
-func (fx *fixture) cache(t *testing.T, layout kv.Layout, maxTokens int) *fakeCache {
-	t.Helper()
-	return fx.env.cache(t, kv.Config{MaxTokens: maxTokens, Layout: layout, BlockTokens: blockTokensFor(layout)})
 }
 
 // testBlockTokens is the block the fake-backed tests ask the Blocked layout for:
@@ -370,7 +336,4 @@ func shareForkTruncateN(t *testing.T, c *kv.Cache, n int, rw ...tokenIO) {
 	}
 }
 
-type (
-	fakeCache = kv.Cache
-	fakeSeq   = kv.Sequence
-)
+type fakeSeq = kv.Sequence

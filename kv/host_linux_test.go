@@ -49,7 +49,8 @@ func touchPages(t *testing.T, s *kv.Sequence) {
 // a 1,024-token prefix hold it once.
 func TestPrefixOwnedOnceByPss(t *testing.T) {
 	const name = "kv-pss-test"
-	c, pool := newHostCache(t, name, kv.PerLayer, 2048)
+	e := openEnv(t, onShared, withGranule(64<<10), withName(name), withConfig(kv.Config{MaxTokens: 2048, Layout: kv.PerLayer}))
+	c, pool := e.c, e.auth
 	src, err := c.NewSequence()
 	require.NoError(t, err)
 	require.NoError(t, src.Append(1024))

@@ -8,41 +8,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
-	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
 )
 
 type hostSeq = kv.Sequence
-
-// newHostCache returns a cache of tiny8 tokens in layout on a host.Shared of 64 KiB
-// granules and memfd name (openEnv), and its ledger; the test's cleanup closes it.
-func newHostCache(t *testing.T, name string, layout kv.Layout, maxTokens int) (*kv.Cache, *accounting.Authority) {
-	t.Helper()
-	e := openHost(t, envSpec{cfg: kv.Config{MaxTokens: maxTokens, Layout: layout}, name: name})
-	return e.c, e.auth
-}
-
-// openHost is openEnv on host.Shared of 64 KiB granules unless sp says otherwise.
-func openHost(t *testing.T, sp envSpec) *env {
-	t.Helper()
-	sp.kind = onShared
-	if sp.granule == 0 {
-		sp.granule = 64 << 10
-	}
-	e, err := openEnv(t, sp)
-	require.NoError(t, err)
-	return e
-}
-
-// sharedPool returns a memfd pool of 64 KiB granules charged to a (openEnv, without a
-// cache); the test's cleanup closes it and checks that a's ledger balances. Cleanups
-// run last first, so register a cache's Close after this.
-func sharedPool(t *testing.T, a *accounting.Authority, name string) *host.Shared {
-	t.Helper()
-	return openHost(t, envSpec{noCache: true, auth: a, name: name}).shared
-}
 
 // fillViews writes a distinct F16 bit pattern to every (writer, layer, K/V, token,
 // head, dim) of tokens [from, to) through the typed views.
@@ -93,7 +63,8 @@ func eachElem(t *testing.T, s *hostSeq, from, to int, f func(v arena.Tensor[aren
 func TestTypedViewsIntegrity(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			c, _ := newHostCache(t, "kv-view-test", layout, 512)
+			e := openEnv(t, onShared, withGranule(64<<10), withName("kv-view-test"), withConfig(kv.Config{MaxTokens: 512, Layout: layout}))
+			c := e.c
 			shareForkTruncate(t, c, fillViews, checkViews)
 			s, err := c.NewSequence()
 			require.NoError(t, err)

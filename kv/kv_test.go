@@ -19,8 +19,8 @@ import (
 func TestAppendGrowsInGranuleSteps(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			fx := newFixture(t, 1<<30)
-			c := fx.cache(t, layout, 256)
+			e := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 256, Layout: layout, BlockTokens: blockTokensFor(layout)}))
+			c := e.c
 			s, err := c.NewSequence()
 			require.NoError(t, err)
 			b0 := bases(s)
@@ -34,7 +34,7 @@ func TestAppendGrowsInGranuleSteps(t *testing.T) {
 				assert.Equal(t, sz.Committed, st.Committed, "tokens %d", n)
 				assert.Equal(t, sz.Waste, st.Waste)
 				assert.Equal(t, int64(n*tiny8.BytesPerToken()), st.Used)
-				assert.Equal(t, sz.Committed, fx.pool.Stats().Owned, "owned = committed; nothing pooled by the fake")
+				assert.Equal(t, sz.Committed, e.auth.Stats().Owned, "owned = committed; nothing pooled by the fake")
 			}
 			writeTokens(t, s, 1, 0, 100)
 			checkTokens(t, s, 1, 0, 100)
@@ -49,8 +49,8 @@ func TestAppendGrowsInGranuleSteps(t *testing.T) {
 func TestIntegrityAcrossSharingForkTruncate(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			fx := newFixture(t, 1<<30)
-			c := fx.cache(t, layout, 512)
+			e := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 512, Layout: layout, BlockTokens: blockTokensFor(layout)}))
+			c := e.c
 			root, err := c.NewSequence()
 			require.NoError(t, err)
 			rootBases := bases(root)
@@ -105,7 +105,7 @@ func TestIntegrityAcrossSharingForkTruncate(t *testing.T) {
 
 			st := c.Stats()
 			assert.Greater(t, st.Shared, int64(0))
-			assert.Equal(t, st.Owned, fx.pool.Stats().Owned)
+			assert.Equal(t, st.Owned, e.auth.Stats().Owned)
 			assert.Less(t, st.Owned, st.Committed, "shared granules are owned once")
 
 			for _, s := range append(seqs, child, root) {
@@ -117,8 +117,8 @@ func TestIntegrityAcrossSharingForkTruncate(t *testing.T) {
 }
 
 func TestSharedMemoryIsOwnedOnce(t *testing.T) {
-	fx := newFixture(t, 1<<30)
-	c := fx.cache(t, kv.PerLayer, 2048)
+	e := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 2048, Layout: kv.PerLayer}))
+	c := e.c
 	src, err := c.NewSequence()
 	require.NoError(t, err)
 	require.NoError(t, src.Append(1024)) // 1024 × 512 B = 128 granules per tensor
@@ -127,7 +127,7 @@ func TestSharedMemoryIsOwnedOnce(t *testing.T) {
 	assert.True(t, src.Close().OK())
 	perTensor := int64(1024 * tiny8.Groups[0].TokenBytes())
 	prefixBytes := perTensor * int64(2*tiny8.Layers)
-	assert.Equal(t, prefixBytes, fx.pool.Stats().Owned)
+	assert.Equal(t, prefixBytes, e.auth.Stats().Owned)
 
 	var seqs []*fakeSeq
 	for range 64 {
@@ -137,11 +137,11 @@ func TestSharedMemoryIsOwnedOnce(t *testing.T) {
 	}
 	p.Release()
 	st := c.Stats()
-	assert.Equal(t, prefixBytes, fx.pool.Stats().Owned, "64 sequences on the prefix own it once")
+	assert.Equal(t, prefixBytes, e.auth.Stats().Owned, "64 sequences on the prefix own it once")
 	assert.Equal(t, prefixBytes, st.Owned)
 	assert.Equal(t, 64*prefixBytes, st.Shared, "each of the 64 sequences maps it")
 	assert.Equal(t, 64*prefixBytes, st.Committed)
-	assert.Equal(t, fx.pool.Stats().Mapped, st.Mapped)
+	assert.Equal(t, e.auth.Stats().Mapped, st.Mapped)
 	for _, s := range seqs {
 		assert.True(t, s.Close().OK())
 	}
@@ -150,8 +150,8 @@ func TestSharedMemoryIsOwnedOnce(t *testing.T) {
 func TestBudgetRefusesWaitsAdmitsFIFO(t *testing.T) {
 	// Room for exactly 2 sequences of 8 tokens (one granule per tensor, 6 tensors).
 	perSeq := int64(2 * tiny8.Layers * fakeGranule)
-	fx := newFixture(t, 2*perSeq)
-	c := fx.cache(t, kv.PerLayer, 64)
+	e := openEnv(t, withLimit(2*perSeq), withConfig(kv.Config{MaxTokens: 64, Layout: kv.PerLayer}))
+	c := e.c
 	a, err := c.NewSequence()
 	require.NoError(t, err)
 	b, err := c.NewSequence()
@@ -166,14 +166,14 @@ func TestBudgetRefusesWaitsAdmitsFIFO(t *testing.T) {
 	err = w1.Append(1)
 	assert.ErrorIs(t, err, accounting.ErrBudgetExceeded, "refuses at once")
 	assert.Equal(t, 0, w1.Len(), "and changes nothing")
-	assert.Equal(t, 2*perSeq, fx.pool.Stats().Owned)
+	assert.Equal(t, 2*perSeq, e.auth.Stats().Owned)
 
 	// A cancelled wait leaks nothing.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	assert.ErrorIs(t, w1.AppendCtx(ctx, 1), context.DeadlineExceeded)
 	cancel()
 	assert.Equal(t, 0, w1.Len())
-	assert.Equal(t, 2*perSeq, fx.pool.Stats().Owned)
+	assert.Equal(t, 2*perSeq, e.auth.Stats().Owned)
 
 	// Two waiters: admitted in arrival order as memory comes back.
 	order := make(chan int, 2)
@@ -187,7 +187,7 @@ func TestBudgetRefusesWaitsAdmitsFIFO(t *testing.T) {
 		}()
 		// Queued in the governor, not only counted by the cache (which counts a wait
 		// before it queues): else the second could queue first.
-		require.Eventually(t, func() bool { return fx.gov.Stats(accounting.HostKey).Waiters == 1+i }, 5*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return e.gov.Stats(accounting.HostKey).Waiters == 1+i }, 5*time.Second, time.Millisecond)
 	}
 	assert.Equal(t, int64(3), c.Stats().Waits)
 	assert.True(t, a.Close().OK())
@@ -200,17 +200,17 @@ func TestBudgetRefusesWaitsAdmitsFIFO(t *testing.T) {
 }
 
 func TestBadInputs(t *testing.T) {
-	fx := newFixture(t, 1<<30)
-	_, err := kv.New(fx.fake, kv.Config{Model: kv.Model{}, MaxTokens: 8})
+	e := openEnv(t, noCache, withLimit(1<<30))
+	_, err := kv.New(e.fake, kv.Config{Model: kv.Model{}, MaxTokens: 8})
 	assert.ErrorIs(t, err, kv.ErrModel)
-	_, err = kv.New(fx.fake, kv.Config{Model: tiny8, MaxTokens: 0})
+	_, err = kv.New(e.fake, kv.Config{Model: tiny8, MaxTokens: 0})
 	assert.ErrorIs(t, err, kv.ErrConfig)
-	_, err = kv.New(fx.fake, kv.Config{Model: tiny8, MaxTokens: 1 << 62})
+	_, err = kv.New(e.fake, kv.Config{Model: tiny8, MaxTokens: 1 << 62})
 	assert.ErrorIs(t, err, kv.ErrConfig, "overflowing reservation")
 	// 1 was the token-major layout, removed: a Config that still names it is refused
 	// like any other unknown layout, never read as another.
 	for _, l := range []kv.Layout{1, 3, 9} {
-		_, err = kv.New(fx.fake, kv.Config{Model: tiny8, MaxTokens: 8, Layout: l})
+		_, err = kv.New(e.fake, kv.Config{Model: tiny8, MaxTokens: 8, Layout: l})
 		assert.ErrorIs(t, err, kv.ErrConfig, "layout %d", l)
 		_, err = kv.Config{Model: tiny8, MaxTokens: 8, Layout: l}.Size(fakeGranule, 1)
 		assert.ErrorIs(t, err, kv.ErrConfig, "layout %d", l)
@@ -218,13 +218,13 @@ func TestBadInputs(t *testing.T) {
 	}
 	assert.Equal(t, kv.Layout(0), kv.Blocked, "Blocked is the zero value")
 	assert.Equal(t, kv.Layout(2), kv.PerLayer, "PerLayer keeps its number")
-	_, err = kv.New(fx.fake, kv.Config{Model: tiny8, MaxTokens: 8, Authority: fx.pool})
+	_, err = kv.New(e.fake, kv.Config{Model: tiny8, MaxTokens: 8, Authority: e.auth})
 	assert.ErrorIs(t, err, kv.ErrConfig, "a ByBacking backing must not be charged twice")
 	private := backingtest.NewFake(backingtest.FakeOptions{Granularity: fakeGranule})
 	_, err = kv.New(private, kv.Config{Model: tiny8, MaxTokens: 8})
 	assert.ErrorIs(t, err, kv.ErrConfig, "a ByBuffer backing needs an authority")
 
-	c := fx.cache(t, kv.PerLayer, 16)
+	c := e.cache(t, kv.Config{MaxTokens: 16, Layout: kv.PerLayer})
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	assert.ErrorIs(t, s.Append(-1), kv.ErrRange)
@@ -275,8 +275,8 @@ func TestBadInputs(t *testing.T) {
 }
 
 func TestConcurrentStress(t *testing.T) {
-	fx := newFixture(t, 1<<30)
-	c := fx.cache(t, kv.PerLayer, 128)
+	e := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 128, Layout: kv.PerLayer}))
+	c := e.c
 	root, err := c.NewSequence()
 	require.NoError(t, err)
 	require.NoError(t, root.Append(20))

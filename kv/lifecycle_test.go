@@ -27,8 +27,8 @@ func (s *slowReserve) Reserve(size int) (*backingtest.FakeReservation, error) {
 
 // Close refuses while a sequence is being made.
 func TestCloseWhileNewSequence(t *testing.T) {
-	fx := newFixture(t, 1<<30)
-	sr := &slowReserve{Fake: fx.fake, entered: make(chan struct{}), proceed: make(chan struct{})}
+	e := openEnv(t, noCache, withLimit(1<<30))
+	sr := &slowReserve{Fake: e.fake, entered: make(chan struct{}), proceed: make(chan struct{})}
 	c, err := kv.New(sr, kv.Config{Model: tiny8, MaxTokens: 64})
 	require.NoError(t, err)
 	got := make(chan *kv.Sequence)
@@ -65,8 +65,8 @@ func (s *slowUnreserve) Unreserve(r *backingtest.FakeReservation) accounting.Rel
 
 // Close refuses while a prefix is being given back, and retries what failed.
 func TestCloseWhilePrefixRelease(t *testing.T) {
-	fx := newFixture(t, 1<<30)
-	sb := &slowUnreserve{Fake: fx.fake, entered: make(chan struct{}), proceed: make(chan struct{})}
+	e := openEnv(t, noCache, withLimit(1<<30))
+	sb := &slowUnreserve{Fake: e.fake, entered: make(chan struct{}), proceed: make(chan struct{})}
 	c, err := kv.New(sb, kv.Config{Model: tiny8, MaxTokens: 64})
 	require.NoError(t, err)
 	s, err := c.NewSequence()
@@ -85,13 +85,13 @@ func TestCloseWhilePrefixRelease(t *testing.T) {
 	close(sb.proceed)
 	<-done
 	require.NoError(t, c.Close())
-	assert.Zero(t, fx.fake.LiveReservations())
+	assert.Zero(t, e.fake.LiveReservations())
 }
 
 func TestForeignAndNilPrefix(t *testing.T) {
-	fx := newFixture(t, 1<<30)
-	a := fx.cache(t, kv.PerLayer, 64)
-	b := fx.cache(t, kv.PerLayer, 64)
+	e := openEnv(t, noCache, withLimit(1<<30))
+	a := e.cache(t, kv.Config{MaxTokens: 64, Layout: kv.PerLayer})
+	b := e.cache(t, kv.Config{MaxTokens: 64, Layout: kv.PerLayer})
 	s, err := a.NewSequence()
 	require.NoError(t, err)
 	p, err := s.Freeze(0)
@@ -112,8 +112,8 @@ func TestForeignAndNilPrefix(t *testing.T) {
 // A Close whose releases fail twice reports Quarantined (the sequence left its cache,
 // its prefix reference went), never Failed; Cache.Close retries what was kept.
 func TestCloseFailureIsQuarantined(t *testing.T) {
-	_, faulty := faultyFixture(t)
-	c, err := kv.New(faulty, kv.Config{Model: tiny8, MaxTokens: 64})
+	e := openEnv(t, noCache, withLimit(1<<30), withFaults)
+	c, err := e.tryCache(kv.Config{Model: tiny8, MaxTokens: 64})
 	require.NoError(t, err)
 	root, err := c.NewSequence()
 	require.NoError(t, err)
@@ -126,8 +126,8 @@ func TestCloseFailureIsQuarantined(t *testing.T) {
 	p.Release()
 
 	boom := errors.New("boom")
-	faulty.FailOp(backingtest.OpUnreserve, 1, boom)
-	faulty.FailOp(backingtest.OpUnreserve, 2, boom)
+	e.faults.FailOp(backingtest.OpUnreserve, 1, boom)
+	e.faults.FailOp(backingtest.OpUnreserve, 2, boom)
 	out := s.Close()
 	assert.Equal(t, accounting.Quarantined, out.Status)
 	assert.ErrorIs(t, out.Err, boom)
@@ -135,7 +135,7 @@ func TestCloseFailureIsQuarantined(t *testing.T) {
 	again := s.Close()
 	assert.Equal(t, accounting.Failed, again.Status, "a second Close changes nothing")
 	assert.ErrorIs(t, again.Err, kv.ErrClosed)
-	faulty.Reset()
+	e.faults.Reset()
 	require.NoError(t, c.Close(), "Close gives back what the failed release kept")
 }
 
@@ -143,8 +143,8 @@ func TestCloseFailureIsQuarantined(t *testing.T) {
 // straddles the granule boundary, leaves the sequence damaged rather than holding a
 // token it can not write. Q8_0 tokens of 272 bytes straddle PerLayer's 4 KiB granules.
 func TestTruncateFailureStraddle(t *testing.T) {
-	_, faulty := faultyFixture(t)
-	c, err := kv.New(faulty, kv.Config{Model: q8Tiny, MaxTokens: 64, Layout: kv.PerLayer})
+	e := openEnv(t, noCache, withLimit(1<<30), withFaults)
+	c, err := e.tryCache(kv.Config{Model: q8Tiny, MaxTokens: 64, Layout: kv.PerLayer})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, c.Close()) }()
 	parent, err := c.NewSequence()
@@ -154,7 +154,7 @@ func TestTruncateFailureStraddle(t *testing.T) {
 	child, err := parent.Fork()
 	require.NoError(t, err)
 	defer child.Close()
-	faulty.FailOp(backingtest.OpCommit, 1, errors.New("boom"))
+	e.faults.FailOp(backingtest.OpCommit, 1, errors.New("boom"))
 	// 20 tokens end inside the shared granule [4096, 8192), and token 15 straddles its
 	// start ([4080, 4352)): no token count ends on the granule given up.
 	require.Error(t, child.Truncate(20))
@@ -252,14 +252,14 @@ func scenario(c *kv.Cache) (err error) {
 func TestFaultInjectionAtEveryBackingCall(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			fx, faulty := faultyFixture(t)
-			c, err := kv.New(faulty, kv.Config{Model: tiny8, MaxTokens: 64, Layout: layout})
+			e := openEnv(t, noCache, withLimit(1<<30), withFaults)
+			c, err := e.tryCache(kv.Config{Model: tiny8, MaxTokens: 64, Layout: layout})
 			require.NoError(t, err)
 			require.NoError(t, scenario(c))
-			calls := faulty.Calls()
+			calls := e.faults.Calls()
 			require.Greater(t, calls, 10)
 			// NB: a failed release is retried once, so a fault there may be absorbed.
-			failed := fx.atEveryCall(t, faulty, calls, func() error { return scenario(c) }, func(n int) {
+			failed := e.atEveryCall(t, calls, func() error { return scenario(c) }, func(n int) {
 				assert.Equal(t, kv.Stats{}, holdings(c), "call %d", n)
 			})
 			assert.Greater(t, failed, calls*3/4, "most injected faults surface as errors")

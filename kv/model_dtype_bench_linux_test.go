@@ -3,7 +3,6 @@ package kv_test
 import (
 	"testing"
 
-	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
@@ -28,15 +27,9 @@ func decodeStepDType[T arena.Elem](b *testing.B, dt arena.DType) {
 	)
 	g := kv.Llama3_8B()
 	g.Groups[0].DType = dt
-	p, err := host.NewPrivate(host.PrivateOptions{Granularity: granule, Populate: true, NoHugePages: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	c, err := kv.New(p, kv.Config{Model: g, MaxTokens: tokens + room, Layout: kv.Blocked,
-		Authority: accounting.NewGovernor().Authority("kv", accounting.HostKey)})
-	if err != nil {
-		b.Fatal(err)
-	}
+	c := openEnv(b, onPrivate, withGranule(granule), withPrivate(host.PrivateOptions{Populate: true, NoHugePages: true}),
+		withConfig(kv.Config{Model: g, MaxTokens: tokens + room, Layout: kv.Blocked})).c
+	var err error
 	qs := make([]*kv.Sequence, seqs)
 	b.Cleanup(func() {
 		for _, q := range qs {

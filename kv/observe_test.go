@@ -19,8 +19,8 @@ import (
 // cache keeps it; appends, truncations and good closes log nothing.
 func TestLogsKeptRange(t *testing.T) {
 	var rec logrec.Recorder
-	_, faulty := faultyFixture(t)
-	c, err := kv.New(faulty, kv.Config{Model: tiny8, MaxTokens: 64, Logger: rec.Logger()})
+	e := openEnv(t, noCache, withLimit(1<<30), withFaults)
+	c, err := e.tryCache(kv.Config{Model: tiny8, MaxTokens: 64, Logger: rec.Logger()})
 	require.NoError(t, err)
 	s, err := c.NewSequence()
 	require.NoError(t, err)
@@ -33,8 +33,8 @@ func TestLogsKeptRange(t *testing.T) {
 	assert.Empty(t, rec.Records(), "nothing logged on the token path or a good close")
 
 	boom := errors.New("boom")
-	faulty.FailOp(backingtest.OpUnreserve, 1, boom)
-	faulty.FailOp(backingtest.OpUnreserve, 2, boom)
+	e.faults.FailOp(backingtest.OpUnreserve, 1, boom)
+	e.faults.FailOp(backingtest.OpUnreserve, 2, boom)
 	out := s.Close()
 	require.False(t, out.OK())
 	kept := rec.Find("kv: a range could not be given back; the cache keeps it for Close to retry")
@@ -42,15 +42,15 @@ func TestLogsKeptRange(t *testing.T) {
 	assert.Equal(t, "WARN", kept[0]["level"])
 	assert.Equal(t, float64(out.Residual), kept[0]["bytes"])
 	assert.Contains(t, kept[0]["err"], "boom")
-	faulty.Reset()
+	e.faults.Reset()
 	require.NoError(t, c.Close())
 	assert.Len(t, rec.Records(), 1)
 }
 
 // TestRefusals: the cache counts each growth refused for memory, and nothing else.
 func TestRefusals(t *testing.T) {
-	fx := newFixture(t, 2*perTensorGranule)
-	c := fx.cache(t, kv.PerLayer, 64)
+	e := openEnv(t, withLimit(2*perTensorGranule), withConfig(kv.Config{MaxTokens: 64, Layout: kv.PerLayer}))
+	c := e.c
 	seqs := newSeqs(t, c, 2)
 	require.NoError(t, seqs[0].Append(8)) // 1 granule per tensor
 	require.NoError(t, c.AppendBatch([]kv.Growth{{seqs[1], 8}}))
@@ -70,10 +70,8 @@ func TestRefusals(t *testing.T) {
 func TestLogsEvictions(t *testing.T) {
 	var rec logrec.Recorder
 	const limit = 256 * fakeGranule
-	fx := newFixture(t, limit)
-	c, err := kv.New(fx.fake, kv.Config{Model: tiny8, MaxTokens: 256, BlockTokens: testBlockTokens, Logger: rec.Logger()})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, c.Close()) })
+	e := openEnv(t, noCache, withLimit(limit))
+	c := e.cache(t, kv.Config{Model: tiny8, MaxTokens: 256, BlockTokens: testBlockTokens, Logger: rec.Logger()})
 	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, pc.Close()) })
@@ -96,7 +94,7 @@ func TestLogsEvictions(t *testing.T) {
 	// Growth that needs the cached bytes evicts them: a Debug summary.
 	big, err := c.NewSequence()
 	require.NoError(t, err)
-	free := limit - fx.pool.Stats().Owned
+	free := limit - e.auth.Stats().Owned
 	n := int((free + pc.Stats().CachedBytes/2) / int64(tiny8.BytesPerToken()))
 	require.NoError(t, big.Append(min(n, 256)))
 	ev := rec.Find("kv: prefix cache eviction")
@@ -110,10 +108,10 @@ func TestLogsEvictions(t *testing.T) {
 	// Another ledger waits on the device for more than is free: the prefix cache's
 	// reclaimer evicts, at Info.
 	require.Positive(t, pc.Stats().CachedBytes, "the growth left some cached")
-	other := fx.gov.Authority("other", accounting.HostKey)
+	other := e.gov.Authority("other", accounting.HostKey)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	want := fx.gov.Available(accounting.HostKey) + fakeGranule
+	want := e.gov.Available(accounting.HostKey) + fakeGranule
 	require.NoError(t, other.Acquire(ctx, want))
 	other.Release(want)
 	waiter := func() []map[string]any {

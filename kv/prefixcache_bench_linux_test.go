@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
@@ -29,21 +28,10 @@ func BenchmarkPrefixCacheMiss(b *testing.B) {
 	data := make([]byte, g.Groups[0].TokenBytes())
 	for _, on := range []bool{false, true} {
 		b.Run(fmt.Sprintf("prefix-cache=%v", on), func(b *testing.B) {
-			gov := accounting.NewGovernor()
-			if err := gov.SetLimit(accounting.HostKey, budget); err != nil {
-				b.Fatal(err)
-			}
-			pool, err := host.NewShared(host.SharedOptions{Granularity: 2 << 20, Authority: gov.Authority("kv", accounting.HostKey), Populate: true, Name: "kv-bench-pc"})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer pool.Close()
-			c, err := kv.New(pool, kv.Config{Model: g, MaxTokens: prompt})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer c.Close()
+			c := openEnv(b, onShared, withGranule(2<<20), withLimit(budget), withShared(host.SharedOptions{Populate: true}), withName("kv-bench-pc"),
+				withConfig(kv.Config{Model: g, MaxTokens: prompt})).c
 			var pc *kv.PrefixCache
+			var err error
 			if on {
 				if pc, err = kv.NewPrefixCache(c, kv.PrefixCacheOptions{}); err != nil {
 					b.Fatal(err)

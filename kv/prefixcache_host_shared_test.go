@@ -21,7 +21,7 @@ import (
 // frozen prefix's too (read-only in the sequence on host.Shared, so the copy faulted),
 // and the prefix's tokens there are not the entry's.
 func TestPrefixCacheCloseKeepsSharedTail(t *testing.T) {
-	c := openHost(t, envSpec{name: "kv-pc-adopt-tail", cfg: kv.Config{MaxTokens: 256}}).c
+	c := openEnv(t, onShared, withGranule(64<<10), withName("kv-pc-adopt-tail"), withConfig(kv.Config{MaxTokens: 256})).c
 	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, pc.Close()) })
@@ -66,7 +66,8 @@ func TestPrefixCacheTwoKeysTruncatedCount(t *testing.T) {
 		for _, shortFirst := range []bool{false, true} {
 			for _, cut := range []int{150, 190, 200, 230} {
 				t.Run(fmt.Sprintf("%v/short-first=%v/cut=%d", layout, shortFirst, cut), func(t *testing.T) {
-					_, pc, b := newHostPrefixCache(t, "kv-pc-count", layout)
+					e := openEnv(t, onShared, withGranule(64<<10), withName("kv-pc-count"), withConfig(kv.Config{MaxTokens: 1024, Layout: layout, BlockTokens: oldBlock(layout)}), withPrefixCache(kv.PrefixCacheOptions{}))
+					pc := e.pc
 					long := promptIDs(0, 300)
 					short := append([]int32(nil), long[:200]...)
 					for i := 10; i < len(short); i++ {
@@ -83,7 +84,7 @@ func TestPrefixCacheTwoKeysTruncatedCount(t *testing.T) {
 					require.NoError(t, s.Truncate(cut))
 					require.True(t, s.Close().OK())
 					st := pc.Stats()
-					assert.Equal(t, held(b), st.CachedBytes, "with no live sequence, the pool holds just the cache")
+					assert.Equal(t, e.held(), st.CachedBytes, "with no live sequence, the pool holds just the cache")
 					assert.Zero(t, st.PinnedBytes)
 				})
 			}
@@ -99,10 +100,11 @@ func TestPrefixCacheInsertAfterForkHost(t *testing.T) {
 	for _, layout := range layouts {
 		for _, how := range []string{"fork", "forkat", "freeze", "child"} {
 			t.Run(layout.String()+"/"+how, func(t *testing.T) {
-				c, pc, hp := newHostPrefixCache(t, "kv-pc-forkins", layout)
-				gov, auth, b := hp.auth.Governor(), hp.auth, hp.b
+				e := openEnv(t, onShared, withGranule(64<<10), withName("kv-pc-forkins"), withConfig(kv.Config{MaxTokens: 1024, Layout: layout, BlockTokens: oldBlock(layout)}), withPrefixCache(kv.PrefixCacheOptions{}))
+				c, pc := e.c, e.pc
+				gov, auth, b := e.gov, e.auth, e.shared
 				pool := forkInsertPool{
-					held: func() int64 { return held(hp) },
+					held: e.held,
 					limit: func(t *testing.T) {
 						_, err := b.Trim(0) // idle granules would cover the growth
 						require.NoError(t, err)
@@ -125,8 +127,9 @@ func TestPrefixCacheMissTakesOverHost(t *testing.T) {
 		for _, guarded := range []bool{false, true} {
 			name := layout.String() + map[bool]string{false: "/plain", true: "/guarded"}[guarded]
 			t.Run(name, func(t *testing.T) {
-				c, pc, hp := newHostPrefixCache(t, "kv-pc-spare", layout)
-				gov, auth, b := hp.auth.Governor(), hp.auth, hp.b
+				e := openEnv(t, onShared, withGranule(64<<10), withName("kv-pc-spare"), withConfig(kv.Config{MaxTokens: 1024, Layout: layout, BlockTokens: oldBlock(layout)}), withPrefixCache(kv.PrefixCacheOptions{}))
+				c, pc := e.c, e.pc
+				gov, auth, b := e.gov, e.auth, e.shared
 				a, bb, cc := promptIDs(0, p), promptIDs(1000, p), promptIDs(2000, p)
 				s, _, err := serve(pc, a)
 				require.NoError(t, err)
@@ -143,7 +146,7 @@ func TestPrefixCacheMissTakesOverHost(t *testing.T) {
 				require.True(t, s.Close().OK())
 				_, err = b.Trim(0) // idle granules would cover the miss's growth
 				require.NoError(t, err)
-				require.Equal(t, 2*x, held(&hostPool{auth, b}))
+				require.Equal(t, 2*x, e.held())
 				require.NoError(t, gov.SetLimit(accounting.HostKey, auth.Stats().Owned+x/2))
 
 				s, m, err := pc.Lookup(cc)
@@ -165,7 +168,7 @@ func TestPrefixCacheMissTakesOverHost(t *testing.T) {
 				} else {
 					assert.Equal(t, 2, st.Entries, "a went whole")
 				}
-				assert.Equal(t, st.CachedBytes, held(&hostPool{auth, b}), "with no live sequence, the pool holds just the cache")
+				assert.Equal(t, st.CachedBytes, e.held(), "with no live sequence, the pool holds just the cache")
 				// A hit may need budget of its own (a granule of small private pages
 				// moves into the memfd when first shared): lift the limit.
 				require.NoError(t, gov.SetLimit(accounting.HostKey, accounting.Unlimited))
@@ -185,7 +188,8 @@ func TestPrefixCacheMissTakesOverHost(t *testing.T) {
 func TestPrefixCacheTruncatedLookupUnpins(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			_, pc, _ := newHostPrefixCache(t, "kv-pc-rev2", layout)
+			e := openEnv(t, onShared, withGranule(64<<10), withName("kv-pc-rev2"), withConfig(kv.Config{MaxTokens: 1024, Layout: layout, BlockTokens: oldBlock(layout)}), withPrefixCache(kv.PrefixCacheOptions{}))
+			pc := e.pc
 			a := cacheIDs(t, pc, 300)
 			q, m, err := pc.Lookup(append(a[:300:300], 7))
 			require.NoError(t, err)
@@ -205,7 +209,8 @@ func TestPrefixCacheTruncatedLookupUnpins(t *testing.T) {
 func TestPrefixCacheInsertShorterThanMapped(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			_, pc, b := newHostPrefixCache(t, "kv-pc-short", layout)
+			e := openEnv(t, onShared, withGranule(64<<10), withName("kv-pc-short"), withConfig(kv.Config{MaxTokens: 1024, Layout: layout, BlockTokens: oldBlock(layout)}), withPrefixCache(kv.PrefixCacheOptions{}))
+			pc := e.pc
 			a := cacheIDs(t, pc, 400)
 			q, m, err := pc.Lookup(a)
 			require.NoError(t, err)
@@ -219,7 +224,7 @@ func TestPrefixCacheInsertShorterThanMapped(t *testing.T) {
 			assert.Equal(t, 161, m, "the shorter key is found")
 			require.True(t, r.Close().OK())
 			require.NoError(t, pc.Close())
-			assert.Zero(t, held(b), "every granule given back once the cache closes")
+			assert.Zero(t, e.held(), "every granule given back once the cache closes")
 		})
 	}
 }

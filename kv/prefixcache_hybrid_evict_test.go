@@ -31,7 +31,7 @@ func TestPrefixCacheHybridEvicts(t *testing.T) {
 		{"budget", false, 96 * envGranule},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			onEachSharing(t, envSpec{scaled: true, cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}, limit: tt.limit}, func(t *testing.T, e *env) {
+			onEachSharing(t, []envOption{scaled, withConfig(kv.Config{Model: tinyOSS, MaxTokens: 512}), withLimit(tt.limit)}, func(t *testing.T, e *env) {
 				var opts kv.PrefixCacheOptions
 				if tt.cap {
 					opts.MaxBytes = 64 * int64(e.c.Granularity())
@@ -88,7 +88,7 @@ func TestPrefixCacheHybridEvicts(t *testing.T) {
 // units, the entry staying, shorter, for the hits it still holds. The bytes that came
 // back are exactly CachedBytes' fall each time, and the memory in use follows.
 func TestPrefixCacheHybridTrimsWindows(t *testing.T) {
-	onEachSharing(t, envSpec{scaled: true, cfg: kv.Config{Model: tinyOSS, MaxTokens: 512, BlockTokens: 1}}, func(t *testing.T, e *env) {
+	onEachSharing(t, []envOption{scaled, withConfig(kv.Config{Model: tinyOSS, MaxTokens: 512, BlockTokens: 1})}, func(t *testing.T, e *env) {
 		pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
 		require.NoError(t, err)
 		defer func() { assert.NoError(t, pc.Close()) }()
@@ -154,7 +154,7 @@ func TestPrefixCacheHybridTrimsWindows(t *testing.T) {
 // evict at once under a budget and a cap; afterwards CachedBytes is the memory in use
 // and an eviction of everything gives all of it back.
 func TestPrefixCacheHybridConcurrent(t *testing.T) {
-	onEachSharing(t, envSpec{scaled: true, cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}, limit: 400 * envGranule}, func(t *testing.T, e *env) {
+	onEachSharing(t, []envOption{scaled, withConfig(kv.Config{Model: tinyOSS, MaxTokens: 512}), withLimit(400 * envGranule)}, func(t *testing.T, e *env) {
 		pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{MaxBytes: 200 * int64(e.c.Granularity())})
 		require.NoError(t, err)
 		defer func() { assert.NoError(t, pc.Close()) }()
@@ -240,7 +240,7 @@ func TestPrefixCacheHybridConcurrent(t *testing.T) {
 // units of the entry it takes the place of: the insert ends first (it is done, or
 // refused with ErrClosed), no range is closed under it, and every byte comes back.
 func TestPrefixCacheHybridCloseWhileInserting(t *testing.T) {
-	onEachSharing(t, envSpec{scaled: true, cfg: kv.Config{Model: tinyOSS, MaxTokens: 512, BlockTokens: 1}}, func(t *testing.T, e *env) {
+	onEachSharing(t, []envOption{scaled, withConfig(kv.Config{Model: tinyOSS, MaxTokens: 512, BlockTokens: 1})}, func(t *testing.T, e *env) {
 		turn := make([]int32, 300)
 		for i := range turn {
 			turn[i] = int32(i % 13)
@@ -274,7 +274,7 @@ func TestPrefixCacheHybridCloseWhileInserting(t *testing.T) {
 // on one group, even where units under them would give memory back: its tokens stay
 // in the index, and a lookup still hits them.
 func TestPrefixCacheHybridKeepsMappedEntry(t *testing.T) {
-	onEachSharing(t, envSpec{scaled: true, cfg: kv.Config{Model: tinyOSS, MaxTokens: 512, BlockTokens: 1}}, func(t *testing.T, e *env) {
+	onEachSharing(t, []envOption{scaled, withConfig(kv.Config{Model: tinyOSS, MaxTokens: 512, BlockTokens: 1})}, func(t *testing.T, e *env) {
 		pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
 		require.NoError(t, err)
 		defer func() { assert.NoError(t, pc.Close()) }()

@@ -224,7 +224,7 @@ func idleBooksPinned(t *testing.T, e *env, pc *kv.PrefixCache, pinned bool, what
 func TestPrefixCacheHybrid(t *testing.T) {
 	for _, model := range hybridModels {
 		t.Run(model.Name, func(t *testing.T) {
-			onEachSharing(t, envSpec{scaled: true, cfg: kv.Config{Model: model, MaxTokens: 512}}, func(t *testing.T, e *env) {
+			onEachSharing(t, []envOption{scaled, withConfig(kv.Config{Model: model, MaxTokens: 512})}, func(t *testing.T, e *env) {
 				testPrefixCacheHybrid(t, e, model)
 			})
 		})
@@ -364,7 +364,7 @@ func longestCommon(made [][]int32, ids []int32) int {
 // step at 0 reads nothing. It failed in the arena's share of the window group's
 // empty range, below what the parent still holds.
 func TestGroupForkAtZeroAfterDrop(t *testing.T) {
-	onEachSharing(t, envSpec{scaled: true, cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}}, func(t *testing.T, e *env) {
+	onEachSharing(t, []envOption{scaled, withConfig(kv.Config{Model: tinyOSS, MaxTokens: 512})}, func(t *testing.T, e *env) {
 		s, err := e.c.NewSequence()
 		require.NoError(t, err)
 		defer s.Close()
@@ -392,7 +392,7 @@ func TestGroupForkAtZeroAfterDrop(t *testing.T) {
 // own sequence never held (it started at its hit's window), so that a later prompt
 // that branches inside the first turn still hits there; and the books stay exact.
 func TestPrefixCacheHybridTurns(t *testing.T) {
-	onEachSharing(t, envSpec{scaled: true, cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}}, func(t *testing.T, e *env) {
+	onEachSharing(t, []envOption{scaled, withConfig(kv.Config{Model: tinyOSS, MaxTokens: 512})}, func(t *testing.T, e *env) {
 		pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
 		require.NoError(t, err)
 		defer func() { assert.NoError(t, pc.Close()) }()
@@ -430,7 +430,7 @@ func TestPrefixCacheHybridTurns(t *testing.T) {
 // a sequence of another cache are refused, changing nothing; so are a negative
 // eviction, a prompt longer than MaxTokens, and calls after Close.
 func TestPrefixCacheHybridRefusals(t *testing.T) {
-	onEachSharing(t, envSpec{scaled: true, cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}}, func(t *testing.T, e *env) {
+	onEachSharing(t, []envOption{scaled, withConfig(kv.Config{Model: tinyOSS, MaxTokens: 512})}, func(t *testing.T, e *env) {
 		pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
 		require.NoError(t, err)
 		ids := make([]int32, 300)
@@ -450,7 +450,7 @@ func TestPrefixCacheHybridRefusals(t *testing.T) {
 		assert.ErrorIs(t, err, kv.ErrDropped, "the window gave back what a step at 50 reads")
 		assert.ErrorContains(t, err, "insert at 50 tokens")
 		if e.fake != nil {
-			other, err := kv.New(e.fake, kv.Config{Model: tinyOSS, MaxTokens: 512})
+			other, err := e.tryCache(kv.Config{Model: tinyOSS, MaxTokens: 512})
 			require.NoError(t, err)
 			o, err := other.NewSequence()
 			require.NoError(t, err)
@@ -487,8 +487,7 @@ func TestPrefixCacheHybridRefusals(t *testing.T) {
 // Lookup and the prefill of the rest commit, hit or miss, and Match is what Lookup
 // matches.
 func TestPrefixCacheHybridNeed(t *testing.T) {
-	e, err := openEnv(t, envSpec{kind: onFake, cfg: kv.Config{Model: tinyOSS, MaxTokens: 512}})
-	require.NoError(t, err)
+	e := openEnv(t, onFake, withConfig(kv.Config{Model: tinyOSS, MaxTokens: 512}))
 	pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, pc.Close()) }()

@@ -18,7 +18,7 @@ func TestPrefixCacheCloseAfterRewriteKeepsEntry(t *testing.T) {
 	const n = 22 // whole sharing units and a partly filled one, in every layout
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			_, _, pc := newPrefixCache(t, 1<<30, layout, 256, kv.PrefixCacheOptions{})
+			pc := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 256, Layout: layout, BlockTokens: blockTokensFor(layout)}), withPrefixCache(kv.PrefixCacheOptions{})).pc
 			ids := promptIDs(0, n+1)
 			s := prefilled(t, pc, ids[:n])
 			require.NoError(t, pc.Insert(s, ids[:n]))
@@ -110,11 +110,12 @@ func TestPrefixCacheInsertAfterFork(t *testing.T) {
 	for _, layout := range layouts {
 		for _, how := range []string{"fork", "forkat", "freeze", "child"} {
 			t.Run(layout.String()+"/"+how, func(t *testing.T) {
-				fx, c, pc := newPrefixCache(t, 1<<30, layout, 256, kv.PrefixCacheOptions{})
+				e := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 256, Layout: layout, BlockTokens: blockTokensFor(layout)}), withPrefixCache(kv.PrefixCacheOptions{}))
+				c, pc := e.c, e.pc
 				pool := forkInsertPool{
-					held: func() int64 { return fx.pool.Stats().Owned },
+					held: func() int64 { return e.auth.Stats().Owned },
 					limit: func(t *testing.T) {
-						require.NoError(t, fx.gov.SetLimit(fx.pool.Device(), fx.pool.Stats().Owned))
+						require.NoError(t, e.gov.SetLimit(e.auth.Device(), e.auth.Stats().Owned))
 					},
 				}
 				forkThenInsert(t, c, pc, pool, how, p)
@@ -132,8 +133,8 @@ func TestPrefixCacheReopened(t *testing.T) {
 	const p = 40
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			fx := newFixture(t, 1<<30)
-			c := fx.cache(t, layout, 256)
+			e := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 256, Layout: layout, BlockTokens: blockTokensFor(layout)}))
+			c := e.c
 			pc1, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
 			require.NoError(t, err)
 			a := promptIDs(0, p)
@@ -182,7 +183,7 @@ func TestPrefixCacheReopened(t *testing.T) {
 func TestInsertDisplacingIsNoEviction(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			_, _, pc := newPrefixCache(t, 1<<30, layout, 256, kv.PrefixCacheOptions{})
+			pc := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 256, Layout: layout, BlockTokens: blockTokensFor(layout)}), withPrefixCache(kv.PrefixCacheOptions{})).pc
 			ids := promptIDs(0, 60)
 			s, err := serveN(pc, ids[:43])
 			require.NoError(t, err)

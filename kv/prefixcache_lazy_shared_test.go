@@ -9,32 +9,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
-	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
 )
 
-// newHostPrefixCache returns a prefix cache over a host.Shared cache (64 KiB granules,
-// openHost); the test's cleanup closes both and checks the ledger.
-func newHostPrefixCache(t *testing.T, name string, layout kv.Layout) (*kv.Cache, *kv.PrefixCache, *hostPool) {
-	t.Helper()
-	e := openHost(t, envSpec{cfg: kv.Config{MaxTokens: 1024, Layout: layout, BlockTokens: oldBlock(layout)}, name: name})
-	pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
-	require.NoError(t, err)
-	closeAtCleanup(t, pc)
-	return e.c, pc, &hostPool{e.auth, e.shared}
-}
-
-// hostPool is a host.Shared and the authority it charges.
-type hostPool struct {
-	auth *accounting.Authority
-	b    *host.Shared
-}
-
-// held returns the bytes the pool owns that are not idle in it.
-func held(p *hostPool) int64 { return p.auth.Stats().Owned - p.b.PoolStats().Idle }
+// held returns the bytes e's pool owns that are not idle in it.
+func (e *env) held() int64 { return e.auth.Stats().Owned - e.pool.PoolStats().Idle }
 
 // TestPrefixCacheInsertIsBookkeeping: Insert maps nothing and commits nothing (the
 // entry refers to the sequence's granules); the first hit maps them into the new
@@ -42,14 +23,15 @@ func held(p *hostPool) int64 { return p.auth.Stats().Owned - p.b.PoolStats().Idl
 func TestPrefixCacheInsertIsBookkeeping(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			c, pc, b := newHostPrefixCache(t, "kv-pc-lazy", layout)
+			e := openEnv(t, onShared, withGranule(64<<10), withName("kv-pc-lazy"), withConfig(kv.Config{MaxTokens: 1024, Layout: layout, BlockTokens: oldBlock(layout)}), withPrefixCache(kv.PrefixCacheOptions{}))
+			c, pc := e.c, e.pc
 			ids := promptIDs(0, 300)
 			s := prefilled(t, pc, ids)
 			before := c.Stats()
-			heldBefore := held(b)
+			heldBefore := e.held()
 			require.NoError(t, pc.Insert(s, ids))
 			after := c.Stats()
-			assert.Equal(t, heldBefore, held(b), "Insert commits nothing")
+			assert.Equal(t, heldBefore, e.held(), "Insert commits nothing")
 			assert.Equal(t, before.Mapped, after.Mapped, "Insert maps nothing")
 			st := pc.Stats()
 			assert.Equal(t, 1, st.Entries)
@@ -60,14 +42,14 @@ func TestPrefixCacheInsertIsBookkeeping(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, 300, m)
 			require.NoError(t, checkIDs(q, ids, 0, 300))
-			assert.Equal(t, heldBefore+ownTail(c, 300), held(b),
+			assert.Equal(t, heldBefore+ownTail(c, 300), e.held(),
 				"the hit owns only its copied tail")
 			require.True(t, q.Close().OK())
 			require.True(t, s.Close().OK())
 			st = pc.Stats()
 			assert.Equal(t, 1, st.Entries, "the entry took over the origin's ranges")
 			assert.Zero(t, st.PinnedBytes)
-			assert.Equal(t, st.CachedBytes, held(b), "with no live sequence, the pool holds just the cache")
+			assert.Equal(t, st.CachedBytes, e.held(), "with no live sequence, the pool holds just the cache")
 			r, m, err := pc.Lookup(append(ids[:300:300], 8))
 			require.NoError(t, err)
 			defer r.Close()
@@ -99,7 +81,8 @@ func ownTail(c *kv.Cache, n int) int64 {
 func TestPrefixCacheHitProtectsOrigin(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			_, pc, _ := newHostPrefixCache(t, "kv-pc-protect", layout)
+			e := openEnv(t, onShared, withGranule(64<<10), withName("kv-pc-protect"), withConfig(kv.Config{MaxTokens: 1024, Layout: layout, BlockTokens: oldBlock(layout)}), withPrefixCache(kv.PrefixCacheOptions{}))
+			pc := e.pc
 			ids := promptIDs(1000, 300)
 			s, _, err := serve(pc, ids)
 			require.NoError(t, err)
@@ -141,7 +124,8 @@ func TestPrefixCacheHitProtectsOrigin(t *testing.T) {
 // owner keeps appending, writing, truncating into what it cached and closing; every
 // hit sees the K/V that were inserted (-race checks the ranges' lock).
 func TestPrefixCacheLazyConcurrent(t *testing.T) {
-	_, pc, b := newHostPrefixCache(t, "kv-pc-lazy-conc", kv.PerLayer)
+	e := openEnv(t, onShared, withGranule(64<<10), withName("kv-pc-lazy-conc"), withConfig(kv.Config{MaxTokens: 1024, Layout: kv.PerLayer, BlockTokens: oldBlock(kv.PerLayer)}), withPrefixCache(kv.PrefixCacheOptions{}))
+	pc := e.pc
 	for round := range 20 {
 		ids := promptIDs(round*1000, 200)
 		s, _, err := serve(pc, ids)
@@ -179,7 +163,7 @@ func TestPrefixCacheLazyConcurrent(t *testing.T) {
 	st := pc.Stats()
 	assert.Positive(t, st.Hits)
 	assert.Zero(t, st.PinnedBytes)
-	assert.Equal(t, st.CachedBytes, held(b), "with no live sequence, the pool holds just the cache")
+	assert.Equal(t, st.CachedBytes, e.held(), "with no live sequence, the pool holds just the cache")
 }
 
 // TestPrefixCacheInsertTwiceDiverging: a sequence inserted under two token strings
@@ -187,7 +171,8 @@ func TestPrefixCacheLazyConcurrent(t *testing.T) {
 // the longer entry takes its ranges over and the other leaves the index, with the
 // ledger exact.
 func TestPrefixCacheInsertTwiceDiverging(t *testing.T) {
-	_, pc, b := newHostPrefixCache(t, "kv-pc-twice", kv.PerLayer)
+	e := openEnv(t, onShared, withGranule(64<<10), withName("kv-pc-twice"), withConfig(kv.Config{MaxTokens: 1024, Layout: kv.PerLayer, BlockTokens: oldBlock(kv.PerLayer)}), withPrefixCache(kv.PrefixCacheOptions{}))
+	pc := e.pc
 	a := promptIDs(0, 100)
 	s, _, err := serve(pc, a)
 	require.NoError(t, err)
@@ -207,7 +192,7 @@ func TestPrefixCacheInsertTwiceDiverging(t *testing.T) {
 	require.True(t, s.Close().OK())
 	st := pc.Stats()
 	assert.Equal(t, 1, st.Entries, "the longer entry took s's ranges over")
-	assert.Equal(t, st.CachedBytes, held(b), "with no live sequence, the pool holds just the cache")
+	assert.Equal(t, st.CachedBytes, e.held(), "with no live sequence, the pool holds just the cache")
 	q, m, err := pc.Lookup(append(a[:100:100], -2))
 	require.NoError(t, err)
 	defer q.Close()

@@ -14,7 +14,8 @@ import (
 // counts it (Pss of the memfd), not 64 times.
 func TestPrefixCacheOwnedOnceByPss(t *testing.T) {
 	const name = "kv-prefixcache-pss-test"
-	c, pool := newHostCache(t, name, kv.PerLayer, 2048)
+	e := openEnv(t, onShared, withGranule(64<<10), withName(name), withConfig(kv.Config{MaxTokens: 2048, Layout: kv.PerLayer}))
+	c, pool := e.c, e.auth
 	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, pc.Close()) }()

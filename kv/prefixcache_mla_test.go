@@ -25,7 +25,7 @@ var tinyMLA = kv.Model{Name: "tiny-mla", Layers: 3, Groups: []kv.Group{
 // a fork and a rollback of it, the counts are exact, an eviction of everything gives
 // back every cached byte, and the books (pool, ledger, governor) agree throughout.
 func TestPrefixCacheMLA(t *testing.T) {
-	onEachSharing(t, envSpec{cfg: kv.Config{Model: tinyMLA, MaxTokens: 256}}, func(t *testing.T, e *env) {
+	onEachSharing(t, []envOption{withConfig(kv.Config{Model: tinyMLA, MaxTokens: 256})}, func(t *testing.T, e *env) {
 		pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
 		require.NoError(t, err)
 		defer func() { assert.NoError(t, pc.Close()) }()
@@ -105,7 +105,7 @@ func TestPrefixCacheMLA(t *testing.T) {
 // the cap, and what it still finds reads back whole; its bad inputs are refused as a
 // full-attention cache's are, changing nothing.
 func TestPrefixCacheMLAEvicts(t *testing.T) {
-	onEachSharing(t, envSpec{cfg: kv.Config{Model: tinyMLA, MaxTokens: 256}}, func(t *testing.T, e *env) {
+	onEachSharing(t, []envOption{withConfig(kv.Config{Model: tinyMLA, MaxTokens: 256})}, func(t *testing.T, e *env) {
 		gbytes := int64(e.c.Granularity())
 		if e.c.Config().Layout == kv.PerLayer {
 			gbytes *= int64(tinyMLA.Layers) // a granule in each layer's range
@@ -171,11 +171,8 @@ func TestPrefixCacheGroupsRefused(t *testing.T) {
 		{"recurrent", recurrent, kv.PrefixCacheOptions{}, "recurrent"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			e, err := openEnv(t, envSpec{kind: onShared, cfg: kv.Config{Model: tt.m, MaxTokens: 256}})
-			if err != nil {
-				t.Skip(err)
-			}
-			_, err = kv.NewPrefixCache(e.c, tt.opts)
+			e := openEnv(t, onShared, withConfig(kv.Config{Model: tt.m, MaxTokens: 256}))
+			_, err := kv.NewPrefixCache(e.c, tt.opts)
 			require.ErrorIs(t, err, kv.ErrConfig)
 			assert.ErrorContains(t, err, tt.says)
 			s, err := e.c.NewSequence()

@@ -20,12 +20,9 @@ import (
 // loads them back (every latent read back), and the events announce exactly the
 // blocks the index holds (group 0: the model's one group), all withdrawn with it.
 func TestPrefixCacheMLATiersAndEvents(t *testing.T) {
-	for _, kind := range []int{onShared, onCUDA} {
+	for _, kind := range []backingKind{onShared, onCUDA} {
 		t.Run(sharingNames[kind], func(t *testing.T) {
-			e, err := openEnv(t, envSpec{kind: kind, granule: 64 << 10, cfg: kv.Config{Model: tinyMLA, MaxTokens: 512}})
-			if err != nil {
-				t.Skip(err)
-			}
+			e := openEnv(t, kind, withGranule(64<<10), withConfig(kv.Config{Model: tinyMLA, MaxTokens: 512}))
 			h, err := blockhash.New(blockhash.Options{BlockSize: 4})
 			require.NoError(t, err)
 			medium := "GPU"

@@ -48,7 +48,9 @@ func TestPrefixCacheMissTakesOverLRUEntry(t *testing.T) {
 			x := entryBytes(t, layout, p)
 			require.Positive(t, x)
 
-			fx, c, pc := newPrefixCache(t, 2*x+x/2, layout, 256, kv.PrefixCacheOptions{})
+			e := openEnv(t, withLimit(2*x+x/2), withConfig(kv.Config{MaxTokens: 256, Layout: layout, BlockTokens: blockTokensFor(layout)}), withPrefixCache(kv.PrefixCacheOptions{}))
+
+			c, pc := e.c, e.pc
 			a, b, cc := promptIDs(0, p), promptIDs(1000, p), promptIDs(2000, p)
 			for _, ids := range [][]int32{a, b} {
 				s, _, err := pc.Lookup(ids)
@@ -59,7 +61,7 @@ func TestPrefixCacheMissTakesOverLRUEntry(t *testing.T) {
 				require.NoError(t, pc.Insert(s, ids))
 				require.True(t, s.Close().OK())
 			}
-			require.Equal(t, 2*x, fx.pool.Stats().Owned)
+			require.Equal(t, 2*x, e.auth.Stats().Owned)
 
 			s, m, err := pc.Lookup(cc)
 			require.NoError(t, err)
@@ -73,7 +75,7 @@ func TestPrefixCacheMissTakesOverLRUEntry(t *testing.T) {
 			assert.Equal(t, x, st.CachedBytes)
 			assert.Equal(t, int64(p), st.CachedTokens, "b is left")
 			require.NoError(t, s.Append(p))
-			assert.Equal(t, 2*x, fx.pool.Stats().Owned, "the prefill committed nothing new")
+			assert.Equal(t, 2*x, e.auth.Stats().Owned, "the prefill committed nothing new")
 			require.NoError(t, writeIDs(s, cc, 0, p))
 			require.NoError(t, checkIDs(s, cc, 0, p))
 			require.NoError(t, pc.Insert(s, cc))
@@ -107,7 +109,9 @@ func TestPrefixCacheMissSkipsGuardedEntry(t *testing.T) {
 		t.Run(layout.String(), func(t *testing.T) {
 			x := entryBytes(t, layout, p)
 
-			fx, c, pc := newPrefixCache(t, 2*x+x/2, layout, 256, kv.PrefixCacheOptions{})
+			e := openEnv(t, withLimit(2*x+x/2), withConfig(kv.Config{MaxTokens: 256, Layout: layout, BlockTokens: blockTokensFor(layout)}), withPrefixCache(kv.PrefixCacheOptions{}))
+
+			c, pc := e.c, e.pc
 			a := promptIDs(0, p)
 			s, _, err := serve(pc, a)
 			require.NoError(t, err)
@@ -127,7 +131,7 @@ func TestPrefixCacheMissSkipsGuardedEntry(t *testing.T) {
 			require.NoError(t, s.Append(p), "the growth evicts instead")
 			require.NoError(t, writeIDs(s, cc, 0, p))
 			require.NoError(t, checkIDs(s, cc, 0, p))
-			assert.LessOrEqual(t, fx.pool.Stats().Owned, 2*x+x/2)
+			assert.LessOrEqual(t, e.auth.Stats().Owned, 2*x+x/2)
 			require.True(t, s.Close().OK())
 		})
 	}
@@ -145,7 +149,9 @@ func TestPrefixCacheMissSparesForkedHit(t *testing.T) {
 			t.Run(layout.String()+"/"+how, func(t *testing.T) {
 				x := entryBytes(t, layout, p)
 
-				_, c, pc := newPrefixCache(t, 2*x+x/2, layout, 256, kv.PrefixCacheOptions{})
+				e := openEnv(t, withLimit(2*x+x/2), withConfig(kv.Config{MaxTokens: 256, Layout: layout, BlockTokens: blockTokensFor(layout)}), withPrefixCache(kv.PrefixCacheOptions{}))
+
+				c, pc := e.c, e.pc
 				a, b, cc := promptIDs(0, p), promptIDs(1000, p), promptIDs(2000, p)
 				for _, ids := range [][]int32{a, b} {
 					s, _, err := serve(pc, ids)
@@ -202,8 +208,7 @@ func TestPrefixCacheTakenOverSurvivesFailedBatch(t *testing.T) {
 		t.Run(layout.String(), func(t *testing.T) {
 			x := entryBytes(t, layout, p)
 
-			e, ok := newEnv(t, onFake, layout, blockTokensFor(layout), 256, 3*x, true)
-			require.True(t, ok)
+			e := openEnv(t, onFake, withConfig(kv.Config{MaxTokens: 256, Layout: layout, BlockTokens: blockTokensFor(layout)}), withLimit(3*x), withFaults)
 			pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
 			require.NoError(t, err)
 			for _, ids := range [][]int32{promptIDs(0, p), promptIDs(1000, p)} {
@@ -244,7 +249,8 @@ func TestPrefixCacheConcurrentForks(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
 			const limit = 160 * fakeGranule
-			fx, c, pc := newPrefixCache(t, limit, layout, 128, kv.PrefixCacheOptions{})
+			e := openEnv(t, withLimit(limit), withConfig(kv.Config{MaxTokens: 128, Layout: layout, BlockTokens: blockTokensFor(layout)}), withPrefixCache(kv.PrefixCacheOptions{}))
+			c, pc := e.c, e.pc
 			var ps sharedStream
 			goWorkers(6, func(w int) (err error) {
 				type kept struct {
@@ -297,7 +303,7 @@ func TestPrefixCacheConcurrentForks(t *testing.T) {
 			})(t)
 			st := pc.Stats()
 			assert.Zero(t, st.PinnedBytes, "no live sequence maps the cache")
-			assert.Equal(t, st.CachedBytes, fx.pool.Stats().Owned, "the ledger holds exactly the cache")
+			assert.Equal(t, st.CachedBytes, e.auth.Stats().Owned, "the ledger holds exactly the cache")
 			require.NoError(t, pc.Close())
 			assert.Equal(t, kv.Stats{}, holdings(c))
 		})
@@ -308,7 +314,7 @@ func TestPrefixCacheConcurrentForks(t *testing.T) {
 // layout, measured on a cache of its own with no budget to speak of.
 func entryBytes(t *testing.T, layout kv.Layout, p int) int64 {
 	t.Helper()
-	_, _, probe := newPrefixCache(t, 1<<30, layout, 256, kv.PrefixCacheOptions{})
+	probe := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 256, Layout: layout, BlockTokens: blockTokensFor(layout)}), withPrefixCache(kv.PrefixCacheOptions{})).pc
 	s, _, err := serve(probe, promptIDs(0, p))
 	require.NoError(t, err)
 	require.True(t, s.Close().OK())

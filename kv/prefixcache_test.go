@@ -16,18 +16,6 @@ import (
 	"github.com/vmarena/vmarena/kv"
 )
 
-// newPrefixCache returns a prefix cache over a fake-backed cache under limit; the
-// test's cleanup closes both and checks the ledger.
-func newPrefixCache(t *testing.T, limit int64, layout kv.Layout, maxTokens int, opts kv.PrefixCacheOptions) (*fixture, *kv.Cache, *kv.PrefixCache) {
-	t.Helper()
-	fx := newFixture(t, limit)
-	c := fx.cache(t, layout, maxTokens)
-	pc, err := kv.NewPrefixCache(c, opts)
-	require.NoError(t, err)
-	closeAtCleanup(t, pc)
-	return fx, c, pc
-}
-
 // closeAtCleanup closes pc at the test's cleanup, unless the test closed it (a second
 // Close returns ErrClosed).
 func closeAtCleanup(t *testing.T, pc *kv.PrefixCache) {
@@ -141,7 +129,8 @@ func TestPrefixCacheLongestMatch(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
 			const maxTokens = 96
-			_, c, pc := newPrefixCache(t, 1<<30, layout, maxTokens, kv.PrefixCacheOptions{})
+			e := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: maxTokens, Layout: layout, BlockTokens: blockTokensFor(layout)}), withPrefixCache(kv.PrefixCacheOptions{}))
+			c, pc := e.c, e.pc
 			r := rand.New(rand.NewPCG(7, uint64(layout)))
 			var made [][]int32
 			var queries, hits int64
@@ -189,7 +178,8 @@ func TestPrefixCacheEvictionSparesLiveSequences(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
 			const limit = 256 * fakeGranule
-			fx, c, pc := newPrefixCache(t, limit, layout, 256, kv.PrefixCacheOptions{})
+			e := openEnv(t, withLimit(limit), withConfig(kv.Config{MaxTokens: 256, Layout: layout, BlockTokens: blockTokensFor(layout)}), withPrefixCache(kv.PrefixCacheOptions{}))
+			c, pc := e.c, e.pc
 			var live []*kv.Sequence
 			var prompts [][]int32
 			for i := range 4 {
@@ -220,7 +210,7 @@ func TestPrefixCacheEvictionSparesLiveSequences(t *testing.T) {
 			}
 			big, err := c.NewSequence()
 			require.NoError(t, err)
-			avail := limit - fx.pool.Stats().Owned + before.CachedBytes - before.PinnedBytes
+			avail := limit - e.auth.Stats().Owned + before.CachedBytes - before.PinnedBytes
 			row := int64(tiny8.BytesPerToken())
 			n := int(avail / row)
 			for n > 0 && big.Append(n) != nil {
@@ -234,7 +224,7 @@ func TestPrefixCacheEvictionSparesLiveSequences(t *testing.T) {
 			for i, s := range live {
 				require.NoError(t, checkIDs(s, prompts[i], 0, 30), "a live sequence lost K/V to eviction")
 			}
-			assert.GreaterOrEqual(t, fx.pool.Stats().Owned, liveBytes, "the live sequences' granules are still owned")
+			assert.GreaterOrEqual(t, e.auth.Stats().Owned, liveBytes, "the live sequences' granules are still owned")
 			require.True(t, big.Close().OK())
 			for _, s := range live {
 				require.True(t, s.Close().OK())
@@ -247,7 +237,8 @@ func TestPrefixCacheEvictionSparesLiveSequences(t *testing.T) {
 // recently used first, and a pinned prefix is never evicted, by the cap or by the
 // budget, until its pin is released.
 func TestPrefixCachePinAndCap(t *testing.T) {
-	_, c, pc := newPrefixCache(t, 1<<30, kv.PerLayer, 256, kv.PrefixCacheOptions{MaxBytes: 3 * 2 * int64(tiny8.Layers) * 5 * fakeGranule})
+	e := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 256, Layout: kv.PerLayer}), withPrefixCache(kv.PrefixCacheOptions{MaxBytes: 3 * 2 * int64(tiny8.Layers) * 5 * fakeGranule}))
+	c, pc := e.c, e.pc
 	system := make([]int32, 16) // two granules per range
 	for j := range system {
 		system[j] = int32(9000 + j)
@@ -282,7 +273,8 @@ func TestPrefixCachePinAndCap(t *testing.T) {
 // takes back cached prefixes through the governor's reclaimer.
 func TestPrefixCacheReclaimer(t *testing.T) {
 	const limit = 32 * fakeGranule
-	fx, _, pc := newPrefixCache(t, limit, kv.Blocked, 256, kv.PrefixCacheOptions{})
+	e := openEnv(t, withLimit(limit), withConfig(kv.Config{MaxTokens: 256, Layout: kv.Blocked, BlockTokens: testBlockTokens}), withPrefixCache(kv.PrefixCacheOptions{}))
+	pc := e.pc
 	ids := make([]int32, 36)
 	for j := range ids {
 		ids[j] = int32(j)
@@ -292,10 +284,10 @@ func TestPrefixCacheReclaimer(t *testing.T) {
 	require.True(t, s.Close().OK())
 	cached := pc.Stats().CachedBytes
 	require.Positive(t, cached)
-	other := fx.gov.Authority("other", accounting.HostKey)
+	other := e.gov.Authority("other", accounting.HostKey)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	need := limit - fx.pool.Stats().Owned + cached
+	need := limit - e.auth.Stats().Owned + cached
 	require.NoError(t, other.Acquire(ctx, need), "the waiter is served by evicting the cache")
 	assert.Zero(t, pc.Stats().CachedBytes)
 	other.Release(need)
@@ -314,8 +306,8 @@ func TestPrefixCacheBadInputs(t *testing.T) {
 	assert.ErrorIs(t, err, kv.ErrNoSharing, "a backing that can not share is refused at construction")
 	require.NoError(t, private.Close())
 
-	fx := newFixture(t, 1<<30)
-	c := fx.cache(t, kv.Blocked, 64)
+	e := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 64, Layout: kv.Blocked, BlockTokens: testBlockTokens}))
+	c := e.c
 	_, err = kv.NewPrefixCache(c, kv.PrefixCacheOptions{MaxBytes: -1})
 	assert.ErrorIs(t, err, kv.ErrConfig)
 	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
@@ -324,7 +316,7 @@ func TestPrefixCacheBadInputs(t *testing.T) {
 	assert.ErrorIs(t, err, kv.ErrConfig, "one prefix cache per cache")
 
 	assert.PanicsWithValue(t, kv.PanicNilSequence, func() { _ = pc.Insert(nil, nil) })
-	other := fx.cache(t, kv.Blocked, 64)
+	other := e.cache(t, kv.Config{MaxTokens: 64, Layout: kv.Blocked, BlockTokens: testBlockTokens})
 	foreign, err := other.NewSequence()
 	require.NoError(t, err)
 	assert.ErrorIs(t, pc.Insert(foreign, []int32{1}), kv.ErrConfig)
@@ -345,7 +337,7 @@ func TestPrefixCacheBadInputs(t *testing.T) {
 
 	assert.ErrorContains(t, c.Close(), "PrefixCache", "the cache refuses to close under a live prefix cache")
 	ledgers := func() (names []string) {
-		for _, a := range fx.gov.Stats(accounting.HostKey).Authorities {
+		for _, a := range e.gov.Stats(accounting.HostKey).Authorities {
 			names = append(names, a.Name)
 		}
 		return names
@@ -368,7 +360,8 @@ func TestPrefixCacheConcurrent(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
 			const limit = 160 * fakeGranule
-			fx, c, pc := newPrefixCache(t, limit, layout, 128, kv.PrefixCacheOptions{MaxBytes: 100 * fakeGranule})
+			e := openEnv(t, withLimit(limit), withConfig(kv.Config{MaxTokens: 128, Layout: layout, BlockTokens: blockTokensFor(layout)}), withPrefixCache(kv.PrefixCacheOptions{MaxBytes: 100 * fakeGranule}))
+			c, pc := e.c, e.pc
 			var ps sharedStream
 			goWorkers(8, func(w int) error {
 				r := rand.New(rand.NewPCG(uint64(w), 11))
@@ -402,9 +395,9 @@ func TestPrefixCacheConcurrent(t *testing.T) {
 			st := pc.Stats()
 			assert.LessOrEqual(t, st.CachedBytes, int64(100*fakeGranule))
 			assert.Zero(t, st.PinnedBytes)
-			assert.Equal(t, st.CachedBytes, fx.pool.Stats().Owned, "the ledger holds exactly the cache")
+			assert.Equal(t, st.CachedBytes, e.auth.Stats().Owned, "the ledger holds exactly the cache")
 			require.NoError(t, pc.Close())
-			assert.Zero(t, fx.pool.Stats().Owned)
+			assert.Zero(t, e.auth.Stats().Owned)
 			assert.Equal(t, kv.Stats{}, holdings(c))
 		})
 	}
@@ -449,10 +442,10 @@ func prefixScenario(pc *kv.PrefixCache) (err error) {
 func TestPrefixCacheFaultInjection(t *testing.T) {
 	for _, layout := range layouts {
 		t.Run(layout.String(), func(t *testing.T) {
-			fx, faulty := faultyFixture(t)
+			e := openEnv(t, noCache, withLimit(1<<30), withFaults)
 			row := int64(tiny8.BytesPerToken())
 			run := func() error {
-				c, err := kv.New(faulty, kv.Config{Model: tiny8, MaxTokens: 64, Layout: layout})
+				c, err := e.tryCache(kv.Config{Model: tiny8, MaxTokens: 64, Layout: layout})
 				if err != nil {
 					return err
 				}
@@ -464,9 +457,9 @@ func TestPrefixCacheFaultInjection(t *testing.T) {
 				return errors.Join(err, pc.Close(), c.Close())
 			}
 			require.NoError(t, run())
-			calls := faulty.Calls()
+			calls := e.faults.Calls()
 			require.Greater(t, calls, 20)
-			failed := fx.atEveryCall(t, faulty, calls, run, nil)
+			failed := e.atEveryCall(t, calls, run, nil)
 			assert.Greater(t, failed, calls/2, "most injected faults surface as errors")
 		})
 	}
@@ -478,7 +471,7 @@ func TestPrefixCacheFaultInjection(t *testing.T) {
 // cached prefixes are driver handles mapped into many reservations, and eviction
 // unmaps them; host.Shared maps memfd granules, backingtest.Fake its own.
 func TestPrefixCacheStreamOnEachBacking(t *testing.T) {
-	onEachSharing(t, envSpec{granule: 64 << 10, cfg: kv.Config{MaxTokens: 512}}, func(t *testing.T, e *env) {
+	onEachSharing(t, []envOption{withGranule(64 << 10), withConfig(kv.Config{MaxTokens: 512})}, func(t *testing.T, e *env) {
 		prefixCacheStream(t, e.c, e.c.Config().Layout)
 	})
 }
@@ -518,7 +511,7 @@ func prefixCacheStream(t *testing.T, c *kv.Cache, layout kv.Layout) {
 // TestPrefixCacheInsertFreezes: once inserted, a sequence's whole granules are shared
 // with the cache, so WriteToken refuses them; the tail stays writable.
 func TestPrefixCacheInsertFreezes(t *testing.T) {
-	_, _, pc := newPrefixCache(t, 1<<30, kv.PerLayer, 128, kv.PrefixCacheOptions{})
+	pc := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 128, Layout: kv.PerLayer}), withPrefixCache(kv.PrefixCacheOptions{})).pc
 	ids := promptIDs(0, 20) // two whole granules per range, four tokens past them
 	s, _, err := serve(pc, ids)
 	require.NoError(t, err)
@@ -548,7 +541,8 @@ func TestPrefixCacheInsertFreezes(t *testing.T) {
 // every other byte of the budget; the rest of the cache goes.
 func TestPrefixCachePinSurvivesBudget(t *testing.T) {
 	const limit = 96 * fakeGranule
-	fx, c, pc := newPrefixCache(t, limit, kv.Blocked, 256, kv.PrefixCacheOptions{})
+	e := openEnv(t, withLimit(limit), withConfig(kv.Config{MaxTokens: 256, Layout: kv.Blocked, BlockTokens: testBlockTokens}), withPrefixCache(kv.PrefixCacheOptions{}))
+	c, pc := e.c, e.pc
 	system := promptIDs(5000, 24)
 	s, _, err := serve(pc, append(system, 1))
 	require.NoError(t, err)
@@ -577,7 +571,7 @@ func TestPrefixCachePinSurvivesBudget(t *testing.T) {
 	require.Positive(t, n)
 	st := pc.Stats()
 	assert.Equal(t, pinned, st.CachedBytes, "everything but the pinned prefix was evicted")
-	assert.LessOrEqual(t, fx.pool.Stats().Owned, int64(limit))
+	assert.LessOrEqual(t, e.auth.Stats().Owned, int64(limit))
 	require.True(t, big.Close().OK())
 	q, m, err := pc.Lookup(append(system, 2))
 	require.NoError(t, err)
@@ -591,7 +585,8 @@ func TestPrefixCachePinSurvivesBudget(t *testing.T) {
 // blocks, a hit maps the whole blocks below the match and copies the rest, and
 // eviction gives back whole blocks.
 func TestPrefixCacheCountsBlocks(t *testing.T) {
-	_, c, pc := newPrefixCache(t, 1<<30, kv.Blocked, 64, kv.PrefixCacheOptions{})
+	e := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 64, Layout: kv.Blocked, BlockTokens: testBlockTokens}), withPrefixCache(kv.PrefixCacheOptions{}))
+	c, pc := e.c, e.pc
 	const block = 3 * fakeGranule
 	ids := promptIDs(100, 10)
 	s, m, err := serve(pc, ids) // 10 tokens: 3 blocks, the last holding 2 tokens
@@ -613,7 +608,7 @@ func TestPrefixCacheCountsBlocks(t *testing.T) {
 	assert.Equal(t, int64(3*block), pc.Stats().CachedBytes)
 
 	// A cap of two blocks evicts the third whole: 8 tokens stay cached.
-	_, _, capped := newPrefixCache(t, 1<<30, kv.Blocked, 64, kv.PrefixCacheOptions{MaxBytes: 2 * block})
+	capped := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 64, Layout: kv.Blocked, BlockTokens: testBlockTokens}), withPrefixCache(kv.PrefixCacheOptions{MaxBytes: 2 * block})).pc
 	s, _, err = serve(capped, ids)
 	require.NoError(t, err)
 	cs := capped.Stats()

@@ -3,7 +3,6 @@ package kv_test
 import (
 	"testing"
 
-	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/kvtier/hosttier"
@@ -18,17 +17,8 @@ import (
 // blocks' bytes.
 func BenchmarkPrefixCacheTierLoad(b *testing.B) {
 	g := kv.Llama32_1B()
-	gov := accounting.NewGovernor()
-	pool, err := host.NewShared(host.SharedOptions{Granularity: 2 << 20, Authority: gov.Authority("kv", accounting.HostKey), Populate: true, Name: "kv-bench-tier"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer pool.Close()
-	c, err := kv.New(pool, kv.Config{Model: g, MaxTokens: 4096})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
+	c := openEnv(b, onShared, withGranule(2<<20), withShared(host.SharedOptions{Populate: true}), withName("kv-bench-tier"),
+		withConfig(kv.Config{Model: g, MaxTokens: 4096})).c
 	tier, err := hosttier.New(hosttier.Options{Budget: 256 << 20})
 	if err != nil {
 		b.Fatal(err)

@@ -20,23 +20,14 @@ import (
 	"github.com/vmarena/vmarena/kvtier/tiertest"
 )
 
-// tierBackend is a backing the tier tests run on: host memory the CPU reads, or
-// device memory reached by copies (the CUDA fake), of 64 KiB granules.
+// tierBackend is a backing the tier tests run on (an env of 64 KiB granules): host
+// memory the CPU reads, or device memory reached by copies (the CUDA fake).
 type tierBackend struct {
 	name string
-	kind int // envSpec.kind
+	kind backingKind
 }
 
 var tierBackends = []tierBackend{{"host.Shared", onShared}, {"cuda fake", onCUDA}}
-
-// make returns a cache of maxTokens tiny8 tokens on a fresh env of be's backing,
-// whose ledger the test's cleanup checks.
-func (be tierBackend) make(t *testing.T, maxTokens int) *kv.Cache {
-	t.Helper()
-	e, err := openEnv(t, envSpec{kind: be.kind, granule: 64 << 10, cfg: kv.Config{MaxTokens: maxTokens}})
-	require.NoError(t, err)
-	return e.c
-}
 
 // tierKinds makes the tiers the tests read back from.
 var tierKinds = []struct {
@@ -82,7 +73,7 @@ func TestPrefixCacheTierReadBack(t *testing.T) {
 	for _, be := range tierBackends {
 		for _, tk := range tierKinds {
 			t.Run(be.name+"/"+tk.name, func(t *testing.T) {
-				c := be.make(t, 512)
+				c := openEnv(t, be.kind, withGranule(64<<10), withConfig(kv.Config{MaxTokens: 512})).c
 				tier := tk.make(t)
 				pc := newTierCache(t, c, tier)
 				s, err := c.NewSequence()
@@ -131,7 +122,7 @@ func TestPrefixCacheTierReadBack(t *testing.T) {
 func TestPrefixCacheTierPartialHit(t *testing.T) {
 	for _, extra := range []int{0, 3} {
 		t.Run(fmt.Sprintf("shared+%d", extra), func(t *testing.T) {
-			c := tierBackends[0].make(t, 512)
+			c := openEnv(t, onShared, withGranule(64<<10), withConfig(kv.Config{MaxTokens: 512})).c
 			tier := tiertest.NewMap(4 << 20)
 			pc := newTierCache(t, c, tier)
 			s, err := c.NewSequence()
@@ -201,8 +192,7 @@ func TestPrefixCacheTierCorrupt(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var rec logrec.Recorder
-			e, err := openEnv(t, envSpec{kind: onShared, granule: 64 << 10, cfg: kv.Config{MaxTokens: 512, Logger: rec.Logger()}})
-			require.NoError(t, err)
+			e := openEnv(t, onShared, withGranule(64<<10), withConfig(kv.Config{MaxTokens: 512, Logger: rec.Logger()}))
 			c := e.c
 			m := tiertest.NewMap(4 << 20)
 			pc := newTierCache(t, c, corrupt{m, tc.damage})
@@ -236,7 +226,7 @@ func TestPrefixCacheTierCorrupt(t *testing.T) {
 	t.Run("namespace", func(t *testing.T) {
 		// Another user prefix is another namespace: a value made under it and handed
 		// out under this cache's key fails its check.
-		c := tierBackends[0].make(t, 512)
+		c := openEnv(t, onShared, withGranule(64<<10), withConfig(kv.Config{MaxTokens: 512})).c
 		m := tiertest.NewMap(4 << 20)
 		pcA, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Tiers: []kv.Tier{m}, TierPrefix: "a"})
 		require.NoError(t, err)
@@ -261,9 +251,8 @@ func TestPrefixCacheTierCorrupt(t *testing.T) {
 		// heads, twice the head dim): its value would fit this cache's block, and is
 		// refused by its namespace.
 		other := kv.Uniform(tiny8.Name, tiny8.Layers, tiny8.Groups[0].KVHeads/2, 2*tiny8.Groups[0].HeadDim, tiny8.Groups[0].DType)
-		eA, err := openEnv(t, envSpec{kind: onShared, granule: 64 << 10, cfg: kv.Config{Model: other, MaxTokens: 512}})
-		require.NoError(t, err)
-		c := tierBackends[0].make(t, 512)
+		eA := openEnv(t, onShared, withGranule(64<<10), withConfig(kv.Config{Model: other, MaxTokens: 512}))
+		c := openEnv(t, onShared, withGranule(64<<10), withConfig(kv.Config{MaxTokens: 512})).c
 		m := tiertest.NewMap(4 << 20)
 		pcA, err := kv.NewPrefixCache(eA.c, kv.PrefixCacheOptions{Tiers: []kv.Tier{m}})
 		require.NoError(t, err)
@@ -306,7 +295,7 @@ func (f foreign) Load(ctx context.Context, key tierval.Key, use func([]byte) err
 // TestPrefixCacheTierFailing: a tier that fails every call never fails a lookup or an
 // eviction; its failures are counted drops.
 func TestPrefixCacheTierFailing(t *testing.T) {
-	c := tierBackends[0].make(t, 512)
+	c := openEnv(t, onShared, withGranule(64<<10), withConfig(kv.Config{MaxTokens: 512})).c
 	pc := newTierCache(t, c, failing{tiertest.NewMap(0)})
 	s, err := c.NewSequence()
 	require.NoError(t, err)
@@ -337,7 +326,7 @@ func (stalled) Load(ctx context.Context, _ tierval.Key, _ func([]byte) error) er
 // TestPrefixCacheTierWait: a tier that does not answer holds a lookup up to TierWait,
 // then the lookup goes on with what it has, the stall counted as a drop.
 func TestPrefixCacheTierWait(t *testing.T) {
-	c := tierBackends[0].make(t, 512)
+	c := openEnv(t, onShared, withGranule(64<<10), withConfig(kv.Config{MaxTokens: 512})).c
 	m := tiertest.NewMap(4 << 20)
 	s, err := c.NewSequence()
 	require.NoError(t, err)
@@ -368,7 +357,7 @@ func TestPrefixCacheTierWait(t *testing.T) {
 
 // TestPrefixCacheTierOptions: bad tier options are refused with ErrConfig.
 func TestPrefixCacheTierOptions(t *testing.T) {
-	c := tierBackends[0].make(t, 512)
+	c := openEnv(t, onShared, withGranule(64<<10), withConfig(kv.Config{MaxTokens: 512})).c
 	for _, o := range []kv.PrefixCacheOptions{
 		{Tiers: []kv.Tier{nil}},
 		{Tiers: []kv.Tier{tiertest.NewMap(0)}, TierStores: -1},
@@ -381,10 +370,8 @@ func TestPrefixCacheTierOptions(t *testing.T) {
 	}
 	gov := accounting.NewGovernor()
 	auth := gov.Authority("pool", accounting.HostKey)
-	pl, err := kv.New(sharedPool(t, auth, "kv-pc-tier-pl"), kv.Config{Model: tiny8, MaxTokens: 64, Layout: kv.PerLayer})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, pl.Close()) })
-	_, err = kv.NewPrefixCache(pl, kv.PrefixCacheOptions{Tiers: []kv.Tier{tiertest.NewMap(0)}})
+	pl := openEnv(t, onShared, withGranule(64<<10), withAuthority(auth), withName("kv-pc-tier-pl"), withConfig(kv.Config{Model: tiny8, MaxTokens: 64, Layout: kv.PerLayer})).c
+	_, err := kv.NewPrefixCache(pl, kv.PrefixCacheOptions{Tiers: []kv.Tier{tiertest.NewMap(0)}})
 	assert.ErrorIs(t, err, kv.ErrConfig, "PerLayer has no contiguous block")
 }
 
@@ -394,7 +381,7 @@ func TestPrefixCacheTierOptions(t *testing.T) {
 func TestPrefixCacheTierConcurrent(t *testing.T) {
 	for _, be := range tierBackends {
 		t.Run(be.name, func(t *testing.T) {
-			c := be.make(t, 512)
+			c := openEnv(t, be.kind, withGranule(64<<10), withConfig(kv.Config{MaxTokens: 512})).c
 			tier := tiertest.NewMap(4 << 20)
 			s, err := c.NewSequence()
 			require.NoError(t, err)
@@ -433,7 +420,7 @@ func (g gated) Store(ctx context.Context, key tierval.Key, size int, fill func([
 // tier's store still waits, and Close waits for the store before the entry's ranges
 // close (the ledger balances at the end).
 func TestPrefixCacheTierCapInBackground(t *testing.T) {
-	c := tierBackends[0].make(t, 512)
+	c := openEnv(t, onShared, withGranule(64<<10), withConfig(kv.Config{MaxTokens: 512})).c
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	tpb, blk := s.BlockTokens(), s.BlockStride()

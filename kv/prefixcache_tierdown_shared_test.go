@@ -69,7 +69,7 @@ func eachBackendAndTier(t *testing.T, f func(t *testing.T, c *kv.Cache, tier kv.
 	for _, be := range tierBackends {
 		for _, tk := range tierKinds {
 			t.Run(be.name+"/"+tk.name, func(t *testing.T) {
-				f(t, be.make(t, 512), tk.make(t))
+				f(t, openEnv(t, be.kind, withGranule(64<<10), withConfig(kv.Config{MaxTokens: 512})).c, tk.make(t))
 			})
 		}
 	}
@@ -184,11 +184,10 @@ func TestPrefixCacheTierTakenOver(t *testing.T) {
 		make func(t *testing.T, limit int64) *kv.Cache
 	}{
 		{"host.Shared", func(t *testing.T, limit int64) *kv.Cache {
-			return openHost(t, envSpec{limit: limit, cfg: kv.Config{Model: tiny8, MaxTokens: 512}}).c
+			return openEnv(t, onShared, withGranule(64<<10), withLimit(limit), withConfig(kv.Config{Model: tiny8, MaxTokens: 512})).c
 		}},
 		{"cuda fake", func(t *testing.T, limit int64) *kv.Cache {
-			e, err := openEnv(t, envSpec{kind: onCUDA, granule: 64 << 10, limit: limit, cfg: kv.Config{Model: tiny8, MaxTokens: 512, Layout: kv.Blocked}})
-			require.NoError(t, err)
+			e := openEnv(t, onCUDA, withGranule(64<<10), withLimit(limit), withConfig(kv.Config{Model: tiny8, MaxTokens: 512, Layout: kv.Blocked}))
 			return e.c
 		}},
 	} {
@@ -263,7 +262,7 @@ func TestPrefixCacheTierClose(t *testing.T) {
 func TestPrefixCacheTierCloseBounded(t *testing.T) {
 	for _, be := range tierBackends {
 		t.Run(be.name, func(t *testing.T) {
-			c := be.make(t, 512)
+			c := openEnv(t, be.kind, withGranule(64<<10), withConfig(kv.Config{MaxTokens: 512})).c
 			tpb, _ := blockTokens(t, c)
 			pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{
 				Tiers: []kv.Tier{stalledStores{tiertest.NewMap(4 << 20)}}, TierWait: 10 * time.Millisecond,
@@ -328,7 +327,7 @@ func TestPrefixCacheTierWriteThrough(t *testing.T) {
 func TestPrefixCacheTierMinHits(t *testing.T) {
 	for _, through := range []bool{false, true} {
 		t.Run(fmt.Sprintf("through=%v", through), func(t *testing.T) {
-			c := tierBackends[0].make(t, 512)
+			c := openEnv(t, onShared, withGranule(64<<10), withConfig(kv.Config{MaxTokens: 512})).c
 			tier := tiertest.NewMap(4 << 20)
 			tpb, _ := blockTokens(t, c)
 			pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{
@@ -373,7 +372,7 @@ func TestPrefixCacheTierMinHits(t *testing.T) {
 // TestPrefixCacheTierPolicyOptions: bad write-through and threshold options are
 // refused with ErrConfig, and the defaults are write-back only, every block.
 func TestPrefixCacheTierPolicyOptions(t *testing.T) {
-	c := tierBackends[0].make(t, 512)
+	c := openEnv(t, onShared, withGranule(64<<10), withConfig(kv.Config{MaxTokens: 512})).c
 	for _, o := range []kv.PrefixCacheOptions{
 		{Tiers: []kv.Tier{tiertest.NewMap(0)}, TierMinHits: -1},
 		{TierMinHits: 2},         // no tier to store into
@@ -401,7 +400,7 @@ func TestPrefixCacheTierConcurrentDown(t *testing.T) {
 	for _, be := range tierBackends {
 		for _, through := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/through=%v", be.name, through), func(t *testing.T) {
-				c := be.make(t, 512)
+				c := openEnv(t, be.kind, withGranule(64<<10), withConfig(kv.Config{MaxTokens: 512})).c
 				tpb, blk := blockTokens(t, c)
 				gov := accounting.NewGovernor()
 				hostAuth := gov.Authority("host tier", accounting.DeviceKey{Tier: accounting.HostTier})
@@ -501,15 +500,12 @@ func tierWorkers(t *testing.T, pc *kv.PrefixCache, prompts [][]int32, rounds int
 // TestPrefixCacheTierHolderFails: when the granules of blocks a shortened leaf cuts
 // off can not be mapped for their copy (a backing fault), those blocks are counted
 // drops, the shrink goes on, the kept blocks still serve lookups, and the ledger
-// balances (the fixture's cleanup).
+// balances (the env's cleanup).
 func TestPrefixCacheTierHolderFails(t *testing.T) {
 	for _, op := range []backingtest.Op{backingtest.OpReserve, backingtest.OpShare} {
 		t.Run(op.String(), func(t *testing.T) {
-			fx := newFixture(t, 1<<30)
-			faulty := backingtest.NewFaulty[*backingtest.FakeReservation](fx.fake)
-			c, err := kv.New(faulty, kv.Config{Model: tiny8, MaxTokens: 512, Layout: kv.Blocked})
-			require.NoError(t, err)
-			t.Cleanup(func() { assert.NoError(t, c.Close()) })
+			e := openEnv(t, withLimit(1<<30), withFaults, withConfig(kv.Config{MaxTokens: 512, Layout: kv.Blocked}))
+			c, faulty := e.c, e.faults
 			tier := tiertest.NewMap(4 << 20)
 			pc := newTierCache(t, c, tier)
 			tpb, _ := blockTokens(t, c)
@@ -517,7 +513,7 @@ func TestPrefixCacheTierHolderFails(t *testing.T) {
 			live, _ := liveHit(t, pc, ids, 2*tpb)
 			drops := pc.Stats().Tiers[0].Drops
 			faulty.FailOp(op, 1, errInjectedTier)
-			_, err = pc.Evict(1 << 40)
+			_, err := pc.Evict(1 << 40)
 			require.NoError(t, err)
 			faulty.Reset()
 			assert.EqualValues(t, 2*tpb, pc.Stats().CachedTokens, "shortened all the same")

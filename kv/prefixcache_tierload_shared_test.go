@@ -29,14 +29,11 @@ import (
 // before and after.
 func TestPrefixCacheTierLoadFits(t *testing.T) {
 	const gran = 64 << 10
-	for _, kind := range []int{onShared, onCUDA} {
+	for _, kind := range []backingKind{onShared, onCUDA} {
 		for _, cached := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/cached=%v", backingNames[kind], cached), func(t *testing.T) {
 				// Five granules: the prompt (four blocks and a tail) fits alone.
-				e, err := openEnv(t, envSpec{kind: kind, granule: gran, limit: 5 * gran, cfg: kv.Config{MaxTokens: 512, Layout: kv.Blocked, BlockTokens: 1}})
-				if err != nil {
-					t.Skip(err)
-				}
+				e := openEnv(t, kind, withGranule(gran), withLimit(5*gran), withConfig(kv.Config{MaxTokens: 512, Layout: kv.Blocked, BlockTokens: 1}))
 				c := e.c
 				tpb, blk := blockTokens(t, c)
 				require.Equal(t, gran, blk, "a block is one granule")
@@ -133,14 +130,12 @@ func (w *wtGate) waited() bool { return w.waits.Load() > 0 }
 // writeThroughCache opens a Blocked cache of four granules on kind with a
 // write-through PrefixCache over one gated tier, whose stores wait at the gate w (a
 // failure opens it before closing the cache).
-func writeThroughCache(t *testing.T, kind, gran int) (e *env, g gated, pc *kv.PrefixCache, w *wtGate) {
+func writeThroughCache(t *testing.T, kind backingKind, gran int) (e *env, g gated, pc *kv.PrefixCache, w *wtGate) {
 	t.Helper()
-	e, err := openEnv(t, envSpec{kind: kind, granule: gran, limit: 4 * int64(gran), cfg: kv.Config{MaxTokens: 512, Layout: kv.Blocked, BlockTokens: 1}})
-	if err != nil {
-		t.Skip(err)
-	}
+	e = openEnv(t, kind, withGranule(gran), withLimit(4*int64(gran)), withConfig(kv.Config{MaxTokens: 512, Layout: kv.Blocked, BlockTokens: 1}))
 	w = &wtGate{ch: make(chan struct{})}
 	g = gated{tiertest.NewMap(4 << 20), w.ch}
+	var err error
 	pc, err = kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{Tiers: []kv.Tier{g}, TierWait: time.Minute, TierWriteThrough: true})
 	require.NoError(t, err)
 	pc.OnStoringWait(func() { w.waits.Add(1); w.open() })
@@ -154,7 +149,7 @@ func writeThroughCache(t *testing.T, kind, gran int) (e *env, g gated, pc *kv.Pr
 // (the env's cleanup).
 func TestPrefixCacheTierWriteThroughWaiter(t *testing.T) {
 	const gran = 64 << 10
-	for _, kind := range []int{onShared, onCUDA} {
+	for _, kind := range []backingKind{onShared, onCUDA} {
 		t.Run(backingNames[kind], func(t *testing.T) {
 			e, g, pc, w := writeThroughCache(t, kind, gran)
 			c := e.c
@@ -190,7 +185,7 @@ func TestPrefixCacheTierWriteThroughWaiter(t *testing.T) {
 // once, the tokens read back, and the ledger balances (the env's cleanup).
 func TestPrefixCacheTierWriteThroughGrowth(t *testing.T) {
 	const gran = 64 << 10
-	for _, kind := range []int{onShared, onCUDA} {
+	for _, kind := range []backingKind{onShared, onCUDA} {
 		t.Run(backingNames[kind], func(t *testing.T) {
 			e, g, pc, w := writeThroughCache(t, kind, gran)
 			c := e.c
@@ -294,7 +289,7 @@ func (g *loadGate) Contains(ctx context.Context, keys []tierval.Key) (int, error
 // gate and closes the cache.
 func loadGateCache(t *testing.T, slots int, wait time.Duration) (*kv.Cache, *loadGate, *kv.PrefixCache, func(), *atomic.Int32) {
 	t.Helper()
-	c := tierBackends[0].make(t, 512)
+	c := openEnv(t, onShared, withGranule(64<<10), withConfig(kv.Config{MaxTokens: 512})).c
 	g := &loadGate{Map: tiertest.NewMap(4 << 20), open: make(chan struct{})}
 	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Tiers: []kv.Tier{g}, TierPrefix: t.Name(), TierWait: wait, TierLoads: slots})
 	require.NoError(t, err)

@@ -44,7 +44,7 @@ func (h *slowStores) Store(ctx context.Context, key tierval.Key, size int, fill 
 func TestPrefixCacheTierThroughQueue(t *testing.T) {
 	for _, stores := range []int{1, kv.DefaultTierStores} {
 		t.Run(map[int]string{1: "stores=1", kv.DefaultTierStores: "stores=default"}[stores], func(t *testing.T) {
-			c := tierBackends[0].make(t, 512)
+			c := openEnv(t, onShared, withGranule(64<<10), withConfig(kv.Config{MaxTokens: 512})).c
 			tpb, _ := blockTokens(t, c)
 			h := &slowStores{Map: tiertest.NewMap(4 << 20), open: make(chan struct{})}
 			opts := kv.PrefixCacheOptions{Tiers: []kv.Tier{h}, TierWait: time.Minute, TierWriteThrough: true}

@@ -21,7 +21,7 @@ func TestOriginWriteFaultsOnShared(t *testing.T) {
 	for _, layout := range layouts {
 		for _, op := range []string{"Fork", "ForkAt", "Freeze"} {
 			t.Run(layout.String()+"/"+op, func(t *testing.T) {
-				c := openHost(t, envSpec{name: "kv-protect", cfg: kv.Config{MaxTokens: 1024, Layout: layout}}).c
+				c := openEnv(t, onShared, withGranule(64<<10), withName("kv-protect"), withConfig(kv.Config{MaxTokens: 1024, Layout: layout})).c
 				s, err := c.NewSequence()
 				require.NoError(t, err)
 				require.NoError(t, s.Append(300))

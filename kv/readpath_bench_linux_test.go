@@ -60,11 +60,6 @@ func BenchmarkReadLayer(b *testing.B) {
 		if huge {
 			pages = "huge"
 		}
-		newMem := func(b *testing.B) *host.Private {
-			p, err := host.NewPrivate(host.PrivateOptions{Granularity: granule, Populate: true, NoHugePages: !huge, AlwaysHugePages: huge})
-			require.NoError(b, err)
-			return p
-		}
 		// region maps n bytes of populated anonymous memory, 2 MiB-aligned, with the
 		// same pages as the backing (the layouts kv does not have, and the floor).
 		region := func(b *testing.B, n int) []byte {
@@ -82,10 +77,9 @@ func BenchmarkReadLayer(b *testing.B) {
 			return mem
 		}
 		cache := func(b *testing.B, layout kv.Layout, blockTokens int) []*kv.Sequence {
-			gov := accounting.NewGovernor()
-			c, err := kv.New(newMem(b), kv.Config{Model: g, MaxTokens: tokens, Layout: layout, BlockTokens: blockTokens,
-				Authority: gov.Authority("kv", accounting.HostKey)})
-			require.NoError(b, err)
+			e := openEnv(b, onPrivate, withGranule(granule), withPrivate(host.PrivateOptions{Populate: true, NoHugePages: !huge, AlwaysHugePages: huge}),
+				withConfig(kv.Config{Model: g, MaxTokens: tokens, Layout: layout, BlockTokens: blockTokens}))
+			c, gov := e.c, e.gov
 			qs := make([]*kv.Sequence, 0, seqs)
 			b.Cleanup(func() {
 				for _, q := range qs {

@@ -17,15 +17,15 @@ import (
 // vmarena_governor_refusals_total and vmarena_kv_refusals_total agree where the cache
 // is the device's only taker.
 func TestRefusalsReachTheGovernor(t *testing.T) {
-	fx := newFixture(t, 2*perTensorGranule)
-	c := fx.cache(t, kv.PerLayer, 64)
+	e := openEnv(t, withLimit(2*perTensorGranule), withConfig(kv.Config{MaxTokens: 64, Layout: kv.PerLayer}))
+	c := e.c
 	seqs := newSeqs(t, c, 2)
 	require.NoError(t, c.AppendBatch([]kv.Growth{{seqs[0], 8}, {seqs[1], 8}}))
 	require.ErrorIs(t, seqs[0].Append(1), accounting.ErrBudgetExceeded)
 	require.ErrorIs(t, c.AppendBatch([]kv.Growth{{seqs[0], 1}, {seqs[1], 1}}), accounting.ErrBudgetExceeded)
 	require.ErrorIs(t, seqs[0].Append(64-8), accounting.ErrExceedsLimit)
 	assert.Equal(t, int64(3), c.Stats().Refusals)
-	assert.Equal(t, c.Stats().Refusals, fx.gov.Stats(accounting.HostKey).Counters.Refusals,
+	assert.Equal(t, c.Stats().Refusals, e.gov.Stats(accounting.HostKey).Counters.Refusals,
 		"the governor counts what the cache refused")
 	closeAll(t, seqs...)
 }
@@ -35,8 +35,7 @@ func TestRefusalsReachTheGovernor(t *testing.T) {
 // other refusal, and still matches ErrExceedsLimit (waiting can not help).
 func TestExceedsLimitRequestedIsNeed(t *testing.T) {
 	const limit = 24 * envGranule
-	e, ok := newEnv(t, onCUDA, kv.PerLayer, 0, 512, limit, false)
-	require.True(t, ok)
+	e := openEnv(t, onCUDA, pooled, withConfig(kv.Config{MaxTokens: 512, Layout: kv.PerLayer}), withLimit(limit))
 	defer e.finish(t)
 	warm, err := e.c.NewSequence()
 	require.NoError(t, err)
@@ -68,8 +67,7 @@ func TestExceedsLimitRequestedIsNeed(t *testing.T) {
 func TestFailedStepKeepsRangesAlike(t *testing.T) {
 	const p = 64
 	x := entryBytes(t, kv.PerLayer, p)
-	e, ok := newEnv(t, onFake, kv.PerLayer, 0, 512, 2*x+x/2, true)
-	require.True(t, ok)
+	e := openEnv(t, onFake, withConfig(kv.Config{MaxTokens: 512, Layout: kv.PerLayer}), withLimit(2*x+x/2), withFaults)
 	defer e.finish(t)
 	pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
 	require.NoError(t, err)

@@ -41,10 +41,7 @@ func TestStartedReportsMatchLedger(t *testing.T) {
 				// NB: sequences as long as three granules of a PerLayer tensor (tiny8's
 				// TokenBytes), so that there are full granules to share on any granule.
 				maxTokens := max(48, 3*g/tiny8.Groups[0].TokenBytes())
-				e, ok := newEnv(t, kind, layout, blockTokensFor(layout), maxTokens, 0, false)
-				if !ok {
-					t.Skipf("%s does not exist on this system", sharingNames[kind])
-				}
+				e := openEnv(t, kind, pooled, withConfig(kv.Config{MaxTokens: maxTokens, Layout: layout, BlockTokens: blockTokensFor(layout)}))
 				pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
 				require.NoError(t, err)
 				e.onFail(func() { _ = pc.Close() })
@@ -170,10 +167,7 @@ func TestPrefixAccessors(t *testing.T) {
 	for kind := range sharingBackings {
 		for _, layout := range layouts {
 			t.Run(fmt.Sprintf("%s/%v", sharingNames[kind], layout), func(t *testing.T) {
-				e, ok := newEnv(t, kind, layout, blockTokensFor(layout), 64, 0, false)
-				if !ok {
-					t.Skipf("%s does not exist on this system", sharingNames[kind])
-				}
+				e := openEnv(t, kind, pooled, withConfig(kv.Config{MaxTokens: 64, Layout: layout, BlockTokens: blockTokensFor(layout)}))
 				g := envGranuleOf(kind)
 				cfg := kv.Config{Model: tiny8, MaxTokens: 64, Layout: layout, BlockTokens: blockTokensFor(layout)}
 				ml := modelOf(cfg, g)
@@ -254,8 +248,7 @@ func TestPrefixAccessors(t *testing.T) {
 // TestPrefixRequestedOnModel: a prefix of a cache of a one-group model counts the
 // model's bytes per token.
 func TestPrefixRequestedOnModel(t *testing.T) {
-	e, err := openEnv(t, envSpec{kind: onFake, cfg: kv.Config{Model: tiny8, MaxTokens: 64}})
-	require.NoError(t, err)
+	e := openEnv(t, onFake, withConfig(kv.Config{Model: tiny8, MaxTokens: 64}))
 	s, err := e.c.NewSequence()
 	require.NoError(t, err)
 	defer s.Close()

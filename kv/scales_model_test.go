@@ -38,15 +38,14 @@ func TestScalesOnModel(t *testing.T) {
 	want := func(layer int, kind kv.Kind, h int) float32 {
 		return float32(layer*10+int(kind)) + float32(h)/8 + 0.5
 	}
-	for _, kind := range []int{onFake, onShared} {
+	for _, kind := range []backingKind{onFake, onShared} {
 		t.Run(backingNames[kind], func(t *testing.T) {
-			e, err := openEnv(t, envSpec{kind: kind, cfg: kv.Config{Model: fp8Hybrid, MaxTokens: 64}})
-			require.NoError(t, err)
+			e := openEnv(t, kind, withConfig(kv.Config{Model: fp8Hybrid, MaxTokens: 64}))
 			c := e.c
 			e.books(t, "scales committed")
 			assert.Equal(t, int64(c.Granularity()), e.auth.Stats().Owned, "one granule holds every group's scales")
 
-			_, err = c.Scales()
+			_, err := c.Scales()
 			assert.ErrorIs(t, err, kv.ErrScale, "a model of many groups has scales per group")
 			shapes := map[int][]int{0: {2, 2, 2}, 2: {1, 1, 1}, 4: {1, 2, 1}}
 			var ptrs [5]uintptr
@@ -146,8 +145,7 @@ func TestScalesOnModel(t *testing.T) {
 // gives them.
 func TestScalesOnOneGroupModel(t *testing.T) {
 	g := withScales(fp8Tiny, kv.ScalePerHead)
-	e, err := openEnv(t, envSpec{kind: onFake, cfg: kv.Config{Model: g, MaxTokens: 64}})
-	require.NoError(t, err)
+	e := openEnv(t, onFake, withConfig(kv.Config{Model: g, MaxTokens: 64}))
 	v, err := e.c.Scales()
 	require.NoError(t, err)
 	assert.Equal(t, []int{g.Layers, 2, g.Groups[0].KVHeads}, v.Shape())

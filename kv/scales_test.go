@@ -26,11 +26,11 @@ func TestScalesOnDevice(t *testing.T) {
 		{kv.ScalePerHead, fp8Tiny.Groups[0].KVHeads},
 	} {
 		t.Run(tt.mode.String(), func(t *testing.T) {
-			fx := newFixture(t, 1<<30)
+			e := openEnv(t, noCache, withLimit(1<<30))
 			g := withScales(fp8Tiny, tt.mode)
-			c, err := kv.New(fx.fake, kv.Config{Model: g, MaxTokens: 64})
+			c, err := e.tryCache(kv.Config{Model: g, MaxTokens: 64})
 			require.NoError(t, err)
-			assert.Equal(t, int64(fakeGranule), fx.pool.Stats().Owned, "one granule holds the scales")
+			assert.Equal(t, int64(fakeGranule), e.auth.Stats().Owned, "one granule holds the scales")
 			v, err := c.Scales()
 			require.NoError(t, err)
 			assert.Equal(t, []int{g.Layers, 2, tt.per}, v.Shape())
@@ -97,7 +97,7 @@ func TestScalesOnDevice(t *testing.T) {
 			assert.Equal(t, want(0, kv.K, 0), got[0], "unchanged")
 
 			require.NoError(t, c.Close())
-			assert.Zero(t, fx.pool.Stats().Owned, "Close gives the scales back")
+			assert.Zero(t, e.auth.Stats().Owned, "Close gives the scales back")
 			_, err = c.Scales()
 			assert.ErrorIs(t, err, kv.ErrClosed)
 			assert.ErrorIs(t, c.SetScales(0, kv.K, src), kv.ErrClosed)
@@ -123,8 +123,8 @@ func TestScalesRefused(t *testing.T) {
 	} {
 		err := g.Validate(0)
 		assert.ErrorIs(t, err, kv.ErrModel, "%+v", g)
-		fx := newFixture(t, 1<<30)
-		_, err = kv.New(fx.fake, kv.Config{Model: g, MaxTokens: 8})
+		e := openEnv(t, noCache, withLimit(1<<30))
+		_, err = kv.New(e.fake, kv.Config{Model: g, MaxTokens: 8})
 		assert.ErrorIs(t, err, kv.ErrModel)
 	}
 	g := withScales(fp8Tiny, kv.ScalePerTensor)
@@ -135,10 +135,10 @@ func TestScalesRefused(t *testing.T) {
 	assert.Equal(t, "none", kv.NoScales.String())
 
 	// A cache without scales has none to give.
-	fx := newFixture(t, 1<<30)
-	c, err := kv.New(fx.fake, kv.Config{Model: fp8Tiny, MaxTokens: 8})
+	e := openEnv(t, noCache, withLimit(1<<30))
+	c, err := e.tryCache(kv.Config{Model: fp8Tiny, MaxTokens: 8})
 	require.NoError(t, err)
-	assert.Zero(t, fx.pool.Stats().Owned, "no scales, no memory")
+	assert.Zero(t, e.auth.Stats().Owned, "no scales, no memory")
 	_, err = c.Scales()
 	assert.ErrorIs(t, err, kv.ErrScale)
 	assert.ErrorIs(t, c.SetScales(0, kv.K, []float32{1}), kv.ErrScale)
@@ -146,17 +146,16 @@ func TestScalesRefused(t *testing.T) {
 	require.NoError(t, c.Close())
 
 	// A backing that fails to write the first scales: New fails and holds nothing.
-	fx = newFixture(t, 1<<30)
-	f := backingtest.NewFaulty(fx.fake)
+	e = openEnv(t, noCache, withLimit(1<<30), withFaults)
 	boom := errors.New("boom")
-	f.FailOp(backingtest.OpCopyIn, 1, boom)
-	_, err = kv.New(f, kv.Config{Model: g, MaxTokens: 8})
+	e.faults.FailOp(backingtest.OpCopyIn, 1, boom)
+	_, err = e.tryCache(kv.Config{Model: g, MaxTokens: 8})
 	assert.ErrorIs(t, err, boom)
-	assert.Zero(t, fx.pool.Stats().Owned)
-	assert.Zero(t, fx.fake.LiveReservations())
+	assert.Zero(t, e.auth.Stats().Owned)
+	assert.Zero(t, e.fake.LiveReservations())
 	// And one that can not commit them.
-	fx = newFixture(t, 1<<12-1)
-	_, err = kv.New(fx.fake, kv.Config{Model: g, MaxTokens: 8})
+	e = openEnv(t, noCache, withLimit(1<<12-1))
+	_, err = e.tryCache(kv.Config{Model: g, MaxTokens: 8})
 	assert.Error(t, err)
-	assert.Zero(t, fx.fake.LiveReservations())
+	assert.Zero(t, e.fake.LiveReservations())
 }

@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing/cuda"
 	"github.com/vmarena/vmarena/backing/host"
@@ -29,37 +28,15 @@ var blockGranule = func() int64 {
 // granule.
 var oneBlock = kv.Uniform("one-block", 1, int(blockGranule/4096), 64, arena.Float16)
 
-// shareBudgetEnv is a Blocked cache of oneBlock tokens (16 a granule of blockGranule) on one of
-// the backings that share, under a limit of limit bytes, with the governor's ledger
-// and device key. The caller MUST call the returned close.
-type shareBudgetEnv struct {
+// shareBudgetBackings are the backings that share, as options of an env of a
+// pool of up to 16 idle granules.
+var shareBudgetBackings = []struct {
 	name string
-	opts host.SharedOptions // for host.Shared
-	cuda bool
-}
-
-func (e shareBudgetEnv) open(t *testing.T, limit int64) (*kv.Cache, *accounting.Governor, accounting.DeviceKey, func()) {
-	t.Helper()
-	sp := envSpec{kind: onShared, cfg: kv.Config{Model: oneBlock, MaxTokens: 1024, Layout: kv.Blocked, BlockTokens: 16},
-		granule: int(blockGranule), limit: limit, shared: e.opts, cuda: cuda.Options{High: 16}}
-	sp.shared.High = 16
-	if e.cuda {
-		sp.kind = onCUDA
-	}
-	env, err := openEnv(t, sp)
-	if err != nil {
-		t.Skipf("%s: %v", e.name, err)
-	}
-	if env.shared != nil && !e.opts.NoPrivateGranules && !env.shared.Stats().PrivateGranules {
-		t.Skipf("no private granules here: %s", env.shared.Stats().NoPrivateGranules)
-	}
-	return env.c, env.gov, env.auth.Device(), func() { env.finish(t) }
-}
-
-var shareBudgetEnvs = []shareBudgetEnv{
-	{name: "host.Shared/private"},
-	{name: "host.Shared/NoPrivateGranules", opts: host.SharedOptions{NoPrivateGranules: true}},
-	{name: "cuda", cuda: true},
+	opts []envOption
+}{
+	{"host.Shared/private", []envOption{onShared, withShared(host.SharedOptions{High: 16})}},
+	{"host.Shared/NoPrivateGranules", []envOption{onShared, withShared(host.SharedOptions{High: 16, NoPrivateGranules: true})}},
+	{"cuda", []envOption{onCUDA, withCUDA(cuda.Options{High: 16})}},
 }
 
 // TestShareWholeGranulesTakesNoNetMemory checks that a fork, a freeze and a prefix
@@ -108,13 +85,17 @@ func TestShareWholeGranulesTakesNoNetMemory(t *testing.T) {
 			return err
 		}},
 	}
-	for _, e := range shareBudgetEnvs {
+	for _, be := range shareBudgetBackings {
 		for _, op := range ops {
 			// 4 whole granules written, one granule of the limit free, or room.
 			for _, free := range []int64{1, 60} {
-				t.Run(fmt.Sprintf("%s/%s/free=%d", e.name, op.name, free), func(t *testing.T) {
-					c, gov, key, done := e.open(t, (4+free)*granule)
-					defer done()
+				t.Run(fmt.Sprintf("%s/%s/free=%d", be.name, op.name, free), func(t *testing.T) {
+					e := openEnv(t, append([]envOption{withConfig(oneBlockConfig(1024, false)), withGranule(int(blockGranule)), withLimit((4 + free) * granule)}, be.opts...)...)
+					if be.name == "host.Shared/private" && !e.shared.Stats().PrivateGranules {
+						t.Skipf("no private granules here: %s", e.shared.Stats().NoPrivateGranules)
+					}
+					c, gov, key := e.c, e.gov, e.auth.Device()
+					defer e.finish(t)
 					s, err := c.NewSequence()
 					require.NoError(t, err)
 					defer func() { assert.True(t, s.Close().OK()) }()

@@ -17,7 +17,7 @@ import (
 // A host sequence's own PerLayer tail is writable through its slice; device memory
 // is never handed out as a slice, only as a Base.
 func TestShareForkTruncateOnEachBacking(t *testing.T) {
-	onEachSharing(t, envSpec{granule: 64 << 10, cfg: kv.Config{MaxTokens: 512}}, func(t *testing.T, e *env) {
+	onEachSharing(t, []envOption{withGranule(64 << 10), withConfig(kv.Config{MaxTokens: 512})}, func(t *testing.T, e *env) {
 		shareForkTruncate(t, e.c)
 		s, err := e.c.NewSequence()
 		require.NoError(t, err)

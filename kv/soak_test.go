@@ -58,14 +58,11 @@ func TestSoakUnderFaults(t *testing.T) {
 	for kind := range sharingBackings {
 		for _, layout := range layouts {
 			t.Run(fmt.Sprintf("%s/%v", sharingNames[kind], layout), func(t *testing.T) {
-				// NB: a cleanup, not a defer: it must run after newEnv's, which closes
+				// NB: a cleanup, not a defer: it must run after openEnv's, which closes
 				// the backing (and so stops its goroutines) when the soak fails.
 				opt := goleak.IgnoreCurrent()
 				t.Cleanup(func() { goleak.VerifyNone(t, opt) })
-				e, ok := newEnv(t, kind, layout, blockTokensFor(layout), soakMaxTokens, soakLimit(kind, layout), true)
-				if !ok {
-					t.Skipf("%s does not exist on this system", sharingNames[kind])
-				}
+				e := openEnv(t, kind, pooled, withConfig(kv.Config{MaxTokens: soakMaxTokens, Layout: layout, BlockTokens: blockTokensFor(layout)}), withLimit(soakLimit(kind, layout)), withFaults)
 				soak(t, e, requests)
 				e.finish(t)
 			})
@@ -82,7 +79,7 @@ var soakPrefixTokens = []int{5, 9}
 // workers' appends wait for each other and forks are refused. NB: the prefixes
 // count: on a 64 KiB granule (host.Shared on Windows) each PerLayer prefix holds as
 // much as a whole sequence.
-func soakLimit(kind int, layout kv.Layout) int64 {
+func soakLimit(kind backingKind, layout kv.Layout) int64 {
 	cfg := kv.Config{Model: tiny8, Layout: layout, BlockTokens: blockTokensFor(layout), MaxTokens: soakMaxTokens}
 	committed := func(n int) int64 {
 		s, err := cfg.Size(envGranuleOf(kind), n)

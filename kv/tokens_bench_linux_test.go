@@ -5,7 +5,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/internal/baseline"
@@ -23,11 +22,8 @@ func BenchmarkTokenRead(b *testing.B) {
 	g := kv.Llama3_8B()
 	per := g.Groups[0].KVHeads * g.Groups[0].HeadDim
 	for _, layout := range []kv.Layout{kv.Blocked, kv.PerLayer} {
-		gov := accounting.NewGovernor()
-		mem, err := host.NewPrivate(host.PrivateOptions{Granularity: 2 << 20, Populate: true})
-		require.NoError(b, err)
-		c, err := kv.New(mem, kv.Config{Model: g, MaxTokens: tokens, Layout: layout, Authority: gov.Authority("kv", accounting.HostKey)})
-		require.NoError(b, err)
+		c := openEnv(b, onPrivate, withGranule(2<<20), withPrivate(host.PrivateOptions{Populate: true}),
+			withConfig(kv.Config{Model: g, MaxTokens: tokens, Layout: layout})).c
 		s, err := c.NewSequence()
 		require.NoError(b, err)
 		require.NoError(b, s.Append(tokens))
@@ -132,13 +128,7 @@ func BenchmarkTokenWrite(b *testing.B) {
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/writes, "ns/write")
 	}
 	b.Run("impl=vmarena", func(b *testing.B) {
-		gov := accounting.NewGovernor()
-		mem, err := host.NewShared(host.SharedOptions{Granularity: 2 << 20, Authority: gov.Authority("kv", accounting.HostKey)})
-		require.NoError(b, err)
-		defer mem.Close()
-		c, err := kv.New(mem, kv.Config{Model: g, MaxTokens: tokens})
-		require.NoError(b, err)
-		defer c.Close()
+		c := openEnv(b, onShared, withGranule(2<<20), withConfig(kv.Config{Model: g, MaxTokens: tokens})).c
 		first, err := c.NewSequence()
 		require.NoError(b, err)
 		require.NoError(b, first.Append(prefix))

@@ -14,12 +14,9 @@ import (
 
 // seqOn returns a sequence of n tokens on a cache on backing kind in layout, closed
 // and checked at cleanup; it skips the test where the backing does not exist.
-func seqOn(t *testing.T, kind int, layout kv.Layout, n int) *kv.Sequence {
+func seqOn(t *testing.T, kind backingKind, layout kv.Layout, n int) *kv.Sequence {
 	t.Helper()
-	e, ok := newEnv(t, kind, layout, blockTokensFor(layout), 64, 0, false)
-	if !ok {
-		t.Skip(sharingNames[kind], " is not available here")
-	}
+	e := openEnv(t, kind, pooled, withConfig(kv.Config{MaxTokens: 64, Layout: layout, BlockTokens: blockTokensFor(layout)}))
 	t.Cleanup(func() { e.finish(t) })
 	s, err := e.c.NewSequence()
 	require.NoError(t, err)
@@ -85,8 +82,8 @@ func TestReadWriteTokens(t *testing.T) {
 // TestReadWriteTokensBadInput: every bad argument fails with its sentinel and changes
 // nothing; a write below Writable is refused whole.
 func TestReadWriteTokensBadInput(t *testing.T) {
-	fx := newFixture(t, 1<<30)
-	c := fx.cache(t, kv.Blocked, 64)
+	e := openEnv(t, withLimit(1<<30), withConfig(kv.Config{MaxTokens: 64, Layout: kv.Blocked, BlockTokens: testBlockTokens}))
+	c := e.c
 	s, err := c.NewSequence()
 	require.NoError(t, err)
 	require.NoError(t, s.Append(10))
@@ -186,8 +183,7 @@ func TestRun(t *testing.T) {
 
 // TestRunOnDevice: device memory has no runs the CPU may read: ErrLayout.
 func TestRunOnDevice(t *testing.T) {
-	e, ok := newEnv(t, onCUDA, kv.Blocked, 0, 64, 0, false)
-	require.True(t, ok)
+	e := openEnv(t, onCUDA, pooled, withConfig(kv.Config{MaxTokens: 64, Layout: kv.Blocked}))
 	defer e.finish(t)
 	s, err := e.c.NewSequence()
 	require.NoError(t, err)

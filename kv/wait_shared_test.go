@@ -23,7 +23,7 @@ func TestWaiterUsesIdleGranules(t *testing.T) {
 	const g = 64 << 10 // 128 tiny8 tokens per tensor
 	// No decay: the idle granules must stay for the waiter however long the machine
 	// takes to get there (decay would give one back after about 1.5 s idle).
-	e := openHost(t, envSpec{granule: g, limit: 12 * g, name: "kv-idle", shared: host.SharedOptions{Decay: host.SharedNoDecay}, cfg: perLayer1024})
+	e := openEnv(t, onShared, withGranule(64<<10), withGranule(g), withLimit(12*g), withName("kv-idle"), withShared(host.SharedOptions{Decay: host.SharedNoDecay}), withConfig(perLayer1024))
 	gov, pool, b, c := e.gov, e.auth, e.shared, e.c
 	other := gov.Authority("other", accounting.HostKey)
 
@@ -85,7 +85,7 @@ var perLayer1024 = kv.Config{Model: tiny8, MaxTokens: 1024, Layout: kv.PerLayer}
 // A refused Append on a pooled backing holds no budget afterwards.
 func TestRefusedAppendHoldsNoBudget(t *testing.T) {
 	const g = 64 << 10
-	e := openHost(t, envSpec{limit: 8 * g, name: "kv-refused", cfg: perLayer1024})
+	e := openEnv(t, onShared, withGranule(64<<10), withLimit(8*g), withName("kv-refused"), withConfig(perLayer1024))
 	gov, c := e.gov, e.c
 	other := gov.Authority("other", accounting.HostKey)
 	require.NoError(t, other.TryAcquire(4*g))
@@ -104,7 +104,7 @@ func TestRefusedAppendHoldsNoBudget(t *testing.T) {
 // Two caches on one pool: memory one gives back wakes the other's waiting append.
 func TestWaitWakesAcrossCachesOnOnePool(t *testing.T) {
 	const g = 64 << 10
-	e := openHost(t, envSpec{limit: 6 * g, name: "kv-wake", cfg: perLayer1024})
+	e := openEnv(t, onShared, withGranule(64<<10), withLimit(6*g), withName("kv-wake"), withConfig(perLayer1024))
 	gov, ca, cb := e.gov, e.c, e.cache(t, perLayer1024)
 	sb, err := cb.NewSequence()
 	require.NoError(t, err)
@@ -132,11 +132,12 @@ func TestWaitReclaimsAnotherPool(t *testing.T) {
 	require.NoError(t, gov.SetLimit(accounting.HostKey, 6*g))
 	pa := gov.Authority("a", accounting.HostKey)
 	pb := gov.Authority("b", accounting.HostKey)
-	ba := sharedPool(t, pa, "kv-reclaim-a")
-	bb := sharedPool(t, pb, "kv-reclaim-b")
-	ca, err := kv.New(ba, perLayer1024)
+	ea := openEnv(t, onShared, withGranule(64<<10), withAuthority(pa), withName("kv-reclaim-a"), noCache)
+	eb := openEnv(t, onShared, withGranule(64<<10), withAuthority(pb), withName("kv-reclaim-b"), noCache)
+	bb := eb.shared
+	ca, err := ea.tryCache(perLayer1024)
 	require.NoError(t, err)
-	cb, err := kv.New(bb, perLayer1024)
+	cb, err := eb.tryCache(perLayer1024)
 	require.NoError(t, err)
 	sb, err := cb.NewSequence()
 	require.NoError(t, err)

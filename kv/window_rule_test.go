@@ -166,7 +166,7 @@ func TestWindowRuleSequence(t *testing.T) {
 }
 
 func testWindowRuleSequence(t *testing.T, model kv.Model, ahead bool) {
-	onEachSharing(t, envSpec{scaled: true, cfg: kv.Config{Model: model, MaxTokens: 64, MapAhead: ahead}}, func(t *testing.T, e *env) {
+	onEachSharing(t, []envOption{scaled, withConfig(kv.Config{Model: model, MaxTokens: 64, MapAhead: ahead})}, func(t *testing.T, e *env) {
 		ids := ruleIDs(windowRuleLen, 3)
 		for _, p := range []int{0, 13, windowRuleLen} {
 			s := decoded(t, e.c, ids, p)
@@ -222,7 +222,7 @@ func testWindowRuleSequence(t *testing.T, model kv.Model, ahead bool) {
 func TestWindowRulePrefixCache(t *testing.T) {
 	for _, model := range windowRuleModels {
 		t.Run(model.Name, func(t *testing.T) {
-			onEachSharing(t, envSpec{scaled: true, cfg: kv.Config{Model: model, MaxTokens: 64}}, func(t *testing.T, e *env) {
+			onEachSharing(t, []envOption{scaled, withConfig(kv.Config{Model: model, MaxTokens: 64})}, func(t *testing.T, e *env) {
 				ids := ruleIDs(windowRuleLen, 5)
 				pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
 				require.NoError(t, err)
@@ -301,7 +301,7 @@ func TestWindowRuleEvictable(t *testing.T) {
 				if bt == 0 {
 					limit *= 4
 				}
-				onEachSharing(t, envSpec{scaled: true, cfg: kv.Config{Model: model, MaxTokens: 64, BlockTokens: bt}, limit: limit}, func(t *testing.T, e *env) {
+				onEachSharing(t, []envOption{scaled, withConfig(kv.Config{Model: model, MaxTokens: 64, BlockTokens: bt}), withLimit(limit)}, func(t *testing.T, e *env) {
 					gran := int64(e.c.Granularity())
 					for _, n := range []int{6, 12, 13, 18, 24, 25} {
 						for _, cap := range []int64{0, 2 * gran} {
@@ -358,7 +358,7 @@ func TestWindowRuleEvictable(t *testing.T) {
 // of its tokens (a chunk boundary: the step there reads no earlier token of the
 // chunked group) hits all 30, and one that shares 29 the boundary below, 24.
 func TestPrefixCacheChunkBoundaryHit(t *testing.T) {
-	onEachSharing(t, envSpec{scaled: true, cfg: kv.Config{Model: tinyScout, MaxTokens: 64}}, func(t *testing.T, e *env) {
+	onEachSharing(t, []envOption{scaled, withConfig(kv.Config{Model: tinyScout, MaxTokens: 64})}, func(t *testing.T, e *env) {
 		pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{})
 		require.NoError(t, err)
 		defer func() { assert.NoError(t, pc.Close()) }()
