@@ -7,7 +7,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
 )
@@ -16,14 +15,8 @@ import (
 // (address space committed, never touched), closed when the test ends.
 func newLastBlockCache(t *testing.T, cfg kv.Config, granule int) *kv.Cache {
 	t.Helper()
-	gov := accounting.NewGovernor()
-	b, err := host.NewPrivate(host.PrivateOptions{Granularity: granule, NoHugePages: true})
-	require.NoError(t, err)
-	cfg.Authority = gov.Authority("kv", accounting.HostKey)
-	c, err := kv.New(b, cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, c.Close()) })
-	return c
+	return openEnv(t, onPrivate, withGranule(granule),
+		withPrivate(host.PrivateOptions{NoHugePages: true}), withConfig(cfg)).c
 }
 
 // TestLastBlockReachesEveryGranule: in the Blocked layout a block holds each layer's
