@@ -32,8 +32,10 @@ func BenchmarkDecodeStepGroups(b *testing.B) {
 	m := kv.GPTOSS20B()
 	window := m.Groups[0].Window
 	shape := kv.Uniform("gpt-oss-20b-full", m.Layers, 8, 64, arena.BFloat16)
-	half := shape // the full group's shape alone: its blocks hold as many tokens
-	half.Name, half.Layers = "gpt-oss-20b-full12", m.Layers/2
+	// The full group's shape alone: its blocks hold as many tokens. A model of its
+	// own, since a copy of shape with fewer Layers would keep shape's group, which
+	// lists all 24 layers.
+	half := kv.Uniform("gpt-oss-20b-full12", m.Layers/2, 8, 64, arena.BFloat16)
 	elems := shape.Groups[0].KVHeads * shape.Groups[0].HeadDim
 	token := make([]byte, shape.Groups[0].TokenBytes())
 	for i := range token {
