@@ -193,10 +193,12 @@ type pcTiers struct {
 }
 
 // tierPart is a run of whole blocks to write down: blocks [first, last) of the path
-// whose tokens are tokens (at least last blocks of them).
+// whose tokens are tokens (at least last blocks of them), of the entry whose tier
+// namespace is ns (spaceNS).
 type tierPart struct {
 	tokens      []int32
 	first, last int
+	ns          uint64
 }
 
 // tierWrite is what eviction picked of an entry to write down: its parts, copied out
@@ -293,18 +295,22 @@ func (t *pcTiers) count(i int, f func(*TierStats)) {
 	t.mu.Unlock()
 }
 
-// keys returns the keys of the whole blocks of tokens from block first on.
-func (t *pcTiers) keys(tokens []int32, first int) []tierval.Key {
+// keys returns the keys of the whole blocks of tokens from block first on, under the
+// tier namespace ns (spaceNS).
+func (t *pcTiers) keys(ns uint64, tokens []int32, first int) []tierval.Key {
 	hs := t.hash.Chain(nil, t.hash.Root(), 0, tokens)
 	if first >= len(hs) {
 		return nil
 	}
 	keys := make([]tierval.Key, 0, len(hs)-first)
 	for _, h := range hs[first:] {
-		keys = append(keys, tierval.Key{Namespace: t.ns, Hash: h.Uint64()})
+		keys = append(keys, tierval.Key{Namespace: ns, Hash: h.Uint64()})
 	}
 	return keys
 }
+
+// spaceNS returns the tier namespace of the blocks of a prefix cache's namespace ns.
+func (t *pcTiers) spaceNS(ns Namespace) uint64 { return spaceTierNS(t.ns, ns) }
 
 // keep reports whether e's blocks go down at all: the reuse threshold (TierMinHits)
 // asks for as many hits of it. pc.mu is held.
@@ -318,7 +324,7 @@ func (t *pcTiers) keep(e *pcEntry) bool {
 func (t *pcTiers) part(e *pcEntry, tokens []int32, first, n int) (tierPart, bool) {
 	last := min(len(tokens), n) / t.c.tpb
 	first = max(first, e.stored)
-	return tierPart{tokens: tokens[:last*t.c.tpb], first: first, last: last}, first < last
+	return tierPart{tokens: tokens[:last*t.c.tpb], first: first, last: last, ns: t.spaceNS(e.ns)}, first < last
 }
 
 // pick marks e, which eviction takes out of the index whole (leaf), to be written
@@ -437,7 +443,7 @@ func (t *pcTiers) writeBack(ctx context.Context, s *Sequence, w *tierWrite) {
 	bt, unit := t.c.tpb, t.c.unit
 	buf := s.bufs[0]
 	for _, p := range w.parts {
-		keys := t.keys(p.tokens, p.first)
+		keys := t.keys(p.ns, p.tokens, p.first)
 		for j, key := range keys {
 			b := p.first + j
 			tokens := p.tokens[b*bt : (b+1)*bt]
@@ -542,14 +548,14 @@ func (t *pcTiers) truncating(pc *PrefixCache, s *Sequence, n int) {
 // Each value is checked against the prompt's tokens before its bytes are copied into
 // s's own fresh granules; the first block that fails ends the run, and s keeps the
 // tokens before it. It returns s's length. No lock is held.
-func (t *pcTiers) load(s *Sequence, tokens []int32, m, limit int) int {
+func (t *pcTiers) load(ns Namespace, s *Sequence, tokens []int32, m, limit int) int {
 	bt := t.c.tpb
 	if limit/bt*bt <= m {
 		return m
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), t.wait)
 	defer cancel()
-	keys := t.keys(tokens[:limit/bt*bt], m/bt)
+	keys := t.keys(t.spaceNS(ns), tokens[:limit/bt*bt], m/bt)
 	b := m / bt // the next block to load
 	for i, tier := range t.tiers {
 		if len(keys) == 0 || ctx.Err() != nil {
