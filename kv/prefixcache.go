@@ -86,6 +86,11 @@ type PrefixCacheOptions struct {
 // the blocks that leave the device are written down into the tiers, and a lookup asks
 // them for the blocks past its local match (docs/tiers.md).
 //
+// A cache serves any number of namespaces (Namespace: a LoRA adapter, a tenant's salt),
+// whose entries share nothing: LookupIn, MatchIn, InsertIn, NeedIn and PinIn take one,
+// and Lookup, Match, Insert, Need and Pin are the default namespace's. One LRU evicts
+// across them all (namespace.go says why).
+//
 // The mechanisms are told beside their code: the index and its counts in
 // prefixcache_index.go, eviction in prefixcache_evict.go, lazy entries in
 // prefixcache_lazy.go, tiers in prefixcache_tier.go, layer groups in

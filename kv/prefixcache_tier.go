@@ -21,7 +21,9 @@ import (
 // unit of the Blocked layout (Config.BlockTokens tokens of every layer, one
 // contiguous run of whole granules); its key is the kv/blockhash chain (FNV64CBOR,
 // no seed) of the prompt's blocks up to it, under TierNamespace(the cache's Config,
-// its granule, TierPrefix). Other layouts are refused: their block is not one unit.
+// its granule, TierPrefix) for the default Namespace, and for another under a tier
+// namespace derived from that and the Namespace's fields (spaceTierNS), so that no
+// value of one namespace is another's. Other layouts are refused: their block is not one unit.
 //
 // Write-down: every block that leaves the device goes down into every tier, in order,
 // by one rule: what leaves is picked under the locks, its bytes are copied out with no
@@ -543,7 +545,7 @@ func (t *pcTiers) truncating(pc *PrefixCache, s *Sequence, n int) {
 }
 
 // load extends s, a lookup's new sequence holding the prompt's first m tokens, by
-// the blocks of tokens that follow which the tiers hold, asking them in order, up to
+// the blocks of tokens that follow which the tiers hold under namespace ns, asking them in order, up to
 // limit tokens, within the wait, as far as the device's budget holds them (grow).
 // Each value is checked against the prompt's tokens before its bytes are copied into
 // s's own fresh granules; the first block that fails ends the run, and s keeps the
