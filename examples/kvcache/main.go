@@ -214,7 +214,8 @@ adapters, interleaved (request i under adapter i mod 2): the same prompt gives o
 K/V under another adapter, so vmarena's prefix cache keeps each adapter's entries in a
 kv.Namespace of its own, which no hit crosses (and the paged baseline keeps them apart
 by token IDs). The ideal is an unbounded cache per adapter; a table then gives each
-adapter's hit rate next to its ideal. With -verify a prompt's K/V is a function of
+adapter's hit rate next to its ideal, and a line what one cache shared by all adapters
+would find (the hits no namespace may cross). With -verify a prompt's K/V is a function of
 its adapter too, so a hit across adapters fails the replay.
 
 Tiers: -tiers host,redis adds vmarena+tiers, the prefix cache with stores below the

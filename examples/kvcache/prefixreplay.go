@@ -360,10 +360,12 @@ type PrefixResult struct {
 	WrittenTokens []int64 `json:",omitempty"`
 	Verified      int64   `json:",omitempty"` // hit tokens read back and compared
 	// With Adapters above 1, per adapter: its prompt tokens looked up, found cached,
-	// and found by an unbounded cache of its own.
+	// and found by an unbounded cache of its own; and what one unbounded cache that
+	// every adapter shared would find (hits that cross adapters among them).
 	AdapterQueries []int64 `json:",omitempty"`
 	AdapterHits    []int64 `json:",omitempty"`
 	AdapterIdeal   []int64 `json:",omitempty"`
+	SharedIdeal    int64   `json:",omitempty"`
 }
 
 // preq is a request during the prefix replay.
@@ -539,6 +541,7 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 	if w.Adapters > 1 {
 		res.AdapterQueries, res.AdapterHits = make([]int64, w.Adapters), make([]int64, w.Adapters)
 		res.AdapterIdeal = w.idealPerAdapter(lengths)
+		res.SharedIdeal = IdealHits(w.Requests, lengths)
 	}
 	fill := make([]byte, planBytes(w.Plan, w.TokenBytes))
 	for i := range fill {
