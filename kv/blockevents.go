@@ -82,8 +82,9 @@ type EventOptions struct {
 	Observer BlockEvents
 	// Hash sets the blocks: their size (16 tokens when 0; more than the cache's
 	// MaxTokens is refused with ErrConfig, since no sequence could hold one whole), the
-	// hash algorithm, its seed, and the extra keys (LoRA name, cache salt) every hash
-	// covers.
+	// hash algorithm, its seed, and the extra keys (LoRA name, cache salt) the default
+	// namespace's hashes cover; another Namespace's Adapter and Salt take their place
+	// where set (see Namespace).
 	Hash blockhash.Options
 	// Medium names the cache's memory in events; "" means "GPU" for a device's cache,
 	// "CPU" for the host's.

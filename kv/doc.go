@@ -46,7 +46,8 @@
 //     and counts (_index), eviction (_evict), lazy entries (_lazy), live holders of
 //     its granules (_holders), layer groups (_groups), pins, a scheduler's questions
 //     (_admit) and tiers (_tier, _background); hooks.go is the one seam by which the
-//     core tells it what sequences do.
+//     core tells it what sequences do; namespace.go, its namespaces (Namespace: what
+//     they keep apart, their keys in the index and the tiers).
 //   - Events and tiers: blockevents.go (the observer's API), events*.go (how the
 //     events follow the index), tier*.go (the Tier contract and its values).
 //   - store.go (the backing's type erased), unsafe.go (the one pointer conversion),

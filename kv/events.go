@@ -107,11 +107,11 @@ type evSide struct {
 	// The events' goroutine's alone.
 	taken  []evChange // the inline changes taken
 	obs    BlockEvents
-	h      *blockhash.Hasher
+	hopts  blockhash.Options // EventOptions.Hash: the default namespace's
 	bs     int
-	lora   string
 	medium string
-	root   evBlock
+	def    evSpace                // the default namespace's
+	spaces map[Namespace]*evSpace // the others' that entries in the index are of
 	blocks map[evKey]*evBlock
 	paths  map[uint64]*evPath // by id: the inserted paths of the entries in the index
 	key    []byte             // scratch: a block's tokens as the bytes of an evKey
@@ -122,6 +122,57 @@ type evSide struct {
 	winOf      []int
 	held       map[evWinKey]int32 // per window group, the entries that hold each block
 	chain      []*evBlock         // scratch: the announced blocks along a path
+}
+
+// evSpace is a namespace's part of the announced blocks: its root, the parent of its
+// block 0s (so that no block of it is another namespace's, whatever their hashes),
+// the hasher of its extra keys (Namespace) and the inserted paths of its entries in
+// the index, counted: another namespace's is dropped with its last.
+type evSpace struct {
+	ns    Namespace
+	root  evBlock
+	h     *blockhash.Hasher
+	lora  string
+	paths int
+}
+
+// spaceOf returns the events' part of namespace ns (nil: the default), made when
+// needed. Events' goroutine.
+func (ev *evSide) spaceOf(ns *Namespace) *evSpace {
+	if ns == nil {
+		return &ev.def
+	}
+	if sp := ev.spaces[*ns]; sp != nil {
+		return sp
+	}
+	o := ev.hopts
+	if ns.Adapter != "" {
+		o.LoRA = ns.Adapter
+	}
+	if ns.Salt != "" {
+		o.CacheSalt = ns.Salt
+	}
+	h, err := blockhash.New(o)
+	if err != nil {
+		panic(err) // the default's options, made once already: never
+	}
+	sp := &evSpace{ns: *ns, h: h, lora: o.LoRA}
+	sp.root.hash = h.Root()
+	ev.spaces[*ns] = sp
+	return sp
+}
+
+// dropPath forgets path id, whose entry left the index, and its namespace's part
+// once no entry of it is left. Events' goroutine.
+func (ev *evSide) dropPath(id uint64, p *evPath) {
+	delete(ev.paths, id)
+	sp := p.sp
+	if sp.paths--; sp.paths == 0 && sp != &ev.def {
+		if sp.root.kids != 0 {
+			panic(panicEventsOutOfStep) // blocks announced that no entry holds
+		}
+		delete(ev.spaces, sp.ns)
+	}
 }
 
 // evKind says what a queued change is.
@@ -136,10 +187,12 @@ const (
 )
 
 // evChange is a change of the index (see evKind): n is evInsert's m, evCut's held,
-// evFrom's first token. tail is the index's own array.
+// evFrom's first token. tail is the index's own array; ns is evInsert's entry's
+// namespace, nil for the default (the entry's own field, never written again).
 type evChange struct {
 	id, base uint64 // base 0: none
 	tail     []int32
+	ns       *Namespace
 	n        int32
 	kind     evKind
 	gone     bool
@@ -189,13 +242,15 @@ func newEvents(c *Cache, o EventOptions) (*evSide, error) {
 		}
 	}
 	ev := &evSide{
-		obs: o.Observer, h: h, bs: h.BlockSize(), lora: o.Hash.LoRA, medium: medium,
+		obs: o.Observer, hopts: o.Hash, bs: h.BlockSize(), medium: medium,
+		def:    evSpace{h: h, lora: o.Hash.LoRA},
+		spaces: make(map[Namespace]*evSpace),
 		blocks: make(map[evKey]*evBlock), paths: make(map[uint64]*evPath),
 		key: make([]byte, 4*h.BlockSize()), taken: make([]evChange, 0, evFirst),
 		kick: make(chan struct{}, 1), done: make(chan struct{}),
 		winOf: make([]int, len(c.groups)), held: make(map[evWinKey]int32),
 	}
-	ev.root.hash = h.Root()
+	ev.def.root.hash = h.Root()
 	for gi := range c.groups {
 		g := &c.groups[gi]
 		ev.winOf[gi] = -1
@@ -297,7 +352,8 @@ func (ev *evSide) change(c *evChange) bool {
 		clear(ev.blocks)
 		clear(ev.paths)
 		clear(ev.held)
-		ev.root.kids = 0
+		clear(ev.spaces)
+		ev.def.root.kids, ev.def.paths = 0, 0
 		ev.obs.AllBlocksCleared()
 		return true
 	case evInsert:
@@ -311,7 +367,8 @@ func (ev *evSide) change(c *evChange) bool {
 			copy(path, base.tokens[:m])
 		}
 		copy(path[m:], c.tail)
-		p := &evPath{tokens: path, n: len(path)}
+		p := &evPath{tokens: path, n: len(path), sp: ev.spaceOf(c.ns)}
+		p.sp.paths++
 		if len(ev.wins) > 0 {
 			// Its window groups hold nothing until their evFrom.
 			p.from = make([]int, len(ev.wins))
@@ -320,7 +377,7 @@ func (ev *evSide) change(c *evChange) bool {
 			}
 		}
 		ev.paths[c.id] = p
-		ev.apply(path, len(path))
+		ev.apply(p.sp, path, len(path))
 	case evCut:
 		p, ok := ev.paths[c.id]
 		if !ok || int(c.n) > len(p.tokens) {
@@ -335,9 +392,9 @@ func (ev *evSide) change(c *evChange) bool {
 			}
 		}
 		p.n = n
-		ev.apply(p.tokens, n)
+		ev.apply(p.sp, p.tokens, n)
 		if c.gone {
-			delete(ev.paths, c.id)
+			ev.dropPath(c.id, p)
 		}
 	case evDrop:
 		p, ok := ev.paths[c.id]
@@ -347,7 +404,7 @@ func (ev *evSide) change(c *evChange) bool {
 		for w := range ev.wins {
 			ev.holdWin(p, w, 0, 0)
 		}
-		delete(ev.paths, c.id)
+		ev.dropPath(c.id, p)
 	case evFrom:
 		p, ok := ev.paths[c.id]
 		if !ok || c.base >= uint64(len(ev.winOf)) || ev.winOf[c.base] < 0 {
@@ -414,6 +471,9 @@ func (q *pcEvents) inserted(t *radix.Tree[*pcEntry], e *pcEntry, m int, old *pcE
 	}
 	e.evID = uint64(q.count() + 1) // the change's number, which no other has: the path's id
 	c.id = e.evID
+	if e.ns != (Namespace{}) {
+		c.ns = &e.ns
+	}
 	*q.next() = c
 	if q.applied >= q.release {
 		// Every change queued before the last Release is applied: the arrays
@@ -447,11 +507,11 @@ func (q *pcEvents) displaced(e *pcEntry) {
 	}
 }
 
-// apply applies a change along path, of which the index held the first held
-// tokens (see sync).
-func (ev *evSide) apply(path []int32, held int) {
+// apply applies a change along path, of namespace sp, of which the index held the
+// first held tokens (see sync).
+func (ev *evSide) apply(sp *evSpace, path []int32, held int) {
 	full, n := held/ev.bs, len(path)/ev.bs
-	cur, i := &ev.root, 0
+	cur, i := &sp.root, 0
 	for ; i < n; i++ {
 		ev.fill(path, i)
 		b := ev.blocks[evKey{cur, string(ev.key)}]
@@ -465,25 +525,26 @@ func (ev *evSide) apply(path []int32, held int) {
 		cur = b
 	}
 	if i < full {
-		ev.announce(cur, path, i, full)
+		ev.announce(sp, cur, path, i, full)
 	}
 }
 
-// announce announces blocks [from, to) of path, the block before them being parent.
-// NB: path is the events' side's, dropped with its entry: the observer gets a copy.
-func (ev *evSide) announce(parent *evBlock, path []int32, from, to int) {
+// announce announces blocks [from, to) of path, of namespace sp, the block before
+// them being parent. NB: path is the events' side's, dropped with its entry: the
+// observer gets a copy.
+func (ev *evSide) announce(sp *evSpace, parent *evBlock, path []int32, from, to int) {
 	bs := ev.bs
 	st := BlocksStored{
-		Hashes: make([]uint64, 0, to-from), HasParent: parent != &ev.root,
-		Tokens: path[from*bs : to*bs], BlockSize: bs, LoRA: ev.lora, Medium: ev.medium,
+		Hashes: make([]uint64, 0, to-from), HasParent: parent != &sp.root,
+		Tokens: path[from*bs : to*bs], BlockSize: bs, LoRA: sp.lora, Medium: ev.medium,
 	}
 	if st.HasParent {
 		st.Parent = parent.hash.Uint64()
 	}
 	hash := parent.hash
 	for i := from; i < to; i++ {
-		extra := ev.h.ExtraKeys(i)
-		hash = ev.h.Block(hash, path[i*bs:(i+1)*bs], extra)
+		extra := sp.h.ExtraKeys(i)
+		hash = sp.h.Block(hash, path[i*bs:(i+1)*bs], extra)
 		if extra != nil && st.ExtraKeys == nil {
 			st.ExtraKeys = make([][]any, i-from, to-from)
 		}

@@ -53,6 +53,7 @@ type evGroup struct {
 
 // evPath is an entry's inserted path, and what the entry holds of it.
 type evPath struct {
+	sp     *evSpace // its namespace's part
 	tokens []int32
 	n      int   // the tokens the index holds of it, and the entry (its end)
 	from   []int // per window group (evSide.wins), the first token the entry holds there
@@ -110,10 +111,11 @@ func (ev *evSide) unheld(b *evBlock) {
 	}
 }
 
-// along returns the announced blocks of path's first n blocks (ev.chain's array).
-func (ev *evSide) along(path []int32, n int) []*evBlock {
+// along returns the announced blocks of path's first n blocks, of namespace sp
+// (ev.chain's array).
+func (ev *evSide) along(sp *evSpace, path []int32, n int) []*evBlock {
 	chain := ev.chain[:0]
-	cur := &ev.root
+	cur := &sp.root
 	for i := range n {
 		ev.fill(path, i)
 		b := ev.blocks[evKey{cur, string(ev.key)}]
@@ -147,7 +149,7 @@ func (ev *evSide) holdWin(p *evPath, w, from, n int) {
 	if b0 == 0 && b1 == 0 {
 		return
 	}
-	chain := ev.along(p.tokens, max(b0, b1))
+	chain := ev.along(p.sp, p.tokens, max(b0, b1))
 	in := func(i, a, b int) bool { return i >= a && i < b }
 	g := ev.wins[w]
 	var gone []uint64
@@ -181,26 +183,26 @@ func (ev *evSide) holdWin(p *evPath, w, from, n int) {
 		case fresh && run < 0:
 			run = i
 		case !fresh && run >= 0:
-			ev.storeRun(g, p.tokens, chain, run, i)
+			ev.storeRun(g, p.sp, p.tokens, chain, run, i)
 			run = -1
 		}
 	}
 }
 
-// storeRun tells the observer of blocks [from, to) of path, whose announced blocks
-// are chain, as stored in window group g.
-func (ev *evSide) storeRun(g evGroup, path []int32, chain []*evBlock, from, to int) {
+// storeRun tells the observer of blocks [from, to) of path, of namespace sp, whose
+// announced blocks are chain, as stored in window group g.
+func (ev *evSide) storeRun(g evGroup, sp *evSpace, path []int32, chain []*evBlock, from, to int) {
 	bs := ev.bs
 	st := BlocksStored{
 		Hashes: make([]uint64, 0, to-from), HasParent: from > 0, Attention: g.kind,
-		Tokens: slices.Clone(path[from*bs : to*bs]), BlockSize: bs, LoRA: ev.lora,
+		Tokens: slices.Clone(path[from*bs : to*bs]), BlockSize: bs, LoRA: sp.lora,
 		Group: g.idx, Window: g.window, Medium: ev.medium,
 	}
 	if st.HasParent {
 		st.Parent = chain[from-1].hash.Uint64()
 	}
 	for i := from; i < to; i++ {
-		extra := ev.h.ExtraKeys(i)
+		extra := sp.h.ExtraKeys(i)
 		if extra != nil && st.ExtraKeys == nil {
 			st.ExtraKeys = make([][]any, i-from, to-from)
 		}

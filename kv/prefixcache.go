@@ -87,6 +87,11 @@ type PrefixCacheOptions struct {
 // the blocks that leave the device are written down into the tiers, and a lookup asks
 // them for the blocks past its local match (docs/tiers.md).
 //
+// A cache serves any number of namespaces (Namespace: a LoRA adapter, a tenant's salt),
+// whose entries share nothing: LookupIn, MatchIn, InsertIn, NeedIn and PinIn take one,
+// and Lookup, Match, Insert, Need and Pin are the default namespace's. One LRU evicts
+// across them all (namespace.go says why).
+//
 // The mechanisms are told beside their code: the index and its counts in
 // prefixcache_index.go, eviction in prefixcache_evict.go, lazy entries in
 // prefixcache_lazy.go, tiers in prefixcache_tier.go, layer groups in
@@ -263,8 +268,15 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 // eviction the prompt's growth would make, without unmapping and mapping as many
 // granules again (see prefixcache_evict.go). The sequence MUST be closed.
 func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
+	return pc.LookupIn(Namespace{}, tokens)
+}
+
+// LookupIn is Lookup in namespace ns: it starts on the longest prefix of tokens that
+// ns's entries hold, never on another namespace's, and binds the sequence to ns when
+// it maps anything (see Namespace).
+func (pc *PrefixCache) LookupIn(ns Namespace, tokens []int32) (*Sequence, int, error) {
 	for {
-		s, m, err := pc.lookup(tokens)
+		s, m, err := pc.lookup(ns, tokens)
 		if !errors.Is(err, errEntryGone) {
 			return s, m, err
 		}
@@ -289,15 +301,15 @@ type hit struct {
 // index, with nothing to map from, before it could map from it. Its three steps take
 // the locks in the package's order, each released before the next step: pc.mu
 // (find), then the origin's ranges lock before pc.mu (start), then pc.mu (settle).
-func (pc *PrefixCache) lookup(tokens []int32) (*Sequence, int, error) {
-	h, err := pc.find(tokens)
+func (pc *PrefixCache) lookup(ns Namespace, tokens []int32) (*Sequence, int, error) {
+	h, err := pc.find(ns, tokens)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer pc.working.Done()
 	s, err := pc.start(h)
 	if err == nil && pc.tiers != nil {
-		h.m = pc.tiers.load(s, tokens, h.m, pc.matchable(tokens))
+		h.m = pc.tiers.load(ns, s, tokens, h.m, pc.matchable(tokens))
 	}
 	pc.settle(h, s, err, len(tokens))
 	if err != nil {
@@ -309,27 +321,30 @@ func (pc *PrefixCache) lookup(tokens []int32) (*Sequence, int, error) {
 // find matches tokens in the index under pc.mu. On a hit the entry is marked busy and
 // the granules the new sequence will map count as mapped by a live sequence from now
 // on, so that eviction does not count on them; on a miss the least recently used
-// entry may be spared for the new sequence (spareLocked). It counts the lookup in
+// entry may be spared for the new sequence (spareLocked). It matches in ns's part of
+// the index only, and binds what the new sequence maps to ns. It counts the lookup in
 // pc.working, which the caller ends.
-func (pc *PrefixCache) find(tokens []int32) (hit, error) {
+func (pc *PrefixCache) find(ns Namespace, tokens []int32) (hit, error) {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
 	if pc.closed {
 		return hit{}, ErrClosed
 	}
 	pc.working.Add(1)
+	root := pc.space(ns, false)
 	if pc.c.multi {
-		m, leaf := pc.hitLocked(tokens[:pc.matchable(tokens)])
+		m, leaf := pc.hitLocked(root, tokens[:pc.matchable(tokens)])
 		h := hit{m: m}
 		if leaf != nil {
 			pc.tree.Touch(leaf)
 			h.e = leaf.Value()
 			h.e.busy++
 			h.l = pc.hitLive(h.e, m)
+			h.l.ns, h.l.bound = ns, true
 		}
 		return h, nil
 	}
-	m, node := pc.tree.Match(tokens[:pc.matchable(tokens)])
+	m, node := pc.tree.MatchFrom(root, tokens[:pc.matchable(tokens)])
 	h := hit{m: m}
 	if m == 0 {
 		mark := pc.evictMark()
@@ -342,7 +357,7 @@ func (pc *PrefixCache) find(tokens []int32) (hit, error) {
 	h.e = leaf.Value()
 	h.e.busy++
 	h.lazy = h.e.state() == entryLazy
-	h.l = &pcLive{pc: pc}
+	h.l = &pcLive{pc: pc, ns: ns, bound: true}
 	h.l.grefs = append(h.l.grefs, h.e.grefs[:pc.c.fullUnits(m)]...)
 	for _, g := range h.l.grefs {
 		g.mapped()
@@ -458,6 +473,13 @@ var errEntryGone = errors.New("kv: prefix cache entry gone")
 // longer serve (a step at n would read a token they gave back) fails with ErrDropped
 // and changes nothing.
 func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
+	return pc.InsertIn(Namespace{}, s, tokens)
+}
+
+// InsertIn is Insert into namespace ns: the entry is ns's, found only by lookups in
+// ns. A sequence bound to another namespace (a Lookup hit or an Insert there) is
+// refused with ErrConfig and nothing changes.
+func (pc *PrefixCache) InsertIn(ns Namespace, s *Sequence, tokens []int32) error {
 	if s == nil {
 		panic(panicNilSequence)
 	}
@@ -477,7 +499,7 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 		return err
 	}
 	if pc.c.multi {
-		drop, err := pc.insertGroups(s, tokens)
+		drop, err := pc.insertGroups(ns, s, tokens)
 		if err != nil {
 			return err
 		}
@@ -495,10 +517,17 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 		pc.mu.Unlock()
 		return ErrClosed
 	}
-	m, _ := pc.tree.Peek(tokens)
+	if s.pcl != nil {
+		if err := s.pcl.bind(ns); err != nil {
+			pc.mu.Unlock()
+			return err
+		}
+	}
+	root := pc.space(ns, n > 0) // NB: no root is made for nothing
+	m, _ := pc.tree.PeekFrom(root, tokens)
 	var drop []*pcEntry
-	e := &pcEntry{origin: s, n: n}
-	leaf, old, displaced := pc.tree.Insert(tokens, e) // marks the path used, new or not
+	e := &pcEntry{origin: s, n: n, ns: ns}
+	leaf, old, displaced := pc.tree.InsertFrom(root, tokens, e) // marks the path used, new or not
 	if leaf == nil {
 		pc.mu.Unlock()
 		return nil
@@ -506,7 +535,7 @@ func (pc *PrefixCache) Insert(s *Sequence, tokens []int32) error {
 	e.leaf = leaf
 	pc.ev.inserted(pc.tree, e, m, old, displaced)
 	if s.pcl == nil {
-		s.pcl = &pcLive{pc: pc}
+		s.pcl = &pcLive{pc: pc, ns: ns, bound: true}
 	}
 	l := s.pcl
 	l.origin = true

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/radix"
 )
 
 // What a scheduler asks the prefix cache before it admits a request, all without
@@ -14,17 +15,26 @@ import (
 // counts no query, copies nothing, takes no entry over and marks no entry used. A
 // scheduler calls it (with Need and Cache.Headroom) to decide whether to admit a
 // request, and Lookup once it does. A closed prefix cache matches nothing.
-func (pc *PrefixCache) Match(tokens []int32) int {
+func (pc *PrefixCache) Match(tokens []int32) int { return pc.MatchIn(Namespace{}, tokens) }
+
+// MatchIn is Match in namespace ns.
+func (pc *PrefixCache) MatchIn(ns Namespace, tokens []int32) int {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
 	if pc.closed {
 		return 0
 	}
+	return pc.peekLocked(pc.space(ns, false), tokens[:pc.matchable(tokens)])
+}
+
+// peekLocked returns how many of tokens a lookup under root would start on now,
+// marking nothing used. pc.mu is held.
+func (pc *PrefixCache) peekLocked(root *radix.Node[*pcEntry], tokens []int32) int {
 	if pc.c.multi {
-		m, _ := pc.hitLocked(tokens[:pc.matchable(tokens)])
+		m, _ := pc.hitLocked(root, tokens)
 		return m
 	}
-	m, _ := pc.tree.Peek(tokens[:pc.matchable(tokens)])
+	m, _ := pc.tree.PeekFrom(root, tokens)
 	return m
 }
 
@@ -41,7 +51,10 @@ func (pc *PrefixCache) matchable(tokens []int32) int {
 // a miss that takes over an evicted entry's ranges may take less. It changes nothing
 // (as Match), and fails with ErrTooLong for a prompt longer than MaxTokens and
 // ErrClosed once the prefix cache is closed.
-func (pc *PrefixCache) Need(tokens []int32) (int64, error) {
+func (pc *PrefixCache) Need(tokens []int32) (int64, error) { return pc.NeedIn(Namespace{}, tokens) }
+
+// NeedIn is Need for a prompt of namespace ns.
+func (pc *PrefixCache) NeedIn(ns Namespace, tokens []int32) (int64, error) {
 	c := pc.c
 	if len(tokens) > c.cfg.MaxTokens {
 		return 0, fmt.Errorf("%w: a prompt of %d tokens, MaxTokens %d", ErrTooLong, len(tokens), c.cfg.MaxTokens)
@@ -49,12 +62,8 @@ func (pc *PrefixCache) Need(tokens []int32) (int64, error) {
 	pc.mu.Lock()
 	closed := pc.closed
 	var m int
-	switch {
-	case closed:
-	case c.multi:
-		m, _ = pc.hitLocked(tokens[:pc.matchable(tokens)])
-	default:
-		m, _ = pc.tree.Peek(tokens[:pc.matchable(tokens)])
+	if !closed {
+		m = pc.peekLocked(pc.space(ns, false), tokens[:pc.matchable(tokens)])
 	}
 	pc.mu.Unlock()
 	if closed {

@@ -73,8 +73,8 @@ func (pc *PrefixCache) servedBy(e *pcEntry, m int) int {
 // hitLocked returns the longest prefix of tokens that a lookup may start on under the
 // hit rule, and the leaf whose entry holds it (the most recently used of those that
 // do), or 0 and nil. pc.mu is held.
-func (pc *PrefixCache) hitLocked(tokens []int32) (int, *radix.Node[*pcEntry]) {
-	m, x := pc.tree.Peek(tokens)
+func (pc *PrefixCache) hitLocked(root *radix.Node[*pcEntry], tokens []int32) (int, *radix.Node[*pcEntry]) {
+	m, x := pc.tree.PeekFrom(root, tokens)
 	for m > 0 {
 		// Every leaf below x shares at least m tokens with the prompt (the deeper
 		// ones, tried before, share more); the longest hit on one of them that is
@@ -136,7 +136,7 @@ func (c *Cache) needGroups(n, m int) int64 {
 // and s's runs ahead given back: the entry gets ranges of its own at once (see
 // above), and s's whole units below len(tokens) become shared. It returns the entries
 // to close once pc.mu is released, with pc.mu held on return unless err is not nil.
-func (pc *PrefixCache) insertGroups(s *Sequence, tokens []int32) ([]*pcEntry, error) {
+func (pc *PrefixCache) insertGroups(ns Namespace, s *Sequence, tokens []int32) ([]*pcEntry, error) {
 	n := len(tokens)
 	if err := s.windowCheck("insert", n); err != nil {
 		return nil, err
@@ -146,7 +146,13 @@ func (pc *PrefixCache) insertGroups(s *Sequence, tokens []int32) ([]*pcEntry, er
 		pc.mu.Unlock()
 		return nil, ErrClosed
 	}
-	m, node := pc.tree.Peek(tokens)
+	if s.pcl != nil {
+		if err := s.pcl.bind(ns); err != nil {
+			pc.mu.Unlock()
+			return nil, err
+		}
+	}
+	m, node := pc.tree.PeekFrom(pc.space(ns, false), tokens)
 	if m == n {
 		// Every token is in the index already: left as it is, marked used.
 		pc.tree.Touch(node)
@@ -212,11 +218,14 @@ func (pc *PrefixCache) insertGroups(s *Sequence, tokens []int32) ([]*pcEntry, er
 	}
 	if s.pcl == nil {
 		s.pcl = newLive(pc)
+		s.pcl.ns, s.pcl.bound = ns, true
 	}
 	l := s.pcl
-	m, _ = pc.tree.Peek(tokens)
-	e := &pcEntry{seq: es, n: n, segs: make([]unitSeg, len(pc.c.groups))}
-	leaf, old, displaced := pc.tree.Insert(tokens, e)
+	// NB: ns's root may have left the index while pc.mu was not held: found again.
+	root := pc.space(ns, true)
+	m, _ = pc.tree.PeekFrom(root, tokens)
+	e := &pcEntry{seq: es, n: n, segs: make([]unitSeg, len(pc.c.groups)), ns: ns}
+	leaf, old, displaced := pc.tree.InsertFrom(root, tokens, e)
 	if leaf == nil {
 		// Another insert of the same tokens came first.
 		pc.mu.Unlock()

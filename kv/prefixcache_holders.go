@@ -45,7 +45,11 @@ type pcLive struct {
 	// hold mu, which a lookup mapping from them holds too.
 	origin bool
 	lazyN  int // owner's too: at least the tokens of every lazy entry referring to it
-	mu     sync.Mutex
+	// ns is the namespace the sequence is bound to once bound (its first hit or
+	// Insert: see Namespace), under pc.mu.
+	ns    Namespace
+	bound bool
+	mu    sync.Mutex
 	// protected is the bytes at the start of each range that lookups made read-only
 	// in the sequence's own mapping (mu).
 	protected int

@@ -121,7 +121,8 @@ type pcEntry struct {
 	tail   *granuleRef   // Lazy: its last gref, for origin's partly filled granule, or nil
 	busy   int           // lookups mapping from it without the lock
 	leaf   *radix.Node[*pcEntry]
-	closed bool // out of the index: Draining or Out
+	ns     Namespace // the namespace it was inserted in
+	closed bool      // out of the index: Draining or Out
 	// evID is its inserted path's id in the events (pcEvents), 0 without.
 	evID uint64
 	// wb is what eviction picked to write down into the tiers before the entry's

@@ -23,13 +23,16 @@ func (p *PrefixPin) Len() int { return p.n }
 // groups it takes no entry that holds them (which of them holds a window group's
 // units is each one's own). Len says how many
 // tokens that is (0 when none is cached: insert them first).
-func (pc *PrefixCache) Pin(tokens []int32) (*PrefixPin, error) {
+func (pc *PrefixCache) Pin(tokens []int32) (*PrefixPin, error) { return pc.PinIn(Namespace{}, tokens) }
+
+// PinIn is Pin in namespace ns: it holds ns's tokens only.
+func (pc *PrefixCache) PinIn(ns Namespace, tokens []int32) (*PrefixPin, error) {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
 	if pc.closed {
 		return nil, ErrClosed
 	}
-	n := pc.tree.Pin(tokens)
+	n := pc.tree.PinFrom(pc.space(ns, true), tokens)
 	return &PrefixPin{pc: pc, node: n, n: n.Depth()}, nil
 }
 

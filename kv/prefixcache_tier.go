@@ -21,7 +21,9 @@ import (
 // unit of the Blocked layout (Config.BlockTokens tokens of every layer, one
 // contiguous run of whole granules); its key is the kv/blockhash chain (FNV64CBOR,
 // no seed) of the prompt's blocks up to it, under TierNamespace(the cache's Config,
-// its granule, TierPrefix). Other layouts are refused: their block is not one unit.
+// its granule, TierPrefix) for the default Namespace, and for another under a tier
+// namespace derived from that and the Namespace's fields (spaceTierNS), so that no
+// value of one namespace is another's. Other layouts are refused: their block is not one unit.
 //
 // Write-down: every block that leaves the device goes down into every tier, in order,
 // by one rule: what leaves is picked under the locks, its bytes are copied out with no
@@ -194,10 +196,12 @@ type pcTiers struct {
 }
 
 // tierPart is a run of whole blocks to write down: blocks [first, last) of the path
-// whose tokens are tokens (at least last blocks of them).
+// whose tokens are tokens (at least last blocks of them), of the entry whose tier
+// namespace is ns (spaceNS).
 type tierPart struct {
 	tokens      []int32
 	first, last int
+	ns          uint64
 }
 
 // tierWrite is what eviction picked of an entry to write down: its parts, copied out
@@ -294,18 +298,22 @@ func (t *pcTiers) count(i int, f func(*TierStats)) {
 	t.mu.Unlock()
 }
 
-// keys returns the keys of the whole blocks of tokens from block first on.
-func (t *pcTiers) keys(tokens []int32, first int) []tierval.Key {
+// keys returns the keys of the whole blocks of tokens from block first on, under the
+// tier namespace ns (spaceNS).
+func (t *pcTiers) keys(ns uint64, tokens []int32, first int) []tierval.Key {
 	hs := t.hash.Chain(nil, t.hash.Root(), 0, tokens)
 	if first >= len(hs) {
 		return nil
 	}
 	keys := make([]tierval.Key, 0, len(hs)-first)
 	for _, h := range hs[first:] {
-		keys = append(keys, tierval.Key{Namespace: t.ns, Hash: h.Uint64()})
+		keys = append(keys, tierval.Key{Namespace: ns, Hash: h.Uint64()})
 	}
 	return keys
 }
+
+// spaceNS returns the tier namespace of the blocks of a prefix cache's namespace ns.
+func (t *pcTiers) spaceNS(ns Namespace) uint64 { return spaceTierNS(t.ns, ns) }
 
 // keep reports whether e's blocks go down at all: the reuse threshold (TierMinHits)
 // asks for as many hits of it. pc.mu is held.
@@ -319,7 +327,7 @@ func (t *pcTiers) keep(e *pcEntry) bool {
 func (t *pcTiers) part(e *pcEntry, tokens []int32, first, n int) (tierPart, bool) {
 	last := min(len(tokens), n) / t.c.tpb
 	first = max(first, e.stored)
-	return tierPart{tokens: tokens[:last*t.c.tpb], first: first, last: last}, first < last
+	return tierPart{tokens: tokens[:last*t.c.tpb], first: first, last: last, ns: t.spaceNS(e.ns)}, first < last
 }
 
 // pick marks e, which eviction takes out of the index whole (leaf), to be written
@@ -438,7 +446,7 @@ func (t *pcTiers) writeBack(ctx context.Context, s *Sequence, w *tierWrite) {
 	bt, unit := t.c.tpb, t.c.unit
 	buf := s.bufs[0]
 	for _, p := range w.parts {
-		keys := t.keys(p.tokens, p.first)
+		keys := t.keys(p.ns, p.tokens, p.first)
 		for j, key := range keys {
 			b := p.first + j
 			tokens := p.tokens[b*bt : (b+1)*bt]
@@ -538,19 +546,19 @@ func (t *pcTiers) truncating(pc *PrefixCache, s *Sequence, n int) {
 }
 
 // load extends s, a lookup's new sequence holding the prompt's first m tokens, by
-// the blocks of tokens that follow which the tiers hold, asking them in order, up to
+// the blocks of tokens that follow which the tiers hold under namespace ns, asking them in order, up to
 // limit tokens, within the wait, as far as the device's budget holds them (grow).
 // Each value is checked against the prompt's tokens before its bytes are copied into
 // s's own fresh granules; the first block that fails ends the run, and s keeps the
 // tokens before it. It returns s's length. No lock is held.
-func (t *pcTiers) load(s *Sequence, tokens []int32, m, limit int) int {
+func (t *pcTiers) load(ns Namespace, s *Sequence, tokens []int32, m, limit int) int {
 	bt := t.c.tpb
 	if limit/bt*bt <= m {
 		return m
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), t.wait)
 	defer cancel()
-	keys := t.keys(tokens[:limit/bt*bt], m/bt)
+	keys := t.keys(t.spaceNS(ns), tokens[:limit/bt*bt], m/bt)
 	b := m / bt // the next block to load
 	for i, tier := range t.tiers {
 		if len(keys) == 0 || ctx.Err() != nil {

@@ -120,6 +120,7 @@ type config struct {
 	redisKillAt int
 	replicas    int
 	budgetIdeal float64
+	adapters    int // -adapters: LoRA adapters the prefix-cache replay interleaves
 	tierWait    time.Duration
 	tierThrough bool   // -tier-write-through
 	tierMinHits int    // -tier-min-hits
@@ -207,6 +208,15 @@ window unit their prompts held).
 Element types: -kv-dtype fp8 (OCP E4M3; fp8-e5m2, q8_0, fp16, bf16) stores every
 strategy's KV in that type instead of the preset's (a recurrent state keeps the
 model's): the same model at half of fp16's bytes per token.
+
+Adapters: -adapters 2 serves the prefix-cache replay's requests under two LoRA
+adapters, interleaved (request i under adapter i mod 2): the same prompt gives other
+K/V under another adapter, so vmarena's prefix cache keeps each adapter's entries in a
+kv.Namespace of its own, which no hit crosses (and the paged baseline keeps them apart
+by token IDs). The ideal is an unbounded cache per adapter; a table then gives each
+adapter's hit rate next to its ideal, and a line what one cache shared by all adapters
+would find (the hits no namespace may cross). With -verify a prompt's K/V is a function of
+its adapter too, so a hit across adapters fails the replay.
 
 Tiers: -tiers host,redis adds vmarena+tiers, the prefix cache with stores below the
 device, in that order: evicted blocks are written down into each and loaded back by a
@@ -317,6 +327,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.tierThrough, "tier-write-through", false, "-tiers: store a cached entry's blocks into the tiers as soon as the cache holds them (kv.PrefixCacheOptions.TierWriteThrough), not only as they are evicted")
 	fileTierFlags(fs, c)
 	fs.IntVar(&c.tierMinHits, "tier-min-hits", 0, "-tiers: the reuse threshold: store only the blocks of entries lookups hit this many times (kv.PrefixCacheOptions.TierMinHits) (0: every block)")
+	fs.IntVar(&c.adapters, "adapters", 0, fmt.Sprintf("prefix-cache replay: serve the requests under this many LoRA adapters, request i under adapter i mod N, each in a kv.Namespace of its own (no hit crosses adapters; the paged baseline keeps them apart by token IDs), and print each adapter's hit rate (0 or 1: the base model only; at most %d)", maxAdapters))
 	fs.Float64Var(&c.budgetIdeal, "budget-ideal", 0, "prefix-cache replay: set -budget to this fraction of the ideal cache (the distinct prompt tokens an unbounded cache's hits read, from the trace) (0: -budget)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -451,6 +462,10 @@ func (c *config) validate() (setup, []string, error) {
 		return s, nil, fmt.Errorf("-budget-ideal %v: want a positive fraction", c.budgetIdeal)
 	case c.budgetIdeal > 0 && !c.prefix:
 		return s, nil, fmt.Errorf("-budget-ideal needs a trace with token IDs (-trace %s)", mooncakeFlag)
+	case c.adapters < 0 || c.adapters > maxAdapters:
+		return s, nil, fmt.Errorf("-adapters %d: want 0 to %d", c.adapters, maxAdapters)
+	case c.adapters > 1 && !c.prefix:
+		return s, nil, fmt.Errorf("-adapters needs a trace with token IDs (-trace %s)", mooncakeFlag)
 	case c.budgetIdeal > 0 && c.set["budget"]:
 		return s, nil, fmt.Errorf("-budget-ideal %v and -budget %s both set the budget: give one", c.budgetIdeal, formatBytes(int64(c.budget)))
 	}
@@ -587,7 +602,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if c.prefix {
 		w := PrefixWorkload{Requests: reqs, Speed: c.speed, Step: c.step, PrefillRate: c.prefillRate,
 			Concurrency: c.concurrency, MaxTokens: c.maxTokens, TokenBytes: s.model.Groups[0].TokenBytes(), Layers: s.model.Layers,
-			Plan: planLayers(s.groups), Verify: s.tiers != nil || c.verify}
+			Plan: planLayers(s.groups), Verify: s.tiers != nil || c.verify, Adapters: c.adapters}
 		if code := c.prefixBudget(&s, w, stderr); code != 0 {
 			return code
 		}

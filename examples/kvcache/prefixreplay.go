@@ -47,11 +47,11 @@ type pseq interface {
 // (or without one: lookup then starts every sequence empty).
 type pstrategy interface {
 	Name() string
-	// lookup starts a sequence on the longest cached prefix of tokens and returns
-	// how many tokens that is.
-	lookup(tokens []int32) (pseq, int, error)
-	// insert caches the sequence's first len(tokens) tokens.
-	insert(s pseq, tokens []int32) error
+	// lookup starts a sequence on the longest cached prefix of tokens of adapter a
+	// and returns how many tokens that is.
+	lookup(a padapter, tokens []int32) (pseq, int, error)
+	// insert caches the sequence's first len(tokens) tokens, of adapter a.
+	insert(a padapter, s pseq, tokens []int32) error
 	write(s pseq, from, to int, fill []byte) error
 	// writeToken and readToken write and read one token's K (v 0) or V (v 1) of one
 	// layer: what the replay uses when it checks the bytes it reads back.
@@ -89,7 +89,7 @@ type kvPrefix struct {
 
 func (k *kvPrefix) Name() string { return k.name }
 
-func (k *kvPrefix) lookup(tokens []int32) (pseq, int, error) {
+func (k *kvPrefix) lookup(a padapter, tokens []int32) (pseq, int, error) {
 	if k.pc == nil {
 		s, err := k.cs.c.NewSequence()
 		if err != nil {
@@ -97,18 +97,18 @@ func (k *kvPrefix) lookup(tokens []int32) (pseq, int, error) {
 		}
 		return s, 0, nil
 	}
-	s, m, err := k.pc.Lookup(tokens)
+	s, m, err := k.pc.LookupIn(a.ns, tokens)
 	if err != nil {
 		return nil, 0, err
 	}
 	return s, m, nil
 }
 
-func (k *kvPrefix) insert(s pseq, tokens []int32) error {
+func (k *kvPrefix) insert(a padapter, s pseq, tokens []int32) error {
 	if k.pc == nil {
 		return nil
 	}
-	return k.pc.Insert(s.(*kv.Sequence), tokens)
+	return k.pc.InsertIn(a.ns, s.(*kv.Sequence), tokens)
 }
 
 func (k *kvPrefix) write(s pseq, from, to int, fill []byte) error {
@@ -193,12 +193,12 @@ type pagedPrefix struct {
 
 func (p *pagedPrefix) Name() string { return namePagedPC }
 
-func (p *pagedPrefix) lookup(tokens []int32) (pseq, int, error) {
-	return p.p.Lookup(tokens)
+func (p *pagedPrefix) lookup(a padapter, tokens []int32) (pseq, int, error) {
+	return p.p.Lookup(a.apart(tokens))
 }
 
-func (p *pagedPrefix) insert(s pseq, tokens []int32) error {
-	return p.p.Insert(s.(baseline.Sequence), tokens)
+func (p *pagedPrefix) insert(a padapter, s pseq, tokens []int32) error {
+	return p.p.Insert(s.(baseline.Sequence), a.apart(tokens))
 }
 
 func (p *pagedPrefix) write(s pseq, from, to int, fill []byte) error {
@@ -314,9 +314,12 @@ type PrefixWorkload struct {
 	// a uniform model, whose every layer keeps K and V of TokenBytes.
 	Plan []layerPlan
 	// Verify writes every prompt token's K and V as a function of the tokens up to
-	// it (as a model's are), and reads every hit token back and compares: a failure
-	// of the replay if one byte differs.
+	// it (as a model's are), and of its adapter, and reads every hit token back and
+	// compares: a failure of the replay if one byte differs.
 	Verify bool
+	// Adapters is the LoRA adapters the requests are served under, request i (in
+	// Requests' order) under adapter i mod Adapters; 0 or 1: the base model only.
+	Adapters int
 }
 
 // PrefixSample is one reading, after a batch iteration.
@@ -356,12 +359,20 @@ type PrefixResult struct {
 	EvictedTokens int64   `json:",omitempty"`
 	WrittenTokens []int64 `json:",omitempty"`
 	Verified      int64   `json:",omitempty"` // hit tokens read back and compared
+	// With Adapters above 1, per adapter: its prompt tokens looked up, found cached,
+	// and found by an unbounded cache of its own; and what one unbounded cache that
+	// every adapter shared would find (hits that cross adapters among them).
+	AdapterQueries []int64 `json:",omitempty"`
+	AdapterHits    []int64 `json:",omitempty"`
+	AdapterIdeal   []int64 `json:",omitempty"`
+	SharedIdeal    int64   `json:",omitempty"`
 }
 
 // preq is a request during the prefix replay.
 type preq struct {
 	Request
 	tokens   []int32 // the prompt's token IDs, clipped
+	adapter  padapter
 	gen      int
 	seq      pseq
 	done     int
@@ -460,6 +471,7 @@ func idealHitsAfter(w PrefixWorkload, before int) int64 {
 		}
 	}
 	n := before * len(w.Requests)
+	reqs = w.apart(reqs)
 	return IdealHits(reqs, lengths) - IdealHits(reqs[:n], lengths[:n])
 }
 
@@ -470,7 +482,7 @@ func idealCacheBytes(w PrefixWorkload) (tokens, bytes int64) {
 		p, _, _ := clipRequest(r, w.MaxTokens)
 		lengths[i] = max(1, len(r.Tokens(p)))
 	}
-	_, tokens = IdealCache(w.Requests, lengths)
+	_, tokens = IdealCache(w.apart(w.Requests), lengths)
 	return tokens, tokens * 2 * int64(w.Layers) * int64(w.TokenBytes)
 }
 
@@ -514,7 +526,7 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 	lengths := make([]int, len(w.Requests))
 	for i, r := range w.Requests {
 		ctxLen, gen, clipped := clipRequest(r, w.MaxTokens)
-		q := &preq{Request: r, gen: gen}
+		q := &preq{Request: r, gen: gen, adapter: w.adapter(i)}
 		if clipped {
 			res.Clipped++
 		}
@@ -525,7 +537,12 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 		reqs[i] = q
 		lengths[i] = len(q.tokens)
 	}
-	res.IdealHits = IdealHits(w.Requests, lengths)
+	res.IdealHits = IdealHits(w.apart(w.Requests), lengths)
+	if w.Adapters > 1 {
+		res.AdapterQueries, res.AdapterHits = make([]int64, w.Adapters), make([]int64, w.Adapters)
+		res.AdapterIdeal = w.idealPerAdapter(lengths)
+		res.SharedIdeal = IdealHits(w.Requests, lengths)
+	}
 	fill := make([]byte, planBytes(w.Plan, w.TokenBytes))
 	for i := range fill {
 		fill[i] = 0x5A
@@ -592,12 +609,12 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 		}
 		err := timed(func() error {
 			var err error
-			if s, m, err = st.lookup(q.tokens); err != nil {
+			if s, m, err = st.lookup(q.adapter, q.tokens); err != nil {
 				return err
 			}
 			if err = s.Append(len(q.tokens) - m); err == nil {
 				if err = writePrompt(st, s, q, m, fill, scratch, w); err == nil {
-					err = st.insert(s, q.tokens)
+					err = st.insert(q.adapter, s, q.tokens)
 					if errors.Is(err, accounting.ErrBudgetExceeded) {
 						err = nil // not cached: the request goes on
 					}
@@ -624,6 +641,10 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 			q.counted = true
 			res.Queries += int64(len(q.tokens))
 			res.Hits += int64(m)
+			if res.AdapterQueries != nil {
+				res.AdapterQueries[q.adapter.index] += int64(len(q.tokens))
+				res.AdapterHits[q.adapter.index] += int64(m)
+			}
 			if tiered != nil {
 				now := tiered.tierStats()
 				for i := range now {
@@ -993,6 +1014,10 @@ func runPrefix(ctx context.Context, c *config, s setup, names []string, w Prefix
 	}
 	fmt.Fprintln(stdout)
 	printPrefixTable(stdout, results)
+	if w.Adapters > 1 {
+		fmt.Fprintln(stdout)
+		printAdapterTable(stdout, results, w.Adapters)
+	}
 	if w.Verify && s.tiers == nil {
 		for _, r := range results {
 			fmt.Fprintf(stdout, "%s: %d hit tokens read back in every layer that a later step reads, each as written for its prefix\n", r.Strategy, r.Verified)

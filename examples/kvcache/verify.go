@@ -23,10 +23,11 @@ func mix64(x uint64) uint64 {
 // prefixHashes returns, for each token, a hash of the tokens up to it: a model's K
 // and V of a token depend on every token before it, and so do the replay's bytes
 // under Verify, so that a block mapped or loaded for another prefix (or another
-// position) reads back other bytes.
-func prefixHashes(tokens []int32) []uint64 {
+// position) reads back other bytes. seed is the adapter's (padapter): the same
+// tokens give other K/V under another adapter.
+func prefixHashes(tokens []int32, seed uint64) []uint64 {
 	out := make([]uint64, len(tokens))
-	h := uint64(0x6a09e667f3bcc909)
+	h := uint64(0x6a09e667f3bcc909) ^ seed
 	for i, t := range tokens {
 		h = mix64(h ^ uint64(uint32(t)))
 		out[i] = h
@@ -56,7 +57,7 @@ func writePrompt(st pstrategy, s pseq, q *preq, m int, fill, scratch []byte, w P
 		return st.write(s, m, len(q.tokens), fill)
 	}
 	if q.prefix == nil {
-		q.prefix = prefixHashes(q.tokens)
+		q.prefix = q.adapter.prefixHashes(q.tokens)
 	}
 	for l := range w.Layers {
 		kinds, tb := layerOf(w.Plan, l, len(scratch))
@@ -98,7 +99,7 @@ func verifyHit(st pstrategy, s pseq, q *preq, m int, w PrefixWorkload, buf []byt
 		return nil
 	}
 	if q.prefix == nil {
-		q.prefix = prefixHashes(q.tokens)
+		q.prefix = q.adapter.prefixHashes(q.tokens)
 	}
 	want := make([]byte, len(buf))
 	for l := range w.Layers {

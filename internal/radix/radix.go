@@ -6,6 +6,12 @@
 // it ([Tree.Cover]). Matching compares token IDs, never hashes, so equal keys are
 // equal tokens by construction.
 //
+// A tree holds any number of namespaces, each a tree of its own under a root of its own
+// (Space): no match, insert or pin crosses from one into another, and a namespace's
+// root leaves the tree once it holds nothing. The default namespace (the empty key)
+// is Root. All namespaces share one use clock and one set of leaves, so that an
+// eviction that picks the least recently used leaf picks it across them all.
+//
 // Nodes carry a use clock for least-recently-used eviction and a pin count; the tree
 // splits an edge where a pin ends and where two inserted sequences part, and merges a
 // node with its only child once neither is needed. It does no eviction itself: the
@@ -28,6 +34,7 @@ type Node[V any] struct {
 	used     uint64
 	pins     int
 	value    V
+	space    string // a root's namespace key ("" for the default)
 }
 
 // Depth returns the tokens from the root to the end of the node's edge.
@@ -59,7 +66,11 @@ func (n *Node[V]) Value() V { return n.value }
 
 // Tree is a radix tree of token runs. Its zero value is not usable; call New.
 type Tree[V any] struct {
-	root   Node[V]
+	root Node[V]
+	// spaces holds the roots of the namespaces other than the default that hold a
+	// token or a pin, by key; void stands for any other (see Space).
+	spaces map[string]*Node[V]
+	void   Node[V]
 	clock  uint64
 	leaves map[*Node[V]]struct{}
 	// free holds the arrays of removed leaves' edges, for new edges to reuse: a
@@ -71,6 +82,10 @@ type Tree[V any] struct {
 	deferred       bool
 	retired, aging [][]int32
 }
+
+// panicVoid is the panic value for an insert or pin under the root Space returns for
+// a namespace the tree holds nothing of.
+const panicVoid = "radix: insert or pin into a namespace with no root (MakeSpace)"
 
 // maxFree bounds Tree.free.
 const maxFree = 8
@@ -135,11 +150,48 @@ func (t *Tree[V]) Release() {
 
 // New returns an empty tree.
 func New[V any]() *Tree[V] {
-	return &Tree[V]{root: Node[V]{children: map[int32]*Node[V]{}}, leaves: map[*Node[V]]struct{}{}}
+	return &Tree[V]{root: Node[V]{children: map[int32]*Node[V]{}}, leaves: map[*Node[V]]struct{}{}, spaces: map[string]*Node[V]{}}
 }
 
-// Root returns the root node (depth 0).
+// Root returns the root node (depth 0) of the default namespace.
 func (t *Tree[V]) Root() *Node[V] { return &t.root }
+
+// Space returns the root of the namespace key: Root for the empty key; for another,
+// its root when the tree holds a token or a pin of it, else an empty root that stands
+// for every such namespace, which Match, Peek and Cover find nothing under and which
+// must not be inserted into or pinned (MakeSpace). A lookup allocates nothing.
+func (t *Tree[V]) Space(key []byte) *Node[V] {
+	if len(key) == 0 {
+		return &t.root
+	}
+	if n := t.spaces[string(key)]; n != nil {
+		return n
+	}
+	return &t.void
+}
+
+// MakeSpace returns the root of the namespace key, as Space does, made when the tree
+// holds nothing of it yet: the root to insert or pin under. A root made and left
+// empty stays until the next Remove or Unpin under it.
+func (t *Tree[V]) MakeSpace(key []byte) *Node[V] {
+	n := t.Space(key)
+	if n == &t.void {
+		n = &Node[V]{children: map[int32]*Node[V]{}, space: string(key)}
+		t.spaces[n.space] = n
+	}
+	return n
+}
+
+// Spaces returns how many namespaces other than the default the tree holds roots of.
+func (t *Tree[V]) Spaces() int { return len(t.spaces) }
+
+// prune drops root, a namespace's root other than the default, from the tree once it
+// holds no token and no pin.
+func (t *Tree[V]) prune(root *Node[V]) {
+	if root != &t.root && root != &t.void && len(root.children) == 0 && root.pins == 0 {
+		delete(t.spaces, root.space)
+	}
+}
 
 // Leaves returns how many leaves the tree has.
 func (t *Tree[V]) Leaves() int { return len(t.leaves) }
@@ -211,8 +263,8 @@ func common(a, b []int32) int {
 
 // walk returns how many leading tokens the tree holds and the node whose edge holds
 // the last of them (the root when none).
-func (t *Tree[V]) walk(tokens []int32) (int, *Node[V]) {
-	n, pos := &t.root, 0
+func (t *Tree[V]) walk(root *Node[V], tokens []int32) (int, *Node[V]) {
+	n, pos := root, 0
 	for pos < len(tokens) {
 		c := n.children[tokens[pos]]
 		if c == nil {
@@ -230,14 +282,22 @@ func (t *Tree[V]) walk(tokens []int32) (int, *Node[V]) {
 
 // Match returns how many leading tokens of tokens the tree holds and the node whose
 // edge holds the last of them (the root when none), and marks the path used.
-func (t *Tree[V]) Match(tokens []int32) (int, *Node[V]) {
-	m, n := t.walk(tokens)
+func (t *Tree[V]) Match(tokens []int32) (int, *Node[V]) { return t.MatchFrom(&t.root, tokens) }
+
+// MatchFrom is Match in the namespace whose root is root (Space).
+func (t *Tree[V]) MatchFrom(root *Node[V], tokens []int32) (int, *Node[V]) {
+	m, n := t.walk(root, tokens)
 	t.touch(n)
 	return m, n
 }
 
 // Peek is Match without marking anything used.
-func (t *Tree[V]) Peek(tokens []int32) (int, *Node[V]) { return t.walk(tokens) }
+func (t *Tree[V]) Peek(tokens []int32) (int, *Node[V]) { return t.walk(&t.root, tokens) }
+
+// PeekFrom is Peek in the namespace whose root is root (Space).
+func (t *Tree[V]) PeekFrom(root *Node[V], tokens []int32) (int, *Node[V]) {
+	return t.walk(root, tokens)
+}
 
 // touch marks n and its ancestors used now.
 func (t *Tree[V]) touch(n *Node[V]) {
@@ -262,8 +322,8 @@ func (t *Tree[V]) Cover(n *Node[V]) *Node[V] {
 		}
 		n = best
 	}
-	if n == &t.root {
-		return nil
+	if n.parent == nil {
+		return nil // a root: its namespace holds nothing
 	}
 	return n
 }
@@ -284,7 +344,7 @@ func (t *Tree[V]) split(n *Node[V], k int) *Node[V] {
 // at returns the node that ends at depth m on the path of n (n's edge holds token
 // m-1), splitting n's edge when m falls inside it.
 func (t *Tree[V]) at(n *Node[V], m int) *Node[V] {
-	if n == &t.root || m == n.depth {
+	if n.parent == nil || m == n.depth {
 		return n
 	}
 	return t.split(n, len(n.key)-(n.depth-m))
@@ -296,10 +356,20 @@ func (t *Tree[V]) at(n *Node[V], m int) *Node[V] {
 // value is returned with displaced true: the caller drops it (the new leaf's value
 // holds its tokens).
 func (t *Tree[V]) Insert(tokens []int32, v V) (leaf *Node[V], old V, displaced bool) {
-	m, n := t.walk(tokens)
+	return t.InsertFrom(&t.root, tokens, v)
+}
+
+// InsertFrom is Insert in the namespace whose root is root (MakeSpace); an insert of
+// tokens under the empty root Space returns for a namespace the tree has none of
+// panics.
+func (t *Tree[V]) InsertFrom(root *Node[V], tokens []int32, v V) (leaf *Node[V], old V, displaced bool) {
+	m, n := t.walk(root, tokens)
 	if m == len(tokens) {
 		t.touch(n)
 		return nil, old, false
+	}
+	if root == &t.void {
+		panic(panicVoid)
 	}
 	n = t.at(n, m)
 	if n.Leaf() {
@@ -353,7 +423,10 @@ func (t *Tree[V]) Remove(leaf *Node[V]) *Node[V] {
 	delete(t.leaves, leaf)
 	leaf.parent = nil
 	t.recycle(leaf)
-	if p != &t.root && len(p.children) == 0 {
+	switch {
+	case p.parent == nil:
+		t.prune(p)
+	case len(p.children) == 0:
 		t.leaves[p] = struct{}{}
 	}
 	t.mergeDown(p)
@@ -370,7 +443,7 @@ func (t *Tree[V]) SetValue(leaf *Node[V], v V) {
 
 // mergeDown merges n into its only child when n is an unpinned internal node.
 func (t *Tree[V]) mergeDown(n *Node[V]) {
-	if n == &t.root || n.pins > 0 || len(n.children) != 1 {
+	if n.parent == nil || n.pins > 0 || len(n.children) != 1 {
 		return
 	}
 	var c *Node[V]
@@ -387,8 +460,15 @@ func (t *Tree[V]) mergeDown(n *Node[V]) {
 
 // Pin pins the longest held prefix of tokens, splitting an edge where it ends, and
 // returns the pinned node (the root when nothing matched: a pin of nothing).
-func (t *Tree[V]) Pin(tokens []int32) *Node[V] {
-	m, n := t.walk(tokens)
+func (t *Tree[V]) Pin(tokens []int32) *Node[V] { return t.PinFrom(&t.root, tokens) }
+
+// PinFrom is Pin in the namespace whose root is root (MakeSpace); the empty root
+// Space returns for a namespace the tree has none of panics.
+func (t *Tree[V]) PinFrom(root *Node[V], tokens []int32) *Node[V] {
+	if root == &t.void {
+		panic(panicVoid)
+	}
+	m, n := t.walk(root, tokens)
 	n = t.at(n, m)
 	n.pins++
 	t.touch(n)
@@ -403,6 +483,8 @@ func (t *Tree[V]) Unpin(n *Node[V]) {
 	n.pins--
 	if n.parent != nil {
 		t.mergeDown(n)
+	} else {
+		t.prune(n)
 	}
 }
 
@@ -417,6 +499,9 @@ func (t *Tree[V]) Tokens() int64 {
 		}
 	}
 	walk(&t.root)
+	for _, r := range t.spaces {
+		walk(r)
+	}
 	return n
 }
 
