@@ -77,7 +77,7 @@ func TestNamespaceEventsGolden(t *testing.T) {
 	type base struct{ lora, salt string }
 	// One cache per EventOptions, every namespace's prompt in it.
 	recs := map[base]*nsRecorder{}
-	envs := map[base]*nsEnv{}
+	envs := map[base]*env{}
 	for _, tc := range v.Cases {
 		if b := (base{tc.BaseLoRA, tc.BaseSalt}); envs[b] == nil {
 			recs[b] = &nsRecorder{}

@@ -11,7 +11,6 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
-	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
 )
@@ -32,42 +31,16 @@ const nsGranule = 4 << 10
 // and another adapter.
 var nsSpaces = []kv.Namespace{{}, {Adapter: "a"}, {Salt: "t1"}, {Adapter: "a", Salt: "t1"}, {Adapter: "b"}}
 
-// nsEnv is a prefix cache on a backingtest.Fake under a governor, with what its books
-// are checked against.
-type nsEnv struct {
-	c    *kv.Cache
-	pc   *kv.PrefixCache
-	fake *backingtest.Fake
-	auth *accounting.Authority
-}
-
-// newNSCache returns a prefix cache with opts over a cache of cfg (nsModel, Blocked,
-// when cfg.Model is unset) on a Fake of nsGranule granules under limit bytes (0: no
-// limit). The test's cleanup closes both and checks that every granule came back.
-// It is the file's one constructor.
-func newNSCache(t testing.TB, cfg kv.Config, limit int64, opts kv.PrefixCacheOptions) *nsEnv {
+// newNSCache returns the test's env: a prefix cache with opts over a cache of cfg
+// (nsModel, Blocked, when cfg.Model is unset) on a Fake of nsGranule granules under
+// limit bytes (0: no limit). The env's cleanup closes both and checks the books. It
+// is the file's one constructor.
+func newNSCache(t testing.TB, cfg kv.Config, limit int64, opts kv.PrefixCacheOptions) *env {
 	t.Helper()
-	gov := accounting.NewGovernor()
-	if limit > 0 {
-		require.NoError(t, gov.SetLimit(accounting.DeviceKey{}, limit))
-	}
-	auth := gov.Authority("kv ns test", accounting.DeviceKey{})
-	f := backingtest.NewFake(backingtest.FakeOptions{Granularity: nsGranule, Authority: auth})
 	if cfg.Model.Name == "" {
 		cfg.Model = nsModel
 	}
-	c, err := kv.New(f, cfg)
-	require.NoError(t, err)
-	pc, err := kv.NewPrefixCache(c, opts)
-	require.NoError(t, err)
-	e := &nsEnv{c: c, pc: pc, fake: f, auth: auth}
-	t.Cleanup(func() {
-		_ = pc.Close() // NB: a test that closed it already gets ErrClosed
-		require.NoError(t, c.Close())
-		assert.Zero(t, f.LiveGranules(), "granules left")
-		assert.Zero(t, auth.Stats().Owned, "bytes owned after Close")
-	})
-	return e
+	return openEnv(t, onFake, withGranule(nsGranule), withLimit(limit), withConfig(cfg), withPrefixCache(opts))
 }
 
 // nsIDs returns n token IDs from first on.
@@ -284,7 +257,7 @@ type nsLive struct {
 // inserted into each namespace, the live sequences and the pins.
 type nsFuzz struct {
 	t        *testing.T
-	e        *nsEnv
+	e        *env
 	bases    [3][]int32
 	inserted [][][]int32 // per namespace
 	live     []nsLive
