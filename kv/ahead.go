@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/causes"
 )
 
 // Map-ahead (Config.MapAhead): the granules a growing sequence will commit next are
@@ -243,6 +244,7 @@ func (a *ahead) after(batch []Growth, crossed bool) {
 func (a *ahead) kickNow() {
 	select {
 	case a.kick <- struct{}{}:
+		causes.Add(causes.Wake)
 	default:
 	}
 }
@@ -279,7 +281,7 @@ func (a *ahead) askGroup(s *Sequence, gi int, r *seqAhead, tokens int) bool {
 		return false
 	}
 	last, _ := backing.AlignUp(g.extent(s.c.cfg.MaxTokens), s.c.gran)
-	a.mu.Lock()
+	causes.Lock(&a.mu, causes.WaitAhead)
 	defer a.mu.Unlock()
 	if a.stopped {
 		return false
@@ -322,7 +324,7 @@ func (a *ahead) settle(s *Sequence, r *seqAhead, upto int) (bool, error) {
 		return false, nil
 	}
 	adopt := upto >= 0
-	a.mu.Lock()
+	causes.Lock(&a.mu, causes.WaitAhead)
 	if adopt {
 		switch r.state {
 		case aheadAsked:
@@ -330,6 +332,9 @@ func (a *ahead) settle(s *Sequence, r *seqAhead, upto int) (bool, error) {
 		case aheadMapping:
 			a.missInFlight++
 		}
+	}
+	if r.state == aheadMapping || r.state == aheadDropping {
+		causes.Add(causes.WaitAhead)
 	}
 	for r.state == aheadMapping || r.state == aheadDropping {
 		a.cond.Wait()
@@ -343,6 +348,7 @@ func (a *ahead) settle(s *Sequence, r *seqAhead, upto int) (bool, error) {
 	case aheadAsked:
 		a.queue = removeRun(a.queue, r)
 		a.cond.Broadcast()
+		causes.Add(causes.Wake)
 	case aheadMapped:
 		a.unlist(r)
 	}
@@ -582,7 +588,7 @@ func (a *ahead) own() int64 {
 // back, or idle, where the step takes it).
 func (a *ahead) hold(need, credit int64) func() {
 	c := a.c
-	a.mu.Lock()
+	causes.Lock(&a.mu, causes.WaitAhead)
 	margin := int64(0) // what the worker has in flight and may not have charged yet
 	switch {
 	case a.busy != nil:
@@ -603,14 +609,18 @@ func (a *ahead) hold(need, credit int64) func() {
 	}
 	a.holds++
 	tight := need-c.idle()-a.own()+margin > c.gov.Available(c.dev)+credit
+	if tight && (a.busy != nil || a.filling) {
+		causes.Add(causes.WaitAhead)
+	}
 	for tight && (a.busy != nil || a.filling) {
 		a.cond.Wait()
 	}
 	a.mu.Unlock()
 	return func() {
-		a.mu.Lock()
+		causes.Lock(&a.mu, causes.WaitAhead)
 		if a.holds--; a.holds == 0 {
 			a.cond.Broadcast()
+			causes.Add(causes.Wake)
 		}
 		a.mu.Unlock()
 	}
