@@ -317,6 +317,9 @@ type PrefixWorkload struct {
 	// it (as a model's are), and reads every hit token back and compares: a failure
 	// of the replay if one byte differs.
 	Verify bool
+	// Causes counts what each decode step paid, by cause (causes.go), as
+	// Workload.Causes does.
+	Causes bool
 }
 
 // PrefixSample is one reading, after a batch iteration.
@@ -356,6 +359,9 @@ type PrefixResult struct {
 	EvictedTokens int64   `json:",omitempty"`
 	WrittenTokens []int64 `json:",omitempty"`
 	Verified      int64   `json:",omitempty"` // hit tokens read back and compared
+	// Causes is, with PrefixWorkload.Causes, what the decode steps paid by cause
+	// (Result.Causes).
+	Causes []CauseClass `json:",omitempty"`
 }
 
 // preq is a request during the prefix replay.
@@ -507,6 +513,15 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 	res := PrefixResult{Strategy: st.Name(), Requests: len(w.Requests)}
 	if len(w.Requests) == 0 || w.Step <= 0 || w.PrefillRate <= 0 || w.Concurrency <= 0 {
 		return res, fmt.Errorf("prefix replay: %d requests, step %v, prefill rate %v, concurrency %d", len(w.Requests), w.Step, w.PrefillRate, w.Concurrency)
+	}
+	var meter *causeMeter
+	if w.Causes {
+		m, stop, err := startCauses()
+		if err != nil {
+			return res, err
+		}
+		defer stop()
+		meter = m
 	}
 	start := time.Now()
 	bpt := 2 * int64(w.Layers) * int64(w.TokenBytes)
@@ -684,6 +699,8 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 		progressed := false
 		for i := 0; i < len(running); i++ {
 			q := running[i]
+			meter.begin()
+			t0 := time.Now()
 			err := timed(func() error {
 				if err := q.seq.Append(1); err != nil {
 					return err
@@ -691,12 +708,14 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 				t := q.seq.Len() - 1
 				return st.write(q.seq, t, t+1, fill)
 			})
+			dt := time.Since(t0)
 			if errors.Is(err, accounting.ErrBudgetExceeded) {
 				continue
 			}
 			if err != nil {
 				return res, fmt.Errorf("request %d: decode: %w", q.ID, err)
 			}
+			meter.end(dt)
 			progressed = true
 			q.done++
 			liveTokens++
@@ -762,6 +781,7 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 		res.Waste = 100 * (1 - needSum/physSum)
 	}
 	res.TTFTP50, res.TTFTP99 = quantile(ttfts, 0.5), quantile(ttfts, 0.99)
+	res.Causes = meter.classes()
 	res.After, _ = st.physical()
 	res.Trimmed = st.trim()
 	res.CachedAfter, res.FloorAfter = st.cached()
@@ -993,6 +1013,13 @@ func runPrefix(ctx context.Context, c *config, s setup, names []string, w Prefix
 	}
 	fmt.Fprintln(stdout)
 	printPrefixTable(stdout, results)
+	if w.Causes {
+		names, cls := make([]string, len(results)), make([][]CauseClass, len(results))
+		for i, r := range results {
+			names[i], cls[i] = r.Strategy, r.Causes
+		}
+		printCauses(stdout, names, cls)
+	}
 	if w.Verify && s.tiers == nil {
 		for _, r := range results {
 			fmt.Fprintf(stdout, "%s: %d hit tokens read back in every layer that a later step reads, each as written for its prefix\n", r.Strategy, r.Verified)
