@@ -507,7 +507,11 @@ func (a *ahead) next() bool {
 		return more
 	}
 	r := a.queue[0]
-	a.queue = a.queue[1:]
+	// NB: shifted, not resliced from the front: the queue keeps its capacity, so
+	// that the step that asks next (askGroup) appends without allocating.
+	n := copy(a.queue, a.queue[1:])
+	a.queue[n] = nil
+	a.queue = a.queue[:n]
 	r.state = aheadMapping
 	a.busy = r
 	cp := r.run()
