@@ -27,7 +27,7 @@ import (
 // causeMeter records, for every decode step that went through, its wall time and
 // what it paid.
 type causeMeter struct {
-	c0    causes.Counts
+	c0, d causes.Counts // at the step's start; what it paid (stop)
 	steps []stepCauses
 }
 
@@ -57,10 +57,18 @@ func (m *causeMeter) begin() {
 	}
 }
 
-// end records a step that took dt, after its clock stopped.
+// stop is called as the step's clock stops: what the replay does after it (its own
+// books) is not the step's.
+func (m *causeMeter) stop() {
+	if m != nil {
+		m.d = causes.Now().Sub(m.c0)
+	}
+}
+
+// end records the step that stopped last, which took dt, as one that went through.
 func (m *causeMeter) end(dt time.Duration) {
 	if m != nil {
-		m.steps = append(m.steps, stepCauses{dt: dt, c: causes.Now().Sub(m.c0)})
+		m.steps = append(m.steps, stepCauses{dt: dt, c: m.d})
 	}
 }
 
@@ -137,9 +145,13 @@ func (m *causeMeter) classes() []CauseClass {
 }
 
 // printCauses writes, per strategy and class of steps, the mean count of each cause
-// per step and the share of steps with any; a cause no step paid is left out.
+// per step and the share of steps with any; a kind of call, lock or wake that no
+// step paid is left out.
 func printCauses(w io.Writer, names []string, cls [][]CauseClass) {
 	shown := make([]bool, len(causeColumns))
+	for i := range 4 {
+		shown[i] = true // faults, slept, preempted, syscalls
+	}
 	for _, cs := range cls {
 		for _, c := range cs {
 			for i, a := range c.Any {

@@ -709,6 +709,7 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 				return st.write(q.seq, t, t+1, fill)
 			})
 			dt := time.Since(t0)
+			meter.stop()
 			if errors.Is(err, accounting.ErrBudgetExceeded) {
 				continue
 			}

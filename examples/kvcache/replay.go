@@ -489,6 +489,7 @@ func (r *replayer) run(ctx context.Context) error {
 				err = r.writeTokens(q.seq, t, t+1, q.fill)
 			}
 			dt := time.Since(t0)
+			r.causes.stop()
 			r.res.MemoryTime += dt
 			if isBudget(err) {
 				q.refused = true
