@@ -60,7 +60,6 @@ func Kinds() []Kind {
 
 var (
 	enabled atomic.Bool
-	tracked atomic.Int64 // the tracked thread's id, 0 for none
 	counts  [nKinds]atomic.Int64
 )
 

@@ -1,8 +1,13 @@
 package causes
 
 import (
+	"sync/atomic"
+
 	"golang.org/x/sys/unix"
 )
+
+// tracked is the tracked thread's id, 0 for none.
+var tracked atomic.Int64
 
 // Track makes the calling thread the one counted, and turns counting on (Enable).
 // The caller MUST have locked its goroutine to the thread (runtime.LockOSThread)
