@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/causes"
+	"github.com/vmarena/vmarena/internal/poll"
 )
 
 // Map-ahead (Config.MapAhead): the granules a growing sequence will commit next are
@@ -68,10 +71,11 @@ import (
 // have made itself. A sequence's owner also takes ahead.mu briefly, once per run,
 // to ask and to settle (a few times where it adopts a run in part), and on a step
 // that leaves a window's granules behind (ahead_behind.go); neither the worker nor a
-// reclaim holds it across a call. The
-// crossing step makes no futex call either: the kick that a parked worker needs for
-// the run it then asks is left to the cache's next step (after). The first ask of a
-// cache starts the worker.
+// reclaim holds it across a call. No step wakes the worker while the cache's
+// sequences grow: it looks for runs asked at short intervals (aheadPoll), and waits
+// for a kick only once it found none for a while; even then the crossing step makes
+// no futex call: the kick for the run it asks is left to the cache's next step
+// (after). The first ask of a cache starts the worker.
 //
 // Accounting: Need, AppendBatch and every check of the budget count the runs mapped
 // ahead as the cache's own, like the pool's idle granules (own), and a growth that
@@ -196,7 +200,8 @@ type ahead struct {
 	behindOut int
 	filling   bool // the worker makes a granule for the pool (fill)
 	holds     int  // steps that keep the worker from starting a run (hold)
-	parked    bool // the worker waits for a kick (see run)
+	parked    bool // the worker has nothing to do: it looks again later (see run)
+	sleeping  bool // and waits for a kick, not for its next look
 	noFill    bool // fill is off (a benchmark's comparison)
 	noLeave   bool // leaving behind is off (a benchmark's comparison)
 	started   bool
@@ -215,8 +220,9 @@ func newAhead(c *Cache) *ahead {
 
 // after asks for the runs of the sequences of a batch that just grew: each that is
 // now within aheadTokens of a commit and has no run asked. Only the batch's owner
-// calls it; crossed says whether the step adopted a run. A parked worker is kicked
-// (a futex call, and on a busy machine the thread woken may take the step's CPU), but
+// calls it; crossed says whether the step adopted a run. A worker that waits for a
+// kick (it found nothing to do for a while: see run) is kicked (a futex call, and
+// on a busy machine the thread woken may take the step's CPU), but
 // not by a step that crossed into a run: that kick is owed, and paid by the cache's
 // next step (by the next crossing step too, where every step crosses), so that the
 // step that crosses after a step that did not makes no system call. A run whose
@@ -243,6 +249,7 @@ func (a *ahead) after(batch []Growth, crossed bool) {
 func (a *ahead) kickNow() {
 	select {
 	case a.kick <- struct{}{}:
+		causes.Add(causes.Wake)
 	default:
 	}
 }
@@ -250,7 +257,7 @@ func (a *ahead) kickNow() {
 // ask queues, for each group of s with no run asked, the run of its next commit if
 // it is within aheadTokens: the granules past the group's committed bytes that its
 // next tokens need. It starts the worker if need be, and reports whether the worker
-// must be kicked (it is parked).
+// must be kicked (it waits for a kick).
 func (a *ahead) ask(s *Sequence) bool {
 	room := s.c.cfg.MaxTokens - s.n
 	if room <= 0 || s.err != nil {
@@ -279,7 +286,7 @@ func (a *ahead) askGroup(s *Sequence, gi int, r *seqAhead, tokens int) bool {
 		return false
 	}
 	last, _ := backing.AlignUp(g.extent(s.c.cfg.MaxTokens), s.c.gran)
-	a.mu.Lock()
+	causes.Lock(&a.mu, causes.WaitAhead)
 	defer a.mu.Unlock()
 	if a.stopped {
 		return false
@@ -291,8 +298,8 @@ func (a *ahead) askGroup(s *Sequence, gi int, r *seqAhead, tokens int) bool {
 		a.done.Add(1)
 		go a.run()
 	}
-	kick := a.parked
-	a.parked = false
+	kick := a.sleeping
+	a.parked, a.sleeping = false, false
 	return kick
 }
 
@@ -322,7 +329,7 @@ func (a *ahead) settle(s *Sequence, r *seqAhead, upto int) (bool, error) {
 		return false, nil
 	}
 	adopt := upto >= 0
-	a.mu.Lock()
+	causes.Lock(&a.mu, causes.WaitAhead)
 	if adopt {
 		switch r.state {
 		case aheadAsked:
@@ -330,6 +337,9 @@ func (a *ahead) settle(s *Sequence, r *seqAhead, upto int) (bool, error) {
 		case aheadMapping:
 			a.missInFlight++
 		}
+	}
+	if r.state == aheadMapping || r.state == aheadDropping {
+		causes.Add(causes.WaitAhead)
 	}
 	for r.state == aheadMapping || r.state == aheadDropping {
 		a.cond.Wait()
@@ -343,6 +353,7 @@ func (a *ahead) settle(s *Sequence, r *seqAhead, upto int) (bool, error) {
 	case aheadAsked:
 		a.queue = removeRun(a.queue, r)
 		a.cond.Broadcast()
+		causes.Add(causes.Wake)
 	case aheadMapped:
 		a.unlist(r)
 	}
@@ -440,27 +451,72 @@ func (a *ahead) count(more bool, bytes int64) {
 	a.held.Store(a.mappedBytes)
 }
 
-// run is the worker: it commits the runs asked, in order, and parks on a kick when
-// none is left.
+// aheadPoll is the interval at which the worker, with none left, looks for runs
+// asked, doubling up to aheadIdlePolls intervals while it finds none; after
+// aheadParkPolls looks that found none it waits for a kick. While a cache's sequences
+// grow, their runs are asked every few steps, so the worker keeps looking and a step
+// that asks one makes no futex call: the kick (a wake-up of the worker's thread,
+// which on a busy machine may take the step's CPU) was on 4% of the steps of
+// examples/kvcache and on 35-45% of those above its p99 (docs/benchmarks/step.md).
+// At 250 µs doubled to 4 ms, a run is found well within the aheadTokens steps of
+// lead that its ask leaves.
+const (
+	aheadPoll      = 250 * time.Microsecond
+	aheadIdlePolls = 16
+	aheadParkPolls = 32
+)
+
+// run is the worker: it commits the runs asked, in order, and with none left looks
+// again at intervals (aheadPoll), or after long enough waits for a kick.
 func (a *ahead) run() {
 	defer a.done.Done()
+	t := time.NewTimer(aheadPoll)
+	t.Stop()
+	defer t.Stop()
+	backoff := poll.Backoff{Interval: aheadPoll, MaxPolls: aheadIdlePolls}
+	empty := 0 // looks in a row that found nothing to do
 	for {
+		busy := false
 		for a.next() {
+			busy = true
 		}
 		a.mu.Lock()
 		a.parked = len(a.queue) == 0 && len(a.behind) == 0
 		parked := a.parked
 		if parked {
 			a.cond.Broadcast() // for WaitAhead, in tests
+			if busy {
+				empty = 0
+			} else {
+				empty++
+			}
+			a.sleeping = empty >= aheadParkPolls
 		}
+		sleeping := a.sleeping
 		a.mu.Unlock()
 		if !parked {
 			continue
 		}
+		if sleeping {
+			select {
+			case <-a.stop:
+				return
+			case <-a.kick:
+			}
+			a.mu.Lock()
+			a.sleeping = false
+			a.mu.Unlock()
+			empty = 0
+			backoff.Next(true)
+			continue
+		}
+		t.Reset(backoff.Next(busy))
 		select {
 		case <-a.stop:
 			return
 		case <-a.kick:
+			t.Stop()
+		case <-t.C:
 		}
 	}
 }
@@ -501,7 +557,11 @@ func (a *ahead) next() bool {
 		return more
 	}
 	r := a.queue[0]
-	a.queue = a.queue[1:]
+	// NB: shifted, not resliced from the front: the queue keeps its capacity, so
+	// that the step that asks next (askGroup) appends without allocating.
+	n := copy(a.queue, a.queue[1:])
+	a.queue[n] = nil
+	a.queue = a.queue[:n]
 	r.state = aheadMapping
 	a.busy = r
 	cp := r.run()
@@ -582,7 +642,7 @@ func (a *ahead) own() int64 {
 // back, or idle, where the step takes it).
 func (a *ahead) hold(need, credit int64) func() {
 	c := a.c
-	a.mu.Lock()
+	causes.Lock(&a.mu, causes.WaitAhead)
 	margin := int64(0) // what the worker has in flight and may not have charged yet
 	switch {
 	case a.busy != nil:
@@ -603,14 +663,18 @@ func (a *ahead) hold(need, credit int64) func() {
 	}
 	a.holds++
 	tight := need-c.idle()-a.own()+margin > c.gov.Available(c.dev)+credit
+	if tight && (a.busy != nil || a.filling) {
+		causes.Add(causes.WaitAhead)
+	}
 	for tight && (a.busy != nil || a.filling) {
 		a.cond.Wait()
 	}
 	a.mu.Unlock()
 	return func() {
-		a.mu.Lock()
+		causes.Lock(&a.mu, causes.WaitAhead)
 		if a.holds--; a.holds == 0 {
 			a.cond.Broadcast()
+			causes.Add(causes.Wake)
 		}
 		a.mu.Unlock()
 	}

@@ -3,6 +3,8 @@ package kv
 import (
 	"errors"
 	"fmt"
+
+	"github.com/vmarena/vmarena/internal/causes"
 )
 
 // The window's give-back off the token path (Config.MapAhead on a Model with
@@ -64,7 +66,7 @@ type seqBehind struct {
 // the ranges may differ: the caller damages the sequence.
 func (a *ahead) leave(s *Sequence, gi int, rs []buffer, off int) error {
 	rec := &s.gs[gi].behind
-	a.mu.Lock()
+	causes.Lock(&a.mu, causes.WaitAhead)
 	if rec.state != behindDropping && !a.stopped && !a.noLeave && s.pcl == nil {
 		var bytes, owned int64
 		for _, b := range rs {

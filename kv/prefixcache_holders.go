@@ -4,6 +4,8 @@ import (
 	"errors"
 	"slices"
 	"sync"
+
+	"github.com/vmarena/vmarena/internal/causes"
 )
 
 // Holders: the live sequences and prefixes that map a prefix cache's granules, and
@@ -307,7 +309,7 @@ var _ prefixHooks = pcHooks{}
 // whose ranges a lookup may be mapping from.
 func (pcHooks) lockRanges(s *Sequence) {
 	if l := s.pcl; l != nil && l.origin {
-		l.mu.Lock()
+		causes.Lock(&l.mu, causes.WaitPrefix)
 	}
 }
 
@@ -349,7 +351,7 @@ func (h pcHooks) truncating(s *Sequence, n int, truncate func() (int, error)) er
 // own, under s's ranges' lock.
 func (h pcHooks) beforeWrite(s *Sequence, t int) {
 	if l := s.pcl; l != nil && t < l.lazyN {
-		l.mu.Lock()
+		causes.Lock(&l.mu, causes.WaitPrefix)
 		defer l.mu.Unlock()
 		l.pc.materialize(s, t)
 		l.lazyN = t

@@ -13,6 +13,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/causes"
 	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/internal/nocopy"
 )
@@ -345,7 +346,7 @@ func NewShared(opts SharedOptions) (*Shared, error) {
 	if !sharedSupported {
 		return nil, fmt.Errorf("host: shared backing (memfd) is not supported on this system: %w", errors.ErrUnsupported)
 	}
-	return newShared(opts, sharedDefaultSys())
+	return newShared(opts, countedSys(sharedDefaultSys()))
 }
 
 func newShared(opts SharedOptions, sys sharedSys) (*Shared, error) {
@@ -704,7 +705,7 @@ func (r *SharedReservation) check() {
 // releases s.mu again and panics with PanicSharedClosed. On return the caller holds
 // s.mu.
 func (s *Shared) lock() {
-	s.mu.Lock()
+	causes.Lock(&s.mu, causes.WaitBacking)
 	if s.closed {
 		s.mu.Unlock()
 		panic(PanicSharedClosed)
@@ -719,7 +720,7 @@ func (s *Shared) lock() {
 // backing.PanicUseAfterUnreserve, each checked in turn. Either way lockUse releases
 // s.mu again first. On a nil error the caller holds s.mu.
 func (s *Shared) lockUse(op string, rs ...*SharedReservation) error {
-	s.mu.Lock()
+	causes.Lock(&s.mu, causes.WaitBacking)
 	if invariants.Enabled {
 		s.checkCountsLocked()
 	}

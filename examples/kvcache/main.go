@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/vmarena/vmarena/internal/baseline"
+	"github.com/vmarena/vmarena/internal/causes"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -111,6 +112,7 @@ type config struct {
 	metrics     string
 	prefillRate float64
 	cpuprofile  string
+	causes      bool // -causes: count what each decode step paid, by cause (causes.go)
 	rounds      int  // -rounds: fair timing, each strategy in a child process
 	child       bool // -child (hidden): a fair-timing child; see fair.go
 	// The prefix cache's tiers (tiers.go).
@@ -314,6 +316,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.format, "format", "png", "plot format: png or svg")
 	fs.StringVar(&c.progress, "progress", "auto", "progress display: auto (a bar on a terminal, lines otherwise), bar, lines or none")
 	fs.StringVar(&c.metrics, "metrics", "", "serve Prometheus metrics of the strategy replaying at http://ADDR/metrics, like 127.0.0.1:9090 (default: none)")
+	fs.BoolVar(&c.causes, "causes", false, "count what each decode step pays on the replaying thread, by cause (page faults, sleeps, preemptions, the backing's system calls, locks found held, wake-ups), and print their distribution over all steps and over those above the p50 and the p99 step; Linux only, not with -rounds (the counting slows the replay: read the counts, not the times)")
 	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof reads it); not with -rounds")
 	fs.IntVar(&c.rounds, "rounds", 0, "fair timing: replay each strategy in a fresh process of this binary, one at a time, this many rounds in alternating order, and report the median and range of each figure and of vmarena's ratio to each other strategy (no plot, no idle tail); 0: every strategy in this process, one after another")
 	fs.BoolVar(&c.child, childFlag, false, "a fair-timing child: replay the one strategy of -strategies and write its result on stdout as JSON (what -rounds runs)")
@@ -452,6 +455,8 @@ func (c *config) validate() (setup, []string, error) {
 		return s, nil, fmt.Errorf("-rounds %d is negative", c.rounds)
 	case c.rounds > 0 && c.cpuprofile != "":
 		return s, nil, fmt.Errorf("-cpuprofile profiles one process: it can not be used with -rounds %d (each strategy replays in a process of its own)", c.rounds)
+	case c.rounds > 0 && c.causes:
+		return s, nil, fmt.Errorf("-causes counts one process: it can not be used with -rounds %d (each strategy replays in a process of its own)", c.rounds)
 	case c.rounds > 0 && c.metrics != "":
 		return s, nil, fmt.Errorf("-metrics serves one process: it can not be used with -rounds %d (each strategy replays in a process of its own)", c.rounds)
 	case c.child && len(names) != 1:
@@ -477,6 +482,9 @@ func (c *config) validate() (setup, []string, error) {
 	}
 	s.poolHigh = c.poolHigh
 	s.mapAhead = c.mapAhead
+	if c.causes {
+		causes.Enable() // NB: before any backing is built, so that they count their calls
+	}
 	s.maxTokens, s.budget = c.maxTokens, int64(c.budget)
 	if err := s.shape().Validate(); err != nil {
 		return s, nil, fmt.Errorf("-max-tokens %d with %s: %w", c.maxTokens, g.Name, err)
@@ -602,7 +610,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if c.prefix {
 		w := PrefixWorkload{Requests: reqs, Speed: c.speed, Step: c.step, PrefillRate: c.prefillRate,
 			Concurrency: c.concurrency, MaxTokens: c.maxTokens, TokenBytes: s.model.Groups[0].TokenBytes(), Layers: s.model.Layers,
-			Plan: planLayers(s.groups), Verify: s.tiers != nil || c.verify, Adapters: c.adapters}
+			Plan: planLayers(s.groups), Verify: s.tiers != nil || c.verify, Adapters: c.adapters, Causes: c.causes}
 		if code := c.prefixBudget(&s, w, stderr); code != 0 {
 			return code
 		}
@@ -644,6 +652,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		MaxTokens:    c.maxTokens,
 		Idle:         c.idle,
 		Verify:       c.verify,
+		Causes:       c.causes,
 	}
 	w.TokenBytes = planBytes(w.Plan, s.model.Groups[0].TokenBytes())
 	if err := w.validate(); err != nil {
@@ -675,6 +684,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stdout)
 	printTable(stdout, results, s)
+	if c.causes {
+		printCauses(stdout, resultNames(results), resultCauses(results))
+	}
 	path, err := writePlot(c.out, c.format, results, s, w)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvcache: plot: %v\n", err)

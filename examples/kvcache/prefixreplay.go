@@ -320,6 +320,9 @@ type PrefixWorkload struct {
 	// Adapters is the LoRA adapters the requests are served under, request i (in
 	// Requests' order) under adapter i mod Adapters; 0 or 1: the base model only.
 	Adapters int
+	// Causes counts what each decode step paid, by cause (causes.go), as
+	// Workload.Causes does.
+	Causes bool
 }
 
 // PrefixSample is one reading, after a batch iteration.
@@ -366,6 +369,9 @@ type PrefixResult struct {
 	AdapterHits    []int64 `json:",omitempty"`
 	AdapterIdeal   []int64 `json:",omitempty"`
 	SharedIdeal    int64   `json:",omitempty"`
+	// Causes is, with PrefixWorkload.Causes, what the decode steps paid by cause
+	// (Result.Causes).
+	Causes []CauseClass `json:",omitempty"`
 }
 
 // preq is a request during the prefix replay.
@@ -519,6 +525,15 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 	res := PrefixResult{Strategy: st.Name(), Requests: len(w.Requests)}
 	if len(w.Requests) == 0 || w.Step <= 0 || w.PrefillRate <= 0 || w.Concurrency <= 0 {
 		return res, fmt.Errorf("prefix replay: %d requests, step %v, prefill rate %v, concurrency %d", len(w.Requests), w.Step, w.PrefillRate, w.Concurrency)
+	}
+	var meter *causeMeter
+	if w.Causes {
+		m, stop, err := startCauses()
+		if err != nil {
+			return res, err
+		}
+		defer stop()
+		meter = m
 	}
 	start := time.Now()
 	bpt := 2 * int64(w.Layers) * int64(w.TokenBytes)
@@ -705,6 +720,8 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 		progressed := false
 		for i := 0; i < len(running); i++ {
 			q := running[i]
+			meter.begin()
+			t0 := time.Now()
 			err := timed(func() error {
 				if err := q.seq.Append(1); err != nil {
 					return err
@@ -712,12 +729,15 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 				t := q.seq.Len() - 1
 				return st.write(q.seq, t, t+1, fill)
 			})
+			dt := time.Since(t0)
+			meter.stop()
 			if errors.Is(err, accounting.ErrBudgetExceeded) {
 				continue
 			}
 			if err != nil {
 				return res, fmt.Errorf("request %d: decode: %w", q.ID, err)
 			}
+			meter.end(dt)
 			progressed = true
 			q.done++
 			liveTokens++
@@ -783,6 +803,7 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 		res.Waste = 100 * (1 - needSum/physSum)
 	}
 	res.TTFTP50, res.TTFTP99 = quantile(ttfts, 0.5), quantile(ttfts, 0.99)
+	res.Causes = meter.classes()
 	res.After, _ = st.physical()
 	res.Trimmed = st.trim()
 	res.CachedAfter, res.FloorAfter = st.cached()
@@ -1017,6 +1038,13 @@ func runPrefix(ctx context.Context, c *config, s setup, names []string, w Prefix
 	if w.Adapters > 1 {
 		fmt.Fprintln(stdout)
 		printAdapterTable(stdout, results, w.Adapters)
+	}
+	if w.Causes {
+		names, cls := make([]string, len(results)), make([][]CauseClass, len(results))
+		for i, r := range results {
+			names[i], cls[i] = r.Strategy, r.Causes
+		}
+		printCauses(stdout, names, cls)
 	}
 	if w.Verify && s.tiers == nil {
 		for _, r := range results {

@@ -41,6 +41,9 @@ type Workload struct {
 	// (every sequence closed, the prefix released): a pool gives idle granules back
 	// by decay on the real clock. 0: not at all.
 	Idle time.Duration
+	// Causes counts what each decode step paid, by cause (causes.go); the counting
+	// must have been enabled (causes.Enable) before the strategy was built.
+	Causes bool
 }
 
 func (w Workload) validate() error {
@@ -120,7 +123,10 @@ type Result struct {
 	// token and the write of its K and V in every layer), on the wall clock.
 	StepP50, StepP99, StepMax time.Duration
 	Steps                     int
-	MemoryTime                time.Duration // all memory-layer calls, prefill included
+	// Causes is, with Workload.Causes, what the steps paid by cause: all of them,
+	// and those above StepP50 and StepP99.
+	Causes     []CauseClass  `json:",omitempty"`
+	MemoryTime time.Duration // all memory-layer calls, prefill included
 
 	// Requests that finished later than they would have on an idle server (admitted
 	// on arrival, one token per step), and by how much, in simulated time: the wait
@@ -172,10 +178,11 @@ type replayer struct {
 	waits  []time.Duration
 	// progress is called after every completion or rejection with the count so far.
 	progress func(done int, s Sample)
-	gerr     error  // the first failure to read the groups
-	verr     error  // with Workload.Verify, the first read-back that failed
-	prompt   []byte // the system prompt's fill
-	scratch  []byte // a token's or a state's bytes, for the read-back
+	gerr     error       // the first failure to read the groups
+	verr     error       // with Workload.Verify, the first read-back that failed
+	prompt   []byte      // the system prompt's fill
+	scratch  []byte      // a token's or a state's bytes, for the read-back
+	causes   *causeMeter // with Workload.Causes
 }
 
 // groupReader is a strategy that measures its layer groups: has is false where it has
@@ -198,6 +205,14 @@ func Replay(ctx context.Context, st baseline.Strategy, w Workload, progress func
 	r.prompt, r.scratch = r.fillBytes(0xA5), make([]byte, w.TokenBytes)
 	r.res.Strategy = st.Name()
 	r.res.Requests = len(w.Requests)
+	if w.Causes {
+		m, stop, err := startCauses()
+		if err != nil {
+			return r.res, err
+		}
+		defer stop()
+		r.causes = m
+	}
 	start := time.Now()
 	err := r.run(ctx)
 	if err == nil {
@@ -466,6 +481,7 @@ func (r *replayer) run(ctx context.Context) error {
 		stalled = false
 		for i := 0; i < len(running); i++ {
 			q := running[i]
+			r.causes.begin()
 			t0 := time.Now()
 			err := q.seq.Append(1)
 			if err == nil {
@@ -473,6 +489,7 @@ func (r *replayer) run(ctx context.Context) error {
 				err = r.writeTokens(q.seq, t, t+1, q.fill)
 			}
 			dt := time.Since(t0)
+			r.causes.stop()
 			r.res.MemoryTime += dt
 			if isBudget(err) {
 				q.refused = true
@@ -483,6 +500,7 @@ func (r *replayer) run(ctx context.Context) error {
 				return fmt.Errorf("request %d: decode: %w", q.ID, err)
 			}
 			r.steps = append(r.steps, dt)
+			r.causes.end(dt)
 			progressed = true
 			q.done++
 			if q.done == q.gen {
@@ -585,6 +603,7 @@ func (r *replayer) finish() {
 	}
 	res.Steps = len(r.steps)
 	res.StepP50, res.StepP99, res.StepMax = quantile(r.steps, 0.5), quantile(r.steps, 0.99), quantile(r.steps, 1)
+	res.Causes = r.causes.classes()
 	res.Waited = len(r.waits)
 	res.WaitP50, res.WaitP99, res.WaitMax = quantile(r.waits, 0.5), quantile(r.waits, 0.99), quantile(r.waits, 1)
 }
