@@ -20,8 +20,8 @@ import (
 // host tier, with a tier that only sleeps, and without a tier: one op is a decode step of a batch of 8 sequences
 // (Append of one token each) on 2 MiB granules (a block of Llama-3.2-1B is 64 tokens,
 // 2 MiB). Every 64 steps one sequence ends and a new request takes its place: a lookup
-// of its 1,024-token prompt (the first 512 shared by every request), its prefill and
-// an insert, which with a tier writes the prompt's 8 new blocks through in the
+// of its 1,024-token prompt (the first 512 shared by every request), its prefill (a
+// write of the new tokens' K and V, as a server's prefill writes them) and an insert, which with a tier writes the prompt's 8 new blocks through in the
 // background. The admission is timed apart (admit-ns/op, the timer stopped); ns/op is
 // the steps', with the stores (copies out, checksums, direct writes) running beside
 // them on the same CPUs. grow-ns/op is the part of ns/op spent in the steps where a
@@ -31,11 +31,12 @@ import (
 func BenchmarkDecodeStep(b *testing.B) {
 	for _, tier := range []string{"none", "file", "host", "sleep"} {
 		b.Run("tier="+tier, func(b *testing.B) {
+			model := kv.Llama32_1B()
 			pool, err := host.NewShared(host.SharedOptions{Granularity: 2 << 20,
 				Authority: accounting.NewGovernor().Authority("kv", accounting.HostKey)})
 			require.NoError(b, err)
 			defer pool.Close()
-			cache, err := kv.New(pool, kv.Config{Model: kv.Llama32_1B(), MaxTokens: 4096})
+			cache, err := kv.New(pool, kv.Config{Model: model, MaxTokens: 4096})
 			require.NoError(b, err)
 			defer cache.Close()
 			opts := kv.PrefixCacheOptions{}
@@ -62,6 +63,10 @@ func BenchmarkDecodeStep(b *testing.B) {
 			require.NoError(b, err)
 			defer pc.Close()
 
+			kvBytes := make([]byte, 1024*model.Groups[0].TokenBytes())
+			for i := range kvBytes {
+				kvBytes[i] = byte(i * 7)
+			}
 			next := 0
 			admit := func() *kv.Sequence {
 				prompt := make([]int32, 1024)
@@ -75,6 +80,15 @@ func BenchmarkDecodeStep(b *testing.B) {
 				s, cached, err := pc.Lookup(prompt)
 				require.NoError(b, err)
 				require.NoError(b, s.Append(len(prompt)-cached))
+				// The prefill writes the new tokens' K and V, as a server's does
+				// before the blocks can be stored: the first touch of that memory is
+				// the prefill's, not the stores'.
+				from := s.Writable()
+				for layer := range model.Layers {
+					for _, kind := range []kv.Kind{kv.K, kv.V} {
+						require.NoError(b, s.WriteTokens(layer, kind, from, len(prompt), kvBytes[:(len(prompt)-from)*model.Groups[0].TokenBytes()]))
+					}
+				}
 				require.NoError(b, pc.Insert(s, prompt))
 				return s
 			}
