@@ -3,10 +3,12 @@ package filetier_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/host"
@@ -96,10 +98,19 @@ func BenchmarkDecodeStep(b *testing.B) {
 			for i := range batch {
 				batch[i] = admit()
 			}
+			// The steps run on one thread, whose own counts say what the step did
+			// apart from how long it waited for a CPU: step-cpu-ns/op its CPU time
+			// (CLOCK_THREAD_CPUTIME_ID), and per op its page faults, its waits (a
+			// sleep on a lock or in the kernel) and the times the kernel gave its CPU
+			// to another thread (getrusage RUSAGE_THREAD).
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			var used, u0 threadUsage
 			step := 0
 			var admitting time.Duration // admissions' wall time, not in ns/op
 			var growing time.Duration   // the steps' that commit a block, in ns/op
 			var t0 time.Time
+			u0 = readThreadUsage(b)
 			for b.Loop() {
 				grows := false // a sequence commits its next block in this step
 				for _, s := range batch {
@@ -119,14 +130,17 @@ func BenchmarkDecodeStep(b *testing.B) {
 				step++
 				if step%64 == 0 {
 					i := step / 64 % len(batch)
+					used = used.add(readThreadUsage(b).sub(u0))
 					b.StopTimer()
 					t0 = time.Now()
 					batch[i].Close()
 					batch[i] = admit()
 					admitting += time.Since(t0)
-					b.StartTimer()
+					b.StartTimer() // reads the memory statistics: a stop of the world
+					u0 = readThreadUsage(b)
 				}
 			}
+			used = used.add(readThreadUsage(b).sub(u0))
 			for _, s := range batch {
 				s.Close()
 			}
@@ -137,8 +151,37 @@ func BenchmarkDecodeStep(b *testing.B) {
 			b.ReportMetric(float64(next)/float64(b.N), "requests/op")
 			b.ReportMetric(float64(admitting.Nanoseconds())/float64(b.N), "admit-ns/op")
 			b.ReportMetric(float64(growing.Nanoseconds())/float64(b.N), "grow-ns/op")
+			b.ReportMetric(float64(used.cpu.Nanoseconds())/float64(b.N), "step-cpu-ns/op")
+			b.ReportMetric(float64(used.faults)/float64(b.N), "step-faults/op")
+			b.ReportMetric(float64(used.waits)/float64(b.N), "step-waits/op")
+			b.ReportMetric(float64(used.preempted)/float64(b.N), "step-preempted/op")
 		})
 	}
+}
+
+// threadUsage is what the calling thread has used: its CPU time (user and system),
+// its page faults, its waits (voluntary context switches: a sleep on a lock or in
+// the kernel) and the times the kernel took its CPU away (involuntary ones).
+type threadUsage struct {
+	cpu                      time.Duration
+	faults, waits, preempted int64
+}
+
+func readThreadUsage(b *testing.B) threadUsage {
+	var ru unix.Rusage
+	require.NoError(b, unix.Getrusage(unix.RUSAGE_THREAD, &ru))
+	var ts unix.Timespec
+	require.NoError(b, unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts))
+	return threadUsage{cpu: time.Duration(ts.Nano()),
+		faults: ru.Minflt + ru.Majflt, waits: ru.Nvcsw, preempted: ru.Nivcsw}
+}
+
+func (u threadUsage) add(v threadUsage) threadUsage {
+	return threadUsage{u.cpu + v.cpu, u.faults + v.faults, u.waits + v.waits, u.preempted + v.preempted}
+}
+
+func (u threadUsage) sub(v threadUsage) threadUsage {
+	return threadUsage{u.cpu - v.cpu, u.faults - v.faults, u.waits - v.waits, u.preempted - v.preempted}
 }
 
 // sleepTier takes 2 ms per store and refuses it, without calling fill: a tier with no
