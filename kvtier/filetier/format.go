@@ -66,9 +66,9 @@ func seal(b []byte, key tierval.Key, n, align int) {
 // crcChunk is the most bytes one CRC call sums. The CRC's loop is assembly, where
 // the Go scheduler can not stop a goroutine; a stop of the world (a collection's, or
 // ReadMemStats') waits for it, with every other goroutine, the token path's
-// included, stopped meanwhile. A 2 MiB value summed in one call held such stops for
-// up to 33 ms on a loaded 2-core machine; summed in pieces, the goroutine stops at
-// the next piece's call.
+// included, stopped meanwhile. Summed in pieces, a store's goroutine stops at the
+// next piece's call: a 64 KiB piece takes about 3 µs here, a 2 MiB value in one
+// call 92 µs at best and longer on a busy CPU.
 const crcChunk = 64 << 10
 
 // checksum returns the CRC-32C of a file's header (all but its checksum field) and
