@@ -19,17 +19,19 @@ import (
 )
 
 // BenchmarkDecodeStep is the token path with the file tier below the cache, with the
-// host tier, with a tier that only sleeps, and without a tier: one op is a decode step of a batch of 8 sequences
-// (Append of one token each) on 2 MiB granules (a block of Llama-3.2-1B is 64 tokens,
-// 2 MiB). Every 64 steps one sequence ends and a new request takes its place: a lookup
-// of its 1,024-token prompt (the first 512 shared by every request), its prefill (a
-// write of the new tokens' K and V, as a server's prefill writes them) and an insert, which with a tier writes the prompt's 8 new blocks through in the
-// background. The admission is timed apart (admit-ns/op, the timer stopped); ns/op is
-// the steps', with the stores (copies out, checksums, direct writes) running beside
-// them on the same CPUs. grow-ns/op is the part of ns/op spent in the steps where a
-// sequence commits its next block (one in 64 of a sequence's steps): a tier's memory
-// work (page faults, populating its own pages) holds those in the kernel. Compare
-// with benchstat -col /tier.
+// host tier, with a tier that only sleeps, and without a tier: one op is a decode step
+// of a batch of 8 sequences (Append of one token each) on 2 MiB granules (a block of
+// Llama-3.2-1B is 64 tokens, 2 MiB). Every 64 steps one sequence ends and a new
+// request takes its place: a lookup of its 1,024-token prompt (the first 512 shared
+// by every request), its prefill (a write of the new tokens' K and V, as a server's
+// prefill writes them) and an insert, which with a tier writes the prompt's 8 new
+// blocks through in the background. The admission is timed apart (admit-ns/op, the
+// timer stopped); ns/op is the steps', with the stores (copies out, checksums, direct
+// writes) running beside them on the same CPUs. grow-ns/op is the part of ns/op spent
+// in the steps where a sequence commits its next block (one in 64 of a sequence's
+// steps): a tier's memory work (page faults, populating its own pages) holds those in
+// the kernel. The step-* figures are the step's thread's own (below). Compare with
+// benchstat -col /tier.
 func BenchmarkDecodeStep(b *testing.B) {
 	for _, tier := range []string{"none", "file", "host", "sleep"} {
 		b.Run("tier="+tier, func(b *testing.B) {
@@ -102,16 +104,21 @@ func BenchmarkDecodeStep(b *testing.B) {
 			// apart from how long it waited for a CPU: step-cpu-ns/op its CPU time
 			// (CLOCK_THREAD_CPUTIME_ID), and per op its page faults, its waits (a
 			// sleep on a lock or in the kernel) and the times the kernel gave its CPU
-			// to another thread (getrusage RUSAGE_THREAD).
+			// to another thread (getrusage RUSAGE_THREAD). They are read at the
+			// admissions only, and cover the steps from the first to the last
+			// admission: b.Loop's first and last calls stop the world.
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
 			var used, u0 threadUsage
+			counted := 0 // steps in used
 			step := 0
 			var admitting time.Duration // admissions' wall time, not in ns/op
 			var growing time.Duration   // the steps' that commit a block, in ns/op
 			var t0 time.Time
-			u0 = readThreadUsage(b)
 			for b.Loop() {
+				if step == 0 {
+					u0 = readThreadUsage(b)
+				}
 				grows := false // a sequence commits its next block in this step
 				for _, s := range batch {
 					grows = grows || s.Len()%64 == 0
@@ -131,6 +138,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 				if step%64 == 0 {
 					i := step / 64 % len(batch)
 					used = used.add(readThreadUsage(b).sub(u0))
+					counted = step
 					b.StopTimer()
 					t0 = time.Now()
 					batch[i].Close()
@@ -140,7 +148,6 @@ func BenchmarkDecodeStep(b *testing.B) {
 					u0 = readThreadUsage(b)
 				}
 			}
-			used = used.add(readThreadUsage(b).sub(u0))
 			for _, s := range batch {
 				s.Close()
 			}
@@ -151,10 +158,12 @@ func BenchmarkDecodeStep(b *testing.B) {
 			b.ReportMetric(float64(next)/float64(b.N), "requests/op")
 			b.ReportMetric(float64(admitting.Nanoseconds())/float64(b.N), "admit-ns/op")
 			b.ReportMetric(float64(growing.Nanoseconds())/float64(b.N), "grow-ns/op")
-			b.ReportMetric(float64(used.cpu.Nanoseconds())/float64(b.N), "step-cpu-ns/op")
-			b.ReportMetric(float64(used.faults)/float64(b.N), "step-faults/op")
-			b.ReportMetric(float64(used.waits)/float64(b.N), "step-waits/op")
-			b.ReportMetric(float64(used.preempted)/float64(b.N), "step-preempted/op")
+			if counted > 0 {
+				b.ReportMetric(float64(used.cpu.Nanoseconds())/float64(counted), "step-cpu-ns/op")
+				b.ReportMetric(float64(used.faults)/float64(counted), "step-faults/op")
+				b.ReportMetric(float64(used.waits)/float64(counted), "step-waits/op")
+				b.ReportMetric(float64(used.preempted)/float64(counted), "step-preempted/op")
+			}
 		})
 	}
 }
