@@ -63,12 +63,25 @@ func seal(b []byte, key tierval.Key, n, align int) {
 	binary.LittleEndian.PutUint32(h[crcOffset:], checksum(b, n))
 }
 
+// crcChunk is the most bytes one CRC call sums. The CRC's loop is assembly, where
+// the Go scheduler can not stop a goroutine; a stop of the world (a collection's, or
+// ReadMemStats') waits for it, with every other goroutine, the token path's
+// included, stopped meanwhile. Summed in pieces, a store's goroutine stops at the
+// next piece's call: a 64 KiB piece takes about 3 µs here, a 2 MiB value in one
+// call 92 µs at best and longer on a busy CPU.
+const crcChunk = 64 << 10
+
 // checksum returns the CRC-32C of a file's header (all but its checksum field) and
 // of its value of n bytes.
 func checksum(b []byte, n int) uint32 {
 	c := crc32.Update(0, castagnoli, b[:crcOffset])
 	c = crc32.Update(c, castagnoli, b[crcOffset+4:headerSize])
-	return crc32.Update(c, castagnoli, b[headerSize:headerSize+n])
+	for v := b[headerSize : headerSize+n]; len(v) > 0; {
+		k := min(len(v), crcChunk)
+		c = crc32.Update(c, castagnoli, v[:k])
+		v = v[k:]
+	}
+	return c
 }
 
 // open checks that b, the whole of a file read back, is the block of key padded to
