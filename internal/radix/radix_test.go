@@ -34,9 +34,10 @@ func randomStream(r *rand.Rand, made [][]int32) []int32 {
 	return out
 }
 
-// check verifies the tree's structure: depths add up, children are keyed by their
-// first token, every leaf is in the leaf set, and no unpinned internal node has one
-// child.
+// check verifies the tree's structure in every namespace: depths add up, children
+// are keyed by their first token, every leaf is in the leaf set and the set holds
+// nothing else, no unpinned internal node has one child, and a namespace other than
+// the default has a root exactly while it holds a token or a pin.
 func check(t *testing.T, tr *Tree[int]) {
 	t.Helper()
 	leaves := 0
@@ -53,12 +54,19 @@ func check(t *testing.T, tr *Tree[int]) {
 			leaves++
 			_, ok := tr.leaves[n]
 			require.True(t, ok, "leaf missing from the leaf set")
-		} else if n != &tr.root && n.pins == 0 {
+		} else if n.parent != nil && n.pins == 0 {
 			require.Greater(t, len(n.children), 1, "unpinned internal node with one child")
 		}
 	}
 	visit(&tr.root)
-	require.Equal(t, leaves, len(tr.leaves))
+	for key, r := range tr.spaces {
+		require.Equal(t, key, r.space)
+		require.Nil(t, r.parent)
+		require.True(t, len(r.children) > 0 || r.pins > 0, "namespace %q kept a root that holds nothing", key)
+		visit(r)
+	}
+	require.Equal(t, leaves, len(tr.leaves), "the leaf set is every namespace's leaves")
+	assert.Empty(t, tr.void.children, "the empty root holds nothing")
 }
 
 func TestMatchAgainstNaive(t *testing.T) {

@@ -12,37 +12,6 @@ import (
 // others.
 var spaceKeys = [][]byte{nil, []byte("a"), []byte("b")}
 
-// checkSpaces verifies every namespace's tree as check does the default's, that the
-// leaf set is the union of their leaves, and that a namespace other than the default
-// has a root exactly while it holds a token or a pin.
-func checkSpaces(t *testing.T, tr *Tree[int]) {
-	t.Helper()
-	leaves := 0
-	var visit func(n *Node[int])
-	visit = func(n *Node[int]) {
-		for k, c := range n.children {
-			require.Same(t, n, c.parent)
-			require.Equal(t, k, c.key[0])
-			require.Equal(t, n.depth+len(c.key), c.depth)
-			visit(c)
-		}
-		if n.Leaf() {
-			leaves++
-			_, ok := tr.leaves[n]
-			require.True(t, ok, "leaf missing from the leaf set")
-		}
-	}
-	visit(&tr.root)
-	for key, r := range tr.spaces {
-		require.Equal(t, key, r.space)
-		require.Nil(t, r.parent)
-		require.True(t, len(r.children) > 0 || r.pins > 0, "namespace %q kept a root that holds nothing", key)
-		visit(r)
-	}
-	require.Equal(t, leaves, len(tr.leaves))
-	assert.Empty(t, tr.void.children, "the empty root holds nothing")
-}
-
 // TestSpacesAgainstNaive inserts, pins and evicts in three namespaces at random and
 // checks each against a model of its own: no match ever finds another namespace's
 // tokens, and a namespace's root goes once it holds nothing.
@@ -109,7 +78,7 @@ func TestSpacesAgainstNaive(t *testing.T) {
 					tr.SetValue(p, i)
 				}
 			}
-			checkSpaces(t, tr)
+			check(t, tr)
 			for j, k := range spaceKeys {
 				root := tr.Space(k)
 				for _, s := range models[j] {
