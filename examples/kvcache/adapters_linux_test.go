@@ -2,11 +2,9 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 )
 
 // TestReplayPrefixAdapters replays the small trace under two adapters, interleaved:
@@ -22,14 +20,7 @@ func TestReplayPrefixAdapters(t *testing.T) {
 	s.maxTokens = w.MaxTokens
 	for _, name := range []string{namePrefixOn, namePagedPC} {
 		t.Run(name, func(t *testing.T) {
-			st, gov, err := buildPrefixReplica(name, s, 0)
-			require.NoError(t, err)
-			r, err := ReplayPrefix(context.Background(), st, w, func(int) {})
-			require.NoError(t, err)
-			require.NoError(t, st.Close())
-			for _, d := range gov.AllStats() {
-				assert.Zero(t, d.Used, "every byte came back")
-			}
+			r := replayWhole(t, name, s, w)
 			assert.Equal(t, len(w.Requests), r.Completed)
 			assert.Equal(t, []int64{1100 + 1299, 512}, r.AdapterIdeal)
 			assert.Equal(t, int64(1100+1299+512), r.IdealHits, "the ideal is the adapters' own")

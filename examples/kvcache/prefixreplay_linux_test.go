@@ -59,6 +59,22 @@ func TestIdealHits(t *testing.T) {
 	assert.Equal(t, again, idealHitsAfter(w, 1))
 }
 
+// replayWhole builds strategy name's replica of s, replays w on it, closes it and
+// checks that every byte came back to the governor: what the prefix replay's tests
+// share before their own assertions.
+func replayWhole(t *testing.T, name string, s setup, w PrefixWorkload) PrefixResult {
+	t.Helper()
+	st, gov, err := buildPrefixReplica(name, s, 0)
+	require.NoError(t, err)
+	r, err := ReplayPrefix(context.Background(), st, w, func(int) {})
+	require.NoError(t, err, name)
+	require.NoError(t, st.Close())
+	for _, d := range gov.AllStats() {
+		assert.Zero(t, d.Used, "%s: every byte came back", name)
+	}
+	return r
+}
+
 // TestReplayPrefix replays the small trace with no budget: vmarena's prefix cache
 // finds every token an unbounded cache would, the paged one the whole 16-token blocks
 // of them, and with the cache off nothing is found; prefilling less shortens the time
@@ -69,14 +85,7 @@ func TestReplayPrefix(t *testing.T) {
 	s.maxTokens = w.MaxTokens
 	res := map[string]PrefixResult{}
 	for _, name := range prefixStrategies {
-		st, gov, err := buildPrefixReplica(name, s, 0)
-		require.NoError(t, err)
-		r, err := ReplayPrefix(context.Background(), st, w, func(int) {})
-		require.NoError(t, err, name)
-		require.NoError(t, st.Close())
-		for _, d := range gov.AllStats() {
-			assert.Zero(t, d.Used, "%s: every byte came back", name)
-		}
+		r := replayWhole(t, name, s, w)
 		assert.Equal(t, len(w.Requests), r.Completed, name)
 		assert.Equal(t, r.IdealHits, int64(1024+1100+512+1299), name)
 		assert.LessOrEqual(t, r.Hits, r.IdealHits, name)
@@ -181,14 +190,7 @@ func TestReplayPrefixGroups(t *testing.T) {
 			s.maxTokens = w.MaxTokens
 			s.model = kv.Uniform(m.Name, m.Layers, 2, 32, arena.Float16)
 			s.groups = &m
-			st, gov, err := buildPrefixReplica(namePrefixOn, s, 0)
-			require.NoError(t, err)
-			r, err := ReplayPrefix(context.Background(), st, w, func(int) {})
-			require.NoError(t, err)
-			require.NoError(t, st.Close())
-			for _, d := range gov.AllStats() {
-				assert.Zero(t, d.Used, "every byte came back")
-			}
+			r := replayWhole(t, namePrefixOn, s, w)
 			assert.Equal(t, len(w.Requests), r.Completed)
 			assert.Equal(t, int64(1024+1100+512+1299), r.IdealHits)
 			if budget == 0 {
