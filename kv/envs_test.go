@@ -129,25 +129,13 @@ func withLimit(n int64) envOption { return envFunc(func(sp *envSpec) { sp.limit 
 // withGranule sets the backing's granule; 0: envGranuleOf(kind), or a given driver's.
 func withGranule(n int) envOption { return envFunc(func(sp *envSpec) { sp.granule = n }) }
 
-// withAuthority has the backing (or, onPrivate, the cache) charge a rather than a
-// new governor's ledger: the env then knows no governor and withLimit is unused.
-func withAuthority(a *accounting.Authority) envOption {
-	return envFunc(func(sp *envSpec) { sp.auth = a })
-}
-
-// withName names host.Shared's memfd; by default one of the process's own.
-func withName(name string) envOption { return envFunc(func(sp *envSpec) { sp.name = name }) }
-
-// withShared, withCUDA and withPrivate give the rest of a backing's options: the env
-// sets their Granularity, Authority and Name, and a nil cuda.Driver is a fake driver
-// of the env's granule whose leaks the env's finish checks.
+// withShared and withCUDA (and withPrivate, envs_linux_test.go) give the rest of a
+// backing's options: the env sets their Granularity, Authority and Name, and a nil
+// cuda.Driver is a fake driver of the env's granule whose leaks the env's finish
+// checks.
 func withShared(o host.SharedOptions) envOption { return envFunc(func(sp *envSpec) { sp.shared = o }) }
 
 func withCUDA(o cuda.Options) envOption { return envFunc(func(sp *envSpec) { sp.cuda = o }) }
-
-func withPrivate(o host.PrivateOptions) envOption {
-	return envFunc(func(sp *envSpec) { sp.private = o })
-}
 
 // withPrefixCache makes env.pc, a prefix cache of o over env.c.
 func withPrefixCache(o kv.PrefixCacheOptions) envOption {

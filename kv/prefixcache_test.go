@@ -16,16 +16,6 @@ import (
 	"github.com/vmarena/vmarena/kv"
 )
 
-// closeAtCleanup closes pc at the test's cleanup, unless the test closed it (a second
-// Close returns ErrClosed).
-func closeAtCleanup(t *testing.T, pc *kv.PrefixCache) {
-	t.Cleanup(func() {
-		if err := pc.Close(); !errors.Is(err, kv.ErrClosed) {
-			assert.NoError(t, err)
-		}
-	})
-}
-
 // writeIDs writes tokens [from, to) of s, each with its token ID's pattern: a token's
 // K and V depend on its ID and position, as a model's do on the prefix.
 func writeIDs(s *kv.Sequence, ids []int32, from, to int) error {

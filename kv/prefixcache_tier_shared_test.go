@@ -461,3 +461,13 @@ func TestPrefixCacheTierCapInBackground(t *testing.T) {
 	require.NoError(t, <-closed)
 	assert.Equal(t, 6, g.Len(), "a's three whole blocks, then b's, which Close evicts")
 }
+
+// closeAtCleanup closes pc at the test's cleanup, unless the test closed it (a second
+// Close returns ErrClosed).
+func closeAtCleanup(t *testing.T, pc *kv.PrefixCache) {
+	t.Cleanup(func() {
+		if err := pc.Close(); !errors.Is(err, kv.ErrClosed) {
+			assert.NoError(t, err)
+		}
+	})
+}
