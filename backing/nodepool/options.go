@@ -44,6 +44,10 @@ type ClientStats struct {
 }
 
 // NodeStats is a snapshot of the node: its budget and each attached process.
+// NB: a process is attached, and listed, once the owner has read its hello, on a
+// goroutine of its own and possibly after the process hung up; an empty Clients
+// does not mean that a process that has just hung up is gone. Detached counts
+// every attached process once it is: wait for that count instead.
 type NodeStats struct {
 	Device   accounting.DeviceStats // the node's host budget
 	Granule  int                    // granule size
