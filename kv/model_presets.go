@@ -39,6 +39,8 @@ func Tiny() Model { return Uniform("tiny", 2, 2, 16, arena.Float16) }
 
 // GPTOSS20B returns gpt-oss-20b: 24 layers alternating a 128-token sliding window
 // (even layers) and full attention (odd layers), 8 KV heads × 64, bf16.
+// A server that serves it passes it as Config.Model; a planner sizes its KV with
+// Size before loading it.
 //
 // Source: huggingface.co/openai/gpt-oss-20b, config.json (num_hidden_layers 24,
 // num_key_value_heads 8, head_dim 64, sliding_window 128, layer_types). Checked against
@@ -49,6 +51,8 @@ func Tiny() Model { return Uniform("tiny", 2, 2, 16, arena.Float16) }
 func GPTOSS20B() Model { return gptOSS("gpt-oss-20b", 24) }
 
 // GPTOSS120B returns gpt-oss-120b: gpt-oss-20b's attention with 36 layers.
+// A server that serves it passes it as Config.Model; a planner sizes its KV with
+// Size before loading it.
 //
 // Source: huggingface.co/openai/gpt-oss-120b, config.json (num_hidden_layers 36; the
 // attention figures as gpt-oss-20b's). Checked against the GptOssConfig defaults for the
@@ -66,6 +70,8 @@ func gptOSS(name string, layers int) Model {
 // Gemma3_27B returns gemma-3-27b: 62 layers, five with a 1,024-token sliding window
 // before each global one (layers 5, 11, …, 59: 10 global, 52 local), 16 KV heads ×
 // 128, bf16.
+// A server that serves it passes it as Config.Model; a planner sizes its KV with
+// Size before loading it.
 //
 // Source: huggingface.co/google/gemma-3-27b-it, config.json (text_config:
 // num_hidden_layers 62, num_key_value_heads 16, head_dim 128, sliding_window 1024,
@@ -78,6 +84,8 @@ func Gemma3_27B() Model { return gemma3("gemma-3-27b", 62, 16, 128) }
 
 // Gemma3_12B returns gemma-3-12b: 48 layers in gemma-3-27b's pattern (8 global, 40
 // local), 8 KV heads × 256, bf16.
+// A server that serves it passes it as Config.Model; a planner sizes its KV with
+// Size before loading it.
 //
 // Source: huggingface.co/google/gemma-3-12b-it, config.json (text_config:
 // num_hidden_layers 48, num_key_value_heads 8, head_dim 256, sliding_window 1024).
@@ -96,6 +104,8 @@ func gemma3(name string, layers, heads, dim int) Model {
 // Llama4Scout returns Llama-4-Scout-17B-16E: 48 layers, three of every four with
 // chunked-local attention in chunks of 8,192 tokens and every fourth (3, 7, …, 47: no
 // RoPE) global, 8 KV heads × 128, bf16.
+// A server that serves it passes it as Config.Model; a planner sizes its KV with
+// Size before loading it.
 //
 // Source: huggingface.co/meta-llama/Llama-4-Scout-17B-16E, config.json (text_config:
 // num_hidden_layers 48, num_key_value_heads 8, head_dim 128, attention_chunk_size 8192,
@@ -115,6 +125,8 @@ func Llama4Scout() Model {
 // DeepSeekV3 returns DeepSeek-V3 (DeepSeek-R1 has the same attention): 61 layers of
 // multi-head latent attention, one latent of kv_lora_rank 512 + qk_rope_head_dim 64 =
 // 576 values per token and layer, bf16.
+// A server that serves it passes it as Config.Model; a planner sizes its KV with
+// Size before loading it.
 //
 // Source: huggingface.co/deepseek-ai/DeepSeek-V3, config.json (num_hidden_layers 61,
 // kv_lora_rank 512, qk_rope_head_dim 64); DeepSeek-R1's config.json has the same.
@@ -125,6 +137,8 @@ func Llama4Scout() Model {
 func DeepSeekV3() Model { return deepSeek("deepseek-v3") }
 
 // DeepSeekR1 returns DeepSeek-R1: DeepSeek-V3's attention.
+// A server that serves it passes it as Config.Model; a planner sizes its KV with
+// Size before loading it.
 func DeepSeekR1() Model { return deepSeek("deepseek-r1") }
 
 func deepSeek(name string) Model {
@@ -134,6 +148,8 @@ func deepSeek(name string) Model {
 }
 
 // Qwen3_8B returns Qwen3-8B: 36 full-attention layers, 8 KV heads × 128, bf16.
+// A server that serves it passes it as Config.Model; a planner sizes its KV with
+// Size before loading it.
 //
 // Source: huggingface.co/Qwen/Qwen3-8B, config.json (num_hidden_layers 36,
 // num_key_value_heads 8, head_dim 128). Not checked against a copy here: the issue's
@@ -141,6 +157,8 @@ func deepSeek(name string) Model {
 func Qwen3_8B() Model { return Uniform("qwen3-8b", 36, 8, 128, arena.BFloat16) }
 
 // Qwen3_32B returns Qwen3-32B: 64 full-attention layers, 8 KV heads × 128, bf16.
+// A server that serves it passes it as Config.Model; a planner sizes its KV with
+// Size before loading it.
 //
 // Source: huggingface.co/Qwen/Qwen3-32B, config.json (num_hidden_layers 64,
 // num_key_value_heads 8, head_dim 128). Not checked against a copy here: the issue's
@@ -152,6 +170,8 @@ func Qwen3_32B() Model { return Uniform("qwen3-32b", 64, 8, 128, arena.BFloat16)
 // state per sequence and layer is a convolution state of (conv kernel 4 - 1) ×
 // (16 key heads × 128 × 2 + 32 value heads × 128) = 3 × 8,192 values and a recurrent
 // state of 32 value heads × 128 × 128 = 524,288 values, both bf16: 1,097,728 bytes.
+// A server that serves it passes it as Config.Model; a planner sizes its KV with
+// Size before loading it.
 //
 // Source: huggingface.co/Qwen/Qwen3-Next-80B-A3B-Instruct, config.json
 // (num_hidden_layers 48, full_attention_interval 4, num_key_value_heads 2, head_dim 256,
