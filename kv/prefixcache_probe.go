@@ -87,22 +87,52 @@ func (pc *PrefixCache) ProbeIn(ns Namespace, tokens []int32) (Probe, error) {
 	}
 	m := pc.peekLocked(pc.space(ns, false), tokens[:limit])
 	pc.mu.Unlock()
-	p := Probe{Device: m, Total: m}
-	if pc.tiers != nil {
-		p.Total = pc.tiers.probe(ns, tokens, m, limit, &p.Tiers)
+	switch {
+	case pc.tiers != nil:
+		return pc.probeTiers(ns, tokens, m, limit), nil
+	case m == 0:
+		return Probe{}, nil
 	}
-	if p.Total > 0 {
-		// The hit's whole units are mapped; the granules past them up to the
-		// end of what the Lookup holds are committed: the copied tail, then the
-		// tier loads' growth (the block holding the hit's last token loaded whole
-		// over its copy).
-		p.Commit = c.shareNeed(m)
-		if p.Total > m {
-			size, _ := backing.AlignUp(c.extent(p.Total), c.gran)
-			p.Commit = int64(c.nbuf) * int64(size-c.shareable(m))
-		}
+	return Probe{Device: m, Total: m, Commit: c.tailNeed(m)}, nil
+}
+
+// tailNeed is shareNeed(m), on one group of the Blocked layout with one division
+// (a division is most of a Probe's cost past Match's).
+func (c *Cache) tailNeed(m int) int64 {
+	if c.multi || c.layout != Blocked || c.state > 0 {
+		return c.shareNeed(m)
 	}
-	return p, nil
+	q, r := m/c.tpb, m%c.tpb
+	units := q
+	if r > 0 {
+		units++
+	}
+	size, _ := backing.AlignUp(units*c.blk, c.gran)
+	return int64(c.nbuf) * int64(size-q*c.unit)
+}
+
+// probeTiers is ProbeIn's answer past a device hit of m tokens, asking the tiers.
+func (pc *PrefixCache) probeTiers(ns Namespace, tokens []int32, m, limit int) Probe {
+	p := Probe{Device: m}
+	p.Total = pc.tiers.probe(ns, tokens, m, limit, &p.Tiers)
+	p.Commit = pc.c.commitOf(m, p.Total)
+	return p
+}
+
+// commitOf returns the bytes a lookup that maps a hit of m tokens and then holds n
+// (loaded from the tiers past m, or n == m) commits: the hit's whole units are
+// mapped; the granules past them up to n's end are committed: the copied tail, then
+// the loads' growth (the block holding the hit's last token loaded whole over its
+// copy).
+func (c *Cache) commitOf(m, n int) int64 {
+	switch {
+	case n == 0:
+		return 0
+	case n == m:
+		return c.shareNeed(m)
+	}
+	size, _ := backing.AlignUp(c.extent(n), c.gran)
+	return int64(c.nbuf) * int64(size-c.shareable(m))
 }
 
 // probeScratch is a Probe's buffers for the prompt's block hashes and keys, kept in
