@@ -49,7 +49,8 @@ func (p Probe) Tiered() int { return p.Total - p.Device }
 // tokens the device holds, how many each tier holds past them, in total, and what a
 // Lookup would commit (see Probe), and changes nothing: as Match, it makes no
 // sequence, counts no query (nor a tier's hit or miss in TierStats), copies nothing,
-// loads nothing and marks no entry used. It allocates nothing.
+// loads nothing and marks no entry used. It allocates nothing (but see below for
+// tiers that are not in-process).
 //
 // A scheduler asks it before admission, a router to place a request where most of
 // its prompt is held: the tokens to prefill are len(tokens) - Total, and those to
@@ -60,11 +61,15 @@ func (p Probe) Tiered() int { return p.Total - p.Device }
 // and Commit is an upper bound; so it is on a miss that takes over an evicted entry's
 // committed granules (see Lookup).
 //
-// Its cost is a Match's without tiers. With tiers, past a device hit that does not
-// cover the prompt, it also hashes the prompt's whole blocks (as Lookup does) and
-// asks each tier's Contains once, in order, with no lock held, until one holds none
-// of the rest: no data moves, but Contains on a remote tier is a round trip, bounded
-// by TierWait (kvtier/hosttier's is a map lookup per block under its lock).
+// Without tiers it costs about a Match (BenchmarkProbe). With tiers, past a device
+// hit that does not cover the prompt, it also hashes the prompt's whole blocks (as
+// Lookup does: most of its cost then) and asks each tier's Contains at most once, in
+// order, for the blocks past those the earlier ones hold, with no lock held and no
+// load slot taken (TierLoads): no data moves, but Contains on a remote tier is a round trip, bounded
+// by TierWait (kvtier/redistier's is one pipelined EXISTS per block, which its own
+// counters see; kvtier/hosttier's and filetier's a map lookup per block under their
+// lock). Only with tiers that are all in-process (InProcessTier) does it allocate
+// nothing: another's wait needs a context with a timer.
 //
 // It fails with ErrTooLong for a prompt longer than MaxTokens and with ErrClosed
 // once the prefix cache is closed (where Match answers 0).
