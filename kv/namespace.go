@@ -88,8 +88,8 @@ func spaceTierNS(base uint64, ns Namespace) uint64 {
 	if ns == (Namespace{}) {
 		return base
 	}
-	b := make([]byte, 0, 64+len(ns.Adapter)+len(ns.Salt))
-	b = append(b, "vmarena kv tier namespace space v1\x00"...)
+	var buf [128]byte // NB: on the stack unless the fields are long (a Probe allocates nothing)
+	b := append(buf[:0], "vmarena kv tier namespace space v1\x00"...)
 	b = binary.LittleEndian.AppendUint64(b, base)
 	b = appendString(b, ns.Adapter)
 	b = appendString(b, ns.Salt)

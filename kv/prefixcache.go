@@ -31,7 +31,7 @@ type PrefixCacheOptions struct {
 	// blocks that follow (see prefixcache_tier.go and docs/tiers.md).
 	// Only the Blocked layout has blocks that are one contiguous unit; another is
 	// refused with ErrConfig, as are two tiers of one Name (their counts, in Stats
-	// and in metrics, are told apart by it).
+	// and in metrics, are told apart by it) and more than MaxTiers.
 	Tiers []Tier
 	// TierPrefix is the user's part of the tiers' namespace (TierNamespace): the
 	// model's weights or revision, an adapter, a tenant.

@@ -8,7 +8,9 @@ import (
 )
 
 // What a scheduler asks the prefix cache before it admits a request, all without
-// side effects (Match, Need), and the eviction it may ask for (Evict).
+// side effects (Match, Need, and Probe in prefixcache_probe.go: where the prompt's
+// tokens are held and what a Lookup would commit), and the eviction it may ask for
+// (Evict).
 
 // Match returns the tokens of the prompt tokens that a Lookup now would start on
 // (at most len(tokens)-1: see Lookup), and changes nothing: it makes no sequence,

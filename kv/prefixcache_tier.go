@@ -220,7 +220,7 @@ type tierPending struct {
 
 // newTiers returns the tiers of opts for c, nil without any, or an error matching
 // ErrConfig: a layout other than Blocked (only its block is one contiguous unit of
-// every layer), a nil tier, two tiers of one name (their counts are told apart by
+// every layer), more than MaxTiers tiers, a nil tier, two tiers of one name (their counts are told apart by
 // it), a negative bound or threshold, or a tier policy without tiers.
 func newTiers(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
 	if opts.TierStores < 0 || opts.TierLoads < 0 || opts.TierWait < 0 || opts.TierMinHits < 0 {
@@ -235,6 +235,9 @@ func newTiers(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
 	}
 	if c.cfg.Layout != Blocked || c.nbuf != 1 || c.tpb <= 0 {
 		return nil, fmt.Errorf("%w: tiers store whole blocks, and only the Blocked layout lays a block out as one contiguous unit (layout %v)", ErrConfig, c.cfg.Layout)
+	}
+	if len(opts.Tiers) > MaxTiers {
+		return nil, fmt.Errorf("%w: %d tiers, at most MaxTiers (%d)", ErrConfig, len(opts.Tiers), MaxTiers)
 	}
 	names := make(map[string]int, len(opts.Tiers))
 	for i, t := range opts.Tiers {
