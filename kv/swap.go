@@ -41,7 +41,7 @@ import (
 // Close gives them back), SwapIn charges the new sequence's granules before it
 // loads, waiting for them in the governor's FIFO queue as AppendCtx does.
 
-// swapChunk is the most bytes of one value of a swap: large enough that a tier's
+// swapChunk is the most bytes of one value of a swap, its header included: large enough that a tier's
 // per-value work is lost in the copy, small enough for any tier's value (Redis takes
 // 512 MiB). A variable only so that tests can cut a small sequence into several.
 var swapChunk = 8 << 20
@@ -146,14 +146,17 @@ func (c *Cache) SwapOut(ctx context.Context, s *Sequence, tier Tier) (*Swapped, 
 	}
 	h := &Swapped{c: c, tier: tier, inProc: inProcess(tier), ns: ns, n: s.n, helds: s.helds(),
 		starts: make([]int, len(s.bufs)), ends: make([]int, len(s.bufs))}
+	// NB: a value of a whole chunk is swapChunk bytes, its header included, so that a
+	// tier of granules of a power of two wastes none.
+	chunk := swapChunk - tierval.HeaderSize
 	for gi := range c.groups {
 		g := &c.groups[gi]
 		hi := g.extent(s.n)
 		for j, b := range g.ranges(s.bufs) {
 			i := g.first + j
 			h.starts[i], h.ends[i] = b.Start(), hi
-			for off := b.Start(); off < hi; off += swapChunk {
-				size := min(swapChunk, hi-off)
+			for off := b.Start(); off < hi; off += chunk {
+				size := min(chunk, hi-off)
 				h.parts = append(h.parts, swapPart{buf: i, off: off, size: size})
 				h.bytes += int64(size)
 			}

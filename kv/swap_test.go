@@ -201,13 +201,13 @@ func TestSwapRoundTrip(t *testing.T) {
 						go func() {
 							defer wg.Done()
 							rnd := rand.New(rand.NewPCG(uint64(round), uint64(i)))
-							for {
+							for range 8 {
 								select {
 								case <-stop:
 									return
 								default:
 								}
-								if r.s.Len() < 600 {
+								if r.s.Len() < 400 {
 									r.grow(t, rnd, 1+rnd.IntN(8))
 								}
 								assert.NoError(t, r.check(r.s))
@@ -552,4 +552,53 @@ func TestSwapBadInput(t *testing.T) {
 	assert.Zero(t, empty.Len())
 	require.NoError(t, empty.Append(3))
 	require.True(t, empty.Close().OK())
+}
+
+// TestSwapShared: a fork, whose first tokens map its parent's granules, swaps out and
+// back in whole while the parent goes on, and then the parent does too: each new
+// sequence owns every byte, bit-exact, and the books stay exact.
+func TestSwapShared(t *testing.T) {
+	for _, m := range swapModels {
+		t.Run(m.Name, func(t *testing.T) {
+			rnd := rand.New(rand.NewPCG(10, 10))
+			e := swapEnv(t, onFake, m)
+			tier := newHostTier(t, 64<<20)
+			parent := newSwapRef(t, e.c)
+			e.onFail(func() { parent.s.Close() })
+			parent.grow(t, rnd, 150+rnd.IntN(100))
+			fs, err := parent.s.Fork()
+			require.NoError(t, err)
+			child := &swapRef{s: fs, tensors: make([][]byte, len(parent.tensors)), states: make([][]byte, len(parent.states))}
+			for i := range parent.tensors {
+				child.tensors[i] = bytes.Clone(parent.tensors[i])
+			}
+			for i := range parent.states {
+				child.states[i] = bytes.Clone(parent.states[i])
+			}
+			e.onFail(func() { child.s.Close() })
+			child.grow(t, rnd, 7)
+			for _, r := range []*swapRef{child, parent} {
+				h, err := e.c.SwapOut(context.Background(), r.s, tier)
+				require.NoError(t, err)
+				e.books(t, "after swap out")
+				for _, o := range []*swapRef{child, parent} {
+					if o != r {
+						o.grow(t, rnd, 3)
+						require.NoError(t, o.check(o.s))
+					}
+				}
+				s, err := e.c.SwapIn(context.Background(), h)
+				require.NoError(t, err)
+				r.s = s
+				require.NoError(t, r.check(s))
+				assert.Zero(t, e.c.SequenceStats()[len(e.c.SequenceStats())-1].Shared, "a sequence swapped in maps nothing")
+				e.books(t, "after swap in")
+			}
+			for _, r := range []*swapRef{child, parent} {
+				require.NoError(t, r.check(r.s))
+				require.True(t, r.s.Close().OK())
+			}
+			e.undo = nil
+		})
+	}
 }
