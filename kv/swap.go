@@ -11,6 +11,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/invariants"
 	"github.com/vmarena/vmarena/kv/tierval"
 )
 
@@ -75,6 +76,8 @@ type Swapped struct {
 	// a one-group cache).
 	starts, ends []int
 	helds        []int
+
+	leak invariants.Tracker // reports it collected neither swapped in nor dropped, in the invariants build
 
 	mu    sync.Mutex
 	state swapState
@@ -178,6 +181,7 @@ func (c *Cache) SwapOut(ctx context.Context, s *Sequence, tier Tier) (*Swapped, 
 			return nil, errors.Join(err, h.deleteFirst(context.WithoutCancel(ctx), i))
 		}
 	}
+	invariants.Track(&h.leak, h, "kv.Swapped")
 	if out := s.Close(); !out.OK() {
 		return h, fmt.Errorf("kv: swap out of sequence %d: its release was not complete: %w", s.id, releaseError(out))
 	}
@@ -245,6 +249,7 @@ func (c *Cache) SwapIn(ctx context.Context, h *Swapped) (*Sequence, error) {
 		h.state = swapHeld
 	} else {
 		h.state = swapIn
+		h.leak.Close()
 	}
 	h.mu.Unlock()
 	if err != nil {
@@ -389,6 +394,7 @@ func (h *Swapped) Drop() error {
 		return nil
 	}
 	h.state = swapDropped
+	h.leak.Close()
 	h.mu.Unlock()
 	return h.deleteFirst(context.Background(), len(h.parts))
 }

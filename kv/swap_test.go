@@ -3,6 +3,7 @@ package kv_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -62,21 +63,24 @@ func (r *swapRef) grow(t *testing.T, rnd *rand.Rand, k int) {
 	require.NoError(t, r.s.Append(k))
 	for i, tr := range tensors {
 		tb := tr.group.TokenBytes()
-		src := make([]byte, k*tb)
-		for j := range src {
-			src[j] = byte(rnd.Uint32())
-		}
+		src := randBytes(rnd, k*tb)
 		require.NoError(t, r.s.WriteTokens(tr.layer, tr.kind, n, n+k, src))
 		r.tensors[i] = append(r.tensors[i], src...)
 	}
 	for i, l := range states {
-		st := make([]byte, stateBytes(m, l))
-		for j := range st {
-			st[j] = byte(rnd.Uint32())
-		}
+		st := randBytes(rnd, stateBytes(m, l))
 		require.NoError(t, r.s.WriteState(l, st))
 		r.states[i] = st
 	}
+}
+
+// randBytes returns n random bytes of rnd.
+func randBytes(rnd *rand.Rand, n int) []byte {
+	b := make([]byte, n+7)
+	for j := 0; j < n; j += 8 {
+		binary.LittleEndian.PutUint64(b[j:], rnd.Uint64())
+	}
+	return b[:n:n]
 }
 
 // stateBytes returns the state bytes of recurrent layer l of m.
@@ -179,7 +183,7 @@ func TestSwapRoundTrip(t *testing.T) {
 					refs[i] = newSwapRef(t, e.c)
 					e.onFail(func() { refs[i].s.Close() })
 					for range 1 + rnd.IntN(3) {
-						refs[i].grow(t, rnd, 1+rnd.IntN(150))
+						refs[i].grow(t, rnd, 1+rnd.IntN(100))
 					}
 				}
 				for round := range 3 {
@@ -207,7 +211,7 @@ func TestSwapRoundTrip(t *testing.T) {
 									return
 								default:
 								}
-								if r.s.Len() < 400 {
+								if r.s.Len() < 300 {
 									r.grow(t, rnd, 1+rnd.IntN(8))
 								}
 								assert.NoError(t, r.check(r.s))
