@@ -49,7 +49,8 @@
 //     core tells it what sequences do; namespace.go, its namespaces (Namespace: what
 //     they keep apart, their keys in the index and the tiers).
 //   - Events and tiers: blockevents.go (the observer's API), events*.go (how the
-//     events follow the index), tier*.go (the Tier contract and its values).
+//     events follow the index), tier*.go (the Tier contract and its values),
+//     swap.go (a preempted sequence moved into a Tier and back).
 //   - store.go (the backing's type erased), unsafe.go (the one pointer conversion),
 //     errors.go, observe.go (logs).
 //
@@ -58,7 +59,8 @@
 // Every Sequence MUST be closed ([Sequence.Close], which reports an honest outcome),
 // and the creator of a Prefix MUST release it ([Prefix.Release]): a prefix's memory is
 // freed with its last user. [Cache.Close] comes after them (it fails with [ErrBusy]
-// before). A second [Sequence.Close] returns a Failed outcome matching [ErrClosed];
+// before). A [Swapped] copy ([Cache.SwapOut]) holds no memory of the cache's, but its
+// values stay in their tier until [Cache.SwapIn] or [Swapped.Drop]. A second [Sequence.Close] returns a Failed outcome matching [ErrClosed];
 // any other method of a closed sequence panics with [PanicSequenceClosed]. A slice
 // from [Sequence.Bytes] is valid until the sequence shrinks below it or closes.
 //
