@@ -1,35 +1,17 @@
 package kv_test
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
 	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/kv/blockhash"
 )
-
-// nsEventCase is one case of testdata/namespace_events.json, which
-// testdata/gen_namespace_events.py computes from vLLM's definition of the block hash
-// and its extra keys with Python's cbor2 and hashlib: the blocks a prompt inserted in
-// a namespace must be announced with, under EventOptions.Hash's LoRA and CacheSalt.
-type nsEventCase struct {
-	BaseLoRA  string   `json:"base_lora"`
-	BaseSalt  string   `json:"base_salt"`
-	Adapter   string   `json:"adapter"`
-	Salt      string   `json:"salt"`
-	BlockSize int      `json:"block_size"`
-	Tokens    []int32  `json:"tokens"`
-	Split     int      `json:"split"`
-	LoRAName  string   `json:"lora_name"`
-	Hashes    []uint64 `json:"hashes"`
-	ExtraKeys [][]any  `json:"extra_keys"`
-}
 
 // nsRecorder keeps the BlocksStored a prefix cache tells it (the others it counts).
 type nsRecorder struct {
@@ -69,10 +51,7 @@ func (r *nsRecorder) take() []kv.BlocksStored {
 // first. So a router that hashes a request with its adapter and salt as vLLM does
 // finds the blocks. The same tokens in two namespaces are two announcements.
 func TestNamespaceEventsGolden(t *testing.T) {
-	raw, err := os.ReadFile("testdata/namespace_events.json")
-	require.NoError(t, err)
-	var v struct{ Cases []nsEventCase }
-	require.NoError(t, json.Unmarshal(raw, &v))
+	v := struct{ Cases []testutil.NamespaceEvent }{testutil.NamespaceEvents(t, "testdata/namespace_events.json")}
 	require.Len(t, v.Cases, 10)
 	type base struct{ lora, salt string }
 	// One cache per EventOptions, every namespace's prompt in it.
@@ -116,7 +95,7 @@ func TestNamespaceEventsGolden(t *testing.T) {
 					assert.Equal(t, tc.Hashes[from-1], st.Parent, "chained to the first announcement")
 				}
 				want := tc.ExtraKeys[from:to]
-				if allNil(want) {
+				if testutil.NoExtraKeys(want) {
 					assert.Nil(t, st.ExtraKeys, "no block has extra keys")
 				} else {
 					require.Len(t, st.ExtraKeys, len(want))
@@ -131,16 +110,6 @@ func TestNamespaceEventsGolden(t *testing.T) {
 			}
 		})
 	}
-}
-
-// allNil reports whether every element of keys is nil.
-func allNil(keys [][]any) bool {
-	for _, k := range keys {
-		if k != nil {
-			return false
-		}
-	}
-	return true
 }
 
 // TestNamespaceEventsWithdrawn: eviction withdraws a namespace's blocks only, and

@@ -1,8 +1,6 @@
 package kvevents_test
 
 import (
-	"encoding/json"
-	"os"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -10,6 +8,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/backingtest"
+	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/kv/blockhash"
 	"github.com/vmarena/vmarena/kvevents"
@@ -23,23 +22,7 @@ import (
 // ../kv/testdata/gen_namespace_events.py computes with Python's cbor2 and hashlib
 // from vLLM's definition of the block hash and its extra keys.
 func TestNamespaceWire(t *testing.T) {
-	raw, err := os.ReadFile("../kv/testdata/namespace_events.json")
-	require.NoError(t, err)
-	var vectors struct {
-		Cases []struct {
-			BaseLoRA  string   `json:"base_lora"`
-			BaseSalt  string   `json:"base_salt"`
-			Adapter   string   `json:"adapter"`
-			Salt      string   `json:"salt"`
-			BlockSize int      `json:"block_size"`
-			Tokens    []int32  `json:"tokens"`
-			Split     int      `json:"split"`
-			LoRAName  string   `json:"lora_name"`
-			Hashes    []uint64 `json:"hashes"`
-			ExtraKeys [][]any  `json:"extra_keys"`
-		} `json:"cases"`
-	}
-	require.NoError(t, json.Unmarshal(raw, &vectors))
+	vectors := struct{ Cases []testutil.NamespaceEvent }{testutil.NamespaceEvents(t, "../kv/testdata/namespace_events.json")}
 	ran := 0
 	for _, tc := range vectors.Cases {
 		if tc.BaseLoRA != "" || tc.BaseSalt != "" {
@@ -104,7 +87,7 @@ func TestNamespaceWire(t *testing.T) {
 			}
 			extra, has := ev.get("extra_keys")
 			wantExtra := tc.ExtraKeys[from:to]
-			if allNone(wantExtra) {
+			if testutil.NoExtraKeys(wantExtra) {
 				assert.False(t, has, "%+v: no block has extra keys, so the field (default None) is omitted", ns)
 				continue
 			}
@@ -131,14 +114,4 @@ func wireInt(h uint64) any {
 		return int64(h)
 	}
 	return h
-}
-
-// allNone reports whether no block has extra keys.
-func allNone(keys [][]any) bool {
-	for _, k := range keys {
-		if k != nil {
-			return false
-		}
-	}
-	return true
 }
