@@ -154,5 +154,16 @@ if [ -n "${WINE_BENCH:-}" ]; then
   echo "== backing/host benchmarks $WINE_BENCH under $version"
   in_root "$root" sh -c 'cd /vmarena/src/backing/host && timeout 600 wine /vmarena/work/bin/host.test.exe -test.run "^$" -test.bench "$1" -test.count 6; rc=$?; wineserver -k; exit $rc' sh "$WINE_BENCH" || fail=1
 fi
+# With WINE_FUZZ=name, that fuzz target of backing/host (the Windows-only ones, such as
+# FuzzSharedOpsWindows, run nowhere else) for WINE_FUZZTIME (default 10m) with one
+# worker; a failing input lands in backing/host/testdata/fuzz as under go test.
+if [ -n "${WINE_FUZZ:-}" ]; then
+  echo "== backing/host $WINE_FUZZ under $version for ${WINE_FUZZTIME:-10m}"
+  mkdir -p "$work/fuzzcache"
+  # NB: built as go test -fuzz builds it, the module's packages instrumented for
+  # coverage (-d=libfuzzer), so the run is guided, not random.
+  GOOS=windows GOARCH=amd64 go test -c -gcflags="$(go list -m)/...=-d=libfuzzer" -o "$work/bin/host-fuzz.test.exe" ./backing/host
+  in_root "$root" sh -c 'cd /vmarena/src/backing/host && timeout 7200 wine /vmarena/work/bin/host-fuzz.test.exe -test.run "^$" -test.fuzz "^$1\$" -test.fuzztime "$2" -test.parallel 1 -test.fuzzcachedir /vmarena/work/fuzzcache; rc=$?; wineserver -k; exit $rc' sh "$WINE_FUZZ" "${WINE_FUZZTIME:-10m}" || fail=1
+fi
 echo "== done (${SECONDS}s)"
 exit $fail
