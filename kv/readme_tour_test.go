@@ -66,3 +66,13 @@ func TestPackageTourInREADME(t *testing.T) {
 	}
 	assert.Len(t, rows, len(pkgs), "one row a package: %v", rows)
 }
+
+// TestREADMEFitsOneSitting keeps README.md to what a newcomer reads first (under 200
+// lines: what it is, the quick start, the two commands, the tables of pages and
+// packages); reference material belongs in docs/.
+func TestREADMEFitsOneSitting(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	require.NoError(t, err)
+	lines := strings.Count(string(readme), "\n")
+	assert.Less(t, lines, 200, "README.md has %d lines: move reference material to docs/", lines)
+}
