@@ -124,10 +124,12 @@ run() {
 	#     (cuMemImportFromShareableHandle, cuMemMap, cuMemSetAccess), reads the bytes
 	#     bit-exact and writes its own, which the first process reads back. Both use
 	#     the system driver (the default; -fakegpu would pick the fake, and the test
-	#     tells its helper which by CUDA_TEST_HELPER_DRIVER). It skips, logging why,
-	#     where the driver refuses exportable allocations, the export or the import.
-	#     (Step 1 runs it too; this log holds it alone.)
-	step cuda-gpu-export 60 "$bin/cuda.test" -test.run 'GPUExportImportCrossProcess' -test.v -test.count 1 -test.timeout 50s
+	#     tells its helper which by CUDA_TEST_HELPER_DRIVER). Then the other way round,
+	#     with the exporting helper killed by SIGKILL after the import: whether the
+	#     driver keeps the imported memory valid, bit-exact and writable. Each skips,
+	#     logging why, where the driver refuses exportable allocations, the export or
+	#     the import. (Step 1 runs them too; this log holds them alone.)
+	step cuda-gpu-export 60 "$bin/cuda.test" -test.run 'GPUExportImport' -test.v -test.count 1 -test.timeout 50s
 	grep -E '^(--- |ok|FAIL|PASS)|    exportproc_linux_test.go:[0-9]+: ' "$OUT/cuda-gpu-export.log" | head -20
 	# 2. The kv package's tests that touch CUDA, if it has any.
 	if [ -x "$bin/kv.test" ]; then

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -37,35 +39,96 @@ const helperDriverEnv = "CUDA_TEST_HELPER_DRIVER"
 // crossGranules is how many granules A exports; B writes into the last one.
 const crossGranules = 3
 
-// runHelper is the body of a helper process in mode; it returns the exit status.
+// runHelper is the body of a helper process in mode ("import": process B above;
+// "export": an exporter that the test kills); it returns the exit status.
 func runHelper(mode string) int {
-	if mode != "import" {
-		fmt.Fprintln(os.Stderr, "cuda helper: unknown mode", mode)
-		return 2
-	}
 	conn := os.NewFile(3, "socket") // ExtraFiles[0]
-	if err := importHelper(int(conn.Fd())); err != nil {
+	defer runtime.KeepAlive(conn)   // its finalizer would close the descriptor
+	sock := int(conn.Fd())
+	var err error
+	switch mode {
+	case "import":
+		err = importHelper(sock)
+	case "export":
+		err = exportHelper(sock)
+	default:
+		err = fmt.Errorf("unknown mode %q", mode)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "cuda helper:", err)
-		_ = send(int(conn.Fd()), "fail "+err.Error(), nil)
+		_ = send(sock, "fail "+err.Error(), nil)
 		return 1
 	}
 	return 0
 }
 
-// importHelper is process B.
-func importHelper(sock int) (err error) {
-	var d *cuda.Driver
-	var f *cudatest.FakeDriver
+// helperDriver returns the driver helperDriverEnv names, and the fake behind it.
+func helperDriver() (*cuda.Driver, *cudatest.FakeDriver, error) {
 	switch os.Getenv(helperDriverEnv) {
 	case "fake":
-		f = cudatest.NewFakeDriver(cudatest.FakeDriverOptions{})
-		d = f.Driver()
+		f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{})
+		return f.Driver(), f, nil
 	case "system":
-		if d, err = cuda.LoadDriver(); err != nil {
-			return err
-		}
-	default:
-		return fmt.Errorf("%s is %q", helperDriverEnv, os.Getenv(helperDriverEnv))
+		d, err := cuda.LoadDriver()
+		return d, nil, err
+	}
+	return nil, nil, fmt.Errorf("%s is %q", helperDriverEnv, os.Getenv(helperDriverEnv))
+}
+
+// refused reports whether err says that the driver refuses to export or import
+// here (not supported, not permitted), which a GPU test skips on.
+func refused(err error) bool {
+	return errors.Is(err, backing.ErrUnsupported) || isCode(err, cuda.CodeNotPermitted)
+}
+
+// exportHelper commits, writes and exports crossGranules granules, sends them with
+// "export SEED" (or "skip REASON"), and waits to be killed.
+func exportHelper(sock int) error {
+	d, _, err := helperDriver()
+	if err != nil {
+		return err
+	}
+	b, err := cuda.New(cuda.Options{Authority: gpuAuthority(0), Driver: d, Exportable: true})
+	if refused(err) {
+		return send(sock, "skip no exportable allocations here: "+err.Error(), nil)
+	}
+	if err != nil {
+		return err
+	}
+	g := b.Granularity()
+	r, err := b.Reserve(crossGranules * g)
+	if err != nil {
+		return err
+	}
+	if err := b.Commit(r, 0, crossGranules*g); err != nil {
+		return err
+	}
+	const seed = 11
+	if err := b.CopyIn(r, 0, pattern(seed, crossGranules*g)); err != nil {
+		return err
+	}
+	if err := b.Synchronize(); err != nil {
+		return err
+	}
+	fds, err := b.Export(r, 0, crossGranules*g)
+	if refused(err) {
+		return send(sock, "skip the driver refuses the export: "+err.Error(), nil)
+	}
+	if err != nil {
+		return err
+	}
+	if err := send(sock, "export "+strconv.Itoa(seed), fds); err != nil {
+		return err
+	}
+	_, _, err = recv(sock) // until killed
+	return err
+}
+
+// importHelper is process B.
+func importHelper(sock int) error {
+	d, f, err := helperDriver()
+	if err != nil {
+		return err
 	}
 	auth := gpuAuthority(0)
 	b, err := cuda.New(cuda.Options{Authority: auth, Driver: d})
@@ -91,7 +154,7 @@ func importHelper(sock int) (err error) {
 	for _, fd := range fds {
 		_ = unix.Close(fd) // the mappings do not need them
 	}
-	if errors.Is(err, backing.ErrUnsupported) || isCode(err, cuda.CodeNotPermitted) {
+	if refused(err) {
 		b.Unreserve(r)
 		_ = b.Close()
 		return send(sock, "skip the driver refuses the import: "+err.Error(), nil)
@@ -202,30 +265,12 @@ func crossProcess(t *testing.T, d *cuda.Driver, helper string, skippable bool) {
 	require.NoError(t, b.CopyIn(r, 0, pattern(seed, crossGranules*g)))
 	require.NoError(t, b.Synchronize())
 	fds, err := b.Export(r, 0, crossGranules*g)
-	if skippable && (errors.Is(err, backing.ErrUnsupported) || isCode(err, cuda.CodeNotPermitted)) {
+	if skippable && refused(err) {
 		t.Skipf("the driver refuses the export: %v", err)
 	}
 	require.NoError(t, err)
 
-	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	require.NoError(t, err)
-	sock := pair[0]
-	defer func() { assert.NoError(t, unix.Close(sock)) }()
-	theirs := os.NewFile(uintptr(pair[1]), "helper socket")
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"=import", helperDriverEnv+"="+helper)
-	cmd.ExtraFiles = []*os.File{theirs}
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	require.NoError(t, cmd.Start())
-	require.NoError(t, theirs.Close()) // the helper has its own: its exit ends our reads
-	exited := false
-	defer func() {
-		if !exited {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	}()
-
+	cmd, sock := startHelper(t, "import", helper)
 	require.NoError(t, send(sock, "import "+strconv.Itoa(seed), fds))
 	closeAll(t, fds) // sent: the helper has its own
 	msg, _, err := recv(sock)
@@ -246,7 +291,6 @@ func crossProcess(t *testing.T, d *cuda.Driver, helper string, skippable bool) {
 	msg, _, err = recv(sock)
 	require.NoError(t, err)
 	assert.Equal(t, "closed", msg)
-	exited = true
 	require.NoError(t, cmd.Wait(), "the helper exits cleanly")
 
 	// The exported handles are released with A's last mapping, never pooled.
@@ -255,6 +299,83 @@ func crossProcess(t *testing.T, d *cuda.Driver, helper string, skippable bool) {
 	assert.Zero(t, s.Idle)
 	assert.Zero(t, s.Owned)
 	assert.Zero(t, auth.Stats().Owned)
+}
+
+// startHelper starts this test binary as a helper process in mode on driver helper,
+// with one end of a socket pair as its descriptor 3, and returns it and the other
+// end. At cleanup the helper is killed if it still runs, and the socket closed.
+func startHelper(t *testing.T, mode, helper string) (*exec.Cmd, int) {
+	t.Helper()
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	theirs := os.NewFile(uintptr(pair[1]), "helper socket")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+mode, helperDriverEnv+"="+helper)
+	cmd.ExtraFiles = []*os.File{theirs}
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	err = cmd.Start()
+	require.NoError(t, theirs.Close()) // the helper has its own: its exit ends our reads
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		assert.NoError(t, unix.Close(pair[0]))
+	})
+	return cmd, pair[0]
+}
+
+// exporterKilled imports, in this process on driver d, granules that a helper on
+// driver helper exported, then kills the helper with SIGKILL: the mappings here stay
+// valid, bit-exact and writable, and go cleanly. With skippable, a driver that
+// refuses the export or the import skips t, saying why.
+func exporterKilled(t *testing.T, d *cuda.Driver, helper string, skippable bool) {
+	auth := gpuAuthority(0)
+	b, err := cuda.New(cuda.Options{Authority: auth, Driver: d})
+	if skippable && errors.Is(err, backing.ErrUnsupported) {
+		t.Skipf("no usable GPU: %v", err)
+	}
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, b.Close()) }()
+	g := b.Granularity()
+
+	cmd, sock := startHelper(t, "export", helper)
+	msg, fds, err := recv(sock)
+	require.NoError(t, err)
+	if reason, ok := strings.CutPrefix(msg, "skip "); ok && skippable {
+		t.Skip(reason)
+	}
+	seed, ok := strings.CutPrefix(msg, "export ")
+	require.True(t, ok, "the helper says %q", msg)
+	n, err := strconv.ParseUint(seed, 10, 64)
+	require.NoError(t, err)
+	require.Len(t, fds, crossGranules)
+	r, err := b.Reserve(crossGranules * g)
+	require.NoError(t, err)
+	defer func() { assert.True(t, b.Unreserve(r).OK()) }()
+	err = b.Import(r, 0, fds, backing.ReadWrite)
+	closeAll(t, fds)
+	if skippable && refused(err) {
+		t.Skipf("the driver refuses the import: %v", err)
+	}
+	require.NoError(t, err)
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	var ee *exec.ExitError
+	require.ErrorAs(t, cmd.Wait(), &ee)
+	require.Equal(t, syscall.SIGKILL, ee.Sys().(syscall.WaitStatus).Signal())
+
+	got := make([]byte, crossGranules*g)
+	require.NoError(t, b.CopyOut(got, r, 0))
+	assert.True(t, bytes.Equal(pattern(n, crossGranules*g), got), "the exporter's bytes outlive it")
+	require.NoError(t, b.CopyIn(r, g+1, []byte("still mine")))
+	require.NoError(t, b.Synchronize())
+	require.NoError(t, b.CopyOut(got[:10], r, g+1))
+	assert.Equal(t, "still mine", string(got[:10]))
+	s := auth.Stats()
+	assert.Zero(t, s.Owned)
+	assert.EqualValues(t, crossGranules*g, s.Mapped)
 }
 
 func TestExportImportCrossProcess(t *testing.T) {
@@ -273,4 +394,21 @@ func TestGPUExportImportCrossProcess(t *testing.T) {
 		helper = "fake"
 	}
 	crossProcess(t, gpuDriver(t), helper, true)
+}
+
+func TestExportImportExporterKilled(t *testing.T) {
+	f := cudatest.NewFakeDriver(cudatest.FakeDriverOptions{})
+	exporterKilled(t, f.Driver(), "fake", false)
+	assert.NoError(t, f.CheckLeaks())
+}
+
+// TestGPUExportImportExporterKilled is the same on the system's driver (with
+// -fakegpu, on the fake), run by scripts/gpu-check.sh: whether the driver keeps an
+// imported allocation alive after its exporter died is what it finds out.
+func TestGPUExportImportExporterKilled(t *testing.T) {
+	helper := "system"
+	if *fakeGPU {
+		helper = "fake"
+	}
+	exporterKilled(t, gpuDriver(t), helper, true)
 }

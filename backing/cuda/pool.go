@@ -438,7 +438,7 @@ func (b *Backing) Close() error {
 		errs = append(errs, fmt.Errorf("cuda: %d handles still mapped by quarantined reservations stay owned", left))
 	}
 	if left := b.imports; left > 0 {
-		errs = append(errs, fmt.Errorf("cuda: %d imported handles the driver did not release", left))
+		errs = append(errs, fmt.Errorf("cuda: %d imported handles still mapped by quarantined reservations or refused by cuMemRelease", left))
 	}
 	b.mu.Unlock()
 	if err := b.drv.call("cuDevicePrimaryCtxRelease_v2", b.drv.DevicePrimaryCtxRelease(b.dev)); err != nil {
