@@ -117,6 +117,20 @@ run() {
 	#    driver's own rules.
 	step cuda-gpu-tests 150 "$bin/cuda.test" -test.run 'GPU' -test.v -test.count 1 -test.timeout 140s
 	grep -E '^(--- |ok|FAIL|PASS)|gpu_test.go:[0-9]+: (driver|free)' "$OUT/cuda-gpu-tests.log" | grep -v '^    ---' | head -60
+	# 1b. Granules across two processes (issue 42): this process commits and writes
+	#     granules of an exportable Backing and exports them
+	#     (cuMemExportToShareableHandle); a helper process, the same binary started by
+	#     the test, takes the descriptors by SCM_RIGHTS, imports and maps them
+	#     (cuMemImportFromShareableHandle, cuMemMap, cuMemSetAccess), reads the bytes
+	#     bit-exact and writes its own, which the first process reads back. Both use
+	#     the system driver (the default; -fakegpu would pick the fake, and the test
+	#     tells its helper which by CUDA_TEST_HELPER_DRIVER). Then the other way round,
+	#     with the exporting helper killed by SIGKILL after the import: whether the
+	#     driver keeps the imported memory valid, bit-exact and writable. Each skips,
+	#     logging why, where the driver refuses exportable allocations, the export or
+	#     the import. (Step 1 runs them too; this log holds them alone.)
+	step cuda-gpu-export 60 "$bin/cuda.test" -test.run 'GPUExportImport' -test.v -test.count 1 -test.timeout 50s
+	grep -E '^(--- |ok|FAIL|PASS)|    exportproc_linux_test.go:[0-9]+: ' "$OUT/cuda-gpu-export.log" | head -20
 	# 2. The kv package's tests that touch CUDA, if it has any.
 	if [ -x "$bin/kv.test" ]; then
 		(cd kv && step kv-gpu-tests 60 "$bin/kv.test" -test.run 'GPU|CUDA|Cuda' -test.v -test.count 1 -test.timeout 50s)
@@ -146,6 +160,9 @@ run() {
 	{
 		echo "# vmarena CUDA backing: $(head -1 "$OUT/env.txt")"
 		sed -n '2,3p' "$OUT/env.txt"
+		echo
+		echo "## Granules across two processes (export, SCM_RIGHTS, import)"
+		grep -E '^(--- |ok|FAIL)|    exportproc_linux_test.go:[0-9]+: ' "$OUT/cuda-gpu-export.log"
 		echo
 		echo "## Go benchmarks on the GPU (medians of p50 over the runs)"
 		summarize "$OUT/bench-gpu.log"

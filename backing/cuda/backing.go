@@ -39,6 +39,13 @@ type Options struct {
 	High int
 	// Background refills the pool to Low from a goroutine, off the commit path.
 	Background bool
+	// Exportable creates every handle exportable as a POSIX file descriptor
+	// (requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in
+	// cuMemCreate's properties), so that Export can hand committed granules to
+	// another process (export.go). New fails with ErrNoExport where the device can
+	// not (attribute 103 is 0; every system but Linux), and with ErrMissingSymbol
+	// where the driver lacks the export entry points.
+	Exportable bool
 	// Driver is the driver to call; nil means LoadDriver().
 	Driver *Driver
 	// Logger receives the pool's events: trims and reclaims that release handles,
@@ -68,6 +75,7 @@ type Backing struct {
 	ctx     uintptr // the retained primary context
 	gran    int
 	version int32
+	export  bool // Options.Exportable
 	prop    MemAllocationProp
 	rw, ro  MemAccessDesc
 	auth    *accounting.Authority
@@ -90,6 +98,8 @@ type Backing struct {
 	held       bool      // Trim or Quiesce paused the background refill until the next commit
 	mapped     int64     // bytes of mappings (a handle mapped twice counts twice)
 	nres       int       // reservations not yet unreserved
+	imports    int       // imported handles not yet released (export.go); never owned
+	stuckIn    []*handle // imported handles cuMemRelease refused, retried with stuck
 
 	refill chan struct{} // nudges the background refill; nil without Background
 	stop   chan struct{}
@@ -100,10 +110,15 @@ type Backing struct {
 	pins pins // host memory PinHost pinned (host.go)
 }
 
-// handle is one physical allocation of one granule.
+// handle is one physical allocation of one granule. One the pool created is owned;
+// when its last mapping goes it returns to the pool, unless it was exported: then
+// another process may map it still, so it is released. An imported one is not
+// owned: released when its last mapping goes (export.go).
 type handle struct {
-	h    uint64 // CUmemGenericAllocationHandle
-	refs int    // mappings; guarded by Backing.mu
+	h        uint64 // CUmemGenericAllocationHandle
+	refs     int    // mappings; guarded by Backing.mu
+	exported bool   // Export gave out a descriptor of it; guarded by Backing.mu
+	imported bool   // Import made it from another process's descriptor
 }
 
 // Reservation is one reserved range of device virtual addresses and what is mapped in
@@ -168,8 +183,16 @@ func New(opts Options) (*Backing, error) {
 
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	if opts.Exportable {
+		if !posixFDs {
+			return nil, fmt.Errorf("%w: not on this system", ErrNoExport)
+		}
+		if err := drv.checkExport(); err != nil {
+			return nil, err
+		}
+	}
 	b := &Backing{drv: drv, ordinal: opts.Device, auth: opts.Authority, low: opts.Low, high: opts.High,
-		log: opts.Logger}
+		log: opts.Logger, export: opts.Exportable}
 	b.settled.L = &b.mu
 	if err := b.open(); err != nil {
 		return nil, err
@@ -233,6 +256,16 @@ func (b *Backing) open() error {
 		b.version = 0 // only reported, never relied on
 	}
 	b.prop = deviceProp(b.dev)
+	if b.export {
+		var fd int32
+		if err := d.call("cuDeviceGetAttribute", d.DeviceGetAttribute(&fd, AttrPosixFDSupported, b.dev)); err != nil {
+			return err
+		}
+		if fd == 0 {
+			return fmt.Errorf("%w: device %d", ErrNoExport, b.ordinal)
+		}
+		b.prop.RequestedHandleTypes = HandleTypePosixFD
+	}
 	b.rw = MemAccessDesc{Location: b.prop.Location, Flags: AccessReadWrite}
 	b.ro = MemAccessDesc{Location: b.prop.Location, Flags: AccessRead}
 	g, err := b.granularity()
@@ -605,10 +638,10 @@ func (b *Backing) Decommit(r *Reservation, off, size int) error {
 }
 
 // drop forgets the n mappings of r from granule first, which are unmapped, and
-// returns the handles whose last mapping they were to the pool. r.mu must be held and
-// the thread bound.
+// returns the handles whose last mapping they were to the pool, or releases them when
+// they were exported or imported (export.go). r.mu must be held and the thread bound.
 func (b *Backing) drop(r *Reservation, first, n int) {
-	var free []*handle
+	var free, gone, foreign []*handle
 	b.mu.Lock()
 	for i := first; i < first+n; {
 		s, next := r.slots.run(i, first+n)
@@ -620,7 +653,13 @@ func (b *Backing) drop(r *Reservation, first, n int) {
 				panic(PanicHandleRefs)
 			}
 			h.refs--
-			if h.refs == 0 {
+			switch {
+			case h.refs > 0:
+			case h.imported:
+				foreign = append(foreign, h)
+			case h.exported:
+				gone = append(gone, h)
+			default:
 				free = append(free, h)
 			}
 		}
@@ -632,6 +671,12 @@ func (b *Backing) drop(r *Reservation, first, n int) {
 	b.mu.Unlock()
 	b.auth.Unmap(bytes)
 	b.putIdle(free)
+	if len(gone) > 0 {
+		// A handle the driver refuses to release stays owned (stuck), as in
+		// addIdle; the caller's unmap succeeded.
+		_, _ = b.release(gone)
+	}
+	b.releaseImported(foreign)
 }
 
 // Unreserve unmaps everything still committed in r (one cuMemUnmap per contiguous

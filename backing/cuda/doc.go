@@ -15,6 +15,12 @@
 // backing/cuda/cudatest, fills it with an in-memory driver that enforces the VMM
 // rules, for tests and examples on machines without a GPU.
 //
+// Across processes, a Backing made with Options.Exportable hands a committed granule
+// to another process as a POSIX file descriptor ([Backing.Export],
+// cuMemExportToShareableHandle), which that process maps into a reservation of its
+// own with [Backing.Import] (cuMemImportFromShareableHandle, cuMemMap,
+// cuMemSetAccess): one physical allocation, mapped in both, no copy (export.go).
+//
 // Below the device, [Backing.PinHost] page-locks host memory for the DMA engine
 // (cuMemHostRegister, in registrations of at most [MaxPinChunk]) and a [Stream] of
 // one's own queues copies between device ranges and host memory
@@ -37,6 +43,10 @@
 // The Backing owns every handle it creates and charges it to its [accounting.Authority]
 // (ByBacking accounting) before creating it, whether the handle is mapped or idle;
 // mapped bytes are attribution only (Authority.Map) and a shared handle is owned once.
+// An exported handle stays owned by its exporter and is released, not pooled, when
+// its last mapping there goes; an imported one is mapped, never owned, and released
+// when its last mapping goes. Export's descriptors are the caller's to close, and so
+// are the ones it passes to Import.
 // Every Reservation MUST be given back with Unreserve, and the Backing MUST be closed
 // with Close, which releases the pool and the primary context. Base addresses are
 // device addresses: they must never be dereferenced on the CPU. Reach the contents

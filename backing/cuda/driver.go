@@ -54,6 +54,14 @@ type Driver struct {
 	StreamDestroy     func(stream uintptr) Code                                            // cuStreamDestroy_v2
 	MemcpyHtoDAsync   func(dst uint64, src unsafe.Pointer, n uintptr, stream uintptr) Code // cuMemcpyHtoDAsync_v2
 	MemcpyDtoHAsync   func(dst unsafe.Pointer, src uint64, n uintptr, stream uintptr) Code // cuMemcpyDtoHAsync_v2
+
+	// Export and import of allocations between processes (export.go). Optional: a
+	// Driver without them backs device memory, and Options.Exportable, Export and
+	// Import then fail with ErrMissingSymbol. For HandleTypePosixFD, shareable
+	// points at a C int that receives a new descriptor, and osHandle is the
+	// descriptor's value itself.
+	MemExportToShareableHandle   func(shareable unsafe.Pointer, handle uint64, handleType int32, flags uint64) Code // cuMemExportToShareableHandle
+	MemImportFromShareableHandle func(handle *uint64, osHandle uintptr, handleType int32) Code                      // cuMemImportFromShareableHandle
 }
 
 // symbol binds one Driver field to the exported name it must be looked up by.
@@ -104,6 +112,14 @@ var hostSymbols = [...]symbol{
 	{"cuMemcpyDtoHAsync_v2", func(d *Driver) any { return &d.MemcpyDtoHAsync }},
 }
 
+// exportSymbols are the optional entry points of exporting allocations to other
+// processes: bound when the driver has them, nil otherwise. Both date from CUDA 10.2
+// with the rest of the VMM API and have no suffix.
+var exportSymbols = [...]symbol{
+	{"cuMemExportToShareableHandle", func(d *Driver) any { return &d.MemExportToShareableHandle }},
+	{"cuMemImportFromShareableHandle", func(d *Driver) any { return &d.MemImportFromShareableHandle }},
+}
+
 // loadDriverOnce loads the system driver once per process: dlopen is reference
 // counted and the bound functions never change, so every Backing can share it.
 var loadDriverOnce = sync.OnceValues(func() (*Driver, error) { return loadDriver(driverLibrary) })
@@ -131,7 +147,7 @@ func loadDriver(lib string) (*Driver, error) {
 		}
 		bindSymbol(s.field(d), addr)
 	}
-	for _, s := range hostSymbols {
+	for _, s := range append(hostSymbols[:], exportSymbols[:]...) {
 		if addr, err := lookupSymbol(h, s.name); err == nil && addr != 0 {
 			bindSymbol(s.field(d), addr)
 		}
@@ -169,6 +185,10 @@ func (d *Driver) checkComplete() error { return d.missing(symbols[:]) }
 // checkHost returns an error matching ErrMissingSymbol naming the host-memory entry
 // points d lacks.
 func (d *Driver) checkHost() error { return d.missing(hostSymbols[:]) }
+
+// checkExport returns an error matching ErrMissingSymbol naming the export entry
+// points d lacks.
+func (d *Driver) checkExport() error { return d.missing(exportSymbols[:]) }
 
 // missing returns an error matching ErrMissingSymbol naming the entry points of table
 // that d leaves nil, or nil.

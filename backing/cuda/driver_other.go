@@ -7,6 +7,9 @@ import "errors"
 // driverLibrary names no library: there is no CUDA driver on this system.
 const driverLibrary = "libcuda"
 
+// posixFDs is false: there is no driver to export with.
+const posixFDs = false
+
 func openLibrary(string) (uintptr, error) { return 0, errors.ErrUnsupported }
 
 func lookupSymbol(uintptr, string) (uintptr, error) { return 0, errors.ErrUnsupported }
@@ -14,3 +17,6 @@ func lookupSymbol(uintptr, string) (uintptr, error) { return 0, errors.ErrUnsupp
 func bindSymbol(any, uintptr) {}
 
 func closeLibrary(uintptr) {}
+
+// closeFD is never reached: nothing is exported here (posixFDs is false).
+func closeFD(int) error { return errors.ErrUnsupported }

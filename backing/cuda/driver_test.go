@@ -41,6 +41,12 @@ func TestSymbolTable(t *testing.T) {
 		"cuMemMap", "cuMemUnmap", "cuMemSetAccess", "cuMemGetAllocationGranularity"} {
 		assert.Contains(t, names, vmm)
 	}
+	// So do the export entry points, and they are bound by their own names: the
+	// export writes a descriptor, the import takes one by value.
+	for _, export := range []string{"cuMemExportToShareableHandle", "cuMemImportFromShareableHandle"} {
+		assert.Contains(t, names, export)
+		assert.NotContains(t, names, export+"_v2")
+	}
 	for _, n := range names {
 		assert.True(t, strings.HasPrefix(n, "cu"), n)
 		assert.False(t, strings.HasSuffix(n, "_v3"), n)
@@ -101,9 +107,9 @@ func TestResultError(t *testing.T) {
 }
 
 func TestSentinelsDistinct(t *testing.T) {
-	all := []error{cuda.ErrNoDriver, cuda.ErrStubLibrary, cuda.ErrNoDevice, cuda.ErrNoVMM,
+	all := []error{cuda.ErrNoDriver, cuda.ErrStubLibrary, cuda.ErrNoDevice, cuda.ErrNoVMM, cuda.ErrNoExport,
 		cuda.ErrMissingSymbol, cuda.ErrBadDevice, cuda.ErrBadOptions, cuda.ErrBadGranularity,
-		cuda.ErrReadOnly, cuda.ErrBusy}
+		cuda.ErrReadOnly, cuda.ErrBusy, cuda.ErrNotExportable, cuda.ErrBadDescriptor}
 	for i, a := range all {
 		assert.True(t, strings.HasPrefix(a.Error(), "cuda: "), "%v", a)
 		for j, b := range all {
@@ -112,10 +118,10 @@ func TestSentinelsDistinct(t *testing.T) {
 			}
 		}
 	}
-	for _, a := range all[:4] {
+	for _, a := range all[:5] {
 		assert.ErrorIs(t, a, backing.ErrUnsupported, "%v", a)
 	}
-	for _, a := range all[4:] {
+	for _, a := range all[5:] {
 		assert.NotErrorIs(t, a, backing.ErrUnsupported, "%v", a)
 	}
 }

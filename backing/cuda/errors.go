@@ -30,6 +30,10 @@ var (
 	ErrBadOptions = errors.New("cuda: invalid options")
 	// ErrBadGranularity: the driver reported a granularity that is not a power of two.
 	ErrBadGranularity = errors.New("cuda: driver granularity is not a power of two")
+	// ErrNoExport: Options.Exportable was asked for where the device can not export
+	// allocations as POSIX file descriptors (attribute 103 is 0, or the system is
+	// not Linux). It matches errors.ErrUnsupported.
+	ErrNoExport = fmt.Errorf("cuda: device can not export allocations as file descriptors: %w", errors.ErrUnsupported)
 )
 
 // Errors of operations on a working backing.
@@ -42,6 +46,13 @@ var (
 	ErrBusy = errors.New("cuda: backing still has live reservations")
 	// ErrClosed: Close was called on a Backing closed already.
 	ErrClosed = errors.New("cuda: backing closed")
+	// ErrNotExportable: Export of a granule whose allocation can not be exported:
+	// the Backing was made without Options.Exportable, or the granule was imported
+	// from another process (only its exporter exports it).
+	ErrNotExportable = errors.New("cuda: granule is not exportable")
+	// ErrBadDescriptor: Import of a descriptor that is negative, or that the driver
+	// does not take as an exported allocation of this device's granule size.
+	ErrBadDescriptor = errors.New("cuda: not the descriptor of an exported allocation")
 )
 
 // Misuse panics with these messages.

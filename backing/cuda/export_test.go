@@ -8,12 +8,15 @@ var LoadDriverFrom = loadDriver
 // order, and whether each field pointer is distinct (every field listed once).
 func SymbolNames() (names []string, fields []any) {
 	var d Driver
-	for _, s := range append(symbols[:], hostSymbols[:]...) {
+	for _, s := range append(append(symbols[:], hostSymbols[:]...), exportSymbols[:]...) {
 		names = append(names, s.name)
 		fields = append(fields, s.field(&d))
 	}
 	return names, fields
 }
+
+// Int32Ptr is int32Ptr, for tests that call the export entry point directly.
+var Int32Ptr = int32Ptr
 
 // BytesAddr is bytesPtr for tests that call the seam directly.
 var BytesAddr = bytesPtr

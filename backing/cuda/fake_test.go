@@ -132,7 +132,8 @@ func TestFakeCreateRules(t *testing.T) {
 		{"not pinned", 2 * mib, func(p *cuda.MemAllocationProp) { p.Type = 0 }, 0},
 		{"host location", 2 * mib, func(p *cuda.MemAllocationProp) { p.Location.Type = 2 }, 0},
 		{"bad device", 2 * mib, func(p *cuda.MemAllocationProp) { p.Location.ID = 3 }, 0},
-		{"handle type", 2 * mib, func(p *cuda.MemAllocationProp) { p.RequestedHandleTypes = 1 }, 0},
+		{"handle type", 2 * mib, func(p *cuda.MemAllocationProp) { p.RequestedHandleTypes = 2 }, 0}, // WIN32
+		{"handle types", 2 * mib, func(p *cuda.MemAllocationProp) { p.RequestedHandleTypes = 3 }, 0},
 		{"win32 metadata", 2 * mib, func(p *cuda.MemAllocationProp) { p.Win32HandleMetaData = 8 }, 0},
 	} {
 		// NB: no t.Run here: a subtest runs on another thread, where no context is current.

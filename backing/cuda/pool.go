@@ -184,7 +184,10 @@ func (b *Backing) releaseIdle(keep int) (int64, error) {
 	}
 	hs = append(hs, b.stuck...)
 	b.stuck = nil
+	in := b.stuckIn
+	b.stuckIn = nil
 	b.mu.Unlock()
+	b.releaseImported(in)
 	return b.release(hs)
 }
 
@@ -433,6 +436,9 @@ func (b *Backing) Close() error {
 	b.mu.Lock()
 	if left := b.owned; left > 0 {
 		errs = append(errs, fmt.Errorf("cuda: %d handles still mapped by quarantined reservations stay owned", left))
+	}
+	if left := b.imports; left > 0 {
+		errs = append(errs, fmt.Errorf("cuda: %d imported handles still mapped by quarantined reservations or refused by cuMemRelease", left))
 	}
 	b.mu.Unlock()
 	if err := b.drv.call("cuDevicePrimaryCtxRelease_v2", b.drv.DevicePrimaryCtxRelease(b.dev)); err != nil {

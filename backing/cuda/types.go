@@ -30,9 +30,10 @@ type MemAccessDesc struct {
 
 // Enum values used here.
 const (
-	AllocationPinned = 1 // CU_MEM_ALLOCATION_TYPE_PINNED
-	LocationDevice   = 1 // CU_MEM_LOCATION_TYPE_DEVICE
-	HandleTypeNone   = 0 // CU_MEM_HANDLE_TYPE_NONE
+	AllocationPinned  = 1 // CU_MEM_ALLOCATION_TYPE_PINNED
+	LocationDevice    = 1 // CU_MEM_LOCATION_TYPE_DEVICE
+	HandleTypeNone    = 0 // CU_MEM_HANDLE_TYPE_NONE
+	HandleTypePosixFD = 1 // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 
 	AccessNone      = 0 // CU_MEM_ACCESS_FLAGS_PROT_NONE
 	AccessRead      = 1 // CU_MEM_ACCESS_FLAGS_PROT_READ
@@ -43,6 +44,7 @@ const (
 
 	AttrUnifiedAddressing = 41  // CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING
 	AttrVMMSupported      = 102 // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+	AttrPosixFDSupported  = 103 // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
 )
 
 // deviceProp returns the allocation properties of pinned memory on device dev.

@@ -29,6 +29,14 @@ func bytesPtr(p []byte) unsafe.Pointer {
 	return unsafe.Pointer(unsafe.SliceData(p))
 }
 
+// int32Ptr returns p as the void* of an out-parameter: the C int that
+// cuMemExportToShareableHandle writes a descriptor to.
+func int32Ptr(p *int32) unsafe.Pointer {
+	// Safety: p points at a live int32, the size of a C int on every platform the
+	// driver runs on; the driver writes it before it returns and keeps no reference.
+	return unsafe.Pointer(p)
+}
+
 // sliceAddr returns the address of p's first byte, as the key of a pinned range.
 func sliceAddr(p []byte) uintptr {
 	// Safety: only the address is taken; no pointer is made from it again.

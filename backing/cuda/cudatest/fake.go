@@ -28,6 +28,11 @@ type FakeDriverOptions struct {
 	// MaxHostRegister is the largest range one cuMemHostRegister accepts; 0 means
 	// 64 GiB. Larger ones fail with CUDA_ERROR_OUT_OF_MEMORY (see fake_host.go).
 	MaxHostRegister int64
+	// NoExport makes the device unable to export allocations: attribute 103
+	// (HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED) reads 0 and cuMemCreate asked
+	// for an exportable allocation returns CUDA_ERROR_NOT_SUPPORTED. Off Linux the
+	// fake can never export (fake_export.go).
+	NoExport bool
 	// AddressSpace is the device virtual address space cuMemAddressReserve hands out,
 	// in bytes; 0 means 2^47 (128 TiB, the user half of x86-64's 48-bit addresses,
 	// which unified addressing shares with the host). A reservation past what is
@@ -53,7 +58,10 @@ type FakeDriverOptions struct {
 //
 // A handle's contents are one Go byte slice shared by all its mappings, so a write
 // through one mapping reads back through every other (the shared-prefix aliasing).
-// Contents are allocated on first write and read as zero before it.
+// Contents are allocated on first write and read as zero before it. An allocation
+// created exportable (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, Linux only) keeps
+// them in a memfd instead, which cuMemExportToShareableHandle hands out and
+// cuMemImportFromShareableHandle maps, in this process or another (fake_export.go).
 //
 // Faults are injected with Fail; LiveHandles, LiveReservations, LiveMappings and
 // CheckLeaks tell what a test left behind. A FakeDriver is safe for concurrent use.
@@ -80,9 +88,11 @@ type fakeHandle struct {
 	id       uint64
 	dev      int32
 	size     uintptr
-	data     []byte // nil until first written
+	data     []byte // nil until first written; shm's mapping when shm is set
 	released bool
 	maps     int
+	shm      *fakeShm // the memfd behind an exportable or imported allocation, else nil
+	imported bool     // cuMemImportFromShareableHandle made it: another process's memory
 }
 
 type fakeRes struct {
@@ -166,6 +176,7 @@ func NewFakeDriver(opts FakeDriverOptions) *FakeDriver {
 		GetErrorName:                f.getErrorName,
 	}
 	f.bindHost(f.drv)
+	f.bindExport(f.drv)
 	return f
 }
 
@@ -421,6 +432,11 @@ func (f *FakeDriver) deviceGetAttribute(v *int32, attr, dev int32) cuda.Code {
 		}
 	case cuda.AttrUnifiedAddressing:
 		*v = 1
+	case cuda.AttrPosixFDSupported:
+		*v = 0
+		if f.canExport() {
+			*v = 1
+		}
 	default:
 		return cuda.CodeInvalidValue
 	}
@@ -505,7 +521,8 @@ func (f *FakeDriver) memGetInfo(free, total *uintptr) cuda.Code {
 
 // validProp checks an allocation property the way cuMemCreate does.
 func (f *FakeDriver) validProp(p *cuda.MemAllocationProp) bool {
-	return p != nil && p.Type == cuda.AllocationPinned && p.RequestedHandleTypes == cuda.HandleTypeNone &&
+	return p != nil && p.Type == cuda.AllocationPinned &&
+		(p.RequestedHandleTypes == cuda.HandleTypeNone || p.RequestedHandleTypes == cuda.HandleTypePosixFD) &&
 		p.Location.Type == cuda.LocationDevice && f.validDevice(p.Location.ID) &&
 		p.Win32HandleMetaData == 0 && p.Reserved == [4]uint8{}
 }
@@ -607,23 +624,39 @@ func (f *FakeDriver) memCreate(h *uint64, size uintptr, p *cuda.MemAllocationPro
 		return cuda.CodeInvalidValue
 	case f.opts.NoVMM:
 		return cuda.CodeNotSupported
+	case p.RequestedHandleTypes == cuda.HandleTypePosixFD && !f.canExport():
+		return cuda.CodeNotSupported
 	}
 	dev := p.Location.ID
 	if f.used[dev]+int64(size) > f.opts.Memory {
 		return cuda.CodeOutOfMemory
 	}
+	fh := &fakeHandle{dev: dev, size: size}
+	if p.RequestedHandleTypes == cuda.HandleTypePosixFD {
+		shm, err := newFakeShm(dev, size)
+		if err != nil {
+			return cuda.CodeOutOfMemory // out of descriptors or memory for the memfd
+		}
+		fh.shm, fh.data = shm, shm.data
+	}
 	f.used[dev] += int64(size)
-	id := f.nextHandle
+	fh.id = f.nextHandle
 	f.nextHandle++
-	f.handles[id] = &fakeHandle{id: id, dev: dev, size: size}
-	*h = id
+	f.handles[fh.id] = fh
+	*h = fh.id
 	return cuda.Success
 }
 
 // freeIfDead frees h's memory once it is released and mapped nowhere. f.mu held.
 func (f *FakeDriver) freeIfDead(h *fakeHandle) {
 	if h.released && h.maps == 0 {
-		f.used[h.dev] -= int64(h.size)
+		if !h.imported {
+			f.used[h.dev] -= int64(h.size) // an import's memory is its exporter's
+		}
+		if h.shm != nil {
+			h.shm.close()
+			h.shm = nil
+		}
 		h.data = nil
 		delete(f.handles, h.id)
 	}

@@ -24,3 +24,11 @@ func descSlice(desc *cuda.MemAccessDesc, count uintptr) []cuda.MemAccessDesc {
 	// Safety: by cuMemSetAccess's contract desc points at count descriptors.
 	return unsafe.Slice(desc, count)
 }
+
+// fdSlot returns the C int at p (cuMemExportToShareableHandle's out-parameter for a
+// descriptor).
+func fdSlot(p unsafe.Pointer) *int32 {
+	// Safety: by cuMemExportToShareableHandle's contract for POSIX descriptors, p
+	// addresses a C int the caller owns for the duration of the call.
+	return (*int32)(p)
+}
