@@ -77,6 +77,7 @@ type ClientStats struct {
 type ReclaimStats struct {
 	Asked      uint64 // reclaim requests sent
 	AskedBytes int64  // the bytes they asked for
+	Answered   uint64 // requests answered in time
 	Given      int64  // the bytes the answers said came back
 	// Short counts answers that gave back less of a stage-one request (idle
 	// granules) than asked: the process's idle report was stale, or a lie. The

@@ -126,6 +126,7 @@ func (c *ownerConn) answered(id uint64, given uint64, timedOut bool) bool {
 	if timedOut {
 		o.rstats.Unanswered++
 	} else {
+		o.rstats.Answered++
 		o.rstats.Given += got
 	}
 	want, wantStage := c.want, c.wantStage
