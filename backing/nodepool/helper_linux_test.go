@@ -38,6 +38,8 @@ func runHelper(mode, path string) int {
 		fmt.Println("ready")
 		_ = o
 		select {}
+	case "prefix":
+		return runPrefixHelper(path)
 	case "client":
 		c, err := nodepool.Attach(path, nodepool.ClientOptions{})
 		if err != nil {

@@ -319,3 +319,48 @@ func TestClientDecay(t *testing.T) {
 	})
 	checkLedger(t, o)
 }
+
+// TestReclaimPrefix: a request that waits on a full node, with no idle granule
+// anywhere, is served from another process's cached prefix that no live sequence
+// maps: the owner asks every process, the helper's kv.PrefixCache evicts through
+// its reclaimer, and the granules come back. A request that only live tokens could
+// serve waits until its context ends, and the helper's live sequence reads as it
+// was written.
+func TestReclaimPrefix(t *testing.T) {
+	o := startOwner(t, nodepool.OwnerOptions{Granularity: pg})
+	h := startPrefixHelper(t, o.Path())
+	require.Positive(t, h.cached, "the helper caches a prompt no live sequence maps")
+	testutil.WaitFor(t, "the owner charges what the helper holds", func() bool {
+		return o.Governor().Stats(accounting.HostKey).Used == h.owned
+	})
+	require.NoError(t, o.Governor().SetLimit(accounting.HostKey, h.owned)) // the node is full
+	waiter := attachWith(t, o, nodepool.ClientOptions{High: nodepool.ClientNoPool})
+	need := max(int(h.cached)/2/pg, 1)
+	wr, err := waiter.Reserve(int(h.owned))
+	require.NoError(t, err)
+	defer waiter.Unreserve(wr)
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	require.NoError(t, waiter.CommitCtx(ctx, wr, 0, need*pg), "served from the helper's cached prefix")
+	intact, evicted := h.check(t)
+	assert.True(t, intact, "the helper's live sequence is intact")
+	assert.GreaterOrEqual(t, evicted, int64(need*pg), "the helper's prefix cache evicted what the waiter needed")
+	testutil.WaitFor(t, "the helper's answer", func() bool { return o.Stats().Reclaim.Given >= int64(need*pg) })
+	checkLedger(t, o)
+
+	// Everything the helper holds but the live sequence's would not cover this.
+	before := o.Stats().Reclaim.Answered
+	wctx, wcancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	rest := int(h.owned)/pg - need
+	go func() { done <- waiter.CommitCtx(wctx, wr, need*pg, rest*pg) }()
+	testutil.WaitFor(t, "both processes answered", func() bool { return o.Stats().Reclaim.Answered >= before+2 })
+	wcancel()
+	assert.ErrorIs(t, <-done, context.Canceled, "live tokens are never taken: the waiter waits until its context ends")
+	intact, _ = h.check(t)
+	assert.True(t, intact, "the helper's live sequence is intact")
+	cs, ok := clientStats(o, h.number)
+	require.True(t, ok)
+	assert.Positive(t, cs.Granules, "the helper keeps its live sequence's granules")
+	checkLedger(t, o)
+}
