@@ -40,6 +40,8 @@ func runHelper(mode, path string) int {
 		select {}
 	case "prefix":
 		return runPrefixHelper(path)
+	case "idler":
+		return runIdleHelper(path)
 	case "client":
 		c, err := nodepool.Attach(path, nodepool.ClientOptions{})
 		if err != nil {

@@ -107,19 +107,19 @@ func pattern(seed byte) []byte {
 	return p
 }
 
-// prefixHelper is a running prefix helper.
-type prefixHelper struct {
-	cmd           *exec.Cmd
-	number        uint64
-	owned, cached int64
-	in            io.WriteCloser
-	out           *bufio.Reader
+// lineHelper is a helper process the test talks to in lines, on its stdin and
+// stdout.
+type lineHelper struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Reader
 }
 
-func startPrefixHelper(t *testing.T, path string) *prefixHelper {
+// startLineHelper starts this test binary as a helper process in mode on path.
+func startLineHelper(t testing.TB, mode, path string) *lineHelper {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"=prefix", helperPathEnv+"="+path)
+	cmd.Env = append(os.Environ(), helperEnv+"="+mode, helperPathEnv+"="+path)
 	in, err := cmd.StdinPipe()
 	require.NoError(t, err)
 	out, err := cmd.StdoutPipe()
@@ -130,7 +130,26 @@ func startPrefixHelper(t *testing.T, path string) *prefixHelper {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
-	h := &prefixHelper{cmd: cmd, in: in, out: bufio.NewReader(out)}
+	return &lineHelper{cmd: cmd, in: in, out: bufio.NewReader(out)}
+}
+
+// say writes a line to the helper.
+func (h *lineHelper) say(t testing.TB, line string) {
+	t.Helper()
+	_, err := io.WriteString(h.in, line+"\n")
+	require.NoError(t, err)
+}
+
+// prefixHelper is a running prefix helper.
+type prefixHelper struct {
+	*lineHelper
+	number        uint64
+	owned, cached int64
+}
+
+func startPrefixHelper(t *testing.T, path string) *prefixHelper {
+	t.Helper()
+	h := &prefixHelper{lineHelper: startLineHelper(t, "prefix", path)}
 	f := h.line(t, "ready", 4)
 	h.number, _ = strconv.ParseUint(f[1], 10, 64)
 	h.owned, _ = strconv.ParseInt(f[2], 10, 64)
@@ -139,7 +158,7 @@ func startPrefixHelper(t *testing.T, path string) *prefixHelper {
 }
 
 // line reads the helper's next line, which must be word and n fields.
-func (h *prefixHelper) line(t *testing.T, word string, n int) []string {
+func (h *lineHelper) line(t testing.TB, word string, n int) []string {
 	t.Helper()
 	line, err := h.out.ReadString('\n')
 	require.NoError(t, err, "the helper says %s", word)
@@ -152,8 +171,7 @@ func (h *prefixHelper) line(t *testing.T, word string, n int) []string {
 // check asks the helper whether its live sequence is intact, and what it evicted.
 func (h *prefixHelper) check(t *testing.T) (bool, int64) {
 	t.Helper()
-	_, err := io.WriteString(h.in, "check\n")
-	require.NoError(t, err)
+	h.say(t, "check")
 	f := h.line(t, "intact", 3)
 	evicted, err := strconv.ParseInt(f[2], 10, 64)
 	require.NoError(t, err)
