@@ -54,6 +54,7 @@ type Client struct {
 	created       int64         // granules charged to auth (committed new or prefilled)
 	givenBack     int64         // granules given back to the owner
 	reported      int           // idle granules last reported to the owner
+	waiting       int           // allocations waiting on the node's budget
 
 	rmu      sync.Mutex    // one idle report at a time
 	reclaims chan msg      // the owner's reclaim requests, for the worker
@@ -362,6 +363,18 @@ func (c *Client) allocate(ctx context.Context, n int, wait bool) ([]*granule, er
 }
 
 func (c *Client) alloc1(ctx context.Context, m msg, wait bool) ([]*granule, error) {
+	if wait {
+		// While it waits a granule that goes idle here goes back to the owner, which
+		// serves this allocation with it (keep).
+		c.mu.Lock()
+		c.waiting++
+		c.mu.Unlock()
+		defer func() {
+			c.mu.Lock()
+			c.waiting--
+			c.mu.Unlock()
+		}()
+	}
 	id, ch, err := c.send(m)
 	if err != nil {
 		return nil, err

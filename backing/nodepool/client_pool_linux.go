@@ -38,10 +38,11 @@ const decaySteps = 16
 
 // keep puts gr, whose last mapping went, in the pool, and reports whether it did: not
 // a borrowed or lent granule, not past High, not while a request of another ledger
-// waits (*pressure caches that answer: -1 unknown) or the owner reclaims. c.mu must
-// be held; the caller marks it idle on the authority.
+// waits (*pressure caches that answer: -1 unknown), one of this client waits on the
+// node (the owner serves it with the granule) or the owner reclaims. c.mu must be
+// held; the caller marks it idle on the authority.
 func (c *Client) keep(gr *granule, pressure *int) bool {
-	if gr.borrowed || gr.lent || c.closed || c.gone != nil || c.reclaiming > 0 || len(c.pool) >= c.high {
+	if gr.borrowed || gr.lent || c.closed || c.gone != nil || c.reclaiming > 0 || c.waiting > 0 || len(c.pool) >= c.high {
 		return false
 	}
 	if *pressure < 0 {

@@ -172,6 +172,32 @@ func TestReclaimIdleAfterWait(t *testing.T) {
 	checkLedger(t, o)
 }
 
+// TestReclaimOwnWait: while a commit of a process waits on the node, a granule that
+// goes idle in the same process goes back to the owner, which serves the commit with
+// it, rather than wait in the pool while the commit waits.
+func TestReclaimOwnWait(t *testing.T) {
+	o := startOwner(t, nodepool.OwnerOptions{Granularity: pg})
+	require.NoError(t, o.Governor().SetLimit(accounting.HostKey, 4*pg))
+	c := attachWith(t, o, nodepool.ClientOptions{Decay: nodepool.ClientNoDecay})
+	r, err := c.Reserve(4 * pg)
+	require.NoError(t, err)
+	defer c.Unreserve(r)
+	require.NoError(t, c.Commit(r, 0, 4*pg))
+	wr, err := c.Reserve(2 * pg)
+	require.NoError(t, err)
+	defer c.Unreserve(wr)
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+		defer cancel()
+		done <- c.CommitCtx(ctx, wr, 0, 2*pg)
+	}()
+	waitWaiters(t, o, 1)
+	require.NoError(t, c.Decommit(r, 0, 2*pg))
+	require.NoError(t, <-done)
+	checkLedger(t, o)
+}
+
 // TestReclaimNeverLive: a client whose memory is all in use is asked, and gives
 // nothing: the waiter waits until its context ends, and the client's bytes are
 // intact.
