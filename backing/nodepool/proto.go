@@ -83,10 +83,6 @@ const (
 )
 
 const (
-	_placeholder uint8 = 0x80
-)
-
-const (
 	codeOK       uint8 = 0
 	codeBudget   uint8 = 1 // the budget refused: a=requested, b=available, c=limit
 	codeCanceled uint8 = 2
