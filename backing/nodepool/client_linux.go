@@ -628,7 +628,10 @@ func (c *Client) commit(ctx context.Context, r *Reservation, off, size int, wait
 	picks := c.takeIdle(n, false)
 	c.mu.Unlock()
 	fresh := n - len(picks)
-	err := c.auth.TryAcquire(int64(fresh * c.g))
+	var err error
+	if fresh > 0 { // NB: idle granules are reused ahead of the queue (Authority.TakeIdle)
+		err = c.auth.TryAcquire(int64(fresh * c.g))
+	}
 	if err != nil {
 		c.putIdle(picks)
 		picks = nil

@@ -216,8 +216,7 @@ func (c *Client) reclaimWorker() {
 // asks in stage (see the top of this file), and returns the bytes given back. Their
 // frees are on the socket before it returns.
 func (c *Client) reclaim(want int64, stage uint64) int64 {
-	g := int64(c.g)
-	given := c.giveIdle(int((want + g - 1) / g))
+	given := c.giveIdle(c.granules(want))
 	if stage == stagePrefix && given < want {
 		c.mu.Lock()
 		if c.closed {
@@ -233,11 +232,21 @@ func (c *Client) reclaim(want int64, stage uint64) int64 {
 		given += c.reclaimGot - before
 		c.mu.Unlock()
 		if given < want { // pooled by a decommit that was under way
-			given += c.giveIdle(int((want - given + g - 1) / g))
+			given += c.giveIdle(c.granules(want - given))
 		}
 	}
 	c.report()
 	return given
+}
+
+// granules returns how many granules hold n bytes, rounded up (n > 0, up to
+// math.MaxInt64).
+func (c *Client) granules(n int64) int {
+	k := n / int64(c.g)
+	if n%int64(c.g) != 0 {
+		k++
+	}
+	return int(k)
 }
 
 // startDecay starts the scavenger when idle granules exceed Low and none runs.
