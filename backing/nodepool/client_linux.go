@@ -76,6 +76,7 @@ type granule struct {
 	refs     int32     // mappings in this process; guarded by Client.mu
 	borrowed bool      // lent by another process: read-only, owned (charged) there
 	lent     bool      // this process lent it (Lend): never pooled, never reused
+	resident bool      // every page allocated (Prefill): it stays so, nothing here punches holes
 	since    time.Time // when it went idle, while it is in the pool
 }
 

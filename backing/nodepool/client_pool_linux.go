@@ -3,9 +3,13 @@ package nodepool
 import (
 	"cmp"
 	"context"
+	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/backing"
 )
@@ -322,20 +326,44 @@ func weight(x float64) float64 {
 	return 1 - x*x*x*(x*(6*x-15)+10)
 }
 
-// Prefill makes at least n idle granules wait in the pool: it asks the owner for
-// the missing ones now, within this process's and the node's budgets (it does not
-// wait), and charges them to the process as idle.
+// Prefill makes at least n idle granules resident in the pool (every page allocated,
+// so that the first touch takes no fault): it allocates the pages of idle granules
+// that are not, then asks the owner for the missing granules now, within this
+// process's and the node's budgets (it does not wait), and charges them to the
+// process as idle. A client that keeps no pool (ClientNoPool) answers
+// ErrUnsupported.
 func (c *Client) Prefill(n int) error {
 	if n < 0 {
 		return &backing.OpError{Op: "prefill", Size: n, Kind: backing.ErrInvalidRange}
 	}
 	c.mu.Lock()
+	if c.high == 0 {
+		c.mu.Unlock()
+		return &backing.OpError{Op: "prefill", Kind: backing.ErrUnsupported, Err: errNoPool}
+	}
 	if c.closed {
 		c.mu.Unlock()
 		return &backing.OpError{Op: "prefill", Err: ErrClosed}
 	}
-	k := n - len(c.pool)
+	have := 0
+	for _, gr := range c.pool {
+		if gr.resident {
+			have++
+		}
+	}
+	var cold []*granule
+	if have < n {
+		// NB: out of the pool while their pages are allocated, so that nothing
+		// closes their descriptors meanwhile.
+		cold = c.takeCold(n - have)
+	}
 	c.mu.Unlock()
+	err := populate(cold, c.g)
+	c.putIdle(cold)
+	if err != nil {
+		return &backing.OpError{Op: "prefill", Kind: backing.ErrOutOfMemory, Err: err}
+	}
+	k := n - have - len(cold)
 	if k <= 0 {
 		return nil
 	}
@@ -352,8 +380,51 @@ func (c *Client) Prefill(n int) error {
 	c.owned += size
 	c.created += int64(k)
 	c.mu.Unlock()
+	err = populate(grs, c.g)
 	c.putIdle(grs)
 	c.report()
+	if err != nil {
+		return &backing.OpError{Op: "prefill", Kind: backing.ErrOutOfMemory, Err: err}
+	}
+	return nil
+}
+
+// errNoPool: the client keeps no pool (ClientNoPool).
+var errNoPool = errors.New("nodepool: the client keeps no pool (ClientNoPool)")
+
+// takeCold takes up to k idle granules that are not resident out of the pool, the
+// most recently idle first, as takeIdle does. c.mu must be held.
+func (c *Client) takeCold(k int) []*granule {
+	cold := 0
+	for _, gr := range c.pool {
+		if !gr.resident {
+			cold++
+		}
+	}
+	k = min(k, cold)
+	if k <= 0 {
+		return nil
+	}
+	k = int(c.auth.TakeIdle(int64(k*c.g)) / int64(c.g))
+	var out []*granule
+	for i := len(c.pool) - 1; i >= 0 && len(out) < k; i-- {
+		if !c.pool[i].resident {
+			out = append(out, c.pool[i])
+			c.pool = slices.Delete(c.pool, i, i+1)
+		}
+	}
+	return out
+}
+
+// populate allocates every page of granules grs (of g bytes) in their memfds, and
+// marks those it did resident.
+func populate(grs []*granule, g int) error {
+	for _, gr := range grs {
+		if err := unix.Fallocate(gr.fd, 0, 0, int64(g)); err != nil {
+			return fmt.Errorf("fallocate: %w", err)
+		}
+		gr.resident = true
+	}
 	return nil
 }
 
@@ -364,6 +435,10 @@ func (c *Client) Trim(keep int) (int64, error) {
 		return 0, &backing.OpError{Op: "trim", Size: keep, Kind: backing.ErrInvalidRange}
 	}
 	c.mu.Lock()
+	if c.high == 0 {
+		c.mu.Unlock()
+		return 0, &backing.OpError{Op: "trim", Kind: backing.ErrUnsupported, Err: errNoPool}
+	}
 	k := len(c.pool) - keep
 	c.mu.Unlock()
 	if k <= 0 {
@@ -374,11 +449,22 @@ func (c *Client) Trim(keep int) (int64, error) {
 	return n, nil
 }
 
-// PoolStats returns a snapshot of the pool. Resident is 0: the client does not
-// know which pages of an idle granule were touched.
+// PoolStats returns a snapshot of the pool; that of a client that keeps no pool
+// (ClientNoPool) is zero. Resident counts the idle granules Prefill populated (the
+// pages of a granule that was only mapped and written may be resident too: the
+// client does not know which).
 func (c *Client) PoolStats() backing.PoolStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.high == 0 {
+		return backing.PoolStats{}
+	}
+	resident := 0
+	for _, gr := range c.pool {
+		if gr.resident {
+			resident++
+		}
+	}
 	return backing.PoolStats{Granule: c.g, Owned: c.owned, Idle: int64(len(c.pool) * c.g), Mapped: c.mapped,
-		Low: c.low, High: c.high, Created: c.created, GivenBack: c.givenBack}
+		Resident: int64(resident * c.g), Low: c.low, High: c.high, Created: c.created, GivenBack: c.givenBack}
 }

@@ -77,7 +77,7 @@ func runPrefixHelper(path string) int {
 	if err != nil {
 		return fail("cache a live prompt", err)
 	}
-	fmt.Printf("ready %d %d %d\n", c.Number(), c.PoolStats().Owned, entry)
+	fmt.Printf("ready %d %d %d\n", c.Number(), c.Accounting().Authority().Stats().Owned, entry)
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		if in.Text() != "check" {

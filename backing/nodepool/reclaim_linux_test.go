@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/accounting"
+	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/nodepool"
 	"github.com/vmarena/vmarena/internal/testutil"
 )
@@ -99,7 +100,14 @@ func TestClientPool(t *testing.T) {
 			})
 			checkLedger(t, o)
 			require.NoError(t, c.Commit(r, 0, 4*pg))
-			assert.Equal(t, int64(4+4-tt.idle), c.PoolStats().Created, "the commit took the idle granules first")
+			if tt.high < 0 {
+				assert.Zero(t, c.PoolStats(), "a client that keeps no pool has no PoolStats")
+				assert.ErrorIs(t, c.Prefill(1), backing.ErrUnsupported)
+				_, err := c.Trim(0)
+				assert.ErrorIs(t, err, backing.ErrUnsupported)
+			} else {
+				assert.Equal(t, int64(4+4-tt.idle), c.PoolStats().Created, "the commit took the idle granules first")
+			}
 			require.True(t, c.Unreserve(r).OK())
 		})
 	}
@@ -336,6 +344,7 @@ func TestClientDecay(t *testing.T) {
 
 	require.NoError(t, c.Prefill(3))
 	assert.Equal(t, int64(3*pg), c.PoolStats().Idle)
+	assert.Equal(t, int64(3*pg), c.PoolStats().Resident, "Prefill populates")
 	n, err := c.Trim(0)
 	require.NoError(t, err)
 	assert.Equal(t, int64(3*pg), n)
