@@ -56,7 +56,8 @@ func BenchmarkMapGranule(b *testing.B) {
 		require.True(b, s.Unreserve(src).OK())
 	})
 	node := func(b *testing.B, path string, batch int) {
-		c, err := nodepool.Attach(path, nodepool.ClientOptions{})
+		// NB: no pool, so that every commit asks the owner for new granules.
+		c, err := nodepool.Attach(path, nodepool.ClientOptions{High: nodepool.ClientNoPool})
 		require.NoError(b, err)
 		defer c.Close()
 		r, err := c.Reserve(batch * benchGranule)

@@ -66,6 +66,7 @@ func (c *Client) Share(dst *Reservation, dstOff int, src *Reservation, srcOff, s
 	}
 	dst.count += n
 	c.auth.Map(int64(size))
+	c.mapped += int64(size)
 	return nil
 }
 

@@ -95,6 +95,18 @@ func TestHostileOwner(t *testing.T) {
 		{"a request", 0, func(c *net.UnixConn, id uint64, fds []int) {
 			_, _, _ = c.WriteMsgUnix(nodepool.Encode(nodepool.OpAlloc, 0, id, 1, 0, 0, nil), nil, nil)
 		}},
+		{"a reclaim of an unknown stage", 0, func(c *net.UnixConn, id uint64, fds []int) {
+			_, _, _ = c.WriteMsgUnix(nodepool.Encode(nodepool.OpReclaim, 0, 1, pg, 3, 0, nil), nil, nil)
+		}},
+		{"a reclaim of nothing", 0, func(c *net.UnixConn, id uint64, fds []int) {
+			_, _, _ = c.WriteMsgUnix(nodepool.Encode(nodepool.OpReclaim, 0, 1, 0, nodepool.StageIdle, 0, nil), nil, nil)
+		}},
+		{"a reclaim with ids", 0, func(c *net.UnixConn, id uint64, fds []int) {
+			_, _, _ = c.WriteMsgUnix(nodepool.Encode(nodepool.OpReclaim, 0, 1, pg, nodepool.StageIdle, 0, []uint64{1}), nil, nil)
+		}},
+		{"a reclaim with a descriptor", 1, func(c *net.UnixConn, id uint64, fds []int) {
+			_, _, _ = c.WriteMsgUnix(nodepool.Encode(nodepool.OpReclaim, 0, 1, pg, nodepool.StagePrefix, 0, nil), unix.UnixRights(fds...), nil)
+		}},
 		{"more granules than asked", 2, func(c *net.UnixConn, id uint64, fds []int) {
 			_, _, _ = c.WriteMsgUnix(nodepool.Encode(nodepool.OpAlloc|nodepool.ReplyBit, 0, id, 0, 0, 0, []uint64{1, 2}), unix.UnixRights(fds...), nil)
 		}},

@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -41,6 +42,24 @@ type Client struct {
 	goneCh  chan struct{} // closed when gone is set
 	closed  bool
 	live    int // reservations not yet unreserved
+
+	// The pool of idle granules (client_pool_linux.go); guarded by mu.
+	pool          []*granule // idle granules, the longest idle first
+	high, low     int
+	decay         time.Duration // 0: off
+	decaying      bool          // the scavenger runs
+	reclaiming    int           // reclaims for the node under way: a granule whose last mapping goes goes back
+	reclaimGot    int64         // bytes given back while reclaiming
+	owned, mapped int64         // this Client's part of auth: its granules' bytes (idle too), its mappings
+	created       int64         // granules charged to auth (committed new or prefilled)
+	givenBack     int64         // granules given back to the owner
+	reported      int           // idle granules last reported to the owner
+	waiting       int           // allocations waiting on the node's budget
+
+	rmu      sync.Mutex    // one idle report at a time
+	reclaims chan msg      // the owner's reclaim requests, for the worker
+	stop     chan struct{} // closed by Close: the worker and the scavenger end
+	bg       sync.WaitGroup
 }
 
 // reply is a reply and the descriptors it carried.
@@ -54,8 +73,11 @@ type reply struct {
 type granule struct {
 	id       uint64
 	fd       int
-	refs     int32 // mappings in this process; guarded by Client.mu
-	borrowed bool  // lent by another process: read-only, owned (charged) there
+	refs     int32     // mappings in this process; guarded by Client.mu
+	borrowed bool      // lent by another process: read-only, owned (charged) there
+	lent     bool      // this process lent it (Lend): never pooled, never reused
+	resident bool      // every page allocated (Prefill): it stays so, nothing here punches holes
+	since    time.Time // when it went idle, while it is in the pool
 }
 
 // Reservation is a reserved address range of a Client. It is a handle: the Client
@@ -137,7 +159,12 @@ func Attach(path string, opts ClientOptions) (*Client, error) {
 		return fail(fmt.Errorf("%w: granule size %d", ErrProtocol, m.a))
 	}
 	c := &Client{c: conn, g: int(m.a), number: m.b, auth: auth, done: make(chan struct{}),
-		pending: make(map[uint64]chan reply), goneCh: make(chan struct{})}
+		pending: make(map[uint64]chan reply), goneCh: make(chan struct{}),
+		high: opts.High, low: opts.Low, decay: opts.Decay,
+		reclaims: make(chan msg, maxQueuedReclaims), stop: make(chan struct{})}
+	auth.SetReclaimer(c.reclaimLocal)
+	c.bg.Add(1)
+	go c.reclaimWorker()
 	go c.read()
 	return c, nil
 }
@@ -158,6 +185,15 @@ func (c *Client) read() {
 			fds = rights(oob[:oobn])
 		}
 		m, err := decode(buf[:n])
+		if err == nil && m.op == opReclaim && flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) == 0 {
+			// The owner's one request (client_pool_linux.go).
+			if len(fds) > 0 || !c.queueReclaim(m) {
+				closeAll(fds)
+				c.fail(fmt.Errorf("%w: from the owner (reclaim a=%d b=%d c=%d, %d ids, %d descriptors)", ErrProtocol, m.a, m.b, m.c, len(m.ids), len(fds)))
+				return
+			}
+			continue
+		}
 		ok := err == nil && flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) == 0 && m.op&replyBit != 0
 		if (m.op == opAlloc|replyBit || m.op == opBorrow|replyBit) && m.code == codeOK {
 			ok = ok && len(m.ids) > 0 && len(fds) == len(m.ids)
@@ -205,14 +241,19 @@ func closeAll(fds []int) {
 	}
 }
 
-// fail records why the connection ended and closes it.
+// fail records why the connection ended and closes it. The pool's idle granules go
+// (the owner that charged them is gone) and none is pooled any more.
 func (c *Client) fail(err error) {
 	c.mu.Lock()
+	var idle []*granule
 	if c.gone == nil {
 		c.gone = err
 		close(c.goneCh)
+		idle = c.takeIdle(len(c.pool), true)
 	}
 	c.mu.Unlock()
+	c.release(idle)
+	closeAll(fdsOf(idle))
 	_ = c.c.Close()
 }
 
@@ -323,6 +364,18 @@ func (c *Client) allocate(ctx context.Context, n int, wait bool) ([]*granule, er
 }
 
 func (c *Client) alloc1(ctx context.Context, m msg, wait bool) ([]*granule, error) {
+	if wait {
+		// While it waits a granule that goes idle here goes back to the owner, which
+		// serves this allocation with it (keep).
+		c.mu.Lock()
+		c.waiting++
+		c.mu.Unlock()
+		defer func() {
+			c.mu.Lock()
+			c.waiting--
+			c.mu.Unlock()
+		}()
+	}
 	id, ch, err := c.send(m)
 	if err != nil {
 		return nil, err
@@ -436,7 +489,15 @@ func (c *Client) Close() error {
 		return fmt.Errorf("%w: %d reservations", ErrBusy, n)
 	}
 	c.closed = true
+	c.auth.SetReclaimer(nil)
+	idle := c.takeIdle(len(c.pool), true)
 	c.mu.Unlock()
+	close(c.stop)
+	c.bg.Wait()
+	c.release(idle)
+	// NB: not posted (Client.post refuses once closed): the owner takes back
+	// everything the connection held when it ends.
+	closeAll(fdsOf(idle))
 	_ = c.c.Close()
 	<-c.done
 	return nil
@@ -455,8 +516,10 @@ func (c *Client) Accounting() backing.PhysicalAccounting { return backing.ByBack
 // HostAccessible reports true: the CPU may read and write committed memory.
 func (c *Client) HostAccessible() bool { return true }
 
-// CommitZeroes reports true: every granule is a new memfd.
-func (c *Client) CommitZeroes() bool { return true }
+// CommitZeroes reports whether a committed granule reads as zero: true only for a
+// client that keeps no pool (ClientOptions.High is ClientNoPool), whose every granule
+// is a new memfd; a pooled granule keeps its last contents.
+func (c *Client) CommitZeroes() bool { return c.high == 0 }
 
 // Reserve moves size bytes of this process's address space from Unreserved to
 // Reserved. It asks nothing of the owner.
@@ -558,20 +621,46 @@ func (c *Client) commit(ctx context.Context, r *Reservation, off, size int, wait
 	opErr := func(kind, err error) error {
 		return &backing.OpError{Op: "commit", Offset: off, Size: size, Kind: kind, Err: err}
 	}
+	// Idle granules of the pool first, then new ones from the owner. NB: a commit
+	// that must wait holds nothing while it waits (see host.Shared's charge): it
+	// puts its idle granules back and waits for all n, served from the pool's idle
+	// granules first, in the process's FIFO queue.
+	c.mu.Lock()
+	picks := c.takeIdle(n, false)
+	c.mu.Unlock()
+	fresh := n - len(picks)
 	var err error
-	if wait {
-		err = c.auth.Acquire(ctx, int64(size))
-	} else {
-		err = c.auth.TryAcquire(int64(size))
+	if fresh > 0 { // NB: idle granules are reused ahead of the queue (Authority.TakeIdle)
+		err = c.auth.TryAcquire(int64(fresh * c.g))
 	}
 	if err != nil {
-		unbusy()
-		return opErr(nil, err)
+		c.putIdle(picks)
+		picks = nil
+		if !wait {
+			unbusy()
+			c.report()
+			return opErr(nil, err)
+		}
+		var idle int64
+		if idle, err = c.auth.AcquireIdle(ctx, int64(size)); err != nil {
+			unbusy()
+			c.report()
+			return opErr(nil, err)
+		}
+		c.mu.Lock()
+		picks = c.takeGranted(int(idle / int64(c.g)))
+		c.mu.Unlock()
+		fresh = n - len(picks)
 	}
-	grs, err := c.allocate(ctx, n, wait)
+	var grs []*granule
+	if fresh > 0 {
+		grs, err = c.allocate(ctx, fresh, wait)
+	}
 	if err != nil {
-		c.auth.Release(int64(size))
+		c.auth.Release(int64(fresh * c.g))
+		c.putIdle(picks)
 		unbusy()
+		c.report()
 		var kind error
 		if errors.Is(err, backing.ErrOutOfMemory) {
 			kind = backing.ErrOutOfMemory
@@ -579,6 +668,9 @@ func (c *Client) commit(ctx context.Context, r *Reservation, off, size int, wait
 		return opErr(kind, err)
 	}
 	c.mu.Lock()
+	c.owned += int64(fresh * c.g)
+	c.created += int64(fresh)
+	grs = append(picks, grs...)
 	mapped := 0
 	for ; mapped < n; mapped++ {
 		if r.gone.Load() {
@@ -596,9 +688,12 @@ func (c *Client) commit(ctx context.Context, r *Reservation, off, size int, wait
 		for i := first; i < first+n; i++ {
 			r.m(i).busy = false
 		}
+		c.owned -= int64(size)
+		c.givenBack += int64(n)
 		c.mu.Unlock()
 		c.giveBack(grs)
 		c.auth.Release(int64(size))
+		c.report()
 		kind := backing.ErrOutOfMemory
 		if errors.Is(err, unix.ENOMEM) {
 			kind = backing.ErrMapLimit // the map count: the memory exists already
@@ -612,13 +707,19 @@ func (c *Client) commit(ctx context.Context, r *Reservation, off, size int, wait
 	}
 	r.count += n
 	c.auth.Map(int64(size))
+	c.mapped += int64(size)
 	c.mu.Unlock()
+	if len(picks) > 0 {
+		c.report()
+	}
 	return nil
 }
 
 // Decommit moves [off, off+size) of r from Committed to Reserved: the contents are
-// forfeit; a granule mapped nowhere else in this process goes back to the owner.
-// NB: the owner takes it back after Decommit returns (the free is sent, not
+// forfeit; a granule mapped nowhere else in this process goes to the pool, or back
+// to the owner past ClientOptions.High, while a request of another ledger waits on
+// this process's governor, or while the owner reclaims for a request that waits on
+// the node. NB: the owner takes a granule back after Decommit returns (the free is sent, not
 // answered): this process's later requests see it done, another process's commit
 // may not yet, and should wait for the budget (CommitCtx) rather than race it.
 func (c *Client) Decommit(r *Reservation, off, size int) error {
@@ -645,14 +746,17 @@ func (c *Client) Decommit(r *Reservation, off, size int) error {
 	free := c.drop(r, first, n)
 	c.mu.Unlock()
 	c.giveBack(free)
+	c.report()
 	return nil
 }
 
-// drop forgets the n mappings of r from granule first, which are unmapped, and
-// returns the granules that were mapped nowhere else. c.mu must be held.
+// drop forgets the n mappings of r from granule first, which are unmapped: a
+// granule mapped nowhere else goes to the pool (keep) or is returned, for the caller
+// to give back once it released c.mu. c.mu must be held.
 func (c *Client) drop(r *Reservation, first, n int) []*granule {
 	var free []*granule
-	owned := 0 // of free, the granules this process was charged for
+	owned, pooled := 0, 0 // of the granules mapped nowhere now, those this process was charged for
+	pressure := -1        // unknown
 	for i := first; i < first+n; i++ {
 		gr := r.m(i).gr
 		if gr == nil {
@@ -663,6 +767,10 @@ func (c *Client) drop(r *Reservation, first, n int) []*granule {
 		gr.refs--
 		switch {
 		case gr.refs == 0:
+			if c.keep(gr, &pressure) {
+				pooled++
+				break
+			}
 			free = append(free, gr)
 			if !gr.borrowed {
 				owned++
@@ -671,9 +779,19 @@ func (c *Client) drop(r *Reservation, first, n int) []*granule {
 			panic("nodepool: granule mapping count below zero")
 		}
 		c.auth.Unmap(int64(c.g))
+		c.mapped -= int64(c.g)
 	}
 	if owned > 0 {
 		c.auth.Release(int64(owned * c.g))
+		c.owned -= int64(owned * c.g)
+		c.givenBack += int64(owned)
+		if c.reclaiming > 0 {
+			c.reclaimGot += int64(owned * c.g)
+		}
+	}
+	if pooled > 0 {
+		c.auth.PutIdle(int64(pooled * c.g))
+		c.startDecay()
 	}
 	return free
 }
@@ -707,6 +825,7 @@ func (c *Client) Unreserve(r *Reservation) accounting.ReleaseOutcome {
 	c.live--
 	c.mu.Unlock()
 	c.giveBack(free)
+	c.report()
 	return accounting.Released(held)
 }
 

@@ -32,13 +32,27 @@
 // the node's budget, and is waited on first. A lent granule stays charged to its
 // lender until its last borrower gives it back: owned once, mapped by many.
 //
+// # Memory that moves
+//
+// A client keeps the granules whose last mapping in it went in a pool of idle
+// granules (ClientOptions.High, Low, Decay, as host.SharedOptions'), charged to it
+// and marked idle on both ledgers, for its next commits; it reports their count to
+// the owner and gives them back by host.Shared's decay. When a request waits for the
+// node's budget, the owner asks the attached processes, across the socket, for idle
+// granules first, then for cached prefixes (each process's reclaimers: a
+// kv.PrefixCache evicts only what no live sequence maps), never for memory in use.
+// The owner waits for no client: an answer that does not come within a bound, or
+// gives less than the process reported idle, is counted ([NodeStats].Reclaim) and
+// the rest asked of the others.
+//
 // # Memory management
 //
 // A client's reservations MUST be given back with Unreserve and the Client with
 // Close; the Owner MUST be closed with Close, which removes its socket. A granule's
 // memory lives while any descriptor or mapping of it does: the owner's descriptor
 // and the client's go when the client gives it back (its last mapping in the client
-// decommitted) or when its connection closes. So a killed client's granules go back
+// decommitted and the pool full, decayed, trimmed or reclaimed) or when its
+// connection closes. So a killed client's granules go back
 // to the budget as soon as the owner reads the end of its connection, and a killed
 // owner leaves every client's mapped memory valid (no SIGBUS: the memfd is sealed
 // against shrinking) until the client unmaps it; the client's next call that needs

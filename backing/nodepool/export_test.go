@@ -14,6 +14,7 @@ func Decode(p []byte) (op, code uint8, id, a uint64, ids []uint64, err error) {
 const (
 	OpHello, OpAlloc, OpFree, OpCancel, OpStats, ReplyBit = opHello, opAlloc, opFree, opCancel, opStats, replyBit
 	OpLend, OpBorrow                                      = opLend, opBorrow
+	OpIdle, OpReclaim, StageIdle, StagePrefix             = opIdle, opReclaim, stageIdle, stagePrefix
 	CodeOK, CodeProtocol                                  = codeOK, codeProtocol
 	MaxBatch, MaxMsg, HeaderLen, ProtocolVersion          = maxBatch, maxMsg, headerLen, protocolVersion
 	MaxPending                                            = maxPending

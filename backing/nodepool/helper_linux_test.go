@@ -38,6 +38,10 @@ func runHelper(mode, path string) int {
 		fmt.Println("ready")
 		_ = o
 		select {}
+	case "prefix":
+		return runPrefixHelper(path)
+	case "idler":
+		return runIdleHelper(path)
 	case "client":
 		c, err := nodepool.Attach(path, nodepool.ClientOptions{})
 		if err != nil {

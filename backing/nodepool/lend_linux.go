@@ -38,6 +38,11 @@ func (c *Client) Lend(r *Reservation, off, size int, to uint64) ([]uint64, error
 		}
 		ids = append(ids, m.gr.id)
 	}
+	for i := off / c.g; i < (off+size)/c.g; i++ {
+		// NB: for good, also if the owner refuses: a granule another process may
+		// map must never carry this process's next commit.
+		r.m(i).gr.lent = true
+	}
 	c.mu.Unlock()
 	for k := 0; k < len(ids); k += maxBatch {
 		batch := ids[k:min(k+maxBatch, len(ids))]
@@ -146,6 +151,7 @@ func (c *Client) Borrow(dst *Reservation, off int, ids []uint64) error {
 	}
 	dst.count += n
 	c.auth.Map(int64(size))
+	c.mapped += int64(size)
 	c.mu.Unlock()
 	return nil
 }

@@ -92,8 +92,9 @@ func TestAttachBadInput(t *testing.T) {
 
 // raw is a hostile peer: a bare connection that speaks bytes.
 type raw struct {
-	t *testing.T
-	c *net.UnixConn
+	t        *testing.T
+	c        *net.UnixConn
+	reclaims int // the owner's reclaim requests recv skipped
 }
 
 func dialRaw(t *testing.T, o *nodepool.Owner, hello bool) *raw {
@@ -130,6 +131,12 @@ func (r *raw) recv() (op, code uint8, ids []uint64, fds []int, ok bool) {
 	n, oobn, _, _, err := r.c.ReadMsgUnix(buf, oob)
 	if err != nil || n == 0 {
 		return 0, 0, nil, nil, false
+	}
+	if oobn == 0 && buf[0] == nodepool.OpReclaim {
+		// The owner's one request (a request of another waits): this peer never
+		// answers it, and the owner must not wait for that.
+		r.reclaims++
+		return r.recv()
 	}
 	if oobn > 0 {
 		cms, err := unix.ParseSocketControlMessage(oob[:oobn])
@@ -230,6 +237,12 @@ func TestHostile(t *testing.T) {
 		{"free of the victim's granules after its own", true, 1, nodepool.Encode(nodepool.OpFree, 0, 3, 0, 0, 0, []uint64{0, 2}), false},
 		{"free of its own granule twice", true, 1, nodepool.Encode(nodepool.OpFree, 0, 3, 0, 0, 0, []uint64{0, 0}), false},
 		{"free with fields", true, 1, nodepool.Encode(nodepool.OpFree, 0, 3, 1, 0, 0, []uint64{0}), false},
+		{"a reclaim request from a client", true, 0, nodepool.Encode(nodepool.OpReclaim, 0, 3, pg, nodepool.StageIdle, 0, nil), false},
+		{"a reclaim answer never asked for", true, 0, nodepool.Encode(nodepool.OpReclaim|nodepool.ReplyBit, 0, 7, pg, 0, 0, nil), false},
+		{"a reclaim answer of id 0", true, 0, nodepool.Encode(nodepool.OpReclaim|nodepool.ReplyBit, 0, 0, 0, 0, 0, nil), false},
+		{"idle with fields", true, 1, nodepool.Encode(nodepool.OpIdle, 0, 3, 1, 1, 0, nil), false},
+		{"idle with ids", true, 1, nodepool.Encode(nodepool.OpIdle, 0, 3, 1, 0, 0, []uint64{0}), false},
+		{"idle with a descriptor", true, 1, nodepool.Encode(nodepool.OpIdle, 0, 3, 1, 0, 0, nil), true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			nodepool.WaitReady(o)

@@ -48,6 +48,9 @@ type Owner struct {
 
 	fresh chan int      // granules created ahead, mapped nowhere: they hold no memory
 	stop  chan struct{} // closed by Close: the refill ends
+
+	node   *accounting.Authority // owns nothing: its reclaimer is the node's (owner_reclaim_linux.go)
+	rstats ReclaimStats          // guarded by mu
 }
 
 // freshGranules is how many empty granules the owner creates ahead of need, so that
@@ -86,6 +89,14 @@ type ownerConn struct {
 	pending  map[uint64]context.CancelFunc
 	gone     bool
 	allocs   sync.WaitGroup
+
+	// reclaims (owner_reclaim_linux.go); guarded by o.mu
+	idle      int         // granules it reports idle, at most len(granules)
+	ask       *reclaimAsk // the reclaim it has not answered yet
+	askNext   uint64      // the last reclaim id sent
+	want      int64       // bytes asked while ask was unanswered, to ask next
+	wantStage uint64
+	reclaims  uint64 // reclaims sent to it
 }
 
 // Listen starts an owner on the Unix socket path: it removes a stale socket a killed
@@ -130,6 +141,8 @@ func Listen(path string, opts OwnerOptions) (*Owner, error) {
 		table: make(map[uint64]*ownerGranule)}
 	o.uid.Store(uint32(os.Getuid()))
 	o.fresh, o.stop = make(chan int, freshGranules), make(chan struct{})
+	o.node = gov.Authority("node reclaim", accounting.HostKey)
+	o.node.SetReclaimer(o.reclaim)
 	o.wg.Add(2)
 	go o.accept()
 	go o.refill()
@@ -179,10 +192,12 @@ func (o *Owner) Stats() NodeStats {
 	s := NodeStats{Device: o.gov.Stats(accounting.HostKey), Granule: o.g, Detached: o.detached}
 	for c := range o.clients {
 		cs := ClientStats{Number: c.number, PID: c.pid, UID: c.uid, Granules: len(c.granules),
-			Borrowed: len(c.borrowed), Owned: c.auth.Stats().Owned, Waiting: len(c.pending)}
+			Borrowed: len(c.borrowed), Owned: c.auth.Stats().Owned, Waiting: len(c.pending),
+			Idle: c.idle, Reclaims: c.reclaims}
 		s.Clients = append(s.Clients, cs)
 	}
 	s.Granules = len(o.table)
+	s.Reclaim = o.rstats
 	slices.SortFunc(s.Clients, func(a, b ClientStats) int { return int(a.Number - b.Number) })
 	return s
 }
@@ -198,6 +213,7 @@ func (o *Owner) Close() error {
 		return ErrClosed
 	}
 	o.closed = true
+	o.node.SetReclaimer(nil)
 	conns := make([]*net.UnixConn, 0, len(o.conns))
 	for c := range o.conns {
 		conns = append(conns, c)
@@ -212,6 +228,8 @@ func (o *Owner) Close() error {
 	for len(o.fresh) > 0 {
 		_ = unix.Close(<-o.fresh)
 	}
+	// NB: a reclaimer call under way when SetReclaimer(nil) ran finds o.closed.
+	_ = o.node.Close()
 	var st unix.Stat_t
 	if unix.Stat(o.path, &st) == nil && st.Ino == o.ino {
 		_ = os.Remove(o.path)
@@ -374,7 +392,8 @@ func (c *ownerConn) read(buf, oob []byte) (msg, bool) {
 	if err != nil {
 		return msg{}, false // nothing to answer to
 	}
-	if m.op&replyBit != 0 {
+	if m.op&replyBit != 0 && m.op != opReclaim|replyBit || m.op == opReclaim {
+		// NB: the reclaim's answer is the one reply a client sends.
 		c.reply(msg{op: m.op, code: codeProtocol, id: m.id})
 		return msg{}, false
 	}
@@ -449,6 +468,21 @@ func (c *ownerConn) handle(m msg) bool {
 			cancel()
 		}
 		return true // an alloc that has just been served has nothing left to cancel
+	case opIdle:
+		if len(m.ids) != 0 || m.b != 0 || m.c != 0 {
+			return bad()
+		}
+		c.o.mu.Lock()
+		if !c.gone {
+			c.setIdle(m.a)
+		}
+		c.o.mu.Unlock()
+		return true // no reply
+	case opReclaim | replyBit:
+		if len(m.ids) != 0 || m.code != codeOK || m.b != 0 || m.c != 0 || !c.answered(m.id, m.a, false) {
+			return bad()
+		}
+		return true
 	case opStats:
 		if len(m.ids) != 0 {
 			return bad()
@@ -595,6 +629,10 @@ func (c *ownerConn) drop(id uint64) {
 	if _, held := c.granules[id]; held {
 		delete(c.granules, id)
 		gr.held = false
+		if c.idle > len(c.granules) { // its report counted this one idle
+			c.auth.TakeIdle(int64(o.g))
+			c.idle--
+		}
 	} else {
 		delete(c.borrowed, id)
 		if gr.borrowers--; gr.borrowers < 0 {
@@ -688,6 +726,10 @@ func (c *ownerConn) detach() {
 	o := c.o
 	o.mu.Lock()
 	c.gone = true
+	if c.ask != nil {
+		c.ask.timer.Stop()
+		c.ask = nil
+	}
 	for _, cancel := range c.pending {
 		cancel()
 	}

@@ -34,12 +34,24 @@ import (
 //	borrow n ids lent to the sender          reply the n ids and n read-only memfds
 //	                                            (opened anew, O_RDONLY); or
 //	                                            codeNoMemory a=errno
+//	idle   a=granules the sender keeps idle   no reply: the owner counts them idle on
+//	       (pooled, charged, mapped nowhere)    the sender's ledger, at most the
+//	                                            granules it holds
+//
+// One request goes the other way, owner to client, when a request waits for the
+// node's budget (see owner_reclaim_linux.go):
+//
+//	reclaim a=bytes wanted (> 0),            reply a=bytes given back (the frees
+//	        b=stageIdle: idle granules;         come first on the socket); at most
+//	        stagePrefix: idle granules, then    one unanswered per client, and one
+//	        what the process's reclaimers       unanswered after reclaimTimeout is
+//	        give back (cached prefixes)         counted and no longer waited for
 //
 // A client may have at most maxPending (64) allocs waiting at once. Only alloc
 // replies carry descriptors; a request that carries any is a protocol
 // violation (the owner closes what arrived, then the connection).
 const (
-	protocolVersion = 1
+	protocolVersion = 2 // 2: idle and reclaim
 	headerLen       = 40
 	maxBatch        = 64 // granules per alloc or free message; under SCM_MAX_FD (253)
 	maxMsg          = headerLen + 8*maxBatch
@@ -57,7 +69,17 @@ const (
 	opStats  uint8 = 5
 	opLend   uint8 = 6
 	opBorrow uint8 = 7
-	replyBit uint8 = 0x80
+	opIdle   uint8 = 8
+	// opReclaim is the owner's request to a client: the one request a client
+	// answers.
+	opReclaim uint8 = 9
+	replyBit  uint8 = 0x80
+)
+
+// The stages of a reclaim (its b operand): what the client is asked to give back.
+const (
+	stageIdle   uint64 = 1 // idle pooled granules only
+	stagePrefix uint64 = 2 // idle granules, then what its reclaimers free: cached prefixes, never a live token
 )
 
 const (
@@ -108,7 +130,7 @@ func decode(p []byte) (msg, error) {
 	if p[2] != 0 || p[3] != 0 {
 		return msg{}, fmt.Errorf("%w: reserved header bytes are not zero", ErrProtocol)
 	}
-	if op := m.op &^ replyBit; op < opHello || op > opBorrow {
+	if op := m.op &^ replyBit; op < opHello || op > opReclaim {
 		return msg{}, fmt.Errorf("%w: unknown operation %#x", ErrProtocol, m.op)
 	}
 	if m.code > maxCode || (m.op&replyBit == 0 && m.code != 0) {

@@ -75,6 +75,13 @@ func TestRunSuite(t *testing.T) {
 			backingtest.Run(t, func(t *testing.T) backing.Backing[*nodepool.Reservation] { return attach(t, o) })
 		})
 	}
+	// A client that keeps no pool: every granule a new memfd (CommitZeroes).
+	t.Run("pool=off", func(t *testing.T) {
+		o := startOwner(t, nodepool.OwnerOptions{Granularity: os.Getpagesize()})
+		backingtest.Run(t, func(t *testing.T) backing.Backing[*nodepool.Reservation] {
+			return attachWith(t, o, nodepool.ClientOptions{High: nodepool.ClientNoPool})
+		})
+	})
 }
 
 func backingtestName(g int) string {

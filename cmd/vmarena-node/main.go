@@ -98,8 +98,13 @@ func run(ctx context.Context, args []string, log io.Writer, ready chan<- *nodepo
 			return o.Close()
 		case <-tick:
 			s := o.Stats()
-			fmt.Fprintf(log, "vmarena-node: used %d of %s bytes, %d granules, %d clients, %d waiting\n",
-				s.Device.Used, limitString(gov), s.Granules, len(s.Clients), s.Device.Waiters)
+			idle := 0
+			for _, cs := range s.Clients {
+				idle += cs.Idle
+			}
+			fmt.Fprintf(log, "vmarena-node: used %d of %s bytes, %d granules (%d idle in clients' pools), %d clients, %d waiting, %d reclaims (%d bytes back, %d short, %d unanswered)\n",
+				s.Device.Used, limitString(gov), s.Granules, idle, len(s.Clients), s.Device.Waiters,
+				s.Reclaim.Asked, s.Reclaim.Given, s.Reclaim.Short, s.Reclaim.Unanswered)
 		}
 	}
 }
