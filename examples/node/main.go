@@ -16,12 +16,14 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"time"
 
 	"github.com/vmarena/vmarena/kv"
@@ -146,10 +148,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var rs []runResult
 	for _, mode := range []string{modeShared, modeStatic} {
 		fmt.Fprintf(stderr, "node: %s: replaying %d requests in two processes...\n", mode, len(jobs[0])+len(jobs[1]))
+		t0 := time.Now()
 		r, err := replayNode(ctx, o, mode, jobs, stderr)
 		if err != nil {
 			return fmt.Errorf("%s: %w", mode, err)
 		}
+		fmt.Fprintf(stderr, "node: %s: done in %.1f s\n", mode, time.Since(t0).Seconds())
 		rs = append(rs, r)
 	}
 	rep := makeReport(o, rs)
@@ -158,8 +162,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("plot: %w", err)
 	}
-	fmt.Fprintln(stdout, "\nplot:", path)
+	data, err := writeData(o.out, rs)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\nplot: %s\nevery request and reading of the ledger: %s\n", path, data)
 	return nil
+}
+
+// dataName is the file, beside the plot, that holds every run's results.
+const dataName = "node-runs.json"
+
+// writeData writes rs, every request of every process and every reading of the
+// owner's ledger, as JSON into dir/node-runs.json and returns its path.
+func writeData(dir string, rs []runResult) (string, error) {
+	b, err := json.Marshal(rs)
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, dataName)
+	return path, os.WriteFile(path, b, 0o644)
 }
 
 // schedule makes each process's jobs from the trace: B's short load from the start,

@@ -129,7 +129,10 @@ func replayNode(ctx context.Context, o options, mode string, jobs [2][]job, stde
 	var idleFrom time.Time
 	pending := 2
 	var firstErr error
-	for pending > 0 || time.Since(idleFrom) < o.idle {
+	// After both are done: o.idle more, and until the node's memory is back to 0
+	// (at most settleMax more), so that the report sees when it went back.
+	back := func() bool { return len(res.Samples) > 0 && res.Samples[len(res.Samples)-1].Used == 0 }
+	for pending > 0 || time.Since(idleFrom) < o.idle || !back() && time.Since(idleFrom) < o.idle+settleMax {
 		select {
 		case <-ctx.Done():
 			return res, ctx.Err()
@@ -166,6 +169,10 @@ func replayNode(ctx context.Context, o options, mode string, jobs [2][]job, stde
 	}
 	return res, nil
 }
+
+// settleMax bounds how long replayNode waits, after o.idle, for the node's memory to
+// go back to 0.
+const settleMax = 10 * time.Second
 
 // processNames name the two client processes.
 var processNames = [2]string{"A", "B"}
