@@ -63,6 +63,7 @@ type options struct {
 	swapAt      time.Duration
 	maxTokens   int
 	write       bool
+	staticFirst bool
 	maxWait     time.Duration
 	sample      time.Duration
 	idle        time.Duration
@@ -89,6 +90,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.maxWait, "max-wait", 2*time.Minute, "a request not admitted this long after it arrived is refused for good")
 	fs.DurationVar(&o.sample, "sample", 10*time.Millisecond, "how often the owner's ledger is read")
 	fs.DurationVar(&o.idle, "idle", 2*time.Second, "how long the ledger is read after both processes are done")
+	fs.BoolVar(&o.staticFirst, "static-first", false, "replay the static split first (the report's order stays: one budget, then the static split)")
 	fs.StringVar(&o.out, "out", "", "directory for the plot (default: a new one in the temporary directory)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -145,8 +147,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	modes := []string{modeShared, modeStatic}
+	if o.staticFirst {
+		modes = []string{modeStatic, modeShared}
+	}
 	var rs []runResult
-	for _, mode := range []string{modeShared, modeStatic} {
+	for _, mode := range modes {
 		fmt.Fprintf(stderr, "node: %s: replaying %d requests in two processes...\n", mode, len(jobs[0])+len(jobs[1]))
 		t0 := time.Now()
 		r, err := replayNode(ctx, o, mode, jobs, stderr)
@@ -155,6 +161,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(stderr, "node: %s: done in %.1f s\n", mode, time.Since(t0).Seconds())
 		rs = append(rs, r)
+	}
+	if o.staticFirst {
+		rs[0], rs[1] = rs[1], rs[0]
 	}
 	rep := makeReport(o, rs)
 	rep.print(stdout)
