@@ -24,6 +24,7 @@ type procFigures struct {
 	Refusals         int64
 	TTFTp50, TTFTp99 time.Duration // arrival to the prompt written
 	WaitP50, WaitP99 time.Duration // for Waited: arrival to the prompt's memory granted
+	WaitSum          time.Duration // their sum
 	PeakOwned        int64         // the owner's ledger, sampled
 	BackToZero       time.Duration // from its last close to 0 in the owner's ledger; -1: not seen
 	Beyond           int           // admissions that took it past half the budget
@@ -48,6 +49,7 @@ type runFigures struct {
 	NodeToZero time.Duration // from the last close of both to 0 used; -1: not seen
 	// Totals over both processes.
 	Rejected, Waited int
+	WaitSum          time.Duration
 	Refusals         int64
 	BurstTTFTp99     time.Duration
 }
@@ -82,6 +84,7 @@ func makeReport(o options, rs []runResult) report {
 				if j.Blocked || j.Stalls > 0 || j.Preempts > 0 {
 					pf.Waited++
 					wait = append(wait, j.Granted-j.Arrival)
+					pf.WaitSum += j.Granted - j.Arrival
 				}
 				if j.Owned > r.Limit/2 {
 					pf.Beyond++
@@ -116,6 +119,7 @@ func makeReport(o options, rs []runResult) report {
 			f.Procs[i] = pf
 			f.Rejected += pf.Rejected
 			f.Waited += pf.Waited
+			f.WaitSum += pf.WaitSum
 			f.Refusals += pf.Refusals
 		}
 		for _, s := range r.Samples {
@@ -178,6 +182,7 @@ func (rep report) print(w io.Writer) {
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "  refused for good\t%d (%s) vs %d (%s)\t%s\n", sh.Rejected, sh.Mode, st.Rejected, st.Mode, verdict(sh.Rejected <= st.Rejected))
 	fmt.Fprintf(tw, "  held up by memory\t%d vs %d\t%s\n", sh.Waited, st.Waited, verdict(sh.Waited <= st.Waited))
+	fmt.Fprintf(tw, "  their waits, summed\t%.1f s vs %.1f s\t%s\n", sh.WaitSum.Seconds(), st.WaitSum.Seconds(), verdict(sh.WaitSum <= st.WaitSum))
 	fmt.Fprintf(tw, "  kv refusals\t%d vs %d\t%s\n", sh.Refusals, st.Refusals, verdict(sh.Refusals <= st.Refusals))
 	fmt.Fprintf(tw, "  bursts' TTFT p99\t%s vs %s\t%s\n", ms(sh.BurstTTFTp99), ms(st.BurstTTFTp99), verdict(sh.BurstTTFTp99 < st.BurstTTFTp99))
 	for i, p := range sh.Procs {
