@@ -234,6 +234,18 @@ type Waiter[R any] interface {
 	CommitCtx(ctx context.Context, r R, off, size int) error
 }
 
+// PoolWaiter is implemented by pools whose budget is not the caller's governor's
+// alone: a node pool's client (backing/nodepool), whose granules the node's owner
+// grants. There the caller's FIFO queue can grant a commit that the backing still
+// refuses, so a wait for memory waits here instead: kv's AppendCtx and
+// AppendBatchCtx do, after their own queue granted a step the backing refused.
+type PoolWaiter interface {
+	// PrefillCtx is Prefill that waits, in FIFO order with the other waiters of the
+	// budget that refused, until the pool holds at least n idle granules or ctx
+	// ends; it fails with ErrUnsupported where the pool keeps no idle granules.
+	PrefillCtx(ctx context.Context, n int) error
+}
+
 // Zeroer is implemented by backings that know whether freshly committed memory reads
 // as zero.
 type Zeroer interface {

@@ -277,12 +277,18 @@ func (c *Cache) rollback(done []Growth, s *Sequence, k int, idle int64, commits 
 // for the bytes the step needs beyond the runs map-ahead holds, which the queue
 // serves from the pool's idle granules as from free budget, then steps with them (the
 // governor hands them over as credit: see accounting.Authority.AcquireFor; the pool's
-// commit takes the idle granules waited for first).
+// commit takes the idle granules waited for first). On a pool whose budget is not
+// only this governor's (backing.PoolWaiter: a node pool's client), a step the queue
+// granted and the backing still refused waits in the backing for its granules, which
+// it keeps idle for the next grant.
 func (c *Cache) wait(ctx context.Context, batch []Growth, err error) error {
 	c.mu.Lock()
 	c.waits++
 	c.mu.Unlock()
 	for {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		var be *accounting.BudgetError
 		if !errors.As(err, &be) {
 			return err
@@ -305,9 +311,45 @@ func (c *Cache) wait(ctx context.Context, batch []Growth, err error) error {
 		default:
 			return err // the limit shrank below the request, say
 		}
-		if !accounting.CanWait(err) {
+		if err == nil || !accounting.CanWait(err) {
 			return err
 		}
+		if werr := c.waitBacking(ctx, err); werr != nil {
+			return werr
+		}
+	}
+}
+
+// waitBacking, after the governor's queue granted a step that the backing refused
+// with refusal, waits in the backing for the granules the step needs where the
+// backing is a backing.PoolWaiter (a node pool's client: the node's owner refused
+// it, and this governor's queue would grant it again at once), and returns the
+// refusal where the backing can not wait (a client that keeps no pool): waiting in
+// this governor again would only ask the backing again and again. Elsewhere the
+// refusal raced another user of the pool, and the queue waits for the next grant: it
+// returns nil.
+func (c *Cache) waitBacking(ctx context.Context, refusal error) error {
+	pw, ok := c.pool.(backing.PoolWaiter)
+	if !ok {
+		return nil
+	}
+	var be *accounting.BudgetError
+	if !errors.As(refusal, &be) {
+		return refusal
+	}
+	gran := int64(c.gran)
+	n := int((be.Requested+gran-1)/gran + c.pool.PoolStats().Idle/gran)
+	switch err := pw.PrefillCtx(ctx, n); {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.Is(err, backing.ErrUnsupported):
+		return refusal
+	case accounting.CanWait(err):
+		return nil // this governor refused the prefill: its queue waits next
+	default:
+		return err
 	}
 }
 

@@ -333,6 +333,19 @@ func weight(x float64) float64 {
 // process as idle. A client that keeps no pool (ClientNoPool) answers
 // ErrUnsupported.
 func (c *Client) Prefill(n int) error {
+	return c.prefill(context.Background(), n, false)
+}
+
+// PrefillCtx is Prefill that waits for the node's budget in the owner's FIFO queue,
+// with ctx's deadline carried across the socket, until ctx ends
+// (backing.PoolWaiter). This process's own budget it does not wait for: its governor
+// refuses at once, as for Prefill. kv's AppendCtx waits here when this process's
+// governor granted a step the node refused.
+func (c *Client) PrefillCtx(ctx context.Context, n int) error {
+	return c.prefill(ctx, n, true)
+}
+
+func (c *Client) prefill(ctx context.Context, n int, wait bool) error {
 	if n < 0 {
 		return &backing.OpError{Op: "prefill", Size: n, Kind: backing.ErrInvalidRange}
 	}
@@ -371,7 +384,7 @@ func (c *Client) Prefill(n int) error {
 	if err := c.auth.TryAcquire(size); err != nil {
 		return &backing.OpError{Op: "prefill", Size: int(size), Err: err}
 	}
-	grs, err := c.allocate(context.Background(), k, false)
+	grs, err := c.allocate(ctx, k, wait)
 	if err != nil {
 		c.auth.Release(size)
 		return &backing.OpError{Op: "prefill", Size: int(size), Err: err}

@@ -79,6 +79,7 @@ func (c *Client) Lend(r *Reservation, off, size int, to uint64) ([]uint64, error
 }
 func (c *Client) Borrow(dst *Reservation, off int, ids []uint64) error { return errUnsupported }
 
-func (c *Client) Prefill(n int) error          { return errUnsupported }
-func (c *Client) Trim(keep int) (int64, error) { return 0, errUnsupported }
-func (c *Client) PoolStats() backing.PoolStats { return backing.PoolStats{} }
+func (c *Client) Prefill(n int) error                         { return errUnsupported }
+func (c *Client) PrefillCtx(ctx context.Context, n int) error { return errUnsupported }
+func (c *Client) Trim(keep int) (int64, error)                { return 0, errUnsupported }
+func (c *Client) PoolStats() backing.PoolStats                { return backing.PoolStats{} }
