@@ -154,10 +154,9 @@ type request struct {
 // decode step every Step of wall-clock time, admission in arrival order while memory
 // allows (vLLM's policy, simplified, as examples/kvcache's replay).
 //
-// NB: a refused head is tried again at the next step, not queued with
-// Sequence.AppendCtx: kv waits in the FIFO queue of the process's own governor,
-// which does not see the node's budget; with room there it would find the owner's
-// refusal and ask again at once, in a loop that only the owner's grant ends.
+// NB: a refused head is tried again at the next step rather than waited for with
+// Sequence.AppendCtx (which on a node pool's client waits in the owner's FIFO queue),
+// so that the batch's running requests keep stepping meanwhile.
 type server struct {
 	cfg        clientConfig
 	cache      *kv.Cache
