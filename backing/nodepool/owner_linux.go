@@ -47,8 +47,6 @@ type Owner struct {
 	table    map[uint64]*ownerGranule // every live granule, by id
 
 	fresh chan int      // granules created ahead, mapped nowhere: they hold no memory
-	taken chan struct{} // a fresh granule was taken (non-blocking, one slot)
-	low   chan struct{} // half of them are gone (non-blocking, one slot)
 	stop  chan struct{} // closed by Close: the refill ends
 
 	node   *accounting.Authority // owns nothing: its reclaimer is the node's (owner_reclaim_linux.go)
@@ -143,7 +141,6 @@ func Listen(path string, opts OwnerOptions) (*Owner, error) {
 		table: make(map[uint64]*ownerGranule)}
 	o.uid.Store(uint32(os.Getuid()))
 	o.fresh, o.stop = make(chan int, freshGranules), make(chan struct{})
-	o.taken, o.low = make(chan struct{}, 1), make(chan struct{}, 1)
 	o.node = gov.Authority("node reclaim", accounting.HostKey)
 	o.node.SetReclaimer(o.reclaim)
 	o.wg.Add(2)
@@ -240,49 +237,25 @@ func (o *Owner) Close() error {
 	return err
 }
 
-// refillDelay is how long the refill lets allocations take from o.fresh before it
-// makes granules again, unless half are gone: one wake-up of its thread per
-// refillDelay, not per allocation (the serving thread stays in its blocking read,
-// so the refill runs on another).
-const refillDelay = time.Millisecond
-
 // refill keeps o.fresh full until Close.
 func (o *Owner) refill() {
 	defer o.wg.Done()
-	t := time.NewTimer(refillDelay)
-	defer t.Stop()
 	for {
-		for len(o.fresh) < cap(o.fresh) {
-			fd, err := newGranule(o.name, o.g)
-			if err != nil {
-				break // EMFILE and the like: allocations create their own
-			}
-			select {
-			case o.fresh <- fd:
-			default: // NB: only allocations take, so this can not happen
-				_ = unix.Close(fd)
+		fd, err := newGranule(o.name, o.g)
+		if err != nil {
+			select { // EMFILE and the like: allocations create their own
+			case <-o.stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+				continue
 			}
 		}
 		select {
+		case o.fresh <- fd:
 		case <-o.stop:
+			_ = unix.Close(fd)
 			return
-		case <-o.taken:
 		}
-		t.Reset(refillDelay)
-		select {
-		case <-o.stop:
-			return
-		case <-t.C:
-		case <-o.low:
-		}
-	}
-}
-
-// signal sends on ch unless a signal waits there already.
-func signal(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
 	}
 }
 
@@ -290,10 +263,6 @@ func signal(ch chan struct{}) {
 func (o *Owner) newGranule() (int, error) {
 	select {
 	case fd := <-o.fresh:
-		signal(o.taken)
-		if len(o.fresh) < cap(o.fresh)/2 {
-			signal(o.low)
-		}
 		return fd, nil
 	default:
 		return newGranule(o.name, o.g)
