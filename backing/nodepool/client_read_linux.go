@@ -9,7 +9,8 @@ import (
 
 // How a client reads its socket. The socket is outside Go's network poller (sock):
 // one goroutine at a time, the one that holds c.rtok, reads it, blocking its thread
-// in poll until a message comes, and hands each message to whoever waits for it.
+// in recvmsg (or in poll, when a context's end must wake it too) until a message
+// comes, and hands each message to whoever waits for it.
 // A request's caller takes that role while it waits for its reply, so that the
 // kernel wakes the very thread that waits: no poller thread, no reading goroutine
 // and no hand-off between them on the way. The watcher (watch) takes the role
@@ -83,13 +84,21 @@ func (c *Client) lead(ctx context.Context, id uint64, ch chan reply, canceled *b
 			*canceled = true
 			_ = c.write(msg{op: opCancel, a: id})
 		}
-		c.readSome()
+		if *canceled || ctx.Done() == nil {
+			// Nothing to watch but the socket: one blocking recvmsg, which the
+			// reply, the owner's end or Close (shutdown) ends.
+			n, oobn, flags, err := c.c.recv(c.rbuf, c.roob, 0)
+			c.deliver(c.rbuf, c.roob, n, oobn, flags, err)
+			continue
+		}
+		c.readSome(ch)
 	}
 }
 
-// readSome waits for the socket, then delivers every message it holds. c.rtok
-// must be held.
-func (c *Client) readSome() {
+// readSome waits for the socket (or a kick), then delivers the messages it holds,
+// up to the one that puts a reply on mine when that is not nil. c.rtok must be
+// held.
+func (c *Client) readSome(mine chan reply) {
 	if err := c.c.waitIn(); err != nil {
 		c.deliver(nil, nil, 0, 0, 0, err)
 		return
@@ -99,7 +108,7 @@ func (c *Client) readSome() {
 		if err == unix.EAGAIN {
 			return
 		}
-		if !c.deliver(c.rbuf, c.roob, n, oobn, flags, err) {
+		if !c.deliver(c.rbuf, c.roob, n, oobn, flags, err) || (mine != nil && len(mine) > 0) {
 			return
 		}
 	}
@@ -144,7 +153,7 @@ func (c *Client) watch() {
 				return
 			default:
 			}
-			c.readSome()
+			c.readSome(nil)
 		}
 		c.rtok <- struct{}{}
 	}
