@@ -108,7 +108,7 @@ func (c *Client) readSome(mine chan reply) {
 		if err == unix.EAGAIN {
 			return
 		}
-		if !c.deliver(c.rbuf, c.roob, n, oobn, flags, err) || (mine != nil && len(mine) > 0) {
+		if !c.deliver(c.rbuf, c.roob, n, oobn, flags, err) || len(mine) > 0 {
 			return
 		}
 	}

@@ -1,7 +1,6 @@
 package nodepool
 
 import (
-	"errors"
 	"net"
 	"sync"
 	"time"
@@ -165,9 +164,4 @@ func (s *sock) close() {
 		_ = unix.Close(s.wake)
 		s.wake = -1
 	}
-}
-
-// isClosed reports whether err says the socket was closed or shut down here.
-func isClosed(err error) bool {
-	return errors.Is(err, errSockClosed)
 }
