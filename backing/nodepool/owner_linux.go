@@ -88,6 +88,7 @@ type ownerConn struct {
 	borrowed map[uint64]struct{} // granules lent to it that it borrowed
 	pending  map[uint64]context.CancelFunc
 	gone     bool
+	ready    bool // its hello answered: the owner may send it requests
 	allocs   sync.WaitGroup
 
 	// reclaims (owner_reclaim_linux.go); guarded by o.mu
@@ -378,6 +379,9 @@ func (o *Owner) serve(nc *net.UnixConn) {
 	if !c.reply(msg{op: opHello | replyBit, id: m.id, a: uint64(o.g), b: c.number}) {
 		return
 	}
+	o.mu.Lock()
+	c.ready = true
+	o.mu.Unlock()
 	for {
 		m, ok := c.read(buf, oob)
 		if !ok || !c.handle(m) {

@@ -75,8 +75,8 @@ func (o *Owner) reclaim(need int64) {
 // be held.
 func (c *ownerConn) askLocked(stage uint64, bytes int64) {
 	o := c.o
-	if c.gone || o.closed || bytes <= 0 {
-		return
+	if c.gone || !c.ready || o.closed || bytes <= 0 {
+		return // NB: not before its hello's answer, which must come first
 	}
 	if c.ask != nil {
 		c.want = max(c.want, bytes)
