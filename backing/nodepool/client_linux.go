@@ -63,13 +63,6 @@ type Client struct {
 	reported      int           // idle granules last reported to the owner
 	waiting       int           // allocations waiting on the node's budget
 
-	// Frees queued for the next message (giveBack); fmu is held across every
-	// write, so that they go first.
-	fmu    sync.Mutex
-	frees  []uint64
-	armed  bool // flushT will flush
-	flushT *time.Timer
-
 	rmu      sync.Mutex    // one idle report at a time
 	reclaims chan msg      // the owner's reclaim requests, for the worker
 	stop     chan struct{} // closed by Close: the worker and the scavenger end
@@ -303,18 +296,8 @@ func (c *Client) send(m msg) (uint64, chan reply, error) {
 	return m.id, ch, nil
 }
 
-// post sends a request that has no reply, after the frees queued before it.
+// post sends a request that has no reply.
 func (c *Client) post(m msg) error {
-	c.fmu.Lock()
-	defer c.fmu.Unlock()
-	if err := c.flushLocked(); err != nil {
-		return err
-	}
-	return c.postLocked(m)
-}
-
-// postLocked is post without the queued frees. c.fmu must be held.
-func (c *Client) postLocked(m msg) error {
 	c.mu.Lock()
 	if c.gone != nil || c.closed {
 		c.mu.Unlock()
@@ -323,45 +306,10 @@ func (c *Client) postLocked(m msg) error {
 	c.nextID++
 	m.id = c.nextID
 	c.mu.Unlock()
-	return c.writeLocked(m)
+	return c.write(m)
 }
 
-// write sends m (its id set) after the frees queued before it: the socket keeps
-// order, so the owner sees those done before it serves m.
 func (c *Client) write(m msg) error {
-	c.fmu.Lock()
-	defer c.fmu.Unlock()
-	if err := c.flushLocked(); err != nil {
-		return err
-	}
-	return c.writeLocked(m)
-}
-
-// freeDelay bounds how long a free waits for the next message to go with.
-const freeDelay = time.Millisecond
-
-// flushLocked sends the queued frees. c.fmu must be held. NB: a free needs no
-// reply (unless the owner refuses, and then closes): the socket keeps order, so
-// every later message is served after it.
-func (c *Client) flushLocked() error {
-	var err error
-	for i := 0; i < len(c.frees) && err == nil; i += maxBatch {
-		err = c.postLocked(msg{op: opFree, ids: c.frees[i:min(i+maxBatch, len(c.frees))]})
-	}
-	c.frees = c.frees[:0]
-	return err
-}
-
-// flush sends the queued frees now.
-func (c *Client) flush() {
-	c.fmu.Lock()
-	defer c.fmu.Unlock()
-	c.armed = false
-	_ = c.flushLocked()
-}
-
-// writeLocked sends m. c.fmu must be held.
-func (c *Client) writeLocked(m msg) error {
 	var b [maxMsg]byte
 	if err := c.c.send(m.encode(b[:0]), nil, time.Time{}); err != nil {
 		c.fail(fmt.Errorf("%w: %v", ErrOwnerGone, err))
@@ -473,38 +421,27 @@ func replyError(m msg, ctx context.Context) error {
 }
 
 // giveBack closes the descriptors of granules mapped nowhere and returns them to
-// the owner: their free goes with this process's next message, or within
-// freeDelay, or at once while a request of this client waits on the node or the
-// owner reclaims from it (the free serves it), or when a message's worth is
-// queued. So a Decommit costs the owner no wake-up of its own while the process
-// sends requests. NB: an owner that is gone has nothing left to return them to;
-// their memory went with the last descriptor.
+// the owner. NB: an owner that is gone has nothing left to return them to; their
+// memory went with the last descriptor.
 func (c *Client) giveBack(grs []*granule) {
-	if len(grs) == 0 {
-		return
+	ids := make([]uint64, 0, min(len(grs), maxBatch))
+	flush := func() {
+		if len(ids) == 0 {
+			return
+		}
+		// NB: no reply comes unless the owner refuses (and then closes): the
+		// socket keeps order, so every later request is served after the free.
+		_ = c.post(msg{op: opFree, ids: ids})
+		ids = ids[:0]
 	}
 	for _, gr := range grs {
 		_ = unix.Close(gr.fd)
-	}
-	c.mu.Lock()
-	urgent := c.waiting > 0 || c.reclaiming > 0
-	c.mu.Unlock()
-	c.fmu.Lock()
-	defer c.fmu.Unlock()
-	for _, gr := range grs {
-		c.frees = append(c.frees, gr.id)
-	}
-	switch {
-	case urgent || len(c.frees) >= maxBatch:
-		_ = c.flushLocked()
-	case !c.armed:
-		c.armed = true
-		if c.flushT == nil {
-			c.flushT = time.AfterFunc(freeDelay, c.flush)
-		} else {
-			c.flushT.Reset(freeDelay)
+		ids = append(ids, gr.id)
+		if len(ids) == maxBatch {
+			flush()
 		}
 	}
+	flush()
 }
 
 // Usage asks the owner for the node's and this process's figures.
@@ -773,10 +710,9 @@ func (c *Client) commit(ctx context.Context, r *Reservation, off, size int, wait
 // forfeit; a granule mapped nowhere else in this process goes to the pool, or back
 // to the owner past ClientOptions.High, while a request of another ledger waits on
 // this process's governor, or while the owner reclaims for a request that waits on
-// the node. NB: the owner takes a granule back after Decommit returns (the free goes
-// with the process's next message, within a millisecond, and is not answered): this
-// process's later requests see it done, another process's commit may not yet, and
-// should wait for the budget (CommitCtx) rather than race it.
+// the node. NB: the owner takes a granule back after Decommit returns (the free is sent, not
+// answered): this process's later requests see it done, another process's commit
+// may not yet, and should wait for the budget (CommitCtx) rather than race it.
 func (c *Client) Decommit(r *Reservation, off, size int) error {
 	alive(r)
 	c.mu.Lock()
