@@ -38,10 +38,11 @@ type Owner struct {
 
 	mu       sync.Mutex
 	closed   bool
-	clients  map[*ownerConn]struct{} // attached (past hello)
-	conns    map[*sock]struct{}      // every connection past its peer check
-	number   uint64                  // last client number given
-	granule  uint64                  // last granule id given
+	clients  map[*ownerConn]struct{}    // attached (past hello)
+	conns    map[*sock]struct{}         // every connection past its peer check
+	refusing map[*net.UnixConn]struct{} // connections of peers refused, being answered
+	number   uint64                     // last client number given
+	granule  uint64                     // last granule id given
 	detached uint64
 	wg       sync.WaitGroup           // the accept loop and every connection
 	table    map[uint64]*ownerGranule // every live granule, by id
@@ -139,7 +140,8 @@ func Listen(path string, opts OwnerOptions) (*Owner, error) {
 	}
 	o := &Owner{gov: gov, g: g, name: name, path: path, ln: ln, ino: st.Ino,
 		clients: make(map[*ownerConn]struct{}), conns: make(map[*sock]struct{}),
-		table: make(map[uint64]*ownerGranule)}
+		refusing: make(map[*net.UnixConn]struct{}),
+		table:    make(map[uint64]*ownerGranule)}
 	o.uid.Store(uint32(os.Getuid()))
 	o.fresh, o.stop = make(chan int, freshGranules), make(chan struct{})
 	o.node = gov.Authority("node reclaim", accounting.HostKey)
@@ -225,6 +227,11 @@ func (o *Owner) Close() error {
 	for _, c := range conns {
 		c.shutdown() // its serve closes it
 	}
+	o.mu.Lock()
+	for nc := range o.refusing {
+		_ = nc.Close()
+	}
+	o.mu.Unlock()
 	o.wg.Wait()
 	for len(o.fresh) > 0 {
 		_ = unix.Close(<-o.fresh)
@@ -316,7 +323,20 @@ func (o *Owner) serve(nc *net.UnixConn) {
 	defer o.wg.Done()
 	cred, err := peer(nc)
 	if err != nil || cred.Uid != o.uid.Load() {
-		defer nc.Close()
+		o.mu.Lock()
+		if o.closed {
+			o.mu.Unlock()
+			_ = nc.Close()
+			return
+		}
+		o.refusing[nc] = struct{}{}
+		o.mu.Unlock()
+		defer func() {
+			o.mu.Lock()
+			delete(o.refusing, nc)
+			o.mu.Unlock()
+			_ = nc.Close()
+		}()
 		// ErrPeerRefused. NB: the peer's first message is read (a bounded wait, its
 		// contents ignored, descriptors closed) before the answer, since closing a
 		// socket with unread data resets it and the answer would be lost.
