@@ -28,12 +28,19 @@ import (
 type Client struct {
 	_ nocopy.NoCopy
 
-	c      *net.UnixConn
+	c      *sock
 	g      int
 	number uint64
 	auth   *accounting.Authority
-	wmu    sync.Mutex // one request at a time on the socket
-	done   chan struct{}
+	done   chan struct{} // closed when the watcher ends
+
+	// Reading (client_read_linux.go): whoever holds rtok reads the socket for the
+	// process, with rbuf and roob.
+	rtok       chan struct{}
+	rbuf, roob []byte
+	inSync     atomic.Int32 // requests waiting for their replies
+	lastSync   atomic.Int64 // when the last one got it, in ns since t0
+	t0         time.Time
 
 	mu      sync.Mutex
 	pending map[uint64]chan reply
@@ -158,59 +165,62 @@ func Attach(path string, opts ClientOptions) (*Client, error) {
 	if m.a > 1<<40 || checkGranularity(int(m.a)) != nil {
 		return fail(fmt.Errorf("%w: granule size %d", ErrProtocol, m.a))
 	}
-	c := &Client{c: conn, g: int(m.a), number: m.b, auth: auth, done: make(chan struct{}),
+	sk, err := sockOf(conn, true)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrOwnerGone, err)
+	}
+	c := &Client{c: sk, g: int(m.a), number: m.b, auth: auth, done: make(chan struct{}),
+		rtok: make(chan struct{}, 1), rbuf: buf, roob: oob, t0: time.Now(),
 		pending: make(map[uint64]chan reply), goneCh: make(chan struct{}),
 		high: opts.High, low: opts.Low, decay: opts.Decay,
 		reclaims: make(chan msg, maxQueuedReclaims), stop: make(chan struct{})}
+	c.rtok <- struct{}{}
 	auth.SetReclaimer(c.reclaimLocal)
 	c.bg.Add(1)
 	go c.reclaimWorker()
-	go c.read()
+	go c.watch()
 	return c, nil
 }
 
-// read delivers replies until the connection ends or the owner breaks the protocol.
-func (c *Client) read() {
-	defer close(c.done)
-	buf := make([]byte, maxMsg+1)
-	oob := make([]byte, unix.CmsgSpace(4*maxBatch))
-	for {
-		n, oobn, flags, _, err := c.c.ReadMsgUnix(buf, oob)
-		if err != nil || (n == 0 && oobn == 0) {
-			c.fail(fmt.Errorf("%w: %v", ErrOwnerGone, orEOF(err)))
-			return
-		}
-		var fds []int
-		if oobn > 0 {
-			fds = rights(oob[:oobn])
-		}
-		m, err := decode(buf[:n])
-		if err == nil && m.op == opReclaim && flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) == 0 {
-			// The owner's one request (client_pool_linux.go).
-			if len(fds) > 0 || !c.queueReclaim(m) {
-				closeAll(fds)
-				c.fail(fmt.Errorf("%w: from the owner (reclaim a=%d b=%d c=%d, %d ids, %d descriptors)", ErrProtocol, m.a, m.b, m.c, len(m.ids), len(fds)))
-				return
-			}
-			continue
-		}
-		ok := err == nil && flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) == 0 && m.op&replyBit != 0
-		if (m.op == opAlloc|replyBit || m.op == opBorrow|replyBit) && m.code == codeOK {
-			ok = ok && len(m.ids) > 0 && len(fds) == len(m.ids)
-		} else {
-			ok = ok && len(fds) == 0
-		}
-		c.mu.Lock()
-		ch := c.pending[m.id]
-		delete(c.pending, m.id)
-		c.mu.Unlock()
-		if !ok || ch == nil {
-			closeAll(fds)
-			c.fail(fmt.Errorf("%w: from the owner (op %#x, code %d, %d descriptors)", ErrProtocol, m.op, m.code, len(fds)))
-			return
-		}
-		ch <- reply{m: m, fds: fds}
+// deliver hands one message read from the socket (n bytes and oobn of control
+// data, or err) to whoever waits for it. It reports false when the connection
+// ended or the owner broke the protocol: then it has failed the client.
+func (c *Client) deliver(buf, oob []byte, n, oobn, flags int, err error) bool {
+	if err != nil || (n == 0 && oobn == 0) {
+		c.fail(fmt.Errorf("%w: %v", ErrOwnerGone, orEOF(err)))
+		return false
 	}
+	var fds []int
+	if oobn > 0 {
+		fds = rights(oob[:oobn])
+	}
+	m, err := decode(buf[:n])
+	if err == nil && m.op == opReclaim && flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) == 0 {
+		// The owner's one request (client_pool_linux.go).
+		if len(fds) > 0 || !c.queueReclaim(m) {
+			closeAll(fds)
+			c.fail(fmt.Errorf("%w: from the owner (reclaim a=%d b=%d c=%d, %d ids, %d descriptors)", ErrProtocol, m.a, m.b, m.c, len(m.ids), len(fds)))
+			return false
+		}
+		return true
+	}
+	ok := err == nil && flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) == 0 && m.op&replyBit != 0
+	if (m.op == opAlloc|replyBit || m.op == opBorrow|replyBit) && m.code == codeOK {
+		ok = ok && len(m.ids) > 0 && len(fds) == len(m.ids)
+	} else {
+		ok = ok && len(fds) == 0
+	}
+	c.mu.Lock()
+	ch := c.pending[m.id]
+	delete(c.pending, m.id)
+	c.mu.Unlock()
+	if !ok || ch == nil {
+		closeAll(fds)
+		c.fail(fmt.Errorf("%w: from the owner (op %#x, code %d, %d descriptors)", ErrProtocol, m.op, m.code, len(fds)))
+		return false
+	}
+	ch <- reply{m: m, fds: fds}
+	return true
 }
 
 func orEOF(err error) error {
@@ -254,7 +264,8 @@ func (c *Client) fail(err error) {
 	c.mu.Unlock()
 	c.release(idle)
 	closeAll(fdsOf(idle))
-	_ = c.c.Close()
+	c.c.shutdown()
+	c.c.kick()
 }
 
 // send registers a request and writes it; it returns the channel its reply comes on.
@@ -274,10 +285,12 @@ func (c *Client) send(m msg) (uint64, chan reply, error) {
 	ch := make(chan reply, 1)
 	c.pending[m.id] = ch
 	c.mu.Unlock()
+	c.inSync.Add(1)
 	if err := c.write(m); err != nil {
 		c.mu.Lock()
 		delete(c.pending, m.id)
 		c.mu.Unlock()
+		c.synced()
 		return 0, nil, err
 	}
 	return m.id, ch, nil
@@ -297,36 +310,12 @@ func (c *Client) post(m msg) error {
 }
 
 func (c *Client) write(m msg) error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	if _, _, err := c.c.WriteMsgUnix(m.encode(make([]byte, 0, maxMsg)), nil, nil); err != nil {
+	var b [maxMsg]byte
+	if err := c.c.send(m.encode(b[:0]), nil, time.Time{}); err != nil {
 		c.fail(fmt.Errorf("%w: %v", ErrOwnerGone, err))
 		return c.Err()
 	}
 	return nil
-}
-
-// wait waits for the reply on ch. When ctx ends first it asks the owner to cancel
-// request id and goes on waiting: the owner always answers an alloc, and granules
-// it granted after all must be given back by the caller.
-func (c *Client) wait(ctx context.Context, id uint64, ch chan reply) (reply, error) {
-	ctxDone := ctx.Done()
-	for {
-		select {
-		case r := <-ch:
-			return r, nil
-		case <-ctxDone:
-			ctxDone = nil
-			_ = c.write(msg{op: opCancel, a: id})
-		case <-c.goneCh:
-			select {
-			case r := <-ch: // delivered just before the end
-				return r, nil
-			default:
-			}
-			return reply{}, c.Err()
-		}
-	}
 }
 
 // Err returns why the connection to the owner ended (wrapping ErrOwnerGone or
@@ -498,8 +487,10 @@ func (c *Client) Close() error {
 	// NB: not posted (Client.post refuses once closed): the owner takes back
 	// everything the connection held when it ends.
 	closeAll(fdsOf(idle))
-	_ = c.c.Close()
+	c.fail(ErrClosed)
 	<-c.done
+	<-c.rtok // no call reads any more
+	c.c.close()
 	return nil
 }
 

@@ -189,7 +189,7 @@ func (c *Client) reclaimLocal(int64) {
 
 // queueReclaim hands the owner's reclaim request m to the worker; it reports false
 // when m is malformed. A request that finds the queue full is answered at once with
-// nothing given back. It runs on the reader's goroutine.
+// nothing given back. It runs on the goroutine that reads the socket.
 func (c *Client) queueReclaim(m msg) bool {
 	if m.code != 0 || len(m.ids) != 0 || m.a == 0 || m.a > math.MaxInt64 || (m.b != stageIdle && m.b != stagePrefix) || m.c != 0 {
 		return false

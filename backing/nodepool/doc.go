@@ -73,10 +73,12 @@
 // # Concurrency
 //
 // Owner and Client are safe for concurrent use. The owner runs a goroutine per
-// connection and one per allocation in flight; its lock (Owner.mu) is taken before
-// the governor's. A Client's lock guards its reservations and is held across the
-// mapping system calls, never across a request to the owner; replies are read by
-// one goroutine per Client and matched to their requests by id.
+// connection, reading it in a blocking recvmsg on a thread of its own, and one per
+// allocation in flight; its lock (Owner.mu) is taken before the governor's. A
+// Client's lock guards its reservations and is held across the mapping system
+// calls, never across a request to the owner; replies are read by one goroutine
+// at a time (a caller waiting for its reply, or a watcher while none waits) and
+// matched to their requests by id (client_read_linux.go).
 //
 // Linux only: elsewhere Listen and Attach return errors wrapping
 // errors.ErrUnsupported.

@@ -57,6 +57,9 @@ func TestKillSoak(t *testing.T) {
 		b, number, in := startHelperIO(t, "client", o.Path(), true, helperBorrowEnv+"=1")
 		ids, err := survivor.Lend(r, 4*pg, 4*pg, number)
 		require.NoError(t, err)
+		if k == 0 {
+			fds += 4 // the lent granules' read-only descriptors, in the owner while they live
+		}
 		_, err = fmt.Fprintln(in, strings.Trim(fmt.Sprint(ids), "[]"))
 		require.NoError(t, err)
 		time.Sleep(time.Duration(rng.IntN(20_000)) * time.Microsecond)

@@ -39,7 +39,8 @@ type Owner struct {
 	mu       sync.Mutex
 	closed   bool
 	clients  map[*ownerConn]struct{}    // attached (past hello)
-	conns    map[*net.UnixConn]struct{} // every accepted connection, attached or not
+	conns    map[*sock]struct{}         // every connection past its peer check
+	refusing map[*net.UnixConn]struct{} // connections of peers refused, being answered
 	number   uint64                     // last client number given
 	granule  uint64                     // last granule id given
 	detached uint64
@@ -64,6 +65,7 @@ const freshGranules = 64
 // all that time: owned once, mapped by many.
 type ownerGranule struct {
 	fd        int        // the owner's read-write descriptor
+	ro        int        // a read-only descriptor for its borrowers, made at its first lend; -1: none
 	lender    *ownerConn // charged for it
 	held      bool       // the lender still holds it
 	lentTo    []uint64   // client numbers that may borrow it (at most maxLend)
@@ -76,18 +78,18 @@ const maxLend = 64
 // ownerConn is one attached process.
 type ownerConn struct {
 	o      *Owner
-	c      *net.UnixConn
+	c      *sock
 	number uint64
 	pid    int32
 	uid    uint32
 	auth   *accounting.Authority
-	wmu    sync.Mutex // one reply at a time
 
 	// guarded by o.mu
 	granules map[uint64]struct{} // granules it allocated and still holds
 	borrowed map[uint64]struct{} // granules lent to it that it borrowed
 	pending  map[uint64]context.CancelFunc
 	gone     bool
+	ready    bool // its hello answered: the owner may send it requests
 	allocs   sync.WaitGroup
 
 	// reclaims (owner_reclaim_linux.go); guarded by o.mu
@@ -137,8 +139,9 @@ func Listen(path string, opts OwnerOptions) (*Owner, error) {
 		return fail(fmt.Errorf("nodepool: stat %s: %w", path, err))
 	}
 	o := &Owner{gov: gov, g: g, name: name, path: path, ln: ln, ino: st.Ino,
-		clients: make(map[*ownerConn]struct{}), conns: make(map[*net.UnixConn]struct{}),
-		table: make(map[uint64]*ownerGranule)}
+		clients: make(map[*ownerConn]struct{}), conns: make(map[*sock]struct{}),
+		refusing: make(map[*net.UnixConn]struct{}),
+		table:    make(map[uint64]*ownerGranule)}
 	o.uid.Store(uint32(os.Getuid()))
 	o.fresh, o.stop = make(chan int, freshGranules), make(chan struct{})
 	o.node = gov.Authority("node reclaim", accounting.HostKey)
@@ -214,7 +217,7 @@ func (o *Owner) Close() error {
 	}
 	o.closed = true
 	o.node.SetReclaimer(nil)
-	conns := make([]*net.UnixConn, 0, len(o.conns))
+	conns := make([]*sock, 0, len(o.conns))
 	for c := range o.conns {
 		conns = append(conns, c)
 	}
@@ -222,8 +225,13 @@ func (o *Owner) Close() error {
 	err := o.ln.Close()
 	close(o.stop)
 	for _, c := range conns {
-		_ = c.Close()
+		c.shutdown() // its serve closes it
 	}
+	o.mu.Lock()
+	for nc := range o.refusing {
+		_ = nc.Close()
+	}
+	o.mu.Unlock()
 	o.wg.Wait()
 	for len(o.fresh) > 0 {
 		_ = unix.Close(<-o.fresh)
@@ -287,7 +295,6 @@ func (o *Owner) accept() {
 			continue
 		}
 		o.wg.Add(1)
-		o.conns[c] = struct{}{}
 		o.mu.Unlock()
 		go o.serve(c)
 	}
@@ -310,17 +317,26 @@ func peer(c *net.UnixConn) (*unix.Ucred, error) {
 }
 
 // serve runs one connection until it closes or breaks the protocol, then gives back
-// everything it held.
+// everything it held. It reads on a thread of its own, outside the network poller
+// (sock): each request wakes it directly.
 func (o *Owner) serve(nc *net.UnixConn) {
 	defer o.wg.Done()
-	defer func() {
-		_ = nc.Close()
-		o.mu.Lock()
-		delete(o.conns, nc)
-		o.mu.Unlock()
-	}()
 	cred, err := peer(nc)
 	if err != nil || cred.Uid != o.uid.Load() {
+		o.mu.Lock()
+		if o.closed {
+			o.mu.Unlock()
+			_ = nc.Close()
+			return
+		}
+		o.refusing[nc] = struct{}{}
+		o.mu.Unlock()
+		defer func() {
+			o.mu.Lock()
+			delete(o.refusing, nc)
+			o.mu.Unlock()
+			_ = nc.Close()
+		}()
 		// ErrPeerRefused. NB: the peer's first message is read (a bounded wait, its
 		// contents ignored, descriptors closed) before the answer, since closing a
 		// socket with unread data resets it and the answer would be lost.
@@ -332,7 +348,25 @@ func (o *Owner) serve(nc *net.UnixConn) {
 		_, _, _ = nc.WriteMsgUnix((&msg{op: opHello | replyBit, code: codeRefused}).encode(nil), nil, nil)
 		return
 	}
-	c := &ownerConn{o: o, c: nc, pid: cred.Pid, uid: cred.Uid,
+	sk, err := sockOf(nc, false)
+	if err != nil {
+		return
+	}
+	o.mu.Lock()
+	if o.closed {
+		o.mu.Unlock()
+		sk.close()
+		return
+	}
+	o.conns[sk] = struct{}{}
+	o.mu.Unlock()
+	defer func() {
+		o.mu.Lock()
+		delete(o.conns, sk)
+		o.mu.Unlock()
+		sk.close()
+	}()
+	c := &ownerConn{o: o, c: sk, pid: cred.Pid, uid: cred.Uid,
 		granules: make(map[uint64]struct{}), borrowed: make(map[uint64]struct{}),
 		pending: make(map[uint64]context.CancelFunc)}
 	buf := make([]byte, maxMsg+1)
@@ -365,6 +399,9 @@ func (o *Owner) serve(nc *net.UnixConn) {
 	if !c.reply(msg{op: opHello | replyBit, id: m.id, a: uint64(o.g), b: c.number}) {
 		return
 	}
+	o.mu.Lock()
+	c.ready = true
+	o.mu.Unlock()
 	for {
 		m, ok := c.read(buf, oob)
 		if !ok || !c.handle(m) {
@@ -377,7 +414,7 @@ func (o *Owner) serve(nc *net.UnixConn) {
 // was bad (answered with codeProtocol where it decoded); any descriptors that came
 // with it are closed.
 func (c *ownerConn) read(buf, oob []byte) (msg, bool) {
-	n, oobn, flags, _, err := c.c.ReadMsgUnix(buf, oob)
+	n, oobn, flags, err := c.c.recv(buf, oob, 0)
 	if err != nil || (n == 0 && oobn == 0) {
 		return msg{}, false
 	}
@@ -421,10 +458,8 @@ func (c *ownerConn) reply(m msg, fds ...int) bool {
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
 	}
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	_, _, err := c.c.WriteMsgUnix(m.encode(make([]byte, 0, maxMsg)), oob, nil)
-	return err == nil
+	var b [maxMsg]byte
+	return c.c.send(m.encode(b[:0]), oob, time.Time{}) == nil
 }
 
 // handle serves one request; it reports false when the connection must close.
@@ -448,8 +483,15 @@ func (c *ownerConn) handle(m msg) bool {
 		}
 		return true // no reply: see proto.go
 	case opLend:
-		if len(m.ids) == 0 || m.b != 0 || m.c != 0 || !c.lend(m.a, m.ids) {
+		if len(m.ids) == 0 || m.b != 0 || m.c != 0 {
 			return bad()
+		}
+		ok, errno := c.lend(m.a, m.ids)
+		switch {
+		case !ok:
+			return bad()
+		case errno != 0:
+			return c.reply(msg{op: opLend | replyBit, code: codeNoMemory, id: m.id, a: uint64(errno)})
 		}
 		return c.reply(msg{op: opLend | replyBit, id: m.id})
 	case opBorrow:
@@ -595,7 +637,7 @@ func (c *ownerConn) serveAlloc(ctx context.Context, m msg) {
 		o.granule++
 		ids[i] = o.granule
 		c.granules[ids[i]] = struct{}{}
-		o.table[ids[i]] = &ownerGranule{fd: fd, lender: c, held: true}
+		o.table[ids[i]] = &ownerGranule{fd: fd, ro: -1, lender: c, held: true}
 	}
 	o.mu.Unlock()
 	// NB: the granules are the client's from here: if the reply is lost the
@@ -643,6 +685,9 @@ func (c *ownerConn) drop(id uint64) {
 		return
 	}
 	_ = unix.Close(gr.fd)
+	if gr.ro >= 0 {
+		_ = unix.Close(gr.ro)
+	}
 	delete(o.table, id)
 	l := gr.lender
 	l.auth.Release(int64(o.g))
@@ -653,31 +698,46 @@ func (c *ownerConn) drop(id uint64) {
 
 // lend lets client number to borrow granules ids, which c must hold; it reports
 // false, and changes nothing, if c does not hold one or one comes twice, or a
-// granule would be lent to more than maxLend clients.
-func (c *ownerConn) lend(to uint64, ids []uint64) bool {
+// granule would be lent to more than maxLend clients. A granule lent the first
+// time gets its read-only descriptor, opened anew through /proc/self/fd, which
+// every borrow passes: a borrow opens nothing. If that open fails the lend is
+// answered codeNoMemory (errno) and changes nothing else.
+func (c *ownerConn) lend(to uint64, ids []uint64) (ok bool, errno unix.Errno) {
 	o := c.o
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for i, id := range ids {
 		if _, held := c.granules[id]; !held || slices.Contains(ids[:i], id) {
-			return false
+			return false, 0
 		}
 		if gr := o.table[id]; !slices.Contains(gr.lentTo, to) && len(gr.lentTo) >= maxLend {
-			return false
+			return false, 0
 		}
+	}
+	for _, id := range ids {
+		gr := o.table[id]
+		if gr.ro >= 0 {
+			continue
+		}
+		fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(gr.fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			_ = errors.As(err, &errno)
+			return true, errno
+		}
+		gr.ro = fd
 	}
 	for _, id := range ids {
 		if gr := o.table[id]; !slices.Contains(gr.lentTo, to) {
 			gr.lentTo = append(gr.lentTo, to)
 		}
 	}
-	return true
+	return true, 0
 }
 
 // borrow serves a borrow of granules ids, which must have been lent to c and not
-// be c's own or borrowed by it already: each is passed as a new read-only
-// descriptor of its memfd (opened through /proc/self/fd), so that c can map it
-// only for reading. It reports false when the request broke the protocol.
+// be c's own or borrowed by it already: each is passed as its read-only
+// descriptor (made at its first lend), so that c can map it only for reading. It
+// reports false when the request broke the protocol.
 func (c *ownerConn) borrow(m msg) bool {
 	o := c.o
 	o.mu.Lock()
@@ -690,32 +750,18 @@ func (c *ownerConn) borrow(m msg) bool {
 			return false
 		}
 	}
-	fds := make([]int, 0, len(m.ids))
-	for _, id := range m.ids {
-		fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(o.table[id].fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			o.mu.Unlock()
-			for _, fd := range fds {
-				_ = unix.Close(fd)
-			}
-			var errno unix.Errno
-			_ = errors.As(err, &errno)
-			return c.reply(msg{op: opBorrow | replyBit, code: codeNoMemory, id: m.id, a: uint64(errno)})
-		}
-		fds = append(fds, fd)
-	}
-	for _, id := range m.ids {
+	fds := make([]int, len(m.ids))
+	for i, id := range m.ids {
+		gr := o.table[id]
+		fds[i] = gr.ro
 		c.borrowed[id] = struct{}{}
-		o.table[id].borrowers++
+		gr.borrowers++
 	}
 	o.mu.Unlock()
-	// NB: the owner keeps only its read-write descriptor; if the reply is lost the
-	// connection is broken and detach gives the borrowed granules back.
-	ok := c.reply(msg{op: opBorrow | replyBit, id: m.id, ids: m.ids}, fds...)
-	for _, fd := range fds {
-		_ = unix.Close(fd)
-	}
-	return ok
+	// NB: the descriptors stay open while c borrows them, that is until this
+	// connection's later free or its detach, both served after this reply. If the
+	// reply is lost the connection is broken and detach gives them back.
+	return c.reply(msg{op: opBorrow | replyBit, id: m.id, ids: m.ids}, fds...)
 }
 
 // detach gives back everything the connection held: its waiting allocations end,

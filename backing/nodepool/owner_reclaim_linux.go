@@ -75,8 +75,8 @@ func (o *Owner) reclaim(need int64) {
 // be held.
 func (c *ownerConn) askLocked(stage uint64, bytes int64) {
 	o := c.o
-	if c.gone || o.closed || bytes <= 0 {
-		return
+	if c.gone || !c.ready || o.closed || bytes <= 0 {
+		return // NB: not before its hello's answer, which must come first
 	}
 	if c.ask != nil {
 		c.want = max(c.want, bytes)
@@ -94,13 +94,9 @@ func (c *ownerConn) askLocked(stage uint64, bytes int64) {
 	go func() {
 		defer o.wg.Done()
 		m := msg{op: opReclaim, id: a.id, a: uint64(bytes), b: stage}
-		c.wmu.Lock()
-		defer c.wmu.Unlock()
 		// NB: a client that does not read its socket must not hold this goroutine:
 		// the write gives up with the ask's bound, and the timer counts it.
-		_ = c.c.SetWriteDeadline(time.Now().Add(reclaimTimeout))
-		_, _, _ = c.c.WriteMsgUnix(m.encode(make([]byte, 0, headerLen)), nil, nil)
-		_ = c.c.SetWriteDeadline(time.Time{})
+		_ = c.c.send(m.encode(make([]byte, 0, headerLen)), nil, time.Now().Add(reclaimTimeout))
 	}()
 }
 

@@ -30,10 +30,13 @@ import (
 //	                                            sender's or comes twice
 //	cancel a=id of a pending alloc           no reply (the alloc replies)
 //	stats                                    reply a=node used, b=node limit, c=owned
-//	lend   a=client number, n ids it holds   reply codeOK: that client may borrow them
+//	lend   a=client number, n ids it holds   reply codeOK: that client may borrow them;
+//	                                            or codeNoMemory a=errno (the owner
+//	                                            could not open a granule's read-only
+//	                                            descriptor, made at its first lend)
 //	borrow n ids lent to the sender          reply the n ids and n read-only memfds
-//	                                            (opened anew, O_RDONLY); or
-//	                                            codeNoMemory a=errno
+//	                                            (O_RDONLY, one per granule, made at
+//	                                            its first lend)
 //	idle   a=granules the sender keeps idle   no reply: the owner counts them idle on
 //	       (pooled, charged, mapped nowhere)    the sender's ledger, at most the
 //	                                            granules it holds
