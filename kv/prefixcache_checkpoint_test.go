@@ -15,6 +15,7 @@ import (
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/blockhash"
 	"github.com/vmarena/vmarena/kvtier/tiertest"
 )
 
@@ -612,4 +613,41 @@ func FuzzCheckpoints(f *testing.F) {
 		assert.Zero(t, e.auth.Stats().Owned)
 		e.finish(t)
 	})
+}
+
+// TestCheckpointEvents: on a model with a recurrent group an entry announces its full
+// group's blocks, every block of its tokens, under that group's index, and the
+// recurrent group nothing; an entry cut to a checkpoint withdraws the blocks past it.
+func TestCheckpointEvents(t *testing.T) {
+	e := openEnv(t, withConfig(kv.Config{Model: tinyNext, MaxTokens: 256}), withLimit(1<<30))
+	const bs = 16
+	ho := blockhash.Options{BlockSize: bs}
+	h, err := blockhash.New(ho)
+	require.NoError(t, err)
+	log := &evLog{}
+	pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{Events: kv.EventOptions{Observer: log, Hash: ho}})
+	require.NoError(t, err)
+	ids := promptIDs(1, 160)
+	chain := h.Chain(nil, h.Root(), 0, ids)
+	s, _, err := pc.Lookup(ids)
+	require.NoError(t, err)
+	require.NoError(t, prefillTo(s, ids, 100, 64))
+	require.NoError(t, pc.Insert(s, ids[:100]))
+	require.True(t, s.Close().OK())
+	pc.FlushEvents()
+	evs := log.take()
+	require.Len(t, evs, 1, "one group announces")
+	st, ok := evs[0].(kv.BlocksStored)
+	require.True(t, ok, "%T", evs[0])
+	assert.Equal(t, 1, st.Group)
+	assert.Equal(t, kv.FullAttention, st.Attention)
+	assert.Equal(t, hashesOf(chain, 0, 6), st.Hashes, "every whole block of the entry's tokens")
+
+	_, err = pc.Evict(1)
+	require.NoError(t, err)
+	pc.FlushEvents()
+	evs = log.take()
+	require.Len(t, evs, 1)
+	assert.Equal(t, kv.BlocksRemoved{Hashes: hashesOf(chain, 4, 6), Group: 1, Medium: st.Medium}, evs[0], "cut to the checkpoint at 64")
+	require.NoError(t, pc.Close())
 }
