@@ -148,7 +148,8 @@ type PrefixCacheStats struct {
 	// InsertedTokens is the tokens Insert added to the index.
 	InsertedTokens int64
 	// EvictedTokens is the tokens eviction took out of the index; Evictions the
-	// granule indexes it dropped from entries, EvictedBytes the physical bytes that
+	// granule indexes (and recurrent-state checkpoints) it dropped from entries,
+	// EvictedBytes the physical bytes that
 	// came back by it (granules no live sequence still mapped), to the pool or to a
 	// new sequence that took over an evicted entry's ranges.
 	EvictedTokens int64

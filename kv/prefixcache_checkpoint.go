@@ -242,14 +242,15 @@ func (pc *PrefixCache) handCheckpoints(e *pcEntry, l *pcLive, n int) {
 	l.ckpts = slices.Delete(l.ckpts, 0, i+1)
 }
 
-// dropFrom lets e's checkpoints past n go and returns the bytes that came back.
-// pc.mu is held.
+// dropFrom lets e's checkpoints past n go (an eviction's cut: counted in Evictions)
+// and returns the bytes that came back. pc.mu is held.
 func (pc *PrefixCache) dropFrom(e *pcEntry, n int) int64 {
 	_, i := latest(e.ckpts, n)
 	var freed int64
 	for _, ck := range e.ckpts[i+1:] {
 		freed += pc.ckRef(ck, -1, 0)
 	}
+	pc.evictions += int64(len(e.ckpts) - i - 1)
 	clear(e.ckpts[i+1:])
 	e.ckpts = e.ckpts[:i+1]
 	return freed

@@ -292,7 +292,7 @@ func (pc *PrefixCache) evictLeaf(leaf *radix.Node[*pcEntry]) (int64, *pcEntry) {
 	pc.tree.Remove(leaf)
 	pc.ev.cut(e, p.Depth(), true)
 	pc.evictedTokens += int64(depth - p.Depth())
-	pc.evictions += int64(e.refs())
+	pc.evictions += int64(e.refs() + len(e.ckpts))
 	return pc.evict(e)
 }
 
