@@ -9,9 +9,10 @@ import (
 
 // The prefix cache on a model of several layer groups (Cache.multi: window groups
 // beside full or MLA ones, as gpt-oss, Gemma-3 and Llama-4 have; recurrent groups,
-// which add checkpoints: prefixcache_checkpoint.go). Each group lies on ranges of its own with sharing units of its own,
-// so an entry, and every live holder, refers to each group's units by references of
-// that group (unitSeg, granuleRef.grp): a window group's from the first unit it holds.
+// which add checkpoints: prefixcache_checkpoint.go). Each group lies on ranges of its
+// own with sharing units of its own, so an entry, and every live holder, refers to
+// each group's units by references of that group (unitSeg, granuleRef.grp): a window
+// group's from the first unit it holds.
 //
 // The hit rule is the window rule (see the package doc; group.serves): a hit of m
 // tokens needs the full groups' first m tokens and each window group's tokens that
