@@ -54,8 +54,11 @@ func (c *Cache) shareNeed(n int) int64 {
 // (a fork, a frozen prefix, a sequence started on a prefix or a cached entry) can
 // have its copied tail's granules now, evicting cached prefixes first; it returns
 // the refusal, counted, when it can not.
-func (c *Cache) shareBudget(n int) error {
-	if need := c.shareNeed(n); need > 0 {
+func (c *Cache) shareBudget(n int) error { return c.needBudget(c.shareNeed(n)) }
+
+// needBudget is shareBudget for a holder that commits need bytes.
+func (c *Cache) needBudget(need int64) error {
+	if need > 0 {
 		if be := c.budgetOrEvict(need, 0); be != nil {
 			return c.refuse(be)
 		}

@@ -254,6 +254,9 @@ func newEvents(c *Cache, o EventOptions) (*evSide, error) {
 	for gi := range c.groups {
 		g := &c.groups[gi]
 		ev.winOf[gi] = -1
+		if g.state > 0 {
+			continue // a recurrent state has no blocks: see prefixcache_checkpoint.go
+		}
 		if !g.windowed() {
 			ev.full = append(ev.full, evGroup{idx: gi, kind: g.spec.Kind})
 			continue

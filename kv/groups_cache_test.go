@@ -112,7 +112,8 @@ func hybridSequence(t *testing.T, n int) (*kv.Cache, *kv.Sequence) {
 
 // TestGroupRefusals: on a model of groups, an MLA layer's V, a recurrent layer's
 // tokens and a token layer's state are clear errors, and the operations a cache of
-// groups does not have (Freeze with a recurrent group, a prefix cache) are refused.
+// groups does not have (Freeze with a recurrent group, tiers under its prefix cache)
+// are refused.
 func TestGroupRefusals(t *testing.T) {
 	c, s := hybridSequence(t, 3)
 	var err error
@@ -138,9 +139,9 @@ func TestGroupRefusals(t *testing.T) {
 	_, err = s.Freeze(1)
 	assert.ErrorIs(t, err, kv.ErrConfig)
 	assert.ErrorContains(t, err, "5 groups (sliding-window, full, chunked-local, mla-latent, recurrent)")
-	_, err = kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
-	assert.ErrorIs(t, err, kv.ErrConfig)
-	assert.ErrorContains(t, err, "recurrent", "a recurrent group's state is out of prefix caching's scope")
+	_, err = kv.NewPrefixCache(c, kv.PrefixCacheOptions{Tiers: []kv.Tier{tiertest.NewMap(1 << 20)}})
+	assert.ErrorIs(t, err, kv.ErrConfig, "a recurrent group's prefix cache keeps checkpoints, and no tiers yet")
+	assert.ErrorContains(t, err, "tiers need a model of one full-attention or MLA group")
 	require.NoError(t, s.Truncate(2))
 
 	// A model of groups without one has a prefix cache, with events, but no tiers

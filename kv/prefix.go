@@ -224,14 +224,15 @@ func (c *Cache) NewSequenceFrom(p *Prefix) (*Sequence, error) {
 // window group's new ranges start where src's do (every unit src still holds below
 // n) rather than at the unit that holds FirstLive(n): what a prefix cache entry
 // keeps of an inserted sequence; and below, when not nil, gives the whole units
-// under those that another holder of the same tokens holds (shareGroupsFrom).
-func (c *Cache) sequenceOn(src *Sequence, n int, held bool, below *Sequence) (*Sequence, error) {
+// under those that another holder of the same tokens holds (shareGroupsFrom); st says
+// where its recurrent states come from.
+func (c *Cache) sequenceOn(src *Sequence, n int, held bool, below *Sequence, st stateSrc) (*Sequence, error) {
 	s, err := c.newSequence()
 	if err != nil {
 		return nil, err
 	}
 	fulls, firstHeld := make([]int, len(c.groups)), make([]int, len(c.groups))
-	if err := c.shareGroupsFrom(s.bufs, src.bufs, src.helds(), n, fulls, firstHeld, held, below); err != nil {
+	if err := c.shareGroupsFrom(s.bufs, src.bufs, src.helds(), n, fulls, firstHeld, held, below, st); err != nil {
 		return nil, errors.Join(err, c.abandon(s))
 	}
 	s.startShared(n, fulls, firstHeld)

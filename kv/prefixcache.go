@@ -132,6 +132,11 @@ type PrefixCache struct {
 	evictedBytes  int64
 	evictions     int64
 	entries       int
+	// Recurrent-state checkpoints (prefixcache_checkpoint.go): the bytes and number
+	// of those entries hold (ckBytes is part of cachedBytes), and the bytes of those
+	// live sequences alone hold.
+	ckBytes, ckPending int64
+	ckCount            int
 }
 
 // PrefixCacheStats is a snapshot of a PrefixCache. Counters are in tokens where their
@@ -143,7 +148,8 @@ type PrefixCacheStats struct {
 	// InsertedTokens is the tokens Insert added to the index.
 	InsertedTokens int64
 	// EvictedTokens is the tokens eviction took out of the index; Evictions the
-	// granule indexes it dropped from entries, EvictedBytes the physical bytes that
+	// granule indexes (and recurrent-state checkpoints) it dropped from entries,
+	// EvictedBytes the physical bytes that
 	// came back by it (granules no live sequence still mapped), to the pool or to a
 	// new sequence that took over an evicted entry's ranges.
 	EvictedTokens int64
@@ -160,6 +166,17 @@ type PrefixCacheStats struct {
 	// Tiers is each of PrefixCacheOptions.Tiers' counts, in its order; nil without
 	// tiers. Hits counts the tokens they gave too.
 	Tiers []TierStats
+	// Checkpoints is the recurrent-state checkpoints (Sequence.Checkpoint) the
+	// entries hold, each once however many hold it, and CheckpointBytes their
+	// physical bytes: part of CachedBytes (and of PinnedBytes where a live sequence
+	// holds one too). 0 on a model without recurrent groups.
+	Checkpoints     int
+	CheckpointBytes int64
+	// PendingCheckpointBytes is the bytes of the checkpoints that live sequences
+	// alone hold (recorded and not inserted yet, or started on by a hit of an entry
+	// that has left the index since): not part of CachedBytes, never evicted, gone
+	// with those sequences or held by an entry once one of them is inserted.
+	PendingCheckpointBytes int64
 }
 
 // HitRate returns Hits over Queries (0 before any query), in tokens: the figure a
@@ -190,10 +207,18 @@ func (s PrefixCacheStats) HitRate() float64 {
 // window units first, then entries' last units as on one group, events tell each
 // group's blocks apart (a window group's those its entries' window units hold: see
 // BlocksStored and events_groups.go), and tiers are refused with ErrConfig (a tier's
-// block is one group's). A Model with a Recurrent group will never have one: a state
-// is a function of every token before it, so a hit of n tokens would need the state
-// after exactly n, recorded at every point a later prompt may branch; prefix caching
-// of a state is out of scope, and the error says so.
+// block is one group's). A Model with Recurrent groups beside groups that keep tokens
+// (Qwen3-Next, Nemotron-H, Jamba, Granite-4.0-H) has one too, of checkpoints (see
+// prefixcache_checkpoint.go): a state is a function of every token before it, so the
+// server records copies of the states where its prefill reaches a point a later prompt
+// may start on (Sequence.Checkpoint: a block boundary, the end of a system prompt or
+// of a turn), Insert keeps those at or below the inserted tokens beside the full and
+// window groups' units, and a hit of m tokens starts on the latest checkpoint at or
+// below m where the window rule holds, its states copied into the new sequence; with
+// none, the hit is 0. Checkpoints are cached memory (PrefixCacheStats.CheckpointBytes)
+// that eviction takes back, the older ones of an entry first, once an Insert handed
+// them to an entry. A Model of Recurrent
+// groups alone has none (ErrConfig): there is no token to map.
 func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil cache", ErrConfig)
@@ -201,7 +226,7 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	if !c.sharer {
 		return nil, fmt.Errorf("%w: a prefix cache maps cached prefixes into sequences", ErrNoSharing)
 	}
-	if err := c.prefixable("a prefix cache"); err != nil {
+	if err := c.prefixCacheable(); err != nil {
 		return nil, err
 	}
 	if c.multi && len(opts.Tiers) > 0 {
@@ -288,13 +313,14 @@ func (pc *PrefixCache) LookupIn(ns Namespace, tokens []int32) (*Sequence, int, e
 // hit is what a lookup found in the index (find), for the steps that map from it
 // (start) and settle its books (settle).
 type hit struct {
-	m      int        // tokens matched
-	e      *pcEntry   // the entry to map from (busy while the lookup maps), or nil
-	l      *pcLive    // the new sequence's holdings of e's granules, or nil
-	spare  *Sequence  // on a miss, an evicted entry's ranges for the new sequence
-	sparWB *tierWrite // what of spare to write down into the tiers first, or nil
-	spared evictTally // what taking spare evicted
-	lazy   bool       // e was lazy when found: its origin's ranges hold the tokens
+	m      int         // tokens matched
+	e      *pcEntry    // the entry to map from (busy while the lookup maps), or nil
+	l      *pcLive     // the new sequence's holdings of e's granules, or nil
+	spare  *Sequence   // on a miss, an evicted entry's ranges for the new sequence
+	sparWB *tierWrite  // what of spare to write down into the tiers first, or nil
+	spared evictTally  // what taking spare evicted
+	lazy   bool        // e was lazy when found: its origin's ranges hold the tokens
+	ck     *checkpoint // with recurrent groups: the states to start on (l holds it)
 }
 
 // lookup is one try of Lookup: errEntryGone when the entry it matched left the
@@ -341,6 +367,7 @@ func (pc *PrefixCache) find(ns Namespace, tokens []int32) (hit, error) {
 			h.e.busy++
 			h.l = pc.hitLive(h.e, m)
 			h.l.ns, h.l.bound = ns, true
+			h.ck = pc.hitCheckpoints(h.l, h.e, m)
 		}
 		return h, nil
 	}
@@ -406,7 +433,7 @@ func (pc *PrefixCache) start(h hit) (*Sequence, error) {
 		// The entry left the index with its origin's ranges: nothing to map from.
 		return nil, errEntryGone
 	}
-	return pc.startFrom(own, h.m, true)
+	return pc.startFromBelow(own, h.m, true, nil, h.ck)
 }
 
 // settle ends a lookup under pc.mu: the entry is no longer busy (closed now if it
@@ -631,6 +658,7 @@ func (pc *PrefixCache) Stats() PrefixCacheStats {
 		Queries: pc.queries, Hits: pc.hits, InsertedTokens: pc.inserted,
 		EvictedTokens: pc.evictedTokens, Evictions: pc.evictions, EvictedBytes: pc.evictedBytes,
 		Entries: pc.entries, CachedBytes: pc.cachedBytes,
+		Checkpoints: pc.ckCount, CheckpointBytes: pc.ckBytes, PendingCheckpointBytes: pc.ckPending,
 	}
 	st.PinnedBytes = pc.pinnedLocked()
 	st.CachedTokens = pc.tree.Tokens()

@@ -222,6 +222,13 @@ func (pc *PrefixCache) evictGroupStep(mode evictMode, need int64) (int64, *pcEnt
 		}
 	}
 	for _, frees := range modes {
+		// Recurrent groups: checkpoints below an entry's latest that no other holds
+		// (see prefixcache_checkpoint.go).
+		if leaf := pc.lruOf(func(l *radix.Node[*pcEntry]) bool { return pc.ckTrimGain(l, frees) > 0 }); leaf != nil {
+			return pc.trimCheckpoints(leaf, frees), nil, true
+		}
+	}
+	for _, frees := range modes {
 		if leaf := pc.lruOf(func(l *radix.Node[*pcEntry]) bool { return pc.tailFree(l, frees) }); leaf != nil {
 			freed, gone := pc.shrinkGroups(leaf, need, frees)
 			return freed, gone, true
@@ -261,6 +268,9 @@ func (pc *PrefixCache) cutTo(e *pcEntry, n int) int {
 	nd := 0
 	for gi := range pc.c.groups {
 		g := &pc.c.groups[gi]
+		if g.state > 0 {
+			continue // no units: an entry holds checkpoints
+		}
 		if k := g.unitsFor(n); k > 0 {
 			nd = max(nd, g.tokensIn(k-1))
 		}
@@ -305,12 +315,19 @@ func (pc *PrefixCache) shrinkGroups(leaf *radix.Node[*pcEntry], need int64, free
 		}
 		nd, got = next, got+gain
 	}
+	if pc.c.recurrent() && nd < n {
+		// No hit starts past the latest checkpoint: cut to it.
+		nd = pc.servedBy(e, nd)
+	}
 	if nd == n || nd <= p.Depth() || !pc.holdsWindow(e, nd) {
 		return pc.evictLeaf(leaf)
 	}
 	es := e.seq
 	for gi := range pc.c.groups {
 		g := &pc.c.groups[gi]
+		if g.state > 0 {
+			continue
+		}
 		if err := es.resizeList(g.ranges(es.bufs), max(g.extent(nd), es.bufs[g.first].Start())); err != nil {
 			// NB: the entry leaves the index whole, its ranges as they are.
 			pc.evictedTokens += int64(leaf.Depth() - p.Depth())
@@ -318,9 +335,12 @@ func (pc *PrefixCache) shrinkGroups(leaf *radix.Node[*pcEntry], need int64, free
 			return pc.evict(e)
 		}
 	}
-	var freed int64
+	freed := pc.dropFrom(e, nd)
 	for gi := range pc.c.groups {
 		g := &pc.c.groups[gi]
+		if g.state > 0 {
+			continue
+		}
 		sg := &e.segs[gi]
 		k := min(max(g.unitsFor(nd), sg.from), sg.end())
 		for _, r := range sg.refs[k-sg.from:] {
@@ -507,4 +527,48 @@ func (pc *PrefixCache) storingVictim() <-chan struct{} {
 		return t.storing[leaf.Value()]
 	}
 	return nil
+}
+
+// ckTrimGain returns the bytes that leaf's entry would give back by its checkpoints
+// below its latest that it alone holds (and, with frees, no live sequence): 0 under a
+// pin. pc.mu is held.
+func (pc *PrefixCache) ckTrimGain(leaf *radix.Node[*pcEntry], frees bool) int64 {
+	e := leaf.Value()
+	if len(e.ckpts) < 2 || pinnedAbove(leaf) {
+		return 0
+	}
+	var gain int64
+	for _, ck := range e.ckpts[:len(e.ckpts)-1] {
+		if trimmable(ck, frees) {
+			gain += ck.bytes
+		}
+	}
+	return gain
+}
+
+// trimmable reports whether an entry may let ck go in an eviction step: it alone
+// holds it, and, with frees, no live sequence does.
+func trimmable(ck *checkpoint, frees bool) bool {
+	return ck.entries == 1 && (!frees || ck.live == 0)
+}
+
+// trimCheckpoints lets leaf's entry's checkpoints below its latest go that ckTrimGain
+// counts, and returns the bytes that came back. pc.mu is held.
+func (pc *PrefixCache) trimCheckpoints(leaf *radix.Node[*pcEntry], frees bool) int64 {
+	e := leaf.Value()
+	last := len(e.ckpts) - 1
+	kept := e.ckpts[:0]
+	var freed int64
+	for i, ck := range e.ckpts {
+		if i < last && trimmable(ck, frees) {
+			freed += pc.ckRef(ck, -1, 0)
+			pc.evictions++
+			continue
+		}
+		kept = append(kept, ck)
+	}
+	clear(e.ckpts[len(kept):])
+	e.ckpts = kept
+	pc.evictedBytes += freed
+	return freed
 }

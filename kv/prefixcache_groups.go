@@ -7,11 +7,12 @@ import (
 	"github.com/vmarena/vmarena/internal/radix"
 )
 
-// The prefix cache on a model of several layer groups (Cache.multi without a
-// recurrent group: window groups beside full or MLA ones, as gpt-oss, Gemma-3 and
-// Llama-4 have). Each group lies on ranges of its own with sharing units of its own,
-// so an entry, and every live holder, refers to each group's units by references of
-// that group (unitSeg, granuleRef.grp): a window group's from the first unit it holds.
+// The prefix cache on a model of several layer groups (Cache.multi: window groups
+// beside full or MLA ones, as gpt-oss, Gemma-3 and Llama-4 have; recurrent groups,
+// which add checkpoints: prefixcache_checkpoint.go). Each group lies on ranges of its
+// own with sharing units of its own, so an entry, and every live holder, refers to
+// each group's units by references of that group (unitSeg, granuleRef.grp): a window
+// group's from the first unit it holds.
 //
 // The hit rule is the window rule (see the package doc; group.serves): a hit of m
 // tokens needs the full groups' first m tokens and each window group's tokens that
@@ -52,11 +53,20 @@ func (pc *PrefixCache) holdsWindow(e *pcEntry, m int) bool {
 
 // servedBy returns the most tokens m' <= m that a hit on e may take under the window
 // rule: every window group of e's holds what a step at m' reads (group.lastServed,
-// group after group until all agree). pc.mu is held.
+// group after group until all agree), and, on a model with recurrent groups, e holds
+// a checkpoint at m' (checkpointServed). pc.mu is held.
 func (pc *PrefixCache) servedBy(e *pcEntry, m int) int {
 	if e.seq == nil {
 		return 0
 	}
+	if pc.c.recurrent() {
+		return pc.checkpointServed(e, m)
+	}
+	return pc.windowServed(e, m)
+}
+
+// windowServed is servedBy under the window rule alone. pc.mu is held.
+func (pc *PrefixCache) windowServed(e *pcEntry, m int) int {
 	for {
 		was := m
 		for gi := range pc.c.groups {
@@ -154,8 +164,12 @@ func (pc *PrefixCache) insertGroups(ns Namespace, s *Sequence, tokens []int32) (
 	}
 	m, node := pc.tree.PeekFrom(pc.space(ns, false), tokens)
 	if m == n {
-		// Every token is in the index already: left as it is, marked used.
+		// Every token is in the index already: left as it is, marked used; an entry
+		// that holds them keeps s's checkpoints among them.
 		pc.tree.Touch(node)
+		if s.pcl != nil && n > 0 {
+			pc.handCheckpoints(pc.tree.Cover(node).Value(), s.pcl, n)
+		}
 		return nil, nil
 	}
 	// Close waits for it: it maps from an entry (below) that Close would close.
@@ -175,7 +189,7 @@ func (pc *PrefixCache) insertGroups(ns Namespace, s *Sequence, tokens []int32) (
 	for gi := range frozen {
 		frozen[gi] = *s.frozenOf(gi)
 	}
-	es, err := pc.startFromBelow(s, n, false, bs)
+	es, err := pc.startFromBelow(s, n, false, bs, nil)
 	if err == nil {
 		fulls := make([]int, len(pc.c.groups))
 		for gi := range fulls {
@@ -240,6 +254,9 @@ func (pc *PrefixCache) insertGroups(ns Namespace, s *Sequence, tokens []int32) (
 	pc.inserted += int64(n - m)
 	for gi := range pc.c.groups {
 		g := &pc.c.groups[gi]
+		if g.state > 0 {
+			continue // the entry holds checkpoints (below), no state of its own
+		}
 		// What s maps of the cache's units is below its frozen bytes; the rest
 		// are s's own, which the entry now maps too.
 		l.trim(gi, 0, frozen[gi]/g.unit)
@@ -269,11 +286,13 @@ func (pc *PrefixCache) insertGroups(ns Namespace, s *Sequence, tokens []int32) (
 			pc.ev.from(e, gi, es.gs[gi].held)
 		}
 	}
+	pc.handCheckpoints(e, l, n)
 	if displaced {
 		// The new entry holds the old one's tokens (and its window units, where
-		// they lay under s's): the old one goes. That is no eviction: the tokens
-		// stay cached.
+		// they lay under s's, and its checkpoints): the old one goes. That is no
+		// eviction: the tokens stay cached.
 		pc.ev.displaced(old)
+		pc.holdAll(e, old.ckpts, old.n)
 		e.hits = old.hits
 		if _, d := pc.unhold(old); d != nil {
 			drop = append(drop, d)
@@ -285,4 +304,17 @@ func (pc *PrefixCache) insertGroups(ns Namespace, s *Sequence, tokens []int32) (
 // errNoGroupTiers is NewPrefixCache's refusal of tiers on a cache of several groups.
 func errNoGroupTiers(c *Cache, what string) error {
 	return fmt.Errorf("%w: %s need a model of one full-attention or MLA group (a tier's block is one group's); model %q has %s", ErrConfig, what, c.cfg.Model.Name, groupKinds(c.cfg.Model))
+}
+
+// checkpointServed returns the most tokens m' <= m a hit on e may take on a cache with
+// recurrent groups: the latest of e's checkpoints at or below m at which its window
+// groups hold what the step reads (windowServed), or 0. pc.mu is held.
+func (pc *PrefixCache) checkpointServed(e *pcEntry, m int) int {
+	_, i := latest(e.ckpts, m)
+	for ; i >= 0; i-- {
+		if n := e.ckpts[i].n; pc.windowServed(e, n) == n {
+			return n
+		}
+	}
+	return 0
 }

@@ -55,6 +55,9 @@ type pcLive struct {
 	// protected is the bytes at the start of each range that lookups made read-only
 	// in the sequence's own mapping (mu).
 	protected int
+	// ckpts is the checkpoints the sequence holds (it recorded them, or started on
+	// them by a hit), ascending by tokens (pc.mu; see prefixcache_checkpoint.go).
+	ckpts []*checkpoint
 }
 
 // protectFrom makes the first full bytes of each of s's ranges read-only in s's own
@@ -115,6 +118,7 @@ func (l *pcLive) unmapAll() {
 	for gi := range l.segs {
 		l.trim(gi, 0, 0)
 	}
+	l.dropLive(-1)
 }
 
 // newLive returns an empty pcLive of pc: with a unitSeg per group on a cache of
@@ -344,6 +348,7 @@ func (h pcHooks) truncating(s *Sequence, n int, truncate func() (int, error)) er
 	}
 	l.dropPast(s)
 	l.protected = min(l.protected, s.frozen)
+	l.truncatedTo(s.n)
 	return err
 }
 
@@ -439,4 +444,25 @@ func (h pcHooks) evictable() int64 {
 		return pc.evictable()
 	}
 	return 0
+}
+
+// dropLive lets l's checkpoints past n go (a sequence that truncated or closed).
+// pc.mu is held.
+func (l *pcLive) dropLive(n int) {
+	_, i := latest(l.ckpts, n)
+	for _, ck := range l.ckpts[i+1:] {
+		l.pc.ckRef(ck, 0, -1)
+	}
+	clear(l.ckpts[i+1:])
+	l.ckpts = l.ckpts[:i+1]
+}
+
+// truncatedTo lets the checkpoints of s past its n tokens go, after a Truncate.
+func (l *pcLive) truncatedTo(n int) {
+	if len(l.ckpts) == 0 || l.ckpts[len(l.ckpts)-1].n <= n {
+		return
+	}
+	l.pc.mu.Lock()
+	l.dropLive(n)
+	l.pc.mu.Unlock()
 }

@@ -134,6 +134,9 @@ type pcEntry struct {
 	stored int
 	// then is another entry to close after this one, or nil.
 	then *pcEntry
+	// ckpts is, on a model with recurrent groups, the checkpoints it holds, ascending
+	// by tokens (see prefixcache_checkpoint.go).
+	ckpts []*checkpoint
 }
 
 // state returns the entry's state. pc.mu is held.
@@ -226,7 +229,10 @@ func (pc *PrefixCache) unhold(e *pcEntry) (int64, *pcEntry) {
 			freed += pc.release(g)
 		}
 	}
-	e.grefs, e.segs = nil, nil
+	for _, ck := range e.ckpts {
+		freed += pc.ckRef(ck, -1, 0)
+	}
+	e.grefs, e.segs, e.ckpts = nil, nil, nil
 	e.closed = true
 	e.origin, e.tail = nil, nil // a lazy entry refers to nothing from now on
 	pc.entries--
@@ -286,7 +292,7 @@ func (pc *PrefixCache) evictLeaf(leaf *radix.Node[*pcEntry]) (int64, *pcEntry) {
 	pc.tree.Remove(leaf)
 	pc.ev.cut(e, p.Depth(), true)
 	pc.evictedTokens += int64(depth - p.Depth())
-	pc.evictions += int64(e.refs())
+	pc.evictions += int64(e.refs() + len(e.ckpts))
 	return pc.evict(e)
 }
 
@@ -347,4 +353,52 @@ func (pc *PrefixCache) removeDamaged(e *pcEntry) {
 		p = pc.tree.Remove(p)
 	}
 	pc.ev.cut(e, p.Depth(), true)
+}
+
+// ckRef adds de to the entries and dl to the live sequences that hold ck, moves its
+// bytes between the counts of its states (see above) and, when nothing holds it any
+// more, closes its ranges. It returns the bytes that came back so. pc.mu is held.
+func (pc *PrefixCache) ckRef(ck *checkpoint, de, dl int32) int64 {
+	wasCached, wasPending := ck.entries > 0, ck.entries == 0 && ck.live > 0
+	ref(&ck.entries, de)
+	ref(&ck.live, dl)
+	cached, pending := ck.entries > 0, ck.entries == 0 && ck.live > 0
+	if wasCached != cached {
+		d := ck.bytes
+		if !cached {
+			d = -d
+		}
+		pc.cachedBytes += d
+		pc.ckBytes += d
+		if cached {
+			pc.ckCount++
+		} else {
+			pc.ckCount--
+		}
+	}
+	if wasPending != pending {
+		if pending {
+			pc.ckPending += ck.bytes
+		} else {
+			pc.ckPending -= ck.bytes
+		}
+	}
+	if cached || pending || ck.bufs == nil {
+		return 0
+	}
+	// NB: what can not be given back now the cache keeps, and retries on Close.
+	pc.c.release(ck.bufs)
+	ck.bufs = nil
+	return ck.bytes
+}
+
+// latest returns the last of cks (ascending by n) at or below n, and its index, or
+// nil and -1.
+func latest(cks []*checkpoint, n int) (*checkpoint, int) {
+	for i := len(cks) - 1; i >= 0; i-- {
+		if cks[i].n <= n {
+			return cks[i], i
+		}
+	}
+	return nil, -1
 }

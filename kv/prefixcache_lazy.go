@@ -265,19 +265,28 @@ func (l *pcLive) handOver(s *Sequence) ([]buffer, bool) {
 // (shareBudget, evicting). An inserted sequence's shared bytes become frozen (WriteToken
 // refuses them).
 func (pc *PrefixCache) startFrom(src *Sequence, n int, entry bool) (*Sequence, error) {
-	return pc.startFromBelow(src, n, entry, nil)
+	return pc.startFromBelow(src, n, entry, nil, nil)
 }
 
 // startFromBelow is startFrom with the whole window units under src's that below's
-// ranges hold (see shareGroupsFrom), for an entry made from an inserted sequence.
-func (pc *PrefixCache) startFromBelow(src *Sequence, n int, entry bool, below *Sequence) (*Sequence, error) {
-	if err := pc.c.shareBudget(n); err != nil {
+// ranges hold (see shareGroupsFrom), for an entry made from an inserted sequence. On
+// a model with recurrent groups a lookup's sequence (entry) gets the states of ck, a
+// checkpoint at n, and an entry none (it holds checkpoints apart).
+func (pc *PrefixCache) startFromBelow(src *Sequence, n int, entry bool, below *Sequence, ck *checkpoint) (*Sequence, error) {
+	need, st := pc.c.shareNeed(n), stateSrc{}
+	if pc.c.recurrent() {
+		st = stateSrc{ck: ck, none: ck == nil}
+		if ck == nil {
+			need -= pc.c.stateNeed(n)
+		}
+	}
+	if err := pc.c.needBudget(need); err != nil {
 		return nil, err
 	}
 	return evicting(pc.c, func() (*Sequence, error) {
 		// An entry made from an inserted sequence (not entry) keeps every unit of
 		// it a window group still holds; a lookup's sequence, from its window on.
-		q, err := pc.c.sequenceOn(src, n, !entry, below)
+		q, err := pc.c.sequenceOn(src, n, !entry, below, st)
 		if err == nil && !entry {
 			for gi := range pc.c.groups {
 				f := src.frozenOf(gi)

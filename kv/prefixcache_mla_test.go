@@ -148,9 +148,9 @@ func TestPrefixCacheMLAEvicts(t *testing.T) {
 	})
 }
 
-// TestPrefixCacheGroupsRefused: a model of window groups beside full ones has no
-// tiers or events yet and one with a recurrent group no prefix cache, ever: each is
-// refused with ErrConfig, saying what the model has and what is needed, and the
+// TestPrefixCacheGroupsRefused: a model of window groups beside full ones, or of
+// recurrent groups beside them (a prefix cache of checkpoints), has no tiers yet: each
+// is refused with ErrConfig, saying what the model has and what is needed, and the
 // cache stays usable.
 func TestPrefixCacheGroupsRefused(t *testing.T) {
 	hybrid := kv.Model{Name: "tiny-gpt-oss", Layers: 2, Groups: []kv.Group{
@@ -168,7 +168,7 @@ func TestPrefixCacheGroupsRefused(t *testing.T) {
 		says string
 	}{
 		{"tiers beside windows", hybrid, kv.PrefixCacheOptions{Tiers: []kv.Tier{tiertest.NewMap(1 << 20)}}, "tiers need a model of one full-attention or MLA group"},
-		{"recurrent", recurrent, kv.PrefixCacheOptions{}, "recurrent"},
+		{"tiers beside recurrent groups", recurrent, kv.PrefixCacheOptions{Tiers: []kv.Tier{tiertest.NewMap(1 << 20)}}, "2 groups (recurrent, full)"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			e := openEnv(t, onShared, withConfig(kv.Config{Model: tt.m, MaxTokens: 256}))

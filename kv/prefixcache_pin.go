@@ -62,6 +62,7 @@ func (p *PrefixPin) Release() {
 // not take now: mapped by a live sequence or under a pin. pc.mu is held.
 func (pc *PrefixCache) pinnedLocked() int64 {
 	pinned := map[*granuleRef]struct{}{}
+	var cks map[*checkpoint]struct{}
 	pc.tree.EachLeaf(func(leaf *radix.Node[*pcEntry]) bool {
 		for _, g := range leaf.Value().grefs {
 			if g.live > 0 {
@@ -69,6 +70,14 @@ func (pc *PrefixCache) pinnedLocked() int64 {
 			}
 		}
 		under := pinnedAbove(leaf) // several groups: eviction takes no unit of it
+		for _, ck := range leaf.Value().ckpts {
+			if ck.live > 0 || under {
+				if cks == nil {
+					cks = map[*checkpoint]struct{}{}
+				}
+				cks[ck] = struct{}{}
+			}
+		}
 		for _, sg := range leaf.Value().segs {
 			for _, g := range sg.refs {
 				if g.live > 0 || under {
@@ -95,6 +104,9 @@ func (pc *PrefixCache) pinnedLocked() int64 {
 	var bytes int64
 	for g := range pinned {
 		bytes += pc.ubytes[g.grp]
+	}
+	for ck := range cks {
+		bytes += ck.bytes
 	}
 	return bytes
 }

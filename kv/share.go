@@ -134,18 +134,28 @@ func setAccess(bufs []buffer, off, n int, prot backing.Protection) error {
 // sake, its tokens below n copied only where src still commits them (the new holder
 // holds none of them: heldOn).
 func (c *Cache) shareGroups(dst, src []buffer, srcHeld []int, n int, fulls, held []int) error {
-	return c.shareGroupsFrom(dst, src, srcHeld, n, fulls, held, false, nil)
+	return c.shareGroupsFrom(dst, src, srcHeld, n, fulls, held, false, nil, stateSrc{})
 }
 
 // shareGroupsFrom is shareGroups; with keep, a window group's dst ranges start where
 // its src ranges do where that is at or below its dropOff(n), and where below
 // (another holder of src's first below.n tokens, or nil) holds whole units of a
-// window group under that, up to it, those are mapped from below first.
-func (c *Cache) shareGroupsFrom(dst, src []buffer, srcHeld []int, n int, fulls, held []int, keep bool, below *Sequence) error {
+// window group under that, up to it, those are mapped from below first. A recurrent
+// group's states come from st (see stateSrc): src's, a checkpoint's, or none.
+func (c *Cache) shareGroupsFrom(dst, src []buffer, srcHeld []int, n int, fulls, held []int, keep bool, below *Sequence, st stateSrc) error {
 	for gi := range c.groups {
 		g := &c.groups[gi]
 		full, size, lo := g.shareable(n), g.extent(n), g.dropOff(n)
 		d, sr := g.ranges(dst), g.ranges(src)
+		if g.state > 0 {
+			if done, err := st.copyIn(g, d, n); done || err != nil {
+				fulls[gi] = 0
+				if err != nil {
+					return err
+				}
+				continue
+			}
+		}
 		var bl []buffer
 		if keep && g.windowed() && sr[0].Start() <= lo {
 			// Where src holds nothing below n that the step at n reads and its window

@@ -60,8 +60,8 @@ import "fmt"
 // group and unit (prefixcache_groups.go), with events per group but without tiers
 // there. Map-ahead
 // works on every group that holds tokens, each with a run of its own (see ahead.go),
-// and leaves recurrent states out. A model with a Recurrent group never will have a
-// prefix cache.
+// and leaves recurrent states out. A model with a Recurrent group has a prefix cache
+// of checkpoints, states the server records (prefixcache_checkpoint.go).
 
 // dropOff returns the byte offset below which g's ranges hold only tokens a sequence
 // of n tokens no longer reads: the start of the sharing unit (block, or granule)

@@ -205,7 +205,13 @@ state, and fails on a wrong byte. The prefix-cache replay (-trace mooncake) runs
 models of window groups beside full or MLA ones, under kv's hybrid rule (a hit of n
 tokens needs each window group's last window before n), without tiers; its ideal is
 an unbounded cache's, which the rule does not lower there (kv's entries keep every
-window unit their prompts held).
+window unit their prompts held). On a model with recurrent groups
+(qwen3-next-80b-a3b) the prefill records the states at each 512-token block boundary,
+the trace's hash blocks (kv.Sequence.Checkpoint), and inserts the prompt so far
+there, and a hit starts on the latest such checkpoint it reaches; the replay then
+runs the model's full-attention layers alone at the same budget (a prefix cache with
+no checkpoint to keep) and prints the ratio of the hit rates and the checkpoints'
+bytes.
 
 Element types: -kv-dtype fp8 (OCP E4M3; fp8-e5m2, q8_0, fp16, bf16) stores every
 strategy's KV in that type instead of the preset's (a recurrent state keeps the

@@ -20,6 +20,7 @@ var prefixColors = map[string]color.RGBA{
 	namePrefixTiers:        {R: 204, G: 121, B: 167, A: 255},
 	namePrefixTiers + "/A": {R: 204, G: 121, B: 167, A: 255},
 	namePrefixTiers + "/B": {R: 86, G: 180, B: 233, A: 255},
+	nameFullLayers:         {R: 213, G: 94, B: 0, A: 255},
 }
 
 // writePrefixPlots draws, over model time, each strategy's physical memory (and what

@@ -85,6 +85,9 @@ type kvPrefix struct {
 	tierList    []kv.Tier
 	tierStores  []func() int64
 	blockTokens int
+	// every is the tokens between recurrent-state checkpoints on a model with
+	// recurrent groups (checkpoints.go); 0 elsewhere.
+	every int
 }
 
 func (k *kvPrefix) Name() string { return k.name }
@@ -279,6 +282,9 @@ func buildPrefixReplica(name string, s setup, replica int) (pstrategy, *accounti
 				}
 				return nil, nil, errors.Join(err, cs.Close())
 			}
+			if hasRecurrent(s.groups) {
+				k.every = MooncakeBlockTokens
+			}
 		}
 		return k, b.gov, nil
 	case namePagedPC:
@@ -372,6 +378,13 @@ type PrefixResult struct {
 	// Causes is, with PrefixWorkload.Causes, what the decode steps paid by cause
 	// (Result.Causes).
 	Causes []CauseClass `json:",omitempty"`
+	// On a model with recurrent groups: the checkpoints the prefills recorded, the
+	// bytes of one, and the bytes the prefix cache's entries held of them at the
+	// peak (sampled after each iteration) and once the load stopped.
+	Checkpoints     int64 `json:",omitempty"`
+	CheckpointSize  int64 `json:",omitempty"`
+	CheckpointPeak  int64 `json:",omitempty"`
+	CheckpointBytes int64 `json:",omitempty"`
 }
 
 // preq is a request during the prefix replay.
@@ -615,6 +628,10 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 	if tiered != nil {
 		res.TierHits = make([]int64, len(tiered.tierStats()))
 	}
+	cp, _ := st.(checkpointer)
+	if cp != nil && cp.checkpointEvery() == 0 {
+		cp = nil
+	}
 	admit := func(q *preq) (int, error) {
 		var s pseq
 		var m int
@@ -624,22 +641,31 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 		}
 		err := timed(func() error {
 			var err error
-			if s, m, err = st.lookup(q.adapter, q.tokens); err != nil {
-				return err
+			s, m, err = st.lookup(q.adapter, q.tokens)
+			return err
+		})
+		if err == nil && w.Verify && cp != nil {
+			// Not timed; before the prefill steps the states on from the hit's.
+			if err = verifyStates(s, q, m, w); err != nil {
+				_ = st.closeSeq(s)
 			}
-			if err = s.Append(len(q.tokens) - m); err == nil {
-				if err = writePrompt(st, s, q, m, fill, scratch, w); err == nil {
+		}
+		if err == nil {
+			err = timed(func() error {
+				made, err := prefillPrompt(st, s, q, m, fill, scratch, w)
+				res.Checkpoints += int64(made)
+				if err == nil {
 					err = st.insert(q.adapter, s, q.tokens)
 					if errors.Is(err, accounting.ErrBudgetExceeded) {
 						err = nil // not cached: the request goes on
 					}
 				}
-			}
-			if err != nil {
-				_ = st.closeSeq(s)
-			}
-			return err
-		})
+				if err != nil {
+					_ = st.closeSeq(s)
+				}
+				return err
+			})
+		}
 		if err == nil && w.Verify {
 			// Not timed: the check is the replay's, not the memory layer's.
 			err = verifyHit(st, s, q, m, w, scratch)
@@ -796,6 +822,9 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 			hr = float64(res.Hits) / float64(res.Queries)
 		}
 		res.Samples = append(res.Samples, PrefixSample{At: now, Physical: phys, Cached: cached, HitRate: hr})
+		if cp != nil {
+			res.CheckpointPeak = max(res.CheckpointPeak, cp.checkpoints())
+		}
 	}
 	res.Makespan = now
 	_, res.PeakPhysical = st.physical()
@@ -807,6 +836,9 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 	res.After, _ = st.physical()
 	res.Trimmed = st.trim()
 	res.CachedAfter, res.FloorAfter = st.cached()
+	if cp != nil {
+		res.CheckpointBytes, res.CheckpointSize = cp.checkpoints(), cp.checkpointSize()
+	}
 	if tiered != nil {
 		res.Tiers = tiered.tierStats()
 		res.ForeignLoads = tiered.foreignLoads()
@@ -1033,8 +1065,26 @@ func runPrefix(ctx context.Context, c *config, s setup, names []string, w Prefix
 	if stopped || len(results) == 0 {
 		return 1
 	}
+	if hasRecurrent(s.groups) && slices.Contains(names, namePrefixOn) {
+		// The same trace and budget on the model's full-attention layers alone: what
+		// a prefix cache finds without checkpoints.
+		fs, fw := fullLayersAlone(s, w, *s.groups)
+		fmt.Fprintf(stdout, "%s ...", nameFullLayers)
+		res, err := replayPrefixOne(ctx, namePrefixOn, fs, fw)
+		res.Strategy = nameFullLayers
+		fmt.Fprintf(stdout, " %v\n", res.Wall.Round(time.Millisecond))
+		if err != nil {
+			fmt.Fprintf(stderr, "kvcache: %s: %v\n", nameFullLayers, err)
+			failed = true
+		} else {
+			results = append(results, res)
+		}
+	}
 	fmt.Fprintln(stdout)
 	printPrefixTable(stdout, results)
+	if hasRecurrent(s.groups) {
+		printCheckpointLine(stdout, results, MooncakeBlockTokens)
+	}
 	if w.Adapters > 1 {
 		fmt.Fprintln(stdout)
 		printAdapterTable(stdout, results, w.Adapters)

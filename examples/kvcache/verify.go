@@ -49,19 +49,19 @@ func tokenBytes(dst []byte, h uint64, layer, v int) {
 	}
 }
 
-// writePrompt writes q's prompt tokens from m on into s: the constant fill, or with
+// writePrompt writes q's prompt tokens [m, to) into s: the constant fill, or with
 // w.Verify each token's own bytes, made in scratch, layer by layer as
 // writeLayerMajor does.
-func writePrompt(st pstrategy, s pseq, q *preq, m int, fill, scratch []byte, w PrefixWorkload) error {
+func writePrompt(st pstrategy, s pseq, q *preq, m, to int, fill, scratch []byte, w PrefixWorkload) error {
 	if !w.Verify {
-		return st.write(s, m, len(q.tokens), fill)
+		return st.write(s, m, to, fill)
 	}
 	if q.prefix == nil {
 		q.prefix = q.adapter.prefixHashes(q.tokens)
 	}
 	for l := range w.Layers {
 		kinds, tb := layerOf(w.Plan, l, len(scratch))
-		for t := max(m, firstHeld(s, l)); t < len(q.tokens); t++ {
+		for t := max(m, firstHeld(s, l)); t < to; t++ {
 			for _, v := range kinds {
 				tokenBytes(scratch[:tb], q.prefix[t], l, int(v))
 				if err := st.writeToken(s, l, int(v), t, scratch[:tb]); err != nil {
