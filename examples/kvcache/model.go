@@ -59,8 +59,6 @@ func modelNames() string {
 func (c *config) groupsOnly(m *kv.Model, names []string) ([]string, []string, error) {
 	kinds := groupKinds(*m)
 	switch {
-	case c.rounds > 0:
-		return nil, nil, fmt.Errorf("-model %s (%s): -rounds reports no layer groups; run without it", m.Name, kinds)
 	case c.prefix && slices.ContainsFunc(m.Groups, func(g kv.Group) bool { return g.Kind == kv.Recurrent }):
 		return nil, nil, fmt.Errorf("-model %s (%s): the prefix-cache replay needs kv.PrefixCache, which serves no recurrent group (a state is a function of every token before it)", m.Name, kinds)
 	case c.prefix && c.tiers != "":
@@ -69,7 +67,7 @@ func (c *config) groupsOnly(m *kv.Model, names []string) ([]string, []string, er
 	var notes []string
 	var kept []string
 	for _, n := range names {
-		if n == nameCache || c.prefix && (n == namePrefixOn || n == namePrefixOff) {
+		if base, _ := splitAhead(n); base == nameCache || c.prefix && (base == namePrefixOn || base == namePrefixOff) {
 			kept = append(kept, n)
 			continue
 		}
