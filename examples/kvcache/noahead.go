@@ -4,7 +4,7 @@ import "strings"
 
 // Map-ahead on and off side by side: each vmarena strategy has a twin named with
 // noAheadSuffix ("vmarena-noahead", "vmarena+prefix-cache-noahead") that builds the
-// same cache with map-ahead off, whatever -map-ahead says. No
+// same cache with map-ahead off (kv.Config.NoMapAhead), whatever -map-ahead says. No
 // run has it unless -strategies names it; with -rounds, vmarena's ratio to it is
 // map-ahead on over off, measured in the same rounds, alternating, so that a loaded
 // machine weighs on both alike.
