@@ -12,9 +12,9 @@ import (
 	"github.com/vmarena/vmarena/internal/poll"
 )
 
-// Map-ahead (Config.MapAhead): the granules a growing sequence will commit next are
-// committed into the sequence's own ranges before the step that needs them, off the
-// token path, so that the step which crosses into them makes no backing call and
+// Map-ahead (on by default on a pool; Config.NoMapAhead turns it off): the granules
+// a growing sequence will commit next are committed into the sequence's own ranges
+// before the step that needs them, off the token path, so that the step which crosses into them makes no backing call and
 // takes no lock that a system call holds: it adopts them (arena.Buffer.AdoptAhead,
 // which moves a few fields).
 //

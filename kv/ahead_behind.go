@@ -7,7 +7,7 @@ import (
 	"github.com/vmarena/vmarena/internal/causes"
 )
 
-// The window's give-back off the token path (Config.MapAhead on a Model with
+// The window's give-back off the token path (map-ahead, the default, on a Model with
 // sliding-window or chunked-local groups): the step that moves a window past whole
 // granules leaves them behind (arena.Buffer.LeaveBehind: they leave the ranges with
 // no backing call and stay committed and charged), and the map-ahead worker gives

@@ -16,8 +16,9 @@ import (
 
 // Config says what a Cache holds and how: the argument of New, and of Config.Size and
 // TierNamespace, which answer for a cache before it is made. A server fills one at
-// start-up: Model and MaxTokens always, Authority on a backing charged by buffer
-// (host.Private), MapAhead on a pooling one (host.Shared, cuda).
+// start-up: Model and MaxTokens always, and Authority on a backing charged by buffer
+// (host.Private); on a pooling one (host.Shared, cuda) the cache maps ahead unless
+// NoMapAhead says not to.
 type Config struct {
 	// Model is the model's shape: one group when every layer is full attention of one
 	// shape (Uniform, or a preset such as Llama3_8B), else layer groups
@@ -26,9 +27,9 @@ type Config struct {
 	// window (see the package doc). Each FP8 group may keep scales of its own
 	// (Cache.GroupScales). A cache on a Model of more than one group has a prefix
 	// cache under the hybrid rule but no tiers, of recurrent-state checkpoints with a
-	// recurrent group (NewPrefixCache); MapAhead maps ahead each group that holds tokens and
-	// needs one (New refuses it otherwise with ErrConfig); and a model with a
-	// recurrent group has no Freeze.
+	// recurrent group (NewPrefixCache); map-ahead maps ahead each group that holds
+	// tokens (a model of recurrent groups alone has none: an explicit MapAhead is
+	// refused with ErrConfig); and a model with a recurrent group has no Freeze.
 	Model Model
 	// MaxTokens is the most tokens one sequence may hold. It is reserved as address
 	// space only: a sequence commits memory for the tokens it has.
@@ -56,26 +57,34 @@ type Config struct {
 	// a lookup's load, with the check it failed (Warn). nil logs nothing; nothing
 	// else is logged on Append or Truncate.
 	Logger *slog.Logger
-	// MapAhead commits the granules a growing sequence will commit next into the
-	// sequence's own ranges a few tokens before the append that needs them, on a
-	// goroutine of the cache, so that the append makes no backing call: a decode
-	// step that crosses a block boundary costs what the others do. The granules are
-	// owned and charged like any (PoolStats and the governor show them, and
-	// Stats.Ahead), at most the next block of each layer group of each growing
-	// sequence (a recurrent state is not mapped ahead); Need and
-	// AppendBatch count them as the cache's own, and a growth that needs the budget
-	// takes them back: map-ahead never makes a growth of this cache refused. While
-	// the budget has room (more than 1/16 of the limit free) it also keeps, idle in
-	// the pool, the granules of the block after that, at most 1/32 of the limit,
-	// which any growth takes first. Truncate, Close, ForkAt, Freeze and
-	// PrefixCache.Insert give a sequence's back first. On a Model with sliding-window
-	// or chunked-local groups, the granules a window gives back are the worker's to
-	// decommit too: the step leaves them behind (Stats.Ahead shows them until then),
-	// and a growth that the budget would refuse has them back first. It needs a pooling
-	// backing (host.Shared, cuda) and is ignored on others. It is off by default (the
-	// zero value); a server on a pooling backing should turn it on: a step that
-	// crosses into a new block then pays about a twenty-fifth of its commit
-	// (docs/benchmarks/kv.md, "Map-ahead on or off").
+	// NoMapAhead turns map-ahead off; the zero value leaves it on. Map-ahead commits
+	// the granules a growing sequence will commit next into the sequence's own
+	// ranges a few tokens before the append that needs them, on a goroutine of the
+	// cache (started by the first sequence that grows), so that the append makes no
+	// backing call: a decode step that crosses a block boundary costs what the
+	// others do. The granules are owned and charged like any (PoolStats and the
+	// governor show them, and Stats.Ahead), at most the next block of each layer
+	// group of each growing sequence (a recurrent state is not mapped ahead); Need
+	// and AppendBatch count them as the cache's own, and a growth that needs the
+	// budget takes them back: map-ahead never makes a growth of this cache refused.
+	// While the budget has room (more than 1/16 of the limit free) it also keeps,
+	// idle in the pool, the granules of the block after that, at most 1/32 of the
+	// limit, which any growth takes first. Truncate, Close, ForkAt, Freeze and
+	// PrefixCache.Insert give a sequence's back first. On a Model with
+	// sliding-window or chunked-local groups, the granules a window gives back are
+	// the worker's to decommit too: the step leaves them behind (Stats.Ahead shows
+	// them until then), and a growth that the budget would refuse has them back
+	// first. It needs a pooling backing (host.Shared, cuda); on others there is
+	// nothing to turn off. It is on by default because, measured on every replay of
+	// examples/kvcache, the memory layer's time with it was not above its time
+	// without (docs/benchmarks/step.md, "Map-ahead on or off"); a server turns it
+	// off where it wants no goroutine per cache, or no granule held before a token
+	// needs it.
+	NoMapAhead bool
+	// MapAhead is kept for the callers that set it when map-ahead was off by
+	// default: true asks for what the zero value now gives (NoMapAhead wins), and
+	// is refused with ErrConfig on a model of recurrent groups alone, which has
+	// nothing to map ahead. Cache.Config reports it set where the cache maps ahead.
 	MapAhead bool
 }
 
@@ -117,7 +126,7 @@ type Cache struct {
 	ph atomic.Pointer[prefixHooks] // set by the first PrefixCache (see hooks)
 
 	scales scales // the FP8 scales, made by New and given back by Close
-	ahead  *ahead // nil unless Config.MapAhead on a pool
+	ahead  *ahead // nil where the cache does not map ahead (Config.NoMapAhead, no pool)
 
 	// groups is how each layer group lies (shape is the first's),
 	// layers where each of the model's layers lies; multi is set for a model of more
@@ -137,7 +146,8 @@ type Cache struct {
 //
 // It refuses, with an error matching ErrModel that says what, a model Model.Validate
 // refuses for MaxTokens (a window larger than MaxTokens, an MLA group with V, no
-// layers, ...), and with ErrConfig what such a cache does not have (MapAhead); it
+// layers, ...), and with ErrConfig what such a cache does not have (an explicit
+// MapAhead); it
 // allocates nothing then. It refuses with ErrConfig a device whose
 // budget is 0 bytes (Governor.SetLimit), on which no token could ever be held.
 //
@@ -166,7 +176,8 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	// NB: one MLA group is laid out as one full group is (a latent in place of K
 	// and V), so it takes the one-group paths, the prefix cache's among them.
 	multi := len(groups) > 1 || !groups[0].fullLike()
-	if cfg.MapAhead && !slices.ContainsFunc(groups, func(g group) bool { return g.spec.Kind != Recurrent }) {
+	tokens := slices.ContainsFunc(groups, func(g group) bool { return g.spec.Kind != Recurrent })
+	if cfg.MapAhead && !cfg.NoMapAhead && !tokens {
 		return nil, fmt.Errorf("%w: MapAhead needs a group that holds tokens; model %q has %s", ErrConfig, m.Name, groupKinds(m))
 	}
 	sh := groups[0].shape
@@ -208,7 +219,9 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 	if err := c.newScales(); err != nil {
 		return nil, err
 	}
-	if cfg.MapAhead && pool != nil {
+	// NB: Config reports MapAhead as what the cache does.
+	c.cfg.MapAhead = !cfg.NoMapAhead && tokens && pool != nil
+	if c.cfg.MapAhead {
 		c.ahead = newAhead(c)
 	}
 	return c, nil
@@ -233,8 +246,9 @@ func shareUnit(m Model, layout Layout) int {
 }
 
 // Config returns the cache's configuration, for a caller that sizes or names what
-// the cache holds (Config.Size, TierNamespace). Its Model is a copy: a caller that
-// changes it changes nothing of the cache's.
+// the cache holds (Config.Size, TierNamespace), with MapAhead set where the cache
+// maps ahead. Its Model is a copy: a caller that changes it changes nothing of the
+// cache's.
 func (c *Cache) Config() Config {
 	cfg := c.cfg
 	cfg.Model = cfg.Model.clone()
@@ -406,8 +420,8 @@ type Stats struct {
 	// hold on its own, so the bytes that sharing saves.
 	Shared int64
 	Waste  int64 // Committed - Used: the partly filled granules
-	// Ahead is the bytes that map-ahead (Config.MapAhead) holds outside every
-	// sequence's Committed, owned and charged: committed ahead into growing
+	// Ahead is the bytes that map-ahead (the default; Config.NoMapAhead) holds
+	// outside every sequence's Committed, owned and charged: committed ahead into growing
 	// sequences' ranges and taken by no step yet, and granules of their own that
 	// windows left behind and the worker has not given back yet. A growth that needs the budget
 	// takes both back.

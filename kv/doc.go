@@ -80,8 +80,9 @@
 // the device: [Cache.AppendBatchCtx] and [Sequence.AppendCtx] wait there for the whole
 // step's bytes behind whoever queued first, holding nothing, and are served from the
 // pool's idle granules as from free budget; a plain Append or AppendBatch does not
-// queue. Map-ahead's granules (Config.MapAhead) are charged like any, and a growth
-// takes them back before it would be refused.
+// queue. Map-ahead (on by default on a pooling backing; Config.NoMapAhead turns it
+// off) commits granules that are charged like any, and a growth takes them back
+// before it would be refused.
 //
 // # Concurrency and lock order
 //

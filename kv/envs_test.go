@@ -137,6 +137,12 @@ func withShared(o host.SharedOptions) envOption { return envFunc(func(sp *envSpe
 
 func withCUDA(o cuda.Options) envOption { return envFunc(func(sp *envSpec) { sp.cuda = o }) }
 
+// withDefaultAhead makes the env's caches with map-ahead as the library defaults
+// it (on where the backing pools). Without it, map-ahead is off unless the test's
+// Config asks for it (MapAhead): the tests written when it was off by default count
+// exact books of what the sequences hold.
+var withDefaultAhead envOption = envFunc(func(sp *envSpec) { sp.defaultAhead = true })
+
 // withPrefixCache makes env.pc, a prefix cache of o over env.c.
 func withPrefixCache(o kv.PrefixCacheOptions) envOption {
 	return envFunc(func(sp *envSpec) { sp.pc, sp.pcOpts = true, o })
@@ -158,6 +164,8 @@ type envSpec struct {
 	scaled  bool
 	pc      bool
 	pcOpts  kv.PrefixCacheOptions
+	// defaultAhead: withDefaultAhead
+	defaultAhead bool
 }
 
 // specOf returns the spec opts ask for, on onFake unless one names a backing.
@@ -184,6 +192,8 @@ type env struct {
 	fake   *backingtest.Fake     // the backing, when it is backingtest.Fake
 	// mk makes a cache of cfg on the backing (through the Faulty when there is one).
 	mk func(cfg kv.Config) (*kv.Cache, error)
+	// defaultAhead: the caches map ahead as the library defaults (withDefaultAhead)
+	defaultAhead bool
 	// quiet waits out background work in the backing, so its books can be read.
 	quiet func()
 	// closeBacking closes the backing after the cache; leaks reports what the backing
@@ -240,7 +250,7 @@ func openSpec(t testing.TB, sp envSpec) *env {
 	if k := envGranuleOf(sp.kind) / envGranule; sp.scaled && sp.granule == 0 && k > 1 {
 		sp.cfg.Model, sp.limit = scaledModel(sp.cfg.Model, k), sp.limit*int64(k)
 	}
-	e := &env{name: backingNames[sp.kind], kind: sp.kind, auth: sp.auth, quiet: func() {}, leaks: func() error { return nil }, closeBacking: func() error { return nil }}
+	e := &env{name: backingNames[sp.kind], kind: sp.kind, auth: sp.auth, defaultAhead: sp.defaultAhead, quiet: func() {}, leaks: func() error { return nil }, closeBacking: func() error { return nil }}
 	dev := accounting.HostKey
 	if sp.kind == onCUDA {
 		dev = accounting.GPU(0)
@@ -371,7 +381,13 @@ func (e *env) cache(t testing.TB, cfg kv.Config) *kv.Cache {
 // tryCache returns kv.New of cfg (a zero Model is tiny8) on e's backing: for a
 // test of what New refuses, or one that closes the cache itself (it MUST, before
 // e's finish).
-func (e *env) tryCache(cfg kv.Config) (*kv.Cache, error) { return e.mk(withTiny8(cfg)) }
+func (e *env) tryCache(cfg kv.Config) (*kv.Cache, error) {
+	cfg = withTiny8(cfg)
+	if !e.defaultAhead && !cfg.MapAhead {
+		cfg.NoMapAhead = true // NB: see withDefaultAhead
+	}
+	return e.mk(cfg)
+}
 
 // cacheMaker returns kv.New on b, through a backingtest.Faulty when faulty.
 func cacheMaker[R any, B backing.Backing[R]](b B, faulty bool, faults *faultInjector) func(kv.Config) (*kv.Cache, error) {

@@ -137,6 +137,8 @@ var prefixFairReplay = fairReplay[PrefixResult]{
 		{"memory", unitDuration, func(r PrefixResult) float64 { return float64(r.MemoryTime) }},
 		{"TTFT p50", unitDuration, func(r PrefixResult) float64 { return float64(r.TTFTP50) }},
 		{"TTFT p99", unitDuration, func(r PrefixResult) float64 { return float64(r.TTFTP99) }},
+		{"step p50", unitDuration, func(r PrefixResult) float64 { return float64(r.StepP50) }},
+		{"step p99", unitDuration, func(r PrefixResult) float64 { return float64(r.StepP99) }},
 		{"makespan", unitDuration, func(r PrefixResult) float64 { return float64(r.Makespan) }},
 		{"peak/need", unitTimes, func(r PrefixResult) float64 { return peakOverNeed(r.PeakPhysical, r.PeakNeeded) }},
 		{"hit rate", unitPercent, func(r PrefixResult) float64 {

@@ -251,7 +251,10 @@ strategy's median and range, and the median and range of vmarena's ratio to each
 other strategy, taken within each round: the figures to compare. Among them, cpu is
 the child process's CPU time (user and system), which a loaded machine lengthens
 less than the wall-clock times. It draws no plot and runs no idle tail; it works for
-both replays.
+both replays and on layer groups (the per-group figures are left out). Map-ahead on
+against off: -strategies vmarena,vmarena-noahead,paged (or vmarena+prefix-cache-noahead
+in the prefix-cache replay) adds vmarena with map-ahead off, whatever -map-ahead says,
+and vmarena's ratio to it is on over off, round by round.
 
 Output: live progress, then two tables, a row per strategy.
 Memory:
@@ -313,7 +316,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.populate, "populate", true, "vmarena: make committed granules resident at commit (fewer page faults)")
 	fs.BoolVar(&c.huge, "huge", true, "vmarena, host backings: transparent huge pages where the system allows them and they pay (false: never)")
 	fs.IntVar(&c.poolLow, "pool-low", 0, "vmarena, shared and cuda backings: idle granules the pool keeps ready, refilled off the token path (0: none)")
-	fs.BoolVar(&c.mapAhead, "map-ahead", true, "vmarena, shared and cuda backings: commit the block a growing sequence needs next into its range ahead of the step, so that the step makes no system call (kv.Config.MapAhead)")
+	fs.BoolVar(&c.mapAhead, "map-ahead", !(kv.Config{}).NoMapAhead, "vmarena, shared and cuda backings: commit the block a growing sequence needs next into its range ahead of the step, so that the step makes no system call (kv's default; false sets kv.Config.NoMapAhead); the strategy vmarena-noahead (vmarena+prefix-cache-noahead, ...) is vmarena with it off, to compare in one run")
 	fs.IntVar(&c.poolHigh, "pool-high", 0, "vmarena, shared and cuda backings: most idle granules the pool keeps; those above -pool-low go back to the OS by decay once unused (0: as many as -budget holds, so decay decides; without a budget the larger of -pool-low and 64)")
 	fs.Float64Var(&c.promptScale, "prompt-scale", 1, "multiply every request's prompt tokens by this (a replay of long prompts; prompts past -max-tokens are clipped); CSV traces only")
 	fs.DurationVar(&c.idle, "idle", defaultIdle, "after the load stops, keep sampling memory for this much wall-clock time (a pool's decay runs on the real clock), plotted after the last request (0: not at all)")
@@ -422,6 +425,7 @@ func (c *config) validate() (setup, []string, error) {
 			strategies = append(slices.Clip(strategies), namePrefixTiers)
 		}
 	}
+	strategies = append(slices.Clip(strategies), aheadTwins(strategies)...)
 	for _, n := range strings.Split(c.strategies, ",") {
 		n = strings.TrimSpace(n)
 		ok := false

@@ -61,8 +61,6 @@ func (c *config) groupsOnly(m *kv.Model, names []string) ([]string, []string, er
 	kinds := groupKinds(*m)
 	var notes []string
 	switch {
-	case c.rounds > 0:
-		return nil, nil, fmt.Errorf("-model %s (%s): -rounds reports no layer groups; run without it", m.Name, kinds)
 	case c.prefix && c.tiers != "":
 		return nil, nil, fmt.Errorf("-model %s (%s): -tiers: kv's prefix cache keeps tiers for one-group caches (a tier's block is one group's)", m.Name, kinds)
 	}
@@ -71,7 +69,7 @@ func (c *config) groupsOnly(m *kv.Model, names []string) ([]string, []string, er
 	}
 	var kept []string
 	for _, n := range names {
-		if n == nameCache || c.prefix && (n == namePrefixOn || n == namePrefixOff) {
+		if base, _ := splitAhead(n); base == nameCache || c.prefix && (base == namePrefixOn || base == namePrefixOff) {
 			kept = append(kept, n)
 			continue
 		}

@@ -25,6 +25,8 @@ var strategyColors = map[string]color.RGBA{
 	nameEager:  {R: 213, G: 94, B: 0, A: 255},
 	namePaged:  {R: 0, G: 158, B: 115, A: 255},
 	nameAppend: {R: 204, G: 121, B: 167, A: 255},
+	// vmarena's twin with map-ahead off (noahead.go)
+	nameCache + noAheadSuffix: {R: 86, G: 180, B: 233, A: 255},
 }
 
 // The plot's size, and the share of its width the second panel of a broken axis

@@ -5,6 +5,7 @@ import (
 	"image/color"
 	"image/png"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -21,8 +22,8 @@ func TestStrategyColors(t *testing.T) {
 		colors map[string]color.RGBA
 		names  []string
 	}{
-		{"main replay", strategyColors, allStrategies},
-		{"prefix-cache replay", prefixColors, append(append([]string(nil), prefixStrategies...), namePrefixTiers)},
+		{"main replay", strategyColors, slices.Concat(allStrategies, aheadTwins(allStrategies))},
+		{"prefix-cache replay", prefixColors, slices.Concat(prefixStrategies, []string{namePrefixTiers}, aheadTwins(prefixStrategies))},
 		{"two replicas", prefixColors, []string{namePrefixOn, namePrefixTiers + "/A", namePrefixTiers + "/B"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -20,7 +20,12 @@ var prefixColors = map[string]color.RGBA{
 	namePrefixTiers:        {R: 204, G: 121, B: 167, A: 255},
 	namePrefixTiers + "/A": {R: 204, G: 121, B: 167, A: 255},
 	namePrefixTiers + "/B": {R: 86, G: 180, B: 233, A: 255},
-	nameFullLayers:         {R: 213, G: 94, B: 0, A: 255},
+	// the full-attention layers alone beside a recurrent hybrid (checkpoints.go):
+	// black, the eighth Okabe-Ito colour, so that it differs from every twin below
+	nameFullLayers: {R: 0, G: 0, B: 0, A: 255},
+	// the twins with map-ahead off (noahead.go)
+	namePrefixOn + noAheadSuffix:  {R: 213, G: 94, B: 0, A: 255},
+	namePrefixOff + noAheadSuffix: {R: 240, G: 228, B: 66, A: 255},
 }
 
 // writePrefixPlots draws, over model time, each strategy's physical memory (and what
@@ -70,7 +75,7 @@ func writePrefixPlots(dir, format string, rs []PrefixResult, budget int64) ([]st
 			{mem, downsample(cached), r.Strategy + " cached", true},
 			{hits, downsample(rate), r.Strategy, false},
 		} {
-			if len(line.xy) == 0 || line.dashed && r.Strategy == namePrefixOff {
+			if len(line.xy) == 0 || line.dashed && noPrefixCache(r.Strategy) {
 				continue
 			}
 			l, err := plotter.NewLine(line.xy)

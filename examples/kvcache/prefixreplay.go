@@ -249,7 +249,11 @@ func (p *pagedPrefix) Close() error { return p.p.Close() }
 // one of the replicas of a tiered strategy, numbered from 0 (0 when there is one),
 // each with a cache and a host tier of its own.
 func buildPrefixReplica(name string, s setup, replica int) (pstrategy, *accounting.Governor, error) {
-	switch name {
+	base, off := splitAhead(name)
+	if off {
+		s.mapAhead = false
+	}
+	switch base {
 	case namePrefixOn, namePrefixOff, namePrefixTiers:
 		if name == namePrefixTiers && s.tiers == nil {
 			return nil, nil, errors.New(namePrefixTiers + " needs -tiers")
@@ -275,7 +279,7 @@ func buildPrefixReplica(name string, s setup, replica int) (pstrategy, *accounti
 			opts = s.tiers.options(bt)
 			k.tiers, k.tierList, k.tierStores = bt.close, bt.tiers, bt.stores
 		}
-		if name != namePrefixOff {
+		if base != namePrefixOff {
 			if k.pc, err = kv.NewPrefixCache(cs.c, opts); err != nil {
 				if k.tiers != nil {
 					err = errors.Join(err, k.tiers())
@@ -346,10 +350,14 @@ type PrefixResult struct {
 	Clipped, Preempted            int
 	Queries, Hits, IdealHits      int64 // prompt tokens
 	TTFTP50, TTFTP99              time.Duration
-	Makespan                      time.Duration
-	PeakPhysical, PeakNeeded      int64
-	Waste                         float64 // share of held memory not holding live tokens, over time
-	MemoryTime                    time.Duration
+	// StepP50 and StepP99 are the wall time of one request's decode step in the
+	// memory layer (append one token, write its K and V in every layer), as in
+	// Result: fair timing compares them.
+	StepP50, StepP99         time.Duration
+	Makespan                 time.Duration
+	PeakPhysical, PeakNeeded int64
+	Waste                    float64 // share of held memory not holding live tokens, over time
+	MemoryTime               time.Duration
 	// After the load stopped (every sequence closed): what the strategy holds, what
 	// the pool kept idle and gave back on a trim, and what the prefix cache holds
 	// with its packed floor.
@@ -586,6 +594,7 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 		next, finished     int
 		waiting, running   []*preq
 		ttfts              []time.Duration
+		steps              []time.Duration
 		retry              = true
 		evicting           bool
 		physSum, needSum   float64
@@ -764,6 +773,7 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 				return res, fmt.Errorf("request %d: decode: %w", q.ID, err)
 			}
 			meter.end(dt)
+			steps = append(steps, dt)
 			progressed = true
 			q.done++
 			liveTokens++
@@ -832,6 +842,7 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 		res.Waste = 100 * (1 - needSum/physSum)
 	}
 	res.TTFTP50, res.TTFTP99 = quantile(ttfts, 0.5), quantile(ttfts, 0.99)
+	res.StepP50, res.StepP99 = quantile(steps, 0.5), quantile(steps, 0.99)
 	res.Causes = meter.classes()
 	res.After, _ = st.physical()
 	res.Trimmed = st.trim()

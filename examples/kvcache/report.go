@@ -119,9 +119,10 @@ func readingLine(rs []Result) string {
 	}
 	line := fmt.Sprintf("peak /need is memory held over what the live tokens needed (1.00x is exact): vmarena %.2fx", float64(cache.PeakPhysical)/float64(cache.PeakNeeded))
 	why := map[string]string{
-		nameEager:  "a whole window per request",
-		namePaged:  "blocks of a pool it never shrinks",
-		nameAppend: "slices that double and wait for the GC",
+		nameEager:                 "a whole window per request",
+		namePaged:                 "blocks of a pool it never shrinks",
+		nameAppend:                "slices that double and wait for the GC",
+		nameCache + noAheadSuffix: "map-ahead off",
 	}
 	for _, r := range rs {
 		if r.Strategy != nameCache && r.PeakNeeded > 0 {

@@ -103,10 +103,15 @@ func (s setup) newGovernor(name string, dev accounting.DeviceKey) (*accounting.G
 	return g, g.Authority(name, dev), nil
 }
 
-// build makes the strategy called name.
+// build makes the strategy called name (vmarena's twin with map-ahead off too: see
+// noahead.go).
 func build(name string, s setup) (*built, error) {
+	base, off := splitAhead(name)
+	if off {
+		s.mapAhead = false
+	}
 	dev := accounting.HostKey
-	if name == nameCache && s.backing == "cuda" {
+	if base == nameCache && s.backing == "cuda" {
 		dev = accounting.GPU(0)
 	}
 	gov, auth, err := s.newGovernor(name, dev)
@@ -114,7 +119,7 @@ func build(name string, s setup) (*built, error) {
 		return nil, err
 	}
 	b := &built{gov: gov, dev: dev}
-	switch name {
+	switch base {
 	case nameEager:
 		b.st, err = baseline.NewEager(s.shape(), baseline.EagerOptions{Authority: auth})
 	case namePaged:
@@ -129,7 +134,7 @@ func build(name string, s setup) (*built, error) {
 	case nameAppend:
 		b.st, err = baseline.NewAppend(s.shape(), baseline.AppendOptions{Authority: auth})
 	case nameCache:
-		err = s.buildCache(b, auth)
+		err = s.buildCache(b, auth, name)
 	default:
 		err = fmt.Errorf("unknown strategy %q (known: %s)", name, strings.Join(allStrategies, ", "))
 	}
@@ -144,10 +149,10 @@ func build(name string, s setup) (*built, error) {
 // summaries (Info, Debug) are the report's counters already.
 var warnings = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
-// buildCache puts a kv.Cache on the chosen backing. Only the backing's constructor
-// differs: the cache names no backing type.
-func (s setup) buildCache(b *built, auth *accounting.Authority) error {
-	cfg := kv.Config{Model: s.model, MaxTokens: s.maxTokens, Layout: s.layout, MapAhead: s.mapAhead, Logger: warnings}
+// buildCache puts a kv.Cache on the chosen backing, a strategy called name. Only the
+// backing's constructor differs: the cache names no backing type.
+func (s setup) buildCache(b *built, auth *accounting.Authority, name string) error {
+	cfg := kv.Config{Model: s.model, MaxTokens: s.maxTokens, Layout: s.layout, NoMapAhead: !s.mapAhead, Logger: warnings}
 	if s.groups != nil {
 		cfg.Model = *s.groups
 	}
@@ -186,7 +191,7 @@ func (s setup) buildCache(b *built, auth *accounting.Authority) error {
 		}
 		return fmt.Errorf("backing %s: %w", s.backing, err)
 	}
-	cs := newCacheStrategy(nameCache, c, pool, auth, close)
+	cs := newCacheStrategy(name, c, pool, auth, close)
 	if s.groups != nil {
 		if cs.groups, err = newGroupMeter(c, *s.groups); err != nil {
 			return errors.Join(fmt.Errorf("backing %s: %w", s.backing, err), cs.Close())
