@@ -76,8 +76,6 @@ func Example_quickStart() {
 
 	// A growth the budget can not cover is refused, and nothing is held for it:
 	// preempt a request, or wait (AppendCtx), and step again.
-	// (What it asks and finds free depends on the next block, which the cache
-	// may have committed ahead already: map-ahead.)
 	const more = 1000
 	err = reqs[0].Append(more)
 	var refused *accounting.BudgetError
