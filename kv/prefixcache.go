@@ -189,8 +189,11 @@ func (s PrefixCacheStats) HitRate() float64 {
 // group's last partly filled one at once, as ForkAt does), eviction gives back older
 // window units first, then entries' last units as on one group, events tell each
 // group's blocks apart (a window group's those its entries' window units hold: see
-// BlocksStored and events_groups.go), and tiers are refused with ErrConfig (a tier's
-// block is one group's). A Model with a Recurrent group will never have one: a state
+// BlocksStored and events_groups.go), and tiers store one value per tier block (the
+// least common multiple of the groups' blocks) that carries each group's units of it,
+// under the groups' layout, and a load serves a hit only where every window group
+// holds what the step there reads (prefixcache_tier_groups.go). A Model with a
+// Recurrent group will never have one: a state
 // is a function of every token before it, so a hit of n tokens would need the state
 // after exactly n, recorded at every point a later prompt may branch; prefix caching
 // of a state is out of scope, and the error says so.
@@ -203,9 +206,6 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	}
 	if err := c.prefixable("a prefix cache"); err != nil {
 		return nil, err
-	}
-	if c.multi && len(opts.Tiers) > 0 {
-		return nil, errNoGroupTiers(c, "tiers")
 	}
 	if opts.MaxBytes < 0 {
 		return nil, fmt.Errorf("%w: MaxBytes %d", ErrConfig, opts.MaxBytes)
@@ -619,7 +619,7 @@ func (pc *PrefixCache) closeFirst(leaf *radix.Node[*pcEntry], claimed map[*radix
 	if n == nil {
 		return 0
 	}
-	return n.Depth() / pc.c.tpb
+	return n.Depth() / pc.tiers.bt
 }
 
 // Stats returns a snapshot of the prefix cache (see PrefixCacheStats): a metrics

@@ -20,7 +20,7 @@ func (t *pcTiers) writeThrough(pc *PrefixCache, e *pcEntry) {
 	if t == nil || !t.through || t.sealed || e.closed || e.seq == nil || e.seq.err != nil || !t.keep(e) || t.storing[e] != nil {
 		return
 	}
-	p, ok := t.part(e, e.leaf.Tokens(), e.leaf.Parent().Depth()/t.c.tpb, e.n)
+	p, ok := t.part(e, e.leaf.Tokens(), e.leaf.Parent().Depth()/t.bt, e.n)
 	if !ok {
 		return
 	}

@@ -296,7 +296,9 @@ func (pc *PrefixCache) cutGain(e *pcEntry, nd, n int, frees bool) (int64, bool) 
 func (pc *PrefixCache) shrinkGroups(leaf *radix.Node[*pcEntry], need int64, frees bool) (int64, *pcEntry) {
 	e, p, n := leaf.Value(), leaf.Parent(), leaf.Value().n
 	nd, got := n, int64(0)
-	for got < need && nd > 0 {
+	// With tiers, as on one group, the leaf goes whole where every unit of its own
+	// gives memory back, so that its blocks are written down before its ranges close.
+	for (got < need || pc.tiers != nil) && nd > 0 {
 		// NB: past cuts that give nothing back too (see tailFree).
 		next := pc.cutTo(e, nd)
 		gain, ok := pc.cutGain(e, next, nd, frees)
@@ -361,7 +363,14 @@ func (pc *PrefixCache) keepFrom(e *pcEntry, gi int, frees bool) int {
 	g := &pc.c.groups[gi]
 	sg := e.segs[gi]
 	u := sg.from
-	for end := min(g.dropOff(e.n)/g.unit, sg.end()); u < end; u++ {
+	keep := e.n
+	if pc.tiers != nil {
+		// What the step at the end of its last whole tier block below its last
+		// token reads too: the last block written down serves a lookup of the
+		// entry's own tokens (whose last is never matched) only with it.
+		keep = max(e.n-1, 0) / pc.tiers.bt * pc.tiers.bt
+	}
+	for end := min(g.dropOff(keep)/g.unit, sg.end()); u < end; u++ {
 		if r := sg.refs[u-sg.from]; r.entries != 1 || frees && r.live > 0 {
 			break
 		}

@@ -143,9 +143,13 @@ type TierStats struct {
 // for an origin's ranges, and the counts. Its lock is taken after every other of the
 // package's and guards only the counts.
 type pcTiers struct {
-	c       *Cache
-	tiers   []Tier
-	ns      uint64
+	c     *Cache
+	tiers []Tier
+	ns    uint64
+	// bt is the tokens of a tier's block: the cache's block on one group, the least
+	// common multiple of the groups' on several (grp: prefixcache_tier_groups.go).
+	bt      int
+	grp     *tierGroups
 	hash    *blockhash.Hasher
 	wait    time.Duration
 	slots   chan struct{} // one token per store running
@@ -197,11 +201,13 @@ type pcTiers struct {
 
 // tierPart is a run of whole blocks to write down: blocks [first, last) of the path
 // whose tokens are tokens (at least last blocks of them), of the entry whose tier
-// namespace is ns (spaceNS).
+// namespace is ns (spaceNS); on a cache of several groups, held is the first token
+// each group of the entry held when it was picked.
 type tierPart struct {
 	tokens      []int32
 	first, last int
 	ns          uint64
+	held        []int
 }
 
 // tierWrite is what eviction picked of an entry to write down: its parts, copied out
@@ -233,7 +239,14 @@ func newTiers(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
 		}
 		return nil, nil
 	}
-	if c.cfg.Layout != Blocked || c.nbuf != 1 || c.tpb <= 0 {
+	bt := c.tpb
+	var grp *tierGroups
+	if c.multi {
+		var err error
+		if grp, bt, err = newTierGroups(c); err != nil {
+			return nil, err
+		}
+	} else if c.cfg.Layout != Blocked || c.nbuf != 1 || c.tpb <= 0 {
 		return nil, fmt.Errorf("%w: tiers store whole blocks, and only the Blocked layout lays a block out as one contiguous unit (layout %v)", ErrConfig, c.cfg.Layout)
 	}
 	if len(opts.Tiers) > MaxTiers {
@@ -253,12 +266,12 @@ func newTiers(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
 	if err != nil {
 		return nil, err
 	}
-	h, err := blockhash.New(blockhash.Options{BlockSize: c.tpb})
+	h, err := blockhash.New(blockhash.Options{BlockSize: bt})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	t := &pcTiers{
-		c: c, tiers: append([]Tier(nil), opts.Tiers...), ns: ns, hash: h,
+		c: c, tiers: append([]Tier(nil), opts.Tiers...), ns: ns, bt: bt, grp: grp, hash: h,
 		wait: opts.TierWait, slots: make(chan struct{}, opts.TierStores),
 		through: opts.TierWriteThrough, minHits: int64(opts.TierMinHits),
 		counts: make([]TierStats, len(opts.Tiers)), inProc: make([]bool, len(opts.Tiers)),
@@ -328,9 +341,13 @@ func (t *pcTiers) keep(e *pcEntry) bool {
 // to the last whole one below n tokens, past those a write-through stored already, and
 // whether there are any. pc.mu is held.
 func (t *pcTiers) part(e *pcEntry, tokens []int32, first, n int) (tierPart, bool) {
-	last := min(len(tokens), n) / t.c.tpb
+	last := min(len(tokens), n) / t.bt
 	first = max(first, e.stored)
-	return tierPart{tokens: tokens[:last*t.c.tpb], first: first, last: last, ns: t.spaceNS(e.ns)}, first < last
+	p := tierPart{tokens: tokens[:last*t.bt], first: first, last: last, ns: t.spaceNS(e.ns)}
+	if t.grp != nil && e.seq != nil {
+		p.held = e.seq.helds()
+	}
+	return p, first < last
 }
 
 // pick marks e, which eviction takes out of the index whole (leaf), to be written
@@ -343,7 +360,7 @@ func (t *pcTiers) pick(e *pcEntry, leaf *radix.Node[*pcEntry]) *tierWrite {
 	if t == nil {
 		return nil
 	}
-	return t.pickFrom(e, leaf, leaf.Parent().Depth()/t.c.tpb)
+	return t.pickFrom(e, leaf, leaf.Parent().Depth()/t.bt)
 }
 
 // pickFrom is pick of e's blocks from block first on. pc.mu is held.
@@ -446,6 +463,10 @@ func (t *pcTiers) countDrops(blocks int) {
 // blocks of s do not change until this returns. A store that fails is a drop,
 // counted.
 func (t *pcTiers) writeBack(ctx context.Context, s *Sequence, w *tierWrite) {
+	if t.grp != nil {
+		t.writeBackGroups(ctx, s, w)
+		return
+	}
 	bt, unit := t.c.tpb, t.c.unit
 	buf := s.bufs[0]
 	for _, p := range w.parts {
@@ -555,6 +576,9 @@ func (t *pcTiers) truncating(pc *PrefixCache, s *Sequence, n int) {
 // s's own fresh granules; the first block that fails ends the run, and s keeps the
 // tokens before it. It returns s's length. No lock is held.
 func (t *pcTiers) load(ns Namespace, s *Sequence, tokens []int32, m, limit int) int {
+	if t.grp != nil {
+		return t.loadGroups(ns, s, tokens, m, limit)
+	}
 	bt := t.c.tpb
 	if limit/bt*bt <= m {
 		return m
@@ -689,7 +713,7 @@ func (t *pcTiers) takeLoad(ctx context.Context, i int) bool {
 // block fewer at each refusal. An error other than a refusal for budget is returned
 // with 0 blocks, s unchanged. No lock is held.
 func (t *pcTiers) grow(s *Sequence, b, run int) (int, error) {
-	bt := t.c.tpb
+	bt := t.bt
 	tokens := func(k int) int { return (b+k)*bt - s.n }
 	fit := func(below int) int {
 		head := t.c.Headroom()

@@ -32,9 +32,10 @@ import (
 //	                  bytes: part kind, attention kind, element type, scale mode (1
 //	                  byte each), window, layers, KV heads, head dim, tensors per
 //	                  layer, tokens per unit, reserved 0 (4 bytes each), unit bytes (8)
-//	48+L        8g    each group's part length, in group order; 0: the value has no
-//	                  part of that group (a window group's units given back before
-//	                  the block was written)
+//	48+L        8g    each group's part length, in group order: the whole part,
+//	                  or (PartUnits) a whole number of the group's last units of
+//	                  the block, or 0 for none (a window group's older units given
+//	                  back before the block was written)
 //	48+L+8g     4n    the tokens the block was made for, int32 each
 //	48+L+8g+4n  p     the parts present, in group order
 //
@@ -96,6 +97,7 @@ type GroupLayout struct {
 type Layout struct {
 	enc    []byte // the layout's bytes in a value: L of them
 	groups int
+	units  []int // each group's UnitBytes where its part is PartUnits, else 0
 }
 
 // NewLayout returns the layout of a model named model whose groups are groups, in
@@ -108,6 +110,7 @@ func NewLayout(model string, groups []GroupLayout) (*Layout, error) {
 	}
 	name := (4 + len(model) + 7) / 8 * 8
 	enc := make([]byte, name, name+groupRecord*len(groups))
+	units := make([]int, len(groups))
 	binary.LittleEndian.PutUint32(enc, uint32(len(model)))
 	copy(enc[4:], model)
 	for i, g := range groups {
@@ -129,8 +132,11 @@ func NewLayout(model string, groups []GroupLayout) (*Layout, error) {
 		}
 		enc = binary.LittleEndian.AppendUint32(enc, 0)
 		enc = binary.LittleEndian.AppendUint64(enc, uint64(g.UnitBytes))
+		if g.Part == PartUnits {
+			units[i] = g.UnitBytes
+		}
 	}
-	return &Layout{enc: enc, groups: len(groups)}, nil
+	return &Layout{enc: enc, groups: len(groups), units: units}, nil
 }
 
 // Groups returns the layout's group count: the length of the parts of its values.
@@ -234,9 +240,10 @@ func groupsChecksum(v []byte, flags uint16, body int) uint32 {
 }
 
 // DecodeGroups checks that src is the grouped value of the block key names, made for
-// tokens, under layout l, each of whose parts present is want[i] bytes, and sets
-// parts[i] to group i's part (a sub-slice of src, valid only as long as src is), or
-// nil where the value has none. parts and want must have one element per group. A
+// tokens, under layout l, each of whose parts present is want[i] bytes (or, for a
+// PartUnits group, a whole number of its units fewer: its last units of the block),
+// and sets parts[i] to group i's part (a sub-slice of src, valid only as long as src
+// is), or nil where the value has none. parts and want must have one element per group. A
 // value that fails any check is refused with an error wrapping ErrValue and one kind,
 // checked in this order: ErrTruncated (its lengths do not add up to its size),
 // ErrFormat (no magic, not GroupsVersion, unknown flags), ErrChecksum, ErrNamespace,
@@ -299,8 +306,8 @@ func decodeGroups(src []byte, key Key, l *Layout, tokens []int32, want []int, pa
 	var sum uint64
 	for i := range l.groups {
 		q := binary.LittleEndian.Uint64(src[dir+8*i:])
-		if q != 0 && q != uint64(want[i]) {
-			return refused(ErrBlock, "group %d's part is %d bytes, want %d", i, q, want[i])
+		if u := uint64(l.units[i]); q != 0 && (q > uint64(want[i]) || q != uint64(want[i]) && (u == 0 || q%u != 0)) {
+			return refused(ErrBlock, "group %d's part is %d bytes, want %d or its last units of %d bytes", i, q, want[i], u)
 		}
 		sum += q
 	}

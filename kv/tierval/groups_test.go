@@ -76,15 +76,16 @@ func TestGroupsRoundTrip(t *testing.T) {
 	l := ossLayout(t, "gpt-oss-20b", 128)
 	key := tierval.Key{Namespace: 7, Hash: 9}
 	toks := tierTokens(64, 3)
-	want := []int{96, 96, 40}
+	want := []int{192, 96, 40}
 	for _, tt := range []struct {
 		name      string
 		parts     [][]byte
 		inProcess bool
 	}{
-		{"every part", [][]byte{tierPayload(96, 1), tierPayload(96, 2), tierPayload(40, 3)}, false},
+		{"every part", [][]byte{tierPayload(192, 1), tierPayload(96, 2), tierPayload(40, 3)}, false},
 		{"no window part", [][]byte{nil, tierPayload(96, 2), nil}, false},
-		{"in process", [][]byte{tierPayload(96, 1), tierPayload(96, 2), nil}, true},
+		{"the window's last unit", [][]byte{tierPayload(96, 1), tierPayload(96, 2), nil}, false},
+		{"in process", [][]byte{tierPayload(192, 1), tierPayload(96, 2), nil}, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			v := encodeGroups(t, l, key, toks, tt.parts, tt.inProcess)
@@ -113,8 +114,8 @@ func TestGroupsRefused(t *testing.T) {
 	l := ossLayout(t, "gpt-oss-20b", 128)
 	key := tierval.Key{Namespace: 7, Hash: 9}
 	toks := tierTokens(64, 3)
-	want := []int{96, 96, 40}
-	parts := [][]byte{tierPayload(96, 1), tierPayload(96, 2), nil}
+	want := []int{192, 96, 40}
+	parts := [][]byte{tierPayload(192, 1), tierPayload(96, 2), nil}
 	good := encodeGroups(t, l, key, toks, parts, false)
 	dec := func(v []byte) error { return tierval.DecodeGroups(v, key, l, toks, want, make([][]byte, 3)) }
 	require.NoError(t, dec(good))
@@ -140,7 +141,7 @@ func TestGroupsRefused(t *testing.T) {
 		{"a one-group value", encodeTierValue(t, key, toks, tierPayload(192, 1)), tierval.ErrFormat},
 		{"a layout byte", flip(tierval.HeaderSize + 20), tierval.ErrChecksum},
 		{"a part byte", flip(len(good) - 5), tierval.ErrChecksum},
-		{"a token", flip(len(good) - 192 - 3), tierval.ErrChecksum},
+		{"a token", flip(len(good) - 288 - 3), tierval.ErrChecksum},
 		{"another model", other("gemma-3-27b", 128), tierval.ErrLayout},
 		{"another window", other("gpt-oss-20b", 1024), tierval.ErrLayout},
 		{"another group count", encodeGroups(t, twoGroups, key, toks, [][]byte{tierPayload(96, 2)}, false), tierval.ErrLayout},
@@ -148,7 +149,9 @@ func TestGroupsRefused(t *testing.T) {
 		{"another hash", encodeGroups(t, l, tierval.Key{Namespace: 7, Hash: 10}, toks, parts, false), tierval.ErrBlock},
 		{"other tokens", encodeGroups(t, l, key, tierTokens(64, 4), parts, false), tierval.ErrBlock},
 		{"fewer tokens", encodeGroups(t, l, key, toks[:63], parts, false), tierval.ErrBlock},
-		{"a part of another length", encodeGroups(t, l, key, toks, [][]byte{tierPayload(48, 1), tierPayload(96, 2), nil}, false), tierval.ErrBlock},
+		{"a part of no whole unit", encodeGroups(t, l, key, toks, [][]byte{tierPayload(48, 1), tierPayload(96, 2), nil}, false), tierval.ErrBlock},
+		{"a part too long", encodeGroups(t, l, key, toks, [][]byte{tierPayload(288, 1), tierPayload(96, 2), nil}, false), tierval.ErrBlock},
+		{"a state part short", encodeGroups(t, l, key, toks, [][]byte{tierPayload(192, 1), tierPayload(96, 2), tierPayload(20, 3)}, false), tierval.ErrBlock},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			requireGroupRefused(t, dec(tt.v), tt.kind, tt.name)
