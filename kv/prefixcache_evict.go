@@ -288,9 +288,11 @@ func (pc *PrefixCache) cutGain(e *pcEntry, nd, n int, frees bool) (int64, bool) 
 }
 
 // shrinkGroups takes the last units of leaf's entry, on a cache of several groups:
-// the entry is cut, unit boundary by unit boundary, until need bytes came back or the
-// next unit may not go (cutGain). When no token of its own would be left, or no hit
-// could start on what is left (its windows no longer hold the window before its end),
+// the entry is cut, unit boundary by unit boundary, until need bytes came back (with
+// tiers: as far as it goes) or the next unit may not go (cutGain); with tiers, the
+// whole tier blocks cut off are written down from a holder (pickCutGroups). When no
+// token of its own would be left, or no hit could start on what is left (its windows
+// no longer hold the window before its end),
 // the leaf goes whole. It returns the bytes that came back and the entry to close, if
 // any. pc.mu is held.
 func (pc *PrefixCache) shrinkGroups(leaf *radix.Node[*pcEntry], need int64, frees bool) (int64, *pcEntry) {
@@ -311,13 +313,15 @@ func (pc *PrefixCache) shrinkGroups(leaf *radix.Node[*pcEntry], need int64, free
 		return pc.evictLeaf(leaf)
 	}
 	es := e.seq
+	cut := pc.tiers.pickCutGroups(e, leaf, nd)
 	for gi := range pc.c.groups {
 		g := &pc.c.groups[gi]
 		if err := es.resizeList(g.ranges(es.bufs), max(g.extent(nd), es.bufs[g.first].Start())); err != nil {
 			// NB: the entry leaves the index whole, its ranges as they are.
 			pc.evictedTokens += int64(leaf.Depth() - p.Depth())
 			pc.removeDamaged(e)
-			return pc.evict(e)
+			freed, d := pc.evict(e)
+			return cutOff(cut, freed, d)
 		}
 	}
 	var freed int64
@@ -339,7 +343,7 @@ func (pc *PrefixCache) shrinkGroups(leaf *radix.Node[*pcEntry], need int64, free
 	pc.evictedBytes += freed
 	e.n, es.n = nd, nd
 	es.refreshStats()
-	return freed, nil
+	return cutOff(cut, freed, nil)
 }
 
 // lruOf returns the least recently used leaf, not mapped from now, for which ok

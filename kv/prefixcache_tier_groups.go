@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/vmarena/vmarena/backing"
+	"github.com/vmarena/vmarena/internal/radix"
 	"github.com/vmarena/vmarena/kv/tierval"
 )
 
@@ -16,16 +18,18 @@ import (
 // key is the kv/blockhash chain of the prompt's tier blocks up to it, under the
 // cache's tier namespace, as on one group; its value is tierval's grouped value
 // (EncodeGroups: version 2), one entry key carrying each group's units of the block's
-// tokens, under the groups' layout (tierLayout), so that a value of another model or
+// tokens, under the groups' layout (tierGroups.layout), so that a value of another model or
 // layout is refused (ErrLayout: counted in TierStats.Invalid, never mapped) even
 // where its namespace agreed.
 //
-// What a value holds: every full and MLA group's units of the block, always; each
-// window group's units of the block where the entry written down still held them
-// (its first held token at or below the block's first), else no part of that group
-// (a window gives its older units back, in the inserted sequence before the insert
-// and by eviction's trimWindows after it). A value without a full group's part is
-// refused (ErrBlock).
+// What a value holds: every full and MLA group's units of the block, always; of each
+// window group, the units of the block that the entry written down still held: all of
+// them, its last ones (the entry's window starts inside the block), or none (a window
+// gives its older units back, in the inserted sequence before the insert and by
+// eviction's trimWindows after it). With tiers, trimWindows keeps what the step at
+// the end of the entry's last whole tier block below its last token reads, so that
+// that block, the one a later turn of the conversation loads last, serves a hit. A
+// value without the whole of a full group's part is refused (ErrBlock).
 //
 // What a load serves: blocks are loaded as on one group (a run of keys past the
 // device's match, each value checked in full before any of its bytes is written, into
@@ -33,19 +37,22 @@ import (
 // each value restores every group it holds of its block or nothing. A hit never
 // serves a block whose window groups' units a step there would read are missing: the
 // load keeps, per window group, the first token from which the sequence holds that
-// group's tokens without a gap (a block without the group's part moves it past the
-// block), and the lookup's match is the end of the last loaded block at which every
-// window group serves the step (the window rule: group.serves), or the device's
-// match. The sequence is cut back to it, and the window units below what the step at
+// group's tokens without a gap (units missing at a block's start move it past them),
+// and the lookup's match is the end of the last loaded block at which every window
+// group serves the step (the window rule: group.serves), or the device's match. The sequence is cut back to it, and the window units below what the step at
 // it reads are given back at once (dropDead), so that no unwritten unit is ever held.
 // The group parts below what the new sequence maps from the device's hit (its frozen
 // bytes) are not written: they are the cache's, read-only, and hold the same tokens.
 //
+// Write-down is as on one group: eviction takes an entry whole where every unit of
+// its own gives memory back (shrinkGroups), its blocks from its parent's on copied out
+// of its ranges before they close; where a cut stops short of that (a unit another
+// entry or a live sequence maps), the whole tier blocks it cuts off are mapped into a
+// holder first (pickCutGroups) and copied from it.
+//
 // Not here: a recurrent group's state (tiers are refused on a model with one:
-// tierval's PartState is the place its checkpoint will take), the shortening of an
-// entry (eviction takes an entry whole with tiers where every unit of its own gives
-// memory back; a cut that stops at a unit that does not writes nothing down: see
-// shrinkGroups), and a write-through at insert (an entry's first hit starts it).
+// tierval's PartState is the place its checkpoint will take), and a write-through at
+// insert (entries here are never lazy: an entry's first hit starts it).
 
 // tierGroups is the tiers' part on a cache of several groups: the value layout, and
 // per group its units in a tier block and the bytes of its part.
@@ -343,4 +350,60 @@ func (t *pcTiers) loadFromGroups(ctx context.Context, i int, tier Tier, s *Seque
 		}
 	}
 	return got, short
+}
+
+// pickCutGroups is pickCut on a cache of several groups, for a leaf whose entry e
+// eviction cuts to n tokens: the whole tier blocks cut off are mapped, before e's
+// ranges shrink, into a holder that is written down and closed once no lock is held:
+// it returns that holder as an entry to close, or nil. pc.mu is held.
+func (t *pcTiers) pickCutGroups(e *pcEntry, leaf *radix.Node[*pcEntry], n int) *pcEntry {
+	if !t.keep(e) || e.seq == nil || e.seq.err != nil {
+		return nil
+	}
+	p, ok := t.part(e, leaf.Tokens(), (n+t.bt-1)/t.bt, e.n)
+	if !ok {
+		return nil
+	}
+	h := t.holderGroups(e.seq, &p)
+	if h == nil {
+		return nil
+	}
+	return &pcEntry{seq: h, closed: true, wb: &tierWrite{t: t, parts: []tierPart{p}}}
+}
+
+// holderGroups is holder on a cache of several groups: a sequence of the cache's own
+// whose ranges map src's units of p's blocks (a window group's those p holds: present),
+// read-only, at their offsets in src; nil (a drop, counted) when they can not be
+// mapped. pc.mu is held; it maps, and copies nothing.
+func (t *pcTiers) holderGroups(src *Sequence, p *tierPart) *Sequence {
+	c := t.c
+	bufs, err := c.groupRanges(func(g *group) int { return g.capac })
+	if err == nil {
+		for gi := range c.groups {
+			g := &c.groups[gi]
+			per := t.grp.per[gi]
+			lo, hi := p.first*per, p.last*per
+			if g.windowed() {
+				if p.held == nil {
+					continue
+				}
+				lo = max(lo, (p.held[gi]+g.tpb-1)/g.tpb) // as present says
+			}
+			if lo >= hi {
+				continue
+			}
+			if err = bufs[g.first].shareRange(src.bufs[g.first], lo*g.unit, (hi-lo)*g.unit, backing.ReadOnly); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		c.release(bufs)
+		t.countDrops(p.last - p.first)
+		return nil
+	}
+	c.mu.Lock()
+	c.entries++
+	c.mu.Unlock()
+	return &Sequence{c: c, bufs: bufs, n: p.last * t.bt, gs: make([]groupState, len(c.groups))}
 }

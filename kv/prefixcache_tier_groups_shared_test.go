@@ -168,6 +168,44 @@ func TestPrefixCacheGroupTierPartial(t *testing.T) {
 	}
 }
 
+// TestPrefixCacheGroupTierCut: where eviction can only shorten an entry (a live
+// sequence maps its first units), the whole tier blocks it cuts off go down first,
+// from a holder mapping them, so that a later lookup loads the entry's every block:
+// on tinyChunks, whose cut stops at a chunk boundary, where the entry still serves.
+func TestPrefixCacheGroupTierCut(t *testing.T) {
+	for _, be := range tierBackends {
+		t.Run(be.name, func(t *testing.T) {
+			e := openEnv(t, be.kind, scaled, withConfig(kv.Config{Model: tinyChunks, MaxTokens: 1024}))
+			tier := tiertest.NewMap(4 << 20)
+			pc := newGroupTierCache(t, e.c, t.Name(), tier)
+			bt := tierBlock(t, e.c)
+			chunk := tinyChunks.Groups[0].Window
+			require.Equal(t, 2*bt, chunk, "the test cuts at the first chunk boundary")
+			ids := promptIDs(7, 5*bt+5)
+			s, _, _, err := serveHybrid(pc, ids)
+			require.NoError(t, err)
+			require.True(t, s.Close().OK())
+			// A live hit on the first chunk and a half.
+			live, m, err := pc.Lookup(append(slices.Clone(ids[:chunk+bt/2]), promptIDs(5000, 20)...))
+			require.NoError(t, err)
+			require.Equal(t, chunk+bt/2, m)
+			_, err = pc.Evict(1 << 40)
+			require.NoError(t, err)
+			assert.Equal(t, chunk, heldPrefix(pc, ids), "the entry was cut to the chunk the live hit maps")
+			require.True(t, live.Close().OK())
+			evictsAll(t, pc)
+			assert.Zero(t, pc.Stats().Tiers[0].Drops)
+
+			q, m, _, err := serveHybrid(pc, ids)
+			require.NoError(t, err)
+			assert.Equal(t, 5*bt, m, "every block of the entry, the cut ones too, from the tier")
+			require.NoError(t, checkHeldIDs(q, ids, 0, len(ids)))
+			require.True(t, q.Close().OK())
+			idleBooks(t, e, pc, "after the load")
+		})
+	}
+}
+
 // TestPrefixCacheGroupTierRefused: a value of another model (another window: another
 // namespace), of another layout under this model's namespace, or of one group, put
 // under this cache's key of a prompt's first block is refused as corruption: counted

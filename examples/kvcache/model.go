@@ -53,7 +53,7 @@ func modelNames() string {
 
 // groupsOnly checks what the flags ask of a model of layer groups, where kv and the
 // baselines can do less: the baselines model full attention only, and kv's prefix
-// cache serves no recurrent group and, beside window groups, no tiers. A flag left at
+// cache serves no recurrent group. A flag left at
 // its default is turned off, and said so in notes; a flag set to what can not run is
 // refused with an error naming the model and what refused it.
 func (c *config) groupsOnly(m *kv.Model, names []string) ([]string, []string, error) {
@@ -63,8 +63,6 @@ func (c *config) groupsOnly(m *kv.Model, names []string) ([]string, []string, er
 		return nil, nil, fmt.Errorf("-model %s (%s): -rounds reports no layer groups; run without it", m.Name, kinds)
 	case c.prefix && slices.ContainsFunc(m.Groups, func(g kv.Group) bool { return g.Kind == kv.Recurrent }):
 		return nil, nil, fmt.Errorf("-model %s (%s): the prefix-cache replay needs kv.PrefixCache, which serves no recurrent group (a state is a function of every token before it)", m.Name, kinds)
-	case c.prefix && c.tiers != "":
-		return nil, nil, fmt.Errorf("-model %s (%s): -tiers: kv's prefix cache keeps tiers for one-group caches (a tier's block is one group's)", m.Name, kinds)
 	}
 	var notes []string
 	var kept []string
