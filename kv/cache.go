@@ -25,7 +25,7 @@ type Config struct {
 	// own, laid out by Layout, and a window group gives back the granules behind its
 	// window (see the package doc). Each FP8 group may keep scales of its own
 	// (Cache.GroupScales). A cache on a Model of more than one group has a prefix
-	// cache under the hybrid rule but no tiers or events, and none with a recurrent
+	// cache under the hybrid rule, with events and tiers, but none with a recurrent
 	// group (NewPrefixCache); MapAhead maps ahead each group that holds tokens and
 	// needs one (New refuses it otherwise with ErrConfig); and a model with a
 	// recurrent group has no Freeze.

@@ -306,49 +306,66 @@ func TestPrefixCacheGroupTiersLayout(t *testing.T) {
 
 // TestPrefixCacheGroupTierRandom: random prompts (new ones, earlier ones and their
 // continuations) on a gpt-oss-like, a Gemma-like and a Llama-4-like model with a host tier small
-// enough to evict, and random evictions of the device's cache: every hit, from the
-// device, the tier or both, holds what the step at it reads in every window group
-// and reads back as written; no tier value is refused; the counts add up and the
-// books are exact after every request.
+// enough to evict, and random evictions of the device's cache, by write-back and by
+// write-through: every hit, from the device, the tier or both, holds what the step at
+// it reads in every window group and reads back as written; no tier value is
+// refused; the counts add up and the books are exact after every request
+// (write-back) and after Close.
 func TestPrefixCacheGroupTierRandom(t *testing.T) {
 	for _, model := range []kv.Model{tinyOSS, tinyGemma, tinyChunks} {
-		t.Run(model.Name, func(t *testing.T) {
-			e := openEnv(t, onShared, scaled, withConfig(kv.Config{Model: model, MaxTokens: 512}))
-			ht, err := hosttier.New(hosttier.Options{Budget: 1 << 20, Granule: 4 << 10})
-			require.NoError(t, err)
-			t.Cleanup(func() { assert.NoError(t, ht.Close()) })
-			pc := newGroupTierCache(t, e.c, t.Name(), ht)
-			r := rand.New(rand.NewPCG(43, uint64(len(model.Groups))))
-			var made [][]int32
-			var queries, hits int64
-			tierHits := 0
-			for range 80 {
-				ids := hybridStream(r, made)
-				before := pc.Stats().Tiers[0].Hits
-				s, m, _, err := serveHybrid(pc, ids)
-				require.NoError(t, err)
-				require.LessOrEqual(t, m, longestCommon(made, ids))
-				require.NoError(t, checkHeldIDs(s, ids, 0, len(ids)))
-				if pc.Stats().Tiers[0].Hits > before {
-					tierHits++
-				}
-				queries += int64(len(ids))
-				hits += int64(m)
-				made = append(made, ids)
-				require.True(t, s.Close().OK())
-				if r.IntN(3) == 0 {
-					_, err := pc.Evict(int64(r.IntN(1 << 16)))
-					require.NoError(t, err)
-				}
-				idleBooks(t, e, pc, "after a request")
+		for _, through := range []bool{false, true} {
+			name := model.Name + "/write-back"
+			if through {
+				name = model.Name + "/write-through"
 			}
-			st := pc.Stats()
-			assert.Equal(t, queries, st.Queries)
-			assert.Equal(t, hits, st.Hits)
-			assert.Zero(t, st.Tiers[0].Invalid)
-			assert.Positive(t, tierHits, "lookups that loaded from the tier")
-			evictsAll(t, pc)
-			idleBooks(t, e, pc, "after evicting everything")
-		})
+			t.Run(name, func(t *testing.T) {
+				testPrefixCacheGroupTierRandom(t, model, through)
+			})
+		}
 	}
+}
+
+func testPrefixCacheGroupTierRandom(t *testing.T, model kv.Model, through bool) {
+	e := openEnv(t, onShared, scaled, withConfig(kv.Config{Model: model, MaxTokens: 512}))
+	ht, err := hosttier.New(hosttier.Options{Budget: 1 << 20, Granule: 4 << 10})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, ht.Close()) })
+	pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{Tiers: []kv.Tier{ht}, TierPrefix: t.Name(), TierWait: time.Minute, TierWriteThrough: through})
+	require.NoError(t, err)
+	closeAtCleanup(t, pc)
+	r := rand.New(rand.NewPCG(43, uint64(len(model.Groups))))
+	var made [][]int32
+	var queries, hits int64
+	tierHits := 0
+	for range 80 {
+		ids := hybridStream(r, made)
+		before := pc.Stats().Tiers[0].Hits
+		s, m, _, err := serveHybrid(pc, ids)
+		require.NoError(t, err)
+		require.LessOrEqual(t, m, longestCommon(made, ids))
+		require.NoError(t, checkHeldIDs(s, ids, 0, len(ids)))
+		if pc.Stats().Tiers[0].Hits > before {
+			tierHits++
+		}
+		queries += int64(len(ids))
+		hits += int64(m)
+		made = append(made, ids)
+		require.True(t, s.Close().OK())
+		if r.IntN(3) == 0 {
+			_, err := pc.Evict(int64(r.IntN(1 << 16)))
+			require.NoError(t, err)
+		}
+		if !through {
+			// NB: a write-through's entry closes after its stores, in the
+			// background: the books are read after Close then.
+			idleBooks(t, e, pc, "after a request")
+		}
+	}
+	st := pc.Stats()
+	assert.Equal(t, queries, st.Queries)
+	assert.Equal(t, hits, st.Hits)
+	assert.Zero(t, st.Tiers[0].Invalid)
+	assert.Positive(t, tierHits, "lookups that loaded from the tier")
+	require.NoError(t, pc.Close())
+	e.books(t, "after the close, every block written down")
 }
