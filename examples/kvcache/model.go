@@ -67,7 +67,7 @@ func (c *config) groupsOnly(m *kv.Model, names []string) ([]string, []string, er
 	var notes []string
 	var kept []string
 	for _, n := range names {
-		if n == nameCache || c.prefix && (n == namePrefixOn || n == namePrefixOff) {
+		if n == nameCache || c.prefix && (n == namePrefixOn || n == namePrefixOff || n == namePrefixTiers) {
 			kept = append(kept, n)
 			continue
 		}

@@ -16,14 +16,18 @@ import (
 func TestRunTiersGroups(t *testing.T) {
 	path := t.TempDir() + "/conv.jsonl"
 	require.NoError(t, writeFile(path, conversationTrace(4, 4)))
-	for _, tt := range []struct{ model, shrink, granule string }{
-		{"gpt-oss-20b", "32", "64KiB"},
-		{"gemma-3-27b", "512", "4KiB"},
+	for _, tt := range []struct {
+		model, shrink, granule string
+		extra                  []string
+	}{
+		{"gpt-oss-20b", "32", "64KiB", nil},
+		{"gemma-3-27b", "512", "4KiB", []string{"-strategies", namePrefixTiers}}, // the tiered strategy alone
 	} {
 		t.Run(tt.model, func(t *testing.T) {
-			code, out, errOut := runArgs(t, "-trace", path, "-model", tt.model, "-kv-shrink", tt.shrink, "-granule", tt.granule,
+			args := append([]string{"-trace", path, "-model", tt.model, "-kv-shrink", tt.shrink, "-granule", tt.granule,
 				"-max-tokens", "4096", "-system-prompt", "0", "-budget-ideal", "0.3333", "-tiers", "host", "-tier-wait", "10s",
-				"-idle", "0", "-out", t.TempDir())
+				"-idle", "0", "-out", t.TempDir()}, tt.extra...)
+			code, out, errOut := runArgs(t, args...)
 			require.Equal(t, 0, code, errOut)
 			for _, s := range []string{"Model:   " + tt.model + "/" + tt.shrink, "Tiers:   host (kvtier/hosttier", "vmarena+tiers", "checked"} {
 				assert.Contains(t, out, s)
