@@ -43,6 +43,10 @@ import (
 // it reads are given back at once (dropDead), so that no unwritten unit is ever held.
 // The group parts below what the new sequence maps from the device's hit (its frozen
 // bytes) are not written: they are the cache's, read-only, and hold the same tokens.
+// A tier's Hits count the tokens the match grew by its loads; a lookup whose loads
+// from a tier served nothing (none, or none that the window rule lets it serve) is
+// one of its Misses, the blocks cut off being asked of the next tier. Probe counts the
+// run each tier holds: an upper bound here, where the window rule may serve less.
 //
 // Write-down is as on one group: eviction takes an entry whole where every unit of
 // its own gives memory back (shrinkGroups), its blocks from its parent's on copied out
