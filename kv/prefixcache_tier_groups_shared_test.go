@@ -369,3 +369,36 @@ func testPrefixCacheGroupTierRandom(t *testing.T, model kv.Model, through bool) 
 	require.NoError(t, pc.Close())
 	e.books(t, "after the close, every block written down")
 }
+
+// TestPrefixCacheGroupTierNamespaces: on a model of groups, a namespace's blocks go
+// into the tiers under its own keys: a lookup in another namespace loads none of
+// them, even from a tier that hands back a value of the same tokens whatever the
+// namespace (refused: TierStats.Invalid), and a lookup in the same one loads them all.
+func TestPrefixCacheGroupTierNamespaces(t *testing.T) {
+	e := openEnv(t, onShared, scaled, withConfig(kv.Config{Model: tinyGemma, MaxTokens: 1024}))
+	tier := &nsTier{blind: true}
+	pc := newGroupTierCache(t, e.c, t.Name(), tier)
+	bt := tierBlock(t, e.c)
+	a, b := kv.Namespace{Adapter: "a"}, kv.Namespace{Adapter: "b"}
+	ids := promptIDs(7, 3*bt+5)
+	serveIn := func(ns kv.Namespace, insert bool) int {
+		s, m, err := pc.LookupIn(ns, ids)
+		require.NoError(t, err)
+		require.NoError(t, checkHeldIDs(s, ids, 0, m))
+		require.NoError(t, s.Append(len(ids)-m))
+		require.NoError(t, writeHeldIDs(s, ids, m, len(ids)))
+		if insert {
+			require.NoError(t, pc.InsertIn(ns, s, ids))
+		}
+		require.NoError(t, checkHeldIDs(s, ids, 0, len(ids)))
+		require.True(t, s.Close().OK())
+		return m
+	}
+	serveIn(a, true)
+	evictsAll(t, pc)
+	assert.Zero(t, serveIn(b, false), "another namespace's blocks")
+	assert.EqualValues(t, 1, pc.Stats().Tiers[0].Invalid, "the blind tier's value of a, refused in b")
+	assert.Equal(t, 3*bt, serveIn(a, false), "the namespace's own blocks")
+	assert.EqualValues(t, 3*bt, pc.Stats().Tiers[0].Hits)
+	idleBooks(t, e, pc, "after the lookups")
+}
