@@ -210,7 +210,7 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	if opts.MaxBytes < 0 {
 		return nil, fmt.Errorf("%w: MaxBytes %d", ErrConfig, opts.MaxBytes)
 	}
-	tiers, err := newTiers(c, opts)
+	tiers, err := newTiersOf(c, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -309,7 +309,7 @@ func (pc *PrefixCache) lookup(ns Namespace, tokens []int32) (*Sequence, int, err
 	defer pc.working.Done()
 	s, err := pc.start(h)
 	if err == nil && pc.tiers != nil {
-		h.m = pc.tiers.load(ns, s, tokens, h.m, pc.matchable(tokens))
+		h.m = pc.tiers.loadFor(ns, s, tokens, h.m, pc.matchable(tokens))
 	}
 	pc.settle(h, s, err, len(tokens))
 	if err != nil {

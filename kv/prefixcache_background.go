@@ -67,7 +67,7 @@ func (t *pcTiers) storeWorker() {
 func (t *pcTiers) through1(j throughJob) {
 	defer t.bg.Done()
 	pc, e := j.pc, j.e
-	t.writeBack(context.Background(), j.seq, &tierWrite{t: t, parts: []tierPart{j.p}})
+	t.writeDown(context.Background(), j.seq, &tierWrite{t: t, parts: []tierPart{j.p}})
 	pc.mu.Lock()
 	e.busy--
 	delete(t.storing, e)

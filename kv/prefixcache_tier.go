@@ -24,6 +24,8 @@ import (
 // its granule, TierPrefix) for the default Namespace, and for another under a tier
 // namespace derived from that and the Namespace's fields (spaceTierNS), so that no
 // value of one namespace is another's. Other layouts are refused: their block is not one unit.
+// On a model of several layer groups a tier's block is a run of tokens every group's
+// blocks tile, and its value carries each group's part (prefixcache_tier_groups.go).
 //
 // Write-down: every block that leaves the device goes down into every tier, in order,
 // by one rule: what leaves is picked under the locks, its bytes are copied out with no
@@ -227,8 +229,10 @@ type tierPending struct {
 // newTiers returns the tiers of opts for c, nil without any, or an error matching
 // ErrConfig: a layout other than Blocked (only its block is one contiguous unit of
 // every layer), more than MaxTiers tiers, a nil tier, two tiers of one name (their counts are told apart by
-// it), a negative bound or threshold, or a tier policy without tiers.
-func newTiers(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
+// it), a negative bound or threshold, or a tier policy without tiers. On a cache of
+// several groups grp is their part and bt the tier block's tokens (newTiersOf); on one
+// group, nil and the cache's block.
+func newTiers(c *Cache, opts PrefixCacheOptions, grp *tierGroups, bt int) (*pcTiers, error) {
 	if opts.TierStores < 0 || opts.TierLoads < 0 || opts.TierWait < 0 || opts.TierMinHits < 0 {
 		return nil, fmt.Errorf("%w: TierStores %d, TierLoads %d, TierWait %v, TierMinHits %d: none may be negative",
 			ErrConfig, opts.TierStores, opts.TierLoads, opts.TierWait, opts.TierMinHits)
@@ -239,14 +243,7 @@ func newTiers(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
 		}
 		return nil, nil
 	}
-	bt := c.tpb
-	var grp *tierGroups
-	if c.multi {
-		var err error
-		if grp, bt, err = newTierGroups(c); err != nil {
-			return nil, err
-		}
-	} else if c.cfg.Layout != Blocked || c.nbuf != 1 || c.tpb <= 0 {
+	if grp == nil && (c.cfg.Layout != Blocked || c.nbuf != 1 || c.tpb <= 0) {
 		return nil, fmt.Errorf("%w: tiers store whole blocks, and only the Blocked layout lays a block out as one contiguous unit (layout %v)", ErrConfig, c.cfg.Layout)
 	}
 	if len(opts.Tiers) > MaxTiers {
@@ -463,10 +460,6 @@ func (t *pcTiers) countDrops(blocks int) {
 // blocks of s do not change until this returns. A store that fails is a drop,
 // counted.
 func (t *pcTiers) writeBack(ctx context.Context, s *Sequence, w *tierWrite) {
-	if t.grp != nil {
-		t.writeBackGroups(ctx, s, w)
-		return
-	}
 	bt, unit := t.c.tpb, t.c.unit
 	buf := s.bufs[0]
 	for _, p := range w.parts {
@@ -576,9 +569,6 @@ func (t *pcTiers) truncating(pc *PrefixCache, s *Sequence, n int) {
 // s's own fresh granules; the first block that fails ends the run, and s keeps the
 // tokens before it. It returns s's length. No lock is held.
 func (t *pcTiers) load(ns Namespace, s *Sequence, tokens []int32, m, limit int) int {
-	if t.grp != nil {
-		return t.loadGroups(ns, s, tokens, m, limit)
-	}
 	bt := t.c.tpb
 	if limit/bt*bt <= m {
 		return m

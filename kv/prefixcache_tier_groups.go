@@ -58,6 +58,38 @@ import (
 // tierval's PartState is the place its checkpoint will take), and a write-through at
 // insert (entries here are never lazy: an entry's first hit starts it).
 
+// newTiersOf is newTiers for c: on a cache of several groups with tiers, with their
+// part (newTierGroups) and its tier block.
+func newTiersOf(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
+	if !c.multi || len(opts.Tiers) == 0 {
+		return newTiers(c, opts, nil, c.tpb)
+	}
+	grp, bt, err := newTierGroups(c)
+	if err != nil {
+		return nil, err
+	}
+	return newTiers(c, opts, grp, bt)
+}
+
+// loadFor is load, or loadGroups on a cache of several groups.
+func (t *pcTiers) loadFor(ns Namespace, s *Sequence, tokens []int32, m, limit int) int {
+	if t.grp != nil {
+		return t.loadGroups(ns, s, tokens, m, limit)
+	}
+	return t.load(ns, s, tokens, m, limit)
+}
+
+// writeDown is writeBack, or writeBackGroups on a cache of several groups: what an
+// entry's close and a write-through call. NB: the other write-downs (a lazy entry's,
+// one a miss's spare makes) are of one group's caches only, and call writeBack.
+func (t *pcTiers) writeDown(ctx context.Context, s *Sequence, w *tierWrite) {
+	if t.grp != nil {
+		t.writeBackGroups(ctx, s, w)
+		return
+	}
+	t.writeBack(ctx, s, w)
+}
+
 // tierGroups is the tiers' part on a cache of several groups: the value layout, and
 // per group its units in a tier block and the bytes of its part.
 type tierGroups struct {
