@@ -115,11 +115,10 @@ func TestPrefixCacheGroupTiers(t *testing.T) {
 					assert.Zero(t, st.Drops)
 
 					for i, prompt := range [][]int32{ids, append(slices.Clone(ids), promptIDs(900, 30)...)} {
-						q, m, held, err := serveHybrid(pc, prompt)
+						q, m, _, err := serveHybrid(pc, prompt)
 						require.NoError(t, err, "prompt %d", i)
 						assert.Equal(t, 5*bt, m, "prompt %d: the whole tier blocks below its last token", i)
 						require.NoError(t, checkHeldIDs(q, prompt, 0, len(prompt)), "prompt %d", i)
-						_ = held
 						require.True(t, q.Close().OK())
 						if i == 0 {
 							st := pc.Stats()
