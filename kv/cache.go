@@ -26,10 +26,11 @@ type Config struct {
 	// own, laid out by Layout, and a window group gives back the granules behind its
 	// window (see the package doc). Each FP8 group may keep scales of its own
 	// (Cache.GroupScales). A cache on a Model of more than one group has a prefix
-	// cache under the hybrid rule but no tiers, of recurrent-state checkpoints with a
-	// recurrent group (NewPrefixCache); map-ahead maps ahead each group that holds
-	// tokens (a model of recurrent groups alone has none: an explicit MapAhead is
-	// refused with ErrConfig); and a model with a recurrent group has no Freeze.
+	// cache under the hybrid rule, with events and tiers, and with a recurrent group
+	// one of recurrent-state checkpoints, without tiers (NewPrefixCache); map-ahead
+	// maps ahead each group that holds tokens (a model of recurrent groups alone has
+	// none: an explicit MapAhead is refused with ErrConfig); and a model with a
+	// recurrent group has no Freeze.
 	Model Model
 	// MaxTokens is the most tokens one sequence may hold. It is reserved as address
 	// space only: a sequence commits memory for the tokens it has.

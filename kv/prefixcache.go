@@ -206,18 +206,21 @@ func (s PrefixCacheStats) HitRate() float64 {
 // group's last partly filled one at once, as ForkAt does), eviction gives back older
 // window units first, then entries' last units as on one group, events tell each
 // group's blocks apart (a window group's those its entries' window units hold: see
-// BlocksStored and events_groups.go), and tiers are refused with ErrConfig (a tier's
-// block is one group's). A Model with Recurrent groups beside groups that keep tokens
-// (Qwen3-Next, Nemotron-H, Jamba, Granite-4.0-H) has one too, of checkpoints (see
-// prefixcache_checkpoint.go): a state is a function of every token before it, so the
-// server records copies of the states where its prefill reaches a point a later prompt
-// may start on (Sequence.Checkpoint: a block boundary, the end of a system prompt or
-// of a turn), Insert keeps those at or below the inserted tokens beside the full and
-// window groups' units, and a hit of m tokens starts on the latest checkpoint at or
-// below m where the window rule holds, its states copied into the new sequence; with
-// none, the hit is 0. Checkpoints are cached memory (PrefixCacheStats.CheckpointBytes)
-// that eviction takes back, the older ones of an entry first, once an Insert handed
-// them to an entry. A Model of Recurrent
+// BlocksStored and events_groups.go), and tiers store one value per tier block (the
+// least common multiple of the groups' blocks) that carries each group's units of it,
+// under the groups' layout, and a load serves a hit only where every window group
+// holds what the step there reads (prefixcache_tier_groups.go). A Model with Recurrent
+// groups beside groups that keep tokens (Qwen3-Next, Nemotron-H, Jamba, Granite-4.0-H)
+// has one too, of checkpoints (see prefixcache_checkpoint.go): a state is a function of
+// every token before it, so the server records copies of the states where its prefill
+// reaches a point a later prompt may start on (Sequence.Checkpoint: a block boundary,
+// the end of a system prompt or of a turn), Insert keeps those at or below the inserted
+// tokens beside the full and window groups' units, and a hit of m tokens starts on the
+// latest checkpoint at or below m where the window rule holds, its states copied into
+// the new sequence; with none, the hit is 0. Checkpoints are cached memory
+// (PrefixCacheStats.CheckpointBytes) that eviction takes back, the older ones of an
+// entry first, once an Insert handed them to an entry. Tiers beside a recurrent group
+// are refused with ErrConfig (a tier value keeps no state yet). A Model of Recurrent
 // groups alone has none (ErrConfig): there is no token to map.
 func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	if c == nil {
@@ -229,13 +232,10 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	if err := c.prefixCacheable(); err != nil {
 		return nil, err
 	}
-	if c.multi && len(opts.Tiers) > 0 {
-		return nil, errNoGroupTiers(c, "tiers")
-	}
 	if opts.MaxBytes < 0 {
 		return nil, fmt.Errorf("%w: MaxBytes %d", ErrConfig, opts.MaxBytes)
 	}
-	tiers, err := newTiers(c, opts)
+	tiers, err := newTiersOf(c, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -335,7 +335,7 @@ func (pc *PrefixCache) lookup(ns Namespace, tokens []int32) (*Sequence, int, err
 	defer pc.working.Done()
 	s, err := pc.start(h)
 	if err == nil && pc.tiers != nil {
-		h.m = pc.tiers.load(ns, s, tokens, h.m, pc.matchable(tokens))
+		h.m = pc.tiers.loadFor(ns, s, tokens, h.m, pc.matchable(tokens))
 	}
 	pc.settle(h, s, err, len(tokens))
 	if err != nil {
@@ -646,7 +646,7 @@ func (pc *PrefixCache) closeFirst(leaf *radix.Node[*pcEntry], claimed map[*radix
 	if n == nil {
 		return 0
 	}
-	return n.Depth() / pc.c.tpb
+	return n.Depth() / pc.tiers.bt
 }
 
 // Stats returns a snapshot of the prefix cache (see PrefixCacheStats): a metrics

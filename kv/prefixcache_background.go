@@ -20,7 +20,7 @@ func (t *pcTiers) writeThrough(pc *PrefixCache, e *pcEntry) {
 	if t == nil || !t.through || t.sealed || e.closed || e.seq == nil || e.seq.err != nil || !t.keep(e) || t.storing[e] != nil {
 		return
 	}
-	p, ok := t.part(e, e.leaf.Tokens(), e.leaf.Parent().Depth()/t.c.tpb, e.n)
+	p, ok := t.part(e, e.leaf.Tokens(), e.leaf.Parent().Depth()/t.bt, e.n)
 	if !ok {
 		return
 	}
@@ -67,7 +67,7 @@ func (t *pcTiers) storeWorker() {
 func (t *pcTiers) through1(j throughJob) {
 	defer t.bg.Done()
 	pc, e := j.pc, j.e
-	t.writeBack(context.Background(), j.seq, &tierWrite{t: t, parts: []tierPart{j.p}})
+	t.writeDown(context.Background(), j.seq, &tierWrite{t: t, parts: []tierPart{j.p}})
 	pc.mu.Lock()
 	e.busy--
 	delete(t.storing, e)

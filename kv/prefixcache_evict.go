@@ -298,15 +298,19 @@ func (pc *PrefixCache) cutGain(e *pcEntry, nd, n int, frees bool) (int64, bool) 
 }
 
 // shrinkGroups takes the last units of leaf's entry, on a cache of several groups:
-// the entry is cut, unit boundary by unit boundary, until need bytes came back or the
-// next unit may not go (cutGain). When no token of its own would be left, or no hit
-// could start on what is left (its windows no longer hold the window before its end),
+// the entry is cut, unit boundary by unit boundary, until need bytes came back (with
+// tiers: as far as it goes) or the next unit may not go (cutGain); with tiers, the
+// whole tier blocks cut off are written down from a holder (pickCutGroups). When no
+// token of its own would be left, or no hit could start on what is left (its windows
+// no longer hold the window before its end),
 // the leaf goes whole. It returns the bytes that came back and the entry to close, if
 // any. pc.mu is held.
 func (pc *PrefixCache) shrinkGroups(leaf *radix.Node[*pcEntry], need int64, frees bool) (int64, *pcEntry) {
 	e, p, n := leaf.Value(), leaf.Parent(), leaf.Value().n
 	nd, got := n, int64(0)
-	for got < need && nd > 0 {
+	// With tiers, as on one group, the leaf goes whole where every unit of its own
+	// gives memory back, so that its blocks are written down before its ranges close.
+	for (got < need || pc.tiers != nil) && nd > 0 {
 		// NB: past cuts that give nothing back too (see tailFree).
 		next := pc.cutTo(e, nd)
 		gain, ok := pc.cutGain(e, next, nd, frees)
@@ -323,6 +327,7 @@ func (pc *PrefixCache) shrinkGroups(leaf *radix.Node[*pcEntry], need int64, free
 		return pc.evictLeaf(leaf)
 	}
 	es := e.seq
+	cut := pc.tiers.pickCutGroups(e, leaf, nd)
 	for gi := range pc.c.groups {
 		g := &pc.c.groups[gi]
 		if g.state > 0 {
@@ -332,7 +337,8 @@ func (pc *PrefixCache) shrinkGroups(leaf *radix.Node[*pcEntry], need int64, free
 			// NB: the entry leaves the index whole, its ranges as they are.
 			pc.evictedTokens += int64(leaf.Depth() - p.Depth())
 			pc.removeDamaged(e)
-			return pc.evict(e)
+			freed, d := pc.evict(e)
+			return cutOff(cut, freed, d)
 		}
 	}
 	freed := pc.dropFrom(e, nd)
@@ -357,7 +363,7 @@ func (pc *PrefixCache) shrinkGroups(leaf *radix.Node[*pcEntry], need int64, free
 	pc.evictedBytes += freed
 	e.n, es.n = nd, nd
 	es.refreshStats()
-	return freed, nil
+	return cutOff(cut, freed, nil)
 }
 
 // lruOf returns the least recently used leaf, not mapped from now, for which ok
@@ -381,7 +387,14 @@ func (pc *PrefixCache) keepFrom(e *pcEntry, gi int, frees bool) int {
 	g := &pc.c.groups[gi]
 	sg := e.segs[gi]
 	u := sg.from
-	for end := min(g.dropOff(e.n)/g.unit, sg.end()); u < end; u++ {
+	keep := e.n
+	if pc.tiers != nil {
+		// What the step at the end of its last whole tier block below its last
+		// token reads too: the last block written down serves a lookup of the
+		// entry's own tokens (whose last is never matched) only with it.
+		keep = max(e.n-1, 0) / pc.tiers.bt * pc.tiers.bt
+	}
+	for end := min(g.dropOff(keep)/g.unit, sg.end()); u < end; u++ {
 		if r := sg.refs[u-sg.from]; r.entries != 1 || frees && r.live > 0 {
 			break
 		}

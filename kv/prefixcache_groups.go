@@ -1,8 +1,6 @@
 package kv
 
 import (
-	"fmt"
-
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/internal/radix"
 )
@@ -42,8 +40,10 @@ import (
 // back, so that a window group's events follow what its entries hold (see
 // events_groups.go).
 //
-// Not yet: lazy inserts, a miss taking an evicted entry's ranges over, tiers
-// (NewPrefixCache refuses them with ErrConfig: a tier's block is one group's).
+// Tiers: one value per tier block carries every group's units of it (see
+// prefixcache_tier_groups.go).
+//
+// Not yet: lazy inserts, a miss taking an evicted entry's ranges over.
 
 // holdsWindow reports whether e holds, in each window group, the tokens a step at m
 // reads (the window rule: group.serves). pc.mu is held.
@@ -299,11 +299,6 @@ func (pc *PrefixCache) insertGroups(ns Namespace, s *Sequence, tokens []int32) (
 		}
 	}
 	return drop, nil
-}
-
-// errNoGroupTiers is NewPrefixCache's refusal of tiers on a cache of several groups.
-func errNoGroupTiers(c *Cache, what string) error {
-	return fmt.Errorf("%w: %s need a model of one full-attention or MLA group (a tier's block is one group's); model %q has %s", ErrConfig, what, c.cfg.Model.Name, groupKinds(c.cfg.Model))
 }
 
 // checkpointServed returns the most tokens m' <= m a hit on e may take on a cache with

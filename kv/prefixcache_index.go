@@ -173,7 +173,7 @@ func (e *pcEntry) closeCtx(ctx context.Context) accounting.ReleaseOutcome {
 	if e.seq != nil {
 		if wb := e.wb; wb != nil {
 			e.wb = nil
-			wb.t.writeBack(ctx, e.seq, wb)
+			wb.t.writeDown(ctx, e.seq, wb)
 		}
 		out = e.seq.closeEntry()
 	}

@@ -148,10 +148,10 @@ func TestPrefixCacheMLAEvicts(t *testing.T) {
 	})
 }
 
-// TestPrefixCacheGroupsRefused: a model of window groups beside full ones, or of
-// recurrent groups beside them (a prefix cache of checkpoints), has no tiers yet: each
-// is refused with ErrConfig, saying what the model has and what is needed, and the
-// cache stays usable.
+// TestPrefixCacheGroupsRefused: a model of window groups beside full ones has no
+// tiers in the PerLayer layout (as one group has not), and one of recurrent groups
+// beside them (a prefix cache of checkpoints) no tiers yet: each is refused with
+// ErrConfig, saying what is needed, and the cache stays usable.
 func TestPrefixCacheGroupsRefused(t *testing.T) {
 	hybrid := kv.Model{Name: "tiny-gpt-oss", Layers: 2, Groups: []kv.Group{
 		{Kind: kv.SlidingWindow, Window: 16, Layers: []int{0}, KVHeads: 1, HeadDim: 256, DType: arena.Float16},
@@ -162,16 +162,17 @@ func TestPrefixCacheGroupsRefused(t *testing.T) {
 		{Kind: kv.FullAttention, Layers: []int{1}, KVHeads: 1, HeadDim: 256, DType: arena.Float16},
 	}}
 	for _, tt := range []struct {
-		name string
-		m    kv.Model
-		opts kv.PrefixCacheOptions
-		says string
+		name   string
+		m      kv.Model
+		layout kv.Layout
+		opts   kv.PrefixCacheOptions
+		says   string
 	}{
-		{"tiers beside windows", hybrid, kv.PrefixCacheOptions{Tiers: []kv.Tier{tiertest.NewMap(1 << 20)}}, "tiers need a model of one full-attention or MLA group"},
-		{"tiers beside recurrent groups", recurrent, kv.PrefixCacheOptions{Tiers: []kv.Tier{tiertest.NewMap(1 << 20)}}, "2 groups (recurrent, full)"},
+		{"tiers beside windows, per layer", hybrid, kv.PerLayer, kv.PrefixCacheOptions{Tiers: []kv.Tier{tiertest.NewMap(1 << 20)}}, "only the Blocked layout"},
+		{"tiers beside recurrent groups", recurrent, kv.Blocked, kv.PrefixCacheOptions{Tiers: []kv.Tier{tiertest.NewMap(1 << 20)}}, "recurrent group's state"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			e := openEnv(t, onShared, withConfig(kv.Config{Model: tt.m, MaxTokens: 256}))
+			e := openEnv(t, onShared, withConfig(kv.Config{Model: tt.m, MaxTokens: 256, Layout: tt.layout}))
 			_, err := kv.NewPrefixCache(e.c, tt.opts)
 			require.ErrorIs(t, err, kv.ErrConfig)
 			assert.ErrorContains(t, err, tt.says)

@@ -135,6 +135,8 @@ func (c *Cache) commitOf(m, n int) int64 {
 		return 0
 	case n == m:
 		return c.shareNeed(m)
+	case c.multi:
+		return c.needGroups(n, m)
 	}
 	size, _ := backing.AlignUp(c.extent(n), c.gran)
 	return int64(c.nbuf) * int64(size-c.shareable(m))
@@ -157,7 +159,7 @@ var probeScratches = sync.Pool{New: func() any { return new(probeScratch) }}
 // held[i] to tier i's part, assuming every load succeeds and the budget takes it. It
 // asks each tier's Contains, no more, and counts nothing. No lock is held.
 func (t *pcTiers) probe(ns Namespace, tokens []int32, m, limit int, held *[MaxTiers]int) int {
-	bt := t.c.tpb
+	bt := t.bt
 	if limit/bt*bt <= m {
 		return m
 	}

@@ -24,6 +24,8 @@ import (
 // its granule, TierPrefix) for the default Namespace, and for another under a tier
 // namespace derived from that and the Namespace's fields (spaceTierNS), so that no
 // value of one namespace is another's. Other layouts are refused: their block is not one unit.
+// On a model of several layer groups a tier's block is a run of tokens every group's
+// blocks tile, and its value carries each group's part (prefixcache_tier_groups.go).
 //
 // Write-down: every block that leaves the device goes down into every tier, in order,
 // by one rule: what leaves is picked under the locks, its bytes are copied out with no
@@ -143,9 +145,13 @@ type TierStats struct {
 // for an origin's ranges, and the counts. Its lock is taken after every other of the
 // package's and guards only the counts.
 type pcTiers struct {
-	c       *Cache
-	tiers   []Tier
-	ns      uint64
+	c     *Cache
+	tiers []Tier
+	ns    uint64
+	// bt is the tokens of a tier's block: the cache's block on one group, the least
+	// common multiple of the groups' on several (grp: prefixcache_tier_groups.go).
+	bt      int
+	grp     *tierGroups
 	hash    *blockhash.Hasher
 	wait    time.Duration
 	slots   chan struct{} // one token per store running
@@ -197,11 +203,13 @@ type pcTiers struct {
 
 // tierPart is a run of whole blocks to write down: blocks [first, last) of the path
 // whose tokens are tokens (at least last blocks of them), of the entry whose tier
-// namespace is ns (spaceNS).
+// namespace is ns (spaceNS); on a cache of several groups, held is the first token
+// each group of the entry held when it was picked.
 type tierPart struct {
 	tokens      []int32
 	first, last int
 	ns          uint64
+	held        []int
 }
 
 // tierWrite is what eviction picked of an entry to write down: its parts, copied out
@@ -221,8 +229,10 @@ type tierPending struct {
 // newTiers returns the tiers of opts for c, nil without any, or an error matching
 // ErrConfig: a layout other than Blocked (only its block is one contiguous unit of
 // every layer), more than MaxTiers tiers, a nil tier, two tiers of one name (their counts are told apart by
-// it), a negative bound or threshold, or a tier policy without tiers.
-func newTiers(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
+// it), a negative bound or threshold, or a tier policy without tiers. On a cache of
+// several groups grp is their part and bt the tier block's tokens (newTiersOf); on one
+// group, nil and the cache's block.
+func newTiers(c *Cache, opts PrefixCacheOptions, grp *tierGroups, bt int) (*pcTiers, error) {
 	if opts.TierStores < 0 || opts.TierLoads < 0 || opts.TierWait < 0 || opts.TierMinHits < 0 {
 		return nil, fmt.Errorf("%w: TierStores %d, TierLoads %d, TierWait %v, TierMinHits %d: none may be negative",
 			ErrConfig, opts.TierStores, opts.TierLoads, opts.TierWait, opts.TierMinHits)
@@ -233,7 +243,7 @@ func newTiers(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
 		}
 		return nil, nil
 	}
-	if c.cfg.Layout != Blocked || c.nbuf != 1 || c.tpb <= 0 {
+	if grp == nil && (c.cfg.Layout != Blocked || c.nbuf != 1 || c.tpb <= 0) {
 		return nil, fmt.Errorf("%w: tiers store whole blocks, and only the Blocked layout lays a block out as one contiguous unit (layout %v)", ErrConfig, c.cfg.Layout)
 	}
 	if len(opts.Tiers) > MaxTiers {
@@ -253,12 +263,12 @@ func newTiers(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
 	if err != nil {
 		return nil, err
 	}
-	h, err := blockhash.New(blockhash.Options{BlockSize: c.tpb})
+	h, err := blockhash.New(blockhash.Options{BlockSize: bt})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	t := &pcTiers{
-		c: c, tiers: append([]Tier(nil), opts.Tiers...), ns: ns, hash: h,
+		c: c, tiers: append([]Tier(nil), opts.Tiers...), ns: ns, bt: bt, grp: grp, hash: h,
 		wait: opts.TierWait, slots: make(chan struct{}, opts.TierStores),
 		through: opts.TierWriteThrough, minHits: int64(opts.TierMinHits),
 		counts: make([]TierStats, len(opts.Tiers)), inProc: make([]bool, len(opts.Tiers)),
@@ -328,9 +338,13 @@ func (t *pcTiers) keep(e *pcEntry) bool {
 // to the last whole one below n tokens, past those a write-through stored already, and
 // whether there are any. pc.mu is held.
 func (t *pcTiers) part(e *pcEntry, tokens []int32, first, n int) (tierPart, bool) {
-	last := min(len(tokens), n) / t.c.tpb
+	last := min(len(tokens), n) / t.bt
 	first = max(first, e.stored)
-	return tierPart{tokens: tokens[:last*t.c.tpb], first: first, last: last, ns: t.spaceNS(e.ns)}, first < last
+	p := tierPart{tokens: tokens[:last*t.bt], first: first, last: last, ns: t.spaceNS(e.ns)}
+	if t.grp != nil && e.seq != nil {
+		p.held = e.seq.helds()
+	}
+	return p, first < last
 }
 
 // pick marks e, which eviction takes out of the index whole (leaf), to be written
@@ -343,7 +357,7 @@ func (t *pcTiers) pick(e *pcEntry, leaf *radix.Node[*pcEntry]) *tierWrite {
 	if t == nil {
 		return nil
 	}
-	return t.pickFrom(e, leaf, leaf.Parent().Depth()/t.c.tpb)
+	return t.pickFrom(e, leaf, leaf.Parent().Depth()/t.bt)
 }
 
 // pickFrom is pick of e's blocks from block first on. pc.mu is held.
@@ -689,7 +703,7 @@ func (t *pcTiers) takeLoad(ctx context.Context, i int) bool {
 // block fewer at each refusal. An error other than a refusal for budget is returned
 // with 0 blocks, s unchanged. No lock is held.
 func (t *pcTiers) grow(s *Sequence, b, run int) (int, error) {
-	bt := t.c.tpb
+	bt := t.bt
 	tokens := func(k int) int { return (b+k)*bt - s.n }
 	fit := func(below int) int {
 		head := t.c.Headroom()

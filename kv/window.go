@@ -57,8 +57,8 @@ import "fmt"
 // The prefix cache works on a model of one full or one MLA group (DeepSeek-V3/R1: one
 // latent per layer, laid out as a full group's K and V are, so the one-group paths
 // serve it) and on one of window groups beside full or MLA ones, by references per
-// group and unit (prefixcache_groups.go), with events per group but without tiers
-// there. Map-ahead
+// group and unit (prefixcache_groups.go), with events and tiers per group there
+// (prefixcache_tier_groups.go). Map-ahead
 // works on every group that holds tokens, each with a run of its own (see ahead.go),
 // and leaves recurrent states out. A model with a Recurrent group has a prefix cache
 // of checkpoints, states the server records (prefixcache_checkpoint.go).

@@ -220,3 +220,51 @@ func withDType(g kv.Model, m *kv.Model, dt arena.DType) (kv.Model, *kv.Model, er
 	}
 	return g, &out, nil
 }
+
+// withShrink returns g and m with every group's K/V heads times head dim divided by n
+// (-kv-shrink; 1: as they are): the same groups, windows and layers, and, on a
+// granule n times smaller, the same blocks in tokens, at 1/n of the bytes, so that
+// a replay whose tiers would hold more than the machine has keeps its hit rates (a
+// hit rate depends on the budget over the ideal cache and on the blocks, not on the
+// bytes per token). The heads go first, then the head dim; a shape that n does not
+// divide is refused. Their names say so (a tier's values are another model's).
+func withShrink(g kv.Model, m *kv.Model, n int) (kv.Model, *kv.Model, error) {
+	if n == 1 {
+		return g, m, nil
+	}
+	if n < 1 || n&(n-1) != 0 {
+		return g, m, fmt.Errorf("-kv-shrink %d: want a power of two", n)
+	}
+	shrink := func(in kv.Model) (kv.Model, error) {
+		out := in
+		out.Name = fmt.Sprintf("%s/%d", in.Name, n)
+		out.Groups = slices.Clone(in.Groups)
+		for i := range out.Groups {
+			gr := &out.Groups[i]
+			if gr.Kind == kv.Recurrent {
+				continue
+			}
+			left := n
+			for left > 1 && gr.KVHeads%2 == 0 {
+				gr.KVHeads, left = gr.KVHeads/2, left/2
+			}
+			if gr.HeadDim%left != 0 {
+				return in, fmt.Errorf("-kv-shrink %d: %s group %d (%d K/V heads × head dim %d) is not divided by it", n, in.Name, i, in.Groups[i].KVHeads, in.Groups[i].HeadDim)
+			}
+			gr.HeadDim /= left
+		}
+		if err := out.Validate(0); err != nil {
+			return in, fmt.Errorf("-kv-shrink %d with %s: %w", n, in.Name, err)
+		}
+		return out, nil
+	}
+	sg, err := shrink(g)
+	if err != nil || m == nil {
+		return sg, nil, err
+	}
+	sm, err := shrink(*m)
+	if err != nil {
+		return g, m, err
+	}
+	return sg, &sm, nil
+}

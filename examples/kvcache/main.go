@@ -89,6 +89,7 @@ type config struct {
 	step        time.Duration
 	model       string
 	kvDType     string // -kv-dtype: the KV's element type, or kvDTypeDefault
+	kvShrink    int    // -kv-shrink: divide every group's K/V heads × head dim by it
 	verify      bool   // -verify: read every live token back before its sequence closes
 	uniform     bool   // -uniform: the model's window groups made full attention
 	system      int
@@ -304,6 +305,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.DurationVar(&c.step, "step", 25*time.Millisecond, "simulated model time of one batch iteration (one decode step)")
 	fs.StringVar(&c.model, "model", kv.Llama3_8B().Name, "model: a uniform model (every layer full attention) or a model of layer groups (sliding-window, chunked-local, MLA latent, recurrent state; vmarena alone, on kv.Config.Model): "+modelNames())
 	fs.StringVar(&c.kvDType, "kv-dtype", kvDTypeDefault, "the KV's element type for every strategy: model (the preset's own), fp16, bf16, fp8 (OCP E4M3), fp8-e5m2 or q8_0 (32 int8 values and an f16 scale in 34 bytes); a recurrent state keeps the model's")
+	fs.IntVar(&c.kvShrink, "kv-shrink", 1, "divide every group's K/V heads × head dim by this power of two (heads first): the same groups, windows and, with -granule divided by it too, blocks in tokens, at that fraction of the bytes, for a replay whose tiers would not fit this machine (the model's name gets /N)")
 	fs.BoolVar(&c.uniform, "uniform", false, "with a model of layer groups: make its sliding-window and chunked-local groups full attention (kv.Model.Uniform), the cache the same model takes when it keeps every token, for comparison")
 	fs.BoolVar(&c.verify, "verify", false, "read back, before each sequence closes, every token a later step would still read in every layer, and every recurrent state, and fail on a byte other than was written (slows the replay); in the prefix-cache replay, every hit token of every layer a later step reads, against what was written for its prefix (always with -tiers)")
 	fs.IntVar(&c.system, "system-prompt", 1024, "tokens of the system prompt every request shares")
@@ -364,6 +366,9 @@ func (c *config) validate() (setup, []string, error) {
 		return s, nil, err
 	}
 	if g, groups, err = withDType(g, groups, dt); err != nil {
+		return s, nil, err
+	}
+	if g, groups, err = withShrink(g, groups, c.kvShrink); err != nil {
 		return s, nil, err
 	}
 	if c.uniform {

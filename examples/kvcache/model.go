@@ -53,23 +53,23 @@ func modelNames() string {
 
 // groupsOnly checks what the flags ask of a model of layer groups, where kv and the
 // baselines can do less: the baselines model full attention only, and kv's prefix
-// cache keeps no tiers for layer groups (beside recurrent groups it keeps
-// checkpoints of their states: checkpoints.go). A flag left at
+// cache keeps tiers beside window groups, and checkpoints of their states beside
+// recurrent groups (checkpoints.go), where it keeps no tiers. A flag left at
 // its default is turned off, and said so in notes; a flag set to what can not run is
 // refused with an error naming the model and what refused it.
 func (c *config) groupsOnly(m *kv.Model, names []string) ([]string, []string, error) {
 	kinds := groupKinds(*m)
 	var notes []string
 	switch {
-	case c.prefix && c.tiers != "":
-		return nil, nil, fmt.Errorf("-model %s (%s): -tiers: kv's prefix cache keeps tiers for one-group caches (a tier's block is one group's)", m.Name, kinds)
+	case c.prefix && c.tiers != "" && hasRecurrent(m):
+		return nil, nil, fmt.Errorf("-model %s (%s): -tiers: kv's prefix cache keeps no tiers beside a recurrent group (a tier value keeps no state)", m.Name, kinds)
 	}
 	if c.prefix && hasRecurrent(m) {
 		notes = append(notes, fmt.Sprintf("the prefill records the recurrent states at each %d-token block boundary (kv.Sequence.Checkpoint), where a hit may start; %s replays the full-attention layers alone at the same budget, for the ratio of hit rates", MooncakeBlockTokens, nameFullLayers))
 	}
 	var kept []string
 	for _, n := range names {
-		if base, _ := splitAhead(n); base == nameCache || c.prefix && (base == namePrefixOn || base == namePrefixOff) {
+		if base, _ := splitAhead(n); base == nameCache || c.prefix && (base == namePrefixOn || base == namePrefixOff || base == namePrefixTiers) {
 			kept = append(kept, n)
 			continue
 		}

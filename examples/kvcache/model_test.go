@@ -28,7 +28,6 @@ func TestModelFlagBadInputs(t *testing.T) {
 		{"prefix replay of a recurrent model with tiers", []string{"-model", "qwen3-next-80b-a3b", "-trace", "mooncake", "-requests", "2", "-tiers", "host"}, "-tiers: kv's prefix cache keeps tiers for one-group caches"},
 		{"prefix replay with paged", append(hybrid, "-trace", "mooncake", "-strategies", "vmarena+prefix-cache,paged+prefix-cache"),
 			"strategy paged+prefix-cache models full attention only, and would hold every token of the window layers; run -strategies vmarena+prefix-cache,vmarena"},
-		{"prefix replay with tiers", append(hybrid, "-trace", "mooncake", "-tiers", "host"), "-tiers: kv's prefix cache keeps tiers for one-group caches"},
 		{"uniform of a uniform model", []string{"-model", "llama3-8b", "-uniform"}, "-uniform: -model llama3-8b is uniform, every layer full attention already"},
 		{"window past the context", []string{"-model", "gemma-3-27b", "-max-tokens", "1000", "-system-prompt", "0"}, "window of 1024 tokens is larger than MaxTokens 1000"},
 	}

@@ -548,16 +548,28 @@ invalid    per tier: values that failed their check: misses, never mapped
 checked    hit tokens read back and compared, byte for byte, with what was written for them`)
 }
 
-// blockTokens returns the tokens of one block of c's sequences: the unit a tier
-// stores.
+// blockTokens returns the tokens of one block of c's tiers: the unit a tier stores,
+// one block of c's sequences, or, on a model of layer groups, the least common
+// multiple of the groups' blocks (kv's tier block there).
 func blockTokens(c *kv.Cache) (int, error) {
-	q, err := c.NewSequence()
-	if err != nil {
-		return 0, err
+	bt := 0 // none: the PerLayer layout has no blocks
+	for l := range c.Config().Model.Layers {
+		st, err := c.LayerStrides(l)
+		if err != nil {
+			return 0, err
+		}
+		if st.BlockTokens == 0 {
+			continue // a recurrent layer
+		}
+		if bt == 0 {
+			bt = st.BlockTokens
+			continue
+		}
+		a, b := bt, st.BlockTokens
+		for b != 0 {
+			a, b = b, a%b
+		}
+		bt = bt / a * st.BlockTokens
 	}
-	n := q.BlockTokens()
-	if out := q.Close(); !out.OK() {
-		return 0, fmt.Errorf("kv: sequence close: %v", out)
-	}
-	return n, nil
+	return bt, nil
 }

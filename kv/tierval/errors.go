@@ -23,6 +23,10 @@ var (
 	// ErrNamespace: the value was written under another namespace (another model
 	// geometry, layout, block size or user prefix).
 	ErrNamespace = errors.New("tierval: value of another namespace")
+	// ErrLayout: a value of several layer groups (GroupsVersion) written under
+	// another layout: another model name, group count, or a group of another kind,
+	// shape or unit (Layout). A cache never maps it.
+	ErrLayout = errors.New("tierval: value of another group layout")
 	// ErrBlock: the value was written for another block: another hash, another token
 	// count or payload length, or other tokens.
 	ErrBlock = errors.New("tierval: value of another block")

@@ -31,8 +31,9 @@ import (
 // changes it; a value that an adversary forges is not its concern: the tokens are
 // compared in full, so a forged value can only claim its own tokens.
 const (
-	// Version is the format version this build writes and reads: for a tool that
-	// reads values itself, which refuses another.
+	// Version is the format version of a one-group value that this build writes
+	// and reads: for a tool that reads values itself, which refuses another. A
+	// value of several layer groups is GroupsVersion (groups.go).
 	Version = 1
 	// HeaderSize is the bytes of a value's header, before its tokens: for a tool
 	// that reads values itself (Size is what a writer needs).

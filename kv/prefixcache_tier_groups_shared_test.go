@@ -1,0 +1,403 @@
+//go:build linux || windows
+
+package kv_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/blockhash"
+	"github.com/vmarena/vmarena/kv/tierval"
+	"github.com/vmarena/vmarena/kvtier/hosttier"
+	"github.com/vmarena/vmarena/kvtier/tiertest"
+)
+
+// tinyGemma is Gemma-3's pattern in small: five sliding-window layers to one full
+// one, blocks of different tokens (12 and 16 on 4 KiB granules: tier blocks of 48).
+var tinyGemma = kv.Model{Name: "tiny-gemma", Layers: 6, Groups: []kv.Group{
+	{Kind: kv.SlidingWindow, Window: 40, Layers: []int{0, 1, 2, 3, 4}, KVHeads: 1, HeadDim: 16, DType: arena.Float16},
+	{Kind: kv.FullAttention, Layers: []int{5}, KVHeads: 2, HeadDim: 32, DType: arena.Float16},
+}}
+
+// tinyChunks is Llama-4's pattern in small: chunked local layers beside a full one,
+// its chunk two tier blocks, so that every other tier block ends a chunk, where a
+// step reads none of the chunked group's tokens.
+var tinyChunks = kv.Model{Name: "tiny-chunks", Layers: 4, Groups: []kv.Group{
+	{Kind: kv.ChunkedLocal, Window: 32, Layers: []int{0, 1, 2}, KVHeads: 1, HeadDim: 16, DType: arena.Float16},
+	{Kind: kv.FullAttention, Layers: []int{3}, KVHeads: 2, HeadDim: 32, DType: arena.Float16},
+}}
+
+// groupTierModels are the models the tier tests on groups run on.
+var groupTierModels = []kv.Model{tinyOSS, tinyGemma, tinyChunks, tinyWindows}
+
+// tierBlock returns the tokens of a tier block of c: the least common multiple of its
+// layers' blocks.
+func tierBlock(t testing.TB, c *kv.Cache) int {
+	t.Helper()
+	bt := 1
+	for l := range c.Config().Model.Layers {
+		st, err := c.LayerStrides(l)
+		require.NoError(t, err)
+		a, b := bt, st.BlockTokens
+		for b != 0 {
+			a, b = b, a%b
+		}
+		bt = bt / a * st.BlockTokens
+	}
+	return bt
+}
+
+// groupTierKeys returns the tier keys of ids' whole tier blocks in c's prefix cache
+// made with TierPrefix prefix (the default namespace).
+func groupTierKeys(t testing.TB, c *kv.Cache, prefix string, ids []int32) []tierval.Key {
+	t.Helper()
+	ns, err := kv.TierNamespace(c.Config(), c.Granularity(), prefix)
+	require.NoError(t, err)
+	h, err := blockhash.New(blockhash.Options{BlockSize: tierBlock(t, c)})
+	require.NoError(t, err)
+	var keys []tierval.Key
+	for _, x := range h.Chain(nil, h.Root(), 0, ids) {
+		keys = append(keys, tierval.Key{Namespace: ns, Hash: x.Uint64()})
+	}
+	return keys
+}
+
+// newGroupTierCache returns a prefix cache over c with tiers under TierPrefix prefix,
+// closed by the test's cleanup.
+func newGroupTierCache(t *testing.T, c *kv.Cache, prefix string, tiers ...kv.Tier) *kv.PrefixCache {
+	t.Helper()
+	pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Tiers: tiers, TierPrefix: prefix, TierWait: time.Minute})
+	require.NoError(t, err)
+	closeAtCleanup(t, pc)
+	return pc
+}
+
+// evictGroups serves ids on a model of groups, closes the sequence and evicts the
+// whole cache, so that the entry's blocks go down into the tiers.
+func evictGroups(t *testing.T, e *env, pc *kv.PrefixCache, ids []int32) {
+	t.Helper()
+	s, _, _, err := serveHybrid(pc, ids)
+	require.NoError(t, err)
+	require.True(t, s.Close().OK())
+	evictsAll(t, pc)
+	idleBooks(t, e, pc, "after evicting the entry into the tiers")
+}
+
+// TestPrefixCacheGroupTiers: on models of window (sliding, chunked) groups beside
+// full and MLA ones, on host memory and the CUDA fake, with an in-memory tier and the
+// host tier, an evicted entry goes down into the tier as one value per tier block and
+// a lookup of its prompt, or of a longer one, starts on the tier's blocks again: every
+// token of every group that the step at the match reads (and every full group's
+// token) reads back as written, the window rule holds for the hit, and the counts and
+// the books are exact.
+func TestPrefixCacheGroupTiers(t *testing.T) {
+	for _, model := range groupTierModels {
+		for _, be := range tierBackends {
+			for _, tk := range tierKinds {
+				t.Run(model.Name+"/"+be.name+"/"+tk.name, func(t *testing.T) {
+					// NB: tinyWindows' tier block is its MLA group's, 256 tokens.
+					e := openEnv(t, be.kind, scaled, withConfig(kv.Config{Model: model, MaxTokens: 2048}))
+					tier := tk.make(t)
+					pc := newGroupTierCache(t, e.c, t.Name(), tier)
+					bt := tierBlock(t, e.c)
+					ids := promptIDs(7, 5*bt+5)
+					evictGroups(t, e, pc, ids)
+					st := pc.Stats().Tiers[0]
+					assert.Positive(t, st.StoreBytes)
+					assert.Zero(t, st.Drops)
+
+					for i, prompt := range [][]int32{ids, append(slices.Clone(ids), promptIDs(900, 30)...)} {
+						q, m, _, err := serveHybrid(pc, prompt)
+						require.NoError(t, err, "prompt %d", i)
+						assert.Equal(t, 5*bt, m, "prompt %d: the whole tier blocks below its last token", i)
+						require.NoError(t, checkHeldIDs(q, prompt, 0, len(prompt)), "prompt %d", i)
+						require.True(t, q.Close().OK())
+						if i == 0 {
+							st := pc.Stats()
+							assert.EqualValues(t, 5*bt, st.Tiers[0].Hits, "the tier's tokens")
+							assert.EqualValues(t, 5*bt, st.Hits, "tier tokens count as hits")
+							assert.Zero(t, st.Tiers[0].Invalid)
+							evictsAll(t, pc)
+						}
+						idleBooks(t, e, pc, "after a lookup from the tier")
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestPrefixCacheGroupTierPartial: a load stops at the first block the tier lacks,
+// and a hit ends at the last tier block before it at which every window group holds
+// what the step reads: on tinyChunks, whose entry gave back its older chunk units before
+// it went down, the last chunk boundary. The sequence holds nothing past it, and what
+// it holds reads back.
+func TestPrefixCacheGroupTierPartial(t *testing.T) {
+	for _, be := range tierBackends {
+		t.Run(be.name, func(t *testing.T) {
+			e := openEnv(t, be.kind, scaled, withConfig(kv.Config{Model: tinyChunks, MaxTokens: 1024}))
+			tier := tiertest.NewMap(4 << 20)
+			pc := newGroupTierCache(t, e.c, t.Name(), tier)
+			bt := tierBlock(t, e.c)
+			chunk := tinyChunks.Groups[0].Window
+			require.Zero(t, chunk%bt, "the test wants chunks of whole tier blocks")
+			ids := promptIDs(7, 5*bt+5)
+			evictGroups(t, e, pc, ids)
+			keys := groupTierKeys(t, e.c, t.Name(), ids)
+			require.NoError(t, tier.Delete(context.Background(), keys[3]))
+
+			q, m, _, err := serveHybrid(pc, ids)
+			require.NoError(t, err)
+			assert.Equal(t, 3*bt/chunk*chunk, m, "the last chunk boundary of the three blocks loaded")
+			require.NoError(t, checkHeldIDs(q, ids, 0, len(ids)))
+			require.True(t, q.Close().OK())
+			st := pc.Stats().Tiers[0]
+			assert.EqualValues(t, m, st.Hits)
+			assert.EqualValues(t, 3*bt/chunk*chunk, st.Hits)
+			idleBooks(t, e, pc, "after the partial load")
+		})
+	}
+}
+
+// TestPrefixCacheGroupTierCut: where eviction can only shorten an entry (a live
+// sequence maps its first units), the whole tier blocks it cuts off go down first,
+// from a holder mapping them, so that a later lookup loads the entry's every block:
+// on tinyChunks, whose cut stops at a chunk boundary, where the entry still serves.
+func TestPrefixCacheGroupTierCut(t *testing.T) {
+	for _, be := range tierBackends {
+		t.Run(be.name, func(t *testing.T) {
+			e := openEnv(t, be.kind, scaled, withConfig(kv.Config{Model: tinyChunks, MaxTokens: 1024}))
+			tier := tiertest.NewMap(4 << 20)
+			pc := newGroupTierCache(t, e.c, t.Name(), tier)
+			bt := tierBlock(t, e.c)
+			chunk := tinyChunks.Groups[0].Window
+			require.Equal(t, 2*bt, chunk, "the test cuts at the first chunk boundary")
+			ids := promptIDs(7, 5*bt+5)
+			s, _, _, err := serveHybrid(pc, ids)
+			require.NoError(t, err)
+			require.True(t, s.Close().OK())
+			// A live hit on the first chunk and a half.
+			live, m, err := pc.Lookup(append(slices.Clone(ids[:chunk+bt/2]), promptIDs(5000, 20)...))
+			require.NoError(t, err)
+			require.Equal(t, chunk+bt/2, m)
+			_, err = pc.Evict(1 << 40)
+			require.NoError(t, err)
+			assert.Equal(t, chunk, heldPrefix(pc, ids), "the entry was cut to the chunk the live hit maps")
+			require.True(t, live.Close().OK())
+			evictsAll(t, pc)
+			assert.Zero(t, pc.Stats().Tiers[0].Drops)
+
+			q, m, _, err := serveHybrid(pc, ids)
+			require.NoError(t, err)
+			assert.Equal(t, 5*bt, m, "every block of the entry, the cut ones too, from the tier")
+			require.NoError(t, checkHeldIDs(q, ids, 0, len(ids)))
+			require.True(t, q.Close().OK())
+			idleBooks(t, e, pc, "after the load")
+		})
+	}
+}
+
+// TestPrefixCacheGroupTierRefused: a value of another model (another window: another
+// namespace), of another layout under this model's namespace, or of one group, put
+// under this cache's key of a prompt's first block is refused as corruption: counted
+// in TierStats.Invalid, never mapped, the lookup a miss whose prefill reads back.
+func TestPrefixCacheGroupTierRefused(t *testing.T) {
+	other := tinyOSS
+	other.Name = "tiny-oss-wide"
+	other.Groups = slices.Clone(tinyOSS.Groups)
+	other.Groups[0].Window = 48
+	e := openEnv(t, onShared, scaled, withConfig(kv.Config{Model: tinyOSS, MaxTokens: 1024}))
+	c2 := e.cache(t, kv.Config{Model: other, MaxTokens: 1024})
+	bt := tierBlock(t, e.c)
+	require.Equal(t, bt, tierBlock(t, c2), "the other model's tier blocks are as many tokens")
+	ids := promptIDs(7, 3*bt+5)
+
+	// The other model's values of the same prompt.
+	theirs := tiertest.NewMap(4 << 20)
+	pc2 := newGroupTierCache(t, c2, "p", theirs)
+	s, _, _, err := serveHybrid(pc2, ids)
+	require.NoError(t, err)
+	require.True(t, s.Close().OK())
+	evictsAll(t, pc2)
+	theirKeys := groupTierKeys(t, c2, "p", ids)
+	require.Positive(t, theirs.Len())
+	var theirValue []byte
+	require.NoError(t, theirs.Load(context.Background(), theirKeys[0], func(src []byte) error {
+		theirValue = slices.Clone(src)
+		return nil
+	}))
+
+	keys := groupTierKeys(t, e.c, "p", ids)
+	forged := func(model string, groups int) []byte {
+		gl := []tierval.GroupLayout{
+			{Part: tierval.PartUnits, Kind: uint8(kv.SlidingWindow), DType: uint8(arena.Float16), Window: 24, Layers: 2, KVHeads: 1, HeadDim: 16, Tensors: 2, UnitTokens: 1, UnitBytes: 1},
+			{Part: tierval.PartUnits, Kind: uint8(kv.FullAttention), DType: uint8(arena.Float16), Layers: 2, KVHeads: 2, HeadDim: 32, Tensors: 2, UnitTokens: 1, UnitBytes: 1},
+		}
+		l, err := tierval.NewLayout(model, gl[:groups])
+		require.NoError(t, err)
+		parts := make([]int, groups)
+		v := make([]byte, l.Size(bt, parts))
+		require.NoError(t, tierval.EncodeGroups(v, keys[0], l, ids[:bt], parts, func(int, []byte) error { return nil }))
+		return v
+	}
+	oneGroup := make([]byte, tierval.Size(bt, 8))
+	require.NoError(t, tierval.Encode(oneGroup, keys[0], ids[:bt], 8, func([]byte) error { return nil }))
+	for _, tt := range []struct {
+		name  string
+		value []byte
+	}{
+		{"another model's value", theirValue},
+		{"another layout", forged("tiny-oss", 2)},
+		{"another group count", forged(tinyOSS.Name, 1)},
+		{"a one-group value", oneGroup},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tier := tiertest.NewMap(4 << 20)
+			pc := newGroupTierCache(t, e.c, "p", tier)
+			require.NoError(t, tier.Store(context.Background(), keys[0], len(tt.value), func(dst []byte) error {
+				copy(dst, tt.value)
+				return nil
+			}))
+			q, m, _, err := serveHybrid(pc, ids)
+			require.NoError(t, err)
+			assert.Zero(t, m, "nothing of the value is served")
+			require.NoError(t, checkHeldIDs(q, ids, 0, len(ids)))
+			require.True(t, q.Close().OK())
+			st := pc.Stats().Tiers[0]
+			assert.EqualValues(t, 1, st.Invalid)
+			assert.Zero(t, st.Hits)
+			assert.Zero(t, st.LoadBytes)
+			require.NoError(t, pc.Close())
+			e.books(t, "after the refusal")
+		})
+	}
+}
+
+// TestPrefixCacheGroupTiersLayout: on a model of groups, tiers need the Blocked layout
+// (a block of each group is one contiguous unit), as on one group, and a tier block
+// (whole blocks of every group) within MaxTokens.
+func TestPrefixCacheGroupTiersLayout(t *testing.T) {
+	e := openEnv(t, noCache, withLimit(1<<30))
+	for _, tt := range []struct {
+		name string
+		cfg  kv.Config
+		says string
+	}{
+		{"per layer", kv.Config{Model: tinyWindows, MaxTokens: 1024, Layout: kv.PerLayer}, "only the Blocked layout"},
+		{"a tier block past MaxTokens", kv.Config{Model: tinyWindows, MaxTokens: 100}, "more than MaxTokens 100"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := e.cache(t, tt.cfg)
+			_, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{Tiers: []kv.Tier{tiertest.NewMap(1 << 20)}})
+			require.ErrorIs(t, err, kv.ErrConfig)
+			assert.ErrorContains(t, err, tt.says)
+		})
+	}
+}
+
+// TestPrefixCacheGroupTierRandom: random prompts (new ones, earlier ones and their
+// continuations) on a gpt-oss-like, a Gemma-like and a Llama-4-like model with a host tier small
+// enough to evict, and random evictions of the device's cache, by write-back and by
+// write-through: every hit, from the device, the tier or both, holds what the step at
+// it reads in every window group and reads back as written; no tier value is
+// refused; the counts add up and the books are exact after every request
+// (write-back) and after Close.
+func TestPrefixCacheGroupTierRandom(t *testing.T) {
+	for _, model := range []kv.Model{tinyOSS, tinyGemma, tinyChunks} {
+		for _, through := range []bool{false, true} {
+			name := model.Name + "/write-back"
+			if through {
+				name = model.Name + "/write-through"
+			}
+			t.Run(name, func(t *testing.T) {
+				testPrefixCacheGroupTierRandom(t, model, through)
+			})
+		}
+	}
+}
+
+func testPrefixCacheGroupTierRandom(t *testing.T, model kv.Model, through bool) {
+	e := openEnv(t, onShared, scaled, withConfig(kv.Config{Model: model, MaxTokens: 512}))
+	ht, err := hosttier.New(hosttier.Options{Budget: 1 << 20, Granule: 4 << 10})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, ht.Close()) })
+	pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{Tiers: []kv.Tier{ht}, TierPrefix: t.Name(), TierWait: time.Minute, TierWriteThrough: through})
+	require.NoError(t, err)
+	closeAtCleanup(t, pc)
+	r := rand.New(rand.NewPCG(43, uint64(len(model.Groups))))
+	var made [][]int32
+	var queries, hits int64
+	tierHits := 0
+	for range 80 {
+		ids := hybridStream(r, made)
+		before := pc.Stats().Tiers[0].Hits
+		s, m, _, err := serveHybrid(pc, ids)
+		require.NoError(t, err)
+		require.LessOrEqual(t, m, longestCommon(made, ids))
+		require.NoError(t, checkHeldIDs(s, ids, 0, len(ids)))
+		if pc.Stats().Tiers[0].Hits > before {
+			tierHits++
+		}
+		queries += int64(len(ids))
+		hits += int64(m)
+		made = append(made, ids)
+		require.True(t, s.Close().OK())
+		if r.IntN(3) == 0 {
+			_, err := pc.Evict(int64(r.IntN(1 << 16)))
+			require.NoError(t, err)
+		}
+		if !through {
+			// NB: a write-through's entry closes after its stores, in the
+			// background: the books are read after Close then.
+			idleBooks(t, e, pc, "after a request")
+		}
+	}
+	st := pc.Stats()
+	assert.Equal(t, queries, st.Queries)
+	assert.Equal(t, hits, st.Hits)
+	assert.Zero(t, st.Tiers[0].Invalid)
+	assert.Positive(t, tierHits, "lookups that loaded from the tier")
+	require.NoError(t, pc.Close())
+	e.books(t, "after the close, every block written down")
+}
+
+// TestPrefixCacheGroupTierNamespaces: on a model of groups, a namespace's blocks go
+// into the tiers under its own keys: a lookup in another namespace loads none of
+// them, even from a tier that hands back a value of the same tokens whatever the
+// namespace (refused: TierStats.Invalid), and a lookup in the same one loads them all.
+func TestPrefixCacheGroupTierNamespaces(t *testing.T) {
+	e := openEnv(t, onShared, scaled, withConfig(kv.Config{Model: tinyGemma, MaxTokens: 1024}))
+	tier := &nsTier{blind: true}
+	pc := newGroupTierCache(t, e.c, t.Name(), tier)
+	bt := tierBlock(t, e.c)
+	a, b := kv.Namespace{Adapter: "a"}, kv.Namespace{Adapter: "b"}
+	ids := promptIDs(7, 3*bt+5)
+	serveIn := func(ns kv.Namespace, insert bool) int {
+		s, m, err := pc.LookupIn(ns, ids)
+		require.NoError(t, err)
+		require.NoError(t, checkHeldIDs(s, ids, 0, m))
+		require.NoError(t, s.Append(len(ids)-m))
+		require.NoError(t, writeHeldIDs(s, ids, m, len(ids)))
+		if insert {
+			require.NoError(t, pc.InsertIn(ns, s, ids))
+		}
+		require.NoError(t, checkHeldIDs(s, ids, 0, len(ids)))
+		require.True(t, s.Close().OK())
+		return m
+	}
+	serveIn(a, true)
+	evictsAll(t, pc)
+	assert.Zero(t, serveIn(b, false), "another namespace's blocks")
+	assert.EqualValues(t, 1, pc.Stats().Tiers[0].Invalid, "the blind tier's value of a, refused in b")
+	assert.Equal(t, 3*bt, serveIn(a, false), "the namespace's own blocks")
+	assert.EqualValues(t, 3*bt, pc.Stats().Tiers[0].Hits)
+	idleBooks(t, e, pc, "after the lookups")
+}
