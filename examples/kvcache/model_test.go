@@ -25,7 +25,7 @@ func TestModelFlagBadInputs(t *testing.T) {
 		{"a baseline", append(hybrid, "-strategies", "vmarena,paged"),
 			"-model gpt-oss-20b (2 groups: sliding-window 128 ×12, full ×12): strategy paged models full attention only"},
 		{"per-layer", append(hybrid, "-layout", "per-layer"), "-layout per-layer: the per-group figures read the Blocked layout's blocks"},
-		{"prefix replay of a recurrent model with tiers", []string{"-model", "qwen3-next-80b-a3b", "-trace", "mooncake", "-requests", "2", "-tiers", "host"}, "-tiers: kv's prefix cache keeps tiers for one-group caches"},
+		{"prefix replay of a recurrent model with tiers", []string{"-model", "qwen3-next-80b-a3b", "-trace", "mooncake", "-requests", "2", "-tiers", "host"}, "-tiers: kv's prefix cache keeps no tiers beside a recurrent group"},
 		{"prefix replay with paged", append(hybrid, "-trace", "mooncake", "-strategies", "vmarena+prefix-cache,paged+prefix-cache"),
 			"strategy paged+prefix-cache models full attention only, and would hold every token of the window layers; run -strategies vmarena+prefix-cache,vmarena"},
 		{"uniform of a uniform model", []string{"-model", "llama3-8b", "-uniform"}, "-uniform: -model llama3-8b is uniform, every layer full attention already"},
