@@ -18,6 +18,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/backing/nodepool"
 	"github.com/vmarena/vmarena/internal/testutil"
 	"github.com/vmarena/vmarena/kv"
@@ -412,4 +413,159 @@ func runLoanHelper(path string, ci int) int {
 		return fail("close", err)
 	}
 	return 0
+}
+
+// nodePair is an owner and two clients of it in this process, each with a cache of
+// cfg: what the in-process loan tests and the benchmark lend between (the owner
+// tells processes apart by their connections, so two clients of one process are two
+// processes to it).
+type nodePair struct {
+	o      *nodepool.Owner
+	cl     [2]*nodepool.Client
+	caches [2]*kv.Cache
+}
+
+func newNodePair(t testing.TB, cfg kv.Config) *nodePair {
+	t.Helper()
+	np := &nodePair{}
+	path := filepath.Join(t.TempDir(), "node.sock")
+	var err error
+	np.o, err = nodepool.Listen(path, nodepool.OwnerOptions{Granularity: envGranule})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, np.o.Close()) })
+	for i := range np.cl {
+		np.cl[i], err = nodepool.Attach(path, nodepool.ClientOptions{High: nodepool.ClientNoPool})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = np.cl[i].Close() })
+		np.caches[i], err = kv.New(np.cl[i], cfg)
+		require.NoError(t, err)
+	}
+	return np
+}
+
+// frozen returns a prefix of n tokens of cache 0 written as writer 1, and the
+// sequence it was frozen from.
+func (np *nodePair) frozen(t testing.TB, n int) (*kv.Sequence, *kv.Prefix) {
+	t.Helper()
+	s, err := np.caches[0].NewSequence()
+	require.NoError(t, err)
+	require.NoError(t, s.Append(n))
+	require.NoError(t, writeHeld(s, 1, 0, n))
+	p, err := s.Freeze(n)
+	require.NoError(t, err)
+	return s, p
+}
+
+// TestPrefixLoanRefused: a loan lent to another process, one whose fingerprint or
+// token count was changed, and a second borrow of one are refused with ErrLoan
+// before the node pool is asked, mapping nothing, and the right loan borrows after
+// them; a borrowed prefix can not be lent onward.
+func TestPrefixLoanRefused(t *testing.T) {
+	np := newNodePair(t, loanConfig(0))
+	s, p := np.frozen(t, loanTokens)
+	b := np.caches[1]
+	bAuth := np.cl[1].Accounting().Authority()
+
+	wrong, err := p.Lend(np.cl[0].Number())
+	require.NoError(t, err)
+	loan, err := p.Lend(np.cl[1].Number())
+	require.NoError(t, err)
+	data, err := loan.MarshalBinary()
+	require.NoError(t, err)
+	tampered := func(at int, v byte) kv.PrefixLoan {
+		d := append([]byte(nil), data...)
+		d[at] = v
+		var l kv.PrefixLoan
+		require.NoError(t, l.UnmarshalBinary(d))
+		return l
+	}
+	const at = len("vmkvloan\x01") // the fingerprint, then the borrower and the tokens
+	for _, tt := range []struct {
+		name string
+		loan kv.PrefixLoan
+	}{
+		{"lent to another process", wrong},
+		{"another fingerprint", tampered(at, data[at]^1)},
+		{"another token count", tampered(at+9, 100)},
+		{"nothing", kv.PrefixLoan{}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := b.BorrowPrefix(tt.loan)
+			require.ErrorIs(t, err, kv.ErrLoan)
+			assert.Zero(t, bAuth.Stats().Mapped, "nothing mapped")
+			assert.Zero(t, b.Stats().Prefixes)
+		})
+	}
+
+	bp, err := b.BorrowPrefix(loan)
+	require.NoError(t, err, "the right loan, after the refused ones")
+	_, err = b.BorrowPrefix(loan)
+	require.ErrorIs(t, err, kv.ErrLoan, "a second borrow")
+	_, err = bp.Lend(np.cl[0].Number())
+	require.ErrorIs(t, err, backing.ErrReadOnly, "a borrowed prefix is lent by its lender only")
+	seq, err := b.NewSequenceFrom(bp)
+	require.NoError(t, err)
+	require.NoError(t, checkHeld(seq, 1, 0, loanTokens))
+	bp.Release()
+	require.Equal(t, accounting.Complete, seq.Close().Status)
+
+	// Once every mapping of the loan went, the loan borrows again while its lender
+	// keeps the prefix.
+	bp, err = b.BorrowPrefix(loan)
+	require.NoError(t, err)
+	bp.Release()
+	p.Release()
+	require.Equal(t, accounting.Complete, s.Close().Status)
+	for i, c := range np.caches {
+		require.NoError(t, c.Close())
+		_, err := np.cl[i].Usage()
+		require.NoError(t, err)
+		as := np.cl[i].Accounting().Authority().Stats()
+		assert.Zero(t, as.Owned)
+		assert.Zero(t, as.Mapped)
+	}
+	assert.Zero(t, np.o.Stats().Device.Used)
+}
+
+// BenchmarkPrefixLoanStart is the time to start a sequence on a prefix (and close
+// it): from=local on the prefix its cache froze, from=borrowed on the same prefix
+// borrowed by another client of the node; borrow is BorrowPrefix and Release of
+// that prefix (the owner's round trip and the mappings). tiny8, Blocked, 4 KiB
+// granules, a prefix of 256 tokens: 64 blocks of 3 granules, and a copied tail of
+// one block at 254 tokens.
+func BenchmarkPrefixLoanStart(b *testing.B) {
+	for _, n := range []int{256, 254} {
+		np := newNodePair(b, kv.Config{Model: tiny8, MaxTokens: 1024})
+		s, p := np.frozen(b, n)
+		loan, err := p.Lend(np.cl[1].Number())
+		require.NoError(b, err)
+		bp, err := np.caches[1].BorrowPrefix(loan)
+		require.NoError(b, err)
+		start := func(b *testing.B, c *kv.Cache, p *kv.Prefix) {
+			for b.Loop() {
+				s, err := c.NewSequenceFrom(p)
+				if err != nil {
+					b.Fatal(err)
+				}
+				s.Close()
+			}
+		}
+		b.Run(fmt.Sprintf("tokens=%d/from=local", n), func(b *testing.B) { start(b, np.caches[0], p) })
+		b.Run(fmt.Sprintf("tokens=%d/from=borrowed", n), func(b *testing.B) { start(b, np.caches[1], bp) })
+		bp.Release()
+		b.Run(fmt.Sprintf("tokens=%d/borrow", n), func(b *testing.B) {
+			for b.Loop() {
+				bp, err := np.caches[1].BorrowPrefix(loan)
+				if err != nil {
+					b.Fatal(err)
+				}
+				bp.Release()
+			}
+		})
+		p.Release()
+		s.Close()
+		for _, c := range np.caches {
+			require.NoError(b, c.Close())
+		}
+	}
 }
