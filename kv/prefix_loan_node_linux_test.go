@@ -113,6 +113,8 @@ func runPrefixLoan(t *testing.T, ci int) {
 
 	h.say(t, "loan "+hex.EncodeToString(data))
 	f := h.fields(t, "borrowed")
+	t.Logf("A: prefix of %d tokens, %d granules lent (%d bytes), a local start commits %d bytes of its own and maps %d; B: %v",
+		loanTokens, loan.Granules(), p.Committed(), ls.Committed-ls.Shared, ls.Shared, f)
 	assert.Equal(t, "0", f["owned"], "the borrow commits nothing")
 	assert.Equal(t, strconv.FormatInt(p.Committed(), 10), f["mapped"], "the borrow maps the prefix's granules")
 	assert.Equal(t, strconv.FormatInt(2*(ls.Committed-ls.Shared), 10), f["owned2"], "two sequences commit only their tails, as a local start does")
