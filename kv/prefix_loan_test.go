@@ -92,3 +92,23 @@ func TestPrefixLoanUnmarshal(t *testing.T) {
 		})
 	}
 }
+
+// FuzzPrefixLoanUnmarshal: any bytes are refused with ErrLoan or read as a loan
+// that marshals to bytes read back as the same loan; nothing panics.
+func FuzzPrefixLoanUnmarshal(f *testing.F) {
+	f.Add([]byte(nil))
+	f.Add(append([]byte("vmkvloan\x01"), 1, 2, 3, 4, 5, 6, 7, 8, 3, 5, 0, 1, 0, 2, 7, 0xac, 0x02))
+	f.Add(append([]byte("vmkvloan\x01"), 1, 2, 3, 4, 5, 6, 7, 8, 3, 30, 2, 0, 25, 2, 0, 1, 9, 0x80, 0x20, 1, 10))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var l kv.PrefixLoan
+		if err := l.UnmarshalBinary(data); err != nil {
+			require.ErrorIs(t, err, kv.ErrLoan)
+			return
+		}
+		out, err := l.MarshalBinary()
+		require.NoError(t, err)
+		var back kv.PrefixLoan
+		require.NoError(t, back.UnmarshalBinary(out))
+		require.Equal(t, l, back)
+	})
+}
