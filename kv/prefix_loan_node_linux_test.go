@@ -571,3 +571,48 @@ func BenchmarkPrefixLoanStart(b *testing.B) {
 		}
 	}
 }
+
+// TestPrefixLoanFromPrefixCache: a prefix-cache entry is lent by freezing the
+// sequence a Lookup returned on it; the borrower reads the entry's tokens, and the
+// lender's prefix cache evicts the entry while the borrower maps it.
+func TestPrefixLoanFromPrefixCache(t *testing.T) {
+	np := newNodePair(t, loanConfig(0))
+	pc, err := kv.NewPrefixCache(np.caches[0], kv.PrefixCacheOptions{})
+	require.NoError(t, err)
+	ids := make([]int32, 64)
+	for i := range ids {
+		ids[i] = int32(1000 + i)
+	}
+	s, err := np.caches[0].NewSequence()
+	require.NoError(t, err)
+	require.NoError(t, s.Append(len(ids)))
+	require.NoError(t, writeHeld(s, 1, 0, len(ids)))
+	require.NoError(t, pc.Insert(s, ids))
+	require.Equal(t, accounting.Complete, s.Close().Status)
+
+	hit, n, err := pc.Lookup(ids)
+	require.NoError(t, err)
+	require.Positive(t, n)
+	p, err := hit.Freeze(n)
+	require.NoError(t, err)
+	require.Equal(t, accounting.Complete, hit.Close().Status)
+	loan, err := p.Lend(np.cl[1].Number())
+	require.NoError(t, err)
+	bp, err := np.caches[1].BorrowPrefix(loan)
+	require.NoError(t, err)
+	p.Release()
+	require.NoError(t, pc.Close(), "evicts the entry")
+
+	seq, err := np.caches[1].NewSequenceFrom(bp)
+	require.NoError(t, err)
+	require.NoError(t, checkHeld(seq, 1, 0, n), "the entry's tokens, after its eviction")
+	require.Equal(t, accounting.Complete, seq.Close().Status)
+	bp.Release()
+	for i, c := range np.caches {
+		require.NoError(t, c.Close())
+		_, err := np.cl[i].Usage()
+		require.NoError(t, err)
+		assert.Zero(t, np.cl[i].Accounting().Authority().Stats().Owned)
+	}
+	assert.Zero(t, np.o.Stats().Device.Used)
+}
