@@ -229,8 +229,17 @@ func (c *Cache) BorrowPrefix(l PrefixLoan) (*Prefix, error) {
 	if n := c.number(); l.to != n {
 		return nil, fmt.Errorf("%w: lent to process %d; this cache's backing is process %d", ErrLoan, l.to, n)
 	}
+	p := &Prefix{c: c, tokens: l.tokens, refs: 1, creator: true, loaned: l.firstIDs()}
+	if c.multi {
+		p.firstHeld = slices.Clone(l.held)
+	}
 	c.mu.Lock()
 	closed, again := c.closed, c.borrowedAlready(l)
+	if !closed && !again {
+		// NB: registered before it maps anything, so that a concurrent borrow of the
+		// same loan sees its ids and Close waits (ErrBusy) until it is released.
+		c.prefixes[p] = struct{}{}
+	}
 	c.mu.Unlock()
 	switch {
 	case closed:
@@ -238,9 +247,15 @@ func (c *Cache) BorrowPrefix(l PrefixLoan) (*Prefix, error) {
 	case again:
 		return nil, fmt.Errorf("%w: this cache maps the loan's granules already: start sequences on the Prefix it borrowed first", ErrLoan)
 	}
+	fail := func(err error) (*Prefix, error) {
+		c.mu.Lock()
+		delete(c.prefixes, p)
+		c.mu.Unlock()
+		return nil, err
+	}
 	bufs, err := c.prefixRanges(l.tokens)
 	if err != nil {
-		return nil, err
+		return fail(err)
 	}
 	for i, b := range bufs {
 		r := l.ranges[i]
@@ -254,20 +269,10 @@ func (c *Cache) BorrowPrefix(l PrefixLoan) (*Prefix, error) {
 			err = b.(lendingBuffer).borrow(r.start, r.ids)
 		}
 		if err != nil {
-			return nil, errors.Join(fmt.Errorf("kv: borrowing range %d of a prefix: %w", i, err), releaseError(c.release(bufs)))
+			return fail(errors.Join(fmt.Errorf("kv: borrowing range %d of a prefix: %w", i, err), releaseError(c.release(bufs))))
 		}
 	}
-	p := &Prefix{c: c, bufs: bufs, tokens: l.tokens, refs: 1, creator: true, loaned: l.firstIDs()}
-	if c.multi {
-		p.firstHeld = slices.Clone(l.held)
-	}
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil, errors.Join(ErrClosed, releaseError(c.release(bufs)))
-	}
-	c.prefixes[p] = struct{}{}
-	c.mu.Unlock()
+	p.bufs = bufs
 	invariants.Track(&p.leak, p, "kv.Prefix")
 	return p, nil
 }

@@ -616,3 +616,37 @@ func TestPrefixLoanFromPrefixCache(t *testing.T) {
 	}
 	assert.Zero(t, np.o.Stats().Device.Used)
 }
+
+// TestPrefixLoanBorrowRace: two borrows of one loan at once in one cache: one maps
+// it, the other is refused with ErrLoan before the node pool is asked, and the
+// client's connection stays up.
+func TestPrefixLoanBorrowRace(t *testing.T) {
+	np := newNodePair(t, loanConfig(0))
+	s, p := np.frozen(t, loanTokens)
+	loan, err := p.Lend(np.cl[1].Number())
+	require.NoError(t, err)
+	var got [2]*kv.Prefix
+	var errs [2]error
+	wait := goWorkers(2, func(w int) error {
+		got[w], errs[w] = np.caches[1].BorrowPrefix(loan)
+		return nil
+	})
+	wait(t)
+	won := 0
+	for w := range got {
+		if errs[w] == nil {
+			won++
+			got[w].Release()
+		} else {
+			assert.ErrorIs(t, errs[w], kv.ErrLoan)
+		}
+	}
+	assert.Equal(t, 1, won)
+	_, err = np.cl[1].Usage()
+	require.NoError(t, err, "the borrower's connection")
+	p.Release()
+	require.Equal(t, accounting.Complete, s.Close().Status)
+	for _, c := range np.caches {
+		require.NoError(t, c.Close())
+	}
+}
