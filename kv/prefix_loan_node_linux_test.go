@@ -66,9 +66,10 @@ func loanConfig(i int) kv.Config {
 // B is mapped there with no copy. B's borrow commits nothing and its two sequences
 // commit only the tails a local start commits; A's ledger on the node counts the
 // prefix's granules once; B reads every prefix token bit-exact, can not write the
-// borrowed ones, writes its own; A lets its prefix go while B maps it and B's bytes
-// stay; a cache of another model refuses the loan, a second borrow of it is
-// refused; and every ledger is back to zero at the end.
+// borrowed ones (WriteToken is refused, a store faults), writes its own; A lets its
+// prefix go while B maps it and B's bytes stay; a cache of another model refuses
+// the loan, a second borrow of it is refused; and every ledger is back to zero at
+// the end.
 func TestPrefixLoanAcrossProcesses(t *testing.T) {
 	for i, tc := range loanCases {
 		t.Run(tc.name, func(t *testing.T) { runPrefixLoan(t, i) })
@@ -365,6 +366,15 @@ func runLoanHelper(path string, ci int) int {
 			fmt.Fprintln(os.Stderr, "loan helper: a write below Writable:", err)
 		}
 		readOnly = readOnly && err == nil && refused > 0
+		// And the memory itself: a store into the first token of a layer that holds
+		// it faults, a load does not.
+		for l := range s.Cache().Config().Model.Layers {
+			if s.FirstHeld(l) == 0 {
+				at := s.Base(l, kv.K)
+				readOnly = readOnly && testutil.Touch(at, true) != nil && testutil.Touch(at, false) == nil
+				break
+			}
+		}
 		if err := s.Append(loanOwn); err != nil {
 			return fail("append", err)
 		}
