@@ -195,17 +195,18 @@ func (p *Prefix) Lend(to uint64) (PrefixLoan, error) {
 // maps its whole granules (blocks) and copies the tokens past them into a granule of
 // its own, its only commit. The borrowed Prefix commits nothing: its granules stay
 // charged to the lender, and this process's ledger counts them as mapped, never as
-// owned. Its creator's reference is the caller's; Release (and the last sequence on
-// it) gives the granules back to the lender's count. It can not be lent onward.
+// owned (its Committed counts the bytes it maps, which the lender owns). Its
+// creator's reference is the caller's; Release (and the last sequence on it) gives
+// the granules back to the lender's count. It can not be lent onward.
 //
 // The loan must be lent to this process (the backing's Number) by a cache of the
 // same model, layout and granule: one lent to another process, one whose
 // fingerprint (TierNamespace with no prefix) differs, or one whose layout does not
 // fit its token count, is refused with an error matching ErrLoan, before the node
 // pool is asked (whose owner would end the connection of a client that borrows
-// what was not lent to it). The fingerprint is of
-// the shape only: that both processes run the same weights is the caller's to know
-// (it is what it would pass as a TierPrefix). A loan may be borrowed once per
+// what was not lent to it). The fingerprint is of the shape only: that both
+// processes run the same weights is the caller's to know (it is what it would pass
+// as a TierPrefix). A loan may be borrowed once per
 // process: a second BorrowPrefix of a loan whose granules this cache still maps is
 // refused with ErrLoan (start more sequences on the Prefix the first returned);
 // another cache on the same node pool client MUST NOT borrow it again (the owner
