@@ -21,6 +21,10 @@ var (
 	// (it is not a backing.Protector, or answers that it can not). It matches
 	// errors.ErrUnsupported.
 	ErrNoProtection = fmt.Errorf("arena: backing can not change the access of its memory: %w", errors.ErrUnsupported)
+	// ErrNoLending: the backing can not lend its granules to another process nor
+	// borrow another's (it is not a backing.Lender). It matches
+	// errors.ErrUnsupported.
+	ErrNoLending = fmt.Errorf("arena: backing can not lend memory across processes: %w", errors.ErrUnsupported)
 	// ErrAhead: a run committed ahead (CommitAhead) in the way of a growth, or none
 	// where AdoptAhead needs one at the committed bytes' end.
 	ErrAhead = errors.New("arena: run committed ahead")

@@ -18,7 +18,9 @@
 // go to a sequence's own tail, from [Sequence.Writable] on. A [PrefixCache] shares the
 // same way across requests, by token IDs (docs/prefix-cache.md); it may tell a router
 // which blocks it holds ([BlockEvents], docs/events.md) and write them down into
-// tiers below the device ([Tier], docs/tiers.md).
+// tiers below the device ([Tier], docs/tiers.md). On a node pool's client
+// (backing.Lender) a Prefix is lent to another process ([Prefix.Lend]), which maps it
+// read-only with no copy ([Cache.BorrowPrefix]; docs/node.md).
 //
 // A Model is a list of layer groups (full attention, sliding-window, chunked-local, an
 // MLA latent, a recurrent state; docs/layer-groups.md), each on ranges of its own. A
@@ -34,7 +36,8 @@
 // Each file's first comment tells the mechanism its code holds; by concern:
 //
 //   - The core: cache.go (Config, New, Stats, Close), sequence.go (Truncate, Fork,
-//     ForkAt, Freeze, Close), prefix.go, batch.go (growth and its waits),
+//     ForkAt, Freeze, Close), prefix.go, prefix_loan.go (a Prefix lent to another
+//     process and borrowed there), batch.go (growth and its waits),
 //     admission.go (what a scheduler asks first), tokens.go and access.go (reaching
 //     tokens, the strides), share.go (how a new holder maps shared units).
 //   - The shape: model*.go, group*.go and window*.go (the groups and how they lie on

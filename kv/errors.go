@@ -60,6 +60,15 @@ var (
 	// ErrBatch: a batch that names a sequence twice, a nil sequence, or a sequence of
 	// another cache: a scheduler bug; the step changed nothing.
 	ErrBatch = errors.New("kv: invalid batch")
+	// ErrNoLending: Prefix.Lend and Cache.BorrowPrefix need a backing whose granules
+	// another process can map (a backing.Lender: a node pool client); a server on
+	// another backing shares prefixes within its process only. It matches
+	// errors.ErrUnsupported.
+	ErrNoLending = fmt.Errorf("kv: backing does not lend memory across processes: %w", errors.ErrUnsupported)
+	// ErrLoan: a PrefixLoan this cache can not borrow: lent by a cache of another
+	// model, layout or granule, of a layout that does not fit its tokens, borrowed
+	// already, or bytes that are not a loan. Nothing was mapped.
+	ErrLoan = errors.New("kv: prefix loan does not fit the cache")
 )
 
 // Misuse panics with these messages.

@@ -26,6 +26,9 @@ type Prefix struct {
 	// one-group cache): a sequence started on the prefix holds its tokens from there.
 	firstHeld []int
 	pcl       *pcLive // what it maps of a PrefixCache's granules, or nil: the prefix cache's slot, which only its files read or write
+	// loaned: for a prefix borrowed from another process (Cache.BorrowPrefix), the
+	// first granule id of each range that has one; nil for one frozen here.
+	loaned []uint64
 
 	// guarded by c.mu
 	refs    int
