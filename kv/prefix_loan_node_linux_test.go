@@ -59,7 +59,9 @@ const (
 )
 
 func loanConfig(i int) kv.Config {
-	return kv.Config{Model: loanCases[i].model, Layout: loanCases[i].layout, MaxTokens: loanMaxTokens}
+	// NB: no map-ahead (on by default on a pooling backing), so that what a cache
+	// owns is exactly what its sequences commit.
+	return kv.Config{Model: loanCases[i].model, Layout: loanCases[i].layout, MaxTokens: loanMaxTokens, NoMapAhead: true}
 }
 
 // TestPrefixLoanAcrossProcesses: a prefix frozen in process A and lent to process
@@ -293,7 +295,7 @@ func runLoanHelper(path string, ci int) int {
 	if err != nil {
 		return fail("kv.New", err)
 	}
-	other, err := kv.New(cl, kv.Config{Model: kv.Uniform("other", 3, 4, 64, arena.Float16), Layout: loanCases[ci].layout, MaxTokens: loanMaxTokens})
+	other, err := kv.New(cl, kv.Config{Model: kv.Uniform("other", 3, 4, 64, arena.Float16), Layout: loanCases[ci].layout, MaxTokens: loanMaxTokens, NoMapAhead: true})
 	if err != nil {
 		return fail("kv.New of another model", err)
 	}
