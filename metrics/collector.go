@@ -159,6 +159,7 @@ type descs struct {
 	kvRefusals, kvUnreleased, kvAhead                                                 *prometheus.Desc
 
 	pcQueries, pcHits, pcEvictions, pcEvictedBytes, pcCached, pcPinned *prometheus.Desc
+	pcCheckpoints, pcCheckpointBytes, pcPendingCheckpointBytes         *prometheus.Desc
 
 	pcTierHits, pcTierMisses, pcTierLoaded, pcTierStored, pcTierDrops, pcTierInvalid, pcTierUnfit *prometheus.Desc
 }
@@ -210,6 +211,10 @@ func newDescs(ns string) descs {
 		pcCached:       d("prefix_cache_cached_bytes", "Bytes the prefix cache holds, pinned or not.", cache),
 		pcPinned:       d("prefix_cache_pinned_bytes", "Bytes the prefix cache holds pinned (never evicted).", cache),
 
+		pcCheckpoints:            d("prefix_cache_checkpoints", "Recurrent-state checkpoints the prefix cache's entries hold, each once however many hold it.", cache),
+		pcCheckpointBytes:        d("prefix_cache_checkpoint_bytes", "Bytes of the recurrent-state checkpoints the prefix cache's entries hold: part of prefix_cache_cached_bytes.", cache),
+		pcPendingCheckpointBytes: d("prefix_cache_pending_checkpoint_bytes", "Bytes of the recurrent-state checkpoints that live sequences alone hold (recorded and not inserted yet): not part of prefix_cache_cached_bytes, never evicted.", cache),
+
 		pcTierHits:    d("prefix_cache_tier_hits_total", "Prompt tokens the prefix cache loaded from a tier below the device (they count in prefix_cache_hits_total too).", tier),
 		pcTierMisses:  d("prefix_cache_tier_misses_total", "Lookups that asked a tier and loaded nothing from it.", tier),
 		pcTierLoaded:  d("prefix_cache_tier_load_bytes_total", "Bytes of the values the prefix cache loaded from a tier, each checked.", tier),
@@ -228,6 +233,7 @@ func (d *descs) all() []*prometheus.Desc {
 		d.kvUsage, d.kvSequences, d.kvPrefixes, d.kvTokens, d.kvUsed, d.kvCommitted, d.kvSaved, d.kvWaits,
 		d.kvRefusals, d.kvUnreleased, d.kvAhead,
 		d.pcQueries, d.pcHits, d.pcEvictions, d.pcEvictedBytes, d.pcCached, d.pcPinned,
+		d.pcCheckpoints, d.pcCheckpointBytes, d.pcPendingCheckpointBytes,
 		d.pcTierHits, d.pcTierMisses, d.pcTierLoaded, d.pcTierStored, d.pcTierDrops, d.pcTierInvalid, d.pcTierUnfit,
 	}
 }
@@ -262,6 +268,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(ch, c.d.pcEvictedBytes, s.EvictedBytes, p.Name)
 		gauge(ch, c.d.pcCached, float64(s.CachedBytes), p.Name)
 		gauge(ch, c.d.pcPinned, float64(s.PinnedBytes), p.Name)
+		gauge(ch, c.d.pcCheckpoints, float64(s.Checkpoints), p.Name)
+		gauge(ch, c.d.pcCheckpointBytes, float64(s.CheckpointBytes), p.Name)
+		gauge(ch, c.d.pcPendingCheckpointBytes, float64(s.PendingCheckpointBytes), p.Name)
 		for _, t := range s.Tiers {
 			counter(ch, c.d.pcTierHits, t.Hits, p.Name, t.Name)
 			counter(ch, c.d.pcTierMisses, t.Misses, p.Name, t.Name)

@@ -178,7 +178,7 @@ func fullLayersAlone(s setup, w PrefixWorkload, m kv.Model) (setup, PrefixWorklo
 	} else {
 		s.model, s.groups = kept, &kept
 	}
-	w.Layers, w.TokenBytes, w.Plan = kept.Layers, s.model.Groups[0].TokenBytes(), planLayers(s.groups)
+	w.Layers, w.TokenBytes, w.Plan, w.Groups = kept.Layers, s.model.Groups[0].TokenBytes(), planLayers(s.groups), s.groups
 	return s, w
 }
 

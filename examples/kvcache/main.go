@@ -625,7 +625,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if c.prefix {
 		w := PrefixWorkload{Requests: reqs, Speed: c.speed, Step: c.step, PrefillRate: c.prefillRate,
 			Concurrency: c.concurrency, MaxTokens: c.maxTokens, TokenBytes: s.model.Groups[0].TokenBytes(), Layers: s.model.Layers,
-			Plan: planLayers(s.groups), Verify: s.tiers != nil || c.verify, Adapters: c.adapters, Causes: c.causes}
+			Plan: planLayers(s.groups), Groups: s.groups, Verify: s.tiers != nil || c.verify, Adapters: c.adapters, Causes: c.causes}
 		if code := c.prefixBudget(&s, w, stderr); code != 0 {
 			return code
 		}

@@ -323,6 +323,9 @@ type PrefixWorkload struct {
 	// Plan is each layer's tensors on a model of layer groups (planLayers); nil on
 	// a uniform model, whose every layer keeps K and V of TokenBytes.
 	Plan []layerPlan
+	// Groups is the model of layer groups, for the live tokens' need (liveNeed);
+	// nil on a uniform model.
+	Groups *kv.Model
 	// Verify writes every prompt token's K and V as a function of the tokens up to
 	// it (as a model's are), and of its adapter, and reads every hit token back and
 	// compares: a failure of the replay if one byte differs.
@@ -821,7 +824,7 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 		}
 		phys, _ := st.physical()
 		cached, _ := st.cached()
-		need := (liveTokens - shared) * bpt
+		need := liveNeed(w.Groups, bpt, running, liveTokens, shared)
 		res.PeakNeeded = max(res.PeakNeeded, need)
 		if len(running) > 0 {
 			physSum += float64(phys)
