@@ -400,6 +400,13 @@ func (buf *Buffer[R, B]) ShareRange(src *Buffer[R, B], srcOff, dstOff, size int,
 	if err := s.Share(buf.r, dstOff, src.r, srcOff, size, prot); err != nil {
 		return err
 	}
+	buf.mapped(dstOff, size)
+	return nil
+}
+
+// mapped records [dstOff, dstOff+size), just mapped from elsewhere (a Share, a
+// Borrow) at the buffer's end, as the buffer's end and as shared.
+func (buf *Buffer[R, B]) mapped(dstOff, size int) {
 	if buf.end == buf.start {
 		buf.start = dstOff
 	}
@@ -409,7 +416,6 @@ func (buf *Buffer[R, B]) ShareRange(src *Buffer[R, B], srcOff, dstOff, size int,
 	} else {
 		buf.shared = append(buf.shared, span{dstOff, buf.end})
 	}
-	return nil
 }
 
 // Protect sets the access of the buffer's committed bytes [off, off+size) to prot in

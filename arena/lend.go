@@ -61,14 +61,6 @@ func (buf *Buffer[R, B]) BorrowRange(dstOff int, ids []uint64) error {
 	if err := l.Borrow(buf.r, dstOff, ids); err != nil {
 		return err
 	}
-	if buf.end == buf.start {
-		buf.start = dstOff
-	}
-	buf.end, buf.length = dstOff+size, dstOff+size
-	if n := len(buf.shared); n > 0 && buf.shared[n-1].end == dstOff {
-		buf.shared[n-1].end = buf.end
-	} else {
-		buf.shared = append(buf.shared, span{dstOff, buf.end})
-	}
+	buf.mapped(dstOff, size)
 	return nil
 }

@@ -606,29 +606,12 @@ func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, t
 		return 0, false
 	}
 	defer func() { <-t.loads }()
-	run, err := tier.Contains(ctx, keys)
-	if err != nil || run <= 0 {
-		if err != nil {
-			t.count(i, func(st *TierStats) { st.Drops++ })
-		}
-		return 0, false
-	}
-	run = min(run, len(keys))
 	bt, unit := t.c.tpb, t.c.unit
 	before := s.n
-	fit, err := t.grow(s, b, run)
-	if err != nil {
-		// The growth failed other than for the budget (a commit the backing
-		// refused): a drop of this load, not a budget cut, so the next tier is
-		// asked for the run.
-		t.count(i, func(st *TierStats) { st.Drops++ })
+	run, short, ok := t.loadRun(ctx, i, tier, s, b, keys)
+	if !ok {
 		return 0, false
 	}
-	short := fit < run
-	if short {
-		t.count(i, func(st *TierStats) { st.Unfit += int64(run - fit) })
-	}
-	run = fit
 	decode := tierval.Decode
 	if t.inProc[i] {
 		decode = tierval.DecodeInProcess
@@ -693,6 +676,32 @@ func (t *pcTiers) takeLoad(ctx context.Context, i int) bool {
 		t.count(i, func(st *TierStats) { st.Drops++ })
 		return false
 	}
+}
+
+// loadRun asks tier i how long a run of keys, blocks b on, it holds, and grows s for
+// as much of it as the device's budget takes (grow). It returns the run to load,
+// whether the budget cut it, and false where there is nothing to load: the tier holds
+// none, or failed (counted a drop), or the growth failed other than for the budget (a
+// commit the backing refused: a drop of this load, not a budget cut, so the next tier
+// is asked for the run).
+func (t *pcTiers) loadRun(ctx context.Context, i int, tier Tier, s *Sequence, b int, keys []tierval.Key) (int, bool, bool) {
+	run, err := tier.Contains(ctx, keys)
+	if err != nil || run <= 0 {
+		if err != nil {
+			t.count(i, func(st *TierStats) { st.Drops++ })
+		}
+		return 0, false, false
+	}
+	run = min(run, len(keys))
+	fit, err := t.grow(s, b, run)
+	if err != nil {
+		t.count(i, func(st *TierStats) { st.Drops++ })
+		return 0, false, false
+	}
+	if fit < run {
+		t.count(i, func(st *TierStats) { st.Unfit += int64(run - fit) })
+	}
+	return fit, fit < run, true
 }
 
 // grow appends to s, which holds the tokens before block b (or part of b), blocks

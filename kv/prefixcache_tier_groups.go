@@ -279,26 +279,12 @@ func (t *pcTiers) loadFromGroups(ctx context.Context, i int, tier Tier, s *Seque
 		return 0, false
 	}
 	defer func() { <-t.loads }()
-	run, err := tier.Contains(ctx, keys)
-	if err != nil || run <= 0 {
-		if err != nil {
-			t.count(i, func(st *TierStats) { st.Drops++ })
-		}
-		return 0, false
-	}
-	run = min(run, len(keys))
 	bt, tg, groups := t.bt, t.grp, t.c.groups
 	before := s.n
-	fit, err := t.grow(s, b, run)
-	if err != nil {
-		t.count(i, func(st *TierStats) { st.Drops++ })
+	run, short, ok := t.loadRun(ctx, i, tier, s, b, keys)
+	if !ok {
 		return 0, false
 	}
-	short := fit < run
-	if short {
-		t.count(i, func(st *TierStats) { st.Unfit += int64(run - fit) })
-	}
-	run = fit
 	decode := tierval.DecodeGroups
 	if t.inProc[i] {
 		decode = tierval.DecodeGroupsInProcess
