@@ -23,7 +23,7 @@ func TestStrategyColors(t *testing.T) {
 		names  []string
 	}{
 		{"main replay", strategyColors, slices.Concat(allStrategies, aheadTwins(allStrategies))},
-		{"prefix-cache replay", prefixColors, slices.Concat(prefixStrategies, []string{namePrefixTiers}, aheadTwins(prefixStrategies))},
+		{"prefix-cache replay", prefixColors, slices.Concat(prefixStrategies, []string{namePrefixTiers, nameFullLayers}, aheadTwins(prefixStrategies))},
 		{"two replicas", prefixColors, []string{namePrefixOn, namePrefixTiers + "/A", namePrefixTiers + "/B"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
