@@ -1,5 +1,13 @@
 package backing
 
+import "errors"
+
+// ErrNotLent: a Borrow named a granule that is not lent to this process any more,
+// though it was: its lender gave it back (decommitted it, or ended) before the
+// borrow, or this process borrows it already. The borrow maps nothing and the
+// backing stays usable; the caller's loan is stale.
+var ErrNotLent = errors.New("backing: granule not lent any more")
+
 // Lender is implemented by backings whose committed granules another process can
 // map with no copy: a node pool's client (backing/nodepool), where one owner
 // process holds every granule and the processes attached to it are numbered. Code
@@ -26,7 +34,9 @@ type Lender[R any] interface {
 	// never to what it owns. Protect can not make them writable (ErrReadOnly), and
 	// Share maps them onward in this process read-only only. Each granule may be
 	// borrowed once per process (map it again with Share); its last mapping here
-	// gives it back to its lender's count. On error nothing changed.
+	// gives it back to its lender's count. A granule whose lender gave it back
+	// before the borrow, or that this process borrows already, fails the borrow
+	// with ErrNotLent. On error nothing changed.
 	Borrow(dst R, off int, ids []uint64) error
 
 	// Number returns this process's number among those attached: what a lender

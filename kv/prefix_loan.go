@@ -208,12 +208,15 @@ func (p *Prefix) Lend(to uint64) (PrefixLoan, error) {
 // processes run the same weights is the caller's to know (it is what it would pass
 // as a TierPrefix). A loan may be borrowed once per
 // process: a second BorrowPrefix of a loan whose granules this cache still maps is
-// refused with ErrLoan (start more sequences on the Prefix the first returned);
-// another cache on the same node pool client MUST NOT borrow it again (the owner
-// would end the client's connection). It fails with ErrNoLending on a backing that
-// is not a backing.Lender and ErrNoSharing on one that does not share, with
-// ErrConfig on a model with a recurrent group, and with the node pool's error when
-// its owner refuses the borrow; on error nothing is mapped.
+// refused with ErrLoan (start more sequences on the Prefix the first returned),
+// and so is a borrow of it by another cache on the same node pool client while the
+// first maps it, by the node (backing.ErrNotLent). A stale loan, whose lender gave
+// its granules back (released the prefix, or ended) before the borrow, is refused
+// with ErrLoan and backing.ErrNotLent too, and the client serves on. It fails with
+// ErrNoLending on a backing that is not a backing.Lender and ErrNoSharing on one
+// that does not share, with ErrConfig on a model with a recurrent group, and with
+// the node pool's error when its owner refuses the borrow otherwise; on error
+// nothing is mapped.
 func (c *Cache) BorrowPrefix(l PrefixLoan) (*Prefix, error) {
 	if err := c.prefixable("BorrowPrefix"); err != nil {
 		return nil, err
@@ -387,5 +390,9 @@ func (b bufferOf[R, B]) lend(off, size int, to uint64) ([]uint64, error) {
 }
 
 func (b bufferOf[R, B]) borrow(off int, ids []uint64) error {
-	return b.BorrowRange(off, ids)
+	err := b.BorrowRange(off, ids)
+	if errors.Is(err, backing.ErrNotLent) {
+		err = fmt.Errorf("%w: its lender gave it back before this borrow, or this process borrows it already: %w", ErrLoan, err)
+	}
+	return err
 }

@@ -107,6 +107,9 @@ func TestHostileOwner(t *testing.T) {
 		{"a reclaim with a descriptor", 1, func(c *net.UnixConn, id uint64, fds []int) {
 			_, _, _ = c.WriteMsgUnix(nodepool.Encode(nodepool.OpReclaim, 0, 1, pg, nodepool.StagePrefix, 0, nil), unix.UnixRights(fds...), nil)
 		}},
+		{"a borrow's code on an alloc", 0, func(c *net.UnixConn, id uint64, fds []int) {
+			_, _, _ = c.WriteMsgUnix(nodepool.Encode(nodepool.OpAlloc|nodepool.ReplyBit, nodepool.CodeGone, id, 1, 0, 0, nil), nil, nil)
+		}},
 		{"more granules than asked", 2, func(c *net.UnixConn, id uint64, fds []int) {
 			_, _, _ = c.WriteMsgUnix(nodepool.Encode(nodepool.OpAlloc|nodepool.ReplyBit, 0, id, 0, 0, 0, []uint64{1, 2}), unix.UnixRights(fds...), nil)
 		}},

@@ -210,6 +210,9 @@ func (c *Client) deliver(buf, oob []byte, n, oobn, flags int, err error) bool {
 	} else {
 		ok = ok && len(fds) == 0
 	}
+	if m.code == codeGone || m.code == codeBorrowed {
+		ok = ok && m.op == opBorrow|replyBit && len(m.ids) == 0
+	}
 	c.mu.Lock()
 	ch := c.pending[m.id]
 	delete(c.pending, m.id)
@@ -416,6 +419,10 @@ func replyError(m msg, ctx context.Context) error {
 		return fmt.Errorf("%w: the owner could not create a granule: %s", backing.ErrOutOfMemory, why)
 	case codeClosed:
 		return fmt.Errorf("%w: the owner is closing", ErrOwnerGone)
+	case codeGone:
+		return fmt.Errorf("%w: granule %d, lent to this process, was given back by its lender before the borrow", ErrLoanGone, m.a)
+	case codeBorrowed:
+		return fmt.Errorf("%w: granule %d", ErrBorrowed, m.a)
 	}
 	return fmt.Errorf("%w: the owner answered code %d", ErrProtocol, m.code)
 }

@@ -21,6 +21,15 @@ var (
 	ErrClosed = errors.New("nodepool: closed")
 	// ErrBusy: Client.Close was called while reservations are still live.
 	ErrBusy = errors.New("nodepool: client still holds reservations")
+	// ErrLoanGone: a Borrow named a granule lent to this process whose lender
+	// gave it back (decommitted it, or ended) before the borrow, and nobody else
+	// borrowed it: its memory is gone. The borrow maps nothing; the connection
+	// stays. It comes with backing.ErrNotLent.
+	ErrLoanGone = errors.New("nodepool: the lent granule is gone")
+	// ErrBorrowed: a Borrow named a granule this process borrows already (a
+	// granule is borrowed once per process: map it again with Share). The borrow
+	// maps nothing; the connection stays. It comes with backing.ErrNotLent.
+	ErrBorrowed = errors.New("nodepool: the granule is borrowed by this process already")
 	// ErrInvalidOption: an option or argument is out of range.
 	ErrInvalidOption = errors.New("nodepool: invalid option")
 )

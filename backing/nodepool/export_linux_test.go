@@ -2,6 +2,9 @@ package nodepool
 
 import "time"
 
+// MaxStale is how many gone loans the owner remembers per client by id.
+const MaxStale = maxStale
+
 // ServeUID makes o serve uid instead of its own, for the test of a refused peer.
 func ServeUID(o *Owner, uid uint32) { o.uid.Store(uid) }
 

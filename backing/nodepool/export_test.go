@@ -15,7 +15,7 @@ const (
 	OpHello, OpAlloc, OpFree, OpCancel, OpStats, ReplyBit = opHello, opAlloc, opFree, opCancel, opStats, replyBit
 	OpLend, OpBorrow                                      = opLend, opBorrow
 	OpIdle, OpReclaim, StageIdle, StagePrefix             = opIdle, opReclaim, stageIdle, stagePrefix
-	CodeOK, CodeProtocol                                  = codeOK, codeProtocol
+	CodeOK, CodeProtocol, CodeGone, CodeBorrowed          = codeOK, codeProtocol, codeGone, codeBorrowed
 	MaxBatch, MaxMsg, HeaderLen, ProtocolVersion          = maxBatch, maxMsg, headerLen, protocolVersion
 	MaxPending                                            = maxPending
 )

@@ -20,6 +20,7 @@ func FuzzHostile(f *testing.F) {
 	f.Add(nodepool.Encode(nodepool.OpStats, 0, 2, 0, 0, 0, nil), []byte{1, 2, 3}, uint8(0))
 	f.Add(nodepool.Encode(nodepool.OpAlloc, 0, 2, 2, 0, 0, nil), nodepool.Encode(nodepool.OpIdle, 0, 3, 5, 0, 0, nil), uint8(1))
 	f.Add(nodepool.Encode(nodepool.OpIdle, 0, 2, 1<<40, 0, 0, nil), nodepool.Encode(nodepool.OpReclaim|nodepool.ReplyBit, 0, 1, 3, 0, 0, nil), uint8(2))
+	f.Add(nodepool.Encode(nodepool.OpBorrow, 0, 2, 0, 0, 0, []uint64{1}), nodepool.Encode(nodepool.OpBorrow|nodepool.ReplyBit, nodepool.CodeGone, 3, 1, 0, 0, nil), uint8(2))
 	o := startOwner(f, nodepool.OwnerOptions{Granularity: pg})
 	attached := uint64(0) // clients this target attached to o, the hostile ones and cl
 	// NB: with an unlimited budget an alloc that waits is served at once, so no

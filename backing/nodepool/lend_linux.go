@@ -67,7 +67,11 @@ func (c *Client) Lend(r *Reservation, off, size int, to uint64) ([]uint64, error
 // so no call can make the mapping writable; Protect and Share ask nothing more of
 // them than of a granule shared ReadOnly. Borrowed granules add to this process's
 // Mapped, not to its Owned: the lender is charged. A granule can be borrowed once
-// per process; map it again with Share. On error nothing changed.
+// per process; map it again with Share. A granule whose lender gave it back before
+// the borrow fails it with ErrLoanGone, one this process borrows already with
+// ErrBorrowed (both with backing.ErrNotLent), and the connection stays: the owner
+// ends it only for a granule never lent to this process. On error nothing changed,
+// also for the granules of ids that came before the one refused.
 func (c *Client) Borrow(dst *Reservation, off int, ids []uint64) error {
 	alive(dst)
 	size := len(ids) * c.g
@@ -140,8 +144,11 @@ func (c *Client) Borrow(dst *Reservation, off int, ids []uint64) error {
 		c.mu.Unlock()
 		c.giveBack(grs)
 		kind := error(nil)
-		if errors.Is(err, unix.ENOMEM) {
+		switch {
+		case errors.Is(err, unix.ENOMEM):
 			kind = backing.ErrMapLimit
+		case errors.Is(err, ErrLoanGone), errors.Is(err, ErrBorrowed):
+			kind = backing.ErrNotLent
 		}
 		return opErr(kind, err)
 	}

@@ -97,7 +97,9 @@ func TestBorrowRefused(t *testing.T) {
 			assert.Equal(t, "mine", string(got))
 		})
 	}
-	// A peer that borrows what was lent to it once, then again, is closed too.
+	// A peer that borrows what was lent to it once, then again, is answered
+	// CodeBorrowed and keeps its connection and its first borrow
+	// (stale_loan_linux_test.go).
 	r := dialRaw(t, o, true)
 	st := o.Stats()
 	ids2, err := w.Lend(wr, pg, pg, st.Clients[len(st.Clients)-1].Number)
@@ -110,9 +112,14 @@ func TestBorrowRefused(t *testing.T) {
 		require.NoError(t, unix.Close(fd))
 	}
 	r.send(nodepool.Encode(nodepool.OpBorrow, 0, 3, 0, 0, 0, ids2))
-	r.closed("a granule borrowed twice")
+	_, code, got, fds, ok := r.recv()
+	require.True(t, ok, "a granule borrowed twice: the connection")
+	assert.Equal(t, nodepool.CodeBorrowed, code)
+	assert.Empty(t, got)
+	assert.Empty(t, fds)
+	st = settle(t, o, 2)
+	assert.Equal(t, 1, st.Clients[len(st.Clients)-1].Borrowed, "the first borrow")
 	assert.Equal(t, int64(2*pg), o.Governor().Stats(accounting.HostKey).Used)
-	settle(t, o, 2)
 }
 
 // TestBorrowReadOnlyDescriptor borrows as a raw peer and checks that the

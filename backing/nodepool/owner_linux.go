@@ -75,6 +75,52 @@ type ownerGranule struct {
 // maxLend bounds the clients one granule may be lent to.
 const maxLend = 64
 
+// maxStale bounds the gone loans the owner remembers per client (staleLoans):
+// 32 KiB of ids and a map of as many entries.
+const maxStale = 4096
+
+// staleLoans are the granules lent to one client that went (their lender gave them
+// back and nobody borrowed them) before it borrowed them: a borrow of one is a race
+// of the application's (a stale loan), answered codeGone, not a hostile message.
+// The newest maxStale are remembered by id; an older one leaves the set and raises
+// below, and every gone granule at or below it reads as a gone loan too. NB: so past
+// maxStale gone loans, a borrow of a gone granule never lent to the client is
+// answered codeGone rather than ending the connection: it maps nothing and tells
+// nothing but that the granule is gone, while remembering every gone loan would
+// grow without bound for a client that never borrows what it is lent.
+type staleLoans struct {
+	ids   map[uint64]struct{}
+	ring  []uint64 // ids in the order they went, at most maxStale
+	next  int      // the oldest in ring once it is full
+	below uint64   // the highest id forgotten
+}
+
+// add remembers that granule id, lent to the client, is gone.
+func (s *staleLoans) add(id uint64) {
+	if s.ids == nil {
+		s.ids = make(map[uint64]struct{})
+	}
+	if _, ok := s.ids[id]; ok {
+		return
+	}
+	if len(s.ring) < maxStale {
+		s.ring = append(s.ring, id)
+	} else {
+		old := s.ring[s.next]
+		delete(s.ids, old)
+		s.below = max(s.below, old)
+		s.ring[s.next] = id
+		s.next = (s.next + 1) % maxStale
+	}
+	s.ids[id] = struct{}{}
+}
+
+// has reports whether gone granule id may have been lent to the client.
+func (s *staleLoans) has(id uint64) bool {
+	_, ok := s.ids[id]
+	return ok || id != 0 && id <= s.below // NB: ids start at 1
+}
+
 // ownerConn is one attached process.
 type ownerConn struct {
 	o      *Owner
@@ -88,6 +134,7 @@ type ownerConn struct {
 	granules map[uint64]struct{} // granules it allocated and still holds
 	borrowed map[uint64]struct{} // granules lent to it that it borrowed
 	pending  map[uint64]context.CancelFunc
+	stale    staleLoans // granules lent to it that are gone since (lost)
 	gone     bool
 	ready    bool // its hello answered: the owner may send it requests
 	allocs   sync.WaitGroup
@@ -689,6 +736,13 @@ func (c *ownerConn) drop(id uint64) {
 		_ = unix.Close(gr.ro)
 	}
 	delete(o.table, id)
+	if len(gr.lentTo) > 0 { // NB: o.clients are few, the processes of one node
+		for cl := range o.clients {
+			if slices.Contains(gr.lentTo, cl.number) {
+				cl.stale.add(id)
+			}
+		}
+	}
 	l := gr.lender
 	l.auth.Release(int64(o.g))
 	if l.gone && l.auth.Stats().Owned == 0 {
@@ -735,20 +789,39 @@ func (c *ownerConn) lend(to uint64, ids []uint64) (ok bool, errno unix.Errno) {
 }
 
 // borrow serves a borrow of granules ids, which must have been lent to c and not
-// be c's own or borrowed by it already: each is passed as its read-only
-// descriptor (made at its first lend), so that c can map it only for reading. It
-// reports false when the request broke the protocol.
+// be c's own: each is passed as its read-only descriptor (made at its first lend),
+// so that c can map it only for reading. One lent to c that is gone since (a stale
+// loan) is answered codeGone, one c borrows already codeBorrowed, with the first
+// such id; either borrows nothing of the request. It reports false when the
+// request broke the protocol, also where another of its ids is one of those.
 func (c *ownerConn) borrow(m msg) bool {
 	o := c.o
 	o.mu.Lock()
+	code, which := codeOK, uint64(0)
 	for i, id := range m.ids {
 		gr := o.table[id]
-		_, own := c.granules[id]
-		_, again := c.borrowed[id]
-		if gr == nil || !slices.Contains(gr.lentTo, c.number) || own || again || slices.Contains(m.ids[:i], id) {
+		if slices.Contains(m.ids[:i], id) || gr == nil && !c.stale.has(id) {
 			o.mu.Unlock()
 			return false
 		}
+		if gr == nil {
+			if code == codeOK {
+				code, which = codeGone, id
+			}
+			continue
+		}
+		_, own := c.granules[id]
+		if own || !slices.Contains(gr.lentTo, c.number) {
+			o.mu.Unlock()
+			return false
+		}
+		if _, again := c.borrowed[id]; again && code == codeOK {
+			code, which = codeBorrowed, id
+		}
+	}
+	if code != codeOK {
+		o.mu.Unlock()
+		return c.reply(msg{op: opBorrow | replyBit, code: code, id: m.id, a: which})
 	}
 	fds := make([]int, len(m.ids))
 	for i, id := range m.ids {

@@ -36,7 +36,11 @@ import (
 //	                                            descriptor, made at its first lend)
 //	borrow n ids lent to the sender          reply the n ids and n read-only memfds
 //	                                            (O_RDONLY, one per granule, made at
-//	                                            its first lend)
+//	                                            its first lend); or codeGone a=id: a
+//	                                            granule lent to the sender is gone
+//	                                            (its lender gave it back first);
+//	                                            codeBorrowed a=id: the sender borrows
+//	                                            it already. Either borrows nothing
 //	idle   a=granules the sender keeps idle   no reply: the owner counts them idle on
 //	       (pooled, charged, mapped nowhere)    the sender's ledger, at most the
 //	                                            granules it holds
@@ -95,7 +99,14 @@ const (
 	codeClosed   uint8 = 6 // the owner is closing
 	codeVersion  uint8 = 7 // hello with a version the owner does not speak
 	codeRefused  uint8 = 8 // the peer's user is not served
-	maxCode            = codeRefused
+	// codeGone and codeBorrowed answer a borrow that names a granule lent to the
+	// sender but gone, or one it borrows already. NB: no new protocol version: an
+	// owner of version 2 ended the connection where these come, and a client of
+	// version 2 ends it on a code it does not know, so neither side meets them
+	// unless the other knows them (docs/node.md).
+	codeGone     uint8 = 9
+	codeBorrowed uint8 = 10
+	maxCode            = codeBorrowed
 )
 
 // msg is one decoded message.
