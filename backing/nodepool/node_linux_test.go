@@ -94,7 +94,8 @@ func TestAttachBadInput(t *testing.T) {
 type raw struct {
 	t        *testing.T
 	c        *net.UnixConn
-	reclaims int // the owner's reclaim requests recv skipped
+	reclaims int   // the owner's reclaim requests recv skipped
+	err      error // the last read's error (a time-out: the connection is open)
 }
 
 func dialRaw(t *testing.T, o *nodepool.Owner, hello bool) *raw {
@@ -129,6 +130,7 @@ func (r *raw) recv() (op, code uint8, ids []uint64, fds []int, ok bool) {
 	oob := make([]byte, 4096)
 	require.NoError(r.t, r.c.SetReadDeadline(time.Now().Add(10*time.Second)))
 	n, oobn, _, _, err := r.c.ReadMsgUnix(buf, oob)
+	r.err = err
 	if err != nil || n == 0 {
 		return 0, 0, nil, nil, false
 	}
@@ -161,6 +163,8 @@ func (r *raw) closed(what string) {
 			_ = unix.Close(fd)
 		}
 		if !ok {
+			// NB: a read that timed out is an open connection, not a closed one.
+			assert.NotErrorIs(r.t, r.err, os.ErrDeadlineExceeded, "%s: the owner kept the connection open (no answer, no close)", what)
 			return
 		}
 		assert.NotEqual(r.t, nodepool.CodeOK, code, "%s: the owner's answer", what)
