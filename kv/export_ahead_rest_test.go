@@ -15,7 +15,8 @@ func (c *Cache) OnAheadLook(f func(rest bool)) {
 	}
 }
 
-// atRest is WaitAhead's condition to return (export_test.go). a.mu must be held.
+// atRest is WaitAhead's condition to return: nothing queued, left behind or in
+// hand, and the worker parked (or stopped). a.mu must be held.
 func (a *ahead) atRest() bool {
 	return !(len(a.queue) > 0 || len(a.behind) > 0 || a.behindOut > 0 || a.busy != nil || a.filling || a.started && !a.parked) || a.stopped
 }
