@@ -200,12 +200,14 @@ type ahead struct {
 	behindOut int
 	filling   bool // the worker makes a granule for the pool (fill)
 	holds     int  // steps that keep the worker from starting a run (hold)
-	parked    bool // the worker has nothing to do: it looks again later (see run)
+	parked    bool // the worker found nothing to do and took none since: it looks again later (see run and next)
 	sleeping  bool // and waits for a kick, not for its next look
 	noFill    bool // fill is off (a benchmark's comparison)
 	noLeave   bool // leaving behind is off (a benchmark's comparison)
 	started   bool
 	stopped   bool
+
+	look func() // nil but in tests: called after each piece of work of a look (see run)
 
 	// Steps that needed their run and found it still queued (they committed it
 	// themselves), or being committed (they waited for it), on mu: a benchmark's figures.
@@ -479,6 +481,9 @@ func (a *ahead) run() {
 		busy := false
 		for a.next() {
 			busy = true
+			if a.look != nil {
+				a.look()
+			}
 		}
 		a.mu.Lock()
 		a.parked = len(a.queue) == 0 && len(a.behind) == 0
@@ -535,6 +540,7 @@ func (a *ahead) next() bool {
 	}
 	if len(a.behind) > 0 {
 		// NB: what windows left behind first: it gives back what the runs take.
+		a.parked = false
 		a.mu.Unlock()
 		a.dropBehind()
 		return true
@@ -545,6 +551,7 @@ func (a *ahead) next() bool {
 			want = 0
 		}
 		a.filling = want > 0
+		a.parked = a.parked && want == 0
 		a.mu.Unlock()
 		if want == 0 {
 			return false
@@ -564,6 +571,7 @@ func (a *ahead) next() bool {
 	a.queue = a.queue[:n]
 	r.state = aheadMapping
 	a.busy = r
+	a.parked = false
 	cp := r.run()
 	a.mu.Unlock()
 

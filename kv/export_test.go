@@ -113,7 +113,7 @@ func (c *Cache) WaitAhead() {
 		a.parked = false
 		a.kickNow() // NB: what windows left behind waits for the worker's next wake
 	}
-	for (len(a.queue) > 0 || len(a.behind) > 0 || a.behindOut > 0 || a.busy != nil || a.filling || a.started && !a.parked) && !a.stopped {
+	for !a.atRest() {
 		a.cond.Wait()
 	}
 }
