@@ -84,6 +84,13 @@ func envGranuleOf(kind backingKind) int {
 	return envGranule
 }
 
+// scaleOf is the factor a scaled env multiplies its Model's bytes per token and its
+// limit by on kind: its granule over envGranule, at least 1. A test that sizes a
+// tier or an eviction in bytes scales them by it too.
+func scaleOf(kind backingKind) int {
+	return max(1, envGranuleOf(kind)/envGranule)
+}
+
 // faultInjector is what a test uses of a backingtest.Faulty, whatever its R.
 type faultInjector interface {
 	FailAt(n int, err error)
@@ -247,7 +254,7 @@ func openEnv(t testing.TB, opts ...envOption) *env {
 // openSpec is openEnv of sp.
 func openSpec(t testing.TB, sp envSpec) *env {
 	t.Helper()
-	if k := envGranuleOf(sp.kind) / envGranule; sp.scaled && sp.granule == 0 && k > 1 {
+	if k := scaleOf(sp.kind); sp.scaled && sp.granule == 0 && k > 1 {
 		sp.cfg.Model, sp.limit = scaledModel(sp.cfg.Model, k), sp.limit*int64(k)
 	}
 	e := &env{name: backingNames[sp.kind], kind: sp.kind, auth: sp.auth, defaultAhead: sp.defaultAhead, quiet: func() {}, leaks: func() error { return nil }, closeBacking: func() error { return nil }}

@@ -210,11 +210,12 @@ func TestPrefixCacheGroupTierCut(t *testing.T) {
 // under this cache's key of a prompt's first block is refused as corruption: counted
 // in TierStats.Invalid, never mapped, the lookup a miss whose prefill reads back.
 func TestPrefixCacheGroupTierRefused(t *testing.T) {
-	other := tinyOSS
-	other.Name = "tiny-oss-wide"
-	other.Groups = slices.Clone(tinyOSS.Groups)
-	other.Groups[0].Window = 48
 	e := openEnv(t, onShared, scaled, withConfig(kv.Config{Model: tinyOSS, MaxTokens: 1024}))
+	// NB: of e's model, scaled as e's is where the granule is larger.
+	other := e.c.Config().Model
+	other.Name = "tiny-oss-wide"
+	other.Groups = slices.Clone(other.Groups)
+	other.Groups[0].Window = 48
 	c2 := e.cache(t, kv.Config{Model: other, MaxTokens: 1024})
 	bt := tierBlock(t, e.c)
 	require.Equal(t, bt, tierBlock(t, c2), "the other model's tier blocks are as many tokens")
@@ -326,7 +327,10 @@ func TestPrefixCacheGroupTierRandom(t *testing.T) {
 
 func testPrefixCacheGroupTierRandom(t *testing.T, model kv.Model, through bool) {
 	e := openEnv(t, onShared, scaled, withConfig(kv.Config{Model: model, MaxTokens: 512}))
-	ht, err := hosttier.New(hosttier.Options{Budget: 1 << 20, Granule: 4 << 10})
+	// NB: the tier's budget and the evictions in bytes scale with the model's bytes
+	// per token, so that they hold and evict as many tokens on every granule.
+	k := scaleOf(onShared)
+	ht, err := hosttier.New(hosttier.Options{Budget: int64(k) << 20, Granule: 4 << 10})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, ht.Close()) })
 	pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{Tiers: []kv.Tier{ht}, TierPrefix: t.Name(), TierWait: time.Minute, TierWriteThrough: through})
@@ -351,7 +355,7 @@ func testPrefixCacheGroupTierRandom(t *testing.T, model kv.Model, through bool) 
 		made = append(made, ids)
 		require.True(t, s.Close().OK())
 		if r.IntN(3) == 0 {
-			_, err := pc.Evict(int64(r.IntN(1 << 16)))
+			_, err := pc.Evict(int64(r.IntN(1<<16)) * int64(k))
 			require.NoError(t, err)
 		}
 		if !through {
