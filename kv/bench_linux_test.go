@@ -212,9 +212,69 @@ func BenchmarkServe(b *testing.B) {
 
 // BenchmarkStep compares a batch step of 32 sequences that commits nothing with a
 // single Append that commits nothing: the step should cost at most 32 appends. The
-// sequences are rolled back (untimed) before a step would cross a granule.
+// sequences are rolled back (untimed) before a step would cross a granule. The same
+// steps on the paged baseline (impl=paged: one sequence's Append, and 32 sequences'
+// Appends one after another, as a paged server's step grows each) are what a step
+// costs with a block table and no memory given back: its sequences start again
+// (untimed) before they would take a second block, so that its steps take no block
+// either.
 func BenchmarkStep(b *testing.B) {
 	const batchSeqs = 32
+	for _, n := range []int{1, batchSeqs} {
+		name := "op=append"
+		if n > 1 {
+			name = fmt.Sprintf("op=batch/seqs=%d", n)
+		}
+		b.Run("impl=paged/"+name, func(b *testing.B) {
+			shape := baseline.Shape{Layers: benchModel.Layers, TokenBytes: benchModel.Groups[0].TokenBytes(), MaxTokens: benchMaxTokens}
+			st, err := baseline.NewPaged(shape, baseline.PagedOptions{Blocks: 2 * n})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer st.Close()
+			seqs := make([]baseline.Sequence, n)
+			start := func() {
+				for i := range seqs {
+					if seqs[i] != nil {
+						if err := seqs[i].Close(); err != nil {
+							b.Fatal(err)
+						}
+					}
+					if seqs[i], err = st.NewSequence(); err != nil {
+						b.Fatal(err)
+					}
+					if err := seqs[i].Append(1); err != nil { // the first block
+						b.Fatal(err)
+					}
+				}
+			}
+			start()
+			pool := st.Stats().PeakPhysical
+			defer func() {
+				for _, s := range seqs {
+					if err := s.Close(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}()
+			for b.Loop() {
+				if seqs[0].Len() == baseline.DefaultBlockTokens {
+					b.StopTimer()
+					start()
+					b.StartTimer()
+				}
+				for _, s := range seqs {
+					if err := s.Append(1); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			if got := st.Stats().PeakPhysical; got != pool {
+				b.Fatalf("the paged steps grew the pool: %d bytes at the peak, %d before", got, pool)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/seq")
+		})
+	}
 	for _, layout := range []kv.Layout{kv.PerLayer, kv.Blocked} {
 		for _, n := range []int{1, batchSeqs} {
 			name := "op=append"
