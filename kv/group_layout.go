@@ -47,8 +47,20 @@ func (g *group) used(n, held int) int64 {
 }
 
 // layerRef is where a model's layer lies: its group and its index among the group's
-// layers.
-type layerRef struct{ group, local int }
+// layers, and where each of its tensors lies (tensors, by Kind), worked out once at
+// New so that the one-token path finds a tensor with no division and no search.
+type layerRef struct {
+	group, local int
+	tensors      [2]tensorRef
+}
+
+// tensorRef is where a layer's tensor of one kind lies: the index of its range among a
+// sequence's ranges and the offset of its token 0 there; ok is false where the layer
+// has no tensor of that kind (the V of an MLA layer, a recurrent layer).
+type tensorRef struct {
+	buf, off int
+	ok       bool
+}
 
 // newGroups returns the groups of a cache on m (which must be valid) and where each
 // of m's layers lies.
@@ -74,7 +86,13 @@ func newGroups(m Model, layout Layout, granule, blockTokens, maxTokens int) ([]g
 		groups[i] = group{shape: sh, spec: spec, first: first, bpt: spec.BytesPerToken()}
 		first += sh.nbuf
 		for j, l := range spec.Layers {
-			layers[l] = layerRef{i, j}
+			r := layerRef{group: i, local: j}
+			for _, kind := range []Kind{K, V} {
+				if b, off, ok := sh.tensor(j, kind); ok {
+					r.tensors[kind] = tensorRef{buf: groups[i].first + b, off: off, ok: true}
+				}
+			}
+			layers[l] = r
 		}
 	}
 	return groups, layers, nil
@@ -93,13 +111,12 @@ func (cfg Config) model() (Model, error) {
 // false for a layer the model does not have, a V of an MLA group, or a recurrent
 // layer.
 func (c *Cache) where(layer int, kind Kind) (gi, buf, off int, ok bool) {
-	if uint(layer) >= uint(len(c.layers)) {
+	if uint(layer) >= uint(len(c.layers)) || kind > V {
 		return 0, 0, 0, false
 	}
-	r := c.layers[layer]
-	g := &c.groups[r.group]
-	i, off, ok := g.tensor(r.local, kind)
-	return r.group, g.first + i, off, ok
+	r := &c.layers[layer]
+	t := r.tensors[kind]
+	return r.group, t.buf, t.off, t.ok
 }
 
 // noTensor returns the error for a layer's tensor that does not exist.
