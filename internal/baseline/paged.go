@@ -59,7 +59,10 @@ type PagedOptions struct {
 // The pool grows in chunks (each one make, cleared) and never shrinks until Close.
 // Prefixes share whole blocks by reference count; a block referenced more than once
 // is read-only, and a prefix's partly filled last block is copied into each sequence
-// that starts from it. Its zero value is not usable; call NewPaged.
+// that starts from it. With sliding windows (PagedOptions.Windows) each layer group
+// has blocks and block tables of its own, and a window group's blocks go back to the
+// free list once the window has passed them: vLLM's hybrid KV cache manager. Its zero
+// value is not usable; call NewPaged.
 type Paged struct {
 	shape       Shape
 	blockTokens int
@@ -83,7 +86,9 @@ type Paged struct {
 }
 
 // NewPaged returns a Paged strategy for shape with o.Blocks blocks allocated and
-// cleared.
+// cleared. Options it can not be built from (a window list of the wrong length, a
+// negative window or one under a block, a prefix cache with windows) fail with
+// ErrOptions, allocating nothing.
 func NewPaged(s Shape, o PagedOptions) (*Paged, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
