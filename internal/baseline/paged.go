@@ -550,16 +550,17 @@ func (q *pagedSeq) grow(blocks int) error {
 
 func (q *pagedSeq) Len() int { q.live(); return q.n }
 
-// at returns the bytes of (layer, v, token) in q, or ErrDropped where its window
-// group gave its block back.
-func (q *pagedSeq) at(layer int, v Kind, token int) ([]byte, error) {
+// at returns the bytes of (layer, v, token) in q and the index of token's block, or
+// ErrDropped where its window group gave its block back. NB: one division, as the
+// path before windows took: the write's read-only check reuses the block index.
+func (q *pagedSeq) at(layer int, v Kind, token int) ([]byte, int, error) {
 	p := q.p
 	g := &q.gs[p.layerGroup[layer]]
 	b := token / p.blockTokens
 	if b < g.first {
-		return nil, fmt.Errorf("%w: token %d of layer %d (its group holds the tokens from %d on)", ErrDropped, token, layer, g.first*p.blockTokens)
+		return nil, b, fmt.Errorf("%w: token %d of layer %d (its group holds the tokens from %d on)", ErrDropped, token, layer, g.first*p.blockTokens)
 	}
-	return g.blocks[b-g.first][p.off(tensor(int(p.layerPos[layer]), v), token%p.blockTokens):], nil
+	return g.blocks[b-g.first][p.off(tensor(int(p.layerPos[layer]), v), token-b*p.blockTokens):], b, nil
 }
 
 func (q *pagedSeq) WriteToken(layer int, v Kind, token int, src []byte) error {
@@ -568,11 +569,11 @@ func (q *pagedSeq) WriteToken(layer int, v Kind, token int, src []byte) error {
 	if err := checkWrite(p.shape, q.n, layer, v, token, src); err != nil {
 		return err
 	}
-	dst, err := q.at(layer, v, token)
+	dst, b, err := q.at(layer, v, token)
 	if err != nil {
 		return err
 	}
-	if token/p.blockTokens < q.shared {
+	if b < q.shared {
 		return fmt.Errorf("%w: token %d", ErrReadOnly, token)
 	}
 	copy(dst, src)
@@ -585,7 +586,7 @@ func (q *pagedSeq) ReadToken(layer int, v Kind, token int, dst []byte) error {
 	if err := checkWrite(p.shape, q.n, layer, v, token, dst); err != nil {
 		return err
 	}
-	src, err := q.at(layer, v, token)
+	src, _, err := q.at(layer, v, token)
 	if err != nil {
 		return err
 	}
