@@ -193,9 +193,12 @@ vmarena's cache on the model's groups (kv.Config.Model), and the replay writes e
 group in its own shape: K and V of its heads, head dim and element type; an MLA
 group's one latent per layer (no V); a recurrent group's state per sequence and
 layer, written whole at prefill (a step's update of it is the kernel's, in place). A
-sliding-window or chunked group gives its granules back behind the window. vmarena runs alone there (the
-baselines model full attention only), with map-ahead per group (-map-ahead), in the
-blocked layout; the system prompt is a sequence of its own that
+sliding-window or chunked group gives its granules back behind the window. vmarena runs there
+with map-ahead per group (-map-ahead), beside paged where every group is full
+attention or a sliding window and every token one size (gpt-oss: a block table per
+layer group that gives back a window group's blocks behind the window, as vLLM's
+hybrid KV cache manager does; eager and append model full attention only and do not
+run), in the blocked layout; vmarena's system prompt is a sequence of its own that
 every request forks (kv.Sequence.ForkAt, per group, which copies a recurrent state that Freeze refuses), or
 copies where the backing can not share. Flags that ask for what can not run are
 refused. The report adds each group's committed bytes (a mapped granule counted in

@@ -52,7 +52,8 @@ func modelNames() string {
 }
 
 // groupsOnly checks what the flags ask of a model of layer groups, where kv and the
-// baselines can do less: the baselines model full attention only, and kv's prefix
+// baselines can do less: eager and append model full attention only, paged full
+// attention and sliding windows of one token size (pagedWindows), and kv's prefix
 // cache keeps tiers beside window groups, and checkpoints of their states beside
 // recurrent groups (checkpoints.go), where it keeps no tiers. A flag left at
 // its default is turned off, and said so in notes; a flag set to what can not run is
@@ -69,19 +70,25 @@ func (c *config) groupsOnly(m *kv.Model, names []string) ([]string, []string, er
 	}
 	var kept []string
 	for _, n := range names {
-		if base, _ := splitAhead(n); base == nameCache || c.prefix && (base == namePrefixOn || base == namePrefixOff || base == namePrefixTiers) {
+		if base, _ := splitAhead(n); slices.Contains(groupStrategies(c.prefix, m), base) || c.prefix && base == namePrefixTiers {
 			kept = append(kept, n)
 			continue
 		}
 		if c.set["strategies"] {
-			return nil, nil, fmt.Errorf("-model %s (%s): strategy %s models full attention only, and would hold every token of the window layers; run -strategies %s", m.Name, kinds, n, strings.Join(groupStrategies(c.prefix), ","))
+			return nil, nil, fmt.Errorf("-model %s (%s): strategy %s models full attention only, and would hold every token of the window layers; run -strategies %s", m.Name, kinds, n, strings.Join(groupStrategies(c.prefix, m), ","))
 		}
 	}
-	if len(kept) < len(names) {
+	paged := slices.Contains(kept, namePaged)
+	switch {
+	case paged && len(kept) < len(names):
+		notes = append(notes, "eager and append model full attention only: vmarena and paged run, paged with a block table per layer group that gives back a window group's blocks behind the window (vLLM's hybrid KV cache manager); the uniform full-attention cache of the same model is computed (kv.Model.Uniform)")
+	case paged:
+		notes = append(notes, "paged keeps a block table per layer group and gives back a window group's blocks behind the window (vLLM's hybrid KV cache manager)")
+	case len(kept) < len(names):
 		notes = append(notes, "the baselines model full attention only: vmarena alone runs; the uniform full-attention cache of the same model is computed (kv.Model.Uniform)")
 	}
 	if len(kept) == 0 {
-		return nil, nil, fmt.Errorf("-model %s (%s): -strategies %s: none of them can run on layer groups (only %s)", m.Name, kinds, c.strategies, strings.Join(groupStrategies(c.prefix), ", "))
+		return nil, nil, fmt.Errorf("-model %s (%s): -strategies %s: none of them can run on layer groups (only %s)", m.Name, kinds, c.strategies, strings.Join(groupStrategies(c.prefix, m), ", "))
 	}
 	if c.system > 0 {
 		// Each clause only where it applies: a recurrent group, a backing that can not share.
@@ -101,13 +108,40 @@ func (c *config) groupsOnly(m *kv.Model, names []string) ([]string, []string, er
 	return kept, notes, nil
 }
 
-// groupStrategies returns the strategies that run on a model of layer groups: in the
-// prefix-cache replay (prefix) or the plain one.
-func groupStrategies(prefix bool) []string {
+// groupStrategies returns the strategies that run on the model of layer groups m: in
+// the prefix-cache replay (prefix) or the plain one, where paged runs too if it can
+// model m (pagedWindows).
+func groupStrategies(prefix bool, m *kv.Model) []string {
 	if prefix {
 		return []string{namePrefixOn, namePrefixOff}
 	}
+	if _, ok := pagedWindows(m); ok {
+		return []string{nameCache, namePaged}
+	}
 	return []string{nameCache}
+}
+
+// pagedWindows returns, layer by layer, the sliding window of m's layers (0: full
+// attention) for the paged baseline (baseline.PagedOptions.Windows), and false where
+// the paged baseline can not model m: a group neither full attention nor a sliding
+// window (chunked-local, an MLA latent, a recurrent state), or groups whose tokens
+// differ in size (its blocks are of one size, its shape of one token size).
+func pagedWindows(m *kv.Model) ([]int, bool) {
+	ws := make([]int, m.Layers)
+	for _, g := range m.Groups {
+		switch {
+		case g.Kind != kv.FullAttention && g.Kind != kv.SlidingWindow:
+			return nil, false
+		case g.TokenBytes() != m.Groups[0].TokenBytes():
+			return nil, false
+		}
+		for _, l := range g.Layers {
+			if g.Kind == kv.SlidingWindow {
+				ws[l] = g.Window
+			}
+		}
+	}
+	return ws, true
 }
 
 // groupKinds describes m's groups: "2 groups: sliding-window 128 ×12, full ×12".

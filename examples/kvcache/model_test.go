@@ -13,6 +13,7 @@ import (
 
 	"github.com/vmarena/vmarena/accounting"
 	"github.com/vmarena/vmarena/backing/host"
+	"github.com/vmarena/vmarena/internal/baseline"
 	"github.com/vmarena/vmarena/kv"
 )
 
@@ -22,8 +23,12 @@ func TestModelFlagBadInputs(t *testing.T) {
 		{"unknown model lists both kinds", []string{"-model", "gpt-5"}, `unknown model preset "gpt-5" (known: llama3-8b,`},
 		{"MLA with a baseline", []string{"-model", "deepseek-v3", "-strategies", "eager"}, "-model deepseek-v3 (1 groups: mla-latent ×61): strategy eager models full attention only"},
 		{"recurrent with a baseline", []string{"-model", "qwen3-next-80b-a3b", "-strategies", "vmarena,append"}, "strategy append models full attention only"},
-		{"a baseline", append(hybrid, "-strategies", "vmarena,paged"),
-			"-model gpt-oss-20b (2 groups: sliding-window 128 ×12, full ×12): strategy paged models full attention only"},
+		{"a full-attention baseline", append(hybrid, "-strategies", "vmarena,paged,eager"),
+			"-model gpt-oss-20b (2 groups: sliding-window 128 ×12, full ×12): strategy eager models full attention only, and would hold every token of the window layers; run -strategies vmarena,paged"},
+		{"paged on chunked-local layers", []string{"-model", "llama-4-scout", "-strategies", "vmarena,paged"},
+			"-model llama-4-scout (2 groups: chunked-local 8192 ×36, full ×12): strategy paged models full attention only, and would hold every token of the window layers; run -strategies vmarena"},
+		{"paged on MLA latents", []string{"-model", "deepseek-v3", "-strategies", "paged"}, "-model deepseek-v3 (1 groups: mla-latent ×61): strategy paged models full attention only"},
+		{"paged on a recurrent model", []string{"-model", "qwen3-next-80b-a3b", "-strategies", "paged"}, "strategy paged models full attention only"},
 		{"per-layer", append(hybrid, "-layout", "per-layer"), "-layout per-layer: the per-group figures read the Blocked layout's blocks"},
 		{"prefix replay of a recurrent model with tiers", []string{"-model", "qwen3-next-80b-a3b", "-trace", "mooncake", "-requests", "2", "-tiers", "host"}, "-tiers: kv's prefix cache keeps no tiers beside a recurrent group"},
 		{"prefix replay with paged", append(hybrid, "-trace", "mooncake", "-strategies", "vmarena+prefix-cache,paged+prefix-cache"),
@@ -154,10 +159,12 @@ func TestRunHybridModel(t *testing.T) {
 		"-progress", "none", "-granule", "64KiB", "-out", dir)
 	require.Equal(t, 0, code, errOut)
 	assert.Contains(t, out, "Groups:  2 groups: sliding-window 128 ×12, full ×12")
-	assert.Contains(t, out, "the baselines model full attention only")
+	assert.Contains(t, out, "eager and append model full attention only: vmarena and paged run, paged with a block table per layer group")
 	assert.Contains(t, out, "the system prompt is a sequence of its own that every request forks from")
 	assert.Regexp(t, `sliding-window 128 ×12 +[0-9.]+ [KM]iB`, out)
-	assert.NotContains(t, out, "paged")
+	assert.Regexp(t, `(?m)^ +paged +[0-9.]+ [KM]iB +[0-9.]+x`, out, "paged's memory row")
+	assert.Regexp(t, `(?m)^ +paged +[0-9.]+[µm]?s .* 4/4$`, out, "paged's time row")
+	assert.NotRegexp(t, `(?m)^ +(eager|append) +[0-9]`, out, "eager and append do not run")
 	assert.Contains(t, out, "Plot of each layer group's memory over time: "+filepath.Join(dir, "kvcache-groups.png"))
 	assert.FileExists(t, filepath.Join(dir, "kvcache-groups.png"))
 }
@@ -232,5 +239,58 @@ func TestGroupMeterNeed(t *testing.T) {
 	assert.Equal(t, (127+127+500+350)*bpt, u.Need, "the prompt forgotten")
 	for _, q := range []*kv.Sequence{prompt, a, b} {
 		q.Close()
+	}
+}
+
+// TestPagedOnLayerGroups builds the paged baseline on the models of layer groups: with
+// gpt-oss-20b's windows, where it replays every request and reads back every live
+// token, its window layers giving back what is behind the window; refused for
+// chunked-local, MLA and recurrent groups.
+func TestPagedOnLayerGroups(t *testing.T) {
+	g, groups, err := lookupModel("gpt-oss-20b")
+	require.NoError(t, err)
+	ws, ok := pagedWindows(groups)
+	require.True(t, ok)
+	for _, gr := range groups.Groups {
+		for _, l := range gr.Layers {
+			assert.Equal(t, gr.Window, ws[l], "layer %d", l) // 0 for full attention
+		}
+	}
+	s := testSetup(1 << 30)
+	s.model, s.groups, s.maxTokens = g, groups, 1024
+	b, err := build(namePaged, s)
+	require.NoError(t, err)
+	p := b.st.(*baseline.Paged)
+	assert.Equal(t, baseline.DefaultBlockTokens*groups.Groups[0].BytesPerToken(), p.BlockBytes(), "a block holds one group's 12 layers")
+	var reqs []Request
+	for i := range 3 {
+		reqs = append(reqs, Request{ID: i, Arrival: time.Duration(i) * 100 * time.Millisecond, Context: 150 + 40*i, Generated: 200})
+	}
+	w := Workload{Requests: reqs, Speed: 1, Step: 25 * time.Millisecond, Concurrency: 4, SystemPrompt: 100, Verify: true,
+		Layers: g.Layers, TokenBytes: g.Groups[0].TokenBytes(), MaxTokens: s.maxTokens, Plan: planLayers(groups)}
+	res, err := Replay(context.Background(), p, w, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 3, res.Completed)
+	assert.Positive(t, res.Verified.Reads, "every live token read back as written")
+	// The need counts every token of the full layers (the prompt's once, the requests'
+	// 150+190+230 prompt and 3×200 generated tokens) and at most a window of the window
+	// layers per sequence (the prompt's and the requests').
+	full, window := int64(groups.Groups[1].BytesPerToken()), int64(groups.Groups[0].BytesPerToken())
+	require.Equal(t, kv.SlidingWindow, groups.Groups[0].Kind)
+	assert.LessOrEqual(t, res.PeakNeeded, (100+150+190+230+600)*full+4*128*window, "the need counts a window's tokens, not all")
+	assert.Greater(t, res.PeakNeeded, (100+230)*full)
+	require.NoError(t, p.Close())
+
+	for _, name := range []string{"llama-4-scout", "deepseek-v3", "qwen3-next-80b-a3b"} {
+		t.Run(name, func(t *testing.T) {
+			g, groups, err := lookupModel(name)
+			require.NoError(t, err)
+			_, ok := pagedWindows(groups)
+			assert.False(t, ok)
+			s := testSetup(0)
+			s.model, s.groups, s.maxTokens = g, groups, 16384
+			_, err = build(namePaged, s)
+			assert.ErrorContains(t, err, "strategy paged can not model "+name)
+		})
 	}
 }

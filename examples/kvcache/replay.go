@@ -178,11 +178,12 @@ type replayer struct {
 	waits  []time.Duration
 	// progress is called after every completion or rejection with the count so far.
 	progress func(done int, s Sample)
-	gerr     error       // the first failure to read the groups
-	verr     error       // with Workload.Verify, the first read-back that failed
-	prompt   []byte      // the system prompt's fill
-	scratch  []byte      // a token's or a state's bytes, for the read-back
-	causes   *causeMeter // with Workload.Causes
+	gerr     error                 // the first failure to read the groups
+	verr     error                 // with Workload.Verify, the first read-back that failed
+	prompt   []byte                // the system prompt's fill
+	scratch  []byte                // a token's or a state's bytes, for the read-back
+	causes   *causeMeter           // with Workload.Causes
+	live     map[*request]struct{} // admitted requests not yet closed, for planNeed
 }
 
 // groupReader is a strategy that measures its layer groups: has is false where it has
@@ -201,7 +202,7 @@ func Replay(ctx context.Context, st baseline.Strategy, w Workload, progress func
 	if progress == nil {
 		progress = func(int, Sample) {}
 	}
-	r := &replayer{w: w, st: st, bpt: w.bytesPerToken(), progress: progress}
+	r := &replayer{w: w, st: st, bpt: w.bytesPerToken(), progress: progress, live: map[*request]struct{}{}}
 	r.prompt, r.scratch = r.fillBytes(0xA5), make([]byte, w.TokenBytes)
 	r.res.Strategy = st.Name()
 	r.res.Requests = len(w.Requests)
@@ -370,6 +371,7 @@ func (r *replayer) admit(q *request) error {
 		return err
 	}
 	q.seq = seq
+	r.live[q] = struct{}{}
 	return nil
 }
 
@@ -543,6 +545,7 @@ func (r *replayer) closeSeq(q *request) {
 	_ = q.seq.Close()
 	r.res.MemoryTime += time.Since(t0)
 	q.seq = nil
+	delete(r.live, q)
 }
 
 // sample reads the strategy's memory now.
@@ -562,6 +565,9 @@ func (r *replayer) sample(running, waiting int) Sample {
 		Waiting:  waiting,
 		Live:     st.Sequences,
 	}
+	if r.w.Plan != nil {
+		s.Needed = r.planNeed() // a baseline on layer groups (paged with windows)
+	}
 	if gr, ok := r.st.(groupReader); ok {
 		u, has, err := gr.readGroups()
 		if err != nil && r.gerr == nil {
@@ -575,6 +581,39 @@ func (r *replayer) sample(running, waiting int) Sample {
 	r.res.PeakNeeded = max(r.res.PeakNeeded, s.Needed)
 	r.res.MaxSaved = max(r.res.MaxSaved, s.Saved)
 	return s
+}
+
+// planNeed returns the bytes the live tokens need on a model of layer groups, as
+// groupMeter.need counts them for vmarena: each layer's tokens from its group's
+// FirstLive on in every live sequence, and the system prompt's once (of those, from
+// the first that the prompt's own next step or any sequence on it still reads). The
+// baselines that run on layer groups have no recurrent layer, whose state it leaves
+// out.
+func (r *replayer) planNeed() int64 {
+	p := 0
+	if r.prefix != nil {
+		p = r.w.SystemPrompt
+	}
+	var need int64
+	for _, lp := range r.w.Plan {
+		bpt := int64(len(lp.kinds)) * int64(lp.tokenBytes)
+		if bpt == 0 {
+			continue
+		}
+		from := lp.group.FirstLive(p)
+		for q := range r.live {
+			n := q.seq.Len()
+			own := lp.group.FirstLive(n)
+			if r.prefix != nil {
+				from, own = min(from, own), max(own, p)
+			}
+			need += int64(n-own) * bpt
+		}
+		if r.prefix != nil {
+			need += int64(p-from) * bpt
+		}
+	}
+	return need
 }
 
 // finish computes the summary figures.

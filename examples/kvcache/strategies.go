@@ -124,10 +124,23 @@ func build(name string, s setup) (*built, error) {
 		b.st, err = baseline.NewEager(s.shape(), baseline.EagerOptions{Authority: auth})
 	case namePaged:
 		o := baseline.PagedOptions{Authority: auth}
+		if s.groups != nil {
+			// Sliding windows: groupsOnly let paged run only where it can model them.
+			var ok bool
+			if o.Windows, ok = pagedWindows(s.groups); !ok {
+				return nil, fmt.Errorf("strategy %s can not model %s (%s)", name, s.groups.Name, groupKinds(*s.groups))
+			}
+		}
 		if s.budget > 0 {
 			// Chunks of at most a sixteenth of the budget, so that the last chunk does
-			// not strand much of it.
-			block := int64(baseline.DefaultBlockTokens * s.shape().BytesPerToken())
+			// not strand much of it. A block holds one layer group: ask a pool that
+			// allocates nothing its size.
+			probe, perr := baseline.NewPaged(s.shape(), o)
+			if perr != nil {
+				return nil, perr
+			}
+			block := int64(probe.BlockBytes())
+			_ = probe.Close()
 			o.ChunkBlocks = int(max(1, min(baseline.DefaultChunkBytes, s.budget/16)/block))
 		}
 		b.st, err = baseline.NewPaged(s.shape(), o)

@@ -10,7 +10,13 @@
 //   - [Paged] keeps a pool of fixed blocks of 16 tokens (all layers, K and V), grown in
 //     chunks and never shrunk, and a block table per sequence: the vLLM design. A
 //     shared prefix is shared by block reference counts; its partly filled last block
-//     is copied into each sequence (copy on write).
+//     is copied into each sequence (copy on write). With per-layer sliding windows
+//     (PagedOptions.Windows) it is vLLM's hybrid KV cache manager: the layers of each
+//     window form groups with blocks and block tables of their own, and a window
+//     group gives its blocks back to the pool once every token in them is behind the
+//     window (kv's rule, kv.Group.FirstLive), so a model such as gpt-oss-20b, half of
+//     its layers a 128-token window, has a paged baseline that holds what vLLM holds;
+//     a token given back reads and writes as ErrDropped.
 //   - [Append] grows one Go slice per tensor with append: the naive way.
 //
 // Eager and Append share a prefix by copying it into each sequence (ollama's

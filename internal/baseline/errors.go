@@ -14,6 +14,9 @@ var (
 	ErrTooLong = errors.New("baseline: sequence exceeds MaxTokens")
 	// ErrReadOnly: a write into memory shared with a prefix or another sequence.
 	ErrReadOnly = errors.New("baseline: token is shared and read-only")
+	// ErrDropped: a token of a sliding-window layer whose block the window gave back
+	// (see PagedOptions.Windows), or a Freeze that would need such a token.
+	ErrDropped = errors.New("baseline: token dropped by its layer's sliding window")
 	// ErrForeign: a prefix or sequence made by another strategy.
 	ErrForeign = errors.New("baseline: prefix from another strategy")
 	// ErrBusy: Close while sequences or prefixes are still live.

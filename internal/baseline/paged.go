@@ -30,8 +30,28 @@ type PagedOptions struct {
 	Authority *accounting.Authority
 	// PrefixCache turns on automatic prefix caching (see Paged.Lookup): full blocks
 	// are indexed by a hash chain and kept, once free, in an LRU queue until their
-	// block is needed.
+	// block is needed. It models full attention only: with a sliding window in
+	// Windows, NewPaged refuses it (ErrOptions).
 	PrefixCache bool
+	// Windows is, layer by layer (len Shape.Layers), the layer's sliding window in
+	// tokens, 0 for full attention; nil: every layer full attention. This is vLLM's
+	// hybrid KV cache manager: layers of one window are a class, each class is cut
+	// into groups of as many layers (the greatest common divisor of the classes'
+	// sizes, so that every group's block is the same size and the pool stays one
+	// pool of one block size; vLLM pads a smaller class instead), and each group
+	// has a block table of its own per sequence. A block holds BlockTokens tokens of
+	// its group's layers, K and V. A window of fewer than BlockTokens tokens is
+	// refused: its blocks would be dead before they fill.
+	//
+	// A window group keeps the tokens kv's window rule keeps (kv.Group.FirstLive of
+	// a SlidingWindow group, max(0, n-Window+1)), so that memory figures compare
+	// with the kv cache's: an Append that grows a sequence from n tokens first
+	// gives back each window group's blocks below the one holding FirstLive(n), as
+	// vLLM's SlidingWindowManager.remove_skipped_blocks does, and reading or writing
+	// a token of a block given back fails with ErrDropped. Freeze(n) keeps what a
+	// sequence of n tokens keeps: in a window group the blocks from the one holding
+	// FirstLive(n).
+	Windows []int
 }
 
 // Paged is the vLLM design: a pool of fixed blocks, each BlockTokens tokens of every
@@ -39,12 +59,18 @@ type PagedOptions struct {
 // The pool grows in chunks (each one make, cleared) and never shrinks until Close.
 // Prefixes share whole blocks by reference count; a block referenced more than once
 // is read-only, and a prefix's partly filled last block is copied into each sequence
-// that starts from it. Its zero value is not usable; call NewPaged.
+// that starts from it. With sliding windows (PagedOptions.Windows) each layer group
+// has blocks and block tables of its own, and a window group's blocks go back to the
+// free list once the window has passed them: vLLM's hybrid KV cache manager. Its zero
+// value is not usable; call NewPaged.
 type Paged struct {
 	shape       Shape
 	blockTokens int
 	blockBytes  int
 	chunkBlocks int
+	groups      []pagedGroup // one, of every layer, when no layer has a window
+	layerGroup  []int32      // per layer: its group
+	layerPos    []int32      // per layer: its place among its group's layers
 
 	mu         sync.Mutex
 	led        ledger
@@ -60,7 +86,9 @@ type Paged struct {
 }
 
 // NewPaged returns a Paged strategy for shape with o.Blocks blocks allocated and
-// cleared.
+// cleared. Options it can not be built from (a window list of the wrong length, a
+// negative window or one under a block, a prefix cache with windows) fail with
+// ErrOptions, allocating nothing.
 func NewPaged(s Shape, o PagedOptions) (*Paged, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
@@ -72,7 +100,12 @@ func NewPaged(s Shape, o PagedOptions) (*Paged, error) {
 	if bt < 0 || bt > s.MaxTokens || o.ChunkBlocks < 0 || o.Blocks < 0 {
 		return nil, fmt.Errorf("%w: block tokens %d (max tokens %d), chunk blocks %d, blocks %d", ErrOptions, o.BlockTokens, s.MaxTokens, o.ChunkBlocks, o.Blocks)
 	}
-	p := &Paged{shape: s, blockTokens: bt, blockBytes: bt * s.BytesPerToken(), led: ledger{auth: o.Authority}}
+	groups, layerGroup, layerPos, err := pagedGroups(s, bt, o)
+	if err != nil {
+		return nil, err
+	}
+	p := &Paged{shape: s, blockTokens: bt, groups: groups, layerGroup: layerGroup, layerPos: layerPos, led: ledger{auth: o.Authority}}
+	p.blockBytes = bt * 2 * groups[0].layers * s.TokenBytes
 	if o.PrefixCache {
 		p.pc = newPagedCache(bt)
 	}
@@ -91,6 +124,78 @@ func NewPaged(s Shape, o PagedOptions) (*Paged, error) {
 	return p, nil
 }
 
+// pagedGroup is a group of layers of one window with a block table of its own per
+// sequence.
+type pagedGroup struct {
+	window int // 0: full attention
+	layers int
+}
+
+// firstBlock returns the first block a holder of n tokens keeps of a group of window
+// w: 0 for full attention, else the block holding FirstLive(n) (kv.Group.FirstLive
+// of a SlidingWindow group).
+func firstBlock(w, n, bt int) int {
+	if w == 0 {
+		return 0
+	}
+	return max(0, n-w+1) / bt
+}
+
+// pagedGroups cuts s's layers into groups by o.Windows (see PagedOptions.Windows).
+func pagedGroups(s Shape, bt int, o PagedOptions) ([]pagedGroup, []int32, []int32, error) {
+	ws := o.Windows
+	if ws == nil {
+		ws = make([]int, s.Layers)
+	}
+	if len(ws) != s.Layers {
+		return nil, nil, nil, fmt.Errorf("%w: %d windows for %d layers", ErrOptions, len(ws), s.Layers)
+	}
+	var classes []int // windows in order of their first layer
+	count := map[int]int{}
+	for l, w := range ws {
+		switch {
+		case w < 0:
+			return nil, nil, nil, fmt.Errorf("%w: layer %d: window %d is negative", ErrOptions, l, w)
+		case w > 0 && w < bt:
+			return nil, nil, nil, fmt.Errorf("%w: layer %d: window %d is under one block of %d tokens", ErrOptions, l, w, bt)
+		}
+		if count[w] == 0 {
+			classes = append(classes, w)
+		}
+		count[w]++
+	}
+	if o.PrefixCache && (len(classes) > 1 || classes[0] != 0) {
+		return nil, nil, nil, fmt.Errorf("%w: the prefix cache models full attention only, not sliding windows", ErrOptions)
+	}
+	size := 0
+	for _, w := range classes {
+		size = gcd(size, count[w])
+	}
+	var groups []pagedGroup
+	layerGroup, layerPos := make([]int32, s.Layers), make([]int32, s.Layers)
+	for _, w := range classes {
+		seen := 0
+		for l, lw := range ws {
+			if lw != w {
+				continue
+			}
+			if seen%size == 0 {
+				groups = append(groups, pagedGroup{window: w, layers: size})
+			}
+			layerGroup[l], layerPos[l] = int32(len(groups)-1), int32(seen%size)
+			seen++
+		}
+	}
+	return groups, layerGroup, layerPos, nil
+}
+
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
 // Name returns "paged", or "paged+prefix-cache" with prefix caching on.
 func (p *Paged) Name() string {
 	if p.pc != nil {
@@ -99,7 +204,8 @@ func (p *Paged) Name() string {
 	return "paged"
 }
 
-// BlockBytes returns the bytes of one block.
+// BlockBytes returns the bytes of one block: BlockTokens tokens of one group's layers,
+// K and V (of every layer when no layer has a window).
 func (p *Paged) BlockBytes() int { return p.blockBytes }
 
 // grow adds whole chunks until at least n blocks are free, charging them first: on
@@ -195,7 +301,7 @@ func (p *Paged) off(t, i int) int { return (t*p.blockTokens + i) * p.shape.Token
 // copyBlockTokens copies the first n token slots of every tensor of block src to dst.
 func (p *Paged) copyBlockTokens(dst, src int32, n int) {
 	d, s := p.block(dst), p.block(src)
-	for t := range p.shape.tensors() {
+	for t := range 2 * p.groups[0].layers {
 		copy(d[p.off(t, 0):p.off(t, n)], s[p.off(t, 0):p.off(t, n)])
 	}
 }
@@ -208,7 +314,13 @@ func (p *Paged) NewSequence() (Sequence, error) {
 		return nil, ErrClosed
 	}
 	p.seqs++
-	return &pagedSeq{p: p}, nil
+	return p.newSeq(0, 0), nil
+}
+
+// newSeq returns a sequence of n tokens, the first shared blocks read-only, with
+// empty block tables.
+func (p *Paged) newSeq(n, shared int) *pagedSeq {
+	return &pagedSeq{p: p, n: n, shared: shared, gs: make([]seqGroup, len(p.groups))}
 }
 
 // NewSequenceFrom returns a sequence whose block table starts with pf's full blocks
@@ -226,19 +338,28 @@ func (p *Paged) NewSequenceFrom(pf Prefix) (Sequence, error) {
 	if p.closed {
 		return nil, ErrClosed
 	}
-	q := &pagedSeq{p: p, n: pp.n, shared: len(pp.full)}
-	if pp.tail >= 0 {
-		ids, err := p.take(1)
-		if err != nil {
-			return nil, err
+	tails := 0
+	for _, g := range pp.gs {
+		if g.tail >= 0 {
+			tails++
 		}
-		p.copyBlockTokens(ids[0], pp.tail, pp.n%p.blockTokens)
-		q.push(pp.full...)
-		q.push(ids[0])
-	} else {
-		q.push(pp.full...)
 	}
-	p.ref(pp.full)
+	ids, err := p.take(tails)
+	if err != nil {
+		return nil, err
+	}
+	q := p.newSeq(pp.n, pp.n/p.blockTokens)
+	for i, g := range pp.gs {
+		qg := &q.gs[i]
+		qg.first = g.first
+		qg.push(p, g.full...)
+		if g.tail >= 0 {
+			p.copyBlockTokens(ids[0], g.tail, pp.n%p.blockTokens)
+			qg.push(p, ids[0])
+			ids = ids[1:]
+		}
+		p.ref(g.full)
+	}
 	p.seqs++
 	p.tokens.Add(int64(pp.n))
 	return q, nil
@@ -287,10 +408,16 @@ func (p *Paged) Close() error {
 
 type pagedPrefix struct {
 	p        *Paged
-	full     []int32 // shared whole blocks
-	tail     int32   // the prefix's own copy of its partly filled block, or -1
+	gs       []prefixGroup // per group of p
 	n        int
 	released bool
+}
+
+// prefixGroup is what a prefix holds of one group.
+type prefixGroup struct {
+	first int     // the block full starts at: 0 but in a window group
+	full  []int32 // shared whole blocks
+	tail  int32   // the prefix's own copy of its partly filled block, or -1
 }
 
 func (pp *pagedPrefix) Len() int { return pp.n }
@@ -304,29 +431,40 @@ func (pp *pagedPrefix) Release() {
 	p := pp.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.unref(pp.full)
-	if pp.tail >= 0 {
-		p.unref([]int32{pp.tail})
+	for _, g := range pp.gs {
+		p.unref(g.full)
+		if g.tail >= 0 {
+			p.unref([]int32{g.tail})
+		}
 	}
 	p.prefixes--
 }
 
 type pagedSeq struct {
 	p      *Paged
-	table  []int32  // block ids
-	blocks [][]byte // their bytes, looked up once so that writes take no lock
-	shared int      // leading blocks that belong to a prefix: read-only
+	gs     []seqGroup // per group of p
+	shared int        // blocks below this one belong to a prefix: read-only
 	n      int
 	closed bool
 }
 
+// seqGroup is a sequence's block table of one group.
+type seqGroup struct {
+	first  int      // the block table[0] is: blocks below were given back (a window)
+	table  []int32  // block ids
+	blocks [][]byte // their bytes, looked up once so that writes take no lock
+}
+
 // push appends blocks to the table. p.mu is held.
-func (q *pagedSeq) push(ids ...int32) {
+func (g *seqGroup) push(p *Paged, ids ...int32) {
 	for _, id := range ids {
-		q.table = append(q.table, id)
-		q.blocks = append(q.blocks, q.p.block(id))
+		g.table = append(g.table, id)
+		g.blocks = append(g.blocks, p.block(id))
 	}
 }
+
+// end returns the block past g's last.
+func (g *seqGroup) end() int { return g.first + len(g.table) }
 
 func (q *pagedSeq) live() {
 	if q.closed {
@@ -340,24 +478,90 @@ func (q *pagedSeq) Append(n int) error {
 	if err := checkAppend(p.shape, q.n, n); err != nil {
 		return err
 	}
-	need := (q.n+n+p.blockTokens-1)/p.blockTokens - len(q.table)
-	if need > 0 {
-		p.mu.Lock()
-		ids, err := p.take(need)
-		if err == nil {
-			q.push(ids...)
+	blocks := (q.n + n + p.blockTokens - 1) / p.blockTokens
+	if len(p.groups) == 1 && p.groups[0].window == 0 {
+		// Full attention only: as before windows.
+		g := &q.gs[0]
+		if need := blocks - len(g.table); need > 0 {
+			p.mu.Lock()
+			ids, err := p.take(need)
+			if err == nil {
+				g.push(p, ids...)
+			}
+			p.mu.Unlock()
+			if err != nil {
+				return err
+			}
 		}
-		p.mu.Unlock()
-		if err != nil {
-			return err
-		}
+	} else if err := q.grow(blocks); err != nil {
+		return err
 	}
 	q.n += n
 	p.tokens.Add(int64(n))
 	return nil
 }
 
+// grow gives back each window group's blocks below the one holding FirstLive of the
+// sequence's length and gives every group blocks up to blocks. On error nothing
+// changed: the blocks given back are taken back.
+func (q *pagedSeq) grow(blocks int) error {
+	p := q.p
+	drop, need := 0, 0
+	for i, pg := range p.groups {
+		g := &q.gs[i]
+		drop += max(0, firstBlock(pg.window, q.n, p.blockTokens)-g.first)
+		need += max(0, blocks-g.end())
+	}
+	if drop == 0 && need == 0 {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	free, saved := len(p.free), p.savedBlock
+	var dropped []int32
+	for i, pg := range p.groups {
+		g := &q.gs[i]
+		d := max(0, firstBlock(pg.window, q.n, p.blockTokens)-g.first)
+		dropped = append(dropped, g.table[:d]...)
+	}
+	p.unref(dropped) // first, so that the new blocks may be these
+	ids, err := p.take(need)
+	if err != nil {
+		// take changed nothing: the blocks given back lie on top of the free list.
+		p.free = p.free[:free]
+		for _, id := range dropped {
+			p.refs[id]++
+		}
+		p.savedBlock = saved
+		return err
+	}
+	for i, pg := range p.groups {
+		g := &q.gs[i]
+		if d := max(0, firstBlock(pg.window, q.n, p.blockTokens)-g.first); d > 0 {
+			g.table, g.blocks = g.table[d:], g.blocks[d:]
+			g.first += d
+		}
+		k := max(0, blocks-g.end())
+		g.push(p, ids[:k]...)
+		ids = ids[k:]
+	}
+	return nil
+}
+
 func (q *pagedSeq) Len() int { q.live(); return q.n }
+
+// at returns the bytes of (layer, v, token) in q and the index of token's block, or
+// ErrDropped where its window group gave its block back. NB: one division, as the
+// path before windows took: the write's read-only check reuses the block index.
+func (q *pagedSeq) at(layer int, v Kind, token int) ([]byte, int, error) {
+	p := q.p
+	g := &q.gs[p.layerGroup[layer]]
+	b := token / p.blockTokens
+	if b < g.first {
+		return nil, b, fmt.Errorf("%w: token %d of layer %d (its group holds the tokens from %d on)", ErrDropped, token, layer, g.first*p.blockTokens)
+	}
+	return g.blocks[b-g.first][p.off(tensor(int(p.layerPos[layer]), v), token-b*p.blockTokens):], b, nil
+}
 
 func (q *pagedSeq) WriteToken(layer int, v Kind, token int, src []byte) error {
 	q.live()
@@ -365,11 +569,14 @@ func (q *pagedSeq) WriteToken(layer int, v Kind, token int, src []byte) error {
 	if err := checkWrite(p.shape, q.n, layer, v, token, src); err != nil {
 		return err
 	}
-	b := token / p.blockTokens
+	dst, b, err := q.at(layer, v, token)
+	if err != nil {
+		return err
+	}
 	if b < q.shared {
 		return fmt.Errorf("%w: token %d", ErrReadOnly, token)
 	}
-	copy(q.blocks[b][p.off(tensor(layer, v), token%p.blockTokens):], src)
+	copy(dst, src)
 	return nil
 }
 
@@ -379,34 +586,60 @@ func (q *pagedSeq) ReadToken(layer int, v Kind, token int, dst []byte) error {
 	if err := checkWrite(p.shape, q.n, layer, v, token, dst); err != nil {
 		return err
 	}
-	copy(dst, q.blocks[token/p.blockTokens][p.off(tensor(layer, v), token%p.blockTokens):])
+	src, _, err := q.at(layer, v, token)
+	if err != nil {
+		return err
+	}
+	copy(dst, src)
 	return nil
 }
 
 // Freeze shares the whole blocks of the first n tokens and copies the partly filled
-// one: the prefix owns that copy.
+// one: the prefix owns that copy. In a window group it keeps what a sequence of n
+// tokens keeps, the blocks from the one holding FirstLive(n); where the sequence gave
+// those back it fails with ErrDropped.
 func (q *pagedSeq) Freeze(n int) (Prefix, error) {
 	q.live()
 	if err := checkFreeze(n, q.n); err != nil {
 		return nil, err
 	}
 	p := q.p
+	bt := p.blockTokens
+	for i, pg := range p.groups {
+		if first := firstBlock(pg.window, n, bt); n > 0 && first < q.gs[i].first {
+			return nil, fmt.Errorf("%w: a prefix of %d tokens needs the tokens from %d on, and the sequence holds them from %d on", ErrDropped, n, first*bt, q.gs[i].first*bt)
+		}
+	}
+	rest := n % bt
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	pp := &pagedPrefix{p: p, n: n, tail: -1}
-	pp.full = append([]int32(nil), q.table[:n/p.blockTokens]...)
-	if rest := n % p.blockTokens; rest > 0 {
-		ids, err := p.take(1)
-		if err != nil {
+	var ids []int32
+	if rest > 0 {
+		var err error
+		if ids, err = p.take(len(p.groups)); err != nil {
 			return nil, err
 		}
-		pp.tail = ids[0]
-		p.copyBlockTokens(pp.tail, q.table[n/p.blockTokens], rest)
 	}
-	p.ref(pp.full)
+	pp := &pagedPrefix{p: p, n: n, gs: make([]prefixGroup, len(p.groups))}
+	for i, pg := range p.groups {
+		g, first := &q.gs[i], firstBlock(pg.window, n, bt)
+		if n == 0 {
+			first = 0 // holds nothing, whatever the sequence gave back
+		}
+		h := prefixGroup{first: first, tail: -1, full: []int32{}}
+		if n > 0 {
+			h.full = append(h.full, g.table[first-g.first:n/bt-g.first]...)
+		}
+		if rest > 0 {
+			h.tail = ids[i]
+			p.copyBlockTokens(h.tail, g.table[n/bt-g.first], rest)
+		}
+		p.ref(h.full)
+		pp.gs[i] = h
+	}
 	p.prefixes++
 	// The blocks now belong to the prefix too: immutable from here on.
-	q.shared = max(q.shared, len(pp.full))
+	q.shared = max(q.shared, n/bt)
 	return pp, nil
 }
 
@@ -420,8 +653,10 @@ func (q *pagedSeq) Close() error {
 	p := q.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.unref(q.table)
-	q.table, q.blocks = nil, nil
+	for i := range q.gs {
+		p.unref(q.gs[i].table)
+	}
+	q.gs = nil
 	p.seqs--
 	p.tokens.Add(-int64(q.n))
 	return nil

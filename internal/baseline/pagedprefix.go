@@ -178,8 +178,8 @@ func (p *Paged) Lookup(tokens []int32) (Sequence, int, error) {
 	}
 	c.queries += int64(len(tokens))
 	c.hits += int64(n)
-	q := &pagedSeq{p: p, n: n, shared: len(ids)}
-	q.push(ids...)
+	q := p.newSeq(n, len(ids))
+	q.gs[0].push(p, ids...)
 	for _, id := range ids {
 		// A block taken from the queue had no reference; ref counts a sharer.
 		if p.refs[id] == 0 {
@@ -218,7 +218,7 @@ func (p *Paged) Insert(seq Sequence, tokens []int32) error {
 			h = nh
 			continue
 		}
-		id := q.table[i]
+		id := q.gs[0].table[i]
 		if c.has[id] {
 			// The block is indexed under other tokens: it can not be, since a
 			// cached block is read-only; refuse rather than corrupt the index.
