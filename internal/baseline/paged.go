@@ -70,6 +70,7 @@ type Paged struct {
 	chunkBlocks int
 	groups      []pagedGroup // one, of every layer, when no layer has a window
 	layerGroup  []int32      // per layer: its group
+	plain       bool         // no layer has a window: one group of every layer, from block 0
 	layerPos    []int32      // per layer: its place among its group's layers
 
 	mu         sync.Mutex
@@ -105,6 +106,7 @@ func NewPaged(s Shape, o PagedOptions) (*Paged, error) {
 		return nil, err
 	}
 	p := &Paged{shape: s, blockTokens: bt, groups: groups, layerGroup: layerGroup, layerPos: layerPos, led: ledger{auth: o.Authority}}
+	p.plain = len(groups) == 1 && groups[0].window == 0
 	p.blockBytes = bt * 2 * groups[0].layers * s.TokenBytes
 	if o.PrefixCache {
 		p.pc = newPagedCache(bt)
@@ -550,17 +552,17 @@ func (q *pagedSeq) grow(blocks int) error {
 
 func (q *pagedSeq) Len() int { q.live(); return q.n }
 
-// at returns the bytes of (layer, v, token) in q and the index of token's block, or
-// ErrDropped where its window group gave its block back. NB: one division, as the
-// path before windows took: the write's read-only check reuses the block index.
-func (q *pagedSeq) at(layer int, v Kind, token int) ([]byte, int, error) {
+// at returns the bytes of (layer, v, token) in q, whose block is b, where p has
+// windows, or ErrDropped where its window group gave that block back. Without windows
+// WriteToken and ReadToken find the bytes themselves, with no group to look up, so
+// that the full-attention path costs what it did before windows.
+func (q *pagedSeq) at(layer int, v Kind, token, b int) ([]byte, error) {
 	p := q.p
 	g := &q.gs[p.layerGroup[layer]]
-	b := token / p.blockTokens
 	if b < g.first {
-		return nil, b, fmt.Errorf("%w: token %d of layer %d (its group holds the tokens from %d on)", ErrDropped, token, layer, g.first*p.blockTokens)
+		return nil, fmt.Errorf("%w: token %d of layer %d (its group holds the tokens from %d on)", ErrDropped, token, layer, g.first*p.blockTokens)
 	}
-	return g.blocks[b-g.first][p.off(tensor(int(p.layerPos[layer]), v), token-b*p.blockTokens):], b, nil
+	return g.blocks[b-g.first][p.off(tensor(int(p.layerPos[layer]), v), token-b*p.blockTokens):], nil
 }
 
 func (q *pagedSeq) WriteToken(layer int, v Kind, token int, src []byte) error {
@@ -569,9 +571,16 @@ func (q *pagedSeq) WriteToken(layer int, v Kind, token int, src []byte) error {
 	if err := checkWrite(p.shape, q.n, layer, v, token, src); err != nil {
 		return err
 	}
-	dst, b, err := q.at(layer, v, token)
-	if err != nil {
-		return err
+	var dst []byte
+	b := token / p.blockTokens
+	if p.plain {
+		// NB: no windows: the path before them, every layer's block from block 0.
+		dst = q.gs[0].blocks[b][p.off(tensor(layer, v), token-b*p.blockTokens):]
+	} else {
+		var err error
+		if dst, err = q.at(layer, v, token, b); err != nil {
+			return err
+		}
 	}
 	if b < q.shared {
 		return fmt.Errorf("%w: token %d", ErrReadOnly, token)
@@ -586,9 +595,15 @@ func (q *pagedSeq) ReadToken(layer int, v Kind, token int, dst []byte) error {
 	if err := checkWrite(p.shape, q.n, layer, v, token, dst); err != nil {
 		return err
 	}
-	src, _, err := q.at(layer, v, token)
-	if err != nil {
-		return err
+	var src []byte
+	b := token / p.blockTokens
+	if p.plain {
+		src = q.gs[0].blocks[b][p.off(tensor(layer, v), token-b*p.blockTokens):] // NB: as in WriteToken
+	} else {
+		var err error
+		if src, err = q.at(layer, v, token, b); err != nil {
+			return err
+		}
 	}
 	copy(dst, src)
 	return nil
