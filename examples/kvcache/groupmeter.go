@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"iter"
 	"sync"
 
 	"github.com/vmarena/vmarena/kv"
@@ -144,21 +145,33 @@ func (gm *groupMeter) need() int64 {
 			}
 			continue
 		}
-		bpt := int64(g.BytesPerToken())
-		from := g.FirstLive(p) // of the prompt's tokens, the first one read
-		for q := range gm.live {
-			if q == gm.prefix {
-				continue
+		need += windowNeed(g, int64(g.BytesPerToken()), p, gm.prefix != nil, func(yield func(int) bool) {
+			for q := range gm.live {
+				if q != gm.prefix && !yield(q.Len()) {
+					return
+				}
 			}
-			n, own := q.Len(), g.FirstLive(q.Len())
-			if gm.prefix != nil {
-				from, own = min(from, own), max(own, p)
-			}
-			need += int64(n-own) * bpt
+		})
+	}
+	return need
+}
+
+// windowNeed returns the bytes group g, of bpt bytes a token, needs for live sequences
+// of the lengths lens yields: each one's tokens from g's FirstLive on, and, where they
+// start on a shared prompt of p tokens (shared), the prompt's tokens once, from the
+// first that the prompt's own next step or any sequence on it still reads.
+func windowNeed(g kv.Group, bpt int64, p int, shared bool, lens iter.Seq[int]) int64 {
+	var need int64
+	from := g.FirstLive(p) // of the prompt's tokens, the first one read
+	for n := range lens {
+		own := g.FirstLive(n)
+		if shared {
+			from, own = min(from, own), max(own, p)
 		}
-		if gm.prefix != nil {
-			need += int64(p-from) * bpt
-		}
+		need += int64(n-own) * bpt
+	}
+	if shared {
+		need += int64(p-from) * bpt
 	}
 	return need
 }

@@ -600,18 +600,13 @@ func (r *replayer) planNeed() int64 {
 		if bpt == 0 {
 			continue
 		}
-		from := lp.group.FirstLive(p)
-		for q := range r.live {
-			n := q.seq.Len()
-			own := lp.group.FirstLive(n)
-			if r.prefix != nil {
-				from, own = min(from, own), max(own, p)
+		need += windowNeed(lp.group, bpt, p, r.prefix != nil, func(yield func(int) bool) {
+			for q := range r.live {
+				if !yield(q.seq.Len()) {
+					return
+				}
 			}
-			need += int64(n-own) * bpt
-		}
-		if r.prefix != nil {
-			need += int64(p-from) * bpt
-		}
+		})
 	}
 	return need
 }
