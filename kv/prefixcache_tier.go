@@ -304,6 +304,22 @@ func (t *pcTiers) stats() []TierStats {
 	return append([]TierStats(nil), t.counts...)
 }
 
+// loadFailed counts a load of block blk from tier i that failed with err: a value
+// refused (invalid) in Invalid, with a Warn that says why; any other failure but a miss
+// in Drops.
+func (t *pcTiers) loadFailed(i, blk int, err error, invalid bool) {
+	t.count(i, func(st *TierStats) {
+		if invalid {
+			st.Invalid++
+		} else if !errors.Is(err, ErrTierMiss) {
+			st.Drops++
+		}
+	})
+	if invalid {
+		logInvalidTierValue(t.c.cfg.Logger, i, blk, err)
+	}
+}
+
 // count applies f to tier i's counts.
 func (t *pcTiers) count(i int, f func(*TierStats)) {
 	t.mu.Lock()
@@ -632,16 +648,7 @@ func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, t
 			return s.bufs[0].writeAt(blk*unit, payload)
 		})
 		if err != nil {
-			t.count(i, func(st *TierStats) {
-				if invalid {
-					st.Invalid++
-				} else if !errors.Is(err, ErrTierMiss) {
-					st.Drops++
-				}
-			})
-			if invalid {
-				logInvalidTierValue(t.c.cfg.Logger, i, blk, err)
-			}
+			t.loadFailed(i, blk, err, invalid)
 			break
 		}
 		t.count(i, func(st *TierStats) { st.LoadBytes += int64(size) })

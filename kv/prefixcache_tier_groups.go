@@ -2,7 +2,6 @@ package kv
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/vmarena/vmarena/backing"
@@ -333,16 +332,7 @@ func (t *pcTiers) loadFromGroups(ctx context.Context, i int, tier Tier, s *Seque
 			return nil
 		})
 		if err != nil {
-			t.count(i, func(st *TierStats) {
-				if invalid {
-					st.Invalid++
-				} else if !errors.Is(err, ErrTierMiss) {
-					st.Drops++
-				}
-			})
-			if invalid {
-				logInvalidTierValue(t.c.cfg.Logger, i, blk, err)
-			}
+			t.loadFailed(i, blk, err, invalid)
 			break
 		}
 		t.count(i, func(st *TierStats) { st.LoadBytes += int64(size) })
