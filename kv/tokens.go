@@ -144,8 +144,12 @@ func (s *Sequence) WriteToken(layer int, kind Kind, t int, src []byte) error {
 	if shared {
 		return s.WriteTokens(layer, kind, t, t+1, src)
 	}
-	if h := c.hooks(); h != nil {
-		h.beforeWrite(s, t)
+	// NB: the one write hook is a prefix cache's, for its lazy entries' tokens
+	// (pcHooks.beforeWrite): a write past them, a decode step's, makes no call.
+	if l := s.pcl; l != nil && t < l.lazyN {
+		if h := c.hooks(); h != nil {
+			h.beforeWrite(s, t)
+		}
 	}
 	return s.bufs[i].writeAt(at, src)
 }

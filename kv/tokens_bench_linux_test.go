@@ -156,6 +156,30 @@ func benchmarkTokenWrite(b *testing.B, g kv.Model, granule int) {
 		run(b, func(l int, v baseline.Kind, t int, src []byte) error { return s.WriteToken(l, kv.Kind(v), t, src) })
 		require.True(b, s.Close().OK())
 	})
+	b.Run("impl=vmarena+prefix-cache", func(b *testing.B) {
+		// The same, the prefix a prefix cache's hit: a sequence a PrefixCache made
+		// carries the cache's write hook (its lazily mapped tokens).
+		c := openEnv(b, onShared, withGranule(granule), withConfig(kv.Config{Model: g, MaxTokens: tokens})).c
+		pc, err := kv.NewPrefixCache(c, kv.PrefixCacheOptions{})
+		require.NoError(b, err)
+		ids := make([]int32, prefix+1)
+		for i := range ids {
+			ids[i] = int32(i)
+		}
+		first, m, err := pc.Lookup(ids)
+		require.NoError(b, err)
+		require.Zero(b, m)
+		require.NoError(b, first.Append(prefix))
+		require.NoError(b, pc.Insert(first, ids[:prefix]))
+		require.True(b, first.Close().OK())
+		s, m, err := pc.Lookup(ids)
+		require.NoError(b, err)
+		require.Equal(b, prefix, m)
+		require.NoError(b, s.Append(tokens-prefix))
+		run(b, func(l int, v baseline.Kind, t int, src []byte) error { return s.WriteToken(l, kv.Kind(v), t, src) })
+		require.True(b, s.Close().OK())
+		require.NoError(b, pc.Close())
+	})
 	b.Run("impl=paged", func(b *testing.B) {
 		st, err := baseline.NewPaged(baseline.Shape{Layers: g.Layers, TokenBytes: g.Groups[0].TokenBytes(), MaxTokens: tokens}, baseline.PagedOptions{})
 		require.NoError(b, err)
