@@ -102,8 +102,9 @@ func BenchmarkTokenRead(b *testing.B) {
 // BenchmarkTokenWrite prices the per-token write a model's forward pass makes (one
 // WriteToken per layer, K and V, for each new token), in ns a write, on a sequence
 // started on a 64-token prefix (so that Writable is past 0, as on a prefix hit) that
-// then writes tokens [64, 256): this cache in the Blocked layout on host.Shared, and
-// the paged baseline (16-token blocks, the same prefix shared), in the same run. The
+// then writes tokens [64, 256): this cache in the Blocked layout on host.Shared (the
+// prefix frozen, and the prefix a PrefixCache's hit), and the paged baseline (16-token
+// blocks, the same prefix shared), in the same run. The
 // copy of the token's bytes is common to both; the rest is each one's path to it: on
 // Llama-3-8B (2 KiB a write) the copy is most of it, on qwen2.5-0.5b (256 bytes, the
 // Mooncake replay's model) the path is.
