@@ -481,7 +481,7 @@ func (q *pagedSeq) Append(n int) error {
 		return err
 	}
 	blocks := (q.n + n + p.blockTokens - 1) / p.blockTokens
-	if len(p.groups) == 1 && p.groups[0].window == 0 {
+	if p.plain {
 		// Full attention only: as before windows.
 		g := &q.gs[0]
 		if need := blocks - len(g.table); need > 0 {
