@@ -21,7 +21,10 @@ func ExamplePrefixCache_Match() {
 	}
 	defer pool.Close()
 	// kv.Tiny()'s tokens take 256 bytes in all: a 64 KiB block holds 256 of them.
-	cache, err := kv.New(pool, kv.Config{Model: kv.Tiny(), MaxTokens: 4096})
+	// NB: map-ahead off, so that the figures below are the same on every run: Need
+	// counts off what the cache already holds ready (Cache.Headroom's own bytes), and
+	// with map-ahead that is a block more whenever its worker has made one by then.
+	cache, err := kv.New(pool, kv.Config{Model: kv.Tiny(), MaxTokens: 4096, NoMapAhead: true})
 	if err != nil {
 		panic(err)
 	}
