@@ -77,19 +77,19 @@ func (s *Sequence) Base(layer int, kind Kind) uintptr {
 
 // TokenStride returns, for a kernel of a one-group model (see Base; LayerStrides
 // serves every model), the bytes from one token to the next within a layer's K or V
-// tensor: TokenBytes in both layouts (within a block in
-// Blocked, BlockStride from one block to the next). On a Model it is the first
-// group's, and BlockTokens' and BlockStride's too: each group has its own
-// (Cache.LayerStrides).
+// tensor: TokenBytes in both layouts (within a run of a block in Blocked, whose
+// runs and blocks LayerStrides gives). On a Model it is the first group's, and
+// BlockTokens' and BlockStride's too: each group has its own (Cache.LayerStrides).
 func (s *Sequence) TokenStride() int {
 	s.live()
 	return s.c.row
 }
 
 // BlockTokens returns the tokens of each block in the Blocked layout (token t of a
-// tensor is token t % BlockTokens of block t / BlockTokens), and 0 in the others,
-// whose tensors have no blocks: what a kernel of a one-group model needs to find a
-// token (LayerStrides serves every model). It is at least Config.BlockTokens.
+// tensor is token t % BlockTokens of block t / BlockTokens, in the block's run of
+// RunTokens that LayerStrides gives), and 0 in the others, whose tensors have no
+// blocks: what a kernel of a one-group model needs to find a block (LayerStrides
+// serves every model). It is at least Config.BlockTokens.
 func (s *Sequence) BlockTokens() int {
 	s.live()
 	return s.c.tpb
@@ -109,7 +109,10 @@ func (s *Sequence) BlockStride() int {
 // contiguous in the PerLayer layout; in the Blocked layout [blocks, BlockTokens,
 // KVHeads, HeadDim] with blocks = ⌈Len / BlockTokens⌉, strided by BlockStride and
 // TokenStride, whose token t is element
-// [t / BlockTokens, t % BlockTokens]. NB: in the last block the tokens at or past Len
+// [t / BlockTokens, t % BlockTokens], or, where a block is cut into runs
+// (Strides.RunTokens below BlockTokens), [blocks, BlockTokens / RunTokens, RunTokens,
+// KVHeads, HeadDim], strided by BlockStride, RunStride and TokenStride, whose token t
+// is element [t / BlockTokens, t % BlockTokens / RunTokens, t % RunTokens]. NB: in the last block the tokens at or past Len
 // are not the sequence's (free room, or another sequence's tokens copied with a fork
 // or prefix): a kernel masks them out. T must be the layer group's element type
 // (ErrElemType otherwise). On a host backing the tensor's elements may be read and
@@ -152,6 +155,14 @@ func View[T arena.Elem](s *Sequence, layer int, kind Kind) (arena.Tensor[T], err
 		}
 		hb := held / gr.tpb // held's block: held is its first token but after a restart at a chunk boundary
 		off += hb * gr.blk
+		if gr.rt < gr.tpb {
+			if gr.rs%size != 0 {
+				return arena.Tensor[T]{}, fmt.Errorf("%w: runs of %d bytes are not a whole number of %d-byte %v elements; use Base and LayerStrides", ErrLayout, gr.rs, size, g.DType)
+			}
+			shape = []int{gr.unitsFor(s.n) - hb, gr.tpb / gr.rt, gr.rt, g.KVHeads, hd}
+			strides = []int{gr.blk / size, gr.rs / size, gr.row / size, hd, 1}
+			break
+		}
 		shape = []int{gr.unitsFor(s.n) - hb, gr.tpb, g.KVHeads, hd}
 		strides = []int{gr.blk / size, gr.row / size, hd, 1}
 	default:
@@ -183,7 +194,10 @@ func (s *Sequence) FirstHeld(layer int) int {
 }
 
 // Strides is how a layer's tensors lie in a sequence's ranges, for a kernel that
-// walks them from Sequence.Base itself.
+// walks them from Sequence.Base itself. In the Blocked layout token t of a tensor lies
+// at Base + t/BlockTokens × BlockStride + t%BlockTokens/RunTokens × RunStride +
+// t%RunTokens × TokenStride: each run holds RunTokens contiguous tokens of the
+// tensor, a paged kernel's page. In PerLayer it lies at Base + t × TokenStride.
 type Strides struct {
 	Group       int // the index of the layer's group in the model
 	TokenBytes  int // one token of one of the layer's tensors, block scales included
@@ -192,6 +206,12 @@ type Strides struct {
 	// block to the next in the Blocked layout; 0 in PerLayer.
 	BlockTokens int
 	BlockStride int
+	// RunTokens and RunStride are the tokens of each run of a block (a divisor of
+	// BlockTokens; BlockTokens where a block is one run) and the bytes from one run
+	// to the next within a block, in the Blocked layout (Config.RunTokens); 0 in
+	// PerLayer.
+	RunTokens int
+	RunStride int
 	// StateBytes is a recurrent layer's state; 0 for the others, which have tokens.
 	StateBytes int
 }
@@ -207,5 +227,6 @@ func (c *Cache) LayerStrides(layer int) (Strides, error) {
 	}
 	gi := c.layers[layer].group
 	g := &c.groups[gi]
-	return Strides{Group: gi, TokenBytes: g.tb, TokenStride: g.row, BlockTokens: g.tpb, BlockStride: g.blk, StateBytes: g.spec.StateBytes}, nil
+	return Strides{Group: gi, TokenBytes: g.tb, TokenStride: g.row, BlockTokens: g.tpb, BlockStride: g.blk,
+		RunTokens: g.rt, RunStride: g.rs, StateBytes: g.spec.StateBytes}, nil
 }

@@ -55,7 +55,8 @@ func TestMapAheadOnGPTOSS(t *testing.T) {
 				if lt.layout == kv.PerLayer {
 					unit, ranges = lt.granule/full.TokenStride, 2*len(m.Groups[full.Group].Layers)
 				}
-				require.Equal(t, full, kv.Strides{Group: full.Group, TokenBytes: win.TokenBytes, TokenStride: win.TokenStride, BlockTokens: win.BlockTokens, BlockStride: win.BlockStride},
+				require.Equal(t, full, kv.Strides{Group: full.Group, TokenBytes: win.TokenBytes, TokenStride: win.TokenStride, BlockTokens: win.BlockTokens, BlockStride: win.BlockStride,
+					RunTokens: win.RunTokens, RunStride: win.RunStride},
 					"gpt-oss's groups have one shape, and cross together")
 				s, err := e.c.NewSequence()
 				require.NoError(t, err)

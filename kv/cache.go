@@ -47,6 +47,17 @@ type Config struct {
 	// (blocks.go; Size's GroupSizing says which and why). It must be 0 in the other
 	// layouts.
 	BlockTokens int
+	// RunTokens cuts each block of the Blocked layout into runs of this many tokens
+	// (a power of two that divides the block's tokens; one at least the block's is
+	// the whole block): each layer's K and V lie together within a run, run after
+	// run (Layout, Cache.LayerStrides), as a paged kernel's pages of RunTokens tokens.
+	// 0, the default, cuts each group's blocks into runs of 16 tokens, or of the
+	// largest power of two below 16 that divides the block if it is at least 8, and
+	// leaves a block one run otherwise: a decode step then writes a token's layers a
+	// run apart, which TLBs and caches take as a paged pool's (docs/benchmarks/step.md),
+	// while a kernel reads runs of 16 tokens. One that does not divide a group's
+	// block is refused with ErrConfig; it must be 0 in the other layouts.
+	RunTokens int
 	// Authority is charged for committed granules when the backing's accounting is
 	// ByBuffer (host.Private); it must be nil for backings that own their memory
 	// (ByBacking: host.Shared, cuda).
@@ -170,7 +181,7 @@ func New[R any, B backing.Backing[R]](b B, cfg Config) (*Cache, error) {
 		gc.ChooseGranule(shareUnit(m, cfg.Layout))
 	}
 	g := b.Granularity()
-	groups, layers, err := newGroups(m, cfg.Layout, g, cfg.BlockTokens, cfg.MaxTokens)
+	groups, layers, err := newGroups(m, cfg.Layout, g, cfg.BlockTokens, cfg.RunTokens, cfg.MaxTokens)
 	if err != nil {
 		return nil, err
 	}

@@ -180,6 +180,9 @@ func FuzzConfig(f *testing.F) {
 			cfg: kv.Config{
 				Model:     m,
 				MaxTokens: maxTokens, Layout: kv.Layout(layout), BlockTokens: blockTokens, MapAhead: mapAhead,
+				// NB: RunTokens from the high bits of tokens, so that the corpus keeps
+				// its form (small token counts, every entry before runs, take 0).
+				RunTokens: fuzzRuns[uint(tokens>>20)%uint(len(fuzzRuns))],
 			},
 			granule: granule, tokens: tokens, prefix: prefix, tiers: int(tiers % 4), events: events,
 			opts: kv.PrefixCacheOptions{MaxBytes: maxBytes, TierPrefix: prefix, TierStores: tierStores, TierLoads: tierLoads,
@@ -190,6 +193,11 @@ func FuzzConfig(f *testing.F) {
 		checkConfig(t, in)
 	})
 }
+
+// fuzzRuns are the Config.RunTokens FuzzConfig tries: the default, powers of two
+// that do and do not divide a block, one that is no power of two, a negative one and
+// one past any block.
+var fuzzRuns = []int{0, 1, 2, 8, 16, 64, 3, -1, 1 << 62}
 
 // checkConfig runs FuzzConfig's checks on one input.
 func checkConfig(t *testing.T, in configInput) {

@@ -96,7 +96,7 @@ func TestFP8TokensThroughViews(t *testing.T) {
 	require.NoError(t, err)
 	const n = 100
 	require.NoError(t, s.Append(n))
-	bt := s.BlockTokens()
+	st := stridesOf(s, 0)
 	val := func(layer, tok, h, d int) arena.F8E4M3 {
 		return arena.F8E4M3FromFloat32Sat(float32(layer*1000+tok*10+h) / float32(1+d))
 	}
@@ -106,7 +106,7 @@ func TestFP8TokensThroughViews(t *testing.T) {
 		for tok := range n {
 			for h := range g.Groups[0].KVHeads {
 				for d := range g.Groups[0].HeadDim {
-					v.Set(val(layer, tok, h, d), tok/bt, tok%bt, h, d)
+					v.Set(val(layer, tok, h, d), append(blockIndex(st, tok, 0), h, d)...)
 				}
 			}
 		}

@@ -10,11 +10,11 @@ func KindsOf(m Model) []Kind { return m.Groups[0].kinds() }
 type Shape struct{ sh shape }
 
 // NewShape is newGroupShape of m's one group, once Model.Validate takes m.
-func NewShape(m Model, layout Layout, granule, blockTokens, maxTokens int) (Shape, error) {
+func NewShape(m Model, layout Layout, granule, blockTokens, runTokens, maxTokens int) (Shape, error) {
 	if err := m.Validate(0); err != nil {
 		return Shape{}, err
 	}
-	sh, err := newGroupShape(m.Groups[0], layout, granule, blockTokens, maxTokens)
+	sh, err := newGroupShape(m.Groups[0], layout, granule, blockTokens, runTokens, maxTokens)
 	return Shape{sh}, err
 }
 

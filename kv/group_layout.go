@@ -64,17 +64,17 @@ type tensorRef struct {
 
 // newGroups returns the groups of a cache on m (which must be valid) and where each
 // of m's layers lies.
-func newGroups(m Model, layout Layout, granule, blockTokens, maxTokens int) ([]group, []layerRef, error) {
+func newGroups(m Model, layout Layout, granule, blockTokens, runTokens, maxTokens int) ([]group, []layerRef, error) {
 	groups := make([]group, len(m.Groups))
 	layers := make([]layerRef, m.Layers)
 	first := 0
 	var reserved int64 // a sequence's address space, which Size adds up in an int64
 	for i, spec := range m.Groups {
-		bt := blockTokens
+		bt, rt := blockTokens, runTokens
 		if spec.Kind == Recurrent {
-			bt = 0 // a state has no blocks
+			bt, rt = 0, 0 // a state has no blocks
 		}
-		sh, err := newGroupShape(spec, layout, granule, bt, maxTokens)
+		sh, err := newGroupShape(spec, layout, granule, bt, rt, maxTokens)
 		if err != nil {
 			return nil, nil, fmt.Errorf("group %d (%v): %w", i, spec.Kind, err)
 		}

@@ -411,8 +411,8 @@ func (gm *groupModel) checkViews(s *kv.Sequence, tr tensorRef, held, tok int, wa
 	require.NoError(t, err)
 	heads, hd := tr.group.KVHeads, tr.group.HeadDim
 	at := func(h, d int) arena.F16 {
-		if bt := st.BlockTokens; bt > 0 {
-			return v.At(tok/bt-held/bt, tok%bt, h, d)
+		if st.BlockTokens > 0 {
+			return v.At(append(blockIndex(st, tok, held), h, d)...)
 		}
 		return v.At(tok-held, h, d)
 	}

@@ -112,8 +112,9 @@ func blockTokensFor(l kv.Layout) int {
 
 // modelLayout is the tests' own arithmetic of where a layout puts tokens, written
 // apart from kv's (layout_test.go checks kv's against it): nt tensors of row bytes a
-// token, in nbuf ranges; in the Blocked layout blocks of blk bytes, tpb tokens each.
-type modelLayout struct{ nbuf, nt, row, tpb, blk, gran int }
+// token, in nbuf ranges; in the Blocked layout blocks of blk bytes, tpb tokens each,
+// cut into runs of rt tokens.
+type modelLayout struct{ nbuf, nt, row, tpb, blk, rt, gran int }
 
 func modelOf(cfg kv.Config, gran int) modelLayout {
 	g := cfg.Model
@@ -123,7 +124,26 @@ func modelOf(cfg kv.Config, gran int) modelLayout {
 		return modelLayout{nbuf: nt, nt: nt, row: g.Groups[0].TokenBytes(), gran: gran}
 	}
 	tpb, blk := refBlock(g.Groups[0], gran, cfg.BlockTokens)
-	return modelLayout{nbuf: 1, nt: nt, row: g.Groups[0].TokenBytes(), tpb: tpb, blk: blk, gran: gran}
+	return modelLayout{nbuf: 1, nt: nt, row: g.Groups[0].TokenBytes(), tpb: tpb, blk: blk, rt: refRun(tpb, cfg.RunTokens), gran: gran}
+}
+
+// refRun is the tests' own account of the runs a block of tpb tokens is cut into
+// (Config.RunTokens' doc): rt where it is given (and divides the block), the whole
+// block where rt holds it; by default 16 tokens, or the largest power of two below
+// that divides the block if it is at least 8, by counting down; else the block.
+func refRun(tpb, rt int) int {
+	if rt >= tpb {
+		return tpb
+	}
+	if rt > 0 {
+		return rt
+	}
+	for r := 16; r >= 8; r /= 2 {
+		if tpb%r == 0 {
+			return min(r, tpb)
+		}
+	}
+	return tpb
 }
 
 // refBlock is the tests' own account of a group's block (blocks.go's rule), by
@@ -269,9 +289,43 @@ func tokenAddr(s *kv.Sequence, layer int, kind kv.Kind, tok int) uintptr {
 func viewShape(s *kv.Sequence) []int {
 	g := s.Cache().Config().Model
 	if bt := s.BlockTokens(); bt > 0 {
-		return []int{(s.Len() + bt - 1) / bt, bt, g.Groups[0].KVHeads, g.Groups[0].HeadDim}
+		blocks := (s.Len() + bt - 1) / bt
+		if st := stridesOf(s, 0); st.RunTokens < bt {
+			return []int{blocks, bt / st.RunTokens, st.RunTokens, g.Groups[0].KVHeads, g.Groups[0].HeadDim}
+		}
+		return []int{blocks, bt, g.Groups[0].KVHeads, g.Groups[0].HeadDim}
 	}
 	return []int{s.Len(), g.Groups[0].KVHeads, g.Groups[0].HeadDim}
+}
+
+// stridesOf returns layer's Strides in s's cache.
+func stridesOf(s *kv.Sequence, layer int) kv.Strides {
+	st, err := s.Cache().LayerStrides(layer)
+	if err != nil {
+		panic(err)
+	}
+	return st
+}
+
+// blockIndex returns the leading indices of token t in a Blocked View whose first
+// block is held's (the Strides doc): [block, token], or [block, run, token] where a
+// block is cut into runs.
+func blockIndex(st kv.Strides, t, held int) []int {
+	b, in := t/st.BlockTokens-held/st.BlockTokens, t%st.BlockTokens
+	if st.RunTokens < st.BlockTokens {
+		return []int{b, in / st.RunTokens, in % st.RunTokens}
+	}
+	return []int{b, in}
+}
+
+// tokenOffset returns where token t of a layer's tensor lies from its Base, by the
+// Strides doc's formula.
+func tokenOffset(st kv.Strides, t int) int {
+	if st.BlockTokens == 0 {
+		return t * st.TokenStride
+	}
+	in := t % st.BlockTokens
+	return t/st.BlockTokens*st.BlockStride + in/st.RunTokens*st.RunStride + in%st.RunTokens*st.TokenStride
 }
 
 func bases(s *kv.Sequence) []uintptr {

@@ -19,24 +19,26 @@ func newLastBlockCache(t *testing.T, cfg kv.Config, granule int) *kv.Cache {
 		withPrivate(host.PrivateOptions{NoHugePages: true}), withConfig(cfg)).c
 }
 
-// TestLastBlockReachesEveryGranule: in the Blocked layout a block holds each layer's
-// K and V (or latent) as a run of BlockTokens tokens, one run after another, so the
-// tokens of a partly filled last block lie in every granule of it: committing only
-// "the granules its tokens reach" would commit the whole block. This is why the two
-// cases left by the per-group blocks are not helped by a partial commit of the last
-// block (docs/benchmarks/sizing.md): DeepSeek-V3 at 8,192 tokens on 2 MiB granules
-// (137 of a block's 179 tokens, 1.5 granules past need plus one) and gpt-oss-20b at
-// 2,050 tokens (2 of 256 tokens of its full group's three-granule block). If a layout
-// ever puts the last block's tokens in a prefix of its granules, this fails, and a
-// partial commit pays.
-func TestLastBlockReachesEveryGranule(t *testing.T) {
+// TestLastBlockGranulesReached: which granules of a partly filled last block hold
+// its tokens, by the Strides doc's formula. Where a block is one run (a layer's K and
+// V, or latent, as a run of BlockTokens tokens, one run after another), its tokens lie
+// in every granule of it, so committing only "the granules its tokens reach" would
+// commit the whole block: DeepSeek-V3 at 8,192 tokens on 2 MiB granules (137 of a
+// block's 179 tokens, which no run of 8 to 16 divides; 1.5 granules past need plus
+// one, docs/benchmarks/sizing.md). Where a block is cut into runs, they lie in the
+// runs they reach: gpt-oss-20b at 2,050 tokens (2 of its full group's 256-token,
+// three-granule block, in runs of 16) reaches its first granule only, where a
+// partial commit of the last block would pay (not made: a block is committed
+// whole).
+func TestLastBlockGranulesReached(t *testing.T) {
 	const granule = 2 << 20
 	for _, tt := range []struct {
-		preset string
-		n      int
+		preset  string
+		n       int
+		reached []int // per group that has tokens, the granules of its last block reached
 	}{
-		{"deepseek-v3", 8 << 10},
-		{"gpt-oss-20b", 2050},
+		{"deepseek-v3", 8 << 10, []int{6}},
+		{"gpt-oss-20b", 2050, []int{1, 1}},
 	} {
 		t.Run(fmt.Sprintf("%s/n=%d", tt.preset, tt.n), func(t *testing.T) {
 			m, err := kv.Preset(tt.preset)
@@ -46,17 +48,14 @@ func TestLastBlockReachesEveryGranule(t *testing.T) {
 			require.NoError(t, err)
 			defer s.Close()
 			require.NoError(t, s.Append(tt.n))
-			for gi, g := range m.Groups {
+			var got []int
+			for _, g := range m.Groups {
 				if g.Kind == kv.Recurrent {
 					continue
 				}
 				st, err := c.LayerStrides(g.Layers[0])
 				require.NoError(t, err)
 				last := (tt.n - 1) / st.BlockTokens // the last block
-				r := tt.n - last*st.BlockTokens     // its tokens
-				if r == st.BlockTokens {
-					continue // full: nothing to save
-				}
 				// The block's first byte: the group's range starts with its first
 				// layer's K.
 				start := s.Base(g.Layers[0], kv.K) + uintptr(last*st.BlockStride)
@@ -67,17 +66,25 @@ func TestLastBlockReachesEveryGranule(t *testing.T) {
 						kinds = kinds[:1]
 					}
 					for _, k := range kinds {
-						lo := int(s.Base(layer, k) + uintptr(last*st.BlockStride) - start)
-						hi := lo + (r-1)*st.TokenStride + st.TokenBytes // past the run's last token
-						for i := lo / granule; i <= (hi-1)/granule; i++ {
-							reached[i] = true
+						for tok := last * st.BlockTokens; tok < tt.n; tok++ {
+							lo := int(s.Base(layer, k)+uintptr(tokenOffset(st, tok))-start) / granule
+							hi := int(s.Base(layer, k)+uintptr(tokenOffset(st, tok)+st.TokenBytes-1)-start) / granule
+							for i := lo; i <= hi; i++ {
+								reached[i] = true
+							}
 						}
 					}
 				}
-				for i, ok := range reached {
-					assert.True(t, ok, "group %d: granule %d of the last block (%d of %d tokens) holds a token", gi, i, r, st.BlockTokens)
+				k := 0
+				for k < len(reached) && reached[k] {
+					k++
 				}
+				for i := k; i < len(reached); i++ {
+					require.False(t, reached[i], "granule %d reached past granule %d, which is not", i, k)
+				}
+				got = append(got, k)
 			}
+			assert.Equal(t, tt.reached, got, "granules of each group's last block that its tokens reach")
 		})
 	}
 }

@@ -3,6 +3,7 @@ package kv
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"slices"
 
 	"github.com/vmarena/vmarena/backing"
@@ -17,15 +18,18 @@ const (
 	// Blocked, the default, for a kernel that reads a layer block by block, puts all
 	// layers in one range cut into blocks: a block is
 	// whole granules that hold T tokens of every layer (chosen per group so that no
-	// byte or few are dead, blocks.go; Config.BlockTokens overrides), layer-major inside
-	// ([layer][K|V][T tokens][KVHeads][HeadDim]). So a sequence has one growth
-	// frontier and at most one partly filled block, a block is committed when its
-	// first token arrives, and each layer's K and V of a block are one contiguous run
-	// (64 KiB of Llama-3-8B at 2 MiB granules): attention reads a layer in runs of
-	// a block's tokens, and larger blocks (Config.BlockTokens) read closer to
-	// PerLayer (BENCHMARKS.md and docs/gpu.md measure each layout's read). A layer's
-	// tensor is a strided tensor of [blocks, T, KVHeads, HeadDim] (View); the bytes
-	// at a block's end that hold no whole token are waste (Config.Size).
+	// byte or few are dead, blocks.go; Config.BlockTokens overrides), cut into runs of
+	// R tokens (Config.RunTokens; R = T is one run), layer-major inside each run
+	// ([T/R runs][layer][K|V][R tokens][KVHeads][HeadDim]). So a sequence has one
+	// growth frontier and at most one partly filled block, a block is committed when
+	// its first token arrives, and each layer's K and V of a run are contiguous (R
+	// tokens: a paged kernel's page of R tokens, 32 KiB of Llama-3-8B's 16-token
+	// runs): attention reads a layer run by run, and one decode step writes its
+	// layers R × TokenBytes apart, not T × TokenBytes, fewer pages and cache sets
+	// apart (docs/benchmarks/step.md measures the step). A layer's tensor is a strided tensor of
+	// [blocks, T/R, R, KVHeads, HeadDim], or [blocks, T, KVHeads, HeadDim] where a
+	// block is one run (View, Cache.LayerStrides); the bytes at a block's end that
+	// hold no whole token are waste (Config.Size).
 	Blocked Layout = 0
 	// PerLayer, for a kernel that needs each tensor contiguous, gives every (layer,
 	// K|V) tensor its own range (Sequence.Bytes); a sequence has 2 × Layers growth
@@ -67,25 +71,35 @@ type shape struct {
 	places []place
 	tpb    int // Blocked: tokens per block; else 0
 	blk    int // Blocked: bytes per block, whole granules; else 0
-	unit   int // bytes of a sharing unit: blk, or a granule
-	capac  int // bytes reserved per range (granule-aligned)
+	// rt is the Blocked layout's tokens per run (a power of two that divides tpb, or
+	// tpb: one run a block) and rs a run's bytes (every tensor's rt tokens); rsh and
+	// rmask find a token's run within its block with no division: its run is
+	// in>>rsh and its place in the run in&rmask (rsh 62 and rmask -1 where a block is
+	// one run, so that both give the run 0 and the token's place in the block).
+	rt, rs     int
+	rsh, rmask int
+	unit       int // bytes of a sharing unit: blk, or a granule
+	capac      int // bytes reserved per range (granule-aligned)
 	// state is a recurrent group's bytes (every layer's state, in one range), held
 	// from a sequence's first token on and copied, never shared; 0 for the others.
 	state int
 }
 
 // newGroupShape returns the shape of one valid layer group in layout on granules of
-// granule bytes with blocks of at least blockTokens tokens (0: the default),
-// reserving maxTokens per sequence: its layers, in the group's order, are the shape's
-// layers, and its blocks are Group.block's (blocks.go). A
-// recurrent group's shape is one range that holds every layer's state, layer after
-// layer, from the sequence's first token on.
-func newGroupShape(g Group, layout Layout, granule, blockTokens, maxTokens int) (shape, error) {
+// granule bytes with blocks of at least blockTokens tokens (0: the default) cut into
+// runs of runTokens (0: the default, see runFor), reserving maxTokens per sequence:
+// its layers, in the group's order, are the shape's layers, and its blocks are
+// Group.block's (blocks.go). A recurrent group's shape is one range that holds every
+// layer's state, layer after layer, from the sequence's first token on.
+func newGroupShape(g Group, layout Layout, granule, blockTokens, runTokens, maxTokens int) (shape, error) {
 	if !backing.IsPowerOfTwo(granule) || maxTokens < 0 {
 		return shape{}, fmt.Errorf("%w: granule %d, max tokens %d", ErrConfig, granule, maxTokens)
 	}
 	if blockTokens < 0 || blockTokens > 0 && layout != Blocked {
 		return shape{}, fmt.Errorf("%w: BlockTokens %d with layout %v (only Blocked has blocks; 0 is its default)", ErrConfig, blockTokens, layout)
+	}
+	if runTokens < 0 || runTokens > 0 && (layout != Blocked || !backing.IsPowerOfTwo(runTokens)) {
+		return shape{}, fmt.Errorf("%w: RunTokens %d with layout %v (a power of two, in Blocked only; 0 is its default)", ErrConfig, runTokens, layout)
 	}
 	if layout != Blocked && layout != PerLayer {
 		return shape{}, fmt.Errorf("%w: layout %v", ErrConfig, layout)
@@ -106,6 +120,13 @@ func newGroupShape(g Group, layout Layout, granule, blockTokens, maxTokens int) 
 		}
 		sh.nbuf, sh.row = 1, sh.tb
 		sh.blk, sh.tpb, sh.unit = b.Bytes, b.Tokens, b.Bytes
+		if sh.rt, err = runFor(sh.tpb, runTokens); err != nil {
+			return shape{}, err
+		}
+		sh.rs, sh.rsh, sh.rmask = sh.rt*nt*sh.tb, 62, -1
+		if sh.rt < sh.tpb {
+			sh.rsh, sh.rmask = bits.TrailingZeros(uint(sh.rt)), sh.rt-1
+		}
 		if units := maxTokens/sh.tpb + 1; units > (math.MaxInt-granule)/sh.blk {
 			return shape{}, fmt.Errorf("%w: %d tokens in blocks of %d bytes overflow", ErrConfig, maxTokens, sh.blk)
 		}
@@ -192,12 +213,43 @@ func (sh *shape) writableFrom(frozen int) int {
 // among the sequence's ranges, and the byte offset of its token 0 in that range.
 type place struct{ buf, off int }
 
-// placeOf returns where the layout puts a sequence's tensor i (of places).
+// placeOf returns where the layout puts a sequence's tensor i (of places): in
+// Blocked, its place in a block's first run.
 func (sh *shape) placeOf(i int) place {
 	if sh.layout == Blocked {
-		return place{0, i * sh.tpb * sh.tb}
+		return place{0, i * sh.rt * sh.tb}
 	}
 	return place{i, 0}
+}
+
+// defaultRunTokens is the run a block is cut into by default: vLLM's default block
+// (page) size, which paged attention kernels read.
+const defaultRunTokens = 16
+
+// minRunTokens is the shortest run the default cuts a block into: below it a
+// layer's read is too short a stride apart, and the block stays one run.
+const minRunTokens = 8
+
+// runFor returns the tokens of each run of a block of tpb tokens for a
+// Config.RunTokens of runTokens (a power of two, or 0): runTokens where it divides
+// the block, the whole block where it holds the block; by default the largest power
+// of two up to defaultRunTokens that divides the block, if at least minRunTokens,
+// else the whole block.
+func runFor(tpb, runTokens int) (int, error) {
+	if runTokens >= tpb {
+		return tpb, nil
+	}
+	if runTokens > 0 {
+		if tpb%runTokens != 0 {
+			return 0, fmt.Errorf("%w: RunTokens %d does not divide a block of %d tokens (set BlockTokens to a multiple)", ErrConfig, runTokens, tpb)
+		}
+		return runTokens, nil
+	}
+	r := min(defaultRunTokens, tpb&-tpb) // the largest power of two that divides tpb
+	if r < minRunTokens || r >= tpb {
+		return tpb, nil
+	}
+	return r, nil
 }
 
 // tensorIndex returns the index of layer's tensor of kind among the shape's tensors
@@ -228,30 +280,30 @@ func (sh *shape) tensor(layer int, kind Kind) (buf, off int, ok bool) {
 
 // offset returns the byte offset of token t of the tensor whose token 0 lies at off.
 func (sh *shape) offset(off, t int) int {
-	if sh.layout == Blocked {
-		return off + t/sh.tpb*sh.blk + t%sh.tpb*sh.tb
-	}
-	return off + t*sh.row
+	at, _ := sh.tokenAt(off, t, 0)
+	return at
 }
 
 // tokenAt returns offset(off, t), and whether token t lies below
 // writableFrom(frozen) (in memory shared with a prefix or a fork), with one division
 // where the two take three: in the Blocked layout t is below it exactly when its
-// block starts below frozen bytes, elsewhere when its row does.
+// block starts below frozen bytes, elsewhere when its row does. A block's run is
+// found by a shift (rsh, rmask), with no second division.
 func (sh *shape) tokenAt(off, t, frozen int) (at int, shared bool) {
 	if sh.layout == Blocked {
 		b := t / sh.tpb
-		return off + b*sh.blk + (t-b*sh.tpb)*sh.tb, b*sh.blk < frozen
+		in := t - b*sh.tpb
+		return off + b*sh.blk + (in>>sh.rsh)*sh.rs + (in&sh.rmask)*sh.tb, b*sh.blk < frozen
 	}
 	return off + t*sh.row, t*sh.row < frozen
 }
 
 // run returns the tokens of the contiguous run of a tensor that starts at token t
-// (before the sequence's length cuts it): to the end of t's block in the Blocked
+// (before the sequence's length cuts it): to the end of t's run in the Blocked
 // layout, unbounded in PerLayer.
 func (sh *shape) run(t int) int {
 	if sh.layout == Blocked {
-		return sh.tpb - t%sh.tpb
+		return sh.rt - t%sh.tpb%sh.rt
 	}
 	return math.MaxInt
 }
@@ -276,13 +328,27 @@ func (sh *shape) copyTail(dst, src buffer, n int) error {
 	if r == 0 {
 		return nil
 	}
-	if !dst.HostAccessible() || !src.HostAccessible() {
-		// One span through the bounce buffer rather than a copy per tensor: it holds
-		// the free tokens of every tensor but the last too, which are no sequence's.
-		return copyRange(dst, src, full, ((len(sh.places)-1)*sh.tpb+r)*sh.tb)
+	// The tail's whole runs are one span; the tokens of its last run, partly
+	// filled, lie in each tensor's part of that run.
+	runs, r := r/sh.rt, r%sh.rt
+	if !dst.HostAccessible() || !src.HostAccessible() || r == 0 {
+		// One span (through the bounce buffer on a device) rather than a copy per
+		// tensor: it holds the free tokens of every tensor but the last too, which
+		// are no sequence's.
+		last := 0
+		if r > 0 {
+			last = ((len(sh.places)-1)*sh.rt + r) * sh.tb
+		}
+		return copyRange(dst, src, full, runs*sh.rs+last)
 	}
+	if runs > 0 {
+		if err := copyRange(dst, src, full, runs*sh.rs); err != nil {
+			return err
+		}
+	}
+	at := full + runs*sh.rs
 	for i := range len(sh.places) {
-		if err := copyRange(dst, src, full+i*sh.tpb*sh.tb, r*sh.tb); err != nil {
+		if err := copyRange(dst, src, at+i*sh.rt*sh.tb, r*sh.tb); err != nil {
 			return err
 		}
 	}

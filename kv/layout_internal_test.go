@@ -28,7 +28,7 @@ func tokenAtCases(t *testing.T, g Model) {
 					continue
 				}
 				const maxTokens = 40
-				sh, err := newGroupShape(g.Groups[0], layout, granule, bt, maxTokens)
+				sh, err := newGroupShape(g.Groups[0], layout, granule, bt, 0, maxTokens)
 				if err != nil {
 					continue // a granule too small for the layout's unit
 				}

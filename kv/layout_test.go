@@ -81,18 +81,19 @@ func (m modelLayout) start(t int) int {
 // place returns the range and the offset of tensor i's token 0.
 func (m modelLayout) place(i int) (buf, off int) {
 	if m.blk > 0 {
-		return 0, i * m.tpb * m.row // [tensor][T tokens] inside a block
+		return 0, i * m.rt * m.row // [runs][tensor][R tokens] inside a block
 	}
 	return i, 0
 }
 
 // offset returns the byte offset of token t of tensor i in its range: block t/T,
-// then the tensor's run of T tokens inside the block, then the token's row in it.
+// then the run of R tokens of every tensor that holds t inside the block, then the
+// tensor's R tokens in the run, then the token's row in them.
 func (m modelLayout) offset(i, t int) int {
 	_, off := m.place(i)
 	if m.blk > 0 {
-		b := t / m.tpb
-		return b*m.blk + off + (t-b*m.tpb)*m.row
+		b, in := t/m.tpb, t%m.tpb
+		return b*m.blk + in/m.rt*(m.rt*m.nt*m.row) + off + in%m.rt*m.row
 	}
 	return off + t*m.row
 }
@@ -146,16 +147,24 @@ func TestLayoutArithmeticAgainstModel(t *testing.T) {
 		for _, layout := range layouts {
 			for _, gran := range []int{64, 256, 4096, 64 << 10, 2 << 20} {
 				for _, bt := range []int{0, 1, 3, 5, 16, 37} {
-					if layout != kv.Blocked && bt != 0 {
-						continue
+					for _, rt := range []int{0, 1, 4} {
+						if layout != kv.Blocked && (bt != 0 || rt != 0) || rt != 0 && gran > 4096 {
+							continue // (a block of the larger granules holds the 48 tokens)
+						}
+						name := fmt.Sprintf("%s/%v/granule=%d/BlockTokens=%d/RunTokens=%d", g.Name, layout, gran, bt, rt)
+						t.Run(name, func(t *testing.T) {
+							cfg := kv.Config{Model: g, Layout: layout, BlockTokens: bt, RunTokens: rt, MaxTokens: maxTokens}
+							sh, err := kv.NewShape(g, layout, gran, bt, rt, maxTokens)
+							if tpb, _ := refBlock(g.Groups[0], gran, bt); layout == kv.Blocked && rt < tpb && tpb%max(rt, 1) != 0 {
+								require.ErrorIs(t, err, kv.ErrConfig, "runs of %d in blocks of %d tokens", rt, tpb)
+								_, err = cfg.Size(gran, 1)
+								require.ErrorIs(t, err, kv.ErrConfig, "Size of runs of %d in blocks of %d tokens", rt, tpb)
+								return
+							}
+							require.NoError(t, err)
+							checkShape(t, sh, modelOf(cfg, gran), cfg, gran)
+						})
 					}
-					name := fmt.Sprintf("%s/%v/granule=%d/BlockTokens=%d", g.Name, layout, gran, bt)
-					t.Run(name, func(t *testing.T) {
-						cfg := kv.Config{Model: g, Layout: layout, BlockTokens: bt, MaxTokens: maxTokens}
-						sh, err := kv.NewShape(g, layout, gran, bt, maxTokens)
-						require.NoError(t, err)
-						checkShape(t, sh, modelOf(cfg, gran), cfg, gran)
-					})
 				}
 			}
 		}

@@ -45,7 +45,7 @@ func (cfg Config) Size(granule, tokens int) (Sizing, error) {
 	if tokens < 0 || cfg.MaxTokens < tokens {
 		return Sizing{}, fmt.Errorf("%w: granule %d, tokens %d, max tokens %d", ErrConfig, granule, tokens, cfg.MaxTokens)
 	}
-	groups, _, err := newGroups(m, cfg.Layout, granule, cfg.BlockTokens, cfg.MaxTokens)
+	groups, _, err := newGroups(m, cfg.Layout, granule, cfg.BlockTokens, cfg.RunTokens, cfg.MaxTokens)
 	if err != nil {
 		return Sizing{}, err
 	}
@@ -63,7 +63,7 @@ func (cfg Config) Size(granule, tokens int) (Sizing, error) {
 		if err != nil {
 			return Sizing{}, fmt.Errorf("group %d: %w", i, err)
 		}
-		gs.Committed = committed
+		gs.Committed, gs.RunTokens = committed, g.rt
 		if g.layout != Blocked && g.state == 0 {
 			gs.BlockBytes, gs.BlockTokens, gs.DeadBytes, gs.BoundTokens, gs.Block = 0, 0, 0, 0, ""
 		}
@@ -107,6 +107,10 @@ type GroupSizing struct {
 	DeadBytes   int
 	BoundTokens int
 	Block       string
+	// RunTokens is the tokens of each run a block is cut into (Config.RunTokens'
+	// default in Model.Size; the block's tokens where it is one run); 0 in PerLayer
+	// and for a recurrent group.
+	RunTokens int
 	// FirstLive is the first token the group holds: the first the sequence's last
 	// step read, the one that appended token n-1 (Group.FirstLive(n-1); 0 for n = 0).
 	// The next step gives back what it no longer reads, from Group.FirstLive(n) on.
@@ -192,6 +196,7 @@ func (g Group) sizeFrom(granule, blockTokens, n, from int) (GroupSizing, error) 
 	}
 	blk := b.Bytes
 	gs.BlockBytes, gs.BlockTokens, gs.DeadBytes, gs.BoundTokens, gs.Block = blk, b.Tokens, b.Dead, b.Bound, b.Why
+	gs.RunTokens, _ = runFor(b.Tokens, 0) // the default never fails
 	gs.FirstLive = g.FirstLive(from)
 	gs.Live = n - gs.FirstLive
 	if gs.Live == 0 {

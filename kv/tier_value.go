@@ -34,7 +34,7 @@ func TierNamespace(cfg Config, granule int, prefix string) (uint64, error) {
 		return modelNamespace(m, cfg, granule, prefix)
 	}
 	g := m.Groups[0]
-	sh, err := newGroupShape(g, cfg.Layout, granule, cfg.BlockTokens, 0)
+	sh, err := newGroupShape(g, cfg.Layout, granule, cfg.BlockTokens, cfg.RunTokens, 0)
 	if err != nil {
 		return 0, err
 	}
@@ -44,6 +44,7 @@ func TierNamespace(cfg Config, granule int, prefix string) (uint64, error) {
 	for _, v := range []int{m.Layers, g.KVHeads, g.HeadDim, int(g.DType), int(g.Scales), int(cfg.Layout), granule, sh.tpb, sh.unit} {
 		b = binary.LittleEndian.AppendUint64(b, uint64(v))
 	}
+	b = sh.appendRuns(b)
 	return namespaceSum(b, prefix), nil
 }
 
@@ -51,7 +52,7 @@ func TierNamespace(cfg Config, granule int, prefix string) (uint64, error) {
 // header of its own, so that no such model's fingerprint is a uniform one's, and with
 // the count of each list before it, so that no two models encode alike.
 func modelNamespace(m Model, cfg Config, granule int, prefix string) (uint64, error) {
-	groups, _, err := newGroups(m, cfg.Layout, granule, cfg.BlockTokens, 0)
+	groups, _, err := newGroups(m, cfg.Layout, granule, cfg.BlockTokens, cfg.RunTokens, 0)
 	if err != nil {
 		return 0, err
 	}
@@ -68,11 +69,24 @@ func modelNamespace(m Model, cfg Config, granule int, prefix string) (uint64, er
 			s.tensorsPerLayer(), s.StateBytes, g.tpb, g.unit, len(s.Layers)} {
 			b = binary.LittleEndian.AppendUint64(b, uint64(v))
 		}
+		b = g.appendRuns(b)
 		for _, l := range s.Layers {
 			b = binary.LittleEndian.AppendUint64(b, uint64(l))
 		}
 	}
 	return namespaceSum(b, prefix), nil
+}
+
+// appendRuns appends to a namespace's fingerprint b the runs a block of sh is cut
+// into, where it is cut (a block of one run appends nothing, so that a namespace of
+// blocks laid out as before runs were made stays what it was): a block's bytes are
+// laid out by its runs, and a value of other runs must not load.
+func (sh *shape) appendRuns(b []byte) []byte {
+	if sh.layout != Blocked || sh.rt == sh.tpb {
+		return b
+	}
+	b = append(b, "runs"...)
+	return binary.LittleEndian.AppendUint64(b, uint64(sh.rt))
 }
 
 // namespaceSum appends prefix to the fingerprint b and returns its namespace.

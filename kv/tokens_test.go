@@ -197,8 +197,8 @@ func TestRunOnDevice(t *testing.T) {
 // viewIndex returns the index of element [tok, h, d] of a layer's view of s: in the
 // Blocked layout, token tok is token tok % BlockTokens of block tok / BlockTokens.
 func viewIndex(s *kv.Sequence, tok, h, d int) []int {
-	if bt := s.BlockTokens(); bt > 0 {
-		return []int{tok / bt, tok % bt, h, d}
+	if s.BlockTokens() > 0 {
+		return append(blockIndex(stridesOf(s, 0), tok, 0), h, d)
 	}
 	return []int{tok, h, d}
 }
