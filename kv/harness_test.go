@@ -318,16 +318,6 @@ func blockIndex(st kv.Strides, t, held int) []int {
 	return []int{b, in}
 }
 
-// tokenOffset returns where token t of a layer's tensor lies from its Base, by the
-// Strides doc's formula.
-func tokenOffset(st kv.Strides, t int) int {
-	if st.BlockTokens == 0 {
-		return t * st.TokenStride
-	}
-	in := t % st.BlockTokens
-	return t/st.BlockTokens*st.BlockStride + in/st.RunTokens*st.RunStride + in%st.RunTokens*st.TokenStride
-}
-
 func bases(s *kv.Sequence) []uintptr {
 	var out []uintptr
 	for layer := range s.Cache().Config().Model.Layers {
