@@ -184,6 +184,7 @@ func TestBatchBadInputs(t *testing.T) {
 		{"nil sequence", []kv.Growth{{seqs[0], 1}, {nil, 1}}, kv.ErrBatch},
 		{"another cache's", []kv.Growth{{seqs[0], 1}, {foreign, 1}}, kv.ErrBatch},
 		{"twice", []kv.Growth{{seqs[0], 1}, {seqs[1], 1}, {seqs[0], 1}}, kv.ErrBatch},
+		{"twice, alone", []kv.Growth{{seqs[0], 1}, {seqs[0], 1}}, kv.ErrBatch},
 		{"negative", []kv.Growth{{seqs[1], 1}, {seqs[0], -1}}, kv.ErrRange},
 		{"past MaxTokens", []kv.Growth{{seqs[1], 1}, {seqs[0], 13}}, kv.ErrTooLong},
 	}

@@ -373,16 +373,18 @@ func (m *blockedModel) writeAs(s *bseq, tok int, w uint64) {
 }
 
 // views checks, on a host backing, that every known token of s reads back through
-// its layers' views at [t / BlockTokens, t % BlockTokens].
+// its layers' views at [t / BlockTokens, t % BlockTokens], or [t / BlockTokens,
+// t % BlockTokens / RunTokens, t % RunTokens] where blocks have runs (the 64 KiB
+// granules of Windows make blocks of more than 16 tokens).
 func (m *blockedModel) views(s *bseq) {
 	t := m.t
 	g := tiny8
-	tpb := s.s.BlockTokens()
+	st := stridesOf(s.s, 0)
 	for layer := range g.Layers {
 		for _, kind := range kv.KindsOf(g) {
 			v, err := kv.View[arena.F16](s.s, layer, kind)
 			require.NoError(t, err)
-			require.Equal(t, []int{(len(s.toks) + tpb - 1) / tpb, tpb, g.Groups[0].KVHeads, g.Groups[0].HeadDim}, v.Shape(), m.step)
+			require.Equal(t, viewShape(s.s), v.Shape(), m.step)
 			if !v.HostAccessible() {
 				continue
 			}
@@ -394,7 +396,7 @@ func (m *blockedModel) views(s *bseq) {
 					for d := range g.Groups[0].HeadDim {
 						i := 2 * (h*g.Groups[0].HeadDim + d)
 						want := arena.F16(testutil.TokenByte(w, layer, kind, tok, i)) | arena.F16(testutil.TokenByte(w, layer, kind, tok, i+1))<<8
-						if got := v.At(tok/tpb, tok%tpb, h, d); got != want {
+						if got := v.At(append(blockIndex(st, tok, 0), h, d)...); got != want {
 							require.Failf(t, "a view reads another token", "%s: layer %d %v token %d [%d %d]: got %#x, want %#x", m.step, layer, kind, tok, h, d, got, want)
 						}
 					}

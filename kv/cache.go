@@ -37,7 +37,8 @@ type Config struct {
 	MaxTokens int
 	Layout    Layout // Blocked (the zero value) or PerLayer
 	// BlockTokens asks the Blocked layout for blocks of at least this many tokens
-	// (longer runs per layer, a larger copied tail per fork or prefix): a block is the
+	// (a larger copied tail per fork or prefix; longer runs per layer with a
+	// RunTokens as large): a block is the
 	// fewest whole granules that hold them, and holds as many tokens as fit
 	// (Sequence.BlockTokens). One whose block is more than 1/8 bytes that hold no
 	// token is reported (Size's GroupSizing.Block, and a Warn to Logger at New). 0, the default, chooses each group's block:

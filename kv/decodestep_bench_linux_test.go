@@ -33,7 +33,8 @@ import (
 //   - layout=per-layer: kv.PerLayer (WriteToken; Sequence.Bytes);
 //   - layout=blocked: kv.Blocked, the default (WriteToken; the blocks of View: a
 //     2 MiB block of 16 tokens committed as its first token arrives);
-//   - layout=blockedN: kv.Blocked with BlockTokens N (N/16 granules a block);
+//   - layout=blockedN: kv.Blocked with BlockTokens N (N/16 granules a block), each
+//     block one run (RunTokens N);
 //   - layout=paged: the paged baseline: 16-token blocks in a per-(layer, K|V) pool
 //     that is all populated up front and never shrinks, found through each
 //     sequence's block table (shuffled).
@@ -97,7 +98,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 		}
 		cache := func(b *testing.B, layout kv.Layout, blockTokens int) []*kv.Sequence {
 			e := openEnv(b, onPrivate, withGranule(granule), withPrivate(host.PrivateOptions{Populate: true, NoHugePages: !huge, AlwaysHugePages: huge}),
-				withConfig(kv.Config{Model: g, MaxTokens: tokens + room, Layout: layout, BlockTokens: blockTokens}))
+				withConfig(kv.Config{Model: g, MaxTokens: tokens + room, Layout: layout, BlockTokens: blockTokens, RunTokens: blockTokens}))
 			return benchSequences(b, e.c, seqs, start)
 		}
 		appendAll := func(b *testing.B, qs []*kv.Sequence) { decodeAppend(b, qs, g, tokens+room, token) }
@@ -160,8 +161,8 @@ func BenchmarkDecodeStep(b *testing.B) {
 					for l := range runs {
 						at := 0
 						for k, q := range qs {
-							unit := max(q.BlockTokens(), 1)
-							from := (q.Len() - 1) / unit * unit // the run of the new token
+							unit := max(stridesOf(q, l).RunTokens, 1) // a block's run
+							from := (q.Len() - 1) / unit * unit       // the run of the new token
 							r := &runs[l][k]
 							for _, kind := range kv.KindsOf(g) {
 								r[kind] = append(r[kind][:from/unit], viewRuns(b, q, l, kind, from)...)

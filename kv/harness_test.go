@@ -275,14 +275,20 @@ func tryCheck(s *kv.Sequence, w uint64, from, to int) error {
 	})
 }
 
-// tokenAddr returns the address of token tok of layer's K or V tensor of s, from the
-// accessors a kernel has: Base, TokenStride, and BlockTokens and BlockStride in the
-// Blocked layout.
-func tokenAddr(s *kv.Sequence, layer int, kind kv.Kind, tok int) uintptr {
-	if bt := s.BlockTokens(); bt > 0 {
-		return s.Base(layer, kind) + uintptr(tok/bt*s.BlockStride()+tok%bt*s.TokenStride())
+// tokenOffset returns where token t of a layer's tensor lies from its Base, by the
+// Strides doc's formula.
+func tokenOffset(st kv.Strides, t int) int {
+	if st.BlockTokens == 0 {
+		return t * st.TokenStride
 	}
-	return s.Base(layer, kind) + uintptr(tok*s.TokenStride())
+	in := t % st.BlockTokens
+	return t/st.BlockTokens*st.BlockStride + in/st.RunTokens*st.RunStride + in%st.RunTokens*st.TokenStride
+}
+
+// tokenAddr returns the address of token tok of layer's K or V tensor of s, from
+// what a kernel has: Base and the layer's Strides.
+func tokenAddr(s *kv.Sequence, layer int, kind kv.Kind, tok int) uintptr {
+	return s.Base(layer, kind) + uintptr(tokenOffset(stridesOf(s, layer), tok))
 }
 
 // viewShape returns the shape of a layer's view of s.

@@ -88,13 +88,3 @@ func TestLastBlockGranulesReached(t *testing.T) {
 		})
 	}
 }
-
-// tokenOffset returns where token t of a layer's tensor lies from its Base, by the
-// Strides doc's formula.
-func tokenOffset(st kv.Strides, t int) int {
-	if st.BlockTokens == 0 {
-		return t * st.TokenStride
-	}
-	in := t % st.BlockTokens
-	return t/st.BlockTokens*st.BlockStride + in/st.RunTokens*st.RunStride + in%st.RunTokens*st.TokenStride
-}

@@ -35,8 +35,8 @@ import (
 //   - layout=blocked: kv.Blocked, the default: the blocks of View (16 tokens of every
 //     layer per 2 MiB block, layer-major inside: a block's K is a 32 KiB run, its K
 //     and V one 64 KiB run);
-//   - layout=blockedN: kv.Blocked with BlockTokens N (N/16 granules a block, runs of
-//     K N/16 times as long);
+//   - layout=blockedN: kv.Blocked with BlockTokens N (N/16 granules a block) and
+//     RunTokens N (each block one run: runs of K N/16 times as long);
 //   - layout=paged: the paged baseline's gather: 16-token blocks of 32 KiB in a
 //     per-layer pool for K and one for V, in the order of each sequence's block table
 //     (shuffled, as a pool hands blocks out after some churn).
@@ -78,7 +78,7 @@ func BenchmarkReadLayer(b *testing.B) {
 		}
 		cache := func(b *testing.B, layout kv.Layout, blockTokens int) []*kv.Sequence {
 			e := openEnv(b, onPrivate, withGranule(granule), withPrivate(host.PrivateOptions{Populate: true, NoHugePages: !huge, AlwaysHugePages: huge}),
-				withConfig(kv.Config{Model: g, MaxTokens: tokens, Layout: layout, BlockTokens: blockTokens}))
+				withConfig(kv.Config{Model: g, MaxTokens: tokens, Layout: layout, BlockTokens: blockTokens, RunTokens: blockTokens}))
 			c, gov := e.c, e.gov
 			qs := make([]*kv.Sequence, 0, seqs)
 			b.Cleanup(func() {
@@ -350,7 +350,7 @@ func asBytes[T any](s []T) []byte {
 }
 
 // viewRuns returns the contiguous runs of tokens [from, Len) of layer's K or V tensor
-// of q, as a kernel walks its view by base and strides: one a block in Blocked (its tokens below Len; from must start a block), the whole
+// of q, as a kernel walks its view by base and strides: one a run of a block in Blocked (its tokens below Len; from must start a run), the whole
 // tensor in PerLayer.
 func viewRuns(b *testing.B, q *kv.Sequence, layer int, kind kv.Kind, from int) [][]arena.F16 {
 	v, err := kv.View[arena.F16](q, layer, kind)
@@ -365,6 +365,17 @@ func viewRuns(b *testing.B, q *kv.Sequence, layer int, kind kv.Kind, from int) [
 			b.Fatal(err)
 		}
 		return append(out, r)
+	}
+	if rt := stridesOf(q, layer).RunTokens; rt < bt {
+		// A block of runs is no contiguous view: its runs are Run's.
+		for t := from; t < n; t += rt {
+			r, err := kv.Run[arena.F16](q, layer, kind, t)
+			if err != nil {
+				b.Fatal(err)
+			}
+			out = append(out, r)
+		}
+		return out
 	}
 	per := v.NumElems() / max(v.Dim(0)*bt, 1) // elements per token
 	for t := from; t < n; t += bt {

@@ -50,12 +50,12 @@ func BenchmarkTokenRead(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				bt := s.BlockTokens()
+				bt, st := s.BlockTokens(), stridesOf(s, 3)
 				for t := range tokens {
 					for h := range g.Groups[0].KVHeads {
 						for d := range g.Groups[0].HeadDim {
 							if bt > 0 {
-								sum += uint64(v.At(t/bt, t%bt, h, d))
+								sum += uint64(v.At(append(blockIndex(st, t, 0), h, d)...))
 							} else {
 								sum += uint64(v.At(t, h, d))
 							}

@@ -133,7 +133,10 @@ func TestRun(t *testing.T) {
 	// A block holds s.BlockTokens() tokens: the backing's granule decides it (64 KiB
 	// views on Windows hold more tokens than Linux's 4 KiB granules).
 	wantRun := map[kv.Layout]func(s *kv.Sequence, tok int) int{
-		kv.Blocked:  func(s *kv.Sequence, tok int) int { bt := s.BlockTokens(); return min(bt-tok%bt, n-tok) },
+		kv.Blocked: func(s *kv.Sequence, tok int) int {
+			rt := stridesOf(s, 0).RunTokens
+			return min(rt-tok%s.BlockTokens()%rt, n-tok)
+		},
 		kv.PerLayer: func(_ *kv.Sequence, tok int) int { return n - tok },
 	}
 	for _, layout := range layouts {
