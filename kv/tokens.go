@@ -14,7 +14,7 @@ import (
 // ReadTokens copies tokens [from, to) of layer's K or V tensor into dst, token after
 // token ((to - from) × TokenBytes bytes), on any backing and layout: on the host by
 // copy, on a device through the backing's copies (backing.Copier), one call per
-// contiguous run (a block's tokens in the Blocked layout, all of them in PerLayer),
+// contiguous run (a run of a block in the Blocked layout, all of them in PerLayer),
 // so that host code and tests need not call the driver. It
 // fails with ErrRange for a layer, kind or token range outside the sequence or a dst
 // of another length.
@@ -97,8 +97,8 @@ func (s *Sequence) span(layer int, kind Kind, from, to, n int) (int, buffer, int
 
 // Run returns the contiguous run of layer's K or V tensor that starts at token t, as
 // k × KVHeads × HeadDim elements of T for the k >= 1 tokens it holds: up to the end of
-// t's block in the Blocked layout, up to Len in PerLayer: for CPU attention, which
-// reads a tensor in place, in any layout. A reader walks a tensor run
+// t's run of its block in the Blocked layout (Strides.RunTokens), up to Len in
+// PerLayer: for CPU attention, which reads a tensor in place, in any layout. A reader walks a tensor run
 // by run (t += len(run) / (KVHeads × HeadDim)) rather than element by element through a
 // View. It needs host memory (ErrLayout on a device: use ReadTokens) and the layer group's
 // element type (ErrElemType); t must be below Len (ErrRange). The slice is valid as a View is:
