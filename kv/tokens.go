@@ -98,9 +98,9 @@ func (s *Sequence) span(layer int, kind Kind, from, to, n int) (int, buffer, int
 // Run returns the contiguous run of layer's K or V tensor that starts at token t, as
 // k × KVHeads × HeadDim elements of T for the k >= 1 tokens it holds: up to the end of
 // t's run of its block in the Blocked layout (Strides.RunTokens), up to Len in
-// PerLayer: for CPU attention, which reads a tensor in place, in any layout. A reader walks a tensor run
-// by run (t += len(run) / (KVHeads × HeadDim)) rather than element by element through a
-// View. It needs host memory (ErrLayout on a device: use ReadTokens) and the layer group's
+// PerLayer: for CPU attention, which reads a tensor in place, in any layout. A reader
+// walks a tensor run by run (t += len(run) / (KVHeads × HeadDim)) rather than element
+// by element through a View. It needs host memory (ErrLayout on a device: use ReadTokens) and the layer group's
 // element type (ErrElemType); t must be below Len (ErrRange). The slice is valid as a View is:
 // until s shrinks below it or closes; its tokens below Writable MUST NOT be written.
 // It allocates nothing.
