@@ -48,16 +48,17 @@ type Config struct {
 	// (blocks.go; Size's GroupSizing says which and why). It must be 0 in the other
 	// layouts.
 	BlockTokens int
-	// RunTokens cuts each block of the Blocked layout into runs of this many tokens
-	// (a power of two that divides the block's tokens; one at least the block's is
-	// the whole block): each layer's K and V lie together within a run, run after
-	// run (Layout, Cache.LayerStrides), as a paged kernel's pages of RunTokens tokens.
-	// 0, the default, cuts each group's blocks into runs of 16 tokens, or of the
-	// largest power of two below 16 that divides the block if it is at least 8, and
-	// leaves a block one run otherwise: a decode step then writes a token's layers a
-	// run apart, which TLBs and caches take as a paged pool's (docs/benchmarks/step.md),
-	// while a kernel reads runs of 16 tokens. One that does not divide a group's
-	// block is refused with ErrConfig; it must be 0 in the other layouts.
+	// RunTokens cuts each block of the Blocked layout into runs of this many tokens,
+	// a power of two, where it divides the block into more than one (a group whose
+	// blocks it does not divide keeps each block one run: Cache.LayerStrides says
+	// which): each layer's K and V lie together within a run, run after run
+	// (Layout), as a paged kernel's pages of RunTokens tokens (16 is vLLM's). A
+	// decode step then writes a token's layers a run apart rather than a block's run
+	// apart, and a CPU reader reads shorter runs: 7% slower on gpt-oss-20b, for no
+	// gain in the write step the replays could tell from their noise
+	// (docs/benchmarks/step.md, "blocks cut into runs"). 0, the default, leaves every
+	// block one run. A negative one, or one that is no power of two, is refused with
+	// ErrConfig; it must be 0 in the other layouts.
 	RunTokens int
 	// Authority is charged for committed granules when the backing's accounting is
 	// ByBuffer (host.Private); it must be nil for backings that own their memory

@@ -56,8 +56,6 @@ func TestConfigBadInputsEveryEntry(t *testing.T) {
 		{"RunTokens negative", kv.Config{Model: fp16(2, 1, 16), MaxTokens: 8, RunTokens: -16}, kv.ErrConfig, "RunTokens -16", false},
 		{"RunTokens no power of two", kv.Config{Model: fp16(2, 1, 16), MaxTokens: 8, RunTokens: 12}, kv.ErrConfig, "RunTokens 12", false},
 		{"RunTokens PerLayer", kv.Config{Model: fp16(2, 1, 16), MaxTokens: 8, Layout: kv.PerLayer, RunTokens: 16}, kv.ErrConfig, "RunTokens 16", false},
-		// 192 bytes a token: a 4 KiB block holds 21 tokens, which runs of 16 do not cut.
-		{"RunTokens not dividing the block", kv.Config{Model: fp16(3, 1, 16), MaxTokens: 8, BlockTokens: 1, RunTokens: 16}, kv.ErrConfig, "does not divide a block of 21 tokens", false},
 		// Each group's ranges fit an int64; the two groups' together do not.
 		{"MaxTokens over two groups", kv.Config{Model: kv.Model{Name: "m", Layers: 2, Groups: []kv.Group{
 			{Kind: kv.FullAttention, Layers: []int{0}, KVHeads: 1, HeadDim: 1024, DType: arena.Float16},

@@ -19,7 +19,7 @@ func ExampleSequence_WriteTokens() {
 		panic(err)
 	}
 	// kv.Tiny(): 2 layers, 2 KV heads of 16 float16s: 64 bytes a token and tensor. A
-	// 64 KiB block holds 256 tokens of every layer, in runs of 16 tokens.
+	// 64 KiB block holds 256 tokens of every layer.
 	cache, err := kv.New(mem, kv.Config{Model: kv.Tiny(), MaxTokens: 1024, Authority: gov.Authority("kv", accounting.HostKey)})
 	if err != nil {
 		panic(err)
@@ -57,8 +57,8 @@ func ExampleSequence_WriteTokens() {
 		}
 		t += len(run) / (2 * 16)
 	}
-	fmt.Printf("%d runs (16 tokens each, the last 12), sum %v\n", runs, sum)
+	fmt.Printf("%d runs (a block's tokens each), sum %v\n", runs, sum)
 	// Output:
 	// read back what was written: true
-	// 19 runs (16 tokens each, the last 12), sum 28794
+	// 2 runs (a block's tokens each), sum 28794
 }

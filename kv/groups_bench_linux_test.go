@@ -19,9 +19,9 @@ import (
 // group's 12 layers alone of n + 128 tokens (256 tokens in 3 granules, as the
 // groups' full group; their window group's blocks hold 64 tokens in one granule).
 // model=groups-one-token-blocks is the groups' step on the blocks the default chose
-// before (BlockTokens 1), and model=groups-one-run on the default blocks laid out as
-// before they were cut into runs (RunTokens 256: each block one run), whose reads
-// are longer runs and whose writes lie a block's run apart. Memory is populated on commit (2 MiB granules, 4 KiB pages).
+// before (BlockTokens 1), and model=groups-runs16 on the default blocks cut into
+// runs of 16 tokens (RunTokens 16), whose reads are shorter runs and whose writes lie
+// a run apart rather than a block's run. Memory is populated on commit (2 MiB granules, 4 KiB pages).
 // b.SetBytes is the bytes a step loads, so that benchstat compares time per byte (the
 // issue's target: groups at most 1.05x the full step's).
 func BenchmarkDecodeStepGroups(b *testing.B) {
@@ -63,9 +63,8 @@ func BenchmarkDecodeStepGroups(b *testing.B) {
 			}
 			return 0
 		}},
-		// The default blocks, each one run (as before Config.RunTokens): a layer's
-		// tokens of a block in one run, 64 or 256 tokens long.
-		{"groups-one-run", kv.Config{Model: m, RunTokens: 256}, func(k int) int { return tokens + 1 + 2*k }, func(layer, n int) int {
+		// The default blocks cut into runs of 16 tokens of every layer.
+		{"groups-runs16", kv.Config{Model: m, RunTokens: 16}, func(k int) int { return tokens + 1 + 2*k }, func(layer, n int) int {
 			if layer%2 == 0 {
 				return max(0, n-window)
 			}

@@ -128,20 +128,11 @@ func modelOf(cfg kv.Config, gran int) modelLayout {
 }
 
 // refRun is the tests' own account of the runs a block of tpb tokens is cut into
-// (Config.RunTokens' doc): rt where it is given (and divides the block), the whole
-// block where rt holds it; by default 16 tokens, or the largest power of two below
-// that divides the block if it is at least 8, by counting down; else the block.
+// (Config.RunTokens' doc): rt where it is given and cuts the block into more than
+// one, else the whole block, by counting the runs.
 func refRun(tpb, rt int) int {
-	if rt >= tpb {
-		return tpb
-	}
-	if rt > 0 {
+	if rt > 0 && tpb/rt > 1 && tpb/rt*rt == tpb {
 		return rt
-	}
-	for r := 16; r >= 8; r /= 2 {
-		if tpb%r == 0 {
-			return min(r, tpb)
-		}
 	}
 	return tpb
 }

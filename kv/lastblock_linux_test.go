@@ -24,26 +24,28 @@ func newLastBlockCache(t *testing.T, cfg kv.Config, granule int) *kv.Cache {
 // V, or latent, as a run of BlockTokens tokens, one run after another), its tokens lie
 // in every granule of it, so committing only "the granules its tokens reach" would
 // commit the whole block: DeepSeek-V3 at 8,192 tokens on 2 MiB granules (137 of a
-// block's 179 tokens, which no run of 8 to 16 divides; 1.5 granules past need plus
-// one, docs/benchmarks/sizing.md). Where a block is cut into runs, they lie in the
-// runs they reach: gpt-oss-20b at 2,050 tokens (2 of its full group's 256-token,
-// three-granule block, in runs of 16) reaches its first granule only, where a
-// partial commit of the last block would pay (not made: a block is committed
-// whole).
+// block's 179 tokens, which no run of 16 divides; 1.5 granules past need plus one,
+// docs/benchmarks/sizing.md), and gpt-oss-20b at 2,050 tokens (2 of its full group's
+// 256-token, three-granule block). Where a block is cut into runs
+// (Config.RunTokens), they lie in the runs they reach: gpt-oss-20b's 2 tokens in runs
+// of 16 reach its first granule only, where a partial commit of the last block would
+// pay (not made: a block is committed whole).
 func TestLastBlockGranulesReached(t *testing.T) {
 	const granule = 2 << 20
 	for _, tt := range []struct {
 		preset  string
-		n       int
+		n, runs int
 		reached []int // per group that has tokens, the granules of its last block reached
 	}{
-		{"deepseek-v3", 8 << 10, []int{6}},
-		{"gpt-oss-20b", 2050, []int{1, 1}},
+		{"deepseek-v3", 8 << 10, 0, []int{6}},
+		{"deepseek-v3", 8 << 10, 16, []int{6}}, // 179 tokens a block: runs of 16 do not cut it
+		{"gpt-oss-20b", 2050, 0, []int{1, 3}},
+		{"gpt-oss-20b", 2050, 16, []int{1, 1}},
 	} {
-		t.Run(fmt.Sprintf("%s/n=%d", tt.preset, tt.n), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/n=%d/RunTokens=%d", tt.preset, tt.n, tt.runs), func(t *testing.T) {
 			m, err := kv.Preset(tt.preset)
 			require.NoError(t, err)
-			c := newLastBlockCache(t, kv.Config{Model: m, MaxTokens: tt.n}, granule)
+			c := newLastBlockCache(t, kv.Config{Model: m, MaxTokens: tt.n, RunTokens: tt.runs}, granule)
 			s, err := c.NewSequence()
 			require.NoError(t, err)
 			defer s.Close()

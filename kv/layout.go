@@ -18,18 +18,17 @@ const (
 	// Blocked, the default, for a kernel that reads a layer block by block, puts all
 	// layers in one range cut into blocks: a block is
 	// whole granules that hold T tokens of every layer (chosen per group so that no
-	// byte or few are dead, blocks.go; Config.BlockTokens overrides), cut into runs of
-	// R tokens (Config.RunTokens; R = T is one run), layer-major inside each run
-	// ([T/R runs][layer][K|V][R tokens][KVHeads][HeadDim]). So a sequence has one
-	// growth frontier and at most one partly filled block, a block is committed when
-	// its first token arrives, and each layer's K and V of a run are contiguous (R
-	// tokens: a paged kernel's page of R tokens, 32 KiB of Llama-3-8B's 16-token
-	// runs): attention reads a layer run by run, and one decode step writes its
-	// layers R × TokenBytes apart, not T × TokenBytes, fewer pages and cache sets
-	// apart (docs/benchmarks/step.md measures the step). A layer's tensor is a strided tensor of
-	// [blocks, T/R, R, KVHeads, HeadDim], or [blocks, T, KVHeads, HeadDim] where a
-	// block is one run (View, Cache.LayerStrides); the bytes at a block's end that
-	// hold no whole token are waste (Config.Size).
+	// byte or few are dead, blocks.go; Config.BlockTokens overrides), layer-major
+	// inside ([layer][K|V][T tokens][KVHeads][HeadDim]), or cut into runs of R tokens
+	// of every layer, layer-major inside each run ([T/R runs][layer][K|V][R tokens]
+	// [KVHeads][HeadDim]) where Config.RunTokens asks. So a sequence has one growth
+	// frontier and at most one partly filled block, a block is committed when its
+	// first token arrives, and each layer's K and V of a block (of a run) are one
+	// contiguous run (64 KiB of Llama-3-8B at 2 MiB granules): attention reads a
+	// layer run by run. A layer's tensor is a strided tensor of [blocks, T, KVHeads,
+	// HeadDim], or [blocks, T/R, R, KVHeads, HeadDim] with runs (View,
+	// Cache.LayerStrides); the bytes at a block's end that hold no whole token are
+	// waste (Config.Size).
 	Blocked Layout = 0
 	// PerLayer, for a kernel that needs each tensor contiguous, gives every (layer,
 	// K|V) tensor its own range (Sequence.Bytes); a sequence has 2 × Layers growth
@@ -120,9 +119,7 @@ func newGroupShape(g Group, layout Layout, granule, blockTokens, runTokens, maxT
 		}
 		sh.nbuf, sh.row = 1, sh.tb
 		sh.blk, sh.tpb, sh.unit = b.Bytes, b.Tokens, b.Bytes
-		if sh.rt, err = runFor(sh.tpb, runTokens); err != nil {
-			return shape{}, err
-		}
+		sh.rt = runFor(sh.tpb, runTokens)
 		sh.rs, sh.rsh, sh.rmask = sh.rt*nt*sh.tb, 62, -1
 		if sh.rt < sh.tpb {
 			sh.rsh, sh.rmask = bits.TrailingZeros(uint(sh.rt)), sh.rt-1
@@ -222,34 +219,15 @@ func (sh *shape) placeOf(i int) place {
 	return place{i, 0}
 }
 
-// defaultRunTokens is the run a block is cut into by default: vLLM's default block
-// (page) size, which paged attention kernels read.
-const defaultRunTokens = 16
-
-// minRunTokens is the shortest run the default cuts a block into: below it a
-// layer's read is too short a stride apart, and the block stays one run.
-const minRunTokens = 8
-
 // runFor returns the tokens of each run of a block of tpb tokens for a
 // Config.RunTokens of runTokens (a power of two, or 0): runTokens where it divides
-// the block, the whole block where it holds the block; by default the largest power
-// of two up to defaultRunTokens that divides the block, if at least minRunTokens,
-// else the whole block.
-func runFor(tpb, runTokens int) (int, error) {
-	if runTokens >= tpb {
-		return tpb, nil
+// the block into more than one run, else the whole block (the default, a run that
+// holds the block, or one that does not divide it: each group's Strides say which).
+func runFor(tpb, runTokens int) int {
+	if runTokens == 0 || runTokens >= tpb || tpb%runTokens != 0 {
+		return tpb
 	}
-	if runTokens > 0 {
-		if tpb%runTokens != 0 {
-			return 0, fmt.Errorf("%w: RunTokens %d does not divide a block of %d tokens (set BlockTokens to a multiple)", ErrConfig, runTokens, tpb)
-		}
-		return runTokens, nil
-	}
-	r := min(defaultRunTokens, tpb&-tpb) // the largest power of two that divides tpb
-	if r < minRunTokens || r >= tpb {
-		return tpb, nil
-	}
-	return r, nil
+	return runTokens
 }
 
 // tensorIndex returns the index of layer's tensor of kind among the shape's tensors

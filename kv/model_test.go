@@ -368,8 +368,8 @@ func cloned(m kv.Model) kv.Model {
 // encoding), so that blocks a tier stored then are found now; a model of groups keeps
 // its own. The figures are TierNamespace's answers on the tree before the change. A
 // block cut into runs (Config.RunTokens) lays its bytes out otherwise, so its namespace
-// is another (gpt-oss-20b's 256-token blocks, in runs of 16 by default since), and a
-// block of one run keeps the namespace it had before runs were made.
+// is another, and a block of one run (the default, or a RunTokens that holds the
+// block) keeps the namespace it had before runs were made.
 func TestUniformTierNamespaceKept(t *testing.T) {
 	fp8 := withScales(kv.Uniform("fp8", 3, 4, 64, arena.Float8E4M3), kv.ScalePerHead)
 	for _, tt := range []struct {
@@ -381,8 +381,9 @@ func TestUniformTierNamespaceKept(t *testing.T) {
 		{kv.Config{Model: kv.Llama3_8B()}, 2 << 20, "", 0x1f9c1be504898016},
 		{kv.Config{Model: kv.Tiny(), Layout: kv.PerLayer}, 64 << 10, "tenant", 0xd58684cb973a0d69},
 		{kv.Config{Model: fp8, BlockTokens: 16}, 64 << 10, "p", 0x461bb1804108110e},
+		{kv.Config{Model: kv.GPTOSS20B()}, 2 << 20, "p", 0x1558ab45bdeef5eb},
 		{kv.Config{Model: kv.GPTOSS20B(), RunTokens: 256}, 2 << 20, "p", 0x1558ab45bdeef5eb},
-		{kv.Config{Model: kv.GPTOSS20B()}, 2 << 20, "p", 0xe669e0afdbd183b8},
+		{kv.Config{Model: kv.GPTOSS20B(), RunTokens: 16}, 2 << 20, "p", 0xe669e0afdbd183b8},
 	} {
 		got, err := kv.TierNamespace(tt.cfg, tt.granule, tt.prefix)
 		require.NoError(t, err)

@@ -196,7 +196,7 @@ func (g Group) sizeFrom(granule, blockTokens, n, from int) (GroupSizing, error) 
 	}
 	blk := b.Bytes
 	gs.BlockBytes, gs.BlockTokens, gs.DeadBytes, gs.BoundTokens, gs.Block = blk, b.Tokens, b.Dead, b.Bound, b.Why
-	gs.RunTokens, _ = runFor(b.Tokens, 0) // the default never fails
+	gs.RunTokens = runFor(b.Tokens, 0)
 	gs.FirstLive = g.FirstLive(from)
 	gs.Live = n - gs.FirstLive
 	if gs.Live == 0 {

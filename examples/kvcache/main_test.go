@@ -65,6 +65,8 @@ func TestRunBadFlags(t *testing.T) {
 		{"unknown backing", []string{"-backing", "tape"}, `-backing "tape"`},
 		{"unknown layout", []string{"-layout", "diagonal"}, `-layout "diagonal"`},
 		{"removed layout", []string{"-layout", "per-sequence"}, `-layout "per-sequence": want blocked or per-layer`},
+		{"negative runs", []string{"-run-tokens", "-16"}, "-run-tokens -16: want a power of two"},
+		{"runs per layer", []string{"-run-tokens", "16", "-layout", "per-layer"}, "-run-tokens 16: want a power of two, with -layout blocked"},
 		{"granule not a power of two", []string{"-granule", "3000"}, "-granule 3000: want a power of two"},
 		{"unknown strategy", []string{"-strategies", "vmarena,magic"}, `unknown strategy "magic"`},
 		{"negative pool", []string{"-pool-low", "-1"}, "-pool-low -1: must not be negative"},
@@ -255,6 +257,7 @@ func TestRunLayouts(t *testing.T) {
 	}{
 		{nil, "vmarena: shared backing, blocked layout"},
 		{[]string{"-layout", "per-layer"}, "per-layer layout"},
+		{[]string{"-run-tokens", "8"}, "blocked layout in runs of 8 tokens"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(append([]string{"layout"}, tt.args...), " "), func(t *testing.T) {

@@ -36,7 +36,11 @@ func printHeader(w io.Writer, c *config, s setup, wl Workload, traceName string)
 	if s.granule > 0 {
 		granule = formatBytes(int64(s.granule)) + " granule"
 	}
-	fmt.Fprintf(w, "vmarena: %s backing, %s layout, %s\n\n", s.backing, c.layout, granule)
+	layout := c.layout + " layout"
+	if s.runTokens > 0 {
+		layout += fmt.Sprintf(" in runs of %d tokens", s.runTokens)
+	}
+	fmt.Fprintf(w, "vmarena: %s backing, %s, %s\n\n", s.backing, layout, granule)
 }
 
 // printTable writes the comparison: a table of memory, then one of time.

@@ -47,6 +47,7 @@ type setup struct {
 	notes     []string // what the flags' defaults gave up for groups, for the header
 	backing   string
 	layout    kv.Layout
+	runTokens int // kv.Config.RunTokens
 	granule   int // 0: the backing's default
 	populate  bool
 	huge      bool
@@ -165,7 +166,7 @@ var warnings = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Leve
 // buildCache puts a kv.Cache on the chosen backing, a strategy called name. Only the
 // backing's constructor differs: the cache names no backing type.
 func (s setup) buildCache(b *built, auth *accounting.Authority, name string) error {
-	cfg := kv.Config{Model: s.model, MaxTokens: s.maxTokens, Layout: s.layout, NoMapAhead: !s.mapAhead, Logger: warnings}
+	cfg := kv.Config{Model: s.model, MaxTokens: s.maxTokens, Layout: s.layout, RunTokens: s.runTokens, NoMapAhead: !s.mapAhead, Logger: warnings}
 	if s.groups != nil {
 		cfg.Model = *s.groups
 	}
