@@ -112,9 +112,10 @@ func (s *Sequence) BlockStride() int {
 // [t / BlockTokens, t % BlockTokens], or, where a block is cut into runs
 // (Strides.RunTokens below BlockTokens), [blocks, BlockTokens / RunTokens, RunTokens,
 // KVHeads, HeadDim], strided by BlockStride, RunStride and TokenStride, whose token t
-// is element [t / BlockTokens, t % BlockTokens / RunTokens, t % RunTokens]. NB: in the last block the tokens at or past Len
-// are not the sequence's (free room, or another sequence's tokens copied with a fork
-// or prefix): a kernel masks them out. T must be the layer group's element type
+// is element [t / BlockTokens, t % BlockTokens / RunTokens, t % RunTokens]. NB: in
+// the last block the tokens at or past Len are not the sequence's (free room, or
+// another sequence's tokens copied with a fork or prefix): a kernel masks them out.
+// T must be the layer group's element type
 // (ErrElemType otherwise). On a host backing the tensor's elements may be read and
 // written (tokens below Writable are read-only); on a device it carries only the
 // address. The view is valid until s shrinks below it or closes. For Q8_0 the last
