@@ -63,7 +63,7 @@ func BenchmarkDecodeStepGroups(b *testing.B) {
 			}
 			return 0
 		}},
-		// The default blocks cut into runs of 16 tokens of every layer.
+		// The default blocks, cut into runs of 16 tokens of every layer.
 		{"groups-runs16", kv.Config{Model: m, RunTokens: 16}, func(k int) int { return tokens + 1 + 2*k }, func(layer, n int) int {
 			if layer%2 == 0 {
 				return max(0, n-window)

@@ -318,7 +318,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.concurrency, "concurrency", 32, "most requests in the batch at once")
 	fs.StringVar(&c.backing, "backing", defaultBacking, "vmarena's backing: "+strings.Join(backings, ", ")+" (shared needs Linux)")
 	fs.StringVar(&c.layout, "layout", kv.Config{}.Layout.String(), "vmarena's layout: blocked or per-layer (default: kv's)")
-	fs.IntVar(&c.runTokens, "run-tokens", kv.Config{}.RunTokens, "vmarena, blocked layout: cut each block into runs of this many tokens of every layer (kv.Config.RunTokens, a power of two that divides every group's block: 16 is a paged kernel's page); 0, kv's default, leaves each block one run")
+	fs.IntVar(&c.runTokens, "run-tokens", kv.Config{}.RunTokens, "vmarena, blocked layout: cut each block into runs of this many tokens of every layer (kv.Config.RunTokens, a power of two: 16 is a paged kernel's page; a group whose blocks it does not divide keeps one run a block); 0, kv's default, leaves each block one run")
 	fs.Var(&c.granule, "granule", "vmarena's granule, like 2MiB (default: the backing's)")
 	fs.BoolVar(&c.populate, "populate", true, "vmarena: make committed granules resident at commit (fewer page faults)")
 	fs.BoolVar(&c.huge, "huge", true, "vmarena, host backings: transparent huge pages where the system allows them and they pay (false: never)")
