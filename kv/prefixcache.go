@@ -220,8 +220,9 @@ func (s PrefixCacheStats) HitRate() float64 {
 // the new sequence; with none, the hit is 0. Checkpoints are cached memory
 // (PrefixCacheStats.CheckpointBytes) that eviction takes back, the older ones of an
 // entry first, once an Insert handed them to an entry. Tiers beside a recurrent group
-// are refused with ErrConfig (a tier value keeps no state yet). A Model of Recurrent
-// groups alone has none (ErrConfig): there is no token to map.
+// store a checkpoint's states with the tier block that ends at it, and a load starts
+// on the states of the last such block it loads (prefixcache_tier_groups.go). A Model
+// of Recurrent groups alone has none (ErrConfig): there is no token to map.
 func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil cache", ErrConfig)
@@ -249,6 +250,9 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 	}
 	for gi := range c.groups {
 		pc.ubytes[gi] = int64(c.groups[gi].nbuf) * int64(c.groups[gi].unit)
+	}
+	if tiers != nil {
+		tiers.pc = pc
 	}
 	pc.ev.attach(ev, &pc.mu)
 	if ev != nil {

@@ -34,6 +34,7 @@ func (t *pcTiers) writeThrough(pc *PrefixCache, e *pcEntry) {
 			go t.storeWorker()
 		}
 	}
+	t.holdStates(e, &p)
 	e.stored = p.last
 	e.busy++
 	done := make(chan struct{})

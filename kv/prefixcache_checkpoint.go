@@ -61,7 +61,9 @@ import (
 // Events announce an entry's full groups' blocks as on other hybrids, every block of
 // its tokens: a recurrent group has no blocks and announces none (so a router that
 // counts blocks counts the tokens past the latest checkpoint too, which a hit
-// recomputes). Tiers stay refused.
+// recomputes). With tiers, a tier block whose end an entry holds a checkpoint at goes
+// down with the states, and a load from a tier starts on the states of the last block
+// it loads that carries them (prefixcache_tier_groups.go).
 
 // checkpoint is a copy of a sequence's recurrent states after its first n tokens.
 // The prefix cache's lock guards its counts.
@@ -72,6 +74,15 @@ type checkpoint struct {
 	// entries and live are the entries and the live sequences that hold it.
 	entries int32
 	live    int32
+	// writes is the write-downs into the tiers that read it (a tierPart's cks): once
+	// no entry or live sequence holds it, it counts nowhere and its bytes count as
+	// given back, as a holder's granules do, but its ranges close only when the last
+	// of them ended (ckUnwrite).
+	writes int32
+	// down: a write-down held it (holdStates, pickTrim), so that the tiers have its
+	// states with the block ending at it, unless that store failed (a drop, counted):
+	// eviction does not write them again.
+	down bool
 }
 
 // recurrent reports whether c's model has a Recurrent group.

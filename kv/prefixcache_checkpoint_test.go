@@ -378,7 +378,8 @@ func TestCheckpointWindow(t *testing.T) {
 // TestCheckpointRefusals: a checkpoint on a model without a recurrent group, on a
 // cache without a prefix cache, at a length other than the sequence's or at 0, or
 // that the budget can not hold, fails with a clear error and changes nothing; a
-// prefix cache on recurrent groups alone, and tiers on a recurrent model, are refused.
+// prefix cache on recurrent groups alone, and tiers on a recurrent model in the
+// PerLayer layout, are refused.
 func TestCheckpointRefusals(t *testing.T) {
 	t.Run("no recurrent group", func(t *testing.T) {
 		e := openEnv(t, withConfig(kv.Config{MaxTokens: 64}), withPrefixCache(kv.PrefixCacheOptions{}))
@@ -446,9 +447,15 @@ func TestCheckpointRefusals(t *testing.T) {
 		assert.ErrorContains(t, err, "keeps tokens")
 	})
 	t.Run("tiers", func(t *testing.T) {
-		e := openEnv(t, withConfig(kv.Config{Model: tinyNext, MaxTokens: 64}))
+		// Taken (prefixcache_tier_states_shared_test.go), but not in the
+		// PerLayer layout, where no block is one contiguous unit.
+		e := openEnv(t, withConfig(kv.Config{Model: tinyNext, MaxTokens: 64, Layout: kv.PerLayer}))
 		_, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{Tiers: []kv.Tier{tiertest.NewMap(1 << 20)}})
 		require.ErrorIs(t, err, kv.ErrConfig)
+		e = openEnv(t, withConfig(kv.Config{Model: tinyNext, MaxTokens: 64}))
+		pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{Tiers: []kv.Tier{tiertest.NewMap(1 << 20)}})
+		require.NoError(t, err)
+		require.NoError(t, pc.Close())
 	})
 }
 

@@ -225,7 +225,8 @@ func (pc *PrefixCache) evictGroupStep(mode evictMode, need int64) (int64, *pcEnt
 		// Recurrent groups: checkpoints below an entry's latest that no other holds
 		// (see prefixcache_checkpoint.go).
 		if leaf := pc.lruOf(func(l *radix.Node[*pcEntry]) bool { return pc.ckTrimGain(l, frees) > 0 }); leaf != nil {
-			return pc.trimCheckpoints(leaf, frees), nil, true
+			freed, held := pc.trimCheckpoints(leaf, frees)
+			return freed, held, true
 		}
 	}
 	for _, frees := range modes {
@@ -566,10 +567,19 @@ func trimmable(ck *checkpoint, frees bool) bool {
 }
 
 // trimCheckpoints lets leaf's entry's checkpoints below its latest go that ckTrimGain
-// counts, and returns the bytes that came back. pc.mu is held.
-func (pc *PrefixCache) trimCheckpoints(leaf *radix.Node[*pcEntry], frees bool) int64 {
+// counts, and returns the bytes that came back; with tiers, also the holder from
+// which the tier blocks ending at them go down with their states (pickTrim), as an
+// entry to close, or nil. pc.mu is held.
+func (pc *PrefixCache) trimCheckpoints(leaf *radix.Node[*pcEntry], frees bool) (int64, *pcEntry) {
 	e := leaf.Value()
 	last := len(e.ckpts) - 1
+	var gone []*checkpoint
+	for i, ck := range e.ckpts {
+		if i < last && trimmable(ck, frees) {
+			gone = append(gone, ck)
+		}
+	}
+	held := pc.tiers.pickTrim(e, leaf, gone)
 	kept := e.ckpts[:0]
 	var freed int64
 	for i, ck := range e.ckpts {
@@ -583,5 +593,5 @@ func (pc *PrefixCache) trimCheckpoints(leaf *radix.Node[*pcEntry], frees bool) i
 	clear(e.ckpts[len(kept):])
 	e.ckpts = kept
 	pc.evictedBytes += freed
-	return freed
+	return freed, held
 }

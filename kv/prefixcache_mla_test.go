@@ -149,9 +149,9 @@ func TestPrefixCacheMLAEvicts(t *testing.T) {
 }
 
 // TestPrefixCacheGroupsRefused: a model of window groups beside full ones has no
-// tiers in the PerLayer layout (as one group has not), and one of recurrent groups
-// beside them (a prefix cache of checkpoints) no tiers yet: each is refused with
-// ErrConfig, saying what is needed, and the cache stays usable.
+// tiers in the PerLayer layout (as one group has not), nor one of recurrent groups
+// beside them (a prefix cache of checkpoints): each is refused with ErrConfig, saying
+// what is needed, and the cache stays usable.
 func TestPrefixCacheGroupsRefused(t *testing.T) {
 	hybrid := kv.Model{Name: "tiny-gpt-oss", Layers: 2, Groups: []kv.Group{
 		{Kind: kv.SlidingWindow, Window: 16, Layers: []int{0}, KVHeads: 1, HeadDim: 256, DType: arena.Float16},
@@ -169,7 +169,7 @@ func TestPrefixCacheGroupsRefused(t *testing.T) {
 		says   string
 	}{
 		{"tiers beside windows, per layer", hybrid, kv.PerLayer, kv.PrefixCacheOptions{Tiers: []kv.Tier{tiertest.NewMap(1 << 20)}}, "only the Blocked layout"},
-		{"tiers beside recurrent groups", recurrent, kv.Blocked, kv.PrefixCacheOptions{Tiers: []kv.Tier{tiertest.NewMap(1 << 20)}}, "recurrent group's state"},
+		{"tiers beside recurrent groups, per layer", recurrent, kv.PerLayer, kv.PrefixCacheOptions{Tiers: []kv.Tier{tiertest.NewMap(1 << 20)}}, "only the Blocked layout"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			e := openEnv(t, onShared, withConfig(kv.Config{Model: tt.m, MaxTokens: 256, Layout: tt.layout}))

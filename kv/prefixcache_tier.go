@@ -146,6 +146,7 @@ type TierStats struct {
 // package's and guards only the counts.
 type pcTiers struct {
 	c     *Cache
+	pc    *PrefixCache // the prefix cache of these tiers (its lock guards checkpoints' counts)
 	tiers []Tier
 	ns    uint64
 	// bt is the tokens of a tier's block: the cache's block on one group, the least
@@ -204,12 +205,15 @@ type pcTiers struct {
 // tierPart is a run of whole blocks to write down: blocks [first, last) of the path
 // whose tokens are tokens (at least last blocks of them), of the entry whose tier
 // namespace is ns (spaceNS); on a cache of several groups, held is the first token
-// each group of the entry held when it was picked.
+// each group of the entry held when it was picked, and on a cache with recurrent
+// groups cks the entry's checkpoints at the ends of blocks [first, last), ascending,
+// which the write-down holds (holdStates) until it ends (letStates).
 type tierPart struct {
 	tokens      []int32
 	first, last int
 	ns          uint64
 	held        []int
+	cks         []*checkpoint
 }
 
 // tierWrite is what eviction picked of an entry to write down: its parts, copied out
@@ -384,6 +388,7 @@ func (t *pcTiers) pickFrom(e *pcEntry, leaf *radix.Node[*pcEntry], first int) *t
 	switch {
 	case e.seq != nil && e.seq.err == nil:
 		if p, ok := t.part(e, leaf.Tokens(), first, e.n); ok {
+			t.holdStates(e, &p)
 			e.wb = &tierWrite{t: t, parts: []tierPart{p}}
 		}
 	case e.origin != nil && e.origin.err == nil:

@@ -3,6 +3,7 @@ package kv
 import (
 	"context"
 	"fmt"
+	"math"
 
 	"github.com/vmarena/vmarena/backing"
 	"github.com/vmarena/vmarena/internal/radix"
@@ -45,7 +46,8 @@ import (
 // A tier's Hits count the tokens the match grew by its loads; a lookup whose loads
 // from a tier served nothing (none, or none that the window rule lets it serve) is
 // one of its Misses, the blocks cut off being asked of the next tier. Probe counts the
-// run each tier holds: an upper bound here, where the window rule may serve less.
+// run each tier holds: an upper bound here, where the window rule (or, below, a
+// block without states) may serve less.
 //
 // Write-down is as on one group: eviction takes an entry whole where every unit of
 // its own gives memory back (shrinkGroups), its blocks from its parent's on copied out
@@ -53,9 +55,28 @@ import (
 // entry or a live sequence maps), the whole tier blocks it cuts off are mapped into a
 // holder first (pickCutGroups) and copied from it.
 //
-// Not here: a recurrent group's state (tiers are refused on a model with one:
-// tierval's PartState is the place its checkpoint will take), and a write-through at
-// insert (entries here are never lazy: an entry's first hit starts it).
+// Recurrent groups beside the others (Qwen3-Next: see prefixcache_checkpoint.go). A
+// state after n tokens is a function of all n, so a value carries each recurrent
+// group's state (tierval.PartState) only where the entry written down held a
+// checkpoint at its block's end, all of them or none; a tier block is the least common
+// multiple of the other groups' blocks, and a server that wants its checkpoints to go
+// down checkpoints at their ends (Sequence.Checkpoint). The write-down holds the
+// checkpoints it copies (checkpoint.writes: holdStates) until its stores ended, so that
+// an eviction may count their memory given back at the pick as it does a holder's
+// granules; a checkpoint that eviction takes while its entry keeps its units
+// (trimCheckpoints) goes down with the tier block ending at it, from a holder
+// (pickTrim), unless a write-down took it already (checkpoint.down). A value without states never replaces one the tier holds (asked with
+// Contains first): the units of a block's tokens are the same, and the tier's value
+// may have them. A load serves a block's end only where its value has the states and
+// the window rule holds there; it writes the states of each such block into the new
+// sequence's recurrent ranges (the last one's stay), so that the sequence starts on
+// the states after exactly its match, and a hit with no such block serves the device's
+// match, whose states a checkpoint gave. A lookup that starts on a tier's states
+// records no checkpoint: a server that wants the device to keep them for the next
+// prompt checkpoints at the match (Sequence.Checkpoint), as after any prefill step.
+//
+// Not here: a write-through at insert (entries here are never lazy: an entry's first
+// hit starts it).
 
 // newTiersOf is newTiers for c: on a cache of several groups with tiers, with their
 // part (newTierGroups) and its tier block.
@@ -89,30 +110,30 @@ func (t *pcTiers) writeDown(ctx context.Context, s *Sequence, w *tierWrite) {
 	t.writeBack(ctx, s, w)
 }
 
-// tierGroups is the tiers' part on a cache of several groups: the value layout, and
-// per group its units in a tier block and the bytes of its part.
+// tierGroups is the tiers' part on a cache of several groups: the value layout, per
+// group its units in a tier block and the bytes of its part (a recurrent group's: no
+// units, and its state's bytes), and the recurrent groups' count.
 type tierGroups struct {
 	layout *tierval.Layout
-	per    []int // units of the group in one tier block
-	parts  []int // bytes of the group's part of one value: per × unit
+	per    []int // units of the group in one tier block (a recurrent group: 0)
+	parts  []int // bytes of the group's part of one value: per × unit, or the state
+	states int   // recurrent groups: their parts are present in a value, all or none
 }
 
 // newTierGroups returns the tiers' part of a cache of several groups and its tier
-// block's tokens, or an error matching ErrConfig: a recurrent group (its state after
-// a block is not kept), a layout other than Blocked, or a tier block past MaxTokens.
+// block's tokens, or an error matching ErrConfig: a layout other than Blocked, or a
+// tier block past MaxTokens.
 func newTierGroups(c *Cache) (*tierGroups, int, error) {
 	m := c.cfg.Model
-	for gi := range c.groups {
-		if c.groups[gi].spec.Kind == Recurrent {
-			return nil, 0, fmt.Errorf("%w: tiers store each group's units of a block, and a recurrent group's state after a block is not kept: model %q has %s", ErrConfig, m.Name, groupKinds(m))
-		}
-	}
 	if c.cfg.Layout != Blocked {
 		return nil, 0, fmt.Errorf("%w: tiers store whole blocks, and only the Blocked layout lays a block out as one contiguous unit (layout %v)", ErrConfig, c.cfg.Layout)
 	}
 	bt := 1
 	for gi := range c.groups {
 		g := &c.groups[gi]
+		if g.state > 0 {
+			continue // no units: a value carries its state after the block, or none
+		}
 		bt = lcm(bt, g.tpb)
 		if bt > c.cfg.MaxTokens {
 			return nil, 0, fmt.Errorf("%w: a tier block holds whole blocks of every group, %d tokens or more, more than MaxTokens %d", ErrConfig, bt, c.cfg.MaxTokens)
@@ -123,6 +144,15 @@ func newTierGroups(c *Cache) (*tierGroups, int, error) {
 	for gi := range c.groups {
 		g := &c.groups[gi]
 		s := g.spec
+		if g.state > 0 {
+			tg.parts[gi] = g.state
+			tg.states++
+			gl[gi] = tierval.GroupLayout{
+				Part: tierval.PartState, Kind: uint8(s.Kind), DType: uint8(s.DType), Scales: uint8(s.Scales),
+				Layers: len(s.Layers), Tensors: s.tensorsPerLayer(), UnitBytes: g.state,
+			}
+			continue
+		}
 		tg.per[gi] = bt / g.tpb
 		tg.parts[gi] = tg.per[gi] * g.unit
 		gl[gi] = tierval.GroupLayout{
@@ -164,32 +194,99 @@ func (t *pcTiers) present(p *tierPart, gi, b int) int {
 	return min(max((b+1)*per-first, 0), per)
 }
 
+// holdStates makes p, a part of e about to be written down, hold e's checkpoints at
+// the ends of its blocks (tierPart.cks), so that their states are there to copy once
+// no lock is held. pc.mu is held.
+func (t *pcTiers) holdStates(e *pcEntry, p *tierPart) {
+	if t.grp == nil || t.grp.states == 0 {
+		return
+	}
+	for _, ck := range e.ckpts {
+		if ck.n%t.bt == 0 && ck.n > p.first*t.bt && ck.n <= p.last*t.bt && ck.bufs != nil {
+			ref(&ck.writes, 1)
+			ck.down = true
+			p.cks = append(p.cks, ck)
+		}
+	}
+}
+
+// letStates ends w's holds on checkpoints (holdStates), once its stores ended or it
+// is dropped unwritten. No lock is held.
+func (t *pcTiers) letStates(w *tierWrite) {
+	if t.grp == nil || t.grp.states == 0 {
+		return
+	}
+	t.pc.mu.Lock()
+	t.letStatesLocked(w)
+	t.pc.mu.Unlock()
+}
+
+// letStatesLocked is letStates with pc.mu held.
+func (t *pcTiers) letStatesLocked(w *tierWrite) {
+	for pi := range w.parts {
+		for _, ck := range w.parts[pi].cks {
+			t.pc.ckUnwrite(ck)
+		}
+		w.parts[pi].cks = nil
+	}
+}
+
 // writeBackGroups is writeBack on a cache of several groups: one grouped value per
-// block, each group's units of it read from s's ranges.
+// block, each group's units of it read from s's ranges, and with recurrent groups
+// their states where the part holds a checkpoint at the block's end. A value without
+// states never replaces one the tier holds (the tier's may have them; the units of
+// a block's tokens are the same). It ends the part's holds on checkpoints.
 func (t *pcTiers) writeBackGroups(ctx context.Context, s *Sequence, w *tierWrite) {
+	defer t.letStates(w)
 	bt, tg := t.bt, t.grp
 	sizes := make([]int, len(t.c.groups))
 	for pi := range w.parts {
 		p := &w.parts[pi]
 		keys := t.keys(p.ns, p.tokens, p.first)
+		cks := p.cks
 		for j, key := range keys {
 			b := p.first + j
 			tokens := p.tokens[b*bt : (b+1)*bt]
+			for len(cks) > 0 && cks[0].n < (b+1)*bt {
+				cks = cks[1:]
+			}
+			var ck *checkpoint
+			if len(cks) > 0 && cks[0].n == (b+1)*bt {
+				ck = cks[0]
+			}
 			for gi := range sizes {
-				sizes[gi] = t.present(p, gi, b) * t.c.groups[gi].unit
+				g := &t.c.groups[gi]
+				switch {
+				case g.state == 0:
+					sizes[gi] = t.present(p, gi, b) * g.unit
+				case ck != nil:
+					sizes[gi] = g.state
+				default:
+					sizes[gi] = 0
+				}
 			}
 			size := tg.layout.Size(len(tokens), sizes)
 			for i, tier := range t.tiers {
 				t.slots <- struct{}{}
 				sctx, cancel := context.WithTimeout(ctx, t.wait)
+				if tg.states > 0 && ck == nil {
+					if n, err := tier.Contains(sctx, []tierval.Key{key}); err == nil && n == 1 {
+						cancel()
+						<-t.slots
+						continue
+					}
+				}
 				encode := tierval.EncodeGroups
 				if t.inProc[i] {
 					encode = tierval.EncodeGroupsInProcess
 				}
 				err := tier.Store(sctx, key, size, func(dst []byte) error {
 					return encode(dst, key, tg.layout, tokens, sizes, func(gi int, part []byte) error {
-						// A part is the group's last units of the block.
 						g := &t.c.groups[gi]
+						if g.state > 0 {
+							return ck.bufs[g.first].readAt(0, part)
+						}
+						// A part is the group's last units of the block.
 						return s.bufs[g.first].readAt((b+1)*tg.per[gi]*g.unit-len(part), part)
 					})
 				})
@@ -299,25 +396,34 @@ func (t *pcTiers) loadFromGroups(ctx context.Context, i int, tier Tier, s *Seque
 	for ; got < run; got++ {
 		blk := b + got
 		want := tokens[blk*bt : (blk+1)*bt]
-		var invalid bool
+		var invalid, stated bool
 		var size int
 		err := tier.Load(ctx, keys[got], func(src []byte) error {
 			if err := decode(src, keys[got], tg.layout, want, tg.parts, parts); err != nil {
 				invalid = true
 				return err
 			}
+			states := 0
 			for gi := range groups {
-				if len(parts[gi]) != tg.parts[gi] && !groups[gi].windowed() {
-					invalid = true
-					return fmt.Errorf("%w: %w: %d bytes of group %d (%v), which every value holds whole", tierval.ErrValue, tierval.ErrBlock, len(parts[gi]), gi, groups[gi].spec.Kind)
+				g := &groups[gi]
+				if g.state > 0 && parts[gi] != nil {
+					states++
 				}
+				if len(parts[gi]) != tg.parts[gi] && !g.windowed() && g.state == 0 {
+					invalid = true
+					return fmt.Errorf("%w: %w: %d bytes of group %d (%v), which every value holds whole", tierval.ErrValue, tierval.ErrBlock, len(parts[gi]), gi, g.spec.Kind)
+				}
+			}
+			if states != 0 && states != tg.states {
+				invalid = true
+				return fmt.Errorf("%w: %w: the states of %d recurrent groups of %d, which a value holds all or none of", tierval.ErrValue, tierval.ErrBlock, states, tg.states)
 			}
 			size = len(src)
 			for gi, part := range parts {
-				if part == nil {
+				g := &groups[gi]
+				if part == nil || g.state > 0 {
 					continue
 				}
-				g := &groups[gi]
 				off := (blk+1)*tg.per[gi]*g.unit - len(part) // its last units
 				if skip := lo[gi] - off; skip > 0 {
 					if skip >= len(part) {
@@ -329,6 +435,19 @@ func (t *pcTiers) loadFromGroups(ctx context.Context, i int, tier Tier, s *Seque
 					return err
 				}
 			}
+			if states == 0 || !t.servesAt(ld, blk, parts) {
+				return nil
+			}
+			// The states after the block: s starts on them where the block serves
+			// (the last such block's states are the ones s keeps).
+			for gi, part := range parts {
+				if g := &groups[gi]; g.state > 0 {
+					if err := s.bufs[g.first].writeAt(0, part); err != nil {
+						return err
+					}
+				}
+			}
+			stated = true
 			return nil
 		})
 		if err != nil {
@@ -336,8 +455,8 @@ func (t *pcTiers) loadFromGroups(ctx context.Context, i int, tier Tier, s *Seque
 			break
 		}
 		t.count(i, func(st *TierStats) { st.LoadBytes += int64(size) })
+		serves := t.servesAt(ld, blk, parts)
 		end := (blk + 1) * bt
-		serves := true
 		for gi := range groups {
 			g := &groups[gi]
 			if !g.windowed() {
@@ -345,13 +464,11 @@ func (t *pcTiers) loadFromGroups(ctx context.Context, i int, tier Tier, s *Seque
 			}
 			// The part holds the group's tokens from from on; where that leaves a
 			// gap after what s held before the block, s holds them from there on.
-			from := end - len(parts[gi])/g.unit*g.tpb
-			if from > max(blk*bt, ld.m) {
+			if from := end - len(parts[gi])/g.unit*g.tpb; from > max(blk*bt, ld.m) {
 				ld.held[gi], ld.gap = from, true
 			}
-			serves = serves && g.serves(ld.held[gi], end)
 		}
-		if serves {
+		if serves && (tg.states == 0 || stated) {
 			ld.served = end
 			copy(ld.atServed, ld.held)
 		}
@@ -362,6 +479,30 @@ func (t *pcTiers) loadFromGroups(ctx context.Context, i int, tier Tier, s *Seque
 		}
 	}
 	return got, short
+}
+
+// servesAt reports whether a lookup whose loads found ld so far serves a hit at the
+// end of block blk once it holds that block's value, whose group parts are parts (only
+// their lengths are read): every window group holds, without a gap, what the step
+// there reads (the window rule). A part that leaves a gap after what s held before
+// the block moves the group's first held token to where the part starts.
+func (t *pcTiers) servesAt(ld *groupLoad, blk int, parts [][]byte) bool {
+	bt, groups := t.bt, t.c.groups
+	end := (blk + 1) * bt
+	for gi := range groups {
+		g := &groups[gi]
+		if !g.windowed() {
+			continue
+		}
+		held := ld.held[gi]
+		if from := end - len(parts[gi])/g.unit*g.tpb; from > max(blk*bt, ld.m) {
+			held = from
+		}
+		if !g.serves(held, end) {
+			return false
+		}
+	}
+	return true
 }
 
 // pickCutGroups is pickCut on a cache of several groups, for a leaf whose entry e
@@ -380,7 +521,42 @@ func (t *pcTiers) pickCutGroups(e *pcEntry, leaf *radix.Node[*pcEntry], n int) *
 	if h == nil {
 		return nil
 	}
+	t.holdStates(e, &p)
 	return &pcEntry{seq: h, closed: true, wb: &tierWrite{t: t, parts: []tierPart{p}}}
+}
+
+// pickTrim is pick for the checkpoints cks that eviction takes from leaf's entry e
+// while e keeps its units (trimCheckpoints): the tier block ending at each of them
+// (each on a tier block's end) goes down with its states, from a holder that maps
+// those blocks' units, as a cut's blocks do (pickCutGroups). It returns that holder as
+// an entry to close, or nil. pc.mu is held.
+func (t *pcTiers) pickTrim(e *pcEntry, leaf *radix.Node[*pcEntry], cks []*checkpoint) *pcEntry {
+	if t == nil || t.grp == nil || !t.keep(e) || e.seq == nil || e.seq.err != nil {
+		return nil
+	}
+	bt, tokens, ns, held := t.bt, leaf.Tokens(), t.spaceNS(e.ns), e.seq.helds()
+	var parts []tierPart
+	span := tierPart{first: math.MaxInt, held: held}
+	for _, ck := range cks {
+		if ck.n%bt != 0 || ck.n > e.n || ck.bufs == nil || ck.down {
+			continue // off a block's end, or written down already
+		}
+		b := ck.n/bt - 1
+		parts = append(parts, tierPart{tokens: tokens[:(b+1)*bt], first: b, last: b + 1, ns: ns, held: held, cks: []*checkpoint{ck}})
+		span.first, span.last = min(span.first, b), max(span.last, b+1)
+	}
+	if len(parts) == 0 {
+		return nil
+	}
+	h := t.holderGroups(e.seq, &span)
+	if h == nil {
+		return nil
+	}
+	for _, p := range parts {
+		ref(&p.cks[0].writes, 1)
+		p.cks[0].down = true
+	}
+	return &pcEntry{seq: h, closed: true, wb: &tierWrite{t: t, parts: parts}}
 }
 
 // holderGroups is holder on a cache of several groups: a sequence of the cache's own

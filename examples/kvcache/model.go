@@ -55,16 +55,12 @@ func modelNames() string {
 // baselines can do less: eager and append model full attention only, paged full
 // attention and sliding windows of one token size (pagedWindows), and kv's prefix
 // cache keeps tiers beside window groups, and checkpoints of their states beside
-// recurrent groups (checkpoints.go), where it keeps no tiers. A flag left at
+// recurrent groups (checkpoints.go), which go down into the tiers too. A flag left at
 // its default is turned off, and said so in notes; a flag set to what can not run is
 // refused with an error naming the model and what refused it.
 func (c *config) groupsOnly(m *kv.Model, names []string) ([]string, []string, error) {
 	kinds := groupKinds(*m)
 	var notes []string
-	switch {
-	case c.prefix && c.tiers != "" && hasRecurrent(m):
-		return nil, nil, fmt.Errorf("-model %s (%s): -tiers: kv's prefix cache keeps no tiers beside a recurrent group (a tier value keeps no state)", m.Name, kinds)
-	}
 	if c.prefix && hasRecurrent(m) {
 		notes = append(notes, fmt.Sprintf("the prefill records the recurrent states at each %d-token block boundary (kv.Sequence.Checkpoint), where a hit may start; %s replays the full-attention layers alone at the same budget, for the ratio of hit rates", MooncakeBlockTokens, nameFullLayers))
 	}

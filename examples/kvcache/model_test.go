@@ -30,7 +30,6 @@ func TestModelFlagBadInputs(t *testing.T) {
 		{"paged on MLA latents", []string{"-model", "deepseek-v3", "-strategies", "paged"}, "-model deepseek-v3 (1 groups: mla-latent ×61): strategy paged models full attention only"},
 		{"paged on a recurrent model", []string{"-model", "qwen3-next-80b-a3b", "-strategies", "paged"}, "strategy paged models full attention only"},
 		{"per-layer", append(hybrid, "-layout", "per-layer"), "-layout per-layer: the per-group figures read the Blocked layout's blocks"},
-		{"prefix replay of a recurrent model with tiers", []string{"-model", "qwen3-next-80b-a3b", "-trace", "mooncake", "-requests", "2", "-tiers", "host"}, "-tiers: kv's prefix cache keeps no tiers beside a recurrent group"},
 		{"prefix replay with paged", append(hybrid, "-trace", "mooncake", "-strategies", "vmarena+prefix-cache,paged+prefix-cache"),
 			"strategy paged+prefix-cache models full attention only, and would hold every token of the window layers; run -strategies vmarena+prefix-cache,vmarena"},
 		{"uniform of a uniform model", []string{"-model", "llama3-8b", "-uniform"}, "-uniform: -model llama3-8b is uniform, every layer full attention already"},

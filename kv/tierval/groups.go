@@ -41,9 +41,8 @@ import (
 //
 // A part is of one of two kinds, named in the group's record. PartUnits is a group's
 // units of the block's tokens (a full, MLA, sliding-window or chunked group); PartState
-// is the place of a recurrent group's state checkpointed after the block's last token.
-// NB: no cache writes PartState yet (kv refuses tiers on a model with a recurrent
-// group); the format holds it so that such values need no new version.
+// is a recurrent group's state checkpointed after the block's last token: the whole
+// state (the record's unit bytes) or none, where the cache held no checkpoint there.
 //
 // Version 1 (value.go) stays the value of a cache of one group, written and read as
 // before: Encode and Decode read and write version 1 only, EncodeGroups and
@@ -66,7 +65,7 @@ const (
 	// sliding-window and chunked groups.
 	PartUnits PartKind = iota + 1
 	// PartState is a recurrent group's state, checkpointed after the value's last
-	// token. Reserved: no cache writes it yet.
+	// token: whole, or none.
 	PartState
 )
 

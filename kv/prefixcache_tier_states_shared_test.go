@@ -1,0 +1,333 @@
+//go:build linux || windows
+
+package kv_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/kv"
+	"github.com/vmarena/vmarena/kv/tierval"
+	"github.com/vmarena/vmarena/kvtier/hosttier"
+	"github.com/vmarena/vmarena/kvtier/tiertest"
+)
+
+// Tiers on models with recurrent groups beside groups of tokens (Qwen3-Next's
+// pattern): a tier block whose end an entry holds a checkpoint at goes down with the
+// states, and a load starts on the states of the last block it loads that has them.
+
+// stateTierModels are the recurrent hybrids the tier tests run on.
+var stateTierModels = []kv.Model{tinyNext, tinyNextWin}
+
+// stateTierEnv opens a cache of m on kind with a prefix cache over tier, and returns
+// them with the tier block's tokens.
+func stateTierEnv(t *testing.T, m kv.Model, kind backingKind, tier kv.Tier) (*env, *kv.PrefixCache, int) {
+	t.Helper()
+	e := openEnv(t, kind, scaled, withLimit(1<<30), withConfig(kv.Config{Model: m, MaxTokens: 2048}))
+	pc := newGroupTierCache(t, e.c, t.Name(), tier)
+	return e, pc, tierBlock(t, e.c)
+}
+
+// serveStates serves ids as a server of a recurrent hybrid does: a lookup, a prefill
+// of the rest that records a checkpoint at each multiple of every past the hit (none
+// for 0), an insert. It checks the hit's tokens and states and returns the sequence
+// and the match.
+func serveStates(t *testing.T, pc *kv.PrefixCache, ids []int32, every int) (*kv.Sequence, int) {
+	t.Helper()
+	s, m, err := pc.Lookup(ids)
+	require.NoError(t, err)
+	require.NoError(t, checkHeldIDs(s, ids, 0, m), "the hit's tokens")
+	if m > 0 {
+		require.NoError(t, checkStates(s, ids[:m]), "the hit's states")
+	}
+	require.NoError(t, prefillTo(s, ids, len(ids), every))
+	require.NoError(t, pc.Insert(s, ids))
+	return s, m
+}
+
+// evictStates serves ids with checkpoints every every tokens, closes the sequence and
+// evicts the whole cache, so that the entry's blocks (and states) go down.
+func evictStates(t *testing.T, e *env, pc *kv.PrefixCache, ids []int32, every int) {
+	t.Helper()
+	s, _ := serveStates(t, pc, ids, every)
+	require.True(t, s.Close().OK())
+	evictsAll(t, pc)
+	st := pc.Stats()
+	assert.Zero(t, st.CheckpointBytes, "the checkpoints left with their entry")
+	assert.Zero(t, st.PendingCheckpointBytes)
+	idleBooks(t, e, pc, "after evicting the entry into the tiers")
+}
+
+// TestPrefixCacheTierStates: on recurrent hybrids, on host memory and the CUDA fake,
+// with an in-memory tier and the host tier, an entry with checkpoints at its tier
+// blocks' ends goes down with their states, and a lookup of its prompt (or of one
+// that shares part of it) starts on the tier's blocks: the tokens of every group and
+// the states after the match read back bit-exact, the window rule holds, the
+// checkpoints' memory comes back once written, and the books are exact.
+func TestPrefixCacheTierStates(t *testing.T) {
+	for _, model := range stateTierModels {
+		for _, be := range tierBackends {
+			for _, tk := range tierKinds {
+				t.Run(model.Name+"/"+be.name+"/"+tk.name, func(t *testing.T) {
+					e, pc, bt := stateTierEnv(t, model, be.kind, tk.make(t))
+					ids := promptIDs(7, 5*bt+5)
+					owned := e.auth.Stats().Owned - poolIdle(e)
+					evictStates(t, e, pc, ids, bt)
+					assert.Equal(t, owned, e.auth.Stats().Owned-poolIdle(e), "every granule and state came back")
+					st := pc.Stats().Tiers[0]
+					assert.Positive(t, st.StoreBytes)
+					assert.Zero(t, st.Drops)
+
+					// A block inside the entry serves where its window groups' units
+					// went down with it: on tinyNextWin the prefill's window gave them
+					// back, so that the step there could not read its window (the
+					// window rule, as on the device), and only the entry's last block
+					// serves.
+					mid := 3 * bt
+					if model.Name == tinyNextWin.Name {
+						mid = 0
+					}
+					prompts := []struct {
+						ids  []int32
+						want int
+					}{
+						{ids, 5 * bt},
+						{append(slices.Clone(ids[:3*bt+7]), promptIDs(9000, 30)...), mid},
+						{append(slices.Clone(ids), promptIDs(900, 30)...), 5 * bt},
+					}
+					for i, p := range prompts {
+						probe, err := pc.Probe(p.ids)
+						require.NoError(t, err)
+						q, m := serveStates(t, pc, p.ids, 0)
+						assert.Equal(t, p.want, m, "prompt %d: the last block with states below its last token", i)
+						assert.GreaterOrEqual(t, probe.Total, m, "prompt %d: Probe's tiers bound the load", i)
+						require.NoError(t, checkHeldIDs(q, p.ids, 0, len(p.ids)), "prompt %d", i)
+						require.NoError(t, checkStates(q, p.ids), "prompt %d: the states stepped on from the loaded ones", i)
+						require.True(t, q.Close().OK())
+						evictsAll(t, pc)
+						idleBooks(t, e, pc, "after a lookup from the tier")
+					}
+					st = pc.Stats().Tiers[0]
+					assert.EqualValues(t, 10*bt+mid, st.Hits, "the tier's tokens")
+					assert.Zero(t, st.Invalid)
+				})
+			}
+		}
+	}
+}
+
+// TestPrefixCacheTierStatesSparse: only the blocks whose ends hold a checkpoint carry
+// states; a load keeps the blocks up to the last of them it loaded and cuts off the
+// rest, so that the sequence holds nothing past the states it starts on. A
+// checkpoint off a tier block's end goes down with no block.
+func TestPrefixCacheTierStatesSparse(t *testing.T) {
+	for _, be := range tierBackends {
+		t.Run(be.name, func(t *testing.T) {
+			tier := tiertest.NewMap(64 << 20)
+			e, pc, bt := stateTierEnv(t, tinyNext, be.kind, tier)
+			ids := promptIDs(7, 5*bt+5)
+			s, m, err := pc.Lookup(ids)
+			require.NoError(t, err)
+			require.Zero(t, m)
+			require.NoError(t, prefillTo(s, ids, 2*bt, 0))
+			require.NoError(t, s.Checkpoint(2*bt))
+			require.NoError(t, prefillTo(s, ids, 4*bt-1, 0))
+			require.NoError(t, s.Checkpoint(4*bt-1), "off a tier block's end")
+			require.NoError(t, prefillTo(s, ids, len(ids), 0))
+			require.NoError(t, pc.Insert(s, ids))
+			require.True(t, s.Close().OK())
+			evictsAll(t, pc)
+			idleBooks(t, e, pc, "after the write-down")
+
+			probe, err := pc.Probe(ids)
+			require.NoError(t, err)
+			assert.Equal(t, 5*bt, probe.Total, "the tier holds every block: Probe's bound")
+			q, m, err := pc.Lookup(ids)
+			require.NoError(t, err)
+			assert.Equal(t, 2*bt, m, "the one block with states")
+			assert.Equal(t, 2*bt, q.Len(), "nothing held past it")
+			require.NoError(t, checkHeldIDs(q, ids, 0, m))
+			require.NoError(t, checkStates(q, ids[:m]))
+			require.True(t, q.Close().OK())
+			st := pc.Stats().Tiers[0]
+			assert.EqualValues(t, 2*bt, st.Hits)
+			assert.Zero(t, st.Invalid)
+			idleBooks(t, e, pc, "after the load")
+		})
+	}
+}
+
+// TestPrefixCacheTierStatesKept: a block written down without states (its entry had
+// no checkpoint at its end: a sequence that started on the tier's blocks and recorded
+// none) does not replace the tier's value that has them, so that the next lookup
+// still starts on them.
+func TestPrefixCacheTierStatesKept(t *testing.T) {
+	tier := tiertest.NewMap(64 << 20)
+	e, pc, bt := stateTierEnv(t, tinyNext, onShared, tier)
+	ids := promptIDs(7, 5*bt+5)
+	evictStates(t, e, pc, ids, bt)
+	for round := range 2 {
+		s, m := serveStates(t, pc, ids, 0)
+		require.Equal(t, 5*bt, m, "round %d", round)
+		require.True(t, s.Close().OK())
+		evictsAll(t, pc)
+	}
+	assert.Zero(t, pc.Stats().Tiers[0].Drops)
+	idleBooks(t, e, pc, "after the rounds")
+}
+
+// TestPrefixCacheTierStatesRefused: a value whose states are not the layout's (a
+// recurrent group's state of another size, put under this cache's key) is refused as
+// corruption, never loaded: the lookup is a miss and the prefill's states read back.
+func TestPrefixCacheTierStatesRefused(t *testing.T) {
+	tier := tiertest.NewMap(64 << 20)
+	e, pc, bt := stateTierEnv(t, tinyNext, onShared, tier)
+	ids := promptIDs(7, 2*bt+5)
+	evictStates(t, e, pc, ids, bt)
+	keys := groupTierKeys(t, e.c, t.Name(), ids)
+	ctx := context.Background()
+
+	// The same value with its state's bytes changed in the layout and the part.
+	model := e.c.Config().Model
+	gls := make([]tierval.GroupLayout, len(model.Groups))
+	parts := make([]int, len(model.Groups))
+	for gi, g := range model.Groups {
+		st, _ := e.c.LayerStrides(g.Layers[0])
+		if g.Kind == kv.Recurrent {
+			gls[gi] = tierval.GroupLayout{Part: tierval.PartState, Kind: uint8(g.Kind), DType: uint8(g.DType),
+				Layers: len(g.Layers), UnitBytes: len(g.Layers)*g.StateBytes + 8}
+			parts[gi] = gls[gi].UnitBytes
+			continue
+		}
+		gls[gi] = tierval.GroupLayout{Part: tierval.PartUnits, Kind: uint8(g.Kind), DType: uint8(g.DType),
+			Window: g.Window, Layers: len(g.Layers), KVHeads: g.KVHeads, HeadDim: g.HeadDim, Tensors: 2,
+			UnitTokens: st.BlockTokens, UnitBytes: st.BlockStride}
+		parts[gi] = bt / st.BlockTokens * st.BlockStride
+	}
+	l, err := tierval.NewLayout(model.Name, gls)
+	require.NoError(t, err)
+	bad := make([]byte, l.Size(bt, parts))
+	require.NoError(t, tierval.EncodeGroups(bad, keys[0], l, ids[:bt], parts, func(int, []byte) error { return nil }))
+	require.NoError(t, tier.Store(ctx, keys[0], len(bad), func(dst []byte) error { copy(dst, bad); return nil }))
+
+	s, m := serveStates(t, pc, ids, 0)
+	assert.Zero(t, m, "the first block refused, nothing past it loaded")
+	require.NoError(t, checkStates(s, ids))
+	require.True(t, s.Close().OK())
+	assert.EqualValues(t, 1, pc.Stats().Tiers[0].Invalid)
+	evictsAll(t, pc)
+	idleBooks(t, e, pc, "after the refusal")
+}
+
+// TestPrefixCacheTierStatesClose: a prefix cache's Close writes its entries down with
+// every checkpoint on a tier block's end, so that a new cache of the same model over
+// the same tier (a server started again) starts a prompt on the states of any of them.
+func TestPrefixCacheTierStatesClose(t *testing.T) {
+	tier := tiertest.NewMap(64 << 20)
+	e, pc, bt := stateTierEnv(t, tinyNext, onShared, tier)
+	ids := promptIDs(7, 5*bt+5)
+	s, _ := serveStates(t, pc, ids, bt)
+	require.True(t, s.Close().OK())
+	require.NoError(t, pc.Close())
+	assert.Zero(t, pc.Stats().Tiers[0].Drops)
+	assert.Equal(t, 5, tier.Len(), "a value per block")
+	e.books(t, "after Close")
+
+	e2 := openEnv(t, onShared, scaled, withLimit(1<<30), withConfig(kv.Config{Model: tinyNext, MaxTokens: 2048}))
+	pc2 := newGroupTierCache(t, e2.c, t.Name(), tier)
+	for _, shared := range []int{5*bt + 5, 4*bt + 1, 2*bt + 3, bt - 1} {
+		p := append(slices.Clone(ids[:shared]), promptIDs(9000, 30)...)
+		q, m := serveStates(t, pc2, p, 0)
+		assert.Equal(t, min(shared, 5*bt)/bt*bt, m, "sharing %d tokens: the last block end at or below", shared)
+		require.True(t, q.Close().OK())
+	}
+	idleBooks(t, e2, pc2, "after the lookups")
+}
+
+// TestPrefixCacheTierStatesRandom: random prompts (new ones, earlier ones and their
+// continuations) on recurrent hybrids with a host tier small enough to evict, random
+// evictions of the device's cache, checkpoints at every tier block's end and at some
+// prompts' ends, by write-back and by write-through: every hit, from the device, the
+// tier or both, reads back every token and the states after it, and is no longer
+// than what an earlier prompt shares; no tier value is refused; the counts add up
+// and the books are exact after every request (write-back) and after Close.
+func TestPrefixCacheTierStatesRandom(t *testing.T) {
+	for _, model := range stateTierModels {
+		for _, through := range []bool{false, true} {
+			name := model.Name + "/write-back"
+			if through {
+				name = model.Name + "/write-through"
+			}
+			t.Run(name, func(t *testing.T) {
+				e := openEnv(t, onShared, scaled, withLimit(1<<30), withConfig(kv.Config{Model: model, MaxTokens: 512}))
+				k := scaleOf(onShared)
+				ht, err := hosttier.New(hosttier.Options{Budget: int64(k) << 20, Granule: 4 << 10})
+				require.NoError(t, err)
+				t.Cleanup(func() { assert.NoError(t, ht.Close()) })
+				pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{Tiers: []kv.Tier{ht}, TierPrefix: t.Name(), TierWait: time.Minute, TierWriteThrough: through})
+				require.NoError(t, err)
+				closeAtCleanup(t, pc)
+				bt := tierBlock(t, e.c)
+				r := rand.New(rand.NewPCG(47, uint64(len(model.Groups))))
+				var made [][]int32
+				var queries, hits int64
+				tierHits := 0
+				for range 80 {
+					ids := hybridStream(r, made)
+					before := pc.Stats().Tiers[0].Hits
+					s, m, err := pc.Lookup(ids)
+					require.NoError(t, err)
+					require.LessOrEqual(t, m, longestCommon(made, ids))
+					require.NoError(t, checkHeldIDs(s, ids, 0, m))
+					if m > 0 {
+						require.NoError(t, checkStates(s, ids[:m]))
+					}
+					if pc.Stats().Tiers[0].Hits > before {
+						tierHits++
+					}
+					require.NoError(t, prefillTo(s, ids, len(ids), bt))
+					if r.IntN(3) == 0 && len(ids)%bt != 0 {
+						require.NoError(t, s.Checkpoint(len(ids)), "the prompt's end")
+					}
+					require.NoError(t, pc.Insert(s, ids))
+					queries += int64(len(ids))
+					hits += int64(m)
+					made = append(made, ids)
+					require.True(t, s.Close().OK())
+					if r.IntN(3) == 0 {
+						_, err := pc.Evict(int64(r.IntN(1<<16)) * int64(k))
+						require.NoError(t, err)
+					}
+					if !through {
+						idleBooks(t, e, pc, "after a request")
+					}
+				}
+				st := pc.Stats()
+				assert.Equal(t, queries, st.Queries)
+				assert.Equal(t, hits, st.Hits)
+				assert.Zero(t, st.Tiers[0].Invalid)
+				assert.Positive(t, tierHits, "lookups that loaded from the tier")
+				require.NoError(t, pc.Close())
+				e.books(t, "after the close, every block written down")
+			})
+		}
+	}
+}
+
+// storeCounter counts the stores made into its tier.
+type storeCounter struct {
+	kv.Tier
+	stores atomic.Int64
+}
+
+func (c *storeCounter) Store(ctx context.Context, key tierval.Key, size int, fill func([]byte) error) error {
+	c.stores.Add(1)
+	return c.Tier.Store(ctx, key, size, fill)
+}
