@@ -535,10 +535,11 @@ func (pc *PrefixCache) InsertIn(ns Namespace, s *Sequence, tokens []int32) error
 			return err
 		}
 		drop = append(drop, pc.capLocked()...)
+		// NB: what the cap evicts goes down into the tiers off the insert's path,
+		// as on one group.
+		drop, later := pc.tiers.later(drop)
 		pc.mu.Unlock()
-		for _, d := range drop {
-			d.close()
-		}
+		pc.tiers.closeAll(drop, later)
 		return nil
 	}
 	n := len(tokens)

@@ -293,11 +293,14 @@ func (pc *PrefixCache) insertGroups(ns Namespace, s *Sequence, tokens []int32) (
 		// eviction: the tokens stay cached.
 		pc.ev.displaced(old)
 		pc.holdAll(e, old.ckpts, old.n)
-		e.hits = old.hits
+		e.hits, e.stored = old.hits, old.stored
 		if _, d := pc.unhold(old); d != nil {
 			drop = append(drop, d)
 		}
 	}
+	// The entry holds ranges of its own from its insert on (it is never lazy): a
+	// write-through stores its blocks now.
+	pc.tiers.writeThrough(pc, e)
 	return drop, nil
 }
 

@@ -75,8 +75,9 @@ import (
 // records no checkpoint: a server that wants the device to keep them for the next
 // prompt checkpoints at the match (Sequence.Checkpoint), as after any prefill step.
 //
-// Not here: a write-through at insert (entries here are never lazy: an entry's first
-// hit starts it).
+// A write-through (TierWriteThrough) starts at the insert: an entry here is never
+// lazy, and holds ranges of its own from then on; a longer entry that displaces it
+// inherits what it stored.
 
 // newTiersOf is newTiers for c: on a cache of several groups with tiers, with their
 // part (newTierGroups) and its tier block.

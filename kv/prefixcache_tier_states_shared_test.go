@@ -321,6 +321,40 @@ func TestPrefixCacheTierStatesRandom(t *testing.T) {
 	}
 }
 
+// TestPrefixCacheTierStatesWriteThrough: with TierWriteThrough an entry of a recurrent
+// hybrid goes down at its insert, with the states of its checkpoints at its blocks'
+// ends, with nothing evicted; eviction (its older checkpoints first) then stores
+// nothing again, and a lookup after it starts on the tier's blocks and states.
+func TestPrefixCacheTierStatesWriteThrough(t *testing.T) {
+	for _, model := range stateTierModels {
+		t.Run(model.Name, func(t *testing.T) {
+			e := openEnv(t, onShared, scaled, withLimit(1<<30), withConfig(kv.Config{Model: model, MaxTokens: 2048}))
+			m := tiertest.NewMap(64 << 20)
+			tier := &storeCounter{Tier: m}
+			pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{Tiers: []kv.Tier{tier}, TierPrefix: t.Name(), TierWait: time.Minute, TierWriteThrough: true})
+			require.NoError(t, err)
+			closeAtCleanup(t, pc)
+			bt := tierBlock(t, e.c)
+			ids := promptIDs(7, 5*bt+5)
+			s, _ := serveStates(t, pc, ids, bt)
+			require.True(t, s.Close().OK())
+			require.Eventually(t, func() bool { return m.Len() == 5 }, time.Minute, time.Millisecond)
+			assert.EqualValues(t, len(ids), pc.Stats().CachedTokens, "nothing was evicted")
+			// The entry is busy until its write-through ended (after its stores); an
+			// eviction's stores run within Evict.
+			require.Eventually(t, func() bool {
+				_, err := pc.Evict(1 << 40)
+				return err == nil && pc.Stats().CachedTokens == 0
+			}, time.Minute, time.Millisecond)
+			assert.EqualValues(t, 5, tier.stores.Load(), "stored through already: not again")
+			idleBooks(t, e, pc, "after the eviction")
+			q, hit := serveStates(t, pc, ids, 0)
+			assert.Equal(t, 5*bt, hit)
+			require.True(t, q.Close().OK())
+		})
+	}
+}
+
 // storeCounter counts the stores made into its tier.
 type storeCounter struct {
 	kv.Tier
