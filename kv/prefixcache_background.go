@@ -5,7 +5,23 @@ package kv
 // close entries and evict, so they sit above the index and eviction, which only pick
 // what to write down (prefixcache_tier.go).
 
-import "context"
+import (
+	"context"
+	"runtime"
+
+	"github.com/vmarena/vmarena/internal/lowprio"
+)
+
+// background moves the calling goroutine, one of the tiers' own that copies blocks
+// into the tiers and ends with its work, onto a thread of the lowest priority
+// (lowprio): on a machine of few CPUs its copies and checksums then take no CPU from a
+// thread that writes a decode step. Its stores hold no lock the token path waits for:
+// the entries they read are busy or out of the index, and a growth that waits for
+// one waits for its end, not its CPU. The thread ends with the goroutine.
+func background() {
+	runtime.LockOSThread()
+	lowprio.Lower()
+}
 
 // writeThrough stores e's whole blocks into the tiers now that e holds ranges of its
 // own and, under a reuse threshold, was hit often enough (TierWriteThrough), on one
@@ -55,9 +71,10 @@ type throughJob struct {
 	done chan struct{}
 }
 
-// storeWorker runs the write-throughs of the queue until seal closes it. No lock is
-// held.
+// storeWorker runs the write-throughs of the queue until seal closes it, on a thread
+// of the lowest priority (background). No lock is held.
 func (t *pcTiers) storeWorker() {
+	background()
 	for j := range t.queue {
 		t.through1(j)
 	}
@@ -145,6 +162,7 @@ func (t *pcTiers) closeAll(drop []*pcEntry, later bool) {
 	}
 	go func() {
 		defer t.bg.Done()
+		background()
 		for _, d := range drop {
 			d.close()
 		}
