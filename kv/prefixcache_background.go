@@ -15,9 +15,13 @@ import (
 // background moves the calling goroutine, one of the tiers' own that copies blocks
 // into the tiers and ends with its work, onto a thread of the lowest priority
 // (lowprio): on a machine of few CPUs its copies and checksums then take no CPU from a
-// thread that writes a decode step. Its stores hold no lock the token path waits for:
-// the entries they read are busy or out of the index, and a growth that waits for
-// one waits for its end, not its CPU. The thread ends with the goroutine.
+// thread that writes a decode step. Its stores hold no lock the token path waits for
+// (the entries they read are busy or out of the index). The one wait on them is a
+// growth's that finds nothing to evict but an entry whose write-through runs
+// (evictFor): that growth's thread sleeps meanwhile, leaving its CPU to the store,
+// but where other processes keep every CPU busy the store runs slower than at the
+// normal priority, as on a slow tier, each store bounded by TierWait. The thread ends
+// with the goroutine.
 func background() {
 	runtime.LockOSThread()
 	lowprio.Lower()
