@@ -472,7 +472,6 @@ const (
 // again at intervals (aheadPoll), or after long enough waits for a kick.
 func (a *ahead) run() {
 	defer a.done.Done()
-	background()
 	t := time.NewTimer(aheadPoll)
 	t.Stop()
 	defer t.Stop()
