@@ -123,6 +123,14 @@ func (c *Cache) WaitAhead() {
 // be set before the growth starts.
 func (pc *PrefixCache) OnStoringWait(f func()) { pc.tiers.onStoringWait = f }
 
+// Storing returns how many of pc's entries a write-through holds busy now; pc must
+// have tiers.
+func (pc *PrefixCache) Storing() int {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	return len(pc.tiers.storing)
+}
+
 // OnLoadWait has f called each time a lookup of pc starts to wait for a slot to load
 // from the tiers (TierLoads), with no lock held. pc must have tiers, and f must be
 // set before the lookup starts.

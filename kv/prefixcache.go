@@ -174,8 +174,10 @@ type PrefixCacheStats struct {
 	CheckpointBytes int64
 	// PendingCheckpointBytes is the bytes of the checkpoints that live sequences
 	// alone hold (recorded and not inserted yet, or started on by a hit of an entry
-	// that has left the index since): not part of CachedBytes, never evicted, gone
-	// with those sequences or held by an entry once one of them is inserted.
+	// that has left the index since), or a write-through into the tiers that still
+	// copies them after their entry let them go: not part of CachedBytes, never
+	// evicted, gone with those sequences (or that store) or held by an entry once one
+	// of them is inserted.
 	PendingCheckpointBytes int64
 }
 

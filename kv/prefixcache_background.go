@@ -54,7 +54,7 @@ func (t *pcTiers) writeThrough(pc *PrefixCache, e *pcEntry) {
 			go t.storeWorker()
 		}
 	}
-	t.holdStates(e, &p)
+	t.holdStatesLive(e, &p)
 	e.stored = p.last
 	e.busy++
 	done := make(chan struct{})
@@ -94,10 +94,14 @@ func (t *pcTiers) through1(j throughJob) {
 	e.busy--
 	delete(t.storing, e)
 	out := e.state() == entryOut // it left the index meanwhile: ours to close
+	// The cap could not take e while it was busy (an insert's, on a model of groups,
+	// finds it so at once): it may now.
+	drop, later := t.later(pc.capLocked())
 	pc.mu.Unlock()
 	if out {
 		e.close()
 	}
+	t.closeAll(drop, later)
 	close(j.done) // after the close: a growth waiting for it finds the memory back
 	t.repay(pc)
 }

@@ -74,10 +74,11 @@ type checkpoint struct {
 	// entries and live are the entries and the live sequences that hold it.
 	entries int32
 	live    int32
-	// writes is the write-downs into the tiers that read it (a tierPart's cks): once
-	// no entry or live sequence holds it, it counts nowhere and its bytes count as
-	// given back, as a holder's granules do, but its ranges close only when the last
-	// of them ended (ckUnwrite).
+	// writes is the eviction's write-downs into the tiers that read it (a holder's
+	// tierPart's cks; a write-through's holds it as a live sequence does): once no
+	// entry or live sequence holds it, it counts nowhere and its bytes count as given
+	// back, as a holder's granules do, but its ranges close only when the last of them
+	// ended (ckUnwrite).
 	writes int32
 	// down: a write-down held it (holdStates, pickTrim), so that the tiers have its
 	// states with the block ending at it, unless that store failed (a drop, counted):

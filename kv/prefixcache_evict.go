@@ -537,10 +537,37 @@ func (pc *PrefixCache) storingVictim() <-chan struct{} {
 	if t == nil || len(t.storing) == 0 {
 		return nil
 	}
+	if pc.c.multi {
+		return pc.storingVictimGroups()
+	}
 	if leaf := pc.victimOf(true, t.storing); leaf != nil {
 		return t.storing[leaf.Value()]
 	}
 	return nil
+}
+
+// storingVictimGroups is storingVictim on a cache of several groups: the least
+// recently used entry whose write-through runs and which an eviction step could take
+// memory from but for it (evictGroupStep's steps that give memory back: older window
+// units, older checkpoints, last units). pc.mu is held.
+func (pc *PrefixCache) storingVictimGroups() <-chan struct{} {
+	var best *pcEntry
+	for e := range pc.tiers.storing {
+		l := e.leaf
+		if e.closed || e.busy != 1 || l == nil || l.Pinned() || l.Children() > 0 {
+			continue // out of the index, or busy with more than its store
+		}
+		if pc.trimGain(l, true) == 0 && pc.ckTrimGain(l, true) == 0 && !pc.tailFree(l, true) {
+			continue
+		}
+		if best == nil || l.Used() < best.leaf.Used() {
+			best = e
+		}
+	}
+	if best == nil {
+		return nil
+	}
+	return pc.tiers.storing[best]
 }
 
 // ckTrimGain returns the bytes that leaf's entry would give back by its checkpoints

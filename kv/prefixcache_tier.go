@@ -207,13 +207,15 @@ type pcTiers struct {
 // namespace is ns (spaceNS); on a cache of several groups, held is the first token
 // each group of the entry held when it was picked, and on a cache with recurrent
 // groups cks the entry's checkpoints at the ends of blocks [first, last), ascending,
-// which the write-down holds (holdStates) until it ends (letStates).
+// which the write-down holds (holdStates) until it ends (letStates): as a live
+// sequence does where live is set (a write-through's, holdStatesLive).
 type tierPart struct {
 	tokens      []int32
 	first, last int
 	ns          uint64
 	held        []int
 	cks         []*checkpoint
+	live        bool
 }
 
 // tierWrite is what eviction picked of an entry to write down: its parts, copied out

@@ -60,20 +60,23 @@ import (
 // group's state (tierval.PartState) only where the entry written down held a
 // checkpoint at its block's end, all of them or none; a tier block is the least common
 // multiple of the other groups' blocks, and a server that wants its checkpoints to go
-// down checkpoints at their ends (Sequence.Checkpoint). The write-down holds the
-// checkpoints it copies (checkpoint.writes: holdStates) until its stores ended, so that
-// an eviction may count their memory given back at the pick as it does a holder's
-// granules; a checkpoint that eviction takes while its entry keeps its units
-// (trimCheckpoints) goes down with the tier block ending at it, from a holder
-// (pickTrim), unless a write-down took it already (checkpoint.down). A value without states never replaces one the tier holds (asked with
-// Contains first): the units of a block's tokens are the same, and the tier's value
-// may have them. A load serves a block's end only where its value has the states and
-// the window rule holds there; it writes the states of each such block into the new
-// sequence's recurrent ranges (the last one's stay), so that the sequence starts on
-// the states after exactly its match, and a hit with no such block serves the device's
-// match, whose states a checkpoint gave. A lookup that starts on a tier's states
-// records no checkpoint: a server that wants the device to keep them for the next
-// prompt checkpoints at the match (Sequence.Checkpoint), as after any prefill step.
+// down checkpoints at their ends (Sequence.Checkpoint). A write-down holds the
+// checkpoints it copies until its stores ended: an eviction's holder's as
+// checkpoint.writes (holdStates), so that the eviction counts their memory given back
+// at the pick, as it does the holder's granules (it closes the holder before it
+// returns); a write-through's as a live sequence does (holdStatesLive), so that their
+// memory counts as given back only once it ended, nothing waiting for it. A checkpoint
+// that eviction takes while its entry keeps its units (trimCheckpoints) goes down with
+// the tier block ending at it, from a holder (pickTrim), unless a write-down took it
+// already (checkpoint.down). A value without states never replaces one the tier holds
+// (asked with Contains first): the units of a block's tokens are the same, and the
+// tier's value may have them. A load serves a block's end only where its value has the
+// states and the window rule holds there; it writes the states of each such block into
+// the new sequence's recurrent ranges (the last one's stay), so that the sequence
+// starts on the states after exactly its match, and a hit with no such block serves
+// the device's match, whose states a checkpoint gave. A lookup that starts on a tier's
+// states records no checkpoint: a server that wants the device to keep them for the
+// next prompt checkpoints at the match (Sequence.Checkpoint), as after any prefill step.
 //
 // A write-through (TierWriteThrough) starts at the insert: an entry here is never
 // lazy, and holds ranges of its own from then on; a longer entry that displaces it
@@ -204,11 +207,26 @@ func (t *pcTiers) holdStates(e *pcEntry, p *tierPart) {
 	}
 	for _, ck := range e.ckpts {
 		if ck.n%t.bt == 0 && ck.n > p.first*t.bt && ck.n <= p.last*t.bt && ck.bufs != nil {
-			ref(&ck.writes, 1)
+			if p.live {
+				t.pc.ckRef(ck, 0, 1)
+			} else {
+				ref(&ck.writes, 1)
+			}
 			ck.down = true
 			p.cks = append(p.cks, ck)
 		}
 	}
+}
+
+// holdStatesLive is holdStates for a write-through's part, which holds the
+// checkpoints as a live sequence does: an eviction that takes one from its entries
+// meanwhile (the entry that displaced the one being stored) counts none of its bytes
+// as given back until the store ends, since nothing waits for that store (a holder's
+// write-down, by contrast, ends before the eviction that made it returns). pc.mu is
+// held.
+func (t *pcTiers) holdStatesLive(e *pcEntry, p *tierPart) {
+	p.live = true
+	t.holdStates(e, p)
 }
 
 // letStates ends w's holds on checkpoints (holdStates), once its stores ended or it
@@ -225,10 +243,15 @@ func (t *pcTiers) letStates(w *tierWrite) {
 // letStatesLocked is letStates with pc.mu held.
 func (t *pcTiers) letStatesLocked(w *tierWrite) {
 	for pi := range w.parts {
-		for _, ck := range w.parts[pi].cks {
-			t.pc.ckUnwrite(ck)
+		p := &w.parts[pi]
+		for _, ck := range p.cks {
+			if p.live {
+				t.pc.ckRef(ck, 0, -1)
+			} else {
+				t.pc.ckUnwrite(ck)
+			}
 		}
-		w.parts[pi].cks = nil
+		p.cks = nil
 	}
 }
 
