@@ -2,6 +2,7 @@ package kv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 
@@ -371,6 +372,7 @@ func (t *pcTiers) loadGroups(ns Namespace, s *Sequence, tokens []int32, m, limit
 			// units of one of them were not there): cut off, for the next tier to
 			// be asked for.
 			if err := s.Truncate(ld.served); err != nil {
+				t.statesAt(s, ld.served, min(m, s.n), err)
 				return min(m, s.n)
 			}
 			copy(ld.held, ld.atServed)
@@ -380,6 +382,7 @@ func (t *pcTiers) loadGroups(ns Namespace, s *Sequence, tokens []int32, m, limit
 		}
 	}
 	n := min(ld.served, s.n)
+	t.statesAt(s, ld.served, n, nil)
 	if ld.gap && n > m {
 		// Window units of blocks loaded without them lie below what the step at n
 		// reads: given back now, never held unwritten.
@@ -387,6 +390,20 @@ func (t *pcTiers) loadGroups(ns Namespace, s *Sequence, tokens []int32, m, limit
 
 	}
 	return n
+}
+
+// statesAt damages s, a lookup's new sequence whose loads wrote the recurrent states
+// after served tokens, where a failed truncate (err, or one inside a load) leaves it
+// to start on n tokens other than served: its states would not be those after its
+// tokens. Nothing is done on a cache without recurrent groups, or where n is served.
+func (t *pcTiers) statesAt(s *Sequence, served, n int, err error) {
+	if t.grp.states == 0 || n == served || s.err != nil {
+		return
+	}
+	if err == nil {
+		err = errors.New("a load left the sequence short")
+	}
+	s.err = fmt.Errorf("%w: %d tokens under the states after %d: %w", ErrDamaged, n, served, err)
 }
 
 // loadFromGroups is loadFrom on a cache of several groups: it loads from tier i the

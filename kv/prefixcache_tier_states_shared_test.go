@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/kv/tierval"
 	"github.com/vmarena/vmarena/kvtier/hosttier"
@@ -364,4 +365,43 @@ type storeCounter struct {
 func (c *storeCounter) Store(ctx context.Context, key tierval.Key, size int, fill func([]byte) error) error {
 	c.stores.Add(1)
 	return c.Tier.Store(ctx, key, size, fill)
+}
+
+// TestPrefixCacheTierStatesTruncateFails: where a load wrote the states after a block
+// and the cut of the blocks past it fails (the backing refuses the decommit), the new
+// sequence would start on other tokens than its states are after: it is damaged
+// (ErrDamaged on its next call), never served with wrong states, and its close gives
+// everything back. With the full group first its failed cut changes nothing of the
+// sequence (Truncate leaves it whole), so only the load knows the states are wrong.
+func TestPrefixCacheTierStatesTruncateFails(t *testing.T) {
+	fullFirst := kv.Model{Name: "tiny-next-full-first", Layers: 4, Groups: []kv.Group{
+		tinyNext.Groups[1], tinyNext.Groups[0]}}
+	for _, model := range []kv.Model{tinyNext, fullFirst} {
+		t.Run(model.Name, func(t *testing.T) {
+			e := openEnv(t, withLimit(1<<30), withFaults, withConfig(kv.Config{Model: model, MaxTokens: 2048}))
+			tier := tiertest.NewMap(64 << 20)
+			pc := newGroupTierCache(t, e.c, t.Name(), tier)
+			bt := tierBlock(t, e.c)
+			ids := promptIDs(7, 3*bt+5)
+			s, _, err := pc.Lookup(ids)
+			require.NoError(t, err)
+			require.NoError(t, prefillTo(s, ids, bt, 0))
+			require.NoError(t, s.Checkpoint(bt))
+			require.NoError(t, prefillTo(s, ids, len(ids), 0))
+			require.NoError(t, pc.Insert(s, ids))
+			require.True(t, s.Close().OK())
+			evictsAll(t, pc)
+
+			e.faults.FailOp(backingtest.OpDecommit, 1, errInjectedTier)
+			q, m, err := pc.Lookup(ids)
+			e.faults.Reset()
+			require.NoError(t, err, "a tier's failure is a shorter match, never an error of Lookup")
+			assert.Zero(t, m)
+			err = q.Append(1)
+			require.ErrorIs(t, err, kv.ErrDamaged)
+			assert.ErrorIs(t, err, errInjectedTier)
+			q.Close()
+			e.books(t, "after the damaged sequence closed")
+		})
+	}
 }
