@@ -322,14 +322,21 @@ func TestPrefixCacheGroupTierRandom(t *testing.T) {
 				name = model.Name + "/write-through"
 			}
 			t.Run(name, func(t *testing.T) {
-				testPrefixCacheGroupTierRandom(t, model, through)
+				testPrefixCacheGroupTierRandom(t, model, through, 43, func(pc *kv.PrefixCache, ids []int32) (*kv.Sequence, int) {
+					s, m, _, err := serveHybrid(pc, ids)
+					require.NoError(t, err)
+					return s, m
+				})
 			})
 		}
 	}
 }
 
-func testPrefixCacheGroupTierRandom(t *testing.T, model kv.Model, through bool) {
-	e := openEnv(t, onShared, scaled, withConfig(kv.Config{Model: model, MaxTokens: 512}))
+// testPrefixCacheGroupTierRandom is TestPrefixCacheGroupTierRandom's run on model, by
+// write-through or write-back, its prompts drawn from seed, each served by serve (a
+// lookup that checks its hit, a prefill, an insert).
+func testPrefixCacheGroupTierRandom(t *testing.T, model kv.Model, through bool, seed uint64, serve func(*kv.PrefixCache, []int32) (*kv.Sequence, int)) {
+	e := openEnv(t, onShared, scaled, withLimit(1<<30), withConfig(kv.Config{Model: model, MaxTokens: 512}))
 	// NB: the tier's budget and the evictions in bytes scale with the model's bytes
 	// per token, so that they hold and evict as many tokens on every granule.
 	k := scaleOf(onShared)
@@ -339,15 +346,14 @@ func testPrefixCacheGroupTierRandom(t *testing.T, model kv.Model, through bool) 
 	pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{Tiers: []kv.Tier{ht}, TierPrefix: t.Name(), TierWait: time.Minute, TierWriteThrough: through})
 	require.NoError(t, err)
 	closeAtCleanup(t, pc)
-	r := rand.New(rand.NewPCG(43, uint64(len(model.Groups))))
+	r := rand.New(rand.NewPCG(seed, uint64(len(model.Groups))))
 	var made [][]int32
 	var queries, hits int64
 	tierHits := 0
 	for range 80 {
 		ids := hybridStream(r, made)
 		before := pc.Stats().Tiers[0].Hits
-		s, m, _, err := serveHybrid(pc, ids)
-		require.NoError(t, err)
+		s, m := serve(pc, ids)
 		require.LessOrEqual(t, m, longestCommon(made, ids))
 		require.NoError(t, checkHeldIDs(s, ids, 0, len(ids)))
 		if pc.Stats().Tiers[0].Hits > before {

@@ -16,7 +16,6 @@ import (
 	"github.com/vmarena/vmarena/backing/backingtest"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/kv/tierval"
-	"github.com/vmarena/vmarena/kvtier/hosttier"
 	"github.com/vmarena/vmarena/kvtier/tiertest"
 )
 
@@ -252,13 +251,11 @@ func TestPrefixCacheTierStatesClose(t *testing.T) {
 	idleBooks(t, e2, pc2, "after the lookups")
 }
 
-// TestPrefixCacheTierStatesRandom: random prompts (new ones, earlier ones and their
-// continuations) on recurrent hybrids with a host tier small enough to evict, random
-// evictions of the device's cache, checkpoints at every tier block's end and at some
-// prompts' ends, by write-back and by write-through: every hit, from the device, the
-// tier or both, reads back every token and the states after it, and is no longer
-// than what an earlier prompt shares; no tier value is refused; the counts add up
-// and the books are exact after every request (write-back) and after Close.
+// TestPrefixCacheTierStatesRandom is TestPrefixCacheGroupTierRandom on recurrent
+// hybrids: random prompts with a host tier small enough to evict, random evictions,
+// checkpoints at every tier block's end and at some prompts' ends, by write-back and
+// by write-through; every hit, from the device, the tier or both, reads back every
+// token and the states after it.
 func TestPrefixCacheTierStatesRandom(t *testing.T) {
 	for _, model := range stateTierModels {
 		for _, through := range []bool{false, true} {
@@ -267,56 +264,22 @@ func TestPrefixCacheTierStatesRandom(t *testing.T) {
 				name = model.Name + "/write-through"
 			}
 			t.Run(name, func(t *testing.T) {
-				e := openEnv(t, onShared, scaled, withLimit(1<<30), withConfig(kv.Config{Model: model, MaxTokens: 512}))
-				k := scaleOf(onShared)
-				ht, err := hosttier.New(hosttier.Options{Budget: int64(k) << 20, Granule: 4 << 10})
-				require.NoError(t, err)
-				t.Cleanup(func() { assert.NoError(t, ht.Close()) })
-				pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{Tiers: []kv.Tier{ht}, TierPrefix: t.Name(), TierWait: time.Minute, TierWriteThrough: through})
-				require.NoError(t, err)
-				closeAtCleanup(t, pc)
-				bt := tierBlock(t, e.c)
-				r := rand.New(rand.NewPCG(47, uint64(len(model.Groups))))
-				var made [][]int32
-				var queries, hits int64
-				tierHits := 0
-				for range 80 {
-					ids := hybridStream(r, made)
-					before := pc.Stats().Tiers[0].Hits
+				r := rand.New(rand.NewPCG(49, 1))
+				testPrefixCacheGroupTierRandom(t, model, through, 47, func(pc *kv.PrefixCache, ids []int32) (*kv.Sequence, int) {
 					s, m, err := pc.Lookup(ids)
 					require.NoError(t, err)
-					require.LessOrEqual(t, m, longestCommon(made, ids))
+					bt := tierBlock(t, s.Cache())
 					require.NoError(t, checkHeldIDs(s, ids, 0, m))
 					if m > 0 {
 						require.NoError(t, checkStates(s, ids[:m]))
-					}
-					if pc.Stats().Tiers[0].Hits > before {
-						tierHits++
 					}
 					require.NoError(t, prefillTo(s, ids, len(ids), bt))
 					if r.IntN(3) == 0 && len(ids)%bt != 0 {
 						require.NoError(t, s.Checkpoint(len(ids)), "the prompt's end")
 					}
 					require.NoError(t, pc.Insert(s, ids))
-					queries += int64(len(ids))
-					hits += int64(m)
-					made = append(made, ids)
-					require.True(t, s.Close().OK())
-					if r.IntN(3) == 0 {
-						_, err := pc.Evict(int64(r.IntN(1<<16)) * int64(k))
-						require.NoError(t, err)
-					}
-					if !through {
-						idleBooks(t, e, pc, "after a request")
-					}
-				}
-				st := pc.Stats()
-				assert.Equal(t, queries, st.Queries)
-				assert.Equal(t, hits, st.Hits)
-				assert.Zero(t, st.Tiers[0].Invalid)
-				assert.Positive(t, tierHits, "lookups that loaded from the tier")
-				require.NoError(t, pc.Close())
-				e.books(t, "after the close, every block written down")
+					return s, m
+				})
 			})
 		}
 	}
