@@ -78,3 +78,21 @@ func TestCheckpointReplay(t *testing.T) {
 	assert.Regexp(t, `vmarena\+prefix-cache: [1-9][0-9]* hit tokens read back`, out, "some hits, each read back")
 	assert.False(t, strings.Contains(errOut, "kvcache:"), errOut)
 }
+
+// TestCheckpointReplayTiers runs the same replay with a host tier under a device
+// budget too small for its states: the blocks and the checkpoints' states go down into
+// the tier and come back, every hit token and state read back as written (-verify),
+// no value refused.
+func TestCheckpointReplayTiers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replays 38 MiB states")
+	}
+	code, out, errOut := runArgs(t, "-model", "qwen3-next-80b-a3b", "-trace", "mooncake", "-requests", "4", "-max-tokens", "2048",
+		"-budget", "320MiB", "-host-tier-budget", "1GiB", "-tiers", "host", "-strategies", "vmarena+prefix-cache,vmarena+tiers",
+		"-verify", "-progress", "none", "-out", t.TempDir())
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+	assert.Regexp(t, `vmarena\+tiers +[0-9.]+% +[0-9.]+% +[0-9.]+% +[0-9.]+% +[1-9][0-9]* tokens +[0-9]+% +[1-9]`, out,
+		"blocks evicted, written down and stored")
+	assert.Regexp(t, `(?m)^ *vmarena\+tiers .* [1-9][0-9]* tokens$`, out, "hits read back (checked)")
+	assert.False(t, strings.Contains(errOut, "kvcache:"), errOut)
+}
