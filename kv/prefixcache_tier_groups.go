@@ -71,7 +71,8 @@ import (
 // the tier block ending at it, from a holder (pickTrim), unless a write-down took it
 // already (checkpoint.down). A value without states never replaces one the tier holds
 // (asked with Contains first): the units of a block's tokens are the same, and the
-// tier's value may have them. A load serves a block's end only where its value has the
+// tier's value may have them; a value a load refuses is deleted, so that it does not
+// stay for want of one with states to replace it. A load serves a block's end only where its value has the
 // states and the window rule holds there; it writes the states of each such block into
 // the new sequence's recurrent ranges (the last one's stay), so that the sequence
 // starts on the states after exactly its match, and a hit with no such block serves
@@ -493,6 +494,12 @@ func (t *pcTiers) loadFromGroups(ctx context.Context, i int, tier Tier, s *Seque
 		})
 		if err != nil {
 			t.loadFailed(i, blk, err, invalid)
+			if invalid && tg.states > 0 {
+				// A value without states never replaces one the tier holds (see
+				// writeBackGroups), so a refused one would stay: deleted, so that a
+				// write-down may put a good one there.
+				_ = tier.Delete(ctx, keys[got])
+			}
 			break
 		}
 		t.count(i, func(st *TierStats) { st.LoadBytes += int64(size) })

@@ -368,3 +368,48 @@ func TestPrefixCacheTierStatesTruncateFails(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefixCacheTierStatesRefusedReplaced: a refused value is deleted from the tier
+// by the load that refused it, so that the next write-down of its block, which has no
+// states there, puts a good one in its place (a value without states never replaces
+// one the tier holds) and the blocks past it serve again.
+func TestPrefixCacheTierStatesRefusedReplaced(t *testing.T) {
+	tier := tiertest.NewMap(64 << 20)
+	e, pc, bt := stateTierEnv(t, tinyNext, onShared, tier)
+	ids := promptIDs(7, 2*bt+5)
+	serveAt := func() (*kv.Sequence, int) {
+		s, m, err := pc.Lookup(ids)
+		require.NoError(t, err)
+		if m > 0 {
+			require.NoError(t, checkStates(s, ids[:m]))
+		}
+		require.NoError(t, prefillTo(s, ids, 2*bt, 0))
+		if s.Len() == 2*bt && m < 2*bt {
+			require.NoError(t, s.Checkpoint(2*bt))
+		}
+		require.NoError(t, prefillTo(s, ids, len(ids), 0))
+		require.NoError(t, pc.Insert(s, ids))
+		return s, m
+	}
+	s, _ := serveAt()
+	require.True(t, s.Close().OK())
+	evictsAll(t, pc)
+	keys := groupTierKeys(t, e.c, t.Name(), ids)
+	ctx := context.Background()
+	// Block 0's value (no states) damaged in the tier: its last byte flipped.
+	var v []byte
+	require.NoError(t, tier.Load(ctx, keys[0], func(src []byte) error { v = slices.Clone(src); return nil }))
+	v[len(v)-1] ^= 0xff
+	require.NoError(t, tier.Store(ctx, keys[0], len(v), func(dst []byte) error { copy(dst, v); return nil }))
+
+	s, m := serveAt()
+	assert.Zero(t, m, "block 0 refused: nothing past it loaded")
+	assert.EqualValues(t, 1, pc.Stats().Tiers[0].Invalid)
+	require.True(t, s.Close().OK())
+	evictsAll(t, pc)
+	s, m = serveAt()
+	assert.Equal(t, 2*bt, m, "block 0 written again, and block 1's states loaded past it")
+	require.True(t, s.Close().OK())
+	assert.EqualValues(t, 1, pc.Stats().Tiers[0].Invalid)
+	idleBooks(t, e, pc, "after the lookups")
+}
