@@ -304,8 +304,8 @@ func cutOff(cut *pcEntry, freed int64, d *pcEntry) (int64, *pcEntry) {
 	case cut == nil:
 		return freed, d
 	case d != nil:
-		cut.wb.t.letStatesLocked(cut.wb)
-		cut.wb, cut.then = nil, d
+		cut.wb.dropped = true // closed unwritten, its holds let go (writeDown)
+		cut.then = d
 	}
 	return freed, cut
 }
@@ -395,16 +395,6 @@ func (pc *PrefixCache) ckRef(ck *checkpoint, de, dl int32) int64 {
 	// NB: else a write-down still reads it; its ranges close as the last ends
 	// (ckUnwrite), and its bytes count as given back now, as a holder's granules do.
 	return ck.bytes
-}
-
-// ckUnwrite ends a write-down's hold on ck (checkpoint.writes) and closes its ranges
-// when it was the last thing to hold it. pc.mu is held.
-func (pc *PrefixCache) ckUnwrite(ck *checkpoint) {
-	ref(&ck.writes, -1)
-	if ck.writes == 0 && ck.entries == 0 && ck.live == 0 && ck.bufs != nil {
-		pc.c.release(ck.bufs)
-		ck.bufs = nil
-	}
 }
 
 // latest returns the last of cks (ascending by n) at or below n, and its index, or

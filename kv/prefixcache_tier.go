@@ -223,6 +223,9 @@ type tierPart struct {
 type tierWrite struct {
 	t     *pcTiers
 	parts []tierPart
+	// dropped: nothing is written (the entry's ranges failed under the holder); its
+	// close only lets the parts' holds go.
+	dropped bool
 }
 
 // tierPending is the parts of an origin's evicted lazy entries (pcTiers.pending), and

@@ -109,6 +109,10 @@ func (t *pcTiers) loadFor(ns Namespace, s *Sequence, tokens []int32, m, limit in
 // entry's close and a write-through call. NB: the other write-downs (a lazy entry's,
 // one a miss's spare makes) are of one group's caches only, and call writeBack.
 func (t *pcTiers) writeDown(ctx context.Context, s *Sequence, w *tierWrite) {
+	if w.dropped {
+		t.letStates(w)
+		return
+	}
 	if t.grp != nil {
 		t.writeBackGroups(ctx, s, w)
 		return
@@ -198,63 +202,6 @@ func (t *pcTiers) present(p *tierPart, gi, b int) int {
 	}
 	first := (p.held[gi] + g.tpb - 1) / g.tpb // the first unit wholly held
 	return min(max((b+1)*per-first, 0), per)
-}
-
-// holdStates makes p, a part of e about to be written down, hold e's checkpoints at
-// the ends of its blocks (tierPart.cks), so that their states are there to copy once
-// no lock is held. pc.mu is held.
-func (t *pcTiers) holdStates(e *pcEntry, p *tierPart) {
-	if t.grp == nil || t.grp.states == 0 {
-		return
-	}
-	for _, ck := range e.ckpts {
-		if ck.n%t.bt == 0 && ck.n > p.first*t.bt && ck.n <= p.last*t.bt && ck.bufs != nil {
-			if p.live {
-				t.pc.ckRef(ck, 0, 1)
-			} else {
-				ref(&ck.writes, 1)
-			}
-			ck.down = true
-			p.cks = append(p.cks, ck)
-		}
-	}
-}
-
-// holdStatesLive is holdStates for a write-through's part, which holds the
-// checkpoints as a live sequence does: an eviction that takes one from its entries
-// meanwhile (the entry that displaced the one being stored) counts none of its bytes
-// as given back until the store ends, since nothing waits for that store (a holder's
-// write-down, by contrast, ends before the eviction that made it returns). pc.mu is
-// held.
-func (t *pcTiers) holdStatesLive(e *pcEntry, p *tierPart) {
-	p.live = true
-	t.holdStates(e, p)
-}
-
-// letStates ends w's holds on checkpoints (holdStates), once its stores ended or it
-// is dropped unwritten. No lock is held.
-func (t *pcTiers) letStates(w *tierWrite) {
-	if t.grp == nil || t.grp.states == 0 {
-		return
-	}
-	t.pc.mu.Lock()
-	t.letStatesLocked(w)
-	t.pc.mu.Unlock()
-}
-
-// letStatesLocked is letStates with pc.mu held.
-func (t *pcTiers) letStatesLocked(w *tierWrite) {
-	for pi := range w.parts {
-		p := &w.parts[pi]
-		for _, ck := range p.cks {
-			if p.live {
-				t.pc.ckRef(ck, 0, -1)
-			} else {
-				t.pc.ckUnwrite(ck)
-			}
-		}
-		p.cks = nil
-	}
 }
 
 // writeBackGroups is writeBack on a cache of several groups: one grouped value per
@@ -601,8 +548,7 @@ func (t *pcTiers) pickTrim(e *pcEntry, leaf *radix.Node[*pcEntry], cks []*checkp
 		return nil
 	}
 	for _, p := range parts {
-		ref(&p.cks[0].writes, 1)
-		p.cks[0].down = true
+		holdWrite(p.cks[0])
 	}
 	return &pcEntry{seq: h, closed: true, wb: &tierWrite{t: t, parts: parts}}
 }
