@@ -90,7 +90,7 @@ func newTiersOf(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
 	if !c.multi || len(opts.Tiers) == 0 {
 		return newTiers(c, opts, nil, c.tpb)
 	}
-	grp, bt, err := newTierGroups(c)
+	grp, bt, err := newTierGroups(c.cfg.Model, c.cfg.Layout, c.cfg.MaxTokens, c.groups)
 	if err != nil {
 		return nil, err
 	}
@@ -130,29 +130,28 @@ type tierGroups struct {
 	states int   // recurrent groups: their parts are present in a value, all or none
 }
 
-// newTierGroups returns the tiers' part of a cache of several groups and its tier
-// block's tokens, or an error matching ErrConfig: a layout other than Blocked, or a
-// tier block past MaxTokens.
-func newTierGroups(c *Cache) (*tierGroups, int, error) {
-	m := c.cfg.Model
-	if c.cfg.Layout != Blocked {
-		return nil, 0, fmt.Errorf("%w: tiers store whole blocks, and only the Blocked layout lays a block out as one contiguous unit (layout %v)", ErrConfig, c.cfg.Layout)
+// newTierGroups returns the tiers' part of a cache of model m's groups in layout, of
+// at most maxTokens a sequence, and its tier block's tokens, or an error matching
+// ErrConfig: a layout other than Blocked, or a tier block past maxTokens.
+func newTierGroups(m Model, layout Layout, maxTokens int, groups []group) (*tierGroups, int, error) {
+	if layout != Blocked {
+		return nil, 0, fmt.Errorf("%w: tiers store whole blocks, and only the Blocked layout lays a block out as one contiguous unit (layout %v)", ErrConfig, layout)
 	}
 	bt := 1
-	for gi := range c.groups {
-		g := &c.groups[gi]
+	for gi := range groups {
+		g := &groups[gi]
 		if g.state > 0 {
 			continue // no units: a value carries its state after the block, or none
 		}
 		bt = lcm(bt, g.tpb)
-		if bt > c.cfg.MaxTokens {
-			return nil, 0, fmt.Errorf("%w: a tier block holds whole blocks of every group, %d tokens or more, more than MaxTokens %d", ErrConfig, bt, c.cfg.MaxTokens)
+		if bt > maxTokens {
+			return nil, 0, fmt.Errorf("%w: a tier block holds whole blocks of every group, %d tokens or more, more than MaxTokens %d", ErrConfig, bt, maxTokens)
 		}
 	}
-	tg := &tierGroups{per: make([]int, len(c.groups)), parts: make([]int, len(c.groups))}
-	gl := make([]tierval.GroupLayout, len(c.groups))
-	for gi := range c.groups {
-		g := &c.groups[gi]
+	tg := &tierGroups{per: make([]int, len(groups)), parts: make([]int, len(groups))}
+	gl := make([]tierval.GroupLayout, len(groups))
+	for gi := range groups {
+		g := &groups[gi]
 		s := g.spec
 		if g.state > 0 {
 			tg.parts[gi] = g.state

@@ -3,6 +3,9 @@ package kv
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"fmt"
+
+	"github.com/vmarena/vmarena/kv/tierval"
 )
 
 // TierNamespace returns the namespace of a cache's blocks in a tier: a fingerprint of
@@ -101,4 +104,40 @@ func namespaceSum(b []byte, prefix string) uint64 {
 func appendString(b []byte, s string) []byte {
 	b = binary.LittleEndian.AppendUint64(b, uint64(len(s)))
 	return append(b, s...)
+}
+
+// TierValueSize returns the bytes of the largest value a cache of cfg on granules of
+// granule bytes stores into its tiers (PrefixCacheOptions.Tiers): a tier block's
+// bytes of every group, a recurrent group's states where a checkpoint ends the block,
+// and the value's header and tokens. A tier that bounds its values
+// (kvtier/redistier's and kvtier/filetier's MaxValueSize) must take at least that
+// many, or every store of such a value is a counted drop (TierStats.Drops): a server
+// sizes its tiers with it before it makes the cache. On 2 MiB granules a value of
+// Qwen3-Next-80B-A3B is 43.7 MiB (6 MiB of K/V, 37.7 MiB of states), of
+// gemma-3-27b 62 MiB and of gpt-oss-20b 14 MiB (a tier block of each group's blocks),
+// all above redistier's default 8 MiB.
+// A configuration the cache can not be built from is refused with ErrModel or
+// ErrConfig, as is one whose prefix cache would refuse tiers (a layout other than
+// Blocked, a tier block past MaxTokens).
+func TierValueSize(cfg Config, granule int) (int, error) {
+	m, err := cfg.model()
+	if err != nil {
+		return 0, err
+	}
+	groups, _, err := newGroups(m, cfg.Layout, granule, cfg.BlockTokens, cfg.RunTokens, cfg.MaxTokens)
+	if err != nil {
+		return 0, err
+	}
+	if len(groups) == 1 && groups[0].fullLike() {
+		g := &groups[0]
+		if cfg.Layout != Blocked || g.nbuf != 1 || g.tpb <= 0 {
+			return 0, fmt.Errorf("%w: tiers store whole blocks, and only the Blocked layout lays a block out as one contiguous unit (layout %v)", ErrConfig, cfg.Layout)
+		}
+		return tierval.Size(g.tpb, g.unit), nil
+	}
+	tg, bt, err := newTierGroups(m, cfg.Layout, cfg.MaxTokens, groups)
+	if err != nil {
+		return 0, err
+	}
+	return tg.layout.Size(bt, tg.parts), nil
 }

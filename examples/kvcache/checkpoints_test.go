@@ -79,20 +79,21 @@ func TestCheckpointReplay(t *testing.T) {
 	assert.False(t, strings.Contains(errOut, "kvcache:"), errOut)
 }
 
-// TestCheckpointReplayTiers runs the same replay with a host tier under a device
-// budget too small for its states: the blocks and the checkpoints' states go down into
-// the tier and come back, every hit token and state read back as written (-verify),
-// no value refused.
+// TestCheckpointReplayTiers runs the same replay with a host tier and Redis (a
+// redis-server the example starts) under a device budget too small for its states:
+// the blocks and the checkpoints' states go down into both tiers, none dropped (the
+// Redis tier takes values of kv.TierValueSize, 43.7 MiB here, above its default 8 MiB),
+// every hit token and state read back as written (-verify), no value refused.
 func TestCheckpointReplayTiers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("replays 38 MiB states")
 	}
 	code, out, errOut := runArgs(t, "-model", "qwen3-next-80b-a3b", "-trace", "mooncake", "-requests", "4", "-max-tokens", "2048",
-		"-budget", "320MiB", "-host-tier-budget", "1GiB", "-tiers", "host", "-strategies", "vmarena+prefix-cache,vmarena+tiers",
-		"-verify", "-progress", "none", "-out", t.TempDir())
+		"-budget", "320MiB", "-host-tier-budget", "1GiB", "-tiers", "host,redis", "-tier-wait", "30s",
+		"-strategies", "vmarena+prefix-cache,vmarena+tiers", "-verify", "-progress", "none", "-out", t.TempDir())
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
-	assert.Regexp(t, `vmarena\+tiers +[0-9.]+% +[0-9.]+% +[0-9.]+% +[0-9.]+% +[1-9][0-9]* tokens +[0-9]+% +[1-9]`, out,
-		"blocks evicted, written down and stored")
+	assert.Regexp(t, `vmarena\+tiers +[0-9.]+% +[0-9.]+% +[0-9.]+% +[0-9.]+% +[0-9.]+% +[1-9][0-9]* tokens +[1-9][0-9]*% / [1-9][0-9]*% +[1-9][0-9.]* [MG]iB +[0-9.]+ [KMG]?i?B +0 / 0 +0 / 0 +0 / 0`, out,
+		"blocks evicted, written down and stored into both tiers, none dropped or refused")
 	assert.Regexp(t, `(?m)^ *vmarena\+tiers .* [1-9][0-9]* tokens$`, out, "hits read back (checked)")
 	assert.False(t, strings.Contains(errOut, "kvcache:"), errOut)
 }

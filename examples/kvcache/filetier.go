@@ -35,10 +35,15 @@ type fileTierSetup struct {
 	dir string
 }
 
-// open opens the file tier on its directory: a warm start on what a run before
-// left there. Its lines (what the warm start found) go to stderr.
-func (f fileTierSetup) open() (*filetier.Tier, error) {
-	ft, err := filetier.New(filetier.Options{Dir: f.dir, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+// open opens the file tier on its directory, for values of up to valueSize bytes
+// (at least filetier's default bound): a warm start on what a run before left there.
+// Its lines (what the warm start found) go to stderr.
+func (f fileTierSetup) open(valueSize int) (*filetier.Tier, error) {
+	var bound int // filetier's default
+	if valueSize > filetier.DefaultMaxValueSize {
+		bound = valueSize
+	}
+	ft, err := filetier.New(filetier.Options{Dir: f.dir, MaxValueSize: bound, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
 	if err != nil {
 		return nil, fmt.Errorf("file tier: %w", err)
 	}

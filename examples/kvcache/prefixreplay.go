@@ -272,7 +272,11 @@ func buildPrefixReplica(name string, s setup, replica int) (pstrategy, *accounti
 			if k.blockTokens, err = blockTokens(cs.c); err != nil {
 				return nil, nil, errors.Join(err, cs.Close())
 			}
-			bt, err := s.tiers.build(b.gov, replica)
+			vs, err := kv.TierValueSize(cs.c.Config(), cs.c.Granularity())
+			if err != nil {
+				return nil, nil, errors.Join(err, cs.Close())
+			}
+			bt, err := s.tiers.build(b.gov, replica, vs)
 			if err != nil {
 				return nil, nil, errors.Join(err, cs.Close())
 			}

@@ -208,8 +208,9 @@ type builtTiers struct {
 }
 
 // build makes replica's tiers in -tiers order, its host tier charged to gov on a
-// device of tier accounting.HostTier.
-func (t *tierSetup) build(gov *accounting.Governor, replica int) (builtTiers, error) {
+// device of tier accounting.HostTier, each tier that bounds its values taking values
+// of valueSize bytes (kv.TierValueSize of the cache they serve).
+func (t *tierSetup) build(gov *accounting.Governor, replica, valueSize int) (builtTiers, error) {
 	var b builtTiers
 	var closers []func() error
 	closeAll := func() error {
@@ -233,14 +234,17 @@ func (t *tierSetup) build(gov *accounting.Governor, replica int) (builtTiers, er
 			b.tiers, closers = append(b.tiers, ht), append(closers, ht.Close)
 			b.stores = append(b.stores, func() int64 { return ht.Stats().Stores })
 		case tierRedis:
-			rt, err := redistier.New(t.client, redistier.Options{Prefix: t.keys})
+			if valueSize > redistier.MaxValueSizeLimit {
+				return b, errors.Join(fmt.Errorf("redis tier: the model's tier values are %d bytes, above Redis's largest string (%d)", valueSize, redistier.MaxValueSizeLimit), closeAll())
+			}
+			rt, err := redistier.New(t.client, redistier.Options{Prefix: t.keys, MaxValueSize: max(valueSize, redistier.DefaultMaxValueSize)})
 			if err != nil {
 				return b, errors.Join(fmt.Errorf("redis tier: %w", err), closeAll())
 			}
 			b.tiers = append(b.tiers, &bookTier{Tier: rt, book: t.book, replica: replica})
 			b.stores = append(b.stores, func() int64 { return rt.Stats().Stores })
 		case tierFile:
-			ft, err := t.file.open()
+			ft, err := t.file.open(valueSize)
 			if err != nil {
 				return b, errors.Join(err, closeAll())
 			}
