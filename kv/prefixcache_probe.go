@@ -59,7 +59,11 @@ func (p Probe) Tiered() int { return p.Total - p.Device }
 // another request's Lookup may change it before the Lookup is made. Where the budget
 // can not take all of the tier loads, a Lookup loads fewer of them (TierStats.Unfit)
 // and Commit is an upper bound; so it is on a miss that takes over an evicted entry's
-// committed granules (see Lookup).
+// committed granules (see Lookup). On a model of several groups each tier's count is
+// an upper bound too: it is the run of blocks the tier holds, and a Lookup serves only
+// up to the last of them at which every window group holds what the step reads and,
+// with recurrent groups, whose value carries the states (prefixcache_tier_groups.go),
+// which only reading the values tells.
 //
 // Without tiers it costs about a Match (BenchmarkProbe). With tiers, past a device
 // hit that does not cover the prompt, it also hashes the prompt's whole blocks (as
