@@ -58,27 +58,28 @@ import (
 //
 // Recurrent groups beside the others (Qwen3-Next: see prefixcache_checkpoint.go). A
 // state after n tokens is a function of all n, so a value carries each recurrent
-// group's state (tierval.PartState) only where the entry written down held a
-// checkpoint at its block's end, all of them or none; a tier block is the least common
-// multiple of the other groups' blocks, and a server that wants its checkpoints to go
-// down checkpoints at their ends (Sequence.Checkpoint). A write-down holds the
-// checkpoints it copies until its stores ended: an eviction's holder's as
-// checkpoint.writes (holdStates), so that the eviction counts their memory given back
-// at the pick, as it does the holder's granules (it closes the holder before it
-// returns); a write-through's as a live sequence does (holdStatesLive), so that their
-// memory counts as given back only once it ended, nothing waiting for it. A checkpoint
-// that eviction takes while its entry keeps its units (trimCheckpoints) goes down with
-// the tier block ending at it, from a holder (pickTrim), unless a write-down took it
-// already (checkpoint.down). A value without states never replaces one the tier holds
-// (asked with Contains first): the units of a block's tokens are the same, and the
-// tier's value may have them; a value a load refuses is deleted, so that it does not
-// stay for want of one with states to replace it. A load serves a block's end only where its value has the
-// states and the window rule holds there; it writes the states of each such block into
-// the new sequence's recurrent ranges (the last one's stay), so that the sequence
-// starts on the states after exactly its match, and a hit with no such block serves
-// the device's match, whose states a checkpoint gave. A lookup that starts on a tier's
-// states records no checkpoint: a server that wants the device to keep them for the
-// next prompt checkpoints at the match (Sequence.Checkpoint), as after any prefill step.
+// group's state (tierval.PartState) only where the entry written down held a checkpoint
+// at its block's end, all of them or none; a tier block is the least common multiple of
+// the other groups' blocks, and a server that wants its checkpoints to go down
+// checkpoints at their ends (Sequence.Checkpoint). A write-down holds the checkpoints
+// it copies until its stores ended: an eviction's holder's as checkpoint.writes
+// (holdStates), so that the eviction counts their memory given back at the pick, as it
+// does the holder's granules (it closes the holder before it returns); a
+// write-through's as a live sequence does (holdStatesLive), so that their memory counts
+// as given back only once it ended, nothing waiting for it. A checkpoint that eviction
+// takes while its entry keeps its units (trimCheckpoints) goes down with the tier block
+// ending at it, from a holder (pickTrim), unless a write-down took it already
+// (checkpoint.down). A value without states never replaces one the tier holds (asked
+// with Contains first): the units of a block's tokens are the same, and the tier's
+// value may have them; a value a load refuses is deleted, so that it does not stay for
+// want of one with states to replace it. A load serves a block's end only where its
+// value has the states and the window rule holds there; it writes the states of each
+// such block into the new sequence's recurrent ranges (the last one's stay), so that
+// the sequence starts on the states after exactly its match, and a hit with no such
+// block serves the device's match, whose states a checkpoint gave. A lookup that starts
+// on a tier's states records no checkpoint: a server that wants the device to keep them
+// for the next prompt checkpoints at the match (Sequence.Checkpoint), as after any
+// prefill step.
 //
 // A write-through (TierWriteThrough) starts at the insert: an entry here is never
 // lazy, and holds ranges of its own from then on; a longer entry that displaces it
