@@ -107,9 +107,10 @@ func appendString(b []byte, s string) []byte {
 }
 
 // TierValueSize returns the bytes of the largest value a cache of cfg on granules of
-// granule bytes stores into its tiers (PrefixCacheOptions.Tiers): a tier block's
-// bytes of every group, a recurrent group's states where a checkpoint ends the block,
-// and the value's header and tokens. A tier that bounds its values
+// granule bytes may store into its tiers (PrefixCacheOptions.Tiers): a tier block's
+// bytes of every group (a window group's units all there, as an entry inserted right
+// after its prefill holds them), a recurrent group's states where a checkpoint ends
+// the block, and the value's header and tokens. A tier that bounds its values
 // (kvtier/redistier's and kvtier/filetier's MaxValueSize) must take at least that
 // many, or every store of such a value is a counted drop (TierStats.Drops): a server
 // sizes its tiers with it before it makes the cache. On 2 MiB granules a value of
