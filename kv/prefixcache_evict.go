@@ -601,24 +601,22 @@ func (pc *PrefixCache) trimCheckpoints(leaf *radix.Node[*pcEntry], frees bool) (
 	e := leaf.Value()
 	last := len(e.ckpts) - 1
 	var gone []*checkpoint
+	kept := e.ckpts[:0]
 	for i, ck := range e.ckpts {
 		if i < last && trimmable(ck, frees) {
 			gone = append(gone, ck)
+		} else {
+			kept = append(kept, ck)
 		}
-	}
-	held := pc.tiers.pickTrim(e, leaf, gone)
-	kept := e.ckpts[:0]
-	var freed int64
-	for i, ck := range e.ckpts {
-		if i < last && trimmable(ck, frees) {
-			freed += pc.ckRef(ck, -1, 0)
-			pc.evictions++
-			continue
-		}
-		kept = append(kept, ck)
 	}
 	clear(e.ckpts[len(kept):])
 	e.ckpts = kept
+	held := pc.tiers.pickTrim(e, leaf, gone) // NB: before ckRef lets them go
+	var freed int64
+	for _, ck := range gone {
+		freed += pc.ckRef(ck, -1, 0)
+	}
+	pc.evictions += int64(len(gone))
 	pc.evictedBytes += freed
 	return freed, held
 }
