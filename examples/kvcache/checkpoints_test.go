@@ -82,8 +82,9 @@ func TestCheckpointReplay(t *testing.T) {
 // TestCheckpointReplayTiers runs the same replay with a host tier and Redis (a
 // redis-server the example starts) under a device budget too small for its states:
 // the blocks and the checkpoints' states go down into both tiers, none dropped (the
-// Redis tier takes values of kv.TierValueSize, 43.7 MiB here, above its default 8 MiB),
-// every hit token and state read back as written (-verify), no value refused.
+// Redis tier takes values of kv.TierValueSize, 40.7 MiB on the 1 MiB granule kv.New
+// chooses for this model, above its default 8 MiB), every hit token and state read
+// back as written (-verify), no value refused.
 func TestCheckpointReplayTiers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("replays 38 MiB states")
