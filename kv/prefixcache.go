@@ -341,7 +341,7 @@ func (pc *PrefixCache) lookup(ns Namespace, tokens []int32) (*Sequence, int, err
 	defer pc.working.Done()
 	s, err := pc.start(h)
 	if err == nil && pc.tiers != nil {
-		h.m = pc.tiers.loadFor(ns, s, tokens, h.m, pc.matchable(tokens))
+		h.m = pc.tiers.loadFor(context.Background(), ns, s, tokens, h.m, pc.matchable(tokens))
 	}
 	pc.settle(h, s, err, len(tokens))
 	if err != nil {

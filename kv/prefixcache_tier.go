@@ -313,14 +313,15 @@ func (t *pcTiers) stats() []TierStats {
 	return append([]TierStats(nil), t.counts...)
 }
 
-// loadFailed counts a load of block blk from tier i that failed with err: a value
-// refused (invalid) in Invalid, with a Warn that says why; any other failure but a miss
-// in Drops.
-func (t *pcTiers) loadFailed(i, blk int, err error, invalid bool) {
+// loadFailed counts a load of block blk from tier i that failed with err, under a
+// lookup's ctx (loadContext): a value refused (invalid) in Invalid, with a Warn that
+// says why; any other failure but a miss, or the lookup's caller ending the load, in
+// Drops.
+func (t *pcTiers) loadFailed(ctx context.Context, i, blk int, err error, invalid bool) {
 	t.count(i, func(st *TierStats) {
 		if invalid {
 			st.Invalid++
-		} else if !errors.Is(err, ErrTierMiss) {
+		} else if !errors.Is(err, ErrTierMiss) && !callerEnded(ctx) {
 			st.Drops++
 		}
 	})
@@ -590,16 +591,16 @@ func (t *pcTiers) truncating(pc *PrefixCache, s *Sequence, n int) {
 
 // load extends s, a lookup's new sequence holding the prompt's first m tokens, by
 // the blocks of tokens that follow which the tiers hold under namespace ns, asking them in order, up to
-// limit tokens, within the wait, as far as the device's budget holds them (grow).
+// limit tokens, within the wait and until parent ends, as far as the device's budget holds them (grow).
 // Each value is checked against the prompt's tokens before its bytes are copied into
 // s's own fresh granules; the first block that fails ends the run, and s keeps the
 // tokens before it. It returns s's length. No lock is held.
-func (t *pcTiers) load(ns Namespace, s *Sequence, tokens []int32, m, limit int) int {
+func (t *pcTiers) load(parent context.Context, ns Namespace, s *Sequence, tokens []int32, m, limit int) int {
 	bt := t.c.tpb
 	if limit/bt*bt <= m {
 		return m
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), t.wait)
+	ctx, cancel := t.loadContext(parent)
 	defer cancel()
 	keys := t.keys(t.spaceNS(ns), tokens[:limit/bt*bt], m/bt)
 	b := m / bt // the next block to load
@@ -658,7 +659,7 @@ func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, t
 			return s.bufs[0].writeAt(blk*unit, payload)
 		})
 		if err != nil {
-			t.loadFailed(i, blk, err, invalid)
+			t.loadFailed(ctx, i, blk, err, invalid)
 			break
 		}
 		t.count(i, func(st *TierStats) { st.LoadBytes += int64(size) })
@@ -673,10 +674,27 @@ func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, t
 	return got, short
 }
 
+// errTierWait is the cause of a lookup's loads ending at TierWait (loadContext).
+var errTierWait = errors.New("kv: the tiers' wait (TierWait) ran out")
+
+// loadContext returns the context of a lookup's loads from the tiers: parent (the
+// caller's: context.Background for Lookup, LookupAsync's own), and at most the tiers'
+// wait, which ends it with the cause errTierWait.
+func (t *pcTiers) loadContext(parent context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeoutCause(parent, t.wait, errTierWait)
+}
+
+// callerEnded reports whether ctx, a lookup's loads' (loadContext), ended because its
+// caller ended it (LookupAsync's context canceled or past its deadline) rather than at
+// the tiers' wait: the tier did not fail, so no drop is counted.
+func callerEnded(ctx context.Context) bool {
+	return ctx.Err() != nil && !errors.Is(context.Cause(ctx), errTierWait)
+}
+
 // takeLoad takes one of the slots of the lookups that load from the tiers at once
 // (TierLoads), waiting for one within ctx; false, a drop of tier i (counted), when ctx
 // ended first. The caller gives the slot back once its loads from tier i ended. No
-// lock is held.
+// lock is held. (Where the lookup's caller ended ctx, nothing is counted.)
 func (t *pcTiers) takeLoad(ctx context.Context, i int) bool {
 	select {
 	case t.loads <- struct{}{}:
@@ -690,7 +708,9 @@ func (t *pcTiers) takeLoad(ctx context.Context, i int) bool {
 	case t.loads <- struct{}{}:
 		return true
 	case <-ctx.Done():
-		t.count(i, func(st *TierStats) { st.Drops++ })
+		if !callerEnded(ctx) {
+			t.count(i, func(st *TierStats) { st.Drops++ })
+		}
 		return false
 	}
 }
@@ -704,7 +724,7 @@ func (t *pcTiers) takeLoad(ctx context.Context, i int) bool {
 func (t *pcTiers) loadRun(ctx context.Context, i int, tier Tier, s *Sequence, b int, keys []tierval.Key) (int, bool, bool) {
 	run, err := tier.Contains(ctx, keys)
 	if err != nil || run <= 0 {
-		if err != nil {
+		if err != nil && !callerEnded(ctx) {
 			t.count(i, func(st *TierStats) { st.Drops++ })
 		}
 		return 0, false, false

@@ -99,11 +99,18 @@ func newTiersOf(c *Cache, opts PrefixCacheOptions) (*pcTiers, error) {
 }
 
 // loadFor is load, or loadGroups on a cache of several groups.
-func (t *pcTiers) loadFor(ns Namespace, s *Sequence, tokens []int32, m, limit int) int {
+func (t *pcTiers) loadFor(ctx context.Context, ns Namespace, s *Sequence, tokens []int32, m, limit int) int {
 	if t.grp != nil {
-		return t.loadGroups(ns, s, tokens, m, limit)
+		return t.loadGroups(ctx, ns, s, tokens, m, limit)
 	}
-	return t.load(ns, s, tokens, m, limit)
+	return t.load(ctx, ns, s, tokens, m, limit)
+}
+
+// asks reports whether a lookup that matched m tokens on the device, of at most limit
+// (PrefixCache.matchable), asks the tiers for more: a whole tier block lies between
+// them. False without tiers.
+func (t *pcTiers) asks(m, limit int) bool {
+	return t != nil && limit/t.bt*t.bt > m
 }
 
 // writeDown is writeBack, or writeBackGroups on a cache of several groups: what an
@@ -291,12 +298,12 @@ type groupLoad struct {
 
 // loadGroups is load on a cache of several groups (see the top of this file). No
 // lock is held.
-func (t *pcTiers) loadGroups(ns Namespace, s *Sequence, tokens []int32, m, limit int) int {
+func (t *pcTiers) loadGroups(parent context.Context, ns Namespace, s *Sequence, tokens []int32, m, limit int) int {
 	bt := t.bt
 	if limit/bt*bt <= m {
 		return m
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), t.wait)
+	ctx, cancel := t.loadContext(parent)
 	defer cancel()
 	b0 := m / bt
 	all := t.keys(t.spaceNS(ns), tokens[:limit/bt*bt], b0)
@@ -440,7 +447,7 @@ func (t *pcTiers) loadFromGroups(ctx context.Context, i int, tier Tier, s *Seque
 			return nil
 		})
 		if err != nil {
-			t.loadFailed(i, blk, err, invalid)
+			t.loadFailed(ctx, i, blk, err, invalid)
 			if invalid && tg.states > 0 {
 				// A value without states never replaces one the tier holds (see
 				// writeBackGroups), so a refused one would stay: deleted, so that a
