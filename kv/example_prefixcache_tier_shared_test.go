@@ -3,6 +3,7 @@
 package kv_test
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -151,4 +152,82 @@ func ExamplePrefixCacheOptions_reuseThreshold() {
 	fmt.Printf("hot: %d tokens cached, cold: %d\n", serve(pc, hot), serve(pc, cold))
 	// Output:
 	// hot: 998 tokens cached, cold: 0
+}
+
+// A scheduler admits a request whose prompt a tier holds without waiting for the
+// tier's reads: LookupAsync maps what the device holds and returns, the loads run
+// while the scheduler goes on with the other requests' steps, and Wait hands over
+// the sequence once they end, holding exactly what they loaded.
+func ExamplePrefixCache_LookupAsync() {
+	gov := accounting.NewGovernor()
+	pool, err := host.NewShared(host.SharedOptions{
+		Granularity: 64 << 10,
+		Authority:   gov.Authority("kv", accounting.HostKey),
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	cache, err := kv.New(pool, kv.Config{Model: kv.Llama32_1B(), MaxTokens: 4096})
+	if err != nil {
+		panic(err)
+	}
+	defer cache.Close()
+	tier, err := hosttier.New(hosttier.Options{Budget: 64 << 20})
+	if err != nil {
+		panic(err)
+	}
+	defer tier.Close()
+	pc, err := kv.NewPrefixCache(cache, kv.PrefixCacheOptions{Tiers: []kv.Tier{tier}, TierWait: 10 * time.Second})
+	if err != nil {
+		panic(err)
+	}
+	defer pc.Close()
+
+	prompt := make([]int32, 1000)
+	for i := range prompt {
+		prompt[i] = int32(1000 + i)
+	}
+	// An earlier request's prompt, since evicted into the tier.
+	s, _, err := pc.Lookup(prompt)
+	if err != nil {
+		panic(err)
+	}
+	if err := s.Append(len(prompt)); err != nil {
+		panic(err)
+	}
+	if err := pc.Insert(s, prompt); err != nil {
+		panic(err)
+	}
+	s.Close()
+	if _, err := pc.Evict(1 << 40); err != nil {
+		panic(err)
+	}
+
+	// A request bounded by its own deadline: loads past it are left to the prefill.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p, err := pc.LookupAsync(ctx, kv.Namespace{}, prompt)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Printf("on the device: %d tokens\n", p.Device())
+	for wait := true; wait; {
+		select {
+		case <-p.Done():
+			wait = false
+		default:
+			// The other requests' decode step.
+		}
+	}
+	s, cached := p.Wait()
+	defer s.Close()
+	// Prefill the rest from cached on (its K/V writes omitted).
+	if err := s.Append(len(prompt) - cached); err != nil {
+		panic(err)
+	}
+	fmt.Printf("ready: %d of %d prompt tokens cached\n", cached, len(prompt))
+	// Output:
+	// on the device: 0 tokens
+	// ready: 998 of 1000 prompt tokens cached
 }

@@ -297,7 +297,8 @@ func NewPrefixCache(c *Cache, opts PrefixCacheOptions) (*PrefixCache, error) {
 // used entry may leave the index whole and hand its ranges to the new sequence, their
 // granules still committed (Len is 0; the first growths up to them commit nothing): the
 // eviction the prompt's growth would make, without unmapping and mapping as many
-// granules again (see prefixcache_evict.go). The sequence MUST be closed.
+// granules again (see prefixcache_evict.go). The sequence MUST be closed. With tiers,
+// Lookup reads them in the caller's goroutine; LookupAsync reads them in the background.
 func (pc *PrefixCache) Lookup(tokens []int32) (*Sequence, int, error) {
 	return pc.LookupIn(Namespace{}, tokens)
 }

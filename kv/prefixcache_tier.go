@@ -87,7 +87,8 @@ import (
 // turn within its wait, and one that gets none is a counted drop of that tier. The
 // whole wait is bounded by TierWait; a tier's failure is a shorter match, never an
 // error of Lookup. The loaded tokens count in Hits and in their tier's
-// TierStats.Hits.
+// TierStats.Hits. LookupAsync runs the same loads on a goroutine of their own, its
+// caller's context ending them too (prefixcache_async.go).
 
 // Defaults of PrefixCacheOptions' tier fields.
 const (
