@@ -316,7 +316,9 @@ func TestLookupAsyncGroups(t *testing.T) {
 	}
 	for _, model := range stateTierModels {
 		t.Run(model.Name, func(t *testing.T) {
-			e, pc, bt := stateTierEnv(t, model, onShared, tiertest.NewMap(64<<20))
+			tier := newGateTier()
+			tier.Tier = tiertest.NewMap(64 << 20)
+			e, pc, bt := stateTierEnv(t, model, onShared, tier)
 			ids := promptIDs(7, 5*bt+5)
 			evictStates(t, e, pc, ids, bt)
 			p, err := pc.LookupAsync(context.Background(), kv.Namespace{}, ids)
@@ -327,6 +329,32 @@ func TestLookupAsyncGroups(t *testing.T) {
 			require.NoError(t, checkStates(q, ids[:m]))
 			require.True(t, q.Close().OK())
 			idleBooks(t, e, pc, "after an async lookup")
+
+			// Cancelled at the third block: the sequence starts on the second's
+			// states, with the tokens they follow and none past them; with a
+			// window group, on the last state at or below them where the window
+			// rule holds (none here: the values of the first blocks went down
+			// without the window units the entry had given back).
+			tier.arm(2)
+			ctx, cancel := context.WithCancel(context.Background())
+			p, err = pc.LookupAsync(ctx, kv.Namespace{}, ids)
+			require.NoError(t, err)
+			assert.Equal(t, 2, <-tier.waiting)
+			cancel()
+			q, m = p.Wait()
+			want := 2 * bt
+			if slices.ContainsFunc(model.Groups, func(g kv.Group) bool { return g.Window > 0 }) {
+				want = 0
+			}
+			assert.Equal(t, want, m)
+			assert.Equal(t, m, q.Len())
+			require.NoError(t, checkHeldIDs(q, ids, 0, m))
+			if m > 0 {
+				require.NoError(t, checkStates(q, ids[:m]))
+			}
+			require.True(t, q.Close().OK())
+			assert.Zero(t, pc.Stats().Tiers[0].Drops)
+			idleBooks(t, e, pc, "after a cancelled async lookup")
 		})
 	}
 }
