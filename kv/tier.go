@@ -53,6 +53,26 @@ type Tier interface {
 	Delete(ctx context.Context, key tierval.Key) error
 }
 
+// TierPeeker is implemented by tiers that read the start of a value without reading
+// it whole: a few hundred bytes from host memory, one aligned read of a file, a Redis
+// GETRANGE. On a model with recurrent groups, a Probe peeks at the values of a tier's
+// run to find the last that carries the states a Lookup would start on, so that it
+// counts exactly what the Lookup would load (without it, Probe counts the whole run:
+// an upper bound).
+type TierPeeker interface {
+	Tier
+	// Peek calls use once with the first min(n, size) bytes of the value stored under
+	// key (n >= 1; less panics); head is valid only during the call and must not be
+	// written. A key the tier does not hold is ErrTierMiss (use is not called); use's
+	// error is Peek's. It changes nothing: no value is marked used, nothing is counted
+	// as a load.
+	Peek(ctx context.Context, key tierval.Key, n int, use func(head []byte) error) error
+}
+
+// PanicPeekLength is the panic value of a TierPeeker's Peek asked for fewer than one
+// byte, named so that a test (and a tier written elsewhere) can match it.
+const PanicPeekLength = "kv: Tier.Peek of fewer than one byte"
+
 // InProcessTier is implemented by tiers that keep their values in this process's own
 // memory (kvtier/hosttier); implement it only for such a tier, returning true: nothing outside the process can damage a value there, so
 // the cache leaves the block's bytes out of its checksum when it writes one (summing

@@ -605,6 +605,68 @@ func (t *Tier) Load(ctx context.Context, key tierval.Key, use func(src []byte) e
 	return use(v)
 }
 
+// Peek calls use with the first min(n, size) bytes of the value under key
+// (kv.TierPeeker): one read of the first whole alignment units of its file that hold
+// them, within a load slot. It checks the file's header (its key, its length) but not
+// the checksum, which covers the whole value: the cache's Load checks that. It marks
+// nothing used and counts no hit or miss; a file whose header fails is refused
+// (counted as corrupt) as by Load.
+func (t *Tier) Peek(ctx context.Context, key tierval.Key, n int, use func(head []byte) error) error {
+	if n < 1 {
+		panic(kv.PanicPeekLength)
+	}
+	if use == nil {
+		panic(PanicNilFunc)
+	}
+	t.enter()
+	defer t.leave()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	held := t.index[key] != nil
+	t.mu.Unlock()
+	if !held {
+		return kv.ErrTierMiss
+	}
+	if err := acquire(ctx, t.loads); err != nil {
+		return err
+	}
+	defer func() { <-t.loads }()
+	f, err := openFile(t.path(key), t.direct)
+	if errors.Is(err, fs.ErrNotExist) {
+		return kv.ErrTierMiss // deleted or evicted since the index lookup
+	}
+	if err != nil {
+		return t.readFailed(err)
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return t.readFailed(err)
+	}
+	size := info.Size()
+	if limit := int64(fileSize(t.max, t.align)); size < int64(t.align) || size%int64(t.align) != 0 || size > limit {
+		return t.refuse(key, info, corrupt("file of %d bytes (whole units of %d, at most %d)", size, t.align, limit))
+	}
+	want := min(int64(roundUp(headerSize+min(n, t.max), t.align)), size)
+	bp := t.buffer(int(want))
+	defer t.putBuffer(bp)
+	b := (*bp)[:want]
+	got, err := f.ReadAt(b, 0)
+	if got != len(b) {
+		if err == nil || errors.Is(err, io.EOF) {
+			return t.refuse(key, info, corrupt("read %d bytes of %d", got, want))
+		}
+		return t.readFailed(err)
+	}
+	head, err := openHead(b, key, t.align, size)
+	if err != nil {
+		return t.refuse(key, info, err)
+	}
+	return use(head[:min(n, len(head))])
+}
+
 // read reads and checks key's file into a buffer of the pool and returns its value
 // and the buffer, which the caller MUST give back with putBuffer once it is done
 // with the value.

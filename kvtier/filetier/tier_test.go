@@ -364,6 +364,7 @@ func TestMisuse(t *testing.T) {
 	tr := newTier(t, filetier.Options{Budget: 1 << 20})
 	assert.PanicsWithValue(t, filetier.PanicNilFunc, func() { _ = tr.Store(bg, key(nsA, 0), 1, nil) })
 	assert.PanicsWithValue(t, filetier.PanicNilFunc, func() { _ = tr.Load(bg, key(nsA, 0), nil) })
+	assert.PanicsWithValue(t, filetier.PanicNilFunc, func() { _ = tr.Peek(bg, key(nsA, 0), 1, nil) })
 	err := tr.Store(bg, key(nsA, 0), tr.MaxValueSize()+1, func([]byte) error { return nil })
 	assert.ErrorIs(t, err, filetier.ErrTooLarge)
 	assert.ErrorIs(t, err, tierval.ErrSize)
@@ -396,4 +397,68 @@ func TestHeaderCarriesKey(t *testing.T) {
 	assert.Equal(t, k.Namespace, binary.LittleEndian.Uint64(b[8:]))
 	assert.Equal(t, k.Hash, binary.LittleEndian.Uint64(b[16:]))
 	assert.EqualValues(t, 10, binary.LittleEndian.Uint64(b[24:]))
+}
+
+// Peek refuses a file whose header is damaged (ErrCorrupt, counted, the block
+// forgotten), as Load does; a damaged byte of the value it can not see, having no
+// checksum of its own to check: the Load after it refuses the block.
+func TestPeekCorruption(t *testing.T) {
+	size := 3 * 4096
+	damage := map[string]func(dir string, k, other tierval.Key){
+		"magic":  func(dir string, k, _ tierval.Key) { flipAt(t, path(dir, k), 0) },
+		"length": func(dir string, k, _ tierval.Key) { flipAt(t, path(dir, k), 25) }, // 3 units of value to 2
+		"a reserved byte": func(dir string, k, _ tierval.Key) {
+			flipAt(t, path(dir, k), 50)
+		},
+		"truncated": func(dir string, k, _ tierval.Key) { require.NoError(t, os.Truncate(path(dir, k), 4096)) },
+		"swapped": func(dir string, k, other tierval.Key) {
+			tmp := path(dir, k) + ".swap"
+			require.NoError(t, os.Rename(path(dir, k), tmp))
+			require.NoError(t, os.Rename(path(dir, other), path(dir, k)))
+			require.NoError(t, os.Rename(tmp, path(dir, other)))
+		},
+	}
+	for name, hurt := range damage {
+		t.Run(name, func(t *testing.T) {
+			tr := newTier(t, filetier.Options{Budget: 64 << 20})
+			k, other := key(nsA, 0), key(nsA, 1)
+			store(t, tr, k, value(size, 0))
+			store(t, tr, other, value(size, 1))
+			hurt(tr.Dir(), k, other)
+			used := false
+			err := tr.Peek(bg, k, 64, func([]byte) error { used = true; return nil })
+			assert.ErrorIs(t, err, filetier.ErrCorrupt)
+			assert.False(t, used)
+			assert.EqualValues(t, 1, tr.Stats().Corrupt)
+			_, err = load(tr, k)
+			assert.ErrorIs(t, err, kv.ErrTierMiss, "a refused block is forgotten")
+		})
+	}
+	t.Run("a byte of the value", func(t *testing.T) {
+		tr := newTier(t, filetier.Options{Budget: 64 << 20})
+		k := key(nsA, 0)
+		store(t, tr, k, value(size, 0))
+		flipAt(t, path(tr.Dir(), k), filetier.HeaderSize+10)
+		var head []byte
+		require.NoError(t, tr.Peek(bg, k, 64, func(h []byte) error { head = bytes.Clone(h); return nil }))
+		want := value(size, 0)[:64]
+		want[10] ^= 0x10
+		assert.Equal(t, want, head, "the head as the file holds it")
+		_, err := load(tr, k)
+		assert.ErrorIs(t, err, filetier.ErrCorrupt, "the Load checks the whole value")
+	})
+}
+
+// flipAt flips a bit of the byte at off of the file name.
+func flipAt(t *testing.T, name string, off int64) {
+	t.Helper()
+	f, err := os.OpenFile(name, os.O_RDWR, 0)
+	require.NoError(t, err)
+	defer f.Close()
+	b := make([]byte, 1)
+	_, err = f.ReadAt(b, off)
+	require.NoError(t, err)
+	b[0] ^= 0x10
+	_, err = f.WriteAt(b, off)
+	require.NoError(t, err)
 }

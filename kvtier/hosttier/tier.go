@@ -450,6 +450,39 @@ func (t *Tier) Load(ctx context.Context, key tierval.Key, use func(src []byte) e
 	return use(t.bytes(e))
 }
 
+// Peek calls use with the first min(n, size) bytes of the value under key, read in
+// place as Load reads it (kv.TierPeeker): it marks nothing used and counts no hit or
+// miss. A key not held is kv.ErrTierMiss.
+func (t *Tier) Peek(ctx context.Context, key tierval.Key, n int, use func(head []byte) error) error {
+	if n < 1 {
+		panic(kv.PanicPeekLength)
+	}
+	if use == nil {
+		panic(PanicNilFunc)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	t.enter()
+	e := t.index[key]
+	if e == nil {
+		t.leave()
+		t.mu.Unlock()
+		return kv.ErrTierMiss
+	}
+	e.readers++
+	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		defer t.leave()
+		t.release1(e)
+	}()
+	b := t.bytes(e)
+	return use(b[:min(n, len(b))])
+}
+
 // release1 ends one read of e, freeing a Doomed value with its last reader. t.mu
 // must be held.
 func (t *Tier) release1(e *entry) {

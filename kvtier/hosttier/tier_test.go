@@ -347,6 +347,7 @@ func TestMisuse(t *testing.T) {
 	require.NoError(t, err)
 	assert.PanicsWithValue(t, hosttier.PanicNilFunc, func() { _ = tr.Store(bg, key(0), 1, nil) })
 	assert.PanicsWithValue(t, hosttier.PanicNilFunc, func() { _ = tr.Load(bg, key(0), nil) })
+	assert.PanicsWithValue(t, hosttier.PanicNilFunc, func() { _ = tr.Peek(bg, key(0), 1, nil) })
 	ctx, cancel := context.WithCancel(bg)
 	cancel()
 	assert.ErrorIs(t, tr.Store(ctx, key(0), 1, func([]byte) error { return nil }), context.Canceled)

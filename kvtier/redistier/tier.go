@@ -213,6 +213,42 @@ func (t *Tier) Load(ctx context.Context, key tierval.Key, use func(src []byte) e
 	return use(v)
 }
 
+// Peek asks GETRANGE of key's first n bytes, and EXISTS in the same pipeline (an
+// empty value and a missing key read the same to GETRANGE), and calls use with them
+// (kv.TierPeeker). It counts no hit or miss. A key the server does not hold is
+// kv.ErrTierMiss.
+func (t *Tier) Peek(ctx context.Context, key tierval.Key, n int, use func(head []byte) error) error {
+	if n < 1 {
+		panic(kv.PanicPeekLength)
+	}
+	c, cancel, err := t.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	k := t.Key(key)
+	var exists *redis.IntCmd
+	var head *redis.StringCmd
+	// Pipelined's own error is the first failed command's: each is read below.
+	_, _ = t.client.Pipelined(c, func(p redis.Pipeliner) error {
+		exists = p.Exists(c, k)
+		head = p.GetRange(c, k, 0, int64(n)-1)
+		return nil
+	})
+	held, err := exists.Result()
+	if err != nil {
+		return t.failed(ctx, "EXISTS", err)
+	}
+	v, err := head.Bytes()
+	if err != nil {
+		return t.failed(ctx, "GETRANGE", err)
+	}
+	if held == 0 {
+		return kv.ErrTierMiss
+	}
+	return use(v)
+}
+
 // Contains asks EXISTS of every key in one pipeline and returns the length of the
 // run of held keys from the first.
 func (t *Tier) Contains(ctx context.Context, keys []tierval.Key) (int, error) {

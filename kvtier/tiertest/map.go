@@ -72,6 +72,23 @@ func (m *Map) Load(ctx context.Context, key tierval.Key, use func(src []byte) er
 	return use(v)
 }
 
+// Peek calls use with the first min(n, len) bytes of the value under key.
+func (m *Map) Peek(ctx context.Context, key tierval.Key, n int, use func(head []byte) error) error {
+	if n < 1 {
+		panic(kv.PanicPeekLength)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	v, ok := m.values[key]
+	m.mu.Unlock()
+	if !ok {
+		return kv.ErrTierMiss
+	}
+	return use(v[:min(n, len(v))])
+}
+
 // Contains returns how many of keys, from the first, the Map holds.
 func (m *Map) Contains(ctx context.Context, keys []tierval.Key) (int, error) {
 	if err := ctx.Err(); err != nil {

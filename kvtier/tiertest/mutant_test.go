@@ -157,6 +157,25 @@ func (m lastValue) Load(ctx context.Context, k tierval.Key, use func([]byte) err
 	})
 }
 
+// peekWhole's Peek hands over the whole value, whatever was asked.
+type peekWhole struct{ *tiertest.Map }
+
+func (m peekWhole) Peek(ctx context.Context, k tierval.Key, n int, use func([]byte) error) error {
+	return m.Load(ctx, k, use)
+}
+
+// peekEmptyMiss's Peek answers an empty value as a miss (as a GETRANGE alone would).
+type peekEmptyMiss struct{ *tiertest.Map }
+
+func (m peekEmptyMiss) Peek(ctx context.Context, k tierval.Key, n int, use func([]byte) error) error {
+	return m.Map.Peek(ctx, k, n, func(head []byte) error {
+		if len(head) == 0 {
+			return kv.ErrTierMiss
+		}
+		return use(head)
+	})
+}
+
 var mutants = map[string]struct {
 	make func() kv.Tier
 	want []string // properties that must fail
@@ -173,6 +192,8 @@ var mutants = map[string]struct {
 	"deleteMissErr":   {func() kv.Tier { return deleteMissErr{tiertest.NewMap(0)} }, []string{"Delete"}},
 	"ignoresCtx":      {func() kv.Tier { return ignoresCtx{tiertest.NewMap(0)} }, []string{"Cancelled"}},
 	"negativeIsEmpty": {func() kv.Tier { return negativeIsEmpty{tiertest.NewMap(0)} }, []string{"BadSize"}},
+	"peekWhole":       {func() kv.Tier { return peekWhole{tiertest.NewMap(0)} }, []string{"Peek"}},
+	"peekEmptyMiss":   {func() kv.Tier { return peekEmptyMiss{tiertest.NewMap(0)} }, []string{"Peek"}},
 	"lastValue": {func() kv.Tier { return lastValue{tiertest.NewMap(0), new(sync.Mutex), new([]byte)} },
 		[]string{"SourceNotRetained"}},
 }

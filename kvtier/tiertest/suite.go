@@ -61,6 +61,7 @@ func Run(t *testing.T, newTier func(t *testing.T) kv.Tier) {
 		{"Concurrent", testConcurrent},
 		{"Cancelled", testCancelled},
 		{"BadSize", testBadSize},
+		{"Peek", testPeek},
 	}
 	for _, p := range props {
 		t.Run(p.name, func(t *testing.T) {
@@ -485,4 +486,80 @@ func testBadSize(e *env) {
 		assert.False(e.t, filled, "Store above MaxValueSize called fill")
 	}
 	e.mustMiss(k, "after refused Stores")
+}
+
+// testPeek checks kv.TierPeeker, where the tier implements it: the first bytes of a
+// value, whole where fewer are held, an empty value as no bytes, a miss, use's error,
+// a done context, a replaced and a deleted value, and the panic of a length below 1.
+func testPeek(e *env) {
+	p, ok := e.tier.(kv.TierPeeker)
+	if !ok {
+		e.t.Skip("the tier does not implement kv.TierPeeker")
+	}
+	ctx := context.Background()
+	peek := func(k tierval.Key, n int) ([]byte, error) {
+		e.t.Helper()
+		var got []byte
+		calls := 0
+		err := p.Peek(ctx, k, n, func(head []byte) error {
+			calls++
+			got = bytes.Clone(head)
+			if got == nil {
+				got = []byte{}
+			}
+			return nil
+		})
+		if err == nil {
+			assert.Equal(e.t, 1, calls, "Peek(%v, %d) succeeded with use called %d times", k, n, calls)
+		} else {
+			assert.Zero(e.t, calls, "Peek(%v, %d) called use and failed: %v", k, n, err)
+		}
+		return got, err
+	}
+	k := e.key(0)
+	data := pattern(9000, 1)
+	e.mustStore(k, data)
+	for _, n := range []int{1, 48, 511, 4096, 4097, 9000, 9001, 1 << 20} {
+		got, err := peek(k, n)
+		require.NoError(e.t, err, "Peek(%d)", n)
+		if want := data[:min(n, len(data))]; !bytes.Equal(got, want) {
+			e.t.Fatalf("Peek(%d): got %s, want %s", n, describe(got), describe(want))
+		}
+	}
+	_, err := peek(e.key(1), 16)
+	assert.ErrorIs(e.t, err, kv.ErrTierMiss, "Peek of a key never stored")
+
+	boom := errors.New("tiertest: use failed")
+	err = p.Peek(ctx, k, 16, func([]byte) error { return boom })
+	assert.ErrorIs(e.t, err, boom, "use's error is Peek's")
+	assert.NotErrorIs(e.t, err, kv.ErrTierMiss)
+	e.mustLoad(k, data, "after Peek's use failed")
+
+	e.mustStore(e.key(2), nil)
+	got, err := peek(e.key(2), 16)
+	require.NoError(e.t, err, "Peek of an empty value")
+	assert.Empty(e.t, got, "Peek of an empty value")
+
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	used := false
+	err = p.Peek(cancelled, k, 16, func([]byte) error { used = true; return nil })
+	assert.ErrorIs(e.t, err, context.Canceled, "Peek with a cancelled context")
+	assert.False(e.t, used, "Peek with a cancelled context called use")
+
+	assert.PanicsWithValue(e.t, kv.PanicPeekLength, func() {
+		_ = p.Peek(ctx, k, 0, func([]byte) error { return nil })
+	}, "Peek of 0 bytes")
+
+	second := pattern(100, 2)
+	e.mustStore(k, second)
+	got, err = peek(k, 4096)
+	require.NoError(e.t, err)
+	if !bytes.Equal(got, second) {
+		e.t.Fatalf("Peek after a replacement: got %s, want %s", describe(got), describe(second))
+	}
+	require.NoError(e.t, e.tier.Delete(ctx, k))
+	_, err = peek(k, 16)
+	assert.ErrorIs(e.t, err, kv.ErrTierMiss, "Peek after Delete")
+	e.mustLoad(e.key(2), []byte{}, "Peek changed nothing")
 }
