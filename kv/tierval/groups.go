@@ -305,8 +305,8 @@ func decodeGroups(src []byte, key Key, l *Layout, tokens []int32, want []int, pa
 	var sum uint64
 	for i := range l.groups {
 		q := binary.LittleEndian.Uint64(src[dir+8*i:])
-		if u := uint64(l.units[i]); q != 0 && (q > uint64(want[i]) || q != uint64(want[i]) && (u == 0 || q%u != 0)) {
-			return refused(ErrBlock, "group %d's part is %d bytes, want %d or its last units of %d bytes", i, q, want[i], u)
+		if !partFits(q, want[i], l.units[i]) {
+			return refused(ErrBlock, "group %d's part is %d bytes, want %d or its last units of %d bytes", i, q, want[i], l.units[i])
 		}
 		sum += q
 	}
@@ -330,6 +330,71 @@ func decodeGroups(src []byte, key Key, l *Layout, tokens []int32, want []int, pa
 		off += q
 	}
 	return nil
+}
+
+// HeadSize returns the bytes at the start of a grouped value under l that PeekParts
+// reads: the header, the layout and the parts' lengths.
+func (l *Layout) HeadSize() int { return HeaderSize + len(l.enc) + 8*l.groups }
+
+// PeekParts reads from head, the first bytes of a grouped value (at least
+// l.HeadSize() of them, or the whole value), the length of each group's part into
+// lens (0: none), for a value that DecodeGroups(value, key, l, tokens, want, parts)
+// would be asked to decode; lens and want must have one element per group. It checks
+// what a head holds, as DecodeGroups does: the magic, the version and flags (an
+// in-process value's too), the namespace, the layout, the hash, and each part's length
+// against want. It can not check the checksum, the tokens or the parts, which only
+// the whole value holds, so a value it accepts may still be refused by DecodeGroups;
+// it never accepts one DecodeGroups would accept with other lengths. A head it
+// refuses gets an error wrapping ErrValue and ErrTruncated (fewer bytes than the
+// head), ErrFormat, ErrNamespace, ErrLayout or ErrBlock; lens is then unset.
+func PeekParts(head []byte, key Key, l *Layout, want, lens []int) error {
+	if len(want) != l.groups || len(lens) != l.groups {
+		panic("tierval: PeekParts with want or lens not one per group")
+	}
+	if len(head) < l.HeadSize() {
+		return refused(ErrTruncated, "%d bytes, the head of a grouped value under this layout is %d", len(head), l.HeadSize())
+	}
+	h := head[:HeaderSize]
+	if string(h[:4]) != magic {
+		return refused(ErrFormat, "magic % x", h[:4])
+	}
+	f := binary.LittleEndian.Uint16(h[6:])
+	if v := binary.LittleEndian.Uint16(h[4:]); v != GroupsVersion || (f != 0 && f != payloadUnsummed) {
+		return refused(ErrFormat, "version %d flags %#x, a grouped value is version %d", v, f, GroupsVersion)
+	}
+	if ns := binary.LittleEndian.Uint64(h[8:]); ns != key.Namespace {
+		return refused(ErrNamespace, "namespace %#016x, want %#016x", ns, key.Namespace)
+	}
+	dir := HeaderSize + len(l.enc)
+	if g := binary.LittleEndian.Uint32(h[28:]); int(g) != l.groups || binary.LittleEndian.Uint32(h[44:]) != uint32(len(l.enc)) ||
+		!bytes.Equal(head[HeaderSize:dir], l.enc) {
+		return refused(ErrLayout, "%d groups, layout %s; want %d groups, layout %s", g, layoutName(head[HeaderSize:dir]), l.groups, layoutName(l.enc))
+	}
+	if hash := binary.LittleEndian.Uint64(h[16:]); hash != key.Hash {
+		return refused(ErrBlock, "hash %#016x, want %#016x", hash, key.Hash)
+	}
+	var sum uint64
+	for i := range l.groups {
+		q := binary.LittleEndian.Uint64(head[dir+8*i:])
+		if !partFits(q, want[i], l.units[i]) {
+			return refused(ErrBlock, "group %d's part is %d bytes, want %d or its last units of %d bytes", i, q, want[i], l.units[i])
+		}
+		sum += q
+	}
+	if p := binary.LittleEndian.Uint64(h[32:]); sum != p {
+		return refused(ErrBlock, "parts of %d bytes in all, payload %d", sum, p)
+	}
+	for i := range l.groups {
+		lens[i] = int(binary.LittleEndian.Uint64(head[dir+8*i:]))
+	}
+	return nil
+}
+
+// partFits reports whether a part of q bytes is one a value may hold of a group
+// whose whole part is want bytes, of units of unit bytes (0: the part is whole or
+// none): none, the whole part, or a whole number of its last units.
+func partFits(q uint64, want, unit int) bool {
+	return q == 0 || q <= uint64(want) && (q == uint64(want) || unit != 0 && q%uint64(unit) == 0)
 }
 
 // layoutName returns the model name a layout's bytes start with, for an error.

@@ -205,3 +205,71 @@ func TestGroupsSizes(t *testing.T) {
 	assert.EqualValues(t, 3, binary.LittleEndian.Uint32(v[28:]))
 	assert.Zero(t, binary.LittleEndian.Uint32(v[44:])%8)
 }
+
+// TestPeekParts: the head of a grouped value (HeadSize bytes, or the whole value)
+// tells each part's length as DecodeGroups finds it, for every shape a value takes
+// (window units in whole or in part, states or none, in process or not); a head
+// that is short, of another format, namespace, layout or hash, or with a length no
+// value holds, is refused with its one kind.
+func TestPeekParts(t *testing.T) {
+	l := ossLayout(t, "gpt-oss-20b", 128)
+	key := tierval.Key{Namespace: 7, Hash: 9}
+	toks := tierTokens(64, 3)
+	want := []int{192, 96, 40}
+	for _, inProcess := range []bool{false, true} {
+		for _, parts := range [][][]byte{
+			{tierPayload(192, 1), tierPayload(96, 2), tierPayload(40, 3)},
+			{nil, tierPayload(96, 2), nil},
+			{tierPayload(96, 1), tierPayload(96, 2), tierPayload(40, 3)},
+			{nil, nil, nil},
+		} {
+			v := encodeGroups(t, l, key, toks, parts, inProcess)
+			for _, head := range [][]byte{v[:l.HeadSize()], v} {
+				lens := make([]int, 3)
+				require.NoError(t, tierval.PeekParts(head, key, l, want, lens))
+				for i := range parts {
+					assert.Equal(t, len(parts[i]), lens[i], "group %d", i)
+				}
+			}
+		}
+	}
+	assert.PanicsWithValue(t, "tierval: PeekParts with want or lens not one per group", func() {
+		_ = tierval.PeekParts(nil, key, l, want, make([]int, 2))
+	})
+
+	parts := [][]byte{tierPayload(192, 1), tierPayload(96, 2), nil}
+	good := encodeGroups(t, l, key, toks, parts, false)
+	head := good[:l.HeadSize()]
+	flip := func(at int) []byte {
+		v := bytes.Clone(head)
+		v[at] ^= 0x10
+		return v
+	}
+	at := func(group int) int { return l.HeadSize() - 8*(3-group) }
+	for _, tt := range []struct {
+		name string
+		v    []byte
+		kind error
+	}{
+		{"short", head[:l.HeadSize()-1], tierval.ErrTruncated},
+		{"magic", flip(0), tierval.ErrFormat},
+		{"flags", flip(6), tierval.ErrFormat},
+		{"a one-group value", encodeTierValue(t, key, toks, tierPayload(192, 1)), tierval.ErrFormat},
+		{"another namespace", flip(8), tierval.ErrNamespace},
+		{"a layout byte", flip(tierval.HeaderSize + 20), tierval.ErrLayout},
+		{"the layout's length", flip(44), tierval.ErrLayout},
+		{"another model", encodeGroups(t, ossLayout(t, "gemma-3-27b", 128), key, toks, parts, false), tierval.ErrLayout},
+		{"another hash", flip(16), tierval.ErrBlock},
+		{"a part of no whole unit", flip(at(0)), tierval.ErrBlock},
+		{"the payload's length", flip(32), tierval.ErrBlock},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			requireGroupRefused(t, tierval.PeekParts(tt.v, key, l, want, make([]int, 3)), tt.kind, tt.name)
+		})
+	}
+	// A length that another valid one would have is told by the payload's length:
+	// the state's part claimed where the value has none.
+	v := bytes.Clone(head)
+	binary.LittleEndian.PutUint64(v[at(2):], 40)
+	requireGroupRefused(t, tierval.PeekParts(v, key, l, want, make([]int, 3)), tierval.ErrBlock, "a part the payload does not hold")
+}
