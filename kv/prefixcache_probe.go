@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 
 	"github.com/vmarena/vmarena/backing"
-	"github.com/vmarena/vmarena/kv/blockhash"
 	"github.com/vmarena/vmarena/kv/tierval"
 )
 
@@ -59,17 +57,23 @@ func (p Probe) Tiered() int { return p.Total - p.Device }
 // another request's Lookup may change it before the Lookup is made. Where the budget
 // can not take all of the tier loads, a Lookup loads fewer of them (TierStats.Unfit)
 // and Commit is an upper bound; so it is on a miss that takes over an evicted entry's
-// committed granules (see Lookup). On a model of several groups each tier's count is
-// an upper bound too: it is the run of blocks the tier holds, and a Lookup serves only
-// up to the last of them at which every window group holds what the step reads and,
-// with recurrent groups, whose value carries the states (prefixcache_tier_groups.go),
-// which only reading the values tells.
+// committed granules (see Lookup). On a model of several groups with a window group
+// each tier's count is an upper bound too: it is the run of blocks the tier holds,
+// and a Lookup serves only up to the last of them at which every window group holds
+// what the step reads (prefixcache_tier_groups.go), which only reading the values
+// tells. On a model of recurrent groups and no window group (Qwen3-Next's), it peeks at
+// the heads of the run's values (TierPeeker, which kvtier's tiers implement), from the
+// last back, and counts up to the last whose value carries the states: what the
+// Lookup loads where each value is whole. From a tier that can not peek, it counts the
+// run, an upper bound.
 //
 // Without tiers it costs about a Match (BenchmarkProbe). With tiers, past a device
 // hit that does not cover the prompt, it also hashes the prompt's whole blocks (as
 // Lookup does: most of its cost then) and asks each tier's Contains at most once, in
-// order, for the blocks past those the earlier ones hold, with no lock held and no
-// load slot taken (TierLoads): no data moves, but Contains on a remote tier is a round trip, bounded
+// order, for the blocks past those the earlier ones hold (and, on a recurrent model,
+// peeks at values from the end of each run back to the last with states: a few
+// hundred bytes each), with no lock held and no load slot taken (TierLoads): no data
+// moves, but Contains (and a peek) on a remote tier is a round trip, bounded
 // by TierWait (kvtier/redistier's is one pipelined EXISTS per block, which its own
 // counters see; kvtier/hosttier's and filetier's a map lookup per block under their
 // lock). Only with tiers that are all in-process (InProcessTier) does it allocate
@@ -146,17 +150,6 @@ func (c *Cache) commitOf(m, n int) int64 {
 	return int64(c.nbuf) * int64(size-c.shareable(m))
 }
 
-// probeScratch is a Probe's buffers for the prompt's block hashes and keys, kept in
-// pcTiers.scratch between Probes so that one allocates nothing.
-type probeScratch struct {
-	hashes []blockhash.Hash
-	keys   []tierval.Key
-}
-
-// probeScratches keeps the probes' buffers of every prefix cache: their sizes
-// follow the prompts, not a cache.
-var probeScratches = sync.Pool{New: func() any { return new(probeScratch) }}
-
 // probe is load's question: it returns the tokens a lookup holding the prompt's
 // first m would hold after its loads from the tiers (asked in order, each for the
 // whole blocks past what the earlier ones hold, up to limit tokens), and sets
@@ -192,7 +185,10 @@ func (t *pcTiers) probe(ns Namespace, tokens []int32, m, limit int, held *[MaxTi
 		if err != nil || run <= 0 {
 			continue // as load: a failed Contains is a miss of that tier
 		}
-		run = min(run, len(keys))
+		run = t.lastStated(ctx, i, keys[:min(run, len(keys))], sc)
+		if run == 0 {
+			continue // as loadGroups: nothing served, the next tier asked from m
+		}
 		n := max(m, (b+run)*bt)
 		held[i] = n - m
 		m, b, keys = n, b+run, keys[run:]

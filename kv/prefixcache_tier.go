@@ -163,6 +163,8 @@ type pcTiers struct {
 	// inProc[i]: tier i keeps its values in this process's memory (InProcessTier),
 	// so their payloads go unsummed.
 	inProc []bool
+	// peek[i]: tier i as a TierPeeker, or nil where it is not one.
+	peek []TierPeeker
 
 	// bg counts the write-downs running on goroutines of their own (behind an
 	// Insert or a lookup, a write-through, an origin's close): Close waits for them.
@@ -282,6 +284,7 @@ func newTiers(c *Cache, opts PrefixCacheOptions, grp *tierGroups, bt int) (*pcTi
 		wait: opts.TierWait, slots: make(chan struct{}, opts.TierStores),
 		through: opts.TierWriteThrough, minHits: int64(opts.TierMinHits),
 		counts: make([]TierStats, len(opts.Tiers)), inProc: make([]bool, len(opts.Tiers)),
+		peek:    make([]TierPeeker, len(opts.Tiers)),
 		pending: make(map[*Sequence]*tierPending), storing: make(map[*pcEntry]chan struct{}),
 	}
 	if t.wait == 0 {
@@ -300,6 +303,7 @@ func newTiers(c *Cache, opts PrefixCacheOptions, grp *tierGroups, bt int) (*pcTi
 	for i, tier := range t.tiers {
 		t.counts[i].Name = tier.Name()
 		t.inProc[i] = inProcess(tier)
+		t.peek[i], _ = tier.(TierPeeker)
 	}
 	return t, nil
 }
@@ -716,7 +720,8 @@ func (t *pcTiers) takeLoad(ctx context.Context, i int) bool {
 	}
 }
 
-// loadRun asks tier i how long a run of keys, blocks b on, it holds, and grows s for
+// loadRun asks tier i how long a run of keys, blocks b on, it holds (on a model of
+// recurrent groups, up to the last value with states: lastStated), and grows s for
 // as much of it as the device's budget takes (grow). It returns the run to load,
 // whether the budget cut it, and false where there is nothing to load: the tier holds
 // none, or failed (counted a drop), or the growth failed other than for the budget (a
@@ -731,6 +736,15 @@ func (t *pcTiers) loadRun(ctx context.Context, i int, tier Tier, s *Sequence, b 
 		return 0, false, false
 	}
 	run = min(run, len(keys))
+	if t.grp != nil && t.grp.states > 0 {
+		// Blocks past the last whose value has the states serve nothing: not read.
+		sc := probeScratches.Get().(*probeScratch)
+		run = t.lastStated(ctx, i, keys[:run], sc)
+		probeScratches.Put(sc)
+		if run == 0 {
+			return 0, false, false
+		}
+	}
 	fit, err := t.grow(s, b, run)
 	if err != nil {
 		t.count(i, func(st *TierStats) { st.Drops++ })

@@ -136,6 +136,9 @@ type tierGroups struct {
 	per    []int // units of the group in one tier block (a recurrent group: 0)
 	parts  []int // bytes of the group's part of one value: per × unit, or the state
 	states int   // recurrent groups: their parts are present in a value, all or none
+	// windows: a group is a window group, so a value may hold only some of its units
+	// (and whether a block serves depends on the blocks before it).
+	windows bool
 }
 
 // newTierGroups returns the tiers' part of a cache of model m's groups in layout, of
@@ -172,6 +175,7 @@ func newTierGroups(m Model, layout Layout, maxTokens int, groups []group) (*tier
 		}
 		tg.per[gi] = bt / g.tpb
 		tg.parts[gi] = tg.per[gi] * g.unit
+		tg.windows = tg.windows || g.windowed()
 		gl[gi] = tierval.GroupLayout{
 			Part: tierval.PartUnits, Kind: uint8(s.Kind), DType: uint8(s.DType), Scales: uint8(s.Scales),
 			Window: s.Window, Layers: len(s.Layers), KVHeads: s.KVHeads, HeadDim: s.HeadDim,

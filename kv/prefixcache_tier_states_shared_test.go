@@ -4,6 +4,7 @@ package kv_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync/atomic"
@@ -123,45 +124,69 @@ func TestPrefixCacheTierStates(t *testing.T) {
 	}
 }
 
+// noPeek is a tier that can not peek at its values (no kv.TierPeeker).
+type noPeek struct{ kv.Tier }
+
 // TestPrefixCacheTierStatesSparse: only the blocks whose ends hold a checkpoint carry
 // states; a load keeps the blocks up to the last of them it loaded and cuts off the
 // rest, so that the sequence holds nothing past the states it starts on. A
-// checkpoint off a tier block's end goes down with no block.
+// checkpoint off a tier block's end goes down with no block. Probe peeks at the
+// values and counts exactly what the lookup loads; from a tier that can not peek it
+// counts the whole run the tier holds, its upper bound.
 func TestPrefixCacheTierStatesSparse(t *testing.T) {
 	for _, be := range tierBackends {
-		t.Run(be.name, func(t *testing.T) {
-			tier := tiertest.NewMap(64 << 20)
-			e, pc, bt := stateTierEnv(t, tinyNext, be.kind, tier)
-			ids := promptIDs(7, 5*bt+5)
-			s, m, err := pc.Lookup(ids)
-			require.NoError(t, err)
-			require.Zero(t, m)
-			require.NoError(t, prefillTo(s, ids, 2*bt, 0))
-			require.NoError(t, s.Checkpoint(2*bt))
-			require.NoError(t, prefillTo(s, ids, 4*bt-1, 0))
-			require.NoError(t, s.Checkpoint(4*bt-1), "off a tier block's end")
-			require.NoError(t, prefillTo(s, ids, len(ids), 0))
-			require.NoError(t, pc.Insert(s, ids))
-			require.True(t, s.Close().OK())
-			evictsAll(t, pc)
-			idleBooks(t, e, pc, "after the write-down")
-
-			probe, err := pc.Probe(ids)
-			require.NoError(t, err)
-			assert.Equal(t, 5*bt, probe.Total, "the tier holds every block: Probe's bound")
-			q, m, err := pc.Lookup(ids)
-			require.NoError(t, err)
-			assert.Equal(t, 2*bt, m, "the one block with states")
-			assert.Equal(t, 2*bt, q.Len(), "nothing held past it")
-			require.NoError(t, checkHeldIDs(q, ids, 0, m))
-			require.NoError(t, checkStates(q, ids[:m]))
-			require.True(t, q.Close().OK())
-			st := pc.Stats().Tiers[0]
-			assert.EqualValues(t, 2*bt, st.Hits)
-			assert.Zero(t, st.Invalid)
-			idleBooks(t, e, pc, "after the load")
-		})
+		for _, peek := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/peek=%v", be.name, peek), func(t *testing.T) {
+				testTierStatesSparse(t, be.kind, peek)
+			})
+		}
 	}
+}
+
+func testTierStatesSparse(t *testing.T, kind backingKind, peek bool) {
+	var tier kv.Tier = tiertest.NewMap(64 << 20)
+	if !peek {
+		tier = noPeek{tier}
+	}
+	e, pc, bt := stateTierEnv(t, tinyNext, kind, tier)
+	ids := promptIDs(7, 5*bt+5)
+	s, m, err := pc.Lookup(ids)
+	require.NoError(t, err)
+	require.Zero(t, m)
+	require.NoError(t, prefillTo(s, ids, 2*bt, 0))
+	require.NoError(t, s.Checkpoint(2*bt))
+	require.NoError(t, prefillTo(s, ids, 4*bt-1, 0))
+	require.NoError(t, s.Checkpoint(4*bt-1), "off a tier block's end")
+	require.NoError(t, prefillTo(s, ids, len(ids), 0))
+	require.NoError(t, pc.Insert(s, ids))
+	require.True(t, s.Close().OK())
+	evictsAll(t, pc)
+	idleBooks(t, e, pc, "after the write-down")
+
+	probe, err := pc.Probe(ids)
+	require.NoError(t, err)
+	if peek {
+		assert.Equal(t, 2*bt, probe.Total, "up to the one block with states, as the lookup")
+	} else {
+		assert.Equal(t, 5*bt, probe.Total, "the tier holds every block: Probe's bound")
+	}
+	assert.Equal(t, probe.Total, probe.Tiers[0])
+	q, m, err := pc.Lookup(ids)
+	require.NoError(t, err)
+	assert.Equal(t, 2*bt, m, "the one block with states")
+	assert.Equal(t, 2*bt, q.Len(), "nothing held past it")
+	require.NoError(t, checkHeldIDs(q, ids, 0, m))
+	require.NoError(t, checkStates(q, ids[:m]))
+	require.True(t, q.Close().OK())
+	st := pc.Stats().Tiers[0]
+	assert.EqualValues(t, 2*bt, st.Hits)
+	assert.Zero(t, st.Invalid)
+	if peek {
+		assert.Less(t, st.LoadBytes, st.StoreBytes, "the blocks past the states not read")
+	} else {
+		assert.Equal(t, st.StoreBytes, st.LoadBytes, "every block read, and those past the states cut off")
+	}
+	idleBooks(t, e, pc, "after the load")
 }
 
 // TestPrefixCacheTierStatesKept: a block written down without states (its entry had
@@ -336,14 +361,15 @@ func (c *storeCounter) Store(ctx context.Context, key tierval.Key, size int, fil
 // (ErrDamaged on its next call), never served with wrong states, and its close gives
 // everything back. With the full group first its failed cut changes nothing of the
 // sequence (Truncate leaves it whole), so only the load knows the states are wrong.
+// The tier can not peek, so the load reads the blocks past the states (from one that
+// can, it reads none of them and cuts nothing: TestPrefixCacheTierStatesSparse).
 func TestPrefixCacheTierStatesTruncateFails(t *testing.T) {
 	fullFirst := kv.Model{Name: "tiny-next-full-first", Layers: 4, Groups: []kv.Group{
 		tinyNext.Groups[1], tinyNext.Groups[0]}}
 	for _, model := range []kv.Model{tinyNext, fullFirst} {
 		t.Run(model.Name, func(t *testing.T) {
 			e := openEnv(t, withLimit(1<<30), withFaults, withConfig(kv.Config{Model: model, MaxTokens: 2048}))
-			tier := tiertest.NewMap(64 << 20)
-			pc := newGroupTierCache(t, e.c, t.Name(), tier)
+			pc := newGroupTierCache(t, e.c, t.Name(), noPeek{tiertest.NewMap(64 << 20)})
 			bt := tierBlock(t, e.c)
 			ids := promptIDs(7, 3*bt+5)
 			s, _, err := pc.Lookup(ids)
@@ -412,4 +438,21 @@ func TestPrefixCacheTierStatesRefusedReplaced(t *testing.T) {
 	require.True(t, s.Close().OK())
 	assert.EqualValues(t, 1, pc.Stats().Tiers[0].Invalid)
 	idleBooks(t, e, pc, "after the lookups")
+}
+
+// TestProbeStatesAllocatesNothing: a Probe that peeks at an in-process tier's values
+// to find the last with states allocates nothing either, and counts up to it.
+func TestProbeStatesAllocatesNothing(t *testing.T) {
+	if probeRace {
+		t.Skip("the race detector's sync.Pool drops what is put back: its allocations are not the Probe's")
+	}
+	e, pc, bt := stateTierEnv(t, tinyNext, onShared, probeHostTier(t))
+	ids := promptIDs(7, 5*bt+5)
+	evictStates(t, e, pc, ids, 2*bt)
+	p, err := pc.Probe(ids)
+	require.NoError(t, err)
+	assert.Equal(t, 4*bt, p.Total, "the last block with states")
+	assert.Zero(t, testing.AllocsPerRun(50, func() {
+		_, _ = pc.Probe(ids)
+	}))
 }
