@@ -88,63 +88,54 @@ func checksum(b []byte, n int) uint32 {
 // align, and returns its value: a sub-slice of b. A file that fails any check is
 // refused with an error wrapping ErrCorrupt that says which.
 func open(b []byte, key tierval.Key, align int) ([]byte, error) {
-	if len(b) < headerSize {
-		return nil, corrupt("%d bytes, a header is %d", len(b), headerSize)
+	n, err := header(b, key, align, int64(len(b)))
+	if err != nil {
+		return nil, err
 	}
-	h := b[:headerSize]
-	if string(h[:4]) != fileMagic {
-		return nil, corrupt("magic % x", h[:4])
-	}
-	if v, hs := binary.LittleEndian.Uint16(h[4:]), binary.LittleEndian.Uint16(h[6:]); v != fileVersion || hs != headerSize {
-		return nil, corrupt("version %d header %d bytes, this build reads version %d of %d", v, hs, fileVersion, headerSize)
-	}
-	n := binary.LittleEndian.Uint64(h[24:])
-	a := binary.LittleEndian.Uint32(h[32:])
-	if a == 0 || int(a) != align || n > uint64(len(b)) || fileSize(int(n), align) != len(b) {
-		return nil, corrupt("%d bytes for a value of %d padded to %d (this tier pads to %d)", len(b), n, a, align)
-	}
-	if got, want := checksum(b, int(n)), binary.LittleEndian.Uint32(h[crcOffset:]); got != want {
+	if got, want := checksum(b, n), binary.LittleEndian.Uint32(b[crcOffset:]); got != want {
 		return nil, corrupt("CRC-32C %#08x, header says %#08x", got, want)
 	}
-	for _, off := range []int{36, 44, 48, 52, 56, 60} {
-		if r := binary.LittleEndian.Uint32(h[off:]); r != 0 {
-			return nil, corrupt("reserved word at %d is %#x", off, r)
-		}
-	}
-	if ns, hash := binary.LittleEndian.Uint64(h[8:]), binary.LittleEndian.Uint64(h[16:]); ns != key.Namespace || hash != key.Hash {
-		return nil, corrupt("key %016x:%016x, want %016x:%016x", ns, hash, key.Namespace, key.Hash)
-	}
-	return b[headerSize : headerSize+int(n)], nil
+	return b[headerSize : headerSize+n], nil
 }
 
 // openHead is open for the first len(b) bytes of a file of size bytes (a Peek's
 // read): it checks everything in the header but the checksum, which covers the whole
 // value, and returns the value's bytes b holds.
 func openHead(b []byte, key tierval.Key, align int, size int64) ([]byte, error) {
+	n, err := header(b, key, align, size)
+	if err != nil {
+		return nil, err
+	}
+	return b[headerSize:min(len(b), headerSize+n)], nil
+}
+
+// header checks the header at the start of b, of a file of size bytes, for key's
+// block padded to align: all but the checksum. It returns the value's length.
+func header(b []byte, key tierval.Key, align int, size int64) (int, error) {
 	if len(b) < headerSize {
-		return nil, corrupt("%d bytes, a header is %d", len(b), headerSize)
+		return 0, corrupt("%d bytes, a header is %d", len(b), headerSize)
 	}
 	h := b[:headerSize]
 	if string(h[:4]) != fileMagic {
-		return nil, corrupt("magic % x", h[:4])
+		return 0, corrupt("magic % x", h[:4])
 	}
 	if v, hs := binary.LittleEndian.Uint16(h[4:]), binary.LittleEndian.Uint16(h[6:]); v != fileVersion || hs != headerSize {
-		return nil, corrupt("version %d header %d bytes, this build reads version %d of %d", v, hs, fileVersion, headerSize)
+		return 0, corrupt("version %d header %d bytes, this build reads version %d of %d", v, hs, fileVersion, headerSize)
 	}
 	n := binary.LittleEndian.Uint64(h[24:])
 	a := binary.LittleEndian.Uint32(h[32:])
 	if a == 0 || int(a) != align || n > uint64(size) || int64(fileSize(int(n), align)) != size {
-		return nil, corrupt("%d bytes for a value of %d padded to %d (this tier pads to %d)", size, n, a, align)
+		return 0, corrupt("%d bytes for a value of %d padded to %d (this tier pads to %d)", size, n, a, align)
 	}
 	for _, off := range []int{36, 44, 48, 52, 56, 60} {
 		if r := binary.LittleEndian.Uint32(h[off:]); r != 0 {
-			return nil, corrupt("reserved word at %d is %#x", off, r)
+			return 0, corrupt("reserved word at %d is %#x", off, r)
 		}
 	}
 	if ns, hash := binary.LittleEndian.Uint64(h[8:]), binary.LittleEndian.Uint64(h[16:]); ns != key.Namespace || hash != key.Hash {
-		return nil, corrupt("key %016x:%016x, want %016x:%016x", ns, hash, key.Namespace, key.Hash)
+		return 0, corrupt("key %016x:%016x, want %016x:%016x", ns, hash, key.Namespace, key.Hash)
 	}
-	return b[headerSize:min(len(b), headerSize+int(n))], nil
+	return int(n), nil
 }
 
 func corrupt(format string, args ...any) error {

@@ -7,8 +7,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/vmarena/vmarena/accounting"
-	"github.com/vmarena/vmarena/backing/host"
 	"github.com/vmarena/vmarena/kv"
 	"github.com/vmarena/vmarena/kvtier/filetier"
 )
@@ -44,13 +42,7 @@ func BenchmarkLookupAsync(b *testing.B) {
 
 func benchLookupAsync(b *testing.B, mode string, wait time.Duration) {
 	model := kv.Llama32_1B()
-	pool, err := host.NewShared(host.SharedOptions{Granularity: 2 << 20,
-		Authority: accounting.NewGovernor().Authority("kv", accounting.HostKey)})
-	require.NoError(b, err)
-	defer pool.Close()
-	cache, err := kv.New(pool, kv.Config{Model: model, MaxTokens: 4096})
-	require.NoError(b, err)
-	defer cache.Close()
+	cache := benchCache(b, model)
 	ft, err := filetier.New(filetier.Options{Dir: benchDir(b), Budget: 1 << 30, Logger: quiet})
 	require.NoError(b, err)
 	defer ft.Close()

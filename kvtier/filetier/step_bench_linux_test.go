@@ -36,15 +36,10 @@ func BenchmarkDecodeStep(b *testing.B) {
 	for _, tier := range []string{"none", "file", "host", "sleep"} {
 		b.Run("tier="+tier, func(b *testing.B) {
 			model := kv.Llama32_1B()
-			pool, err := host.NewShared(host.SharedOptions{Granularity: 2 << 20,
-				Authority: accounting.NewGovernor().Authority("kv", accounting.HostKey)})
-			require.NoError(b, err)
-			defer pool.Close()
-			cache, err := kv.New(pool, kv.Config{Model: model, MaxTokens: 4096})
-			require.NoError(b, err)
-			defer cache.Close()
+			cache := benchCache(b, model)
 			opts := kv.PrefixCacheOptions{}
 			var ft *filetier.Tier
+			var err error
 			switch tier {
 			case "file":
 				ft, err = filetier.New(filetier.Options{Dir: benchDir(b), Budget: 1 << 30, Logger: quiet})
@@ -166,6 +161,19 @@ func BenchmarkDecodeStep(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchCache returns a cache of model on host.Shared memory of 2 MiB granules, of
+// 4,096 tokens a sequence, closed (with its pool) when b ends.
+func benchCache(b *testing.B, model kv.Model) *kv.Cache {
+	pool, err := host.NewShared(host.SharedOptions{Granularity: 2 << 20,
+		Authority: accounting.NewGovernor().Authority("kv", accounting.HostKey)})
+	require.NoError(b, err)
+	b.Cleanup(func() { pool.Close() })
+	cache, err := kv.New(pool, kv.Config{Model: model, MaxTokens: 4096})
+	require.NoError(b, err)
+	b.Cleanup(func() { cache.Close() })
+	return cache
 }
 
 // threadUsage is what the calling thread has used: its CPU time (user and system),

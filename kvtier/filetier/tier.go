@@ -593,7 +593,7 @@ func (t *Tier) Load(ctx context.Context, key tierval.Key, use func(src []byte) e
 		return err
 	}
 	defer func() { <-t.loads }()
-	v, bp, err := t.read(key)
+	v, bp, err := t.read(key, 0)
 	if err != nil {
 		return err
 	}
@@ -633,51 +633,30 @@ func (t *Tier) Peek(ctx context.Context, key tierval.Key, n int, use func(head [
 		return err
 	}
 	defer func() { <-t.loads }()
-	f, err := openFile(t.path(key), t.direct)
-	if errors.Is(err, fs.ErrNotExist) {
-		return kv.ErrTierMiss // deleted or evicted since the index lookup
-	}
+	v, bp, err := t.read(key, min(n, t.max))
 	if err != nil {
-		return t.readFailed(err)
+		return err
 	}
-	defer f.Close()
-	info, err := f.Stat()
-	if err != nil {
-		return t.readFailed(err)
-	}
-	size := info.Size()
-	if limit := int64(fileSize(t.max, t.align)); size < int64(t.align) || size%int64(t.align) != 0 || size > limit {
-		return t.refuse(key, info, corrupt("file of %d bytes (whole units of %d, at most %d)", size, t.align, limit))
-	}
-	want := min(int64(roundUp(headerSize+min(n, t.max), t.align)), size)
-	bp := t.buffer(int(want))
 	defer t.putBuffer(bp)
-	b := (*bp)[:want]
-	got, err := f.ReadAt(b, 0)
-	if got != len(b) {
-		if err == nil || errors.Is(err, io.EOF) {
-			return t.refuse(key, info, corrupt("read %d bytes of %d", got, want))
-		}
-		return t.readFailed(err)
-	}
-	head, err := openHead(b, key, t.align, size)
-	if err != nil {
-		return t.refuse(key, info, err)
-	}
-	return use(head[:min(n, len(head))])
+	return use(v[:min(n, len(v))])
 }
 
 // read reads and checks key's file into a buffer of the pool and returns its value
 // and the buffer, which the caller MUST give back with putBuffer once it is done
-// with the value.
-func (t *Tier) read(key tierval.Key) ([]byte, *[]byte, error) {
+// with the value. With head 0 it reads the whole file and checks everything; with
+// head above 0 (a Peek) only the first alignment units that hold head bytes of the
+// value, and checks everything but the checksum, and a file gone since the index
+// said it was held is no counted miss.
+func (t *Tier) read(key tierval.Key, head int) ([]byte, *[]byte, error) {
 	name := t.path(key)
 	f, err := openFile(name, t.direct)
 	if errors.Is(err, fs.ErrNotExist) {
 		// Deleted or evicted since the index lookup.
-		t.mu.Lock()
-		t.counter.Misses++
-		t.mu.Unlock()
+		if head == 0 {
+			t.mu.Lock()
+			t.counter.Misses++
+			t.mu.Unlock()
+		}
 		return nil, nil, kv.ErrTierMiss
 	}
 	if err != nil {
@@ -692,16 +671,25 @@ func (t *Tier) read(key tierval.Key) ([]byte, *[]byte, error) {
 	if limit := int64(fileSize(t.max, t.align)); n < int64(t.align) || n%int64(t.align) != 0 || n > limit {
 		return nil, nil, t.refuse(key, info, corrupt("file of %d bytes (whole units of %d, at most %d)", n, t.align, limit))
 	}
-	bp := t.buffer(int(n))
-	b := (*bp)[:n]
+	want := n
+	if head > 0 {
+		want = min(int64(roundUp(headerSize+head, t.align)), n)
+	}
+	bp := t.buffer(int(want))
+	b := (*bp)[:want]
 	got, err := f.ReadAt(b, 0)
 	if got == len(b) {
 		var v []byte
-		if v, err = open(b, key, t.align); err == nil {
+		if head > 0 {
+			v, err = openHead(b, key, t.align, n)
+		} else {
+			v, err = open(b, key, t.align)
+		}
+		if err == nil {
 			return v, bp, nil
 		}
 	} else if err == nil || errors.Is(err, io.EOF) {
-		err = corrupt("read %d bytes of %d", got, n)
+		err = corrupt("read %d bytes of %d", got, want)
 	} else {
 		t.putBuffer(bp)
 		return nil, nil, t.readFailed(err)

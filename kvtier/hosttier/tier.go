@@ -423,31 +423,49 @@ func (t *Tier) Load(ctx context.Context, key tierval.Key, use func(src []byte) e
 	if use == nil {
 		panic(PanicNilFunc)
 	}
-	if err := ctx.Err(); err != nil {
+	e, err := t.reader(ctx, key, true)
+	if err != nil {
 		return err
 	}
+	defer t.unread(e)
+	return use(t.bytes(e))
+}
+
+// reader returns key's value with one more reader (unread ends it), the tier entered
+// meanwhile: a Load's (load: counted, and marked the most recently used) or a Peek's
+// (neither). A key not held is kv.ErrTierMiss.
+func (t *Tier) reader(ctx context.Context, key tierval.Key, load bool) (*entry, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	t.mu.Lock()
-	t.enter()
+	t.enter() // NB: unlocks t.mu before it panics on a closed tier
 	e := t.index[key]
 	if e == nil {
-		t.counter.Misses++
+		if load {
+			t.counter.Misses++
+		}
 		t.leave()
 		t.mu.Unlock()
-		return kv.ErrTierMiss
+		return nil, kv.ErrTierMiss
 	}
 	e.readers++
-	t.unlink(e)
-	t.push(e)
-	t.counter.Hits++
-	t.counter.LoadedBytes += int64(e.size)
+	if load {
+		t.unlink(e)
+		t.push(e)
+		t.counter.Hits++
+		t.counter.LoadedBytes += int64(e.size)
+	}
 	t.mu.Unlock()
-	defer func() {
-		t.mu.Lock()
-		defer t.mu.Unlock()
-		defer t.leave()
-		t.release1(e)
-	}()
-	return use(t.bytes(e))
+	return e, nil
+}
+
+// unread ends a read of e that reader began.
+func (t *Tier) unread(e *entry) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	defer t.leave()
+	t.release1(e)
 }
 
 // Peek calls use with the first min(n, size) bytes of the value under key, read in
@@ -460,25 +478,11 @@ func (t *Tier) Peek(ctx context.Context, key tierval.Key, n int, use func(head [
 	if use == nil {
 		panic(PanicNilFunc)
 	}
-	if err := ctx.Err(); err != nil {
+	e, err := t.reader(ctx, key, false)
+	if err != nil {
 		return err
 	}
-	t.mu.Lock()
-	t.enter()
-	e := t.index[key]
-	if e == nil {
-		t.leave()
-		t.mu.Unlock()
-		return kv.ErrTierMiss
-	}
-	e.readers++
-	t.mu.Unlock()
-	defer func() {
-		t.mu.Lock()
-		defer t.mu.Unlock()
-		defer t.leave()
-		t.release1(e)
-	}()
+	defer t.unread(e)
 	b := t.bytes(e)
 	return use(b[:min(n, len(b))])
 }
