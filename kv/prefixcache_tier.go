@@ -74,9 +74,10 @@ import (
 //
 // Lookup: past the local match (a miss, or a partial hit), the tiers are asked in
 // order for the whole blocks that follow, up to the last token, which is never
-// matched: Contains, then Load of the run it reports, into granules the new sequence
-// commits for them (the block holding the match's last token is loaded whole over
-// its copy). Where the device's budget can not hold the whole run even after
+// matched: Contains, then (on a model of recurrent groups and no window group, from a
+// TierPeeker) a peek from the run's end back to the last value with the states, then
+// Load of the run that leaves, into granules the new sequence commits for them (the
+// block holding the match's last token is loaded whole over its copy). Where the device's budget can not hold the whole run even after
 // eviction (which runs first, as for any growth), the longest start of it that fits
 // is loaded, the rest counted in TierStats.Unfit, and no tier below is asked. Every
 // value is checked by DecodeTierValue against the prompt's own tokens before its
