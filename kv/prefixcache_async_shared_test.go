@@ -246,7 +246,7 @@ func TestLookupAsyncClose(t *testing.T) {
 func TestLookupAsyncBadInput(t *testing.T) {
 	e, pc, ids, tpb := asyncEnv(t, onShared, tiertest.NewMap(4<<20))
 	assert.PanicsWithValue(t, "kv: PrefixCache.LookupAsync with a nil Context", func() {
-		//nolint:staticcheck // the nil context is the test
+		//lint:ignore SA1012 the nil context is the point: the call must panic on it
 		_, _ = pc.LookupAsync(nil, kv.Namespace{}, ids)
 	})
 
