@@ -3,6 +3,7 @@ package tierval_test
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -272,4 +273,50 @@ func TestPeekParts(t *testing.T) {
 	v := bytes.Clone(head)
 	binary.LittleEndian.PutUint64(v[at(2):], 40)
 	requireGroupRefused(t, tierval.PeekParts(v, key, l, want, make([]int, 3)), tierval.ErrBlock, "a part the payload does not hold")
+}
+
+// FuzzPeekParts feeds PeekParts arbitrary bytes as the head of a grouped value of one
+// fixed block: it must never panic, must refuse with exactly one kind, and where
+// DecodeGroups accepts the same bytes as a whole value, PeekParts accepts them too,
+// and its lengths are the parts DecodeGroups finds.
+func FuzzPeekParts(f *testing.F) {
+	l := ossLayout(f, "gpt-oss-20b", 128)
+	key := tierval.Key{Namespace: 7, Hash: 9}
+	toks := tierTokens(64, 3)
+	want := []int{192, 96, 40}
+	for _, parts := range [][][]byte{
+		{tierPayload(192, 1), tierPayload(96, 2), tierPayload(40, 3)},
+		{nil, tierPayload(96, 2), nil},
+		{tierPayload(96, 1), tierPayload(96, 2), nil},
+	} {
+		for _, inProcess := range []bool{false, true} {
+			v := encodeGroups(f, l, key, toks, parts, inProcess)
+			f.Add(v)
+			f.Add(v[:l.HeadSize()])
+		}
+	}
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, v []byte) {
+		lens := make([]int, 3)
+		err := tierval.PeekParts(v, key, l, want, lens)
+		parts := make([][]byte, 3)
+		if derr := tierval.DecodeGroupsInProcess(v, key, l, toks, want, parts); derr == nil {
+			require.NoError(t, err, "a value DecodeGroups accepts")
+			for i := range parts {
+				require.Equal(t, len(parts[i]), lens[i], "group %d", i)
+			}
+			return
+		}
+		if err == nil {
+			return // a head can pass where the whole value fails (its sum, its tokens)
+		}
+		kinds := 0
+		for _, k := range groupKinds {
+			if errors.Is(err, k) {
+				kinds++
+			}
+		}
+		require.ErrorIs(t, err, tierval.ErrValue)
+		require.Equal(t, 1, kinds, "kinds of %v", err)
+	})
 }
