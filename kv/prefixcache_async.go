@@ -91,11 +91,12 @@ func (pc *PrefixCache) LookupAsync(ctx context.Context, ns Namespace, tokens []i
 
 // load is a PendingLookup's goroutine: it loads into s, the new sequence of the
 // lookup that found h, what the tiers hold of tokens past h.m, settles the lookup (of
-// queried tokens) and ends it in pc.working, which find began.
+// queried tokens), makes p done, and only then ends the lookup in pc.working (which
+// find began), so that a Close that waited for it finds p done.
 func (p *PendingLookup) load(ctx context.Context, pc *PrefixCache, h hit, s *Sequence, ns Namespace, tokens []int32, queried int) {
 	h.m = pc.tiers.loadFor(ctx, ns, s, tokens, h.m, len(tokens))
 	pc.settle(h, s, nil, queried)
-	pc.working.Done()
 	p.s, p.m = s, h.m
 	close(p.done)
+	pc.working.Done()
 }

@@ -171,7 +171,8 @@ func TestLookupAsyncOverlaps(t *testing.T) {
 
 // TestLookupAsyncCancel: the caller's context ends the loads at the block that waits:
 // Wait returns exactly the blocks loaded before it (the sequence holds them and no
-// more), the rest is the caller's to prefill, and the cancel is no drop of the tier.
+// more), the rest is the caller's to prefill, and the cancel is no drop of the tier,
+// nor a miss.
 // A context ended before the call loads nothing.
 func TestLookupAsyncCancel(t *testing.T) {
 	for _, be := range tierBackends {
@@ -192,6 +193,7 @@ func TestLookupAsyncCancel(t *testing.T) {
 				require.NoError(t, checkIDs(q, ids, 0, m))
 				st := pc.Stats()
 				assert.Equal(t, before.Tiers[0].Drops, st.Tiers[0].Drops, "a cancel is no drop")
+				assert.Equal(t, before.Tiers[0].Misses, st.Tiers[0].Misses, "nor a miss")
 				assert.EqualValues(t, m, st.Tiers[0].Hits-before.Tiers[0].Hits)
 				assert.EqualValues(t, m, st.Hits-before.Hits)
 				require.True(t, q.Close().OK(), "closed without an insert: the tier keeps every block")

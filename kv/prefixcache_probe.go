@@ -64,15 +64,16 @@ func (p Probe) Tiered() int { return p.Total - p.Device }
 // tells. On a model of recurrent groups and no window group (Qwen3-Next's), it peeks at
 // the heads of the run's values (TierPeeker, which kvtier's tiers implement), from the
 // last back, and counts up to the last whose value carries the states: what the
-// Lookup loads where each value is whole. From a tier that can not peek, it counts the
-// run, an upper bound.
+// Lookup loads where each value is whole. From a tier that can not peek, or whose
+// peek fails, it counts the run, an upper bound.
 //
 // Without tiers it costs about a Match (BenchmarkProbe). With tiers, past a device
 // hit that does not cover the prompt, it also hashes the prompt's whole blocks (as
 // Lookup does: most of its cost then) and asks each tier's Contains at most once, in
 // order, for the blocks past those the earlier ones hold (and, on a recurrent model,
 // peeks at values from the end of each run back to the last with states: a few
-// hundred bytes each), with no lock held and no load slot taken (TierLoads): no data
+// hundred bytes each), with no lock held and none of the cache's load slots taken
+// (TierLoads; a tier's own bound, as the file tier's Loads, may hold a peek): no data
 // moves, but Contains (and a peek) on a remote tier is a round trip, bounded
 // by TierWait (kvtier/redistier's is one pipelined EXISTS per block, which its own
 // counters see; kvtier/hosttier's and filetier's a map lookup per block under their
@@ -154,7 +155,8 @@ func (c *Cache) commitOf(m, n int) int64 {
 // first m would hold after its loads from the tiers (asked in order, each for the
 // whole blocks past what the earlier ones hold, up to limit tokens), and sets
 // held[i] to tier i's part, assuming every load succeeds and the budget takes it. It
-// asks each tier's Contains, no more, and counts nothing. No lock is held.
+// asks each tier's Contains and, on a model of recurrent groups, peeks at values
+// (lastStated), no more, and counts nothing. No lock is held.
 func (t *pcTiers) probe(ns Namespace, tokens []int32, m, limit int, held *[MaxTiers]int) int {
 	bt := t.bt
 	if limit/bt*bt <= m {
@@ -185,7 +187,7 @@ func (t *pcTiers) probe(ns Namespace, tokens []int32, m, limit int, held *[MaxTi
 		if err != nil || run <= 0 {
 			continue // as load: a failed Contains is a miss of that tier
 		}
-		run = t.lastStated(ctx, i, keys[:min(run, len(keys))], sc)
+		run, _ = t.lastStated(ctx, i, keys[:min(run, len(keys))], sc)
 		if run == 0 {
 			continue // as loadGroups: nothing served, the next tier asked from m
 		}

@@ -616,7 +616,9 @@ func (t *pcTiers) load(parent context.Context, ns Namespace, s *Sequence, tokens
 		}
 		got, full := t.loadFrom(ctx, i, tier, s, tokens, b, keys)
 		if got == 0 {
-			t.count(i, func(st *TierStats) { st.Misses++ })
+			if !callerEnded(ctx) { // a cancel is neither the tier's miss nor its drop
+				t.count(i, func(st *TierStats) { st.Misses++ })
+			}
 		} else {
 			n := max(m, (b+got)*bt)
 			t.count(i, func(st *TierStats) { st.Hits += int64(n - m) })
@@ -738,9 +740,10 @@ func (t *pcTiers) loadRun(ctx context.Context, i int, tier Tier, s *Sequence, b 
 	}
 	run = min(run, len(keys))
 	if t.grp != nil && t.grp.states > 0 {
-		// Blocks past the last whose value has the states serve nothing: not read.
+		// Blocks past the last whose value has the states serve nothing: not read,
+		// but for a value the load refuses (counted, and deleted).
 		sc := probeScratches.Get().(*probeScratch)
-		run = t.lastStated(ctx, i, keys[:run], sc)
+		_, run = t.lastStated(ctx, i, keys[:run], sc)
 		probeScratches.Put(sc)
 		if run == 0 {
 			return 0, false, false

@@ -47,8 +47,9 @@ import (
 // A tier's Hits count the tokens the match grew by its loads; a lookup whose loads
 // from a tier served nothing (none, or none that the window rule lets it serve) is
 // one of its Misses, the blocks cut off being asked of the next tier. Probe counts the
-// run each tier holds: an upper bound here, where the window rule (or, below, a
-// block without states) may serve less.
+// run each tier holds: an upper bound here, where the window rule may serve less. (On
+// a model of recurrent groups and no window group, Probe and the loads peek at a
+// run's values first: prefixcache_tier_peek.go.)
 //
 // Write-down is as on one group: eviction takes an entry whole where every unit of
 // its own gives memory back (shrinkGroups), its blocks from its parent's on copied out
@@ -322,7 +323,9 @@ func (t *pcTiers) loadGroups(parent context.Context, ns Namespace, s *Sequence, 
 		was := ld.served
 		_, full := t.loadFromGroups(ctx, i, tier, s, tokens, b, keys, &ld)
 		if ld.served == was {
-			t.count(i, func(st *TierStats) { st.Misses++ })
+			if !callerEnded(ctx) { // a cancel is neither the tier's miss nor its drop
+				t.count(i, func(st *TierStats) { st.Misses++ })
+			}
 		} else {
 			t.count(i, func(st *TierStats) { st.Hits += int64(ld.served - was) })
 		}

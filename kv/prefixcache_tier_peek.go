@@ -2,6 +2,7 @@ package kv
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 
@@ -22,11 +23,11 @@ type probeScratch struct {
 	hashes []blockhash.Hash
 	keys   []tierval.Key
 
-	grp    *tierGroups
-	key    tierval.Key
-	lens   []int
-	stated bool
-	use    func(head []byte) error
+	grp         *tierGroups
+	key         tierval.Key
+	lens        []int
+	stated, bad bool
+	use         func(head []byte) error
 }
 
 // probeScratches keeps the probes' buffers of every prefix cache: their sizes
@@ -37,44 +38,61 @@ var probeScratches = sync.Pool{New: func() any {
 	return sc
 }}
 
-// peeked reads a peeked value's head (Peek's use): stated is whether the value
-// carries every recurrent group's state and every other group's part whole, as a
-// load that serves a hit at the block's end needs (on a model with no window group).
+// peeked reads a peeked value's head (Peek's use), on a model with no window group:
+// stated is whether the value carries every recurrent group's state and every other
+// group's part whole, which a load serves a hit after; bad whether it is one a load
+// refuses (a group's part short, or the states of only some groups: see
+// loadFromGroups). A head PeekParts refuses is its error.
 func (sc *probeScratch) peeked(head []byte) error {
 	tg := sc.grp
 	sc.lens = slices.Grow(sc.lens[:0], len(tg.parts))[:len(tg.parts)]
 	if err := tierval.PeekParts(head, sc.key, tg.layout, tg.parts, sc.lens); err != nil {
 		return err
 	}
+	states := 0
 	for gi, n := range sc.lens {
-		if n != tg.parts[gi] {
-			return nil // a part missing: no states, or a block no load takes
+		switch {
+		case tg.per[gi] == 0 && n == tg.parts[gi]:
+			states++ // a recurrent group's state
+		case tg.per[gi] == 0:
+			// none
+		case n != tg.parts[gi]:
+			sc.bad = true
+			return nil
 		}
 	}
-	sc.stated = true
+	sc.stated = states == tg.states
+	sc.bad = states != 0 && !sc.stated
 	return nil
 }
 
-// lastStated returns how many of keys, from the first, a load from tier i serves a
-// hit after, on a model of recurrent groups and no window group: up to the last
-// block whose value carries the states (0 for none), which it finds by peeking at
-// the values' heads from the last back. keys are a run the tier holds. Without
-// states to find, or from a tier that can not peek (TierPeeker), it is the whole run:
-// an upper bound.
-func (t *pcTiers) lastStated(ctx context.Context, i int, keys []tierval.Key, sc *probeScratch) int {
+// lastStated returns, for a run keys of tier i's blocks, how many of them from the
+// first a load serves a hit after (serve) and how many it reads (reach), on a model
+// of recurrent groups and no window group: serve is up to the last block whose value
+// carries the states (0 for none), which it finds by peeking at the values' heads
+// from the last back; reach is serve, or past it up to the last value a load refuses
+// (so that the load counts it, and deletes it for a good one to take its place). A
+// value gone since Contains is passed over. Without states to find, from a tier that
+// can not peek (TierPeeker), or where a peek fails otherwise (the tier's failure, or
+// ctx's end), both are the whole run, as without peeking: an upper bound for a
+// Probe, and a load that reads the run and counts what fails.
+func (t *pcTiers) lastStated(ctx context.Context, i int, keys []tierval.Key, sc *probeScratch) (serve, reach int) {
 	if t.grp == nil || t.grp.states == 0 || t.grp.windows || t.peek[i] == nil {
-		return len(keys)
+		return len(keys), len(keys)
 	}
 	sc.grp = t.grp
 	for j := len(keys) - 1; j >= 0; j-- {
-		sc.key, sc.stated = keys[j], false
-		// A peek that fails is a block no load serves a hit after.
-		if err := t.peek[i].Peek(ctx, keys[j], t.grp.layout.HeadSize(), sc.use); err == nil && sc.stated {
-			return j + 1
-		}
-		if ctx.Err() != nil {
-			break
+		sc.key, sc.stated, sc.bad = keys[j], false, false
+		err := t.peek[i].Peek(ctx, keys[j], t.grp.layout.HeadSize(), sc.use)
+		switch {
+		case err == nil && sc.stated:
+			return j + 1, max(j+1, reach)
+		case err == nil && sc.bad, errors.Is(err, tierval.ErrValue):
+			reach = max(reach, j+1)
+		case err == nil, errors.Is(err, ErrTierMiss):
+		default:
+			return len(keys), len(keys)
 		}
 	}
-	return 0
+	return 0, reach
 }

@@ -456,3 +456,135 @@ func TestProbeStatesAllocatesNothing(t *testing.T) {
 		_, _ = pc.Probe(ids)
 	}))
 }
+
+// downTier is a tier whose Contains answers from its Map but whose Load, and Peek
+// (peekDown), fail once down is set: at once, or (block) once their context ends.
+type downTier struct {
+	*tiertest.Map
+	down, block bool
+}
+
+func (d *downTier) fail(ctx context.Context) error {
+	if d.block {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return errInjectedTier
+}
+
+func (d *downTier) Load(ctx context.Context, k tierval.Key, use func([]byte) error) error {
+	if d.down {
+		return d.fail(ctx)
+	}
+	return d.Map.Load(ctx, k, use)
+}
+
+// noPeekDown is a downTier that can not peek; peekDown one that can.
+type (
+	noPeekDown struct{ kv.Tier }
+	peekDown   struct{ *downTier }
+)
+
+func (p peekDown) Peek(ctx context.Context, k tierval.Key, n int, use func([]byte) error) error {
+	if p.down {
+		return p.fail(ctx)
+	}
+	return p.Map.Peek(ctx, k, n, use)
+}
+
+// TestPrefixCacheTierStatesPeekFails: a tier that fails after its Contains (an error,
+// or no answer within TierWait) is a counted drop whether it can peek or not: a peek
+// that fails leaves the load to read the run, as without peeking, and Probe to count
+// it, its upper bound.
+func TestPrefixCacheTierStatesPeekFails(t *testing.T) {
+	for _, block := range []bool{false, true} {
+		for _, peek := range []bool{false, true} {
+			t.Run(fmt.Sprintf("block=%v/peek=%v", block, peek), func(t *testing.T) {
+				d := &downTier{Map: tiertest.NewMap(64 << 20), block: block}
+				var tier kv.Tier = noPeekDown{d}
+				if peek {
+					tier = peekDown{d}
+				}
+				e := openEnv(t, onShared, scaled, withLimit(1<<30), withConfig(kv.Config{Model: tinyNext, MaxTokens: 2048}))
+				pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{Tiers: []kv.Tier{tier}, TierPrefix: t.Name(), TierWait: 50 * time.Millisecond})
+				require.NoError(t, err)
+				closeAtCleanup(t, pc)
+				bt := tierBlock(t, e.c)
+				ids := promptIDs(7, 5*bt+5)
+				evictStates(t, e, pc, ids, 2*bt)
+				before := pc.Stats().Tiers[0]
+				d.down = true
+				p, err := pc.Probe(ids)
+				require.NoError(t, err)
+				assert.Equal(t, 5*bt, p.Total, "the run the tier holds: an upper bound")
+				s, m, err := pc.Lookup(ids)
+				require.NoError(t, err)
+				assert.Zero(t, m)
+				st := pc.Stats().Tiers[0]
+				assert.EqualValues(t, 1, st.Drops-before.Drops, "the failed load, counted")
+				assert.EqualValues(t, 1, st.Misses-before.Misses)
+				require.True(t, s.Close().OK())
+				idleBooks(t, e, pc, "after the failed load")
+			})
+		}
+	}
+}
+
+// TestPrefixCacheTierStatesRefusedPast: a value a load refuses past the last block
+// with states (here one written under another state size) is still read, counted as
+// invalid and deleted, whether the tier can peek or not: peeking reads no block past
+// the states but such a one, so that a good value can take its place.
+func TestPrefixCacheTierStatesRefusedPast(t *testing.T) {
+	for _, peek := range []bool{true, false} {
+		t.Run(fmt.Sprintf("peek=%v", peek), func(t *testing.T) {
+			m := tiertest.NewMap(64 << 20)
+			var tier kv.Tier = m
+			if !peek {
+				tier = noPeek{m}
+			}
+			e, pc, bt := stateTierEnv(t, tinyNext, onShared, tier)
+			ids := promptIDs(7, 3*bt+5)
+			evictStates(t, e, pc, ids, bt)
+			keys := groupTierKeys(t, e.c, t.Name(), ids)
+			storeOtherStateSize(t, e.c, m, keys[2], ids[2*bt:3*bt])
+
+			q, hit := serveStates(t, pc, ids, 0)
+			assert.Equal(t, 2*bt, hit, "the last block with states before the refused one")
+			st := pc.Stats().Tiers[0]
+			assert.EqualValues(t, 1, st.Invalid, "the value of another state size, refused")
+			n, err := m.Contains(context.Background(), keys[2:3])
+			require.NoError(t, err)
+			assert.Zero(t, n, "and deleted")
+			require.True(t, q.Close().OK())
+		})
+	}
+}
+
+// storeOtherStateSize stores into m under key a grouped value for the block of tokens
+// of c's model with every part present, written under a layout whose recurrent groups'
+// states are 8 bytes longer: one a load of c's must refuse.
+func storeOtherStateSize(t *testing.T, c *kv.Cache, m *tiertest.Map, key tierval.Key, tokens []int32) {
+	t.Helper()
+	model := c.Config().Model
+	gls := make([]tierval.GroupLayout, len(model.Groups))
+	parts := make([]int, len(model.Groups))
+	for gi, g := range model.Groups {
+		st, err := c.LayerStrides(g.Layers[0])
+		require.NoError(t, err)
+		if g.Kind == kv.Recurrent {
+			gls[gi] = tierval.GroupLayout{Part: tierval.PartState, Kind: uint8(g.Kind), DType: uint8(g.DType),
+				Layers: len(g.Layers), UnitBytes: len(g.Layers)*g.StateBytes + 8}
+			parts[gi] = gls[gi].UnitBytes
+			continue
+		}
+		gls[gi] = tierval.GroupLayout{Part: tierval.PartUnits, Kind: uint8(g.Kind), DType: uint8(g.DType),
+			Window: g.Window, Layers: len(g.Layers), KVHeads: g.KVHeads, HeadDim: g.HeadDim, Tensors: 2,
+			UnitTokens: st.BlockTokens, UnitBytes: st.BlockStride}
+		parts[gi] = len(tokens) / st.BlockTokens * st.BlockStride
+	}
+	l, err := tierval.NewLayout(model.Name, gls)
+	require.NoError(t, err)
+	bad := make([]byte, l.Size(len(tokens), parts))
+	require.NoError(t, tierval.EncodeGroups(bad, key, l, tokens, parts, func(int, []byte) error { return nil }))
+	require.NoError(t, m.Store(context.Background(), key, len(bad), func(dst []byte) error { copy(dst, bad); return nil }))
+}

@@ -66,8 +66,8 @@ type TierPeeker interface {
 	// Peek calls use once with the first min(n, size) bytes of the value stored under
 	// key (n >= 1; less panics); head is valid only during the call and must not be
 	// written. A key the tier does not hold is ErrTierMiss (use is not called); use's
-	// error is Peek's. It changes nothing: no value is marked used, nothing is counted
-	// as a load.
+	// error is Peek's. It marks no value used and counts no load; a tier may forget a
+	// value whose head it finds damaged, as its Load would.
 	Peek(ctx context.Context, key tierval.Key, n int, use func(head []byte) error) error
 }
 
