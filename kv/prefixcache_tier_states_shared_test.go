@@ -506,7 +506,9 @@ func TestPrefixCacheTierStatesPeekFails(t *testing.T) {
 					tier = peekDown{d}
 				}
 				e := openEnv(t, onShared, scaled, withLimit(1<<30), withConfig(kv.Config{Model: tinyNext, MaxTokens: 2048}))
-				pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{Tiers: []kv.Tier{tier}, TierPrefix: t.Name(), TierWait: 50 * time.Millisecond})
+				// A wait the blocking tier runs out, long enough that nothing before the
+				// peek or the load (a Contains, say) does on a loaded machine.
+				pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{Tiers: []kv.Tier{tier}, TierPrefix: t.Name(), TierWait: 500 * time.Millisecond})
 				require.NoError(t, err)
 				closeAtCleanup(t, pc)
 				bt := tierBlock(t, e.c)
