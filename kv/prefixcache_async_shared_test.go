@@ -338,6 +338,7 @@ func TestLookupAsyncGroups(t *testing.T) {
 			// rule holds (none here: the values of the first blocks went down
 			// without the window units the entry had given back).
 			tier.arm(2)
+			misses := pc.Stats().Tiers[0].Misses
 			ctx, cancel := context.WithCancel(context.Background())
 			p, err = pc.LookupAsync(ctx, kv.Namespace{}, ids)
 			require.NoError(t, err)
@@ -356,6 +357,7 @@ func TestLookupAsyncGroups(t *testing.T) {
 			}
 			require.True(t, q.Close().OK())
 			assert.Zero(t, pc.Stats().Tiers[0].Drops)
+			assert.Equal(t, misses, pc.Stats().Tiers[0].Misses, "a cancel is no miss")
 			idleBooks(t, e, pc, "after a cancelled async lookup")
 		})
 	}

@@ -187,7 +187,7 @@ func (t *pcTiers) probe(ns Namespace, tokens []int32, m, limit int, held *[MaxTi
 		if err != nil || run <= 0 {
 			continue // as load: a failed Contains is a miss of that tier
 		}
-		run, _ = t.lastStated(ctx, i, keys[:min(run, len(keys))], sc)
+		run = t.lastStated(ctx, i, keys[:min(run, len(keys))], sc)
 		if run == 0 {
 			continue // as loadGroups: nothing served, the next tier asked from m
 		}

@@ -74,10 +74,9 @@ import (
 //
 // Lookup: past the local match (a miss, or a partial hit), the tiers are asked in
 // order for the whole blocks that follow, up to the last token, which is never
-// matched: Contains, then (on a model of recurrent groups and no window group, from a
-// TierPeeker) a peek from the run's end back to the last value with the states, then
-// Load of the run that leaves, into granules the new sequence commits for them (the
-// block holding the match's last token is loaded whole over its copy). Where the device's budget can not hold the whole run even after
+// matched: Contains, then Load of the run it reports, into granules the new sequence
+// commits for them (the block holding the match's last token is loaded whole over its
+// copy). Where the device's budget can not hold the whole run even after
 // eviction (which runs first, as for any growth), the longest start of it that fits
 // is loaded, the rest counted in TierStats.Unfit, and no tier below is asked. Every
 // value is checked by DecodeTierValue against the prompt's own tokens before its
@@ -723,8 +722,7 @@ func (t *pcTiers) takeLoad(ctx context.Context, i int) bool {
 	}
 }
 
-// loadRun asks tier i how long a run of keys, blocks b on, it holds (on a model of
-// recurrent groups, up to the last value with states: lastStated), and grows s for
+// loadRun asks tier i how long a run of keys, blocks b on, it holds, and grows s for
 // as much of it as the device's budget takes (grow). It returns the run to load,
 // whether the budget cut it, and false where there is nothing to load: the tier holds
 // none, or failed (counted a drop), or the growth failed other than for the budget (a
@@ -739,16 +737,11 @@ func (t *pcTiers) loadRun(ctx context.Context, i int, tier Tier, s *Sequence, b 
 		return 0, false, false
 	}
 	run = min(run, len(keys))
-	if t.grp != nil && t.grp.states > 0 {
-		// Blocks past the last whose value has the states serve nothing: not read,
-		// but for a value the load refuses (counted, and deleted).
-		sc := probeScratches.Get().(*probeScratch)
-		_, run = t.lastStated(ctx, i, keys[:run], sc)
-		probeScratches.Put(sc)
-		if run == 0 {
-			return 0, false, false
-		}
-	}
+	// NB: on a model of recurrent groups the blocks past the last value with states
+	// serve nothing, yet the load reads them (and cuts them off): peeking first, as
+	// Probe does, would spend the tiers' wait on the peeks before any load on a slow
+	// tier, and leave a value damaged past its head unread, neither counted nor
+	// deleted.
 	fit, err := t.grow(s, b, run)
 	if err != nil {
 		t.count(i, func(st *TierStats) { st.Drops++ })

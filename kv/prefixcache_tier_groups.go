@@ -48,8 +48,8 @@ import (
 // from a tier served nothing (none, or none that the window rule lets it serve) is
 // one of its Misses, the blocks cut off being asked of the next tier. Probe counts the
 // run each tier holds: an upper bound here, where the window rule may serve less. (On
-// a model of recurrent groups and no window group, Probe and the loads peek at a
-// run's values first: prefixcache_tier_peek.go.)
+// a model of recurrent groups and no window group, Probe peeks at a run's values
+// first: prefixcache_tier_peek.go.)
 //
 // Write-down is as on one group: eviction takes an entry whole where every unit of
 // its own gives memory back (shrinkGroups), its blocks from its parent's on copied out

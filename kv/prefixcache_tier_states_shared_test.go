@@ -181,11 +181,7 @@ func testTierStatesSparse(t *testing.T, kind backingKind, peek bool) {
 	st := pc.Stats().Tiers[0]
 	assert.EqualValues(t, 2*bt, st.Hits)
 	assert.Zero(t, st.Invalid)
-	if peek {
-		assert.Less(t, st.LoadBytes, st.StoreBytes, "the blocks past the states not read")
-	} else {
-		assert.Equal(t, st.StoreBytes, st.LoadBytes, "every block read, and those past the states cut off")
-	}
+	assert.Equal(t, st.StoreBytes, st.LoadBytes, "every block read, and those past the states cut off")
 	idleBooks(t, e, pc, "after the load")
 }
 
@@ -361,8 +357,7 @@ func (c *storeCounter) Store(ctx context.Context, key tierval.Key, size int, fil
 // (ErrDamaged on its next call), never served with wrong states, and its close gives
 // everything back. With the full group first its failed cut changes nothing of the
 // sequence (Truncate leaves it whole), so only the load knows the states are wrong.
-// The tier can not peek, so the load reads the blocks past the states (from one that
-// can, it reads none of them and cuts nothing: TestPrefixCacheTierStatesSparse).
+// (The tier can not peek; a load reads the blocks past the states either way.)
 func TestPrefixCacheTierStatesTruncateFails(t *testing.T) {
 	fullFirst := kv.Model{Name: "tiny-next-full-first", Layers: 4, Groups: []kv.Group{
 		tinyNext.Groups[1], tinyNext.Groups[0]}}
@@ -493,9 +488,8 @@ func (p peekDown) Peek(ctx context.Context, k tierval.Key, n int, use func([]byt
 }
 
 // TestPrefixCacheTierStatesPeekFails: a tier that fails after its Contains (an error,
-// or no answer within TierWait) is a counted drop whether it can peek or not: a peek
-// that fails leaves the load to read the run, as without peeking, and Probe to count
-// it, its upper bound.
+// or no answer within TierWait) is a counted drop whether it can peek or not, and a
+// Probe whose peek fails counts the run, its upper bound.
 func TestPrefixCacheTierStatesPeekFails(t *testing.T) {
 	for _, block := range []bool{false, true} {
 		for _, peek := range []bool{false, true} {
@@ -533,9 +527,9 @@ func TestPrefixCacheTierStatesPeekFails(t *testing.T) {
 }
 
 // TestPrefixCacheTierStatesRefusedPast: a value a load refuses past the last block
-// with states (here one written under another state size) is still read, counted as
-// invalid and deleted, whether the tier can peek or not: peeking reads no block past
-// the states but such a one, so that a good value can take its place.
+// with states (here one written under another state size) is read, counted as
+// invalid and deleted, whether the tier can peek or not, so that a good value can
+// take its place; Probe, which peeks, counts up to the block before it.
 func TestPrefixCacheTierStatesRefusedPast(t *testing.T) {
 	for _, peek := range []bool{true, false} {
 		t.Run(fmt.Sprintf("peek=%v", peek), func(t *testing.T) {
@@ -549,6 +543,13 @@ func TestPrefixCacheTierStatesRefusedPast(t *testing.T) {
 			evictStates(t, e, pc, ids, bt)
 			keys := groupTierKeys(t, e.c, t.Name(), ids)
 			storeOtherStateSize(t, e.c, m, keys[2], ids[2*bt:3*bt])
+			p, err := pc.Probe(ids)
+			require.NoError(t, err)
+			if peek {
+				assert.Equal(t, 2*bt, p.Total, "Probe peeks: up to the refused value")
+			} else {
+				assert.Equal(t, 3*bt, p.Total, "Probe counts the run, an upper bound")
+			}
 
 			q, hit := serveStates(t, pc, ids, 0)
 			assert.Equal(t, 2*bt, hit, "the last block with states before the refused one")

@@ -55,12 +55,10 @@ type Tier interface {
 
 // TierPeeker is implemented by tiers that read the start of a value without reading
 // it whole: a few hundred bytes from host memory, one aligned read of a file, a Redis
-// GETRANGE. On a model with recurrent groups (and no window group), a Probe and a
-// Lookup's load peek at the values of a tier's run to find the last that carries the
-// states the Lookup would start on: the Probe counts exactly what the Lookup loads,
-// and the load reads no value past it. Without it, both take the whole run: Probe's
-// count is then an upper bound, and the load reads the blocks past the states and
-// cuts them off again.
+// GETRANGE. On a model with recurrent groups (and no window group), a Probe peeks at
+// the values of a tier's run to find the last that carries the states a Lookup would
+// start on, and so counts exactly what the Lookup loads. Without it, Probe counts the
+// whole run, an upper bound. (A Lookup's load does not peek: it reads the run.)
 type TierPeeker interface {
 	Tier
 	// Peek calls use once with the first min(n, size) bytes of the value stored under
