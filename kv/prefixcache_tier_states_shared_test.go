@@ -213,30 +213,8 @@ func TestPrefixCacheTierStatesRefused(t *testing.T) {
 	ids := promptIDs(7, 2*bt+5)
 	evictStates(t, e, pc, ids, bt)
 	keys := groupTierKeys(t, e.c, t.Name(), ids)
-	ctx := context.Background()
-
 	// The same value with its state's bytes changed in the layout and the part.
-	model := e.c.Config().Model
-	gls := make([]tierval.GroupLayout, len(model.Groups))
-	parts := make([]int, len(model.Groups))
-	for gi, g := range model.Groups {
-		st, _ := e.c.LayerStrides(g.Layers[0])
-		if g.Kind == kv.Recurrent {
-			gls[gi] = tierval.GroupLayout{Part: tierval.PartState, Kind: uint8(g.Kind), DType: uint8(g.DType),
-				Layers: len(g.Layers), UnitBytes: len(g.Layers)*g.StateBytes + 8}
-			parts[gi] = gls[gi].UnitBytes
-			continue
-		}
-		gls[gi] = tierval.GroupLayout{Part: tierval.PartUnits, Kind: uint8(g.Kind), DType: uint8(g.DType),
-			Window: g.Window, Layers: len(g.Layers), KVHeads: g.KVHeads, HeadDim: g.HeadDim, Tensors: 2,
-			UnitTokens: st.BlockTokens, UnitBytes: st.BlockStride}
-		parts[gi] = bt / st.BlockTokens * st.BlockStride
-	}
-	l, err := tierval.NewLayout(model.Name, gls)
-	require.NoError(t, err)
-	bad := make([]byte, l.Size(bt, parts))
-	require.NoError(t, tierval.EncodeGroups(bad, keys[0], l, ids[:bt], parts, func(int, []byte) error { return nil }))
-	require.NoError(t, tier.Store(ctx, keys[0], len(bad), func(dst []byte) error { copy(dst, bad); return nil }))
+	storeOtherStateSize(t, e.c, tier, keys[0], ids[:bt])
 
 	s, m := serveStates(t, pc, ids, 0)
 	assert.Zero(t, m, "the first block refused, nothing past it loaded")
