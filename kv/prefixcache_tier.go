@@ -594,17 +594,18 @@ func (t *pcTiers) truncating(pc *PrefixCache, s *Sequence, n int) {
 	}
 }
 
-// load extends s, a lookup's new sequence holding the prompt's first m tokens, by
-// the blocks of tokens that follow which the tiers hold under namespace ns, asking them in order, up to
-// limit tokens, within the wait and until parent ends, as far as the device's budget holds them (grow).
+// load extends s, a lookup's new sequence holding the prompt's first m tokens, by the
+// blocks of tokens that follow which the tiers hold under namespace ns, asking them in
+// order, up to limit tokens, within the wait and until parent ends, as far as the
+// device's budget holds them (grow).
 // Each value is checked against the prompt's tokens before its bytes are copied into
 // s's own fresh granules; the first block that fails ends the run, and s keeps the
 // tokens before it. It returns s's length. No lock is held.
 func (t *pcTiers) load(parent context.Context, ns Namespace, s *Sequence, tokens []int32, m, limit int) int {
-	bt := t.c.tpb
-	if limit/bt*bt <= m {
+	if !t.asks(m, limit) {
 		return m
 	}
+	bt := t.c.tpb
 	ctx, cancel := t.loadContext(parent)
 	defer cancel()
 	keys := t.keys(t.spaceNS(ns), tokens[:limit/bt*bt], m/bt)

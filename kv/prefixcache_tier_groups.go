@@ -304,10 +304,10 @@ type groupLoad struct {
 // loadGroups is load on a cache of several groups (see the top of this file). No
 // lock is held.
 func (t *pcTiers) loadGroups(parent context.Context, ns Namespace, s *Sequence, tokens []int32, m, limit int) int {
-	bt := t.bt
-	if limit/bt*bt <= m {
+	if !t.asks(m, limit) {
 		return m
 	}
+	bt := t.bt
 	ctx, cancel := t.loadContext(parent)
 	defer cancel()
 	b0 := m / bt

@@ -16,9 +16,8 @@ import (
 
 // probeScratch is a Probe's buffers for the prompt's block hashes and keys, kept in
 // probeScratches between Probes so that one allocates nothing; and, for the peeks at
-// values (lastStated), the value's layout and key, its parts'
-// lengths, what the last peek found, and the function Peek calls, made once per
-// scratch.
+// values (lastStated), the value's layout and key, its parts' lengths, what the last
+// peek found, and the function Peek calls, made once per scratch.
 type probeScratch struct {
 	hashes []blockhash.Hash
 	keys   []tierval.Key

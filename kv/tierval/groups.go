@@ -270,12 +270,9 @@ func decodeGroups(src []byte, key Key, l *Layout, tokens []int32, want []int, pa
 		return refused(ErrTruncated, "%d bytes, a header is %d", len(src), HeaderSize)
 	}
 	h := src[:HeaderSize]
-	if string(h[:4]) != magic {
-		return refused(ErrFormat, "magic % x", h[:4])
-	}
-	f := binary.LittleEndian.Uint16(h[6:])
-	if v := binary.LittleEndian.Uint16(h[4:]); v != GroupsVersion || (f != 0 && (!inProcess || f != payloadUnsummed)) {
-		return refused(ErrFormat, "version %d flags %#x, a grouped value is version %d", v, f, GroupsVersion)
+	f, err := groupsFormat(h, inProcess)
+	if err != nil {
+		return err
 	}
 	n := uint64(binary.LittleEndian.Uint32(h[24:]))
 	g := uint64(binary.LittleEndian.Uint32(h[28:]))
@@ -290,28 +287,14 @@ func decodeGroups(src []byte, key Key, l *Layout, tokens []int32, want []int, pa
 	if got, sum := groupsChecksum(src, f, body), binary.LittleEndian.Uint32(h[crcOffset:]); got != sum {
 		return refused(ErrChecksum, "CRC-32C %#08x, header says %#08x", got, sum)
 	}
-	if ns := binary.LittleEndian.Uint64(h[8:]); ns != key.Namespace {
-		return refused(ErrNamespace, "namespace %#016x, want %#016x", ns, key.Namespace)
-	}
-	if int(g) != l.groups || !bytes.Equal(src[HeaderSize:dir], l.enc) {
-		return refused(ErrLayout, "%d groups, layout %s; want %d groups, layout %s", g, layoutName(src[HeaderSize:dir]), l.groups, layoutName(l.enc))
-	}
-	if hash := binary.LittleEndian.Uint64(h[16:]); hash != key.Hash {
-		return refused(ErrBlock, "hash %#016x, want %#016x", hash, key.Hash)
+	if err := l.ident(src, key); err != nil {
+		return err
 	}
 	if int(n) != len(tokens) {
 		return refused(ErrBlock, "%d tokens, want %d", n, len(tokens))
 	}
-	var sum uint64
-	for i := range l.groups {
-		q := binary.LittleEndian.Uint64(src[dir+8*i:])
-		if !partFits(q, want[i], l.units[i]) {
-			return refused(ErrBlock, "group %d's part is %d bytes, want %d or its last units of %d bytes", i, q, want[i], l.units[i])
-		}
-		sum += q
-	}
-	if sum != p {
-		return refused(ErrBlock, "parts of %d bytes in all, payload %d", sum, p)
+	if err := l.lengths(src, want, p); err != nil {
+		return err
 	}
 	stored := src[dir+8*l.groups : body]
 	for i, tok := range tokens {
@@ -355,37 +338,70 @@ func PeekParts(head []byte, key Key, l *Layout, want, lens []int) error {
 		return refused(ErrTruncated, "%d bytes, the head of a grouped value under this layout is %d", len(head), l.HeadSize())
 	}
 	h := head[:HeaderSize]
+	if _, err := groupsFormat(h, true); err != nil {
+		return err
+	}
+	if err := l.ident(head, key); err != nil {
+		return err
+	}
+	if err := l.lengths(head, want, binary.LittleEndian.Uint64(h[32:])); err != nil {
+		return err
+	}
+	dir := HeaderSize + len(l.enc)
+	for i := range l.groups {
+		lens[i] = int(binary.LittleEndian.Uint64(head[dir+8*i:]))
+	}
+	return nil
+}
+
+// groupsFormat checks a grouped value's header h for its magic, version and flags
+// (payloadUnsummed only with inProcess) and returns the flags.
+func groupsFormat(h []byte, inProcess bool) (uint16, error) {
 	if string(h[:4]) != magic {
-		return refused(ErrFormat, "magic % x", h[:4])
+		return 0, refused(ErrFormat, "magic % x", h[:4])
 	}
 	f := binary.LittleEndian.Uint16(h[6:])
-	if v := binary.LittleEndian.Uint16(h[4:]); v != GroupsVersion || (f != 0 && f != payloadUnsummed) {
-		return refused(ErrFormat, "version %d flags %#x, a grouped value is version %d", v, f, GroupsVersion)
+	if v := binary.LittleEndian.Uint16(h[4:]); v != GroupsVersion || (f != 0 && (!inProcess || f != payloadUnsummed)) {
+		return 0, refused(ErrFormat, "version %d flags %#x, a grouped value is version %d", v, f, GroupsVersion)
 	}
+	return f, nil
+}
+
+// ident checks that v, a grouped value or its head (its header and at least its
+// layout's bytes, where its header says they are l's length), is of key under l: its
+// namespace (ErrNamespace), its layout (ErrLayout: the group count, the layout's
+// length and bytes) and its hash (ErrBlock), in that order.
+func (l *Layout) ident(v []byte, key Key) error {
+	h := v[:HeaderSize]
 	if ns := binary.LittleEndian.Uint64(h[8:]); ns != key.Namespace {
 		return refused(ErrNamespace, "namespace %#016x, want %#016x", ns, key.Namespace)
 	}
-	dir := HeaderSize + len(l.enc)
-	if g := binary.LittleEndian.Uint32(h[28:]); int(g) != l.groups || binary.LittleEndian.Uint32(h[44:]) != uint32(len(l.enc)) ||
-		!bytes.Equal(head[HeaderSize:dir], l.enc) {
-		return refused(ErrLayout, "%d groups, layout %s; want %d groups, layout %s", g, layoutName(head[HeaderSize:dir]), l.groups, layoutName(l.enc))
+	g, lay := binary.LittleEndian.Uint32(h[28:]), int(binary.LittleEndian.Uint32(h[44:]))
+	enc := v[HeaderSize:min(len(v), HeaderSize+lay)]
+	if int(g) != l.groups || !bytes.Equal(enc, l.enc) {
+		return refused(ErrLayout, "%d groups, layout %s; want %d groups, layout %s", g, layoutName(enc), l.groups, layoutName(l.enc))
 	}
 	if hash := binary.LittleEndian.Uint64(h[16:]); hash != key.Hash {
 		return refused(ErrBlock, "hash %#016x, want %#016x", hash, key.Hash)
 	}
+	return nil
+}
+
+// lengths checks the parts' lengths of v, a grouped value under l (ident passed) or
+// its head: each one a part of its group may have against want (partFits), and all
+// of them together payload bytes; else ErrBlock.
+func (l *Layout) lengths(v []byte, want []int, payload uint64) error {
+	dir := HeaderSize + len(l.enc)
 	var sum uint64
 	for i := range l.groups {
-		q := binary.LittleEndian.Uint64(head[dir+8*i:])
+		q := binary.LittleEndian.Uint64(v[dir+8*i:])
 		if !partFits(q, want[i], l.units[i]) {
 			return refused(ErrBlock, "group %d's part is %d bytes, want %d or its last units of %d bytes", i, q, want[i], l.units[i])
 		}
 		sum += q
 	}
-	if p := binary.LittleEndian.Uint64(h[32:]); sum != p {
-		return refused(ErrBlock, "parts of %d bytes in all, payload %d", sum, p)
-	}
-	for i := range l.groups {
-		lens[i] = int(binary.LittleEndian.Uint64(head[dir+8*i:]))
+	if sum != payload {
+		return refused(ErrBlock, "parts of %d bytes in all, payload %d", sum, payload)
 	}
 	return nil
 }
