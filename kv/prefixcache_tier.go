@@ -682,6 +682,13 @@ func (t *pcTiers) loadFrom(ctx context.Context, i int, tier Tier, s *Sequence, t
 	return got, short
 }
 
+// asks reports whether a lookup that matched m tokens on the device, of at most limit
+// (PrefixCache.matchable), asks the tiers for more: a whole tier block lies between
+// them. False without tiers.
+func (t *pcTiers) asks(m, limit int) bool {
+	return t != nil && limit/t.bt*t.bt > m
+}
+
 // errTierWait is the cause of a lookup's loads ending at TierWait (loadContext).
 var errTierWait = errors.New("kv: the tiers' wait (TierWait) ran out")
 

@@ -107,13 +107,6 @@ func (t *pcTiers) loadFor(ctx context.Context, ns Namespace, s *Sequence, tokens
 	return t.load(ctx, ns, s, tokens, m, limit)
 }
 
-// asks reports whether a lookup that matched m tokens on the device, of at most limit
-// (PrefixCache.matchable), asks the tiers for more: a whole tier block lies between
-// them. False without tiers.
-func (t *pcTiers) asks(m, limit int) bool {
-	return t != nil && limit/t.bt*t.bt > m
-}
-
 // writeDown is writeBack, or writeBackGroups on a cache of several groups: what an
 // entry's close and a write-through call. NB: the other write-downs (a lazy entry's,
 // one a miss's spare makes) are of one group's caches only, and call writeBack.
