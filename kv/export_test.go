@@ -1,5 +1,7 @@
 package kv
 
+import "github.com/vmarena/vmarena/kv/tierval"
+
 // KindsOf returns the tensors each layer of m's first group has, in order, for tests
 // that walk every tensor of a sequence of a uniform model without assuming a K and a
 // V per layer.
@@ -139,3 +141,13 @@ func (pc *PrefixCache) OnLoadWait(f func()) { pc.tiers.onLoadWait = f }
 // TierOwed returns the bytes pc's reclaimer owes requests that wait on the device
 // (pcTiers.owe); pc must have tiers.
 func (pc *PrefixCache) TierOwed() int64 { return pc.tiers.owed.Load() }
+
+// TierLayout returns the value layout of pc's tiers on a cache of several groups and
+// the bytes of each group's whole part of a value, for tests that forge values; nil
+// where pc has no tiers or its cache one group.
+func TierLayout(pc *PrefixCache) (*tierval.Layout, []int) {
+	if pc.tiers == nil || pc.tiers.grp == nil {
+		return nil, nil
+	}
+	return pc.tiers.grp.layout, append([]int(nil), pc.tiers.grp.parts...)
+}

@@ -57,13 +57,13 @@ func (p Probe) Tiered() int { return p.Total - p.Device }
 // another request's Lookup may change it before the Lookup is made. Where the budget
 // can not take all of the tier loads, a Lookup loads fewer of them (TierStats.Unfit)
 // and Commit is an upper bound; so it is on a miss that takes over an evicted entry's
-// committed granules (see Lookup). On a model of several groups with a window group
-// each tier's count is an upper bound too: it is the run of blocks the tier holds,
-// and a Lookup serves only up to the last of them at which every window group holds
-// what the step reads (prefixcache_tier_groups.go), which only reading the values
-// tells. On a model of recurrent groups and no window group (Qwen3-Next's), it peeks at
-// the heads of the run's values (TierPeeker, which kvtier's tiers implement), from the
-// last back, and counts up to the last whose value carries the states: what the
+// committed granules (see Lookup). On a model of several groups with window or
+// recurrent groups (gpt-oss's, Gemma-3's, Llama-4's, Qwen3-Next's), a Lookup serves a
+// tier's run only up to the last block at which every window group holds what the
+// step reads and, with recurrent groups, whose value carries the states
+// (prefixcache_tier_groups.go); Probe finds it from the lengths of the values' parts,
+// peeking at their heads (TierPeeker, which kvtier's tiers implement) from the last
+// block back, and at the blocks before it whose tokens the step there reads: what the
 // Lookup loads where each value is whole. From a tier that can not peek, or whose
 // peek fails, it counts the run, an upper bound.
 //
@@ -155,8 +155,8 @@ func (c *Cache) commitOf(m, n int) int64 {
 // first m would hold after its loads from the tiers (asked in order, each for the
 // whole blocks past what the earlier ones hold, up to limit tokens), and sets
 // held[i] to tier i's part, assuming every load succeeds and the budget takes it. It
-// asks each tier's Contains and, on a model of recurrent groups, peeks at values
-// (lastStated), no more, and counts nothing. No lock is held.
+// asks each tier's Contains and, on a model of window or recurrent groups, peeks at
+// values (lastServed), no more, and counts nothing. No lock is held.
 func (t *pcTiers) probe(ns Namespace, tokens []int32, m, limit int, held *[MaxTiers]int) int {
 	bt := t.bt
 	if limit/bt*bt <= m {
@@ -178,7 +178,7 @@ func (t *pcTiers) probe(ns Namespace, tokens []int32, m, limit int, held *[MaxTi
 		ctx, cancel = context.WithTimeout(ctx, t.wait)
 	}
 	defer cancel()
-	b := m / bt
+	b, dev := m/bt, m
 	for i, tier := range t.tiers {
 		if len(keys) == 0 || ctx.Err() != nil {
 			break
@@ -187,7 +187,7 @@ func (t *pcTiers) probe(ns Namespace, tokens []int32, m, limit int, held *[MaxTi
 		if err != nil || run <= 0 {
 			continue // as load: a failed Contains is a miss of that tier
 		}
-		run = t.lastStated(ctx, i, keys[:min(run, len(keys))], sc)
+		run = t.lastServed(ctx, i, keys[:min(run, len(keys))], b, dev, sc)
 		if run == 0 {
 			continue // as loadGroups: nothing served, the next tier asked from m
 		}

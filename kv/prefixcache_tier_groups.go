@@ -46,10 +46,9 @@ import (
 // bytes) are not written: they are the cache's, read-only, and hold the same tokens.
 // A tier's Hits count the tokens the match grew by its loads; a lookup whose loads
 // from a tier served nothing (none, or none that the window rule lets it serve) is
-// one of its Misses, the blocks cut off being asked of the next tier. Probe counts the
-// run each tier holds: an upper bound here, where the window rule may serve less. (On
-// a model of recurrent groups and no window group, Probe peeks at a run's values
-// first: prefixcache_tier_peek.go.)
+// one of its Misses, the blocks cut off being asked of the next tier. Probe finds the
+// same end from the lengths of the parts in the heads of the run's values
+// (prefixcache_tier_peek.go), with no value read whole.
 //
 // Write-down is as on one group: eviction takes an entry whole where every unit of
 // its own gives memory back (shrinkGroups), its blocks from its parent's on copied out
@@ -464,9 +463,9 @@ func (t *pcTiers) loadFromGroups(ctx context.Context, i int, tier Tier, s *Seque
 			if !g.windowed() {
 				continue
 			}
-			// The part holds the group's tokens from from on; where that leaves a
-			// gap after what s held before the block, s holds them from there on.
-			if from := end - len(parts[gi])/g.unit*g.tpb; from > max(blk*bt, ld.m) {
+			// Where the part leaves a gap after what s held before the block, s
+			// holds the group's tokens from the part's first on.
+			if from, gap := t.partFrom(gi, blk, len(parts[gi]), ld.m); gap {
 				ld.held[gi], ld.gap = from, true
 			}
 		}
@@ -489,15 +488,14 @@ func (t *pcTiers) loadFromGroups(ctx context.Context, i int, tier Tier, s *Seque
 // there reads (the window rule). A part that leaves a gap after what s held before
 // the block moves the group's first held token to where the part starts.
 func (t *pcTiers) servesAt(ld *groupLoad, blk int, parts [][]byte) bool {
-	bt, groups := t.bt, t.c.groups
-	end := (blk + 1) * bt
-	for gi := range groups {
-		g := &groups[gi]
+	end := (blk + 1) * t.bt
+	for gi := range t.c.groups {
+		g := &t.c.groups[gi]
 		if !g.windowed() {
 			continue
 		}
 		held := ld.held[gi]
-		if from := end - len(parts[gi])/g.unit*g.tpb; from > max(blk*bt, ld.m) {
+		if from, gap := t.partFrom(gi, blk, len(parts[gi]), ld.m); gap {
 			held = from
 		}
 		if !g.serves(held, end) {
@@ -505,6 +503,17 @@ func (t *pcTiers) servesAt(ld *groupLoad, blk int, parts [][]byte) bool {
 		}
 	}
 	return true
+}
+
+// partFrom returns the first token of window group gi's part of n bytes in the
+// value of block blk (a part is the group's last units of the block), and whether it
+// leaves a gap after what a lookup's sequence, which holds the device's match of m
+// tokens, held before the block: a part that starts past the block's first token
+// and past m.
+func (t *pcTiers) partFrom(gi, blk, n, m int) (from int, gap bool) {
+	g := &t.c.groups[gi]
+	from = (blk+1)*t.bt - n/g.unit*g.tpb
+	return from, from > max(blk*t.bt, m)
 }
 
 // pickCutGroups is pickCut on a cache of several groups, for a leaf whose entry e

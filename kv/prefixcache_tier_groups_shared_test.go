@@ -4,6 +4,7 @@ package kv_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -157,9 +158,12 @@ func TestPrefixCacheGroupTierPartial(t *testing.T) {
 			keys := groupTierKeys(t, e.c, t.Name(), ids)
 			require.NoError(t, tier.Delete(context.Background(), keys[3]))
 
+			probe, err := pc.Probe(ids)
+			require.NoError(t, err)
 			q, m, _, err := serveHybrid(pc, ids)
 			require.NoError(t, err)
 			assert.Equal(t, 3*bt/chunk*chunk, m, "the last chunk boundary of the three blocks loaded")
+			assert.Equal(t, m, probe.Total, "Probe peeked at the three values: the window rule's hit")
 			require.NoError(t, checkHeldIDs(q, ids, 0, len(ids)))
 			require.True(t, q.Close().OK())
 			st := pc.Stats().Tiers[0]
@@ -270,6 +274,9 @@ func TestPrefixCacheGroupTierRefused(t *testing.T) {
 				copy(dst, tt.value)
 				return nil
 			}))
+			p, err := pc.Probe(ids)
+			require.NoError(t, err)
+			assert.Zero(t, p.Total, "Probe peeked: a head the load refuses serves nothing")
 			q, m, _, err := serveHybrid(pc, ids)
 			require.NoError(t, err)
 			assert.Zero(t, m, "nothing of the value is served")
@@ -349,12 +356,21 @@ func testPrefixCacheGroupTierRandom(t *testing.T, model kv.Model, through bool, 
 	r := rand.New(rand.NewPCG(seed, uint64(len(model.Groups))))
 	var made [][]int32
 	var queries, hits int64
-	tierHits := 0
+	tierHits, exact := 0, 0
 	for range 80 {
 		ids := hybridStream(r, made)
-		before := pc.Stats().Tiers[0].Hits
+		was := pc.Stats().Tiers[0]
+		before := was.Hits
+		probe, err := pc.Probe(ids)
+		require.NoError(t, err)
 		s, m := serve(pc, ids)
 		require.LessOrEqual(t, m, longestCommon(made, ids))
+		if now := pc.Stats().Tiers[0]; now.Unfit == was.Unfit && now.Drops == was.Drops && now.Invalid == was.Invalid {
+			// Every load succeeded: Probe, which peeked at the values' heads, said
+			// where the window rule stops the hit.
+			require.Equal(t, m, probe.Total, "Probe is the lookup (device %d)", probe.Device)
+			exact++
+		}
 		require.NoError(t, checkHeldIDs(s, ids, 0, len(ids)))
 		if pc.Stats().Tiers[0].Hits > before {
 			tierHits++
@@ -384,6 +400,7 @@ func testPrefixCacheGroupTierRandom(t *testing.T, model kv.Model, through bool, 
 	assert.Equal(t, hits, st.Hits)
 	assert.Zero(t, st.Tiers[0].Invalid)
 	assert.Positive(t, tierHits, "lookups that loaded from the tier")
+	assert.Positive(t, exact, "lookups Probe counted exactly")
 	require.NoError(t, pc.Close())
 	e.books(t, "after the close, every block written down")
 }
@@ -419,4 +436,162 @@ func TestPrefixCacheGroupTierNamespaces(t *testing.T) {
 	assert.Equal(t, 3*bt, serveIn(a, false), "the namespace's own blocks")
 	assert.EqualValues(t, 3*bt, pc.Stats().Tiers[0].Hits)
 	idleBooks(t, e, pc, "after the lookups")
+}
+
+// TestProbeWindowsAllocatesNothing: on a window hybrid, a Probe that peeks at an
+// in-process tier's values to find where the window rule ends the hit allocates
+// nothing, and counts up to there.
+func TestProbeWindowsAllocatesNothing(t *testing.T) {
+	if probeRace {
+		t.Skip("the race detector's sync.Pool drops what is put back: its allocations are not the Probe's")
+	}
+	e := openEnv(t, onShared, scaled, withConfig(kv.Config{Model: tinyGemma, MaxTokens: 2048}))
+	pc := newGroupTierCache(t, e.c, t.Name(), probeHostTier(t))
+	bt := tierBlock(t, e.c)
+	ids := promptIDs(7, 5*bt+5)
+	evictGroups(t, e, pc, ids)
+	p, err := pc.Probe(ids)
+	require.NoError(t, err)
+	assert.Equal(t, 5*bt, p.Total, "the entry's last tier block, whose window went down with it")
+	assert.Zero(t, testing.AllocsPerRun(50, func() {
+		_, _ = pc.Probe(ids)
+	}))
+}
+
+// tinyOSSLong is tinyOSS with a window of 90 tokens: the step at a tier block's end
+// reads that block and the two before it (tier blocks of 32 tokens, scaled).
+var tinyOSSLong = kv.Model{Name: "tiny-oss-long", Layers: 4, Groups: []kv.Group{
+	{Kind: kv.SlidingWindow, Window: 90, Layers: []int{0, 2}, KVHeads: 1, HeadDim: 16, DType: arena.Float16},
+	{Kind: kv.FullAttention, Layers: []int{1, 3}, KVHeads: 2, HeadDim: 32, DType: arena.Float16},
+}}
+
+// peekFails is a tier whose Peek fails for one key (the load still reads it).
+type peekFails struct {
+	*tiertest.Map
+	key tierval.Key
+}
+
+func (p *peekFails) Peek(ctx context.Context, k tierval.Key, n int, use func([]byte) error) error {
+	if k == p.key {
+		return errInjectedTier
+	}
+	return p.Map.Peek(ctx, k, n, use)
+}
+
+// TestProbeWindowsRefusedInRun: on a window hybrid whose window spans three tier
+// blocks, where one value of a tier's run is one the load refuses (a head of no
+// value, or a value without its full group's part), the load stops there and serves
+// up to the last block before it where the window rule holds. Probe peeks at the last
+// block's value and at those the step there reads, and says the same where the
+// refused one is among them; where it lies below them (a value damaged that only a
+// read would tell), and where a peek fails, Probe's count is the run's, an upper
+// bound.
+func TestProbeWindowsRefusedInRun(t *testing.T) {
+	long := tinyOSSLong
+	e := openEnv(t, onShared, scaled, withConfig(kv.Config{Model: long, MaxTokens: 2048}))
+	bt := tierBlock(t, e.c)
+	// The first block the step at block 4's end reads.
+	lo := long.Groups[0].FirstLive(5*bt) / bt
+	require.Equal(t, 2, lo, "the test wants the step at block 4's end to read blocks 2 to 4 (tier blocks of %d tokens)", bt)
+	ids := promptIDs(7, 5*bt+5)
+	ctx := context.Background()
+	for _, damage := range []string{"no value", "no full part", "peek fails"} {
+		for bad := range 5 {
+			what := fmt.Sprintf("%s at value %d", damage, bad)
+			tier := &peekFails{Map: tiertest.NewMap(64 << 20)}
+			pc := newGroupTierCache(t, e.c, t.Name(), tier)
+			evictGroups(t, e, pc, ids)
+			p, err := pc.Probe(ids)
+			require.NoError(t, err)
+			require.Equal(t, 5*bt, p.Total, "every value whole: the entry's blocks")
+			keys := groupTierKeys(t, e.c, t.Name(), ids)
+			switch damage {
+			case "no value":
+				require.NoError(t, tier.Store(ctx, keys[bad], 64, func(dst []byte) error {
+					copy(dst, "not a tier value")
+					return nil
+				}))
+			case "no full part":
+				// The window group's part whole, the full group's none: a value
+				// the load refuses (ErrBlock), whose head PeekParts takes.
+				l, parts := kv.TierLayout(pc)
+				require.NotNil(t, l)
+				parts[1] = 0
+				size := l.Size(bt, parts)
+				require.NoError(t, tier.Store(ctx, keys[bad], size, func(dst []byte) error {
+					return tierval.EncodeGroups(dst, keys[bad], l, ids[bad*bt:(bad+1)*bt], parts, func(int, []byte) error { return nil })
+				}))
+			case "peek fails":
+				tier.key = keys[bad]
+			}
+			p, err = pc.Probe(ids)
+			require.NoError(t, err)
+			q, m, _, err := serveHybrid(pc, ids)
+			require.NoError(t, err)
+			switch {
+			case damage == "peek fails":
+				assert.Equal(t, 5*bt, m, "%s: the load reads it", what)
+				assert.Equal(t, 5*bt, p.Total, "%s: the run", what)
+			case bad >= lo:
+				assert.LessOrEqual(t, m, bad*bt, "%s: nothing past it served", what)
+				assert.Equal(t, m, p.Total, "%s, among those Probe peeks at: Probe is the lookup", what)
+				assert.EqualValues(t, 1, pc.Stats().Tiers[0].Invalid, what)
+			default:
+				assert.LessOrEqual(t, m, bad*bt, "%s: nothing past it served", what)
+				assert.Equal(t, 5*bt, p.Total, "%s, below those Probe peeks at: the run", what)
+				assert.EqualValues(t, 1, pc.Stats().Tiers[0].Invalid, what)
+			}
+			require.NoError(t, checkHeldIDs(q, ids, 0, len(ids)), what)
+			require.True(t, q.Close().OK())
+			require.NoError(t, pc.Close())
+			e.books(t, what)
+		}
+	}
+}
+
+// inProcNoPeek is an in-process tier that can not peek at its values.
+type inProcNoPeek struct{ kv.Tier }
+
+func (inProcNoPeek) InProcess() bool { return true }
+
+// BenchmarkProbeWindows: what Probe's exact count costs on window hybrids (tinyGemma,
+// whose window lies in one tier block; tinyOSSLong, whose window spans three) whose
+// whole prompt of 20 tier blocks the host tier holds: peeking at the values' heads
+// (peek=true: the last block's, and those before it that the step there reads)
+// against counting the run, as from an in-process tier that can not peek
+// (peek=false).
+func BenchmarkProbeWindows(b *testing.B) {
+	for _, model := range []kv.Model{tinyGemma, tinyOSSLong} {
+		for _, peek := range []bool{true, false} {
+			benchmarkProbeWindows(b, model, peek)
+		}
+	}
+}
+
+// benchmarkProbeWindows is BenchmarkProbeWindows's run on model, with or without
+// peeks.
+func benchmarkProbeWindows(b *testing.B, model kv.Model, peek bool) {
+	var tier kv.Tier = probeHostTier(b)
+	if !peek {
+		tier = inProcNoPeek{tier}
+	}
+	e := openEnv(b, onShared, scaled, withConfig(kv.Config{Model: model, MaxTokens: 2048}))
+	pc, err := kv.NewPrefixCache(e.c, kv.PrefixCacheOptions{Tiers: []kv.Tier{tier}, TierPrefix: b.Name(), TierWait: time.Minute})
+	require.NoError(b, err)
+	b.Cleanup(func() { assert.NoError(b, pc.Close()) })
+	bt := tierBlock(b, e.c)
+	ids := promptIDs(7, 20*bt+5)
+	s, _, _, err := serveHybrid(pc, ids)
+	require.NoError(b, err)
+	require.True(b, s.Close().OK())
+	_, err = pc.Evict(1 << 40)
+	require.NoError(b, err)
+	p, err := pc.Probe(ids)
+	require.NoError(b, err)
+	require.Equal(b, 20*bt, p.Total)
+	b.Run(fmt.Sprintf("model=%s/peek=%v", model.Name, peek), func(b *testing.B) {
+		for b.Loop() {
+			_, _ = pc.Probe(ids)
+		}
+	})
 }

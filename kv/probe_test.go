@@ -93,6 +93,13 @@ func TestProbeIsLookup(t *testing.T) {
 		// copied tail.
 		{"tiny-oss/Blocked", tinyOSS, kv.Blocked, nil},
 		{"tiny-oss/PerLayer", tinyOSS, kv.PerLayer, nil},
+		// Window hybrids with tiers: a value may lack a window group's units, and a
+		// lookup loads up to the last block where every window group holds what the
+		// step reads, which Probe finds from the values' heads.
+		{"tiny-oss/Blocked/host", tinyOSS, kv.Blocked, func(t *testing.T) []kv.Tier { return []kv.Tier{probeHostTier(t)} }},
+		{"tiny-gemma/Blocked/map+host", tinyGemma, kv.Blocked, func(t *testing.T) []kv.Tier {
+			return []kv.Tier{tiertest.NewMap(4 << 20), probeHostTier(t)}
+		}},
 	}
 	spaces := []kv.Namespace{{}, {Adapter: "a", Salt: "t1"}}
 	for _, tc := range cases {
@@ -102,12 +109,19 @@ func TestProbeIsLookup(t *testing.T) {
 				opts.Tiers = tc.tiers(t)
 			}
 			e := probeEnvOf(t, tc.model, tc.layout, opts)
-			windowed := tc.model.Name == tinyOSS.Name // its window gives back tokens below it
+			windowed := len(tc.model.Groups) > 1 // its window gives back tokens below it
 			r := rand.New(rand.NewPCG(43, 5))
 			var loaded, device int
+			var made [][]int32
 			for op := range 300 {
 				ns := spaces[r.IntN(len(spaces))]
 				ids := probePrompt(r)
+				if windowed && tc.tiers != nil {
+					// Conversations: a window hybrid's tier blocks serve where a later
+					// prompt continues an earlier one past them.
+					ids = stream(r, made, probeMax)
+					made = append(made, ids)
+				}
 				where := fmt.Sprintf("op %d, %v, %d tokens", op, ns, len(ids))
 				before := e.pc.Stats()
 				p, err := e.pc.ProbeIn(ns, ids)

@@ -55,10 +55,11 @@ type Tier interface {
 
 // TierPeeker is implemented by tiers that read the start of a value without reading
 // it whole: a few hundred bytes from host memory, one aligned read of a file, a Redis
-// GETRANGE. On a model with recurrent groups (and no window group), a Probe peeks at
-// the values of a tier's run to find the last that carries the states a Lookup would
-// start on, and so counts exactly what the Lookup loads. Without it, Probe counts the
-// whole run, an upper bound. (A Lookup's load does not peek: it reads the run.)
+// GETRANGE. On a model with window or recurrent groups, a Probe peeks at the values
+// of a tier's run to find the last block a Lookup would serve a hit at (where every
+// window group holds what the step reads, and the value carries the states), and so
+// counts exactly what the Lookup loads. Without it, Probe counts the whole run, an
+// upper bound. (A Lookup's load does not peek: it reads the run.)
 type TierPeeker interface {
 	Tier
 	// Peek calls use once with the first min(n, size) bytes of the value stored under
