@@ -5,6 +5,7 @@ package kv_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/vmarena/vmarena/accounting"
@@ -230,4 +231,83 @@ func ExamplePrefixCache_LookupAsync() {
 	// Output:
 	// on the device: 0 tokens
 	// ready: 998 of 1000 prompt tokens cached
+}
+
+// A scheduler asks, before it admits a request, where its prompt's tokens are held
+// and what the lookup would commit, and moves nothing: here a prompt of gpt-oss-20b
+// (sliding-window layers beside full ones) that eviction wrote down into a host
+// tier. Probe reads the heads of the tier's values to say how far the window rule
+// lets a lookup serve, and the Lookup then starts exactly there.
+func ExamplePrefixCache_Probe() {
+	gov := accounting.NewGovernor()
+	pool, err := host.NewShared(host.SharedOptions{
+		Granularity: 64 << 10,
+		Authority:   gov.Authority("kv", accounting.HostKey),
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	cache, err := kv.New(pool, kv.Config{Model: kv.GPTOSS20B(), MaxTokens: 4096})
+	if err != nil {
+		panic(err)
+	}
+	defer cache.Close()
+	tier, err := hosttier.New(hosttier.Options{Budget: 256 << 20})
+	if err != nil {
+		panic(err)
+	}
+	defer tier.Close()
+	pc, err := kv.NewPrefixCache(cache, kv.PrefixCacheOptions{Tiers: []kv.Tier{tier}, TierWait: 10 * time.Second})
+	if err != nil {
+		panic(err)
+	}
+	defer pc.Close()
+
+	prompt := make([]int32, 1000)
+	for i := range prompt {
+		prompt[i] = int32(1000 + i)
+	}
+	// An earlier request's prompt, since evicted into the tier.
+	s, _, err := pc.Lookup(prompt)
+	if err != nil {
+		panic(err)
+	}
+	if err := s.Append(len(prompt)); err != nil {
+		panic(err)
+	}
+	if err := pc.Insert(s, prompt); err != nil {
+		panic(err)
+	}
+	s.Close()
+	if _, err := pc.Evict(1 << 40); err != nil {
+		panic(err)
+	}
+
+	// Two requests: one that continues the prompt, and one that shares its first
+	// 600 tokens only. At the end of its 600th token the tier's values hold no
+	// sliding-window units (the prefill's window gave them back before the insert),
+	// so no lookup can start there: the step would read them.
+	cont := append(slices.Clone(prompt), make([]int32, 200)...)
+	branch := append(slices.Clone(prompt[:600]), make([]int32, 200)...)
+	for _, next := range [][]int32{cont, branch} {
+		p, err := pc.Probe(next)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("device %d, host tier %d, to prefill %d of %d, commits %d MiB\n",
+			p.Device, p.Tiers[0], len(next)-p.Total, len(next), p.Commit>>20)
+		s, cached, err := pc.Lookup(next)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("the lookup starts on %d tokens\n", cached)
+		// The prefill and decode steps, then:
+		s.Close()
+	}
+	// Output:
+	// device 0, host tier 1000, to prefill 200 of 1200, commits 46 MiB
+	// the lookup starts on 1000 tokens
+	// device 0, host tier 0, to prefill 800 of 800, commits 0 MiB
+	// the lookup starts on 0 tokens
 }
