@@ -25,9 +25,10 @@ type Probe struct {
 	// Match's answer (at most len(tokens)-1).
 	Device int
 	// Tiers[i] is the tokens past Device and past the earlier tiers' that tier i
-	// (PrefixCacheOptions.Tiers[i]) holds, whole blocks in a run: what a Lookup
-	// would load from it, asking the tiers in order as it does. Tiers past the
-	// cache's are 0.
+	// (PrefixCacheOptions.Tiers[i]) holds, whole blocks in a run, that a Lookup
+	// would serve from it, asking the tiers in order as it does (on a model of
+	// window or recurrent groups, up to the last block the window rule and the
+	// states let it start on; see PrefixCache.Probe). Tiers past the cache's are 0.
 	Tiers [MaxTiers]int
 	// Total is Device plus every Tiers[i]: the tokens a Lookup would start on, the
 	// rest to prefill, when the tiers' loads succeed and the budget takes them.
@@ -64,15 +65,19 @@ func (p Probe) Tiered() int { return p.Total - p.Device }
 // (prefixcache_tier_groups.go); Probe finds it from the lengths of the values' parts,
 // peeking at their heads (TierPeeker, which kvtier's tiers implement) from the last
 // block back, and at the blocks before it whose tokens the step there reads: what the
-// Lookup loads where each value is whole. From a tier that can not peek, or whose
-// peek fails, it counts the run, an upper bound.
+// Lookup serves where each value is whole. A value the load would refuse below the
+// blocks peeked at, or damaged past its head, is not seen; from a tier that can not
+// peek, or whose peek fails, it counts the run. Each is an upper bound.
 //
 // Without tiers it costs about a Match (BenchmarkProbe). With tiers, past a device
 // hit that does not cover the prompt, it also hashes the prompt's whole blocks (as
 // Lookup does: most of its cost then) and asks each tier's Contains at most once, in
-// order, for the blocks past those the earlier ones hold (and, on a recurrent model,
-// peeks at values from the end of each run back to the last with states: a few
-// hundred bytes each), with no lock held and none of the cache's load slots taken
+// order, for the blocks past those the earlier ones hold (and, on a model of window
+// or recurrent groups, peeks at the heads of values, a few hundred bytes each: from
+// the end of each run back to the last block a Lookup would serve, and at the blocks
+// before each candidate that the step there reads; one where the last block serves
+// and its step reads no further back, as many as the run's blocks where none
+// serves), with no lock held and none of the cache's load slots taken
 // (TierLoads; a tier's own bound, as the file tier's Loads, may hold a peek): no data
 // moves, but Contains (and a peek) on a remote tier is a round trip, bounded
 // by TierWait (kvtier/redistier's is one pipelined EXISTS per block, which its own

@@ -465,14 +465,20 @@ var tinyOSSLong = kv.Model{Name: "tiny-oss-long", Layers: 4, Groups: []kv.Group{
 	{Kind: kv.FullAttention, Layers: []int{1, 3}, KVHeads: 2, HeadDim: 32, DType: arena.Float16},
 }}
 
-// peekFails is a tier whose Peek fails for one key (the load still reads it).
+// peekFails is a tier whose Peek fails for one key (the load still reads it): with
+// an error, or, silent, by returning none without calling use (which TierPeeker's
+// contract forbids).
 type peekFails struct {
 	*tiertest.Map
-	key tierval.Key
+	key    tierval.Key
+	silent bool
 }
 
 func (p *peekFails) Peek(ctx context.Context, k tierval.Key, n int, use func([]byte) error) error {
-	if k == p.key {
+	switch {
+	case k == p.key && p.silent:
+		return nil
+	case k == p.key:
 		return errInjectedTier
 	}
 	return p.Map.Peek(ctx, k, n, use)
@@ -484,8 +490,8 @@ func (p *peekFails) Peek(ctx context.Context, k tierval.Key, n int, use func([]b
 // up to the last block before it where the window rule holds. Probe peeks at the last
 // block's value and at those the step there reads, and says the same where the
 // refused one is among them; where it lies below them (a value damaged that only a
-// read would tell), and where a peek fails, Probe's count is the run's, an upper
-// bound.
+// read would tell), and where a peek fails (or returns without reading a head),
+// Probe's count is the run's, an upper bound.
 func TestProbeWindowsRefusedInRun(t *testing.T) {
 	long := tinyOSSLong
 	e := openEnv(t, onShared, scaled, withConfig(kv.Config{Model: long, MaxTokens: 2048}))
@@ -495,7 +501,7 @@ func TestProbeWindowsRefusedInRun(t *testing.T) {
 	require.Equal(t, 2, lo, "the test wants the step at block 4's end to read blocks 2 to 4 (tier blocks of %d tokens)", bt)
 	ids := promptIDs(7, 5*bt+5)
 	ctx := context.Background()
-	for _, damage := range []string{"no value", "no full part", "peek fails"} {
+	for _, damage := range []string{"no value", "no full part", "peek fails", "peek reads nothing"} {
 		for bad := range 5 {
 			what := fmt.Sprintf("%s at value %d", damage, bad)
 			tier := &peekFails{Map: tiertest.NewMap(64 << 20)}
@@ -523,13 +529,15 @@ func TestProbeWindowsRefusedInRun(t *testing.T) {
 				}))
 			case "peek fails":
 				tier.key = keys[bad]
+			case "peek reads nothing":
+				tier.key, tier.silent = keys[bad], true
 			}
 			p, err = pc.Probe(ids)
 			require.NoError(t, err)
 			q, m, _, err := serveHybrid(pc, ids)
 			require.NoError(t, err)
 			switch {
-			case damage == "peek fails":
+			case damage == "peek fails", damage == "peek reads nothing":
 				assert.Equal(t, 5*bt, m, "%s: the load reads it", what)
 				assert.Equal(t, 5*bt, p.Total, "%s: the run", what)
 			case bad >= lo:

@@ -85,7 +85,8 @@ func (sc *probeScratch) peeked(head []byte) error {
 
 // peekAt returns what block j of keys, a run of tier i, holds, peeking at its head
 // the first time it is asked; ok is false where the peek failed otherwise than by a
-// value gone or refused (the tier's failure, or ctx's end).
+// value gone or refused (the tier's failure, ctx's end, or a Peek that returned
+// without calling use, against TierPeeker's contract).
 func (sc *probeScratch) peekAt(ctx context.Context, i int, keys []tierval.Key, j int) (peekFound, bool) {
 	if sc.found[j] != peekNot {
 		return sc.found[j], true
@@ -93,6 +94,8 @@ func (sc *probeScratch) peekAt(ctx context.Context, i int, keys []tierval.Key, j
 	sc.at, sc.key = j, keys[j]
 	err := sc.t.peek[i].Peek(ctx, keys[j], sc.t.grp.layout.HeadSize(), sc.use)
 	switch {
+	case err == nil && sc.found[j] == peekNot:
+		return peekNot, false // no head read: its lengths are not this value's
 	case err == nil:
 	case errors.Is(err, ErrTierMiss), errors.Is(err, tierval.ErrValue):
 		sc.found[j] = peekBad
@@ -129,7 +132,9 @@ func (t *pcTiers) lastServed(ctx context.Context, i int, keys []tierval.Key, b, 
 	sc.found = slices.Grow(sc.found[:0], len(keys))[:len(keys)]
 	clear(sc.found)
 	sc.lens = slices.Grow(sc.lens[:0], len(keys)*len(groups))[:len(keys)*len(groups)]
-	defer func() { sc.t = nil }() // the scratch outlives the cache in probeScratches
+	clear(sc.lens) // no length of an earlier Probe's values is read as this one's
+	// The scratch outlives the cache in probeScratches.
+	defer func() { sc.t = nil }()
 	for j := len(keys) - 1; j >= 0; j-- {
 		f, ok := sc.peekAt(ctx, i, keys, j)
 		switch {

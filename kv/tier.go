@@ -58,7 +58,7 @@ type Tier interface {
 // GETRANGE. On a model with window or recurrent groups, a Probe peeks at the values
 // of a tier's run to find the last block a Lookup would serve a hit at (where every
 // window group holds what the step reads, and the value carries the states), and so
-// counts exactly what the Lookup loads. Without it, Probe counts the whole run, an
+// counts exactly what the Lookup serves. Without it, Probe counts the whole run, an
 // upper bound. (A Lookup's load does not peek: it reads the run.)
 type TierPeeker interface {
 	Tier
