@@ -23,6 +23,13 @@ var tinyOSS = kv.Model{Name: "tiny-oss", Layers: 4, Groups: []kv.Group{
 	{Kind: kv.FullAttention, Layers: []int{1, 3}, KVHeads: 2, HeadDim: 32, DType: arena.Float16},
 }}
 
+// tinyGemma is Gemma-3's pattern in small: five sliding-window layers to one full
+// one, blocks of different tokens (12 and 16 on 4 KiB granules: tier blocks of 48).
+var tinyGemma = kv.Model{Name: "tiny-gemma", Layers: 6, Groups: []kv.Group{
+	{Kind: kv.SlidingWindow, Window: 40, Layers: []int{0, 1, 2, 3, 4}, KVHeads: 1, HeadDim: 16, DType: arena.Float16},
+	{Kind: kv.FullAttention, Layers: []int{5}, KVHeads: 2, HeadDim: 32, DType: arena.Float16},
+}}
+
 // hybridModels are the models the hybrid prefix cache's tests run on: tinyOSS, and
 // tinyWindows (a sliding window of 5, a full group, chunks of 9 and an MLA latent).
 var hybridModels = []kv.Model{tinyOSS, tinyWindows}

@@ -21,13 +21,6 @@ import (
 	"github.com/vmarena/vmarena/kvtier/tiertest"
 )
 
-// tinyGemma is Gemma-3's pattern in small: five sliding-window layers to one full
-// one, blocks of different tokens (12 and 16 on 4 KiB granules: tier blocks of 48).
-var tinyGemma = kv.Model{Name: "tiny-gemma", Layers: 6, Groups: []kv.Group{
-	{Kind: kv.SlidingWindow, Window: 40, Layers: []int{0, 1, 2, 3, 4}, KVHeads: 1, HeadDim: 16, DType: arena.Float16},
-	{Kind: kv.FullAttention, Layers: []int{5}, KVHeads: 2, HeadDim: 32, DType: arena.Float16},
-}}
-
 // tinyChunks is Llama-4's pattern in small: chunked local layers beside a full one,
 // its chunk two tier blocks, so that every other tier block ends a chunk, where a
 // step reads none of the chunked group's tokens.
