@@ -383,6 +383,11 @@ type PrefixResult struct {
 	EvictedTokens int64   `json:",omitempty"`
 	WrittenTokens []int64 `json:",omitempty"`
 	Verified      int64   `json:",omitempty"` // hit tokens read back and compared
+	// With tiers, the lookups asked first what they would find (kv.Probe) whose
+	// loads all succeeded (no value unfit, dropped or invalid) and whose own
+	// evictions stored nothing into a tier (see loadsWhole), and of them those that
+	// started on exactly the tokens Probe said.
+	Probed, ProbeExact int64 `json:",omitempty"`
 	// With Adapters above 1, per adapter: its prompt tokens looked up, found cached,
 	// and found by an unbounded cache of its own; and what one unbounded cache that
 	// every adapter shared would find (hits that cross adapters among them).
@@ -652,7 +657,12 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 		var s pseq
 		var m int
 		var tierBefore []kv.TierStats
+		var probe kv.Probe
+		var probeErr error
 		if tiered != nil {
+			// Not timed: a scheduler's question before admission, checked against
+			// what the lookup then starts on.
+			probe, probeErr = tiered.probe(q.adapter, q.tokens)
 			tierBefore = tiered.tierStats()
 		}
 		err := timed(func() error {
@@ -660,6 +670,12 @@ func ReplayPrefix(ctx context.Context, st pstrategy, w PrefixWorkload, progress 
 			s, m, err = st.lookup(q.adapter, q.tokens)
 			return err
 		})
+		if err == nil && tiered != nil && probeErr == nil && loadsWhole(tierBefore, tiered.tierStats()) {
+			res.Probed++
+			if probe.Total == m {
+				res.ProbeExact++
+			}
+		}
 		if err == nil && w.Verify && cp != nil {
 			// Not timed; before the prefill steps the states on from the hit's.
 			if err = verifyStates(s, q, m, w); err != nil {

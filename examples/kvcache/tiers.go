@@ -274,6 +274,13 @@ type tieredStrategy interface {
 	// written returns the tokens of the blocks each tier kept, and the tokens the
 	// prefix cache evicted.
 	written() (tiers []int64, evicted int64)
+	// probe asks the prefix cache, before a lookup of tokens, what it would find
+	// (kv.PrefixCache.ProbeIn).
+	probe(a padapter, tokens []int32) (kv.Probe, error)
+}
+
+func (k *kvPrefix) probe(a padapter, tokens []int32) (kv.Probe, error) {
+	return k.pc.ProbeIn(a.ns, tokens)
 }
 
 func (k *kvPrefix) written() ([]int64, int64) {
@@ -285,6 +292,21 @@ func (k *kvPrefix) written() ([]int64, int64) {
 		out[i] = f() * int64(k.blockTokens)
 	}
 	return out, k.pc.Stats().EvictedTokens
+}
+
+// loadsWhole reports whether, from the tiers' counts before a lookup to after, no
+// load was cut by the budget (Unfit), dropped or refused as invalid, and nothing was
+// stored: a lookup that evicts to make room for its loads writes the evicted blocks
+// down, and a full tier may then evict the very values the lookup found (a tier's
+// Contains marks nothing used), which its Probe could not know.
+func loadsWhole(before, after []kv.TierStats) bool {
+	for i := range after {
+		b, a := before[i], after[i]
+		if a.Unfit != b.Unfit || a.Drops != b.Drops || a.Invalid != b.Invalid || a.StoreBytes != b.StoreBytes {
+			return false
+		}
+	}
+	return true
 }
 
 func (k *kvPrefix) tierStats() []kv.TierStats {
@@ -484,7 +506,7 @@ func printTierTable(w io.Writer, rs []PrefixResult, t *tierSetup) {
 	for _, n := range t.order {
 		head += n + "\t"
 	}
-	fmt.Fprintln(tw, head+"evicted\twritten down\tstored\tloaded\tunfit\tdropped\tinvalid\tfrom another replica\tchecked\t")
+	fmt.Fprintln(tw, head+"evicted\twritten down\tstored\tloaded\tunfit\tdropped\tinvalid\tfrom another replica\tprobe exact\tchecked\t")
 	for _, r := range rs {
 		pct := func(h int64) string {
 			if r.Queries == 0 {
@@ -532,8 +554,12 @@ func printTierTable(w io.Writer, rs []PrefixResult, t *tierSetup) {
 		if r.TierHits != nil {
 			evicted = fmt.Sprintf("%d tokens", r.EvictedTokens)
 		}
-		fmt.Fprintf(tw, "%s%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d tokens\t\n", row, evicted, orDash(written), formatBytes(stored),
-			formatBytes(loaded), orDash(unfit), orDash(drops), orDash(invalid), foreign, r.Verified)
+		probed := "-"
+		if r.Probed > 0 {
+			probed = fmt.Sprintf("%d / %d", r.ProbeExact, r.Probed)
+		}
+		fmt.Fprintf(tw, "%s%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d tokens\t\n", row, evicted, orDash(written), formatBytes(stored),
+			formatBytes(loaded), orDash(unfit), orDash(drops), orDash(invalid), foreign, probed, r.Verified)
 	}
 	tw.Flush()
 	fmt.Fprintln(w, `
@@ -549,6 +575,9 @@ unfit      per tier: blocks a lookup found that the device's budget could not ta
 dropped    per tier: blocks not stored and loads failed (a tier down, a timeout): misses,
            never errors
 invalid    per tier: values that failed their check: misses, never mapped
+probe exact  lookups that started on the tokens kv.PrefixCache.Probe said just before, of
+           those whose loads all succeeded (none unfit, dropped or invalid) and whose own
+           evictions stored nothing into a tier
 checked    hit tokens read back and compared, byte for byte, with what was written for them`)
 }
 

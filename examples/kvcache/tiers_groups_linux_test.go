@@ -1,6 +1,7 @@
 package main
 
 import (
+	"regexp"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -32,9 +33,19 @@ func TestRunTiersGroups(t *testing.T) {
 			for _, s := range []string{"Model:   " + tt.model + "/" + tt.shrink, "Tiers:   host (kvtier/hosttier", "vmarena+tiers", "checked"} {
 				assert.Contains(t, out, s)
 			}
+			// Every lookup whose loads all succeeded started on what Probe said
+			// just before (the table's "probe exact": exact / asked).
+			m := probeExact.FindStringSubmatch(out)
+			require.NotNil(t, m, "the tier table's probe column:\n%s", out)
+			assert.NotEqual(t, "0", m[2], "lookups asked")
+			assert.Equal(t, m[2], m[1], "lookups that started where Probe said, of those asked")
 		})
 	}
 }
+
+// probeExact finds the tiered strategy's "probe exact" column in the tier table:
+// the lookups that started on what Probe said, and those asked.
+var probeExact = regexp.MustCompile(`(?m)^\s*vmarena\+tiers\s.*\s(\d+) / (\d+)\s+\d+ tokens\s*$`)
 
 // TestKVShrink: -kv-shrink divides every group's K/V heads, then head dim, keeps the
 // groups' blocks in tokens on a granule as many times smaller, and refuses what it
