@@ -163,10 +163,10 @@ func (c *Cache) commitOf(m, n int) int64 {
 // asks each tier's Contains and, on a model of window or recurrent groups, peeks at
 // values (lastServed), no more, and counts nothing. No lock is held.
 func (t *pcTiers) probe(ns Namespace, tokens []int32, m, limit int, held *[MaxTiers]int) int {
-	bt := t.bt
-	if limit/bt*bt <= m {
+	if !t.asks(m, limit) {
 		return m
 	}
+	bt := t.bt
 	sc := probeScratches.Get().(*probeScratch)
 	defer probeScratches.Put(sc)
 	sc.hashes = t.hash.Chain(sc.hashes[:0], t.hash.Root(), 0, tokens[:limit/bt*bt])

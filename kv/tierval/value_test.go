@@ -227,14 +227,7 @@ func FuzzDecodeTierValue(f *testing.F) {
 			require.Equal(t, payload, got)
 			return
 		}
-		kinds := 0
-		for _, k := range tierValueKinds {
-			if errors.Is(err, k) {
-				kinds++
-			}
-		}
-		require.ErrorIs(t, err, tierval.ErrValue)
-		require.Equal(t, 1, kinds, "kinds of %v", err)
+		requireOneKind(t, err, tierValueKinds)
 	})
 }
 
@@ -263,4 +256,17 @@ func ExampleEncode() {
 	// the block's K and V <nil>
 	// true
 	// true
+}
+
+// requireOneKind fails t unless err is a refusal (ErrValue) of exactly one of kinds.
+func requireOneKind(t *testing.T, err error, kinds []error) {
+	t.Helper()
+	n := 0
+	for _, k := range kinds {
+		if errors.Is(err, k) {
+			n++
+		}
+	}
+	require.ErrorIs(t, err, tierval.ErrValue)
+	require.Equal(t, 1, n, "kinds of %v", err)
 }
